@@ -1,0 +1,76 @@
+"""Reading a traced jaxpr: matmul FLOPs and the checkpoint-named activations.
+
+Both walk nested jaxprs (scan, remat, pjit, custom_vjp ...) and multiply by the
+trip count of every enclosing ``scan``.  They work on any JAX function, not only
+on tierax's models.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from jax.extend.core import jaxprs_in_params
+
+GROUP_SCOPE_PREFIX = "tierax_group_"
+
+
+def _walk(jaxpr, mult: int, scope: tuple[str, ...]) -> Iterator[tuple[object, int, tuple[str, ...]]]:
+    for eqn in jaxpr.eqns:
+        stack = str(eqn.source_info.name_stack)
+        here = scope + ((stack,) if stack else ())
+        yield eqn, mult, here
+        inner = mult * int(eqn.params["length"]) if eqn.primitive.name == "scan" else mult
+        for sub in jaxprs_in_params(eqn.params):
+            yield from _walk(sub, inner, here)
+
+
+def _jaxpr(closed_or_open):
+    return getattr(closed_or_open, "jaxpr", closed_or_open)
+
+
+def dot_general_flops(eqn) -> int:
+    (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+    lhs_shape = eqn.invars[0].aval.shape
+    out_size = math.prod(eqn.outvars[0].aval.shape)
+    contract = math.prod(lhs_shape[d] for d in lhs_contract)
+    return 2 * out_size * contract
+
+
+def matmul_flops(closed_jaxpr) -> int:
+    """2·M·N·K summed over every ``dot_general`` executed (scan trip counts included)."""
+    total = 0
+    for eqn, mult, _ in _walk(_jaxpr(closed_jaxpr), 1, ()):
+        if eqn.primitive.name == "dot_general":
+            total += mult * dot_general_flops(eqn)
+    return total
+
+
+@dataclass(frozen=True)
+class NamedValue:
+    """One ``checkpoint_name`` occurrence in a trace."""
+
+    name: str
+    group: str  # tierax layer group, or the name scope / "<top>" outside one
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int  # per execution (one layer)
+    count: int  # executions per step (product of enclosing scan lengths)
+
+
+def named_values(closed_jaxpr) -> list[NamedValue]:
+    """Every checkpoint-named value in the trace with its group and execution count."""
+    out = []
+    for eqn, mult, scope in _walk(_jaxpr(closed_jaxpr), 1, ()):
+        if eqn.primitive.name != "name":
+            continue
+        group = "<top>"
+        for s in scope:
+            for part in s.split("/"):
+                if part.startswith(GROUP_SCOPE_PREFIX):
+                    group = part[len(GROUP_SCOPE_PREFIX) :]
+        aval = eqn.outvars[0].aval
+        nbytes = math.prod(aval.shape) * aval.dtype.itemsize
+        out.append(NamedValue(eqn.params["name"], group, tuple(aval.shape), str(aval.dtype), nbytes, mult))
+    return out

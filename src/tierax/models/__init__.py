@@ -1,0 +1,42 @@
+"""Reference models with named activations."""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+from tierax.models import deepseek, llama
+from tierax.models.config import (
+    NAMED_CONFIGS,
+    DeepSeekConfig,
+    LayerGroup,
+    LlamaConfig,
+    ModelConfig,
+    get_config,
+)
+from tierax.models.decoder import Decoder
+
+_BUILDERS = {"llama": llama.build, "deepseek": deepseek.build}
+
+
+def build_model(cfg: ModelConfig, *, seed: int = 0) -> Decoder:
+    """Allocate and initialise the model for ``cfg``."""
+    return _BUILDERS[cfg.family](cfg, nnx.Rngs(params=seed))
+
+
+def abstract_model(cfg: ModelConfig) -> Decoder:
+    """The model with ShapeDtypeStruct leaves: nothing is allocated."""
+    return nnx.eval_shape(lambda: build_model(cfg))
+
+
+__all__ = [
+    "NAMED_CONFIGS",
+    "DeepSeekConfig",
+    "Decoder",
+    "LayerGroup",
+    "LlamaConfig",
+    "ModelConfig",
+    "abstract_model",
+    "build_model",
+    "get_config",
+]

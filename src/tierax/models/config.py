@@ -1,0 +1,303 @@
+"""Model configurations: one frozen dataclass per model family, plus the named configs.
+
+Invariants are checked in ``__post_init__`` with messages that name the fix.
+Analytic helpers (``param_count``, ``activated_param_count``, ``layer_groups``)
+live on the config so they can be tested against published figures without
+allocating anything.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar, Union
+
+from tierax import names as N
+from tierax.errors import TieraxError
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class LayerGroup:
+    """A run of identical layers executed by one ``lax.scan``.
+
+    Attributes:
+      name: group key used in plans (``decoder``, ``dense``, ``moe``).
+      num_layers: scan length.
+      activations: the checkpoint names tagged inside one layer of this group.
+    """
+
+    name: str
+    num_layers: int
+    activations: tuple[str, ...]
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise TieraxError(msg)
+
+
+def _check_common(cfg: Any) -> None:
+    for key in ("dtype", "param_dtype"):
+        _check(
+            getattr(cfg, key) in DTYPES,
+            f"{key}={getattr(cfg, key)!r} is not a supported dtype; use one of {', '.join(DTYPES)}",
+        )
+    for key in ("vocab_size", "d_model", "num_layers", "num_heads"):
+        v = getattr(cfg, key)
+        _check(isinstance(v, int) and not isinstance(v, bool) and v > 0, f"{key} must be a positive integer, got {v!r}")
+    _check(cfg.norm_eps > 0, f"norm_eps must be > 0, got {cfg.norm_eps!r}")
+    _check(cfg.rope_theta > 0, f"rope_theta must be > 0, got {cfg.rope_theta!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LlamaConfig:
+    """Dense Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU MLP."""
+
+    family: ClassVar[str] = "llama"
+    name: str = "custom-llama"
+    vocab_size: int
+    d_model: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    mlp_dim: int
+    tie_embeddings: bool = False
+    rope_theta: float = 500_000.0
+    norm_eps: float = 1e-5
+    dtype: str = "float32"  # activation / compute dtype
+    param_dtype: str = "float32"  # master weights
+
+    def __post_init__(self) -> None:
+        _check_common(self)
+        for key in ("num_kv_heads", "head_dim", "mlp_dim"):
+            v = getattr(self, key)
+            _check(isinstance(v, int) and v > 0, f"{key} must be a positive integer, got {v!r}")
+        _check(
+            self.num_heads % self.num_kv_heads == 0,
+            f"num_heads={self.num_heads} is not divisible by num_kv_heads={self.num_kv_heads}; "
+            "grouped-query attention needs a whole number of query heads per key/value head",
+        )
+        _check(self.head_dim % 2 == 0, f"head_dim={self.head_dim} must be even for RoPE")
+
+    def layer_groups(self) -> tuple[LayerGroup, ...]:
+        acts = (N.DECODER_LAYER_INPUT,) + N.GQA_ATTENTION_NAMES + N.MLP_NAMES
+        return (LayerGroup("decoder", self.num_layers, acts),)
+
+    # --- analytic sizes -------------------------------------------------
+    def attention_params(self) -> int:
+        d, h, k, hd = self.d_model, self.num_heads, self.num_kv_heads, self.head_dim
+        return d * h * hd + 2 * d * k * hd + h * hd * d
+
+    def mlp_params(self) -> int:
+        return 3 * self.d_model * self.mlp_dim
+
+    def embedding_params(self) -> int:
+        n = self.vocab_size * self.d_model
+        return n if self.tie_embeddings else 2 * n
+
+    def param_count(self) -> int:
+        """All parameters (embedding, head, norms included)."""
+        per_layer = self.attention_params() + self.mlp_params() + 2 * self.d_model
+        return self.num_layers * per_layer + self.embedding_params() + self.d_model
+
+    def activated_param_count(self) -> int:
+        return self.param_count()
+
+    def matmul_params_per_token(self) -> int:
+        """Weights each token multiplies by (embedding lookup excluded, LM head included)."""
+        return self.num_layers * (self.attention_params() + self.mlp_params()) + self.vocab_size * self.d_model
+
+    def attention_dims(self) -> tuple[int, int, int]:
+        """(query heads, qk head dim, v head dim) for attention FLOPs."""
+        return self.num_heads, self.head_dim, self.head_dim
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeepSeekConfig:
+    """DeepSeek-V3-style decoder: multi-head latent attention, shared + routed experts.
+
+    The first ``first_dense_layers`` layers use a dense SwiGLU MLP and form their
+    own layer group (``dense``); the rest are MoE layers (group ``moe``).
+    Routing: sigmoid affinities, top-k, gates renormalised over the chosen experts
+    and scaled by ``routed_scaling_factor`` (DeepSeek-V3 §2.1.2).  Node-limited
+    group routing and the bias-based load balancing are not modelled: they do not
+    change shapes, FLOPs or memory.  Tokens are dispatched into per-expert buffers
+    of ``capacity = ceil(tokens * top_k / experts * capacity_factor)``.
+    """
+
+    family: ClassVar[str] = "deepseek"
+    name: str = "custom-deepseek"
+    vocab_size: int
+    d_model: int
+    num_layers: int
+    first_dense_layers: int
+    num_heads: int
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    dense_mlp_dim: int
+    num_experts: int
+    num_experts_per_tok: int
+    num_shared_experts: int
+    expert_mlp_dim: int
+    capacity_factor: float = 1.0
+    routed_scaling_factor: float = 2.5
+    tie_embeddings: bool = False
+    rope_theta: float = 10_000.0
+    norm_eps: float = 1e-6
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        _check_common(self)
+        for key in (
+            "q_lora_rank",
+            "kv_lora_rank",
+            "qk_nope_head_dim",
+            "qk_rope_head_dim",
+            "v_head_dim",
+            "dense_mlp_dim",
+            "num_experts",
+            "num_experts_per_tok",
+            "expert_mlp_dim",
+        ):
+            v = getattr(self, key)
+            _check(isinstance(v, int) and v > 0, f"{key} must be a positive integer, got {v!r}")
+        _check(
+            isinstance(self.first_dense_layers, int) and 0 <= self.first_dense_layers <= self.num_layers,
+            f"first_dense_layers={self.first_dense_layers!r} must be between 0 and num_layers={self.num_layers}",
+        )
+        _check(
+            isinstance(self.num_shared_experts, int) and self.num_shared_experts >= 0,
+            f"num_shared_experts must be a non-negative integer, got {self.num_shared_experts!r}",
+        )
+        _check(
+            self.num_experts_per_tok <= self.num_experts,
+            f"num_experts_per_tok={self.num_experts_per_tok} (top-k) exceeds num_experts={self.num_experts}",
+        )
+        _check(self.qk_rope_head_dim % 2 == 0, f"qk_rope_head_dim={self.qk_rope_head_dim} must be even for RoPE")
+        _check(self.capacity_factor > 0, f"capacity_factor must be > 0, got {self.capacity_factor!r}")
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.first_dense_layers
+
+    def layer_groups(self) -> tuple[LayerGroup, ...]:
+        attn = (N.DECODER_LAYER_INPUT,) + N.MLA_ATTENTION_NAMES
+        groups = []
+        if self.first_dense_layers:
+            groups.append(LayerGroup("dense", self.first_dense_layers, attn + N.MLP_NAMES))
+        if self.num_moe_layers:
+            shared = N.MLP_NAMES if self.num_shared_experts else ()
+            groups.append(LayerGroup("moe", self.num_moe_layers, attn + N.MOE_NAMES + shared))
+        return tuple(groups)
+
+    # --- analytic sizes -------------------------------------------------
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def attention_params(self) -> int:
+        d, h = self.d_model, self.num_heads
+        return (
+            d * self.q_lora_rank
+            + self.q_lora_rank * h * self.qk_head_dim
+            + d * (self.kv_lora_rank + self.qk_rope_head_dim)
+            + self.kv_lora_rank * h * (self.qk_nope_head_dim + self.v_head_dim)
+            + h * self.v_head_dim * d
+        )
+
+    def attention_norm_params(self) -> int:
+        return self.q_lora_rank + self.kv_lora_rank
+
+    def expert_params(self) -> int:
+        return 3 * self.d_model * self.expert_mlp_dim
+
+    def router_params(self) -> int:
+        return self.d_model * self.num_experts
+
+    def embedding_params(self) -> int:
+        n = self.vocab_size * self.d_model
+        return n if self.tie_embeddings else 2 * n
+
+    def _layer_params(self, experts_per_moe_layer: int) -> int:
+        attn = self.attention_params() + self.attention_norm_params() + 2 * self.d_model
+        dense = self.first_dense_layers * (attn + 3 * self.d_model * self.dense_mlp_dim)
+        moe = self.num_moe_layers * (attn + self.router_params() + experts_per_moe_layer * self.expert_params())
+        return dense + moe
+
+    def param_count(self) -> int:
+        """All parameters: every routed and shared expert, embedding, head, norms."""
+        return self._layer_params(self.num_experts + self.num_shared_experts) + self.embedding_params() + self.d_model
+
+    def activated_param_count(self) -> int:
+        """Parameters one token touches: top-k routed + shared experts (embedding included)."""
+        return (
+            self._layer_params(self.num_experts_per_tok + self.num_shared_experts)
+            + self.embedding_params()
+            + self.d_model
+        )
+
+    def matmul_params_per_token(self) -> int:
+        per_attn = self.attention_params()
+        dense = self.first_dense_layers * (per_attn + 3 * self.d_model * self.dense_mlp_dim)
+        active = self.num_experts_per_tok + self.num_shared_experts
+        moe = self.num_moe_layers * (per_attn + self.router_params() + active * self.expert_params())
+        return dense + moe + self.vocab_size * self.d_model
+
+    def attention_dims(self) -> tuple[int, int, int]:
+        return self.num_heads, self.qk_head_dim, self.v_head_dim
+
+    def capacity(self, tokens: int) -> int:
+        """Slots per expert for ``tokens`` routed tokens."""
+        return max(1, math.ceil(tokens * self.num_experts_per_tok / self.num_experts * self.capacity_factor))
+
+
+ModelConfig = Union[LlamaConfig, DeepSeekConfig]
+
+NAMED_CONFIGS: dict[str, ModelConfig] = {
+    # CPU-sized: a train step takes well under a second.
+    "tiny-llama": LlamaConfig(
+        name="tiny-llama", vocab_size=256, d_model=64, num_layers=4, num_heads=4, num_kv_heads=2,
+        head_dim=16, mlp_dim=128,
+    ),
+    "tiny-deepseek": DeepSeekConfig(
+        name="tiny-deepseek", vocab_size=256, d_model=64, num_layers=3, first_dense_layers=1,
+        num_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
+        v_head_dim=16, dense_mlp_dim=128, num_experts=8, num_experts_per_tok=2,
+        num_shared_experts=1, expert_mlp_dim=32, capacity_factor=1.25,
+    ),
+    # Published shapes, used abstractly (never allocated on CPU).
+    # Llama 3 8B: Meta's model card / params.json (dim 4096, 32 layers, 32 heads, 8 KV, ffn 14336).
+    "llama3-8b": LlamaConfig(
+        name="llama3-8b", vocab_size=128256, d_model=4096, num_layers=32, num_heads=32, num_kv_heads=8,
+        head_dim=128, mlp_dim=14336, dtype="bfloat16",
+    ),
+    # Llama 3.1 405B: "The Llama 3 Herd of Models", Table 3.
+    "llama3.1-405b": LlamaConfig(
+        name="llama3.1-405b", vocab_size=128256, d_model=16384, num_layers=126, num_heads=128,
+        num_kv_heads=8, head_dim=128, mlp_dim=53248, dtype="bfloat16",
+    ),
+    # DeepSeek-V3: technical report §4.2 / config.json (MTP module not included).
+    "deepseek-v3-671b": DeepSeekConfig(
+        name="deepseek-v3-671b", vocab_size=129280, d_model=7168, num_layers=61, first_dense_layers=3,
+        num_heads=128, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+        v_head_dim=128, dense_mlp_dim=18432, num_experts=256, num_experts_per_tok=8,
+        num_shared_experts=1, expert_mlp_dim=2048, dtype="bfloat16",
+    ),
+}
+
+
+def get_config(name: str) -> ModelConfig:
+    """Look up a named config; an unknown name lists the valid ones."""
+    try:
+        return NAMED_CONFIGS[name]
+    except KeyError:
+        raise TieraxError(
+            f"unknown model {name!r}; choose one of: {', '.join(NAMED_CONFIGS)}"
+        ) from None

@@ -1,0 +1,86 @@
+"""The decoder skeleton shared by every model family.
+
+Layers are stacked per layer group (``nnx.vmap`` at construction) and executed
+with one ``lax.scan`` per group, the layer body wrapped in ``jax.checkpoint``
+with the group's policy.  Only scanned layers let a remat policy change the
+compiled memory, and the tags are inside the rematted body, so a policy sees them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from tierax.models import layers as L
+
+LayerFactory = Callable[[Any, nnx.Rngs], nnx.Module]
+
+
+def _stack(factory: LayerFactory, cfg, n: int, rngs: nnx.Rngs) -> nnx.Module:
+    @nnx.split_rngs(splits=n)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def make(r: nnx.Rngs) -> nnx.Module:
+        return factory(cfg, r)
+
+    return make(rngs)
+
+
+class Decoder(nnx.Module):
+    """Token embedding → scanned layer groups → RMSNorm → LM head.
+
+    Args:
+      cfg: the model config (``LlamaConfig`` or ``DeepSeekConfig``).
+      factories: one layer factory per layer group name of ``cfg.layer_groups()``.
+      rngs: parameter RNG streams.
+    """
+
+    def __init__(self, cfg, factories: Mapping[str, LayerFactory], *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.group_names = tuple(g.name for g in cfg.layer_groups())
+        self.embed = nnx.Embed(
+            cfg.vocab_size,
+            cfg.d_model,
+            dtype=jnp.dtype(cfg.dtype),
+            param_dtype=jnp.dtype(cfg.param_dtype),
+            embedding_init=nnx.initializers.normal(stddev=1.0),
+            rngs=rngs,
+        )
+        self.groups = nnx.Dict(
+            {g.name: _stack(factories[g.name], cfg, g.num_layers, rngs) for g in cfg.layer_groups()}
+        )
+        self.final_norm = L.RMSNorm(cfg.d_model, cfg, rngs=rngs)
+        self.head = None if cfg.tie_embeddings else L.dense(cfg.d_model, cfg.vocab_size, cfg, rngs)
+
+    def __call__(self, tokens_BS, policies: Mapping[str, Callable | None] | None = None):
+        """Logits (float32) for ``tokens_BS``.
+
+        Args:
+          tokens_BS: int token ids.
+          policies: layer group → ``jax.checkpoint`` policy, or None for no
+            rematerialisation of that group.  Build it with
+            :func:`tierax.plan.to_policies`; nothing else should.
+        """
+        policies = policies or {}
+        x_BSD = self.embed(tokens_BS)
+        for name in self.group_names:
+            graphdef, state = nnx.split(self.groups[name])
+
+            def body(carry, layer_state, graphdef=graphdef):
+                return nnx.merge(graphdef, layer_state)(carry), None
+
+            policy = policies.get(name)
+            if policy is not None:
+                body = jax.checkpoint(body, policy=policy, prevent_cse=False)
+            # The scope lets an abstract trace attribute tagged activations to a group.
+            with jax.named_scope(f"tierax_group_{name}"):
+                x_BSD, _ = jax.lax.scan(body, x_BSD, state)
+        x_BSD = self.final_norm(x_BSD)
+        if self.head is None:
+            logits = self.embed.attend(x_BSD)
+        else:
+            logits = self.head(x_BSD)
+        return logits.astype(jnp.float32)

@@ -1,0 +1,217 @@
+"""Layers shared by the reference models (Flax NNX).
+
+Every activation a plan can place is tagged with ``checkpoint_name`` here,
+inside the layer body that the model wraps in ``jax.checkpoint``; names come
+from :mod:`tierax.names`.  Tensor names carry their shapes
+(B batch, S/T query/key positions, D model, H heads, K kv heads, G query heads
+per kv head, E experts, C expert capacity, F hidden).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+
+from tierax import names as N
+
+
+def _init(stddev: float) -> nnx.Initializer:
+    return nnx.initializers.truncated_normal(stddev=stddev)
+
+
+def dense(in_dim: int, out_dim: int, cfg, rngs: nnx.Rngs) -> nnx.Linear:
+    return nnx.Linear(
+        in_dim,
+        out_dim,
+        use_bias=False,
+        dtype=jnp.dtype(cfg.dtype),
+        param_dtype=jnp.dtype(cfg.param_dtype),
+        kernel_init=_init(in_dim**-0.5),
+        rngs=rngs,
+    )
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, cfg, *, rngs: nnx.Rngs):
+        del rngs
+        self.scale = nnx.Param(jnp.ones((dim,), jnp.dtype(cfg.param_dtype)))
+        self.eps = cfg.norm_eps
+        self.dtype = jnp.dtype(cfg.dtype)
+
+    def __call__(self, x):
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        scale = self.scale[...].astype(jnp.float32).reshape((1,) * (x.ndim - 1) + (-1,))
+        return (y * scale).astype(self.dtype)
+
+
+def rope(x_BSHd, theta: float):
+    """Rotary position embedding (rotate-half form) over the last axis."""
+    seq, dim = x_BSHd.shape[1], x_BSHd.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
+    angles_Sd = jnp.arange(seq, dtype=jnp.float32)[:, None] * inv_freq[None, :]
+    sin = jnp.sin(angles_Sd)[None, :, None, :]
+    cos = jnp.cos(angles_Sd)[None, :, None, :]
+    x1, x2 = jnp.split(x_BSHd.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_BSHd.dtype)
+
+
+def causal_attention(q_BSKGd, k_BTKd, v_BTKv):
+    """Softmax attention with a causal mask; softmax in float32.
+
+    This XLA form materialises the B×K×G×S×T scores.
+    """
+    scale = 1.0 / math.sqrt(q_BSKGd.shape[-1])
+    s_BKGST = jnp.einsum("bskgd,btkd->bkgst", q_BSKGd, k_BTKd).astype(jnp.float32) * scale
+    S, T = s_BKGST.shape[-2], s_BKGST.shape[-1]
+    mask_ST = jnp.tril(jnp.ones((S, T), dtype=bool))
+    s_BKGST = jnp.where(mask_ST, s_BKGST, jnp.finfo(jnp.float32).min)
+    p_BKGST = jax.nn.softmax(s_BKGST, axis=-1).astype(v_BTKv.dtype)
+    return jnp.einsum("bkgst,btkv->bskgv", p_BKGST, v_BTKv)
+
+
+class GQAttention(nnx.Module):
+    """Grouped-query attention with RoPE (Llama 3)."""
+
+    def __init__(self, cfg, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        d, h, k, hd = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.wq = dense(d, h * hd, cfg, rngs)
+        self.wk = dense(d, k * hd, cfg, rngs)
+        self.wv = dense(d, k * hd, cfg, rngs)
+        self.wo = dense(h * hd, d, cfg, rngs)
+
+    def __call__(self, x_BSD):
+        c = self.cfg
+        B, S, _ = x_BSD.shape
+        K, G, hd = c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim
+        q_BSHd = rope(self.wq(x_BSD).reshape(B, S, K * G, hd), c.rope_theta)
+        k_BSKd = rope(self.wk(x_BSD).reshape(B, S, K, hd), c.rope_theta)
+        v_BSKd = self.wv(x_BSD).reshape(B, S, K, hd)
+        q_BSHd = checkpoint_name(q_BSHd, N.QUERY_PROJ)
+        k_BSKd = checkpoint_name(k_BSKd, N.KEY_PROJ)
+        v_BSKd = checkpoint_name(v_BSKd, N.VALUE_PROJ)
+        ctx = causal_attention(q_BSHd.reshape(B, S, K, G, hd), k_BSKd, v_BSKd)
+        ctx_BSF = checkpoint_name(ctx.reshape(B, S, K * G * hd), N.ATTENTION_OUT)
+        return checkpoint_name(self.wo(ctx_BSF), N.OUT_PROJ)
+
+
+class MLAttention(nnx.Module):
+    """Multi-head latent attention (DeepSeek-V2/V3): low-rank q and kv, decoupled RoPE key."""
+
+    def __init__(self, cfg, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        d, h = cfg.d_model, cfg.num_heads
+        self.wq_a = dense(d, cfg.q_lora_rank, cfg, rngs)
+        self.q_norm = RMSNorm(cfg.q_lora_rank, cfg, rngs=rngs)
+        self.wq_b = dense(cfg.q_lora_rank, h * cfg.qk_head_dim, cfg, rngs)
+        self.wkv_a = dense(d, cfg.kv_lora_rank + cfg.qk_rope_head_dim, cfg, rngs)
+        self.kv_norm = RMSNorm(cfg.kv_lora_rank, cfg, rngs=rngs)
+        self.wkv_b = dense(cfg.kv_lora_rank, h * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg, rngs)
+        self.wo = dense(h * cfg.v_head_dim, d, cfg, rngs)
+
+    def __call__(self, x_BSD):
+        c = self.cfg
+        B, S, _ = x_BSD.shape
+        H, nope, rp, vd = c.num_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
+        qa_BSR = checkpoint_name(self.wq_a(x_BSD), N.QUERY_WA_PROJ)
+        qa_BSR = checkpoint_name(self.q_norm(qa_BSR), N.MLA_Q)
+        q_BSHd = self.wq_b(qa_BSR).reshape(B, S, H, nope + rp)
+        q_BSHd = jnp.concatenate([q_BSHd[..., :nope], rope(q_BSHd[..., nope:], c.rope_theta)], axis=-1)
+        q_BSHd = checkpoint_name(q_BSHd, N.QUERY_PROJ)
+
+        kva_BSR = checkpoint_name(self.wkv_a(x_BSD), N.KV_WA_PROJ)
+        latent_BSL = checkpoint_name(self.kv_norm(kva_BSR[..., : c.kv_lora_rank]), N.MLA_KV)
+        krope_BS1r = rope(kva_BSR[..., c.kv_lora_rank :][:, :, None, :], c.rope_theta)
+        kv_BSHf = self.wkv_b(latent_BSL).reshape(B, S, H, nope + vd)
+        k_BSHd = jnp.concatenate([kv_BSHf[..., :nope], jnp.broadcast_to(krope_BS1r, (B, S, H, rp))], axis=-1)
+        k_BSHd = checkpoint_name(k_BSHd, N.KEY_PROJ)
+        v_BSHv = checkpoint_name(kv_BSHf[..., nope:], N.VALUE_PROJ)
+
+        ctx = causal_attention(q_BSHd[:, :, :, None, :], k_BSHd, v_BSHv)
+        ctx_BSF = checkpoint_name(ctx.reshape(B, S, H * vd), N.ATTENTION_OUT)
+        return checkpoint_name(self.wo(ctx_BSF), N.OUT_PROJ)
+
+
+class SwiGLU(nnx.Module):
+    """Dense SwiGLU MLP; also the shared expert of an MoE layer."""
+
+    def __init__(self, d_model: int, hidden: int, cfg, *, rngs: nnx.Rngs):
+        self.wi_0 = dense(d_model, hidden, cfg, rngs)
+        self.wi_1 = dense(d_model, hidden, cfg, rngs)
+        self.wo = dense(hidden, d_model, cfg, rngs)
+
+    def __call__(self, x_BSD):
+        g_BSF = checkpoint_name(self.wi_0(x_BSD), N.MLPWI_0)
+        u_BSF = checkpoint_name(self.wi_1(x_BSD), N.MLPWI_1)
+        return checkpoint_name(self.wo(jax.nn.silu(g_BSF) * u_BSF), N.MLPWO)
+
+
+class MoE(nnx.Module):
+    """Routed experts (top-k, capacity-based dispatch) plus optional shared experts."""
+
+    def __init__(self, cfg, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        d, E, F = cfg.d_model, cfg.num_experts, cfg.expert_mlp_dim
+        pdt = jnp.dtype(cfg.param_dtype)
+        self.router = nnx.Param(_init(d**-0.5)(rngs.params(), (d, E), pdt))
+        self.wi_0 = nnx.Param(_init(d**-0.5)(rngs.params(), (E, d, F), pdt))
+        self.wi_1 = nnx.Param(_init(d**-0.5)(rngs.params(), (E, d, F), pdt))
+        self.wo = nnx.Param(_init(F**-0.5)(rngs.params(), (E, F, d), pdt))
+        self.shared = (
+            SwiGLU(d, cfg.num_shared_experts * F, cfg, rngs=rngs) if cfg.num_shared_experts else None
+        )
+
+    def __call__(self, x_BSD):
+        c = self.cfg
+        dt = jnp.dtype(c.dtype)
+        B, S, D = x_BSD.shape
+        E, k = c.num_experts, c.num_experts_per_tok
+        x_TD = x_BSD.reshape(B * S, D)
+        T = B * S
+        C = c.capacity(T)
+
+        logits_TE = jnp.dot(x_TD.astype(jnp.float32), self.router[...].astype(jnp.float32))
+        scores_TE = jax.nn.sigmoid(logits_TE)
+        top_Tk, expert_Tk = jax.lax.top_k(scores_TE, k)
+        gates_Tk = top_Tk / jnp.sum(top_Tk, axis=-1, keepdims=True) * c.routed_scaling_factor
+
+        # Slot of each (token, choice) inside its expert's buffer, in token order.
+        expert_A = expert_Tk.reshape(T * k)
+        onehot_AE = jax.nn.one_hot(expert_A, E, dtype=jnp.int32)
+        slot_A = jnp.sum((jnp.cumsum(onehot_AE, axis=0) - 1) * onehot_AE, axis=-1)
+        token_A = jnp.repeat(jnp.arange(T), k)
+        # Assignments past capacity are dropped (scatter mode="drop", gather fill 0).
+        buf_ECD = jnp.zeros((E, C, D), dt).at[expert_A, slot_A].set(x_TD[token_A].astype(dt), mode="drop")
+
+        h0_ECF = checkpoint_name(jnp.einsum("ecd,edf->ecf", buf_ECD, self.wi_0[...].astype(dt)), N.MOE_MLPWI_0)
+        h1_ECF = checkpoint_name(jnp.einsum("ecd,edf->ecf", buf_ECD, self.wi_1[...].astype(dt)), N.MOE_MLPWI_1)
+        y_ECD = checkpoint_name(
+            jnp.einsum("ecf,efd->ecd", jax.nn.silu(h0_ECF) * h1_ECF, self.wo[...].astype(dt)), N.MOE_MLPWO
+        )
+        y_AD = y_ECD.at[expert_A, slot_A].get(mode="fill", fill_value=0)
+        y_TD = jnp.sum((y_AD * gates_Tk.reshape(T * k, 1).astype(dt)).reshape(T, k, D), axis=1)
+        out_BSD = y_TD.reshape(B, S, D)
+        if self.shared is not None:
+            out_BSD = out_BSD + self.shared(x_BSD)
+        return out_BSD
+
+
+class DecoderLayer(nnx.Module):
+    """Pre-norm residual block: x + attn(norm(x)); then + mlp(norm(.))."""
+
+    def __init__(self, attention: nnx.Module, mlp: nnx.Module, cfg, *, rngs: nnx.Rngs):
+        self.attn_norm = RMSNorm(cfg.d_model, cfg, rngs=rngs)
+        self.attention = attention
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg, rngs=rngs)
+        self.mlp = mlp
+
+    def __call__(self, x_BSD):
+        x_BSD = checkpoint_name(x_BSD, N.DECODER_LAYER_INPUT)
+        h_BSD = x_BSD + self.attention(self.attn_norm(x_BSD))
+        return h_BSD + self.mlp(self.mlp_norm(h_BSD))

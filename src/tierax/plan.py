@@ -1,0 +1,261 @@
+"""Plans: where each activation lives between the forward and the backward pass.
+
+A :class:`Plan` maps, for each layer group, each activation name to a
+:class:`Placement` — kept in device memory, offloaded to pinned host memory, or
+recomputed.  It is a frozen value with a YAML form::
+
+    plan: qkv-offload
+    description: q/k/v projections offloaded, the rest recomputed
+    groups:
+      decoder:
+        default: remat          # names not listed below
+        decoder_layer_input: device
+        query_proj: offload
+        key_proj: offload
+        value_proj: offload
+
+:func:`to_policies` is the only place a Plan becomes ``jax.checkpoint``
+policies.  A group whose every activation is on device gets no policy at all
+(no rematerialisation: every intermediate is saved, named or not); any other
+group gets ``save_and_offload_only_these_names``, under which unnamed
+intermediates are recomputed.
+"""
+
+from __future__ import annotations
+
+import enum
+import pathlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import jax
+import yaml
+
+from tierax import names as N
+from tierax.errors import TieraxError
+
+
+class Placement(str, enum.Enum):
+    DEVICE = "device"
+    OFFLOAD = "offload"
+    REMAT = "remat"
+
+    @classmethod
+    def parse(cls, value: Any, where: str) -> "Placement":
+        if isinstance(value, Placement):
+            return value
+        try:
+            return cls(value)
+        except ValueError:
+            raise TieraxError(
+                f"{where}: placement {value!r} is not valid; use one of: "
+                + ", ".join(p.value for p in cls)
+            ) from None
+
+
+def _check_name(name: str, where: str) -> None:
+    if name not in N.ALL_NAMES:
+        raise TieraxError(
+            f"{where}: unknown activation name {name!r}; valid names: {', '.join(N.ALL_NAMES)}"
+        )
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """Placements for one layer group; names not listed take ``default``."""
+
+    placements: Mapping[str, Placement] = field(default_factory=dict)
+    default: Placement = Placement.REMAT
+
+    def __post_init__(self) -> None:
+        checked = {}
+        for name, p in dict(self.placements).items():
+            _check_name(name, "plan")
+            checked[name] = Placement.parse(p, f"plan entry {name!r}")
+        object.__setattr__(self, "placements", MappingProxyType(checked))
+        object.__setattr__(self, "default", Placement.parse(self.default, "plan default"))
+
+    def placement(self, name: str) -> Placement:
+        return self.placements.get(name, self.default)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A placement for every activation of every layer group.
+
+    Attributes:
+      name: a label (preset name or file stem).
+      groups: layer group name → :class:`GroupPlan`.
+      description: one line for humans.
+    """
+
+    name: str
+    groups: Mapping[str, GroupPlan]
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "groups", MappingProxyType(dict(self.groups)))
+
+    # --- YAML / dict form -------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        groups = {}
+        for g, gp in self.groups.items():
+            entry: dict[str, str] = {"default": gp.default.value}
+            entry.update({n: p.value for n, p in gp.placements.items()})
+            groups[g] = entry
+        return {"plan": self.name, "description": self.description, "groups": groups}
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str = "plan") -> "Plan":
+        if not isinstance(data, Mapping):
+            raise TieraxError(f"{source}: a plan must be a mapping with keys plan, description, groups")
+        unknown = set(data) - {"plan", "description", "groups"}
+        if unknown:
+            raise TieraxError(
+                f"{source}: unknown key(s) {', '.join(sorted(map(str, unknown)))}; "
+                "a plan has keys: plan, description, groups"
+            )
+        groups_in = data.get("groups")
+        if not isinstance(groups_in, Mapping) or not groups_in:
+            raise TieraxError(f"{source}: 'groups' must map layer group names to placements")
+        groups = {}
+        for g, entry in groups_in.items():
+            if not isinstance(entry, Mapping):
+                raise TieraxError(f"{source}: group {g!r} must map activation names to placements")
+            entry = dict(entry)
+            default = Placement.parse(entry.pop("default", Placement.REMAT), f"{source}: group {g!r} default")
+            for n in entry:
+                _check_name(n, f"{source}: group {g!r}")
+            placements = {n: Placement.parse(p, f"{source}: group {g!r}, {n}") for n, p in entry.items()}
+            groups[str(g)] = GroupPlan(placements, default)
+        return cls(str(data.get("plan", "custom")), groups, str(data.get("description", "") or ""))
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    @classmethod
+    def from_yaml(cls, text: str, *, source: str = "plan") -> "Plan":
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise TieraxError(f"{source}: not valid YAML ({e})") from None
+        return cls.from_dict(data, source=source)
+
+
+# --- presets ----------------------------------------------------------------
+
+_QKV = (N.QUERY_PROJ, N.KEY_PROJ, N.VALUE_PROJ)
+
+
+def _rule_save_all(acts: tuple[str, ...]) -> dict[str, Placement]:
+    return {n: Placement.DEVICE for n in acts}
+
+
+def _rule_remat_full(acts: tuple[str, ...]) -> dict[str, Placement]:
+    return {n: Placement.DEVICE if n == N.DECODER_LAYER_INPUT else Placement.REMAT for n in acts}
+
+
+def _rule_minimal(acts: tuple[str, ...]) -> dict[str, Placement]:
+    keep = N.PROJECTION_NAMES | {N.DECODER_LAYER_INPUT}
+    return {n: Placement.DEVICE if n in keep else Placement.REMAT for n in acts}
+
+
+def _rule_qkv_offload(acts: tuple[str, ...]) -> dict[str, Placement]:
+    out = _rule_remat_full(acts)
+    out.update({n: Placement.OFFLOAD for n in _QKV if n in acts})
+    return out
+
+
+def _rule_deepseek_offload(acts: tuple[str, ...]) -> dict[str, Placement]:
+    out = _rule_qkv_offload(acts)
+    is_moe = N.MOE_MLPWI_0 in acts
+    up = (N.MOE_MLPWI_0, N.MOE_MLPWI_1) if is_moe else (N.MLPWI_0, N.MLPWI_1)
+    out.update({n: Placement.OFFLOAD for n in up if n in acts})
+    return out
+
+
+PRESETS: dict[str, tuple[str, Callable[[tuple[str, ...]], dict[str, Placement]]]] = {
+    "save-all": ("every activation kept on device; no rematerialisation", _rule_save_all),
+    "remat-full": ("only the layer input kept; everything else recomputed", _rule_remat_full),
+    "minimal": ("weight-projection outputs kept on device; the rest recomputed", _rule_minimal),
+    "qkv-offload": ("q/k/v projections offloaded to host; the rest recomputed", _rule_qkv_offload),
+    "deepseek-offload": (
+        "q/k/v and MLP up-projections (routed experts in MoE groups, the dense MLP elsewhere) "
+        "offloaded; the rest recomputed",
+        _rule_deepseek_offload,
+    ),
+}
+
+
+def preset(name: str, cfg) -> Plan:
+    """The preset ``name`` spelled out for every layer group of ``cfg``."""
+    if name not in PRESETS:
+        raise TieraxError(f"unknown plan preset {name!r}; presets: {', '.join(PRESETS)}")
+    desc, rule = PRESETS[name]
+    groups = {g.name: GroupPlan(rule(g.activations), Placement.REMAT) for g in cfg.layer_groups()}
+    return Plan(name, groups, desc)
+
+
+def load_plan(spec: str | Plan, cfg) -> Plan:
+    """A preset name or a path to a plan YAML file, validated against ``cfg``."""
+    if isinstance(spec, Plan):
+        plan = spec
+    elif spec in PRESETS:
+        plan = preset(spec, cfg)
+    else:
+        path = pathlib.Path(spec)
+        if not path.is_file():
+            raise TieraxError(
+                f"plan {spec!r} is neither a preset ({', '.join(PRESETS)}) nor an existing YAML file"
+            )
+        plan = Plan.from_yaml(path.read_text(), source=str(path))
+    resolve(plan, cfg)
+    return plan
+
+
+def resolve(plan: Plan, cfg) -> dict[str, dict[str, Placement]]:
+    """Every (group, activation) of ``cfg`` → its placement under ``plan``.
+
+    Raises:
+      TieraxError: the plan names a group or an activation the model lacks.
+    """
+    groups = {g.name: g for g in cfg.layer_groups()}
+    for gname, gp in plan.groups.items():
+        if gname not in groups:
+            raise TieraxError(
+                f"plan {plan.name!r} names layer group {gname!r}, which model {cfg.name!r} does not have; "
+                f"its groups: {', '.join(groups)}"
+            )
+        missing = [n for n in gp.placements if n not in groups[gname].activations]
+        if missing:
+            raise TieraxError(
+                f"plan {plan.name!r}, group {gname!r}: model {cfg.name!r} has no activation "
+                f"{', '.join(map(repr, missing))}; valid names here: {', '.join(groups[gname].activations)}"
+            )
+    out = {}
+    for gname, g in groups.items():
+        gp = plan.groups.get(gname, GroupPlan())
+        out[gname] = {n: gp.placement(n) for n in g.activations}
+    return out
+
+
+def to_policies(plan: Plan, cfg) -> dict[str, Callable | None]:
+    """THE function that turns a Plan into ``jax.checkpoint`` policies, one per layer group.
+
+    Returns:
+      group → policy, or None where every activation is on device (no remat).
+    """
+    policies: dict[str, Callable | None] = {}
+    for gname, placements in resolve(plan, cfg).items():
+        if all(p is Placement.DEVICE for p in placements.values()):
+            policies[gname] = None
+            continue
+        policies[gname] = jax.checkpoint_policies.save_and_offload_only_these_names(
+            names_which_can_be_saved=[n for n, p in placements.items() if p is Placement.DEVICE],
+            names_which_can_be_offloaded=[n for n, p in placements.items() if p is Placement.OFFLOAD],
+            offload_src="device",
+            offload_dst="pinned_host",
+        )
+    return policies

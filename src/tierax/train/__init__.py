@@ -1,0 +1,1 @@
+"""Training: sharding, the jitted step."""

@@ -1,0 +1,95 @@
+import pytest
+
+from tierax import names as N
+from tierax import plan as P
+from tierax.errors import TieraxError
+from tierax.models import NAMED_CONFIGS, get_config
+
+MODELS = list(NAMED_CONFIGS)
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("preset", list(P.PRESETS))
+def test_yaml_round_trip(model, preset):
+    cfg = get_config(model)
+    plan = P.preset(preset, cfg)
+    back = P.Plan.from_yaml(plan.to_yaml())
+    assert back == plan
+    assert P.resolve(back, cfg) == P.resolve(plan, cfg)
+
+
+def test_presets_mean_what_they_say():
+    cfg = get_config("tiny-deepseek")
+    r = P.resolve(P.preset("save-all", cfg), cfg)
+    assert all(p is P.Placement.DEVICE for g in r.values() for p in g.values())
+    r = P.resolve(P.preset("remat-full", cfg), cfg)
+    for g in r.values():
+        assert {n for n, p in g.items() if p is not P.Placement.REMAT} == {N.DECODER_LAYER_INPUT}
+    r = P.resolve(P.preset("qkv-offload", cfg), cfg)
+    for g in r.values():
+        assert {n for n, p in g.items() if p is P.Placement.OFFLOAD} == {N.QUERY_PROJ, N.KEY_PROJ, N.VALUE_PROJ}
+    r = P.resolve(P.preset("deepseek-offload", cfg), cfg)
+    qkv = {N.QUERY_PROJ, N.KEY_PROJ, N.VALUE_PROJ}
+    assert {n for n, p in r["dense"].items() if p is P.Placement.OFFLOAD} == qkv | {N.MLPWI_0, N.MLPWI_1}
+    assert {n for n, p in r["moe"].items() if p is P.Placement.OFFLOAD} == qkv | {N.MOE_MLPWI_0, N.MOE_MLPWI_1}
+    r = P.resolve(P.preset("minimal", cfg), cfg)
+    assert r["moe"][N.MOE_MLPWO] is P.Placement.DEVICE and r["moe"][N.ATTENTION_OUT] is P.Placement.REMAT
+
+
+def test_to_policies_none_only_when_everything_on_device():
+    cfg = get_config("tiny-deepseek")
+    assert P.to_policies(P.preset("save-all", cfg), cfg) == {"dense": None, "moe": None}
+    pols = P.to_policies(P.preset("qkv-offload", cfg), cfg)
+    assert set(pols) == {"dense", "moe"} and all(callable(p) for p in pols.values())
+
+
+def test_unknown_activation_name_lists_valid_names():
+    text = "plan: bad\ngroups:\n  decoder:\n    query_projj: offload\n"
+    with pytest.raises(TieraxError) as e:
+        P.Plan.from_yaml(text)
+    assert "query_projj" in str(e.value) and "query_proj" in str(e.value) and "mlpwi_0" in str(e.value)
+
+
+def test_misspelled_placement_lists_valid_values():
+    text = "plan: bad\ngroups:\n  decoder:\n    query_proj: offlaod\n"
+    with pytest.raises(TieraxError, match="device, offload, remat"):
+        P.Plan.from_yaml(text)
+
+
+def test_name_the_model_lacks_is_an_error():
+    # moe_mlpwi_0 is a valid name, but a Llama layer has no routed experts.
+    plan = P.Plan("p", {"decoder": P.GroupPlan({N.MOE_MLPWI_0: P.Placement.OFFLOAD})})
+    with pytest.raises(TieraxError, match="no activation 'moe_mlpwi_0'.*valid names here"):
+        P.to_policies(plan, get_config("tiny-llama"))
+
+
+def test_unknown_group_is_an_error():
+    plan = P.Plan("p", {"decoderr": P.GroupPlan({N.QUERY_PROJ: P.Placement.OFFLOAD})})
+    with pytest.raises(TieraxError, match="its groups: decoder"):
+        P.resolve(plan, get_config("tiny-llama"))
+
+
+def test_unknown_top_level_key_and_bad_yaml():
+    with pytest.raises(TieraxError, match="unknown key"):
+        P.Plan.from_yaml("plan: x\ngroup: {}\n")
+    with pytest.raises(TieraxError, match="not valid YAML"):
+        P.Plan.from_yaml("plan: [unclosed\n")
+
+
+def test_load_plan_from_file_and_missing(tmp_path):
+    cfg = get_config("tiny-llama")
+    f = tmp_path / "p.yaml"
+    f.write_text(P.preset("qkv-offload", cfg).to_yaml())
+    assert P.load_plan(str(f), cfg) == P.preset("qkv-offload", cfg)
+    with pytest.raises(TieraxError, match="neither a preset"):
+        P.load_plan(str(tmp_path / "nope.yaml"), cfg)
+
+
+def test_plan_is_immutable():
+    plan = P.preset("minimal", get_config("tiny-llama"))
+    with pytest.raises(Exception):
+        plan.name = "x"
+    with pytest.raises(TypeError):
+        plan.groups["decoder"] = P.GroupPlan()
+    with pytest.raises(TypeError):
+        plan.groups["decoder"].placements[N.QUERY_PROJ] = P.Placement.OFFLOAD
