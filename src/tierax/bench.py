@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from tierax import inventory as inv
 from tierax import plan as plan_lib
-from tierax.models import ModelConfig
+from tierax.models import ModelConfig, config_to_dict
 from tierax.models.flops import train_flops
 from tierax.train import sharding as sh
 from tierax.train import step as step_lib
@@ -149,7 +149,7 @@ def bench_document(cfg, records, peak, *, command: str, microbatch: int, seq: in
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": machine_info(),
         "jax_version": jax.__version__,
-        "model": {"family": cfg.family, **asdict(cfg)},
+        "model": config_to_dict(cfg),  # loadable as is with --model-config
         "microbatch": microbatch,
         "seq": seq,
         "steps": steps,

@@ -7,12 +7,18 @@ from flax import nnx
 
 from tierax.models import deepseek, llama
 from tierax.models.config import (
+    FAMILIES,
     NAMED_CONFIGS,
     DeepSeekConfig,
     LayerGroup,
     LlamaConfig,
     ModelConfig,
+    apply_overrides,
+    config_from_dict,
+    config_to_dict,
+    config_to_yaml,
     get_config,
+    load_model_config,
 )
 from tierax.models.decoder import Decoder
 
@@ -30,6 +36,7 @@ def abstract_model(cfg: ModelConfig) -> Decoder:
 
 
 __all__ = [
+    "FAMILIES",
     "NAMED_CONFIGS",
     "DeepSeekConfig",
     "Decoder",
@@ -37,6 +44,11 @@ __all__ = [
     "LlamaConfig",
     "ModelConfig",
     "abstract_model",
+    "apply_overrides",
     "build_model",
+    "config_from_dict",
+    "config_to_dict",
+    "config_to_yaml",
     "get_config",
+    "load_model_config",
 ]

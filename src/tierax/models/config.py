@@ -4,13 +4,23 @@ Invariants are checked in ``__post_init__`` with messages that name the fix.
 Analytic helpers (``param_count``, ``activated_param_count``, ``layer_groups``)
 live on the config so they can be tested against published figures without
 allocating anything.
+
+Users bring their own shapes as YAML (``family`` plus the dataclass fields, read
+by ``load_model_config`` / ``config_from_dict``) and ``KEY=VALUE`` overrides
+(``apply_overrides``); ``config_to_dict`` writes the same form back.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import pathlib
+import typing
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Union
+
+import yaml
 
 from tierax import names as N
 from tierax.errors import TieraxError
@@ -267,7 +277,7 @@ NAMED_CONFIGS: dict[str, ModelConfig] = {
         head_dim=16, mlp_dim=128,
     ),
     "tiny-deepseek": DeepSeekConfig(
-        name="tiny-deepseek", vocab_size=256, d_model=64, num_layers=3, first_dense_layers=1,
+        name="tiny-deepseek", vocab_size=256, d_model=64, num_layers=4, first_dense_layers=2,
         num_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
         v_head_dim=16, dense_mlp_dim=128, num_experts=8, num_experts_per_tok=2,
         num_shared_experts=1, expert_mlp_dim=32, capacity_factor=1.25,
@@ -301,3 +311,184 @@ def get_config(name: str) -> ModelConfig:
         raise TieraxError(
             f"unknown model {name!r}; choose one of: {', '.join(NAMED_CONFIGS)}"
         ) from None
+
+
+# --- config files and overrides -----------------------------------------------
+# The dataclasses above are the schema: a config file is ``family`` plus their
+# fields, and values are checked against the field annotations.
+
+FAMILIES: dict[str, type] = {"llama": LlamaConfig, "deepseek": DeepSeekConfig}
+
+_EXPECTED = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _field_types(cls: type) -> dict[str, type]:
+    """Field name → annotated type (int, float, bool or str), in declaration order."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _valid_keys(cls: type) -> str:
+    return "family, " + ", ".join(_field_types(cls))
+
+
+def _did_you_mean(key: Any, cls: type) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(str(key), list(_field_types(cls)), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _coerce(key: str, value: Any, expected: type, where: str) -> Any:
+    """``value`` checked against the annotation ``expected`` (ints widen to float)."""
+    if expected is float:
+        number = None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = float(value)
+        elif isinstance(value, str):  # YAML 1.1 reads 1e-5 (no dot) as a string
+            try:
+                number = float(value)
+            except ValueError:
+                pass
+        if number is not None and math.isfinite(number):
+            return number
+    elif expected is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif isinstance(value, expected):  # bool, str
+        return value
+    raise TieraxError(
+        f"{where}: {key} expects {expected.__name__} ({_EXPECTED[expected]}), "
+        f"got {value!r} ({type(value).__name__})"
+    )
+
+
+def config_from_dict(data: Mapping, *, source: str) -> ModelConfig:
+    """Build a config from ``family`` plus dataclass fields, as in a model config file.
+
+    Args:
+      data: ``{"family": "llama" | "deepseek", <field>: <value>, ...}``; fields with a
+        default may be left out.
+      source: where ``data`` came from (a file path), prefixed to every message.
+
+    Raises:
+      TieraxError: not a mapping, missing or unknown family, unknown or missing keys,
+        a value of the wrong type, or inconsistent values (``__post_init__``).
+    """
+    if not isinstance(data, Mapping):
+        raise TieraxError(
+            f"{source}: a model config must be a mapping of keys to values, got {type(data).__name__}; "
+            "see `tierax models show tiny-llama` for the form"
+        )
+    family = data.get("family")
+    if not isinstance(family, str) or family not in FAMILIES:
+        what = "missing 'family'" if family is None else f"unknown family {family!r}"
+        raise TieraxError(f"{source}: {what}; set family to one of: {', '.join(FAMILIES)}")
+    cls = FAMILIES[family]
+    types = _field_types(cls)
+    unknown = [k for k in data if k != "family" and k not in types]
+    if unknown:
+        hint = _did_you_mean(unknown[0], cls) if len(unknown) == 1 else ""
+        raise TieraxError(
+            f"{source}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}{hint} "
+            f"for family {family!r}; valid keys: {_valid_keys(cls)}"
+        )
+    required = [
+        f.name for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    missing = [k for k in required if k not in data]
+    if missing:
+        raise TieraxError(
+            f"{source}: missing required key{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+            f"for family {family!r}; required: {', '.join(required)}"
+        )
+    values = {k: _coerce(k, v, types[k], source) for k, v in data.items() if k != "family"}
+    try:
+        return cls(**values)
+    except TieraxError as e:
+        raise TieraxError(f"{source}: {e}") from None
+
+
+def config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
+    """``family`` first, then every field: the form ``config_from_dict`` reads back unchanged."""
+    return {"family": cfg.family, **dataclasses.asdict(cfg)}
+
+
+def config_to_yaml(cfg: ModelConfig) -> str:
+    """``config_to_dict`` as YAML: a file ``load_model_config`` (``--model-config``) accepts."""
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+
+
+def _parse_override(text: str, cls: type) -> tuple[str, Any]:
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise TieraxError(f"--set {text!r}: expected the form KEY=VALUE, e.g. --set d_model=512")
+    types = _field_types(cls)
+    if key == "family":
+        raise TieraxError(
+            f"--set {text!r}: the family cannot be overridden; start from a config of that family "
+            f"(--model NAME or --model-config FILE)"
+        )
+    if key not in types:
+        raise TieraxError(
+            f"--set {text!r}: unknown key {key!r}{_did_you_mean(key, cls)} for a {cls.family} config; "
+            f"valid keys: {', '.join(types)}"
+        )
+    if types[key] is str:  # the command line has no quoting: take the text as is
+        value: Any = raw.strip()
+    else:
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            value = raw
+    return key, _coerce(key, value, types[key], f"--set {text!r}")
+
+
+def apply_overrides(cfg: ModelConfig, overrides: Sequence[str]) -> ModelConfig:
+    """``cfg`` with ``KEY=VALUE`` overrides applied in order (a later one wins).
+
+    Values are read as YAML scalars (``512`` int, ``2.5`` / ``1e-5`` float, ``true``
+    bool); string fields take the text as given.  If the result differs from
+    ``cfg`` and ``name`` was not overridden, the name becomes ``<name>+overrides``.
+
+    Raises:
+      TieraxError: an override without ``=``, an unknown key (the valid ones are
+        listed), a value of the wrong type, or an inconsistent result.
+    """
+    if not overrides:
+        return cfg
+    cls = type(cfg)
+    changes = dict(_parse_override(o, cls) for o in overrides)
+    try:
+        new = dataclasses.replace(cfg, **changes)
+    except TieraxError as e:
+        raise TieraxError(f"{cfg.name} with --set {' '.join(overrides)}: {e}") from None
+    if "name" not in changes and new != cfg and not cfg.name.endswith("+overrides"):
+        new = dataclasses.replace(new, name=f"{cfg.name}+overrides")
+    return new
+
+
+def load_model_config(path: str | pathlib.Path) -> ModelConfig:
+    """Read a model config YAML file (``family`` plus dataclass fields).
+
+    Raises:
+      TieraxError: the file is missing or unreadable, not YAML, not a mapping, or
+        not a valid config (see ``config_from_dict``).
+    """
+    p = pathlib.Path(path)
+    if not p.is_file():
+        raise TieraxError(
+            f"model config file {str(path)!r} does not exist; write one with "
+            "`tierax models show NAME > FILE.yaml` and edit it"
+        )
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise TieraxError(f"model config file {str(path)!r} cannot be read ({e})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise TieraxError(f"{p}: not valid YAML ({e})") from None
+    return config_from_dict(data, source=str(p))
