@@ -13,12 +13,13 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "tierax needs Python >= 3.11"'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,gpu-aot]'
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/tierax bench --model tiny-deepseek --plans $(DEMO_PLANS) --steps 10 \
 		--out bench/results/demo-bench-tiny-deepseek.json
+	$(BIN)/tierax compile --model tiny-deepseek --plan deepseek-offload --target h200
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -10,7 +10,7 @@ import os
 
 from tierax.errors import TieraxError
 
-# Named presets of XLA GPU flags (they are registered, and ignored, on CPU).
+# Named presets of XLA GPU flags (registered, and ignored, on CPU).
 PRESETS: dict[str, tuple[str, ...]] = {
     "none": (),
     "lhs": ("--xla_gpu_enable_latency_hiding_scheduler=true",),
@@ -21,34 +21,61 @@ PRESETS: dict[str, tuple[str, ...]] = {
 }
 
 
+# Deviceless GPU compilation has no autotuner; XLA's Triton GEMM tiling then fails on some
+# small shapes ("Couldn't find output tile sizes"), so deviceless compiles use cuBLAS GEMMs.
+DEVICELESS_FLAGS: tuple[str, ...] = ("--xla_gpu_enable_triton_gemm=false",)
+
+
 def _backends_started() -> bool:
     from jax._src import xla_bridge  # no public query exists
 
     return xla_bridge.backends_are_initialized()
 
 
-def configure(*, cpu_devices: int | None = None, preset: str = "none") -> list[str]:
-    """Set the host CPU device count and an XLA flag preset; returns the flags added.
+def _has_nvidia_driver() -> bool:
+    return os.path.exists("/proc/driver/nvidia/version")
+
+
+def configure(
+    *, cpu_devices: int | None = None, preset: str = "none", platforms: str | None = None, deviceless_gpu: bool = False
+) -> list[str]:
+    """Set backend options before JAX starts; returns the XLA flags added.
+
+    Args:
+      cpu_devices: number of host CPU devices to create.
+      preset: a key of :data:`PRESETS`.
+      platforms: value for ``jax_platforms``.  When None, JAX_PLATFORMS is unset and
+        the machine has no NVIDIA driver, ``cpu`` is chosen so an installed CUDA
+        plugin does not try (and noisily fail) to start.
+      deviceless_gpu: compiling for a GPU target without a GPU: the host platform
+        only, plus :data:`DEVICELESS_FLAGS`.
 
     Raises:
-      TieraxError: unknown preset, or the backend has already started.
+      TieraxError: unknown preset, bad device count, or the backend has already started.
     """
     if preset not in PRESETS:
         raise TieraxError(f"unknown XLA preset {preset!r}; choose one of: {', '.join(PRESETS)}")
-    if cpu_devices is None and not PRESETS[preset]:
-        return []
+    if cpu_devices is not None and cpu_devices < 1:
+        raise TieraxError(f"--devices must be ≥ 1, got {cpu_devices}")
     import jax
 
+    if deviceless_gpu:
+        platforms = "cpu"
+    if platforms is None and not os.environ.get("JAX_PLATFORMS") and not _has_nvidia_driver():
+        platforms = "cpu"
+    flags = list(PRESETS[preset]) + (list(DEVICELESS_FLAGS) if deviceless_gpu else [])
+    wanted = cpu_devices is not None or flags or platforms is not None
+    if not wanted:
+        return []
     if _backends_started():
         raise TieraxError(
             "XLA options must be set before JAX starts its backend; call tierax.xla_flags.configure "
             "before any JAX operation"
         )
+    if platforms is not None:
+        jax.config.update("jax_platforms", platforms)
     if cpu_devices is not None:
-        if cpu_devices < 1:
-            raise TieraxError(f"--devices must be ≥ 1, got {cpu_devices}")
         jax.config.update("jax_num_cpu_devices", cpu_devices)
-    flags = list(PRESETS[preset])
     if flags:
         os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *flags]).strip()
     return flags

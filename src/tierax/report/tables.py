@@ -53,3 +53,36 @@ def plan_table(placements: dict, title: str) -> Table:
         for n, p in names.items():
             t.add_row(g, n, f"[{colour[p.value]}]{p.value}[/]")
     return t
+
+
+def compile_table(r) -> Table:
+    t = Table(title=f"{r.model} · plan {r.plan} · {r.target} × {r.devices} · microbatch {r.microbatch}/device × seq {r.seq} · "
+                    f"xla preset {r.xla_preset}",
+              caption="deviceless XLA:GPU compile (no autotuning: sizes close, not exact); " + "; ".join(r.notes))
+    t.add_column("figure")
+    t.add_column("per device", justify="right")
+    rows = [
+        ("arguments", fmt_bytes(r.device_argument_bytes)),
+        ("outputs", fmt_bytes(r.device_output_bytes)),
+        ("aliased (donated)", fmt_bytes(r.device_alias_bytes)),
+        ("temp", fmt_bytes(r.device_temp_bytes)),
+        ("device peak", fmt_bytes(r.device_peak_bytes)),
+        ("device capacity", fmt_bytes(r.device_capacity_bytes)),
+        ("fits", "[green]yes[/]" if r.fits else "[red]no[/]"),
+        ("host temp (offloaded)", fmt_bytes(r.host_temp_bytes)),
+    ]
+    for o in r.offloaded:
+        state = fmt_bytes(o.host_bytes) if o.on_host else f"[red]not found[/] (expected {fmt_bytes(o.expected_bytes)})"
+        rows.append((f"  offloaded {o.group}/{o.name}", state))
+    ov = r.overlap
+    rows += [
+        ("host transfers per step", str(ov["transfers"])),
+        ("transfer bytes", fmt_bytes(ov["transfer_bytes"])),
+        ("est. transfer time", f"{ov['est_transfer_s'] * 1e3:.3f} ms"),
+        ("est. hidden under compute", f"{ov['est_hidden_s'] * 1e3:.3f} ms"),
+        ("est. exposed", f"{ov['est_exposed_s'] * 1e3:.3f} ms"),
+        ("compile time", f"{r.compile_time_s:.1f} s"),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    return t

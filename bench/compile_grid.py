@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Deviceless GPU compile grid: real XLA:GPU memory figures and static overlap for ≥ 12 cases.
+
+Each case runs `tierax compile --json` in its own process (XLA flag presets apply per
+process), on this machine's CPU with compile-only GPU devices.  Writes one JSON record
+(command, machine, versions, every case's result) and prints a table.
+
+    .venv/bin/python bench/compile_grid.py [--out bench/results/compile_grid.json] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+import time
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# DeepSeek-V3 shapes at reduced depth (2 dense + 3 MoE layers: each group a real loop).
+DSV3_SHORT = ["--set", "num_layers=5", "--set", "first_dense_layers=2"]
+
+CASES = [
+    # model args, plan, target, extra args
+    (["--model", "llama3-8b"], "save-all", "h100", ["--microbatch", "1", "--seq", "4096"]),
+    (["--model", "llama3-8b"], "minimal", "h100", ["--microbatch", "1", "--seq", "4096"]),
+    (["--model", "llama3-8b"], "remat-full", "h100", ["--microbatch", "1", "--seq", "4096"]),
+    (["--model", "llama3-8b"], "qkv-offload", "h100", ["--microbatch", "1", "--seq", "4096"]),
+    (["--model", "llama3-8b"], "qkv-offload", "h200", ["--microbatch", "2", "--seq", "4096"]),
+    (["--model", "llama3-8b"], "qkv-offload", "h200", ["--microbatch", "2", "--seq", "4096", "--xla-preset", "lhs"]),
+    (["--model", "llama3-8b"], "qkv-offload", "h200", ["--microbatch", "2", "--seq", "4096", "--xla-preset", "lhs-pipelined"]),
+    (["--model", "llama3-8b"], "deepseek-offload", "b200", ["--microbatch", "4", "--seq", "2048"]),
+    (["--model", "llama3-8b"], "qkv-offload", "gb200", ["--microbatch", "4", "--seq", "2048", "--mesh", "fsdp=8"]),
+    (["--model", "deepseek-v3-671b", *DSV3_SHORT], "remat-full", "gb200", ["--microbatch", "1", "--seq", "2048", "--mesh", "fsdp=8"]),
+    (["--model", "deepseek-v3-671b", *DSV3_SHORT], "deepseek-offload", "gb200", ["--microbatch", "1", "--seq", "2048", "--mesh", "fsdp=8"]),
+    (["--model", "deepseek-v3-671b", *DSV3_SHORT], "deepseek-offload", "gb200", ["--microbatch", "1", "--seq", "2048", "--mesh", "fsdp=8", "--xla-preset", "lhs-pipelined"]),
+    (["--model", "deepseek-v3-671b", *DSV3_SHORT], "minimal", "b200", ["--microbatch", "1", "--seq", "2048", "--mesh", "fsdp=8"]),
+]
+
+QUICK = [
+    (["--model", "tiny-llama"], "qkv-offload", "h200", []),
+    (["--model", "tiny-deepseek"], "deepseek-offload", "gb200", ["--mesh", "fsdp=2"]),
+]
+
+
+def run_case(model_args, plan, target, extra) -> dict:
+    cmd = [sys.executable, "-m", "tierax.cli", "compile", *model_args, "--plan", plan, "--target", target, *extra, "--json"]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+    wall = time.perf_counter() - t0
+    case = {"args": cmd[3:], "wall_s": wall}
+    if r.returncode != 0:
+        case["error"] = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return case
+    case["result"] = json.loads(r.stdout)
+    return case
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.2f}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "compile_grid.json"))
+    ap.add_argument("--quick", action="store_true", help="two tiny cases (a smoke test of this script)")
+    args = ap.parse_args()
+    cases = QUICK if args.quick else CASES
+    results = []
+    with Progress() as prog:
+        task = prog.add_task("compiling", total=len(cases))
+        for model_args, plan, target, extra in cases:
+            prog.update(task, description=f"{model_args[1]} {plan} {target} {' '.join(extra)}")
+            results.append(run_case(model_args, plan, target, extra))
+            prog.advance(task)
+
+    import jax
+
+    doc = {
+        "schema": "tierax.compile_grid/1",
+        "command": " ".join([pathlib.Path(sys.executable).name, *sys.argv]),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"host": platform.node(), "cpu": platform.processor() or platform.machine(),
+                    "cores": os.cpu_count(), "python": platform.python_version()},
+        "jax_version": jax.__version__,
+        "note": "deviceless XLA:GPU compiles (compile-only devices, no autotuning, cuBLAS GEMMs); per-device figures",
+        "cases": results,
+    }
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    tmp.replace(out)
+
+    t = Table(title=f"deviceless compile grid · jax {jax.__version__} · per device")
+    for col in ("model", "plan", "target", "B/dev×seq", "dev", "preset", "peak GiB", "cap GiB", "fits",
+                "temp GiB", "host GiB", "xfer ms", "exposed ms", "compile s"):
+        t.add_column(col, justify="left" if col in ("model", "plan", "target", "preset") else "right")
+    for c in results:
+        if "error" in c:
+            t.add_row(" ".join(c["args"][:4]), "[red]error[/]", c["error"][:60])
+            continue
+        r = c["result"]
+        ov = r["overlap"]
+        t.add_row(r["model"], r["plan"], r["target"], f"{r['microbatch']}×{r['seq']}", str(r["devices"]),
+                  r["xla_preset"], gib(r["device_peak_bytes"]), gib(r["device_capacity_bytes"]),
+                  "yes" if r["fits"] else "[red]no[/]", gib(r["device_temp_bytes"]), gib(r["host_temp_bytes"]),
+                  f"{ov['est_transfer_s'] * 1e3:.2f}", f"{ov['est_exposed_s'] * 1e3:.2f}", f"{r['compile_time_s']:.1f}")
+    Console(width=200).print(t)
+    print(f"wrote {out}")
+    return 1 if any("error" in c for c in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""Compile a plan's full train step for a GPU target on a machine without a GPU.
+
+With the CUDA PJRT plugin installed (``pip install 'tierax[gpu-aot]'``) and
+``jax_platforms=cpu``, ``jax.experimental.topologies.get_topology_desc`` gives
+compile-only GPU devices for a GpuTargetConfigProto rendered from
+:mod:`tierax.hardware`.  The train step (params, grads, AdamW state, activations)
+is lowered with ShapeDtypeStructs sharded on those devices and compiled by the
+real XLA GPU pipeline; XLA's memory analysis and scheduled HLO are then read.
+Without autotuning, sizes are close to a real GPU's, not exact.  The attention
+compiled is the XLA softmax attention (no cuDNN flash attention is available
+without a device), which materialises its score matrices.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import importlib.util
+import os
+import re
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from tierax import hardware, hlo, inventory as inv
+from tierax import plan as plan_lib
+from tierax.errors import TieraxError
+from tierax.jaxpr_tools import GROUP_SCOPE_PREFIX
+from tierax.models import abstract_model
+from tierax.train import sharding as sh
+from tierax.train import step as step_lib
+
+
+def install_command() -> str:
+    return (
+        f'pip install "jax[cuda13-local]=={jax.__version__}" "nvidia-cuda-nvcc>=13,<14" "nvidia-nvvm>=13,<14"'
+        "   (or: pip install 'tierax[gpu-aot]')"
+    )
+
+
+def check_gpu_aot() -> None:
+    """Raise a TieraxError with the exact install command if deviceless GPU compilation is unavailable."""
+    import jaxlib
+
+    problems = []
+    if importlib.util.find_spec("jax_plugins.xla_cuda13") is None:
+        problems.append("the CUDA 13 PJRT plugin (jax-cuda13-plugin, jax-cuda13-pjrt) is not installed")
+    else:
+        got = importlib.metadata.version("jax-cuda13-plugin")
+        if got != jaxlib.__version__:
+            problems.append(f"jax-cuda13-plugin {got} does not match jaxlib {jaxlib.__version__}")
+    if importlib.util.find_spec("nvidia.cu13") is None and importlib.util.find_spec("nvidia.cuda_nvcc") is None:
+        problems.append("ptxas/libdevice (nvidia-cuda-nvcc, nvidia-nvvm) are not installed")
+    if problems:
+        raise TieraxError(
+            "deviceless GPU compilation needs the gpu-aot extra: " + "; ".join(problems) + ". Install with: "
+            + install_command()
+        )
+
+
+@contextlib.contextmanager
+def _capture_fd2():
+    """Capture what native code writes to file descriptor 2 (XLA logs parse errors there)."""
+    captured = {"text": ""}
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            captured["text"] = tmp.read().decode(errors="replace")
+
+
+def gpu_topology(target_config: str, devices: int, target: str):
+    from jax.experimental import topologies
+
+    with _capture_fd2() as log:
+        try:
+            return topologies.get_topology_desc(
+                platform="cuda", target_config=target_config, topology=f"1x1x{devices}"
+            )
+        except Exception as e:  # XLA raises a generic error; the parser's reason went to the log
+            failure = e
+    reason = re.search(r"Error parsing text-format[^:]*: (.*)", log["text"])
+    detail = reason.group(1).strip() if reason else str(failure).strip().splitlines()[0]
+    at = re.match(r"(\d+):\d+:", detail)
+    lines = target_config.splitlines()
+    if at and 0 < int(at.group(1)) <= len(lines):
+        detail += f" (line {at.group(1)}: {lines[int(at.group(1)) - 1].strip()!r})"
+    raise TieraxError(
+        f"jaxlib {jax.__version__} rejected the target config for {target!r}: {detail}. Remove or fix that "
+        "field (shared/gpu-targets/README.md lists fields this jaxlib rejects)"
+    )
+
+
+@dataclass(frozen=True)
+class OffloadedName:
+    group: str
+    name: str
+    expected_bytes: int  # per device, from the abstract trace
+    host_bytes: int  # per device, the matching host buffer found in the compiled program (0 if none)
+
+    @property
+    def on_host(self) -> bool:
+        return self.host_bytes > 0
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    model: str
+    plan: str
+    target: str
+    devices: int
+    mesh: dict
+    microbatch: int
+    seq: int
+    xla_preset: str
+    fits: bool
+    device_peak_bytes: int
+    device_capacity_bytes: int
+    device_argument_bytes: int
+    device_output_bytes: int
+    device_alias_bytes: int
+    device_temp_bytes: int
+    host_temp_bytes: int
+    offloaded: tuple[OffloadedName, ...]
+    overlap: dict
+    compile_time_s: float
+    attention: str = "xla-softmax (materialises scores; no cuDNN without a device)"
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def offloaded_bytes_by_name(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for o in self.offloaded:
+            out[o.name] = out.get(o.name, 0) + o.host_bytes
+        return out
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["offloaded"] = [asdict(o) | {"on_host": o.on_host} for o in self.offloaded]
+        d["offloaded_bytes_by_name"] = self.offloaded_bytes_by_name
+        return d
+
+
+def abstract_train_state(cfg, optimizer, mesh: Mesh):
+    """(graphdef, TrainState of ShapeDtypeStructs sharded on ``mesh``)."""
+    graphdef, params = nnx.split(abstract_model(cfg))
+    p_shard = sh.param_shardings(params, mesh)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    abstract_opt = jax.eval_shape(optimizer.init, params)
+    o_shard = optax.tree_map_params(
+        optimizer, lambda _, s: s, abstract_opt, p_shard, transform_non_params=lambda _: replicated
+    )
+
+    def sds(x, s):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
+
+    state = step_lib.TrainState(
+        jax.tree.map(sds, params, p_shard),
+        jax.tree.map(sds, abstract_opt, o_shard),
+        jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated),
+    )
+    return graphdef, state
+
+
+def _forward_host_buffers(module: hlo.Module) -> dict[str, list[hlo.Array]]:
+    """Layer group → host residual buffers: S(5) arrays carried by that group's forward loop.
+
+    A forward loop is a ``while`` whose body stores to host; its group comes from
+    the ``tierax_group_<name>`` scope in the loop's op_name metadata.
+    """
+    stores_in = {
+        c for c, instrs in module.computations.items()
+        for ins in instrs if ins.opcode.endswith("-done") and any(a.host for a in ins.arrays)
+    }
+    out: dict[str, list[hlo.Array]] = {}
+    for instrs in module.computations.values():
+        for ins in instrs:
+            if ins.opcode == "while" and ins.attr("body") in stores_in:
+                m = re.search(GROUP_SCOPE_PREFIX + r"([\w\-]+)", ins.attrs)
+                out.setdefault(m.group(1) if m else "<unknown>", []).extend(a for a in ins.arrays if a.host)
+    return out
+
+
+def compile_for_target(
+    cfg,
+    plan: plan_lib.Plan,
+    target: str,
+    *,
+    microbatch: int,
+    seq: int,
+    data: int = 1,
+    fsdp: int = 1,
+    xla_preset: str = "none",
+    target_config: str | None = None,
+) -> tuple[CompileResult, str]:
+    """Compile the train step of ``cfg`` under ``plan`` for ``target``; returns (result, scheduled HLO text).
+
+    ``microbatch`` is sequences per device; the global batch is ``microbatch × data × fsdp``.
+    ``xla_preset`` is recorded only: the flags must already be set (tierax.xla_flags.configure).
+    """
+    check_gpu_aot()
+    spec = hardware.get_target(target)
+    devices = data * fsdp
+    topo = gpu_topology(target_config or hardware.render_target_config(spec), devices, target)
+    mesh = Mesh(np.array(topo.devices).reshape(data, fsdp), sh.MESH_AXES)
+    optimizer = step_lib.make_optimizer()
+    graphdef, state = abstract_train_state(cfg, optimizer, mesh)
+    global_batch = microbatch * devices
+    tokens = jax.ShapeDtypeStruct((global_batch, seq + 1), jnp.int32, sharding=sh.batch_sharding(mesh))
+    step = step_lib.make_train_step(graphdef, cfg, plan, optimizer, jax.tree.map(lambda x: x.sharding, state))
+
+    t0 = time.perf_counter()
+    compiled = step.trace(state, tokens).lower().compile()
+    compile_s = time.perf_counter() - t0
+    mem = compiled.memory_analysis()
+    text = compiled.as_text()
+    module = hlo.parse_module(text)
+
+    arg, out, alias, temp = (int(mem.argument_size_in_bytes), int(mem.output_size_in_bytes),
+                             int(mem.alias_size_in_bytes), int(mem.temp_size_in_bytes))
+    peak = arg + out + temp - alias
+
+    placements = plan_lib.resolve(plan, cfg)
+    inventory = inv.model_inventory(cfg, global_batch, seq)
+    available = _forward_host_buffers(module)
+    offloaded = []
+    for a in inventory:
+        if placements.get(a.group, {}).get(a.name) is not plan_lib.Placement.OFFLOAD:
+            continue
+        expected = a.total_bytes // devices
+        pool = available.get(a.group, [])
+        match = next((b for b in pool if b.nbytes == expected), None)
+        if match is not None:
+            pool.remove(match)
+        offloaded.append(OffloadedName(a.group, a.name, expected, int(match.nbytes) if match else 0))
+
+    dtype_peak = spec.peak(cfg.dtype)
+    transfers = hlo.host_transfers(module, peak_flops=dtype_peak, hbm_bytes_per_s=spec.hbm_bytes_per_s,
+                                   host_link_bps=spec.host_link_bps)
+    notes = [f"host link {spec.host_link_bps / 1e9:.0f} GB/s per direction ({spec.host_link_source})",
+             f"compute roofline at {dtype_peak / 1e12:.0f} TFLOP/s ({cfg.dtype}) and {spec.hbm_bytes_per_s / 1e12:.2f} TB/s"]
+    if devices > 1:
+        notes.append("offloaded bytes per device assume batch-sharded activations")
+    result = CompileResult(
+        model=cfg.name, plan=plan.name, target=target, devices=devices, mesh={"data": data, "fsdp": fsdp},
+        microbatch=microbatch, seq=seq, xla_preset=xla_preset,
+        fits=peak <= spec.device_memory_bytes, device_peak_bytes=peak,
+        device_capacity_bytes=spec.device_memory_bytes, device_argument_bytes=arg, device_output_bytes=out,
+        device_alias_bytes=alias, device_temp_bytes=temp, host_temp_bytes=int(mem.host_temp_size_in_bytes),
+        offloaded=tuple(offloaded), overlap=hlo.overlap_summary(transfers), compile_time_s=compile_s,
+        notes=tuple(notes),
+    )
+    return result, text
+
+
+def param_and_optimizer_bytes(cfg) -> int:
+    """Global bytes of parameters plus AdamW moments (two per parameter, param dtype)."""
+    itemsize = jnp.dtype(cfg.param_dtype).itemsize
+    return 3 * cfg.param_count() * itemsize
+
+

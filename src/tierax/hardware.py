@@ -1,0 +1,175 @@
+"""Hardware facts for GPU targets, in one table, and GpuTargetConfigProto rendering.
+
+Each figure names its source.  ``device_spec`` fields (SMs, clocks, memory size and
+bandwidth, L2, compute capability, PCIe figure) are XLA's public device
+specifications (``xla/backends/gpu/target_config/specs/``, Apache-2.0), as also
+used in ``shared/gpu-targets``.  Peak FLOP/s are NVIDIA's datasheet dense (no
+sparsity) figures.  Host-link bandwidths are per direction; ``host_link_bps`` is the
+effective rate estimates use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tierax.errors import TieraxError
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    key: str
+    name: str
+    device_memory_bytes: int
+    sm_count: int
+    clock_ghz: float
+    mem_clock_khz: int
+    hbm_bytes_per_s: float
+    l2_bytes: int
+    compute_capability: tuple[int, int]
+    peak_flops: dict  # dtype -> dense FLOP/s
+    host_link_theory_bps: float  # per direction
+    host_link_bps: float  # per direction, effective (what estimates use)
+    host_link_source: str
+    host_memory_per_gpu_bytes: float
+    pcie_bandwidth_field: int  # XLA spec's pcie_bandwidth value, copied as is
+    interconnect_links: int  # NVLink links per GPU
+    nvlink_bytes_per_s: float  # per direction, GPU↔GPU
+
+    def peak(self, dtype: str) -> float:
+        key = {"float32": "tf32", "bfloat16": "bf16", "float16": "bf16"}.get(dtype, dtype)
+        return self.peak_flops[key]
+
+
+TARGETS: dict[str, GpuSpec] = {
+    "h100": GpuSpec(
+        key="h100", name="NVIDIA H100 80GB HBM3",
+        # XLA spec h100_sxm: 84942979072 B, 132 SMs, 1.98 GHz, 3.35 TB/s, 50 MiB L2, sm_90a.
+        device_memory_bytes=84942979072, sm_count=132, clock_ghz=1.98, mem_clock_khz=2619000,
+        hbm_bytes_per_s=3352320000000, l2_bytes=52428800, compute_capability=(9, 0),
+        # NVIDIA H100 SXM datasheet: 989 TF bf16, 1979 TF fp8, 494 TF tf32, 67 TF fp32 (dense).
+        peak_flops={"bf16": 989e12, "fp8": 1979e12, "tf32": 494e12, "fp32": 67e12},
+        # PCIe Gen5 x16: 64 GB/s per direction in theory; ~55 GB/s measured (DESIGN.md).
+        host_link_theory_bps=64 * GB, host_link_bps=55 * GB, host_link_source="PCIe5 x16, measured ≈55 GB/s",
+        # DGX H100: 2 TB system memory for 8 GPUs.
+        host_memory_per_gpu_bytes=256 * GB, pcie_bandwidth_field=34359738368,
+        # NVLink 4: 18 links, 900 GB/s bidirectional → 450 GB/s per direction.
+        interconnect_links=18, nvlink_bytes_per_s=450 * GB,
+    ),
+    "h200": GpuSpec(
+        key="h200", name="NVIDIA H200 141GB HBM3e",
+        # XLA spec h200: 151397597184 B, 132 SMs, 1.98 GHz, 4.8 TB/s, 50 MiB L2, sm_90a.
+        device_memory_bytes=151397597184, sm_count=132, clock_ghz=1.98, mem_clock_khz=3750000,
+        hbm_bytes_per_s=4800000000000, l2_bytes=52428800, compute_capability=(9, 0),
+        # NVIDIA H200 datasheet: same tensor cores as H100 SXM.
+        peak_flops={"bf16": 989e12, "fp8": 1979e12, "tf32": 494e12, "fp32": 67e12},
+        host_link_theory_bps=64 * GB, host_link_bps=55 * GB, host_link_source="PCIe5 x16, measured ≈55 GB/s",
+        # DGX H200: 2 TB system memory for 8 GPUs.
+        host_memory_per_gpu_bytes=256 * GB, pcie_bandwidth_field=34359738368,
+        interconnect_links=18, nvlink_bytes_per_s=450 * GB,
+    ),
+    "b200": GpuSpec(
+        key="b200", name="NVIDIA B200",
+        # XLA spec b200: 191514411008 B, 148 SMs, 1.965 GHz, 7.67 TB/s, 126.5 MiB L2, sm_100a.
+        device_memory_bytes=191514411008, sm_count=148, clock_ghz=1.965, mem_clock_khz=3996000,
+        hbm_bytes_per_s=7672320000000, l2_bytes=132644864, compute_capability=(10, 0),
+        # NVIDIA DGX B200 datasheet per GPU: 2.25 PF bf16, 4.5 PF fp8, 1.1 PF tf32, 75 TF fp32 (dense).
+        peak_flops={"bf16": 2.25e15, "fp8": 4.5e15, "tf32": 1.1e15, "fp32": 75e12},
+        # DGX B200 hosts attach GPUs over PCIe Gen5 x16: assume the H100/H200 measured rate.
+        host_link_theory_bps=64 * GB, host_link_bps=55 * GB, host_link_source="PCIe5 x16 (DGX B200), assumed ≈55 GB/s",
+        # DGX B200: 4 TB system memory (max configuration) for 8 GPUs; 2 TB base.
+        host_memory_per_gpu_bytes=256 * GB, pcie_bandwidth_field=68719476736,
+        # NVLink 5: 18 links, 1.8 TB/s bidirectional → 900 GB/s per direction.
+        interconnect_links=18, nvlink_bytes_per_s=900 * GB,
+    ),
+    "gb200": GpuSpec(
+        key="gb200", name="NVIDIA GB200",
+        # XLA spec gb200: 197897748480 B, 152 SMs, 2.062 GHz, 7.93 TB/s, 129 MiB L2, sm_100a.
+        device_memory_bytes=197897748480, sm_count=152, clock_ghz=2.062, mem_clock_khz=3996000,
+        hbm_bytes_per_s=7928064000000, l2_bytes=135528448, compute_capability=(10, 0),
+        # NVIDIA GB200 NVL72 datasheet per GPU: 2.5 PF bf16, 5 PF fp8, 1.25 PF tf32, 80 TF fp32 (dense).
+        peak_flops={"bf16": 2.5e15, "fp8": 5e15, "tf32": 1.25e15, "fp32": 80e12},
+        # NVLink-C2C: 900 GB/s bidirectional = 450 GB/s per direction in theory;
+        # ≈185 GB/s device→host measured by one public user report (DESIGN.md).
+        host_link_theory_bps=450 * GB, host_link_bps=185 * GB, host_link_source="NVLink-C2C, measured ≈185 GB/s D2H",
+        # GB200 superchip: one Grace with 480 GB LPDDR5X per two GPUs.
+        host_memory_per_gpu_bytes=240 * GB, pcie_bandwidth_field=2147483648,
+        interconnect_links=18, nvlink_bytes_per_s=900 * GB,
+    ),
+}
+
+
+def get_target(key: str) -> GpuSpec:
+    try:
+        return TARGETS[key]
+    except KeyError:
+        raise TieraxError(f"unknown target {key!r}; choose one of: {', '.join(TARGETS)}") from None
+
+
+def render_target_config(spec: GpuSpec, *, cuda: tuple[int, int, int] = (13, 0, 0), cudnn: tuple[int, int, int] = (9, 10, 0)) -> str:
+    """GpuTargetConfigProto text for ``jax.experimental.topologies.get_topology_desc``.
+
+    The fields are the ones jaxlib 0.10.2 accepts (see shared/gpu-targets/README.md).
+    """
+    major, minor = spec.compute_capability
+    cc = f"{major}.{minor}a"
+    cuda_s = ".".join(map(str, cuda))
+    model = (
+        f"sm_{cc} with {spec.device_memory_bytes}B RAM, {spec.sm_count} cores, "
+        f"{round(spec.clock_ghz * 1e6)}KHz clock, {spec.mem_clock_khz}KHz mem clock, {spec.l2_bytes}B L2$"
+    )
+    cc_minor = f"\n    minor: {minor}" if minor else ""
+    return f"""gpu_device_info {{
+  threads_per_block_limit: 1024
+  threads_per_warp: 32
+  shared_memory_per_block: 49152
+  shared_memory_per_core: 233472
+  threads_per_core_limit: 2048
+  core_count: {spec.sm_count}
+  fpus_per_core: 128
+  block_dim_limit_x: 2147483647
+  block_dim_limit_y: 65535
+  block_dim_limit_z: 65535
+  memory_bandwidth: {int(spec.hbm_bytes_per_s)}
+  l2_cache_size: {spec.l2_bytes}
+  clock_rate_ghz: {spec.clock_ghz}
+  device_memory_size: {spec.device_memory_bytes}
+  shared_memory_per_block_optin: 232448
+  cuda_compute_capability {{
+    major: {major}{cc_minor}
+    feature_extension: ACCELERATED_FEATURES
+  }}
+  registers_per_core_limit: 65536
+  registers_per_block_limit: 65536
+  thread_dim_limit_x: 1024
+  thread_dim_limit_y: 1024
+  thread_dim_limit_z: 64
+  device_vendor: "NVIDIA Corporation"
+  platform_version: "Compute Capability {cc}"
+  model_str: "{model}"
+  device_address_bits: 64
+  pcie_bandwidth: {spec.pcie_bandwidth_field}
+  ecc_enabled: true
+  name: "{spec.name}"
+  driver_version: "{cuda_s}"
+  runtime_version: "{cuda_s}"
+  compile_time_toolkit_version: "{cuda_s}"
+  dnn_version: "{".".join(map(str, cudnn))}"
+  device_interconnect_info {{
+    active_links: {spec.interconnect_links}
+  }}
+}}
+platform_name: "CUDA"
+dnn_version_info {{
+  major: {cudnn[0]}
+  minor: {cudnn[1]}
+  patch: {cudnn[2]}
+}}
+runtime_version {{
+  major: {cuda[0]}
+  minor: {cuda[1]}
+  patch: {cuda[2]}
+}}
+device_description_str: "{spec.name}"
+"""

@@ -1,0 +1,276 @@
+"""A reader for XLA's scheduled HLO text, and a static host-transfer overlap check.
+
+In a scheduled module (``is_scheduled=true``) each computation's instructions
+are printed in execution order.  For every asynchronous host transfer — a
+``*-start``/``*-done`` pair touching a host buffer (layout memory space ``S(5)``)
+— the check collects the work XLA scheduled between start and done, estimates its
+time on the target with a per-instruction roofline (``max(FLOPs / peak, bytes /
+HBM bandwidth)``), estimates the transfer at the host-link bandwidth, and calls the
+difference exposed.  Transfers are treated independently (concurrent transfers
+would share the link, so the estimate is optimistic when several overlap); a
+transfer executed in a loop counts once per trip.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+_DTYPE_BYTES = {
+    "pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "s32": 4, "u32": 4, "s64": 8, "u64": 8,
+    "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8, "c128": 16,
+    "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "f8e3m4": 1, "f8e8m0fnu": 1,
+    "token": 0,
+}
+_ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\](\{[^}]*\})?")
+_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
+_INSTR = re.compile(r"^\s*(ROOT\s+)?%([\w.\-]+)\s*=\s*(.*)$")
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+HOST_SPACE = "S(5)"
+
+
+@dataclass(frozen=True)
+class Array:
+    dtype: str
+    dims: tuple[int, ...]
+    host: bool
+
+    @property
+    def nbytes(self) -> float:
+        return math.prod(self.dims) * _DTYPE_BYTES.get(self.dtype, 4)
+
+
+def parse_arrays(type_text: str) -> list[Array]:
+    out = []
+    for m in _ARRAY.finditer(type_text):
+        dtype, dims, layout = m.group(1), m.group(2), m.group(3) or ""
+        if dtype not in _DTYPE_BYTES:
+            continue
+        out.append(Array(dtype, tuple(int(d) for d in dims.split(",") if d), HOST_SPACE in layout))
+    return out
+
+
+def _matching(text: str, start: int, open_c: str, close_c: str) -> int:
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] == open_c:
+            depth += 1
+        elif text[i] == close_c:
+            depth -= 1
+            if depth == 0:
+                return i
+    return len(text) - 1
+
+
+@dataclass
+class Instruction:
+    name: str
+    type_text: str
+    opcode: str
+    operands: list[str]
+    attrs: str
+    arrays: list[Array] = field(default_factory=list)
+
+    @property
+    def out_bytes(self) -> float:
+        return sum(a.nbytes for a in self.arrays)
+
+    def attr(self, key: str) -> str | None:
+        m = re.search(rf"\b{key}=%?([\w.\-]+)", self.attrs)
+        return m.group(1) if m else None
+
+
+@dataclass
+class Module:
+    computations: dict[str, list[Instruction]]
+    entry: str
+    by_name: dict[str, Instruction]
+
+    def instruction_flops(self, ins: Instruction, _depth: int = 0) -> float:
+        """Matmul/convolution FLOPs of one instruction, looking inside fusions."""
+        if ins.opcode == "dot":
+            return self._dot_flops(ins)
+        if ins.opcode == "custom-call" and "gemm" in ins.attrs:
+            ops = [self.by_name[o] for o in ins.operands[:2] if o in self.by_name]
+            if len(ops) == 2 and ops[0].arrays and ins.arrays:
+                out = ins.arrays[0]
+                m = re.search(r'"lhs_contracting_dimensions":\["?(\d+)', ins.attrs)
+                k = ops[0].arrays[0].dims[int(m.group(1))] if m else 1
+                return 2.0 * math.prod(out.dims) * k
+            return 0.0
+        called = ins.attr("calls")
+        if called and called in self.computations and _depth < 8:
+            return sum(self.instruction_flops(i, _depth + 1) for i in self.computations[called])
+        return 0.0
+
+    def _dot_flops(self, ins: Instruction) -> float:
+        lhs = self.by_name.get(ins.operands[0]) if ins.operands else None
+        m = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", ins.attrs)
+        if lhs is None or not lhs.arrays or not ins.arrays or not m:
+            return 0.0
+        k = math.prod(lhs.arrays[0].dims[int(d)] for d in m.group(1).split(",") if d)
+        return 2.0 * math.prod(ins.arrays[0].dims) * k
+
+    def operand_bytes(self, ins: Instruction) -> float:
+        return sum(self.by_name[o].out_bytes for o in ins.operands if o in self.by_name)
+
+    def trip_counts(self) -> dict[str, int]:
+        """Computation name → how many times it runs per execution of its caller (while bodies)."""
+        out: dict[str, int] = {}
+        for instrs in self.computations.values():
+            for ins in instrs:
+                if ins.opcode == "while":
+                    body = ins.attr("body")
+                    m = _TRIP.search(ins.attrs)
+                    if body:
+                        out[body] = int(m.group(1)) if m else 1
+        return out
+
+    def executions(self) -> dict[str, int]:
+        """Computation name → executions per run of the entry (nested loop trip counts multiplied)."""
+        trips = self.trip_counts()
+        parents: dict[str, str] = {}
+        for cname, instrs in self.computations.items():
+            for ins in instrs:
+                for key in ("body", "condition", "calls", "to_apply"):
+                    child = ins.attr(key)
+                    if child:
+                        parents.setdefault(child, cname)
+
+        def count(c: str, depth: int = 0) -> int:
+            if c == self.entry or c not in parents or depth > 32:
+                return 1
+            return trips.get(c, 1) * count(parents[c], depth + 1)
+
+        return {c: count(c) for c in self.computations}
+
+
+def parse_module(text: str) -> Module:
+    computations: dict[str, list[Instruction]] = {}
+    by_name: dict[str, Instruction] = {}
+    entry = ""
+    current: list[Instruction] | None = None
+    for line in text.splitlines():
+        if current is None:
+            h = _HEADER.match(line)
+            if h:
+                current = computations.setdefault(h.group(2), [])
+                if h.group(1):
+                    entry = h.group(2)
+            continue
+        if line.startswith("}"):
+            current = None
+            continue
+        m = _INSTR.match(line)
+        if not m:
+            continue
+        name, rest = m.group(2), m.group(3)
+        if rest.startswith("("):
+            end = _matching(rest, 0, "(", ")")
+            type_text, rest = rest[: end + 1], rest[end + 1 :].lstrip()
+        else:
+            type_text, _, rest = rest.partition(" ")
+        op_end = rest.find("(")
+        opcode = rest[:op_end].strip()
+        close = _matching(rest, op_end, "(", ")")
+        operand_text, attrs = rest[op_end + 1 : close], rest[close + 1 :]
+        operands = re.findall(r"%([\w.\-]+)", operand_text)
+        ins = Instruction(name, type_text, opcode, operands, attrs, parse_arrays(type_text))
+        current.append(ins)
+        by_name[name] = ins
+    if not entry and computations:
+        entry = list(computations)[-1]
+    return Module(computations, entry, by_name)
+
+
+@dataclass(frozen=True)
+class Transfer:
+    start: str
+    done: str
+    computation: str
+    direction: str  # "d2h" or "h2d"
+    bytes: float  # per execution
+    executions: int
+    work_between: int  # instructions scheduled between start and done
+    est_transfer_s: float  # per execution
+    est_compute_between_s: float  # per execution
+
+    @property
+    def est_hidden_s(self) -> float:
+        return min(self.est_transfer_s, self.est_compute_between_s)
+
+    @property
+    def est_exposed_s(self) -> float:
+        return self.est_transfer_s - self.est_hidden_s
+
+
+def host_transfers(module: Module, *, peak_flops: float, hbm_bytes_per_s: float, host_link_bps: float) -> list[Transfer]:
+    """Every asynchronous start/done pair that moves data to or from host memory."""
+    execs = module.executions()
+    out = []
+    for cname, instrs in module.computations.items():
+        index = {ins.name: i for i, ins in enumerate(instrs)}
+        for j, done in enumerate(instrs):
+            if not done.opcode.endswith("-done") or not done.operands:
+                continue
+            start_name = done.operands[0]
+            start = module.by_name.get(start_name)
+            if start is None or not start.opcode.endswith("-start"):
+                continue
+            if not any(a.host for a in start.arrays):
+                continue
+            direction = "d2h" if any(a.host for a in done.arrays) else "h2d"
+            host = next(a for a in start.arrays if a.host)
+            # The slice moved per execution: the largest device array of the host buffer's rank.
+            moved = [a for a in start.arrays if not a.host and len(a.dims) == len(host.dims)]
+            nbytes = max((a.nbytes for a in moved), default=host.nbytes)
+            if start_name in index:
+                i = index[start_name]
+                between = instrs[i + 1 : j] if i < j else instrs[i + 1 :] + instrs[:j]
+            else:
+                between = []  # started in another computation: count no overlap (conservative)
+            compute = 0.0
+            for ins in between:
+                if ins.opcode in ("parameter", "constant", "get-tuple-element", "tuple", "bitcast") or ins.opcode.endswith(("-start", "-done")):
+                    continue
+                flops = module.instruction_flops(ins)
+                moved_bytes = ins.out_bytes + module.operand_bytes(ins)
+                compute += max(flops / peak_flops, moved_bytes / hbm_bytes_per_s)
+            out.append(
+                Transfer(start_name, done.name, cname, direction, nbytes, execs.get(cname, 1), len(between),
+                         nbytes / host_link_bps, compute)
+            )
+    return out
+
+
+def overlap_summary(transfers: list[Transfer]) -> dict:
+    """The ``overlap`` object of ``tierax compile --json`` (totals over executions)."""
+    tot = lambda f: sum(f(t) * t.executions for t in transfers)  # noqa: E731
+    by_dir = {}
+    for d in ("d2h", "h2d"):
+        ts = [t for t in transfers if t.direction == d]
+        by_dir[d] = {
+            "transfers": sum(t.executions for t in ts),
+            "transfer_bytes": sum(t.bytes * t.executions for t in ts),
+            "est_transfer_s": sum(t.est_transfer_s * t.executions for t in ts),
+            "est_exposed_s": sum(t.est_exposed_s * t.executions for t in ts),
+        }
+    return {
+        "transfers": sum(t.executions for t in transfers),
+        "transfer_bytes": tot(lambda t: t.bytes),
+        "est_transfer_s": tot(lambda t: t.est_transfer_s),
+        "est_hidden_s": tot(lambda t: t.est_hidden_s),
+        "est_exposed_s": tot(lambda t: t.est_exposed_s),
+        "by_direction": by_dir,
+    }
+
+
+def host_buffers(module: Module) -> list[Array]:
+    """Distinct host (S(5)) buffers written by the forward pass: the outputs of d2h dones."""
+    seen = []
+    for instrs in module.computations.values():
+        for ins in instrs:
+            if ins.opcode.endswith("-done"):
+                seen.extend(a for a in ins.arrays if a.host)
+    return seen

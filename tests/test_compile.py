@@ -1,0 +1,163 @@
+"""Deviceless GPU compilation (needs the gpu-aot extra, which `make test` installs)."""
+
+import dataclasses
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from tierax import compile as C
+from tierax import hardware, hlo
+from tierax import plan as P
+from tierax.errors import TieraxError
+from tierax.models import get_config
+
+SHARED_TARGETS = pathlib.Path(__file__).resolve().parents[2] / "shared" / "gpu-targets"
+
+
+def _lines(text):
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("key, fname", [("h100", "h100_sxm"), ("h200", "h200"), ("b200", "b200"), ("gb200", "gb200")])
+def test_rendered_target_config_equals_the_checked_files(key, fname):
+    ref = SHARED_TARGETS / f"{fname}.jaxlib-0.10.2.txtpb"
+    if not ref.exists():
+        pytest.skip(f"{ref} not present in this checkout")
+    assert _lines(hardware.render_target_config(hardware.TARGETS[key])) == _lines(ref.read_text())
+
+
+def test_hardware_table_is_consistent():
+    for spec in hardware.TARGETS.values():
+        assert spec.host_link_bps <= spec.host_link_theory_bps
+        assert spec.peak("bfloat16") > spec.peak("float32") > 0
+        assert spec.device_memory_bytes > 80e9
+
+
+def qkv_residual_bytes(cfg, batch, seq):
+    """Offloaded q/k/v residual bytes, from the config's shapes alone."""
+    itemsize = 4 if cfg.dtype == "float32" else 2
+    per_layer = batch * seq * (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim * itemsize
+    return cfg.num_layers * per_layer
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_offload_vs_device():
+    # Enough layers that the residuals, not per-layer staging buffers, dominate temp memory.
+    cfg = dataclasses.replace(get_config("tiny-llama"), num_layers=12)
+    offload = P.preset("qkv-offload", cfg)
+    # Same plan with the offloaded names moved to device.
+    groups = {
+        g: P.GroupPlan({n: (P.Placement.DEVICE if p is P.Placement.OFFLOAD else p) for n, p in gp.placements.items()},
+                       gp.default)
+        for g, gp in offload.groups.items()
+    }
+    on_device = P.Plan("qkv-device", groups)
+    a, text = C.compile_for_target(cfg, offload, "h200", microbatch=8, seq=64)
+    b, _ = C.compile_for_target(cfg, on_device, "h200", microbatch=8, seq=64)
+    return cfg, a, b, text
+
+
+def test_host_temp_equals_offloaded_residuals(tiny_llama_offload_vs_device):
+    cfg, off, on_dev, _ = tiny_llama_offload_vs_device
+    expected = qkv_residual_bytes(cfg, 8, 64)
+    assert off.host_temp_bytes == expected
+    assert all(o.on_host and o.host_bytes == o.expected_bytes for o in off.offloaded)
+    assert sum(off.offloaded_bytes_by_name.values()) == expected
+    assert set(off.offloaded_bytes_by_name) == {"query_proj", "key_proj", "value_proj"}
+    # Moving them to device removes the host bytes and puts (nearly) all of them in device temp.
+    assert on_dev.host_temp_bytes == 0 and on_dev.offloaded == ()
+    assert on_dev.device_temp_bytes - off.device_temp_bytes >= 0.8 * expected
+    assert off.fits and off.device_peak_bytes == (
+        off.device_argument_bytes + off.device_output_bytes + off.device_temp_bytes - off.device_alias_bytes
+    )
+
+
+def test_overlap_check_counts_every_transfer(tiny_llama_offload_vs_device):
+    cfg, off, on_dev, text = tiny_llama_offload_vs_device
+    ov = off.overlap
+    # One store and one load of each offloaded name per layer.
+    assert ov["transfers"] == 2 * 3 * cfg.num_layers
+    assert ov["by_direction"]["d2h"]["transfer_bytes"] == off.host_temp_bytes
+    assert ov["by_direction"]["h2d"]["transfer_bytes"] == off.host_temp_bytes
+    assert ov["est_transfer_s"] == pytest.approx(2 * off.host_temp_bytes / hardware.TARGETS["h200"].host_link_bps)
+    assert 0 <= ov["est_hidden_s"] <= ov["est_transfer_s"]
+    assert ov["est_exposed_s"] == pytest.approx(ov["est_transfer_s"] - ov["est_hidden_s"])
+    assert on_dev.overlap["transfers"] == 0
+    module = hlo.parse_module(text)
+    assert sum(1 for ins in module.by_name.values() if ins.opcode == "while") >= 2
+
+
+def test_fsdp8_reports_per_device_figures():
+    cfg = get_config("tiny-llama")
+    r, _ = C.compile_for_target(cfg, P.preset("remat-full", cfg), "h200", microbatch=2, seq=64, fsdp=8)
+    assert r.devices == 8
+    state_bytes = C.param_and_optimizer_bytes(cfg)  # params + two Adam moments, all divisible by 8
+    tokens_bytes = 2 * 65 * 4
+    assert r.device_argument_bytes == pytest.approx(state_bytes / 8 + tokens_bytes, rel=0.01, abs=64)
+
+
+def test_rejected_target_config_names_the_field():
+    cfg = get_config("tiny-llama")
+    text = hardware.render_target_config(hardware.TARGETS["h200"]).replace(
+        "  core_count: 132", "  core_count: 132\n  collective_memory_granularity: 1"
+    )
+    with pytest.raises(TieraxError, match="collective_memory_granularity"):
+        C.compile_for_target(cfg, P.preset("remat-full", cfg), "h200", microbatch=1, seq=8, target_config=text)
+
+
+def test_missing_extra_gives_the_install_command(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name.startswith("jax_plugins") else real(name, *a))
+    with pytest.raises(TieraxError, match=r"pip install \"jax\[cuda13-local\]=="):
+        C.check_gpu_aot()
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "tierax.cli", *args], capture_output=True, text=True, timeout=600,
+                          stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--target", "h300"], "unknown target 'h300'"),
+        (["--devices", "8", "--mesh", "fsdp=3"], "make the mesh product equal the device count"),
+        (["--mesh", "fsdp=4,tensor=2"], "tensor=2"),
+        (["--target-config", "/nonexistent.txtpb"], "no such file"),
+    ],
+)
+def test_compile_cli_bad_input_exits_2(args, fragment):
+    r = _cli("compile", "--model", "tiny-llama", *args)
+    assert r.returncode == 2, r.stderr
+    assert fragment in r.stderr and "Traceback" not in r.stderr
+
+
+def test_compile_cli_rejected_field_exits_2(tmp_path):
+    f = tmp_path / "bad.txtpb"
+    f.write_text(hardware.render_target_config(hardware.TARGETS["h100"]).replace(
+        "  core_count: 132", "  core_count: 132\n  cub_version: 3"))
+    r = _cli("compile", "--model", "tiny-llama", "--plan", "remat-full", "--target", "h100",
+             "--target-config", str(f), "--seq", "8", "--microbatch", "1")
+    assert r.returncode == 2 and "cub_version" in r.stderr
+
+
+def test_pipelined_preset_changes_the_schedule():
+    """The XLA presets are applied before the backend starts: one process per preset."""
+    out = {}
+    for preset in ("none", "lhs-pipelined"):
+        r = _cli("compile", "--model", "tiny-llama", "--set", "num_layers=6", "--plan", "qkv-offload",
+                 "--json", "--xla-preset", preset)
+        assert r.returncode == 0, r.stderr
+        out[preset] = json.loads(r.stdout)
+    keys = {"target", "devices", "fits", "device_peak_bytes", "device_capacity_bytes", "device_temp_bytes",
+            "host_temp_bytes", "offloaded_bytes_by_name", "overlap", "compile_time_s"}
+    assert keys <= set(out["none"])
+    assert out["none"]["host_temp_bytes"] == out["lhs-pipelined"]["host_temp_bytes"] > 0
+    # Pipelined host offloading keeps transfers in flight across layers: more device staging memory.
+    assert out["lhs-pipelined"]["device_temp_bytes"] > out["none"]["device_temp_bytes"]
+    assert out["lhs-pipelined"]["overlap"]["est_hidden_s"] != out["none"]["overlap"]["est_hidden_s"]
