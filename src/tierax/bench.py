@@ -83,14 +83,18 @@ def run_bench(
     seed: int = 0,
     progress: Callable[[str, int], None] | None = None,
 ) -> tuple[list[BenchRecord], float]:
-    """Benchmark ``plans``; returns (records, measured peak FLOP/s per device)."""
+    """Benchmark ``plans``; returns (records, measured peak FLOP/s per device).
+
+    ``microbatch`` is sequences per device (MaxText's per-device batch); the global
+    batch is ``microbatch × data × fsdp``.
+    """
     mesh = sh.make_mesh(data, fsdp)
-    sh.check_batch(microbatch, mesh)
     n_dev = mesh.size
-    flops = train_flops(cfg, microbatch, seq)
-    inventory = inv.model_inventory(cfg, microbatch, seq)
+    batch = microbatch * n_dev
+    flops = train_flops(cfg, batch, seq)
+    inventory = inv.model_inventory(cfg, batch, seq)
     optimizer = step_lib.make_optimizer()
-    tokens = jax.device_put(step_lib.synthetic_batch(cfg, microbatch, seq, seed=seed), sh.batch_sharding(mesh))
+    tokens = jax.device_put(step_lib.synthetic_batch(cfg, batch, seq, seed=seed), sh.batch_sharding(mesh))
 
     peak = measure_peak_flops(cfg.dtype)
     runs = []
@@ -126,7 +130,7 @@ def run_bench(
             BenchRecord(
                 plan=r["plan"].name,
                 step_time_s=med,
-                tokens_per_s=microbatch * seq / med,
+                tokens_per_s=batch * seq / med,
                 tflops_per_device=achieved / 1e12,
                 mfu=achieved / peak,
                 compiled_temp_bytes=r["temp"],
@@ -142,6 +146,7 @@ def run_bench(
 
 
 def bench_document(cfg, records, peak, *, command: str, microbatch: int, seq: int, steps: int, mesh: dict) -> dict:
+    devices = mesh["data"] * mesh["fsdp"]
     """The JSON record written under bench/results/."""
     return {
         "schema": SCHEMA,
@@ -150,11 +155,12 @@ def bench_document(cfg, records, peak, *, command: str, microbatch: int, seq: in
         "machine": machine_info(),
         "jax_version": jax.__version__,
         "model": config_to_dict(cfg),  # loadable as is with --model-config
-        "microbatch": microbatch,
+        "microbatch_per_device": microbatch,
+        "global_batch": microbatch * devices,
         "seq": seq,
         "steps": steps,
         "mesh": mesh,
-        "train_flops_per_step": train_flops(cfg, microbatch, seq),
+        "train_flops_per_step": train_flops(cfg, microbatch * devices, seq),
         "flops_convention": "MaxText: 6·matmul params·tokens + 3·causal attention (tierax.models.flops)",
         "activation_bytes_note": "named activations only, from the abstract trace, per device assuming batch-sharded activations",
         "peak_flops_per_device_measured": peak,

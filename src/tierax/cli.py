@@ -164,7 +164,7 @@ def cmd_bench(args) -> int:
     if args.json:
         print(json.dumps(doc["records"], indent=2))
     else:
-        title = (f"{cfg.name} · microbatch {args.microbatch} × seq {args.seq} · {jax.device_count()} "
+        title = (f"{cfg.name} · microbatch {args.microbatch}/device × seq {args.seq} · {jax.device_count()} "
                  f"{jax.devices()[0].platform} device(s) · median of {args.steps} steps")
         _console().print(bench_table(records, peak, title))
         if jax.devices()[0].platform == "cpu":
@@ -245,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--plans", default="save-all,remat-full,minimal,qkv-offload",
                    help="comma-separated presets or plan YAML files")
     b.add_argument("--steps", type=int, default=10, help="timed steps per plan (default 10)")
-    b.add_argument("--microbatch", type=int, default=8, help="sequences per step (default 8)")
+    b.add_argument("--microbatch", type=int, default=8, help="sequences per device (default 8)")
     b.add_argument("--seq", type=int, default=64, help="sequence length (default 64)")
     b.add_argument("--devices", type=int, help="host CPU devices to create (CPU backend only)")
     b.add_argument("--mesh", help="mesh axes, e.g. data=2,fsdp=4 (default: fsdp over all devices)")
