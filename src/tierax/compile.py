@@ -235,13 +235,13 @@ def compile_for_target(
     peak = arg + out + temp - alias
 
     placements = plan_lib.resolve(plan, cfg)
-    inventory = inv.model_inventory(cfg, global_batch, seq)
+    inventory = inv.model_inventory(cfg, microbatch, seq, {"data": data, "fsdp": fsdp})
     available = _forward_host_buffers(module)
     offloaded = []
-    for a in inventory:
+    for a in inventory.activations():
         if placements.get(a.group, {}).get(a.name) is not plan_lib.Placement.OFFLOAD:
             continue
-        expected = a.total_bytes // devices
+        expected = a.total_bytes
         pool = available.get(a.group, [])
         match = next((b for b in pool if b.nbytes == expected), None)
         if match is not None:
@@ -253,8 +253,6 @@ def compile_for_target(
                                    host_link_bps=spec.host_link_bps)
     notes = [f"host link {spec.host_link_bps / 1e9:.0f} GB/s per direction ({spec.host_link_source})",
              f"compute roofline at {dtype_peak / 1e12:.0f} TFLOP/s ({cfg.dtype}) and {spec.hbm_bytes_per_s / 1e12:.2f} TB/s"]
-    if devices > 1:
-        notes.append("offloaded bytes per device assume batch-sharded activations")
     result = CompileResult(
         model=cfg.name, plan=plan.name, target=target, devices=devices, mesh={"data": data, "fsdp": fsdp},
         microbatch=microbatch, seq=seq, xla_preset=xla_preset,

@@ -1,37 +1,98 @@
-"""Activation inventory from an abstract trace (``jax.make_jaxpr``; nothing is allocated).
+"""Activation inventory from abstract traces (``jax.make_jaxpr`` / ``jax.eval_shape``; nothing is allocated).
 
-For every layer group and activation name: bytes per layer, number of layers.
-Works on any loss function whose layers use ``checkpoint_name``; layer groups
-are recognised by the ``tierax_group_<name>`` name scope the reference models
-put around each scan (elsewhere a value's group is ``<top>``).
+For every layer group and activation name: bytes per layer per device, number of
+layers, and the FLOPs its rematerialisation costs; per group the bytes a layer
+saves with no remat at all, the recomputation every remat policy pays for unnamed
+intermediates, and the layer's forward FLOPs; per device the parameter, gradient
+and optimizer-state bytes.
+
+Two entry points work on any JAX code, not only tierax's models:
+
+* :func:`trace_inventory` — any function: every ``checkpoint_name``'d value with its
+  bytes and execution count (scan trip counts multiplied in).
+* :func:`layer_inventory` — any layer function ``f(x, params) -> y`` (the body of a
+  scan over layers): adds recompute FLOPs, measured by tracing the layer's gradient
+  under ``jax.checkpoint`` policies and counting matmul FLOPs:
+  ``base = flops(save every named value) − flops(no remat)``, and for each name
+  ``cost(n) = flops(save every named value but n) − flops(save every named value)``.
+  The cost model adds these up (an additive approximation of what JAX recomputes).
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
+import jax.numpy as jnp
+from flax import nnx
 
 from tierax import jaxpr_tools
+from tierax import names as N
 from tierax import plan as plan_lib
 
 
 @dataclass(frozen=True)
 class Activation:
+    """One named activation of one layer group (per device)."""
+
     group: str
     name: str
     bytes_per_layer: int
     num_layers: int
+    recompute_flops_per_layer: float = 0.0
 
     @property
     def total_bytes(self) -> int:
         return self.bytes_per_layer * self.num_layers
 
 
+@dataclass(frozen=True)
+class GroupInventory:
+    name: str
+    num_layers: int
+    activations: tuple[Activation, ...]
+    carry_bytes_per_layer: int  # the scan carry (layer input), saved per layer under any plan
+    save_all_bytes_per_layer: int  # activation residuals of one layer with no remat (named + unnamed)
+    base_recompute_flops_per_layer: float  # recomputed under any remat policy (unnamed intermediates)
+    forward_flops_per_layer: float  # matmul FLOPs of one layer's forward
+    layer_param_count: int
+    expert_param_count_per_layer: int = 0
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """Everything the cost model needs about one model at one shape on one mesh (per device)."""
+
+    model: str
+    microbatch: int  # sequences per device
+    seq: int
+    mesh: dict
+    groups: tuple[GroupInventory, ...]
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    logits_bytes: int
+    embed_param_count: int
+
+    @property
+    def devices(self) -> int:
+        return math.prod(self.mesh.values())
+
+    def activations(self) -> list[Activation]:
+        return [a for g in self.groups for a in g.activations]
+
+    def group(self, name: str) -> GroupInventory:
+        return next(g for g in self.groups if g.name == name)
+
+
 def trace_inventory(fn: Callable, *args) -> list[Activation]:
-    """Inventory of ``fn(*args)``; args may be ShapeDtypeStructs."""
+    """Named values of ``fn(*args)`` (args may be ShapeDtypeStructs), summed per (group, name).
+
+    The group is the ``tierax_group_<name>`` scope around a scan, else ``<top>``.
+    """
     jaxpr = jax.make_jaxpr(fn)(*args)
     per_layer: dict[tuple[str, str], int] = defaultdict(int)
     layers: dict[tuple[str, str], int] = {}
@@ -42,22 +103,142 @@ def trace_inventory(fn: Callable, *args) -> list[Activation]:
     return [Activation(g, n, per_layer[(g, n)], layers[(g, n)]) for (g, n) in per_layer]
 
 
-def model_inventory(cfg, batch: int, seq: int) -> list[Activation]:
-    """Inventory of a reference model's forward pass at (batch, seq), traced abstractly."""
-    from flax import nnx
+def _nbytes(x) -> int:
+    return math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
 
+
+def _grad_flops(layer_fn, x, params, policy) -> float:
+    f = layer_fn if policy is None else jax.checkpoint(layer_fn, policy=policy, prevent_cse=False)
+    ct = jax.ShapeDtypeStruct(x.shape, jnp.float32)
+
+    def objective(x, p, ct):
+        return jnp.sum(f(x, p).astype(jnp.float32) * ct)
+
+    return float(jaxpr_tools.matmul_flops(jax.make_jaxpr(jax.grad(objective, argnums=(0, 1)))(x, params, ct)))
+
+
+def layer_inventory(
+    layer_fn: Callable,
+    x: jax.ShapeDtypeStruct,
+    params,
+    *,
+    group: str,
+    num_layers: int,
+    expert_param_count: int = 0,
+) -> GroupInventory:
+    """Inventory of one layer function ``layer_fn(x, params) -> y`` of a scanned group.
+
+    Args:
+      layer_fn: the layer body (what a ``lax.scan`` over layers calls), tagging its
+        activations with ``checkpoint_name``.
+      x: the layer input (per device), a ShapeDtypeStruct.
+      params: one layer's parameters (pytree of ShapeDtypeStructs).
+      group: the layer group name; num_layers: the scan length.
+    """
+    fwd = jax.make_jaxpr(layer_fn)(x, params)
+    per_name: dict[str, int] = defaultdict(int)
+    for v in jaxpr_tools.named_values(fwd):
+        per_name[v.name] += v.nbytes * v.count
+    names = list(per_name)
+
+    # Residuals of the layer with no remat: the leaves of its VJP closure, minus the parameters.
+    param_shapes = {(tuple(p.shape), jnp.dtype(p.dtype)) for p in jax.tree.leaves(params)}
+    residuals = jax.eval_shape(lambda a, p: jax.vjp(layer_fn, a, p)[1], x, params)
+    save_all = sum(
+        _nbytes(r) for r in jax.tree.leaves(residuals) if (tuple(r.shape), jnp.dtype(r.dtype)) not in param_shapes
+    )
+
+    save_named = jax.checkpoint_policies.save_only_these_names(*names)
+    flops_none = _grad_flops(layer_fn, x, params, None)
+    flops_named = _grad_flops(layer_fn, x, params, save_named)
+    costs = {}
+    for n in names:
+        if n == N.DECODER_LAYER_INPUT:
+            costs[n] = 0.0  # the scan carry: its value is at hand whatever the plan
+            continue
+        others = jax.checkpoint_policies.save_only_these_names(*[m for m in names if m != n])
+        costs[n] = max(0.0, _grad_flops(layer_fn, x, params, others) - flops_named)
+    acts = tuple(Activation(group, n, per_name[n], num_layers, costs[n]) for n in names)
+    return GroupInventory(
+        name=group,
+        num_layers=num_layers,
+        activations=acts,
+        carry_bytes_per_layer=_nbytes(x),
+        save_all_bytes_per_layer=int(save_all),
+        base_recompute_flops_per_layer=max(0.0, flops_named - flops_none),
+        forward_flops_per_layer=float(jaxpr_tools.matmul_flops(fwd)),
+        layer_param_count=sum(math.prod(p.shape) for p in jax.tree.leaves(params)),
+        expert_param_count_per_layer=expert_param_count,
+    )
+
+
+def _expert_params_per_layer(cfg, group: str) -> int:
+    if cfg.family == "deepseek" and group == "moe":
+        return cfg.num_experts * cfg.expert_params()
+    return 0
+
+
+def model_inventory(cfg, microbatch: int, seq: int, mesh: dict | None = None) -> Inventory:
+    """Inventory of a reference model, per device.
+
+    ``microbatch`` is sequences per device; activations are batch-sharded, so each
+    layer is traced at the per-device batch.  Parameters, gradients and AdamW
+    moments are split over ``fsdp × tensor`` (expert weights also over ``expert``).
+    """
     from tierax.models import abstract_model
 
-    graphdef, params = nnx.split(abstract_model(cfg))
-    tokens = jax.ShapeDtypeStruct((batch, seq), jax.numpy.int32)
-    return trace_inventory(lambda p, t: nnx.merge(graphdef, p)(t), params, tokens)
+    mesh = dict(mesh or {"data": 1, "fsdp": 1})
+    model = abstract_model(cfg)
+    dtype = jnp.dtype(cfg.dtype)
+    x = jax.ShapeDtypeStruct((microbatch, seq, cfg.d_model), dtype)
+    groups = []
+    for g in cfg.layer_groups():
+        graphdef, stacked = nnx.split(model.groups[g.name])
+        one = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), stacked)
+
+        def layer_fn(a, p, graphdef=graphdef):
+            return nnx.merge(graphdef, p)(a)
+
+        groups.append(layer_inventory(layer_fn, x, one, group=g.name, num_layers=g.num_layers,
+                                      expert_param_count=_expert_params_per_layer(cfg, g.name)))
+    shard = mesh.get("fsdp", 1) * mesh.get("tensor", 1)
+    expert_shard = shard * mesh.get("expert", 1)
+    expert_total = sum(gr.expert_param_count_per_layer * gr.num_layers for gr in groups)
+    dense_total = cfg.param_count() - expert_total
+    per_device_params = dense_total / shard + expert_total / expert_shard
+    p_item = jnp.dtype(cfg.param_dtype).itemsize
+    param_bytes = int(per_device_params * p_item)
+    return Inventory(
+        model=cfg.name,
+        microbatch=microbatch,
+        seq=seq,
+        mesh=mesh,
+        groups=tuple(groups),
+        param_bytes=param_bytes,
+        grad_bytes=param_bytes,
+        optimizer_bytes=2 * param_bytes,  # AdamW mu and nu in the parameter dtype
+        logits_bytes=microbatch * seq * cfg.vocab_size * 4,  # float32 logits
+        embed_param_count=cfg.embedding_params(),
+    )
 
 
-def bytes_by_placement(inventory: list[Activation], plan: plan_lib.Plan, cfg) -> dict[str, int]:
+def bytes_by_placement(inventory: Inventory | list[Activation], plan: plan_lib.Plan, cfg) -> dict[str, int]:
     """Total named-activation bytes per placement (device / offload / remat) under ``plan``."""
     placements = plan_lib.resolve(plan, cfg)
+    acts = inventory.activations() if isinstance(inventory, Inventory) else inventory
     out = {p.value: 0 for p in plan_lib.Placement}
-    for a in inventory:
+    for a in acts:
         if a.group in placements and a.name in placements[a.group]:
             out[placements[a.group][a.name].value] += a.total_bytes
     return out
+
+
+def inventory_json(inv: Inventory) -> dict:
+    """The ``tierax inventory --json`` object."""
+    import dataclasses
+
+    d = dataclasses.asdict(inv)
+    for g in d["groups"]:
+        for a in g["activations"]:
+            a["total_bytes"] = a["bytes_per_layer"] * a["num_layers"]
+    return d

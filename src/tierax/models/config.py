@@ -26,6 +26,7 @@ from tierax import names as N
 from tierax.errors import TieraxError
 
 DTYPES = ("float32", "bfloat16", "float16")
+ATTENTION_IMPLS = ("xla", "blockwise")
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,14 @@ def _check_common(cfg: Any) -> None:
         v = getattr(cfg, key)
         _check(isinstance(v, int) and not isinstance(v, bool) and v > 0, f"{key} must be a positive integer, got {v!r}")
     _check(cfg.norm_eps > 0, f"norm_eps must be > 0, got {cfg.norm_eps!r}")
+    _check(
+        cfg.attention in ATTENTION_IMPLS,
+        f"attention={cfg.attention!r} is not an attention implementation; use one of {', '.join(ATTENTION_IMPLS)}",
+    )
+    _check(
+        isinstance(cfg.attention_block, int) and cfg.attention_block > 0,
+        f"attention_block must be a positive integer, got {cfg.attention_block!r}",
+    )
     _check(cfg.rope_theta > 0, f"rope_theta must be > 0, got {cfg.rope_theta!r}")
 
 
@@ -79,6 +88,8 @@ class LlamaConfig:
     norm_eps: float = 1e-5
     dtype: str = "float32"  # activation / compute dtype
     param_dtype: str = "float32"  # master weights
+    attention: str = "xla"  # xla (materialises scores) | blockwise (flash-style, tierax.models.attention)
+    attention_block: int = 512  # keys per block for blockwise attention
 
     def __post_init__(self) -> None:
         _check_common(self)
@@ -162,6 +173,8 @@ class DeepSeekConfig:
     norm_eps: float = 1e-6
     dtype: str = "float32"
     param_dtype: str = "float32"
+    attention: str = "xla"
+    attention_block: int = 512
 
     def __post_init__(self) -> None:
         _check_common(self)
@@ -286,19 +299,19 @@ NAMED_CONFIGS: dict[str, ModelConfig] = {
     # Llama 3 8B: Meta's model card / params.json (dim 4096, 32 layers, 32 heads, 8 KV, ffn 14336).
     "llama3-8b": LlamaConfig(
         name="llama3-8b", vocab_size=128256, d_model=4096, num_layers=32, num_heads=32, num_kv_heads=8,
-        head_dim=128, mlp_dim=14336, dtype="bfloat16",
+        head_dim=128, mlp_dim=14336, dtype="bfloat16", attention="blockwise",
     ),
     # Llama 3.1 405B: "The Llama 3 Herd of Models", Table 3.
     "llama3.1-405b": LlamaConfig(
         name="llama3.1-405b", vocab_size=128256, d_model=16384, num_layers=126, num_heads=128,
-        num_kv_heads=8, head_dim=128, mlp_dim=53248, dtype="bfloat16",
+        num_kv_heads=8, head_dim=128, mlp_dim=53248, dtype="bfloat16", attention="blockwise",
     ),
     # DeepSeek-V3: technical report §4.2 / config.json (MTP module not included).
     "deepseek-v3-671b": DeepSeekConfig(
         name="deepseek-v3-671b", vocab_size=129280, d_model=7168, num_layers=61, first_dense_layers=3,
         num_heads=128, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
         v_head_dim=128, dense_mlp_dim=18432, num_experts=256, num_experts_per_tok=8,
-        num_shared_experts=1, expert_mlp_dim=2048, dtype="bfloat16",
+        num_shared_experts=1, expert_mlp_dim=2048, dtype="bfloat16", attention="blockwise",
     ),
 }
 

@@ -9,14 +9,13 @@ per kv head, E experts, C expert capacity, F hidden).
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from tierax import names as N
+from tierax.models.attention import causal_attention
 
 
 def _init(stddev: float) -> nnx.Initializer:
@@ -61,20 +60,6 @@ def rope(x_BSHd, theta: float):
     return out.astype(x_BSHd.dtype)
 
 
-def causal_attention(q_BSKGd, k_BTKd, v_BTKv):
-    """Softmax attention with a causal mask; softmax in float32.
-
-    This XLA form materialises the B×K×G×S×T scores.
-    """
-    scale = 1.0 / math.sqrt(q_BSKGd.shape[-1])
-    s_BKGST = jnp.einsum("bskgd,btkd->bkgst", q_BSKGd, k_BTKd).astype(jnp.float32) * scale
-    S, T = s_BKGST.shape[-2], s_BKGST.shape[-1]
-    mask_ST = jnp.tril(jnp.ones((S, T), dtype=bool))
-    s_BKGST = jnp.where(mask_ST, s_BKGST, jnp.finfo(jnp.float32).min)
-    p_BKGST = jax.nn.softmax(s_BKGST, axis=-1).astype(v_BTKv.dtype)
-    return jnp.einsum("bkgst,btkv->bskgv", p_BKGST, v_BTKv)
-
-
 class GQAttention(nnx.Module):
     """Grouped-query attention with RoPE (Llama 3)."""
 
@@ -96,7 +81,7 @@ class GQAttention(nnx.Module):
         q_BSHd = checkpoint_name(q_BSHd, N.QUERY_PROJ)
         k_BSKd = checkpoint_name(k_BSKd, N.KEY_PROJ)
         v_BSKd = checkpoint_name(v_BSKd, N.VALUE_PROJ)
-        ctx = causal_attention(q_BSHd.reshape(B, S, K, G, hd), k_BSKd, v_BSKd)
+        ctx = causal_attention(q_BSHd.reshape(B, S, K, G, hd), k_BSKd, v_BSKd, impl=c.attention, block=c.attention_block)
         ctx_BSF = checkpoint_name(ctx.reshape(B, S, K * G * hd), N.ATTENTION_OUT)
         return checkpoint_name(self.wo(ctx_BSF), N.OUT_PROJ)
 
@@ -133,7 +118,7 @@ class MLAttention(nnx.Module):
         k_BSHd = checkpoint_name(k_BSHd, N.KEY_PROJ)
         v_BSHv = checkpoint_name(kv_BSHf[..., nope:], N.VALUE_PROJ)
 
-        ctx = causal_attention(q_BSHd[:, :, :, None, :], k_BSHd, v_BSHv)
+        ctx = causal_attention(q_BSHd[:, :, :, None, :], k_BSHd, v_BSHv, impl=c.attention, block=c.attention_block)
         ctx_BSF = checkpoint_name(ctx.reshape(B, S, H * vd), N.ATTENTION_OUT)
         return checkpoint_name(self.wo(ctx_BSF), N.OUT_PROJ)
 

@@ -14,8 +14,9 @@ def fmt_bytes(n: float) -> str:
 
 
 def bench_table(records, peak_flops: float, title: str) -> Table:
-    t = Table(title=title, caption=f"MFU against the measured local peak of {peak_flops / 1e12:.3f} TFLOP/s per device")
-    for col in ("plan", "step ms", "tokens/s", "TFLOP/s/dev", "MFU", "compiled temp", "act. device", "act. host", "act. remat", "loss"):
+    t = Table(title=title, caption=f"MFU against the measured local peak of {peak_flops / 1e12:.3f} TFLOP/s per device; "
+                                   "peak/dev: rt = allocator (runtime), xla = compiled memory analysis")
+    for col in ("plan", "step ms", "tokens/s", "TFLOP/s/dev", "MFU", "peak/dev", "compiled temp", "act. device", "act. host", "act. remat", "loss"):
         t.add_column(col, justify="left" if col == "plan" else "right")
     for r in records:
         t.add_row(
@@ -24,6 +25,7 @@ def bench_table(records, peak_flops: float, title: str) -> Table:
             f"{r.tokens_per_s:,.0f}",
             f"{r.tflops_per_device:.4f}",
             f"{r.mfu:.1%}",
+            _peak_cell(r),
             fmt_bytes(r.compiled_temp_bytes),
             fmt_bytes(r.device_activation_bytes),
             fmt_bytes(r.host_activation_bytes),
@@ -31,6 +33,14 @@ def bench_table(records, peak_flops: float, title: str) -> Table:
             f"{r.loss:.4f}",
         )
     return t
+
+
+def _peak_cell(r) -> str:
+    """Runtime peak (allocator) where measured — '≤' when only an upper bound — else XLA's compiled peak."""
+    if getattr(r, "peak_device_bytes_runtime", None) is not None:
+        return ("" if r.runtime_peak_exact else "≤ ") + fmt_bytes(r.peak_device_bytes_runtime) + " rt"
+    compiled = getattr(r, "peak_device_bytes_compiled", 0)
+    return fmt_bytes(compiled) + " xla" if compiled else "—"
 
 
 def models_table(configs) -> Table:
@@ -85,4 +95,60 @@ def compile_table(r) -> Table:
     ]
     for k, v in rows:
         t.add_row(k, v)
+    return t
+
+
+def inventory_table(inv, cfg) -> Table:
+    t = Table(title=f"{cfg.name} · microbatch {inv.microbatch}/device × seq {inv.seq} · mesh {inv.mesh} · per device",
+              caption=(f"parameters {fmt_bytes(inv.param_bytes)}, gradients {fmt_bytes(inv.grad_bytes)}, "
+                       f"AdamW state {fmt_bytes(inv.optimizer_bytes)}, logits {fmt_bytes(inv.logits_bytes)} per device; "
+                       f"attention: {cfg.attention}"))
+    for col in ("group", "activation", "per layer", "layers", "total", "remat GFLOP/layer"):
+        t.add_column(col, justify="left" if col in ("group", "activation") else "right")
+    for g in inv.groups:
+        for a in g.activations:
+            t.add_row(g.name, a.name, fmt_bytes(a.bytes_per_layer), str(a.num_layers), fmt_bytes(a.total_bytes),
+                      f"{a.recompute_flops_per_layer / 1e9:.3g}")
+        t.add_row(g.name, "[dim](unnamed, any remat)[/]", "", "", "", f"{g.base_recompute_flops_per_layer / 1e9:.3g}")
+        t.add_row(g.name, "[dim](everything, no remat)[/]", fmt_bytes(g.save_all_bytes_per_layer), str(g.num_layers),
+                  fmt_bytes(g.save_all_bytes_per_layer * g.num_layers), "")
+    return t
+
+
+def prediction_table(pred, title: str) -> Table:
+    b = pred.breakdown
+    t = Table(title=title, caption="rates: " + "; ".join(f"{k}: {v}" for k, v in b["rates"].items()))
+    t.add_column("figure")
+    t.add_column("per device", justify="right")
+    ms = lambda s: f"{s * 1e3:.3f} ms"  # noqa: E731
+    rows = [
+        ("fits", "[green]yes[/]" if pred.fits else "[red]no[/]"),
+        ("peak device", f"{fmt_bytes(pred.peak_device_bytes)} of {fmt_bytes(pred.device_capacity_bytes)}"),
+        ("  params + grads + AdamW", fmt_bytes(b["state_bytes"])),
+        ("  activations on device", fmt_bytes(b["activation_bytes"])),
+        ("  transfer staging", fmt_bytes(b["staging_bytes"])),
+        ("  one layer's workspace", fmt_bytes(b["workspace_bytes"])),
+        ("  logits (float32)", fmt_bytes(b["logits_bytes"])),
+        ("host (offloaded)", fmt_bytes(pred.host_bytes)),
+        ("step time", ms(pred.step_time_s)),
+        ("  compute", ms(b["compute_s"])),
+        ("  recompute", ms(b["recompute_s"])),
+        ("  host transfers (exposed d2h / h2d)", f"{ms(b['transfer_s'])} ({ms(b['exposed_d2h_s'])} / {ms(b['exposed_h2d_s'])})"),
+        ("  collectives (exposed)", f"{ms(b['collective_s'])} ({ms(b['exposed_collective_s'])})"),
+        ("TFLOP/s/device (model FLOPs)", f"{pred.tflops_per_device:.1f}"),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+def explain_table(result, title: str) -> Table:
+    t = Table(title=title, caption=f"device budget {fmt_bytes(result.budget_bytes)}, host budget "
+                                   f"{fmt_bytes(result.host_budget_bytes)}")
+    for col in ("group", "activation", "bytes", "remat ms", "transfer ms", "hidden", "choice", "why"):
+        t.add_column(col, justify="right" if col in ("bytes", "remat ms", "transfer ms", "hidden") else "left")
+    colour = {"device": "green", "offload": "cyan", "remat": "yellow"}
+    for e in result.explain:
+        t.add_row(e.group, e.name, fmt_bytes(e.bytes), f"{e.recompute_s * 1e3:.3g}", f"{e.transfer_s * 1e3:.3g}",
+                  f"{e.hidden_fraction:.0%}", f"[{colour[e.choice]}]{e.choice}[/]", e.why)
     return t

@@ -1,0 +1,275 @@
+"""Memory and time model of one training step on a target, per device.
+
+Inputs: an :class:`~tierax.inventory.Inventory` (measured from abstract traces), a
+Plan, the target's :class:`Rates` and a schedule.  The model is *linear in the
+placements* — each activation contributes its own bytes, recompute FLOPs and
+transfer time — so the planner can optimise it exactly with an integer program;
+:func:`simulate` and the planner share :func:`item_terms` and :func:`fixed_terms`.
+
+Memory (per device): parameters, gradients and AdamW moments (sharded over
+fsdp×tensor, experts also over expert); activations kept on device (the scan
+carry of every layer, plus each ``device`` activation; a group with every
+activation on device runs without remat and keeps everything a layer saves,
+named or not); staging buffers for transfers (one layer's offloaded slices, two
+with pipelined transfers); one layer's transient workspace (its full residual
+set while it is recomputed and back-propagated, plus, under FSDP, its gathered
+dense weights); the float32 logits.
+
+Time: executed matmul FLOPs (forward, 2× for backward, plus recomputation) at the
+target's achievable matmul rate; host transfers at the link bandwidth each way,
+hidden under compute per schedule — ``serial``: none; ``lhs``: up to half of the
+same layer's compute; ``lhs-pipelined``: up to the whole neighbouring layer's
+compute; FSDP all-gathers/reduce-scatters and MoE all-to-alls at the interconnect
+bandwidth, exposed under ``serial`` and hidden under compute otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from dataclasses import dataclass, field
+
+import jax.numpy as jnp
+
+from tierax import hardware
+from tierax import names as N
+from tierax import plan as plan_lib
+from tierax.errors import TieraxError
+from tierax.inventory import Inventory
+from tierax.models.flops import train_flops
+
+SCHEDULES = ("serial", "lhs", "lhs-pipelined")
+STAGING_LAYERS = {"serial": 1, "lhs": 1, "lhs-pipelined": 2}
+OVERLAP_WINDOW = {"serial": 0.0, "lhs": 0.5, "lhs-pipelined": 1.0}
+# H200: ≈790 TFLOP/s measured bf16 matmul of 989 peak (DESIGN.md) → 0.8, used for every GPU
+# target until `tierax calibrate` measures the device at hand.
+ACHIEVABLE_FRACTION = 0.8
+CALIBRATION_FILE = pathlib.Path(os.environ.get("TIERAX_CALIBRATION", pathlib.Path.home() / ".cache" / "tierax" / "calibration.json"))
+
+
+@dataclass(frozen=True)
+class Rates:
+    """The constants of the model for one target, each with where it came from."""
+
+    target: str
+    matmul_flops_per_s: float
+    hbm_bytes_per_s: float
+    d2h_bytes_per_s: float
+    h2d_bytes_per_s: float
+    interconnect_bytes_per_s: float
+    device_memory_bytes: int
+    host_memory_bytes: int
+    offload_is_real: bool
+    sources: dict = field(default_factory=dict)
+
+
+def load_calibration() -> dict:
+    if CALIBRATION_FILE.exists():
+        try:
+            return json.loads(CALIBRATION_FILE.read_text())
+        except json.JSONDecodeError:
+            raise TieraxError(f"{CALIBRATION_FILE} is not valid JSON; delete it and run `tierax calibrate` again") from None
+    return {}
+
+
+def target_rates(target: str, dtype: str) -> Rates:
+    """Rates for a GPU target from the hardware table (or measured calibration), or ``cpu`` measured here."""
+    cal = load_calibration().get(target, {})
+    if target == "cpu":
+        if "matmul_flops_per_s" not in cal:
+            raise TieraxError("target 'cpu' needs a measured matmul rate: run `tierax calibrate` first")
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return Rates("cpu", cal["matmul_flops_per_s"], cal.get("memory_bytes_per_s", 10e9), 1.0, 1.0, 1.0,
+                     mem, mem, False, {"matmul": f"measured by tierax calibrate ({cal.get('created', '?')})",
+                                        "memory": "physical RAM", "offload": "a no-op on XLA:CPU"})
+    spec = hardware.get_target(target)
+    peak = spec.peak(dtype)
+    matmul = cal.get(f"matmul_flops_per_s_{dtype}", peak * ACHIEVABLE_FRACTION)
+    d2h = cal.get("d2h_bytes_per_s", spec.host_link_bps)
+    h2d = cal.get("h2d_bytes_per_s", spec.host_link_bps)
+    measured = f"measured by tierax calibrate ({cal.get('created', '?')})"
+    sources = {
+        "matmul": measured if f"matmul_flops_per_s_{dtype}" in cal
+        else f"{ACHIEVABLE_FRACTION:.0%} of the {peak / 1e12:.0f} TFLOP/s {dtype} datasheet peak (H200 measured 790/989)",
+        "host_link": measured if "d2h_bytes_per_s" in cal else spec.host_link_source,
+        "hbm": "XLA device spec", "interconnect": "NVLink datasheet, per direction",
+        "memory": "XLA device spec", "host_memory": "system datasheet, per GPU",
+    }
+    return Rates(target, matmul, spec.hbm_bytes_per_s, d2h, h2d, spec.nvlink_bytes_per_s,
+                 spec.device_memory_bytes, int(spec.host_memory_per_gpu_bytes), True, sources)
+
+
+@dataclass(frozen=True)
+class ItemTerms:
+    """What one (group, activation) costs under each placement, per device per step."""
+
+    group: str
+    name: str
+    bytes: int  # all layers
+    bytes_per_layer: int
+    recompute_s: float  # if remat
+    d2h_s: float  # if offloaded, per step (all layers)
+    h2d_s: float
+
+
+@dataclass(frozen=True)
+class GroupTerms:
+    name: str
+    num_layers: int
+    base_bytes: int  # carry of every layer (kept under any plan)
+    save_all_extra_bytes: int  # extra when the group runs with no remat (every activation on device)
+    base_recompute_s: float  # unnamed recomputation under any remat policy
+    fwd_s: float  # all layers
+    bwd_s: float  # all layers, without recomputation
+    d2h_window_s: float  # compute a group's stores can hide under (all layers)
+    h2d_window_s: float
+
+
+@dataclass(frozen=True)
+class FixedTerms:
+    state_bytes: int
+    workspace_bytes: int
+    logits_bytes: int
+    compute_s: float  # forward + backward matmuls, head included, no recompute
+    collective_s: float
+    exposed_collective_s: float
+    model_flops: float  # MaxText convention, per device
+    executed_flops: float  # without recomputation, per device
+
+
+def item_terms(inv: Inventory, rates: Rates) -> list[ItemTerms]:
+    out = []
+    for g in inv.groups:
+        for a in g.activations:
+            if a.name == N.DECODER_LAYER_INPUT:
+                continue  # the scan carry: always on device (counted in GroupTerms.base_bytes)
+            out.append(ItemTerms(g.name, a.name, a.total_bytes, a.bytes_per_layer,
+                                 a.recompute_flops_per_layer * g.num_layers / rates.matmul_flops_per_s,
+                                 a.total_bytes / rates.d2h_bytes_per_s, a.total_bytes / rates.h2d_bytes_per_s))
+    return out
+
+
+def group_terms(inv: Inventory, rates: Rates, schedule: str) -> list[GroupTerms]:
+    w = OVERLAP_WINDOW[schedule]
+    out = []
+    for g in inv.groups:
+        L = g.num_layers
+        named = sum(a.bytes_per_layer for a in g.activations if a.name != N.DECODER_LAYER_INPUT)
+        fwd = g.forward_flops_per_layer * L / rates.matmul_flops_per_s
+        out.append(GroupTerms(
+            g.name, L, g.carry_bytes_per_layer * L,
+            (g.save_all_bytes_per_layer - g.carry_bytes_per_layer - named) * L,
+            g.base_recompute_flops_per_layer * L / rates.matmul_flops_per_s,
+            fwd, 2 * fwd, w * fwd, w * (2 * fwd + g.base_recompute_flops_per_layer * L / rates.matmul_flops_per_s),
+        ))
+    return out
+
+
+def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
+    c_item = jnp.dtype(cfg.dtype).itemsize
+    tokens = inv.microbatch * inv.seq
+    head_flops = 2.0 * tokens * cfg.d_model * cfg.vocab_size
+    executed = 3.0 * (sum(g.forward_flops_per_layer * g.num_layers for g in inv.groups) + head_flops)
+    compute_s = executed / rates.matmul_flops_per_s
+    fsdp = inv.mesh.get("fsdp", 1) * inv.mesh.get("tensor", 1)
+    ep = inv.mesh.get("expert", 1)
+    # One layer in flight: its residuals while it is recomputed and back-propagated, plus, under FSDP,
+    # its dense weights gathered in the compute dtype (deviceless compiles show XLA partitions the
+    # expert matmuls instead of gathering expert weights).
+    workspace = max(
+        g.save_all_bytes_per_layer
+        + (c_item * (g.layer_param_count - g.expert_param_count_per_layer) / inv.mesh.get("tensor", 1)
+           if fsdp > 1 else 0)
+        for g in inv.groups
+    )
+    coll = 0.0
+    if fsdp > 1:
+        gathered = (inv.param_bytes / jnp.dtype(cfg.param_dtype).itemsize) * c_item * fsdp
+        coll += 3 * gathered * (fsdp - 1) / fsdp / rates.interconnect_bytes_per_s  # AG fwd, AG bwd, RS grads
+    if ep > 1 and cfg.family == "deepseek":
+        a2a = tokens * cfg.num_experts_per_tok * cfg.d_model * c_item * (ep - 1) / ep
+        coll += 6 * a2a * cfg.num_moe_layers / rates.interconnect_bytes_per_s  # dispatch+combine, fwd + 2× bwd
+    exposed_coll = coll if schedule == "serial" else max(0.0, coll - compute_s)
+    return FixedTerms(
+        state_bytes=inv.param_bytes + inv.grad_bytes + inv.optimizer_bytes,
+        workspace_bytes=int(workspace),
+        logits_bytes=inv.logits_bytes,
+        compute_s=compute_s,
+        collective_s=coll,
+        exposed_collective_s=exposed_coll,
+        model_flops=train_flops(cfg, inv.microbatch, inv.seq),
+        executed_flops=executed,
+    )
+
+
+@dataclass(frozen=True)
+class Prediction:
+    fits: bool
+    peak_device_bytes: int
+    device_capacity_bytes: int
+    host_bytes: int
+    step_time_s: float
+    tflops_per_device: float
+    breakdown: dict
+
+    def to_json(self) -> dict:
+        return {
+            "fits": self.fits, "peak_device_bytes": self.peak_device_bytes,
+            "device_capacity_bytes": self.device_capacity_bytes, "host_bytes": self.host_bytes,
+            "step_time_s": self.step_time_s, "tflops_per_device": self.tflops_per_device, "breakdown": self.breakdown,
+        }
+
+
+def evaluate(placements: dict, inv: Inventory, cfg, rates: Rates, schedule: str) -> Prediction:
+    """The model for explicit placements ``{(group, name): Placement}`` (carry names may be omitted)."""
+    if schedule not in SCHEDULES:
+        raise TieraxError(f"unknown schedule {schedule!r}; choose one of: {', '.join(SCHEDULES)}")
+    P = plan_lib.Placement
+    items = item_terms(inv, rates)
+    groups = group_terms(inv, rates, schedule)
+    fx = fixed_terms(inv, cfg, rates, schedule)
+    if not rates.offload_is_real:  # XLA:CPU keeps "offloaded" values on device
+        placements = {k: (P.DEVICE if v is P.OFFLOAD else v) for k, v in placements.items()}
+    act_bytes = host = 0
+    recompute = exposed_d2h = exposed_h2d = transfer_total = staging = 0.0
+    for g in groups:
+        mine = [i for i in items if i.group == g.name]
+        no_remat = all(placements[(g.name, i.name)] is P.DEVICE for i in mine)
+        act_bytes += g.base_bytes + sum(i.bytes for i in mine if placements[(g.name, i.name)] is P.DEVICE)
+        if no_remat:
+            act_bytes += g.save_all_extra_bytes
+        else:
+            recompute += g.base_recompute_s + sum(i.recompute_s for i in mine if placements[(g.name, i.name)] is P.REMAT)
+        off = [i for i in mine if placements[(g.name, i.name)] is P.OFFLOAD]
+        host += sum(i.bytes for i in off)
+        d2h, h2d = sum(i.d2h_s for i in off), sum(i.h2d_s for i in off)
+        transfer_total += d2h + h2d
+        exposed_d2h += max(0.0, d2h - g.d2h_window_s)
+        exposed_h2d += max(0.0, h2d - g.h2d_window_s)
+        staging = max(staging, STAGING_LAYERS[schedule] * sum(i.bytes_per_layer for i in off))
+    peak = int(fx.state_bytes + act_bytes + staging + fx.workspace_bytes + fx.logits_bytes)
+    step = fx.compute_s + recompute + exposed_d2h + exposed_h2d + fx.exposed_collective_s
+    breakdown = {
+        "state_bytes": fx.state_bytes, "activation_bytes": int(act_bytes), "staging_bytes": int(staging),
+        "workspace_bytes": fx.workspace_bytes, "logits_bytes": fx.logits_bytes,
+        "compute_s": fx.compute_s, "recompute_s": recompute, "transfer_s": transfer_total,
+        "exposed_d2h_s": exposed_d2h, "exposed_h2d_s": exposed_h2d,
+        "collective_s": fx.collective_s, "exposed_collective_s": fx.exposed_collective_s,
+        "executed_flops": fx.executed_flops + recompute * rates.matmul_flops_per_s,
+        "model_flops": fx.model_flops, "schedule": schedule, "rates": rates.sources,
+    }
+    return Prediction(
+        fits=peak <= rates.device_memory_bytes and host <= rates.host_memory_bytes,
+        peak_device_bytes=peak, device_capacity_bytes=rates.device_memory_bytes, host_bytes=int(host),
+        step_time_s=step, tflops_per_device=fx.model_flops / step / 1e12, breakdown=breakdown,
+    )
+
+
+def plan_placements(plan: plan_lib.Plan, cfg) -> dict:
+    return {(g, n): p for g, names in plan_lib.resolve(plan, cfg).items() for n, p in names.items()}
+
+
+def simulate(plan: plan_lib.Plan, inv: Inventory, cfg, rates: Rates, schedule: str) -> Prediction:
+    """Predicted peak device bytes, host bytes and step time of ``plan``."""
+    return evaluate(plan_placements(plan, cfg), inv, cfg, rates, schedule)

@@ -1,0 +1,280 @@
+"""The planner: choose each activation's placement to minimise predicted step time.
+
+An exact mixed-integer program over the cost model (:mod:`tierax.costmodel`),
+solved with HiGHS through ``scipy.optimize.milp``:
+
+* binaries ``d_i, o_i, r_i`` (device / offload / remat) per (layer group, activation),
+  exactly one per item; ``z_g`` = group g runs with no remat (forced to 1 exactly
+  when every activation of g is on device, which is how a Plan is applied);
+* continuous exposed-transfer times per group and direction, and the staging bytes;
+* minimise recomputation + exposed transfer time (compute and collectives are
+  fixed) subject to device bytes ≤ budget and host bytes ≤ host budget.
+
+The layer input (scan carry) is always on device.  Placements are per layer
+group; per-segment placement is not supported by the Plan format.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+from tierax import costmodel as cm
+from tierax import inventory as inv_lib
+from tierax import names as N
+from tierax.errors import TieraxError
+from tierax.plan import GroupPlan, Placement, Plan
+
+# Default reserve kept free on the device: allocator fragmentation, XLA's own buffers.
+DEFAULT_RESERVE_FRACTION = 0.05
+
+
+@dataclass(frozen=True)
+class Explanation:
+    group: str
+    name: str
+    bytes: int
+    recompute_s: float
+    transfer_s: float  # both directions
+    hidden_fraction: float  # of this group's transfers, under the chosen plan
+    choice: str
+    why: str
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    plan: Plan
+    predicted: cm.Prediction
+    explain: tuple[Explanation, ...]
+    budget_bytes: int
+    host_budget_bytes: int
+    microbatch: int
+
+    def to_json(self) -> dict:
+        return {
+            "plan": self.plan.to_dict(), "predicted": self.predicted.to_json(),
+            "explain": [e.to_json() for e in self.explain], "budget_bytes": self.budget_bytes,
+            "host_budget_bytes": self.host_budget_bytes, "microbatch": self.microbatch,
+        }
+
+
+def budgets(rates: cm.Rates, budget_bytes: float | None, host_budget_bytes: float | None) -> tuple[int, int]:
+    dev = budget_bytes if budget_bytes is not None else rates.device_memory_bytes * (1 - DEFAULT_RESERVE_FRACTION)
+    host = host_budget_bytes if host_budget_bytes is not None else rates.host_memory_bytes
+    if dev <= 0 or host < 0:
+        raise TieraxError("budgets must be positive")
+    return int(dev), int(host)
+
+
+def _solve(inv, cfg, rates, schedule, budget, host_budget) -> dict | None:
+    items = cm.item_terms(inv, rates)
+    groups = cm.group_terms(inv, rates, schedule)
+    fx = cm.fixed_terms(inv, cfg, rates, schedule)
+    n, G = len(items), len(groups)
+    gidx = {g.name: k for k, g in enumerate(groups)}
+    # Variable layout: [d_0..d_n, o_0..o_n, r_0..r_n, z_0..z_G, e_d2h_0..G, e_h2d_0..G, s]
+    D, O, R, Z, ED, EH, S = 0, n, 2 * n, 3 * n, 3 * n + G, 3 * n + 2 * G, 3 * n + 3 * G
+    nv = S + 1
+    scale = 1.0 / max(fx.compute_s, 1e-30)  # objective in units of the step's compute time
+    total_bytes = max(1, sum(i.bytes for i in items))
+    c = np.zeros(nv)
+    for k, it in enumerate(items):
+        c[R + k] = it.recompute_s * scale
+        c[D + k] = 1e-9 * it.bytes / total_bytes  # tie-break: free memory when it costs nothing
+        c[O + k] = 1e-9 * it.bytes / total_bytes  # tie-break: do not use the link for nothing
+    for g in groups:
+        c[Z + gidx[g.name]] = -g.base_recompute_s * scale
+    c[ED:ED + G] = scale
+    c[EH:EH + G] = scale
+
+    rows, lo, hi = [], [], []
+
+    def add(coeffs: dict, lb: float, ub: float):
+        row = np.zeros(nv)
+        for j, v in coeffs.items():
+            row[j] += v
+        rows.append(row)
+        lo.append(lb)
+        hi.append(ub)
+
+    for k in range(n):
+        add({D + k: 1, O + k: 1, R + k: 1}, 1, 1)
+    for g in groups:
+        zg = Z + gidx[g.name]
+        mine = [k for k, it in enumerate(items) if it.group == g.name]
+        for k in mine:
+            add({zg: 1, D + k: -1}, -np.inf, 0)  # z_g ≤ d_k
+        add({zg: 1, **{D + k: -1 for k in mine}}, 1 - len(mine), np.inf)  # z_g ≥ Σd − (n−1)
+        add({ED + gidx[g.name]: 1, **{O + k: -items[k].d2h_s for k in mine}}, -g.d2h_window_s, np.inf)
+        add({EH + gidx[g.name]: 1, **{O + k: -items[k].h2d_s for k in mine}}, -g.h2d_window_s, np.inf)
+        add({S: 1, **{O + k: -cm.STAGING_LAYERS[schedule] * items[k].bytes_per_layer for k in mine}}, 0, np.inf)
+    fixed_bytes = fx.state_bytes + fx.workspace_bytes + fx.logits_bytes + sum(g.base_bytes for g in groups)
+    mem = {D + k: it.bytes for k, it in enumerate(items)}
+    mem.update({Z + gidx[g.name]: g.save_all_extra_bytes for g in groups})
+    mem[S] = 1
+    add(mem, -np.inf, budget - fixed_bytes)
+    add({O + k: it.bytes for k, it in enumerate(items)}, -np.inf, host_budget)
+
+    ub = np.full(nv, np.inf)
+    ub[:S] = 1
+    ub[ED:S] = np.inf
+    if not rates.offload_is_real:
+        ub[O:O + n] = 0
+    integrality = np.zeros(nv)
+    integrality[:ED] = 1
+    res = milp(c, constraints=LinearConstraint(np.array(rows), lo, hi), integrality=integrality,
+               bounds=Bounds(np.zeros(nv), ub), options={"mip_rel_gap": 0.0, "presolve": True})
+    if res.status != 0 or res.x is None:
+        return None
+    x = np.round(res.x).astype(int)
+    out = {}
+    for k, it in enumerate(items):
+        out[(it.group, it.name)] = Placement.DEVICE if x[D + k] else Placement.OFFLOAD if x[O + k] else Placement.REMAT
+    return out
+
+
+def placements_to_plan(placements: dict, cfg, name: str, description: str) -> Plan:
+    groups = {}
+    for g in cfg.layer_groups():
+        entries = {N.DECODER_LAYER_INPUT: Placement.DEVICE} if N.DECODER_LAYER_INPUT in g.activations else {}
+        entries.update({n: p for (gn, n), p in placements.items() if gn == g.name})
+        groups[g.name] = GroupPlan(entries, Placement.REMAT)
+    return Plan(name, groups, description)
+
+
+def _exposed(items, g) -> float:
+    d2h, h2d = sum(i.d2h_s for i in items), sum(i.h2d_s for i in items)
+    return max(0.0, d2h - g.d2h_window_s) + max(0.0, h2d - g.h2d_window_s)
+
+
+def _explain(placements, inv, cfg, rates, schedule, pred: cm.Prediction, budget, host_budget) -> tuple[Explanation, ...]:
+    """Why each choice: its own costs, and what the alternatives would have cost given the rest of the plan."""
+    items = cm.item_terms(inv, rates)
+    groups = {g.name: g for g in cm.group_terms(inv, rates, schedule)}
+    slack = budget - pred.peak_device_bytes
+    ms = lambda s: f"{s * 1e3:.3g} ms"  # noqa: E731
+    gib = lambda b: f"{b / 2**30:.3g} GiB"  # noqa: E731
+    out = []
+    for it in items:
+        p = placements[(it.group, it.name)]
+        g = groups[it.group]
+        off = [i for i in items if i.group == it.group and placements[(i.group, i.name)] is Placement.OFFLOAD]
+        others = [i for i in off if i is not it]
+        # Exposed time this item's transfers add to (or would add to) its group's transfers.
+        marginal = _exposed(others + [it], g) - _exposed(others, g)
+        with_it = others + [it]
+        total = sum(i.d2h_s + i.h2d_s for i in with_it)
+        hidden = 1.0 - _exposed(with_it, g) / total if total > 0 else 1.0
+        if p is Placement.DEVICE:
+            why = (f"kept: {gib(it.bytes)} fits the budget ({gib(slack)} to spare); remat would cost "
+                   f"{ms(it.recompute_s)}, offload {ms(marginal)} exposed")
+        elif p is Placement.REMAT:
+            if it.recompute_s == 0:
+                why = "recompute is free: not needed by the backward pass, or recomputed anyway"
+            elif not rates.offload_is_real:
+                why = (f"recomputed for {ms(it.recompute_s)} to free {gib(it.bytes)}; offloading is a no-op on "
+                       "this backend")
+            elif pred.host_bytes + it.bytes > host_budget:
+                why = (f"recomputed for {ms(it.recompute_s)} to free {gib(it.bytes)}; host memory has no room "
+                       f"({gib(host_budget - pred.host_bytes)} left)")
+            else:
+                why = (f"recomputed for {ms(it.recompute_s)} to free {gib(it.bytes)}: offloading it too would expose "
+                       f"{ms(marginal)} more transfer time (the link is the limit)")
+        else:
+            why = (f"offloaded: {hidden:.0%} of the group's transfers hide under compute, {ms(marginal)} exposed "
+                   f"by this one, vs {ms(it.recompute_s)} to recompute; frees {gib(it.bytes)} of device memory")
+        out.append(Explanation(it.group, it.name, it.bytes, it.recompute_s, it.d2h_s + it.h2d_s, hidden,
+                               p.value, why))
+    return tuple(out)
+
+
+def plan(
+    cfg,
+    inv: inv_lib.Inventory,
+    rates: cm.Rates,
+    *,
+    schedule: str = "lhs",
+    budget_bytes: float | None = None,
+    host_budget_bytes: float | None = None,
+    name: str = "planned",
+) -> PlanResult:
+    """The fastest predicted plan within the budgets.
+
+    Raises:
+      TieraxError: no placement fits (the message gives the smallest peak possible).
+    """
+    if schedule not in cm.SCHEDULES:
+        raise TieraxError(f"unknown schedule {schedule!r}; choose one of: {', '.join(cm.SCHEDULES)}")
+    budget, host_budget = budgets(rates, budget_bytes, host_budget_bytes)
+    placements = _solve(inv, cfg, rates, schedule, budget, host_budget)
+    if placements is None:
+        everything_remat = {(i.group, i.name): Placement.REMAT for i in cm.item_terms(inv, rates)}
+        floor = cm.evaluate(everything_remat, inv, cfg, rates, schedule).peak_device_bytes
+        raise TieraxError(
+            f"no plan fits {cfg.name} at microbatch {inv.microbatch} × seq {inv.seq} in a device budget of "
+            f"{budget / 2**30:.2f} GiB: recomputing everything still needs {floor / 2**30:.2f} GiB. Use a smaller "
+            "--microbatch or --seq, more devices (--devices/--mesh), a larger --budget-gib, or --max-microbatch"
+        )
+    desc = f"planned for {rates.target}, schedule {schedule}, device budget {budget / 2**30:.1f} GiB"
+    p = placements_to_plan(placements, cfg, name, desc)
+    pred = cm.simulate(p, inv, cfg, rates, schedule)
+    return PlanResult(p, pred, _explain(placements, inv, cfg, rates, schedule, pred, budget, host_budget), budget, host_budget,
+                      inv.microbatch)
+
+
+def _scaled(inv1: inv_lib.Inventory, inv2: inv_lib.Inventory, mb: int) -> inv_lib.Inventory:
+    """Inventory at microbatch ``mb`` by linear extrapolation from microbatch 1 and 2 (activations ∝ batch)."""
+
+    def lin(a, b):
+        return type(a)(round(a + (b - a) * (mb - 1))) if isinstance(a, int) else a + (b - a) * (mb - 1)
+
+    groups = []
+    for g1, g2 in zip(inv1.groups, inv2.groups):
+        acts = tuple(dataclasses.replace(a1, bytes_per_layer=lin(a1.bytes_per_layer, a2.bytes_per_layer),
+                                         recompute_flops_per_layer=lin(a1.recompute_flops_per_layer, a2.recompute_flops_per_layer))
+                     for a1, a2 in zip(g1.activations, g2.activations))
+        groups.append(dataclasses.replace(
+            g1, activations=acts,
+            carry_bytes_per_layer=lin(g1.carry_bytes_per_layer, g2.carry_bytes_per_layer),
+            save_all_bytes_per_layer=lin(g1.save_all_bytes_per_layer, g2.save_all_bytes_per_layer),
+            base_recompute_flops_per_layer=lin(g1.base_recompute_flops_per_layer, g2.base_recompute_flops_per_layer),
+            forward_flops_per_layer=lin(g1.forward_flops_per_layer, g2.forward_flops_per_layer)))
+    return dataclasses.replace(inv1, microbatch=mb, groups=tuple(groups), logits_bytes=inv1.logits_bytes * mb)
+
+
+def max_microbatch(cfg, seq: int, mesh: dict, rates: cm.Rates, *, schedule: str = "lhs",
+                   budget_bytes=None, host_budget_bytes=None, limit: int = 4096) -> PlanResult:
+    """The largest per-device microbatch any plan fits, and the best plan for it."""
+    inv1 = inv_lib.model_inventory(cfg, 1, seq, mesh)
+    inv2 = inv_lib.model_inventory(cfg, 2, seq, mesh)
+    budget, host_budget = budgets(rates, budget_bytes, host_budget_bytes)
+
+    def fits(mb: int) -> bool:
+        inv = inv1 if mb == 1 else inv2 if mb == 2 else _scaled(inv1, inv2, mb)
+        return _solve(inv, cfg, rates, schedule, budget, host_budget) is not None
+
+    if not fits(1):
+        return plan(cfg, inv1, rates, schedule=schedule, budget_bytes=budget, host_budget_bytes=host_budget)
+    lo, hi = 1, 2
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    exact = inv_lib.model_inventory(cfg, lo, seq, mesh)
+    while lo > 1:  # the extrapolation is approximate for MoE capacity rounding: confirm on the real trace
+        try:
+            return plan(cfg, exact, rates, schedule=schedule, budget_bytes=budget, host_budget_bytes=host_budget,
+                        name=f"planned-mb{lo}")
+        except TieraxError:
+            lo -= 1
+            exact = inv_lib.model_inventory(cfg, lo, seq, mesh)
+    return plan(cfg, exact, rates, schedule=schedule, budget_bytes=budget, host_budget_bytes=host_budget,
+                name="planned-mb1")

@@ -1,0 +1,90 @@
+import dataclasses
+import importlib.util
+import math
+import pathlib
+
+import pytest
+
+from tierax import names as N
+from tierax.inventory import model_inventory
+from tierax.models import get_config
+
+
+@pytest.fixture(scope="module")
+def llama_inv():
+    return model_inventory(get_config("tiny-llama"), 4, 32)
+
+
+def test_bytes_per_layer_follow_shapes(llama_inv):
+    cfg = get_config("tiny-llama")
+    acts = {a.name: a for a in llama_inv.group("decoder").activations}
+    assert acts[N.QUERY_PROJ].bytes_per_layer == 4 * 32 * cfg.num_heads * cfg.head_dim * 4
+    assert acts[N.KEY_PROJ].bytes_per_layer == 4 * 32 * cfg.num_kv_heads * cfg.head_dim * 4
+    assert acts[N.MLPWI_0].bytes_per_layer == 4 * 32 * cfg.mlp_dim * 4
+    assert all(a.num_layers == cfg.num_layers for a in acts.values())
+    assert set(acts) == set(cfg.layer_groups()[0].activations)
+
+
+def test_recompute_flops_are_the_producing_matmuls(llama_inv):
+    cfg = get_config("tiny-llama")
+    acts = {a.name: a for a in llama_inv.group("decoder").activations}
+    tokens = 4 * 32
+    assert acts[N.QUERY_PROJ].recompute_flops_per_layer == 2 * tokens * cfg.d_model * cfg.num_heads * cfg.head_dim
+    assert acts[N.MLPWI_0].recompute_flops_per_layer == 2 * tokens * cfg.d_model * cfg.mlp_dim
+    # The down-projection's output only feeds the residual add: the backward pass never needs it.
+    assert acts[N.MLPWO].recompute_flops_per_layer == 0
+    g = llama_inv.group("decoder")
+    assert g.base_recompute_flops_per_layer > 0  # attention scores are recomputed under any remat policy
+    assert g.save_all_bytes_per_layer > sum(a.bytes_per_layer for a in acts.values() if a.name != N.MLPWO)
+
+
+def test_state_bytes_shard_over_fsdp_and_expert():
+    cfg = get_config("deepseek-v3-671b")
+    one = model_inventory(cfg, 1, 256, {"data": 1, "fsdp": 1})
+    sharded = model_inventory(cfg, 1, 256, {"data": 1, "fsdp": 16, "expert": 8})
+    assert one.param_bytes == cfg.param_count() * 4
+    expert = cfg.num_moe_layers * cfg.num_experts * cfg.expert_params()
+    assert sharded.param_bytes == pytest.approx(((cfg.param_count() - expert) / 16 + expert / 128) * 4, rel=1e-9)
+    assert sharded.optimizer_bytes == 2 * sharded.param_bytes
+    # Activations are per device: independent of the mesh at a given per-device microbatch.
+    assert [a.bytes_per_layer for a in one.activations()] == [a.bytes_per_layer for a in sharded.activations()]
+
+
+def test_activations_scale_with_microbatch():
+    cfg = get_config("tiny-llama")
+    a, b = model_inventory(cfg, 2, 32), model_inventory(cfg, 6, 32)
+    for x, y in zip(a.activations(), b.activations()):
+        assert y.bytes_per_layer == 3 * x.bytes_per_layer
+
+
+def test_blockwise_attention_keeps_workspace_linear_in_seq():
+    cfg = dataclasses.replace(get_config("tiny-llama"), attention="blockwise", attention_block=64)
+    short, long = model_inventory(cfg, 1, 256), model_inventory(cfg, 1, 1024)
+    ratio = long.group("decoder").save_all_bytes_per_layer / short.group("decoder").save_all_bytes_per_layer
+    assert ratio < 5  # 4× the sequence: no S² term
+    xla = model_inventory(get_config("tiny-llama"), 1, 1024)
+    assert xla.group("decoder").save_all_bytes_per_layer > 3 * long.group("decoder").save_all_bytes_per_layer
+
+
+def test_example_outside_tierax_models():
+    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / "custom_model.py"
+    spec = importlib.util.spec_from_file_location("custom_model", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    import jax
+    import jax.numpy as jnp
+
+    from tierax.inventory import layer_inventory, trace_inventory
+
+    f32 = jnp.float32
+    stacked = {"w_in": jax.ShapeDtypeStruct((mod.LAYERS, mod.D, mod.F), f32),
+               "w_out": jax.ShapeDtypeStruct((mod.LAYERS, mod.F, mod.D), f32)}
+    x = jax.ShapeDtypeStruct((mod.B, mod.S, mod.D), f32)
+    found = {(a.group, a.name): a for a in trace_inventory(mod.loss, stacked, x)}
+    assert found[("mlp", "mlpwi_0")].bytes_per_layer == mod.B * mod.S * mod.F * 4
+    assert found[("mlp", "mlpwi_0")].num_layers == mod.LAYERS
+    one = {k: jax.ShapeDtypeStruct(v.shape[1:], f32) for k, v in stacked.items()}
+    g = layer_inventory(mod.layer, x, one, group="mlp", num_layers=mod.LAYERS)
+    costs = {a.name: a.recompute_flops_per_layer for a in g.activations}
+    assert costs["mlpwi_0"] == 2 * mod.B * mod.S * mod.D * mod.F
+    assert math.isclose(g.forward_flops_per_layer, 4 * mod.B * mod.S * mod.D * mod.F)
