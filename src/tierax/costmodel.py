@@ -13,7 +13,8 @@ activation on device runs without remat and keeps everything a layer saves,
 named or not); staging buffers for transfers (one layer's offloaded slices, two
 with pipelined transfers); one layer's transient workspace (its full residual
 set while it is recomputed and back-propagated, plus, under FSDP, its gathered
-dense weights); the float32 logits.
+dense weights, and the embedding and head gathered with their full gradients); the
+float32 logits.
 
 Time: executed matmul FLOPs (forward, 2× for backward, plus recomputation) at the
 target's achievable matmul rate; host transfers at the link bandwidth each way,
@@ -183,6 +184,10 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
            if fsdp > 1 else 0)
         for g in inv.groups
     )
+    if fsdp > 1:
+        # Embedding and LM head gathered in the compute dtype, and their full float32 gradients before
+        # the reduce-scatter (seen in deviceless compiles of FSDP steps).
+        workspace += inv.embed_param_count * (c_item + 4) / inv.mesh.get("tensor", 1)
     coll = 0.0
     if fsdp > 1:
         gathered = (inv.param_bytes / jnp.dtype(cfg.param_dtype).itemsize) * c_item * fsdp

@@ -141,12 +141,11 @@ def layer_inventory(
         per_name[v.name] += v.nbytes * v.count
     names = list(per_name)
 
-    # Residuals of the layer with no remat: the leaves of its VJP closure, minus the parameters.
-    param_shapes = {(tuple(p.shape), jnp.dtype(p.dtype)) for p in jax.tree.leaves(params)}
+    # Residuals of the layer with no remat: the leaves of its VJP closure, minus the parameters and
+    # their compute-dtype casts (weights, not activations: accounted for with the parameters).
+    param_shapes = {tuple(p.shape) for p in jax.tree.leaves(params)}
     residuals = jax.eval_shape(lambda a, p: jax.vjp(layer_fn, a, p)[1], x, params)
-    save_all = sum(
-        _nbytes(r) for r in jax.tree.leaves(residuals) if (tuple(r.shape), jnp.dtype(r.dtype)) not in param_shapes
-    )
+    save_all = sum(_nbytes(r) for r in jax.tree.leaves(residuals) if tuple(r.shape) not in param_shapes)
 
     save_named = jax.checkpoint_policies.save_only_these_names(*names)
     flops_none = _grad_flops(layer_fn, x, params, None)

@@ -215,11 +215,15 @@ def plan(
     placements = _solve(inv, cfg, rates, schedule, budget, host_budget)
     if placements is None:
         everything_remat = {(i.group, i.name): Placement.REMAT for i in cm.item_terms(inv, rates)}
-        floor = cm.evaluate(everything_remat, inv, cfg, rates, schedule).peak_device_bytes
+        floor = cm.evaluate(everything_remat, inv, cfg, rates, schedule)
+        b = floor.breakdown
+        gib = lambda n: f"{n / 2**30:.1f}"  # noqa: E731
         raise TieraxError(
             f"no plan fits {cfg.name} at microbatch {inv.microbatch} × seq {inv.seq} in a device budget of "
-            f"{budget / 2**30:.2f} GiB: recomputing everything still needs {floor / 2**30:.2f} GiB. Use a smaller "
-            "--microbatch or --seq, more devices (--devices/--mesh), a larger --budget-gib, or --max-microbatch"
+            f"{budget / 2**30:.2f} GiB: recomputing everything still needs {gib(floor.peak_device_bytes)} GiB "
+            f"(params+grads+AdamW {gib(b['state_bytes'])}, layer inputs {gib(b['activation_bytes'])}, one layer's "
+            f"workspace {gib(b['workspace_bytes'])}, logits {gib(b['logits_bytes'])}). Use a smaller --microbatch "
+            "or --seq, more devices (--devices/--mesh), a larger --budget-gib, or --max-microbatch"
         )
     desc = f"planned for {rates.target}, schedule {schedule}, device budget {budget / 2**30:.1f} GiB"
     p = placements_to_plan(placements, cfg, name, desc)
