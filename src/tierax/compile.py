@@ -6,9 +6,10 @@ compile-only GPU devices for a GpuTargetConfigProto rendered from
 :mod:`tierax.hardware`.  The train step (params, grads, AdamW state, activations)
 is lowered with ShapeDtypeStructs sharded on those devices and compiled by the
 real XLA GPU pipeline; XLA's memory analysis and scheduled HLO are then read.
-Without autotuning, sizes are close to a real GPU's, not exact.  The attention
-compiled is the XLA softmax attention (no cuDNN flash attention is available
-without a device), which materialises its score matrices.
+Without autotuning, sizes are close to a real GPU's, not exact.  No cuDNN flash
+attention is available without a device: the attention compiled is the model's
+own XLA form (``attention: xla`` materialises the score matrices; ``blockwise``
+does not), and the result says which.
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ class CompileResult:
     offloaded: tuple[OffloadedName, ...]
     overlap: dict
     compile_time_s: float
-    attention: str = "xla-softmax (materialises scores; no cuDNN without a device)"
+    attention: str = ""  # the model config's attention implementation (xla | blockwise)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -260,7 +261,7 @@ def compile_for_target(
         device_capacity_bytes=spec.device_memory_bytes, device_argument_bytes=arg, device_output_bytes=out,
         device_alias_bytes=alias, device_temp_bytes=temp, host_temp_bytes=int(mem.host_temp_size_in_bytes),
         offloaded=tuple(offloaded), overlap=hlo.overlap_summary(transfers), compile_time_s=compile_s,
-        notes=tuple(notes),
+        attention=cfg.attention, notes=tuple(notes),
     )
     return result, text
 

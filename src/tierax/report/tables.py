@@ -68,7 +68,8 @@ def plan_table(placements: dict, title: str) -> Table:
 def compile_table(r) -> Table:
     t = Table(title=f"{r.model} · plan {r.plan} · {r.target} × {r.devices} · microbatch {r.microbatch}/device × seq {r.seq} · "
                     f"xla preset {r.xla_preset}",
-              caption="deviceless XLA:GPU compile (no autotuning: sizes close, not exact); " + "; ".join(r.notes))
+              caption=f"deviceless XLA:GPU compile (no autotuning: sizes close, not exact); attention {r.attention}; "
+                      + "; ".join(r.notes))
     t.add_column("figure")
     t.add_column("per device", justify="right")
     rows = [
