@@ -19,7 +19,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/tierax bench --model tiny-deepseek --plans $(DEMO_PLANS) --steps 10 \
 		--out bench/results/demo-bench-tiny-deepseek.json
+	$(BIN)/tierax report bench/results/demo-bench-tiny-deepseek.json --out reports/demo --readme README.md
 	$(BIN)/tierax compile --model tiny-deepseek --plan deepseek-offload --target h200
+	rm -rf runs/demo && $(BIN)/tierax data prepare data/sample.txt --out runs/demo/data && $(BIN)/tierax train configs/demo-train.yaml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from tierax import inventory as inv
 from tierax import plan as plan_lib
+from tierax.measure import memory
 from tierax.models import ModelConfig, config_to_dict
 from tierax.models.flops import train_flops
 from tierax.train import sharding as sh
@@ -41,6 +42,14 @@ class BenchRecord:
     loss: float
     compile_time_s: float
     step_times_s: tuple[float, ...]
+    # Memory (tierax.measure.memory): XLA's compiled figures always; the allocator's peak where the
+    # backend reports one (memory_source "runtime"), else None (memory_source "compiled").
+    peak_device_bytes_compiled: int = 0
+    host_bytes_compiled: int = 0
+    peak_device_bytes_runtime: int | None = None
+    runtime_peak_exact: bool | None = None  # False: an upper bound (an earlier plan peaked higher)
+    memory_source: str = "compiled"
+    runtime_host_stats: dict | None = None  # memory_stats keys about host memory, if the backend reports any
 
 
 def measure_peak_flops(dtype: str = "float32", n: int = 1024, repeats: int = 5) -> float:
@@ -92,24 +101,26 @@ def run_bench(
     n_dev = mesh.size
     batch = microbatch * n_dev
     flops = train_flops(cfg, batch, seq)
-    inventory = inv.model_inventory(cfg, batch, seq)
+    inventory = inv.model_inventory(cfg, microbatch, seq, {"data": data, "fsdp": fsdp})
     optimizer = step_lib.make_optimizer()
     tokens = jax.device_put(step_lib.synthetic_batch(cfg, batch, seq, seed=seed), sh.batch_sharding(mesh))
 
     peak = measure_peak_flops(cfg.dtype)
     runs = []
     for p in plans:
+        probe = memory.PeakProbe(mesh.devices.flat)  # this plan's state, compile and warm-up steps
         graphdef, state = step_lib.init_state(cfg, optimizer, seed=seed, mesh=mesh)
         fn = step_lib.make_train_step(graphdef, cfg, p, optimizer, step_lib.shardings_of(state))
         t0 = time.perf_counter()
         compiled = fn.lower(state, tokens).compile()
         compile_s = time.perf_counter() - t0
-        temp = int(compiled.memory_analysis().temp_size_in_bytes)
+        cmem = memory.compiled_memory(compiled)
+        temp = cmem.temp
         for _ in range(warmup):
             state, metrics = compiled(state, tokens)
         jax.block_until_ready(state)
         runs.append({"plan": p, "fn": compiled, "state": state, "times": [], "loss": None,
-                     "temp": temp, "compile_s": compile_s})
+                     "temp": temp, "compile_s": compile_s, "cmem": cmem, "runtime": probe.finish()})
         if progress:
             progress(f"compiled {p.name}", 1)
     for _ in range(steps):
@@ -134,12 +145,18 @@ def run_bench(
                 tflops_per_device=achieved / 1e12,
                 mfu=achieved / peak,
                 compiled_temp_bytes=r["temp"],
-                device_activation_bytes=by["device"] // n_dev,
-                host_activation_bytes=by["offload"] // n_dev,
-                remat_activation_bytes=by["remat"] // n_dev,
+                device_activation_bytes=by["device"],
+                host_activation_bytes=by["offload"],
+                remat_activation_bytes=by["remat"],
                 loss=r["loss"],
                 compile_time_s=r["compile_s"],
                 step_times_s=tuple(r["times"]),
+                peak_device_bytes_compiled=r["cmem"].peak,
+                host_bytes_compiled=r["cmem"].host_total,
+                peak_device_bytes_runtime=r["runtime"].peak_bytes if r["runtime"] else None,
+                runtime_peak_exact=r["runtime"].exact if r["runtime"] else None,
+                memory_source=memory.RUNTIME if r["runtime"] else memory.COMPILED,
+                runtime_host_stats=(r["runtime"].host_stats or None) if r["runtime"] else None,
             )
         )
     return records, peak
@@ -164,5 +181,8 @@ def bench_document(cfg, records, peak, *, command: str, microbatch: int, seq: in
         "flops_convention": "MaxText: 6·matmul params·tokens + 3·causal attention (tierax.models.flops)",
         "activation_bytes_note": "named activations only, from the abstract trace, per device assuming batch-sharded activations",
         "peak_flops_per_device_measured": peak,
+        "memory_note": (memory.RUNTIME_NOTE + "; a runtime peak is the bytes a plan added at its high-water mark "
+                        "(its state, compile and warm-up steps)")
+        if any(r.peak_device_bytes_runtime is not None for r in records) else memory.NO_RUNTIME_NOTE,
         "records": [asdict(r) for r in records],
     }

@@ -7,6 +7,7 @@ operation).  ``configure`` refuses to run later instead of silently doing nothin
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from tierax.errors import TieraxError
 
@@ -36,8 +37,20 @@ def _has_nvidia_driver() -> bool:
     return os.path.exists("/proc/driver/nvidia/version")
 
 
+def expects_gpu() -> bool:
+    """Whether ``configure`` (with ``platforms=None``) will leave JAX free to start a GPU backend."""
+    chosen = os.environ.get("JAX_PLATFORMS", "")
+    return (chosen == "" and _has_nvidia_driver()) or any(p in chosen for p in ("cuda", "gpu", "rocm"))
+
+
 def configure(
-    *, cpu_devices: int | None = None, preset: str = "none", platforms: str | None = None, deviceless_gpu: bool = False
+    *,
+    cpu_devices: int | None = None,
+    preset: str = "none",
+    platforms: str | None = None,
+    deviceless_gpu: bool = False,
+    cpu_collectives: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Set backend options before JAX starts; returns the XLA flags added.
 
@@ -49,6 +62,10 @@ def configure(
         plugin does not try (and noisily fail) to start.
       deviceless_gpu: compiling for a GPU target without a GPU: the host platform
         only, plus :data:`DEVICELESS_FLAGS`.
+      cpu_collectives: cross-process collectives on the CPU backend (``"gloo"`` for
+        multi-process CPU runs under ``jax.distributed``).
+      env: runtime environment variables the backend reads at start-up (e.g.
+        ``XLA_PYTHON_CLIENT_MEM_FRACTION``), set here so they precede it.
 
     Raises:
       TieraxError: unknown preset, bad device count, or the backend has already started.
@@ -64,7 +81,7 @@ def configure(
     if platforms is None and not os.environ.get("JAX_PLATFORMS") and not _has_nvidia_driver():
         platforms = "cpu"
     flags = list(PRESETS[preset]) + (list(DEVICELESS_FLAGS) if deviceless_gpu else [])
-    wanted = cpu_devices is not None or flags or platforms is not None
+    wanted = cpu_devices is not None or flags or platforms is not None or cpu_collectives or env
     if not wanted:
         return []
     if _backends_started():
@@ -76,6 +93,9 @@ def configure(
         jax.config.update("jax_platforms", platforms)
     if cpu_devices is not None:
         jax.config.update("jax_num_cpu_devices", cpu_devices)
+    if cpu_collectives:
+        jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
+    os.environ.update(env or {})
     if flags:
         os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *flags]).strip()
     return flags

@@ -26,8 +26,27 @@ class TrainState(NamedTuple):
     step: jax.Array
 
 
-def make_optimizer(learning_rate: float | optax.Schedule = 1e-3, weight_decay: float = 0.1) -> optax.GradientTransformation:
-    return optax.adamw(learning_rate, b1=0.9, b2=0.95, weight_decay=weight_decay)
+def make_optimizer(
+    learning_rate: float | optax.Schedule = 1e-3,
+    weight_decay: float = 0.1,
+    *,
+    b1: float = 0.9,
+    b2: float = 0.95,
+    eps: float = 1e-8,
+    grad_clip: float | None = None,
+) -> optax.GradientTransformation:
+    """AdamW (decoupled weight decay), optionally after clipping the global gradient norm.
+
+    Args:
+      learning_rate: a constant or an Optax schedule of the update count (0 for the
+        first update), e.g. ``optax.warmup_cosine_decay_schedule``.
+      grad_clip: clip gradients to this global norm first; None: no clipping (the
+        optimizer state is then AdamW's own, without a chain around it).
+    """
+    adamw = optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+    if grad_clip is None:
+        return adamw
+    return optax.chain(optax.clip_by_global_norm(grad_clip), adamw)
 
 
 def make_loss_fn(graphdef, policies) -> Callable:
@@ -77,23 +96,51 @@ def make_train_step(
     plan: plan_lib.Plan,
     optimizer: optax.GradientTransformation,
     state_shardings=None,
+    *,
+    grad_accum: int = 1,
 ) -> Callable:
-    """A jitted ``step(state, tokens_BT) -> (state, metrics)``; ``state`` is donated.
+    """A jitted ``step(state, tokens) -> (state, metrics)``; ``state`` is donated.
 
     Args:
       state_shardings: shardings of the TrainState to keep on output (FSDP);
-        None lets XLA choose (single device).
+        None lets XLA choose (single device).  Given, the scalar metrics come back
+        replicated on the same mesh, so every process can read them.
+      grad_accum: microbatches per optimizer update.  1: ``tokens`` is
+        ``[batch, seq + 1]``; more: ``tokens`` is ``[grad_accum, batch, seq + 1]``,
+        gradients are summed over a ``lax.scan`` (float32) and averaged, so the
+        update equals one step on all the sequences at once.
     """
     loss_fn = make_loss_fn(graphdef, plan_lib.to_policies(plan, cfg))
+    grad_fn = jax.value_and_grad(loss_fn)
+    param_shardings = None if state_shardings is None else state_shardings.params
 
-    def step(state: TrainState, tokens_BT):
-        loss, grads = jax.value_and_grad(loss_fn)(state.params, tokens_BT)
+    def accumulated(params, tokens_ABT):
+        def micro(carry, tokens_BT):
+            loss_sum, grad_sum = carry
+            loss, grads = grad_fn(params, tokens_BT)
+            return (loss_sum + loss, jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_sum, grads)), None
+
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+        if param_shardings is not None:  # keep the accumulator FSDP-sharded like its parameter
+            zeros = jax.lax.with_sharding_constraint(zeros, param_shardings)
+        (loss_sum, grad_sum), _ = jax.lax.scan(micro, (jnp.zeros((), jnp.float32), zeros), tokens_ABT)
+        grads = jax.tree.map(lambda g, p: (g / grad_accum).astype(p.dtype), grad_sum, params)
+        return loss_sum / grad_accum, grads
+
+    def step(state: TrainState, tokens):
+        if grad_accum == 1:
+            loss, grads = grad_fn(state.params, tokens)
+        else:
+            loss, grads = accumulated(state.params, tokens)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = {"loss": loss, "grad_norm": global_norm(grads)}
         return TrainState(params, opt_state, state.step + 1), metrics
 
-    out = None if state_shardings is None else (state_shardings, None)
+    out = None
+    if state_shardings is not None:
+        mesh = jax.tree.leaves(state_shardings)[0].mesh
+        out = (state_shardings, NamedSharding(mesh, PartitionSpec()))
     return jax.jit(step, donate_argnums=(0,), out_shardings=out)
 
 

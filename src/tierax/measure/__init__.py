@@ -1,0 +1,3 @@
+"""Measuring what really happens: gradient equivalence (``verify``), profiler traces
+(``trace``: compute, host↔device transfers and their overlap) and runtime memory
+(``memory``)."""
