@@ -23,6 +23,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from tierax.fileio import write_text_atomic
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # DeepSeek-V3 shapes at reduced depth (2 dense + 3 MoE layers: each group a real loop).
@@ -94,11 +96,7 @@ def main() -> int:
         "note": "deviceless XLA:GPU compiles (compile-only devices, no autotuning, cuBLAS GEMMs); per-device figures",
         "cases": results,
     }
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    tmp.replace(out)
+    out = write_text_atomic(args.out, json.dumps(doc, indent=2) + "\n")
 
     t = Table(title=f"deviceless compile grid · jax {jax.__version__} · per device")
     for col in ("model", "plan", "target", "B/dev×seq", "dev", "preset", "peak GiB", "cap GiB", "fits",

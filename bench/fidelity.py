@@ -38,6 +38,7 @@ from tierax import compile as C  # noqa: E402
 from tierax import costmodel as cm  # noqa: E402
 from tierax import inventory as inv_lib  # noqa: E402
 from tierax import plan as P  # noqa: E402
+from tierax.fileio import write_text_atomic  # noqa: E402
 from tierax.models import apply_overrides, get_config  # noqa: E402
 from tierax.train import sharding as sh  # noqa: E402
 from tierax.train import step as S  # noqa: E402
@@ -155,11 +156,7 @@ def main() -> int:
                     "flops_within_5pct": sum(flops_ok), "flops_cases": len(flops_ok)},
         "cases": rows,
     }
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    tmp.replace(out)
+    out = write_text_atomic(args.out, json.dumps(doc, indent=2) + "\n")
     t = Table(title="cost model vs XLA (per device)")
     for col in ("model", "plan", "target", "B×S", "dev", "pred GiB", "GPU GiB", "ratio", "pred CPU", "CPU GiB", "ratio",
                 "FLOPs ratio"):

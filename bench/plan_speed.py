@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 
+from tierax.fileio import write_text_atomic
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CASE = ["plan", "--model", "deepseek-v3-671b", "--target", "gb200", "--devices", "128", "--mesh", "fsdp=16,expert=8",
         "--microbatch", "8", "--seq", "4096"]
@@ -61,10 +63,7 @@ def main() -> int:
                                 "median_wall_s": statistics.median(walls), "outcome": outcome}
         print(f"{key}: median {statistics.median(walls):.1f} s over {args.repeats} runs (goal 10 s), "
               f"exit {last.returncode}")
-    out = pathlib.Path(args.out)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    tmp.replace(out)
+    out = write_text_atomic(args.out, json.dumps(record, indent=2) + "\n")
     print(f"wrote {out}")
     return 0
 

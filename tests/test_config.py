@@ -51,7 +51,7 @@ def test_dense_model_activates_everything():
         ("tiny-llama", {"d_model": 0}, "d_model must be a positive integer"),
         ("tiny-llama", {"dtype": "float8"}, "not a supported dtype"),
         ("tiny-deepseek", {"num_experts_per_tok": 9}, "exceeds num_experts"),
-        ("tiny-deepseek", {"first_dense_layers": 4}, "first_dense_layers"),
+        ("tiny-deepseek", {"first_dense_layers": 5}, "first_dense_layers"),
         ("tiny-deepseek", {"capacity_factor": 0.0}, "capacity_factor"),
     ],
 )

@@ -163,7 +163,7 @@ def test_bench_document_model_is_the_loadable_config():
         (llama_dict(norm_eps=True), ["norm_eps expects float", "True"]),
         (llama_dict(num_kv_heads=3), ["not divisible by num_kv_heads=3"]),
         (deepseek_dict(num_experts_per_tok=9), ["num_experts_per_tok=9 (top-k) exceeds num_experts=8"]),
-        (deepseek_dict(first_dense_layers=4), ["first_dense_layers=4", "num_layers=3"]),
+        (deepseek_dict(first_dense_layers=5), ["first_dense_layers=5", "num_layers=4"]),
         ([1, 2], ["must be a mapping"]),
     ],
 )

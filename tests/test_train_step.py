@@ -42,7 +42,11 @@ def test_fsdp_mesh_matches_single_device(name):
     _, single, _ = run_steps(cfg, "minimal", 3)
     mesh = sh.make_mesh(data=2, fsdp=4)
     state, sharded, _ = run_steps(cfg, "minimal", 3, mesh=mesh)
-    np.testing.assert_allclose(sharded, single, rtol=2e-4)
+    # Step 1 (same params, same batch) must agree to float precision.  After that, Adam's first
+    # update (≈ lr·sign(g)) turns float-reassociation noise in near-zero gradient components into
+    # full-size steps, and top-k routing amplifies it: later steps agree to 2e-3.
+    np.testing.assert_allclose(sharded[0], single[0], rtol=1e-6)
+    np.testing.assert_allclose(sharded, single, rtol=2e-3)
     # Parameters and Adam moments are really split over fsdp: the LM head kernel is 1/4 per device.
     head = state.params["head"]["kernel"][...]
     assert head.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp")
@@ -63,3 +67,20 @@ def test_mesh_and_batch_errors():
     mesh = sh.make_mesh(data=2, fsdp=4)
     with pytest.raises(TieraxError, match="not divisible by data×fsdp = 8"):
         sh.check_batch(6, mesh)
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-deepseek"])
+def test_fsdp_gradients_match_single_device(name):
+    cfg = get_config(name)
+    plan = P.preset("qkv-offload", cfg)
+    tokens = S.synthetic_batch(cfg, 8, 32, seed=3)
+    graphdef, params = S.init_params(cfg, seed=0)
+    loss, grads = S.loss_and_grads(graphdef, cfg, plan, params, tokens)
+    mesh = sh.make_mesh(data=2, fsdp=4)
+    _, sharded_params = S.init_params(cfg, seed=0, mesh=mesh)
+    loss8, grads8 = S.loss_and_grads(graphdef, cfg, plan, sharded_params,
+                                     jax.device_put(tokens, sh.batch_sharding(mesh)))
+    assert float(loss8) == pytest.approx(float(loss), rel=1e-6)
+    for a, b in zip(jax.tree.leaves(grads8), jax.tree.leaves(grads)):
+        a, b = np.asarray(a), np.asarray(b)  # different device sets: compare on the host
+        assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b)) + 1e-8
