@@ -104,16 +104,19 @@ def cmd_plans(args) -> int:
     return 0
 
 
-def _parse_mesh(text: str) -> dict[str, int]:
-    """``data=N,fsdp=N[,tensor=1,expert=1]`` → axis sizes (data and fsdp are what tierax shards over)."""
-    axes = {"data": 1, "fsdp": 1}
+def _parse_mesh(text: str, *, all_axes: bool = False) -> dict[str, int]:
+    """``data=N,fsdp=N[,tensor=N,expert=N]`` → axis sizes.
+
+    Verbs that run or compile a step shard over data and fsdp only, so they accept
+    tensor and expert only as 1 (and drop them); the cost model (``all_axes``) takes all four.
+    """
+    axes = {"data": 1, "fsdp": 1, **({"tensor": 1, "expert": 1} if all_axes else {})}
     for part in filter(None, text.split(",")):
         key, sep, val = part.partition("=")
         if not sep or key not in ("data", "fsdp", "tensor", "expert") or not val.isdigit() or int(val) < 1:
-            raise TieraxError(
-                f"--mesh {text!r}: expected comma-separated axis=N with axes data, fsdp (tensor, expert = 1) and N ≥ 1"
-            )
-        if key in ("tensor", "expert"):
+            listed = "data, fsdp, tensor, expert" if all_axes else "data, fsdp (tensor, expert = 1)"
+            raise TieraxError(f"--mesh {text!r}: expected comma-separated axis=N with axes {listed} and N ≥ 1")
+        if key in ("tensor", "expert") and not all_axes:
             if int(val) != 1:
                 raise TieraxError(
                     f"--mesh {key}={val}: tierax shards over data and fsdp only so far; use {key}=1 and put the "
@@ -223,17 +226,10 @@ def cmd_compile(args) -> int:
 def _parse_model_mesh(args) -> dict[str, int]:
     """``--devices`` / ``--mesh`` for the cost model: data, fsdp, tensor and expert axes."""
     devices = args.devices
-    axes = {"data": 1, "fsdp": 1, "tensor": 1, "expert": 1}
     if args.mesh:
-        for part in filter(None, args.mesh.split(",")):
-            key, sep, val = part.partition("=")
-            if not sep or key not in axes or not val.isdigit() or int(val) < 1:
-                raise TieraxError(
-                    f"--mesh {args.mesh!r}: expected comma-separated axis=N with axes {', '.join(axes)} and N ≥ 1"
-                )
-            axes[key] = int(val)
+        axes = _parse_mesh(args.mesh, all_axes=True)
     else:
-        axes["fsdp"] = devices or 1
+        axes = {"data": 1, "fsdp": devices or 1, "tensor": 1, "expert": 1}
     total = axes["data"] * axes["fsdp"] * axes["tensor"] * axes["expert"]
     if devices is not None and devices != total:
         raise TieraxError(f"--mesh {args.mesh} has {total} devices but --devices is {devices}; make them equal")
