@@ -40,6 +40,7 @@ from tierax import inventory as inv_lib  # noqa: E402
 from tierax import plan as P  # noqa: E402
 from tierax.fileio import write_text_atomic  # noqa: E402
 from tierax.models import apply_overrides, get_config  # noqa: E402
+from tierax.mesh import make_mesh  # noqa: E402
 from tierax.train import sharding as sh  # noqa: E402
 from tierax.train import step as S  # noqa: E402
 
@@ -85,7 +86,7 @@ def cpu_compile(cfg, plan, microbatch, seq):
     XLA's cost analysis counts a while-loop body once, not once per trip: with scanned
     layers it undercounts, so FLOPs are compared with the traced jaxpr instead.
     """
-    mesh = sh.make_mesh(1, 1, devices=jax.devices()[:1])
+    mesh = make_mesh(1, 1, devices=jax.devices()[:1])
     optimizer = S.make_optimizer()
     graphdef, state = C.abstract_train_state(cfg, optimizer, mesh)
     tokens = jax.ShapeDtypeStruct((microbatch, seq + 1), jnp.int32, sharding=sh.batch_sharding(mesh))

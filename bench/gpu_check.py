@@ -167,16 +167,14 @@ def compiled_peak(cfg, plan_name: str, microbatch: int, seq: int) -> tuple[int, 
     """Compiled device peak (bytes) of the train step, from abstract inputs: nothing is allocated."""
     import jax
     import jax.numpy as jnp
-    import numpy as np
-    from jax.sharding import Mesh
-
     from tierax import plan as plan_lib
     from tierax.compile import abstract_train_state
     from tierax.measure import memory
+    from tierax.mesh import make_mesh
     from tierax.train import sharding as sh
     from tierax.train import step as step_lib
 
-    mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), sh.MESH_AXES)
+    mesh = make_mesh(1, 1, jax.devices()[:1])
     opt = step_lib.make_optimizer()
     graphdef, state = abstract_train_state(cfg, opt, mesh)
     tokens = jax.ShapeDtypeStruct((microbatch, seq + 1), jnp.int32, sharding=sh.batch_sharding(mesh))

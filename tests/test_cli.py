@@ -47,7 +47,7 @@ def test_plans_show_yaml_is_a_loadable_plan(tmp_path):
         (["bench", "--plans", "save-al"], "neither a preset"),
         (["bench", "--model", "tiny-lama"], "unknown model 'tiny-lama'"),
         (["bench", "--mesh", "data=2,fsdp=x"], "--mesh"),
-        (["bench", "--devices", "2", "--mesh", "data=1,fsdp=4"], "4 devices, but 2 are available"),
+        (["bench", "--devices", "2", "--mesh", "data=1,fsdp=4"], "has 4 devices but --devices is 2"),
         (["bench", "--xla-preset", "fast"], "unknown XLA preset"),
         (["plans", "--model", "tiny-llama", "--show", "deepseek-offload-typo"], "neither a preset"),
     ],

@@ -11,7 +11,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from tierax.errors import TieraxError
 from tierax.train import data as D
-from tierax.train import sharding as sh
+from tierax.mesh import BATCH_AXES, make_mesh
 from test_cli import tierax
 
 SAMPLE = pathlib.Path(__file__).parent.parent / "data" / "sample.txt"
@@ -60,9 +60,9 @@ def test_synthetic_rows_are_per_row_deterministic():
 
 
 def test_local_rows_cover_the_batch_on_one_process():
-    mesh = sh.make_mesh(2, 4)
-    assert D.local_rows(NamedSharding(mesh, P(sh.BATCH_AXES)), (16, 33), axis=0) == (0, 16)
-    assert D.local_rows(NamedSharding(mesh, P(None, sh.BATCH_AXES)), (2, 16, 33), axis=1) == (0, 16)
+    mesh = make_mesh(2, 4)
+    assert D.local_rows(NamedSharding(mesh, P(BATCH_AXES)), (16, 33), axis=0) == (0, 16)
+    assert D.local_rows(NamedSharding(mesh, P(None, BATCH_AXES)), (2, 16, 33), axis=1) == (0, 16)
 
 
 def test_bad_data_is_a_clear_error(token_dir, tmp_path):
@@ -95,8 +95,8 @@ def test_cli_prepare_and_missing_text(tmp_path):
 
 def test_jax_sees_the_same_batch_it_was_given(token_dir):
     # make_array_from_process_local_data with all rows local reproduces the global batch.
-    mesh = sh.make_mesh(1, 8)
+    mesh = make_mesh(1, 8)
     stream = D.TokenStream(token_dir, D.BatchShape(1, 8, 16), seed=0, vocab_size=256)
     local = stream.rows(1, 0, 8)[0]
-    arr = jax.make_array_from_process_local_data(NamedSharding(mesh, P(sh.BATCH_AXES)), local, (8, 17))
+    arr = jax.make_array_from_process_local_data(NamedSharding(mesh, P(BATCH_AXES)), local, (8, 17))
     np.testing.assert_array_equal(np.asarray(arr), local)

@@ -65,7 +65,7 @@ def small(**over) -> dict:
         ({"model": "tiny-llama", "mesh": {"fsdp": 4}, "global_batch": 6}, [], "global_batch 6 is not divisible by data×fsdp = 4"),
         ({"model": "tiny-llama", "microbatch": 2, "global_batch": 16, "mesh": {"fsdp": 4}}, [], "≠ global_batch 16"),
         ({"model": "tiny-llama", "grad_accum": 0}, [], "grad_accum must be ≥ 1"),
-        ({"model": "tiny-llama", "mesh": {"tensor": 2}}, [], "use tensor: 1 and put the devices on fsdp"),
+        ({"model": "tiny-llama", "mesh": {"tensor": 2}}, [], "use tensor=1 and put the devices on fsdp"),
         ({"model": "tiny-llama", "data": {"source": "tokens"}}, [], "data.path is not set"),
         ({"model": "tiny-llama", "data": {"source": "web"}}, [], "use one of: synthetic, tokens"),
         ({"model": "tiny-llama", "steps": 5}, [], "warmup_steps=10 must be below the decay horizon"),

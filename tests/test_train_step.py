@@ -6,6 +6,7 @@ import pytest
 from tierax import plan as P
 from tierax.errors import TieraxError
 from tierax.models import get_config
+from tierax.mesh import make_mesh
 from tierax.train import sharding as sh
 from tierax.train import step as S
 
@@ -40,7 +41,7 @@ def test_single_device_step_learns_and_donates(name):
 def test_fsdp_mesh_matches_single_device(name):
     cfg = get_config(name)
     _, single, _ = run_steps(cfg, "minimal", 3)
-    mesh = sh.make_mesh(data=2, fsdp=4)
+    mesh = make_mesh(data=2, fsdp=4)
     state, sharded, _ = run_steps(cfg, "minimal", 3, mesh=mesh)
     # Step 1 (same params, same batch) must agree to float precision.  After that, Adam's first
     # update (≈ lr·sign(g)) turns float-reassociation noise in near-zero gradient components into
@@ -63,8 +64,8 @@ def test_stacked_layer_axis_is_never_sharded():
 
 def test_mesh_and_batch_errors():
     with pytest.raises(TieraxError, match="8 are available"):
-        sh.make_mesh(data=3, fsdp=2)
-    mesh = sh.make_mesh(data=2, fsdp=4)
+        make_mesh(data=3, fsdp=2)
+    mesh = make_mesh(data=2, fsdp=4)
     with pytest.raises(TieraxError, match="not divisible by data×fsdp = 8"):
         sh.check_batch(6, mesh)
 
@@ -76,7 +77,7 @@ def test_fsdp_gradients_match_single_device(name):
     tokens = S.synthetic_batch(cfg, 8, 32, seed=3)
     graphdef, params = S.init_params(cfg, seed=0)
     loss, grads = S.loss_and_grads(graphdef, cfg, plan, params, tokens)
-    mesh = sh.make_mesh(data=2, fsdp=4)
+    mesh = make_mesh(data=2, fsdp=4)
     _, sharded_params = S.init_params(cfg, seed=0, mesh=mesh)
     loss8, grads8 = S.loss_and_grads(graphdef, cfg, plan, sharded_params,
                                      jax.device_put(tokens, sh.batch_sharding(mesh)))

@@ -22,6 +22,7 @@ from tierax import plan as plan_lib
 from tierax.measure import memory
 from tierax.models import ModelConfig, config_to_dict
 from tierax.models.flops import train_flops
+from tierax.mesh import make_mesh
 from tierax.train import sharding as sh
 from tierax.train import step as step_lib
 
@@ -97,7 +98,7 @@ def run_bench(
     ``microbatch`` is sequences per device (MaxText's per-device batch); the global
     batch is ``microbatch × data × fsdp``.
     """
-    mesh = sh.make_mesh(data, fsdp)
+    mesh = make_mesh(data, fsdp)
     n_dev = mesh.size
     batch = microbatch * n_dev
     flops = train_flops(cfg, batch, seq)

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from tierax.errors import TieraxError
+from tierax.mesh import parse_mesh
 
 
 def _console():
@@ -104,35 +105,13 @@ def cmd_plans(args) -> int:
     return 0
 
 
-def _parse_mesh(text: str, *, all_axes: bool = False) -> dict[str, int]:
-    """``data=N,fsdp=N[,tensor=N,expert=N]`` → axis sizes.
-
-    Verbs that run or compile a step shard over data and fsdp only, so they accept
-    tensor and expert only as 1 (and drop them); the cost model (``all_axes``) takes all four.
-    """
-    axes = {"data": 1, "fsdp": 1, **({"tensor": 1, "expert": 1} if all_axes else {})}
-    for part in filter(None, text.split(",")):
-        key, sep, val = part.partition("=")
-        if not sep or key not in ("data", "fsdp", "tensor", "expert") or not val.isdigit() or int(val) < 1:
-            listed = "data, fsdp, tensor, expert" if all_axes else "data, fsdp (tensor, expert = 1)"
-            raise TieraxError(f"--mesh {text!r}: expected comma-separated axis=N with axes {listed} and N ≥ 1")
-        if key in ("tensor", "expert") and not all_axes:
-            if int(val) != 1:
-                raise TieraxError(
-                    f"--mesh {key}={val}: tierax shards over data and fsdp only so far; use {key}=1 and put the "
-                    "devices on fsdp"
-                )
-            continue
-        axes[key] = int(val)
-    return axes
-
-
 def cmd_bench(args) -> int:
     from tierax import xla_flags
 
-    mesh = _parse_mesh(args.mesh) if args.mesh else None
-    devices = args.devices or (mesh["data"] * mesh["fsdp"] if mesh else None)
-    xla_flags.configure(cpu_devices=devices, preset=args.xla_preset)
+    mesh = parse_mesh(args.mesh, args.devices) if args.mesh else None
+    if mesh is not None:
+        mesh.require_step_axes("--mesh")
+    xla_flags.configure(cpu_devices=args.devices or (mesh.size if mesh else None), preset=args.xla_preset)
 
     import jax
 
@@ -142,7 +121,7 @@ def cmd_bench(args) -> int:
     from tierax.report.tables import bench_table
 
     cfg = _resolve_model(args, [f"dtype={args.dtype}"] if args.dtype else [])
-    mesh = mesh or {"data": 1, "fsdp": jax.device_count()}
+    mesh = mesh or parse_mesh(None, jax.device_count())
     plans = [plan_lib.load_plan(p.strip(), cfg) for p in args.plans.split(",") if p.strip()]
     if not plans:
         raise TieraxError("--plans is empty; give a comma-separated list of presets or plan files")
@@ -159,12 +138,12 @@ def cmd_bench(args) -> int:
         task = prog.add_task(f"bench {cfg.name}", total=total)
         records, peak = bench.run_bench(
             cfg, plans, steps=args.steps, microbatch=args.microbatch, seq=args.seq,
-            data=mesh["data"], fsdp=mesh["fsdp"],
+            data=mesh.data, fsdp=mesh.fsdp,
             progress=lambda what, n: prog.update(task, advance=n, description=what),
         )
     command = "tierax " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     doc = bench.bench_document(cfg, records, peak, command=command, microbatch=args.microbatch,
-                               seq=args.seq, steps=args.steps, mesh=mesh)
+                               seq=args.seq, steps=args.steps, mesh=mesh.to_dict())
     if verified is not None:
         doc["verify"] = [v.to_json() for v in verified]
     if args.out:
@@ -185,13 +164,8 @@ def cmd_bench(args) -> int:
 def cmd_compile(args) -> int:
     from tierax import xla_flags
 
-    mesh = _parse_mesh(args.mesh) if args.mesh else {"data": 1, "fsdp": args.devices or 1}
-    devices = args.devices or mesh["data"] * mesh["fsdp"]
-    if mesh["data"] * mesh["fsdp"] != devices:
-        raise TieraxError(
-            f"--mesh {args.mesh} has {mesh['data'] * mesh['fsdp']} devices but --devices is {devices}; "
-            "make the mesh product equal the device count"
-        )
+    mesh = parse_mesh(args.mesh, args.devices)
+    mesh.require_step_axes("--mesh")
     # Deviceless GPU compilation: the host platform only, flags set before the backend starts.
     xla_flags.configure(preset=args.xla_preset, deviceless_gpu=True)
 
@@ -213,7 +187,7 @@ def cmd_compile(args) -> int:
             raise TieraxError(f"--target-config {args.target_config!r}: no such file")
         target_config = path.read_text()
     result, _ = compile_lib.compile_for_target(
-        cfg, plan, args.target, microbatch=args.microbatch, seq=args.seq, data=mesh["data"], fsdp=mesh["fsdp"],
+        cfg, plan, args.target, microbatch=args.microbatch, seq=args.seq, data=mesh.data, fsdp=mesh.fsdp,
         xla_preset=args.xla_preset, target_config=target_config,
     )
     if args.json:
@@ -223,25 +197,12 @@ def cmd_compile(args) -> int:
     return 0
 
 
-def _parse_model_mesh(args) -> dict[str, int]:
-    """``--devices`` / ``--mesh`` for the cost model: data, fsdp, tensor and expert axes."""
-    devices = args.devices
-    if args.mesh:
-        axes = _parse_mesh(args.mesh, all_axes=True)
-    else:
-        axes = {"data": 1, "fsdp": devices or 1, "tensor": 1, "expert": 1}
-    total = axes["data"] * axes["fsdp"] * axes["tensor"] * axes["expert"]
-    if devices is not None and devices != total:
-        raise TieraxError(f"--mesh {args.mesh} has {total} devices but --devices is {devices}; make them equal")
-    return axes
-
-
 def _planning_inputs(args):
     from tierax import costmodel as cm
     from tierax import inventory as inv_lib
 
     cfg = _resolve_model(args)
-    mesh = _parse_model_mesh(args)
+    mesh = parse_mesh(args.mesh, args.devices).to_dict()
     if args.microbatch < 1 or args.seq < 1:
         raise TieraxError("--microbatch and --seq must be ≥ 1")
     rates = cm.target_rates(args.target, cfg.dtype)
@@ -255,7 +216,7 @@ def cmd_inventory(args) -> int:
     from tierax.report.tables import inventory_table
 
     cfg = _resolve_model(args)
-    mesh = _parse_model_mesh(args)
+    mesh = parse_mesh(args.mesh, args.devices).to_dict()
     from tierax import inventory as inv_lib
 
     inv = inv_lib.model_inventory(cfg, args.microbatch, args.seq, mesh)

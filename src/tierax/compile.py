@@ -26,7 +26,6 @@ from dataclasses import asdict, dataclass, field
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -36,6 +35,7 @@ from tierax import plan as plan_lib
 from tierax.errors import TieraxError
 from tierax.jaxpr_tools import GROUP_SCOPE_PREFIX
 from tierax.models import abstract_model
+from tierax.mesh import make_mesh
 from tierax.train import sharding as sh
 from tierax.train import step as step_lib
 
@@ -217,7 +217,7 @@ def compile_for_target(
     spec = hardware.get_target(target)
     devices = data * fsdp
     topo = gpu_topology(target_config or hardware.render_target_config(spec), devices, target)
-    mesh = Mesh(np.array(topo.devices).reshape(data, fsdp), sh.MESH_AXES)
+    mesh = make_mesh(data, fsdp, topo.devices)
     optimizer = step_lib.make_optimizer()
     graphdef, state = abstract_train_state(cfg, optimizer, mesh)
     global_batch = microbatch * devices

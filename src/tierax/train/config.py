@@ -40,6 +40,7 @@ import yaml
 from tierax import plan as plan_lib
 from tierax import xla_flags
 from tierax.errors import TieraxError
+from tierax.mesh import MeshShape
 from tierax.models import ModelConfig, apply_overrides, config_from_dict, config_to_dict, get_config
 from tierax.models.config import _coerce  # the one scalar type check, shared with model configs
 
@@ -53,31 +54,6 @@ def _check(cond: bool, msg: str) -> None:
 
 
 # --- sections -------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class MeshConfig:
-    """Device mesh axes.  tierax shards over ``data`` and ``fsdp``; ``tensor`` and
-    ``expert`` are accepted only as 1 (put those devices on ``fsdp``)."""
-
-    data: int = 1
-    fsdp: int = 1
-    tensor: int = 1
-    expert: int = 1
-
-    def __post_init__(self) -> None:
-        for key in ("data", "fsdp", "tensor", "expert"):
-            _check(getattr(self, key) >= 1, f"mesh.{key} must be ≥ 1, got {getattr(self, key)}")
-        for key in ("tensor", "expert"):
-            _check(
-                getattr(self, key) == 1,
-                f"mesh.{key}={getattr(self, key)}: tierax shards over data and fsdp only so far; "
-                f"use {key}: 1 and put the devices on fsdp",
-            )
-
-    @property
-    def size(self) -> int:
-        return self.data * self.fsdp
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -198,7 +174,7 @@ class DebugConfig:
 
 
 SECTIONS: dict[str, type] = {
-    "mesh": MeshConfig,
+    "mesh": MeshShape,
     "optimizer": OptimizerConfig,
     "data": DataConfig,
     "checkpoint": CheckpointConfig,
@@ -238,7 +214,7 @@ class TrainConfig:
     seed: int = 0
     cpu_devices: int | None = None
     xla_preset: str = "none"
-    mesh: MeshConfig = field(default_factory=MeshConfig)
+    mesh: MeshShape = field(default_factory=MeshShape)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     data: DataConfig = field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -255,6 +231,7 @@ class TrainConfig:
         _check(self.seed >= 0, f"{self.source}: seed must be ≥ 0, got {self.seed}")
         _check(self.xla_preset in xla_flags.PRESETS,
                f"{self.source}: xla_preset={self.xla_preset!r} is unknown; choose one of: {', '.join(xla_flags.PRESETS)}")
+        self.mesh.require_step_axes(f"{self.source}: mesh")
         if self.cpu_devices is not None:
             _check(self.cpu_devices >= 1, f"{self.source}: cpu_devices must be ≥ 1, got {self.cpu_devices}")
         decay = self.decay_steps

@@ -35,6 +35,7 @@ from tierax.fileio import write_text_atomic
 from tierax.models.flops import train_flops
 from tierax.train import checkpoint as ckpt_lib
 from tierax.train import data as data_lib
+from tierax.mesh import BATCH_AXES, make_mesh
 from tierax.train import sharding as sh
 from tierax.train import step as step_lib
 from tierax.train.config import Distributed, TrainConfig, config_to_yaml
@@ -320,7 +321,7 @@ class Trainer:
         self.cfg = cfg
         self.is_main = jax.process_index() == 0
         self.reporter = reporter if (reporter is not None and self.is_main) else Reporter()
-        self.mesh = sh.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, devices)
+        self.mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, devices)
         shape = data_lib.BatchShape(cfg.grad_accum, cfg.global_batch, cfg.seq)
         self.stream = data_lib.open_stream(cfg.data.source, cfg.data.path, shape, seed=cfg.seed,
                                            vocab_size=cfg.model.vocab_size)
@@ -375,7 +376,7 @@ class Trainer:
 
         rows_axis = 0 if cfg.grad_accum == 1 else 1
         self._global_shape = shape.global_shape if cfg.grad_accum > 1 else shape.global_shape[1:]
-        spec = P(sh.BATCH_AXES) if cfg.grad_accum == 1 else P(None, sh.BATCH_AXES)
+        spec = P(BATCH_AXES) if cfg.grad_accum == 1 else P(None, BATCH_AXES)
         self._batch_sharding = NamedSharding(self.mesh, spec)
         self._rows = data_lib.local_rows(self._batch_sharding, self._global_shape, axis=rows_axis)
 

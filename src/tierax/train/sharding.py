@@ -1,6 +1,6 @@
-"""Meshes and FSDP parameter sharding.
+"""FSDP parameter sharding over a :mod:`tierax.mesh` mesh.
 
-Mesh axes are ``data`` and ``fsdp``; the batch is split over both.  Each
+The batch is split over :data:`tierax.mesh.BATCH_AXES`.  Each
 parameter is split over ``fsdp`` along its largest dimension divisible by the
 axis size (never the stacked-layer axis of a scanned group); a parameter with no
 such dimension is replicated.  Optimizer state follows its parameter.
@@ -11,24 +11,10 @@ from __future__ import annotations
 import math
 
 import jax
-import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from tierax.errors import TieraxError
-
-MESH_AXES = ("data", "fsdp")
-BATCH_AXES = ("data", "fsdp")
-
-
-def make_mesh(data: int = 1, fsdp: int = 1, devices=None) -> Mesh:
-    devices = list(jax.devices() if devices is None else devices)
-    need = data * fsdp
-    if need != len(devices):
-        raise TieraxError(
-            f"mesh data={data} × fsdp={fsdp} = {need} devices, but {len(devices)} are available; "
-            "make the product equal the device count"
-        )
-    return Mesh(np.array(devices).reshape(data, fsdp), MESH_AXES)
+from tierax.mesh import BATCH_AXES
 
 
 def _is_stacked(path) -> bool:
