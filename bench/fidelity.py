@@ -40,7 +40,7 @@ from tierax import inventory as inv_lib  # noqa: E402
 from tierax import plan as P  # noqa: E402
 from tierax.fileio import write_text_atomic  # noqa: E402
 from tierax.models import apply_overrides, get_config  # noqa: E402
-from tierax.mesh import make_mesh  # noqa: E402
+from tierax.mesh import MeshShape, make_mesh  # noqa: E402
 from tierax.train import sharding as sh  # noqa: E402
 from tierax.train import step as S  # noqa: E402
 
@@ -105,7 +105,7 @@ def run_case(model, overrides, plan_name, target, mb, seq, fsdp, cpu_check) -> d
     mesh = {"data": 1, "fsdp": fsdp}
     inv = inv_lib.model_inventory(cfg, mb, seq, mesh)
     pred = cm.simulate(plan, inv, cfg, cm.target_rates(target, cfg.dtype), "lhs")
-    gpu, _ = C.compile_for_target(cfg, plan, target, microbatch=mb, seq=seq, fsdp=fsdp)
+    gpu, _ = C.compile_for_target(cfg, plan, target, microbatch=mb, seq=seq, mesh=MeshShape(fsdp=fsdp))
     row = {
         "model": cfg.name, "overrides": overrides, "plan": plan_name, "target": target, "microbatch": mb, "seq": seq,
         "devices": fsdp, "attention": cfg.attention,

@@ -61,7 +61,6 @@ def main(argv=None) -> int:
     from tierax.fileio import write_text_atomic
     from tierax.train import data as data_lib
     from tierax.train import loop
-    from tierax.mesh import make_mesh
     from tierax.train import sharding as sh
     from tierax.train import step as step_lib
 
@@ -73,7 +72,7 @@ def main(argv=None) -> int:
     trainer = loop.Trainer(cfg, reporter=loop.RichReporter(console, cfg.log.every))
 
     # --- the hand-written baseline -------------------------------------------------------
-    mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp)
+    mesh = cfg.mesh.make()
     o = cfg.optimizer
     optimizer = step_lib.make_optimizer(loop.lr_schedule(cfg), o.weight_decay, b1=o.b1, b2=o.b2, eps=o.eps,
                                         grad_clip=o.grad_clip)

@@ -12,6 +12,7 @@ from tierax import compile as C
 from tierax import hardware, hlo
 from tierax import plan as P
 from tierax.errors import TieraxError
+from tierax.mesh import MeshShape
 from tierax.models import get_config
 
 SHARED_TARGETS = pathlib.Path(__file__).resolve().parents[2] / "shared" / "gpu-targets"
@@ -92,7 +93,7 @@ def test_overlap_check_counts_every_transfer(tiny_llama_offload_vs_device):
 
 def test_fsdp8_reports_per_device_figures():
     cfg = get_config("tiny-llama")
-    r, _ = C.compile_for_target(cfg, P.preset("remat-full", cfg), "h200", microbatch=2, seq=64, fsdp=8)
+    r, _ = C.compile_for_target(cfg, P.preset("remat-full", cfg), "h200", microbatch=2, seq=64, mesh=MeshShape(fsdp=8))
     assert r.devices == 8
     state_bytes = C.param_and_optimizer_bytes(cfg)  # params + two Adam moments, all divisible by 8
     tokens_bytes = 2 * 65 * 4

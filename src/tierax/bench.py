@@ -22,7 +22,7 @@ from tierax import plan as plan_lib
 from tierax.measure import memory
 from tierax.models import ModelConfig, config_to_dict
 from tierax.models.flops import train_flops
-from tierax.mesh import make_mesh
+from tierax.mesh import MeshShape
 from tierax.train import sharding as sh
 from tierax.train import step as step_lib
 
@@ -87,8 +87,7 @@ def run_bench(
     steps: int = 10,
     microbatch: int = 8,
     seq: int = 64,
-    data: int = 1,
-    fsdp: int = 1,
+    mesh: MeshShape | None = None,
     warmup: int = 2,
     seed: int = 0,
     progress: Callable[[str, int], None] | None = None,
@@ -96,13 +95,14 @@ def run_bench(
     """Benchmark ``plans``; returns (records, measured peak FLOP/s per device).
 
     ``microbatch`` is sequences per device (MaxText's per-device batch); the global
-    batch is ``microbatch × data × fsdp``.
+    batch is ``microbatch × mesh.batch_ways`` (``mesh`` default: fsdp over all local devices).
     """
-    mesh = make_mesh(data, fsdp)
+    shape = mesh or MeshShape(fsdp=jax.device_count())
+    mesh = shape.make()
     n_dev = mesh.size
-    batch = microbatch * n_dev
+    batch = microbatch * shape.batch_ways
     flops = train_flops(cfg, batch, seq)
-    inventory = inv.model_inventory(cfg, microbatch, seq, {"data": data, "fsdp": fsdp})
+    inventory = inv.model_inventory(cfg, microbatch, seq, shape.to_dict())
     optimizer = step_lib.make_optimizer()
     tokens = jax.device_put(step_lib.synthetic_batch(cfg, batch, seq, seed=seed), sh.batch_sharding(mesh))
 
@@ -163,9 +163,10 @@ def run_bench(
     return records, peak
 
 
-def bench_document(cfg, records, peak, *, command: str, microbatch: int, seq: int, steps: int, mesh: dict) -> dict:
-    devices = mesh["data"] * mesh["fsdp"]
+def bench_document(cfg, records, peak, *, command: str, microbatch: int, seq: int, steps: int,
+                   mesh: MeshShape) -> dict:
     """The JSON record written under bench/results/."""
+    devices = mesh.batch_ways
     return {
         "schema": SCHEMA,
         "command": command,
@@ -177,7 +178,7 @@ def bench_document(cfg, records, peak, *, command: str, microbatch: int, seq: in
         "global_batch": microbatch * devices,
         "seq": seq,
         "steps": steps,
-        "mesh": mesh,
+        "mesh": mesh.to_dict(),
         "train_flops_per_step": train_flops(cfg, microbatch * devices, seq),
         "flops_convention": "MaxText: 6·matmul params·tokens + 3·causal attention (tierax.models.flops)",
         "activation_bytes_note": "named activations only, from the abstract trace, per device assuming batch-sharded activations",

@@ -138,12 +138,12 @@ def cmd_bench(args) -> int:
         task = prog.add_task(f"bench {cfg.name}", total=total)
         records, peak = bench.run_bench(
             cfg, plans, steps=args.steps, microbatch=args.microbatch, seq=args.seq,
-            data=mesh.data, fsdp=mesh.fsdp,
+            mesh=mesh,
             progress=lambda what, n: prog.update(task, advance=n, description=what),
         )
     command = "tierax " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     doc = bench.bench_document(cfg, records, peak, command=command, microbatch=args.microbatch,
-                               seq=args.seq, steps=args.steps, mesh=mesh.to_dict())
+                               seq=args.seq, steps=args.steps, mesh=mesh)
     if verified is not None:
         doc["verify"] = [v.to_json() for v in verified]
     if args.out:
@@ -187,7 +187,7 @@ def cmd_compile(args) -> int:
             raise TieraxError(f"--target-config {args.target_config!r}: no such file")
         target_config = path.read_text()
     result, _ = compile_lib.compile_for_target(
-        cfg, plan, args.target, microbatch=args.microbatch, seq=args.seq, data=mesh.data, fsdp=mesh.fsdp,
+        cfg, plan, args.target, microbatch=args.microbatch, seq=args.seq, mesh=mesh,
         xla_preset=args.xla_preset, target_config=target_config,
     )
     if args.json:

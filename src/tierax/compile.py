@@ -35,7 +35,7 @@ from tierax import plan as plan_lib
 from tierax.errors import TieraxError
 from tierax.jaxpr_tools import GROUP_SCOPE_PREFIX
 from tierax.models import abstract_model
-from tierax.mesh import make_mesh
+from tierax.mesh import MeshShape
 from tierax.train import sharding as sh
 from tierax.train import step as step_lib
 
@@ -203,24 +203,25 @@ def compile_for_target(
     *,
     microbatch: int,
     seq: int,
-    data: int = 1,
-    fsdp: int = 1,
+    mesh: MeshShape | None = None,
     xla_preset: str = "none",
     target_config: str | None = None,
 ) -> tuple[CompileResult, str]:
     """Compile the train step of ``cfg`` under ``plan`` for ``target``; returns (result, scheduled HLO text).
 
-    ``microbatch`` is sequences per device; the global batch is ``microbatch × data × fsdp``.
+    ``microbatch`` is sequences per device; the global batch is ``microbatch × mesh.batch_ways``
+    (``mesh`` default: one device).
     ``xla_preset`` is recorded only: the flags must already be set (tierax.xla_flags.configure).
     """
     check_gpu_aot()
     spec = hardware.get_target(target)
-    devices = data * fsdp
+    shape = mesh or MeshShape()
+    devices = shape.size
     topo = gpu_topology(target_config or hardware.render_target_config(spec), devices, target)
-    mesh = make_mesh(data, fsdp, topo.devices)
+    mesh = shape.make(topo.devices)
     optimizer = step_lib.make_optimizer()
     graphdef, state = abstract_train_state(cfg, optimizer, mesh)
-    global_batch = microbatch * devices
+    global_batch = microbatch * shape.batch_ways
     tokens = jax.ShapeDtypeStruct((global_batch, seq + 1), jnp.int32, sharding=sh.batch_sharding(mesh))
     step = step_lib.make_train_step(graphdef, cfg, plan, optimizer, jax.tree.map(lambda x: x.sharding, state))
 
@@ -236,7 +237,7 @@ def compile_for_target(
     peak = arg + out + temp - alias
 
     placements = plan_lib.resolve(plan, cfg)
-    inventory = inv.model_inventory(cfg, microbatch, seq, {"data": data, "fsdp": fsdp})
+    inventory = inv.model_inventory(cfg, microbatch, seq, shape.to_dict())
     available = _forward_host_buffers(module)
     offloaded = []
     for a in inventory.activations():
@@ -255,7 +256,7 @@ def compile_for_target(
     notes = [f"host link {spec.host_link_bps / 1e9:.0f} GB/s per direction ({spec.host_link_source})",
              f"compute roofline at {dtype_peak / 1e12:.0f} TFLOP/s ({cfg.dtype}) and {spec.hbm_bytes_per_s / 1e12:.2f} TB/s"]
     result = CompileResult(
-        model=cfg.name, plan=plan.name, target=target, devices=devices, mesh={"data": data, "fsdp": fsdp},
+        model=cfg.name, plan=plan.name, target=target, devices=devices, mesh=shape.to_dict(),
         microbatch=microbatch, seq=seq, xla_preset=xla_preset,
         fits=peak <= spec.device_memory_bytes, device_peak_bytes=peak,
         device_capacity_bytes=spec.device_memory_bytes, device_argument_bytes=arg, device_output_bytes=out,

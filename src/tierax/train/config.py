@@ -40,7 +40,7 @@ import yaml
 from tierax import plan as plan_lib
 from tierax import xla_flags
 from tierax.errors import TieraxError
-from tierax.mesh import MeshShape
+from tierax.mesh import BATCH_AXES, MeshShape
 from tierax.models import ModelConfig, apply_overrides, config_from_dict, config_to_dict, get_config
 from tierax.models.config import _coerce  # the one scalar type check, shared with model configs
 
@@ -244,8 +244,8 @@ class TrainConfig:
 
     @property
     def global_batch(self) -> int:
-        """Sequences per microbatch over all devices: microbatch × data × fsdp."""
-        return self.microbatch * self.mesh.size
+        """Sequences per microbatch over all devices: microbatch × the mesh's batch axes."""
+        return self.microbatch * self.mesh.batch_ways
 
     @property
     def batch_per_step(self) -> int:
@@ -445,16 +445,17 @@ def config_from_mapping(data: Any, overrides: Sequence[str] = (), *, source: str
     mesh = sections["mesh"]
 
     # global_batch is an alternative spelling of the per-device microbatch.
+    ways = "×".join(BATCH_AXES)
     microbatch, global_batch = values.pop("microbatch", None), values.pop("global_batch", None)
     if global_batch is not None:
         _check(global_batch >= 1, f"{source}: global_batch must be ≥ 1, got {global_batch}")
-        _check(global_batch % mesh.size == 0,
-               f"{source}: global_batch {global_batch} is not divisible by data×fsdp = {mesh.size}; "
-               f"use a multiple of {mesh.size}, or set microbatch (sequences per device) instead")
-        _check(microbatch is None or microbatch * mesh.size == global_batch,
-               f"{source}: microbatch {microbatch} × data×fsdp {mesh.size} = {(microbatch or 0) * mesh.size} "
+        _check(global_batch % mesh.batch_ways == 0,
+               f"{source}: global_batch {global_batch} is not divisible by {ways} = {mesh.batch_ways}; "
+               f"use a multiple of {mesh.batch_ways}, or set microbatch (sequences per device) instead")
+        _check(microbatch is None or microbatch * mesh.batch_ways == global_batch,
+               f"{source}: microbatch {microbatch} × {ways} {mesh.batch_ways} = {(microbatch or 0) * mesh.batch_ways} "
                f"≠ global_batch {global_batch}; give one of them")
-        microbatch = global_batch // mesh.size
+        microbatch = global_batch // mesh.batch_ways
     if microbatch is not None:
         values["microbatch"] = microbatch
 

@@ -35,7 +35,7 @@ from tierax.fileio import write_text_atomic
 from tierax.models.flops import train_flops
 from tierax.train import checkpoint as ckpt_lib
 from tierax.train import data as data_lib
-from tierax.mesh import BATCH_AXES, make_mesh
+from tierax.mesh import BATCH_AXES
 from tierax.train import sharding as sh
 from tierax.train import step as step_lib
 from tierax.train.config import Distributed, TrainConfig, config_to_yaml
@@ -134,8 +134,7 @@ def runtime_env(cfg: TrainConfig, *, gpu: bool, num_processes: int = 1,
     if rt.host_budget_gb is not None:
         wanted[HOST_LIMIT] = (f"{math.ceil(rt.host_budget_gb)}", "runtime.host_budget_gb")
     else:
-        mesh = {"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp}
-        offload = inv.bytes_by_placement(inv.model_inventory(cfg.model, cfg.microbatch, cfg.seq, mesh),
+        offload = inv.bytes_by_placement(inv.model_inventory(cfg.model, cfg.microbatch, cfg.seq, cfg.mesh.to_dict()),
                                          cfg.plan, cfg.model)["offload"]
         if offload:
             gb = max(1, math.ceil(offload * local_devices * 1.25 / 1e9))
@@ -321,7 +320,7 @@ class Trainer:
         self.cfg = cfg
         self.is_main = jax.process_index() == 0
         self.reporter = reporter if (reporter is not None and self.is_main) else Reporter()
-        self.mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, devices)
+        self.mesh = cfg.mesh.make(devices)
         shape = data_lib.BatchShape(cfg.grad_accum, cfg.global_batch, cfg.seq)
         self.stream = data_lib.open_stream(cfg.data.source, cfg.data.path, shape, seed=cfg.seed,
                                            vocab_size=cfg.model.vocab_size)
@@ -491,7 +490,7 @@ class Trainer:
     def _title(self, first: int) -> str:
         cfg = self.cfg
         start = f"resuming from checkpoint step {self.resumed_from}" if self.resumed_from is not None else "fresh start"
-        return (f"train {cfg.model.name} · plan {cfg.plan.name} · mesh data={cfg.mesh.data} fsdp={cfg.mesh.fsdp} "
+        return (f"train {cfg.model.name} · plan {cfg.plan.name} · mesh {cfg.mesh} "
                 f"({jax.device_count()} {jax.devices()[0].platform} device(s), {jax.process_count()} process(es)) · "
                 f"{cfg.microbatch}/device × {cfg.grad_accum} accum = {cfg.batch_per_step} seq × {cfg.seq} tokens · "
                 f"steps {first}–{cfg.steps} ({start}) · compiled in {self.compile_s:.1f} s")
