@@ -90,8 +90,8 @@ def _solve(inv, cfg, rates, schedule, budget, host_budget) -> dict | None:
         c[O + k] = 1e-9 * it.bytes / total_bytes  # tie-break: do not use the link for nothing
     for g in groups:
         c[Z + gidx[g.name]] = -g.base_recompute_s * scale
-    c[ED:ED + G] = scale
-    c[EH:EH + G] = scale
+    c[ED:ED + G] = 1.0
+    c[EH:EH + G] = 1.0
 
     rows, lo, hi = [], [], []
 
@@ -111,15 +111,18 @@ def _solve(inv, cfg, rates, schedule, budget, host_budget) -> dict | None:
         for k in mine:
             add({zg: 1, D + k: -1}, -np.inf, 0)  # z_g ≤ d_k
         add({zg: 1, **{D + k: -1 for k in mine}}, 1 - len(mine), np.inf)  # z_g ≥ Σd − (n−1)
-        add({ED + gidx[g.name]: 1, **{O + k: -items[k].d2h_s for k in mine}}, -g.d2h_window_s, np.inf)
-        add({EH + gidx[g.name]: 1, **{O + k: -items[k].h2d_s for k in mine}}, -g.h2d_window_s, np.inf)
-        add({S: 1, **{O + k: -cm.STAGING_LAYERS[schedule] * items[k].bytes_per_layer for k in mine}}, 0, np.inf)
+        # Exposed times in units of the compute time, bytes in units of all items' bytes: with raw seconds and
+        # bytes (1e-3 next to 1e9) HiGHS reported non-optimal plans as optimal.
+        add({ED + gidx[g.name]: 1, **{O + k: -items[k].d2h_s * scale for k in mine}}, -g.d2h_window_s * scale, np.inf)
+        add({EH + gidx[g.name]: 1, **{O + k: -items[k].h2d_s * scale for k in mine}}, -g.h2d_window_s * scale, np.inf)
+        add({S: 1, **{O + k: -cm.STAGING_LAYERS[schedule] * items[k].bytes_per_layer / total_bytes for k in mine}},
+            0, np.inf)
     fixed_bytes = fx.state_bytes + fx.workspace_bytes + fx.logits_bytes + sum(g.base_bytes for g in groups)
-    mem = {D + k: it.bytes for k, it in enumerate(items)}
-    mem.update({Z + gidx[g.name]: g.save_all_extra_bytes for g in groups})
+    mem = {D + k: it.bytes / total_bytes for k, it in enumerate(items)}
+    mem.update({Z + gidx[g.name]: g.save_all_extra_bytes / total_bytes for g in groups})
     mem[S] = 1
-    add(mem, -np.inf, budget - fixed_bytes)
-    add({O + k: it.bytes for k, it in enumerate(items)}, -np.inf, host_budget)
+    add(mem, -np.inf, (budget - fixed_bytes) / total_bytes)
+    add({O + k: it.bytes / total_bytes for k, it in enumerate(items)}, -np.inf, host_budget / total_bytes)
 
     ub = np.full(nv, np.inf)
     ub[:S] = 1
