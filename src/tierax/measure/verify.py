@@ -26,11 +26,8 @@ offload path itself.
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import contextvars
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import jax
@@ -144,36 +141,6 @@ def leaf_path(path) -> str:
     return "/".join(parts)
 
 
-# --- test-only hook ------------------------------------------------------------
-
-_CORRUPT: contextvars.ContextVar[tuple[str, float] | None] = contextvars.ContextVar("tierax_corrupt", default=None)
-
-
-@contextlib.contextmanager
-def corrupt_gradient(leaf: str, amount: float = 0.1) -> Iterator[None]:
-    """TEST-ONLY: inside this block, verification adds ``amount × max|g|`` to one gradient leaf
-    of every checked plan (never to the reference), so a test can show that a wrong gradient
-    fails and is named.  ``leaf`` is a path as :func:`leaf_path` writes it."""
-    token = _CORRUPT.set((leaf, amount))
-    try:
-        yield
-    finally:
-        _CORRUPT.reset(token)
-
-
-def _apply_test_corruption(grads):
-    spec = _CORRUPT.get()
-    if spec is None:
-        return grads
-    leaf, amount = spec
-    flat, treedef = jax.tree_util.tree_flatten_with_path(grads)
-    paths = [leaf_path(p) for p, _ in flat]
-    if leaf not in paths:
-        raise ValueError(f"corrupt_gradient: no leaf {leaf!r}; leaves: {', '.join(paths)}")
-    leaves = [g + amount * jnp.max(jnp.abs(g)) if p == leaf else g for p, (_, g) in zip(paths, flat)]
-    return jax.tree_util.tree_unflatten(treedef, leaves)
-
-
 # --- the check -------------------------------------------------------------------
 
 
@@ -219,61 +186,37 @@ def compare(plan_name: str, cfg: ModelConfig, loss, grads, ref_loss, ref_grads, 
     )
 
 
-# Compiled functions are kept per (model, seed, placements) so repeated checks in one process
-# (bench --verify then train --verify, a test battery) compile each program once.  Executables
-# only: parameters and gradients are never cached.
-_CACHE: collections.OrderedDict = collections.OrderedDict()
-_CACHE_SIZE = 32
-
-
-def _cached(key, build):
-    if key not in _CACHE:
-        _CACHE[key] = build()
-        if len(_CACHE) > _CACHE_SIZE:
-            _CACHE.popitem(last=False)
-    _CACHE.move_to_end(key)
-    return _CACHE[key]
-
-
 def model_and_init(cfg: ModelConfig, seed: int = 0):
-    """(graphdef, jitted ``init() -> params``) — what ``step.init_params`` does, with the init compiled once
-    per process (cached; each call of ``init`` makes fresh parameters)."""
-
-    def build():
-        graphdef, _ = nnx.split(nnx.eval_shape(lambda: build_model(cfg, seed=seed)))
-        return graphdef, jax.jit(lambda: nnx.split(build_model(cfg, seed=seed))[1])
-
-    return _cached(("model", cfg, seed), build)
+    """(graphdef, jitted ``init() -> params``): what ``step.init_params`` does, as a function a caller can
+    call again for fresh parameters without tracing the model again."""
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: build_model(cfg, seed=seed)))
+    return graphdef, jax.jit(lambda: nnx.split(build_model(cfg, seed=seed))[1])
 
 
-def _grad_fn(cfg: ModelConfig, seed: int, plan: plan_lib.Plan, placements: dict):
-    key = ("grad", cfg, seed, tuple((g, n, p.value) for g, d in placements.items() for n, p in d.items()))
-    graphdef, _ = model_and_init(cfg, seed)
-    return _cached(key, lambda: jax.jit(jax.value_and_grad(step_lib.make_loss_fn(graphdef, plan_lib.to_policies(plan, cfg)))))
+def compiled_step(graphdef, plan: plan_lib.Plan, cfg: ModelConfig, params, tokens):
+    """The plan's own program: ``value_and_grad`` of the loss under the plan's policies
+    (:func:`tierax.plan.to_policies`), lowered and compiled for these arguments."""
+    fn = jax.value_and_grad(step_lib.make_loss_fn(graphdef, plan_lib.to_policies(plan, cfg)))
+    return jax.jit(fn).lower(params, tokens).compile()
 
 
 def verify_plans(cfg: ModelConfig, plans: Sequence[plan_lib.Plan], *, microbatch: int, seq: int,
                  seed: int = 0) -> list[VerifyResult]:
     """:func:`verify_plan` for several plans, sharing one reference computation.
 
-    A plan whose resolved placements equal ``save-all``'s reuses the reference's gradients.
+    Every plan's own compiled program runs, even one whose placements equal the reference's.
     """
     if microbatch < 1 or seq < 1:
         raise TieraxError(f"verify needs microbatch ≥ 1 and seq ≥ 1, got microbatch={microbatch}, seq={seq}")
     plans = [plan_lib.load_plan(p, cfg) for p in plans]  # validates names against the model
     ref_plan = plan_lib.preset(REFERENCE_PLAN, cfg)
-    ref_placements = plan_lib.resolve(ref_plan, cfg)
-    params = model_and_init(cfg, seed)[1]()
+    graphdef, init = model_and_init(cfg, seed)
+    params = init()
     tokens = step_lib.synthetic_batch(cfg, microbatch, seq, seed=seed + 1)
-    ref_loss, ref_grads = _grad_fn(cfg, seed, ref_plan, ref_placements)(params, tokens)
+    ref_loss, ref_grads = compiled_step(graphdef, ref_plan, cfg, params, tokens)(params, tokens)
     results = []
     for p in plans:
-        placements = plan_lib.resolve(p, cfg)
-        if placements == ref_placements:
-            loss, grads = ref_loss, ref_grads
-        else:
-            loss, grads = _grad_fn(cfg, seed, p, placements)(params, tokens)
-        grads = _apply_test_corruption(grads)
+        loss, grads = compiled_step(graphdef, p, cfg, params, tokens)(params, tokens)
         results.append(compare(p.name, cfg, loss, grads, ref_loss, ref_grads, microbatch=microbatch, seq=seq,
                                seed=seed))
     return results
