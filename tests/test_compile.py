@@ -65,9 +65,13 @@ def test_host_temp_equals_offloaded_residuals(tiny_llama_offload_vs_device):
     cfg, off, on_dev, _ = tiny_llama_offload_vs_device
     expected = qkv_residual_bytes(cfg, 8, 64)
     assert off.host_temp_bytes == expected
-    assert all(o.on_host and o.host_bytes == o.expected_bytes for o in off.offloaded)
-    assert sum(off.offloaded_bytes_by_name.values()) == expected
-    assert set(off.offloaded_bytes_by_name) == {"query_proj", "key_proj", "value_proj"}
+    # Per name, from the shapes: L × batch × seq × heads × head_dim × 4 bytes (q: 4 heads, k and v: 2 each).
+    b, s, hd, L = 8, 64, cfg.head_dim, cfg.num_layers
+    assert (cfg.num_heads, cfg.num_kv_heads, hd, L) == (4, 2, 16, 12)
+    assert off.offloaded_bytes_by_name == {"query_proj": L * b * s * 4 * hd * 4, "key_proj": L * b * s * 2 * hd * 4,
+                                           "value_proj": L * b * s * 2 * hd * 4}
+    assert off.offloaded_bytes_by_name["query_proj"] == 12 * 8 * 64 * 64 * 4 == 1_572_864
+    assert all(o.on_host for o in off.offloaded) and len(off.offloaded) == 3
     # Moving them to device removes the host bytes and puts (nearly) all of them in device temp.
     assert on_dev.host_temp_bytes == 0 and on_dev.offloaded == ()
     assert on_dev.device_temp_bytes - off.device_temp_bytes >= 0.8 * expected
@@ -84,8 +88,13 @@ def test_overlap_check_counts_every_transfer(tiny_llama_offload_vs_device):
     assert ov["by_direction"]["d2h"]["transfer_bytes"] == off.host_temp_bytes
     assert ov["by_direction"]["h2d"]["transfer_bytes"] == off.host_temp_bytes
     assert ov["est_transfer_s"] == pytest.approx(2 * off.host_temp_bytes / hardware.TARGETS["h200"].host_link_bps)
-    assert 0 <= ov["est_hidden_s"] <= ov["est_transfer_s"]
-    assert ov["est_exposed_s"] == pytest.approx(ov["est_transfer_s"] - ov["est_hidden_s"])
+    # Hand-computed link time: 2 directions × 12 layers × (8·64·(4+2+2)·16·4 B) at 55 GB/s.
+    assert ov["est_transfer_s"] == pytest.approx(2 * 12 * (8 * 64 * 8 * 16 * 4) / 55e9)
+    # What the schedule does (DESIGN.md, jaxlib 0.10.2, pipelining off): stores overlap the forward loop's
+    # matmuls; each load sits at the top of the backward iteration that consumes it, overlapping no matmul.
+    d2h, h2d = ov["by_direction"]["d2h"], ov["by_direction"]["h2d"]
+    assert d2h["est_exposed_s"] < 0.5 * d2h["est_transfer_s"]
+    assert h2d["est_exposed_s"] > 0.5 * h2d["est_transfer_s"]
     assert on_dev.overlap["transfers"] == 0
     module = hlo.parse_module(text)
     assert sum(1 for ins in module.by_name.values() if ins.opcode == "while") >= 2

@@ -1,4 +1,7 @@
+import jax
+import jax.numpy as jnp
 import pytest
+from jax.ad_checkpoint import checkpoint_name
 
 from tierax import names as N
 from tierax import plan as P
@@ -41,6 +44,57 @@ def test_to_policies_none_only_when_everything_on_device():
     assert P.to_policies(P.preset("save-all", cfg), cfg) == {"dense": None, "moe": None}
     pols = P.to_policies(P.preset("qkv-offload", cfg), cfg)
     assert set(pols) == {"dense", "moe"} and all(callable(p) for p in pols.values())
+
+
+def _decision(policy, name: str) -> str:
+    """What a jax.checkpoint policy does with a value tagged ``name``: save, offload (to pinned host) or remat."""
+    x = jnp.ones((2, 3))
+    eqn = jax.make_jaxpr(lambda v: checkpoint_name(v, name))(x).jaxpr.eqns[0]
+    return _kind(policy(eqn.primitive, x, **eqn.params))
+
+
+def _kind(d) -> str:
+    if isinstance(d, bool):
+        return "save" if d else "remat"
+    kind = type(d).__name__
+    if kind == "Offloadable":
+        assert (d.src, d.dst) == ("device", "pinned_host")
+        return "offload"
+    return {"SaveableType": "save", "RecomputeType": "remat"}.get(kind, kind)
+
+
+MIXED = P.Plan("mixed", {
+    "dense": P.GroupPlan({N.QUERY_PROJ: P.Placement.OFFLOAD, N.KEY_PROJ: P.Placement.DEVICE,
+                          N.MLPWI_0: P.Placement.OFFLOAD, N.MLPWO: P.Placement.REMAT}, P.Placement.DEVICE),
+    "moe": P.GroupPlan({N.MOE_MLPWI_1: P.Placement.OFFLOAD, N.VALUE_PROJ: P.Placement.DEVICE}, P.Placement.REMAT),
+})
+
+
+@pytest.mark.parametrize("plan", ["qkv-offload", "deepseek-offload", "minimal", "remat-full", "mixed"])
+def test_policy_saves_offloads_and_recomputes_exactly_what_the_plan_says(plan):
+    """Per layer group and name, the policy's decision is the plan's placement: device → saved in device
+    memory, offload → moved device → pinned_host, remat → recomputed; untagged values are recomputed."""
+    cfg = get_config("tiny-deepseek")
+    p = MIXED if plan == "mixed" else P.preset(plan, cfg)
+    want = {"device": "save", "offload": "offload", "remat": "remat"}
+    resolved = P.resolve(p, cfg)
+    policies = P.to_policies(p, cfg)
+    seen = set()
+    for g, names in resolved.items():
+        if policies[g] is None:
+            assert all(pl is P.Placement.DEVICE for pl in names.values())
+            continue
+        for n, pl in names.items():
+            assert _decision(policies[g], n) == want[pl.value], (plan, g, n)
+            seen.add(pl)
+        # An untagged matmul is not saved (what "remat" means for everything the plan does not name).
+        x = jnp.ones((2, 2))
+        dot = jax.make_jaxpr(lambda a: a @ a)(x).jaxpr.eqns[0]
+        assert _kind(policies[g](dot.primitive, x, x, **dot.params)) == "remat"
+    if plan == "mixed":
+        assert seen == set(P.Placement)
+        assert _decision(policies["dense"], N.MLPWI_1) == "save"  # the dense group's default is device
+        assert _decision(policies["moe"], N.MOE_MLPWI_0) == "remat"
 
 
 def test_unknown_activation_name_lists_valid_names():
