@@ -1,0 +1,146 @@
+"""The cost model against hand computation: bytes from shapes, seconds from bytes / link rate and FLOPs / rate.
+
+Every expected number below is written out as arithmetic on round inputs, not computed with tierax, so a
+time or memory term that is dropped, doubled or swapped (d2h vs h2d, window vs transfer) changes a result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tierax import costmodel as cm
+from tierax import names as N
+from tierax import plan as P
+from tierax.inventory import Activation, GroupInventory, Inventory, model_inventory
+from tierax.models import get_config
+
+CFG = get_config("tiny-deepseek")  # head shape: d_model 64, vocab 256
+MICROBATCH, SEQ = 4, 64  # 256 tokens: LM head forward = 2·256·64·256 = 8 388 608 FLOPs
+RATES = cm.Rates("hand", matmul_flops_per_s=1e12, hbm_bytes_per_s=4e12, d2h_bytes_per_s=10e9,
+                 h2d_bytes_per_s=5e9, interconnect_bytes_per_s=450e9, device_memory_bytes=10**12,
+                 host_memory_bytes=10**12, offload_is_real=True)
+
+
+def inventory() -> Inventory:
+    # dense: 2 layers; query_proj 40 MB/layer (recompute 2 GFLOP/layer), mlpwo 2 MB/layer (1 GFLOP/layer);
+    #        carry 1 MB/layer; save-all residuals 50 MB/layer; unnamed recompute 0.5 GFLOP/layer; forward 1 GFLOP/layer.
+    # moe:   3 layers; moe_mlpwi_0 10 MB/layer (3 GFLOP/layer), key_proj 4 MB/layer (0.2 GFLOP/layer);
+    #        carry 1 MB/layer; save-all 20 MB/layer; unnamed recompute 0; forward 4 GFLOP/layer.
+    dense = GroupInventory("dense", 2, (
+        Activation("dense", N.DECODER_LAYER_INPUT, 1_000_000, 2, 0.0),
+        Activation("dense", N.QUERY_PROJ, 40_000_000, 2, 2e9),
+        Activation("dense", N.MLPWO, 2_000_000, 2, 1e9),
+    ), carry_bytes_per_layer=1_000_000, save_all_bytes_per_layer=50_000_000, base_recompute_flops_per_layer=0.5e9,
+        forward_flops_per_layer=1e9, layer_param_count=1000)
+    moe = GroupInventory("moe", 3, (
+        Activation("moe", N.DECODER_LAYER_INPUT, 1_000_000, 3, 0.0),
+        Activation("moe", N.MOE_MLPWI_0, 10_000_000, 3, 3e9),
+        Activation("moe", N.KEY_PROJ, 4_000_000, 3, 0.2e9),
+    ), carry_bytes_per_layer=1_000_000, save_all_bytes_per_layer=20_000_000, base_recompute_flops_per_layer=0.0,
+        forward_flops_per_layer=4e9, layer_param_count=1000)
+    return Inventory("hand", MICROBATCH, SEQ, {"data": 1, "fsdp": 1}, (dense, moe), param_bytes=100_000_000,
+                     grad_bytes=100_000_000, optimizer_bytes=200_000_000, logits_bytes=MICROBATCH * SEQ * 256 * 4,
+                     embed_param_count=1000)
+
+
+# dense: query_proj offloaded, mlpwo recomputed; moe: moe_mlpwi_0 offloaded, key_proj on device.
+PLAN = P.Plan("hand", {
+    "dense": P.GroupPlan({N.DECODER_LAYER_INPUT: P.Placement.DEVICE, N.QUERY_PROJ: P.Placement.OFFLOAD,
+                          N.MLPWO: P.Placement.REMAT}),
+    "moe": P.GroupPlan({N.DECODER_LAYER_INPUT: P.Placement.DEVICE, N.MOE_MLPWI_0: P.Placement.OFFLOAD,
+                        N.KEY_PROJ: P.Placement.DEVICE}),
+})
+
+# Compute: 3 × (dense 2·1 GFLOP + moe 3·4 GFLOP + head 8 388 608) / 1e12 = 3 × 14.008388608e9 / 1e12
+COMPUTE_S = 0.042025165824
+# Recompute: dense (0.5 unnamed + 1 mlpwo) GFLOP × 2 layers; moe 0 unnamed × 3 layers = 3e9 / 1e12
+RECOMPUTE_S = 0.003
+# Transfers: dense 80 MB, moe 30 MB.  d2h at 10 GB/s: 8 ms + 3 ms; h2d at 5 GB/s: 16 ms + 6 ms.
+TRANSFER_S = 0.008 + 0.003 + 0.016 + 0.006
+# Hiding windows (compute seconds of the group): forward dense 2 ms, moe 12 ms; backward = 2·forward + unnamed
+# recompute: dense 4 + 1 = 5 ms, moe 24 ms.
+EXPOSED = {
+    # serial: nothing hidden.
+    "serial": (0.008 + 0.003, 0.016 + 0.006),
+    # lhs: half the window. d2h dense 8 − 1 = 7 ms, moe 3 − 6 < 0 → 0; h2d dense 16 − 2.5 = 13.5 ms, moe 6 − 12 → 0.
+    "lhs": (0.007, 0.0135),
+    # lhs-pipelined: the whole window. d2h dense 8 − 2 = 6 ms; h2d dense 16 − 5 = 11 ms; moe hidden.
+    "lhs-pipelined": (0.006, 0.011),
+}
+# Memory: state 400 MB; activations: carries 2 MB + 3 MB, moe key_proj 12 MB on device → 17 MB;
+# staging: one layer of the group with the most offloaded, dense 40 MB (two layers when pipelined: 80 MB);
+# workspace: the largest save-all layer, 50 MB; logits: 4·64·256·4 = 262 144 B.
+STAGING = {"serial": 40_000_000, "lhs": 40_000_000, "lhs-pipelined": 80_000_000}
+PEAK_WITHOUT_STAGING = 400_000_000 + 17_000_000 + 50_000_000 + 262_144
+
+
+@pytest.mark.parametrize("schedule", cm.SCHEDULES)
+def test_simulate_equals_hand_computation(schedule):
+    pred = cm.simulate(PLAN, inventory(), CFG, RATES, schedule)
+    b = pred.breakdown
+    d2h, h2d = EXPOSED[schedule]
+    assert b["compute_s"] == pytest.approx(COMPUTE_S, rel=1e-12)
+    assert b["recompute_s"] == pytest.approx(RECOMPUTE_S, rel=1e-12)
+    assert b["transfer_s"] == pytest.approx(TRANSFER_S, rel=1e-12)
+    assert (b["exposed_d2h_s"], b["exposed_h2d_s"]) == (pytest.approx(d2h, rel=1e-12, abs=1e-15),
+                                                        pytest.approx(h2d, rel=1e-12, abs=1e-15))
+    assert pred.step_time_s == pytest.approx(COMPUTE_S + RECOMPUTE_S + d2h + h2d, rel=1e-12)
+    assert pred.host_bytes == 80_000_000 + 30_000_000
+    assert b["staging_bytes"] == STAGING[schedule]
+    assert b["activation_bytes"] == 17_000_000
+    assert pred.peak_device_bytes == PEAK_WITHOUT_STAGING + STAGING[schedule]
+
+
+def test_save_all_group_keeps_every_residual_and_recomputes_nothing():
+    plan = P.Plan("dense-all", {
+        "dense": P.GroupPlan({N.QUERY_PROJ: P.Placement.DEVICE, N.MLPWO: P.Placement.DEVICE}),
+        "moe": P.GroupPlan({N.MOE_MLPWI_0: P.Placement.REMAT, N.KEY_PROJ: P.Placement.REMAT}),
+    })
+    pred = cm.simulate(plan, inventory(), CFG, RATES, "lhs")
+    # dense keeps its 50 MB/layer save-all residuals (2 layers); moe keeps its carries (3 MB).
+    assert pred.breakdown["activation_bytes"] == 100_000_000 + 3_000_000
+    # Only moe recomputes: (0 unnamed + 3 + 0.2) GFLOP × 3 layers = 9.6 GFLOP → 9.6 ms.
+    assert pred.breakdown["recompute_s"] == pytest.approx(0.0096, rel=1e-12)
+    assert pred.host_bytes == 0 and pred.breakdown["transfer_s"] == 0
+    assert pred.step_time_s == pytest.approx(COMPUTE_S + 0.0096, rel=1e-12)
+
+
+def test_slower_link_costs_exactly_the_extra_exposed_seconds():
+    """Halving the d2h rate doubles the store times: serial exposes 11 ms more (dense 8, moe 3)."""
+    slow = dataclasses.replace(RATES, d2h_bytes_per_s=5e9)
+    a = cm.simulate(PLAN, inventory(), CFG, RATES, "serial").step_time_s
+    b = cm.simulate(PLAN, inventory(), CFG, slow, "serial").step_time_s
+    assert b - a == pytest.approx(0.011, rel=1e-9)
+
+
+def test_traced_inventory_bytes_and_host_bytes_from_shapes():
+    """tiny-llama at microbatch 2 × seq 16, float32: q is [2,16,4,16], k and v [2,16,2,16], mlpwo [2,16,64]."""
+    cfg = get_config("tiny-llama")
+    inv = model_inventory(cfg, 2, 16)
+    (g,) = inv.groups
+    per_layer = {a.name: a.bytes_per_layer for a in g.activations}
+    assert per_layer[N.QUERY_PROJ] == 2 * 16 * 4 * 16 * 4 == 8192
+    assert per_layer[N.KEY_PROJ] == per_layer[N.VALUE_PROJ] == 2 * 16 * 2 * 16 * 4 == 4096
+    assert per_layer[N.MLPWO] == per_layer[N.DECODER_LAYER_INPUT] == 2 * 16 * 64 * 4 == 8192
+    assert per_layer[N.MLPWI_0] == 2 * 16 * 128 * 4
+    assert g.carry_bytes_per_layer == 8192 and g.num_layers == 4
+    # Recompute FLOPs (32 tokens, d 64): q = [32,64]×[64,64]; k, v = [32,64]×[64,32]; gate = [32,64]×[64,128];
+    # attention_out = P·V over 2 sequences × 4 heads × 16×16 × 16; mlpwo is not read by the backward: free.
+    rec = {a.name: a.recompute_flops_per_layer for a in g.activations}
+    assert rec[N.QUERY_PROJ] == 2 * 32 * 64 * 64
+    assert rec[N.KEY_PROJ] == rec[N.VALUE_PROJ] == 2 * 32 * 64 * 32
+    assert rec[N.MLPWI_0] == rec[N.MLPWI_1] == 2 * 32 * 64 * 128
+    assert rec[N.ATTENTION_OUT] == 2 * 2 * 4 * 16 * 16 * 16
+    assert rec[N.MLPWO] == 0
+    # Forward: q, k, v, scores, P·V, out-projection, gate, up, down.
+    assert g.forward_flops_per_layer == 2 * 32 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128) + 2 * 65536
+    rates = cm.target_rates("h200", cfg.dtype)
+    pred = cm.simulate(P.preset("qkv-offload", cfg), inv, cfg, rates, "serial")
+    assert pred.host_bytes == 4 * (8192 + 4096 + 4096)
+    # Serial: every byte crosses the link twice, exposed; 55 GB/s each way on h200.
+    assert pred.breakdown["exposed_d2h_s"] == pytest.approx(4 * 16384 / 55e9, rel=1e-12)
+    assert pred.breakdown["exposed_h2d_s"] == pytest.approx(4 * 16384 / 55e9, rel=1e-12)
+    # Logits: 2·16 tokens × 256 vocab × float32.
+    assert inv.logits_bytes == 2 * 16 * 256 * 4
