@@ -16,7 +16,11 @@ from tierax.errors import TieraxError
 
 AXES = ("data", "fsdp", "tensor", "expert")
 # The batch is split over these axes (sequences per device = global batch / their product).
-BATCH_AXES = ("data", "fsdp")
+# As in MaxText, the expert axis also splits the batch (and the non-expert weights, with fsdp).
+BATCH_AXES = ("data", "fsdp", "expert")
+# Non-expert weights are FSDP-sharded over these axes; expert weights over ``fsdp`` only
+# (their expert dimension takes ``expert``).
+FSDP_AXES = ("fsdp", "expert")
 
 
 @dataclass(frozen=True)
@@ -56,14 +60,53 @@ class MeshShape:
     def __str__(self) -> str:
         return ",".join(f"{a}={getattr(self, a)}" for a in AXES)
 
+    def check_model(self, cfg, *, where: str = "mesh") -> None:
+        """Refuse a mesh whose tensor/expert axes do not divide what they shard in ``cfg``.
+
+        Tensor parallelism splits attention heads (and key/value heads) and MLP hidden
+        dimensions; expert parallelism splits the routed experts.
+
+        Raises:
+          TieraxError: naming the numbers and the fix.
+        """
+        t, e = self.tensor, self.expert
+        problems = []
+        if t > 1:
+            dims = [("num_heads", cfg.num_heads)]
+            if cfg.family == "llama":
+                dims += [("num_kv_heads", cfg.num_kv_heads), ("mlp_dim", cfg.mlp_dim)]
+            else:
+                dims += [("dense_mlp_dim", cfg.dense_mlp_dim), ("expert_mlp_dim", cfg.expert_mlp_dim)]
+                if cfg.num_shared_experts:
+                    dims.append(("num_shared_experts×expert_mlp_dim", cfg.num_shared_experts * cfg.expert_mlp_dim))
+            problems += [
+                f"{name}={value} is not divisible by tensor={t}"
+                for name, value in dims if value % t
+            ]
+        # A dense model on an expert axis is fine: the axis then splits the batch and weights only.
+        if e > 1 and cfg.family == "deepseek":
+            if cfg.num_experts % e:
+                problems.append(f"num_experts={cfg.num_experts} is not divisible by expert={e}")
+        if problems:
+            fix = "choose tensor/expert sizes that divide them (or move those devices to fsdp/data)"
+            raise TieraxError(f"{where} {self} does not fit {cfg.name}: {'; '.join(problems)}; {fix}")
+
     def require_step_axes(self, where: str) -> None:
-        """Refuse tensor/expert > 1 where a real step is built (data and fsdp only so far)."""
-        for axis in ("tensor", "expert"):
-            if getattr(self, axis) != 1:
-                raise TieraxError(
-                    f"{where} {axis}={getattr(self, axis)}: tierax shards over data and fsdp only so far; "
-                    f"use {axis}=1 and put the devices on fsdp"
-                )
+        """No-op kept for callers written before tensor/expert steps existed; remove those calls.
+
+        Every axis is supported where a step is built; what the axes must divide is
+        checked there (:meth:`check_model`, :meth:`check_batch`).
+        """
+        del where
+
+    def check_batch(self, global_batch: int, *, where: str = "batch") -> None:
+        """Refuse a global batch that the batch axes (:data:`BATCH_AXES`) do not divide."""
+        ways = self.batch_ways
+        if global_batch % ways:
+            raise TieraxError(
+                f"{where} {global_batch} is not divisible by {'×'.join(BATCH_AXES)} = {ways} (mesh {self}); "
+                f"use a multiple of {ways}"
+            )
 
     def make(self, devices=None):
         """The :class:`jax.sharding.Mesh` over ``devices`` (default: all), axes :data:`AXES`.
@@ -82,6 +125,43 @@ class MeshShape:
                 "make the product equal the device count"
             )
         return Mesh(np.array(devices).reshape(tuple(getattr(self, a) for a in AXES)), AXES)
+
+
+def mesh_shape_of(mesh) -> MeshShape:
+    """The :class:`MeshShape` of a :class:`jax.sharding.Mesh` built by :meth:`MeshShape.make`."""
+    return MeshShape(**{a: int(mesh.shape[a]) for a in AXES})
+
+
+def spec(mesh, *dims):
+    """A PartitionSpec over ``mesh`` with axes of size 1 left out (so 1-way axes never show).
+
+    Each entry of ``dims`` is None, an axis name, or a tuple of axis names.
+    """
+    from jax.sharding import PartitionSpec
+
+    def keep(d):
+        if d is None:
+            return None
+        names = tuple(a for a in ((d,) if isinstance(d, str) else d) if mesh.shape[a] > 1)
+        if not names:
+            return None
+        return names[0] if len(names) == 1 else names
+
+    return PartitionSpec(*(keep(d) for d in dims))
+
+
+def constrain(x, mesh, *dims):
+    """``with_sharding_constraint(x, spec(mesh, *dims))``; a no-op without a mesh or on one device.
+
+    Used inside the models where GSPMD would otherwise guess an activation's layout
+    (batch over :data:`BATCH_AXES`, heads over ``tensor``).
+    """
+    if mesh is None or mesh.size == 1:
+        return x
+    import jax
+    from jax.sharding import NamedSharding
+
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec(mesh, *dims)))
 
 
 def make_mesh(data: int = 1, fsdp: int = 1, devices=None, *, tensor: int = 1, expert: int = 1):

@@ -70,6 +70,12 @@ def _check_common(cfg: Any) -> None:
     _check(cfg.rope_theta > 0, f"rope_theta must be > 0, got {cfg.rope_theta!r}")
 
 
+def _check_loss_tiles(cfg: Any) -> None:
+    v = cfg.loss_tiles
+    _check(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+           f"loss_tiles must be an integer ≥ 1 (1: logits in one piece), got {v!r}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class LlamaConfig:
     """Dense Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU MLP."""
@@ -90,6 +96,7 @@ class LlamaConfig:
     param_dtype: str = "float32"  # master weights
     attention: str = "xla"  # xla (materialises scores) | blockwise (flash-style, tierax.models.attention)
     attention_block: int = 512  # keys per block for blockwise attention
+    loss_tiles: int = 1  # the loss's logits are computed in this many chunks of batch×sequence (tierax.train.loss)
 
     def __post_init__(self) -> None:
         _check_common(self)
@@ -102,6 +109,7 @@ class LlamaConfig:
             "grouped-query attention needs a whole number of query heads per key/value head",
         )
         _check(self.head_dim % 2 == 0, f"head_dim={self.head_dim} must be even for RoPE")
+        _check_loss_tiles(self)
 
     def layer_groups(self) -> tuple[LayerGroup, ...]:
         acts = (N.DECODER_LAYER_INPUT,) + N.GQA_ATTENTION_NAMES + N.MLP_NAMES
@@ -175,6 +183,7 @@ class DeepSeekConfig:
     param_dtype: str = "float32"
     attention: str = "xla"
     attention_block: int = 512
+    loss_tiles: int = 1  # see LlamaConfig.loss_tiles
 
     def __post_init__(self) -> None:
         _check_common(self)
@@ -205,6 +214,7 @@ class DeepSeekConfig:
         )
         _check(self.qk_rope_head_dim % 2 == 0, f"qk_rope_head_dim={self.qk_rope_head_dim} must be even for RoPE")
         _check(self.capacity_factor > 0, f"capacity_factor must be > 0, got {self.capacity_factor!r}")
+        _check_loss_tiles(self)
 
     @property
     def num_moe_layers(self) -> int:

@@ -55,22 +55,36 @@ class Decoder(nnx.Module):
         self.final_norm = L.RMSNorm(cfg.d_model, cfg, rngs=rngs)
         self.head = None if cfg.tie_embeddings else L.dense(cfg.d_model, cfg.vocab_size, cfg, rngs)
 
-    def __call__(self, tokens_BS, policies: Mapping[str, Callable | None] | None = None):
-        """Logits (float32) for ``tokens_BS``.
+    def __call__(self, tokens_BS, policies: Mapping[str, Callable | None] | None = None, mesh=None):
+        """Logits (float32) for ``tokens_BS`` (materialised in full: the loss uses :meth:`hidden`).
 
         Args:
           tokens_BS: int token ids.
           policies: layer group → ``jax.checkpoint`` policy, or None for no
             rematerialisation of that group.  Build it with
             :func:`tierax.plan.to_policies`; nothing else should.
+          mesh: the :class:`jax.sharding.Mesh` the step runs on (None: one device).
+        """
+        x_BSD = self.hidden(tokens_BS, policies, mesh)
+        if self.head is None:
+            logits = self.embed.attend(x_BSD)
+        else:
+            logits = self.head(x_BSD)
+        return logits.astype(jnp.float32)
+
+    def hidden(self, tokens_BS, policies: Mapping[str, Callable | None] | None = None, mesh=None):
+        """Final hidden states (after the final RMSNorm), [B, S, D] in the compute dtype.
+
+        Logits are ``hidden @ output_weight()``; :mod:`tierax.train.loss` computes the
+        loss from these in tiles, never holding the full [tokens, vocab] logits.
         """
         policies = policies or {}
-        x_BSD = self.embed(tokens_BS)
+        x_BSD = L._replicated(self.embed(tokens_BS), mesh)
         for name in self.group_names:
             graphdef, state = nnx.split(self.groups[name])
 
             def body(carry, layer_state, graphdef=graphdef):
-                return nnx.merge(graphdef, layer_state)(carry), None
+                return nnx.merge(graphdef, layer_state)(carry, mesh), None
 
             policy = policies.get(name)
             if policy is not None:
@@ -78,9 +92,11 @@ class Decoder(nnx.Module):
             # The scope lets an abstract trace attribute tagged activations to a group.
             with jax.named_scope(f"tierax_group_{name}"):
                 x_BSD, _ = jax.lax.scan(body, x_BSD, state)
-        x_BSD = self.final_norm(x_BSD)
+        return self.final_norm(x_BSD)
+
+    def output_weight(self):
+        """The LM head as a [D, V] matrix in the compute dtype (the tied embedding transposed)."""
+        dt = jnp.dtype(self.cfg.dtype)
         if self.head is None:
-            logits = self.embed.attend(x_BSD)
-        else:
-            logits = self.head(x_BSD)
-        return logits.astype(jnp.float32)
+            return self.embed.embedding[...].astype(dt).T
+        return self.head.kernel[...].astype(dt)

@@ -15,6 +15,8 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from tierax import names as N
+from tierax.mesh import BATCH_AXES, constrain
+from tierax.models import moe as moe_lib
 from tierax.models.attention import causal_attention
 
 
@@ -32,6 +34,16 @@ def dense(in_dim: int, out_dim: int, cfg, rngs: nnx.Rngs) -> nnx.Linear:
         kernel_init=_init(in_dim**-0.5),
         rngs=rngs,
     )
+
+
+def _heads(x_BSHd, mesh):
+    """Heads over ``tensor``, batch over the batch axes (column-parallel output)."""
+    return constrain(x_BSHd, mesh, BATCH_AXES, None, "tensor", None)
+
+
+def _replicated(x_BSD, mesh):
+    """Batch over the batch axes, model dimension whole (a row-parallel output: all-reduced over tensor)."""
+    return constrain(x_BSD, mesh, BATCH_AXES, None, None)
 
 
 class RMSNorm(nnx.Module):
@@ -71,19 +83,21 @@ class GQAttention(nnx.Module):
         self.wv = dense(d, k * hd, cfg, rngs)
         self.wo = dense(h * hd, d, cfg, rngs)
 
-    def __call__(self, x_BSD):
+    def __call__(self, x_BSD, mesh=None):
         c = self.cfg
         B, S, _ = x_BSD.shape
         K, G, hd = c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim
-        q_BSHd = rope(self.wq(x_BSD).reshape(B, S, K * G, hd), c.rope_theta)
-        k_BSKd = rope(self.wk(x_BSD).reshape(B, S, K, hd), c.rope_theta)
-        v_BSKd = self.wv(x_BSD).reshape(B, S, K, hd)
+        # Megatron: q/k/v column-parallel (heads over tensor), out-projection row-parallel.
+        q_BSHd = _heads(rope(self.wq(x_BSD).reshape(B, S, K * G, hd), c.rope_theta), mesh)
+        k_BSKd = _heads(rope(self.wk(x_BSD).reshape(B, S, K, hd), c.rope_theta), mesh)
+        v_BSKd = _heads(self.wv(x_BSD).reshape(B, S, K, hd), mesh)
         q_BSHd = checkpoint_name(q_BSHd, N.QUERY_PROJ)
         k_BSKd = checkpoint_name(k_BSKd, N.KEY_PROJ)
         v_BSKd = checkpoint_name(v_BSKd, N.VALUE_PROJ)
         ctx = causal_attention(q_BSHd.reshape(B, S, K, G, hd), k_BSKd, v_BSKd, impl=c.attention, block=c.attention_block)
-        ctx_BSF = checkpoint_name(ctx.reshape(B, S, K * G * hd), N.ATTENTION_OUT)
-        return checkpoint_name(self.wo(ctx_BSF), N.OUT_PROJ)
+        ctx_BSF = constrain(ctx.reshape(B, S, K * G * hd), mesh, BATCH_AXES, None, "tensor")
+        ctx_BSF = checkpoint_name(ctx_BSF, N.ATTENTION_OUT)
+        return checkpoint_name(_replicated(self.wo(ctx_BSF), mesh), N.OUT_PROJ)
 
 
 class MLAttention(nnx.Module):
@@ -100,27 +114,28 @@ class MLAttention(nnx.Module):
         self.wkv_b = dense(cfg.kv_lora_rank, h * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg, rngs)
         self.wo = dense(h * cfg.v_head_dim, d, cfg, rngs)
 
-    def __call__(self, x_BSD):
+    def __call__(self, x_BSD, mesh=None):
         c = self.cfg
         B, S, _ = x_BSD.shape
         H, nope, rp, vd = c.num_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
         qa_BSR = checkpoint_name(self.wq_a(x_BSD), N.QUERY_WA_PROJ)
         qa_BSR = checkpoint_name(self.q_norm(qa_BSR), N.MLA_Q)
-        q_BSHd = self.wq_b(qa_BSR).reshape(B, S, H, nope + rp)
+        q_BSHd = _heads(self.wq_b(qa_BSR).reshape(B, S, H, nope + rp), mesh)
         q_BSHd = jnp.concatenate([q_BSHd[..., :nope], rope(q_BSHd[..., nope:], c.rope_theta)], axis=-1)
         q_BSHd = checkpoint_name(q_BSHd, N.QUERY_PROJ)
 
         kva_BSR = checkpoint_name(self.wkv_a(x_BSD), N.KV_WA_PROJ)
         latent_BSL = checkpoint_name(self.kv_norm(kva_BSR[..., : c.kv_lora_rank]), N.MLA_KV)
         krope_BS1r = rope(kva_BSR[..., c.kv_lora_rank :][:, :, None, :], c.rope_theta)
-        kv_BSHf = self.wkv_b(latent_BSL).reshape(B, S, H, nope + vd)
+        kv_BSHf = _heads(self.wkv_b(latent_BSL).reshape(B, S, H, nope + vd), mesh)
         k_BSHd = jnp.concatenate([kv_BSHf[..., :nope], jnp.broadcast_to(krope_BS1r, (B, S, H, rp))], axis=-1)
         k_BSHd = checkpoint_name(k_BSHd, N.KEY_PROJ)
         v_BSHv = checkpoint_name(kv_BSHf[..., nope:], N.VALUE_PROJ)
 
         ctx = causal_attention(q_BSHd[:, :, :, None, :], k_BSHd, v_BSHv, impl=c.attention, block=c.attention_block)
-        ctx_BSF = checkpoint_name(ctx.reshape(B, S, H * vd), N.ATTENTION_OUT)
-        return checkpoint_name(self.wo(ctx_BSF), N.OUT_PROJ)
+        ctx_BSF = constrain(ctx.reshape(B, S, H * vd), mesh, BATCH_AXES, None, "tensor")
+        ctx_BSF = checkpoint_name(ctx_BSF, N.ATTENTION_OUT)
+        return checkpoint_name(_replicated(self.wo(ctx_BSF), mesh), N.OUT_PROJ)
 
 
 class SwiGLU(nnx.Module):
@@ -131,10 +146,11 @@ class SwiGLU(nnx.Module):
         self.wi_1 = dense(d_model, hidden, cfg, rngs)
         self.wo = dense(hidden, d_model, cfg, rngs)
 
-    def __call__(self, x_BSD):
-        g_BSF = checkpoint_name(self.wi_0(x_BSD), N.MLPWI_0)
-        u_BSF = checkpoint_name(self.wi_1(x_BSD), N.MLPWI_1)
-        return checkpoint_name(self.wo(jax.nn.silu(g_BSF) * u_BSF), N.MLPWO)
+    def __call__(self, x_BSD, mesh=None):
+        # Megatron: up-projections column-parallel (hidden over tensor), down-projection row-parallel.
+        g_BSF = checkpoint_name(constrain(self.wi_0(x_BSD), mesh, BATCH_AXES, None, "tensor"), N.MLPWI_0)
+        u_BSF = checkpoint_name(constrain(self.wi_1(x_BSD), mesh, BATCH_AXES, None, "tensor"), N.MLPWI_1)
+        return checkpoint_name(_replicated(self.wo(jax.nn.silu(g_BSF) * u_BSF), mesh), N.MLPWO)
 
 
 class MoE(nnx.Module):
@@ -152,38 +168,12 @@ class MoE(nnx.Module):
             SwiGLU(d, cfg.num_shared_experts * F, cfg, rngs=rngs) if cfg.num_shared_experts else None
         )
 
-    def __call__(self, x_BSD):
-        c = self.cfg
-        dt = jnp.dtype(c.dtype)
-        B, S, D = x_BSD.shape
-        E, k = c.num_experts, c.num_experts_per_tok
-        x_TD = x_BSD.reshape(B * S, D)
-        T = B * S
-        C = c.capacity(T)
-
-        logits_TE = jnp.dot(x_TD.astype(jnp.float32), self.router[...].astype(jnp.float32))
-        scores_TE = jax.nn.sigmoid(logits_TE)
-        top_Tk, expert_Tk = jax.lax.top_k(scores_TE, k)
-        gates_Tk = top_Tk / jnp.sum(top_Tk, axis=-1, keepdims=True) * c.routed_scaling_factor
-
-        # Slot of each (token, choice) inside its expert's buffer, in token order.
-        expert_A = expert_Tk.reshape(T * k)
-        onehot_AE = jax.nn.one_hot(expert_A, E, dtype=jnp.int32)
-        slot_A = jnp.sum((jnp.cumsum(onehot_AE, axis=0) - 1) * onehot_AE, axis=-1)
-        token_A = jnp.repeat(jnp.arange(T), k)
-        # Assignments past capacity are dropped (scatter mode="drop", gather fill 0).
-        buf_ECD = jnp.zeros((E, C, D), dt).at[expert_A, slot_A].set(x_TD[token_A].astype(dt), mode="drop")
-
-        h0_ECF = checkpoint_name(jnp.einsum("ecd,edf->ecf", buf_ECD, self.wi_0[...].astype(dt)), N.MOE_MLPWI_0)
-        h1_ECF = checkpoint_name(jnp.einsum("ecd,edf->ecf", buf_ECD, self.wi_1[...].astype(dt)), N.MOE_MLPWI_1)
-        y_ECD = checkpoint_name(
-            jnp.einsum("ecf,efd->ecd", jax.nn.silu(h0_ECF) * h1_ECF, self.wo[...].astype(dt)), N.MOE_MLPWO
+    def __call__(self, x_BSD, mesh=None):
+        out_BSD = moe_lib.routed_experts(
+            x_BSD, self.router[...], self.wi_0[...], self.wi_1[...], self.wo[...], self.cfg, mesh
         )
-        y_AD = y_ECD.at[expert_A, slot_A].get(mode="fill", fill_value=0)
-        y_TD = jnp.sum((y_AD * gates_Tk.reshape(T * k, 1).astype(dt)).reshape(T, k, D), axis=1)
-        out_BSD = y_TD.reshape(B, S, D)
         if self.shared is not None:
-            out_BSD = out_BSD + self.shared(x_BSD)
+            out_BSD = out_BSD + self.shared(x_BSD, mesh)
         return out_BSD
 
 
@@ -196,7 +186,8 @@ class DecoderLayer(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg, rngs=rngs)
         self.mlp = mlp
 
-    def __call__(self, x_BSD):
-        x_BSD = checkpoint_name(x_BSD, N.DECODER_LAYER_INPUT)
-        h_BSD = x_BSD + self.attention(self.attn_norm(x_BSD))
-        return h_BSD + self.mlp(self.mlp_norm(h_BSD))
+    def __call__(self, x_BSD, mesh=None):
+        """``mesh``: the :class:`jax.sharding.Mesh` the step runs on (None: one device, no constraints)."""
+        x_BSD = checkpoint_name(_replicated(x_BSD, mesh), N.DECODER_LAYER_INPUT)
+        h_BSD = x_BSD + self.attention(self.attn_norm(x_BSD), mesh)
+        return h_BSD + self.mlp(self.mlp_norm(h_BSD), mesh)

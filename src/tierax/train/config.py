@@ -231,7 +231,7 @@ class TrainConfig:
         _check(self.seed >= 0, f"{self.source}: seed must be ≥ 0, got {self.seed}")
         _check(self.xla_preset in xla_flags.PRESETS,
                f"{self.source}: xla_preset={self.xla_preset!r} is unknown; choose one of: {', '.join(xla_flags.PRESETS)}")
-        self.mesh.require_step_axes(f"{self.source}: mesh")
+        self.mesh.check_model(self.model, where=f"{self.source}: mesh")
         if self.cpu_devices is not None:
             _check(self.cpu_devices >= 1, f"{self.source}: cpu_devices must be ≥ 1, got {self.cpu_devices}")
         decay = self.decay_steps

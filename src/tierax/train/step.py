@@ -17,6 +17,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tierax import plan as plan_lib
 from tierax.models import ModelConfig, build_model
+from tierax.train import loss as loss_lib
 from tierax.train import sharding as sh
 
 
@@ -49,22 +50,40 @@ def make_optimizer(
     return optax.chain(optax.clip_by_global_norm(grad_clip), adamw)
 
 
-def make_loss_fn(graphdef, policies) -> Callable:
-    """``loss(params, tokens_BT) -> mean next-token cross-entropy`` (float32)."""
+def make_loss_fn(graphdef, policies, mesh: Mesh | None = None) -> Callable:
+    """``loss(params, tokens_BT) -> mean next-token cross-entropy`` (float32).
+
+    The logits are computed in ``cfg.loss_tiles`` chunks (:mod:`tierax.train.loss`).
+    ``mesh``: the mesh the step runs on (sharding constraints, the expert-parallel
+    MoE's shard_map); None on one device.
+    """
+    mesh = None if mesh is None or mesh.size == 1 else mesh
 
     def loss(params, tokens_BT):
         model = nnx.merge(graphdef, params)
-        logits_BSV = model(tokens_BT[:, :-1], policies)
-        targets_BS = tokens_BT[:, 1:]
-        logp_BSV = jax.nn.log_softmax(logits_BSV, axis=-1)
-        nll_BS = -jnp.take_along_axis(logp_BSV, targets_BS[..., None], axis=-1)[..., 0]
-        return jnp.mean(nll_BS)
+        if mesh is not None:
+            sh.check_batch(tokens_BT.shape[0], mesh)
+        hidden_BSD = model.hidden(tokens_BT[:, :-1], policies, mesh)
+        return loss_lib.cross_entropy(
+            hidden_BSD, model.output_weight(), tokens_BT[:, 1:], tiles=model.cfg.loss_tiles, mesh=mesh
+        )
 
     return loss
 
 
+def mesh_of(tree) -> Mesh | None:
+    """The mesh of a pytree's NamedShardings (arrays, ShapeDtypeStructs or shardings); None if none."""
+    for leaf in jax.tree.leaves(tree):
+        sharding = leaf if isinstance(leaf, NamedSharding) else getattr(leaf, "sharding", None)
+        if isinstance(sharding, NamedSharding):
+            return sharding.mesh
+    return None
+
+
 def init_params(cfg: ModelConfig, *, seed: int = 0, mesh: Mesh | None = None):
     """(graphdef, params); with a mesh the params are created already sharded."""
+    if mesh is not None:
+        sh.check_step(cfg, mesh)
     graphdef, abstract = nnx.split(nnx.eval_shape(lambda: build_model(cfg, seed=seed)))
     shardings = None if mesh is None else sh.param_shardings(abstract, mesh)
     # One jitted init: far faster than building the stacked layers eagerly op by op.
@@ -110,7 +129,10 @@ def make_train_step(
         gradients are summed over a ``lax.scan`` (float32) and averaged, so the
         update equals one step on all the sequences at once.
     """
-    loss_fn = make_loss_fn(graphdef, plan_lib.to_policies(plan, cfg))
+    mesh = None if state_shardings is None else mesh_of(state_shardings)
+    if mesh is not None:
+        sh.check_step(cfg, mesh)
+    loss_fn = make_loss_fn(graphdef, plan_lib.to_policies(plan, cfg), mesh)
     grad_fn = jax.value_and_grad(loss_fn)
     param_shardings = None if state_shardings is None else state_shardings.params
 
@@ -153,8 +175,11 @@ def shardings_of(tree):
 
 
 def loss_and_grads(graphdef, cfg: ModelConfig, plan: plan_lib.Plan, params, tokens_BT):
-    """Loss and gradients under ``plan`` (jitted, nothing donated): the check every plan must pass."""
-    loss_fn = make_loss_fn(graphdef, plan_lib.to_policies(plan, cfg))
+    """Loss and gradients under ``plan`` (jitted, nothing donated): the check every plan must pass.
+
+    Sharded ``params`` (on a mesh) run the sharded step: the mesh is taken from them.
+    """
+    loss_fn = make_loss_fn(graphdef, plan_lib.to_policies(plan, cfg), mesh_of(params))
     return jax.jit(jax.value_and_grad(loss_fn))(params, tokens_BT)
 
 

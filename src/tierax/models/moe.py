@@ -1,0 +1,165 @@
+"""Expert-parallel mixture of experts: route, dispatch with all-to-all, local batched GEMMs, combine.
+
+The routed-expert computation of :class:`tierax.models.layers.MoE`:
+
+1. **Route** (every device, its own tokens): sigmoid affinities, top-k, gates
+   renormalised over the chosen experts (DeepSeek-V3 §2.1.2).
+2. **Dispatch** (``jax.shard_map`` over the whole mesh): each device sorts its local
+   (token, choice) assignments by expert and writes them into a capacity-padded
+   send buffer ``[experts, C_local, D]`` (``C_local = cfg.capacity(local tokens)``;
+   assignments past it are dropped); ``all_to_all`` over ``expert`` sends each
+   expert shard its experts' rows, so a device holds
+   ``[local experts, expert_shards × C_local, D]``.
+3. **Expert MLP** (GSPMD, outside the shard_map so the checkpoint names
+   ``moe_mlpwi_0``/``moe_mlpwi_1``/``moe_mlpwo`` are seen by the layer's remat
+   policy): batched GEMMs over the local experts, the expert weights gathered over
+   ``fsdp`` (FSDP), their hidden dimension split over ``tensor`` (the down-projection
+   all-reduced over ``tensor``).  Memory and FLOPs ∝ routed tokens per device
+   (times the capacity factor), not the global token count.
+4. **Combine** (``shard_map``): ``all_to_all`` back, gather each assignment's row,
+   weight by its gate, sum over the k choices.
+
+Without a mesh (or on one device) the same functions run with one expert shard and
+no collectives.  ``jax.lax.ragged_dot`` is deliberately not used: XLA:GPU lowers it
+to a masked dense GEMM (see the design notes).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+
+from tierax import names as N
+from tierax.mesh import BATCH_AXES, constrain, spec
+
+EXPERT_AXIS = "expert"
+# The batch axes other than ``expert``: the received tokens' capacity dimension is split over them.
+TOKEN_AXES = tuple(a for a in BATCH_AXES if a != EXPERT_AXIS)
+
+
+def route(x_TD, router_DE, cfg):
+    """(gates [T, k] float32, experts [T, k] int32) for tokens ``x_TD``."""
+    logits_TE = jnp.dot(x_TD.astype(jnp.float32), router_DE.astype(jnp.float32))
+    scores_TE = jax.nn.sigmoid(logits_TE)
+    top_Tk, expert_Tk = jax.lax.top_k(scores_TE, cfg.num_experts_per_tok)
+    gates_Tk = top_Tk / jnp.sum(top_Tk, axis=-1, keepdims=True) * cfg.routed_scaling_factor
+    return gates_Tk, expert_Tk.astype(jnp.int32)
+
+
+def slots(expert_A, num_experts: int):
+    """Position of each assignment inside its expert's buffer, in assignment (token) order.
+
+    A stable sort by expert: O(A log A), no [A, E] one-hot.
+    """
+    A = expert_A.shape[0]
+    order = jnp.argsort(expert_A, stable=True)
+    counts_E = jnp.zeros((num_experts,), jnp.int32).at[expert_A].add(1)
+    starts_E = jnp.cumsum(counts_E) - counts_E
+    slot_sorted = jnp.arange(A, dtype=jnp.int32) - starts_E[expert_A[order]]
+    return jnp.zeros((A,), jnp.int32).at[order].set(slot_sorted)
+
+
+def dropped_assignments(expert_Tk, num_experts: int, capacity: int):
+    """How many (token, choice) assignments of ``expert_Tk`` overflow ``capacity`` slots per expert."""
+    return jnp.sum(slots(expert_Tk.reshape(-1), num_experts) >= capacity)
+
+
+def _dispatch_local(x_TD, expert_Tk, num_experts: int, capacity: int, dtype):
+    T, k = expert_Tk.shape
+    expert_A = expert_Tk.reshape(T * k)
+    slot_A = slots(expert_A, num_experts)
+    token_A = jnp.arange(T * k, dtype=jnp.int32) // k
+    buf_ECD = jnp.zeros((num_experts, capacity, x_TD.shape[-1]), dtype)
+    # Assignments past capacity are dropped (scatter mode="drop"; the combine gathers 0 for them).
+    buf_ECD = buf_ECD.at[expert_A, slot_A].set(x_TD[token_A].astype(dtype), mode="drop")
+    return buf_ECD, slot_A
+
+
+def _combine_local(y_ECD, expert_Tk, slot_A, gates_Tk):
+    T, k = expert_Tk.shape
+    y_AD = y_ECD.at[expert_Tk.reshape(T * k), slot_A].get(mode="fill", fill_value=0)
+    weighted = y_AD * gates_Tk.reshape(T * k, 1).astype(y_AD.dtype)
+    return jnp.sum(weighted.reshape(T, k, -1), axis=1)
+
+
+def _expert_mlp(buf_ECD, wi_0, wi_1, wo, dtype, mesh):
+    """The local experts' SwiGLU on their received rows (tagged for the remat policy)."""
+    wi_0 = constrain(wi_0.astype(dtype), mesh, EXPERT_AXIS, None, "tensor")
+    wi_1 = constrain(wi_1.astype(dtype), mesh, EXPERT_AXIS, None, "tensor")
+    wo = constrain(wo.astype(dtype), mesh, EXPERT_AXIS, "tensor", None)
+    h0_ECF = jnp.einsum("ecd,edf->ecf", buf_ECD, wi_0)
+    h0_ECF = checkpoint_name(constrain(h0_ECF, mesh, EXPERT_AXIS, TOKEN_AXES, "tensor"), N.MOE_MLPWI_0)
+    h1_ECF = jnp.einsum("ecd,edf->ecf", buf_ECD, wi_1)
+    h1_ECF = checkpoint_name(constrain(h1_ECF, mesh, EXPERT_AXIS, TOKEN_AXES, "tensor"), N.MOE_MLPWI_1)
+    y_ECD = jnp.einsum("ecf,efd->ecd", jax.nn.silu(h0_ECF) * h1_ECF, wo)
+    return checkpoint_name(constrain(y_ECD, mesh, EXPERT_AXIS, TOKEN_AXES, None), N.MOE_MLPWO)
+
+
+def routed_experts(x_BSD, router_DE, wi_0, wi_1, wo, cfg, mesh=None):
+    """Output of the routed experts for ``x_BSD`` (the shared experts are not included).
+
+    Args:
+      x_BSD: the layer's normalised input, batch split over :data:`BATCH_AXES` on ``mesh``.
+      router_DE, wi_0 [E, D, F], wi_1 [E, D, F], wo [E, F, D]: the MoE parameters.
+      mesh: the :class:`jax.sharding.Mesh` the step runs on, or None (one device).
+    """
+    dt = jnp.dtype(cfg.dtype)
+    B, S, D = x_BSD.shape
+    E = cfg.num_experts
+    gates_BSk, expert_BSk = route(x_BSD.reshape(B * S, D), router_DE, cfg)
+    k = expert_BSk.shape[-1]
+    gates_BSk, expert_BSk = gates_BSk.reshape(B, S, k), expert_BSk.reshape(B, S, k)
+
+    if mesh is None or mesh.size == 1:
+        T = B * S
+        buf_ECD, slot_A = _dispatch_local(x_BSD.reshape(T, D), expert_BSk.reshape(T, k), E, cfg.capacity(T), dt)
+        y_ECD = _expert_mlp(buf_ECD, wi_0, wi_1, wo, dt, None)
+        return _combine_local(y_ECD, expert_BSk.reshape(T, k), slot_A, gates_BSk.reshape(T, k)).reshape(B, S, D)
+
+    ep = mesh.shape[EXPERT_AXIS]
+    e_loc = E // ep
+    b_loc = B // (mesh.shape["data"] * mesh.shape["fsdp"] * ep)
+    C = cfg.capacity(b_loc * S)
+    batch = spec(mesh, BATCH_AXES)[0]
+    tok_spec = jax.sharding.PartitionSpec(batch, None, None)
+    slot_spec = jax.sharding.PartitionSpec(batch)
+    buf_spec = spec(mesh, EXPERT_AXIS, TOKEN_AXES, None)
+
+    def dispatch(x_bsd, expert_bsk):
+        t = x_bsd.shape[0] * S
+        buf_ECD, slot_A = _dispatch_local(x_bsd.reshape(t, D), expert_bsk.reshape(t, k), E, C, dt)
+        if ep > 1:  # block j of the expert dimension goes to expert shard j; receive one block per source
+            buf_ECD = jax.lax.all_to_all(buf_ECD, EXPERT_AXIS, 0, 0, tiled=True)
+        # [source, local expert, C, D] → [local expert, source × C, D]
+        buf = buf_ECD.reshape(ep, e_loc, C, D).transpose(1, 0, 2, 3).reshape(e_loc, ep * C, D)
+        return buf, slot_A
+
+    def combine(y_eCD, expert_bsk, slot_A, gates_bsk):
+        y_ECD = y_eCD.reshape(e_loc, ep, C, D).transpose(1, 0, 2, 3).reshape(E, C, D)
+        if ep > 1:
+            y_ECD = jax.lax.all_to_all(y_ECD, EXPERT_AXIS, 0, 0, tiled=True)
+        b = expert_bsk.shape[0]
+        out = _combine_local(y_ECD, expert_bsk.reshape(b * S, k), slot_A, gates_bsk.reshape(b * S, k))
+        return out.reshape(b, S, D)
+
+    x_BSD = constrain(x_BSD, mesh, BATCH_AXES, None, None)
+    buf, slot_A = jax.shard_map(
+        dispatch, mesh=mesh, in_specs=(tok_spec, tok_spec), out_specs=(buf_spec, slot_spec)
+    )(x_BSD, expert_BSk)
+    y = _expert_mlp(buf, wi_0, wi_1, wo, dt, mesh)
+    return jax.shard_map(
+        combine, mesh=mesh, in_specs=(buf_spec, tok_spec, slot_spec, tok_spec), out_specs=tok_spec
+    )(y, expert_BSk, slot_A, gates_BSk)
+
+
+def dropped_in_batch(x_BSD, router_DE, cfg, batch_shards: int = 1):
+    """Assignments the capacity drops for ``x_BSD`` split into ``batch_shards`` equal device batches.
+
+    Returns an int array (summed over shards); 0 means the layer computed every choice.
+    """
+    B, S, D = x_BSD.shape
+    _, expert_BSk = route(x_BSD.reshape(B * S, D), router_DE, cfg)
+    per = expert_BSk.reshape(batch_shards, (B // batch_shards) * S, -1)
+    C = cfg.capacity((B // batch_shards) * S)
+    return jnp.sum(jax.vmap(lambda e: dropped_assignments(e, cfg.num_experts, C))(per))

@@ -1,0 +1,71 @@
+"""Next-token cross-entropy computed in tiles: the full [tokens, vocab] logits never exist.
+
+The final hidden states [B, S, D] are cut into ``tiles`` chunks along the sequence
+(each chunk keeps the whole batch, so it stays split over the batch axes like the
+activations), and a ``lax.scan`` computes one chunk's logits, log-sum-exp and target
+logit at a time.  The scan body is wrapped in ``jax.checkpoint``, so the backward
+pass recomputes each chunk's logits instead of keeping them: forward and backward
+hold one [B, S/tiles, V] float32 chunk at a time (MaxText's ``num_vocab_tiling``
+chunks batch × sequence the same way).  ``tiles=1`` is the plain untiled loss.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from tierax.errors import TieraxError
+from tierax.mesh import BATCH_AXES, constrain
+
+
+def check_tiles(tiles: int, seq: int) -> None:
+    """Refuse a tiling that does not divide the sequence (message names the numbers and fix)."""
+    if not isinstance(tiles, int) or isinstance(tiles, bool) or tiles < 1:
+        raise TieraxError(f"loss_tiles must be an integer ≥ 1, got {tiles!r}")
+    if seq % tiles:
+        divisors = [d for d in range(1, seq + 1) if seq % d == 0]
+        near = min(divisors, key=lambda d: (abs(d - tiles), d))
+        raise TieraxError(
+            f"loss_tiles={tiles} does not divide the sequence length {seq} (the loss is tiled along "
+            f"the sequence of every batch row); use a divisor of {seq}, e.g. loss_tiles={near}"
+        )
+
+
+def _chunk_nll_sum(h_BsD, weight_DV, targets_Bs, mesh):
+    """Sum over the chunk of −log p(target): logits in float32, never leaving this function."""
+    logits_BsV = jnp.einsum("bsd,dv->bsv", h_BsD, weight_DV, preferred_element_type=jnp.float32)
+    logits_BsV = constrain(logits_BsV, mesh, BATCH_AXES, None, None)
+    lse_Bs = jax.nn.logsumexp(logits_BsV, axis=-1)
+    target_Bs = jnp.take_along_axis(logits_BsV, targets_Bs[..., None], axis=-1)[..., 0]
+    return jnp.sum(lse_Bs - target_Bs)
+
+
+def cross_entropy(hidden_BSD, weight_DV, targets_BS, *, tiles: int = 1, mesh=None):
+    """Mean next-token cross-entropy (float32) of logits ``hidden_BSD @ weight_DV`` against ``targets_BS``.
+
+    Args:
+      hidden_BSD: final hidden states (after the final norm), compute dtype.
+      weight_DV: the LM head ([D, V], compute dtype).
+      targets_BS: int target ids.
+      tiles: chunks along the sequence; 1 computes the logits in one piece.
+      mesh: the step's :class:`jax.sharding.Mesh` (None: one device).
+
+    Raises:
+      TieraxError: ``tiles`` does not divide the sequence length.
+    """
+    B, S, D = hidden_BSD.shape
+    check_tiles(tiles, S)
+    if tiles == 1:
+        total = _chunk_nll_sum(hidden_BSD, weight_DV, targets_BS, mesh)
+    else:
+        s = S // tiles
+        h_nBsD = hidden_BSD.reshape(B, tiles, s, D).swapaxes(0, 1)
+        t_nBs = targets_BS.reshape(B, tiles, s).swapaxes(0, 1)
+
+        @jax.checkpoint  # the backward recomputes the chunk's logits rather than keeping them
+        def body(acc, xs):
+            h_BsD, t_Bs = xs
+            return acc + _chunk_nll_sum(h_BsD, weight_DV, t_Bs, mesh), None
+
+        total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (h_nBsD, t_nBs))
+    return total / (B * S)
