@@ -1,9 +1,10 @@
 """Gradient equivalence: a plan's loss and gradients against ``save-all``, on the local backend.
 
 A plan only moves activations between device memory, host memory and
-recomputation; it must not change the numbers.  :func:`verify_plan` runs one step
-(loss and gradients, same parameters, same tokens) under the plan and under
-``save-all`` and compares the loss and every gradient leaf.  The error of a leaf is
+recomputation; it must not change the numbers.  :func:`verify_plan` compiles and
+runs the plan's own program (:func:`compiled_step`: loss and gradients under the
+plan's policies) and ``save-all``'s, on the same parameters and tokens, and compares
+the loss and every gradient leaf.  Nothing is cached between calls.  The error of a leaf is
 ``max |g_plan − g_ref| / max |g_ref|`` (relative to the reference leaf's largest
 magnitude, as ``tests/test_plan_battery.py`` measures it); a NaN or infinity anywhere
 fails.

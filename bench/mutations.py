@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Deliberate breakage: does the test suite catch it?
+
+Each mutation below is one wrong change to tierax (issue 11's table).  For each, a
+temporary copy of the repository (``git archive`` of a commit: src/, tests/,
+pyproject.toml) is patched and the relevant test files run against it
+(``PYTHONPATH`` = the copy's src/).  A mutation is *caught* when a test that passes on
+the unpatched copy fails on the patched one; tests that already fail unpatched (someone
+else's work in progress) are reported and never count.  Writes
+bench/results/mutations.json.  Not part of the default suite (several minutes).
+
+    .venv/bin/python bench/mutations.py [--commit HEAD] [--only NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+MUTATIONS = [
+    {
+        "name": "to_policies-keeps-offloaded-on-device",
+        "what": "plan.to_policies saves offloaded names in device memory instead of offloading them",
+        "file": "src/tierax/plan.py",
+        "old": "names_which_can_be_saved=[n for n, p in placements.items() if p is Placement.DEVICE],\n"
+               "            names_which_can_be_offloaded=[n for n, p in placements.items() if p is Placement.OFFLOAD],",
+        "new": "names_which_can_be_saved=[n for n, p in placements.items() if p in (Placement.DEVICE, Placement.OFFLOAD)],\n"
+               "            names_which_can_be_offloaded=[],",
+        "tests": ["tests/test_plan.py"],
+    },
+    {
+        "name": "planner-ignores-exposed-transfer",
+        "what": "the planner's objective gives exposed transfer time no weight",
+        "file": "src/tierax/planner.py",
+        "old": "    c[ED:ED + G] = 1.0\n    c[EH:EH + G] = 1.0\n",
+        "new": "    c[ED:ED + G] = 0.0\n    c[EH:EH + G] = 0.0\n",
+        "tests": ["tests/test_planner_bruteforce.py", "tests/test_planner.py"],
+    },
+    {
+        "name": "host-transfers-cost-nothing",
+        "what": "costmodel.item_terms: d2h and h2d seconds are 0",
+        "file": "src/tierax/costmodel.py",
+        "old": "a.total_bytes / rates.d2h_bytes_per_s, a.total_bytes / rates.h2d_bytes_per_s)",
+        "new": "0.0, 0.0)",
+        "tests": ["tests/test_costmodel_hand.py", "tests/test_planner_bruteforce.py", "tests/test_planner.py"],
+    },
+    {
+        "name": "verify-compares-reference-with-itself",
+        "what": "verify never runs the plan's program: the plan's loss and gradients are the reference's",
+        "file": "src/tierax/measure/verify.py",
+        "old": "        loss, grads = compiled_step(graphdef, p, cfg, params, tokens)(params, tokens)\n",
+        "new": "        loss, grads = ref_loss, ref_grads\n",
+        "tests": ["tests/test_verify.py"],
+    },
+]
+
+
+def _checkout(commit: str, dest: pathlib.Path) -> None:
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "src", "tests", "pyproject.toml"],
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+
+
+def _run_tests(copy: pathlib.Path, files: list[str], tag: str) -> dict:
+    """{test id: passed?} for ``files`` run in ``copy``."""
+    xml = copy / f"junit-{tag}.xml"
+    env = dict(os.environ, PYTHONPATH=str(copy / "src"), JAX_PLATFORMS="cpu")
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           f"--junitxml={xml}", *files], cwd=copy, env=env, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL)
+    outcomes = {}
+    if xml.exists():
+        for case in ET.parse(xml).getroot().iter("testcase"):
+            tid = f"{case.get('classname')}::{case.get('name')}"
+            bad = any(child.tag in ("failure", "error") for child in case)
+            skipped = any(child.tag == "skipped" for child in case)
+            if not skipped:
+                outcomes[tid] = not bad
+    return {"outcomes": outcomes, "seconds": round(time.perf_counter() - t0, 1), "returncode": proc.returncode,
+            "tail": proc.stdout[-1500:] if not outcomes else ""}
+
+
+def _imports_from(copy: pathlib.Path) -> str:
+    env = dict(os.environ, PYTHONPATH=str(copy / "src"))
+    return subprocess.run([sys.executable, "-c", "import tierax; print(tierax.__file__)"], env=env, cwd=copy,
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--commit", default="HEAD", help="the commit to copy and mutate (default HEAD)")
+    ap.add_argument("--only", nargs="*", help="mutation names to run (default: all)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "mutations.json"))
+    args = ap.parse_args()
+    import jax
+
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", args.commit], check=True, capture_output=True,
+                            text=True).stdout.strip()
+    chosen = [m for m in MUTATIONS if not args.only or m["name"] in args.only]
+    record = {
+        "schema": "tierax.mutations/1",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": " ".join([pathlib.Path(sys.executable).name, *sys.argv]),
+        "commit": commit,
+        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
+        "jax_version": jax.__version__,
+        "rule": "caught = some test that passes on the unpatched copy fails on the patched copy",
+        "mutations": [],
+    }
+    with tempfile.TemporaryDirectory(prefix="tierax-mutations-") as tmp:
+        tmp = pathlib.Path(tmp)
+        base = tmp / "base"
+        base.mkdir()
+        _checkout(commit, base)
+        where = _imports_from(base)
+        if not where.startswith(str(base)):
+            raise SystemExit(f"the copy's tests would import tierax from {where}, not the copy")
+        baseline = {}
+        for f in sorted({f for m in chosen for f in m["tests"]}):
+            print(f"baseline {f} ...", flush=True)
+            baseline[f] = _run_tests(base, [f], "base-" + pathlib.Path(f).stem)
+            print(f"  {sum(baseline[f]['outcomes'].values())}/{len(baseline[f]['outcomes'])} pass "
+                  f"({baseline[f]['seconds']} s)", flush=True)
+        for m in chosen:
+            copy = tmp / m["name"]
+            copy.mkdir()
+            _checkout(commit, copy)
+            target = copy / m["file"]
+            text = target.read_text()
+            if text.count(m["old"]) != 1:
+                raise SystemExit(f"{m['name']}: the code to break is not (uniquely) in {m['file']} at {commit[:10]}; "
+                                 "update MUTATIONS")
+            target.write_text(text.replace(m["old"], m["new"]))
+            entry = {k: m[k] for k in ("name", "what", "file", "tests")}
+            entry["caught_by"], entry["already_failing"], entry["seconds"] = [], [], 0.0
+            for f in m["tests"]:
+                print(f"{m['name']}: {f} ...", flush=True)
+                run = _run_tests(copy, [f], pathlib.Path(f).stem)
+                entry["seconds"] += run["seconds"]
+                base_out = baseline[f]["outcomes"]
+                entry["already_failing"] += [t for t, ok in base_out.items() if not ok]
+                entry["caught_by"] += [t for t, ok in run["outcomes"].items() if not ok and base_out.get(t)]
+                if not run["outcomes"]:
+                    entry.setdefault("errors", []).append(run["tail"])
+            entry["caught"] = bool(entry["caught_by"])
+            entry["seconds"] = round(entry["seconds"], 1)
+            print(f"  {'CAUGHT' if entry['caught'] else 'MISSED'} by {len(entry['caught_by'])} tests", flush=True)
+            record["mutations"].append(entry)
+    record["baseline"] = {f: {"passed": sum(b["outcomes"].values()), "tests": len(b["outcomes"]),
+                              "seconds": b["seconds"]} for f, b in baseline.items()}
+    record["all_caught"] = all(m["caught"] for m in record["mutations"])
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp_out = out.with_suffix(".json.tmp")
+    tmp_out.write_text(json.dumps(record, indent=2) + "\n")
+    tmp_out.replace(out)
+    for m in record["mutations"]:
+        print(f"{'CAUGHT' if m['caught'] else 'MISSED'}  {m['name']}: {len(m['caught_by'])} tests")
+    print(f"wrote {out}")
+    return 0 if record["all_caught"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
