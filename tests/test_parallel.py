@@ -283,3 +283,26 @@ def test_moe_names_are_where_the_remat_policy_sees_them():
     c_local = cfg.capacity(BATCH // mesh.size * SEQ)
     assert found[N.MOE_MLPWI_0][0] == (E, mesh.size * c_local, F)
     assert np.prod(found[N.MOE_MLPWI_0][0]) // mesh.size == E * c_local * F
+
+
+@pytest.mark.slow
+def test_trainer_on_expert_tensor_mesh_matches_one_device(tmp_path):
+    """`tierax train`'s Trainer: 3 steps on fsdp=2,tensor=2,expert=2 give the 1-device run's losses."""
+    from tierax.models import config_to_dict
+    from tierax.train import config as TC
+    from tierax.train import loop as L
+
+    model = config_to_dict(no_drop(get_config("tiny-deepseek")))
+
+    def losses(mesh, microbatch, name):
+        cfg = TC.config_from_mapping({
+            "model": model, "plan": "minimal", "microbatch": microbatch, "seq": SEQ, "steps": 3, "mesh": mesh,
+            "optimizer": {"lr": 0.003, "warmup_steps": 1}, "checkpoint": {"every": 0},
+            "log": {"dir": str(tmp_path / name), "every": 1, "plot": False},
+        })
+        with L.Trainer(cfg, devices=jax.devices()[: cfg.mesh.size]) as trainer:
+            return trainer.train().losses
+
+    one = losses({"fsdp": 1}, 8, "one")  # global batch 8 either way
+    sharded = losses({"fsdp": 2, "tensor": 2, "expert": 2}, 2, "sharded")
+    np.testing.assert_allclose(sharded, one, rtol=1e-5)
