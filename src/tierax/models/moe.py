@@ -47,15 +47,20 @@ def route(x_TD, router_DE, cfg):
     return gates_Tk, expert_Tk.astype(jnp.int32)
 
 
+def _sort(expert_A, num_experts: int):
+    """(order, counts per expert, first sorted position per expert) of a stable sort by expert."""
+    order = jnp.argsort(expert_A, stable=True)
+    counts_E = jnp.zeros((num_experts,), jnp.int32).at[expert_A].add(1)
+    return order, counts_E, jnp.cumsum(counts_E) - counts_E
+
+
 def slots(expert_A, num_experts: int):
     """Position of each assignment inside its expert's buffer, in assignment (token) order.
 
     A stable sort by expert: O(A log A), no [A, E] one-hot.
     """
     A = expert_A.shape[0]
-    order = jnp.argsort(expert_A, stable=True)
-    counts_E = jnp.zeros((num_experts,), jnp.int32).at[expert_A].add(1)
-    starts_E = jnp.cumsum(counts_E) - counts_E
+    order, _, starts_E = _sort(expert_A, num_experts)
     slot_sorted = jnp.arange(A, dtype=jnp.int32) - starts_E[expert_A[order]]
     return jnp.zeros((A,), jnp.int32).at[order].set(slot_sorted)
 
@@ -66,21 +71,36 @@ def dropped_assignments(expert_Tk, num_experts: int, capacity: int):
 
 
 def _dispatch_local(x_TD, expert_Tk, num_experts: int, capacity: int, dtype):
+    """(buffer [E, C, D], slot of each assignment): each buffer row gathered from its token.
+
+    The buffer is built by a gather (row (e, c) ← the token of expert e's c-th assignment,
+    zero where expert e has fewer than c + 1), so nothing of size [T·k, D] exists; its
+    gradient is a scatter-add into [T, D].  Assignments past ``capacity`` are dropped.
+    """
     T, k = expert_Tk.shape
-    expert_A = expert_Tk.reshape(T * k)
-    slot_A = slots(expert_A, num_experts)
-    token_A = jnp.arange(T * k, dtype=jnp.int32) // k
-    buf_ECD = jnp.zeros((num_experts, capacity, x_TD.shape[-1]), dtype)
-    # Assignments past capacity are dropped (scatter mode="drop"; the combine gathers 0 for them).
-    buf_ECD = buf_ECD.at[expert_A, slot_A].set(x_TD[token_A].astype(dtype), mode="drop")
+    A = T * k
+    expert_A = expert_Tk.reshape(A)
+    order, counts_E, starts_E = _sort(expert_A, num_experts)
+    slot_A = jnp.zeros((A,), jnp.int32).at[order].set(
+        jnp.arange(A, dtype=jnp.int32) - starts_E[expert_A[order]]
+    )
+    c_C = jnp.arange(capacity, dtype=jnp.int32)
+    pos_EC = jnp.minimum(starts_E[:, None] + c_C[None, :], A - 1)
+    token_EC = jnp.where(c_C[None, :] < counts_E[:, None], order[pos_EC] // k, T)  # T: empty slot
+    buf_ECD = x_TD.astype(dtype).at[token_EC].get(mode="fill", fill_value=0)
     return buf_ECD, slot_A
 
 
 def _combine_local(y_ECD, expert_Tk, slot_A, gates_Tk):
+    """Σ_j gate_j · y[expert_j, slot_j] per token, one [T, D] gather per choice (dropped: 0)."""
     T, k = expert_Tk.shape
-    y_AD = y_ECD.at[expert_Tk.reshape(T * k), slot_A].get(mode="fill", fill_value=0)
-    weighted = y_AD * gates_Tk.reshape(T * k, 1).astype(y_AD.dtype)
-    return jnp.sum(weighted.reshape(T, k, -1), axis=1)
+    slot_Tk = slot_A.reshape(T, k)
+    out_TD = None
+    for j in range(k):
+        y_TD = y_ECD.at[expert_Tk[:, j], slot_Tk[:, j]].get(mode="fill", fill_value=0)
+        term = y_TD * gates_Tk[:, j : j + 1].astype(y_TD.dtype)
+        out_TD = term if out_TD is None else out_TD + term
+    return out_TD
 
 
 def _expert_mlp(buf_ECD, wi_0, wi_1, wo, dtype, mesh):
