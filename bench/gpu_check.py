@@ -43,7 +43,6 @@ import gc
 import json
 import os
 import pathlib
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -90,66 +89,8 @@ def _left(deadline: float) -> float:
     return deadline - _now()
 
 
-def _median_time(fn, repeats: int) -> tuple[float, list[float]]:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), times
-
-
-# --- measurements (child) --------------------------------------------------------------------
-
-
-def measure_link(nbytes: int, repeats: int) -> dict:
-    """Pinned-host ↔ device copy bandwidth each way (median of ``repeats``), data checked after the round trip."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    from jax.sharding import SingleDeviceSharding
-
-    dev = jax.devices()[0]
-    x = jax.device_put(jax.random.uniform(jax.random.key(0), (nbytes // 2,), jnp.float32).astype(jnp.bfloat16), dev)
-    x.block_until_ready()
-    to_host = SingleDeviceSharding(dev, memory_kind="pinned_host")
-    to_dev = SingleDeviceSharding(dev, memory_kind="device")
-    box = {}
-
-    def d2h():
-        box["h"] = jax.device_put(x, to_host)
-        box["h"].block_until_ready()
-
-    def h2d():
-        box["d"] = jax.device_put(box["h"], to_dev)
-        box["d"].block_until_ready()
-
-    d2h()
-    h2d()  # warm-up: first transfers set up staging
-    t_d2h, d2h_times = _median_time(d2h, repeats)
-    t_h2d, h2d_times = _median_time(h2d, repeats)
-    ok = bool(np.array_equal(np.asarray(box["d"][: 1 << 16]), np.asarray(x[: 1 << 16])))
-    out = {"bytes": nbytes, "memory_kind": str(getattr(box["h"].sharding, "memory_kind", "?")),
-           "d2h_bytes_per_s": nbytes / t_d2h, "h2d_bytes_per_s": nbytes / t_h2d, "d2h_s": d2h_times,
-           "h2d_s": h2d_times, "round_trip_equal": ok}
-    if dev.platform == "cpu":
-        out["note"] = "CPU: host-to-host memcpy, not a link measurement"
-    del x, box
-    return out
-
-
-def measure_matmul(n: int, repeats: int) -> dict:
-    """bf16 n×n×n matmul rate on random data (median of ``repeats``)."""
-    import jax
-    import jax.numpy as jnp
-
-    k1, k2 = jax.random.split(jax.random.key(1))
-    a = jax.random.normal(k1, (n, n), jnp.bfloat16)
-    b = jax.random.normal(k2, (n, n), jnp.bfloat16)
-    f = jax.jit(lambda x, y: x @ y)
-    f(a, b).block_until_ready()
-    t, times = _median_time(lambda: f(a, b).block_until_ready(), repeats)
-    return {"shape": f"{n}x{n}x{n} bf16", "flops_per_s": 2.0 * n**3 / t, "times_s": times}
+# Measurements (child) come from tierax.measure.harness: the same step timing, link bandwidth and
+# matmul rate as `tierax bench` and `tierax calibrate`.
 
 
 # --- configuration and fit decision (child) ----------------------------------------------------
@@ -257,6 +198,7 @@ def run_plan(cfg, plan, *, microbatch: int, seq: int, p: dict, capacity: int, in
 
     from tierax import plan as plan_lib
     from tierax.measure import memory
+    from tierax.measure import profile as profile_lib
     from tierax.measure import trace as trace_lib
     from tierax.models.flops import train_flops
     from tierax.train import step as step_lib
@@ -291,7 +233,9 @@ def run_plan(cfg, plan, *, microbatch: int, seq: int, p: dict, capacity: int, in
         jax.block_until_ready(box["state"])
         box["metrics"] = m
 
-    med, times = _median_time(one, p["steps"])
+    from tierax.measure.harness import median_time
+
+    med, times = median_time(one, p["steps"])
     flops = train_flops(cfg, microbatch, seq)
     rec |= {"step_time_s": med, "step_times_s": times, "tokens_per_s": microbatch * seq / med,
             "tflops_per_device": flops / med / 1e12, "mfu": flops / med / peak_flops,
@@ -302,7 +246,7 @@ def run_plan(cfg, plan, *, microbatch: int, seq: int, p: dict, capacity: int, in
             "memory_source": memory.RUNTIME if runtime else memory.COMPILED}
     if offloads:
         d = trace_dir / plan.name
-        trace_lib.record(one, steps=p["profile_steps"], log_dir=d)
+        profile_lib.record(one, steps=p["profile_steps"], log_dir=d)
         analysis = trace_lib.analyze_trace(d)
         s = analysis.summary()
         rec |= {"exposed_transfer_s": s.get("exposed_transfer_s"), "transfer_s": s.get("transfer_s"),
@@ -341,7 +285,8 @@ def child(spec: dict) -> dict:
 
     p = TINY if tiny else GPU
     deadline = spec["deadline"]
-    from tierax.bench import machine_info
+    from tierax.measure import harness
+    from tierax.records import machine_info
 
     out: dict = {"xla_preset": spec["preset"], "xla_flags": os.environ.get("XLA_FLAGS", ""),
                  "backend": jax.default_backend(), "device": str(jax.devices()[0]), "machine": machine_info(),
@@ -358,9 +303,9 @@ def child(spec: dict) -> dict:
             out["phases_s"][name] = time.perf_counter() - t
     if spec.get("decision") is None:
         with phase("link"):
-            out["link"] = measure_link(p["link_bytes"], p["link_repeats"])
+            out["link"] = harness.link_bandwidth(p["link_bytes"], p["link_repeats"])
         with phase("matmul"):
-            out["matmul"] = measure_matmul(p["matmul_n"], p["matmul_repeats"])
+            out["matmul"] = harness.matmul_rate("bfloat16", p["matmul_n"], p["matmul_repeats"], best=False)
         with phase("decide"):
             out["decision"] = decide(p, tiny, deadline)
     decision = spec.get("decision") or out["decision"]

@@ -57,10 +57,12 @@ def main(argv=None) -> int:
     from rich.console import Console
 
     from tierax import plan as plan_lib
-    from tierax.bench import machine_info
+    from tierax.records import machine_info
     from tierax.fileio import write_text_atomic
     from tierax.train import data as data_lib
     from tierax.train import loop
+    from tierax.train.progress import RichReporter
+    from tierax.train.schedule import lr_schedule
     from tierax.train import sharding as sh
     from tierax.train import step as step_lib
 
@@ -69,12 +71,12 @@ def main(argv=None) -> int:
 
     # --- tierax train's loop, with a live progress display rendered into memory ---------
     console = Console(file=io.StringIO(), force_terminal=True, width=160)
-    trainer = loop.Trainer(cfg, reporter=loop.RichReporter(console, cfg.log.every))
+    trainer = loop.Trainer(cfg, reporter=RichReporter(console, cfg.log.every))
 
     # --- the hand-written baseline -------------------------------------------------------
     mesh = cfg.mesh.make()
     o = cfg.optimizer
-    optimizer = step_lib.make_optimizer(loop.lr_schedule(cfg), o.weight_decay, b1=o.b1, b2=o.b2, eps=o.eps,
+    optimizer = step_lib.make_optimizer(lr_schedule(cfg), o.weight_decay, b1=o.b1, b2=o.b2, eps=o.eps,
                                         grad_clip=o.grad_clip)
     graphdef, state = step_lib.init_state(cfg.model, optimizer, seed=cfg.seed, mesh=mesh)
     loss_fn = step_lib.make_loss_fn(graphdef, plan_lib.to_policies(cfg.plan, cfg.model))

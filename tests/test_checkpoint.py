@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import yaml
 
+from tierax.train.schedule import lr_schedule
+from tierax.train.run_dir import read_metrics
 from tierax.errors import TieraxError
 from tierax.train import checkpoint as C
 from tierax.train import config as TC
@@ -53,7 +55,7 @@ def test_checkpoint_holds_state_config_and_data_position(finished, tmp_path):
     cfg = _config(run)
     from tierax.train import step as S
 
-    _, like = S.init_state(cfg.model, S.make_optimizer(L.lr_schedule(cfg), grad_clip=cfg.optimizer.grad_clip), seed=0)
+    _, like = S.init_state(cfg.model, S.make_optimizer(lr_schedule(cfg), grad_clip=cfg.optimizer.grad_clip), seed=0)
     ck = C.Checkpointer(ckpts, keep=2)
     state, _ = ck.restore(6, like)
     ck.close()
@@ -77,7 +79,7 @@ def test_incomplete_checkpoints_are_never_resumed_from(finished, tmp_path):
         result = trainer.train()
     assert (result.first_step, result.last_step, result.last_checkpoint) == (7, 8, 8)
     assert C.complete_steps(ckpts) == [6, 8] and not tmp.exists()  # Orbax cleaned its leftover
-    assert [r["step"] for r in L.read_metrics(run)] == list(range(1, 9))
+    assert [r["step"] for r in read_metrics(run)] == list(range(1, 9))
 
     # A step directory without a commit record is not a checkpoint either; Orbax would still count
     # it against keep-N, so training beside it is refused and nothing is touched.

@@ -12,7 +12,7 @@ import yaml
 from flax import nnx
 
 from tierax import plan as plan_lib
-from tierax.cli import _resolve_model, build_parser, main
+from tierax.cli import build_parser, main, resolve_model as _resolve_model
 from tierax.errors import TieraxError
 from tierax.models import (
     NAMED_CONFIGS,
@@ -133,10 +133,11 @@ def test_bench_dtype_is_an_override_of_dtype_only():
 
 def test_bench_document_model_is_the_loadable_config():
     from tierax import bench
+    from tierax.mesh import MeshShape
 
     cfg = apply_overrides(get_config("tiny-deepseek"), ["dtype=bfloat16"])
     doc = bench.bench_document(cfg, [], 1.0, command="tierax bench", microbatch=2, seq=16, steps=1,
-                               mesh={"data": 1, "fsdp": 1})
+                               mesh=MeshShape())
     assert doc["model"] == config_to_dict(cfg)
     assert config_from_dict(doc["model"], source="bench record") == cfg
 

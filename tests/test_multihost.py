@@ -18,6 +18,7 @@ import jax
 import numpy as np
 import yaml
 
+from tierax.train.run_dir import read_metrics
 from tierax.train import checkpoint as C
 from tierax.train import config as TC
 from tierax.train import data as D
@@ -73,5 +74,5 @@ def test_two_processes_match_one_process(tmp_path):
         np.testing.assert_allclose(o["losses"], reference, rtol=1e-5)
     assert outs[0]["losses"] == outs[1]["losses"]  # one replicated value, read by both processes
     # Only process 0 wrote the log; both wrote their shards of the checkpoints.
-    assert [r["step"] for r in L.read_metrics(tmp_path / "two")] == [1, 2, 3, 4]
+    assert [r["step"] for r in read_metrics(tmp_path / "two")] == [1, 2, 3, 4]
     assert C.complete_steps(tmp_path / "two" / "checkpoints") == [2, 4]

@@ -14,6 +14,8 @@ import pathlib
 
 import pytest
 
+from tierax.measure import profile as profile_lib
+from tierax.records import PROFILE_SCHEMA
 from tierax import cli
 from tierax.errors import TieraxError
 from tierax.measure import trace as T
@@ -221,17 +223,38 @@ def _cli(monkeypatch, *args):
     return cli.main(list(args))
 
 
-def test_profile_verb_writes_trace_and_analysis(monkeypatch, tmp_path, capsys):
+def test_profile_refuses_a_non_empty_out_and_deletes_nothing(monkeypatch, tmp_path, capsys):
     out = tmp_path / "prof"
     out.mkdir()
-    (out / "stale.txt").write_text("from an earlier run")
+    (out / "keep.txt").write_text("the user's file")
+    rc = _cli(monkeypatch, "profile", "--model", "tiny-llama", "--out", str(out))
+    assert rc == 2 and "not empty; nothing in it is deleted" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["keep.txt"] and (out / "keep.txt").read_text() == "the user's file"
+
+
+def test_profile_default_out_never_replaces_an_earlier_profile(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    earlier = tmp_path / "profiles" / "tiny-llama-qkv-offload"
+    earlier.mkdir(parents=True)
+    (earlier / "profile.json").write_text("{}")
+    assert profile_lib.fresh_dir(earlier) == earlier.with_name("tiny-llama-qkv-offload-2")
+    assert profile_lib.fresh_dir(tmp_path / "profiles" / "new") == tmp_path / "profiles" / "new"
+
+
+def test_profile_verb_writes_trace_and_analysis(monkeypatch, tmp_path, capsys):
+    out = tmp_path / "prof"
+    out.mkdir()  # an empty directory may be given
     rc = _cli(monkeypatch, "profile", "--model", "tiny-llama", "--plan", "qkv-offload", "--steps", "2", "--warmup",
-              "1", "--microbatch", "2", "--seq", "16", "--out", str(out))
+              "1", "--microbatch", "2", "--seq", "16", "--out", str(out), "--json")
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert doc == json.loads((out / "profile.json").read_text())  # --json prints the record it wrote
+    rc = _cli(monkeypatch, "profile", "--model", "tiny-llama", "--plan", "qkv-offload", "--steps", "2", "--warmup",
+              "1", "--microbatch", "2", "--seq", "16", "--out", str(tmp_path / "prof2"))
     text = capsys.readouterr().out
     assert rc == 0
-    assert not (out / "stale.txt").exists()  # the directory is replaced as a whole
     doc = json.loads((out / "profile.json").read_text())
-    assert doc["schema"] == T.PROFILE_SCHEMA and doc["jax_version"] and doc["machine"]["platform"] == "cpu"
+    assert doc["schema"] == PROFILE_SCHEMA and doc["jax_version"] and doc["machine"]["platform"] == "cpu"
     assert doc["analysis"]["backend"] == "cpu" and doc["analysis"]["transfers_observed"] is False
     assert [s["step"] for s in doc["analysis"]["steps"]] == [0, 1]
     assert doc["memory"]["runtime"] is None and doc["memory"]["compiled"]["peak"] > 0

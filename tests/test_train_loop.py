@@ -14,6 +14,10 @@ import numpy as np
 import pytest
 import yaml
 
+from tierax.report.metrics_plot import plot_metrics
+from tierax.train.run_dir import CONFIG_SNAPSHOT, read_metrics
+from tierax.measure import gate
+from tierax import launch
 from tierax import plan as P
 from tierax.errors import TieraxError
 from tierax.models import get_config
@@ -62,10 +66,10 @@ def small(**over) -> dict:
         ({"model": "tiny-llama"}, ["optimizer.learning_rate=1"], "valid keys in optimizer: optimizer.lr"),
         ({"model": "tiny-llama", "steps": "ten"}, [], "steps expects int"),
         ({"model": "tiny-llama", "optimizer": {"lr": "fast"}}, [], "optimizer.lr expects float"),
-        ({"model": "tiny-llama", "mesh": {"fsdp": 4}, "global_batch": 6}, [], "global_batch 6 is not divisible by data×fsdp = 4"),
+        ({"model": "tiny-llama", "mesh": {"fsdp": 4}, "global_batch": 6}, [], "global_batch 6 is not divisible by data×fsdp×expert = 4"),
         ({"model": "tiny-llama", "microbatch": 2, "global_batch": 16, "mesh": {"fsdp": 4}}, [], "≠ global_batch 16"),
         ({"model": "tiny-llama", "grad_accum": 0}, [], "grad_accum must be ≥ 1"),
-        ({"model": "tiny-llama", "mesh": {"tensor": 2}}, [], "use tensor=1 and put the devices on fsdp"),
+        ({"model": "tiny-llama", "mesh": {"tensor": 3}}, [], "num_heads=4 is not divisible by tensor=3"),
         ({"model": "tiny-llama", "data": {"source": "tokens"}}, [], "data.path is not set"),
         ({"model": "tiny-llama", "data": {"source": "web"}}, [], "use one of: synthetic, tokens"),
         ({"model": "tiny-llama", "steps": 5}, [], "warmup_steps=10 must be below the decay horizon"),
@@ -88,11 +92,11 @@ def test_config_errors_name_the_problem_and_the_choices(data, overrides, fragmen
 
 def test_mesh_must_match_the_devices():
     cfg = TC.config_from_mapping({"model": "tiny-llama", "mesh": {"fsdp": 4}, "cpu_devices": 2})
-    with pytest.raises(TieraxError, match=r"mesh data×fsdp = 4 devices, but cpu_devices=2 × 1 process"):
-        TC.cpu_devices_per_process(cfg)
+    with pytest.raises(TieraxError, match=r"mesh data=1,fsdp=4,tensor=1,expert=1 = 4 devices, but cpu_devices=2 × 1 process"):
+        launch.cpu_devices_per_process(cfg)
     with pytest.raises(TieraxError, match="does not split over 3 processes"):
-        TC.cpu_devices_per_process(TC.config_from_mapping({"model": "tiny-llama", "mesh": {"fsdp": 4}}), 3)
-    assert TC.cpu_devices_per_process(TC.config_from_mapping({"model": "tiny-llama", "mesh": {"fsdp": 8}}), 2) == 4
+        launch.cpu_devices_per_process(TC.config_from_mapping({"model": "tiny-llama", "mesh": {"fsdp": 4}}), 3)
+    assert launch.cpu_devices_per_process(TC.config_from_mapping({"model": "tiny-llama", "mesh": {"fsdp": 8}}), 2) == 4
     with pytest.raises(TieraxError, match="8 are available"):  # the runtime check, against the real devices
         L.Trainer(TC.config_from_mapping({"model": "tiny-llama", "mesh": {"fsdp": 3}, "log": {"dir": "unused"}}))
 
@@ -111,30 +115,30 @@ def test_overrides_round_trip_and_the_shipped_config_loads(tmp_path):
 
 
 def test_distributed_from_flags_or_environment():
-    assert TC.Distributed.resolve(None, None, None, environ={}) is None
-    d = TC.Distributed.resolve(None, None, None, environ={"TIERAX_COORDINATOR": "h:1", "TIERAX_NUM_PROCESSES": "2",
+    assert launch.Distributed.resolve(None, None, None, environ={}) is None
+    d = launch.Distributed.resolve(None, None, None, environ={"TIERAX_COORDINATOR": "h:1", "TIERAX_NUM_PROCESSES": "2",
                                                        "TIERAX_PROCESS_ID": "1"})
-    assert d == TC.Distributed("h:1", 2, 1)
-    assert TC.Distributed.resolve("a:2", 4, 3, environ={"TIERAX_COORDINATOR": "h:1"}).coordinator == "a:2"
+    assert d == launch.Distributed("h:1", 2, 1)
+    assert launch.Distributed.resolve("a:2", 4, 3, environ={"TIERAX_COORDINATOR": "h:1"}).coordinator == "a:2"
     with pytest.raises(TieraxError, match="missing: --process-id"):
-        TC.Distributed.resolve("h:1", 2, None, environ={})
+        launch.Distributed.resolve("h:1", 2, None, environ={})
     with pytest.raises(TieraxError, match="must be in 0..1"):
-        TC.Distributed.resolve("h:1", 2, 2, environ={})
+        launch.Distributed.resolve("h:1", 2, 2, environ={})
     with pytest.raises(TieraxError, match="expected HOST:PORT"):
-        TC.Distributed.resolve("host", 2, 0, environ={})
+        launch.Distributed.resolve("host", 2, 0, environ={})
 
 
 def test_runtime_env_derives_gpu_settings_from_the_plan():
-    env, lines = L.runtime_env(TC.config_from_mapping({"model": "tiny-llama"}), gpu=False)
+    env, lines = launch.runtime_env(TC.config_from_mapping({"model": "tiny-llama"}), gpu=False)
     assert env == {} and "nothing set on CPU" in lines[0]
     cfg = TC.config_from_mapping({"model": "tiny-llama", "plan": "qkv-offload", "mesh": {"fsdp": 8},
                                   "runtime": {"target": "h200", "device_budget_gb": 120}})
-    env, lines = L.runtime_env(cfg, gpu=True, num_processes=1, environ={})
-    assert env[L.MEM_FRACTION] == f"{120e9 / 151397597184:.2f}"
-    assert int(env[L.HOST_LIMIT]) >= 1 and any("offloads" in ln for ln in lines)
-    env, lines = L.runtime_env(cfg, gpu=True, environ={L.MEM_FRACTION: "0.5"})
-    assert L.MEM_FRACTION not in env and any("kept XLA_PYTHON_CLIENT_MEM_FRACTION=0.5" in ln for ln in lines)
-    env, _ = L.runtime_env(TC.config_from_mapping({"model": "tiny-llama", "plan": "minimal"}), gpu=True, environ={})
+    env, lines = launch.runtime_env(cfg, gpu=True, num_processes=1, environ={})
+    assert env[launch.MEM_FRACTION] == f"{120e9 / 151397597184:.2f}"
+    assert int(env[launch.HOST_LIMIT]) >= 1 and any("offloads" in ln for ln in lines)
+    env, lines = launch.runtime_env(cfg, gpu=True, environ={launch.MEM_FRACTION: "0.5"})
+    assert launch.MEM_FRACTION not in env and any("kept XLA_PYTHON_CLIENT_MEM_FRACTION=0.5" in ln for ln in lines)
+    env, _ = launch.runtime_env(TC.config_from_mapping({"model": "tiny-llama", "plan": "minimal"}), gpu=True, environ={})
     assert env == {}  # no budget given, nothing offloaded: nothing to set
 
 
@@ -171,11 +175,11 @@ def test_demo_config_loss_falls_on_the_shipped_text(token_dir, tmp_path):
     assert len(losses) == cfg.steps == 60
     assert losses[0] > 5.0
     assert np.mean(losses[-10:]) < losses[0] - 2.5 and np.mean(losses[-10:]) < 3.0, losses
-    records = L.read_metrics(tmp_path)
+    records = read_metrics(tmp_path)
     assert [r["step"] for r in records] == list(range(1, 61))
     assert all(r["tokens_per_s"] > 0 and r["tflops_per_device"] > 0 and r["lr"] > 0 for r in records)
-    assert (tmp_path / L.PLOT).stat().st_size > 10_000  # the plot was drawn
-    assert TC.load_train_config(tmp_path / L.CONFIG_SNAPSHOT).to_dict() == cfg.to_dict()
+    assert plot_metrics(tmp_path).stat().st_size > 10_000  # the run's metrics plot
+    assert TC.load_train_config(tmp_path / CONFIG_SNAPSHOT).to_dict() == cfg.to_dict()
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
@@ -187,8 +191,8 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     trainer.close()
     assert e.value.step == 6 and e.value.last_checkpoint == 4
     assert C.complete_steps(tmp_path / "checkpoints") == [2, 4]  # the diverged state was never saved
-    assert [r["step"] for r in L.read_metrics(tmp_path)] == [1, 2, 3, 4, 5]
-    assert all(math.isfinite(r["loss"]) for r in L.read_metrics(tmp_path))
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4, 5]
+    assert all(math.isfinite(r["loss"]) for r in read_metrics(tmp_path))
 
 
 def test_verify_before_training_passes_and_refuses_a_wrong_gradient(monkeypatch):
@@ -207,16 +211,16 @@ def test_verify_before_training_passes_and_refuses_a_wrong_gradient(monkeypatch)
         return verify_plan
 
     monkeypatch.setattr(V, "verify_plan", fake(True))
-    assert "max relative gradient error 3.00e-07 ≤ 1e-05, passed" in L.verify_before_training(cfg)
+    assert "max relative gradient error 3.00e-07 ≤ 1e-05, passed" in gate.verify_before_training(cfg)
     assert calls == [("tiny-llama", "minimal", 2, 16, 3)]
     monkeypatch.setattr(V, "verify_plan", fake(False))
     with pytest.raises(TieraxError, match="plan 'minimal' changes the gradients of tiny-llama"):
-        L.verify_before_training(cfg)
+        gate.verify_before_training(cfg)
 
 
 def _losses(run_dir) -> dict[int, float]:
     out = {}
-    for r in L.read_metrics(run_dir):
+    for r in read_metrics(run_dir):
         assert r["step"] not in out, f"step {r['step']} logged twice"
         out[r["step"]] = r["loss"]
     return out
@@ -263,7 +267,7 @@ def test_cli_bad_input_exits_2_without_writing_and_divergence_exits_1(tmp_path):
     cases = [
         (["stesp=3"], "unknown key 'stesp'"),
         (["data.source=tokens", f"data.path={tmp_path / 'missing'}"], "does not exist; prepare one with"),
-        (["cpu_devices=2"], "mesh data×fsdp = 1 devices, but cpu_devices=2"),
+        (["cpu_devices=2"], "mesh data=1,fsdp=1,tensor=1,expert=1 = 1 devices, but cpu_devices=2"),
     ]
     for overrides, fragment in cases:
         r = tierax("train", str(f), *overrides)

@@ -7,26 +7,23 @@ FLOP/s used for MFU is measured in the same run with a large matmul.
 
 from __future__ import annotations
 
-import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import jax
-import jax.numpy as jnp
 
 from tierax import inventory as inv
+from tierax.records import BENCH_SCHEMA, envelope
 from tierax import plan as plan_lib
-from tierax.measure import memory
+from tierax.measure import harness, memory
 from tierax.models import ModelConfig, config_to_dict
 from tierax.models.flops import train_flops
 from tierax.mesh import MeshShape
 from tierax.train import sharding as sh
 from tierax.train import step as step_lib
 
-SCHEMA = "tierax.bench/1"
 
 
 @dataclass(frozen=True)
@@ -51,33 +48,6 @@ class BenchRecord:
     runtime_peak_exact: bool | None = None  # False: an upper bound (an earlier plan peaked higher)
     memory_source: str = "compiled"
     runtime_host_stats: dict | None = None  # memory_stats keys about host memory, if the backend reports any
-
-
-def measure_peak_flops(dtype: str = "float32", n: int = 1024, repeats: int = 5) -> float:
-    """Achieved matmul FLOP/s of one local device (best of ``repeats``)."""
-    dev = jax.devices()[0]
-    a = jax.device_put(jnp.ones((n, n), jnp.dtype(dtype)), dev)
-    f = jax.jit(lambda x: x @ x)
-    f(a).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        f(a).block_until_ready()
-        best = min(best, time.perf_counter() - t)
-    return 2.0 * n**3 / best
-
-
-def machine_info() -> dict:
-    dev = jax.devices()[0]
-    return {
-        "platform": dev.platform,
-        "device_kind": dev.device_kind,
-        "device_count": jax.device_count(),
-        "host": platform.node(),
-        "cpu": platform.processor() or platform.machine(),
-        "python": sys.version.split()[0],
-        "jax": jax.__version__,
-    }
 
 
 def run_bench(
@@ -106,58 +76,48 @@ def run_bench(
     optimizer = step_lib.make_optimizer()
     tokens = jax.device_put(step_lib.synthetic_batch(cfg, batch, seq, seed=seed), sh.batch_sharding(mesh))
 
-    peak = measure_peak_flops(cfg.dtype)
+    peak = harness.matmul_rate(cfg.dtype)["flops_per_s"]
     runs = []
     for p in plans:
-        probe = memory.PeakProbe(mesh.devices.flat)  # this plan's state, compile and warm-up steps
-        graphdef, state = step_lib.init_state(cfg, optimizer, seed=seed, mesh=mesh)
-        fn = step_lib.make_train_step(graphdef, cfg, p, optimizer, step_lib.shardings_of(state))
-        t0 = time.perf_counter()
-        compiled = fn.lower(state, tokens).compile()
-        compile_s = time.perf_counter() - t0
-        cmem = memory.compiled_memory(compiled)
-        temp = cmem.temp
-        for _ in range(warmup):
-            state, metrics = compiled(state, tokens)
-        jax.block_until_ready(state)
-        runs.append({"plan": p, "fn": compiled, "state": state, "times": [], "loss": None,
-                     "temp": temp, "compile_s": compile_s, "cmem": cmem, "runtime": probe.finish()})
+        def build(p=p):
+            graphdef, state = step_lib.init_state(cfg, optimizer, seed=seed, mesh=mesh)
+            return step_lib.make_train_step(graphdef, cfg, p, optimizer, step_lib.shardings_of(state)), state
+
+        runs.append((p, harness.prepare(build, tokens, warmup=warmup, devices=mesh.devices.flat), []))
         if progress:
             progress(f"compiled {p.name}", 1)
     for _ in range(steps):
-        for r in runs:
+        for _p, prepared, times in runs:
             t0 = time.perf_counter()
-            r["state"], metrics = r["fn"](r["state"], tokens)
-            jax.block_until_ready(r["state"])
-            r["times"].append(time.perf_counter() - t0)
-            r["loss"] = float(metrics["loss"])
+            prepared.step(tokens)
+            times.append(time.perf_counter() - t0)
         if progress:
             progress("step", 1)
     records = []
-    for r in runs:
-        med = statistics.median(r["times"])
-        by = inv.bytes_by_placement(inventory, r["plan"], cfg)
+    for p, r, times in runs:
+        med = statistics.median(times)
+        by = inv.bytes_by_placement(inventory, p, cfg)
         achieved = flops / med / n_dev
         records.append(
             BenchRecord(
-                plan=r["plan"].name,
+                plan=p.name,
                 step_time_s=med,
                 tokens_per_s=batch * seq / med,
                 tflops_per_device=achieved / 1e12,
                 mfu=achieved / peak,
-                compiled_temp_bytes=r["temp"],
+                compiled_temp_bytes=r.compiled_memory.temp,
                 device_activation_bytes=by["device"],
                 host_activation_bytes=by["offload"],
                 remat_activation_bytes=by["remat"],
-                loss=r["loss"],
-                compile_time_s=r["compile_s"],
-                step_times_s=tuple(r["times"]),
-                peak_device_bytes_compiled=r["cmem"].peak,
-                host_bytes_compiled=r["cmem"].host_total,
-                peak_device_bytes_runtime=r["runtime"].peak_bytes if r["runtime"] else None,
-                runtime_peak_exact=r["runtime"].exact if r["runtime"] else None,
-                memory_source=memory.RUNTIME if r["runtime"] else memory.COMPILED,
-                runtime_host_stats=(r["runtime"].host_stats or None) if r["runtime"] else None,
+                loss=float(r.metrics["loss"]),
+                compile_time_s=r.compile_s,
+                step_times_s=tuple(times),
+                peak_device_bytes_compiled=r.compiled_memory.peak,
+                host_bytes_compiled=r.compiled_memory.host_total,
+                peak_device_bytes_runtime=r.runtime.peak_bytes if r.runtime else None,
+                runtime_peak_exact=r.runtime.exact if r.runtime else None,
+                memory_source=memory.RUNTIME if r.runtime else memory.COMPILED,
+                runtime_host_stats=(r.runtime.host_stats or None) if r.runtime else None,
             )
         )
     return records, peak
@@ -165,21 +125,16 @@ def run_bench(
 
 def bench_document(cfg, records, peak, *, command: str, microbatch: int, seq: int, steps: int,
                    mesh: MeshShape) -> dict:
-    """The JSON record written under bench/results/."""
-    devices = mesh.batch_ways
-    return {
-        "schema": SCHEMA,
-        "command": command,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": machine_info(),
-        "jax_version": jax.__version__,
+    """The JSON record written under bench/results/ (:data:`tierax.records.BENCH_SCHEMA`)."""
+    batch = microbatch * mesh.batch_ways
+    return envelope(BENCH_SCHEMA, command) | {
         "model": config_to_dict(cfg),  # loadable as is with --model-config
         "microbatch_per_device": microbatch,
-        "global_batch": microbatch * devices,
+        "global_batch": batch,
         "seq": seq,
         "steps": steps,
         "mesh": mesh.to_dict(),
-        "train_flops_per_step": train_flops(cfg, microbatch * devices, seq),
+        "train_flops_per_step": train_flops(cfg, batch, seq),
         "flops_convention": "MaxText: 6·matmul params·tokens + 3·causal attention (tierax.models.flops)",
         "activation_bytes_note": "named activations only, from the abstract trace, per device assuming batch-sharded activations",
         "peak_flops_per_device_measured": peak,
@@ -188,3 +143,19 @@ def bench_document(cfg, records, peak, *, command: str, microbatch: int, seq: in
         if any(r.peak_device_bytes_runtime is not None for r in records) else memory.NO_RUNTIME_NOTE,
         "records": [asdict(r) for r in records],
     }
+
+
+def measure(cfg: ModelConfig, plans: Sequence[plan_lib.Plan], *, steps: int, microbatch: int, seq: int,
+            mesh: MeshShape | None, command: str, progress: Callable[[str, int], None] | None = None) -> dict:
+    """``run_bench`` then ``bench_document``: the whole record of one ``tierax bench``."""
+    shape = mesh or MeshShape(fsdp=jax.device_count())
+    records, peak = run_bench(cfg, plans, steps=steps, microbatch=microbatch, seq=seq, mesh=shape, progress=progress)
+    return bench_document(cfg, records, peak, command=command, microbatch=microbatch, seq=seq, steps=steps,
+                          mesh=shape)
+
+
+def title(doc: dict) -> str:
+    """One line naming what a bench record measured."""
+    m = doc["machine"]
+    return (f"{doc['model']['name']} · microbatch {doc['microbatch_per_device']}/device × seq {doc['seq']} · "
+            f"{m['device_count']} {m['platform']} device(s) · median of {doc['steps']} steps")

@@ -1,21 +1,148 @@
-"""Writing files atomically: a failed run leaves nothing half-written."""
+"""Writing files safely: atomically, honouring the umask, never over what the user did not offer.
+
+``write_text_atomic`` writes beside the target, fsyncs, then renames, so a failed
+run leaves nothing half-written.  ``check_output_file`` / ``check_output_dir``
+validate an output path *before* any work starts: an unwritable place, a
+directory where a file is wanted, or a read-only file is refused up front.
+"""
 
 from __future__ import annotations
 
 import os
 import pathlib
+import stat
 import tempfile
 
+from tierax.errors import TieraxError
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> pathlib.Path:
+
+def _umask() -> int:
+    # os.umask has no read-only form: read it from /proc where we can, else set-and-restore.
+    try:
+        for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def new_file_mode() -> int:
+    """The mode ``open(..., "w")`` would give a new file: 0o666 less the umask."""
+    return 0o666 & ~_umask()
+
+
+def new_dir_mode() -> int:
+    """The mode ``mkdir`` would give a new directory: 0o777 less the umask."""
+    return 0o777 & ~_umask()
+
+
+def _nearest_existing(path: pathlib.Path) -> pathlib.Path:
+    p = path
+    while not p.exists():
+        if p.parent == p:
+            break
+        p = p.parent
+    return p
+
+
+def _check_parent(path: pathlib.Path, option: str) -> None:
+    base = _nearest_existing(path.parent)
+    if not base.is_dir():
+        raise TieraxError(f"{option} {str(path)!r}: {str(base)!r} is not a directory; choose a path under a directory")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise TieraxError(f"{option} {str(path)!r}: cannot create files under {str(base)!r} (not writable); "
+                          "choose a writable location")
+
+
+def check_output_file(path: str | os.PathLike, option: str = "--out") -> pathlib.Path:
+    """Refuse, before any work, an output file that could not be written.
+
+    Raises:
+      TieraxError: the path is a directory, an existing read-only file, or under a
+        place where files cannot be created.
+    """
+    p = pathlib.Path(path)
+    if p.is_dir():
+        raise TieraxError(f"{option} {str(p)!r} is a directory; give a file path")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise TieraxError(f"{option} {str(p)!r} exists and is read-only; it is not replaced — give another path "
+                          "or make it writable")
+    _check_parent(p, option)
+    return p
+
+
+def check_output_dir(path: str | os.PathLike, option: str = "--out", *, allow_existing: bool = True) -> pathlib.Path:
+    """Refuse, before any work, an output directory that could not be written.
+
+    ``allow_existing=False``: the directory must not exist or must be empty (used
+    where tierax writes a whole directory and would otherwise mix runs).
+
+    Raises:
+      TieraxError: the path is a file, an unwritable directory, non-empty when that
+        is not allowed, or under a place where directories cannot be created.
+    """
+    p = pathlib.Path(path)
+    if p.exists() and not p.is_dir():
+        raise TieraxError(f"{option} {str(p)!r} is a file; give a directory path")
+    if p.is_dir():
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise TieraxError(f"{option} {str(p)!r} is not writable; choose a writable directory")
+        if not allow_existing and any(p.iterdir()):
+            raise TieraxError(f"{option} {str(p)!r} already exists and is not empty; nothing in it is deleted — "
+                              "give a new or empty directory")
+        return p
+    _check_parent(p, option)
+    return p
+
+
+def write_text_atomic(path: str | os.PathLike, text: str | bytes) -> pathlib.Path:
+    """Write ``text`` to ``path`` atomically (temp file beside it, fsync, rename).
+
+    A new file gets the umask's mode; a replaced file keeps its mode.  A read-only
+    existing file is not replaced.
+
+    Raises:
+      TieraxError: ``path`` exists and is read-only.
+    """
     path = pathlib.Path(path)
+    if path.exists() and not os.access(path, os.W_OK):
+        raise TieraxError(f"{str(path)!r} exists and is read-only; it is not replaced")
+    mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else new_file_mode()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode() if isinstance(text, str) else text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
     except BaseException:
         pathlib.Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _fsync_dir(d: pathlib.Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def make_temp_dir(parent: pathlib.Path, name: str) -> pathlib.Path:
+    """A temporary directory beside ``parent/name`` with the umask's mode (mkdtemp gives 0700)."""
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(dir=parent, prefix=f".{name}.tmp-"))
+    os.chmod(tmp, new_dir_mode())
+    return tmp

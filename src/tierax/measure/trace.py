@@ -37,16 +37,12 @@ import math
 import os
 import pathlib
 import re
-import shutil
-import tempfile
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from tierax.errors import TieraxError
 
 STEP_ANNOTATION = "tierax_step"
-PROFILE_SCHEMA = "tierax.profile/1"
 CPU_NOTE = ("CPU backend: no host↔device transfers exist here (XLA:CPU has no separate device memory and strips "
             "host-offload annotations), so transfer, overlap and bandwidth figures are not applicable; run on a GPU "
             "to measure them")
@@ -409,123 +405,3 @@ def timeline(events: Sequence[Event], step: int | None = None,
     for k, iv in lanes.items():  # merge for drawing: fewer, cleaner bars
         lanes[k] = [(a, b - a) for a, b in union((x, x + d) for x, d in iv)]
     return lanes, s, origin
-
-
-# --- capture -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ProfileResult:
-    out_dir: str
-    perfetto_trace: str | None
-    xplane: str | None
-    analysis: TraceAnalysis
-    memory: dict
-
-    def to_json(self) -> dict:
-        return {"out_dir": self.out_dir, "perfetto_trace": self.perfetto_trace, "xplane": self.xplane,
-                "analysis": self.analysis.to_json(), "memory": self.memory}
-
-
-def _profiler_options():
-    import jax
-
-    opts_cls = getattr(jax.profiler, "ProfileOptions", None)
-    if opts_cls is None:
-        return None
-    opts = opts_cls()
-    # No Python call stacks and no HLO protos: they make traces 30× larger and the analysis needs neither.
-    for attr, value in (("python_tracer_level", 0), ("enable_hlo_proto", False)):
-        if hasattr(opts, attr):
-            setattr(opts, attr, value)
-    return opts
-
-
-def record(fn, *, steps: int, log_dir: str | os.PathLike) -> None:
-    """Trace ``steps`` calls of ``fn(i)`` (each must block until its device work is done), one annotation each."""
-    import jax
-
-    opts = _profiler_options()
-    kwargs = {"create_perfetto_trace": True}
-    if opts is not None:
-        kwargs["profiler_options"] = opts
-    with jax.profiler.trace(str(log_dir), **kwargs):
-        for i in range(steps):
-            with jax.profiler.StepTraceAnnotation(STEP_ANNOTATION, step_num=i):
-                fn(i)
-
-
-def _replace_dir(tmp: pathlib.Path, out: pathlib.Path) -> None:
-    """Put ``tmp`` at ``out`` (an earlier ``out`` is removed only once the new one is complete)."""
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
-
-
-def capture(cfg, plan, *, out_dir: str | os.PathLike, steps: int = 3, warmup: int = 2, microbatch: int = 8,
-            seq: int = 64, seed: int = 0, command: str = "") -> ProfileResult:
-    """Profile ``steps`` train steps of ``cfg`` under ``plan`` on the default device, after ``warmup`` steps.
-
-    Writes into ``out_dir`` (replaced as a whole once complete): the profiler's
-    ``plugins/profile/<run>/`` files and ``profile.json`` (the analysis, memory, versions).
-
-    Raises:
-      TieraxError: bad sizes or a plan that does not fit the model.
-    """
-    import jax
-
-    from tierax import plan as plan_lib
-    from tierax.fileio import write_text_atomic
-    from tierax.measure import memory
-    from tierax.train import step as step_lib
-
-    if steps < 1 or warmup < 0 or microbatch < 1 or seq < 1:
-        raise TieraxError(f"profile needs steps ≥ 1, warmup ≥ 0, microbatch ≥ 1, seq ≥ 1; got steps={steps}, "
-                          f"warmup={warmup}, microbatch={microbatch}, seq={seq}")
-    plan = plan_lib.load_plan(plan, cfg)
-    out = pathlib.Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    optimizer = step_lib.make_optimizer()
-    graphdef, state = step_lib.init_state(cfg, optimizer, seed=seed)
-    tokens = step_lib.synthetic_batch(cfg, microbatch, seq, seed=seed + 1)
-    compiled = step_lib.make_train_step(graphdef, cfg, plan, optimizer).lower(state, tokens).compile()
-    compiled_mem = memory.compiled_memory(compiled)
-    box = {"state": state}
-    for _ in range(warmup):  # first calls settle buffer placement; keep them out of the trace
-        box["state"], _m = compiled(box["state"], tokens)
-    jax.block_until_ready(box["state"])
-
-    def one(_i):
-        box["state"], _m = compiled(box["state"], tokens)
-        jax.block_until_ready(box["state"])
-
-    tmp = pathlib.Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
-    try:
-        record(one, steps=steps, log_dir=tmp)
-        events, f = load_events(tmp)
-        analysis = analyze(events, source=str(out / f.relative_to(tmp)))
-        runtime = memory.runtime_stats()
-        mem = {"compiled": compiled_mem.to_json(),
-               "runtime": [m.to_json() for m in runtime] if runtime is not None else None,
-               "runtime_note": memory.RUNTIME_NOTE if runtime is not None else memory.NO_RUNTIME_NOTE}
-        perfetto = next(iter(sorted(tmp.rglob("perfetto_trace.json.gz"))), None)
-        xplane = next(iter(sorted(tmp.rglob("*.xplane.pb"))), None)
-        result = ProfileResult(str(out), str(out / perfetto.relative_to(tmp)) if perfetto else None,
-                               str(out / xplane.relative_to(tmp)) if xplane else None, analysis, mem)
-        from tierax.bench import machine_info
-        from tierax.models import config_to_dict
-
-        doc = {"schema": PROFILE_SCHEMA, "command": command,
-               "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine_info(),
-               "jax_version": jax.__version__, "model": config_to_dict(cfg), "plan": plan.to_dict(),
-               "microbatch": microbatch, "seq": seq, "steps": steps, "warmup": warmup} | result.to_json()
-        write_text_atomic(tmp / "profile.json", json.dumps(doc, indent=2) + "\n")
-        _replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return result

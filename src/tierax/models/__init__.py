@@ -6,18 +6,13 @@ import jax
 from flax import nnx
 
 from tierax.models import deepseek, llama
-from tierax.models.config import (
+from tierax.models.config import NAMED_CONFIGS, DeepSeekConfig, LayerGroup, LlamaConfig, ModelConfig, get_config
+from tierax.models.config_files import (
     FAMILIES,
-    NAMED_CONFIGS,
-    DeepSeekConfig,
-    LayerGroup,
-    LlamaConfig,
-    ModelConfig,
     apply_overrides,
     config_from_dict,
     config_to_dict,
     config_to_yaml,
-    get_config,
     load_model_config,
 )
 from tierax.models.decoder import Decoder

@@ -9,20 +9,17 @@ failed report leaves no half-written output.
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import re
 import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tierax.errors import TieraxError
-from tierax.fileio import write_text_atomic
+from tierax.fileio import make_temp_dir, write_text_atomic
+from tierax.records import BENCH_SCHEMA, GPU_CHECK_SCHEMA, finite, load_record
 
-BENCH_SCHEMA = "tierax.bench/1"  # == tierax.bench.SCHEMA (not imported: that pulls in JAX)
-GPU_CHECK_SCHEMA = "tierax.gpu-check/1"
 SCHEMAS = (BENCH_SCHEMA, GPU_CHECK_SCHEMA)
 README_START = "<!-- perf-table:start -->"
 README_END = "<!-- perf-table:end -->"
@@ -50,7 +47,7 @@ class Results:
     def records(self) -> list[dict]:
         """Per-plan records; gpu-check runs are flattened with their ``xla_preset``."""
         if self.kind == "bench":
-            return list(self.doc["records"])
+            return list(self.doc.get("records") or [])
         out = []
         for run in self.doc.get("runs", []):
             for r in run.get("records", []):
@@ -65,18 +62,8 @@ def load_results(path: str | os.PathLike) -> Results:
       TieraxError: missing file, not JSON, or a schema this tierax does not read.
     """
     p = pathlib.Path(path)
-    if not p.is_file():
-        raise TieraxError(f"results file {str(p)!r} does not exist; give a JSON written by `tierax bench --out`")
-    try:
-        doc = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise TieraxError(f"results file {str(p)!r} is not JSON ({e}); give a file written by `tierax bench --out`") from None
-    schema = doc.get("schema") if isinstance(doc, dict) else None
-    if schema not in SCHEMAS:
-        raise TieraxError(
-            f"results file {str(p)!r} has schema {schema!r}; this tierax reads {' and '.join(SCHEMAS)}. "
-            "Re-run the benchmark with this version (`tierax bench --out FILE`) to get a readable record"
-        )
+    doc = load_record(p, SCHEMAS, hint="give a file written by `tierax bench --out FILE` (or bench/gpu_check.py)")
+    schema = doc["schema"]
     kind = "bench" if schema == BENCH_SCHEMA else "gpu-check"
     res = Results(p, doc, kind)
     recs = res.records()
@@ -87,6 +74,10 @@ def load_results(path: str | os.PathLike) -> Results:
         if missing:
             raise TieraxError(f"results file {str(p)!r}: a record lacks {', '.join(missing)}; the file is damaged "
                               "or was edited by hand — re-run the benchmark")
+        bad = [k for k in ("step_time_s", "tokens_per_s") if r[k] is not None and not (finite(r[k]) and r[k] > 0)]
+        if bad:
+            raise TieraxError(f"results file {str(p)!r}: plan {r['plan']!r} has {bad[0]} = {r[bad[0]]!r}, not a "
+                              "positive number; the run was broken — re-run the benchmark")
     return res
 
 
@@ -278,8 +269,9 @@ def build_report(results: Sequence[str | os.PathLike], out_dir: str | os.PathLik
         new_readme = replace_marked_section(readme_path.read_text(), tables, source=str(readme_path))
 
     out = pathlib.Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+    if out.exists() and not out.is_dir():
+        raise TieraxError(f"--out {str(out)!r} is a file; give a directory")
+    tmp = make_temp_dir(out.parent, out.name)
     try:
         from tierax.report.plots import throughput_vs_memory
 

@@ -20,26 +20,26 @@ def bench_table(records, peak_flops: float, title: str) -> Table:
         t.add_column(col, justify="left" if col == "plan" else "right")
     for r in records:
         t.add_row(
-            r.plan,
-            f"{r.step_time_s * 1e3:.1f}",
-            f"{r.tokens_per_s:,.0f}",
-            f"{r.tflops_per_device:.4f}",
-            f"{r.mfu:.1%}",
+            r['plan'],
+            f"{r['step_time_s'] * 1e3:.1f}",
+            f"{r['tokens_per_s']:,.0f}",
+            f"{r['tflops_per_device']:.4f}",
+            f"{r['mfu']:.1%}",
             _peak_cell(r),
-            fmt_bytes(r.compiled_temp_bytes),
-            fmt_bytes(r.device_activation_bytes),
-            fmt_bytes(r.host_activation_bytes),
-            fmt_bytes(r.remat_activation_bytes),
-            f"{r.loss:.4f}",
+            fmt_bytes(r['compiled_temp_bytes']),
+            fmt_bytes(r['device_activation_bytes']),
+            fmt_bytes(r['host_activation_bytes']),
+            fmt_bytes(r['remat_activation_bytes']),
+            f"{r['loss']:.4f}",
         )
     return t
 
 
 def _peak_cell(r) -> str:
     """Runtime peak (allocator) where measured — '≤' when only an upper bound — else XLA's compiled peak."""
-    if getattr(r, "peak_device_bytes_runtime", None) is not None:
-        return ("" if r.runtime_peak_exact else "≤ ") + fmt_bytes(r.peak_device_bytes_runtime) + " rt"
-    compiled = getattr(r, "peak_device_bytes_compiled", 0)
+    if r.get("peak_device_bytes_runtime") is not None:
+        return ("" if r.get("runtime_peak_exact") else "≤ ") + fmt_bytes(r["peak_device_bytes_runtime"]) + " rt"
+    compiled = r.get("peak_device_bytes_compiled") or 0
     return fmt_bytes(compiled) + " xla" if compiled else "—"
 
 

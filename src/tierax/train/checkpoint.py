@@ -131,22 +131,54 @@ class Checkpointer:
         )
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
 
+    def _failed(self, what: str, e: BaseException, *, exclude: int | None = None) -> TieraxError:
+        good = [s for s in complete_steps(self.directory) if s != exclude]
+        last = (f"the last good checkpoint is step {good[-1]} in {self.directory}" if good
+                else f"no complete checkpoint exists in {self.directory}")
+        reason = getattr(e, "strerror", None) or str(e).splitlines()[0][:200] or type(e).__name__
+        return TieraxError(f"{what} failed ({type(e).__name__}: {reason}); {last}")
+
     def save(self, step: int, state, meta: dict[str, Any]) -> None:
-        """Start saving ``state`` as step ``step``; returns once the state may be donated."""
+        """Start saving ``state`` as step ``step``; returns once the state may be donated.
+
+        Raises:
+          TieraxError: the save (or an earlier asynchronous one) failed, e.g. the disk is
+            full; the message names the last good checkpoint.
+        """
         meta = {"schema": SCHEMA, "step": step, **meta}
-        self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                         meta=ocp.args.JsonSave(meta)), force=True)
+        try:
+            self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                             meta=ocp.args.JsonSave(meta)), force=True)
+        except Exception as e:  # noqa: BLE001 — Orbax raises many types; the user needs the last good step
+            raise self._failed(f"writing checkpoint step {step} (or the asynchronous save before it)", e,
+                               exclude=step) from e
 
     def restore(self, step: int, like):
-        """(state, meta) of step ``step``; ``like`` gives the tree, shapes, dtypes and shardings."""
+        """(state, meta) of step ``step``; ``like`` gives the tree, shapes, dtypes and shardings.
+
+        Raises:
+          TieraxError: the checkpoint cannot be read (damaged); names the previous complete one.
+        """
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like)
-        out = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                                                  meta=ocp.args.JsonRestore()))
+        try:
+            out = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                                                      meta=ocp.args.JsonRestore()))
+        except Exception as e:  # noqa: BLE001
+            err = self._failed(f"reading checkpoint step {step}", e, exclude=step)
+            raise TieraxError(f"{err}; move {self.directory / str(step)} away and --resume again to continue "
+                              "from it") from e
         return out.state, out.meta
 
     def wait(self) -> None:
-        """Block until every started save is complete on disk."""
-        self._manager.wait_until_finished()
+        """Block until every started save is complete on disk.
+
+        Raises:
+          TieraxError: an asynchronous save failed; names the last good checkpoint.
+        """
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001
+            raise self._failed("writing a checkpoint", e) from e
 
     def close(self) -> None:
         self._manager.close()

@@ -26,11 +26,8 @@ directory.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 import pathlib
-import types
-import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,149 +37,12 @@ import yaml
 from tierax import plan as plan_lib
 from tierax import xla_flags
 from tierax.errors import TieraxError
+from tierax.fileio import check_output_dir
 from tierax.mesh import BATCH_AXES, MeshShape
 from tierax.models import ModelConfig, apply_overrides, config_from_dict, config_to_dict, get_config
-from tierax.models.config import _coerce  # the one scalar type check, shared with model configs
-
-COMPUTE_DTYPES = ("model", "float32", "bfloat16")
-DATA_SOURCES = ("synthetic", "tokens")
-
-
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise TieraxError(msg)
-
-
-# --- sections -------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class OptimizerConfig:
-    """AdamW with linear warm-up then cosine decay (``optax.warmup_cosine_decay_schedule``).
-
-    The learning rate rises from 0 to ``lr`` over ``warmup_steps``, then decays to
-    ``lr × end_lr_ratio`` at ``decay_steps`` (default: the run's ``steps``).
-    """
-
-    lr: float = 3e-3
-    warmup_steps: int = 10
-    decay_steps: int | None = None
-    end_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    b1: float = 0.9
-    b2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float | None = 1.0
-
-    def __post_init__(self) -> None:
-        _check(self.lr > 0, f"optimizer.lr must be > 0, got {self.lr}")
-        _check(self.warmup_steps >= 0, f"optimizer.warmup_steps must be ≥ 0, got {self.warmup_steps}")
-        _check(0 <= self.end_lr_ratio <= 1, f"optimizer.end_lr_ratio must be in [0, 1], got {self.end_lr_ratio}")
-        _check(self.weight_decay >= 0, f"optimizer.weight_decay must be ≥ 0, got {self.weight_decay}")
-        for key in ("b1", "b2"):
-            _check(0 <= getattr(self, key) < 1, f"optimizer.{key} must be in [0, 1), got {getattr(self, key)}")
-        _check(self.eps > 0, f"optimizer.eps must be > 0, got {self.eps}")
-        _check(self.grad_clip is None or self.grad_clip > 0,
-               f"optimizer.grad_clip must be > 0 or null (no clipping), got {self.grad_clip}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class DataConfig:
-    """``synthetic``: uniform random tokens; ``tokens``: a directory written by
-    ``tierax data prepare`` (byte-level tokens, vocabulary 256)."""
-
-    source: str = "synthetic"
-    path: str | None = None
-
-    def __post_init__(self) -> None:
-        _check(self.source in DATA_SOURCES,
-               f"data.source={self.source!r} is not a data source; use one of: {', '.join(DATA_SOURCES)}")
-        if self.source == "tokens":
-            _check(self.path is not None,
-                   "data.source is tokens but data.path is not set; give the directory `tierax data prepare` wrote")
-        else:
-            _check(self.path is None, "data.path is set but data.source is synthetic; set data.source: tokens")
-
-
-@dataclass(frozen=True, kw_only=True)
-class CheckpointConfig:
-    """Orbax checkpoints every ``every`` steps and at the last step (``every: 0``: none);
-    the ``keep`` most recent are kept.  ``dir`` defaults to ``<log.dir>/checkpoints``."""
-
-    dir: str | None = None
-    every: int = 100
-    keep: int = 3
-    async_save: bool = True
-
-    def __post_init__(self) -> None:
-        _check(self.every >= 0, f"checkpoint.every must be ≥ 0 (0: no checkpoints), got {self.every}")
-        _check(self.keep >= 1, f"checkpoint.keep must be ≥ 1, got {self.keep}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class LogConfig:
-    """``dir`` receives ``metrics.jsonl`` (one JSON object per step), the resolved
-    config and ``metrics.png``; a progress line is printed every ``every`` steps."""
-
-    dir: str = "runs/train"
-    every: int = 10
-    plot: bool = True
-
-    def __post_init__(self) -> None:
-        _check(self.every >= 1, f"log.every must be ≥ 1, got {self.every}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class RuntimeConfig:
-    """GPU runtime memory settings derived at start-up (ignored on CPU).
-
-    ``device_budget_gb`` with ``target`` sets ``XLA_PYTHON_CLIENT_MEM_FRACTION``;
-    ``host_budget_gb`` (default: the plan's offloaded bytes with headroom) sets
-    ``XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB``.
-    """
-
-    target: str | None = None
-    device_budget_gb: float | None = None
-    host_budget_gb: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.target is not None:
-            from tierax import hardware
-
-            hardware.get_target(self.target)
-        _check(self.device_budget_gb is None or self.device_budget_gb > 0,
-               f"runtime.device_budget_gb must be > 0, got {self.device_budget_gb}")
-        _check(self.host_budget_gb is None or self.host_budget_gb > 0,
-               f"runtime.host_budget_gb must be > 0, got {self.host_budget_gb}")
-        _check(self.device_budget_gb is None or self.target is not None,
-               "runtime.device_budget_gb needs runtime.target (its device memory size) to become a memory fraction")
-
-
-@dataclass(frozen=True, kw_only=True)
-class DebugConfig:
-    """TEST-ONLY knobs.  ``nan_at_step``: the parameters are poisoned with NaN just
-    before that step, so its loss is NaN (exercises the divergence stop);
-    ``step_delay_s``: sleep after each step (gives tests a window to kill a run)."""
-
-    nan_at_step: int | None = None
-    step_delay_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        _check(self.nan_at_step is None or self.nan_at_step >= 1,
-               f"debug.nan_at_step must be ≥ 1, got {self.nan_at_step}")
-        _check(self.step_delay_s >= 0, f"debug.step_delay_s must be ≥ 0, got {self.step_delay_s}")
-
-
-SECTIONS: dict[str, type] = {
-    "mesh": MeshShape,
-    "optimizer": OptimizerConfig,
-    "data": DataConfig,
-    "checkpoint": CheckpointConfig,
-    "log": LogConfig,
-    "runtime": RuntimeConfig,
-    "debug": DebugConfig,
-}
-
+from tierax.schema import field_types, read_yaml, scalar, unknown_keys
+from tierax.train.sections import (COMPUTE_DTYPES, SECTIONS, CheckpointConfig, DataConfig, DebugConfig, LogConfig,
+                                   OptimizerConfig, RuntimeConfig, _check)
 
 # --- the run --------------------------------------------------------------------
 
@@ -262,6 +122,16 @@ class TrainConfig:
             return None
         return pathlib.Path(self.checkpoint.dir or os.path.join(self.log.dir, "checkpoints"))
 
+    def check_outputs(self) -> None:
+        """Refuse, before any work, a log or checkpoint directory that cannot be written.
+
+        Raises:
+          TieraxError: ``log.dir`` or ``checkpoint.dir`` is a file, unwritable, or under one.
+        """
+        check_output_dir(self.log.dir, "log.dir")
+        if self.checkpoint_dir is not None:
+            check_output_dir(self.checkpoint_dir, "checkpoint.dir")
+
     def to_dict(self) -> dict[str, Any]:
         """The loadable form: model and plan inline, every section spelled out."""
         out: dict[str, Any] = {"model": config_to_dict(self.model), "plan": self.plan.to_dict()}
@@ -307,52 +177,17 @@ def valid_keys() -> list[str]:
     return out
 
 
-def _unknown(keys: Sequence[str], valid: Sequence[str], where: str, prefix: str = "") -> TieraxError:
-    hint = ""
-    if len(keys) == 1:
-        close = difflib.get_close_matches(str(keys[0]), list(valid), n=1)
-        hint = f" (did you mean {prefix + close[0]!r}?)" if close else ""
-    return TieraxError(
-        f"{where}: unknown key{'s' if len(keys) > 1 else ''} {', '.join(repr(prefix + str(k)) for k in keys)}{hint}; "
-        f"valid keys{' in ' + prefix.rstrip('.') if prefix else ''}: {', '.join(prefix + v for v in valid)}"
-    )
-
-
-def _typed(cls: type) -> dict[str, tuple[type, bool]]:
-    """Field → (scalar type, accepts None)."""
-    hints = typing.get_type_hints(cls)
-    out = {}
-    for f in dataclasses.fields(cls):
-        t = hints[f.name]
-        optional = isinstance(t, types.UnionType) and type(None) in t.__args__
-        if optional:
-            t = next(a for a in t.__args__ if a is not type(None))
-        out[f.name] = (t, optional)
-    return out
-
-
-def _value(key: str, value: Any, expected: tuple[type, bool], where: str) -> Any:
-    typ, optional = expected
-    if value is None:
-        if optional:
-            return None
-        raise TieraxError(f"{where}: {key} must not be null")
-    if isinstance(value, (Mapping, list)):
-        raise TieraxError(f"{where}: {key} expects a single {typ.__name__}, got {type(value).__name__} {value!r}")
-    return _coerce(key, value, typ, where)
-
-
 def _section(name: str, raw: Any, where: str):
     cls = SECTIONS[name]
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):
         raise TieraxError(f"{where}: {name} must be a mapping of {', '.join(f.name for f in dataclasses.fields(cls))}")
-    fields = _typed(cls)
+    fields = field_types(cls)
     unknown = [k for k in raw if k not in fields]
     if unknown:
-        raise _unknown(unknown, list(fields), where, prefix=f"{name}.")
-    values = {k: _value(f"{name}.{k}", v, fields[k], where) for k, v in raw.items()}
+        raise unknown_keys(unknown, list(fields), where, prefix=f"{name}.")
+    values = {k: scalar(f"{name}.{k}", v, fields[k], where) for k, v in raw.items()}
     try:
         return cls(**values)
     except TieraxError as e:
@@ -424,17 +259,17 @@ def config_from_mapping(data: Any, overrides: Sequence[str] = (), *, source: str
         elif head in SECTIONS or head == "model":
             raise TieraxError(f"override {text!r}: sections are one level deep, e.g. {head}.KEY=VALUE")
         else:
-            raise _unknown([".".join(path)], valid_keys(), f"override {text!r}")
+            raise unknown_keys([".".join(path)], valid_keys(), f"override {text!r}")
 
     unknown = [k for k in data if k not in _TOP_KEYS]
     if unknown:
-        raise _unknown(unknown, valid_keys(), source)
+        raise unknown_keys(unknown, valid_keys(), source)
     scalars: dict[str, tuple[type, bool]] = {
         "microbatch": (int, True), "global_batch": (int, True), "seq": (int, False), "grad_accum": (int, False),
         "steps": (int, False), "seed": (int, False), "compute_dtype": (str, False), "cpu_devices": (int, True),
         "xla_preset": (str, False),
     }
-    values = {k: _value(k, data[k], t, source) for k, t in scalars.items() if k in data}
+    values = {k: scalar(k, data[k], t, source) for k, t in scalars.items() if k in data}
     compute_dtype = values.pop("compute_dtype", "model")
     _check(compute_dtype in COMPUTE_DTYPES,
            f"{source}: compute_dtype={compute_dtype!r} is unknown; use one of: {', '.join(COMPUTE_DTYPES)} "
@@ -476,88 +311,10 @@ def load_train_config(path: str | os.PathLike, overrides: Sequence[str] = ()) ->
       TieraxError: the file is missing or not YAML, or the config is invalid
         (see :func:`config_from_mapping`).
     """
-    p = pathlib.Path(path)
-    if not p.is_file():
-        raise TieraxError(f"train config {str(path)!r} does not exist; see configs/demo-train.yaml for an example")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise TieraxError(f"{p}: cannot be read as YAML ({e})") from None
-    return config_from_mapping(data, overrides, source=str(p))
+    data = read_yaml(path, "train config", "see configs/demo-train.yaml for an example")
+    return config_from_mapping(data, overrides, source=str(path))
 
 
 def config_to_yaml(cfg: TrainConfig) -> str:
     """``cfg.to_dict()`` as YAML: a file :func:`load_train_config` reads back to ``cfg``."""
     return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
-
-
-# --- processes ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Distributed:
-    """How this process joins a multi-process run (``jax.distributed``).
-
-    Attributes:
-      coordinator: ``host:port`` of process 0's coordination service.
-      num_processes: processes in the run.
-      process_id: this process, 0-based.
-    """
-
-    coordinator: str
-    num_processes: int
-    process_id: int
-
-    ENV = ("TIERAX_COORDINATOR", "TIERAX_NUM_PROCESSES", "TIERAX_PROCESS_ID")
-
-    @classmethod
-    def resolve(cls, coordinator: str | None, num_processes: int | None, process_id: int | None,
-                environ: Mapping[str, str] | None = None) -> "Distributed | None":
-        """From flags, else the ``TIERAX_*`` environment; None for a single-process run.
-
-        Raises:
-          TieraxError: only some of the three are given, or they are inconsistent.
-        """
-        env = os.environ if environ is None else environ
-        given = [coordinator, num_processes, process_id]
-        names = ["--coordinator", "--num-processes", "--process-id"]
-        for i, var in enumerate(cls.ENV):
-            if given[i] is None and env.get(var):
-                given[i] = env[var]
-                names[i] = var
-        if all(g is None for g in given):
-            return None
-        missing = [f"{n} (or {v})" for g, n, v in zip(given, names, cls.ENV) if g is None]
-        if missing:
-            raise TieraxError(f"a multi-process run needs all of coordinator, process count and process id; "
-                              f"missing: {', '.join(missing)}")
-        try:
-            n, i = int(given[1]), int(given[2])
-        except ValueError:
-            raise TieraxError(f"{names[1]} and {names[2]} must be integers, got {given[1]!r} and {given[2]!r}") from None
-        coord = str(given[0])
-        _check(":" in coord and coord.rsplit(":", 1)[1].isdigit(),
-               f"{names[0]}={coord!r}: expected HOST:PORT of process 0, e.g. 10.0.0.1:1234")
-        _check(n >= 1, f"{names[1]} must be ≥ 1, got {n}")
-        _check(0 <= i < n, f"{names[2]}={i} must be in 0..{n - 1} for {n} processes")
-        return cls(coord, n, i)
-
-
-def cpu_devices_per_process(cfg: TrainConfig, num_processes: int = 1) -> int:
-    """Host CPU devices each process creates: ``cpu_devices``, else the mesh size over the processes.
-
-    Raises:
-      TieraxError: the mesh does not split evenly over processes, or ``cpu_devices``
-        contradicts the mesh.
-    """
-    size = cfg.mesh.size
-    if cfg.cpu_devices is not None:
-        _check(cfg.cpu_devices * num_processes == size,
-               f"{cfg.source}: mesh data×fsdp = {size} devices, but cpu_devices={cfg.cpu_devices} × "
-               f"{num_processes} process(es) = {cfg.cpu_devices * num_processes}; make them equal "
-               "(or leave cpu_devices unset)")
-        return cfg.cpu_devices
-    _check(size % num_processes == 0,
-           f"{cfg.source}: mesh data×fsdp = {size} devices does not split over {num_processes} processes; "
-           f"use a multiple of {num_processes}")
-    return size // num_processes

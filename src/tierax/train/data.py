@@ -116,7 +116,19 @@ def read_index(path: str | os.PathLike) -> TokenIndex:
     expected = index.num_tokens * np.dtype(index.dtype).itemsize
     if not tokens.is_file() or tokens.stat().st_size != expected:
         raise TieraxError(f"{tokens}: missing or not {expected} bytes as {INDEX} says; {hint}")
+    if index.tokenizer == TOKENIZER and _sha256(tokens) != index.source_sha256:
+        # Byte-level tokens are the source bytes, so the source's hash checks the token file.
+        raise TieraxError(f"{tokens}: contents differ from {INDEX} (sha256 mismatch): the file was changed or "
+                          f"damaged after it was prepared; {hint}")
     return index
+
+
+def _sha256(path: pathlib.Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 @dataclass(frozen=True)

@@ -16,33 +16,30 @@ the checkpoints already started are complete; the diverged state is never saved.
 
 from __future__ import annotations
 
-import json
+import contextlib
 import math
-import os
 import pathlib
+import signal
+import threading
 import time
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from tierax.errors import TieraxError
 from tierax.fileio import write_text_atomic
 from tierax.models.flops import train_flops
+from tierax.mesh import BATCH_AXES
 from tierax.train import checkpoint as ckpt_lib
 from tierax.train import data as data_lib
-from tierax.mesh import BATCH_AXES
-from tierax.train import sharding as sh
 from tierax.train import step as step_lib
-from tierax.train.config import Distributed, TrainConfig, config_to_yaml
-
-METRICS = "metrics.jsonl"
-CONFIG_SNAPSHOT = "train-config.yaml"
-PLOT = "metrics.png"
+from tierax.train.config import TrainConfig, config_to_yaml
+from tierax.train.progress import Reporter
+from tierax.train.run_dir import CONFIG_SNAPSHOT, METRICS, MetricsLog, StepRecord
+from tierax.train.schedule import lr_schedule
 
 
 class NonFiniteLoss(RuntimeError):
@@ -54,20 +51,6 @@ class NonFiniteLoss(RuntimeError):
                  if last_checkpoint is not None else "no checkpoint was written before it")
         super().__init__(f"step {step}: loss is {loss} (gradient norm {grad_norm}); training stopped, the "
                          f"diverged state was not saved; {where}")
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """One line of ``metrics.jsonl``."""
-
-    step: int
-    loss: float
-    grad_norm: float
-    lr: float
-    step_time_s: float
-    tokens_per_s: float
-    tflops_per_device: float
-    time: float  # unix seconds when the step's result was read
 
 
 @dataclass(frozen=True)
@@ -90,207 +73,55 @@ class TrainResult:
     last_checkpoint: int | None
     compile_s: float
 
+    def to_json(self) -> dict:
+        return {"first_step": self.first_step, "last_step": self.last_step, "losses": list(self.losses),
+                "resumed_from": self.resumed_from, "last_checkpoint": self.last_checkpoint,
+                "compile_s": self.compile_s}
 
-# --- process set-up ---------------------------------------------------------------
-
-
-def initialize_distributed(dist: Distributed | None) -> None:
-    """Join a multi-process run with JAX's own runtime; call after ``xla_flags.configure``,
-    before any JAX operation.  Single-process runs (``None``) do nothing."""
-    if dist is None:
-        return
-    jax.distributed.initialize(coordinator_address=dist.coordinator, num_processes=dist.num_processes,
-                               process_id=dist.process_id)
-
-
-MEM_FRACTION = "XLA_PYTHON_CLIENT_MEM_FRACTION"
-HOST_LIMIT = "XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"
+    def summary(self, cfg: TrainConfig) -> str:
+        """The line ``tierax train`` prints at the end."""
+        if not self.losses:
+            return f"nothing to train: the run is already at step {self.first_step - 1} of {cfg.steps}"
+        return (f"trained steps {self.first_step}–{self.last_step}: loss {self.losses[0]:.4f} → "
+                f"{self.losses[-1]:.4f}; metrics in {cfg.log.dir}/{METRICS}"
+                + (f"; last checkpoint step {self.last_checkpoint}" if self.last_checkpoint else ""))
 
 
-def runtime_env(cfg: TrainConfig, *, gpu: bool, num_processes: int = 1,
-                environ: Mapping[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
-    """GPU runtime variables derived from the run: (variables to set, lines to print).
+class Stopped(RuntimeError):
+    """Training was interrupted (SIGINT / Ctrl-C) and stopped at a step boundary."""
 
-    ``XLA_PYTHON_CLIENT_MEM_FRACTION`` = ``runtime.device_budget_gb`` over the
-    target's device memory (JAX preallocates 75 % by default, so a plan that fits
-    90 % needs it); ``XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB`` = ``runtime.host_budget_gb``,
-    else the plan's offloaded activation bytes on this process's devices plus 25 %.
-    A variable already in the environment is kept.  On CPU neither applies.
-    """
-    if not gpu:
-        return {}, [f"runtime env: {MEM_FRACTION} and {HOST_LIMIT} apply to GPUs only; nothing set on CPU"]
-    from tierax import hardware
-    from tierax import inventory as inv
-
-    env = os.environ if environ is None else environ
-    rt, wanted, lines = cfg.runtime, {}, []
-    if rt.device_budget_gb is not None:
-        hbm = hardware.get_target(rt.target).device_memory_bytes
-        frac = min(0.95, rt.device_budget_gb * 1e9 / hbm)
-        wanted[MEM_FRACTION] = (f"{frac:.2f}", f"device budget {rt.device_budget_gb:g} GB of {hbm / 1e9:.0f} GB ({rt.target})")
-    else:
-        lines.append(f"runtime env: {MEM_FRACTION} not derived (no runtime.device_budget_gb); JAX preallocates 75 %")
-    local_devices = max(1, cfg.mesh.size // num_processes)
-    if rt.host_budget_gb is not None:
-        wanted[HOST_LIMIT] = (f"{math.ceil(rt.host_budget_gb)}", "runtime.host_budget_gb")
-    else:
-        offload = inv.bytes_by_placement(inv.model_inventory(cfg.model, cfg.microbatch, cfg.seq, cfg.mesh.to_dict()),
-                                         cfg.plan, cfg.model)["offload"]
-        if offload:
-            gb = max(1, math.ceil(offload * local_devices * 1.25 / 1e9))
-            wanted[HOST_LIMIT] = (str(gb), f"plan offloads {offload / 1e9:.2f} GB/device × {local_devices} devices + 25 %")
-        else:
-            lines.append(f"runtime env: {HOST_LIMIT} not set (plan {cfg.plan.name} offloads nothing)")
-    out = {}
-    for var, (value, why) in wanted.items():
-        if var in env:
-            lines.append(f"runtime env: kept {var}={env[var]} from the environment (derived: {value}, {why})")
-        else:
-            out[var] = value
-            lines.append(f"runtime env: set {var}={value} ({why})")
-    return out, lines
-
-
-def verify_before_training(cfg: TrainConfig) -> str:
-    """``train --verify``: the plan's loss and gradients against ``save-all`` on one local
-    device (``tierax.measure.verify``); returns the line to print.
-
-    Raises:
-      TieraxError: the plan changes the gradients beyond the dtype's tolerance.
-    """
-    try:  # imported only when asked: verification is its own part of tierax
-        from tierax.measure.verify import verify_plan
-    except ImportError as e:
-        raise TieraxError(f"--verify needs tierax.measure.verify, which this installation lacks ({e})") from None
-    res = verify_plan(cfg.model, cfg.plan, microbatch=cfg.microbatch, seq=cfg.seq, seed=cfg.seed)
-    if not res.passed:
-        raise TieraxError(
-            f"--verify: plan {cfg.plan.name!r} changes the gradients of {cfg.model.name} (max relative error "
-            f"{res.max_rel_err:.2e}, tolerance {res.tolerance:.0e}; worst leaves: {res.worst_leaves}); not training"
-        )
-    return (f"verify: plan {cfg.plan.name} vs save-all: max relative gradient error {res.max_rel_err:.2e} "
-            f"≤ {res.tolerance:.0e}, passed")
-
-
-# --- metrics ----------------------------------------------------------------------
-
-
-def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
-    """The records of ``RUN_DIR/metrics.jsonl`` (a line cut short by a crash is skipped).
-
-    Raises:
-      TieraxError: no metrics file.
-    """
-    path = pathlib.Path(run_dir) / METRICS
-    if not path.is_file():
-        raise TieraxError(f"{str(run_dir)!r} has no {METRICS}; give the log.dir of a `tierax train` run")
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
-
-
-class _MetricsLog:
-    """Appends one JSON line per step; opened by process 0 only."""
-
-    def __init__(self, log_dir: pathlib.Path, keep_through: int):
-        path = log_dir / METRICS
-        kept = [r for r in read_metrics(log_dir) if r.get("step", 0) <= keep_through] if path.is_file() else []
-        # Drop records of steps after the restored checkpoint: they are about to be trained again.
-        write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
-        self._file = open(path, "a", buffering=1)  # line-buffered: a crash loses at most one line
-
-    def write(self, rec: StepRecord) -> None:
-        self._file.write(json.dumps(asdict(rec)) + "\n")
-
-    def close(self) -> None:
-        self._file.close()
-
-
-class Reporter:
-    """Progress display; this base class shows nothing (``--json`` runs, benchmarks)."""
-
-    def start(self, first: int, last: int, title: str) -> None: ...
-
-    def step(self, rec: StepRecord, eta_s: float) -> None: ...
-
-    def note(self, text: str) -> None: ...
-
-    def stop(self) -> None: ...
-
-
-def _fmt_eta(s: float) -> str:
-    s = int(round(s))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
-
-
-class RichReporter(Reporter):
-    """A live rich progress bar (on a terminal) plus a printed line every ``every`` steps."""
-
-    def __init__(self, console, every: int):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-        self.console, self.every = console, every
-        self.progress = Progress(
-            TextColumn("step"), MofNCompleteColumn(), BarColumn(),
-            TextColumn("loss {task.fields[loss]}  {task.fields[tps]} tok/s  {task.fields[tflops]} TFLOP/s/dev  "
-                       "ETA {task.fields[eta]}"),
-            # Redrawn from the loop, at most every REFRESH_S, instead of by rich's refresh thread,
-            # which competes with the step for the CPU and the GIL.
-            console=console, transient=True, disable=not console.is_terminal, auto_refresh=False,
-        )
-        self.task = None
-        self._drawn = 0.0
-
-    REFRESH_S = 0.25
-
-    def start(self, first, last, title):
-        self.console.print(title)
-        self.progress.start()
-        self.task = self.progress.add_task("train", total=last, completed=first - 1, loss="-", tps="-", tflops="-",
-                                           eta="-")
-
-    def step(self, rec, eta_s):
-        eta = _fmt_eta(eta_s)
-        self.progress.update(self.task, completed=rec.step, loss=f"{rec.loss:.4f}", tps=f"{rec.tokens_per_s:,.0f}",
-                             tflops=f"{rec.tflops_per_device:.4f}", eta=eta)
-        if time.monotonic() - self._drawn >= self.REFRESH_S:
-            self.progress.refresh()
-            self._drawn = time.monotonic()
-        if rec.step % self.every == 0:
-            self.progress.console.print(
-                f"step {rec.step:6d}  loss {rec.loss:8.4f}  grad norm {rec.grad_norm:8.3f}  lr {rec.lr:.2e}  "
-                f"{rec.tokens_per_s:12,.0f} tok/s  {rec.tflops_per_device:8.4f} TFLOP/s/device  ETA {eta}"
-            )
-
-    def note(self, text):
-        self.progress.console.print(text)
-
-    def stop(self):
-        if self.task is not None:  # a later train() call starts its own bar
-            self.progress.remove_task(self.task)
-            self.task = None
-        self.progress.stop()
+    def __init__(self, step: int, last_checkpoint: int | None, directory):
+        self.step, self.last_checkpoint = step, last_checkpoint
+        where = (f"last checkpoint step {last_checkpoint} in {directory}; continue with --resume"
+                 if last_checkpoint is not None else "no checkpoint was written (checkpoint.every is 0)")
+        super().__init__(f"interrupted: stopped after step {step}; {where}")
 
 
 # --- the trainer ------------------------------------------------------------------
 
 
-def lr_schedule(cfg: TrainConfig) -> optax.Schedule:
-    """Linear warm-up from 0 to ``optimizer.lr`` at step ``warmup_steps``, then cosine decay to
-    ``lr × end_lr_ratio`` at step ``decay_steps`` (``optax.warmup_cosine_decay_schedule``).
+class _StopFlag:
+    set = False
 
-    Optax calls a schedule with the update count (0 for step 1); it is shifted by one so
-    that step ``k`` trains at the schedule's value at ``k``: the first step's rate is
-    ``lr / warmup_steps``, not 0.
-    """
-    o = cfg.optimizer
-    base = optax.warmup_cosine_decay_schedule(init_value=0.0, peak_value=o.lr, warmup_steps=o.warmup_steps,
-                                              decay_steps=cfg.decay_steps, end_value=o.lr * o.end_lr_ratio)
-    return lambda count: base(count + 1)
+
+@contextlib.contextmanager
+def _stop_on_sigint():
+    """A flag that SIGINT sets (instead of raising KeyboardInterrupt) while training; a second SIGINT raises."""
+    flag = _StopFlag()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def handler(signum, frame):
+        if flag.set:
+            raise KeyboardInterrupt
+        flag.set = True
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _scalar(x) -> float:
@@ -396,7 +227,7 @@ class Trainer:
         if self.is_main:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             write_text_atomic(self.log_dir / CONFIG_SNAPSHOT, config_to_yaml(cfg))
-            self._log = _MetricsLog(self.log_dir, keep_through=self.step)
+            self._log = MetricsLog(self.log_dir, keep_through=self.step)
         self._step_times: list[float] = []
 
     # --- pieces of a step -----------------------------------------------------------
@@ -454,9 +285,17 @@ class Trainer:
     def train(self, until: int | None = None) -> TrainResult:
         """Train from the current step to ``until`` (default: ``cfg.steps``).
 
+        SIGINT (Ctrl-C) in the main thread stops at the next step boundary: that
+        step's checkpoint is written (when checkpointing is on), then :class:`Stopped`.
+
         Raises:
           NonFiniteLoss: a step's loss or gradient norm was NaN or infinite.
+          Stopped: interrupted.
         """
+        with _stop_on_sigint() as stop:
+            return self._train(until, stop)
+
+    def _train(self, until: int | None, stop: "_StopFlag") -> TrainResult:
         cfg = self.cfg
         until = cfg.steps if until is None else min(until, cfg.steps)
         first = self.step + 1
@@ -480,6 +319,13 @@ class Trainer:
                     self._save(k)
                     self._t_last = time.perf_counter()
                 self.step = k
+                if stop.set and k < until:
+                    if pending is not None:
+                        self._complete(*pending)
+                        pending = None
+                        if self.checkpointer is not None:
+                            self._save(k)
+                    raise Stopped(k, self._latest_checkpoint(), self.ckpt_dir)
             if pending is not None:
                 self._complete(*pending)
         finally:
@@ -496,16 +342,13 @@ class Trainer:
                 f"steps {first}–{cfg.steps} ({start}) · compiled in {self.compile_s:.1f} s")
 
     def close(self) -> None:
-        """Finish pending checkpoint writes, close the log, draw the plot (process 0)."""
+        """Finish pending checkpoint writes and close the log (process 0).  The caller draws
+        the metrics plot (``tierax.report.metrics_plot``) if it wants one."""
         if self.checkpointer is not None:
             self.checkpointer.wait()
             self.checkpointer.close()
         if self._log is not None:
             self._log.close()
-            if self.cfg.log.plot and read_metrics(self.log_dir):
-                from tierax.train.plots import plot_metrics
-
-                plot_metrics(self.log_dir)
 
     def __enter__(self) -> "Trainer":
         return self

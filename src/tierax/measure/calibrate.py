@@ -12,39 +12,12 @@ import json
 import time
 
 import jax
-import jax.numpy as jnp
 
 from tierax import costmodel as cm
 from tierax.fileio import write_text_atomic
+from tierax.measure import harness
 
 _KIND_TO_TARGET = {"H100": "h100", "H200": "h200", "B200": "b200", "GB200": "gb200"}
-
-
-def _best(f, *args, repeats: int = 5) -> float:
-    jax.block_until_ready(f(*args))
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(f(*args))
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
-def matmul_rate(dtype: str, n: int) -> float:
-    x = jnp.ones((n, n), jnp.dtype(dtype))
-    return 2.0 * n**3 / _best(jax.jit(lambda a: a @ a), x)
-
-
-def copy_bandwidth(nbytes: int = 1 << 30) -> tuple[float, float]:
-    """(device→host, host→device) bytes/s through pinned host memory."""
-    dev = jax.devices()[0]
-    host = jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host")
-    device = jax.sharding.SingleDeviceSharding(dev, memory_kind="device")
-    x = jax.device_put(jnp.ones((nbytes // 4,), jnp.float32), device)
-    d2h = nbytes / _best(lambda a: jax.device_put(a, host), x)
-    h = jax.device_put(x, host)
-    h2d = nbytes / _best(lambda a: jax.device_put(a, device), h)
-    return d2h, h2d
 
 
 def target_key() -> str:
@@ -65,12 +38,13 @@ def run_and_save() -> dict:
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "device_kind": jax.devices()[0].device_kind,
         "jax": jax.__version__,
-        "matmul_flops_per_s_float32": matmul_rate("float32", n),
-        "matmul_flops_per_s_bfloat16": matmul_rate("bfloat16", n),
+        "matmul_flops_per_s_float32": harness.matmul_rate("float32", n)["flops_per_s"],
+        "matmul_flops_per_s_bfloat16": harness.matmul_rate("bfloat16", n)["flops_per_s"],
     }
     entry["matmul_flops_per_s"] = entry["matmul_flops_per_s_float32"]
     if gpu:
-        entry["d2h_bytes_per_s"], entry["h2d_bytes_per_s"] = copy_bandwidth()
+        link = harness.link_bandwidth()
+        entry["d2h_bytes_per_s"], entry["h2d_bytes_per_s"] = link["d2h_bytes_per_s"], link["h2d_bytes_per_s"]
     data = cm.load_calibration()
     data[key] = entry
     write_text_atomic(cm.CALIBRATION_FILE, json.dumps(data, indent=2) + "\n")

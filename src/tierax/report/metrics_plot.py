@@ -9,6 +9,7 @@ import tempfile
 import yaml
 
 from tierax.errors import TieraxError
+from tierax.train.run_dir import CONFIG_SNAPSHOT, PLOT, read_metrics
 
 
 def _smooth(values: list[float], window: int) -> list[float]:
@@ -22,13 +23,11 @@ def _smooth(values: list[float], window: int) -> list[float]:
 
 
 def _title(run_dir: pathlib.Path) -> str:
-    from tierax.train.loop import CONFIG_SNAPSHOT
-
     try:
         cfg = yaml.safe_load((run_dir / CONFIG_SNAPSHOT).read_text())
         mesh = cfg["mesh"]
         return (f"{cfg['model']['name']} · plan {cfg['plan']['plan']} · {cfg['microbatch']}/device × "
-                f"mesh data={mesh['data']} fsdp={mesh['fsdp']} · seq {cfg['seq']}")
+                f"mesh {','.join(f'{k}={v}' for k, v in mesh.items())} · seq {cfg['seq']}")
     except (OSError, KeyError, TypeError, yaml.YAMLError):
         return str(run_dir)
 
@@ -47,8 +46,6 @@ def plot_metrics(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from tierax.train.loop import PLOT, read_metrics
 
     run = pathlib.Path(run_dir)
     records = sorted(read_metrics(run), key=lambda r: r["step"])

@@ -1,0 +1,5 @@
+import sys
+
+from tierax.cli import main
+
+sys.exit(main())

@@ -1,0 +1,113 @@
+"""What every verb shares: the console, model and plan options, checked sizes, progress."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+from collections.abc import Iterator, Sequence
+
+from tierax.errors import TieraxError
+
+
+def console(stderr: bool = False):
+    from rich.console import Console
+
+    c = Console(stderr=stderr)
+    if not c.is_terminal:  # pipes and CI: wide enough for the tables
+        c = Console(stderr=stderr, width=160)
+    return c
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer ≥ 1 (argparse turns the error into exit 2 with usage)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number ≥ 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be ≥ 1, got {value}")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number ≥ 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be ≥ 0, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0 (``nan``, ``inf`` and 0 refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def add_set_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one config field, e.g. --set d_model=512 (repeatable)")
+
+
+def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = "tiny-llama") -> None:
+    """``--model NAME``, ``--model-config FILE`` and repeated ``--set KEY=VALUE`` (read by :func:`resolve_model`)."""
+    suffix = f" (default: {default})" if default else ""
+    parser.add_argument("--model", metavar="NAME", help=f"named model config, see `tierax models`{suffix}")
+    parser.add_argument("--model-config", metavar="FILE",
+                        help="model config YAML (family + fields, as `tierax models show NAME` prints)")
+    add_set_arg(parser)
+    parser.set_defaults(model_default=default)
+
+
+def add_size_args(parser: argparse.ArgumentParser, *, microbatch: int, seq: int = 64,
+                  per_device: bool = True) -> None:
+    what = "sequences per device" if per_device else "sequences in the batch"
+    parser.add_argument("--microbatch", type=positive_int, default=microbatch, help=f"{what} (default {microbatch})")
+    parser.add_argument("--seq", type=positive_int, default=seq, help=f"sequence length (default {seq})")
+
+
+def resolve_model(args, extra_overrides: Sequence[str] = ()):
+    """The ModelConfig selected by :func:`add_model_args` options, overrides applied in order."""
+    from tierax.models import NAMED_CONFIGS, apply_overrides, get_config, load_model_config
+
+    if args.model is not None and args.model_config is not None:
+        raise TieraxError(
+            "--model and --model-config both given; use one: --model NAME for a named config "
+            "or --model-config FILE for a config file"
+        )
+    if args.model_config is not None:
+        cfg = load_model_config(args.model_config)
+    elif args.model is not None or args.model_default:
+        cfg = get_config(args.model if args.model is not None else args.model_default)
+    else:
+        raise TieraxError(
+            f"no model given; use --model NAME ({', '.join(NAMED_CONFIGS)}) or --model-config FILE"
+        )
+    return apply_overrides(cfg, [*args.overrides, *extra_overrides])
+
+
+def load_plans(text: str, cfg, option: str) -> list:
+    """A comma-separated list of presets or plan files, each validated against ``cfg``."""
+    from tierax import plan as plan_lib
+
+    plans = [plan_lib.load_plan(p.strip(), cfg) for p in text.split(",") if p.strip()]
+    if not plans:
+        raise TieraxError(f"{option} is empty; give a preset, a plan YAML file, or a comma-separated list of them")
+    return plans
+
+
+@contextlib.contextmanager
+def progress(title: str, total: int, *, disable: bool = False) -> Iterator:
+    """A transient rich progress bar; yields ``advance(description, n)``."""
+    from rich.progress import Progress
+
+    with Progress(transient=True, disable=disable) as prog:
+        task = prog.add_task(title, total=total)
+        yield lambda what, n: prog.update(task, advance=n, description=what)

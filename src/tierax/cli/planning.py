@@ -1,0 +1,146 @@
+"""Verbs that read configs and model a step without running it: models, plans, inventory, simulate, plan, calibrate."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from tierax import launch
+from tierax.cli.common import console, resolve_model
+from tierax.errors import TieraxError
+from tierax.mesh import parse_mesh
+
+GIB = 2**30
+
+
+def cmd_models(args) -> int:
+    from tierax.models import NAMED_CONFIGS, apply_overrides, config_to_dict, config_to_yaml, get_config
+    from tierax.report.tables import models_table
+
+    if args.action == "show":
+        if args.name is None:
+            raise TieraxError(f"models show needs a NAME; named configs: {', '.join(NAMED_CONFIGS)}")
+        cfg = apply_overrides(get_config(args.name), args.overrides)
+        print(json.dumps(config_to_dict(cfg), indent=2) if args.json else config_to_yaml(cfg), end="\n" if args.json else "")
+        return 0
+    if args.name is not None or args.overrides:
+        raise TieraxError("a NAME and --set apply only to `tierax models show NAME [--set KEY=VALUE ...]`")
+    if args.json:
+        print(json.dumps({n: {"family": c.family, "param_count": c.param_count(),
+                              "activated_param_count": c.activated_param_count()}
+                          for n, c in NAMED_CONFIGS.items()}, indent=2))
+    else:
+        console().print(models_table(NAMED_CONFIGS.values()))
+    return 0
+
+
+def cmd_plans(args) -> int:
+    from tierax import plan as plan_lib
+    from tierax.report.tables import plan_table
+
+    cfg = resolve_model(args)
+    if args.show is None:
+        for name, (desc, _) in plan_lib.PRESETS.items():
+            print(f"{name:18s} {desc}")
+        return 0
+    plan = plan_lib.load_plan(args.show, cfg)
+    if args.emit:
+        from tierax.interop import planning as interop
+
+        print(interop.emit_plan(plan, cfg, args.emit, microbatch=args.microbatch, seq=args.seq, schedule=args.schedule,
+                                mesh=parse_mesh(args.mesh, args.devices).to_dict(), target=args.target), end="")
+    elif args.yaml:
+        print(plan.to_yaml(), end="")
+    else:
+        console().print(plan_table(plan_lib.resolve(plan, cfg), f"plan {plan.name} on {cfg.name}"))
+    return 0
+
+
+def _inputs(args, *, rates: bool = True):
+    """(model, mesh, rates or None) of a planning verb, validated (the target too) before JAX starts."""
+    from tierax import costmodel as cm
+    from tierax import hardware
+
+    cfg = resolve_model(args)
+    mesh = parse_mesh(args.mesh, args.devices)
+    if args.target != "cpu":
+        hardware.get_target(args.target)
+    rates = cm.target_rates(args.target, cfg.dtype) if rates else None
+    launch.start()
+    return cfg, mesh, rates
+
+
+def _title(cfg, args, mesh, microbatch, extra: str = "") -> str:
+    return (f"{cfg.name} · {args.target} · mesh {mesh} · microbatch {microbatch}/device × seq {args.seq}"
+            + (f" · {extra}" if extra else ""))
+
+
+def cmd_inventory(args) -> int:
+    from tierax import inventory as inv_lib
+    from tierax.report.tables import inventory_table
+
+    cfg, mesh, _ = _inputs(args, rates=False)
+    inv = inv_lib.model_inventory(cfg, args.microbatch, args.seq, mesh.to_dict())
+    if args.json:
+        print(json.dumps(inv_lib.inventory_json(inv), indent=2))
+    else:
+        console().print(inventory_table(inv, cfg))
+    return 0
+
+
+def cmd_simulate(args) -> int:
+    from tierax import costmodel as cm
+    from tierax import inventory as inv_lib
+    from tierax import plan as plan_lib
+    from tierax.report.tables import prediction_table
+
+    cfg, mesh, rates = _inputs(args)
+    plan = plan_lib.load_plan(args.plan, cfg)
+    pred = cm.simulate(plan, inv_lib.model_inventory(cfg, args.microbatch, args.seq, mesh.to_dict()), cfg, rates,
+                       args.schedule)
+    if args.json:
+        print(json.dumps(pred.to_json(), indent=2))
+    else:
+        console().print(prediction_table(pred, _title(cfg, args, mesh, args.microbatch,
+                                                      f"plan {plan.name} · {args.schedule}")))
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from tierax.fileio import check_output_file, write_text_atomic
+    from tierax.interop import planning as interop
+    from tierax.report.tables import explain_table, prediction_table
+
+    out = check_output_file(args.out) if args.out else None
+    interop.check_tool(args.emit, "--emit")
+    cfg, mesh, rates = _inputs(args)
+    budgets = {"schedule": args.schedule, "budget_bytes": args.budget_gib and args.budget_gib * GIB,
+               "host_budget_bytes": args.host_budget_gib and args.host_budget_gib * GIB}
+    result, notes = interop.solve(cfg, mesh.to_dict(), rates, microbatch=args.microbatch, seq=args.seq,
+                                  max_microbatch=args.max_microbatch, for_tool=args.for_tool, **budgets)
+    text = (interop.emit(result, cfg, args.emit, seq=args.seq, mesh=mesh.to_dict(), schedule=args.schedule,
+                         target=args.target, notes=tuple(notes)) if args.emit else result.plan.to_yaml())
+    if out:
+        write_text_atomic(out, text)
+    for line in notes:
+        print(line, file=sys.stderr if args.json or (args.emit and not out) else sys.stdout)
+    if args.json or (args.emit and not out):  # stdout carries the result: JSON, or the emitted file
+        print(json.dumps({**result.to_json(), "notes": notes}, indent=2) if args.json else text, end="")
+        return 0
+    console().print(explain_table(result, _title(cfg, args, mesh, result.microbatch, args.schedule)))
+    console().print(prediction_table(result.predicted, "predicted step"))
+    if out:
+        print(f"wrote {out}")
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    from tierax import costmodel as cm
+    from tierax.fileio import check_output_file
+
+    check_output_file(cm.CALIBRATION_FILE, "calibration file")
+    launch.start()
+    from tierax.measure import calibrate
+
+    print(json.dumps(calibrate.run_and_save(), indent=2))
+    return 0

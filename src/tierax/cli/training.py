@@ -1,0 +1,79 @@
+"""Verbs of a training run: train, data, plot-metrics."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from tierax import launch
+from tierax.cli.common import console
+from tierax.fileio import check_output_file
+
+
+def cmd_train(args) -> int:
+    from tierax.train import config as train_config
+
+    # Everything up to start_training reads files and validates; JAX's backend starts there.
+    cfg = train_config.load_train_config(args.config, args.overrides)
+    cfg.check_outputs()
+    dist = launch.Distributed.resolve(args.coordinator, args.num_processes, args.process_id)
+    env_lines = launch.start_training(cfg, dist)
+    launch.check_local_memory(cfg.model, shards=cfg.mesh.size, what="tierax train")
+    import jax
+
+    from tierax.train import loop
+    from tierax.train.progress import Reporter, RichReporter
+
+    c = console()
+    say = c.print if jax.process_index() == 0 and not args.json else (lambda *a, **k: None)
+    for line in [*env_lines, *([_verify(cfg)] if args.verify else [])]:
+        say(line)
+    try:
+        with loop.Trainer(cfg, resume=args.resume, reporter=Reporter() if args.json else RichReporter(c, cfg.log.every)) as t:
+            result = t.train()
+    except (loop.NonFiniteLoss, loop.Stopped) as e:
+        print(f"tierax train: {e}", file=sys.stderr)
+        return 130 if isinstance(e, loop.Stopped) else 1
+    _plot(cfg, say)
+    if args.json:
+        print(json.dumps({"process_index": jax.process_index(), "process_count": jax.process_count()}
+                         | result.to_json()))
+    else:
+        say(result.summary(cfg))
+    return 0
+
+
+def _verify(cfg) -> str:
+    from tierax.measure.gate import verify_before_training
+
+    return verify_before_training(cfg)
+
+
+def _plot(cfg, say) -> None:
+    import jax
+
+    from tierax.train.run_dir import read_metrics
+
+    if cfg.log.plot and jax.process_index() == 0 and read_metrics(cfg.log.dir):
+        from tierax.report.metrics_plot import plot_metrics
+
+        say(f"metrics plot: {plot_metrics(cfg.log.dir)}")
+
+
+def cmd_data(args) -> int:
+    from tierax.train import data
+
+    index = data.prepare_text(args.text_file, args.out)
+    print(f"wrote {index.num_tokens:,} tokens ({index.tokenizer} tokenizer, vocab {index.vocab_size}, "
+          f"{index.dtype}) to {args.out}/{data.TOKENS} with {args.out}/{data.INDEX}")
+    return 0
+
+
+def cmd_plot_metrics(args) -> int:
+    from tierax.report.metrics_plot import plot_metrics
+
+    if args.out:
+        check_output_file(args.out)
+    print(f"wrote {plot_metrics(args.run_dir, args.out)}")
+    return 0
+

@@ -1,0 +1,114 @@
+"""Measuring on the local devices: compile → warm up → time → memory probe; matmul rate; link bandwidth.
+
+``bench``, ``profile``, ``calibrate`` and ``bench/gpu_check.py`` all measure
+through these functions, so a step time, a matmul rate or a copy bandwidth
+means the same thing in every record.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tierax.measure import memory
+
+
+def median_time(fn: Callable[[], object], repeats: int) -> tuple[float, list[float]]:
+    """(median, all) wall seconds of ``repeats`` calls of ``fn`` (which must block until done)."""
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), times
+
+
+def matmul_rate(dtype: str = "float32", n: int = 1024, repeats: int = 5, *, best: bool = True) -> dict:
+    """Achieved n×n×n matmul FLOP/s of one local device on random data.
+
+    Returns ``{"shape", "flops_per_s", "times_s"}``; ``flops_per_s`` uses the best
+    (default) or the median time.
+    """
+    dev = jax.devices()[0]
+    k1, k2 = jax.random.split(jax.random.key(1))
+    a = jax.device_put(jax.random.normal(k1, (n, n), jnp.float32).astype(dtype), dev)
+    b = jax.device_put(jax.random.normal(k2, (n, n), jnp.float32).astype(dtype), dev)
+    f = jax.jit(lambda x, y: x @ y)
+    f(a, b).block_until_ready()
+    med, times = median_time(lambda: f(a, b).block_until_ready(), repeats)
+    t = min(times) if best else med
+    return {"shape": f"{n}x{n}x{n} {jnp.dtype(dtype).name}", "flops_per_s": 2.0 * n**3 / t, "times_s": times}
+
+
+def link_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> dict:
+    """Pinned-host ↔ device copy bandwidth each way (median of ``repeats``), data checked after the round trip."""
+    from jax.sharding import SingleDeviceSharding
+
+    dev = jax.devices()[0]
+    x = jax.device_put(jax.random.uniform(jax.random.key(0), (nbytes // 2,), jnp.float32).astype(jnp.bfloat16), dev)
+    x.block_until_ready()
+    to_host = SingleDeviceSharding(dev, memory_kind="pinned_host")
+    to_dev = SingleDeviceSharding(dev, memory_kind="device")
+    box = {}
+
+    def d2h():
+        box["h"] = jax.device_put(x, to_host)
+        box["h"].block_until_ready()
+
+    def h2d():
+        box["d"] = jax.device_put(box["h"], to_dev)
+        box["d"].block_until_ready()
+
+    d2h()
+    h2d()  # warm-up: first transfers set up staging
+    t_d2h, d2h_times = median_time(d2h, repeats)
+    t_h2d, h2d_times = median_time(h2d, repeats)
+    ok = bool(np.array_equal(np.asarray(box["d"][: 1 << 16]), np.asarray(x[: 1 << 16])))
+    out = {"bytes": nbytes, "memory_kind": str(getattr(box["h"].sharding, "memory_kind", "?")),
+           "d2h_bytes_per_s": nbytes / t_d2h, "h2d_bytes_per_s": nbytes / t_h2d, "d2h_s": d2h_times,
+           "h2d_s": h2d_times, "round_trip_equal": ok}
+    if dev.platform == "cpu":
+        out["note"] = "CPU: host-to-host memcpy, not a link measurement"
+    return out
+
+
+@dataclass
+class Prepared:
+    """A compiled step, warmed up, with its state and memory figures."""
+
+    fn: Callable
+    state: object
+    compile_s: float
+    compiled_memory: memory.CompiledMemory
+    runtime: memory.RuntimePeak | None  # high-water mark of state + compile + warm-up, where the backend reports it
+    metrics: object = None
+
+    def step(self, batch) -> None:
+        """One step, blocking until it is done."""
+        self.state, self.metrics = self.fn(self.state, batch)
+        jax.block_until_ready(self.state)
+
+
+def prepare(build: Callable[[], tuple[Callable, object]], batch, *, warmup: int,
+            devices: Sequence | None = None) -> Prepared:
+    """``build()`` → (jitted step, state); compile it for ``(state, batch)``; run ``warmup`` steps.
+
+    The memory probe covers all of it (the state's allocation included).
+    """
+    probe = memory.PeakProbe(devices)
+    fn, state = build()
+    t0 = time.perf_counter()
+    compiled = fn.lower(state, batch).compile()
+    compile_s = time.perf_counter() - t0
+    p = Prepared(compiled, state, compile_s, memory.compiled_memory(compiled), None)
+    for _ in range(warmup):
+        p.step(batch)
+    jax.block_until_ready(p.state)
+    p.runtime = probe.finish()
+    return p

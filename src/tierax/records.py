@@ -1,0 +1,95 @@
+"""Result records: schema names, the envelope every record carries, reading them back.
+
+JAX-free at import time (``tierax report`` reads records without starting JAX).
+Every JSON record tierax or its bench scripts write starts with the same
+envelope: ``schema``, ``command``, ``created``, ``machine``, ``jax_version``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import platform
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+
+from tierax.errors import TieraxError
+from tierax.fileio import write_text_atomic
+
+BENCH_SCHEMA = "tierax.bench/1"
+PROFILE_SCHEMA = "tierax.profile/1"
+GPU_CHECK_SCHEMA = "tierax.gpu-check/1"
+VERIFY_SCHEMA = "tierax.verify/1"
+
+
+def command_line(argv: Sequence[str] | None = None, prog: str = "tierax") -> str:
+    """The command as a user would retype it (``prog`` plus ``argv``, default ``sys.argv[1:]``)."""
+    args = sys.argv[1:] if argv is None else argv
+    return " ".join([prog, *(shlex.quote(a) for a in args)])
+
+
+def machine_info() -> dict:
+    """Platform, device kind and count, host, CPU and versions (starts JAX's backend)."""
+    import jax
+
+    dev = jax.devices()[0]
+    return {
+        "platform": dev.platform,
+        "device_kind": dev.device_kind,
+        "device_count": jax.device_count(),
+        "host": platform.node(),
+        "cpu": platform.processor() or platform.machine(),
+        "python": sys.version.split()[0],
+        "jax": jax.__version__,
+    }
+
+
+def envelope(schema: str, command: str) -> dict:
+    """The fields every record starts with."""
+    import jax
+
+    return {
+        "schema": schema,
+        "command": command,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine_info(),
+        "jax_version": jax.__version__,
+    }
+
+
+def write_record(path: str | os.PathLike, doc: dict) -> pathlib.Path:
+    """Write ``doc`` as indented JSON, atomically."""
+    return write_text_atomic(path, json.dumps(doc, indent=2) + "\n")
+
+
+def load_record(path: str | os.PathLike, schemas: Sequence[str], *, hint: str) -> dict:
+    """Read a JSON record and check its schema.
+
+    Args:
+      schemas: the schemas the caller reads.
+      hint: how to make a readable record (appended to every message).
+
+    Raises:
+      TieraxError: missing file, not UTF-8 JSON, not an object, or another schema.
+    """
+    p = pathlib.Path(path)
+    if not p.is_file():
+        raise TieraxError(f"results file {str(p)!r} does not exist; {hint}")
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TieraxError(f"results file {str(p)!r} is not JSON ({e}); {hint}") from None
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    if schema not in schemas:
+        raise TieraxError(f"results file {str(p)!r} has schema {schema!r}; this tierax reads "
+                          f"{' and '.join(schemas)}. {hint}")
+    return doc
+
+
+def finite(x) -> bool:
+    """A real, finite number (bools excluded)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

@@ -1,0 +1,118 @@
+"""The package's layering: a module imports only from its own layer or lower ones, and no import cycles.
+
+Imports inside functions count too: a lazy import is still a dependency.
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
+
+# Lowest first.  A module belongs to the first layer with a prefix that matches it.
+LAYERS = [
+    ("foundation", ("tierax.errors", "tierax.names", "tierax.fileio", "tierax.records", "tierax.schema",
+                    "tierax.mesh")),
+    ("models, plans, targets", ("tierax.xla_flags", "tierax.hardware", "tierax.models", "tierax.plan",
+                                "tierax.jaxpr_tools", "tierax.interop.maxtext_keys", "tierax.interop.maxtext",
+                                "tierax.interop.model_files")),
+    # tierax.interop itself and tierax.interop.planning (planning for another tool) sit above the planner.
+    ("analysis and training", ("tierax.inventory", "tierax.costmodel", "tierax.planner", "tierax.hlo",
+                               "tierax.train", "tierax.interop", "tierax.api")),
+    ("running and measuring", ("tierax.launch", "tierax.compile", "tierax.bench", "tierax.measure")),
+    ("reporting", ("tierax.report",)),
+    ("command line", ("tierax.cli",)),
+]
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _layer(module: str) -> int:
+    for i, (_, prefixes) in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return i
+    if module == "tierax":
+        return 0
+    raise AssertionError(f"{module} is in no layer; add it to LAYERS in {__file__}")
+
+
+def _imports(path: pathlib.Path, module: str) -> set[str]:
+    """tierax modules imported anywhere in the file (``from tierax import x`` counts as tierax.x when x is a module)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("tierax")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tierax"):
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                out.add(sub if sub in MODULES else node.module)
+    out.discard(module)
+    return out
+
+
+MODULES = {_module_name(p): p for p in sorted((SRC / "tierax").rglob("*.py"))}
+GRAPH = {m: _imports(p, m) for m, p in MODULES.items()}
+
+
+def test_every_module_is_in_a_layer():
+    for m in MODULES:
+        _layer(m)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_import_reaches_up_a_layer(module):
+    mine = _layer(module)
+    up = sorted(d for d in GRAPH[module] if d in MODULES and _layer(d) > mine)
+    assert not up, (f"{module} (layer {LAYERS[mine][0]!r}) imports higher layers: "
+                    + ", ".join(f"{d} ({LAYERS[_layer(d)][0]})" for d in up))
+
+
+def test_no_import_cycles():
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m):
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(GRAPH.get(m, ())):
+            if d not in MODULES or d == "tierax":
+                continue
+            if state.get(d) == 1:
+                cycle = stack[stack.index(d):] + [d]
+                raise AssertionError("import cycle: " + " → ".join(cycle))
+            if d not in state:
+                visit(d)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(MODULES):
+        if m not in state:
+            visit(m)
+
+
+def test_the_checker_sees_a_violation(tmp_path):
+    # The checker itself must be able to fail: a foundation module importing the CLI is caught.
+    f = tmp_path / "x.py"
+    f.write_text("def f():\n    from tierax.cli import main\n")
+    assert "tierax.cli" in _imports(f, "tierax.errors")
+    assert _layer("tierax.cli") > _layer("tierax.errors")
+
+
+def test_no_source_file_over_400_lines():
+    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > 420}
+    assert not long, f"split these (one concept per file, ~400 lines at most): {long}"
+
+
+def test_cli_verbs_are_short():
+    for name in ("common", "planning", "measuring", "training"):
+        tree = ast.parse((SRC / "tierax" / "cli" / f"{name}.py").read_text())
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("cmd_"):
+                n = node.end_lineno - node.lineno + 1
+                assert n <= 32, f"tierax.cli.{name}.{node.name} is {n} lines; move the work into the library"

@@ -1,0 +1,175 @@
+"""Outputs are safe: checked before any work, never replacing what the user did not offer, honouring the
+umask; bad input is one line and exit 2; Ctrl-C and a damaged checkpoint say how to go on."""
+
+import json
+import os
+import pathlib
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from tierax.errors import TieraxError
+from tierax.fileio import check_output_dir, check_output_file, write_text_atomic
+from tierax.train import checkpoint as C
+from test_cli import tierax
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+# --- the library ------------------------------------------------------------------------
+
+
+def test_atomic_write_honours_the_umask_and_keeps_a_replaced_files_mode(tmp_path):
+    old = os.umask(0o027)
+    try:
+        f = write_text_atomic(tmp_path / "a.json", "{}\n")
+        assert stat.S_IMODE(f.stat().st_mode) == 0o640  # not mkstemp's 0600
+    finally:
+        os.umask(old)
+    g = tmp_path / "b.txt"
+    g.write_text("old")
+    g.chmod(0o604)
+    write_text_atomic(g, "new")
+    assert g.read_text() == "new" and stat.S_IMODE(g.stat().st_mode) == 0o604
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write read-only files; the check is by access()")
+def test_a_read_only_file_is_not_replaced_as_non_root(tmp_path):
+    f = tmp_path / "ro.json"
+    f.write_text("mine")
+    f.chmod(0o444)
+    with pytest.raises(TieraxError, match="read-only"):
+        write_text_atomic(f, "theirs")
+    assert f.read_text() == "mine"
+
+
+def test_output_checks_refuse_before_any_work(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(TieraxError, match="is a directory"):
+        check_output_file(tmp_path)
+    with pytest.raises(TieraxError, match="is not a directory"):
+        check_output_file(tmp_path / "file" / "out.json")
+    with pytest.raises(TieraxError, match="is a file; give a directory"):
+        check_output_dir(tmp_path / "file")
+    with pytest.raises(TieraxError, match="not empty; nothing in it is deleted"):
+        check_output_dir(tmp_path, allow_existing=False)
+    assert check_output_dir(tmp_path / "new" / "deeper") == tmp_path / "new" / "deeper"
+    assert not (tmp_path / "new").exists()  # checking creates nothing
+
+
+# --- the command line: every case of the issue's list -------------------------------------------
+
+BAD = [
+    (["bench", "--out", "/proc/x/b.json"], "cannot create files under '/proc"),
+    (["plan", "--out", "/proc/x/p.yaml"], "cannot create files under '/proc"),
+    (["compile", "--microbatch", "0"], "--microbatch: must be ≥ 1, got 0"),
+    (["compile", "--microbatch", "-1"], "--microbatch: must be ≥ 1, got -1"),
+    (["bench", "--microbatch", "0"], "--microbatch: must be ≥ 1, got 0"),
+    (["bench", "--devices", "0"], "--devices: must be ≥ 1, got 0"),
+    (["inventory", "--target", "a100"], "unknown target 'a100'; choose one of: h100, h200, b200, gb200"),
+    (["plan", "--budget-gib", "nan"], "--budget-gib: must be a finite number > 0, got 'nan'"),
+    (["verify", "--set", "vocab_size=1000000000000"], "more than this machine's RAM"),
+]
+
+
+@pytest.mark.parametrize("args, fragment", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_input_is_one_line_and_exit_2(args, fragment):
+    r = tierax(*args)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert fragment in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_non_utf8_plan_file_and_report_inputs(tmp_path):
+    plan = tmp_path / "plan.yaml"
+    plan.write_bytes(b"plan: \xff\xfe\n")
+    r = tierax("simulate", "--plan", str(plan))
+    assert r.returncode == 2 and "is not UTF-8 text" in r.stderr and "Traceback" not in r.stderr
+    existing = tmp_path / "exists.txt"
+    existing.write_text("keep")
+    rec = tmp_path / "bare.json"
+    rec.write_text(json.dumps({"schema": "tierax.bench/1"}))
+    r = tierax("report", str(rec), "--out", str(tmp_path / "rep"))
+    assert r.returncode == 2 and "holds no per-plan records" in r.stderr
+    r = tierax("report", str(ROOT / "bench" / "results" / "demo-bench-tiny-deepseek.json"), "--out", str(existing))
+    assert r.returncode == 2 and "is a file; give a directory" in r.stderr and existing.read_text() == "keep"
+    nan = json.loads((ROOT / "bench" / "results" / "demo-bench-tiny-deepseek.json").read_text())
+    nan["records"][0]["step_time_s"] = float("nan")
+    rec.write_text(json.dumps(nan))
+    r = tierax("report", str(rec), "--out", str(tmp_path / "rep"))
+    assert r.returncode == 2 and "not a positive number" in r.stderr and not (tmp_path / "rep").exists()
+
+
+def test_a_closed_pipe_ends_quietly():
+    exe = [sys.executable, "-m", "tierax.cli"]
+    p = subprocess.Popen(exe + ["inventory", "--model", "tiny-deepseek", "--json"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    p.stdout.read(10)
+    p.stdout.close()  # like `| head -c 10`
+    err = p.stderr.read().decode()
+    p.wait(timeout=300)
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def _train_config(tmp_path, **extra) -> pathlib.Path:
+    f = tmp_path / "run.yaml"
+    f.write_text(yaml.safe_dump({"model": "tiny-llama", "plan": "minimal", "microbatch": 2, "seq": 16, "steps": 40,
+                                 "optimizer": {"lr": 0.01, "warmup_steps": 2}, "log": {"every": 1, "plot": False},
+                                 "checkpoint": {"every": 100, "keep": 3}, **extra}))
+    return f
+
+
+def test_train_output_dirs_are_checked_before_training(tmp_path):
+    f = _train_config(tmp_path)
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file")
+    t0 = time.monotonic()
+    r = tierax("train", str(f), f"log.dir={tmp_path / 'run'}", f"checkpoint.dir={blocker}")
+    assert r.returncode == 2 and "checkpoint.dir" in r.stderr and "is a file" in r.stderr
+    r = tierax("train", str(f), "log.dir=/proc/x")
+    assert r.returncode == 2 and "log.dir '/proc/x'" in r.stderr
+    assert time.monotonic() - t0 < 60 and not (tmp_path / "run").exists()
+
+
+def test_ctrl_c_stops_at_a_step_boundary_checkpoints_and_says_how_to_resume(tmp_path):
+    f = _train_config(tmp_path)
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "tierax.cli", "train", str(f), f"log.dir={run}",
+                             "debug.step_delay_s=0.2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    metrics = run / "metrics.jsonl"
+    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=120)[1].decode()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    steps = C.complete_steps(run / "checkpoints")
+    assert len(steps) == 1 and 3 <= steps[0] < 40  # checkpoint.every is 100: this one is the interrupt's
+    assert f"stopped after step {steps[0]}; last checkpoint step {steps[0]}" in err and "--resume" in err
+    resumed = tierax("train", str(f), f"log.dir={run}", "--resume", "steps=40")
+    assert resumed.returncode == 0 and f"checkpoint step {steps[0]}" in resumed.stdout, resumed.stderr
+
+
+def test_a_damaged_newest_checkpoint_names_the_previous_good_one(tmp_path):
+    f = _train_config(tmp_path, steps=4, checkpoint={"every": 2, "keep": 3})
+    run = tmp_path / "run"
+    assert tierax("train", str(f), f"log.dir={run}").returncode == 0
+    ckpts = run / "checkpoints"
+    assert C.complete_steps(ckpts) == [2, 4]
+    for p in (ckpts / "4" / "state").rglob("*"):
+        if p.is_file() and p.stat().st_size > 0 and "metadata" not in p.name:
+            p.write_bytes(b"\0" * 7)  # truncated array data
+    r = tierax("train", str(f), f"log.dir={run}", "--resume", "steps=6", "optimizer.decay_steps=4")
+    assert r.returncode == 2, r.stderr
+    assert "reading checkpoint step 4 failed" in r.stderr and "the last good checkpoint is step 2" in r.stderr
+    assert "Traceback" not in r.stderr
