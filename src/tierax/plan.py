@@ -35,6 +35,7 @@ import yaml
 
 from tierax import names as N
 from tierax.errors import TieraxError
+from tierax.interop import maxtext_keys
 
 
 class Placement(str, enum.Enum):
@@ -210,9 +211,26 @@ def load_plan(spec: str | Plan, cfg) -> Plan:
             raise TieraxError(
                 f"plan {spec!r} is neither a preset ({', '.join(PRESETS)}) nor an existing YAML file"
             )
-        plan = Plan.from_yaml(path.read_text(), source=str(path))
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise TieraxError(f"plan file {spec!r} is not UTF-8 text ({e.reason} at byte {e.start}); give a plan "
+                              "YAML file such as `tierax plans --show minimal --yaml` prints") from None
+        plan = _from_file_text(text, str(path), cfg)
     resolve(plan, cfg)
     return plan
+
+
+def _from_file_text(text: str, source: str, cfg) -> Plan:
+    """A tierax plan file, or MaxText overrides (``remat_policy: custom``, as ``--emit maxtext`` writes)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        data = None  # from_yaml reports it
+    if maxtext_keys.is_override_file(data):
+        groups = {g.name: g.activations for g in cfg.layer_groups()}
+        return Plan.from_dict(maxtext_keys.plan_dict(data, groups, source=source, text=text), source=source)
+    return Plan.from_yaml(text, source=source)
 
 
 def resolve(plan: Plan, cfg) -> dict[str, dict[str, Placement]]:

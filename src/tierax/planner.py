@@ -11,7 +11,9 @@ solved with HiGHS through ``scipy.optimize.milp``:
   fixed) subject to device bytes ≤ budget and host bytes ≤ host budget.
 
 The layer input (scan carry) is always on device.  Placements are per layer
-group; per-segment placement is not supported by the Plan format.
+group; per-segment placement is not supported by the Plan format.  With
+``one_placement_per_name`` every name takes the same placement in every group that
+has it (``d`` and ``o`` equal across groups; MaxText sets each name once).
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ def budgets(rates: cm.Rates, budget_bytes: float | None, host_budget_bytes: floa
     return int(dev), int(host)
 
 
-def _solve(inv, cfg, rates, schedule, budget, host_budget) -> dict | None:
+def _solve(inv, cfg, rates, schedule, budget, host_budget, one_placement_per_name: bool = False) -> dict | None:
     items = cm.item_terms(inv, rates)
     groups = cm.group_terms(inv, rates, schedule)
     fx = cm.fixed_terms(inv, cfg, rates, schedule)
@@ -117,6 +119,13 @@ def _solve(inv, cfg, rates, schedule, budget, host_budget) -> dict | None:
         add({EH + gidx[g.name]: 1, **{O + k: -items[k].h2d_s * scale for k in mine}}, -g.h2d_window_s * scale, np.inf)
         add({S: 1, **{O + k: -cm.STAGING_LAYERS[schedule] * items[k].bytes_per_layer / total_bytes for k in mine}},
             0, np.inf)
+    if one_placement_per_name:
+        first: dict[str, int] = {}
+        for k, it in enumerate(items):
+            j = first.setdefault(it.name, k)
+            if j != k:  # same name, another group: same placement
+                add({D + k: 1, D + j: -1}, 0, 0)
+                add({O + k: 1, O + j: -1}, 0, 0)
     fixed_bytes = fx.state_bytes + fx.workspace_bytes + fx.logits_bytes + sum(g.base_bytes for g in groups)
     mem = {D + k: it.bytes / total_bytes for k, it in enumerate(items)}
     mem.update({Z + gidx[g.name]: g.save_all_extra_bytes / total_bytes for g in groups})
@@ -206,8 +215,9 @@ def plan(
     budget_bytes: float | None = None,
     host_budget_bytes: float | None = None,
     name: str = "planned",
+    one_placement_per_name: bool = False,
 ) -> PlanResult:
-    """The fastest predicted plan within the budgets.
+    """The fastest predicted plan within the budgets (``one_placement_per_name``: the same across groups).
 
     Raises:
       TieraxError: no placement fits (the message gives the smallest peak possible).
@@ -215,7 +225,7 @@ def plan(
     if schedule not in cm.SCHEDULES:
         raise TieraxError(f"unknown schedule {schedule!r}; choose one of: {', '.join(cm.SCHEDULES)}")
     budget, host_budget = budgets(rates, budget_bytes, host_budget_bytes)
-    placements = _solve(inv, cfg, rates, schedule, budget, host_budget)
+    placements = _solve(inv, cfg, rates, schedule, budget, host_budget, one_placement_per_name)
     if placements is None:
         everything_remat = {(i.group, i.name): Placement.REMAT for i in cm.item_terms(inv, rates)}
         floor = cm.evaluate(everything_remat, inv, cfg, rates, schedule)
@@ -256,7 +266,8 @@ def _scaled(inv1: inv_lib.Inventory, inv2: inv_lib.Inventory, mb: int) -> inv_li
 
 
 def max_microbatch(cfg, seq: int, mesh: dict, rates: cm.Rates, *, schedule: str = "lhs",
-                   budget_bytes=None, host_budget_bytes=None, limit: int = 4096) -> PlanResult:
+                   budget_bytes=None, host_budget_bytes=None, limit: int = 4096,
+                   one_placement_per_name: bool = False) -> PlanResult:
     """The largest per-device microbatch any plan fits, and the best plan for it."""
     inv1 = inv_lib.model_inventory(cfg, 1, seq, mesh)
     inv2 = inv_lib.model_inventory(cfg, 2, seq, mesh)
@@ -264,10 +275,11 @@ def max_microbatch(cfg, seq: int, mesh: dict, rates: cm.Rates, *, schedule: str 
 
     def fits(mb: int) -> bool:
         inv = inv1 if mb == 1 else inv2 if mb == 2 else _scaled(inv1, inv2, mb)
-        return _solve(inv, cfg, rates, schedule, budget, host_budget) is not None
+        return _solve(inv, cfg, rates, schedule, budget, host_budget, one_placement_per_name) is not None
 
     if not fits(1):
-        return plan(cfg, inv1, rates, schedule=schedule, budget_bytes=budget, host_budget_bytes=host_budget)
+        return plan(cfg, inv1, rates, schedule=schedule, budget_bytes=budget, host_budget_bytes=host_budget,
+                    one_placement_per_name=one_placement_per_name)
     lo, hi = 1, 2
     while hi <= limit and fits(hi):
         lo, hi = hi, hi * 2
@@ -279,9 +291,9 @@ def max_microbatch(cfg, seq: int, mesh: dict, rates: cm.Rates, *, schedule: str 
     while lo > 1:  # the extrapolation is approximate for MoE capacity rounding: confirm on the real trace
         try:
             return plan(cfg, exact, rates, schedule=schedule, budget_bytes=budget, host_budget_bytes=host_budget,
-                        name=f"planned-mb{lo}")
+                        name=f"planned-mb{lo}", one_placement_per_name=one_placement_per_name)
         except TieraxError:
             lo -= 1
             exact = inv_lib.model_inventory(cfg, lo, seq, mesh)
     return plan(cfg, exact, rates, schedule=schedule, budget_bytes=budget, host_budget_bytes=host_budget,
-                name="planned-mb1")
+                name="planned-mb1", one_placement_per_name=one_placement_per_name)

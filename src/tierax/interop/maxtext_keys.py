@@ -1,0 +1,94 @@
+"""MaxText's ``remat_policy: custom`` keys, and an override file read back as a plan.
+
+The keys and their values (``remat | device | offload``) are MaxText's, from
+``src/maxtext/configs/base.yml`` (AI-Hypercomputer/maxtext, tag maxtext-v0.2.4 and
+main at e591f30cb, identical lists) and ``RematAndOffload`` in ``configs/types.py``.
+MaxText sets each key once for every layer; tierax's activation names
+(:mod:`tierax.names`) are a subset of these keys with the same meaning.
+
+This module does not import :mod:`tierax.plan` (``plan.load_plan`` calls it): it
+returns the plan's dict form, which ``Plan.from_dict`` reads.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from tierax import names as N
+from tierax.errors import TieraxError
+
+# base.yml, the block after "If "custom" remat_policy is chosen", in its order.
+REMAT_KEYS: tuple[str, ...] = (
+    "decoder_layer_input", "indexer_cutoff_threshold", "context", "mlpwi", "mlpwi_0", "mlpwi_1", "mlpwo",
+    "moe_mlpwi_0", "moe_mlpwi_1", "moe_mlpwo", "query_proj", "key_proj", "value_proj", "kv_proj", "qkv_proj",
+    "out_proj", "query_wa_proj", "kv_wa_proj", "mla_q", "mla_kv", "attention_out", "engram",
+)
+VALUES = ("remat", "device", "offload")
+# MaxText's default for a key the file leaves out (base.yml): the layer input stays on device.
+DEFAULTS = {k: "device" if k == "decoder_layer_input" else "remat" for k in REMAT_KEYS}
+
+# MaxText keys with no tierax activation: what they are, and why tierax leaves them at remat.
+NO_COUNTERPART: dict[str, str] = {
+    "context": "Transformer Engine's fused-attention context (cudnn_flash_te); tierax's attention output is "
+               "attention_out",
+    "mlpwi": "the fused gate+up projection (fused_mlp: true); tierax's MLP is unfused: mlpwi_0, mlpwi_1",
+    "kv_proj": "a unified key/value projection (share_kv_projections); tierax has key_proj and value_proj",
+    "qkv_proj": "the fused q/k/v projection (fused_qkv: true); tierax has query_proj, key_proj, value_proj",
+    "indexer_cutoff_threshold": "the sparse-attention indexer (DeepSeek-V3.2); not in tierax's models",
+    "engram": "Engram memory layers; not in tierax's models",
+}
+assert set(N.ALL_NAMES) <= set(REMAT_KEYS) and set(NO_COUNTERPART) == set(REMAT_KEYS) - set(N.ALL_NAMES)
+
+HEADER_NAME = "# tierax plan: "
+HEADER_DESCRIPTION = "# tierax description: "
+
+
+def is_override_file(data) -> bool:
+    """A MaxText override mapping (``remat_policy: custom``) rather than a tierax plan file."""
+    return isinstance(data, Mapping) and data.get("remat_policy") == "custom"
+
+
+def _header(text: str, prefix: str) -> str | None:
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return line[len(prefix):].strip()
+    return None
+
+
+def plan_dict(data: Mapping, groups: Mapping[str, tuple[str, ...]], *, source: str, text: str = "") -> dict:
+    """The tierax plan (``Plan.from_dict`` form) a MaxText override mapping describes for a model.
+
+    Every activation of every group takes the placement of its key (MaxText's default
+    where the file leaves a key out: ``device`` for decoder_layer_input, else ``remat``).  The plan's name and description come
+    from the ``# tierax plan:`` / ``# tierax description:`` header lines tierax writes,
+    else the file name.
+
+    Args:
+      data: the parsed file; groups: layer group → its activation names (the model's).
+
+    Raises:
+      TieraxError: a value other than remat/device/offload, ``decoder_layer_input:
+        remat`` (MaxText refuses it), or a key without a tierax counterpart set to
+        device/offload (tierax cannot model it; the message says what the key is).
+    """
+    placements: dict[str, str] = {}
+    for key in REMAT_KEYS:
+        if key not in data:
+            continue
+        value = data[key]
+        if value not in VALUES:
+            raise TieraxError(f"{source}: {key}: {value!r} is not a MaxText placement; use one of: {', '.join(VALUES)}")
+        if key in NO_COUNTERPART and value != "remat":
+            raise TieraxError(
+                f"{source}: {key}: {value} has no tierax counterpart ({NO_COUNTERPART[key]}); set it to remat "
+                f"or remove it; tierax places: {', '.join(N.ALL_NAMES)}")
+        placements[key] = value
+    if placements.get(N.DECODER_LAYER_INPUT) == "remat":
+        raise TieraxError(f"{source}: decoder_layer_input cannot be remat in MaxText (it is the layer's checkpoint); "
+                          "use device or offload")
+    name = _header(text, HEADER_NAME) or re.sub(r"\.ya?ml$", "", source.rsplit("/", 1)[-1])
+    description = _header(text, HEADER_DESCRIPTION) or f"read from MaxText overrides {source}"
+    out_groups = {g: {"default": "remat", **{n: placements.get(n, DEFAULTS[n]) for n in acts}}
+                  for g, acts in groups.items()}
+    return {"plan": name, "description": description, "groups": out_groups}

@@ -1,0 +1,66 @@
+"""Planning for another tool: ``tierax plan --for maxtext`` and ``--emit maxtext``.
+
+``--for maxtext`` solves with one placement per activation name across layer groups
+(what MaxText can express) and also solves without that restriction, so the
+restriction's cost in predicted step time is reported, not guessed.
+"""
+
+from __future__ import annotations
+
+from tierax import inventory as inv_lib
+from tierax import planner
+from tierax.errors import TieraxError
+from tierax.interop import maxtext
+
+TOOLS = ("maxtext",)
+
+
+def check_tool(value: str | None, option: str) -> None:
+    if value is not None and value not in TOOLS:
+        raise TieraxError(f"{option} {value!r} is not supported; choose one of: {', '.join(TOOLS)}")
+
+
+def solve(cfg, mesh: dict, rates, *, microbatch: int, seq: int, max_microbatch: bool = False,
+          for_tool: str | None = None, **budgets) -> tuple[planner.PlanResult, list[str]]:
+    """The planner's result (restricted to one placement per name for MaxText) and lines to report."""
+    check_tool(for_tool, "--for")
+
+    def run(uniform: bool) -> planner.PlanResult:
+        if max_microbatch:
+            return planner.max_microbatch(cfg, seq, mesh, rates, one_placement_per_name=uniform, **budgets)
+        return planner.plan(cfg, inv_lib.model_inventory(cfg, microbatch, seq, mesh), rates,
+                            one_placement_per_name=uniform, **budgets)
+
+    if for_tool is None:
+        return run(False), []
+    restricted, free = run(True), run(False)
+    return restricted, [restriction_note(restricted, free)]
+
+
+def restriction_note(restricted: planner.PlanResult, free: planner.PlanResult) -> str:
+    """What one placement per name costs, in predicted step time (and microbatch, if it changed)."""
+    a, b = restricted.predicted.step_time_s, free.predicted.step_time_s
+    mb = (f"; microbatch {restricted.microbatch} vs {free.microbatch}" if restricted.microbatch != free.microbatch
+          else "")
+    if restricted.microbatch == free.microbatch and abs(a - b) <= 1e-12 * max(a, b, 1e-30):
+        return (f"MaxText restriction (one placement per name across layer groups) costs nothing here: predicted "
+                f"step {a * 1e3:.4g} ms either way{mb}")
+    return (f"MaxText restriction (one placement per name across layer groups): predicted step {a * 1e3:.4g} ms "
+            f"vs {b * 1e3:.4g} ms unrestricted ({(a / b - 1) * 100:+.2f} %){mb}")
+
+
+def emit(result: planner.PlanResult, cfg, tool: str, *, seq: int, mesh: dict, schedule: str, target: str,
+         notes: tuple[str, ...] = ()) -> str:
+    """A planner result written for ``tool`` (MaxText overrides), budgets and host bytes from the result."""
+    check_tool(tool, "--emit")
+    return maxtext.overrides_yaml(
+        result.plan, cfg, microbatch=result.microbatch, seq=seq, mesh=mesh, schedule=schedule, target=target,
+        budget_bytes=result.budget_bytes, capacity_bytes=result.predicted.device_capacity_bytes,
+        host_bytes=result.predicted.host_bytes, notes=notes)
+
+
+def emit_plan(plan, cfg, tool: str, *, microbatch: int, seq: int, mesh: dict, schedule: str, target: str) -> str:
+    """A plan (preset or file, no planner run) written for ``tool``; no budget, so no memory fraction."""
+    check_tool(tool, "--emit")
+    return maxtext.overrides_yaml(plan, cfg, microbatch=microbatch, seq=seq, mesh=mesh, schedule=schedule,
+                                  target=target)
