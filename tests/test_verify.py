@@ -238,16 +238,10 @@ def test_verify_verb_exit_0_json(monkeypatch, capsys):
 def test_verify_verb_exit_1_names_the_leaf(monkeypatch, capsys):
     _wrong_scan_iteration(monkeypatch)
     rc = _cli(monkeypatch, "verify", "--model", "tiny-llama", "--plan", "minimal", "--microbatch", "2",
-              "--seq", "16", "--json")
-    doc = json.loads(capsys.readouterr().out)
-    assert rc == 1
-    (res,) = doc["results"]
-    assert res["plan"] == "minimal" and res["passed"] is False
-    assert res["failing_leaves"] and all(p.startswith(UPSTREAM) or p == "embed/embedding"
-                                         for p in res["failing_leaves"])
-    rc = _cli(monkeypatch, "verify", "--model", "tiny-llama", "--plan", "minimal", "--microbatch", "2", "--seq", "16")
+              "--seq", "16")
     out = capsys.readouterr().out
-    assert rc == 1 and "FAIL minimal" in out and res["worst_leaves"][0]["leaf"] in out
+    assert rc == 1 and "FAIL minimal" in out
+    assert UPSTREAM in out and "head/kernel" not in out  # the wrong leaves are named, the right ones are not
 
 
 def test_verify_verb_unknown_plan_exits_2(monkeypatch, capsys):
