@@ -1,0 +1,108 @@
+"""Config in: MaxText model YAMLs and Hugging Face config.json read as tierax ModelConfigs.
+
+Fixtures: tests/fixtures/maxtext/*.yml are MaxText's own files (source line at their top);
+tests/fixtures/hf/*.json hold the published Hugging Face configs' field values (sources in
+tests/fixtures/hf/SOURCES.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+
+import pytest
+import yaml
+
+from tierax.cli import main
+from tierax.errors import TieraxError
+from tierax.interop import maxtext
+from tierax.models import get_config, load_model_config
+
+FIX = pathlib.Path(__file__).parent / "fixtures"
+CASES = [
+    (FIX / "maxtext" / "deepseek3-671b.yml", "deepseek-v3-671b"),
+    (FIX / "maxtext" / "llama3.1-405b.yml", "llama3.1-405b"),
+    (FIX / "hf" / "DeepSeek-V3.config.json", "deepseek-v3-671b"),
+    (FIX / "hf" / "Llama-3.1-405B.config.json", "llama3.1-405b"),
+]
+
+
+@pytest.mark.parametrize("path, named", CASES, ids=[p.name for p, _ in CASES])
+def test_published_configs_equal_our_named_configs(path, named):
+    cfg = load_model_config(path)
+    ours = get_config(named)
+    assert cfg.param_count() == ours.param_count()
+    assert cfg.activated_param_count() == ours.activated_param_count()
+    assert dataclasses.replace(cfg, name=ours.name) == ours  # every field, not only the count
+
+
+def test_fields_not_modelled_are_listed(capsys):
+    load_model_config(FIX / "hf" / "DeepSeek-V3.config.json")
+    err = capsys.readouterr().err
+    assert "not modelled" in err and "rope_scaling" in err and "n_group" in err
+    assert "num_nextn_predict_layers (the multi-token-prediction module is not built" in err
+    load_model_config(FIX / "maxtext" / "deepseek3-671b.yml")
+    err = capsys.readouterr().err
+    assert "rope_type" in err and "capacity factor 1.0" in err
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-deepseek", "llama3.1-405b"])
+def test_maxtext_model_keys_read_back_to_the_same_config(tmp_path, model):
+    cfg = get_config(model)
+    f = tmp_path / f"{model}.yml"
+    f.write_text(yaml.safe_dump(maxtext.model_keys(cfg)))
+    back = load_model_config(f)
+    expected = dataclasses.replace(cfg, name=f.stem, attention="blockwise")
+    if cfg.family == "deepseek":  # the capacity factor is a run setting (overrides), not a model key
+        expected = dataclasses.replace(expected, capacity_factor=1.0)
+    assert back == expected
+
+
+def _write(tmp_path, name, data):
+    f = tmp_path / name
+    f.write_text(json.dumps(data) if name.endswith(".json") else yaml.safe_dump(data))
+    return str(f)
+
+
+def _maxtext(**edit):
+    data = yaml.safe_load((FIX / "maxtext" / "llama3.1-405b.yml").read_text())
+    data.update(edit)
+    return {k: v for k, v in data.items() if v is not None}
+
+
+def _hf(**edit):
+    data = json.loads((FIX / "hf" / "Llama-3.1-405B.config.json").read_text())
+    data.update(edit)
+    return {k: v for k, v in data.items() if v is not None}
+
+
+@pytest.mark.parametrize("name, data, fragment", [
+    ("m.yml", _maxtext(decoder_block="mixtral"), "decoder_block 'mixtral' is not supported; valid choices: llama2, deepseek"),
+    ("m.yml", _maxtext(sliding_window_size=4096), "unsupported key(s) sliding_window_size"),
+    ("m.yml", _maxtext(mlp_activations=["gelu"]), "use [silu, linear]"),
+    ("m.yml", _maxtext(enable_dropout=True), "set enable_dropout: false"),
+    ("m.yml", _maxtext(base_emb_dim=None), "missing key(s) base_emb_dim"),
+    ("m.yml", _maxtext(base_mlp_dim="big"), "base_mlp_dim expects int"),
+    ("c.json", _hf(architectures=["Qwen2ForCausalLM"]),
+     "valid choices: LlamaForCausalLM, DeepseekV3ForCausalLM"),
+    ("c.json", _hf(sliding_window=4096), "unsupported key(s) sliding_window"),
+    ("c.json", _hf(hidden_act="gelu"), "hidden_act 'gelu' is not supported"),
+    ("c.json", _hf(attention_bias=True), "attention_bias True is not supported"),
+])
+def test_bad_configs_exit_2_naming_the_fix(tmp_path, capsys, name, data, fragment):
+    f = _write(tmp_path, name, data)
+    with pytest.raises(TieraxError, match=None):
+        load_model_config(f)
+    assert main(["plans", "--model-config", f]) == 2
+    assert fragment in capsys.readouterr().err
+
+
+def test_cli_plans_with_a_maxtext_model_and_emitted_plan(tmp_path, capsys):
+    f = str(FIX / "maxtext" / "deepseek3-671b.yml")
+    assert main(["plans", "--model-config", f, "--show", "qkv-offload", "--emit", "maxtext", "--mesh", "fsdp=8"]) == 0
+    out = capsys.readouterr().out
+    emitted = tmp_path / "o.yml"
+    emitted.write_text(out)
+    assert main(["plans", "--model-config", f, "--show", str(emitted), "--yaml"]) == 0
+    assert "query_proj: offload" in capsys.readouterr().out
