@@ -55,3 +55,21 @@ def test_blockwise_never_materialises_scores():
     jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, kv, kv)
     biggest = max(v.aval.size for e in jaxpr.eqns for v in e.outvars if hasattr(v.aval, "size"))
     assert biggest < T * T  # no T×T array at the top level
+
+
+def test_blockwise_holds_one_score_block_at_a_time():
+    """Queries are blocked too: no array (nested loops included) of a query length × key block."""
+    from jax.extend.core import jaxprs_in_params
+
+    B, T, K, d, block = 1, 1024, 1, 16, 128
+    q = jax.ShapeDtypeStruct((B, T, K, 1, d), jnp.float32)
+    kv = jax.ShapeDtypeStruct((B, T, K, d), jnp.float32)
+    loss = lambda q, k, v: jnp.sum(causal_attention(q, k, v, impl="blockwise", block=block))  # noqa: E731
+    jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, kv, kv)
+
+    def biggest(j):
+        sizes = [v.aval.size for e in j.eqns for v in e.outvars if hasattr(v.aval, "size")]
+        sizes += [biggest(sub) for e in j.eqns for sub in jaxprs_in_params(e.params)]
+        return max(sizes, default=0)
+
+    assert biggest(jaxpr.jaxpr) <= max(block * block, T * d)  # < T × block (the key-only blocking)

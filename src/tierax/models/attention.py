@@ -3,10 +3,11 @@
 * ``xla``: scores → softmax → context; materialises the B×K×G×S×T score matrix
   (and saves it for the backward pass).  Simple, and the reference.
 * ``blockwise``: flash-attention's algorithm written in XLA (Dao et al. 2022):
-  a ``lax.scan`` over key/value blocks with a running max and sum in float32,
-  and a custom VJP that recomputes each block's probabilities from the saved
-  log-sum-exp.  Nothing of size S×T is ever held: the residuals are q, k, v, the
-  output and the log-sum-exp.  This is what a deviceless GPU compile needs to give
+  query blocks × a ``lax.scan`` over key/value blocks with a running max and sum
+  in float32, and a custom VJP that recomputes each block's probabilities from the
+  saved log-sum-exp.  One [B, K, G, block, block] score block exists at a time
+  (S×block before query blocking: 8.6 GB per layer for DeepSeek-V3 at 8 × 4096);
+  the residuals are q, k, v, the output and the log-sum-exp.  This is what a deviceless GPU compile needs to give
   memory figures that mean something at long sequence (no cuDNN there).
 
 Both compute every block (masked), i.e. the full S×T of matmul work.
@@ -39,37 +40,47 @@ def _blocks(x, block):
     return x.reshape(B, T // block, block, *x.shape[2:]).swapaxes(0, 1)  # [nb, B, blk, ...]
 
 
-def _scores(q, kb, j, block, scale):
-    s = jnp.einsum("bskgd,btkd->bkgst", q, kb).astype(jnp.float32) * scale
-    S = q.shape[1]
-    q_pos = jnp.arange(S)[:, None]
+def _scores(qb, kb, i, j, block, scale):
+    """Masked scores of query block ``i`` against key block ``j``: [B, K, G, blk, blk] float32."""
+    s = jnp.einsum("bskgd,btkd->bkgst", qb, kb).astype(jnp.float32) * scale
+    q_pos = i * block + jnp.arange(qb.shape[1])[:, None]
     k_pos = j * block + jnp.arange(block)[None, :]
     return jnp.where(k_pos <= q_pos, s, _NEG)
 
 
 def _forward(q, k, v, block):
+    """(out [B,S,K,G,dv], lse [B,K,G,S]): an outer loop over query blocks, an inner scan over key blocks."""
     B, S, K, G, _ = q.shape
     dv = v.shape[-1]
     scale = 1.0 / math.sqrt(q.shape[-1])
-
-    def body(carry, inp):
-        m, l, acc = carry
-        kb, vb, j = inp
-        s = _scores(q, kb, j, block, scale)
-        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-        p = jnp.exp(s - m_new[..., None])
-        corr = jnp.exp(m - m_new)
-        l_new = l * corr + jnp.sum(p, axis=-1)
-        pv = jnp.einsum("bkgst,btkv->bkgsv", p.astype(v.dtype), vb).astype(jnp.float32)
-        return (m_new, l_new, acc * corr[..., None] + pv), None
-
-    init = (jnp.full((B, K, G, S), _NEG, jnp.float32), jnp.zeros((B, K, G, S), jnp.float32),
-            jnp.zeros((B, K, G, S, dv), jnp.float32))
     nb = k.shape[1] // block
-    (m, l, acc), _ = jax.lax.scan(body, init, (_blocks(k, block), _blocks(v, block), jnp.arange(nb)))
-    out_BKGSv = acc / l[..., None]
-    lse = m + jnp.log(l)
-    return jnp.moveaxis(out_BKGSv, 3, 1).astype(v.dtype), lse
+    k_blocks, v_blocks = _blocks(k, block), _blocks(v, block)
+
+    def one_query_block(args):
+        qb, i = args
+
+        def body(carry, inp):
+            m, l, acc = carry
+            kb, vb, j = inp
+            s = _scores(qb, kb, i, j, block, scale)
+            m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+            p = jnp.exp(s - m_new[..., None])
+            corr = jnp.exp(m - m_new)
+            l_new = l * corr + jnp.sum(p, axis=-1)
+            pv = jnp.einsum("bkgst,btkv->bkgsv", p.astype(v.dtype), vb).astype(jnp.float32)
+            return (m_new, l_new, acc * corr[..., None] + pv), None
+
+        qn = qb.shape[1]
+        init = (jnp.full((B, K, G, qn), _NEG, jnp.float32), jnp.zeros((B, K, G, qn), jnp.float32),
+                jnp.zeros((B, K, G, qn, dv), jnp.float32))
+        (m, l, acc), _ = jax.lax.scan(body, init, (k_blocks, v_blocks, jnp.arange(nb)))
+        return jnp.moveaxis(acc / l[..., None], 3, 1).astype(v.dtype), m + jnp.log(l)
+
+    nq = S // block
+    out_n, lse_n = jax.lax.map(one_query_block, (_blocks(q, block), jnp.arange(nq)))
+    out = out_n.swapaxes(0, 1).reshape(B, S, K, G, dv)
+    lse = jnp.moveaxis(lse_n, 0, 3).reshape(B, K, G, S)
+    return out, lse
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -83,25 +94,48 @@ def _blockwise_fwd(q, k, v, block):
 
 
 def _blockwise_bwd(block, res, d_out):
+    """Outer scan over key blocks (their dk, dv are local), inner scan over query blocks
+    (dq accumulated in place): one [B, K, G, blk, blk] probability block at a time."""
     q, k, v, out, lse = res
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    do = jnp.moveaxis(d_out, 1, 3).astype(jnp.float32)  # [B,K,G,S,dv]
-    delta = jnp.sum(do * jnp.moveaxis(out, 1, 3).astype(jnp.float32), axis=-1)  # [B,K,G,S]
+    B, S, K, G, d = q.shape
+    scale = 1.0 / math.sqrt(d)
+    do = d_out.astype(jnp.float32)  # [B,S,K,G,dv]
+    delta = jnp.sum(do * out.astype(jnp.float32), axis=-1)  # [B,S,K,G]
+    nq, nb = S // block, k.shape[1] // block
+    q_blocks = _blocks(q, block)
+    do_blocks = _blocks(do, block)
+    lse_blocks = _blocks(jnp.moveaxis(lse, 3, 1), block)  # [nq,B,blk,K,G]
+    delta_blocks = _blocks(delta, block)
 
-    def body(dq, inp):
+    def key_block(dq, inp):
         kb, vb, j = inp
-        p = jnp.exp(_scores(q, kb, j, block, scale) - lse[..., None])  # [B,K,G,S,blk]
-        dv_b = jnp.einsum("bkgst,bkgsv->btkv", p, do)
-        dp = jnp.einsum("bkgsv,btkv->bkgst", do, vb.astype(jnp.float32))
-        ds = p * (dp - delta[..., None]) * scale
-        dq = dq + jnp.einsum("bkgst,btkd->bskgd", ds, kb.astype(jnp.float32))
-        dk_b = jnp.einsum("bkgst,bskgd->btkd", ds, q.astype(jnp.float32))
+        kb32, vb32 = kb.astype(jnp.float32), vb.astype(jnp.float32)
+
+        def query_block(carry, qin):
+            dq, dk_b, dv_b = carry
+            qb, dob, lseb, deltab, i = qin
+            lse_i = jnp.moveaxis(lseb, 1, 3)  # [B,K,G,blk]
+            p = jnp.exp(_scores(qb, kb, i, j, block, scale) - lse_i[..., None])  # [B,K,G,blk,blk]
+            dob_t = jnp.moveaxis(dob, 1, 3)  # [B,K,G,blk,dv]
+            dv_b = dv_b + jnp.einsum("bkgst,bkgsv->btkv", p, dob_t)
+            dp = jnp.einsum("bkgsv,btkv->bkgst", dob_t, vb32)
+            ds = p * (dp - jnp.moveaxis(deltab, 1, 3)[..., None]) * scale
+            dq_i = jnp.einsum("bkgst,btkd->bskgd", ds, kb32)
+            dq = jax.lax.dynamic_update_slice_in_dim(
+                dq, jax.lax.dynamic_slice_in_dim(dq, i * block, block, axis=1) + dq_i, i * block, axis=1
+            )
+            dk_b = dk_b + jnp.einsum("bkgst,bskgd->btkd", ds, qb.astype(jnp.float32))
+            return (dq, dk_b, dv_b), None
+
+        init = (dq, jnp.zeros(kb.shape, jnp.float32), jnp.zeros(vb.shape, jnp.float32))
+        (dq, dk_b, dv_b), _ = jax.lax.scan(
+            query_block, init, (q_blocks, do_blocks, lse_blocks, delta_blocks, jnp.arange(nq))
+        )
         return dq, (dk_b, dv_b)
 
-    nb = k.shape[1] // block
-    dq, (dk, dv) = jax.lax.scan(body, jnp.zeros(q.shape, jnp.float32),
+    dq, (dk, dv) = jax.lax.scan(key_block, jnp.zeros(q.shape, jnp.float32),
                                 (_blocks(k, block), _blocks(v, block), jnp.arange(nb)))
-    B, T = k.shape[:2]
+    T = k.shape[1]
     dk = dk.swapaxes(0, 1).reshape(B, T, *k.shape[2:])
     dv = dv.swapaxes(0, 1).reshape(B, T, *v.shape[2:])
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
