@@ -48,11 +48,27 @@ def _nearest_existing(path: pathlib.Path) -> pathlib.Path:
     return p
 
 
+def _can_create_in(d: pathlib.Path) -> bool:
+    # access() says yes to root everywhere (even /proc): create and remove a probe file instead.
+    try:
+        fd, probe = tempfile.mkstemp(dir=d, prefix=".tierax-probe-")
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(probe)
+    return True
+
+
+def _read_only(p: pathlib.Path) -> bool:
+    """No write bit at all (what ``chmod a-w`` leaves; root bypasses access(), so the bits decide)."""
+    return not stat.S_IMODE(p.stat().st_mode) & 0o222
+
+
 def _check_parent(path: pathlib.Path, option: str) -> None:
     base = _nearest_existing(path.parent)
     if not base.is_dir():
         raise TieraxError(f"{option} {str(path)!r}: {str(base)!r} is not a directory; choose a path under a directory")
-    if not os.access(base, os.W_OK | os.X_OK):
+    if not _can_create_in(base):
         raise TieraxError(f"{option} {str(path)!r}: cannot create files under {str(base)!r} (not writable); "
                           "choose a writable location")
 
@@ -67,7 +83,7 @@ def check_output_file(path: str | os.PathLike, option: str = "--out") -> pathlib
     p = pathlib.Path(path)
     if p.is_dir():
         raise TieraxError(f"{option} {str(p)!r} is a directory; give a file path")
-    if p.exists() and not os.access(p, os.W_OK):
+    if p.exists() and (_read_only(p) or not os.access(p, os.W_OK)):
         raise TieraxError(f"{option} {str(p)!r} exists and is read-only; it is not replaced — give another path "
                           "or make it writable")
     _check_parent(p, option)
@@ -88,7 +104,7 @@ def check_output_dir(path: str | os.PathLike, option: str = "--out", *, allow_ex
     if p.exists() and not p.is_dir():
         raise TieraxError(f"{option} {str(p)!r} is a file; give a directory path")
     if p.is_dir():
-        if not os.access(p, os.W_OK | os.X_OK):
+        if not _can_create_in(p):
             raise TieraxError(f"{option} {str(p)!r} is not writable; choose a writable directory")
         if not allow_existing and any(p.iterdir()):
             raise TieraxError(f"{option} {str(p)!r} already exists and is not empty; nothing in it is deleted — "
@@ -108,7 +124,7 @@ def write_text_atomic(path: str | os.PathLike, text: str | bytes) -> pathlib.Pat
       TieraxError: ``path`` exists and is read-only.
     """
     path = pathlib.Path(path)
-    if path.exists() and not os.access(path, os.W_OK):
+    if path.exists() and (_read_only(path) or not os.access(path, os.W_OK)):
         raise TieraxError(f"{str(path)!r} exists and is read-only; it is not replaced")
     mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else new_file_mode()
     path.parent.mkdir(parents=True, exist_ok=True)
