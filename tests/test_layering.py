@@ -19,7 +19,7 @@ LAYERS = [
                                 "tierax.interop.model_files")),
     # tierax.interop itself and tierax.interop.planning (planning for another tool) sit above the planner.
     ("analysis and training", ("tierax.inventory", "tierax.costmodel", "tierax.planner", "tierax.hlo",
-                               "tierax.train", "tierax.interop", "tierax.api")),
+                               "tierax.train", "tierax.interop", "tierax.api", "tierax.whatif")),
     ("running and measuring", ("tierax.launch", "tierax.compile", "tierax.bench", "tierax.measure")),
     ("reporting", ("tierax.report",)),
     ("command line", ("tierax.cli",)),
@@ -37,8 +37,8 @@ def _layer(module: str) -> int:
     for i, (_, prefixes) in enumerate(LAYERS):
         if any(module == p or module.startswith(p + ".") for p in prefixes):
             return i
-    if module == "tierax":
-        return 0
+    if module == "tierax":  # the package's facade (the Python API) sits just below the command line
+        return len(LAYERS) - 2
     raise AssertionError(f"{module} is in no layer; add it to LAYERS in {__file__}")
 
 

@@ -36,6 +36,13 @@ class GpuSpec:
     pcie_bandwidth_field: int  # XLA spec's pcie_bandwidth value, copied as is
     interconnect_links: int  # NVLink links per GPU
     nvlink_bytes_per_s: float  # per direction, GPU↔GPU
+    # A projection: figures from announcements, not from a shipping part XLA describes.  No
+    # deviceless compile is offered for it (XLA has no device spec); the cost model still runs.
+    projection: str = ""
+
+    @property
+    def xla_described(self) -> bool:
+        return not self.projection
 
     def peak(self, dtype: str) -> float:
         key = {"float32": "tf32", "bfloat16": "bf16", "float16": "bf16"}.get(dtype, dtype)
@@ -100,11 +107,65 @@ TARGETS: dict[str, GpuSpec] = {
 }
 
 
+# What-if targets for the cost model (simulate, plan), marked as projections.  Fields only XLA's
+# GpuTargetConfigProto needs (SM count, clocks, L2, PCIe field) are GB200's: they are never rendered,
+# since `tierax compile` refuses a projection.
+TARGETS["gb300"] = GpuSpec(
+    key="gb300", name="NVIDIA GB300 (projection)",
+    # NVIDIA GB300 NVL72 product page: 288 GB HBM3e and 8 TB/s per Blackwell Ultra GPU.
+    device_memory_bytes=288 * 10**9, sm_count=160, clock_ghz=2.062, mem_clock_khz=3996000,
+    hbm_bytes_per_s=8e12, l2_bytes=135528448, compute_capability=(10, 3),
+    # NVIDIA GB300 NVL72 datasheet per GPU, dense: 2.5 PF bf16, 5 PF fp8, 1.25 PF tf32, 80 TF fp32
+    # (rack: 360 PF fp8 dense / 72 GPUs = 5 PF).
+    peak_flops={"bf16": 2.5e15, "fp8": 5e15, "tf32": 1.25e15, "fp32": 80e12},
+    # Same Grace + NVLink-C2C (900 GB/s bidirectional) as GB200: GB200's measured ≈185 GB/s assumed.
+    host_link_theory_bps=450 * GB, host_link_bps=185 * GB,
+    host_link_source="NVLink-C2C as GB200 (900 GB/s bidirectional); GB200's measured ≈185 GB/s assumed",
+    # GB300 NVL72: 40 TB "fast memory" = 20.7 TB HBM3e + ≈18 TB Grace LPDDR5X over 72 GPUs.
+    host_memory_per_gpu_bytes=250 * GB, pcie_bandwidth_field=2147483648,
+    interconnect_links=18, nvlink_bytes_per_s=900 * GB,
+    projection="GB300 NVL72 announced figures (NVIDIA GTC 2025 / product page); no XLA device spec in jaxlib 0.10.2",
+)
+TARGETS["vr200"] = GpuSpec(
+    key="vr200", name="NVIDIA Vera Rubin VR200 (projection)",
+    # NVIDIA GTC 2025 (Vera Rubin NVL144): 288 GB HBM4 per Rubin GPU package, 13 TB/s HBM4.
+    device_memory_bytes=288 * 10**9, sm_count=160, clock_ghz=2.062, mem_clock_khz=3996000,
+    hbm_bytes_per_s=13e12, l2_bytes=135528448, compute_capability=(10, 3),
+    # NVIDIA GTC 2025: NVL144 = 1.2 EF fp8 for training over 72 Rubin packages → 16.7 PF fp8 each;
+    # bf16 = fp8 / 2 as on Blackwell (derived, not announced); tf32 = bf16 / 2, fp32 as GB300.
+    peak_flops={"bf16": 8.33e15, "fp8": 16.7e15, "tf32": 4.17e15, "fp32": 80e12},
+    # Vera CPU ↔ Rubin NVLink-C2C: 1.8 TB/s bidirectional (NVIDIA) = 900 GB/s per direction; effective
+    # assumed at GB200's measured/theoretical ratio (185/450) until someone measures it.
+    host_link_theory_bps=900 * GB, host_link_bps=900 * GB * 185 / 450,
+    host_link_source="NVLink-C2C 1.8 TB/s bidirectional (NVIDIA); effective at GB200's measured 185/450 ratio",
+    # Vera: up to 1.5 TB LPDDR5X (SOCAMM) per CPU, two Rubin packages per Vera CPU.
+    host_memory_per_gpu_bytes=750 * GB, pcie_bandwidth_field=2147483648,
+    # NVLink 6: 3.6 TB/s bidirectional per GPU (NVIDIA GTC 2025).
+    interconnect_links=18, nvlink_bytes_per_s=1800 * GB,
+    projection="Vera Rubin NVL144 announced figures (NVIDIA GTC 2025); bf16 derived from fp8; not shipping",
+)
+
+
 def get_target(key: str) -> GpuSpec:
     try:
         return TARGETS[key]
     except KeyError:
         raise TieraxError(f"unknown target {key!r}; choose one of: {', '.join(TARGETS)}") from None
+
+
+def compile_target(key: str) -> GpuSpec:
+    """A target XLA describes (deviceless compile needs its device spec).
+
+    Raises:
+      TieraxError: unknown, or a projection (the cost model still accepts it).
+    """
+    spec = get_target(key)
+    if not spec.xla_described:
+        described = ", ".join(k for k, t in TARGETS.items() if t.xla_described)
+        raise TieraxError(f"target {key!r} is a projection ({spec.projection}): XLA has no device spec for it, so "
+                          f"no compile is claimed; compile for one of {described}, or use `tierax simulate/plan "
+                          f"--target {key}`")
+    return spec
 
 
 def render_target_config(spec: GpuSpec, *, cuda: tuple[int, int, int] = (13, 0, 0), cudnn: tuple[int, int, int] = (9, 10, 0)) -> str:

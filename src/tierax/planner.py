@@ -206,6 +206,10 @@ def _explain(placements, inv, cfg, rates, schedule, pred: cm.Prediction, budget,
     return tuple(out)
 
 
+class NoPlanFits(TieraxError):
+    """No placement of the activations fits the budgets (the message gives the floor)."""
+
+
 def plan(
     cfg,
     inv: inv_lib.Inventory,
@@ -231,7 +235,7 @@ def plan(
         floor = cm.evaluate(everything_remat, inv, cfg, rates, schedule)
         b = floor.breakdown
         gib = lambda n: f"{n / 2**30:.1f}"  # noqa: E731
-        raise TieraxError(
+        raise NoPlanFits(
             f"no plan fits {cfg.name} at microbatch {inv.microbatch} × seq {inv.seq} in a device budget of "
             f"{budget / 2**30:.2f} GiB: recomputing everything still needs {gib(floor.peak_device_bytes)} GiB "
             f"(params+grads+AdamW {gib(b['state_bytes'])}, layer inputs {gib(b['activation_bytes'])}, one layer's "

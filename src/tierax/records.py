@@ -24,6 +24,7 @@ BENCH_SCHEMA = "tierax.bench/1"
 PROFILE_SCHEMA = "tierax.profile/1"
 GPU_CHECK_SCHEMA = "tierax.gpu-check/1"
 VERIFY_SCHEMA = "tierax.verify/1"
+SWEEP_SCHEMA = "tierax.sweep/1"
 
 
 def command_line(argv: Sequence[str] | None = None, prog: str = "tierax") -> str:

@@ -66,7 +66,7 @@ def cmd_compile(args) -> int:
     from tierax import hardware
 
     mesh = parse_mesh(args.mesh, args.devices)
-    hardware.get_target(args.target)
+    hardware.compile_target(args.target)
     target_config = _read_target_config(args.target_config)
     launch.start(preset=args.xla_preset, deviceless_gpu=True)
     from tierax import compile as compile_lib

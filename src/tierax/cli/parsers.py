@@ -39,7 +39,8 @@ def _models_and_plans(sub) -> None:
 def _planning(sub) -> None:
     def common(p):
         add_model_args(p)
-        p.add_argument("--target", default="h200", help="h100, h200, b200, gb200, or cpu (measured by calibrate)")
+        p.add_argument("--target", default="h200",
+                       help="h100, h200, b200, gb200; projections gb300, vr200; or cpu (measured by calibrate)")
         p.add_argument("--devices", type=positive_int, help="devices (default: the mesh's product, else 1)")
         p.add_argument("--mesh", help="mesh axes, e.g. fsdp=16,expert=8 (data, fsdp, tensor, expert)")
         add_size_args(p, microbatch=8)
@@ -56,6 +57,7 @@ def _planning(sub) -> None:
     common(s)
     s.add_argument("--plan", default="qkv-offload", help="a preset or plan YAML file")
     s.add_argument("--schedule", default="lhs", help="serial, lhs or lhs-pipelined")
+    _rate_arg(s)
     s.set_defaults(func=planning.cmd_simulate)
 
     p = sub.add_parser("plan", help="find the fastest plan that fits, and explain it",
@@ -72,12 +74,22 @@ def _planning(sub) -> None:
                         "also reports what the restriction costs against the unrestricted plan")
     p.add_argument("--emit", metavar="TOOL", help="maxtext: write (--out) or print MaxText overrides instead of a "
                                                   "tierax plan YAML (exit 2 if the plan is not expressible)")
+    _rate_arg(p)
+    p.add_argument("--sweep", metavar="KEY=LO:HI:STEP",
+                   help="solve at every point of budget (GiB), microbatch, or a --rate key (e.g. host_link=100:1000:100)"
+                        "; prints a table, and with --out F.png draws the frontier (F.json beside it)")
     p.set_defaults(func=planning.cmd_plan)
 
     c = sub.add_parser("calibrate", help="measure this machine's rates for the cost model",
                        description="Measure the local matmul rate (and host↔device copy bandwidth on a GPU) and store "
                                    "them for the cost model.")
     c.set_defaults(func=planning.cmd_calibrate)
+
+
+def _rate_arg(p) -> None:
+    p.add_argument("--rate", action="append", default=[], metavar="KEY=VALUE",
+                   help="what-if override of a target rate (repeatable): host_link, d2h, h2d (GB/s per direction), "
+                        "hbm_size (GB), hbm_bw (TB/s), matmul (TFLOP/s), interconnect (GB/s), host_memory (GB)")
 
 
 def _running(sub) -> None:

@@ -65,7 +65,12 @@ def _inputs(args, *, rates: bool = True):
     mesh = parse_mesh(args.mesh, args.devices)
     if args.target != "cpu":
         hardware.get_target(args.target)
-    rates = cm.target_rates(args.target, cfg.dtype) if rates else None
+    if rates:
+        from tierax.whatif import override_rates
+
+        rates = override_rates(cm.target_rates(args.target, cfg.dtype), getattr(args, "rate", []))
+    else:
+        rates = None
     launch.start()
     return cfg, mesh, rates
 
@@ -111,6 +116,8 @@ def cmd_plan(args) -> int:
     from tierax.interop import planning as interop
     from tierax.report.tables import explain_table, prediction_table
 
+    if args.sweep:
+        return _plan_sweep(args)
     out = check_output_file(args.out) if args.out else None
     interop.check_tool(args.emit, "--emit")
     cfg, mesh, rates = _inputs(args)
@@ -131,6 +138,43 @@ def cmd_plan(args) -> int:
     console().print(prediction_table(result.predicted, "predicted step"))
     if out:
         print(f"wrote {out}")
+    return 0
+
+
+def _plan_sweep(args) -> int:
+    """``tierax plan --sweep KEY=LO:HI:STEP``: the plan at every point, a table, and with ``--out F.png``
+    the frontier as a picture plus its JSON record (``F.json``)."""
+    from tierax import records, whatif
+    from tierax.cli.common import progress
+    from tierax.fileio import check_output_file
+    from tierax.report.sweep_plot import plot_sweep
+    from tierax.report.tables import sweep_table
+
+    key, points = whatif.parse_sweep(args.sweep)
+    if args.out and not args.out.endswith(".png"):
+        raise TieraxError(f"--out {args.out!r}: with --sweep, --out is the PNG to draw (FILE.png; FILE.json beside it)")
+    out = check_output_file(args.out) if args.out else None
+    if out:
+        check_output_file(out.with_suffix(".json"))
+    cfg, mesh, rates = _inputs(args)
+    solve = whatif.plan_solver(cfg, mesh.to_dict(), args.seq, args.microbatch, rates, schedule=args.schedule,
+                               budget_bytes=args.budget_gib and args.budget_gib * GIB,
+                               host_budget_bytes=args.host_budget_gib and args.host_budget_gib * GIB)
+    with progress(f"sweep {key}", len(points), disable=args.json) as advance:
+        pts = [p.to_json() for p in whatif.sweep(key, points, solve=solve, references=whatif.REFERENCES,
+                                                 progress=advance)]
+    title = _title(cfg, args, mesh, args.microbatch, f"{args.schedule} · sweep {key}")
+    doc = records.envelope(records.SWEEP_SCHEMA, records.command_line()) | {
+        "title": title, "sweep": key, "rates": rates.sources, "references": list(whatif.REFERENCES), "points": pts}
+    if out:
+        records.write_record(out.with_suffix(".json"), doc)
+        plot_sweep(pts, key, out, title=title, references=whatif.REFERENCES)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        console().print(sweep_table(pts, key, title, whatif.REFERENCES))
+        if out:
+            print(f"wrote {out} and {out.with_suffix('.json')}")
     return 0
 
 

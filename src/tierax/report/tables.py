@@ -153,3 +153,19 @@ def explain_table(result, title: str) -> Table:
         t.add_row(e.group, e.name, fmt_bytes(e.bytes), f"{e.recompute_s * 1e3:.3g}", f"{e.transfer_s * 1e3:.3g}",
                   f"{e.hidden_fraction:.0%}", f"[{colour[e.choice]}]{e.choice}[/]", e.why)
     return t
+
+
+def sweep_table(points, key: str, title: str, references=()) -> Table:
+    """One row per swept value: the planner's prediction, the reference presets, what changed in the plan."""
+    t = Table(title=title, caption="cost-model predictions; references fit only where marked with a number")
+    for col in (key, "fits", "TFLOP/s/dev", "step s", "peak GiB", "host GiB", *references, "plan change"):
+        t.add_column(col, justify="left" if col == "plan change" else "right")
+    for p in points:
+        ref = [f"{v:.1f}" if v is not None else "—" for v in (p["reference"].get(r) for r in references)]
+        if not p["fits"]:
+            t.add_row(f"{p['value']:g}", "no", "—", "—", "—", "—", *ref, "no plan fits")
+            continue
+        t.add_row(f"{p['value']:g}", "yes", f"{p['tflops_per_device']:.1f}", f"{p['step_time_s']:.3f}",
+                  f"{p['peak_device_bytes'] / 2**30:.1f}", f"{p['host_bytes'] / 2**30:.1f}", *ref,
+                  "; ".join(p["changed"]) or "")
+    return t

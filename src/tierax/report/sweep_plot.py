@@ -1,0 +1,53 @@
+"""The planner's frontier as a picture: predicted TFLOP/s/device against a swept quantity."""
+
+from __future__ import annotations
+
+import io
+import os
+import pathlib
+from collections.abc import Sequence
+
+from tierax.fileio import write_text_atomic
+
+UNITS = {"budget": "device budget (GiB)", "microbatch": "microbatch (sequences per device)",
+         "host_link": "host link (GB/s per direction)", "d2h": "device→host (GB/s)", "h2d": "host→device (GB/s)",
+         "hbm_size": "device memory (GB)", "hbm_bw": "HBM bandwidth (TB/s)", "matmul": "matmul rate (TFLOP/s)",
+         "interconnect": "interconnect (GB/s per direction)", "host_memory": "host memory per device (GB)"}
+
+
+def plot_sweep(points: Sequence[dict], key: str, out: str | os.PathLike, *, title: str, references=()) -> pathlib.Path:
+    """Draw ``points`` (:class:`tierax.whatif.SweepPoint` JSON) to ``out`` (PNG, written atomically).
+
+    The planner's curve is annotated where its plan changed; each reference preset is a dashed curve.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 5.5), dpi=110)
+    xs = [p["value"] for p in points]
+    ax.plot(xs, [p["tflops_per_device"] for p in points], "o-", color="tab:blue", label="planner's plan", zorder=3)
+    for name, style in zip(references, ("--", ":")):
+        ax.plot(xs, [p["reference"].get(name) for p in points], style, color="gray", label=f"{name} (reference)")
+    for p in points:
+        if not p["fits"]:
+            ax.annotate("no plan fits", (p["value"], 0), fontsize=7, color="tab:red", rotation=90, va="bottom")
+        elif p["changed"]:
+            text = "\n".join(p["changed"][:4]) + (f"\n+{len(p['changed']) - 4} more" if len(p["changed"]) > 4 else "")
+            ax.annotate(text, (p["value"], p["tflops_per_device"]), textcoords="offset points", xytext=(4, -6),
+                        fontsize=6.5, va="top", color="tab:blue")
+    ax.set_xlabel(UNITS.get(key, key))
+    ax.set_ylabel("predicted TFLOP/s per device")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(title, fontsize=9)
+    fig.text(0.01, 0.01, "cost-model predictions (tierax.costmodel), not measurements", fontsize=7, color="gray")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format="png")
+    finally:
+        plt.close(fig)
+    return write_text_atomic(out, buf.getvalue())

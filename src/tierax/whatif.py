@@ -1,0 +1,188 @@
+"""What-if questions for the cost model: rate overrides (``--rate``) and sweeps (``--sweep``).
+
+``--rate host_link=900`` asks "with a 900 GB/s-per-direction host link"; ``--sweep
+host_link=100:1000:100`` solves the plan at every point and says what changed in it.
+Nothing here compiles: these are predictions of :mod:`tierax.costmodel`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from tierax import costmodel as cm
+from tierax import plan as plan_lib
+from tierax.errors import TieraxError
+
+GIB = 2**30
+
+# key → (Rates fields, unit factor, unit).  Bandwidths per direction.
+RATE_KEYS: dict[str, tuple[tuple[str, ...], float, str]] = {
+    "host_link": (("d2h_bytes_per_s", "h2d_bytes_per_s"), 1e9, "GB/s per direction, both ways"),
+    "d2h": (("d2h_bytes_per_s",), 1e9, "GB/s device→host"),
+    "h2d": (("h2d_bytes_per_s",), 1e9, "GB/s host→device"),
+    "hbm_size": (("device_memory_bytes",), 1e9, "GB of device memory"),
+    "hbm_bw": (("hbm_bytes_per_s",), 1e12, "TB/s of device memory bandwidth"),
+    "matmul": (("matmul_flops_per_s",), 1e12, "TFLOP/s achievable matmul rate"),
+    "interconnect": (("interconnect_bytes_per_s",), 1e9, "GB/s per direction between devices"),
+    "host_memory": (("host_memory_bytes",), 1e9, "GB of host memory per device"),
+}
+SWEEP_KEYS = ("budget", "microbatch", *RATE_KEYS)
+
+
+def _number(text: str, what: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not math.isfinite(v) or v <= 0:
+        raise TieraxError(f"{what}: expected a finite number > 0, got {text!r}")
+    return v
+
+
+def _valid_rates() -> str:
+    return ", ".join(f"{k} ({unit})" for k, (_, _, unit) in RATE_KEYS.items())
+
+
+def override_rates(rates: cm.Rates, overrides: Sequence[str]) -> cm.Rates:
+    """``rates`` with ``KEY=VALUE`` overrides applied in order; each override is named in ``sources``.
+
+    Raises:
+      TieraxError: no ``=``, an unknown key (the valid ones and their units are listed), a bad value.
+    """
+    for text in overrides:
+        key, sep, value = text.partition("=")
+        key = key.strip()
+        if not sep:
+            raise TieraxError(f"--rate {text!r}: expected KEY=VALUE, e.g. --rate host_link=900; keys: {_valid_rates()}")
+        if key not in RATE_KEYS:
+            raise TieraxError(f"--rate {text!r}: unknown key {key!r}; valid keys: {_valid_rates()}")
+        fields, factor, unit = RATE_KEYS[key]
+        v = _number(value, f"--rate {text!r}") * factor
+        changes = {f: (int(v) if f.endswith("memory_bytes") else v) for f in fields}
+        sources = dict(rates.sources) | {f: f"--rate {key}={value.strip()} ({unit})" for f in fields}
+        rates = dataclasses.replace(rates, **changes, sources=sources)
+    return rates
+
+
+def parse_sweep(text: str) -> tuple[str, list[float]]:
+    """``KEY=LO:HI:STEP`` → (key, points LO, LO+STEP, … ≤ HI).
+
+    Raises:
+      TieraxError: unknown key, bad numbers, or no points.
+    """
+    key, sep, spec = text.partition("=")
+    key = key.strip()
+    if not sep or key not in SWEEP_KEYS:
+        raise TieraxError(f"--sweep {text!r}: expected KEY=LO:HI:STEP with KEY one of {', '.join(SWEEP_KEYS)} "
+                          "(budget in GiB, microbatch in sequences per device, rates as --rate)")
+    parts = spec.split(":")
+    if len(parts) != 3:
+        raise TieraxError(f"--sweep {text!r}: expected LO:HI:STEP, e.g. {key}=100:1000:100")
+    lo, hi, step = (_number(p, f"--sweep {text!r}") for p in parts)
+    if hi < lo:
+        raise TieraxError(f"--sweep {text!r}: no points (HI {hi:g} is below LO {lo:g}); give LO ≤ HI")
+    n = int(math.floor((hi - lo) / step + 1e-9)) + 1
+    points = [lo + i * step for i in range(n)]
+    if key == "microbatch":
+        if any(p != int(p) for p in points):
+            raise TieraxError(f"--sweep {text!r}: microbatch points must be whole numbers")
+        points = [float(int(p)) for p in points]
+    if len(points) > 200:
+        raise TieraxError(f"--sweep {text!r}: {len(points)} points; use a larger STEP (at most 200 points)")
+    return key, points
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    value: float
+    fits: bool
+    tflops_per_device: float | None  # the planner's plan
+    step_time_s: float | None
+    peak_device_bytes: int | None
+    host_bytes: int | None
+    placements: dict  # "group/name" → placement value
+    changed: tuple[str, ...]  # vs the previous point that fit: "moe_mlpwi_0 → offload"
+    reference: dict  # preset name → predicted TFLOP/s/device (None: does not fit)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _flat(plan, cfg) -> dict:
+    return {f"{g}/{n}": p.value for g, names in plan_lib.resolve(plan, cfg).items() for n, p in names.items()}
+
+
+def _changes(before: dict | None, after: dict) -> tuple[str, ...]:
+    if before is None:
+        return ()
+    groups = {k.split("/")[0] for k in after}
+    out = []
+    for k in sorted(after):
+        if before.get(k) != after[k]:
+            g, n = k.split("/")
+            out.append(f"{n if len(groups) == 1 else k} → {after[k]}")
+    return tuple(out)
+
+
+def sweep(key: str, points: Sequence[float], *, solve: Callable[[str, float], tuple], references: Sequence[str] = (),
+          progress: Callable[[str, int], None] | None = None) -> list[SweepPoint]:
+    """Solve at every point.
+
+    ``solve(key, value)`` → (PlanResult or None if nothing fits, cfg, {preset: Prediction}) for that point.
+    """
+    out, last = [], None
+    for v in points:
+        result, cfg, refs = solve(key, v)
+        ref = {name: (p.tflops_per_device if p.fits else None) for name, p in refs.items() if name in references}
+        if result is None:
+            out.append(SweepPoint(v, False, None, None, None, None, {}, (), ref))
+        else:
+            flat = _flat(result.plan, cfg)
+            pr = result.predicted
+            out.append(SweepPoint(v, True, pr.tflops_per_device, pr.step_time_s, pr.peak_device_bytes,
+                                  pr.host_bytes, flat, _changes(last, flat), ref))
+            last = flat
+        if progress:
+            progress(f"{key}={v:g}", 1)
+    return out
+
+
+REFERENCES = ("remat-full", "save-all")
+
+
+def plan_solver(cfg, mesh: dict, seq: int, microbatch: int, rates: cm.Rates, *, schedule: str,
+                budget_bytes: float | None, host_budget_bytes: float | None) -> Callable[[str, float], tuple]:
+    """The ``solve`` of :func:`sweep` for ``tierax plan --sweep``: the planner at one swept value,
+    plus the predictions of the :data:`REFERENCES` presets (``fits`` against the same budget)."""
+    from tierax import inventory as inv_lib
+    from tierax import planner
+
+    inventories: dict[int, object] = {}
+
+    def solve(key: str, value: float):
+        r, budget, mb = rates, budget_bytes, microbatch
+        if key == "budget":
+            budget = value * GIB
+        elif key == "microbatch":
+            mb = int(value)
+        else:
+            r = override_rates(rates, [f"{key}={value}"])
+        if mb not in inventories:
+            inventories[mb] = inv_lib.model_inventory(cfg, mb, seq, mesh)
+        inv = inventories[mb]
+        limit, _ = planner.budgets(r, budget, host_budget_bytes)
+        refs = {}
+        for name in REFERENCES:
+            pred = cm.simulate(plan_lib.preset(name, cfg), inv, cfg, r, schedule)
+            refs[name] = dataclasses.replace(pred, fits=pred.peak_device_bytes <= limit)
+        try:
+            result = planner.plan(cfg, inv, r, schedule=schedule, budget_bytes=budget,
+                                  host_budget_bytes=host_budget_bytes)
+        except planner.NoPlanFits:
+            result = None
+        return result, cfg, refs
+
+    return solve

@@ -1,0 +1,109 @@
+"""What-if targets, --rate overrides and --sweep: the planner's frontier."""
+
+import json
+
+import pytest
+
+from tierax import costmodel as cm
+from tierax import hardware, planner, whatif
+from tierax import inventory as inv_lib
+from tierax.errors import TieraxError
+from tierax.models import get_config
+from test_cli import tierax
+
+
+def test_rate_overrides_replace_the_named_rates_and_say_so():
+    base = cm.target_rates("gb200", "bfloat16")
+    r = whatif.override_rates(base, ["host_link=900", "hbm_size=288", "matmul=2000"])
+    assert r.d2h_bytes_per_s == r.h2d_bytes_per_s == 900e9
+    assert r.device_memory_bytes == 288 * 10**9 and isinstance(r.device_memory_bytes, int)
+    assert r.matmul_flops_per_s == 2000e12
+    assert r.hbm_bytes_per_s == base.hbm_bytes_per_s  # untouched
+    assert "--rate host_link=900" in r.sources["d2h_bytes_per_s"]
+    assert whatif.override_rates(base, ["d2h=10"]).h2d_bytes_per_s == base.h2d_bytes_per_s
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("hostlink=900", "unknown key 'hostlink'; valid keys: host_link (GB/s per direction"),
+    ("host_link", "expected KEY=VALUE"),
+    ("host_link=-5", "expected a finite number > 0"),
+    ("matmul=nan", "expected a finite number > 0"),
+])
+def test_bad_rate_overrides(text, fragment):
+    with pytest.raises(TieraxError, match=fragment.replace("(", r"\(")):
+        whatif.override_rates(cm.target_rates("h200", "bfloat16"), [text])
+
+
+def test_sweep_points_and_bad_sweeps():
+    assert whatif.parse_sweep("host_link=100:1000:300") == ("host_link", [100.0, 400.0, 700.0, 1000.0])
+    assert whatif.parse_sweep("microbatch=1:4:1")[1] == [1.0, 2.0, 3.0, 4.0]
+    for text, fragment in [("host_link=900:100:100", "no points"), ("speed=1:2:1", "KEY one of budget"),
+                           ("budget=1:2", "LO:HI:STEP"), ("microbatch=1:2:0.5", "whole numbers")]:
+        with pytest.raises(TieraxError, match=fragment):
+            whatif.parse_sweep(text)
+
+
+def test_projections_are_marked_and_refused_for_compile():
+    for key in ("gb300", "vr200"):
+        spec = hardware.get_target(key)
+        assert not spec.xla_described and "projection" in spec.name
+        with pytest.raises(TieraxError, match="is a projection"):
+            hardware.compile_target(key)
+    assert hardware.compile_target("gb200").xla_described
+    # Announced differences that matter to the planner: more HBM than GB200; VR200 doubles the C2C link.
+    gb200, gb300, vr200 = (hardware.get_target(k) for k in ("gb200", "gb300", "vr200"))
+    assert gb300.device_memory_bytes > gb200.device_memory_bytes
+    assert vr200.host_link_theory_bps == 2 * gb200.host_link_theory_bps
+    assert vr200.host_link_bps / vr200.host_link_theory_bps == pytest.approx(gb200.host_link_bps / gb200.host_link_theory_bps)
+
+
+@pytest.fixture(scope="module")
+def llama_sweep():
+    """llama3-8b on 8 H200s (FSDP), 16 × 4096 per device, host link 20 → 420 GB/s: a case where the
+    best plan keeps nothing on the host at a slow link and offloads MLP inputs once the link is fast."""
+    cfg = get_config("llama3-8b")
+    mesh = {"data": 1, "fsdp": 8, "tensor": 1, "expert": 1}
+    rates = cm.target_rates("h200", cfg.dtype)
+    solve = whatif.plan_solver(cfg, mesh, 4096, 16, rates, schedule="lhs", budget_bytes=None, host_budget_bytes=None)
+    points = whatif.sweep("host_link", [20.0, 170.0, 420.0], solve=solve, references=whatif.REFERENCES)
+    return cfg, mesh, rates, points
+
+
+def test_sweep_points_are_the_planners_own_answers(llama_sweep):
+    cfg, mesh, rates, points = llama_sweep
+    inv = inv_lib.model_inventory(cfg, 16, 4096, mesh)
+    for p in points:
+        direct = planner.plan(cfg, inv, whatif.override_rates(rates, [f"host_link={p.value}"]), schedule="lhs")
+        assert p.fits and p.tflops_per_device == pytest.approx(direct.predicted.tflops_per_device)
+    # A faster link can only help (the plan at a slower link is still available), and here it does.
+    tf = [p.tflops_per_device for p in points]
+    assert tf[0] < tf[1] <= tf[2]
+    offloaded = [sum(v == "offload" for v in p.placements.values()) for p in points]
+    assert offloaded[0] == 0 and offloaded[-1] > 0
+    assert any("→ offload" in c for p in points for c in p.changed)
+    assert points[0].changed == ()  # nothing to compare the first point with
+    # remat-full fits everywhere and is slower than the plan once offloading pays.
+    assert all(p.reference["remat-full"] is not None for p in points)
+    assert points[-1].tflops_per_device > points[-1].reference["remat-full"]
+
+
+def test_plan_sweep_cli_writes_table_png_and_record(tmp_path):
+    out = tmp_path / "frontier.png"
+    r = tierax("plan", "--model", "llama3-8b", "--target", "h200", "--mesh", "fsdp=8", "--microbatch", "16",
+               "--seq", "4096", "--sweep", "host_link=20:420:200", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
+    doc = json.loads(out.with_suffix(".json").read_text())
+    assert doc["schema"] == "tierax.sweep/1" and [p["value"] for p in doc["points"]] == [20, 220, 420]
+    assert "host_link" in r.stdout and "plan change" in r.stdout
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["plan", "--sweep", "host_link=500:100:10"], "no points"),
+    (["plan", "--rate", "warp=9"], "unknown key 'warp'"),
+    (["simulate", "--target", "a100"], "gb300, vr200"),
+    (["compile", "--target", "vr200"], "is a projection"),
+])
+def test_what_if_bad_input_exits_2(args, fragment):
+    r = tierax(*args)
+    assert r.returncode == 2 and fragment in r.stderr, r.stderr
