@@ -6,8 +6,8 @@ placements* — each activation contributes its own bytes, recompute FLOPs and
 transfer time — so the planner can optimise it exactly with an integer program;
 :func:`simulate` and the planner share :func:`item_terms` and :func:`fixed_terms`.
 
-Memory (per device): parameters, gradients and AdamW moments (sharded over
-fsdp×tensor, experts also over expert); activations kept on device (the scan
+Memory (per device): parameters, gradients and AdamW moments (sharded as the
+step shards them: fsdp × expert, and tensor where tensor-parallel); activations kept on device (the scan
 carry of every layer, plus each ``device`` activation; a group with every
 activation on device runs without remat and keeps everything a layer saves,
 named or not); staging buffers for transfers (one layer's offloaded slices, two
@@ -20,8 +20,10 @@ Time: executed matmul FLOPs (forward, 2× for backward, plus recomputation) at t
 target's achievable matmul rate; host transfers at the link bandwidth each way,
 hidden under compute per schedule — ``serial``: none; ``lhs``: up to half of the
 same layer's compute; ``lhs-pipelined``: up to the whole neighbouring layer's
-compute; FSDP all-gathers/reduce-scatters and MoE all-to-alls at the interconnect
-bandwidth, exposed under ``serial`` and hidden under compute otherwise.
+compute; FSDP all-gathers/reduce-scatters, MoE all-to-alls and tensor-parallel
+all-reduces at the interconnect bandwidth, exposed under ``serial`` and hidden under
+compute otherwise; a rematerialised layer repeats its forward's collectives (counted
+with its unnamed recomputation, which every remat policy of that group pays).
 """
 
 from __future__ import annotations
@@ -158,10 +160,14 @@ def group_terms(inv: Inventory, rates: Rates, schedule: str) -> list[GroupTerms]
         L = g.num_layers
         named = sum(a.bytes_per_layer for a in g.activations if a.name != N.DECODER_LAYER_INPUT)
         fwd = g.forward_flops_per_layer * L / rates.matmul_flops_per_s
+        # A rematerialised layer repeats its forward: its matmuls and its collectives (the MoE
+        # dispatch/combine all-to-alls, the tensor-parallel all-reduces).
+        repeat = (g.base_recompute_flops_per_layer * L / rates.matmul_flops_per_s
+                  + g.forward_collective_bytes_per_layer * L / rates.interconnect_bytes_per_s)
         out.append(GroupTerms(
             g.name, L, g.carry_bytes_per_layer * L,
             (g.save_all_bytes_per_layer - g.carry_bytes_per_layer - named) * L,
-            g.base_recompute_flops_per_layer * L / rates.matmul_flops_per_s,
+            repeat,
             fwd, 2 * fwd, w * fwd, w * (2 * fwd + g.base_recompute_flops_per_layer * L / rates.matmul_flops_per_s),
         ))
     return out
@@ -173,28 +179,30 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
     head_flops = 2.0 * tokens * cfg.d_model * cfg.vocab_size
     executed = 3.0 * (sum(g.forward_flops_per_layer * g.num_layers for g in inv.groups) + head_flops)
     compute_s = executed / rates.matmul_flops_per_s
-    fsdp = inv.mesh.get("fsdp", 1) * inv.mesh.get("tensor", 1)
-    ep = inv.mesh.get("expert", 1)
+    # Weights are FSDP-sharded over fsdp × expert (expert weights: E over expert, the rest over fsdp)
+    # and split over tensor where tensor-parallel; the inventory's layer parameters are already per
+    # tensor shard (the layer is traced with heads and hidden sizes ÷ tensor).
+    fsdp = inv.mesh.get("fsdp", 1) * inv.mesh.get("expert", 1)
     # One layer in flight: its residuals while it is recomputed and back-propagated, plus, under FSDP,
     # its dense weights gathered in the compute dtype (deviceless compiles show XLA partitions the
     # expert matmuls instead of gathering expert weights).
     workspace = max(
         g.save_all_bytes_per_layer
-        + (c_item * (g.layer_param_count - g.expert_param_count_per_layer) / inv.mesh.get("tensor", 1)
-           if fsdp > 1 else 0)
+        + (c_item * (g.layer_param_count - g.expert_param_count_per_layer) if fsdp > 1 else 0)
         for g in inv.groups
     )
     if fsdp > 1:
-        # Embedding and LM head gathered in the compute dtype, and their full float32 gradients before
-        # the reduce-scatter (seen in deviceless compiles of FSDP steps).
-        workspace += inv.embed_param_count * (c_item + 4) / inv.mesh.get("tensor", 1)
+        # Embedding and LM head gathered in the compute dtype (not tensor-parallel), and their full
+        # float32 gradients before the reduce-scatter (seen in deviceless compiles of FSDP steps).
+        workspace += inv.embed_param_count * (c_item + 4)
     coll = 0.0
     if fsdp > 1:
         gathered = (inv.param_bytes / jnp.dtype(cfg.param_dtype).itemsize) * c_item * fsdp
         coll += 3 * gathered * (fsdp - 1) / fsdp / rates.interconnect_bytes_per_s  # AG fwd, AG bwd, RS grads
-    if ep > 1 and cfg.family == "deepseek":
-        a2a = tokens * cfg.num_experts_per_tok * cfg.d_model * c_item * (ep - 1) / ep
-        coll += 6 * a2a * cfg.num_moe_layers / rates.interconnect_bytes_per_s  # dispatch+combine, fwd + 2× bwd
+    # Expert-parallel all-to-alls and tensor-parallel all-reduces: the forward's, and as much again in
+    # the backward (a rematerialised layer's repeat is in GroupTerms.base_recompute_s).
+    coll += sum(2 * g.forward_collective_bytes_per_layer * g.num_layers for g in inv.groups) \
+        / rates.interconnect_bytes_per_s
     exposed_coll = coll if schedule == "serial" else max(0.0, coll - compute_s)
     return FixedTerms(
         state_bytes=inv.param_bytes + inv.grad_bytes + inv.optimizer_bytes,

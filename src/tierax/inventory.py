@@ -20,6 +20,7 @@ Two entry points work on any JAX code, not only tierax's models:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Callable
@@ -58,8 +59,12 @@ class GroupInventory:
     save_all_bytes_per_layer: int  # activation residuals of one layer with no remat (named + unnamed)
     base_recompute_flops_per_layer: float  # recomputed under any remat policy (unnamed intermediates)
     forward_flops_per_layer: float  # matmul FLOPs of one layer's forward
-    layer_param_count: int
-    expert_param_count_per_layer: int = 0
+    layer_param_count: int  # per tensor shard (the layer traced with heads/hidden divided by tensor)
+    expert_param_count_per_layer: int = 0  # per tensor shard
+    # Bytes one layer's forward moves through collectives (per device): the expert-parallel
+    # dispatch + combine all-to-alls and the tensor-parallel all-reduces.  The backward moves as
+    # much again; a rematerialised layer repeats its forward's.
+    forward_collective_bytes_per_layer: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -177,36 +182,87 @@ def _expert_params_per_layer(cfg, group: str) -> int:
     return 0
 
 
+def tensor_shard_config(cfg, tensor: int):
+    """``cfg`` as one tensor-parallel shard sees it: heads, kv heads and MLP/expert hidden sizes ÷ ``tensor``.
+
+    Tracing a layer of this config at the per-device batch gives per-device activation
+    shapes (column-parallel outputs split over ``tensor``, row-parallel outputs whole).
+    """
+    import dataclasses
+
+    if tensor == 1:
+        return cfg
+    if cfg.family == "llama":
+        return dataclasses.replace(cfg, num_heads=cfg.num_heads // tensor, num_kv_heads=cfg.num_kv_heads // tensor,
+                                   mlp_dim=cfg.mlp_dim // tensor)
+    return dataclasses.replace(cfg, num_heads=cfg.num_heads // tensor, dense_mlp_dim=cfg.dense_mlp_dim // tensor,
+                               expert_mlp_dim=cfg.expert_mlp_dim // tensor)
+
+
+def per_device_param_count(cfg, mesh: dict) -> float:
+    """Parameters per device under :mod:`tierax.train.sharding`'s rules (what the step really holds)."""
+    from tierax.models import abstract_model
+    from tierax.train.sharding import param_spec
+
+    _, abstract = nnx.split(abstract_model(cfg))
+    total = 0.0
+    for path, leaf in jax.tree_util.tree_leaves_with_path(abstract):
+        spec = param_spec(path, tuple(leaf.shape), mesh)
+        ways = 1
+        for entry in spec:
+            for axis in (entry,) if isinstance(entry, str) else (entry or ()):
+                ways *= mesh.get(axis, 1)
+        total += math.prod(leaf.shape) / ways
+    return total
+
+
+def _forward_collective_bytes(cfg, group: str, microbatch: int, seq: int, mesh: dict) -> float:
+    """Per-device bytes one layer's forward sends through collectives (ring all-reduce: 2(t−1)/t)."""
+    item = jnp.dtype(cfg.dtype).itemsize
+    tokens = microbatch * seq
+    out = 0.0
+    t, ep = mesh.get("tensor", 1), mesh.get("expert", 1)
+    if t > 1:  # attention-out and MLP-down all-reduces over tensor
+        out += 2 * 2 * (t - 1) / t * tokens * cfg.d_model * item
+    if ep > 1 and cfg.family == "deepseek" and group == "moe":  # dispatch + combine, capacity-padded
+        buffer = cfg.num_experts * cfg.capacity(tokens) * cfg.d_model * item
+        out += 2 * buffer * (ep - 1) / ep
+    return out
+
+
 def model_inventory(cfg, microbatch: int, seq: int, mesh: dict | None = None) -> Inventory:
     """Inventory of a reference model, per device.
 
     ``microbatch`` is sequences per device; activations are batch-sharded, so each
-    layer is traced at the per-device batch.  Parameters, gradients and AdamW
-    moments are split over ``fsdp × tensor`` (expert weights also over ``expert``).
+    layer is traced at the per-device batch, with heads and MLP hidden sizes divided
+    by ``tensor`` (:func:`tensor_shard_config`).  Parameters, gradients and AdamW
+    moments follow the step's sharding rules (:func:`per_device_param_count`).
+    The logits are float32, one ``cfg.loss_tiles``-th of [tokens, vocab] at a time.
     """
+    from tierax.mesh import MeshShape
     from tierax.models import abstract_model
 
-    mesh = dict(mesh or {"data": 1, "fsdp": 1})
-    model = abstract_model(cfg)
+    mesh = {"data": 1, "fsdp": 1, **(mesh or {})}
+    shape = MeshShape(**mesh)
+    shape.check_model(cfg)
+    local = tensor_shard_config(cfg, shape.tensor)
+    model = abstract_model(local)
     dtype = jnp.dtype(cfg.dtype)
     x = jax.ShapeDtypeStruct((microbatch, seq, cfg.d_model), dtype)
     groups = []
-    for g in cfg.layer_groups():
+    for g in local.layer_groups():
         graphdef, stacked = nnx.split(model.groups[g.name])
         one = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), stacked)
 
         def layer_fn(a, p, graphdef=graphdef):
             return nnx.merge(graphdef, p)(a)
 
-        groups.append(layer_inventory(layer_fn, x, one, group=g.name, num_layers=g.num_layers,
-                                      expert_param_count=_expert_params_per_layer(cfg, g.name)))
-    shard = mesh.get("fsdp", 1) * mesh.get("tensor", 1)
-    expert_shard = shard * mesh.get("expert", 1)
-    expert_total = sum(gr.expert_param_count_per_layer * gr.num_layers for gr in groups)
-    dense_total = cfg.param_count() - expert_total
-    per_device_params = dense_total / shard + expert_total / expert_shard
+        gi = layer_inventory(layer_fn, x, one, group=g.name, num_layers=g.num_layers,
+                             expert_param_count=_expert_params_per_layer(local, g.name))
+        groups.append(dataclasses.replace(
+            gi, forward_collective_bytes_per_layer=_forward_collective_bytes(cfg, g.name, microbatch, seq, mesh)))
     p_item = jnp.dtype(cfg.param_dtype).itemsize
-    param_bytes = int(per_device_params * p_item)
+    param_bytes = int(per_device_param_count(cfg, mesh) * p_item)
     return Inventory(
         model=cfg.name,
         microbatch=microbatch,
@@ -216,7 +272,7 @@ def model_inventory(cfg, microbatch: int, seq: int, mesh: dict | None = None) ->
         param_bytes=param_bytes,
         grad_bytes=param_bytes,
         optimizer_bytes=2 * param_bytes,  # AdamW mu and nu in the parameter dtype
-        logits_bytes=microbatch * seq * cfg.vocab_size * 4,  # float32 logits
+        logits_bytes=microbatch * seq * cfg.vocab_size * 4 // cfg.loss_tiles,  # float32, one tile at a time
         embed_param_count=cfg.embedding_params(),
     )
 
@@ -234,8 +290,6 @@ def bytes_by_placement(inventory: Inventory | list[Activation], plan: plan_lib.P
 
 def inventory_json(inv: Inventory) -> dict:
     """The ``tierax inventory --json`` object."""
-    import dataclasses
-
     d = dataclasses.asdict(inv)
     for g in d["groups"]:
         for a in g["activations"]:

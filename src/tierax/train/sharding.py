@@ -18,6 +18,7 @@ Axes of size 1 never appear in a spec.  Optimizer state follows its parameter.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -40,10 +41,11 @@ def _is_stacked(path) -> bool:
 
 
 def _axis_sizes(mesh) -> dict[str, int]:
-    """Axis sizes of a Mesh, or an int (the old fsdp-only form: that many fsdp devices)."""
+    """Axis sizes of a Mesh, a mapping of axis sizes, or an int (the fsdp-only form: that many fsdp devices)."""
     if isinstance(mesh, int):
         return {"data": 1, "fsdp": mesh, "tensor": 1, "expert": 1}
-    return {a: int(s) for a, s in mesh.shape.items()}
+    sizes = mesh if isinstance(mesh, Mapping) else mesh.shape
+    return {a: int(s) for a, s in sizes.items()}
 
 
 def _ways(sizes: dict[str, int], axes) -> int:
@@ -66,7 +68,7 @@ def _fsdp_dim(shape, first: int, taken: set[int], sizes, candidates) -> tuple[in
 
 
 def param_spec(path, shape: tuple[int, ...], mesh) -> P:
-    """The PartitionSpec of one parameter (``mesh``: a Mesh, or an fsdp size for FSDP alone)."""
+    """The PartitionSpec of one parameter (``mesh``: a Mesh, a mapping of axis sizes, or an fsdp size)."""
     sizes = _axis_sizes(mesh)
     if not shape or math.prod(sizes.values()) == 1:
         return P()
