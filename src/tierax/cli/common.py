@@ -19,25 +19,23 @@ def console(stderr: bool = False):
     return c
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer ≥ 1 (argparse turns the error into exit 2 with usage)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number ≥ 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be ≥ 1, got {value}")
-    return value
+def _whole_number(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number ≥ {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be ≥ {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"whole number ≥ {minimum}"  # argparse names the type in its messages
+    return parse
 
 
-def nonnegative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number ≥ 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be ≥ 0, got {value}")
-    return value
+# argparse types: errors become exit 2 with the usage line.
+positive_int = _whole_number(1)
+nonnegative_int = _whole_number(0)
 
 
 def positive_float(text: str) -> float:
