@@ -1,0 +1,237 @@
+"""The Python API for your own model: inventory → plan → ``jax.checkpoint`` policy.
+
+Three calls (also exported as ``tierax.inventory``, ``tierax.plan``)::
+
+    inv = tierax.inventory(loss_fn, params, batch)       # abstract trace, nothing allocated
+    planned = tierax.plan(inv, target="h200", budget=40 * 2**30)
+    policy = planned.policy("decoder")                   # for jax.checkpoint / nn.remat
+
+What your model must do (the same as tierax's own models): run its layers with a
+``lax.scan`` (``nn.scan`` / ``nnx.scan`` are fine) whose body applies
+``jax.checkpoint`` (``nn.remat``) to one layer ``layer(x, params) -> y`` of the carry
+``x``, tag activations inside that layer with ``jax.ad_checkpoint.checkpoint_name``
+using tierax's names (:mod:`tierax.names`, MaxText's spelling), and optionally put
+the scan in ``jax.named_scope("tierax_group_<name>")`` to name the layer group
+(else ``layers``, ``layers_1``, …).  The policy used while tracing does not matter.
+
+:func:`inventory` finds every such scan in the trace of ``loss_fn(params, batch)``
+and measures each layer with :func:`tierax.inventory.layer_inventory` (bytes per
+name, recompute FLOPs).  Per device: give per-device shapes; ``mesh`` in
+:func:`plan` only divides parameter, gradient and AdamW state bytes over
+``fsdp × tensor``.  The model's FLOPs are the layers' matmuls (3× forward); an
+LM head or anything outside the scans is not counted, and no logits memory is
+assumed unless ``extra_bytes`` is given.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
+
+from tierax import costmodel as cm
+from tierax import inventory as inv_lib
+from tierax import jaxpr_tools
+from tierax import names as N
+from tierax import planner
+from tierax.errors import TieraxError
+from tierax.models.config import LayerGroup
+from tierax.plan import Plan, to_policies
+
+
+@dataclass(frozen=True)
+class CustomModel:
+    """What the cost model and planner read of a model (the role ModelConfig plays for tierax's own)."""
+
+    name: str
+    groups: tuple[LayerGroup, ...]
+    dtype: str
+    param_dtype: str
+    forward_flops: float  # matmul FLOPs of one forward of every layer
+    family: str = "custom"
+    d_model: int = 0  # no LM head counted
+    vocab_size: int = 0
+    num_experts_per_tok: int = 0
+    num_moe_layers: int = 0
+
+    def layer_groups(self) -> tuple[LayerGroup, ...]:
+        return self.groups
+
+    @property
+    def num_layers(self) -> int:
+        return sum(g.num_layers for g in self.groups)
+
+    def matmul_params_per_token(self) -> float:  # train_flops = 6 · this · tokens (inventory: one token)
+        return self.forward_flops / 2
+
+    def attention_dims(self) -> tuple[int, int, int]:
+        return 0, 0, 0  # attention matmuls are in forward_flops already
+
+
+@dataclass(frozen=True)
+class ModelInventory:
+    """:func:`inventory`'s result: the model description and its per-device inventory."""
+
+    model: CustomModel
+    inventory: inv_lib.Inventory
+
+    @property
+    def groups(self) -> dict[str, tuple[str, ...]]:
+        return {g.name: g.activations for g in self.model.groups}
+
+
+@dataclass(frozen=True)
+class Planned:
+    """:func:`plan`'s result: the Plan, the predicted step, why each choice, and the policies."""
+
+    plan: Plan
+    model: CustomModel
+    result: planner.PlanResult = field(repr=False)
+
+    @property
+    def predicted(self) -> cm.Prediction:
+        return self.result.predicted
+
+    def policy(self, group: str | None = None) -> Callable | None:
+        """The ``jax.checkpoint`` policy of ``group`` (the only one if None); None: save everything (no remat)."""
+        policies = to_policies(self.plan, self.model)
+        if group is None:
+            if len(policies) != 1:
+                raise TieraxError(f"the model has layer groups {', '.join(policies)}; name one: policy(GROUP)")
+            return next(iter(policies.values()))
+        if group not in policies:
+            raise TieraxError(f"no layer group {group!r}; the model's groups: {', '.join(policies)}")
+        return policies[group]
+
+    def placements(self) -> dict[str, dict[str, str]]:
+        return {g: {n: p.value for n, p in gp.placements.items()} for g, gp in self.plan.groups.items()}
+
+
+def _leaf_bytes(tree) -> int:
+    return sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def _sds(tree):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), tree)
+
+
+def _layers(closed) -> list[tuple[str, int, object, list]]:
+    """(group, length, remat eqn, scan body invars) of every scan over a rematted layer, outermost first."""
+    out, seen = [], set()
+    for eqn, _, scope in jaxpr_tools._walk(closed.jaxpr, 1, ()):
+        if eqn.primitive.name != "scan" or id(eqn) in seen:
+            continue
+        body = eqn.params["jaxpr"].jaxpr
+        remats = [e for e in body.eqns if e.primitive.name in ("remat2", "checkpoint")]
+        if len(remats) != 1:
+            continue
+        seen.add(id(eqn))
+        group = next((part[len(jaxpr_tools.GROUP_SCOPE_PREFIX):] for s in scope for part in s.split("/")
+                      if part.startswith(jaxpr_tools.GROUP_SCOPE_PREFIX)), None)
+        carry = body.invars[eqn.params["num_consts"]:eqn.params["num_consts"] + eqn.params["num_carry"]]
+        out.append((group, int(eqn.params["length"]), remats[0], carry))
+    return out
+
+
+def _layer_fn(remat, carry_vars) -> tuple[Callable, jax.ShapeDtypeStruct, tuple]:
+    """The rematted layer as ``f(x, params) -> y``: x its one carry input, params its other inputs."""
+    inner = remat.params["jaxpr"]
+    carry_pos = [i for i, v in enumerate(remat.invars) if any(v is c for c in carry_vars)]
+    if len(carry_pos) != 1:
+        raise TieraxError(f"a scanned layer takes {len(carry_pos)} carry arrays into jax.checkpoint; tierax.inventory "
+                          "needs exactly one (the layer input x of layer(x, params)); use "
+                          "tierax.inventory.layer_inventory on the layer function instead")
+    xi = carry_pos[0]
+    x_aval = remat.invars[xi].aval
+    outs = [i for i, v in enumerate(inner.outvars) if v.aval.shape == x_aval.shape and v.aval.dtype == x_aval.dtype]
+    if not outs:
+        raise TieraxError("the rematted layer returns nothing shaped like its input; tierax.inventory needs "
+                          "layer(x, params) -> y with y shaped like x")
+    run = jaxpr_as_fun(ClosedJaxpr(inner, []))
+    others = tuple(jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for i, v in enumerate(remat.invars) if i != xi)
+
+    def layer(x, params):
+        args = list(params)
+        args.insert(xi, x)
+        return run(*args)[outs[0]]
+
+    return layer, jax.ShapeDtypeStruct(x_aval.shape, x_aval.dtype), others
+
+
+def inventory(loss_fn: Callable, params, batch, *, name: str = "custom") -> ModelInventory:
+    """The activation inventory of ``loss_fn(params, batch)`` (see the module docstring).
+
+    Args:
+      loss_fn: ``loss_fn(params, batch) -> scalar``; params/batch: arrays or
+        ShapeDtypeStructs at per-device shapes (nothing is allocated).
+
+    Raises:
+      TieraxError: no scan over a ``jax.checkpoint``'ed layer with named activations.
+    """
+    closed = jax.make_jaxpr(loss_fn)(_sds(params), _sds(batch))
+    groups, lgroups, used, dtypes = [], [], set(), []
+    for k, (group, length, remat, carry) in enumerate(_layers(closed)):
+        layer, x, others = _layer_fn(remat, carry)
+        dtypes.append(str(x.dtype))
+        gname = group or ("layers" if k == 0 else f"layers_{k}")
+        if gname in used:
+            raise TieraxError(f"two scans are named layer group {gname!r}; give each its own "
+                              "jax.named_scope('tierax_group_<name>')")
+        used.add(gname)
+        g = inv_lib.layer_inventory(layer, x, others, group=gname, num_layers=length)
+        bad = [a.name for a in g.activations if a.name not in N.ALL_NAMES]
+        if bad:
+            raise TieraxError(f"layer group {gname!r} tags {', '.join(map(repr, bad))}, not tierax names; "
+                              f"use checkpoint_name with one of: {', '.join(N.ALL_NAMES)}")
+        if g.activations:
+            groups.append(g)
+            lgroups.append(LayerGroup(gname, length, tuple(a.name for a in g.activations)))
+    if not groups:
+        raise TieraxError("no scan over a jax.checkpoint'ed layer with checkpoint_name'd activations in loss_fn; "
+                          "see tierax.api's docstring (or examples/) for the form tierax plans")
+    leaves = jax.tree.leaves(_sds(params))
+    pdtype = str(leaves[0].dtype) if leaves else "float32"
+    model = CustomModel(name, tuple(lgroups), dtype=dtypes[0], param_dtype=pdtype,
+                        forward_flops=sum(g.forward_flops_per_layer * g.num_layers for g in groups))
+    pbytes = _leaf_bytes(_sds(params))
+    inv = inv_lib.Inventory(model=name, microbatch=1, seq=1, mesh={"data": 1, "fsdp": 1}, groups=tuple(groups),
+                            param_bytes=pbytes, grad_bytes=pbytes, optimizer_bytes=2 * pbytes, logits_bytes=0,
+                            embed_param_count=0)
+    return ModelInventory(model, inv)
+
+
+def plan(inventory: ModelInventory, *, target: str = "h200", mesh: Mapping[str, int] | None = None,
+         budget: float | None = None, host_budget: float | None = None, schedule: str = "lhs",
+         extra_bytes: int = 0, name: str = "planned") -> Planned:
+    """The fastest predicted plan for ``inventory`` on ``target`` within the budgets (bytes per device).
+
+    Args:
+      target: h100, h200, b200, gb200 (or cpu after ``tierax calibrate``).
+      mesh: e.g. ``{"fsdp": 8}``: parameters, gradients and AdamW moments are split over fsdp × tensor.
+      budget / host_budget: bytes per device (default: capacity minus 5 %, host memory per GPU).
+      extra_bytes: device memory the inventory does not see (logits, buffers of your own).
+
+    Raises:
+      TieraxError: unknown target or schedule, or no plan fits (the message says what would).
+    """
+    import dataclasses
+
+    inv = inventory.inventory
+    shard = 1
+    if mesh:
+        unknown = set(mesh) - {"data", "fsdp", "tensor", "expert"}
+        if unknown:
+            raise TieraxError(f"mesh axes {', '.join(sorted(unknown))} unknown; use data, fsdp, tensor, expert")
+        shard = mesh.get("fsdp", 1) * mesh.get("tensor", 1)
+        inv = dataclasses.replace(inv, mesh={"data": 1, "fsdp": 1, **dict(mesh)},
+                                  param_bytes=inv.param_bytes // shard, grad_bytes=inv.grad_bytes // shard,
+                                  optimizer_bytes=inv.optimizer_bytes // shard)
+    inv = dataclasses.replace(inv, logits_bytes=inv.logits_bytes + int(extra_bytes))
+    rates = cm.target_rates(target, inventory.model.dtype)
+    result = planner.plan(inventory.model, inv, rates, schedule=schedule, budget_bytes=budget,
+                          host_budget_bytes=host_budget, name=name)
+    return Planned(result.plan, inventory.model, result)

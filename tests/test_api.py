@@ -1,0 +1,116 @@
+"""The Python API (tierax.inventory / tierax.plan / plan.policy) and the two examples that use it."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.ad_checkpoint import checkpoint_name
+
+import tierax
+from tierax import jaxpr_tools
+from tierax.errors import TieraxError
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+
+
+def _example(name):
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # flax's dataclass transform looks its module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_import_tierax_loads_no_jax_and_the_modules_stay_modules():
+    code = ("import sys, tierax; assert 'jax' not in sys.modules, 'jax imported'; "
+            "import tierax.inventory, tierax.plan; "
+            "assert callable(tierax.inventory) and callable(tierax.plan); "
+            "assert tierax.inventory.trace_inventory and tierax.plan.Plan; "
+            "from tierax.plan import Placement; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("example, group, squeeze", [("jax_scan_model", "mlp", 0.8),
+                                                     ("flax_linen_model", "decoder", 0.95)])
+def test_examples_plan_and_keep_the_gradients(example, group, squeeze):
+    mod = _example(example)
+    sizes = {} if example == "jax_scan_model" else {"layers": 2, "d_model": 32, "seq": 16}
+    out = mod.run(squeeze=squeeze, **sizes)
+    planned = out["planned"]
+    placements = planned.placements()[group]
+    assert "remat" in placements.values(), placements  # the squeezed budget forces a choice
+    assert planned.policy(group) is not None
+    assert planned.predicted.peak_device_bytes <= out["budget"]  # within the squeezed budget
+    assert out["max_rel_grad_error"] <= 1e-6
+
+
+def _layer(x, p):
+    h = checkpoint_name(x @ p["w"], "mlpwi_0")
+    return x + checkpoint_name(jnp.tanh(h) @ p["v"], "mlpwo")
+
+
+def _loss(policy, layer=_layer):
+    def loss(params, x):
+        def body(c, p):
+            return jax.checkpoint(layer, policy=policy, prevent_cse=False)(c, p), None
+
+        y, _ = jax.lax.scan(body, x, params)
+        return jnp.mean(y ** 2)
+    return loss
+
+
+PARAMS = {"w": jax.ShapeDtypeStruct((4, 64, 256), jnp.float32), "v": jax.ShapeDtypeStruct((4, 256, 64), jnp.float32)}
+X = jax.ShapeDtypeStruct((8, 32, 64), jnp.float32)
+
+
+def test_inventory_finds_the_scanned_layer_and_the_policy_is_what_runs():
+    inv = tierax.inventory(_loss(None), PARAMS, X)
+    assert inv.groups == {"layers": ("mlpwi_0", "mlpwo")}
+    (g,) = inv.inventory.groups
+    assert g.num_layers == 4 and {a.name: a.bytes_per_layer for a in g.activations} == \
+        {"mlpwi_0": 8 * 32 * 256 * 4, "mlpwo": 8 * 32 * 64 * 4}
+    assert inv.inventory.param_bytes == 2 * 4 * 64 * 256 * 4
+    free = tierax.plan(inv)
+    assert free.placements()["layers"]["mlpwi_0"] == "device"  # everything fits (mlpwo is free to recompute)
+    tight = tierax.plan(inv, budget=free.predicted.peak_device_bytes - 1)
+    assert tight.placements()["layers"]["mlpwi_0"] == "remat"
+
+    def grad_flops(policy):
+        return jaxpr_tools.matmul_flops(jax.make_jaxpr(jax.grad(_loss(policy)))(PARAMS, X))
+
+    # The planned policy is what executes: recomputing mlpwi_0 costs its matmul once more per layer.
+    assert grad_flops(tight.policy("layers")) - grad_flops(jax.checkpoint_policies.everything_saveable) == \
+        pytest.approx(4 * 2 * 8 * 32 * 64 * 256)
+
+
+def test_mesh_splits_the_state_bytes():
+    inv = tierax.inventory(_loss(None), PARAMS, X)
+    one = tierax.plan(inv).predicted.breakdown["state_bytes"]
+    eight = tierax.plan(inv, mesh={"fsdp": 8}).predicted.breakdown["state_bytes"]
+    assert eight * 8 == one
+
+
+def test_bad_input_is_named():
+    with pytest.raises(TieraxError, match="no scan over a jax.checkpoint'ed layer"):
+        tierax.inventory(lambda p, x: jnp.sum(x @ p["w"][0]), PARAMS, X)
+
+    def odd(x, p):
+        return x + checkpoint_name(x @ p["w"] @ p["v"], "my_tensor")
+
+    with pytest.raises(TieraxError, match="'my_tensor', not tierax names"):
+        tierax.inventory(_loss(None, odd), PARAMS, X)
+    inv = tierax.inventory(_loss(None), PARAMS, X)
+    with pytest.raises(TieraxError, match="no layer group 'decoder'; the model's groups: layers"):
+        tierax.plan(inv).policy("decoder")
+    with pytest.raises(TieraxError, match="mesh axes pipeline unknown"):
+        tierax.plan(inv, mesh={"pipeline": 2})
+    with pytest.raises(TieraxError, match="unknown target"):
+        tierax.plan(inv, target="tpu")
