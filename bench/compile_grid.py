@@ -6,6 +6,12 @@ process), on this machine's CPU with compile-only GPU devices.  Writes one JSON 
 (command, machine, versions, every case's result) and prints a table.
 
     .venv/bin/python bench/compile_grid.py [--out bench/results/compile_grid.json] [--quick]
+    .venv/bin/python bench/compile_grid.py --scale [--out bench/results/compile_scale.json]
+
+``--scale``: the seed's configuration at full size — DeepSeek-V3 671B (all 61 layers) on 128
+GB200s, mesh fsdp=16,expert=8 (expert-parallel MoE), 8 × 4096 per device, loss in 16 tiles —
+under remat-full, an offload plan and the planner's own plan (``tierax plan --out``), each with
+the compile's wall time and peak RAM (the child's max RSS) and the cost model's prediction.
 """
 
 from __future__ import annotations
@@ -47,23 +53,65 @@ CASES = [
     (["--model", "deepseek-v3-671b", *DSV3_SHORT], "minimal", "b200", ["--microbatch", "1", "--seq", "2048", "--mesh", "fsdp=8"]),
 ]
 
+SCALE_MODEL = ["--model", "deepseek-v3-671b", "--set", "loss_tiles=16"]
+SCALE_SHAPE = ["--devices", "128", "--mesh", "fsdp=16,expert=8", "--microbatch", "8", "--seq", "4096"]
+PLANNER_PLAN = "planner"  # placeholder: the plan `tierax plan` chooses for the scale configuration
+SCALE = [
+    (SCALE_MODEL, "remat-full", "gb200", SCALE_SHAPE),
+    (SCALE_MODEL, "deepseek-offload", "gb200", SCALE_SHAPE),
+    (SCALE_MODEL, PLANNER_PLAN, "gb200", SCALE_SHAPE),
+]
+
 QUICK = [
     (["--model", "tiny-llama"], "qkv-offload", "h200", []),
     (["--model", "tiny-deepseek"], "deepseek-offload", "gb200", ["--mesh", "fsdp=2"]),
 ]
 
 
+def _run(cmd: list[str], timeout: float = 900) -> tuple[int, str, str, float, int | None]:
+    """(returncode, stdout, stderr, wall seconds, the child's peak RSS in bytes via /usr/bin/time, or None)."""
+    import tempfile
+
+    timer = pathlib.Path("/usr/bin/time")
+    with tempfile.NamedTemporaryFile("r", suffix=".rss") as rss_file:
+        full = [str(timer), "-f", "%M", "-o", rss_file.name, *cmd] if timer.exists() else cmd
+        t0 = time.perf_counter()
+        r = subprocess.run(full, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout)
+        wall = time.perf_counter() - t0
+        text = rss_file.read().strip()
+    rss = int(text.splitlines()[-1]) * 1024 if text and text.splitlines()[-1].isdigit() else None
+    return r.returncode, r.stdout, r.stderr, wall, rss
+
+
 def run_case(model_args, plan, target, extra) -> dict:
     cmd = [sys.executable, "-m", "tierax.cli", "compile", *model_args, "--plan", plan, "--target", target, *extra, "--json"]
-    t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
-    wall = time.perf_counter() - t0
-    case = {"args": cmd[3:], "wall_s": wall}
-    if r.returncode != 0:
-        case["error"] = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
+    code, out, err, wall, rss = _run(cmd)
+    case = {"args": cmd[3:], "wall_s": wall, "max_rss_bytes": rss}
+    if code != 0:
+        case["error"] = (err.strip().splitlines() or ["(no output)"])[-1]
         return case
-    case["result"] = json.loads(r.stdout)
+    case["result"] = json.loads(out)
     return case
+
+
+def planner_plan(model_args, target, extra, path: pathlib.Path) -> dict:
+    """Run `tierax plan --out path` for the configuration; its prediction and timing."""
+    cmd = [sys.executable, "-m", "tierax.cli", "plan", *model_args, "--target", target, *extra,
+           "--out", str(path), "--json"]
+    code, out, err, wall, rss = _run(cmd)
+    if code != 0:
+        return {"args": cmd[3:], "wall_s": wall, "error": (err.strip().splitlines() or ["(no output)"])[-1]}
+    return {"args": cmd[3:], "wall_s": wall, "result": json.loads(out)}
+
+
+def predicted(model_args, plan: str, target: str, extra) -> dict:
+    """`tierax simulate --json` for the same case (the cost model's peak and host bytes)."""
+    cmd = [sys.executable, "-m", "tierax.cli", "simulate", *model_args, "--plan", plan, "--target", target,
+           *extra, "--json"]
+    code, out, err, _, _ = _run(cmd)
+    if code != 0:
+        return {"error": (err.strip().splitlines() or ["(no output)"])[-1]}
+    return json.loads(out)
 
 
 def gib(n: float) -> str:
@@ -74,14 +122,33 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "compile_grid.json"))
     ap.add_argument("--quick", action="store_true", help="two tiny cases (a smoke test of this script)")
+    ap.add_argument("--scale", action="store_true",
+                    help="DeepSeek-V3 671B, 128 GB200, fsdp=16,expert=8: remat-full, an offload plan, the planner's plan")
     args = ap.parse_args()
-    cases = QUICK if args.quick else CASES
+    if args.scale and args.out == ap.get_default("out"):
+        args.out = str(ROOT / "bench" / "results" / "compile_scale.json")
+    cases = QUICK if args.quick else SCALE if args.scale else CASES
     results = []
+    plan_dir = pathlib.Path(args.out).parent
     with Progress() as prog:
         task = prog.add_task("compiling", total=len(cases))
         for model_args, plan, target, extra in cases:
             prog.update(task, description=f"{model_args[1]} {plan} {target} {' '.join(extra)}")
-            results.append(run_case(model_args, plan, target, extra))
+            planner = None
+            if plan == PLANNER_PLAN:
+                path = plan_dir / "compile_scale_planner_plan.yaml"
+                planner = planner_plan(model_args, target, extra, path)
+                if "error" in planner:
+                    results.append({"args": planner["args"], "error": planner["error"]})
+                    prog.advance(task)
+                    continue
+                plan = str(path)
+            case = run_case(model_args, plan, target, extra)
+            if planner is not None:
+                case["planner"] = {"wall_s": planner["wall_s"], "args": planner["args"]}
+            if args.scale:
+                case["predicted"] = predicted(model_args, plan, target, extra)
+            results.append(case)
             prog.advance(task)
 
     import jax

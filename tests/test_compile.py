@@ -137,7 +137,7 @@ def _cli(*args):
     [
         (["--target", "h300"], "unknown target 'h300'"),
         (["--devices", "8", "--mesh", "fsdp=3"], "make the mesh product equal the device count"),
-        (["--mesh", "fsdp=4,tensor=2"], "tensor=2"),
+        (["--mesh", "tensor=8"], "num_heads=4 is not divisible by tensor=8"),
         (["--target-config", "/nonexistent.txtpb"], "no such file"),
     ],
 )
