@@ -91,14 +91,6 @@ class MeshShape:
             fix = "choose tensor/expert sizes that divide them (or move those devices to fsdp/data)"
             raise TieraxError(f"{where} {self} does not fit {cfg.name}: {'; '.join(problems)}; {fix}")
 
-    def require_step_axes(self, where: str) -> None:
-        """No-op kept for callers written before tensor/expert steps existed; remove those calls.
-
-        Every axis is supported where a step is built; what the axes must divide is
-        checked there (:meth:`check_model`, :meth:`check_batch`).
-        """
-        del where
-
     def check_batch(self, global_batch: int, *, where: str = "batch") -> None:
         """Refuse a global batch that the batch axes (:data:`BATCH_AXES`) do not divide."""
         ways = self.batch_ways
