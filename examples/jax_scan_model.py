@@ -8,7 +8,9 @@ activations tagged with tierax's (= MaxText's) names.  The policy comes from the
     planned = tierax.plan(inv, target="h200", budget=...)
     grads = jax.grad(loss_fn(planned.policy()))(params, x)
 
-Run: ``.venv/bin/python examples/jax_scan_model.py [--squeeze 0.8 | --budget-mib 24]``.  (For the lower-level
+Run: ``.venv/bin/python examples/jax_scan_model.py [--squeeze 0.8 | --budget-mib 24] [--compile-for h200]``.
+``--compile-for`` also compiles the planned gradient step for that GPU without a GPU
+(deviceless XLA:GPU; needs tierax's gpu-aot extra) and prints XLA's memory figures.  (For the lower-level
 calls this API wraps, see examples/custom_model.py.)
 """
 
@@ -66,19 +68,47 @@ def run(budget=None, target="h200", squeeze=None, **sizes) -> dict:
     return {"inventory": inv, "planned": planned, "budget": budget, "max_rel_grad_error": worst}
 
 
+def compile_for_gpu(policy, target: str, **sizes) -> dict:
+    """XLA's memory figures of the planned gradient step compiled for ``target`` on this machine (no GPU).
+
+    Call ``tierax.launch.start(deviceless_gpu=True)`` before JAX starts (``main`` does).
+    """
+    from jax.sharding import SingleDeviceSharding
+
+    from tierax import compile as tc
+    from tierax import hardware
+
+    tc.check_gpu_aot()
+    topo = tc.gpu_topology(hardware.render_target_config(hardware.get_target(target)), 1, target)
+    on_gpu = SingleDeviceSharding(topo.devices[0])
+    args = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=on_gpu),
+                        jax.eval_shape(lambda: init(**sizes)))
+    memory = jax.jit(jax.grad(loss_fn(policy))).lower(*args).compile().memory_analysis()
+    return {"temp_bytes": memory.temp_size_in_bytes, "host_temp_bytes": memory.host_temp_size_in_bytes}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--budget-mib", type=float, help="device budget per device, MiB")
     p.add_argument("--squeeze", type=float, default=0.8,
                    help="budget as a fraction of the unconstrained plan's peak (default 0.8; ignored with --budget-mib)")
     p.add_argument("--target", default="h200")
+    p.add_argument("--compile-for", metavar="GPU", help="also compile the planned step for this GPU, deviceless")
     a = p.parse_args()
+    if a.compile_for:
+        from tierax import launch
+
+        launch.start(deviceless_gpu=True)  # before JAX starts: host platform only, GPU compiles deviceless
     out = run(a.budget_mib and a.budget_mib * 2**20, a.target, squeeze=None if a.budget_mib else a.squeeze)
     print("plan:", out["planned"].placements())
     pred = out["planned"].predicted
     print(f"predicted step {pred.step_time_s * 1e6:.1f} µs, peak {pred.peak_device_bytes / 2**20:.2f} MiB, "
           f"host {pred.host_bytes / 2**20:.2f} MiB")
     print(f"gradients vs no remat: max relative error {out['max_rel_grad_error']:.2e}")
+    if a.compile_for:
+        mem = compile_for_gpu(out["planned"].policy("mlp"), a.compile_for)
+        print(f"compiled for {a.compile_for} (deviceless): temp {mem['temp_bytes'] / 2**20:.2f} MiB, "
+              f"host {mem['host_temp_bytes'] / 2**20:.2f} MiB (predicted host {pred.host_bytes / 2**20:.2f} MiB)")
 
 
 if __name__ == "__main__":

@@ -38,11 +38,33 @@ def test_import_tierax_loads_no_jax_and_the_modules_stay_modules():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
+def _gpu_aot() -> bool:
+    from tierax import compile as tc
+
+    try:
+        tc.check_gpu_aot()
+        return True
+    except TieraxError:
+        return False
+
+
+def test_jax_example_runs_as_a_script_and_compiles_for_a_gpu_deviceless():
+    """The plain-JAX example end to end, as a user runs it: plan, gradient check, deviceless H200 compile."""
+    cmd = [sys.executable, str(EXAMPLES / "jax_scan_model.py"), "--squeeze", "0.8"]
+    if _gpu_aot():
+        cmd += ["--compile-for", "h200"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "'remat'" in out.stdout and "max relative error 0.00e+00" in out.stdout
+    if _gpu_aot():
+        assert "compiled for h200 (deviceless): temp" in out.stdout
+
+
 @pytest.mark.parametrize("example, group, squeeze", [("jax_scan_model", "mlp", 0.8),
                                                      ("flax_linen_model", "decoder", 0.95)])
 def test_examples_plan_and_keep_the_gradients(example, group, squeeze):
     mod = _example(example)
-    sizes = {} if example == "jax_scan_model" else {"layers": 2, "d_model": 32, "seq": 16}
+    sizes = {"layers": 4, "d": 64, "f": 256} if example == "jax_scan_model" else {"layers": 2, "d_model": 32, "seq": 16}
     out = mod.run(squeeze=squeeze, **sizes)
     planned = out["planned"]
     placements = planned.placements()[group]
