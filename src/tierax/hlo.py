@@ -3,12 +3,15 @@
 In a scheduled module (``is_scheduled=true``) each computation's instructions
 are printed in execution order.  For every asynchronous host transfer — a
 ``*-start``/``*-done`` pair touching a host buffer (layout memory space ``S(5)``)
-— the check collects the work XLA scheduled between start and done, estimates its
-time on the target with a per-instruction roofline (``max(FLOPs / peak, bytes /
-HBM bandwidth)``), estimates the transfer at the host-link bandwidth, and calls the
-difference exposed.  Transfers are treated independently (concurrent transfers
-would share the link, so the estimate is optimistic when several overlap); a
-transfer executed in a loop counts once per trip.
+— the check replays the computation's schedule on a simple machine: each other
+instruction takes its roofline time on the target (``max(FLOPs / peak, bytes / HBM
+bandwidth)``), transfers in flight drain at the host-link bandwidth of their
+direction, *shared equally* by the transfers in flight in that direction at each
+moment (the link is full duplex: the two directions do not compete), and a
+``*-done`` whose transfer has not finished stalls the stream until it has.  That
+stall is the transfer's exposed time.  A loop body is replayed twice and the second
+pass counts, so copies issued in one iteration and awaited in the next are seen in
+steady state; a transfer executed in a loop counts once per trip.
 """
 
 from __future__ import annotations
@@ -193,54 +196,115 @@ class Transfer:
     bytes: float  # per execution
     executions: int
     work_between: int  # instructions scheduled between start and done
-    est_transfer_s: float  # per execution
-    est_compute_between_s: float  # per execution
-
-    @property
-    def est_hidden_s(self) -> float:
-        return min(self.est_transfer_s, self.est_compute_between_s)
+    est_transfer_s: float  # per execution, alone on the link
+    est_compute_between_s: float  # per execution: roofline time of the work between start and done
+    est_stall_s: float  # per execution: how long its done waited (link shared with concurrent transfers)
 
     @property
     def est_exposed_s(self) -> float:
-        return self.est_transfer_s - self.est_hidden_s
+        return self.est_stall_s
+
+    @property
+    def est_hidden_s(self) -> float:
+        return max(0.0, self.est_transfer_s - self.est_stall_s)
+
+
+_FREE = ("parameter", "constant", "get-tuple-element", "tuple", "bitcast")
+
+
+def _pairs(module: Module, instrs: list[Instruction]) -> dict[str, tuple[str, str, float]]:
+    """Host transfer start name → (done name, direction, bytes per execution) in one computation."""
+    out = {}
+    for done in instrs:
+        if not done.opcode.endswith("-done") or not done.operands:
+            continue
+        start = module.by_name.get(done.operands[0])
+        if start is None or not start.opcode.endswith("-start") or not any(a.host for a in start.arrays):
+            continue
+        direction = "d2h" if any(a.host for a in done.arrays) else "h2d"
+        host = next(a for a in start.arrays if a.host)
+        # The slice moved per execution: the largest device array of the host buffer's rank.
+        moved = [a for a in start.arrays if not a.host and len(a.dims) == len(host.dims)]
+        out[start.name] = (done.name, direction, max((a.nbytes for a in moved), default=host.nbytes))
+    return out
+
+
+class _Link:
+    """Transfers in flight, each direction's bandwidth shared equally among its transfers."""
+
+    def __init__(self, bps: float):
+        self.bps, self.left = bps, {}  # start name → (direction, bytes left)
+
+    def advance(self, dt: float) -> None:
+        while dt > 1e-15 and self.left:
+            rates = {}
+            for d in ("d2h", "h2d"):
+                mine = [k for k, (dd, _) in self.left.items() if dd == d]
+                rates.update({k: self.bps / len(mine) for k in mine})
+            step = min(dt, min(b / rates[k] for k, (_, b) in self.left.items()))
+            for k in list(self.left):
+                d, b = self.left[k]
+                b -= rates[k] * step
+                if b <= 1e-6:
+                    del self.left[k]
+                else:
+                    self.left[k] = (d, b)
+            dt -= step
+
+    def wait(self, key: str) -> float:
+        """Run the link (no compute) until ``key`` is done; the time waited."""
+        waited = 0.0
+        while key in self.left:
+            rates = {}
+            for d in ("d2h", "h2d"):
+                mine = [k for k, (dd, _) in self.left.items() if dd == d]
+                rates.update({k: self.bps / len(mine) for k in mine})
+            step = self.left[key][1] / rates[key]
+            step = min(step, min(b / rates[k] for k, (_, b) in self.left.items()))
+            self.advance(step)
+            waited += step
+        return waited
 
 
 def host_transfers(module: Module, *, peak_flops: float, hbm_bytes_per_s: float, host_link_bps: float) -> list[Transfer]:
-    """Every asynchronous start/done pair that moves data to or from host memory."""
+    """Every asynchronous start/done pair that moves data to or from host memory, with its stall
+    in a replay of the schedule (see the module docstring)."""
     execs = module.executions()
+    bodies = set(module.trip_counts())
     out = []
     for cname, instrs in module.computations.items():
+        pairs = _pairs(module, instrs)
+        if not pairs:
+            continue
+        done_of = {d: s for s, (d, _, _) in pairs.items()}
+        cost = {}
+        for ins in instrs:
+            if ins.opcode in _FREE or ins.opcode.endswith(("-start", "-done")):
+                continue
+            cost[ins.name] = max(module.instruction_flops(ins) / peak_flops,
+                                 (ins.out_bytes + module.operand_bytes(ins)) / hbm_bytes_per_s)
+        link, stall, started = _Link(host_link_bps), {}, set()
+        passes = 2 if cname in bodies else 1
+        for n in range(passes):
+            for ins in instrs:
+                if ins.name in pairs:
+                    link.left[ins.name] = (pairs[ins.name][1], pairs[ins.name][2])
+                    started.add(ins.name)
+                elif ins.name in done_of:
+                    key = done_of[ins.name]
+                    # Never started here (another computation issued it): count it all as exposed.
+                    waited = link.wait(key) if key in started else pairs[key][2] / host_link_bps
+                    if n == passes - 1:
+                        stall[done_of[ins.name]] = waited
+                else:
+                    link.advance(cost.get(ins.name, 0.0))
         index = {ins.name: i for i, ins in enumerate(instrs)}
-        for j, done in enumerate(instrs):
-            if not done.opcode.endswith("-done") or not done.operands:
-                continue
-            start_name = done.operands[0]
-            start = module.by_name.get(start_name)
-            if start is None or not start.opcode.endswith("-start"):
-                continue
-            if not any(a.host for a in start.arrays):
-                continue
-            direction = "d2h" if any(a.host for a in done.arrays) else "h2d"
-            host = next(a for a in start.arrays if a.host)
-            # The slice moved per execution: the largest device array of the host buffer's rank.
-            moved = [a for a in start.arrays if not a.host and len(a.dims) == len(host.dims)]
-            nbytes = max((a.nbytes for a in moved), default=host.nbytes)
-            if start_name in index:
-                i = index[start_name]
-                between = instrs[i + 1 : j] if i < j else instrs[i + 1 :] + instrs[:j]
-            else:
-                between = []  # started in another computation: count no overlap (conservative)
-            compute = 0.0
-            for ins in between:
-                if ins.opcode in ("parameter", "constant", "get-tuple-element", "tuple", "bitcast") or ins.opcode.endswith(("-start", "-done")):
-                    continue
-                flops = module.instruction_flops(ins)
-                moved_bytes = ins.out_bytes + module.operand_bytes(ins)
-                compute += max(flops / peak_flops, moved_bytes / hbm_bytes_per_s)
-            out.append(
-                Transfer(start_name, done.name, cname, direction, nbytes, execs.get(cname, 1), len(between),
-                         nbytes / host_link_bps, compute)
-            )
+        for start, (done, direction, nbytes) in pairs.items():
+            i, j = index.get(start), index[done]
+            between = [] if i is None else instrs[i + 1 : j] if i < j else instrs[i + 1 :] + instrs[:j]
+            out.append(Transfer(start, done, cname, direction, nbytes, execs.get(cname, 1), len(between),
+                                nbytes / host_link_bps, sum(cost.get(x.name, 0.0) for x in between),
+                                stall.get(start, nbytes / host_link_bps)))
     return out
 
 
