@@ -76,7 +76,7 @@ def model_keys(cfg) -> dict:
         "base_emb_dim": cfg.d_model, "base_num_query_heads": cfg.num_heads,
         "base_num_decoder_layers": cfg.num_layers, "vocab_size": cfg.vocab_size,
         "mlp_activations": ["silu", "linear"], "enable_dropout": False, "logits_via_embedding": cfg.tie_embeddings,
-        "normalization_layer_epsilon": cfg.norm_eps, "rope_max_timescale": cfg.rope_theta,
+        "normalization_layer_epsilon": cfg.norm_eps, "rope_max_timescale": int(cfg.rope_theta) if float(cfg.rope_theta).is_integer() else cfg.rope_theta,
         "dtype": cfg.dtype, "weight_dtype": cfg.param_dtype,
     }
     if cfg.family == "llama":
