@@ -98,7 +98,7 @@ def target_rates(target: str, dtype: str) -> Rates:
         "host_link": measured if "d2h_bytes_per_s" in cal else spec.host_link_source,
         "hbm": "XLA device spec", "interconnect": "NVLink datasheet, per direction",
         "memory": "XLA device spec", "host_memory": "system datasheet, per GPU",
-    }
+    } | getattr(spec, "rate_sources", {})  # TPU targets name their own sources
     return Rates(target, matmul, spec.hbm_bytes_per_s, d2h, h2d, spec.nvlink_bytes_per_s,
                  spec.device_memory_bytes, int(spec.host_memory_per_gpu_bytes), True, sources)
 
@@ -184,11 +184,13 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
     # tensor shard (the layer is traced with heads and hidden sizes ÷ tensor).
     fsdp = inv.mesh.get("fsdp", 1) * inv.mesh.get("expert", 1)
     # One layer in flight: its residuals while it is recomputed and back-propagated, plus, under FSDP,
-    # its dense weights gathered in the compute dtype (deviceless compiles show XLA partitions the
-    # expert matmuls instead of gathering expert weights).
+    # its weights gathered in the compute dtype: the dense ones whole (per tensor shard), the expert
+    # ones over fsdp only (the expert-parallel MoE gathers its local experts, E / expert of them).
+    ep = inv.mesh.get("expert", 1)
     workspace = max(
         g.save_all_bytes_per_layer
         + (c_item * (g.layer_param_count - g.expert_param_count_per_layer) if fsdp > 1 else 0)
+        + (c_item * g.expert_param_count_per_layer / ep if inv.mesh.get("fsdp", 1) > 1 else 0)
         for g in inv.groups
     )
     if fsdp > 1:
