@@ -39,11 +39,18 @@ from maxtext.configs import pyconfig
 path, want = sys.argv[1], json.loads(sys.argv[2])
 cfg = pyconfig.initialize(["train", path, "run_name=check", "base_output_directory=" + sys.argv[3],
                            "dataset_type=synthetic", "enable_checkpointing=false", "skip_jax_distributed_system=true"])
-got = {}
-for k in want:
-    v = getattr(cfg, k)
-    got[k] = getattr(v, "value", v) if not isinstance(v, (list, tuple)) else [getattr(e, "value", e) for e in v]
-print(json.dumps(got))
+def norm(v):
+    v = getattr(v, "value", v)  # enums
+    if isinstance(v, (list, tuple)):
+        return [norm(e) for e in v]
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    try:
+        import numpy as np
+        return np.dtype(v).name  # jnp dtypes
+    except TypeError:
+        return str(v)
+print(json.dumps({k: norm(getattr(cfg, k)) for k in want}))
 '''
 
 
