@@ -58,7 +58,8 @@ def test_emitted_overrides_round_trip_to_the_same_plan(tmp_path, model, preset):
     assert data["ici_fsdp_parallelism"] == 2 and data["ici_data_parallelism"] == 1
     assert {k: data[k] for k in maxtext_keys.REMAT_KEYS if k in N.ALL_NAMES and k in P.resolve(plan, cfg)
             [cfg.layer_groups()[0].name]} == {n: p.value for n, p in P.resolve(plan, cfg)[cfg.layer_groups()[0].name].items()}
-    assert all(data[k] == "remat" for k in maxtext_keys.NO_COUNTERPART)
+    assert all(data[k] == "remat" for k in maxtext_keys.NO_COUNTERPART if k in maxtext_keys.REMAT_KEYS)
+    assert not set(maxtext_keys.RELEASE_0_2_5_KEYS) & set(data)  # MaxText 0.2.4 and main refuse them
 
 
 def test_model_schedule_moe_and_env_keys():
@@ -93,6 +94,7 @@ def test_a_plan_that_differs_by_group_is_refused_naming_the_conflict(tmp_path):
     ({"context": "offload"}, "context: offload has no tierax counterpart"),
     ({"query_proj": "keep"}, "not a MaxText placement"),
     ({"decoder_layer_input": "remat"}, "decoder_layer_input cannot be remat"),
+    ({"moe_x_sorted": "device"}, "moe_x_sorted: device has no tierax counterpart"),
 ])
 def test_bad_override_files_exit_2(tmp_path, capsys, edit, fragment):
     cfg = get_config("tiny-llama")

@@ -157,7 +157,7 @@ def overrides_yaml(plan: Plan, cfg, *, microbatch: int, seq: int, mesh: Mapping[
         *[f"#   ({w})" for w in why],
         "# Notes:",
         "#   MaxText names tierax does not model stay remat:",
-        *[f"#     {k}: {v}" for k, v in K.NO_COUNTERPART.items()],
+        *[f"#     {k}: {v}" for k, v in K.NO_COUNTERPART.items() if k in K.REMAT_KEYS],
         "#   A layer group with every activation on device runs without remat in tierax; MaxText's custom policy",
         "#   still recomputes unnamed intermediates there.",
     ]

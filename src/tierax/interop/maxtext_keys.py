@@ -24,9 +24,13 @@ REMAT_KEYS: tuple[str, ...] = (
     "moe_mlpwi_0", "moe_mlpwi_1", "moe_mlpwo", "query_proj", "key_proj", "value_proj", "kv_proj", "qkv_proj",
     "out_proj", "query_wa_proj", "kv_wa_proj", "mla_q", "mla_kv", "attention_out", "engram",
 )
+# Also in the MaxText 0.2.5 release's base.yml (not in 0.2.4's or main's, whose configs refuse unknown keys):
+# read when present, never written.
+RELEASE_0_2_5_KEYS: tuple[str, ...] = ("moe_x_sorted", "moe_routing_maps")
+READ_KEYS = REMAT_KEYS + RELEASE_0_2_5_KEYS
 VALUES = ("remat", "device", "offload")
 # MaxText's default for a key the file leaves out (base.yml): the layer input stays on device.
-DEFAULTS = {k: "device" if k == "decoder_layer_input" else "remat" for k in REMAT_KEYS}
+DEFAULTS = {k: "device" if k == "decoder_layer_input" else "remat" for k in READ_KEYS}
 
 # MaxText keys with no tierax activation: what they are, and why tierax leaves them at remat.
 NO_COUNTERPART: dict[str, str] = {
@@ -37,8 +41,11 @@ NO_COUNTERPART: dict[str, str] = {
     "qkv_proj": "the fused q/k/v projection (fused_qkv: true); tierax has query_proj, key_proj, value_proj",
     "indexer_cutoff_threshold": "the sparse-attention indexer (DeepSeek-V3.2); not in tierax's models",
     "engram": "Engram memory layers; not in tierax's models",
+    "moe_x_sorted": "the expert-sorted MoE input of dropless (ragged) dispatch (MaxText 0.2.5); tierax models "
+                    "capacity dispatch",
+    "moe_routing_maps": "dropless dispatch's routing index maps (MaxText 0.2.5); tierax models capacity dispatch",
 }
-assert set(N.ALL_NAMES) <= set(REMAT_KEYS) and set(NO_COUNTERPART) == set(REMAT_KEYS) - set(N.ALL_NAMES)
+assert set(N.ALL_NAMES) <= set(REMAT_KEYS) and set(NO_COUNTERPART) == set(READ_KEYS) - set(N.ALL_NAMES)
 
 HEADER_NAME = "# tierax plan: "
 HEADER_DESCRIPTION = "# tierax description: "
@@ -73,7 +80,7 @@ def plan_dict(data: Mapping, groups: Mapping[str, tuple[str, ...]], *, source: s
         device/offload (tierax cannot model it; the message says what the key is).
     """
     placements: dict[str, str] = {}
-    for key in REMAT_KEYS:
+    for key in READ_KEYS:
         if key not in data:
             continue
         value = data[key]
