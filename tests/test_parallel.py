@@ -6,6 +6,7 @@ token.  A few meshes run by default; every preset on every mesh is ``slow``.
 """
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -117,6 +118,26 @@ def test_dropped_assignments_are_counted():
     assert int(moe_lib.dropped_in_batch(x, router, no_drop(cfg), batch_shards=8)) == 0
     tight = dataclasses.replace(cfg, capacity_factor=0.25)
     assert int(moe_lib.dropped_in_batch(x, router, tight, batch_shards=8)) > 0
+
+
+@pytest.mark.slow
+def test_model_reports_dropped_tokens_per_moe_layer():
+    from flax import nnx
+
+    from tierax.models import build_model
+
+    cfg = get_config("tiny-deepseek")
+    tokens = S.synthetic_batch(cfg, BATCH, SEQ)[:, :-1]
+    graphdef, params = nnx.split(build_model(cfg))
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def drops(graphdef, params, tokens):
+        return nnx.merge(graphdef, params).moe_dropped(tokens, batch_shards=8)
+
+    tight = nnx.split(build_model(dataclasses.replace(cfg, capacity_factor=0.5)))[0]
+    got = drops(tight, params, tokens)
+    assert got.shape == (cfg.num_moe_layers,) and int(got.min()) > 0  # half the slots needed: some dropped
+    assert not drops(nnx.split(build_model(no_drop(cfg)))[0], params, tokens).any()
 
 
 # --- tiled cross-entropy ---------------------------------------------------------------------------

@@ -94,6 +94,28 @@ class Decoder(nnx.Module):
                 x_BSD, _ = jax.lax.scan(body, x_BSD, state)
         return self.final_norm(x_BSD)
 
+    def moe_dropped(self, tokens_BS, batch_shards: int = 1):
+        """Per MoE layer (in order), the (token, choice) assignments its capacity drops for this batch.
+
+        ``batch_shards``: how many device batches the batch is split into (data × fsdp ×
+        expert on the step's mesh): capacity is per device batch, as in the step.  Runs the
+        layers one by one (unscanned, no remat): a diagnostic, not the training path.
+        """
+        from tierax.models import moe as moe_lib
+
+        x_BSD = self.embed(tokens_BS)
+        out = []
+        for name in self.group_names:
+            graphdef, state = nnx.split(self.groups[name])
+            for i in range(jax.tree.leaves(state)[0].shape[0]):
+                layer = nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state))
+                if isinstance(layer.mlp, L.MoE):
+                    h_BSD = x_BSD + layer.attention(layer.attn_norm(x_BSD))
+                    out.append(moe_lib.dropped_in_batch(layer.mlp_norm(h_BSD), layer.mlp.router[...], self.cfg,
+                                                        batch_shards))
+                x_BSD = layer(x_BSD)
+        return jnp.stack(out) if out else jnp.zeros((0,), jnp.int32)
+
     def output_weight(self):
         """The LM head as a [D, V] matrix in the compute dtype (the tied embedding transposed)."""
         dt = jnp.dtype(self.cfg.dtype)
