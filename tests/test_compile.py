@@ -80,6 +80,21 @@ def test_host_temp_equals_offloaded_residuals(tiny_llama_offload_vs_device):
     )
 
 
+def test_simulate_host_bytes_equal_the_compiled_program(tiny_llama_offload_vs_device):
+    """The cost model's host bytes against XLA's deviceless GPU compile of the same plan: exactly."""
+    from tierax import costmodel as cm
+    from tierax.inventory import model_inventory
+
+    cfg, off, on_dev, _ = tiny_llama_offload_vs_device
+    inv = model_inventory(cfg, 8, 64)
+    rates = cm.target_rates("h200", cfg.dtype)
+    assert cm.simulate(P.preset("qkv-offload", cfg), inv, cfg, rates, "lhs").host_bytes == off.host_temp_bytes > 0
+    on_device = P.Plan("qkv-device", {g: P.GroupPlan({n: (P.Placement.DEVICE if p is P.Placement.OFFLOAD else p)
+                                                      for n, p in gp.placements.items()}, gp.default)
+                                      for g, gp in P.preset("qkv-offload", cfg).groups.items()})
+    assert cm.simulate(on_device, inv, cfg, rates, "lhs").host_bytes == on_dev.host_temp_bytes == 0
+
+
 def test_overlap_check_counts_every_transfer(tiny_llama_offload_vs_device):
     cfg, off, on_dev, text = tiny_llama_offload_vs_device
     ov = off.overlap
