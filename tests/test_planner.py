@@ -143,7 +143,7 @@ def test_cli_plan_simulate_inventory_json(tmp_path):
     [
         (["simulate", "--schedule", "fast"], "unknown schedule"),
         (["simulate", "--target", "tpu"], "unknown target"),
-        (["plan", "--devices", "8", "--mesh", "fsdp=4"], "make them equal"),
+        (["plan", "--devices", "8", "--mesh", "fsdp=4"], "has 4 devices but --devices is 8"),
         (["plan", "--budget-gib", "0.000001"], "no plan fits"),
         (["simulate", "--plan", "nope"], "neither a preset"),
     ],
