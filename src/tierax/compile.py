@@ -31,6 +31,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tierax import hardware, hlo, inventory as inv
+from tierax import xla_flags
 from tierax import plan as plan_lib
 from tierax.errors import TieraxError
 from tierax.jaxpr_tools import GROUP_SCOPE_PREFIX
@@ -65,6 +66,42 @@ def check_gpu_aot() -> None:
             "deviceless GPU compilation needs the gpu-aot extra: " + "; ".join(problems) + ". Install with: "
             + install_command()
         )
+
+
+def tpu_install_command() -> str:
+    return f'pip install "jax[tpu]=={jax.__version__}"   (or: pip install \'tierax[tpu-aot]\')'
+
+
+def check_tpu_aot() -> None:
+    """Raise a TieraxError with the install command if deviceless TPU compilation is unavailable (no libtpu)."""
+    if importlib.util.find_spec("libtpu") is None:
+        raise TieraxError("deviceless TPU compilation needs libtpu (the tpu-aot extra, ~0.7 GB). Install with: "
+                          + tpu_install_command())
+
+
+def start_deviceless_tpu(preset: str = "none") -> None:
+    """Start JAX for a deviceless TPU compile: the host platform only, so libtpu never claims a TPU backend.
+
+    XLA presets are XLA:GPU flags, so only ``none`` is accepted.  ``TPU_WORKER_HOSTNAMES=localhost``
+    (unless set) keeps libtpu from looking for other TPU hosts when it builds the topology.
+    """
+    if preset != "none":
+        raise TieraxError(f"--xla-preset {preset!r} sets XLA:GPU flags; a TPU target takes --xla-preset none")
+    env = {} if os.environ.get("TPU_WORKER_HOSTNAMES") else {"TPU_WORKER_HOSTNAMES": "localhost"}
+    xla_flags.configure(platforms="cpu", env=env)
+
+
+def tpu_topology(spec, devices: int):
+    """Compile-only TPU devices for a slice of ``devices`` chips (``spec.topology_name`` picks the shape)."""
+    from jax.experimental import topologies
+
+    name = spec.topology_name(devices)
+    # libtpu's default host is 2x2x1 chips; a single-chip slice needs its own host bounds.
+    extra = {"chips_per_host_bounds": [1, 1, 1]} if devices == 1 else {}
+    try:
+        return topologies.get_topology_desc(platform="tpu", topology_name=name, **extra)
+    except Exception as e:  # noqa: BLE001 - libtpu raises a generic error
+        raise TieraxError(f"libtpu rejected topology {name!r} for {spec.key!r}: {str(e).strip().splitlines()[0]}") from None
 
 
 @contextlib.contextmanager
@@ -213,11 +250,18 @@ def compile_for_target(
     (``mesh`` default: one device).
     ``xla_preset`` is recorded only: the flags must already be set (tierax.xla_flags.configure).
     """
-    check_gpu_aot()
     spec = hardware.get_target(target)
+    tpu = spec.kind == "tpu"
     shape = mesh or MeshShape()
     devices = shape.size
-    topo = gpu_topology(target_config or hardware.render_target_config(spec), devices, target)
+    if tpu:
+        check_tpu_aot()
+        if target_config is not None:
+            raise TieraxError("--target-config is a GpuTargetConfigProto; a TPU target takes none")
+        topo = tpu_topology(spec, devices)
+    else:
+        check_gpu_aot()
+        topo = gpu_topology(target_config or hardware.render_target_config(spec), devices, target)
     mesh = shape.make(topo.devices)
     optimizer = step_lib.make_optimizer()
     graphdef, state = abstract_train_state(cfg, optimizer, mesh)
@@ -244,7 +288,8 @@ def compile_for_target(
         if placements.get(a.group, {}).get(a.name) is not plan_lib.Placement.OFFLOAD:
             continue
         expected = a.total_bytes
-        pool = available.get(a.group, [])
+        # XLA:TPU drops the op_name metadata of while loops: their buffers come back under "<unknown>".
+        pool = available.get(a.group) or available.get("<unknown>", [])
         match = next((b for b in pool if b.nbytes == expected), None)
         if match is not None:
             pool.remove(match)
@@ -255,6 +300,9 @@ def compile_for_target(
                                    host_link_bps=spec.host_link_bps)
     notes = [f"host link {spec.host_link_bps / 1e9:.0f} GB/s per direction ({spec.host_link_source})",
              f"compute roofline at {dtype_peak / 1e12:.0f} TFLOP/s ({cfg.dtype}) and {spec.hbm_bytes_per_s / 1e12:.2f} TB/s"]
+    if tpu:
+        notes.insert(0, f"deviceless XLA:TPU compile for {spec.topology_name(devices)} (libtpu); the static overlap "
+                        "check reads host copies the XLA:GPU way and has not been validated on the TPU schedule")
     result = CompileResult(
         model=cfg.name, plan=plan.name, target=target, devices=devices, mesh=shape.to_dict(),
         microbatch=microbatch, seq=seq, xla_preset=xla_preset,

@@ -66,14 +66,22 @@ def cmd_compile(args) -> int:
     from tierax import hardware
 
     mesh = parse_mesh(args.mesh, args.devices)
-    hardware.compile_target(args.target)
+    spec = hardware.compile_target(args.target)
     target_config = _read_target_config(args.target_config)
-    launch.start(preset=args.xla_preset, deviceless_gpu=True)
-    from tierax import compile as compile_lib
+    if spec.kind == "tpu":  # host platform only; libtpu builds compile-only TPU devices
+        spec.topology_name(mesh.size)  # an unsupported slice size fails before JAX starts
+        from tierax import compile as compile_lib
+
+        compile_lib.start_deviceless_tpu(args.xla_preset)
+        compile_lib.check_tpu_aot()
+    else:
+        launch.start(preset=args.xla_preset, deviceless_gpu=True)
+        from tierax import compile as compile_lib
+
+        compile_lib.check_gpu_aot()
     from tierax import plan as plan_lib
     from tierax.report.tables import compile_table
 
-    compile_lib.check_gpu_aot()
     cfg = resolve_model(args)
     mesh.check_model(cfg, where="--mesh")
     plan = plan_lib.load_plan(args.plan, cfg)

@@ -1,0 +1,103 @@
+"""TPU targets: the hardware table, slice shapes → libtpu topology names, and a deviceless TPU compile.
+
+The compile test needs libtpu (the tpu-aot extra, ~0.7 GB), which `make test` does not install: it is
+skipped there and runs where `pip install 'tierax[tpu-aot]'` was done.
+"""
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tierax import costmodel, hardware
+from tierax.errors import TieraxError
+
+HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
+NO_LIBTPU = "libtpu is not installed (pip install 'tierax[tpu-aot]'); `make test` leaves it out (0.7 GB)"
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "tierax.cli", *args], capture_output=True, text=True, timeout=600,
+                          stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("key, devices, name", [
+    ("v5e", 1, "v5e:1x1"), ("v5e", 4, "v5e:2x2"), ("v5e", 8, "v5e:2x4"), ("v5e", 16, "v5e:4x4"),
+    ("v5e", 256, "v5e:16x16"), ("v6e", 4, "v6e:2x2"), ("v6e", 128, "v6e:8x16"),
+    ("v5p", 4, "v5p:2x2x1"), ("v5p", 8, "v5p:2x2x2"), ("v5p", 32, "v5p:2x4x4"), ("v5p", 6144, "v5p:16x16x24"),
+])
+def test_topology_name_from_device_count(key, devices, name):
+    assert hardware.get_target(key).topology_name(devices) == name
+
+
+@pytest.mark.parametrize("key, devices, valid", [("v5e", 3, "1, 4, 8, 16, 32, 64, 128, 256"),
+                                                 ("v5p", 1, "4, 8, 32, 64, 128"), ("v6e", 512, "1, 4, 8")])
+def test_unsupported_slice_size_names_the_valid_counts(key, devices, valid):
+    with pytest.raises(TieraxError, match=f"no TPU slice of {devices} chips.*one of: {valid}"):
+        hardware.get_target(key).topology_name(devices)
+
+
+# Google Cloud TPU docs (v5e, v5p, v6e pages): HBM, HBM bandwidth, bf16 peak, bidirectional ICI per chip,
+# host DRAM and chips per host.
+DOCS = {
+    "v5e": dict(hbm=16e9, hbm_bw=819e9, bf16=197e12, ici_bidir=400e9, host_mem=512 * 2**30 / 8),
+    "v5p": dict(hbm=95 * 2**30, hbm_bw=2765e9, bf16=459e12, ici_bidir=1200e9, host_mem=448e9 / 4),
+    "v6e": dict(hbm=32e9, hbm_bw=1638e9, bf16=918e12, ici_bidir=800e9, host_mem=1536 * 2**30 / 8),
+}
+
+
+@pytest.mark.parametrize("key", sorted(DOCS))
+def test_tpu_figures_and_cost_model_rates(key):
+    d = DOCS[key]
+    spec = hardware.compile_target(key)  # XLA describes it: compile accepts it
+    assert spec.kind == "tpu" and spec.xla_described
+    assert spec.device_memory_bytes == d["hbm"] and spec.hbm_bytes_per_s == d["hbm_bw"]
+    assert spec.peak("bfloat16") == d["bf16"] and spec.peak("float32") == d["bf16"]
+    assert spec.ici_bytes_per_s == d["ici_bidir"] / 2
+    assert spec.host_memory_per_chip_bytes == d["host_mem"]
+    assert 0 < spec.host_link_bps <= spec.host_link_theory_bps and "per direction" in spec.host_link_source
+    r = costmodel.target_rates(key, "bfloat16")
+    assert (r.device_memory_bytes, r.hbm_bytes_per_s, r.interconnect_bytes_per_s) == (
+        spec.device_memory_bytes, spec.hbm_bytes_per_s, spec.ici_bytes_per_s)
+    assert r.host_memory_bytes == int(d["host_mem"]) and r.d2h_bytes_per_s == spec.host_link_bps
+    assert "Google Cloud TPU docs" in r.sources["hbm"] and "ICI" in r.sources["interconnect"]
+
+
+def test_unknown_target_lists_tpu_keys_too():
+    with pytest.raises(TieraxError, match="v5e, v5p, v6e"):
+        hardware.get_target("v4")
+
+
+def test_compile_unsupported_tpu_slice_exits_2_with_valid_counts():
+    p = _cli("compile", "--model", "tiny-llama", "--target", "v5e", "--devices", "3", "--mesh", "fsdp=3")
+    assert p.returncode == 2, p.stderr
+    assert "no TPU slice of 3 chips" in p.stderr and "1, 4, 8, 16, 32, 64, 128, 256" in p.stderr
+
+
+@pytest.mark.skipif(HAS_LIBTPU, reason="libtpu is installed here: the missing-extra message cannot show")
+def test_compile_tpu_without_libtpu_exits_2_with_pip_command():
+    p = _cli("compile", "--model", "tiny-llama", "--target", "v5e", "--devices", "4", "--mesh", "fsdp=4")
+    assert p.returncode == 2, p.stderr
+    assert "pip install 'tierax[tpu-aot]'" in p.stderr and "libtpu" in p.stderr
+
+
+@pytest.mark.skipif(not HAS_LIBTPU, reason=NO_LIBTPU)
+def test_deviceless_tpu_compile_puts_offloaded_residuals_on_host():
+    """tiny-llama (float32, 4 layers, 4 query / 2 KV heads × 16) on a v5e 2x2 slice, q/k/v offloaded.
+
+    Per device: microbatch 2 × seq 128.  Offloaded residuals, from the shapes alone:
+    layers × batch × seq × heads × head_dim × 4 B for q (4 heads) and k, v (2 heads each).  Seq 128
+    keeps XLA:TPU's (8, 128) tiles unpadded, so host temp is exactly that sum.
+    """
+    p = _cli("compile", "--model", "tiny-llama", "--plan", "qkv-offload", "--target", "v5e", "--devices", "4",
+             "--mesh", "fsdp=4", "--microbatch", "2", "--seq", "128", "--json")
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout)
+    layers, b, s, hd, f32 = 4, 2, 128, 16, 4
+    q, kv = layers * b * s * 4 * hd * f32, layers * b * s * 2 * hd * f32
+    assert r["host_temp_bytes"] == q + 2 * kv == 524288
+    assert r["offloaded_bytes_by_name"] == {"query_proj": q, "key_proj": kv, "value_proj": kv}
+    assert r["device_capacity_bytes"] == 16 * 10**9 and r["fits"]
+    assert any("v5e:2x2" in n for n in r["notes"])
