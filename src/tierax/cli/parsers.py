@@ -82,7 +82,9 @@ def _planning(sub) -> None:
 
     c = sub.add_parser("calibrate", help="measure this machine's rates for the cost model",
                        description="Measure the local matmul rate (and host↔device copy bandwidth on a GPU) and store "
-                                   "them for the cost model.")
+                                   "them for the cost model, under this machine's target key (cpu, or the GPU kind), in "
+                                   "~/.cache/tierax/calibration.json (env TIERAX_CALIBRATION to move it). simulate and "
+                                   "plan then use the measured rates instead of datasheet figures.")
     c.set_defaults(func=planning.cmd_calibrate)
 
 
