@@ -82,12 +82,16 @@ def check_tpu_aot() -> None:
 def start_deviceless_tpu(preset: str = "none") -> None:
     """Start JAX for a deviceless TPU compile: the host platform only, so libtpu never claims a TPU backend.
 
-    XLA presets are XLA:GPU flags, so only ``none`` is accepted.  ``TPU_WORKER_HOSTNAMES=localhost``
-    (unless set) keeps libtpu from looking for other TPU hosts when it builds the topology.
+    XLA presets are XLA:GPU flags, so only ``none`` is accepted.  Unless set: ``TPU_WORKER_HOSTNAMES=localhost``
+    keeps libtpu from looking for other TPU hosts when it builds the topology, and
+    ``ALLOW_MULTIPLE_LIBTPU_LOAD=1`` lets two compiles run at once (libtpu otherwise holds
+    /tmp/libtpu_lockfile and a second process fails with "Internal error when accessing libtpu multi-process
+    lockfile").
     """
     if preset != "none":
         raise TieraxError(f"--xla-preset {preset!r} sets XLA:GPU flags; a TPU target takes --xla-preset none")
-    env = {} if os.environ.get("TPU_WORKER_HOSTNAMES") else {"TPU_WORKER_HOSTNAMES": "localhost"}
+    wanted = {"TPU_WORKER_HOSTNAMES": "localhost", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+    env = {k: v for k, v in wanted.items() if not os.environ.get(k)}
     xla_flags.configure(platforms="cpu", env=env)
 
 
