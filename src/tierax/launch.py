@@ -200,3 +200,21 @@ def check_local_memory(cfg, *, shards: int = 1, copies: int = 4, what: str = "th
             f"more than {where} ({have / 2**30:,.1f} GiB) for {what}; use a smaller model (--set) or plan it "
             "without running it (`tierax simulate` / `tierax compile`)"
         )
+
+
+class _DropOrbaxErrors:
+    """A logging filter: Orbax's background threads log every failed write with a traceback (hundreds of
+    lines when the disk is full); tierax reports the failure itself, naming the last good checkpoint."""
+
+    def filter(self, record) -> bool:
+        return not ("orbax" in record.pathname and record.levelno >= 40)
+
+
+def quiet_checkpoint_errors() -> None:
+    """Keep Orbax's per-thread error tracebacks off stderr (``tierax --debug train`` shows them)."""
+    import logging
+
+    for name in ("absl", "orbax"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropOrbaxErrors) for f in logger.filters):
+            logger.addFilter(_DropOrbaxErrors())

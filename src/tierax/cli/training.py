@@ -18,6 +18,8 @@ def cmd_train(args) -> int:
     cfg.check_outputs()
     dist = launch.Distributed.resolve(args.coordinator, args.num_processes, args.process_id)
     env_lines = launch.start_training(cfg, dist)
+    if not args.debug:
+        launch.quiet_checkpoint_errors()
     launch.check_local_memory(cfg.model, shards=cfg.mesh.size, what="tierax train")
     import jax
 
