@@ -68,7 +68,7 @@ def main(argv=None) -> int:
              f"lhs · sweep {key}")
     png = out.with_suffix(".png")
     plot_sweep(pts, key, png, title=title, references=whatif.REFERENCES)
-    doc = records.envelope("tierax.whatif/1", records.command_line(sys.argv[1:] if argv is None else argv,
+    doc = records.envelope(records.WHATIF_SCHEMA, records.command_line(sys.argv[1:] if argv is None else argv,
                                                                       prog="python bench/whatif.py")) | {
         "note": "cost-model predictions; gb300 and vr200 are projections from announced figures",
         "model": cfg.name, "mesh": mesh.to_dict(), "devices": 128, "microbatch": args.microbatch, "seq": args.seq,

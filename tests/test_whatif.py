@@ -1,6 +1,7 @@
 """What-if targets, --rate overrides and --sweep: the planner's frontier."""
 
 import json
+import pathlib
 
 import pytest
 
@@ -96,6 +97,16 @@ def test_plan_sweep_cli_writes_table_png_and_record(tmp_path):
     doc = json.loads(out.with_suffix(".json").read_text())
     assert doc["schema"] == "tierax.sweep/1" and [p["value"] for p in doc["points"]] == [20, 220, 420]
     assert "host_link" in r.stdout and "plan change" in r.stdout
+    # tierax report embeds the frontier (picture and table) next to a bench record.
+    demo = pathlib.Path(__file__).resolve().parents[1] / "bench" / "results" / "demo-bench-tiny-deepseek.json"
+    rep = tmp_path / "report"
+    r = tierax("report", str(demo), "--sweep", str(out.with_suffix(".json")), "--out", str(rep))
+    assert r.returncode == 0, r.stderr
+    summary = (rep / "summary.md").read_text()
+    assert "## Frontier: frontier" in summary and "![planner frontier](frontier-frontier.png)" in summary
+    assert "| 220 | yes |" in summary and (rep / "frontier-frontier.png").stat().st_size > 20_000
+    r = tierax("report", str(demo), "--sweep", str(demo), "--out", str(tmp_path / "bad"))
+    assert r.returncode == 2 and "tierax.sweep/1" in r.stderr and not (tmp_path / "bad").exists()
 
 
 @pytest.mark.parametrize("args, fragment", [

@@ -25,6 +25,7 @@ PROFILE_SCHEMA = "tierax.profile/1"
 GPU_CHECK_SCHEMA = "tierax.gpu-check/1"
 VERIFY_SCHEMA = "tierax.verify/1"
 SWEEP_SCHEMA = "tierax.sweep/1"
+WHATIF_SCHEMA = "tierax.whatif/1"
 
 
 def command_line(argv: Sequence[str] | None = None, prog: str = "tierax") -> str:

@@ -174,6 +174,6 @@ def cmd_report(args) -> int:
     from tierax.report import report as report_lib
 
     for f in report_lib.build_report(args.results, out, trace=args.trace, readme=args.readme,
-                                     command=records.command_line()):
+                                     command=records.command_line(), sweeps=args.sweep):
         print(f"wrote {f}")
     return 0

@@ -171,6 +171,9 @@ def _running(sub) -> None:
     r.add_argument("results", nargs="+", metavar="RESULTS.json", help="results files")
     r.add_argument("--out", required=True, metavar="DIR", help="directory for the PNGs and summary.md")
     r.add_argument("--trace", metavar="DIR", help="a `tierax profile --out` directory (or a trace file)")
+    r.add_argument("--sweep", action="append", default=[], metavar="SWEEP.json",
+                   help="a planner frontier to embed: `tierax plan --sweep ... --out F.png`'s F.json, or "
+                        "bench/whatif.py's record (repeatable)")
     r.add_argument("--readme", metavar="FILE",
                    help="rewrite the section between <!-- perf-table:start --> and <!-- perf-table:end --> in FILE")
     r.set_defaults(func=measuring.cmd_report)

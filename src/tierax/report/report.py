@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from tierax.errors import TieraxError
 from tierax.fileio import make_temp_dir, write_text_atomic
-from tierax.records import BENCH_SCHEMA, GPU_CHECK_SCHEMA, finite, load_record
+from tierax.records import BENCH_SCHEMA, GPU_CHECK_SCHEMA, SWEEP_SCHEMA, WHATIF_SCHEMA, finite, load_record
 
 SCHEMAS = (BENCH_SCHEMA, GPU_CHECK_SCHEMA)
 README_START = "<!-- perf-table:start -->"
@@ -239,7 +239,8 @@ def _gbs(x) -> str:
 
 
 def build_report(results: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *, trace=None,
-                 readme: str | os.PathLike | None = None, command: str = "") -> list[pathlib.Path]:
+                 readme: str | os.PathLike | None = None, command: str = "",
+                 sweeps: Sequence[str | os.PathLike] = ()) -> list[pathlib.Path]:
     """Write the charts and ``summary.md`` into ``out_dir`` (and rewrite the README section if asked).
 
     Returns:
@@ -256,6 +257,7 @@ def build_report(results: Sequence[str | os.PathLike], out_dir: str | os.PathLik
         if not plotted(r):
             raise TieraxError(f"results file {str(r.path)!r}: no plan ran (no throughput to chart)")
     axes = [memory_axis(plotted(r)) for r in loaded]
+    frontiers = [load_sweep(f) for f in sweeps]
     if trace is not None:
         from tierax.measure.trace import find_trace_file
 
@@ -302,6 +304,10 @@ def build_report(results: Sequence[str | os.PathLike], out_dir: str | os.PathLik
             section, files = _trace_section(trace, tmp)
             md.append(section)
             names += files
+        for path, sweep in frontiers:
+            section, files = _sweep_section(path, sweep, tmp)
+            md += section
+            names += files
         (tmp / "summary.md").write_text("\n".join(md))
         names.append("summary.md")
         out.mkdir(parents=True, exist_ok=True)
@@ -315,6 +321,39 @@ def build_report(results: Sequence[str | os.PathLike], out_dir: str | os.PathLik
         write_text_atomic(readme_path, new_readme)
         written.append(readme_path)
     return written
+
+
+def load_sweep(path: str | os.PathLike) -> tuple[pathlib.Path, dict]:
+    """A planner frontier: a ``tierax plan --sweep --out`` record, or ``bench/whatif.py``'s (its ``sweep``).
+
+    Raises:
+      TieraxError: missing, not JSON, another schema, or no points.
+    """
+    p = pathlib.Path(path)
+    doc = load_record(p, (SWEEP_SCHEMA, WHATIF_SCHEMA), hint="give `tierax plan --sweep ... --out F.png`'s F.json")
+    sweep = doc if doc["schema"] == SWEEP_SCHEMA else {"title": f"{doc.get('model')} · {doc['sweep'].get('target')}",
+                                                       "references": ["remat-full", "save-all"]} | doc["sweep"]
+    key = sweep.get("sweep") or sweep.get("key")
+    if not key or not sweep.get("points"):
+        raise TieraxError(f"sweep record {str(p)!r} has no points; re-run `tierax plan --sweep`")
+    return p, sweep | {"key": key}
+
+
+def _sweep_section(path: pathlib.Path, sweep: dict, tmp: pathlib.Path) -> tuple[list[str], list[str]]:
+    from tierax.report.sweep_plot import plot_sweep
+
+    png = f"{path.stem}-frontier.png"
+    refs = sweep.get("references", [])
+    plot_sweep(sweep["points"], sweep["key"], tmp / png, title=sweep.get("title", ""), references=refs)
+    rows = ["| " + " | ".join([sweep["key"], "fits", "TFLOP/s/device", *refs, "plan change"]) + " |",
+            "|" + "---:|" * (3 + len(refs)) + "---|"]
+    for pt in sweep["points"]:
+        tf = f"{pt['tflops_per_device']:.1f}" if pt["fits"] else "—"
+        ref = [f"{v:.1f}" if v is not None else "—" for v in (pt["reference"].get(r) for r in refs)]
+        rows.append("| " + " | ".join([f"{pt['value']:g}", "yes" if pt["fits"] else "no", tf, *ref,
+                                       "; ".join(pt["changed"])]) + " |")
+    return [f"## Frontier: {path.stem}", "", f"Source: `{_display_path(path)}` (cost-model predictions).", "",
+            f"![planner frontier]({png})", "", *rows, ""], [png]
 
 
 def _gpu_check_notes(doc: dict) -> list[str]:
