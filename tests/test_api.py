@@ -74,6 +74,19 @@ def test_examples_plan_and_keep_the_gradients(example, group, squeeze):
     assert out["max_rel_grad_error"] <= 1e-6
 
 
+def test_equinox_example_plans_and_keeps_the_gradients():
+    pytest.importorskip("equinox", reason="the Equinox example needs `pip install equinox` (tierax's test extra)")
+    out = _example("equinox_model").run(layers=4, d_model=64, seq=32, squeeze=0.75)
+    planned, inv = out["planned"], out["inventory"]
+    flops = {a.name: a.recompute_flops_per_layer for g in inv.inventory.groups for a in g.activations}
+    assert flops["query_proj"] == 2 * 2 * 32 * 64 * 64  # 2 · batch · seq · d · d, from the shapes
+    placements = planned.placements()["decoder"]
+    # The squeezed budget forces recomputing something that costs FLOPs (mlpwo is free to recompute).
+    assert any(p == "remat" and flops[n] > 0 for n, p in placements.items()), placements
+    assert planned.predicted.peak_device_bytes <= out["budget"]
+    assert out["max_rel_grad_error"] <= 1e-6
+
+
 def _layer(x, p):
     h = checkpoint_name(x @ p["w"], "mlpwi_0")
     return x + checkpoint_name(jnp.tanh(h) @ p["v"], "mlpwo")
