@@ -30,12 +30,15 @@ def start(*, devices: int | None = None, preset: str = "none", deviceless_gpu: b
     xla_flags.configure(cpu_devices=devices, preset=preset, deviceless_gpu=deviceless_gpu)
 
 
-def start_training(cfg, dist: "Distributed | None") -> list[str]:
+def start_training(cfg, dist: "Distributed | None", *, debug: bool = False) -> list[str]:
     """Start the backend for ``tierax train``: runtime environment derived from the plan,
-    host CPU devices per process, cross-process collectives, then ``jax.distributed``.
+    host CPU devices per process, cross-process collectives, then ``jax.distributed``;
+    without ``debug``, Orbax's per-thread error tracebacks are kept off stderr.
 
     Returns the lines that say what was set.
     """
+    if not debug:
+        quiet_checkpoint_errors()
     nproc = dist.num_processes if dist else 1
     gpu = xla_flags.expects_gpu()
     env, lines = runtime_env(cfg, gpu=gpu, num_processes=nproc)

@@ -17,9 +17,7 @@ def cmd_train(args) -> int:
     cfg = train_config.load_train_config(args.config, args.overrides)
     cfg.check_outputs()
     dist = launch.Distributed.resolve(args.coordinator, args.num_processes, args.process_id)
-    env_lines = launch.start_training(cfg, dist)
-    if not args.debug:
-        launch.quiet_checkpoint_errors()
+    env_lines = launch.start_training(cfg, dist, debug=args.debug)
     launch.check_local_memory(cfg.model, shards=cfg.mesh.size, what="tierax train")
     import jax
 
