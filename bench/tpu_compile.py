@@ -4,10 +4,14 @@
 Needs libtpu (``pip install 'tierax[tpu-aot]'``; not part of ``make test``).  For each case, runs
 ``tierax plan --out`` (planner cases), then ``tierax compile --target v5p --json`` on the plan, each in its
 own process, and writes one record: command, machine, versions (jax, jaxlib, libtpu), the planner's
-prediction and XLA's figures per case.  Cases: the planner's plan at microbatch 4 and 2, and remat-full
+prediction (``plan`` or ``simulate``) and XLA's figures per case.  Cases: the planner's plan at microbatch 4 and 2, and remat-full
 at microbatch 4 (nothing offloaded) as a reference.
 
     python bench/tpu_compile.py [--out bench/results/tpu_compile.json]
+
+Recorded here (2 shared CPU cores, ~12 min) with
+``PYTHONPATH=src /tmp/scratch/tpuvenv/bin/python bench/tpu_compile.py`` (Python 3.11, jax/jaxlib 0.10.2,
+libtpu 0.0.42.1).
 """
 
 from __future__ import annotations
@@ -69,6 +73,9 @@ def main() -> int:
                 plan = str(pathlib.Path(tmp) / f"planner-{mb}.yaml")
                 prediction, case["plan_wall_s"] = _tierax("plan", *MODEL, *shape, "--out", plan)
                 case |= {"plan_yaml": pathlib.Path(plan).read_text(), "planner_result": prediction}
+            else:  # the cost model's prediction for a fixed plan
+                simulated, _ = _tierax("simulate", *MODEL, *shape, "--plan", plan)
+                case["planner_result"] = {"predicted": simulated[0] if isinstance(simulated, list) else simulated}
             compiled, case["wall_s"] = _tierax("compile", *MODEL, *shape, "--plan", plan)
             case["compile"] = compiled
             cases.append(case)
