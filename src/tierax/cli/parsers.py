@@ -120,7 +120,9 @@ def _running(sub) -> None:
                     "compilation) and report XLA's memory figures and a static copy/compute overlap check.")
     add_model_args(c)
     c.add_argument("--plan", default="qkv-offload", help="a preset or plan YAML file (default: qkv-offload)")
-    c.add_argument("--target", default="h200", help="h100, h200, b200 or gb200 (default: h200)")
+    c.add_argument("--target", default="h200",
+                   help="h100, h200, b200, gb200 (XLA:GPU) or v5e, v5p, v6e (XLA:TPU, needs the tpu-aot extra); "
+                        "default h200")
     c.add_argument("--target-config", metavar="FILE", help="a GpuTargetConfigProto text file instead of the built-in one")
     c.add_argument("--devices", type=positive_int, help="compile-only GPUs (default: the mesh's product, else 1)")
     c.add_argument("--mesh", help="mesh axes, e.g. fsdp=8 or data=2,fsdp=4")

@@ -68,7 +68,8 @@ def plan_table(placements: dict, title: str) -> Table:
 def compile_table(r) -> Table:
     t = Table(title=f"{r.model} · plan {r.plan} · {r.target} × {r.devices} · microbatch {r.microbatch}/device × seq {r.seq} · "
                     f"xla preset {r.xla_preset}",
-              caption=f"deviceless XLA:GPU compile (no autotuning: sizes close, not exact); attention {r.attention}; "
+              caption=f"deviceless XLA:{'TPU' if r.target in _tpu_keys() else 'GPU'} compile (no autotuning: sizes "
+                      f"close, not exact); attention {r.attention}; "
                       + "; ".join(r.notes))
     t.add_column("figure")
     t.add_column("per device", justify="right")
@@ -153,6 +154,12 @@ def explain_table(result, title: str) -> Table:
         t.add_row(e.group, e.name, fmt_bytes(e.bytes), f"{e.recompute_s * 1e3:.3g}", f"{e.transfer_s * 1e3:.3g}",
                   f"{e.hidden_fraction:.0%}", f"[{colour[e.choice]}]{e.choice}[/]", e.why)
     return t
+
+
+def _tpu_keys() -> set[str]:
+    from tierax.hardware import TPU_TARGETS
+
+    return set(TPU_TARGETS)
 
 
 def sweep_table(points, key: str, title: str, references=()) -> Table:
