@@ -115,12 +115,13 @@ def _flat(plan, cfg) -> dict:
     return {f"{g}/{n}": p.value for g, names in plan_lib.resolve(plan, cfg).items() for n, p in names.items()}
 
 
-def _changes(before: dict | None, after: dict) -> tuple[str, ...]:
+def _changes(before: dict | None, after: dict, weight: dict) -> tuple[str, ...]:
+    """What changed, largest activations (bytes over all layers) first."""
     if before is None:
         return ()
     groups = {k.split("/")[0] for k in after}
     out = []
-    for k in sorted(after):
+    for k in sorted(after, key=lambda k: (-weight.get(k, 0), k)):
         if before.get(k) != after[k]:
             g, n = k.split("/")
             out.append(f"{n if len(groups) == 1 else k} → {after[k]}")
@@ -142,8 +143,9 @@ def sweep(key: str, points: Sequence[float], *, solve: Callable[[str, float], tu
         else:
             flat = _flat(result.plan, cfg)
             pr = result.predicted
+            weight = {f"{e.group}/{e.name}": e.bytes for e in result.explain}
             out.append(SweepPoint(v, True, pr.tflops_per_device, pr.step_time_s, pr.peak_device_bytes,
-                                  pr.host_bytes, flat, _changes(last, flat), ref))
+                                  pr.host_bytes, flat, _changes(last, flat, weight), ref))
             last = flat
         if progress:
             progress(f"{key}={v:g}", 1)
