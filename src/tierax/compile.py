@@ -310,7 +310,7 @@ def compile_for_target(
     result = CompileResult(
         model=cfg.name, plan=plan.name, target=target, devices=devices, mesh=shape.to_dict(),
         microbatch=microbatch, seq=seq, xla_preset=xla_preset,
-        fits=peak <= spec.device_memory_bytes, device_peak_bytes=peak,
+        fits=peak <= hardware.usable_bytes(spec.device_memory_bytes), device_peak_bytes=peak,
         device_capacity_bytes=spec.device_memory_bytes, device_argument_bytes=arg, device_output_bytes=out,
         device_alias_bytes=alias, device_temp_bytes=temp, host_temp_bytes=int(mem.host_temp_size_in_bytes),
         offloaded=tuple(offloaded), overlap=hlo.overlap_summary(transfers), compile_time_s=compile_s,

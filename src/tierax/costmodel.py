@@ -275,7 +275,7 @@ def evaluate(placements: dict, inv: Inventory, cfg, rates: Rates, schedule: str)
         "model_flops": fx.model_flops, "schedule": schedule, "rates": rates.sources,
     }
     return Prediction(
-        fits=peak <= rates.device_memory_bytes and host <= rates.host_memory_bytes,
+        fits=peak <= hardware.usable_bytes(rates.device_memory_bytes) and host <= rates.host_memory_bytes,
         peak_device_bytes=peak, device_capacity_bytes=rates.device_memory_bytes, host_bytes=int(host),
         step_time_s=step, tflops_per_device=fx.model_flops / step / 1e12, breakdown=breakdown,
     )

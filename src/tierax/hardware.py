@@ -265,6 +265,17 @@ TPU_TARGETS: dict[str, TpuSpec] = {
 }
 
 
+# "Fits" everywhere (plan, simulate, compile) means peak ≤ capacity × (1 − this): memory the runtime
+# takes beside XLA's buffers (NCCL buffers, cuBLAS/cuDNN workspaces, allocator fragmentation).  A stated
+# assumption, not a measurement: it matches the 0.95 cap tierax puts on XLA_PYTHON_CLIENT_MEM_FRACTION.
+RUNTIME_RESERVE_FRACTION = 0.05
+
+
+def usable_bytes(capacity_bytes: float) -> int:
+    """Device bytes a step may use: capacity less :data:`RUNTIME_RESERVE_FRACTION`."""
+    return int(capacity_bytes * (1 - RUNTIME_RESERVE_FRACTION))
+
+
 def get_target(key: str) -> GpuSpec | TpuSpec:
     if key in TARGETS:
         return TARGETS[key]

@@ -214,10 +214,26 @@ class _DropOrbaxErrors:
 
 
 def quiet_checkpoint_errors() -> None:
-    """Keep Orbax's per-thread error tracebacks off stderr (``tierax --debug train`` shows them)."""
+    """Keep Orbax's per-thread error tracebacks off stderr (``tierax --debug train`` shows them).
+
+    Two sources: Orbax's logged errors, and "Event loop is closed" errors that native callbacks of
+    an abandoned asynchronous save print through ``sys.excepthook`` after the save failed.
+    """
     import logging
+    import sys
 
     for name in ("absl", "orbax"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropOrbaxErrors) for f in logger.filters):
             logger.addFilter(_DropOrbaxErrors())
+    previous = sys.excepthook
+    if getattr(previous, "_tierax_quiet", False):
+        return
+
+    def hook(kind, value, tb):
+        if kind is RuntimeError and str(value) == "Event loop is closed":
+            return
+        previous(kind, value, tb)
+
+    hook._tierax_quiet = True
+    sys.excepthook = hook

@@ -25,13 +25,14 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from tierax import costmodel as cm
+from tierax import hardware
 from tierax import inventory as inv_lib
 from tierax import names as N
 from tierax.errors import TieraxError
 from tierax.plan import GroupPlan, Placement, Plan
 
-# Default reserve kept free on the device: allocator fragmentation, XLA's own buffers.
-DEFAULT_RESERVE_FRACTION = 0.05
+# Default reserve kept free on the device: the same runtime reserve `fits` means everywhere.
+DEFAULT_RESERVE_FRACTION = hardware.RUNTIME_RESERVE_FRACTION
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ def compile_table(r) -> Table:
         ("temp", fmt_bytes(r.device_temp_bytes)),
         ("device peak", fmt_bytes(r.device_peak_bytes)),
         ("device capacity", fmt_bytes(r.device_capacity_bytes)),
-        ("fits", "[green]yes[/]" if r.fits else "[red]no[/]"),
+        ("fits (≤ capacity − runtime reserve)", "[green]yes[/]" if r.fits else "[red]no[/]"),
         ("host temp (offloaded)", fmt_bytes(r.host_temp_bytes)),
     ]
     for o in r.offloaded:
@@ -124,7 +124,7 @@ def prediction_table(pred, title: str) -> Table:
     t.add_column("per device", justify="right")
     ms = lambda s: f"{s * 1e3:.3f} ms"  # noqa: E731
     rows = [
-        ("fits", "[green]yes[/]" if pred.fits else "[red]no[/]"),
+        ("fits (≤ capacity − runtime reserve)", "[green]yes[/]" if pred.fits else "[red]no[/]"),
         ("peak device", f"{fmt_bytes(pred.peak_device_bytes)} of {fmt_bytes(pred.device_capacity_bytes)}"),
         ("  params + grads + AdamW", fmt_bytes(b["state_bytes"])),
         ("  activations on device", fmt_bytes(b["activation_bytes"])),
