@@ -235,13 +235,18 @@ class _Link:
     def __init__(self, bps: float):
         self.bps, self.left = bps, {}  # start name → (direction, bytes left)
 
+    def _rates(self) -> dict[str, float]:
+        share = {d: sum(dd == d for dd, _ in self.left.values()) for d in ("d2h", "h2d")}
+        return {k: self.bps / share[d] for k, (d, _) in self.left.items()}
+
+    def _next_finish(self, rates: dict[str, float]) -> float:
+        return min(b / rates[k] for k, (_, b) in self.left.items())
+
     def advance(self, dt: float) -> None:
+        """Drain the link for ``dt`` seconds (while compute runs)."""
         while dt > 1e-15 and self.left:
-            rates = {}
-            for d in ("d2h", "h2d"):
-                mine = [k for k, (dd, _) in self.left.items() if dd == d]
-                rates.update({k: self.bps / len(mine) for k in mine})
-            step = min(dt, min(b / rates[k] for k, (_, b) in self.left.items()))
+            rates = self._rates()
+            step = min(dt, self._next_finish(rates))
             for k in list(self.left):
                 d, b = self.left[k]
                 b -= rates[k] * step
@@ -255,12 +260,7 @@ class _Link:
         """Run the link (no compute) until ``key`` is done; the time waited."""
         waited = 0.0
         while key in self.left:
-            rates = {}
-            for d in ("d2h", "h2d"):
-                mine = [k for k, (dd, _) in self.left.items() if dd == d]
-                rates.update({k: self.bps / len(mine) for k in mine})
-            step = self.left[key][1] / rates[key]
-            step = min(step, min(b / rates[k] for k, (_, b) in self.left.items()))
+            step = self._next_finish(self._rates())
             self.advance(step)
             waited += step
         return waited
