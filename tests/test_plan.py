@@ -1,3 +1,5 @@
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -7,6 +9,7 @@ from tierax import names as N
 from tierax import plan as P
 from tierax.errors import TieraxError
 from tierax.models import NAMED_CONFIGS, get_config
+from tierax.models.prefetch import Prefetch
 
 MODELS = list(NAMED_CONFIGS)
 
@@ -42,8 +45,37 @@ def test_presets_mean_what_they_say():
 def test_to_policies_none_only_when_everything_on_device():
     cfg = get_config("tiny-deepseek")
     assert P.to_policies(P.preset("save-all", cfg), cfg) == {"dense": None, "moe": None}
-    pols = P.to_policies(P.preset("qkv-offload", cfg), cfg)
+    pols = P.to_policies(dataclasses.replace(P.preset("qkv-offload", cfg), mechanism="policy"), cfg)
     assert set(pols) == {"dense", "moe"} and all(callable(p) for p in pols.values())
+
+
+def test_prefetch_mechanism_keeps_and_offloads_what_the_plan_says():
+    """Default mechanism: a group that offloads runs the prefetching scan with the plan's device and host
+    names (the layer input is the scan's own residual); a group that offloads nothing gets a policy."""
+    cfg = get_config("tiny-deepseek")
+    assert P.DEFAULT_MECHANISM == "prefetch"
+    pols = P.to_policies(MIXED, cfg)
+    resolved = P.resolve(MIXED, cfg)
+    for g in ("dense", "moe"):
+        assert isinstance(pols[g], Prefetch)
+        assert pols[g].offload == {n for n, p in resolved[g].items() if p is P.Placement.OFFLOAD}
+        assert pols[g].keep == {n for n, p in resolved[g].items() if p is P.Placement.DEVICE} - {N.DECODER_LAYER_INPUT}
+    assert N.MOE_MLPWI_1 in pols["moe"].offload and N.VALUE_PROJ in pols["moe"].keep
+    assert N.MLPWI_1 in pols["dense"].keep  # the dense group's default is device
+    assert all(callable(p) and not isinstance(p, Prefetch) for p in P.to_policies(P.preset("minimal", cfg), cfg).values())
+    # Offloading the layer input itself: the scan cannot prefetch its own carry, so XLA's policy runs it.
+    lin = P.Plan("lin", {"dense": P.GroupPlan({N.DECODER_LAYER_INPUT: P.Placement.OFFLOAD}), "moe": P.GroupPlan()})
+    assert callable(P.to_policies(lin, cfg)["dense"])
+
+
+def test_mechanism_round_trips_and_is_validated():
+    cfg = get_config("tiny-llama")
+    plan = dataclasses.replace(P.preset("qkv-offload", cfg), mechanism="policy")
+    assert "mechanism: policy" in plan.to_yaml()
+    assert P.Plan.from_yaml(plan.to_yaml()) == plan
+    assert "mechanism" not in P.preset("qkv-offload", cfg).to_yaml()  # the default is not spelled out
+    with pytest.raises(TieraxError, match="mechanism 'prefech' is not valid; use one of: prefetch"):
+        P.Plan.from_yaml(plan.to_yaml().replace("mechanism: policy", "mechanism: prefech"))
 
 
 def _decision(policy, name: str) -> str:
@@ -75,7 +107,7 @@ def test_policy_saves_offloads_and_recomputes_exactly_what_the_plan_says(plan):
     """Per layer group and name, the policy's decision is the plan's placement: device → saved in device
     memory, offload → moved device → pinned_host, remat → recomputed; untagged values are recomputed."""
     cfg = get_config("tiny-deepseek")
-    p = MIXED if plan == "mixed" else P.preset(plan, cfg)
+    p = dataclasses.replace(MIXED if plan == "mixed" else P.preset(plan, cfg), mechanism="policy")
     want = {"device": "save", "offload": "offload", "remat": "remat"}
     resolved = P.resolve(p, cfg)
     policies = P.to_policies(p, cfg)

@@ -9,6 +9,7 @@
 """
 
 import collections
+import dataclasses
 import re
 
 import jax
@@ -39,10 +40,19 @@ def max_rel_err(a, b) -> float:
     return float(jnp.max(jnp.abs(a - b)) / scale)
 
 
-@pytest.mark.parametrize("preset", [p for p in P.PRESETS if p != "save-all"])
-def test_gradients_match_save_all(reference, preset):
+OFFLOADING = [p for p in P.PRESETS if p.endswith("offload")]
+CASES = [(p, P.DEFAULT_MECHANISM) for p in P.PRESETS if p != "save-all"] + [(p, "policy") for p in OFFLOADING]
+
+
+@pytest.mark.parametrize("preset, mechanism", CASES)
+def test_gradients_match_save_all(reference, preset, mechanism):
+    """Both offload mechanisms: tierax's prefetching scan (the default) and XLA's checkpoint policy."""
     cfg, graphdef, params, tokens, ref_loss, ref_grads = reference
-    loss, grads = S.loss_and_grads(graphdef, cfg, P.preset(preset, cfg), params, tokens)
+    plan = dataclasses.replace(P.preset(preset, cfg), mechanism=mechanism)
+    if preset in OFFLOADING:
+        kinds = {type(v).__name__ for v in P.to_policies(plan, cfg).values()}
+        assert kinds == ({"Prefetch"} if mechanism == "prefetch" else {"function"}), kinds
+    loss, grads = S.loss_and_grads(graphdef, cfg, plan, params, tokens)
     assert abs(float(loss) - float(ref_loss)) <= TOL * abs(float(ref_loss))
     errs = jax.tree.map(max_rel_err, grads, ref_grads)
     worst = max(jax.tree.leaves(errs))

@@ -265,7 +265,9 @@ def compile_for_target(
         topo = tpu_topology(spec, devices)
     else:
         check_gpu_aot()
-        topo = gpu_topology(target_config or hardware.render_target_config(spec), devices, target)
+        # The scheduler's memory budget as on the real device (see hardware.scheduling_target_config).
+        text = hardware.scheduling_target_config(target_config or hardware.render_target_config(spec))
+        topo = gpu_topology(text, devices, target)
     mesh = shape.make(topo.devices)
     optimizer = step_lib.make_optimizer()
     graphdef, state = abstract_train_state(cfg, optimizer, mesh)
@@ -304,6 +306,9 @@ def compile_for_target(
                                    host_link_bps=spec.host_link_bps)
     notes = [f"host link {spec.host_link_bps / 1e9:.0f} GB/s per direction ({spec.host_link_source})",
              f"compute roofline at {dtype_peak / 1e12:.0f} TFLOP/s ({cfg.dtype}) and {spec.hbm_bytes_per_s / 1e12:.2f} TB/s"]
+    if not tpu:
+        notes.append("XLA scheduled within the run's device budget (capacity less the runtime reserve, as JAX's "
+                     "allocator gives it on the device), not the 80 % a deviceless compile assumes by default")
     if tpu:
         notes.insert(0, f"deviceless XLA:TPU compile for {spec.topology_name(devices)} (libtpu); the static overlap "
                         "check reads host copies the XLA:GPU way and has not been validated on the TPU schedule")

@@ -10,6 +10,7 @@ effective rate estimates use.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -297,6 +298,32 @@ def compile_target(key: str) -> GpuSpec | TpuSpec:
                           f"no compile is claimed; compile for one of {described}, or use `tierax simulate/plan "
                           f"--target {key}`")
     return spec
+
+
+# XLA:GPU's latency-hiding scheduler and HLO rematerialisation work within a memory limit:
+# (the module's device_memory_size − argument/output bytes) × a slop factor.  On a real GPU,
+# JAX sets device_memory_size to the allocator's limit (XLA_PYTHON_CLIENT_MEM_FRACTION of
+# the memory); a deviceless compile has no allocator, so XLA takes 80 % of the target's
+# memory instead (gpu_hlo_schedule.cc, GetSchedulerMemoryLimit).  For a step whose weights
+# and optimizer state fill most of the device, that leaves the scheduler no room to overlap
+# any host copy: every transfer serialises, which a real run would not do.
+XLA_DEVICELESS_MEMORY_FRACTION = 0.8
+
+
+def scheduling_target_config(text: str) -> str:
+    """``text`` (a GpuTargetConfigProto) with its memory restated for a deviceless compile.
+
+    ``device_memory_size`` becomes usable_bytes(memory) / 0.8, so that XLA's 80 % is exactly
+    the budget a run under tierax's runtime reserve gets from the allocator on the real
+    device; nothing else reads the field in a deviceless compile, and every memory figure
+    tierax reports or checks uses the target's real capacity.
+    """
+    m = re.search(r"^(\s*device_memory_size:\s*)(\d+)\s*$", text, flags=re.M)
+    if m is None:
+        raise TieraxError("the target config has no gpu_device_info.device_memory_size; add the device's memory "
+                          "in bytes (see shared/gpu-targets/README.md)")
+    stated = int(usable_bytes(int(m.group(2))) / XLA_DEVICELESS_MEMORY_FRACTION)
+    return text[: m.start(2)] + str(stated) + text[m.end(2):]
 
 
 def render_target_config(spec: GpuSpec, *, cuda: tuple[int, int, int] = (13, 0, 0), cudnn: tuple[int, int, int] = (9, 10, 0)) -> str:

@@ -36,6 +36,7 @@ import yaml
 from tierax import names as N
 from tierax.errors import TieraxError
 from tierax.interop import maxtext_keys
+from tierax.models.prefetch import Prefetch
 
 
 class Placement(str, enum.Enum):
@@ -82,6 +83,14 @@ class GroupPlan:
         return self.placements.get(name, self.default)
 
 
+# How offloaded activations move between the passes (the plan's ``mechanism`` key).
+MECHANISMS = {
+    "prefetch": "tierax's layer scan: stores as produced, loads one layer ahead of their use",
+    "policy": "XLA's host offloader under jax.checkpoint's offload policy: loads in the layer that uses them",
+}
+DEFAULT_MECHANISM = "prefetch"
+
+
 @dataclass(frozen=True)
 class Plan:
     """A placement for every activation of every layer group.
@@ -95,9 +104,13 @@ class Plan:
     name: str
     groups: Mapping[str, GroupPlan]
     description: str = ""
+    mechanism: str = DEFAULT_MECHANISM
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "groups", MappingProxyType(dict(self.groups)))
+        if self.mechanism not in MECHANISMS:
+            raise TieraxError(f"plan {self.name!r}: mechanism {self.mechanism!r} is not valid; use one of: "
+                              + ", ".join(f"{k} ({v})" for k, v in MECHANISMS.items()))
 
     # --- YAML / dict form -------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -106,17 +119,20 @@ class Plan:
             entry: dict[str, str] = {"default": gp.default.value}
             entry.update({n: p.value for n, p in gp.placements.items()})
             groups[g] = entry
-        return {"plan": self.name, "description": self.description, "groups": groups}
+        out = {"plan": self.name, "description": self.description}
+        if self.mechanism != DEFAULT_MECHANISM:
+            out["mechanism"] = self.mechanism
+        return out | {"groups": groups}
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "plan") -> "Plan":
         if not isinstance(data, Mapping):
             raise TieraxError(f"{source}: a plan must be a mapping with keys plan, description, groups")
-        unknown = set(data) - {"plan", "description", "groups"}
+        unknown = set(data) - {"plan", "description", "mechanism", "groups"}
         if unknown:
             raise TieraxError(
                 f"{source}: unknown key(s) {', '.join(sorted(map(str, unknown)))}; "
-                "a plan has keys: plan, description, groups"
+                "a plan has keys: plan, description, mechanism, groups"
             )
         groups_in = data.get("groups")
         if not isinstance(groups_in, Mapping) or not groups_in:
@@ -131,7 +147,11 @@ class Plan:
                 _check_name(n, f"{source}: group {g!r}")
             placements = {n: Placement.parse(p, f"{source}: group {g!r}, {n}") for n, p in entry.items()}
             groups[str(g)] = GroupPlan(placements, default)
-        return cls(str(data.get("plan", "custom")), groups, str(data.get("description", "") or ""))
+        mechanism = data.get("mechanism", DEFAULT_MECHANISM)
+        if mechanism not in MECHANISMS:
+            raise TieraxError(f"{source}: mechanism {mechanism!r} is not valid; use one of: "
+                              + ", ".join(f"{k} ({v})" for k, v in MECHANISMS.items()))
+        return cls(str(data.get("plan", "custom")), groups, str(data.get("description", "") or ""), mechanism)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
@@ -259,16 +279,25 @@ def resolve(plan: Plan, cfg) -> dict[str, dict[str, Placement]]:
     return out
 
 
-def to_policies(plan: Plan, cfg) -> dict[str, Callable | None]:
-    """THE function that turns a Plan into ``jax.checkpoint`` policies, one per layer group.
+def to_policies(plan: Plan, cfg) -> dict[str, Callable | Prefetch | None]:
+    """THE function that turns a Plan into what each layer group runs.
 
     Returns:
-      group → policy, or None where every activation is on device (no remat).
+      group → None where every activation is on device (no remat); a
+      :class:`~tierax.models.prefetch.Prefetch` (tierax's prefetching layer scan) where the
+      plan's mechanism is ``prefetch`` and the group offloads something other than its layer
+      input; else a ``jax.checkpoint`` policy (``save_and_offload_only_these_names``).
     """
-    policies: dict[str, Callable | None] = {}
+    policies: dict[str, Callable | Prefetch | None] = {}
     for gname, placements in resolve(plan, cfg).items():
         if all(p is Placement.DEVICE for p in placements.values()):
             policies[gname] = None
+            continue
+        offload = frozenset(n for n, p in placements.items() if p is Placement.OFFLOAD)
+        if plan.mechanism == "prefetch" and offload and N.DECODER_LAYER_INPUT not in offload:
+            # The layer input is the scan's own residual (always kept on device by the scan).
+            keep = frozenset(n for n, p in placements.items() if p is Placement.DEVICE) - {N.DECODER_LAYER_INPUT}
+            policies[gname] = Prefetch(keep, offload)
             continue
         policies[gname] = jax.checkpoint_policies.save_and_offload_only_these_names(
             names_which_can_be_saved=[n for n, p in placements.items() if p is Placement.DEVICE],

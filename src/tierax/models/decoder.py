@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from tierax.models import layers as L
+from tierax.models.prefetch import Prefetch, prefetch_scan
 
 LayerFactory = Callable[[Any, nnx.Rngs], nnx.Module]
 
@@ -87,10 +88,14 @@ class Decoder(nnx.Module):
                 return nnx.merge(graphdef, layer_state)(carry, mesh), None
 
             policy = policies.get(name)
-            if policy is not None:
-                body = jax.checkpoint(body, policy=policy, prevent_cse=False)
             # The scope lets an abstract trace attribute tagged activations to a group.
             with jax.named_scope(f"tierax_group_{name}"):
+                if isinstance(policy, Prefetch):
+                    layer = lambda x, s, graphdef=graphdef: nnx.merge(graphdef, s)(x, mesh)  # noqa: E731
+                    x_BSD = prefetch_scan(layer, policy.keep, policy.offload)(x_BSD, state)
+                    continue
+                if policy is not None:
+                    body = jax.checkpoint(body, policy=policy, prevent_cse=False)
                 x_BSD, _ = jax.lax.scan(body, x_BSD, state)
         return self.final_norm(x_BSD)
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.ad_checkpoint import checkpoint_name
 
 from tierax import names as N
 from tierax.mesh import BATCH_AXES, constrain
 from tierax.models import moe as moe_lib
 from tierax.models.attention import causal_attention
+from tierax.models.tags import tag
 
 
 def _init(stddev: float) -> nnx.Initializer:
@@ -91,13 +91,13 @@ class GQAttention(nnx.Module):
         q_BSHd = _heads(rope(self.wq(x_BSD).reshape(B, S, K * G, hd), c.rope_theta), mesh)
         k_BSKd = _heads(rope(self.wk(x_BSD).reshape(B, S, K, hd), c.rope_theta), mesh)
         v_BSKd = _heads(self.wv(x_BSD).reshape(B, S, K, hd), mesh)
-        q_BSHd = checkpoint_name(q_BSHd, N.QUERY_PROJ)
-        k_BSKd = checkpoint_name(k_BSKd, N.KEY_PROJ)
-        v_BSKd = checkpoint_name(v_BSKd, N.VALUE_PROJ)
+        q_BSHd = tag(q_BSHd, N.QUERY_PROJ)
+        k_BSKd = tag(k_BSKd, N.KEY_PROJ)
+        v_BSKd = tag(v_BSKd, N.VALUE_PROJ)
         ctx = causal_attention(q_BSHd.reshape(B, S, K, G, hd), k_BSKd, v_BSKd, impl=c.attention, block=c.attention_block)
         ctx_BSF = constrain(ctx.reshape(B, S, K * G * hd), mesh, BATCH_AXES, None, "tensor")
-        ctx_BSF = checkpoint_name(ctx_BSF, N.ATTENTION_OUT)
-        return checkpoint_name(_replicated(self.wo(ctx_BSF), mesh), N.OUT_PROJ)
+        ctx_BSF = tag(ctx_BSF, N.ATTENTION_OUT)
+        return tag(_replicated(self.wo(ctx_BSF), mesh), N.OUT_PROJ)
 
 
 class MLAttention(nnx.Module):
@@ -118,24 +118,24 @@ class MLAttention(nnx.Module):
         c = self.cfg
         B, S, _ = x_BSD.shape
         H, nope, rp, vd = c.num_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
-        qa_BSR = checkpoint_name(self.wq_a(x_BSD), N.QUERY_WA_PROJ)
-        qa_BSR = checkpoint_name(self.q_norm(qa_BSR), N.MLA_Q)
+        qa_BSR = tag(self.wq_a(x_BSD), N.QUERY_WA_PROJ)
+        qa_BSR = tag(self.q_norm(qa_BSR), N.MLA_Q)
         q_BSHd = _heads(self.wq_b(qa_BSR).reshape(B, S, H, nope + rp), mesh)
         q_BSHd = jnp.concatenate([q_BSHd[..., :nope], rope(q_BSHd[..., nope:], c.rope_theta)], axis=-1)
-        q_BSHd = checkpoint_name(q_BSHd, N.QUERY_PROJ)
+        q_BSHd = tag(q_BSHd, N.QUERY_PROJ)
 
-        kva_BSR = checkpoint_name(self.wkv_a(x_BSD), N.KV_WA_PROJ)
-        latent_BSL = checkpoint_name(self.kv_norm(kva_BSR[..., : c.kv_lora_rank]), N.MLA_KV)
+        kva_BSR = tag(self.wkv_a(x_BSD), N.KV_WA_PROJ)
+        latent_BSL = tag(self.kv_norm(kva_BSR[..., : c.kv_lora_rank]), N.MLA_KV)
         krope_BS1r = rope(kva_BSR[..., c.kv_lora_rank :][:, :, None, :], c.rope_theta)
         kv_BSHf = _heads(self.wkv_b(latent_BSL).reshape(B, S, H, nope + vd), mesh)
         k_BSHd = jnp.concatenate([kv_BSHf[..., :nope], jnp.broadcast_to(krope_BS1r, (B, S, H, rp))], axis=-1)
-        k_BSHd = checkpoint_name(k_BSHd, N.KEY_PROJ)
-        v_BSHv = checkpoint_name(kv_BSHf[..., nope:], N.VALUE_PROJ)
+        k_BSHd = tag(k_BSHd, N.KEY_PROJ)
+        v_BSHv = tag(kv_BSHf[..., nope:], N.VALUE_PROJ)
 
         ctx = causal_attention(q_BSHd[:, :, :, None, :], k_BSHd, v_BSHv, impl=c.attention, block=c.attention_block)
         ctx_BSF = constrain(ctx.reshape(B, S, H * vd), mesh, BATCH_AXES, None, "tensor")
-        ctx_BSF = checkpoint_name(ctx_BSF, N.ATTENTION_OUT)
-        return checkpoint_name(_replicated(self.wo(ctx_BSF), mesh), N.OUT_PROJ)
+        ctx_BSF = tag(ctx_BSF, N.ATTENTION_OUT)
+        return tag(_replicated(self.wo(ctx_BSF), mesh), N.OUT_PROJ)
 
 
 class SwiGLU(nnx.Module):
@@ -148,9 +148,9 @@ class SwiGLU(nnx.Module):
 
     def __call__(self, x_BSD, mesh=None):
         # Megatron: up-projections column-parallel (hidden over tensor), down-projection row-parallel.
-        g_BSF = checkpoint_name(constrain(self.wi_0(x_BSD), mesh, BATCH_AXES, None, "tensor"), N.MLPWI_0)
-        u_BSF = checkpoint_name(constrain(self.wi_1(x_BSD), mesh, BATCH_AXES, None, "tensor"), N.MLPWI_1)
-        return checkpoint_name(_replicated(self.wo(jax.nn.silu(g_BSF) * u_BSF), mesh), N.MLPWO)
+        g_BSF = tag(constrain(self.wi_0(x_BSD), mesh, BATCH_AXES, None, "tensor"), N.MLPWI_0)
+        u_BSF = tag(constrain(self.wi_1(x_BSD), mesh, BATCH_AXES, None, "tensor"), N.MLPWI_1)
+        return tag(_replicated(self.wo(jax.nn.silu(g_BSF) * u_BSF), mesh), N.MLPWO)
 
 
 class MoE(nnx.Module):
@@ -188,6 +188,6 @@ class DecoderLayer(nnx.Module):
 
     def __call__(self, x_BSD, mesh=None):
         """``mesh``: the :class:`jax.sharding.Mesh` the step runs on (None: one device, no constraints)."""
-        x_BSD = checkpoint_name(_replicated(x_BSD, mesh), N.DECODER_LAYER_INPUT)
+        x_BSD = tag(_replicated(x_BSD, mesh), N.DECODER_LAYER_INPUT)
         h_BSD = x_BSD + self.attention(self.attn_norm(x_BSD), mesh)
         return h_BSD + self.mlp(self.mlp_norm(h_BSD), mesh)

@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.ad_checkpoint import checkpoint_name
 
 from tierax import names as N
 from tierax.mesh import BATCH_AXES, constrain, spec
+from tierax.models.tags import tag
 
 EXPERT_AXIS = "expert"
 # The batch axes other than ``expert``: the received tokens' capacity dimension is split over them.
@@ -109,11 +109,11 @@ def _expert_mlp(buf_ECD, wi_0, wi_1, wo, dtype, mesh):
     wi_1 = constrain(wi_1.astype(dtype), mesh, EXPERT_AXIS, None, "tensor")
     wo = constrain(wo.astype(dtype), mesh, EXPERT_AXIS, "tensor", None)
     h0_ECF = jnp.einsum("ecd,edf->ecf", buf_ECD, wi_0)
-    h0_ECF = checkpoint_name(constrain(h0_ECF, mesh, EXPERT_AXIS, TOKEN_AXES, "tensor"), N.MOE_MLPWI_0)
+    h0_ECF = tag(constrain(h0_ECF, mesh, EXPERT_AXIS, TOKEN_AXES, "tensor"), N.MOE_MLPWI_0)
     h1_ECF = jnp.einsum("ecd,edf->ecf", buf_ECD, wi_1)
-    h1_ECF = checkpoint_name(constrain(h1_ECF, mesh, EXPERT_AXIS, TOKEN_AXES, "tensor"), N.MOE_MLPWI_1)
+    h1_ECF = tag(constrain(h1_ECF, mesh, EXPERT_AXIS, TOKEN_AXES, "tensor"), N.MOE_MLPWI_1)
     y_ECD = jnp.einsum("ecf,efd->ecd", jax.nn.silu(h0_ECF) * h1_ECF, wo)
-    return checkpoint_name(constrain(y_ECD, mesh, EXPERT_AXIS, TOKEN_AXES, None), N.MOE_MLPWO)
+    return tag(constrain(y_ECD, mesh, EXPERT_AXIS, TOKEN_AXES, None), N.MOE_MLPWO)
 
 
 def routed_experts(x_BSD, router_DE, wi_0, wi_1, wo, cfg, mesh=None):
