@@ -15,6 +15,12 @@ with pipelined transfers); one layer's transient workspace (its full residual
 set while it is recomputed and back-propagated, plus, under FSDP, its gathered
 dense weights, and the embedding and head gathered with their full gradients); the
 float32 logits.
+The peak is the larger of two moments: a layer's backward (the state with every gradient,
+kept activations, staging and one layer's workspace) and the loss (parameters, optimizer
+state and the layer gradients, kept activations and staging, plus the float32 logits and
+their gradient — one tile of each when the loss is tiled — and the LM head's unsharded
+float32 gradient, twice when a tiled loss accumulates it over its scan).  GPU targets add
+the fixed buffers XLA:GPU always allocates (the cuBLAS workspace).
 
 Time: executed matmul FLOPs (forward, 2× for backward, plus recomputation) at the
 target's achievable matmul rate; host transfers at the link bandwidth each way,
@@ -48,6 +54,9 @@ OVERLAP_WINDOW = {"serial": 0.0, "lhs": 0.5, "lhs-pipelined": 1.0}
 # H200: ≈790 TFLOP/s measured bf16 matmul of 989 peak (DESIGN.md) → 0.8, used for every GPU
 # target until `tierax calibrate` measures the device at hand.
 ACHIEVABLE_FRACTION = 0.8
+# XLA:GPU's cuBLAS workspace, an s8[4194304] buffer in every deviceless GPU compile's peak set (seen with
+# jaxlib 0.10.2 from tiny-llama to DeepSeek-V3; the live-range dump lists it at the peak).
+XLA_GPU_FIXED_BYTES = 4 * 2**20
 CALIBRATION_FILE = pathlib.Path(os.environ.get("TIERAX_CALIBRATION", pathlib.Path.home() / ".cache" / "tierax" / "calibration.json"))
 
 
@@ -65,6 +74,7 @@ class Rates:
     host_memory_bytes: int
     offload_is_real: bool
     sources: dict = field(default_factory=dict)
+    fixed_device_bytes: int = 0  # buffers the compiler allocates whatever the model (XLA:GPU's cuBLAS workspace)
 
 
 def load_calibration() -> dict:
@@ -99,8 +109,9 @@ def target_rates(target: str, dtype: str) -> Rates:
         "hbm": "XLA device spec", "interconnect": "NVLink datasheet, per direction",
         "memory": "XLA device spec", "host_memory": "system datasheet, per GPU",
     } | getattr(spec, "rate_sources", {})  # TPU targets name their own sources
+    fixed = XLA_GPU_FIXED_BYTES if spec.kind == "gpu" else 0
     return Rates(target, matmul, spec.hbm_bytes_per_s, d2h, h2d, spec.nvlink_bytes_per_s,
-                 spec.device_memory_bytes, int(spec.host_memory_per_gpu_bytes), True, sources)
+                 spec.device_memory_bytes, int(spec.host_memory_per_gpu_bytes), True, sources, fixed)
 
 
 @dataclass(frozen=True)
@@ -133,12 +144,29 @@ class GroupTerms:
 class FixedTerms:
     state_bytes: int
     workspace_bytes: int
-    logits_bytes: int
+    logits_bytes: int  # at the loss: logits and their gradient (float32) plus the LM head's unsharded gradient
     compute_s: float  # forward + backward matmuls, head included, no recompute
     collective_s: float
     exposed_collective_s: float
     model_flops: float  # MaxText convention, per device
     executed_flops: float  # without recomputation, per device
+    embed_grad_bytes: int = 0  # the embedding's and head's (sharded) gradients: not yet written at the loss
+    fixed_device_bytes: int = 0
+
+    @property
+    def layer_phase_bytes(self) -> int:
+        """Plan-independent bytes while a layer is back-propagated (add kept activations and staging)."""
+        return self.state_bytes + self.workspace_bytes + self.fixed_device_bytes
+
+    @property
+    def loss_phase_bytes(self) -> int:
+        """Plan-independent bytes at the loss (add kept activations and staging)."""
+        return self.state_bytes - self.embed_grad_bytes + self.logits_bytes + self.fixed_device_bytes
+
+    @property
+    def fixed_bytes(self) -> int:
+        """Peak bytes without the plan's activations and staging (the larger phase)."""
+        return max(self.layer_phase_bytes, self.loss_phase_bytes)
 
 
 def item_terms(inv: Inventory, rates: Rates) -> list[ItemTerms]:
@@ -177,7 +205,10 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
     c_item = jnp.dtype(cfg.dtype).itemsize
     tokens = inv.microbatch * inv.seq
     head_flops = 2.0 * tokens * cfg.d_model * cfg.vocab_size
-    executed = 3.0 * (sum(g.forward_flops_per_layer * g.num_layers for g in inv.groups) + head_flops)
+    # A tiled loss checkpoints each tile: the backward recomputes the tile's logits (one more head forward).
+    tiled = getattr(cfg, "loss_tiles", 1) > 1
+    loss_recompute = head_flops if tiled else 0.0
+    executed = 3.0 * (sum(g.forward_flops_per_layer * g.num_layers for g in inv.groups) + head_flops) + loss_recompute
     compute_s = executed / rates.matmul_flops_per_s
     # Weights are FSDP-sharded over fsdp × expert (expert weights: E over expert, the rest over fsdp)
     # and split over tensor where tensor-parallel; the inventory's layer parameters are already per
@@ -206,15 +237,26 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
     coll += sum(2 * g.forward_collective_bytes_per_layer * g.num_layers for g in inv.groups) \
         / rates.interconnect_bytes_per_s
     exposed_coll = coll if schedule == "serial" else max(0.0, coll - compute_s)
+    # At the loss: the float32 logits and their gradient (one tile of each when tiled, the tile's logits
+    # consumed by the time its gradient exists), and the head's float32 gradient before any reduce-scatter
+    # (unsharded: [D, V]); a tiled loss accumulates it over its scan, old and new sums both live.
+    p_item = jnp.dtype(cfg.param_dtype).itemsize
+    head_grad = cfg.vocab_size * cfg.d_model * p_item
+    loss_bytes = (2 if tiled else 1) * head_grad + (1 if tiled else 2) * inv.logits_bytes
+    if not cfg.vocab_size:  # a model without a head (tierax.api): logits_bytes are the caller's, live throughout
+        workspace += inv.logits_bytes
+        loss_bytes = inv.logits_bytes
     return FixedTerms(
         state_bytes=inv.param_bytes + inv.grad_bytes + inv.optimizer_bytes,
         workspace_bytes=int(workspace),
-        logits_bytes=inv.logits_bytes,
+        logits_bytes=int(loss_bytes),
         compute_s=compute_s,
         collective_s=coll,
         exposed_collective_s=exposed_coll,
         model_flops=train_flops(cfg, inv.microbatch, inv.seq),
         executed_flops=executed,
+        embed_grad_bytes=int(inv.embed_param_count * p_item / fsdp),
+        fixed_device_bytes=rates.fixed_device_bytes,
     )
 
 
@@ -263,11 +305,13 @@ def evaluate(placements: dict, inv: Inventory, cfg, rates: Rates, schedule: str)
         exposed_d2h += max(0.0, d2h - g.d2h_window_s)
         exposed_h2d += max(0.0, h2d - g.h2d_window_s)
         staging = max(staging, STAGING_LAYERS[schedule] * sum(i.bytes_per_layer for i in off))
-    peak = int(fx.state_bytes + act_bytes + staging + fx.workspace_bytes + fx.logits_bytes)
+    peak = int(act_bytes + staging + fx.fixed_bytes)
     step = fx.compute_s + recompute + exposed_d2h + exposed_h2d + fx.exposed_collective_s
     breakdown = {
         "state_bytes": fx.state_bytes, "activation_bytes": int(act_bytes), "staging_bytes": int(staging),
         "workspace_bytes": fx.workspace_bytes, "logits_bytes": fx.logits_bytes,
+        "fixed_device_bytes": fx.fixed_device_bytes,
+        "peak_phase": "loss" if fx.loss_phase_bytes > fx.layer_phase_bytes else "layer backward",
         "compute_s": fx.compute_s, "recompute_s": recompute, "transfer_s": transfer_total,
         "exposed_d2h_s": exposed_d2h, "exposed_h2d_s": exposed_h2d,
         "collective_s": fx.collective_s, "exposed_collective_s": fx.exposed_collective_s,

@@ -127,7 +127,7 @@ def _solve(inv, cfg, rates, schedule, budget, host_budget, one_placement_per_nam
             if j != k:  # same name, another group: same placement
                 add({D + k: 1, D + j: -1}, 0, 0)
                 add({O + k: 1, O + j: -1}, 0, 0)
-    fixed_bytes = fx.state_bytes + fx.workspace_bytes + fx.logits_bytes + sum(g.base_bytes for g in groups)
+    fixed_bytes = fx.fixed_bytes + sum(g.base_bytes for g in groups)  # the larger of the loss and layer phases
     mem = {D + k: it.bytes / total_bytes for k, it in enumerate(items)}
     mem.update({Z + gidx[g.name]: g.save_all_extra_bytes / total_bytes for g in groups})
     mem[S] = 1
