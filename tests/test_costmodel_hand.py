@@ -193,3 +193,16 @@ def test_predicted_peak_within_10pct_of_the_deviceless_xla_gpu_compile(case):
     pred = cm.simulate(plan, model_inventory(cfg, mb, seq), cfg, cm.target_rates("h200", cfg.dtype), "lhs")
     got, _ = C.compile_for_target(cfg, plan, "h200", microbatch=mb, seq=seq)
     assert abs(pred.peak_device_bytes / got.device_peak_bytes - 1) <= 0.10, (pred.breakdown, got.device_peak_bytes)
+
+
+def test_fsdp_workspace_counts_gathered_weights_and_the_transposed_expert_stack():
+    """fsdp=2 × expert=2, float32 (tiny-deepseek's dtypes): one moe layer's workspace is its residuals (20 MB),
+    its dense weights gathered (1000 × 4 B), its local experts gathered over fsdp (10⁷ / 2 experts shards × 4 B)
+    and XLA's transposed copy of the group's stacked expert weights (10⁷ × 3 layers / (2 · 2) × 4 B); plus the
+    embedding and head gathered with their float32 gradients (1000 × (4 + 4) B)."""
+    inv = inventory()
+    dense, moe = inv.groups
+    moe = dataclasses.replace(moe, layer_param_count=10_001_000, expert_param_count_per_layer=10_000_000)
+    inv = dataclasses.replace(inv, groups=(dense, moe), mesh={"data": 1, "fsdp": 2, "expert": 2})
+    b = cm.simulate(PLAN, inv, CFG, RATES, "lhs").breakdown
+    assert b["workspace_bytes"] == 20_000_000 + 4_000 + 20_000_000 + 30_000_000 + 8_000

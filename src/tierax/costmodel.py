@@ -218,10 +218,16 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
     # its weights gathered in the compute dtype: the dense ones whole (per tensor shard), the expert
     # ones over fsdp only (the expert-parallel MoE gathers its local experts, E / expert of them).
     ep = inv.mesh.get("expert", 1)
+    # Under fsdp, XLA also holds a transposed copy of each stacked expert weight (parameter dtype, sharded
+    # as stored: E over expert, D over fsdp) for the loop's gathers — the "wrapped_transpose" buffers of
+    # the deviceless compiles' peak sets (DeepSeek-V3, 5 and 61 layers): the group's expert parameters again.
+    fsdp_only = inv.mesh.get("fsdp", 1)
+    p_item = jnp.dtype(cfg.param_dtype).itemsize
     workspace = max(
         g.save_all_bytes_per_layer
         + (c_item * (g.layer_param_count - g.expert_param_count_per_layer) if fsdp > 1 else 0)
-        + (c_item * g.expert_param_count_per_layer / ep if inv.mesh.get("fsdp", 1) > 1 else 0)
+        + (c_item * g.expert_param_count_per_layer / ep if fsdp_only > 1 else 0)
+        + (p_item * g.expert_param_count_per_layer * g.num_layers / (ep * fsdp_only) if fsdp_only > 1 else 0)
         for g in inv.groups
     )
     if fsdp > 1:
@@ -240,7 +246,6 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
     # At the loss: the float32 logits and their gradient (one tile of each when tiled, the tile's logits
     # consumed by the time its gradient exists), and the head's float32 gradient before any reduce-scatter
     # (unsharded: [D, V]); a tiled loss accumulates it over its scan, old and new sums both live.
-    p_item = jnp.dtype(cfg.param_dtype).itemsize
     head_grad = cfg.vocab_size * cfg.d_model * p_item
     loss_bytes = (2 if tiled else 1) * head_grad + (1 if tiled else 2) * inv.logits_bytes
     if not cfg.vocab_size:  # a model without a head (tierax.api): logits_bytes are the caller's, live throughout
