@@ -77,22 +77,35 @@ EXPOSED = {
 STAGING = {"serial": 40_000_000, "lhs": 40_000_000, "lhs-pipelined": 80_000_000}
 PEAK_WITHOUT_STAGING = 400_000_000 + 17_000_000 + 50_000_000
 
+# The prefetching scan (the default mechanism): the backward also re-reads layer 0 once per group, so loads are
+# dense (80 + 40) MB / 5 GB/s = 24 ms and moe (30 + 10) MB = 8 ms; stores unchanged (8 + 3 ms).  Every copy can
+# hide under a whole layer's window unless serial: d2h dense 8 − 2 = 6 ms, moe 0; h2d dense 24 − 5 = 19 ms, moe
+# 8 − 24 → 0.  Two layers of the dense group's offloaded slices are staged on device: 80 MB, any schedule.
+PREFETCH_TRANSFER_S = 0.008 + 0.003 + 0.024 + 0.008
+PREFETCH_EXPOSED = {"serial": (0.011, 0.032), "lhs": (0.006, 0.019), "lhs-pipelined": (0.006, 0.019)}
+PREFETCH_STAGING = 80_000_000
 
+
+@pytest.mark.parametrize("mechanism", ["policy", "prefetch"])
 @pytest.mark.parametrize("schedule", cm.SCHEDULES)
-def test_simulate_equals_hand_computation(schedule):
-    pred = cm.simulate(PLAN, inventory(), CFG, RATES, schedule)
+def test_simulate_equals_hand_computation(schedule, mechanism):
+    plan = dataclasses.replace(PLAN, mechanism=mechanism)
+    pred = cm.simulate(plan, inventory(), CFG, RATES, schedule)
     b = pred.breakdown
-    d2h, h2d = EXPOSED[schedule]
+    if mechanism == "policy":
+        (d2h, h2d), transfer, staging = EXPOSED[schedule], TRANSFER_S, STAGING[schedule]
+    else:
+        (d2h, h2d), transfer, staging = PREFETCH_EXPOSED[schedule], PREFETCH_TRANSFER_S, PREFETCH_STAGING
     assert b["compute_s"] == pytest.approx(COMPUTE_S, rel=1e-12)
     assert b["recompute_s"] == pytest.approx(RECOMPUTE_S, rel=1e-12)
-    assert b["transfer_s"] == pytest.approx(TRANSFER_S, rel=1e-12)
+    assert b["transfer_s"] == pytest.approx(transfer, rel=1e-12)
     assert (b["exposed_d2h_s"], b["exposed_h2d_s"]) == (pytest.approx(d2h, rel=1e-12, abs=1e-15),
                                                         pytest.approx(h2d, rel=1e-12, abs=1e-15))
     assert pred.step_time_s == pytest.approx(COMPUTE_S + RECOMPUTE_S + d2h + h2d, rel=1e-12)
     assert pred.host_bytes == 80_000_000 + 30_000_000
-    assert b["staging_bytes"] == STAGING[schedule]
+    assert b["staging_bytes"] == staging
     assert b["activation_bytes"] == 17_000_000
-    assert pred.peak_device_bytes == PEAK_WITHOUT_STAGING + STAGING[schedule]
+    assert pred.peak_device_bytes == PEAK_WITHOUT_STAGING + staging
 
 
 def test_save_all_group_keeps_every_residual_and_recomputes_nothing():
@@ -141,9 +154,10 @@ def test_traced_inventory_bytes_and_host_bytes_from_shapes():
     rates = cm.target_rates("h200", cfg.dtype)
     pred = cm.simulate(P.preset("qkv-offload", cfg), inv, cfg, rates, "serial")
     assert pred.host_bytes == 4 * (8192 + 4096 + 4096)
-    # Serial: every byte crosses the link twice, exposed; 55 GB/s each way on h200.
+    # Serial: every byte crosses the link twice, exposed; 55 GB/s each way on h200; the prefetching scan's
+    # backward loads 4 + 1 layers (layer 0 twice).
     assert pred.breakdown["exposed_d2h_s"] == pytest.approx(4 * 16384 / 55e9, rel=1e-12)
-    assert pred.breakdown["exposed_h2d_s"] == pytest.approx(4 * 16384 / 55e9, rel=1e-12)
+    assert pred.breakdown["exposed_h2d_s"] == pytest.approx(5 * 16384 / 55e9, rel=1e-12)
     # Logits: 2·16 tokens × 256 vocab × float32.
     assert inv.logits_bytes == 2 * 16 * 256 * 4
 

@@ -16,7 +16,12 @@ matmul rate and each schedule's documented hiding rule — following the model a
 * peak = params + grads + AdamW moments + per group (every layer's carry + each device
   name, or the whole no-remat residual set when every name is on device) + staging
   (one layer's offloaded slices of the group with most, two layers when pipelined)
-  + one layer's workspace (its full residual set) + float32 logits.
+  + one layer's workspace (its full residual set) — or, if larger, the loss's float32 logits, their
+  gradient and the head's unsharded gradient in place of the workspace and embedding/head gradients.
+* that is the ``policy`` mechanism (XLA's host offloader).  Under ``prefetch`` (tierax's
+  scan, the default) every schedule but ``serial`` hides a copy under a whole layer's
+  compute, two layers are always staged, and the backward loads one layer more per group
+  than it stores (layer 0 twice).
 
 Inventories are synthetic (two layer groups, DeepSeek-like: dense + MoE), with rates where
 offload, remat and device each win somewhere, and device and host budgets that bind.
@@ -70,15 +75,21 @@ def make_inventory(groups: list[dict]) -> Inventory:
                      embed_param_count=1000)
 
 
-def brute_force(inv: Inventory, rates: cm.Rates, schedule: str):
+def brute_force(inv: Inventory, rates: cm.Rates, schedule: str, mechanism: str = "policy"):
     """(peak bytes, host bytes, step seconds) of every one of the 3^8 plans, from first principles."""
-    w, stage = HIDE[schedule], STAGE[schedule]
+    w, stage, spare = HIDE[schedule], STAGE[schedule], 0
+    if mechanism == "prefetch":
+        w, stage, spare = (0.0 if schedule == "serial" else 1.0), 2, 1
     mm = rates.matmul_flops_per_s
     head_fwd = 2.0 * inv.microbatch * inv.seq * CFG.d_model * CFG.vocab_size
     fwd_all = sum(g.forward_flops_per_layer * g.num_layers for g in inv.groups) + head_fwd
     seconds = np.full(len(CODES), 3.0 * fwd_all / mm)  # forward once, backward twice
-    peak = np.full(len(CODES), inv.param_bytes + inv.grad_bytes + inv.optimizer_bytes + inv.logits_bytes
-                   + max(g.save_all_bytes_per_layer for g in inv.groups), dtype=np.int64)
+    # The larger of two moments: a layer's backward (state + one layer's residuals) and the loss (state less the
+    # embedding/head gradients, plus the head's float32 gradient and the float32 logits with their gradient).
+    state = inv.param_bytes + inv.grad_bytes + inv.optimizer_bytes
+    layer_phase = state + max(g.save_all_bytes_per_layer for g in inv.groups)
+    loss_phase = state - inv.embed_param_count * 4 + CFG.vocab_size * CFG.d_model * 4 + 2 * inv.logits_bytes
+    peak = np.full(len(CODES), max(layer_phase, loss_phase), dtype=np.int64)
     host = np.zeros(len(CODES), dtype=np.int64)
     staging = np.zeros(len(CODES), dtype=np.int64)
     col = 0
@@ -98,7 +109,7 @@ def brute_force(inv: Inventory, rates: cm.Rates, schedule: str):
         host += off_layer * L
         staging = np.maximum(staging, stage * off_layer)
         store_s = off_layer * L / rates.d2h_bytes_per_s
-        load_s = off_layer * L / rates.h2d_bytes_per_s
+        load_s = off_layer * (L + spare) / rates.h2d_bytes_per_s
         fwd_s = g.forward_flops_per_layer * L / mm
         bwd_s = (2 * g.forward_flops_per_layer + g.base_recompute_flops_per_layer) * L / mm
         seconds += np.maximum(0.0, store_s - w * fwd_s) + np.maximum(0.0, load_s - w * bwd_s)
@@ -115,13 +126,15 @@ def index_of(codes: np.ndarray) -> int:
     return int(sum(int(c) * 3 ** (7 - k) for k, c in enumerate(codes)))
 
 
-def check(inv, rates, schedule, budget, host_budget):
+def check(inv, rates, schedule, budget, host_budget, mechanism="policy"):
     """Plan with the MILP, compare with brute force; returns the optimal codes."""
-    peak, host, seconds = brute_force(inv, rates, schedule)
+    peak, host, seconds = brute_force(inv, rates, schedule, mechanism)
     ok = (peak <= budget) & (host <= host_budget)
     assert ok.any()
     best = int(np.flatnonzero(ok)[np.argmin(seconds[ok])])
-    r = planner.plan(CFG, inv, rates, schedule=schedule, budget_bytes=budget, host_budget_bytes=host_budget)
+    r = planner.plan(CFG, inv, rates, schedule=schedule, budget_bytes=budget, host_budget_bytes=host_budget,
+                     mechanism=mechanism)
+    assert r.plan.mechanism == mechanism
     k = index_of(codes_of(r.plan))
     # The chosen plan, evaluated independently: within both budgets, and as fast as the best plan there is.
     assert peak[k] <= budget and host[k] <= host_budget, (peak[k], budget, host[k], host_budget)
@@ -199,7 +212,8 @@ def test_hiding_rule_of_each_schedule_matters():
         times = {}
         for schedule in SCHEDULES:
             peak, _, seconds = brute_force(inv, rates, schedule)
-            r = planner.plan(CFG, inv, rates, schedule=schedule, budget_bytes=budget, host_budget_bytes=10**12)
+            r = planner.plan(CFG, inv, rates, schedule=schedule, budget_bytes=budget, host_budget_bytes=10**12,
+                             mechanism="policy")
             times[schedule] = r.predicted.step_time_s
             assert r.predicted.step_time_s == pytest.approx(seconds[peak <= budget].min(), rel=1e-7)
         assert times["serial"] > times["lhs"]
@@ -220,15 +234,32 @@ def random_groups(rng):
 
 @pytest.mark.parametrize("seed", range(40))
 def test_random_inventories_milp_equals_brute_force(seed):
+    mechanism = ("policy", "prefetch")[seed % 2]
     rng = np.random.default_rng(seed)
     inv = make_inventory(random_groups(rng))
     rates = make_rates(link_d2h=float(rng.uniform(10e9, 200e9)), link_h2d=float(rng.uniform(10e9, 200e9)),
                        matmul=float(rng.uniform(0.3e12, 2e12)))
     for schedule in SCHEDULES:
-        peak, host, _ = brute_force(inv, rates, schedule)
+        peak, host, _ = brute_force(inv, rates, schedule, mechanism)
         for _ in range(2):
             budget = int(np.quantile(peak, rng.uniform(0.0, 1.0), method="lower"))
             host_budget = int(rng.uniform(0, 1) * host.max())
             if not ((peak <= budget) & (host <= host_budget)).any():
                 host_budget = int(host.max())
-            check(inv, rates, schedule, budget, host_budget)
+            check(inv, rates, schedule, budget, host_budget, mechanism)
+
+
+def test_prefetch_fixture_offloads_and_beats_the_policy_where_loads_would_show():
+    """The default mechanism on the hand fixture: the MILP equals brute force at every budget, offload is
+    chosen somewhere, and at a budget where XLA's policy (lhs) exposes loads the prefetching plan is faster."""
+    inv, rates = make_inventory(fixture_groups()), make_rates(link_d2h=8e9, link_h2d=8e9)
+    peak, host, _ = brute_force(inv, rates, "lhs", "prefetch")
+    chosen, faster = [], False
+    for q in (0.2, 0.4, 0.6):
+        budget = int(peak.min() + q * (peak.max() - peak.min()))
+        codes, seconds, *_ = check(inv, rates, "lhs", budget, int(host.max()), "prefetch")
+        chosen.append(codes)
+        pol = planner.plan(CFG, inv, rates, schedule="lhs", budget_bytes=budget, host_budget_bytes=int(host.max()),
+                           mechanism="policy")
+        faster |= seconds[index_of(codes)] < pol.predicted.step_time_s * (1 - 1e-6)
+    assert any((c == 1).any() for c in chosen) and faster

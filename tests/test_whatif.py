@@ -9,7 +9,7 @@ from tierax import costmodel as cm
 from tierax import hardware, planner, whatif
 from tierax import inventory as inv_lib
 from tierax.errors import TieraxError
-from tierax.models import get_config
+from tierax.models import apply_overrides, get_config
 from test_cli import tierax
 
 
@@ -60,13 +60,16 @@ def test_projections_are_marked_and_refused_for_compile():
 
 @pytest.fixture(scope="module")
 def llama_sweep():
-    """llama3-8b on 8 H200s (FSDP), 16 × 4096 per device, host link 20 → 420 GB/s: a case where the
-    best plan keeps nothing on the host at a slow link and offloads MLP inputs once the link is fast."""
-    cfg = get_config("llama3-8b")
+    """llama3-8b on 8 H200s (FSDP), 16 × 4096 per device, host link 2 → 420 GB/s: a case where the
+    best plan keeps nothing on the host at a slow link and offloads MLP inputs once the link is fast
+    (with the prefetching scan's whole-layer window, offloading already pays at 5 GB/s).
+    The loss is tiled (16 tiles) as a run at this size would be: untiled, the float32 logits and their
+    gradient (2 × 31 GiB) leave so little room that even the slow link's plan must offload."""
+    cfg = apply_overrides(get_config("llama3-8b"), ["loss_tiles=16"])
     mesh = {"data": 1, "fsdp": 8, "tensor": 1, "expert": 1}
     rates = cm.target_rates("h200", cfg.dtype)
     solve = whatif.plan_solver(cfg, mesh, 4096, 16, rates, schedule="lhs", budget_bytes=None, host_budget_bytes=None)
-    points = whatif.sweep("host_link", [20.0, 170.0, 420.0], solve=solve, references=whatif.REFERENCES)
+    points = whatif.sweep("host_link", [2.0, 170.0, 420.0], solve=solve, references=whatif.REFERENCES)
     return cfg, mesh, rates, points
 
 

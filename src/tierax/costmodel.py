@@ -26,7 +26,9 @@ Time: executed matmul FLOPs (forward, 2× for backward, plus recomputation) at t
 target's achievable matmul rate; host transfers at the link bandwidth each way,
 hidden under compute per schedule — ``serial``: none; ``lhs``: up to half of the
 same layer's compute; ``lhs-pipelined``: up to the whole neighbouring layer's
-compute; FSDP all-gathers/reduce-scatters, MoE all-to-alls and tensor-parallel
+compute — under XLA's offload policy; tierax's prefetching scan (a plan's default
+mechanism) hides each copy under a whole layer unless the schedule is serial, and
+stages two layers (:func:`staging_and_window`); FSDP all-gathers/reduce-scatters, MoE all-to-alls and tensor-parallel
 all-reduces at the interconnect bandwidth, exposed under ``serial`` and hidden under
 compute otherwise; a rematerialised layer repeats its forward's collectives (counted
 with its unnamed recomputation, which every remat policy of that group pays).
@@ -51,6 +53,21 @@ from tierax.models.flops import train_flops
 SCHEDULES = ("serial", "lhs", "lhs-pipelined")
 STAGING_LAYERS = {"serial": 1, "lhs": 1, "lhs-pipelined": 2}
 OVERLAP_WINDOW = {"serial": 0.0, "lhs": 0.5, "lhs-pipelined": 1.0}
+
+
+def staging_and_window(schedule: str, mechanism: str) -> tuple[int, float]:
+    """(layers of offloaded residuals staged on device, share of a layer's compute a copy can hide under).
+
+    ``policy`` (XLA's host offloader): as the schedule allows.  ``prefetch`` (tierax's scan): a
+    store overlaps the rest of the forward, a load the whole backward of the layer before its
+    use, so a whole layer unless the schedule is serial; two layers staged (the one in use and
+    the one arriving).
+    """
+    if mechanism == "prefetch":
+        return 2, (0.0 if schedule == "serial" else 1.0)
+    return STAGING_LAYERS[schedule], OVERLAP_WINDOW[schedule]
+
+
 # H200: ≈790 TFLOP/s measured bf16 matmul of 989 peak (DESIGN.md) → 0.8, used for every GPU
 # target until `tierax calibrate` measures the device at hand.
 ACHIEVABLE_FRACTION = 0.8
@@ -169,7 +186,13 @@ class FixedTerms:
         return max(self.layer_phase_bytes, self.loss_phase_bytes)
 
 
-def item_terms(inv: Inventory, rates: Rates) -> list[ItemTerms]:
+def item_terms(inv: Inventory, rates: Rates, mechanism: str = plan_lib.DEFAULT_MECHANISM) -> list[ItemTerms]:
+    """Per offloadable activation: bytes, recompute seconds, store and load seconds.
+
+    Under ``prefetch`` the backward loads one layer more than it stores: its last iteration
+    re-reads layer 0 (the copy issued for a layer −1 that does not exist; no branch in the loop).
+    """
+    spare = 1 if mechanism == "prefetch" else 0
     out = []
     for g in inv.groups:
         for a in g.activations:
@@ -177,12 +200,14 @@ def item_terms(inv: Inventory, rates: Rates) -> list[ItemTerms]:
                 continue  # the scan carry: always on device (counted in GroupTerms.base_bytes)
             out.append(ItemTerms(g.name, a.name, a.total_bytes, a.bytes_per_layer,
                                  a.recompute_flops_per_layer * g.num_layers / rates.matmul_flops_per_s,
-                                 a.total_bytes / rates.d2h_bytes_per_s, a.total_bytes / rates.h2d_bytes_per_s))
+                                 a.total_bytes / rates.d2h_bytes_per_s,
+                                 (a.total_bytes + spare * a.bytes_per_layer) / rates.h2d_bytes_per_s))
     return out
 
 
-def group_terms(inv: Inventory, rates: Rates, schedule: str) -> list[GroupTerms]:
-    w = OVERLAP_WINDOW[schedule]
+def group_terms(inv: Inventory, rates: Rates, schedule: str,
+                mechanism: str = plan_lib.DEFAULT_MECHANISM) -> list[GroupTerms]:
+    w = staging_and_window(schedule, mechanism)[1]
     out = []
     for g in inv.groups:
         L = g.num_layers
@@ -283,13 +308,15 @@ class Prediction:
         }
 
 
-def evaluate(placements: dict, inv: Inventory, cfg, rates: Rates, schedule: str) -> Prediction:
+def evaluate(placements: dict, inv: Inventory, cfg, rates: Rates, schedule: str,
+             mechanism: str = plan_lib.DEFAULT_MECHANISM) -> Prediction:
     """The model for explicit placements ``{(group, name): Placement}`` (carry names may be omitted)."""
     if schedule not in SCHEDULES:
         raise TieraxError(f"unknown schedule {schedule!r}; choose one of: {', '.join(SCHEDULES)}")
     P = plan_lib.Placement
-    items = item_terms(inv, rates)
-    groups = group_terms(inv, rates, schedule)
+    items = item_terms(inv, rates, mechanism)
+    groups = group_terms(inv, rates, schedule, mechanism)
+    staged_layers = staging_and_window(schedule, mechanism)[0]
     fx = fixed_terms(inv, cfg, rates, schedule)
     if not rates.offload_is_real:  # XLA:CPU keeps "offloaded" values on device
         placements = {k: (P.DEVICE if v is P.OFFLOAD else v) for k, v in placements.items()}
@@ -309,7 +336,7 @@ def evaluate(placements: dict, inv: Inventory, cfg, rates: Rates, schedule: str)
         transfer_total += d2h + h2d
         exposed_d2h += max(0.0, d2h - g.d2h_window_s)
         exposed_h2d += max(0.0, h2d - g.h2d_window_s)
-        staging = max(staging, STAGING_LAYERS[schedule] * sum(i.bytes_per_layer for i in off))
+        staging = max(staging, staged_layers * sum(i.bytes_per_layer for i in off))
     peak = int(act_bytes + staging + fx.fixed_bytes)
     step = fx.compute_s + recompute + exposed_d2h + exposed_h2d + fx.exposed_collective_s
     breakdown = {
@@ -321,7 +348,7 @@ def evaluate(placements: dict, inv: Inventory, cfg, rates: Rates, schedule: str)
         "exposed_d2h_s": exposed_d2h, "exposed_h2d_s": exposed_h2d,
         "collective_s": fx.collective_s, "exposed_collective_s": fx.exposed_collective_s,
         "executed_flops": fx.executed_flops + recompute * rates.matmul_flops_per_s,
-        "model_flops": fx.model_flops, "schedule": schedule, "rates": rates.sources,
+        "model_flops": fx.model_flops, "schedule": schedule, "mechanism": mechanism, "rates": rates.sources,
     }
     return Prediction(
         fits=peak <= hardware.usable_bytes(rates.device_memory_bytes) and host <= rates.host_memory_bytes,
@@ -336,4 +363,4 @@ def plan_placements(plan: plan_lib.Plan, cfg) -> dict:
 
 def simulate(plan: plan_lib.Plan, inv: Inventory, cfg, rates: Rates, schedule: str) -> Prediction:
     """Predicted peak device bytes, host bytes and step time of ``plan``."""
-    return evaluate(plan_placements(plan, cfg), inv, cfg, rates, schedule)
+    return evaluate(plan_placements(plan, cfg), inv, cfg, rates, schedule, plan.mechanism)

@@ -29,7 +29,7 @@ from tierax import hardware
 from tierax import inventory as inv_lib
 from tierax import names as N
 from tierax.errors import TieraxError
-from tierax.plan import GroupPlan, Placement, Plan
+from tierax.plan import DEFAULT_MECHANISM, GroupPlan, Placement, Plan
 
 # Default reserve kept free on the device: the same runtime reserve `fits` means everywhere.
 DEFAULT_RESERVE_FRACTION = hardware.RUNTIME_RESERVE_FRACTION
@@ -75,9 +75,10 @@ def budgets(rates: cm.Rates, budget_bytes: float | None, host_budget_bytes: floa
     return int(dev), int(host)
 
 
-def _solve(inv, cfg, rates, schedule, budget, host_budget, one_placement_per_name: bool = False) -> dict | None:
-    items = cm.item_terms(inv, rates)
-    groups = cm.group_terms(inv, rates, schedule)
+def _solve(inv, cfg, rates, schedule, budget, host_budget, one_placement_per_name: bool = False,
+           mechanism: str = DEFAULT_MECHANISM) -> dict | None:
+    items = cm.item_terms(inv, rates, mechanism)
+    groups = cm.group_terms(inv, rates, schedule, mechanism)
     fx = cm.fixed_terms(inv, cfg, rates, schedule)
     n, G = len(items), len(groups)
     gidx = {g.name: k for k, g in enumerate(groups)}
@@ -106,6 +107,7 @@ def _solve(inv, cfg, rates, schedule, budget, host_budget, one_placement_per_nam
         lo.append(lb)
         hi.append(ub)
 
+    staged = cm.staging_and_window(schedule, mechanism)[0]
     for k in range(n):
         add({D + k: 1, O + k: 1, R + k: 1}, 1, 1)
     for g in groups:
@@ -118,7 +120,7 @@ def _solve(inv, cfg, rates, schedule, budget, host_budget, one_placement_per_nam
         # bytes (1e-3 next to 1e9) HiGHS reported non-optimal plans as optimal.
         add({ED + gidx[g.name]: 1, **{O + k: -items[k].d2h_s * scale for k in mine}}, -g.d2h_window_s * scale, np.inf)
         add({EH + gidx[g.name]: 1, **{O + k: -items[k].h2d_s * scale for k in mine}}, -g.h2d_window_s * scale, np.inf)
-        add({S: 1, **{O + k: -cm.STAGING_LAYERS[schedule] * items[k].bytes_per_layer / total_bytes for k in mine}},
+        add({S: 1, **{O + k: -staged * items[k].bytes_per_layer / total_bytes for k in mine}},
             0, np.inf)
     if one_placement_per_name:
         first: dict[str, int] = {}
@@ -152,13 +154,13 @@ def _solve(inv, cfg, rates, schedule, budget, host_budget, one_placement_per_nam
     return out
 
 
-def placements_to_plan(placements: dict, cfg, name: str, description: str) -> Plan:
+def placements_to_plan(placements: dict, cfg, name: str, description: str, mechanism: str = DEFAULT_MECHANISM) -> Plan:
     groups = {}
     for g in cfg.layer_groups():
         entries = {N.DECODER_LAYER_INPUT: Placement.DEVICE} if N.DECODER_LAYER_INPUT in g.activations else {}
         entries.update({n: p for (gn, n), p in placements.items() if gn == g.name})
         groups[g.name] = GroupPlan(entries, Placement.REMAT)
-    return Plan(name, groups, description)
+    return Plan(name, groups, description, mechanism)
 
 
 def _exposed(items, g) -> float:
@@ -166,10 +168,11 @@ def _exposed(items, g) -> float:
     return max(0.0, d2h - g.d2h_window_s) + max(0.0, h2d - g.h2d_window_s)
 
 
-def _explain(placements, inv, cfg, rates, schedule, pred: cm.Prediction, budget, host_budget) -> tuple[Explanation, ...]:
+def _explain(placements, inv, cfg, rates, schedule, pred: cm.Prediction, budget, host_budget,
+             mechanism: str = DEFAULT_MECHANISM) -> tuple[Explanation, ...]:
     """Why each choice: its own costs, and what the alternatives would have cost given the rest of the plan."""
-    items = cm.item_terms(inv, rates)
-    groups = {g.name: g for g in cm.group_terms(inv, rates, schedule)}
+    items = cm.item_terms(inv, rates, mechanism)
+    groups = {g.name: g for g in cm.group_terms(inv, rates, schedule, mechanism)}
     slack = budget - pred.peak_device_bytes
     ms = lambda s: f"{s * 1e3:.3g} ms"  # noqa: E731
     gib = lambda b: f"{b / 2**30:.3g} GiB"  # noqa: E731
@@ -221,8 +224,10 @@ def plan(
     host_budget_bytes: float | None = None,
     name: str = "planned",
     one_placement_per_name: bool = False,
+    mechanism: str = DEFAULT_MECHANISM,
 ) -> PlanResult:
-    """The fastest predicted plan within the budgets (``one_placement_per_name``: the same across groups).
+    """The fastest predicted plan within the budgets (``one_placement_per_name``: the same across groups),
+    for the offload ``mechanism`` the returned plan runs with.
 
     Raises:
       TieraxError: no placement fits (the message gives the smallest peak possible).
@@ -230,10 +235,10 @@ def plan(
     if schedule not in cm.SCHEDULES:
         raise TieraxError(f"unknown schedule {schedule!r}; choose one of: {', '.join(cm.SCHEDULES)}")
     budget, host_budget = budgets(rates, budget_bytes, host_budget_bytes)
-    placements = _solve(inv, cfg, rates, schedule, budget, host_budget, one_placement_per_name)
+    placements = _solve(inv, cfg, rates, schedule, budget, host_budget, one_placement_per_name, mechanism)
     if placements is None:
         everything_remat = {(i.group, i.name): Placement.REMAT for i in cm.item_terms(inv, rates)}
-        floor = cm.evaluate(everything_remat, inv, cfg, rates, schedule)
+        floor = cm.evaluate(everything_remat, inv, cfg, rates, schedule, mechanism)
         b = floor.breakdown
         gib = lambda n: f"{n / 2**30:.1f}"  # noqa: E731
         raise NoPlanFits(
@@ -244,9 +249,10 @@ def plan(
             "or --seq, more devices (--devices/--mesh), a larger --budget-gib, or --max-microbatch"
         )
     desc = f"planned for {rates.target}, schedule {schedule}, device budget {budget / 2**30:.1f} GiB"
-    p = placements_to_plan(placements, cfg, name, desc)
+    p = placements_to_plan(placements, cfg, name, desc, mechanism)
     pred = cm.simulate(p, inv, cfg, rates, schedule)
-    return PlanResult(p, pred, _explain(placements, inv, cfg, rates, schedule, pred, budget, host_budget), budget, host_budget,
+    why = _explain(placements, inv, cfg, rates, schedule, pred, budget, host_budget, mechanism)
+    return PlanResult(p, pred, why, budget, host_budget,
                       inv.microbatch)
 
 
