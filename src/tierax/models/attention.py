@@ -26,13 +26,21 @@ _NEG = -1e30
 
 
 def xla_attention(q, k, v):
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    s_BKGST = jnp.einsum("bskgd,btkd->bkgst", q, k).astype(jnp.float32) * scale
-    S, T = s_BKGST.shape[-2], s_BKGST.shape[-1]
-    mask_ST = jnp.tril(jnp.ones((S, T), dtype=bool))
-    s_BKGST = jnp.where(mask_ST, s_BKGST, jnp.finfo(jnp.float32).min)
-    p_BKGST = jax.nn.softmax(s_BKGST, axis=-1).astype(v.dtype)
-    return jnp.einsum("bkgst,btkv->bskgv", p_BKGST, v)
+    # Queries go to [B, K, G·S, d] first (an activation-sized transpose), so both einsums are plain
+    # 4-D batched matmuls whose output is already in operand order.  Written as
+    # "bskgd,btkd->bkgst", XLA's dot emits [b,k,s,g,t] and copies every score-sized tensor into
+    # [b,k,g,s,t], forward and backward (and a size-1 G keeps the copies on CPU).
+    B, S, K, G, d = q.shape
+    T = k.shape[1]
+    scale = 1.0 / math.sqrt(d)
+    q_BKQd = jnp.transpose(q, (0, 2, 3, 1, 4)).reshape(B, K, G * S, d)  # Q = (g, s)
+    s_BKQT = jnp.einsum("bkqd,btkd->bkqt", q_BKQd, k).astype(jnp.float32) * scale
+    pos_Q = jnp.tile(jnp.arange(S), G)  # the query position of each (g, s) row
+    mask_QT = pos_Q[:, None] >= jnp.arange(T)[None, :]
+    s_BKQT = jnp.where(mask_QT, s_BKQT, jnp.finfo(jnp.float32).min)
+    p_BKQT = jax.nn.softmax(s_BKQT, axis=-1).astype(v.dtype)
+    out_BKQv = jnp.einsum("bkqt,btkv->bkqv", p_BKQT, v)
+    return jnp.transpose(out_BKQv.reshape(B, K, G, S, v.shape[-1]), (0, 3, 1, 2, 4))
 
 
 def _blocks(x, block):

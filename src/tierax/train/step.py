@@ -167,7 +167,12 @@ def make_train_step(
 
 
 def global_norm(tree) -> jax.Array:
-    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
+    # The barrier (a no-op at run time) keeps these squares apart from Optax's Adam's g ** 2 (the
+    # same HLO multiply): merged by CSE, the shared square is written out in full and read back by
+    # this reduction instead of being fused into it, one extra write and read of every gradient per
+    # step (165 MB at 20 M float32 parameters, jax 0.12 CPU).
+    leaves = jax.lax.optimization_barrier([g.astype(jnp.float32) for g in jax.tree.leaves(tree)])
+    return jnp.sqrt(sum(jnp.sum(g * g) for g in leaves))
 
 
 def shardings_of(tree):
