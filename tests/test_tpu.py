@@ -1,7 +1,9 @@
 """TPU targets: the hardware table, slice shapes → libtpu topology names, and a deviceless TPU compile.
 
-The compile test needs libtpu (the tpu-aot extra, ~0.7 GB), which `make test` does not install: it is
-skipped there and runs where `pip install 'tierax[tpu-aot]'` was done.
+The compile tests need libtpu (the tpu-aot extra: jax[tpu] at the installed jax, libtpu 0.0.42.1 for
+jax 0.10.2, a 213 MB wheel, 0.7 GB installed), which `make venv` installs; they are skipped, saying
+so, only where it is not installed.  libtpu does not start a backend in these tests: without an NVIDIA
+driver tierax picks the CPU platform, and a TPU compile asks libtpu for a compile-only topology.
 """
 
 import importlib.util
@@ -15,7 +17,8 @@ from tierax import costmodel, hardware
 from tierax.errors import TieraxError
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
-NO_LIBTPU = "libtpu is not installed (pip install 'tierax[tpu-aot]'); `make test` leaves it out (0.7 GB)"
+NO_LIBTPU = ("libtpu is not installed in this Python environment, so XLA:TPU cannot compile here; "
+             "`make venv` installs it (the tpu-aot extra), or run: pip install -e '.[tpu-aot]'")
 
 
 def _cli(*args):
@@ -76,9 +79,16 @@ def test_compile_unsupported_tpu_slice_exits_2_with_valid_counts():
     assert "no TPU slice of 3 chips" in p.stderr and "1, 4, 8, 16, 32, 64, 128, 256" in p.stderr
 
 
-@pytest.mark.skipif(HAS_LIBTPU, reason="libtpu is installed here: the missing-extra message cannot show")
+# Where libtpu is installed, the CLI runs in a process that cannot find it (find_spec answers None).
+_HIDE_LIBTPU = ("import importlib.util as u, sys; f = u.find_spec; "
+                "u.find_spec = lambda n, *a, **k: None if n == 'libtpu' else f(n, *a, **k); "
+                "from tierax.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
 def test_compile_tpu_without_libtpu_exits_2_with_pip_command():
-    p = _cli("compile", "--model", "tiny-llama", "--target", "v5e", "--devices", "4", "--mesh", "fsdp=4")
+    p = subprocess.run([sys.executable, "-c", _HIDE_LIBTPU, "compile", "--model", "tiny-llama", "--target", "v5e",
+                        "--devices", "4", "--mesh", "fsdp=4"], capture_output=True, text=True, timeout=600,
+                       stdin=subprocess.DEVNULL)
     assert p.returncode == 2, p.stderr
     assert "pip install 'tierax[tpu-aot]'" in p.stderr and "libtpu" in p.stderr
 
@@ -101,3 +111,56 @@ def test_deviceless_tpu_compile_puts_offloaded_residuals_on_host():
     assert r["offloaded_bytes_by_name"] == {"query_proj": q, "key_proj": kv, "value_proj": kv}
     assert r["device_capacity_bytes"] == 16 * 10**9 and r["fits"]
     assert any("v5e:2x2" in n for n in r["notes"])
+
+
+# A Llama 3 layer scaled down so that XLA:TPU compiles it in seconds (GQA 4 query / 2 KV heads × 64, SwiGLU
+# 896, bfloat16 activations, float32 master weights, 4 layers); llama3-8b itself takes minutes to compile.
+SMALL_LLAMA = ["--model", "llama3-8b", "--set", "num_layers=4", "--set", "d_model=256", "--set", "num_heads=4",
+               "--set", "num_kv_heads=2", "--set", "head_dim=64", "--set", "mlp_dim=896", "--set", "vocab_size=4096",
+               "--set", "attention=xla"]
+
+
+def _plan_then_compile(tmp_path, model, shape, *plan_args):
+    """The planner's plan (``tierax plan --out``), then ``tierax compile`` of that plan file: both JSON."""
+    plan_file = tmp_path / "plan.yaml"
+    p = _cli("plan", *model, *shape, *plan_args, "--out", str(plan_file), "--json")
+    assert p.returncode == 0, p.stderr[-3000:]
+    planned = json.loads(p.stdout)
+    c = _cli("compile", *model, *shape, "--plan", str(plan_file), "--json")
+    assert c.returncode == 0, c.stderr[-3000:]
+    return planned, json.loads(c.stdout)
+
+
+@pytest.mark.skipif(not HAS_LIBTPU, reason=NO_LIBTPU)
+def test_planner_plan_for_a_llama_shape_compiles_and_fits_on_v5p(tmp_path):
+    """Llama-shaped (scaled down) on a v5p 2x2x1 slice, microbatch 8 × seq 256 per device, planned in a
+    0.12 GiB device budget so that the planner must choose (it recomputes some names, keeps others).
+    XLA:TPU's compile of that plan fits the chip, keeps the planner's promise (peak ≤ the budget), and
+    its host bytes are the planner's."""
+    shape = ["--target", "v5p", "--devices", "4", "--mesh", "fsdp=4", "--microbatch", "8", "--seq", "256"]
+    budget = 0.12 * 2**30
+    planned, r = _plan_then_compile(tmp_path, SMALL_LLAMA, shape, "--budget-gib", "0.12")
+    choices = set(planned["plan"]["groups"]["decoder"].values())
+    assert {"device", "remat"} <= choices, planned["plan"]
+    assert planned["predicted"]["fits"] and planned["predicted"]["peak_device_bytes"] <= budget
+    assert any("v5p:2x2x1" in n for n in r["notes"])
+    assert r["fits"], r
+    assert r["device_peak_bytes"] <= budget, (r["device_peak_bytes"], budget, planned["predicted"]["peak_device_bytes"])
+    assert r["host_temp_bytes"] == planned["predicted"]["host_bytes"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_LIBTPU, reason=NO_LIBTPU)
+@pytest.mark.xfail(strict=True, reason=(
+    "measured (bench/results/tpu_compile.json, jax 0.10.2, libtpu 0.0.42.1): the planner's plan for llama3-8b "
+    "at microbatch 4 × seq 8192 on v5p 2x2x2 (q/v offloaded) peaks at 118,782,547,648 B (110.62 GiB) in "
+    "XLA:TPU against 102,005,473,280 B (95 GiB) of HBM, where the cost model predicted 96,465,903,616 B "
+    "(89.84 GiB): the v5p cost model under-predicts XLA:TPU's temp; host bytes agree (10 GiB)"))
+def test_planner_plan_for_llama3_8b_compiles_and_fits_on_v5p(tmp_path):
+    """The full Llama 3 8B (32 layers) on 8 v5p chips at the planner's default budget: a few minutes of
+    compile, so slow.  Fails until the v5p cost model accounts for XLA:TPU's temp."""
+    shape = ["--target", "v5p", "--devices", "8", "--mesh", "fsdp=8", "--microbatch", "4", "--seq", "8192"]
+    planned, r = _plan_then_compile(tmp_path, ["--model", "llama3-8b"], shape)
+    assert planned["predicted"]["fits"]
+    assert r["host_temp_bytes"] == planned["predicted"]["host_bytes"]
+    assert r["fits"], (r["device_peak_bytes"], r["device_capacity_bytes"], planned["predicted"]["peak_device_bytes"])
