@@ -19,10 +19,14 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import time
 
-import jax
-import jax.numpy as jnp
+if not os.path.exists("/proc/driver/nvidia"):  # an installed CUDA plugin must not try to start on a CPU machine
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 
 
 def init_params(key, *, vocab: int, d: int, layers: int, heads: int, head_dim: int, mlp: int):

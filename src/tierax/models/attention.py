@@ -26,13 +26,19 @@ _NEG = -1e30
 
 
 def xla_attention(q, k, v):
-    # Queries go to [B, K, G·S, d] first (an activation-sized transpose), so both einsums are plain
-    # 4-D batched matmuls whose output is already in operand order.  Written as
-    # "bskgd,btkd->bkgst", XLA's dot emits [b,k,s,g,t] and copies every score-sized tensor into
-    # [b,k,g,s,t], forward and backward (and a size-1 G keeps the copies on CPU).
+    # Both einsums are plain 4-D batched matmuls with no score-sized transposes.  With one query
+    # head per kv head (G = 1) they are written on [B, S, H, d] directly; with G > 1 the queries go
+    # to [B, K, G·S, d] first (an activation-sized transpose).  Written as "bskgd,btkd->bkgst",
+    # XLA's dot emits [b,k,s,g,t] and copies every score-sized tensor into [b,k,g,s,t], forward and
+    # backward (a size-1 G keeps those copies on CPU).
     B, S, K, G, d = q.shape
     T = k.shape[1]
     scale = 1.0 / math.sqrt(d)
+    if G == 1:
+        s_BKST = jnp.einsum("bskd,btkd->bkst", q[:, :, :, 0], k).astype(jnp.float32) * scale
+        s_BKST = jnp.where(jnp.tril(jnp.ones((S, T), dtype=bool)), s_BKST, jnp.finfo(jnp.float32).min)
+        p_BKST = jax.nn.softmax(s_BKST, axis=-1).astype(v.dtype)
+        return jnp.einsum("bkst,btkv->bskv", p_BKST, v)[:, :, :, None, :]
     q_BKQd = jnp.transpose(q, (0, 2, 3, 1, 4)).reshape(B, K, G * S, d)  # Q = (g, s)
     s_BKQT = jnp.einsum("bkqd,btkd->bkqt", q_BKQd, k).astype(jnp.float32) * scale
     pos_Q = jnp.tile(jnp.arange(S), G)  # the query position of each (g, s) row
