@@ -82,7 +82,8 @@ def main() -> int:
     record = {
         "schema": "tierax.plan_speed/1",
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"host": platform.node(), "cores": os.cpu_count(), "python": platform.python_version()},
+        "machine": {"host": platform.node(), "cores": os.cpu_count(), "python": platform.python_version(),
+                    "load_average_1min_at_start": os.getloadavg()[0]},
         "jax_version": jax.__version__,
         "goal_s": 10.0,
         "cases": {},
@@ -118,6 +119,7 @@ def main() -> int:
                          f"same JSON: {same}")
             record["cases"][key] = entry
             print(line)
+    record["machine"]["load_average_1min_at_end"] = os.getloadavg()[0]  # other work on the cores slows every run
     out = write_text_atomic(args.out, json.dumps(record, indent=2) + "\n")
     print(f"wrote {out}")
     return 0
