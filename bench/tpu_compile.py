@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Deviceless TPU compile of a Llama shape on v5p under the planner's plan: XLA's peak against capacity.
 
-Needs libtpu (``pip install 'tierax[tpu-aot]'``; not part of ``make test``).  For each case, runs
+Needs libtpu (the tpu-aot extra, which ``make venv`` installs; ``pip install 'tierax[tpu-aot]'``).  For each case, runs
 ``tierax plan --out`` (planner cases), then ``tierax compile --target v5p --json`` on the plan, each in its
 own process, and writes one record: command, machine, versions (jax, jaxlib, libtpu), the planner's
 prediction (``plan`` or ``simulate``) and XLA's figures per case.  Cases: the planner's plan at microbatch 4 and 2, and remat-full
