@@ -233,7 +233,9 @@ def _forward_host_buffers(module: hlo.Module) -> dict[str, list[hlo.Array]]:
         for ins in instrs:
             if ins.opcode == "while" and ins.attr("body") in stores_in:
                 m = re.search(GROUP_SCOPE_PREFIX + r"([\w\-]+)", ins.attrs)
-                out.setdefault(m.group(1) if m else "<unknown>", []).extend(a for a in ins.arrays if a.host)
+                # A segment's scope is group__A_B (models.decoder.segment_scope): its plan name is group@A-B.
+                group = re.sub(r"__(\d+)_(\d+)$", r"@\1-\2", m.group(1)) if m else "<unknown>"
+                out.setdefault(group, []).extend(a for a in ins.arrays if a.host)
     return out
 
 
@@ -287,7 +289,7 @@ def compile_for_target(
     peak = arg + out + temp - alias
 
     placements = plan_lib.resolve(plan, cfg)
-    inventory = inv.model_inventory(cfg, microbatch, seq, shape.to_dict())
+    inventory = inv.for_plan(inv.model_inventory(cfg, microbatch, seq, shape.to_dict()), plan, cfg)
     available = _forward_host_buffers(module)
     offloaded = []
     for a in inventory.activations():

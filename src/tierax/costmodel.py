@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 import jax.numpy as jnp
 
 from tierax import hardware
+from tierax import inventory as inv_lib
 from tierax import names as N
 from tierax import plan as plan_lib
 from tierax.errors import TieraxError
@@ -363,4 +364,5 @@ def plan_placements(plan: plan_lib.Plan, cfg) -> dict:
 
 def simulate(plan: plan_lib.Plan, inv: Inventory, cfg, rates: Rates, schedule: str) -> Prediction:
     """Predicted peak device bytes, host bytes and step time of ``plan``."""
+    inv = inv_lib.for_plan(inv, plan, cfg)  # a segmented group: one scan, and one row, per segment
     return evaluate(plan_placements(plan, cfg), inv, cfg, rates, schedule, plan.mechanism)

@@ -314,9 +314,26 @@ def model_inventory(cfg, microbatch: int, seq: int, mesh: dict | None = None) ->
     )
 
 
+def for_plan(inv: Inventory, plan: plan_lib.Plan, cfg) -> Inventory:
+    """``inv`` with each group that ``plan`` segments split into its segments (rows named
+    ``group@A-B``, ``num_layers`` the segment's length), as the step runs them: one scan each."""
+    segments = plan_lib.segments_of(plan, cfg)
+    if not segments:
+        return inv
+    groups = []
+    for g in inv.groups:
+        for start, stop, name in segments.get(g.name, [(0, g.num_layers, g.name)]):
+            n = stop - start
+            acts = tuple(dataclasses.replace(a, group=name, num_layers=n) for a in g.activations)
+            groups.append(dataclasses.replace(g, name=name, num_layers=n, activations=acts))
+    return dataclasses.replace(inv, groups=tuple(groups))
+
+
 def bytes_by_placement(inventory: Inventory | list[Activation], plan: plan_lib.Plan, cfg) -> dict[str, int]:
     """Total named-activation bytes per placement (device / offload / remat) under ``plan``."""
     placements = plan_lib.resolve(plan, cfg)
+    if isinstance(inventory, Inventory):
+        inventory = for_plan(inventory, plan, cfg)
     acts = inventory.activations() if isinstance(inventory, Inventory) else inventory
     out = {p.value: 0 for p in plan_lib.Placement}
     for a in acts:

@@ -36,7 +36,8 @@ import yaml
 from tierax import names as N
 from tierax.errors import TieraxError
 from tierax.interop import maxtext_keys
-from tierax.models.prefetch import Prefetch
+from tierax.models.decoder import Segments
+from tierax.models.prefetch import Part, Prefetch
 
 
 class Placement(str, enum.Enum):
@@ -64,20 +65,46 @@ def _check_name(name: str, where: str) -> None:
         )
 
 
+def _checked(placements: Mapping, where: str) -> MappingProxyType:
+    checked = {}
+    for name, p in dict(placements).items():
+        _check_name(name, where)
+        checked[name] = Placement.parse(p, f"{where} entry {name!r}")
+    return MappingProxyType(checked)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Layers ``start`` … ``stop − 1`` of a group, whose placements override the group's for these layers."""
+    start: int
+    stop: int
+    placements: Mapping[str, Placement] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "placements", _checked(self.placements, "plan segment"))
+
+    layers = property(lambda self: f"{self.start}-{self.stop - 1}")
+
+
+def segment_name(group: str, start: int, stop: int) -> str:
+    """The name a segment's scan, inventory rows and compile report use: ``decoder@0-23``."""
+    return f"{group}@{start}-{stop - 1}"
+
+
 @dataclass(frozen=True)
 class GroupPlan:
-    """Placements for one layer group; names not listed take ``default``."""
+    """Placements for one layer group; names not listed take ``default``.  With ``segments`` (a
+    partition of the group's layers, checked against the model in :func:`resolve`) each run of
+    layers takes the group's placements overridden by its segment's, and runs as its own scan."""
 
     placements: Mapping[str, Placement] = field(default_factory=dict)
     default: Placement = Placement.REMAT
+    segments: tuple[Segment, ...] = ()
 
     def __post_init__(self) -> None:
-        checked = {}
-        for name, p in dict(self.placements).items():
-            _check_name(name, "plan")
-            checked[name] = Placement.parse(p, f"plan entry {name!r}")
-        object.__setattr__(self, "placements", MappingProxyType(checked))
+        object.__setattr__(self, "placements", _checked(self.placements, "plan"))
         object.__setattr__(self, "default", Placement.parse(self.default, "plan default"))
+        object.__setattr__(self, "segments", tuple(sorted(self.segments, key=lambda s: (s.start, s.stop))))
 
     def placement(self, name: str) -> Placement:
         return self.placements.get(name, self.default)
@@ -116,8 +143,11 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         groups = {}
         for g, gp in self.groups.items():
-            entry: dict[str, str] = {"default": gp.default.value}
+            entry: dict[str, Any] = {"default": gp.default.value}
             entry.update({n: p.value for n, p in gp.placements.items()})
+            if gp.segments:
+                entry["segments"] = [{"layers": s.layers} | {n: p.value for n, p in s.placements.items()}
+                                     for s in gp.segments]
             groups[g] = entry
         out = {"plan": self.name, "description": self.description}
         if self.mechanism != DEFAULT_MECHANISM:
@@ -143,10 +173,11 @@ class Plan:
                 raise TieraxError(f"{source}: group {g!r} must map activation names to placements")
             entry = dict(entry)
             default = Placement.parse(entry.pop("default", Placement.REMAT), f"{source}: group {g!r} default")
+            segments = _parse_segments(entry.pop("segments", None), f"{source}: group {g!r}")
             for n in entry:
                 _check_name(n, f"{source}: group {g!r}")
             placements = {n: Placement.parse(p, f"{source}: group {g!r}, {n}") for n, p in entry.items()}
-            groups[str(g)] = GroupPlan(placements, default)
+            groups[str(g)] = GroupPlan(placements, default, segments)
         mechanism = data.get("mechanism", DEFAULT_MECHANISM)
         if mechanism not in MECHANISMS:
             raise TieraxError(f"{source}: mechanism {mechanism!r} is not valid; use one of: "
@@ -163,6 +194,48 @@ class Plan:
         except yaml.YAMLError as e:
             raise TieraxError(f"{source}: not valid YAML ({e})") from None
         return cls.from_dict(data, source=source)
+
+
+def _parse_segments(raw: Any, where: str) -> tuple[Segment, ...]:
+    """``segments: [{layers: "0-23", query_proj: offload, ...}, ...]`` (layer ranges inclusive)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not raw:
+        raise TieraxError(f"{where}: 'segments' must be a list of mappings, each with 'layers: A-B' and placements")
+    out = []
+    for k, seg in enumerate(raw):
+        if not isinstance(seg, Mapping) or "layers" not in seg:
+            raise TieraxError(f"{where}, segment {k}: give 'layers: A-B' (inclusive layer indices) and placements")
+        seg = dict(seg)
+        layers = str(seg.pop("layers")).replace(" ", "")
+        a, sep, b = layers.partition("-")
+        if not (a.isdigit() and (not sep or b.isdigit())):
+            raise TieraxError(f"{where}, segment {k}: layers {layers!r} is not a range like '0-23' or one layer '7'")
+        start, last = int(a), int(b) if sep else int(a)
+        if last < start:
+            raise TieraxError(f"{where}, segment {k}: layers {layers!r} ends before it starts")
+        if "default" in seg:
+            raise TieraxError(f"{where}, segment {k}: a segment overrides named placements only; set 'default' on "
+                              "the group")
+        for n in seg:
+            _check_name(n, f"{where}, segment {k}")
+        out.append(Segment(start, last + 1, {n: Placement.parse(p, f"{where}, segment {k}, {n}") for n, p in seg.items()}))
+    return tuple(out)
+
+
+def _check_partition(gp: GroupPlan, num_layers: int, where: str) -> None:
+    """The segments cover layers 0 … num_layers − 1, each exactly once."""
+    covered = [0] * num_layers
+    for s in gp.segments:
+        if s.stop > num_layers:
+            raise TieraxError(f"{where}: segment {s.layers} goes past the group's last layer ({num_layers - 1})")
+        for i in range(s.start, s.stop):
+            covered[i] += 1
+    for bad, what in (([i for i, c in enumerate(covered) if c > 1], "more than one segment"),
+                      ([i for i, c in enumerate(covered) if c == 0], "no segment")):
+        if bad:
+            raise TieraxError(f"{where}: layer(s) {', '.join(map(str, bad))} in {what}; segments must cover layers "
+                              f"0-{num_layers - 1} exactly once")
 
 
 # --- presets ----------------------------------------------------------------
@@ -254,10 +327,12 @@ def _from_file_text(text: str, source: str, cfg) -> Plan:
 
 
 def resolve(plan: Plan, cfg) -> dict[str, dict[str, Placement]]:
-    """Every (group, activation) of ``cfg`` → its placement under ``plan``.
+    """Every (group, activation) of ``cfg`` → its placement under ``plan``; a segmented group gives one
+    entry per segment, keyed by :func:`segment_name` (``decoder@0-23``), in layer order.
 
     Raises:
-      TieraxError: the plan names a group or an activation the model lacks.
+      TieraxError: the plan names a group or an activation the model lacks, or a group's segments do
+        not cover its layers exactly once.
     """
     groups = {g.name: g for g in cfg.layer_groups()}
     for gname, gp in plan.groups.items():
@@ -266,43 +341,80 @@ def resolve(plan: Plan, cfg) -> dict[str, dict[str, Placement]]:
                 f"plan {plan.name!r} names layer group {gname!r}, which model {cfg.name!r} does not have; "
                 f"its groups: {', '.join(groups)}"
             )
-        missing = [n for n in gp.placements if n not in groups[gname].activations]
+        named = list(gp.placements) + [n for s in gp.segments for n in s.placements]
+        missing = list(dict.fromkeys(n for n in named if n not in groups[gname].activations))
         if missing:
             raise TieraxError(
                 f"plan {plan.name!r}, group {gname!r}: model {cfg.name!r} has no activation "
                 f"{', '.join(map(repr, missing))}; valid names here: {', '.join(groups[gname].activations)}"
             )
+        if gp.segments:
+            _check_partition(gp, groups[gname].num_layers, f"plan {plan.name!r}, group {gname!r}")
     out = {}
     for gname, g in groups.items():
         gp = plan.groups.get(gname, GroupPlan())
-        out[gname] = {n: gp.placement(n) for n in g.activations}
+        if not gp.segments:
+            out[gname] = {n: gp.placement(n) for n in g.activations}
+        for s in gp.segments:
+            out[segment_name(gname, s.start, s.stop)] = {n: s.placements.get(n, gp.placement(n)) for n in g.activations}
     return out
 
 
-def to_policies(plan: Plan, cfg) -> dict[str, Callable | Prefetch | None]:
+def segments_of(plan: Plan, cfg) -> dict[str, list[tuple[int, int, str]]]:
+    """Segmented groups only: group → [(start, stop, segment name)] in layer order (validated)."""
+    resolve(plan, cfg)
+    return {g: [(s.start, s.stop, segment_name(g, s.start, s.stop)) for s in gp.segments]
+            for g, gp in plan.groups.items() if gp.segments}
+
+
+def _group_policy(placements: dict[str, Placement], mechanism: str) -> Callable | Prefetch | None:
+    if all(p is Placement.DEVICE for p in placements.values()):
+        return None
+    offload = frozenset(n for n, p in placements.items() if p is Placement.OFFLOAD)
+    if mechanism == "prefetch" and offload and N.DECODER_LAYER_INPUT not in offload:
+        # The layer input is the scan's own residual (always kept on device by the scan).
+        keep = frozenset(n for n, p in placements.items() if p is Placement.DEVICE) - {N.DECODER_LAYER_INPUT}
+        return Prefetch(keep, offload)
+    return jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[n for n, p in placements.items() if p is Placement.DEVICE],
+        names_which_can_be_offloaded=[n for n, p in placements.items() if p is Placement.OFFLOAD],
+        offload_src="device",
+        offload_dst="pinned_host",
+    )
+
+
+def _part(start: int, stop: int, placements: dict[str, Placement], plan: Plan, where: str) -> Part:
+    """A segment as tierax's segmented scan runs it (it keeps, offloads and recomputes by name itself)."""
+    if plan.mechanism != "prefetch":
+        raise TieraxError(f"plan {plan.name!r} has segments, which run in tierax's segmented scan (mechanism "
+                          f"prefetch); mechanism {plan.mechanism!r} applies to unsegmented plans only")
+    if placements.get(N.DECODER_LAYER_INPUT) is Placement.OFFLOAD:
+        raise TieraxError(f"plan {plan.name!r}, {where}: a segment keeps decoder_layer_input on device (the scan's "
+                          "own residual); offload it only in an unsegmented plan with mechanism: policy")
+    keep = frozenset(n for n, p in placements.items() if p is Placement.DEVICE) - {N.DECODER_LAYER_INPUT}
+    offload = frozenset(n for n, p in placements.items() if p is Placement.OFFLOAD)
+    if offload and stop - start == 1:  # XLA drops a host round trip that no loop separates
+        raise TieraxError(f"plan {plan.name!r}, {where}: a one-layer segment cannot offload ({', '.join(sorted(offload))}"
+                          "); XLA removes the host copy there. Make the segment at least 2 layers")
+    return Part(start, stop, keep, offload, save_all=all(p is Placement.DEVICE for p in placements.values()))
+
+
+def to_policies(plan: Plan, cfg) -> dict[str, Callable | Prefetch | Segments | None]:
     """THE function that turns a Plan into what each layer group runs.
 
     Returns:
       group → None where every activation is on device (no remat); a
       :class:`~tierax.models.prefetch.Prefetch` (tierax's prefetching layer scan) where the
       plan's mechanism is ``prefetch`` and the group offloads something other than its layer
-      input; else a ``jax.checkpoint`` policy (``save_and_offload_only_these_names``).
+      input; else a ``jax.checkpoint`` policy (``save_and_offload_only_these_names``).  A
+      segmented group gets :class:`~tierax.models.decoder.Segments`: one of those per segment.
     """
-    policies: dict[str, Callable | Prefetch | None] = {}
-    for gname, placements in resolve(plan, cfg).items():
-        if all(p is Placement.DEVICE for p in placements.values()):
-            policies[gname] = None
-            continue
-        offload = frozenset(n for n, p in placements.items() if p is Placement.OFFLOAD)
-        if plan.mechanism == "prefetch" and offload and N.DECODER_LAYER_INPUT not in offload:
-            # The layer input is the scan's own residual (always kept on device by the scan).
-            keep = frozenset(n for n, p in placements.items() if p is Placement.DEVICE) - {N.DECODER_LAYER_INPUT}
-            policies[gname] = Prefetch(keep, offload)
-            continue
-        policies[gname] = jax.checkpoint_policies.save_and_offload_only_these_names(
-            names_which_can_be_saved=[n for n, p in placements.items() if p is Placement.DEVICE],
-            names_which_can_be_offloaded=[n for n, p in placements.items() if p is Placement.OFFLOAD],
-            offload_src="device",
-            offload_dst="pinned_host",
-        )
+    resolved = resolve(plan, cfg)
+    segmented = segments_of(plan, cfg)
+    policies: dict[str, Callable | Prefetch | Segments | None] = {}
+    for g in cfg.layer_groups():
+        if g.name in segmented:
+            policies[g.name] = Segments(tuple(_part(a, b, resolved[v], plan, v) for a, b, v in segmented[g.name]))
+        else:
+            policies[g.name] = _group_policy(resolved[g.name], plan.mechanism)
     return policies

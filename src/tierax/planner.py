@@ -19,6 +19,7 @@ has it (``d`` and ``o`` equal across groups; MaxText sets each name once).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +30,7 @@ from tierax import hardware
 from tierax import inventory as inv_lib
 from tierax import names as N
 from tierax.errors import TieraxError
-from tierax.plan import DEFAULT_MECHANISM, GroupPlan, Placement, Plan
+from tierax.plan import DEFAULT_MECHANISM, GroupPlan, Placement, Plan, Segment, segment_name
 
 # Default reserve kept free on the device: the same runtime reserve `fits` means everywhere.
 DEFAULT_RESERVE_FRACTION = hardware.RUNTIME_RESERVE_FRACTION
@@ -154,13 +155,46 @@ def _solve(inv, cfg, rates, schedule, budget, host_budget, one_placement_per_nam
     return out
 
 
-def placements_to_plan(placements: dict, cfg, name: str, description: str, mechanism: str = DEFAULT_MECHANISM) -> Plan:
+def placements_to_plan(placements: dict, cfg, name: str, description: str, mechanism: str = DEFAULT_MECHANISM,
+                       splits: dict[str, int] | None = None) -> Plan:
+    """A Plan from solved placements; a group in ``splits`` (group → first layer of its second
+    segment) gets two segments, each listing every name (placements keyed by segment name)."""
     groups = {}
     for g in cfg.layer_groups():
-        entries = {N.DECODER_LAYER_INPUT: Placement.DEVICE} if N.DECODER_LAYER_INPUT in g.activations else {}
-        entries.update({n: p for (gn, n), p in placements.items() if gn == g.name})
-        groups[g.name] = GroupPlan(entries, Placement.REMAT)
+        lin = {N.DECODER_LAYER_INPUT: Placement.DEVICE} if N.DECODER_LAYER_INPUT in g.activations else {}
+        k = (splits or {}).get(g.name)
+        if k is None:
+            groups[g.name] = GroupPlan(lin | {n: p for (gn, n), p in placements.items() if gn == g.name}, Placement.REMAT)
+            continue
+        segs = tuple(Segment(a, b, {n: p for (gn, n), p in placements.items() if gn == segment_name(g.name, a, b)})
+                     for a, b in ((0, k), (k, g.num_layers)))
+        groups[g.name] = GroupPlan(lin, Placement.REMAT, segs)
     return Plan(name, groups, description, mechanism)
+
+
+def _best_split(unsplit: dict | None, inv, cfg, rates, schedule, budget, host_budget, mechanism):
+    """(placements, the inventory they are keyed by, splits) of the fastest plan over every combination of
+    one split point (or none) per group; ties keep fewer splits."""
+    def seconds(placements, solved):
+        return cm.evaluate(placements, solved, cfg, rates, schedule, mechanism).step_time_s
+
+    best = (unsplit, inv, {}, seconds(unsplit, inv) if unsplit is not None else float("inf"))
+    # Segments of one layer are not offered: XLA drops the host round trip of a value stored and loaded
+    # without a loop between (seen in deviceless compiles, both mechanisms), so their offload would be a no-op.
+    choices = [[None, *range(2, g.num_layers - 1)] for g in cfg.layer_groups()]
+    names = [g.name for g in cfg.layer_groups()]
+    for combo in itertools.product(*choices):
+        splits = {g: k for g, k in zip(names, combo) if k is not None}
+        if not splits:
+            continue
+        skeleton = placements_to_plan({}, cfg, "split", "", mechanism, splits)
+        solved = inv_lib.for_plan(inv, skeleton, cfg)
+        placements = _solve(solved, cfg, rates, schedule, budget, host_budget, False, mechanism)
+        if placements is not None:
+            s = seconds(placements, solved)
+            if s < best[3] * (1 - 1e-9):
+                best = (placements, solved, splits, s)
+    return best[:3]
 
 
 def _exposed(items, g) -> float:
@@ -225,9 +259,13 @@ def plan(
     name: str = "planned",
     one_placement_per_name: bool = False,
     mechanism: str = DEFAULT_MECHANISM,
+    segments: bool = False,
 ) -> PlanResult:
     """The fastest predicted plan within the budgets (``one_placement_per_name``: the same across groups),
-    for the offload ``mechanism`` the returned plan runs with.
+    for the offload ``mechanism`` the returned plan runs with.  ``segments``: also consider splitting
+    each layer group at one layer boundary into two runs of layers with their own placements — every
+    split point of every group (all combinations), each solved exactly; the fastest plan wins (an
+    unsplit plan on ties).
 
     Raises:
       TieraxError: no placement fits (the message gives the smallest peak possible).
@@ -235,7 +273,11 @@ def plan(
     if schedule not in cm.SCHEDULES:
         raise TieraxError(f"unknown schedule {schedule!r}; choose one of: {', '.join(cm.SCHEDULES)}")
     budget, host_budget = budgets(rates, budget_bytes, host_budget_bytes)
+    solved_inv, splits = inv, {}
     placements = _solve(inv, cfg, rates, schedule, budget, host_budget, one_placement_per_name, mechanism)
+    if segments and not one_placement_per_name:
+        placements, solved_inv, splits = _best_split(placements, inv, cfg, rates, schedule, budget, host_budget,
+                                                     mechanism)
     if placements is None:
         everything_remat = {(i.group, i.name): Placement.REMAT for i in cm.item_terms(inv, rates)}
         floor = cm.evaluate(everything_remat, inv, cfg, rates, schedule, mechanism)
@@ -249,9 +291,9 @@ def plan(
             "or --seq, more devices (--devices/--mesh), a larger --budget-gib, or --max-microbatch"
         )
     desc = f"planned for {rates.target}, schedule {schedule}, device budget {budget / 2**30:.1f} GiB"
-    p = placements_to_plan(placements, cfg, name, desc, mechanism)
+    p = placements_to_plan(placements, cfg, name, desc, mechanism, splits)
     pred = cm.simulate(p, inv, cfg, rates, schedule)
-    why = _explain(placements, inv, cfg, rates, schedule, pred, budget, host_budget, mechanism)
+    why = _explain(placements, solved_inv, cfg, rates, schedule, pred, budget, host_budget, mechanism)
     return PlanResult(p, pred, why, budget, host_budget,
                       inv.microbatch)
 

@@ -69,6 +69,9 @@ def _planning(sub) -> None:
     p.add_argument("--host-budget-gib", type=positive_float, help="host budget per device (default: host memory per GPU)")
     p.add_argument("--max-microbatch", action="store_true", help="find the largest microbatch that fits, and its plan")
     p.add_argument("--out", help="write the plan as YAML (usable by bench, compile, simulate)")
+    p.add_argument("--segments", action="store_true",
+                   help="also consider splitting each layer group at one layer into two runs of layers with their "
+                        "own placements (every split point, solved exactly; the plan YAML gets 'segments')")
     p.add_argument("--for", dest="for_tool", metavar="TOOL",
                    help="maxtext: one placement per activation name across layer groups (what MaxText expresses); "
                         "also reports what the restriction costs against the unrestricted plan")

@@ -124,7 +124,8 @@ def cmd_plan(args) -> int:
     budgets = {"schedule": args.schedule, "budget_bytes": args.budget_gib and args.budget_gib * GIB,
                "host_budget_bytes": args.host_budget_gib and args.host_budget_gib * GIB}
     result, notes = interop.solve(cfg, mesh.to_dict(), rates, microbatch=args.microbatch, seq=args.seq,
-                                  max_microbatch=args.max_microbatch, for_tool=args.for_tool, **budgets)
+                                  max_microbatch=args.max_microbatch, for_tool=args.for_tool,
+                                  segments=args.segments, **budgets)
     text = (interop.emit(result, cfg, args.emit, seq=args.seq, mesh=mesh.to_dict(), schedule=args.schedule,
                          target=args.target, notes=tuple(notes)) if args.emit else result.plan.to_yaml())
     if out:

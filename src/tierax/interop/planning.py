@@ -21,15 +21,19 @@ def check_tool(value: str | None, option: str) -> None:
 
 
 def solve(cfg, mesh: dict, rates, *, microbatch: int, seq: int, max_microbatch: bool = False,
-          for_tool: str | None = None, **budgets) -> tuple[planner.PlanResult, list[str]]:
+          for_tool: str | None = None, segments: bool = False, **budgets) -> tuple[planner.PlanResult, list[str]]:
     """The planner's result (restricted to one placement per name for MaxText) and lines to report."""
     check_tool(for_tool, "--for")
+    if segments and (for_tool or max_microbatch):
+        raise TieraxError("--segments plans layer ranges separately, which "
+                          + ("MaxText cannot express (one placement per name for all layers); drop --for"
+                             if for_tool else "--max-microbatch does not search; plan at a given --microbatch"))
 
     def run(uniform: bool) -> planner.PlanResult:
         if max_microbatch:
             return planner.max_microbatch(cfg, seq, mesh, rates, one_placement_per_name=uniform, **budgets)
         return planner.plan(cfg, inv_lib.model_inventory(cfg, microbatch, seq, mesh), rates,
-                            one_placement_per_name=uniform, **budgets)
+                            one_placement_per_name=uniform, segments=segments, **budgets)
 
     if for_tool is None:
         return run(False), []

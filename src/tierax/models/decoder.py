@@ -9,6 +9,7 @@ compiled memory, and the tags are inside the rematted body, so a policy sees the
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -16,7 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from tierax.models import layers as L
-from tierax.models.prefetch import Prefetch, prefetch_scan
+from tierax.models.prefetch import Part, Prefetch, prefetch_scan, segmented_scan
 
 LayerFactory = Callable[[Any, nnx.Rngs], nnx.Module]
 
@@ -28,6 +29,35 @@ def _stack(factory: LayerFactory, cfg, n: int, rngs: nnx.Rngs) -> nnx.Module:
         return factory(cfg, r)
 
     return make(rngs)
+
+
+def segment_scope(group: str, start: int, stop: int) -> str:
+    """A segment's scan scope: XLA's op_name metadata keeps [A-Za-z0-9_-] (``@`` is dropped), so the
+    segment ``decoder@0-23`` runs under ``tierax_group_decoder__0_23``."""
+    return f"{group}__{start}_{stop - 1}"
+
+
+@dataclass(frozen=True)
+class Segments:
+    """A layer group run as consecutive scans, one per :class:`~tierax.models.prefetch.Part`, in layer order."""
+
+    parts: tuple[Part, ...]
+
+
+def _run_scan(x_BSD, graphdef, state, policy, mesh, scope: str):
+    """``state``'s stacked layers applied to ``x_BSD`` by one scan under ``policy``."""
+
+    def body(carry, layer_state):
+        return nnx.merge(graphdef, layer_state)(carry, mesh), None
+
+    # The scope lets an abstract trace, and the compile report, attribute values to a group or segment.
+    with jax.named_scope(f"tierax_group_{scope}"):
+        if isinstance(policy, Prefetch):
+            layer = lambda x, s: nnx.merge(graphdef, s)(x, mesh)  # noqa: E731
+            return prefetch_scan(layer, policy.keep, policy.offload)(x_BSD, state)
+        if policy is not None:
+            body = jax.checkpoint(body, policy=policy, prevent_cse=False)
+        return jax.lax.scan(body, x_BSD, state)[0]
 
 
 class Decoder(nnx.Module):
@@ -83,20 +113,13 @@ class Decoder(nnx.Module):
         x_BSD = L._replicated(self.embed(tokens_BS), mesh)
         for name in self.group_names:
             graphdef, state = nnx.split(self.groups[name])
-
-            def body(carry, layer_state, graphdef=graphdef):
-                return nnx.merge(graphdef, layer_state)(carry, mesh), None
-
             policy = policies.get(name)
-            # The scope lets an abstract trace attribute tagged activations to a group.
-            with jax.named_scope(f"tierax_group_{name}"):
-                if isinstance(policy, Prefetch):
-                    layer = lambda x, s, graphdef=graphdef: nnx.merge(graphdef, s)(x, mesh)  # noqa: E731
-                    x_BSD = prefetch_scan(layer, policy.keep, policy.offload)(x_BSD, state)
-                    continue
-                if policy is not None:
-                    body = jax.checkpoint(body, policy=policy, prevent_cse=False)
-                x_BSD, _ = jax.lax.scan(body, x_BSD, state)
+            if not isinstance(policy, Segments):
+                x_BSD = _run_scan(x_BSD, graphdef, state, policy, mesh, name)
+                continue
+            layer = lambda x, s, graphdef=graphdef: nnx.merge(graphdef, s)(x, mesh)  # noqa: E731
+            scopes = [segment_scope(name, q.start, q.stop) for q in policy.parts]
+            x_BSD = segmented_scan(layer, policy.parts, scopes)(x_BSD, state)
         return self.final_norm(x_BSD)
 
     def moe_dropped(self, tokens_BS, batch_shards: int = 1):

@@ -110,3 +110,106 @@ class Prefetch:
 
     keep: frozenset[str]
     offload: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Part:
+    """Layers ``start`` … ``stop − 1`` of a segmented group: names kept on device, names offloaded (prefetched),
+    or, with ``save_all``, every residual of the layer kept (no recomputation); the rest is recomputed."""
+
+    start: int
+    stop: int
+    keep: frozenset[str] = frozenset()
+    offload: frozenset[str] = frozenset()
+    save_all: bool = False
+
+
+def segmented_scan(body: LayerBody, parts: tuple[Part, ...], scopes: list[str] | None = None) -> Callable:
+    """``run(x0, stacked_state) -> y``: one scan per part over the layers it covers, one custom VJP for all.
+
+    Each layer's parameters are read in place from the whole stack (no per-part copy), and the backward
+    writes each layer's parameter gradient into one stack-sized buffer carried through every part's
+    reverse scan (no per-part gradients to concatenate).  Offloaded names are prefetched one layer ahead
+    within a part, as in :func:`prefetch_scan`; ``save_all`` parts keep the layer's whole VJP residual set.
+    """
+    order = sorted(range(len(parts)), key=lambda k: parts[k].start)
+    parts = tuple(parts[k] for k in order)
+    # Each part's scans run under its own scope (the compile report attributes host buffers by it).
+    scopes = [f"tierax_group_{scopes[k]}" if scopes else "tierax_part" for k in order]
+    treedefs: dict[int, object] = {}  # save_all parts: the VJP's residual structure, fixed per part
+
+    def layer(state, i):
+        return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), state)
+
+    @jax.custom_vjp
+    def run(x0, state):
+        x = x0
+        for q, scope in zip(parts, scopes):
+            with jax.named_scope(scope):
+                x, _ = jax.lax.scan(lambda x, i: (body(x, layer(state, i)), None), x, jnp.arange(q.start, q.stop))
+        return x
+
+    def run_fwd(x0, state):
+        x, res = x0, []
+        for k, q in enumerate(parts):
+            def step(x, i, q=q, k=k):
+                p = layer(state, i)
+                if q.save_all:  # keep what the VJP keeps, except the layer's input and parameters themselves
+                    y, vjp = jax.vjp(body, x, p)
+                    leaves, treedef = jax.tree.flatten(vjp)
+                    known = {id(v): j for j, v in enumerate([x, *jax.tree.leaves(p)])}
+                    where = tuple(known.get(id(v)) for v in leaves)
+                    treedefs[k] = (treedef, where)
+                    return y, (x, [v for v, w in zip(leaves, where) if w is None], {})
+                tape = Tape(collect=q.keep | q.offload)
+                with tape.active():
+                    y = body(x, p)
+                tape.check_complete()
+                host = {n: jax.device_put(tape.values[n], jax.memory.Space.Host) for n in q.offload}
+                return y, (x, {n: tape.values[n] for n in q.keep}, host)
+
+            with jax.named_scope(scopes[k]):
+                x, r = jax.lax.scan(step, x, jnp.arange(q.start, q.stop))
+            res.append(r)
+        return x, (tuple(res), state)
+
+    def run_bwd(saved, ct_y):
+        res, state = saved
+        grads = jax.tree.map(jnp.zeros_like, state)
+        ct = ct_y
+        for k in reversed(range(len(parts))):
+            q, (xs, dev, host) = parts[k], res[k]
+            n = q.stop - q.start
+
+            def step(carry, inp, q=q, k=k, host=host):
+                ct, current, grads = carry
+                j, x, d = inp  # j: index within the part
+                p = layer(state, q.start + j)
+                upcoming = _fetch(host, jnp.maximum(j - 1, 0))  # layer j − 1's offloaded values, one ahead
+                if q.save_all:
+                    treedef, where = treedefs[k]
+                    known, rest = [x, *jax.tree.leaves(p)], iter(d)
+                    leaves = [known[w] if w is not None else next(rest) for w in where]
+                    ct_x, ct_p = jax.tree.unflatten(treedef, leaves)(ct)
+                else:
+                    _, vjp = jax.vjp(lambda x, p: _inject(body, x, p, {**d, **current}), x, p)
+                    ct_x, ct_p = vjp(ct)
+                grads = jax.tree.map(lambda g, c: jax.lax.dynamic_update_index_in_dim(g, c.astype(g.dtype), q.start + j, 0),
+                                     grads, ct_p)
+                return (ct_x, upcoming, grads), None
+
+            with jax.named_scope(scopes[k]):
+                (ct, _, grads), _ = jax.lax.scan(step, (ct, _fetch(host, n - 1), grads),
+                                                 (jnp.arange(n), xs, dev), reverse=True)
+        return ct, grads
+
+    run.defvjp(run_fwd, run_bwd)
+    return run
+
+
+def _inject(body, x, p, saved):
+    tape = Tape(inject=saved)
+    with tape.active():
+        y = body(x, p)
+    tape.check_complete()
+    return y
