@@ -20,7 +20,7 @@ LAYERS = [
     # tierax.interop itself and tierax.interop.planning (planning for another tool) sit above the planner.
     ("analysis and training", ("tierax.inventory", "tierax.costmodel", "tierax.planner", "tierax.hlo",
                                "tierax.train", "tierax.interop", "tierax.api", "tierax.whatif")),
-    ("running and measuring", ("tierax.launch", "tierax.compile", "tierax.bench", "tierax.measure")),
+    ("running and measuring", ("tierax.launch", "tierax.compile", "tierax.plan_check", "tierax.bench", "tierax.measure")),
     ("reporting", ("tierax.report",)),
     ("command line", ("tierax.cli",)),
 ]

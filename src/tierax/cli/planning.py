@@ -118,6 +118,8 @@ def cmd_plan(args) -> int:
 
     if args.sweep:
         return _plan_sweep(args)
+    if args.check:
+        return _plan_check(args)
     out = check_output_file(args.out) if args.out else None
     interop.check_tool(args.emit, "--emit")
     cfg, mesh, rates = _inputs(args)
@@ -140,6 +142,53 @@ def cmd_plan(args) -> int:
     if out:
         print(f"wrote {out}")
     return 0
+
+
+def _plan_check(args) -> int:
+    """``tierax plan --check``: plan, compile deviceless for the target, correct the workspace term, re-plan."""
+    from tierax import costmodel as cm
+    from tierax import hardware
+    from tierax.fileio import check_output_file, write_text_atomic
+    from tierax.whatif import override_rates
+
+    if args.sweep or args.emit or args.for_tool or args.max_microbatch:
+        raise TieraxError("--check compiles one plan at a given --microbatch; drop --sweep/--emit/--for/--max-microbatch")
+    out = check_output_file(args.out) if args.out else None
+    cfg, mesh = resolve_model(args), parse_mesh(args.mesh, args.devices)
+    spec = hardware.compile_target(args.target)  # a projection (no XLA device spec) is refused here
+    mesh.check_model(cfg, where="--mesh")
+    rates = override_rates(cm.target_rates(args.target, cfg.dtype), args.rate)
+    if spec.kind == "tpu":
+        from tierax import compile as compile_lib
+
+        compile_lib.start_deviceless_tpu("none")
+    else:
+        launch.start(deviceless_gpu=True, preset="lhs-pipelined" if args.schedule == "lhs-pipelined" else "lhs")
+    from tierax import plan_check
+
+    gib = lambda n: f"{n / GIB:.2f}"  # noqa: E731
+
+    def report(s) -> None:
+        print(f"check {s.iteration}: budget {gib(s.budget_bytes)} GiB (workspace correction {gib(s.workspace_correction_bytes)}"
+              f") · predicted peak {gib(s.predicted_peak_bytes)} · XLA {gib(s.xla_peak_bytes)} GiB "
+              f"({s.peak_error:+.1%}) fits={'yes' if s.xla_fits else 'NO'} · exposed transfers predicted "
+              f"{s.predicted_exposed_s * 1e3:.2f} ms, XLA {s.xla_exposed_s * 1e3:.2f} ms · host {gib(s.host_bytes)} "
+              f"vs XLA {gib(s.xla_host_bytes)} GiB · compile {s.compile_s:.0f} s", flush=True)
+
+    res = plan_check.check(cfg, mesh, rates, args.target, microbatch=args.microbatch, seq=args.seq,
+                           schedule=args.schedule, budget_bytes=args.budget_gib and args.budget_gib * GIB,
+                           host_budget_bytes=args.host_budget_gib and args.host_budget_gib * GIB,
+                           segments=args.segments, max_iterations=args.check_iterations, report=report)
+    if out:
+        write_text_atomic(out, res.result.plan.to_yaml())
+        print(f"wrote {out}")
+    if args.json:
+        print(json.dumps(res.to_json(), indent=2))
+    last = res.iterations[-1]
+    print(f"check {'converged' if res.converged else 'did NOT converge'} after {len(res.iterations)} compile(s): "
+          f"XLA peak {gib(last.xla_peak_bytes)} GiB of {gib(rates.device_memory_bytes)} "
+          f"({'fits' if last.xla_fits else 'does not fit'}), model within {abs(last.peak_error):.1%}")
+    return 0 if res.converged else 1
 
 
 def _plan_sweep(args) -> int:
