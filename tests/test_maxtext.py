@@ -165,7 +165,7 @@ def brute(inv, schedule, budget, host_budget, uniform):
         pl = dict(zip(ORDER, codes))
         if uniform and any(pl[("dense", n)] is not pl[("moe", n)] for n in SHARED):
             continue
-        pred = cm.evaluate(pl, inv, CFG, RATES, schedule)
+        pred = cm.evaluate(pl, inv, CFG, RATES, schedule, "policy")  # MaxText runs XLA's offload policy
         if pred.peak_device_bytes <= budget and pred.host_bytes <= host_budget:
             best = pred.step_time_s if best is None else min(best, pred.step_time_s)
     return best
@@ -174,7 +174,7 @@ def brute(inv, schedule, budget, host_budget, uniform):
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_one_placement_per_name_is_optimal_among_uniform_plans(case):
     inv, schedule, budget, host_budget = CASES[case]
-    kw = dict(schedule=schedule, budget_bytes=budget, host_budget_bytes=host_budget)
+    kw = dict(schedule=schedule, budget_bytes=budget, host_budget_bytes=host_budget, mechanism="policy")
     uniform = planner.plan(CFG, inv, RATES, one_placement_per_name=True, **kw)
     free = planner.plan(CFG, inv, RATES, **kw)
     r = P.resolve(uniform.plan, CFG)

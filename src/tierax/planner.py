@@ -320,7 +320,7 @@ def _scaled(inv1: inv_lib.Inventory, inv2: inv_lib.Inventory, mb: int) -> inv_li
 
 def max_microbatch(cfg, seq: int, mesh: dict, rates: cm.Rates, *, schedule: str = "lhs",
                    budget_bytes=None, host_budget_bytes=None, limit: int = 4096,
-                   one_placement_per_name: bool = False) -> PlanResult:
+                   one_placement_per_name: bool = False, mechanism: str = DEFAULT_MECHANISM) -> PlanResult:
     """The largest per-device microbatch any plan fits, and the best plan for it."""
     inv1 = inv_lib.model_inventory(cfg, 1, seq, mesh)
     inv2 = inv_lib.model_inventory(cfg, 2, seq, mesh)
@@ -328,11 +328,11 @@ def max_microbatch(cfg, seq: int, mesh: dict, rates: cm.Rates, *, schedule: str 
 
     def fits(mb: int) -> bool:
         inv = inv1 if mb == 1 else inv2 if mb == 2 else _scaled(inv1, inv2, mb)
-        return _solve(inv, cfg, rates, schedule, budget, host_budget, one_placement_per_name) is not None
+        return _solve(inv, cfg, rates, schedule, budget, host_budget, one_placement_per_name, mechanism) is not None
 
     if not fits(1):
         return plan(cfg, inv1, rates, schedule=schedule, budget_bytes=budget, host_budget_bytes=host_budget,
-                    one_placement_per_name=one_placement_per_name)
+                    one_placement_per_name=one_placement_per_name, mechanism=mechanism)
     lo, hi = 1, 2
     while hi <= limit and fits(hi):
         lo, hi = hi, hi * 2
@@ -344,9 +344,9 @@ def max_microbatch(cfg, seq: int, mesh: dict, rates: cm.Rates, *, schedule: str 
     while lo > 1:  # the extrapolation is approximate for MoE capacity rounding: confirm on the real trace
         try:
             return plan(cfg, exact, rates, schedule=schedule, budget_bytes=budget, host_budget_bytes=host_budget,
-                        name=f"planned-mb{lo}", one_placement_per_name=one_placement_per_name)
+                        name=f"planned-mb{lo}", one_placement_per_name=one_placement_per_name, mechanism=mechanism)
         except TieraxError:
             lo -= 1
             exact = inv_lib.model_inventory(cfg, lo, seq, mesh)
     return plan(cfg, exact, rates, schedule=schedule, budget_bytes=budget, host_budget_bytes=host_budget,
-                name="planned-mb1", one_placement_per_name=one_placement_per_name)
+                name="planned-mb1", one_placement_per_name=one_placement_per_name, mechanism=mechanism)

@@ -29,11 +29,14 @@ def solve(cfg, mesh: dict, rates, *, microbatch: int, seq: int, max_microbatch: 
                           + ("MaxText cannot express (one placement per name for all layers); drop --for"
                              if for_tool else "--max-microbatch does not search; plan at a given --microbatch"))
 
+    # MaxText moves offloaded names with XLA's offload policy, so a plan for it is planned for that mechanism.
+    mech = {"mechanism": "policy"} if for_tool else {}
+
     def run(uniform: bool) -> planner.PlanResult:
         if max_microbatch:
-            return planner.max_microbatch(cfg, seq, mesh, rates, one_placement_per_name=uniform, **budgets)
+            return planner.max_microbatch(cfg, seq, mesh, rates, one_placement_per_name=uniform, **mech, **budgets)
         return planner.plan(cfg, inv_lib.model_inventory(cfg, microbatch, seq, mesh), rates,
-                            one_placement_per_name=uniform, segments=segments, **budgets)
+                            one_placement_per_name=uniform, segments=segments, **mech, **budgets)
 
     if for_tool is None:
         return run(False), []
