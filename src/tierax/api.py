@@ -232,6 +232,7 @@ def plan(inventory: ModelInventory, *, target: str = "h200", mesh: Mapping[str, 
                                   optimizer_bytes=inv.optimizer_bytes // shard)
     inv = dataclasses.replace(inv, logits_bytes=inv.logits_bytes + int(extra_bytes))
     rates = cm.target_rates(target, inventory.model.dtype)
+    # Your layer runs under jax.checkpoint with the policy this plan gives: XLA's offload policy mechanism.
     result = planner.plan(inventory.model, inv, rates, schedule=schedule, budget_bytes=budget,
-                          host_budget_bytes=host_budget, name=name)
+                          host_budget_bytes=host_budget, name=name, mechanism="policy")
     return Planned(result.plan, inventory.model, result)
