@@ -31,13 +31,37 @@ def check_tiles(tiles: int, seq: int) -> None:
         )
 
 
+@jax.custom_vjp
+def _nll(logits_BsV, targets_Bs):
+    """−log softmax(logits)[target] per position (float32 logits)."""
+    return _nll_fwd(logits_BsV, targets_Bs)[0]
+
+
+def _nll_fwd(logits_BsV, targets_Bs):
+    lse_Bs = jax.nn.logsumexp(logits_BsV, axis=-1)
+    target_Bs = jnp.take_along_axis(logits_BsV, targets_Bs[..., None], axis=-1)[..., 0]
+    return lse_Bs - target_Bs, (logits_BsV, lse_Bs, targets_Bs)
+
+
+def _nll_bwd(res, g_Bs):
+    # (softmax − one-hot) · g in one elementwise pass over the logits.  Differentiated by JAX, the
+    # target pick (take_along_axis) has a scatter into a zeroed [B, s, V] array for its gradient,
+    # added to the softmax's: two more passes over the logits (−8 % of the compiled step's bytes
+    # at d_model 256, vocab 32000).
+    logits_BsV, lse_Bs, targets_Bs = res
+    hit_BsV = jax.lax.broadcasted_iota(targets_Bs.dtype, logits_BsV.shape, logits_BsV.ndim - 1) == targets_Bs[..., None]
+    d_BsV = (jnp.exp(logits_BsV - lse_Bs[..., None]) - hit_BsV) * g_Bs[..., None]
+    return d_BsV, None
+
+
+_nll.defvjp(_nll_fwd, _nll_bwd)
+
+
 def _chunk_nll_sum(h_BsD, weight_DV, targets_Bs, mesh):
     """Sum over the chunk of −log p(target): logits in float32, never leaving this function."""
     logits_BsV = jnp.einsum("bsd,dv->bsv", h_BsD, weight_DV, preferred_element_type=jnp.float32)
     logits_BsV = constrain(logits_BsV, mesh, BATCH_AXES, None, None)
-    lse_Bs = jax.nn.logsumexp(logits_BsV, axis=-1)
-    target_Bs = jnp.take_along_axis(logits_BsV, targets_Bs[..., None], axis=-1)[..., 0]
-    return jnp.sum(lse_Bs - target_Bs)
+    return jnp.sum(_nll(logits_BsV, targets_Bs))
 
 
 def cross_entropy(hidden_BSD, weight_DV, targets_BS, *, tiles: int = 1, mesh=None):
