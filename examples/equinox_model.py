@@ -11,7 +11,7 @@ forward pass, so the planned policy plugs in directly::
     planned = tierax.plan(inv, target="h200", budget=...)
     loss = make_loss(static, policy=planned.policy("decoder"))
 
-Run: ``.venv/bin/python examples/equinox_model.py [--layers 4 --d-model 64 --seq 32 --batch 2 --squeeze 0.75]``.
+Run: ``.venv/bin/python examples/equinox_model.py [--layers 4 --d-model 64 --seq 32 --batch 2 --squeeze 0.85]``.
 Needs ``pip install equinox`` (in tierax's ``test`` extra).  On CPU, offloaded names stay
 on device (XLA:CPU strips the placement), so the gradient check compares the planned
 policy's gradients with no remat at all.
@@ -136,7 +136,7 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--target", default="h200")
-    p.add_argument("--squeeze", type=float, default=0.75,
+    p.add_argument("--squeeze", type=float, default=0.85,
                    help="budget as a fraction of the unconstrained plan's peak (default 0.75)")
     a = p.parse_args()
     out = run(a.layers, a.d_model, a.seq, a.batch, a.target, squeeze=a.squeeze)

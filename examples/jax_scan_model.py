@@ -8,7 +8,7 @@ activations tagged with tierax's (= MaxText's) names.  The policy comes from the
     planned = tierax.plan(inv, target="h200", budget=...)
     grads = jax.grad(loss_fn(planned.policy()))(params, x)
 
-Run: ``.venv/bin/python examples/jax_scan_model.py [--squeeze 0.8 | --budget-mib 24] [--compile-for h200]``.
+Run: ``.venv/bin/python examples/jax_scan_model.py [--squeeze 0.9 | --budget-mib 24] [--compile-for h200]``.
 ``--compile-for`` also compiles the planned gradient step for that GPU without a GPU
 (deviceless XLA:GPU; needs tierax's gpu-aot extra) and prints XLA's memory figures.  (For the lower-level
 calls this API wraps, see examples/custom_model.py.)
@@ -90,7 +90,7 @@ def compile_for_gpu(policy, target: str, **sizes) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--budget-mib", type=float, help="device budget per device, MiB")
-    p.add_argument("--squeeze", type=float, default=0.8,
+    p.add_argument("--squeeze", type=float, default=0.9,
                    help="budget as a fraction of the unconstrained plan's peak (default 0.8; ignored with --budget-mib)")
     p.add_argument("--target", default="h200")
     p.add_argument("--compile-for", metavar="GPU", help="also compile the planned step for this GPU, deviceless")

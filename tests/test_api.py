@@ -50,7 +50,7 @@ def _gpu_aot() -> bool:
 
 def test_jax_example_runs_as_a_script_and_compiles_for_a_gpu_deviceless():
     """The plain-JAX example end to end, as a user runs it: plan, gradient check, deviceless H200 compile."""
-    cmd = [sys.executable, str(EXAMPLES / "jax_scan_model.py"), "--squeeze", "0.8"]
+    cmd = [sys.executable, str(EXAMPLES / "jax_scan_model.py"), "--squeeze", "0.9"]
     if _gpu_aot():
         cmd += ["--compile-for", "h200"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -60,7 +60,7 @@ def test_jax_example_runs_as_a_script_and_compiles_for_a_gpu_deviceless():
         assert "compiled for h200 (deviceless): temp" in out.stdout
 
 
-@pytest.mark.parametrize("example, group, squeeze", [("jax_scan_model", "mlp", 0.8),
+@pytest.mark.parametrize("example, group, squeeze", [("jax_scan_model", "mlp", 0.9),
                                                      ("flax_linen_model", "decoder", 0.95)])
 def test_examples_plan_and_keep_the_gradients(example, group, squeeze):
     mod = _example(example)
@@ -76,7 +76,7 @@ def test_examples_plan_and_keep_the_gradients(example, group, squeeze):
 
 def test_equinox_example_plans_and_keeps_the_gradients():
     pytest.importorskip("equinox", reason="the Equinox example needs `pip install equinox` (tierax's test extra)")
-    out = _example("equinox_model").run(layers=4, d_model=64, seq=32, squeeze=0.75)
+    out = _example("equinox_model").run(layers=4, d_model=64, seq=32, squeeze=0.85)
     planned, inv = out["planned"], out["inventory"]
     flops = {a.name: a.recompute_flops_per_layer for g in inv.inventory.groups for a in g.activations}
     assert flops["query_proj"] == 2 * 2 * 32 * 64 * 64  # 2 · batch · seq · d · d, from the shapes
