@@ -2,7 +2,8 @@
 """``tierax plan --check`` on recorded cases: every iteration's prediction against XLA's deviceless compile.
 
 Cases: DeepSeek-V3 671B at the scale configuration (128 GB200, fsdp=16 × expert=8, 8 × 4096 per device,
-loss in 16 tiles), and any given with ``--case "ARGS"``.  Each runs ``tierax plan ... --check --json`` in
+loss in 16 tiles); a 5-layer DeepSeek-V3 on 8 GB200s (expert=8) at a 114 GiB budget, where the first plan
+does not fit in XLA and the loop repairs it; and any given with ``--case "ARGS"``.  Each runs ``tierax plan ... --check --json`` in
 a child process; the record keeps each iteration (budget, workspace correction, predicted and XLA peak,
 fits, exposed transfer time both ways, compile seconds) and whether the loop converged.  Writes
 bench/results/plan_check.json.
@@ -31,6 +32,10 @@ CASES = {
         "--model", "deepseek-v3-671b", "--set", "loss_tiles=16", "--target", "gb200", "--devices", "128",
         "--mesh", "fsdp=16,expert=8", "--microbatch", "8", "--seq", "4096"],
 }
+# Budget-bound at 114 GiB: the first plan compiles to more than the budget (the model is 1.1 % low there).
+CASES["deepseek-v3 5-layer gb200×8 expert=8 mb8×4096 budget 114 GiB"] = [
+    "--model", "deepseek-v3-671b", "--set", "num_layers=5", "--set", "first_dense_layers=2", "--set", "loss_tiles=16",
+    "--target", "gb200", "--mesh", "expert=8", "--microbatch", "8", "--seq", "4096", "--budget-gib", "114"]
 QUICK = {"tiny-llama h200 mb8×64": ["--model", "tiny-llama", "--target", "h200", "--microbatch", "8", "--seq", "64"]}
 
 

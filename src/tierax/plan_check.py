@@ -37,7 +37,7 @@ class Iteration:
     workspace_correction_bytes: int  # added to the model's workspace term for this solve
     predicted_peak_bytes: int  # the corrected model's peak for the chosen plan
     xla_peak_bytes: int
-    xla_fits: bool
+    xla_fits: bool  # XLA's peak within the device (less the runtime reserve) and within the budget
     predicted_exposed_s: float
     xla_exposed_s: float
     predicted_step_s: float
@@ -75,20 +75,30 @@ def check(cfg, mesh: MeshShape, rates, target: str, *, microbatch: int, seq: int
     correction, steps = 0, []
     result = None
     for it in range(1, max_iterations + 1):
-        result = planner.plan(cfg, inv, rates, schedule=schedule, budget_bytes=budget - correction,
-                              host_budget_bytes=host_budget, segments=segments)
+        try:
+            result = planner.plan(cfg, inv, rates, schedule=schedule, budget_bytes=budget - correction,
+                                  host_budget_bytes=host_budget, segments=segments)
+        except planner.NoPlanFits as e:
+            if it == 1:
+                raise
+            raise planner.NoPlanFits(
+                f"after compile {it - 1}, XLA needs {correction / 2**30:.2f} GiB more than the model predicts; with "
+                f"that workspace, {e}") from None
         compiled, _ = compile_lib.compile_for_target(cfg, result.plan, target, microbatch=microbatch, seq=seq,
                                                      mesh=mesh)
         b = result.predicted.breakdown
+        fits = compiled.fits and compiled.device_peak_bytes <= budget  # the device, and the budget asked for
         step = Iteration(it, int(budget - correction), correction, result.predicted.peak_device_bytes + correction,
-                         compiled.device_peak_bytes, compiled.fits, b["exposed_d2h_s"] + b["exposed_h2d_s"],
+                         compiled.device_peak_bytes, fits, b["exposed_d2h_s"] + b["exposed_h2d_s"],
                          compiled.overlap.get("est_exposed_s", 0.0), result.predicted.step_time_s,
                          result.predicted.host_bytes, compiled.host_temp_bytes, compiled.compile_time_s)
         steps.append(step)
         if report:
             report(step)
-        if compiled.fits and abs(step.peak_error) <= tolerance:
+        if fits and abs(step.peak_error) <= tolerance:
             return CheckResult(result, tuple(steps), True, tolerance)
-        # XLA's peak minus the model's raw peak for this plan: the workspace the model does not see.
-        correction = compiled.device_peak_bytes - result.predicted.peak_device_bytes
+        # XLA's peak minus the model's raw peak for this plan: the workspace the model does not see.  The
+        # largest miss seen so far: a budget that only shrinks, so the loop cannot cycle between plans.
+        miss = compiled.device_peak_bytes - result.predicted.peak_device_bytes
+        correction = miss if it == 1 else max(correction, miss)
     return CheckResult(result, tuple(steps), False, tolerance)

@@ -166,14 +166,15 @@ def _plan_check(args) -> int:
         launch.start(deviceless_gpu=True, preset="lhs-pipelined" if args.schedule == "lhs-pipelined" else "lhs")
     from tierax import plan_check
 
-    gib = lambda n: f"{n / GIB:.2f}"  # noqa: E731
+    def gib(n: float) -> str:  # GiB, or MiB below 1 GiB
+        return f"{n / GIB:.2f} GiB" if abs(n) >= GIB else f"{n / 2**20:.2f} MiB"
 
     def report(s) -> None:
-        print(f"check {s.iteration}: budget {gib(s.budget_bytes)} GiB (workspace correction {gib(s.workspace_correction_bytes)}"
-              f") · predicted peak {gib(s.predicted_peak_bytes)} · XLA {gib(s.xla_peak_bytes)} GiB "
+        print(f"check {s.iteration}: budget {gib(s.budget_bytes)} (workspace correction {gib(s.workspace_correction_bytes)}"
+              f") · predicted peak {gib(s.predicted_peak_bytes)} · XLA {gib(s.xla_peak_bytes)} "
               f"({s.peak_error:+.1%}) fits={'yes' if s.xla_fits else 'NO'} · exposed transfers predicted "
               f"{s.predicted_exposed_s * 1e3:.2f} ms, XLA {s.xla_exposed_s * 1e3:.2f} ms · host {gib(s.host_bytes)} "
-              f"vs XLA {gib(s.xla_host_bytes)} GiB · compile {s.compile_s:.0f} s", flush=True)
+              f"vs XLA {gib(s.xla_host_bytes)} · compile {s.compile_s:.0f} s", flush=True)
 
     res = plan_check.check(cfg, mesh, rates, args.target, microbatch=args.microbatch, seq=args.seq,
                            schedule=args.schedule, budget_bytes=args.budget_gib and args.budget_gib * GIB,
@@ -186,7 +187,7 @@ def _plan_check(args) -> int:
         print(json.dumps(res.to_json(), indent=2))
     last = res.iterations[-1]
     print(f"check {'converged' if res.converged else 'did NOT converge'} after {len(res.iterations)} compile(s): "
-          f"XLA peak {gib(last.xla_peak_bytes)} GiB of {gib(rates.device_memory_bytes)} "
+          f"XLA peak {gib(last.xla_peak_bytes)} of {gib(rates.device_memory_bytes)} "
           f"({'fits' if last.xla_fits else 'does not fit'}), model within {abs(last.peak_error):.1%}")
     return 0 if res.converged else 1
 
