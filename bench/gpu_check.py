@@ -19,9 +19,11 @@ records what it skipped):
    analysis of the save-all train step on the device (abstract inputs, nothing
    allocated) against the allocator's ``bytes_limit``, before anything runs.
 2. One child process per XLA preset (``none``, ``lhs-pipelined``, ``lhs``; XLA_FLAGS
-   are read when the backend starts, hence processes): for ``qkv-offload``,
-   ``remat-full``, ``minimal`` and the planner's plan (``tierax.planner.plan`` if it
-   exists and returns a Plan, checked at run time; else "planner: not available"):
+   are read when the backend starts, hence processes): for ``qkv-offload`` (tierax's
+   prefetching scan), ``qkv-offload@policy`` (XLA's offload policy), ``remat-full``,
+   ``minimal``, the planner's plan (``tierax.planner.plan`` if it exists and returns a
+   Plan, checked at run time; else "planner: not available") and, if its split search
+   chooses segments, the planner's segmented plan:
    compile, skip if the compiled peak exceeds the device's memory, run warm-up and
    timed steps (median), record TFLOP/s/device, the allocator's peak HBM for the plan,
    compiled host bytes, and, for plans that offload, a 2-step profile → exposed
@@ -59,7 +61,9 @@ SCHEMA = "tierax.gpu-check/1"
 XLA_PRESETS = ("none", "lhs-pipelined", "lhs")
 # The offload plan first (the one whose transfers and gradients matter most if time runs out), then
 # roughly ascending device memory, so that each plan's runtime peak is its own (see measure.memory).
-PLANS = ("qkv-offload", "remat-full", "minimal")
+# "NAME@policy": the preset with XLA's offload policy instead of tierax's prefetching scan (the default
+# mechanism), so one run compares the two ways of moving the same tensors, each with its gradient check.
+PLANS = ("qkv-offload", "qkv-offload@policy", "remat-full", "minimal")
 SCHEDULE_FOR_PRESET = {"none": "lhs", "lhs": "lhs", "lhs-pipelined": "lhs-pipelined"}  # XLA's LHS runs by default
 
 # GPU configuration.  Deviceless H200 compiles here (`tierax compile --model llama3-8b --set num_layers=8
@@ -96,6 +100,17 @@ def _left(deadline: float) -> float:
 # --- configuration and fit decision (child) ----------------------------------------------------
 
 
+def preset_plan(spec: str, cfg):
+    """A preset plan; ``NAME@MECHANISM`` runs it with that offload mechanism (named ``NAME-MECHANISM``)."""
+    from tierax import plan as plan_lib
+
+    name, _, mechanism = spec.partition("@")
+    plan = plan_lib.preset(name, cfg)
+    if mechanism:
+        plan = dataclasses.replace(plan, name=f"{name}-{mechanism}", mechanism=mechanism)
+    return plan
+
+
 def base_config(p: dict):
     from tierax.models import get_config
 
@@ -119,7 +134,7 @@ def compiled_peak(cfg, plan_name: str, microbatch: int, seq: int) -> tuple[int, 
     opt = step_lib.make_optimizer()
     graphdef, state = abstract_train_state(cfg, opt, mesh)
     tokens = jax.ShapeDtypeStruct((microbatch, seq + 1), jnp.int32, sharding=sh.batch_sharding(mesh))
-    fn = step_lib.make_train_step(graphdef, cfg, plan_lib.preset(plan_name, cfg), opt,
+    fn = step_lib.make_train_step(graphdef, cfg, preset_plan(plan_name, cfg), opt,
                                   jax.tree.map(lambda x: x.sharding, state))
     cm = memory.compiled_memory(fn.lower(state, tokens).compile())
     return cm.peak, cm.to_json()
@@ -155,8 +170,9 @@ def decide(p: dict, tiny: bool, deadline: float) -> dict:
             "capacity_source": source, "save_all_fits": tried[-1]["fits"], "tried": tried}
 
 
-def planner_plan(cfg, microbatch: int, seq: int, capacity: int, schedule: str, measured: dict):
-    """(Plan or None, status line): ``tierax.planner.plan`` if importable and returning a Plan."""
+def planner_plan(cfg, microbatch: int, seq: int, capacity: int, schedule: str, measured: dict, segments: bool = False):
+    """(Plan or None, status line): ``tierax.planner.plan`` if importable and returning a Plan (``segments``:
+    with the split search, named ``planner-segments-…``)."""
     try:
         import importlib
 
@@ -174,8 +190,13 @@ def planner_plan(cfg, microbatch: int, seq: int, capacity: int, schedule: str, m
         fields = {f.name for f in dataclasses.fields(rates)}
         rates = dataclasses.replace(rates, **{k: v for k, v in measured.items() if k in fields},
                                     device_memory_bytes=capacity)
+        import jax
+
+        if jax.default_backend() == "cpu" and "fixed_device_bytes" in fields:  # --tiny: no cuBLAS workspace
+            rates = dataclasses.replace(rates, fixed_device_bytes=0)
         inv = inventory.model_inventory(cfg, microbatch, seq, {"data": 1, "fsdp": 1})
-        res = fn(cfg, inv, rates, schedule=schedule, name=f"planner-{schedule}")
+        name = f"planner-{'segments-' if segments else ''}{schedule}"
+        res = fn(cfg, inv, rates, schedule=schedule, name=name, **({"segments": True} if segments else {}))
     except Exception as e:  # noqa: BLE001 — the planner is another engineer's moving part; record why
         return None, f"planner: not available ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
     plan = res if isinstance(res, Plan) else getattr(res, "plan", None)
@@ -315,12 +336,18 @@ def child(spec: dict) -> dict:
     mb, seq, capacity = decision["microbatch"], decision["seq"], decision["capacity_bytes"]
     measured = {"matmul_flops_per_s": matmul["flops_per_s"], "d2h_bytes_per_s": link["d2h_bytes_per_s"],
                 "h2d_bytes_per_s": link["h2d_bytes_per_s"]}
-    plans = [plan_lib.preset(n, cfg) for n in spec.get("plans", PLANS)]
+    plans = [preset_plan(n, cfg) for n in spec.get("plans", PLANS)]
     with phase("planner"):
         planned, status = planner_plan(cfg, mb, seq, capacity, SCHEDULE_FOR_PRESET[spec["preset"]], measured)
     out["planner"] = {"status": status, "plan": planned.to_dict() if planned else None}
     if planned is not None:
         plans.append(planned)
+    with phase("planner segments"):  # the split search: run only if it chose segments (a different plan)
+        seg, seg_status = planner_plan(cfg, mb, seq, capacity, SCHEDULE_FOR_PRESET[spec["preset"]], measured,
+                                       segments=True)
+    out["planner_segments"] = {"status": seg_status, "plan": seg.to_dict() if seg else None}
+    if seg is not None and any(g.segments for g in seg.groups.values()):
+        plans.append(seg)
 
     # One compiled init for every plan and the gradient check (step.init_params would recompile it each
     # time), one optimizer and its compiled init.
@@ -473,8 +500,15 @@ def main(argv=None) -> int:
     plans = [x.strip() for x in args.plans.split(",") if x.strip()]
     from tierax.plan import PRESETS as PLAN_PRESETS
 
-    if not plans or any(x not in PLAN_PRESETS for x in plans):
-        print(f"gpu_check: --plans must name plan presets ({', '.join(PLAN_PRESETS)})", file=sys.stderr)
+    from tierax.plan import MECHANISMS
+
+    def known(x: str) -> bool:
+        name, _, mech = x.partition("@")
+        return name in PLAN_PRESETS and (not mech or mech in MECHANISMS)
+
+    if not plans or not all(known(x) for x in plans):
+        print(f"gpu_check: --plans must name plan presets ({', '.join(PLAN_PRESETS)}), optionally "
+              f"NAME@MECHANISM ({', '.join(MECHANISMS)})", file=sys.stderr)
         return 2
     mode = "tiny" if args.tiny else "gpu"
     if not args.tiny and not any(os.path.exists(f) for f in ("/proc/driver/nvidia/version", "/dev/nvidiactl",
