@@ -271,9 +271,13 @@ def test_every_preset_on_every_mesh(name, preset, mesh_kw):
     check_sharded_step(name, preset, mesh_kw, loss_tiles=2)
 
 
-def test_moe_names_are_where_the_remat_policy_sees_them():
+@pytest.mark.parametrize("mechanism", ["policy", "prefetch"])
+def test_moe_names_are_where_the_remat_policy_sees_them(mechanism):
     """On an expert mesh the expert GEMM outputs are tagged in the layer body (not inside a
-    shard_map, where a plan could not place them), at the per-device size the inventory traces."""
+    shard_map, where a plan could not place them), at the per-device size the inventory traces:
+    under a jax.checkpoint (XLA's policy) or in the prefetching scan's custom VJP."""
+    import dataclasses
+
     from flax import nnx
 
     from tierax.models import abstract_model
@@ -281,7 +285,8 @@ def test_moe_names_are_where_the_remat_policy_sees_them():
     cfg = no_drop(get_config("tiny-deepseek"))
     mesh = make_mesh(fsdp=2, expert=4)
     graphdef, params = nnx.split(abstract_model(cfg))
-    loss = S.make_loss_fn(graphdef, P.to_policies(P.preset("deepseek-offload", cfg), cfg), mesh)
+    plan = dataclasses.replace(P.preset("deepseek-offload", cfg), mechanism=mechanism)
+    loss = S.make_loss_fn(graphdef, P.to_policies(plan, cfg), mesh)
     closed = jax.make_jaxpr(loss)(params, jax.ShapeDtypeStruct((BATCH, SEQ + 1), jnp.int32))
 
     found = {}
@@ -297,7 +302,10 @@ def test_moe_names_are_where_the_remat_policy_sees_them():
     assert set(found) == {N.MOE_MLPWI_0, N.MOE_MLPWI_1, N.MOE_MLPWO}
     for _, parents in found.values():
         assert "shard_map" not in parents
-        assert any(p.startswith("remat") or p == "checkpoint" for p in parents)
+        if mechanism == "policy":
+            assert any(p.startswith("remat") or p == "checkpoint" for p in parents), parents
+        else:
+            assert any(p.startswith("custom_vjp") for p in parents), parents
     # Global [E, devices × C_local, F], split over expert (E) and fsdp (tokens): per device
     # E × C_local × F, the size the inventory traces at the per-device batch.
     E, F = cfg.num_experts, cfg.expert_mlp_dim
