@@ -105,13 +105,33 @@ def planner_plan(model_args, target, extra, path: pathlib.Path) -> dict:
 
 
 def predicted(model_args, plan: str, target: str, extra) -> dict:
-    """`tierax simulate --json` for the same case (the cost model's peak and host bytes)."""
+    """`tierax simulate --json` for the same case (the cost model's peak and host bytes); an XLA preset becomes
+    the schedule the model has for it (XLA's latency-hiding scheduler runs by default: none → lhs)."""
+    extra = list(extra)
+    schedule = "lhs"
+    if "--xla-preset" in extra:
+        k = extra.index("--xla-preset")
+        schedule = {"none": "lhs"}.get(extra[k + 1], extra[k + 1])
+        del extra[k:k + 2]
     cmd = [sys.executable, "-m", "tierax.cli", "simulate", *model_args, "--plan", plan, "--target", target,
-           *extra, "--json"]
+           *extra, "--schedule", schedule, "--json"]
     code, out, err, _, _ = _run(cmd)
     if code != 0:
         return {"error": (err.strip().splitlines() or ["(no output)"])[-1]}
     return json.loads(out)
+
+
+def _exposure_agreement(case: dict) -> dict | None:
+    """The cost model's exposed transfer time against the static check's, as a share of the predicted step
+    (issue 12's criterion: within 10 % of step time)."""
+    pred, res = case.get("predicted") or {}, case.get("result")
+    if res is None or "breakdown" not in pred:
+        return None
+    model = pred["breakdown"]["exposed_d2h_s"] + pred["breakdown"]["exposed_h2d_s"]
+    xla = res["overlap"]["est_exposed_s"]
+    step = pred["step_time_s"]
+    return {"model_exposed_s": model, "xla_exposed_s": xla, "predicted_step_s": step,
+            "difference_share_of_step": abs(model - xla) / step if step else None}
 
 
 def gib(n: float) -> str:
@@ -146,8 +166,8 @@ def main() -> int:
             case = run_case(model_args, plan, target, extra)
             if planner is not None:
                 case["planner"] = {"wall_s": planner["wall_s"], "args": planner["args"]}
-            if args.scale:
-                case["predicted"] = predicted(model_args, plan, target, extra)
+            case["predicted"] = predicted(model_args, plan, target, extra)
+            case["exposure_agreement"] = _exposure_agreement(case)
             results.append(case)
             prog.advance(task)
 
@@ -167,7 +187,7 @@ def main() -> int:
 
     t = Table(title=f"deviceless compile grid · jax {jax.__version__} · per device")
     for col in ("model", "plan", "target", "B/dev×seq", "dev", "preset", "peak GiB", "cap GiB", "fits",
-                "temp GiB", "host GiB", "xfer ms", "exposed ms", "compile s"):
+                "temp GiB", "host GiB", "xfer ms", "exposed ms", "model exposed ms", "Δ/step", "compile s"):
         t.add_column(col, justify="left" if col in ("model", "plan", "target", "preset") else "right")
     for c in results:
         if "error" in c:
@@ -178,7 +198,9 @@ def main() -> int:
         t.add_row(r["model"], r["plan"], r["target"], f"{r['microbatch']}×{r['seq']}", str(r["devices"]),
                   r["xla_preset"], gib(r["device_peak_bytes"]), gib(r["device_capacity_bytes"]),
                   "yes" if r["fits"] else "[red]no[/]", gib(r["device_temp_bytes"]), gib(r["host_temp_bytes"]),
-                  f"{ov['est_transfer_s'] * 1e3:.2f}", f"{ov['est_exposed_s'] * 1e3:.2f}", f"{r['compile_time_s']:.1f}")
+                  f"{ov['est_transfer_s'] * 1e3:.2f}", f"{ov['est_exposed_s'] * 1e3:.2f}",
+                  *((f"{ag['model_exposed_s'] * 1e3:.2f}", f"{ag['difference_share_of_step']:.1%}")
+                    if (ag := c.get("exposure_agreement")) else ("", "")), f"{r['compile_time_s']:.1f}")
     Console(width=200).print(t)
     print(f"wrote {out}")
     return 1 if any("error" in c for c in results) else 0
