@@ -48,7 +48,8 @@ def qkv_residual_bytes(cfg, batch, seq):
 def tiny_llama_offload_vs_device():
     # Enough layers that the residuals, not per-layer staging buffers, dominate temp memory.
     cfg = dataclasses.replace(get_config("tiny-llama"), num_layers=12)
-    offload = P.preset("qkv-offload", cfg)
+    # XLA's offload policy: the schedule facts asserted below are its (tests/test_prefetch.py: the prefetching scan's).
+    offload = dataclasses.replace(P.preset("qkv-offload", cfg), mechanism="policy")
     # Same plan with the offloaded names moved to device.
     groups = {
         g: P.GroupPlan({n: (P.Placement.DEVICE if p is P.Placement.OFFLOAD else p) for n, p in gp.placements.items()},
