@@ -137,7 +137,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--target", default="h200")
     p.add_argument("--squeeze", type=float, default=0.85,
-                   help="budget as a fraction of the unconstrained plan's peak (default 0.75)")
+                   help="budget as a fraction of the unconstrained plan's peak (default %(default)s)")
     a = p.parse_args()
     out = run(a.layers, a.d_model, a.seq, a.batch, a.target, squeeze=a.squeeze)
     for g in out["inventory"].inventory.groups:

@@ -91,7 +91,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--budget-mib", type=float, help="device budget per device, MiB")
     p.add_argument("--squeeze", type=float, default=0.9,
-                   help="budget as a fraction of the unconstrained plan's peak (default 0.8; ignored with --budget-mib)")
+                   help="budget as a fraction of the unconstrained plan's peak (default %(default)s; ignored with --budget-mib)")
     p.add_argument("--target", default="h200")
     p.add_argument("--compile-for", metavar="GPU", help="also compile the planned step for this GPU, deviceless")
     a = p.parse_args()
