@@ -29,7 +29,8 @@ same layer's compute; ``lhs-pipelined``: up to the whole neighbouring layer's
 compute — under XLA's offload policy; tierax's prefetching scan (a plan's default
 mechanism) hides each copy under a whole layer unless the schedule is serial, and
 stages two layers (:func:`staging_and_window`); FSDP all-gathers/reduce-scatters, MoE all-to-alls and tensor-parallel
-all-reduces at the interconnect bandwidth, exposed under ``serial`` and hidden under
+all-reduces over their mesh axes, each at its link (NVLink inside a domain, the scale-out network
+across domains: :mod:`tierax.network`), exposed under ``serial`` and hidden under
 compute otherwise; a rematerialised layer repeats its forward's collectives (counted
 with its unnamed recomputation, which every remat policy of that group pays).
 """
@@ -46,6 +47,7 @@ import jax.numpy as jnp
 from tierax import hardware
 from tierax import inventory as inv_lib
 from tierax import names as N
+from tierax import network
 from tierax import plan as plan_lib
 from tierax.errors import TieraxError
 from tierax.inventory import Inventory
@@ -93,6 +95,11 @@ class Rates:
     offload_is_real: bool
     sources: dict = field(default_factory=dict)
     fixed_device_bytes: int = 0  # buffers the compiler allocates whatever the model (XLA:GPU's cuBLAS workspace)
+    # Collectives whose group leaves an NVLink (ICI) domain run at the scale-out rate (tierax.network);
+    # nvlink_domain_gpus 0: one domain holds every device; gpus_per_domain 0: spread evenly (network.py).
+    nvlink_domain_gpus: int = 0
+    scale_out_bytes_per_s: float = 0.0
+    gpus_per_domain: int = 0
 
 
 def load_calibration() -> dict:
@@ -125,11 +132,20 @@ def target_rates(target: str, dtype: str) -> Rates:
         else f"{ACHIEVABLE_FRACTION:.0%} of the {peak / 1e12:.0f} TFLOP/s {dtype} datasheet peak (H200 measured 790/989)",
         "host_link": measured if "d2h_bytes_per_s" in cal else spec.host_link_source,
         "hbm": "XLA device spec", "interconnect": "NVLink datasheet, per direction",
+        "scale_out": spec.scale_out_source, "nvlink_domain": f"{spec.nvlink_domain_gpus} devices per NVLink/ICI domain",
         "memory": "XLA device spec", "host_memory": "system datasheet, per GPU",
     } | getattr(spec, "rate_sources", {})  # TPU targets name their own sources
     fixed = XLA_GPU_FIXED_BYTES if spec.kind == "gpu" else 0
     return Rates(target, matmul, spec.hbm_bytes_per_s, d2h, h2d, spec.nvlink_bytes_per_s,
-                 spec.device_memory_bytes, int(spec.host_memory_per_gpu_bytes), True, sources, fixed)
+                 spec.device_memory_bytes, int(spec.host_memory_per_gpu_bytes), True, sources, fixed,
+                 spec.nvlink_domain_gpus, spec.scale_out_bytes_per_s)
+
+
+def forward_collective_s(g, links: dict) -> float:
+    """Seconds one layer of group ``g`` spends in its forward's collectives, each axis at its own link."""
+    by_axis = dict(g.forward_collective_bytes_by_axis)
+    rest = g.forward_collective_bytes_per_layer - sum(by_axis.values())  # bytes with no axis (an API inventory)
+    return sum(b / links[a].bytes_per_s for a, b in by_axis.items()) + max(0.0, rest) / links["tensor"].bytes_per_s
 
 
 @dataclass(frozen=True)
@@ -209,6 +225,7 @@ def item_terms(inv: Inventory, rates: Rates, mechanism: str = plan_lib.DEFAULT_M
 def group_terms(inv: Inventory, rates: Rates, schedule: str,
                 mechanism: str = plan_lib.DEFAULT_MECHANISM) -> list[GroupTerms]:
     w = staging_and_window(schedule, mechanism)[1]
+    links = network.axis_links(inv.mesh, rates)
     out = []
     for g in inv.groups:
         L = g.num_layers
@@ -217,7 +234,7 @@ def group_terms(inv: Inventory, rates: Rates, schedule: str,
         # A rematerialised layer repeats its forward: its matmuls and its collectives (the MoE
         # dispatch/combine all-to-alls, the tensor-parallel all-reduces).
         repeat = (g.base_recompute_flops_per_layer * L / rates.matmul_flops_per_s
-                  + g.forward_collective_bytes_per_layer * L / rates.interconnect_bytes_per_s)
+                  + forward_collective_s(g, links) * L)
         out.append(GroupTerms(
             g.name, L, g.carry_bytes_per_layer * L,
             (g.save_all_bytes_per_layer - g.carry_bytes_per_layer - named) * L,
@@ -261,13 +278,14 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
         # float32 gradients before the reduce-scatter (seen in deviceless compiles of FSDP steps).
         workspace += inv.embed_param_count * (c_item + 4)
     coll = 0.0
+    links = network.axis_links(inv.mesh, rates)
     if fsdp > 1:
         gathered = (inv.param_bytes / jnp.dtype(cfg.param_dtype).itemsize) * c_item * fsdp
-        coll += 3 * gathered * (fsdp - 1) / fsdp / rates.interconnect_bytes_per_s  # AG fwd, AG bwd, RS grads
-    # Expert-parallel all-to-alls and tensor-parallel all-reduces: the forward's, and as much again in
-    # the backward (a rematerialised layer's repeat is in GroupTerms.base_recompute_s).
-    coll += sum(2 * g.forward_collective_bytes_per_layer * g.num_layers for g in inv.groups) \
-        / rates.interconnect_bytes_per_s
+        # AG fwd, AG bwd, RS grads over fsdp × expert, at that group's link (scale-out if it leaves a domain).
+        coll += 3 * gathered * (fsdp - 1) / fsdp / links[network.FSDP_GROUP].bytes_per_s
+    # Expert-parallel all-to-alls (over expert) and tensor-parallel all-reduces (over tensor): the forward's,
+    # and as much again in the backward (a rematerialised layer's repeat is in GroupTerms.base_recompute_s).
+    coll += sum(2 * forward_collective_s(g, links) * g.num_layers for g in inv.groups)
     exposed_coll = coll if schedule == "serial" else max(0.0, coll - compute_s)
     # At the loss: the float32 logits and their gradient (one tile of each when tiled, the tile's logits
     # consumed by the time its gradient exists), and the head's float32 gradient before any reduce-scatter
@@ -319,6 +337,7 @@ def evaluate(placements: dict, inv: Inventory, cfg, rates: Rates, schedule: str,
     groups = group_terms(inv, rates, schedule, mechanism)
     staged_layers = staging_and_window(schedule, mechanism)[0]
     fx = fixed_terms(inv, cfg, rates, schedule)
+    links = network.axis_links(inv.mesh, rates)
     if not rates.offload_is_real:  # XLA:CPU keeps "offloaded" values on device
         placements = {k: (P.DEVICE if v is P.OFFLOAD else v) for k, v in placements.items()}
     act_bytes = host = 0
@@ -349,7 +368,9 @@ def evaluate(placements: dict, inv: Inventory, cfg, rates: Rates, schedule: str,
         "exposed_d2h_s": exposed_d2h, "exposed_h2d_s": exposed_h2d,
         "collective_s": fx.collective_s, "exposed_collective_s": fx.exposed_collective_s,
         "executed_flops": fx.executed_flops + recompute * rates.matmul_flops_per_s,
-        "model_flops": fx.model_flops, "schedule": schedule, "mechanism": mechanism, "rates": rates.sources,
+        "model_flops": fx.model_flops, "schedule": schedule, "mechanism": mechanism,
+        "rates": rates.sources | network.describe(links, rates),
+        "network": {k: v.to_json() for k, v in links.items() if v.link != "none"},
     }
     return Prediction(
         fits=peak <= hardware.usable_bytes(rates.device_memory_bytes) and host <= rates.host_memory_bytes,

@@ -17,6 +17,9 @@ from typing import ClassVar
 from tierax.errors import TieraxError
 
 GB = 1e9
+# HGX/DGX H100, H200, B200: one NVLink domain per 8-GPU board; the compute fabric is 8 single-port ConnectX-7
+# 400 Gb/s NICs, one per GPU (NVIDIA DGX H100/H200 user guide, DGX B200 datasheet) → 50 GB/s per direction.
+_CX7_DGX = "ConnectX-7 400 Gb/s per GPU (NVIDIA DGX H100/H200 user guide, DGX B200 datasheet)"
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,11 @@ class GpuSpec:
     pcie_bandwidth_field: int  # XLA spec's pcie_bandwidth value, copied as is
     interconnect_links: int  # NVLink links per GPU
     nvlink_bytes_per_s: float  # per direction, GPU↔GPU
+    # GPUs one NVLink domain joins, and the scale-out network (NICs) per GPU per direction: a collective
+    # whose group leaves the domain runs at that rate (tierax.network).
+    nvlink_domain_gpus: int = 8
+    scale_out_bytes_per_s: float = 0.0
+    scale_out_source: str = ""
     # A projection: figures from announcements, not from a shipping part XLA describes.  No
     # deviceless compile is offered for it (XLA has no device spec); the cost model still runs.
     projection: str = ""
@@ -66,6 +74,7 @@ TARGETS: dict[str, GpuSpec] = {
         host_memory_per_gpu_bytes=256 * GB, pcie_bandwidth_field=34359738368,
         # NVLink 4: 18 links, 900 GB/s bidirectional → 450 GB/s per direction.
         interconnect_links=18, nvlink_bytes_per_s=450 * GB,
+        nvlink_domain_gpus=8, scale_out_bytes_per_s=50 * GB, scale_out_source=_CX7_DGX,
     ),
     "h200": GpuSpec(
         key="h200", name="NVIDIA H200 141GB HBM3e",
@@ -78,6 +87,7 @@ TARGETS: dict[str, GpuSpec] = {
         # DGX H200: 2 TB system memory for 8 GPUs.
         host_memory_per_gpu_bytes=256 * GB, pcie_bandwidth_field=34359738368,
         interconnect_links=18, nvlink_bytes_per_s=450 * GB,
+        nvlink_domain_gpus=8, scale_out_bytes_per_s=50 * GB, scale_out_source=_CX7_DGX,
     ),
     "b200": GpuSpec(
         key="b200", name="NVIDIA B200",
@@ -92,6 +102,7 @@ TARGETS: dict[str, GpuSpec] = {
         host_memory_per_gpu_bytes=256 * GB, pcie_bandwidth_field=68719476736,
         # NVLink 5: 18 links, 1.8 TB/s bidirectional → 900 GB/s per direction.
         interconnect_links=18, nvlink_bytes_per_s=900 * GB,
+        nvlink_domain_gpus=8, scale_out_bytes_per_s=50 * GB, scale_out_source=_CX7_DGX,
     ),
     "gb200": GpuSpec(
         key="gb200", name="NVIDIA GB200",
@@ -106,6 +117,9 @@ TARGETS: dict[str, GpuSpec] = {
         # GB200 superchip: one Grace with 480 GB LPDDR5X per two GPUs.
         host_memory_per_gpu_bytes=240 * GB, pcie_bandwidth_field=2147483648,
         interconnect_links=18, nvlink_bytes_per_s=900 * GB,
+        # GB200 NVL72: 72 GPUs in one NVLink domain; DGX GB200 datasheet: 72 single-port ConnectX-7 400 Gb/s
+        # (one per GPU; CX7 in each compute tray, NVIDIA multi-node NVLink tuning guide) → 50 GB/s per direction.
+        nvlink_domain_gpus=72, scale_out_bytes_per_s=50 * GB, scale_out_source="ConnectX-7 400 Gb/s per GPU (DGX GB200)",
     ),
 }
 
@@ -127,6 +141,9 @@ TARGETS["gb300"] = GpuSpec(
     # GB300 NVL72: 40 TB "fast memory" = 20.7 TB HBM3e + ≈18 TB Grace LPDDR5X over 72 GPUs.
     host_memory_per_gpu_bytes=250 * GB, pcie_bandwidth_field=2147483648,
     interconnect_links=18, nvlink_bytes_per_s=900 * GB,
+    # NVIDIA GB300 NVL72 enterprise reference architecture: 72 GPUs per NVLink domain; each compute tray has
+    # 4 ConnectX-8 SuperNICs (800 Gb/s), one per GPU → 100 GB/s per direction.
+    nvlink_domain_gpus=72, scale_out_bytes_per_s=100 * GB, scale_out_source="ConnectX-8 800 Gb/s per GPU (GB300 NVL72 RA)",
     projection="GB300 NVL72 announced figures (NVIDIA GTC 2025 / product page); no XLA device spec in jaxlib 0.10.2",
 )
 TARGETS["vr200"] = GpuSpec(
@@ -145,6 +162,8 @@ TARGETS["vr200"] = GpuSpec(
     host_memory_per_gpu_bytes=750 * GB, pcie_bandwidth_field=2147483648,
     # NVLink 6: 3.6 TB/s bidirectional per GPU (NVIDIA GTC 2025).
     interconnect_links=18, nvlink_bytes_per_s=1800 * GB,
+    # NVIDIA GTC 2025: NVL144 = 72 Rubin packages in one NVLink domain; ConnectX-9 1.6 Tb/s per GPU → 200 GB/s.
+    nvlink_domain_gpus=72, scale_out_bytes_per_s=200 * GB, scale_out_source="ConnectX-9 1.6 Tb/s per GPU (GTC 2025)",
     projection="Vera Rubin NVL144 announced figures (NVIDIA GTC 2025); bf16 derived from fp8; not shipping",
 )
 
@@ -170,6 +189,10 @@ class TpuSpec:
     host_memory_per_chip_bytes: float
     ici_bytes_per_s: float  # per direction, per chip (Google lists bidirectional; halved here)
     slice_shapes: tuple[str, ...]  # Google Cloud's supported slice topologies, smallest first
+    # ICI joins the chips of a slice, and a slice lies in one pod: the pod is the domain; DCN beyond it (0: unknown).
+    nvlink_domain_gpus: int = 256
+    scale_out_bytes_per_s: float = 0.0
+    scale_out_source: str = "no per-chip DCN figure sourced yet; give --rate scale_out=GB/s"
     projection: str = ""
     kind: ClassVar[str] = "tpu"
     rate_sources: ClassVar[dict] = {"hbm": "Google Cloud TPU docs", "memory": "Google Cloud TPU docs",
@@ -234,6 +257,8 @@ TPU_TARGETS: dict[str, TpuSpec] = {
         ici_bytes_per_s=200 * GB,
         # same page: supported 2D slice shapes 1x1 … 16x16 (256-chip pod).
         slice_shapes=_V5E_V6E_SHAPES,
+        # same page: TPU Pod size 256 chips; per-host NIC 2 × 100 Gbps for 8 chips → 25 Gb/s = 3.125 GB/s per chip.
+        scale_out_bytes_per_s=3.125 * GB, scale_out_source="DCN 2×100 Gb/s per 8-chip host (Cloud TPU v5e docs)",
     ),
     "v5p": TpuSpec(
         key="v5p", name="Cloud TPU v5p", generation="v5p",
@@ -248,6 +273,7 @@ TPU_TARGETS: dict[str, TpuSpec] = {
         # same page: common single-slice shapes, 2x2x1 (4 chips) … 16x16x24 (6144 chips).
         slice_shapes=("2x2x1", "2x2x2", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16", "8x16x16",
                       "16x16x16", "16x16x24"),
+        nvlink_domain_gpus=8960,  # same page: 8960 chips in a v5p pod
     ),
     "v6e": TpuSpec(
         key="v6e", name="Cloud TPU v6e (Trillium)", generation="v6e",

@@ -70,6 +70,8 @@ class GroupInventory:
     # dispatch + combine all-to-alls and the tensor-parallel all-reduces.  The backward moves as
     # much again; a rematerialised layer repeats its forward's.
     forward_collective_bytes_per_layer: float = 0.0
+    # The same bytes by the mesh axis they cross: (("tensor", TP all-reduce bytes), ("expert", EP all-to-all bytes)).
+    forward_collective_bytes_by_axis: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -226,18 +228,18 @@ def per_device_param_count(cfg, mesh: dict) -> float:
     return total
 
 
-def _forward_collective_bytes(cfg, group: str, microbatch: int, seq: int, mesh: dict) -> float:
-    """Per-device bytes one layer's forward sends through collectives (ring all-reduce: 2(t−1)/t)."""
+def _forward_collective_bytes(cfg, group: str, microbatch: int, seq: int, mesh: dict) -> tuple:
+    """Per-device bytes one layer's forward sends through collectives, by mesh axis (ring all-reduce: 2(t−1)/t)."""
     item = jnp.dtype(cfg.dtype).itemsize
     tokens = microbatch * seq
-    out = 0.0
+    out = []
     t, ep = mesh.get("tensor", 1), mesh.get("expert", 1)
     if t > 1:  # attention-out and MLP-down all-reduces over tensor
-        out += 2 * 2 * (t - 1) / t * tokens * cfg.d_model * item
-    if ep > 1 and cfg.family == "deepseek" and group == "moe":  # dispatch + combine, capacity-padded
+        out.append(("tensor", 2 * 2 * (t - 1) / t * tokens * cfg.d_model * item))
+    if ep > 1 and cfg.family == "deepseek" and group == "moe":  # dispatch + combine over expert, capacity-padded
         buffer = cfg.num_experts * cfg.capacity(tokens) * cfg.d_model * item
-        out += 2 * buffer * (ep - 1) / ep
-    return out
+        out.append(("expert", 2 * buffer * (ep - 1) / ep))
+    return tuple(out)
 
 
 def _memoised(fn):
@@ -296,8 +298,9 @@ def model_inventory(cfg, microbatch: int, seq: int, mesh: dict | None = None) ->
 
         gi = layer_inventory(layer_fn, x, one, group=g.name, num_layers=g.num_layers,
                              expert_param_count=_expert_params_per_layer(local, g.name))
-        groups.append(dataclasses.replace(
-            gi, forward_collective_bytes_per_layer=_forward_collective_bytes(cfg, g.name, microbatch, seq, mesh)))
+        by_axis = _forward_collective_bytes(cfg, g.name, microbatch, seq, mesh)
+        groups.append(dataclasses.replace(gi, forward_collective_bytes_per_layer=sum(b for _, b in by_axis),
+                                          forward_collective_bytes_by_axis=by_axis))
     p_item = jnp.dtype(cfg.param_dtype).itemsize
     param_bytes = int(per_device_param_count(cfg, mesh) * p_item)
     return Inventory(

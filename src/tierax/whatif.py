@@ -26,9 +26,13 @@ RATE_KEYS: dict[str, tuple[tuple[str, ...], float, str]] = {
     "hbm_size": (("device_memory_bytes",), 1e9, "GB of device memory"),
     "hbm_bw": (("hbm_bytes_per_s",), 1e12, "TB/s of device memory bandwidth"),
     "matmul": (("matmul_flops_per_s",), 1e12, "TFLOP/s achievable matmul rate"),
-    "interconnect": (("interconnect_bytes_per_s",), 1e9, "GB/s per direction between devices"),
+    "interconnect": (("interconnect_bytes_per_s",), 1e9, "GB/s per direction between devices of one NVLink domain"),
+    "scale_out": (("scale_out_bytes_per_s",), 1e9, "GB/s per direction per device between NVLink domains"),
+    "nvlink_domain": (("nvlink_domain_gpus",), 1, "devices per NVLink/ICI domain, a whole number"),
+    "gpus_per_domain": (("gpus_per_domain",), 1, "this job's devices per domain, a whole number (default: spread evenly)"),
     "host_memory": (("host_memory_bytes",), 1e9, "GB of host memory per device"),
 }
+INTEGER_KEYS = ("nvlink_domain", "gpus_per_domain")
 SWEEP_KEYS = ("budget", "microbatch", *RATE_KEYS)
 
 
@@ -61,7 +65,9 @@ def override_rates(rates: cm.Rates, overrides: Sequence[str]) -> cm.Rates:
             raise TieraxError(f"--rate {text!r}: unknown key {key!r}; valid keys: {_valid_rates()}")
         fields, factor, unit = RATE_KEYS[key]
         v = _number(value, f"--rate {text!r}") * factor
-        changes = {f: (int(v) if f.endswith("memory_bytes") else v) for f in fields}
+        if key in INTEGER_KEYS and v != int(v):
+            raise TieraxError(f"--rate {text!r}: {key} counts devices; give a whole number ≥ 1, e.g. {key}=64")
+        changes = {f: (int(v) if f.endswith("memory_bytes") or key in INTEGER_KEYS else v) for f in fields}
         sources = dict(rates.sources) | {f: f"--rate {key}={value.strip()} ({unit})" for f in fields}
         rates = dataclasses.replace(rates, **changes, sources=sources)
     return rates

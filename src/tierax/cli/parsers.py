@@ -98,7 +98,9 @@ def _planning(sub) -> None:
 def _rate_arg(p) -> None:
     p.add_argument("--rate", action="append", default=[], metavar="KEY=VALUE",
                    help="what-if override of a target rate (repeatable): host_link, d2h, h2d (GB/s per direction), "
-                        "hbm_size (GB), hbm_bw (TB/s), matmul (TFLOP/s), interconnect (GB/s), host_memory (GB)")
+                        "hbm_size (GB), hbm_bw (TB/s), matmul (TFLOP/s), interconnect (GB/s inside an NVLink domain), "
+                        "scale_out (GB/s per device between domains), nvlink_domain (devices per domain), "
+                        "gpus_per_domain (this job's devices per domain; default: spread evenly), host_memory (GB)")
 
 
 def _running(sub) -> None:
