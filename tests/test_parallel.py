@@ -180,6 +180,33 @@ def test_tiled_loss_equals_untiled_and_never_holds_full_logits():
     assert _max_float_elements(jax.make_jaxpr(grad_fn(1))(h, w)) == B * S_ * V
 
 
+@pytest.mark.parametrize("tiles", [1, 4])
+def test_loss_gradient_equals_autodiff_of_the_textbook_form(tiles):
+    """The loss's hand-written backward (softmax · g, then −g scattered at the targets) against
+    jax.grad of −mean(log_softmax[target]), on one device and with the batch split over 8."""
+    B, S_, D, V = 8, 16, 16, 384
+    ks = jax.random.split(jax.random.key(1), 3)
+    h = jax.random.normal(ks[0], (B, S_, D))
+    w = jax.random.normal(ks[1], (D, V)) * D**-0.5
+    t = jax.random.randint(ks[2], (B, S_), 0, V)
+    t = t.at[0, :4].set(V - 1).at[1, :4].set(0)  # the vocabulary's first and last entries as targets
+
+    def textbook(h, w):
+        logp = jax.nn.log_softmax(h @ w, -1)
+        return -jnp.mean(jnp.take_along_axis(logp, t[..., None], -1))
+
+    ref = jax.value_and_grad(textbook, argnums=(0, 1))(h, w)
+    got = jax.jit(jax.value_and_grad(lambda h, w: loss_lib.cross_entropy(h, w, t, tiles=tiles),
+                                     argnums=(0, 1)))(h, w)
+    _assert_close(got, ref)
+    mesh = MeshShape(data=2, fsdp=4).make()
+    split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp", "expert")))
+    hs, ts = jax.device_put(h, split), jax.device_put(t, split)
+    got = jax.jit(jax.value_and_grad(lambda h, w: loss_lib.cross_entropy(h, w, ts, tiles=tiles, mesh=mesh),
+                                     argnums=(0, 1)))(hs, w)
+    _assert_close(got, ref)
+
+
 def test_loss_tiles_must_divide_the_sequence():
     with pytest.raises(TieraxError, match=r"loss_tiles=5 does not divide the sequence length 32.*loss_tiles=4"):
         loss_lib.check_tiles(5, 32)
