@@ -36,6 +36,7 @@ from tierax import plan as plan_lib
 from tierax.errors import TieraxError
 from tierax.jaxpr_tools import GROUP_SCOPE_PREFIX
 from tierax.models import abstract_model
+from tierax.models.prefetch import OFFLOAD_SCOPE_PREFIX
 from tierax.mesh import MeshShape
 from tierax.train import sharding as sh
 from tierax.train import step as step_lib
@@ -153,6 +154,7 @@ class OffloadedName:
     name: str
     expected_bytes: int  # per device, from the abstract trace
     host_bytes: int  # per device, the matching host buffer found in the compiled program (0 if none)
+    matched_by: str = "op_name"  # op_name (the name XLA kept in the store's metadata), size (none kept), "" (none)
 
     @property
     def on_host(self) -> bool:
@@ -218,25 +220,97 @@ def abstract_train_state(cfg, optimizer, mesh: Mesh):
     return graphdef, state
 
 
-def _forward_host_buffers(module: hlo.Module) -> dict[str, list[hlo.Array]]:
-    """Layer group → host residual buffers: S(5) arrays carried by that group's forward loop.
+@dataclass(frozen=True)
+class HostBuffer:
+    """A host (S(5)) array that a forward layer loop writes: one offloaded name's stack over the loop's layers."""
 
-    A forward loop is a ``while`` whose body stores to host; its group comes from
-    the ``tierax_group_<name>`` scope in the loop's op_name metadata.
+    group: str  # plan group (a segment as group@A-B); "<unknown>" when XLA kept no group scope
+    name: str | None  # from the store's op_name (models.prefetch.OFFLOAD_SCOPE_PREFIX); None when XLA kept none
+    nbytes: int
+
+
+def _op_name(ins: hlo.Instruction) -> str:
+    m = re.search(r'op_name="([^"]*)"', ins.attrs)
+    return m.group(1) if m else ""
+
+
+def _store_of(module: hlo.Module, ins: hlo.Instruction | None) -> hlo.Instruction | None:
+    """The instruction that writes a loop's carried host buffer (through async done → start and bitcasts/copies);
+    None when the loop only passes the buffer on (reads it, as the backward loop does)."""
+    for _ in range(6):
+        if ins is None or ins.opcode in ("parameter", "get-tuple-element"):
+            return None
+        if OFFLOAD_SCOPE_PREFIX in _op_name(ins) or ins.opcode not in _PASS_THROUGH:
+            return ins
+        ins = next((module.by_name[o] for o in ins.operands[:1] if o in module.by_name), None)
+    return ins
+
+
+_PASS_THROUGH = ("bitcast", "copy", "copy-start", "copy-done", "fusion-done", "async-done")
+
+
+def _forward_host_buffers(module: hlo.Module) -> list[HostBuffer]:
+    """The host buffers written by layer loops, each with its group and (where XLA kept it) activation name.
+
+    For each ``while`` whose loop-carried tuple holds S(5) arrays, the body's root element for that array is
+    followed to the store that writes it.  The group is the ``tierax_group_<name>`` scope in the loop's (or the
+    store's) op_name; the name is the ``tierax_offload_<name>`` scope in the store's op_name.
     """
-    stores_in = {
-        c for c, instrs in module.computations.items()
-        for ins in instrs if ins.opcode.endswith("-done") and any(a.host for a in ins.arrays)
-    }
-    out: dict[str, list[hlo.Array]] = {}
+    out = []
     for instrs in module.computations.values():
         for ins in instrs:
-            if ins.opcode == "while" and ins.attr("body") in stores_in:
-                m = re.search(GROUP_SCOPE_PREFIX + r"([\w\-]+)", ins.attrs)
+            body = ins.attr("body") if ins.opcode == "while" else None
+            root = module.by_name.get(module.roots.get(body, "")) if body else None
+            if root is None or root.opcode != "tuple" or not any(a.host for a in ins.arrays):
+                continue
+            for k, a in enumerate(ins.arrays):
+                value = module.by_name.get(root.operands[k]) if a.host and k < len(root.operands) else None
+                if value is None or value.arrays[:1] != [a]:  # not this element (a tuple the reader misaligned)
+                    continue
+                store = _store_of(module, value)
+                if store is None:
+                    continue
+                where = _op_name(store) + " " + _op_name(ins)
+                g = re.search(GROUP_SCOPE_PREFIX + r"([\w\-]+)", where)
+                n = re.search(OFFLOAD_SCOPE_PREFIX + r"(\w+)", _op_name(store))
                 # A segment's scope is group__A_B (models.decoder.segment_scope): its plan name is group@A-B.
-                group = re.sub(r"__(\d+)_(\d+)$", r"@\1-\2", m.group(1)) if m else "<unknown>"
-                out.setdefault(group, []).extend(a for a in ins.arrays if a.host)
+                group = re.sub(r"__(\d+)_(\d+)$", r"@\1-\2", g.group(1)) if g else "<unknown>"
+                out.append(HostBuffer(group, n.group(1) if n else None, int(a.nbytes)))
     return out
+
+
+def _attribute(wanted: list[tuple[str, str, int]], buffers: list[HostBuffer], host_temp: int
+               ) -> tuple[list[OffloadedName], list[str]]:
+    """Each offloaded (group, name, expected bytes) → its host buffer: by the name XLA kept in the store's op_name,
+    else (XLA kept none) by size within the group, said so in the notes; plus notes on mismatches and host bytes
+    in no offloaded name's buffer."""
+    pool, found, notes, by_size = list(buffers), [], [], []
+    for group, name, expected in wanted:
+        in_group = [b for b in pool if b.group == group] or [b for b in pool if b.group == "<unknown>"]
+        match = next((b for b in in_group if b.name == name), None)
+        how = "op_name"
+        if match is None:
+            match = next((b for b in in_group if b.name is None and b.nbytes == expected), None)
+            how = "size" if match else ""
+        if match is not None:
+            pool.remove(match)
+        if how == "size":
+            by_size.append((group, name, expected))
+        elif match is not None and match.nbytes != expected:
+            notes.append(f"{group}/{name}: XLA's host buffer holds {match.nbytes} bytes, the inventory expects "
+                         f"{expected} (mismatch)")
+        found.append(OffloadedName(group, name, expected, match.nbytes if match else 0, how))
+    if by_size:
+        same = sorted({f"{g}/{n}" for g, n, e in by_size for g2, n2, e2 in by_size if (g, e) == (g2, e2) and n != n2})
+        notes.append(f"host buffers of {', '.join(f'{g}/{n}' for g, n, _ in by_size)} matched by size: XLA's program "
+                     "keeps no activation name for them (JAX's offload policy moves residuals with no name scope)"
+                     + (f"; {', '.join(same)} are equal in size, so which buffer is which is unknown" if same else ""))
+    attributed = sum(o.host_bytes for o in found)
+    if attributed != host_temp:
+        notes.append(f"{host_temp - attributed} bytes of XLA's host temp ({host_temp}) are in no offloaded name's "
+                     f"buffer (unattributed; {len(pool)} unmatched host buffer(s) in layer loops: "
+                     f"{sum(b.nbytes for b in pool)} bytes)")
+    return found, notes
 
 
 def compile_for_target(
@@ -296,24 +370,16 @@ def compile_for_target(
 
     placements = plan_lib.resolve(plan, cfg)
     inventory = inv.for_plan(inv.model_inventory(cfg, microbatch, seq, shape.to_dict()), plan, cfg)
-    available = _forward_host_buffers(module)
-    offloaded = []
-    for a in inventory.activations():
-        if placements.get(a.group, {}).get(a.name) is not plan_lib.Placement.OFFLOAD:
-            continue
-        expected = a.total_bytes
-        # XLA:TPU drops the op_name metadata of while loops: their buffers come back under "<unknown>".
-        pool = available.get(a.group) or available.get("<unknown>", [])
-        match = next((b for b in pool if b.nbytes == expected), None)
-        if match is not None:
-            pool.remove(match)
-        offloaded.append(OffloadedName(a.group, a.name, expected, int(match.nbytes) if match else 0))
+    wanted = [(a.group, a.name, a.total_bytes) for a in inventory.activations()
+              if placements.get(a.group, {}).get(a.name) is plan_lib.Placement.OFFLOAD]
+    offloaded, host_notes = _attribute(wanted, _forward_host_buffers(module), host_temp)
 
     dtype_peak = spec.peak(cfg.dtype)
     transfers = hlo.host_transfers(module, peak_flops=dtype_peak, hbm_bytes_per_s=spec.hbm_bytes_per_s,
                                    host_link_bps=spec.host_link_bps)
     notes = [f"host link {spec.host_link_bps / 1e9:.0f} GB/s per direction ({spec.host_link_source})",
              f"compute roofline at {dtype_peak / 1e12:.0f} TFLOP/s ({cfg.dtype}) and {spec.hbm_bytes_per_s / 1e12:.2f} TB/s"]
+    notes += host_notes
     if not tpu:
         notes.append("XLA scheduled within the run's device budget (capacity less the runtime reserve, as JAX's "
                      "allocator gives it on the device), not the 80 % a deviceless compile assumes by default")

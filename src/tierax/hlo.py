@@ -89,6 +89,7 @@ class Module:
     computations: dict[str, list[Instruction]]
     entry: str
     by_name: dict[str, Instruction]
+    roots: dict[str, str] = field(default_factory=dict)  # computation → its ROOT instruction's name
 
     def instruction_flops(self, ins: Instruction, _depth: int = 0) -> float:
         """Matmul/convolution FLOPs of one instruction, looking inside fusions."""
@@ -152,13 +153,15 @@ class Module:
 def parse_module(text: str) -> Module:
     computations: dict[str, list[Instruction]] = {}
     by_name: dict[str, Instruction] = {}
+    roots: dict[str, str] = {}
     entry = ""
     current: list[Instruction] | None = None
     for line in text.splitlines():
         if current is None:
             h = _HEADER.match(line)
             if h:
-                current = computations.setdefault(h.group(2), [])
+                comp = h.group(2)
+                current = computations.setdefault(comp, [])
                 if h.group(1):
                     entry = h.group(2)
             continue
@@ -182,9 +185,11 @@ def parse_module(text: str) -> Module:
         ins = Instruction(name, type_text, opcode, operands, attrs, parse_arrays(type_text))
         current.append(ins)
         by_name[name] = ins
+        if m.group(1):
+            roots[comp] = name
     if not entry and computations:
         entry = list(computations)[-1]
-    return Module(computations, entry, by_name)
+    return Module(computations, entry, by_name, roots)
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,10 @@ VJP that moves the copies itself:
 
 * **forward**: each layer runs once; the tagged values the plan keeps are recorded
   (:class:`tierax.models.tags.Tape`), those it offloads are put in host memory
-  (``jax.device_put(v, Space.Host)``) as they are produced, and the scan stacks them,
-  with every layer's input, as the residuals.
+  (``jax.device_put(v, Space.Host)``) as they are produced and written into per-name host
+  stacks carried by the scan, each under a ``tierax_offload_<name>`` scope that XLA keeps in
+  the store's op_name (``compile`` finds each name's host buffer by it); the stacks and
+  every layer's input are the residuals.
 * **backward** (reverse scan): the carry holds layer i's offloaded residuals, already
   on device.  Iteration i first issues the host → device copy of layer i−1's, then
   computes layer i's VJP with the saved values injected (:func:`tags.tag` replaces
@@ -28,16 +30,45 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+from jax._src.lax.lax import empty2 as _empty  # what jax.lax.scan stacks its outputs into; no public equivalent
 
 from tierax.models.tags import Tape
 
 LayerBody = Callable[[jax.Array, object], jax.Array]  # (x, one layer's state) -> y
 
 
+# Each offloaded name's store to host (and load back) runs under this scope + the name.  XLA keeps the scope in
+# the op_name metadata of the dynamic-update-slice that writes the host buffer, so the compile report finds each
+# name's host buffer by name (equal-size names, e.g. key/value projections, are otherwise indistinguishable).
+OFFLOAD_SCOPE_PREFIX = "tierax_offload_"
+
+
 def _fetch(host: dict, i) -> dict:
     """Layer ``i``'s slices of the host stacks, copied to device."""
-    return {n: jax.device_put(jax.lax.dynamic_index_in_dim(h, i, keepdims=False), jax.memory.Space.Device)
-            for n, h in host.items()}
+    out = {}
+    for n, h in host.items():
+        with jax.named_scope(OFFLOAD_SCOPE_PREFIX + n):
+            out[n] = jax.device_put(jax.lax.dynamic_index_in_dim(h, i, keepdims=False), jax.memory.Space.Device)
+    return out
+
+
+def _host_stacks(values: dict, layers: int) -> dict:
+    """Zero stacks of ``layers`` slices for the offloaded values (shape/dtype structs).  Like a scan's stacked
+    outputs, a broadcast that XLA's host offloader turns into a host allocation once a host store writes it."""
+    # jax.lax.scan builds its stacked outputs the same way (jax._src.lax.control_flow.loops._empty_array); no
+    # public API makes a host-space broadcast without device compute in host memory (a host scalar broadcast is
+    # "converted into host compute" by XLA's host offloader, a device zeros array is a device-sized copy).
+    return {n: jax.lax.broadcast(_empty(v.dtype, memory_space=jax.memory.Space.Host), (layers, *v.shape))
+            for n, v in values.items()}
+
+
+def _store(stacks: dict, values: dict, j) -> dict:
+    """Write layer ``j``'s offloaded values, put in host memory, into their stacks, each under its name's scope."""
+    out = {}
+    for n, s in stacks.items():
+        with jax.named_scope(OFFLOAD_SCOPE_PREFIX + n):
+            out[n] = jax.lax.dynamic_update_index_in_dim(s, jax.device_put(values[n], jax.memory.Space.Host), j, 0)
+    return out
 
 
 def prefetch_scan(body: LayerBody, keep: Iterable[str], offload: Iterable[str]) -> Callable:
@@ -72,13 +103,18 @@ def prefetch_scan(body: LayerBody, keep: Iterable[str], offload: Iterable[str]) 
         return y
 
     def run_fwd(x0, state):
-        def step(x, p):
-            y, values = collect(x, p)
-            dev = {n: values[n] for n in keep}
-            host = {n: jax.device_put(values[n], jax.memory.Space.Host) for n in offload}
-            return y, (x, dev, host)
+        n_layers = jax.tree.leaves(state)[0].shape[0]
+        first = jax.tree.map(lambda a: a[0], state)
+        shapes = jax.eval_shape(lambda x, p: {n: collect(x, p)[1][n] for n in offload}, x0, first)
 
-        y, (xs, dev, host) = jax.lax.scan(step, x0, state)
+        def step(carry, inp):
+            x, stacks = carry
+            i, p = inp
+            y, values = collect(x, p)
+            return (y, _store(stacks, values, i)), (x, {n: values[n] for n in keep})
+
+        idx = jnp.arange(n_layers, dtype=jnp.int32)
+        (y, host), (xs, dev) = jax.lax.scan(step, (x0, _host_stacks(shapes, n_layers)), (idx, state))
         return y, (xs, dev, host, state)
 
     def run_bwd(res, ct_y):
@@ -152,7 +188,8 @@ def segmented_scan(body: LayerBody, parts: tuple[Part, ...], scopes: list[str] |
     def run_fwd(x0, state):
         x, res = x0, []
         for k, q in enumerate(parts):
-            def step(x, i, q=q, k=k):
+            def step(carry, i, q=q, k=k):
+                x, stacks = carry
                 p = layer(state, i)
                 if q.save_all:  # keep what the VJP keeps, except the layer's input and parameters themselves
                     y, vjp = jax.vjp(body, x, p)
@@ -160,17 +197,16 @@ def segmented_scan(body: LayerBody, parts: tuple[Part, ...], scopes: list[str] |
                     known = {id(v): j for j, v in enumerate([x, *jax.tree.leaves(p)])}
                     where = tuple(known.get(id(v)) for v in leaves)
                     treedefs[k] = (treedef, where)
-                    return y, (x, [v for v, w in zip(leaves, where) if w is None], {})
-                tape = Tape(collect=q.keep | q.offload)
-                with tape.active():
-                    y = body(x, p)
-                tape.check_complete()
-                host = {n: jax.device_put(tape.values[n], jax.memory.Space.Host) for n in q.offload}
-                return y, (x, {n: tape.values[n] for n in q.keep}, host)
+                    return (y, stacks), (x, [v for v, w in zip(leaves, where) if w is None])
+                y, values = _collect(body, x, p, q.keep | q.offload)
+                return (y, _store(stacks, values, i - q.start)), (x, {n: values[n] for n in q.keep})
 
+            shapes = {} if q.save_all else jax.eval_shape(
+                lambda x, p, q=q: _collect(body, x, p, q.offload)[1], x, layer(state, q.start))
             with jax.named_scope(scopes[k]):
-                x, r = jax.lax.scan(step, x, jnp.arange(q.start, q.stop))
-            res.append(r)
+                (x, host), (xs, dev) = jax.lax.scan(step, (x, _host_stacks(shapes, q.stop - q.start)),
+                                                    jnp.arange(q.start, q.stop))
+            res.append((xs, dev, host))
         return x, (tuple(res), state)
 
     def run_bwd(saved, ct_y):
@@ -205,6 +241,15 @@ def segmented_scan(body: LayerBody, parts: tuple[Part, ...], scopes: list[str] |
 
     run.defvjp(run_fwd, run_bwd)
     return run
+
+
+def _collect(body, x, p, names):
+    """``(body(x, p), the values of the tagged ``names``)``."""
+    tape = Tape(collect=names)
+    with tape.active():
+        y = body(x, p)
+    tape.check_complete()
+    return y, tape.values
 
 
 def _inject(body, x, p, saved):
