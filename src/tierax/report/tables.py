@@ -85,6 +85,7 @@ def compile_table(r) -> Table:
     ]
     for o in r.offloaded:
         state = fmt_bytes(o.host_bytes) if o.on_host else f"[red]not found[/] (expected {fmt_bytes(o.expected_bytes)})"
+        state += " (matched by size: XLA kept no name)" if o.matched_by == "size" else ""
         rows.append((f"  offloaded {o.group}/{o.name}", state))
     ov = r.overlap
     rows += [
