@@ -179,6 +179,15 @@ def test_tiled_loss_keeps_one_logits_tile_and_two_head_gradients_and_recomputes_
     pred = cm.simulate(PLAN, inv, cfg, RATES, "lhs")
     assert pred.peak_device_bytes == 399_996_000 + 17_000_000 + pred.breakdown["staging_bytes"] + 2 * 65_536 + 100_000_000
     assert pred.breakdown["compute_s"] == pytest.approx(COMPUTE_S + 2 * 256 * 64 * 256 / 1e12, rel=1e-12)
+    # Under FSDP the scan's body also holds the head gathered in the compute dtype (256 · 64 · 4 B, float32 here)
+    # while it converts it; fsdp=2 also brings XLA's transposed stack copies (tiny-deepseek, fsdp=2: dense wkv_b,
+    # wq_b, wi_0, wi_1; moe wkv_b, wq_b, shared wo, routed wi_0/wi_1/wo — each stack over 2) and halves the
+    # embedding/head gradient shards (1000 × 4 B / 2).
+    copies = (2 * (16 * 128 + 32 * 96 + 2 * 64 * 128) + 2 * (16 * 128 + 32 * 96 + 32 * 64) + 3 * 2 * 8 * 64 * 32) // 2
+    sharded = cm.simulate(PLAN, dataclasses.replace(inv, mesh={"data": 1, "fsdp": 2}), cfg, RATES, "lhs")
+    assert sharded.breakdown["peak_phase"] == "loss"
+    assert sharded.peak_device_bytes == (400_000_000 - 2_000 + 17_000_000 + sharded.breakdown["staging_bytes"]
+                                         + 2 * 65_536 + 100_000_000 + 65_536 + 4 * copies)
 
 
 def test_gpu_targets_add_xla_fixed_buffers_to_the_peak():
@@ -209,14 +218,68 @@ def test_predicted_peak_within_10pct_of_the_deviceless_xla_gpu_compile(case):
     assert abs(pred.peak_device_bytes / got.device_peak_bytes - 1) <= 0.10, (pred.breakdown, got.device_peak_bytes)
 
 
-def test_fsdp_workspace_counts_gathered_weights_and_the_transposed_expert_stack():
-    """fsdp=2 × expert=2, float32 (tiny-deepseek's dtypes): one moe layer's workspace is its residuals (20 MB),
-    its dense weights gathered (1000 × 4 B), its local experts gathered over fsdp (10⁷ / 2 experts shards × 4 B)
-    and XLA's transposed copy of the group's stacked expert weights (10⁷ × 3 layers / (2 · 2) × 4 B); plus the
-    embedding and head gathered with their float32 gradients (1000 × (4 + 4) B)."""
+def test_fsdp_workspace_counts_gathered_weights_and_the_head_gradient():
+    """fsdp=2 × expert=2, float32 (tiny-deepseek's dtypes): a layer's workspace is its residuals plus its weights
+    gathered — dense: 50 MB + 1000 × 4 B; moe: 20 MB + 1000 × 4 B (non-expert) + 10⁷ / 2 expert shards × 4 B,
+    so dense's 50 004 000 B is the larger — plus, untiled, the smaller of the head's float32 gradient
+    (64 · 256 · 4 = 65 536 B) and the logits' gradient (4·64 tokens · 256 · 4 = 262 144 B).  No term for the
+    gathered embedding and head, nor the embedding's gradient: not live while the layers are back-propagated."""
     inv = inventory()
     dense, moe = inv.groups
     moe = dataclasses.replace(moe, layer_param_count=10_001_000, expert_param_count_per_layer=10_000_000)
     inv = dataclasses.replace(inv, groups=(dense, moe), mesh={"data": 1, "fsdp": 2, "expert": 2})
     b = cm.simulate(PLAN, inv, CFG, RATES, "lhs").breakdown
-    assert b["workspace_bytes"] == 20_000_000 + 4_000 + 20_000_000 + 30_000_000 + 8_000
+    assert b["workspace_bytes"] == 50_000_000 + 4_000 + 65_536
+    # Fewer tokens than d_model: the logits' gradient (10 000 B here) is the smaller of the two.
+    few = cm.simulate(PLAN, dataclasses.replace(inv, logits_bytes=10_000), CFG, RATES, "lhs").breakdown
+    assert few["workspace_bytes"] == 50_000_000 + 4_000 + 10_000
+    # The tiled loss reduce-scatters the head's gradient per tile: nothing [D, V] outlives it.
+    tiled = cm.simulate(PLAN, inv, dataclasses.replace(CFG, loss_tiles=4), RATES, "lhs").breakdown
+    assert tiled["workspace_bytes"] == 50_000_000 + 4_000
+
+
+# tiny-deepseek's stacks (2 dense + 2 moe layers, d 64, float32) gathered through a transposed copy on
+# fsdp=2 × expert=2 (non-expert weights over both, 4 ways; experts: E over expert, D over fsdp): those whose
+# sharded dimension has a dimension > 1 before it in a layer's slice.  dense: wkv_b [16, 128/4], wq_b [32, 96/4],
+# mlp wi_0 and wi_1 [64, 128/4]; moe: wkv_b, wq_b, the shared expert's wo [32, 64/4], the routed wi_0/wi_1
+# [8/2, 64/2, 32] and wo [8/2, 32, 64/2].  Not: wq_a/wkv_a/attention wo/mlp wo/router/shared wi_* (sharded first).
+TINY_DS_TRANSPOSED = 2 * (16 * 128 + 32 * 96 + 2 * 64 * 128) // 4 + 2 * (16 * 128 + 32 * 96 + 32 * 64) // 4 \
+    + 3 * 2 * 8 * 64 * 32 // 4
+
+
+def test_transposed_stack_copies_from_shapes():
+    """The stacked weights XLA gathers through a transposed copy, counted from shapes; for llama3.1-405b these are
+    the wrapped_transpose buffers of its deviceless compiles: fsdp=128: wi_0 and wi_1, [126, 16384, 53248 / 128]
+    each (f32[416,126,16384]); fsdp=16 × tensor=8: mlp wo [126, 53248 / 8, 16384 / 16] and attention wo
+    [126, 16384 / 8, 16384 / 16] (wi_* are gathered along D, leading, there)."""
+    from tierax.train import gather_layout
+
+    assert TINY_DS_TRANSPOSED == 38_912
+    assert gather_layout.transposed_stack_params(CFG, {"data": 1, "fsdp": 2, "tensor": 1, "expert": 2}) == 38_912
+    assert gather_layout.transposed_stack_params(CFG, {"data": 1, "fsdp": 1, "tensor": 1, "expert": 1}) == 0
+    # fsdp=2 × expert=8: non-expert weights over 16; one expert per device, so a routed wi_0/wi_1 slice is
+    # [1, 64/2, 32] — gathered along its first dimension of more than one element, no copy — while wo's
+    # [1, 32, 64/2] needs one.  The deviceless compile (16 H200s) has exactly these copies: dense wkv_b
+    # [2, 16, 8], wq_b [2, 32, 6], wi_0/wi_1 [2, 64, 8]; moe wkv_b, wq_b, shared wo [2, 32, 4], routed wo [2, 1, 32, 32].
+    assert gather_layout.transposed_stack_params(CFG, {"data": 1, "fsdp": 2, "tensor": 1, "expert": 8}) == (
+        2 * (16 * 8 + 32 * 6 + 2 * 64 * 8) + 2 * (16 * 8 + 32 * 6 + 32 * 4) + 2 * 1 * 32 * 32)
+    big = get_config("llama3.1-405b")
+    assert gather_layout.transposed_stack_params(big, {"fsdp": 128}) == 2 * 126 * 16384 * 416
+    assert gather_layout.transposed_stack_params(big, {"fsdp": 16, "tensor": 8}) == 126 * 6656 * 1024 + 126 * 2048 * 1024
+
+
+def test_transposed_stack_copies_count_in_both_phases():
+    """tiny-deepseek on fsdp=2 × expert=2: the copies (38 912 × 4 B) add to the layer phase's and the loss's peak."""
+    inv = dataclasses.replace(inventory(), mesh={"data": 1, "fsdp": 2, "expert": 2})
+    pred = cm.simulate(PLAN, inv, CFG, RATES, "lhs")
+    b = pred.breakdown
+    assert b["stack_copy_bytes"] == 38_912 * 4
+    assert b["peak_phase"] == "layer backward"
+    # state 400 MB + activations 17 MB + dense workspace (50 MB + 1000 × 4 B) + head gradient 65 536 B + copies.
+    assert pred.peak_device_bytes == 400_000_000 + 17_000_000 + b["staging_bytes"] + 50_004_000 + 65_536 + 155_648
+    loss = cm.simulate(PLAN, dataclasses.replace(inv, logits_bytes=100_000_000), CFG, RATES, "lhs")
+    assert loss.breakdown["peak_phase"] == "loss"
+    # state less the embedding/head gradient shards (1000 × 4 B / 4), activations, staging, head weight in float32,
+    # logits and their gradient, copies.
+    assert loss.peak_device_bytes == (400_000_000 - 1_000 + 17_000_000 + loss.breakdown["staging_bytes"] + 65_536
+                                      + 2 * 100_000_000 + 155_648)

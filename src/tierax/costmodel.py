@@ -13,14 +13,17 @@ activation on device runs without remat and keeps everything a layer saves,
 named or not); staging buffers for transfers (one layer's offloaded slices, two
 with pipelined transfers); one layer's transient workspace (its full residual
 set while it is recomputed and back-propagated, plus, under FSDP, its gathered
-dense weights, and the embedding and head gathered with their full gradients); the
-float32 logits.
+weights, and, with an untiled loss, the head's float32 gradient or the logits' gradient it
+comes from, kept until the reduce-scatter after the loop); XLA's transposed copies of stacked
+weights whose FSDP dimension is not major (live through both loops); the float32 logits.
 The peak is the larger of two moments: a layer's backward (the state with every gradient,
-kept activations, staging and one layer's workspace) and the loss (parameters, optimizer
-state and the layer gradients, kept activations and staging, plus the float32 logits and
-their gradient — one tile of each when the loss is tiled — and the LM head's unsharded
-float32 gradient, twice when a tiled loss accumulates it over its scan).  GPU targets add
-the fixed buffers XLA:GPU always allocates (the cuBLAS workspace).
+kept activations, staging, the transposed copies and one layer's workspace) and the loss
+(parameters, optimizer state and the layer gradients, kept activations and staging, the
+transposed copies, the gathered head in float32, plus the float32 logits and their gradient,
+or, when the loss is tiled, one tile's gradient, the head's float32 gradient for that tile and,
+under FSDP, the head gathered in the compute dtype).  GPU targets add
+the fixed buffers XLA:GPU always allocates (the cuBLAS workspace).  Each term is a buffer
+seen in the live-range dumps of deviceless XLA:GPU compiles at their peaks.
 
 Time: executed matmul FLOPs (forward, 2× for backward, plus recomputation) at the
 target's achievable matmul rate; host transfers at the link bandwidth each way,
@@ -52,6 +55,7 @@ from tierax import plan as plan_lib
 from tierax.errors import TieraxError
 from tierax.inventory import Inventory
 from tierax.models.flops import train_flops
+from tierax.train import gather_layout
 
 SCHEDULES = ("serial", "lhs", "lhs-pipelined")
 STAGING_LAYERS = {"serial": 1, "lhs": 1, "lhs-pipelined": 2}
@@ -186,16 +190,18 @@ class FixedTerms:
     executed_flops: float  # without recomputation, per device
     embed_grad_bytes: int = 0  # the embedding's and head's (sharded) gradients: not yet written at the loss
     fixed_device_bytes: int = 0
+    stack_copy_bytes: int = 0  # XLA's transposed copies of stacked weights: live from the forward loop to the backward's end
 
     @property
     def layer_phase_bytes(self) -> int:
         """Plan-independent bytes while a layer is back-propagated (add kept activations and staging)."""
-        return self.state_bytes + self.workspace_bytes + self.fixed_device_bytes
+        return self.state_bytes + self.workspace_bytes + self.stack_copy_bytes + self.fixed_device_bytes
 
     @property
     def loss_phase_bytes(self) -> int:
         """Plan-independent bytes at the loss (add kept activations and staging)."""
-        return self.state_bytes - self.embed_grad_bytes + self.logits_bytes + self.fixed_device_bytes
+        return (self.state_bytes - self.embed_grad_bytes + self.logits_bytes + self.stack_copy_bytes
+                + self.fixed_device_bytes)
 
     @property
     def fixed_bytes(self) -> int:
@@ -261,22 +267,26 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
     # its weights gathered in the compute dtype: the dense ones whole (per tensor shard), the expert
     # ones over fsdp only (the expert-parallel MoE gathers its local experts, E / expert of them).
     ep = inv.mesh.get("expert", 1)
-    # Under fsdp, XLA also holds a transposed copy of each stacked expert weight (parameter dtype, sharded
-    # as stored: E over expert, D over fsdp) for the loop's gathers — the "wrapped_transpose" buffers of
-    # the deviceless compiles' peak sets (DeepSeek-V3, 5 and 61 layers): the group's expert parameters again.
-    fsdp_only = inv.mesh.get("fsdp", 1)
     p_item = jnp.dtype(cfg.param_dtype).itemsize
+    head_grad = cfg.vocab_size * cfg.d_model * p_item  # the LM head's gradient, unsharded [D, V]
     workspace = max(
         g.save_all_bytes_per_layer
         + (c_item * (g.layer_param_count - g.expert_param_count_per_layer) if fsdp > 1 else 0)
-        + (c_item * g.expert_param_count_per_layer / ep if fsdp_only > 1 else 0)
-        + (p_item * g.expert_param_count_per_layer * g.num_layers / (ep * fsdp_only) if fsdp_only > 1 else 0)
+        + (c_item * g.expert_param_count_per_layer / ep if inv.mesh.get("fsdp", 1) > 1 else 0)
         for g in inv.groups
     )
-    if fsdp > 1:
-        # Embedding and LM head gathered in the compute dtype (not tensor-parallel), and their full
-        # float32 gradients before the reduce-scatter (seen in deviceless compiles of FSDP steps).
-        workspace += inv.embed_param_count * (c_item + 4)
+    # XLA's transposed copies of stacked weights it cannot gather along their major dimension
+    # (tierax.train.gather_layout): made before the forward loop, live at the loss and through the
+    # backward loop (llama3.1-405b fsdp=128: wi_0, wi_1, 2 × 3.4 GB; DeepSeek-V3: the experts' weights).
+    stack_copy = p_item * gather_layout.transposed_stack_params(cfg, inv.mesh)
+    if fsdp > 1 and cfg.vocab_size and not tiled:
+        # The head's backward runs before the layers': until the reduce-scatter after the loop, XLA keeps
+        # either its float32 weight gradient ([D, V], unsharded) or the float32 logits' gradient it is
+        # computed from ([tokens, V]), whichever it schedules (405B fsdp=128: the first; fsdp=1024: the
+        # second); the model counts the smaller.  A tiled loss reduce-scatters each tile's head gradient
+        # inside its scan, so nothing [D, V] outlives it (llama3-8b, DeepSeek-V3).  The embedding's gradient
+        # is produced after the loop; the gathered embedding and head are free during it.
+        workspace += min(head_grad, inv.logits_bytes)
     coll = 0.0
     links = network.axis_links(inv.mesh, rates)
     if fsdp > 1:
@@ -287,11 +297,14 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
     # and as much again in the backward (a rematerialised layer's repeat is in GroupTerms.base_recompute_s).
     coll += sum(2 * forward_collective_s(g, links) * g.num_layers for g in inv.groups)
     exposed_coll = coll if schedule == "serial" else max(0.0, coll - compute_s)
-    # At the loss: the float32 logits and their gradient (one tile of each when tiled, the tile's logits
-    # consumed by the time its gradient exists), and the head's float32 gradient before any reduce-scatter
-    # (unsharded: [D, V]); a tiled loss accumulates it over its scan, old and new sums both live.
-    head_grad = cfg.vocab_size * cfg.d_model * p_item
-    loss_bytes = (2 if tiled else 1) * head_grad + (1 if tiled else 2) * inv.logits_bytes
+    # At the loss, the buffers of the deviceless compiles' loss peaks: the gathered head converted to
+    # float32 for the product with the logits' float32 gradient ([V, D]), and, untiled, the float32 logits
+    # and their gradient (llama3-8b fsdp=8; llama3.1-405b fsdp=16,tensor=8); tiled, one tile's gradient,
+    # the tile's float32 head gradient ([D, V], reduce-scattered per tile) and the head gathered in the
+    # compute dtype, which the scan's body converts (llama3-8b, 4 tiles, fsdp=8).
+    loss_bytes = head_grad + 2 * inv.logits_bytes
+    if tiled:
+        loss_bytes = 2 * head_grad + inv.logits_bytes + (cfg.vocab_size * cfg.d_model * c_item if fsdp > 1 else 0)
     if not cfg.vocab_size:  # a model without a head (tierax.api): logits_bytes are the caller's, live throughout
         workspace += inv.logits_bytes
         loss_bytes = inv.logits_bytes
@@ -306,6 +319,7 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
         executed_flops=executed,
         embed_grad_bytes=int(inv.embed_param_count * p_item / fsdp),
         fixed_device_bytes=rates.fixed_device_bytes,
+        stack_copy_bytes=int(stack_copy),
     )
 
 
@@ -362,7 +376,7 @@ def evaluate(placements: dict, inv: Inventory, cfg, rates: Rates, schedule: str,
     breakdown = {
         "state_bytes": fx.state_bytes, "activation_bytes": int(act_bytes), "staging_bytes": int(staging),
         "workspace_bytes": fx.workspace_bytes, "logits_bytes": fx.logits_bytes,
-        "fixed_device_bytes": fx.fixed_device_bytes,
+        "fixed_device_bytes": fx.fixed_device_bytes, "stack_copy_bytes": fx.stack_copy_bytes,
         "peak_phase": "loss" if fx.loss_phase_bytes > fx.layer_phase_bytes else "layer backward",
         "compute_s": fx.compute_s, "recompute_s": recompute, "transfer_s": transfer_total,
         "exposed_d2h_s": exposed_d2h, "exposed_h2d_s": exposed_h2d,
