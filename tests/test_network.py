@@ -146,3 +146,51 @@ def test_simulate_states_the_link_of_each_axis():
 def test_bad_network_rate_values_name_the_fix(text, match):
     with pytest.raises(TieraxError, match=match):
         override_rates(RATES, [text])
+
+
+def _ep_inventory(mesh: dict, groups: list, embed: int) -> Inventory:
+    # groups: (name, layers, non-expert params per layer, expert params per layer); no activations' bytes matter.
+    gs = tuple(GroupInventory(name, layers, (Activation(name, N.DECODER_LAYER_INPUT, 1000, layers, 0.0),),
+                              carry_bytes_per_layer=1000, save_all_bytes_per_layer=2000,
+                              base_recompute_flops_per_layer=0.0, forward_flops_per_layer=1e9,
+                              layer_param_count=dense + expert, expert_param_count_per_layer=expert)
+               for name, layers, dense, expert in groups)
+    # Per device (float32, 4 B): the non-expert weights over all fsdp × expert devices, the experts E over
+    # expert and D over fsdp: the same fsdp × expert ways for both when everything divides.
+    ways = mesh.get("fsdp", 1) * mesh.get("expert", 1)
+    total = sum(layers * (dense + expert) for _, layers, dense, expert in groups) + embed
+    return Inventory("hand", 1, 8, mesh, gs, param_bytes=4 * total // ways, grad_bytes=0, optimizer_bytes=0,
+                     logits_bytes=0, embed_param_count=embed)
+
+
+def test_fsdp_gathers_each_device_local_experts_over_fsdp_only():
+    # fsdp=2, expert=4: 8 devices in one domain of 8, 400 GB/s.  4 layers of 1 M non-expert and 8 M expert
+    # parameters (float32 compute: 4 B gathered).  Non-expert weights over all 8 devices: each device ends
+    # with all 4 M: 3 × 16 MB × 7/8 = 42 MB.  Experts: a device holds 1/4 of them (its 2 of 8) and gathers
+    # their D over fsdp=2: 32 M / 4 = 8 M params = 32 MB, 3 × 32 MB × 1/2 = 48 MB.  90 MB / 400 GB/s = 225 µs.
+    # (All 36 M parameters gathered over all 8 devices would be 3 × 144 MB × 7/8 = 378 MB: 945 µs.)
+    inv = _ep_inventory({"fsdp": 2, "expert": 4}, [("moe", 4, 1_000_000, 8_000_000)], embed=0)
+    assert inv.param_bytes == 18_000_000  # (4 M + 32 M) × 4 B / 8
+    fx = cm.fixed_terms(inv, CFG, RATES, "serial")
+    assert fx.collective_s == pytest.approx(90e6 / 400e9, rel=1e-12)
+    # expert only (fsdp=1): the non-expert weights gathered over expert=4, the experts not at all:
+    # 3 × 16 MB × 3/4 = 36 MB at 400 GB/s.
+    inv = _ep_inventory({"expert": 4}, [("moe", 4, 1_000_000, 8_000_000)], embed=0)
+    assert cm.fixed_terms(inv, CFG, RATES, "serial").collective_s == pytest.approx(36e6 / 400e9, rel=1e-12)
+
+
+def test_deepseek_v3_128_gb200_fsdp_collectives_gather_the_experts_over_fsdp():
+    # DeepSeek-V3's shape on 128 GB200s, fsdp=16 × expert=8 (both groups cross the two racks: 50 GB/s).
+    # 58 MoE layers of 256 experts × 3 × 7168 × 2048 = 11 274 289 152 expert parameters; non-expert round
+    # figures: 200 M per MoE layer, 400 M per dense layer (3), embedding and head 2 × 129280 × 7168.
+    cfg = get_config("deepseek-v3-671b")  # bfloat16 compute: 2 B gathered per parameter
+    expert = 256 * 3 * 7168 * 2048
+    embed = 2 * 129280 * 7168
+    inv = _ep_inventory({"fsdp": 16, "expert": 8}, [("dense", 3, 400_000_000, 0), ("moe", 58, 200_000_000, expert)],
+                        embed=embed)
+    non_expert = 58 * 200_000_000 + 3 * 400_000_000 + embed  # 14 653 358 080, gathered over 128 devices
+    local_experts = 58 * expert // 8  # 81 738 596 352 params: a device's 32 experts per layer, over fsdp=16
+    expected = (3 * non_expert * 2 * 127 / 128 + 3 * local_experts * 2 * 15 / 16) / 50e9  # 1.745 + 9.195 s
+    fx = cm.fixed_terms(inv, cfg, cm.target_rates("gb200", "bfloat16"), "serial")
+    assert fx.collective_s == pytest.approx(expected, rel=1e-12)
+    assert 10.9 < fx.collective_s < 11.0  # not the 79.6 s of every device gathering all 654 B expert parameters

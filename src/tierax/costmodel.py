@@ -289,10 +289,19 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
         workspace += min(head_grad, inv.logits_bytes)
     coll = 0.0
     links = network.axis_links(inv.mesh, rates)
+    # FSDP: AG fwd, AG bwd, RS grads, each weight class over its own group at that group's link (scale-out
+    # if it leaves a domain).  Routed experts are sharded E over expert and D over fsdp: a device gathers
+    # its E / expert local experts over fsdp alone (tierax.train.sharding, tierax.models.moe); the other
+    # weights over fsdp × expert.  Per-device parameters = the dense ones' shard + the experts' shard.
+    n_fsdp = inv.mesh.get("fsdp", 1)
+    n_efsdp = n_fsdp if n_fsdp > 1 and getattr(cfg, "d_model", 0) % n_fsdp == 0 else 1  # D not divisible: kept whole
+    expert_local = sum(g.expert_param_count_per_layer * g.num_layers for g in inv.groups) / (ep * n_efsdp)
     if fsdp > 1:
-        gathered = (inv.param_bytes / jnp.dtype(cfg.param_dtype).itemsize) * c_item * fsdp
-        # AG fwd, AG bwd, RS grads over fsdp × expert, at that group's link (scale-out if it leaves a domain).
+        gathered = (inv.param_bytes / jnp.dtype(cfg.param_dtype).itemsize - expert_local) * c_item * fsdp
         coll += 3 * gathered * (fsdp - 1) / fsdp / links[network.FSDP_GROUP].bytes_per_s
+    if n_efsdp > 1 and expert_local:
+        gathered = expert_local * c_item * n_efsdp
+        coll += 3 * gathered * (n_efsdp - 1) / n_efsdp / links["fsdp"].bytes_per_s
     # Expert-parallel all-to-alls (over expert) and tensor-parallel all-reduces (over tensor): the forward's,
     # and as much again in the backward (a rematerialised layer's repeat is in GroupTerms.base_recompute_s).
     coll += sum(2 * forward_collective_s(g, links) * g.num_layers for g in inv.groups)
