@@ -1,4 +1,6 @@
+import contextlib
 import dataclasses
+import io
 
 import jax
 import jax.numpy as jnp
@@ -117,6 +119,10 @@ def test_policy_saves_offloads_and_recomputes_exactly_what_the_plan_says(plan):
             assert all(pl is P.Placement.DEVICE for pl in names.values())
             continue
         for n, pl in names.items():
+            if n == N.DECODER_LAYER_INPUT and pl is P.Placement.DEVICE:
+                # Kept as the checkpointed body's own input, not by name (test below).
+                assert _decision(policies[g], n) == "remat", (plan, g)
+                continue
             assert _decision(policies[g], n) == want[pl.value], (plan, g, n)
             seen.add(pl)
         # An untagged matmul is not saved (what "remat" means for everything the plan does not name).
@@ -127,6 +133,26 @@ def test_policy_saves_offloads_and_recomputes_exactly_what_the_plan_says(plan):
         assert seen == set(P.Placement)
         assert _decision(policies["dense"], N.MLPWI_1) == "save"  # the dense group's default is device
         assert _decision(policies["moe"], N.MOE_MLPWI_0) == "remat"
+
+
+def test_layer_input_on_device_is_saved_as_the_checkpoint_input_without_a_copy():
+    """remat-full under XLA's policy: the layer's input is a residual (the checkpointed body's argument), and
+    no reduce_precision copy of it is made (JAX adds one to every residual saved by name, jax PR 22244)."""
+    cfg = get_config("tiny-llama")
+    policy = P.to_policies(dataclasses.replace(P.preset("remat-full", cfg), mechanism="policy"), cfg)["decoder"]
+
+    def layer(x, w):
+        return jnp.tanh(checkpoint_name(x, N.DECODER_LAYER_INPUT) @ w)
+
+    x, w = jnp.ones((4, 8)), jnp.ones((8, 8))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        jax.ad_checkpoint.print_saved_residuals(jax.checkpoint(layer, policy=policy), x, w)
+    saved = out.getvalue().strip().splitlines()
+    assert any(line.startswith("f32[4,8]") and "argument" in line for line in saved), saved
+    assert not any("named" in line for line in saved), saved
+    grad = jax.make_jaxpr(jax.grad(lambda x, w: jnp.sum(jax.checkpoint(layer, policy=policy)(x, w))))(x, w)
+    assert "reduce_precision" not in str(grad)
 
 
 def test_unknown_activation_name_lists_valid_names():

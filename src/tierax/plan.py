@@ -14,11 +14,9 @@ recomputed.  It is a frozen value with a YAML form::
         key_proj: offload
         value_proj: offload
 
-:func:`to_policies` is the only place a Plan becomes ``jax.checkpoint``
-policies.  A group whose every activation is on device gets no policy at all
-(no rematerialisation: every intermediate is saved, named or not); any other
-group gets ``save_and_offload_only_these_names``, under which unnamed
-intermediates are recomputed.
+:func:`to_policies` is the only place a Plan becomes what a layer group runs: nothing (every
+activation on device: no remat), tierax's prefetching scan, or a ``jax.checkpoint`` policy
+(``save_and_offload_only_these_names``; unnamed intermediates are recomputed).
 """
 
 from __future__ import annotations
@@ -375,8 +373,10 @@ def _group_policy(placements: dict[str, Placement], mechanism: str) -> Callable 
         # The layer input is the scan's own residual (always kept on device by the scan).
         keep = frozenset(n for n, p in placements.items() if p is Placement.DEVICE) - {N.DECODER_LAYER_INPUT}
         return Prefetch(keep, offload)
+    # A layer input on device is the checkpointed body's input, saved as such; naming it too adds a no-op
     return jax.checkpoint_policies.save_and_offload_only_these_names(
-        names_which_can_be_saved=[n for n, p in placements.items() if p is Placement.DEVICE],
+        names_which_can_be_saved=[n for n, p in placements.items()  # reduce_precision copy (jax PR 22244)
+                                  if p is Placement.DEVICE and n != N.DECODER_LAYER_INPUT],
         names_which_can_be_offloaded=[n for n, p in placements.items() if p is Placement.OFFLOAD],
         offload_src="device",
         offload_dst="pinned_host",
