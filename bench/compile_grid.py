@@ -12,6 +12,11 @@ process), on this machine's CPU with compile-only GPU devices.  Writes one JSON 
 GB200s, mesh fsdp=16,expert=8 (expert-parallel MoE), 8 × 4096 per device, loss in 16 tiles —
 under remat-full, an offload plan and the planner's own plan (``tierax plan --out``), each with
 the compile's wall time and peak RAM (the child's max RSS) and the cost model's prediction.
+
+``--scale-dense`` (→ bench/results/compile_scale_dense.json): the dense seed case, Llama 3.1 405B on GB200s,
+2 × 8192 per device, q/k/v offloaded — 128 devices fsdp=128, 128 with a tensor axis (fsdp=16,tensor=8),
+1024 devices fsdp=1024 (2 and 1 sequences per device) — and the planner's plan at 128 fsdp=128.
+Every case records the predicted peak's and host bytes' error against XLA's.
 """
 
 from __future__ import annotations
@@ -60,6 +65,16 @@ SCALE = [
     (SCALE_MODEL, "remat-full", "gb200", SCALE_SHAPE),
     (SCALE_MODEL, "deepseek-offload", "gb200", SCALE_SHAPE),
     (SCALE_MODEL, PLANNER_PLAN, "gb200", SCALE_SHAPE),
+]
+
+DENSE_MODEL = ["--model", "llama3.1-405b"]
+DENSE_128 = ["--devices", "128", "--mesh", "fsdp=128", "--microbatch", "2", "--seq", "8192"]
+SCALE_DENSE = [
+    (DENSE_MODEL, "qkv-offload", "gb200", DENSE_128),
+    (DENSE_MODEL, "qkv-offload", "gb200", ["--devices", "128", "--mesh", "fsdp=16,tensor=8", "--microbatch", "2", "--seq", "8192"]),
+    (DENSE_MODEL, "qkv-offload", "gb200", ["--devices", "1024", "--mesh", "fsdp=1024", "--microbatch", "2", "--seq", "8192"]),
+    (DENSE_MODEL, "qkv-offload", "gb200", ["--devices", "1024", "--mesh", "fsdp=1024", "--microbatch", "1", "--seq", "8192"]),
+    (DENSE_MODEL, PLANNER_PLAN, "gb200", DENSE_128),
 ]
 
 QUICK = [
@@ -134,6 +149,16 @@ def _exposure_agreement(case: dict) -> dict | None:
             "difference_share_of_step": abs(model - xla) / step if step else None}
 
 
+def _errors(case: dict) -> dict | None:
+    """The prediction's relative errors against XLA's compile: peak device bytes and host bytes."""
+    pred, res = case.get("predicted") or {}, case.get("result")
+    if res is None or "peak_device_bytes" not in pred:
+        return None
+    host = res["host_temp_bytes"]
+    return {"peak": pred["peak_device_bytes"] / res["device_peak_bytes"] - 1,
+            "host": (pred["host_bytes"] / host - 1) if host else (0.0 if pred["host_bytes"] == 0 else None)}
+
+
 def gib(n: float) -> str:
     return f"{n / 2**30:.2f}"
 
@@ -144,10 +169,13 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="two tiny cases (a smoke test of this script)")
     ap.add_argument("--scale", action="store_true",
                     help="DeepSeek-V3 671B, 128 GB200, fsdp=16,expert=8: remat-full, an offload plan, the planner's plan")
+    ap.add_argument("--scale-dense", action="store_true",
+                    help="Llama 3.1 405B on GB200: 128 fsdp, 128 fsdp×tensor, 1024 fsdp, the planner's plan at 128")
     args = ap.parse_args()
-    if args.scale and args.out == ap.get_default("out"):
-        args.out = str(ROOT / "bench" / "results" / "compile_scale.json")
-    cases = QUICK if args.quick else SCALE if args.scale else CASES
+    record = "compile_scale_dense" if args.scale_dense else "compile_scale" if args.scale else None
+    if record and args.out == ap.get_default("out"):
+        args.out = str(ROOT / "bench" / "results" / f"{record}.json")
+    cases = QUICK if args.quick else SCALE_DENSE if args.scale_dense else SCALE if args.scale else CASES
     results = []
     plan_dir = pathlib.Path(args.out).parent
     with Progress() as prog:
@@ -156,7 +184,7 @@ def main() -> int:
             prog.update(task, description=f"{model_args[1]} {plan} {target} {' '.join(extra)}")
             planner = None
             if plan == PLANNER_PLAN:
-                path = plan_dir / "compile_scale_planner_plan.yaml"
+                path = plan_dir / f"{record or 'compile_grid'}_planner_plan.yaml"
                 planner = planner_plan(model_args, target, extra, path)
                 if "error" in planner:
                     results.append({"args": planner["args"], "error": planner["error"]})
@@ -168,6 +196,7 @@ def main() -> int:
                 case["planner"] = {"wall_s": planner["wall_s"], "args": planner["args"]}
             case["predicted"] = predicted(model_args, plan, target, extra)
             case["exposure_agreement"] = _exposure_agreement(case)
+            case["prediction_error"] = _errors(case)
             results.append(case)
             prog.advance(task)
 
@@ -187,7 +216,8 @@ def main() -> int:
 
     t = Table(title=f"deviceless compile grid · jax {jax.__version__} · per device")
     for col in ("model", "plan", "target", "B/dev×seq", "dev", "preset", "peak GiB", "cap GiB", "fits",
-                "temp GiB", "host GiB", "xfer ms", "exposed ms", "model exposed ms", "Δ/step", "compile s"):
+                "temp GiB", "host GiB", "pred GiB", "peak err", "xfer ms", "exposed ms", "model exposed ms", "Δ/step",
+                "compile s"):
         t.add_column(col, justify="left" if col in ("model", "plan", "target", "preset") else "right")
     for c in results:
         if "error" in c:
@@ -198,6 +228,8 @@ def main() -> int:
         t.add_row(r["model"], r["plan"], r["target"], f"{r['microbatch']}×{r['seq']}", str(r["devices"]),
                   r["xla_preset"], gib(r["device_peak_bytes"]), gib(r["device_capacity_bytes"]),
                   "yes" if r["fits"] else "[red]no[/]", gib(r["device_temp_bytes"]), gib(r["host_temp_bytes"]),
+                  *((gib(c["predicted"]["peak_device_bytes"]), f"{er['peak']:+.1%}")
+                    if (er := c.get("prediction_error")) else ("", "")),
                   f"{ov['est_transfer_s'] * 1e3:.2f}", f"{ov['est_exposed_s'] * 1e3:.2f}",
                   *((f"{ag['model_exposed_s'] * 1e3:.2f}", f"{ag['difference_share_of_step']:.1%}")
                     if (ag := c.get("exposure_agreement")) else ("", "")), f"{r['compile_time_s']:.1f}")
