@@ -131,6 +131,7 @@ def prediction_table(pred, title: str) -> Table:
         ("  activations on device", fmt_bytes(b["activation_bytes"])),
         ("  transfer staging", fmt_bytes(b["staging_bytes"])),
         ("  one layer's workspace", fmt_bytes(b["workspace_bytes"])),
+        ("  XLA's transposed weight stacks", fmt_bytes(b.get("stack_copy_bytes", 0))),
         ("  logits (float32)", fmt_bytes(b["logits_bytes"])),
         ("host (offloaded)", fmt_bytes(pred.host_bytes)),
         ("step time", ms(pred.step_time_s)),
