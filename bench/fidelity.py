@@ -14,13 +14,13 @@ bench/results/fidelity.json and prints a table with every ratio.  FLOPs are not 
 meshes with a tensor axis or an expert-parallel MoE (the LM head repeats on every tensor shard;
 capacity is per device), where one device's share is not the one-device step ÷ devices.
 
-Misses in the 2026-11-29 record (each traced to XLA's live-range dump at the peak):
+Misses in the 2026-11-30 record (22/27 within 10 %; each traced to XLA's live-range dump at the peak):
 tiny save-all/minimal (×1.12–1.19): XLA's peak is the end of the forward, where no layer is
 being back-propagated — the model's one-layer workspace and the 4 MiB cuBLAS workspace are
-not live then; llama3-8b, tiled loss, fsdp=8 (×1.23): the layer-phase term for the embedding
-and head gathered with full float32 gradients is not live at any llama peak (XLA's is the
-tiled loss's backward); tiny-llama on fsdp=4,expert=2 (×1.13) and tiny-deepseek remat-full on
-fsdp=2,expert=4 (×0.87, 1.4 MiB) not traced.  FLOPs of offload plans (×0.87–0.93): the
+not live then; tiny-llama on fsdp=4,expert=2 (×1.16) and tiny-deepseek remat-full on
+fsdp=2,expert=4 (×0.87, 1.4 MiB) not traced.  (llama3-8b, tiled loss, fsdp=8 missed at ×1.23 in the
+2026-11-29 record: a layer-phase term for the embedding and head gathered with full float32 gradients
+that is live at no peak; gone, ×0.95.)  FLOPs of offload plans (×0.87–0.93): the
 prefetching scan's backward recomputes more than the checkpoint-policy traces the inventory
 measures (tiny-llama qkv-offload: exact under the ``policy`` mechanism, +9 % under prefetch).
 
