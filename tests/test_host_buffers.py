@@ -10,7 +10,10 @@ program keeps no name: buffers are matched by size and the result says so.
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -92,8 +95,10 @@ def test_equal_size_buffers_are_attributed_by_name_whatever_their_order():
 
 
 def test_a_name_xla_does_not_store_is_not_found_at_another_names_buffer():
-    found, notes = C._attribute([("d", "key_proj", 64), ("d", "value_proj", 64)], [C.HostBuffer("d", "value_proj", 64)], 64)
-    assert {o.name: (o.on_host, o.matched_by) for o in found} == {"key_proj": (False, ""), "value_proj": (True, "op_name")}
+    wanted = [("d", "key_proj", 64), ("d", "value_proj", 64)]
+    found, notes = C._attribute(wanted, [C.HostBuffer("d", "value_proj", 64)], 64)
+    assert {o.name: (o.on_host, o.matched_by) for o in found} == {"key_proj": (False, ""),
+                                                                  "value_proj": (True, "op_name")}
 
 
 def test_size_mismatch_unnamed_buffers_and_unattributed_bytes_are_reported():
@@ -104,7 +109,7 @@ def test_size_mismatch_unnamed_buffers_and_unattributed_bytes_are_reported():
     found, notes = C._attribute([("d", "key_proj", 64), ("d", "value_proj", 64)], bufs, 200)
     assert [o.matched_by for o in found] == ["size", "size"]
     assert any("matched by size" in n and "which buffer is which is unknown" in n for n in notes)
-    assert any(n.startswith("72 bytes of XLA's host temp (200)") and "unattributed" in n and "32 bytes" in n
+    assert any(n.startswith("72 bytes of XLA's host temp (200)") and "unattributed" in n and "d/? 32" in n
                for n in notes)
 
 
@@ -126,7 +131,8 @@ def test_deepseek_names_found_by_name_and_no_swap():
     ``moe_mlpwi_0`` is offloaded without its equal-size twin ``moe_mlpwi_1``.  A store labelled with the wrong
     name shows as a size mismatch (k ↔ v) or a name not on host (mlpwi_0 → mlpwi_1)."""
     attn = {N.QUERY_PROJ: "offload", N.KEY_PROJ: "offload", N.VALUE_PROJ: "offload"}
-    r, bufs = _compile("tiny-deepseek", lambda cfg: _plan(cfg, {"dense": attn, "moe": {**attn, "moe_mlpwi_0": "offload"}}))
+    moe = {**attn, "moe_mlpwi_0": "offload"}
+    r, bufs = _compile("tiny-deepseek", lambda cfg: _plan(cfg, {"dense": attn, "moe": moe}))
     assert all(b.name is not None for b in bufs)
     got = {(o.group, o.name): (o.host_bytes, o.matched_by) for o in r.offloaded}
     assert got == {(g, n): (b, "op_name") for g in ("dense", "moe")
@@ -170,3 +176,18 @@ def test_segmented_plan_buffers_are_found_by_segment_and_name():
         ("decoder@2-3", N.VALUE_PROJ, "op_name")}
     _sums_to_host_temp(r)
 
+
+
+@pytest.mark.slow
+def test_pipelined_host_offloading_keeps_the_names_of_the_loads():
+    """XLA's pipelined host offloading (``--xla-preset lhs-pipelined``, a flag set before JAX starts: a separate
+    process) rewrites the forward loop's stores and the loop itself without op_name metadata; the backward's loads
+    keep theirs, and each buffer is named through the loads that read it."""
+    p = subprocess.run([sys.executable, "-m", "tierax.cli", "compile", "--model", "tiny-llama", "--plan", "qkv-offload",
+                        "--target", "h200", "--xla-preset", "lhs-pipelined", "--json"],
+                       capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout)
+    assert {(o["group"], o["name"], o["matched_by"]) for o in r["offloaded"]} == {
+        ("decoder", n, "op_name") for n in (N.QUERY_PROJ, N.KEY_PROJ, N.VALUE_PROJ)}
+    assert sum(r["offloaded_bytes_by_name"].values()) == r["host_temp_bytes"] == 1048576

@@ -225,63 +225,58 @@ class HostBuffer:
     """A host (S(5)) array that a forward layer loop writes: one offloaded name's stack over the loop's layers."""
 
     group: str  # plan group (a segment as group@A-B); "<unknown>" when XLA kept no group scope
-    name: str | None  # from the store's op_name (models.prefetch.OFFLOAD_SCOPE_PREFIX); None when XLA kept none
+    name: str | None  # from its store's or loads' op_name (models.prefetch.OFFLOAD_SCOPE_PREFIX); None: XLA kept none
     nbytes: int
-
-
-def _op_name(ins: hlo.Instruction) -> str:
-    m = re.search(r'op_name="([^"]*)"', ins.attrs)
-    return m.group(1) if m else ""
-
-
-def _store_of(module: hlo.Module, ins: hlo.Instruction | None) -> hlo.Instruction | None:
-    """The instruction that writes a loop's carried host buffer (through async done → start and bitcasts/copies);
-    None when the loop only passes the buffer on (reads it, as the backward loop does)."""
-    for _ in range(6):
-        if ins is None or ins.opcode in ("parameter", "get-tuple-element"):
-            return None
-        if OFFLOAD_SCOPE_PREFIX in _op_name(ins) or ins.opcode not in _PASS_THROUGH:
-            return ins
-        ins = next((module.by_name[o] for o in ins.operands[:1] if o in module.by_name), None)
-    return ins
-
-
-_PASS_THROUGH = ("bitcast", "copy", "copy-start", "copy-done", "fusion-done", "async-done")
 
 
 def _forward_host_buffers(module: hlo.Module) -> list[HostBuffer]:
     """The host buffers written by layer loops, each with its group and (where XLA kept it) activation name.
 
     For each ``while`` whose loop-carried tuple holds S(5) arrays, the body's root element for that array is
-    followed to the store that writes it.  The group is the ``tierax_group_<name>`` scope in the loop's (or the
-    store's) op_name; the name is the ``tierax_offload_<name>`` scope in the store's op_name.
+    followed to the store that writes it (a loop that only passes a buffer on reads it: the backward).  The
+    group is the ``tierax_group_<name>`` scope in the loop's (or the store's) op_name.  The name is the
+    ``tierax_offload_<name>`` scope (:mod:`tierax.models.prefetch`) of the store or of the loads that read the
+    buffer: XLA's pipelined host offloading rewrites the stores without metadata but keeps the loads'.
     """
-    out = []
+    comp_of = {i.name: c for c, instrs in module.computations.items() for i in instrs}
+    loops: dict[str, list[hlo.Instruction]] = {}
     for instrs in module.computations.values():
         for ins in instrs:
-            body = ins.attr("body") if ins.opcode == "while" else None
-            root = module.by_name.get(module.roots.get(body, "")) if body else None
+            if ins.opcode == "while":
+                loops.setdefault(ins.attr("body"), []).append(ins)
+    named: dict[tuple[str, int], set[str]] = {}  # (loop, index) → op_names of the named stores and loads on it
+    for ins in module.by_name.values():
+        scoped = ins.operands and OFFLOAD_SCOPE_PREFIX in hlo.op_name(ins)
+        first = module.by_name.get(ins.operands[0]) if scoped else None
+        if first is not None and first.arrays[:1] and first.arrays[0].host:
+            for carried in hlo.loop_buffers(module, first, comp_of, loops):
+                named.setdefault(carried, set()).add(hlo.op_name(ins))
+    out = []
+    for body, whiles in loops.items():
+        root = module.by_name.get(module.roots.get(body, ""))
+        for ins in whiles:
             if root is None or root.opcode != "tuple" or not any(a.host for a in ins.arrays):
                 continue
             for k, a in enumerate(ins.arrays):
                 value = module.by_name.get(root.operands[k]) if a.host and k < len(root.operands) else None
                 if value is None or value.arrays[:1] != [a]:  # not this element (a tuple the reader misaligned)
                     continue
-                store = _store_of(module, value)
+                store = hlo.store_of(module, value, OFFLOAD_SCOPE_PREFIX)
                 if store is None:
                     continue
-                where = _op_name(store) + " " + _op_name(ins)
+                where = " ".join([hlo.op_name(store), hlo.op_name(ins), *named.get((ins.name, k), ())])
                 g = re.search(GROUP_SCOPE_PREFIX + r"([\w\-]+)", where)
-                n = re.search(OFFLOAD_SCOPE_PREFIX + r"(\w+)", _op_name(store))
                 # A segment's scope is group__A_B (models.decoder.segment_scope): its plan name is group@A-B.
                 group = re.sub(r"__(\d+)_(\d+)$", r"@\1-\2", g.group(1)) if g else "<unknown>"
-                out.append(HostBuffer(group, n.group(1) if n else None, int(a.nbytes)))
+                names = set(re.findall(OFFLOAD_SCOPE_PREFIX + r"(\w+)", " ".join(named.get((ins.name, k), ()))))
+                # Stores and loads under different names (a tierax bug) give a name no activation has: not found.
+                out.append(HostBuffer(group, "+".join(sorted(names)) or None, int(a.nbytes)))
     return out
 
 
 def _attribute(wanted: list[tuple[str, str, int]], buffers: list[HostBuffer], host_temp: int
                ) -> tuple[list[OffloadedName], list[str]]:
-    """Each offloaded (group, name, expected bytes) → its host buffer: by the name XLA kept in the store's op_name,
+    """Each offloaded (group, name, expected bytes) → its host buffer: by the name XLA kept in its op_names,
     else (XLA kept none) by size within the group, said so in the notes; plus notes on mismatches and host bytes
     in no offloaded name's buffer."""
     pool, found, notes, by_size = list(buffers), [], [], []
@@ -303,13 +298,13 @@ def _attribute(wanted: list[tuple[str, str, int]], buffers: list[HostBuffer], ho
     if by_size:
         same = sorted({f"{g}/{n}" for g, n, e in by_size for g2, n2, e2 in by_size if (g, e) == (g2, e2) and n != n2})
         notes.append(f"host buffers of {', '.join(f'{g}/{n}' for g, n, _ in by_size)} matched by size: XLA's program "
-                     "keeps no activation name for them (JAX's offload policy moves residuals with no name scope)"
+                     "keeps no activation name for them (under mechanism: policy, JAX moves residuals with no name scope)"
                      + (f"; {', '.join(same)} are equal in size, so which buffer is which is unknown" if same else ""))
     attributed = sum(o.host_bytes for o in found)
     if attributed != host_temp:
+        left = ", ".join(f"{b.group}/{b.name or '?'} {b.nbytes}" for b in pool) or "none"
         notes.append(f"{host_temp - attributed} bytes of XLA's host temp ({host_temp}) are in no offloaded name's "
-                     f"buffer (unattributed; {len(pool)} unmatched host buffer(s) in layer loops: "
-                     f"{sum(b.nbytes for b in pool)} bytes)")
+                     f"buffer (unattributed; unmatched host buffers in layer loops: {left})")
     return found, notes
 
 

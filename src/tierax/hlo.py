@@ -192,6 +192,64 @@ def parse_module(text: str) -> Module:
     return Module(computations, entry, by_name, roots)
 
 
+def op_name(ins: Instruction) -> str:
+    """The instruction's op_name metadata (JAX's name stack: scopes and primitive), "" if XLA kept none."""
+    m = re.search(r'op_name="([^"]*)"', ins.attrs)
+    return m.group(1) if m else ""
+
+
+_PASS_THROUGH = ("bitcast", "copy", "copy-start", "copy-done", "fusion-done", "async-done")
+
+
+def store_of(module: Module, ins: Instruction | None, scope: str) -> Instruction | None:
+    """The instruction that writes a loop-carried buffer whose new value is ``ins`` (through async done → start,
+    bitcasts and copies, stopping at one whose op_name has ``scope``); None when the loop only passes the buffer
+    on (a parameter's element: the loop reads it)."""
+    for _ in range(6):
+        if ins is None or ins.opcode in ("parameter", "get-tuple-element"):
+            return None
+        if scope in op_name(ins) or ins.opcode not in _PASS_THROUGH:
+            return ins
+        ins = module.by_name.get(ins.operands[0]) if ins.operands else None
+    return ins
+
+
+def _updates_in_place(module: Module, ins: Instruction) -> bool:
+    """A dynamic-update-slice, or a fusion of one (XLA's pipelined host offloading stores a loop's last layer
+    after the loop): its result is its operand 0's buffer, updated."""
+    called = ins.attr("calls") if ins.opcode in ("fusion", "fusion-start") else None
+    root = module.by_name.get(module.roots.get(called, "")) if called else None
+    return ins.opcode == "dynamic-update-slice" or (root is not None and root.opcode == "dynamic-update-slice")
+
+
+def loop_buffers(module: Module, ins: Instruction | None, comp_of: dict[str, str],
+                 loops: dict[str, list[Instruction]]) -> list[tuple[str, int]]:
+    """Every (``while``, tuple index) that carries the buffer ``ins`` is: followed through get-tuple-element,
+    tuple, a loop body's parameter (the loop carries it; then to the loop's operand), in-place updates and
+    copies/bitcasts.  ``comp_of``: instruction → its computation; ``loops``: body computation → its ``while``s."""
+    out: list[tuple[str, int]] = []
+    for _ in range(16):
+        if ins is None:
+            break
+        if ins.opcode in _PASS_THROUGH or _updates_in_place(module, ins):  # the same buffer
+            ins = module.by_name.get(ins.operands[0]) if ins.operands else None
+            continue
+        if ins.opcode != "get-tuple-element":
+            break
+        index, src = int(re.search(r"index=(\d+)", ins.attrs).group(1)), module.by_name.get(ins.operands[0])
+        if src is not None and src.opcode == "while":
+            out.append((src.name, index))
+            break
+        if src is not None and src.opcode == "parameter" and len(loops.get(comp_of[src.name], [])) == 1:
+            loop = loops[comp_of[src.name]][0]
+            out.append((loop.name, index))
+            src = module.by_name.get(loop.operands[0])
+        if src is None or src.opcode != "tuple" or index >= len(src.operands):
+            break
+        ins = module.by_name.get(src.operands[index])
+    return out
+
+
 @dataclass(frozen=True)
 class Transfer:
     start: str

@@ -107,14 +107,12 @@ def prefetch_scan(body: LayerBody, keep: Iterable[str], offload: Iterable[str]) 
         first = jax.tree.map(lambda a: a[0], state)
         shapes = jax.eval_shape(lambda x, p: {n: collect(x, p)[1][n] for n in offload}, x0, first)
 
-        def step(carry, inp):
-            x, stacks = carry
-            i, p = inp
+        def step(carry, p):
+            x, stacks, i = carry  # i counts the loop's trips, as a scan's own output index does
             y, values = collect(x, p)
-            return (y, _store(stacks, values, i)), (x, {n: values[n] for n in keep})
+            return (y, _store(stacks, values, i), i + 1), (x, {n: values[n] for n in keep})
 
-        idx = jnp.arange(n_layers, dtype=jnp.int32)
-        (y, host), (xs, dev) = jax.lax.scan(step, (x0, _host_stacks(shapes, n_layers)), (idx, state))
+        (y, host, _), (xs, dev) = jax.lax.scan(step, (x0, _host_stacks(shapes, n_layers), jnp.int32(0)), state)
         return y, (xs, dev, host, state)
 
     def run_bwd(res, ct_y):
@@ -189,7 +187,7 @@ def segmented_scan(body: LayerBody, parts: tuple[Part, ...], scopes: list[str] |
         x, res = x0, []
         for k, q in enumerate(parts):
             def step(carry, i, q=q, k=k):
-                x, stacks = carry
+                x, stacks, j = carry  # j counts the trips (the store's index), as a scan's own output index does
                 p = layer(state, i)
                 if q.save_all:  # keep what the VJP keeps, except the layer's input and parameters themselves
                     y, vjp = jax.vjp(body, x, p)
@@ -197,15 +195,15 @@ def segmented_scan(body: LayerBody, parts: tuple[Part, ...], scopes: list[str] |
                     known = {id(v): j for j, v in enumerate([x, *jax.tree.leaves(p)])}
                     where = tuple(known.get(id(v)) for v in leaves)
                     treedefs[k] = (treedef, where)
-                    return (y, stacks), (x, [v for v, w in zip(leaves, where) if w is None])
+                    return (y, stacks, j + 1), (x, [v for v, w in zip(leaves, where) if w is None])
                 y, values = _collect(body, x, p, q.keep | q.offload)
-                return (y, _store(stacks, values, i - q.start)), (x, {n: values[n] for n in q.keep})
+                return (y, _store(stacks, values, j), j + 1), (x, {n: values[n] for n in q.keep})
 
             shapes = {} if q.save_all else jax.eval_shape(
                 lambda x, p, q=q: _collect(body, x, p, q.offload)[1], x, layer(state, q.start))
             with jax.named_scope(scopes[k]):
-                (x, host), (xs, dev) = jax.lax.scan(step, (x, _host_stacks(shapes, q.stop - q.start)),
-                                                    jnp.arange(q.start, q.stop))
+                init = (x, _host_stacks(shapes, q.stop - q.start), jnp.int32(0))
+                (x, host, _), (xs, dev) = jax.lax.scan(step, init, jnp.arange(q.start, q.stop))
             res.append((xs, dev, host))
         return x, (tuple(res), state)
 
