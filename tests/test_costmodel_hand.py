@@ -25,15 +25,18 @@ RATES = cm.Rates("hand", matmul_flops_per_s=1e12, hbm_bytes_per_s=4e12, d2h_byte
 
 def inventory() -> Inventory:
     # dense: 2 layers; query_proj 40 MB/layer (recompute 2 GFLOP/layer), mlpwo 2 MB/layer (1 GFLOP/layer);
-    #        carry 1 MB/layer; save-all residuals 50 MB/layer; unnamed recompute 0.5 GFLOP/layer; forward 1 GFLOP/layer.
+    #        carry 1 MB/layer; save-all residuals 50 MB/layer; unnamed recompute 0.5 GFLOP/layer; forward 1 GFLOP/layer;
+    #        non-matmul HBM traffic: forward 4 MB/layer, backward 8 MB/layer, unnamed recompute 2 MB/layer,
+    #        mlpwo's recompute 2 MB/layer (query_proj's 6 MB/layer: it is offloaded, never recomputed).
     # moe:   3 layers; moe_mlpwi_0 10 MB/layer (3 GFLOP/layer), key_proj 4 MB/layer (0.2 GFLOP/layer);
     #        carry 1 MB/layer; save-all 20 MB/layer; unnamed recompute 0; forward 4 GFLOP/layer.
     dense = GroupInventory("dense", 2, (
         Activation("dense", N.DECODER_LAYER_INPUT, 1_000_000, 2, 0.0),
-        Activation("dense", N.QUERY_PROJ, 40_000_000, 2, 2e9),
-        Activation("dense", N.MLPWO, 2_000_000, 2, 1e9),
+        Activation("dense", N.QUERY_PROJ, 40_000_000, 2, 2e9, 6_000_000),
+        Activation("dense", N.MLPWO, 2_000_000, 2, 1e9, 2_000_000),
     ), carry_bytes_per_layer=1_000_000, save_all_bytes_per_layer=50_000_000, base_recompute_flops_per_layer=0.5e9,
-        forward_flops_per_layer=1e9, layer_param_count=1000)
+        forward_flops_per_layer=1e9, layer_param_count=1000, forward_hbm_bytes_per_layer=4_000_000,
+        backward_hbm_bytes_per_layer=8_000_000, base_recompute_hbm_bytes_per_layer=2_000_000)
     moe = GroupInventory("moe", 3, (
         Activation("moe", N.DECODER_LAYER_INPUT, 1_000_000, 3, 0.0),
         Activation("moe", N.MOE_MLPWI_0, 10_000_000, 3, 3e9),
@@ -42,7 +45,7 @@ def inventory() -> Inventory:
         forward_flops_per_layer=4e9, layer_param_count=1000)
     return Inventory("hand", MICROBATCH, SEQ, {"data": 1, "fsdp": 1}, (dense, moe), param_bytes=100_000_000,
                      grad_bytes=100_000_000, optimizer_bytes=200_000_000, logits_bytes=MICROBATCH * SEQ * 256 * 4,
-                     embed_param_count=1000)
+                     embed_param_count=1000, loss_hbm_bytes=1_000_000)
 
 
 # dense: query_proj offloaded, mlpwo recomputed; moe: moe_mlpwi_0 offloaded, key_proj on device.
@@ -53,21 +56,26 @@ PLAN = P.Plan("hand", {
                         N.KEY_PROJ: P.Placement.DEVICE}),
 })
 
-# Compute: 3 × (dense 2·1 GFLOP + moe 3·4 GFLOP + head 8 388 608) / 1e12 = 3 × 14.008388608e9 / 1e12
-COMPUTE_S = 0.042025165824
-# Recompute: dense (0.5 unnamed + 1 mlpwo) GFLOP × 2 layers; moe 0 unnamed × 3 layers = 3e9 / 1e12
-RECOMPUTE_S = 0.003
+# Compute: matmuls 3 × (dense 2·1 GFLOP + moe 3·4 GFLOP + head 8 388 608) / 1e12 = 3 × 14.008388608e9 / 1e12
+# = 42.025165824 ms, plus non-matmul HBM traffic at 4 TB/s: dense layers 2 × (4 + 8) MB, the loss 1 MB, AdamW
+# 7 × the 100 MB of parameters (params, grads, 2 moments read; params, 2 moments written) = 725 MB → 0.18125 ms.
+MATMUL_S = 0.042025165824
+COMPUTE_S = MATMUL_S + 725e6 / 4e12
+# Recompute: dense (0.5 unnamed + 1 mlpwo) GFLOP × 2 layers; moe 0 unnamed × 3 layers = 3e9 / 1e12; plus dense
+# (2 unnamed + 2 mlpwo) MB × 2 layers = 8 MB at 4 TB/s = 2 µs.
+RECOMPUTE_S = 0.003 + 8e6 / 4e12
 # Transfers: dense 80 MB, moe 30 MB.  d2h at 10 GB/s: 8 ms + 3 ms; h2d at 5 GB/s: 16 ms + 6 ms.
 TRANSFER_S = 0.008 + 0.003 + 0.016 + 0.006
-# Hiding windows (compute seconds of the group): forward dense 2 ms, moe 12 ms; backward = 2·forward + unnamed
-# recompute: dense 4 + 1 = 5 ms, moe 24 ms.
+# Hiding windows (compute seconds of the group): forward dense 2 ms + 2 × 4 MB at 4 TB/s (2 µs) = 2.002 ms,
+# moe 12 ms; backward = 2·forward matmuls + backward HBM + unnamed recompute: dense 4 + 0.004 + 1 + 0.001 = 5.005 ms,
+# moe 24 ms.
 EXPOSED = {
     # serial: nothing hidden.
     "serial": (0.008 + 0.003, 0.016 + 0.006),
-    # lhs: half the window. d2h dense 8 − 1 = 7 ms, moe 3 − 6 < 0 → 0; h2d dense 16 − 2.5 = 13.5 ms, moe 6 − 12 → 0.
-    "lhs": (0.007, 0.0135),
-    # lhs-pipelined: the whole window. d2h dense 8 − 2 = 6 ms; h2d dense 16 − 5 = 11 ms; moe hidden.
-    "lhs-pipelined": (0.006, 0.011),
+    # lhs: half the window. d2h dense 8 − 1.001 ms, moe 3 − 6 < 0 → 0; h2d dense 16 − 2.5025 ms, moe 6 − 12 → 0.
+    "lhs": (0.008 - 0.001001, 0.016 - 0.0025025),
+    # lhs-pipelined: the whole window. d2h dense 8 − 2.002 ms; h2d dense 16 − 5.005 ms; moe hidden.
+    "lhs-pipelined": (0.008 - 0.002002, 0.016 - 0.005005),
 }
 # Memory: state 400 MB; activations: carries 2 MB + 3 MB, moe key_proj 12 MB on device → 17 MB;
 # staging: one layer of the group with the most offloaded, dense 40 MB (two layers when pipelined: 80 MB);
@@ -79,10 +87,11 @@ PEAK_WITHOUT_STAGING = 400_000_000 + 17_000_000 + 50_000_000
 
 # The prefetching scan (the default mechanism): the backward also re-reads layer 0 once per group, so loads are
 # dense (80 + 40) MB / 5 GB/s = 24 ms and moe (30 + 10) MB = 8 ms; stores unchanged (8 + 3 ms).  Every copy can
-# hide under a whole layer's window unless serial: d2h dense 8 − 2 = 6 ms, moe 0; h2d dense 24 − 5 = 19 ms, moe
+# hide under a whole layer's window unless serial: d2h dense 8 − 2.002 ms, moe 0; h2d dense 24 − 5.005 ms, moe
 # 8 − 24 → 0.  Two layers of the dense group's offloaded slices are staged on device: 80 MB, any schedule.
 PREFETCH_TRANSFER_S = 0.008 + 0.003 + 0.024 + 0.008
-PREFETCH_EXPOSED = {"serial": (0.011, 0.032), "lhs": (0.006, 0.019), "lhs-pipelined": (0.006, 0.019)}
+PREFETCH_EXPOSED = {"serial": (0.011, 0.032), "lhs": (0.008 - 0.002002, 0.024 - 0.005005),
+                    "lhs-pipelined": (0.008 - 0.002002, 0.024 - 0.005005)}
 PREFETCH_STAGING = 80_000_000
 
 

@@ -18,7 +18,7 @@ LAYERS = [
                                 "tierax.jaxpr_tools", "tierax.interop.maxtext_keys", "tierax.interop.maxtext",
                                 "tierax.interop.model_files")),
     # tierax.interop itself and tierax.interop.planning (planning for another tool) sit above the planner.
-    ("analysis and training", ("tierax.inventory", "tierax.costmodel", "tierax.planner", "tierax.hlo",
+    ("analysis and training", ("tierax.inventory", "tierax.hbm", "tierax.costmodel", "tierax.planner", "tierax.hlo",
                                "tierax.train", "tierax.interop", "tierax.api", "tierax.whatif")),
     ("running and measuring", ("tierax.launch", "tierax.compile", "tierax.plan_check", "tierax.bench", "tierax.measure")),
     ("reporting", ("tierax.report",)),

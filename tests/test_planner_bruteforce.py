@@ -7,12 +7,15 @@ matmul rate and each schedule's documented hiding rule — following the model a
 ``tierax.costmodel``'s docstring defines it:
 
 * time = (forward + 2× backward matmul FLOPs, LM head included) / matmul rate
-  + recomputation FLOPs / matmul rate (a group with every activation on device recomputes
-  nothing; otherwise it pays its unnamed base recompute plus each rematerialised name)
+  + non-matmul HBM bytes / HBM rate (every layer's forward and backward, the loss, AdamW's
+  7 × parameter bytes)
+  + recomputation FLOPs / matmul rate + recomputation HBM bytes / HBM rate (a group with every
+  activation on device recomputes nothing; otherwise it pays its unnamed base recompute plus
+  each rematerialised name)
   + per group and direction, transfer seconds (offloaded bytes / link rate) not hidden:
   ``serial`` hides nothing, ``lhs`` up to half the layer's compute, ``lhs-pipelined`` up to
-  the whole neighbouring layer's compute (forward compute for stores; backward compute,
-  2× forward plus the unnamed recompute, for loads).
+  the whole neighbouring layer's compute (forward compute, matmuls and HBM bytes, for stores;
+  backward compute, 2× forward matmuls, backward HBM bytes and the unnamed recompute, for loads).
 * peak = params + grads + AdamW moments + per group (every layer's carry + each device
   name, or the whole no-remat residual set when every name is on device) + staging
   (one layer's offloaded slices of the group with most, two layers when pipelined)
@@ -61,18 +64,21 @@ def make_rates(link_d2h=20e9, link_h2d=16e9, matmul=1e12) -> cm.Rates:
 
 
 def make_inventory(groups: list[dict]) -> Inventory:
-    """``groups``: dicts with layers, carry, extra (unnamed residual bytes/layer), base_flops, fwd_flops and
-    items = [(bytes_per_layer, recompute_flops_per_layer)] × 4."""
+    """``groups``: dicts with layers, carry, extra (unnamed residual bytes/layer), base_flops, fwd_flops, the
+    non-matmul HBM bytes per layer fwd_hbm, bwd_hbm, base_hbm, and items = [(bytes_per_layer,
+    recompute_flops_per_layer, recompute_hbm_bytes_per_layer)] × 4."""
     out = []
     for gname, g in zip(("dense", "moe"), groups):
         acts = [Activation(gname, N.DECODER_LAYER_INPUT, g["carry"], g["layers"], 0.0)]
-        acts += [Activation(gname, n, b, g["layers"], f) for n, (b, f) in zip(NAMES[gname], g["items"])]
-        save_all = g["carry"] + sum(b for b, _ in g["items"]) + g["extra"]
+        acts += [Activation(gname, n, b, g["layers"], f, h) for n, (b, f, h) in zip(NAMES[gname], g["items"])]
+        save_all = g["carry"] + sum(b for b, *_ in g["items"]) + g["extra"]
         out.append(GroupInventory(gname, g["layers"], tuple(acts), g["carry"], save_all, g["base_flops"],
-                                  g["fwd_flops"], layer_param_count=1000))
+                                  g["fwd_flops"], layer_param_count=1000, forward_hbm_bytes_per_layer=g["fwd_hbm"],
+                                  backward_hbm_bytes_per_layer=g["bwd_hbm"],
+                                  base_recompute_hbm_bytes_per_layer=g["base_hbm"]))
     return Inventory("synthetic", MICROBATCH, SEQ, {"data": 1, "fsdp": 1}, tuple(out), param_bytes=300 * MB,
                      grad_bytes=300 * MB, optimizer_bytes=600 * MB, logits_bytes=MICROBATCH * SEQ * CFG.vocab_size * 4,
-                     embed_param_count=1000)
+                     embed_param_count=1000, loss_hbm_bytes=50 * MB)
 
 
 def brute_force(inv: Inventory, rates: cm.Rates, schedule: str, mechanism: str = "policy"):
@@ -83,7 +89,10 @@ def brute_force(inv: Inventory, rates: cm.Rates, schedule: str, mechanism: str =
     mm = rates.matmul_flops_per_s
     head_fwd = 2.0 * inv.microbatch * inv.seq * CFG.d_model * CFG.vocab_size
     fwd_all = sum(g.forward_flops_per_layer * g.num_layers for g in inv.groups) + head_fwd
-    seconds = np.full(len(CODES), 3.0 * fwd_all / mm)  # forward once, backward twice
+    hbm = rates.hbm_bytes_per_s
+    fixed_hbm = (sum((g.forward_hbm_bytes_per_layer + g.backward_hbm_bytes_per_layer) * g.num_layers for g in inv.groups)
+                 + inv.loss_hbm_bytes + 7 * inv.param_bytes)  # AdamW reads params, grads, mu, nu; writes params, mu, nu
+    seconds = np.full(len(CODES), 3.0 * fwd_all / mm + fixed_hbm / hbm)  # forward once, backward twice
     # The larger of two moments: a layer's backward (state + one layer's residuals) and the loss (state less the
     # embedding/head gradients, plus the head's float32 gradient and the float32 logits with their gradient).
     state = inv.param_bytes + inv.grad_bytes + inv.optimizer_bytes
@@ -100,18 +109,21 @@ def brute_force(inv: Inventory, rates: cm.Rates, schedule: str, mechanism: str =
         col += len(named)
         b = np.array([a.bytes_per_layer for a in named], dtype=np.int64)
         f = np.array([a.recompute_flops_per_layer for a in named])
+        h = np.array([a.recompute_hbm_bytes_per_layer for a in named])
         all_dev = (c == 0).all(axis=1)
         kept = g.carry_bytes_per_layer * L + ((c == 0) * b).sum(axis=1) * L
         peak += np.where(all_dev, g.save_all_bytes_per_layer * L, kept)
         recompute_flops = np.where(all_dev, 0.0, (g.base_recompute_flops_per_layer + ((c == 2) * f).sum(axis=1)) * L)
-        seconds += recompute_flops / mm
+        recompute_hbm = np.where(all_dev, 0.0, (g.base_recompute_hbm_bytes_per_layer + ((c == 2) * h).sum(axis=1)) * L)
+        seconds += recompute_flops / mm + recompute_hbm / hbm
         off_layer = ((c == 1) * b).sum(axis=1)
         host += off_layer * L
         staging = np.maximum(staging, stage * off_layer)
         store_s = off_layer * L / rates.d2h_bytes_per_s
         load_s = off_layer * (L + spare) / rates.h2d_bytes_per_s
-        fwd_s = g.forward_flops_per_layer * L / mm
-        bwd_s = (2 * g.forward_flops_per_layer + g.base_recompute_flops_per_layer) * L / mm
+        fwd_s = g.forward_flops_per_layer * L / mm + g.forward_hbm_bytes_per_layer * L / hbm
+        bwd_s = ((2 * g.forward_flops_per_layer + g.base_recompute_flops_per_layer) * L / mm
+                 + (g.backward_hbm_bytes_per_layer + g.base_recompute_hbm_bytes_per_layer) * L / hbm)
         seconds += np.maximum(0.0, store_s - w * fwd_s) + np.maximum(0.0, load_s - w * bwd_s)
     return peak + staging, host, seconds
 
@@ -147,10 +159,13 @@ def check(inv, rates, schedule, budget, host_budget, mechanism="policy"):
 
 def fixture_groups():
     """Hand-set DeepSeek-like inventory: big cheap-to-move MoE up-projections, costly attention, cheap MLP out."""
+    # HBM bytes at 4 TB/s: 4 GB/layer is 1 ms, on the scale of the matmuls (1 GFLOP at 1 TFLOP/s = 1 ms).
     dense = dict(layers=3, carry=8 * MB, extra=6 * MB, base_flops=0.4e9, fwd_flops=6e9,
-                 items=[(32 * MB, 3e9), (16 * MB, 1.5e9), (48 * MB, 1.0e9), (8 * MB, 0.05e9)])
+                 fwd_hbm=2e9, bwd_hbm=5e9, base_hbm=0.8e9,
+                 items=[(32 * MB, 3e9, 1e9), (16 * MB, 1.5e9, 0.2e9), (48 * MB, 1.0e9, 3e9), (8 * MB, 0.05e9, 0.5e9)])
     moe = dict(layers=5, carry=8 * MB, extra=10 * MB, base_flops=0.8e9, fwd_flops=9e9,
-               items=[(16 * MB, 2.5e9), (24 * MB, 0.3e9), (96 * MB, 4e9), (96 * MB, 4e9)])
+               fwd_hbm=3e9, bwd_hbm=8e9, base_hbm=2e9,
+               items=[(16 * MB, 2.5e9, 0.4e9), (24 * MB, 0.3e9, 1.5e9), (96 * MB, 4e9, 2e9), (96 * MB, 4e9, 6e9)])
     return [dense, moe]
 
 
@@ -227,8 +242,9 @@ def random_groups(rng):
         groups.append(dict(
             layers=int(rng.integers(1, 7)), carry=int(rng.integers(1, 16)) * MB, extra=int(rng.integers(0, 16)) * MB,
             base_flops=float(rng.uniform(0, 1e9)), fwd_flops=float(rng.uniform(1e9, 1.2e10)),
-            items=[(int(rng.integers(1, 128)) * MB + int(rng.integers(0, 4096)), float(rng.uniform(0, 5e9)))
-                   for _ in range(4)]))
+            items=[(int(rng.integers(1, 128)) * MB + int(rng.integers(0, 4096)), float(rng.uniform(0, 5e9)),
+                    float(rng.uniform(0, 8e9))) for _ in range(4)],
+            fwd_hbm=float(rng.uniform(0, 8e9)), bwd_hbm=float(rng.uniform(0, 2e10)), base_hbm=float(rng.uniform(0, 4e9))))
     return groups
 
 

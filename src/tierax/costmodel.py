@@ -25,9 +25,11 @@ under FSDP, the head gathered in the compute dtype).  GPU targets add
 the fixed buffers XLA:GPU always allocates (the cuBLAS workspace).  Each term is a buffer
 seen in the live-range dumps of deviceless XLA:GPU compiles at their peaks.
 
-Time: executed matmul FLOPs (forward, 2× for backward, plus recomputation) at the
-target's achievable matmul rate; host transfers at the link bandwidth each way,
-hidden under compute per schedule — ``serial``: none; ``lhs``: up to half of the
+Time: executed matmul FLOPs (forward, 2× for backward, plus recomputation) at the target's achievable
+matmul rate, plus the non-matmul work's HBM bytes (:mod:`tierax.hbm`: every layer's forward, backward and
+recomputation, the loss, the AdamW update) at the HBM bandwidth, not overlapped with the matmuls (one GPU
+stream runs a fusion and a GEMM one after the other); host transfers at the link bandwidth each way,
+hidden under compute (matmuls and HBM-bound work) per schedule — ``serial``: none; ``lhs``: up to half of the
 same layer's compute; ``lhs-pipelined``: up to the whole neighbouring layer's
 compute — under XLA's offload policy; tierax's prefetching scan (a plan's default
 mechanism) hides each copy under a whole layer unless the schedule is serial, and
@@ -47,7 +49,7 @@ from dataclasses import dataclass, field
 
 import jax.numpy as jnp
 
-from tierax import hardware
+from tierax import hardware, hbm
 from tierax import inventory as inv_lib
 from tierax import names as N
 from tierax import network
@@ -163,6 +165,7 @@ class ItemTerms:
     recompute_s: float  # if remat
     d2h_s: float  # if offloaded, per step (all layers)
     h2d_s: float
+    recompute_hbm_s: float = 0.0  # the part of recompute_s that is non-matmul work at HBM bandwidth
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,7 @@ class GroupTerms:
     bwd_s: float  # all layers, without recomputation
     d2h_window_s: float  # compute a group's stores can hide under (all layers)
     h2d_window_s: float
+    base_recompute_hbm_s: float = 0.0  # the part of base_recompute_s that is non-matmul work at HBM bandwidth
 
 
 @dataclass(frozen=True)
@@ -183,7 +187,7 @@ class FixedTerms:
     state_bytes: int
     workspace_bytes: int
     logits_bytes: int  # at the loss: logits and their gradient (float32) plus the LM head's unsharded gradient
-    compute_s: float  # forward + backward matmuls, head included, no recompute
+    compute_s: float  # forward + backward matmuls, head included, no recompute, plus hbm_s
     collective_s: float
     exposed_collective_s: float
     model_flops: float  # MaxText convention, per device
@@ -191,6 +195,7 @@ class FixedTerms:
     embed_grad_bytes: int = 0  # the embedding's and head's (sharded) gradients: not yet written at the loss
     fixed_device_bytes: int = 0
     stack_copy_bytes: int = 0  # XLA's transposed copies of stacked weights: live from the forward loop to the backward's end
+    hbm_s: float = 0.0  # non-matmul work at HBM bandwidth (tierax.hbm), no recompute: part of compute_s
 
     @property
     def layer_phase_bytes(self) -> int:
@@ -222,9 +227,11 @@ def item_terms(inv: Inventory, rates: Rates, mechanism: str = plan_lib.DEFAULT_M
             if a.name == N.DECODER_LAYER_INPUT:
                 continue  # the scan carry: always on device (counted in GroupTerms.base_bytes)
             out.append(ItemTerms(g.name, a.name, a.total_bytes, a.bytes_per_layer,
-                                 a.recompute_flops_per_layer * g.num_layers / rates.matmul_flops_per_s,
+                                 (a.recompute_flops_per_layer / rates.matmul_flops_per_s
+                                  + a.recompute_hbm_bytes_per_layer / rates.hbm_bytes_per_s) * g.num_layers,
                                  a.total_bytes / rates.d2h_bytes_per_s,
-                                 (a.total_bytes + spare * a.bytes_per_layer) / rates.h2d_bytes_per_s))
+                                 (a.total_bytes + spare * a.bytes_per_layer) / rates.h2d_bytes_per_s,
+                                 a.recompute_hbm_bytes_per_layer * g.num_layers / rates.hbm_bytes_per_s))
     return out
 
 
@@ -236,16 +243,18 @@ def group_terms(inv: Inventory, rates: Rates, schedule: str,
     for g in inv.groups:
         L = g.num_layers
         named = sum(a.bytes_per_layer for a in g.activations if a.name != N.DECODER_LAYER_INPUT)
-        fwd = g.forward_flops_per_layer * L / rates.matmul_flops_per_s
-        # A rematerialised layer repeats its forward: its matmuls and its collectives (the MoE
-        # dispatch/combine all-to-alls, the tensor-parallel all-reduces).
-        repeat = (g.base_recompute_flops_per_layer * L / rates.matmul_flops_per_s
-                  + forward_collective_s(g, links) * L)
+        mm, hb = rates.matmul_flops_per_s, rates.hbm_bytes_per_s
+        fwd = (g.forward_flops_per_layer / mm + g.forward_hbm_bytes_per_layer / hb) * L
+        bwd = (2 * g.forward_flops_per_layer / mm + g.backward_hbm_bytes_per_layer / hb) * L
+        base = (g.base_recompute_flops_per_layer / mm + g.base_recompute_hbm_bytes_per_layer / hb) * L
+        # A rematerialised layer repeats its forward: its matmuls, its HBM-bound work and its collectives
+        # (the MoE dispatch/combine all-to-alls, the tensor-parallel all-reduces).
+        repeat = base + forward_collective_s(g, links) * L
         out.append(GroupTerms(
             g.name, L, g.carry_bytes_per_layer * L,
             (g.save_all_bytes_per_layer - g.carry_bytes_per_layer - named) * L,
             repeat,
-            fwd, 2 * fwd, w * fwd, w * (2 * fwd + g.base_recompute_flops_per_layer * L / rates.matmul_flops_per_s),
+            fwd, bwd, w * fwd, w * (bwd + base), g.base_recompute_hbm_bytes_per_layer * L / hb,
         ))
     return out
 
@@ -258,7 +267,8 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
     tiled = getattr(cfg, "loss_tiles", 1) > 1
     loss_recompute = head_flops if tiled else 0.0
     executed = 3.0 * (sum(g.forward_flops_per_layer * g.num_layers for g in inv.groups) + head_flops) + loss_recompute
-    compute_s = executed / rates.matmul_flops_per_s
+    hbm_s = hbm.step_fixed_bytes(inv) / rates.hbm_bytes_per_s  # non-matmul work, not overlapped with matmuls
+    compute_s = executed / rates.matmul_flops_per_s + hbm_s
     # Weights are FSDP-sharded over fsdp × expert (expert weights: E over expert, the rest over fsdp)
     # and split over tensor where tensor-parallel; the inventory's layer parameters are already per
     # tensor shard (the layer is traced with heads and hidden sizes ÷ tensor).
@@ -318,17 +328,11 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
         workspace += inv.logits_bytes
         loss_bytes = inv.logits_bytes
     return FixedTerms(
-        state_bytes=inv.param_bytes + inv.grad_bytes + inv.optimizer_bytes,
-        workspace_bytes=int(workspace),
-        logits_bytes=int(loss_bytes),
-        compute_s=compute_s,
-        collective_s=coll,
-        exposed_collective_s=exposed_coll,
-        model_flops=train_flops(cfg, inv.microbatch, inv.seq),
-        executed_flops=executed,
-        embed_grad_bytes=int(inv.embed_param_count * p_item / fsdp),
-        fixed_device_bytes=rates.fixed_device_bytes,
-        stack_copy_bytes=int(stack_copy),
+        state_bytes=inv.param_bytes + inv.grad_bytes + inv.optimizer_bytes, workspace_bytes=int(workspace),
+        logits_bytes=int(loss_bytes), compute_s=compute_s, collective_s=coll, exposed_collective_s=exposed_coll,
+        model_flops=train_flops(cfg, inv.microbatch, inv.seq), executed_flops=executed,
+        embed_grad_bytes=int(inv.embed_param_count * p_item / fsdp), fixed_device_bytes=rates.fixed_device_bytes,
+        stack_copy_bytes=int(stack_copy), hbm_s=hbm_s,
     )
 
 
@@ -364,7 +368,7 @@ def evaluate(placements: dict, inv: Inventory, cfg, rates: Rates, schedule: str,
     if not rates.offload_is_real:  # XLA:CPU keeps "offloaded" values on device
         placements = {k: (P.DEVICE if v is P.OFFLOAD else v) for k, v in placements.items()}
     act_bytes = host = 0
-    recompute = exposed_d2h = exposed_h2d = transfer_total = staging = 0.0
+    recompute = recompute_hbm = exposed_d2h = exposed_h2d = transfer_total = staging = 0.0
     for g in groups:
         mine = [i for i in items if i.group == g.name]
         no_remat = all(placements[(g.name, i.name)] is P.DEVICE for i in mine)
@@ -372,7 +376,9 @@ def evaluate(placements: dict, inv: Inventory, cfg, rates: Rates, schedule: str,
         if no_remat:
             act_bytes += g.save_all_extra_bytes
         else:
-            recompute += g.base_recompute_s + sum(i.recompute_s for i in mine if placements[(g.name, i.name)] is P.REMAT)
+            remat = [i for i in mine if placements[(g.name, i.name)] is P.REMAT]
+            recompute += g.base_recompute_s + sum(i.recompute_s for i in remat)
+            recompute_hbm += g.base_recompute_hbm_s + sum(i.recompute_hbm_s for i in remat)
         off = [i for i in mine if placements[(g.name, i.name)] is P.OFFLOAD]
         host += sum(i.bytes for i in off)
         d2h, h2d = sum(i.d2h_s for i in off), sum(i.h2d_s for i in off)
@@ -387,10 +393,11 @@ def evaluate(placements: dict, inv: Inventory, cfg, rates: Rates, schedule: str,
         "workspace_bytes": fx.workspace_bytes, "logits_bytes": fx.logits_bytes,
         "fixed_device_bytes": fx.fixed_device_bytes, "stack_copy_bytes": fx.stack_copy_bytes,
         "peak_phase": "loss" if fx.loss_phase_bytes > fx.layer_phase_bytes else "layer backward",
-        "compute_s": fx.compute_s, "recompute_s": recompute, "transfer_s": transfer_total,
+        "compute_s": fx.compute_s, "hbm_s": fx.hbm_s, "recompute_s": recompute, "transfer_s": transfer_total,
         "exposed_d2h_s": exposed_d2h, "exposed_h2d_s": exposed_h2d,
         "collective_s": fx.collective_s, "exposed_collective_s": fx.exposed_collective_s,
-        "executed_flops": fx.executed_flops + recompute * rates.matmul_flops_per_s,
+        "executed_flops": fx.executed_flops + (recompute - recompute_hbm) * rates.matmul_flops_per_s,
+        "recompute_hbm_s": recompute_hbm,
         "model_flops": fx.model_flops, "schedule": schedule, "mechanism": mechanism,
         "rates": rates.sources | network.describe(links, rates),
         "network": {k: v.to_json() for k, v in links.items() if v.link != "none"},

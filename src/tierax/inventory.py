@@ -20,6 +20,10 @@ Two entry points work on any JAX code, not only tierax's models:
   gradient of a ``checkpoint`` is the same partial evaluation followed by a transpose
   of the linear part, which has the same matmul FLOPs under every policy, so the
   differences above are the gradient's, at a third of the tracing time.
+  The same traces give the non-matmul HBM bytes (:mod:`tierax.hbm`): each policy's tangent part
+  holds its recomputation, so ``base`` and ``cost(n)`` in bytes are the same differences; the
+  forward's and the backward's own bytes come from one ``jax.vjp`` trace of the layer (a custom
+  VJP's backward — blockwise attention's — is only in that one).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from tierax import jaxpr_tools
+from tierax import hbm, jaxpr_tools
 from tierax import names as N
 from tierax import plan as plan_lib
 
@@ -49,6 +53,7 @@ class Activation:
     bytes_per_layer: int
     num_layers: int
     recompute_flops_per_layer: float = 0.0
+    recompute_hbm_bytes_per_layer: float = 0.0  # non-matmul HBM traffic that recomputing it adds (tierax.hbm)
 
     @property
     def total_bytes(self) -> int:
@@ -72,6 +77,11 @@ class GroupInventory:
     forward_collective_bytes_per_layer: float = 0.0
     # The same bytes by the mesh axis they cross: (("tensor", TP all-reduce bytes), ("expert", EP all-to-all bytes)).
     forward_collective_bytes_by_axis: tuple = ()
+    # Non-matmul HBM traffic of one layer (tierax.hbm's fusion model): its forward, its backward without
+    # recomputation, and what every remat policy of the group recomputes (unnamed intermediates).
+    forward_hbm_bytes_per_layer: float = 0.0
+    backward_hbm_bytes_per_layer: float = 0.0
+    base_recompute_hbm_bytes_per_layer: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -88,6 +98,7 @@ class Inventory:
     optimizer_bytes: int
     logits_bytes: int
     embed_param_count: int
+    loss_hbm_bytes: float = 0.0  # non-matmul HBM traffic of the loss, forward and backward (tierax.hbm)
 
     @property
     def devices(self) -> int:
@@ -119,8 +130,9 @@ def _nbytes(x) -> int:
     return math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
 
 
-def _remat_flops(layer_fn, x, params, policy) -> float:
-    """Matmul FLOPs of the forward plus the linearized (JVP) layer under ``policy`` (None: no checkpoint).
+def _remat_flops(layer_fn, x, params, policy) -> tuple[float, float]:
+    """Matmul FLOPs of the forward plus the linearized (JVP) layer under ``policy`` (None: no checkpoint),
+    and the non-matmul HBM bytes of its tangent part (the recomputation is in it: :mod:`tierax.hbm`).
 
     Only differences between policies are used: they equal the gradient's (the recomputation that
     the policy's partial evaluation puts in the backward; transposing the linear part changes no
@@ -129,9 +141,10 @@ def _remat_flops(layer_fn, x, params, policy) -> float:
     f = layer_fn if policy is None else jax.checkpoint(layer_fn, policy=policy, prevent_cse=False)
 
     def linearized(x, p, tx, tp):
-        return jax.linearize(f, x, p)[1](tx, tp)
+        return jax.linearize(f, x, p)[1](*hbm.marker((tx, tp)))
 
-    return float(jaxpr_tools.matmul_flops(jax.make_jaxpr(linearized)(x, params, x, params)))
+    jaxpr = jax.make_jaxpr(linearized)(x, params, x, params)
+    return float(jaxpr_tools.matmul_flops(jaxpr)), hbm.phase_bytes(jaxpr)[1]
 
 
 def layer_inventory(
@@ -165,16 +178,17 @@ def layer_inventory(
     save_all = sum(_nbytes(r) for r in jax.tree.leaves(residuals) if tuple(r.shape) not in param_shapes)
 
     save_named = jax.checkpoint_policies.save_only_these_names(*names)
-    flops_none = _remat_flops(layer_fn, x, params, None)
-    flops_named = _remat_flops(layer_fn, x, params, save_named)
+    (flops_none, hbm_none), (flops_named, hbm_named) = (_remat_flops(layer_fn, x, params, p) for p in (None, save_named))
     costs = {}
     for n in names:
         if n == N.DECODER_LAYER_INPUT:
-            costs[n] = 0.0  # the scan carry: its value is at hand whatever the plan
+            costs[n] = (0.0, 0.0)  # the scan carry: its value is at hand whatever the plan
             continue
         others = jax.checkpoint_policies.save_only_these_names(*[m for m in names if m != n])
-        costs[n] = max(0.0, _remat_flops(layer_fn, x, params, others) - flops_named)
-    acts = tuple(Activation(group, n, per_name[n], num_layers, costs[n]) for n in names)
+        flops, hbm_bytes = _remat_flops(layer_fn, x, params, others)
+        costs[n] = (max(0.0, flops - flops_named), max(0.0, hbm_bytes - hbm_named))
+    acts = tuple(Activation(group, n, per_name[n], num_layers, *costs[n]) for n in names)
+    fwd_hbm, bwd_hbm = hbm.layer_bytes(layer_fn, x, params)
     return GroupInventory(
         name=group,
         num_layers=num_layers,
@@ -185,6 +199,9 @@ def layer_inventory(
         forward_flops_per_layer=float(jaxpr_tools.matmul_flops(fwd)),
         layer_param_count=sum(math.prod(p.shape) for p in jax.tree.leaves(params)),
         expert_param_count_per_layer=expert_param_count,
+        forward_hbm_bytes_per_layer=fwd_hbm,
+        backward_hbm_bytes_per_layer=bwd_hbm,
+        base_recompute_hbm_bytes_per_layer=max(0.0, hbm_named - hbm_none),
     )
 
 
@@ -314,7 +331,16 @@ def model_inventory(cfg, microbatch: int, seq: int, mesh: dict | None = None) ->
         optimizer_bytes=2 * param_bytes,  # AdamW mu and nu in the parameter dtype
         logits_bytes=microbatch * seq * cfg.vocab_size * 4 // cfg.loss_tiles,  # float32, one tile at a time
         embed_param_count=cfg.embedding_params(),
+        loss_hbm_bytes=_loss_hbm_bytes(cfg, microbatch, seq) if cfg.vocab_size else 0.0,
     )
+
+
+def _loss_hbm_bytes(cfg, microbatch: int, seq: int) -> float:
+    """The loss's non-matmul HBM bytes per device (the head's [D, V] weight gathered, in the compute dtype)."""
+    dtype = jnp.dtype(cfg.dtype)
+    return hbm.loss_bytes(jax.ShapeDtypeStruct((microbatch, seq, cfg.d_model), dtype),
+                          jax.ShapeDtypeStruct((cfg.d_model, cfg.vocab_size), dtype),
+                          jax.ShapeDtypeStruct((microbatch, seq), jnp.int32), cfg.loss_tiles)
 
 
 def for_plan(inv: Inventory, plan: plan_lib.Plan, cfg) -> Inventory:

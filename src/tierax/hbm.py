@@ -1,0 +1,231 @@
+"""HBM traffic of the work that is not a matmul: norms, RoPE, softmax, SwiGLU, residual adds, MoE
+routing, casts, the loss's exp, the optimizer update.  On a GPU that work runs at HBM bandwidth.
+
+**Fusion model** (what :func:`phase_bytes` counts on a traced jaxpr).  Nested calls (``jit``,
+``custom_jvp_call``, ``custom_vjp_call``, ``checkpoint``) are inlined; a ``scan`` body is counted
+once per trip, its inputs and outputs crossing HBM.  Every other non-matmul operation belongs to a
+*fusion*: operations joined by a value one produces and the other consumes (through reshapes,
+broadcasts, transposes and squeezes, which cost nothing) form one fusion, as XLA fuses elementwise
+chains and their reductions.  A fusion reads each value it takes from outside once — a matmul's
+output, a layer input or parameter, a scan's slice — and writes each value it produces that leaves
+it: a matmul's operand, a collective's operand, a ``checkpoint_name``'d value, an output of the
+traced function.  Matmuls and collectives are boundaries; their own traffic is not counted here (a
+matmul's time is its FLOPs at the matmul rate).  A value made in one *phase* (forward, or the
+backward/tangent part after :func:`marker`) and used in the other is a residual: written in one,
+read in the other.  Not modelled: a fusion that XLA splits at a reduction and so reads a value twice
+(RMSNorm, softmax), layouts XLA changes with a copy, and the embedding's gather/scatter ([tokens, D],
+small beside the rest).
+
+Seconds = bytes / the target's HBM bandwidth, added to matmul seconds, not overlapped: on one GPU
+stream a fusion and a GEMM run one after the other.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.extend.core import Literal, jaxprs_in_params
+
+MATMUL = frozenset({"dot_general", "conv_general_dilated", "ragged_dot", "ragged_dot_general"})
+COLLECTIVE = frozenset({"all_to_all", "psum", "all_gather", "reduce_scatter", "psum_scatter", "ppermute",
+                        "pmax", "pmin", "all_reduce", "psum_invariant"})
+FREE = frozenset({"reshape", "broadcast_in_dim", "squeeze", "expand_dims", "name",
+                  "sharding_constraint", "copy_p", "pvary", "optimization_barrier"})
+# Operations that end a fusion (their result is written and read by the next one): reductions, sorts, scatters.
+ROOTS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "reduce_xor",
+                   "argmax", "argmin", "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "sort", "top_k",
+                   "scatter", "scatter-add", "scatter_add", "scatter_mul", "scatter_min", "scatter_max"})
+INLINE = frozenset({"pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
+                    "custom_vjp_call_jaxpr", "checkpoint", "remat2", "remat", "shard_map", "custom_lin"})
+
+
+def marker(tree):
+    """Call between the forward and the backward (or tangent) part of a traced function: it marks
+    where the second phase starts (an ``optimization_barrier`` on the cotangents; no FLOPs)."""
+    return jax.lax.optimization_barrier(tree)
+
+
+class _Flat:
+    """A jaxpr flattened into (primitive, input ids, output ids, multiplier, phase) records."""
+
+    def __init__(self):
+        self.nbytes: list[int] = []
+        self.eqns: list[tuple[str, list, list, int, int]] = []
+        self.outputs: set[int] = set()  # values a traced function or a scan body returns (they cross HBM)
+
+    def new(self, aval) -> int:
+        self.nbytes.append(math.prod(getattr(aval, "shape", ())) * getattr(getattr(aval, "dtype", None), "itemsize", 0))
+        return len(self.nbytes) - 1
+
+    def walk(self, jaxpr, env: dict, mult: int, phase: int, top: bool = False) -> int:
+        def read(v):
+            return None if isinstance(v, Literal) else env.get(v)
+
+        for eqn in jaxpr.eqns:
+            prim = eqn.primitive.name
+            if top and prim == "optimization_barrier" and phase == 0:
+                phase = 1
+            subs = list(jaxprs_in_params(eqn.params))
+            ins = [read(v) for v in eqn.invars]
+            if prim in INLINE and len(subs) >= 1:
+                sub = subs[0]
+                sub_j = getattr(sub, "jaxpr", sub)
+                if len(sub_j.invars) == len(ins) and len(sub_j.outvars) == len(eqn.outvars):
+                    inner = {cv: self.new(cv.aval) for cv in sub_j.constvars}
+                    for iv, i in zip(sub_j.invars, ins):
+                        inner[iv] = i if i is not None else self.new(iv.aval)
+                    phase = self.walk(sub_j, inner, mult, phase)
+                    for ov, o in zip(eqn.outvars, sub_j.outvars):
+                        r = None if isinstance(o, Literal) else inner.get(o)
+                        env[ov] = r if r is not None else self.new(ov.aval)
+                    continue
+            if subs:  # a loop or a branch: its body on its own, its boundary in HBM
+                trips = int(eqn.params.get("length", 1)) if prim == "scan" else 1
+                for sub in subs:
+                    sub_j = getattr(sub, "jaxpr", sub)
+                    inner = {v: self.new(v.aval) for v in (*sub_j.constvars, *sub_j.invars)}
+                    self.walk(sub_j, inner, mult * trips, phase)
+                    self.outputs.update(inner[o] for o in sub_j.outvars if not isinstance(o, Literal) and o in inner)
+                outs = [self.new(v.aval) for v in eqn.outvars]
+                self.eqns.append(("@boundary", [i for i in ins if i is not None], outs, mult, phase))
+            else:
+                outs = [self.new(v.aval) for v in eqn.outvars]
+                self.eqns.append((prim, ins, outs, mult, phase))
+            for v, o in zip(eqn.outvars, outs):
+                env[v] = o
+        return phase
+
+
+def phase_bytes(closed_jaxpr) -> tuple[float, float]:
+    """(bytes before :func:`marker`, bytes after it) that non-matmul fusions move (see the module docstring)."""
+    j = getattr(closed_jaxpr, "jaxpr", closed_jaxpr)
+    flat = _Flat()
+    env = {v: flat.new(v.aval) for v in (*j.constvars, *j.invars)}
+    flat.walk(j, env, 1, 0, top=True)
+    flat.outputs.update(env[o] for o in j.outvars if not isinstance(o, Literal) and o in env)
+    eqns = flat.eqns
+
+    root: dict[int, int] = {}  # a free op's output → the value it views
+    named: set[int] = set()
+    producer: dict[int, int] = {}  # value → index of the non-free eqn that makes it
+    for k, (prim, ins, outs, _, _) in enumerate(eqns):
+        src = next((i for i in ins if i is not None), None)
+        if prim in FREE and src is not None:
+            for o in outs:
+                root[o] = root.get(src, src)
+            if prim == "name":
+                named.add(root.get(src, src))
+        else:
+            for o in outs:
+                producer[o] = k
+
+    def kind(k: int) -> str:
+        prim = eqns[k][0]
+        if prim in MATMUL or prim in COLLECTIVE or prim == "@boundary":
+            return "boundary"
+        return "free" if prim in FREE else ("reduce" if prim in ROOTS else "op")
+
+    def op_inputs(k: int):
+        """(value, producing op or None) of each input of eqn ``k`` (free views resolved)."""
+        for i in eqns[k][1]:
+            if i is not None:
+                r = root.get(i, i)
+                p = producer.get(r)
+                yield r, (p if p is not None and kind(p) in ("op", "reduce") else None)
+
+    # Materialised values: outputs, named values, whatever a matmul/collective or the other phase takes.
+    escapes: set[int] = {root.get(o, o) for o in flat.outputs} | named
+    level: dict[int, int] = {}  # op → reductions between it and its fusion's HBM inputs
+    parent = list(range(len(eqns)))
+
+    def find(a: int) -> int:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    for k in range(len(eqns)):
+        kd = kind(k)
+        if kd == "free":
+            continue
+        lv = 0
+        for r, p in op_inputs(k):
+            if p is None:
+                continue
+            if kd == "boundary" or eqns[p][4] != eqns[k][4]:
+                escapes.add(r)
+            elif kind(p) == "reduce":
+                lv = max(lv, level[p] + 1)
+            else:
+                lv = max(lv, level[p])
+        if kd == "boundary":
+            continue
+        level[k] = lv
+        for r, p in op_inputs(k):  # a fusion: ops at one level joined by a value (a reduction is its root)
+            if p is not None and kind(p) == "op" and level[p] == lv and eqns[p][4] == eqns[k][4]:
+                parent[find(k)] = find(p)
+
+    def reads_of(k: int, f: int, seen: set, out: dict) -> None:
+        """HBM values fusion ``f`` reads for op ``k``: a cheaper earlier-level producer is repeated in it
+        (XLA duplicates elementwise producers into each consumer fusion); a reduction's result is read."""
+        for r, p in op_inputs(k):
+            if p is not None and find(p) == f:
+                continue
+            if p is not None and kind(p) == "op" and r not in escapes and eqns[p][4] == eqns[k][4]:
+                if p not in seen:
+                    seen.add(p)
+                    reads_of(p, f, seen, out)
+                continue
+            out[r] = eqns[k][3]
+
+    totals = [0.0, 0.0]
+    reads: dict[int, dict[int, int]] = {}
+    for k, (prim, ins, outs, mult, phase) in enumerate(eqns):
+        if k not in level:
+            continue
+        reads_of(k, find(k), set(), reads.setdefault(find(k), {}))
+        for o in outs:
+            if o in escapes or kind(k) == "reduce":
+                totals[phase] += mult * flat.nbytes[o]
+    for f, vals in reads.items():
+        totals[eqns[f][4]] += sum(m * flat.nbytes[r] for r, m in vals.items())
+    return totals[0], totals[1]
+
+
+def layer_bytes(layer_fn, x, params) -> tuple[float, float]:
+    """(forward, backward) non-matmul HBM bytes of one layer without remat (the backward traced through
+    ``jax.vjp``: a custom VJP's own backward, e.g. blockwise attention's, is in it)."""
+
+    def fwd_bwd(a, p, ct):
+        y, vjp = jax.vjp(layer_fn, a, p)
+        return y, vjp(marker(ct))
+
+    return phase_bytes(jax.make_jaxpr(fwd_bwd)(x, params, x))
+
+
+def loss_bytes(hidden, weight, targets, tiles: int) -> float:
+    """Non-matmul HBM bytes of the loss (forward and backward, a tiled loss's recomputation included):
+    the log-sum-exp over the float32 logits, their gradient, its cast."""
+    from tierax.train.loss import cross_entropy
+
+    def fwd_bwd(h, w, t, ct):
+        y, vjp = jax.vjp(lambda h, w: cross_entropy(h, w, t, tiles=tiles), h, w)
+        return y, vjp(marker(ct))
+
+    f, b = phase_bytes(jax.make_jaxpr(fwd_bwd)(hidden, weight, targets, jax.ShapeDtypeStruct((), jnp.float32)))
+    return f + b
+
+
+def optimizer_bytes(param_bytes: float) -> float:
+    """AdamW's update per device: parameters, gradients and both moments read, parameters and moments
+    written, each as large as the (sharded) parameters: 7 × their bytes."""
+    return 7.0 * param_bytes
+
+
+def step_fixed_bytes(inv) -> float:
+    """Non-matmul HBM bytes of one step, per device, that no placement changes: every layer's forward
+    and backward, the loss, the optimizer update (recomputation is per placement: the cost model's)."""
+    layers = sum((g.forward_hbm_bytes_per_layer + g.backward_hbm_bytes_per_layer) * g.num_layers for g in inv.groups)
+    return layers + inv.loss_hbm_bytes + optimizer_bytes(inv.param_bytes)
