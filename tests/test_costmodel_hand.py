@@ -292,3 +292,42 @@ def test_transposed_stack_copies_count_in_both_phases():
     # logits and their gradient, copies.
     assert loss.peak_device_bytes == (400_000_000 - 1_000 + 17_000_000 + loss.breakdown["staging_bytes"] + 65_536
                                       + 2 * 100_000_000 + 155_648)
+
+
+# The routed experts' backward holds dispatch-sized buffers besides the layer's residuals ([E, C, D] per device in
+# the compute dtype, C = ceil(tokens · top-k / E · capacity factor)): the expert outputs' gradient and the expert
+# inputs' gradient, and under expert parallelism that gradient's re-laid all-to-all send copy and the recomputed
+# combine's send buffer.  DeepSeek-V3, 8 × 4096 tokens per device, expert=8 (deviceless XLA:GPU, 128 GB200,
+# fsdp=16,expert=8, remat-full): bf16[32,8192,7168] dispatch/expert-input gradient, bf16[32,8,1024,7168] output
+# gradient, bf16[8,32,1024,7168] send copies, each 256 · 1024 · 7168 · 2 = 3 758 096 384 B.
+def test_moe_backward_buffers_from_shapes():
+    from tierax.models import moe
+
+    ds = get_config("deepseek-v3-671b")  # 256 experts, top-8, capacity factor 1, d 7168, bfloat16
+    assert moe.backward_buffer_bytes(ds, 8 * 4096, 8) == 4 * 256 * 1024 * 7168 * 2 == 15_032_385_536
+    assert moe.backward_buffer_bytes(ds, 8 * 4096, 1) == 2 * 256 * 1024 * 7168 * 2  # no all-to-all: no send copies
+    # tiny-deepseek: 8 experts, top-2, capacity factor 1.25, d 64, float32; 256 tokens → C = ceil(80) = 80,
+    # 100 tokens → ceil(31.25) = 32.
+    assert moe.backward_buffer_bytes(CFG, 256, 2) == 4 * 8 * 80 * 64 * 4 == 655_360
+    assert moe.backward_buffer_bytes(CFG, 100, 2) == 4 * 8 * 32 * 64 * 4
+
+
+def test_moe_layer_workspace_adds_its_backward_buffers():
+    """The hand inventory's moe group made the largest (60 MB of residuals, 10⁷ expert + 1000 other parameters) on
+    tiny-deepseek's shapes (float32, 256 tokens per device, C = 80): expert=2 → residuals + the 1000 non-expert
+    weights gathered over fsdp × expert (4 000 B) + four [8, 80, 64] float32 buffers (655 360 B) + the head's
+    float32 gradient (64 · 256 · 4 = 65 536 B); fsdp=2 → two buffers (327 680 B) and the experts gathered over
+    fsdp (10⁷ × 4 B).  The dense group, with no experts, has none."""
+    dense, moe_g = inventory().groups
+    moe_g = dataclasses.replace(moe_g, save_all_bytes_per_layer=60_000_000, layer_param_count=10_001_000,
+                                expert_param_count_per_layer=10_000_000)
+    inv = dataclasses.replace(inventory(), groups=(dense, moe_g), mesh={"data": 1, "fsdp": 1, "expert": 2})
+    assert cm.simulate(PLAN, inv, CFG, RATES, "lhs").breakdown["workspace_bytes"] == (
+        60_000_000 + 4_000 + 4 * 8 * 80 * 64 * 4 + 65_536)
+    inv = dataclasses.replace(inv, mesh={"data": 1, "fsdp": 2, "expert": 1})
+    assert cm.simulate(PLAN, inv, CFG, RATES, "lhs").breakdown["workspace_bytes"] == (
+        60_000_000 + 4_000 + 40_000_000 + 2 * 8 * 80 * 64 * 4 + 65_536)
+    # Dense group the largest again (residuals 50 MB + 4 000 B gathered): no buffers.
+    small = dataclasses.replace(moe_g, save_all_bytes_per_layer=1_000_000)
+    inv = dataclasses.replace(inv, groups=(dense, small), mesh={"data": 1, "fsdp": 1, "expert": 2})
+    assert cm.simulate(PLAN, inv, CFG, RATES, "lhs").breakdown["workspace_bytes"] == 50_004_000 + 65_536

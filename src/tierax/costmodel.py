@@ -12,18 +12,17 @@ carry of every layer, plus each ``device`` activation; a group with every
 activation on device runs without remat and keeps everything a layer saves,
 named or not); staging buffers for transfers (one layer's offloaded slices, two
 with pipelined transfers); one layer's transient workspace (its full residual
-set while it is recomputed and back-propagated, plus, under FSDP, its gathered
-weights, and, with an untiled loss, the head's float32 gradient or the logits' gradient it
-comes from, kept until the reduce-scatter after the loop); XLA's transposed copies of stacked
-weights whose FSDP dimension is not major (live through both loops); the float32 logits.
-The peak is the larger of two moments: a layer's backward (the state with every gradient,
-kept activations, staging, the transposed copies and one layer's workspace) and the loss
-(parameters, optimizer state and the layer gradients, kept activations and staging, the
-transposed copies, the gathered head in float32, plus the float32 logits and their gradient,
-or, when the loss is tiled, one tile's gradient, the head's float32 gradient for that tile and,
-under FSDP, the head gathered in the compute dtype).  GPU targets add
-the fixed buffers XLA:GPU always allocates (the cuBLAS workspace).  Each term is a buffer
-seen in the live-range dumps of deviceless XLA:GPU compiles at their peaks.
+set while it is recomputed and back-propagated, a MoE layer's dispatch-sized backward buffers, under FSDP
+its gathered weights, and, with an untiled loss, the head's float32 gradient or the logits' gradient it comes
+from, kept until the reduce-scatter after the loop); XLA's transposed copies of stacked weights whose FSDP
+dimension is not major (live through both loops); the float32 logits.
+The peak is the larger of two moments: a layer's backward (the state with every gradient, kept activations,
+staging, the transposed copies and one layer's workspace) and the loss (parameters, optimizer state and the
+layer gradients, kept activations and staging, the transposed copies, the gathered head in float32, plus the
+float32 logits and their gradient, or, when the loss is tiled, one tile's gradient, the head's float32 gradient
+for that tile and, under FSDP, the head gathered in the compute dtype).  GPU targets add the fixed buffers
+XLA:GPU always allocates (the cuBLAS workspace).  Each term is a buffer seen in the live-range dumps of
+deviceless XLA:GPU compiles at their peaks.
 
 Time: executed matmul FLOPs (forward, 2× for backward, plus recomputation) at the target's achievable
 matmul rate, plus the non-matmul work's HBM bytes (:mod:`tierax.hbm`: every layer's forward, backward and
@@ -56,6 +55,7 @@ from tierax import network
 from tierax import plan as plan_lib
 from tierax.errors import TieraxError
 from tierax.inventory import Inventory
+from tierax.models import moe
 from tierax.models.flops import train_flops
 from tierax.train import gather_layout
 
@@ -273,9 +273,9 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
     # and split over tensor where tensor-parallel; the inventory's layer parameters are already per
     # tensor shard (the layer is traced with heads and hidden sizes ÷ tensor).
     fsdp = inv.mesh.get("fsdp", 1) * inv.mesh.get("expert", 1)
-    # One layer in flight: its residuals while it is recomputed and back-propagated, plus, under FSDP,
-    # its weights gathered in the compute dtype: the dense ones whole (per tensor shard), the expert
-    # ones over fsdp only (the expert-parallel MoE gathers its local experts, E / expert of them).
+    # One layer in flight: its residuals while it is recomputed and back-propagated, a MoE layer's backward
+    # buffers of the dispatch's size (tierax.models.moe), and, under FSDP, its weights gathered in the compute
+    # dtype: the dense ones whole (per tensor shard), the expert ones over fsdp only (E / expert local experts).
     ep = inv.mesh.get("expert", 1)
     p_item = jnp.dtype(cfg.param_dtype).itemsize
     head_grad = cfg.vocab_size * cfg.d_model * p_item  # the LM head's gradient, unsharded [D, V]
@@ -283,7 +283,7 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
         g.save_all_bytes_per_layer
         + (c_item * (g.layer_param_count - g.expert_param_count_per_layer) if fsdp > 1 else 0)
         + (c_item * g.expert_param_count_per_layer / ep if inv.mesh.get("fsdp", 1) > 1 else 0)
-        for g in inv.groups
+        + (moe.backward_buffer_bytes(cfg, tokens, ep) if g.expert_param_count_per_layer else 0) for g in inv.groups
     )
     # XLA's transposed copies of stacked weights it cannot gather along their major dimension
     # (tierax.train.gather_layout): made before the forward loop, live at the loss and through the

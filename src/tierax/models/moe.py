@@ -173,6 +173,24 @@ def routed_experts(x_BSD, router_DE, wi_0, wi_1, wo, cfg, mesh=None):
     )(y, expert_BSk, slot_A, gates_BSk)
 
 
+def backward_buffer_bytes(cfg, tokens: int, expert_shards: int) -> int:
+    """Bytes of the dispatch-sized buffers the routed experts' backward holds besides the layer's residuals.
+
+    Each is ``[E, C, D]`` per device in the compute dtype (``C = cfg.capacity(tokens)`` for a device's
+    ``tokens``; under expert parallelism ``[E / expert_shards, expert_shards × C, D]``, the same bytes),
+    all live while the expert MLP is back-propagated (deviceless XLA:GPU compiles of DeepSeek-V3,
+    expert=8, 8 × 4096 per device: six 3.76 GB buffers at the peak, two of them residuals the layer's
+    residual set already counts — the dispatch buffer and the combine's received outputs):
+
+    * the expert outputs' gradient (the combine gathers' transpose; received by its backward all-to-all);
+    * the expert inputs' gradient (the ``dh·Wᵀ`` GEMMs), before it is scattered back to the tokens;
+    * with ``expert_shards`` > 1, that gradient's re-laid copy the dispatch's backward all-to-all sends, and
+      the send buffer of the rematerialised combine's all-to-all, in flight across the backward's GEMMs.
+    """
+    buffers = 4 if expert_shards > 1 else 2
+    return buffers * cfg.num_experts * cfg.capacity(tokens) * cfg.d_model * jnp.dtype(cfg.dtype).itemsize
+
+
 def dropped_in_batch(x_BSD, router_DE, cfg, batch_shards: int = 1):
     """Assignments the capacity drops for ``x_BSD`` split into ``batch_shards`` equal device batches.
 
