@@ -106,3 +106,16 @@ def test_cost_model_adds_the_optimizer_and_loss_at_hbm_bandwidth():
     # layers 2 × (0.1 + 0.3) GB + loss 0.5 GB + AdamW 7 GB = 8.3 GB at 2 TB/s = 4.15 ms; matmuls 3 × (2 GFLOP + head)
     assert fx.hbm_s == pytest.approx(8.3e9 / 2e12, rel=1e-12)
     assert fx.compute_s == pytest.approx(3 * (2e9 + 2 * 64 * 256) / 1e12 + 8.3e9 / 2e12, rel=1e-12)
+
+
+def test_slices_read_only_the_slice_and_updates_write_in_place():
+    """In a stacked buffer [T, D]: a dynamic slice's fusion reads the [1, D] row (and the int32 index) and writes
+    its result; a dynamic update's fusion reads the update and the index and writes only the [1, D] row in place."""
+
+    def f(buf, upd, i):
+        a = jax.lax.dynamic_slice_in_dim(buf, i, 1) * 3.0
+        b = jax.lax.dynamic_update_slice_in_dim(buf, upd * 2.0, i, axis=0)
+        return a, b
+
+    fwd, _ = hbm.phase_bytes(jax.make_jaxpr(f)(sds(T, D), sds(1, D), jax.ShapeDtypeStruct((), jnp.int32)))
+    assert fwd == (4 * D + 4 + 4 * D) + (4 * D + 4 + 4 * D)

@@ -1,20 +1,25 @@
 """HBM traffic of the work that is not a matmul: norms, RoPE, softmax, SwiGLU, residual adds, MoE
 routing, casts, the loss's exp, the optimizer update.  On a GPU that work runs at HBM bandwidth.
 
-**Fusion model** (what :func:`phase_bytes` counts on a traced jaxpr).  Nested calls (``jit``,
-``custom_jvp_call``, ``custom_vjp_call``, ``checkpoint``) are inlined; a ``scan`` body is counted
-once per trip, its inputs and outputs crossing HBM.  Every other non-matmul operation belongs to a
-*fusion*: operations joined by a value one produces and the other consumes (through reshapes,
-broadcasts, transposes and squeezes, which cost nothing) form one fusion, as XLA fuses elementwise
-chains and their reductions.  A fusion reads each value it takes from outside once — a matmul's
-output, a layer input or parameter, a scan's slice — and writes each value it produces that leaves
-it: a matmul's operand, a collective's operand, a ``checkpoint_name``'d value, an output of the
-traced function.  Matmuls and collectives are boundaries; their own traffic is not counted here (a
-matmul's time is its FLOPs at the matmul rate).  A value made in one *phase* (forward, or the
-backward/tangent part after :func:`marker`) and used in the other is a residual: written in one,
-read in the other.  Not modelled: a fusion that XLA splits at a reduction and so reads a value twice
-(RMSNorm, softmax), layouts XLA changes with a copy, and the embedding's gather/scatter ([tokens, D],
-small beside the rest).
+**Fusion model** (what :func:`phase_bytes` counts on a traced jaxpr). Nested calls (``jit``,
+``custom_jvp_call``, ``custom_vjp_call``, ``checkpoint``) are inlined; a ``scan`` body is counted once per
+trip, its inputs and outputs crossing HBM. Every other non-matmul operation belongs to a *fusion*: operations
+joined by a value one produces and the other consumes (through reshapes, broadcasts and squeezes, which cost
+nothing; a transpose is an operation like the others: free inside a fusion, a copy between two matmuls) form
+one fusion, as XLA fuses elementwise chains. A reduction (or sort, scatter) ends its fusion: its result is
+written, and each consumer fusion reads it and repeats the elementwise producers it needs, re-reading their
+inputs (XLA duplicates cheap producers into each consumer fusion: a softmax reads its scores three times). A
+fusion reads each value it takes from outside once — a matmul's output, a layer input or parameter, a scan's
+slice — and writes each value it produces that leaves it: a matmul's operand, a collective's operand, a
+``checkpoint_name``'d value, an output of the traced function. A dynamic slice or gather reads only as many
+bytes of the sliced operand as it returns; a dynamic update or scatter updates its buffer in place (reads and
+writes only the update). Matmuls and collectives are boundaries; their own traffic is not counted here (a
+matmul's time is its FLOPs at the matmul rate). A value made in one *phase* (forward, or the backward/tangent
+part after :func:`marker`) and used in the other is a residual: written in one, read in the other. Not
+modelled: XLA's sibling multi-output fusions (two fusions reading one value read it twice here), layout copies
+XLA inserts around matmuls (transposes of float32 attention blocks), XLA's own rematerialisation under memory
+pressure, and values it hoists out of loops and reads every trip (bench/hbm_time.py measures what these cost
+against XLA's fusions).
 
 Seconds = bytes / the target's HBM bandwidth, added to matmul seconds, not overlapped: on one GPU
 stream a fusion and a GEMM run one after the other.
@@ -37,6 +42,10 @@ FREE = frozenset({"reshape", "broadcast_in_dim", "squeeze", "expand_dims", "name
 ROOTS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "reduce_xor",
                    "argmax", "argmin", "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "sort", "top_k",
                    "scatter", "scatter-add", "scatter_add", "scatter_mul", "scatter_min", "scatter_max"})
+# Operand 0 read only where sliced (bytes of the result), or updated in place (not read; the update is written).
+SLICING = frozenset({"dynamic_slice", "gather"})
+IN_PLACE = {"dynamic_update_slice": 1, "scatter": 2, "scatter-add": 2, "scatter_add": 2, "scatter_mul": 2,
+            "scatter_min": 2, "scatter_max": 2}  # primitive → position of the update operand
 INLINE = frozenset({"pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
                     "custom_vjp_call_jaxpr", "checkpoint", "remat2", "remat", "shard_map", "custom_lin"})
 
@@ -128,12 +137,12 @@ def phase_bytes(closed_jaxpr) -> tuple[float, float]:
         return "free" if prim in FREE else ("reduce" if prim in ROOTS else "op")
 
     def op_inputs(k: int):
-        """(value, producing op or None) of each input of eqn ``k`` (free views resolved)."""
-        for i in eqns[k][1]:
+        """(value, producing op or None, operand position) of each input of eqn ``k`` (free views resolved)."""
+        for pos, i in enumerate(eqns[k][1]):
             if i is not None:
                 r = root.get(i, i)
                 p = producer.get(r)
-                yield r, (p if p is not None and kind(p) in ("op", "reduce") else None)
+                yield r, (p if p is not None and kind(p) in ("op", "reduce") else None), pos
 
     # Materialised values: outputs, named values, whatever a matmul/collective or the other phase takes.
     escapes: set[int] = {root.get(o, o) for o in flat.outputs} | named
@@ -151,7 +160,7 @@ def phase_bytes(closed_jaxpr) -> tuple[float, float]:
         if kd == "free":
             continue
         lv = 0
-        for r, p in op_inputs(k):
+        for r, p, _ in op_inputs(k):
             if p is None:
                 continue
             if kd == "boundary" or eqns[p][4] != eqns[k][4]:
@@ -163,14 +172,15 @@ def phase_bytes(closed_jaxpr) -> tuple[float, float]:
         if kd == "boundary":
             continue
         level[k] = lv
-        for r, p in op_inputs(k):  # a fusion: ops at one level joined by a value (a reduction is its root)
+        for r, p, _ in op_inputs(k):  # a fusion: ops at one level joined by a value (a reduction is its root)
             if p is not None and kind(p) == "op" and level[p] == lv and eqns[p][4] == eqns[k][4]:
                 parent[find(k)] = find(p)
 
     def reads_of(k: int, f: int, seen: set, out: dict) -> None:
         """HBM values fusion ``f`` reads for op ``k``: a cheaper earlier-level producer is repeated in it
         (XLA duplicates elementwise producers into each consumer fusion); a reduction's result is read."""
-        for r, p in op_inputs(k):
+        prim = eqns[k][0]
+        for r, p, pos in op_inputs(k):
             if p is not None and find(p) == f:
                 continue
             if p is not None and kind(p) == "op" and r not in escapes and eqns[p][4] == eqns[k][4]:
@@ -178,19 +188,23 @@ def phase_bytes(closed_jaxpr) -> tuple[float, float]:
                     seen.add(p)
                     reads_of(p, f, seen, out)
                 continue
-            out[r] = eqns[k][3]
+            if pos == 0 and prim in IN_PLACE:
+                continue  # the buffer updated in place
+            size = sum(flat.nbytes[o] for o in eqns[k][2]) if pos == 0 and prim in SLICING else flat.nbytes[r]
+            out[r] = (eqns[k][3], max(size, out.get(r, (0, 0))[1]))
 
     totals = [0.0, 0.0]
-    reads: dict[int, dict[int, int]] = {}
+    reads: dict[int, dict[int, tuple[int, int]]] = {}  # fusion → value → (multiplier, bytes read)
     for k, (prim, ins, outs, mult, phase) in enumerate(eqns):
         if k not in level:
             continue
         reads_of(k, find(k), set(), reads.setdefault(find(k), {}))
         for o in outs:
             if o in escapes or kind(k) == "reduce":
-                totals[phase] += mult * flat.nbytes[o]
+                upd = ins[IN_PLACE[prim]] if prim in IN_PLACE and len(ins) > IN_PLACE[prim] else None
+                totals[phase] += mult * (flat.nbytes[upd] if upd is not None else flat.nbytes[o])
     for f, vals in reads.items():
-        totals[eqns[f][4]] += sum(m * flat.nbytes[r] for r, m in vals.items())
+        totals[eqns[f][4]] += sum(m * size for m, size in vals.values())
     return totals[0], totals[1]
 
 
