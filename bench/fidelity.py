@@ -15,10 +15,14 @@ meshes with a tensor axis or an expert-parallel MoE (the LM head repeats on ever
 capacity is per device), where one device's share is not the one-device step ÷ devices.
 
 Misses in the 2026-11-30 record (22/27 within 10 %; each traced to XLA's live-range dump at the peak):
-tiny save-all/minimal (×1.12–1.19): XLA's peak is the end of the forward, where no layer is
+tiny save-all/minimal (×1.14–1.19): XLA's peak is the end of the forward, where no layer is
 being back-propagated — the model's one-layer workspace and the 4 MiB cuBLAS workspace are
-not live then; tiny-llama on fsdp=4,expert=2 (×1.16) and tiny-deepseek remat-full on
-fsdp=2,expert=4 (×0.87, 1.4 MiB) not traced.  (llama3-8b, tiled loss, fsdp=8 missed at ×1.23 in the
+not live then; tiny-llama on fsdp=4,expert=2 (×1.16) not traced; tiny-deepseek deepseek-offload on
+fsdp=4,expert=2 (×1.13, 1.6 MiB over): the staging term counts the layer in flight's loaded slices (1.0 MiB),
+which the workspace's residual set also holds, and XLA keeps five of the six [8, 160, 64] float32
+dispatch-sized buffers the model counts there.  (The MoE backward's dispatch-sized buffers, added to the
+model on 2026-11-30, moved tiny-deepseek remat-full on fsdp=2,expert=4 from ×0.87 to ×0.98 and DeepSeek-V3
+expert=8 from ×0.91 to ×1.03.)  (llama3-8b, tiled loss, fsdp=8 missed at ×1.23 in the
 2026-11-29 record: a layer-phase term for the embedding and head gathered with full float32 gradients
 that is live at no peak; gone, ×0.95.)  FLOPs of offload plans (×0.87–0.93): the
 prefetching scan's backward recomputes more than the checkpoint-policy traces the inventory
