@@ -81,6 +81,8 @@ def configure(
     if platforms is None and not os.environ.get("JAX_PLATFORMS") and not _has_nvidia_driver():
         platforms = "cpu"
     flags = list(PRESETS[preset]) + (list(DEVICELESS_FLAGS) if deviceless_gpu else [])
+    if platforms is not None and platforms == jax.config.jax_platforms:
+        platforms = None  # already in effect (e.g. a library caller configured first): nothing to change
     wanted = cpu_devices is not None or flags or platforms is not None or cpu_collectives or env
     if not wanted:
         return []
