@@ -237,6 +237,7 @@ def worker(shape_name: str, programs: list[str], rounds: int, per_round: int, wa
                    "param_count": int(n_params), **cost}
     order = [p for p in PROGRAMS if p in runs]
     per = {p: [] for p in order}
+    load = []  # the machine's 1-minute load average after each round (2 cores: above ~2, others were running)
     for r in range(rounds):
         rot = order[r % len(order):] + order[: r % len(order)]
         for p in rot:
@@ -246,10 +247,11 @@ def worker(shape_name: str, programs: list[str], rounds: int, per_round: int, wa
                 runs[p]()
                 ts.append(time.perf_counter() - t)
             per[p].append(ts)
-        print(f"  {shape_name} round {r + 1}/{rounds}: "
+        load.append(os.getloadavg()[0])
+        print(f"  {shape_name} round {r + 1}/{rounds} (load {load[-1]:.1f}): "
               + "  ".join(f"{p} {statistics.median(per[p][-1]):.3f}s" for p in order), flush=True)
     shutil.rmtree(workdir, ignore_errors=True)
-    pathlib.Path(out).write_text(json.dumps({"shape": shape, "info": info, "step_times_s": per,
+    pathlib.Path(out).write_text(json.dumps({"shape": shape, "info": info, "step_times_s": per, "load_per_round": load,
                                              "jax_version": jax.__version__}))
 
 
@@ -270,7 +272,7 @@ def _ratio(info: dict, key: str, other: str):
 def summarise(res: dict) -> dict:
     per = res["step_times_s"]
     round_med = {p: [statistics.median(ts) for ts in rounds] for p, rounds in per.items()}
-    out = {"shape": res["shape"]["name"], "programs": {}}
+    out = {"shape": res["shape"]["name"], "programs": {}, "load_per_round": res.get("load_per_round")}
     for p, meds in round_med.items():
         out["programs"][p] = {"median_step_s": statistics.median(meds), "round_medians_s": meds,
                               "step_times_s": per[p], **res["info"][p]}
