@@ -23,8 +23,9 @@ matmul rate and each schedule's documented hiding rule — following the model a
   gradient and the head's unsharded gradient in place of the workspace and embedding/head gradients.
 * that is the ``policy`` mechanism (XLA's host offloader).  Under ``prefetch`` (tierax's
   scan, the default) every schedule but ``serial`` hides a copy under a whole layer's
-  compute, two layers are always staged, and the backward loads one layer more per group
-  than it stores (layer 0 twice).
+  compute, one layer is always staged (the next layer's prefetched slices: the layer in use's
+  are in its workspace), and the backward loads one layer more per group than it stores
+  (layer 0 twice).
 
 Inventories are synthetic (two layer groups, DeepSeek-like: dense + MoE), with rates where
 offload, remat and device each win somewhere, and device and host budgets that bind.
@@ -85,7 +86,7 @@ def brute_force(inv: Inventory, rates: cm.Rates, schedule: str, mechanism: str =
     """(peak bytes, host bytes, step seconds) of every one of the 3^8 plans, from first principles."""
     w, stage, spare = HIDE[schedule], STAGE[schedule], 0
     if mechanism == "prefetch":
-        w, stage, spare = (0.0 if schedule == "serial" else 1.0), 2, 1
+        w, stage, spare = (0.0 if schedule == "serial" else 1.0), 1, 1
     mm = rates.matmul_flops_per_s
     head_fwd = 2.0 * inv.microbatch * inv.seq * CFG.d_model * CFG.vocab_size
     fwd_all = sum(g.forward_flops_per_layer * g.num_layers for g in inv.groups) + head_fwd
