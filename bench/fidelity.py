@@ -14,13 +14,13 @@ bench/results/fidelity.json and prints a table with every ratio.  FLOPs are not 
 meshes with a tensor axis or an expert-parallel MoE (the LM head repeats on every tensor shard;
 capacity is per device), where one device's share is not the one-device step ÷ devices.
 
-Misses in the 2026-11-30 record (22/27 within 10 %; each traced to XLA's live-range dump at the peak):
+Misses in the 2026-11-30 record (22/27 within 10 %; the traced ones from XLA's live-range dump at the peak):
 tiny save-all/minimal (×1.14–1.19): XLA's peak is the end of the forward, where no layer is
 being back-propagated — the model's one-layer workspace and the 4 MiB cuBLAS workspace are
-not live then; tiny-llama on fsdp=4,expert=2 (×1.16) not traced; tiny-deepseek deepseek-offload on
-fsdp=4,expert=2 (×1.13, 1.6 MiB over): the staging term counts the layer in flight's loaded slices (1.0 MiB),
-which the workspace's residual set also holds, and XLA keeps five of the six [8, 160, 64] float32
-dispatch-sized buffers the model counts there.  (The MoE backward's dispatch-sized buffers, added to the
+not live then; tiny-llama on fsdp=4,expert=2 (×1.13) and tiny-llama qkv-offload on fsdp=4,tensor=2 (×0.89,
+1.0 MiB under) not traced.  (One staged layer under the prefetching scan, 2026-11-30 — the layer in flight's
+loaded slices are in the workspace's residual set — moved tiny-deepseek deepseek-offload on fsdp=4,expert=2
+from ×1.13 to ×1.04 and DeepSeek-V3 expert=8 from ×1.03 to ×0.98.)  (The MoE backward's dispatch-sized buffers, added to the
 model on 2026-11-30, moved tiny-deepseek remat-full on fsdp=2,expert=4 from ×0.87 to ×0.98 and DeepSeek-V3
 expert=8 from ×0.91 to ×1.03.)  (llama3-8b, tiled loss, fsdp=8 missed at ×1.23 in the
 2026-11-29 record: a layer-phase term for the embedding and head gathered with full float32 gradients
