@@ -138,6 +138,36 @@ class MLAttention(nnx.Module):
         return tag(_replicated(self.wo(ctx_BSF), mesh), N.OUT_PROJ)
 
 
+@jax.custom_vjp
+def swiglu_gate(g, u):
+    """``silu(g) · u``, SwiGLU's gate, with its gradients each materialised on their own.
+
+    Differentiated by JAX, XLA:CPU fused the gate's backward (sigmoid, products) into the
+    transpose that lays each gradient out for its weight-gradient dot: an elementwise pass
+    reading five [tokens, hidden] operands in transposed order, 0.56 of a 4.3 s step at
+    d_model 1024 (per-op profile, issue 15).  Behind a barrier each gradient is written once in
+    its natural layout and the transpose is a plain copy.  Residuals are ``g`` and ``u`` only
+    (the values plans name), the sigmoid is recomputed in the backward pass.
+    """
+    return jax.nn.silu(g) * u
+
+
+def _gate_fwd(g, u):
+    return swiglu_gate(g, u), (g, u)
+
+
+def _gate_bwd(res, dy):
+    g, u = res
+    s = jax.nn.sigmoid(g)
+    dg = dy * u * s * (1 + g * (1 - s))  # d silu(g)/dg = s + g·s·(1 − s)
+    du = dy * g * s
+    # One barrier each, not one for both: a joint barrier would keep both gradients live together.
+    return jax.lax.optimization_barrier(dg), jax.lax.optimization_barrier(du)
+
+
+swiglu_gate.defvjp(_gate_fwd, _gate_bwd)
+
+
 class SwiGLU(nnx.Module):
     """Dense SwiGLU MLP; also the shared expert of an MoE layer."""
 
@@ -150,7 +180,7 @@ class SwiGLU(nnx.Module):
         # Megatron: up-projections column-parallel (hidden over tensor), down-projection row-parallel.
         g_BSF = tag(constrain(self.wi_0(x_BSD), mesh, BATCH_AXES, None, "tensor"), N.MLPWI_0)
         u_BSF = tag(constrain(self.wi_1(x_BSD), mesh, BATCH_AXES, None, "tensor"), N.MLPWI_1)
-        return tag(_replicated(self.wo(jax.nn.silu(g_BSF) * u_BSF), mesh), N.MLPWO)
+        return tag(_replicated(self.wo(swiglu_gate(g_BSF, u_BSF)), mesh), N.MLPWO)
 
 
 class MoE(nnx.Module):
