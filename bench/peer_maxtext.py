@@ -4,7 +4,9 @@ MaxText needs Python ≥ 3.12, so it lives in its own venv (default
 ``~/.cache/tierax/maxtext-venv``; created with pyenv's 3.12 and ``pip install
 "maxtext[tpu]==0.2.5"`` if missing), and tierax is installed into that same venv with
 ``pip install --no-deps -e .`` so all three steps run on one jax.  The script re-runs
-itself under that venv's Python; each shape runs in its own worker process, which builds
+itself under that venv's Python.  Per shape, each program runs in a process of its own (so
+none shares an allocator, buffers or global flags with another: building two programs in one
+process moved their ratio by 2–3 points depending on which was built first):
 
 * **maxtext**: MaxText's own trainer setup (``maxtext.trainers.pre_train.train``:
   ``initialize`` → ``train_utils.setup_train_loop`` → ``jit_train_and_eval_step`` with its
@@ -14,12 +16,12 @@ itself under that venv's Python; each shape runs in its own worker process, whic
   ``remat-full`` or ``save-all``;
 * **reference**: ``bench/reference_step.py`` (pure JAX, no tierax import);
 
-then times them in interleaved rounds: each round runs ``--steps-per-round`` steps of each
-program, the order rotating from round to round, every step blocking until done.  Per
-shape it records each program's median step time (median over rounds of the round's
-median), the per-round ratios tierax/maxtext and tierax/reference with their median,
-quartiles and range, and each program's loss after the warm-up steps (≈ ln 32000 ≈ 10.37 at
-initialisation).
+then the parent times them in interleaved rounds: each round asks each process for
+``--steps-per-round`` steps, the order rotating from round to round, every step blocking
+until done.  Per shape it records each program's median step time (median over rounds of
+the round's median), CPU seconds and minor page faults per step, the per-round ratios
+tierax/maxtext and tierax/reference with their median, quartiles and range, and each
+program's loss at the first step (≈ ln 32000 ≈ 10.37 at initialisation).
 
 Shapes (fixed before any tuning; issue 15): Llama-style, d_model 256/512/1024, 4 layers,
 MLP 4·d, d/64 heads of 64 (as many kv heads), vocab 32000, batch 4 × 256 tokens,
@@ -91,7 +93,7 @@ def ensure_venv() -> None:
         subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "-e", str(ROOT)], check=True)
 
 
-# --------------------------------------------------------------------------- the worker
+# --------------------------------------------------------------------------- the programs
 
 
 def _maxtext(shape: dict, workdir: str):
@@ -212,48 +214,115 @@ def _cost(compiled, name: str, dump: str | None) -> dict:
     return {"xla_flops": ca.get("flops"), "xla_bytes_accessed": ca.get("bytes accessed")}
 
 
-def worker(shape_name: str, programs: list[str], rounds: int, per_round: int, warmup: int, out: str,
-           dump: str | None = None, build_order: str = "tierax-first") -> None:
+def serve(program: str, shape_name: str, warmup: int, dump: str | None = None) -> None:
+    """One program in its own process: build it, warm it up, then run steps on request.
+
+    Protocol (one JSON object per line on stdout; commands on stdin): after the build
+    ``{"ready": info}``; ``run K`` → ``{"steps": [[wall_s, cpu_s, minor_faults], ...]}``
+    for K steps, each timed alone; ``quit`` ends it.  Each program has the process to itself:
+    no other program's buffers, allocator state or global flags (MaxText sets some) are there.
+    """
     shape = parse_shape(shape_name)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("DECOUPLE_GCLOUD", "TRUE")
+    import resource
+
     import jax
 
-    builders = {"tierax": lambda: _tierax(shape), "reference": lambda: _reference(shape)}
+    out = sys.stdout
+    sys.stdout = sys.stderr  # the programs' own prints must not break the protocol
     workdir = tempfile.mkdtemp(prefix="tierax-peer-")
-    builders["maxtext"] = lambda: _maxtext(shape, workdir)
-    runs, info = {}, {}
-    first = ("reference", "tierax") if build_order == "reference-first" else ("tierax", "reference")
-    for p in [p for p in (*first, "maxtext") if p in programs]:  # MaxText last: it sets global flags
-        t0 = time.perf_counter()
-        step, loss, n_params, compiled = builders[p]()
-        cost = _cost(compiled, f"{shape_name}-{p}", dump)
-        del compiled
-        step()  # first step (compile where not done already)
-        first_loss = loss()
-        for _ in range(warmup):
-            step()
-        runs[p] = step
-        info[p] = {"setup_and_first_step_s": time.perf_counter() - t0, "first_step_loss": first_loss,
-                   "param_count": int(n_params), **cost}
-    order = [p for p in PROGRAMS if p in runs]
-    per = {p: [] for p in order}
-    load = []  # the machine's 1-minute load average after each round (2 cores: above ~2, others were running)
-    for r in range(rounds):
-        rot = order[r % len(order):] + order[: r % len(order)]
-        for p in rot:
-            ts = []
-            for _ in range(per_round):
-                t = time.perf_counter()
-                runs[p]()
-                ts.append(time.perf_counter() - t)
-            per[p].append(ts)
-        load.append(os.getloadavg()[0])
-        print(f"  {shape_name} round {r + 1}/{rounds} (load {load[-1]:.1f}): "
-              + "  ".join(f"{p} {statistics.median(per[p][-1]):.3f}s" for p in order), flush=True)
-    shutil.rmtree(workdir, ignore_errors=True)
-    pathlib.Path(out).write_text(json.dumps({"shape": shape, "info": info, "step_times_s": per, "load_per_round": load,
-                                             "jax_version": jax.__version__}))
+    builders = {"tierax": lambda: _tierax(shape), "reference": lambda: _reference(shape),
+                "maxtext": lambda: _maxtext(shape, workdir)}
+    t0 = time.perf_counter()
+    step, loss, n_params, compiled = builders[program]()
+    cost = _cost(compiled, f"{shape_name}-{program}", dump)
+    del compiled
+    step()  # first step (compile where not done already)
+    first_loss = loss()
+    for _ in range(warmup):
+        step()
+    info = {"setup_and_first_step_s": time.perf_counter() - t0, "first_step_loss": first_loss,
+            "param_count": int(n_params), "jax_version": jax.__version__, **cost}
+    out.write(json.dumps({"ready": info}) + "\n")
+    out.flush()
+    try:
+        for line in sys.stdin:
+            cmd = line.split()
+            if not cmd or cmd[0] == "quit":
+                break
+            steps = []
+            for _ in range(int(cmd[1])):
+                r0, t = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+                step()
+                wall, r1 = time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF)
+                steps.append([wall, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime),
+                              r1.ru_minflt - r0.ru_minflt])
+            out.write(json.dumps({"steps": steps}) + "\n")
+            out.flush()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+class _Program:
+    """The parent's handle on one ``serve`` process."""
+
+    def __init__(self, py: str, program: str, shape_name: str, warmup: int, dump: str | None, env: dict):
+        self.name = program
+        self.proc = subprocess.Popen(
+            [py, __file__, "--serve", program, "--shapes", shape_name, "--warmup", str(warmup),
+             *(["--dump-hlo", dump] if dump else [])],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.info = self._read()["ready"]
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            code = self.proc.wait()
+            raise SystemExit(f"{self.name}: its worker process ended (exit {code}) before answering; "
+                             "its error is printed above")
+        return json.loads(line)
+
+    def run(self, k: int) -> list:
+        self.proc.stdin.write(f"run {k}\n")
+        self.proc.stdin.flush()
+        return self._read()["steps"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=60)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                self.proc.kill()
+
+
+def run_shape(py: str, shape_name: str, programs: list[str], rounds: int, per_round: int, warmup: int,
+              dump: str | None, env: dict) -> dict:
+    """Start one process per program (one after another), then time them in interleaved rounds."""
+    handles = []
+    try:
+        for p in [p for p in PROGRAMS if p in programs]:
+            handles.append(_Program(py, p, shape_name, warmup, dump, env))
+        per = {h.name: [] for h in handles}  # per round: [[wall, cpu, faults] per step]
+        load = []  # the machine's 1-minute load average after each round (2 cores: above ~2, others were running)
+        for r in range(rounds):
+            rot = handles[r % len(handles):] + handles[: r % len(handles)]
+            for h in rot:
+                per[h.name].append(h.run(per_round))
+            load.append(os.getloadavg()[0])
+            print(f"  {shape_name} round {r + 1}/{rounds} (load {load[-1]:.1f}): "
+                  + "  ".join(f"{h.name} {statistics.median(s[0] for s in per[h.name][-1]):.3f}s" for h in handles),
+                  flush=True)
+    finally:
+        for h in handles:
+            h.close()
+    return {"shape": parse_shape(shape_name), "info": {h.name: h.info for h in handles},
+            "step_times_s": {p: [[s[0] for s in rnd] for rnd in rounds_] for p, rounds_ in per.items()},
+            "step_cpu_s": {p: [[s[1] for s in rnd] for rnd in rounds_] for p, rounds_ in per.items()},
+            "step_minor_faults": {p: [[s[2] for s in rnd] for rnd in rounds_] for p, rounds_ in per.items()},
+            "load_per_round": load}
 
 
 # --------------------------------------------------------------------------- the summary
@@ -275,14 +344,22 @@ def summarise(res: dict) -> dict:
     round_med = {p: [statistics.median(ts) for ts in rounds] for p, rounds in per.items()}
     out = {"shape": res["shape"]["name"], "programs": {}, "load_per_round": res.get("load_per_round")}
     for p, meds in round_med.items():
+        cpu = [c for rnd in res.get("step_cpu_s", {}).get(p, []) for c in rnd]
+        faults = [f for rnd in res.get("step_minor_faults", {}).get(p, []) for f in rnd]
         out["programs"][p] = {"median_step_s": statistics.median(meds), "round_medians_s": meds,
-                              "step_times_s": per[p], **res["info"][p]}
+                              "step_times_s": per[p],
+                              "median_step_cpu_s": statistics.median(cpu) if cpu else None,
+                              "median_minor_faults_per_step": statistics.median(faults) if faults else None,
+                              **res["info"][p]}
     for other in ("maxtext", "reference"):
         if "tierax" in round_med and other in round_med:
             ratios = [a / b for a, b in zip(round_med["tierax"], round_med[other])]
             out[f"tierax_over_{other}"] = {
                 "ratio_of_medians": statistics.median(round_med["tierax"]) / statistics.median(round_med[other]),
                 "per_round": _quantiles(ratios), "per_round_ratios": ratios,
+                "cpu_ratio_of_medians": (out["programs"]["tierax"]["median_step_cpu_s"]
+                                         / out["programs"][other]["median_step_cpu_s"])
+                if out["programs"][other]["median_step_cpu_s"] else None,
                 "xla_bytes_accessed_ratio": _ratio(res["info"], "xla_bytes_accessed", other),
                 "xla_flops_ratio": _ratio(res["info"], "xla_flops", other)}
     return out
@@ -299,18 +376,13 @@ def main(argv=None) -> int:
     ap.add_argument("--no-venv", action="store_true", help="run with this interpreter (needs MaxText here, or "
                     "--programs tierax,reference)")
     ap.add_argument("--dump-hlo", help="write each program's compiled HLO text to this folder")
-    ap.add_argument("--build-order", default="tierax-first", choices=["tierax-first", "reference-first"],
-                    help="which of tierax and the reference a worker builds (allocates) first; the order moved "
-                         "the d1024 float32 ratio by ~2.5 points in a side check, so the record states it")
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
-    ap.add_argument("--worker-out", help=argparse.SUPPRESS)
+    ap.add_argument("--serve", help=argparse.SUPPRESS)  # internal: run one program (see serve())
     args = ap.parse_args(argv)
     programs = [p for p in args.programs.split(",") if p]
     if bad := [p for p in programs if p not in PROGRAMS]:
         raise SystemExit(f"unknown program(s) {bad}; choose from {PROGRAMS}")
-    if args.worker:
-        worker(args.worker, programs, args.rounds, args.steps_per_round, args.warmup, args.worker_out, args.dump_hlo,
-               args.build_order)
+    if args.serve:
+        serve(args.serve, args.shapes, args.warmup, args.dump_hlo)
         return 0
     shapes = [parse_shape(s)["name"] for s in args.shapes.split(",") if s]
     py = sys.executable
@@ -318,7 +390,7 @@ def main(argv=None) -> int:
         ensure_venv()
         py = str(venv_python())
     command = " ".join(["python bench/peer_maxtext.py", *(argv if argv is not None else sys.argv[1:])])
-    # The envelope from the worker's interpreter: the record's jax is the one all three ran on.
+    # The envelope from the venv's interpreter: the record's jax is the one all three ran on.
     env_code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from tierax.records import envelope; "
                 "print(json.dumps(envelope('tierax.peer-maxtext/1', sys.argv[2])))")
     envl = json.loads(subprocess.run([py, "-c", env_code, str(ROOT / "src"), command], check=True,
@@ -328,17 +400,9 @@ def main(argv=None) -> int:
 
     results = []
     for s in shapes:
-        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-            tmp = f.name
         print(f"{s}: {', '.join(programs)} × {args.rounds} rounds × {args.steps_per_round} steps", flush=True)
         env = dict(os.environ, JAX_PLATFORMS="cpu", DECOUPLE_GCLOUD="TRUE", PYTHONPATH=str(ROOT / "src"))
-        subprocess.run([py, __file__, "--worker", s, "--worker-out", tmp, "--programs", ",".join(programs),
-                        "--rounds", str(args.rounds), "--steps-per-round", str(args.steps_per_round),
-                        "--warmup", str(args.warmup), "--build-order", args.build_order,
-                        *(["--dump-hlo", args.dump_hlo] if args.dump_hlo else [])],
-                       check=True, env=env)
-        res = json.loads(pathlib.Path(tmp).read_text())
-        os.unlink(tmp)
+        res = run_shape(py, s, programs, args.rounds, args.steps_per_round, args.warmup, args.dump_hlo, env)
         results.append(summarise(res))
         r = results[-1]
         print("  " + "  ".join(f"{k}: {v['ratio_of_medians']:.3f} (rounds {v['per_round']['min']:.3f}–"
@@ -351,11 +415,13 @@ def main(argv=None) -> int:
             "shapes_not_run": [x for x in ALL_SHAPES if x not in done],
             "programs": programs,
             "rounds": args.rounds, "steps_per_round": args.steps_per_round, "warmup_steps": args.warmup,
-            "build_order": args.build_order,
-            "method": ("one worker process per shape builds all programs, then interleaved rounds (order "
-                       "rotating); a program's round time is the median of its steps in that round; median_step_s "
-                       "is the median of round times; tierax_over_X.per_round are quantiles of the per-round "
-                       "ratios; xla_* are the compiled step's static counts (XLA cost analysis)"),
+            "method": ("each program runs in its own process (built one after another), so no program shares "
+                       "an allocator, buffers or global flags with another; then interleaved rounds (order rotating), "
+                       "the parent asking each process in turn for --steps-per-round steps; a program's round time is "
+                       "the median of its steps in that round; median_step_s is the median of round times; "
+                       "tierax_over_X.per_round are quantiles of the per-round ratios; cpu: the process's user + "
+                       "system seconds per step (getrusage), minor faults likewise; xla_* are the compiled step's "
+                       "static counts (XLA cost analysis)"),
             "shape_definition": {"layers": LAYERS, "vocab": VOCAB, "batch": BATCH, "seq": SEQ, "mlp": "4·d_model",
                                  "heads": "d_model/64 (kv heads the same), head_dim 64", "param_dtype": "float32",
                                  "optimizer": "AdamW lr 1e-3 b1 0.9 b2 0.95 eps 1e-8 wd 0.1, no clipping"},
