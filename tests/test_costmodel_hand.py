@@ -181,6 +181,24 @@ def test_loss_phase_peak_from_logits_and_head_gradient():
     assert pred.peak_device_bytes == 399_996_000 + 17_000_000 + pred.breakdown["staging_bytes"] + 65_536 + 2 * 100_000_000
 
 
+def test_loss_gradient_is_in_the_compute_dtype():
+    """bfloat16 compute: the logits stay float32 (100 MB) but their gradient is bfloat16 (50 MB), which the
+    head's backward matmuls take (tierax.train.loss); tiled under FSDP, one float32 [D, V] buffer fewer
+    (no float32 copy of the gathered head) and half a tile's gradient."""
+    cfg = dataclasses.replace(CFG, dtype="bfloat16")
+    inv = dataclasses.replace(inventory(), logits_bytes=100_000_000)
+    pred = cm.simulate(PLAN, inv, cfg, RATES, "lhs")
+    assert pred.breakdown["peak_phase"] == "loss"
+    assert pred.peak_device_bytes == 399_996_000 + 17_000_000 + pred.breakdown["staging_bytes"] + 65_536 + 150_000_000
+    tiled = dataclasses.replace(cfg, loss_tiles=4)
+    fsdp = dataclasses.replace(inv, mesh={"data": 1, "fsdp": 2})
+    f32 = cm.simulate(PLAN, fsdp, dataclasses.replace(CFG, loss_tiles=4), RATES, "lhs").breakdown["logits_bytes"]
+    bf16 = cm.simulate(PLAN, fsdp, tiled, RATES, "lhs").breakdown["logits_bytes"]
+    # float32: 2 head gradients + the tile + the gathered head (4 B); bfloat16: 1 + half the tile + the head (2 B)
+    assert f32 == 2 * 65_536 + 100_000_000 + 256 * 64 * 4
+    assert bf16 == 65_536 + 50_000_000 + 256 * 64 * 2
+
+
 def test_tiled_loss_keeps_one_logits_tile_and_two_head_gradients_and_recomputes_the_head():
     """loss_tiles=4: one tile's logits gradient (100 MB here), the head-gradient scan accumulator in and out
     (2 · 65 536 B); the backward recomputes each tile's logits: one more head forward, 2·256·64·256 FLOPs."""

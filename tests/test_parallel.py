@@ -207,6 +207,42 @@ def test_loss_gradient_equals_autodiff_of_the_textbook_form(tiles):
     _assert_close(got, ref)
 
 
+def test_bfloat16_loss_backward_multiplies_in_bfloat16():
+    """In a bfloat16 step the head's two backward matmuls take bfloat16 operands (float32 logits, float32
+    accumulation), and the gradients stay within bfloat16 rounding of the float32 textbook form."""
+    B, S_, D, V = 4, 16, 32, 512
+    ks = jax.random.split(jax.random.key(2), 3)
+    h = jax.random.normal(ks[0], (B, S_, D)).astype(jnp.bfloat16)
+    w = (jax.random.normal(ks[1], (D, V)) * D**-0.5).astype(jnp.bfloat16)
+    t = jax.random.randint(ks[2], (B, S_), 0, V)
+
+    def textbook(h, w):  # float32 throughout, from the same bfloat16 inputs
+        logp = jax.nn.log_softmax(h.astype(jnp.float32) @ w.astype(jnp.float32), -1)
+        return -jnp.mean(jnp.take_along_axis(logp, t[..., None], -1))
+
+    ref_loss, ref_grads = jax.value_and_grad(textbook, argnums=(0, 1))(h, w)
+    for tiles in (1, 4):
+        fn = jax.value_and_grad(lambda h, w: loss_lib.cross_entropy(h, w, t, tiles=tiles), argnums=(0, 1))
+        loss, grads = jax.jit(fn)(h, w)
+        assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)  # the logits are float32
+        for g, r in zip(grads, ref_grads, strict=True):
+            assert g.dtype == jnp.bfloat16
+            g, r = np.asarray(g, np.float32), np.asarray(r, np.float32)
+            assert np.abs(g - r).max() <= 2e-2 * np.abs(r).max()
+
+        dots = []
+
+        def walk(jaxpr):
+            for eqn in jaxpr.eqns:
+                if eqn.primitive.name == "dot_general":
+                    dots.append(tuple(str(v.aval.dtype) for v in eqn.invars))
+                for sub in jaxprs_in_params(eqn.params):
+                    walk(sub)
+
+        walk(jax.make_jaxpr(fn)(h, w).jaxpr)
+        assert len(dots) >= 3 and all(d == ("bfloat16", "bfloat16") for d in dots), dots
+
+
 def test_loss_tiles_must_divide_the_sequence():
     with pytest.raises(TieraxError, match=r"loss_tiles=5 does not divide the sequence length 32.*loss_tiles=4"):
         loss_lib.check_tiles(5, 32)

@@ -18,9 +18,9 @@ from, kept until the reduce-scatter after the loop); XLA's transposed copies of 
 dimension is not major (live through both loops); the float32 logits.
 The peak is the larger of two moments: a layer's backward (the state with every gradient, kept activations,
 staging, the transposed copies and one layer's workspace) and the loss (parameters, optimizer state and the
-layer gradients, kept activations and staging, the transposed copies, the gathered head in float32, plus the
-float32 logits and their gradient, or, when the loss is tiled, one tile's gradient, the head's float32 gradient
-for that tile and, under FSDP, the head gathered in the compute dtype).  GPU targets add the fixed buffers
+layer gradients, kept activations and staging, the transposed copies, the head's float32 gradient, plus the
+float32 logits and their gradient in the compute dtype, or, when the loss is tiled, one tile's gradient and,
+under FSDP, the head gathered in the compute dtype).  GPU targets add the fixed buffers
 XLA:GPU always allocates (the cuBLAS workspace).  Each term is a buffer seen in the live-range dumps of
 deviceless XLA:GPU compiles at their peaks.
 
@@ -187,7 +187,7 @@ class GroupTerms:
 class FixedTerms:
     state_bytes: int
     workspace_bytes: int
-    logits_bytes: int  # at the loss: logits and their gradient (float32) plus the LM head's unsharded gradient
+    logits_bytes: int  # at the loss: logits (float32), their gradient (compute dtype), the LM head's float32 gradient
     compute_s: float  # forward + backward matmuls, head included, no recompute, plus hbm_s
     collective_s: float
     exposed_collective_s: float
@@ -292,12 +292,12 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
     stack_copy = p_item * gather_layout.transposed_stack_params(cfg, inv.mesh)
     if fsdp > 1 and cfg.vocab_size and not tiled:
         # The head's backward runs before the layers': until the reduce-scatter after the loop, XLA keeps
-        # either its float32 weight gradient ([D, V], unsharded) or the float32 logits' gradient it is
+        # either its float32 weight gradient ([D, V], unsharded) or the logits' gradient (compute dtype) it is
         # computed from ([tokens, V]), whichever it schedules (405B fsdp=128: the first; fsdp=1024: the
         # second); the model counts the smaller.  A tiled loss reduce-scatters each tile's head gradient
         # inside its scan, so nothing [D, V] outlives it (llama3-8b, DeepSeek-V3).  The embedding's gradient
         # is produced after the loop; the gathered embedding and head are free during it.
-        workspace += min(head_grad, inv.logits_bytes)
+        workspace += min(head_grad, inv.logits_bytes * c_item // 4)
     coll = 0.0
     links = network.axis_links(inv.mesh, rates)
     # FSDP: AG fwd, AG bwd, RS grads, each weight class over its own group at that group's link (scale-out
@@ -317,14 +317,20 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
     # and as much again in the backward (a rematerialised layer's repeat is in GroupTerms.base_recompute_s).
     coll += sum(2 * forward_collective_s(g, links) * g.num_layers for g in inv.groups)
     exposed_coll = coll if schedule == "serial" else max(0.0, coll - compute_s)
-    # At the loss, the buffers of the deviceless compiles' loss peaks: the gathered head converted to
-    # float32 for the product with the logits' float32 gradient ([V, D]), and, untiled, the float32 logits
-    # and their gradient (llama3-8b fsdp=8; llama3.1-405b fsdp=16,tensor=8); tiled, one tile's gradient,
-    # the tile's float32 head gradient ([D, V], reduce-scattered per tile) and the head gathered in the
-    # compute dtype, which the scan's body converts (llama3-8b, 4 tiles, fsdp=8).
-    loss_bytes = head_grad + 2 * inv.logits_bytes
+    # At the loss, the buffers of the deviceless compiles' loss peaks.  Untiled: the head's float32 gradient
+    # ([D, V]), the float32 logits and their gradient in the compute dtype (tierax.train.loss: the head's
+    # backward matmuls take it in the compute dtype) (llama3-8b fsdp=8 and fsdp=4,tensor=2: XLA's peaks fell
+    # by the gradient's other half, 2.1 GB, when it stopped being float32).  Tiled: one tile's gradient, two
+    # float32 [D, V] buffers (the head-gradient accumulator in and out), and under FSDP the head gathered in
+    # the compute dtype; under FSDP with a narrower compute dtype one [D, V] buffer fewer: the other was the
+    # gathered head converted to float32 for a float32 gradient (llama3-8b, 4 tiles, fsdp=8: XLA 10.22 ->
+    # 7.76 GiB, that buffer and half a tile).
+    grad_share = c_item / 4  # the logits' gradient against the float32 logits
+    loss_bytes = head_grad + inv.logits_bytes * (1 + grad_share)
     if tiled:
-        loss_bytes = 2 * head_grad + inv.logits_bytes + (cfg.vocab_size * cfg.d_model * c_item if fsdp > 1 else 0)
+        narrow = fsdp > 1 and c_item < 4
+        loss_bytes = ((1 if narrow else 2) * head_grad + inv.logits_bytes * grad_share
+                      + (cfg.vocab_size * cfg.d_model * c_item if fsdp > 1 else 0))
     if not cfg.vocab_size:  # a model without a head (tierax.api): logits_bytes are the caller's, live throughout
         workspace += inv.logits_bytes
         loss_bytes = inv.logits_bytes

@@ -31,39 +31,51 @@ def check_tiles(tiles: int, seq: int) -> None:
         )
 
 
-@jax.custom_vjp
-def _nll(logits_BsV, targets_Bs):
-    """−log softmax(logits)[target] per position (float32 logits)."""
-    return _nll_fwd(logits_BsV, targets_Bs)[0]
-
-
 def _nll_fwd(logits_BsV, targets_Bs):
     lse_Bs = jax.nn.logsumexp(logits_BsV, axis=-1)
     target_Bs = jnp.take_along_axis(logits_BsV, targets_Bs[..., None], axis=-1)[..., 0]
-    return lse_Bs - target_Bs, (logits_BsV, lse_Bs, targets_Bs)
+    return lse_Bs - target_Bs, lse_Bs
 
 
-def _nll_bwd(res, g_Bs):
-    # (softmax − one-hot) · g in one elementwise pass over the logits, materialised once: without the
-    # barrier XLA:CPU fused the pass into both of its readers (the head's input gradient and the transposed
-    # copy for its weight gradient) and kept the softmax as a third [tokens, vocab] buffer (+129 MB temp at
-    # d_model 512, vocab 32000).  Differentiated by JAX, the target pick (take_along_axis) scatters into a
-    # zeroed [B, s, V] array that is added: two more passes.  (A scatter of −g at the targets into softmax·g
-    # cost XLA:TPU another logits-sized buffer: 164.6 vs 128.2 MB in tests/test_tpu.py's v5p plan.)
-    logits_BsV, lse_Bs, targets_Bs = res
-    hit_BsV = jax.lax.broadcasted_iota(targets_Bs.dtype, logits_BsV.shape, logits_BsV.ndim - 1) == targets_Bs[..., None]
-    d_BsV = (jnp.exp(logits_BsV - lse_Bs[..., None]) - hit_BsV) * g_Bs[..., None]
-    return jax.lax.optimization_barrier(d_BsV), None
+def _chunk_nll(mesh):
+    """``nll(h_BsD, weight_DV, targets_Bs)``: −log softmax(h @ W)[target] per position, float32 logits."""
 
+    @jax.custom_vjp
+    def nll(h_BsD, weight_DV, targets_Bs):
+        return fwd(h_BsD, weight_DV, targets_Bs)[0]
 
-_nll.defvjp(_nll_fwd, _nll_bwd)
+    def fwd(h_BsD, weight_DV, targets_Bs):
+        logits_BsV = jnp.einsum("bsd,dv->bsv", h_BsD, weight_DV, preferred_element_type=jnp.float32)
+        logits_BsV = constrain(logits_BsV, mesh, BATCH_AXES, None, None)
+        out_Bs, lse_Bs = _nll_fwd(logits_BsV, targets_Bs)
+        return out_Bs, (h_BsD, weight_DV, logits_BsV, lse_Bs, targets_Bs)
+
+    def bwd(res, g_Bs):
+        # (softmax − one-hot) · g in one elementwise pass over the logits, in the compute dtype, materialised
+        # once: without the barrier XLA:CPU fused the pass into both of its readers (the head's input gradient
+        # and the transposed copy for its weight gradient) and kept the softmax as a third [tokens, vocab]
+        # buffer (+129 MB temp at d_model 512, vocab 32000).  Differentiated by JAX, the target pick
+        # (take_along_axis) scatters into a zeroed [B, s, V] array that is added: two more passes.  (A scatter
+        # of −g at the targets into softmax·g cost XLA:TPU another logits-sized buffer: 164.6 vs 128.2 MB in
+        # tests/test_tpu.py's v5p plan.)  The head's two backward matmuls then run in the compute dtype, like
+        # every other matmul of the step: JAX's own transpose of the float32-output einsum multiplies the
+        # float32 gradient, and XLA converts the bfloat16 head and hidden states to float32 for it (float32
+        # GEMMs on a GPU).
+        h_BsD, weight_DV, logits_BsV, lse_Bs, targets_Bs = res
+        hit_BsV = jax.lax.broadcasted_iota(targets_Bs.dtype, logits_BsV.shape, logits_BsV.ndim - 1) == targets_Bs[..., None]
+        d_BsV = ((jnp.exp(logits_BsV - lse_Bs[..., None]) - hit_BsV) * g_Bs[..., None]).astype(h_BsD.dtype)
+        d_BsV = jax.lax.optimization_barrier(constrain(d_BsV, mesh, BATCH_AXES, None, None))
+        dh_BsD = jnp.einsum("bsv,dv->bsd", d_BsV, weight_DV, preferred_element_type=jnp.float32)
+        dw_DV = jnp.einsum("bsd,bsv->dv", h_BsD, d_BsV, preferred_element_type=jnp.float32)
+        return dh_BsD.astype(h_BsD.dtype), dw_DV.astype(weight_DV.dtype), None
+
+    nll.defvjp(fwd, bwd)
+    return nll
 
 
 def _chunk_nll_sum(h_BsD, weight_DV, targets_Bs, mesh):
     """Sum over the chunk of −log p(target): logits in float32, never leaving this function."""
-    logits_BsV = jnp.einsum("bsd,dv->bsv", h_BsD, weight_DV, preferred_element_type=jnp.float32)
-    logits_BsV = constrain(logits_BsV, mesh, BATCH_AXES, None, None)
-    return jnp.sum(_nll(logits_BsV, targets_Bs))
+    return jnp.sum(_chunk_nll(mesh)(h_BsD, weight_DV, targets_Bs))
 
 
 def cross_entropy(hidden_BSD, weight_DV, targets_BS, *, tiles: int = 1, mesh=None):
