@@ -197,6 +197,9 @@ def test_loss_gradient_is_in_the_compute_dtype():
     # float32: 2 head gradients + the tile + the gathered head (4 B); bfloat16: 1 + half the tile + the head (2 B)
     assert f32 == 2 * 65_536 + 100_000_000 + 256 * 64 * 4
     assert bf16 == 65_536 + 50_000_000 + 256 * 64 * 2
+    # XLA:TPU's peak did not fall with a bfloat16 gradient: on a TPU target it is counted as float32
+    tpu = cm.simulate(PLAN, inv, cfg, dataclasses.replace(RATES, target="v5p"), "lhs")
+    assert tpu.breakdown["logits_bytes"] == 65_536 + 200_000_000
 
 
 def test_tiled_loss_keeps_one_logits_tile_and_two_head_gradients_and_recomputes_the_head():

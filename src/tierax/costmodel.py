@@ -21,8 +21,7 @@ staging, the transposed copies and one layer's workspace) and the loss (paramete
 layer gradients, kept activations and staging, the transposed copies, the head's float32 gradient, plus the
 float32 logits and their gradient in the compute dtype, or, when the loss is tiled, one tile's gradient and,
 under FSDP, the head gathered in the compute dtype).  GPU targets add the fixed buffers
-XLA:GPU always allocates (the cuBLAS workspace).  Each term is a buffer seen in the live-range dumps of
-deviceless XLA:GPU compiles at their peaks.
+XLA:GPU always allocates (the cuBLAS workspace).  Each term is a buffer seen at deviceless XLA:GPU peaks.
 
 Time: executed matmul FLOPs (forward, 2× for backward, plus recomputation) at the target's achievable
 matmul rate, plus the non-matmul work's HBM bytes (:mod:`tierax.hbm`: every layer's forward, backward and
@@ -264,15 +263,13 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
     c_item = jnp.dtype(cfg.dtype).itemsize
     tokens = inv.microbatch * inv.seq
     head_flops = 2.0 * tokens * cfg.d_model * cfg.vocab_size
-    # A tiled loss checkpoints each tile: the backward recomputes the tile's logits (one more head forward).
-    tiled = getattr(cfg, "loss_tiles", 1) > 1
+    tiled = getattr(cfg, "loss_tiles", 1) > 1  # the backward recomputes each tile's logits (a head forward)
     loss_recompute = head_flops if tiled else 0.0
     executed = 3.0 * (sum(g.forward_flops_per_layer * g.num_layers for g in inv.groups) + head_flops) + loss_recompute
     hbm_s = hbm.step_fixed_bytes(inv) / rates.hbm_bytes_per_s  # non-matmul work, not overlapped with matmuls
     compute_s = executed / rates.matmul_flops_per_s + hbm_s
-    # Weights are FSDP-sharded over fsdp × expert (expert weights: E over expert, the rest over fsdp)
-    # and split over tensor where tensor-parallel; the inventory's layer parameters are already per
-    # tensor shard (the layer is traced with heads and hidden sizes ÷ tensor).
+    # Weights: FSDP-sharded over fsdp × expert (experts: E over expert, the rest over fsdp), split over tensor
+    # where tensor-parallel (the inventory traces a layer per tensor shard already).
     fsdp = inv.mesh.get("fsdp", 1) * inv.mesh.get("expert", 1)
     # One layer in flight: its residuals while it is recomputed and back-propagated, a MoE layer's backward
     # buffers of the dispatch's size (tierax.models.moe), and, under FSDP, its weights gathered in the compute
@@ -280,6 +277,7 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
     ep = inv.mesh.get("expert", 1)
     p_item = jnp.dtype(cfg.param_dtype).itemsize
     head_grad = cfg.vocab_size * cfg.d_model * p_item  # the LM head's gradient, unsharded [D, V]
+    grad_share = 1.0 if rates.target in hardware.TPU_TARGETS else c_item / 4  # logits' gradient ÷ logits
     workspace = max(
         g.save_all_bytes_per_layer
         + (c_item * (g.layer_param_count - g.expert_param_count_per_layer) if fsdp > 1 else 0)
@@ -294,10 +292,9 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
         # The head's backward runs before the layers': until the reduce-scatter after the loop, XLA keeps
         # either its float32 weight gradient ([D, V], unsharded) or the logits' gradient (compute dtype) it is
         # computed from ([tokens, V]), whichever it schedules (405B fsdp=128: the first; fsdp=1024: the
-        # second); the model counts the smaller.  A tiled loss reduce-scatters each tile's head gradient
-        # inside its scan, so nothing [D, V] outlives it (llama3-8b, DeepSeek-V3).  The embedding's gradient
-        # is produced after the loop; the gathered embedding and head are free during it.
-        workspace += min(head_grad, inv.logits_bytes * c_item // 4)
+        # second); the model counts the smaller.  A tiled loss reduce-scatters each tile's head gradient in
+        # its scan (llama3-8b, DeepSeek-V3).  The gathered embedding and head are free during the loop.
+        workspace += min(head_grad, int(inv.logits_bytes * grad_share))
     coll = 0.0
     links = network.axis_links(inv.mesh, rates)
     # FSDP: AG fwd, AG bwd, RS grads, each weight class over its own group at that group's link (scale-out
@@ -317,18 +314,15 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
     # and as much again in the backward (a rematerialised layer's repeat is in GroupTerms.base_recompute_s).
     coll += sum(2 * forward_collective_s(g, links) * g.num_layers for g in inv.groups)
     exposed_coll = coll if schedule == "serial" else max(0.0, coll - compute_s)
-    # At the loss, the buffers of the deviceless compiles' loss peaks.  Untiled: the head's float32 gradient
-    # ([D, V]), the float32 logits and their gradient in the compute dtype (tierax.train.loss: the head's
-    # backward matmuls take it in the compute dtype) (llama3-8b fsdp=8 and fsdp=4,tensor=2: XLA's peaks fell
-    # by the gradient's other half, 2.1 GB, when it stopped being float32).  Tiled: one tile's gradient, two
-    # float32 [D, V] buffers (the head-gradient accumulator in and out), and under FSDP the head gathered in
-    # the compute dtype; under FSDP with a narrower compute dtype one [D, V] buffer fewer: the other was the
-    # gathered head converted to float32 for a float32 gradient (llama3-8b, 4 tiles, fsdp=8: XLA 10.22 ->
-    # 7.76 GiB, that buffer and half a tile).
-    grad_share = c_item / 4  # the logits' gradient against the float32 logits
+    # At the loss (deviceless XLA:GPU peaks): untiled, the head's float32 gradient [D, V], the float32 logits
+    # and their gradient in the compute dtype (llama3-8b fsdp=8, fsdp=4,tensor=2); tiled, one tile's gradient,
+    # two float32 [D, V] (the head-gradient accumulator in and out; one under FSDP in a narrower dtype: the
+    # other was the head in float32 for a float32 gradient, llama3-8b 4 tiles fsdp=8: XLA 10.22 -> 7.76 GiB)
+    # and under FSDP the gathered head.  XLA:TPU's peak did not fall with a bfloat16 gradient
+    # (tests/test_tpu.py's v5p plan: 144.67 MB both ways), so TPU targets count it as float32.
     loss_bytes = head_grad + inv.logits_bytes * (1 + grad_share)
     if tiled:
-        narrow = fsdp > 1 and c_item < 4
+        narrow = fsdp > 1 and grad_share < 1
         loss_bytes = ((1 if narrow else 2) * head_grad + inv.logits_bytes * grad_share
                       + (cfg.vocab_size * cfg.d_model * c_item if fsdp > 1 else 0))
     if not cfg.vocab_size:  # a model without a head (tierax.api): logits_bytes are the caller's, live throughout
