@@ -142,22 +142,19 @@ def test_model_reports_dropped_tokens_per_moe_layer():
 
 # --- tiled cross-entropy ---------------------------------------------------------------------------
 
+def _eqns(jaxpr):
+    """Every equation of a jaxpr, sub-jaxprs included."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in jaxprs_in_params(eqn.params):
+            yield from _eqns(sub)
+
+
 def _max_float_elements(closed):
     """Elements of the largest float array any equation of a jaxpr (sub-jaxprs included) produces."""
-    best = 0
-
-    def walk(jaxpr):
-        nonlocal best
-        for eqn in jaxpr.eqns:
-            for v in eqn.outvars:
-                aval = v.aval
-                if hasattr(aval, "shape") and jnp.issubdtype(aval.dtype, jnp.floating):
-                    best = max(best, int(np.prod(aval.shape)))
-            for sub in jaxprs_in_params(eqn.params):
-                walk(sub)
-
-    walk(closed.jaxpr)
-    return best
+    sizes = [int(np.prod(v.aval.shape)) for eqn in _eqns(closed.jaxpr) for v in eqn.outvars
+             if hasattr(v.aval, "shape") and jnp.issubdtype(v.aval.dtype, jnp.floating)]
+    return max(sizes, default=0)
 
 
 def test_tiled_loss_equals_untiled_and_never_holds_full_logits():
@@ -230,16 +227,8 @@ def test_bfloat16_loss_backward_multiplies_in_bfloat16():
             g, r = np.asarray(g, np.float32), np.asarray(r, np.float32)
             assert np.abs(g - r).max() <= 2e-2 * np.abs(r).max()
 
-        dots = []
-
-        def walk(jaxpr):
-            for eqn in jaxpr.eqns:
-                if eqn.primitive.name == "dot_general":
-                    dots.append(tuple(str(v.aval.dtype) for v in eqn.invars))
-                for sub in jaxprs_in_params(eqn.params):
-                    walk(sub)
-
-        walk(jax.make_jaxpr(fn)(h, w).jaxpr)
+        dots = [tuple(str(v.aval.dtype) for v in eqn.invars) for eqn in _eqns(jax.make_jaxpr(fn)(h, w).jaxpr)
+                if eqn.primitive.name == "dot_general"]
         assert len(dots) >= 3 and all(d == ("bfloat16", "bfloat16") for d in dots), dots
 
 
