@@ -31,7 +31,7 @@ MUTATIONS = [
     {
         "name": "to_policies-keeps-offloaded-on-device",
         "what": "plan.to_policies saves offloaded names in device memory instead of offloading them",
-        "file": "src/tierax/plan.py",
+        "file": "src/tierax/plan/policies.py",
         "old": "names_which_can_be_saved=[n for n, p in placements.items() if p is Placement.DEVICE],\n"
                "            names_which_can_be_offloaded=[n for n, p in placements.items() if p is Placement.OFFLOAD],",
         "new": "names_which_can_be_saved=[n for n, p in placements.items() if p in (Placement.DEVICE, Placement.OFFLOAD)],\n"
@@ -49,7 +49,7 @@ MUTATIONS = [
     {
         "name": "host-transfers-cost-nothing",
         "what": "costmodel.item_terms: d2h and h2d seconds are 0",
-        "file": "src/tierax/costmodel.py",
+        "file": "src/tierax/costmodel/terms.py",
         "old": "a.total_bytes / rates.d2h_bytes_per_s, a.total_bytes / rates.h2d_bytes_per_s)",
         "new": "0.0, 0.0)",
         "tests": ["tests/test_costmodel_hand.py", "tests/test_planner_bruteforce.py", "tests/test_planner.py"],

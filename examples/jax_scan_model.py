@@ -77,9 +77,10 @@ def compile_for_gpu(policy, target: str, **sizes) -> dict:
 
     from tierax import compile as tc
     from tierax import hardware
+    from tierax.target_config import render_target_config
 
     tc.check_gpu_aot()
-    topo = tc.gpu_topology(hardware.render_target_config(hardware.get_target(target)), 1, target)
+    topo = tc.gpu_topology(render_target_config(hardware.get_target(target)), 1, target)
     on_gpu = SingleDeviceSharding(topo.devices[0])
     args = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=on_gpu),
                         jax.eval_shape(lambda: init(**sizes)))

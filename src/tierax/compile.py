@@ -38,6 +38,7 @@ from tierax.jaxpr_tools import GROUP_SCOPE_PREFIX
 from tierax.models import abstract_model
 from tierax.models.prefetch import OFFLOAD_SCOPE_PREFIX
 from tierax.mesh import MeshShape
+from tierax.target_config import render_target_config, scheduling_target_config
 from tierax.train import sharding as sh
 from tierax.train import step as step_lib
 
@@ -336,8 +337,8 @@ def compile_for_target(
         topo = tpu_topology(spec, devices)
     else:
         check_gpu_aot()
-        # The scheduler's memory budget as on the real device (see hardware.scheduling_target_config).
-        text = hardware.scheduling_target_config(target_config or hardware.render_target_config(spec))
+        # The scheduler's memory budget as on the real device (see target_config.scheduling_target_config).
+        text = scheduling_target_config(target_config or render_target_config(spec))
         topo = gpu_topology(text, devices, target)
     mesh = shape.make(topo.devices)
     optimizer = step_lib.make_optimizer()

@@ -14,63 +14,12 @@ from dataclasses import dataclass
 
 from tierax import costmodel as cm
 from tierax import plan as plan_lib
+from tierax.costmodel.rates import RATE_KEYS, _number, override_rates
 from tierax.errors import TieraxError
 
 GIB = 2**30
 
-# key → (Rates fields, unit factor, unit).  Bandwidths per direction.
-RATE_KEYS: dict[str, tuple[tuple[str, ...], float, str]] = {
-    "host_link": (("d2h_bytes_per_s", "h2d_bytes_per_s"), 1e9, "GB/s per direction, both ways"),
-    "d2h": (("d2h_bytes_per_s",), 1e9, "GB/s device→host"),
-    "h2d": (("h2d_bytes_per_s",), 1e9, "GB/s host→device"),
-    "hbm_size": (("device_memory_bytes",), 1e9, "GB of device memory"),
-    "hbm_bw": (("hbm_bytes_per_s",), 1e12, "TB/s of device memory bandwidth"),
-    "matmul": (("matmul_flops_per_s",), 1e12, "TFLOP/s achievable matmul rate"),
-    "interconnect": (("interconnect_bytes_per_s",), 1e9, "GB/s per direction between devices of one NVLink domain"),
-    "scale_out": (("scale_out_bytes_per_s",), 1e9, "GB/s per direction per device between NVLink domains"),
-    "nvlink_domain": (("nvlink_domain_gpus",), 1, "devices per NVLink/ICI domain, a whole number"),
-    "gpus_per_domain": (("gpus_per_domain",), 1, "this job's devices per domain, a whole number (default: spread evenly)"),
-    "host_memory": (("host_memory_bytes",), 1e9, "GB of host memory per device"),
-}
-INTEGER_KEYS = ("nvlink_domain", "gpus_per_domain")
 SWEEP_KEYS = ("budget", "microbatch", *RATE_KEYS)
-
-
-def _number(text: str, what: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = math.nan
-    if not math.isfinite(v) or v <= 0:
-        raise TieraxError(f"{what}: expected a finite number > 0, got {text!r}")
-    return v
-
-
-def _valid_rates() -> str:
-    return ", ".join(f"{k} ({unit})" for k, (_, _, unit) in RATE_KEYS.items())
-
-
-def override_rates(rates: cm.Rates, overrides: Sequence[str]) -> cm.Rates:
-    """``rates`` with ``KEY=VALUE`` overrides applied in order; each override is named in ``sources``.
-
-    Raises:
-      TieraxError: no ``=``, an unknown key (the valid ones and their units are listed), a bad value.
-    """
-    for text in overrides:
-        key, sep, value = text.partition("=")
-        key = key.strip()
-        if not sep:
-            raise TieraxError(f"--rate {text!r}: expected KEY=VALUE, e.g. --rate host_link=900; keys: {_valid_rates()}")
-        if key not in RATE_KEYS:
-            raise TieraxError(f"--rate {text!r}: unknown key {key!r}; valid keys: {_valid_rates()}")
-        fields, factor, unit = RATE_KEYS[key]
-        v = _number(value, f"--rate {text!r}") * factor
-        if key in INTEGER_KEYS and v != int(v):
-            raise TieraxError(f"--rate {text!r}: {key} counts devices; give a whole number ≥ 1, e.g. {key}=64")
-        changes = {f: (int(v) if f.endswith("memory_bytes") or key in INTEGER_KEYS else v) for f in fields}
-        sources = dict(rates.sources) | {f: f"--rate {key}={value.strip()} ({unit})" for f in fields}
-        rates = dataclasses.replace(rates, **changes, sources=sources)
-    return rates
 
 
 def parse_sweep(text: str) -> tuple[str, list[float]]:

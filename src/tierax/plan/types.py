@@ -1,42 +1,19 @@
-"""Plans: where each activation lives between the forward and the backward pass.
-
-A :class:`Plan` maps, for each layer group, each activation name to a
-:class:`Placement` — kept in device memory, offloaded to pinned host memory, or
-recomputed.  It is a frozen value with a YAML form::
-
-    plan: qkv-offload
-    description: q/k/v projections offloaded, the rest recomputed
-    groups:
-      decoder:
-        default: remat          # names not listed below
-        decoder_layer_input: device
-        query_proj: offload
-        key_proj: offload
-        value_proj: offload
-
-:func:`to_policies` is the only place a Plan becomes what a layer group runs: nothing (every
-activation on device: no remat), tierax's prefetching scan, or a ``jax.checkpoint`` policy
-(``save_and_offload_only_these_names``; unnamed intermediates are recomputed).
-"""
+"""The Plan value: placements, segments and mechanisms, their name checks, the YAML/dict round trip, and
+resolving a plan against a model."""
 
 from __future__ import annotations
 
 import enum
-import pathlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-import jax
 import yaml
 
 from tierax import names as N
 from tierax.errors import TieraxError
 from tierax.interop import maxtext_keys
-from tierax.models.decoder import Segments
-from tierax.models.prefetch import Part, Prefetch
-
 
 class Placement(str, enum.Enum):
     DEVICE = "device"
@@ -236,82 +213,6 @@ def _check_partition(gp: GroupPlan, num_layers: int, where: str) -> None:
                               f"0-{num_layers - 1} exactly once")
 
 
-# --- presets ----------------------------------------------------------------
-
-_QKV = (N.QUERY_PROJ, N.KEY_PROJ, N.VALUE_PROJ)
-
-
-def _rule_save_all(acts: tuple[str, ...]) -> dict[str, Placement]:
-    return {n: Placement.DEVICE for n in acts}
-
-
-def _rule_remat_full(acts: tuple[str, ...]) -> dict[str, Placement]:
-    return {n: Placement.DEVICE if n == N.DECODER_LAYER_INPUT else Placement.REMAT for n in acts}
-
-
-def _rule_minimal(acts: tuple[str, ...]) -> dict[str, Placement]:
-    keep = N.PROJECTION_NAMES | {N.DECODER_LAYER_INPUT}
-    return {n: Placement.DEVICE if n in keep else Placement.REMAT for n in acts}
-
-
-def _rule_qkv_offload(acts: tuple[str, ...]) -> dict[str, Placement]:
-    out = _rule_remat_full(acts)
-    out.update({n: Placement.OFFLOAD for n in _QKV if n in acts})
-    return out
-
-
-def _rule_deepseek_offload(acts: tuple[str, ...]) -> dict[str, Placement]:
-    out = _rule_qkv_offload(acts)
-    is_moe = N.MOE_MLPWI_0 in acts
-    up = (N.MOE_MLPWI_0, N.MOE_MLPWI_1) if is_moe else (N.MLPWI_0, N.MLPWI_1)
-    out.update({n: Placement.OFFLOAD for n in up if n in acts})
-    return out
-
-
-PRESETS: dict[str, tuple[str, Callable[[tuple[str, ...]], dict[str, Placement]]]] = {
-    "save-all": ("every activation kept on device; no rematerialisation", _rule_save_all),
-    "remat-full": ("only the layer input kept; everything else recomputed", _rule_remat_full),
-    "minimal": ("weight-projection outputs kept on device; the rest recomputed", _rule_minimal),
-    "qkv-offload": ("q/k/v projections offloaded to host; the rest recomputed", _rule_qkv_offload),
-    "deepseek-offload": (
-        "q/k/v and MLP up-projections (routed experts in MoE groups, the dense MLP elsewhere) "
-        "offloaded; the rest recomputed",
-        _rule_deepseek_offload,
-    ),
-}
-
-
-def preset(name: str, cfg) -> Plan:
-    """The preset ``name`` spelled out for every layer group of ``cfg``."""
-    if name not in PRESETS:
-        raise TieraxError(f"unknown plan preset {name!r}; presets: {', '.join(PRESETS)}")
-    desc, rule = PRESETS[name]
-    groups = {g.name: GroupPlan(rule(g.activations), Placement.REMAT) for g in cfg.layer_groups()}
-    return Plan(name, groups, desc)
-
-
-def load_plan(spec: str | Plan, cfg) -> Plan:
-    """A preset name or a path to a plan YAML file, validated against ``cfg``."""
-    if isinstance(spec, Plan):
-        plan = spec
-    elif spec in PRESETS:
-        plan = preset(spec, cfg)
-    else:
-        path = pathlib.Path(spec)
-        if not path.is_file():
-            raise TieraxError(
-                f"plan {spec!r} is neither a preset ({', '.join(PRESETS)}) nor an existing YAML file"
-            )
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            raise TieraxError(f"plan file {spec!r} is not UTF-8 text ({e.reason} at byte {e.start}); give a plan "
-                              "YAML file such as `tierax plans --show minimal --yaml` prints") from None
-        plan = _from_file_text(text, str(path), cfg)
-    resolve(plan, cfg)
-    return plan
-
-
 def _from_file_text(text: str, source: str, cfg) -> Plan:
     """A tierax plan file, or MaxText overrides (``remat_policy: custom``, as ``--emit maxtext`` writes)."""
     try:
@@ -363,58 +264,3 @@ def segments_of(plan: Plan, cfg) -> dict[str, list[tuple[int, int, str]]]:
     resolve(plan, cfg)
     return {g: [(s.start, s.stop, segment_name(g, s.start, s.stop)) for s in gp.segments]
             for g, gp in plan.groups.items() if gp.segments}
-
-
-def _group_policy(placements: dict[str, Placement], mechanism: str) -> Callable | Prefetch | None:
-    if all(p is Placement.DEVICE for p in placements.values()):
-        return None
-    offload = frozenset(n for n, p in placements.items() if p is Placement.OFFLOAD)
-    if mechanism == "prefetch" and offload and N.DECODER_LAYER_INPUT not in offload:
-        # The layer input is the scan's own residual (always kept on device by the scan).
-        keep = frozenset(n for n, p in placements.items() if p is Placement.DEVICE) - {N.DECODER_LAYER_INPUT}
-        return Prefetch(keep, offload)
-    # A layer input on device is the checkpointed body's input, saved as such; naming it too adds a no-op
-    return jax.checkpoint_policies.save_and_offload_only_these_names(
-        names_which_can_be_saved=[n for n, p in placements.items()  # reduce_precision copy (jax PR 22244)
-                                  if p is Placement.DEVICE and n != N.DECODER_LAYER_INPUT],
-        names_which_can_be_offloaded=[n for n, p in placements.items() if p is Placement.OFFLOAD],
-        offload_src="device",
-        offload_dst="pinned_host",
-    )
-
-
-def _part(start: int, stop: int, placements: dict[str, Placement], plan: Plan, where: str) -> Part:
-    """A segment as tierax's segmented scan runs it (it keeps, offloads and recomputes by name itself)."""
-    if plan.mechanism != "prefetch":
-        raise TieraxError(f"plan {plan.name!r} has segments, which run in tierax's segmented scan (mechanism "
-                          f"prefetch); mechanism {plan.mechanism!r} applies to unsegmented plans only")
-    if placements.get(N.DECODER_LAYER_INPUT) is Placement.OFFLOAD:
-        raise TieraxError(f"plan {plan.name!r}, {where}: a segment keeps decoder_layer_input on device (the scan's "
-                          "own residual); offload it only in an unsegmented plan with mechanism: policy")
-    keep = frozenset(n for n, p in placements.items() if p is Placement.DEVICE) - {N.DECODER_LAYER_INPUT}
-    offload = frozenset(n for n, p in placements.items() if p is Placement.OFFLOAD)
-    if offload and stop - start == 1:  # XLA drops a host round trip that no loop separates
-        raise TieraxError(f"plan {plan.name!r}, {where}: a one-layer segment cannot offload ({', '.join(sorted(offload))}"
-                          "); XLA removes the host copy there. Make the segment at least 2 layers")
-    return Part(start, stop, keep, offload, save_all=all(p is Placement.DEVICE for p in placements.values()))
-
-
-def to_policies(plan: Plan, cfg) -> dict[str, Callable | Prefetch | Segments | None]:
-    """THE function that turns a Plan into what each layer group runs.
-
-    Returns:
-      group → None where every activation is on device (no remat); a
-      :class:`~tierax.models.prefetch.Prefetch` (tierax's prefetching layer scan) where the
-      plan's mechanism is ``prefetch`` and the group offloads something other than its layer
-      input; else a ``jax.checkpoint`` policy (``save_and_offload_only_these_names``).  A
-      segmented group gets :class:`~tierax.models.decoder.Segments`: one of those per segment.
-    """
-    resolved = resolve(plan, cfg)
-    segmented = segments_of(plan, cfg)
-    policies: dict[str, Callable | Prefetch | Segments | None] = {}
-    for g in cfg.layer_groups():
-        if g.name in segmented:
-            policies[g.name] = Segments(tuple(_part(a, b, resolved[v], plan, v) for a, b, v in segmented[g.name]))
-        else:
-            policies[g.name] = _group_policy(resolved[g.name], plan.mechanism)
-    return policies

@@ -1,0 +1,98 @@
+"""The model's answer for a plan or explicit placements (:class:`Prediction`): peak bytes, host bytes, step
+time and their breakdown."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tierax import hardware
+from tierax import inventory as inv_lib
+from tierax import network
+from tierax import plan as plan_lib
+from tierax.costmodel.fixed import fixed_terms
+from tierax.costmodel.rates import Rates
+from tierax.costmodel.terms import SCHEDULES, group_terms, item_terms, staging_and_window
+from tierax.errors import TieraxError
+from tierax.inventory import Inventory
+
+@dataclass(frozen=True)
+class Prediction:
+    fits: bool
+    peak_device_bytes: int
+    device_capacity_bytes: int
+    host_bytes: int
+    step_time_s: float
+    tflops_per_device: float
+    breakdown: dict
+
+    def to_json(self) -> dict:
+        return {
+            "fits": self.fits, "peak_device_bytes": self.peak_device_bytes,
+            "device_capacity_bytes": self.device_capacity_bytes, "host_bytes": self.host_bytes,
+            "step_time_s": self.step_time_s, "tflops_per_device": self.tflops_per_device, "breakdown": self.breakdown,
+        }
+
+
+def evaluate(placements: dict, inv: Inventory, cfg, rates: Rates, schedule: str,
+             mechanism: str = plan_lib.DEFAULT_MECHANISM) -> Prediction:
+    """The model for explicit placements ``{(group, name): Placement}`` (carry names may be omitted)."""
+    if schedule not in SCHEDULES:
+        raise TieraxError(f"unknown schedule {schedule!r}; choose one of: {', '.join(SCHEDULES)}")
+    P = plan_lib.Placement
+    items = item_terms(inv, rates, mechanism)
+    groups = group_terms(inv, rates, schedule, mechanism)
+    staged_layers = staging_and_window(schedule, mechanism)[0]
+    fx = fixed_terms(inv, cfg, rates, schedule)
+    links = network.axis_links(inv.mesh, rates)
+    if not rates.offload_is_real:  # XLA:CPU keeps "offloaded" values on device
+        placements = {k: (P.DEVICE if v is P.OFFLOAD else v) for k, v in placements.items()}
+    act_bytes = host = 0
+    recompute = recompute_hbm = exposed_d2h = exposed_h2d = transfer_total = staging = 0.0
+    for g in groups:
+        mine = [i for i in items if i.group == g.name]
+        no_remat = all(placements[(g.name, i.name)] is P.DEVICE for i in mine)
+        act_bytes += g.base_bytes + sum(i.bytes for i in mine if placements[(g.name, i.name)] is P.DEVICE)
+        if no_remat:
+            act_bytes += g.save_all_extra_bytes
+        else:
+            remat = [i for i in mine if placements[(g.name, i.name)] is P.REMAT]
+            recompute += g.base_recompute_s + sum(i.recompute_s for i in remat)
+            recompute_hbm += g.base_recompute_hbm_s + sum(i.recompute_hbm_s for i in remat)
+        off = [i for i in mine if placements[(g.name, i.name)] is P.OFFLOAD]
+        host += sum(i.bytes for i in off)
+        d2h, h2d = sum(i.d2h_s for i in off), sum(i.h2d_s for i in off)
+        transfer_total += d2h + h2d
+        exposed_d2h += max(0.0, d2h - g.d2h_window_s)
+        exposed_h2d += max(0.0, h2d - g.h2d_window_s)
+        staging = max(staging, staged_layers * sum(i.bytes_per_layer for i in off))
+    peak = int(act_bytes + staging + fx.fixed_bytes)
+    step = fx.compute_s + recompute + exposed_d2h + exposed_h2d + fx.exposed_collective_s
+    breakdown = {
+        "state_bytes": fx.state_bytes, "activation_bytes": int(act_bytes), "staging_bytes": int(staging),
+        "workspace_bytes": fx.workspace_bytes, "logits_bytes": fx.logits_bytes,
+        "fixed_device_bytes": fx.fixed_device_bytes, "stack_copy_bytes": fx.stack_copy_bytes,
+        "peak_phase": "loss" if fx.loss_phase_bytes > fx.layer_phase_bytes else "layer backward",
+        "compute_s": fx.compute_s, "hbm_s": fx.hbm_s, "recompute_s": recompute, "transfer_s": transfer_total,
+        "exposed_d2h_s": exposed_d2h, "exposed_h2d_s": exposed_h2d,
+        "collective_s": fx.collective_s, "exposed_collective_s": fx.exposed_collective_s,
+        "executed_flops": fx.executed_flops + (recompute - recompute_hbm) * rates.matmul_flops_per_s,
+        "recompute_hbm_s": recompute_hbm,
+        "model_flops": fx.model_flops, "schedule": schedule, "mechanism": mechanism,
+        "rates": rates.sources | network.describe(links, rates),
+        "network": {k: v.to_json() for k, v in links.items() if v.link != "none"},
+    }
+    return Prediction(
+        fits=peak <= hardware.usable_bytes(rates.device_memory_bytes) and host <= rates.host_memory_bytes,
+        peak_device_bytes=peak, device_capacity_bytes=rates.device_memory_bytes, host_bytes=int(host),
+        step_time_s=step, tflops_per_device=fx.model_flops / step / 1e12, breakdown=breakdown,
+    )
+
+
+def plan_placements(plan: plan_lib.Plan, cfg) -> dict:
+    return {(g, n): p for g, names in plan_lib.resolve(plan, cfg).items() for n, p in names.items()}
+
+
+def simulate(plan: plan_lib.Plan, inv: Inventory, cfg, rates: Rates, schedule: str) -> Prediction:
+    """Predicted peak device bytes, host bytes and step time of ``plan``."""
+    inv = inv_lib.for_plan(inv, plan, cfg)  # a segmented group: one scan, and one row, per segment
+    return evaluate(plan_placements(plan, cfg), inv, cfg, rates, schedule, plan.mechanism)

@@ -1,0 +1,138 @@
+"""The model's constants for one target (:class:`Rates`): the hardware table, a measured calibration, and
+``--rate`` overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import pathlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tierax import hardware
+from tierax.errors import TieraxError
+
+# H200: ≈790 TFLOP/s measured bf16 matmul of 989 peak (DESIGN.md) → 0.8, used for every GPU
+# target until `tierax calibrate` measures the device at hand.
+ACHIEVABLE_FRACTION = 0.8
+# XLA:GPU's cuBLAS workspace, an s8[4194304] buffer in every deviceless GPU compile's peak set (seen with
+# jaxlib 0.10.2 from tiny-llama to DeepSeek-V3; the live-range dump lists it at the peak).
+XLA_GPU_FIXED_BYTES = 4 * 2**20
+CALIBRATION_FILE = pathlib.Path(os.environ.get("TIERAX_CALIBRATION", pathlib.Path.home() / ".cache" / "tierax" / "calibration.json"))
+
+
+@dataclass(frozen=True)
+class Rates:
+    """The constants of the model for one target, each with where it came from."""
+
+    target: str
+    matmul_flops_per_s: float
+    hbm_bytes_per_s: float
+    d2h_bytes_per_s: float
+    h2d_bytes_per_s: float
+    interconnect_bytes_per_s: float
+    device_memory_bytes: int
+    host_memory_bytes: int
+    offload_is_real: bool
+    sources: dict = field(default_factory=dict)
+    fixed_device_bytes: int = 0  # buffers the compiler allocates whatever the model (XLA:GPU's cuBLAS workspace)
+    # Collectives whose group leaves an NVLink (ICI) domain run at the scale-out rate (tierax.network);
+    # nvlink_domain_gpus 0: one domain holds every device; gpus_per_domain 0: spread evenly (network.py).
+    nvlink_domain_gpus: int = 0
+    scale_out_bytes_per_s: float = 0.0
+    gpus_per_domain: int = 0
+
+
+def load_calibration() -> dict:
+    if CALIBRATION_FILE.exists():
+        try:
+            return json.loads(CALIBRATION_FILE.read_text())
+        except json.JSONDecodeError:
+            raise TieraxError(f"{CALIBRATION_FILE} is not valid JSON; delete it and run `tierax calibrate` again") from None
+    return {}
+
+
+def target_rates(target: str, dtype: str) -> Rates:
+    """Rates for a GPU target from the hardware table (or measured calibration), or ``cpu`` measured here."""
+    cal = load_calibration().get(target, {})
+    if target == "cpu":
+        if "matmul_flops_per_s" not in cal:
+            raise TieraxError("target 'cpu' needs a measured matmul rate: run `tierax calibrate` first")
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return Rates("cpu", cal["matmul_flops_per_s"], cal.get("memory_bytes_per_s", 10e9), 1.0, 1.0, 1.0,
+                     mem, mem, False, {"matmul": f"measured by tierax calibrate ({cal.get('created', '?')})",
+                                        "memory": "physical RAM", "offload": "a no-op on XLA:CPU"})
+    spec = hardware.get_target(target)
+    peak = spec.peak(dtype)
+    matmul = cal.get(f"matmul_flops_per_s_{dtype}", peak * ACHIEVABLE_FRACTION)
+    d2h = cal.get("d2h_bytes_per_s", spec.host_link_bps)
+    h2d = cal.get("h2d_bytes_per_s", spec.host_link_bps)
+    measured = f"measured by tierax calibrate ({cal.get('created', '?')})"
+    sources = {
+        "matmul": measured if f"matmul_flops_per_s_{dtype}" in cal
+        else f"{ACHIEVABLE_FRACTION:.0%} of the {peak / 1e12:.0f} TFLOP/s {dtype} datasheet peak (H200 measured 790/989)",
+        "host_link": measured if "d2h_bytes_per_s" in cal else spec.host_link_source,
+        "hbm": "XLA device spec", "interconnect": "NVLink datasheet, per direction",
+        "scale_out": spec.scale_out_source, "nvlink_domain": f"{spec.nvlink_domain_gpus} devices per NVLink/ICI domain",
+        "memory": "XLA device spec", "host_memory": "system datasheet, per GPU",
+    } | getattr(spec, "rate_sources", {})  # TPU targets name their own sources
+    fixed = XLA_GPU_FIXED_BYTES if spec.kind == "gpu" else 0
+    return Rates(target, matmul, spec.hbm_bytes_per_s, d2h, h2d, spec.nvlink_bytes_per_s,
+                 spec.device_memory_bytes, int(spec.host_memory_per_gpu_bytes), True, sources, fixed,
+                 spec.nvlink_domain_gpus, spec.scale_out_bytes_per_s)
+
+
+# key → (Rates fields, unit factor, unit).  Bandwidths per direction.
+RATE_KEYS: dict[str, tuple[tuple[str, ...], float, str]] = {
+    "host_link": (("d2h_bytes_per_s", "h2d_bytes_per_s"), 1e9, "GB/s per direction, both ways"),
+    "d2h": (("d2h_bytes_per_s",), 1e9, "GB/s device→host"),
+    "h2d": (("h2d_bytes_per_s",), 1e9, "GB/s host→device"),
+    "hbm_size": (("device_memory_bytes",), 1e9, "GB of device memory"),
+    "hbm_bw": (("hbm_bytes_per_s",), 1e12, "TB/s of device memory bandwidth"),
+    "matmul": (("matmul_flops_per_s",), 1e12, "TFLOP/s achievable matmul rate"),
+    "interconnect": (("interconnect_bytes_per_s",), 1e9, "GB/s per direction between devices of one NVLink domain"),
+    "scale_out": (("scale_out_bytes_per_s",), 1e9, "GB/s per direction per device between NVLink domains"),
+    "nvlink_domain": (("nvlink_domain_gpus",), 1, "devices per NVLink/ICI domain, a whole number"),
+    "gpus_per_domain": (("gpus_per_domain",), 1, "this job's devices per domain, a whole number (default: spread evenly)"),
+    "host_memory": (("host_memory_bytes",), 1e9, "GB of host memory per device"),
+}
+INTEGER_KEYS = ("nvlink_domain", "gpus_per_domain")
+
+
+def _number(text: str, what: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not math.isfinite(v) or v <= 0:
+        raise TieraxError(f"{what}: expected a finite number > 0, got {text!r}")
+    return v
+
+
+def _valid_rates() -> str:
+    return ", ".join(f"{k} ({unit})" for k, (_, _, unit) in RATE_KEYS.items())
+
+
+def override_rates(rates: Rates, overrides: Sequence[str]) -> Rates:
+    """``rates`` with ``KEY=VALUE`` overrides applied in order; each override is named in ``sources``.
+
+    Raises:
+      TieraxError: no ``=``, an unknown key (the valid ones and their units are listed), a bad value.
+    """
+    for text in overrides:
+        key, sep, value = text.partition("=")
+        key = key.strip()
+        if not sep:
+            raise TieraxError(f"--rate {text!r}: expected KEY=VALUE, e.g. --rate host_link=900; keys: {_valid_rates()}")
+        if key not in RATE_KEYS:
+            raise TieraxError(f"--rate {text!r}: unknown key {key!r}; valid keys: {_valid_rates()}")
+        fields, factor, unit = RATE_KEYS[key]
+        v = _number(value, f"--rate {text!r}") * factor
+        if key in INTEGER_KEYS and v != int(v):
+            raise TieraxError(f"--rate {text!r}: {key} counts devices; give a whole number ≥ 1, e.g. {key}=64")
+        changes = {f: (int(v) if f.endswith("memory_bytes") or key in INTEGER_KEYS else v) for f in fields}
+        sources = dict(rates.sources) | {f: f"--rate {key}={value.strip()} ({unit})" for f in fields}
+        rates = dataclasses.replace(rates, **changes, sources=sources)
+    return rates

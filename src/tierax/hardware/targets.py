@@ -1,0 +1,41 @@
+"""Looking a target up by key (every target, or one XLA can compile for) and the runtime reserve that
+"fits" leaves."""
+
+from __future__ import annotations
+
+from tierax.errors import TieraxError
+from tierax.hardware.gpus import TARGETS, GpuSpec
+from tierax.hardware.tpus import TPU_TARGETS, TpuSpec
+
+# "Fits" everywhere (plan, simulate, compile) means peak ≤ capacity × (1 − this): memory the runtime
+# takes beside XLA's buffers (NCCL buffers, cuBLAS/cuDNN workspaces, allocator fragmentation).  A stated
+# assumption, not a measurement: it matches the 0.95 cap tierax puts on XLA_PYTHON_CLIENT_MEM_FRACTION.
+RUNTIME_RESERVE_FRACTION = 0.05
+
+
+def usable_bytes(capacity_bytes: float) -> int:
+    """Device bytes a step may use: capacity less :data:`RUNTIME_RESERVE_FRACTION`."""
+    return int(capacity_bytes * (1 - RUNTIME_RESERVE_FRACTION))
+
+
+def get_target(key: str) -> GpuSpec | TpuSpec:
+    if key in TARGETS:
+        return TARGETS[key]
+    if key in TPU_TARGETS:
+        return TPU_TARGETS[key]
+    raise TieraxError(f"unknown target {key!r}; choose one of: {', '.join([*TARGETS, *TPU_TARGETS])}")
+
+
+def compile_target(key: str) -> GpuSpec | TpuSpec:
+    """A target XLA describes (deviceless compile needs its device spec).
+
+    Raises:
+      TieraxError: unknown, or a projection (the cost model still accepts it).
+    """
+    spec = get_target(key)
+    if not spec.xla_described:
+        described = ", ".join(k for k, t in [*TARGETS.items(), *TPU_TARGETS.items()] if t.xla_described)
+        raise TieraxError(f"target {key!r} is a projection ({spec.projection}): XLA has no device spec for it, so "
+                          f"no compile is claimed; compile for one of {described}, or use `tierax simulate/plan "
+                          f"--target {key}`")
+    return spec

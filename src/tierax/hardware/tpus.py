@@ -1,0 +1,132 @@
+"""Cloud TPU targets: :class:`TpuSpec` and the TPU table (Google Cloud TPU docs), each figure with its source."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from tierax.errors import TieraxError
+from tierax.hardware.gpus import GB
+
+@dataclass(frozen=True)
+class TpuSpec:
+    """A Cloud TPU generation: per-chip figures (one JAX device per chip for v5e, v5p and v6e).
+
+    Attribute names the cost model reads are shared with :class:`GpuSpec` (``device_memory_bytes``,
+    ``hbm_bytes_per_s``, ``peak``, ``host_link_bps``, ``host_link_source``, and the aliases
+    ``nvlink_bytes_per_s`` (= ICI per direction) and ``host_memory_per_gpu_bytes`` (= per chip)).
+    """
+
+    key: str
+    name: str
+    generation: str  # libtpu's topology prefix: "v5e" in "v5e:2x2"
+    device_memory_bytes: int
+    hbm_bytes_per_s: float
+    peak_flops: dict  # dtype -> dense FLOP/s per chip
+    host_link_theory_bps: float  # per direction
+    host_link_bps: float  # per direction, what estimates use
+    host_link_source: str
+    host_memory_per_chip_bytes: float
+    ici_bytes_per_s: float  # per direction, per chip (Google lists bidirectional; halved here)
+    slice_shapes: tuple[str, ...]  # Google Cloud's supported slice topologies, smallest first
+    # ICI joins the chips of a slice, and a slice lies in one pod: the pod is the domain; DCN beyond it (0: unknown).
+    nvlink_domain_gpus: int = 256
+    scale_out_bytes_per_s: float = 0.0
+    scale_out_source: str = "no per-chip DCN figure sourced yet; give --rate scale_out=GB/s"
+    projection: str = ""
+    kind: ClassVar[str] = "tpu"
+    rate_sources: ClassVar[dict] = {"hbm": "Google Cloud TPU docs", "memory": "Google Cloud TPU docs",
+                                    "interconnect": "ICI, Google Cloud TPU docs (bidirectional / 2)",
+                                    "host_memory": "Google Cloud TPU docs, host DRAM / chips per host"}
+
+    @property
+    def xla_described(self) -> bool:
+        return not self.projection
+
+    @property
+    def nvlink_bytes_per_s(self) -> float:  # the cost model's interconnect field
+        return self.ici_bytes_per_s
+
+    @property
+    def host_memory_per_gpu_bytes(self) -> float:  # the cost model's host-memory field
+        return self.host_memory_per_chip_bytes
+
+    def peak(self, dtype: str) -> float:
+        # XLA:TPU runs float32 matmuls at DEFAULT precision as bf16 MXU passes: the bf16 peak.
+        key = {"float32": "bf16", "bfloat16": "bf16", "float16": "bf16"}.get(dtype, dtype)
+        return self.peak_flops[key]
+
+    def chips(self, shape: str) -> int:
+        n = 1
+        for d in shape.split("x"):
+            n *= int(d)
+        return n
+
+    def topology_name(self, devices: int) -> str:
+        """libtpu's topology name for a slice of ``devices`` chips, e.g. v5e 4 → "v5e:2x2".
+
+        Raises:
+          TieraxError: no supported slice shape has that many chips (the message lists the counts).
+        """
+        for shape in self.slice_shapes:
+            if self.chips(shape) == devices:
+                return f"{self.generation}:{shape}"
+        counts = ", ".join(str(self.chips(s)) for s in self.slice_shapes)
+        raise TieraxError(f"target {self.key!r} has no TPU slice of {devices} chips; --devices must be one of: "
+                          f"{counts} (Google Cloud's {self.generation} slice shapes "
+                          f"{', '.join(self.slice_shapes)})")
+
+
+# Host link: Google Cloud does not publish a host↔TPU bandwidth per direction; the JAX scaling book
+# ("How to Scale Your Model", ch. "All about TPUs", jax-ml.github.io/scaling-book) uses ≈1.5e10 B/s for
+# PCIe between host and TPU.  That figure is used for every generation until `tierax calibrate` measures one.
+_TPU_HOST_LINK = 15 * GB
+_TPU_HOST_LINK_SOURCE = "PCIe ≈15 GB/s per direction (JAX scaling book; no per-generation Google figure)"
+_V5E_V6E_SHAPES = ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
+
+TPU_TARGETS: dict[str, TpuSpec] = {
+    "v5e": TpuSpec(
+        key="v5e", name="Cloud TPU v5e", generation="v5e",
+        # docs.cloud.google.com/tpu/docs/v5e: 16 GB HBM2 at 819 GBps, 197 TFLOPs bf16, 393 TOPs int8 per chip.
+        device_memory_bytes=16 * 10**9, hbm_bytes_per_s=819 * GB,
+        peak_flops={"bf16": 197e12, "int8": 393e12},
+        host_link_theory_bps=_TPU_HOST_LINK, host_link_bps=_TPU_HOST_LINK, host_link_source=_TPU_HOST_LINK_SOURCE,
+        # same page: 512 GiB DRAM per host, 8 chips per host → 64 GiB per chip.
+        host_memory_per_chip_bytes=512 * 2**30 / 8,
+        # same page: 400 GBps bidirectional ICI per chip → 200 GB/s per direction.
+        ici_bytes_per_s=200 * GB,
+        # same page: supported 2D slice shapes 1x1 … 16x16 (256-chip pod).
+        slice_shapes=_V5E_V6E_SHAPES,
+        # same page: TPU Pod size 256 chips; per-host NIC 2 × 100 Gbps for 8 chips → 25 Gb/s = 3.125 GB/s per chip.
+        scale_out_bytes_per_s=3.125 * GB, scale_out_source="DCN 2×100 Gb/s per 8-chip host (Cloud TPU v5e docs)",
+    ),
+    "v5p": TpuSpec(
+        key="v5p", name="Cloud TPU v5p", generation="v5p",
+        # docs.cloud.google.com/tpu/docs/v5p: 95 GiB HBM2e at 2765 GBps, 459 TFLOPs bf16 per chip.
+        device_memory_bytes=95 * 2**30, hbm_bytes_per_s=2765 * GB,
+        peak_flops={"bf16": 459e12, "fp8": 459e12},
+        host_link_theory_bps=_TPU_HOST_LINK, host_link_bps=_TPU_HOST_LINK, host_link_source=_TPU_HOST_LINK_SOURCE,
+        # same page: 448 GB RAM per 4-chip VM → 112 GB per chip.
+        host_memory_per_chip_bytes=448 * GB / 4,
+        # same page: 1200 GBps bidirectional ICI per chip → 600 GB/s per direction.
+        ici_bytes_per_s=600 * GB,
+        # same page: common single-slice shapes, 2x2x1 (4 chips) … 16x16x24 (6144 chips).
+        slice_shapes=("2x2x1", "2x2x2", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16", "8x16x16",
+                      "16x16x16", "16x16x24"),
+        nvlink_domain_gpus=8960,  # same page: 8960 chips in a v5p pod
+    ),
+    "v6e": TpuSpec(
+        key="v6e", name="Cloud TPU v6e (Trillium)", generation="v6e",
+        # docs.cloud.google.com/tpu/docs/v6e: 32 GB HBM at 1638 GBps, 918 TFLOPs bf16, 1836 TOPs int8 per chip;
+        # each chip reaches its host over PCIe Gen5.
+        device_memory_bytes=32 * 10**9, hbm_bytes_per_s=1638 * GB,
+        peak_flops={"bf16": 918e12, "int8": 1836e12},
+        host_link_theory_bps=_TPU_HOST_LINK, host_link_bps=_TPU_HOST_LINK, host_link_source=_TPU_HOST_LINK_SOURCE,
+        # same page: 1536 GiB DRAM per host, 8 chips per host → 192 GiB per chip.
+        host_memory_per_chip_bytes=1536 * 2**30 / 8,
+        # same page: 800 GBps bidirectional ICI per chip → 400 GB/s per direction.
+        ici_bytes_per_s=400 * GB,
+        # same page: 2D slice shapes as v5e, 1x1 … 16x16 (256-chip pod).
+        slice_shapes=_V5E_V6E_SHAPES,
+    ),
+}
