@@ -30,7 +30,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from tierax import hardware, hlo, inventory as inv
+from tierax import cudnn, hardware, hlo, inventory as inv
 from tierax import xla_flags
 from tierax import plan as plan_lib
 from tierax.errors import TieraxError
@@ -183,8 +183,10 @@ class CompileResult:
     offloaded: tuple[OffloadedName, ...]
     overlap: dict
     compile_time_s: float
-    attention: str = ""  # the model config's attention implementation (xla | blockwise)
+    attention: str = ""  # the model config's attention implementation (xla | blockwise | cudnn)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    cudnn_calls: int = 0  # cuDNN fused-attention custom calls in XLA's program (forward + backward)
+    cudnn_workspace_bytes: int = 0  # their backward workspace from shapes, included in device_peak_bytes
 
     @property
     def offloaded_bytes_by_name(self) -> dict[str, int]:
@@ -330,6 +332,10 @@ def compile_for_target(
     tpu = spec.kind == "tpu"
     shape = mesh or MeshShape()
     devices = shape.size
+    fused = cfg.attention == "cudnn"
+    if fused and tpu:
+        raise TieraxError(f"attention=cudnn is cuDNN's fused attention, which runs on CUDA GPUs only; for the TPU "
+                          f"target {target!r} use attention=blockwise (e.g. --set attention=blockwise)")
     if tpu:
         check_tpu_aot()
         if target_config is not None:
@@ -337,8 +343,10 @@ def compile_for_target(
         topo = tpu_topology(spec, devices)
     else:
         check_gpu_aot()
+        # The target states the cuDNN that JAX's CUDA plugin loads here (9.10 when none is installed).
+        dnn = cudnn.require() if fused else (cudnn.installed_version() or (9, 10, 0))
         # The scheduler's memory budget as on the real device (see target_config.scheduling_target_config).
-        text = scheduling_target_config(target_config or render_target_config(spec))
+        text = scheduling_target_config(target_config or render_target_config(spec, cudnn=dnn))
         topo = gpu_topology(text, devices, target)
     mesh = shape.make(topo.devices)
     optimizer = step_lib.make_optimizer()
@@ -348,7 +356,9 @@ def compile_for_target(
     step = step_lib.make_train_step(graphdef, cfg, plan, optimizer, jax.tree.map(lambda x: x.sharding, state))
 
     t0 = time.perf_counter()
-    compiled = step.trace(state, tokens).lower().compile()
+    capability = contextlib.nullcontext() if tpu else cudnn.target_capability(spec.compute_capability)
+    with capability:
+        compiled = step.trace(state, tokens).lower().compile()
     compile_s = time.perf_counter() - t0
     mem = compiled.memory_analysis()
     text = compiled.as_text()
@@ -363,6 +373,13 @@ def compile_for_target(
         # color-5 buffer = host temp, inside 93.0 GiB of temp; the HBM space's own total was 78.8 GiB).
         temp -= host_temp
     peak = arg + out + temp - alias
+    calls = cudnn.custom_calls(text)
+    workspace = 0
+    if calls["backward"]:
+        # One layer's backward runs at a time: one workspace, which this compile counts as 0.
+        _, dqk, _ = cfg.attention_dims()
+        workspace = cudnn.backward_workspace_bytes(microbatch, cfg.num_heads // shape.tensor, seq, dqk)
+        peak += workspace
 
     placements = plan_lib.resolve(plan, cfg)
     inventory = inv.for_plan(inv.model_inventory(cfg, microbatch, seq, shape.to_dict()), plan, cfg)
@@ -379,6 +396,12 @@ def compile_for_target(
     if not tpu:
         notes.append("XLA scheduled within the run's device budget (capacity less the runtime reserve, as JAX's "
                      "allocator gives it on the device), not the 80 % a deviceless compile assumes by default")
+    if calls["forward"] or calls["backward"]:
+        notes.append(f"cuDNN flash attention: {calls['forward']} forward and {calls['backward']} backward custom "
+                     f"calls; the peak includes {workspace / 2**20:.1f} MiB of backward workspace computed from "
+                     "shapes (4·B·H·S·(d_qk+1) + 256 bytes), which a deviceless compile counts as 0")
+    elif fused:
+        notes.append("attention=cudnn, but XLA's program holds no cuDNN attention call")
     if tpu:
         notes.insert(0, f"deviceless XLA:TPU compile for {spec.topology_name(devices)} (libtpu); the static overlap "
                         "check reads host copies the XLA:GPU way and has not been validated on the TPU schedule")
@@ -389,7 +412,8 @@ def compile_for_target(
         device_capacity_bytes=spec.device_memory_bytes, device_argument_bytes=arg, device_output_bytes=out,
         device_alias_bytes=alias, device_temp_bytes=temp, host_temp_bytes=host_temp,
         offloaded=tuple(offloaded), overlap=hlo.overlap_summary(transfers), compile_time_s=compile_s,
-        attention=cfg.attention, notes=tuple(notes),
+        attention=cfg.attention, notes=tuple(notes), cudnn_calls=calls["forward"] + calls["backward"],
+        cudnn_workspace_bytes=workspace,
     )
     return result, text
 

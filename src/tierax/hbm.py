@@ -19,7 +19,9 @@ part after :func:`marker`) and used in the other is a residual: written in one, 
 modelled: XLA's sibling multi-output fusions (two fusions reading one value read it twice here), layout copies
 XLA inserts around matmuls (transposes of float32 attention blocks), XLA's own rematerialisation under memory
 pressure, and values it hoists out of loops and reads every trip (bench/hbm_time.py measures what these cost
-against XLA's fusions).
+against XLA's fusions).  What runs inside a fused kernel's stand-in (the ``FUSED_SCOPE`` name scope of
+``cudnn_blockwise`` attention) is one boundary, like a matmul: the kernel's own traffic is in its rate
+(the cost model's fused-attention term), and what it reads and writes is counted at the fusions around it.
 
 Seconds = bytes / the target's HBM bandwidth, added to matmul seconds, not overlapped: on one GPU
 stream a fusion and a GEMM run one after the other.
@@ -32,6 +34,8 @@ import math
 import jax
 import jax.numpy as jnp
 from jax.extend.core import Literal, jaxprs_in_params
+
+from tierax.models.attention import FUSED_SCOPE
 
 MATMUL = frozenset({"dot_general", "conv_general_dilated", "ragged_dot", "ragged_dot_general"})
 COLLECTIVE = frozenset({"all_to_all", "psum", "all_gather", "reduce_scatter", "psum_scatter", "ppermute",
@@ -78,6 +82,12 @@ class _Flat:
                 phase = 1
             subs = list(jaxprs_in_params(eqn.params))
             ins = [read(v) for v in eqn.invars]
+            if FUSED_SCOPE in str(eqn.source_info.name_stack):  # inside a fused kernel's stand-in
+                outs = [self.new(v.aval) for v in eqn.outvars]
+                self.eqns.append(("@boundary", [i for i in ins if i is not None], outs, mult, phase))
+                for v, o in zip(eqn.outvars, outs):
+                    env[v] = o
+                continue
             if prim in INLINE and len(subs) >= 1:
                 sub = subs[0]
                 sub_j = getattr(sub, "jaxpr", sub)

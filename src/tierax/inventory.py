@@ -297,11 +297,12 @@ def model_inventory(cfg, microbatch: int, seq: int, mesh: dict | None = None) ->
     """
     from tierax.mesh import MeshShape
     from tierax.models import abstract_model
+    from tierax.models.config import host_traceable
 
     mesh = {"data": 1, "fsdp": 1, **(mesh or {})}
     shape = MeshShape(**mesh)
     shape.check_model(cfg)
-    local = tensor_shard_config(cfg, shape.tensor)
+    local = host_traceable(tensor_shard_config(cfg, shape.tensor))
     model = abstract_model(local)
     dtype = jnp.dtype(cfg.dtype)
     x = jax.ShapeDtypeStruct((microbatch, seq, cfg.d_model), dtype)

@@ -38,11 +38,12 @@ def dot_general_flops(eqn) -> int:
     return 2 * out_size * contract
 
 
-def matmul_flops(closed_jaxpr) -> int:
-    """2·M·N·K summed over every ``dot_general`` executed (scan trip counts included)."""
+def matmul_flops(closed_jaxpr, *, scope: str | None = None) -> int:
+    """2·M·N·K summed over every ``dot_general`` executed (scan trip counts included); with ``scope``,
+    only those under a name scope containing it."""
     total = 0
-    for eqn, mult, _ in _walk(_jaxpr(closed_jaxpr), 1, ()):
-        if eqn.primitive.name == "dot_general":
+    for eqn, mult, here in _walk(_jaxpr(closed_jaxpr), 1, ()):
+        if eqn.primitive.name == "dot_general" and (scope is None or any(scope in s for s in here)):
             total += mult * dot_general_flops(eqn)
     return total
 

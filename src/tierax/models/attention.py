@@ -1,4 +1,4 @@
-"""Causal softmax attention in two XLA forms.
+"""Causal softmax attention: two XLA forms and cuDNN's fused flash attention.
 
 * ``xla``: scores → softmax → context; materialises the B×K×G×S×T score matrix
   (and saves it for the backward pass).  Simple, and the reference.
@@ -11,6 +11,17 @@
   memory figures that mean something at long sequence (no cuDNN there).
 
 Both compute every block (masked), i.e. the full S×T of matmul work.
+
+* ``cudnn``: cuDNN's fused flash attention through ``jax.nn.dot_product_attention``
+  (``implementation="cudnn"``, causal) — what GPU trainers run (MaxText's
+  ``cudnn_flash_te``): score blocks stay on chip; residuals are q, k, v, the output and the
+  float32 softmax statistics.  JAX's public API needs v's head dim to equal q/k's, so an MLA
+  layer (q/k 192, v 128) zero-pads v to the q/k head dim and slices the output
+  (:func:`padded_value_attention`): the padded v and output are what the kernel saves, and
+  the P·V products grow by d_qk / d_v.  It runs only on a CUDA GPU (or in a deviceless CUDA
+  compile); ``cudnn_blockwise`` is the same route — padded value, same residuals — with the
+  blockwise XLA math, which is what abstract traces on the host (the inventory) and CPU
+  tests run.
 Shapes: q [B,S,K,G,d], k [B,T,K,d], v [B,T,K,dv] → [B,S,K,G,dv].
 """
 
@@ -23,6 +34,8 @@ import jax
 import jax.numpy as jnp
 
 _NEG = -1e30
+# Name scope around the host-traceable stand-in of a fused attention kernel (``cudnn_blockwise``).
+FUSED_SCOPE = "tierax_fused_attention"
 
 
 def xla_attention(q, k, v):
@@ -158,10 +171,51 @@ def _blockwise_bwd(block, res, d_out):
 _blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)
 
 
+def padded_value_attention(attend, q, k, v):
+    """``attend(q, k, v_padded)[..., :dv]`` with v zero-padded on its head dim to q's.
+
+    Exact: the padded columns of v only produce padded output columns (each output column is
+    P times one column of v), which are sliced away; the softmax and scale depend on q and k
+    alone.
+    """
+    d, dv = q.shape[-1], v.shape[-1]
+    if dv > d:
+        raise ValueError(f"value head dim {dv} exceeds the query/key head dim {d}")
+    if dv == d:
+        return attend(q, k, v)
+    v_pad = jnp.pad(v, [(0, 0)] * (v.ndim - 1) + [(0, d - dv)])
+    return attend(q, k, v_pad)[..., :dv]
+
+
+def _cudnn(q, k, v):
+    """cuDNN's causal flash attention on [B,S,K,G,d] queries (G query heads per kv head)."""
+    B, S, K, G, d = q.shape
+    # jax.nn.dot_product_attention's grouped-query layout: query head n uses kv head n // G,
+    # i.e. heads ordered (k, g) — the order of q's K and G axes.
+    out = jax.nn.dot_product_attention(q.reshape(B, S, K * G, d), k, v, is_causal=True,
+                                       implementation="cudnn")
+    return out.reshape(B, S, K, G, v.shape[-1])
+
+
+def _fused_stand_in(q, k, v, *, block):
+    # The scope marks the kernel's extent: tierax.hbm counts what runs inside it as one fused kernel
+    # (whose own traffic its measured rate already includes), and tierax.jaxpr_tools counts its
+    # matmuls apart, so the cost model can price them at the fused kernel's rate.
+    with jax.named_scope(FUSED_SCOPE):
+        return causal_attention(q, k, v, impl="blockwise", block=block)
+
+
 def causal_attention(q, k, v, *, impl: str = "xla", block: int = 512):
-    """Causal attention; ``impl`` is ``xla`` or ``blockwise`` (block size ``block`` keys)."""
+    """Causal attention; ``impl`` is ``xla``, ``blockwise`` (block size ``block`` keys),
+    ``cudnn`` (fused, CUDA only) or ``cudnn_blockwise`` (the cuDNN route in XLA form)."""
     if impl == "xla":
         return xla_attention(q, k, v)
+    if impl == "cudnn":
+        return padded_value_attention(_cudnn, q, k, v)
+    if impl == "cudnn_blockwise":
+        return padded_value_attention(functools.partial(_fused_stand_in, block=block), q, k, v)
+    if impl != "blockwise":
+        raise ValueError(f"unknown attention implementation {impl!r}")
     T = k.shape[1]
     block = min(block, T)
     while T % block:  # the largest block ≤ requested that divides the sequence

@@ -19,7 +19,9 @@ from tierax import names as N
 from tierax.errors import TieraxError
 
 DTYPES = ("float32", "bfloat16", "float16")
-ATTENTION_IMPLS = ("xla", "blockwise")
+ATTENTION_IMPLS = ("xla", "blockwise", "cudnn", "cudnn_blockwise")
+# What an abstract trace on the host runs in place of an implementation that only a GPU runs.
+HOST_TRACEABLE_ATTENTION = {"cudnn": "cudnn_blockwise"}
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,20 @@ def _check_common(cfg: Any) -> None:
     _check(cfg.rope_theta > 0, f"rope_theta must be > 0, got {cfg.rope_theta!r}")
 
 
+def _check_fused_attention(cfg: Any) -> None:
+    """cuDNN's flash attention: 16-bit compute, q/k head dim a multiple of 8 up to 256 (Hopper and
+    later; the v head dim is padded to it, tierax.models.attention)."""
+    if cfg.attention not in ("cudnn", "cudnn_blockwise"):
+        return
+    _check(cfg.dtype in ("bfloat16", "float16"),
+           f"attention={cfg.attention} runs cuDNN's flash attention, which needs dtype bfloat16 or float16 "
+           f"(got {cfg.dtype}); set dtype=bfloat16 or use attention=blockwise")
+    _, dqk, dv = cfg.attention_dims()
+    _check(dqk % 8 == 0 and dqk <= 256 and dv <= dqk,
+           f"attention={cfg.attention}: cuDNN's flash attention needs a q/k head dim that is a multiple of 8, "
+           f"at most 256, and no smaller than the v head dim (got {dqk} and {dv}); use attention=blockwise")
+
+
 def _check_loss_tiles(cfg: Any) -> None:
     v = cfg.loss_tiles
     _check(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
@@ -103,6 +119,7 @@ class LlamaConfig:
         )
         _check(self.head_dim % 2 == 0, f"head_dim={self.head_dim} must be even for RoPE")
         _check_loss_tiles(self)
+        _check_fused_attention(self)
 
     def layer_groups(self) -> tuple[LayerGroup, ...]:
         acts = (N.DECODER_LAYER_INPUT,) + N.GQA_ATTENTION_NAMES + N.MLP_NAMES
@@ -208,6 +225,7 @@ class DeepSeekConfig:
         _check(self.qk_rope_head_dim % 2 == 0, f"qk_rope_head_dim={self.qk_rope_head_dim} must be even for RoPE")
         _check(self.capacity_factor > 0, f"capacity_factor must be > 0, got {self.capacity_factor!r}")
         _check_loss_tiles(self)
+        _check_fused_attention(self)
 
     @property
     def num_moe_layers(self) -> int:
@@ -317,6 +335,15 @@ NAMED_CONFIGS: dict[str, ModelConfig] = {
         num_shared_experts=1, expert_mlp_dim=2048, dtype="bfloat16", attention="blockwise",
     ),
 }
+
+
+def host_traceable(cfg):
+    """``cfg`` with an attention that a host trace can run in place of one only a GPU runs
+    (``cudnn`` → ``cudnn_blockwise``: same residuals, XLA math; tierax.models.attention)."""
+    import dataclasses
+
+    impl = HOST_TRACEABLE_ATTENTION.get(cfg.attention)
+    return cfg if impl is None else dataclasses.replace(cfg, attention=impl)
 
 
 def get_config(name: str) -> ModelConfig:
