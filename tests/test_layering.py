@@ -14,7 +14,7 @@ SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
 LAYERS = [
     ("foundation", ("tierax.errors", "tierax.names", "tierax.fileio", "tierax.records", "tierax.schema",
                     "tierax.mesh")),
-    ("models, plans, targets", ("tierax.xla_flags", "tierax.hardware", "tierax.target_config", "tierax.network",
+    ("models, plans, targets", ("tierax.xla_flags", "tierax.cudnn", "tierax.hardware", "tierax.target_config", "tierax.network",
                                 "tierax.models", "tierax.plan", "tierax.jaxpr_tools", "tierax.interop.maxtext_keys",
                                 "tierax.interop.maxtext", "tierax.interop.model_files")),
     # tierax.interop itself and tierax.interop.planning (planning for another tool) sit above the planner.

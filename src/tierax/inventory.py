@@ -42,6 +42,7 @@ from flax import nnx
 from tierax import hbm, jaxpr_tools
 from tierax import names as N
 from tierax import plan as plan_lib
+from tierax.models.attention import FUSED_SCOPE
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class Activation:
     num_layers: int
     recompute_flops_per_layer: float = 0.0
     recompute_hbm_bytes_per_layer: float = 0.0  # non-matmul HBM traffic that recomputing it adds (tierax.hbm)
+    recompute_fused_flops_per_layer: float = 0.0  # of recompute_flops, those inside a fused attention kernel
 
     @property
     def total_bytes(self) -> int:
@@ -82,6 +84,10 @@ class GroupInventory:
     forward_hbm_bytes_per_layer: float = 0.0
     backward_hbm_bytes_per_layer: float = 0.0
     base_recompute_hbm_bytes_per_layer: float = 0.0
+    # Of the forward's and the base recomputation's matmul FLOPs, those inside a fused attention kernel
+    # (attention=cudnn: its host stand-in's scope), which the cost model prices at the kernel's rates.
+    fused_attention_flops_per_layer: float = 0.0
+    base_recompute_fused_flops_per_layer: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -130,9 +136,10 @@ def _nbytes(x) -> int:
     return math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
 
 
-def _remat_flops(layer_fn, x, params, policy) -> tuple[float, float]:
+def _remat_flops(layer_fn, x, params, policy) -> tuple[float, float, float]:
     """Matmul FLOPs of the forward plus the linearized (JVP) layer under ``policy`` (None: no checkpoint),
-    and the non-matmul HBM bytes of its tangent part (the recomputation is in it: :mod:`tierax.hbm`).
+    the non-matmul HBM bytes of its tangent part (the recomputation is in it: :mod:`tierax.hbm`), and the
+    FLOPs of the first figure that run inside a fused attention kernel.
 
     Only differences between policies are used: they equal the gradient's (the recomputation that
     the policy's partial evaluation puts in the backward; transposing the linear part changes no
@@ -144,7 +151,8 @@ def _remat_flops(layer_fn, x, params, policy) -> tuple[float, float]:
         return jax.linearize(f, x, p)[1](*hbm.marker((tx, tp)))
 
     jaxpr = jax.make_jaxpr(linearized)(x, params, x, params)
-    return float(jaxpr_tools.matmul_flops(jaxpr)), hbm.phase_bytes(jaxpr)[1]
+    return (float(jaxpr_tools.matmul_flops(jaxpr)), hbm.phase_bytes(jaxpr)[1],
+            float(jaxpr_tools.matmul_flops(jaxpr, scope=FUSED_SCOPE)))
 
 
 def layer_inventory(
@@ -178,15 +186,16 @@ def layer_inventory(
     save_all = sum(_nbytes(r) for r in jax.tree.leaves(residuals) if tuple(r.shape) not in param_shapes)
 
     save_named = jax.checkpoint_policies.save_only_these_names(*names)
-    (flops_none, hbm_none), (flops_named, hbm_named) = (_remat_flops(layer_fn, x, params, p) for p in (None, save_named))
+    (flops_none, hbm_none, fused_none), (flops_named, hbm_named, fused_named) = (
+        _remat_flops(layer_fn, x, params, p) for p in (None, save_named))
     costs = {}
     for n in names:
         if n == N.DECODER_LAYER_INPUT:
-            costs[n] = (0.0, 0.0)  # the scan carry: its value is at hand whatever the plan
+            costs[n] = (0.0, 0.0, 0.0)  # the scan carry: its value is at hand whatever the plan
             continue
         others = jax.checkpoint_policies.save_only_these_names(*[m for m in names if m != n])
-        flops, hbm_bytes = _remat_flops(layer_fn, x, params, others)
-        costs[n] = (max(0.0, flops - flops_named), max(0.0, hbm_bytes - hbm_named))
+        flops, hbm_bytes, fused = _remat_flops(layer_fn, x, params, others)
+        costs[n] = (max(0.0, flops - flops_named), max(0.0, hbm_bytes - hbm_named), max(0.0, fused - fused_named))
     acts = tuple(Activation(group, n, per_name[n], num_layers, *costs[n]) for n in names)
     fwd_hbm, bwd_hbm = hbm.layer_bytes(layer_fn, x, params)
     return GroupInventory(
@@ -202,6 +211,8 @@ def layer_inventory(
         forward_hbm_bytes_per_layer=fwd_hbm,
         backward_hbm_bytes_per_layer=bwd_hbm,
         base_recompute_hbm_bytes_per_layer=max(0.0, hbm_named - hbm_none),
+        fused_attention_flops_per_layer=float(jaxpr_tools.matmul_flops(fwd, scope=FUSED_SCOPE)),
+        base_recompute_fused_flops_per_layer=max(0.0, fused_named - fused_none),
     )
 
 

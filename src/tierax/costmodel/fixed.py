@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import jax.numpy as jnp
 
-from tierax import hardware, hbm
+from tierax import cudnn, hardware, hbm
 from tierax import network
-from tierax.costmodel.rates import Rates
+from tierax.costmodel.rates import FUSED_BACKWARD_FLOPS_RATIO, Rates, matmul_s
 from tierax.costmodel.terms import forward_collective_s
 from tierax.inventory import Inventory
 from tierax.models import moe
@@ -30,6 +30,7 @@ class FixedTerms:
     fixed_device_bytes: int = 0
     stack_copy_bytes: int = 0  # XLA's transposed copies of stacked weights: live from the forward loop to the backward's end
     hbm_s: float = 0.0  # non-matmul work at HBM bandwidth (tierax.hbm), no recompute: part of compute_s
+    fused_attention_s: float = 0.0  # fused attention kernels, forward and backward, no recompute: part of compute_s
 
     @property
     def layer_phase_bytes(self) -> int:
@@ -48,13 +49,19 @@ class FixedTerms:
         return max(self.layer_phase_bytes, self.loss_phase_bytes)
 
 
-def _compute(inv: Inventory, cfg, rates: Rates, tokens: int, tiled: bool) -> tuple[float, float, float]:
+def _compute(inv: Inventory, cfg, rates: Rates, tokens: int, tiled: bool) -> tuple[float, float, float, float]:
     head_flops = 2.0 * tokens * cfg.d_model * cfg.vocab_size
     loss_recompute = head_flops if tiled else 0.0
     executed = 3.0 * (sum(g.forward_flops_per_layer * g.num_layers for g in inv.groups) + head_flops) + loss_recompute
     hbm_s = hbm.step_fixed_bytes(inv) / rates.hbm_bytes_per_s  # non-matmul work, not overlapped with matmuls
-    compute_s = executed / rates.matmul_flops_per_s + hbm_s
-    return executed, hbm_s, compute_s
+    # A fused attention kernel's matmuls run at its own rates, its backward doing 2.5 × its forward's FLOPs.
+    fused = sum(g.fused_attention_flops_per_layer * g.num_layers for g in inv.groups)
+    if not fused:
+        return executed, hbm_s, executed / rates.matmul_flops_per_s + hbm_s, 0.0
+    fused_s = matmul_s(fused, fused, rates) + matmul_s(fused, fused, rates, backward=True)
+    executed += (1 + FUSED_BACKWARD_FLOPS_RATIO - 3.0) * fused
+    compute_s = (executed - (1 + FUSED_BACKWARD_FLOPS_RATIO) * fused) / rates.matmul_flops_per_s + fused_s + hbm_s
+    return executed, hbm_s, compute_s, fused_s
 
 
 def _workspace(inv: Inventory, cfg, c_item: int, fsdp: int, ep: int, tokens: int, tiled: bool, head_grad: int,
@@ -68,6 +75,12 @@ def _workspace(inv: Inventory, cfg, c_item: int, fsdp: int, ep: int, tokens: int
         + (c_item * g.expert_param_count_per_layer / ep if inv.mesh.get("fsdp", 1) > 1 else 0)
         + (moe.backward_buffer_bytes(cfg, tokens, ep) if g.expert_param_count_per_layer else 0) for g in inv.groups
     )
+    if getattr(cfg, "attention", "") == "cudnn":
+        # cuDNN's attention backward workspace, one layer's at a time (tierax.cudnn): XLA's deviceless compile
+        # counts it as 0, a real GPU allocates it.
+        _, dqk, _ = cfg.attention_dims()
+        workspace += cudnn.backward_workspace_bytes(inv.microbatch, cfg.num_heads // inv.mesh.get("tensor", 1),
+                                                    inv.seq, dqk)
     if fsdp > 1 and cfg.vocab_size and not tiled:
         # The head's backward runs before the layers': until the reduce-scatter after the loop, XLA keeps
         # either its float32 weight gradient ([D, V], unsharded) or the logits' gradient (compute dtype) it is
@@ -129,7 +142,7 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
     c_item = jnp.dtype(cfg.dtype).itemsize
     tokens = inv.microbatch * inv.seq
     tiled = getattr(cfg, "loss_tiles", 1) > 1  # the backward recomputes each tile's logits (a head forward)
-    executed, hbm_s, compute_s = _compute(inv, cfg, rates, tokens, tiled)
+    executed, hbm_s, compute_s, fused_s = _compute(inv, cfg, rates, tokens, tiled)
     # Weights: FSDP-sharded over fsdp × expert (experts: E over expert, the rest over fsdp), split over tensor
     # where tensor-parallel (the inventory traces a layer per tensor shard already).
     fsdp = inv.mesh.get("fsdp", 1) * inv.mesh.get("expert", 1)
@@ -149,5 +162,5 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
         logits_bytes=int(loss_bytes), compute_s=compute_s, collective_s=coll, exposed_collective_s=exposed_coll,
         model_flops=train_flops(cfg, inv.microbatch, inv.seq), executed_flops=executed,
         embed_grad_bytes=int(inv.embed_param_count * p_item / fsdp), fixed_device_bytes=rates.fixed_device_bytes,
-        stack_copy_bytes=int(stack_copy), hbm_s=hbm_s,
+        stack_copy_bytes=int(stack_copy), hbm_s=hbm_s, fused_attention_s=fused_s,
     )

@@ -20,6 +20,18 @@ ACHIEVABLE_FRACTION = 0.8
 # XLA:GPU's cuBLAS workspace, an s8[4194304] buffer in every deviceless GPU compile's peak set (seen with
 # jaxlib 0.10.2 from tiny-llama to DeepSeek-V3; the live-range dump lists it at the peak).
 XLA_GPU_FIXED_BYTES = 4 * 2**20
+# cuDNN's fused flash attention (attention=cudnn), as a share of the dense 16-bit peak: its measured
+# forward and backward rates on an H100 SXM5 at head dim 128, sequence 4k, against that GPU's 989 TFLOP/s
+# (FlashAttention-3, Shah et al. 2024, arXiv:2407.08608, the H100 benchmark figures' cuDNN bars; FLOPs by
+# FlashAttention's convention: forward 4·B·S²·H·d, halved when causal, backward 2.5 × forward).  Applied to
+# every GPU target's own peak until a device measurement replaces it (bench/gpu_check.py records one).
+FUSED_ATTENTION_SOURCE = ("cuDNN flash attention on H100 SXM5 (head dim 128, seq 4k): forward 609, backward 499 "
+                          "TFLOP/s of 989 (FlashAttention-3 paper, arXiv:2407.08608, benchmark figures), "
+                          "as shares of this target's peak")
+FUSED_ATTENTION_FWD_FRACTION = 609 / 989
+FUSED_ATTENTION_BWD_FRACTION = 499 / 989
+# FlashAttention's backward convention: 5 matmuls of the forward's 2, i.e. 2.5 × its FLOPs.
+FUSED_BACKWARD_FLOPS_RATIO = 2.5
 CALIBRATION_FILE = pathlib.Path(os.environ.get("TIERAX_CALIBRATION", pathlib.Path.home() / ".cache" / "tierax" / "calibration.json"))
 
 
@@ -43,6 +55,9 @@ class Rates:
     nvlink_domain_gpus: int = 0
     scale_out_bytes_per_s: float = 0.0
     gpus_per_domain: int = 0
+    # cuDNN's fused attention kernels (attention=cudnn); 0 where they do not run (CPU, TPU).
+    fused_attention_fwd_flops_per_s: float = 0.0
+    fused_attention_bwd_flops_per_s: float = 0.0
 
 
 def load_calibration() -> dict:
@@ -79,9 +94,27 @@ def target_rates(target: str, dtype: str) -> Rates:
         "memory": "XLA device spec", "host_memory": "system datasheet, per GPU",
     } | getattr(spec, "rate_sources", {})  # TPU targets name their own sources
     fixed = XLA_GPU_FIXED_BYTES if spec.kind == "gpu" else 0
+    gpu = spec.kind == "gpu"
+    if gpu:
+        sources["fused_attention"] = FUSED_ATTENTION_SOURCE
     return Rates(target, matmul, spec.hbm_bytes_per_s, d2h, h2d, spec.nvlink_bytes_per_s,
                  spec.device_memory_bytes, int(spec.host_memory_per_gpu_bytes), True, sources, fixed,
-                 spec.nvlink_domain_gpus, spec.scale_out_bytes_per_s)
+                 spec.nvlink_domain_gpus, spec.scale_out_bytes_per_s,
+                 fused_attention_fwd_flops_per_s=peak * FUSED_ATTENTION_FWD_FRACTION if gpu else 0.0,
+                 fused_attention_bwd_flops_per_s=peak * FUSED_ATTENTION_BWD_FRACTION if gpu else 0.0)
+
+
+def matmul_s(flops: float, fused_flops: float, rates: Rates, *, backward: bool = False) -> float:
+    """Seconds of ``flops`` forward matmul FLOPs (their backward's with ``backward``: 2 ×), of which
+    ``fused_flops`` run in a fused attention kernel at its own rates (its backward: 2.5 ×)."""
+    if not fused_flops:
+        return (2 if backward else 1) * flops / rates.matmul_flops_per_s
+    fused_rate = rates.fused_attention_bwd_flops_per_s if backward else rates.fused_attention_fwd_flops_per_s
+    if fused_rate <= 0:
+        raise TieraxError(f"attention=cudnn runs on CUDA GPUs only; target {rates.target!r} has no fused attention "
+                          "rate: use attention=blockwise there")
+    rest = (2 if backward else 1) * (flops - fused_flops) / rates.matmul_flops_per_s
+    return rest + (FUSED_BACKWARD_FLOPS_RATIO if backward else 1) * fused_flops / fused_rate
 
 
 # key → (Rates fields, unit factor, unit).  Bandwidths per direction.
@@ -92,6 +125,8 @@ RATE_KEYS: dict[str, tuple[tuple[str, ...], float, str]] = {
     "hbm_size": (("device_memory_bytes",), 1e9, "GB of device memory"),
     "hbm_bw": (("hbm_bytes_per_s",), 1e12, "TB/s of device memory bandwidth"),
     "matmul": (("matmul_flops_per_s",), 1e12, "TFLOP/s achievable matmul rate"),
+    "fused_attention_fwd": (("fused_attention_fwd_flops_per_s",), 1e12, "TFLOP/s of the fused attention forward"),
+    "fused_attention_bwd": (("fused_attention_bwd_flops_per_s",), 1e12, "TFLOP/s of the fused attention backward"),
     "interconnect": (("interconnect_bytes_per_s",), 1e9, "GB/s per direction between devices of one NVLink domain"),
     "scale_out": (("scale_out_bytes_per_s",), 1e9, "GB/s per direction per device between NVLink domains"),
     "nvlink_domain": (("nvlink_domain_gpus",), 1, "devices per NVLink/ICI domain, a whole number"),

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from tierax import names as N
 from tierax import network
 from tierax import plan as plan_lib
-from tierax.costmodel.rates import Rates
+from tierax.costmodel.rates import Rates, matmul_s
 from tierax.inventory import Inventory
 
 SCHEDULES = ("serial", "lhs", "lhs-pipelined")
@@ -78,7 +78,7 @@ def item_terms(inv: Inventory, rates: Rates, mechanism: str = plan_lib.DEFAULT_M
             if a.name == N.DECODER_LAYER_INPUT:
                 continue  # the scan carry: always on device (counted in GroupTerms.base_bytes)
             out.append(ItemTerms(g.name, a.name, a.total_bytes, a.bytes_per_layer,
-                                 (a.recompute_flops_per_layer / rates.matmul_flops_per_s
+                                 (matmul_s(a.recompute_flops_per_layer, a.recompute_fused_flops_per_layer, rates)
                                   + a.recompute_hbm_bytes_per_layer / rates.hbm_bytes_per_s) * g.num_layers,
                                  a.total_bytes / rates.d2h_bytes_per_s,
                                  (a.total_bytes + spare * a.bytes_per_layer) / rates.h2d_bytes_per_s,
@@ -94,10 +94,12 @@ def group_terms(inv: Inventory, rates: Rates, schedule: str,
     for g in inv.groups:
         L = g.num_layers
         named = sum(a.bytes_per_layer for a in g.activations if a.name != N.DECODER_LAYER_INPUT)
-        mm, hb = rates.matmul_flops_per_s, rates.hbm_bytes_per_s
-        fwd = (g.forward_flops_per_layer / mm + g.forward_hbm_bytes_per_layer / hb) * L
-        bwd = (2 * g.forward_flops_per_layer / mm + g.backward_hbm_bytes_per_layer / hb) * L
-        base = (g.base_recompute_flops_per_layer / mm + g.base_recompute_hbm_bytes_per_layer / hb) * L
+        hb = rates.hbm_bytes_per_s
+        F, Fa = g.forward_flops_per_layer, g.fused_attention_flops_per_layer
+        fwd = (matmul_s(F, Fa, rates) + g.forward_hbm_bytes_per_layer / hb) * L
+        bwd = (matmul_s(F, Fa, rates, backward=True) + g.backward_hbm_bytes_per_layer / hb) * L
+        base = (matmul_s(g.base_recompute_flops_per_layer, g.base_recompute_fused_flops_per_layer, rates)
+                + g.base_recompute_hbm_bytes_per_layer / hb) * L
         # A rematerialised layer repeats its forward: its matmuls, its HBM-bound work and its collectives
         # (the MoE dispatch/combine all-to-alls, the tensor-parallel all-reduces).
         repeat = base + forward_collective_s(g, links) * L

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 _NEG = -1e30
 # Name scope around the host-traceable stand-in of a fused attention kernel (``cudnn_blockwise``).
 FUSED_SCOPE = "tierax_fused_attention"
+FUSED_TILE = 128
 
 
 def xla_attention(q, k, v):
@@ -213,7 +214,9 @@ def causal_attention(q, k, v, *, impl: str = "xla", block: int = 512):
     if impl == "cudnn":
         return padded_value_attention(_cudnn, q, k, v)
     if impl == "cudnn_blockwise":
-        return padded_value_attention(functools.partial(_fused_stand_in, block=block), q, k, v)
+        # 128-key blocks whatever ``block`` says: with causal block skipping the stand-in's matmul
+        # work is then the causal triangle plus its 128-wide diagonal blocks, as a tiled kernel's is.
+        return padded_value_attention(functools.partial(_fused_stand_in, block=FUSED_TILE), q, k, v)
     if impl != "blockwise":
         raise ValueError(f"unknown attention implementation {impl!r}")
     T = k.shape[1]
