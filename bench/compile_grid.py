@@ -17,6 +17,12 @@ the compile's wall time and peak RAM (the child's max RSS) and the cost model's 
 2 × 8192 per device, q/k/v offloaded — 128 devices fsdp=128, 128 with a tensor axis (fsdp=16,tensor=8),
 1024 devices fsdp=1024 (2 and 1 sequences per device) — and the planner's plan at 128 fsdp=128.
 Every case records the predicted peak's and host bytes' error against XLA's.
+
+``--cudnn`` (→ bench/results/compile_cudnn.json): attention=cudnn (cuDNN's fused flash attention, as GPU
+trainers run it) — Llama 3 8B (32 layers) on one H200 at 2 × 4096 and DeepSeek-V3 (2 dense + 3 MoE layers)
+on 8 GB200 at 1 × 4096, each beside its blockwise twin, and the 61-layer DeepSeek-V3 on 128 GB200
+(fsdp=16,expert=8, 8 × 4096) under the published offload policy and the planner's plan.  XLA's peak there
+includes cuDNN's backward workspace computed from shapes (a deviceless compile counts it as 0).
 """
 
 from __future__ import annotations
@@ -75,6 +81,24 @@ SCALE_DENSE = [
     (DENSE_MODEL, "qkv-offload", "gb200", ["--devices", "1024", "--mesh", "fsdp=1024", "--microbatch", "2", "--seq", "8192"]),
     (DENSE_MODEL, "qkv-offload", "gb200", ["--devices", "1024", "--mesh", "fsdp=1024", "--microbatch", "1", "--seq", "8192"]),
     (DENSE_MODEL, PLANNER_PLAN, "gb200", DENSE_128),
+]
+
+# cuDNN's fused attention in the step (attention=cudnn): Llama 3 8B (32 layers) on one H200 at 2 × 4096, the
+# 5-layer DeepSeek-V3 on 8 GB200 at 1 × 4096, each beside its blockwise twin, and the 61-layer DeepSeek-V3 on
+# 128 GB200 under the planner's plan and the published offload policy.
+CUDNN_SET = ["--set", "attention=cudnn"]
+BLOCKWISE_SET = ["--set", "attention=blockwise"]
+LLAMA_2X4096 = ["--microbatch", "2", "--seq", "4096"]
+DSV3_8 = ["--mesh", "fsdp=8", "--microbatch", "1", "--seq", "4096"]
+CUDNN = [
+    (["--model", "llama3-8b", *CUDNN_SET], "remat-full", "h200", LLAMA_2X4096),
+    (["--model", "llama3-8b", *CUDNN_SET], "qkv-offload", "h200", LLAMA_2X4096),
+    (["--model", "llama3-8b", *BLOCKWISE_SET], "qkv-offload", "h200", LLAMA_2X4096),
+    (["--model", "deepseek-v3-671b", *DSV3_SHORT, *CUDNN_SET], "remat-full", "gb200", DSV3_8),
+    (["--model", "deepseek-v3-671b", *DSV3_SHORT, *CUDNN_SET], "deepseek-offload", "gb200", DSV3_8),
+    (["--model", "deepseek-v3-671b", *DSV3_SHORT, *BLOCKWISE_SET], "deepseek-offload", "gb200", DSV3_8),
+    ([*SCALE_MODEL, *CUDNN_SET], "deepseek-offload", "gb200", SCALE_SHAPE),
+    ([*SCALE_MODEL, *CUDNN_SET], PLANNER_PLAN, "gb200", SCALE_SHAPE),
 ]
 
 QUICK = [
@@ -171,17 +195,22 @@ def main() -> int:
                     help="DeepSeek-V3 671B, 128 GB200, fsdp=16,expert=8: remat-full, an offload plan, the planner's plan")
     ap.add_argument("--scale-dense", action="store_true",
                     help="Llama 3.1 405B on GB200: 128 fsdp, 128 fsdp×tensor, 1024 fsdp, the planner's plan at 128")
+    ap.add_argument("--cudnn", action="store_true",
+                    help="attention=cudnn: Llama 3 8B on H200, 5- and 61-layer DeepSeek-V3 on GB200 (with the "
+                         "planner's plan), beside blockwise twins")
     args = ap.parse_args()
-    record = "compile_scale_dense" if args.scale_dense else "compile_scale" if args.scale else None
+    record = ("compile_cudnn" if args.cudnn else "compile_scale_dense" if args.scale_dense
+              else "compile_scale" if args.scale else None)
     if record and args.out == ap.get_default("out"):
         args.out = str(ROOT / "bench" / "results" / f"{record}.json")
-    cases = QUICK if args.quick else SCALE_DENSE if args.scale_dense else SCALE if args.scale else CASES
+    cases = (QUICK if args.quick else CUDNN if args.cudnn else SCALE_DENSE if args.scale_dense
+             else SCALE if args.scale else CASES)
     results = []
     plan_dir = pathlib.Path(args.out).parent
     with Progress() as prog:
         task = prog.add_task("compiling", total=len(cases))
         for model_args, plan, target, extra in cases:
-            prog.update(task, description=f"{model_args[1]} {plan} {target} {' '.join(extra)}")
+            prog.update(task, description=f"{' '.join(model_args[1:])} {plan} {target} {' '.join(extra)}")
             planner = None
             if plan == PLANNER_PLAN:
                 path = plan_dir / f"{record or 'compile_grid'}_planner_plan.yaml"
@@ -216,7 +245,7 @@ def main() -> int:
 
     t = Table(title=f"deviceless compile grid · jax {jax.__version__} · per device")
     for col in ("model", "plan", "target", "B/dev×seq", "dev", "preset", "peak GiB", "cap GiB", "fits",
-                "temp GiB", "host GiB", "pred GiB", "peak err", "xfer ms", "exposed ms", "model exposed ms", "Δ/step",
+                "temp GiB", "host GiB", "cuDNN calls", "pred GiB", "peak err", "xfer ms", "exposed ms", "model exposed ms", "Δ/step",
                 "compile s"):
         t.add_column(col, justify="left" if col in ("model", "plan", "target", "preset") else "right")
     for c in results:
@@ -228,6 +257,7 @@ def main() -> int:
         t.add_row(r["model"], r["plan"], r["target"], f"{r['microbatch']}×{r['seq']}", str(r["devices"]),
                   r["xla_preset"], gib(r["device_peak_bytes"]), gib(r["device_capacity_bytes"]),
                   "yes" if r["fits"] else "[red]no[/]", gib(r["device_temp_bytes"]), gib(r["host_temp_bytes"]),
+                  str(r.get("cudnn_calls", "")),
                   *((gib(c["predicted"]["peak_device_bytes"]), f"{er['peak']:+.1%}")
                     if (er := c.get("prediction_error")) else ("", "")),
                   f"{ov['est_transfer_s'] * 1e3:.2f}", f"{ov['est_exposed_s'] * 1e3:.2f}",

@@ -30,7 +30,10 @@ records what it skipped):
    transfer time and achieved bandwidth.  The offload plans' gradients are verified
    against save-all (``tierax.measure.verify``, right after the first offload plan ran)
    at a microbatch where save-all fits.
-3. Writes one JSON file (schema ``tierax.gpu-check/1``, readable by ``tierax report``)
+3. In the first child, after the plans: cuDNN's fused attention (``attention: cudnn``) against tierax's
+   blockwise attention on the same model, params and tokens — loss and gradients of the remat-full step
+   within bf16 tolerance, and each one's forward+backward time (``attention_check``).
+4. Writes one JSON file (schema ``tierax.gpu-check/1``, readable by ``tierax report``)
    and prints a short table last.
 
 Only APIs present in jax 0.10.2 and still present in 0.12 are used.
@@ -404,6 +407,58 @@ def child(spec: dict) -> dict:
             and any(r["plan"] == pl.name and r.get("step_time_s") for r in out["records"])]
     if rest:
         verify(rest)
+    if spec["preset"] == XLA_PRESETS[0]:  # once: the attention kinds do not depend on the XLA preset
+        with phase("attention"):
+            try:
+                out["attention"] = attention_check(cfg, p, tiny, seq, deadline)
+            except Exception as e:  # noqa: BLE001 — recorded, the run goes on
+                out["attention"] = {"error": f"{type(e).__name__}: {e}"[:2000]}
+    return out
+
+
+def attention_check(cfg, p: dict, tiny: bool, seq: int, deadline: float) -> dict:
+    """cuDNN's fused attention against tierax's blockwise attention on the same model, params and tokens:
+    loss and gradients of the remat-full step (bf16 tolerance) and its forward+backward time (median).
+
+    On the CPU rehearsal cuDNN cannot run: ``cudnn_blockwise`` (the cuDNN route in XLA form) stands in,
+    and the record says so.
+    """
+    import jax
+    import numpy as np
+
+    from tierax import plan as plan_lib
+    from tierax.train import step as step_lib
+
+    fused = "cudnn_blockwise" if tiny else "cudnn"
+    out = {"fused": fused, "microbatch": p["verify_microbatch"], "seq": seq, "plan": "remat-full"}
+    if _left(deadline) < (20 if tiny else 90):
+        return out | {"skipped": "time budget"}
+    grads, losses = {}, {}
+    for impl in ("blockwise", fused):
+        c = dataclasses.replace(cfg, attention=impl)
+        graphdef, params = step_lib.init_params(c, seed=0)
+        tokens = step_lib.synthetic_batch(c, p["verify_microbatch"], seq, seed=1)
+        loss_fn = step_lib.make_loss_fn(graphdef, plan_lib.to_policies(plan_lib.preset("remat-full", c), c), None)
+        f = jax.jit(jax.value_and_grad(loss_fn))
+        t0 = time.perf_counter()
+        loss, g = jax.block_until_ready(f(params, tokens))
+        compile_s = time.perf_counter() - t0
+        times = []
+        for _ in range(p["steps"]):
+            t0 = time.perf_counter()
+            jax.block_until_ready(f(params, tokens))
+            times.append(time.perf_counter() - t0)
+        losses[impl], grads[impl] = float(loss), g
+        out[impl] = {"loss": float(loss), "compile_s": compile_s, "step_s": sorted(times)[len(times) // 2],
+                     "steps": len(times)}
+        del params
+    worst = 0.0
+    for a, b in zip(jax.tree.leaves(grads[fused]), jax.tree.leaves(grads["blockwise"])):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        worst = max(worst, float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-30)))
+    tol = 2e-2  # bfloat16 (tierax verify's dtype-aware tolerance)
+    out |= {"max_rel_grad_error": worst, "tolerance": tol, "passed": worst <= tol and
+            abs(losses[fused] - losses["blockwise"]) <= tol * abs(losses["blockwise"])}
     return out
 
 
