@@ -13,7 +13,7 @@ from tierax import cudnn, hbm, jaxpr_tools
 from tierax import plan as P
 from tierax.errors import TieraxError
 from tierax.models import get_config
-from tierax.models.attention import FUSED_SCOPE, causal_attention, padded_value_attention, xla_attention
+from tierax.models.attention import FUSED_SCOPE, FUSED_TILE, causal_attention, padded_value_attention, xla_attention
 
 
 def _qkv(d=24, dv=16, groups=1, seq=32):
@@ -64,25 +64,26 @@ def test_value_head_dim_above_query_is_refused():
 def test_fused_stand_in_is_one_kernel_for_hbm_and_counted_apart_for_flops():
     q, k, v, ct = _qkv()
 
-    def vjp_of(impl):
+    def vjp_of(impl, v, ct, block):
         def f(q, k, v):
-            out, back = jax.vjp(lambda *a: causal_attention(*a, impl=impl, block=8), q, k, v)
+            out, back = jax.vjp(lambda *a: causal_attention(*a, impl=impl, block=block), q, k, v)
             return out, back(ct)
         return jax.make_jaxpr(f)(q, k, v)
 
-    fused, blockwise = vjp_of("cudnn_blockwise"), vjp_of("blockwise")
+    fused, blockwise = vjp_of("cudnn_blockwise", v, ct, 8), vjp_of("blockwise", v, ct, 8)
     # The blockwise form moves score blocks through HBM; inside the fused kernel nothing is a fusion,
     # only the padding of v and the slice of the output run outside it.
     assert sum(hbm.phase_bytes(blockwise)) > 10 * sum(hbm.phase_bytes(fused))
     # Every matmul of the stand-in is inside the kernel's scope, and it is the blockwise form's work on
-    # the padded value (P·V and its gradients at d_qk = 24 instead of d_v = 16).
+    # the padded value (P·V and its gradients at d_qk = 24 instead of d_v = 16) at the kernel's tile,
+    # whatever block the caller asked for.
     total = jaxpr_tools.matmul_flops(fused)
     assert jaxpr_tools.matmul_flops(fused, scope=FUSED_SCOPE) == total
     v_pad = jnp.pad(v, [(0, 0)] * 3 + [(0, 8)])
     ct_pad = jnp.pad(ct, [(0, 0)] * 4 + [(0, 8)])
-    padded = jax.make_jaxpr(lambda q, k, v: jax.vjp(lambda *a: causal_attention(*a, impl="blockwise", block=8),
-                                                    q, k, v)[1](ct_pad))(q, k, v_pad)
-    assert total == jaxpr_tools.matmul_flops(padded) > jaxpr_tools.matmul_flops(blockwise)
+    padded = jaxpr_tools.matmul_flops(vjp_of("blockwise", v_pad, ct_pad, FUSED_TILE))
+    unpadded = jaxpr_tools.matmul_flops(vjp_of("blockwise", v, ct, FUSED_TILE))
+    assert total == padded > unpadded
     assert jaxpr_tools.matmul_flops(blockwise, scope=FUSED_SCOPE) == 0
 
 
