@@ -141,3 +141,15 @@ def test_deviceless_compile_holds_cudnn_attention(name, plan, target):
     assert result.cudnn_workspace_bytes == 4 * 2 * cfg.num_heads * 128 * (dqk + 1) + 256
     if plan == "qkv-offload":
         assert all(o.on_host for o in result.offloaded)
+
+
+@pytest.mark.parametrize("verb", [["bench", "--plans", "save-all", "--steps", "1"], ["verify", "--plan", "minimal"]])
+def test_cudnn_on_the_cpu_backend_is_refused_before_any_work(verb, monkeypatch, capsys):
+    from tierax import cli
+
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")  # JAX already started (conftest)
+    code = cli.main([verb[0], "--model", "tiny-llama", "--set", "dtype=bfloat16", "--set", "attention=cudnn",
+                     *verb[1:]])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "CUDA GPUs only" in err and "cpu" in err and "blockwise" in err

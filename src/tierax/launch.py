@@ -176,6 +176,28 @@ def runtime_env(cfg, *, gpu: bool, num_processes: int = 1,
     return out, lines
 
 
+# Attention implementations by the backend that runs them (tierax.models.attention).
+LOCAL_ATTENTION = {"gpu": ("xla", "blockwise", "cudnn", "cudnn_blockwise"),
+                   "cpu": ("xla", "blockwise", "cudnn_blockwise"), "tpu": ("xla", "blockwise", "cudnn_blockwise")}
+
+
+def check_local_attention(cfg, *, what: str = "this run") -> None:
+    """Refuse, before tracing, an attention implementation the local backend cannot run (cuDNN's fused
+    attention off a CUDA GPU).
+
+    Raises:
+      TieraxError: naming the backend and the implementations that run there.
+    """
+    import jax
+
+    backend = jax.default_backend()
+    ok = LOCAL_ATTENTION.get(backend, ("xla", "blockwise", "cudnn_blockwise"))
+    if cfg.attention not in ok:
+        raise TieraxError(f"{what}: attention={cfg.attention} runs cuDNN's fused attention on CUDA GPUs only; this "
+                          f"run's backend is {backend}, where {', '.join(ok)} run (e.g. --set attention=blockwise; "
+                          "`tierax compile --target h200` compiles cudnn for a GPU without one)")
+
+
 def check_local_memory(cfg, *, shards: int = 1, copies: int = 4, what: str = "this run") -> None:
     """Refuse, before allocating, a model whose training state cannot fit the local devices.
 

@@ -25,6 +25,7 @@ def cmd_bench(args) -> int:
     cfg = resolve_model(args, [f"dtype={args.dtype}"] if args.dtype else [])
     if mesh is not None:
         mesh.check_model(cfg, where="--mesh")
+    launch.check_local_attention(cfg, what="tierax bench")
     launch.check_local_memory(cfg, shards=mesh.size if mesh else 1, what="tierax bench")
     plans = load_plans(args.plans, cfg, "--plans")
     verified = _verify_before_bench(cfg, plans, args) if args.verify else None
@@ -115,6 +116,7 @@ def cmd_verify(args) -> int:
     from tierax.report.measure_tables import verify_table
 
     cfg = resolve_model(args)
+    launch.check_local_attention(cfg, what="tierax verify")
     launch.check_local_memory(cfg, copies=6, what="tierax verify (two gradient sets)")
     plans = load_plans(args.plan, cfg, "--plan")
     results = verify_lib.verify_plans(cfg, plans, microbatch=args.microbatch, seq=args.seq, seed=args.seed)
@@ -153,6 +155,7 @@ def cmd_profile(args) -> int:
     from tierax.report.measure_tables import profile_table
 
     plan = plan_lib.load_plan(args.plan, cfg)
+    launch.check_local_attention(cfg, what="tierax profile")
     launch.check_local_memory(cfg, what="tierax profile")
     out = out or profile_lib.fresh_dir(pathlib.Path("profiles") / f"{cfg.name}-{plan.name}")
     result = profile_lib.capture(cfg, plan, out_dir=out, steps=args.steps, warmup=args.warmup,

@@ -18,6 +18,7 @@ def cmd_train(args) -> int:
     cfg.check_outputs()
     dist = launch.Distributed.resolve(args.coordinator, args.num_processes, args.process_id)
     env_lines = launch.start_training(cfg, dist, debug=args.debug)
+    launch.check_local_attention(cfg.model, what="tierax train")
     launch.check_local_memory(cfg.model, shards=cfg.mesh.size, what="tierax train")
     import jax
 
