@@ -6,6 +6,7 @@ maxtext-v0.2.4 / main e591f30cb), whose custom-policy block is copied below.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -183,3 +184,15 @@ def test_one_placement_per_name_is_optimal_among_uniform_plans(case):
     assert free.predicted.step_time_s == pytest.approx(brute(inv, schedule, budget, host_budget, False), rel=1e-6)
     assert uniform.predicted.step_time_s > free.predicted.step_time_s * (1 + 1e-6)  # the restriction binds here
     assert maxtext.conflicts(free.plan, CFG)
+
+
+@pytest.mark.parametrize("attention, key", [("cudnn", "cudnn_flash_jax"), ("xla", "dot_product"),
+                                            ("blockwise", None)])
+def test_emitted_attention_kernel_matches_the_step(attention, key):
+    # cuDNN through JAX in tierax is MaxText's cudnn_flash_jax; blockwise has no MaxText kernel (said, not guessed).
+    cfg = get_config("tiny-llama")
+    cfg = dataclasses.replace(cfg, dtype="bfloat16", attention=attention)
+    text = emit(P.preset("remat-full", cfg), cfg)
+    data = yaml.safe_load(text)
+    assert data.get("attention") == key
+    assert ("has no MaxText kernel" in text) == (key is None)

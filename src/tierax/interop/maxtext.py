@@ -70,6 +70,12 @@ def uniform_placements(plan: Plan, cfg) -> dict[str, Placement]:
     return out
 
 
+# tierax's attention → MaxText's ``attention`` kernel: cuDNN's fused attention through JAX (what tierax's
+# ``cudnn`` calls) and the materialising XLA form.  tierax's ``blockwise`` has no MaxText counterpart: the key
+# is left to MaxText's default and the file says so.
+MAXTEXT_ATTENTION = {"cudnn": "cudnn_flash_jax", "xla": "dot_product"}
+
+
 def model_keys(cfg) -> dict:
     """MaxText's model keys for a tierax ModelConfig (``configs/models/*.yml`` spelling)."""
     common = {
@@ -127,6 +133,8 @@ def overrides(plan: Plan, cfg, *, microbatch: int, seq: int, mesh: Mapping[str, 
     remat = {k: placements[k].value if k in placements else "remat" for k in K.REMAT_KEYS}
     out: dict = {"base_config": "base.yml", "hardware": "cpu" if target == "cpu" else "gpu"}
     out.update(model_keys(cfg))
+    if cfg.attention in MAXTEXT_ATTENTION:
+        out["attention"] = MAXTEXT_ATTENTION[cfg.attention]
     out.update({"remat_policy": "custom", **remat, "scan_layers": True,
                 "per_device_batch_size": microbatch, "max_target_length": seq})
     for axis, key in MESH_KEYS.items():
@@ -164,5 +172,8 @@ def overrides_yaml(plan: Plan, cfg, *, microbatch: int, seq: int, mesh: Mapping[
     if cfg.family == "deepseek":
         lines += ["#   MoE: tierax models capacity-factor dispatch (dense per-expert buffers), hence",
                   "#   sparse_matmul: false; MaxText's default is dropless megablox (capacity_factor: -1)."]
+    if cfg.attention not in MAXTEXT_ATTENTION:
+        lines += [f"#   attention: tierax's {cfg.attention} attention has no MaxText kernel; MaxText's default "
+                  "(autoselected) applies"]
     lines += [f"#   {n}" for n in notes]
     return "\n".join(lines) + "\n" + yaml.safe_dump(keys, sort_keys=False, default_flow_style=None)
