@@ -453,13 +453,40 @@ def attention_check(cfg, p: dict, tiny: bool, seq: int, deadline: float) -> dict
                      "steps": len(times)}
         del params
     worst = 0.0
-    for a, b in zip(jax.tree.leaves(grads[fused]), jax.tree.leaves(grads["blockwise"])):
+    for a, b in zip(jax.tree.leaves(grads[fused]), jax.tree.leaves(grads["blockwise"]), strict=True):
         a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
         worst = max(worst, float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-30)))
     tol = 2e-2  # bfloat16 (tierax verify's dtype-aware tolerance)
     out |= {"max_rel_grad_error": worst, "tolerance": tol, "passed": worst <= tol and
             abs(losses[fused] - losses["blockwise"]) <= tol * abs(losses["blockwise"])}
+    if not tiny:
+        out["workspace"] = cudnn_workspace()
     return out
+
+
+def cudnn_workspace() -> dict:
+    """XLA's temp bytes for cuDNN attention's gradient compiled on the device (which sizes cuDNN's workspace,
+    as a deviceless compile cannot) beside tierax.cudnn's shape formula: B=1, S=4096, H=16, q/k/v head dim 128
+    and q/k 192 with v padded to it (tierax's MLA route)."""
+    import jax
+    import jax.numpy as jnp
+
+    from tierax import cudnn
+    from tierax.models.attention import causal_attention
+
+    rows = []
+    for d, dv in ((128, 128), (192, 128)):
+        q = jax.ShapeDtypeStruct((1, 4096, 16, 1, d), jnp.bfloat16)
+        k = jax.ShapeDtypeStruct((1, 4096, 16, d), jnp.bfloat16)
+        v = jax.ShapeDtypeStruct((1, 4096, 16, dv), jnp.bfloat16)
+
+        def loss(q, k, v):
+            return causal_attention(q, k, v, impl="cudnn").astype(jnp.float32).sum()
+
+        compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v).compile()
+        rows.append({"d_qk": d, "d_v": dv, "xla_temp_bytes": int(compiled.memory_analysis().temp_size_in_bytes),
+                     "workspace_formula_bytes": cudnn.backward_workspace_bytes(1, 16, 4096, d)})
+    return {"rows": rows, "note": "xla_temp_bytes holds the workspace and the gradient's other temporaries"}
 
 
 # --- orchestration (parent: never starts a JAX backend, so each child gets the whole device) --------

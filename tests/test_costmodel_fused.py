@@ -16,10 +16,19 @@ from tierax.inventory import Activation, GroupInventory, Inventory, model_invent
 from tierax.models import get_config
 
 # Round rates: matmuls at 1 PFLOP/s, the fused kernel's forward at 0.5 and backward at 0.25 PFLOP/s.
-RATES = cm.Rates("hand", matmul_flops_per_s=1e15, hbm_bytes_per_s=1e12, d2h_bytes_per_s=10e9,
-                 h2d_bytes_per_s=10e9, interconnect_bytes_per_s=450e9, device_memory_bytes=10**12,
-                 host_memory_bytes=10**12, offload_is_real=True,
-                 fused_attention_fwd_flops_per_s=0.5e15, fused_attention_bwd_flops_per_s=0.25e15)
+RATES = cm.Rates(
+    "hand",
+    matmul_flops_per_s=1e15,
+    hbm_bytes_per_s=1e12,
+    d2h_bytes_per_s=10e9,
+    h2d_bytes_per_s=10e9,
+    interconnect_bytes_per_s=450e9,
+    device_memory_bytes=10**12,
+    host_memory_bytes=10**12,
+    offload_is_real=True,
+    fused_attention_fwd_flops_per_s=0.5e15,
+    fused_attention_bwd_flops_per_s=0.25e15,
+)
 
 
 def test_matmul_seconds_split_the_fused_kernel_out():
@@ -50,14 +59,33 @@ def test_gpu_rates_are_the_published_shares_of_each_peak():
 def _inventory(fused: float) -> Inventory:
     # One group of 2 layers: forward 10 TFLOP/layer of which `fused` in the kernel; base recompute
     # 3 TFLOP/layer of which 1 in the kernel; one named activation recomputed at 2 TFLOP/layer (0.5 fused).
-    g = GroupInventory("decoder", 2, (
-        Activation("decoder", N.DECODER_LAYER_INPUT, 1000, 2, 0.0),
-        Activation("decoder", N.ATTENTION_OUT, 1000, 2, 2e12, 0.0, 0.5e12 if fused else 0.0),
-    ), carry_bytes_per_layer=1000, save_all_bytes_per_layer=10_000, base_recompute_flops_per_layer=3e12,
-        forward_flops_per_layer=10e12, layer_param_count=10, fused_attention_flops_per_layer=fused,
-        base_recompute_fused_flops_per_layer=1e12 if fused else 0.0)
-    return Inventory("hand", 1, 128, {"data": 1, "fsdp": 1}, (g,), param_bytes=0, grad_bytes=0,
-                     optimizer_bytes=0, logits_bytes=0, embed_param_count=0)
+    g = GroupInventory(
+        "decoder",
+        2,
+        (
+            Activation("decoder", N.DECODER_LAYER_INPUT, 1000, 2, 0.0),
+            Activation("decoder", N.ATTENTION_OUT, 1000, 2, 2e12, 0.0, 0.5e12 if fused else 0.0),
+        ),
+        carry_bytes_per_layer=1000,
+        save_all_bytes_per_layer=10_000,
+        base_recompute_flops_per_layer=3e12,
+        forward_flops_per_layer=10e12,
+        layer_param_count=10,
+        fused_attention_flops_per_layer=fused,
+        base_recompute_fused_flops_per_layer=1e12 if fused else 0.0,
+    )
+    return Inventory(
+        "hand",
+        1,
+        128,
+        {"data": 1, "fsdp": 1},
+        (g,),
+        param_bytes=0,
+        grad_bytes=0,
+        optimizer_bytes=0,
+        logits_bytes=0,
+        embed_param_count=0,
+    )
 
 
 def test_group_and_item_terms_price_the_kernel_at_its_rates():
@@ -89,15 +117,20 @@ def test_cudnn_workspace_joins_the_layer_in_flight():
     rates = cm.target_rates("h200", "bfloat16")
     inv = model_inventory(cfg, 2, 64)
     fused = cm.fixed_terms(inv, cfg, rates, "lhs").workspace_bytes
-    standin = cm.fixed_terms(inv, dataclasses.replace(cfg, attention="cudnn_blockwise"), rates, "lhs").workspace_bytes
+    standin = cm.fixed_terms(
+        inv, dataclasses.replace(cfg, attention="cudnn_blockwise"), rates, "lhs"
+    ).workspace_bytes
     _, dqk, _ = cfg.attention_dims()
-    assert fused - standin == cudnn.backward_workspace_bytes(2, cfg.num_heads, 64, dqk) == 4 * 2 * cfg.num_heads * 64 * (dqk + 1) + 256
+    expected = 4 * 2 * cfg.num_heads * 64 * (dqk + 1) + 256
+    assert fused - standin == cudnn.backward_workspace_bytes(2, cfg.num_heads, 64, dqk) == expected
 
 
 def test_fused_attention_takes_score_traffic_off_hbm():
     # The same step with blockwise attention and with cuDNN's kernel: the kernel's FLOPs move to its own term
     # and the blockwise form's score-block traffic leaves the HBM term.
-    base = dataclasses.replace(get_config("tiny-llama"), dtype="bfloat16", attention="blockwise", attention_block=16)
+    base = dataclasses.replace(
+        get_config("tiny-llama"), dtype="bfloat16", attention="blockwise", attention_block=16
+    )
     fused = dataclasses.replace(base, attention="cudnn")
     rates = cm.target_rates("h200", "bfloat16")
     plan = P.preset("remat-full", base)

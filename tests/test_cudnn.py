@@ -13,7 +13,13 @@ from tierax import cudnn, hbm, jaxpr_tools
 from tierax import plan as P
 from tierax.errors import TieraxError
 from tierax.models import get_config
-from tierax.models.attention import FUSED_SCOPE, FUSED_TILE, causal_attention, padded_value_attention, xla_attention
+from tierax.models.attention import (
+    FUSED_SCOPE,
+    FUSED_TILE,
+    causal_attention,
+    padded_value_attention,
+    xla_attention,
+)
 
 
 def _qkv(d=24, dv=16, groups=1, seq=32):
@@ -41,7 +47,7 @@ def test_padded_value_route_equals_unpadded_attention(impl, groups):
     np.testing.assert_allclose(out, xla_attention(q, k, v), rtol=1e-5, atol=1e-5)
     g = jax.grad(lambda *a: jnp.sum(attend(*a) * ct), argnums=(0, 1, 2))(q, k, v)
     g_ref = jax.grad(lambda *a: jnp.sum(xla_attention(*a) * ct), argnums=(0, 1, 2))(q, k, v)
-    for a, b in zip(g, g_ref):
+    for a, b in zip(g, g_ref, strict=True):
         assert a.shape == b.shape
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
@@ -49,8 +55,12 @@ def test_padded_value_route_equals_unpadded_attention(impl, groups):
 def test_padded_route_saves_the_padded_value():
     # What the kernel keeps for its backward is the padded v: the residuals grow by d_qk / d_v.
     q, k, v, _ = _qkv(d=24, dv=16)
-    res = jax.eval_shape(lambda *a: jax.vjp(lambda *b: causal_attention(*b, impl="cudnn_blockwise", block=8),
-                                            *a)[1], q, k, v)
+    res = jax.eval_shape(
+        lambda *a: jax.vjp(lambda *b: causal_attention(*b, impl="cudnn_blockwise", block=8), *a)[1],
+        q,
+        k,
+        v,
+    )
     shapes = sorted(tuple(r.shape) for r in jax.tree.leaves(res))
     assert (2, 32, 2, 24) in shapes and (2, 32, 2, 16) not in shapes
 
@@ -68,6 +78,7 @@ def test_fused_stand_in_is_one_kernel_for_hbm_and_counted_apart_for_flops():
         def f(q, k, v):
             out, back = jax.vjp(lambda *a: causal_attention(*a, impl=impl, block=block), q, k, v)
             return out, back(ct)
+
         return jax.make_jaxpr(f)(q, k, v)
 
     fused, blockwise = vjp_of("cudnn_blockwise", v, ct, 8), vjp_of("blockwise", v, ct, 8)
@@ -121,15 +132,27 @@ def test_cudnn_is_refused_for_a_tpu_target_before_compiling():
 
 def _mla_192():
     # DeepSeek-V3's attention head dims (q/k 128 + 64, v 128) at a tiny width.
-    return dataclasses.replace(get_config("tiny-deepseek"), dtype="bfloat16", attention="cudnn",
-                               qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, num_heads=2)
+    return dataclasses.replace(
+        get_config("tiny-deepseek"),
+        dtype="bfloat16",
+        attention="cudnn",
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        num_heads=2,
+    )
 
 
-@pytest.mark.parametrize("name, plan, target", [("tiny-llama", "qkv-offload", "h200"),
-                                                ("mla-192", "remat-full", "gb200")])
+@pytest.mark.parametrize(
+    "name, plan, target",
+    [("tiny-llama", "qkv-offload", "h200"), ("mla-192", "remat-full", "gb200")],
+)
 def test_deviceless_compile_holds_cudnn_attention(name, plan, target):
-    cfg = _mla_192() if name == "mla-192" else dataclasses.replace(get_config(name), dtype="bfloat16",
-                                                                    attention="cudnn")
+    cfg = (
+        _mla_192()
+        if name == "mla-192"
+        else dataclasses.replace(get_config(name), dtype="bfloat16", attention="cudnn")
+    )
     result, text = C.compile_for_target(cfg, P.preset(plan, cfg), target, microbatch=2, seq=128)
     calls = cudnn.custom_calls(text)
     # One backward kernel per layer's backward (inside the scanned backward loop: one call per group),
@@ -143,13 +166,25 @@ def test_deviceless_compile_holds_cudnn_attention(name, plan, target):
         assert all(o.on_host for o in result.offloaded)
 
 
-@pytest.mark.parametrize("verb", [["bench", "--plans", "save-all", "--steps", "1"], ["verify", "--plan", "minimal"]])
+@pytest.mark.parametrize(
+    "verb", [["bench", "--plans", "save-all", "--steps", "1"], ["verify", "--plan", "minimal"]]
+)
 def test_cudnn_on_the_cpu_backend_is_refused_before_any_work(verb, monkeypatch, capsys):
     from tierax import cli
 
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")  # JAX already started (conftest)
-    code = cli.main([verb[0], "--model", "tiny-llama", "--set", "dtype=bfloat16", "--set", "attention=cudnn",
-                     *verb[1:]])
+    code = cli.main(
+        [
+            verb[0],
+            "--model",
+            "tiny-llama",
+            "--set",
+            "dtype=bfloat16",
+            "--set",
+            "attention=cudnn",
+            *verb[1:],
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert "CUDA GPUs only" in err and "cpu" in err and "blockwise" in err

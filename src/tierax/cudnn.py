@@ -37,9 +37,11 @@ def require() -> tuple[int, int, int]:
     """The installed cuDNN's version; a clear error naming the install command when it is missing."""
     version = installed_version()
     if version is None:
-        raise TieraxError(f"attention=cudnn needs cuDNN for the deviceless CUDA compile: pip install "
-                          f"'{CUDNN_DISTRIBUTION}>=9.10,<10' (the gpu-aot extra, which `make` installs), or "
-                          "use attention=blockwise")
+        raise TieraxError(
+            f"attention=cudnn needs cuDNN for the deviceless CUDA compile: pip install "
+            f"'{CUDNN_DISTRIBUTION}>=9.10,<10' (the gpu-aot extra, which `make` installs), or "
+            "use attention=blockwise"
+        )
     return version
 
 
