@@ -2,7 +2,7 @@
 
 Documents are read one at a time (:mod:`~tierax.train.data.documents`), encoded in batches of
 a few MiB of text (the tokenizer's own batch encoder, multi-threaded where it has one), framed
-with BOS/EOS (:meth:`~tierax.train.data.tokenizer.Tokenizer.document`) and appended to the
+with BOS/EOS (:meth:`~tierax.train.data.tokenizer.Tokenizer.frame`) and appended to the
 shards of their split (:mod:`~tierax.train.data.prepared`).  Memory is bounded by one batch
 and the largest document, whatever the corpus size.
 
@@ -21,6 +21,8 @@ import os
 import pathlib
 import shutil
 from collections.abc import Callable, Sequence
+
+import numpy as np
 
 from tierax.errors import TieraxError
 from tierax.fileio import check_output_dir, make_temp_dir
@@ -193,18 +195,21 @@ def _write(
         kept = [d for d in batch if len(d.text)]
         skipped += len(batch) - len(kept)
         encoded = tok.encode_batch([d.text for d in kept])
-        ntokens = 0
+        parts: dict[bool, tuple[list, list]] = {False: ([], []), True: ([], [])}
         for d, ids in zip(kept, encoded, strict=True):
-            if (
-                len(ids) and int(ids.max()) >= vocab
-            ):  # a tokenizer whose ids overrun its own vocabulary
+            if len(ids) and int(ids.max()) >= vocab:  # a tokenizer overrunning its own vocabulary
                 raise TieraxError(
                     f"{d.where}: the tokenizer produced id {int(ids.max())}, outside its "
                     f"vocabulary of {vocab}; the tokenizer file is inconsistent"
                 )
-            tokens = tok.document(ids)
-            (valid if valid is not None and held_out(d.text, fraction) else train).add(tokens)
-            ntokens += len(tokens)
+            pieces, lengths = parts[valid is not None and held_out(d.text, fraction)]
+            pieces.extend(tok.frame(ids))
+            lengths.append(len(ids) + tok.extra_tokens)
+        ntokens = 0
+        for to_valid, (pieces, lengths) in parts.items():
+            if lengths:  # one write per split and batch
+                (valid if to_valid else train).add(np.concatenate(pieces), lengths)
+                ntokens += sum(lengths)
         if progress is not None:
             progress(sum(d.nbytes for d in batch), ntokens)
     return skipped

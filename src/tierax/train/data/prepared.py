@@ -88,8 +88,8 @@ class SplitWriter:
         self.shards[-1].update(num_tokens=self._in_shard, sha256=self._hash.hexdigest())
         self._file = None
 
-    def add(self, tokens: np.ndarray) -> None:
-        """Append one document."""
+    def add(self, tokens: np.ndarray, lengths: np.ndarray | None = None) -> None:
+        """Append documents: ``tokens`` end to end, ``lengths`` each (default: one document)."""
         data = np.ascontiguousarray(tokens, dtype=self.dtype.newbyteorder("<"))
         at = 0
         while at < len(data):
@@ -105,8 +105,9 @@ class SplitWriter:
                 self._close_shard()
             elif self._pending_bytes >= _FLUSH_BYTES:
                 self._flush()
+        lengths = np.array([len(data)]) if lengths is None else np.asarray(lengths)
+        self._doc_ends.extend((self.num_tokens + np.cumsum(lengths)).tolist())
         self.num_tokens += len(data)
-        self._doc_ends.append(self.num_tokens)
         if len(self._doc_ends) >= 1 << 16:
             self._write_doc_ends()
 

@@ -141,14 +141,19 @@ class Tokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         raise NotImplementedError
 
-    def document(self, ids: np.ndarray) -> np.ndarray:
-        """A document's tokens: content ids framed by BOS (where expected) and EOS (if any)."""
+    def frame(self, ids: np.ndarray) -> list[np.ndarray]:
+        """A document's pieces: BOS (where expected), the content ids, EOS (if any)."""
         parts = [ids]
         if self.info.add_bos:
             parts.insert(0, np.array([self.info.bos_id], np.int64))
         if self.info.eos_id is not None:
             parts.append(np.array([self.info.eos_id], np.int64))
-        return np.concatenate(parts) if len(parts) > 1 else ids
+        return parts
+
+    @property
+    def extra_tokens(self) -> int:
+        """How many special tokens :meth:`frame` adds to a document."""
+        return int(self.info.add_bos) + int(self.info.eos_id is not None)
 
 
 class ByteTokenizer(Tokenizer):
