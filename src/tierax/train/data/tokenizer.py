@@ -90,12 +90,16 @@ def detect_kind(path: str | os.PathLike) -> str:
     """
     p = pathlib.Path(path)
     if not p.is_file():
+        what = "is not a file" if p.exists() else "does not exist"
         raise TieraxError(
-            f"tokenizer file {str(p)!r} does not exist; give a tokenizer.json, a SentencePiece "
+            f"tokenizer file {str(p)!r} {what}; give a tokenizer.json, a SentencePiece "
             "model or a tiktoken BPE file (or --tokenizer bytes)"
         )
-    with open(p, "rb") as f:
-        head = f.read(1 << 16)
+    try:
+        with open(p, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError as e:
+        raise TieraxError(f"tokenizer file {str(p)!r} cannot be read ({e.strerror or e})") from None
     stripped = head.lstrip()
     if stripped.startswith(b"{"):
         return "huggingface"
