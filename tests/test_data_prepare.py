@@ -297,6 +297,7 @@ def test_bad_documents_exit_2_and_leave_nothing(tmp_path, tokenizers):
         "every one of the 1 documents was held out",
     )
     _fails(tmp_path, [SAMPLE, "--max-document-mib", "0"], "must be ≥ 1")
+    _fails(tmp_path, ["/proc/self/mem"], "input '/proc/self/mem' cannot be read")
 
 
 def test_missing_optional_package_names_the_pip_command(tmp_path, tokenizers, jsonl):

@@ -49,8 +49,11 @@ def input_kind(path: pathlib.Path) -> tuple[str, bool]:
         raise TieraxError(f"input {str(path)!r} does not exist; give text, JSONL or Parquet files")
     if not path.is_file():
         raise TieraxError(f"input {str(path)!r} is not a file; give text, JSONL or Parquet files")
-    with open(path, "rb") as f:
-        head = f.read(4)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        raise TieraxError(f"input {str(path)!r} cannot be read ({e.strerror or e})") from None
     if head == PARQUET_MAGIC:
         return "parquet", False
     gz = head[:2] == GZIP_MAGIC
