@@ -188,3 +188,25 @@ def test_cudnn_on_the_cpu_backend_is_refused_before_any_work(verb, monkeypatch, 
     err = capsys.readouterr().err
     assert code == 2
     assert "CUDA GPUs only" in err and "cpu" in err and "blockwise" in err
+
+
+def test_cudnn_refuses_packed_documents_and_the_stand_in_masks_them():
+    q, k, v, ct = _qkv()
+    seg = jnp.asarray([[0] * 12 + [1] * 20, [0] * 32])
+    with pytest.raises(ValueError, match="cannot mask packed documents"):
+        causal_attention(q, k, v, impl="cudnn", segment_ids=seg)
+    # The stand-in (what the inventory traces) masks them as blockwise and xla do.
+    got = causal_attention(q, k, v, impl="cudnn_blockwise", segment_ids=seg)
+    np.testing.assert_allclose(got, xla_attention(q, k, v, seg), rtol=1e-5, atol=1e-5)
+
+
+def test_a_train_config_with_document_masking_refuses_cudnn():
+    import pathlib
+
+    from tierax.train import config as TC
+
+    demo = pathlib.Path(__file__).resolve().parents[1] / "configs" / "demo-train.yaml"
+    base = ["model.dtype=bfloat16", "data.document_mask=true"]
+    TC.load_train_config(demo, [*base, "model.attention=blockwise"])  # masks packed documents: accepted
+    with pytest.raises(TieraxError, match="document_mask.*attention=cudnn cannot"):
+        TC.load_train_config(demo, [*base, "model.attention=cudnn"])

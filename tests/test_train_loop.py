@@ -1,5 +1,6 @@
 """`tierax train`: config validation, the loop, kill-and-resume, divergence, the demo's learning."""
 
+import json
 import math
 import pathlib
 import shutil
@@ -27,6 +28,7 @@ from tierax.train import data as D
 from tierax.train import loop as L
 from tierax.train import step as S
 from test_cli import tierax
+import tokenizer_files as TF
 
 ROOT = pathlib.Path(__file__).parent.parent
 SAMPLE = ROOT / "data" / "sample.txt"
@@ -180,6 +182,42 @@ def test_demo_config_loss_falls_on_the_shipped_text(token_dir, tmp_path):
     assert all(r["tokens_per_s"] > 0 and r["tflops_per_device"] > 0 and r["lr"] > 0 for r in records)
     assert plot_metrics(tmp_path).stat().st_size > 10_000  # the run's metrics plot
     assert TC.load_train_config(tmp_path / CONFIG_SNAPSHOT).to_dict() == cfg.to_dict()
+
+
+def test_validation_tokens_and_epochs_are_logged_and_other_data_is_refused(tmp_path):
+    """BPE data with a validation split and document masking: metrics.jsonl has the validation loss
+    at validation steps (equal to the loss of the validation windows computed here), tokens seen and
+    epochs; resuming the run on other data is refused."""
+    tok = TF.hf_bpe(tmp_path / "hf")
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in TF.paragraphs()))
+    D.prepare([docs], tmp_path / "tok", tokenizer=str(tok), validation_fraction=0.1)
+    data = {"source": "tokens", "path": str(tmp_path / "tok"), "document_mask": True,
+            "validation_every": 3, "validation_batches": 2}
+    cfg = TC.config_from_mapping(small(steps=6, data=data, checkpoint__every=3, log__dir=str(tmp_path / "run")),
+                                 ["model.vocab_size=1024"])
+    with L.Trainer(cfg, devices=jax.devices()[:1]) as trainer:
+        result = trainer.train()
+        windows, params = trainer.stream.windows[0], trainer.state.params
+    records = read_metrics(tmp_path / "run")
+    val = {r["step"]: r["val_loss"] for r in records if r["val_loss"] is not None}
+    assert list(val) == [3, 6] and result.validation == tuple(val.items())
+    assert [r["tokens_seen"] for r in records] == [k * 4 * 32 for k in range(1, 7)]
+    assert records[-1]["epoch"] == pytest.approx(6 * 4 / windows) and result.epochs == (6 * 4 / windows,)
+    # The validation loss: the first 2 × 4 validation windows, masked by document, with the final parameters.
+    corpus = D.open_corpus(tmp_path / "tok", split="validation")
+    tokens = np.stack([corpus.read(w * 32, 33) for w in range(8)])
+    segs = np.stack([corpus.segments(w * 32, 33) for w in range(8)])
+    graphdef, _ = S.init_params(cfg.model)
+    loss_fn = jax.jit(S.make_loss_fn(graphdef, P.to_policies(cfg.plan, cfg.model)))
+    mine = np.mean([float(loss_fn(params, tokens[i : i + 4], segs[i : i + 4])) for i in (0, 4)])
+    assert val[6] == pytest.approx(mine, rel=1e-5)
+    D.prepare([docs], tmp_path / "other", tokenizer=str(tok), validation_fraction=0.2)
+    other = TC.config_from_mapping(small(steps=8, data={**data, "path": str(tmp_path / "other")},
+                                         checkpoint__every=3, log__dir=str(tmp_path / "run")),
+                                   ["model.vocab_size=1024"])
+    with pytest.raises(TieraxError, match="data"):
+        L.Trainer(other, resume=True, devices=jax.devices()[:1])
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):

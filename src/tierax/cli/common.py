@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import time
 from collections.abc import Iterator, Sequence
 
 from tierax.errors import TieraxError
@@ -109,3 +110,29 @@ def progress(title: str, total: int, *, disable: bool = False) -> Iterator:
     with Progress(transient=True, disable=disable) as prog:
         task = prog.add_task(title, total=total)
         yield lambda what, n: prog.update(task, advance=n, description=what)
+
+
+@contextlib.contextmanager
+def prepare_progress(console, total_bytes: int | None) -> Iterator:
+    """A transient rich bar for ``tierax data prepare``: input bytes read, tokens written, tokens/s.
+
+    Yields ``advance(nbytes, ntokens)``; ``total_bytes`` None (compressed or Parquet inputs):
+    a bar without a total.
+    """
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("tokenizing"), BarColumn(), DownloadColumn(),
+               TextColumn("{task.fields[tokens]} tokens · {task.fields[rate]} tokens/s"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True,
+                  disable=not console.is_terminal) as prog:
+        task = prog.add_task("prepare", total=total_bytes, tokens="0", rate="-")
+        t0, done = time.perf_counter(), [0]
+
+        def advance(nbytes: int, ntokens: int) -> None:
+            done[0] += ntokens
+            dt = time.perf_counter() - t0
+            rate = f"{done[0] / dt:,.0f}" if dt > 0 else "-"
+            prog.update(task, advance=nbytes, tokens=f"{done[0]:,}", rate=rate)
+
+        yield advance

@@ -211,12 +211,36 @@ def _training(sub) -> None:
                    help="multi-process: this process, 0-based (env TIERAX_PROCESS_ID)")
     t.set_defaults(func=training.cmd_train)
 
-    d = sub.add_parser("data", help="prepare training data",
-                       description="prepare TEXT_FILE --out DIR: tokenize a text file byte-level (vocabulary 256) into "
-                                   "a memory-mapped token file plus index.json, for data.source: tokens.")
-    d.add_argument("action", choices=["prepare"], help="prepare: tokenize a text file")
-    d.add_argument("text_file", metavar="TEXT_FILE", help="a UTF-8 (or any byte) text file")
+    d = sub.add_parser(
+        "data", help="prepare training data",
+        description="prepare INPUT... --out DIR: tokenize text files, JSONL or Parquet (--field) "
+                    "with a tokenizer file (a Hugging Face tokenizer.json, a SentencePiece model "
+                    "or a tiktoken BPE file, told apart by content; default: byte-level) into "
+                    "token shards plus index.json, for data.source: tokens.")
+    d.add_argument("action", choices=["prepare"],
+                   help="prepare: tokenize documents into a token directory")
+    d.add_argument("inputs", nargs="+", metavar="INPUT",
+                   help="text files (one document each), JSONL files (one document per line) or "
+                        "Parquet files (one per row)")
     d.add_argument("--out", required=True, metavar="DIR", help="the token directory to write")
+    d.add_argument("--tokenizer", default="bytes", metavar="FILE",
+                   help="tokenizer file, read from disk (default: bytes, the byte-level tokenizer)")
+    d.add_argument("--field", default="text",
+                   help="JSONL field / Parquet column with the text (default: text)")
+    d.add_argument("--validation-fraction", type=float, default=0.0, metavar="F",
+                   help="hold out this share of whole documents as the validation split "
+                        "(default 0)")
+    d.add_argument("--shard-tokens", type=positive_int, default=1 << 28, metavar="N",
+                   help="tokens per shard file (default 2^28)")
+    d.add_argument("--bos", metavar="TOKEN",
+                   help="the BOS token put before each document (none: no BOS; default: the "
+                        "tokenizer's own choice)")
+    d.add_argument("--eos", metavar="TOKEN",
+                   help="the end-of-text token after each document (default: the tokenizer's)")
+    d.add_argument("--max-document-mib", type=positive_int, default=64, metavar="MIB",
+                   help="refuse larger documents (memory is bounded by one document; default 64)")
+    d.add_argument("--overwrite", action="store_true",
+                   help="replace a token directory already at --out")
     d.set_defaults(func=training.cmd_data)
 
     pm = sub.add_parser("plot-metrics", help="plot loss and throughput of a training run",

@@ -6,7 +6,7 @@ import json
 import sys
 
 from tierax import launch
-from tierax.cli.common import console
+from tierax.cli.common import console, prepare_progress
 from tierax.fileio import check_output_file
 
 
@@ -62,11 +62,24 @@ def _plot(cfg, say) -> None:
 
 
 def cmd_data(args) -> int:
+    from tierax.cli.common import console as make_console
     from tierax.train import data
 
-    index = data.prepare_text(args.text_file, args.out)
-    print(f"wrote {index.num_tokens:,} tokens ({index.tokenizer} tokenizer, vocab {index.vocab_size}, "
-          f"{index.dtype}) to {args.out}/{data.TOKENS} with {args.out}/{data.INDEX}")
+    c = make_console(stderr=True)
+    with prepare_progress(c, data.input_bytes(args.inputs)) as advance:
+        index = data.prepare(
+            args.inputs, args.out, tokenizer=args.tokenizer, field=args.field,
+            validation_fraction=args.validation_fraction, shard_tokens=args.shard_tokens,
+            bos=args.bos, eos=args.eos, max_document_bytes=args.max_document_mib << 20,
+            overwrite=args.overwrite, progress=advance)
+    tok = index["tokenizer"]
+    for name, split in index["splits"].items():
+        print(f"{name}: {split['num_tokens']:,} tokens in {split['num_documents']:,} documents, "
+              f"{len(split['shards'])} shard(s)")
+    bos = tok["bos_id"] if tok["add_bos"] else "none"
+    eos = "none" if tok["eos_id"] is None else tok["eos_id"]
+    print(f"wrote {args.out} ({tok['kind']} tokenizer, vocab {tok['vocab_size']}, "
+          f"{index['dtype']}; BOS {bos}, EOS {eos}) with {args.out}/{data.INDEX}")
     return 0
 
 

@@ -28,6 +28,12 @@ matmul per block than ``xla``'s backward).  Blockwise is self-attention only (S 
   tests run.
 
 Shapes: q [B,S,K,G,d], k [B,T,K,d], v [B,T,K,dv] → [B,S,K,G,dv].
+
+Document masking: with ``segment_ids`` [B, S] (self-attention, S = T), a query attends to a
+key only if the key is not later *and* in the same segment (the packed document it belongs
+to), in ``xla``, ``blockwise`` and ``cudnn_blockwise``.  ``cudnn`` refuses them: JAX's public
+cuDNN entry takes no segment ids, and ignoring them would let packed documents attend to each
+other silently.  Without them (the default) the mask is causal only.
 """
 
 from __future__ import annotations
@@ -45,7 +51,12 @@ FUSED_SCOPE = "tierax_fused_attention"
 FUSED_TILE = 128
 
 
-def xla_attention(q, k, v):
+def _same_segment(seg_q, seg_k):
+    """[B, Sq, Tk] bool: query and key in the same document."""
+    return seg_q[:, :, None] == seg_k[:, None, :]
+
+
+def xla_attention(q, k, v, segment_ids=None):
     # Both einsums are plain 4-D batched matmuls with no score-sized transposes.  With one query
     # head per kv head (G = 1) they are written on [B, S, H, d] directly; with G > 1 the queries go
     # to [B, K, G·S, d] first (an activation-sized transpose).  Written as "bskgd,btkd->bkgst",
@@ -56,13 +67,19 @@ def xla_attention(q, k, v):
     scale = 1.0 / math.sqrt(d)
     if G == 1:
         s_BKST = jnp.einsum("bskd,btkd->bkst", q[:, :, :, 0], k).astype(jnp.float32) * scale
-        s_BKST = jnp.where(jnp.tril(jnp.ones((S, T), dtype=bool)), s_BKST, jnp.finfo(jnp.float32).min)
+        mask = jnp.tril(jnp.ones((S, T), dtype=bool))
+        if segment_ids is not None:
+            mask = mask[None, None] & _same_segment(segment_ids, segment_ids)[:, None]
+        s_BKST = jnp.where(mask, s_BKST, jnp.finfo(jnp.float32).min)
         p_BKST = jax.nn.softmax(s_BKST, axis=-1).astype(v.dtype)
         return jnp.einsum("bkst,btkv->bskv", p_BKST, v)[:, :, :, None, :]
     q_BKQd = jnp.transpose(q, (0, 2, 3, 1, 4)).reshape(B, K, G * S, d)  # Q = (g, s)
     s_BKQT = jnp.einsum("bkqd,btkd->bkqt", q_BKQd, k).astype(jnp.float32) * scale
     pos_Q = jnp.tile(jnp.arange(S), G)  # the query position of each (g, s) row
     mask_QT = pos_Q[:, None] >= jnp.arange(T)[None, :]
+    if segment_ids is not None:  # rows are (g, s): the query segments repeat G times
+        same_QT = _same_segment(jnp.tile(segment_ids, (1, G)), segment_ids)
+        mask_QT = mask_QT[None, None] & same_QT[:, None]
     s_BKQT = jnp.where(mask_QT, s_BKQT, jnp.finfo(jnp.float32).min)
     p_BKQT = jax.nn.softmax(s_BKQT, axis=-1).astype(v.dtype)
     out_BKQv = jnp.einsum("bkqt,btkv->bkqv", p_BKQT, v)
@@ -85,13 +102,18 @@ def _slice(x, n, block, axis=1):
     return jax.lax.dynamic_slice_in_dim(x, n * block, block, axis=axis)
 
 
-def _scores(qb, kb, i, j, block, scale):
+def _scores(qb, kb, i, j, block, scale, seg=None):
     """Masked scores of query block ``i`` against key block ``j``: [B, K, G, blk, blk] float32.
     Only a diagonal block (j == i) has masked entries; masking every block keeps one code path."""
     s = jnp.einsum("bskgd,btkd->bkgst", qb, kb).astype(jnp.float32) * scale
     q_pos = i * block + jnp.arange(qb.shape[1])[:, None]
     k_pos = j * block + jnp.arange(block)[None, :]
-    return jnp.where(k_pos <= q_pos, s, _NEG)
+    mask = k_pos <= q_pos
+    if seg is not None:  # the whole [B, S] segment ids: the blocks' own are sliced here
+        seg_q = jax.lax.dynamic_slice_in_dim(seg, i * block, qb.shape[1], axis=1)
+        seg_k = jax.lax.dynamic_slice_in_dim(seg, j * block, block, axis=1)
+        mask = mask[None, None, None] & _same_segment(seg_q, seg_k)[:, None, None]
+    return jnp.where(mask, s, _NEG)
 
 
 def _check_self_attention(q, k):
@@ -104,7 +126,7 @@ def _check_self_attention(q, k):
         )
 
 
-def _forward(q, k, v, block, unroll=False):
+def _forward(q, k, v, block, unroll=False, seg=None):
     """(out [B,S,K,G,dv], lse [B,K,G,S]): one scan over the visible (query block, key block)
     pairs, query-block-major, with the running max, sum and output of the current query block."""
     B, S, K, G, _ = q.shape
@@ -120,7 +142,7 @@ def _forward(q, k, v, block, unroll=False):
         m = jnp.where(first, _NEG, m)
         l = jnp.where(first, 0.0, l)
         acc = jnp.where(first, 0.0, acc)
-        s = _scores(_slice(q, i, block), _slice(k, j, block), i, j, block, scale)
+        s = _scores(_slice(q, i, block), _slice(k, j, block), i, j, block, scale, seg)
         m_new = jnp.maximum(m, jnp.max(s, axis=-1))
         p = jnp.exp(s - m_new[..., None])
         corr = jnp.exp(m - m_new)
@@ -141,20 +163,20 @@ def _forward(q, k, v, block, unroll=False):
     return out, lse
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _blockwise(q, k, v, block, unroll):
-    return _forward(q, k, v, block, unroll)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _blockwise(q, k, v, seg, block, unroll):
+    return _forward(q, k, v, block, unroll, seg)[0]
 
 
-def _blockwise_fwd(q, k, v, block, unroll):
-    out, lse = _forward(q, k, v, block, unroll)
-    return out, (q, k, v, out, lse)
+def _blockwise_fwd(q, k, v, seg, block, unroll):
+    out, lse = _forward(q, k, v, block, unroll, seg)
+    return out, (q, k, v, seg, out, lse)
 
 
 def _blockwise_bwd(block, unroll, res, d_out):
     """One scan over the visible pairs, key-block-major: the current key block's dk, dv are
     local to the carry, dq is accumulated in place; one [B, K, G, blk, blk] block at a time."""
-    q, k, v, out, lse = res
+    q, k, v, seg, out, lse = res
     d = q.shape[-1]
     scale = 1.0 / math.sqrt(d)
     do = d_out.astype(jnp.float32)  # [B,S,K,G,dv]
@@ -171,7 +193,7 @@ def _blockwise_bwd(block, unroll, res, d_out):
         dv_b = jnp.where(first, 0.0, dv_b)
         qb, kb = _slice(q, i, block), _slice(k, j, block)
         lse_i = _slice(lse, i, block, axis=3)  # [B,K,G,blk]
-        p = jnp.exp(_scores(qb, kb, i, j, block, scale) - lse_i[..., None])  # [B,K,G,blk,blk]
+        p = jnp.exp(_scores(qb, kb, i, j, block, scale, seg) - lse_i[..., None])  # [B,K,G,blk,blk]
         dob_t = jnp.moveaxis(_slice(do, i, block), 1, 3)  # [B,K,G,blk,dv]
         dv_b = dv_b + jnp.einsum("bkgst,bkgsv->btkv", p, dob_t)
         dp = jnp.einsum("bkgsv,btkv->bkgst", dob_t, _slice(v, j, block).astype(jnp.float32))
@@ -188,7 +210,7 @@ def _blockwise_bwd(block, unroll, res, d_out):
             jnp.zeros(vb_shape, jnp.float32), jnp.zeros(k.shape, jnp.float32),
             jnp.zeros(v.shape, jnp.float32))
     (dq, _, _, dk, dv), _ = jax.lax.scan(body, init, (i_idx, j_idx), unroll=unroll)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
 
 
 _blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)
@@ -220,29 +242,39 @@ def _cudnn(q, k, v):
     return out.reshape(B, S, K, G, v.shape[-1])
 
 
-def _fused_stand_in(q, k, v, *, block):
+def _fused_stand_in(q, k, v, *, block, segment_ids=None):
     # The scope marks the kernel's extent: tierax.hbm counts what runs inside it as one fused kernel
     # (whose own traffic its measured rate already includes), and tierax.jaxpr_tools counts its
     # matmuls apart, so the cost model can price them at the fused kernel's rate.
     with jax.named_scope(FUSED_SCOPE):
-        return causal_attention(q, k, v, impl="blockwise", block=block)
+        return causal_attention(q, k, v, impl="blockwise", block=block, segment_ids=segment_ids)
 
 
-def causal_attention(q, k, v, *, impl: str = "xla", block: int = 512, unroll: bool = False):
+def causal_attention(q, k, v, *, impl: str = "xla", block: int = 512, unroll: bool = False,
+                     segment_ids=None):
     """Causal attention; ``impl`` is ``xla``, ``blockwise`` (block size ``block`` keys),
     ``cudnn`` (fused, CUDA only) or ``cudnn_blockwise`` (the cuDNN route in XLA form).
 
     ``unroll`` (blockwise only) unrolls its scans: the same computation, for analysis — XLA's
     ``cost_analysis`` counts a loop body once whatever its trip count, so FLOPs are only
-    comparable with the loops unrolled."""
+    comparable with the loops unrolled.
+
+    ``segment_ids``: int [B, S] document ids of a packed batch (None: one document per row);
+    a query then sees only earlier keys of its own document.  An implementation that cannot
+    apply them (``cudnn``) refuses them: ignoring them would let packed documents attend to
+    each other silently."""
     if impl == "xla":
-        return xla_attention(q, k, v)
+        return xla_attention(q, k, v, segment_ids)
+    if impl == "cudnn" and segment_ids is not None:
+        raise ValueError("attention=cudnn cannot mask packed documents (JAX's cuDNN entry takes no segment "
+                         "ids); use attention=blockwise with document masking")
     if impl == "cudnn":
         return padded_value_attention(_cudnn, q, k, v)
     if impl == "cudnn_blockwise":
         # 128-key blocks whatever ``block`` says: with causal block skipping the stand-in's matmul
         # work is then the causal triangle plus its 128-wide diagonal blocks, as a tiled kernel's is.
-        return padded_value_attention(functools.partial(_fused_stand_in, block=FUSED_TILE), q, k, v)
+        return padded_value_attention(
+            functools.partial(_fused_stand_in, block=FUSED_TILE, segment_ids=segment_ids), q, k, v)
     if impl != "blockwise":
         raise ValueError(f"unknown attention implementation {impl!r}")
     _check_self_attention(q, k)
@@ -250,4 +282,4 @@ def causal_attention(q, k, v, *, impl: str = "xla", block: int = 512, unroll: bo
     block = min(block, T)
     while T % block:  # the largest block ≤ requested that divides the sequence
         block -= 1
-    return _blockwise(q, k, v, block, unroll)
+    return _blockwise(q, k, v, segment_ids, block, unroll)

@@ -101,6 +101,9 @@ class TrainConfig:
         _check(self.debug.nan_at_step is None or self.debug.nan_at_step <= self.steps,
                f"{self.source}: debug.nan_at_step={self.debug.nan_at_step} is after the last step {self.steps}")
         plan_lib.resolve(self.plan, self.model)
+        _check(not (self.data.document_mask and self.model.attention == "cudnn"),
+               f"{self.source}: data.document_mask needs an attention that masks packed documents; "
+               "attention=cudnn cannot (JAX's cuDNN entry takes no segment ids): use model.attention=blockwise")
 
     @property
     def global_batch(self) -> int:

@@ -40,6 +40,7 @@ from tierax.train.config import TrainConfig, config_to_yaml
 from tierax.train.progress import Reporter
 from tierax.train.run_dir import CONFIG_SNAPSHOT, METRICS, MetricsLog, StepRecord
 from tierax.train.schedule import lr_schedule
+from tierax.train.validation import Validator, global_arrays
 
 
 class NonFiniteLoss(RuntimeError):
@@ -64,6 +65,9 @@ class TrainResult:
       resumed_from: the checkpoint step the trainer started from (None: fresh).
       last_checkpoint: the newest complete checkpoint when the call returned.
       compile_s: time to compile the step.
+      tokens_seen: training tokens consumed by the run up to ``last_step`` (inputs, not targets).
+      epochs: per dataset, epochs completed up to ``last_step`` (empty for synthetic data).
+      validation: (step, validation loss) of the evaluations this call ran.
     """
 
     first_step: int
@@ -72,18 +76,26 @@ class TrainResult:
     resumed_from: int | None
     last_checkpoint: int | None
     compile_s: float
+    tokens_seen: int = 0
+    epochs: tuple[float, ...] = ()
+    validation: tuple[tuple[int, float], ...] = ()
 
     def to_json(self) -> dict:
         return {"first_step": self.first_step, "last_step": self.last_step, "losses": list(self.losses),
                 "resumed_from": self.resumed_from, "last_checkpoint": self.last_checkpoint,
-                "compile_s": self.compile_s}
+                "compile_s": self.compile_s, "tokens_seen": self.tokens_seen,
+                "epochs": list(self.epochs), "validation": [list(v) for v in self.validation]}
 
     def summary(self, cfg: TrainConfig) -> str:
         """The line ``tierax train`` prints at the end."""
         if not self.losses:
             return f"nothing to train: the run is already at step {self.first_step - 1} of {cfg.steps}"
+        epochs = ", ".join(f"{e:.3f}" for e in self.epochs)
         return (f"trained steps {self.first_step}–{self.last_step}: loss {self.losses[0]:.4f} → "
-                f"{self.losses[-1]:.4f}; metrics in {cfg.log.dir}/{METRICS}"
+                f"{self.losses[-1]:.4f}"
+                + (f", validation loss {self.validation[-1][1]:.4f}" if self.validation else "")
+                + f"; {self.tokens_seen:,} tokens seen" + (f", epochs {epochs}" if epochs else "")
+                + f"; metrics in {cfg.log.dir}/{METRICS}"
                 + (f"; last checkpoint step {self.last_checkpoint}" if self.last_checkpoint else ""))
 
 
@@ -153,8 +165,11 @@ class Trainer:
         self.reporter = reporter if (reporter is not None and self.is_main) else Reporter()
         self.mesh = cfg.mesh.make(devices)
         shape = data_lib.BatchShape(cfg.grad_accum, cfg.global_batch, cfg.seq)
-        self.stream = data_lib.open_stream(cfg.data.source, cfg.data.path, shape, seed=cfg.seed,
+        self.stream = data_lib.open_stream(cfg.data, shape, seed=cfg.seed,
                                            vocab_size=cfg.model.vocab_size)
+        validation = data_lib.open_validation(cfg.data, cfg.global_batch, cfg.seq,
+                                              vocab_size=cfg.model.vocab_size)
+        self._masked = cfg.data.source == "tokens" and cfg.data.document_mask
         self.identity = cfg.identity()
         self.identity["data"].update(self.stream.identity())
 
@@ -217,8 +232,9 @@ class Trainer:
         # Compiled object flattens the state in Python every step: measured 1–4 % of a demo CPU step).
         t0 = time.perf_counter()
         batch_spec = jax.ShapeDtypeStruct(self._global_shape, jnp.int32, sharding=self._batch_sharding)
-        self._step_fn.lower(self.state, batch_spec).compile()
+        self._step_fn.lower(self.state, batch_spec, batch_spec if self._masked else None).compile()
         self.compile_s = time.perf_counter() - t0
+        self.validator = Validator(cfg, self.mesh, graphdef, validation) if validation else None
         self._flops = train_flops(cfg.model, cfg.batch_per_step, cfg.seq)
         self._tokens = cfg.batch_per_step * cfg.seq
 
@@ -231,12 +247,14 @@ class Trainer:
         self._step_times: list[float] = []
 
     # --- pieces of a step -----------------------------------------------------------
-    def batch(self, step: int) -> jax.Array:
-        """The global batch of ``step`` (this process supplies its own rows)."""
-        local = self.stream.rows(step, *self._rows)
+    def batch(self, step: int) -> tuple[jax.Array, jax.Array | None]:
+        """The global batch of ``step``, tokens and (document masking) segment ids; this
+        process supplies its own rows."""
+        tokens, segs = self.stream.batch(step, *self._rows)
         if self.cfg.grad_accum == 1:
-            local = local[0]
-        return jax.make_array_from_process_local_data(self._batch_sharding, local, self._global_shape)
+            tokens, segs = tokens[0], (None if segs is None else segs[0])
+
+        return global_arrays(self._batch_sharding, self._global_shape, tokens, segs)
 
     def _poison(self, state):
         # TEST-ONLY (debug.nan_at_step): NaN parameters make this step's loss NaN for real.
@@ -256,18 +274,21 @@ class Trainer:
         done = ckpt_lib.complete_steps(self.ckpt_dir)
         return done[-1] if done else None
 
-    def _complete(self, k: int, metrics) -> None:
+    def _complete(self, k: int, metrics, now: float | None = None) -> None:
         loss, gnorm = _scalar(metrics["loss"]), _scalar(metrics["grad_norm"])
-        now = time.perf_counter()
+        now = time.perf_counter() if now is None else now
         dt, self._t_last = now - self._t_last, now
         if not (math.isfinite(loss) and math.isfinite(gnorm)):
             # _latest_checkpoint waits: the last good checkpoint is complete on disk before we stop.
             raise NonFiniteLoss(k, loss, gnorm, self._latest_checkpoint(), self.ckpt_dir)
         self._losses.append(loss)
         self._step_times.append(dt)
+        epochs = self.stream.epochs(k)
         rec = StepRecord(step=k, loss=loss, grad_norm=gnorm, lr=float(self._lrs[k - 1]),
                          step_time_s=dt, tokens_per_s=self._tokens / dt,
-                         tflops_per_device=self._flops / dt / self.mesh.size / 1e12, time=time.time())
+                         tflops_per_device=self._flops / dt / self.mesh.size / 1e12,
+                         time=time.time(), tokens_seen=k * self._tokens,
+                         epoch=max(epochs) if epochs else None, val_loss=self._val.get(k))
         if self._log is not None:
             self._log.write(rec)
         recent = self._step_times[-20:]
@@ -300,6 +321,7 @@ class Trainer:
         until = cfg.steps if until is None else min(until, cfg.steps)
         first = self.step + 1
         self._losses: list[float] = []
+        self._val: dict[int, float] = {}
         self.reporter.start(first, cfg.steps, self._title(first))
         self._t_last = time.perf_counter()
         pending = None
@@ -307,15 +329,25 @@ class Trainer:
             for k in range(first, until + 1):
                 if cfg.debug.nan_at_step == k:
                     self.state = self._poison(self.state)
-                self.state, metrics = self._step_fn(self.state, self.batch(k))
+                self.state, metrics = self._step_fn(self.state, *self.batch(k))
                 if pending is not None:
                     self._complete(*pending)
                 pending = (k, metrics)
                 if cfg.debug.step_delay_s:
                     time.sleep(cfg.debug.step_delay_s)  # TEST-ONLY
-                if self._is_checkpoint_step(k):
-                    self._complete(*pending)  # its loss must be finite before it is saved
+                if self._is_validation_step(k):
+                    # With this step's parameters: its record carries the result, its time not.
+                    jax.block_until_ready(metrics)
+                    done = time.perf_counter()
+                    self._val[k] = self.validator.loss(self.state.params)
+                    self.reporter.note(f"step {k}: validation loss {self._val[k]:.4f}")
+                    self._complete(*pending, now=done)
                     pending = None
+                    self._t_last = time.perf_counter()
+                if self._is_checkpoint_step(k):
+                    if pending is not None:
+                        self._complete(*pending)  # its loss must be finite before it is saved
+                        pending = None
                     self._save(k)
                     self._t_last = time.perf_counter()
                 self.step = k
@@ -323,20 +355,28 @@ class Trainer:
                     if pending is not None:
                         self._complete(*pending)
                         pending = None
-                        if self.checkpointer is not None:
-                            self._save(k)
+                    if self.checkpointer is not None and not self._is_checkpoint_step(k):
+                        self._save(k)
                     raise Stopped(k, self._latest_checkpoint(), self.ckpt_dir)
             if pending is not None:
                 self._complete(*pending)
         finally:
             self.reporter.stop()
         return TrainResult(first, until, tuple(self._losses), self.resumed_from, self._latest_checkpoint(),
-                           self.compile_s)
+                           self.compile_s, tokens_seen=until * self._tokens,
+                           epochs=tuple(self.stream.epochs(until)),
+                           validation=tuple(sorted(self._val.items())))
+
+    def _is_validation_step(self, k: int) -> bool:
+        every = self.cfg.data.validation_every
+        return self.validator is not None and (k % every == 0 or k == self.cfg.steps)
 
     def _title(self, first: int) -> str:
         cfg = self.cfg
         start = f"resuming from checkpoint step {self.resumed_from}" if self.resumed_from is not None else "fresh start"
-        return (f"train {cfg.model.name} · plan {cfg.plan.name} · mesh {cfg.mesh} "
+        return (f"data {self.stream.describe()}"
+                + (" · document masking" if self._masked else "") + "\n"
+                f"train {cfg.model.name} · plan {cfg.plan.name} · mesh {cfg.mesh} "
                 f"({jax.device_count()} {jax.devices()[0].platform} device(s), {jax.process_count()} process(es)) · "
                 f"{cfg.microbatch}/device × {cfg.grad_accum} accum = {cfg.batch_per_step} seq × {cfg.seq} tokens · "
                 f"steps {first}–{cfg.steps} ({start}) · compiled in {self.compile_s:.1f} s")

@@ -73,12 +73,13 @@ def _chunk_nll(mesh):
     return nll
 
 
-def _chunk_nll_sum(h_BsD, weight_DV, targets_Bs, mesh):
-    """Sum over the chunk of −log p(target): logits in float32, never leaving this function."""
-    return jnp.sum(_chunk_nll(mesh)(h_BsD, weight_DV, targets_Bs))
+def _chunk_nll_sum(h_BsD, weight_DV, targets_Bs, mesh, w_Bs=None):
+    """Sum over the chunk of −log p(target) (times ``w_Bs``): float32 logits, never leaving here."""
+    nll_Bs = _chunk_nll(mesh)(h_BsD, weight_DV, targets_Bs)
+    return jnp.sum(nll_Bs if w_Bs is None else nll_Bs * w_Bs)
 
 
-def cross_entropy(hidden_BSD, weight_DV, targets_BS, *, tiles: int = 1, mesh=None):
+def cross_entropy(hidden_BSD, weight_DV, targets_BS, *, tiles: int = 1, mesh=None, weights_BS=None):
     """Mean next-token cross-entropy (float32) of logits ``hidden_BSD @ weight_DV`` against ``targets_BS``.
 
     Args:
@@ -87,6 +88,8 @@ def cross_entropy(hidden_BSD, weight_DV, targets_BS, *, tiles: int = 1, mesh=Non
       targets_BS: int target ids.
       tiles: chunks along the sequence; 1 computes the logits in one piece.
       mesh: the step's :class:`jax.sharding.Mesh` (None: one device).
+      weights_BS: float32 weight of each target (packed documents: 0 where the target is in
+        another document); the mean is then over the weights.  None: every target counts.
 
     Raises:
       TieraxError: ``tiles`` does not divide the sequence length.
@@ -94,16 +97,19 @@ def cross_entropy(hidden_BSD, weight_DV, targets_BS, *, tiles: int = 1, mesh=Non
     B, S, D = hidden_BSD.shape
     check_tiles(tiles, S)
     if tiles == 1:
-        total = _chunk_nll_sum(hidden_BSD, weight_DV, targets_BS, mesh)
+        total = _chunk_nll_sum(hidden_BSD, weight_DV, targets_BS, mesh, weights_BS)
     else:
         s = S // tiles
         h_nBsD = hidden_BSD.reshape(B, tiles, s, D).swapaxes(0, 1)
         t_nBs = targets_BS.reshape(B, tiles, s).swapaxes(0, 1)
+        w_nBs = None if weights_BS is None else weights_BS.reshape(B, tiles, s).swapaxes(0, 1)
 
         @jax.checkpoint  # the backward recomputes the chunk's logits rather than keeping them
         def body(acc, xs):
-            h_BsD, t_Bs = xs
-            return acc + _chunk_nll_sum(h_BsD, weight_DV, t_Bs, mesh), None
+            h_BsD, t_Bs, w_Bs = xs
+            return acc + _chunk_nll_sum(h_BsD, weight_DV, t_Bs, mesh, w_Bs), None
 
-        total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (h_nBsD, t_nBs))
-    return total / (B * S)
+        total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (h_nBsD, t_nBs, w_nBs))
+    if weights_BS is None:
+        return total / (B * S)
+    return total / jnp.maximum(jnp.sum(weights_BS), 1.0)

@@ -60,7 +60,10 @@ class RichReporter(Reporter):
         if rec.step % self.every == 0:
             self.progress.console.print(
                 f"step {rec.step:6d}  loss {rec.loss:8.4f}  grad norm {rec.grad_norm:8.3f}  lr {rec.lr:.2e}  "
-                f"{rec.tokens_per_s:12,.0f} tok/s  {rec.tflops_per_device:8.4f} TFLOP/s/device  ETA {eta}"
+                f"{rec.tokens_per_s:12,.0f} tok/s  {rec.tflops_per_device:8.4f} TFLOP/s/device  "
+                f"{rec.tokens_seen:,} tokens"
+                + (f" (epoch {rec.epoch:.3f})" if rec.epoch is not None else "")
+                + f"  ETA {eta}"
             )
 
     def note(self, text):

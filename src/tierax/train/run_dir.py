@@ -32,6 +32,9 @@ class StepRecord:
     tokens_per_s: float
     tflops_per_device: float
     time: float  # unix seconds when the step's result was read
+    tokens_seen: int = 0  # input tokens of every step up to this one
+    epoch: float | None = None  # epochs of the data completed (a mixture: its most repeated set)
+    val_loss: float | None = None  # the validation loss after this step, where one was computed
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict]:

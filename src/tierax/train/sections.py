@@ -53,20 +53,67 @@ class OptimizerConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
-    """``synthetic``: uniform random tokens; ``tokens``: a directory written by
-    ``tierax data prepare`` (byte-level tokens, vocabulary 256)."""
+    """Where batches come from (:mod:`tierax.train.data`).
+
+    ``source``: ``synthetic`` (uniform random tokens) or ``tokens``: ``path`` is a directory
+    written by ``tierax data prepare``, a ``.npy`` or raw ``.bin`` token array (raw: give
+    ``dtype``), or a Megatron dataset prefix; or ``mixture`` (instead of ``path``) is
+    ``PATH=WEIGHT,PATH=WEIGHT,...``.  ``document_mask``: attend within each document only
+    (positions restart per document).  ``validation_every`` steps (0: never) the loss over
+    ``validation_batches`` batches of ``validation_path`` (default: ``path``'s validation
+    split) is logged.  ``verify``: check every shard's SHA-256 at start.
+    """
 
     source: str = "synthetic"
     path: str | None = None
+    mixture: str | None = None
+    dtype: str | None = None
+    document_mask: bool = False
+    validation_path: str | None = None
+    validation_every: int = 0
+    validation_batches: int = 4
+    verify: bool = True
 
     def __post_init__(self) -> None:
         _check(self.source in DATA_SOURCES,
                f"data.source={self.source!r} is not a data source; use one of: {', '.join(DATA_SOURCES)}")
         if self.source == "tokens":
-            _check(self.path is not None,
+            _check(self.path is not None or self.mixture is not None,
                    "data.source is tokens but data.path is not set; give the directory `tierax data prepare` wrote")
+            _check(self.path is None or self.mixture is None,
+                   "data.path and data.mixture are both set; give one (a mixture lists its paths)")
+            if self.mixture is not None:
+                self.datasets()
         else:
-            _check(self.path is None, "data.path is set but data.source is synthetic; set data.source: tokens")
+            _check(self.path is None and self.mixture is None,
+                   "data.path is set but data.source is synthetic; set data.source: tokens")
+            _check(not self.document_mask,
+                   "data.document_mask needs token data (data.source: tokens)")
+            _check(not self.validation_every,
+                   "data.validation_every needs token data (data.source: tokens)")
+        _check(self.validation_every >= 0,
+               f"data.validation_every must be ≥ 0 (0: never), got {self.validation_every}")
+        _check(self.validation_batches >= 1,
+               f"data.validation_batches must be ≥ 1, got {self.validation_batches}")
+
+    def datasets(self) -> list[tuple[str, float]]:
+        """(path, weight) of each dataset: ``path`` with weight 1, or the parsed ``mixture``."""
+        if self.mixture is None:
+            return [(self.path, 1.0)]
+        out = []
+        for item in self.mixture.split(","):
+            path, sep, weight = item.strip().rpartition("=")
+            try:
+                w = float(weight)
+            except ValueError:
+                w = float("nan")
+            _check(bool(sep) and bool(path) and 0 < w < float("inf"),
+                   f"data.mixture item {item.strip()!r} is not PATH=WEIGHT with a positive weight; "
+                   "write e.g. data.mixture=runs/web=0.7,runs/books=0.3")
+            out.append((path, w))
+        _check(len(out) >= 1,
+               "data.mixture is empty; write e.g. data.mixture=runs/web=0.7,runs/books=0.3")
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
