@@ -149,3 +149,20 @@ def test_bad_input_is_named():
         tierax.plan(inv, mesh={"pipeline": 2})
     with pytest.raises(TieraxError, match="unknown target"):
         tierax.plan(inv, target="tpu")
+
+
+def test_a_plan_that_keeps_everything_on_device_gives_a_policy_that_saves_everything():
+    """policy() must never be None: inside the user's jax.checkpoint, policy=None recomputes everything."""
+    def layer(x, p):  # one tagged name, costly to recompute: an ample budget keeps it on device
+        return x + jnp.tanh(checkpoint_name(x @ p["w"], "mlpwi_0")) @ p["v"]
+
+    inv = tierax.inventory(_loss(None, layer), PARAMS, X)
+    planned = tierax.plan(inv)
+    assert planned.placements() == {"layers": {"mlpwi_0": "device"}}
+
+    def grad_flops(policy):
+        return jaxpr_tools.matmul_flops(jax.make_jaxpr(jax.grad(_loss(policy, layer)))(PARAMS, X))
+
+    saved = grad_flops(jax.checkpoint_policies.everything_saveable)
+    assert grad_flops(planned.policy()) == grad_flops(planned.policy("layers")) == saved
+    assert grad_flops(None) > saved  # what a None policy would have run

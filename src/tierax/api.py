@@ -96,16 +96,22 @@ class Planned:
     def predicted(self) -> cm.Prediction:
         return self.result.predicted
 
-    def policy(self, group: str | None = None) -> Callable | None:
-        """The ``jax.checkpoint`` policy of ``group`` (the only one if None); None: save everything (no remat)."""
+    def policy(self, group: str | None = None) -> Callable:
+        """The ``jax.checkpoint`` policy of ``group`` (the only one if None).
+
+        Always a policy: a group the plan keeps wholly on device gets ``everything_saveable``.
+        (``to_policies`` says None there, meaning "run without jax.checkpoint"; but this layer is
+        already inside your ``jax.checkpoint``, where ``policy=None`` recomputes everything.)
+        """
         policies = to_policies(self.plan, self.model)
         if group is None:
             if len(policies) != 1:
                 raise TieraxError(f"the model has layer groups {', '.join(policies)}; name one: policy(GROUP)")
-            return next(iter(policies.values()))
+            group = next(iter(policies))
         if group not in policies:
             raise TieraxError(f"no layer group {group!r}; the model's groups: {', '.join(policies)}")
-        return policies[group]
+        policy = policies[group]
+        return jax.checkpoint_policies.everything_saveable if policy is None else policy
 
     def placements(self) -> dict[str, dict[str, str]]:
         return {g: {n: p.value for n, p in gp.placements.items()} for g, gp in self.plan.groups.items()}
