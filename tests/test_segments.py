@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 
 import jax
 import pytest
@@ -177,3 +178,42 @@ def test_one_layer_segment_cannot_offload():
     plan = _segmented(cfg, {"decoder": [(0, 3, {}), (3, 4, {N.MLPWI_0: "offload"})]})
     with pytest.raises(TieraxError, match="one-layer segment cannot offload \\(mlpwi_0\\)"):
         P.to_policies(plan, cfg)
+
+
+ONE_LAYER_OFFLOAD = "    - layers: 0-2\n    - layers: '3'\n      mlpwi_0: offload\n"
+
+
+@pytest.mark.parametrize("plan_text, message", [
+    (_llama_plan(ONE_LAYER_OFFLOAD), r"decoder@3-3: a one-layer segment cannot offload \(mlpwi_0"),
+    ("mechanism: policy\n" + _llama_plan("    - layers: 0-1\n    - layers: 2-3\n"),
+     "has segments, which run in tierax's segmented scan"),
+])
+def test_every_verb_refuses_what_the_segmented_scan_cannot_run_before_compiling(
+        tmp_path, monkeypatch, capsys, plan_text, message):
+    """One validation (plan.resolve) for every verb: simulate and plans refuse what compile, verify
+    and train would; verify and train refuse it before compiling (compiling here fails the test)."""
+    import yaml
+
+    from tierax import cli
+    from tierax.measure import verify as V
+    from tierax.train import loop as L
+
+    f = tmp_path / "plan.yaml"
+    f.write_text(plan_text)
+
+    def no_compile(*a, **k):
+        raise AssertionError("compiled before the plan was checked")
+
+    monkeypatch.setattr(V, "compiled_step", no_compile)
+    monkeypatch.setattr(L, "Trainer", no_compile)
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    run = tmp_path / "run"
+    train = tmp_path / "train.yaml"
+    train.write_text(yaml.safe_dump({"model": "tiny-llama", "plan": str(f), "microbatch": 2,
+                                     "seq": 16, "steps": 2, "log": {"dir": str(run)}}))
+    for argv in (["simulate", "--plan", str(f)], ["plans", "--show", str(f)],
+                 ["verify", "--plan", str(f), "--seq", "16"], ["train", str(train)]):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert re.search(message, err), (argv, err)
+    assert not run.exists()  # train wrote nothing (no empty checkpoint directory)
