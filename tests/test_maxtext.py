@@ -131,6 +131,59 @@ def test_plan_for_maxtext_emits_a_uniform_plan_and_reports_the_cost(tmp_path, ca
     assert "XLA_PYTHON_CLIENT_MEM_FRACTION=0.95" in out.read_text()
 
 
+@pytest.mark.parametrize("target", ["v5e", "v5p", "v6e"])
+def test_tpu_targets_emit_a_tpu_config_without_gpu_settings(capsys, target):
+    for argv in (["plans", "--model", "tiny-llama", "--show", "qkv-offload", "--emit", "maxtext"],
+                 ["plan", "--model", "tiny-llama", "--microbatch", "2", "--seq", "32", "--emit",
+                  "maxtext"]):
+        assert main([*argv, "--target", target]) == 0, argv
+        text = capsys.readouterr().out
+        data = yaml.safe_load(text)
+        assert data["hardware"] == "tpu", argv
+        exports = [ln for ln in text.splitlines() if ln.startswith("#   export")]
+        assert exports == [] and "xla_gpu" not in text, (argv, exports)
+
+
+def test_a_mesh_the_model_cannot_take_is_refused_when_emitting(capsys):
+    argv = ["plans", "--model", "tiny-llama", "--show", "qkv-offload", "--emit", "maxtext"]
+    assert main([*argv, "--mesh", "tensor=4"]) == 2
+    err = capsys.readouterr().err
+    assert "num_kv_heads=2 is not divisible by tensor=4" in err and "ici_tensor" not in err
+    assert main([*argv, "--mesh", "tensor=2"]) == 0
+    assert "ici_tensor_parallelism: 2" in capsys.readouterr().out
+
+
+def test_overrides_written_for_another_model_are_refused_as_its_plan(tmp_path, capsys):
+    deepseek, llama = get_config("tiny-deepseek"), get_config("tiny-llama")
+    f = tmp_path / "ds.yml"
+    f.write_text(emit(P.preset("remat-full", deepseek), deepseek))
+    assert main(["plans", "--model", "tiny-llama", "--show", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "MaxText overrides for another model than tiny-llama" in err
+    assert "decoder_block 'deepseek' (here 'llama2')" in err and "delete its model keys" in err
+    # The fix the message names: without model keys the file is placements only.
+    data = yaml.safe_load(f.read_text())
+    keys = set(maxtext_keys.model_keys(deepseek)) | set(maxtext_keys.model_keys(llama))
+    f.write_text(yaml.safe_dump({k: v for k, v in data.items() if k not in keys}))
+    assert P.load_plan(str(f), llama) == P.Plan.from_dict(
+        {"plan": "ds", "description": f"read from MaxText overrides {f}",
+         "groups": {"decoder": {"default": "remat",
+                                **{n: "remat" for n in llama.layer_groups()[0].activations},
+                                N.DECODER_LAYER_INPUT: "device"}}})
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["--mesh", "fsdp=4"], "--mesh only sizes the config --emit writes"),
+    (["--target", "v5p", "--seq", "32"], "--target, --seq only size the config --emit writes"),
+    (["--yaml", "--emit", "maxtext"], "--yaml and --emit both print the plan; give one"),
+])
+def test_plans_refuses_options_it_would_ignore(capsys, extra, fragment):
+    assert main(["plans", "--model", "tiny-llama", "--show", "minimal", *extra]) == 2
+    assert fragment in capsys.readouterr().err
+    assert main(["plans", "--emit", "maxtext"]) == 2
+    assert "add --show PLAN" in capsys.readouterr().err
+
+
 # --- the one-placement-per-name constraint against brute force ------------------------------------------------
 
 CFG = get_config("tiny-deepseek")

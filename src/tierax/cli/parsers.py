@@ -28,11 +28,18 @@ def _models_and_plans(sub) -> None:
     pl.add_argument("--yaml", action="store_true", help="print the plan as YAML (usable as a plan file)")
     pl.add_argument("--emit", metavar="TOOL", help="print the plan as TOOL's config: maxtext (overrides YAML, "
                                                    "usable as a plan file too); sizes from the options below")
-    pl.add_argument("--target", default="h200", help="with --emit: h100, h200, b200, gb200 or cpu (default h200)")
+    pl.add_argument("--target", help="with --emit: h100, h200, b200, gb200, gb300, vr200, v5e, "
+                                     "v5p, v6e or cpu (default h200)")
     pl.add_argument("--devices", type=positive_int, help="with --emit: devices (default: the mesh's product)")
     pl.add_argument("--mesh", help="with --emit: mesh axes, e.g. fsdp=8 (data, fsdp, tensor, expert)")
-    pl.add_argument("--schedule", default="lhs", help="with --emit: serial, lhs or lhs-pipelined (its XLA flags)")
-    add_size_args(pl, microbatch=8)
+    # Defaults are applied in cmd_plans: None tells an option given without --emit (refused there).
+    pl.add_argument("--schedule", help="with --emit: serial, lhs or lhs-pipelined (its XLA flags; "
+                                       "default lhs)")
+    shown = planning.SHOW_DEFAULTS
+    pl.add_argument("--microbatch", type=positive_int,
+                    help=f"with --emit: sequences per device (default {shown['microbatch']})")
+    pl.add_argument("--seq", type=positive_int,
+                    help=f"with --emit: sequence length (default {shown['seq']})")
     pl.set_defaults(func=planning.cmd_plans)
 
 

@@ -34,10 +34,18 @@ def cmd_models(args) -> int:
     return 0
 
 
+# `plans --emit`'s sizes when not given (options given without --emit are refused).
+SHOW_DEFAULTS = {"target": "h200", "schedule": "lhs", "microbatch": 8, "seq": 64}
+
+
 def cmd_plans(args) -> int:
     from tierax import plan as plan_lib
+    from tierax.interop import planning as interop
     from tierax.report.tables import plan_table
 
+    sizing = {"--target": args.target, "--devices": args.devices, "--mesh": args.mesh,
+              "--schedule": args.schedule, "--microbatch": args.microbatch, "--seq": args.seq}
+    interop.check_show_options(show=args.show, yaml=args.yaml, emit=args.emit, sizing=sizing)
     cfg = resolve_model(args)
     if args.show is None:
         for name, (desc, _) in plan_lib.PRESETS.items():
@@ -45,10 +53,10 @@ def cmd_plans(args) -> int:
         return 0
     plan = plan_lib.load_plan(args.show, cfg)
     if args.emit:
-        from tierax.interop import planning as interop
-
-        print(interop.emit_plan(plan, cfg, args.emit, microbatch=args.microbatch, seq=args.seq, schedule=args.schedule,
-                                mesh=parse_mesh(args.mesh, args.devices).to_dict(), target=args.target), end="")
+        sizes = {k: v if getattr(args, k) is None else getattr(args, k)
+                 for k, v in SHOW_DEFAULTS.items()}
+        mesh = parse_mesh(args.mesh, args.devices).to_dict()
+        print(interop.emit_plan(plan, cfg, args.emit, mesh=mesh, **sizes), end="")
     elif args.yaml:
         print(plan.to_yaml(), end="")
     else:

@@ -20,6 +20,22 @@ def check_tool(value: str | None, option: str) -> None:
         raise TieraxError(f"{option} {value!r} is not supported; choose one of: {', '.join(TOOLS)}")
 
 
+def check_show_options(*, show: str | None, yaml: bool, emit: str | None, sizing: dict) -> None:
+    """``tierax plans``: refuse an option the request would ignore.  ``sizing``: option → value
+    (None when not given) of the options that size ``--emit``'s config."""
+    if (yaml or emit) and show is None:
+        raise TieraxError(f"{'--yaml' if yaml else '--emit'} prints one plan; add --show PLAN")
+    if yaml and emit:
+        raise TieraxError("--yaml and --emit both print the plan; give one")
+    given = [k for k, v in sizing.items() if v is not None]
+    if given and not emit:
+        one = len(given) == 1
+        raise TieraxError(f"{', '.join(given)} only size{'s' if one else ''} the config --emit "
+                          "writes (nothing without it); add --emit maxtext, or drop "
+                          + ("it" if one else "them"))
+    check_tool(emit, "--emit")
+
+
 def solve(cfg, mesh: dict, rates, *, microbatch: int, seq: int, max_microbatch: bool = False,
           for_tool: str | None = None, segments: bool = False, **budgets) -> tuple[planner.PlanResult, list[str]]:
     """The planner's result (restricted to one placement per name for MaxText) and lines to report."""

@@ -220,6 +220,7 @@ def _from_file_text(text: str, source: str, cfg) -> Plan:
     except yaml.YAMLError:
         data = None  # from_yaml reports it
     if maxtext_keys.is_override_file(data):
+        maxtext_keys.check_model(data, cfg, source)
         groups = {g.name: g.activations for g in cfg.layer_groups()}
         return Plan.from_dict(maxtext_keys.plan_dict(data, groups, source=source, text=text), source=source)
     return Plan.from_yaml(text, source=source)
