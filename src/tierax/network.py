@@ -104,7 +104,14 @@ def group_link(mesh: dict, axes: tuple[str, ...], rates) -> AxisLink:
 
 
 def axis_links(mesh: dict, rates) -> dict[str, AxisLink]:
-    """Per mesh axis, and for the FSDP group (:data:`FSDP_GROUP`), the link its collectives run at."""
+    """Per mesh axis, and for the FSDP group (:data:`FSDP_GROUP`), the link its collectives run at.
+
+    Raises:
+      TieraxError: ``--rate gpus_per_domain`` larger than a domain, whatever the job's size (a
+        one-device job runs no collective, so :func:`group_link` alone would never look at it).
+    """
+    devices_per_domain(int(np.prod(_sizes(mesh))), getattr(rates, "nvlink_domain_gpus", 0),
+                       getattr(rates, "gpus_per_domain", 0))
     out = {a: group_link(mesh, (a,), rates) for a in AXES}
     out[FSDP_GROUP] = group_link(mesh, FSDP_AXES, rates)
     return out

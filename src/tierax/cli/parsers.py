@@ -79,7 +79,9 @@ def _planning(sub) -> None:
     p.add_argument("--check", action="store_true",
                    help="compile the chosen plan deviceless for --target, correct the model's workspace term from "
                         "XLA's peak and re-plan until the compiled plan fits and agrees within 5 %% (exit 1 if not)")
-    p.add_argument("--check-iterations", type=positive_int, default=4, help="at most this many compiles (default 4)")
+    p.add_argument("--check-iterations", type=positive_int,
+                   help=f"with --check: at most this many compiles "
+                        f"(default {planning.CHECK_ITERATIONS})")
     p.add_argument("--segments", action="store_true",
                    help="also consider splitting each layer group at one layer into two runs of layers with their "
                         "own placements (every split point, solved exactly; the plan YAML gets 'segments')")

@@ -11,6 +11,7 @@ from tierax.errors import TieraxError
 from tierax.mesh import parse_mesh
 
 GIB = 2**30
+CHECK_ITERATIONS = 4  # plan --check's default bound on compiles
 
 
 def cmd_models(args) -> int:
@@ -124,12 +125,15 @@ def cmd_plan(args) -> int:
     from tierax.interop import planning as interop
     from tierax.report.tables import explain_table, prediction_table
 
+    interop.check_plan_options(sweep=args.sweep, check=args.check,
+                               check_iterations=args.check_iterations, segments=args.segments,
+                               for_tool=args.for_tool, emit=args.emit,
+                               max_microbatch=args.max_microbatch, out=args.out, json=args.json)
     if args.sweep:
         return _plan_sweep(args)
     if args.check:
         return _plan_check(args)
     out = check_output_file(args.out) if args.out else None
-    interop.check_tool(args.emit, "--emit")
     cfg, mesh, rates = _inputs(args)
     budgets = {"schedule": args.schedule, "budget_bytes": args.budget_gib and args.budget_gib * GIB,
                "host_budget_bytes": args.host_budget_gib and args.host_budget_gib * GIB}
@@ -159,8 +163,6 @@ def _plan_check(args) -> int:
     from tierax.fileio import check_output_file, write_text_atomic
     from tierax.whatif import override_rates
 
-    if args.sweep or args.emit or args.for_tool or args.max_microbatch:
-        raise TieraxError("--check compiles one plan at a given --microbatch; drop --sweep/--emit/--for/--max-microbatch")
     out = check_output_file(args.out) if args.out else None
     cfg, mesh = resolve_model(args), parse_mesh(args.mesh, args.devices)
     spec = hardware.compile_target(args.target)  # a projection (no XLA device spec) is refused here
@@ -187,7 +189,8 @@ def _plan_check(args) -> int:
     res = plan_check.check(cfg, mesh, rates, args.target, microbatch=args.microbatch, seq=args.seq,
                            schedule=args.schedule, budget_bytes=args.budget_gib and args.budget_gib * GIB,
                            host_budget_bytes=args.host_budget_gib and args.host_budget_gib * GIB,
-                           segments=args.segments, max_iterations=args.check_iterations, report=report)
+                           segments=args.segments,
+                           max_iterations=args.check_iterations or CHECK_ITERATIONS, report=report)
     if out:
         write_text_atomic(out, res.result.plan.to_yaml())
         print(f"wrote {out}")
@@ -213,12 +216,15 @@ def _plan_sweep(args) -> int:
     if args.out and not args.out.endswith(".png"):
         raise TieraxError(f"--out {args.out!r}: with --sweep, --out is the PNG to draw (FILE.png; FILE.json beside it)")
     out = check_output_file(args.out) if args.out else None
-    if out:
-        check_output_file(out.with_suffix(".json"))
+    if out:  # the user named F.png, not F.json: replace that only if an earlier sweep wrote it
+        beside = check_output_file(out.with_suffix(".json"))
+        records.check_replaceable(beside, records.SWEEP_SCHEMA,
+                                  f"--out {args.out!r} writes its record beside it:")
     cfg, mesh, rates = _inputs(args)
     solve = whatif.plan_solver(cfg, mesh.to_dict(), args.seq, args.microbatch, rates, schedule=args.schedule,
                                budget_bytes=args.budget_gib and args.budget_gib * GIB,
-                               host_budget_bytes=args.host_budget_gib and args.host_budget_gib * GIB)
+                               host_budget_bytes=args.host_budget_gib
+                               and args.host_budget_gib * GIB, segments=args.segments)
     with progress(f"sweep {key}", len(points), disable=args.json) as advance:
         pts = [p.to_json() for p in whatif.sweep(key, points, solve=solve, references=whatif.REFERENCES,
                                                  progress=advance)]

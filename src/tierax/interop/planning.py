@@ -1,4 +1,5 @@
-"""Planning for another tool: ``tierax plan --for maxtext`` and ``--emit maxtext``.
+"""How ``tierax plan``'s and ``tierax plans``' options combine (refused before any work where one
+would be ignored), and planning for another tool: ``--for maxtext`` and ``--emit maxtext``.
 
 ``--for maxtext`` solves with one placement per activation name across layer groups
 (what MaxText can express) and also solves without that restriction, so the
@@ -18,6 +19,37 @@ TOOLS = ("maxtext",)
 def check_tool(value: str | None, option: str) -> None:
     if value is not None and value not in TOOLS:
         raise TieraxError(f"{option} {value!r} is not supported; choose one of: {', '.join(TOOLS)}")
+
+
+def check_plan_options(*, sweep: str | None = None, check: bool = False,
+                       check_iterations: int | None = None, segments: bool = False,
+                       for_tool: str | None = None, emit: str | None = None,
+                       max_microbatch: bool = False, out: str | None = None,
+                       json: bool = False) -> None:
+    """``tierax plan``: refuse, before any work, a combination of options where one would be
+    ignored.  (``--segments`` combines with ``--sweep`` and ``--check``.)"""
+    one_plan = [o for o, given in (("--check", check), ("--emit", emit), ("--for", for_tool),
+                                   ("--max-microbatch", max_microbatch)) if given]
+    if sweep and one_plan:
+        one = len(one_plan) == 1
+        raise TieraxError(f"--sweep solves one plan per point and {', '.join(one_plan)} "
+                          f"appl{'ies' if one else 'y'} to a single plan; drop "
+                          f"{'it' if one else 'them'}, or plan one point without --sweep")
+    if check and (emit or for_tool or max_microbatch):
+        raise TieraxError("--check compiles one plan at a given --microbatch; drop "
+                          "--emit/--for/--max-microbatch")
+    if check_iterations is not None and not check:
+        raise TieraxError("--check-iterations bounds the compiles of --check; add --check or drop "
+                          "it")
+    if segments and (for_tool or max_microbatch):
+        raise TieraxError("--segments plans layer ranges separately, which " + (
+            "MaxText cannot express (one placement per name for all layers); drop --for"
+            if for_tool else "--max-microbatch does not search; plan at a given --microbatch"))
+    if emit and json and not out:
+        raise TieraxError("--emit without --out prints the config, and --json prints the result: "
+                          "both on stdout; give --out FILE for the config, or drop one")
+    check_tool(for_tool, "--for")
+    check_tool(emit, "--emit")
 
 
 def check_show_options(*, show: str | None, yaml: bool, emit: str | None, sizing: dict) -> None:
