@@ -98,7 +98,8 @@ def test_mesh_must_match_the_devices():
         launch.cpu_devices_per_process(TC.config_from_mapping({"model": "tiny-llama", "mesh": {"fsdp": 4}}), 3)
     assert launch.cpu_devices_per_process(TC.config_from_mapping({"model": "tiny-llama", "mesh": {"fsdp": 8}}), 2) == 4
     with pytest.raises(TieraxError, match="8 are available"):  # the runtime check, against the real devices
-        L.Trainer(TC.config_from_mapping({"model": "tiny-llama", "mesh": {"fsdp": 3}, "log": {"dir": "unused"}}))
+        L.Trainer(TC.config_from_mapping({"model": "tiny-llama", "mesh": {"fsdp": 2},
+                                          "log": {"dir": "unused"}}))
 
 
 def test_overrides_round_trip_and_the_shipped_config_loads(tmp_path):
