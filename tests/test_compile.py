@@ -111,6 +111,8 @@ def test_overlap_check_counts_every_transfer(tiny_llama_offload_vs_device):
     d2h, h2d = ov["by_direction"]["d2h"], ov["by_direction"]["h2d"]
     assert d2h["est_exposed_s"] < 0.5 * d2h["est_transfer_s"]
     assert h2d["est_exposed_s"] > 0.5 * h2d["est_transfer_s"]
+    for part in (ov, d2h, h2d):  # the three figures the compile table prints add up
+        assert part["est_hidden_s"] + part["est_exposed_s"] == pytest.approx(part["est_transfer_s"])
     assert on_dev.overlap["transfers"] == 0
     module = hlo.parse_module(text)
     assert sum(1 for ins in module.by_name.values() if ins.opcode == "while") >= 2
