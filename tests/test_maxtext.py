@@ -7,6 +7,7 @@ maxtext-v0.2.4 / main e591f30cb), whose custom-policy block is copied below.
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 import yaml
@@ -182,6 +183,16 @@ def test_plans_refuses_options_it_would_ignore(capsys, extra, fragment):
     assert fragment in capsys.readouterr().err
     assert main(["plans", "--emit", "maxtext"]) == 2
     assert "add --show PLAN" in capsys.readouterr().err
+
+
+def test_for_maxtext_names_the_mechanism_and_what_plan_without_for_predicts(capsys):
+    base = ["plan", "--model", "tiny-deepseek", "--microbatch", "2", "--seq", "32", "--json"]
+    assert main(base) == 0
+    own = json.loads(capsys.readouterr().out)["predicted"]["step_time_s"]
+    assert main([*base, "--for", "maxtext"]) == 0
+    (note,) = json.loads(capsys.readouterr().out)["notes"]
+    assert "with XLA's offload policy (mechanism: policy, what MaxText runs)" in note, note
+    assert f"without --for plans tierax's prefetching scan: {own * 1e3:.4g} ms" in note, note
 
 
 # --- the one-placement-per-name constraint against brute force ------------------------------------------------

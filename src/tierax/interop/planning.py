@@ -77,31 +77,39 @@ def solve(cfg, mesh: dict, rates, *, microbatch: int, seq: int, max_microbatch: 
                           + ("MaxText cannot express (one placement per name for all layers); drop --for"
                              if for_tool else "--max-microbatch does not search; plan at a given --microbatch"))
 
-    # MaxText moves offloaded names with XLA's offload policy, so a plan for it is planned for that mechanism.
-    mech = {"mechanism": "policy"} if for_tool else {}
-
-    def run(uniform: bool) -> planner.PlanResult:
+    def run(uniform: bool, mechanism: str = planner.DEFAULT_MECHANISM) -> planner.PlanResult:
         if max_microbatch:
-            return planner.max_microbatch(cfg, seq, mesh, rates, one_placement_per_name=uniform, **mech, **budgets)
+            return planner.max_microbatch(cfg, seq, mesh, rates, one_placement_per_name=uniform,
+                                          mechanism=mechanism, **budgets)
         return planner.plan(cfg, inv_lib.model_inventory(cfg, microbatch, seq, mesh), rates,
-                            one_placement_per_name=uniform, segments=segments, **mech, **budgets)
+                            one_placement_per_name=uniform, segments=segments, mechanism=mechanism,
+                            **budgets)
 
     if for_tool is None:
         return run(False), []
-    restricted, free = run(True), run(False)
-    return restricted, [restriction_note(restricted, free)]
+    # MaxText moves offloaded names with XLA's offload policy, so its plan is planned for that
+    # mechanism, and so is the unrestricted plan it is compared with; `tierax plan` without --for
+    # plans tierax's own prefetching scan, whose time is reported beside them.
+    restricted, free = run(True, "policy"), run(False, "policy")
+    return restricted, [restriction_note(restricted, free, run(False))]
 
 
-def restriction_note(restricted: planner.PlanResult, free: planner.PlanResult) -> str:
-    """What one placement per name costs, in predicted step time (and microbatch, if it changed)."""
+def restriction_note(restricted: planner.PlanResult, free: planner.PlanResult,
+                     own: planner.PlanResult | None = None) -> str:
+    """What one placement per name costs, in predicted step time (and microbatch, if it changed),
+    both plans under XLA's offload policy; ``own``: the plan for tierax's prefetching scan."""
     a, b = restricted.predicted.step_time_s, free.predicted.step_time_s
-    mb = (f"; microbatch {restricted.microbatch} vs {free.microbatch}" if restricted.microbatch != free.microbatch
-          else "")
+    mb = (f"; microbatch {restricted.microbatch} vs {free.microbatch}"
+          if restricted.microbatch != free.microbatch else "")
+    mech = "both with XLA's offload policy (mechanism: policy, what MaxText runs)"
+    if own is not None:
+        mech += (f"; `tierax plan` without --for plans tierax's prefetching scan: "
+                 f"{own.predicted.step_time_s * 1e3:.4g} ms")
+    what = "MaxText restriction (one placement per name across layer groups)"
     if restricted.microbatch == free.microbatch and abs(a - b) <= 1e-12 * max(a, b, 1e-30):
-        return (f"MaxText restriction (one placement per name across layer groups) costs nothing here: predicted "
-                f"step {a * 1e3:.4g} ms either way{mb}")
-    return (f"MaxText restriction (one placement per name across layer groups): predicted step {a * 1e3:.4g} ms "
-            f"vs {b * 1e3:.4g} ms unrestricted ({(a / b - 1) * 100:+.2f} %){mb}")
+        return f"{what} costs nothing here: predicted step {a * 1e3:.4g} ms either way{mb}, {mech}"
+    return (f"{what}: predicted step {a * 1e3:.4g} ms vs {b * 1e3:.4g} ms unrestricted "
+            f"({(a / b - 1) * 100:+.2f} %){mb}, {mech}")
 
 
 def emit(result: planner.PlanResult, cfg, tool: str, *, seq: int, mesh: dict, schedule: str, target: str,
