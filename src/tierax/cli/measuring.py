@@ -168,7 +168,7 @@ def cmd_profile(args) -> int:
 
 
 def cmd_report(args) -> int:
-    out = check_output_dir(args.out)
+    out = check_output_dir(args.out, allow_existing=False)
     if args.readme:
         check_output_file(args.readme, "--readme")
     from tierax.report import report as report_lib

@@ -189,7 +189,9 @@ def _running(sub) -> None:
                     "transfer/compute timeline if --trace is given, and optionally the README's performance "
                     "table (the section between the perf-table markers).")
     r.add_argument("results", nargs="+", metavar="RESULTS.json", help="results files")
-    r.add_argument("--out", required=True, metavar="DIR", help="directory for the PNGs and summary.md")
+    r.add_argument("--out", required=True, metavar="DIR",
+                   help="a new (or empty) directory for the PNGs and summary.md; nothing in an "
+                        "existing one is touched")
     r.add_argument("--trace", metavar="DIR", help="a `tierax profile --out` directory (or a trace file)")
     r.add_argument("--sweep", action="append", default=[], metavar="SWEEP.json",
                    help="a planner frontier to embed: `tierax plan --sweep ... --out F.png`'s F.json, or "

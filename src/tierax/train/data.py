@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from tierax.errors import TieraxError
-from tierax.fileio import write_text_atomic
+from tierax.fileio import new_file_mode, write_text_atomic
 
 FORMAT = "tierax.tokens/1"
 TOKENIZER = "bytes"
@@ -76,6 +76,7 @@ def prepare_text(text_file: str | os.PathLike, out_dir: str | os.PathLike) -> To
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(tokens.tobytes())
+        os.chmod(tmp, new_file_mode())  # mkstemp's 0600 would outlive the rename
         os.replace(tmp, out / TOKENS)
     except BaseException:
         pathlib.Path(tmp).unlink(missing_ok=True)
