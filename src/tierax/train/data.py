@@ -62,6 +62,8 @@ def prepare_text(text_file: str | os.PathLike, out_dir: str | os.PathLike) -> To
       TieraxError: the text file is missing or empty, or ``out_dir`` is a file.
     """
     src = pathlib.Path(text_file)
+    if src.is_dir():
+        raise TieraxError(f"text file {str(text_file)!r} is a directory; give a text file")
     if not src.is_file():
         raise TieraxError(f"text file {str(text_file)!r} does not exist")
     raw = src.read_bytes()
