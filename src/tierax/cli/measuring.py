@@ -72,7 +72,7 @@ def cmd_compile(args) -> int:
         spec.topology_name(mesh.size)  # an unsupported slice size fails before JAX starts
         from tierax import compile as compile_lib
 
-        compile_lib.start_deviceless_tpu(args.xla_preset)
+        compile_lib.start_deviceless_tpu(args.xla_preset, spec.accelerator_type(mesh.size))
         compile_lib.check_tpu_aot()
     else:
         launch.start(preset=args.xla_preset, deviceless_gpu=True)

@@ -171,7 +171,7 @@ def _plan_check(args) -> int:
     if spec.kind == "tpu":
         from tierax import compile as compile_lib
 
-        compile_lib.start_deviceless_tpu("none")
+        compile_lib.start_deviceless_tpu("none", spec.accelerator_type(mesh.size))
     else:
         launch.start(deviceless_gpu=True, preset="lhs-pipelined" if args.schedule == "lhs-pipelined" else "lhs")
     from tierax import plan_check
