@@ -58,7 +58,8 @@ MUTATIONS = [
         "name": "verify-compares-reference-with-itself",
         "what": "verify never runs the plan's program: the plan's loss and gradients are the reference's",
         "file": "src/tierax/measure/verify.py",
-        "old": "        loss, grads = compiled_step(graphdef, p, cfg, params, tokens)(params, tokens)\n",
+        "old": "        loss, grads = compiled_step(graphdef, p, cfg, params, tokens, jmesh)"
+               "(params, tokens)\n",
         "new": "        loss, grads = ref_loss, ref_grads\n",
         "tests": ["tests/test_verify.py"],
     },

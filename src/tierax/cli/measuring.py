@@ -53,7 +53,15 @@ def _verify_before_bench(cfg, plans, args):
     from tierax.measure import verify as verify_lib
     from tierax.report.measure_tables import verify_table
 
-    results = verify_lib.verify_plans(cfg, plans, microbatch=args.microbatch, seq=args.seq)
+    import jax
+
+    from tierax.mesh import MeshShape
+
+    # On bench's mesh (its default: fsdp over every device), with bench's batch (--microbatch is
+    # per device there, the global batch in verify).
+    mesh = parse_mesh(args.mesh, args.devices) if args.mesh else MeshShape(fsdp=jax.device_count())
+    results = verify_lib.verify_plans(cfg, plans, microbatch=args.microbatch * mesh.batch_ways,
+                                      seq=args.seq, mesh=mesh)
     failed = [r for r in results if not r.passed]
     if failed:
         console(stderr=True).print(verify_table(results, f"gradient check of {cfg.name} before bench"))
@@ -107,7 +115,8 @@ def _read_target_config(path: str | None) -> str | None:
 
 
 def cmd_verify(args) -> int:
-    launch.start(preset=args.xla_preset)
+    mesh = parse_mesh(args.mesh, args.devices) if args.mesh or args.devices else None
+    launch.start(devices=mesh.size if mesh else None, preset=args.xla_preset)
     import jax
 
     from tierax.measure import verify as verify_lib
@@ -115,18 +124,26 @@ def cmd_verify(args) -> int:
     from tierax.report.measure_tables import verify_table
 
     cfg = resolve_model(args)
-    launch.check_local_memory(cfg, copies=6, what="tierax verify (two gradient sets)")
+    if mesh is not None:
+        mesh.check_model(cfg, where="--mesh")
+        mesh.check_batch(args.microbatch, where="--microbatch (the global batch)")
+    launch.check_local_memory(cfg, shards=mesh.size if mesh else 1, copies=6,
+                              what="tierax verify (two gradient sets)")
     plans = load_plans(args.plan, cfg, "--plan")
-    results = verify_lib.verify_plans(cfg, plans, microbatch=args.microbatch, seq=args.seq, seed=args.seed)
+    results = verify_lib.verify_plans(cfg, plans, microbatch=args.microbatch, seq=args.seq,
+                                      seed=args.seed, mesh=mesh)
     passed = all(r.passed for r in results)
     if args.json:
         doc = records.envelope(records.VERIFY_SCHEMA, records.command_line()) | {
             "xla_preset": args.xla_preset, "model": config_to_dict(cfg), "passed": passed,
+            "mesh": mesh.to_dict() if mesh else None,
             "results": [r.to_json() for r in results]}
         print(json.dumps(doc, indent=2))
         return 0 if passed else 1
-    console().print(verify_table(results, f"{cfg.name} ({cfg.dtype}) · microbatch {args.microbatch} × seq "
-                                          f"{args.seq} · {jax.default_backend()} · against save-all"))
+    on = f"mesh {mesh}" if mesh else "1 device"
+    title = (f"{cfg.name} ({cfg.dtype}) · microbatch {args.microbatch} × seq {args.seq} · "
+             f"{jax.default_backend()}, {on} · against save-all")
+    console().print(verify_table(results, title))
     for r in results:
         if not r.passed:
             print(f"FAIL {r.plan}: max relative error {r.max_rel_err:.3g} > {r.tolerance:g}; above the tolerance: "

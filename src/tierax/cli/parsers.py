@@ -160,7 +160,13 @@ def _running(sub) -> None:
     v.add_argument("--plan", default="qkv-offload",
                    help="a preset or plan YAML file, or a comma-separated list (default: qkv-offload)")
     add_size_args(v, microbatch=4, per_device=False)
-    v.add_argument("--seed", type=nonnegative_int, default=0, help="parameter seed; tokens use seed + 1 (default 0)")
+    v.add_argument("--devices", type=positive_int,
+                   help="host CPU devices to create (CPU backend; default: the mesh's product, "
+                        "else 1)")
+    v.add_argument("--mesh", help="run each plan and save-all sharded on this mesh, e.g. "
+                                  "fsdp=2,expert=2,tensor=2 (default: one device)")
+    v.add_argument("--seed", type=nonnegative_int, default=0,
+                   help="parameter seed; tokens use seed + 1 (default 0)")
     v.add_argument("--xla-preset", default="none", help=PRESET_HELP)
     v.add_argument("--json", action="store_true", help="print one JSON object")
     v.set_defaults(func=measuring.cmd_verify)
