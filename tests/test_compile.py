@@ -189,3 +189,21 @@ def test_pipelined_preset_changes_the_schedule():
     # Pipelined host offloading keeps transfers in flight across layers: more device staging memory.
     assert out["lhs-pipelined"]["device_temp_bytes"] > out["none"]["device_temp_bytes"]
     assert out["lhs-pipelined"]["overlap"]["est_hidden_s"] != out["none"]["overlap"]["est_hidden_s"]
+
+
+def test_fits_leaves_the_runtime_reserve_free(monkeypatch, tiny_llama_offload_vs_device):
+    """A compiled peak between the usable limit (capacity less the runtime reserve) and the raw
+    capacity does not fit.  The fixture's offload program is compiled again (the same target
+    config, given explicitly), judged against a capacity just above its peak."""
+    cfg, off, _, _ = tiny_llama_offload_vs_device
+    spec = hardware.TARGETS["h200"]
+    peak = off.device_peak_bytes
+    assert off.fits and off.device_capacity_bytes == spec.device_memory_bytes
+    tight = int(peak / (1 - hardware.RUNTIME_RESERVE_FRACTION / 2))  # peak < capacity, > usable
+    monkeypatch.setitem(hardware.TARGETS, "h200",
+                        dataclasses.replace(spec, device_memory_bytes=tight))
+    plan = dataclasses.replace(P.preset("qkv-offload", cfg), mechanism="policy")
+    again, _ = C.compile_for_target(cfg, plan, "h200", microbatch=8, seq=64,
+                                    target_config=hardware.render_target_config(spec))
+    assert again.device_peak_bytes == peak < again.device_capacity_bytes == tight
+    assert not again.fits

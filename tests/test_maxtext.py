@@ -195,6 +195,33 @@ def test_for_maxtext_names_the_mechanism_and_what_plan_without_for_predicts(caps
     assert f"without --for plans tierax's prefetching scan: {own * 1e3:.4g} ms" in note, note
 
 
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-deepseek"])
+def test_every_name_in_every_placement_is_written_and_read_back(tmp_path, model):
+    """Not only the presets' combinations: each activation name alone in each placement."""
+    cfg = get_config(model)
+    names = list(dict.fromkeys(n for g in cfg.layer_groups() for n in g.activations))
+    f = tmp_path / "one.yml"
+    for name, placement in itertools.product(names, P.Placement):
+        groups = {}
+        for g in cfg.layer_groups():
+            placements = {N.DECODER_LAYER_INPUT: P.Placement.DEVICE}
+            if name in g.activations:
+                placements[name] = placement
+            groups[g.name] = P.GroupPlan(placements, P.Placement.REMAT)
+        plan = P.Plan("one", groups)
+        if name == N.DECODER_LAYER_INPUT and placement is P.Placement.REMAT:
+            with pytest.raises(TieraxError, match="recomputes decoder_layer_input"):
+                emit(plan, cfg)
+            continue
+        f.write_text(emit(plan, cfg))
+        data = yaml.safe_load(f.read_text())
+        expected = {n: P.Placement.DEVICE if n == N.DECODER_LAYER_INPUT else P.Placement.REMAT
+                    for n in names} | {name: placement}
+        written = {n: data[n] for n in names}
+        assert written == {n: p.value for n, p in expected.items()}, (name, placement)
+        assert P.resolve(P.load_plan(str(f), cfg), cfg) == P.resolve(plan, cfg), (name, placement)
+
+
 # --- the one-placement-per-name constraint against brute force ------------------------------------------------
 
 CFG = get_config("tiny-deepseek")

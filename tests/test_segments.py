@@ -217,3 +217,28 @@ def test_every_verb_refuses_what_the_segmented_scan_cannot_run_before_compiling(
         err = capsys.readouterr().err
         assert re.search(message, err), (argv, err)
     assert not run.exists()  # train wrote nothing (no empty checkpoint directory)
+
+
+def test_segment_ranges_reach_the_scans_exactly():
+    """The layer ranges a plan names are the ranges every consumer gets, one by one: to_policies'
+    parts, resolve's and the inventory's segment rows (and the planner's splits likewise)."""
+    from tierax import inventory as inv_lib
+    from tierax.models import apply_overrides
+
+    cfg = apply_overrides(get_config("tiny-llama"), ["num_layers=9"])
+    plan = P.Plan.from_yaml(_llama_plan("    - layers: 0-2\n      query_proj: offload\n"
+                                        "    - layers: '3-4'\n      mlpwi_0: device\n"
+                                        "    - layers: 5-8\n      key_proj: offload\n"))
+    parts = P.to_policies(plan, cfg)["decoder"].parts
+    assert [(p.start, p.stop) for p in parts] == [(0, 3), (3, 5), (5, 9)]
+    assert [(sorted(p.offload), sorted(p.keep)) for p in parts] == [
+        ([N.QUERY_PROJ], []), ([], [N.MLPWI_0]), ([N.KEY_PROJ], [])]
+    assert list(P.resolve(plan, cfg)) == ["decoder@0-2", "decoder@3-4", "decoder@5-8"]
+    inv = inv_lib.for_plan(inv_lib.model_inventory(cfg, 1, 8), plan, cfg)
+    assert [(g.name, g.num_layers) for g in inv.groups] == [("decoder@0-2", 3), ("decoder@3-4", 2),
+                                                            ("decoder@5-8", 4)]
+    split = planner.placements_to_plan({}, cfg, "split", "", splits={"decoder": 4})
+    again = P.Plan.from_yaml(split.to_yaml())  # the YAML a planned split is written as reads back
+    for plan in (split, again):
+        assert [(p.start, p.stop) for p in P.to_policies(plan, cfg)["decoder"].parts] == \
+            [(0, 4), (4, 9)]
