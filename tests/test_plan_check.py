@@ -48,10 +48,9 @@ def test_a_model_below_xla_under_a_binding_budget_re_plans_within_a_smaller_budg
     import types
 
     from tierax import compile as compile_lib
-    from tierax import hardware
+    from tierax import hardware, planner
     from tierax import inventory as inv_lib
     from tierax import plan as P
-    from tierax import planner
 
     cfg = get_config("tiny-llama")
     rates = cm.target_rates("h200", cfg.dtype)

@@ -50,12 +50,11 @@ def cmd_bench(args) -> int:
 
 def _verify_before_bench(cfg, plans, args):
     """``bench --verify``: every plan's gradients against save-all; failures go to stderr."""
-    from tierax.measure import verify as verify_lib
-    from tierax.report.measure_tables import verify_table
-
     import jax
 
+    from tierax.measure import verify as verify_lib
     from tierax.mesh import MeshShape
+    from tierax.report.measure_tables import verify_table
 
     # On bench's mesh (its default: fsdp over every device), with bench's batch (--microbatch is
     # per device there, the global batch in verify).

@@ -26,9 +26,8 @@ from collections.abc import Mapping
 
 import yaml
 
-from tierax import hardware
+from tierax import hardware, xla_flags
 from tierax import names as N
-from tierax import xla_flags
 from tierax.errors import TieraxError
 from tierax.interop import maxtext_keys as K
 from tierax.interop.maxtext_keys import model_keys
@@ -81,8 +80,8 @@ def runtime_env(*, target: str, schedule: str, devices: int, budget_bytes: float
     env, why = {}, []
     if target != "cpu" and hardware.get_target(target).kind == "tpu":
         # The schedule presets are XLA:GPU flags, and the two variables are read by the GPU client.
-        return env, [f"TPU ({target}): no XLA_FLAGS, {MEM_FRACTION} or {HOST_LIMIT}: those are for "
-                     "XLA:GPU and its client (XLA:TPU runs its own latency-hiding scheduler)"]
+        return env, [(f"TPU ({target}): no XLA_FLAGS, {MEM_FRACTION} or {HOST_LIMIT}: those are "
+                      "for XLA:GPU and its client (XLA:TPU runs its own latency-hiding scheduler)")]
     flags = xla_flags.PRESETS[SCHEDULE_PRESET[schedule]]
     if flags:
         env["XLA_FLAGS"] = " ".join(flags)
