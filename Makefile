@@ -31,6 +31,7 @@ demo: $(STAMP)
 results: $(STAMP)
 	$(BIN)/tierax bench --model tiny-deepseek --plans $(DEMO_PLANS) --steps 10 \
 		--out bench/results/demo-bench-tiny-deepseek.json
+	rm -rf runs/results-report
 	$(BIN)/tierax report bench/results/demo-bench-tiny-deepseek.json --out runs/results-report --readme README.md
 
 test: $(STAMP)

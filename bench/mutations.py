@@ -58,9 +58,53 @@ MUTATIONS = [
         "name": "verify-compares-reference-with-itself",
         "what": "verify never runs the plan's program: the plan's loss and gradients are the reference's",
         "file": "src/tierax/measure/verify.py",
-        "old": "        loss, grads = compiled_step(graphdef, p, cfg, params, tokens)(params, tokens)\n",
+        "old": "        loss, grads = compiled_step(graphdef, p, cfg, params, tokens, jmesh)"
+               "(params, tokens)\n",
         "new": "        loss, grads = ref_loss, ref_grads\n",
         "tests": ["tests/test_verify.py"],
+    },
+    # Issue 24's four, which the suite then let through, and the same gap in compile's fits.
+    {
+        "name": "plan-check-correction-wrong-sign",
+        "what": "plan --check adds XLA's miss to the next solve's budget instead of taking it off",
+        "file": "src/tierax/plan_check.py",
+        "old": "budget_bytes=budget - correction,",
+        "new": "budget_bytes=budget + correction,",
+        "tests": ["tests/test_plan_check.py"],
+    },
+    {
+        "name": "prediction-fits-without-the-reserve",
+        "what": "Prediction.fits compares the peak with the raw capacity (no runtime reserve)",
+        "file": "src/tierax/costmodel/predict.py",
+        "old": "fits=peak <= hardware.usable_bytes(rates.device_memory_bytes)",
+        "new": "fits=peak <= rates.device_memory_bytes",
+        "tests": ["tests/test_costmodel_hand.py"],
+    },
+    {
+        "name": "compile-fits-without-the-reserve",
+        "what": "CompileResult.fits compares XLA's peak with the raw capacity (no runtime reserve)",
+        "file": "src/tierax/compile.py",
+        "old": "fits=peak <= hardware.usable_bytes(spec.device_memory_bytes),",
+        "new": "fits=peak <= spec.device_memory_bytes,",
+        "tests": ["tests/test_compile.py"],
+    },
+    {
+        "name": "emit-maxtext-offloaded-mlpwo-as-device",
+        "what": "--emit maxtext writes mlpwo: device where the plan offloads mlpwo",
+        "file": "src/tierax/interop/maxtext.py",
+        "old": 'remat = {k: placements[k].value if k in placements else "remat" '
+               'for k in K.REMAT_KEYS}',
+        "new": 'remat = {k: ("device" if k == "mlpwo" and placements[k] is Placement.OFFLOAD '
+               'else placements[k].value) if k in placements else "remat" for k in K.REMAT_KEYS}',
+        "tests": ["tests/test_maxtext.py"],
+    },
+    {
+        "name": "planned-segment-boundary-shifted-by-one",
+        "what": "a planned split at layer k makes segments 0..k and k+1..n-1 (one layer late)",
+        "file": "src/tierax/planner.py",
+        "old": "for a, b in ((0, k), (k, g.num_layers)))",
+        "new": "for a, b in ((0, k + 1), (k + 1, g.num_layers)))",
+        "tests": ["tests/test_segments.py"],
     },
 ]
 

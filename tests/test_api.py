@@ -149,3 +149,59 @@ def test_bad_input_is_named():
         tierax.plan(inv, mesh={"pipeline": 2})
     with pytest.raises(TieraxError, match="unknown target"):
         tierax.plan(inv, target="tpu")
+
+
+def test_a_plan_that_keeps_everything_on_device_gives_a_policy_that_saves_everything():
+    """policy() is never None: in the user's jax.checkpoint, policy=None recomputes everything."""
+    def layer(x, p):  # one tagged name, costly to recompute: an ample budget keeps it on device
+        return x + jnp.tanh(checkpoint_name(x @ p["w"], "mlpwi_0")) @ p["v"]
+
+    inv = tierax.inventory(_loss(None, layer), PARAMS, X)
+    planned = tierax.plan(inv)
+    assert planned.placements() == {"layers": {"mlpwi_0": "device"}}
+
+    def grad_flops(policy):
+        return jaxpr_tools.matmul_flops(jax.make_jaxpr(jax.grad(_loss(policy, layer)))(PARAMS, X))
+
+    saved = grad_flops(jax.checkpoint_policies.everything_saveable)
+    assert grad_flops(planned.policy()) == grad_flops(planned.policy("layers")) == saved
+    assert grad_flops(None) > saved  # what a None policy would have run
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"mesh": {"fsdp": 0}}, "mesh axis fsdp must be an integer ≥ 1, got 0"),
+    ({"mesh": {"fsdp": -2}}, "mesh axis fsdp must be an integer ≥ 1, got -2"),
+    ({"mesh": {"fsdp": 2.5}}, "mesh axis fsdp must be an integer ≥ 1, got 2.5"),
+    ({"mesh": "fsdp=8"}, "give a mapping of axis sizes"),
+    ({"budget": float("nan")}, "budget=nan: give a finite number of bytes"),
+    ({"budget": -1.0}, "budget=-1.0: give a finite number of bytes"),
+    ({"host_budget": float("inf")}, "host_budget=inf: give a finite number of bytes"),
+    ({"extra_bytes": -10**12}, "extra_bytes=-1000000000000: give a finite number of bytes ≥ 0"),
+])
+def test_plan_refuses_bad_arguments_with_a_tierax_error(kwargs, fragment):
+    inv = tierax.inventory(_loss(None), PARAMS, X)
+    with pytest.raises(TieraxError) as e:
+        tierax.plan(inv, **kwargs)
+    assert fragment in str(e.value)
+
+
+def test_inventory_and_plan_refuse_what_they_cannot_plan():
+    with pytest.raises(TieraxError, match="takes what tierax.inventory"):
+        tierax.plan({"a": 1})
+    with pytest.raises(TieraxError, match=r"returns float32\[8, 32, 64\]; tierax plans the grad"):
+        tierax.inventory(lambda p, x: _loss(None)(p, x) * jnp.ones_like(x), PARAMS, X)
+    ints = {"w": jax.ShapeDtypeStruct((4, 64, 256), jnp.int32), "v": PARAMS["v"]}
+    with pytest.raises(TieraxError, match=r"params leaves \['w'\] \(int32\) are not floating"):
+        tierax.inventory(_loss(None), ints, X)
+    with pytest.raises(TieraxError, match="loss_fn is a str"):
+        tierax.inventory("loss", PARAMS, X)
+
+
+def test_no_plan_fits_names_small_sizes_in_their_unit_and_the_apis_own_remedies():
+    inv = tierax.inventory(_loss(None), PARAMS, X)
+    with pytest.raises(TieraxError) as e:
+        tierax.plan(inv, budget=1000)
+    msg = str(e.value)
+    assert ("no plan fits custom in a device budget of 1000 B: recomputing everything still needs "
+            "6.81 MiB (params+grads+AdamW 2.00 MiB, layer inputs 256.00 KiB") in msg, msg
+    assert "--" not in msg and "a larger budget=" in msg, msg  # the API's terms, not the CLI's

@@ -111,6 +111,8 @@ def test_overlap_check_counts_every_transfer(tiny_llama_offload_vs_device):
     d2h, h2d = ov["by_direction"]["d2h"], ov["by_direction"]["h2d"]
     assert d2h["est_exposed_s"] < 0.5 * d2h["est_transfer_s"]
     assert h2d["est_exposed_s"] > 0.5 * h2d["est_transfer_s"]
+    for part in (ov, d2h, h2d):  # the three figures the compile table prints add up
+        assert part["est_hidden_s"] + part["est_exposed_s"] == pytest.approx(part["est_transfer_s"])
     assert on_dev.overlap["transfers"] == 0
     module = hlo.parse_module(text)
     assert sum(1 for ins in module.by_name.values() if ins.opcode == "while") >= 2
@@ -187,3 +189,21 @@ def test_pipelined_preset_changes_the_schedule():
     # Pipelined host offloading keeps transfers in flight across layers: more device staging memory.
     assert out["lhs-pipelined"]["device_temp_bytes"] > out["none"]["device_temp_bytes"]
     assert out["lhs-pipelined"]["overlap"]["est_hidden_s"] != out["none"]["overlap"]["est_hidden_s"]
+
+
+def test_fits_leaves_the_runtime_reserve_free(monkeypatch, tiny_llama_offload_vs_device):
+    """A compiled peak between the usable limit (capacity less the runtime reserve) and the raw
+    capacity does not fit.  The fixture's offload program is compiled again (the same target
+    config, given explicitly), judged against a capacity just above its peak."""
+    cfg, off, _, _ = tiny_llama_offload_vs_device
+    spec = hardware.TARGETS["h200"]
+    peak = off.device_peak_bytes
+    assert off.fits and off.device_capacity_bytes == spec.device_memory_bytes
+    tight = int(peak / (1 - hardware.RUNTIME_RESERVE_FRACTION / 2))  # peak < capacity, > usable
+    monkeypatch.setitem(hardware.TARGETS, "h200",
+                        dataclasses.replace(spec, device_memory_bytes=tight))
+    plan = dataclasses.replace(P.preset("qkv-offload", cfg), mechanism="policy")
+    again, _ = C.compile_for_target(cfg, plan, "h200", microbatch=8, seq=64,
+                                    target_config=hardware.render_target_config(spec))
+    assert again.device_peak_bytes == peak < again.device_capacity_bytes == tight
+    assert not again.fits

@@ -353,3 +353,29 @@ def test_moe_layer_workspace_adds_its_backward_buffers():
     small = dataclasses.replace(moe_g, save_all_bytes_per_layer=1_000_000)
     inv = dataclasses.replace(inv, groups=(dense, small), mesh={"data": 1, "fsdp": 1, "expert": 2})
     assert cm.simulate(PLAN, inv, CFG, RATES, "lhs").breakdown["workspace_bytes"] == 50_004_000 + 65_536
+
+
+def test_fits_leaves_the_runtime_reserve_free_in_simulate_plan_and_sweeps():
+    """A predicted peak between the usable limit (capacity less the runtime reserve) and the raw
+    capacity does not fit: simulate says so, the planner's default budget avoids it, and a sweep's
+    reference curve marks it."""
+    from tierax import hardware, planner, whatif
+
+    cfg = get_config("tiny-llama")
+    inv = model_inventory(cfg, 8, 64, {})
+    rates = cm.target_rates("h200", cfg.dtype)
+    save_all = P.preset("save-all", cfg)
+    peak = cm.simulate(save_all, inv, cfg, rates, "lhs").peak_device_bytes
+    tight = dataclasses.replace(rates, device_memory_bytes=int(
+        peak / (1 - hardware.RUNTIME_RESERVE_FRACTION / 2)))  # peak < capacity, > usable
+    roomy = dataclasses.replace(rates, device_memory_bytes=int(
+        peak / (1 - 2 * hardware.RUNTIME_RESERVE_FRACTION)))
+    between = cm.simulate(save_all, inv, cfg, tight, "lhs")
+    assert between.peak_device_bytes == peak < between.device_capacity_bytes and not between.fits
+    assert cm.simulate(save_all, inv, cfg, roomy, "lhs").fits
+    planned = planner.plan(cfg, inv, tight).predicted  # the default budget: the usable bytes
+    assert planned.fits and planned.peak_device_bytes < peak
+    solve = whatif.plan_solver(cfg, {}, 64, 8, tight, schedule="lhs", budget_bytes=None,
+                               host_budget_bytes=None)
+    point = whatif.sweep("microbatch", [8.0], solve=solve, references=["save-all"])[0]
+    assert point.reference["save-all"] is None and point.peak_device_bytes < peak

@@ -40,6 +40,26 @@ def test_concurrent_stores_share_the_link():
     assert ov["est_exposed_s"] == pytest.approx(MS) and ov["est_transfer_s"] == pytest.approx(2 * MS)
 
 
+def test_hidden_and_exposed_add_up_to_the_transfer_time_when_transfers_share_the_link():
+    # Two 4 MiB stores awaited with no compute between: they share the link, so the first done
+    # waits 2 ms (longer than its own 1 ms alone) and the second none.  The link is busy 2 ms, all
+    # of it exposed.
+    ts, ov = _check(_entry(
+        f"  %sa = ({A}, {H}, u32[]) copy-start(%p0)\n"
+        f"  %sb = ({A}, {H}, u32[]) copy-start(%p1)\n"
+        f"  %da = {H} copy-done(%sa)\n"
+        f"  %db = {H} copy-done(%sb)\n"
+        f"  ROOT %d2 = {A} dot(%p0, %p1), lhs_contracting_dims={{1}}, "
+        "rhs_contracting_dims={0}\n"))
+    assert ts["sa"].est_stall_s == pytest.approx(2 * MS)
+    assert ts["sb"].est_stall_s == pytest.approx(0, abs=1e-12)
+    assert ov["est_transfer_s"] == pytest.approx(2 * MS)
+    assert ov["est_exposed_s"] == pytest.approx(2 * MS)
+    assert ov["est_hidden_s"] == pytest.approx(0, abs=1e-12)
+    for part in (ov, *ov["by_direction"].values()):
+        assert part["est_hidden_s"] + part["est_exposed_s"] == pytest.approx(part["est_transfer_s"])
+
+
 def test_a_store_and_a_load_do_not_compete():
     # The link is full duplex: a 1 ms store and a 1 ms load under a 1 ms dot are both hidden.
     ts, ov = _check(_entry(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 
 import pytest
 import yaml
@@ -130,6 +131,96 @@ def test_plan_for_maxtext_emits_a_uniform_plan_and_reports_the_cost(tmp_path, ca
     plan = P.load_plan(str(out), cfg)
     assert not maxtext.conflicts(plan, cfg)
     assert "XLA_PYTHON_CLIENT_MEM_FRACTION=0.95" in out.read_text()
+
+
+@pytest.mark.parametrize("target", ["v5e", "v5p", "v6e"])
+def test_tpu_targets_emit_a_tpu_config_without_gpu_settings(capsys, target):
+    for argv in (["plans", "--model", "tiny-llama", "--show", "qkv-offload", "--emit", "maxtext"],
+                 ["plan", "--model", "tiny-llama", "--microbatch", "2", "--seq", "32", "--emit",
+                  "maxtext"]):
+        assert main([*argv, "--target", target]) == 0, argv
+        text = capsys.readouterr().out
+        data = yaml.safe_load(text)
+        assert data["hardware"] == "tpu", argv
+        exports = [ln for ln in text.splitlines() if ln.startswith("#   export")]
+        assert exports == [] and "xla_gpu" not in text, (argv, exports)
+
+
+def test_a_mesh_the_model_cannot_take_is_refused_when_emitting(capsys):
+    argv = ["plans", "--model", "tiny-llama", "--show", "qkv-offload", "--emit", "maxtext"]
+    assert main([*argv, "--mesh", "tensor=4"]) == 2
+    err = capsys.readouterr().err
+    assert "num_kv_heads=2 is not divisible by tensor=4" in err and "ici_tensor" not in err
+    assert main([*argv, "--mesh", "tensor=2"]) == 0
+    assert "ici_tensor_parallelism: 2" in capsys.readouterr().out
+
+
+def test_overrides_written_for_another_model_are_refused_as_its_plan(tmp_path, capsys):
+    deepseek, llama = get_config("tiny-deepseek"), get_config("tiny-llama")
+    f = tmp_path / "ds.yml"
+    f.write_text(emit(P.preset("remat-full", deepseek), deepseek))
+    assert main(["plans", "--model", "tiny-llama", "--show", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "MaxText overrides for another model than tiny-llama" in err
+    assert "decoder_block 'deepseek' (here 'llama2')" in err and "delete its model keys" in err
+    # The fix the message names: without model keys the file is placements only.
+    data = yaml.safe_load(f.read_text())
+    keys = set(maxtext_keys.model_keys(deepseek)) | set(maxtext_keys.model_keys(llama))
+    f.write_text(yaml.safe_dump({k: v for k, v in data.items() if k not in keys}))
+    assert P.load_plan(str(f), llama) == P.Plan.from_dict(
+        {"plan": "ds", "description": f"read from MaxText overrides {f}",
+         "groups": {"decoder": {"default": "remat",
+                                **{n: "remat" for n in llama.layer_groups()[0].activations},
+                                N.DECODER_LAYER_INPUT: "device"}}})
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["--mesh", "fsdp=4"], "--mesh only sizes the config --emit writes"),
+    (["--target", "v5p", "--seq", "32"], "--target, --seq only size the config --emit writes"),
+    (["--yaml", "--emit", "maxtext"], "--yaml and --emit both print the plan; give one"),
+])
+def test_plans_refuses_options_it_would_ignore(capsys, extra, fragment):
+    assert main(["plans", "--model", "tiny-llama", "--show", "minimal", *extra]) == 2
+    assert fragment in capsys.readouterr().err
+    assert main(["plans", "--emit", "maxtext"]) == 2
+    assert "add --show PLAN" in capsys.readouterr().err
+
+
+def test_for_maxtext_names_the_mechanism_and_what_plan_without_for_predicts(capsys):
+    base = ["plan", "--model", "tiny-deepseek", "--microbatch", "2", "--seq", "32", "--json"]
+    assert main(base) == 0
+    own = json.loads(capsys.readouterr().out)["predicted"]["step_time_s"]
+    assert main([*base, "--for", "maxtext"]) == 0
+    (note,) = json.loads(capsys.readouterr().out)["notes"]
+    assert "with XLA's offload policy (mechanism: policy, what MaxText runs)" in note, note
+    assert f"without --for plans tierax's prefetching scan: {own * 1e3:.4g} ms" in note, note
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-deepseek"])
+def test_every_name_in_every_placement_is_written_and_read_back(tmp_path, model):
+    """Not only the presets' combinations: each activation name alone in each placement."""
+    cfg = get_config(model)
+    names = list(dict.fromkeys(n for g in cfg.layer_groups() for n in g.activations))
+    f = tmp_path / "one.yml"
+    for name, placement in itertools.product(names, P.Placement):
+        groups = {}
+        for g in cfg.layer_groups():
+            placements = {N.DECODER_LAYER_INPUT: P.Placement.DEVICE}
+            if name in g.activations:
+                placements[name] = placement
+            groups[g.name] = P.GroupPlan(placements, P.Placement.REMAT)
+        plan = P.Plan("one", groups)
+        if name == N.DECODER_LAYER_INPUT and placement is P.Placement.REMAT:
+            with pytest.raises(TieraxError, match="recomputes decoder_layer_input"):
+                emit(plan, cfg)
+            continue
+        f.write_text(emit(plan, cfg))
+        data = yaml.safe_load(f.read_text())
+        expected = {n: P.Placement.DEVICE if n == N.DECODER_LAYER_INPUT else P.Placement.REMAT
+                    for n in names} | {name: placement}
+        written = {n: data[n] for n in names}
+        assert written == {n: p.value for n, p in expected.items()}, (name, placement)
+        assert P.resolve(P.load_plan(str(f), cfg), cfg) == P.resolve(plan, cfg), (name, placement)
 
 
 # --- the one-placement-per-name constraint against brute force ------------------------------------------------

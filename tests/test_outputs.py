@@ -39,6 +39,29 @@ def test_atomic_write_honours_the_umask_and_keeps_a_replaced_files_mode(tmp_path
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
+def test_token_files_and_metrics_plots_honour_the_umask(tmp_path):
+    from tierax.report.metrics_plot import plot_metrics
+    from tierax.train import data
+
+    text = tmp_path / "t.txt"
+    text.write_text("some text to tokenize\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    rec = {"loss": 2.0, "grad_norm": 1.0, "lr": 1e-3, "step_time_s": 0.1, "tokens_per_s": 10.0,
+           "tflops_per_device": 0.1, "time": 0.0}
+    lines = [json.dumps({"step": k, **rec}) + "\n" for k in (1, 2)]
+    (run / "metrics.jsonl").write_text("".join(lines))
+    old = os.umask(0o022)
+    try:
+        data.prepare_text(text, tmp_path / "tok")
+        written = [tmp_path / "tok" / data.TOKENS, tmp_path / "tok" / data.INDEX,
+                   plot_metrics(run), plot_metrics(run, tmp_path / "elsewhere.png")]
+    finally:
+        os.umask(old)
+    assert {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in written} == \
+        {p.name: "0o644" for p in written}  # as open() gives; not mkstemp's 0600
+
+
 def test_a_read_only_file_is_not_replaced(tmp_path):
     f = tmp_path / "ro.json"
     f.write_text("mine")

@@ -17,7 +17,7 @@ from jax.extend.core import jaxprs_in_params
 from tierax import names as N
 from tierax import plan as P
 from tierax.errors import TieraxError
-from tierax.mesh import MeshShape, make_mesh
+from tierax.mesh import MeshShape, make_mesh, parse_mesh
 from tierax.models import get_config
 from tierax.models import moe as moe_lib
 from tierax.train import loss as loss_lib
@@ -254,6 +254,25 @@ def test_mesh_must_divide_heads_experts_and_batch():
     MeshShape(expert=8).check_model(llama)  # a dense model on an expert axis: batch/weights only
     with pytest.raises(TieraxError, match="num_heads=4 is not divisible by tensor=8"):
         S.init_params(llama, mesh=make_mesh(tensor=8))
+
+
+@pytest.mark.parametrize("mesh, works", [
+    (MeshShape(fsdp=3), "data=3,fsdp=1,tensor=1,expert=1"),
+    (MeshShape(fsdp=6), "data=3,fsdp=2,tensor=1,expert=1"),
+    (MeshShape(fsdp=3, expert=2), "data=3,fsdp=1,tensor=1,expert=2"),
+])
+def test_an_fsdp_group_not_dividing_d_model_is_refused_naming_a_mesh_that_works(mesh, works):
+    """The sharding rules leave a weight whole where no dimension divides: llama3-8b on fsdp=3 would
+    keep most of its state replicated (silently, before)."""
+    cfg = get_config("llama3-8b")  # d_model 4096
+    # What the refused mesh would do to an MLP kernel: shard neither dimension.
+    spec = sh.param_spec((), (4096, 14336), {"fsdp": mesh.fsdp, "expert": mesh.expert})
+    assert all(d is None for d in spec)
+    with pytest.raises(TieraxError) as e:
+        mesh.check_model(cfg, where="--mesh")
+    msg = str(e.value)
+    assert "which does not divide d_model=4096" in msg and f"--mesh {works}" in msg, msg
+    parse_mesh(works).check_model(cfg)  # the named mesh is accepted
 
 
 def test_tensor_and_expert_param_specs():

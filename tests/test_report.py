@@ -43,6 +43,25 @@ def test_report_from_the_demo_results(monkeypatch, tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]  # no temporary left behind
 
 
+def test_report_into_a_directory_holding_files_refuses_and_replaces_nothing(tmp_path, monkeypatch,
+                                                                          capsys):
+    """One rule for output directories (as profile --out): new or empty, never another's files."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "summary.md").write_text("my own notes\n")
+    assert _cli(monkeypatch, "report", str(DEMO), "--out", str(out)) == 2
+    err = capsys.readouterr().err
+    assert "already exists and is not empty; nothing in it is deleted or replaced" in err
+    assert [p.name for p in out.iterdir()] == ["summary.md"]
+    assert (out / "summary.md").read_text() == "my own notes\n"
+    with pytest.raises(TieraxError, match="is not empty"):
+        R.build_report([DEMO], out)  # the library applies the same rule
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert _cli(monkeypatch, "report", str(DEMO), "--out", str(empty)) == 0
+    assert (empty / "summary.md").is_file()
+
+
 def test_report_with_a_gpu_trace_shows_transfers(tmp_path):
     R.build_report([DEMO], tmp_path / "r", trace=GPU_TRACE)
     md = (tmp_path / "r" / "summary.md").read_text()
@@ -64,7 +83,7 @@ def test_readme_section_is_regenerated_and_nothing_else_changes(tmp_path):
     assert text.endswith(f"{R.README_END}\n\nafter\n")
     assert "old table" not in text
     assert "| plan | step ms | tokens/s |" in text and "demo-bench-tiny-deepseek.json" in text
-    R.build_report([DEMO], tmp_path / "r", readme=readme)
+    R.build_report([DEMO], tmp_path / "r2", readme=readme)  # a new directory: "r" is not empty
     assert readme.read_text() == text  # idempotent
 
 

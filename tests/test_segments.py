@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 
 import jax
 import pytest
@@ -177,3 +178,67 @@ def test_one_layer_segment_cannot_offload():
     plan = _segmented(cfg, {"decoder": [(0, 3, {}), (3, 4, {N.MLPWI_0: "offload"})]})
     with pytest.raises(TieraxError, match="one-layer segment cannot offload \\(mlpwi_0\\)"):
         P.to_policies(plan, cfg)
+
+
+ONE_LAYER_OFFLOAD = "    - layers: 0-2\n    - layers: '3'\n      mlpwi_0: offload\n"
+
+
+@pytest.mark.parametrize("plan_text, message", [
+    (_llama_plan(ONE_LAYER_OFFLOAD), r"decoder@3-3: a one-layer segment cannot offload \(mlpwi_0"),
+    ("mechanism: policy\n" + _llama_plan("    - layers: 0-1\n    - layers: 2-3\n"),
+     "has segments, which run in tierax's segmented scan"),
+])
+def test_every_verb_refuses_what_the_segmented_scan_cannot_run_before_compiling(
+        tmp_path, monkeypatch, capsys, plan_text, message):
+    """One validation (plan.resolve) for every verb: simulate and plans refuse what compile, verify
+    and train would; verify and train refuse it before compiling (compiling here fails the test)."""
+    import yaml
+
+    from tierax import cli
+    from tierax.measure import verify as V
+    from tierax.train import loop as L
+
+    f = tmp_path / "plan.yaml"
+    f.write_text(plan_text)
+
+    def no_compile(*a, **k):
+        raise AssertionError("compiled before the plan was checked")
+
+    monkeypatch.setattr(V, "compiled_step", no_compile)
+    monkeypatch.setattr(L, "Trainer", no_compile)
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    run = tmp_path / "run"
+    train = tmp_path / "train.yaml"
+    train.write_text(yaml.safe_dump({"model": "tiny-llama", "plan": str(f), "microbatch": 2,
+                                     "seq": 16, "steps": 2, "log": {"dir": str(run)}}))
+    for argv in (["simulate", "--plan", str(f)], ["plans", "--show", str(f)],
+                 ["verify", "--plan", str(f), "--seq", "16"], ["train", str(train)]):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert re.search(message, err), (argv, err)
+    assert not run.exists()  # train wrote nothing (no empty checkpoint directory)
+
+
+def test_segment_ranges_reach_the_scans_exactly():
+    """The layer ranges a plan names are the ranges every consumer gets, one by one: to_policies'
+    parts, resolve's and the inventory's segment rows (and the planner's splits likewise)."""
+    from tierax import inventory as inv_lib
+    from tierax.models import apply_overrides
+
+    cfg = apply_overrides(get_config("tiny-llama"), ["num_layers=9"])
+    plan = P.Plan.from_yaml(_llama_plan("    - layers: 0-2\n      query_proj: offload\n"
+                                        "    - layers: '3-4'\n      mlpwi_0: device\n"
+                                        "    - layers: 5-8\n      key_proj: offload\n"))
+    parts = P.to_policies(plan, cfg)["decoder"].parts
+    assert [(p.start, p.stop) for p in parts] == [(0, 3), (3, 5), (5, 9)]
+    assert [(sorted(p.offload), sorted(p.keep)) for p in parts] == [
+        ([N.QUERY_PROJ], []), ([], [N.MLPWI_0]), ([N.KEY_PROJ], [])]
+    assert list(P.resolve(plan, cfg)) == ["decoder@0-2", "decoder@3-4", "decoder@5-8"]
+    inv = inv_lib.for_plan(inv_lib.model_inventory(cfg, 1, 8), plan, cfg)
+    assert [(g.name, g.num_layers) for g in inv.groups] == [("decoder@0-2", 3), ("decoder@3-4", 2),
+                                                            ("decoder@5-8", 4)]
+    split = planner.placements_to_plan({}, cfg, "split", "", splits={"decoder": 4})
+    again = P.Plan.from_yaml(split.to_yaml())  # the YAML a planned split is written as reads back
+    for plan in (split, again):
+        assert [(p.start, p.stop) for p in P.to_policies(plan, cfg)["decoder"].parts] == \
+            [(0, 4), (4, 9)]

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tierax import costmodel, hardware
+from tierax import costmodel, hardware, network
 from tierax.errors import TieraxError
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
@@ -66,6 +66,11 @@ def test_tpu_figures_and_cost_model_rates(key):
         spec.device_memory_bytes, spec.hbm_bytes_per_s, spec.ici_bytes_per_s)
     assert r.host_memory_bytes == int(d["host_mem"]) and r.d2h_bytes_per_s == spec.host_link_bps
     assert "Google Cloud TPU docs" in r.sources["hbm"] and "ICI" in r.sources["interconnect"]
+    f32 = costmodel.target_rates(key, "float32").sources["matmul"]
+    peak = f"{d['bf16'] / 1e12:.0f} TFLOP/s bf16 (float32 matmuls run as bf16 MXU passes)"
+    assert peak in f32, f32
+    pred_links = network.axis_links({"fsdp": 4}, r)
+    assert pred_links["fsdp"].link == "ici"  # a TPU pod's interconnect is not NVLink
 
 
 def test_unknown_target_lists_tpu_keys_too():
@@ -111,6 +116,7 @@ def test_deviceless_tpu_compile_puts_offloaded_residuals_on_host():
     assert r["offloaded_bytes_by_name"] == {"query_proj": q, "key_proj": kv, "value_proj": kv}
     assert r["device_capacity_bytes"] == 16 * 10**9 and r["fits"]
     assert any("v5e:2x2" in n for n in r["notes"])
+    assert "Failed to find host bounds" not in p.stderr, p.stderr  # libtpu knows the accelerator
 
 
 # A Llama 3 layer scaled down so that XLA:TPU compiles it in seconds (GQA 4 query / 2 KV heads × 64, SwiGLU

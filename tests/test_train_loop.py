@@ -100,7 +100,8 @@ def test_mesh_must_match_the_devices():
         launch.cpu_devices_per_process(TC.config_from_mapping({"model": "tiny-llama", "mesh": {"fsdp": 4}}), 3)
     assert launch.cpu_devices_per_process(TC.config_from_mapping({"model": "tiny-llama", "mesh": {"fsdp": 8}}), 2) == 4
     with pytest.raises(TieraxError, match="8 are available"):  # the runtime check, against the real devices
-        L.Trainer(TC.config_from_mapping({"model": "tiny-llama", "mesh": {"fsdp": 3}, "log": {"dir": "unused"}}))
+        L.Trainer(TC.config_from_mapping({"model": "tiny-llama", "mesh": {"fsdp": 2},
+                                          "log": {"dir": "unused"}}))
 
 
 def test_overrides_round_trip_and_the_shipped_config_loads(tmp_path):
@@ -319,3 +320,47 @@ def test_cli_bad_input_exits_2_without_writing_and_divergence_exits_1(tmp_path):
     assert r.returncode == 1, r.stderr
     assert "step 3: loss is nan" in r.stderr and "last good checkpoint is step 2" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_finished_run_resumed_refuses_before_compiling_and_ctrl_c_again_names_its_checkpoint(
+        tmp_path, monkeypatch, capsys):
+    """Resuming a run already at `steps` says so before any compile; a Ctrl-C that stops the run
+    at once (the second one, or one before the loop) names the last complete checkpoint and
+    --resume."""
+    from tierax import cli
+
+    f = tmp_path / "run.yaml"
+    f.write_text(yaml.safe_dump(small(steps=2, optimizer__warmup_steps=1, checkpoint__every=2,
+                                      log__dir=str(tmp_path / "run"))))
+    with L.Trainer(TC.load_train_config(f), devices=jax.devices()[:1]) as t:
+        t.train()
+    assert C.complete_steps(tmp_path / "run" / "checkpoints") == [2]
+
+    def no_compile(*a, **k):
+        raise AssertionError("compiled a step for a run with nothing to train")
+
+    monkeypatch.setattr(S, "make_train_step", no_compile)
+    with pytest.raises(TieraxError, match=r"is at step 2 and steps is 2: nothing to train\. To "
+                       r"continue the run, raise steps \(e\.g\. steps=4 optimizer\.decay_steps=2"):
+        L.Trainer(TC.load_train_config(f), resume=True, devices=jax.devices()[:1])
+
+    class CtrlCAgain:  # what the second SIGINT does: KeyboardInterrupt out of the loop
+        def __init__(self, *a, **k):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+        def train(self):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(launch, "start_training", lambda *a, **k: [])
+    monkeypatch.setattr(launch, "check_local_memory", lambda *a, **k: None)
+    monkeypatch.setattr(L, "Trainer", CtrlCAgain)
+    assert cli.main(["train", str(f), "steps=4", "optimizer.decay_steps=2", "--resume"]) == 130
+    err = capsys.readouterr().err
+    assert "the last complete checkpoint is step 2 in" in err, err
+    assert "continue with --resume" in err, err

@@ -272,3 +272,32 @@ def test_bench_verify_pass_records_checks_and_memory(monkeypatch, tmp_path, caps
     assert rec["memory_source"] == "compiled" and rec["peak_device_bytes_runtime"] is None  # XLA:CPU
     assert rec["peak_device_bytes_compiled"] >= rec["compiled_temp_bytes"] > 0
     assert "memory_stats() is None" in doc["memory_note"]
+
+
+def test_verify_on_a_mesh_runs_every_program_sharded_on_it(monkeypatch, capsys):
+    """verify takes the mesh every other verb takes; the plan and save-all both run on it."""
+    seen = []
+    original = V.compiled_step
+
+    def spy(graphdef, plan, cfg, params, tokens, mesh=None):
+        seen.append((plan.name, dict(mesh.shape) if mesh is not None else None))
+        return original(graphdef, plan, cfg, params, tokens, mesh)
+
+    monkeypatch.setattr(V, "compiled_step", spy)
+    rc = _cli(monkeypatch, "verify", "--model", "tiny-llama", "--devices", "8", "--mesh",
+              "fsdp=4,tensor=2", "--plan", "qkv-offload", "--seq", "16", "--json")
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and doc["passed"] is True, doc
+    want = {"data": 1, "fsdp": 4, "tensor": 2, "expert": 1}
+    assert doc["mesh"] == want
+    assert seen == [("save-all", want), ("qkv-offload", want)]
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--mesh", "fsdp=4,tensor=2", "--microbatch", "6"], "(the global batch) 6 is not divisible"),
+    (["--mesh", "fsdp=2,tensor=4"], "num_kv_heads=2 is not divisible by tensor=4"),
+])
+def test_verify_refuses_a_mesh_the_model_or_batch_cannot_take(monkeypatch, capsys, args, fragment):
+    monkeypatch.setattr(V, "compiled_step", lambda *a, **k: pytest.fail("compiled before refusing"))
+    assert _cli(monkeypatch, "verify", "--model", "tiny-llama", "--plan", "minimal", *args) == 2
+    assert fragment in capsys.readouterr().err

@@ -121,3 +121,71 @@ def test_plan_sweep_cli_writes_table_png_and_record(tmp_path):
 def test_what_if_bad_input_exits_2(args, fragment):
     r = tierax(*args)
     assert r.returncode == 2 and fragment in r.stderr, r.stderr
+
+
+def _main(monkeypatch, *args):
+    from tierax import cli
+
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")  # JAX started (conftest): nothing to configure
+    return cli.main(list(args))
+
+
+SIX = ["--model", "tiny-llama", "--set", "num_layers=6", "--microbatch", "8", "--seq", "64"]
+BUDGET_GIB = 25 * 2**20 / 2**30  # a budget where a split of the 6 layers beats every unsplit plan
+
+
+def test_sweep_with_segments_plans_segments_at_every_point(monkeypatch, capsys):
+    assert _main(monkeypatch, "plan", *SIX, "--budget-gib", str(BUDGET_GIB), "--segments",
+                 "--json") == 0
+    single = json.loads(capsys.readouterr().out)
+    assert single["plan"]["groups"]["decoder"].get("segments")  # the split wins here
+    assert _main(monkeypatch, "plan", *SIX, "--segments", "--json",
+                 "--sweep", f"budget={BUDGET_GIB}:{BUDGET_GIB}:1") == 0
+    (point,) = json.loads(capsys.readouterr().out)["points"]
+    assert point["step_time_s"] == single["predicted"]["step_time_s"]
+    assert any(k.startswith("decoder@") for k in point["placements"])
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["--sweep", "budget=1:2:1", "--check"], "one plan per point and --check applies"),
+    (["--sweep", "budget=1:2:1", "--emit", "maxtext", "--max-microbatch"],
+     "--emit, --max-microbatch apply to a single plan"),
+    (["--sweep", "budget=1:2:1", "--for", "maxtext"], "--for applies to a single plan"),
+    (["--check-iterations", "2"], "--check-iterations bounds the compiles of --check; add --check"),
+    (["--emit", "maxtext", "--json"], "both on stdout; give --out FILE"),
+    (["--check", "--target", "cpu"], "target 'cpu' is this machine's measured rates"),
+    (["--sweep", "nvlink_domain=1:16:0.5"], "'nvlink_domain=1:16:0.5': nvlink_domain counts dev"),
+])
+def test_plan_refuses_options_it_would_ignore_before_any_work(monkeypatch, capsys, extra, fragment):
+    from tierax import compile as compile_lib
+    from tierax import inventory as inv_module
+
+    def no_work(*a, **k):
+        raise AssertionError("worked before refusing")
+
+    monkeypatch.setattr(compile_lib, "compile_for_target", no_work)
+    monkeypatch.setattr(inv_module, "model_inventory", no_work)
+    assert _main(monkeypatch, "plan", "--model", "tiny-llama", *extra) == 2
+    assert fragment in capsys.readouterr().err
+
+
+def test_a_sweep_replaces_its_own_record_but_not_another_file(monkeypatch, capsys, tmp_path):
+    out = tmp_path / "sw2.png"
+    mine = out.with_suffix(".json")
+    mine.write_text('{"results": "of my own"}\n')
+    args = ["plan", "--model", "tiny-llama", "--microbatch", "2", "--seq", "32", "--sweep",
+            "budget=1:2:1", "--out", str(out)]
+    assert _main(monkeypatch, *args) == 2
+    assert "is not a tierax.sweep/1 record; it is not replaced" in capsys.readouterr().err
+    assert mine.read_text() == '{"results": "of my own"}\n' and not out.exists()
+    mine.unlink()
+    assert _main(monkeypatch, *args) == 0  # writes sw2.png and sw2.json
+    assert _main(monkeypatch, *args) == 0  # and may replace the record it wrote
+    assert json.loads(mine.read_text())["schema"] == "tierax.sweep/1"
+
+
+def test_an_impossible_domain_fill_is_refused_on_one_device_as_on_many(monkeypatch, capsys):
+    for devices in ("1", "16"):
+        assert _main(monkeypatch, "simulate", "--model", "tiny-llama", "--devices", devices,
+                     "--rate", "gpus_per_domain=1000") == 2, devices
+        assert "gpus_per_domain=1000 is more than the 8 devices" in capsys.readouterr().err

@@ -43,6 +43,11 @@ from tierax.models.config import LayerGroup
 from tierax.plan import Plan, to_policies
 
 
+# What a "no plan fits" message suggests from Python (the planner's default names CLI options).
+API_REMEDIES = ("Give smaller per-device shapes to tierax.inventory, a larger budget=, or more "
+                "devices (mesh={'fsdp': N})")
+
+
 @dataclass(frozen=True)
 class CustomModel:
     """What the cost model and planner read of a model (the role ModelConfig plays for tierax's own)."""
@@ -96,16 +101,22 @@ class Planned:
     def predicted(self) -> cm.Prediction:
         return self.result.predicted
 
-    def policy(self, group: str | None = None) -> Callable | None:
-        """The ``jax.checkpoint`` policy of ``group`` (the only one if None); None: save everything (no remat)."""
+    def policy(self, group: str | None = None) -> Callable:
+        """The ``jax.checkpoint`` policy of ``group`` (the only one if None).
+
+        Always a policy: a group the plan keeps wholly on device gets ``everything_saveable``.
+        (``to_policies`` says None there, meaning "run without jax.checkpoint"; but this layer is
+        already inside your ``jax.checkpoint``, where ``policy=None`` recomputes everything.)
+        """
         policies = to_policies(self.plan, self.model)
         if group is None:
             if len(policies) != 1:
                 raise TieraxError(f"the model has layer groups {', '.join(policies)}; name one: policy(GROUP)")
-            return next(iter(policies.values()))
+            group = next(iter(policies))
         if group not in policies:
             raise TieraxError(f"no layer group {group!r}; the model's groups: {', '.join(policies)}")
-        return policies[group]
+        policy = policies[group]
+        return jax.checkpoint_policies.everything_saveable if policy is None else policy
 
     def placements(self) -> dict[str, dict[str, str]]:
         return {g: {n: p.value for n, p in gp.placements.items()} for g, gp in self.plan.groups.items()}
@@ -113,6 +124,33 @@ class Planned:
 
 def _leaf_bytes(tree) -> int:
     return sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def _check_params(params) -> None:
+    """Parameters are what the gradient is taken of: at least one array, all floating point."""
+    leaves = jax.tree_util.tree_leaves_with_path(_sds(params))
+    if not leaves:
+        raise TieraxError("params holds no arrays; pass the parameter pytree that "
+                          "loss_fn(params, batch) differentiates")
+    bad = [f"{jax.tree_util.keystr(k)} ({v.dtype})" for k, v in leaves
+           if not jnp.issubdtype(v.dtype, jnp.floating)]
+    if bad:
+        more = " …" if len(bad) > 3 else ""
+        raise TieraxError(f"params leaves {', '.join(bad[:3])}{more} are not floating point; "
+                          "gradients (and so a plan) need float parameters: cast them, or move "
+                          "constants into batch")
+
+
+def _bytes_arg(name: str, value, *, minimum: float, allow_none: bool = True) -> float | None:
+    """A byte count given to :func:`plan`: None (its default) or a finite number ≥ ``minimum``."""
+    if value is None and allow_none:
+        return None
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and math.isfinite(value) and value >= minimum)
+    if not ok:
+        raise TieraxError(f"{name}={value!r}: give a finite number of bytes ≥ {minimum:g}"
+                          + (" (or None for the default)" if allow_none else ""))
+    return value
 
 
 def _sds(tree):
@@ -172,7 +210,16 @@ def inventory(loss_fn: Callable, params, batch, *, name: str = "custom") -> Mode
     Raises:
       TieraxError: no scan over a ``jax.checkpoint``'ed layer with named activations.
     """
+    if not callable(loss_fn):
+        raise TieraxError(f"loss_fn is a {type(loss_fn).__name__}, not a function; pass "
+                          "loss_fn(params, batch) -> scalar loss")
+    _check_params(params)
     closed = jax.make_jaxpr(loss_fn)(_sds(params), _sds(batch))
+    out = closed.out_avals
+    if len(out) != 1 or out[0].shape != () or not jnp.issubdtype(out[0].dtype, jnp.floating):
+        got = ", ".join(f"{a.dtype}{list(a.shape)}" for a in out)
+        raise TieraxError(f"loss_fn returns {got or 'nothing'}; tierax plans the gradient of one "
+                          "floating-point scalar: return the mean loss (e.g. jnp.mean(...))")
     groups, lgroups, used, dtypes = [], [], set(), []
     for k, (group, length, remat, carry) in enumerate(_layers(closed)):
         layer, x, others = _layer_fn(remat, carry)
@@ -220,12 +267,24 @@ def plan(inventory: ModelInventory, *, target: str = "h200", mesh: Mapping[str, 
     """
     import dataclasses
 
+    from tierax.mesh import MeshShape
+
+    if not isinstance(inventory, ModelInventory):
+        raise TieraxError("plan() takes what tierax.inventory(loss_fn, params, batch) returns, "
+                          f"not a {type(inventory).__name__}")
+    budget = _bytes_arg("budget", budget, minimum=1)
+    host_budget = _bytes_arg("host_budget", host_budget, minimum=0)
+    extra_bytes = _bytes_arg("extra_bytes", extra_bytes, minimum=0, allow_none=False)
     inv = inventory.inventory
     shard = 1
     if mesh:
+        if not isinstance(mesh, Mapping):
+            raise TieraxError(f"mesh={mesh!r}: give a mapping of axis sizes, e.g. {{'fsdp': 8}}")
         unknown = set(mesh) - {"data", "fsdp", "tensor", "expert"}
         if unknown:
-            raise TieraxError(f"mesh axes {', '.join(sorted(unknown))} unknown; use data, fsdp, tensor, expert")
+            names = ", ".join(sorted(map(str, unknown)))
+            raise TieraxError(f"mesh axes {names} unknown; use data, fsdp, tensor, expert")
+        MeshShape(**mesh)  # each size an integer ≥ 1 (the message names the axis)
         shard = mesh.get("fsdp", 1) * mesh.get("tensor", 1)
         inv = dataclasses.replace(inv, mesh={"data": 1, "fsdp": 1, **dict(mesh)},
                                   param_bytes=inv.param_bytes // shard, grad_bytes=inv.grad_bytes // shard,
@@ -234,5 +293,6 @@ def plan(inventory: ModelInventory, *, target: str = "h200", mesh: Mapping[str, 
     rates = cm.target_rates(target, inventory.model.dtype)
     # Your layer runs under jax.checkpoint with the policy this plan gives: XLA's offload policy mechanism.
     result = planner.plan(inventory.model, inv, rates, schedule=schedule, budget_bytes=budget,
-                          host_budget_bytes=host_budget, name=name, mechanism="policy")
+                          host_budget_bytes=host_budget, name=name, mechanism="policy",
+                          remedies=API_REMEDIES)
     return Planned(result.plan, inventory.model, result)

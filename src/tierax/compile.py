@@ -81,18 +81,21 @@ def check_tpu_aot() -> None:
                           + tpu_install_command())
 
 
-def start_deviceless_tpu(preset: str = "none") -> None:
+def start_deviceless_tpu(preset: str = "none", accelerator_type: str | None = None) -> None:
     """Start JAX for a deviceless TPU compile: the host platform only, so libtpu never claims a TPU backend.
 
     XLA presets are XLA:GPU flags, so only ``none`` is accepted.  Unless set: ``TPU_WORKER_HOSTNAMES=localhost``
     keeps libtpu from looking for other TPU hosts when it builds the topology, and
     ``ALLOW_MULTIPLE_LIBTPU_LOAD=1`` lets two compiles run at once (libtpu otherwise holds
     /tmp/libtpu_lockfile and a second process fails with "Internal error when accessing libtpu multi-process
-    lockfile").
+    lockfile").  ``accelerator_type`` (e.g. ``v5litepod-4``) becomes ``TPU_ACCELERATOR_TYPE``:
+    libtpu otherwise warns on every compile that it cannot find it (the topology is named
+    explicitly).
     """
     if preset != "none":
         raise TieraxError(f"--xla-preset {preset!r} sets XLA:GPU flags; a TPU target takes --xla-preset none")
-    wanted = {"TPU_WORKER_HOSTNAMES": "localhost", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+    wanted = {"TPU_WORKER_HOSTNAMES": "localhost", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+              **({"TPU_ACCELERATOR_TYPE": accelerator_type} if accelerator_type else {})}
     env = {k: v for k, v in wanted.items() if not os.environ.get(k)}
     xla_flags.configure(platforms="cpu", env=env)
 

@@ -107,8 +107,8 @@ def check_output_dir(path: str | os.PathLike, option: str = "--out", *, allow_ex
         if not _can_create_in(p):
             raise TieraxError(f"{option} {str(p)!r} is not writable; choose a writable directory")
         if not allow_existing and any(p.iterdir()):
-            raise TieraxError(f"{option} {str(p)!r} already exists and is not empty; nothing in it is deleted — "
-                              "give a new or empty directory")
+            raise TieraxError(f"{option} {str(p)!r} already exists and is not empty; nothing in it "
+                              "is deleted or replaced — give a new or empty directory")
         return p
     _check_parent(p, option)
     return p

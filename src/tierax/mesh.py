@@ -90,6 +90,27 @@ class MeshShape:
         if problems:
             fix = "choose tensor/expert sizes that divide them (or move those devices to fsdp/data)"
             raise TieraxError(f"{where} {self} does not fit {cfg.name}: {'; '.join(problems)}; {fix}")
+        self._check_fsdp(cfg, where)
+
+    def _check_fsdp(self, cfg, where: str) -> None:
+        """Refuse an FSDP group (:data:`FSDP_AXES`) that does not divide d_model: every weight has
+        that dimension, and the sharding rules leave a weight whole on each device when none of its
+        dimensions divides, so most parameters, gradients and AdamW moments would be replicated."""
+        group = math.prod(getattr(self, a) for a in FSDP_AXES)
+        d = getattr(cfg, "d_model", 0)
+        if group == 1 or not d or d % group == 0:
+            return
+        fits = [g for g in range(1, self.fsdp + 1)
+                if self.fsdp % g == 0 and d % (g * self.expert) == 0]
+        if fits:  # the largest FSDP size that divides, the rest of fsdp's devices on data
+            works = MeshShape(self.data * self.fsdp // fits[-1], fits[-1], self.tensor, self.expert)
+            fix = f"put the other devices on data, e.g. --mesh {works}"
+        else:
+            fix = "choose sizes whose product divides it"
+        raise TieraxError(
+            f"{where} {self} does not fit {cfg.name}: FSDP shards weights over "
+            f"{'×'.join(FSDP_AXES)} = {group}, which does not divide d_model={d}, so the weights "
+            f"would stay whole on every device; {fix}")
 
     def check_batch(self, global_batch: int, *, where: str = "batch") -> None:
         """Refuse a global batch that the batch axes (:data:`BATCH_AXES`) do not divide."""

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tierax.errors import TieraxError
+from tierax.hardware import TPU_TARGETS
 from tierax.mesh import AXES, FSDP_AXES
 
 # The groups the cost model prices: each mesh axis alone, and the FSDP group (fsdp × expert) over which
@@ -39,7 +40,7 @@ class AxisLink:
     devices: int
     crosses_domain: bool
     bytes_per_s: float
-    link: str  # "nvlink" (inside one domain; ICI on TPUs), "scale-out", or "none" (a 1-device group)
+    link: str  # "nvlink" (in one GPU domain), "ici" (a TPU pod), "scale-out", "none" (1 device)
     per_domain: int = 0  # the job's devices per domain
 
     def to_json(self) -> dict:
@@ -94,7 +95,8 @@ def group_link(mesh: dict, axes: tuple[str, ...], rates) -> AxisLink:
     devices = int(np.prod(_sizes(mesh)))
     per = devices_per_domain(devices, getattr(rates, "nvlink_domain_gpus", 0), getattr(rates, "gpus_per_domain", 0))
     if not group_crosses(mesh, axes, per):
-        return AxisLink(axes, n, False, intra, "nvlink", per)
+        kind = "ici" if rates.target in TPU_TARGETS else "nvlink"
+        return AxisLink(axes, n, False, intra, kind, per)
     out = getattr(rates, "scale_out_bytes_per_s", 0.0)
     if out <= 0:
         raise TieraxError(f"mesh {'×'.join(axes)} ({n} devices) spans NVLink/ICI domains of {per} devices on "
@@ -104,7 +106,14 @@ def group_link(mesh: dict, axes: tuple[str, ...], rates) -> AxisLink:
 
 
 def axis_links(mesh: dict, rates) -> dict[str, AxisLink]:
-    """Per mesh axis, and for the FSDP group (:data:`FSDP_GROUP`), the link its collectives run at."""
+    """Per mesh axis, and for the FSDP group (:data:`FSDP_GROUP`), the link its collectives run at.
+
+    Raises:
+      TieraxError: ``--rate gpus_per_domain`` larger than a domain, whatever the job's size (a
+        one-device job runs no collective, so :func:`group_link` alone would never look at it).
+    """
+    devices_per_domain(int(np.prod(_sizes(mesh))), getattr(rates, "nvlink_domain_gpus", 0),
+                       getattr(rates, "gpus_per_domain", 0))
     out = {a: group_link(mesh, (a,), rates) for a in AXES}
     out[FSDP_GROUP] = group_link(mesh, FSDP_AXES, rates)
     return out

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,8 +72,9 @@ class PlanResult:
 def budgets(rates: cm.Rates, budget_bytes: float | None, host_budget_bytes: float | None) -> tuple[int, int]:
     dev = budget_bytes if budget_bytes is not None else rates.device_memory_bytes * (1 - DEFAULT_RESERVE_FRACTION)
     host = host_budget_bytes if host_budget_bytes is not None else rates.host_memory_bytes
-    if dev <= 0 or host < 0:
-        raise TieraxError("budgets must be positive")
+    if not (math.isfinite(dev) and dev > 0 and math.isfinite(host) and host >= 0):
+        raise TieraxError(f"device budget {dev!r} / host budget {host!r} bytes: give a finite "
+                          "device budget > 0 and a finite host budget ≥ 0")
     return int(dev), int(host)
 
 
@@ -248,6 +250,19 @@ class NoPlanFits(TieraxError):
     """No placement of the activations fits the budgets (the message gives the floor)."""
 
 
+# What a NoPlanFits message suggests, in the caller's terms (the Python API passes its own).
+CLI_REMEDIES = ("Use a smaller --microbatch or --seq, more devices (--devices/--mesh), a larger "
+                "--budget-gib, or --max-microbatch")
+
+
+def size_text(n: float) -> str:
+    """Bytes in the largest unit that keeps them ≥ 1 (a tiny model's floor is not "0.0 GiB")."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
 def plan(
     cfg,
     inv: inv_lib.Inventory,
@@ -260,12 +275,14 @@ def plan(
     one_placement_per_name: bool = False,
     mechanism: str = DEFAULT_MECHANISM,
     segments: bool = False,
+    remedies: str | None = None,
 ) -> PlanResult:
     """The fastest predicted plan within the budgets (``one_placement_per_name``: the same across groups),
     for the offload ``mechanism`` the returned plan runs with.  ``segments``: also consider splitting
     each layer group at one layer boundary into two runs of layers with their own placements — every
     split point of every group (all combinations), each solved exactly; the fastest plan wins (an
-    unsplit plan on ties).
+    unsplit plan on ties).  ``remedies``: what a NoPlanFits message suggests (default: CLI
+    options).
 
     Raises:
       TieraxError: no placement fits (the message gives the smallest peak possible).
@@ -282,13 +299,14 @@ def plan(
         everything_remat = {(i.group, i.name): Placement.REMAT for i in cm.item_terms(inv, rates)}
         floor = cm.evaluate(everything_remat, inv, cfg, rates, schedule, mechanism)
         b = floor.breakdown
-        gib = lambda n: f"{n / 2**30:.1f}"  # noqa: E731
+        # A custom model's inventory is at the shapes its caller traced, not at a microbatch × seq.
+        at = "" if cfg.family == "custom" else f" at microbatch {inv.microbatch} × seq {inv.seq}"
         raise NoPlanFits(
-            f"no plan fits {cfg.name} at microbatch {inv.microbatch} × seq {inv.seq} in a device budget of "
-            f"{budget / 2**30:.2f} GiB: recomputing everything still needs {gib(floor.peak_device_bytes)} GiB "
-            f"(params+grads+AdamW {gib(b['state_bytes'])}, layer inputs {gib(b['activation_bytes'])}, one layer's "
-            f"workspace {gib(b['workspace_bytes'])}, logits {gib(b['logits_bytes'])}). Use a smaller --microbatch "
-            "or --seq, more devices (--devices/--mesh), a larger --budget-gib, or --max-microbatch"
+            f"no plan fits {cfg.name}{at} in a device budget of {size_text(budget)}: recomputing "
+            f"everything still needs {size_text(floor.peak_device_bytes)} (params+grads+AdamW "
+            f"{size_text(b['state_bytes'])}, layer inputs {size_text(b['activation_bytes'])}, one "
+            f"layer's workspace {size_text(b['workspace_bytes'])}, logits "
+            f"{size_text(b['logits_bytes'])}). " + (remedies or CLI_REMEDIES)
         )
     desc = f"planned for {rates.target}, schedule {schedule}, device budget {budget / 2**30:.1f} GiB"
     p = placements_to_plan(placements, cfg, name, desc, mechanism, splits)

@@ -95,6 +95,10 @@ def read_yaml(path: str | os.PathLike, what: str, example: str) -> Any:
       TieraxError: missing, unreadable, not UTF-8, or not YAML (``example`` says what a good one is).
     """
     p = pathlib.Path(path)
+    if p.is_dir():
+        inside = [f.name for f in (p / "config.json", p / "config.yaml") if f.is_file()]
+        hint = f"give the file in it, e.g. {str(p / inside[0])!r}" if inside else example
+        raise TieraxError(f"{what} {str(p)!r} is a directory, not a file; {hint}")
     if not p.is_file():
         raise TieraxError(f"{what} {str(p)!r} does not exist; {example}")
     try:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from tierax import costmodel as cm
 from tierax import plan as plan_lib
-from tierax.costmodel.rates import RATE_KEYS, _number, override_rates
+from tierax.costmodel.rates import INTEGER_KEYS, RATE_KEYS, _number, override_rates
 from tierax.errors import TieraxError
 
 GIB = 2**30
@@ -41,9 +41,11 @@ def parse_sweep(text: str) -> tuple[str, list[float]]:
         raise TieraxError(f"--sweep {text!r}: no points (HI {hi:g} is below LO {lo:g}); give LO ≤ HI")
     n = int(math.floor((hi - lo) / step + 1e-9)) + 1
     points = [lo + i * step for i in range(n)]
-    if key == "microbatch":
+    if key == "microbatch" or key in INTEGER_KEYS:
         if any(p != int(p) for p in points):
-            raise TieraxError(f"--sweep {text!r}: microbatch points must be whole numbers")
+            raise TieraxError(f"--sweep {text!r}: {key} counts "
+                              f"{'sequences' if key == 'microbatch' else 'devices'}; give whole "
+                              f"numbers, e.g. {key}=1:16:1")
         points = [float(int(p)) for p in points]
     if len(points) > 200:
         raise TieraxError(f"--sweep {text!r}: {len(points)} points; use a larger STEP (at most 200 points)")
@@ -111,9 +113,11 @@ REFERENCES = ("remat-full", "save-all")
 
 
 def plan_solver(cfg, mesh: dict, seq: int, microbatch: int, rates: cm.Rates, *, schedule: str,
-                budget_bytes: float | None, host_budget_bytes: float | None) -> Callable[[str, float], tuple]:
-    """The ``solve`` of :func:`sweep` for ``tierax plan --sweep``: the planner at one swept value,
-    plus the predictions of the :data:`REFERENCES` presets (``fits`` against the same budget)."""
+                budget_bytes: float | None, host_budget_bytes: float | None,
+                segments: bool = False) -> Callable[[str, float], tuple]:
+    """The ``solve`` of :func:`sweep` for ``tierax plan --sweep``: the planner at one swept value
+    (``segments``: as ``tierax plan --segments`` plans), plus the predictions of the
+    :data:`REFERENCES` presets (``fits`` against the same budget)."""
     from tierax import inventory as inv_lib
     from tierax import planner
 
@@ -137,7 +141,7 @@ def plan_solver(cfg, mesh: dict, seq: int, microbatch: int, rates: cm.Rates, *, 
             refs[name] = dataclasses.replace(pred, fits=pred.peak_device_bytes <= limit)
         try:
             result = planner.plan(cfg, inv, r, schedule=schedule, budget_bytes=budget,
-                                  host_budget_bytes=host_budget_bytes)
+                                  host_budget_bytes=host_budget_bytes, segments=segments)
         except planner.NoPlanFits:
             result = None
         return result, cfg, refs

@@ -83,6 +83,8 @@ def configure(
     flags = list(PRESETS[preset]) + (list(DEVICELESS_FLAGS) if deviceless_gpu else [])
     if platforms is not None and platforms == jax.config.jax_platforms:
         platforms = None  # already in effect (e.g. a library caller configured first): nothing to change
+    if cpu_devices is not None and cpu_devices == jax.config.jax_num_cpu_devices:
+        cpu_devices = None  # the same: a verb called in a process that already made these devices
     wanted = cpu_devices is not None or flags or platforms is not None or cpu_collectives or env
     if not wanted:
         return []

@@ -51,10 +51,17 @@ def cmd_bench(args) -> int:
 
 def _verify_before_bench(cfg, plans, args):
     """``bench --verify``: every plan's gradients against save-all; failures go to stderr."""
+    import jax
+
     from tierax.measure import verify as verify_lib
+    from tierax.mesh import MeshShape
     from tierax.report.measure_tables import verify_table
 
-    results = verify_lib.verify_plans(cfg, plans, microbatch=args.microbatch, seq=args.seq)
+    # On bench's mesh (its default: fsdp over every device), with bench's batch (--microbatch is
+    # per device there, the global batch in verify).
+    mesh = parse_mesh(args.mesh, args.devices) if args.mesh else MeshShape(fsdp=jax.device_count())
+    results = verify_lib.verify_plans(cfg, plans, microbatch=args.microbatch * mesh.batch_ways,
+                                      seq=args.seq, mesh=mesh)
     failed = [r for r in results if not r.passed]
     if failed:
         console(stderr=True).print(verify_table(results, f"gradient check of {cfg.name} before bench"))
@@ -73,7 +80,7 @@ def cmd_compile(args) -> int:
         spec.topology_name(mesh.size)  # an unsupported slice size fails before JAX starts
         from tierax import compile as compile_lib
 
-        compile_lib.start_deviceless_tpu(args.xla_preset)
+        compile_lib.start_deviceless_tpu(args.xla_preset, spec.accelerator_type(mesh.size))
         compile_lib.check_tpu_aot()
     else:
         launch.start(preset=args.xla_preset, deviceless_gpu=True)
@@ -108,7 +115,8 @@ def _read_target_config(path: str | None) -> str | None:
 
 
 def cmd_verify(args) -> int:
-    launch.start(preset=args.xla_preset)
+    mesh = parse_mesh(args.mesh, args.devices) if args.mesh or args.devices else None
+    launch.start(devices=mesh.size if mesh else None, preset=args.xla_preset)
     import jax
 
     from tierax.measure import verify as verify_lib
@@ -117,18 +125,26 @@ def cmd_verify(args) -> int:
 
     cfg = resolve_model(args)
     launch.check_local_attention(cfg, what="tierax verify")
-    launch.check_local_memory(cfg, copies=6, what="tierax verify (two gradient sets)")
+    if mesh is not None:
+        mesh.check_model(cfg, where="--mesh")
+        mesh.check_batch(args.microbatch, where="--microbatch (the global batch)")
+    launch.check_local_memory(cfg, shards=mesh.size if mesh else 1, copies=6,
+                              what="tierax verify (two gradient sets)")
     plans = load_plans(args.plan, cfg, "--plan")
-    results = verify_lib.verify_plans(cfg, plans, microbatch=args.microbatch, seq=args.seq, seed=args.seed)
+    results = verify_lib.verify_plans(cfg, plans, microbatch=args.microbatch, seq=args.seq,
+                                      seed=args.seed, mesh=mesh)
     passed = all(r.passed for r in results)
     if args.json:
         doc = records.envelope(records.VERIFY_SCHEMA, records.command_line()) | {
             "xla_preset": args.xla_preset, "model": config_to_dict(cfg), "passed": passed,
+            "mesh": mesh.to_dict() if mesh else None,
             "results": [r.to_json() for r in results]}
         print(json.dumps(doc, indent=2))
         return 0 if passed else 1
-    console().print(verify_table(results, f"{cfg.name} ({cfg.dtype}) · microbatch {args.microbatch} × seq "
-                                          f"{args.seq} · {jax.default_backend()} · against save-all"))
+    on = f"mesh {mesh}" if mesh else "1 device"
+    title = (f"{cfg.name} ({cfg.dtype}) · microbatch {args.microbatch} × seq {args.seq} · "
+             f"{jax.default_backend()}, {on} · against save-all")
+    console().print(verify_table(results, title))
     for r in results:
         if not r.passed:
             print(f"FAIL {r.plan}: max relative error {r.max_rel_err:.3g} > {r.tolerance:g}; above the tolerance: "
@@ -171,7 +187,7 @@ def cmd_profile(args) -> int:
 
 
 def cmd_report(args) -> int:
-    out = check_output_dir(args.out)
+    out = check_output_dir(args.out, allow_existing=False)
     if args.readme:
         check_output_file(args.readme, "--readme")
     from tierax.report import report as report_lib

@@ -28,11 +28,18 @@ def _models_and_plans(sub) -> None:
     pl.add_argument("--yaml", action="store_true", help="print the plan as YAML (usable as a plan file)")
     pl.add_argument("--emit", metavar="TOOL", help="print the plan as TOOL's config: maxtext (overrides YAML, "
                                                    "usable as a plan file too); sizes from the options below")
-    pl.add_argument("--target", default="h200", help="with --emit: h100, h200, b200, gb200 or cpu (default h200)")
+    pl.add_argument("--target", help="with --emit: h100, h200, b200, gb200, gb300, vr200, v5e, "
+                                     "v5p, v6e or cpu (default h200)")
     pl.add_argument("--devices", type=positive_int, help="with --emit: devices (default: the mesh's product)")
     pl.add_argument("--mesh", help="with --emit: mesh axes, e.g. fsdp=8 (data, fsdp, tensor, expert)")
-    pl.add_argument("--schedule", default="lhs", help="with --emit: serial, lhs or lhs-pipelined (its XLA flags)")
-    add_size_args(pl, microbatch=8)
+    # Defaults are applied in cmd_plans: None tells an option given without --emit (refused there).
+    pl.add_argument("--schedule", help="with --emit: serial, lhs or lhs-pipelined (its XLA flags; "
+                                       "default lhs)")
+    shown = planning.SHOW_DEFAULTS
+    pl.add_argument("--microbatch", type=positive_int,
+                    help=f"with --emit: sequences per device (default {shown['microbatch']})")
+    pl.add_argument("--seq", type=positive_int,
+                    help=f"with --emit: sequence length (default {shown['seq']})")
     pl.set_defaults(func=planning.cmd_plans)
 
 
@@ -72,7 +79,9 @@ def _planning(sub) -> None:
     p.add_argument("--check", action="store_true",
                    help="compile the chosen plan deviceless for --target, correct the model's workspace term from "
                         "XLA's peak and re-plan until the compiled plan fits and agrees within 5 %% (exit 1 if not)")
-    p.add_argument("--check-iterations", type=positive_int, default=4, help="at most this many compiles (default 4)")
+    p.add_argument("--check-iterations", type=positive_int,
+                   help=f"with --check: at most this many compiles "
+                        f"(default {planning.CHECK_ITERATIONS})")
     p.add_argument("--segments", action="store_true",
                    help="also consider splitting each layer group at one layer into two runs of layers with their "
                         "own placements (every split point, solved exactly; the plan YAML gets 'segments')")
@@ -151,7 +160,13 @@ def _running(sub) -> None:
     v.add_argument("--plan", default="qkv-offload",
                    help="a preset or plan YAML file, or a comma-separated list (default: qkv-offload)")
     add_size_args(v, microbatch=4, per_device=False)
-    v.add_argument("--seed", type=nonnegative_int, default=0, help="parameter seed; tokens use seed + 1 (default 0)")
+    v.add_argument("--devices", type=positive_int,
+                   help="host CPU devices to create (CPU backend; default: the mesh's product, "
+                        "else 1)")
+    v.add_argument("--mesh", help="run each plan and save-all sharded on this mesh, e.g. "
+                                  "fsdp=2,expert=2,tensor=2 (default: one device)")
+    v.add_argument("--seed", type=nonnegative_int, default=0,
+                   help="parameter seed; tokens use seed + 1 (default 0)")
     v.add_argument("--xla-preset", default="none", help=PRESET_HELP)
     v.add_argument("--json", action="store_true", help="print one JSON object")
     v.set_defaults(func=measuring.cmd_verify)
@@ -180,7 +195,9 @@ def _running(sub) -> None:
                     "transfer/compute timeline if --trace is given, and optionally the README's performance "
                     "table (the section between the perf-table markers).")
     r.add_argument("results", nargs="+", metavar="RESULTS.json", help="results files")
-    r.add_argument("--out", required=True, metavar="DIR", help="directory for the PNGs and summary.md")
+    r.add_argument("--out", required=True, metavar="DIR",
+                   help="a new (or empty) directory for the PNGs and summary.md; nothing in an "
+                        "existing one is touched")
     r.add_argument("--trace", metavar="DIR", help="a `tierax profile --out` directory (or a trace file)")
     r.add_argument("--sweep", action="append", default=[], metavar="SWEEP.json",
                    help="a planner frontier to embed: `tierax plan --sweep ... --out F.png`'s F.json, or "

@@ -11,6 +11,7 @@ from tierax.errors import TieraxError
 from tierax.mesh import parse_mesh
 
 GIB = 2**30
+CHECK_ITERATIONS = 4  # plan --check's default bound on compiles
 
 
 def cmd_models(args) -> int:
@@ -34,10 +35,18 @@ def cmd_models(args) -> int:
     return 0
 
 
+# `plans --emit`'s sizes when not given (options given without --emit are refused).
+SHOW_DEFAULTS = {"target": "h200", "schedule": "lhs", "microbatch": 8, "seq": 64}
+
+
 def cmd_plans(args) -> int:
     from tierax import plan as plan_lib
+    from tierax.interop import planning as interop
     from tierax.report.tables import plan_table
 
+    sizing = {"--target": args.target, "--devices": args.devices, "--mesh": args.mesh,
+              "--schedule": args.schedule, "--microbatch": args.microbatch, "--seq": args.seq}
+    interop.check_show_options(show=args.show, yaml=args.yaml, emit=args.emit, sizing=sizing)
     cfg = resolve_model(args)
     if args.show is None:
         for name, (desc, _) in plan_lib.PRESETS.items():
@@ -45,10 +54,10 @@ def cmd_plans(args) -> int:
         return 0
     plan = plan_lib.load_plan(args.show, cfg)
     if args.emit:
-        from tierax.interop import planning as interop
-
-        print(interop.emit_plan(plan, cfg, args.emit, microbatch=args.microbatch, seq=args.seq, schedule=args.schedule,
-                                mesh=parse_mesh(args.mesh, args.devices).to_dict(), target=args.target), end="")
+        sizes = {k: v if getattr(args, k) is None else getattr(args, k)
+                 for k, v in SHOW_DEFAULTS.items()}
+        mesh = parse_mesh(args.mesh, args.devices).to_dict()
+        print(interop.emit_plan(plan, cfg, args.emit, mesh=mesh, **sizes), end="")
     elif args.yaml:
         print(plan.to_yaml(), end="")
     else:
@@ -116,12 +125,15 @@ def cmd_plan(args) -> int:
     from tierax.interop import planning as interop
     from tierax.report.tables import explain_table, prediction_table
 
+    interop.check_plan_options(sweep=args.sweep, check=args.check,
+                               check_iterations=args.check_iterations, segments=args.segments,
+                               for_tool=args.for_tool, emit=args.emit,
+                               max_microbatch=args.max_microbatch, out=args.out, json=args.json)
     if args.sweep:
         return _plan_sweep(args)
     if args.check:
         return _plan_check(args)
     out = check_output_file(args.out) if args.out else None
-    interop.check_tool(args.emit, "--emit")
     cfg, mesh, rates = _inputs(args)
     budgets = {"schedule": args.schedule, "budget_bytes": args.budget_gib and args.budget_gib * GIB,
                "host_budget_bytes": args.host_budget_gib and args.host_budget_gib * GIB}
@@ -151,8 +163,6 @@ def _plan_check(args) -> int:
     from tierax.fileio import check_output_file, write_text_atomic
     from tierax.whatif import override_rates
 
-    if args.sweep or args.emit or args.for_tool or args.max_microbatch:
-        raise TieraxError("--check compiles one plan at a given --microbatch; drop --sweep/--emit/--for/--max-microbatch")
     out = check_output_file(args.out) if args.out else None
     cfg, mesh = resolve_model(args), parse_mesh(args.mesh, args.devices)
     spec = hardware.compile_target(args.target)  # a projection (no XLA device spec) is refused here
@@ -161,7 +171,7 @@ def _plan_check(args) -> int:
     if spec.kind == "tpu":
         from tierax import compile as compile_lib
 
-        compile_lib.start_deviceless_tpu("none")
+        compile_lib.start_deviceless_tpu("none", spec.accelerator_type(mesh.size))
     else:
         launch.start(deviceless_gpu=True, preset="lhs-pipelined" if args.schedule == "lhs-pipelined" else "lhs")
     from tierax import plan_check
@@ -179,7 +189,8 @@ def _plan_check(args) -> int:
     res = plan_check.check(cfg, mesh, rates, args.target, microbatch=args.microbatch, seq=args.seq,
                            schedule=args.schedule, budget_bytes=args.budget_gib and args.budget_gib * GIB,
                            host_budget_bytes=args.host_budget_gib and args.host_budget_gib * GIB,
-                           segments=args.segments, max_iterations=args.check_iterations, report=report)
+                           segments=args.segments,
+                           max_iterations=args.check_iterations or CHECK_ITERATIONS, report=report)
     if out:
         write_text_atomic(out, res.result.plan.to_yaml())
         print(f"wrote {out}")
@@ -205,12 +216,15 @@ def _plan_sweep(args) -> int:
     if args.out and not args.out.endswith(".png"):
         raise TieraxError(f"--out {args.out!r}: with --sweep, --out is the PNG to draw (FILE.png; FILE.json beside it)")
     out = check_output_file(args.out) if args.out else None
-    if out:
-        check_output_file(out.with_suffix(".json"))
+    if out:  # the user named F.png, not F.json: replace that only if an earlier sweep wrote it
+        beside = check_output_file(out.with_suffix(".json"))
+        records.check_replaceable(beside, records.SWEEP_SCHEMA,
+                                  f"--out {args.out!r} writes its record beside it:")
     cfg, mesh, rates = _inputs(args)
     solve = whatif.plan_solver(cfg, mesh.to_dict(), args.seq, args.microbatch, rates, schedule=args.schedule,
                                budget_bytes=args.budget_gib and args.budget_gib * GIB,
-                               host_budget_bytes=args.host_budget_gib and args.host_budget_gib * GIB)
+                               host_budget_bytes=args.host_budget_gib
+                               and args.host_budget_gib * GIB, segments=args.segments)
     with progress(f"sweep {key}", len(points), disable=args.json) as advance:
         pts = [p.to_json() for p in whatif.sweep(key, points, solve=solve, references=whatif.REFERENCES,
                                                  progress=advance)]

@@ -29,12 +29,18 @@ def cmd_train(args) -> int:
     say = c.print if jax.process_index() == 0 and not args.json else (lambda *a, **k: None)
     for line in [*env_lines, *([_verify(cfg)] if args.verify else [])]:
         say(line)
+    reporter = Reporter() if args.json else RichReporter(c, cfg.log.every)
     try:
-        with loop.Trainer(cfg, resume=args.resume, reporter=Reporter() if args.json else RichReporter(c, cfg.log.every)) as t:
+        with loop.Trainer(cfg, resume=args.resume, reporter=reporter) as t:
             result = t.train()
     except (loop.NonFiniteLoss, loop.Stopped) as e:
         print(f"tierax train: {e}", file=sys.stderr)
         return 130 if isinstance(e, loop.Stopped) else 1
+    except KeyboardInterrupt:  # Ctrl-C again, or before the loop: say where the run can go on from
+        if args.debug:
+            raise
+        print(f"tierax train: {loop.interrupted_message(cfg)}", file=sys.stderr)
+        return 130
     _plot(cfg, say)
     if args.json:
         print(json.dumps({"process_index": jax.process_index(), "process_count": jax.process_count()}

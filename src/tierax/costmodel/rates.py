@@ -87,7 +87,8 @@ def target_rates(target: str, dtype: str) -> Rates:
     measured = f"measured by tierax calibrate ({cal.get('created', '?')})"
     sources = {
         "matmul": measured if f"matmul_flops_per_s_{dtype}" in cal
-        else f"{ACHIEVABLE_FRACTION:.0%} of the {peak / 1e12:.0f} TFLOP/s {dtype} datasheet peak (H200 measured 790/989)",
+        else f"{ACHIEVABLE_FRACTION:.0%} (an H200 measured 790/989) of the {peak / 1e12:.0f} "
+             f"TFLOP/s {spec.peak_name(dtype)} datasheet peak",
         "host_link": measured if "d2h_bytes_per_s" in cal else spec.host_link_source,
         "hbm": "XLA device spec", "interconnect": "NVLink datasheet, per direction",
         "scale_out": spec.scale_out_source, "nvlink_domain": f"{spec.nvlink_domain_gpus} devices per NVLink/ICI domain",

@@ -49,6 +49,10 @@ class GpuSpec:
         key = {"float32": "tf32", "bfloat16": "bf16", "float16": "bf16"}.get(dtype, dtype)
         return self.peak_flops[key]
 
+    def peak_name(self, dtype: str) -> str:
+        """Which datasheet peak :meth:`peak` gives for ``dtype``, for the rates' source notes."""
+        return dtype
+
 
 TARGETS: dict[str, GpuSpec] = {
     "h100": GpuSpec(

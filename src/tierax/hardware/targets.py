@@ -32,9 +32,13 @@ def compile_target(key: str) -> GpuSpec | TpuSpec:
     Raises:
       TieraxError: unknown, or a projection (the cost model still accepts it).
     """
+    every = [*TARGETS.items(), *TPU_TARGETS.items()]
+    described = ", ".join(k for k, t in every if t.xla_described)
+    if key == "cpu":  # a valid target elsewhere (calibrated local rates), so not "unknown" here
+        raise TieraxError("target 'cpu' is this machine's measured rates, for simulate and plan; "
+                          f"a deviceless compile needs a GPU or TPU target: {described}")
     spec = get_target(key)
     if not spec.xla_described:
-        described = ", ".join(k for k, t in [*TARGETS.items(), *TPU_TARGETS.items()] if t.xla_described)
         raise TieraxError(f"target {key!r} is a projection ({spec.projection}): XLA has no device spec for it, so "
                           f"no compile is claimed; compile for one of {described}, or use `tierax simulate/plan "
                           f"--target {key}`")

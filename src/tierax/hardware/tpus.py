@@ -56,6 +56,17 @@ class TpuSpec:
         key = {"float32": "bf16", "bfloat16": "bf16", "float16": "bf16"}.get(dtype, dtype)
         return self.peak_flops[key]
 
+    def peak_name(self, dtype: str) -> str:
+        """Which datasheet peak :meth:`peak` gives for ``dtype``, for the rates' source notes."""
+        same = dtype == "bfloat16"
+        return "bf16" + ("" if same else f" ({dtype} matmuls run as bf16 MXU passes)")
+
+    def accelerator_type(self, devices: int) -> str:
+        """Google Cloud's accelerator type of a slice of ``devices`` chips (v5p: 2 cores a chip)."""
+        prefix, cores = {"v5e": ("v5litepod", 1), "v5p": ("v5p", 2),
+                         "v6e": ("v6e", 1)}[self.generation]
+        return f"{prefix}-{devices * cores}"
+
     def chips(self, shape: str) -> int:
         n = 1
         for d in shape.split("x"):

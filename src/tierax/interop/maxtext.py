@@ -26,10 +26,12 @@ from collections.abc import Mapping
 
 import yaml
 
+from tierax import hardware, xla_flags
 from tierax import names as N
-from tierax import xla_flags
 from tierax.errors import TieraxError
 from tierax.interop import maxtext_keys as K
+from tierax.interop.maxtext_keys import model_keys
+from tierax.mesh import MeshShape
 from tierax.plan import Placement, Plan, resolve
 
 # tierax schedule (cost model) → XLA flag preset (tierax.xla_flags.PRESETS).
@@ -76,36 +78,16 @@ def uniform_placements(plan: Plan, cfg) -> dict[str, Placement]:
 MAXTEXT_ATTENTION = {"cudnn": "cudnn_flash_jax", "xla": "dot_product"}
 
 
-def model_keys(cfg) -> dict:
-    """MaxText's model keys for a tierax ModelConfig (``configs/models/*.yml`` spelling)."""
-    common = {
-        "base_emb_dim": cfg.d_model, "base_num_query_heads": cfg.num_heads,
-        "base_num_decoder_layers": cfg.num_layers, "vocab_size": cfg.vocab_size,
-        "mlp_activations": ["silu", "linear"], "enable_dropout": False, "logits_via_embedding": cfg.tie_embeddings,
-        "normalization_layer_epsilon": cfg.norm_eps, "rope_max_timescale": int(cfg.rope_theta) if float(cfg.rope_theta).is_integer() else cfg.rope_theta,
-        "dtype": cfg.dtype, "weight_dtype": cfg.param_dtype,
-    }
-    if cfg.family == "llama":
-        return {"decoder_block": "llama2", **common, "base_num_kv_heads": cfg.num_kv_heads,
-                "head_dim": cfg.head_dim, "base_mlp_dim": cfg.mlp_dim}
-    if cfg.family == "deepseek":
-        return {"decoder_block": "deepseek", "attention_type": "mla", **common,
-                "base_num_kv_heads": cfg.num_heads, "base_mlp_dim": cfg.dense_mlp_dim,
-                "base_moe_mlp_dim": cfg.expert_mlp_dim, "first_num_dense_layers": cfg.first_dense_layers,
-                "num_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
-                "shared_experts": cfg.num_shared_experts, "routed_scaling_factor": cfg.routed_scaling_factor,
-                "routed_score_func": "sigmoid", "q_lora_rank": cfg.q_lora_rank, "kv_lora_rank": cfg.kv_lora_rank,
-                "qk_nope_head_dim": cfg.qk_nope_head_dim, "qk_rope_head_dim": cfg.qk_rope_head_dim,
-                "v_head_dim": cfg.v_head_dim}
-    raise TieraxError(f"model family {cfg.family!r} has no MaxText form; MaxText overrides exist for: llama, deepseek")
-
-
 def runtime_env(*, target: str, schedule: str, devices: int, budget_bytes: float | None = None,
                 capacity_bytes: float | None = None, host_bytes: float | None = None) -> tuple[dict, list[str]]:
     """(environment variables, why-lines) a MaxText run of the plan needs; XLA reads them at start-up."""
     if schedule not in SCHEDULE_PRESET:
         raise TieraxError(f"unknown schedule {schedule!r}; choose one of: {', '.join(SCHEDULE_PRESET)}")
     env, why = {}, []
+    if target != "cpu" and hardware.get_target(target).kind == "tpu":
+        # The schedule presets are XLA:GPU flags, and the two variables are read by the GPU client.
+        return env, [(f"TPU ({target}): no XLA_FLAGS, {MEM_FRACTION} or {HOST_LIMIT}: those are "
+                      "for XLA:GPU and its client (XLA:TPU runs its own latency-hiding scheduler)")]
     flags = xla_flags.PRESETS[SCHEDULE_PRESET[schedule]]
     if flags:
         env["XLA_FLAGS"] = " ".join(flags)
@@ -129,9 +111,11 @@ def runtime_env(*, target: str, schedule: str, devices: int, budget_bytes: float
 def overrides(plan: Plan, cfg, *, microbatch: int, seq: int, mesh: Mapping[str, int],
               target: str = "h200") -> dict:
     """The MaxText keys of a run of ``plan`` (mapping in file order; see the module docstring)."""
+    kind = "cpu" if target == "cpu" else hardware.get_target(target).kind  # unknown: refused
+    MeshShape(**{a: int(v) for a, v in mesh.items()}).check_model(cfg, where="--mesh")
     placements = uniform_placements(plan, cfg)
     remat = {k: placements[k].value if k in placements else "remat" for k in K.REMAT_KEYS}
-    out: dict = {"base_config": "base.yml", "hardware": "cpu" if target == "cpu" else "gpu"}
+    out: dict = {"base_config": "base.yml", "hardware": kind}
     out.update(model_keys(cfg))
     if cfg.attention in MAXTEXT_ATTENTION:
         out["attention"] = MAXTEXT_ATTENTION[cfg.attention]

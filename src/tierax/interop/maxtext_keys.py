@@ -1,4 +1,5 @@
-"""MaxText's ``remat_policy: custom`` keys, and an override file read back as a plan.
+"""MaxText's ``remat_policy: custom`` keys and model keys, and an override file read back as a plan
+(refused when its model keys describe another model than the one it is read for).
 
 The keys and their values (``remat | device | offload``) are MaxText's, from
 ``src/maxtext/configs/base.yml`` (AI-Hypercomputer/maxtext, tag maxtext-v0.2.4 and
@@ -63,7 +64,52 @@ def _header(text: str, prefix: str) -> str | None:
     return None
 
 
-def plan_dict(data: Mapping, groups: Mapping[str, tuple[str, ...]], *, source: str, text: str = "") -> dict:
+def model_keys(cfg) -> dict:
+    """MaxText's model keys for a tierax ModelConfig (``configs/models/*.yml`` spelling)."""
+    theta = int(cfg.rope_theta) if float(cfg.rope_theta).is_integer() else cfg.rope_theta
+    common = {
+        "base_emb_dim": cfg.d_model, "base_num_query_heads": cfg.num_heads,
+        "base_num_decoder_layers": cfg.num_layers, "vocab_size": cfg.vocab_size,
+        "mlp_activations": ["silu", "linear"], "enable_dropout": False,
+        "logits_via_embedding": cfg.tie_embeddings, "normalization_layer_epsilon": cfg.norm_eps,
+        "rope_max_timescale": theta, "dtype": cfg.dtype, "weight_dtype": cfg.param_dtype,
+    }
+    if cfg.family == "llama":
+        return {"decoder_block": "llama2", **common, "base_num_kv_heads": cfg.num_kv_heads,
+                "head_dim": cfg.head_dim, "base_mlp_dim": cfg.mlp_dim}
+    if cfg.family == "deepseek":
+        return {"decoder_block": "deepseek", "attention_type": "mla", **common,
+                "base_num_kv_heads": cfg.num_heads, "base_mlp_dim": cfg.dense_mlp_dim,
+                "base_moe_mlp_dim": cfg.expert_mlp_dim,
+                "first_num_dense_layers": cfg.first_dense_layers, "num_experts": cfg.num_experts,
+                "num_experts_per_tok": cfg.num_experts_per_tok,
+                "shared_experts": cfg.num_shared_experts,
+                "routed_scaling_factor": cfg.routed_scaling_factor, "routed_score_func": "sigmoid",
+                "q_lora_rank": cfg.q_lora_rank, "kv_lora_rank": cfg.kv_lora_rank,
+                "qk_nope_head_dim": cfg.qk_nope_head_dim, "qk_rope_head_dim": cfg.qk_rope_head_dim,
+                "v_head_dim": cfg.v_head_dim}
+    raise TieraxError(f"model family {cfg.family!r} has no MaxText form; MaxText overrides exist "
+                      "for: llama, deepseek")
+
+
+def check_model(data: Mapping, cfg, source: str) -> None:
+    """Refuse overrides written for another model: a model key whose value differs from ``cfg``'s.
+
+    A file without model keys (placements only) is not checked.
+    """
+    if cfg.family not in ("llama", "deepseek"):
+        return  # a custom model (the Python API) has no MaxText model keys to compare
+    want = model_keys(cfg)
+    diff = [f"{k} {data[k]!r} (here {v!r})" for k, v in want.items() if k in data and data[k] != v]
+    if diff:
+        raise TieraxError(
+            f"{source} is MaxText overrides for another model than {cfg.name}: {'; '.join(diff)}. "
+            "Use it with the model it was written for, or delete its model keys to apply only its "
+            "placements")
+
+
+def plan_dict(data: Mapping, groups: Mapping[str, tuple[str, ...]], *, source: str,
+              text: str = "") -> dict:
     """The tierax plan (``Plan.from_dict`` form) a MaxText override mapping describes for a model.
 
     Every activation of every group takes the placement of its key (MaxText's default

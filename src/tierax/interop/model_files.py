@@ -28,6 +28,8 @@ from tierax.models.config import DeepSeekConfig, LlamaConfig
 
 MAXTEXT_BLOCKS = {"llama2": "llama", "deepseek": "deepseek"}
 HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "DeepseekV3ForCausalLM": "deepseek"}
+HF_MODEL_TYPES = {"llama": "LlamaForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
+HF_ROPE_THETA = 10_000.0  # transformers' LlamaConfig and DeepseekV3Config default
 _DTYPES = {"bfloat16": "bfloat16", "float32": "float32", "float16": "float16", "fp32": "float32", "bf16": "bfloat16"}
 
 # --- MaxText --------------------------------------------------------------------------------------------------
@@ -61,7 +63,9 @@ def is_maxtext_model(data: Any) -> bool:
 
 
 def is_hf_config(data: Any) -> bool:
-    return isinstance(data, Mapping) and ("architectures" in data or "model_type" in data) and "hidden_size" in data
+    # Not conditioned on hidden_size: a config.json without it is reported as such, not as a tierax
+    # config missing 'family'.
+    return isinstance(data, Mapping) and ("architectures" in data or "model_type" in data)
 
 
 def _require(cond: bool, source: str, msg: str) -> None:
@@ -75,16 +79,21 @@ def _name_of(path: pathlib.Path) -> str:
 
 
 def _build(cls, values: dict, source: str, keys: Mapping[str, str]):
-    """``cls(**values)``, each value checked against its field's type; ``keys`` maps fields back to the file's keys."""
+    """``cls(**values)``, each value checked against its field's type; ``keys`` maps fields back to
+    the file's keys.  A value of the wrong type is named before a key that is missing."""
     import dataclasses
 
+    types = schema.field_types(cls)
+    try:
+        checked = {k: schema.scalar(keys.get(k, k), v, types[k], source) for k, v in values.items()}
+    except TieraxError as e:
+        raise TieraxError(e.args[0] if str(e).startswith(source) else f"{source}: {e}") from None
     required = [f.name for f in dataclasses.fields(cls)
                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     missing = [keys.get(f, f) for f in required if f not in values]
     _require(not missing, source, f"missing key(s) {', '.join(missing)}; a {cls.family} model needs them")
-    types = schema.field_types(cls)
     try:
-        return cls(**{k: schema.scalar(keys.get(k, k), v, types[k], source) for k, v in values.items()})
+        return cls(**checked)
     except TieraxError as e:
         raise TieraxError(e.args[0] if str(e).startswith(source) else f"{source}: {e}") from None
 
@@ -173,7 +182,12 @@ _HF_WHY = {"num_nextn_predict_layers": "num_nextn_predict_layers (the multi-toke
 def from_hf(data: Mapping, path: pathlib.Path):
     """A Hugging Face ``config.json`` as a ModelConfig (see the module docstring)."""
     source = str(path)
-    archs = list(data.get("architectures") or [])
+    archs = data.get("architectures") or []
+    if not archs:  # HF's model_type says which class it would load; name it in the fix
+        guess = HF_MODEL_TYPES.get(data.get("model_type"), next(iter(HF_ARCHITECTURES)))
+        raise TieraxError(f"{source}: no 'architectures' key; add \"architectures\": [\"{guess}\"] "
+                          f"(tierax reads: {', '.join(HF_ARCHITECTURES)})")
+    archs = list(archs) if isinstance(archs, list) else [archs]
     known = [a for a in archs if a in HF_ARCHITECTURES]
     _require(len(known) == 1, source, f"architectures {archs!r} are not supported; valid choices: "
                                       f"{', '.join(HF_ARCHITECTURES)}")
@@ -186,23 +200,33 @@ def from_hf(data: Mapping, path: pathlib.Path):
     for key, want in _HF_REQUIRED.items():
         if key in data:
             _require(data[key] == want, source, f"{key} {data[key]!r} is not supported; tierax models {key}: {want!r}")
-    values = {field: data[key] for key, field in fields.items() if key in data and data[key] is not None}
+    if family == "deepseek" and "q_lora_rank" in data and data["q_lora_rank"] is None:
+        raise TieraxError(f"{source}: q_lora_rank: null (queries without a low-rank projection, "
+                          "as in DeepSeek-V2-Lite) is not supported; tierax models MLA with a "
+                          "low-rank query: give q_lora_rank > 0")
+    values = {field: data[key] for key, field in fields.items()
+              if key in data and data[key] is not None}
+    notes = []
+    if "rope_theta" not in values:  # HF defaults it, and not to tierax's Llama default (500000)
+        values["rope_theta"] = HF_ROPE_THETA
+        notes.append(f"rope_theta not set: Hugging Face's default {HF_ROPE_THETA:g} is used")
+    heads, hidden = data.get("num_attention_heads"), data.get("hidden_size")
     if family == "llama":
-        values.setdefault("num_kv_heads", data.get("num_attention_heads"))
-        if "head_dim" not in values and data.get("num_attention_heads"):
-            values["head_dim"] = data["hidden_size"] // data["num_attention_heads"]
+        values.setdefault("num_kv_heads", heads)
+        whole = all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                    for v in (heads, hidden))
+        if "head_dim" not in values and whole:  # else the type check below names the bad value
+            values["head_dim"] = hidden // heads
     else:
-        kv = data.get("num_key_value_heads", data.get("num_attention_heads"))
-        _require(kv == data.get("num_attention_heads"), source, "MLA needs num_key_value_heads equal to "
-                                                                "num_attention_heads")
-    if "rope_theta" in values:
-        dtype = _DTYPES.get(str(data.get("torch_dtype", "bfloat16")), "bfloat16")
+        kv = data.get("num_key_value_heads", heads)
+        _require(kv == heads, source, "MLA needs num_key_value_heads equal to num_attention_heads")
+    dtype = _DTYPES.get(str(data.get("torch_dtype", "bfloat16")), "bfloat16")
     cls = LlamaConfig if family == "llama" else DeepSeekConfig
-    cfg = _build(cls, {"name": _name_of(path), "attention": "blockwise", "dtype": dtype, **values}, source,
-                 {f: k for k, f in fields.items()})
+    cfg = _build(cls, {"name": _name_of(path), "attention": "blockwise", "dtype": dtype, **values},
+                 source, {f: k for k, f in fields.items()})
     not_modelled = [_HF_WHY.get(k, k) for k in data if (k in _HF_NOT_MODELLED or k.startswith("_"))
                     and k not in fields]
-    _report(source, not_modelled, [])
+    _report(source, not_modelled, notes)
     return cfg
 
 

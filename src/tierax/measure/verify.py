@@ -37,7 +37,9 @@ from flax import nnx
 
 from tierax import plan as plan_lib
 from tierax.errors import TieraxError
+from tierax.mesh import MeshShape
 from tierax.models import ModelConfig, build_model
+from tierax.train import sharding as sh
 from tierax.train import step as step_lib
 
 TOLERANCES: dict[str, float] = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 2e-2}
@@ -187,43 +189,58 @@ def compare(plan_name: str, cfg: ModelConfig, loss, grads, ref_loss, ref_grads, 
     )
 
 
-def model_and_init(cfg: ModelConfig, seed: int = 0):
-    """(graphdef, jitted ``init() -> params``): what ``step.init_params`` does, as a function a caller can
-    call again for fresh parameters without tracing the model again."""
-    graphdef, _ = nnx.split(nnx.eval_shape(lambda: build_model(cfg, seed=seed)))
-    return graphdef, jax.jit(lambda: nnx.split(build_model(cfg, seed=seed))[1])
+def model_and_init(cfg: ModelConfig, seed: int = 0, mesh=None):
+    """(graphdef, jitted ``init() -> params``): what ``step.init_params`` does, as a function a
+    caller can call again for fresh parameters without tracing the model again (sharded on
+    ``mesh`` if given)."""
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: build_model(cfg, seed=seed)))
+    shardings = None if mesh is None else sh.param_shardings(abstract, mesh)
+    return graphdef, jax.jit(lambda: nnx.split(build_model(cfg, seed=seed))[1],
+                             out_shardings=shardings)
 
 
-def compiled_step(graphdef, plan: plan_lib.Plan, cfg: ModelConfig, params, tokens):
+def compiled_step(graphdef, plan: plan_lib.Plan, cfg: ModelConfig, params, tokens, mesh=None):
     """The plan's own program: ``value_and_grad`` of the loss under the plan's policies
-    (:func:`tierax.plan.to_policies`), lowered and compiled for these arguments."""
-    fn = jax.value_and_grad(step_lib.make_loss_fn(graphdef, plan_lib.to_policies(plan, cfg)))
-    return jax.jit(fn).lower(params, tokens).compile()
+    (:func:`tierax.plan.to_policies`), lowered and compiled for these arguments (on ``mesh``, a
+    :class:`jax.sharding.Mesh` the arguments are sharded over, if given)."""
+    loss = step_lib.make_loss_fn(graphdef, plan_lib.to_policies(plan, cfg), mesh)
+    return jax.jit(jax.value_and_grad(loss)).lower(params, tokens).compile()
 
 
 def verify_plans(cfg: ModelConfig, plans: Sequence[plan_lib.Plan], *, microbatch: int, seq: int,
-                 seed: int = 0) -> list[VerifyResult]:
+                 seed: int = 0, mesh: MeshShape | None = None) -> list[VerifyResult]:
     """:func:`verify_plan` for several plans, sharing one reference computation.
 
     Every plan's own compiled program runs, even one whose placements equal the reference's.
+    ``mesh``: run every program (save-all's too) sharded on the first ``mesh.size`` local devices,
+    ``microbatch`` then being the global batch.
     """
     if microbatch < 1 or seq < 1:
         raise TieraxError(f"verify needs microbatch ≥ 1 and seq ≥ 1, got microbatch={microbatch}, seq={seq}")
     plans = [plan_lib.load_plan(p, cfg) for p in plans]  # validates names against the model
+    jmesh = None
+    if mesh is not None:  # refused before anything is built or compiled
+        mesh.check_model(cfg, where="--mesh")
+        mesh.check_batch(microbatch, where="--microbatch (the global batch)")
+        jmesh = mesh.make(jax.devices()[:mesh.size])
     ref_plan = plan_lib.preset(REFERENCE_PLAN, cfg)
-    graphdef, init = model_and_init(cfg, seed)
+    graphdef, init = model_and_init(cfg, seed, jmesh)
     params = init()
     tokens = step_lib.synthetic_batch(cfg, microbatch, seq, seed=seed + 1)
-    ref_loss, ref_grads = compiled_step(graphdef, ref_plan, cfg, params, tokens)(params, tokens)
+    if jmesh is not None:
+        tokens = jax.device_put(tokens, sh.batch_sharding(jmesh))
+    reference = compiled_step(graphdef, ref_plan, cfg, params, tokens, jmesh)
+    ref_loss, ref_grads = reference(params, tokens)
     results = []
     for p in plans:
-        loss, grads = compiled_step(graphdef, p, cfg, params, tokens)(params, tokens)
+        loss, grads = compiled_step(graphdef, p, cfg, params, tokens, jmesh)(params, tokens)
         results.append(compare(p.name, cfg, loss, grads, ref_loss, ref_grads, microbatch=microbatch, seq=seq,
                                seed=seed))
     return results
 
 
-def verify_plan(cfg: ModelConfig, plan: plan_lib.Plan, *, microbatch: int, seq: int, seed: int = 0) -> VerifyResult:
+def verify_plan(cfg: ModelConfig, plan: plan_lib.Plan, *, microbatch: int, seq: int, seed: int = 0,
+                mesh: MeshShape | None = None) -> VerifyResult:
     """Run one step (loss and gradients) under ``plan`` and under ``save-all`` and compare them.
 
     Args:
@@ -232,6 +249,7 @@ def verify_plan(cfg: ModelConfig, plan: plan_lib.Plan, *, microbatch: int, seq: 
       microbatch: sequences in the batch (one local device).
       seq: sequence length.
       seed: parameter seed; the tokens use ``seed + 1``.
+      mesh: run sharded on this mesh (``microbatch`` is then the global batch).
 
     Returns:
       A :class:`VerifyResult`; ``passed`` is False above the dtype's tolerance.
@@ -239,4 +257,4 @@ def verify_plan(cfg: ModelConfig, plan: plan_lib.Plan, *, microbatch: int, seq: 
     Raises:
       TieraxError: a plan that does not fit the model, bad sizes.
     """
-    return verify_plans(cfg, [plan], microbatch=microbatch, seq=seq, seed=seed)[0]
+    return verify_plans(cfg, [plan], microbatch=microbatch, seq=seq, seed=seed, mesh=mesh)[0]

@@ -220,6 +220,7 @@ def _from_file_text(text: str, source: str, cfg) -> Plan:
     except yaml.YAMLError:
         data = None  # from_yaml reports it
     if maxtext_keys.is_override_file(data):
+        maxtext_keys.check_model(data, cfg, source)
         groups = {g.name: g.activations for g in cfg.layer_groups()}
         return Plan.from_dict(maxtext_keys.plan_dict(data, groups, source=source, text=text), source=source)
     return Plan.from_yaml(text, source=source)
@@ -255,8 +256,31 @@ def resolve(plan: Plan, cfg) -> dict[str, dict[str, Placement]]:
         if not gp.segments:
             out[gname] = {n: gp.placement(n) for n in g.activations}
         for s in gp.segments:
-            out[segment_name(gname, s.start, s.stop)] = {n: s.placements.get(n, gp.placement(n)) for n in g.activations}
+            where = segment_name(gname, s.start, s.stop)
+            out[where] = {n: s.placements.get(n, gp.placement(n)) for n in g.activations}
+            _check_runnable_segment(plan, s, out[where], where)
     return out
+
+
+def _check_runnable_segment(plan: Plan, s: Segment, placements: Mapping[str, Placement],
+                            where: str) -> None:
+    """What the segmented scan can run.  Checked here, where every verb resolves its plan, so that
+    simulate and plan refuse what compile, verify and train would (and before anything compiles)."""
+    if plan.mechanism != DEFAULT_MECHANISM:
+        raise TieraxError(
+            f"plan {plan.name!r} has segments, which run in tierax's segmented scan (mechanism "
+            f"{DEFAULT_MECHANISM}); mechanism {plan.mechanism!r} applies to unsegmented plans "
+            "only: remove 'mechanism' or the segments")
+    if placements.get(N.DECODER_LAYER_INPUT) is Placement.OFFLOAD:
+        raise TieraxError(
+            f"plan {plan.name!r}, {where}: a segment keeps decoder_layer_input on device (the "
+            "scan's own residual); offload it only in an unsegmented plan (mechanism: policy)")
+    offload = sorted(n for n, p in placements.items() if p is Placement.OFFLOAD)
+    if offload and s.stop - s.start == 1:  # XLA drops a host round trip that no loop separates
+        raise TieraxError(
+            f"plan {plan.name!r}, {where}: a one-layer segment cannot offload "
+            f"({', '.join(offload)}); XLA removes the host copy there. Make the segment at least "
+            "2 layers")
 
 
 def segments_of(plan: Plan, cfg) -> dict[str, list[tuple[int, int, str]]]:

@@ -9,6 +9,7 @@ import tempfile
 import yaml
 
 from tierax.errors import TieraxError
+from tierax.fileio import new_file_mode
 from tierax.train.run_dir import CONFIG_SNAPSHOT, PLOT, read_metrics
 
 
@@ -90,6 +91,7 @@ def plot_metrics(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
     os.close(fd)
     try:
         fig.savefig(tmp, dpi=110)
+        os.chmod(tmp, new_file_mode())  # mkstemp's 0600 would outlive the rename
         os.replace(tmp, target)
     except BaseException:
         pathlib.Path(tmp).unlink(missing_ok=True)

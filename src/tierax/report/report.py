@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tierax.errors import TieraxError
-from tierax.fileio import make_temp_dir, write_text_atomic
+from tierax.fileio import check_output_dir, make_temp_dir, write_text_atomic
 from tierax.records import BENCH_SCHEMA, GPU_CHECK_SCHEMA, SWEEP_SCHEMA, WHATIF_SCHEMA, finite, load_record
 
 SCHEMAS = (BENCH_SCHEMA, GPU_CHECK_SCHEMA)
@@ -248,8 +248,11 @@ def build_report(results: Sequence[str | os.PathLike], out_dir: str | os.PathLik
 
     Raises:
       TieraxError: a results file of another schema or damaged, a trace path with no
-        trace, a README without the perf-table markers.  Nothing is written then.
+        trace, a README without the perf-table markers, an ``out_dir`` that is a file or not
+        empty (as for every output directory: what is in it is the user's).  Nothing is written
+        then.
     """
+    check_output_dir(out_dir, allow_existing=False)
     if not results:
         raise TieraxError("give at least one results JSON (written by `tierax bench --out FILE`)")
     loaded = [load_results(r) for r in results]

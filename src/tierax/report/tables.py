@@ -91,9 +91,10 @@ def compile_table(r) -> Table:
     rows += [
         ("host transfers per step", str(ov["transfers"])),
         ("transfer bytes", fmt_bytes(ov["transfer_bytes"])),
-        ("est. transfer time", f"{ov['est_transfer_s'] * 1e3:.3f} ms"),
-        ("est. hidden under compute", f"{ov['est_hidden_s'] * 1e3:.3f} ms"),
-        ("est. exposed", f"{ov['est_exposed_s'] * 1e3:.3f} ms"),
+        ("est. transfer time (link busy: hidden + exposed)",
+         f"{ov['est_transfer_s'] * 1e3:.3f} ms"),
+        ("  est. hidden under compute", f"{ov['est_hidden_s'] * 1e3:.3f} ms"),
+        ("  est. exposed (the stream waits)", f"{ov['est_exposed_s'] * 1e3:.3f} ms"),
         ("compile time", f"{r.compile_time_s:.1f} s"),
     ]
     for k, v in rows:

@@ -99,6 +99,18 @@ class TrainResult:
                 + (f"; last checkpoint step {self.last_checkpoint}" if self.last_checkpoint else ""))
 
 
+def interrupted_message(cfg: TrainConfig) -> str:
+    """What to say when Ctrl-C came again (or before training began), so the run stopped at once
+    rather than at a step boundary: the newest complete checkpoint on disk and how to go on."""
+    d = cfg.checkpoint_dir
+    done = ckpt_lib.complete_steps(d) if d is not None and d.is_dir() else []
+    if done:
+        return (f"interrupted at once (not at a step boundary); the last complete checkpoint is "
+                f"step {done[-1]} in {d}; continue with --resume")
+    return ("interrupted at once (not at a step boundary); no complete checkpoint was written"
+            + (f" in {d}" if d is not None else " (checkpoint.every is 0)") + "; start again")
+
+
 class Stopped(RuntimeError):
     """Training was interrupted (SIGINT / Ctrl-C) and stopped at a step boundary."""
 
@@ -194,6 +206,13 @@ class Trainer:
             meta = ckpt_lib.read_meta(self.ckpt_dir, done[-1])
             ckpt_lib.check_compatible(meta, self.identity, f"{self.ckpt_dir}/{done[-1]}")
             self.resumed_from = done[-1]
+            if self.resumed_from >= cfg.steps:  # said now, not after compiling a step never run
+                more = self.resumed_from + cfg.steps
+                raise TieraxError(
+                    f"checkpoint.dir {self.ckpt_dir} is at step {self.resumed_from} and steps is "
+                    f"{cfg.steps}: nothing to train. To continue the run, raise steps (e.g. "
+                    f"steps={more} optimizer.decay_steps={cfg.decay_steps}, which keeps its "
+                    "learning-rate schedule)")
         if not resume and (self.log_dir / METRICS).exists():
             raise TieraxError(
                 f"log.dir {self.log_dir} already holds a run ({METRICS}); pass --resume to continue it, "
