@@ -123,11 +123,8 @@ def cmd_verify(args) -> int:
     from tierax.models import config_to_dict
     from tierax.report.measure_tables import verify_table
 
-    cfg = resolve_model(args)
+    cfg = resolve_model(args)  # verify_plans refuses a mesh the model or batch cannot take
     launch.check_local_attention(cfg, what="tierax verify")
-    if mesh is not None:
-        mesh.check_model(cfg, where="--mesh")
-        mesh.check_batch(args.microbatch, where="--microbatch (the global batch)")
     launch.check_local_memory(cfg, shards=mesh.size if mesh else 1, copies=6,
                               what="tierax verify (two gradient sets)")
     plans = load_plans(args.plan, cfg, "--plan")
@@ -141,10 +138,7 @@ def cmd_verify(args) -> int:
             "results": [r.to_json() for r in results]}
         print(json.dumps(doc, indent=2))
         return 0 if passed else 1
-    on = f"mesh {mesh}" if mesh else "1 device"
-    title = (f"{cfg.name} ({cfg.dtype}) · microbatch {args.microbatch} × seq {args.seq} · "
-             f"{jax.default_backend()}, {on} · against save-all")
-    console().print(verify_table(results, title))
+    console().print(verify_table(results, _verify_title(cfg, args, mesh, jax.default_backend())))
     for r in results:
         if not r.passed:
             print(f"FAIL {r.plan}: max relative error {r.max_rel_err:.3g} > {r.tolerance:g}; above the tolerance: "
@@ -153,6 +147,12 @@ def cmd_verify(args) -> int:
         print("note: XLA:CPU ignores host offloading; on CPU this checks the remat/save policy, not the offload "
               "path. Run on a GPU for that.")
     return 0 if passed else 1
+
+
+def _verify_title(cfg, args, mesh, backend: str) -> str:
+    on = f"mesh {mesh}" if mesh else "1 device"
+    return (f"{cfg.name} ({cfg.dtype}) · microbatch {args.microbatch} × seq {args.seq} · "
+            f"{backend}, {on} · against save-all")
 
 
 def _offloads(plan, cfg) -> bool:

@@ -12,6 +12,9 @@ from tierax.mesh import parse_mesh
 
 GIB = 2**30
 CHECK_ITERATIONS = 4  # plan --check's default bound on compiles
+# The options of `tierax plan` whose combinations interop.planning.check_plan_options checks.
+PLAN_OPTIONS = ("sweep", "check", "check_iterations", "segments", "for_tool", "emit",
+                "max_microbatch", "out", "json")
 
 
 def cmd_models(args) -> int:
@@ -125,10 +128,7 @@ def cmd_plan(args) -> int:
     from tierax.interop import planning as interop
     from tierax.report.tables import explain_table, prediction_table
 
-    interop.check_plan_options(sweep=args.sweep, check=args.check,
-                               check_iterations=args.check_iterations, segments=args.segments,
-                               for_tool=args.for_tool, emit=args.emit,
-                               max_microbatch=args.max_microbatch, out=args.out, json=args.json)
+    interop.check_plan_options(**{k: getattr(args, k) for k in PLAN_OPTIONS})
     if args.sweep:
         return _plan_sweep(args)
     if args.check:

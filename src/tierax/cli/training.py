@@ -31,16 +31,10 @@ def cmd_train(args) -> int:
         say(line)
     reporter = Reporter() if args.json else RichReporter(c, cfg.log.every)
     try:
-        with loop.Trainer(cfg, resume=args.resume, reporter=reporter) as t:
-            result = t.train()
+        result = loop.run(cfg, resume=args.resume, reporter=reporter)
     except (loop.NonFiniteLoss, loop.Stopped) as e:
         print(f"tierax train: {e}", file=sys.stderr)
         return 130 if isinstance(e, loop.Stopped) else 1
-    except KeyboardInterrupt:  # Ctrl-C again, or before the loop: say where the run can go on from
-        if args.debug:
-            raise
-        print(f"tierax train: {loop.interrupted_message(cfg)}", file=sys.stderr)
-        return 130
     _plot(cfg, say)
     if args.json:
         print(json.dumps({"process_index": jax.process_index(), "process_count": jax.process_count()}

@@ -99,18 +99,6 @@ class TrainResult:
                 + (f"; last checkpoint step {self.last_checkpoint}" if self.last_checkpoint else ""))
 
 
-def interrupted_message(cfg: TrainConfig) -> str:
-    """What to say when Ctrl-C came again (or before training began), so the run stopped at once
-    rather than at a step boundary: the newest complete checkpoint on disk and how to go on."""
-    d = cfg.checkpoint_dir
-    done = ckpt_lib.complete_steps(d) if d is not None and d.is_dir() else []
-    if done:
-        return (f"interrupted at once (not at a step boundary); the last complete checkpoint is "
-                f"step {done[-1]} in {d}; continue with --resume")
-    return ("interrupted at once (not at a step boundary); no complete checkpoint was written"
-            + (f" in {d}" if d is not None else " (checkpoint.every is 0)") + "; start again")
-
-
 class Stopped(RuntimeError):
     """Training was interrupted (SIGINT / Ctrl-C) and stopped at a step boundary."""
 
@@ -119,6 +107,34 @@ class Stopped(RuntimeError):
         where = (f"last checkpoint step {last_checkpoint} in {directory}; continue with --resume"
                  if last_checkpoint is not None else "no checkpoint was written (checkpoint.every is 0)")
         super().__init__(f"interrupted: stopped after step {step}; {where}")
+
+
+class Interrupted(Stopped):
+    """Ctrl-C stopped the run at once, not at a step boundary: a second Ctrl-C, or one before the
+    loop began.  The message names the newest complete checkpoint on disk and how to go on."""
+
+    def __init__(self, cfg: TrainConfig):
+        d = cfg.checkpoint_dir
+        done = ckpt_lib.complete_steps(d) if d is not None and d.is_dir() else []
+        self.step, self.last_checkpoint = None, done[-1] if done else None
+        where = (f"the last complete checkpoint is step {done[-1]} in {d}; continue with --resume"
+                 if done else "no complete checkpoint was written"
+                 + (f" in {d}" if d is not None else " (checkpoint.every is 0)") + "; start again")
+        RuntimeError.__init__(self, f"interrupted at once (not at a step boundary); {where}")
+
+
+def run(cfg: TrainConfig, *, resume: bool = False, reporter: Reporter | None = None) -> TrainResult:
+    """Build a :class:`Trainer` and train it to ``cfg.steps``, closing it after.
+
+    Raises:
+      NonFiniteLoss: as :meth:`Trainer.train`.
+      Stopped: Ctrl-C, at a step boundary; :class:`Interrupted` where it stopped the run at once.
+    """
+    try:
+        with Trainer(cfg, resume=resume, reporter=reporter) as t:
+            return t.train()
+    except KeyboardInterrupt as e:
+        raise Interrupted(cfg) from e
 
 
 # --- the trainer ------------------------------------------------------------------
