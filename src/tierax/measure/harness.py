@@ -46,6 +46,90 @@ def matmul_rate(dtype: str = "float32", n: int = 1024, repeats: int = 5, *, best
     return {"shape": f"{n}x{n}x{n} {jnp.dtype(dtype).name}", "flops_per_s": 2.0 * n**3 / t, "times_s": times}
 
 
+# Matmul shapes (M, K, N) of `tierax calibrate` on a CPU: a layer-like GEMM (tokens × width ×
+# 4·width) and a head-like one (tokens × width × vocabulary), each in the three operand layouts
+# a training step runs (forward A·B, input gradient A·Bᵀ, weight gradient Aᵀ·B: XLA:CPU's
+# matmul speed depends on which dimension is contracted).  No case of bench/time_fidelity.py
+# has any of these dimensions.
+CPU_MATMUL_SHAPES = ((1536, 640, 2560), (1536, 640, 24000))
+MATMUL_LAYOUTS = ("NN", "NT", "TN")
+
+
+def matmul_mix_rate(dtype: str, shapes=CPU_MATMUL_SHAPES, repeats: int = 5) -> dict:
+    """FLOP/s of a mix of matmuls: every shape in every layout of :data:`MATMUL_LAYOUTS`, the
+    summed FLOPs over the summed median times (each GEMM weighs by its time, as in a step).
+    Rounds interleave the GEMMs, so machine noise hits each alike.
+
+    Returns ``{"dtype", "flops_per_s", "gemms": [{"shape", "layout", "flops_per_s", ...}]}``.
+    """
+    dev = jax.devices()[0]
+    key = jax.random.key(2)
+    fns = {"NN": lambda a, b: a @ b, "NT": lambda a, b: a @ b.T, "TN": lambda a, b: a.T @ b}
+    runs = []
+    for m, k, n in shapes:
+        for lay in MATMUL_LAYOUTS:
+            a_shape = (k, m) if lay == "TN" else (m, k)
+            b_shape = (n, k) if lay == "NT" else (k, n)
+            a = jax.device_put(jax.random.normal(key, a_shape, jnp.float32).astype(dtype), dev)
+            b = jax.device_put(jax.random.normal(key, b_shape, jnp.float32).astype(dtype), dev)
+            f = jax.jit(fns[lay])
+            f(a, b).block_until_ready()
+            runs.append(((m, k, n), lay, f, a, b, []))
+    for _ in range(repeats):
+        for *_, f, a, b, times in runs:
+            t = time.perf_counter()
+            f(a, b).block_until_ready()
+            times.append(time.perf_counter() - t)
+    gemms, flops, secs = [], 0.0, 0.0
+    for (m, k, n), lay, *_, times in runs:
+        med = statistics.median(times)
+        flops, secs = flops + 2.0 * m * k * n, secs + med
+        gemms.append({"shape": [m, k, n], "layout": lay, "flops_per_s": 2.0 * m * k * n / med,
+                      "times_s": times})
+    return {"dtype": jnp.dtype(dtype).name, "flops_per_s": flops / secs, "gemms": gemms}
+
+
+def stream_and_first_touch(nbytes: int = 64 << 20, repeats: int = 7) -> dict:
+    """Memory bandwidth of an elementwise fusion, and the cost of writing memory the process has
+    not touched yet.
+
+    ``y ← a·x + y`` over float32 arrays of ``nbytes`` each (larger than a CPU's last-level
+    cache), run two ways in alternation: with ``y`` donated (the output reuses its buffer: 3 ×
+    ``nbytes`` moved, the bandwidth), and without (a fresh output buffer per call).  A large
+    fresh buffer comes from the operating system page by page on first write (XLA:CPU allocates
+    each call's buffers anew), so ``nbytes`` over the difference of the medians is the
+    first-touch rate.  A GPU's allocator reuses its pool: no such cost, none reported.
+    """
+    dev = jax.devices()[0]
+    n = nbytes // 4
+    x = jax.device_put(jnp.ones((n,), jnp.float32), dev)
+    box = {"y": jax.device_put(jnp.ones((n,), jnp.float32), dev)}
+    donated = jax.jit(lambda x, y: x * 0.5 + y, donate_argnums=1)
+    fresh = jax.jit(lambda x, y: x * 0.5 + y)
+
+    def run_donated():
+        box["y"] = donated(x, box["y"])
+        box["y"].block_until_ready()
+
+    def run_fresh():
+        fresh(x, box["y"]).block_until_ready()
+
+    run_donated()
+    run_fresh()
+    t_don, t_fresh = [], []
+    for _ in range(repeats):
+        for fn, times in ((run_donated, t_don), (run_fresh, t_fresh)):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+    med_don, med_fresh = statistics.median(t_don), statistics.median(t_fresh)
+    out = {"bytes_per_array": n * 4, "memory_bytes_per_s": 3 * n * 4 / med_don, "donated_s": t_don,
+           "fresh_s": t_fresh}
+    if dev.platform == "cpu":
+        out["first_touch_bytes_per_s"] = n * 4 / max(med_fresh - med_don, 1e-9)
+    return out
+
+
 def link_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> dict:
     """Pinned-host ↔ device copy bandwidth each way (median of ``repeats``), data checked after the round trip."""
     from jax.sharding import SingleDeviceSharding
