@@ -1,7 +1,7 @@
 """The time model on a calibrated CPU, against hand computation: the calibration reaches
-``simulate`` (in process and through the CLI), and each term — matmuls at the calibrated rate per dtype, the
-non-matmul memory traffic, the recomputation, the first write of fresh memory — is what the
-arithmetic below says, so dropping any one of them fails a test.
+``simulate`` (in process and through the CLI), and each term — matmuls at the calibrated rate per
+dtype, the non-matmul memory traffic, the recomputation, the first write of fresh memory — is
+what the arithmetic below says, so dropping any one of them fails a test.
 """
 
 from __future__ import annotations
