@@ -1,11 +1,11 @@
 """``tierax calibrate``: measure the rates the cost model uses, on the machine at hand.
 
-Measured (:mod:`tierax.measure.harness`): the matmul rate per compute dtype (float32 and
-bfloat16; on a CPU a mix of GEMM shapes in the three layouts a training step runs, on a GPU one
-large square GEMM), the memory bandwidth of an elementwise fusion (the cost model's non-matmul
-term), on a CPU the rate at which a step's fresh buffers are first written (page faults: the
-cost model's first-touch term), and on a GPU the host↔device copy bandwidth each way (pinned
-host memory).  Results are stored in ``tierax.costmodel.CALIBRATION_FILE`` under the target key
+Measured (:mod:`tierax.measure.harness`): the memory bandwidth of an elementwise fusion (the
+cost model's non-matmul term), on a CPU the rate at which fresh buffers are first written (page
+faults: the cost model's first-touch term), the matmul rate per compute dtype (float32 and
+bfloat16; on a CPU a mix of GEMM shapes in the three layouts a training step runs, its own page
+faults taken off at that first-touch rate, on a GPU one large square GEMM), and on a GPU the
+host↔device copy bandwidth each way (pinned host memory).  Results are stored in ``tierax.costmodel.CALIBRATION_FILE`` under the target key
 (``cpu`` here; the GPU kind on a GPU) and used by ``simulate`` and ``plan`` instead of
 datasheet figures.
 """
@@ -38,7 +38,7 @@ def target_key() -> str:
 
 def stages(gpu: bool) -> list[str]:
     """The measurements :func:`measure` makes, in order (what a progress bar counts)."""
-    return [f"matmul {d}" for d in DTYPES] + ["memory"] + (["host link"] if gpu else [])
+    return ["memory"] + [f"matmul {d}" for d in DTYPES] + (["host link"] if gpu else [])
 
 
 def measure(progress: Callable[[str], None] | None = None, *, matmul_n: int = 8192,
@@ -55,17 +55,7 @@ def measure(progress: Callable[[str], None] | None = None, *, matmul_n: int = 81
         "microbenchmarks": {},
     }
     micro = entry["microbenchmarks"]
-    for dtype in DTYPES:
-        if gpu:
-            r = harness.matmul_rate(dtype, matmul_n, repeats, best=False)
-        else:
-            r = harness.matmul_mix_rate(dtype, repeats=repeats)
-        entry[f"matmul_flops_per_s_{dtype}"] = r["flops_per_s"]
-        micro[f"matmul_{dtype}"] = r
-        if progress:
-            progress(f"matmul {dtype}")
-    # The key older tierax versions read (float32 only).
-    entry["matmul_flops_per_s"] = entry["matmul_flops_per_s_float32"]
+    # Memory first: on a CPU the GEMMs' own page faults are taken off at its first-touch rate.
     mem = harness.stream_and_first_touch((1 << 30) if gpu else (64 << 20), repeats=repeats + 2)
     micro["memory"] = mem
     entry["memory_bytes_per_s"] = mem["memory_bytes_per_s"]
@@ -73,6 +63,18 @@ def measure(progress: Callable[[str], None] | None = None, *, matmul_n: int = 81
         entry["first_touch_bytes_per_s"] = mem["first_touch_bytes_per_s"]
     if progress:
         progress("memory")
+    for dtype in DTYPES:
+        if gpu:
+            r = harness.matmul_rate(dtype, matmul_n, repeats, best=False)
+        else:
+            r = harness.matmul_mix_rate(dtype, repeats=repeats,
+                                        first_touch_bytes_per_s=entry["first_touch_bytes_per_s"])
+        entry[f"matmul_flops_per_s_{dtype}"] = r["flops_per_s"]
+        micro[f"matmul_{dtype}"] = r
+        if progress:
+            progress(f"matmul {dtype}")
+    # The key older tierax versions read (float32 only).
+    entry["matmul_flops_per_s"] = entry["matmul_flops_per_s_float32"]
     if gpu:
         link = harness.link_bandwidth()
         entry["d2h_bytes_per_s"] = link["d2h_bytes_per_s"]
