@@ -18,6 +18,7 @@ from tierax import costmodel as cm
 from tierax import names as N
 from tierax import plan as P
 from tierax.costmodel import rates as rates_lib
+from tierax.costmodel.first_touch import MMAP_THRESHOLD_MAX_BYTES, first_touch_s
 from tierax.errors import TieraxError
 from tierax.inventory import Activation, GroupInventory, Inventory
 from tierax.measure import harness
@@ -140,6 +141,13 @@ def test_planner_weighs_first_touch_on_a_cpu():
         assert P.resolve(got, CFG)["decoder"][N.MLPWO] is want, touch
 
 
+def test_first_touch_counts_temporaries_above_the_mmap_threshold():
+    """Under 32 MiB of temporaries malloc recycles its heap: no page faults, no term."""
+    inv = dataclasses.replace(inventory(), param_bytes=0, grad_bytes=0, optimizer_bytes=0)
+    assert first_touch_s(MMAP_THRESHOLD_MAX_BYTES, inv, rates()) == 0.0
+    assert first_touch_s(2 * MMAP_THRESHOLD_MAX_BYTES, inv, rates()) == 2 * 2**25 / 1e10
+
+
 def test_microbenchmarks_measure_positive_rates():
     mix = harness.matmul_mix_rate("float32", shapes=((96, 32, 64),), repeats=2)
     assert mix["flops_per_s"] > 0 and [g["layout"] for g in mix["gemms"]] == ["NN", "NT", "TN"]
@@ -155,8 +163,10 @@ def test_calibration_file_reaches_simulate_through_the_cli(tmp_path):
         f = tmp_path / f"cal-{matmul:g}.json"
         f.write_text(json.dumps({"cpu": CAL["cpu"] | {"matmul_flops_per_s_float32": matmul}}))
         env = dict(os.environ, TIERAX_CALIBRATION=str(f), JAX_PLATFORMS="cpu")
-        cmd = [sys.executable, "-m", "tierax.cli", "simulate", "--model", "tiny-llama", "--target",
-               "cpu", "--plan", "remat-full", "--microbatch", "2", "--seq", "32", "--json"]
+        # A 32000-word vocabulary: 65 MB of logits, temporaries above malloc's mmap threshold.
+        cmd = [sys.executable, "-m", "tierax.cli", "simulate", "--model", "tiny-llama", "--set",
+               "vocab_size=32000", "--target", "cpu", "--plan", "remat-full", "--microbatch", "4",
+               "--seq", "128", "--json"]
         r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300,
                            stdin=subprocess.DEVNULL, check=False)
         assert r.returncode == 0, r.stderr[-2000:]

@@ -99,7 +99,9 @@ def _solve(inv, cfg, rates, schedule, budget, host_budget, one_placement_per_nam
     c[EH:EH + G] = 1.0
     if rates.first_touch_bytes_per_s:
         # CPU: every byte of the peak but the donated state is faulted in once per step
-        # (tierax.costmodel.first_touch); the peak is linear in these variables.
+        # (tierax.costmodel.first_touch); the peak is linear in these variables.  Temporaries
+        # under malloc's mmap threshold, which simulate does not count, are priced here too: an
+        # error of at most that threshold at the first-touch rate, for steps that small.
         touch = scale / rates.first_touch_bytes_per_s
         for k, it in enumerate(items):
             c[D + k] += it.bytes * touch
