@@ -3,11 +3,11 @@
 Measured (:mod:`tierax.measure.harness`): the memory bandwidth of an elementwise fusion (the
 cost model's non-matmul term), on a CPU the rate at which fresh buffers are first written (page
 faults: the cost model's first-touch term), the matmul rate per compute dtype (float32 and
-bfloat16; on a CPU a mix of GEMM shapes in the three layouts a training step runs, its own page
+bfloat16; on a CPU a mix of GEMM shapes as the three GEMMs a training step runs, their own page
 faults taken off at that first-touch rate, on a GPU one large square GEMM), and on a GPU the
-host↔device copy bandwidth each way (pinned host memory).  Results are stored in ``tierax.costmodel.CALIBRATION_FILE`` under the target key
-(``cpu`` here; the GPU kind on a GPU) and used by ``simulate`` and ``plan`` instead of
-datasheet figures.
+host↔device copy bandwidth each way (pinned host memory).  Results are stored in
+``tierax.costmodel.CALIBRATION_FILE`` under the target key (``cpu`` here; the GPU kind on a GPU)
+and used by ``simulate`` and ``plan`` instead of datasheet figures.
 """
 
 from __future__ import annotations

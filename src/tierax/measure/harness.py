@@ -47,13 +47,21 @@ def matmul_rate(dtype: str = "float32", n: int = 1024, repeats: int = 5, *, best
     return {"shape": f"{n}x{n}x{n} {jnp.dtype(dtype).name}", "flops_per_s": 2.0 * n**3 / t, "times_s": times}
 
 
-# Matmul shapes (M, K, N) of `tierax calibrate` on a CPU: a layer-like GEMM (tokens × width ×
-# 4·width) and a head-like one (tokens × width × vocabulary), each in the three operand layouts
-# a training step runs (forward A·B, input gradient A·Bᵀ, weight gradient Aᵀ·B: XLA:CPU's
-# matmul speed depends on which dimension is contracted).  No case of bench/time_fidelity.py
-# has any of these dimensions.
+# Matmul shapes (M, K, N) of `tierax calibrate` on a CPU: y[M, N] = x[M, K]·W[K, N] for a
+# layer-like W (width × 4·width) and a head-like one (width × vocabulary), M tokens; each as the
+# three GEMMs a training step runs for it (:data:`MATMUL_ROLES`).  No case of
+# bench/time_fidelity.py has any of these dimensions.
 CPU_MATMUL_SHAPES = ((1536, 640, 2560), (1536, 640, 24000))
-MATMUL_LAYOUTS = ("NN", "NT", "TN")
+# role → (lhs shape, rhs shape, dimension numbers) from (M, K, N).  The weight gradient
+# dW[K, N] = xᵀ·dy is laid out as XLA:CPU's optimised HLO of a train step lays it out: x as is
+# (contracted over its major dimension), dy transposed to [N, M] (contracted over its minor one),
+# which XLA:CPU runs as an Eigen dot, slower than the other two (bench/time_fidelity.py's
+# per-op profiles).
+MATMUL_ROLES = {
+    "forward": (lambda m, k, n: ((m, k), (k, n), (((1,), (0,)), ((), ())))),
+    "input-gradient": (lambda m, k, n: ((m, n), (k, n), (((1,), (1,)), ((), ())))),
+    "weight-gradient": (lambda m, k, n: ((m, k), (n, m), (((0,), (1,)), ((), ())))),
+}
 
 
 def _minor_faults() -> int:
@@ -64,30 +72,28 @@ def _minor_faults() -> int:
 
 def matmul_mix_rate(dtype: str, shapes=CPU_MATMUL_SHAPES, repeats: int = 5,
                     first_touch_bytes_per_s: float | None = None) -> dict:
-    """FLOP/s of a mix of matmuls: every shape in every layout of :data:`MATMUL_LAYOUTS`, the
-    summed FLOPs over the summed median times (each GEMM weighs by its time, as in a step).
-    Rounds interleave the GEMMs, so machine noise hits each alike.
+    """FLOP/s of a mix of matmuls: every shape in every role of :data:`MATMUL_ROLES`, the summed
+    FLOPs over the summed median times (each GEMM weighs by its time, as in a step).  Rounds
+    interleave the GEMMs, so machine noise hits each alike.
 
     On a CPU every call writes its result (and XLA:CPU's temporaries) into fresh pages, even
     with a donated output buffer; the step's model prices those page faults in its own
     first-touch term, so with ``first_touch_bytes_per_s`` each call's faulted bytes (minor page
     faults × page size) at that rate are taken off its time.
 
-    Returns ``{"dtype", "flops_per_s", "gemms": [{"shape", "layout", "flops_per_s", ...}]}``.
+    Returns ``{"dtype", "flops_per_s", "gemms": [{"shape", "role", "flops_per_s", ...}]}``.
     """
     dev = jax.devices()[0]
     key = jax.random.key(2)
-    fns = {"NN": lambda a, b: a @ b, "NT": lambda a, b: a @ b.T, "TN": lambda a, b: a.T @ b}
     runs = []
     for m, k, n in shapes:
-        for lay in MATMUL_LAYOUTS:
-            a_shape = (k, m) if lay == "TN" else (m, k)
-            b_shape = (n, k) if lay == "NT" else (k, n)
+        for role, dims in MATMUL_ROLES.items():
+            a_shape, b_shape, dn = dims(m, k, n)
             a = jax.device_put(jax.random.normal(key, a_shape, jnp.float32).astype(dtype), dev)
             b = jax.device_put(jax.random.normal(key, b_shape, jnp.float32).astype(dtype), dev)
-            f = jax.jit(fns[lay])
+            f = jax.jit(lambda a, b, dn=dn: jax.lax.dot_general(a, b, dn))
             f(a, b).block_until_ready()
-            runs.append(((m, k, n), lay, f, a, b, [], []))
+            runs.append(((m, k, n), role, f, a, b, [], []))
     page = os.sysconf("SC_PAGE_SIZE")
     for _ in range(repeats):
         for *_, f, a, b, times, faults in runs:
@@ -96,13 +102,13 @@ def matmul_mix_rate(dtype: str, shapes=CPU_MATMUL_SHAPES, repeats: int = 5,
             times.append(time.perf_counter() - t)
             faults.append(_minor_faults() - f0)
     gemms, flops, secs = [], 0.0, 0.0
-    for (m, k, n), lay, *_, times, faults in runs:
+    for (m, k, n), role, *_, times, faults in runs:
         touched = statistics.median(faults) * page
         raw = statistics.median(times)
         med = raw - touched / first_touch_bytes_per_s if first_touch_bytes_per_s else raw
         med = max(med, raw / 10)  # a first-touch rate measured under noise must not cancel a GEMM
         flops, secs = flops + 2.0 * m * k * n, secs + med
-        gemms.append({"shape": [m, k, n], "layout": lay, "flops_per_s": 2.0 * m * k * n / med,
+        gemms.append({"shape": [m, k, n], "role": role, "flops_per_s": 2.0 * m * k * n / med,
                       "raw_flops_per_s": 2.0 * m * k * n / raw, "first_touch_bytes": touched,
                       "times_s": times})
     return {"dtype": jnp.dtype(dtype).name, "flops_per_s": flops / secs, "gemms": gemms,

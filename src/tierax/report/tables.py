@@ -187,7 +187,7 @@ def _gemms(m: dict) -> str:
     if not m.get("gemms"):
         return m.get("shape", "")
     shapes = sorted({"×".join(map(str, g["shape"])) for g in m["gemms"]})
-    return ", ".join(shapes) + " in " + "/".join(dict.fromkeys(g["layout"] for g in m["gemms"]))
+    return ", ".join(shapes) + " as " + "/".join(dict.fromkeys(g["role"] for g in m["gemms"]))
 
 
 def calibration_table(entry: dict) -> Table:
