@@ -33,6 +33,12 @@ records what it skipped):
 3. In the first child, after the plans: cuDNN's fused attention (``attention: cudnn``) against tierax's
    blockwise attention on the same model, params and tokens — loss and gradients of the remat-full step
    within bf16 tolerance, and each one's forward+backward time (``attention_check``).
+4. The time model against the clock: the first child also measures the memory bandwidth
+   of an elementwise fusion (``--tiny``: ``tierax calibrate``'s CPU microbenchmarks), so
+   every rate the model reads is calibrated in this run; each plan's record carries the
+   model's predicted step time and its terms (``time_model``), and the file a per-preset
+   summary with both rankings.  One GPU runs no collective: the model's collective terms
+   are not checked.
 4. Writes one JSON file (schema ``tierax.gpu-check/1``, readable by ``tierax report``)
    and prints a short table last.
 
@@ -76,10 +82,10 @@ SCHEDULE_FOR_PRESET = {"none": "lhs", "lhs": "lhs", "lhs-pipelined": "lhs-pipeli
 # device decides from its own compile (decide()), doubling the microbatch while save-all still fits.
 GPU = {"model": "llama3-8b", "num_layers": 8, "seq": 4096, "microbatch": 10, "steps": 3, "warmup": 1,
        "profile_steps": 2, "verify_microbatch": 1, "link_bytes": 1 << 30, "link_repeats": 10, "matmul_n": 8192,
-       "matmul_repeats": 20, "mem_fraction": "0.95"}
+       "matmul_repeats": 20, "mem_fraction": "0.95", "mem_bytes": 1 << 30, "calib_repeats": 9}
 TINY = {"model": "tiny-llama", "num_layers": 4, "seq": 16, "microbatch": 2, "steps": 2, "warmup": 1,
         "profile_steps": 2, "verify_microbatch": 2, "link_bytes": 8 << 20, "link_repeats": 3, "matmul_n": 256,
-        "matmul_repeats": 3}
+        "matmul_repeats": 3, "calib_repeats": 3}
 _PARTIAL: dict = {}  # the child's result so far
 _T0 = time.perf_counter()
 TINY_CAPACITY_FRACTION = 0.98  # tiny mode: a synthetic "device memory" just below save-all's compiled peak
@@ -208,6 +214,87 @@ def planner_plan(cfg, microbatch: int, seq: int, capacity: int, schedule: str, m
     return plan, f"planner: tierax.planner.plan(schedule={schedule!r}) → {plan.name}"
 
 
+# --- the time model against the clock (child) ---------------------------------------------
+# Rates calibrated in this run (the GPU: the bf16 matmul rate and host link measured above,
+# plus the memory bandwidth of an elementwise fusion; --tiny: `tierax calibrate`'s CPU
+# microbenchmarks), the model's predicted step time per plan next to the measured one.  One
+# GPU exercises no collective: the model's FSDP, expert and tensor collective terms are not
+# checked here.
+
+
+def calibrate_here(p: dict, tiny: bool) -> dict:
+    """What the time model reads that the matmul and link stages did not measure."""
+    from tierax.measure import calibrate, harness
+
+    if tiny:  # the CPU's own rates: GEMM mix per dtype, memory bandwidth, first-touch rate
+        return {"cpu_entry": calibrate.measure(repeats=p["calib_repeats"])}
+    mem = harness.stream_and_first_touch(p["mem_bytes"], repeats=p["calib_repeats"])
+    return {"memory_bytes_per_s": mem["memory_bytes_per_s"], "memory": mem}
+
+
+def model_rates(cfg, capacity: int, matmul: dict, link: dict, calib: dict, tiny: bool):
+    """The cost model's rates for this device, every measured one from this run."""
+    import jax
+
+    from tierax import costmodel, hardware
+    from tierax.measure import calibrate
+
+    if tiny:
+        rates = costmodel.target_rates("cpu", cfg.dtype, calibration={"cpu": calib["cpu_entry"]})
+        return dataclasses.replace(rates, device_memory_bytes=capacity)
+    key = calibrate.target_key()
+    key = key if key in hardware.GPU_TARGETS else "h200"
+    here = f"measured in this run on {jax.devices()[0].device_kind}"
+    rates = costmodel.target_rates(key, cfg.dtype)
+    return dataclasses.replace(
+        rates, matmul_flops_per_s=matmul["flops_per_s"],
+        hbm_bytes_per_s=calib["memory_bytes_per_s"],
+        d2h_bytes_per_s=link["d2h_bytes_per_s"], h2d_bytes_per_s=link["h2d_bytes_per_s"],
+        device_memory_bytes=capacity,
+        sources=rates.sources | {k: here for k in ("matmul", "hbm", "host_link")})
+
+
+def predict_step(cfg, plan, microbatch: int, seq: int, rates, schedule: str) -> dict:
+    """The model's step time for ``plan`` and its terms (tierax.costmodel.simulate)."""
+    from tierax import costmodel, inventory
+
+    inv = inventory.model_inventory(cfg, microbatch, seq, {"data": 1, "fsdp": 1})
+    pred = costmodel.simulate(plan, inv, cfg, rates, schedule)
+    b = pred.breakdown
+    terms = ("compute_s", "hbm_s", "recompute_s", "exposed_d2h_s", "exposed_h2d_s", "first_touch_s")
+    return {"step_time_s": pred.step_time_s, "schedule": schedule,
+            "peak_device_bytes": pred.peak_device_bytes,
+            "terms_s": {k: b.get(k, 0.0) for k in terms}}
+
+
+def attach_prediction(rec: dict, cfg, plan, microbatch: int, seq: int, rates,
+                      schedule: str) -> None:
+    """The model's prediction next to a plan's measured record (an error is recorded)."""
+    if not rec.get("step_time_s"):
+        return
+    try:
+        rec["time_model"] = predict_step(cfg, plan, microbatch, seq, rates, schedule)
+        rec["time_model"]["error"] = rec["time_model"]["step_time_s"] / rec["step_time_s"] - 1
+    except Exception as e:  # noqa: BLE001 — the measurement stands without the model
+        rec["time_model_error"] = f"{type(e).__name__}: {e}"[:500]
+
+
+def time_model_summary(runs: list[dict]) -> dict:
+    """Per preset: predicted vs measured step time per plan, and both rankings."""
+    out = {"note": "one GPU: collectives (FSDP all-gathers and reduce-scatters, MoE all-to-alls, "
+                   "tensor-parallel all-reduces) are not exercised, so their terms are not checked",
+           "presets": []}
+    for run in runs:
+        rows = [{"plan": r["plan"], "predicted_s": r["time_model"]["step_time_s"],
+                 "measured_s": r["step_time_s"], "error": r["time_model"]["error"]}
+                for r in run.get("records", []) if r.get("step_time_s") and r.get("time_model")]
+        out["presets"].append({
+            "xla_preset": run.get("xla_preset"), "rates": run.get("model_rates"), "plans": rows,
+            "ranking_predicted": [r["plan"] for r in sorted(rows, key=lambda r: r["predicted_s"])],
+            "ranking_measured": [r["plan"] for r in sorted(rows, key=lambda r: r["measured_s"])]})
+    return out
+
+
 # --- running plans (child) -----------------------------------------------------------------------
 
 
@@ -332,12 +419,19 @@ def child(spec: dict) -> dict:
             out["matmul"] = harness.matmul_rate("bfloat16", p["matmul_n"], p["matmul_repeats"], best=False)
         with phase("decide"):
             out["decision"] = decide(p, tiny, deadline)
+        with phase("calibrate"):
+            out["calibration"] = calibrate_here(p, tiny)
     decision = spec.get("decision") or out["decision"]
     matmul = spec.get("matmul") or out["matmul"]
     link = spec.get("link") or out["link"]
     cfg = config_from_dict(decision["model"], source="gpu_check decision")
     mb, seq, capacity = decision["microbatch"], decision["seq"], decision["capacity_bytes"]
-    measured = {"matmul_flops_per_s": matmul["flops_per_s"], "d2h_bytes_per_s": link["d2h_bytes_per_s"],
+    calib = spec.get("calibration") or out["calibration"]
+    rates = model_rates(cfg, capacity, matmul, link, calib, tiny)
+    out["model_rates"] = rates.sources
+    measured = {"matmul_flops_per_s": matmul["flops_per_s"],
+                "hbm_bytes_per_s": rates.hbm_bytes_per_s,
+                "d2h_bytes_per_s": link["d2h_bytes_per_s"],
                 "h2d_bytes_per_s": link["h2d_bytes_per_s"]}
     plans = [preset_plan(n, cfg) for n in spec.get("plans", PLANS)]
     with phase("planner"):
@@ -399,6 +493,8 @@ def child(spec: dict) -> dict:
                 out["records"].append({"plan": plan.name, "error": f"{type(e).__name__}: {e}"[:2000],
                                        "step_time_s": None, "tokens_per_s": None})
                 gc.collect()
+            attach_prediction(out["records"][-1], cfg, plan, mb, seq, rates,
+                              SCHEDULE_FOR_PRESET[spec["preset"]])
             per_plan = max(per_plan, _now() - t0)
             out["phases_s"][f"plan {plan.name}"] = _now() - t0
             if plan is first_offload:
@@ -532,8 +628,8 @@ def table(doc: dict) -> str:
              f"link (pinned host): H→D {_fmt(link.get('h2d_bytes_per_s'), 1e9)} GB/s, D→H "
              f"{_fmt(link.get('d2h_bytes_per_s'), 1e9)} GB/s · matmul {_fmt(mm.get('flops_per_s'), 1e12, 3)} TFLOP/s · "
              f"{doc.get('planner', {}).get('status', '')}"]
-    head = f"{'preset':14} {'plan':22} {'step ms':>9} {'TFLOP/s':>8} {'peak dev ' + unit:>13} {'host ' + unit:>9} " \
-           f"{'exposed ms':>10} {'verified':>8}"
+    head = f"{'preset':14} {'plan':22} {'step ms':>9} {'model ms':>9} {'TFLOP/s':>8} " \
+           f"{'peak dev ' + unit:>13} {'host ' + unit:>9} {'exposed ms':>10} {'verified':>8}"
     lines += [head, "-" * len(head)]
     for run in doc["runs"]:
         if run.get("error"):
@@ -545,8 +641,10 @@ def table(doc: dict) -> str:
                 lines.append(f"{run['xla_preset']:14} {r['plan'][:22]:22} {status[:70]}")
                 continue
             v = r.get("verified")
+            model = (r.get("time_model") or {}).get("step_time_s")
             lines.append(f"{run['xla_preset']:14} {r['plan'][:22]:22} {_fmt(r.get('step_time_s'), 1e-3):>9} "
-                         f"{_fmt(r.get('tflops_per_device'), 1, 3):>8} {_fmt(peak, scale, 2):>13} "
+                         f"{_fmt(model, 1e-3):>9} {_fmt(r.get('tflops_per_device'), 1, 3):>8} "
+                         f"{_fmt(peak, scale, 2):>13} "
                          f"{_fmt(r.get('host_bytes_compiled'), scale, 2):>9} "
                          f"{_fmt(r.get('exposed_transfer_s'), 1e-3, 2):>10} {'—' if v is None else 'yes' if v else 'NO':>8}")
     return "\n".join(lines)
@@ -610,7 +708,7 @@ def main(argv=None) -> int:
         share = left if i == len(presets) - 1 else left * (0.5 if first is None else 1 / (len(presets) - i))
         spec = {"tiny": args.tiny, "preset": preset, "plans": plans, "deadline": _now() + share - 5}
         if first is not None:
-            spec |= {k: first.get(k) for k in ("decision", "link", "matmul")}
+            spec |= {k: first.get(k) for k in ("decision", "link", "matmul", "calibration")}
         res = _run_child(spec, timeout=share + 20, tiny=args.tiny)
         if first is None and res.get("decision"):
             first = res
@@ -628,6 +726,8 @@ def main(argv=None) -> int:
         "capacity_bytes": decision.get("capacity_bytes"), "capacity_source": decision.get("capacity_source"),
         "save_all_fits": decision.get("save_all_fits"), "fit_decision": decision,
         "link": first.get("link"), "matmul": first.get("matmul"),
+        "calibration": first.get("calibration"),
+        "time_model": time_model_summary(runs),
         "planner": next((r.get("planner") for r in runs if r.get("planner")), {"status": "planner: not run"}),
         "runs": runs, "wall_s": _now() - start, "budget_s": args.budget_s,
         "flops_convention": "MaxText: 6·matmul params·tokens + 3·causal attention (tierax.models.flops); MFU against "
@@ -636,7 +736,11 @@ def main(argv=None) -> int:
                   "bytes: compiled (memory_analysis host_*), memory_stats reports no pinned-host usage",
                   "exposed transfer: from a profile of the plan's steps (tierax.measure.trace)"]
         + (["tiny mode on CPU: offloading is a no-op on XLA:CPU; no transfer, bandwidth or offload claim can be "
-            "made from this file"] if args.tiny else []),
+            "made from this file",
+            ("tiny mode on CPU: steps of a few milliseconds are mostly per-op dispatch, which the "
+             "time model does not count; its predicted-vs-measured rows rehearse the pipeline and "
+             "check nothing (bench/time_fidelity.py checks the model on a CPU)")]
+           if args.tiny else []),
     }
     write_text_atomic(out, json.dumps(doc, indent=2) + "\n")
     print(f"wrote {out}")

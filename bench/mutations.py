@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Deliberate breakage: does the test suite catch it?
 
-Each mutation below is one wrong change to tierax (issue 11's table).  For each, a
+Each mutation below is one wrong change to tierax (issue 11's table; issue 25's time-model ones
+after it).  For each, a
 temporary copy of the repository (``git archive`` of a commit: src/, tests/,
 pyproject.toml) is patched and the relevant test files run against it
 (``PYTHONPATH`` = the copy's src/).  A mutation is *caught* when a test that passes on
@@ -105,6 +106,55 @@ MUTATIONS = [
         "old": "for a, b in ((0, k), (k, g.num_layers)))",
         "new": "for a, b in ((0, k + 1), (k + 1, g.num_layers)))",
         "tests": ["tests/test_segments.py"],
+    # The time model on a calibrated CPU (issue 25; tests/test_time_model.py).
+    {
+        "name": "cpu-matmul-rate-float32-for-every-dtype",
+        "what": "target cpu prices every compute dtype's matmuls at the float32 calibrated rate",
+        "file": "src/tierax/costmodel/rates.py",
+        "old": "    matmul = cal.get(key, cal.get(\"matmul_flops_per_s\"))\n",
+        "new": "    matmul = cal.get(\"matmul_flops_per_s\")\n",
+        "tests": ["tests/test_time_model.py"],
+    },
+    {
+        "name": "calibration-does-not-reach-simulate",
+        "what": "target_rates ignores the calibration (file or argument): a fixed 135 GFLOP/s",
+        "file": "src/tierax/costmodel/rates.py",
+        "old": "    cal = (load_calibration() if calibration is None else calibration)"
+               ".get(target, {})\n",
+        "new": "    cal = {\"matmul_flops_per_s\": 135e9}\n",
+        "tests": ["tests/test_time_model.py"],
+    },
+    {
+        "name": "recompute-term-dropped",
+        "what": "costmodel.evaluate: the step time leaves out the recomputation",
+        "file": "src/tierax/costmodel/predict.py",
+        "old": "    step = (fx.compute_s + recompute + exposed_d2h",
+        "new": "    step = (fx.compute_s + exposed_d2h",
+        "tests": ["tests/test_time_model.py"],
+    },
+    {
+        "name": "memory-traffic-term-dropped",
+        "what": "costmodel.fixed: compute time is the matmuls alone (no non-matmul memory traffic)",
+        "file": "src/tierax/costmodel/fixed.py",
+        "old": "    compute_s = executed / rates.matmul_flops_per_s + hbm_s\n",
+        "new": "    compute_s = executed / rates.matmul_flops_per_s\n",
+        "tests": ["tests/test_time_model.py"],
+    },
+    {
+        "name": "first-touch-term-dropped",
+        "what": "costmodel.evaluate: the step leaves out the first write of fresh memory (CPU)",
+        "file": "src/tierax/costmodel/predict.py",
+        "old": "            + first_touch)\n",
+        "new": "            )\n",
+        "tests": ["tests/test_time_model.py"],
+    },
+    {
+        "name": "planner-ignores-first-touch",
+        "what": "the planner's objective gives the first write of fresh memory no weight",
+        "file": "src/tierax/planner.py",
+        "old": "    if rates.first_touch_bytes_per_s:\n        # CPU",
+        "new": "    if False:\n        # CPU",
+        "tests": ["tests/test_time_model.py"],
     },
 ]
 

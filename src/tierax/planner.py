@@ -99,6 +99,17 @@ def _solve(inv, cfg, rates, schedule, budget, host_budget, one_placement_per_nam
         c[Z + gidx[g.name]] = -g.base_recompute_s * scale
     c[ED:ED + G] = 1.0
     c[EH:EH + G] = 1.0
+    if rates.first_touch_bytes_per_s:
+        # CPU: every byte of the peak but the donated state is faulted in once per step
+        # (tierax.costmodel.first_touch); the peak is linear in these variables.  Temporaries
+        # under malloc's mmap threshold, which simulate does not count, are priced here too: an
+        # error of at most that threshold at the first-touch rate, for steps that small.
+        touch = scale / rates.first_touch_bytes_per_s
+        for k, it in enumerate(items):
+            c[D + k] += it.bytes * touch
+        for g in groups:
+            c[Z + gidx[g.name]] += g.save_all_extra_bytes * touch
+        c[S] += total_bytes * touch
 
     rows, lo, hi = [], [], []
 

@@ -11,6 +11,14 @@ from tierax.cli.common import (add_model_args, add_set_arg, add_size_args, nonne
 PRESET_HELP = "XLA flag preset: none, lhs, lhs-pipelined"
 
 
+CALIBRATE_DESCRIPTION = (
+    "Measure the local matmul rate per compute dtype, the memory bandwidth of an elementwise "
+    "fusion, on a CPU the first-touch rate of fresh memory, and on a GPU the host↔device copy "
+    "bandwidth, and store them for the cost model under this machine's target key (cpu, or the "
+    "GPU kind) in ~/.cache/tierax/calibration.json (env TIERAX_CALIBRATION to move it). simulate "
+    "and plan then use the measured rates instead of datasheet figures, and say which rates are "
+    "measured.")
+
 def _models_and_plans(sub) -> None:
     m = sub.add_parser("models", help="list the named model configs, or show one as YAML",
                        description="List the named model configs with parameter counts, or `show NAME`: "
@@ -97,10 +105,9 @@ def _planning(sub) -> None:
     p.set_defaults(func=planning.cmd_plan)
 
     c = sub.add_parser("calibrate", help="measure this machine's rates for the cost model",
-                       description="Measure the local matmul rate (and host↔device copy bandwidth on a GPU) and store "
-                                   "them for the cost model, under this machine's target key (cpu, or the GPU kind), in "
-                                   "~/.cache/tierax/calibration.json (env TIERAX_CALIBRATION to move it). simulate and "
-                                   "plan then use the measured rates instead of datasheet figures.")
+                       description=CALIBRATE_DESCRIPTION)
+    c.add_argument("--json", action="store_true",
+                   help="no progress display; print the stored entry as JSON")
     c.set_defaults(func=planning.cmd_calibrate)
 
 

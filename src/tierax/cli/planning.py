@@ -245,11 +245,21 @@ def _plan_sweep(args) -> int:
 
 def cmd_calibrate(args) -> int:
     from tierax import costmodel as cm
+    from tierax.cli.common import progress
     from tierax.fileio import check_output_file
+    from tierax.report.tables import calibration_table
 
     check_output_file(cm.CALIBRATION_FILE, "calibration file")
     launch.start()
+    import jax
+
     from tierax.measure import calibrate
 
-    print(json.dumps(calibrate.run_and_save(), indent=2))
+    steps = calibrate.stages(jax.devices()[0].platform == "gpu")
+    with progress("calibrate", len(steps), disable=args.json) as advance:
+        result = calibrate.run_and_save(lambda stage: advance(f"measured {stage}", 1))
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        console().print(calibration_table(result))
     return 0

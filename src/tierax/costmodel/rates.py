@@ -58,6 +58,10 @@ class Rates:
     # cuDNN's fused attention kernels (attention=cudnn); 0 where they do not run (CPU, TPU).
     fused_attention_fwd_flops_per_s: float = 0.0
     fused_attention_bwd_flops_per_s: float = 0.0
+    # CPU only (0: no such cost): XLA:CPU allocates a step's temporary buffers anew on every
+    # call, and the operating system hands each fresh page over on its first write; measured
+    # by `tierax calibrate` (tierax.costmodel.first_touch).
+    first_touch_bytes_per_s: float = 0.0
 
 
 def load_calibration() -> dict:
@@ -69,16 +73,41 @@ def load_calibration() -> dict:
     return {}
 
 
-def target_rates(target: str, dtype: str) -> Rates:
-    """Rates for a GPU target from the hardware table (or measured calibration), or ``cpu`` measured here."""
-    cal = load_calibration().get(target, {})
+def _cpu_rates(cal: dict, dtype: str) -> Rates:
+    """The local CPU's rates from a ``tierax calibrate`` entry (``sources``: which are measured)."""
+    measured = f"measured by tierax calibrate ({cal.get('created', '?')})"
+    key = f"matmul_flops_per_s_{dtype}"
+    if key not in cal and "matmul_flops_per_s" not in cal:
+        raise TieraxError("target 'cpu' needs a measured matmul rate: run `tierax calibrate` first")
+    matmul = cal.get(key, cal.get("matmul_flops_per_s"))
+    sources = {"matmul": f"{measured}: {dtype} GEMM mix" if key in cal
+               else f"{measured}, float32 only (an older file): run `tierax calibrate` again"}
+    if "memory_bytes_per_s" in cal:
+        bandwidth = cal["memory_bytes_per_s"]
+        sources["hbm"] = f"{measured}: memory bandwidth of an elementwise fusion"
+    else:  # an older calibration file
+        bandwidth = 10e9
+        sources["hbm"] = "not measured: 10 GB/s assumed (run `tierax calibrate` again)"
+    first_touch = cal.get("first_touch_bytes_per_s", 0.0)
+    sources["first_touch"] = (f"{measured}: first write of fresh memory (CPU-specific)"
+                              if first_touch
+                              else "not measured: not modelled (run `tierax calibrate` again)")
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    sources |= {"memory": "physical RAM", "offload": "a no-op on XLA:CPU"}
+    return Rates("cpu", matmul, bandwidth, 1.0, 1.0, 1.0, mem, mem, False, sources,
+                 first_touch_bytes_per_s=first_touch)
+
+
+def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Rates:
+    """Rates for a GPU target from the hardware table (or measured calibration), or ``cpu``
+    measured here.
+
+    ``calibration``: the calibration file's content to use instead of reading the file (a
+    benchmark run's own calibration).
+    """
+    cal = (load_calibration() if calibration is None else calibration).get(target, {})
     if target == "cpu":
-        if "matmul_flops_per_s" not in cal:
-            raise TieraxError("target 'cpu' needs a measured matmul rate: run `tierax calibrate` first")
-        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        return Rates("cpu", cal["matmul_flops_per_s"], cal.get("memory_bytes_per_s", 10e9), 1.0, 1.0, 1.0,
-                     mem, mem, False, {"matmul": f"measured by tierax calibrate ({cal.get('created', '?')})",
-                                        "memory": "physical RAM", "offload": "a no-op on XLA:CPU"})
+        return _cpu_rates(cal, dtype)
     spec = hardware.get_target(target)
     peak = spec.peak(dtype)
     matmul = cal.get(f"matmul_flops_per_s_{dtype}", peak * ACHIEVABLE_FRACTION)
@@ -94,11 +123,14 @@ def target_rates(target: str, dtype: str) -> Rates:
         "scale_out": spec.scale_out_source, "nvlink_domain": f"{spec.nvlink_domain_gpus} devices per NVLink/ICI domain",
         "memory": "XLA device spec", "host_memory": "system datasheet, per GPU",
     } | getattr(spec, "rate_sources", {})  # TPU targets name their own sources
+    hbm = cal.get("memory_bytes_per_s", spec.hbm_bytes_per_s)
+    if "memory_bytes_per_s" in cal:
+        sources["hbm"] = f"{measured}: memory bandwidth of an elementwise fusion"
     fixed = XLA_GPU_FIXED_BYTES if spec.kind == "gpu" else 0
     gpu = spec.kind == "gpu"
     if gpu:
         sources["fused_attention"] = FUSED_ATTENTION_SOURCE
-    return Rates(target, matmul, spec.hbm_bytes_per_s, d2h, h2d, spec.nvlink_bytes_per_s,
+    return Rates(target, matmul, hbm, d2h, h2d, spec.nvlink_bytes_per_s,
                  spec.device_memory_bytes, int(spec.host_memory_per_gpu_bytes), True, sources, fixed,
                  spec.nvlink_domain_gpus, spec.scale_out_bytes_per_s,
                  fused_attention_fwd_flops_per_s=peak * FUSED_ATTENTION_FWD_FRACTION if gpu else 0.0,

@@ -1,15 +1,20 @@
 """``tierax calibrate``: measure the rates the cost model uses, on the machine at hand.
 
-Measured: the matmul rate (float32 and bfloat16) and, on a GPU, the host↔device
-copy bandwidth each way (pinned host memory).  Results are stored in
-``tierax.costmodel.CALIBRATION_FILE`` under the target key (``cpu`` here; the GPU
-kind on a GPU) and used by ``simulate`` and ``plan`` instead of datasheet figures.
+Measured (:mod:`tierax.measure.harness`): the memory bandwidth of an elementwise fusion (the
+cost model's non-matmul term), on a CPU the rate at which fresh buffers are first written (page
+faults: the cost model's first-touch term), the matmul rate per compute dtype (float32 and
+bfloat16; on a CPU a mix of GEMM shapes as the three GEMMs a training step runs, their own page
+faults taken off at that first-touch rate, on a GPU one large square GEMM), and on a GPU the
+host↔device copy bandwidth each way (pinned host memory).  Results are stored in
+``tierax.costmodel.CALIBRATION_FILE`` under the target key (``cpu`` here; the GPU kind on a GPU)
+and used by ``simulate`` and ``plan`` instead of datasheet figures.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 
 import jax
 
@@ -18,6 +23,7 @@ from tierax.fileio import write_text_atomic
 from tierax.measure import harness
 
 _KIND_TO_TARGET = {"H100": "h100", "H200": "h200", "B200": "b200", "GB200": "gb200"}
+DTYPES = ("float32", "bfloat16")
 
 
 def target_key() -> str:
@@ -30,22 +36,63 @@ def target_key() -> str:
     return dev.device_kind
 
 
-def run_and_save() -> dict:
-    key = target_key()
-    gpu = key != "cpu"
-    n = 8192 if gpu else 1024
-    entry = {
+def stages(gpu: bool) -> list[str]:
+    """The measurements :func:`measure` makes, in order (what a progress bar counts)."""
+    return ["memory"] + [f"matmul {d}" for d in DTYPES] + (["host link"] if gpu else [])
+
+
+def measure(progress: Callable[[str], None] | None = None, *, matmul_n: int = 8192,
+            repeats: int = 5) -> dict:
+    """One calibration entry for the local backend (nothing is saved); ``progress(stage)`` after
+    each stage.  ``matmul_n``: the square GEMM's size on a GPU (a CPU runs
+    :data:`harness.CPU_MATMUL_SHAPES`).
+    """
+    gpu = jax.devices()[0].platform == "gpu"
+    entry: dict = {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "device_kind": jax.devices()[0].device_kind,
         "jax": jax.__version__,
-        "matmul_flops_per_s_float32": harness.matmul_rate("float32", n)["flops_per_s"],
-        "matmul_flops_per_s_bfloat16": harness.matmul_rate("bfloat16", n)["flops_per_s"],
+        "microbenchmarks": {},
     }
+    micro = entry["microbenchmarks"]
+    # Memory first: on a CPU the GEMMs' own page faults are taken off at its first-touch rate.
+    mem = harness.stream_and_first_touch((1 << 30) if gpu else (64 << 20), repeats=repeats + 2)
+    micro["memory"] = mem
+    entry["memory_bytes_per_s"] = mem["memory_bytes_per_s"]
+    if "first_touch_bytes_per_s" in mem:
+        entry["first_touch_bytes_per_s"] = mem["first_touch_bytes_per_s"]
+    if progress:
+        progress("memory")
+    for dtype in DTYPES:
+        if gpu:
+            r = harness.matmul_rate(dtype, matmul_n, repeats, best=False)
+        else:
+            r = harness.matmul_mix_rate(dtype, repeats=repeats,
+                                        first_touch_bytes_per_s=entry["first_touch_bytes_per_s"])
+        entry[f"matmul_flops_per_s_{dtype}"] = r["flops_per_s"]
+        micro[f"matmul_{dtype}"] = r
+        if progress:
+            progress(f"matmul {dtype}")
+    # The key older tierax versions read (float32 only).
     entry["matmul_flops_per_s"] = entry["matmul_flops_per_s_float32"]
     if gpu:
         link = harness.link_bandwidth()
-        entry["d2h_bytes_per_s"], entry["h2d_bytes_per_s"] = link["d2h_bytes_per_s"], link["h2d_bytes_per_s"]
+        entry["d2h_bytes_per_s"] = link["d2h_bytes_per_s"]
+        entry["h2d_bytes_per_s"] = link["h2d_bytes_per_s"]
+        micro["host_link"] = link
+        if progress:
+            progress("host link")
+    return entry
+
+
+def save(entry: dict, key: str | None = None) -> dict:
+    """Store ``entry`` under ``key`` (default: this backend's) in the calibration file."""
+    key = key or target_key()
     data = cm.load_calibration()
     data[key] = entry
     write_text_atomic(cm.CALIBRATION_FILE, json.dumps(data, indent=2) + "\n")
     return {"target": key, "file": str(cm.CALIBRATION_FILE), **entry}
+
+
+def run_and_save(progress: Callable[[str], None] | None = None) -> dict:
+    return save(measure(progress))

@@ -7,6 +7,7 @@ means the same thing in every record.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -44,6 +45,115 @@ def matmul_rate(dtype: str = "float32", n: int = 1024, repeats: int = 5, *, best
     med, times = median_time(lambda: f(a, b).block_until_ready(), repeats)
     t = min(times) if best else med
     return {"shape": f"{n}x{n}x{n} {jnp.dtype(dtype).name}", "flops_per_s": 2.0 * n**3 / t, "times_s": times}
+
+
+# Matmul shapes (M, K, N) of `tierax calibrate` on a CPU: y[M, N] = x[M, K]·W[K, N] for a
+# layer-like W (width × 4·width) and a head-like one (width × vocabulary), M tokens; each as the
+# three GEMMs a training step runs for it (:data:`MATMUL_ROLES`).  No case of
+# bench/time_fidelity.py has any of these dimensions.
+CPU_MATMUL_SHAPES = ((1536, 640, 2560), (1536, 640, 24000))
+# role → (lhs shape, rhs shape, dimension numbers) from (M, K, N).  The weight gradient
+# dW[K, N] = xᵀ·dy is laid out as XLA:CPU's optimised HLO of a train step lays it out: x as is
+# (contracted over its major dimension), dy transposed to [N, M] (contracted over its minor one),
+# which XLA:CPU runs as an Eigen dot, slower than the other two (bench/time_fidelity.py's
+# per-op profiles).
+MATMUL_ROLES = {
+    "forward": (lambda m, k, n: ((m, k), (k, n), (((1,), (0,)), ((), ())))),
+    "input-gradient": (lambda m, k, n: ((m, n), (k, n), (((1,), (1,)), ((), ())))),
+    "weight-gradient": (lambda m, k, n: ((m, k), (n, m), (((0,), (1,)), ((), ())))),
+}
+
+
+def _minor_faults() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def matmul_mix_rate(dtype: str, shapes=CPU_MATMUL_SHAPES, repeats: int = 5,
+                    first_touch_bytes_per_s: float | None = None) -> dict:
+    """FLOP/s of a mix of matmuls: every shape in every role of :data:`MATMUL_ROLES`, the summed
+    FLOPs over the summed median times (each GEMM weighs by its time, as in a step).  Rounds
+    interleave the GEMMs, so machine noise hits each alike.
+
+    On a CPU every call writes its result (and XLA:CPU's temporaries) into fresh pages, even
+    with a donated output buffer; the step's model prices those page faults in its own
+    first-touch term, so with ``first_touch_bytes_per_s`` each call's faulted bytes (minor page
+    faults × page size) at that rate are taken off its time.
+
+    Returns ``{"dtype", "flops_per_s", "gemms": [{"shape", "role", "flops_per_s", ...}]}``.
+    """
+    dev = jax.devices()[0]
+    key = jax.random.key(2)
+    runs = []
+    for m, k, n in shapes:
+        for role, dims in MATMUL_ROLES.items():
+            a_shape, b_shape, dn = dims(m, k, n)
+            a = jax.device_put(jax.random.normal(key, a_shape, jnp.float32).astype(dtype), dev)
+            b = jax.device_put(jax.random.normal(key, b_shape, jnp.float32).astype(dtype), dev)
+            f = jax.jit(lambda a, b, dn=dn: jax.lax.dot_general(a, b, dn))
+            f(a, b).block_until_ready()
+            runs.append(((m, k, n), role, f, a, b, [], []))
+    page = os.sysconf("SC_PAGE_SIZE")
+    for _ in range(repeats):
+        for *_, f, a, b, times, faults in runs:
+            f0, t = _minor_faults(), time.perf_counter()
+            f(a, b).block_until_ready()
+            times.append(time.perf_counter() - t)
+            faults.append(_minor_faults() - f0)
+    gemms, flops, secs = [], 0.0, 0.0
+    for (m, k, n), role, *_, times, faults in runs:
+        touched = statistics.median(faults) * page
+        raw = statistics.median(times)
+        med = raw - touched / first_touch_bytes_per_s if first_touch_bytes_per_s else raw
+        med = max(med, raw / 10)  # a first-touch rate measured under noise must not cancel a GEMM
+        flops, secs = flops + 2.0 * m * k * n, secs + med
+        gemms.append({"shape": [m, k, n], "role": role, "flops_per_s": 2.0 * m * k * n / med,
+                      "raw_flops_per_s": 2.0 * m * k * n / raw, "first_touch_bytes": touched,
+                      "times_s": times})
+    return {"dtype": jnp.dtype(dtype).name, "flops_per_s": flops / secs, "gemms": gemms,
+            "first_touch_subtracted_at_bytes_per_s": first_touch_bytes_per_s}
+
+
+def stream_and_first_touch(nbytes: int = 64 << 20, repeats: int = 7) -> dict:
+    """Memory bandwidth of an elementwise fusion, and the cost of writing memory the process has
+    not touched yet.
+
+    ``y ← a·x + y`` over float32 arrays of ``nbytes`` each (larger than a CPU's last-level
+    cache), run two ways in alternation: with ``y`` donated (the output reuses its buffer: 3 ×
+    ``nbytes`` moved, the bandwidth), and without (a fresh output buffer per call).  A large
+    fresh buffer comes from the operating system page by page on first write (XLA:CPU allocates
+    each call's buffers anew), so ``nbytes`` over the difference of the medians is the
+    first-touch rate.  A GPU's allocator reuses its pool: no such cost, none reported.
+    """
+    dev = jax.devices()[0]
+    n = nbytes // 4
+    x = jax.device_put(jnp.ones((n,), jnp.float32), dev)
+    box = {"y": jax.device_put(jnp.ones((n,), jnp.float32), dev)}
+    donated = jax.jit(lambda x, y: x * 0.5 + y, donate_argnums=1)
+    fresh = jax.jit(lambda x, y: x * 0.5 + y)
+
+    def run_donated():
+        box["y"] = donated(x, box["y"])
+        box["y"].block_until_ready()
+
+    def run_fresh():
+        fresh(x, box["y"]).block_until_ready()
+
+    run_donated()
+    run_fresh()
+    t_don, t_fresh = [], []
+    for _ in range(repeats):
+        for fn, times in ((run_donated, t_don), (run_fresh, t_fresh)):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+    med_don, med_fresh = statistics.median(t_don), statistics.median(t_fresh)
+    out = {"bytes_per_array": n * 4, "memory_bytes_per_s": 3 * n * 4 / med_don, "donated_s": t_don,
+           "fresh_s": t_fresh}
+    if dev.platform == "cpu":
+        out["first_touch_bytes_per_s"] = n * 4 / max(med_fresh - med_don, 1e-9)
+    return out
 
 
 def link_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> dict:

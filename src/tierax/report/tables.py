@@ -137,9 +137,12 @@ def prediction_table(pred, title: str) -> Table:
         ("host (offloaded)", fmt_bytes(pred.host_bytes)),
         ("step time", ms(pred.step_time_s)),
         ("  compute", ms(b["compute_s"])),
+        ("    of which non-matmul work at memory bandwidth", ms(b.get("hbm_s", 0.0))),
         ("  recompute", ms(b["recompute_s"])),
         ("  host transfers (exposed d2h / h2d)", f"{ms(b['transfer_s'])} ({ms(b['exposed_d2h_s'])} / {ms(b['exposed_h2d_s'])})"),
         ("  collectives (exposed)", f"{ms(b['collective_s'])} ({ms(b['exposed_collective_s'])})"),
+        *([("  first write of fresh memory (CPU)", ms(b["first_touch_s"]))]
+          if b.get("first_touch_s") else []),
         ("TFLOP/s/device (model FLOPs)", f"{pred.tflops_per_device:.1f}"),
     ]
     for k, v in rows:
@@ -178,4 +181,38 @@ def sweep_table(points, key: str, title: str, references=()) -> Table:
         t.add_row(f"{p['value']:g}", "yes", f"{p['tflops_per_device']:.1f}", f"{p['step_time_s']:.3f}",
                   f"{p['peak_device_bytes'] / 2**30:.1f}", f"{p['host_bytes'] / 2**30:.1f}", *ref,
                   "; ".join(p["changed"]) or "")
+    return t
+
+
+def _gemms(m: dict) -> str:
+    if not m.get("gemms"):
+        return m.get("shape", "")
+    shapes = sorted({"×".join(map(str, g["shape"])) for g in m["gemms"]})
+    return ", ".join(shapes) + " as " + "/".join(dict.fromkeys(g["role"] for g in m["gemms"]))
+
+
+def calibration_table(entry: dict) -> Table:
+    """What ``tierax calibrate`` measured and stored (a row per rate the cost model reads)."""
+    t = Table(title=f"calibration of {entry.get('target', '?')} ({entry.get('device_kind', '?')}), "
+                    f"{entry.get('created', '?')}", caption=f"stored in {entry.get('file', '?')}")
+    t.add_column("rate")
+    t.add_column("measured", justify="right")
+    t.add_column("microbenchmark")
+    micro = entry.get("microbenchmarks", {})
+    for dtype in ("float32", "bfloat16"):
+        rate = entry[f"matmul_flops_per_s_{dtype}"]
+        gemms = _gemms(micro.get(f"matmul_{dtype}", {}))
+        t.add_row(f"matmul {dtype}", f"{rate / 1e12:.3f} TFLOP/s", gemms)
+    mem = micro.get("memory", {})
+    size = f"{mem.get('bytes_per_array', 0) / 2**20:.0f} MiB arrays"
+    t.add_row("memory (non-matmul work)", f"{entry['memory_bytes_per_s'] / 1e9:.1f} GB/s",
+              f"y ← a·x + y, y donated, {size}")
+    if "first_touch_bytes_per_s" in entry:
+        rate = entry["first_touch_bytes_per_s"]
+        t.add_row("first touch of fresh memory", f"{rate / 1e9:.2f} GB/s",
+                  f"the same with a fresh output, minus the donated time, {size}")
+    for key, name in (("d2h_bytes_per_s", "device → pinned host"),
+                      ("h2d_bytes_per_s", "pinned host → device")):
+        if key in entry:
+            t.add_row(name, f"{entry[key] / 1e9:.1f} GB/s", "jax.device_put, 1 GiB")
     return t

@@ -1,0 +1,180 @@
+"""The time model on a calibrated CPU, against hand computation: the calibration reaches
+``simulate`` (in process and through the CLI), and each term — matmuls at the calibrated rate per
+dtype, the non-matmul memory traffic, the recomputation, the first write of fresh memory — is
+what the arithmetic below says, so dropping any one of them fails a test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tierax import costmodel as cm
+from tierax import names as N
+from tierax import plan as P
+from tierax.costmodel import rates as rates_lib
+from tierax.costmodel.first_touch import MMAP_THRESHOLD_MAX_BYTES, first_touch_s
+from tierax.errors import TieraxError
+from tierax.inventory import Activation, GroupInventory, Inventory
+from tierax.measure import harness
+from tierax.models import get_config
+
+MB = 1_000_000
+CFG = get_config("tiny-llama")  # head: d_model 64, vocab 256
+MICROBATCH, SEQ = 4, 64  # 256 tokens: the LM head's forward is 2·256·64·256 = 8 388 608 FLOPs
+CAL = {"cpu": {"created": "hand-cal", "matmul_flops_per_s_float32": 1e12,
+               "matmul_flops_per_s_bfloat16": 0.5e12, "matmul_flops_per_s": 1e12,
+               "memory_bytes_per_s": 1e11, "first_touch_bytes_per_s": 1e10}}
+
+
+def inventory() -> Inventory:
+    # One group of 2 layers: the carry 1 MB/layer and one named activation, 10 MB/layer, whose
+    # recomputation costs 2 GFLOP and 4 MB of non-matmul traffic per layer; save-all residuals
+    # 30 MB/layer; unnamed recomputation 1 GFLOP and 2 MB per layer; forward 10 GFLOP/layer;
+    # non-matmul traffic 20 MB (forward) and 40 MB (backward) per layer.  Parameters 100 MB,
+    # gradients 100 MB, AdamW moments 200 MB; the loss moves 10 MB.
+    g = GroupInventory(
+        "decoder", 2, (Activation("decoder", N.DECODER_LAYER_INPUT, 1 * MB, 2),
+                       Activation("decoder", N.MLPWO, 10 * MB, 2, 2e9, 4 * MB)),
+        carry_bytes_per_layer=1 * MB, save_all_bytes_per_layer=30 * MB,
+        base_recompute_flops_per_layer=1e9, forward_flops_per_layer=10e9, layer_param_count=1000,
+        forward_hbm_bytes_per_layer=20 * MB, backward_hbm_bytes_per_layer=40 * MB,
+        base_recompute_hbm_bytes_per_layer=2 * MB)
+    return Inventory("hand", MICROBATCH, SEQ, {"data": 1, "fsdp": 1}, (g,), param_bytes=100 * MB,
+                     grad_bytes=100 * MB, optimizer_bytes=200 * MB,
+                     logits_bytes=MICROBATCH * SEQ * 256 * 4, embed_param_count=0,
+                     loss_hbm_bytes=10 * MB)
+
+
+def plan(mlpwo: P.Placement) -> P.Plan:
+    return P.Plan("hand", {"decoder": P.GroupPlan({N.DECODER_LAYER_INPUT: P.Placement.DEVICE,
+                                                   N.MLPWO: mlpwo})})
+
+
+# Matmuls: 3 × (2 layers × 10 GFLOP + the head's 8 388 608) = 60.025165824 GFLOP.
+MATMUL_FLOPS = 3 * (2 * 10e9 + 8_388_608)
+# Non-matmul traffic no plan changes: layers 2 × (20 + 40) MB, the loss 10 MB, AdamW 7 × 100 MB
+# (parameters, gradients and both moments read; parameters and moments written) = 830 MB.
+HBM_BYTES = 830 * MB
+# Recomputation under remat: 2 layers × (1 unnamed + 2 named) GFLOP; 2 × (2 + 4) MB of traffic.
+RECOMPUTE_FLOPS, RECOMPUTE_BYTES = 6e9, 12 * MB
+# Peaks (the layer-backward moment; the loss moment holds 0.59 MB of logits instead of a layer):
+# save-all: 400 MB of state + 2 layers × 30 MB of residuals + one layer's 30 MB workspace = 490 MB;
+# remat: 400 + the carries 2 × 1 MB + 30 = 432 MB.  Fresh memory = peak − 100 MB of parameters −
+# 200 MB of moments (donated and reused): 190 MB and 132 MB.
+FRESH = {"save-all": 190 * MB, "remat": 132 * MB}
+
+
+def rates(dtype: str = "float32") -> cm.Rates:
+    return cm.target_rates("cpu", dtype, calibration=CAL)
+
+
+def expected(dtype: str, which: str) -> dict:
+    mm = CAL["cpu"][f"matmul_flops_per_s_{dtype}"]
+    bw, touch = CAL["cpu"]["memory_bytes_per_s"], CAL["cpu"]["first_touch_bytes_per_s"]
+    out = {"compute_s": MATMUL_FLOPS / mm + HBM_BYTES / bw, "hbm_s": HBM_BYTES / bw,
+           "recompute_s": 0.0, "recompute_hbm_s": 0.0, "first_touch_s": FRESH[which] / touch}
+    if which == "remat":
+        out["recompute_s"] = RECOMPUTE_FLOPS / mm + RECOMPUTE_BYTES / bw
+        out["recompute_hbm_s"] = RECOMPUTE_BYTES / bw
+    out["step_time_s"] = out["compute_s"] + out["recompute_s"] + out["first_touch_s"]
+    return out
+
+
+def test_cpu_rates_are_the_calibration_per_dtype_and_say_so():
+    for dtype in ("float32", "bfloat16"):
+        r = rates(dtype)
+        assert r.matmul_flops_per_s == CAL["cpu"][f"matmul_flops_per_s_{dtype}"]
+        assert (r.hbm_bytes_per_s, r.first_touch_bytes_per_s) == (1e11, 1e10)
+        assert r.offload_is_real is False
+        for key in ("matmul", "hbm", "first_touch"):
+            assert r.sources[key].startswith("measured by tierax calibrate (hand-cal)"), key
+    with pytest.raises(TieraxError, match="tierax calibrate"):
+        cm.target_rates("cpu", "float32", calibration={})
+
+
+def test_cpu_rates_read_the_calibration_file(tmp_path, monkeypatch):
+    f = tmp_path / "calibration.json"
+    f.write_text(json.dumps(CAL))
+    monkeypatch.setattr(rates_lib, "CALIBRATION_FILE", f)
+    assert cm.target_rates("cpu", "bfloat16") == rates("bfloat16")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("which", ["save-all", "remat"])
+def test_simulate_on_a_calibrated_cpu_equals_hand_computation(dtype, which):
+    cfg = dataclasses.replace(CFG, dtype=dtype)
+    placement = P.Placement.DEVICE if which == "save-all" else P.Placement.REMAT
+    pred = cm.simulate(plan(placement), inventory(), cfg, rates(dtype), "lhs")
+    want = expected(dtype, which)
+    for key, value in want.items():
+        got = pred.step_time_s if key == "step_time_s" else pred.breakdown[key]
+        assert got == pytest.approx(value, rel=1e-12, abs=1e-15), key
+
+
+def test_recompute_and_memory_traffic_are_in_the_step():
+    """Remat minus save-all: 6 GFLOP at 1 TFLOP/s + 12 MB at 100 GB/s, less 58 MB of fresh memory
+    at 10 GB/s; twice the memory bandwidth saves half of 842 MB (830 + the 12 recomputed)."""
+    inv = inventory()
+    keep = cm.simulate(plan(P.Placement.DEVICE), inv, CFG, rates(), "lhs").step_time_s
+    remat = cm.simulate(plan(P.Placement.REMAT), inv, CFG, rates(), "lhs").step_time_s
+    assert remat - keep == pytest.approx(6e9 / 1e12 + 12 * MB / 1e11 - 58 * MB / 1e10, rel=1e-9)
+    fast = dataclasses.replace(rates(), hbm_bytes_per_s=2e11)
+    remat_fast = cm.simulate(plan(P.Placement.REMAT), inv, CFG, fast, "lhs").step_time_s
+    assert remat - remat_fast == pytest.approx(842 * MB / 1e11 - 842 * MB / 2e11, rel=1e-9)
+
+
+def test_planner_weighs_first_touch_on_a_cpu():
+    """Recomputing costs 6.12 ms; keeping costs 58 MB more fresh memory: 2.9 ms at 20 GB/s (the
+    planner keeps), 11.6 ms at 5 GB/s (it recomputes)."""
+    from tierax import planner
+
+    inv = inventory()
+    for touch, want in ((2e10, P.Placement.DEVICE), (5e9, P.Placement.REMAT)):
+        r = dataclasses.replace(rates(), first_touch_bytes_per_s=touch)
+        got = planner.plan(CFG, inv, r, schedule="lhs").plan
+        assert P.resolve(got, CFG)["decoder"][N.MLPWO] is want, touch
+
+
+def test_first_touch_counts_temporaries_above_the_mmap_threshold():
+    """Under 32 MiB of temporaries malloc recycles its heap: no page faults, no term."""
+    inv = dataclasses.replace(inventory(), param_bytes=0, grad_bytes=0, optimizer_bytes=0)
+    assert first_touch_s(MMAP_THRESHOLD_MAX_BYTES, inv, rates()) == 0.0
+    assert first_touch_s(2 * MMAP_THRESHOLD_MAX_BYTES, inv, rates()) == 2 * 2**25 / 1e10
+
+
+def test_microbenchmarks_measure_positive_rates():
+    mix = harness.matmul_mix_rate("float32", shapes=((96, 32, 64),), repeats=2)
+    roles = ["forward", "input-gradient", "weight-gradient"]
+    assert mix["flops_per_s"] > 0 and [g["role"] for g in mix["gemms"]] == roles
+    assert all(g["shape"] == [96, 32, 64] and g["flops_per_s"] > 0 for g in mix["gemms"])
+    mem = harness.stream_and_first_touch(4 << 20, repeats=3)
+    assert mem["memory_bytes_per_s"] > 0 and mem["first_touch_bytes_per_s"] > 0
+
+
+def test_calibration_file_reaches_simulate_through_the_cli(tmp_path):
+    """`tierax simulate --target cpu` reads TIERAX_CALIBRATION: halving the calibrated float32
+    matmul rate adds the executed FLOPs once more at the first rate; the sources say measured."""
+    def run(matmul: float) -> dict:
+        f = tmp_path / f"cal-{matmul:g}.json"
+        f.write_text(json.dumps({"cpu": CAL["cpu"] | {"matmul_flops_per_s_float32": matmul}}))
+        env = dict(os.environ, TIERAX_CALIBRATION=str(f), JAX_PLATFORMS="cpu")
+        # A 32000-word vocabulary: 65 MB of logits, temporaries above malloc's mmap threshold.
+        cmd = [sys.executable, "-m", "tierax.cli", "simulate", "--model", "tiny-llama", "--set",
+               "vocab_size=32000", "--target", "cpu", "--plan", "remat-full", "--microbatch", "4",
+               "--seq", "128", "--json"]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300,
+                           stdin=subprocess.DEVNULL, check=False)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return json.loads(r.stdout)
+
+    a, b = run(1e12), run(0.5e12)
+    assert a["breakdown"]["rates"]["matmul"].startswith("measured by tierax calibrate (hand-cal)")
+    flops = a["breakdown"]["executed_flops"]
+    assert b["step_time_s"] - a["step_time_s"] == pytest.approx(flops / 1e12, rel=1e-9)
+    assert a["breakdown"]["first_touch_s"] > 0 and a["breakdown"]["hbm_s"] > 0
