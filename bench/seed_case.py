@@ -3,11 +3,12 @@
 
 DeepSeek-V3 671B on 128 GB200 (fsdp=16,expert=8; 8 × 4096 and 2 × 4096 per device; 8 × 4096 also on
 fsdp=2,expert=64, since the published run's mesh is not in tierax's sources) and Llama 3.1 405B on
-128 GB200 (fsdp=128; 2 × 8192) with cuDNN's fused attention in the step (attention=cudnn, what GPU trainers
-run), bfloat16 compute, under remat-full, save-all (everything on device), the published offload policy and
-the planner's plan, each under the serial, lhs and lhs-pipelined schedules.  Every rate the model uses comes
-from a datasheet, a paper or XLA's compile (its source is in each prediction's ``rates``); none was fitted to
-the published figures, which the record only sets beside the predictions, with the gap split term by term.
+128 GB200 (fsdp=128; 2 × 8192) with cuDNN's fused attention in the step (attention=cudnn, what GPU
+trainers run), bfloat16 compute, under remat-full, save-all (everything on device), the published
+offload policy and the planner's plan, each under the serial, lhs and lhs-pipelined schedules.
+Every rate the model uses comes from a datasheet, a paper or XLA's compile (its source is in each
+prediction's ``rates``); none was fitted to the published figures, which the record only sets beside
+the predictions, with the gap split term by term.
 
     .venv/bin/python bench/seed_case.py          # → bench/results/seed_case.json and a table
 """
@@ -25,10 +26,10 @@ SCHEDULES = ("serial", "lhs", "lhs-pipelined")
 
 # What was published, with where.  A configuration with no published figure says so.
 NVIDIA_DSV3 = (
-    "NVIDIA's public DeepSeek-V3 MaxText recipe on GB200 NVL72 (128 GPUs, 8 × 4096 per GPU, the MLA "
-    "low-rank q/kv projections and MoE up-projections offloaded): measured 908.2 TFLOP/s/device, "
-    "57 % faster than full remat; peak 165.2 GiB with LHS + pipelined host offloading. Its compute "
-    "precision is not stated in tierax's sources"
+    "NVIDIA's public DeepSeek-V3 MaxText recipe on GB200 NVL72 (128 GPUs, 8 × 4096 per GPU, the "
+    "MLA low-rank q/kv projections and MoE up-projections offloaded): measured 908.2 "
+    "TFLOP/s/device, 57 % faster than full remat; peak 165.2 GiB with LHS + pipelined host "
+    "offloading. Its compute precision is not stated in tierax's sources"
 )
 PUBLISHED = {
     "deepseek-v3 8x4096": {
@@ -58,7 +59,8 @@ CASES = (
 
 def published_policy(cfg):
     """The recipe's offload policy as a Plan: for DeepSeek-V3 the MLA low-rank q and kv projections and the
-    MoE up-projections offloaded, the rest recomputed; for Llama, q/k/v offloaded (the qkv-offload preset:
+    MoE up-projections offloaded, the rest recomputed; for Llama, q/k/v offloaded (the qkv-offload
+    preset:
     no published policy for it in tierax's sources)."""
     from tierax import names as N
     from tierax import plan as P
@@ -215,13 +217,14 @@ def main(argv=None) -> int:
         "published": PUBLISHED,
         "rows": rows,
         "gaps": gaps,
-        "note": "cost-model predictions only (nothing compiled or run here); no rate or term was fitted to "
-        "the published figures",
+        "note": "cost-model predictions only (nothing compiled or run here); no rate or term was "
+        "fitted to the published figures",
     }
     out = records.write_record(args.out, doc)
 
     t = Table(
-        title="seed cases · GB200 × 128 · attention cudnn · bf16 · predicted (published where known)"
+        title="seed cases · GB200 × 128 · attention cudnn · bf16 · predicted (published where "
+        "known)"
     )
     for col in (
         "case",
@@ -264,8 +267,8 @@ def main(argv=None) -> int:
         print(
             f"{g['case']} {g['schedule']}: predicted {g['predicted_tflops']:.0f} vs published "
             f"{g['published_tflops']:.1f} TFLOP/s/device (step {g['predicted_step_s']:.2f} vs "
-            f"{g['published_step_s']:.2f} s); offload ÷ remat {g['predicted_speedup_over_remat']:.2f} vs "
-            f"{g['published_speedup_over_remat']:.2f}"
+            f"{g['published_step_s']:.2f} s); offload ÷ remat "
+            f"{g['predicted_speedup_over_remat']:.2f} vs {g['published_speedup_over_remat']:.2f}"
         )
     print(f"wrote {out}")
     return 0

@@ -16,16 +16,27 @@ from tierax.train import step as S
 
 def _qkv(B, T, K, G, d, dv, seed=0):
     k0, k1, k2, k3 = jax.random.split(jax.random.key(seed), 4)
-    return (jax.random.normal(k0, (B, T, K, G, d)), jax.random.normal(k1, (B, T, K, d)),
-            jax.random.normal(k2, (B, T, K, dv)), jax.random.normal(k3, (B, T, K, G, dv)))
+    return (
+        jax.random.normal(k0, (B, T, K, G, d)),
+        jax.random.normal(k1, (B, T, K, d)),
+        jax.random.normal(k2, (B, T, K, dv)),
+        jax.random.normal(k3, (B, T, K, G, dv)),
+    )
 
 
 # (G query heads per kv head, requested block, d, dv, unroll) at T = 32: nq = 4, 2, 1, 4 (a
 # block of 12 falls to 8, the largest divisor), 8 and 2; the last two MLA-like (dv != d).
-@pytest.mark.parametrize("groups, block, d, dv, unroll", [
-    (1, 8, 16, 8, False), (2, 16, 16, 8, False), (3, 32, 16, 8, False), (2, 12, 16, 8, False),
-    (2, 4, 24, 16, False), (1, 16, 24, 16, True),
-])
+@pytest.mark.parametrize(
+    "groups, block, d, dv, unroll",
+    [
+        (1, 8, 16, 8, False),
+        (2, 16, 16, 8, False),
+        (3, 32, 16, 8, False),
+        (2, 12, 16, 8, False),
+        (2, 4, 24, 16, False),
+        (1, 16, 24, 16, True),
+    ],
+)
 def test_blockwise_matches_xla(groups, block, d, dv, unroll):
     q, k, v, ct = _qkv(2, 32, 2, groups, d, dv)
 
@@ -37,7 +48,7 @@ def test_blockwise_matches_xla(groups, block, d, dv, unroll):
     np.testing.assert_allclose(out, causal_attention(q, k, v, impl="xla"), rtol=1e-5, atol=1e-5)
     g_ref = jax.grad(f("xla"), argnums=(0, 1, 2))(q, k, v)
     g_blk = jax.grad(f("blockwise"), argnums=(0, 1, 2))(q, k, v)
-    for a, b in zip(g_blk, g_ref):
+    for a, b in zip(g_blk, g_ref, strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
@@ -56,9 +67,14 @@ def _pairs_flops(B, T, K, G, d, dv, block):
     return per_pair * nq * (nq + 1) // 2, per_pair * nq * nq
 
 
-@pytest.mark.parametrize("T, K, G, d, dv, block", [
-    (256, 1, 2, 64, 64, 64), (256, 2, 1, 24, 16, 32), (256, 1, 2, 64, 64, 256),
-])
+@pytest.mark.parametrize(
+    "T, K, G, d, dv, block",
+    [
+        (256, 1, 2, 64, 64, 64),
+        (256, 2, 1, 24, 16, 32),
+        (256, 1, 2, 64, 64, 256),
+    ],
+)
 def test_jaxpr_matmul_flops_count_only_the_visible_blocks(T, K, G, d, dv, block):
     """tierax's jaxpr counter (the inventory's recompute FLOPs) multiplies the pair scan's body
     by its length: exactly the skipped count, forward and custom backward together."""
@@ -66,8 +82,9 @@ def test_jaxpr_matmul_flops_count_only_the_visible_blocks(T, K, G, d, dv, block)
     shapes = [(B, T, K, G, d), (B, T, K, d), (B, T, K, dv), (B, T, K, G, dv)]
 
     def fwd_bwd(q, k, v, ct):
-        out, vjp = jax.vjp(lambda q, k, v: causal_attention(q, k, v, impl="blockwise",
-                                                            block=block), q, k, v)
+        out, vjp = jax.vjp(
+            lambda q, k, v: causal_attention(q, k, v, impl="blockwise", block=block), q, k, v
+        )
         return out, vjp(ct)
 
     jaxpr = jax.make_jaxpr(fwd_bwd)(*(jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes))
@@ -84,6 +101,7 @@ def _compiled_fwd_bwd_flops(impl, q, k, v, ct, **kw) -> float:
     """XLA's FLOPs of the forward plus those of the backward, compiled apart: compiled together,
     XLA merges the forward's score matmul with the backward's identical recomputation, which a
     scanned backward cannot do."""
+
     def f(q, k, v):
         return causal_attention(q, k, v, impl=impl, **kw)
 
@@ -122,7 +140,7 @@ def test_models_with_blockwise_attention_match(name):
     graphdef_b, _ = S.init_params(blk, seed=4)
     l1, g1 = S.loss_and_grads(graphdef_b, blk, P.preset("qkv-offload", blk), params, tokens)
     assert abs(float(l1) - float(l0)) <= 1e-5 * abs(float(l0))
-    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0)):
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0), strict=False):
         assert float(jnp.max(jnp.abs(a - b))) <= 1e-4 * float(jnp.max(jnp.abs(b))) + 1e-7
 
 

@@ -34,7 +34,8 @@ RATES = cm.Rates(
 def test_matmul_seconds_split_the_fused_kernel_out():
     # 10 TFLOP forward, 4 of them in the kernel: 6/1000 + 4/500 = 0.014 s.
     assert matmul_s(10e12, 4e12, RATES) == pytest.approx(0.006 + 0.008)
-    # Backward: the rest twice at the matmul rate, the kernel 2.5 × at its backward rate: 0.012 + 0.04.
+    # Backward: the rest twice at the matmul rate, the kernel 2.5 × at its backward rate: 0.012 +
+    # 0.04.
     assert matmul_s(10e12, 4e12, RATES, backward=True) == pytest.approx(0.012 + 0.04)
     # No fused FLOPs: the old terms exactly.
     assert matmul_s(10e12, 0.0, RATES, backward=True) == 2 * 10e12 / 1e15
@@ -58,7 +59,8 @@ def test_gpu_rates_are_the_published_shares_of_each_peak():
 
 def _inventory(fused: float) -> Inventory:
     # One group of 2 layers: forward 10 TFLOP/layer of which `fused` in the kernel; base recompute
-    # 3 TFLOP/layer of which 1 in the kernel; one named activation recomputed at 2 TFLOP/layer (0.5 fused).
+    # 3 TFLOP/layer of which 1 in the kernel; one named activation recomputed at 2 TFLOP/layer (0.5
+    # fused).
     g = GroupInventory(
         "decoder",
         2,
@@ -104,8 +106,8 @@ def test_fixed_compute_counts_the_kernel_forward_and_backward():
     model = dataclasses.replace(get_config("tiny-llama"), dtype="bfloat16")
     fx = cm.fixed_terms(inv, model, RATES, "lhs")
     head = 2.0 * 128 * model.d_model * model.vocab_size
-    # Rest of the matmuls three times (forward + 2 × backward) at 1 PFLOP/s; the kernel's forward at 0.5 and
-    # its 2.5 × backward at 0.25 PFLOP/s; 2 layers each.
+    # Rest of the matmuls three times (forward + 2 × backward) at 1 PFLOP/s; the kernel's forward at
+    # 0.5 and its 2.5 × backward at 0.25 PFLOP/s; 2 layers each.
     expected = (3 * (2 * 6e12 + head)) / 1e15 + 2 * 4e12 / 0.5e15 + 2 * 2.5 * 4e12 / 0.25e15
     assert fx.compute_s - fx.hbm_s == pytest.approx(expected)
     assert fx.fused_attention_s == pytest.approx(2 * 4e12 / 0.5e15 + 2 * 2.5 * 4e12 / 0.25e15)
@@ -126,8 +128,8 @@ def test_cudnn_workspace_joins_the_layer_in_flight():
 
 
 def test_fused_attention_takes_score_traffic_off_hbm():
-    # The same step with blockwise attention and with cuDNN's kernel: the kernel's FLOPs move to its own term
-    # and the blockwise form's score-block traffic leaves the HBM term.
+    # The same step with blockwise attention and with cuDNN's kernel: the kernel's FLOPs move to its
+    # own term and the blockwise form's score-block traffic leaves the HBM term.
     base = dataclasses.replace(
         get_config("tiny-llama"), dtype="bfloat16", attention="blockwise", attention_block=16
     )

@@ -82,12 +82,12 @@ def test_fused_stand_in_is_one_kernel_for_hbm_and_counted_apart_for_flops():
         return jax.make_jaxpr(f)(q, k, v)
 
     fused, blockwise = vjp_of("cudnn_blockwise", v, ct, 8), vjp_of("blockwise", v, ct, 8)
-    # The blockwise form moves score blocks through HBM; inside the fused kernel nothing is a fusion,
-    # only the padding of v and the slice of the output run outside it.
+    # The blockwise form moves score blocks through HBM; inside the fused kernel nothing is a
+    # fusion, only the padding of v and the slice of the output run outside it.
     assert sum(hbm.phase_bytes(blockwise)) > 10 * sum(hbm.phase_bytes(fused))
-    # Every matmul of the stand-in is inside the kernel's scope, and it is the blockwise form's work on
-    # the padded value (P·V and its gradients at d_qk = 24 instead of d_v = 16) at the kernel's tile,
-    # whatever block the caller asked for.
+    # Every matmul of the stand-in is inside the kernel's scope, and it is the blockwise form's work
+    # on the padded value (P·V and its gradients at d_qk = 24 instead of d_v = 16) at the kernel's
+    # tile, whatever block the caller asked for.
     total = jaxpr_tools.matmul_flops(fused)
     assert jaxpr_tools.matmul_flops(fused, scope=FUSED_SCOPE) == total
     v_pad = jnp.pad(v, [(0, 0)] * 3 + [(0, 8)])
@@ -155,8 +155,8 @@ def test_deviceless_compile_holds_cudnn_attention(name, plan, target):
     )
     result, text = C.compile_for_target(cfg, P.preset(plan, cfg), target, microbatch=2, seq=128)
     calls = cudnn.custom_calls(text)
-    # One backward kernel per layer's backward (inside the scanned backward loop: one call per group),
-    # forwards in the forward loop and again where the layer is rematerialised.
+    # One backward kernel per layer's backward (inside the scanned backward loop: one call per
+    # group), forwards in the forward loop and again where the layer is rematerialised.
     groups = len(cfg.layer_groups())
     assert calls["backward"] == groups and calls["forward"] >= groups
     assert result.cudnn_calls == calls["forward"] + calls["backward"]
@@ -207,6 +207,8 @@ def test_a_train_config_with_document_masking_refuses_cudnn():
 
     demo = pathlib.Path(__file__).resolve().parents[1] / "configs" / "demo-train.yaml"
     base = ["model.dtype=bfloat16", "data.document_mask=true"]
-    TC.load_train_config(demo, [*base, "model.attention=blockwise"])  # masks packed documents: accepted
+    TC.load_train_config(
+        demo, [*base, "model.attention=blockwise"]
+    )  # masks packed documents: accepted
     with pytest.raises(TieraxError, match="document_mask.*attention=cudnn cannot"):
         TC.load_train_config(demo, [*base, "model.attention=cudnn"])

@@ -109,8 +109,10 @@ def test_two_process_resume_mid_epoch_reads_identical_batches(small_dirs):
     ref = [whole.batch(k, 0, 6) for k in range(1, 41)]
     halves = [(0, 3), (3, 6)]
     procs = [stream(small_dirs[0], shape, **kw) for _ in halves]
-    got = [[p.batch(k, lo, hi) for k in range(1, 21)] 
-           for p, (lo, hi) in zip(procs, halves, strict=True)]
+    got = [
+        [p.batch(k, lo, hi) for k in range(1, 21)]
+        for p, (lo, hi) in zip(procs, halves, strict=True)
+    ]
     procs = [stream(small_dirs[0], shape, **kw) for _ in halves]  # the resumed processes
     for p, (lo, hi), g in zip(procs, halves, got, strict=True):
         g += [p.batch(k, lo, hi) for k in range(21, 41)]

@@ -41,11 +41,25 @@ def _run_two(cfg_file: pathlib.Path, *extra: str) -> list[dict]:
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERAX_")}
     # Process 0 is configured by flags, process 1 by the environment: both ways are supported.
-    p0 = subprocess.Popen(cmd + ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", "0"],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    p1 = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          env={**env, "TIERAX_COORDINATOR": f"127.0.0.1:{port}", "TIERAX_NUM_PROCESSES": "2",
-                               "TIERAX_PROCESS_ID": "1"})
+    p0 = subprocess.Popen(
+        cmd + ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    p1 = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={
+            **env,
+            "TIERAX_COORDINATOR": f"127.0.0.1:{port}",
+            "TIERAX_NUM_PROCESSES": "2",
+            "TIERAX_PROCESS_ID": "1",
+        },
+    )
     outs = []
     try:
         for p in (p0, p1):
@@ -56,7 +70,9 @@ def _run_two(cfg_file: pathlib.Path, *extra: str) -> list[dict]:
         for p in (p0, p1):
             if p.poll() is None:
                 p.kill()
-    assert [o["process_index"] for o in outs] == [0, 1] and all(o["process_count"] == 2 for o in outs)
+    assert [o["process_index"] for o in outs] == [0, 1] and all(
+        o["process_count"] == 2 for o in outs
+    )
     assert outs[0]["losses"] == outs[1]["losses"]  # one replicated value, read by both processes
     return outs
 
@@ -70,11 +86,16 @@ def test_two_processes_match_one_process_and_resume_mid_epoch(tmp_path):
     docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in TF.paragraphs()[:10]))
     D.prepare([docs], tmp_path / "tokens", tokenizer=str(tok), shard_tokens=300)
     run = {
-        "model": "tiny-llama", "plan": "minimal", "microbatch": 2, "seq": 32, "steps": 4,
+        "model": "tiny-llama",
+        "plan": "minimal",
+        "microbatch": 2,
+        "seq": 32,
+        "steps": 4,
         "mesh": {"data": 2, "fsdp": 4},
         "optimizer": {"lr": 0.01, "warmup_steps": 1, "decay_steps": 4},
         "data": {"source": "tokens", "path": str(tmp_path / "tokens"), "document_mask": True},
-        "checkpoint": {"every": 2, "keep": 2}, "log": {"every": 1, "plot": False},
+        "checkpoint": {"every": 2, "keep": 2},
+        "log": {"every": 1, "plot": False},
     }
     vocab = "model.vocab_size=1024"
     # The single-process reference on this process's 8 devices.

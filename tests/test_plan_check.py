@@ -1,8 +1,9 @@
-"""``tierax plan --check``: the loop compiles, corrects the workspace term from XLA's peak, and re-plans.
+"""``tierax plan --check``: the loop compiles, corrects the workspace term from XLA's peak, and
+re-plans.
 
-On tiny-llama the model over-predicts XLA's peak by ~19 % (its fixed terms are sized for real shapes),
-outside the 5 % tolerance: the first iteration must not converge, the second must — which only happens
-if the correction (XLA's peak minus the model's) reaches the re-solve.
+On tiny-llama the model over-predicts XLA's peak by ~19 % (its fixed terms are sized for real
+shapes), outside the 5 % tolerance: the first iteration must not converge, the second must — which
+only happens if the correction (XLA's peak minus the model's) reaches the re-solve.
 """
 
 from __future__ import annotations
@@ -30,13 +31,18 @@ def test_check_corrects_the_workspace_and_converges():
     assert last.host_bytes == last.xla_host_bytes
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--target", "gb300"], "projection"),
-    (["--max-microbatch"], "--check compiles one plan"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--target", "gb300"], "projection"),
+        (["--max-microbatch"], "--check compiles one plan"),
+    ],
+)
 def test_check_refuses_what_it_cannot_compile(extra, message):
     cmd = [sys.executable, "-m", "tierax.cli", "plan", "--model", "tiny-llama", "--check", *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300
+    )
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
@@ -66,12 +72,14 @@ def test_a_model_below_xla_under_a_binding_budget_re_plans_within_a_smaller_budg
         peak = cm.simulate(plan, inv, cfg, rates, "lhs").peak_device_bytes + miss
         compiled_peaks.append(peak)
         fits = peak <= hardware.usable_bytes(rates.device_memory_bytes)
-        return types.SimpleNamespace(device_peak_bytes=peak, fits=fits, overlap={},
-                                     host_temp_bytes=0, compile_time_s=0.0), ""
+        return types.SimpleNamespace(
+            device_peak_bytes=peak, fits=fits, overlap={}, host_temp_bytes=0, compile_time_s=0.0
+        ), ""
 
     monkeypatch.setattr(compile_lib, "compile_for_target", xla)
-    res = plan_check.check(cfg, MeshShape(), rates, "h200", microbatch=8, seq=64,
-                           budget_bytes=budget, max_iterations=3)
+    res = plan_check.check(
+        cfg, MeshShape(), rates, "h200", microbatch=8, seq=64, budget_bytes=budget, max_iterations=3
+    )
     one, two = res.iterations[:2]
     assert one.budget_bytes == int(budget) and compiled_peaks[0] > budget and not one.xla_fits
     assert two.workspace_correction_bytes == miss and two.budget_bytes == int(budget) - miss

@@ -27,9 +27,16 @@ from tierax.models import get_config
 MB = 1_000_000
 CFG = get_config("tiny-llama")  # head: d_model 64, vocab 256
 MICROBATCH, SEQ = 4, 64  # 256 tokens: the LM head's forward is 2·256·64·256 = 8 388 608 FLOPs
-CAL = {"cpu": {"created": "hand-cal", "matmul_flops_per_s_float32": 1e12,
-               "matmul_flops_per_s_bfloat16": 0.5e12, "matmul_flops_per_s": 1e12,
-               "memory_bytes_per_s": 1e11, "first_touch_bytes_per_s": 1e10}}
+CAL = {
+    "cpu": {
+        "created": "hand-cal",
+        "matmul_flops_per_s_float32": 1e12,
+        "matmul_flops_per_s_bfloat16": 0.5e12,
+        "matmul_flops_per_s": 1e12,
+        "memory_bytes_per_s": 1e11,
+        "first_touch_bytes_per_s": 1e10,
+    }
+}
 
 
 def inventory() -> Inventory:
@@ -39,21 +46,41 @@ def inventory() -> Inventory:
     # non-matmul traffic 20 MB (forward) and 40 MB (backward) per layer.  Parameters 100 MB,
     # gradients 100 MB, AdamW moments 200 MB; the loss moves 10 MB.
     g = GroupInventory(
-        "decoder", 2, (Activation("decoder", N.DECODER_LAYER_INPUT, 1 * MB, 2),
-                       Activation("decoder", N.MLPWO, 10 * MB, 2, 2e9, 4 * MB)),
-        carry_bytes_per_layer=1 * MB, save_all_bytes_per_layer=30 * MB,
-        base_recompute_flops_per_layer=1e9, forward_flops_per_layer=10e9, layer_param_count=1000,
-        forward_hbm_bytes_per_layer=20 * MB, backward_hbm_bytes_per_layer=40 * MB,
-        base_recompute_hbm_bytes_per_layer=2 * MB)
-    return Inventory("hand", MICROBATCH, SEQ, {"data": 1, "fsdp": 1}, (g,), param_bytes=100 * MB,
-                     grad_bytes=100 * MB, optimizer_bytes=200 * MB,
-                     logits_bytes=MICROBATCH * SEQ * 256 * 4, embed_param_count=0,
-                     loss_hbm_bytes=10 * MB)
+        "decoder",
+        2,
+        (
+            Activation("decoder", N.DECODER_LAYER_INPUT, 1 * MB, 2),
+            Activation("decoder", N.MLPWO, 10 * MB, 2, 2e9, 4 * MB),
+        ),
+        carry_bytes_per_layer=1 * MB,
+        save_all_bytes_per_layer=30 * MB,
+        base_recompute_flops_per_layer=1e9,
+        forward_flops_per_layer=10e9,
+        layer_param_count=1000,
+        forward_hbm_bytes_per_layer=20 * MB,
+        backward_hbm_bytes_per_layer=40 * MB,
+        base_recompute_hbm_bytes_per_layer=2 * MB,
+    )
+    return Inventory(
+        "hand",
+        MICROBATCH,
+        SEQ,
+        {"data": 1, "fsdp": 1},
+        (g,),
+        param_bytes=100 * MB,
+        grad_bytes=100 * MB,
+        optimizer_bytes=200 * MB,
+        logits_bytes=MICROBATCH * SEQ * 256 * 4,
+        embed_param_count=0,
+        loss_hbm_bytes=10 * MB,
+    )
 
 
 def plan(mlpwo: P.Placement) -> P.Plan:
-    return P.Plan("hand", {"decoder": P.GroupPlan({N.DECODER_LAYER_INPUT: P.Placement.DEVICE,
-                                                   N.MLPWO: mlpwo})})
+    return P.Plan(
+        "hand",
+        {"decoder": P.GroupPlan({N.DECODER_LAYER_INPUT: P.Placement.DEVICE, N.MLPWO: mlpwo})},
+    )
 
 
 # Matmuls: 3 × (2 layers × 10 GFLOP + the head's 8 388 608) = 60.025165824 GFLOP.
@@ -77,8 +104,13 @@ def rates(dtype: str = "float32") -> cm.Rates:
 def expected(dtype: str, which: str) -> dict:
     mm = CAL["cpu"][f"matmul_flops_per_s_{dtype}"]
     bw, touch = CAL["cpu"]["memory_bytes_per_s"], CAL["cpu"]["first_touch_bytes_per_s"]
-    out = {"compute_s": MATMUL_FLOPS / mm + HBM_BYTES / bw, "hbm_s": HBM_BYTES / bw,
-           "recompute_s": 0.0, "recompute_hbm_s": 0.0, "first_touch_s": FRESH[which] / touch}
+    out = {
+        "compute_s": MATMUL_FLOPS / mm + HBM_BYTES / bw,
+        "hbm_s": HBM_BYTES / bw,
+        "recompute_s": 0.0,
+        "recompute_hbm_s": 0.0,
+        "first_touch_s": FRESH[which] / touch,
+    }
     if which == "remat":
         out["recompute_s"] = RECOMPUTE_FLOPS / mm + RECOMPUTE_BYTES / bw
         out["recompute_hbm_s"] = RECOMPUTE_BYTES / bw
@@ -160,16 +192,40 @@ def test_microbenchmarks_measure_positive_rates():
 def test_calibration_file_reaches_simulate_through_the_cli(tmp_path):
     """`tierax simulate --target cpu` reads TIERAX_CALIBRATION: halving the calibrated float32
     matmul rate adds the executed FLOPs once more at the first rate; the sources say measured."""
+
     def run(matmul: float) -> dict:
         f = tmp_path / f"cal-{matmul:g}.json"
         f.write_text(json.dumps({"cpu": CAL["cpu"] | {"matmul_flops_per_s_float32": matmul}}))
         env = dict(os.environ, TIERAX_CALIBRATION=str(f), JAX_PLATFORMS="cpu")
         # A 32000-word vocabulary: 65 MB of logits, temporaries above malloc's mmap threshold.
-        cmd = [sys.executable, "-m", "tierax.cli", "simulate", "--model", "tiny-llama", "--set",
-               "vocab_size=32000", "--target", "cpu", "--plan", "remat-full", "--microbatch", "4",
-               "--seq", "128", "--json"]
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300,
-                           stdin=subprocess.DEVNULL, check=False)
+        cmd = [
+            sys.executable,
+            "-m",
+            "tierax.cli",
+            "simulate",
+            "--model",
+            "tiny-llama",
+            "--set",
+            "vocab_size=32000",
+            "--target",
+            "cpu",
+            "--plan",
+            "remat-full",
+            "--microbatch",
+            "4",
+            "--seq",
+            "128",
+            "--json",
+        ]
+        r = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
         assert r.returncode == 0, r.stderr[-2000:]
         return json.loads(r.stdout)
 

@@ -34,7 +34,8 @@ def installed_version() -> tuple[int, int, int] | None:
 
 
 def require() -> tuple[int, int, int]:
-    """The installed cuDNN's version; a clear error naming the install command when it is missing."""
+    """The installed cuDNN's version; a clear error naming the install command when it is
+    missing."""
     version = installed_version()
     if version is None:
         raise TieraxError(

@@ -82,8 +82,10 @@ def check_replaceable(path: pathlib.Path, schema: str, why: str) -> pathlib.Path
     except (OSError, ValueError, AttributeError):
         found = None
     if found != schema:
-        raise TieraxError(f"{why} {str(path)!r} exists and is not a {schema} record; it is not "
-                          "replaced: move it, or give --out another name")
+        raise TieraxError(
+            f"{why} {str(path)!r} exists and is not a {schema} record; it is not "
+            "replaced: move it, or give --out another name"
+        )
     return path
 
 
@@ -106,8 +108,10 @@ def load_record(path: str | os.PathLike, schemas: Sequence[str], *, hint: str) -
         raise TieraxError(f"results file {str(p)!r} is not JSON ({e}); {hint}") from None
     schema = doc.get("schema") if isinstance(doc, dict) else None
     if schema not in schemas:
-        raise TieraxError(f"results file {str(p)!r} has schema {schema!r}; this tierax reads "
-                          f"{' and '.join(schemas)}. {hint}")
+        raise TieraxError(
+            f"results file {str(p)!r} has schema {schema!r}; this tierax reads "
+            f"{' and '.join(schemas)}. {hint}"
+        )
     return doc
 
 

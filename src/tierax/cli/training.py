@@ -37,8 +37,12 @@ def cmd_train(args) -> int:
         return 130 if isinstance(e, loop.Stopped) else 1
     _plot(cfg, say)
     if args.json:
-        print(json.dumps({"process_index": jax.process_index(), "process_count": jax.process_count()}
-                         | result.to_json()))
+        print(
+            json.dumps(
+                {"process_index": jax.process_index(), "process_count": jax.process_count()}
+                | result.to_json()
+            )
+        )
     else:
         say(result.summary(cfg))
     return 0
@@ -68,18 +72,30 @@ def cmd_data(args) -> int:
     c = make_console(stderr=True)
     with prepare_progress(c, data.input_bytes(args.inputs)) as advance:
         index = data.prepare(
-            args.inputs, args.out, tokenizer=args.tokenizer, field=args.field,
-            validation_fraction=args.validation_fraction, shard_tokens=args.shard_tokens,
-            bos=args.bos, eos=args.eos, max_document_bytes=args.max_document_mib << 20,
-            overwrite=args.overwrite, progress=advance)
+            args.inputs,
+            args.out,
+            tokenizer=args.tokenizer,
+            field=args.field,
+            validation_fraction=args.validation_fraction,
+            shard_tokens=args.shard_tokens,
+            bos=args.bos,
+            eos=args.eos,
+            max_document_bytes=args.max_document_mib << 20,
+            overwrite=args.overwrite,
+            progress=advance,
+        )
     tok = index["tokenizer"]
     for name, split in index["splits"].items():
-        print(f"{name}: {split['num_tokens']:,} tokens in {split['num_documents']:,} documents, "
-              f"{len(split['shards'])} shard(s)")
+        print(
+            f"{name}: {split['num_tokens']:,} tokens in {split['num_documents']:,} documents, "
+            f"{len(split['shards'])} shard(s)"
+        )
     bos = tok["bos_id"] if tok["add_bos"] else "none"
     eos = "none" if tok["eos_id"] is None else tok["eos_id"]
-    print(f"wrote {args.out} ({tok['kind']} tokenizer, vocab {tok['vocab_size']}, "
-          f"{index['dtype']}; BOS {bos}, EOS {eos}) with {args.out}/{data.INDEX}")
+    print(
+        f"wrote {args.out} ({tok['kind']} tokenizer, vocab {tok['vocab_size']}, "
+        f"{index['dtype']}; BOS {bos}, EOS {eos}) with {args.out}/{data.INDEX}"
+    )
     return 0
 
 
@@ -90,4 +106,3 @@ def cmd_plot_metrics(args) -> int:
         check_output_file(args.out)
     print(f"wrote {plot_metrics(args.run_dir, args.out)}")
     return 0
-

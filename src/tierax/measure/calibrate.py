@@ -41,8 +41,9 @@ def stages(gpu: bool) -> list[str]:
     return ["memory"] + [f"matmul {d}" for d in DTYPES] + (["host link"] if gpu else [])
 
 
-def measure(progress: Callable[[str], None] | None = None, *, matmul_n: int = 8192,
-            repeats: int = 5) -> dict:
+def measure(
+    progress: Callable[[str], None] | None = None, *, matmul_n: int = 8192, repeats: int = 5
+) -> dict:
     """One calibration entry for the local backend (nothing is saved); ``progress(stage)`` after
     each stage.  ``matmul_n``: the square GEMM's size on a GPU (a CPU runs
     :data:`harness.CPU_MATMUL_SHAPES`).
@@ -67,8 +68,9 @@ def measure(progress: Callable[[str], None] | None = None, *, matmul_n: int = 81
         if gpu:
             r = harness.matmul_rate(dtype, matmul_n, repeats, best=False)
         else:
-            r = harness.matmul_mix_rate(dtype, repeats=repeats,
-                                        first_touch_bytes_per_s=entry["first_touch_bytes_per_s"])
+            r = harness.matmul_mix_rate(
+                dtype, repeats=repeats, first_touch_bytes_per_s=entry["first_touch_bytes_per_s"]
+            )
         entry[f"matmul_flops_per_s_{dtype}"] = r["flops_per_s"]
         micro[f"matmul_{dtype}"] = r
         if progress:

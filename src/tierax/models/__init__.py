@@ -6,7 +6,14 @@ import jax
 from flax import nnx
 
 from tierax.models import deepseek, llama
-from tierax.models.config import NAMED_CONFIGS, DeepSeekConfig, LayerGroup, LlamaConfig, ModelConfig, get_config
+from tierax.models.config import (
+    NAMED_CONFIGS,
+    DeepSeekConfig,
+    LayerGroup,
+    LlamaConfig,
+    ModelConfig,
+    get_config,
+)
 from tierax.models.config_files import (
     FAMILIES,
     apply_overrides,

@@ -156,9 +156,13 @@ def _forward(q, k, v, block, unroll=False, seg=None):
         lse = jax.lax.dynamic_update_slice_in_dim(lse, m_new + jnp.log(l), i * block, axis=3)
         return (m_new, l, acc, out, lse), None
 
-    init = (jnp.full(blk_shape, _NEG, jnp.float32), jnp.zeros(blk_shape, jnp.float32),
-            jnp.zeros((*blk_shape, dv), jnp.float32), jnp.zeros((B, S, K, G, dv), v.dtype),
-            jnp.zeros((B, K, G, S), jnp.float32))
+    init = (
+        jnp.full(blk_shape, _NEG, jnp.float32),
+        jnp.zeros(blk_shape, jnp.float32),
+        jnp.zeros((*blk_shape, dv), jnp.float32),
+        jnp.zeros((B, S, K, G, dv), v.dtype),
+        jnp.zeros((B, K, G, S), jnp.float32),
+    )
     (*_, out, lse), _ = jax.lax.scan(body, init, (i_idx, j_idx), unroll=unroll)
     return out, lse
 
@@ -206,9 +210,13 @@ def _blockwise_bwd(block, unroll, res, d_out):
         dv = jax.lax.dynamic_update_slice_in_dim(dv, dv_b, j * block, axis=1)
         return (dq, dk_b, dv_b, dk, dv), None
 
-    init = (jnp.zeros(q.shape, jnp.float32), jnp.zeros(kb_shape, jnp.float32),
-            jnp.zeros(vb_shape, jnp.float32), jnp.zeros(k.shape, jnp.float32),
-            jnp.zeros(v.shape, jnp.float32))
+    init = (
+        jnp.zeros(q.shape, jnp.float32),
+        jnp.zeros(kb_shape, jnp.float32),
+        jnp.zeros(vb_shape, jnp.float32),
+        jnp.zeros(k.shape, jnp.float32),
+        jnp.zeros(v.shape, jnp.float32),
+    )
     (dq, _, _, dk, dv), _ = jax.lax.scan(body, init, (i_idx, j_idx), unroll=unroll)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
 
@@ -237,8 +245,9 @@ def _cudnn(q, k, v):
     B, S, K, G, d = q.shape
     # jax.nn.dot_product_attention's grouped-query layout: query head n uses kv head n // G,
     # i.e. heads ordered (k, g) — the order of q's K and G axes.
-    out = jax.nn.dot_product_attention(q.reshape(B, S, K * G, d), k, v, is_causal=True,
-                                       implementation="cudnn")
+    out = jax.nn.dot_product_attention(
+        q.reshape(B, S, K * G, d), k, v, is_causal=True, implementation="cudnn"
+    )
     return out.reshape(B, S, K, G, v.shape[-1])
 
 
@@ -250,8 +259,9 @@ def _fused_stand_in(q, k, v, *, block, segment_ids=None):
         return causal_attention(q, k, v, impl="blockwise", block=block, segment_ids=segment_ids)
 
 
-def causal_attention(q, k, v, *, impl: str = "xla", block: int = 512, unroll: bool = False,
-                     segment_ids=None):
+def causal_attention(
+    q, k, v, *, impl: str = "xla", block: int = 512, unroll: bool = False, segment_ids=None
+):
     """Causal attention; ``impl`` is ``xla``, ``blockwise`` (block size ``block`` keys),
     ``cudnn`` (fused, CUDA only) or ``cudnn_blockwise`` (the cuDNN route in XLA form).
 
@@ -266,15 +276,19 @@ def causal_attention(q, k, v, *, impl: str = "xla", block: int = 512, unroll: bo
     if impl == "xla":
         return xla_attention(q, k, v, segment_ids)
     if impl == "cudnn" and segment_ids is not None:
-        raise ValueError("attention=cudnn cannot mask packed documents (JAX's cuDNN entry takes no segment "
-                         "ids); use attention=blockwise with document masking")
+        raise ValueError(
+            "attention=cudnn cannot mask packed documents (JAX's cuDNN entry takes no segment "
+            "ids); use attention=blockwise with document masking"
+        )
     if impl == "cudnn":
         return padded_value_attention(_cudnn, q, k, v)
     if impl == "cudnn_blockwise":
         # 128-key blocks whatever ``block`` says: with causal block skipping the stand-in's matmul
-        # work is then the causal triangle plus its 128-wide diagonal blocks, as a tiled kernel's is.
+        # work is then the causal triangle plus its 128-wide diagonal blocks, as a tiled kernel's
+        # is.
         return padded_value_attention(
-            functools.partial(_fused_stand_in, block=FUSED_TILE, segment_ids=segment_ids), q, k, v)
+            functools.partial(_fused_stand_in, block=FUSED_TILE, segment_ids=segment_ids), q, k, v
+        )
     if impl != "blockwise":
         raise ValueError(f"unknown attention implementation {impl!r}")
     _check_self_attention(q, k)

@@ -40,7 +40,8 @@ def segment_scope(group: str, start: int, stop: int) -> str:
 
 @dataclass(frozen=True)
 class Segments:
-    """A layer group run as consecutive scans, one per :class:`~tierax.models.prefetch.Part`, in layer order."""
+    """A layer group run as consecutive scans, one per :class:`~tierax.models.prefetch.Part`, in
+    layer order."""
 
     parts: tuple[Part, ...]
 
@@ -51,7 +52,8 @@ def _run_scan(x_BSD, graphdef, state, policy, mesh, scope: str, doc: DocumentMas
     def body(carry, layer_state):
         return nnx.merge(graphdef, layer_state)(carry, mesh, doc), None
 
-    # The scope lets an abstract trace, and the compile report, attribute values to a group or segment.
+    # The scope lets an abstract trace, and the compile report, attribute values to a group or
+    # segment.
     with jax.named_scope(f"tierax_group_{scope}"):
         if isinstance(policy, Prefetch):
             layer = lambda x, s: nnx.merge(graphdef, s)(x, mesh, doc)  # noqa: E731
@@ -87,8 +89,13 @@ class Decoder(nnx.Module):
         self.final_norm = L.RMSNorm(cfg.d_model, cfg, rngs=rngs)
         self.head = None if cfg.tie_embeddings else L.dense(cfg.d_model, cfg.vocab_size, cfg, rngs)
 
-    def __call__(self, tokens_BS, policies: Mapping[str, Callable | None] | None = None, mesh=None,
-                 segment_ids=None):
+    def __call__(
+        self,
+        tokens_BS,
+        policies: Mapping[str, Callable | None] | None = None,
+        mesh=None,
+        segment_ids=None,
+    ):
         """Logits (float32) for ``tokens_BS`` (materialised in full: the loss uses :meth:`hidden`).
 
         Args:
@@ -106,8 +113,13 @@ class Decoder(nnx.Module):
             logits = self.head(x_BSD)
         return logits.astype(jnp.float32)
 
-    def hidden(self, tokens_BS, policies: Mapping[str, Callable | None] | None = None, mesh=None,
-               segment_ids=None):
+    def hidden(
+        self,
+        tokens_BS,
+        policies: Mapping[str, Callable | None] | None = None,
+        mesh=None,
+        segment_ids=None,
+    ):
         """Final hidden states (after the final RMSNorm), [B, S, D] in the compute dtype.
 
         Logits are ``hidden @ output_weight()``; :mod:`tierax.train.loss` computes the
@@ -125,6 +137,7 @@ class Decoder(nnx.Module):
             if not isinstance(policy, Segments):
                 x_BSD = _run_scan(x_BSD, graphdef, state, policy, mesh, name, doc)
                 continue
+
             def layer(x, s, graphdef=graphdef):
                 return nnx.merge(graphdef, s)(x, mesh, doc)
 
@@ -133,7 +146,8 @@ class Decoder(nnx.Module):
         return self.final_norm(x_BSD)
 
     def moe_dropped(self, tokens_BS, batch_shards: int = 1):
-        """Per MoE layer (in order), the (token, choice) assignments its capacity drops for this batch.
+        """Per MoE layer (in order), the (token, choice) assignments its capacity drops for this
+        batch.
 
         ``batch_shards``: how many device batches the batch is split into (data × fsdp ×
         expert on the step's mesh): capacity is per device batch, as in the step.  Runs the
@@ -149,8 +163,11 @@ class Decoder(nnx.Module):
                 layer = nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state))
                 if isinstance(layer.mlp, L.MoE):
                     h_BSD = x_BSD + layer.attention(layer.attn_norm(x_BSD))
-                    out.append(moe_lib.dropped_in_batch(layer.mlp_norm(h_BSD), layer.mlp.router[...], self.cfg,
-                                                        batch_shards))
+                    out.append(
+                        moe_lib.dropped_in_batch(
+                            layer.mlp_norm(h_BSD), layer.mlp.router[...], self.cfg, batch_shards
+                        )
+                    )
                 x_BSD = layer(x_BSD)
         return jnp.stack(out) if out else jnp.zeros((0,), jnp.int32)
 

@@ -43,7 +43,8 @@ def _heads(x_BSHd, mesh):
 
 
 def _replicated(x_BSD, mesh):
-    """Batch over the batch axes, model dimension whole (a row-parallel output: all-reduced over tensor)."""
+    """Batch over the batch axes, model dimension whole (a row-parallel output: all-reduced over
+    tensor)."""
     return constrain(x_BSD, mesh, BATCH_AXES, None, None)
 
 
@@ -84,8 +85,10 @@ def _doc_fields(doc: DocumentMask | None, mesh):
     """(positions, segment ids) batch over the batch axes; None, None without."""
     if doc is None:
         return None, None
-    return (constrain(doc.positions, mesh, BATCH_AXES, None),
-            constrain(doc.segment_ids, mesh, BATCH_AXES, None))
+    return (
+        constrain(doc.positions, mesh, BATCH_AXES, None),
+        constrain(doc.segment_ids, mesh, BATCH_AXES, None),
+    )
 
 
 class GQAttention(nnx.Module):
@@ -111,8 +114,14 @@ class GQAttention(nnx.Module):
         q_BSHd = tag(q_BSHd, N.QUERY_PROJ)
         k_BSKd = tag(k_BSKd, N.KEY_PROJ)
         v_BSKd = tag(v_BSKd, N.VALUE_PROJ)
-        ctx = causal_attention(q_BSHd.reshape(B, S, K, G, hd), k_BSKd, v_BSKd, impl=c.attention,
-                               block=c.attention_block, segment_ids=seg)
+        ctx = causal_attention(
+            q_BSHd.reshape(B, S, K, G, hd),
+            k_BSKd,
+            v_BSKd,
+            impl=c.attention,
+            block=c.attention_block,
+            segment_ids=seg,
+        )
         ctx_BSF = constrain(ctx.reshape(B, S, K * G * hd), mesh, BATCH_AXES, None, "tensor")
         ctx_BSF = tag(ctx_BSF, N.ATTENTION_OUT)
         return tag(_replicated(self.wo(ctx_BSF), mesh), N.OUT_PROJ)
@@ -148,12 +157,20 @@ class MLAttention(nnx.Module):
         latent_BSL = tag(self.kv_norm(kva_BSR[..., : c.kv_lora_rank]), N.MLA_KV)
         krope_BS1r = rope(kva_BSR[..., c.kv_lora_rank :][:, :, None, :], c.rope_theta, pos)
         kv_BSHf = _heads(self.wkv_b(latent_BSL).reshape(B, S, H, nope + vd), mesh)
-        k_BSHd = jnp.concatenate([kv_BSHf[..., :nope], jnp.broadcast_to(krope_BS1r, (B, S, H, rp))], axis=-1)
+        k_BSHd = jnp.concatenate(
+            [kv_BSHf[..., :nope], jnp.broadcast_to(krope_BS1r, (B, S, H, rp))], axis=-1
+        )
         k_BSHd = tag(k_BSHd, N.KEY_PROJ)
         v_BSHv = tag(kv_BSHf[..., nope:], N.VALUE_PROJ)
 
-        ctx = causal_attention(q_BSHd[:, :, :, None, :], k_BSHd, v_BSHv, impl=c.attention,
-                               block=c.attention_block, segment_ids=seg)
+        ctx = causal_attention(
+            q_BSHd[:, :, :, None, :],
+            k_BSHd,
+            v_BSHv,
+            impl=c.attention,
+            block=c.attention_block,
+            segment_ids=seg,
+        )
         ctx_BSF = constrain(ctx.reshape(B, S, H * vd), mesh, BATCH_AXES, None, "tensor")
         ctx_BSF = tag(ctx_BSF, N.ATTENTION_OUT)
         return tag(_replicated(self.wo(ctx_BSF), mesh), N.OUT_PROJ)
@@ -198,7 +215,8 @@ class SwiGLU(nnx.Module):
         self.wo = dense(hidden, d_model, cfg, rngs)
 
     def __call__(self, x_BSD, mesh=None):
-        # Megatron: up-projections column-parallel (hidden over tensor), down-projection row-parallel.
+        # Megatron: up-projections column-parallel (hidden over tensor), down-projection
+        # row-parallel.
         g_BSF = tag(constrain(self.wi_0(x_BSD), mesh, BATCH_AXES, None, "tensor"), N.MLPWI_0)
         u_BSF = tag(constrain(self.wi_1(x_BSD), mesh, BATCH_AXES, None, "tensor"), N.MLPWI_1)
         return tag(_replicated(self.wo(swiglu_gate(g_BSF, u_BSF)), mesh), N.MLPWO)
@@ -216,7 +234,9 @@ class MoE(nnx.Module):
         self.wi_1 = nnx.Param(_init(d**-0.5)(rngs.params(), (E, d, F), pdt))
         self.wo = nnx.Param(_init(F**-0.5)(rngs.params(), (E, F, d), pdt))
         self.shared = (
-            SwiGLU(d, cfg.num_shared_experts * F, cfg, rngs=rngs) if cfg.num_shared_experts else None
+            SwiGLU(d, cfg.num_shared_experts * F, cfg, rngs=rngs)
+            if cfg.num_shared_experts
+            else None
         )
 
     def __call__(self, x_BSD, mesh=None):

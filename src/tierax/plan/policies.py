@@ -1,4 +1,5 @@
-"""A Plan turned into what each layer group runs (:func:`to_policies`): no remat, tierax's prefetching or
+"""A Plan turned into what each layer group runs (:func:`to_policies`): no remat, tierax's
+prefetching or
 segmented scan, or a ``jax.checkpoint`` policy."""
 
 from __future__ import annotations
@@ -12,18 +13,25 @@ from tierax.models.decoder import Segments
 from tierax.models.prefetch import Part, Prefetch
 from tierax.plan.types import Placement, Plan, resolve, segments_of
 
+
 def _group_policy(placements: dict[str, Placement], mechanism: str) -> Callable | Prefetch | None:
     if all(p is Placement.DEVICE for p in placements.values()):
         return None
     offload = frozenset(n for n, p in placements.items() if p is Placement.OFFLOAD)
     if mechanism == "prefetch" and offload and N.DECODER_LAYER_INPUT not in offload:
         # The layer input is the scan's own residual (always kept on device by the scan).
-        keep = frozenset(n for n, p in placements.items() if p is Placement.DEVICE) - {N.DECODER_LAYER_INPUT}
+        keep = frozenset(n for n, p in placements.items() if p is Placement.DEVICE) - {
+            N.DECODER_LAYER_INPUT
+        }
         return Prefetch(keep, offload)
-    # A layer input on device is the checkpointed body's input, saved as such; naming it too adds a no-op
+    # A layer input on device is the checkpointed body's input, saved as such; naming it too adds a
+    # no-op
     return jax.checkpoint_policies.save_and_offload_only_these_names(
-        names_which_can_be_saved=[n for n, p in placements.items()  # reduce_precision copy (jax PR 22244)
-                                  if p is Placement.DEVICE and n != N.DECODER_LAYER_INPUT],
+        names_which_can_be_saved=[
+            n
+            for n, p in placements.items()  # reduce_precision copy (jax PR 22244)
+            if p is Placement.DEVICE and n != N.DECODER_LAYER_INPUT
+        ],
         names_which_can_be_offloaded=[n for n, p in placements.items() if p is Placement.OFFLOAD],
         offload_src="device",
         offload_dst="pinned_host",
@@ -33,9 +41,13 @@ def _group_policy(placements: dict[str, Placement], mechanism: str) -> Callable 
 def _part(start: int, stop: int, placements: dict[str, Placement]) -> Part:
     """A segment as tierax's segmented scan runs it (it keeps, offloads and recomputes by name
     itself); :func:`~tierax.plan.types.resolve` has checked that the scan can run it."""
-    keep = frozenset(n for n, p in placements.items() if p is Placement.DEVICE) - {N.DECODER_LAYER_INPUT}
+    keep = frozenset(n for n, p in placements.items() if p is Placement.DEVICE) - {
+        N.DECODER_LAYER_INPUT
+    }
     offload = frozenset(n for n, p in placements.items() if p is Placement.OFFLOAD)
-    return Part(start, stop, keep, offload, save_all=all(p is Placement.DEVICE for p in placements.values()))
+    return Part(
+        start, stop, keep, offload, save_all=all(p is Placement.DEVICE for p in placements.values())
+    )
 
 
 def to_policies(plan: Plan, cfg) -> dict[str, Callable | Prefetch | Segments | None]:

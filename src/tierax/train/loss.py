@@ -26,8 +26,9 @@ def check_tiles(tiles: int, seq: int) -> None:
         divisors = [d for d in range(1, seq + 1) if seq % d == 0]
         near = min(divisors, key=lambda d: (abs(d - tiles), d))
         raise TieraxError(
-            f"loss_tiles={tiles} does not divide the sequence length {seq} (the loss is tiled along "
-            f"the sequence of every batch row); use a divisor of {seq}, e.g. loss_tiles={near}"
+            f"loss_tiles={tiles} does not divide the sequence length {seq} (the loss is tiled "
+            f"along the sequence of every batch row); use a divisor of {seq}, e.g. "
+            f"loss_tiles={near}"
         )
 
 
@@ -38,7 +39,8 @@ def _nll_fwd(logits_BsV, targets_Bs):
 
 
 def _chunk_nll(mesh):
-    """``nll(h_BsD, weight_DV, targets_Bs)``: −log softmax(h @ W)[target] per position, float32 logits."""
+    """``nll(h_BsD, weight_DV, targets_Bs)``: −log softmax(h @ W)[target] per position, float32
+    logits."""
 
     @jax.custom_vjp
     def nll(h_BsD, weight_DV, targets_Bs):
@@ -51,19 +53,25 @@ def _chunk_nll(mesh):
         return out_Bs, (h_BsD, weight_DV, logits_BsV, lse_Bs, targets_Bs)
 
     def bwd(res, g_Bs):
-        # (softmax − one-hot) · g in one elementwise pass over the logits, in the compute dtype, materialised
-        # once: without the barrier XLA:CPU fused the pass into both of its readers (the head's input gradient
-        # and the transposed copy for its weight gradient) and kept the softmax as a third [tokens, vocab]
-        # buffer (+129 MB temp at d_model 512, vocab 32000).  Differentiated by JAX, the target pick
-        # (take_along_axis) scatters into a zeroed [B, s, V] array that is added: two more passes.  (A scatter
-        # of −g at the targets into softmax·g cost XLA:TPU another logits-sized buffer: 164.6 vs 128.2 MB in
-        # tests/test_tpu.py's v5p plan.)  The head's two backward matmuls then run in the compute dtype, like
-        # every other matmul of the step: JAX's own transpose of the float32-output einsum multiplies the
-        # float32 gradient, and XLA converts the bfloat16 head and hidden states to float32 for it (float32
+        # (softmax − one-hot) · g in one elementwise pass over the logits, in the compute dtype,
+        # materialised once: without the barrier XLA:CPU fused the pass into both of its readers
+        # (the head's input gradient and the transposed copy for its weight gradient) and kept the
+        # softmax as a third [tokens, vocab] buffer (+129 MB temp at d_model 512, vocab 32000).
+        # Differentiated by JAX, the target pick (take_along_axis) scatters into a zeroed [B, s, V]
+        # array that is added: two more passes.  (A scatter of −g at the targets into softmax·g cost
+        # XLA:TPU another logits-sized buffer: 164.6 vs 128.2 MB in tests/test_tpu.py's v5p plan.)
+        # The head's two backward matmuls then run in the compute dtype, like every other matmul of
+        # the step: JAX's own transpose of the float32-output einsum multiplies the float32
+        # gradient, and XLA converts the bfloat16 head and hidden states to float32 for it (float32
         # GEMMs on a GPU).
         h_BsD, weight_DV, logits_BsV, lse_Bs, targets_Bs = res
-        hit_BsV = jax.lax.broadcasted_iota(targets_Bs.dtype, logits_BsV.shape, logits_BsV.ndim - 1) == targets_Bs[..., None]
-        d_BsV = ((jnp.exp(logits_BsV - lse_Bs[..., None]) - hit_BsV) * g_Bs[..., None]).astype(h_BsD.dtype)
+        hit_BsV = (
+            jax.lax.broadcasted_iota(targets_Bs.dtype, logits_BsV.shape, logits_BsV.ndim - 1)
+            == targets_Bs[..., None]
+        )
+        d_BsV = ((jnp.exp(logits_BsV - lse_Bs[..., None]) - hit_BsV) * g_Bs[..., None]).astype(
+            h_BsD.dtype
+        )
         d_BsV = jax.lax.optimization_barrier(constrain(d_BsV, mesh, BATCH_AXES, None, None))
         dh_BsD = jnp.einsum("bsv,dv->bsd", d_BsV, weight_DV, preferred_element_type=jnp.float32)
         dw_DV = jnp.einsum("bsd,bsv->dv", h_BsD, d_BsV, preferred_element_type=jnp.float32)
@@ -80,7 +88,8 @@ def _chunk_nll_sum(h_BsD, weight_DV, targets_Bs, mesh, w_Bs=None):
 
 
 def cross_entropy(hidden_BSD, weight_DV, targets_BS, *, tiles: int = 1, mesh=None, weights_BS=None):
-    """Mean next-token cross-entropy (float32) of logits ``hidden_BSD @ weight_DV`` against ``targets_BS``.
+    """Mean next-token cross-entropy (float32) of logits ``hidden_BSD @ weight_DV`` against
+    ``targets_BS``.
 
     Args:
       hidden_BSD: final hidden states (after the final norm), compute dtype.

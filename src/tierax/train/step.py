@@ -70,15 +70,20 @@ def make_loss_fn(graphdef, policies, mesh: Mesh | None = None) -> Callable:
         weights = None if segments_BT is None else target_weights(segments_BT)
         hidden_BSD = model.hidden(tokens_BT[:, :-1], policies, mesh, seg_BS)
         return loss_lib.cross_entropy(
-            hidden_BSD, model.output_weight(), tokens_BT[:, 1:], tiles=model.cfg.loss_tiles,
-            mesh=mesh, weights_BS=weights,
+            hidden_BSD,
+            model.output_weight(),
+            tokens_BT[:, 1:],
+            tiles=model.cfg.loss_tiles,
+            mesh=mesh,
+            weights_BS=weights,
         )
 
     return loss
 
 
 def mesh_of(tree) -> Mesh | None:
-    """The mesh of a pytree's NamedShardings (arrays, ShapeDtypeStructs or shardings); None if none."""
+    """The mesh of a pytree's NamedShardings (arrays, ShapeDtypeStructs or shardings); None if
+    none."""
     for leaf in jax.tree.leaves(tree):
         sharding = leaf if isinstance(leaf, NamedSharding) else getattr(leaf, "sharding", None)
         if isinstance(sharding, NamedSharding):
@@ -97,7 +102,13 @@ def init_params(cfg: ModelConfig, *, seed: int = 0, mesh: Mesh | None = None):
     return graphdef, params
 
 
-def init_state(cfg: ModelConfig, optimizer: optax.GradientTransformation, *, seed: int = 0, mesh: Mesh | None = None):
+def init_state(
+    cfg: ModelConfig,
+    optimizer: optax.GradientTransformation,
+    *,
+    seed: int = 0,
+    mesh: Mesh | None = None,
+):
     """(graphdef, TrainState); with a mesh, Adam moments are sharded like their parameters."""
     graphdef, params = init_params(cfg, seed=seed, mesh=mesh)
     step = jnp.zeros((), jnp.int32)
@@ -147,7 +158,10 @@ def make_train_step(
         def micro(carry, xs):
             loss_sum, grad_sum = carry
             loss, grads = grad_fn(params, *xs)
-            return (loss_sum + loss, jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_sum, grads)), None
+            return (
+                loss_sum + loss,
+                jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_sum, grads),
+            ), None
 
         zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
         if param_shardings is not None:  # keep the accumulator FSDP-sharded like its parameter
@@ -198,4 +212,6 @@ def loss_and_grads(graphdef, cfg: ModelConfig, plan: plan_lib.Plan, params, toke
 
 def synthetic_batch(cfg: ModelConfig, batch: int, seq: int, *, seed: int = 0) -> jax.Array:
     """Deterministic random tokens, shape [batch, seq + 1] (inputs and shifted targets)."""
-    return jax.random.randint(jax.random.key(seed), (batch, seq + 1), 0, cfg.vocab_size, dtype=jnp.int32)
+    return jax.random.randint(
+        jax.random.key(seed), (batch, seq + 1), 0, cfg.vocab_size, dtype=jnp.int32
+    )

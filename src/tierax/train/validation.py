@@ -43,8 +43,9 @@ class Validator:
         self.sharding = NamedSharding(mesh, P(BATCH_AXES))  # rows over the batch axes (as the step)
         self.shape = (cfg.global_batch, cfg.seq + 1)
         self.rows = data_lib.local_rows(self.sharding, self.shape, axis=0)
-        loss_fn = step_lib.make_loss_fn(graphdef, plan_lib.to_policies(cfg.plan, cfg.model),
-                                        None if mesh.size == 1 else mesh)
+        loss_fn = step_lib.make_loss_fn(
+            graphdef, plan_lib.to_policies(cfg.plan, cfg.model), None if mesh.size == 1 else mesh
+        )
         self._fn = jax.jit(loss_fn, out_shardings=NamedSharding(mesh, P()))
 
     def loss(self, params) -> float:
