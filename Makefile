@@ -34,7 +34,9 @@ results: $(STAMP)
 	rm -rf runs/results-report
 	$(BIN)/tierax report bench/results/demo-bench-tiny-deepseek.json --out runs/results-report --readme README.md
 
+# ruff first (rules and line length in pyproject.toml): a lint failure fails the suite.
 test: $(STAMP)
+	$(BIN)/ruff check src tests bench examples
 	$(BIN)/python -m pytest -q
 
 clean:

@@ -2,7 +2,7 @@
 """Run the bad inputs and faults of issue 14 against the CLI; record exit code and first stderr line
 of each.
 
-    .venv/bin/python bench/bad_inputs.py      # writes bench/results/bad_inputs.json and prints a Markdown table
+    .venv/bin/python bench/bad_inputs.py  # → bench/results/bad_inputs.json and a Markdown table
 
 Each case runs in a fresh temporary directory (nothing outside it is written). Ctrl-C, disk-full and
 damaged-checkpoint cases are exercised by tests/test_outputs.py (they need a running training).

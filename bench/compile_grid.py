@@ -173,7 +173,8 @@ QUICK = [
 
 
 def _run(cmd: list[str], timeout: float = 900) -> tuple[int, str, str, float, int | None]:
-    """(returncode, stdout, stderr, wall seconds, the child's peak RSS in bytes via /usr/bin/time, or None)."""
+    """(returncode, stdout, stderr, wall seconds, the child's peak RSS in bytes via /usr/bin/time,
+    or None)."""
     import tempfile
 
     timer = pathlib.Path("/usr/bin/time")
@@ -238,7 +239,8 @@ def planner_plan(model_args, target, extra, path: pathlib.Path) -> dict:
 
 
 def predicted(model_args, plan: str, target: str, extra) -> dict:
-    """`tierax simulate --json` for the same case (the cost model's peak and host bytes); an XLA preset becomes
+    """`tierax simulate --json` for the same case (the cost model's peak and host bytes); an XLA
+    preset becomes
     the schedule the model has for it (XLA's latency-hiding scheduler runs by default: none →
     lhs)."""
     extra = list(extra)
@@ -269,7 +271,8 @@ def predicted(model_args, plan: str, target: str, extra) -> dict:
 
 
 def _exposure_agreement(case: dict) -> dict | None:
-    """The cost model's exposed transfer time against the static check's, as a share of the predicted step
+    """The cost model's exposed transfer time against the static check's, as a share of the
+    predicted step
     (issue 12's criterion: within 10 % of step time)."""
     pred, res = case.get("predicted") or {}, case.get("result")
     if res is None or "breakdown" not in pred:

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""One prepared GPU check of tierax on a single H200 (at most 8 minutes), and its CPU rehearsal (``--tiny``).
+"""One prepared GPU check of tierax on one H200 (≤ 8 minutes), and its CPU rehearsal (--tiny).
 
 On the GPU machine (Python 3.12, jax 0.11.2, no package registry), from the repository root:
 
-    PYTHONPATH=src python3 bench/gpu_check.py                  # → bench/results/gpu-check-gpu-<time>.json
-    PYTHONPATH=src python3 bench/gpu_check.py --out $OUT/gpu-check.json   # on the lent device machine
-    PYTHONPATH=src python3 bench/gpu_check.py --tiny           # the same pipeline on CPU, tiny-llama
+    PYTHONPATH=src python3 bench/gpu_check.py          # → bench/results/gpu-check-gpu-<time>.json
+    PYTHONPATH=src python3 bench/gpu_check.py --out $OUT/gpu-check.json  # the lent device machine
+    PYTHONPATH=src python3 bench/gpu_check.py --tiny   # the same pipeline on CPU, tiny-llama
 
 What it does, within ``--budget-s`` (default 450 s; every stage checks the clock and
 records what it skipped):
@@ -146,7 +146,8 @@ def _left(deadline: float) -> float:
 
 
 def preset_plan(spec: str, cfg):
-    """A preset plan; ``NAME@MECHANISM`` runs it with that offload mechanism (named ``NAME-MECHANISM``)."""
+    """A preset plan; ``NAME@MECHANISM`` runs it with that offload mechanism (named
+    ``NAME-MECHANISM``)."""
     from tierax import plan as plan_lib
 
     name, _, mechanism = spec.partition("@")
@@ -169,7 +170,7 @@ def base_config(p: dict):
 
 
 def compiled_peak(cfg, plan_name: str, microbatch: int, seq: int) -> tuple[int, dict]:
-    """Compiled device peak (bytes) of the train step, from abstract inputs: nothing is allocated."""
+    """Compiled device peak (bytes) of the train step, from abstract inputs (nothing allocated)."""
     import jax
     import jax.numpy as jnp
 
@@ -193,7 +194,8 @@ def compiled_peak(cfg, plan_name: str, microbatch: int, seq: int) -> tuple[int, 
 
 
 def decide(p: dict, tiny: bool, deadline: float) -> dict:
-    """Model, microbatch and device capacity such that save-all does not fit (compiled analysis, before running)."""
+    """Model, microbatch and device capacity such that save-all does not fit (compiled analysis,
+    before running)."""
     from tierax.measure import memory
     from tierax.models import config_to_dict
 
@@ -253,7 +255,8 @@ def planner_plan(
     measured: dict,
     segments: bool = False,
 ):
-    """(Plan or None, status line): ``tierax.planner.plan`` if importable and returning a Plan (``segments``:
+    """(Plan or None, status line): ``tierax.planner.plan`` if importable and returning a Plan
+    (``segments``:
     with the split search, named ``planner-segments-…``)."""
     try:
         import importlib
@@ -522,7 +525,7 @@ def run_plan(
             rec["exposed_transfer_s"] = None
     else:
         rec["exposed_transfer_s"] = None  # offloads nothing: not profiled
-    del box, state, compiled
+    box = state = compiled = None  # drop the device buffers before the next plan
     gc.collect()
     return rec
 
@@ -727,7 +730,8 @@ def child(spec: dict) -> dict:
 
 
 def attention_check(cfg, p: dict, tiny: bool, seq: int, deadline: float) -> dict:
-    """cuDNN's fused attention against tierax's blockwise attention on the same model, params and tokens:
+    """cuDNN's fused attention against tierax's blockwise attention on the same model, params and
+    tokens:
     loss and gradients of the remat-full step (bf16 tolerance) and its forward+backward time
     (median).
 
@@ -788,7 +792,8 @@ def attention_check(cfg, p: dict, tiny: bool, seq: int, deadline: float) -> dict
 
 
 def cudnn_workspace() -> dict:
-    """XLA's temp bytes for cuDNN attention's gradient compiled on the device (which sizes cuDNN's workspace,
+    """XLA's temp bytes for cuDNN attention's gradient compiled on the device (which sizes cuDNN's
+    workspace,
     as a deviceless compile cannot) beside tierax.cudnn's shape formula: B=1, S=4096, H=16, q/k/v
     head dim 128 and q/k 192 with v padded to it (tierax's MLA route)."""
     import jax

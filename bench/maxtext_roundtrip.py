@@ -38,7 +38,8 @@ import json, sys
 from maxtext.configs import pyconfig
 path, want = sys.argv[1], json.loads(sys.argv[2])
 cfg = pyconfig.initialize(["train", path, "run_name=check", "base_output_directory=" + sys.argv[3],
-                           "dataset_type=synthetic", "enable_checkpointing=false", "skip_jax_distributed_system=true"])
+                           "dataset_type=synthetic", "enable_checkpointing=false",
+                           "skip_jax_distributed_system=true"])
 def norm(v):
     v = getattr(v, "value", v)  # enums
     if isinstance(v, (list, tuple)):

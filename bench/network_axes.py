@@ -9,7 +9,7 @@ spread evenly over the domains (128 GB200s: 64 per NVL72 rack), and once more fi
 order (--rate gpus_per_domain=72: 72 + 56). Cost-model predictions only; nothing is compiled or
 measured.
 
-    .venv/bin/python bench/network_axes.py      # writes bench/results/network_axes.json (≈ 15 s on 2 cores)
+    .venv/bin/python bench/network_axes.py  # → bench/results/network_axes.json (≈ 15 s, 2 cores)
 """
 
 from __future__ import annotations

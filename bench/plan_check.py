@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""``tierax plan --check`` on recorded cases: every iteration's prediction against XLA's deviceless compile.
+"""``tierax plan --check`` on recorded cases: each iteration's prediction against XLA's compile.
 
 Cases: DeepSeek-V3 671B at the scale configuration (128 GB200, fsdp=16 × expert=8, 8 × 4096 per
 device, loss in 16 tiles); a 5-layer DeepSeek-V3 on 8 GB200s (expert=8) at a 114 GiB budget, where
@@ -8,7 +8,8 @@ Each runs ``tierax plan ... --check --json`` in a child process; the record keep
 (budget, workspace correction, predicted and XLA peak, fits, exposed transfer time both ways,
 compile seconds) and whether the loop converged.  Writes bench/results/plan_check.json.
 
-    .venv/bin/python bench/plan_check.py [--quick] [--case "--model llama3-8b --target h200 ..."] [--out FILE]
+    .venv/bin/python bench/plan_check.py [--quick] [--out FILE] \
+        [--case "--model llama3-8b --target h200 ..."]
 """
 
 from __future__ import annotations

@@ -161,7 +161,10 @@ def main() -> int:
                 "median_wall_s": statistics.median(walls),
                 "outcome": _outcome(last),
             }
-            line = f"{key}: median {statistics.median(walls):.1f} s over {args.repeats} runs (goal 10 s), exit {last.returncode}"
+            line = (
+                f"{key}: median {statistics.median(walls):.1f} s over {args.repeats} runs "
+                f"(goal 10 s), exit {last.returncode}"
+            )
             if base_src:
                 entry["baseline"] = {
                     "wall_s": base_walls,

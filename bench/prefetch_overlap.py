@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Do host copies hide?  The static overlap check of deviceless XLA:GPU compiles, per offload mechanism.
+"""Do host copies hide?  The static overlap check of deviceless XLA:GPU compiles, per mechanism.
 
 For the two configurations issue 12 names — Llama-3-8B with q/k/v offloaded on one H200
 (2 × 4096 tokens) and DeepSeek-V3 (2 dense + 3 MoE layers) with the routed experts'

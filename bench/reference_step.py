@@ -129,7 +129,8 @@ def make(
     seq: int = 256,
     seed: int = 0,
 ):
-    """(jitted step(state, tokens) -> (state, metrics) with the state donated, state, tokens [batch, seq+1])."""
+    """(jitted step(state, tokens) -> (state, metrics) with the state donated, state,
+    tokens [batch, seq+1])."""
     heads, head_dim, mlp = d_model // 64, 64, 4 * d_model
     dt = jnp.dtype(dtype)
     params = jax.jit(

@@ -58,7 +58,8 @@ CASES = (
 
 
 def published_policy(cfg):
-    """The recipe's offload policy as a Plan: for DeepSeek-V3 the MLA low-rank q and kv projections and the
+    """The recipe's offload policy as a Plan: for DeepSeek-V3 the MLA low-rank q and kv projections
+    and the
     MoE up-projections offloaded, the rest recomputed; for Llama, q/k/v offloaded (the qkv-offload
     preset:
     no published policy for it in tierax's sources)."""

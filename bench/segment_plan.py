@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A segmented plan against the best unsegmented one: the planner's prediction and XLA's deviceless compile.
+"""A segmented plan against the best unsegmented one: the planner's prediction and XLA's compile.
 
 For Llama-3-8B on one H200 (2 × 4096 tokens), ``tierax plan`` and ``tierax plan --segments`` each
 choose a plan (their predicted step times side by side), then each plan is compiled for the H200

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Deviceless TPU compile of a Llama shape on v5p under the planner's plan: XLA's peak against capacity.
+"""Deviceless TPU compile of a Llama shape on v5p under the planner's plan: XLA's peak vs capacity.
 
 Needs libtpu (the tpu-aot extra, which ``make venv`` installs; ``pip install 'tierax[tpu-aot]'``).
 For each case, runs ``tierax plan --out`` (planner cases), then ``tierax compile --target v5p

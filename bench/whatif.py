@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What would DeepSeek-V3 671B do on the next machine?  GB200 vs GB300 vs Vera Rubin, and the host-link sweep.
+"""DeepSeek-V3 671B on the next machine: GB200 vs GB300 vs Vera Rubin, and the host-link sweep.
 
 For each target (128 GPUs, mesh fsdp=16,expert=8, microbatch 8, seq 4096, schedule lhs) the
 planner's best plan, its predicted TFLOP/s/device, step time and host bytes; then, on GB200, the
@@ -7,7 +7,7 @@ plan at every host-link rate from 100 to 1000 GB/s per direction, drawn as a PNG
 predictions: GB300 and VR200 are projections from announced figures (tierax.hardware), nothing here
 was compiled or measured.
 
-    .venv/bin/python bench/whatif.py            # writes bench/results/whatif-deepseek-v3.json and .png
+    .venv/bin/python bench/whatif.py  # → bench/results/whatif-deepseek-v3.json and .png
 """
 
 from __future__ import annotations

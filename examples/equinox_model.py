@@ -108,7 +108,7 @@ class Model(eqx.Module):
 
 
 def make_loss(static, policy=None):
-    """``loss(params, tokens_BT)``: mean next-token cross-entropy of the model ``params ∪ static``."""
+    """``loss(params, tokens_BT)``: mean next-token cross-entropy of ``params ∪ static``."""
 
     def loss(params, tokens_BT):
         model = eqx.combine(params, static)
@@ -120,7 +120,8 @@ def make_loss(static, policy=None):
 
 
 def run(layers=4, d_model=64, seq=32, batch=2, target="h200", budget=None, squeeze=None) -> dict:
-    """Inventory, plan (``squeeze``: budget = that fraction of the unconstrained plan's peak), gradient check."""
+    """Inventory, plan (``squeeze``: budget = that fraction of the unconstrained plan's peak),
+    gradient check."""
     model = Model(d_model=d_model, layers=layers, key=jax.random.PRNGKey(0))
     params, static = eqx.partition(model, eqx.is_array)
     tokens = jax.random.randint(jax.random.PRNGKey(1), (batch, seq + 1), 0, 256)

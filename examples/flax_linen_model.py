@@ -92,7 +92,8 @@ def loss_fn_for(model: Model):
 
 
 def run(layers=4, d_model=64, seq=32, batch=2, target="h200", budget=None, squeeze=None) -> dict:
-    """Inventory, plan (``squeeze``: budget = that fraction of the unconstrained plan's peak), gradient check."""
+    """Inventory, plan (``squeeze``: budget = that fraction of the unconstrained plan's peak),
+    gradient check."""
     base = Model(d_model=d_model, layers=layers)
     tokens = jax.random.randint(jax.random.PRNGKey(1), (batch, seq + 1), 0, base.vocab)
     params = base.init(jax.random.PRNGKey(0), tokens[:, :-1])["params"]

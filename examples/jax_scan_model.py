@@ -57,7 +57,8 @@ def init(layers=6, d=128, f=512, batch=4, seq=64):
 
 
 def run(budget=None, target="h200", squeeze=None, **sizes) -> dict:
-    """Inventory, plan (``squeeze``: budget = that fraction of the unconstrained plan's peak), gradient check."""
+    """Inventory, plan (``squeeze``: budget = that fraction of the unconstrained plan's peak),
+    gradient check."""
     params, x = init(**sizes)
     inv = tierax.inventory(loss_fn(None), params, x)
     if squeeze:
@@ -76,7 +77,7 @@ def run(budget=None, target="h200", squeeze=None, **sizes) -> dict:
 
 
 def compile_for_gpu(policy, target: str, **sizes) -> dict:
-    """XLA's memory figures of the planned gradient step compiled for ``target`` on this machine (no GPU).
+    """XLA's memory figures of the planned gradient step compiled for ``target`` here (no GPU).
 
     Call ``tierax.launch.start(deviceless_gpu=True)`` before JAX starts (``main`` does).
     """

@@ -26,9 +26,9 @@ from tierax.models import get_config
 MB = 2**20
 # base.yml's "custom" block, verbatim keys in order (values are all 'remat' but
 # decoder_layer_input).
-MAXTEXT_BASE_KEYS = """decoder_layer_input indexer_cutoff_threshold context mlpwi mlpwi_0 mlpwi_1 mlpwo moe_mlpwi_0
-moe_mlpwi_1 moe_mlpwo query_proj key_proj value_proj kv_proj qkv_proj out_proj query_wa_proj kv_wa_proj mla_q mla_kv
-attention_out engram""".split()
+MAXTEXT_BASE_KEYS = """decoder_layer_input indexer_cutoff_threshold context mlpwi mlpwi_0 mlpwi_1
+mlpwo moe_mlpwi_0 moe_mlpwi_1 moe_mlpwo query_proj key_proj value_proj kv_proj qkv_proj out_proj
+query_wa_proj kv_wa_proj mla_q mla_kv attention_out engram""".split()
 
 
 def test_keys_are_maxtexts_and_cover_every_tierax_name():
@@ -329,7 +329,8 @@ def inventory(dense_items, moe_items) -> Inventory:
     groups = []
     for gname, layers, items in (("dense", 3, dense_items), ("moe", 5, moe_items)):
         acts = [Activation(gname, N.DECODER_LAYER_INPUT, 8 * MB, layers, 0.0)]
-        acts += [Activation(gname, n, b, layers, f) for n, (b, f) in zip(NAMES[gname], items, strict=False)]
+        named = zip(NAMES[gname], items, strict=False)
+        acts += [Activation(gname, n, b, layers, f) for n, (b, f) in named]
         groups.append(
             GroupInventory(
                 gname,

@@ -248,7 +248,7 @@ def test_bfloat16_loss_backward_multiplies_in_bfloat16():
     ref_loss, ref_grads = jax.value_and_grad(textbook, argnums=(0, 1))(h, w)
     for tiles in (1, 4):
         fn = jax.value_and_grad(
-            lambda h, w: loss_lib.cross_entropy(h, w, t, tiles=tiles), argnums=(0, 1)
+            lambda h, w, tiles=tiles: loss_lib.cross_entropy(h, w, t, tiles=tiles), argnums=(0, 1)
         )
         loss, grads = jax.jit(fn)(h, w)
         assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)  # the logits are float32

@@ -254,7 +254,7 @@ def test_load_plan_from_file_and_missing(tmp_path):
 
 def test_plan_is_immutable():
     plan = P.preset("minimal", get_config("tiny-llama"))
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         plan.name = "x"
     with pytest.raises(TypeError):
         plan.groups["decoder"] = P.GroupPlan()

@@ -304,7 +304,7 @@ def test_fixture_budgets_bind(fixture_results):
         if q == 0.4 and (s, 1.0, h) in opt
     )
     assert host_binds and device_binds
-    assert by  # noqa: the seconds are used by the other tests' checks
+    assert by  # the seconds are used by the other tests' checks
 
 
 def test_hiding_rule_of_each_schedule_matters():

@@ -268,9 +268,8 @@ def phase_bytes(closed_jaxpr) -> tuple[float, float]:
         if kd == "boundary":
             continue
         level[k] = lv
-        for r, p, _ in op_inputs(
-            k
-        ):  # a fusion: ops at one level joined by a value (a reduction is its root)
+        # A fusion: ops at one level joined by a value (a reduction is its root).
+        for _, p, _ in op_inputs(k):
             if p is not None and kind(p) == "op" and level[p] == lv and eqns[p][4] == eqns[k][4]:
                 parent[find(k)] = find(p)
 

@@ -92,7 +92,9 @@ class Distributed:
                 names[i] = var
         if all(g is None for g in given):
             return None
-        missing = [f"{n} (or {v})" for g, n, v in zip(given, names, cls.ENV, strict=False) if g is None]
+        missing = [
+            f"{n} (or {v})" for g, n, v in zip(given, names, cls.ENV, strict=True) if g is None
+        ]
         if missing:
             raise TieraxError(
                 f"a multi-process run needs all of coordinator, process count and process id; "

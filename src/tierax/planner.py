@@ -105,7 +105,7 @@ def _solve(
     n, G = len(items), len(groups)
     gidx = {g.name: k for k, g in enumerate(groups)}
     # Variable layout: [d_0..d_n, o_0..o_n, r_0..r_n, z_0..z_G, e_d2h_0..G, e_h2d_0..G, s]
-    D, O, R, Z, ED, EH, S = 0, n, 2 * n, 3 * n, 3 * n + G, 3 * n + 2 * G, 3 * n + 3 * G
+    D, O, R, Z, ED, EH, S = 0, n, 2 * n, 3 * n, 3 * n + G, 3 * n + 2 * G, 3 * n + 3 * G  # noqa: E741
     nv = S + 1
     scale = 1.0 / max(fx.compute_s, 1e-30)  # objective in units of the step's compute time
     total_bytes = max(1, sum(i.bytes for i in items))

@@ -144,8 +144,9 @@ class PeakProbe:
         after = runtime_stats(self._devices)
         if self._before is None or after is None:
             return None
-        deltas = [a.peak_bytes_in_use - b.bytes_in_use for a, b in zip(after, self._before, strict=False)]
-        rose = [a.peak_bytes_in_use > b.peak_bytes_in_use for a, b in zip(after, self._before, strict=False)]
+        pairs = list(zip(after, self._before, strict=False))
+        deltas = [a.peak_bytes_in_use - b.bytes_in_use for a, b in pairs]
+        rose = [a.peak_bytes_in_use > b.peak_bytes_in_use for a, b in pairs]
         worst = max(range(len(deltas)), key=deltas.__getitem__)
         host = {k: v for a in after for k, v in a.host_stats.items()}
         return RuntimePeak(deltas[worst], rose[worst], tuple(deltas), host)

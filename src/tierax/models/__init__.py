@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import jax
 from flax import nnx
 
 from tierax.models import deepseek, llama

@@ -136,25 +136,25 @@ def _forward(q, k, v, block, unroll=False, seg=None):
     blk_shape = (B, K, G, block)
 
     def body(carry, ij):
-        m, l, acc, out, lse = carry
+        m, lsum, acc, out, lse = carry
         i, j = ij
         first = j == 0  # a new query block: its running statistics start over
         m = jnp.where(first, _NEG, m)
-        l = jnp.where(first, 0.0, l)
+        lsum = jnp.where(first, 0.0, lsum)
         acc = jnp.where(first, 0.0, acc)
         s = _scores(_slice(q, i, block), _slice(k, j, block), i, j, block, scale, seg)
         m_new = jnp.maximum(m, jnp.max(s, axis=-1))
         p = jnp.exp(s - m_new[..., None])
         corr = jnp.exp(m - m_new)
-        l = l * corr + jnp.sum(p, axis=-1)
+        lsum = lsum * corr + jnp.sum(p, axis=-1)
         pv = jnp.einsum("bkgst,btkv->bkgsv", p.astype(v.dtype), _slice(v, j, block))
         acc = acc * corr[..., None] + pv.astype(jnp.float32)
         # Written at every pair rather than selected at j == i (no select over the whole
         # buffer): the query block's last pair, j == i, writes the final value.
-        o = jnp.moveaxis(acc / l[..., None], 3, 1).astype(v.dtype)  # [B,blk,K,G,dv]
+        o = jnp.moveaxis(acc / lsum[..., None], 3, 1).astype(v.dtype)  # [B,blk,K,G,dv]
         out = jax.lax.dynamic_update_slice_in_dim(out, o, i * block, axis=1)
-        lse = jax.lax.dynamic_update_slice_in_dim(lse, m_new + jnp.log(l), i * block, axis=3)
-        return (m_new, l, acc, out, lse), None
+        lse = jax.lax.dynamic_update_slice_in_dim(lse, m_new + jnp.log(lsum), i * block, axis=3)
+        return (m_new, lsum, acc, out, lse), None
 
     init = (
         jnp.full(blk_shape, _NEG, jnp.float32),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar
 
 from tierax import names as N
 from tierax.errors import TieraxError
@@ -338,7 +338,7 @@ class DeepSeekConfig:
         )
 
 
-ModelConfig = Union[LlamaConfig, DeepSeekConfig]
+ModelConfig = LlamaConfig | DeepSeekConfig
 
 NAMED_CONFIGS: dict[str, ModelConfig] = {
     # CPU-sized: a train step takes well under a second.

@@ -231,7 +231,8 @@ def segmented_scan(
                     known = {id(v): j for j, v in enumerate([x, *jax.tree.leaves(p)])}
                     where = tuple(known.get(id(v)) for v in leaves)
                     treedefs[k] = (treedef, where)
-                    return (y, stacks, j + 1), (x, [v for v, w in zip(leaves, where, strict=False) if w is None])
+                    kept = [v for v, w in zip(leaves, where, strict=False) if w is None]
+                    return (y, stacks, j + 1), (x, kept)
                 y, values = _collect(body, x, p, q.keep | q.offload)
                 return (y, _store(stacks, values, j), j + 1), (x, {n: values[n] for n in q.keep})
 

@@ -17,7 +17,7 @@ from tierax.errors import TieraxError
 from tierax.interop import maxtext_keys
 
 
-class Placement(str, enum.Enum):
+class Placement(str, enum.Enum):  # noqa: UP042 — str() and format() keep Enum's spelling
     DEVICE = "device"
     OFFLOAD = "offload"
     REMAT = "remat"

@@ -65,9 +65,7 @@ def _cluster_label(points: Sequence[Point], idx: list[int]) -> str:
     )
 
 
-def _place_labels(
-    fig, ax, points: Sequence[Point], xy_data: Sequence[tuple[float, float]]
-) -> list:
+def _place_labels(fig, ax, points: Sequence[Point], xy_data: Sequence[tuple[float, float]]) -> list:
     """Label each cluster of points at the first nearby spot overlapping no other label, marker or
     the axes edge.
 
