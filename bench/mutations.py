@@ -34,27 +34,28 @@ MUTATIONS = [
         "what": "plan.to_policies saves offloaded names in device memory instead of offloading "
         "them",
         "file": "src/tierax/plan/policies.py",
-        "old": "names_which_can_be_saved=[n for n, p in placements.items() if p is "
-        "Placement.DEVICE],\n            names_which_can_be_offloaded=[n for n, p in "
-        "placements.items() if p is Placement.OFFLOAD],",
-        "new": "names_which_can_be_saved=[n for n, p in placements.items() if p in "
-        "(Placement.DEVICE, Placement.OFFLOAD)],\n            names_which_can_be_offloaded=[],",
+        "old": "if p is Placement.DEVICE and n != N.DECODER_LAYER_INPUT\n        ],\n        "
+        "names_which_can_be_offloaded=[n for n, p in placements.items() if p is "
+        "Placement.OFFLOAD],",
+        "new": "if p in (Placement.DEVICE, Placement.OFFLOAD) and n != N.DECODER_LAYER_INPUT\n     "
+        "   ],\n        names_which_can_be_offloaded=[],",
         "tests": ["tests/test_plan.py"],
     },
     {
         "name": "planner-ignores-exposed-transfer",
         "what": "the planner's objective gives exposed transfer time no weight",
         "file": "src/tierax/planner.py",
-        "old": "    c[ED:ED + G] = 1.0\n    c[EH:EH + G] = 1.0\n",
-        "new": "    c[ED:ED + G] = 0.0\n    c[EH:EH + G] = 0.0\n",
+        "old": "    c[ED : ED + G] = 1.0\n    c[EH : EH + G] = 1.0\n",
+        "new": "    c[ED : ED + G] = 0.0\n    c[EH : EH + G] = 0.0\n",
         "tests": ["tests/test_planner_bruteforce.py", "tests/test_planner.py"],
     },
     {
         "name": "host-transfers-cost-nothing",
         "what": "costmodel.item_terms: d2h and h2d seconds are 0",
         "file": "src/tierax/costmodel/terms.py",
-        "old": "a.total_bytes / rates.d2h_bytes_per_s, a.total_bytes / rates.h2d_bytes_per_s)",
-        "new": "0.0, 0.0)",
+        "old": "a.total_bytes / rates.d2h_bytes_per_s,\n                    (a.total_bytes + spare "
+        "* a.bytes_per_layer) / rates.h2d_bytes_per_s,",
+        "new": "0.0,\n                    0.0,",
         "tests": [
             "tests/test_costmodel_hand.py",
             "tests/test_planner_bruteforce.py",
@@ -110,8 +111,8 @@ MUTATIONS = [
         "name": "planned-segment-boundary-shifted-by-one",
         "what": "a planned split at layer k makes segments 0..k and k+1..n-1 (one layer late)",
         "file": "src/tierax/planner.py",
-        "old": "for a, b in ((0, k), (k, g.num_layers)))",
-        "new": "for a, b in ((0, k + 1), (k + 1, g.num_layers)))",
+        "old": "for a, b in ((0, k), (k, g.num_layers))",
+        "new": "for a, b in ((0, k + 1), (k + 1, g.num_layers))",
         "tests": ["tests/test_segments.py"],
     },
     # The time model on a calibrated CPU (issue 25; tests/test_time_model.py).
@@ -136,24 +137,24 @@ MUTATIONS = [
         "name": "recompute-term-dropped",
         "what": "costmodel.evaluate: the step time leaves out the recomputation",
         "file": "src/tierax/costmodel/predict.py",
-        "old": "    step = (fx.compute_s + recompute + exposed_d2h",
-        "new": "    step = (fx.compute_s + exposed_d2h",
+        "old": "fx.compute_s + recompute + exposed_d2h",
+        "new": "fx.compute_s + exposed_d2h",
         "tests": ["tests/test_time_model.py"],
     },
     {
         "name": "memory-traffic-term-dropped",
         "what": "costmodel.fixed: compute time is the matmuls alone (no non-matmul memory traffic)",
         "file": "src/tierax/costmodel/fixed.py",
-        "old": "    compute_s = executed / rates.matmul_flops_per_s + hbm_s\n",
-        "new": "    compute_s = executed / rates.matmul_flops_per_s\n",
+        "old": "return executed, hbm_s, executed / rates.matmul_flops_per_s + hbm_s, 0.0",
+        "new": "return executed, hbm_s, executed / rates.matmul_flops_per_s, 0.0",
         "tests": ["tests/test_time_model.py"],
     },
     {
         "name": "first-touch-term-dropped",
         "what": "costmodel.evaluate: the step leaves out the first write of fresh memory (CPU)",
         "file": "src/tierax/costmodel/predict.py",
-        "old": "            + first_touch)\n",
-        "new": "            )\n",
+        "old": "+ fx.exposed_collective_s + first_touch\n",
+        "new": "+ fx.exposed_collective_s\n",
         "tests": ["tests/test_time_model.py"],
     },
     {
