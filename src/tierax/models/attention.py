@@ -106,6 +106,12 @@ def _scores(qb, kb, i, j, block, scale, seg=None):
     """Masked scores of query block ``i`` against key block ``j``: [B, K, G, blk, blk] float32.
     Only a diagonal block (j == i) has masked entries; masking every block keeps one code path."""
     s = jnp.einsum("bskgd,btkd->bkgst", qb, kb).astype(jnp.float32) * scale
+    # The block indices pass a barrier with one element of the query block.  Otherwise the mask
+    # depends on nothing the step is differentiated for, and JAX's partial evaluation of a
+    # rematerialised layer computes it ahead of the scan for every block pair, broadcast to the
+    # scores' shape: a [pairs, B, K, G, blk, blk] boolean stack kept through the step
+    # (tests/test_attention.py).  Tied to the data, each block's mask is made where it is used.
+    i, j, _ = jax.lax.optimization_barrier((i, j, qb[:1, :1, :1, :1, :1]))
     q_pos = i * block + jnp.arange(qb.shape[1])[:, None]
     k_pos = j * block + jnp.arange(block)[None, :]
     mask = k_pos <= q_pos
