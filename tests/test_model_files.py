@@ -186,5 +186,7 @@ def test_a_directory_where_a_file_is_wanted_is_called_a_directory(tmp_path, caps
     err = capsys.readouterr().err
     want = f"is a directory, not a file; give the file in it, e.g. '{model_dir / 'config.json'}'"
     assert want in err, err
-    with pytest.raises(TieraxError, match="is a directory; give a text file"):
+    with pytest.raises(
+        TieraxError, match="is a directory; give the text, JSONL or Parquet files in it"
+    ):
         D.prepare_text(model_dir, tmp_path / "tokens")

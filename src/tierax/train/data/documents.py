@@ -47,6 +47,10 @@ def input_kind(path: pathlib.Path) -> tuple[str, bool]:
     """
     if not path.exists():
         raise TieraxError(f"input {str(path)!r} does not exist; give text, JSONL or Parquet files")
+    if path.is_dir():
+        raise TieraxError(
+            f"input {str(path)!r} is a directory; give the text, JSONL or Parquet files in it"
+        )
     if not path.is_file():
         raise TieraxError(f"input {str(path)!r} is not a file; give text, JSONL or Parquet files")
     try:
