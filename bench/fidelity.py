@@ -58,11 +58,12 @@ from rich.table import Table  # noqa: E402
 
 from tierax import compile as C  # noqa: E402
 from tierax import costmodel as cm  # noqa: E402
+from tierax import hardware  # noqa: E402
 from tierax import inventory as inv_lib  # noqa: E402
 from tierax import plan as P  # noqa: E402
 from tierax.fileio import write_text_atomic  # noqa: E402
 from tierax.mesh import make_mesh, parse_mesh  # noqa: E402
-from tierax.models import apply_overrides, get_config  # noqa: E402
+from tierax.models import apply_overrides, for_platform, get_config  # noqa: E402
 from tierax.train import sharding as sh  # noqa: E402
 from tierax.train import step as S  # noqa: E402
 
@@ -165,7 +166,7 @@ def cpu_compile(cfg, plan, microbatch, seq):
 
 
 def run_case(model, overrides, plan_name, target, mb, seq, mesh_text, cpu_check) -> dict:
-    cfg = apply_overrides(get_config(model), overrides)
+    cfg = for_platform(apply_overrides(get_config(model), overrides), hardware.platform(target))
     plan = P.preset(plan_name, cfg)
     shape = parse_mesh(mesh_text)
     inv = inv_lib.model_inventory(cfg, mb, seq, shape.to_dict())

@@ -158,9 +158,11 @@ def preset_plan(spec: str, cfg):
 
 
 def base_config(p: dict):
+    from tierax import launch
     from tierax.models import get_config
 
-    base = get_config(p["model"])
+    # attention: auto, as the local backend runs it (cuDNN's fused attention on the GPU).
+    base = launch.local_attention(get_config(p["model"]), what="gpu_check")
     return dataclasses.replace(
         base,
         name=f"{base.name}-{p['num_layers']}L-bf16",

@@ -269,14 +269,15 @@ def run_case(case) -> dict:
     import jax
 
     from tierax import compile as compile_lib
-    from tierax import costmodel
+    from tierax import costmodel, hardware
     from tierax import plan as plan_lib
     from tierax.mesh import MeshShape
-    from tierax.models.config import get_config
+    from tierax.models.config import for_platform, get_config
     from tierax.models.config_files import apply_overrides
 
     model, overrides, plan_name, target, mb, seq, mesh_text = case
     cfg = apply_overrides(get_config(model), [f"{o}" for o in overrides])
+    cfg = for_platform(cfg, hardware.platform(target))
     mesh = dict((k, int(v)) for k, v in (kv.split("=") for kv in mesh_text.split(",") if kv))
     shape = MeshShape(**mesh)
     plan = plan_lib.load_plan(plan_name, cfg)

@@ -51,17 +51,17 @@ def main() -> int:
     out = ROOT / "bench" / "results" / "network_axes.json"
     launch.start()
     from tierax import costmodel as cm
+    from tierax import hardware, planner, records
     from tierax import inventory as inv_lib
     from tierax import plan as plan_lib
-    from tierax import planner, records
     from tierax.mesh import parse_mesh
-    from tierax.models import get_config
+    from tierax.models import for_platform, get_config
     from tierax.whatif import override_rates
 
     cases = []
     for name, model, target, devices, mesh_text, mb, seq in CASES:
         t0 = time.perf_counter()
-        cfg = get_config(model)
+        cfg = for_platform(get_config(model), hardware.platform(target))
         mesh = parse_mesh(mesh_text, devices)
         inv = inv_lib.model_inventory(cfg, mb, seq, mesh.to_dict())
         rates = cm.target_rates(target, cfg.dtype)

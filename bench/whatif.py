@@ -38,10 +38,10 @@ def main(argv=None) -> int:
     from tierax import hardware, planner, records, whatif
     from tierax import inventory as inv_lib
     from tierax.mesh import parse_mesh
-    from tierax.models import get_config
+    from tierax.models import for_platform, get_config
     from tierax.report.sweep_plot import plot_sweep
 
-    cfg = get_config(args.model)
+    cfg = for_platform(get_config(args.model), "gpu")  # every target swept is a GPU
     mesh = parse_mesh(MESH, 128)
     inv = inv_lib.model_inventory(cfg, args.microbatch, args.seq, mesh.to_dict())
     targets = {}

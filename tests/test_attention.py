@@ -192,6 +192,7 @@ def test_rematerialised_layers_keep_no_stack_of_block_masks():
         head_dim=64,
         mlp_dim=512,
         vocab_size=1000,
+        attention="blockwise",
         attention_block=block,
     )
     graphdef, params = nnx.split(abstract_model(cfg))

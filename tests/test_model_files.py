@@ -53,7 +53,7 @@ def test_maxtext_model_keys_read_back_to_the_same_config(tmp_path, model):
     f = tmp_path / f"{model}.yml"
     f.write_text(yaml.safe_dump(maxtext.model_keys(cfg)))
     back = load_model_config(f)
-    expected = dataclasses.replace(cfg, name=f.stem, attention="blockwise")
+    expected = dataclasses.replace(cfg, name=f.stem, attention="auto")
     if (
         cfg.family == "deepseek"
     ):  # the capacity factor is a run setting (overrides), not a model key

@@ -78,7 +78,7 @@ def llama_sweep():
     (with the prefetching scan's whole-layer window, offloading already pays at 5 GB/s).
     The loss is tiled (16 tiles) as a run at this size would be: untiled, the float32 logits and
     their gradient (2 × 31 GiB) leave so little room that even the slow link's plan must offload."""
-    cfg = apply_overrides(get_config("llama3-8b"), ["loss_tiles=16"])
+    cfg = apply_overrides(get_config("llama3-8b"), ["loss_tiles=16", "attention=blockwise"])
     mesh = {"data": 1, "fsdp": 8, "tensor": 1, "expert": 1}
     rates = cm.target_rates("h200", cfg.dtype)
     solve = whatif.plan_solver(

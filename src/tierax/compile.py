@@ -37,6 +37,7 @@ from tierax.errors import TieraxError
 from tierax.jaxpr_tools import GROUP_SCOPE_PREFIX
 from tierax.mesh import MeshShape
 from tierax.models import abstract_model
+from tierax.models.config import require_concrete_attention
 from tierax.models.prefetch import OFFLOAD_SCOPE_PREFIX
 from tierax.target_config import render_target_config, scheduling_target_config
 from tierax.train import sharding as sh
@@ -401,6 +402,7 @@ def compile_for_target(
     (``mesh`` default: one device).
     ``xla_preset`` is recorded only: the flags must already be set (tierax.xla_flags.configure).
     """
+    require_concrete_attention(cfg, "compile")
     spec = hardware.get_target(target)
     tpu = spec.kind == "tpu"
     shape = mesh or MeshShape()

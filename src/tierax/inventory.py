@@ -348,8 +348,9 @@ def model_inventory(cfg, microbatch: int, seq: int, mesh: dict | None = None) ->
     """
     from tierax.mesh import MeshShape
     from tierax.models import abstract_model
-    from tierax.models.config import host_traceable
+    from tierax.models.config import host_traceable, require_concrete_attention
 
+    require_concrete_attention(cfg, "the inventory")
     mesh = {"data": 1, "fsdp": 1, **(mesh or {})}
     shape = MeshShape(**mesh)
     shape.check_model(cfg)

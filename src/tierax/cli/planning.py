@@ -114,7 +114,7 @@ def _inputs(args, *, rates: bool = True):
     from tierax import costmodel as cm
     from tierax import hardware
 
-    cfg = resolve_model(args)
+    cfg = resolve_model(args, target=args.target)  # an unknown target is refused here
     mesh = parse_mesh(args.mesh, args.devices)
     if args.target != "cpu":
         hardware.get_target(args.target)
@@ -245,8 +245,8 @@ def _plan_check(args) -> int:
     from tierax.whatif import override_rates
 
     out = check_output_file(args.out) if args.out else None
-    cfg, mesh = resolve_model(args), parse_mesh(args.mesh, args.devices)
     spec = hardware.compile_target(args.target)  # a projection (no XLA device spec) is refused here
+    cfg, mesh = resolve_model(args, target=args.target), parse_mesh(args.mesh, args.devices)
     mesh.check_model(cfg, where="--mesh")
     rates = override_rates(cm.target_rates(args.target, cfg.dtype), args.rate)
     if spec.kind == "tpu":

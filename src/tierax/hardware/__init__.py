@@ -13,6 +13,7 @@ from tierax.hardware.targets import (
     RUNTIME_RESERVE_FRACTION,
     compile_target,
     get_target,
+    platform,
     usable_bytes,
 )
 from tierax.hardware.tpus import TPU_TARGETS, TpuSpec
@@ -27,6 +28,7 @@ __all__ = [
     "TpuSpec",
     "compile_target",
     "get_target",
+    "platform",
     "render_target_config",
     "scheduling_target_config",
     "usable_bytes",
