@@ -40,11 +40,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import pathlib
-import platform
 import sys
 import time
+
+import _common
 
 from tierax import xla_flags
 
@@ -60,13 +59,10 @@ from tierax import compile as C  # noqa: E402
 from tierax import costmodel as cm  # noqa: E402
 from tierax import inventory as inv_lib  # noqa: E402
 from tierax import plan as P  # noqa: E402
-from tierax.fileio import write_text_atomic  # noqa: E402
 from tierax.mesh import make_mesh, parse_mesh  # noqa: E402
 from tierax.models import apply_overrides, get_config  # noqa: E402
 from tierax.train import sharding as sh  # noqa: E402
 from tierax.train import step as S  # noqa: E402
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # (model, overrides, plan, target, microbatch per device, seq, mesh, cpu check).  The mesh's
 # device count is its product; the CPU check (one host device) runs only for one-device cases.
@@ -222,7 +218,7 @@ def run_case(model, overrides, plan_name, target, mb, seq, mesh_text, cpu_check)
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "fidelity.json"))
+    _common.add_out(ap, "fidelity.json")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument(
         "--case", type=int, action="append", help="run only case N of CASES (0-based; repeatable)"
@@ -255,12 +251,7 @@ def main() -> int:
         for r in rows
     ]
     flops_ok = [abs(r["flops_ratio"] - 1) <= 0.05 for r in rows if r.get("flops_ratio")]
-    doc = {
-        "schema": "tierax.fidelity/1",
-        "command": " ".join([pathlib.Path(sys.executable).name, *sys.argv]),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"host": platform.node(), "cpu": platform.processor() or platform.machine()},
-        "jax_version": jax.__version__,
+    doc = _common.envelope("tierax.fidelity/1") | {
         "summary": {
             "cases": len(rows),
             "peak_within_10pct_of_gpu_compile": sum(within),
@@ -270,7 +261,7 @@ def main() -> int:
         },
         "cases": rows,
     }
-    out = write_text_atomic(args.out, json.dumps(doc, indent=2) + "\n")
+    out = _common.write_record(args.out, doc)
     t = Table(title="cost model vs XLA (per device)")
     for col in (
         "model",

@@ -37,17 +37,12 @@ read 4 and write 3 parameter-sized arrays, plus gradient zeroing and the embeddi
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import pathlib
-import platform
 import re
-import sys
 import time
 
-from tierax import launch
+import _common
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from tierax import launch
 
 CASES = [
     # model, overrides, plan, target, microbatch, seq, mesh
@@ -323,14 +318,12 @@ def run_case(case) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "bench/results/hbm_time.json"))
+    _common.add_out(ap, "hbm_time.json")
     ap.add_argument(
         "--case", type=int, action="append", help="case index (repeatable; default all)"
     )
     args = ap.parse_args(argv)
     launch.start(preset="none", deviceless_gpu=True)
-    import jax
-
     rows = []
     for k in args.case or range(len(CASES)):
         row = run_case(CASES[k])
@@ -344,22 +337,12 @@ def main(argv=None) -> int:
             f"{x['static_roofline_bytes'] / 1e9:.1f}",
             flush=True,
         )
-    record = {
-        "schema": "tierax.hbm_time/1",
-        "command": "python bench/hbm_time.py " + " ".join(argv or sys.argv[1:]),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {
-            "host": platform.node(),
-            "cpu": platform.machine(),
-            "cores": os.cpu_count(),
-            "python": platform.python_version(),
-        },
-        "jax_version": jax.__version__,
+    record = _common.envelope("tierax.hbm_time/1", argv) | {
         "note": "per device, per step; XLA side: deviceless XLA:GPU compile's scheduled HLO, "
         "non-matmul instructions",
         "cases": rows,
     }
-    pathlib.Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+    _common.write_record(args.out, record)
     return 0
 
 
