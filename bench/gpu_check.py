@@ -84,12 +84,10 @@ SCHEDULE_FOR_PRESET = {
     "lhs-pipelined": "lhs-pipelined",
 }  # XLA's LHS runs by default
 
-# GPU configuration.  Deviceless H200 compiles here (`tierax compile --model llama3-8b --set
-# num_layers=8 --seq 4096 --target h200`, compiled peak per device): save-all 85.9 GiB at microbatch
-# 4 and 135.1 GiB at 8 (≈12.3 GiB per sequence); at 8, remat-full and qkv-offload 67.0 GiB (+3.0 GiB
-# host), minimal 85.0 GiB. Microbatch 10 puts save-all near 160 GiB (over the H200's 140 GiB) and
-# the others near 76-98 GiB.  The device decides from its own compile (decide()), doubling the
-# microbatch while save-all still fits.
+# GPU configuration: at microbatch 10 the deviceless H200 compile puts save-all over the device's
+# memory and the other plans under it (`tierax compile --model llama3-8b --set num_layers=8 --seq
+# 4096 --target h200 --microbatch 10 --plan P` shows each).  The device decides from its own compile
+# (decide()), doubling the microbatch while save-all still fits.
 GPU = {
     "model": "llama3-8b",
     "num_layers": 8,

@@ -14,22 +14,8 @@ roofline's byte count that ``tierax.hlo.host_transfers`` uses (whole operands an
 
 Writes bench/results/hbm_time.json (command, machine, jax version, per case both sides by part).
 
-Findings in the 2026-11-30 record (model ÷ XLA bytes): DeepSeek-V3 5 layers, 8 GB200s expert=8,
-remat-full:
-1.02; Llama 3 8B H200 2 × 4096 remat-full 0.49, save-all 0.30; B200 4 × 2048 deepseek-offload 0.62;
-with XLA's attention (``--set attention=xla``) H200 1 × 2048 remat-full 0.91 (1.03 inside the
-loops), save-all 0.55. Under save-all (both attentions) XLA's own rematerialisation pass, under
-memory pressure on one H200, recomputes parts of each layer two more times (``.remat``/``.remat2``
-fusions) and zero-fills the stacked residual buffers (a 17 GB broadcast at 1 × 2048), none of which
-any plan asks for. Otherwise the gap is the blockwise attention (llama3-8b: 64 blocks a layer, [2,
-8, 4, 512, 512] float32 scores): XLA's forward passes over each score block three times reading ~117
-MB a pass (the float32 scores, the mask, and a loop-carried float32 block, by its use the masked
-fill value hoisted out of the loop), ~0.44 GB a block against the model's 0.16; its backward also
-transposes the float32 blocks around the einsums (three [2, 8, 4, 512, 512] copies a block), ~0.79
-GB a block against the model's 0.38. Outside the attention the two are close: with XLA's attention
-the layer loops agree within 3 %; the step's code outside loops (XLA: AdamW, whose update fusions
-read 4 and write 3 parameter-sized arrays, plus gradient zeroing and the embedding's gradient) is
-322 GB in XLA against the model's optimizer and loss, 245 GB (llama3-8b).
+What the record shows, case by case and where the two sides part, is in the README's HBM-traffic
+paragraph, from bench/results/hbm_time.json.
 
     .venv/bin/python bench/hbm_time.py [--out bench/results/hbm_time.json] [--case N ...]
 """

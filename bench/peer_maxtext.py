@@ -7,7 +7,7 @@ MaxText needs Python ≥ 3.12, so it lives in its own venv (default
 ``pip install --no-deps -e .`` so all three steps run on one jax.  The script re-runs
 itself under that venv's Python.  Per shape, each program runs in a process of its own (so
 none shares an allocator, buffers or global flags with another: building two programs in one
-process moved their ratio by 2–3 points depending on which was built first):
+process moved their ratio depending on which was built first):
 
 * **maxtext**: MaxText's own trainer setup (``maxtext.trainers.pre_train.train``:
   ``initialize`` → ``train_utils.setup_train_loop`` → ``jit_train_and_eval_step`` with its
