@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """MaxText accepts what tierax emits: its own config loader parses the file, two tiny CPU steps run.
 
-Not part of the default test suite (it installs MaxText: ~90 s, ~2.8 GB).  Steps:
+Not part of the default test suite (it installs MaxText, gigabytes, into a venv of its own).  Steps:
 
 1. A Python 3.12 venv with ``maxtext[tpu]==VERSION`` (``--venv``, default
    ``~/.cache/tierax/maxtext-venv``; reused when present).  MaxText needs Python ≥ 3.12.

@@ -39,8 +39,8 @@ CASES = {
         "4096",
     ],
 }
-# Budget-bound at 114 GiB: the first plan compiles to more than the budget (the model is 1.1 % low
-# there).
+# Budget-bound at 114 GiB: the first plan compiles to more than the budget (the record's iterations
+# say by how much).
 CASES["deepseek-v3 5-layer gb200×8 expert=8 mb8×4096 budget 114 GiB"] = [
     "--model",
     "deepseek-v3-671b",
