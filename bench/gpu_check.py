@@ -66,6 +66,8 @@ SRC = ROOT / "src"
 if str(SRC) not in sys.path:  # `python3 bench/gpu_check.py` without PYTHONPATH=src works too
     sys.path.insert(0, str(SRC))
 
+import _common  # noqa: E402 — it imports tierax, found through SRC
+
 SCHEMA = "tierax.gpu-check/1"
 # lhs-pipelined second: it moves offload copies across loop iterations, the riskiest for
 # correctness.
@@ -82,12 +84,10 @@ SCHEDULE_FOR_PRESET = {
     "lhs-pipelined": "lhs-pipelined",
 }  # XLA's LHS runs by default
 
-# GPU configuration.  Deviceless H200 compiles here (`tierax compile --model llama3-8b --set
-# num_layers=8 --seq 4096 --target h200`, compiled peak per device): save-all 85.9 GiB at microbatch
-# 4 and 135.1 GiB at 8 (≈12.3 GiB per sequence); at 8, remat-full and qkv-offload 67.0 GiB (+3.0 GiB
-# host), minimal 85.0 GiB. Microbatch 10 puts save-all near 160 GiB (over the H200's 140 GiB) and
-# the others near 76-98 GiB.  The device decides from its own compile (decide()), doubling the
-# microbatch while save-all still fits.
+# GPU configuration: at microbatch 10 the deviceless H200 compile puts save-all over the device's
+# memory and the other plans under it (`tierax compile --model llama3-8b --set num_layers=8 --seq
+# 4096 --target h200 --microbatch 10 --plan P` shows each).  The device decides from its own compile
+# (decide()), doubling the microbatch while save-all still fits.
 GPU = {
     "model": "llama3-8b",
     "num_layers": 8,
@@ -846,12 +846,9 @@ def _run_child(spec: dict, timeout: float, tiny: bool) -> dict:
         env["JAX_PLATFORMS"] = "cpu"
     t0 = time.perf_counter()
     try:
-        r = subprocess.run(
+        r = _common.run(
             [sys.executable, str(pathlib.Path(__file__).resolve()), "--child", json.dumps(spec)],
             env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
             timeout=max(timeout, 1),
         )
         log = (r.stdout + r.stderr)[-4000:]
@@ -941,7 +938,10 @@ def main(argv=None) -> int:
         help="preset plans to run besides the planner's (default: %(default)s)",
     )
     ap.add_argument(
-        "--out", help="output JSON (default bench/results/gpu-check-<mode>-<UTC time>.json)"
+        "--out",
+        type=_common.out_path,
+        metavar="FILE.json",
+        help="the record to write (default: bench/results/gpu-check-<mode>-<UTC time>.json)",
     )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -954,8 +954,6 @@ def main(argv=None) -> int:
             result["error"] = traceback.format_exc()[-3000:]
         pathlib.Path(spec["result_path"]).write_text(json.dumps(result))
         return 0
-
-    from tierax.fileio import write_text_atomic
 
     presets = [x.strip() for x in args.presets.split(",") if x.strip()]
     unknown = [x for x in presets if x not in XLA_PRESETS]
@@ -991,12 +989,8 @@ def main(argv=None) -> int:
         return 2
     start = _now()
     deadline = start + args.budget_s
-    out = pathlib.Path(
-        args.out
-        or ROOT
-        / "bench"
-        / "results"
-        / f"gpu-check-{mode}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
+    out = args.out or _common.RESULTS / (
+        f"gpu-check-{mode}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
     )
     runs, first = [], None
     for i, preset in enumerate(presets):
@@ -1069,7 +1063,7 @@ def main(argv=None) -> int:
             else []
         ),
     }
-    write_text_atomic(out, json.dumps(doc, indent=2) + "\n")
+    _common.write_record(out, doc)
     print(f"wrote {out}")
     print(table(doc))
     return 0

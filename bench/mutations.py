@@ -16,15 +16,15 @@ bench/results/mutations.json.  Not part of the default suite (several minutes).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+
+import _common
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -182,7 +182,7 @@ def _run_tests(copy: pathlib.Path, files: list[str], tag: str) -> dict:
     xml = copy / f"junit-{tag}.xml"
     env = dict(os.environ, PYTHONPATH=str(copy / "src"), JAX_PLATFORMS="cpu")
     t0 = time.perf_counter()
-    proc = subprocess.run(
+    proc = _common.run(
         [
             sys.executable,
             "-m",
@@ -195,9 +195,6 @@ def _run_tests(copy: pathlib.Path, files: list[str], tag: str) -> dict:
         ],
         cwd=copy,
         env=env,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
     )
     outcomes = {}
     if xml.exists():
@@ -231,9 +228,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--commit", default="HEAD", help="the commit to copy and mutate (default HEAD)")
     ap.add_argument("--only", nargs="*", help="mutation names to run (default: all)")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "mutations.json"))
+    _common.add_out(ap, "mutations.json")
     args = ap.parse_args()
-    import jax
 
     commit = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", args.commit],
@@ -242,17 +238,8 @@ def main() -> int:
         text=True,
     ).stdout.strip()
     chosen = [m for m in MUTATIONS if not args.only or m["name"] in args.only]
-    record = {
-        "schema": "tierax.mutations/1",
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": " ".join([pathlib.Path(sys.executable).name, *sys.argv]),
+    record = _common.envelope("tierax.mutations/1") | {
         "commit": commit,
-        "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-        },
-        "jax_version": jax.__version__,
         "rule": "caught = some test that passes on the unpatched copy fails on the patched copy",
         "mutations": [],
     }
@@ -315,11 +302,7 @@ def main() -> int:
         for f, b in baseline.items()
     }
     record["all_caught"] = all(m["caught"] for m in record["mutations"])
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = out.with_suffix(".json.tmp")
-    tmp_out.write_text(json.dumps(record, indent=2) + "\n")
-    tmp_out.replace(out)
+    out = _common.write_record(args.out, record)
     for m in record["mutations"]:
         print(f"{'CAUGHT' if m['caught'] else 'MISSED'}  {m['name']}: {len(m['caught_by'])} tests")
     print(f"wrote {out}")

@@ -21,13 +21,10 @@ import argparse
 import importlib.metadata
 import json
 import pathlib
-import subprocess
 import sys
 import tempfile
-import time
 
-from tierax import records, xla_flags
-from tierax.fileio import write_text_atomic
+import _common
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCHEMA = "tierax.tpu-compile/1"
@@ -38,19 +35,10 @@ GIB = 2**30
 
 
 def _tierax(*args: str) -> tuple[dict, float]:
-    t0 = time.perf_counter()
-    p = subprocess.run(
-        [sys.executable, "-m", "tierax.cli", *args, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        stdin=subprocess.DEVNULL,
-        cwd=ROOT,
-    )
-    wall = time.perf_counter() - t0
+    p = _common.run(_common.tierax(*args, "--json"), timeout=1800, cwd=ROOT)
     if p.returncode != 0:
         sys.exit(f"tierax {' '.join(args)} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
-    return json.loads(p.stdout), wall
+    return json.loads(p.stdout), p.wall_s
 
 
 def _versions() -> dict:
@@ -65,14 +53,11 @@ def _versions() -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "bench/results/tpu_compile.json"))
+    _common.add_out(ap, "tpu_compile.json")
     args = ap.parse_args()
     versions = _versions()
     if versions["libtpu"] is None:
         sys.exit("libtpu is not installed: pip install 'tierax[tpu-aot]'")
-    xla_flags.configure(
-        platforms="cpu"
-    )  # the record's machine info starts JAX: never as a TPU backend
     cases, summary = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         for plan, mb in CASES:
@@ -120,13 +105,13 @@ def main() -> int:
                 ),
                 flush=True,
             )
-    doc = records.envelope(SCHEMA, " ".join([pathlib.Path(sys.executable).name, *sys.argv])) | {
+    doc = _common.envelope(SCHEMA) | {
         "versions": versions,
         "configuration": " ".join([*MODEL, *SHAPE]),
         "summary": summary,
         "cases": cases,
     }
-    write_text_atomic(args.out, json.dumps(doc, indent=2) + "\n")
+    _common.write_record(args.out, doc)
     print(f"wrote {args.out}")
     return 0
 

@@ -14,19 +14,6 @@ from tierax.models import NAMED_CONFIGS, for_platform, get_config
 FULL_SIZE = ("llama3-8b", "llama3.1-405b", "deepseek-v3-671b")
 
 
-@pytest.fixture
-def cli(capsys):
-    """Run the CLI in-process: (exit code, stdout, stderr)."""
-    from tierax import cli as cli_lib
-
-    def run(argv):
-        code = cli_lib.main(argv)
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-
-    return run
-
-
 @pytest.mark.parametrize("name", FULL_SIZE)
 def test_full_size_configs_run_fused_attention_on_a_gpu_and_blockwise_elsewhere(name):
     cfg = get_config(name)
@@ -72,8 +59,8 @@ def test_the_local_cpu_backend_resolves_auto_to_blockwise():
 
 
 def _fused_flops(cli, target: str) -> list[float]:
-    code, out, _ = cli(
-        [
+    r = cli(
+        *[
             "inventory",
             "--model",
             "llama3-8b",
@@ -88,8 +75,8 @@ def _fused_flops(cli, target: str) -> list[float]:
             "--json",
         ]
     )
-    assert code == 0
-    return [g["fused_attention_flops_per_layer"] for g in json.loads(out)["groups"]]
+    assert r.returncode == 0, r.stderr
+    return [g["fused_attention_flops_per_layer"] for g in json.loads(r.stdout)["groups"]]
 
 
 def test_the_cli_prices_fused_attention_for_a_gpu_target_only(cli):
@@ -107,8 +94,8 @@ def test_the_cli_prices_fused_attention_for_a_gpu_target_only(cli):
 
 def test_emit_maxtext_writes_the_attention_the_target_runs(cli):
     def attention_key(target):
-        code, out, err = cli(
-            [
+        r = cli(
+            *[
                 "plans",
                 "--show",
                 "remat-full",
@@ -124,8 +111,8 @@ def test_emit_maxtext_writes_the_attention_the_target_runs(cli):
                 "fsdp=8",
             ]
         )
-        assert code == 0, err
-        return [ln for ln in out.splitlines() if ln.startswith("attention:")]
+        assert r.returncode == 0, r.stderr
+        return [ln for ln in r.stdout.splitlines() if ln.startswith("attention:")]
 
     assert attention_key("h200") == ["attention: cudnn_flash_jax"]
     assert attention_key("v5p") == []

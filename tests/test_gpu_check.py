@@ -104,12 +104,13 @@ def test_bad_arguments_exit_2(tmp_path):
 def test_script_needs_no_package_beyond_the_gpu_image():
     """The GPU machine has no registry: stdlib, jax, numpy, flax and tierax only (others come via
     tierax)."""
-    allowed = {"jax", "numpy", "flax", "tierax"} | set(sys.stdlib_module_names)
-    tree = ast.parse(SCRIPT.read_text())
-    roots = {
-        (n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
-        for n in ast.walk(tree)
-        if isinstance(n, (ast.Import, ast.ImportFrom))
-        for a in (n.names if isinstance(n, ast.Import) else [n])
-    }
-    assert roots <= allowed, roots - allowed
+    allowed = {"jax", "numpy", "flax", "tierax", "_common"} | set(sys.stdlib_module_names)
+    for script in (SCRIPT, SCRIPT.parent / "_common.py"):  # bench/_common: what it shares
+        tree = ast.parse(script.read_text())
+        roots = {
+            (n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.Import, ast.ImportFrom))
+            for a in (n.names if isinstance(n, ast.Import) else [n])
+        }
+        assert roots <= allowed, (script.name, roots - allowed)

@@ -170,8 +170,9 @@ def gpu_topology(target_config: str, devices: int, target: str):
     if at and 0 < int(at.group(1)) <= len(lines):
         detail += f" (line {at.group(1)}: {lines[int(at.group(1)) - 1].strip()!r})"
     raise TieraxError(
-        f"jaxlib {jax.__version__} rejected the target config for {target!r}: {detail}. Remove or "
-        "fix that field (shared/gpu-targets/README.md lists fields this jaxlib rejects)"
+        f"jaxlib {jax.__version__} rejected the target config for {target!r}: {detail}. Give a "
+        "GpuTargetConfigProto text file without that field (or with it fixed) as --target-config "
+        "(see `tierax compile --help`)"
     )
 
 
@@ -458,9 +459,8 @@ def compile_for_target(
     host_temp = int(mem.host_temp_size_in_bytes)
     if tpu:
         # XLA:TPU's temp_size_in_bytes sums every memory space's temp: its host (cmem) allocation,
-        # the offloaded residuals, is in it as well as in host_temp_size_in_bytes (Llama 3 8B on
-        # v5p: a 16 GiB color-5 buffer = host temp, inside 93.0 GiB of temp; the HBM space's own
-        # total was 78.8 GiB).
+        # the offloaded residuals, is in it as well as in host_temp_size_in_bytes (seen as a
+        # color-5 buffer of exactly the host temp's size in bench/tpu_compile.py's v5p compiles).
         temp -= host_temp
     peak = arg + out + temp - alias
     calls = cudnn.custom_calls(text)

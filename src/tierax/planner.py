@@ -11,7 +11,7 @@ solved with HiGHS through ``scipy.optimize.milp``:
   fixed) subject to device bytes ≤ budget and host bytes ≤ host budget.
 
 The layer input (scan carry) is always on device.  Placements are per layer
-group; per-segment placement is not supported by the Plan format.  With
+group, or per segment where ``plan(segments=True)`` splits a group in two.  With
 ``one_placement_per_name`` every name takes the same placement in every group that
 has it (``d`` and ``o`` equal across groups; MaxText sets each name once).
 """

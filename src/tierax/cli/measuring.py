@@ -105,12 +105,12 @@ def cmd_compile(args) -> int:
         from tierax import compile as compile_lib
 
         compile_lib.check_gpu_aot()
-    from tierax import plan as plan_lib
+    from tierax.interop import files
     from tierax.report.tables import compile_table
 
     cfg = resolve_model(args, target=args.target)
     mesh.check_model(cfg, where="--mesh")
-    plan = plan_lib.load_plan(args.plan, cfg)
+    plan = files.load_plan(args.plan, cfg)
     result, _ = compile_lib.compile_for_target(
         cfg,
         plan,
@@ -210,10 +210,10 @@ def cmd_profile(args) -> int:
     cfg = resolve_model(args)
     out = check_output_dir(args.out, allow_existing=False) if args.out else None
     launch.start(preset=args.xla_preset)
-    from tierax import plan as plan_lib
+    from tierax.interop import files
     from tierax.report.measure_tables import profile_table
 
-    plan = plan_lib.load_plan(args.plan, cfg)
+    plan = files.load_plan(args.plan, cfg)
     cfg = launch.local_attention(cfg, what="tierax profile")
     launch.check_local_memory(cfg, what="tierax profile")
     out = out or profile_lib.fresh_dir(pathlib.Path("profiles") / f"{cfg.name}-{plan.name}")

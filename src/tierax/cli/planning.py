@@ -77,6 +77,7 @@ SHOW_DEFAULTS = {"target": "h200", "schedule": "lhs", "microbatch": 8, "seq": 64
 
 def cmd_plans(args) -> int:
     from tierax import plan as plan_lib
+    from tierax.interop import files
     from tierax.interop import planning as interop
     from tierax.report.tables import plan_table
 
@@ -94,7 +95,7 @@ def cmd_plans(args) -> int:
         for name, (desc, _) in plan_lib.PRESETS.items():
             print(f"{name:18s} {desc}")
         return 0
-    plan = plan_lib.load_plan(args.show, cfg)
+    plan = files.load_plan(args.show, cfg)
     if args.emit:
         sizes = {
             k: v if getattr(args, k) is None else getattr(args, k) for k, v in SHOW_DEFAULTS.items()
@@ -151,11 +152,11 @@ def cmd_inventory(args) -> int:
 def cmd_simulate(args) -> int:
     from tierax import costmodel as cm
     from tierax import inventory as inv_lib
-    from tierax import plan as plan_lib
+    from tierax.interop import files
     from tierax.report.tables import prediction_table
 
     cfg, mesh, rates = _inputs(args)
-    plan = plan_lib.load_plan(args.plan, cfg)
+    plan = files.load_plan(args.plan, cfg)
     pred = cm.simulate(
         plan,
         inv_lib.model_inventory(cfg, args.microbatch, args.seq, mesh.to_dict()),

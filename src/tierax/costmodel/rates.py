@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from tierax import hardware
 from tierax.errors import TieraxError
 
-# H200: ≈790 TFLOP/s measured bf16 matmul of 989 peak (DESIGN.md) → 0.8, used for every GPU
-# target until `tierax calibrate` measures the device at hand.
+# A dense bf16 matmul reaches about 0.8 of the H100/H200 datasheet peak (publicly reported
+# measurements); used for every GPU target until `tierax calibrate` measures the device at hand.
 ACHIEVABLE_FRACTION = 0.8
 # XLA:GPU's cuBLAS workspace, an s8[4194304] buffer in every deviceless GPU compile's peak set (seen
 # with jaxlib 0.10.2 from tiny-llama to DeepSeek-V3; the live-range dump lists it at the peak).
