@@ -28,6 +28,13 @@ around it.
 
 Seconds = bytes / the target's HBM bandwidth, added to matmul seconds, not overlapped: on one GPU
 stream a fusion and a GEMM run one after the other.
+
+**Sharded weights.** A layer is traced with whole weights, but a device holds a shard of each (FSDP,
+expert parallelism) and XLA runs the weights' own elementwise work on the shard: it casts the
+float32 shard to the compute dtype before gathering it, and casts a gradient after
+reduce-scattering it; an expert-parallel device casts only its own experts.  So with
+``weight_ways`` (a weight's shape in the trace → the ways it is split on the mesh) a value of a
+weight's shape, or of that shape with its last two axes swapped, moves that share of its bytes.
 """
 
 from __future__ import annotations
@@ -132,21 +139,32 @@ def marker(tree):
     return jax.lax.optimization_barrier(tree)
 
 
+def _with_transposes(weight_ways: dict) -> dict:
+    """``weight_ways`` with each shape's last two axes also swapped (a weight's transpose in the
+    backward; where two weights' shapes meet, the smaller split counts)."""
+    out = dict(weight_ways)
+    for shape, ways in weight_ways.items():
+        if len(shape) >= 2:
+            t = (*shape[:-2], shape[-1], shape[-2])
+            out[t] = min(out.get(t, ways), ways)
+    return out
+
+
 class _Flat:
     """A jaxpr flattened into (primitive, input ids, output ids, multiplier, phase) records."""
 
-    def __init__(self):
-        self.nbytes: list[int] = []
+    def __init__(self, weight_ways: dict | None = None):
+        self.weight_ways = weight_ways or {}
+        self.nbytes: list[float] = []
         self.eqns: list[tuple[str, list, list, int, int]] = []
         self.outputs: set[int] = (
             set()
         )  # values a traced function or a scan body returns (they cross HBM)
 
     def new(self, aval) -> int:
-        self.nbytes.append(
-            math.prod(getattr(aval, "shape", ()))
-            * getattr(getattr(aval, "dtype", None), "itemsize", 0)
-        )
+        shape = tuple(getattr(aval, "shape", ()))
+        nbytes = math.prod(shape) * getattr(getattr(aval, "dtype", None), "itemsize", 0)
+        self.nbytes.append(nbytes / self.weight_ways.get(shape, 1))  # a weight: its shard's
         return len(self.nbytes) - 1
 
     def walk(self, jaxpr, env: dict, mult: int, phase: int, top: bool = False) -> int:
@@ -200,11 +218,11 @@ class _Flat:
         return phase
 
 
-def phase_bytes(closed_jaxpr) -> tuple[float, float]:
+def phase_bytes(closed_jaxpr, weight_ways: dict | None = None) -> tuple[float, float]:
     """(bytes before :func:`marker`, bytes after it) that non-matmul fusions move (see the module
-    docstring)."""
+    docstring; ``weight_ways``: its sharded weights)."""
     j = getattr(closed_jaxpr, "jaxpr", closed_jaxpr)
-    flat = _Flat()
+    flat = _Flat(_with_transposes(weight_ways or {}))
     env = {v: flat.new(v.aval) for v in (*j.constvars, *j.invars)}
     flat.walk(j, env, 1, 0, top=True)
     flat.outputs.update(env[o] for o in j.outvars if not isinstance(o, Literal) and o in env)
@@ -313,16 +331,16 @@ def phase_bytes(closed_jaxpr) -> tuple[float, float]:
     return totals[0], totals[1]
 
 
-def layer_bytes(layer_fn, x, params) -> tuple[float, float]:
+def layer_bytes(layer_fn, x, params, weight_ways: dict | None = None) -> tuple[float, float]:
     """(forward, backward) non-matmul HBM bytes of one layer without remat (the backward traced
-    through
-    ``jax.vjp``: a custom VJP's own backward, e.g. blockwise attention's, is in it)."""
+    through ``jax.vjp``: a custom VJP's own backward, e.g. blockwise attention's, is in it;
+    ``weight_ways`` as :func:`phase_bytes`)."""
 
     def fwd_bwd(a, p, ct):
         y, vjp = jax.vjp(layer_fn, a, p)
         return y, vjp(marker(ct))
 
-    return phase_bytes(jax.make_jaxpr(fwd_bwd)(x, params, x))
+    return phase_bytes(jax.make_jaxpr(fwd_bwd)(x, params, x), weight_ways)
 
 
 def loss_bytes(hidden, weight, targets, tiles: int) -> float:

@@ -152,7 +152,7 @@ def _nbytes(x) -> int:
     return math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
 
 
-def _remat_flops(layer_fn, x, params, policy) -> tuple[float, float, float]:
+def _remat_flops(layer_fn, x, params, policy, weight_ways=None) -> tuple[float, float, float]:
     """Matmul FLOPs of the forward plus the linearized (JVP) layer under ``policy`` (None: no
     checkpoint),
     the non-matmul HBM bytes of its tangent part (the recomputation is in it: :mod:`tierax.hbm`),
@@ -170,7 +170,7 @@ def _remat_flops(layer_fn, x, params, policy) -> tuple[float, float, float]:
     jaxpr = jax.make_jaxpr(linearized)(x, params, x, params)
     return (
         float(jaxpr_tools.matmul_flops(jaxpr)),
-        hbm.phase_bytes(jaxpr)[1],
+        hbm.phase_bytes(jaxpr, weight_ways)[1],
         float(jaxpr_tools.matmul_flops(jaxpr, scope=FUSED_SCOPE)),
     )
 
@@ -183,6 +183,7 @@ def layer_inventory(
     group: str,
     num_layers: int,
     expert_param_count: int = 0,
+    weight_ways: dict | None = None,
 ) -> GroupInventory:
     """Inventory of one layer function ``layer_fn(x, params) -> y`` of a scanned group.
 
@@ -192,6 +193,8 @@ def layer_inventory(
       x: the layer input (per device), a ShapeDtypeStruct.
       params: one layer's parameters (pytree of ShapeDtypeStructs).
       group: the layer group name; num_layers: the scan length.
+      weight_ways: each weight's shape → the ways the mesh splits it (:func:`layer_weight_ways`;
+        the non-matmul bytes of a weight's own work are its shard's, :mod:`tierax.hbm`).
     """
     fwd = jax.make_jaxpr(layer_fn)(x, params)
     per_name: dict[str, int] = defaultdict(int)
@@ -209,7 +212,7 @@ def layer_inventory(
 
     save_named = jax.checkpoint_policies.save_only_these_names(*names)
     (flops_none, hbm_none, fused_none), (flops_named, hbm_named, fused_named) = (
-        _remat_flops(layer_fn, x, params, p) for p in (None, save_named)
+        _remat_flops(layer_fn, x, params, p, weight_ways) for p in (None, save_named)
     )
     costs = {}
     for n in names:
@@ -217,14 +220,14 @@ def layer_inventory(
             costs[n] = (0.0, 0.0, 0.0)  # the scan carry: its value is at hand whatever the plan
             continue
         others = jax.checkpoint_policies.save_only_these_names(*[m for m in names if m != n])
-        flops, hbm_bytes, fused = _remat_flops(layer_fn, x, params, others)
+        flops, hbm_bytes, fused = _remat_flops(layer_fn, x, params, others, weight_ways)
         costs[n] = (
             max(0.0, flops - flops_named),
             max(0.0, hbm_bytes - hbm_named),
             max(0.0, fused - fused_named),
         )
     acts = tuple(Activation(group, n, per_name[n], num_layers, *costs[n]) for n in names)
-    fwd_hbm, bwd_hbm = hbm.layer_bytes(layer_fn, x, params)
+    fwd_hbm, bwd_hbm = hbm.layer_bytes(layer_fn, x, params, weight_ways)
     return GroupInventory(
         name=group,
         num_layers=num_layers,
@@ -273,6 +276,25 @@ def tensor_shard_config(cfg, tensor: int):
         dense_mlp_dim=cfg.dense_mlp_dim // tensor,
         expert_mlp_dim=cfg.expert_mlp_dim // tensor,
     )
+
+
+def layer_weight_ways(stacked, mesh: dict) -> dict:
+    """One layer's weight shapes (a group's stacked parameters less the layer axis) → the ways
+    :mod:`tierax.train.sharding` splits each over the mesh's axes other than ``tensor`` (the layer
+    is traced at tensor-sharded shapes already).  Where two weights share a shape, the smaller
+    split counts."""
+    from tierax.train.sharding import param_spec
+
+    rest = {a: n for a, n in mesh.items() if a != "tensor"}
+    out: dict = {}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(stacked):
+        ways = 1
+        for entry in param_spec(path, tuple(leaf.shape), rest):
+            for axis in (entry,) if isinstance(entry, str) else (entry or ()):
+                ways *= rest.get(axis, 1)
+        shape = tuple(leaf.shape[1:])
+        out[shape] = min(out.get(shape, ways), ways)
+    return {s: w for s, w in out.items() if w > 1}
 
 
 def per_device_param_count(cfg, mesh: dict) -> float:
@@ -373,6 +395,7 @@ def model_inventory(cfg, microbatch: int, seq: int, mesh: dict | None = None) ->
             group=g.name,
             num_layers=g.num_layers,
             expert_param_count=_expert_params_per_layer(local, g.name),
+            weight_ways=layer_weight_ways(stacked, mesh),
         )
         by_axis = _forward_collective_bytes(cfg, g.name, microbatch, seq, mesh)
         groups.append(
