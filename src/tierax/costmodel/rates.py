@@ -47,6 +47,11 @@ class Rates:
     # call, and the operating system hands each fresh page over on its first write; measured
     # by `tierax calibrate` (tierax.costmodel.first_touch).
     first_touch_bytes_per_s: float = 0.0
+    # CPU only (0: no such term): elements per second a fusion that writes a transposed weight-
+    # gradient operand reads from each input, plain or sliced from a scan's stacked residuals
+    # (tierax.hbm.transposed_reads, tierax.costmodel.transposes); measured by `tierax calibrate`.
+    transpose_read_elems_per_s: float = 0.0
+    stacked_transpose_read_elems_per_s: float = 0.0
 
 
 def load_calibration() -> dict:
@@ -77,10 +82,17 @@ def _cpu_rates(cal: dict, dtype: str) -> Rates:
     sources["first_touch"] = (f"{measured}: first write of fresh memory (CPU-specific)"
                               if first_touch
                               else "not measured: not modelled (run `tierax calibrate` again)")
+    transpose = cal.get("transpose_read_elems_per_s", 0.0)
+    stacked = cal.get("stacked_transpose_read_elems_per_s", 0.0)
+    sources["transposing_fusion"] = (
+        f"{measured}: strided reads of a transposing fusion (CPU-specific)" if transpose and stacked
+        else "not measured: not modelled (run `tierax calibrate` again)")
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     sources |= {"memory": "physical RAM", "offload": "a no-op on XLA:CPU"}
     return Rates("cpu", matmul, bandwidth, 1.0, 1.0, 1.0, mem, mem, False, sources,
-                 first_touch_bytes_per_s=first_touch)
+                 first_touch_bytes_per_s=first_touch,
+                 transpose_read_elems_per_s=transpose if stacked else 0.0,
+                 stacked_transpose_read_elems_per_s=stacked if transpose else 0.0)
 
 
 def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Rates:

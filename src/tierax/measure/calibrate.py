@@ -2,7 +2,9 @@
 
 Measured (:mod:`tierax.measure.harness`): the memory bandwidth of an elementwise fusion (the
 cost model's non-matmul term), on a CPU the rate at which fresh buffers are first written (page
-faults: the cost model's first-touch term), the matmul rate per compute dtype (float32 and
+faults: the cost model's first-touch term) and the rates at which a fusion writing a transposed
+result reads its inputs, plain or sliced from a scan's stacks (the transposing-fusion term),
+the matmul rate per compute dtype (float32 and
 bfloat16; on a CPU a mix of GEMM shapes as the three GEMMs a training step runs, their own page
 faults taken off at that first-touch rate, on a GPU one large square GEMM), and on a GPU the
 host↔device copy bandwidth each way (pinned host memory).  Results are stored in
@@ -38,7 +40,8 @@ def target_key() -> str:
 
 def stages(gpu: bool) -> list[str]:
     """The measurements :func:`measure` makes, in order (what a progress bar counts)."""
-    return ["memory"] + [f"matmul {d}" for d in DTYPES] + (["host link"] if gpu else [])
+    return (["memory"] + ([] if gpu else ["transposing fusion"]) + [f"matmul {d}" for d in DTYPES]
+            + (["host link"] if gpu else []))
 
 
 def measure(progress: Callable[[str], None] | None = None, *, matmul_n: int = 8192,
@@ -63,6 +66,14 @@ def measure(progress: Callable[[str], None] | None = None, *, matmul_n: int = 81
         entry["first_touch_bytes_per_s"] = mem["first_touch_bytes_per_s"]
     if progress:
         progress("memory")
+    if not gpu:  # XLA:CPU's transposing fusions (tierax.hbm.transposed_reads)
+        touch = entry["first_touch_bytes_per_s"]
+        tr = harness.transposed_fusion_rates(repeats=repeats, first_touch_bytes_per_s=touch)
+        micro["transposed_fusion"] = tr
+        entry["transpose_read_elems_per_s"] = tr["local_elems_per_s"]
+        entry["stacked_transpose_read_elems_per_s"] = tr["stacked_elems_per_s"]
+        if progress:
+            progress("transposing fusion")
     for dtype in DTYPES:
         if gpu:
             r = harness.matmul_rate(dtype, matmul_n, repeats, best=False)
