@@ -63,9 +63,12 @@ class _Flat:
         self.nbytes: list[int] = []
         self.eqns: list[tuple[str, list, list, int, int]] = []
         self.outputs: set[int] = set()  # values a traced function or a scan body returns (they cross HBM)
+        self.avals: list = []
+        self.params: dict[int, dict] = {}  # eqn index → its params (dot_general and name only)
 
     def new(self, aval) -> int:
         self.nbytes.append(math.prod(getattr(aval, "shape", ())) * getattr(getattr(aval, "dtype", None), "itemsize", 0))
+        self.avals.append(aval)
         return len(self.nbytes) - 1
 
     def walk(self, jaxpr, env: dict, mult: int, phase: int, top: bool = False) -> int:
@@ -101,6 +104,8 @@ class _Flat:
                 self.eqns.append(("@boundary", [i for i in ins if i is not None], outs, mult, phase))
             else:
                 outs = [self.new(v.aval) for v in eqn.outvars]
+                if prim in ("dot_general", "name"):
+                    self.params[len(self.eqns)] = eqn.params
                 self.eqns.append((prim, ins, outs, mult, phase))
             for v, o in zip(eqn.outvars, outs):
                 env[v] = o
@@ -208,15 +213,108 @@ def phase_bytes(closed_jaxpr) -> tuple[float, float]:
     return totals[0], totals[1]
 
 
-def layer_bytes(layer_fn, x, params) -> tuple[float, float]:
-    """(forward, backward) non-matmul HBM bytes of one layer without remat (the backward traced through
-    ``jax.vjp``: a custom VJP's own backward, e.g. blockwise attention's, is in it)."""
+def _is_weight_gradient(params: dict, lhs_aval, rhs_aval) -> bool:
+    """xᵀ·dy: both operands contracted over the same leading dimensions, no batch dimensions."""
+    (lc, rc), (lb, rb) = params["dimension_numbers"]
+    lead = tuple(range(len(lc)))
+    return (not lb and not rb and len(lc) > 0 and tuple(lc) == tuple(rc) == lead
+            and len(lhs_aval.shape) > len(lc) and len(rhs_aval.shape) > len(rc))
 
+
+def transposed_reads(closed_jaxpr, residual_inputs: int = 0) -> dict:
+    """Elements XLA:CPU's transposing fusions read, after :func:`marker` (the backward).
+
+    XLA:CPU lays out a weight gradient's second operand transposed for its dot (an Eigen dot
+    with that operand contracted over its minor dimension; its optimised HLO of a train step).
+    When that operand is float32 and made by elementwise operations, XLA:CPU computes it in a
+    fusion that writes the transposed layout and so reads each of its inputs across rows, one
+    page apart, element by element (a narrower operand is materialised first and transposed
+    alone: a plain copy).  This counts, per such fusion, the elements it reads from each
+    input the size of the operand: ``local`` (made in the backward), ``residual`` (made in the
+    forward, or one of the first ``residual_inputs`` inputs of the traced function: the
+    layer's input), and ``named`` ({checkpoint name: elements}: residuals a plan can keep or
+    recompute).  Scan trip counts are multiplied in.
+    """
+    j = getattr(closed_jaxpr, "jaxpr", closed_jaxpr)
+    flat = _Flat()
+    env = {v: flat.new(v.aval) for v in (*j.constvars, *j.invars)}
+    first_inputs = {env[v] for v in j.invars[:residual_inputs]}
+    flat.walk(j, env, 1, 0, top=True)
+    eqns = flat.eqns
+    root: dict[int, int] = {}
+    producer: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for k, (prim, ins, outs, _, _) in enumerate(eqns):
+        src = next((i for i in ins if i is not None), None)
+        if prim in FREE and src is not None:
+            for o in outs:
+                root[o] = root.get(src, src)
+            if prim == "name":
+                names[root.get(src, src)] = flat.params[k]["name"]
+        else:
+            for o in outs:
+                producer[o] = k
+
+    def elementwise(k: int) -> bool:
+        prim = eqns[k][0]
+        return not (prim in MATMUL or prim in COLLECTIVE or prim in ROOTS or prim == "@boundary")
+
+    def leaves(v: int, seen: set) -> set[int]:
+        v = root.get(v, v)
+        p = producer.get(v)
+        if p is None or eqns[p][4] != 1 or not elementwise(p) or p in seen:
+            return {v}
+        seen.add(p)
+        return set().union(*(leaves(i, seen) for i in eqns[p][1] if i is not None))
+
+    transposed = {i for prim, ins, *_ in eqns if prim == "transpose" for i in ins if i is not None}
+    out = {"local": 0.0, "residual": 0.0, "named": {}}
+    for k, (prim, ins, outs, mult, phase) in enumerate(eqns):
+        if prim != "dot_general" or phase != 1 or None in ins[:2]:
+            continue
+        lhs, rhs = (flat.avals[i] for i in ins[:2])
+        if not _is_weight_gradient(flat.params[k], lhs, rhs):
+            continue
+        # The operand whose free dimensions are the gradient's minor ones: the rhs, or the lhs
+        # when the result is transposed (dot_general(dy, x) then a transpose, as JAX writes xᵀ·dy).
+        operand = ins[0] if outs[0] in transposed else ins[1]
+        aval = flat.avals[operand]
+        p = producer.get(root.get(operand, operand))
+        if aval.dtype != jnp.float32 or p is None or not elementwise(p) or eqns[p][4] != 1:
+            continue  # a narrower dtype, a parameter, a dot's result, a residual: a plain copy
+        size = math.prod(aval.shape)
+        for v in leaves(operand, set()):
+            if math.prod(getattr(flat.avals[v], "shape", ())) != size:
+                continue  # a broadcast row or scalar: read from cache, not across pages
+            q = producer.get(v)
+            if (q is None and v not in first_inputs) or (q is not None and eqns[q][4] == 1):
+                out["local"] += mult * size
+            elif v in names:
+                out["named"][names[v]] = out["named"].get(names[v], 0.0) + mult * size
+            else:
+                out["residual"] += mult * size
+    return out
+
+
+def _layer_trace(layer_fn, x, params):
     def fwd_bwd(a, p, ct):
         y, vjp = jax.vjp(layer_fn, a, p)
         return y, vjp(marker(ct))
 
-    return phase_bytes(jax.make_jaxpr(fwd_bwd)(x, params, x))
+    return jax.make_jaxpr(fwd_bwd)(x, params, x)
+
+
+def layer_bytes(layer_fn, x, params) -> tuple[float, float]:
+    """(forward, backward) non-matmul HBM bytes of one layer without remat (the backward traced
+    through ``jax.vjp``: a custom VJP's own backward, e.g. blockwise attention's, is in it)."""
+    return phase_bytes(_layer_trace(layer_fn, x, params))
+
+
+def layer_traffic(layer_fn, x, params) -> tuple[float, float, dict]:
+    """:func:`layer_bytes` and the layer's :func:`transposed_reads` (the layer input a residual:
+    a scan saves it per layer), from one trace."""
+    jaxpr = _layer_trace(layer_fn, x, params)
+    return (*phase_bytes(jaxpr), transposed_reads(jaxpr, residual_inputs=1))
 
 
 def loss_bytes(hidden, weight, targets, tiles: int) -> float:

@@ -54,6 +54,7 @@ class Activation:
     num_layers: int
     recompute_flops_per_layer: float = 0.0
     recompute_hbm_bytes_per_layer: float = 0.0  # non-matmul HBM traffic that recomputing it adds (tierax.hbm)
+    transposed_elems_per_layer: float = 0.0  # XLA:CPU's transposing fusions read (tierax.hbm)
 
     @property
     def total_bytes(self) -> int:
@@ -82,6 +83,9 @@ class GroupInventory:
     forward_hbm_bytes_per_layer: float = 0.0
     backward_hbm_bytes_per_layer: float = 0.0
     base_recompute_hbm_bytes_per_layer: float = 0.0
+    # Elements XLA:CPU's transposing fusions read per layer (tierax.hbm.transposed_reads).
+    transposed_local_elems_per_layer: float = 0.0
+    transposed_residual_elems_per_layer: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -187,8 +191,10 @@ def layer_inventory(
         others = jax.checkpoint_policies.save_only_these_names(*[m for m in names if m != n])
         flops, hbm_bytes = _remat_flops(layer_fn, x, params, others)
         costs[n] = (max(0.0, flops - flops_named), max(0.0, hbm_bytes - hbm_named))
-    acts = tuple(Activation(group, n, per_name[n], num_layers, *costs[n]) for n in names)
-    fwd_hbm, bwd_hbm = hbm.layer_bytes(layer_fn, x, params)
+    fwd_hbm, bwd_hbm, transposed = hbm.layer_traffic(layer_fn, x, params)
+    reads = transposed["named"]
+    acts = tuple(Activation(group, n, per_name[n], num_layers, *costs[n],
+                            transposed_elems_per_layer=reads.get(n, 0.0)) for n in names)
     return GroupInventory(
         name=group,
         num_layers=num_layers,
@@ -202,6 +208,8 @@ def layer_inventory(
         forward_hbm_bytes_per_layer=fwd_hbm,
         backward_hbm_bytes_per_layer=bwd_hbm,
         base_recompute_hbm_bytes_per_layer=max(0.0, hbm_named - hbm_none),
+        transposed_local_elems_per_layer=transposed["local"],
+        transposed_residual_elems_per_layer=transposed["residual"],
     )
 
 

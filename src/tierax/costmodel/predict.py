@@ -12,6 +12,7 @@ from tierax import plan as plan_lib
 from tierax.costmodel.first_touch import first_touch_s
 from tierax.costmodel.fixed import fixed_terms
 from tierax.costmodel.rates import Rates
+from tierax.costmodel.transposes import transpose_s
 from tierax.costmodel.terms import SCHEDULES, group_terms, item_terms, staging_and_window
 from tierax.errors import TieraxError
 from tierax.inventory import Inventory
@@ -68,8 +69,9 @@ def evaluate(placements: dict, inv: Inventory, cfg, rates: Rates, schedule: str,
         staging = max(staging, staged_layers * sum(i.bytes_per_layer for i in off))
     peak = int(act_bytes + staging + fx.fixed_bytes)
     first_touch = first_touch_s(peak, inv, rates)  # CPU only: 0 on GPU and TPU targets
+    transpose = transpose_s(placements, inv, rates)  # CPU only: 0 on GPU and TPU targets
     step = (fx.compute_s + recompute + exposed_d2h + exposed_h2d + fx.exposed_collective_s
-            + first_touch)
+            + first_touch + transpose)
     breakdown = {
         "state_bytes": fx.state_bytes, "activation_bytes": int(act_bytes), "staging_bytes": int(staging),
         "workspace_bytes": fx.workspace_bytes, "logits_bytes": fx.logits_bytes,
@@ -79,7 +81,7 @@ def evaluate(placements: dict, inv: Inventory, cfg, rates: Rates, schedule: str,
         "exposed_d2h_s": exposed_d2h, "exposed_h2d_s": exposed_h2d,
         "collective_s": fx.collective_s, "exposed_collective_s": fx.exposed_collective_s,
         "executed_flops": fx.executed_flops + (recompute - recompute_hbm) * rates.matmul_flops_per_s,
-        "recompute_hbm_s": recompute_hbm, "first_touch_s": first_touch,
+        "recompute_hbm_s": recompute_hbm, "first_touch_s": first_touch, "transpose_s": transpose,
         "model_flops": fx.model_flops, "schedule": schedule, "mechanism": mechanism,
         "rates": rates.sources | network.describe(links, rates),
         "network": {k: v.to_json() for k, v in links.items() if v.link != "none"},
