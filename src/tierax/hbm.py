@@ -222,18 +222,23 @@ def _is_weight_gradient(params: dict, lhs_aval, rhs_aval) -> bool:
 
 
 def transposed_reads(closed_jaxpr, residual_inputs: int = 0) -> dict:
-    """Elements XLA:CPU's transposing fusions read, after :func:`marker` (the backward).
+    """Elements XLA:CPU's slow transposing fusions read, after :func:`marker` (the backward).
 
-    XLA:CPU lays out a weight gradient's second operand transposed for its dot (an Eigen dot
-    with that operand contracted over its minor dimension; its optimised HLO of a train step).
-    When that operand is float32 and made by elementwise operations, XLA:CPU computes it in a
-    fusion that writes the transposed layout and so reads each of its inputs across rows, one
-    page apart, element by element (a narrower operand is materialised first and transposed
-    alone: a plain copy).  This counts, per such fusion, the elements it reads from each
-    input the size of the operand: ``local`` (made in the backward), ``residual`` (made in the
-    forward, or one of the first ``residual_inputs`` inputs of the traced function: the
-    layer's input), and ``named`` ({checkpoint name: elements}: residuals a plan can keep or
-    recompute).  Scan trip counts are multiplied in.
+    XLA:CPU lays out a weight gradient's operand transposed for its dot (an Eigen dot with that
+    operand contracted over its minor dimension; its optimised HLO of a train step).  When the
+    operand is float32 and made by elementwise operations, XLA:CPU computes it in a fusion that
+    writes the transposed layout.  Such a fusion of plain arrays runs about as fast as a copy;
+    one that broadcasts (a literal, a row, a column) or slices a scan's stacked residual at the
+    loop index runs as a loop reading each input one row apart, element by element, an order of
+    magnitude slower (microbenchmarks of both).  A narrower operand, or one whose elementwise
+    producers also read a row or a column (a norm's backward), is materialised first and
+    transposed alone: a plain copy (the optimised HLO of the train steps of
+    bench/time_fidelity.py).  Counted: each slow fusion's reads, elements × inputs the
+    operand's size — ``always`` (it broadcasts a scalar: slow in every plan); else shared among the
+    inputs that are residuals, slow only where a plan keeps them in the scan's stacks:
+    ``residual`` (unnamed: made in the forward), ``carry`` (the first ``residual_inputs``
+    inputs of the traced function: the layer's input, always stacked) and ``named`` ({name:
+    elements}); a fusion reading neither is not counted.  Scan trip counts multiply in.
     """
     j = getattr(closed_jaxpr, "jaxpr", closed_jaxpr)
     flat = _Flat()
@@ -259,16 +264,21 @@ def transposed_reads(closed_jaxpr, residual_inputs: int = 0) -> dict:
         prim = eqns[k][0]
         return not (prim in MATMUL or prim in COLLECTIVE or prim in ROOTS or prim == "@boundary")
 
-    def leaves(v: int, seen: set) -> set[int]:
+    def chain(v: int, seen: set, found: dict) -> None:
+        """The fusion's inputs (``found["inputs"]``) and whether it reads a literal."""
         v = root.get(v, v)
         p = producer.get(v)
         if p is None or eqns[p][4] != 1 or not elementwise(p) or p in seen:
-            return {v}
+            found["inputs"].add(v)
+            return
         seen.add(p)
-        return set().union(*(leaves(i, seen) for i in eqns[p][1] if i is not None))
+        found["literal"] |= None in eqns[p][1]
+        for i in eqns[p][1]:
+            if i is not None:
+                chain(i, seen, found)
 
     transposed = {i for prim, ins, *_ in eqns if prim == "transpose" for i in ins if i is not None}
-    out = {"local": 0.0, "residual": 0.0, "named": {}}
+    out = {"always": 0.0, "residual": 0.0, "carry": 0.0, "named": {}}
     for k, (prim, ins, outs, mult, phase) in enumerate(eqns):
         if prim != "dot_general" or phase != 1 or None in ins[:2]:
             continue
@@ -283,16 +293,25 @@ def transposed_reads(closed_jaxpr, residual_inputs: int = 0) -> dict:
         if aval.dtype != jnp.float32 or p is None or not elementwise(p) or eqns[p][4] != 1:
             continue  # a narrower dtype, a parameter, a dot's result, a residual: a plain copy
         size = math.prod(aval.shape)
-        for v in leaves(operand, set()):
-            if math.prod(getattr(flat.avals[v], "shape", ())) != size:
-                continue  # a broadcast row or scalar: read from cache, not across pages
-            q = producer.get(v)
-            if (q is None and v not in first_inputs) or (q is not None and eqns[q][4] == 1):
-                out["local"] += mult * size
+        found = {"inputs": set(), "literal": False}
+        chain(operand, set(), found)
+        sizes = {v: math.prod(getattr(flat.avals[v], "shape", ())) for v in found["inputs"]}
+        reads = mult * size * sum(n == size for n in sizes.values())
+        stacked = [v for v, n in sizes.items() if n == size and (
+            v in first_inputs or (producer.get(v) is not None and eqns[producer[v]][4] == 0))]
+        if any(1 < n < size for n in sizes.values()):
+            continue  # a row or column too (a norm's backward): XLA:CPU materialises it first
+        if found["literal"] or any(n == 1 for n in sizes.values()):
+            out["always"] += reads  # it broadcasts a scalar
+            continue
+        for v in stacked:
+            share = reads / len(stacked)
+            if v in first_inputs:
+                out["carry"] += share
             elif v in names:
-                out["named"][names[v]] = out["named"].get(names[v], 0.0) + mult * size
+                out["named"][names[v]] = out["named"].get(names[v], 0.0) + share
             else:
-                out["residual"] += mult * size
+                out["residual"] += share
     return out
 
 

@@ -83,9 +83,10 @@ class GroupInventory:
     forward_hbm_bytes_per_layer: float = 0.0
     backward_hbm_bytes_per_layer: float = 0.0
     base_recompute_hbm_bytes_per_layer: float = 0.0
-    # Elements XLA:CPU's transposing fusions read per layer (tierax.hbm.transposed_reads).
-    transposed_local_elems_per_layer: float = 0.0
+    # Elements XLA:CPU's slow transposing fusions read per layer (tierax.hbm.transposed_reads).
+    transposed_always_elems_per_layer: float = 0.0
     transposed_residual_elems_per_layer: float = 0.0
+    transposed_carry_elems_per_layer: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -208,8 +209,9 @@ def layer_inventory(
         forward_hbm_bytes_per_layer=fwd_hbm,
         backward_hbm_bytes_per_layer=bwd_hbm,
         base_recompute_hbm_bytes_per_layer=max(0.0, hbm_named - hbm_none),
-        transposed_local_elems_per_layer=transposed["local"],
+        transposed_always_elems_per_layer=transposed["always"],
         transposed_residual_elems_per_layer=transposed["residual"],
+        transposed_carry_elems_per_layer=transposed["carry"],
     )
 
 

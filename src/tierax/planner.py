@@ -109,16 +109,16 @@ def _solve(inv, cfg, rates, schedule, budget, host_budget, one_placement_per_nam
         for g in groups:
             c[Z + gidx[g.name]] += g.save_all_extra_bytes * touch
         c[S] += total_bytes * touch
-    # CPU: XLA:CPU's transposing fusions (tierax.costmodel.transposes): a kept name's extra reads
-    # from the stacks, and for a group without remat the whole difference to that sum.
+    # CPU: XLA:CPU's slow transposing fusions (tierax.costmodel.transposes): a kept name's reads
+    # from the stacks, and for a group without remat the rest of the difference to remat.
     for g in inv.groups:
-        base, save_all, device = transposes.group_terms(g, rates)
+        base, save_all, named = transposes.group_terms(g, rates)
         if not (base or save_all):
             continue
-        mine = [k for k, it in enumerate(items) if it.group == g.name]
-        for k in mine:
-            c[D + k] += device.get(items[k].name, 0.0) * scale
-        c[Z + gidx[g.name]] += (save_all - base - sum(device.values())) * scale
+        for k, it in enumerate(items):
+            if it.group == g.name:
+                c[D + k] += named.get(it.name, 0.0) * scale
+        c[Z + gidx[g.name]] += (save_all - base - sum(named.values())) * scale
 
     rows, lo, hi = [], [], []
 

@@ -47,11 +47,9 @@ class Rates:
     # call, and the operating system hands each fresh page over on its first write; measured
     # by `tierax calibrate` (tierax.costmodel.first_touch).
     first_touch_bytes_per_s: float = 0.0
-    # CPU only (0: no such term): elements per second a fusion that writes a transposed weight-
-    # gradient operand reads from each input, plain or sliced from a scan's stacked residuals
+    # CPU only (0: no such term): elements per second XLA:CPU's slow transposing fusions read
     # (tierax.hbm.transposed_reads, tierax.costmodel.transposes); measured by `tierax calibrate`.
     transpose_read_elems_per_s: float = 0.0
-    stacked_transpose_read_elems_per_s: float = 0.0
 
 
 def load_calibration() -> dict:
@@ -83,16 +81,13 @@ def _cpu_rates(cal: dict, dtype: str) -> Rates:
                               if first_touch
                               else "not measured: not modelled (run `tierax calibrate` again)")
     transpose = cal.get("transpose_read_elems_per_s", 0.0)
-    stacked = cal.get("stacked_transpose_read_elems_per_s", 0.0)
     sources["transposing_fusion"] = (
-        f"{measured}: strided reads of a transposing fusion (CPU-specific)" if transpose and stacked
+        f"{measured}: reads of XLA:CPU's slow transposing fusion (CPU-specific)" if transpose
         else "not measured: not modelled (run `tierax calibrate` again)")
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     sources |= {"memory": "physical RAM", "offload": "a no-op on XLA:CPU"}
     return Rates("cpu", matmul, bandwidth, 1.0, 1.0, 1.0, mem, mem, False, sources,
-                 first_touch_bytes_per_s=first_touch,
-                 transpose_read_elems_per_s=transpose if stacked else 0.0,
-                 stacked_transpose_read_elems_per_s=stacked if transpose else 0.0)
+                 first_touch_bytes_per_s=first_touch, transpose_read_elems_per_s=transpose)
 
 
 def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Rates:

@@ -2,8 +2,8 @@
 
 Measured (:mod:`tierax.measure.harness`): the memory bandwidth of an elementwise fusion (the
 cost model's non-matmul term), on a CPU the rate at which fresh buffers are first written (page
-faults: the cost model's first-touch term) and the rates at which a fusion writing a transposed
-result reads its inputs, plain or sliced from a scan's stacks (the transposing-fusion term),
+faults: the cost model's first-touch term) and the rate at which XLA:CPU's slow transposing
+fusion reads its inputs (the transposing-fusion term),
 the matmul rate per compute dtype (float32 and
 bfloat16; on a CPU a mix of GEMM shapes as the three GEMMs a training step runs, their own page
 faults taken off at that first-touch rate, on a GPU one large square GEMM), and on a GPU the
@@ -68,10 +68,9 @@ def measure(progress: Callable[[str], None] | None = None, *, matmul_n: int = 81
         progress("memory")
     if not gpu:  # XLA:CPU's transposing fusions (tierax.hbm.transposed_reads)
         touch = entry["first_touch_bytes_per_s"]
-        tr = harness.transposed_fusion_rates(repeats=repeats, first_touch_bytes_per_s=touch)
+        tr = harness.transposed_fusion_rate(repeats=repeats, first_touch_bytes_per_s=touch)
         micro["transposed_fusion"] = tr
-        entry["transpose_read_elems_per_s"] = tr["local_elems_per_s"]
-        entry["stacked_transpose_read_elems_per_s"] = tr["stacked_elems_per_s"]
+        entry["transpose_read_elems_per_s"] = tr["elems_per_s"]
         if progress:
             progress("transposing fusion")
     for dtype in DTYPES:

@@ -161,44 +161,31 @@ def stream_and_first_touch(nbytes: int = 64 << 20, repeats: int = 7) -> dict:
 TRANSPOSE_SHAPE = (1536, 2560)
 
 
-def transposed_fusion_rates(shape=TRANSPOSE_SHAPE, repeats: int = 5,
-                            first_touch_bytes_per_s: float | None = None) -> dict:
-    """Elements per second that an elementwise fusion writing a transposed result reads from
-    its inputs, each read one row apart: ``local`` from three plain arrays, ``stacked`` from
-    three arrays sliced out of stacks at a traced index (a scan's saved residuals, as the
-    backward of a save-all layer reads them).  ``(a·b)·(1 − c) + c``, then transposed; the
-    result's page faults are taken off at ``first_touch_bytes_per_s`` as for the GEMMs."""
+def transposed_fusion_rate(shape=TRANSPOSE_SHAPE, repeats: int = 5,
+                           first_touch_bytes_per_s: float | None = None) -> dict:
+    """Elements per second that XLA:CPU's slow transposing fusion reads from its inputs:
+    ``((a·b)·(1 − c) + c)ᵀ`` of three float32 arrays — a fusion that broadcasts a scalar and
+    writes its result transposed, which XLA:CPU runs as a loop reading each input one row
+    apart (the same fusion without the scalar runs about as fast as a copy; one slicing its
+    inputs out of a scan's stacks as slow as this: microbenchmarks).  The result's page faults
+    are taken off at ``first_touch_bytes_per_s`` as for the GEMMs."""
     rows, cols = shape
     keys = jax.random.split(jax.random.key(3), 3)
-    plain = [jax.random.normal(k, shape, jnp.float32) for k in keys]
-    stacks = [jax.random.normal(k, (3, *shape), jnp.float32) for k in keys]
-    index = jnp.int32(1)
-
-    def body(a, b, c):
-        return ((a * b) * (1 - c) + c).T
-
-    local = jax.jit(body)
-    stacked = jax.jit(lambda i, *s: body(*(jax.lax.dynamic_index_in_dim(x, i, keepdims=False)
-                                           for x in s)))
-    runs = {"local": (local, plain, [], []), "stacked": (stacked, [index, *stacks], [], [])}
-    for f, args, *_ in runs.values():
-        f(*args).block_until_ready()
+    a, b, c = (jax.random.normal(k, shape, jnp.float32) for k in keys)
+    f = jax.jit(lambda a, b, c: ((a * b) * (1 - c) + c).T)
+    f(a, b, c).block_until_ready()
+    times, faults = [], []
     for _ in range(repeats):
-        for f, args, times, faults in runs.values():
-            f0, t = _minor_faults(), time.perf_counter()
-            f(*args).block_until_ready()
-            times.append(time.perf_counter() - t)
-            faults.append(_minor_faults() - f0)
-    page, out = os.sysconf("SC_PAGE_SIZE"), {"shape": list(shape), "inputs": 3}
-    for name, (_, _, times, faults) in runs.items():
-        raw = statistics.median(times)
-        touched = statistics.median(faults) * page
-        med = raw - touched / first_touch_bytes_per_s if first_touch_bytes_per_s else raw
-        med = max(med, raw / 10)
-        out[f"{name}_elems_per_s"] = 3 * rows * cols / med
-        out[f"{name}_times_s"] = times
-        out[f"{name}_first_touch_bytes"] = touched
-    return out
+        f0, t = _minor_faults(), time.perf_counter()
+        f(a, b, c).block_until_ready()
+        times.append(time.perf_counter() - t)
+        faults.append(_minor_faults() - f0)
+    raw = statistics.median(times)
+    touched = statistics.median(faults) * os.sysconf("SC_PAGE_SIZE")
+    med = raw - touched / first_touch_bytes_per_s if first_touch_bytes_per_s else raw
+    med = max(med, raw / 10)
+    return {"shape": list(shape), "inputs": 3, "elems_per_s": 3 * rows * cols / med,
+            "times_s": times, "first_touch_bytes": touched}
 
 
 def link_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> dict:

@@ -142,6 +142,8 @@ def prediction_table(pred, title: str) -> Table:
         ("  collectives (exposed)", f"{ms(b['collective_s'])} ({ms(b['exposed_collective_s'])})"),
         *([("  first write of fresh memory (CPU)", ms(b["first_touch_s"]))]
           if b.get("first_touch_s") else []),
+        *([("  XLA:CPU's transposing fusions (CPU)", ms(b["transpose_s"]))]
+          if b.get("transpose_s") else []),
         ("TFLOP/s/device (model FLOPs)", f"{pred.tflops_per_device:.1f}"),
     ]
     for k, v in rows:
@@ -210,6 +212,11 @@ def calibration_table(entry: dict) -> Table:
         rate = entry["first_touch_bytes_per_s"]
         t.add_row("first touch of fresh memory", f"{rate / 1e9:.2f} GB/s",
                   f"the same with a fresh output, minus the donated time, {size}")
+    if "transpose_read_elems_per_s" in entry:
+        shape = "×".join(map(str, micro.get("transposed_fusion", {}).get("shape", [])))
+        rate = entry["transpose_read_elems_per_s"]
+        t.add_row("XLA:CPU's slow transposing fusion", f"{rate / 1e6:.0f} M elements/s",
+                  f"((a·b)·(1 − c) + c)ᵀ, {shape}, reads of its three inputs")
     for key, name in (("d2h_bytes_per_s", "device → pinned host"),
                       ("h2d_bytes_per_s", "pinned host → device")):
         if key in entry:
