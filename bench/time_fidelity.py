@@ -1,0 +1,374 @@
+#!/usr/bin/env python3
+"""The time model against a clock: predicted step times (``simulate --target cpu``) vs measured
+ones on this machine's CPU, for Llama- and DeepSeek-style shapes under save-all, minimal,
+remat-full and the planner's plan.
+
+    PYTHONPATH=src python bench/time_fidelity.py [--quick] [--rounds 7] [--shapes NAME,...]
+                                                 [--out bench/results/time_fidelity.json]
+
+1. The calibration first (:func:`tierax.measure.calibrate.measure`: microbenchmarks that share
+   no shape with any case below), in this run, so that it sees the machine as the cases do; it
+   is frozen: every prediction uses it, no parameter is set per case.  The calibration file
+   (``~/.cache/tierax``) is neither read nor written.
+2. Per shape, a process of its own (no allocator state, buffers or compiled programs shared
+   between shapes): the model's prediction for each plan (the planner's plan is the fastest
+   predicted plan within a device budget halfway between remat-full's and save-all's predicted
+   peaks, so that it has to choose), then every plan compiled and warmed up, then interleaved
+   rounds — one step of each plan per round, the order rotating — each step timed alone, with
+   its CPU seconds and minor page faults, and the 1-minute load average after each round.
+   Then one profiled step per plan, its executed ops grouped by kind
+   (:mod:`tierax.measure.ops`): what each model term is checked against.
+3. The calibration again at the end: a drift check, not used.
+
+The record holds per case the predicted step time and its terms, the measured median and
+interquartile range over rounds, the error, XLA's cost analysis (FLOPs and bytes; a loop body
+counted once) and compiled temp bytes next to the model's fresh bytes and the measured faulted
+bytes; per shape both rankings and whether the predicted fastest plan is the measured fastest
+wherever their interquartile ranges do not overlap.  ``--quick``: two small shapes, three rounds
+(a rehearsal; its numbers are not the record's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
+if str(SRC) not in sys.path:
+    sys.path.insert(0, str(SRC))
+
+SCHEMA = "tierax.time-fidelity/1"
+PLANS = ("save-all", "minimal", "remat-full", "planner")
+SCHEDULE = "lhs"  # no transfers on a CPU: the schedule changes nothing here
+VOCAB, LAYERS = 32000, 4
+
+
+def _shape(family: str, d: int, seq: int, mb: int, dtype: str) -> dict:
+    return {"family": family, "d_model": d, "seq": seq, "microbatch": mb, "dtype": dtype}
+
+
+# Fixed before the model was changed (issue 25): both families, d_model 256-1024, sequence
+# 256-1024, float32 and bfloat16; 4 layers, vocabulary 32000, 1024-2048 tokens per step.
+SHAPES = {
+    "llama-d256-s1024-f32": _shape("llama", 256, 1024, 2, "float32"),
+    "llama-d512-s512-bf16": _shape("llama", 512, 512, 2, "bfloat16"),
+    "llama-d768-s256-f32": _shape("llama", 768, 256, 4, "float32"),
+    "llama-d1024-s256-bf16": _shape("llama", 1024, 256, 4, "bfloat16"),
+    "deepseek-d256-s512-f32": _shape("deepseek", 256, 512, 2, "float32"),
+    "deepseek-d512-s256-bf16": _shape("deepseek", 512, 256, 4, "bfloat16"),
+}
+QUICK_SHAPES = {
+    "llama-d256-s256-f32": _shape("llama", 256, 256, 2, "float32"),
+    "deepseek-d256-s256-bf16": _shape("deepseek", 256, 256, 2, "bfloat16"),
+}
+CPU_SPECIFIC = {
+    "first_touch_s": "CPU-specific: XLA:CPU allocates a step's temporaries anew on each call and "
+                     "the OS faults each fresh page in on its first write (a GPU allocator keeps "
+                     "its pool: no such term)",
+    "transpose_s": "CPU-specific: XLA:CPU computes a float32 weight-gradient operand made "
+                   "elementwise in a fusion writing it transposed, reading its inputs a row "
+                   "apart, slower from a scan's stacked residuals (a GPU transposes in tiles: "
+                   "no such term)",
+    "matmul rate": "CPU-specific calibration: a GEMM mix in the three roles a step runs, the "
+                   "weight gradient as XLA:CPU lays it out (a GPU: one large square GEMM)",
+    "hbm_s": "not CPU-specific in form (non-matmul bytes / memory bandwidth); the bandwidth is "
+             "measured here",
+}
+
+
+def config(shape: dict):
+    from tierax.models.config import DeepSeekConfig, LlamaConfig
+
+    d, name = shape["d_model"], shape["name"]
+    if shape["family"] == "llama":
+        return LlamaConfig(name=name, vocab_size=VOCAB, d_model=d, num_layers=LAYERS,
+                           num_heads=d // 64, num_kv_heads=d // 128, head_dim=64, mlp_dim=4 * d,
+                           dtype=shape["dtype"])
+    return DeepSeekConfig(name=name, vocab_size=VOCAB, d_model=d, num_layers=LAYERS,
+                          first_dense_layers=1, num_heads=d // 64, q_lora_rank=d // 2,
+                          kv_lora_rank=d // 4, qk_nope_head_dim=32, qk_rope_head_dim=16,
+                          v_head_dim=32, dense_mlp_dim=4 * d, num_experts=8,
+                          num_experts_per_tok=2, num_shared_experts=1, expert_mlp_dim=d,
+                          capacity_factor=1.25, dtype=shape["dtype"])
+
+
+# --------------------------------------------------------------- one shape (its own process)
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _predict(cfg, shape: dict, rates) -> tuple[list, dict]:
+    """(plans, {plan name: prediction JSON}), the planner's plan last."""
+    from tierax import costmodel as cm
+    from tierax import inventory as inv_lib
+    from tierax import plan as plan_lib
+    from tierax import planner
+    from tierax.costmodel.first_touch import fresh_bytes
+
+    inv = inv_lib.model_inventory(cfg, shape["microbatch"], shape["seq"], {"data": 1, "fsdp": 1})
+    plans = [plan_lib.preset(n, cfg) for n in PLANS if n != "planner"]
+    preds = {p.name: cm.simulate(p, inv, cfg, rates, SCHEDULE) for p in plans}
+    budget = (preds["remat-full"].peak_device_bytes + preds["save-all"].peak_device_bytes) / 2
+    res = planner.plan(cfg, inv, rates, schedule=SCHEDULE, budget_bytes=budget, name="planner")
+    plans.append(res.plan)
+    preds["planner"] = res.predicted
+    out = {n: p.to_json() | {"fresh_bytes": fresh_bytes(p.peak_device_bytes, inv)}
+           for n, p in preds.items()}
+    out["planner"] |= {"budget_bytes": budget, "placements": res.plan.to_dict()}
+    return plans, out
+
+
+def _compiled_info(prepared) -> dict:
+    ca = prepared.fn.cost_analysis()
+    ca = (ca[0] if isinstance(ca, list) else ca) or {}
+    return {"compile_s": prepared.compile_s, "compiled_memory": prepared.compiled_memory.to_json(),
+            "xla_flops_loop_body_once": ca.get("flops"),
+            "xla_bytes_accessed_loop_body_once": ca.get("bytes accessed"),
+            "loss": float(prepared.metrics["loss"])}
+
+
+def _timed_step(run: dict, tokens) -> None:
+    import resource
+
+    r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    run["prepared"].step(tokens)
+    wall, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+    run["wall"].append(wall)
+    run["cpu"].append((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime))
+    run["faults"].append(r1.ru_minflt - r0.ru_minflt)
+
+
+def child(spec: dict) -> dict:
+    import jax
+
+    from tierax import costmodel as cm
+    from tierax.measure import harness, ops
+    from tierax.measure import profile as profile_lib
+    from tierax.measure import trace as trace_lib
+    from tierax.mesh import MeshShape
+    from tierax.models import config_to_dict
+    from tierax.train import sharding as sh
+    from tierax.train import step as step_lib
+
+    shape = spec["shape"]
+    cfg = config(shape)
+    rates = cm.target_rates("cpu", cfg.dtype, calibration={"cpu": spec["calibration"]})
+    plans, predicted = _predict(cfg, shape, rates)
+    _say(f"predicted {len(plans)} plans")
+    mesh = MeshShape(fsdp=1).make()
+    opt = step_lib.make_optimizer()
+    batch = step_lib.synthetic_batch(cfg, shape["microbatch"], shape["seq"])
+    tokens = jax.device_put(batch, sh.batch_sharding(mesh))
+    runs = []
+    for p in plans:
+        def build(p=p):
+            graphdef, state = step_lib.init_state(cfg, opt, mesh=mesh)
+            fn = step_lib.make_train_step(graphdef, cfg, p, opt, step_lib.shardings_of(state))
+            return fn, state
+
+        prepared = harness.prepare(build, tokens, warmup=1, devices=mesh.devices.flat)
+        runs.append({"plan": p, "prepared": prepared, "info": _compiled_info(prepared),
+                     "wall": [], "cpu": [], "faults": []})
+        _say(f"compiled {p.name}")
+    load = []
+    for r in range(spec["rounds"]):
+        for run in runs[r % len(runs):] + runs[: r % len(runs)]:
+            _timed_step(run, tokens)
+        load.append(os.getloadavg()[0])
+        _say(f"round {r + 1}/{spec['rounds']} (load {load[-1]:.1f})")
+    for run in runs if spec.get("profile", True) else []:
+        with tempfile.TemporaryDirectory(prefix="tierax-time-fidelity-") as d:
+            profile_lib.record(lambda _i, run=run: run["prepared"].step(tokens), steps=1, log_dir=d)
+            events, _ = trace_lib.load_events(d)
+        kinds = ops.classify(run["prepared"].fn.as_text())
+        run["info"]["op_profile_one_step"] = ops.summarize(events, kinds)
+        _say(f"profiled {run['plan'].name}")
+    cases = [{"plan": run["plan"].name, "predicted": predicted[run["plan"].name],
+              "step_times_s": run["wall"], "step_cpu_s": run["cpu"],
+              "step_minor_faults": run["faults"], **run["info"]} for run in runs]
+    return {"shape": shape, "model": config_to_dict(cfg), "rates": rates.sources,
+            "load_per_round": load, "cases": cases, "page_size": os.sysconf("SC_PAGE_SIZE")}
+
+
+# --------------------------------------------------------------------------------- the parent
+
+
+def _quartiles(xs: list[float]) -> dict:
+    q = statistics.quantiles(sorted(xs), n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
+    return {"median": statistics.median(xs), "q25": q[0], "q75": q[2], "min": min(xs),
+            "max": max(xs), "n": len(xs)}
+
+
+TERMS = ("compute_s", "hbm_s", "recompute_s", "recompute_hbm_s", "first_touch_s", "transpose_s")
+
+
+def summarise(res: dict) -> dict:
+    """Per case: predicted vs measured; per shape: the rankings and the fastest-plan check."""
+    cases = []
+    for c in res["cases"]:
+        m = _quartiles(c["step_times_s"])
+        pred, b = c["predicted"]["step_time_s"], c["predicted"]["breakdown"]
+        temp = c["compiled_memory"]["temp"]
+        faulted = statistics.median(c["step_minor_faults"]) * res["page_size"]
+        cases.append(c | {
+            "measured": m, "predicted_step_s": pred, "error": pred / m["median"] - 1,
+            "predicted_terms_s": {k: b.get(k, 0.0) for k in TERMS},
+            "median_minor_faults_bytes": faulted, "compiled_temp_bytes": temp,
+            "fresh_bytes_over_compiled_temp":
+                c["predicted"]["fresh_bytes"] / temp if temp else None})
+    by_pred = sorted(cases, key=lambda c: c["predicted_step_s"])
+    by_meas = sorted(cases, key=lambda c: c["measured"]["median"])
+    pb, mb = by_pred[0]["measured"], by_meas[0]["measured"]
+    overlap = pb["q25"] <= mb["q75"] and mb["q25"] <= pb["q75"]
+    same = by_pred[0]["plan"] == by_meas[0]["plan"]
+    return {"shape": res["shape"], "model": res["model"], "rates": res["rates"],
+            "load_per_round": res["load_per_round"], "cases": cases,
+            "ranking_predicted": [c["plan"] for c in by_pred],
+            "ranking_measured": [c["plan"] for c in by_meas],
+            "fastest_predicted": by_pred[0]["plan"], "fastest_measured": by_meas[0]["plan"],
+            "fastest_iqrs_overlap": overlap, "fastest_ok": same or overlap}
+
+
+def _run_shape(name: str, shape: dict, calibration: dict, rounds: int, profile: bool,
+               advance) -> dict:
+    with tempfile.NamedTemporaryFile("w+", suffix=".json", delete=False) as f:
+        result_path = f.name
+    spec = {"shape": shape | {"name": name}, "calibration": calibration, "rounds": rounds,
+            "profile": profile, "result_path": result_path}
+    path = os.pathsep.join([str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", PYTHONPATH=path)
+    proc = subprocess.Popen([sys.executable, __file__, "--child", json.dumps(spec)], env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    tail: list[str] = []
+    for line in proc.stderr:
+        tail = [*tail, line.rstrip()][-40:]
+        if line.startswith(("predicted ", "compiled ", "round ", "profiled ")):
+            advance(f"{name}: {line.rstrip()}")
+    code = proc.wait()
+    try:
+        text = pathlib.Path(result_path).read_text()
+    finally:
+        pathlib.Path(result_path).unlink(missing_ok=True)
+    if code != 0 or not text:
+        raise SystemExit(f"{name}: its process exited {code}:\n" + "\n".join(tail))
+    return json.loads(text)
+
+
+def _calibrate(label: str, advance) -> dict:
+    from tierax.measure import calibrate
+
+    load0 = os.getloadavg()[0]
+    entry = calibrate.measure(lambda stage: advance(f"calibration ({label}): {stage}"))
+    entry["load_before_after"] = [load0, os.getloadavg()[0]]
+    return entry
+
+
+def table(doc: dict) -> str:
+    head = f"{'shape':26} {'plan':11} {'predicted s':>11} {'measured s':>10} {'IQR':>15} "
+    lines = [head + f"{'error':>7}"]
+    for s in doc["shapes"]:
+        for c in s["cases"]:
+            m = c["measured"]
+            lines.append(f"{s['shape']['name']:26} {c['plan']:11} {c['predicted_step_s']:11.3f} "
+                         f"{m['median']:10.3f} {m['q25']:7.3f}-{m['q75']:<7.3f} {c['error']:+7.1%}")
+        lines.append(f"  ranking predicted {' < '.join(s['ranking_predicted'])}; measured "
+                     f"{' < '.join(s['ranking_measured'])}; fastest ok: {s['fastest_ok']}")
+    return "\n".join(lines)
+
+
+METHOD = (
+    "calibration frozen before the cases (this run's own; no per-case parameter); per shape one "
+    "process: predictions (tierax.costmodel.simulate, target cpu), every plan compiled and "
+    "warmed up, then interleaved rounds (one step of each plan per round, order rotating), each "
+    "step timed alone; measured = median over rounds, IQR = its quartiles; error = predicted / "
+    "measured - 1; fastest_ok: the predicted fastest plan is the measured fastest, or their "
+    "interquartile ranges overlap; op_profile_one_step: one profiled step's executed ops by kind "
+    "(tierax.measure.ops); xla_*_loop_body_once: XLA's cost analysis, which counts a loop body "
+    "once")
+
+
+def with_summary(doc: dict, rounds: int) -> dict:
+    cases = [c for s in doc["shapes"] for c in s["cases"]]
+    loads = [x for s in doc["shapes"] for x in s["load_per_round"]]
+    errors = [abs(c["error"]) for c in cases]
+    load = ({"min": min(loads), "median": statistics.median(loads), "max": max(loads)}
+            if loads else None)
+    return doc | {
+        "rounds": rounds, "schedule": SCHEDULE, "plans": list(PLANS),
+        "cpu_specific_terms": CPU_SPECIFIC, "method": METHOD,
+        "summary": {
+            "cases": len(cases), "within_15_percent": sum(e <= 0.15 for e in errors),
+            "max_abs_error": max(errors, default=None),
+            "median_abs_error": statistics.median(errors) if errors else None,
+            "shapes_fastest_ok": sum(s["fastest_ok"] for s in doc["shapes"]),
+            "shapes": len(doc["shapes"]), "load_per_round": load,
+        },
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="two small shapes, three rounds (a rehearsal)")
+    ap.add_argument("--rounds", type=int,
+                    help="interleaved rounds per shape (default 7; --quick 3)")
+    ap.add_argument("--shapes", help="comma-separated subset of the shape names")
+    ap.add_argument("--no-profile", action="store_true", help="skip the profiled step per plan")
+    ap.add_argument("--out", help="output JSON (default bench/results/time_fidelity.json; --quick: "
+                                  "time_fidelity-quick.json)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        spec = json.loads(args.child)
+        pathlib.Path(spec["result_path"]).write_text(json.dumps(child(spec)))
+        return 0
+    known = SHAPES | QUICK_SHAPES
+    names = [s for s in (args.shapes.split(",") if args.shapes else
+                         (QUICK_SHAPES if args.quick else SHAPES)) if s]
+    if bad := [s for s in names if s not in known]:
+        raise SystemExit(f"unknown shape(s) {bad}; choose from {', '.join(known)}")
+    rounds = args.rounds or (3 if args.quick else 7)
+    default = "time_fidelity-quick.json" if args.quick else "time_fidelity.json"
+    out = pathlib.Path(args.out or ROOT / "bench" / "results" / default)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from rich.progress import Progress
+
+    from tierax.records import envelope, write_record
+
+    command = " ".join(["python bench/time_fidelity.py", *(sys.argv[1:] if argv is None else argv)])
+    with Progress() as prog:
+        task = prog.add_task("time fidelity", total=2 + len(names) * (len(PLANS) * 2 + rounds + 1))
+
+        def advance(what: str) -> None:
+            prog.update(task, advance=0.25 if what.startswith("calibration") else 1,
+                        description=what)
+
+        doc = envelope(SCHEMA, command) | {"load_at_start": os.getloadavg()[0]}
+        doc |= {"calibration": _calibrate("before", advance), "shapes": []}
+        for name in names:
+            res = _run_shape(name, known[name], doc["calibration"], rounds, not args.no_profile,
+                             advance)
+            doc["shapes"].append(summarise(res))
+            done = [s["shape"]["name"] for s in doc["shapes"]]
+            doc["shapes_not_run"] = [n for n in names if n not in done]
+            write_record(out, with_summary(doc, rounds))  # what an interrupted run measured
+        doc["calibration_after"] = _calibrate("after", advance)
+    write_record(out, with_summary(doc, rounds))
+    print(table(doc))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
