@@ -30,12 +30,12 @@ records what it skipped):
    transfer time and achieved bandwidth.  The offload plans' gradients are verified
    against save-all (``tierax.measure.verify``, right after the first offload plan ran)
    at a microbatch where save-all fits.
-3. The time model against the clock: the first child also measures the memory bandwidth
-   of an elementwise fusion (``--tiny``: ``tierax calibrate``'s CPU microbenchmarks), so
-   every rate the model reads is calibrated in this run; each plan's record carries the
-   model's predicted step time and its terms (``time_model``), and the file a per-preset
-   summary with both rankings.  One GPU runs no collective: the model's collective terms
-   are not checked.
+3. The time model against the clock: the first child also measures the rate of a layer's
+   non-matmul work at the bytes the model counts (``--tiny``: ``tierax calibrate``'s CPU
+   microbenchmarks), so every rate the model reads is calibrated in this run; each plan's
+   record carries the model's predicted step time and its terms (``time_model``), and the
+   file a per-preset summary with both rankings.  One GPU runs no collective: the model's
+   collective terms are not checked.
 4. Writes one JSON file (schema ``tierax.gpu-check/1``, readable by ``tierax report``)
    and prints a short table last.
 
@@ -213,7 +213,7 @@ def planner_plan(cfg, microbatch: int, seq: int, capacity: int, schedule: str, m
 
 # --- the time model against the clock (child) ---------------------------------------------
 # Rates calibrated in this run (the GPU: the bf16 matmul rate and host link measured above,
-# plus the memory bandwidth of an elementwise fusion; --tiny: `tierax calibrate`'s CPU
+# plus the rate of a layer's non-matmul work; --tiny: `tierax calibrate`'s CPU
 # microbenchmarks), the model's predicted step time per plan next to the measured one.  One
 # GPU exercises no collective: the model's FSDP, expert and tensor collective terms are not
 # checked here.
@@ -226,7 +226,8 @@ def calibrate_here(p: dict, tiny: bool) -> dict:
     if tiny:  # the CPU's own rates: GEMM mix per dtype, memory bandwidth, first-touch rate
         return {"cpu_entry": calibrate.measure(repeats=p["calib_repeats"])}
     mem = harness.stream_and_first_touch(p["mem_bytes"], repeats=p["calib_repeats"])
-    return {"memory_bytes_per_s": mem["memory_bytes_per_s"], "memory": mem}
+    nm = harness.nonmatmul_rate(harness.GPU_NONMATMUL_SHAPE, repeats=p["calib_repeats"])
+    return {"memory_bytes_per_s": nm["bytes_per_s"], "nonmatmul": nm, "memory": mem}
 
 
 def model_rates(cfg, capacity: int, matmul: dict, link: dict, calib: dict, tiny: bool):

@@ -237,6 +237,9 @@ def test_microbenchmarks_measure_positive_rates():
     mem = harness.stream_and_first_touch(4 << 20, repeats=3)
     assert mem["memory_bytes_per_s"] > 0 and mem["first_touch_bytes_per_s"] > 0
     assert harness.transposed_fusion_rate((64, 96), repeats=2)["elems_per_s"] > 0
+    small = {"tokens": 64, "width": 32, "mlp": 48, "heads": 2, "seq": 16}
+    nm = harness.nonmatmul_rate(small, repeats=2)
+    assert nm["bytes_per_s"] > 0 and nm["model_bytes"] > 0
 
 
 def test_calibration_file_reaches_simulate_through_the_cli(tmp_path):

@@ -72,7 +72,7 @@ def _cpu_rates(cal: dict, dtype: str) -> Rates:
                else f"{measured}, float32 only (an older file): run `tierax calibrate` again"}
     if "memory_bytes_per_s" in cal:
         bandwidth = cal["memory_bytes_per_s"]
-        sources["hbm"] = f"{measured}: memory bandwidth of an elementwise fusion"
+        sources["hbm"] = f"{measured}: a layer's non-matmul work at the bytes the model counts"
     else:  # an older calibration file
         bandwidth = 10e9
         sources["hbm"] = "not measured: 10 GB/s assumed (run `tierax calibrate` again)"
@@ -116,7 +116,7 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
     } | getattr(spec, "rate_sources", {})  # TPU targets name their own sources
     hbm = cal.get("memory_bytes_per_s", spec.hbm_bytes_per_s)
     if "memory_bytes_per_s" in cal:
-        sources["hbm"] = f"{measured}: memory bandwidth of an elementwise fusion"
+        sources["hbm"] = f"{measured}: a layer's non-matmul work at the bytes the model counts"
     fixed = XLA_GPU_FIXED_BYTES if spec.kind == "gpu" else 0
     return Rates(target, matmul, hbm, d2h, h2d, spec.nvlink_bytes_per_s,
                  spec.device_memory_bytes, int(spec.host_memory_per_gpu_bytes), True, sources, fixed,

@@ -156,6 +156,59 @@ def stream_and_first_touch(nbytes: int = 64 << 20, repeats: int = 7) -> dict:
     return out
 
 
+# The non-matmul work of a transformer layer, forward and backward, at a size no case has:
+# tokens, width, MLP width, heads, sequence (tokens = 4 sequences).
+NONMATMUL_SHAPE = {"tokens": 1536, "width": 640, "mlp": 2560, "heads": 5, "seq": 384}
+GPU_NONMATMUL_SHAPE = {"tokens": 8192, "width": 3072, "mlp": 12288, "heads": 24, "seq": 2048}
+
+
+def _layer_nonmatmul(x, g, a, b, s):
+    """An RMSNorm with its residual add, a SwiGLU gate, a softmax: no matmul."""
+    r = jnp.mean(x * x, axis=-1, keepdims=True)
+    n = x * jax.lax.rsqrt(r + 1e-6) * g[None, :]
+    u = a * jax.nn.sigmoid(a) * b
+    e = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True))
+    return n + x, u, e / jnp.sum(e, axis=-1, keepdims=True)
+
+
+def nonmatmul_rate(shape: dict | None = None, repeats: int = 7,
+                   first_touch_bytes_per_s: float | None = None) -> dict:
+    """The bytes per second at which a layer's non-matmul work runs, counting its bytes as the
+    cost model counts them: :func:`_layer_nonmatmul` and its gradient (``jax.vjp``), its bytes
+    by :func:`tierax.hbm.phase_bytes` on the same trace, over the median time.  On a CPU this is
+    well below a streaming copy's bandwidth (reductions, exponentials, XLA:CPU's own fusions);
+    the call's page faults are taken off at ``first_touch_bytes_per_s`` as for the GEMMs."""
+    from tierax import hbm
+
+    d = NONMATMUL_SHAPE | (shape or {})
+    t, w, f = d["tokens"], d["width"], d["mlp"]
+    scores = (t // d["seq"], d["heads"], d["seq"], d["seq"])
+
+    def fwd_bwd(x, g, a, b, s, ct):
+        y, vjp = jax.vjp(_layer_nonmatmul, x, g, a, b, s)
+        return y, vjp(hbm.marker(ct))
+
+    keys = jax.random.split(jax.random.key(4), 5)
+    args = (jax.random.normal(keys[0], (t, w)), jnp.ones((w,)), jax.random.normal(keys[1], (t, f)),
+            jax.random.normal(keys[2], (t, f)), jax.random.normal(keys[3], scores),
+            (jnp.ones((t, w)), jnp.ones((t, f)), jnp.ones(scores)))
+    nbytes = sum(hbm.phase_bytes(jax.make_jaxpr(fwd_bwd)(*args)))
+    fn = jax.jit(fwd_bwd)
+    jax.block_until_ready(fn(*args))
+    times, faults = [], []
+    for _ in range(repeats):
+        f0, t0 = _minor_faults(), time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+        faults.append(_minor_faults() - f0)
+    raw = statistics.median(times)
+    touched = statistics.median(faults) * os.sysconf("SC_PAGE_SIZE")
+    med = raw - touched / first_touch_bytes_per_s if first_touch_bytes_per_s else raw
+    med = max(med, raw / 10)
+    return {"shape": d, "model_bytes": nbytes, "bytes_per_s": nbytes / med, "times_s": times,
+            "first_touch_bytes": touched}
+
+
 # A weight gradient's operand as XLA:CPU computes it transposed (tierax.hbm.transposed_reads):
 # rows (tokens) × columns (features) of float32, three inputs, no case's dimensions.
 TRANSPOSE_SHAPE = (1536, 2560)

@@ -204,10 +204,15 @@ def calibration_table(entry: dict) -> Table:
         rate = entry[f"matmul_flops_per_s_{dtype}"]
         gemms = _gemms(micro.get(f"matmul_{dtype}", {}))
         t.add_row(f"matmul {dtype}", f"{rate / 1e12:.3f} TFLOP/s", gemms)
-    mem = micro.get("memory", {})
+    mem, nm = micro.get("memory", {}), micro.get("nonmatmul", {})
     size = f"{mem.get('bytes_per_array', 0) / 2**20:.0f} MiB arrays"
-    t.add_row("memory (non-matmul work)", f"{entry['memory_bytes_per_s'] / 1e9:.1f} GB/s",
-              f"y ← a·x + y, y donated, {size}")
+    what = ", ".join(f"{k} {v}" for k, v in nm.get("shape", {}).items())
+    rate = entry["memory_bytes_per_s"]
+    t.add_row("non-matmul work (the model's bytes)", f"{rate / 1e9:.1f} GB/s",
+              f"a norm, a gated activation, a softmax and their gradients: {what}")
+    if "stream_bytes_per_s" in entry:
+        t.add_row("streaming (reference)", f"{entry['stream_bytes_per_s'] / 1e9:.1f} GB/s",
+                  f"y ← a·x + y, y donated, {size}")
     if "first_touch_bytes_per_s" in entry:
         rate = entry["first_touch_bytes_per_s"]
         t.add_row("first touch of fresh memory", f"{rate / 1e9:.2f} GB/s",
