@@ -9,13 +9,17 @@ remat-full and the planner's plan.
 1. The calibration first (:func:`tierax.measure.calibrate.measure`: microbenchmarks that share
    no shape with any case below), in this run, so that it sees the machine as the cases do; it
    is frozen: every prediction uses it, no parameter is set per case.  The calibration file
-   (``~/.cache/tierax``) is neither read nor written.
+   (``~/.cache/tierax``) is neither read nor written.  On a shared machine whose load changes
+   during the run the same microbenchmarks also run once per round inside each shape's process
+   (step 2), and the record gives a second prediction from their medians ("interleaved"),
+   beside the frozen one, never in its place.
 2. Per shape, a process of its own (no allocator state, buffers or compiled programs shared
    between shapes): the model's prediction for each plan (the planner's plan is the fastest
    predicted plan within a device budget halfway between remat-full's and save-all's predicted
    peaks, so that it has to choose), then every plan compiled and warmed up, then interleaved
-   rounds — one step of each plan per round, the order rotating — each step timed alone, with
-   its CPU seconds and minor page faults, and the 1-minute load average after each round.
+   rounds — the calibration's microbenchmarks, then one step of each plan, the order rotating —
+   each step timed alone, with its CPU seconds and minor page faults, and the 1-minute load
+   average after each round.
    Then one profiled step per plan, its executed ops grouped by kind
    (:mod:`tierax.measure.ops`): what each model term is checked against.
 3. The calibration again at the end: a drift check, not used.
@@ -107,25 +111,38 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _predict(cfg, shape: dict, rates) -> tuple[list, dict]:
-    """(plans, {plan name: prediction JSON}), the planner's plan last."""
-    from tierax import costmodel as cm
+def _inventory(cfg, shape: dict):
     from tierax import inventory as inv_lib
-    from tierax import plan as plan_lib
-    from tierax import planner
+
+    return inv_lib.model_inventory(cfg, shape["microbatch"], shape["seq"], {"data": 1, "fsdp": 1})
+
+
+def _prediction(plan, inv, cfg, rates) -> dict:
+    from tierax import costmodel as cm
     from tierax.costmodel.first_touch import fresh_bytes
 
-    inv = inv_lib.model_inventory(cfg, shape["microbatch"], shape["seq"], {"data": 1, "fsdp": 1})
+    p = cm.simulate(plan, inv, cfg, rates, SCHEDULE)
+    return p.to_json() | {"fresh_bytes": fresh_bytes(p.peak_device_bytes, inv)}
+
+
+def _plans(cfg, inv, rates) -> tuple[list, dict]:
+    """The presets and the planner's plan (within a device budget halfway between remat-full's
+    and save-all's predicted peaks), with what the planner was given."""
+    from tierax import plan as plan_lib
+    from tierax import planner
+
     plans = [plan_lib.preset(n, cfg) for n in PLANS if n != "planner"]
-    preds = {p.name: cm.simulate(p, inv, cfg, rates, SCHEDULE) for p in plans}
-    budget = (preds["remat-full"].peak_device_bytes + preds["save-all"].peak_device_bytes) / 2
+    peak = {p.name: _prediction(p, inv, cfg, rates)["peak_device_bytes"] for p in plans}
+    budget = (peak["remat-full"] + peak["save-all"]) / 2
     res = planner.plan(cfg, inv, rates, schedule=SCHEDULE, budget_bytes=budget, name="planner")
-    plans.append(res.plan)
-    preds["planner"] = res.predicted
-    out = {n: p.to_json() | {"fresh_bytes": fresh_bytes(p.peak_device_bytes, inv)}
-           for n, p in preds.items()}
-    out["planner"] |= {"budget_bytes": budget, "placements": res.plan.to_dict()}
-    return plans, out
+    return [*plans, res.plan], {"budget_bytes": budget, "placements": res.plan.to_dict()}
+
+
+def median_entry(entries: list[dict]) -> dict:
+    """Per rate, the median over calibration entries (the interleaved calibration)."""
+    keys = [k for k, v in entries[0].items() if isinstance(v, float)]
+    return {"created": entries[0]["created"], **{k: statistics.median(e[k] for e in entries)
+                                                 for k in keys}}
 
 
 def _compiled_info(prepared) -> dict:
@@ -152,7 +169,7 @@ def child(spec: dict) -> dict:
     import jax
 
     from tierax import costmodel as cm
-    from tierax.measure import harness, ops
+    from tierax.measure import calibrate, harness, ops
     from tierax.measure import profile as profile_lib
     from tierax.measure import trace as trace_lib
     from tierax.mesh import MeshShape
@@ -163,7 +180,9 @@ def child(spec: dict) -> dict:
     shape = spec["shape"]
     cfg = config(shape)
     rates = cm.target_rates("cpu", cfg.dtype, calibration={"cpu": spec["calibration"]})
-    plans, predicted = _predict(cfg, shape, rates)
+    inv = _inventory(cfg, shape)
+    plans, planner_info = _plans(cfg, inv, rates)
+    frozen = {p.name: _prediction(p, inv, cfg, rates) for p in plans}
     _say(f"predicted {len(plans)} plans")
     mesh = MeshShape(fsdp=1).make()
     opt = step_lib.make_optimizer()
@@ -180,12 +199,17 @@ def child(spec: dict) -> dict:
         runs.append({"plan": p, "prepared": prepared, "info": _compiled_info(prepared),
                      "wall": [], "cpu": [], "faults": []})
         _say(f"compiled {p.name}")
-    load = []
+    load, entries = [], []
     for r in range(spec["rounds"]):
+        # The calibration's microbenchmarks once per round too: rates measured under the load
+        # the steps see (the interleaved calibration; the frozen one is the parent's).
+        entries.append(calibrate.measure(repeats=1))
         for run in runs[r % len(runs):] + runs[: r % len(runs)]:
             _timed_step(run, tokens)
         load.append(os.getloadavg()[0])
         _say(f"round {r + 1}/{spec['rounds']} (load {load[-1]:.1f})")
+    interleaved = median_entry(entries)
+    rates_i = cm.target_rates("cpu", cfg.dtype, calibration={"cpu": interleaved})
     for run in runs if spec.get("profile", True) else []:
         with tempfile.TemporaryDirectory(prefix="tierax-time-fidelity-") as d:
             profile_lib.record(lambda _i, run=run: run["prepared"].step(tokens), steps=1, log_dir=d)
@@ -193,11 +217,16 @@ def child(spec: dict) -> dict:
         kinds = ops.classify(run["prepared"].fn.as_text())
         run["info"]["op_profile_one_step"] = ops.summarize(events, kinds)
         _say(f"profiled {run['plan'].name}")
-    cases = [{"plan": run["plan"].name, "predicted": predicted[run["plan"].name],
+    cases = [{"plan": run["plan"].name, "predicted": frozen[run["plan"].name],
+              "predicted_interleaved": _prediction(run["plan"], inv, cfg, rates_i),
               "step_times_s": run["wall"], "step_cpu_s": run["cpu"],
               "step_minor_faults": run["faults"], **run["info"]} for run in runs]
     return {"shape": shape, "model": config_to_dict(cfg), "rates": rates.sources,
-            "load_per_round": load, "cases": cases, "page_size": os.sysconf("SC_PAGE_SIZE")}
+            "planner": planner_info, "load_per_round": load, "cases": cases,
+            "interleaved_calibration": interleaved,
+            "interleaved_entries": [{k: v for k, v in e.items() if k != "microbenchmarks"}
+                                    for e in entries],
+            "page_size": os.sysconf("SC_PAGE_SIZE")}
 
 
 # --------------------------------------------------------------------------------- the parent
@@ -212,31 +241,40 @@ def _quartiles(xs: list[float]) -> dict:
 TERMS = ("compute_s", "hbm_s", "recompute_s", "recompute_hbm_s", "first_touch_s", "transpose_s")
 
 
+def _ranking(cases: list[dict], key: str) -> dict:
+    """Predicted (by ``key``) vs measured order; the fastest-plan check."""
+    by_pred = sorted(cases, key=lambda c: c[key])
+    by_meas = sorted(cases, key=lambda c: c["measured"]["median"])
+    pb, mb = by_pred[0]["measured"], by_meas[0]["measured"]
+    overlap = pb["q25"] <= mb["q75"] and mb["q25"] <= pb["q75"]
+    return {"ranking_predicted": [c["plan"] for c in by_pred],
+            "ranking_measured": [c["plan"] for c in by_meas],
+            "fastest_predicted": by_pred[0]["plan"], "fastest_measured": by_meas[0]["plan"],
+            "fastest_iqrs_overlap": overlap,
+            "fastest_ok": by_pred[0]["plan"] == by_meas[0]["plan"] or overlap}
+
+
 def summarise(res: dict) -> dict:
-    """Per case: predicted vs measured; per shape: the rankings and the fastest-plan check."""
+    """Per case: predicted (frozen and interleaved calibration) vs measured; per shape: the
+    rankings and the fastest-plan check."""
     cases = []
     for c in res["cases"]:
         m = _quartiles(c["step_times_s"])
         pred, b = c["predicted"]["step_time_s"], c["predicted"]["breakdown"]
+        inter = c["predicted_interleaved"]["step_time_s"]
         temp = c["compiled_memory"]["temp"]
         faulted = statistics.median(c["step_minor_faults"]) * res["page_size"]
         cases.append(c | {
             "measured": m, "predicted_step_s": pred, "error": pred / m["median"] - 1,
+            "predicted_interleaved_step_s": inter, "error_interleaved": inter / m["median"] - 1,
             "predicted_terms_s": {k: b.get(k, 0.0) for k in TERMS},
             "median_minor_faults_bytes": faulted, "compiled_temp_bytes": temp,
             "fresh_bytes_over_compiled_temp":
                 c["predicted"]["fresh_bytes"] / temp if temp else None})
-    by_pred = sorted(cases, key=lambda c: c["predicted_step_s"])
-    by_meas = sorted(cases, key=lambda c: c["measured"]["median"])
-    pb, mb = by_pred[0]["measured"], by_meas[0]["measured"]
-    overlap = pb["q25"] <= mb["q75"] and mb["q25"] <= pb["q75"]
-    same = by_pred[0]["plan"] == by_meas[0]["plan"]
-    return {"shape": res["shape"], "model": res["model"], "rates": res["rates"],
-            "load_per_round": res["load_per_round"], "cases": cases,
-            "ranking_predicted": [c["plan"] for c in by_pred],
-            "ranking_measured": [c["plan"] for c in by_meas],
-            "fastest_predicted": by_pred[0]["plan"], "fastest_measured": by_meas[0]["plan"],
-            "fastest_iqrs_overlap": overlap, "fastest_ok": same or overlap}
+    keep = ("shape", "model", "rates", "planner", "load_per_round", "interleaved_calibration",
+            "interleaved_entries")
+    return ({k: res[k] for k in keep} | {"cases": cases} | _ranking(cases, "predicted_step_s")
+            | {"interleaved": _ranking(cases, "predicted_interleaved_step_s")})
 
 
 def _run_shape(name: str, shape: dict, calibration: dict, rounds: int, profile: bool,
@@ -275,44 +313,57 @@ def _calibrate(label: str, advance) -> dict:
 
 
 def table(doc: dict) -> str:
-    head = f"{'shape':26} {'plan':11} {'predicted s':>11} {'measured s':>10} {'IQR':>15} "
-    lines = [head + f"{'error':>7}"]
+    head = f"{'shape':24} {'plan':10} {'frozen s':>8} {'interl. s':>9} {'measured s':>10} "
+    lines = [head + f"{'IQR':>15} {'error':>7} {'interl.':>7}"]
     for s in doc["shapes"]:
         for c in s["cases"]:
             m = c["measured"]
-            lines.append(f"{s['shape']['name']:26} {c['plan']:11} {c['predicted_step_s']:11.3f} "
-                         f"{m['median']:10.3f} {m['q25']:7.3f}-{m['q75']:<7.3f} {c['error']:+7.1%}")
-        lines.append(f"  ranking predicted {' < '.join(s['ranking_predicted'])}; measured "
-                     f"{' < '.join(s['ranking_measured'])}; fastest ok: {s['fastest_ok']}")
+            lines.append(f"{s['shape']['name']:24} {c['plan']:10} {c['predicted_step_s']:8.3f} "
+                         f"{c['predicted_interleaved_step_s']:9.3f} {m['median']:10.3f} "
+                         f"{m['q25']:7.3f}-{m['q75']:<7.3f} {c['error']:+7.1%} "
+                         f"{c['error_interleaved']:+7.1%}")
+        lines.append(f"  measured {' < '.join(s['ranking_measured'])}; frozen "
+                     f"{' < '.join(s['ranking_predicted'])} (fastest ok: {s['fastest_ok']}); "
+                     f"interleaved fastest ok: {s['interleaved']['fastest_ok']}")
     return "\n".join(lines)
 
 
 METHOD = (
-    "calibration frozen before the cases (this run's own; no per-case parameter); per shape one "
-    "process: predictions (tierax.costmodel.simulate, target cpu), every plan compiled and "
-    "warmed up, then interleaved rounds (one step of each plan per round, order rotating), each "
-    "step timed alone; measured = median over rounds, IQR = its quartiles; error = predicted / "
-    "measured - 1; fastest_ok: the predicted fastest plan is the measured fastest, or their "
-    "interquartile ranges overlap; op_profile_one_step: one profiled step's executed ops by kind "
-    "(tierax.measure.ops); xla_*_loop_body_once: XLA's cost analysis, which counts a loop body "
-    "once")
+    "predicted: the calibration frozen before the cases (this run's own, measured once at the "
+    "start; no per-case parameter); predicted_interleaved: the same model with the same "
+    "calibration microbenchmarks run once per round inside each shape's process, medians over "
+    "rounds, so that rates and steps see the same load on a shared machine (a per-shape "
+    "measurement, reported beside the frozen one, not instead of it); per shape one process: "
+    "predictions (tierax.costmodel.simulate, target cpu), every plan compiled and warmed up, "
+    "then rounds (the calibration microbenchmarks, then one step of each plan, order rotating), "
+    "each step timed alone; measured = median over rounds, IQR = its quartiles; error = "
+    "predicted / measured - 1; fastest_ok: the predicted fastest plan is the measured fastest, "
+    "or their interquartile ranges overlap; op_profile_one_step: one profiled step's executed "
+    "ops by kind (tierax.measure.ops); xla_*_loop_body_once: XLA's cost analysis, which counts a "
+    "loop body once")
 
 
 def with_summary(doc: dict, rounds: int) -> dict:
     cases = [c for s in doc["shapes"] for c in s["cases"]]
     loads = [x for s in doc["shapes"] for x in s["load_per_round"]]
-    errors = [abs(c["error"]) for c in cases]
     load = ({"min": min(loads), "median": statistics.median(loads), "max": max(loads)}
             if loads else None)
+
+    def stats(key: str, shapes_ok: list[bool]) -> dict:
+        errors = [abs(c[key]) for c in cases]
+        return {"within_15_percent": sum(e <= 0.15 for e in errors),
+                "max_abs_error": max(errors, default=None),
+                "median_abs_error": statistics.median(errors) if errors else None,
+                "shapes_fastest_ok": sum(shapes_ok)}
+
     return doc | {
         "rounds": rounds, "schedule": SCHEDULE, "plans": list(PLANS),
         "cpu_specific_terms": CPU_SPECIFIC, "method": METHOD,
         "summary": {
-            "cases": len(cases), "within_15_percent": sum(e <= 0.15 for e in errors),
-            "max_abs_error": max(errors, default=None),
-            "median_abs_error": statistics.median(errors) if errors else None,
-            "shapes_fastest_ok": sum(s["fastest_ok"] for s in doc["shapes"]),
-            "shapes": len(doc["shapes"]), "load_per_round": load,
+            "cases": len(cases), "shapes": len(doc["shapes"]), "load_per_round": load,
+            "frozen": stats("error", [s["fastest_ok"] for s in doc["shapes"]]),
+            "interleaved": stats("error_interleaved",
+                                 [s["interleaved"]["fastest_ok"] for s in doc["shapes"]]),
         },
     }
 
