@@ -328,6 +328,31 @@ def table(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def markdown(doc: dict) -> str:
+    """The README's table of a record: per case, both predictions, the measurement, errors."""
+    out = [("| shape | plan | predicted s (frozen) | predicted s (interleaved) | measured s, "
+            "median (IQR) | error frozen | error interleaved |"), "|---|---|---:|---:|---:|---:|---:|"]
+    for s in doc["shapes"]:
+        for c in s["cases"]:
+            m = c["measured"]
+            out.append(f"| {s['shape']['name']} | {c['plan']} | {c['predicted_step_s']:.3f} | "
+                       f"{c['predicted_interleaved_step_s']:.3f} | {m['median']:.3f} "
+                       f"({m['q25']:.3f}–{m['q75']:.3f}) | {c['error']:+.1%} | "
+                       f"{c['error_interleaved']:+.1%} |")
+    out += ["", ("| shape | measured order | predicted order (frozen) | fastest right (frozen / "
+                 "interleaved) | load during its rounds |"), "|---|---|---|---|---|"]
+    for s in doc["shapes"]:
+        loads = s["load_per_round"]
+        out.append(f"| {s['shape']['name']} | {' < '.join(s['ranking_measured'])} | "
+                   f"{' < '.join(s['ranking_predicted'])} | {_yes(s['fastest_ok'])} / "
+                   f"{_yes(s['interleaved']['fastest_ok'])} | {min(loads):.1f}–{max(loads):.1f} |")
+    return "\n".join(out)
+
+
+def _yes(ok: bool) -> str:
+    return "yes" if ok else "**no**"
+
+
 METHOD = (
     "predicted: the calibration frozen before the cases (this run's own, measured once at the "
     "start; no per-case parameter); predicted_interleaved: the same model with the same "
@@ -378,8 +403,12 @@ def main(argv=None) -> int:
     ap.add_argument("--no-profile", action="store_true", help="skip the profiled step per plan")
     ap.add_argument("--out", help="output JSON (default bench/results/time_fidelity.json; --quick: "
                                   "time_fidelity-quick.json)")
+    ap.add_argument("--markdown", metavar="RECORD", help="print a record's README tables")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.markdown:
+        print(markdown(json.loads(pathlib.Path(args.markdown).read_text())))
+        return 0
     if args.child:
         spec = json.loads(args.child)
         pathlib.Path(spec["result_path"]).write_text(json.dumps(child(spec)))
