@@ -331,7 +331,8 @@ def table(doc: dict) -> str:
 def markdown(doc: dict) -> str:
     """The README's table of a record: per case, both predictions, the measurement, errors."""
     out = [("| shape | plan | predicted s (frozen) | predicted s (interleaved) | measured s, "
-            "median (IQR) | error frozen | error interleaved |"), "|---|---|---:|---:|---:|---:|---:|"]
+            "median (IQR) | error frozen | error interleaved |"),
+           "|---|---|---:|---:|---:|---:|---:|"]
     for s in doc["shapes"]:
         for c in s["cases"]:
             m = c["measured"]
