@@ -82,7 +82,7 @@ GPU = {"model": "llama3-8b", "num_layers": 8, "seq": 4096, "microbatch": 10, "st
        "matmul_repeats": 20, "mem_fraction": "0.95", "mem_bytes": 1 << 30, "calib_repeats": 9}
 TINY = {"model": "tiny-llama", "num_layers": 4, "seq": 16, "microbatch": 2, "steps": 2, "warmup": 1,
         "profile_steps": 2, "verify_microbatch": 2, "link_bytes": 8 << 20, "link_repeats": 3, "matmul_n": 256,
-        "matmul_repeats": 3, "calib_repeats": 3}
+        "matmul_repeats": 3, "calib_repeats": 1}
 _PARTIAL: dict = {}  # the child's result so far
 _T0 = time.perf_counter()
 TINY_CAPACITY_FRACTION = 0.98  # tiny mode: a synthetic "device memory" just below save-all's compiled peak
