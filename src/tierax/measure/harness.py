@@ -52,16 +52,23 @@ def matmul_rate(dtype: str = "float32", n: int = 1024, repeats: int = 5, *, best
 # three GEMMs a training step runs for it (:data:`MATMUL_ROLES`).  No case of
 # bench/time_fidelity.py has any of these dimensions.
 CPU_MATMUL_SHAPES = ((1536, 640, 2560), (1536, 640, 24000))
-# role → (lhs shape, rhs shape, dimension numbers) from (M, K, N).  The weight gradient
-# dW[K, N] = xᵀ·dy is laid out as XLA:CPU's optimised HLO of a train step lays it out: x as is
-# (contracted over its major dimension), dy transposed to [N, M] (contracted over its minor one),
-# which XLA:CPU runs as an Eigen dot, slower than the other two (bench/time_fidelity.py's
-# per-op profiles).
+# role → (lhs shape, rhs shape, the GEMM) from (M, K, N), each written as JAX writes it in a
+# train step's jaxpr (the weight gradient as dot_general(dy, x) over the tokens, transposed),
+# operands as parameters: XLA:CPU picks layouts, conversions and the library as in the steps'
+# optimised HLO (float32: dy transposed for an Eigen dot; bfloat16: operands converted to
+# float32 and laid out for YNNPACK).
+_DN = {"forward": (((1,), (0,)), ((), ())), "input-gradient": (((1,), (1,)), ((), ())),
+       "weight-gradient": (((0,), (0,)), ((), ()))}
 MATMUL_ROLES = {
-    "forward": (lambda m, k, n: ((m, k), (k, n), (((1,), (0,)), ((), ())))),
-    "input-gradient": (lambda m, k, n: ((m, n), (k, n), (((1,), (1,)), ((), ())))),
-    "weight-gradient": (lambda m, k, n: ((m, k), (n, m), (((0,), (1,)), ((), ())))),
+    "forward": lambda m, k, n: ((m, k), (k, n), lambda x, w: _dot(x, w, "forward")),
+    "input-gradient": lambda m, k, n: ((m, n), (k, n), lambda dy, w: _dot(dy, w, "input-gradient")),
+    "weight-gradient": lambda m, k, n: ((m, n), (m, k),
+                                        lambda dy, x: _dot(dy, x, "weight-gradient").T),
 }
+
+
+def _dot(a, b, role: str):
+    return jax.lax.dot_general(a, b, _DN[role])
 
 
 def _minor_faults() -> int:
@@ -87,11 +94,11 @@ def matmul_mix_rate(dtype: str, shapes=CPU_MATMUL_SHAPES, repeats: int = 5,
     key = jax.random.key(2)
     runs = []
     for m, k, n in shapes:
-        for role, dims in MATMUL_ROLES.items():
-            a_shape, b_shape, dn = dims(m, k, n)
+        for role, gemm in MATMUL_ROLES.items():
+            a_shape, b_shape, fn = gemm(m, k, n)
             a = jax.device_put(jax.random.normal(key, a_shape, jnp.float32).astype(dtype), dev)
             b = jax.device_put(jax.random.normal(key, b_shape, jnp.float32).astype(dtype), dev)
-            f = jax.jit(lambda a, b, dn=dn: jax.lax.dot_general(a, b, dn))
+            f = jax.jit(fn)
             f(a, b).block_until_ready()
             runs.append(((m, k, n), role, f, a, b, [], []))
     page = os.sysconf("SC_PAGE_SIZE")
