@@ -52,18 +52,29 @@ def matmul_rate(dtype: str = "float32", n: int = 1024, repeats: int = 5, *, best
 # three GEMMs a training step runs for it (:data:`MATMUL_ROLES`).  No case of
 # bench/time_fidelity.py has any of these dimensions.
 CPU_MATMUL_SHAPES = ((1536, 640, 2560), (1536, 640, 24000))
-# role → (lhs shape, rhs shape, the GEMM) from (M, K, N), each written as JAX writes it in a
-# train step's jaxpr (the weight gradient as dot_general(dy, x) over the tokens, transposed),
-# operands as parameters: XLA:CPU picks layouts, conversions and the library as in the steps'
-# optimised HLO (float32: dy transposed for an Eigen dot; bfloat16: operands converted to
-# float32 and laid out for YNNPACK).
+# role → (lhs shape, rhs shape, the GEMM) from (M, K, N, dtype), each as XLA:CPU runs it in a
+# train step (the steps' optimised HLO).  Forward and input gradient: YNNPACK GEMMs.  The
+# weight gradient dW[K, N] = xᵀ·dy: in float32 an Eigen dot of x (contracted over its major
+# dimension) and dy laid out transposed [N, M] (contracted over its minor one; the transposing
+# fusion that writes it is priced apart, tierax.costmodel.transposes); in bfloat16 XLA:CPU
+# converts the operands to float32 and lays them out for a YNNPACK GEMM, so there the GEMM is
+# written as JAX writes it (dot_general(dy, x) over the tokens, transposed) and XLA chooses.
 _DN = {"forward": (((1,), (0,)), ((), ())), "input-gradient": (((1,), (1,)), ((), ())),
-       "weight-gradient": (((0,), (0,)), ((), ()))}
+       "weight-gradient": (((0,), (0,)), ((), ())),
+       "eigen-weight-gradient": (((0,), (1,)), ((), ()))}
+
+
+def _weight_gradient(m: int, k: int, n: int, dtype: str):
+    if jnp.dtype(dtype) == jnp.float32:
+        return (m, k), (n, m), lambda x, dyt: _dot(x, dyt, "eigen-weight-gradient")
+    return (m, n), (m, k), lambda dy, x: _dot(dy, x, "weight-gradient").T
+
+
 MATMUL_ROLES = {
-    "forward": lambda m, k, n: ((m, k), (k, n), lambda x, w: _dot(x, w, "forward")),
-    "input-gradient": lambda m, k, n: ((m, n), (k, n), lambda dy, w: _dot(dy, w, "input-gradient")),
-    "weight-gradient": lambda m, k, n: ((m, n), (m, k),
-                                        lambda dy, x: _dot(dy, x, "weight-gradient").T),
+    "forward": lambda m, k, n, dt: ((m, k), (k, n), lambda x, w: _dot(x, w, "forward")),
+    "input-gradient": lambda m, k, n, dt: ((m, n), (k, n),
+                                           lambda dy, w: _dot(dy, w, "input-gradient")),
+    "weight-gradient": _weight_gradient,
 }
 
 
@@ -95,7 +106,7 @@ def matmul_mix_rate(dtype: str, shapes=CPU_MATMUL_SHAPES, repeats: int = 5,
     runs = []
     for m, k, n in shapes:
         for role, gemm in MATMUL_ROLES.items():
-            a_shape, b_shape, fn = gemm(m, k, n)
+            a_shape, b_shape, fn = gemm(m, k, n, dtype)
             a = jax.device_put(jax.random.normal(key, a_shape, jnp.float32).astype(dtype), dev)
             b = jax.device_put(jax.random.normal(key, b_shape, jnp.float32).astype(dtype), dev)
             f = jax.jit(fn)
