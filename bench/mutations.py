@@ -113,6 +113,30 @@ MUTATIONS = [
         "new": "    if False:\n        # CPU",
         "tests": ["tests/test_time_model.py"],
     },
+    {
+        "name": "transposing-fusion-term-dropped",
+        "what": "costmodel.evaluate: the step leaves out XLA:CPU's transposing fusions",
+        "file": "src/tierax/costmodel/predict.py",
+        "old": "            + first_touch + transpose)\n",
+        "new": "            + first_touch)\n",
+        "tests": ["tests/test_time_model.py"],
+    },
+    {
+        "name": "planner-ignores-transposing-fusions",
+        "what": "the planner's objective gives XLA:CPU's transposing fusions no weight",
+        "file": "src/tierax/planner.py",
+        "old": "        if not (base or save_all):\n            continue\n",
+        "new": "        if True:\n            continue\n",
+        "tests": ["tests/test_time_model.py"],
+    },
+    {
+        "name": "transposed-reads-of-named-residuals-dropped",
+        "what": "hbm.transposed_reads: a named residual's reads are not counted",
+        "file": "src/tierax/hbm.py",
+        "old": "            elif v in names:\n",
+        "new": "            elif False:\n",
+        "tests": ["tests/test_time_model.py"],
+    },
 ]
 
 
