@@ -7,15 +7,16 @@ DEMO_PLANS := save-all,remat-full,minimal,qkv-offload,deepseek-offload
 
 .PHONY: demo test results venv clean
 
-# Extras: test tools, and the deviceless compilers for GPU (CUDA 13 PJRT plugin, ptxas) and TPU (libtpu, a
-# 213 MB download, 0.7 GB installed, ~1 min here) so that `make test` runs the XLA:GPU and XLA:TPU compile tests.
+# Extras: test tools, the deviceless compilers for GPU (CUDA 13 PJRT plugin, ptxas) and TPU (libtpu, a
+# 213 MB download, 0.7 GB installed, ~1 min here) so that `make test` runs the XLA:GPU and XLA:TPU compile tests,
+# and the data extra (tokenizers, sentencepiece, tiktoken, pyarrow) for `tierax data prepare`'s tests.
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "tierax needs Python >= 3.11"'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,gpu-aot,tpu-aot]'
+	$(BIN)/python -m pip install --quiet -e '.[test,gpu-aot,tpu-aot,data]'
 	touch $(STAMP)
 
 # The demo writes only under runs/demo/ (ignored by git): a fresh clone stays clean.
@@ -30,9 +31,12 @@ demo: $(STAMP)
 results: $(STAMP)
 	$(BIN)/tierax bench --model tiny-deepseek --plans $(DEMO_PLANS) --steps 10 \
 		--out bench/results/demo-bench-tiny-deepseek.json
+	rm -rf runs/results-report
 	$(BIN)/tierax report bench/results/demo-bench-tiny-deepseek.json --out runs/results-report --readme README.md
 
+# ruff first (rules and line length in pyproject.toml): a lint failure fails the suite.
 test: $(STAMP)
+	$(BIN)/ruff check src tests bench examples
 	$(BIN)/python -m pytest -q
 
 clean:

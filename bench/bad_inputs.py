@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Run the bad inputs and faults of issue 14 against the CLI; record exit code and first stderr line of each.
+"""Run the bad inputs and faults of issue 14 against the CLI; record exit code and first stderr line
+of each.
 
-    .venv/bin/python bench/bad_inputs.py      # writes bench/results/bad_inputs.json and prints a Markdown table
+    .venv/bin/python bench/bad_inputs.py  # → bench/results/bad_inputs.json and a Markdown table
 
 Each case runs in a fresh temporary directory (nothing outside it is written). Ctrl-C, disk-full and
 damaged-checkpoint cases are exercised by tests/test_outputs.py (they need a running training).
@@ -29,13 +30,23 @@ def cases(tmp: pathlib.Path) -> list[tuple[str, list[str], str | None]]:
     nan = json.loads(pathlib.Path(DEMO).read_text())
     nan["records"][0]["step_time_s"] = float("nan")
     (tmp / "nan.json").write_text(json.dumps(nan))
-    (tmp / "run.yaml").write_text("model: tiny-llama\nplan: minimal\nmicrobatch: 2\nseq: 16\nsteps: 3\n"
-                                  "optimizer: {warmup_steps: 1}\n")
+    (tmp / "run.yaml").write_text(
+        "model: tiny-llama\nplan: minimal\nmicrobatch: 2\nseq: 16\nsteps: 3\n"
+        "optimizer: {warmup_steps: 1}\n"
+    )
     return [
         ("profile --out DIR that holds files", ["profile", "--out", str(tmp / "keep")], None),
         ("bench --out /proc/x/b.json", ["bench", "--out", "/proc/x/b.json"], None),
-        ("train with checkpoint.dir = a file", ["train", str(tmp / "run.yaml"), f"log.dir={tmp / 'r'}",
-                                                f"checkpoint.dir={tmp / 'afile'}"], None),
+        (
+            "train with checkpoint.dir = a file",
+            [
+                "train",
+                str(tmp / "run.yaml"),
+                f"log.dir={tmp / 'r'}",
+                f"checkpoint.dir={tmp / 'afile'}",
+            ],
+            None,
+        ),
         ("train log.dir=/proc/x", ["train", str(tmp / "run.yaml"), "log.dir=/proc/x"], None),
         ("compile --microbatch 0", ["compile", "--microbatch", "0"], None),
         ("bench --microbatch 0", ["bench", "--microbatch", "0"], None),
@@ -43,13 +54,29 @@ def cases(tmp: pathlib.Path) -> list[tuple[str, list[str], str | None]]:
         ("inventory --target a100", ["inventory", "--target", "a100"], None),
         ("non-UTF-8 plan file", ["simulate", "--plan", str(tmp / "plan.yaml")], None),
         ("compile --microbatch -1", ["compile", "--microbatch", "-1"], None),
-        ("verify --set vocab_size=1000000000000", ["verify", "--set", "vocab_size=1000000000000"], None),
+        (
+            "verify --set vocab_size=1000000000000",
+            ["verify", "--set", "vocab_size=1000000000000"],
+            None,
+        ),
         ("plan --budget-gib nan", ["plan", "--budget-gib", "nan"], None),
         ("plan --out /proc/x", ["plan", "--out", "/proc/x/p.yaml"], None),
         ("report --out <existing file>", ["report", DEMO, "--out", str(tmp / "afile")], None),
-        ('report of {"schema": "tierax.bench/1"}', ["report", str(tmp / "bare.json"), "--out", str(tmp / "rep")], None),
-        ("report of a record with a NaN step time", ["report", str(tmp / "nan.json"), "--out", str(tmp / "rep")], None),
-        ("inventory --json | head -c 10", ["inventory", "--model", "tiny-deepseek", "--json"], "pipe"),
+        (
+            'report of {"schema": "tierax.bench/1"}',
+            ["report", str(tmp / "bare.json"), "--out", str(tmp / "rep")],
+            None,
+        ),
+        (
+            "report of a record with a NaN step time",
+            ["report", str(tmp / "nan.json"), "--out", str(tmp / "rep")],
+            None,
+        ),
+        (
+            "inventory --json | head -c 10",
+            ["inventory", "--model", "tiny-deepseek", "--json"],
+            "pipe",
+        ),
     ]
 
 
@@ -57,13 +84,17 @@ def run(args: list[str], mode: str | None) -> tuple[int, str, float]:
     cmd = [sys.executable, "-m", "tierax.cli", *args]
     t0 = time.perf_counter()
     if mode == "pipe":
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        p = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
+        )
         p.stdout.read(10)
         p.stdout.close()
         err = p.stderr.read().decode()
         rc = p.wait()
     else:
-        r = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+        r = subprocess.run(
+            cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600
+        )
         rc, err = r.returncode, r.stderr
     lines = [ln for ln in err.splitlines() if ln.strip()]
     return rc, (lines[-1] if lines else "(nothing on stderr)"), time.perf_counter() - t0
@@ -78,12 +109,23 @@ def main() -> int:
         tmp = pathlib.Path(d)
         for what, args, mode in cases(tmp):
             rc, line, wall = run(args, mode)
-            rows.append({"case": what, "exit": rc, "stderr": line.replace(str(tmp), "TMP"), "seconds": round(wall, 1)})
+            rows.append(
+                {
+                    "case": what,
+                    "exit": rc,
+                    "stderr": line.replace(str(tmp), "TMP"),
+                    "seconds": round(wall, 1),
+                }
+            )
             print(f"| {what} | {rc} | {rows[-1]['stderr']} |", flush=True)
         kept = (tmp / "keep" / "mine.txt").read_text() == "the user's file"
-    doc = {"schema": "tierax.bad_inputs/1", "command": "python bench/bad_inputs.py",
-           "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "profile_out_untouched": kept,
-           "cases": rows}
+    doc = {
+        "schema": "tierax.bad_inputs/1",
+        "command": "python bench/bad_inputs.py",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "profile_out_untouched": kept,
+        "cases": rows,
+    }
     records.write_record(ROOT / "bench" / "results" / "bad_inputs.json", doc)
     return 0
 

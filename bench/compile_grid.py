@@ -13,10 +13,17 @@ GB200s, mesh fsdp=16,expert=8 (expert-parallel MoE), 8 × 4096 per device, loss 
 under remat-full, an offload plan and the planner's own plan (``tierax plan --out``), each with
 the compile's wall time and peak RAM (the child's max RSS) and the cost model's prediction.
 
-``--scale-dense`` (→ bench/results/compile_scale_dense.json): the dense seed case, Llama 3.1 405B on GB200s,
-2 × 8192 per device, q/k/v offloaded — 128 devices fsdp=128, 128 with a tensor axis (fsdp=16,tensor=8),
-1024 devices fsdp=1024 (2 and 1 sequences per device) — and the planner's plan at 128 fsdp=128.
-Every case records the predicted peak's and host bytes' error against XLA's.
+``--scale-dense`` (→ bench/results/compile_scale_dense.json): the dense seed case, Llama 3.1 405B on
+GB200s, 2 × 8192 per device, q/k/v offloaded — 128 devices fsdp=128, 128 with a tensor axis
+(fsdp=16,tensor=8), 1024 devices fsdp=1024 (2 and 1 sequences per device) — and the planner's plan
+at 128 fsdp=128. Every case records the predicted peak's and host bytes' error against XLA's.
+
+``--cudnn`` (→ bench/results/compile_cudnn.json): attention=cudnn (cuDNN's fused flash attention, as
+GPU trainers run it) — Llama 3 8B (32 layers) on one H200 at 2 × 4096 and DeepSeek-V3 (2 dense + 3
+MoE layers) on 8 GB200 at 1 × 4096, each beside its blockwise twin, and the 61-layer DeepSeek-V3 on
+128 GB200 (fsdp=16,expert=8, 8 × 4096) under the published offload policy and the planner's plan.
+XLA's peak there includes cuDNN's backward workspace computed from shapes (a deviceless compile
+counts it as 0).
 """
 
 from __future__ import annotations
@@ -48,18 +55,62 @@ CASES = [
     (["--model", "llama3-8b"], "remat-full", "h100", ["--microbatch", "1", "--seq", "4096"]),
     (["--model", "llama3-8b"], "qkv-offload", "h100", ["--microbatch", "1", "--seq", "4096"]),
     (["--model", "llama3-8b"], "qkv-offload", "h200", ["--microbatch", "2", "--seq", "4096"]),
-    (["--model", "llama3-8b"], "qkv-offload", "h200", ["--microbatch", "2", "--seq", "4096", "--xla-preset", "lhs"]),
-    (["--model", "llama3-8b"], "qkv-offload", "h200", ["--microbatch", "2", "--seq", "4096", "--xla-preset", "lhs-pipelined"]),
+    (
+        ["--model", "llama3-8b"],
+        "qkv-offload",
+        "h200",
+        ["--microbatch", "2", "--seq", "4096", "--xla-preset", "lhs"],
+    ),
+    (
+        ["--model", "llama3-8b"],
+        "qkv-offload",
+        "h200",
+        ["--microbatch", "2", "--seq", "4096", "--xla-preset", "lhs-pipelined"],
+    ),
     (["--model", "llama3-8b"], "deepseek-offload", "b200", ["--microbatch", "4", "--seq", "2048"]),
-    (["--model", "llama3-8b"], "qkv-offload", "gb200", ["--microbatch", "4", "--seq", "2048", "--mesh", "fsdp=8"]),
-    (["--model", "deepseek-v3-671b", *DSV3_SHORT], "remat-full", "gb200", ["--microbatch", "1", "--seq", "2048", "--mesh", "fsdp=8"]),
-    (["--model", "deepseek-v3-671b", *DSV3_SHORT], "deepseek-offload", "gb200", ["--microbatch", "1", "--seq", "2048", "--mesh", "fsdp=8"]),
-    (["--model", "deepseek-v3-671b", *DSV3_SHORT], "deepseek-offload", "gb200", ["--microbatch", "1", "--seq", "2048", "--mesh", "fsdp=8", "--xla-preset", "lhs-pipelined"]),
-    (["--model", "deepseek-v3-671b", *DSV3_SHORT], "minimal", "b200", ["--microbatch", "1", "--seq", "2048", "--mesh", "fsdp=8"]),
+    (
+        ["--model", "llama3-8b"],
+        "qkv-offload",
+        "gb200",
+        ["--microbatch", "4", "--seq", "2048", "--mesh", "fsdp=8"],
+    ),
+    (
+        ["--model", "deepseek-v3-671b", *DSV3_SHORT],
+        "remat-full",
+        "gb200",
+        ["--microbatch", "1", "--seq", "2048", "--mesh", "fsdp=8"],
+    ),
+    (
+        ["--model", "deepseek-v3-671b", *DSV3_SHORT],
+        "deepseek-offload",
+        "gb200",
+        ["--microbatch", "1", "--seq", "2048", "--mesh", "fsdp=8"],
+    ),
+    (
+        ["--model", "deepseek-v3-671b", *DSV3_SHORT],
+        "deepseek-offload",
+        "gb200",
+        ["--microbatch", "1", "--seq", "2048", "--mesh", "fsdp=8", "--xla-preset", "lhs-pipelined"],
+    ),
+    (
+        ["--model", "deepseek-v3-671b", *DSV3_SHORT],
+        "minimal",
+        "b200",
+        ["--microbatch", "1", "--seq", "2048", "--mesh", "fsdp=8"],
+    ),
 ]
 
 SCALE_MODEL = ["--model", "deepseek-v3-671b", "--set", "loss_tiles=16"]
-SCALE_SHAPE = ["--devices", "128", "--mesh", "fsdp=16,expert=8", "--microbatch", "8", "--seq", "4096"]
+SCALE_SHAPE = [
+    "--devices",
+    "128",
+    "--mesh",
+    "fsdp=16,expert=8",
+    "--microbatch",
+    "8",
+    "--seq",
+    "4096",
+]
 PLANNER_PLAN = "planner"  # placeholder: the plan `tierax plan` chooses for the scale configuration
 SCALE = [
     (SCALE_MODEL, "remat-full", "gb200", SCALE_SHAPE),
@@ -71,10 +122,48 @@ DENSE_MODEL = ["--model", "llama3.1-405b"]
 DENSE_128 = ["--devices", "128", "--mesh", "fsdp=128", "--microbatch", "2", "--seq", "8192"]
 SCALE_DENSE = [
     (DENSE_MODEL, "qkv-offload", "gb200", DENSE_128),
-    (DENSE_MODEL, "qkv-offload", "gb200", ["--devices", "128", "--mesh", "fsdp=16,tensor=8", "--microbatch", "2", "--seq", "8192"]),
-    (DENSE_MODEL, "qkv-offload", "gb200", ["--devices", "1024", "--mesh", "fsdp=1024", "--microbatch", "2", "--seq", "8192"]),
-    (DENSE_MODEL, "qkv-offload", "gb200", ["--devices", "1024", "--mesh", "fsdp=1024", "--microbatch", "1", "--seq", "8192"]),
+    (
+        DENSE_MODEL,
+        "qkv-offload",
+        "gb200",
+        ["--devices", "128", "--mesh", "fsdp=16,tensor=8", "--microbatch", "2", "--seq", "8192"],
+    ),
+    (
+        DENSE_MODEL,
+        "qkv-offload",
+        "gb200",
+        ["--devices", "1024", "--mesh", "fsdp=1024", "--microbatch", "2", "--seq", "8192"],
+    ),
+    (
+        DENSE_MODEL,
+        "qkv-offload",
+        "gb200",
+        ["--devices", "1024", "--mesh", "fsdp=1024", "--microbatch", "1", "--seq", "8192"],
+    ),
     (DENSE_MODEL, PLANNER_PLAN, "gb200", DENSE_128),
+]
+
+# cuDNN's fused attention in the step (attention=cudnn): Llama 3 8B (32 layers) on one H200 at 2 ×
+# 4096, the 5-layer DeepSeek-V3 on 8 GB200 at 1 × 4096, each beside its blockwise twin, and the
+# 61-layer DeepSeek-V3 on 128 GB200 under the planner's plan and the published offload policy.
+CUDNN_SET = ["--set", "attention=cudnn"]
+BLOCKWISE_SET = ["--set", "attention=blockwise"]
+LLAMA_2X4096 = ["--microbatch", "2", "--seq", "4096"]
+DSV3_8 = ["--mesh", "fsdp=8", "--microbatch", "1", "--seq", "4096"]
+CUDNN = [
+    (["--model", "llama3-8b", *CUDNN_SET], "remat-full", "h200", LLAMA_2X4096),
+    (["--model", "llama3-8b", *CUDNN_SET], "qkv-offload", "h200", LLAMA_2X4096),
+    (["--model", "llama3-8b", *BLOCKWISE_SET], "qkv-offload", "h200", LLAMA_2X4096),
+    (["--model", "deepseek-v3-671b", *DSV3_SHORT, *CUDNN_SET], "remat-full", "gb200", DSV3_8),
+    (["--model", "deepseek-v3-671b", *DSV3_SHORT, *CUDNN_SET], "deepseek-offload", "gb200", DSV3_8),
+    (
+        ["--model", "deepseek-v3-671b", *DSV3_SHORT, *BLOCKWISE_SET],
+        "deepseek-offload",
+        "gb200",
+        DSV3_8,
+    ),
+    ([*SCALE_MODEL, *CUDNN_SET], "deepseek-offload", "gb200", SCALE_SHAPE),
+    ([*SCALE_MODEL, *CUDNN_SET], PLANNER_PLAN, "gb200", SCALE_SHAPE),
 ]
 
 QUICK = [
@@ -84,14 +173,17 @@ QUICK = [
 
 
 def _run(cmd: list[str], timeout: float = 900) -> tuple[int, str, str, float, int | None]:
-    """(returncode, stdout, stderr, wall seconds, the child's peak RSS in bytes via /usr/bin/time, or None)."""
+    """(returncode, stdout, stderr, wall seconds, the child's peak RSS in bytes via /usr/bin/time,
+    or None)."""
     import tempfile
 
     timer = pathlib.Path("/usr/bin/time")
     with tempfile.NamedTemporaryFile("r", suffix=".rss") as rss_file:
         full = [str(timer), "-f", "%M", "-o", rss_file.name, *cmd] if timer.exists() else cmd
         t0 = time.perf_counter()
-        r = subprocess.run(full, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout)
+        r = subprocess.run(
+            full, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout
+        )
         wall = time.perf_counter() - t0
         text = rss_file.read().strip()
     rss = int(text.splitlines()[-1]) * 1024 if text and text.splitlines()[-1].isdigit() else None
@@ -99,7 +191,19 @@ def _run(cmd: list[str], timeout: float = 900) -> tuple[int, str, str, float, in
 
 
 def run_case(model_args, plan, target, extra) -> dict:
-    cmd = [sys.executable, "-m", "tierax.cli", "compile", *model_args, "--plan", plan, "--target", target, *extra, "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tierax.cli",
+        "compile",
+        *model_args,
+        "--plan",
+        plan,
+        "--target",
+        target,
+        *extra,
+        "--json",
+    ]
     code, out, err, wall, rss = _run(cmd)
     case = {"args": cmd[3:], "wall_s": wall, "max_rss_bytes": rss}
     if code != 0:
@@ -111,25 +215,55 @@ def run_case(model_args, plan, target, extra) -> dict:
 
 def planner_plan(model_args, target, extra, path: pathlib.Path) -> dict:
     """Run `tierax plan --out path` for the configuration; its prediction and timing."""
-    cmd = [sys.executable, "-m", "tierax.cli", "plan", *model_args, "--target", target, *extra,
-           "--out", str(path), "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tierax.cli",
+        "plan",
+        *model_args,
+        "--target",
+        target,
+        *extra,
+        "--out",
+        str(path),
+        "--json",
+    ]
     code, out, err, wall, rss = _run(cmd)
     if code != 0:
-        return {"args": cmd[3:], "wall_s": wall, "error": (err.strip().splitlines() or ["(no output)"])[-1]}
+        return {
+            "args": cmd[3:],
+            "wall_s": wall,
+            "error": (err.strip().splitlines() or ["(no output)"])[-1],
+        }
     return {"args": cmd[3:], "wall_s": wall, "result": json.loads(out)}
 
 
 def predicted(model_args, plan: str, target: str, extra) -> dict:
-    """`tierax simulate --json` for the same case (the cost model's peak and host bytes); an XLA preset becomes
-    the schedule the model has for it (XLA's latency-hiding scheduler runs by default: none → lhs)."""
+    """`tierax simulate --json` for the same case (the cost model's peak and host bytes); an XLA
+    preset becomes
+    the schedule the model has for it (XLA's latency-hiding scheduler runs by default: none →
+    lhs)."""
     extra = list(extra)
     schedule = "lhs"
     if "--xla-preset" in extra:
         k = extra.index("--xla-preset")
         schedule = {"none": "lhs"}.get(extra[k + 1], extra[k + 1])
-        del extra[k:k + 2]
-    cmd = [sys.executable, "-m", "tierax.cli", "simulate", *model_args, "--plan", plan, "--target", target,
-           *extra, "--schedule", schedule, "--json"]
+        del extra[k : k + 2]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tierax.cli",
+        "simulate",
+        *model_args,
+        "--plan",
+        plan,
+        "--target",
+        target,
+        *extra,
+        "--schedule",
+        schedule,
+        "--json",
+    ]
     code, out, err, _, _ = _run(cmd)
     if code != 0:
         return {"error": (err.strip().splitlines() or ["(no output)"])[-1]}
@@ -137,7 +271,8 @@ def predicted(model_args, plan: str, target: str, extra) -> dict:
 
 
 def _exposure_agreement(case: dict) -> dict | None:
-    """The cost model's exposed transfer time against the static check's, as a share of the predicted step
+    """The cost model's exposed transfer time against the static check's, as a share of the
+    predicted step
     (issue 12's criterion: within 10 % of step time)."""
     pred, res = case.get("predicted") or {}, case.get("result")
     if res is None or "breakdown" not in pred:
@@ -145,8 +280,12 @@ def _exposure_agreement(case: dict) -> dict | None:
     model = pred["breakdown"]["exposed_d2h_s"] + pred["breakdown"]["exposed_h2d_s"]
     xla = res["overlap"]["est_exposed_s"]
     step = pred["step_time_s"]
-    return {"model_exposed_s": model, "xla_exposed_s": xla, "predicted_step_s": step,
-            "difference_share_of_step": abs(model - xla) / step if step else None}
+    return {
+        "model_exposed_s": model,
+        "xla_exposed_s": xla,
+        "predicted_step_s": step,
+        "difference_share_of_step": abs(model - xla) / step if step else None,
+    }
 
 
 def _errors(case: dict) -> dict | None:
@@ -155,8 +294,12 @@ def _errors(case: dict) -> dict | None:
     if res is None or "peak_device_bytes" not in pred:
         return None
     host = res["host_temp_bytes"]
-    return {"peak": pred["peak_device_bytes"] / res["device_peak_bytes"] - 1,
-            "host": (pred["host_bytes"] / host - 1) if host else (0.0 if pred["host_bytes"] == 0 else None)}
+    return {
+        "peak": pred["peak_device_bytes"] / res["device_peak_bytes"] - 1,
+        "host": (pred["host_bytes"] / host - 1)
+        if host
+        else (0.0 if pred["host_bytes"] == 0 else None),
+    }
 
 
 def gib(n: float) -> str:
@@ -166,22 +309,58 @@ def gib(n: float) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "compile_grid.json"))
-    ap.add_argument("--quick", action="store_true", help="two tiny cases (a smoke test of this script)")
-    ap.add_argument("--scale", action="store_true",
-                    help="DeepSeek-V3 671B, 128 GB200, fsdp=16,expert=8: remat-full, an offload plan, the planner's plan")
-    ap.add_argument("--scale-dense", action="store_true",
-                    help="Llama 3.1 405B on GB200: 128 fsdp, 128 fsdp×tensor, 1024 fsdp, the planner's plan at 128")
+    ap.add_argument(
+        "--quick", action="store_true", help="two tiny cases (a smoke test of this script)"
+    )
+    ap.add_argument(
+        "--scale",
+        action="store_true",
+        help="DeepSeek-V3 671B, 128 GB200, fsdp=16,expert=8: remat-full, an offload plan, the "
+        "planner's plan",
+    )
+    ap.add_argument(
+        "--scale-dense",
+        action="store_true",
+        help="Llama 3.1 405B on GB200: 128 fsdp, 128 fsdp×tensor, 1024 fsdp, the planner's plan at "
+        "128",
+    )
+    ap.add_argument(
+        "--cudnn",
+        action="store_true",
+        help="attention=cudnn: Llama 3 8B on H200, 5- and 61-layer DeepSeek-V3 on GB200 (with the "
+        "planner's plan), beside blockwise twins",
+    )
     args = ap.parse_args()
-    record = "compile_scale_dense" if args.scale_dense else "compile_scale" if args.scale else None
+    record = (
+        "compile_cudnn"
+        if args.cudnn
+        else "compile_scale_dense"
+        if args.scale_dense
+        else "compile_scale"
+        if args.scale
+        else None
+    )
     if record and args.out == ap.get_default("out"):
         args.out = str(ROOT / "bench" / "results" / f"{record}.json")
-    cases = QUICK if args.quick else SCALE_DENSE if args.scale_dense else SCALE if args.scale else CASES
+    cases = (
+        QUICK
+        if args.quick
+        else CUDNN
+        if args.cudnn
+        else SCALE_DENSE
+        if args.scale_dense
+        else SCALE
+        if args.scale
+        else CASES
+    )
     results = []
     plan_dir = pathlib.Path(args.out).parent
     with Progress() as prog:
         task = prog.add_task("compiling", total=len(cases))
         for model_args, plan, target, extra in cases:
-            prog.update(task, description=f"{model_args[1]} {plan} {target} {' '.join(extra)}")
+            prog.update(
+                task, description=f"{' '.join(model_args[1:])} {plan} {target} {' '.join(extra)}"
+            )
             planner = None
             if plan == PLANNER_PLAN:
                 path = plan_dir / f"{record or 'compile_grid'}_planner_plan.yaml"
@@ -206,33 +385,77 @@ def main() -> int:
         "schema": "tierax.compile_grid/1",
         "command": " ".join([pathlib.Path(sys.executable).name, *sys.argv]),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"host": platform.node(), "cpu": platform.processor() or platform.machine(),
-                    "cores": os.cpu_count(), "python": platform.python_version()},
+        "machine": {
+            "host": platform.node(),
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+        },
         "jax_version": jax.__version__,
-        "note": "deviceless XLA:GPU compiles (compile-only devices, no autotuning, cuBLAS GEMMs); per-device figures",
+        "note": "deviceless XLA:GPU compiles (compile-only devices, no autotuning, cuBLAS GEMMs); "
+        "per-device figures",
         "cases": results,
     }
     out = write_text_atomic(args.out, json.dumps(doc, indent=2) + "\n")
 
     t = Table(title=f"deviceless compile grid · jax {jax.__version__} · per device")
-    for col in ("model", "plan", "target", "B/dev×seq", "dev", "preset", "peak GiB", "cap GiB", "fits",
-                "temp GiB", "host GiB", "pred GiB", "peak err", "xfer ms", "exposed ms", "model exposed ms", "Δ/step",
-                "compile s"):
-        t.add_column(col, justify="left" if col in ("model", "plan", "target", "preset") else "right")
+    for col in (
+        "model",
+        "plan",
+        "target",
+        "B/dev×seq",
+        "dev",
+        "preset",
+        "peak GiB",
+        "cap GiB",
+        "fits",
+        "temp GiB",
+        "host GiB",
+        "cuDNN calls",
+        "pred GiB",
+        "peak err",
+        "xfer ms",
+        "exposed ms",
+        "model exposed ms",
+        "Δ/step",
+        "compile s",
+    ):
+        t.add_column(
+            col, justify="left" if col in ("model", "plan", "target", "preset") else "right"
+        )
     for c in results:
         if "error" in c:
             t.add_row(" ".join(c["args"][:4]), "[red]error[/]", c["error"][:60])
             continue
         r = c["result"]
         ov = r["overlap"]
-        t.add_row(r["model"], r["plan"], r["target"], f"{r['microbatch']}×{r['seq']}", str(r["devices"]),
-                  r["xla_preset"], gib(r["device_peak_bytes"]), gib(r["device_capacity_bytes"]),
-                  "yes" if r["fits"] else "[red]no[/]", gib(r["device_temp_bytes"]), gib(r["host_temp_bytes"]),
-                  *((gib(c["predicted"]["peak_device_bytes"]), f"{er['peak']:+.1%}")
-                    if (er := c.get("prediction_error")) else ("", "")),
-                  f"{ov['est_transfer_s'] * 1e3:.2f}", f"{ov['est_exposed_s'] * 1e3:.2f}",
-                  *((f"{ag['model_exposed_s'] * 1e3:.2f}", f"{ag['difference_share_of_step']:.1%}")
-                    if (ag := c.get("exposure_agreement")) else ("", "")), f"{r['compile_time_s']:.1f}")
+        t.add_row(
+            r["model"],
+            r["plan"],
+            r["target"],
+            f"{r['microbatch']}×{r['seq']}",
+            str(r["devices"]),
+            r["xla_preset"],
+            gib(r["device_peak_bytes"]),
+            gib(r["device_capacity_bytes"]),
+            "yes" if r["fits"] else "[red]no[/]",
+            gib(r["device_temp_bytes"]),
+            gib(r["host_temp_bytes"]),
+            str(r.get("cudnn_calls", "")),
+            *(
+                (gib(c["predicted"]["peak_device_bytes"]), f"{er['peak']:+.1%}")
+                if (er := c.get("prediction_error"))
+                else ("", "")
+            ),
+            f"{ov['est_transfer_s'] * 1e3:.2f}",
+            f"{ov['est_exposed_s'] * 1e3:.2f}",
+            *(
+                (f"{ag['model_exposed_s'] * 1e3:.2f}", f"{ag['difference_share_of_step']:.1%}")
+                if (ag := c.get("exposure_agreement"))
+                else ("", "")
+            ),
+            f"{r['compile_time_s']:.1f}",
+        )
     Console(width=200).print(t)
     print(f"wrote {out}")
     return 1 if any("error" in c for c in results) else 0

@@ -14,21 +14,24 @@ bench/results/fidelity.json and prints a table with every ratio.  FLOPs are not 
 meshes with a tensor axis or an expert-parallel MoE (the LM head repeats on every tensor shard;
 capacity is per device), where one device's share is not the one-device step ÷ devices.
 
-Misses in the 2026-11-30 record (24/27 within 10 %; the traced ones from XLA's live-range dump at the peak):
+Misses in the 2026-11-30 record (24/27 within 10 %; the traced ones from XLA's live-range dump at
+the peak):
 tiny save-all (×1.17, ×1.16): XLA's peak is the end of the forward, where no layer is
 being back-propagated — the model's one-layer workspace and the 4 MiB cuBLAS workspace are
-not live then; tiny-llama qkv-offload on fsdp=4,tensor=2 (×0.86, 1.2 MiB under) not traced.  (SwiGLU's
-gate with its own backward, 2026-11-30 — residuals g and u only, each gradient materialised alone — lowered
-XLA's save-all peaks (tiny-llama 23.7 → 20.9 MiB) and the model's predictions: tiny-llama on fsdp=4,expert=2
-×1.13 → ×0.99 and minimal ×1.14 → ×1.09 are no longer misses.)  (One staged layer under the prefetching scan, 2026-11-30 — the layer in flight's
-loaded slices are in the workspace's residual set — moved tiny-deepseek deepseek-offload on fsdp=4,expert=2
-from ×1.13 to ×1.04 and DeepSeek-V3 expert=8 from ×1.03 to ×0.98.)  (The MoE backward's dispatch-sized buffers, added to the
-model on 2026-11-30, moved tiny-deepseek remat-full on fsdp=2,expert=4 from ×0.87 to ×0.98 and DeepSeek-V3
-expert=8 from ×0.91 to ×1.03.)  (llama3-8b, tiled loss, fsdp=8 missed at ×1.23 in the
-2026-11-29 record: a layer-phase term for the embedding and head gathered with full float32 gradients
-that is live at no peak; gone, ×0.95.)  FLOPs of offload plans (×0.87–0.93): the
-prefetching scan's backward recomputes more than the checkpoint-policy traces the inventory
-measures (tiny-llama qkv-offload: exact under the ``policy`` mechanism, +9 % under prefetch).
+not live then; tiny-llama qkv-offload on fsdp=4,tensor=2 (×0.86, 1.2 MiB under) not traced.
+(SwiGLU's gate with its own backward, 2026-11-30 — residuals g and u only, each gradient
+materialised alone — lowered XLA's save-all peaks (tiny-llama 23.7 → 20.9 MiB) and the model's
+predictions: tiny-llama on fsdp=4,expert=2 ×1.13 → ×0.99 and minimal ×1.14 → ×1.09 are no longer
+misses.)  (One staged layer under the prefetching scan, 2026-11-30 — the layer in flight's loaded
+slices are in the workspace's residual set — moved tiny-deepseek deepseek-offload on fsdp=4,expert=2
+from ×1.13 to ×1.04 and DeepSeek-V3 expert=8 from ×1.03 to ×0.98.)  (The MoE backward's
+dispatch-sized buffers, added to the model on 2026-11-30, moved tiny-deepseek remat-full on
+fsdp=2,expert=4 from ×0.87 to ×0.98 and DeepSeek-V3 expert=8 from ×0.91 to ×1.03.)  (llama3-8b,
+tiled loss, fsdp=8 missed at ×1.23 in the 2026-11-29 record: a layer-phase term for the embedding
+and head gathered with full float32 gradients that is live at no peak; gone, ×0.95.)  FLOPs of
+offload plans (×0.87–0.93): the prefetching scan's backward recomputes more than the
+checkpoint-policy traces the inventory measures (tiny-llama qkv-offload: exact under the ``policy``
+mechanism, +9 % under prefetch).
 
     .venv/bin/python bench/fidelity.py [--quick]
 """
@@ -58,8 +61,8 @@ from tierax import costmodel as cm  # noqa: E402
 from tierax import inventory as inv_lib  # noqa: E402
 from tierax import plan as P  # noqa: E402
 from tierax.fileio import write_text_atomic  # noqa: E402
-from tierax.models import apply_overrides, get_config  # noqa: E402
 from tierax.mesh import make_mesh, parse_mesh  # noqa: E402
+from tierax.models import apply_overrides, get_config  # noqa: E402
 from tierax.train import sharding as sh  # noqa: E402
 from tierax.train import step as S  # noqa: E402
 
@@ -98,7 +101,16 @@ CASES = [
     ("deepseek-v3-671b", DSV3_5, "deepseek-offload", "gb200", 1, 2048, "fsdp=8", False),
     ("deepseek-v3-671b", DSV3_5, "remat-full", "gb200", 1, 2048, "fsdp=4,expert=2", False),
     ("deepseek-v3-671b", DSV3_5, "deepseek-offload", "gb200", 1, 2048, "fsdp=4,expert=2", False),
-    ("deepseek-v3-671b", [*DSV3_5, "loss_tiles=16"], "deepseek-offload", "gb200", 8, 4096, "expert=8", False),
+    (
+        "deepseek-v3-671b",
+        [*DSV3_5, "loss_tiles=16"],
+        "deepseek-offload",
+        "gb200",
+        8,
+        4096,
+        "expert=8",
+        False,
+    ),
 ]
 QUICK = CASES[:2]
 PEAK_BOUND, HOST_BOUND = 0.10, 0.02  # |predicted / XLA − 1| for the device peak; host bytes
@@ -118,7 +130,10 @@ def traced_flops(cfg, plan, microbatch, seq, shape) -> float:
     graphdef, params = nnx.split(abstract_model(cfg))
     loss = S.make_loss_fn(graphdef, P.to_policies(plan, cfg))
     tokens = jax.ShapeDtypeStruct((microbatch * shape.batch_ways, seq + 1), jnp.int32)
-    return float(jaxpr_tools.matmul_flops(jax.make_jaxpr(jax.value_and_grad(loss))(params, tokens))) / shape.size
+    return (
+        float(jaxpr_tools.matmul_flops(jax.make_jaxpr(jax.value_and_grad(loss))(params, tokens)))
+        / shape.size
+    )
 
 
 def cpu_compile(cfg, plan, microbatch, seq):
@@ -130,13 +145,22 @@ def cpu_compile(cfg, plan, microbatch, seq):
     mesh = make_mesh(1, 1, devices=jax.devices()[:1])
     optimizer = S.make_optimizer()
     graphdef, state = C.abstract_train_state(cfg, optimizer, mesh)
-    tokens = jax.ShapeDtypeStruct((microbatch, seq + 1), jnp.int32, sharding=sh.batch_sharding(mesh))
-    step = S.make_train_step(graphdef, cfg, plan, optimizer, jax.tree.map(lambda x: x.sharding, state))
+    tokens = jax.ShapeDtypeStruct(
+        (microbatch, seq + 1), jnp.int32, sharding=sh.batch_sharding(mesh)
+    )
+    step = S.make_train_step(
+        graphdef, cfg, plan, optimizer, jax.tree.map(lambda x: x.sharding, state)
+    )
     compiled = step.trace(state, tokens).lower().compile()
     m = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
-    peak = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+    peak = (
+        m.argument_size_in_bytes
+        + m.output_size_in_bytes
+        + m.temp_size_in_bytes
+        - m.alias_size_in_bytes
+    )
     return int(peak), int(m.temp_size_in_bytes), float(cost.get("flops", 0.0))
 
 
@@ -148,30 +172,51 @@ def run_case(model, overrides, plan_name, target, mb, seq, mesh_text, cpu_check)
     pred = cm.simulate(plan, inv, cfg, cm.target_rates(target, cfg.dtype), "lhs")
     gpu, _ = C.compile_for_target(cfg, plan, target, microbatch=mb, seq=seq, mesh=shape)
     row = {
-        "model": cfg.name, "overrides": overrides, "plan": plan_name, "target": target, "microbatch": mb, "seq": seq,
-        "devices": shape.size, "mesh": shape.to_dict(), "attention": cfg.attention,
-        "predicted_peak_bytes": pred.peak_device_bytes, "gpu_compiled_peak_bytes": gpu.device_peak_bytes,
+        "model": cfg.name,
+        "overrides": overrides,
+        "plan": plan_name,
+        "target": target,
+        "microbatch": mb,
+        "seq": seq,
+        "devices": shape.size,
+        "mesh": shape.to_dict(),
+        "attention": cfg.attention,
+        "predicted_peak_bytes": pred.peak_device_bytes,
+        "gpu_compiled_peak_bytes": gpu.device_peak_bytes,
         "peak_ratio_gpu": pred.peak_device_bytes / gpu.device_peak_bytes,
-        "predicted_host_bytes": pred.host_bytes, "gpu_compiled_host_bytes": gpu.host_temp_bytes,
+        "predicted_host_bytes": pred.host_bytes,
+        "gpu_compiled_host_bytes": gpu.host_temp_bytes,
         "predicted_breakdown": {k: v for k, v in pred.breakdown.items() if k != "rates"},
     }
     if cpu_check:
         cpu_rates = dataclasses.replace(cm.target_rates(target, cfg.dtype), offload_is_real=False)
         cpu_pred = cm.simulate(plan, inv, cfg, cpu_rates, "lhs")
         peak, temp, flops = cpu_compile(cfg, plan, mb, seq)
-        row.update({
-            "predicted_peak_bytes_cpu": cpu_pred.peak_device_bytes, "cpu_compiled_peak_bytes": peak,
-            "cpu_compiled_temp_bytes": temp, "peak_ratio_cpu": cpu_pred.peak_device_bytes / peak,
-            "xla_cpu_cost_analysis_flops": flops,
-        })
+        row.update(
+            {
+                "predicted_peak_bytes_cpu": cpu_pred.peak_device_bytes,
+                "cpu_compiled_peak_bytes": peak,
+                "cpu_compiled_temp_bytes": temp,
+                "peak_ratio_cpu": cpu_pred.peak_device_bytes / peak,
+                "xla_cpu_cost_analysis_flops": flops,
+            }
+        )
     if shape.tensor > 1 or (shape.expert > 1 and cfg.family == "deepseek"):
-        # Not global ÷ devices: the LM head and norms repeat on every tensor shard, and the expert-parallel
-        # MoE's capacity is per device.  No independent per-device reference here: not compared.
-        row["flops_note"] = "not compared: per-device work is not the one-device step's ÷ devices on this mesh"
+        # Not global ÷ devices: the LM head and norms repeat on every tensor shard, and the
+        # expert-parallel MoE's capacity is per device.  No independent per-device reference here:
+        # not compared.
+        row["flops_note"] = (
+            "not compared: per-device work is not the one-device step's ÷ devices on this mesh"
+        )
     else:
         traced = traced_flops(cfg, plan, mb, seq, shape)
-        row.update({"predicted_flops": pred.breakdown["executed_flops"], "traced_flops": traced,
-                    "flops_ratio": pred.breakdown["executed_flops"] / traced})
+        row.update(
+            {
+                "predicted_flops": pred.breakdown["executed_flops"],
+                "traced_flops": traced,
+                "flops_ratio": pred.breakdown["executed_flops"] / traced,
+            }
+        )
     return row
 
 
@@ -179,25 +224,36 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "fidelity.json"))
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--case", type=int, action="append", help="run only case N of CASES (0-based; repeatable)")
+    ap.add_argument(
+        "--case", type=int, action="append", help="run only case N of CASES (0-based; repeatable)"
+    )
     args = ap.parse_args()
     cases = QUICK if args.quick else [CASES[i] for i in args.case] if args.case else CASES
     rows = []
     with Progress() as prog:
         task = prog.add_task("cases", total=len(cases))
         for case in cases:
-            prog.update(task, description=f"{case[0]} {' '.join(case[1])} {case[2]} {case[3]} {case[6]}")
+            prog.update(
+                task, description=f"{case[0]} {' '.join(case[1])} {case[2]} {case[3]} {case[6]}"
+            )
             t0 = time.perf_counter()
             row = run_case(*case)
             row["wall_s"] = time.perf_counter() - t0
             rows.append(row)
-            prog.console.print(f"{case[0]} {' '.join(case[1])} {case[2]} {case[3]} {case[6]} {case[4]}×{case[5]}: "
-                               f"peak {row['peak_ratio_gpu']:.3f} of XLA's {row['gpu_compiled_peak_bytes'] / 2**30:.3f} GiB, "
-                               f"host {row['predicted_host_bytes']}/{row['gpu_compiled_host_bytes']}, {row['wall_s']:.0f} s")
+            prog.console.print(
+                f"{case[0]} {' '.join(case[1])} {case[2]} {case[3]} {case[6]} {case[4]}×{case[5]}: "
+                f"peak {row['peak_ratio_gpu']:.3f} of XLA's "
+                f"{row['gpu_compiled_peak_bytes'] / 2**30:.3f} GiB, host "
+                f"{row['predicted_host_bytes']}/{row['gpu_compiled_host_bytes']}, "
+                f"{row['wall_s']:.0f} s"
+            )
             prog.advance(task)
     within = [abs(r["peak_ratio_gpu"] - 1) <= PEAK_BOUND for r in rows]
-    host_ok = [abs(r["predicted_host_bytes"] - r["gpu_compiled_host_bytes"])
-               <= HOST_BOUND * max(r["gpu_compiled_host_bytes"], 1) for r in rows]
+    host_ok = [
+        abs(r["predicted_host_bytes"] - r["gpu_compiled_host_bytes"])
+        <= HOST_BOUND * max(r["gpu_compiled_host_bytes"], 1)
+        for r in rows
+    ]
     flops_ok = [abs(r["flops_ratio"] - 1) <= 0.05 for r in rows if r.get("flops_ratio")]
     doc = {
         "schema": "tierax.fidelity/1",
@@ -205,30 +261,56 @@ def main() -> int:
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"host": platform.node(), "cpu": platform.processor() or platform.machine()},
         "jax_version": jax.__version__,
-        "summary": {"cases": len(rows), "peak_within_10pct_of_gpu_compile": sum(within),
-                    "host_within_2pct_of_gpu_compile": sum(host_ok),
-                    "flops_within_5pct": sum(flops_ok), "flops_cases": len(flops_ok)},
+        "summary": {
+            "cases": len(rows),
+            "peak_within_10pct_of_gpu_compile": sum(within),
+            "host_within_2pct_of_gpu_compile": sum(host_ok),
+            "flops_within_5pct": sum(flops_ok),
+            "flops_cases": len(flops_ok),
+        },
         "cases": rows,
     }
     out = write_text_atomic(args.out, json.dumps(doc, indent=2) + "\n")
     t = Table(title="cost model vs XLA (per device)")
-    for col in ("model", "plan", "target", "B×S", "mesh", "pred GiB", "GPU GiB", "ratio", "host pred/XLA GiB",
-                "pred CPU", "CPU GiB", "ratio", "FLOPs ratio"):
+    for col in (
+        "model",
+        "plan",
+        "target",
+        "B×S",
+        "mesh",
+        "pred GiB",
+        "GPU GiB",
+        "ratio",
+        "host pred/XLA GiB",
+        "pred CPU",
+        "CPU GiB",
+        "ratio",
+        "FLOPs ratio",
+    ):
         t.add_column(col, justify="left" if col in ("model", "plan", "target") else "right")
     g = lambda b: f"{b / 2**30:.3f}"  # noqa: E731
     for r in rows:
-        t.add_row(r["model"], r["plan"], r["target"], f"{r['microbatch']}×{r['seq']}",
-                  ",".join(f"{k}={v}" for k, v in r["mesh"].items() if v > 1) or "1",
-                  g(r["predicted_peak_bytes"]), g(r["gpu_compiled_peak_bytes"]), f"{r['peak_ratio_gpu']:.3f}",
-                  f"{g(r['predicted_host_bytes'])}/{g(r['gpu_compiled_host_bytes'])}",
-                  g(r["predicted_peak_bytes_cpu"]) if "peak_ratio_cpu" in r else "",
-                  g(r["cpu_compiled_peak_bytes"]) if "peak_ratio_cpu" in r else "",
-                  f"{r['peak_ratio_cpu']:.2f}" if "peak_ratio_cpu" in r else "",
-                  f"{r['flops_ratio']:.3f}" if r.get("flops_ratio") else "")
+        t.add_row(
+            r["model"],
+            r["plan"],
+            r["target"],
+            f"{r['microbatch']}×{r['seq']}",
+            ",".join(f"{k}={v}" for k, v in r["mesh"].items() if v > 1) or "1",
+            g(r["predicted_peak_bytes"]),
+            g(r["gpu_compiled_peak_bytes"]),
+            f"{r['peak_ratio_gpu']:.3f}",
+            f"{g(r['predicted_host_bytes'])}/{g(r['gpu_compiled_host_bytes'])}",
+            g(r["predicted_peak_bytes_cpu"]) if "peak_ratio_cpu" in r else "",
+            g(r["cpu_compiled_peak_bytes"]) if "peak_ratio_cpu" in r else "",
+            f"{r['peak_ratio_cpu']:.2f}" if "peak_ratio_cpu" in r else "",
+            f"{r['flops_ratio']:.3f}" if r.get("flops_ratio") else "",
+        )
     Console(width=200).print(t)
-    print(f"peak within 10% of the GPU compile: {sum(within)}/{len(rows)}; host bytes within 2%: "
-          f"{sum(host_ok)}/{len(rows)}; FLOPs within 5%: "
-          f"{sum(flops_ok)}/{len(flops_ok)}; wrote {out}")
+    print(
+        f"peak within 10% of the GPU compile: {sum(within)}/{len(rows)}; host bytes within 2%: "
+        f"{sum(host_ok)}/{len(rows)}; FLOPs within 5%: "
+        f"{sum(flops_ok)}/{len(flops_ok)}; wrote {out}"
+    )
     return 0
 
 

@@ -14,20 +14,22 @@ roofline's byte count that ``tierax.hlo.host_transfers`` uses (whole operands an
 
 Writes bench/results/hbm_time.json (command, machine, jax version, per case both sides by part).
 
-Findings in the 2026-11-30 record (model ÷ XLA bytes): DeepSeek-V3 5 layers, 8 GB200s expert=8, remat-full:
-1.02; Llama 3 8B H200 2 × 4096 remat-full 0.49, save-all 0.30; B200 4 × 2048 deepseek-offload 0.62; with XLA's
-attention (``--set attention=xla``) H200 1 × 2048 remat-full 0.91 (1.03 inside the loops), save-all 0.55.
-Under save-all (both attentions) XLA's own rematerialisation pass, under memory pressure on one H200,
-recomputes parts of each layer two more times (``.remat``/``.remat2`` fusions) and zero-fills the stacked
-residual buffers (a 17 GB broadcast at 1 × 2048), none of which any plan asks for. Otherwise the gap is the
-blockwise attention (llama3-8b: 64 blocks a layer, [2, 8, 4, 512, 512] float32 scores): XLA's forward passes
-over each score block three times reading ~117 MB a pass (the float32 scores, the mask, and a loop-carried
-float32 block, by its use the masked fill value hoisted out of the loop), ~0.44 GB a block against the model's
-0.16; its backward also transposes the float32 blocks around the einsums (three [2, 8, 4, 512, 512] copies a
-block), ~0.79 GB a block against the model's 0.38. Outside the attention the two are close: with XLA's
-attention the layer loops agree within 3 %; the step's code outside loops (XLA: AdamW, whose update fusions
-read 4 and write 3 parameter-sized arrays, plus gradient zeroing and the embedding's gradient) is 322 GB in
-XLA against the model's optimizer and loss, 245 GB (llama3-8b).
+Findings in the 2026-11-30 record (model ÷ XLA bytes): DeepSeek-V3 5 layers, 8 GB200s expert=8,
+remat-full:
+1.02; Llama 3 8B H200 2 × 4096 remat-full 0.49, save-all 0.30; B200 4 × 2048 deepseek-offload 0.62;
+with XLA's attention (``--set attention=xla``) H200 1 × 2048 remat-full 0.91 (1.03 inside the
+loops), save-all 0.55. Under save-all (both attentions) XLA's own rematerialisation pass, under
+memory pressure on one H200, recomputes parts of each layer two more times (``.remat``/``.remat2``
+fusions) and zero-fills the stacked residual buffers (a 17 GB broadcast at 1 × 2048), none of which
+any plan asks for. Otherwise the gap is the blockwise attention (llama3-8b: 64 blocks a layer, [2,
+8, 4, 512, 512] float32 scores): XLA's forward passes over each score block three times reading ~117
+MB a pass (the float32 scores, the mask, and a loop-carried float32 block, by its use the masked
+fill value hoisted out of the loop), ~0.44 GB a block against the model's 0.16; its backward also
+transposes the float32 blocks around the einsums (three [2, 8, 4, 512, 512] copies a block), ~0.79
+GB a block against the model's 0.38. Outside the attention the two are close: with XLA's attention
+the layer loops agree within 3 %; the step's code outside loops (XLA: AdamW, whose update fusions
+read 4 and write 3 parameter-sized arrays, plus gradient zeroing and the embedding's gradient) is
+322 GB in XLA against the model's optimizer and loss, 245 GB (llama3-8b).
 
     .venv/bin/python bench/hbm_time.py [--out bench/results/hbm_time.json] [--case N ...]
 """
@@ -58,10 +60,33 @@ CASES = [
     ("llama3-8b", ["attention=xla"], "save-all", "h200", 1, 2048, ""),
 ]
 
-SKIP = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "conditional", "call",
-        "after-all", "partition-id", "replica-id", "opt-barrier", "add-dependency", "domain"}
-COLLECTIVE = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute", "send", "recv",
-              "ragged-all-to-all", "collective-broadcast")
+SKIP = {
+    "parameter",
+    "constant",
+    "get-tuple-element",
+    "tuple",
+    "bitcast",
+    "while",
+    "conditional",
+    "call",
+    "after-all",
+    "partition-id",
+    "replica-id",
+    "opt-barrier",
+    "add-dependency",
+    "domain",
+}
+COLLECTIVE = (
+    "all-gather",
+    "all-reduce",
+    "reduce-scatter",
+    "all-to-all",
+    "collective-permute",
+    "send",
+    "recv",
+    "ragged-all-to-all",
+    "collective-broadcast",
+)
 
 
 def _fused_io(module, ins) -> tuple[float, float]:
@@ -70,12 +95,15 @@ def _fused_io(module, ins) -> tuple[float, float]:
     params = {}
     for i in comp:
         if i.opcode == "parameter":
-            m = re.match(r"\s*(\d+)", i.attrs) or re.search(r"parameter\((\d+)\)", i.type_text + i.attrs)
+            m = re.match(r"\s*(\d+)", i.attrs) or re.search(
+                r"parameter\((\d+)\)", i.type_text + i.attrs
+            )
             params[i.name] = int(m.group(1)) if m else None
     users: dict[str, list] = {}
     for i in comp:
         for o in i.operands:
             users.setdefault(o, []).append(i)
+
     def uses(name: str) -> list[tuple[str, object]]:
         """(the name used, user) of every use of ``name``, through bitcasts."""
         out = []
@@ -86,7 +114,11 @@ def _fused_io(module, ins) -> tuple[float, float]:
     read = 0.0
     for name, idx in params.items():
         us = uses(name)
-        full = module.by_name[ins.operands[idx]].out_bytes if idx is not None and idx < len(ins.operands) else 0.0
+        full = (
+            module.by_name[ins.operands[idx]].out_bytes
+            if idx is not None and idx < len(ins.operands)
+            else 0.0
+        )
         if us and all(u.opcode == "dynamic-slice" and u.operands[0] == n for n, u in us):
             read += sum(u.out_bytes for _, u in us)
         elif us and all(u.opcode == "dynamic-update-slice" and u.operands[0] == n for n, u in us):
@@ -94,13 +126,19 @@ def _fused_io(module, ins) -> tuple[float, float]:
         else:
             read += full
     root = module.by_name.get(module.roots.get(ins.attr("calls") or "", ""))
-    outs = [module.by_name[o] for o in root.operands] if root is not None and root.opcode == "tuple" else [root]
+    outs = (
+        [module.by_name[o] for o in root.operands]
+        if root is not None and root.opcode == "tuple"
+        else [root]
+    )
     written = 0.0
     for r in outs:
         if r is None:
             continue
         if r.opcode == "dynamic-update-slice":
-            written += module.by_name[r.operands[1]].out_bytes if r.operands[1] in module.by_name else 0.0
+            written += (
+                module.by_name[r.operands[1]].out_bytes if r.operands[1] in module.by_name else 0.0
+            )
         else:
             written += r.out_bytes
     return read, written
@@ -110,8 +148,12 @@ def xla_non_matmul(text: str, hbm_bps: float, rows: list | None = None) -> dict:
     from tierax import hlo
 
     module = hlo.parse_module(text)
-    # parameter numbers: "parameter(3)" is parsed with the 3 as an operand-less call; read it from the text
-    pnum = {m.group(1): int(m.group(2)) for m in re.finditer(r"%([\w.\-]+) = [^\n]*? parameter\((\d+)\)", text)}
+    # parameter numbers: "parameter(3)" is parsed with the 3 as an operand-less call; read it from
+    # the text
+    pnum = {
+        m.group(1): int(m.group(2))
+        for m in re.finditer(r"%([\w.\-]+) = [^\n]*? parameter\((\d+)\)", text)
+    }
     execs = module.executions()
     scheduled = {module.entry}
     frontier = [module.entry]
@@ -120,7 +162,11 @@ def xla_non_matmul(text: str, hbm_bps: float, rows: list | None = None) -> dict:
         for ins in module.computations.get(c, []):
             for key in ("body", "condition", "to_apply", "true_computation", "false_computation"):
                 child = ins.attr(key)
-                if child and ins.opcode in ("while", "call", "conditional") and child not in scheduled:
+                if (
+                    child
+                    and ins.opcode in ("while", "call", "conditional")
+                    and child not in scheduled
+                ):
                     scheduled.add(child)
                     frontier.append(child)
             m = re.search(r"branch_computations=\{([^}]*)\}", ins.attrs)
@@ -133,9 +179,15 @@ def xla_non_matmul(text: str, hbm_bps: float, rows: list | None = None) -> dict:
     for c in scheduled:
         for ins in module.computations[c]:
             op = ins.opcode
-            if op in SKIP or op.endswith(("-start", "-done", "-update")) or op.startswith(COLLECTIVE):
+            if (
+                op in SKIP
+                or op.endswith(("-start", "-done", "-update"))
+                or op.startswith(COLLECTIVE)
+            ):
                 continue
-            if module.instruction_flops(ins) > 0 or (op == "custom-call" and ("gemm" in ins.attrs or "cublas" in ins.attrs)):
+            if module.instruction_flops(ins) > 0 or (
+                op == "custom-call" and ("gemm" in ins.attrs or "cublas" in ins.attrs)
+            ):
                 continue
             n = execs.get(c, 1)
             if op == "fusion":
@@ -156,14 +208,30 @@ def xla_non_matmul(text: str, hbm_bps: float, rows: list | None = None) -> dict:
             naive += n * (module.operand_bytes(ins) + ins.out_bytes)
             if c != module.entry:
                 loops += n * (r + w)
-            kind = op if op != "fusion" else (re.search(r"kind=(\w+)", ins.attrs).group(1) if "kind=" in ins.attrs else "fusion")
+            kind = (
+                op
+                if op != "fusion"
+                else (
+                    re.search(r"kind=(\w+)", ins.attrs).group(1)
+                    if "kind=" in ins.attrs
+                    else "fusion"
+                )
+            )
             by_kind[kind] = by_kind.get(kind, 0.0) + n * (r + w)
-    return {"bytes": total, "seconds": total / hbm_bps, "bytes_in_loops": loops, "bytes_outside_loops": total - loops,
-            "bytes_by_kind": by_kind, "static_roofline_bytes": naive}
+    return {
+        "bytes": total,
+        "seconds": total / hbm_bps,
+        "bytes_in_loops": loops,
+        "bytes_outside_loops": total - loops,
+        "bytes_by_kind": by_kind,
+        "static_roofline_bytes": naive,
+    }
 
 
 def model_side(cfg, plan, mb: int, seq: int, mesh: dict, rates) -> dict:
-    from tierax import hbm, inventory as inv_lib, plan as plan_lib
+    from tierax import hbm
+    from tierax import inventory as inv_lib
+    from tierax import plan as plan_lib
 
     inv = inv_lib.for_plan(inv_lib.model_inventory(cfg, mb, seq, mesh), plan, cfg)
     placements = plan_lib.resolve(plan, cfg)
@@ -175,19 +243,34 @@ def model_side(cfg, plan, mb: int, seq: int, mesh: dict, rates) -> dict:
         pl = placements.get(g.name, {})
         if all(pl.get(n) is plan_lib.Placement.DEVICE for n in mine):
             continue
-        rec += g.num_layers * (g.base_recompute_hbm_bytes_per_layer + sum(
-            a.recompute_hbm_bytes_per_layer for n, a in mine.items() if pl.get(n) is plan_lib.Placement.REMAT))
+        rec += g.num_layers * (
+            g.base_recompute_hbm_bytes_per_layer
+            + sum(
+                a.recompute_hbm_bytes_per_layer
+                for n, a in mine.items()
+                if pl.get(n) is plan_lib.Placement.REMAT
+            )
+        )
     opt = hbm.optimizer_bytes(inv.param_bytes)
     total = fwd + bwd + rec + inv.loss_hbm_bytes + opt
-    return {"bytes": total, "seconds": total / rates.hbm_bytes_per_s, "layers_forward": fwd, "layers_backward": bwd,
-            "recompute": rec, "loss": inv.loss_hbm_bytes, "optimizer": opt,
-            "bytes_in_loops": fwd + bwd + rec + (inv.loss_hbm_bytes if cfg.loss_tiles > 1 else 0.0)}
+    return {
+        "bytes": total,
+        "seconds": total / rates.hbm_bytes_per_s,
+        "layers_forward": fwd,
+        "layers_backward": bwd,
+        "recompute": rec,
+        "loss": inv.loss_hbm_bytes,
+        "optimizer": opt,
+        "bytes_in_loops": fwd + bwd + rec + (inv.loss_hbm_bytes if cfg.loss_tiles > 1 else 0.0),
+    }
 
 
 def run_case(case) -> dict:
     import jax
 
-    from tierax import compile as compile_lib, costmodel, plan as plan_lib
+    from tierax import compile as compile_lib
+    from tierax import costmodel
+    from tierax import plan as plan_lib
     from tierax.mesh import MeshShape
     from tierax.models.config import get_config
     from tierax.models.config_files import apply_overrides
@@ -199,24 +282,51 @@ def run_case(case) -> dict:
     plan = plan_lib.load_plan(plan_name, cfg)
     rates = costmodel.target_rates(target, cfg.dtype)
     t0 = time.perf_counter()
-    result, text = compile_lib.compile_for_target(cfg, plan, target, microbatch=mb, seq=seq, mesh=shape)
+    result, text = compile_lib.compile_for_target(
+        cfg, plan, target, microbatch=mb, seq=seq, mesh=shape
+    )
     compile_s = time.perf_counter() - t0
     xla = xla_non_matmul(text, rates.hbm_bytes_per_s)
     t0 = time.perf_counter()
     mine = model_side(cfg, plan, mb, seq, shape.to_dict(), rates)
     model_s = time.perf_counter() - t0
-    cmd = ["tierax", "compile", "--model", model, *sum((["--set", o] for o in overrides), []), "--plan", plan_name,
-           "--target", target, "--microbatch", str(mb), "--seq", str(seq)] + (["--mesh", mesh_text] if mesh_text else [])
-    return {"command": " ".join(cmd), "devices": shape.size, "hbm_bytes_per_s": rates.hbm_bytes_per_s,
-            "xla": xla, "model": mine, "ratio_model_to_xla": mine["bytes"] / xla["bytes"],
-            "ratio_in_loops": mine["bytes_in_loops"] / xla["bytes_in_loops"] if xla["bytes_in_loops"] else None,
-            "compile_s": compile_s, "model_s": model_s, "jax_version": jax.__version__}
+    cmd = [
+        "tierax",
+        "compile",
+        "--model",
+        model,
+        *sum((["--set", o] for o in overrides), []),
+        "--plan",
+        plan_name,
+        "--target",
+        target,
+        "--microbatch",
+        str(mb),
+        "--seq",
+        str(seq),
+    ] + (["--mesh", mesh_text] if mesh_text else [])
+    return {
+        "command": " ".join(cmd),
+        "devices": shape.size,
+        "hbm_bytes_per_s": rates.hbm_bytes_per_s,
+        "xla": xla,
+        "model": mine,
+        "ratio_model_to_xla": mine["bytes"] / xla["bytes"],
+        "ratio_in_loops": mine["bytes_in_loops"] / xla["bytes_in_loops"]
+        if xla["bytes_in_loops"]
+        else None,
+        "compile_s": compile_s,
+        "model_s": model_s,
+        "jax_version": jax.__version__,
+    }
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "bench/results/hbm_time.json"))
-    ap.add_argument("--case", type=int, action="append", help="case index (repeatable; default all)")
+    ap.add_argument(
+        "--case", type=int, action="append", help="case index (repeatable; default all)"
+    )
     args = ap.parse_args(argv)
     launch.start(preset="none", deviceless_gpu=True)
     import jax
@@ -226,16 +336,27 @@ def main(argv=None) -> int:
         row = run_case(CASES[k])
         rows.append(row)
         x, m = row["xla"], row["model"]
-        print(f"{row['command']}: model {m['bytes'] / 1e9:.1f} GB ({m['seconds'] * 1e3:.1f} ms), XLA {x['bytes'] / 1e9:.1f} GB "
-              f"({x['seconds'] * 1e3:.1f} ms), ratio {row['ratio_model_to_xla']:.2f}; in loops {m['bytes_in_loops'] / 1e9:.1f} "
-              f"vs {x['bytes_in_loops'] / 1e9:.1f}; static roofline bytes {x['static_roofline_bytes'] / 1e9:.1f}", flush=True)
+        print(
+            f"{row['command']}: model {m['bytes'] / 1e9:.1f} GB ({m['seconds'] * 1e3:.1f} ms), XLA "
+            f"{x['bytes'] / 1e9:.1f} GB ({x['seconds'] * 1e3:.1f} ms), ratio "
+            f"{row['ratio_model_to_xla']:.2f}; in loops {m['bytes_in_loops'] / 1e9:.1f} vs "
+            f"{x['bytes_in_loops'] / 1e9:.1f}; static roofline bytes "
+            f"{x['static_roofline_bytes'] / 1e9:.1f}",
+            flush=True,
+        )
     record = {
-        "schema": "tierax.hbm_time/1", "command": "python bench/hbm_time.py " + " ".join(argv or sys.argv[1:]),
+        "schema": "tierax.hbm_time/1",
+        "command": "python bench/hbm_time.py " + " ".join(argv or sys.argv[1:]),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"host": platform.node(), "cpu": platform.machine(), "cores": os.cpu_count(),
-                    "python": platform.python_version()},
+        "machine": {
+            "host": platform.node(),
+            "cpu": platform.machine(),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+        },
         "jax_version": jax.__version__,
-        "note": "per device, per step; XLA side: deviceless XLA:GPU compile's scheduled HLO, non-matmul instructions",
+        "note": "per device, per step; XLA side: deviceless XLA:GPU compile's scheduled HLO, "
+        "non-matmul instructions",
         "cases": rows,
     }
     pathlib.Path(args.out).write_text(json.dumps(record, indent=1) + "\n")

@@ -31,45 +31,97 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 MUTATIONS = [
     {
         "name": "to_policies-keeps-offloaded-on-device",
-        "what": "plan.to_policies saves offloaded names in device memory instead of offloading them",
+        "what": "plan.to_policies saves offloaded names in device memory instead of offloading "
+        "them",
         "file": "src/tierax/plan/policies.py",
-        "old": "names_which_can_be_saved=[n for n, p in placements.items() if p is Placement.DEVICE],\n"
-               "            names_which_can_be_offloaded=[n for n, p in placements.items() if p is Placement.OFFLOAD],",
-        "new": "names_which_can_be_saved=[n for n, p in placements.items() if p in (Placement.DEVICE, Placement.OFFLOAD)],\n"
-               "            names_which_can_be_offloaded=[],",
+        "old": "if p is Placement.DEVICE and n != N.DECODER_LAYER_INPUT\n        ],\n        "
+        "names_which_can_be_offloaded=[n for n, p in placements.items() if p is "
+        "Placement.OFFLOAD],",
+        "new": "if p in (Placement.DEVICE, Placement.OFFLOAD) and n != N.DECODER_LAYER_INPUT\n     "
+        "   ],\n        names_which_can_be_offloaded=[],",
         "tests": ["tests/test_plan.py"],
     },
     {
         "name": "planner-ignores-exposed-transfer",
         "what": "the planner's objective gives exposed transfer time no weight",
         "file": "src/tierax/planner.py",
-        "old": "    c[ED:ED + G] = 1.0\n    c[EH:EH + G] = 1.0\n",
-        "new": "    c[ED:ED + G] = 0.0\n    c[EH:EH + G] = 0.0\n",
+        "old": "    c[ED : ED + G] = 1.0\n    c[EH : EH + G] = 1.0\n",
+        "new": "    c[ED : ED + G] = 0.0\n    c[EH : EH + G] = 0.0\n",
         "tests": ["tests/test_planner_bruteforce.py", "tests/test_planner.py"],
     },
     {
         "name": "host-transfers-cost-nothing",
         "what": "costmodel.item_terms: d2h and h2d seconds are 0",
         "file": "src/tierax/costmodel/terms.py",
-        "old": "a.total_bytes / rates.d2h_bytes_per_s, a.total_bytes / rates.h2d_bytes_per_s)",
-        "new": "0.0, 0.0)",
-        "tests": ["tests/test_costmodel_hand.py", "tests/test_planner_bruteforce.py", "tests/test_planner.py"],
+        "old": "a.total_bytes / rates.d2h_bytes_per_s,\n                    (a.total_bytes + spare "
+        "* a.bytes_per_layer) / rates.h2d_bytes_per_s,",
+        "new": "0.0,\n                    0.0,",
+        "tests": [
+            "tests/test_costmodel_hand.py",
+            "tests/test_planner_bruteforce.py",
+            "tests/test_planner.py",
+        ],
     },
     {
         "name": "verify-compares-reference-with-itself",
-        "what": "verify never runs the plan's program: the plan's loss and gradients are the reference's",
+        "what": "verify never runs the plan's program: the plan's loss and gradients are the "
+        "reference's",
         "file": "src/tierax/measure/verify.py",
-        "old": "        loss, grads = compiled_step(graphdef, p, cfg, params, tokens)(params, tokens)\n",
+        "old": "        loss, grads = compiled_step(graphdef, p, cfg, params, tokens, jmesh)"
+        "(params, tokens)\n",
         "new": "        loss, grads = ref_loss, ref_grads\n",
         "tests": ["tests/test_verify.py"],
+    },
+    # Issue 24's four, which the suite then let through, and the same gap in compile's fits.
+    {
+        "name": "plan-check-correction-wrong-sign",
+        "what": "plan --check adds XLA's miss to the next solve's budget instead of taking it off",
+        "file": "src/tierax/plan_check.py",
+        "old": "budget_bytes=budget - correction,",
+        "new": "budget_bytes=budget + correction,",
+        "tests": ["tests/test_plan_check.py"],
+    },
+    {
+        "name": "prediction-fits-without-the-reserve",
+        "what": "Prediction.fits compares the peak with the raw capacity (no runtime reserve)",
+        "file": "src/tierax/costmodel/predict.py",
+        "old": "fits=peak <= hardware.usable_bytes(rates.device_memory_bytes)",
+        "new": "fits=peak <= rates.device_memory_bytes",
+        "tests": ["tests/test_costmodel_hand.py"],
+    },
+    {
+        "name": "compile-fits-without-the-reserve",
+        "what": "CompileResult.fits compares XLA's peak with the raw capacity (no runtime reserve)",
+        "file": "src/tierax/compile.py",
+        "old": "fits=peak <= hardware.usable_bytes(spec.device_memory_bytes),",
+        "new": "fits=peak <= spec.device_memory_bytes,",
+        "tests": ["tests/test_compile.py"],
+    },
+    {
+        "name": "emit-maxtext-offloaded-mlpwo-as-device",
+        "what": "--emit maxtext writes mlpwo: device where the plan offloads mlpwo",
+        "file": "src/tierax/interop/maxtext.py",
+        "old": 'remat = {k: placements[k].value if k in placements else "remat" '
+        "for k in K.REMAT_KEYS}",
+        "new": 'remat = {k: ("device" if k == "mlpwo" and placements[k] is Placement.OFFLOAD '
+        'else placements[k].value) if k in placements else "remat" for k in K.REMAT_KEYS}',
+        "tests": ["tests/test_maxtext.py"],
+    },
+    {
+        "name": "planned-segment-boundary-shifted-by-one",
+        "what": "a planned split at layer k makes segments 0..k and k+1..n-1 (one layer late)",
+        "file": "src/tierax/planner.py",
+        "old": "for a, b in ((0, k), (k, g.num_layers))",
+        "new": "for a, b in ((0, k + 1), (k + 1, g.num_layers))",
+        "tests": ["tests/test_segments.py"],
     },
     # The time model on a calibrated CPU (issue 25; tests/test_time_model.py).
     {
         "name": "cpu-matmul-rate-float32-for-every-dtype",
         "what": "target cpu prices every compute dtype's matmuls at the float32 calibrated rate",
         "file": "src/tierax/costmodel/rates.py",
-        "old": "    matmul = cal.get(key, cal.get(\"matmul_flops_per_s\"))\n",
-        "new": "    matmul = cal.get(\"matmul_flops_per_s\")\n",
+        "old": '    matmul = cal.get(key, cal.get("matmul_flops_per_s"))\n',
+        "new": '    matmul = cal.get("matmul_flops_per_s")\n',
         "tests": ["tests/test_time_model.py"],
     },
     {
@@ -77,32 +129,32 @@ MUTATIONS = [
         "what": "target_rates ignores the calibration (file or argument): a fixed 135 GFLOP/s",
         "file": "src/tierax/costmodel/rates.py",
         "old": "    cal = (load_calibration() if calibration is None else calibration)"
-               ".get(target, {})\n",
-        "new": "    cal = {\"matmul_flops_per_s\": 135e9}\n",
+        ".get(target, {})\n",
+        "new": '    cal = {"matmul_flops_per_s": 135e9}\n',
         "tests": ["tests/test_time_model.py"],
     },
     {
         "name": "recompute-term-dropped",
         "what": "costmodel.evaluate: the step time leaves out the recomputation",
         "file": "src/tierax/costmodel/predict.py",
-        "old": "    step = (fx.compute_s + recompute + exposed_d2h",
-        "new": "    step = (fx.compute_s + exposed_d2h",
+        "old": "        fx.compute_s\n        + recompute\n",
+        "new": "        fx.compute_s\n",
         "tests": ["tests/test_time_model.py"],
     },
     {
         "name": "memory-traffic-term-dropped",
         "what": "costmodel.fixed: compute time is the matmuls alone (no non-matmul memory traffic)",
         "file": "src/tierax/costmodel/fixed.py",
-        "old": "    compute_s = executed / rates.matmul_flops_per_s + hbm_s\n",
-        "new": "    compute_s = executed / rates.matmul_flops_per_s\n",
+        "old": "return executed, hbm_s, executed / rates.matmul_flops_per_s + hbm_s, 0.0",
+        "new": "return executed, hbm_s, executed / rates.matmul_flops_per_s, 0.0",
         "tests": ["tests/test_time_model.py"],
     },
     {
         "name": "first-touch-term-dropped",
         "what": "costmodel.evaluate: the step leaves out the first write of fresh memory (CPU)",
         "file": "src/tierax/costmodel/predict.py",
-        "old": "            + first_touch)\n",
-        "new": "            )\n",
+        "old": "        + first_touch\n        + transpose\n",
+        "new": "        + transpose\n",
         "tests": ["tests/test_time_model.py"],
     },
     {
@@ -117,8 +169,8 @@ MUTATIONS = [
         "name": "transposing-fusion-term-dropped",
         "what": "costmodel.evaluate: the step leaves out XLA:CPU's transposing fusions",
         "file": "src/tierax/costmodel/predict.py",
-        "old": "            + first_touch + transpose)\n",
-        "new": "            + first_touch)\n",
+        "old": "        + first_touch\n        + transpose\n    )\n",
+        "new": "        + first_touch\n    )\n",
         "tests": ["tests/test_time_model.py"],
     },
     {
@@ -141,8 +193,11 @@ MUTATIONS = [
 
 
 def _checkout(commit: str, dest: pathlib.Path) -> None:
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "src", "tests", "pyproject.toml"],
-                             check=True, capture_output=True).stdout
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", commit, "src", "tests", "pyproject.toml"],
+        check=True,
+        capture_output=True,
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
 
 
@@ -151,9 +206,23 @@ def _run_tests(copy: pathlib.Path, files: list[str], tag: str) -> dict:
     xml = copy / f"junit-{tag}.xml"
     env = dict(os.environ, PYTHONPATH=str(copy / "src"), JAX_PLATFORMS="cpu")
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           f"--junitxml={xml}", *files], cwd=copy, env=env, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={xml}",
+            *files,
+        ],
+        cwd=copy,
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
     outcomes = {}
     if xml.exists():
         for case in ET.parse(xml).getroot().iter("testcase"):
@@ -162,14 +231,24 @@ def _run_tests(copy: pathlib.Path, files: list[str], tag: str) -> dict:
             skipped = any(child.tag == "skipped" for child in case)
             if not skipped:
                 outcomes[tid] = not bad
-    return {"outcomes": outcomes, "seconds": round(time.perf_counter() - t0, 1), "returncode": proc.returncode,
-            "tail": proc.stdout[-1500:] if not outcomes else ""}
+    return {
+        "outcomes": outcomes,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "returncode": proc.returncode,
+        "tail": proc.stdout[-1500:] if not outcomes else "",
+    }
 
 
 def _imports_from(copy: pathlib.Path) -> str:
     env = dict(os.environ, PYTHONPATH=str(copy / "src"))
-    return subprocess.run([sys.executable, "-c", "import tierax; print(tierax.__file__)"], env=env, cwd=copy,
-                          capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        [sys.executable, "-c", "import tierax; print(tierax.__file__)"],
+        env=env,
+        cwd=copy,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
 
 
 def main() -> int:
@@ -180,15 +259,23 @@ def main() -> int:
     args = ap.parse_args()
     import jax
 
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", args.commit], check=True, capture_output=True,
-                            text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", args.commit],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     chosen = [m for m in MUTATIONS if not args.only or m["name"] in args.only]
     record = {
         "schema": "tierax.mutations/1",
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": " ".join([pathlib.Path(sys.executable).name, *sys.argv]),
         "commit": commit,
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+        },
         "jax_version": jax.__version__,
         "rule": "caught = some test that passes on the unpatched copy fails on the patched copy",
         "mutations": [],
@@ -205,8 +292,11 @@ def main() -> int:
         for f in sorted({f for m in chosen for f in m["tests"]}):
             print(f"baseline {f} ...", flush=True)
             baseline[f] = _run_tests(base, [f], "base-" + pathlib.Path(f).stem)
-            print(f"  {sum(baseline[f]['outcomes'].values())}/{len(baseline[f]['outcomes'])} pass "
-                  f"({baseline[f]['seconds']} s)", flush=True)
+            print(
+                f"  {sum(baseline[f]['outcomes'].values())}/{len(baseline[f]['outcomes'])} pass "
+                f"({baseline[f]['seconds']} s)",
+                flush=True,
+            )
         for m in chosen:
             copy = tmp / m["name"]
             copy.mkdir()
@@ -214,8 +304,11 @@ def main() -> int:
             target = copy / m["file"]
             text = target.read_text()
             if text.count(m["old"]) != 1:
-                raise SystemExit(f"{m['name']}: the code to break is not (uniquely) in {m['file']} at {commit[:10]}; "
-                                 "update MUTATIONS")
+                raise SystemExit(
+                    f"{m['name']}: the code to break is not (uniquely) in {m['file']} at "
+                    f"{commit[:10]}; "
+                    "update MUTATIONS"
+                )
             target.write_text(text.replace(m["old"], m["new"]))
             entry = {k: m[k] for k in ("name", "what", "file", "tests")}
             entry["caught_by"], entry["already_failing"], entry["seconds"] = [], [], 0.0
@@ -225,15 +318,26 @@ def main() -> int:
                 entry["seconds"] += run["seconds"]
                 base_out = baseline[f]["outcomes"]
                 entry["already_failing"] += [t for t, ok in base_out.items() if not ok]
-                entry["caught_by"] += [t for t, ok in run["outcomes"].items() if not ok and base_out.get(t)]
+                entry["caught_by"] += [
+                    t for t, ok in run["outcomes"].items() if not ok and base_out.get(t)
+                ]
                 if not run["outcomes"]:
                     entry.setdefault("errors", []).append(run["tail"])
             entry["caught"] = bool(entry["caught_by"])
             entry["seconds"] = round(entry["seconds"], 1)
-            print(f"  {'CAUGHT' if entry['caught'] else 'MISSED'} by {len(entry['caught_by'])} tests", flush=True)
+            print(
+                f"  {'CAUGHT' if entry['caught'] else 'MISSED'} by {len(entry['caught_by'])} tests",
+                flush=True,
+            )
             record["mutations"].append(entry)
-    record["baseline"] = {f: {"passed": sum(b["outcomes"].values()), "tests": len(b["outcomes"]),
-                              "seconds": b["seconds"]} for f, b in baseline.items()}
+    record["baseline"] = {
+        f: {
+            "passed": sum(b["outcomes"].values()),
+            "tests": len(b["outcomes"]),
+            "seconds": b["seconds"],
+        }
+        for f, b in baseline.items()
+    }
     record["all_caught"] = all(m["caught"] for m in record["mutations"])
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

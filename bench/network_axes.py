@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""Bandwidth per mesh axis: the planner's plan and its predicted step with one interconnect figure vs per axis.
+"""Bandwidth per mesh axis: the planner's plan and its predicted step with one interconnect figure
+vs per axis.
 
-"one figure" prices every collective at the target's NVLink rate (the cost model before tierax.network: the
-same Rates with no domain limit); "per axis" prices each collective at its group's link — NVLink inside one
-domain, the scale-out NICs across domains — with this job's devices spread evenly over the domains (128
-GB200s: 64 per NVL72 rack), and once more filling each domain in order (--rate gpus_per_domain=72: 72 + 56).
-Cost-model predictions only; nothing is compiled or measured.
+"one figure" prices every collective at the target's NVLink rate (the cost model before
+tierax.network: the same Rates with no domain limit); "per axis" prices each collective at its
+group's link — NVLink inside one domain, the scale-out NICs across domains — with this job's devices
+spread evenly over the domains (128 GB200s: 64 per NVL72 rack), and once more filling each domain in
+order (--rate gpus_per_domain=72: 72 + 56). Cost-model predictions only; nothing is compiled or
+measured.
 
-    .venv/bin/python bench/network_axes.py      # writes bench/results/network_axes.json (≈ 15 s on 2 cores)
+    .venv/bin/python bench/network_axes.py  # → bench/results/network_axes.json (≈ 15 s, 2 cores)
 """
 
 from __future__ import annotations
@@ -22,8 +24,24 @@ from tierax import launch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CASES = (  # name, model, target, devices, mesh, microbatch, seq
     ("deepseek-v3 128×gb200", "deepseek-v3-671b", "gb200", 128, "fsdp=16,expert=8", 8, 4096),
-    ("deepseek-v3 128×gb200 expert=16", "deepseek-v3-671b", "gb200", 128, "fsdp=8,expert=16", 8, 4096),
-    ("deepseek-v3 8×gb200 (inside one rack; does not fit)", "deepseek-v3-671b", "gb200", 8, "expert=8", 1, 4096),
+    (
+        "deepseek-v3 128×gb200 expert=16",
+        "deepseek-v3-671b",
+        "gb200",
+        128,
+        "fsdp=8,expert=16",
+        8,
+        4096,
+    ),
+    (
+        "deepseek-v3 8×gb200 (inside one rack; does not fit)",
+        "deepseek-v3-671b",
+        "gb200",
+        8,
+        "expert=8",
+        1,
+        4096,
+    ),
     ("llama3-8b 16×h100", "llama3-8b", "h100", 16, "fsdp=16", 1, 4096),
     ("llama3-8b 8×h100 (one node)", "llama3-8b", "h100", 8, "fsdp=8", 1, 4096),
 )
@@ -47,40 +65,74 @@ def main() -> int:
         mesh = parse_mesh(mesh_text, devices)
         inv = inv_lib.model_inventory(cfg, mb, seq, mesh.to_dict())
         rates = cm.target_rates(target, cfg.dtype)
-        variants = {"one figure": dataclasses.replace(rates, nvlink_domain_gpus=0), "per axis": rates,
-                    "per axis, domains filled in order": override_rates(rates, [f"gpus_per_domain={rates.nvlink_domain_gpus}"])}
-        entry = {"name": name, "model": model, "target": target, "devices": devices, "mesh": mesh.to_dict(),
-                 "microbatch": mb, "seq": seq, "schedule": "lhs",
-                 "command": f"tierax plan --model {model} --target {target} --devices {devices} --mesh {mesh_text} "
-                            f"--microbatch {mb} --seq {seq}", "variants": {}}
+        variants = {
+            "one figure": dataclasses.replace(rates, nvlink_domain_gpus=0),
+            "per axis": rates,
+            "per axis, domains filled in order": override_rates(
+                rates, [f"gpus_per_domain={rates.nvlink_domain_gpus}"]
+            ),
+        }
+        entry = {
+            "name": name,
+            "model": model,
+            "target": target,
+            "devices": devices,
+            "mesh": mesh.to_dict(),
+            "microbatch": mb,
+            "seq": seq,
+            "schedule": "lhs",
+            "command": f"tierax plan --model {model} --target {target} --devices {devices} --mesh "
+            f"{mesh_text} --microbatch {mb} --seq {seq}",
+            "variants": {},
+        }
         before = None
         for label, r in variants.items():
             try:
                 res = planner.plan(cfg, inv, r, schedule="lhs")
-                p, placements, how = res.predicted, {f"{e.group}/{e.name}": e.choice for e in res.explain}, "planner"
-            except planner.NoPlanFits:  # nothing fits: the remat-full preset, to compare the collectives
+                p, placements, how = (
+                    res.predicted,
+                    {f"{e.group}/{e.name}": e.choice for e in res.explain},
+                    "planner",
+                )
+            except (
+                planner.NoPlanFits
+            ):  # nothing fits: the remat-full preset, to compare the collectives
                 p = cm.simulate(plan_lib.preset("remat-full", cfg), inv, cfg, r, "lhs")
                 placements, how = {}, "remat-full preset (no plan fits)"
             b = p.breakdown
             before = placements if before is None else before
             entry["variants"][label] = {
-                "plan": how, "fits": p.fits, "step_time_s": p.step_time_s, "tflops_per_device": p.tflops_per_device,
-                "compute_s": b["compute_s"], "recompute_s": b["recompute_s"], "collective_s": b["collective_s"],
-                "exposed_collective_s": b["exposed_collective_s"], "network": b["network"],
+                "plan": how,
+                "fits": p.fits,
+                "step_time_s": p.step_time_s,
+                "tflops_per_device": p.tflops_per_device,
+                "compute_s": b["compute_s"],
+                "recompute_s": b["recompute_s"],
+                "collective_s": b["collective_s"],
+                "exposed_collective_s": b["exposed_collective_s"],
+                "network": b["network"],
                 "plan_changed_vs_one_figure": placements != before,
                 "changed": sorted(k for k in placements if placements[k] != before.get(k)),
-                "placements": placements}
+                "placements": placements,
+            }
         entry["wall_s"] = round(time.perf_counter() - t0, 2)
         cases.append(entry)
         v = entry["variants"]
-        print(f"{name}: step {v['one figure']['step_time_s']:.3f} s → {v['per axis']['step_time_s']:.3f} s "
-              f"(collective {v['one figure']['collective_s']:.3f} → {v['per axis']['collective_s']:.3f} s, exposed "
-              f"{v['one figure']['exposed_collective_s']:.3f} → {v['per axis']['exposed_collective_s']:.3f} s); "
-              f"plan changed: {v['per axis']['plan_changed_vs_one_figure']}", flush=True)
+        print(
+            f"{name}: step {v['one figure']['step_time_s']:.3f} s → "
+            f"{v['per axis']['step_time_s']:.3f} s (collective "
+            f"{v['one figure']['collective_s']:.3f} → {v['per axis']['collective_s']:.3f} s, "
+            f"exposed {v['one figure']['exposed_collective_s']:.3f} → "
+            f"{v['per axis']['exposed_collective_s']:.3f} s); plan changed: "
+            f"{v['per axis']['plan_changed_vs_one_figure']}",
+            flush=True,
+        )
     doc = records.envelope("tierax.network_axes/1", "python bench/network_axes.py") | {
         "machine": records.machine_info(),
-        "note": "cost-model predictions (tierax.network); 'one figure' = every collective at NVLink, as before",
-        "cases": cases}
+        "note": "cost-model predictions (tierax.network); 'one figure' = every collective at "
+        "NVLink, as before",
+        "cases": cases,
+    }
     records.write_record(out, doc)
     print(f"wrote {out}")
     return 0

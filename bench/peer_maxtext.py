@@ -50,7 +50,11 @@ import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-VENV = pathlib.Path(os.environ.get("TIERAX_MAXTEXT_VENV", pathlib.Path.home() / ".cache" / "tierax" / "maxtext-venv"))
+VENV = pathlib.Path(
+    os.environ.get(
+        "TIERAX_MAXTEXT_VENV", pathlib.Path.home() / ".cache" / "tierax" / "maxtext-venv"
+    )
+)
 MAXTEXT_VERSION = "0.2.5"
 D_MODELS, DTYPES, REMATS = (256, 512, 1024), ("float32", "bfloat16"), ("full", "none")
 ALL_SHAPES = [f"d{d}-{t}-{r}" for d in D_MODELS for t in DTYPES for r in REMATS]
@@ -63,8 +67,19 @@ def parse_shape(name: str) -> dict:
         raise SystemExit(f"unknown shape {name!r}; choose from {', '.join(ALL_SHAPES)}")
     d, dtype, remat = name.split("-")
     d = int(d[1:])
-    return {"name": name, "d_model": d, "dtype": dtype, "remat": remat, "layers": LAYERS, "heads": d // 64,
-            "head_dim": 64, "mlp_dim": 4 * d, "vocab": VOCAB, "batch": BATCH, "seq": SEQ}
+    return {
+        "name": name,
+        "d_model": d,
+        "dtype": dtype,
+        "remat": remat,
+        "layers": LAYERS,
+        "heads": d // 64,
+        "head_dim": 64,
+        "mlp_dim": 4 * d,
+        "vocab": VOCAB,
+        "batch": BATCH,
+        "seq": SEQ,
+    }
 
 
 # --------------------------------------------------------------------------- the venv
@@ -77,20 +92,48 @@ def venv_python() -> pathlib.Path:
 def ensure_venv() -> None:
     """Create the MaxText venv if needed; install tierax into it without dependencies."""
     py = venv_python()
-    ok = py.exists() and subprocess.run(
-        [str(py), "-c", f"import maxtext.version as v, sys; sys.exit(v.__version__ != '{MAXTEXT_VERSION}')"],
-        capture_output=True).returncode == 0
+    ok = (
+        py.exists()
+        and subprocess.run(
+            [
+                str(py),
+                "-c",
+                f"import maxtext.version as v, sys; sys.exit(v.__version__ != '{MAXTEXT_VERSION}')",
+            ],
+            capture_output=True,
+        ).returncode
+        == 0
+    )
     if not ok:
-        base = shutil.which("python3.12") or subprocess.run(
-            ["pyenv", "prefix", "3.12"], capture_output=True, text=True).stdout.strip() + "/bin/python3.12"
+        base = (
+            shutil.which("python3.12")
+            or subprocess.run(
+                ["pyenv", "prefix", "3.12"], capture_output=True, text=True
+            ).stdout.strip()
+            + "/bin/python3.12"
+        )
         print(f"creating {VENV} with {base} (MaxText {MAXTEXT_VERSION}, ~3 GB)", flush=True)
         subprocess.run([base, "-m", "venv", str(VENV)], check=True)
-        subprocess.run([str(py), "-m", "pip", "install", "-q", f"maxtext[tpu]=={MAXTEXT_VERSION}"], check=True)
-    has = subprocess.run([str(py), "-c", "import tierax, pathlib, sys; "
-                          f"sys.exit(pathlib.Path(tierax.__file__).resolve().parents[1] != pathlib.Path('{ROOT / 'src'}'))"],
-                         capture_output=True).returncode == 0
+        subprocess.run(
+            [str(py), "-m", "pip", "install", "-q", f"maxtext[tpu]=={MAXTEXT_VERSION}"], check=True
+        )
+    has = (
+        subprocess.run(
+            [
+                str(py),
+                "-c",
+                "import tierax, pathlib, sys; "
+                f"sys.exit(pathlib.Path(tierax.__file__).resolve().parents[1] != "
+                f"pathlib.Path('{ROOT / 'src'}'))",
+            ],
+            capture_output=True,
+        ).returncode
+        == 0
+    )
     if not has:
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "-e", str(ROOT)], check=True)
+        subprocess.run(
+            [str(py), "-m", "pip", "install", "-q", "--no-deps", "-e", str(ROOT)], check=True
+        )
 
 
 # --------------------------------------------------------------------------- the programs
@@ -99,30 +142,78 @@ def ensure_venv() -> None:
 def _maxtext(shape: dict, workdir: str):
     """MaxText's jitted train step, its state and synthetic batch (its trainer's own setup)."""
     import jax
+    import maxtext
     from flax import nnx
     from maxtext.trainers.pre_train import train as mt
     from maxtext.utils import maxtext_utils, sharding, train_utils
-    import maxtext
 
     base = pathlib.Path(maxtext.__file__).parent / "configs" / "base.yml"
     d = shape["d_model"]
-    argv = ["train", str(base), "run_name=peer", f"base_output_directory={workdir}", "dataset_type=synthetic",
-            "steps=100000", f"per_device_batch_size={shape['batch']}", f"max_target_length={shape['seq']}",
-            f"base_emb_dim={d}", f"base_num_decoder_layers={shape['layers']}", f"base_mlp_dim={shape['mlp_dim']}",
-            f"base_num_query_heads={shape['heads']}", f"base_num_kv_heads={shape['heads']}",
-            f"head_dim={shape['head_dim']}", f"vocab_size={shape['vocab']}", f"dtype={shape['dtype']}",
-            "weight_dtype=float32", f"remat_policy={shape['remat']}", "decoder_block=llama2",
-            "attention=dot_product", "rope_max_timescale=500000", "enable_dropout=false",
-            "gradient_clipping_threshold=0", "learning_rate=1e-3", "adam_b1=0.9", "adam_b2=0.95",
-            "adam_eps=1e-8", "adam_weight_decay=0.1", "enable_checkpointing=false", "enable_tensorboard=false",
-            "scan_layers=true", "hardware=cpu", "skip_jax_distributed_system=true", "log_period=1000000"]
+    argv = [
+        "train",
+        str(base),
+        "run_name=peer",
+        f"base_output_directory={workdir}",
+        "dataset_type=synthetic",
+        "steps=100000",
+        f"per_device_batch_size={shape['batch']}",
+        f"max_target_length={shape['seq']}",
+        f"base_emb_dim={d}",
+        f"base_num_decoder_layers={shape['layers']}",
+        f"base_mlp_dim={shape['mlp_dim']}",
+        f"base_num_query_heads={shape['heads']}",
+        f"base_num_kv_heads={shape['heads']}",
+        f"head_dim={shape['head_dim']}",
+        f"vocab_size={shape['vocab']}",
+        f"dtype={shape['dtype']}",
+        "weight_dtype=float32",
+        f"remat_policy={shape['remat']}",
+        "decoder_block=llama2",
+        "attention=dot_product",
+        "rope_max_timescale=500000",
+        "enable_dropout=false",
+        "gradient_clipping_threshold=0",
+        "learning_rate=1e-3",
+        "adam_b1=0.9",
+        "adam_b2=0.95",
+        "adam_eps=1e-8",
+        "adam_weight_decay=0.1",
+        "enable_checkpointing=false",
+        "enable_tensorboard=false",
+        "scan_layers=true",
+        "hardware=cpu",
+        "skip_jax_distributed_system=true",
+        "log_period=1000000",
+    ]
     config, recorder = mt.initialize(argv)
-    (init_rng, _ckpt, state_mesh_shardings, _model, mesh, _lr, _it, _loader, _ramp, eval_it,
-     state) = train_utils.setup_train_loop(config, recorder)
+    (
+        init_rng,
+        _ckpt,
+        state_mesh_shardings,
+        _model,
+        mesh,
+        _lr,
+        _it,
+        _loader,
+        _ramp,
+        eval_it,
+        state,
+    ) = train_utils.setup_train_loop(config, recorder)
     jit_model, state = nnx.split(state)
-    params_shardings, state_mesh_shardings = sharding.maybe_update_params_sharding_with_opt(config, state_mesh_shardings)
-    p_train_step, _ = train_utils.jit_train_and_eval_step(config, jit_model, mesh, state, state_mesh_shardings,
-                                                          mt.train_step, mt.eval_step, eval_it, params_shardings)
+    params_shardings, state_mesh_shardings = sharding.maybe_update_params_sharding_with_opt(
+        config, state_mesh_shardings
+    )
+    p_train_step, _ = train_utils.jit_train_and_eval_step(
+        config,
+        jit_model,
+        mesh,
+        state,
+        state_mesh_shardings,
+        mt.train_step,
+        mt.eval_step,
+        eval_it,
+        params_shardings,
+    )
     import contextlib
 
     from flax.core.spmd import logical_axis_rules as rules_ctx
@@ -147,12 +238,16 @@ def _maxtext(shape: dict, workdir: str):
 
     def loss():
         m = box["metrics"]
-        flat = {"/".join(str(getattr(k, "key", k)) for k in path): v
-                for path, v in jax.tree_util.tree_flatten_with_path(m)[0]}
+        flat = {
+            "/".join(str(getattr(k, "key", k)) for k in path): v
+            for path, v in jax.tree_util.tree_flatten_with_path(m)[0]
+        }
         keys = [k for k in flat if k.endswith("learning/loss")] or [k for k in flat if "loss" in k]
         return float(flat[keys[0]])
 
-    n_params = sum(x.size for x in jax.tree.leaves(nnx.state(nnx.merge(jit_model, state).model, nnx.Param)))
+    n_params = sum(
+        x.size for x in jax.tree.leaves(nnx.state(nnx.merge(jit_model, state).model, nnx.Param))
+    )
     return step, loss, n_params, compiled
 
 
@@ -167,21 +262,38 @@ def _tierax(shape: dict):
     from tierax.train import sharding as sh
     from tierax.train import step as step_lib
 
-    cfg = LlamaConfig(name=f"peer-{shape['name']}", vocab_size=shape["vocab"], d_model=shape["d_model"],
-                      num_layers=shape["layers"], num_heads=shape["heads"], num_kv_heads=shape["heads"],
-                      head_dim=shape["head_dim"], mlp_dim=shape["mlp_dim"], dtype=shape["dtype"])
+    cfg = LlamaConfig(
+        name=f"peer-{shape['name']}",
+        vocab_size=shape["vocab"],
+        d_model=shape["d_model"],
+        num_layers=shape["layers"],
+        num_heads=shape["heads"],
+        num_kv_heads=shape["heads"],
+        head_dim=shape["head_dim"],
+        mlp_dim=shape["mlp_dim"],
+        dtype=shape["dtype"],
+    )
     plan = plan_lib.preset("remat-full" if shape["remat"] == "full" else "save-all", cfg)
     mesh = MeshShape(fsdp=1).make()
     optimizer = step_lib.make_optimizer()
-    tokens = jax.device_put(step_lib.synthetic_batch(cfg, shape["batch"], shape["seq"]), sh.batch_sharding(mesh))
+    tokens = jax.device_put(
+        step_lib.synthetic_batch(cfg, shape["batch"], shape["seq"]), sh.batch_sharding(mesh)
+    )
 
     def build():
         graphdef, state = step_lib.init_state(cfg, optimizer, mesh=mesh)
-        return step_lib.make_train_step(graphdef, cfg, plan, optimizer, step_lib.shardings_of(state)), state
+        return step_lib.make_train_step(
+            graphdef, cfg, plan, optimizer, step_lib.shardings_of(state)
+        ), state
 
     prepared = harness.prepare(build, tokens, warmup=0, devices=mesh.devices.flat)
     n_params = sum(x.size for x in jax.tree.leaves(prepared.state.params))
-    return (lambda: prepared.step(tokens)), (lambda: float(prepared.metrics["loss"])), n_params, prepared.fn
+    return (
+        (lambda: prepared.step(tokens)),
+        (lambda: float(prepared.metrics["loss"])),
+        n_params,
+        prepared.fn,
+    )
 
 
 def _reference(shape: dict):
@@ -190,9 +302,15 @@ def _reference(shape: dict):
     sys.path.insert(0, str(ROOT / "bench"))
     import reference_step
 
-    fn, state, tokens = reference_step.make(d_model=shape["d_model"], dtype=shape["dtype"], remat=shape["remat"],
-                                            layers=shape["layers"], vocab=shape["vocab"], batch=shape["batch"],
-                                            seq=shape["seq"])
+    fn, state, tokens = reference_step.make(
+        d_model=shape["d_model"],
+        dtype=shape["dtype"],
+        remat=shape["remat"],
+        layers=shape["layers"],
+        vocab=shape["vocab"],
+        batch=shape["batch"],
+        seq=shape["seq"],
+    )
     n_params = reference_step.param_count(state)
     fn = fn.lower(state, tokens).compile()
     box = {"state": state, "metrics": None}
@@ -232,8 +350,11 @@ def serve(program: str, shape_name: str, warmup: int, dump: str | None = None) -
     out = sys.stdout
     sys.stdout = sys.stderr  # the programs' own prints must not break the protocol
     workdir = tempfile.mkdtemp(prefix="tierax-peer-")
-    builders = {"tierax": lambda: _tierax(shape), "reference": lambda: _reference(shape),
-                "maxtext": lambda: _maxtext(shape, workdir)}
+    builders = {
+        "tierax": lambda: _tierax(shape),
+        "reference": lambda: _reference(shape),
+        "maxtext": lambda: _maxtext(shape, workdir),
+    }
     t0 = time.perf_counter()
     step, loss, n_params, compiled = builders[program]()
     cost = _cost(compiled, f"{shape_name}-{program}", dump)
@@ -242,8 +363,13 @@ def serve(program: str, shape_name: str, warmup: int, dump: str | None = None) -
     first_loss = loss()
     for _ in range(warmup):
         step()
-    info = {"setup_and_first_step_s": time.perf_counter() - t0, "first_step_loss": first_loss,
-            "param_count": int(n_params), "jax_version": jax.__version__, **cost}
+    info = {
+        "setup_and_first_step_s": time.perf_counter() - t0,
+        "first_step_loss": first_loss,
+        "param_count": int(n_params),
+        "jax_version": jax.__version__,
+        **cost,
+    }
     out.write(json.dumps({"ready": info}) + "\n")
     out.flush()
     try:
@@ -256,8 +382,13 @@ def serve(program: str, shape_name: str, warmup: int, dump: str | None = None) -
                 r0, t = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
                 step()
                 wall, r1 = time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF)
-                steps.append([wall, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime),
-                              r1.ru_minflt - r0.ru_minflt])
+                steps.append(
+                    [
+                        wall,
+                        (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime),
+                        r1.ru_minflt - r0.ru_minflt,
+                    ]
+                )
             out.write(json.dumps({"steps": steps}) + "\n")
             out.flush()
     finally:
@@ -267,20 +398,37 @@ def serve(program: str, shape_name: str, warmup: int, dump: str | None = None) -
 class _Program:
     """The parent's handle on one ``serve`` process."""
 
-    def __init__(self, py: str, program: str, shape_name: str, warmup: int, dump: str | None, env: dict):
+    def __init__(
+        self, py: str, program: str, shape_name: str, warmup: int, dump: str | None, env: dict
+    ):
         self.name = program
         self.proc = subprocess.Popen(
-            [py, __file__, "--serve", program, "--shapes", shape_name, "--warmup", str(warmup),
-             *(["--dump-hlo", dump] if dump else [])],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+            [
+                py,
+                __file__,
+                "--serve",
+                program,
+                "--shapes",
+                shape_name,
+                "--warmup",
+                str(warmup),
+                *(["--dump-hlo", dump] if dump else []),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         self.info = self._read()["ready"]
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
         if not line:
             code = self.proc.wait()
-            raise SystemExit(f"{self.name}: its worker process ended (exit {code}) before answering; "
-                             "its error is printed above")
+            raise SystemExit(
+                f"{self.name}: its worker process ended (exit {code}) before answering; "
+                "its error is printed above"
+            )
         return json.loads(line)
 
     def run(self, k: int) -> list:
@@ -298,31 +446,51 @@ class _Program:
                 self.proc.kill()
 
 
-def run_shape(py: str, shape_name: str, programs: list[str], rounds: int, per_round: int, warmup: int,
-              dump: str | None, env: dict) -> dict:
+def run_shape(
+    py: str,
+    shape_name: str,
+    programs: list[str],
+    rounds: int,
+    per_round: int,
+    warmup: int,
+    dump: str | None,
+    env: dict,
+) -> dict:
     """Start one process per program (one after another), then time them in interleaved rounds."""
     handles = []
     try:
         for p in [p for p in PROGRAMS if p in programs]:
             handles.append(_Program(py, p, shape_name, warmup, dump, env))
         per = {h.name: [] for h in handles}  # per round: [[wall, cpu, faults] per step]
-        load = []  # the machine's 1-minute load average after each round (2 cores: above ~2, others were running)
+        # the machine's 1-minute load average after each round (2 cores: above ~2, others were
+        # running)
+        load = []
         for r in range(rounds):
-            rot = handles[r % len(handles):] + handles[: r % len(handles)]
+            rot = handles[r % len(handles) :] + handles[: r % len(handles)]
             for h in rot:
                 per[h.name].append(h.run(per_round))
             load.append(os.getloadavg()[0])
-            print(f"  {shape_name} round {r + 1}/{rounds} (load {load[-1]:.1f}): "
-                  + "  ".join(f"{h.name} {statistics.median(s[0] for s in per[h.name][-1]):.3f}s" for h in handles),
-                  flush=True)
+            print(
+                f"  {shape_name} round {r + 1}/{rounds} (load {load[-1]:.1f}): "
+                + "  ".join(
+                    f"{h.name} {statistics.median(s[0] for s in per[h.name][-1]):.3f}s"
+                    for h in handles
+                ),
+                flush=True,
+            )
     finally:
         for h in handles:
             h.close()
-    return {"shape": parse_shape(shape_name), "info": {h.name: h.info for h in handles},
-            "step_times_s": {p: [[s[0] for s in rnd] for rnd in rounds_] for p, rounds_ in per.items()},
-            "step_cpu_s": {p: [[s[1] for s in rnd] for rnd in rounds_] for p, rounds_ in per.items()},
-            "step_minor_faults": {p: [[s[2] for s in rnd] for rnd in rounds_] for p, rounds_ in per.items()},
-            "load_per_round": load}
+    return {
+        "shape": parse_shape(shape_name),
+        "info": {h.name: h.info for h in handles},
+        "step_times_s": {p: [[s[0] for s in rnd] for rnd in rounds_] for p, rounds_ in per.items()},
+        "step_cpu_s": {p: [[s[1] for s in rnd] for rnd in rounds_] for p, rounds_ in per.items()},
+        "step_minor_faults": {
+            p: [[s[2] for s in rnd] for rnd in rounds_] for p, rounds_ in per.items()
+        },
+        "load_per_round": load,
+    }
 
 
 # --------------------------------------------------------------------------- the summary
@@ -331,7 +499,14 @@ def run_shape(py: str, shape_name: str, programs: list[str], rounds: int, per_ro
 def _quantiles(xs):
     xs = sorted(xs)
     q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
-    return {"median": statistics.median(xs), "q25": q[0], "q75": q[2], "min": xs[0], "max": xs[-1], "n": len(xs)}
+    return {
+        "median": statistics.median(xs),
+        "q25": q[0],
+        "q75": q[2],
+        "min": xs[0],
+        "max": xs[-1],
+        "n": len(xs),
+    }
 
 
 def _ratio(info: dict, key: str, other: str):
@@ -342,39 +517,61 @@ def _ratio(info: dict, key: str, other: str):
 def summarise(res: dict) -> dict:
     per = res["step_times_s"]
     round_med = {p: [statistics.median(ts) for ts in rounds] for p, rounds in per.items()}
-    out = {"shape": res["shape"]["name"], "programs": {}, "load_per_round": res.get("load_per_round")}
+    out = {
+        "shape": res["shape"]["name"],
+        "programs": {},
+        "load_per_round": res.get("load_per_round"),
+    }
     for p, meds in round_med.items():
         cpu = [c for rnd in res.get("step_cpu_s", {}).get(p, []) for c in rnd]
         faults = [f for rnd in res.get("step_minor_faults", {}).get(p, []) for f in rnd]
-        out["programs"][p] = {"median_step_s": statistics.median(meds), "round_medians_s": meds,
-                              "step_times_s": per[p],
-                              "median_step_cpu_s": statistics.median(cpu) if cpu else None,
-                              "median_minor_faults_per_step": statistics.median(faults) if faults else None,
-                              **res["info"][p]}
+        out["programs"][p] = {
+            "median_step_s": statistics.median(meds),
+            "round_medians_s": meds,
+            "step_times_s": per[p],
+            "median_step_cpu_s": statistics.median(cpu) if cpu else None,
+            "median_minor_faults_per_step": statistics.median(faults) if faults else None,
+            **res["info"][p],
+        }
     for other in ("maxtext", "reference"):
         if "tierax" in round_med and other in round_med:
-            ratios = [a / b for a, b in zip(round_med["tierax"], round_med[other])]
+            ratios = [a / b for a, b in zip(round_med["tierax"], round_med[other], strict=False)]
             out[f"tierax_over_{other}"] = {
-                "ratio_of_medians": statistics.median(round_med["tierax"]) / statistics.median(round_med[other]),
-                "per_round": _quantiles(ratios), "per_round_ratios": ratios,
-                "cpu_ratio_of_medians": (out["programs"]["tierax"]["median_step_cpu_s"]
-                                         / out["programs"][other]["median_step_cpu_s"])
-                if out["programs"][other]["median_step_cpu_s"] else None,
+                "ratio_of_medians": statistics.median(round_med["tierax"])
+                / statistics.median(round_med[other]),
+                "per_round": _quantiles(ratios),
+                "per_round_ratios": ratios,
+                "cpu_ratio_of_medians": (
+                    out["programs"]["tierax"]["median_step_cpu_s"]
+                    / out["programs"][other]["median_step_cpu_s"]
+                )
+                if out["programs"][other]["median_step_cpu_s"]
+                else None,
                 "xla_bytes_accessed_ratio": _ratio(res["info"], "xla_bytes_accessed", other),
-                "xla_flops_ratio": _ratio(res["info"], "xla_flops", other)}
+                "xla_flops_ratio": _ratio(res["info"], "xla_flops", other),
+            }
     return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shapes", default=",".join(ALL_SHAPES), help="comma-separated subset of " + ", ".join(ALL_SHAPES))
+    ap.add_argument(
+        "--shapes",
+        default=",".join(ALL_SHAPES),
+        help="comma-separated subset of " + ", ".join(ALL_SHAPES),
+    )
     ap.add_argument("--programs", default=",".join(PROGRAMS))
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--steps-per-round", type=int, default=1)
-    ap.add_argument("--warmup", type=int, default=2, help="steps after the first, per program, before timing")
+    ap.add_argument(
+        "--warmup", type=int, default=2, help="steps after the first, per program, before timing"
+    )
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "peer_maxtext.json"))
-    ap.add_argument("--no-venv", action="store_true", help="run with this interpreter (needs MaxText here, or "
-                    "--programs tierax,reference)")
+    ap.add_argument(
+        "--no-venv",
+        action="store_true",
+        help="run with this interpreter (needs MaxText here, or --programs tierax,reference)",
+    )
     ap.add_argument("--dump-hlo", help="write each program's compiled HLO text to this folder")
     ap.add_argument("--serve", help=argparse.SUPPRESS)  # internal: run one program (see serve())
     args = ap.parse_args(argv)
@@ -389,42 +586,78 @@ def main(argv=None) -> int:
     if not args.no_venv:
         ensure_venv()
         py = str(venv_python())
-    command = " ".join(["python bench/peer_maxtext.py", *(argv if argv is not None else sys.argv[1:])])
+    command = " ".join(
+        ["python bench/peer_maxtext.py", *(argv if argv is not None else sys.argv[1:])]
+    )
     # The envelope from the venv's interpreter: the record's jax is the one all three ran on.
-    env_code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from tierax.records import envelope; "
-                "print(json.dumps(envelope('tierax.peer-maxtext/1', sys.argv[2])))")
-    envl = json.loads(subprocess.run([py, "-c", env_code, str(ROOT / "src"), command], check=True,
-                                     capture_output=True, text=True,
-                                     env=dict(os.environ, JAX_PLATFORMS="cpu")).stdout)
+    env_code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); from tierax.records import envelope; "
+        "print(json.dumps(envelope('tierax.peer-maxtext/1', sys.argv[2])))"
+    )
+    envl = json.loads(
+        subprocess.run(
+            [py, "-c", env_code, str(ROOT / "src"), command],
+            check=True,
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        ).stdout
+    )
     from tierax.records import write_record
 
     results = []
     for s in shapes:
-        print(f"{s}: {', '.join(programs)} × {args.rounds} rounds × {args.steps_per_round} steps", flush=True)
-        env = dict(os.environ, JAX_PLATFORMS="cpu", DECOUPLE_GCLOUD="TRUE", PYTHONPATH=str(ROOT / "src"))
-        res = run_shape(py, s, programs, args.rounds, args.steps_per_round, args.warmup, args.dump_hlo, env)
+        print(
+            f"{s}: {', '.join(programs)} × {args.rounds} rounds × {args.steps_per_round} steps",
+            flush=True,
+        )
+        env = dict(
+            os.environ, JAX_PLATFORMS="cpu", DECOUPLE_GCLOUD="TRUE", PYTHONPATH=str(ROOT / "src")
+        )
+        res = run_shape(
+            py, s, programs, args.rounds, args.steps_per_round, args.warmup, args.dump_hlo, env
+        )
         results.append(summarise(res))
         r = results[-1]
-        print("  " + "  ".join(f"{k}: {v['ratio_of_medians']:.3f} (rounds {v['per_round']['min']:.3f}–"
-                               f"{v['per_round']['max']:.3f})" for k, v in r.items() if k.startswith("tierax_over")),
-              flush=True)
+        print(
+            "  "
+            + "  ".join(
+                f"{k}: {v['ratio_of_medians']:.3f} (rounds {v['per_round']['min']:.3f}–"
+                f"{v['per_round']['max']:.3f})"
+                for k, v in r.items()
+                if k.startswith("tierax_over")
+            ),
+            flush=True,
+        )
         done = [x["shape"] for x in results]
         doc = envl | {
             "maxtext_version": MAXTEXT_VERSION if "maxtext" in programs else None,
             "shapes_run": done,
             "shapes_not_run": [x for x in ALL_SHAPES if x not in done],
             "programs": programs,
-            "rounds": args.rounds, "steps_per_round": args.steps_per_round, "warmup_steps": args.warmup,
-            "method": ("each program runs in its own process (built one after another), so no program shares "
-                       "an allocator, buffers or global flags with another; then interleaved rounds (order rotating), "
-                       "the parent asking each process in turn for --steps-per-round steps; a program's round time is "
-                       "the median of its steps in that round; median_step_s is the median of round times; "
-                       "tierax_over_X.per_round are quantiles of the per-round ratios; cpu: the process's user + "
-                       "system seconds per step (getrusage), minor faults likewise; xla_* are the compiled step's "
-                       "static counts (XLA cost analysis)"),
-            "shape_definition": {"layers": LAYERS, "vocab": VOCAB, "batch": BATCH, "seq": SEQ, "mlp": "4·d_model",
-                                 "heads": "d_model/64 (kv heads the same), head_dim 64", "param_dtype": "float32",
-                                 "optimizer": "AdamW lr 1e-3 b1 0.9 b2 0.95 eps 1e-8 wd 0.1, no clipping"},
+            "rounds": args.rounds,
+            "steps_per_round": args.steps_per_round,
+            "warmup_steps": args.warmup,
+            "method": (
+                "each program runs in its own process (built one after another), so no program "
+                "shares an allocator, buffers or global flags with another; then interleaved "
+                "rounds (order rotating), the parent asking each process in turn for "
+                "--steps-per-round steps; a program's round time is the median of its steps in "
+                "that round; median_step_s is the median of round times; tierax_over_X.per_round "
+                "are quantiles of the per-round ratios; cpu: the process's user + system seconds "
+                "per step (getrusage), minor faults likewise; xla_* are the compiled step's static "
+                "counts (XLA cost analysis)"
+            ),
+            "shape_definition": {
+                "layers": LAYERS,
+                "vocab": VOCAB,
+                "batch": BATCH,
+                "seq": SEQ,
+                "mlp": "4·d_model",
+                "heads": "d_model/64 (kv heads the same), head_dim 64",
+                "param_dtype": "float32",
+                "optimizer": "AdamW lr 1e-3 b1 0.9 b2 0.95 eps 1e-8 wd 0.1, no clipping",
+            },
             "ln_vocab": math.log(VOCAB),
             "results": results,
         }

@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""``tierax plan --check`` on recorded cases: every iteration's prediction against XLA's deviceless compile.
+"""``tierax plan --check`` on recorded cases: each iteration's prediction against XLA's compile.
 
-Cases: DeepSeek-V3 671B at the scale configuration (128 GB200, fsdp=16 × expert=8, 8 × 4096 per device,
-loss in 16 tiles); a 5-layer DeepSeek-V3 on 8 GB200s (expert=8) at a 114 GiB budget, where the first plan
-does not fit in XLA and the loop repairs it; and any given with ``--case "ARGS"``.  Each runs ``tierax plan ... --check --json`` in
-a child process; the record keeps each iteration (budget, workspace correction, predicted and XLA peak,
-fits, exposed transfer time both ways, compile seconds) and whether the loop converged.  Writes
-bench/results/plan_check.json.
+Cases: DeepSeek-V3 671B at the scale configuration (128 GB200, fsdp=16 × expert=8, 8 × 4096 per
+device, loss in 16 tiles); a 5-layer DeepSeek-V3 on 8 GB200s (expert=8) at a 114 GiB budget, where
+the first plan does not fit in XLA and the loop repairs it; and any given with ``--case "ARGS"``.
+Each runs ``tierax plan ... --check --json`` in a child process; the record keeps each iteration
+(budget, workspace correction, predicted and XLA peak, fits, exposed transfer time both ways,
+compile seconds) and whether the loop converged.  Writes bench/results/plan_check.json.
 
-    .venv/bin/python bench/plan_check.py [--quick] [--case "--model llama3-8b --target h200 ..."] [--out FILE]
+    .venv/bin/python bench/plan_check.py [--quick] [--out FILE] \
+        [--case "--model llama3-8b --target h200 ..."]
 """
 
 from __future__ import annotations
@@ -24,26 +25,77 @@ import time
 from tierax import records, xla_flags
 from tierax.fileio import check_output_file, write_text_atomic
 
-xla_flags.configure(cpu_devices=1)  # this process only writes the record; the child plans and compiles
+xla_flags.configure(
+    cpu_devices=1
+)  # this process only writes the record; the child plans and compiles
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CASES = {
     "deepseek-v3-671b gb200×128 fsdp=16,expert=8 mb8×4096": [
-        "--model", "deepseek-v3-671b", "--set", "loss_tiles=16", "--target", "gb200", "--devices", "128",
-        "--mesh", "fsdp=16,expert=8", "--microbatch", "8", "--seq", "4096"],
+        "--model",
+        "deepseek-v3-671b",
+        "--set",
+        "loss_tiles=16",
+        "--target",
+        "gb200",
+        "--devices",
+        "128",
+        "--mesh",
+        "fsdp=16,expert=8",
+        "--microbatch",
+        "8",
+        "--seq",
+        "4096",
+    ],
 }
-# Budget-bound at 114 GiB: the first plan compiles to more than the budget (the model is 1.1 % low there).
+# Budget-bound at 114 GiB: the first plan compiles to more than the budget (the model is 1.1 % low
+# there).
 CASES["deepseek-v3 5-layer gb200×8 expert=8 mb8×4096 budget 114 GiB"] = [
-    "--model", "deepseek-v3-671b", "--set", "num_layers=5", "--set", "first_dense_layers=2", "--set", "loss_tiles=16",
-    "--target", "gb200", "--mesh", "expert=8", "--microbatch", "8", "--seq", "4096", "--budget-gib", "114"]
-QUICK = {"tiny-llama h200 mb8×64": ["--model", "tiny-llama", "--target", "h200", "--microbatch", "8", "--seq", "64"]}
+    "--model",
+    "deepseek-v3-671b",
+    "--set",
+    "num_layers=5",
+    "--set",
+    "first_dense_layers=2",
+    "--set",
+    "loss_tiles=16",
+    "--target",
+    "gb200",
+    "--mesh",
+    "expert=8",
+    "--microbatch",
+    "8",
+    "--seq",
+    "4096",
+    "--budget-gib",
+    "114",
+]
+QUICK = {
+    "tiny-llama h200 mb8×64": [
+        "--model",
+        "tiny-llama",
+        "--target",
+        "h200",
+        "--microbatch",
+        "8",
+        "--seq",
+        "64",
+    ]
+}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "plan_check.json"))
-    ap.add_argument("--quick", action="store_true", help="one tiny case (a smoke test of this script)")
-    ap.add_argument("--case", action="append", default=[], help="extra `tierax plan` arguments (quoted), repeatable")
+    ap.add_argument(
+        "--quick", action="store_true", help="one tiny case (a smoke test of this script)"
+    )
+    ap.add_argument(
+        "--case",
+        action="append",
+        default=[],
+        help="extra `tierax plan` arguments (quoted), repeatable",
+    )
     args = ap.parse_args()
     check_output_file(args.out, "--out")
     cases = dict(QUICK if args.quick else CASES)
@@ -53,22 +105,36 @@ def main() -> int:
         cmd = [sys.executable, "-m", "tierax.cli", "plan", *cargs, "--check", "--json"]
         print(f"{label}: tierax plan {' '.join(cargs)} --check", flush=True)
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=3600)
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=3600
+        )
         wall = time.perf_counter() - t0
         lines = [x for x in proc.stdout.splitlines() if x.startswith("check ")]
         print("\n".join(lines), flush=True)
         start = proc.stdout.find("{")
         if proc.returncode not in (0, 1) or start < 0:
-            out[label] = {"command": "tierax plan " + " ".join(cargs) + " --check", "returncode": proc.returncode,
-                          "error": proc.stderr.strip().splitlines()[-3:], "wall_s": wall}
+            out[label] = {
+                "command": "tierax plan " + " ".join(cargs) + " --check",
+                "returncode": proc.returncode,
+                "error": proc.stderr.strip().splitlines()[-3:],
+                "wall_s": wall,
+            }
             ok = False
             continue
         result = json.JSONDecoder().raw_decode(proc.stdout[start:])[0]
-        out[label] = {"command": "tierax plan " + " ".join(cargs) + " --check", "returncode": proc.returncode,
-                      "wall_s": round(wall, 1), "progress": lines, **result}
+        out[label] = {
+            "command": "tierax plan " + " ".join(cargs) + " --check",
+            "returncode": proc.returncode,
+            "wall_s": round(wall, 1),
+            "progress": lines,
+            **result,
+        }
         ok = ok and result["converged"]
     record = records.envelope("tierax.plan_check/1", " ".join(["python", *sys.argv])) | {
-        "cases": out, "note": "deviceless XLA compiles (no device ran); the correction is to the workspace term only"}
+        "cases": out,
+        "note": "deviceless XLA compiles (no device ran); the correction is to the workspace term "
+        "only",
+    }
     write_text_atomic(args.out, json.dumps(record, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0 if ok else 1

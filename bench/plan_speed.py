@@ -31,8 +31,21 @@ import time
 from tierax.fileio import write_text_atomic
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-CASE = ["plan", "--model", "deepseek-v3-671b", "--target", "gb200", "--devices", "128", "--mesh", "fsdp=16,expert=8",
-        "--microbatch", "8", "--seq", "4096"]
+CASE = [
+    "plan",
+    "--model",
+    "deepseek-v3-671b",
+    "--target",
+    "gb200",
+    "--devices",
+    "128",
+    "--mesh",
+    "fsdp=16,expert=8",
+    "--microbatch",
+    "8",
+    "--seq",
+    "4096",
+]
 CASES = {"microbatch-8": CASE, "max-microbatch": CASE[:-4] + ["--seq", "4096", "--max-microbatch"]}
 
 
@@ -41,8 +54,15 @@ def _run(case: list[str], src: str | None) -> tuple[float, subprocess.CompletedP
     if src:  # the baseline's sources ahead of the editable install
         env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "tierax.cli", *case, "--json"], capture_output=True, text=True,
-                       stdin=subprocess.DEVNULL, timeout=600, env=env, cwd=tempfile.gettempdir())
+    r = subprocess.run(
+        [sys.executable, "-m", "tierax.cli", *case, "--json"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=600,
+        env=env,
+        cwd=tempfile.gettempdir(),
+    )
     return time.perf_counter() - t0, r
 
 
@@ -50,19 +70,29 @@ def _outcome(r: subprocess.CompletedProcess) -> dict:
     outcome = {"returncode": r.returncode}
     if r.returncode == 0:
         doc = json.loads(r.stdout)
-        outcome.update({"microbatch": doc["microbatch"],
-                        "predicted": {k: v for k, v in doc["predicted"].items() if k != "breakdown"},
-                        "choices": {f"{e['group']}/{e['name']}": e["choice"] for e in doc["explain"]}})
+        outcome.update(
+            {
+                "microbatch": doc["microbatch"],
+                "predicted": {k: v for k, v in doc["predicted"].items() if k != "breakdown"},
+                "choices": {f"{e['group']}/{e['name']}": e["choice"] for e in doc["explain"]},
+            }
+        )
     else:
         outcome["message"] = r.stderr.strip().splitlines()[-1]
     return outcome
 
 
 def _extract(rev: str, into: pathlib.Path) -> str:
-    sha = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT, capture_output=True,
-                         text=True, check=True).stdout.strip()
-    archive = subprocess.run(["git", "archive", "--format=tar", sha, "src"], cwd=ROOT, capture_output=True,
-                             check=True).stdout
+    sha = subprocess.run(
+        ["git", "rev-parse", "--verify", f"{rev}^{{commit}}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", sha, "src"], cwd=ROOT, capture_output=True, check=True
+    ).stdout
     tar_path = into / "src.tar"
     tar_path.write_bytes(archive)
     with tarfile.open(tar_path) as tar:
@@ -73,8 +103,14 @@ def _extract(rev: str, into: pathlib.Path) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--baseline", metavar="REV", help="also time git revision REV, interleaved with the working tree")
-    ap.add_argument("--rev", metavar="REV", help="time git revision REV instead of the working tree")
+    ap.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also time git revision REV, interleaved with the working tree",
+    )
+    ap.add_argument(
+        "--rev", metavar="REV", help="time git revision REV instead of the working tree"
+    )
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "plan_speed.json"))
     args = ap.parse_args()
     import jax
@@ -82,8 +118,12 @@ def main() -> int:
     record = {
         "schema": "tierax.plan_speed/1",
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"host": platform.node(), "cores": os.cpu_count(), "python": platform.python_version(),
-                    "load_average_1min_at_start": os.getloadavg()[0]},
+        "machine": {
+            "host": platform.node(),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_average_1min_at_start": os.getloadavg()[0],
+        },
         "jax_version": jax.__version__,
         "goal_s": 10.0,
         "cases": {},
@@ -97,7 +137,10 @@ def main() -> int:
             record["baseline"] = {"rev": args.baseline, "commit": sha}
         if args.rev:
             (pathlib.Path(tmp) / "rev").mkdir()
-            record["rev"] = {"rev": args.rev, "commit": _extract(args.rev, pathlib.Path(tmp) / "rev")}
+            record["rev"] = {
+                "rev": args.rev,
+                "commit": _extract(args.rev, pathlib.Path(tmp) / "rev"),
+            }
             cur_src = str(pathlib.Path(tmp) / "rev" / "src")
         for key, case in CASES.items():
             walls, base_walls, last, base_last, same = [], [], None, None, True
@@ -108,18 +151,35 @@ def main() -> int:
                 wall, last = _run(case, cur_src)
                 walls.append(wall)
                 if base_src:
-                    same = same and (last.returncode, last.stdout) == (base_last.returncode, base_last.stdout)
-            entry = {"command": "tierax " + " ".join(case), "wall_s": walls, "median_wall_s": statistics.median(walls),
-                     "outcome": _outcome(last)}
-            line = f"{key}: median {statistics.median(walls):.1f} s over {args.repeats} runs (goal 10 s), exit {last.returncode}"
+                    same = same and (last.returncode, last.stdout) == (
+                        base_last.returncode,
+                        base_last.stdout,
+                    )
+            entry = {
+                "command": "tierax " + " ".join(case),
+                "wall_s": walls,
+                "median_wall_s": statistics.median(walls),
+                "outcome": _outcome(last),
+            }
+            line = (
+                f"{key}: median {statistics.median(walls):.1f} s over {args.repeats} runs "
+                f"(goal 10 s), exit {last.returncode}"
+            )
             if base_src:
-                entry["baseline"] = {"wall_s": base_walls, "median_wall_s": statistics.median(base_walls),
-                                     "identical_json": same}
-                line += (f"; baseline {args.baseline} median {statistics.median(base_walls):.1f} s, "
-                         f"same JSON: {same}")
+                entry["baseline"] = {
+                    "wall_s": base_walls,
+                    "median_wall_s": statistics.median(base_walls),
+                    "identical_json": same,
+                }
+                line += (
+                    f"; baseline {args.baseline} median {statistics.median(base_walls):.1f} s, "
+                    f"same JSON: {same}"
+                )
             record["cases"][key] = entry
             print(line)
-    record["machine"]["load_average_1min_at_end"] = os.getloadavg()[0]  # other work on the cores slows every run
+    record["machine"]["load_average_1min_at_end"] = os.getloadavg()[
+        0
+    ]  # other work on the cores slows every run
     out = write_text_atomic(args.out, json.dumps(record, indent=2) + "\n")
     print(f"wrote {out}")
     return 0

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Do host copies hide?  The static overlap check of deviceless XLA:GPU compiles, per offload mechanism.
+"""Do host copies hide?  The static overlap check of deviceless XLA:GPU compiles, per mechanism.
 
 For the two configurations issue 12 names — Llama-3-8B with q/k/v offloaded on one H200
 (2 × 4096 tokens) and DeepSeek-V3 (2 dense + 3 MoE layers) with the routed experts'
@@ -32,26 +32,63 @@ from rich.table import Table
 from tierax import records, xla_flags
 from tierax.fileio import check_output_file, write_text_atomic
 
-xla_flags.configure(cpu_devices=1)  # this process only writes the record (jax_version); children compile
+xla_flags.configure(
+    cpu_devices=1
+)  # this process only writes the record (jax_version); children compile
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 GOAL = 0.10
 
-QKV = {"decoder": {"default": "remat", "decoder_layer_input": "device",
-                   "query_proj": "offload", "key_proj": "offload", "value_proj": "offload"}}
-MOE_UP = {"dense": {"default": "remat", "decoder_layer_input": "device"},
-          "moe": {"default": "remat", "decoder_layer_input": "device",
-                  "moe_mlpwi_0": "offload", "moe_mlpwi_1": "offload"}}
+QKV = {
+    "decoder": {
+        "default": "remat",
+        "decoder_layer_input": "device",
+        "query_proj": "offload",
+        "key_proj": "offload",
+        "value_proj": "offload",
+    }
+}
+MOE_UP = {
+    "dense": {"default": "remat", "decoder_layer_input": "device"},
+    "moe": {
+        "default": "remat",
+        "decoder_layer_input": "device",
+        "moe_mlpwi_0": "offload",
+        "moe_mlpwi_1": "offload",
+    },
+}
 
 CASES = {
     "llama3-8b qkv-offload h200 mb2×4096": (
-        QKV, ["--model", "llama3-8b", "--target", "h200", "--microbatch", "2", "--seq", "4096"]),
+        QKV,
+        ["--model", "llama3-8b", "--target", "h200", "--microbatch", "2", "--seq", "4096"],
+    ),
     "deepseek-v3 5-layer moe-up-offload gb200 fsdp=8 mb1×4096": (
-        MOE_UP, ["--model", "deepseek-v3-671b", "--set", "num_layers=5", "--set", "first_dense_layers=2",
-                 "--target", "gb200", "--mesh", "fsdp=8", "--microbatch", "1", "--seq", "4096"]),
+        MOE_UP,
+        [
+            "--model",
+            "deepseek-v3-671b",
+            "--set",
+            "num_layers=5",
+            "--set",
+            "first_dense_layers=2",
+            "--target",
+            "gb200",
+            "--mesh",
+            "fsdp=8",
+            "--microbatch",
+            "1",
+            "--seq",
+            "4096",
+        ],
+    ),
 }
-QUICK = {"tiny-llama qkv-offload h200 mb2×64": (QKV, ["--model", "tiny-llama", "--target", "h200",
-                                                       "--microbatch", "2", "--seq", "64"])}
+QUICK = {
+    "tiny-llama qkv-offload h200 mb2×64": (
+        QKV,
+        ["--model", "tiny-llama", "--target", "h200", "--microbatch", "2", "--seq", "64"],
+    )
+}
 MECHANISMS = ("prefetch", "policy")
 PRESETS = ("none", "lhs", "lhs-pipelined")
 JUDGED = ("prefetch/none", "prefetch/lhs")  # the goal applies to these
@@ -61,32 +98,63 @@ def _plan_file(tmp: pathlib.Path, groups: dict, mechanism: str) -> pathlib.Path:
     import yaml
 
     path = tmp / f"{mechanism}-{abs(hash(json.dumps(groups, sort_keys=True)))}.yaml"
-    path.write_text(yaml.safe_dump({"plan": f"offload-{mechanism}", "mechanism": mechanism, "groups": groups},
-                                   sort_keys=False))
+    path.write_text(
+        yaml.safe_dump(
+            {"plan": f"offload-{mechanism}", "mechanism": mechanism, "groups": groups},
+            sort_keys=False,
+        )
+    )
     return path
 
 
 def compile_case(args: list[str], plan: pathlib.Path, preset: str) -> dict:
-    cmd = [sys.executable, "-m", "tierax.cli", "compile", *args, "--plan", str(plan), "--xla-preset", preset, "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tierax.cli",
+        "compile",
+        *args,
+        "--plan",
+        str(plan),
+        "--xla-preset",
+        preset,
+        "--json",
+    ]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL
+    )
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        return {"returncode": proc.returncode, "error": proc.stderr.strip().splitlines()[-1:], "wall_s": wall}
+        return {
+            "returncode": proc.returncode,
+            "error": proc.stderr.strip().splitlines()[-1:],
+            "wall_s": wall,
+        }
     r = json.loads(proc.stdout)
     ov = r["overlap"]
-    share = {d: (v["est_exposed_s"] / v["est_transfer_s"] if v["est_transfer_s"] else 0.0)
-             for d, v in ov["by_direction"].items()}
-    return {"returncode": 0, "wall_s": round(wall, 1), "device_peak_bytes": r["device_peak_bytes"],
-            "host_temp_bytes": r["host_temp_bytes"], "fits": r["fits"],
-            "offloaded_on_host": all(o["on_host"] for o in r["offloaded"]),
-            "overlap": ov, "exposed_share": share}
+    share = {
+        d: (v["est_exposed_s"] / v["est_transfer_s"] if v["est_transfer_s"] else 0.0)
+        for d, v in ov["by_direction"].items()
+    }
+    return {
+        "returncode": 0,
+        "wall_s": round(wall, 1),
+        "device_peak_bytes": r["device_peak_bytes"],
+        "host_temp_bytes": r["host_temp_bytes"],
+        "fits": r["fits"],
+        "offloaded_on_host": all(o["on_host"] for o in r["offloaded"]),
+        "overlap": ov,
+        "exposed_share": share,
+    }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "prefetch_overlap.json"))
-    ap.add_argument("--quick", action="store_true", help="one tiny case (a smoke test of this script)")
+    ap.add_argument(
+        "--quick", action="store_true", help="one tiny case (a smoke test of this script)"
+    )
     args = ap.parse_args()
     check_output_file(args.out, "--out")
     cases = QUICK if args.quick else CASES
@@ -100,9 +168,21 @@ def main() -> int:
                 for preset in PRESETS:
                     console.print(f"[dim]{label} · {mech} · {preset}[/]")
                     out[label][f"{mech}/{preset}"] = r = compile_case(cargs, plan, preset)
-                    r["command"] = "tierax compile " + " ".join(cargs) + f" --plan <{mech} plan> --xla-preset {preset}"
+                    r["command"] = (
+                        "tierax compile "
+                        + " ".join(cargs)
+                        + f" --plan <{mech} plan> --xla-preset {preset}"
+                    )
     table = Table(title=f"exposed share of host-transfer time (goal ≤ {GOAL:.0%} with prefetch)")
-    for col in ("case", "mechanism/preset", "peak GiB", "host GiB", "D2H exposed", "H2D exposed", "goal"):
+    for col in (
+        "case",
+        "mechanism/preset",
+        "peak GiB",
+        "host GiB",
+        "D2H exposed",
+        "H2D exposed",
+        "goal",
+    ):
         table.add_column(col)
     met = True
     for label, runs in out.items():
@@ -115,15 +195,24 @@ def main() -> int:
             ok = max(sh.get("d2h", 0), sh.get("h2d", 0)) <= GOAL
             if key in JUDGED:
                 met = met and ok
-            table.add_row(label, key, f"{r['device_peak_bytes'] / 2**30:.1f}", f"{r['host_temp_bytes'] / 2**30:.2f}",
-                          f"{sh.get('d2h', 0):.0%}", f"{sh.get('h2d', 0):.0%}",
-                          ("✓" if ok else "✗") if key in JUDGED else "")
+            table.add_row(
+                label,
+                key,
+                f"{r['device_peak_bytes'] / 2**30:.1f}",
+                f"{r['host_temp_bytes'] / 2**30:.2f}",
+                f"{sh.get('d2h', 0):.0%}",
+                f"{sh.get('h2d', 0):.0%}",
+                ("✓" if ok else "✗") if key in JUDGED else "",
+            )
     Console(width=150).print(table)
     record = records.envelope("tierax.prefetch_overlap/1", " ".join(["python", *sys.argv])) | {
-        "goal_exposed_share": GOAL, "judged": list(JUDGED), "goal_met_by_prefetch": met, "cases": out,
-        "note": "static overlap check of the scheduled HLO (tierax.hlo; concurrent copies share the link); "
-                "deviceless XLA:GPU compiles scheduled within the run's device budget "
-                "(hardware.scheduling_target_config); no GPU ran",
+        "goal_exposed_share": GOAL,
+        "judged": list(JUDGED),
+        "goal_met_by_prefetch": met,
+        "cases": out,
+        "note": "static overlap check of the scheduled HLO (tierax.hlo; concurrent copies share "
+        "the link); deviceless XLA:GPU compiles scheduled within the run's device budget "
+        "(hardware.scheduling_target_config); no GPU ran",
     }
     write_text_atomic(args.out, json.dumps(record, indent=2) + "\n")
     console.print(f"wrote {args.out}")

@@ -22,7 +22,9 @@ import math
 import os
 import time
 
-if not os.path.exists("/proc/driver/nvidia"):  # an installed CUDA plugin must not try to start on a CPU machine
+if not os.path.exists(
+    "/proc/driver/nvidia"
+):  # an installed CUDA plugin must not try to start on a CPU machine
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
@@ -40,9 +42,15 @@ def init_params(key, *, vocab: int, d: int, layers: int, heads: int, head_dim: i
     return {
         "embed": jax.random.normal(next(ks), (vocab, d), jnp.float32),
         "layers": {
-            "attn_norm": jnp.ones((L, d)), "mlp_norm": jnp.ones((L, d)),
-            "wq": w((L, d, hd), d), "wk": w((L, d, hd), d), "wv": w((L, d, hd), d), "wo": w((L, hd, d), hd),
-            "wi_0": w((L, d, mlp), d), "wi_1": w((L, d, mlp), d), "wo_mlp": w((L, mlp, d), mlp),
+            "attn_norm": jnp.ones((L, d)),
+            "mlp_norm": jnp.ones((L, d)),
+            "wq": w((L, d, hd), d),
+            "wk": w((L, d, hd), d),
+            "wv": w((L, d, hd), d),
+            "wo": w((L, hd, d), hd),
+            "wi_0": w((L, d, mlp), d),
+            "wi_1": w((L, d, mlp), d),
+            "wo_mlp": w((L, mlp, d), mlp),
         },
         "final_norm": jnp.ones((d,)),
         "head": w((d, vocab), d),
@@ -51,12 +59,16 @@ def init_params(key, *, vocab: int, d: int, layers: int, heads: int, head_dim: i
 
 def rms_norm(x, scale, eps=1e-5):
     x32 = x.astype(jnp.float32)
-    return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + eps) * scale).astype(x.dtype)
+    return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + eps) * scale).astype(
+        x.dtype
+    )
 
 
 def rope(x, theta=500_000.0):  # x [B, S, H, d], rotate-half form
     S, d = x.shape[1], x.shape[-1]
-    ang = jnp.arange(S, dtype=jnp.float32)[:, None] * theta ** (-jnp.arange(0, d, 2, dtype=jnp.float32) / d)
+    ang = jnp.arange(S, dtype=jnp.float32)[:, None] * theta ** (
+        -jnp.arange(0, d, 2, dtype=jnp.float32) / d
+    )
     sin, cos = jnp.sin(ang)[:, None, :], jnp.cos(ang)[:, None, :]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, -1)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x.dtype)
@@ -82,10 +94,14 @@ def loss_fn(params, tokens, *, heads: int, dtype, remat: str):
     x = params["embed"].astype(dtype)[inputs]
     body = lambda x, p: (layer(x, p, heads, dtype), None)  # noqa: E731
     if remat == "full":
-        body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable, prevent_cse=False)
+        body = jax.checkpoint(
+            body, policy=jax.checkpoint_policies.nothing_saveable, prevent_cse=False
+        )
     x, _ = jax.lax.scan(body, x, params["layers"])
     h = rms_norm(x, params["final_norm"])
-    logits = jnp.einsum("bsd,dv->bsv", h, params["head"].astype(dtype), preferred_element_type=jnp.float32)
+    logits = jnp.einsum(
+        "bsd,dv->bsv", h, params["head"].astype(dtype), preferred_element_type=jnp.float32
+    )
     lse = jax.nn.logsumexp(logits, -1)
     target = jnp.take_along_axis(logits, targets[..., None], -1)[..., 0]
     return jnp.mean(lse - target)
@@ -96,28 +112,47 @@ def adamw(params, grads, m, v, step, *, lr=1e-3, b1=0.9, b2=0.95, eps=1e-8, wd=0
     m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, m, grads)
     v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, v, grads)
     c1, c2 = 1 - b1**t, 1 - b2**t
-    params = jax.tree.map(lambda p, m, v: p - lr * ((m / c1) / (jnp.sqrt(v / c2) + eps) + wd * p), params, m, v)
+    params = jax.tree.map(
+        lambda p, m, v: p - lr * ((m / c1) / (jnp.sqrt(v / c2) + eps) + wd * p), params, m, v
+    )
     return params, m, v
 
 
-def make(*, d_model: int, dtype: str = "float32", remat: str = "full", layers: int = 4, vocab: int = 32000,
-         batch: int = 4, seq: int = 256, seed: int = 0):
-    """(jitted step(state, tokens) -> (state, metrics) with the state donated, state, tokens [batch, seq+1])."""
+def make(
+    *,
+    d_model: int,
+    dtype: str = "float32",
+    remat: str = "full",
+    layers: int = 4,
+    vocab: int = 32000,
+    batch: int = 4,
+    seq: int = 256,
+    seed: int = 0,
+):
+    """(jitted step(state, tokens) -> (state, metrics) with the state donated, state,
+    tokens [batch, seq+1])."""
     heads, head_dim, mlp = d_model // 64, 64, 4 * d_model
     dt = jnp.dtype(dtype)
-    params = jax.jit(lambda k: init_params(k, vocab=vocab, d=d_model, layers=layers, heads=heads,
-                                           head_dim=head_dim, mlp=mlp))(jax.random.key(seed))
+    params = jax.jit(
+        lambda k: init_params(
+            k, vocab=vocab, d=d_model, layers=layers, heads=heads, head_dim=head_dim, mlp=mlp
+        )
+    )(jax.random.key(seed))
     zeros = jax.tree.map(jnp.zeros_like, params)
     state = (params, zeros, jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.int32))
 
     def step(state, tokens):
         params, m, v, n = state
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, heads=heads, dtype=dt, remat=remat)
+        loss, grads = jax.value_and_grad(loss_fn)(
+            params, tokens, heads=heads, dtype=dt, remat=remat
+        )
         gnorm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
         params, m, v = adamw(params, grads, m, v, n)
         return (params, m, v, n + 1), {"loss": loss, "grad_norm": gnorm}
 
-    tokens = jax.random.randint(jax.random.key(seed + 1), (batch, seq + 1), 0, vocab, dtype=jnp.int32)
+    tokens = jax.random.randint(
+        jax.random.key(seed + 1), (batch, seq + 1), 0, vocab, dtype=jnp.int32
+    )
     return jax.jit(step, donate_argnums=(0,)), state, tokens
 
 

@@ -46,25 +46,31 @@ def main(argv=None) -> int:
     work = pathlib.Path(tempfile.mkdtemp(prefix="tierax-overhead-"))
     n, rounds = args.steps_per_round, args.rounds
     probe = train_config.load_train_config(args.config, args.overrides)
-    extra = [f"log.dir={work / 'run'}", "checkpoint.every=0", "log.plot=false", f"steps={(rounds + 1) * n}"]
+    extra = [
+        f"log.dir={work / 'run'}",
+        "checkpoint.every=0",
+        "log.plot=false",
+        f"steps={(rounds + 1) * n}",
+    ]
     if probe.data.source == "tokens":
         extra.append(f"data.path={work / 'tokens'}")
     cfg = train_config.load_train_config(args.config, [*args.overrides, *extra])
-    xla_flags.configure(cpu_devices=None if xla_flags.expects_gpu() else cfg.mesh.size, preset=cfg.xla_preset)
+    xla_flags.configure(
+        cpu_devices=None if xla_flags.expects_gpu() else cfg.mesh.size, preset=cfg.xla_preset
+    )
 
     import jax
     import optax
     from rich.console import Console
 
     from tierax import plan as plan_lib
-    from tierax.records import machine_info
     from tierax.fileio import write_text_atomic
+    from tierax.records import machine_info
     from tierax.train import data as data_lib
     from tierax.train import loop
+    from tierax.train import step as step_lib
     from tierax.train.progress import RichReporter
     from tierax.train.schedule import lr_schedule
-    from tierax.train import sharding as sh
-    from tierax.train import step as step_lib
 
     if cfg.data.source == "tokens":
         data_lib.prepare_text(ROOT / "data" / "sample.txt", work / "tokens")
@@ -76,17 +82,22 @@ def main(argv=None) -> int:
     # --- the hand-written baseline -------------------------------------------------------
     mesh = cfg.mesh.make()
     o = cfg.optimizer
-    optimizer = step_lib.make_optimizer(lr_schedule(cfg), o.weight_decay, b1=o.b1, b2=o.b2, eps=o.eps,
-                                        grad_clip=o.grad_clip)
+    optimizer = step_lib.make_optimizer(
+        lr_schedule(cfg), o.weight_decay, b1=o.b1, b2=o.b2, eps=o.eps, grad_clip=o.grad_clip
+    )
     graphdef, state = step_lib.init_state(cfg.model, optimizer, seed=cfg.seed, mesh=mesh)
     loss_fn = step_lib.make_loss_fn(graphdef, plan_lib.to_policies(cfg.plan, cfg.model))
 
     def hand_step(state, tokens):
         loss, grads = jax.value_and_grad(loss_fn)(state.params, tokens)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        return step_lib.TrainState(optax.apply_updates(state.params, updates), opt_state, state.step + 1), loss
+        return step_lib.TrainState(
+            optax.apply_updates(state.params, updates), opt_state, state.step + 1
+        ), loss
 
-    hand = jax.jit(hand_step, donate_argnums=(0,), out_shardings=(step_lib.shardings_of(state), None))
+    hand = jax.jit(
+        hand_step, donate_argnums=(0,), out_shardings=(step_lib.shardings_of(state), None)
+    )
     tokens = trainer.batch(1)  # the loop's own first batch, already on the devices
 
     def run_hand(state):
@@ -102,7 +113,7 @@ def main(argv=None) -> int:
     run_loop()
     loop_s, hand_s = [], []
     for r in range(rounds):
-        for which in (("loop", "hand") if r % 2 == 0 else ("hand", "loop")):
+        for which in ("loop", "hand") if r % 2 == 0 else ("hand", "loop"):
             t0 = time.perf_counter()
             if which == "loop":
                 run_loop()
@@ -112,11 +123,12 @@ def main(argv=None) -> int:
                 hand_s.append((time.perf_counter() - t0) / n)
     trainer.close()
 
-    paired = [a / b for a, b in zip(loop_s, hand_s)]
+    paired = [a / b for a, b in zip(loop_s, hand_s, strict=False)]
     ratio = statistics.median(paired)
     doc = {
         "schema": "tierax.bench.train_overhead/1",
-        "command": "python bench/train_overhead.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
+        "command": "python bench/train_overhead.py "
+        + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": machine_info(),
         "jax_version": jax.__version__,
@@ -132,14 +144,16 @@ def main(argv=None) -> int:
         "ratio_of_medians": statistics.median(loop_s) / statistics.median(hand_s),
         "overhead_pct": 100 * (ratio - 1),
         "within_5pct": ratio <= 1.05,
-        "note": "ratio: median over rounds of loop/baseline step time in the same round (order alternating); "
-                "the loop reads data, metrics and logs every step, the baseline reuses one on-device batch and "
-                "synchronises once per round",
+        "note": "ratio: median over rounds of loop/baseline step time in the same round (order "
+        "alternating); the loop reads data, metrics and logs every step, the baseline reuses one "
+        "on-device batch and synchronises once per round",
     }
     write_text_atomic(args.out, json.dumps(doc, indent=2) + "\n")
-    print(f"tierax train loop {statistics.median(loop_s) * 1e3:.1f} ms/step vs hand-written step "
-          f"{statistics.median(hand_s) * 1e3:.1f} ms/step: ratio {ratio:.3f} ({100 * (ratio - 1):+.1f} %); "
-          f"wrote {args.out}")
+    print(
+        f"tierax train loop {statistics.median(loop_s) * 1e3:.1f} ms/step vs hand-written step "
+        f"{statistics.median(hand_s) * 1e3:.1f} ms/step: ratio {ratio:.3f} "
+        f"({100 * (ratio - 1):+.1f} %); wrote {args.out}"
+    )
     return 0
 
 

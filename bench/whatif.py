@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""What would DeepSeek-V3 671B do on the next machine?  GB200 vs GB300 vs Vera Rubin, and the host-link sweep.
+"""DeepSeek-V3 671B on the next machine: GB200 vs GB300 vs Vera Rubin, and the host-link sweep.
 
-For each target (128 GPUs, mesh fsdp=16,expert=8, microbatch 8, seq 4096, schedule lhs) the planner's
-best plan, its predicted TFLOP/s/device, step time and host bytes; then, on GB200, the plan at every
-host-link rate from 100 to 1000 GB/s per direction, drawn as a PNG.  Cost-model predictions: GB300 and
-VR200 are projections from announced figures (tierax.hardware), nothing here was compiled or measured.
+For each target (128 GPUs, mesh fsdp=16,expert=8, microbatch 8, seq 4096, schedule lhs) the
+planner's best plan, its predicted TFLOP/s/device, step time and host bytes; then, on GB200, the
+plan at every host-link rate from 100 to 1000 GB/s per direction, drawn as a PNG.  Cost-model
+predictions: GB300 and VR200 are projections from announced figures (tierax.hardware), nothing here
+was compiled or measured.
 
-    .venv/bin/python bench/whatif.py            # writes bench/results/whatif-deepseek-v3.json and .png
+    .venv/bin/python bench/whatif.py  # → bench/results/whatif-deepseek-v3.json and .png
 """
 
 from __future__ import annotations
@@ -47,33 +48,71 @@ def main(argv=None) -> int:
     for key in TARGETS:
         rates = cm.target_rates(key, cfg.dtype)
         spec = hardware.get_target(key)
-        entry = {"projection": spec.projection or None, "rates": rates.sources,
-                 "device_memory_bytes": rates.device_memory_bytes, "host_link_bytes_per_s": rates.d2h_bytes_per_s}
+        entry = {
+            "projection": spec.projection or None,
+            "rates": rates.sources,
+            "device_memory_bytes": rates.device_memory_bytes,
+            "host_link_bytes_per_s": rates.d2h_bytes_per_s,
+        }
         try:
             res = planner.plan(cfg, inv, rates, schedule="lhs")
-            entry |= {"fits": True, "predicted": {k: v for k, v in res.predicted.to_json().items() if k != "breakdown"},
-                      "placements": {f"{e.group}/{e.name}": e.choice for e in res.explain}}
+            entry |= {
+                "fits": True,
+                "predicted": {k: v for k, v in res.predicted.to_json().items() if k != "breakdown"},
+                "placements": {f"{e.group}/{e.name}": e.choice for e in res.explain},
+            }
         except planner.NoPlanFits as e:
             entry |= {"fits": False, "why": str(e)}
         targets[key] = entry
-        print(key, "fits" if entry["fits"] else "no plan fits",
-              f"{entry['predicted']['tflops_per_device']:.0f} TFLOP/s/device" if entry["fits"] else "", flush=True)
+        print(
+            key,
+            "fits" if entry["fits"] else "no plan fits",
+            f"{entry['predicted']['tflops_per_device']:.0f} TFLOP/s/device"
+            if entry["fits"]
+            else "",
+            flush=True,
+        )
 
     key, points = whatif.parse_sweep(args.sweep)
     rates = cm.target_rates("gb200", cfg.dtype)
-    solve = whatif.plan_solver(cfg, mesh.to_dict(), args.seq, args.microbatch, rates, schedule="lhs",
-                               budget_bytes=None, host_budget_bytes=None)
-    pts = [p.to_json() for p in whatif.sweep(key, points, solve=solve, references=whatif.REFERENCES)]
-    title = (f"{cfg.name} · gb200 · 128 GPUs, mesh {MESH} · microbatch {args.microbatch}/device × seq {args.seq} · "
-             f"lhs · sweep {key}")
+    solve = whatif.plan_solver(
+        cfg,
+        mesh.to_dict(),
+        args.seq,
+        args.microbatch,
+        rates,
+        schedule="lhs",
+        budget_bytes=None,
+        host_budget_bytes=None,
+    )
+    pts = [
+        p.to_json() for p in whatif.sweep(key, points, solve=solve, references=whatif.REFERENCES)
+    ]
+    title = (
+        f"{cfg.name} · gb200 · 128 GPUs, mesh {MESH} · microbatch {args.microbatch}/device × seq "
+        f"{args.seq} · lhs · sweep {key}"
+    )
     png = out.with_suffix(".png")
     plot_sweep(pts, key, png, title=title, references=whatif.REFERENCES)
-    doc = records.envelope(records.WHATIF_SCHEMA, records.command_line(sys.argv[1:] if argv is None else argv,
-                                                                      prog="python bench/whatif.py")) | {
+    doc = records.envelope(
+        records.WHATIF_SCHEMA,
+        records.command_line(sys.argv[1:] if argv is None else argv, prog="python bench/whatif.py"),
+    ) | {
         "note": "cost-model predictions; gb300 and vr200 are projections from announced figures",
-        "model": cfg.name, "mesh": mesh.to_dict(), "devices": 128, "microbatch": args.microbatch, "seq": args.seq,
-        "schedule": "lhs", "targets": targets, "sweep": {"target": "gb200", "key": key, "points": pts,
-                                                          "png": str(png.relative_to(ROOT)) if png.is_relative_to(ROOT) else str(png)}}
+        "model": cfg.name,
+        "mesh": mesh.to_dict(),
+        "devices": 128,
+        "microbatch": args.microbatch,
+        "seq": args.seq,
+        "schedule": "lhs",
+        "targets": targets,
+        "sweep": {
+            "target": "gb200",
+            "key": key,
+            "points": pts,
+            "png": str(png.relative_to(ROOT)) if png.is_relative_to(ROOT) else str(png),
+        },
+    }
     records.write_record(out, doc)
     print(f"wrote {out} and {png}")
     return 0

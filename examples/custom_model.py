@@ -26,7 +26,9 @@ def layer(x_BSD, p):
 
 def loss(params, x_BSD):
     def body(x, p):
-        return jax.checkpoint(layer, policy=jax.checkpoint_policies.save_only_these_names("mlpwi_0"))(x, p), None
+        return jax.checkpoint(
+            layer, policy=jax.checkpoint_policies.save_only_these_names("mlpwi_0")
+        )(x, p), None
 
     with jax.named_scope("tierax_group_mlp"):  # optional: names the layer group in the inventory
         y, _ = jax.lax.scan(body, x_BSD, params)
@@ -35,7 +37,10 @@ def loss(params, x_BSD):
 
 def main() -> None:
     f32 = jnp.float32
-    stacked = {"w_in": jax.ShapeDtypeStruct((LAYERS, D, F), f32), "w_out": jax.ShapeDtypeStruct((LAYERS, F, D), f32)}
+    stacked = {
+        "w_in": jax.ShapeDtypeStruct((LAYERS, D, F), f32),
+        "w_out": jax.ShapeDtypeStruct((LAYERS, F, D), f32),
+    }
     one = {k: jax.ShapeDtypeStruct(v.shape[1:], f32) for k, v in stacked.items()}
     x = jax.ShapeDtypeStruct((B, S, D), f32)
 
@@ -46,9 +51,14 @@ def main() -> None:
     g = layer_inventory(layer, x, one, group="mlp", num_layers=LAYERS)
     print("layer_inventory (one layer, with recompute cost):")
     for a in g.activations:
-        print(f"  {a.name}: {a.bytes_per_layer:,} B, remat costs {a.recompute_flops_per_layer / 1e6:.1f} MFLOP per layer")
-    print(f"  everything a layer saves with no remat: {g.save_all_bytes_per_layer:,} B; "
-          f"forward {g.forward_flops_per_layer / 1e6:.1f} MFLOP per layer")
+        print(
+            f"  {a.name}: {a.bytes_per_layer:,} B, remat costs "
+            f"{a.recompute_flops_per_layer / 1e6:.1f} MFLOP per layer"
+        )
+    print(
+        f"  everything a layer saves with no remat: {g.save_all_bytes_per_layer:,} B; "
+        f"forward {g.forward_flops_per_layer / 1e6:.1f} MFLOP per layer"
+    )
 
 
 if __name__ == "__main__":

@@ -11,9 +11,9 @@ forward pass, so the planned policy plugs in directly::
     planned = tierax.plan(inv, target="h200", budget=...)
     loss = make_loss(static, policy=planned.policy("decoder"))
 
-Run: ``.venv/bin/python examples/equinox_model.py [--layers 4 --d-model 64 --seq 32 --batch 2 --squeeze 0.85]``.
-Needs ``pip install equinox`` (in tierax's ``test`` extra).  On CPU, offloaded names stay
-on device (XLA:CPU strips the placement), so the gradient check compares the planned
+Run: ``.venv/bin/python examples/equinox_model.py [--layers 4 --d-model 64 --seq 32 --batch 2
+--squeeze 0.85]``. Needs ``pip install equinox`` (in tierax's ``test`` extra).  On CPU, offloaded
+names stay on device (XLA:CPU strips the placement), so the gradient check compares the planned
 policy's gradients with no remat at all.
 """
 
@@ -49,12 +49,17 @@ class Block(eqx.Module):
         ks = jax.random.split(key, 7)
         lin = lambda i, o, k: eqx.nn.Linear(i, o, use_bias=False, key=k)  # noqa: E731
         self.norm1, self.norm2 = eqx.nn.RMSNorm(d), eqx.nn.RMSNorm(d)
-        self.q, self.k, self.v, self.o = lin(d, d, ks[0]), lin(d, d, ks[1]), lin(d, d, ks[2]), lin(d, d, ks[3])
+        self.q, self.k, self.v, self.o = (
+            lin(d, d, ks[0]),
+            lin(d, d, ks[1]),
+            lin(d, d, ks[2]),
+            lin(d, d, ks[3]),
+        )
         self.wi_0, self.wi_1, self.wo = lin(d, mlp, ks[4]), lin(d, mlp, ks[5]), lin(mlp, d, ks[6])
 
     def __call__(self, x_BSD):
-        # Equinox layers act on one vector: vmap them over batch and sequence.  (The scan over layers
-        # stays outside any vmap, so its named scope marks the layer group in the trace.)
+        # Equinox layers act on one vector: vmap them over batch and sequence.  (The scan over
+        # layers stays outside any vmap, so its named scope marks the layer group in the trace.)
         per_token = lambda layer, x: jax.vmap(jax.vmap(layer))(x)  # noqa: E731
         h = per_token(self.norm1, x_BSD)
         q = checkpoint_name(per_token(self.q, h), "query_proj")
@@ -63,7 +68,9 @@ class Block(eqx.Module):
         s = x_BSD.shape[1]
         scores = jnp.einsum("bsd,btd->bst", q, k) / jnp.sqrt(q.shape[-1])
         scores = jnp.where(jnp.tril(jnp.ones((s, s), bool)), scores, -1e9)
-        ctx = checkpoint_name(jnp.einsum("bst,btd->bsd", jax.nn.softmax(scores), v), "attention_out")
+        ctx = checkpoint_name(
+            jnp.einsum("bst,btd->bsd", jax.nn.softmax(scores), v), "attention_out"
+        )
         x_BSD = x_BSD + checkpoint_name(per_token(self.o, ctx), "out_proj")
         h = per_token(self.norm2, x_BSD)
         gate = checkpoint_name(per_token(self.wi_0, h), "mlpwi_0")
@@ -80,7 +87,9 @@ class Model(eqx.Module):
     def __init__(self, vocab=256, d_model=64, mlp=128, layers=4, *, key):
         k_embed, k_blocks, k_head = jax.random.split(key, 3)
         self.embed = eqx.nn.Embedding(vocab, d_model, key=k_embed)
-        self.blocks = eqx.filter_vmap(lambda k: Block(d_model, mlp, key=k))(jax.random.split(k_blocks, layers))
+        self.blocks = eqx.filter_vmap(lambda k: Block(d_model, mlp, key=k))(
+            jax.random.split(k_blocks, layers)
+        )
         self.norm = eqx.nn.RMSNorm(d_model)
         self.head = eqx.nn.Linear(d_model, vocab, use_bias=False, key=k_head)
 
@@ -99,7 +108,7 @@ class Model(eqx.Module):
 
 
 def make_loss(static, policy=None):
-    """``loss(params, tokens_BT)``: mean next-token cross-entropy of the model ``params ∪ static``."""
+    """``loss(params, tokens_BT)``: mean next-token cross-entropy of ``params ∪ static``."""
 
     def loss(params, tokens_BT):
         model = eqx.combine(params, static)
@@ -111,21 +120,26 @@ def make_loss(static, policy=None):
 
 
 def run(layers=4, d_model=64, seq=32, batch=2, target="h200", budget=None, squeeze=None) -> dict:
-    """Inventory, plan (``squeeze``: budget = that fraction of the unconstrained plan's peak), gradient check."""
+    """Inventory, plan (``squeeze``: budget = that fraction of the unconstrained plan's peak),
+    gradient check."""
     model = Model(d_model=d_model, layers=layers, key=jax.random.PRNGKey(0))
     params, static = eqx.partition(model, eqx.is_array)
     tokens = jax.random.randint(jax.random.PRNGKey(1), (batch, seq + 1), 0, 256)
 
     # The inventory needs the scan's layer body rematted (any policy) to find it.
-    inv = tierax.inventory(make_loss(static, jax.checkpoint_policies.nothing_saveable), params, tokens)
+    inv = tierax.inventory(
+        make_loss(static, jax.checkpoint_policies.nothing_saveable), params, tokens
+    )
     if squeeze:
         budget = squeeze * tierax.plan(inv, target=target).predicted.peak_device_bytes
     planned = tierax.plan(inv, target=target, budget=budget)
 
     reference = jax.grad(make_loss(static))(params, tokens)
     grads = jax.grad(make_loss(static, planned.policy("decoder")))(params, tokens)
-    worst = max(float(jnp.max(jnp.abs(a - b)) / (jnp.max(jnp.abs(a)) + 1e-30))
-                for a, b in zip(jax.tree.leaves(reference), jax.tree.leaves(grads)))
+    worst = max(
+        float(jnp.max(jnp.abs(a - b)) / (jnp.max(jnp.abs(a)) + 1e-30))
+        for a, b in zip(jax.tree.leaves(reference), jax.tree.leaves(grads), strict=False)
+    )
     return {"inventory": inv, "planned": planned, "budget": budget, "max_rel_grad_error": worst}
 
 
@@ -136,16 +150,24 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--target", default="h200")
-    p.add_argument("--squeeze", type=float, default=0.85,
-                   help="budget as a fraction of the unconstrained plan's peak (default %(default)s)")
+    p.add_argument(
+        "--squeeze",
+        type=float,
+        default=0.85,
+        help="budget as a fraction of the unconstrained plan's peak (default %(default)s)",
+    )
     a = p.parse_args()
     out = run(a.layers, a.d_model, a.seq, a.batch, a.target, squeeze=a.squeeze)
     for g in out["inventory"].inventory.groups:
         for act in g.activations:
-            print(f"{g.name}/{act.name}: {act.bytes_per_layer:,} B/layer × {act.num_layers}, "
-                  f"recompute {act.recompute_flops_per_layer / 1e6:.2f} MFLOP/layer")
+            print(
+                f"{g.name}/{act.name}: {act.bytes_per_layer:,} B/layer × {act.num_layers}, "
+                f"recompute {act.recompute_flops_per_layer / 1e6:.2f} MFLOP/layer"
+            )
     print("plan:", out["planned"].placements())
-    print(f"gradients under the plan vs no remat: max relative error {out['max_rel_grad_error']:.2e}")
+    print(
+        f"gradients under the plan vs no remat: max relative error {out['max_rel_grad_error']:.2e}"
+    )
 
 
 if __name__ == "__main__":

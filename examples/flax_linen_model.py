@@ -10,8 +10,8 @@ policy plugs in directly::
     planned = tierax.plan(inv, target="h200", budget=...)
     model = Model(policy=planned.policy("decoder"))
 
-Run: ``.venv/bin/python examples/flax_linen_model.py [--layers 4 --d-model 64 --seq 32 --batch 2 --squeeze 0.95]``.
-On CPU, offloaded names stay on device (XLA:CPU strips the placement), so the
+Run: ``.venv/bin/python examples/flax_linen_model.py [--layers 4 --d-model 64 --seq 32 --batch 2
+--squeeze 0.95]``. On CPU, offloaded names stay on device (XLA:CPU strips the placement), so the
 gradient check compares the planned policy's gradients with no remat at all.
 """
 
@@ -40,13 +40,23 @@ class Block(nn.Module):
         b, s, d = x.shape
         hd = d // self.heads
         h = nn.RMSNorm()(x)
-        q = checkpoint_name(nn.DenseGeneral((self.heads, hd), use_bias=False, name="q")(h), "query_proj")
-        k = checkpoint_name(nn.DenseGeneral((self.heads, hd), use_bias=False, name="k")(h), "key_proj")
-        v = checkpoint_name(nn.DenseGeneral((self.heads, hd), use_bias=False, name="v")(h), "value_proj")
+        q = checkpoint_name(
+            nn.DenseGeneral((self.heads, hd), use_bias=False, name="q")(h), "query_proj"
+        )
+        k = checkpoint_name(
+            nn.DenseGeneral((self.heads, hd), use_bias=False, name="k")(h), "key_proj"
+        )
+        v = checkpoint_name(
+            nn.DenseGeneral((self.heads, hd), use_bias=False, name="v")(h), "value_proj"
+        )
         scores = jnp.einsum("bshd,bthd->bhst", q, k) / jnp.sqrt(hd)
         scores = jnp.where(jnp.tril(jnp.ones((s, s), bool)), scores, -1e9)
-        ctx = checkpoint_name(jnp.einsum("bhst,bthd->bshd", jax.nn.softmax(scores), v), "attention_out")
-        x = x + checkpoint_name(nn.DenseGeneral(d, axis=(-2, -1), use_bias=False, name="o")(ctx), "out_proj")
+        ctx = checkpoint_name(
+            jnp.einsum("bhst,bthd->bshd", jax.nn.softmax(scores), v), "attention_out"
+        )
+        x = x + checkpoint_name(
+            nn.DenseGeneral(d, axis=(-2, -1), use_bias=False, name="o")(ctx), "out_proj"
+        )
         h = nn.RMSNorm()(x)
         gate = checkpoint_name(nn.Dense(self.mlp, use_bias=False, name="wi_0")(h), "mlpwi_0")
         up = checkpoint_name(nn.Dense(self.mlp, use_bias=False, name="wi_1")(h), "mlpwi_1")
@@ -67,8 +77,9 @@ class Model(nn.Module):
         x = nn.Embed(self.vocab, self.d_model)(tokens)
         block = nn.remat(Block, policy=self.policy, prevent_cse=False)
         with jax.named_scope("tierax_group_decoder"):
-            x, _ = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
-                           length=self.layers)(self.d_model, self.heads, self.mlp)(x, None)
+            x, _ = nn.scan(
+                block, variable_axes={"params": 0}, split_rngs={"params": True}, length=self.layers
+            )(self.d_model, self.heads, self.mlp)(x, None)
         return nn.Dense(self.vocab, use_bias=False)(nn.RMSNorm()(x))
 
 
@@ -76,11 +87,13 @@ def loss_fn_for(model: Model):
     def loss_fn(params, tokens):
         logits = model.apply({"params": params}, tokens[:, :-1])
         return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, 1:, None], -1))
+
     return loss_fn
 
 
 def run(layers=4, d_model=64, seq=32, batch=2, target="h200", budget=None, squeeze=None) -> dict:
-    """Inventory, plan (``squeeze``: budget = that fraction of the unconstrained plan's peak), gradient check."""
+    """Inventory, plan (``squeeze``: budget = that fraction of the unconstrained plan's peak),
+    gradient check."""
     base = Model(d_model=d_model, layers=layers)
     tokens = jax.random.randint(jax.random.PRNGKey(1), (batch, seq + 1), 0, base.vocab)
     params = base.init(jax.random.PRNGKey(0), tokens[:, :-1])["params"]
@@ -91,10 +104,14 @@ def run(layers=4, d_model=64, seq=32, batch=2, target="h200", budget=None, squee
     planned = tierax.plan(inv, target=target, budget=budget)
     planned_model = Model(d_model=d_model, layers=layers, policy=planned.policy("decoder"))
 
-    reference = jax.grad(loss_fn_for(Model(d_model=d_model, layers=layers, policy=None)))(params, tokens)
+    reference = jax.grad(loss_fn_for(Model(d_model=d_model, layers=layers, policy=None)))(
+        params, tokens
+    )
     grads = jax.grad(loss_fn_for(planned_model))(params, tokens)
-    worst = max(float(jnp.max(jnp.abs(a - b)) / (jnp.max(jnp.abs(a)) + 1e-30))
-                for a, b in zip(jax.tree.leaves(reference), jax.tree.leaves(grads)))
+    worst = max(
+        float(jnp.max(jnp.abs(a - b)) / (jnp.max(jnp.abs(a)) + 1e-30))
+        for a, b in zip(jax.tree.leaves(reference), jax.tree.leaves(grads), strict=False)
+    )
     return {"inventory": inv, "planned": planned, "budget": budget, "max_rel_grad_error": worst}
 
 
@@ -106,19 +123,36 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--target", default="h200")
     p.add_argument("--budget-mib", type=float, help="device budget per device, MiB")
-    p.add_argument("--squeeze", type=float, default=0.95,
-                   help="budget as a fraction of the unconstrained plan's peak (default 0.95; ignored with --budget-mib)")
+    p.add_argument(
+        "--squeeze",
+        type=float,
+        default=0.95,
+        help="budget as a fraction of the unconstrained plan's peak (default 0.95; ignored with "
+        "--budget-mib)",
+    )
     a = p.parse_args()
-    out = run(a.layers, a.d_model, a.seq, a.batch, a.target, a.budget_mib and a.budget_mib * 2**20,
-              squeeze=None if a.budget_mib else a.squeeze)
+    out = run(
+        a.layers,
+        a.d_model,
+        a.seq,
+        a.batch,
+        a.target,
+        a.budget_mib and a.budget_mib * 2**20,
+        squeeze=None if a.budget_mib else a.squeeze,
+    )
     for g in out["inventory"].inventory.groups:
         for act in g.activations:
-            print(f"{g.name}/{act.name}: {act.bytes_per_layer:,} B/layer × {act.num_layers}, "
-                  f"recompute {act.recompute_flops_per_layer / 1e6:.2f} MFLOP/layer")
+            print(
+                f"{g.name}/{act.name}: {act.bytes_per_layer:,} B/layer × {act.num_layers}, "
+                f"recompute {act.recompute_flops_per_layer / 1e6:.2f} MFLOP/layer"
+            )
     planned = out["planned"]
     print("plan:", planned.placements())
     pred = planned.predicted
-    print(f"predicted step {pred.step_time_s * 1e6:.1f} µs, peak {pred.peak_device_bytes / 2**20:.2f} MiB")
+    print(
+        f"predicted step {pred.step_time_s * 1e6:.1f} µs, peak "
+        f"{pred.peak_device_bytes / 2**20:.2f} MiB"
+    )
     print(f"gradients vs no remat: max relative error {out['max_rel_grad_error']:.2e}")
 
 

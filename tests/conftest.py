@@ -1,4 +1,5 @@
-"""Strict test setup: 8 host CPU devices (FSDP meshes), deviceless GPU compiles, rank promotion raises."""
+"""Strict test setup: 8 host CPU devices (FSDP meshes), deviceless GPU compiles, rank promotion
+raises."""
 
 from tierax import xla_flags
 

@@ -1,4 +1,5 @@
-"""The Python API (tierax.inventory / tierax.plan / plan.policy) and the two examples that use it."""
+"""The Python API (tierax.inventory / tierax.plan / plan.policy) and the two examples that use
+it."""
 
 from __future__ import annotations
 
@@ -28,13 +29,20 @@ def _example(name):
 
 
 def test_import_tierax_loads_no_jax_and_the_modules_stay_modules():
-    code = ("import sys, tierax; assert 'jax' not in sys.modules, 'jax imported'; "
-            "import tierax.inventory, tierax.plan; "
-            "assert callable(tierax.inventory) and callable(tierax.plan); "
-            "assert tierax.inventory.trace_inventory and tierax.plan.Plan; "
-            "from tierax.plan import Placement; print('ok')")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
+    code = (
+        "import sys, tierax; assert 'jax' not in sys.modules, 'jax imported'; "
+        "import tierax.inventory, tierax.plan; "
+        "assert callable(tierax.inventory) and callable(tierax.plan); "
+        "assert tierax.inventory.trace_inventory and tierax.plan.Plan; "
+        "from tierax.plan import Placement; print('ok')"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
@@ -49,7 +57,8 @@ def _gpu_aot() -> bool:
 
 
 def test_jax_example_runs_as_a_script_and_compiles_for_a_gpu_deviceless():
-    """The plain-JAX example end to end, as a user runs it: plan, gradient check, deviceless H200 compile."""
+    """The plain-JAX example end to end, as a user runs it: plan, gradient check, deviceless H200
+    compile."""
     cmd = [sys.executable, str(EXAMPLES / "jax_scan_model.py"), "--squeeze", "0.9"]
     if _gpu_aot():
         cmd += ["--compile-for", "h200"]
@@ -60,11 +69,17 @@ def test_jax_example_runs_as_a_script_and_compiles_for_a_gpu_deviceless():
         assert "compiled for h200 (deviceless): temp" in out.stdout
 
 
-@pytest.mark.parametrize("example, group, squeeze", [("jax_scan_model", "mlp", 0.9),
-                                                     ("flax_linen_model", "decoder", 0.95)])
+@pytest.mark.parametrize(
+    "example, group, squeeze",
+    [("jax_scan_model", "mlp", 0.9), ("flax_linen_model", "decoder", 0.95)],
+)
 def test_examples_plan_and_keep_the_gradients(example, group, squeeze):
     mod = _example(example)
-    sizes = {"layers": 4, "d": 64, "f": 256} if example == "jax_scan_model" else {"layers": 2, "d_model": 32, "seq": 16}
+    sizes = (
+        {"layers": 4, "d": 64, "f": 256}
+        if example == "jax_scan_model"
+        else {"layers": 2, "d_model": 32, "seq": 16}
+    )
     out = mod.run(squeeze=squeeze, **sizes)
     planned = out["planned"]
     placements = planned.placements()[group]
@@ -75,13 +90,18 @@ def test_examples_plan_and_keep_the_gradients(example, group, squeeze):
 
 
 def test_equinox_example_plans_and_keeps_the_gradients():
-    pytest.importorskip("equinox", reason="the Equinox example needs `pip install equinox` (tierax's test extra)")
+    pytest.importorskip(
+        "equinox", reason="the Equinox example needs `pip install equinox` (tierax's test extra)"
+    )
     out = _example("equinox_model").run(layers=4, d_model=64, seq=32, squeeze=0.85)
     planned, inv = out["planned"], out["inventory"]
-    flops = {a.name: a.recompute_flops_per_layer for g in inv.inventory.groups for a in g.activations}
+    flops = {
+        a.name: a.recompute_flops_per_layer for g in inv.inventory.groups for a in g.activations
+    }
     assert flops["query_proj"] == 2 * 2 * 32 * 64 * 64  # 2 · batch · seq · d · d, from the shapes
     placements = planned.placements()["decoder"]
-    # The squeezed budget forces recomputing something that costs FLOPs (mlpwo is free to recompute).
+    # The squeezed budget forces recomputing something that costs FLOPs (mlpwo is free to
+    # recompute).
     assert any(p == "remat" and flops[n] > 0 for n, p in placements.items()), placements
     assert planned.predicted.peak_device_bytes <= out["budget"]
     assert out["max_rel_grad_error"] <= 1e-6
@@ -98,11 +118,15 @@ def _loss(policy, layer=_layer):
             return jax.checkpoint(layer, policy=policy, prevent_cse=False)(c, p), None
 
         y, _ = jax.lax.scan(body, x, params)
-        return jnp.mean(y ** 2)
+        return jnp.mean(y**2)
+
     return loss
 
 
-PARAMS = {"w": jax.ShapeDtypeStruct((4, 64, 256), jnp.float32), "v": jax.ShapeDtypeStruct((4, 256, 64), jnp.float32)}
+PARAMS = {
+    "w": jax.ShapeDtypeStruct((4, 64, 256), jnp.float32),
+    "v": jax.ShapeDtypeStruct((4, 256, 64), jnp.float32),
+}
 X = jax.ShapeDtypeStruct((8, 32, 64), jnp.float32)
 
 
@@ -110,11 +134,15 @@ def test_inventory_finds_the_scanned_layer_and_the_policy_is_what_runs():
     inv = tierax.inventory(_loss(None), PARAMS, X)
     assert inv.groups == {"layers": ("mlpwi_0", "mlpwo")}
     (g,) = inv.inventory.groups
-    assert g.num_layers == 4 and {a.name: a.bytes_per_layer for a in g.activations} == \
-        {"mlpwi_0": 8 * 32 * 256 * 4, "mlpwo": 8 * 32 * 64 * 4}
+    assert g.num_layers == 4 and {a.name: a.bytes_per_layer for a in g.activations} == {
+        "mlpwi_0": 8 * 32 * 256 * 4,
+        "mlpwo": 8 * 32 * 64 * 4,
+    }
     assert inv.inventory.param_bytes == 2 * 4 * 64 * 256 * 4
     free = tierax.plan(inv)
-    assert free.placements()["layers"]["mlpwi_0"] == "device"  # everything fits (mlpwo is free to recompute)
+    assert (
+        free.placements()["layers"]["mlpwi_0"] == "device"
+    )  # everything fits (mlpwo is free to recompute)
     tight = tierax.plan(inv, budget=free.predicted.peak_device_bytes - 1)
     assert tight.placements()["layers"]["mlpwi_0"] == "remat"
 
@@ -122,8 +150,9 @@ def test_inventory_finds_the_scanned_layer_and_the_policy_is_what_runs():
         return jaxpr_tools.matmul_flops(jax.make_jaxpr(jax.grad(_loss(policy)))(PARAMS, X))
 
     # The planned policy is what executes: recomputing mlpwi_0 costs its matmul once more per layer.
-    assert grad_flops(tight.policy("layers")) - grad_flops(jax.checkpoint_policies.everything_saveable) == \
-        pytest.approx(4 * 2 * 8 * 32 * 64 * 256)
+    assert grad_flops(tight.policy("layers")) - grad_flops(
+        jax.checkpoint_policies.everything_saveable
+    ) == pytest.approx(4 * 2 * 8 * 32 * 64 * 256)
 
 
 def test_mesh_splits_the_state_bytes():
@@ -149,3 +178,68 @@ def test_bad_input_is_named():
         tierax.plan(inv, mesh={"pipeline": 2})
     with pytest.raises(TieraxError, match="unknown target"):
         tierax.plan(inv, target="tpu")
+
+
+def test_a_plan_that_keeps_everything_on_device_gives_a_policy_that_saves_everything():
+    """policy() is never None: in the user's jax.checkpoint, policy=None recomputes everything."""
+
+    def layer(x, p):  # one tagged name, costly to recompute: an ample budget keeps it on device
+        return x + jnp.tanh(checkpoint_name(x @ p["w"], "mlpwi_0")) @ p["v"]
+
+    inv = tierax.inventory(_loss(None, layer), PARAMS, X)
+    planned = tierax.plan(inv)
+    assert planned.placements() == {"layers": {"mlpwi_0": "device"}}
+
+    def grad_flops(policy):
+        return jaxpr_tools.matmul_flops(jax.make_jaxpr(jax.grad(_loss(policy, layer)))(PARAMS, X))
+
+    saved = grad_flops(jax.checkpoint_policies.everything_saveable)
+    assert grad_flops(planned.policy()) == grad_flops(planned.policy("layers")) == saved
+    assert grad_flops(None) > saved  # what a None policy would have run
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"mesh": {"fsdp": 0}}, "mesh axis fsdp must be an integer ≥ 1, got 0"),
+        ({"mesh": {"fsdp": -2}}, "mesh axis fsdp must be an integer ≥ 1, got -2"),
+        ({"mesh": {"fsdp": 2.5}}, "mesh axis fsdp must be an integer ≥ 1, got 2.5"),
+        ({"mesh": "fsdp=8"}, "give a mapping of axis sizes"),
+        ({"budget": float("nan")}, "budget=nan: give a finite number of bytes"),
+        ({"budget": -1.0}, "budget=-1.0: give a finite number of bytes"),
+        ({"host_budget": float("inf")}, "host_budget=inf: give a finite number of bytes"),
+        (
+            {"extra_bytes": -(10**12)},
+            "extra_bytes=-1000000000000: give a finite number of bytes ≥ 0",
+        ),
+    ],
+)
+def test_plan_refuses_bad_arguments_with_a_tierax_error(kwargs, fragment):
+    inv = tierax.inventory(_loss(None), PARAMS, X)
+    with pytest.raises(TieraxError) as e:
+        tierax.plan(inv, **kwargs)
+    assert fragment in str(e.value)
+
+
+def test_inventory_and_plan_refuse_what_they_cannot_plan():
+    with pytest.raises(TieraxError, match="takes what tierax.inventory"):
+        tierax.plan({"a": 1})
+    with pytest.raises(TieraxError, match=r"returns float32\[8, 32, 64\]; tierax plans the grad"):
+        tierax.inventory(lambda p, x: _loss(None)(p, x) * jnp.ones_like(x), PARAMS, X)
+    ints = {"w": jax.ShapeDtypeStruct((4, 64, 256), jnp.int32), "v": PARAMS["v"]}
+    with pytest.raises(TieraxError, match=r"params leaves \['w'\] \(int32\) are not floating"):
+        tierax.inventory(_loss(None), ints, X)
+    with pytest.raises(TieraxError, match="loss_fn is a str"):
+        tierax.inventory("loss", PARAMS, X)
+
+
+def test_no_plan_fits_names_small_sizes_in_their_unit_and_the_apis_own_remedies():
+    inv = tierax.inventory(_loss(None), PARAMS, X)
+    with pytest.raises(TieraxError) as e:
+        tierax.plan(inv, budget=1000)
+    msg = str(e.value)
+    assert (
+        "no plan fits custom in a device budget of 1000 B: recomputing everything still needs "
+        "6.81 MiB (params+grads+AdamW 2.00 MiB, layer inputs 256.00 KiB"
+    ) in msg, msg
+    assert "--" not in msg and "a larger budget=" in msg, msg  # the API's terms, not the CLI's

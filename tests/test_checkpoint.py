@@ -8,19 +8,25 @@ import jax
 import numpy as np
 import pytest
 import yaml
+from test_cli import tierax
 
-from tierax.train.schedule import lr_schedule
-from tierax.train.run_dir import read_metrics
 from tierax.errors import TieraxError
 from tierax.train import checkpoint as C
 from tierax.train import config as TC
 from tierax.train import loop as L
-from test_cli import tierax
+from tierax.train.run_dir import read_metrics
+from tierax.train.schedule import lr_schedule
 
 RUN = {
-    "model": "tiny-llama", "plan": "minimal", "microbatch": 2, "seq": 16, "steps": 6, "seed": 4,
+    "model": "tiny-llama",
+    "plan": "minimal",
+    "microbatch": 2,
+    "seq": 16,
+    "steps": 6,
+    "seed": 4,
     "optimizer": {"lr": 0.01, "warmup_steps": 2},
-    "checkpoint": {"every": 2, "keep": 2}, "log": {"every": 1, "plot": False},
+    "checkpoint": {"every": 2, "keep": 2},
+    "log": {"every": 1, "plot": False},
 }
 
 
@@ -39,8 +45,11 @@ def finished(tmp_path_factory):
 
 
 def _snapshot(root: pathlib.Path) -> dict:
-    return {str(p.relative_to(root)): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_checkpoint_holds_state_config_and_data_position(finished, tmp_path):
@@ -51,11 +60,14 @@ def test_checkpoint_holds_state_config_and_data_position(finished, tmp_path):
     assert meta["step"] == 6 and meta["data"] == {"source": "synthetic", "seed": 4, "next_step": 7}
     assert TC.config_from_mapping(meta["config"]).to_dict() == _config(run).to_dict()
     assert meta["identity"]["model"]["d_model"] == 64
-    # Restoring into a fresh state gives the run's final parameters, Adam moments and step, bit for bit.
+    # Restoring into a fresh state gives the run's final parameters, Adam moments and step, bit for
+    # bit.
     cfg = _config(run)
     from tierax.train import step as S
 
-    _, like = S.init_state(cfg.model, S.make_optimizer(lr_schedule(cfg), grad_clip=cfg.optimizer.grad_clip), seed=0)
+    _, like = S.init_state(
+        cfg.model, S.make_optimizer(lr_schedule(cfg), grad_clip=cfg.optimizer.grad_clip), seed=0
+    )
     ck = C.Checkpointer(ckpts, keep=2)
     state, _ = ck.restore(6, like)
     ck.close()
@@ -87,7 +99,11 @@ def test_incomplete_checkpoints_are_never_resumed_from(finished, tmp_path):
     (bogus / "state").mkdir(parents=True)
     before = _snapshot(run)
     with pytest.raises(TieraxError, match=r"not complete checkpoints \(.*10: no commit record\)"):
-        L.Trainer(_config(run, ["steps=12", "optimizer.decay_steps=6"]), resume=True, devices=jax.devices()[:1])
+        L.Trainer(
+            _config(run, ["steps=12", "optimizer.decay_steps=6"]),
+            resume=True,
+            devices=jax.devices()[:1],
+        )
     assert _snapshot(run) == before
 
 
@@ -95,9 +111,14 @@ def test_a_foreign_checkpoint_directory_is_refused_untouched(finished, tmp_path)
     run = tmp_path / "run"
     shutil.copytree(finished[0], run)
     before = _snapshot(run)
-    with pytest.raises(TieraxError, match=r"belongs to a different run; mismatched: model.d_model: 64 \(checkpoint\) "
-                                          r"vs 32 \(this run\); seed: 4 \(checkpoint\) vs 5"):
-        L.Trainer(_config(run, ["model.d_model=32", "seed=5"]), resume=True, devices=jax.devices()[:1])
+    with pytest.raises(
+        TieraxError,
+        match=r"belongs to a different run; mismatched: model.d_model: 64 \(checkpoint\) "
+        r"vs 32 \(this run\); seed: 4 \(checkpoint\) vs 5",
+    ):
+        L.Trainer(
+            _config(run, ["model.d_model=32", "seed=5"]), resume=True, devices=jax.devices()[:1]
+        )
     with pytest.raises(TieraxError, match="already holds checkpoints .*pass --resume"):
         L.Trainer(_config(run), devices=jax.devices()[:1])
     with pytest.raises(TieraxError, match="optimizer.decay_steps: 6 .* keep its schedule"):
@@ -108,5 +129,8 @@ def test_a_foreign_checkpoint_directory_is_refused_untouched(finished, tmp_path)
     f.write_text(yaml.safe_dump({**RUN, "log": {**RUN["log"], "dir": str(run)}}))
     r = tierax("train", str(f), "model=tiny-deepseek", "--resume")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert "belongs to a different run" in r.stderr and "model.family: 'llama' (checkpoint) vs 'deepseek'" in r.stderr
+    assert (
+        "belongs to a different run" in r.stderr
+        and "model.family: 'llama' (checkpoint) vs 'deepseek'" in r.stderr
+    )
     assert _snapshot(run) == before

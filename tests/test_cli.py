@@ -8,11 +8,12 @@ import sys
 import pytest
 
 
-
 def tierax(*args, check=None):
     exe = shutil.which("tierax") or None
     cmd = [exe] if exe else [sys.executable, "-m", "tierax.cli"]
-    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        cmd + list(args), capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL
+    )
 
 
 def test_help_on_every_verb():
@@ -20,7 +21,9 @@ def test_help_on_every_verb():
 
     sub = next(a for a in build_parser()._actions if a.dest == "verb")
     verbs = sorted(sub.choices)
-    assert len(verbs) >= 14 and {"train", "compile", "plan", "report", "profile", "verify"} <= set(verbs)
+    assert len(verbs) >= 14 and {"train", "compile", "plan", "report", "profile", "verify"} <= set(
+        verbs
+    )
     top = tierax("--help")
     assert top.returncode == 0
     for verb in verbs:
@@ -52,7 +55,10 @@ def test_plans_show_yaml_is_a_loadable_plan(tmp_path):
         (["bench", "--plans", "save-al"], "neither a preset"),
         (["bench", "--model", "tiny-lama"], "unknown model 'tiny-lama'"),
         (["bench", "--mesh", "data=2,fsdp=x"], "--mesh"),
-        (["bench", "--devices", "2", "--mesh", "data=1,fsdp=4"], "has 4 devices but --devices is 2"),
+        (
+            ["bench", "--devices", "2", "--mesh", "data=1,fsdp=4"],
+            "has 4 devices but --devices is 2",
+        ),
         (["bench", "--xla-preset", "fast"], "unknown XLA preset"),
         (["plans", "--model", "tiny-llama", "--show", "deepseek-offload-typo"], "neither a preset"),
     ],
@@ -76,12 +82,36 @@ def test_bad_plan_file_exits_2(tmp_path):
 
 def test_bench_json_and_record(tmp_path):
     out = tmp_path / "results" / "b.json"
-    r = tierax("bench", "--model", "tiny-llama", "--plans", "save-all,qkv-offload", "--steps", "2",
-               "--microbatch", "2", "--seq", "16", "--json", "--out", str(out))
+    r = tierax(
+        "bench",
+        "--model",
+        "tiny-llama",
+        "--plans",
+        "save-all,qkv-offload",
+        "--steps",
+        "2",
+        "--microbatch",
+        "2",
+        "--seq",
+        "16",
+        "--json",
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     records = json.loads(r.stdout)
-    keys = {"plan", "step_time_s", "tokens_per_s", "tflops_per_device", "mfu", "compiled_temp_bytes",
-            "device_activation_bytes", "host_activation_bytes", "remat_activation_bytes", "loss"}
+    keys = {
+        "plan",
+        "step_time_s",
+        "tokens_per_s",
+        "tflops_per_device",
+        "mfu",
+        "compiled_temp_bytes",
+        "device_activation_bytes",
+        "host_activation_bytes",
+        "remat_activation_bytes",
+        "loss",
+    }
     assert [rec["plan"] for rec in records] == ["save-all", "qkv-offload"]
     for rec in records:
         assert keys <= set(rec)
@@ -91,5 +121,9 @@ def test_bench_json_and_record(tmp_path):
     assert off["host_activation_bytes"] > 0 and off["remat_activation_bytes"] > 0
     assert off["compiled_temp_bytes"] < save["compiled_temp_bytes"]
     doc = json.loads(out.read_text())
-    assert doc["schema"] == "tierax.bench/1" and doc["jax_version"] and doc["command"].startswith("tierax bench")
+    assert (
+        doc["schema"] == "tierax.bench/1"
+        and doc["jax_version"]
+        and doc["command"].startswith("tierax bench")
+    )
     assert doc["model"]["name"] == "tiny-llama" and doc["records"] == records

@@ -22,7 +22,9 @@ def _lines(text):
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
-@pytest.mark.parametrize("key, fname", [("h100", "h100_sxm"), ("h200", "h200"), ("b200", "b200"), ("gb200", "gb200")])
+@pytest.mark.parametrize(
+    "key, fname", [("h100", "h100_sxm"), ("h200", "h200"), ("b200", "b200"), ("gb200", "gb200")]
+)
 def test_rendered_target_config_equals_the_checked_files(key, fname):
     ref = SHARED_TARGETS / f"{fname}.jaxlib-0.10.2.txtpb"
     if not ref.exists():
@@ -48,12 +50,18 @@ def qkv_residual_bytes(cfg, batch, seq):
 def tiny_llama_offload_vs_device():
     # Enough layers that the residuals, not per-layer staging buffers, dominate temp memory.
     cfg = dataclasses.replace(get_config("tiny-llama"), num_layers=12)
-    # XLA's offload policy: the schedule facts asserted below are its (tests/test_prefetch.py: the prefetching scan's).
+    # XLA's offload policy: the schedule facts asserted below are its (tests/test_prefetch.py: the
+    # prefetching scan's).
     offload = dataclasses.replace(P.preset("qkv-offload", cfg), mechanism="policy")
     # Same plan with the offloaded names moved to device.
     groups = {
-        g: P.GroupPlan({n: (P.Placement.DEVICE if p is P.Placement.OFFLOAD else p) for n, p in gp.placements.items()},
-                       gp.default)
+        g: P.GroupPlan(
+            {
+                n: (P.Placement.DEVICE if p is P.Placement.OFFLOAD else p)
+                for n, p in gp.placements.items()
+            },
+            gp.default,
+        )
         for g, gp in offload.groups.items()
     }
     on_device = P.Plan("qkv-device", groups)
@@ -66,33 +74,55 @@ def test_host_temp_equals_offloaded_residuals(tiny_llama_offload_vs_device):
     cfg, off, on_dev, _ = tiny_llama_offload_vs_device
     expected = qkv_residual_bytes(cfg, 8, 64)
     assert off.host_temp_bytes == expected
-    # Per name, from the shapes: L × batch × seq × heads × head_dim × 4 bytes (q: 4 heads, k and v: 2 each).
+    # Per name, from the shapes: L × batch × seq × heads × head_dim × 4 bytes (q: 4 heads, k and v:
+    # 2 each).
     b, s, hd, L = 8, 64, cfg.head_dim, cfg.num_layers
     assert (cfg.num_heads, cfg.num_kv_heads, hd, L) == (4, 2, 16, 12)
-    assert off.offloaded_bytes_by_name == {"query_proj": L * b * s * 4 * hd * 4, "key_proj": L * b * s * 2 * hd * 4,
-                                           "value_proj": L * b * s * 2 * hd * 4}
+    assert off.offloaded_bytes_by_name == {
+        "query_proj": L * b * s * 4 * hd * 4,
+        "key_proj": L * b * s * 2 * hd * 4,
+        "value_proj": L * b * s * 2 * hd * 4,
+    }
     assert off.offloaded_bytes_by_name["query_proj"] == 12 * 8 * 64 * 64 * 4 == 1_572_864
     assert all(o.on_host for o in off.offloaded) and len(off.offloaded) == 3
     # Moving them to device removes the host bytes and puts (nearly) all of them in device temp.
     assert on_dev.host_temp_bytes == 0 and on_dev.offloaded == ()
     assert on_dev.device_temp_bytes - off.device_temp_bytes >= 0.8 * expected
     assert off.fits and off.device_peak_bytes == (
-        off.device_argument_bytes + off.device_output_bytes + off.device_temp_bytes - off.device_alias_bytes
+        off.device_argument_bytes
+        + off.device_output_bytes
+        + off.device_temp_bytes
+        - off.device_alias_bytes
     )
 
 
 def test_simulate_host_bytes_equal_the_compiled_program(tiny_llama_offload_vs_device):
-    """The cost model's host bytes against XLA's deviceless GPU compile of the same plan: exactly."""
+    """The cost model's host bytes against XLA's deviceless GPU compile of the same plan:
+    exactly."""
     from tierax import costmodel as cm
     from tierax.inventory import model_inventory
 
     cfg, off, on_dev, _ = tiny_llama_offload_vs_device
     inv = model_inventory(cfg, 8, 64)
     rates = cm.target_rates("h200", cfg.dtype)
-    assert cm.simulate(P.preset("qkv-offload", cfg), inv, cfg, rates, "lhs").host_bytes == off.host_temp_bytes > 0
-    on_device = P.Plan("qkv-device", {g: P.GroupPlan({n: (P.Placement.DEVICE if p is P.Placement.OFFLOAD else p)
-                                                      for n, p in gp.placements.items()}, gp.default)
-                                      for g, gp in P.preset("qkv-offload", cfg).groups.items()})
+    assert (
+        cm.simulate(P.preset("qkv-offload", cfg), inv, cfg, rates, "lhs").host_bytes
+        == off.host_temp_bytes
+        > 0
+    )
+    on_device = P.Plan(
+        "qkv-device",
+        {
+            g: P.GroupPlan(
+                {
+                    n: (P.Placement.DEVICE if p is P.Placement.OFFLOAD else p)
+                    for n, p in gp.placements.items()
+                },
+                gp.default,
+            )
+            for g, gp in P.preset("qkv-offload", cfg).groups.items()
+        },
+    )
     assert cm.simulate(on_device, inv, cfg, rates, "lhs").host_bytes == on_dev.host_temp_bytes == 0
 
 
@@ -103,14 +133,19 @@ def test_overlap_check_counts_every_transfer(tiny_llama_offload_vs_device):
     assert ov["transfers"] == 2 * 3 * cfg.num_layers
     assert ov["by_direction"]["d2h"]["transfer_bytes"] == off.host_temp_bytes
     assert ov["by_direction"]["h2d"]["transfer_bytes"] == off.host_temp_bytes
-    assert ov["est_transfer_s"] == pytest.approx(2 * off.host_temp_bytes / hardware.TARGETS["h200"].host_link_bps)
+    assert ov["est_transfer_s"] == pytest.approx(
+        2 * off.host_temp_bytes / hardware.TARGETS["h200"].host_link_bps
+    )
     # Hand-computed link time: 2 directions × 12 layers × (8·64·(4+2+2)·16·4 B) at 55 GB/s.
     assert ov["est_transfer_s"] == pytest.approx(2 * 12 * (8 * 64 * 8 * 16 * 4) / 55e9)
-    # What the schedule does (DESIGN.md, jaxlib 0.10.2, pipelining off): stores overlap the forward loop's
-    # matmuls; each load sits at the top of the backward iteration that consumes it, overlapping no matmul.
+    # What the schedule does (DESIGN.md, jaxlib 0.10.2, pipelining off): stores overlap the forward
+    # loop's matmuls; each load sits at the top of the backward iteration that consumes it,
+    # overlapping no matmul.
     d2h, h2d = ov["by_direction"]["d2h"], ov["by_direction"]["h2d"]
     assert d2h["est_exposed_s"] < 0.5 * d2h["est_transfer_s"]
     assert h2d["est_exposed_s"] > 0.5 * h2d["est_transfer_s"]
+    for part in (ov, d2h, h2d):  # the three figures the compile table prints add up
+        assert part["est_hidden_s"] + part["est_exposed_s"] == pytest.approx(part["est_transfer_s"])
     assert on_dev.overlap["transfers"] == 0
     module = hlo.parse_module(text)
     assert sum(1 for ins in module.by_name.values() if ins.opcode == "while") >= 2
@@ -118,11 +153,15 @@ def test_overlap_check_counts_every_transfer(tiny_llama_offload_vs_device):
 
 def test_fsdp8_reports_per_device_figures():
     cfg = get_config("tiny-llama")
-    r, _ = C.compile_for_target(cfg, P.preset("remat-full", cfg), "h200", microbatch=2, seq=64, mesh=MeshShape(fsdp=8))
+    r, _ = C.compile_for_target(
+        cfg, P.preset("remat-full", cfg), "h200", microbatch=2, seq=64, mesh=MeshShape(fsdp=8)
+    )
     assert r.devices == 8
     state_bytes = C.param_and_optimizer_bytes(cfg)  # params + two Adam moments, all divisible by 8
     tokens_bytes = 2 * 65 * 4
-    assert r.device_argument_bytes == pytest.approx(state_bytes / 8 + tokens_bytes, rel=0.01, abs=64)
+    assert r.device_argument_bytes == pytest.approx(
+        state_bytes / 8 + tokens_bytes, rel=0.01, abs=64
+    )
 
 
 def test_rejected_target_config_names_the_field():
@@ -131,21 +170,32 @@ def test_rejected_target_config_names_the_field():
         "  core_count: 132", "  core_count: 132\n  collective_memory_granularity: 1"
     )
     with pytest.raises(TieraxError, match="collective_memory_granularity"):
-        C.compile_for_target(cfg, P.preset("remat-full", cfg), "h200", microbatch=1, seq=8, target_config=text)
+        C.compile_for_target(
+            cfg, P.preset("remat-full", cfg), "h200", microbatch=1, seq=8, target_config=text
+        )
 
 
 def test_missing_extra_gives_the_install_command(monkeypatch):
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name.startswith("jax_plugins") else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name.startswith("jax_plugins") else real(name, *a),
+    )
     with pytest.raises(TieraxError, match=r"pip install \"jax\[cuda13-local\]=="):
         C.check_gpu_aot()
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "tierax.cli", *args], capture_output=True, text=True, timeout=600,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "tierax.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 @pytest.mark.parametrize(
@@ -165,10 +215,26 @@ def test_compile_cli_bad_input_exits_2(args, fragment):
 
 def test_compile_cli_rejected_field_exits_2(tmp_path):
     f = tmp_path / "bad.txtpb"
-    f.write_text(hardware.render_target_config(hardware.TARGETS["h100"]).replace(
-        "  core_count: 132", "  core_count: 132\n  cub_version: 3"))
-    r = _cli("compile", "--model", "tiny-llama", "--plan", "remat-full", "--target", "h100",
-             "--target-config", str(f), "--seq", "8", "--microbatch", "1")
+    f.write_text(
+        hardware.render_target_config(hardware.TARGETS["h100"]).replace(
+            "  core_count: 132", "  core_count: 132\n  cub_version: 3"
+        )
+    )
+    r = _cli(
+        "compile",
+        "--model",
+        "tiny-llama",
+        "--plan",
+        "remat-full",
+        "--target",
+        "h100",
+        "--target-config",
+        str(f),
+        "--seq",
+        "8",
+        "--microbatch",
+        "1",
+    )
     assert r.returncode == 2 and "cub_version" in r.stderr
 
 
@@ -176,14 +242,54 @@ def test_pipelined_preset_changes_the_schedule():
     """The XLA presets are applied before the backend starts: one process per preset."""
     out = {}
     for preset in ("none", "lhs-pipelined"):
-        r = _cli("compile", "--model", "tiny-llama", "--set", "num_layers=6", "--plan", "qkv-offload",
-                 "--json", "--xla-preset", preset)
+        r = _cli(
+            "compile",
+            "--model",
+            "tiny-llama",
+            "--set",
+            "num_layers=6",
+            "--plan",
+            "qkv-offload",
+            "--json",
+            "--xla-preset",
+            preset,
+        )
         assert r.returncode == 0, r.stderr
         out[preset] = json.loads(r.stdout)
-    keys = {"target", "devices", "fits", "device_peak_bytes", "device_capacity_bytes", "device_temp_bytes",
-            "host_temp_bytes", "offloaded_bytes_by_name", "overlap", "compile_time_s"}
+    keys = {
+        "target",
+        "devices",
+        "fits",
+        "device_peak_bytes",
+        "device_capacity_bytes",
+        "device_temp_bytes",
+        "host_temp_bytes",
+        "offloaded_bytes_by_name",
+        "overlap",
+        "compile_time_s",
+    }
     assert keys <= set(out["none"])
     assert out["none"]["host_temp_bytes"] == out["lhs-pipelined"]["host_temp_bytes"] > 0
     # Pipelined host offloading keeps transfers in flight across layers: more device staging memory.
     assert out["lhs-pipelined"]["device_temp_bytes"] > out["none"]["device_temp_bytes"]
     assert out["lhs-pipelined"]["overlap"]["est_hidden_s"] != out["none"]["overlap"]["est_hidden_s"]
+
+
+def test_fits_leaves_the_runtime_reserve_free(monkeypatch, tiny_llama_offload_vs_device):
+    """A compiled peak between the usable limit (capacity less the runtime reserve) and the raw
+    capacity does not fit.  The fixture's offload program is compiled again (the same target
+    config, given explicitly), judged against a capacity just above its peak."""
+    cfg, off, _, _ = tiny_llama_offload_vs_device
+    spec = hardware.TARGETS["h200"]
+    peak = off.device_peak_bytes
+    assert off.fits and off.device_capacity_bytes == spec.device_memory_bytes
+    tight = int(peak / (1 - hardware.RUNTIME_RESERVE_FRACTION / 2))  # peak < capacity, > usable
+    monkeypatch.setitem(
+        hardware.TARGETS, "h200", dataclasses.replace(spec, device_memory_bytes=tight)
+    )
+    plan = dataclasses.replace(P.preset("qkv-offload", cfg), mechanism="policy")
+    again, _ = C.compile_for_target(
+        cfg, plan, "h200", microbatch=8, seq=64, target_config=hardware.render_target_config(spec)
+    )
+    assert again.device_peak_bytes == peak < again.device_capacity_bytes == tight
+    assert not again.fits

@@ -1,7 +1,7 @@
 import dataclasses
+import math
 
 import jax
-import math
 import pytest
 from flax import nnx
 

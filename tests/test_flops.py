@@ -46,4 +46,6 @@ def test_llama3_8b_flops_per_token_order_of_magnitude():
     # 6·N per token with N ≈ 7.5 B matmul weights (embedding lookup excluded).
     cfg = get_config("llama3-8b")
     per_token = train_flops(cfg, 1, 1, causal=True)
-    assert per_token == pytest.approx(6 * (cfg.param_count() - cfg.vocab_size * cfg.d_model), rel=0.001)
+    assert per_token == pytest.approx(
+        6 * (cfg.param_count() - cfg.vocab_size * cfg.d_model), rel=0.001
+    )

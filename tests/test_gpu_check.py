@@ -20,15 +20,24 @@ SCRIPT = ROOT / "bench" / "gpu_check.py"
 
 
 def _run(*args, timeout=900):
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        cwd=ROOT,
+    )
 
 
 def _check_doc(doc: dict, presets: list[str], plans: list[str]):
     assert doc["schema"] == R.GPU_CHECK_SCHEMA and doc["mode"] == "tiny"
     assert doc["jax_version"] and doc["machine"]["platform"] == "cpu" and doc["command"]
     fit = doc["fit_decision"]
-    assert doc["save_all_fits"] is False and fit["tried"][-1]["save_all_peak_bytes"] > doc["capacity_bytes"]
+    assert (
+        doc["save_all_fits"] is False
+        and fit["tried"][-1]["save_all_peak_bytes"] > doc["capacity_bytes"]
+    )
     assert "synthetic" in doc["capacity_source"]
     assert doc["link"]["round_trip_equal"] is True and doc["link"]["d2h_bytes_per_s"] > 0
     assert doc["matmul"]["flops_per_s"] > 0
@@ -43,7 +52,9 @@ def _check_doc(doc: dict, presets: list[str], plans: list[str]):
         for name in plans:
             r = recs[name]
             assert r["step_time_s"] > 0 and r["tokens_per_s"] > 0 and r["tflops_per_device"] > 0
-            assert r["memory_source"] == "compiled" and r["peak_device_bytes_runtime"] is None  # CPU
+            assert (
+                r["memory_source"] == "compiled" and r["peak_device_bytes_runtime"] is None
+            )  # CPU
             assert r["peak_device_bytes_compiled"] <= doc["capacity_bytes"]
         off = recs["qkv-offload"]
         # A CPU profile has no transfers and says so; nothing is invented.
@@ -60,7 +71,9 @@ def test_tiny_pipeline_one_preset(tmp_path):
     doc = json.loads(out.read_text())
     _check_doc(doc, ["lhs-pipelined"], ["qkv-offload"])
     last = r.stdout.strip().splitlines()
-    assert last[-1].startswith("lhs-pipelined") and any("qkv-offload" in line for line in last[-3:])  # table last
+    assert last[-1].startswith("lhs-pipelined") and any(
+        "qkv-offload" in line for line in last[-3:]
+    )  # table last
     R.build_report([out], tmp_path / "report")  # its output is a report input
     assert (tmp_path / "report" / "gc-throughput-vs-memory.png").exists()
 
@@ -70,7 +83,11 @@ def test_tiny_pipeline_everything(tmp_path):
     out = tmp_path / "gc.json"
     r = _run("--tiny", "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
-    _check_doc(json.loads(out.read_text()), ["none", "lhs-pipelined", "lhs"], ["qkv-offload", "remat-full", "minimal"])
+    _check_doc(
+        json.loads(out.read_text()),
+        ["none", "lhs-pipelined", "lhs"],
+        ["qkv-offload", "remat-full", "minimal"],
+    )
 
 
 def test_bad_arguments_exit_2(tmp_path):
@@ -85,10 +102,14 @@ def test_bad_arguments_exit_2(tmp_path):
 
 
 def test_script_needs_no_package_beyond_the_gpu_image():
-    """The GPU machine has no registry: stdlib, jax, numpy, flax and tierax only (others come via tierax)."""
+    """The GPU machine has no registry: stdlib, jax, numpy, flax and tierax only (others come via
+    tierax)."""
     allowed = {"jax", "numpy", "flax", "tierax"} | set(sys.stdlib_module_names)
     tree = ast.parse(SCRIPT.read_text())
-    roots = {(n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
-             for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
-             for a in (n.names if isinstance(n, ast.Import) else [n])}
+    roots = {
+        (n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Import, ast.ImportFrom))
+        for a in (n.names if isinstance(n, ast.Import) else [n])
+    }
     assert roots <= allowed, roots - allowed

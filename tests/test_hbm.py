@@ -1,4 +1,5 @@
-"""Non-matmul HBM bytes (tierax.hbm) against hand counts from shapes under the documented fusion model."""
+"""Non-matmul HBM bytes (tierax.hbm) against hand counts from shapes under the documented fusion
+model."""
 
 from __future__ import annotations
 
@@ -35,15 +36,18 @@ PARAMS = (sds(D), sds(D, F), sds(D, F), sds(F, D))
 
 def test_tiny_layer_forward_bytes_by_hand():
     # reduction fusion: reads x [T,D], writes r [T]; normalise: reads x, r, g [D], writes n [T,D];
-    # SwiGLU: reads a, b [T,F], writes u [T,F]; residual: reads x and the down matmul's output, writes y [T,D].
+    # SwiGLU: reads a, b [T,F], writes u [T,F]; residual: reads x and the down matmul's output,
+    # writes y [T,D].
     expected = 4 * ((T * D + T) + (T * D + T + D + T * D) + 3 * T * F + 3 * T * D)
     fwd, bwd = hbm.phase_bytes(jax.make_jaxpr(tiny_layer)(sds(T, D), PARAMS))
     assert (fwd, bwd) == (expected, 0)
 
 
 def test_reductions_end_fusions_and_producers_are_repeated():
-    """softmax(h) of a matmul's output h [T,F]: max (reads h, writes m [T]); exp and sum (reads h, m; writes s);
-    the normalised output (reads h, m, s; writes p [T,F]) — h is read three times, as XLA's fusions do."""
+    """softmax(h) of a matmul's output h [T,F]: max (reads h, writes m [T]); exp and sum (reads h,
+    m; writes s);
+    the normalised output (reads h, m, s; writes p [T,F]) — h is read three times, as XLA's fusions
+    do."""
 
     def f(x, w):
         h = x @ w
@@ -56,9 +60,10 @@ def test_reductions_end_fusions_and_producers_are_repeated():
 
 
 def test_residuals_cross_phases_written_then_read():
-    """sin under jax.vjp: the forward's two fusions (no shared edge: siblings are not merged) each read x, and
-    write sin x (the output) and cos x (a residual); the backward reads the cotangent and cos x and writes the
-    gradient."""
+    """sin under jax.vjp: the forward's two fusions (no shared edge: siblings are not merged) each
+    read x, and
+    write sin x (the output) and cos x (a residual); the backward reads the cotangent and cos x and
+    writes the gradient."""
 
     def f_b(x, ct):
         y, vjp = jax.vjp(jnp.sin, x)
@@ -75,8 +80,10 @@ def test_layer_bytes_backward_is_counted_and_larger():
 
 
 def test_optimizer_bytes_by_hand_and_from_the_real_adamw_update():
-    """AdamW per parameter: read param, grad, mu, nu; write param, mu, nu → 7 × the parameter bytes.  The fusion
-    model on optax's own update (one [N] float32 tensor) counts the same, plus a few scalars (step count)."""
+    """AdamW per parameter: read param, grad, mu, nu; write param, mu, nu → 7 × the parameter bytes.
+     The fusion
+    model on optax's own update (one [N] float32 tensor) counts the same, plus a few scalars (step
+    count)."""
     n = 4096
     assert hbm.optimizer_bytes(4 * n) == 7 * 4 * n
     opt = optax.adamw(1e-3, weight_decay=0.1)
@@ -92,30 +99,56 @@ def test_optimizer_bytes_by_hand_and_from_the_real_adamw_update():
 
 
 def test_cost_model_adds_the_optimizer_and_loss_at_hbm_bandwidth():
-    """compute_s = matmul seconds + (2 layers' forward and backward + the loss + 7 × 1 GB of parameters) / 2 TB/s."""
-    g = GroupInventory("g", 2, (), carry_bytes_per_layer=0, save_all_bytes_per_layer=0,
-                       base_recompute_flops_per_layer=0.0, forward_flops_per_layer=1e9, layer_param_count=0,
-                       forward_hbm_bytes_per_layer=1e8, backward_hbm_bytes_per_layer=3e8)
-    inv = Inventory("t", 1, 1, {"data": 1, "fsdp": 1}, (g,), param_bytes=10**9, grad_bytes=10**9,
-                    optimizer_bytes=2 * 10**9, logits_bytes=0, embed_param_count=0, loss_hbm_bytes=5e8)
+    """compute_s = matmul seconds + (2 layers' forward and backward + the loss + 7 × 1 GB of
+    parameters) / 2 TB/s."""
+    g = GroupInventory(
+        "g",
+        2,
+        (),
+        carry_bytes_per_layer=0,
+        save_all_bytes_per_layer=0,
+        base_recompute_flops_per_layer=0.0,
+        forward_flops_per_layer=1e9,
+        layer_param_count=0,
+        forward_hbm_bytes_per_layer=1e8,
+        backward_hbm_bytes_per_layer=3e8,
+    )
+    inv = Inventory(
+        "t",
+        1,
+        1,
+        {"data": 1, "fsdp": 1},
+        (g,),
+        param_bytes=10**9,
+        grad_bytes=10**9,
+        optimizer_bytes=2 * 10**9,
+        logits_bytes=0,
+        embed_param_count=0,
+        loss_hbm_bytes=5e8,
+    )
     rates = cm.Rates("t", 1e12, 2e12, 1e9, 1e9, 1e9, 10**12, 10**12, True)
 
     cfg = get_config("tiny-llama")  # d_model 64, vocab 256: one token's head is 2 · 64 · 256 FLOPs
     assert (cfg.d_model, cfg.vocab_size) == (64, 256)
     fx = cm.fixed_terms(inv, cfg, rates, "serial")
-    # layers 2 × (0.1 + 0.3) GB + loss 0.5 GB + AdamW 7 GB = 8.3 GB at 2 TB/s = 4.15 ms; matmuls 3 × (2 GFLOP + head)
+    # layers 2 × (0.1 + 0.3) GB + loss 0.5 GB + AdamW 7 GB = 8.3 GB at 2 TB/s = 4.15 ms; matmuls 3 ×
+    # (2 GFLOP + head)
     assert fx.hbm_s == pytest.approx(8.3e9 / 2e12, rel=1e-12)
     assert fx.compute_s == pytest.approx(3 * (2e9 + 2 * 64 * 256) / 1e12 + 8.3e9 / 2e12, rel=1e-12)
 
 
 def test_slices_read_only_the_slice_and_updates_write_in_place():
-    """In a stacked buffer [T, D]: a dynamic slice's fusion reads the [1, D] row (and the int32 index) and writes
-    its result; a dynamic update's fusion reads the update and the index and writes only the [1, D] row in place."""
+    """In a stacked buffer [T, D]: a dynamic slice's fusion reads the [1, D] row (and the int32
+    index) and writes
+    its result; a dynamic update's fusion reads the update and the index and writes only the [1, D]
+    row in place."""
 
     def f(buf, upd, i):
         a = jax.lax.dynamic_slice_in_dim(buf, i, 1) * 3.0
         b = jax.lax.dynamic_update_slice_in_dim(buf, upd * 2.0, i, axis=0)
         return a, b
 
-    fwd, _ = hbm.phase_bytes(jax.make_jaxpr(f)(sds(T, D), sds(1, D), jax.ShapeDtypeStruct((), jnp.int32)))
+    fwd, _ = hbm.phase_bytes(
+        jax.make_jaxpr(f)(sds(T, D), sds(1, D), jax.ShapeDtypeStruct((), jnp.int32))
+    )
     assert fwd == (4 * D + 4 + 4 * D) + (4 * D + 4 + 4 * D)

@@ -14,9 +14,11 @@ H = "f32[1024,1024]{1,0:S(5)}"
 
 
 def _entry(body: str) -> str:
-    return ("HloModule m, is_scheduled=true\n\n"
-            f"ENTRY %main (p0: f32[1024,1024], p1: f32[1024,1024]) -> f32[1024,1024] {{\n"
-            f"  %p0 = {A} parameter(0)\n  %p1 = {A} parameter(1)\n{body}}}\n")
+    return (
+        "HloModule m, is_scheduled=true\n\n"
+        f"ENTRY %main (p0: f32[1024,1024], p1: f32[1024,1024]) -> f32[1024,1024] {{\n"
+        f"  %p0 = {A} parameter(0)\n  %p1 = {A} parameter(1)\n{body}}}\n"
+    )
 
 
 def _check(text):
@@ -27,58 +29,107 @@ def _check(text):
 def test_concurrent_stores_share_the_link():
     # Two 4 MiB stores under one 1 ms dot: 8 MiB need 2 ms of link, so 1 ms is exposed in total.
     # (Each alone would fit under the dot: a check that gave each the full link would say 0.)
-    ts, ov = _check(_entry(
-        f"  %sa = ({A}, {H}, u32[]) copy-start(%p0)\n"
-        f"  %sb = ({A}, {H}, u32[]) copy-start(%p1)\n"
-        f"  %d1 = {A} dot(%p0, %p1), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}\n"
-        f"  %da = {H} copy-done(%sa)\n"
-        f"  %db = {H} copy-done(%sb)\n"
-        f"  ROOT %d2 = {A} dot(%d1, %p1), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}\n"))
+    ts, ov = _check(
+        _entry(
+            f"  %sa = ({A}, {H}, u32[]) copy-start(%p0)\n"
+            f"  %sb = ({A}, {H}, u32[]) copy-start(%p1)\n"
+            f"  %d1 = {A} dot(%p0, %p1), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}\n"
+            f"  %da = {H} copy-done(%sa)\n"
+            f"  %db = {H} copy-done(%sb)\n"
+            f"  ROOT %d2 = {A} dot(%d1, %p1), lhs_contracting_dims={{1}}, "
+            f"rhs_contracting_dims={{0}}\n"
+        )
+    )
     assert ts["sa"].direction == ts["sb"].direction == "d2h"
-    assert ts["sa"].est_transfer_s == pytest.approx(MS) and ts["sa"].est_compute_between_s == pytest.approx(MS)
-    assert ts["sa"].est_stall_s == pytest.approx(MS) and ts["sb"].est_stall_s == pytest.approx(0, abs=1e-12)
-    assert ov["est_exposed_s"] == pytest.approx(MS) and ov["est_transfer_s"] == pytest.approx(2 * MS)
+    assert ts["sa"].est_transfer_s == pytest.approx(MS) and ts[
+        "sa"
+    ].est_compute_between_s == pytest.approx(MS)
+    assert ts["sa"].est_stall_s == pytest.approx(MS) and ts["sb"].est_stall_s == pytest.approx(
+        0, abs=1e-12
+    )
+    assert ov["est_exposed_s"] == pytest.approx(MS) and ov["est_transfer_s"] == pytest.approx(
+        2 * MS
+    )
+
+
+def test_hidden_and_exposed_add_up_to_the_transfer_time_when_transfers_share_the_link():
+    # Two 4 MiB stores awaited with no compute between: they share the link, so the first done
+    # waits 2 ms (longer than its own 1 ms alone) and the second none.  The link is busy 2 ms, all
+    # of it exposed.
+    ts, ov = _check(
+        _entry(
+            f"  %sa = ({A}, {H}, u32[]) copy-start(%p0)\n"
+            f"  %sb = ({A}, {H}, u32[]) copy-start(%p1)\n"
+            f"  %da = {H} copy-done(%sa)\n"
+            f"  %db = {H} copy-done(%sb)\n"
+            f"  ROOT %d2 = {A} dot(%p0, %p1), lhs_contracting_dims={{1}}, "
+            "rhs_contracting_dims={0}\n"
+        )
+    )
+    assert ts["sa"].est_stall_s == pytest.approx(2 * MS)
+    assert ts["sb"].est_stall_s == pytest.approx(0, abs=1e-12)
+    assert ov["est_transfer_s"] == pytest.approx(2 * MS)
+    assert ov["est_exposed_s"] == pytest.approx(2 * MS)
+    assert ov["est_hidden_s"] == pytest.approx(0, abs=1e-12)
+    for part in (ov, *ov["by_direction"].values()):
+        assert part["est_hidden_s"] + part["est_exposed_s"] == pytest.approx(part["est_transfer_s"])
 
 
 def test_a_store_and_a_load_do_not_compete():
     # The link is full duplex: a 1 ms store and a 1 ms load under a 1 ms dot are both hidden.
-    ts, ov = _check(_entry(
-        f"  %st = ({A}, {H}, u32[]) copy-start(%p0)\n"
-        f"  %h = {H} parameter(2)\n"
-        f"  %ld = ({H}, {A}, u32[]) copy-start(%h)\n"
-        f"  %d1 = {A} dot(%p0, %p1), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}\n"
-        f"  %dst = {H} copy-done(%st)\n"
-        f"  ROOT %dld = {A} copy-done(%ld)\n"))
+    ts, ov = _check(
+        _entry(
+            f"  %st = ({A}, {H}, u32[]) copy-start(%p0)\n"
+            f"  %h = {H} parameter(2)\n"
+            f"  %ld = ({H}, {A}, u32[]) copy-start(%h)\n"
+            f"  %d1 = {A} dot(%p0, %p1), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}\n"
+            f"  %dst = {H} copy-done(%st)\n"
+            f"  ROOT %dld = {A} copy-done(%ld)\n"
+        )
+    )
     assert {t.direction for t in ts.values()} == {"d2h", "h2d"}
     assert ov["est_exposed_s"] == pytest.approx(0, abs=1e-12)
     assert ov["by_direction"]["h2d"]["est_transfer_s"] == pytest.approx(MS)
 
 
 def _loop(body_lines: str, trips: int = 4) -> str:
-    return ("HloModule m, is_scheduled=true\n\n"
-            f"%cond (c: {A}) -> pred[] {{\n  %c = {A} parameter(0)\n  ROOT %t = pred[] constant(true)\n}}\n\n"
-            f"%body (b: {A}) -> {A} {{\n  %b = {A} parameter(0)\n  %hb = {H} parameter(1)\n{body_lines}}}\n\n"
-            f"ENTRY %main (p0: f32[1024,1024]) -> f32[1024,1024] {{\n  %p0 = {A} parameter(0)\n"
-            f"  ROOT %w = {A} while(%p0), condition=%cond, body=%body, "
-            f'backend_config={{"known_trip_count":{{"n":"{trips}"}}}}\n}}\n')
+    return (
+        "HloModule m, is_scheduled=true\n\n"
+        f"%cond (c: {A}) -> pred[] {{\n  %c = {A} parameter(0)\n  ROOT %t = pred[] "
+        f"constant(true)\n}}\n\n%body (b: {A}) -> {A} {{\n  %b = {A} parameter(0)\n  %hb = {H} "
+        f"parameter(1)\n{body_lines}}}\n\nENTRY %main (p0: f32[1024,1024]) -> f32[1024,1024] {{\n  "
+        f"%p0 = {A} parameter(0)\n  ROOT %w = {A} while(%p0), condition=%cond, body=%body, "
+        f'backend_config={{"known_trip_count":{{"n":"{trips}"}}}}\n}}\n'
+    )
 
 
 def test_a_load_awaited_right_after_it_is_issued_is_exposed_every_trip():
-    ts, ov = _check(_loop(
-        f"  %ls = ({H}, {A}, u32[]) copy-start(%hb)\n"
-        f"  %ld = {A} copy-done(%ls)\n"
-        f"  ROOT %d = {A} dot(%ld, %b), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}\n"))
+    ts, ov = _check(
+        _loop(
+            f"  %ls = ({H}, {A}, u32[]) copy-start(%hb)\n"
+            f"  %ld = {A} copy-done(%ls)\n"
+            f"  ROOT %d = {A} dot(%ld, %b), lhs_contracting_dims={{1}}, "
+            f"rhs_contracting_dims={{0}}\n"
+        )
+    )
     (t,) = ts.values()
     assert t.executions == 4 and t.direction == "h2d"
     assert t.est_stall_s == pytest.approx(MS) and ov["est_exposed_s"] == pytest.approx(4 * MS)
 
 
 def test_a_load_issued_one_iteration_ahead_is_hidden_in_steady_state():
-    # The prefetch pattern: await the copy issued in the previous trip, issue the next one, then compute.
-    ts, ov = _check(_loop(
-        f"  %ld = {A} copy-done(%ls)\n"
-        f"  %ls = ({H}, {A}, u32[]) copy-start(%hb)\n"
-        f"  ROOT %d = {A} dot(%ld, %b), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}\n"))
+    # The prefetch pattern: await the copy issued in the previous trip, issue the next one, then
+    # compute.
+    ts, ov = _check(
+        _loop(
+            f"  %ld = {A} copy-done(%ls)\n"
+            f"  %ls = ({H}, {A}, u32[]) copy-start(%hb)\n"
+            f"  ROOT %d = {A} dot(%ld, %b), lhs_contracting_dims={{1}}, "
+            f"rhs_contracting_dims={{0}}\n"
+        )
+    )
     (t,) = ts.values()
     assert t.est_compute_between_s == pytest.approx(MS)  # the dot, across the iteration boundary
-    assert t.est_stall_s == pytest.approx(0, abs=1e-12) and ov["est_exposed_s"] == pytest.approx(0, abs=1e-12)
+    assert t.est_stall_s == pytest.approx(0, abs=1e-12) and ov["est_exposed_s"] == pytest.approx(
+        0, abs=1e-12
+    )

@@ -1,11 +1,13 @@
-"""Host buffers found by name: ``compile`` attributes each offloaded name's host buffer by XLA's metadata.
+"""Host buffers found by name: ``compile`` attributes each offloaded name's host buffer by XLA's
+metadata.
 
-The prefetching scan (``mechanism: prefetch``, the default) writes each offloaded name's host stack under a
-``tierax_offload_<name>`` scope, and XLA:GPU keeps that scope in the op_name of the dynamic-update-slice that
-stores to host.  Equal-size names (q/k projections of tiny-deepseek, k/v of tiny-llama, ``moe_mlpwi_0/1``) are
-then told apart by name, not size; a name the program does not store is not found (at another name's buffer);
-per-name host bytes sum to XLA's ``host_temp``.  Under ``mechanism: policy`` (JAX's offload policy) XLA's
-program keeps no name: buffers are matched by size and the result says so.
+The prefetching scan (``mechanism: prefetch``, the default) writes each offloaded name's host stack
+under a ``tierax_offload_<name>`` scope, and XLA:GPU keeps that scope in the op_name of the
+dynamic-update-slice that stores to host.  Equal-size names (q/k projections of tiny-deepseek, k/v
+of tiny-llama, ``moe_mlpwi_0/1``) are then told apart by name, not size; a name the program does not
+store is not found (at another name's buffer); per-name host bytes sum to XLA's ``host_temp``.
+Under ``mechanism: policy`` (JAX's offload policy) XLA's program keeps no name: buffers are matched
+by size and the result says so.
 """
 
 from __future__ import annotations
@@ -30,12 +32,15 @@ from tierax.models.tags import tag
 SHAPE = {"microbatch": 2, "seq": 64}
 
 
-def _plan(cfg, per_group: dict[str, dict[str, str]], mechanism: str = "prefetch", segments=None) -> P.Plan:
+def _plan(
+    cfg, per_group: dict[str, dict[str, str]], mechanism: str = "prefetch", segments=None
+) -> P.Plan:
     groups = {}
     for g in cfg.layer_groups():
         segs = tuple(P.Segment(a, b, pl) for a, b, pl in (segments or {}).get(g.name, []))
-        groups[g.name] = P.GroupPlan({N.DECODER_LAYER_INPUT: "device", **per_group.get(g.name, {})},
-                                     P.Placement.REMAT, segs)
+        groups[g.name] = P.GroupPlan(
+            {N.DECODER_LAYER_INPUT: "device", **per_group.get(g.name, {})}, P.Placement.REMAT, segs
+        )
     return P.Plan("host-buffers", groups, mechanism=mechanism)
 
 
@@ -50,7 +55,8 @@ def _sums_to_host_temp(r):
     assert not [n for n in r.notes if "unattributed" in n or "mismatch" in n]
 
 
-# --- the store's scope names the value it stores (jaxpr, no compile) ------------------------------------------
+# --- the store's scope names the value it stores (jaxpr, no compile) ------------------------------
+
 
 def _jaxprs(j):
     yield j
@@ -62,8 +68,11 @@ def _jaxprs(j):
 
 
 def test_each_host_store_is_scoped_by_the_name_of_the_value_it_stores():
-    """Two equal-size tagged values: the put to host under ``tierax_offload_<n>`` takes the value tagged ``n``
-    (checkpoint_name), and the store that writes it into the host stack runs under the same scope."""
+    """Two equal-size tagged values: the put to host under ``tierax_offload_<n>`` takes the value
+    tagged ``n``
+    (checkpoint_name), and the store that writes it into the host stack runs under the same
+    scope."""
+
     def body(x, p):
         return tag(x * p, N.KEY_PROJ) + tag(jnp.sin(x) * p, N.VALUE_PROJ)
 
@@ -74,7 +83,11 @@ def test_each_host_store_is_scoped_by_the_name_of_the_value_it_stores():
         made = {o: e for e in j.eqns for o in e.outvars}
         for e in j.eqns:
             scope = re.search(OFFLOAD_SCOPE_PREFIX + r"(\w+)", str(e.source_info.name_stack))
-            if e.primitive.name != "device_put" or e.params["devices"] != (jax.memory.Space.Host,) or not scope:
+            if (
+                e.primitive.name != "device_put"
+                or e.params["devices"] != (jax.memory.Space.Host,)
+                or not scope
+            ):
                 continue
             src = made[e.invars[0]]
             users = [u for u in j.eqns if e.outvars[0] in u.invars]
@@ -84,60 +97,81 @@ def test_each_host_store_is_scoped_by_the_name_of_the_value_it_stores():
     assert sorted(stored) == [N.KEY_PROJ, N.VALUE_PROJ]
 
 
-# --- attribution, on synthetic buffers (no compile) ---------------------------------------------------------
+# --- attribution, on synthetic buffers (no compile) -----------------------------------------------
+
 
 def test_equal_size_buffers_are_attributed_by_name_whatever_their_order():
     bufs = [C.HostBuffer("d", "value_proj", 64), C.HostBuffer("d", "key_proj", 64)]
     found, notes = C._attribute([("d", "key_proj", 64), ("d", "value_proj", 64)], bufs, 128)
-    assert [(o.name, o.host_bytes, o.matched_by) for o in found] == [("key_proj", 64, "op_name"),
-                                                                    ("value_proj", 64, "op_name")]
+    assert [(o.name, o.host_bytes, o.matched_by) for o in found] == [
+        ("key_proj", 64, "op_name"),
+        ("value_proj", 64, "op_name"),
+    ]
     assert notes == []
 
 
 def test_a_name_xla_does_not_store_is_not_found_at_another_names_buffer():
     wanted = [("d", "key_proj", 64), ("d", "value_proj", 64)]
     found, notes = C._attribute(wanted, [C.HostBuffer("d", "value_proj", 64)], 64)
-    assert {o.name: (o.on_host, o.matched_by) for o in found} == {"key_proj": (False, ""),
-                                                                  "value_proj": (True, "op_name")}
+    assert {o.name: (o.on_host, o.matched_by) for o in found} == {
+        "key_proj": (False, ""),
+        "value_proj": (True, "op_name"),
+    }
 
 
 def test_size_mismatch_unnamed_buffers_and_unattributed_bytes_are_reported():
     found, notes = C._attribute([("d", "key_proj", 64)], [C.HostBuffer("d", "key_proj", 48)], 48)
-    assert found[0].host_bytes == 48 and any("48 bytes" in n and "expects 64" in n and "mismatch" in n for n in notes)
-    # No names kept (XLA's offload policy): matched by size, the ambiguity said; host bytes outside any buffer said.
+    assert found[0].host_bytes == 48 and any(
+        "48 bytes" in n and "expects 64" in n and "mismatch" in n for n in notes
+    )
+    # No names kept (XLA's offload policy): matched by size, the ambiguity said; host bytes outside
+    # any buffer said.
     bufs = [C.HostBuffer("d", None, 64), C.HostBuffer("d", None, 64), C.HostBuffer("d", None, 32)]
     found, notes = C._attribute([("d", "key_proj", 64), ("d", "value_proj", 64)], bufs, 200)
     assert [o.matched_by for o in found] == ["size", "size"]
     assert any("matched by size" in n and "which buffer is which is unknown" in n for n in notes)
-    assert any(n.startswith("72 bytes of XLA's host temp (200)") and "unattributed" in n and "d/? 32" in n
-               for n in notes)
+    assert any(
+        n.startswith("72 bytes of XLA's host temp (200)") and "unattributed" in n and "d/? 32" in n
+        for n in notes
+    )
 
 
-# --- deviceless H200 compiles -------------------------------------------------------------------------------
+# --- deviceless H200 compiles ---------------------------------------------------------------------
+
 
 def test_equal_size_key_and_value_projections_are_found_by_name():
-    """tiny-llama: k and v projections are both 4 layers × 2 × 64 × 2 heads × 16 × 4 B = 64 KiB per device."""
-    r, bufs = _compile("tiny-llama", lambda cfg: _plan(cfg, {"decoder": {N.KEY_PROJ: "offload",
-                                                                         N.VALUE_PROJ: "offload"}}))
-    assert sorted((b.group, b.name, b.nbytes) for b in bufs) == [("decoder", N.KEY_PROJ, 65536),
-                                                                  ("decoder", N.VALUE_PROJ, 65536)]
+    """tiny-llama: k and v projections are both 4 layers × 2 × 64 × 2 heads × 16 × 4 B = 64 KiB per
+    device."""
+    r, bufs = _compile(
+        "tiny-llama",
+        lambda cfg: _plan(cfg, {"decoder": {N.KEY_PROJ: "offload", N.VALUE_PROJ: "offload"}}),
+    )
+    assert sorted((b.group, b.name, b.nbytes) for b in bufs) == [
+        ("decoder", N.KEY_PROJ, 65536),
+        ("decoder", N.VALUE_PROJ, 65536),
+    ]
     assert {(o.name, o.expected_bytes, o.host_bytes, o.matched_by) for o in r.offloaded} == {
-        (N.KEY_PROJ, 65536, 65536, "op_name"), (N.VALUE_PROJ, 65536, 65536, "op_name")}
+        (N.KEY_PROJ, 65536, 65536, "op_name"),
+        (N.VALUE_PROJ, 65536, 65536, "op_name"),
+    }
     _sums_to_host_temp(r)
 
 
 def test_deepseek_names_found_by_name_and_no_swap():
-    """tiny-deepseek: query_proj and key_proj are equal in size (96 KiB), value_proj is not (64 KiB);
-    ``moe_mlpwi_0`` is offloaded without its equal-size twin ``moe_mlpwi_1``.  A store labelled with the wrong
-    name shows as a size mismatch (k ↔ v) or a name not on host (mlpwi_0 → mlpwi_1)."""
+    """tiny-deepseek: query_proj and key_proj are equal in size (96 KiB), value_proj is not (64
+    KiB);
+    ``moe_mlpwi_0`` is offloaded without its equal-size twin ``moe_mlpwi_1``.  A store labelled with
+    the wrong name shows as a size mismatch (k ↔ v) or a name not on host (mlpwi_0 → mlpwi_1)."""
     attn = {N.QUERY_PROJ: "offload", N.KEY_PROJ: "offload", N.VALUE_PROJ: "offload"}
     moe = {**attn, "moe_mlpwi_0": "offload"}
     r, bufs = _compile("tiny-deepseek", lambda cfg: _plan(cfg, {"dense": attn, "moe": moe}))
     assert all(b.name is not None for b in bufs)
     got = {(o.group, o.name): (o.host_bytes, o.matched_by) for o in r.offloaded}
-    assert got == {(g, n): (b, "op_name") for g in ("dense", "moe")
-                   for n, b in ((N.QUERY_PROJ, 98304), (N.KEY_PROJ, 98304), (N.VALUE_PROJ, 65536))} | {
-        ("moe", "moe_mlpwi_0"): (81920, "op_name")}
+    assert got == {
+        (g, n): (b, "op_name")
+        for g in ("dense", "moe")
+        for n, b in ((N.QUERY_PROJ, 98304), (N.KEY_PROJ, 98304), (N.VALUE_PROJ, 65536))
+    } | {("moe", "moe_mlpwi_0"): (81920, "op_name")}
     assert [o.expected_bytes for o in r.offloaded] == [o.host_bytes for o in r.offloaded]
     _sums_to_host_temp(r)
 
@@ -145,7 +179,10 @@ def test_deepseek_names_found_by_name_and_no_swap():
 QKV = {N.QUERY_PROJ: "offload", N.KEY_PROJ: "offload", N.VALUE_PROJ: "offload"}
 CASES = {
     "tiny-llama": {"decoder": QKV},
-    "tiny-deepseek": {"dense": QKV, "moe": {**QKV, "moe_mlpwi_0": "offload", "moe_mlpwi_1": "offload"}},
+    "tiny-deepseek": {
+        "dense": QKV,
+        "moe": {**QKV, "moe_mlpwi_0": "offload", "moe_mlpwi_1": "offload"},
+    },
 }
 
 
@@ -165,29 +202,58 @@ def test_per_name_host_bytes_sum_to_host_temp(model, mechanism):
 
 @pytest.mark.slow
 def test_segmented_plan_buffers_are_found_by_segment_and_name():
-    """Layers 0–1 offload k and v (equal size), layers 2–3 offload v only: each segment's buffers by name."""
+    """Layers 0–1 offload k and v (equal size), layers 2–3 offload v only: each segment's buffers by
+    name."""
     kv = {N.KEY_PROJ: "offload", N.VALUE_PROJ: "offload"}
-    r, bufs = _compile("tiny-llama", lambda cfg: _plan(
-        cfg, {}, segments={"decoder": [(0, 2, kv), (2, 4, {N.VALUE_PROJ: "offload"})]}))
+    r, bufs = _compile(
+        "tiny-llama",
+        lambda cfg: _plan(
+            cfg, {}, segments={"decoder": [(0, 2, kv), (2, 4, {N.VALUE_PROJ: "offload"})]}
+        ),
+    )
     assert sorted((b.group, b.name, b.nbytes) for b in bufs) == [
-        ("decoder@0-1", N.KEY_PROJ, 32768), ("decoder@0-1", N.VALUE_PROJ, 32768), ("decoder@2-3", N.VALUE_PROJ, 32768)]
+        ("decoder@0-1", N.KEY_PROJ, 32768),
+        ("decoder@0-1", N.VALUE_PROJ, 32768),
+        ("decoder@2-3", N.VALUE_PROJ, 32768),
+    ]
     assert {(o.group, o.name, o.matched_by) for o in r.offloaded} == {
-        ("decoder@0-1", N.KEY_PROJ, "op_name"), ("decoder@0-1", N.VALUE_PROJ, "op_name"),
-        ("decoder@2-3", N.VALUE_PROJ, "op_name")}
+        ("decoder@0-1", N.KEY_PROJ, "op_name"),
+        ("decoder@0-1", N.VALUE_PROJ, "op_name"),
+        ("decoder@2-3", N.VALUE_PROJ, "op_name"),
+    }
     _sums_to_host_temp(r)
-
 
 
 @pytest.mark.slow
 def test_pipelined_host_offloading_keeps_the_names_of_the_loads():
-    """XLA's pipelined host offloading (``--xla-preset lhs-pipelined``, a flag set before JAX starts: a separate
-    process) rewrites the forward loop's stores and the loop itself without op_name metadata; the backward's loads
-    keep theirs, and each buffer is named through the loads that read it."""
-    p = subprocess.run([sys.executable, "-m", "tierax.cli", "compile", "--model", "tiny-llama", "--plan", "qkv-offload",
-                        "--target", "h200", "--xla-preset", "lhs-pipelined", "--json"],
-                       capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    """XLA's pipelined host offloading (``--xla-preset lhs-pipelined``, a flag set before JAX
+    starts: a separate
+    process) rewrites the forward loop's stores and the loop itself without op_name metadata; the
+    backward's loads keep theirs, and each buffer is named through the loads that read it."""
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tierax.cli",
+            "compile",
+            "--model",
+            "tiny-llama",
+            "--plan",
+            "qkv-offload",
+            "--target",
+            "h200",
+            "--xla-preset",
+            "lhs-pipelined",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(p.stdout)
     assert {(o["group"], o["name"], o["matched_by"]) for o in r["offloaded"]} == {
-        ("decoder", n, "op_name") for n in (N.QUERY_PROJ, N.KEY_PROJ, N.VALUE_PROJ)}
+        ("decoder", n, "op_name") for n in (N.QUERY_PROJ, N.KEY_PROJ, N.VALUE_PROJ)
+    }
     assert sum(r["offloaded_bytes_by_name"].values()) == r["host_temp_bytes"] == 1048576

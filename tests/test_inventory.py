@@ -29,13 +29,20 @@ def test_recompute_flops_are_the_producing_matmuls(llama_inv):
     cfg = get_config("tiny-llama")
     acts = {a.name: a for a in llama_inv.group("decoder").activations}
     tokens = 4 * 32
-    assert acts[N.QUERY_PROJ].recompute_flops_per_layer == 2 * tokens * cfg.d_model * cfg.num_heads * cfg.head_dim
+    assert (
+        acts[N.QUERY_PROJ].recompute_flops_per_layer
+        == 2 * tokens * cfg.d_model * cfg.num_heads * cfg.head_dim
+    )
     assert acts[N.MLPWI_0].recompute_flops_per_layer == 2 * tokens * cfg.d_model * cfg.mlp_dim
     # The down-projection's output only feeds the residual add: the backward pass never needs it.
     assert acts[N.MLPWO].recompute_flops_per_layer == 0
     g = llama_inv.group("decoder")
-    assert g.base_recompute_flops_per_layer > 0  # attention scores are recomputed under any remat policy
-    assert g.save_all_bytes_per_layer > sum(a.bytes_per_layer for a in acts.values() if a.name != N.MLPWO)
+    assert (
+        g.base_recompute_flops_per_layer > 0
+    )  # attention scores are recomputed under any remat policy
+    assert g.save_all_bytes_per_layer > sum(
+        a.bytes_per_layer for a in acts.values() if a.name != N.MLPWO
+    )
 
 
 def test_state_bytes_shard_over_fsdp_and_expert():
@@ -49,7 +56,9 @@ def test_state_bytes_shard_over_fsdp_and_expert():
     assert sharded.param_bytes == pytest.approx(cfg.param_count() / 128 * 4, rel=1e-9)
     assert sharded.optimizer_bytes == 2 * sharded.param_bytes
     # Activations are per device: independent of the mesh at a given per-device microbatch.
-    assert [a.bytes_per_layer for a in one.activations()] == [a.bytes_per_layer for a in sharded.activations()]
+    assert [a.bytes_per_layer for a in one.activations()] == [
+        a.bytes_per_layer for a in sharded.activations()
+    ]
 
 
 def test_tensor_parallel_splits_column_parallel_activations_and_weights():
@@ -63,7 +72,10 @@ def test_tensor_parallel_splits_column_parallel_activations_and_weights():
     for name in (N.OUT_PROJ, N.MLPWO, N.DECODER_LAYER_INPUT):
         assert a2[name] == a1[name], name  # row-parallel outputs are all-reduced: whole
     # 2 attention/MLP all-reduces per layer forward, ring: 2·(t−1)/t of [tokens, D] each.
-    assert tp.group("decoder").forward_collective_bytes_per_layer == 2 * 2 * 0.5 * 2 * 32 * cfg.d_model * 4
+    assert (
+        tp.group("decoder").forward_collective_bytes_per_layer
+        == 2 * 2 * 0.5 * 2 * 32 * cfg.d_model * 4
+    )
     assert one.group("decoder").forward_collective_bytes_per_layer == 0
     tiled = model_inventory(dataclasses.replace(cfg, loss_tiles=4), 2, 32)
     assert tiled.logits_bytes * 4 == one.logits_bytes == 2 * 32 * cfg.vocab_size * 4
@@ -72,17 +84,23 @@ def test_tensor_parallel_splits_column_parallel_activations_and_weights():
 def test_activations_scale_with_microbatch():
     cfg = get_config("tiny-llama")
     a, b = model_inventory(cfg, 2, 32), model_inventory(cfg, 6, 32)
-    for x, y in zip(a.activations(), b.activations()):
+    for x, y in zip(a.activations(), b.activations(), strict=False):
         assert y.bytes_per_layer == 3 * x.bytes_per_layer
 
 
 def test_blockwise_attention_keeps_workspace_linear_in_seq():
     cfg = dataclasses.replace(get_config("tiny-llama"), attention="blockwise", attention_block=64)
     short, long = model_inventory(cfg, 1, 256), model_inventory(cfg, 1, 1024)
-    ratio = long.group("decoder").save_all_bytes_per_layer / short.group("decoder").save_all_bytes_per_layer
+    ratio = (
+        long.group("decoder").save_all_bytes_per_layer
+        / short.group("decoder").save_all_bytes_per_layer
+    )
     assert ratio < 5  # 4× the sequence: no S² term
     xla = model_inventory(get_config("tiny-llama"), 1, 1024)
-    assert xla.group("decoder").save_all_bytes_per_layer > 3 * long.group("decoder").save_all_bytes_per_layer
+    assert (
+        xla.group("decoder").save_all_bytes_per_layer
+        > 3 * long.group("decoder").save_all_bytes_per_layer
+    )
 
 
 def test_example_outside_tierax_models():
@@ -96,8 +114,10 @@ def test_example_outside_tierax_models():
     from tierax.inventory import layer_inventory, trace_inventory
 
     f32 = jnp.float32
-    stacked = {"w_in": jax.ShapeDtypeStruct((mod.LAYERS, mod.D, mod.F), f32),
-               "w_out": jax.ShapeDtypeStruct((mod.LAYERS, mod.F, mod.D), f32)}
+    stacked = {
+        "w_in": jax.ShapeDtypeStruct((mod.LAYERS, mod.D, mod.F), f32),
+        "w_out": jax.ShapeDtypeStruct((mod.LAYERS, mod.F, mod.D), f32),
+    }
     x = jax.ShapeDtypeStruct((mod.B, mod.S, mod.D), f32)
     found = {(a.group, a.name): a for a in trace_inventory(mod.loss, stacked, x)}
     assert found[("mlp", "mlpwi_0")].bytes_per_layer == mod.B * mod.S * mod.F * 4

@@ -17,12 +17,16 @@ def _textbook(g, u):  # JAX differentiates this one itself
 def test_gate_gradient_matches_autodiff(dtype, tol):
     kg, ku, ky = jax.random.split(jax.random.key(0), 3)
     shape = (3, 5, 64)
-    g = (3 * jax.random.normal(kg, shape)).astype(dtype)  # wide enough to reach both tails of the sigmoid
+    g = (3 * jax.random.normal(kg, shape)).astype(
+        dtype
+    )  # wide enough to reach both tails of the sigmoid
     u = jax.random.normal(ku, shape).astype(dtype)
     dy = jax.random.normal(ky, shape).astype(dtype)
     y, vjp = jax.vjp(swiglu_gate, g, u)
     y_ref, vjp_ref = jax.vjp(_textbook, g, u)
-    np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(y_ref, np.float32), rtol=tol, atol=tol)
+    np.testing.assert_allclose(
+        np.asarray(y, np.float32), np.asarray(y_ref, np.float32), rtol=tol, atol=tol
+    )
     for got, want in zip(vjp(dy), vjp_ref(dy), strict=True):
         assert got.dtype == want.dtype == jnp.dtype(dtype)
         got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
@@ -30,7 +34,8 @@ def test_gate_gradient_matches_autodiff(dtype, tol):
 
 
 def test_each_gate_gradient_has_its_own_barrier():
-    """The backward pass holds one optimization barrier per gradient (a joint one keeps both live together)."""
+    """The backward pass holds one optimization barrier per gradient (a joint one keeps both live
+    together)."""
     g = u = jnp.ones((4, 8), jnp.float32)
     _, vjp = jax.vjp(swiglu_gate, g, u)
     jaxpr = jax.make_jaxpr(vjp)(jnp.ones((4, 8), jnp.float32))

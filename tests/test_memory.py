@@ -23,7 +23,12 @@ class FakeDevice:
 def test_peak_probe_exact_when_the_peak_rises_inside_the_region():
     d = FakeDevice(bytes_in_use=100, peak_bytes_in_use=500, bytes_limit=1000)
     probe = M.PeakProbe([d])
-    d.stats = {"bytes_in_use": 120, "peak_bytes_in_use": 800, "bytes_limit": 1000, "pinned_host_bytes_in_use": 7}
+    d.stats = {
+        "bytes_in_use": 120,
+        "peak_bytes_in_use": 800,
+        "bytes_limit": 1000,
+        "pinned_host_bytes_in_use": 7,
+    }
     r = probe.finish()
     assert (r.peak_bytes, r.exact, r.per_device) == (700, True, (700,))
     assert r.host_stats == {"pinned_host_bytes_in_use": 7}
@@ -38,9 +43,15 @@ def test_peak_probe_upper_bound_when_an_earlier_peak_was_higher():
 
 
 def test_peak_probe_takes_the_worst_device():
-    a, b = FakeDevice(bytes_in_use=0, peak_bytes_in_use=0), FakeDevice(bytes_in_use=10, peak_bytes_in_use=10)
+    a, b = (
+        FakeDevice(bytes_in_use=0, peak_bytes_in_use=0),
+        FakeDevice(bytes_in_use=10, peak_bytes_in_use=10),
+    )
     probe = M.PeakProbe([a, b])
-    a.stats, b.stats = {"bytes_in_use": 0, "peak_bytes_in_use": 50}, {"bytes_in_use": 10, "peak_bytes_in_use": 90}
+    a.stats, b.stats = (
+        {"bytes_in_use": 0, "peak_bytes_in_use": 50},
+        {"bytes_in_use": 10, "peak_bytes_in_use": 90},
+    )
     assert probe.finish().per_device == (50, 80) and probe.finish().peak_bytes == 80
 
 

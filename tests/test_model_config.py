@@ -12,7 +12,8 @@ import yaml
 from flax import nnx
 
 from tierax import plan as plan_lib
-from tierax.cli import build_parser, main, resolve_model as _resolve_model
+from tierax.cli import build_parser, main
+from tierax.cli import resolve_model as _resolve_model
 from tierax.errors import TieraxError
 from tierax.models import (
     NAMED_CONFIGS,
@@ -29,7 +30,9 @@ from tierax.models import (
 def tierax(*args):
     exe = shutil.which("tierax") or None
     cmd = [exe] if exe else [sys.executable, "-m", "tierax.cli"]
-    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        cmd + list(args), capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL
+    )
 
 
 def traced_param_count(cfg) -> int:
@@ -71,12 +74,17 @@ def test_models_show_output_is_a_model_config_file(tmp_path, name):
 
 
 def test_models_show_with_overrides_in_process(capsys, tmp_path):
-    assert main(["models", "show", "tiny-llama", "--set", "d_model=128", "--set", "norm_eps=1e-6"]) == 0
+    assert (
+        main(["models", "show", "tiny-llama", "--set", "d_model=128", "--set", "norm_eps=1e-6"])
+        == 0
+    )
     text = capsys.readouterr().out
     f = tmp_path / "m.yaml"
     f.write_text(text)
     cfg = load_model_config(f)
-    assert cfg == dataclasses.replace(get_config("tiny-llama"), name="tiny-llama+overrides", d_model=128, norm_eps=1e-6)
+    assert cfg == dataclasses.replace(
+        get_config("tiny-llama"), name="tiny-llama+overrides", d_model=128, norm_eps=1e-6
+    )
     # the file plus more overrides, as `plans` resolves it
     args = build_parser().parse_args(["plans", "--model-config", str(f), "--set", "num_layers=2"])
     assert _resolve_model(args) == dataclasses.replace(cfg, num_layers=2)
@@ -87,9 +95,21 @@ def test_models_show_with_overrides_in_process(capsys, tmp_path):
 
 def test_overrides_parse_values_and_rename():
     base = get_config("tiny-llama")
-    cfg = apply_overrides(base, ["d_model=512", "num_layers=4", "mlp_dim=2048", "num_heads=8",
-                                 "num_kv_heads=8", "head_dim=64", "vocab_size=32000", "norm_eps=1e-5",
-                                 "tie_embeddings=true", "rope_theta=10000"])
+    cfg = apply_overrides(
+        base,
+        [
+            "d_model=512",
+            "num_layers=4",
+            "mlp_dim=2048",
+            "num_heads=8",
+            "num_kv_heads=8",
+            "head_dim=64",
+            "vocab_size=32000",
+            "norm_eps=1e-5",
+            "tie_embeddings=true",
+            "rope_theta=10000",
+        ],
+    )
     assert (cfg.d_model, cfg.num_heads, cfg.head_dim, cfg.vocab_size) == (512, 8, 64, 32000)
     assert cfg.tie_embeddings is True and cfg.norm_eps == 1e-5
     assert isinstance(cfg.rope_theta, float) and cfg.rope_theta == 10000.0
@@ -110,7 +130,10 @@ def test_override_changes_traced_param_count_as_predicted_llama():
     assert traced_param_count(cfg) == cfg.param_count()
     # by hand: 2 layers × (attention + SwiGLU + 2 norms) + untied embedding/head + final norm
     d, h, k, hd, m, v = 128, 4, 2, 16, 256, 256
-    assert cfg.param_count() == 2 * (d * h * hd + 2 * d * k * hd + h * hd * d + 3 * d * m + 2 * d) + 2 * v * d + d
+    assert (
+        cfg.param_count()
+        == 2 * (d * h * hd + 2 * d * k * hd + h * hd * d + 3 * d * m + 2 * d) + 2 * v * d + d
+    )
 
 
 def test_override_changes_traced_param_count_as_predicted_deepseek():
@@ -125,7 +148,11 @@ def test_override_changes_traced_param_count_as_predicted_deepseek():
 def test_bench_dtype_is_an_override_of_dtype_only():
     parse = build_parser().parse_args
     cfg = _resolve_model(parse(["bench", "--dtype", "bfloat16"]), ["dtype=bfloat16"])
-    assert cfg.dtype == "bfloat16" and cfg.param_dtype == "float32" and cfg.name == "tiny-llama+overrides"
+    assert (
+        cfg.dtype == "bfloat16"
+        and cfg.param_dtype == "float32"
+        and cfg.name == "tiny-llama+overrides"
+    )
     assert parse(["bench"]).dtype is None and parse(["bench"]).model_default == "tiny-llama"
     with pytest.raises(SystemExit):
         parse(["bench", "--dtype", "float8"])
@@ -136,8 +163,9 @@ def test_bench_document_model_is_the_loadable_config():
     from tierax.mesh import MeshShape
 
     cfg = apply_overrides(get_config("tiny-deepseek"), ["dtype=bfloat16"])
-    doc = bench.bench_document(cfg, [], 1.0, command="tierax bench", microbatch=2, seq=16, steps=1,
-                               mesh=MeshShape())
+    doc = bench.bench_document(
+        cfg, [], 1.0, command="tierax bench", microbatch=2, seq=16, steps=1, mesh=MeshShape()
+    )
     assert doc["model"] == config_to_dict(cfg)
     assert config_from_dict(doc["model"], source="bench record") == cfg
 
@@ -148,12 +176,27 @@ def test_bench_document_model_is_the_loadable_config():
 @pytest.mark.parametrize(
     "data, fragments",
     [
-        (llama_dict(d_modle=64), ["unknown key 'd_modle'", "did you mean 'd_model'",
-                                  "valid keys: " + ", ".join(llama_dict())]),
-        (deepseek_dict(mlp_dim=64), ["unknown key 'mlp_dim'", "family 'deepseek'", "num_experts_per_tok"]),
-        ({k: v for k, v in llama_dict().items() if k != "family"}, ["missing 'family'", "llama, deepseek"]),
+        (
+            llama_dict(d_modle=64),
+            [
+                "unknown key 'd_modle'",
+                "did you mean 'd_model'",
+                "valid keys: " + ", ".join(llama_dict()),
+            ],
+        ),
+        (
+            deepseek_dict(mlp_dim=64),
+            ["unknown key 'mlp_dim'", "family 'deepseek'", "num_experts_per_tok"],
+        ),
+        (
+            {k: v for k, v in llama_dict().items() if k != "family"},
+            ["missing 'family'", "llama, deepseek"],
+        ),
         (llama_dict(family="gpt"), ["unknown family 'gpt'", "llama, deepseek"]),
-        ({k: v for k, v in llama_dict().items() if k != "mlp_dim"}, ["missing required key mlp_dim"]),
+        (
+            {k: v for k, v in llama_dict().items() if k != "mlp_dim"},
+            ["missing required key mlp_dim"],
+        ),
         (llama_dict(d_model="64"), ["d_model expects int", "'64'", "str"]),
         (llama_dict(d_model=64.0), ["d_model expects int", "64.0", "float"]),
         (llama_dict(num_layers=True), ["num_layers expects int", "True", "bool"]),
@@ -163,7 +206,10 @@ def test_bench_document_model_is_the_loadable_config():
         (llama_dict(norm_eps="tiny"), ["norm_eps expects float", "'tiny'"]),
         (llama_dict(norm_eps=True), ["norm_eps expects float", "True"]),
         (llama_dict(num_kv_heads=3), ["not divisible by num_kv_heads=3"]),
-        (deepseek_dict(num_experts_per_tok=9), ["num_experts_per_tok=9 (top-k) exceeds num_experts=8"]),
+        (
+            deepseek_dict(num_experts_per_tok=9),
+            ["num_experts_per_tok=9 (top-k) exceeds num_experts=8"],
+        ),
         (deepseek_dict(first_dense_layers=5), ["first_dense_layers=5", "num_layers=4"]),
         ([1, 2], ["must be a mapping"]),
     ],
@@ -189,13 +235,23 @@ def test_float_fields_accept_ints_and_yaml_1_1_exponents():
     [
         (["d_model"], ["--set 'd_model'", "KEY=VALUE", "--set d_model=512"]),
         (["=5"], ["KEY=VALUE"]),
-        (["d_modl=3"], ["unknown key 'd_modl'", "did you mean 'd_model'", "valid keys: name, vocab_size, d_model"]),
+        (
+            ["d_modl=3"],
+            [
+                "unknown key 'd_modl'",
+                "did you mean 'd_model'",
+                "valid keys: name, vocab_size, d_model",
+            ],
+        ),
         (["num_experts=4"], ["unknown key 'num_experts'", "llama config"]),
         (["family=deepseek"], ["family cannot be overridden"]),
         (["d_model=3.5"], ["d_model expects int", "3.5"]),
         (["d_model=big"], ["d_model expects int", "'big'"]),
         (["tie_embeddings=2"], ["tie_embeddings expects bool", "2"]),
-        (["num_kv_heads=3"], ["tiny-llama with --set num_kv_heads=3", "not divisible by num_kv_heads=3"]),
+        (
+            ["num_kv_heads=3"],
+            ["tiny-llama with --set num_kv_heads=3", "not divisible by num_kv_heads=3"],
+        ),
     ],
 )
 def test_bad_overrides_are_clear_errors(overrides, fragments):
@@ -208,7 +264,9 @@ def test_bad_overrides_are_clear_errors(overrides, fragments):
 def test_deepseek_inconsistent_overrides():
     with pytest.raises(TieraxError, match="exceeds num_experts=4"):
         apply_overrides(get_config("tiny-deepseek"), ["num_experts=4", "num_experts_per_tok=5"])
-    with pytest.raises(TieraxError, match="first_dense_layers=3 must be between 0 and num_layers=2"):
+    with pytest.raises(
+        TieraxError, match="first_dense_layers=3 must be between 0 and num_layers=2"
+    ):
         apply_overrides(get_config("tiny-deepseek"), ["num_layers=2", "first_dense_layers=3"])
 
 
@@ -227,8 +285,10 @@ def test_bad_model_config_files(tmp_path):
     with pytest.raises(TieraxError, match="must be a mapping"):
         load_model_config(f)
     # hand-written file: YAML 1.1 exponent, fields with defaults left out, no name
-    f.write_text("family: llama\nvocab_size: 256\nd_model: 32\nnum_layers: 1\nnum_heads: 2\n"
-                 "num_kv_heads: 1\nhead_dim: 16\nmlp_dim: 64\nnorm_eps: 1e-6\n")
+    f.write_text(
+        "family: llama\nvocab_size: 256\nd_model: 32\nnum_layers: 1\nnum_heads: 2\n"
+        "num_kv_heads: 1\nhead_dim: 16\nmlp_dim: 64\nnorm_eps: 1e-6\n"
+    )
     cfg = load_model_config(f)
     assert cfg.norm_eps == 1e-6 and cfg.name == "custom-llama" and cfg.rope_theta == 500_000.0
 
@@ -245,7 +305,9 @@ def test_resolve_model_choices(tmp_path):
         _resolve_model(parse(["plans", "--model", "tiny-lama"]))
     args = parse(["plans"])
     args.model_default = None  # a verb whose model is required
-    with pytest.raises(TieraxError, match="no model given; use --model NAME .*tiny-llama.* or --model-config FILE"):
+    with pytest.raises(
+        TieraxError, match="no model given; use --model NAME .*tiny-llama.* or --model-config FILE"
+    ):
         _resolve_model(args)
 
 
@@ -277,7 +339,10 @@ def test_cli_bad_model_input_exits_2(tmp_path):
         (["plans", "--model-config", str(f)], "unknown key 'mlp_dimm'"),
         (["plans", "--model-config", str(tmp_path / "missing.yaml")], "does not exist"),
         (["bench", "--set", "d_model", "--steps", "1"], "expected the form KEY=VALUE"),
-        (["models", "show", "tiny-deepseek", "--set", "num_experts_per_tok=9"], "exceeds num_experts=8"),
+        (
+            ["models", "show", "tiny-deepseek", "--set", "num_experts_per_tok=9"],
+            "exceeds num_experts=8",
+        ),
     ]
     for args, fragment in cases:
         r = tierax(*args)

@@ -54,7 +54,9 @@ def test_maxtext_model_keys_read_back_to_the_same_config(tmp_path, model):
     f.write_text(yaml.safe_dump(maxtext.model_keys(cfg)))
     back = load_model_config(f)
     expected = dataclasses.replace(cfg, name=f.stem, attention="blockwise")
-    if cfg.family == "deepseek":  # the capacity factor is a run setting (overrides), not a model key
+    if (
+        cfg.family == "deepseek"
+    ):  # the capacity factor is a run setting (overrides), not a model key
         expected = dataclasses.replace(expected, capacity_factor=1.0)
     assert back == expected
 
@@ -77,19 +79,29 @@ def _hf(**edit):
     return {k: v for k, v in data.items() if v is not None}
 
 
-@pytest.mark.parametrize("name, data, fragment", [
-    ("m.yml", _maxtext(decoder_block="mixtral"), "decoder_block 'mixtral' is not supported; valid choices: llama2, deepseek"),
-    ("m.yml", _maxtext(sliding_window_size=4096), "unsupported key(s) sliding_window_size"),
-    ("m.yml", _maxtext(mlp_activations=["gelu"]), "use [silu, linear]"),
-    ("m.yml", _maxtext(enable_dropout=True), "set enable_dropout: false"),
-    ("m.yml", _maxtext(base_emb_dim=None), "missing key(s) base_emb_dim"),
-    ("m.yml", _maxtext(base_mlp_dim="big"), "base_mlp_dim expects int"),
-    ("c.json", _hf(architectures=["Qwen2ForCausalLM"]),
-     "valid choices: LlamaForCausalLM, DeepseekV3ForCausalLM"),
-    ("c.json", _hf(sliding_window=4096), "unsupported key(s) sliding_window"),
-    ("c.json", _hf(hidden_act="gelu"), "hidden_act 'gelu' is not supported"),
-    ("c.json", _hf(attention_bias=True), "attention_bias True is not supported"),
-])
+@pytest.mark.parametrize(
+    "name, data, fragment",
+    [
+        (
+            "m.yml",
+            _maxtext(decoder_block="mixtral"),
+            "decoder_block 'mixtral' is not supported; valid choices: llama2, deepseek",
+        ),
+        ("m.yml", _maxtext(sliding_window_size=4096), "unsupported key(s) sliding_window_size"),
+        ("m.yml", _maxtext(mlp_activations=["gelu"]), "use [silu, linear]"),
+        ("m.yml", _maxtext(enable_dropout=True), "set enable_dropout: false"),
+        ("m.yml", _maxtext(base_emb_dim=None), "missing key(s) base_emb_dim"),
+        ("m.yml", _maxtext(base_mlp_dim="big"), "base_mlp_dim expects int"),
+        (
+            "c.json",
+            _hf(architectures=["Qwen2ForCausalLM"]),
+            "valid choices: LlamaForCausalLM, DeepseekV3ForCausalLM",
+        ),
+        ("c.json", _hf(sliding_window=4096), "unsupported key(s) sliding_window"),
+        ("c.json", _hf(hidden_act="gelu"), "hidden_act 'gelu' is not supported"),
+        ("c.json", _hf(attention_bias=True), "attention_bias True is not supported"),
+    ],
+)
 def test_bad_configs_exit_2_naming_the_fix(tmp_path, capsys, name, data, fragment):
     f = _write(tmp_path, name, data)
     with pytest.raises(TieraxError, match=None):
@@ -100,9 +112,81 @@ def test_bad_configs_exit_2_naming_the_fix(tmp_path, capsys, name, data, fragmen
 
 def test_cli_plans_with_a_maxtext_model_and_emitted_plan(tmp_path, capsys):
     f = str(FIX / "maxtext" / "deepseek3-671b.yml")
-    assert main(["plans", "--model-config", f, "--show", "qkv-offload", "--emit", "maxtext", "--mesh", "fsdp=8"]) == 0
+    assert (
+        main(
+            [
+                "plans",
+                "--model-config",
+                f,
+                "--show",
+                "qkv-offload",
+                "--emit",
+                "maxtext",
+                "--mesh",
+                "fsdp=8",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     emitted = tmp_path / "o.yml"
     emitted.write_text(out)
     assert main(["plans", "--model-config", f, "--show", str(emitted), "--yaml"]) == 0
     assert "query_proj: offload" in capsys.readouterr().out
+
+
+def _ds(**edit):
+    data = json.loads((FIX / "hf" / "DeepSeek-V3.config.json").read_text())
+    data.update(edit)
+    return data
+
+
+@pytest.mark.parametrize(
+    "data, fragment",
+    [
+        (_hf(num_attention_heads="32", head_dim=None), "num_attention_heads expects int"),
+        ({k: v for k, v in _hf().items() if k != "hidden_size"}, "missing key(s) hidden_size"),
+        (
+            {k: v for k, v in _hf().items() if k != "architectures"},
+            'no \'architectures\' key; add "architectures": ["LlamaForCausalLM"]',
+        ),
+        (
+            {k: v for k, v in _ds().items() if k != "architectures"},
+            '"architectures": ["DeepseekV3ForCausalLM"]',
+        ),
+        (_ds(q_lora_rank=None), "q_lora_rank: null (queries without a low-rank projection"),
+    ],
+)
+def test_hf_configs_with_a_wrong_or_missing_key_name_it(tmp_path, capsys, data, fragment):
+    f = _write(tmp_path, "config.json", data)
+    assert main(["plans", "--model-config", f]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("theta", ["absent", None])
+def test_hf_rope_theta_absent_or_null_takes_hugging_faces_default(tmp_path, capsys, theta):
+    data = _hf()
+    if theta == "absent":
+        del data["rope_theta"]
+    else:
+        data["rope_theta"] = theta
+    cfg = load_model_config(_write(tmp_path, "config.json", data))
+    assert cfg.rope_theta == 10_000.0  # transformers' default, not tierax's Llama default
+    assert "rope_theta not set: Hugging Face's default 10000 is used" in capsys.readouterr().err
+
+
+def test_a_directory_where_a_file_is_wanted_is_called_a_directory(tmp_path, capsys):
+    from tierax.train import data as D
+
+    model_dir = tmp_path / "Llama-3.1-405B"
+    model_dir.mkdir()
+    _write(model_dir, "config.json", _hf())
+    assert main(["plans", "--model-config", str(model_dir)]) == 2
+    err = capsys.readouterr().err
+    want = f"is a directory, not a file; give the file in it, e.g. '{model_dir / 'config.json'}'"
+    assert want in err, err
+    with pytest.raises(
+        TieraxError, match="is a directory; give the text, JSONL or Parquet files in it"
+    ):
+        D.prepare_text(model_dir, tmp_path / "tokens")

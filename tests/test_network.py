@@ -1,7 +1,9 @@
-"""Bandwidth per mesh axis (tierax.network) and the cost model's collectives at it, against hand computation.
+"""Bandwidth per mesh axis (tierax.network) and the cost model's collectives at it, against hand
+computation.
 
-Devices lie on the mesh as MeshShape.make lays them: (data, fsdp, tensor, expert), expert innermost.  Every
-expected number is written out by hand from the device order, the domain size and the link rates.
+Devices lie on the mesh as MeshShape.make lays them: (data, fsdp, tensor, expert), expert innermost.
+Every expected number is written out by hand from the device order, the domain size and the link
+rates.
 """
 
 from __future__ import annotations
@@ -20,20 +22,33 @@ from tierax.whatif import override_rates
 
 CFG = get_config("tiny-deepseek")  # float32 parameters and compute: gathered bytes = stored bytes
 # NVLink 400 GB/s inside a domain of 8, scale-out 50 GB/s: round numbers, a GPU-like shape.
-RATES = cm.Rates("hand", matmul_flops_per_s=1e12, hbm_bytes_per_s=4e12, d2h_bytes_per_s=10e9,
-                 h2d_bytes_per_s=10e9, interconnect_bytes_per_s=400e9, device_memory_bytes=10**15,
-                 host_memory_bytes=10**15, offload_is_real=True, nvlink_domain_gpus=8, scale_out_bytes_per_s=50e9)
+RATES = cm.Rates(
+    "hand",
+    matmul_flops_per_s=1e12,
+    hbm_bytes_per_s=4e12,
+    d2h_bytes_per_s=10e9,
+    h2d_bytes_per_s=10e9,
+    interconnect_bytes_per_s=400e9,
+    device_memory_bytes=10**15,
+    host_memory_bytes=10**15,
+    offload_is_real=True,
+    nvlink_domain_gpus=8,
+    scale_out_bytes_per_s=50e9,
+)
 
 
-@pytest.mark.parametrize("devices,domain,override,per", [
-    (128, 72, 0, 64),  # two NVL72 racks, spread evenly: 64 + 64 (not 72 + 56)
-    (128, 72, 72, 72),  # --rate gpus_per_domain=72: fill the first rack, 56 in the second
-    (1024, 72, 0, 64),  # 16 racks of 64
-    (16, 8, 0, 8),  # two DGX H100 nodes
-    (8, 72, 0, 8),  # inside one rack
-    (73, 72, 0, 72),  # no divisor of 73 in 36..72: fill in order
-    (4, 0, 0, 4),  # no domain limit
-])
+@pytest.mark.parametrize(
+    "devices,domain,override,per",
+    [
+        (128, 72, 0, 64),  # two NVL72 racks, spread evenly: 64 + 64 (not 72 + 56)
+        (128, 72, 72, 72),  # --rate gpus_per_domain=72: fill the first rack, 56 in the second
+        (1024, 72, 0, 64),  # 16 racks of 64
+        (16, 8, 0, 8),  # two DGX H100 nodes
+        (8, 72, 0, 8),  # inside one rack
+        (73, 72, 0, 72),  # no divisor of 73 in 36..72: fill in order
+        (4, 0, 0, 4),  # no domain limit
+    ],
+)
 def test_devices_per_domain(devices, domain, override, per):
     assert network.devices_per_domain(devices, domain, override) == per
 
@@ -44,8 +59,9 @@ def test_gpus_per_domain_above_the_domain_is_refused():
 
 
 def test_deepseek_128_gb200_fsdp_crosses_the_racks_and_expert_stays_inside():
-    # Device i = fsdp·8 + expert.  Expert groups are 8 consecutive ids (8k … 8k+7), inside a rack of 64 (and
-    # of 72: 72 = 9·8).  An fsdp group is {e, e+8, …, e+120}: ids on both sides of 64 → crosses.
+    # Device i = fsdp·8 + expert.  Expert groups are 8 consecutive ids (8k … 8k+7), inside a rack of
+    # 64 (and of 72: 72 = 9·8).  An fsdp group is {e, e+8, …, e+120}: ids on both sides of 64 →
+    # crosses.
     mesh = {"fsdp": 16, "expert": 8}
     for per in (64, 72):
         assert not network.group_crosses(mesh, ("expert",), per)
@@ -54,7 +70,8 @@ def test_deepseek_128_gb200_fsdp_crosses_the_racks_and_expert_stays_inside():
 
 
 def test_rack_placement_decides_whether_an_expert_axis_of_16_crosses():
-    # expert=16 groups: ids 16k … 16k+15.  Racks of 64: 64 = 4·16, no group straddles.  Racks of 72 (fill):
+    # expert=16 groups: ids 16k … 16k+15.  Racks of 64: 64 = 4·16, no group straddles.  Racks of 72
+    # (fill):
     # the group 64 … 79 holds ids 64 … 71 (rack 0) and 72 … 79 (rack 1).
     mesh = {"fsdp": 8, "expert": 16}
     assert not network.group_crosses(mesh, ("expert",), 64)
@@ -63,9 +80,15 @@ def test_rack_placement_decides_whether_an_expert_axis_of_16_crosses():
 
 def test_links_for_16_h100_fsdp_16_and_8_inside_one_node():
     h100 = cm.target_rates("h100", "bfloat16")
-    # 16 H100s = two nodes of 8: the one fsdp group holds both nodes → ConnectX-7 400 Gb/s = 50 GB/s.
+    # 16 H100s = two nodes of 8: the one fsdp group holds both nodes → ConnectX-7 400 Gb/s = 50
+    # GB/s.
     link = network.axis_links({"fsdp": 16}, h100)["fsdp"]
-    assert (link.devices, link.crosses_domain, link.bytes_per_s, link.link) == (16, True, 50e9, "scale-out")
+    assert (link.devices, link.crosses_domain, link.bytes_per_s, link.link) == (
+        16,
+        True,
+        50e9,
+        "scale-out",
+    )
     # 8 H100s: one node → NVLink 4, 450 GB/s per direction.
     link = network.axis_links({"fsdp": 8}, h100)["fsdp"]
     assert (link.crosses_domain, link.bytes_per_s, link.link) == (False, 450e9, "nvlink")
@@ -85,22 +108,42 @@ def test_a_crossing_group_without_a_scale_out_rate_names_the_fix():
 
 
 def _inventory(mesh: dict, tensor_bytes: float = 0.0, expert_bytes: float = 0.0) -> Inventory:
-    # One group of 4 layers, forward 1 GFLOP/layer, no unnamed recompute; 40 MB of float32 parameters per device;
-    # per layer, the forward's tensor all-reduce and expert all-to-all bytes as given.
+    # One group of 4 layers, forward 1 GFLOP/layer, no unnamed recompute; 40 MB of float32
+    # parameters per device; per layer, the forward's tensor all-reduce and expert all-to-all bytes
+    # as given.
     by_axis = tuple((a, b) for a, b in (("tensor", tensor_bytes), ("expert", expert_bytes)) if b)
-    g = GroupInventory("moe", 4, (Activation("moe", N.DECODER_LAYER_INPUT, 1000, 4, 0.0),
-                                  Activation("moe", N.MOE_MLPWI_0, 1000, 4, 1e9)),
-                       carry_bytes_per_layer=1000, save_all_bytes_per_layer=2000, base_recompute_flops_per_layer=0.0,
-                       forward_flops_per_layer=1e9, layer_param_count=1000,
-                       forward_collective_bytes_per_layer=tensor_bytes + expert_bytes,
-                       forward_collective_bytes_by_axis=by_axis)
-    return Inventory("hand", 1, 8, mesh, (g,), param_bytes=40_000_000, grad_bytes=0, optimizer_bytes=0,
-                     logits_bytes=0, embed_param_count=0)
+    g = GroupInventory(
+        "moe",
+        4,
+        (
+            Activation("moe", N.DECODER_LAYER_INPUT, 1000, 4, 0.0),
+            Activation("moe", N.MOE_MLPWI_0, 1000, 4, 1e9),
+        ),
+        carry_bytes_per_layer=1000,
+        save_all_bytes_per_layer=2000,
+        base_recompute_flops_per_layer=0.0,
+        forward_flops_per_layer=1e9,
+        layer_param_count=1000,
+        forward_collective_bytes_per_layer=tensor_bytes + expert_bytes,
+        forward_collective_bytes_by_axis=by_axis,
+    )
+    return Inventory(
+        "hand",
+        1,
+        8,
+        mesh,
+        (g,),
+        param_bytes=40_000_000,
+        grad_bytes=0,
+        optimizer_bytes=0,
+        logits_bytes=0,
+        embed_param_count=0,
+    )
 
 
 def test_fsdp_collectives_inside_one_domain_at_nvlink():
-    # fsdp=8 in a domain of 8: gathered = 40 MB × 8 = 320 MB; AG fwd + AG bwd + RS = 3 × 320 MB × 7/8 = 840 MB
-    # at 400 GB/s = 2.1 ms.
+    # fsdp=8 in a domain of 8: gathered = 40 MB × 8 = 320 MB; AG fwd + AG bwd + RS = 3 × 320 MB ×
+    # 7/8 = 840 MB at 400 GB/s = 2.1 ms.
     fx = cm.fixed_terms(_inventory({"fsdp": 8}), CFG, RATES, "serial")
     assert fx.collective_s == pytest.approx(840e6 / 400e9, rel=1e-12)
 
@@ -109,21 +152,25 @@ def test_fsdp_collectives_across_two_domains_at_the_scale_out_rate():
     # fsdp=16 over two domains of 8: 3 × (40 MB × 16) × 15/16 = 1800 MB at 50 GB/s = 36 ms.
     fx = cm.fixed_terms(_inventory({"fsdp": 16}), CFG, RATES, "serial")
     assert fx.collective_s == pytest.approx(1800e6 / 50e9, rel=1e-12)
-    # --rate gpus_per_domain=16 with nvlink_domain=16 (one domain holds all): back at NVLink, 1800 MB / 400 GB/s.
+    # --rate gpus_per_domain=16 with nvlink_domain=16 (one domain holds all): back at NVLink, 1800
+    # MB / 400 GB/s.
     one = override_rates(RATES, ["nvlink_domain=16", "gpus_per_domain=16"])
-    assert cm.fixed_terms(_inventory({"fsdp": 16}), CFG, one, "serial").collective_s == pytest.approx(1800e6 / 400e9)
+    assert cm.fixed_terms(
+        _inventory({"fsdp": 16}), CFG, one, "serial"
+    ).collective_s == pytest.approx(1800e6 / 400e9)
 
 
 def test_expert_all_to_all_inside_and_tensor_all_reduce_across():
-    # Mesh tensor=2, expert=8 = 16 devices, ids = tensor·8 + expert: expert groups (8 consecutive) inside a
-    # domain of 8; tensor groups {e, e+8} cross.  Per layer: 10 MB of all-reduce over tensor, 20 MB of
-    # all-to-all over expert; forward + backward = 2× over 4 layers:
+    # Mesh tensor=2, expert=8 = 16 devices, ids = tensor·8 + expert: expert groups (8 consecutive)
+    # inside a domain of 8; tensor groups {e, e+8} cross.  Per layer: 10 MB of all-reduce over
+    # tensor, 20 MB of all-to-all over expert; forward + backward = 2× over 4 layers:
     # 2 · 4 · (10 MB / 50 GB/s + 20 MB / 400 GB/s) = 8 · (0.2 ms + 0.05 ms) = 2 ms.  No FSDP axis.
     mesh = {"tensor": 2, "expert": 8}
     inv = dataclasses.replace(_inventory(mesh, 10e6, 20e6), param_bytes=0)
     fx = cm.fixed_terms(inv, CFG, RATES, "serial")
     assert fx.collective_s == pytest.approx(0.002, rel=1e-12)
-    # A rematerialised layer repeats its forward's collectives: 4 · 0.25 ms = 1 ms of unnamed recompute.
+    # A rematerialised layer repeats its forward's collectives: 4 · 0.25 ms = 1 ms of unnamed
+    # recompute.
     (g,) = cm.group_terms(inv, RATES, "serial")
     assert g.base_recompute_s == pytest.approx(0.001, rel=1e-12)
 
@@ -132,43 +179,83 @@ def test_simulate_states_the_link_of_each_axis():
     from tierax import plan as P
 
     inv = _inventory({"fsdp": 16})
-    plan = P.Plan("p", {"moe": P.GroupPlan({N.DECODER_LAYER_INPUT: P.Placement.DEVICE,
-                                            N.MOE_MLPWI_0: P.Placement.REMAT})})
+    plan = P.Plan(
+        "p",
+        {
+            "moe": P.GroupPlan(
+                {N.DECODER_LAYER_INPUT: P.Placement.DEVICE, N.MOE_MLPWI_0: P.Placement.REMAT}
+            )
+        },
+    )
     b = cm.simulate(plan, inv, CFG, RATES, "serial").breakdown
-    assert b["network"]["fsdp"] == {"axes": ["fsdp"], "devices": 16, "crosses_domain": True,
-                                    "bytes_per_s": 50e9, "link": "scale-out", "devices_per_domain": 8}
-    assert b["rates"]["interconnect fsdp"].startswith("50 GB/s per direction over 16 devices, spans domains of 8")
+    assert b["network"]["fsdp"] == {
+        "axes": ["fsdp"],
+        "devices": 16,
+        "crosses_domain": True,
+        "bytes_per_s": 50e9,
+        "link": "scale-out",
+        "devices_per_domain": 8,
+    }
+    assert b["rates"]["interconnect fsdp"].startswith(
+        "50 GB/s per direction over 16 devices, spans domains of 8"
+    )
 
 
-@pytest.mark.parametrize("text,match", [
-    ("nvlink_domain=7.5", "whole number"), ("gpus_per_domain=0", "> 0"), ("scale_out=fast", "finite number"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("nvlink_domain=7.5", "whole number"),
+        ("gpus_per_domain=0", "> 0"),
+        ("scale_out=fast", "finite number"),
+    ],
+)
 def test_bad_network_rate_values_name_the_fix(text, match):
     with pytest.raises(TieraxError, match=match):
         override_rates(RATES, [text])
 
 
 def _ep_inventory(mesh: dict, groups: list, embed: int) -> Inventory:
-    # groups: (name, layers, non-expert params per layer, expert params per layer); no activations' bytes matter.
-    gs = tuple(GroupInventory(name, layers, (Activation(name, N.DECODER_LAYER_INPUT, 1000, layers, 0.0),),
-                              carry_bytes_per_layer=1000, save_all_bytes_per_layer=2000,
-                              base_recompute_flops_per_layer=0.0, forward_flops_per_layer=1e9,
-                              layer_param_count=dense + expert, expert_param_count_per_layer=expert)
-               for name, layers, dense, expert in groups)
-    # Per device (float32, 4 B): the non-expert weights over all fsdp × expert devices, the experts E over
-    # expert and D over fsdp: the same fsdp × expert ways for both when everything divides.
+    # groups: (name, layers, non-expert params per layer, expert params per layer); no activations'
+    # bytes matter.
+    gs = tuple(
+        GroupInventory(
+            name,
+            layers,
+            (Activation(name, N.DECODER_LAYER_INPUT, 1000, layers, 0.0),),
+            carry_bytes_per_layer=1000,
+            save_all_bytes_per_layer=2000,
+            base_recompute_flops_per_layer=0.0,
+            forward_flops_per_layer=1e9,
+            layer_param_count=dense + expert,
+            expert_param_count_per_layer=expert,
+        )
+        for name, layers, dense, expert in groups
+    )
+    # Per device (float32, 4 B): the non-expert weights over all fsdp × expert devices, the experts
+    # E over expert and D over fsdp: the same fsdp × expert ways for both when everything divides.
     ways = mesh.get("fsdp", 1) * mesh.get("expert", 1)
     total = sum(layers * (dense + expert) for _, layers, dense, expert in groups) + embed
-    return Inventory("hand", 1, 8, mesh, gs, param_bytes=4 * total // ways, grad_bytes=0, optimizer_bytes=0,
-                     logits_bytes=0, embed_param_count=embed)
+    return Inventory(
+        "hand",
+        1,
+        8,
+        mesh,
+        gs,
+        param_bytes=4 * total // ways,
+        grad_bytes=0,
+        optimizer_bytes=0,
+        logits_bytes=0,
+        embed_param_count=embed,
+    )
 
 
 def test_fsdp_gathers_each_device_local_experts_over_fsdp_only():
-    # fsdp=2, expert=4: 8 devices in one domain of 8, 400 GB/s.  4 layers of 1 M non-expert and 8 M expert
-    # parameters (float32 compute: 4 B gathered).  Non-expert weights over all 8 devices: each device ends
-    # with all 4 M: 3 × 16 MB × 7/8 = 42 MB.  Experts: a device holds 1/4 of them (its 2 of 8) and gathers
-    # their D over fsdp=2: 32 M / 4 = 8 M params = 32 MB, 3 × 32 MB × 1/2 = 48 MB.  90 MB / 400 GB/s = 225 µs.
-    # (All 36 M parameters gathered over all 8 devices would be 3 × 144 MB × 7/8 = 378 MB: 945 µs.)
+    # fsdp=2, expert=4: 8 devices in one domain of 8, 400 GB/s.  4 layers of 1 M non-expert and 8 M
+    # expert parameters (float32 compute: 4 B gathered).  Non-expert weights over all 8 devices:
+    # each device ends with all 4 M: 3 × 16 MB × 7/8 = 42 MB.  Experts: a device holds 1/4 of them
+    # (its 2 of 8) and gathers their D over fsdp=2: 32 M / 4 = 8 M params = 32 MB, 3 × 32 MB × 1/2 =
+    # 48 MB.  90 MB / 400 GB/s = 225 µs. (All 36 M parameters gathered over all 8 devices would be 3
+    # × 144 MB × 7/8 = 378 MB: 945 µs.)
     inv = _ep_inventory({"fsdp": 2, "expert": 4}, [("moe", 4, 1_000_000, 8_000_000)], embed=0)
     assert inv.param_bytes == 18_000_000  # (4 M + 32 M) × 4 B / 8
     fx = cm.fixed_terms(inv, CFG, RATES, "serial")
@@ -176,21 +263,35 @@ def test_fsdp_gathers_each_device_local_experts_over_fsdp_only():
     # expert only (fsdp=1): the non-expert weights gathered over expert=4, the experts not at all:
     # 3 × 16 MB × 3/4 = 36 MB at 400 GB/s.
     inv = _ep_inventory({"expert": 4}, [("moe", 4, 1_000_000, 8_000_000)], embed=0)
-    assert cm.fixed_terms(inv, CFG, RATES, "serial").collective_s == pytest.approx(36e6 / 400e9, rel=1e-12)
+    assert cm.fixed_terms(inv, CFG, RATES, "serial").collective_s == pytest.approx(
+        36e6 / 400e9, rel=1e-12
+    )
 
 
 def test_deepseek_v3_128_gb200_fsdp_collectives_gather_the_experts_over_fsdp():
-    # DeepSeek-V3's shape on 128 GB200s, fsdp=16 × expert=8 (both groups cross the two racks: 50 GB/s).
-    # 58 MoE layers of 256 experts × 3 × 7168 × 2048 = 11 274 289 152 expert parameters; non-expert round
-    # figures: 200 M per MoE layer, 400 M per dense layer (3), embedding and head 2 × 129280 × 7168.
+    # DeepSeek-V3's shape on 128 GB200s, fsdp=16 × expert=8 (both groups cross the two racks: 50
+    # GB/s). 58 MoE layers of 256 experts × 3 × 7168 × 2048 = 11 274 289 152 expert parameters;
+    # non-expert round figures: 200 M per MoE layer, 400 M per dense layer (3), embedding and head 2
+    # × 129280 × 7168.
     cfg = get_config("deepseek-v3-671b")  # bfloat16 compute: 2 B gathered per parameter
     expert = 256 * 3 * 7168 * 2048
     embed = 2 * 129280 * 7168
-    inv = _ep_inventory({"fsdp": 16, "expert": 8}, [("dense", 3, 400_000_000, 0), ("moe", 58, 200_000_000, expert)],
-                        embed=embed)
-    non_expert = 58 * 200_000_000 + 3 * 400_000_000 + embed  # 14 653 358 080, gathered over 128 devices
-    local_experts = 58 * expert // 8  # 81 738 596 352 params: a device's 32 experts per layer, over fsdp=16
-    expected = (3 * non_expert * 2 * 127 / 128 + 3 * local_experts * 2 * 15 / 16) / 50e9  # 1.745 + 9.195 s
+    inv = _ep_inventory(
+        {"fsdp": 16, "expert": 8},
+        [("dense", 3, 400_000_000, 0), ("moe", 58, 200_000_000, expert)],
+        embed=embed,
+    )
+    non_expert = (
+        58 * 200_000_000 + 3 * 400_000_000 + embed
+    )  # 14 653 358 080, gathered over 128 devices
+    local_experts = (
+        58 * expert // 8
+    )  # 81 738 596 352 params: a device's 32 experts per layer, over fsdp=16
+    expected = (
+        3 * non_expert * 2 * 127 / 128 + 3 * local_experts * 2 * 15 / 16
+    ) / 50e9  # 1.745 + 9.195 s
     fx = cm.fixed_terms(inv, cfg, cm.target_rates("gb200", "bfloat16"), "serial")
     assert fx.collective_s == pytest.approx(expected, rel=1e-12)
-    assert 10.9 < fx.collective_s < 11.0  # not the 79.6 s of every device gathering all 654 B expert parameters
+    assert (
+        10.9 < fx.collective_s < 11.0
+    )  # not the 79.6 s of every device gathering all 654 B expert parameters

@@ -17,7 +17,7 @@ from jax.extend.core import jaxprs_in_params
 from tierax import names as N
 from tierax import plan as P
 from tierax.errors import TieraxError
-from tierax.mesh import MeshShape, make_mesh
+from tierax.mesh import MeshShape, make_mesh, parse_mesh
 from tierax.models import get_config
 from tierax.models import moe as moe_lib
 from tierax.train import loss as loss_lib
@@ -35,6 +35,7 @@ def no_drop(cfg):
 
 
 # --- the reference: the dense capacity MoE tierax had before expert parallelism -------------------
+
 
 def dense_capacity_moe(x_BSD, router, wi_0, wi_1, wo, cfg):
     """Global one-hot/cumsum dispatch into [E, C, D] buffers, einsum experts, gather back."""
@@ -75,9 +76,14 @@ def _assert_close(a_tree, b_tree, rel=1e-5):
 
 @pytest.mark.parametrize("capacity_factor", [1.25, None])
 def test_moe_equals_dense_capacity_moe_on_one_device(capacity_factor):
-    """On one device the sort-based dispatch keeps and drops exactly what the one-hot dispatch does."""
+    """On one device the sort-based dispatch keeps and drops exactly what the one-hot dispatch
+    does."""
     cfg = get_config("tiny-deepseek")
-    cfg = no_drop(cfg) if capacity_factor is None else dataclasses.replace(cfg, capacity_factor=capacity_factor)
+    cfg = (
+        no_drop(cfg)
+        if capacity_factor is None
+        else dataclasses.replace(cfg, capacity_factor=capacity_factor)
+    )
     args = _moe_inputs(cfg)
 
     def loss(fn):
@@ -89,7 +95,8 @@ def test_moe_equals_dense_capacity_moe_on_one_device(capacity_factor):
 
 
 def test_expert_parallel_moe_equals_dense_capacity_moe():
-    """expert=4 × fsdp=2: all-to-all dispatch, local expert GEMMs, all-to-all back — same values and grads."""
+    """expert=4 × fsdp=2: all-to-all dispatch, local expert GEMMs, all-to-all back — same values and
+    grads."""
     cfg = no_drop(get_config("tiny-deepseek"))
     args = _moe_inputs(cfg, seed=1)
     mesh = make_mesh(fsdp=2, expert=4)
@@ -136,11 +143,14 @@ def test_model_reports_dropped_tokens_per_moe_layer():
 
     tight = nnx.split(build_model(dataclasses.replace(cfg, capacity_factor=0.5)))[0]
     got = drops(tight, params, tokens)
-    assert got.shape == (cfg.num_moe_layers,) and int(got.min()) > 0  # half the slots needed: some dropped
+    assert (
+        got.shape == (cfg.num_moe_layers,) and int(got.min()) > 0
+    )  # half the slots needed: some dropped
     assert not drops(nnx.split(build_model(no_drop(cfg)))[0], params, tokens).any()
 
 
-# --- tiled cross-entropy ---------------------------------------------------------------------------
+# --- tiled cross-entropy --------------------------------------------------------------------------
+
 
 def _eqns(jaxpr):
     """Every equation of a jaxpr, sub-jaxprs included."""
@@ -151,9 +161,14 @@ def _eqns(jaxpr):
 
 
 def _max_float_elements(closed):
-    """Elements of the largest float array any equation of a jaxpr (sub-jaxprs included) produces."""
-    sizes = [int(np.prod(v.aval.shape)) for eqn in _eqns(closed.jaxpr) for v in eqn.outvars
-             if hasattr(v.aval, "shape") and jnp.issubdtype(v.aval.dtype, jnp.floating)]
+    """Elements of the largest float array any equation of a jaxpr (sub-jaxprs included)
+    produces."""
+    sizes = [
+        int(np.prod(v.aval.shape))
+        for eqn in _eqns(closed.jaxpr)
+        for v in eqn.outvars
+        if hasattr(v.aval, "shape") and jnp.issubdtype(v.aval.dtype, jnp.floating)
+    ]
     return max(sizes, default=0)
 
 
@@ -165,11 +180,15 @@ def test_tiled_loss_equals_untiled_and_never_holds_full_logits():
     t = jax.random.randint(ks[2], (B, S_), 0, V)
 
     def grad_fn(tiles):
-        return jax.value_and_grad(lambda h, w: loss_lib.cross_entropy(h, w, t, tiles=tiles), argnums=(0, 1))
+        return jax.value_and_grad(
+            lambda h, w: loss_lib.cross_entropy(h, w, t, tiles=tiles), argnums=(0, 1)
+        )
 
     ref = jax.jit(grad_fn(1))(h, w)
     logp = jax.nn.log_softmax(h @ w, -1)  # the textbook form
-    assert float(ref[0]) == pytest.approx(float(-jnp.mean(jnp.take_along_axis(logp, t[..., None], -1))), rel=1e-6)
+    assert float(ref[0]) == pytest.approx(
+        float(-jnp.mean(jnp.take_along_axis(logp, t[..., None], -1))), rel=1e-6
+    )
     for tiles in (2, 8):
         _assert_close(jax.jit(grad_fn(tiles))(h, w), ref)
         # Neither the forward nor the backward has a [B, S, V] array: at most one chunk's logits.
@@ -186,26 +205,35 @@ def test_loss_gradient_equals_autodiff_of_the_textbook_form(tiles):
     h = jax.random.normal(ks[0], (B, S_, D))
     w = jax.random.normal(ks[1], (D, V)) * D**-0.5
     t = jax.random.randint(ks[2], (B, S_), 0, V)
-    t = t.at[0, :4].set(V - 1).at[1, :4].set(0)  # the vocabulary's first and last entries as targets
+    t = (
+        t.at[0, :4].set(V - 1).at[1, :4].set(0)
+    )  # the vocabulary's first and last entries as targets
 
     def textbook(h, w):
         logp = jax.nn.log_softmax(h @ w, -1)
         return -jnp.mean(jnp.take_along_axis(logp, t[..., None], -1))
 
     ref = jax.value_and_grad(textbook, argnums=(0, 1))(h, w)
-    got = jax.jit(jax.value_and_grad(lambda h, w: loss_lib.cross_entropy(h, w, t, tiles=tiles),
-                                     argnums=(0, 1)))(h, w)
+    got = jax.jit(
+        jax.value_and_grad(
+            lambda h, w: loss_lib.cross_entropy(h, w, t, tiles=tiles), argnums=(0, 1)
+        )
+    )(h, w)
     _assert_close(got, ref)
     mesh = MeshShape(data=2, fsdp=4).make()
     split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp", "expert")))
     hs, ts = jax.device_put(h, split), jax.device_put(t, split)
-    got = jax.jit(jax.value_and_grad(lambda h, w: loss_lib.cross_entropy(h, w, ts, tiles=tiles, mesh=mesh),
-                                     argnums=(0, 1)))(hs, w)
+    got = jax.jit(
+        jax.value_and_grad(
+            lambda h, w: loss_lib.cross_entropy(h, w, ts, tiles=tiles, mesh=mesh), argnums=(0, 1)
+        )
+    )(hs, w)
     _assert_close(got, ref)
 
 
 def test_bfloat16_loss_backward_multiplies_in_bfloat16():
-    """In a bfloat16 step the head's two backward matmuls take bfloat16 operands (float32 logits, float32
+    """In a bfloat16 step the head's two backward matmuls take bfloat16 operands (float32 logits,
+    float32
     accumulation), and the gradients stay within bfloat16 rounding of the float32 textbook form."""
     B, S_, D, V = 4, 16, 32, 512
     ks = jax.random.split(jax.random.key(2), 3)
@@ -219,7 +247,9 @@ def test_bfloat16_loss_backward_multiplies_in_bfloat16():
 
     ref_loss, ref_grads = jax.value_and_grad(textbook, argnums=(0, 1))(h, w)
     for tiles in (1, 4):
-        fn = jax.value_and_grad(lambda h, w: loss_lib.cross_entropy(h, w, t, tiles=tiles), argnums=(0, 1))
+        fn = jax.value_and_grad(
+            lambda h, w, tiles=tiles: loss_lib.cross_entropy(h, w, t, tiles=tiles), argnums=(0, 1)
+        )
         loss, grads = jax.jit(fn)(h, w)
         assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)  # the logits are float32
         for g, r in zip(grads, ref_grads, strict=True):
@@ -227,23 +257,31 @@ def test_bfloat16_loss_backward_multiplies_in_bfloat16():
             g, r = np.asarray(g, np.float32), np.asarray(r, np.float32)
             assert np.abs(g - r).max() <= 2e-2 * np.abs(r).max()
 
-        dots = [tuple(str(v.aval.dtype) for v in eqn.invars) for eqn in _eqns(jax.make_jaxpr(fn)(h, w).jaxpr)
-                if eqn.primitive.name == "dot_general"]
+        dots = [
+            tuple(str(v.aval.dtype) for v in eqn.invars)
+            for eqn in _eqns(jax.make_jaxpr(fn)(h, w).jaxpr)
+            if eqn.primitive.name == "dot_general"
+        ]
         assert len(dots) >= 3 and all(d == ("bfloat16", "bfloat16") for d in dots), dots
 
 
 def test_loss_tiles_must_divide_the_sequence():
-    with pytest.raises(TieraxError, match=r"loss_tiles=5 does not divide the sequence length 32.*loss_tiles=4"):
+    with pytest.raises(
+        TieraxError, match=r"loss_tiles=5 does not divide the sequence length 32.*loss_tiles=4"
+    ):
         loss_lib.check_tiles(5, 32)
     with pytest.raises(TieraxError, match="loss_tiles must be an integer ≥ 1"):
         dataclasses.replace(get_config("tiny-llama"), loss_tiles=0)
 
 
-# --- bad input -------------------------------------------------------------------------------------
+# --- bad input ------------------------------------------------------------------------------------
+
 
 def test_mesh_must_divide_heads_experts_and_batch():
     llama = get_config("tiny-llama")  # 4 heads, 2 kv heads, mlp 128
-    with pytest.raises(TieraxError, match=r"num_kv_heads=2 is not divisible by tensor=4.*choose tensor/expert"):
+    with pytest.raises(
+        TieraxError, match=r"num_kv_heads=2 is not divisible by tensor=4.*choose tensor/expert"
+    ):
         MeshShape(fsdp=2, tensor=4).check_model(llama)
     deepseek = get_config("tiny-deepseek")  # 8 experts
     with pytest.raises(TieraxError, match="num_experts=8 is not divisible by expert=3"):
@@ -254,6 +292,28 @@ def test_mesh_must_divide_heads_experts_and_batch():
     MeshShape(expert=8).check_model(llama)  # a dense model on an expert axis: batch/weights only
     with pytest.raises(TieraxError, match="num_heads=4 is not divisible by tensor=8"):
         S.init_params(llama, mesh=make_mesh(tensor=8))
+
+
+@pytest.mark.parametrize(
+    "mesh, works",
+    [
+        (MeshShape(fsdp=3), "data=3,fsdp=1,tensor=1,expert=1"),
+        (MeshShape(fsdp=6), "data=3,fsdp=2,tensor=1,expert=1"),
+        (MeshShape(fsdp=3, expert=2), "data=3,fsdp=1,tensor=1,expert=2"),
+    ],
+)
+def test_an_fsdp_group_not_dividing_d_model_is_refused_naming_a_mesh_that_works(mesh, works):
+    """The sharding rules leave a weight whole where no dimension divides: llama3-8b on fsdp=3 would
+    keep most of its state replicated (silently, before)."""
+    cfg = get_config("llama3-8b")  # d_model 4096
+    # What the refused mesh would do to an MLP kernel: shard neither dimension.
+    spec = sh.param_spec((), (4096, 14336), {"fsdp": mesh.fsdp, "expert": mesh.expert})
+    assert all(d is None for d in spec)
+    with pytest.raises(TieraxError) as e:
+        mesh.check_model(cfg, where="--mesh")
+    msg = str(e.value)
+    assert "which does not divide d_model=4096" in msg and f"--mesh {works}" in msg, msg
+    parse_mesh(works).check_model(cfg)  # the named mesh is accepted
 
 
 def test_tensor_and_expert_param_specs():
@@ -274,7 +334,7 @@ def test_tensor_and_expert_param_specs():
     assert specs["head"]["kernel"] == PS(None, ("fsdp", "expert"))
 
 
-# --- the whole step: sharded == 1 device -----------------------------------------------------------
+# --- the whole step: sharded == 1 device ----------------------------------------------------------
 
 _REFS: dict = {}
 
@@ -285,7 +345,10 @@ def _reference(name, preset):
         cfg = no_drop(get_config(name))
         graphdef, params = S.init_params(cfg, seed=0)
         tokens = S.synthetic_batch(cfg, BATCH, SEQ, seed=3)
-        _REFS[key] = (tokens, S.loss_and_grads(graphdef, cfg, P.preset(preset, cfg), params, tokens))
+        _REFS[key] = (
+            tokens,
+            S.loss_and_grads(graphdef, cfg, P.preset(preset, cfg), params, tokens),
+        )
     return _REFS[key]
 
 
@@ -295,13 +358,23 @@ def check_sharded_step(name, preset, mesh_kw, loss_tiles=1):
     tokens, (loss, grads) = _reference(name, preset)
     mesh = make_mesh(**mesh_kw)
     graphdef, params = S.init_params(cfg, seed=0, mesh=mesh)
-    loss8, grads8 = S.loss_and_grads(graphdef, cfg, P.preset(preset, cfg), params,
-                                     jax.device_put(tokens, sh.batch_sharding(mesh)))
+    loss8, grads8 = S.loss_and_grads(
+        graphdef,
+        cfg,
+        P.preset(preset, cfg),
+        params,
+        jax.device_put(tokens, sh.batch_sharding(mesh)),
+    )
     assert float(loss8) == pytest.approx(float(loss), rel=1e-5)
     _assert_close(grads8, grads)
 
 
-MESHES = [dict(data=2, tensor=2, fsdp=2), dict(fsdp=4, expert=2), dict(data=2, expert=4), dict(fsdp=2, tensor=2, expert=2)]
+MESHES = [
+    dict(data=2, tensor=2, fsdp=2),
+    dict(fsdp=4, expert=2),
+    dict(data=2, expert=4),
+    dict(fsdp=2, tensor=2, expert=2),
+]
 # Default suite: one compile-heavy case per model (expert=4 is covered at the layer level above).
 FAST = [
     ("tiny-deepseek", "deepseek-offload", dict(fsdp=2, tensor=2, expert=2), 1),
@@ -309,14 +382,19 @@ FAST = [
 ]
 
 
-@pytest.mark.parametrize("name,preset,mesh_kw,loss_tiles", FAST, ids=lambda v: str(v) if not isinstance(v, dict)
-                         else ",".join(f"{k}={n}" for k, n in v.items()))
+@pytest.mark.parametrize(
+    "name,preset,mesh_kw,loss_tiles",
+    FAST,
+    ids=lambda v: str(v) if not isinstance(v, dict) else ",".join(f"{k}={n}" for k, n in v.items()),
+)
 def test_sharded_step_equals_one_device(name, preset, mesh_kw, loss_tiles):
     check_sharded_step(name, preset, mesh_kw, loss_tiles)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mesh_kw", MESHES, ids=lambda v: ",".join(f"{k}={n}" for k, n in v.items()))
+@pytest.mark.parametrize(
+    "mesh_kw", MESHES, ids=lambda v: ",".join(f"{k}={n}" for k, n in v.items())
+)
 @pytest.mark.parametrize("preset", list(P.PRESETS))
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-deepseek"])
 def test_every_preset_on_every_mesh(name, preset, mesh_kw):
@@ -368,7 +446,8 @@ def test_moe_names_are_where_the_remat_policy_sees_them(mechanism):
 
 @pytest.mark.slow
 def test_trainer_on_expert_tensor_mesh_matches_one_device(tmp_path):
-    """`tierax train`'s Trainer: 3 steps on fsdp=2,tensor=2,expert=2 give the 1-device run's losses."""
+    """`tierax train`'s Trainer: 3 steps on fsdp=2,tensor=2,expert=2 give the 1-device run's
+    losses."""
     from tierax.models import config_to_dict
     from tierax.train import config as TC
     from tierax.train import loop as L
@@ -376,11 +455,19 @@ def test_trainer_on_expert_tensor_mesh_matches_one_device(tmp_path):
     model = config_to_dict(no_drop(get_config("tiny-deepseek")))
 
     def losses(mesh, microbatch, name):
-        cfg = TC.config_from_mapping({
-            "model": model, "plan": "minimal", "microbatch": microbatch, "seq": SEQ, "steps": 3, "mesh": mesh,
-            "optimizer": {"lr": 0.003, "warmup_steps": 1}, "checkpoint": {"every": 0},
-            "log": {"dir": str(tmp_path / name), "every": 1, "plot": False},
-        })
+        cfg = TC.config_from_mapping(
+            {
+                "model": model,
+                "plan": "minimal",
+                "microbatch": microbatch,
+                "seq": SEQ,
+                "steps": 3,
+                "mesh": mesh,
+                "optimizer": {"lr": 0.003, "warmup_steps": 1},
+                "checkpoint": {"every": 0},
+                "log": {"dir": str(tmp_path / name), "every": 1, "plot": False},
+            }
+        )
         with L.Trainer(cfg, devices=jax.devices()[: cfg.mesh.size]) as trainer:
             return trainer.train().losses
 

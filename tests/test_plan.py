@@ -35,13 +35,26 @@ def test_presets_mean_what_they_say():
         assert {n for n, p in g.items() if p is not P.Placement.REMAT} == {N.DECODER_LAYER_INPUT}
     r = P.resolve(P.preset("qkv-offload", cfg), cfg)
     for g in r.values():
-        assert {n for n, p in g.items() if p is P.Placement.OFFLOAD} == {N.QUERY_PROJ, N.KEY_PROJ, N.VALUE_PROJ}
+        assert {n for n, p in g.items() if p is P.Placement.OFFLOAD} == {
+            N.QUERY_PROJ,
+            N.KEY_PROJ,
+            N.VALUE_PROJ,
+        }
     r = P.resolve(P.preset("deepseek-offload", cfg), cfg)
     qkv = {N.QUERY_PROJ, N.KEY_PROJ, N.VALUE_PROJ}
-    assert {n for n, p in r["dense"].items() if p is P.Placement.OFFLOAD} == qkv | {N.MLPWI_0, N.MLPWI_1}
-    assert {n for n, p in r["moe"].items() if p is P.Placement.OFFLOAD} == qkv | {N.MOE_MLPWI_0, N.MOE_MLPWI_1}
+    assert {n for n, p in r["dense"].items() if p is P.Placement.OFFLOAD} == qkv | {
+        N.MLPWI_0,
+        N.MLPWI_1,
+    }
+    assert {n for n, p in r["moe"].items() if p is P.Placement.OFFLOAD} == qkv | {
+        N.MOE_MLPWI_0,
+        N.MOE_MLPWI_1,
+    }
     r = P.resolve(P.preset("minimal", cfg), cfg)
-    assert r["moe"][N.MOE_MLPWO] is P.Placement.DEVICE and r["moe"][N.ATTENTION_OUT] is P.Placement.REMAT
+    assert (
+        r["moe"][N.MOE_MLPWO] is P.Placement.DEVICE
+        and r["moe"][N.ATTENTION_OUT] is P.Placement.REMAT
+    )
 
 
 def test_to_policies_none_only_when_everything_on_device():
@@ -52,8 +65,10 @@ def test_to_policies_none_only_when_everything_on_device():
 
 
 def test_prefetch_mechanism_keeps_and_offloads_what_the_plan_says():
-    """Default mechanism: a group that offloads runs the prefetching scan with the plan's device and host
-    names (the layer input is the scan's own residual); a group that offloads nothing gets a policy."""
+    """Default mechanism: a group that offloads runs the prefetching scan with the plan's device and
+    host
+    names (the layer input is the scan's own residual); a group that offloads nothing gets a
+    policy."""
     cfg = get_config("tiny-deepseek")
     assert P.DEFAULT_MECHANISM == "prefetch"
     pols = P.to_policies(MIXED, cfg)
@@ -61,12 +76,21 @@ def test_prefetch_mechanism_keeps_and_offloads_what_the_plan_says():
     for g in ("dense", "moe"):
         assert isinstance(pols[g], Prefetch)
         assert pols[g].offload == {n for n, p in resolved[g].items() if p is P.Placement.OFFLOAD}
-        assert pols[g].keep == {n for n, p in resolved[g].items() if p is P.Placement.DEVICE} - {N.DECODER_LAYER_INPUT}
+        assert pols[g].keep == {n for n, p in resolved[g].items() if p is P.Placement.DEVICE} - {
+            N.DECODER_LAYER_INPUT
+        }
     assert N.MOE_MLPWI_1 in pols["moe"].offload and N.VALUE_PROJ in pols["moe"].keep
     assert N.MLPWI_1 in pols["dense"].keep  # the dense group's default is device
-    assert all(callable(p) and not isinstance(p, Prefetch) for p in P.to_policies(P.preset("minimal", cfg), cfg).values())
-    # Offloading the layer input itself: the scan cannot prefetch its own carry, so XLA's policy runs it.
-    lin = P.Plan("lin", {"dense": P.GroupPlan({N.DECODER_LAYER_INPUT: P.Placement.OFFLOAD}), "moe": P.GroupPlan()})
+    assert all(
+        callable(p) and not isinstance(p, Prefetch)
+        for p in P.to_policies(P.preset("minimal", cfg), cfg).values()
+    )
+    # Offloading the layer input itself: the scan cannot prefetch its own carry, so XLA's policy
+    # runs it.
+    lin = P.Plan(
+        "lin",
+        {"dense": P.GroupPlan({N.DECODER_LAYER_INPUT: P.Placement.OFFLOAD}), "moe": P.GroupPlan()},
+    )
     assert callable(P.to_policies(lin, cfg)["dense"])
 
 
@@ -75,13 +99,16 @@ def test_mechanism_round_trips_and_is_validated():
     plan = dataclasses.replace(P.preset("qkv-offload", cfg), mechanism="policy")
     assert "mechanism: policy" in plan.to_yaml()
     assert P.Plan.from_yaml(plan.to_yaml()) == plan
-    assert "mechanism" not in P.preset("qkv-offload", cfg).to_yaml()  # the default is not spelled out
+    assert (
+        "mechanism" not in P.preset("qkv-offload", cfg).to_yaml()
+    )  # the default is not spelled out
     with pytest.raises(TieraxError, match="mechanism 'prefech' is not valid; use one of: prefetch"):
         P.Plan.from_yaml(plan.to_yaml().replace("mechanism: policy", "mechanism: prefech"))
 
 
 def _decision(policy, name: str) -> str:
-    """What a jax.checkpoint policy does with a value tagged ``name``: save, offload (to pinned host) or remat."""
+    """What a jax.checkpoint policy does with a value tagged ``name``: save, offload (to pinned
+    host) or remat."""
     x = jnp.ones((2, 3))
     eqn = jax.make_jaxpr(lambda v: checkpoint_name(v, name))(x).jaxpr.eqns[0]
     return _kind(policy(eqn.primitive, x, **eqn.params))
@@ -97,17 +124,34 @@ def _kind(d) -> str:
     return {"SaveableType": "save", "RecomputeType": "remat"}.get(kind, kind)
 
 
-MIXED = P.Plan("mixed", {
-    "dense": P.GroupPlan({N.QUERY_PROJ: P.Placement.OFFLOAD, N.KEY_PROJ: P.Placement.DEVICE,
-                          N.MLPWI_0: P.Placement.OFFLOAD, N.MLPWO: P.Placement.REMAT}, P.Placement.DEVICE),
-    "moe": P.GroupPlan({N.MOE_MLPWI_1: P.Placement.OFFLOAD, N.VALUE_PROJ: P.Placement.DEVICE}, P.Placement.REMAT),
-})
+MIXED = P.Plan(
+    "mixed",
+    {
+        "dense": P.GroupPlan(
+            {
+                N.QUERY_PROJ: P.Placement.OFFLOAD,
+                N.KEY_PROJ: P.Placement.DEVICE,
+                N.MLPWI_0: P.Placement.OFFLOAD,
+                N.MLPWO: P.Placement.REMAT,
+            },
+            P.Placement.DEVICE,
+        ),
+        "moe": P.GroupPlan(
+            {N.MOE_MLPWI_1: P.Placement.OFFLOAD, N.VALUE_PROJ: P.Placement.DEVICE},
+            P.Placement.REMAT,
+        ),
+    },
+)
 
 
-@pytest.mark.parametrize("plan", ["qkv-offload", "deepseek-offload", "minimal", "remat-full", "mixed"])
+@pytest.mark.parametrize(
+    "plan", ["qkv-offload", "deepseek-offload", "minimal", "remat-full", "mixed"]
+)
 def test_policy_saves_offloads_and_recomputes_exactly_what_the_plan_says(plan):
-    """Per layer group and name, the policy's decision is the plan's placement: device → saved in device
-    memory, offload → moved device → pinned_host, remat → recomputed; untagged values are recomputed."""
+    """Per layer group and name, the policy's decision is the plan's placement: device → saved in
+    device
+    memory, offload → moved device → pinned_host, remat → recomputed; untagged values are
+    recomputed."""
     cfg = get_config("tiny-deepseek")
     p = dataclasses.replace(MIXED if plan == "mixed" else P.preset(plan, cfg), mechanism="policy")
     want = {"device": "save", "offload": "offload", "remat": "remat"}
@@ -125,21 +169,28 @@ def test_policy_saves_offloads_and_recomputes_exactly_what_the_plan_says(plan):
                 continue
             assert _decision(policies[g], n) == want[pl.value], (plan, g, n)
             seen.add(pl)
-        # An untagged matmul is not saved (what "remat" means for everything the plan does not name).
+        # An untagged matmul is not saved (what "remat" means for everything the plan does not
+        # name).
         x = jnp.ones((2, 2))
         dot = jax.make_jaxpr(lambda a: a @ a)(x).jaxpr.eqns[0]
         assert _kind(policies[g](dot.primitive, x, x, **dot.params)) == "remat"
     if plan == "mixed":
         assert seen == set(P.Placement)
-        assert _decision(policies["dense"], N.MLPWI_1) == "save"  # the dense group's default is device
+        assert (
+            _decision(policies["dense"], N.MLPWI_1) == "save"
+        )  # the dense group's default is device
         assert _decision(policies["moe"], N.MOE_MLPWI_0) == "remat"
 
 
 def test_layer_input_on_device_is_saved_as_the_checkpoint_input_without_a_copy():
-    """remat-full under XLA's policy: the layer's input is a residual (the checkpointed body's argument), and
-    no reduce_precision copy of it is made (JAX adds one to every residual saved by name, jax PR 22244)."""
+    """remat-full under XLA's policy: the layer's input is a residual (the checkpointed body's
+    argument), and
+    no reduce_precision copy of it is made (JAX adds one to every residual saved by name, jax PR
+    22244)."""
     cfg = get_config("tiny-llama")
-    policy = P.to_policies(dataclasses.replace(P.preset("remat-full", cfg), mechanism="policy"), cfg)["decoder"]
+    policy = P.to_policies(
+        dataclasses.replace(P.preset("remat-full", cfg), mechanism="policy"), cfg
+    )["decoder"]
 
     def layer(x, w):
         return jnp.tanh(checkpoint_name(x, N.DECODER_LAYER_INPUT) @ w)
@@ -151,7 +202,9 @@ def test_layer_input_on_device_is_saved_as_the_checkpoint_input_without_a_copy()
     saved = out.getvalue().strip().splitlines()
     assert any(line.startswith("f32[4,8]") and "argument" in line for line in saved), saved
     assert not any("named" in line for line in saved), saved
-    grad = jax.make_jaxpr(jax.grad(lambda x, w: jnp.sum(jax.checkpoint(layer, policy=policy)(x, w))))(x, w)
+    grad = jax.make_jaxpr(
+        jax.grad(lambda x, w: jnp.sum(jax.checkpoint(layer, policy=policy)(x, w)))
+    )(x, w)
     assert "reduce_precision" not in str(grad)
 
 
@@ -159,7 +212,9 @@ def test_unknown_activation_name_lists_valid_names():
     text = "plan: bad\ngroups:\n  decoder:\n    query_projj: offload\n"
     with pytest.raises(TieraxError) as e:
         P.Plan.from_yaml(text)
-    assert "query_projj" in str(e.value) and "query_proj" in str(e.value) and "mlpwi_0" in str(e.value)
+    assert (
+        "query_projj" in str(e.value) and "query_proj" in str(e.value) and "mlpwi_0" in str(e.value)
+    )
 
 
 def test_misspelled_placement_lists_valid_values():
@@ -199,7 +254,7 @@ def test_load_plan_from_file_and_missing(tmp_path):
 
 def test_plan_is_immutable():
     plan = P.preset("minimal", get_config("tiny-llama"))
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         plan.name = "x"
     with pytest.raises(TypeError):
         plan.groups["decoder"] = P.GroupPlan()

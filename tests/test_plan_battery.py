@@ -41,12 +41,15 @@ def max_rel_err(a, b) -> float:
 
 
 OFFLOADING = [p for p in P.PRESETS if p.endswith("offload")]
-CASES = [(p, P.DEFAULT_MECHANISM) for p in P.PRESETS if p != "save-all"] + [(p, "policy") for p in OFFLOADING]
+CASES = [(p, P.DEFAULT_MECHANISM) for p in P.PRESETS if p != "save-all"] + [
+    (p, "policy") for p in OFFLOADING
+]
 
 
 @pytest.mark.parametrize("preset, mechanism", CASES)
 def test_gradients_match_save_all(reference, preset, mechanism):
-    """Both offload mechanisms: tierax's prefetching scan (the default) and XLA's checkpoint policy."""
+    """Both offload mechanisms: tierax's prefetching scan (the default) and XLA's checkpoint
+    policy."""
     cfg, graphdef, params, tokens, ref_loss, ref_grads = reference
     plan = dataclasses.replace(P.preset(preset, cfg), mechanism=mechanism)
     if preset in OFFLOADING:
@@ -63,9 +66,16 @@ def test_gradients_match_save_all(reference, preset, mechanism):
 def _cuda_pinned_host_shapes(cfg, plan, tokens) -> list[str]:
     graphdef, params = nnx.split(abstract_model(cfg))
     loss = S.make_loss_fn(graphdef, P.to_policies(plan, cfg))
-    text = jax.jit(jax.value_and_grad(loss)).trace(params, tokens).lower(lowering_platforms=("cuda",)).as_text()
+    text = (
+        jax.jit(jax.value_and_grad(loss))
+        .trace(params, tokens)
+        .lower(lowering_platforms=("cuda",))
+        .as_text()
+    )
     found = re.findall(
-        r'annotate_device_placement\(%[^)]*\).*?_xla_buffer_placement = "(\w+)".*?-> tensor<([^>]*)>', text
+        r'annotate_device_placement\(%[^)]*\).*?_xla_buffer_placement = "(\w+)".*?-> '
+        r"tensor<([^>]*)>",
+        text,
     )
     assert found or "annotate_device_placement" not in text
     return sorted(shape for where, shape in found if where == "pinned_host")

@@ -1,8 +1,9 @@
-"""``tierax plan --check``: the loop compiles, corrects the workspace term from XLA's peak, and re-plans.
+"""``tierax plan --check``: the loop compiles, corrects the workspace term from XLA's peak, and
+re-plans.
 
-On tiny-llama the model over-predicts XLA's peak by ~19 % (its fixed terms are sized for real shapes),
-outside the 5 % tolerance: the first iteration must not converge, the second must — which only happens
-if the correction (XLA's peak minus the model's) reaches the re-solve.
+On tiny-llama the model over-predicts XLA's peak by ~19 % (its fixed terms are sized for real
+shapes), outside the 5 % tolerance: the first iteration must not converge, the second must — which
+only happens if the correction (XLA's peak minus the model's) reaches the re-solve.
 """
 
 from __future__ import annotations
@@ -30,11 +31,57 @@ def test_check_corrects_the_workspace_and_converges():
     assert last.host_bytes == last.xla_host_bytes
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--target", "gb300"], "projection"),
-    (["--max-microbatch"], "--check compiles one plan"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--target", "gb300"], "projection"),
+        (["--max-microbatch"], "--check compiles one plan"),
+    ],
+)
 def test_check_refuses_what_it_cannot_compile(extra, message):
     cmd = [sys.executable, "-m", "tierax.cli", "plan", "--model", "tiny-llama", "--check", *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300
+    )
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_a_model_below_xla_under_a_binding_budget_re_plans_within_a_smaller_budget(monkeypatch):
+    """XLA above the model, the budget binding: the correction must shrink the second solve's budget
+    by exactly the miss (a wrong sign would grow it and re-plan the same over-budget plan).  Real
+    deviceless XLA is below the model on every model cheap to compile here, so XLA's peak is the
+    model's plus a chosen miss, at the seam where plan_check compiles."""
+    import types
+
+    from tierax import compile as compile_lib
+    from tierax import hardware, planner
+    from tierax import inventory as inv_lib
+    from tierax import plan as P
+
+    cfg = get_config("tiny-llama")
+    rates = cm.target_rates("h200", cfg.dtype)
+    inv = inv_lib.model_inventory(cfg, 8, 64, MeshShape().to_dict())
+    free = planner.plan(cfg, inv, rates).predicted.peak_device_bytes
+    floor = cm.simulate(P.preset("remat-full", cfg), inv, cfg, rates, "lhs").peak_device_bytes
+    budget = floor + 0.75 * (free - floor)  # binding: the unconstrained plan does not fit
+    first = planner.plan(cfg, inv, rates, budget_bytes=budget).predicted.peak_device_bytes
+    miss = int(budget - first) + int(0.25 * (free - floor))  # XLA's first peak is over the budget
+    compiled_peaks = []
+
+    def xla(cfg, plan, target, *, microbatch, seq, mesh):
+        peak = cm.simulate(plan, inv, cfg, rates, "lhs").peak_device_bytes + miss
+        compiled_peaks.append(peak)
+        fits = peak <= hardware.usable_bytes(rates.device_memory_bytes)
+        return types.SimpleNamespace(
+            device_peak_bytes=peak, fits=fits, overlap={}, host_temp_bytes=0, compile_time_s=0.0
+        ), ""
+
+    monkeypatch.setattr(compile_lib, "compile_for_target", xla)
+    res = plan_check.check(
+        cfg, MeshShape(), rates, "h200", microbatch=8, seq=64, budget_bytes=budget, max_iterations=3
+    )
+    one, two = res.iterations[:2]
+    assert one.budget_bytes == int(budget) and compiled_peaks[0] > budget and not one.xla_fits
+    assert two.workspace_correction_bytes == miss and two.budget_bytes == int(budget) - miss
+    assert two.predicted_peak_bytes <= budget and two.xla_fits and two.peak_error == 0
+    assert res.converged and len(res.iterations) == 2 and compiled_peaks[1] <= budget

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from tierax import costmodel as cm
-from tierax import planner
 from tierax import plan as P
+from tierax import planner
 from tierax.errors import TieraxError
 from tierax.inventory import model_inventory
 from tierax.models import get_config
@@ -29,10 +29,12 @@ def llama():
 
 def exhaustive(cfg, inv, rates, schedule, budget, host_budget):
     items = cm.item_terms(inv, rates)
-    choices = list(P.Placement) if rates.offload_is_real else [P.Placement.DEVICE, P.Placement.REMAT]
+    choices = (
+        list(P.Placement) if rates.offload_is_real else [P.Placement.DEVICE, P.Placement.REMAT]
+    )
     best = None
     for combo in itertools.product(choices, repeat=len(items)):
-        placements = {(i.group, i.name): c for i, c in zip(items, combo)}
+        placements = {(i.group, i.name): c for i, c in zip(items, combo, strict=False)}
         pred = cm.evaluate(placements, inv, cfg, rates, schedule)
         if pred.peak_device_bytes <= budget and pred.host_bytes <= host_budget:
             if best is None or pred.step_time_s < best.step_time_s:
@@ -54,7 +56,9 @@ def test_planner_equals_exhaustive_optimum(llama, schedule, fraction):
     low, high = bounds(cfg, inv, rates)
     budget = low + fraction * (high - low)
     host = 0.3 * sum(i.bytes for i in cm.item_terms(inv, rates))  # the host budget binds too
-    result = planner.plan(cfg, inv, rates, schedule=schedule, budget_bytes=budget, host_budget_bytes=host)
+    result = planner.plan(
+        cfg, inv, rates, schedule=schedule, budget_bytes=budget, host_budget_bytes=host
+    )
     best = exhaustive(cfg, inv, rates, schedule, budget, host)
     assert result.predicted.step_time_s == pytest.approx(best.step_time_s, rel=1e-6)
     assert result.predicted.peak_device_bytes <= budget and result.predicted.host_bytes <= host
@@ -99,8 +103,12 @@ def test_plan_is_a_loadable_plan_with_explanations(llama, tmp_path):
     f = tmp_path / "p.yaml"
     f.write_text(r.plan.to_yaml())
     again = P.load_plan(str(f), cfg)
-    assert cm.simulate(again, inv, cfg, rates, "lhs").step_time_s == pytest.approx(r.predicted.step_time_s)
-    assert {(e.group, e.name) for e in r.explain} == {(i.group, i.name) for i in cm.item_terms(inv, rates)}
+    assert cm.simulate(again, inv, cfg, rates, "lhs").step_time_s == pytest.approx(
+        r.predicted.step_time_s
+    )
+    assert {(e.group, e.name) for e in r.explain} == {
+        (i.group, i.name) for i in cm.item_terms(inv, rates)
+    }
     assert all(e.why for e in r.explain)
 
 
@@ -116,26 +124,67 @@ def test_max_microbatch_finds_the_boundary():
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "tierax.cli", *args], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "tierax.cli", *args],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+    )
 
 
 def test_cli_plan_simulate_inventory_json(tmp_path):
     out = tmp_path / "plan.yaml"
-    r = _cli("plan", "--model", "tiny-deepseek", "--target", "h200", "--microbatch", "8", "--seq", "64",
-             "--budget-gib", "0.03", "--json", "--out", str(out))
+    r = _cli(
+        "plan",
+        "--model",
+        "tiny-deepseek",
+        "--target",
+        "h200",
+        "--microbatch",
+        "8",
+        "--seq",
+        "64",
+        "--budget-gib",
+        "0.03",
+        "--json",
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert {"plan", "predicted", "explain"} <= set(doc)
-    assert {"fits", "peak_device_bytes", "device_capacity_bytes", "host_bytes", "step_time_s", "tflops_per_device",
-            "breakdown"} <= set(doc["predicted"])
+    assert {
+        "fits",
+        "peak_device_bytes",
+        "device_capacity_bytes",
+        "host_bytes",
+        "step_time_s",
+        "tflops_per_device",
+        "breakdown",
+    } <= set(doc["predicted"])
     assert doc["predicted"]["peak_device_bytes"] <= 0.03 * GIB
-    s = _cli("simulate", "--model", "tiny-deepseek", "--target", "h200", "--microbatch", "8", "--seq", "64",
-             "--plan", str(out), "--json")
+    s = _cli(
+        "simulate",
+        "--model",
+        "tiny-deepseek",
+        "--target",
+        "h200",
+        "--microbatch",
+        "8",
+        "--seq",
+        "64",
+        "--plan",
+        str(out),
+        "--json",
+    )
     assert s.returncode == 0, s.stderr
     assert json.loads(s.stdout)["step_time_s"] == pytest.approx(doc["predicted"]["step_time_s"])
     i = _cli("inventory", "--model", "tiny-deepseek", "--microbatch", "8", "--seq", "64", "--json")
-    assert i.returncode == 0 and {g["name"] for g in json.loads(i.stdout)["groups"]} == {"dense", "moe"}
+    assert i.returncode == 0 and {g["name"] for g in json.loads(i.stdout)["groups"]} == {
+        "dense",
+        "moe",
+    }
 
 
 @pytest.mark.parametrize(

@@ -49,14 +49,18 @@ MB = 2**20
 CFG = get_config("tiny-deepseek")  # names and head shape only; the inventory below is synthetic
 MICROBATCH, SEQ = 4, 64
 # Names per group (real names of the model, so a Plan built from them resolves).
-NAMES = {"dense": (N.QUERY_PROJ, N.KEY_PROJ, N.MLPWI_0, N.MLPWO),
-         "moe": (N.VALUE_PROJ, N.ATTENTION_OUT, N.MOE_MLPWI_0, N.MOE_MLPWI_1)}
+NAMES = {
+    "dense": (N.QUERY_PROJ, N.KEY_PROJ, N.MLPWI_0, N.MLPWO),
+    "moe": (N.VALUE_PROJ, N.ATTENTION_OUT, N.MOE_MLPWI_0, N.MOE_MLPWI_1),
+}
 SCHEDULES = ("serial", "lhs", "lhs-pipelined")
 # The schedule's documented hiding rule: fraction of the layer's compute a transfer hides under,
 # and the layers of offloaded slices in flight.
 HIDE = {"serial": 0.0, "lhs": 0.5, "lhs-pipelined": 1.0}
 STAGE = {"serial": 1, "lhs": 1, "lhs-pipelined": 2}
-CODES = np.array(list(itertools.product(range(3), repeat=8)), dtype=np.int64)  # 0 device, 1 offload, 2 remat
+CODES = np.array(
+    list(itertools.product(range(3), repeat=8)), dtype=np.int64
+)  # 0 device, 1 offload, 2 remat
 PLACEMENT = {0: P.Placement.DEVICE, 1: P.Placement.OFFLOAD, 2: P.Placement.REMAT}
 
 
@@ -65,25 +69,51 @@ def make_rates(link_d2h=20e9, link_h2d=16e9, matmul=1e12) -> cm.Rates:
 
 
 def make_inventory(groups: list[dict]) -> Inventory:
-    """``groups``: dicts with layers, carry, extra (unnamed residual bytes/layer), base_flops, fwd_flops, the
+    """``groups``: dicts with layers, carry, extra (unnamed residual bytes/layer), base_flops,
+    fwd_flops, the
     non-matmul HBM bytes per layer fwd_hbm, bwd_hbm, base_hbm, and items = [(bytes_per_layer,
     recompute_flops_per_layer, recompute_hbm_bytes_per_layer)] × 4."""
     out = []
-    for gname, g in zip(("dense", "moe"), groups):
+    for gname, g in zip(("dense", "moe"), groups, strict=False):
         acts = [Activation(gname, N.DECODER_LAYER_INPUT, g["carry"], g["layers"], 0.0)]
-        acts += [Activation(gname, n, b, g["layers"], f, h) for n, (b, f, h) in zip(NAMES[gname], g["items"])]
+        acts += [
+            Activation(gname, n, b, g["layers"], f, h)
+            for n, (b, f, h) in zip(NAMES[gname], g["items"], strict=False)
+        ]
         save_all = g["carry"] + sum(b for b, *_ in g["items"]) + g["extra"]
-        out.append(GroupInventory(gname, g["layers"], tuple(acts), g["carry"], save_all, g["base_flops"],
-                                  g["fwd_flops"], layer_param_count=1000, forward_hbm_bytes_per_layer=g["fwd_hbm"],
-                                  backward_hbm_bytes_per_layer=g["bwd_hbm"],
-                                  base_recompute_hbm_bytes_per_layer=g["base_hbm"]))
-    return Inventory("synthetic", MICROBATCH, SEQ, {"data": 1, "fsdp": 1}, tuple(out), param_bytes=300 * MB,
-                     grad_bytes=300 * MB, optimizer_bytes=600 * MB, logits_bytes=MICROBATCH * SEQ * CFG.vocab_size * 4,
-                     embed_param_count=1000, loss_hbm_bytes=50 * MB)
+        out.append(
+            GroupInventory(
+                gname,
+                g["layers"],
+                tuple(acts),
+                g["carry"],
+                save_all,
+                g["base_flops"],
+                g["fwd_flops"],
+                layer_param_count=1000,
+                forward_hbm_bytes_per_layer=g["fwd_hbm"],
+                backward_hbm_bytes_per_layer=g["bwd_hbm"],
+                base_recompute_hbm_bytes_per_layer=g["base_hbm"],
+            )
+        )
+    return Inventory(
+        "synthetic",
+        MICROBATCH,
+        SEQ,
+        {"data": 1, "fsdp": 1},
+        tuple(out),
+        param_bytes=300 * MB,
+        grad_bytes=300 * MB,
+        optimizer_bytes=600 * MB,
+        logits_bytes=MICROBATCH * SEQ * CFG.vocab_size * 4,
+        embed_param_count=1000,
+        loss_hbm_bytes=50 * MB,
+    )
 
 
 def brute_force(inv: Inventory, rates: cm.Rates, schedule: str, mechanism: str = "policy"):
-    """(peak bytes, host bytes, step seconds) of every one of the 3^8 plans, from first principles."""
+    """(peak bytes, host bytes, step seconds) of every one of the 3^8 plans, from first
+    principles."""
     w, stage, spare = HIDE[schedule], STAGE[schedule], 0
     if mechanism == "prefetch":
         w, stage, spare = (0.0 if schedule == "serial" else 1.0), 1, 1
@@ -91,14 +121,25 @@ def brute_force(inv: Inventory, rates: cm.Rates, schedule: str, mechanism: str =
     head_fwd = 2.0 * inv.microbatch * inv.seq * CFG.d_model * CFG.vocab_size
     fwd_all = sum(g.forward_flops_per_layer * g.num_layers for g in inv.groups) + head_fwd
     hbm = rates.hbm_bytes_per_s
-    fixed_hbm = (sum((g.forward_hbm_bytes_per_layer + g.backward_hbm_bytes_per_layer) * g.num_layers for g in inv.groups)
-                 + inv.loss_hbm_bytes + 7 * inv.param_bytes)  # AdamW reads params, grads, mu, nu; writes params, mu, nu
-    seconds = np.full(len(CODES), 3.0 * fwd_all / mm + fixed_hbm / hbm)  # forward once, backward twice
-    # The larger of two moments: a layer's backward (state + one layer's residuals) and the loss (state less the
-    # embedding/head gradients, plus the head's float32 gradient and the float32 logits with their gradient).
+    fixed_hbm = (
+        sum(
+            (g.forward_hbm_bytes_per_layer + g.backward_hbm_bytes_per_layer) * g.num_layers
+            for g in inv.groups
+        )
+        + inv.loss_hbm_bytes
+        + 7 * inv.param_bytes
+    )  # AdamW reads params, grads, mu, nu; writes params, mu, nu
+    seconds = np.full(
+        len(CODES), 3.0 * fwd_all / mm + fixed_hbm / hbm
+    )  # forward once, backward twice
+    # The larger of two moments: a layer's backward (state + one layer's residuals) and the loss
+    # (state less the embedding/head gradients, plus the head's float32 gradient and the float32
+    # logits with their gradient).
     state = inv.param_bytes + inv.grad_bytes + inv.optimizer_bytes
     layer_phase = state + max(g.save_all_bytes_per_layer for g in inv.groups)
-    loss_phase = state - inv.embed_param_count * 4 + CFG.vocab_size * CFG.d_model * 4 + 2 * inv.logits_bytes
+    loss_phase = (
+        state - inv.embed_param_count * 4 + CFG.vocab_size * CFG.d_model * 4 + 2 * inv.logits_bytes
+    )
     peak = np.full(len(CODES), max(layer_phase, loss_phase), dtype=np.int64)
     host = np.zeros(len(CODES), dtype=np.int64)
     staging = np.zeros(len(CODES), dtype=np.int64)
@@ -106,7 +147,7 @@ def brute_force(inv: Inventory, rates: cm.Rates, schedule: str, mechanism: str =
     for g in inv.groups:
         L = g.num_layers
         named = [a for a in g.activations if a.name != N.DECODER_LAYER_INPUT]
-        c = CODES[:, col:col + len(named)]
+        c = CODES[:, col : col + len(named)]
         col += len(named)
         b = np.array([a.bytes_per_layer for a in named], dtype=np.int64)
         f = np.array([a.recompute_flops_per_layer for a in named])
@@ -114,8 +155,12 @@ def brute_force(inv: Inventory, rates: cm.Rates, schedule: str, mechanism: str =
         all_dev = (c == 0).all(axis=1)
         kept = g.carry_bytes_per_layer * L + ((c == 0) * b).sum(axis=1) * L
         peak += np.where(all_dev, g.save_all_bytes_per_layer * L, kept)
-        recompute_flops = np.where(all_dev, 0.0, (g.base_recompute_flops_per_layer + ((c == 2) * f).sum(axis=1)) * L)
-        recompute_hbm = np.where(all_dev, 0.0, (g.base_recompute_hbm_bytes_per_layer + ((c == 2) * h).sum(axis=1)) * L)
+        recompute_flops = np.where(
+            all_dev, 0.0, (g.base_recompute_flops_per_layer + ((c == 2) * f).sum(axis=1)) * L
+        )
+        recompute_hbm = np.where(
+            all_dev, 0.0, (g.base_recompute_hbm_bytes_per_layer + ((c == 2) * h).sum(axis=1)) * L
+        )
         seconds += recompute_flops / mm + recompute_hbm / hbm
         off_layer = ((c == 1) * b).sum(axis=1)
         host += off_layer * L
@@ -123,8 +168,9 @@ def brute_force(inv: Inventory, rates: cm.Rates, schedule: str, mechanism: str =
         store_s = off_layer * L / rates.d2h_bytes_per_s
         load_s = off_layer * (L + spare) / rates.h2d_bytes_per_s
         fwd_s = g.forward_flops_per_layer * L / mm + g.forward_hbm_bytes_per_layer * L / hbm
-        bwd_s = ((2 * g.forward_flops_per_layer + g.base_recompute_flops_per_layer) * L / mm
-                 + (g.backward_hbm_bytes_per_layer + g.base_recompute_hbm_bytes_per_layer) * L / hbm)
+        bwd_s = (2 * g.forward_flops_per_layer + g.base_recompute_flops_per_layer) * L / mm + (
+            g.backward_hbm_bytes_per_layer + g.base_recompute_hbm_bytes_per_layer
+        ) * L / hbm
         seconds += np.maximum(0.0, store_s - w * fwd_s) + np.maximum(0.0, load_s - w * bwd_s)
     return peak + staging, host, seconds
 
@@ -145,11 +191,19 @@ def check(inv, rates, schedule, budget, host_budget, mechanism="policy"):
     ok = (peak <= budget) & (host <= host_budget)
     assert ok.any()
     best = int(np.flatnonzero(ok)[np.argmin(seconds[ok])])
-    r = planner.plan(CFG, inv, rates, schedule=schedule, budget_bytes=budget, host_budget_bytes=host_budget,
-                     mechanism=mechanism)
+    r = planner.plan(
+        CFG,
+        inv,
+        rates,
+        schedule=schedule,
+        budget_bytes=budget,
+        host_budget_bytes=host_budget,
+        mechanism=mechanism,
+    )
     assert r.plan.mechanism == mechanism
     k = index_of(codes_of(r.plan))
-    # The chosen plan, evaluated independently: within both budgets, and as fast as the best plan there is.
+    # The chosen plan, evaluated independently: within both budgets, and as fast as the best plan
+    # there is.
     assert peak[k] <= budget and host[k] <= host_budget, (peak[k], budget, host[k], host_budget)
     assert seconds[k] == pytest.approx(seconds[best], rel=1e-5, abs=0), (CODES[k], CODES[best])
     # simulate's own prediction of that plan agrees with the first-principles numbers.
@@ -159,14 +213,42 @@ def check(inv, rates, schedule, budget, host_budget, mechanism="policy"):
 
 
 def fixture_groups():
-    """Hand-set DeepSeek-like inventory: big cheap-to-move MoE up-projections, costly attention, cheap MLP out."""
-    # HBM bytes at 4 TB/s: 4 GB/layer is 1 ms, on the scale of the matmuls (1 GFLOP at 1 TFLOP/s = 1 ms).
-    dense = dict(layers=3, carry=8 * MB, extra=6 * MB, base_flops=0.4e9, fwd_flops=6e9,
-                 fwd_hbm=2e9, bwd_hbm=5e9, base_hbm=0.8e9,
-                 items=[(32 * MB, 3e9, 1e9), (16 * MB, 1.5e9, 0.2e9), (48 * MB, 1.0e9, 3e9), (8 * MB, 0.05e9, 0.5e9)])
-    moe = dict(layers=5, carry=8 * MB, extra=10 * MB, base_flops=0.8e9, fwd_flops=9e9,
-               fwd_hbm=3e9, bwd_hbm=8e9, base_hbm=2e9,
-               items=[(16 * MB, 2.5e9, 0.4e9), (24 * MB, 0.3e9, 1.5e9), (96 * MB, 4e9, 2e9), (96 * MB, 4e9, 6e9)])
+    """Hand-set DeepSeek-like inventory: big cheap-to-move MoE up-projections, costly attention,
+    cheap MLP out."""
+    # HBM bytes at 4 TB/s: 4 GB/layer is 1 ms, on the scale of the matmuls (1 GFLOP at 1 TFLOP/s = 1
+    # ms).
+    dense = dict(
+        layers=3,
+        carry=8 * MB,
+        extra=6 * MB,
+        base_flops=0.4e9,
+        fwd_flops=6e9,
+        fwd_hbm=2e9,
+        bwd_hbm=5e9,
+        base_hbm=0.8e9,
+        items=[
+            (32 * MB, 3e9, 1e9),
+            (16 * MB, 1.5e9, 0.2e9),
+            (48 * MB, 1.0e9, 3e9),
+            (8 * MB, 0.05e9, 0.5e9),
+        ],
+    )
+    moe = dict(
+        layers=5,
+        carry=8 * MB,
+        extra=10 * MB,
+        base_flops=0.8e9,
+        fwd_flops=9e9,
+        fwd_hbm=3e9,
+        bwd_hbm=8e9,
+        base_hbm=2e9,
+        items=[
+            (16 * MB, 2.5e9, 0.4e9),
+            (24 * MB, 0.3e9, 1.5e9),
+            (96 * MB, 4e9, 2e9),
+            (96 * MB, 4e9, 6e9),
+        ],
+    )
     return [dense, moe]
 
 
@@ -202,23 +284,32 @@ def test_fixtures_exercise_every_placement(fixture_results):
     # Offload wins somewhere under every hiding schedule, and loses to remat somewhere else.
     for schedule in ("lhs", "lhs-pipelined"):
         mine = [codes for s, _, _, codes, _ in fixture_results if s == schedule]
-        assert any((c == 1).any() for c in mine) and any((c == 2).any() and not (c == 1).any() for c in mine)
+        assert any((c == 1).any() for c in mine) and any(
+            (c == 2).any() and not (c == 1).any() for c in mine
+        )
 
 
 def test_fixture_budgets_bind(fixture_results):
     """The device budget and the host budget each change the optimum somewhere."""
     by = {(s, q, h): seconds for s, q, h, _, seconds in fixture_results}
     opt = {(s, q, h): codes for s, q, h, codes, _ in fixture_results}
-    host_binds = any(not np.array_equal(opt[(s, q, 0.25)], opt[(s, q, 1.0)])
-                     for s, q, h in opt if h == 0.25 and (s, q, 1.0) in opt)
-    device_binds = any(not np.array_equal(opt[(s, 0.4, h)], opt[(s, 1.0, h)])
-                       for s, q, h in opt if q == 0.4 and (s, 1.0, h) in opt)
+    host_binds = any(
+        not np.array_equal(opt[(s, q, 0.25)], opt[(s, q, 1.0)])
+        for s, q, h in opt
+        if h == 0.25 and (s, q, 1.0) in opt
+    )
+    device_binds = any(
+        not np.array_equal(opt[(s, 0.4, h)], opt[(s, 1.0, h)])
+        for s, q, h in opt
+        if q == 0.4 and (s, 1.0, h) in opt
+    )
     assert host_binds and device_binds
-    assert by  # noqa: the seconds are used by the other tests' checks
+    assert by  # the seconds are used by the other tests' checks
 
 
 def test_hiding_rule_of_each_schedule_matters():
-    """Same inventory and budget: lhs beats serial (same memory, more hiding); pipelined beats lhs at some
+    """Same inventory and budget: lhs beats serial (same memory, more hiding); pipelined beats lhs
+    at some
     budget (more hiding) though its second staging layer costs memory."""
     inv, rates = make_inventory(fixture_groups()), make_rates()
     peak0, _, _ = brute_force(inv, rates, "serial")
@@ -228,8 +319,15 @@ def test_hiding_rule_of_each_schedule_matters():
         times = {}
         for schedule in SCHEDULES:
             peak, _, seconds = brute_force(inv, rates, schedule)
-            r = planner.plan(CFG, inv, rates, schedule=schedule, budget_bytes=budget, host_budget_bytes=10**12,
-                             mechanism="policy")
+            r = planner.plan(
+                CFG,
+                inv,
+                rates,
+                schedule=schedule,
+                budget_bytes=budget,
+                host_budget_bytes=10**12,
+                mechanism="policy",
+            )
             times[schedule] = r.predicted.step_time_s
             assert r.predicted.step_time_s == pytest.approx(seconds[peak <= budget].min(), rel=1e-7)
         assert times["serial"] > times["lhs"]
@@ -240,12 +338,26 @@ def test_hiding_rule_of_each_schedule_matters():
 def random_groups(rng):
     groups = []
     for _ in range(2):
-        groups.append(dict(
-            layers=int(rng.integers(1, 7)), carry=int(rng.integers(1, 16)) * MB, extra=int(rng.integers(0, 16)) * MB,
-            base_flops=float(rng.uniform(0, 1e9)), fwd_flops=float(rng.uniform(1e9, 1.2e10)),
-            items=[(int(rng.integers(1, 128)) * MB + int(rng.integers(0, 4096)), float(rng.uniform(0, 5e9)),
-                    float(rng.uniform(0, 8e9))) for _ in range(4)],
-            fwd_hbm=float(rng.uniform(0, 8e9)), bwd_hbm=float(rng.uniform(0, 2e10)), base_hbm=float(rng.uniform(0, 4e9))))
+        groups.append(
+            dict(
+                layers=int(rng.integers(1, 7)),
+                carry=int(rng.integers(1, 16)) * MB,
+                extra=int(rng.integers(0, 16)) * MB,
+                base_flops=float(rng.uniform(0, 1e9)),
+                fwd_flops=float(rng.uniform(1e9, 1.2e10)),
+                items=[
+                    (
+                        int(rng.integers(1, 128)) * MB + int(rng.integers(0, 4096)),
+                        float(rng.uniform(0, 5e9)),
+                        float(rng.uniform(0, 8e9)),
+                    )
+                    for _ in range(4)
+                ],
+                fwd_hbm=float(rng.uniform(0, 8e9)),
+                bwd_hbm=float(rng.uniform(0, 2e10)),
+                base_hbm=float(rng.uniform(0, 4e9)),
+            )
+        )
     return groups
 
 
@@ -254,8 +366,11 @@ def test_random_inventories_milp_equals_brute_force(seed):
     mechanism = ("policy", "prefetch")[seed % 2]
     rng = np.random.default_rng(seed)
     inv = make_inventory(random_groups(rng))
-    rates = make_rates(link_d2h=float(rng.uniform(10e9, 200e9)), link_h2d=float(rng.uniform(10e9, 200e9)),
-                       matmul=float(rng.uniform(0.3e12, 2e12)))
+    rates = make_rates(
+        link_d2h=float(rng.uniform(10e9, 200e9)),
+        link_h2d=float(rng.uniform(10e9, 200e9)),
+        matmul=float(rng.uniform(0.3e12, 2e12)),
+    )
     for schedule in SCHEDULES:
         peak, host, _ = brute_force(inv, rates, schedule, mechanism)
         for _ in range(2):
@@ -267,8 +382,10 @@ def test_random_inventories_milp_equals_brute_force(seed):
 
 
 def test_prefetch_fixture_offloads_and_beats_the_policy_where_loads_would_show():
-    """The default mechanism on the hand fixture: the MILP equals brute force at every budget, offload is
-    chosen somewhere, and at a budget where XLA's policy (lhs) exposes loads the prefetching plan is faster."""
+    """The default mechanism on the hand fixture: the MILP equals brute force at every budget,
+    offload is
+    chosen somewhere, and at a budget where XLA's policy (lhs) exposes loads the prefetching plan is
+    faster."""
     inv, rates = make_inventory(fixture_groups()), make_rates(link_d2h=8e9, link_h2d=8e9)
     peak, host, _ = brute_force(inv, rates, "lhs", "prefetch")
     chosen, faster = [], False
@@ -276,7 +393,14 @@ def test_prefetch_fixture_offloads_and_beats_the_policy_where_loads_would_show()
         budget = int(peak.min() + q * (peak.max() - peak.min()))
         codes, seconds, *_ = check(inv, rates, "lhs", budget, int(host.max()), "prefetch")
         chosen.append(codes)
-        pol = planner.plan(CFG, inv, rates, schedule="lhs", budget_bytes=budget, host_budget_bytes=int(host.max()),
-                           mechanism="policy")
+        pol = planner.plan(
+            CFG,
+            inv,
+            rates,
+            schedule="lhs",
+            budget_bytes=budget,
+            host_budget_bytes=int(host.max()),
+            mechanism="policy",
+        )
         faster |= seconds[index_of(codes)] < pol.predicted.step_time_s * (1 - 1e-6)
     assert any((c == 1).any() for c in chosen) and faster

@@ -27,14 +27,17 @@ from tierax.models.tags import Tape, tag
 
 
 def test_injected_value_replaces_the_tagged_one_and_the_gradient_flows_to_its_producer():
-    # f(x) = sin(tag(3x)); with 3x replaced by s: value sin(s), derivative cos(s) · 3 (chain through 3x).
+    # f(x) = sin(tag(3x)); with 3x replaced by s: value sin(s), derivative cos(s) · 3 (chain through
+    # 3x).
     def f(x, s=None):
         tape = Tape(inject={"query_proj": s}) if s is not None else Tape()
         with tape.active():
             return jnp.sin(tag(3.0 * x, "query_proj"))
 
     x = jnp.float32(0.4)
-    s = jnp.float32(1.3)  # deliberately not 3x: shows which value the forward and the derivative use
+    s = jnp.float32(
+        1.3
+    )  # deliberately not 3x: shows which value the forward and the derivative use
     assert float(f(x, s)) == pytest.approx(np.sin(1.3), rel=1e-6)
     assert float(jax.grad(f)(x, s)) == pytest.approx(np.cos(1.3) * 3.0, rel=1e-6)
     assert float(jax.grad(f)(x)) == pytest.approx(np.cos(1.2) * 3.0, rel=1e-6)
@@ -54,8 +57,10 @@ def test_tape_collects_and_refuses_duplicates_and_missing_names():
         tag(jnp.ones(2), "key_proj")
     with pytest.raises(TieraxError, match="never tags 'mlpwi_0'"):
         t.check_complete()
-    with pytest.raises(TieraxError, match=r"saved 'key_proj' is float32\[3\]"), \
-            Tape(inject={"key_proj": jnp.ones(3)}).active():
+    with (
+        pytest.raises(TieraxError, match=r"saved 'key_proj' is float32\[3\]"),
+        Tape(inject={"key_proj": jnp.ones(3)}).active(),
+    ):
         tag(jnp.ones(2), "key_proj")
 
 
@@ -69,10 +74,14 @@ def _toy_layer(x, p):
 
 def _toy_params(n_layers=5, d=8, seed=0):
     k = jax.random.split(jax.random.key(seed), 4)
-    return ({"wq": jax.random.normal(k[0], (n_layers, d, d)) / d,
-             "wg": jax.random.normal(k[1], (n_layers, d, 2 * d)) / d,
-             "wo": jax.random.normal(k[2], (n_layers, 2 * d, d)) / d},
-            jax.random.normal(k[3], (4, d)))
+    return (
+        {
+            "wq": jax.random.normal(k[0], (n_layers, d, d)) / d,
+            "wg": jax.random.normal(k[1], (n_layers, d, 2 * d)) / d,
+            "wo": jax.random.normal(k[2], (n_layers, 2 * d, d)) / d,
+        },
+        jax.random.normal(k[3], (4, d)),
+    )
 
 
 def test_scan_gradient_equals_a_plain_loop():
@@ -86,12 +95,12 @@ def test_scan_gradient_equals_a_plain_loop():
         x = x0
         for i in range(params["wq"].shape[0]):
             x = _toy_layer(x, jax.tree.map(lambda a, i=i: a[i], params))
-        return jnp.sum(x ** 2)
+        return jnp.sum(x**2)
 
     v1, g1 = jax.jit(jax.value_and_grad(loss_scan, argnums=(0, 1)))(params, x0)
     v2, g2 = jax.jit(jax.value_and_grad(loss_loop, argnums=(0, 1)))(params, x0)
     assert float(v1) == pytest.approx(float(v2), rel=1e-6)
-    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2), strict=False):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=1e-6)
 
 
@@ -107,11 +116,14 @@ def test_offloaded_residuals_are_host_arrays_between_the_passes():
     run = prefetch_scan(_toy_layer, keep={"mlpwi_0"}, offload={"query_proj"})
     text = str(jax.make_jaxpr(jax.grad(lambda p: jnp.sum(run(x0, p))))(params))
     assert "f32<host>[3,4,8]" in text  # the stacked offloaded q: host memory, one slice per layer
-    assert text.count("MemorySpace.Host") >= 1 and text.count("MemorySpace.Device") >= 2  # store; fetch ×2
+    assert (
+        text.count("MemorySpace.Host") >= 1 and text.count("MemorySpace.Device") >= 2
+    )  # store; fetch ×2
 
 
 def _host_loads(module: hlo.Module, cname: str):
-    """(load's -done instruction, its users) for each host → device copy issued in computation ``cname``."""
+    """(load's -done instruction, its users) for each host → device copy issued in computation
+    ``cname``."""
     instrs = module.computations[cname]
     users: dict[str, list] = {}
     for ins in instrs:
@@ -122,17 +134,22 @@ def _host_loads(module: hlo.Module, cname: str):
         src = module.by_name.get(ins.operands[0]) if ins.operands else None
         if ins.opcode.endswith("-start") and src is not None and any(a.host for a in src.arrays):
             for done in users.get(ins.name, []):
-                if done.opcode.endswith("-done") and not any(a.host for a in done.arrays):  # a load, not a store
+                if done.opcode.endswith("-done") and not any(
+                    a.host for a in done.arrays
+                ):  # a load, not a store
                     out.append((done, users))
     return out
 
 
 def _feeds_only_the_loop_carry(name: str, users: dict, root) -> bool:
-    """True if ``name``'s value reaches only the loop body's ROOT tuple (through bitcasts/copies)."""
+    """True if ``name``'s value reaches only the loop body's ROOT tuple (through
+    bitcasts/copies)."""
     for u in users.get(name, []):
         if u is root:
             continue
-        if u.opcode in ("bitcast", "copy", "reshape") and _feeds_only_the_loop_carry(u.name, users, root):
+        if u.opcode in ("bitcast", "copy", "reshape") and _feeds_only_the_loop_carry(
+            u.name, users, root
+        ):
             continue
         return False
     return bool(users.get(name))
@@ -146,7 +163,12 @@ def _backward_body_loads(mechanism: str):
     plan = P.Plan("qkv", P.preset("qkv-offload", cfg).groups, mechanism=mechanism)
     _, text = C.compile_for_target(cfg, plan, "h200", microbatch=2, seq=64)
     module = hlo.parse_module(text)
-    bodies = {ins.attr("body") for instrs in module.computations.values() for ins in instrs if ins.opcode == "while"}
+    bodies = {
+        ins.attr("body")
+        for instrs in module.computations.values()
+        for ins in instrs
+        if ins.opcode == "while"
+    }
     loads = {c: _host_loads(module, c) for c in bodies if c in module.computations}
     loads = {c: v for c, v in loads.items() if v}
     assert loads, "no loop body loads from host"
@@ -156,7 +178,7 @@ def _backward_body_loads(mechanism: str):
 @pytest.mark.parametrize("mechanism", ["prefetch", "policy"])
 def test_xla_schedule_prefetch_hands_each_load_to_the_next_iteration(mechanism):
     module, loads = _backward_body_loads(mechanism)
-    (body, found), = loads.items()
+    ((body, found),) = loads.items()
     assert len(found) == 3  # q, k and v of one layer per iteration
     root = module.computations[body][-1]
     assert root.opcode == "tuple"
@@ -170,9 +192,14 @@ def test_xla_schedule_prefetch_hands_each_load_to_the_next_iteration(mechanism):
 def test_deviceless_target_states_the_runs_budget_to_the_scheduler():
     spec = hardware.TARGETS["h200"]
     text = hardware.scheduling_target_config(hardware.render_target_config(spec))
-    stated = int(next(line for line in text.splitlines() if "device_memory_size" in line).split(":")[1])
-    # XLA schedules within 80 % of the stated size; that must be capacity less the 5 % runtime reserve.
+    stated = int(
+        next(line for line in text.splitlines() if "device_memory_size" in line).split(":")[1]
+    )
+    # XLA schedules within 80 % of the stated size; that must be capacity less the 5 % runtime
+    # reserve.
     assert stated == int(spec.device_memory_bytes * 0.95 / 0.8)
-    assert int(stated * 0.8) == pytest.approx(hardware.usable_bytes(spec.device_memory_bytes), abs=1)
+    assert int(stated * 0.8) == pytest.approx(
+        hardware.usable_bytes(spec.device_memory_bytes), abs=1
+    )
     with pytest.raises(TieraxError, match="no gpu_device_info.device_memory_size"):
         hardware.scheduling_target_config("gpu_device_info { core_count: 1 }")

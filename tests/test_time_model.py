@@ -31,9 +31,16 @@ from tierax.models import get_config
 MB = 1_000_000
 CFG = get_config("tiny-llama")  # head: d_model 64, vocab 256
 MICROBATCH, SEQ = 4, 64  # 256 tokens: the LM head's forward is 2·256·64·256 = 8 388 608 FLOPs
-CAL = {"cpu": {"created": "hand-cal", "matmul_flops_per_s_float32": 1e12,
-               "matmul_flops_per_s_bfloat16": 0.5e12, "matmul_flops_per_s": 1e12,
-               "memory_bytes_per_s": 1e11, "first_touch_bytes_per_s": 1e10}}
+CAL = {
+    "cpu": {
+        "created": "hand-cal",
+        "matmul_flops_per_s_float32": 1e12,
+        "matmul_flops_per_s_bfloat16": 0.5e12,
+        "matmul_flops_per_s": 1e12,
+        "memory_bytes_per_s": 1e11,
+        "first_touch_bytes_per_s": 1e10,
+    }
+}
 
 
 def inventory() -> Inventory:
@@ -43,21 +50,41 @@ def inventory() -> Inventory:
     # non-matmul traffic 20 MB (forward) and 40 MB (backward) per layer.  Parameters 100 MB,
     # gradients 100 MB, AdamW moments 200 MB; the loss moves 10 MB.
     g = GroupInventory(
-        "decoder", 2, (Activation("decoder", N.DECODER_LAYER_INPUT, 1 * MB, 2),
-                       Activation("decoder", N.MLPWO, 10 * MB, 2, 2e9, 4 * MB)),
-        carry_bytes_per_layer=1 * MB, save_all_bytes_per_layer=30 * MB,
-        base_recompute_flops_per_layer=1e9, forward_flops_per_layer=10e9, layer_param_count=1000,
-        forward_hbm_bytes_per_layer=20 * MB, backward_hbm_bytes_per_layer=40 * MB,
-        base_recompute_hbm_bytes_per_layer=2 * MB)
-    return Inventory("hand", MICROBATCH, SEQ, {"data": 1, "fsdp": 1}, (g,), param_bytes=100 * MB,
-                     grad_bytes=100 * MB, optimizer_bytes=200 * MB,
-                     logits_bytes=MICROBATCH * SEQ * 256 * 4, embed_param_count=0,
-                     loss_hbm_bytes=10 * MB)
+        "decoder",
+        2,
+        (
+            Activation("decoder", N.DECODER_LAYER_INPUT, 1 * MB, 2),
+            Activation("decoder", N.MLPWO, 10 * MB, 2, 2e9, 4 * MB),
+        ),
+        carry_bytes_per_layer=1 * MB,
+        save_all_bytes_per_layer=30 * MB,
+        base_recompute_flops_per_layer=1e9,
+        forward_flops_per_layer=10e9,
+        layer_param_count=1000,
+        forward_hbm_bytes_per_layer=20 * MB,
+        backward_hbm_bytes_per_layer=40 * MB,
+        base_recompute_hbm_bytes_per_layer=2 * MB,
+    )
+    return Inventory(
+        "hand",
+        MICROBATCH,
+        SEQ,
+        {"data": 1, "fsdp": 1},
+        (g,),
+        param_bytes=100 * MB,
+        grad_bytes=100 * MB,
+        optimizer_bytes=200 * MB,
+        logits_bytes=MICROBATCH * SEQ * 256 * 4,
+        embed_param_count=0,
+        loss_hbm_bytes=10 * MB,
+    )
 
 
 def plan(mlpwo: P.Placement) -> P.Plan:
-    return P.Plan("hand", {"decoder": P.GroupPlan({N.DECODER_LAYER_INPUT: P.Placement.DEVICE,
-                                                   N.MLPWO: mlpwo})})
+    return P.Plan(
+        "hand",
+        {"decoder": P.GroupPlan({N.DECODER_LAYER_INPUT: P.Placement.DEVICE, N.MLPWO: mlpwo})},
+    )
 
 
 # Matmuls: 3 × (2 layers × 10 GFLOP + the head's 8 388 608) = 60.025165824 GFLOP.
@@ -81,8 +108,13 @@ def rates(dtype: str = "float32") -> cm.Rates:
 def expected(dtype: str, which: str) -> dict:
     mm = CAL["cpu"][f"matmul_flops_per_s_{dtype}"]
     bw, touch = CAL["cpu"]["memory_bytes_per_s"], CAL["cpu"]["first_touch_bytes_per_s"]
-    out = {"compute_s": MATMUL_FLOPS / mm + HBM_BYTES / bw, "hbm_s": HBM_BYTES / bw,
-           "recompute_s": 0.0, "recompute_hbm_s": 0.0, "first_touch_s": FRESH[which] / touch}
+    out = {
+        "compute_s": MATMUL_FLOPS / mm + HBM_BYTES / bw,
+        "hbm_s": HBM_BYTES / bw,
+        "recompute_s": 0.0,
+        "recompute_hbm_s": 0.0,
+        "first_touch_s": FRESH[which] / touch,
+    }
     if which == "remat":
         out["recompute_s"] = RECOMPUTE_FLOPS / mm + RECOMPUTE_BYTES / bw
         out["recompute_hbm_s"] = RECOMPUTE_BYTES / bw
@@ -169,18 +201,24 @@ def test_transposed_reads_by_hand():
         ct = hbm.marker(ct)
         du, du2 = ct @ wo.T, (ct * 3.0) @ wo.T  # [T, F]
         hx = du @ wo  # [T, D]
-        return (jax.lax.dot_general(x, du * a * b, wg),
-                jax.lax.dot_general(x, du * a * 2.0, wg),
-                jax.lax.dot_general(x, du * a * c[None, :], wg),
-                jax.lax.dot_general(x, du * du2, wg),
-                jax.lax.dot_general(x, (du * a).astype(jnp.bfloat16), wg),
-                jax.lax.dot_general(du, x * hx, wg))
+        return (
+            jax.lax.dot_general(x, du * a * b, wg),
+            jax.lax.dot_general(x, du * a * 2.0, wg),
+            jax.lax.dot_general(x, du * a * c[None, :], wg),
+            jax.lax.dot_general(x, du * du2, wg),
+            jax.lax.dot_general(x, (du * a).astype(jnp.bfloat16), wg),
+            jax.lax.dot_general(du, x * hx, wg),
+        )
 
     shapes = ((T, D), (D, F), (D, F), (F, D), (F,), (T, D))
     args = [jax.ShapeDtypeStruct(shape, f32) for shape in shapes]
     r = hbm.transposed_reads(jax.make_jaxpr(step)(*args), residual_inputs=1)
-    assert r == {"always": 2 * T * F, "residual": 1.5 * T * F, "carry": 2 * T * D,
-                 "named": {N.MLPWI_0: 1.5 * T * F}}
+    assert r == {
+        "always": 2 * T * F,
+        "residual": 1.5 * T * F,
+        "carry": 2 * T * D,
+        "named": {N.MLPWI_0: 1.5 * T * F},
+    }
 
 
 def transposed_inventory() -> Inventory:
@@ -188,11 +226,17 @@ def transposed_inventory() -> Inventory:
     # an unnamed residual's share, 0.5 M as the carry's and 2 M as MLPWO's.
     inv = inventory()
     (g,) = inv.groups
-    acts = tuple(dataclasses.replace(a, transposed_elems_per_layer=2e6 if a.name == N.MLPWO
-                                     else 0.0) for a in g.activations)
-    g = dataclasses.replace(g, activations=acts, transposed_always_elems_per_layer=4e6,
-                            transposed_residual_elems_per_layer=1e6,
-                            transposed_carry_elems_per_layer=0.5e6)
+    acts = tuple(
+        dataclasses.replace(a, transposed_elems_per_layer=2e6 if a.name == N.MLPWO else 0.0)
+        for a in g.activations
+    )
+    g = dataclasses.replace(
+        g,
+        activations=acts,
+        transposed_always_elems_per_layer=4e6,
+        transposed_residual_elems_per_layer=1e6,
+        transposed_carry_elems_per_layer=0.5e6,
+    )
     return dataclasses.replace(inv, groups=(g,))
 
 
@@ -223,8 +267,9 @@ def test_planner_weighs_transposing_fusions():
     from tierax import planner
 
     for rate, want in ((1e10, P.Placement.DEVICE), (1e9, P.Placement.REMAT)):
-        r = dataclasses.replace(rates(), first_touch_bytes_per_s=1e11,
-                                transpose_read_elems_per_s=rate)
+        r = dataclasses.replace(
+            rates(), first_touch_bytes_per_s=1e11, transpose_read_elems_per_s=rate
+        )
         got = planner.plan(CFG, transposed_inventory(), r, schedule="lhs").plan
         assert P.resolve(got, CFG)["decoder"][N.MLPWO] is want, rate
 
@@ -245,16 +290,40 @@ def test_microbenchmarks_measure_positive_rates():
 def test_calibration_file_reaches_simulate_through_the_cli(tmp_path):
     """`tierax simulate --target cpu` reads TIERAX_CALIBRATION: halving the calibrated float32
     matmul rate adds the executed FLOPs once more at the first rate; the sources say measured."""
+
     def run(matmul: float) -> dict:
         f = tmp_path / f"cal-{matmul:g}.json"
         f.write_text(json.dumps({"cpu": CAL["cpu"] | {"matmul_flops_per_s_float32": matmul}}))
         env = dict(os.environ, TIERAX_CALIBRATION=str(f), JAX_PLATFORMS="cpu")
         # A 32000-word vocabulary: 65 MB of logits, temporaries above malloc's mmap threshold.
-        cmd = [sys.executable, "-m", "tierax.cli", "simulate", "--model", "tiny-llama", "--set",
-               "vocab_size=32000", "--target", "cpu", "--plan", "remat-full", "--microbatch", "4",
-               "--seq", "128", "--json"]
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300,
-                           stdin=subprocess.DEVNULL, check=False)
+        cmd = [
+            sys.executable,
+            "-m",
+            "tierax.cli",
+            "simulate",
+            "--model",
+            "tiny-llama",
+            "--set",
+            "vocab_size=32000",
+            "--target",
+            "cpu",
+            "--plan",
+            "remat-full",
+            "--microbatch",
+            "4",
+            "--seq",
+            "128",
+            "--json",
+        ]
+        r = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
         assert r.returncode == 0, r.stderr[-2000:]
         return json.loads(r.stdout)
 

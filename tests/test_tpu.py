@@ -1,9 +1,11 @@
-"""TPU targets: the hardware table, slice shapes → libtpu topology names, and a deviceless TPU compile.
+"""TPU targets: the hardware table, slice shapes → libtpu topology names, and a deviceless TPU
+compile.
 
 The compile tests need libtpu (the tpu-aot extra: jax[tpu] at the installed jax, libtpu 0.0.42.1 for
 jax 0.10.2, a 213 MB wheel, 0.7 GB installed), which `make venv` installs; they are skipped, saying
-so, only where it is not installed.  libtpu does not start a backend in these tests: without an NVIDIA
-driver tierax picks the CPU platform, and a TPU compile asks libtpu for a compile-only topology.
+so, only where it is not installed.  libtpu does not start a backend in these tests: without an
+NVIDIA driver tierax picks the CPU platform, and a TPU compile asks libtpu for a compile-only
+topology.
 """
 
 import importlib.util
@@ -13,37 +15,61 @@ import sys
 
 import pytest
 
-from tierax import costmodel, hardware
+from tierax import costmodel, hardware, network
 from tierax.errors import TieraxError
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
-NO_LIBTPU = ("libtpu is not installed in this Python environment, so XLA:TPU cannot compile here; "
-             "`make venv` installs it (the tpu-aot extra), or run: pip install -e '.[tpu-aot]'")
+NO_LIBTPU = (
+    "libtpu is not installed in this Python environment, so XLA:TPU cannot compile here; "
+    "`make venv` installs it (the tpu-aot extra), or run: pip install -e '.[tpu-aot]'"
+)
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "tierax.cli", *args], capture_output=True, text=True, timeout=600,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "tierax.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
 
 
-@pytest.mark.parametrize("key, devices, name", [
-    ("v5e", 1, "v5e:1x1"), ("v5e", 4, "v5e:2x2"), ("v5e", 8, "v5e:2x4"), ("v5e", 16, "v5e:4x4"),
-    ("v5e", 256, "v5e:16x16"), ("v6e", 4, "v6e:2x2"), ("v6e", 128, "v6e:8x16"),
-    ("v5p", 4, "v5p:2x2x1"), ("v5p", 8, "v5p:2x2x2"), ("v5p", 32, "v5p:2x4x4"), ("v5p", 6144, "v5p:16x16x24"),
-])
+@pytest.mark.parametrize(
+    "key, devices, name",
+    [
+        ("v5e", 1, "v5e:1x1"),
+        ("v5e", 4, "v5e:2x2"),
+        ("v5e", 8, "v5e:2x4"),
+        ("v5e", 16, "v5e:4x4"),
+        ("v5e", 256, "v5e:16x16"),
+        ("v6e", 4, "v6e:2x2"),
+        ("v6e", 128, "v6e:8x16"),
+        ("v5p", 4, "v5p:2x2x1"),
+        ("v5p", 8, "v5p:2x2x2"),
+        ("v5p", 32, "v5p:2x4x4"),
+        ("v5p", 6144, "v5p:16x16x24"),
+    ],
+)
 def test_topology_name_from_device_count(key, devices, name):
     assert hardware.get_target(key).topology_name(devices) == name
 
 
-@pytest.mark.parametrize("key, devices, valid", [("v5e", 3, "1, 4, 8, 16, 32, 64, 128, 256"),
-                                                 ("v5p", 1, "4, 8, 32, 64, 128"), ("v6e", 512, "1, 4, 8")])
+@pytest.mark.parametrize(
+    "key, devices, valid",
+    [
+        ("v5e", 3, "1, 4, 8, 16, 32, 64, 128, 256"),
+        ("v5p", 1, "4, 8, 32, 64, 128"),
+        ("v6e", 512, "1, 4, 8"),
+    ],
+)
 def test_unsupported_slice_size_names_the_valid_counts(key, devices, valid):
     with pytest.raises(TieraxError, match=f"no TPU slice of {devices} chips.*one of: {valid}"):
         hardware.get_target(key).topology_name(devices)
 
 
-# Google Cloud TPU docs (v5e, v5p, v6e pages): HBM, HBM bandwidth, bf16 peak, bidirectional ICI per chip,
-# host DRAM and chips per host.
+# Google Cloud TPU docs (v5e, v5p, v6e pages): HBM, HBM bandwidth, bf16 peak, bidirectional ICI per
+# chip, host DRAM and chips per host.
 DOCS = {
     "v5e": dict(hbm=16e9, hbm_bw=819e9, bf16=197e12, ici_bidir=400e9, host_mem=512 * 2**30 / 8),
     "v5p": dict(hbm=95 * 2**30, hbm_bw=2765e9, bf16=459e12, ici_bidir=1200e9, host_mem=448e9 / 4),
@@ -60,12 +86,23 @@ def test_tpu_figures_and_cost_model_rates(key):
     assert spec.peak("bfloat16") == d["bf16"] and spec.peak("float32") == d["bf16"]
     assert spec.ici_bytes_per_s == d["ici_bidir"] / 2
     assert spec.host_memory_per_chip_bytes == d["host_mem"]
-    assert 0 < spec.host_link_bps <= spec.host_link_theory_bps and "per direction" in spec.host_link_source
+    assert (
+        0 < spec.host_link_bps <= spec.host_link_theory_bps
+        and "per direction" in spec.host_link_source
+    )
     r = costmodel.target_rates(key, "bfloat16")
     assert (r.device_memory_bytes, r.hbm_bytes_per_s, r.interconnect_bytes_per_s) == (
-        spec.device_memory_bytes, spec.hbm_bytes_per_s, spec.ici_bytes_per_s)
+        spec.device_memory_bytes,
+        spec.hbm_bytes_per_s,
+        spec.ici_bytes_per_s,
+    )
     assert r.host_memory_bytes == int(d["host_mem"]) and r.d2h_bytes_per_s == spec.host_link_bps
     assert "Google Cloud TPU docs" in r.sources["hbm"] and "ICI" in r.sources["interconnect"]
+    f32 = costmodel.target_rates(key, "float32").sources["matmul"]
+    peak = f"{d['bf16'] / 1e12:.0f} TFLOP/s bf16 (float32 matmuls run as bf16 MXU passes)"
+    assert peak in f32, f32
+    pred_links = network.axis_links({"fsdp": 4}, r)
+    assert pred_links["fsdp"].link == "ici"  # a TPU pod's interconnect is not NVLink
 
 
 def test_unknown_target_lists_tpu_keys_too():
@@ -74,35 +111,73 @@ def test_unknown_target_lists_tpu_keys_too():
 
 
 def test_compile_unsupported_tpu_slice_exits_2_with_valid_counts():
-    p = _cli("compile", "--model", "tiny-llama", "--target", "v5e", "--devices", "3", "--mesh", "fsdp=3")
+    p = _cli(
+        "compile", "--model", "tiny-llama", "--target", "v5e", "--devices", "3", "--mesh", "fsdp=3"
+    )
     assert p.returncode == 2, p.stderr
     assert "no TPU slice of 3 chips" in p.stderr and "1, 4, 8, 16, 32, 64, 128, 256" in p.stderr
 
 
 # Where libtpu is installed, the CLI runs in a process that cannot find it (find_spec answers None).
-_HIDE_LIBTPU = ("import importlib.util as u, sys; f = u.find_spec; "
-                "u.find_spec = lambda n, *a, **k: None if n == 'libtpu' else f(n, *a, **k); "
-                "from tierax.cli import main; sys.exit(main(sys.argv[1:]))")
+_HIDE_LIBTPU = (
+    "import importlib.util as u, sys; f = u.find_spec; "
+    "u.find_spec = lambda n, *a, **k: None if n == 'libtpu' else f(n, *a, **k); "
+    "from tierax.cli import main; sys.exit(main(sys.argv[1:]))"
+)
 
 
 def test_compile_tpu_without_libtpu_exits_2_with_pip_command():
-    p = subprocess.run([sys.executable, "-c", _HIDE_LIBTPU, "compile", "--model", "tiny-llama", "--target", "v5e",
-                        "--devices", "4", "--mesh", "fsdp=4"], capture_output=True, text=True, timeout=600,
-                       stdin=subprocess.DEVNULL)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _HIDE_LIBTPU,
+            "compile",
+            "--model",
+            "tiny-llama",
+            "--target",
+            "v5e",
+            "--devices",
+            "4",
+            "--mesh",
+            "fsdp=4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
     assert p.returncode == 2, p.stderr
     assert "pip install 'tierax[tpu-aot]'" in p.stderr and "libtpu" in p.stderr
 
 
 @pytest.mark.skipif(not HAS_LIBTPU, reason=NO_LIBTPU)
 def test_deviceless_tpu_compile_puts_offloaded_residuals_on_host():
-    """tiny-llama (float32, 4 layers, 4 query / 2 KV heads × 16) on a v5e 2x2 slice, q/k/v offloaded.
+    """tiny-llama (float32, 4 layers, 4 query / 2 KV heads × 16) on a v5e 2x2 slice, q/k/v
+    offloaded.
 
     Per device: microbatch 2 × seq 128.  Offloaded residuals, from the shapes alone:
     layers × batch × seq × heads × head_dim × 4 B for q (4 heads) and k, v (2 heads each).  Seq 128
     keeps XLA:TPU's (8, 128) tiles unpadded, so host temp is exactly that sum.
     """
-    p = _cli("compile", "--model", "tiny-llama", "--plan", "qkv-offload", "--target", "v5e", "--devices", "4",
-             "--mesh", "fsdp=4", "--microbatch", "2", "--seq", "128", "--json")
+    p = _cli(
+        "compile",
+        "--model",
+        "tiny-llama",
+        "--plan",
+        "qkv-offload",
+        "--target",
+        "v5e",
+        "--devices",
+        "4",
+        "--mesh",
+        "fsdp=4",
+        "--microbatch",
+        "2",
+        "--seq",
+        "128",
+        "--json",
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(p.stdout)
     layers, b, s, hd, f32 = 4, 2, 128, 16, 4
@@ -111,17 +186,37 @@ def test_deviceless_tpu_compile_puts_offloaded_residuals_on_host():
     assert r["offloaded_bytes_by_name"] == {"query_proj": q, "key_proj": kv, "value_proj": kv}
     assert r["device_capacity_bytes"] == 16 * 10**9 and r["fits"]
     assert any("v5e:2x2" in n for n in r["notes"])
+    assert "Failed to find host bounds" not in p.stderr, p.stderr  # libtpu knows the accelerator
 
 
-# A Llama 3 layer scaled down so that XLA:TPU compiles it in seconds (GQA 4 query / 2 KV heads × 64, SwiGLU
-# 896, bfloat16 activations, float32 master weights, 4 layers); llama3-8b itself takes minutes to compile.
-SMALL_LLAMA = ["--model", "llama3-8b", "--set", "num_layers=4", "--set", "d_model=256", "--set", "num_heads=4",
-               "--set", "num_kv_heads=2", "--set", "head_dim=64", "--set", "mlp_dim=896", "--set", "vocab_size=4096",
-               "--set", "attention=xla"]
+# A Llama 3 layer scaled down so that XLA:TPU compiles it in seconds (GQA 4 query / 2 KV heads × 64,
+# SwiGLU 896, bfloat16 activations, float32 master weights, 4 layers); llama3-8b itself takes
+# minutes to compile.
+SMALL_LLAMA = [
+    "--model",
+    "llama3-8b",
+    "--set",
+    "num_layers=4",
+    "--set",
+    "d_model=256",
+    "--set",
+    "num_heads=4",
+    "--set",
+    "num_kv_heads=2",
+    "--set",
+    "head_dim=64",
+    "--set",
+    "mlp_dim=896",
+    "--set",
+    "vocab_size=4096",
+    "--set",
+    "attention=xla",
+]
 
 
 def _plan_then_compile(tmp_path, model, shape, *plan_args):
-    """The planner's plan (``tierax plan --out``), then ``tierax compile`` of that plan file: both JSON."""
+    """The planner's plan (``tierax plan --out``), then ``tierax compile`` of that plan file: both
+    JSON."""
     plan_file = tmp_path / "plan.yaml"
     p = _cli("plan", *model, *shape, *plan_args, "--out", str(plan_file), "--json")
     assert p.returncode == 0, p.stderr[-3000:]
@@ -133,11 +228,23 @@ def _plan_then_compile(tmp_path, model, shape, *plan_args):
 
 @pytest.mark.skipif(not HAS_LIBTPU, reason=NO_LIBTPU)
 def test_planner_plan_for_a_llama_shape_compiles_and_fits_on_v5p(tmp_path):
-    """Llama-shaped (scaled down) on a v5p 2x2x1 slice, microbatch 8 × seq 256 per device, planned in a
+    """Llama-shaped (scaled down) on a v5p 2x2x1 slice, microbatch 8 × seq 256 per device, planned
+    in a
     0.12 GiB device budget so that the planner must choose (it recomputes some names, keeps others).
-    XLA:TPU's compile of that plan fits the chip, keeps the planner's promise (peak ≤ the budget), and
-    its host bytes are the planner's."""
-    shape = ["--target", "v5p", "--devices", "4", "--mesh", "fsdp=4", "--microbatch", "8", "--seq", "256"]
+    XLA:TPU's compile of that plan fits the chip, keeps the planner's promise (peak ≤ the budget),
+    and its host bytes are the planner's."""
+    shape = [
+        "--target",
+        "v5p",
+        "--devices",
+        "4",
+        "--mesh",
+        "fsdp=4",
+        "--microbatch",
+        "8",
+        "--seq",
+        "256",
+    ]
     budget = 0.12 * 2**30
     planned, r = _plan_then_compile(tmp_path, SMALL_LLAMA, shape, "--budget-gib", "0.12")
     choices = set(planned["plan"]["groups"]["decoder"].values())
@@ -145,18 +252,39 @@ def test_planner_plan_for_a_llama_shape_compiles_and_fits_on_v5p(tmp_path):
     assert planned["predicted"]["fits"] and planned["predicted"]["peak_device_bytes"] <= budget
     assert any("v5p:2x2x1" in n for n in r["notes"])
     assert r["fits"], r
-    assert r["device_peak_bytes"] <= budget, (r["device_peak_bytes"], budget, planned["predicted"]["peak_device_bytes"])
+    assert r["device_peak_bytes"] <= budget, (
+        r["device_peak_bytes"],
+        budget,
+        planned["predicted"]["peak_device_bytes"],
+    )
     assert r["host_temp_bytes"] == planned["predicted"]["host_bytes"]
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_LIBTPU, reason=NO_LIBTPU)
 def test_planner_plan_for_llama3_8b_compiles_and_fits_on_v5p(tmp_path):
-    """The full Llama 3 8B (32 layers) on 8 v5p chips at the planner's default budget: a few minutes of
-    compile, so slow.  (It failed while XLA:TPU's host temp was counted as device memory too and the cost
-    model kept only one copy of the float32 logits: 110.6 GiB reported against 89.8 predicted.)"""
-    shape = ["--target", "v5p", "--devices", "8", "--mesh", "fsdp=8", "--microbatch", "4", "--seq", "8192"]
+    """The full Llama 3 8B (32 layers) on 8 v5p chips at the planner's default budget: a few minutes
+    of
+    compile, so slow.  (It failed while XLA:TPU's host temp was counted as device memory too and the
+    cost model kept only one copy of the float32 logits: 110.6 GiB reported against 89.8
+    predicted.)"""
+    shape = [
+        "--target",
+        "v5p",
+        "--devices",
+        "8",
+        "--mesh",
+        "fsdp=8",
+        "--microbatch",
+        "4",
+        "--seq",
+        "8192",
+    ]
     planned, r = _plan_then_compile(tmp_path, ["--model", "llama3-8b"], shape)
     assert planned["predicted"]["fits"]
     assert r["host_temp_bytes"] == planned["predicted"]["host_bytes"]
-    assert r["fits"], (r["device_peak_bytes"], r["device_capacity_bytes"], planned["predicted"]["peak_device_bytes"])
+    assert r["fits"], (
+        r["device_peak_bytes"],
+        r["device_capacity_bytes"],
+        planned["predicted"]["peak_device_bytes"],
+    )

@@ -14,11 +14,11 @@ import pathlib
 
 import pytest
 
-from tierax.measure import profile as profile_lib
-from tierax.records import PROFILE_SCHEMA
 from tierax import cli
 from tierax.errors import TieraxError
+from tierax.measure import profile as profile_lib
 from tierax.measure import trace as T
+from tierax.records import PROFILE_SCHEMA
 
 FIX = pathlib.Path(__file__).parent / "fixtures"
 GPU = FIX / "gpu_synthetic_trace.json"
@@ -67,7 +67,12 @@ def test_transfer_direction(event, expected):
 
 
 def test_transfer_bytes_from_memcpy_details_or_bytes_arg():
-    assert T.transfer_bytes(_ev("MemcpyD2H", memcpy_details="kind_src:device kind_dst:pinned size:4096 dest:0")) == 4096
+    assert (
+        T.transfer_bytes(
+            _ev("MemcpyD2H", memcpy_details="kind_src:device kind_dst:pinned size:4096 dest:0")
+        )
+        == 4096
+    )
     assert T.transfer_bytes(_ev("MemcpyD2H", bytes="123")) == 123
     assert T.transfer_bytes(_ev("MemcpyD2H")) == 0
 
@@ -89,12 +94,18 @@ def test_synthetic_gpu_trace_step_0(gpu):
     # derived "XLA Ops" line (which would give 850 µs) are not counted.
     assert s0.compute_s == pytest.approx(750 * US)
     # D2H [1300,1500]: under compute [1300,1400] and [1450,1500] → 150 µs overlapped, 50 exposed.
-    assert (s0.d2h.busy_s, s0.d2h.overlap_s, s0.d2h.exposed_s) == pytest.approx((200 * US, 150 * US, 50 * US))
+    assert (s0.d2h.busy_s, s0.d2h.overlap_s, s0.d2h.exposed_s) == pytest.approx(
+        (200 * US, 150 * US, 50 * US)
+    )
     assert s0.d2h.bytes == 4_000_000 and s0.d2h.bandwidth_bytes_per_s == pytest.approx(20e9)
     # H2D [1850,1950]: 50 µs under the second kernel.
-    assert (s0.h2d.busy_s, s0.h2d.overlap_s, s0.h2d.exposed_s) == pytest.approx((100 * US, 50 * US, 50 * US))
+    assert (s0.h2d.busy_s, s0.h2d.overlap_s, s0.h2d.exposed_s) == pytest.approx(
+        (100 * US, 50 * US, 50 * US)
+    )
     assert s0.h2d.bytes == 2_000_000 and s0.h2d.bandwidth_bytes_per_s == pytest.approx(20e9)
-    assert (s0.transfer_s, s0.overlap_s, s0.exposed_s) == pytest.approx((300 * US, 200 * US, 100 * US))
+    assert (s0.transfer_s, s0.overlap_s, s0.exposed_s) == pytest.approx(
+        (300 * US, 200 * US, 100 * US)
+    )
     # The host's cuMemcpyDtoHAsync API call is not a transfer.
     assert s0.d2h.copies == 1
 
@@ -102,13 +113,21 @@ def test_synthetic_gpu_trace_step_0(gpu):
 def test_synthetic_gpu_trace_step_1(gpu):
     s1 = next(s for s in gpu.steps if s.step == 1)
     assert s1.wall_s == pytest.approx(900 * US)
-    assert s1.compute_s == pytest.approx(500 * US)  # the memset and the device→device copy are not compute
+    assert s1.compute_s == pytest.approx(
+        500 * US
+    )  # the memset and the device→device copy are not compute
     # Two D2H copies overlapping each other: union [2100,2400], 6 MB → 20 GB/s, all under compute.
-    assert (s1.d2h.busy_s, s1.d2h.overlap_s, s1.d2h.exposed_s) == pytest.approx((300 * US, 300 * US, 0.0))
+    assert (s1.d2h.busy_s, s1.d2h.overlap_s, s1.d2h.exposed_s) == pytest.approx(
+        (300 * US, 300 * US, 0.0)
+    )
     assert s1.d2h.bytes == 6_000_000 and s1.d2h.bandwidth_bytes_per_s == pytest.approx(20e9)
-    assert (s1.h2d.busy_s, s1.h2d.overlap_s, s1.h2d.exposed_s) == pytest.approx((100 * US, 0.0, 100 * US))
+    assert (s1.h2d.busy_s, s1.h2d.overlap_s, s1.h2d.exposed_s) == pytest.approx(
+        (100 * US, 0.0, 100 * US)
+    )
     assert s1.h2d.bandwidth_bytes_per_s == pytest.approx(10e9)
-    assert (s1.transfer_s, s1.overlap_s, s1.exposed_s) == pytest.approx((400 * US, 300 * US, 100 * US))
+    assert (s1.transfer_s, s1.overlap_s, s1.exposed_s) == pytest.approx(
+        (400 * US, 300 * US, 100 * US)
+    )
 
 
 def test_synthetic_gpu_trace_summary_and_notes(gpu):
@@ -149,15 +168,25 @@ def test_without_step_annotations_the_trace_is_one_step():
 def _independent_cpu_compute(path) -> dict[int, float]:
     """Per-step compute seconds straight from the raw JSON: a sweep over XLA-op boundaries."""
     raw = json.load(gzip.open(path))["traceEvents"]
-    steps = sorted((e["ts"], int(e["args"]["step_num"])) for e in raw if e.get("name") == T.STEP_ANNOTATION)
-    ops = [(e["ts"], e["ts"] + e["dur"]) for e in raw
-           if e.get("ph") == "X" and "hlo_op" in e.get("args", {}) and not e["name"].startswith("end: ")]
+    steps = sorted(
+        (e["ts"], int(e["args"]["step_num"])) for e in raw if e.get("name") == T.STEP_ANNOTATION
+    )
+    ops = [
+        (e["ts"], e["ts"] + e["dur"])
+        for e in raw
+        if e.get("ph") == "X"
+        and "hlo_op" in e.get("args", {})
+        and not e["name"].startswith("end: ")
+    ]
     out = {}
     for i, (start, step) in enumerate(steps):
         end = steps[i + 1][0] if i + 1 < len(steps) else float("inf")
         edges = sorted({t for a, b in ops if start <= a < end for t in (a, b)})
-        covered = sum(hi - lo for lo, hi in zip(edges, edges[1:])
-                      if any(a <= lo and hi <= b for a, b in ops if start <= a < end))
+        covered = sum(
+            hi - lo
+            for lo, hi in zip(edges, edges[1:], strict=False)
+            if any(a <= lo and hi <= b for a, b in ops if start <= a < end)
+        )
         out[step] = covered * 1e-6
     return out
 
@@ -170,7 +199,7 @@ def test_recorded_cpu_trace_compute_and_no_transfers():
     expected = json.loads((CPU / "expected.json").read_text())["steps"]
     independent = _independent_cpu_compute(CPU / "perfetto_trace.json.gz")
     assert [s.step for s in a.steps] == [0, 1] == sorted(independent)
-    for s, e in zip(a.steps, expected):
+    for s, e in zip(a.steps, expected, strict=False):
         assert s.compute_s == pytest.approx(e["compute_s"], abs=1e-9)
         assert s.compute_s == pytest.approx(independent[s.step], abs=1e-9)
         assert 0 < s.compute_s < s.wall_s
@@ -182,7 +211,7 @@ def test_recorded_cpu_xplane_agrees_with_perfetto_json():
     from_json = T.analyze_trace(CPU / "perfetto_trace.json.gz")
     from_xplane = T.analyze(T.events_from_xplane(CPU / "host.xplane.pb"))
     assert [s.step for s in from_xplane.steps] == [s.step for s in from_json.steps]
-    for x, j in zip(from_xplane.steps, from_json.steps):
+    for x, j in zip(from_xplane.steps, from_json.steps, strict=False):
         assert x.compute_s == pytest.approx(j.compute_s, abs=1e-8)  # JSON keeps µs to 3 decimals
         assert x.wall_s == pytest.approx(j.wall_s, abs=1e-8)
 
@@ -229,7 +258,9 @@ def test_profile_refuses_a_non_empty_out_and_deletes_nothing(monkeypatch, tmp_pa
     (out / "keep.txt").write_text("the user's file")
     rc = _cli(monkeypatch, "profile", "--model", "tiny-llama", "--out", str(out))
     assert rc == 2 and "not empty; nothing in it is deleted" in capsys.readouterr().err
-    assert [p.name for p in out.iterdir()] == ["keep.txt"] and (out / "keep.txt").read_text() == "the user's file"
+    assert [p.name for p in out.iterdir()] == ["keep.txt"] and (
+        out / "keep.txt"
+    ).read_text() == "the user's file"
 
 
 def test_profile_default_out_never_replaces_an_earlier_profile(monkeypatch, tmp_path):
@@ -244,17 +275,56 @@ def test_profile_default_out_never_replaces_an_earlier_profile(monkeypatch, tmp_
 def test_profile_verb_writes_trace_and_analysis(monkeypatch, tmp_path, capsys):
     out = tmp_path / "prof"
     out.mkdir()  # an empty directory may be given
-    rc = _cli(monkeypatch, "profile", "--model", "tiny-llama", "--plan", "qkv-offload", "--steps", "2", "--warmup",
-              "1", "--microbatch", "2", "--seq", "16", "--out", str(out), "--json")
+    rc = _cli(
+        monkeypatch,
+        "profile",
+        "--model",
+        "tiny-llama",
+        "--plan",
+        "qkv-offload",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--microbatch",
+        "2",
+        "--seq",
+        "16",
+        "--out",
+        str(out),
+        "--json",
+    )
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0
-    assert doc == json.loads((out / "profile.json").read_text())  # --json prints the record it wrote
-    rc = _cli(monkeypatch, "profile", "--model", "tiny-llama", "--plan", "qkv-offload", "--steps", "2", "--warmup",
-              "1", "--microbatch", "2", "--seq", "16", "--out", str(tmp_path / "prof2"))
+    assert doc == json.loads(
+        (out / "profile.json").read_text()
+    )  # --json prints the record it wrote
+    rc = _cli(
+        monkeypatch,
+        "profile",
+        "--model",
+        "tiny-llama",
+        "--plan",
+        "qkv-offload",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--microbatch",
+        "2",
+        "--seq",
+        "16",
+        "--out",
+        str(tmp_path / "prof2"),
+    )
     text = capsys.readouterr().out
     assert rc == 0
     doc = json.loads((out / "profile.json").read_text())
-    assert doc["schema"] == PROFILE_SCHEMA and doc["jax_version"] and doc["machine"]["platform"] == "cpu"
+    assert (
+        doc["schema"] == PROFILE_SCHEMA
+        and doc["jax_version"]
+        and doc["machine"]["platform"] == "cpu"
+    )
     assert doc["analysis"]["backend"] == "cpu" and doc["analysis"]["transfers_observed"] is False
     assert [s["step"] for s in doc["analysis"]["steps"]] == [0, 1]
     assert doc["memory"]["runtime"] is None and doc["memory"]["compiled"]["peak"] > 0
@@ -265,7 +335,9 @@ def test_profile_verb_writes_trace_and_analysis(monkeypatch, tmp_path, capsys):
 
 def test_profile_unknown_plan_exits_2_and_writes_nothing(monkeypatch, tmp_path, capsys):
     out = tmp_path / "prof"
-    rc = _cli(monkeypatch, "profile", "--model", "tiny-llama", "--plan", "qkv-ofload", "--out", str(out))
+    rc = _cli(
+        monkeypatch, "profile", "--model", "tiny-llama", "--plan", "qkv-ofload", "--out", str(out)
+    )
     assert rc == 2
     assert "neither a preset" in capsys.readouterr().err
     assert not out.exists()

@@ -20,14 +20,18 @@ from tierax.measure import verify as V
 from tierax.models import abstract_model, get_config
 
 MB, SEQ = 2, 16
-OTHER_PRESETS = [n for n in P.PRESETS if n != V.REFERENCE_PLAN]  # save-all against itself: the CLI tests
+OTHER_PRESETS = [
+    n for n in P.PRESETS if n != V.REFERENCE_PLAN
+]  # save-all against itself: the CLI tests
 
 
 @pytest.fixture(scope="module", params=["tiny-llama", "tiny-deepseek"])
 def every_preset(request):
     """One reference and one compile per (model, preset)."""
     cfg = get_config(request.param)
-    return cfg, V.verify_plans(cfg, [P.preset(n, cfg) for n in OTHER_PRESETS], microbatch=MB, seq=SEQ)
+    return cfg, V.verify_plans(
+        cfg, [P.preset(n, cfg) for n in OTHER_PRESETS], microbatch=MB, seq=SEQ
+    )
 
 
 def test_every_preset_matches_save_all(every_preset):
@@ -35,7 +39,9 @@ def test_every_preset_matches_save_all(every_preset):
     assert [r.plan for r in results] == OTHER_PRESETS
     n_params = len(jax.tree.leaves(nnx.split(abstract_model(cfg))[1]))
     for r in results:
-        assert r.passed, f"{cfg.name}/{r.plan}: {r.max_rel_err:.3g} > {r.tolerance} at {r.worst_leaves}"
+        assert r.passed, (
+            f"{cfg.name}/{r.plan}: {r.max_rel_err:.3g} > {r.tolerance} at {r.worst_leaves}"
+        )
         assert r.tolerance == 1e-5 and r.max_rel_err <= 1e-5 and r.failing_leaves == ()
         assert r.num_leaves == n_params and len(r.worst_leaves) == 3
         assert r.loss == pytest.approx(r.reference_loss, rel=1e-5) and r.loss > 0
@@ -46,10 +52,10 @@ def test_every_preset_matches_save_all(every_preset):
 
 # --- genuinely wrong programs ------------------------------------------------------------------
 #
-# The decoder wraps a group's layer body in jax.checkpoint(policy) and scans it; a plan with any remat or
-# offload gets that path, save-all (the reference) does not.  These helpers swap what that path compiles to
-# for a wrong program, so the plan's own program computes wrong gradients while the reference stays right,
-# as when XLA mis-addressed an offloaded scan residual (openxla/xla#46231).
+# The decoder wraps a group's layer body in jax.checkpoint(policy) and scans it; a plan with any
+# remat or offload gets that path, save-all (the reference) does not.  These helpers swap what that
+# path compiles to for a wrong program, so the plan's own program computes wrong gradients while the
+# reference stays right, as when XLA mis-addressed an offloaded scan residual (openxla/xla#46231).
 
 
 class _Proxy:
@@ -68,8 +74,10 @@ class _Rematted:
 
 
 def _stacked_residual_scan(offset: int):
-    """A scan whose forward stores every layer's input in a stacked buffer (what an offloaded residual is)
-    and whose backward for layer i reads slot ``i − offset`` of it: 0 is right, 1 is the neighbour's."""
+    """A scan whose forward stores every layer's input in a stacked buffer (what an offloaded
+    residual is)
+    and whose backward for layer i reads slot ``i − offset`` of it: 0 is right, 1 is the
+    neighbour's."""
 
     def scan(body, init, xs):
         step = lambda c, x: body(c, x)[0]  # noqa: E731
@@ -104,10 +112,17 @@ def _wrong_scan_iteration(monkeypatch, offset=1):
     scan = _stacked_residual_scan(offset)
 
     def lax_scan(f, init, xs, **kw):
-        return scan(f.body, init, xs) if isinstance(f, _Rematted) else jax.lax.scan(f, init, xs, **kw)
+        return (
+            scan(f.body, init, xs) if isinstance(f, _Rematted) else jax.lax.scan(f, init, xs, **kw)
+        )
 
-    monkeypatch.setattr(decoder, "jax", _Proxy(jax, checkpoint=lambda body, **kw: _Rematted(body),
-                                               lax=_Proxy(jax.lax, scan=lax_scan)))
+    monkeypatch.setattr(
+        decoder,
+        "jax",
+        _Proxy(
+            jax, checkpoint=lambda body, **kw: _Rematted(body), lax=_Proxy(jax.lax, scan=lax_scan)
+        ),
+    )
 
 
 def _lossy_custom_vjp(monkeypatch):
@@ -133,19 +148,27 @@ def _lossy_custom_vjp(monkeypatch):
 
 
 UPSTREAM = "groups/decoder/"  # leaves whose gradients pass through the scanned layers' backward
-DOWNSTREAM = ("head/kernel", "final_norm/scale")  # computed before it: right whatever the layers' VJP
+DOWNSTREAM = (
+    "head/kernel",
+    "final_norm/scale",
+)  # computed before it: right whatever the layers' VJP
 
 
 def _fails_upstream_only(r):
     assert not r.passed and r.max_rel_err > 100 * r.tolerance
-    assert r.failing_leaves and all(p.startswith(UPSTREAM) or p == "embed/embedding" for p in r.failing_leaves)
+    assert r.failing_leaves and all(
+        p.startswith(UPSTREAM) or p == "embed/embedding" for p in r.failing_leaves
+    )
     assert any(p.startswith(UPSTREAM) for p in r.failing_leaves)
     assert not set(DOWNSTREAM) & set(r.failing_leaves)
-    assert r.loss == r.reference_loss  # the forward is right; only the backward reads the wrong residual
+    assert (
+        r.loss == r.reference_loss
+    )  # the forward is right; only the backward reads the wrong residual
 
 
 def test_the_stacked_residual_program_is_right_when_it_reads_the_right_slot(monkeypatch):
-    """Control: the same hand-written backward with offset 0 passes, so a failure below is the offset."""
+    """Control: the same hand-written backward with offset 0 passes, so a failure below is the
+    offset."""
     _wrong_scan_iteration(monkeypatch, offset=0)
     cfg = get_config("tiny-llama")
     r = V.verify_plan(cfg, P.preset("minimal", cfg), microbatch=MB, seq=SEQ)
@@ -155,29 +178,45 @@ def test_the_stacked_residual_program_is_right_when_it_reads_the_right_slot(monk
 def test_residual_read_from_the_neighbouring_iteration_fails_and_names_the_leaves(monkeypatch):
     _wrong_scan_iteration(monkeypatch, offset=1)
     cfg = get_config("tiny-llama")
-    r = V.verify_plan(cfg, P.preset("minimal", cfg), microbatch=MB, seq=SEQ)  # the reference has no remat path
+    r = V.verify_plan(
+        cfg, P.preset("minimal", cfg), microbatch=MB, seq=SEQ
+    )  # the reference has no remat path
     _fails_upstream_only(r)
     assert r.worst_leaves[0].path in r.failing_leaves
 
 
-@pytest.mark.parametrize("model", ["tiny-llama", pytest.param("tiny-deepseek", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "model", ["tiny-llama", pytest.param("tiny-deepseek", marks=pytest.mark.slow)]
+)
 def test_wrong_custom_vjp_fails_and_names_the_leaves(monkeypatch, model):
     _lossy_custom_vjp(monkeypatch)
     cfg = get_config(model)
     # The lossy variant replaces jax.checkpoint, which runs the layer under XLA's offload policy.
-    r = V.verify_plan(cfg, dataclasses.replace(P.preset("qkv-offload", cfg), mechanism="policy"), microbatch=MB, seq=SEQ)
+    r = V.verify_plan(
+        cfg,
+        dataclasses.replace(P.preset("qkv-offload", cfg), mechanism="policy"),
+        microbatch=MB,
+        seq=SEQ,
+    )
     if model == "tiny-llama":
         _fails_upstream_only(r)
     else:
         assert not r.passed and r.failing_leaves
         assert not set(DOWNSTREAM) & set(r.failing_leaves)
-        assert {p.split("/")[1] for p in r.failing_leaves if p.startswith("groups/")} == {"dense", "moe"}
+        assert {p.split("/")[1] for p in r.failing_leaves if p.startswith("groups/")} == {
+            "dense",
+            "moe",
+        }
 
 
 def test_verify_has_no_module_level_caches():
-    mutable = {k: type(v).__name__ for k, v in vars(V).items()
-               if not k.startswith("__") and isinstance(v, (dict, list, set, collections.OrderedDict))
-               and k != "TOLERANCES"}
+    mutable = {
+        k: type(v).__name__
+        for k, v in vars(V).items()
+        if not k.startswith("__")
+        and isinstance(v, (dict, list, set, collections.OrderedDict))
+        and k != "TOLERANCES"
+    }
     assert mutable == {}
 
 
@@ -186,7 +225,9 @@ def test_verify_has_no_module_level_caches():
 
 def _compare(dtype, grads, ref, loss=1.0, ref_loss=1.0):
     cfg = dataclasses.replace(get_config("tiny-llama"), dtype=dtype)
-    return V.compare("p", cfg, jnp.float32(loss), grads, jnp.float32(ref_loss), ref, microbatch=1, seq=1, seed=0)
+    return V.compare(
+        "p", cfg, jnp.float32(loss), grads, jnp.float32(ref_loss), ref, microbatch=1, seq=1, seed=0
+    )
 
 
 def test_tolerance_follows_the_compute_dtype():
@@ -223,13 +264,26 @@ def test_bad_sizes_and_unknown_plan_are_clear_errors():
 
 
 def _cli(monkeypatch, *args):
-    monkeypatch.setenv("JAX_PLATFORMS", "cpu")  # JAX already started (conftest): nothing left to configure
+    monkeypatch.setenv(
+        "JAX_PLATFORMS", "cpu"
+    )  # JAX already started (conftest): nothing left to configure
     return cli.main(list(args))
 
 
 def test_verify_verb_exit_0_json(monkeypatch, capsys):
-    rc = _cli(monkeypatch, "verify", "--model", "tiny-llama", "--plan", "save-all", "--microbatch", "2", "--seq",
-              "16", "--json")
+    rc = _cli(
+        monkeypatch,
+        "verify",
+        "--model",
+        "tiny-llama",
+        "--plan",
+        "save-all",
+        "--microbatch",
+        "2",
+        "--seq",
+        "16",
+        "--json",
+    )
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0 and doc["passed"] is True
     assert doc["command"].startswith("tierax ") and doc["jax_version"] == jax.__version__
@@ -238,11 +292,23 @@ def test_verify_verb_exit_0_json(monkeypatch, capsys):
 
 def test_verify_verb_exit_1_names_the_leaf(monkeypatch, capsys):
     _wrong_scan_iteration(monkeypatch)
-    rc = _cli(monkeypatch, "verify", "--model", "tiny-llama", "--plan", "minimal", "--microbatch", "2",
-              "--seq", "16")
+    rc = _cli(
+        monkeypatch,
+        "verify",
+        "--model",
+        "tiny-llama",
+        "--plan",
+        "minimal",
+        "--microbatch",
+        "2",
+        "--seq",
+        "16",
+    )
     out = capsys.readouterr().out
     assert rc == 1 and "FAIL minimal" in out
-    assert UPSTREAM in out and "head/kernel" not in out  # the wrong leaves are named, the right ones are not
+    assert (
+        UPSTREAM in out and "head/kernel" not in out
+    )  # the wrong leaves are named, the right ones are not
 
 
 def test_verify_verb_unknown_plan_exits_2(monkeypatch, capsys):
@@ -253,8 +319,23 @@ def test_verify_verb_unknown_plan_exits_2(monkeypatch, capsys):
 def test_bench_verify_failure_runs_no_bench(monkeypatch, tmp_path, capsys):
     out = tmp_path / "bench.json"
     _wrong_scan_iteration(monkeypatch)
-    rc = _cli(monkeypatch, "bench", "--model", "tiny-llama", "--plans", "minimal", "--steps", "1",
-              "--microbatch", "2", "--seq", "16", "--verify", "--out", str(out))
+    rc = _cli(
+        monkeypatch,
+        "bench",
+        "--model",
+        "tiny-llama",
+        "--plans",
+        "minimal",
+        "--steps",
+        "1",
+        "--microbatch",
+        "2",
+        "--seq",
+        "16",
+        "--verify",
+        "--out",
+        str(out),
+    )
     err = capsys.readouterr().err
     assert rc == 1
     assert "no benchmark was run" in err and UPSTREAM in err
@@ -263,12 +344,77 @@ def test_bench_verify_failure_runs_no_bench(monkeypatch, tmp_path, capsys):
 
 def test_bench_verify_pass_records_checks_and_memory(monkeypatch, tmp_path, capsys):
     out = tmp_path / "bench.json"
-    rc = _cli(monkeypatch, "bench", "--model", "tiny-llama", "--plans", "save-all", "--steps", "1",
-              "--microbatch", "2", "--seq", "16", "--verify", "--out", str(out))
+    rc = _cli(
+        monkeypatch,
+        "bench",
+        "--model",
+        "tiny-llama",
+        "--plans",
+        "save-all",
+        "--steps",
+        "1",
+        "--microbatch",
+        "2",
+        "--seq",
+        "16",
+        "--verify",
+        "--out",
+        str(out),
+    )
     assert rc == 0, capsys.readouterr().err
     doc = json.loads(out.read_text())
     assert [v["plan"] for v in doc["verify"]] == ["save-all"] and doc["verify"][0]["passed"] is True
     rec = doc["records"][0]
-    assert rec["memory_source"] == "compiled" and rec["peak_device_bytes_runtime"] is None  # XLA:CPU
+    assert (
+        rec["memory_source"] == "compiled" and rec["peak_device_bytes_runtime"] is None
+    )  # XLA:CPU
     assert rec["peak_device_bytes_compiled"] >= rec["compiled_temp_bytes"] > 0
     assert "memory_stats() is None" in doc["memory_note"]
+
+
+def test_verify_on_a_mesh_runs_every_program_sharded_on_it(monkeypatch, capsys):
+    """verify takes the mesh every other verb takes; the plan and save-all both run on it."""
+    seen = []
+    original = V.compiled_step
+
+    def spy(graphdef, plan, cfg, params, tokens, mesh=None):
+        seen.append((plan.name, dict(mesh.shape) if mesh is not None else None))
+        return original(graphdef, plan, cfg, params, tokens, mesh)
+
+    monkeypatch.setattr(V, "compiled_step", spy)
+    rc = _cli(
+        monkeypatch,
+        "verify",
+        "--model",
+        "tiny-llama",
+        "--devices",
+        "8",
+        "--mesh",
+        "fsdp=4,tensor=2",
+        "--plan",
+        "qkv-offload",
+        "--seq",
+        "16",
+        "--json",
+    )
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and doc["passed"] is True, doc
+    want = {"data": 1, "fsdp": 4, "tensor": 2, "expert": 1}
+    assert doc["mesh"] == want
+    assert seen == [("save-all", want), ("qkv-offload", want)]
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (
+            ["--mesh", "fsdp=4,tensor=2", "--microbatch", "6"],
+            "(the global batch) 6 is not divisible",
+        ),
+        (["--mesh", "fsdp=2,tensor=4"], "num_kv_heads=2 is not divisible by tensor=4"),
+    ],
+)
+def test_verify_refuses_a_mesh_the_model_or_batch_cannot_take(monkeypatch, capsys, args, fragment):
+    monkeypatch.setattr(V, "compiled_step", lambda *a, **k: pytest.fail("compiled before refusing"))
+    assert _cli(monkeypatch, "verify", "--model", "tiny-llama", "--plan", "minimal", *args) == 2
+    assert fragment in capsys.readouterr().err

@@ -8,7 +8,8 @@ from tierax.errors import TieraxError
 
 
 def test_options_already_in_effect_are_not_an_error(monkeypatch):
-    """A command that only asks for the CPU platform the running backend already uses (the CLI's `plan` when
+    """A command that only asks for the CPU platform the running backend already uses (the CLI's
+    `plan` when
     no JAX_PLATFORMS is set and there is no NVIDIA driver) changes nothing, so it must not fail."""
     monkeypatch.delenv("JAX_PLATFORMS", raising=False)
     jax.numpy.zeros(1).block_until_ready()  # the backend is running

@@ -33,7 +33,11 @@ class _CallableModule(types.ModuleType):
 
 class _Package(types.ModuleType):
     def __setattr__(self, name, value):
-        if name in _CALLABLE and isinstance(value, types.ModuleType) and not isinstance(value, _CallableModule):
+        if (
+            name in _CALLABLE
+            and isinstance(value, types.ModuleType)
+            and not isinstance(value, _CallableModule)
+        ):
             value.__class__ = _CallableModule  # set when the import system binds the submodule
         super().__setattr__(name, value)
 

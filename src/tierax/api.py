@@ -35,17 +35,23 @@ from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 
 from tierax import costmodel as cm
 from tierax import inventory as inv_lib
-from tierax import jaxpr_tools
+from tierax import jaxpr_tools, planner
 from tierax import names as N
-from tierax import planner
 from tierax.errors import TieraxError
 from tierax.models.config import LayerGroup
 from tierax.plan import Plan, to_policies
 
+# What a "no plan fits" message suggests from Python (the planner's default names CLI options).
+API_REMEDIES = (
+    "Give smaller per-device shapes to tierax.inventory, a larger budget=, or more "
+    "devices (mesh={'fsdp': N})"
+)
+
 
 @dataclass(frozen=True)
 class CustomModel:
-    """What the cost model and planner read of a model (the role ModelConfig plays for tierax's own)."""
+    """What the cost model and planner read of a model (the role ModelConfig plays for tierax's
+    own)."""
 
     name: str
     groups: tuple[LayerGroup, ...]
@@ -65,7 +71,9 @@ class CustomModel:
     def num_layers(self) -> int:
         return sum(g.num_layers for g in self.groups)
 
-    def matmul_params_per_token(self) -> float:  # train_flops = 6 · this · tokens (inventory: one token)
+    def matmul_params_per_token(
+        self,
+    ) -> float:  # train_flops = 6 · this · tokens (inventory: one token)
         return self.forward_flops / 2
 
     def attention_dims(self) -> tuple[int, int, int]:
@@ -96,23 +104,75 @@ class Planned:
     def predicted(self) -> cm.Prediction:
         return self.result.predicted
 
-    def policy(self, group: str | None = None) -> Callable | None:
-        """The ``jax.checkpoint`` policy of ``group`` (the only one if None); None: save everything (no remat)."""
+    def policy(self, group: str | None = None) -> Callable:
+        """The ``jax.checkpoint`` policy of ``group`` (the only one if None).
+
+        Always a policy: a group the plan keeps wholly on device gets ``everything_saveable``.
+        (``to_policies`` says None there, meaning "run without jax.checkpoint"; but this layer is
+        already inside your ``jax.checkpoint``, where ``policy=None`` recomputes everything.)
+        """
         policies = to_policies(self.plan, self.model)
         if group is None:
             if len(policies) != 1:
-                raise TieraxError(f"the model has layer groups {', '.join(policies)}; name one: policy(GROUP)")
-            return next(iter(policies.values()))
+                raise TieraxError(
+                    f"the model has layer groups {', '.join(policies)}; name one: policy(GROUP)"
+                )
+            group = next(iter(policies))
         if group not in policies:
-            raise TieraxError(f"no layer group {group!r}; the model's groups: {', '.join(policies)}")
-        return policies[group]
+            raise TieraxError(
+                f"no layer group {group!r}; the model's groups: {', '.join(policies)}"
+            )
+        policy = policies[group]
+        return jax.checkpoint_policies.everything_saveable if policy is None else policy
 
     def placements(self) -> dict[str, dict[str, str]]:
-        return {g: {n: p.value for n, p in gp.placements.items()} for g, gp in self.plan.groups.items()}
+        return {
+            g: {n: p.value for n, p in gp.placements.items()} for g, gp in self.plan.groups.items()
+        }
 
 
 def _leaf_bytes(tree) -> int:
     return sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def _check_params(params) -> None:
+    """Parameters are what the gradient is taken of: at least one array, all floating point."""
+    leaves = jax.tree_util.tree_leaves_with_path(_sds(params))
+    if not leaves:
+        raise TieraxError(
+            "params holds no arrays; pass the parameter pytree that "
+            "loss_fn(params, batch) differentiates"
+        )
+    bad = [
+        f"{jax.tree_util.keystr(k)} ({v.dtype})"
+        for k, v in leaves
+        if not jnp.issubdtype(v.dtype, jnp.floating)
+    ]
+    if bad:
+        more = " …" if len(bad) > 3 else ""
+        raise TieraxError(
+            f"params leaves {', '.join(bad[:3])}{more} are not floating point; "
+            "gradients (and so a plan) need float parameters: cast them, or move "
+            "constants into batch"
+        )
+
+
+def _bytes_arg(name: str, value, *, minimum: float, allow_none: bool = True) -> float | None:
+    """A byte count given to :func:`plan`: None (its default) or a finite number ≥ ``minimum``."""
+    if value is None and allow_none:
+        return None
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= minimum
+    )
+    if not ok:
+        raise TieraxError(
+            f"{name}={value!r}: give a finite number of bytes ≥ {minimum:g}"
+            + (" (or None for the default)" if allow_none else "")
+        )
+    return value
 
 
 def _sds(tree):
@@ -120,7 +180,8 @@ def _sds(tree):
 
 
 def _layers(closed) -> list[tuple[str, int, object, list]]:
-    """(group, length, remat eqn, scan body invars) of every scan over a rematted layer, outermost first."""
+    """(group, length, remat eqn, scan body invars) of every scan over a rematted layer, outermost
+    first."""
     out, seen = [], set()
     for eqn, _, scope in jaxpr_tools._walk(closed.jaxpr, 1, ()):
         if eqn.primitive.name != "scan" or id(eqn) in seen:
@@ -130,29 +191,51 @@ def _layers(closed) -> list[tuple[str, int, object, list]]:
         if len(remats) != 1:
             continue
         seen.add(id(eqn))
-        group = next((part[len(jaxpr_tools.GROUP_SCOPE_PREFIX):] for s in scope for part in s.split("/")
-                      if part.startswith(jaxpr_tools.GROUP_SCOPE_PREFIX)), None)
-        carry = body.invars[eqn.params["num_consts"]:eqn.params["num_consts"] + eqn.params["num_carry"]]
+        group = next(
+            (
+                part[len(jaxpr_tools.GROUP_SCOPE_PREFIX) :]
+                for s in scope
+                for part in s.split("/")
+                if part.startswith(jaxpr_tools.GROUP_SCOPE_PREFIX)
+            ),
+            None,
+        )
+        carry = body.invars[
+            eqn.params["num_consts"] : eqn.params["num_consts"] + eqn.params["num_carry"]
+        ]
         out.append((group, int(eqn.params["length"]), remats[0], carry))
     return out
 
 
 def _layer_fn(remat, carry_vars) -> tuple[Callable, jax.ShapeDtypeStruct, tuple]:
-    """The rematted layer as ``f(x, params) -> y``: x its one carry input, params its other inputs."""
+    """The rematted layer as ``f(x, params) -> y``: x its one carry input, params its other
+    inputs."""
     inner = remat.params["jaxpr"]
     carry_pos = [i for i, v in enumerate(remat.invars) if any(v is c for c in carry_vars)]
     if len(carry_pos) != 1:
-        raise TieraxError(f"a scanned layer takes {len(carry_pos)} carry arrays into jax.checkpoint; tierax.inventory "
-                          "needs exactly one (the layer input x of layer(x, params)); use "
-                          "tierax.inventory.layer_inventory on the layer function instead")
+        raise TieraxError(
+            f"a scanned layer takes {len(carry_pos)} carry arrays into jax.checkpoint; "
+            "tierax.inventory needs exactly one (the layer input x of layer(x, params)); use "
+            "tierax.inventory.layer_inventory on the layer function instead"
+        )
     xi = carry_pos[0]
     x_aval = remat.invars[xi].aval
-    outs = [i for i, v in enumerate(inner.outvars) if v.aval.shape == x_aval.shape and v.aval.dtype == x_aval.dtype]
+    outs = [
+        i
+        for i, v in enumerate(inner.outvars)
+        if v.aval.shape == x_aval.shape and v.aval.dtype == x_aval.dtype
+    ]
     if not outs:
-        raise TieraxError("the rematted layer returns nothing shaped like its input; tierax.inventory needs "
-                          "layer(x, params) -> y with y shaped like x")
+        raise TieraxError(
+            "the rematted layer returns nothing shaped like its input; tierax.inventory needs "
+            "layer(x, params) -> y with y shaped like x"
+        )
     run = jaxpr_as_fun(ClosedJaxpr(inner, []))
-    others = tuple(jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for i, v in enumerate(remat.invars) if i != xi)
+    others = tuple(
+        jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype)
+        for i, v in enumerate(remat.invars)
+        if i != xi
+    )
 
     def layer(x, params):
         args = list(params)
@@ -172,46 +255,89 @@ def inventory(loss_fn: Callable, params, batch, *, name: str = "custom") -> Mode
     Raises:
       TieraxError: no scan over a ``jax.checkpoint``'ed layer with named activations.
     """
+    if not callable(loss_fn):
+        raise TieraxError(
+            f"loss_fn is a {type(loss_fn).__name__}, not a function; pass "
+            "loss_fn(params, batch) -> scalar loss"
+        )
+    _check_params(params)
     closed = jax.make_jaxpr(loss_fn)(_sds(params), _sds(batch))
+    out = closed.out_avals
+    if len(out) != 1 or out[0].shape != () or not jnp.issubdtype(out[0].dtype, jnp.floating):
+        got = ", ".join(f"{a.dtype}{list(a.shape)}" for a in out)
+        raise TieraxError(
+            f"loss_fn returns {got or 'nothing'}; tierax plans the gradient of one "
+            "floating-point scalar: return the mean loss (e.g. jnp.mean(...))"
+        )
     groups, lgroups, used, dtypes = [], [], set(), []
     for k, (group, length, remat, carry) in enumerate(_layers(closed)):
         layer, x, others = _layer_fn(remat, carry)
         dtypes.append(str(x.dtype))
         gname = group or ("layers" if k == 0 else f"layers_{k}")
         if gname in used:
-            raise TieraxError(f"two scans are named layer group {gname!r}; give each its own "
-                              "jax.named_scope('tierax_group_<name>')")
+            raise TieraxError(
+                f"two scans are named layer group {gname!r}; give each its own "
+                "jax.named_scope('tierax_group_<name>')"
+            )
         used.add(gname)
         g = inv_lib.layer_inventory(layer, x, others, group=gname, num_layers=length)
         bad = [a.name for a in g.activations if a.name not in N.ALL_NAMES]
         if bad:
-            raise TieraxError(f"layer group {gname!r} tags {', '.join(map(repr, bad))}, not tierax names; "
-                              f"use checkpoint_name with one of: {', '.join(N.ALL_NAMES)}")
+            raise TieraxError(
+                f"layer group {gname!r} tags {', '.join(map(repr, bad))}, not tierax names; "
+                f"use checkpoint_name with one of: {', '.join(N.ALL_NAMES)}"
+            )
         if g.activations:
             groups.append(g)
             lgroups.append(LayerGroup(gname, length, tuple(a.name for a in g.activations)))
     if not groups:
-        raise TieraxError("no scan over a jax.checkpoint'ed layer with checkpoint_name'd activations in loss_fn; "
-                          "see tierax.api's docstring (or examples/) for the form tierax plans")
+        raise TieraxError(
+            "no scan over a jax.checkpoint'ed layer with checkpoint_name'd activations in loss_fn; "
+            "see tierax.api's docstring (or examples/) for the form tierax plans"
+        )
     leaves = jax.tree.leaves(_sds(params))
     pdtype = str(leaves[0].dtype) if leaves else "float32"
-    model = CustomModel(name, tuple(lgroups), dtype=dtypes[0], param_dtype=pdtype,
-                        forward_flops=sum(g.forward_flops_per_layer * g.num_layers for g in groups))
+    model = CustomModel(
+        name,
+        tuple(lgroups),
+        dtype=dtypes[0],
+        param_dtype=pdtype,
+        forward_flops=sum(g.forward_flops_per_layer * g.num_layers for g in groups),
+    )
     pbytes = _leaf_bytes(_sds(params))
-    inv = inv_lib.Inventory(model=name, microbatch=1, seq=1, mesh={"data": 1, "fsdp": 1}, groups=tuple(groups),
-                            param_bytes=pbytes, grad_bytes=pbytes, optimizer_bytes=2 * pbytes, logits_bytes=0,
-                            embed_param_count=0)
+    inv = inv_lib.Inventory(
+        model=name,
+        microbatch=1,
+        seq=1,
+        mesh={"data": 1, "fsdp": 1},
+        groups=tuple(groups),
+        param_bytes=pbytes,
+        grad_bytes=pbytes,
+        optimizer_bytes=2 * pbytes,
+        logits_bytes=0,
+        embed_param_count=0,
+    )
     return ModelInventory(model, inv)
 
 
-def plan(inventory: ModelInventory, *, target: str = "h200", mesh: Mapping[str, int] | None = None,
-         budget: float | None = None, host_budget: float | None = None, schedule: str = "lhs",
-         extra_bytes: int = 0, name: str = "planned") -> Planned:
-    """The fastest predicted plan for ``inventory`` on ``target`` within the budgets (bytes per device).
+def plan(
+    inventory: ModelInventory,
+    *,
+    target: str = "h200",
+    mesh: Mapping[str, int] | None = None,
+    budget: float | None = None,
+    host_budget: float | None = None,
+    schedule: str = "lhs",
+    extra_bytes: int = 0,
+    name: str = "planned",
+) -> Planned:
+    """The fastest predicted plan for ``inventory`` on ``target`` within the budgets (bytes per
+    device).
 
     Args:
       target: h100, h200, b200, gb200 (or cpu after ``tierax calibrate``).
-      mesh: e.g. ``{"fsdp": 8}``: parameters, gradients and AdamW moments are split over fsdp × tensor.
+      mesh: e.g. ``{"fsdp": 8}``: parameters, gradients and AdamW moments are split over fsdp ×
+          tensor.
       budget / host_budget: bytes per device (default: capacity minus 5 %, host memory per GPU).
       extra_bytes: device memory the inventory does not see (logits, buffers of your own).
 
@@ -220,19 +346,47 @@ def plan(inventory: ModelInventory, *, target: str = "h200", mesh: Mapping[str, 
     """
     import dataclasses
 
+    from tierax.mesh import MeshShape
+
+    if not isinstance(inventory, ModelInventory):
+        raise TieraxError(
+            "plan() takes what tierax.inventory(loss_fn, params, batch) returns, "
+            f"not a {type(inventory).__name__}"
+        )
+    budget = _bytes_arg("budget", budget, minimum=1)
+    host_budget = _bytes_arg("host_budget", host_budget, minimum=0)
+    extra_bytes = _bytes_arg("extra_bytes", extra_bytes, minimum=0, allow_none=False)
     inv = inventory.inventory
     shard = 1
     if mesh:
+        if not isinstance(mesh, Mapping):
+            raise TieraxError(f"mesh={mesh!r}: give a mapping of axis sizes, e.g. {{'fsdp': 8}}")
         unknown = set(mesh) - {"data", "fsdp", "tensor", "expert"}
         if unknown:
-            raise TieraxError(f"mesh axes {', '.join(sorted(unknown))} unknown; use data, fsdp, tensor, expert")
+            names = ", ".join(sorted(map(str, unknown)))
+            raise TieraxError(f"mesh axes {names} unknown; use data, fsdp, tensor, expert")
+        MeshShape(**mesh)  # each size an integer ≥ 1 (the message names the axis)
         shard = mesh.get("fsdp", 1) * mesh.get("tensor", 1)
-        inv = dataclasses.replace(inv, mesh={"data": 1, "fsdp": 1, **dict(mesh)},
-                                  param_bytes=inv.param_bytes // shard, grad_bytes=inv.grad_bytes // shard,
-                                  optimizer_bytes=inv.optimizer_bytes // shard)
+        inv = dataclasses.replace(
+            inv,
+            mesh={"data": 1, "fsdp": 1, **dict(mesh)},
+            param_bytes=inv.param_bytes // shard,
+            grad_bytes=inv.grad_bytes // shard,
+            optimizer_bytes=inv.optimizer_bytes // shard,
+        )
     inv = dataclasses.replace(inv, logits_bytes=inv.logits_bytes + int(extra_bytes))
     rates = cm.target_rates(target, inventory.model.dtype)
-    # Your layer runs under jax.checkpoint with the policy this plan gives: XLA's offload policy mechanism.
-    result = planner.plan(inventory.model, inv, rates, schedule=schedule, budget_bytes=budget,
-                          host_budget_bytes=host_budget, name=name, mechanism="policy")
+    # Your layer runs under jax.checkpoint with the policy this plan gives: XLA's offload policy
+    # mechanism.
+    result = planner.plan(
+        inventory.model,
+        inv,
+        rates,
+        schedule=schedule,
+        budget_bytes=budget,
+        host_budget_bytes=host_budget,
+        name=name,
+        mechanism="policy",
+        remedies=API_REMEDIES,
+    )
     return Planned(result.plan, inventory.model, result)

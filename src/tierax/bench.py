@@ -15,15 +15,14 @@ from dataclasses import asdict, dataclass
 import jax
 
 from tierax import inventory as inv
-from tierax.records import BENCH_SCHEMA, envelope
 from tierax import plan as plan_lib
 from tierax.measure import harness, memory
+from tierax.mesh import MeshShape
 from tierax.models import ModelConfig, config_to_dict
 from tierax.models.flops import train_flops
-from tierax.mesh import MeshShape
+from tierax.records import BENCH_SCHEMA, envelope
 from tierax.train import sharding as sh
 from tierax.train import step as step_lib
-
 
 
 @dataclass(frozen=True)
@@ -47,7 +46,9 @@ class BenchRecord:
     peak_device_bytes_runtime: int | None = None
     runtime_peak_exact: bool | None = None  # False: an upper bound (an earlier plan peaked higher)
     memory_source: str = "compiled"
-    runtime_host_stats: dict | None = None  # memory_stats keys about host memory, if the backend reports any
+    runtime_host_stats: dict | None = (
+        None  # memory_stats keys about host memory, if the backend reports any
+    )
 
 
 def run_bench(
@@ -74,16 +75,23 @@ def run_bench(
     flops = train_flops(cfg, batch, seq)
     inventory = inv.model_inventory(cfg, microbatch, seq, shape.to_dict())
     optimizer = step_lib.make_optimizer()
-    tokens = jax.device_put(step_lib.synthetic_batch(cfg, batch, seq, seed=seed), sh.batch_sharding(mesh))
+    tokens = jax.device_put(
+        step_lib.synthetic_batch(cfg, batch, seq, seed=seed), sh.batch_sharding(mesh)
+    )
 
     peak = harness.matmul_rate(cfg.dtype)["flops_per_s"]
     runs = []
     for p in plans:
+
         def build(p=p):
             graphdef, state = step_lib.init_state(cfg, optimizer, seed=seed, mesh=mesh)
-            return step_lib.make_train_step(graphdef, cfg, p, optimizer, step_lib.shardings_of(state)), state
+            return step_lib.make_train_step(
+                graphdef, cfg, p, optimizer, step_lib.shardings_of(state)
+            ), state
 
-        runs.append((p, harness.prepare(build, tokens, warmup=warmup, devices=mesh.devices.flat), []))
+        runs.append(
+            (p, harness.prepare(build, tokens, warmup=warmup, devices=mesh.devices.flat), [])
+        )
         if progress:
             progress(f"compiled {p.name}", 1)
     for _ in range(steps):
@@ -123,39 +131,64 @@ def run_bench(
     return records, peak
 
 
-def bench_document(cfg, records, peak, *, command: str, microbatch: int, seq: int, steps: int,
-                   mesh: MeshShape) -> dict:
+def bench_document(
+    cfg, records, peak, *, command: str, microbatch: int, seq: int, steps: int, mesh: MeshShape
+) -> dict:
     """The JSON record written under bench/results/ (:data:`tierax.records.BENCH_SCHEMA`)."""
     batch = microbatch * mesh.batch_ways
-    return envelope(BENCH_SCHEMA, command) | {
-        "model": config_to_dict(cfg),  # loadable as is with --model-config
-        "microbatch_per_device": microbatch,
-        "global_batch": batch,
-        "seq": seq,
-        "steps": steps,
-        "mesh": mesh.to_dict(),
-        "train_flops_per_step": train_flops(cfg, batch, seq),
-        "flops_convention": "MaxText: 6·matmul params·tokens + 3·causal attention (tierax.models.flops)",
-        "activation_bytes_note": "named activations only, from the abstract trace, per device assuming batch-sharded activations",
-        "peak_flops_per_device_measured": peak,
-        "memory_note": (memory.RUNTIME_NOTE + "; a runtime peak is the bytes a plan added at its high-water mark "
-                        "(its state, compile and warm-up steps)")
-        if any(r.peak_device_bytes_runtime is not None for r in records) else memory.NO_RUNTIME_NOTE,
-        "records": [asdict(r) for r in records],
-    }
+    return (
+        envelope(BENCH_SCHEMA, command)
+        | {
+            "model": config_to_dict(cfg),  # loadable as is with --model-config
+            "microbatch_per_device": microbatch,
+            "global_batch": batch,
+            "seq": seq,
+            "steps": steps,
+            "mesh": mesh.to_dict(),
+            "train_flops_per_step": train_flops(cfg, batch, seq),
+            "flops_convention": "MaxText: 6·matmul params·tokens + 3·causal attention "
+            "(tierax.models.flops)",
+            "activation_bytes_note": "named activations only, from the abstract trace, per device "
+            "assuming batch-sharded activations",
+            "peak_flops_per_device_measured": peak,
+            "memory_note": (
+                memory.RUNTIME_NOTE
+                + "; a runtime peak is the bytes a plan added at its high-water mark "
+                "(its state, compile and warm-up steps)"
+            )
+            if any(r.peak_device_bytes_runtime is not None for r in records)
+            else memory.NO_RUNTIME_NOTE,
+            "records": [asdict(r) for r in records],
+        }
+    )
 
 
-def measure(cfg: ModelConfig, plans: Sequence[plan_lib.Plan], *, steps: int, microbatch: int, seq: int,
-            mesh: MeshShape | None, command: str, progress: Callable[[str, int], None] | None = None) -> dict:
+def measure(
+    cfg: ModelConfig,
+    plans: Sequence[plan_lib.Plan],
+    *,
+    steps: int,
+    microbatch: int,
+    seq: int,
+    mesh: MeshShape | None,
+    command: str,
+    progress: Callable[[str, int], None] | None = None,
+) -> dict:
     """``run_bench`` then ``bench_document``: the whole record of one ``tierax bench``."""
     shape = mesh or MeshShape(fsdp=jax.device_count())
-    records, peak = run_bench(cfg, plans, steps=steps, microbatch=microbatch, seq=seq, mesh=shape, progress=progress)
-    return bench_document(cfg, records, peak, command=command, microbatch=microbatch, seq=seq, steps=steps,
-                          mesh=shape)
+    records, peak = run_bench(
+        cfg, plans, steps=steps, microbatch=microbatch, seq=seq, mesh=shape, progress=progress
+    )
+    return bench_document(
+        cfg, records, peak, command=command, microbatch=microbatch, seq=seq, steps=steps, mesh=shape
+    )
 
 
 def title(doc: dict) -> str:
     """One line naming what a bench record measured."""
     m = doc["machine"]
-    return (f"{doc['model']['name']} · microbatch {doc['microbatch_per_device']}/device × seq {doc['seq']} · "
-            f"{m['device_count']} {m['platform']} device(s) · median of {doc['steps']} steps")
+    return (
+        f"{doc['model']['name']} · microbatch {doc['microbatch_per_device']}/device × seq "
+        f"{doc['seq']} · {m['device_count']} {m['platform']} device(s) · median of {doc['steps']} "
+        f"steps"
+    )

@@ -30,14 +30,14 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from tierax import hardware, hlo, inventory as inv
-from tierax import xla_flags
+from tierax import cudnn, hardware, hlo, xla_flags
+from tierax import inventory as inv
 from tierax import plan as plan_lib
 from tierax.errors import TieraxError
 from tierax.jaxpr_tools import GROUP_SCOPE_PREFIX
+from tierax.mesh import MeshShape
 from tierax.models import abstract_model
 from tierax.models.prefetch import OFFLOAD_SCOPE_PREFIX
-from tierax.mesh import MeshShape
 from tierax.target_config import render_target_config, scheduling_target_config
 from tierax.train import sharding as sh
 from tierax.train import step as step_lib
@@ -45,60 +45,83 @@ from tierax.train import step as step_lib
 
 def install_command() -> str:
     return (
-        f'pip install "jax[cuda13-local]=={jax.__version__}" "nvidia-cuda-nvcc>=13,<14" "nvidia-nvvm>=13,<14"'
+        f'pip install "jax[cuda13-local]=={jax.__version__}" "nvidia-cuda-nvcc>=13,<14" '
+        f'"nvidia-nvvm>=13,<14"'
         "   (or: pip install 'tierax[gpu-aot]')"
     )
 
 
 def check_gpu_aot() -> None:
-    """Raise a TieraxError with the exact install command if deviceless GPU compilation is unavailable."""
+    """Raise a TieraxError with the exact install command if deviceless GPU compilation is
+    unavailable."""
     import jaxlib
 
     problems = []
     if importlib.util.find_spec("jax_plugins.xla_cuda13") is None:
-        problems.append("the CUDA 13 PJRT plugin (jax-cuda13-plugin, jax-cuda13-pjrt) is not installed")
+        problems.append(
+            "the CUDA 13 PJRT plugin (jax-cuda13-plugin, jax-cuda13-pjrt) is not installed"
+        )
     else:
         got = importlib.metadata.version("jax-cuda13-plugin")
         if got != jaxlib.__version__:
             problems.append(f"jax-cuda13-plugin {got} does not match jaxlib {jaxlib.__version__}")
-    if importlib.util.find_spec("nvidia.cu13") is None and importlib.util.find_spec("nvidia.cuda_nvcc") is None:
+    if (
+        importlib.util.find_spec("nvidia.cu13") is None
+        and importlib.util.find_spec("nvidia.cuda_nvcc") is None
+    ):
         problems.append("ptxas/libdevice (nvidia-cuda-nvcc, nvidia-nvvm) are not installed")
     if problems:
         raise TieraxError(
-            "deviceless GPU compilation needs the gpu-aot extra: " + "; ".join(problems) + ". Install with: "
+            "deviceless GPU compilation needs the gpu-aot extra: "
+            + "; ".join(problems)
+            + ". Install with: "
             + install_command()
         )
 
 
 def tpu_install_command() -> str:
-    return f'pip install "jax[tpu]=={jax.__version__}"   (or: pip install \'tierax[tpu-aot]\')'
+    return f"pip install \"jax[tpu]=={jax.__version__}\"   (or: pip install 'tierax[tpu-aot]')"
 
 
 def check_tpu_aot() -> None:
-    """Raise a TieraxError with the install command if deviceless TPU compilation is unavailable (no libtpu)."""
+    """Raise a TieraxError with the install command if deviceless TPU compilation is unavailable (no
+    libtpu)."""
     if importlib.util.find_spec("libtpu") is None:
-        raise TieraxError("deviceless TPU compilation needs libtpu (the tpu-aot extra, ~0.7 GB). Install with: "
-                          + tpu_install_command())
+        raise TieraxError(
+            "deviceless TPU compilation needs libtpu (the tpu-aot extra, ~0.7 GB). Install with: "
+            + tpu_install_command()
+        )
 
 
-def start_deviceless_tpu(preset: str = "none") -> None:
-    """Start JAX for a deviceless TPU compile: the host platform only, so libtpu never claims a TPU backend.
+def start_deviceless_tpu(preset: str = "none", accelerator_type: str | None = None) -> None:
+    """Start JAX for a deviceless TPU compile: the host platform only, so libtpu never claims a TPU
+    backend.
 
-    XLA presets are XLA:GPU flags, so only ``none`` is accepted.  Unless set: ``TPU_WORKER_HOSTNAMES=localhost``
-    keeps libtpu from looking for other TPU hosts when it builds the topology, and
-    ``ALLOW_MULTIPLE_LIBTPU_LOAD=1`` lets two compiles run at once (libtpu otherwise holds
-    /tmp/libtpu_lockfile and a second process fails with "Internal error when accessing libtpu multi-process
-    lockfile").
+    XLA presets are XLA:GPU flags, so only ``none`` is accepted.  Unless set:
+    ``TPU_WORKER_HOSTNAMES=localhost`` keeps libtpu from looking for other TPU hosts when it builds
+    the topology, and ``ALLOW_MULTIPLE_LIBTPU_LOAD=1`` lets two compiles run at once (libtpu
+    otherwise holds /tmp/libtpu_lockfile and a second process fails with "Internal error when
+    accessing libtpu multi-process lockfile").  ``accelerator_type`` (e.g. ``v5litepod-4``) becomes
+    ``TPU_ACCELERATOR_TYPE``:
+    libtpu otherwise warns on every compile that it cannot find it (the topology is named
+    explicitly).
     """
     if preset != "none":
-        raise TieraxError(f"--xla-preset {preset!r} sets XLA:GPU flags; a TPU target takes --xla-preset none")
-    wanted = {"TPU_WORKER_HOSTNAMES": "localhost", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+        raise TieraxError(
+            f"--xla-preset {preset!r} sets XLA:GPU flags; a TPU target takes --xla-preset none"
+        )
+    wanted = {
+        "TPU_WORKER_HOSTNAMES": "localhost",
+        "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+        **({"TPU_ACCELERATOR_TYPE": accelerator_type} if accelerator_type else {}),
+    }
     env = {k: v for k, v in wanted.items() if not os.environ.get(k)}
     xla_flags.configure(platforms="cpu", env=env)
 
 
 def tpu_topology(spec, devices: int):
-    """Compile-only TPU devices for a slice of ``devices`` chips (``spec.topology_name`` picks the shape)."""
+    """Compile-only TPU devices for a slice of ``devices`` chips (``spec.topology_name`` picks the
+    shape)."""
     from jax.experimental import topologies
 
     name = spec.topology_name(devices)
@@ -107,7 +130,9 @@ def tpu_topology(spec, devices: int):
     try:
         return topologies.get_topology_desc(platform="tpu", topology_name=name, **extra)
     except Exception as e:  # noqa: BLE001 - libtpu raises a generic error
-        raise TieraxError(f"libtpu rejected topology {name!r} for {spec.key!r}: {str(e).strip().splitlines()[0]}") from None
+        raise TieraxError(
+            f"libtpu rejected topology {name!r} for {spec.key!r}: {str(e).strip().splitlines()[0]}"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -144,8 +169,8 @@ def gpu_topology(target_config: str, devices: int, target: str):
     if at and 0 < int(at.group(1)) <= len(lines):
         detail += f" (line {at.group(1)}: {lines[int(at.group(1)) - 1].strip()!r})"
     raise TieraxError(
-        f"jaxlib {jax.__version__} rejected the target config for {target!r}: {detail}. Remove or fix that "
-        "field (shared/gpu-targets/README.md lists fields this jaxlib rejects)"
+        f"jaxlib {jax.__version__} rejected the target config for {target!r}: {detail}. Remove or "
+        "fix that field (shared/gpu-targets/README.md lists fields this jaxlib rejects)"
     )
 
 
@@ -154,8 +179,11 @@ class OffloadedName:
     group: str
     name: str
     expected_bytes: int  # per device, from the abstract trace
-    host_bytes: int  # per device, the matching host buffer found in the compiled program (0 if none)
-    matched_by: str = "op_name"  # op_name (the name XLA kept in the store's metadata), size (none kept), "" (none)
+    host_bytes: (
+        int  # per device, the matching host buffer found in the compiled program (0 if none)
+    )
+    # op_name (the name XLA kept in the store's metadata), size (none kept), "" (none)
+    matched_by: str = "op_name"
 
     @property
     def on_host(self) -> bool:
@@ -183,8 +211,12 @@ class CompileResult:
     offloaded: tuple[OffloadedName, ...]
     overlap: dict
     compile_time_s: float
-    attention: str = ""  # the model config's attention implementation (xla | blockwise)
+    attention: str = ""  # the model config's attention implementation (xla | blockwise | cudnn)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    cudnn_calls: int = 0  # cuDNN fused-attention custom calls in XLA's program (forward + backward)
+    cudnn_workspace_bytes: int = (
+        0  # their backward workspace from shapes, included in device_peak_bytes
+    )
 
     @property
     def offloaded_bytes_by_name(self) -> dict[str, int]:
@@ -223,21 +255,25 @@ def abstract_train_state(cfg, optimizer, mesh: Mesh):
 
 @dataclass(frozen=True)
 class HostBuffer:
-    """A host (S(5)) array that a forward layer loop writes: one offloaded name's stack over the loop's layers."""
+    """A host (S(5)) array that a forward layer loop writes: one offloaded name's stack over the
+    loop's layers."""
 
     group: str  # plan group (a segment as group@A-B); "<unknown>" when XLA kept no group scope
-    name: str | None  # from its store's or loads' op_name (models.prefetch.OFFLOAD_SCOPE_PREFIX); None: XLA kept none
+    # from its store's or loads' op_name (models.prefetch.OFFLOAD_SCOPE_PREFIX); None: XLA kept none
+    name: str | None
     nbytes: int
 
 
 def _forward_host_buffers(module: hlo.Module) -> list[HostBuffer]:
-    """The host buffers written by layer loops, each with its group and (where XLA kept it) activation name.
+    """The host buffers written by layer loops, each with its group and (where XLA kept it)
+    activation name.
 
-    For each ``while`` whose loop-carried tuple holds S(5) arrays, the body's root element for that array is
-    followed to the store that writes it (a loop that only passes a buffer on reads it: the backward).  The
-    group is the ``tierax_group_<name>`` scope in the loop's (or the store's) op_name.  The name is the
-    ``tierax_offload_<name>`` scope (:mod:`tierax.models.prefetch`) of the store or of the loads that read the
-    buffer: XLA's pipelined host offloading rewrites the stores without metadata but keeps the loads'.
+    For each ``while`` whose loop-carried tuple holds S(5) arrays, the body's root element for that
+    array is followed to the store that writes it (a loop that only passes a buffer on reads it: the
+    backward).  The group is the ``tierax_group_<name>`` scope in the loop's (or the store's)
+    op_name.  The name is the ``tierax_offload_<name>`` scope (:mod:`tierax.models.prefetch`) of the
+    store or of the loads that read the buffer: XLA's pipelined host offloading rewrites the stores
+    without metadata but keeps the loads'.
     """
     comp_of = {i.name: c for c, instrs in module.computations.items() for i in instrs}
     loops: dict[str, list[hlo.Instruction]] = {}
@@ -245,7 +281,9 @@ def _forward_host_buffers(module: hlo.Module) -> list[HostBuffer]:
         for ins in instrs:
             if ins.opcode == "while":
                 loops.setdefault(ins.attr("body"), []).append(ins)
-    named: dict[tuple[str, int], set[str]] = {}  # (loop, index) → op_names of the named stores and loads on it
+    named: dict[
+        tuple[str, int], set[str]
+    ] = {}  # (loop, index) → op_names of the named stores and loads on it
     for ins in module.by_name.values():
         scoped = ins.operands and OFFLOAD_SCOPE_PREFIX in hlo.op_name(ins)
         first = module.by_name.get(ins.operands[0]) if scoped else None
@@ -259,30 +297,48 @@ def _forward_host_buffers(module: hlo.Module) -> list[HostBuffer]:
             if root is None or root.opcode != "tuple" or not any(a.host for a in ins.arrays):
                 continue
             for k, a in enumerate(ins.arrays):
-                value = module.by_name.get(root.operands[k]) if a.host and k < len(root.operands) else None
-                if value is None or value.arrays[:1] != [a]:  # not this element (a tuple the reader misaligned)
+                value = (
+                    module.by_name.get(root.operands[k])
+                    if a.host and k < len(root.operands)
+                    else None
+                )
+                if value is None or value.arrays[:1] != [
+                    a
+                ]:  # not this element (a tuple the reader misaligned)
                     continue
                 store = hlo.store_of(module, value, OFFLOAD_SCOPE_PREFIX)
                 if store is None:
                     continue
-                where = " ".join([hlo.op_name(store), hlo.op_name(ins), *named.get((ins.name, k), ())])
+                where = " ".join(
+                    [hlo.op_name(store), hlo.op_name(ins), *named.get((ins.name, k), ())]
+                )
                 g = re.search(GROUP_SCOPE_PREFIX + r"([\w\-]+)", where)
-                # A segment's scope is group__A_B (models.decoder.segment_scope): its plan name is group@A-B.
+                # A segment's scope is group__A_B (models.decoder.segment_scope): its plan name is
+                # group@A-B.
                 group = re.sub(r"__(\d+)_(\d+)$", r"@\1-\2", g.group(1)) if g else "<unknown>"
-                names = set(re.findall(OFFLOAD_SCOPE_PREFIX + r"(\w+)", " ".join(named.get((ins.name, k), ()))))
-                # Stores and loads under different names (a tierax bug) give a name no activation has: not found.
+                names = set(
+                    re.findall(
+                        OFFLOAD_SCOPE_PREFIX + r"(\w+)", " ".join(named.get((ins.name, k), ()))
+                    )
+                )
+                # Stores and loads under different names (a tierax bug) give a name no activation
+                # has: not found.
                 out.append(HostBuffer(group, "+".join(sorted(names)) or None, int(a.nbytes)))
     return out
 
 
-def _attribute(wanted: list[tuple[str, str, int]], buffers: list[HostBuffer], host_temp: int
-               ) -> tuple[list[OffloadedName], list[str]]:
-    """Each offloaded (group, name, expected bytes) → its host buffer: by the name XLA kept in its op_names,
-    else (XLA kept none) by size within the group, said so in the notes; plus notes on mismatches and host bytes
-    in no offloaded name's buffer."""
+def _attribute(
+    wanted: list[tuple[str, str, int]], buffers: list[HostBuffer], host_temp: int
+) -> tuple[list[OffloadedName], list[str]]:
+    """Each offloaded (group, name, expected bytes) → its host buffer: by the name XLA kept in its
+    op_names,
+    else (XLA kept none) by size within the group, said so in the notes; plus notes on mismatches
+    and host bytes in no offloaded name's buffer."""
     pool, found, notes, by_size = list(buffers), [], [], []
     for group, name, expected in wanted:
-        in_group = [b for b in pool if b.group == group] or [b for b in pool if b.group == "<unknown>"]
+        in_group = [b for b in pool if b.group == group] or [
+            b for b in pool if b.group == "<unknown>"
+        ]
         match = next((b for b in in_group if b.name == name), None)
         how = "op_name"
         if match is None:
@@ -293,19 +349,37 @@ def _attribute(wanted: list[tuple[str, str, int]], buffers: list[HostBuffer], ho
         if how == "size":
             by_size.append((group, name, expected))
         elif match is not None and match.nbytes != expected:
-            notes.append(f"{group}/{name}: XLA's host buffer holds {match.nbytes} bytes, the inventory expects "
-                         f"{expected} (mismatch)")
+            notes.append(
+                f"{group}/{name}: XLA's host buffer holds {match.nbytes} bytes, the inventory "
+                f"expects {expected} (mismatch)"
+            )
         found.append(OffloadedName(group, name, expected, match.nbytes if match else 0, how))
     if by_size:
-        same = sorted({f"{g}/{n}" for g, n, e in by_size for g2, n2, e2 in by_size if (g, e) == (g2, e2) and n != n2})
-        notes.append(f"host buffers of {', '.join(f'{g}/{n}' for g, n, _ in by_size)} matched by size: XLA's program "
-                     "keeps no activation name for them (under mechanism: policy, JAX moves residuals with no name scope)"
-                     + (f"; {', '.join(same)} are equal in size, so which buffer is which is unknown" if same else ""))
+        same = sorted(
+            {
+                f"{g}/{n}"
+                for g, n, e in by_size
+                for g2, n2, e2 in by_size
+                if (g, e) == (g2, e2) and n != n2
+            }
+        )
+        notes.append(
+            f"host buffers of {', '.join(f'{g}/{n}' for g, n, _ in by_size)} matched by size: "
+            "XLA's program keeps no activation name for them (under mechanism: policy, JAX moves "
+            "residuals with no name scope)"
+            + (
+                f"; {', '.join(same)} are equal in size, so which buffer is which is unknown"
+                if same
+                else ""
+            )
+        )
     attributed = sum(o.host_bytes for o in found)
     if attributed != host_temp:
         left = ", ".join(f"{b.group}/{b.name or '?'} {b.nbytes}" for b in pool) or "none"
-        notes.append(f"{host_temp - attributed} bytes of XLA's host temp ({host_temp}) are in no offloaded name's "
-                     f"buffer (unattributed; unmatched host buffers in layer loops: {left})")
+        notes.append(
+            f"{host_temp - attributed} bytes of XLA's host temp ({host_temp}) are in no offloaded "
+            f"name's buffer (unattributed; unmatched host buffers in layer loops: {left})"
+        )
     return found, notes
 
 
@@ -320,7 +394,8 @@ def compile_for_target(
     xla_preset: str = "none",
     target_config: str | None = None,
 ) -> tuple[CompileResult, str]:
-    """Compile the train step of ``cfg`` under ``plan`` for ``target``; returns (result, scheduled HLO text).
+    """Compile the train step of ``cfg`` under ``plan`` for ``target``; returns (result, scheduled
+    HLO text).
 
     ``microbatch`` is sequences per device; the global batch is ``microbatch × mesh.batch_ways``
     (``mesh`` default: one device).
@@ -330,6 +405,12 @@ def compile_for_target(
     tpu = spec.kind == "tpu"
     shape = mesh or MeshShape()
     devices = shape.size
+    fused = cfg.attention == "cudnn"
+    if fused and tpu:
+        raise TieraxError(
+            f"attention=cudnn is cuDNN's fused attention, which runs on CUDA GPUs only; for the "
+            f"TPU target {target!r} use attention=blockwise (e.g. --set attention=blockwise)"
+        )
     if tpu:
         check_tpu_aot()
         if target_config is not None:
@@ -337,59 +418,127 @@ def compile_for_target(
         topo = tpu_topology(spec, devices)
     else:
         check_gpu_aot()
-        # The scheduler's memory budget as on the real device (see target_config.scheduling_target_config).
-        text = scheduling_target_config(target_config or render_target_config(spec))
+        # The target states the cuDNN that JAX's CUDA plugin loads here (9.10 when none is
+        # installed).
+        dnn = cudnn.require() if fused else (cudnn.installed_version() or (9, 10, 0))
+        # The scheduler's memory budget as on the real device (see
+        # target_config.scheduling_target_config).
+        text = scheduling_target_config(target_config or render_target_config(spec, cudnn=dnn))
         topo = gpu_topology(text, devices, target)
     mesh = shape.make(topo.devices)
     optimizer = step_lib.make_optimizer()
     graphdef, state = abstract_train_state(cfg, optimizer, mesh)
     global_batch = microbatch * shape.batch_ways
-    tokens = jax.ShapeDtypeStruct((global_batch, seq + 1), jnp.int32, sharding=sh.batch_sharding(mesh))
-    step = step_lib.make_train_step(graphdef, cfg, plan, optimizer, jax.tree.map(lambda x: x.sharding, state))
+    tokens = jax.ShapeDtypeStruct(
+        (global_batch, seq + 1), jnp.int32, sharding=sh.batch_sharding(mesh)
+    )
+    step = step_lib.make_train_step(
+        graphdef, cfg, plan, optimizer, jax.tree.map(lambda x: x.sharding, state)
+    )
 
     t0 = time.perf_counter()
-    compiled = step.trace(state, tokens).lower().compile()
+    capability = (
+        contextlib.nullcontext() if tpu else cudnn.target_capability(spec.compute_capability)
+    )
+    with capability:
+        compiled = step.trace(state, tokens).lower().compile()
     compile_s = time.perf_counter() - t0
     mem = compiled.memory_analysis()
     text = compiled.as_text()
     module = hlo.parse_module(text)
 
-    arg, out, alias, temp = (int(mem.argument_size_in_bytes), int(mem.output_size_in_bytes),
-                             int(mem.alias_size_in_bytes), int(mem.temp_size_in_bytes))
+    arg, out, alias, temp = (
+        int(mem.argument_size_in_bytes),
+        int(mem.output_size_in_bytes),
+        int(mem.alias_size_in_bytes),
+        int(mem.temp_size_in_bytes),
+    )
     host_temp = int(mem.host_temp_size_in_bytes)
     if tpu:
-        # XLA:TPU's temp_size_in_bytes sums every memory space's temp: its host (cmem) allocation, the
-        # offloaded residuals, is in it as well as in host_temp_size_in_bytes (Llama 3 8B on v5p: a 16 GiB
-        # color-5 buffer = host temp, inside 93.0 GiB of temp; the HBM space's own total was 78.8 GiB).
+        # XLA:TPU's temp_size_in_bytes sums every memory space's temp: its host (cmem) allocation,
+        # the offloaded residuals, is in it as well as in host_temp_size_in_bytes (Llama 3 8B on
+        # v5p: a 16 GiB color-5 buffer = host temp, inside 93.0 GiB of temp; the HBM space's own
+        # total was 78.8 GiB).
         temp -= host_temp
     peak = arg + out + temp - alias
+    calls = cudnn.custom_calls(text)
+    workspace = 0
+    if calls["backward"]:
+        # One layer's backward runs at a time: one workspace, which this compile counts as 0.
+        _, dqk, _ = cfg.attention_dims()
+        workspace = cudnn.backward_workspace_bytes(
+            microbatch, cfg.num_heads // shape.tensor, seq, dqk
+        )
+        peak += workspace
 
     placements = plan_lib.resolve(plan, cfg)
     inventory = inv.for_plan(inv.model_inventory(cfg, microbatch, seq, shape.to_dict()), plan, cfg)
-    wanted = [(a.group, a.name, a.total_bytes) for a in inventory.activations()
-              if placements.get(a.group, {}).get(a.name) is plan_lib.Placement.OFFLOAD]
+    wanted = [
+        (a.group, a.name, a.total_bytes)
+        for a in inventory.activations()
+        if placements.get(a.group, {}).get(a.name) is plan_lib.Placement.OFFLOAD
+    ]
     offloaded, host_notes = _attribute(wanted, _forward_host_buffers(module), host_temp)
 
     dtype_peak = spec.peak(cfg.dtype)
-    transfers = hlo.host_transfers(module, peak_flops=dtype_peak, hbm_bytes_per_s=spec.hbm_bytes_per_s,
-                                   host_link_bps=spec.host_link_bps)
-    notes = [f"host link {spec.host_link_bps / 1e9:.0f} GB/s per direction ({spec.host_link_source})",
-             f"compute roofline at {dtype_peak / 1e12:.0f} TFLOP/s ({cfg.dtype}) and {spec.hbm_bytes_per_s / 1e12:.2f} TB/s"]
+    transfers = hlo.host_transfers(
+        module,
+        peak_flops=dtype_peak,
+        hbm_bytes_per_s=spec.hbm_bytes_per_s,
+        host_link_bps=spec.host_link_bps,
+    )
+    notes = [
+        f"host link {spec.host_link_bps / 1e9:.0f} GB/s per direction ({spec.host_link_source})",
+        f"compute roofline at {dtype_peak / 1e12:.0f} TFLOP/s ({cfg.dtype}) and "
+        f"{spec.hbm_bytes_per_s / 1e12:.2f} TB/s",
+    ]
     notes += host_notes
     if not tpu:
-        notes.append("XLA scheduled within the run's device budget (capacity less the runtime reserve, as JAX's "
-                     "allocator gives it on the device), not the 80 % a deviceless compile assumes by default")
+        notes.append(
+            "XLA scheduled within the run's device budget (capacity less the runtime reserve, as "
+            "JAX's allocator gives it on the device), not the 80 % a deviceless compile assumes by "
+            "default"
+        )
+    if calls["forward"] or calls["backward"]:
+        notes.append(
+            f"cuDNN flash attention: {calls['forward']} forward and {calls['backward']} backward "
+            f"custom calls; the peak includes {workspace / 2**20:.1f} MiB of backward workspace "
+            "computed from shapes (4·B·H·S·(d_qk+1) + 256 bytes), which a deviceless compile "
+            "counts as 0"
+        )
+    elif fused:
+        notes.append("attention=cudnn, but XLA's program holds no cuDNN attention call")
     if tpu:
-        notes.insert(0, f"deviceless XLA:TPU compile for {spec.topology_name(devices)} (libtpu); the static overlap "
-                        "check reads host copies the XLA:GPU way and has not been validated on the TPU schedule")
+        notes.insert(
+            0,
+            f"deviceless XLA:TPU compile for {spec.topology_name(devices)} (libtpu); the static "
+            "overlap check reads host copies the XLA:GPU way and has not been validated on the TPU "
+            "schedule",
+        )
     result = CompileResult(
-        model=cfg.name, plan=plan.name, target=target, devices=devices, mesh=shape.to_dict(),
-        microbatch=microbatch, seq=seq, xla_preset=xla_preset,
-        fits=peak <= hardware.usable_bytes(spec.device_memory_bytes), device_peak_bytes=peak,
-        device_capacity_bytes=spec.device_memory_bytes, device_argument_bytes=arg, device_output_bytes=out,
-        device_alias_bytes=alias, device_temp_bytes=temp, host_temp_bytes=host_temp,
-        offloaded=tuple(offloaded), overlap=hlo.overlap_summary(transfers), compile_time_s=compile_s,
-        attention=cfg.attention, notes=tuple(notes),
+        model=cfg.name,
+        plan=plan.name,
+        target=target,
+        devices=devices,
+        mesh=shape.to_dict(),
+        microbatch=microbatch,
+        seq=seq,
+        xla_preset=xla_preset,
+        fits=peak <= hardware.usable_bytes(spec.device_memory_bytes),
+        device_peak_bytes=peak,
+        device_capacity_bytes=spec.device_memory_bytes,
+        device_argument_bytes=arg,
+        device_output_bytes=out,
+        device_alias_bytes=alias,
+        device_temp_bytes=temp,
+        host_temp_bytes=host_temp,
+        offloaded=tuple(offloaded),
+        overlap=hlo.overlap_summary(transfers),
+        compile_time_s=compile_s,
+        attention=cfg.attention,
+        notes=tuple(notes),
+        cudnn_calls=calls["forward"] + calls["backward"],
+        cudnn_workspace_bytes=workspace,
     )
     return result, text
 
@@ -398,5 +547,3 @@ def param_and_optimizer_bytes(cfg) -> int:
     """Global bytes of parameters plus AdamW moments (two per parameter, param dtype)."""
     itemsize = jnp.dtype(cfg.param_dtype).itemsize
     return 3 * cfg.param_count() * itemsize
-
-

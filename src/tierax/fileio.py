@@ -60,17 +60,23 @@ def _can_create_in(d: pathlib.Path) -> bool:
 
 
 def _read_only(p: pathlib.Path) -> bool:
-    """No write bit at all (what ``chmod a-w`` leaves; root bypasses access(), so the bits decide)."""
+    """No write bit at all (what ``chmod a-w`` leaves; root bypasses access(), so the bits
+    decide)."""
     return not stat.S_IMODE(p.stat().st_mode) & 0o222
 
 
 def _check_parent(path: pathlib.Path, option: str) -> None:
     base = _nearest_existing(path.parent)
     if not base.is_dir():
-        raise TieraxError(f"{option} {str(path)!r}: {str(base)!r} is not a directory; choose a path under a directory")
+        raise TieraxError(
+            f"{option} {str(path)!r}: {str(base)!r} is not a directory; choose a path under a "
+            f"directory"
+        )
     if not _can_create_in(base):
-        raise TieraxError(f"{option} {str(path)!r}: cannot create files under {str(base)!r} (not writable); "
-                          "choose a writable location")
+        raise TieraxError(
+            f"{option} {str(path)!r}: cannot create files under {str(base)!r} (not writable); "
+            "choose a writable location"
+        )
 
 
 def check_output_file(path: str | os.PathLike, option: str = "--out") -> pathlib.Path:
@@ -84,13 +90,17 @@ def check_output_file(path: str | os.PathLike, option: str = "--out") -> pathlib
     if p.is_dir():
         raise TieraxError(f"{option} {str(p)!r} is a directory; give a file path")
     if p.exists() and (_read_only(p) or not os.access(p, os.W_OK)):
-        raise TieraxError(f"{option} {str(p)!r} exists and is read-only; it is not replaced — give another path "
-                          "or make it writable")
+        raise TieraxError(
+            f"{option} {str(p)!r} exists and is read-only; it is not replaced — give another path "
+            "or make it writable"
+        )
     _check_parent(p, option)
     return p
 
 
-def check_output_dir(path: str | os.PathLike, option: str = "--out", *, allow_existing: bool = True) -> pathlib.Path:
+def check_output_dir(
+    path: str | os.PathLike, option: str = "--out", *, allow_existing: bool = True
+) -> pathlib.Path:
     """Refuse, before any work, an output directory that could not be written.
 
     ``allow_existing=False``: the directory must not exist or must be empty (used
@@ -107,8 +117,10 @@ def check_output_dir(path: str | os.PathLike, option: str = "--out", *, allow_ex
         if not _can_create_in(p):
             raise TieraxError(f"{option} {str(p)!r} is not writable; choose a writable directory")
         if not allow_existing and any(p.iterdir()):
-            raise TieraxError(f"{option} {str(p)!r} already exists and is not empty; nothing in it is deleted — "
-                              "give a new or empty directory")
+            raise TieraxError(
+                f"{option} {str(p)!r} already exists and is not empty; nothing in it "
+                "is deleted or replaced — give a new or empty directory"
+            )
         return p
     _check_parent(p, option)
     return p

@@ -2,24 +2,29 @@
 routing, casts, the loss's exp, the optimizer update.  On a GPU that work runs at HBM bandwidth.
 
 **Fusion model** (what :func:`phase_bytes` counts on a traced jaxpr). Nested calls (``jit``,
-``custom_jvp_call``, ``custom_vjp_call``, ``checkpoint``) are inlined; a ``scan`` body is counted once per
-trip, its inputs and outputs crossing HBM. Every other non-matmul operation belongs to a *fusion*: operations
-joined by a value one produces and the other consumes (through reshapes, broadcasts and squeezes, which cost
-nothing; a transpose is an operation like the others: free inside a fusion, a copy between two matmuls) form
-one fusion, as XLA fuses elementwise chains. A reduction (or sort, scatter) ends its fusion: its result is
-written, and each consumer fusion reads it and repeats the elementwise producers it needs, re-reading their
-inputs (XLA duplicates cheap producers into each consumer fusion: a softmax reads its scores three times). A
-fusion reads each value it takes from outside once — a matmul's output, a layer input or parameter, a scan's
-slice — and writes each value it produces that leaves it: a matmul's operand, a collective's operand, a
-``checkpoint_name``'d value, an output of the traced function. A dynamic slice or gather reads only as many
-bytes of the sliced operand as it returns; a dynamic update or scatter updates its buffer in place (reads and
-writes only the update). Matmuls and collectives are boundaries; their own traffic is not counted here (a
-matmul's time is its FLOPs at the matmul rate). A value made in one *phase* (forward, or the backward/tangent
-part after :func:`marker`) and used in the other is a residual: written in one, read in the other. Not
-modelled: XLA's sibling multi-output fusions (two fusions reading one value read it twice here), layout copies
-XLA inserts around matmuls (transposes of float32 attention blocks), XLA's own rematerialisation under memory
-pressure, and values it hoists out of loops and reads every trip (bench/hbm_time.py measures what these cost
-against XLA's fusions).
+``custom_jvp_call``, ``custom_vjp_call``, ``checkpoint``) are inlined; a ``scan`` body is counted
+once per trip, its inputs and outputs crossing HBM. Every other non-matmul operation belongs to a
+*fusion*: operations joined by a value one produces and the other consumes (through reshapes,
+broadcasts and squeezes, which cost nothing; a transpose is an operation like the others: free
+inside a fusion, a copy between two matmuls) form one fusion, as XLA fuses elementwise chains. A
+reduction (or sort, scatter) ends its fusion: its result is written, and each consumer fusion reads
+it and repeats the elementwise producers it needs, re-reading their inputs (XLA duplicates cheap
+producers into each consumer fusion: a softmax reads its scores three times). A fusion reads each
+value it takes from outside once — a matmul's output, a layer input or parameter, a scan's slice —
+and writes each value it produces that leaves it: a matmul's operand, a collective's operand, a
+``checkpoint_name``'d value, an output of the traced function. A dynamic slice or gather reads only
+as many bytes of the sliced operand as it returns; a dynamic update or scatter updates its buffer in
+place (reads and writes only the update). Matmuls and collectives are boundaries; their own traffic
+is not counted here (a matmul's time is its FLOPs at the matmul rate). A value made in one *phase*
+(forward, or the backward/tangent part after :func:`marker`) and used in the other is a residual:
+written in one, read in the other. Not modelled: XLA's sibling multi-output fusions (two fusions
+reading one value read it twice here), layout copies XLA inserts around matmuls (transposes of
+float32 attention blocks), XLA's own rematerialisation under memory pressure, and values it hoists
+out of loops and reads every trip (bench/hbm_time.py measures what these cost against XLA's
+fusions).  What runs inside a fused kernel's stand-in (the ``FUSED_SCOPE`` name scope of
+``cudnn_blockwise`` attention) is one boundary, like a matmul: the kernel's own traffic is in its
+rate (the cost model's fused-attention term), and what it reads and writes is counted at the fusions
+around it.
 
 Seconds = bytes / the target's HBM bandwidth, added to matmul seconds, not overlapped: on one GPU
 stream a fusion and a GEMM run one after the other.
@@ -33,21 +38,92 @@ import jax
 import jax.numpy as jnp
 from jax.extend.core import Literal, jaxprs_in_params
 
+from tierax.models.attention import FUSED_SCOPE
+
 MATMUL = frozenset({"dot_general", "conv_general_dilated", "ragged_dot", "ragged_dot_general"})
-COLLECTIVE = frozenset({"all_to_all", "psum", "all_gather", "reduce_scatter", "psum_scatter", "ppermute",
-                        "pmax", "pmin", "all_reduce", "psum_invariant"})
-FREE = frozenset({"reshape", "broadcast_in_dim", "squeeze", "expand_dims", "name",
-                  "sharding_constraint", "copy_p", "pvary", "optimization_barrier"})
-# Operations that end a fusion (their result is written and read by the next one): reductions, sorts, scatters.
-ROOTS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "reduce_xor",
-                   "argmax", "argmin", "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "sort", "top_k",
-                   "scatter", "scatter-add", "scatter_add", "scatter_mul", "scatter_min", "scatter_max"})
-# Operand 0 read only where sliced (bytes of the result), or updated in place (not read; the update is written).
+COLLECTIVE = frozenset(
+    {
+        "all_to_all",
+        "psum",
+        "all_gather",
+        "reduce_scatter",
+        "psum_scatter",
+        "ppermute",
+        "pmax",
+        "pmin",
+        "all_reduce",
+        "psum_invariant",
+    }
+)
+FREE = frozenset(
+    {
+        "reshape",
+        "broadcast_in_dim",
+        "squeeze",
+        "expand_dims",
+        "name",
+        "sharding_constraint",
+        "copy_p",
+        "pvary",
+        "optimization_barrier",
+    }
+)
+# Operations that end a fusion (their result is written and read by the next one): reductions,
+# sorts, scatters.
+ROOTS = frozenset(
+    {
+        "reduce_sum",
+        "reduce_max",
+        "reduce_min",
+        "reduce_prod",
+        "reduce_and",
+        "reduce_or",
+        "reduce_xor",
+        "argmax",
+        "argmin",
+        "cumsum",
+        "cumprod",
+        "cummax",
+        "cummin",
+        "cumlogsumexp",
+        "sort",
+        "top_k",
+        "scatter",
+        "scatter-add",
+        "scatter_add",
+        "scatter_mul",
+        "scatter_min",
+        "scatter_max",
+    }
+)
+# Operand 0 read only where sliced (bytes of the result), or updated in place (not read; the update
+# is written).
 SLICING = frozenset({"dynamic_slice", "gather"})
-IN_PLACE = {"dynamic_update_slice": 1, "scatter": 2, "scatter-add": 2, "scatter_add": 2, "scatter_mul": 2,
-            "scatter_min": 2, "scatter_max": 2}  # primitive → position of the update operand
-INLINE = frozenset({"pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
-                    "custom_vjp_call_jaxpr", "checkpoint", "remat2", "remat", "shard_map", "custom_lin"})
+IN_PLACE = {
+    "dynamic_update_slice": 1,
+    "scatter": 2,
+    "scatter-add": 2,
+    "scatter_add": 2,
+    "scatter_mul": 2,
+    "scatter_min": 2,
+    "scatter_max": 2,
+}  # primitive → position of the update operand
+INLINE = frozenset(
+    {
+        "pjit",
+        "jit",
+        "closed_call",
+        "core_call",
+        "custom_jvp_call",
+        "custom_vjp_call",
+        "custom_vjp_call_jaxpr",
+        "checkpoint",
+        "remat2",
+        "remat",
+        "shard_map",
+        "custom_lin",
+    }
+)
 
 
 def marker(tree):
@@ -62,12 +138,17 @@ class _Flat:
     def __init__(self):
         self.nbytes: list[int] = []
         self.eqns: list[tuple[str, list, list, int, int]] = []
-        self.outputs: set[int] = set()  # values a traced function or a scan body returns (they cross HBM)
+        self.outputs: set[int] = (
+            set()
+        )  # values a traced function or a scan body returns (they cross HBM)
         self.avals: list = []
         self.params: dict[int, dict] = {}  # eqn index → its params (dot_general and name only)
 
     def new(self, aval) -> int:
-        self.nbytes.append(math.prod(getattr(aval, "shape", ())) * getattr(getattr(aval, "dtype", None), "itemsize", 0))
+        self.nbytes.append(
+            math.prod(getattr(aval, "shape", ()))
+            * getattr(getattr(aval, "dtype", None), "itemsize", 0)
+        )
         self.avals.append(aval)
         return len(self.nbytes) - 1
 
@@ -81,15 +162,23 @@ class _Flat:
                 phase = 1
             subs = list(jaxprs_in_params(eqn.params))
             ins = [read(v) for v in eqn.invars]
+            if FUSED_SCOPE in str(eqn.source_info.name_stack):  # inside a fused kernel's stand-in
+                outs = [self.new(v.aval) for v in eqn.outvars]
+                self.eqns.append(
+                    ("@boundary", [i for i in ins if i is not None], outs, mult, phase)
+                )
+                for v, o in zip(eqn.outvars, outs, strict=False):
+                    env[v] = o
+                continue
             if prim in INLINE and len(subs) >= 1:
                 sub = subs[0]
                 sub_j = getattr(sub, "jaxpr", sub)
                 if len(sub_j.invars) == len(ins) and len(sub_j.outvars) == len(eqn.outvars):
                     inner = {cv: self.new(cv.aval) for cv in sub_j.constvars}
-                    for iv, i in zip(sub_j.invars, ins):
+                    for iv, i in zip(sub_j.invars, ins, strict=False):
                         inner[iv] = i if i is not None else self.new(iv.aval)
                     phase = self.walk(sub_j, inner, mult, phase)
-                    for ov, o in zip(eqn.outvars, sub_j.outvars):
+                    for ov, o in zip(eqn.outvars, sub_j.outvars, strict=False):
                         r = None if isinstance(o, Literal) else inner.get(o)
                         env[ov] = r if r is not None else self.new(ov.aval)
                     continue
@@ -99,21 +188,26 @@ class _Flat:
                     sub_j = getattr(sub, "jaxpr", sub)
                     inner = {v: self.new(v.aval) for v in (*sub_j.constvars, *sub_j.invars)}
                     self.walk(sub_j, inner, mult * trips, phase)
-                    self.outputs.update(inner[o] for o in sub_j.outvars if not isinstance(o, Literal) and o in inner)
+                    self.outputs.update(
+                        inner[o] for o in sub_j.outvars if not isinstance(o, Literal) and o in inner
+                    )
                 outs = [self.new(v.aval) for v in eqn.outvars]
-                self.eqns.append(("@boundary", [i for i in ins if i is not None], outs, mult, phase))
+                self.eqns.append(
+                    ("@boundary", [i for i in ins if i is not None], outs, mult, phase)
+                )
             else:
                 outs = [self.new(v.aval) for v in eqn.outvars]
                 if prim in ("dot_general", "name"):
                     self.params[len(self.eqns)] = eqn.params
                 self.eqns.append((prim, ins, outs, mult, phase))
-            for v, o in zip(eqn.outvars, outs):
+            for v, o in zip(eqn.outvars, outs, strict=False):
                 env[v] = o
         return phase
 
 
 def phase_bytes(closed_jaxpr) -> tuple[float, float]:
-    """(bytes before :func:`marker`, bytes after it) that non-matmul fusions move (see the module docstring)."""
+    """(bytes before :func:`marker`, bytes after it) that non-matmul fusions move (see the module
+    docstring)."""
     j = getattr(closed_jaxpr, "jaxpr", closed_jaxpr)
     flat = _Flat()
     env = {v: flat.new(v.aval) for v in (*j.constvars, *j.invars)}
@@ -142,14 +236,16 @@ def phase_bytes(closed_jaxpr) -> tuple[float, float]:
         return "free" if prim in FREE else ("reduce" if prim in ROOTS else "op")
 
     def op_inputs(k: int):
-        """(value, producing op or None, operand position) of each input of eqn ``k`` (free views resolved)."""
+        """(value, producing op or None, operand position) of each input of eqn ``k`` (free views
+        resolved)."""
         for pos, i in enumerate(eqns[k][1]):
             if i is not None:
                 r = root.get(i, i)
                 p = producer.get(r)
                 yield r, (p if p is not None and kind(p) in ("op", "reduce") else None), pos
 
-    # Materialised values: outputs, named values, whatever a matmul/collective or the other phase takes.
+    # Materialised values: outputs, named values, whatever a matmul/collective or the other phase
+    # takes.
     escapes: set[int] = {root.get(o, o) for o in flat.outputs} | named
     level: dict[int, int] = {}  # op → reductions between it and its fusion's HBM inputs
     parent = list(range(len(eqns)))
@@ -177,13 +273,16 @@ def phase_bytes(closed_jaxpr) -> tuple[float, float]:
         if kd == "boundary":
             continue
         level[k] = lv
-        for r, p, _ in op_inputs(k):  # a fusion: ops at one level joined by a value (a reduction is its root)
+        # A fusion: ops at one level joined by a value (a reduction is its root).
+        for _, p, _ in op_inputs(k):
             if p is not None and kind(p) == "op" and level[p] == lv and eqns[p][4] == eqns[k][4]:
                 parent[find(k)] = find(p)
 
     def reads_of(k: int, f: int, seen: set, out: dict) -> None:
-        """HBM values fusion ``f`` reads for op ``k``: a cheaper earlier-level producer is repeated in it
-        (XLA duplicates elementwise producers into each consumer fusion); a reduction's result is read."""
+        """HBM values fusion ``f`` reads for op ``k``: a cheaper earlier-level producer is repeated
+        in it
+        (XLA duplicates elementwise producers into each consumer fusion); a reduction's result is
+        read."""
         prim = eqns[k][0]
         for r, p, pos in op_inputs(k):
             if p is not None and find(p) == f:
@@ -195,7 +294,11 @@ def phase_bytes(closed_jaxpr) -> tuple[float, float]:
                 continue
             if pos == 0 and prim in IN_PLACE:
                 continue  # the buffer updated in place
-            size = sum(flat.nbytes[o] for o in eqns[k][2]) if pos == 0 and prim in SLICING else flat.nbytes[r]
+            size = (
+                sum(flat.nbytes[o] for o in eqns[k][2])
+                if pos == 0 and prim in SLICING
+                else flat.nbytes[r]
+            )
             out[r] = (eqns[k][3], max(size, out.get(r, (0, 0))[1]))
 
     totals = [0.0, 0.0]
@@ -206,7 +309,9 @@ def phase_bytes(closed_jaxpr) -> tuple[float, float]:
         reads_of(k, find(k), set(), reads.setdefault(find(k), {}))
         for o in outs:
             if o in escapes or kind(k) == "reduce":
-                upd = ins[IN_PLACE[prim]] if prim in IN_PLACE and len(ins) > IN_PLACE[prim] else None
+                upd = (
+                    ins[IN_PLACE[prim]] if prim in IN_PLACE and len(ins) > IN_PLACE[prim] else None
+                )
                 totals[phase] += mult * (flat.nbytes[upd] if upd is not None else flat.nbytes[o])
     for f, vals in reads.items():
         totals[eqns[f][4]] += sum(m * size for m, size in vals.values())
@@ -217,8 +322,14 @@ def _is_weight_gradient(params: dict, lhs_aval, rhs_aval) -> bool:
     """xᵀ·dy: both operands contracted over the same leading dimensions, no batch dimensions."""
     (lc, rc), (lb, rb) = params["dimension_numbers"]
     lead = tuple(range(len(lc)))
-    return (not lb and not rb and len(lc) > 0 and tuple(lc) == tuple(rc) == lead
-            and len(lhs_aval.shape) > len(lc) and len(rhs_aval.shape) > len(rc))
+    return (
+        not lb
+        and not rb
+        and len(lc) > 0
+        and tuple(lc) == tuple(rc) == lead
+        and len(lhs_aval.shape) > len(lc)
+        and len(rhs_aval.shape) > len(rc)
+    )
 
 
 def transposed_reads(closed_jaxpr, residual_inputs: int = 0) -> dict:
@@ -297,8 +408,12 @@ def transposed_reads(closed_jaxpr, residual_inputs: int = 0) -> dict:
         chain(operand, set(), found)
         sizes = {v: math.prod(getattr(flat.avals[v], "shape", ())) for v in found["inputs"]}
         reads = mult * size * sum(n == size for n in sizes.values())
-        stacked = [v for v, n in sizes.items() if n == size and (
-            v in first_inputs or (producer.get(v) is not None and eqns[producer[v]][4] == 0))]
+        stacked = [
+            v
+            for v, n in sizes.items()
+            if n == size
+            and (v in first_inputs or (producer.get(v) is not None and eqns[producer[v]][4] == 0))
+        ]
         if any(1 < n < size for n in sizes.values()):
             continue  # a row or column too (a norm's backward): XLA:CPU materialises it first
         if found["literal"] or any(n == 1 for n in sizes.values()):
@@ -337,7 +452,8 @@ def layer_traffic(layer_fn, x, params) -> tuple[float, float, dict]:
 
 
 def loss_bytes(hidden, weight, targets, tiles: int) -> float:
-    """Non-matmul HBM bytes of the loss (forward and backward, a tiled loss's recomputation included):
+    """Non-matmul HBM bytes of the loss (forward and backward, a tiled loss's recomputation
+    included):
     the log-sum-exp over the float32 logits, their gradient, its cast."""
     from tierax.train.loss import cross_entropy
 
@@ -345,18 +461,26 @@ def loss_bytes(hidden, weight, targets, tiles: int) -> float:
         y, vjp = jax.vjp(lambda h, w: cross_entropy(h, w, t, tiles=tiles), h, w)
         return y, vjp(marker(ct))
 
-    f, b = phase_bytes(jax.make_jaxpr(fwd_bwd)(hidden, weight, targets, jax.ShapeDtypeStruct((), jnp.float32)))
+    f, b = phase_bytes(
+        jax.make_jaxpr(fwd_bwd)(hidden, weight, targets, jax.ShapeDtypeStruct((), jnp.float32))
+    )
     return f + b
 
 
 def optimizer_bytes(param_bytes: float) -> float:
-    """AdamW's update per device: parameters, gradients and both moments read, parameters and moments
+    """AdamW's update per device: parameters, gradients and both moments read, parameters and
+    moments
     written, each as large as the (sharded) parameters: 7 × their bytes."""
     return 7.0 * param_bytes
 
 
 def step_fixed_bytes(inv) -> float:
-    """Non-matmul HBM bytes of one step, per device, that no placement changes: every layer's forward
-    and backward, the loss, the optimizer update (recomputation is per placement: the cost model's)."""
-    layers = sum((g.forward_hbm_bytes_per_layer + g.backward_hbm_bytes_per_layer) * g.num_layers for g in inv.groups)
+    """Non-matmul HBM bytes of one step, per device, that no placement changes: every layer's
+    forward
+    and backward, the loss, the optimizer update (recomputation is per placement: the cost
+    model's)."""
+    layers = sum(
+        (g.forward_hbm_bytes_per_layer + g.backward_hbm_bytes_per_layer) * g.num_layers
+        for g in inv.groups
+    )
     return layers + inv.loss_hbm_bytes + optimizer_bytes(inv.param_bytes)

@@ -21,9 +21,30 @@ import re
 from dataclasses import dataclass, field
 
 _DTYPE_BYTES = {
-    "pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "s32": 4, "u32": 4, "s64": 8, "u64": 8,
-    "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8, "c128": 16,
-    "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "f8e3m4": 1, "f8e8m0fnu": 1,
+    "pred": 1,
+    "s4": 0.5,
+    "u4": 0.5,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "s32": 4,
+    "u32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f16": 2,
+    "bf16": 2,
+    "f32": 4,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+    "f8e4m3fn": 1,
+    "f8e5m2": 1,
+    "f8e4m3": 1,
+    "f8e4m3fnuz": 1,
+    "f8e5m2fnuz": 1,
+    "f8e3m4": 1,
+    "f8e8m0fnu": 1,
     "token": 0,
 }
 _ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\](\{[^}]*\})?")
@@ -132,7 +153,8 @@ class Module:
         return out
 
     def executions(self) -> dict[str, int]:
-        """Computation name → executions per run of the entry (nested loop trip counts multiplied)."""
+        """Computation name → executions per run of the entry (nested loop trip counts
+        multiplied)."""
         trips = self.trip_counts()
         parents: dict[str, str] = {}
         for cname, instrs in self.computations.items():
@@ -193,7 +215,8 @@ def parse_module(text: str) -> Module:
 
 
 def op_name(ins: Instruction) -> str:
-    """The instruction's op_name metadata (JAX's name stack: scopes and primitive), "" if XLA kept none."""
+    """The instruction's op_name metadata (JAX's name stack: scopes and primitive), "" if XLA kept
+    none."""
     m = re.search(r'op_name="([^"]*)"', ins.attrs)
     return m.group(1) if m else ""
 
@@ -202,9 +225,10 @@ _PASS_THROUGH = ("bitcast", "copy", "copy-start", "copy-done", "fusion-done", "a
 
 
 def store_of(module: Module, ins: Instruction | None, scope: str) -> Instruction | None:
-    """The instruction that writes a loop-carried buffer whose new value is ``ins`` (through async done → start,
-    bitcasts and copies, stopping at one whose op_name has ``scope``); None when the loop only passes the buffer
-    on (a parameter's element: the loop reads it)."""
+    """The instruction that writes a loop-carried buffer whose new value is ``ins`` (through async
+    done → start,
+    bitcasts and copies, stopping at one whose op_name has ``scope``); None when the loop only
+    passes the buffer on (a parameter's element: the loop reads it)."""
     for _ in range(6):
         if ins is None or ins.opcode in ("parameter", "get-tuple-element"):
             return None
@@ -215,18 +239,27 @@ def store_of(module: Module, ins: Instruction | None, scope: str) -> Instruction
 
 
 def _updates_in_place(module: Module, ins: Instruction) -> bool:
-    """A dynamic-update-slice, or a fusion of one (XLA's pipelined host offloading stores a loop's last layer
+    """A dynamic-update-slice, or a fusion of one (XLA's pipelined host offloading stores a loop's
+    last layer
     after the loop): its result is its operand 0's buffer, updated."""
     called = ins.attr("calls") if ins.opcode in ("fusion", "fusion-start") else None
     root = module.by_name.get(module.roots.get(called, "")) if called else None
-    return ins.opcode == "dynamic-update-slice" or (root is not None and root.opcode == "dynamic-update-slice")
+    return ins.opcode == "dynamic-update-slice" or (
+        root is not None and root.opcode == "dynamic-update-slice"
+    )
 
 
-def loop_buffers(module: Module, ins: Instruction | None, comp_of: dict[str, str],
-                 loops: dict[str, list[Instruction]]) -> list[tuple[str, int]]:
-    """Every (``while``, tuple index) that carries the buffer ``ins`` is: followed through get-tuple-element,
-    tuple, a loop body's parameter (the loop carries it; then to the loop's operand), in-place updates and
-    copies/bitcasts.  ``comp_of``: instruction → its computation; ``loops``: body computation → its ``while``s."""
+def loop_buffers(
+    module: Module,
+    ins: Instruction | None,
+    comp_of: dict[str, str],
+    loops: dict[str, list[Instruction]],
+) -> list[tuple[str, int]]:
+    """Every (``while``, tuple index) that carries the buffer ``ins`` is: followed through
+    get-tuple-element,
+    tuple, a loop body's parameter (the loop carries it; then to the loop's operand), in-place
+    updates and copies/bitcasts.  ``comp_of``: instruction → its computation; ``loops``: body
+    computation → its ``while``s."""
     out: list[tuple[str, int]] = []
     for _ in range(16):
         if ins is None:
@@ -236,11 +269,18 @@ def loop_buffers(module: Module, ins: Instruction | None, comp_of: dict[str, str
             continue
         if ins.opcode != "get-tuple-element":
             break
-        index, src = int(re.search(r"index=(\d+)", ins.attrs).group(1)), module.by_name.get(ins.operands[0])
+        index, src = (
+            int(re.search(r"index=(\d+)", ins.attrs).group(1)),
+            module.by_name.get(ins.operands[0]),
+        )
         if src is not None and src.opcode == "while":
             out.append((src.name, index))
             break
-        if src is not None and src.opcode == "parameter" and len(loops.get(comp_of[src.name], [])) == 1:
+        if (
+            src is not None
+            and src.opcode == "parameter"
+            and len(loops.get(comp_of[src.name], [])) == 1
+        ):
             loop = loops[comp_of[src.name]][0]
             out.append((loop.name, index))
             src = module.by_name.get(loop.operands[0])
@@ -261,7 +301,9 @@ class Transfer:
     work_between: int  # instructions scheduled between start and done
     est_transfer_s: float  # per execution, alone on the link
     est_compute_between_s: float  # per execution: roofline time of the work between start and done
-    est_stall_s: float  # per execution: how long its done waited (link shared with concurrent transfers)
+    est_stall_s: (
+        float  # per execution: how long its done waited (link shared with concurrent transfers)
+    )
 
     @property
     def est_exposed_s(self) -> float:
@@ -282,13 +324,21 @@ def _pairs(module: Module, instrs: list[Instruction]) -> dict[str, tuple[str, st
         if not done.opcode.endswith("-done") or not done.operands:
             continue
         start = module.by_name.get(done.operands[0])
-        if start is None or not start.opcode.endswith("-start") or not any(a.host for a in start.arrays):
+        if (
+            start is None
+            or not start.opcode.endswith("-start")
+            or not any(a.host for a in start.arrays)
+        ):
             continue
         direction = "d2h" if any(a.host for a in done.arrays) else "h2d"
         host = next(a for a in start.arrays if a.host)
         # The slice moved per execution: the largest device array of the host buffer's rank.
         moved = [a for a in start.arrays if not a.host and len(a.dims) == len(host.dims)]
-        out[start.name] = (done.name, direction, max((a.nbytes for a in moved), default=host.nbytes))
+        out[start.name] = (
+            done.name,
+            direction,
+            max((a.nbytes for a in moved), default=host.nbytes),
+        )
     return out
 
 
@@ -329,7 +379,9 @@ class _Link:
         return waited
 
 
-def host_transfers(module: Module, *, peak_flops: float, hbm_bytes_per_s: float, host_link_bps: float) -> list[Transfer]:
+def host_transfers(
+    module: Module, *, peak_flops: float, hbm_bytes_per_s: float, host_link_bps: float
+) -> list[Transfer]:
     """Every asynchronous start/done pair that moves data to or from host memory, with its stall
     in a replay of the schedule (see the module docstring)."""
     execs = module.executions()
@@ -344,8 +396,10 @@ def host_transfers(module: Module, *, peak_flops: float, hbm_bytes_per_s: float,
         for ins in instrs:
             if ins.opcode in _FREE or ins.opcode.endswith(("-start", "-done")):
                 continue
-            cost[ins.name] = max(module.instruction_flops(ins) / peak_flops,
-                                 (ins.out_bytes + module.operand_bytes(ins)) / hbm_bytes_per_s)
+            cost[ins.name] = max(
+                module.instruction_flops(ins) / peak_flops,
+                (ins.out_bytes + module.operand_bytes(ins)) / hbm_bytes_per_s,
+            )
         link, stall, started = _Link(host_link_bps), {}, set()
         passes = 2 if cname in bodies else 1
         for n in range(passes):
@@ -364,31 +418,56 @@ def host_transfers(module: Module, *, peak_flops: float, hbm_bytes_per_s: float,
         index = {ins.name: i for i, ins in enumerate(instrs)}
         for start, (done, direction, nbytes) in pairs.items():
             i, j = index.get(start), index[done]
-            between = [] if i is None else instrs[i + 1 : j] if i < j else instrs[i + 1 :] + instrs[:j]
-            out.append(Transfer(start, done, cname, direction, nbytes, execs.get(cname, 1), len(between),
-                                nbytes / host_link_bps, sum(cost.get(x.name, 0.0) for x in between),
-                                stall.get(start, nbytes / host_link_bps)))
+            between = (
+                [] if i is None else instrs[i + 1 : j] if i < j else instrs[i + 1 :] + instrs[:j]
+            )
+            out.append(
+                Transfer(
+                    start,
+                    done,
+                    cname,
+                    direction,
+                    nbytes,
+                    execs.get(cname, 1),
+                    len(between),
+                    nbytes / host_link_bps,
+                    sum(cost.get(x.name, 0.0) for x in between),
+                    stall.get(start, nbytes / host_link_bps),
+                )
+            )
     return out
 
 
 def overlap_summary(transfers: list[Transfer]) -> dict:
-    """The ``overlap`` object of ``tierax compile --json`` (totals over executions)."""
-    tot = lambda f: sum(f(t) * t.executions for t in transfers)  # noqa: E731
+    """The ``overlap`` object of ``tierax compile --json`` (totals over executions).
+
+    Per direction: ``est_transfer_s`` is the link's busy time (the bytes at its bandwidth),
+    ``est_exposed_s`` the time the stream waited for those transfers, ``est_hidden_s`` the rest, so
+    hidden + exposed = transfer.  (Summing each transfer's own hidden part would not add up: a
+    transfer that shares the link can wait longer than it takes alone, and the others' time it
+    waited through is then counted hidden for them too.)
+    """
     by_dir = {}
     for d in ("d2h", "h2d"):
         ts = [t for t in transfers if t.direction == d]
+        busy = sum(t.est_transfer_s * t.executions for t in ts)
+        # While the stream waits on this direction, its link is moving this step's bytes, so the
+        # wait cannot exceed the busy time (a loop replay's carried-over copies can nudge it above).
+        exposed = min(busy, sum(t.est_exposed_s * t.executions for t in ts))
         by_dir[d] = {
             "transfers": sum(t.executions for t in ts),
             "transfer_bytes": sum(t.bytes * t.executions for t in ts),
-            "est_transfer_s": sum(t.est_transfer_s * t.executions for t in ts),
-            "est_exposed_s": sum(t.est_exposed_s * t.executions for t in ts),
+            "est_transfer_s": busy,
+            "est_hidden_s": busy - exposed,
+            "est_exposed_s": exposed,
         }
     return {
         "transfers": sum(t.executions for t in transfers),
-        "transfer_bytes": tot(lambda t: t.bytes),
-        "est_transfer_s": tot(lambda t: t.est_transfer_s),
-        "est_hidden_s": tot(lambda t: t.est_hidden_s),
-        "est_exposed_s": tot(lambda t: t.est_exposed_s),
+        "transfer_bytes": sum(t.bytes * t.executions for t in transfers),
+        **{
+            k: sum(v[k] for v in by_dir.values())
+            for k in ("est_transfer_s", "est_hidden_s", "est_exposed_s")
+        },
         "by_direction": by_dir,
     }
 

@@ -1,4 +1,5 @@
-"""Activation inventory from abstract traces (``jax.make_jaxpr`` / ``jax.eval_shape``; nothing is allocated).
+"""Activation inventory from abstract traces (``jax.make_jaxpr`` / ``jax.eval_shape``; nothing is
+allocated).
 
 For every layer group and activation name: bytes per layer per device, number of
 layers, and the FLOPs its rematerialisation costs; per group the bytes a layer
@@ -42,6 +43,7 @@ from flax import nnx
 from tierax import hbm, jaxpr_tools
 from tierax import names as N
 from tierax import plan as plan_lib
+from tierax.models.attention import FUSED_SCOPE
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,12 @@ class Activation:
     bytes_per_layer: int
     num_layers: int
     recompute_flops_per_layer: float = 0.0
-    recompute_hbm_bytes_per_layer: float = 0.0  # non-matmul HBM traffic that recomputing it adds (tierax.hbm)
+    recompute_hbm_bytes_per_layer: float = (
+        0.0  # non-matmul HBM traffic that recomputing it adds (tierax.hbm)
+    )
+    recompute_fused_flops_per_layer: float = (
+        0.0  # of recompute_flops, those inside a fused attention kernel
+    )
     transposed_elems_per_layer: float = 0.0  # XLA:CPU's transposing fusions read (tierax.hbm)
 
     @property
@@ -67,19 +74,27 @@ class GroupInventory:
     num_layers: int
     activations: tuple[Activation, ...]
     carry_bytes_per_layer: int  # the scan carry (layer input), saved per layer under any plan
-    save_all_bytes_per_layer: int  # activation residuals of one layer with no remat (named + unnamed)
-    base_recompute_flops_per_layer: float  # recomputed under any remat policy (unnamed intermediates)
+    save_all_bytes_per_layer: (
+        int  # activation residuals of one layer with no remat (named + unnamed)
+    )
+    base_recompute_flops_per_layer: (
+        float  # recomputed under any remat policy (unnamed intermediates)
+    )
     forward_flops_per_layer: float  # matmul FLOPs of one layer's forward
-    layer_param_count: int  # per tensor shard (the layer traced with heads/hidden divided by tensor)
+    layer_param_count: (
+        int  # per tensor shard (the layer traced with heads/hidden divided by tensor)
+    )
     expert_param_count_per_layer: int = 0  # per tensor shard
     # Bytes one layer's forward moves through collectives (per device): the expert-parallel
     # dispatch + combine all-to-alls and the tensor-parallel all-reduces.  The backward moves as
     # much again; a rematerialised layer repeats its forward's.
     forward_collective_bytes_per_layer: float = 0.0
-    # The same bytes by the mesh axis they cross: (("tensor", TP all-reduce bytes), ("expert", EP all-to-all bytes)).
+    # The same bytes by the mesh axis they cross: (("tensor", TP all-reduce bytes), ("expert", EP
+    # all-to-all bytes)).
     forward_collective_bytes_by_axis: tuple = ()
-    # Non-matmul HBM traffic of one layer (tierax.hbm's fusion model): its forward, its backward without
-    # recomputation, and what every remat policy of the group recomputes (unnamed intermediates).
+    # Non-matmul HBM traffic of one layer (tierax.hbm's fusion model): its forward, its backward
+    # without recomputation, and what every remat policy of the group recomputes (unnamed
+    # intermediates).
     forward_hbm_bytes_per_layer: float = 0.0
     backward_hbm_bytes_per_layer: float = 0.0
     base_recompute_hbm_bytes_per_layer: float = 0.0
@@ -87,6 +102,11 @@ class GroupInventory:
     transposed_always_elems_per_layer: float = 0.0
     transposed_residual_elems_per_layer: float = 0.0
     transposed_carry_elems_per_layer: float = 0.0
+    # Of the forward's and the base recomputation's matmul FLOPs, those inside a fused attention
+    # kernel (attention=cudnn: its host stand-in's scope), which the cost model prices at the
+    # kernel's rates.
+    fused_attention_flops_per_layer: float = 0.0
+    base_recompute_fused_flops_per_layer: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -103,7 +123,9 @@ class Inventory:
     optimizer_bytes: int
     logits_bytes: int
     embed_param_count: int
-    loss_hbm_bytes: float = 0.0  # non-matmul HBM traffic of the loss, forward and backward (tierax.hbm)
+    loss_hbm_bytes: float = (
+        0.0  # non-matmul HBM traffic of the loss, forward and backward (tierax.hbm)
+    )
 
     @property
     def devices(self) -> int:
@@ -135,9 +157,11 @@ def _nbytes(x) -> int:
     return math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
 
 
-def _remat_flops(layer_fn, x, params, policy) -> tuple[float, float]:
-    """Matmul FLOPs of the forward plus the linearized (JVP) layer under ``policy`` (None: no checkpoint),
-    and the non-matmul HBM bytes of its tangent part (the recomputation is in it: :mod:`tierax.hbm`).
+def _remat_flops(layer_fn, x, params, policy) -> tuple[float, float, float]:
+    """Matmul FLOPs of the forward plus the linearized (JVP) layer under ``policy`` (None: no
+    checkpoint),
+    the non-matmul HBM bytes of its tangent part (the recomputation is in it: :mod:`tierax.hbm`),
+    and the FLOPs of the first figure that run inside a fused attention kernel.
 
     Only differences between policies are used: they equal the gradient's (the recomputation that
     the policy's partial evaluation puts in the backward; transposing the linear part changes no
@@ -149,7 +173,11 @@ def _remat_flops(layer_fn, x, params, policy) -> tuple[float, float]:
         return jax.linearize(f, x, p)[1](*hbm.marker((tx, tp)))
 
     jaxpr = jax.make_jaxpr(linearized)(x, params, x, params)
-    return float(jaxpr_tools.matmul_flops(jaxpr)), hbm.phase_bytes(jaxpr)[1]
+    return (
+        float(jaxpr_tools.matmul_flops(jaxpr)),
+        hbm.phase_bytes(jaxpr)[1],
+        float(jaxpr_tools.matmul_flops(jaxpr, scope=FUSED_SCOPE)),
+    )
 
 
 def layer_inventory(
@@ -180,22 +208,39 @@ def layer_inventory(
     # their compute-dtype casts (weights, not activations: accounted for with the parameters).
     param_shapes = {tuple(p.shape) for p in jax.tree.leaves(params)}
     residuals = jax.eval_shape(lambda a, p: jax.vjp(layer_fn, a, p)[1], x, params)
-    save_all = sum(_nbytes(r) for r in jax.tree.leaves(residuals) if tuple(r.shape) not in param_shapes)
+    save_all = sum(
+        _nbytes(r) for r in jax.tree.leaves(residuals) if tuple(r.shape) not in param_shapes
+    )
 
     save_named = jax.checkpoint_policies.save_only_these_names(*names)
-    (flops_none, hbm_none), (flops_named, hbm_named) = (_remat_flops(layer_fn, x, params, p) for p in (None, save_named))
+    (flops_none, hbm_none, fused_none), (flops_named, hbm_named, fused_named) = (
+        _remat_flops(layer_fn, x, params, p) for p in (None, save_named)
+    )
     costs = {}
     for n in names:
         if n == N.DECODER_LAYER_INPUT:
-            costs[n] = (0.0, 0.0)  # the scan carry: its value is at hand whatever the plan
+            costs[n] = (0.0, 0.0, 0.0)  # the scan carry: its value is at hand whatever the plan
             continue
         others = jax.checkpoint_policies.save_only_these_names(*[m for m in names if m != n])
-        flops, hbm_bytes = _remat_flops(layer_fn, x, params, others)
-        costs[n] = (max(0.0, flops - flops_named), max(0.0, hbm_bytes - hbm_named))
+        flops, hbm_bytes, fused = _remat_flops(layer_fn, x, params, others)
+        costs[n] = (
+            max(0.0, flops - flops_named),
+            max(0.0, hbm_bytes - hbm_named),
+            max(0.0, fused - fused_named),
+        )
     fwd_hbm, bwd_hbm, transposed = hbm.layer_traffic(layer_fn, x, params)
     reads = transposed["named"]
-    acts = tuple(Activation(group, n, per_name[n], num_layers, *costs[n],
-                            transposed_elems_per_layer=reads.get(n, 0.0)) for n in names)
+    acts = tuple(
+        Activation(
+            group,
+            n,
+            per_name[n],
+            num_layers,
+            *costs[n],
+            transposed_elems_per_layer=reads.get(n, 0.0),
+        )
+        for n in names
+    )
     return GroupInventory(
         name=group,
         num_layers=num_layers,
@@ -212,6 +257,8 @@ def layer_inventory(
         transposed_always_elems_per_layer=transposed["always"],
         transposed_residual_elems_per_layer=transposed["residual"],
         transposed_carry_elems_per_layer=transposed["carry"],
+        fused_attention_flops_per_layer=float(jaxpr_tools.matmul_flops(fwd, scope=FUSED_SCOPE)),
+        base_recompute_fused_flops_per_layer=max(0.0, fused_named - fused_none),
     )
 
 
@@ -222,7 +269,8 @@ def _expert_params_per_layer(cfg, group: str) -> int:
 
 
 def tensor_shard_config(cfg, tensor: int):
-    """``cfg`` as one tensor-parallel shard sees it: heads, kv heads and MLP/expert hidden sizes ÷ ``tensor``.
+    """``cfg`` as one tensor-parallel shard sees it: heads, kv heads and MLP/expert hidden sizes ÷
+    ``tensor``.
 
     Tracing a layer of this config at the per-device batch gives per-device activation
     shapes (column-parallel outputs split over ``tensor``, row-parallel outputs whole).
@@ -232,14 +280,23 @@ def tensor_shard_config(cfg, tensor: int):
     if tensor == 1:
         return cfg
     if cfg.family == "llama":
-        return dataclasses.replace(cfg, num_heads=cfg.num_heads // tensor, num_kv_heads=cfg.num_kv_heads // tensor,
-                                   mlp_dim=cfg.mlp_dim // tensor)
-    return dataclasses.replace(cfg, num_heads=cfg.num_heads // tensor, dense_mlp_dim=cfg.dense_mlp_dim // tensor,
-                               expert_mlp_dim=cfg.expert_mlp_dim // tensor)
+        return dataclasses.replace(
+            cfg,
+            num_heads=cfg.num_heads // tensor,
+            num_kv_heads=cfg.num_kv_heads // tensor,
+            mlp_dim=cfg.mlp_dim // tensor,
+        )
+    return dataclasses.replace(
+        cfg,
+        num_heads=cfg.num_heads // tensor,
+        dense_mlp_dim=cfg.dense_mlp_dim // tensor,
+        expert_mlp_dim=cfg.expert_mlp_dim // tensor,
+    )
 
 
 def per_device_param_count(cfg, mesh: dict) -> float:
-    """Parameters per device under :mod:`tierax.train.sharding`'s rules (what the step really holds)."""
+    """Parameters per device under :mod:`tierax.train.sharding`'s rules (what the step really
+    holds)."""
     from tierax.models import abstract_model
     from tierax.train.sharding import param_spec
 
@@ -256,14 +313,17 @@ def per_device_param_count(cfg, mesh: dict) -> float:
 
 
 def _forward_collective_bytes(cfg, group: str, microbatch: int, seq: int, mesh: dict) -> tuple:
-    """Per-device bytes one layer's forward sends through collectives, by mesh axis (ring all-reduce: 2(t−1)/t)."""
+    """Per-device bytes one layer's forward sends through collectives, by mesh axis (ring
+    all-reduce: 2(t−1)/t)."""
     item = jnp.dtype(cfg.dtype).itemsize
     tokens = microbatch * seq
     out = []
     t, ep = mesh.get("tensor", 1), mesh.get("expert", 1)
     if t > 1:  # attention-out and MLP-down all-reduces over tensor
         out.append(("tensor", 2 * 2 * (t - 1) / t * tokens * cfg.d_model * item))
-    if ep > 1 and cfg.family == "deepseek" and group == "moe":  # dispatch + combine over expert, capacity-padded
+    if (
+        ep > 1 and cfg.family == "deepseek" and group == "moe"
+    ):  # dispatch + combine over expert, capacity-padded
         buffer = cfg.num_experts * cfg.capacity(tokens) * cfg.d_model * item
         out.append(("expert", 2 * buffer * (ep - 1) / ep))
     return tuple(out)
@@ -307,11 +367,12 @@ def model_inventory(cfg, microbatch: int, seq: int, mesh: dict | None = None) ->
     """
     from tierax.mesh import MeshShape
     from tierax.models import abstract_model
+    from tierax.models.config import host_traceable
 
     mesh = {"data": 1, "fsdp": 1, **(mesh or {})}
     shape = MeshShape(**mesh)
     shape.check_model(cfg)
-    local = tensor_shard_config(cfg, shape.tensor)
+    local = host_traceable(tensor_shard_config(cfg, shape.tensor))
     model = abstract_model(local)
     dtype = jnp.dtype(cfg.dtype)
     x = jax.ShapeDtypeStruct((microbatch, seq, cfg.d_model), dtype)
@@ -323,11 +384,22 @@ def model_inventory(cfg, microbatch: int, seq: int, mesh: dict | None = None) ->
         def layer_fn(a, p, graphdef=graphdef):
             return nnx.merge(graphdef, p)(a)
 
-        gi = layer_inventory(layer_fn, x, one, group=g.name, num_layers=g.num_layers,
-                             expert_param_count=_expert_params_per_layer(local, g.name))
+        gi = layer_inventory(
+            layer_fn,
+            x,
+            one,
+            group=g.name,
+            num_layers=g.num_layers,
+            expert_param_count=_expert_params_per_layer(local, g.name),
+        )
         by_axis = _forward_collective_bytes(cfg, g.name, microbatch, seq, mesh)
-        groups.append(dataclasses.replace(gi, forward_collective_bytes_per_layer=sum(b for _, b in by_axis),
-                                          forward_collective_bytes_by_axis=by_axis))
+        groups.append(
+            dataclasses.replace(
+                gi,
+                forward_collective_bytes_per_layer=sum(b for _, b in by_axis),
+                forward_collective_bytes_by_axis=by_axis,
+            )
+        )
     p_item = jnp.dtype(cfg.param_dtype).itemsize
     param_bytes = int(per_device_param_count(cfg, mesh) * p_item)
     return Inventory(
@@ -339,18 +411,26 @@ def model_inventory(cfg, microbatch: int, seq: int, mesh: dict | None = None) ->
         param_bytes=param_bytes,
         grad_bytes=param_bytes,
         optimizer_bytes=2 * param_bytes,  # AdamW mu and nu in the parameter dtype
-        logits_bytes=microbatch * seq * cfg.vocab_size * 4 // cfg.loss_tiles,  # float32, one tile at a time
+        logits_bytes=microbatch
+        * seq
+        * cfg.vocab_size
+        * 4
+        // cfg.loss_tiles,  # float32, one tile at a time
         embed_param_count=cfg.embedding_params(),
         loss_hbm_bytes=_loss_hbm_bytes(cfg, microbatch, seq) if cfg.vocab_size else 0.0,
     )
 
 
 def _loss_hbm_bytes(cfg, microbatch: int, seq: int) -> float:
-    """The loss's non-matmul HBM bytes per device (the head's [D, V] weight gathered, in the compute dtype)."""
+    """The loss's non-matmul HBM bytes per device (the head's [D, V] weight gathered, in the compute
+    dtype)."""
     dtype = jnp.dtype(cfg.dtype)
-    return hbm.loss_bytes(jax.ShapeDtypeStruct((microbatch, seq, cfg.d_model), dtype),
-                          jax.ShapeDtypeStruct((cfg.d_model, cfg.vocab_size), dtype),
-                          jax.ShapeDtypeStruct((microbatch, seq), jnp.int32), cfg.loss_tiles)
+    return hbm.loss_bytes(
+        jax.ShapeDtypeStruct((microbatch, seq, cfg.d_model), dtype),
+        jax.ShapeDtypeStruct((cfg.d_model, cfg.vocab_size), dtype),
+        jax.ShapeDtypeStruct((microbatch, seq), jnp.int32),
+        cfg.loss_tiles,
+    )
 
 
 def for_plan(inv: Inventory, plan: plan_lib.Plan, cfg) -> Inventory:
@@ -368,7 +448,9 @@ def for_plan(inv: Inventory, plan: plan_lib.Plan, cfg) -> Inventory:
     return dataclasses.replace(inv, groups=tuple(groups))
 
 
-def bytes_by_placement(inventory: Inventory | list[Activation], plan: plan_lib.Plan, cfg) -> dict[str, int]:
+def bytes_by_placement(
+    inventory: Inventory | list[Activation], plan: plan_lib.Plan, cfg
+) -> dict[str, int]:
     """Total named-activation bytes per placement (device / offload / remat) under ``plan``."""
     placements = plan_lib.resolve(plan, cfg)
     if isinstance(inventory, Inventory):

@@ -16,7 +16,9 @@ from jax.extend.core import jaxprs_in_params
 GROUP_SCOPE_PREFIX = "tierax_group_"
 
 
-def _walk(jaxpr, mult: int, scope: tuple[str, ...]) -> Iterator[tuple[object, int, tuple[str, ...]]]:
+def _walk(
+    jaxpr, mult: int, scope: tuple[str, ...]
+) -> Iterator[tuple[object, int, tuple[str, ...]]]:
     for eqn in jaxpr.eqns:
         stack = str(eqn.source_info.name_stack)
         here = scope + ((stack,) if stack else ())
@@ -38,11 +40,13 @@ def dot_general_flops(eqn) -> int:
     return 2 * out_size * contract
 
 
-def matmul_flops(closed_jaxpr) -> int:
-    """2·M·N·K summed over every ``dot_general`` executed (scan trip counts included)."""
+def matmul_flops(closed_jaxpr, *, scope: str | None = None) -> int:
+    """2·M·N·K summed over every ``dot_general`` executed (scan trip counts included); with
+    ``scope``,
+    only those under a name scope containing it."""
     total = 0
-    for eqn, mult, _ in _walk(_jaxpr(closed_jaxpr), 1, ()):
-        if eqn.primitive.name == "dot_general":
+    for eqn, mult, here in _walk(_jaxpr(closed_jaxpr), 1, ()):
+        if eqn.primitive.name == "dot_general" and (scope is None or any(scope in s for s in here)):
             total += mult * dot_general_flops(eqn)
     return total
 
@@ -72,5 +76,7 @@ def named_values(closed_jaxpr) -> list[NamedValue]:
                     group = part[len(GROUP_SCOPE_PREFIX) :]
         aval = eqn.outvars[0].aval
         nbytes = math.prod(aval.shape) * aval.dtype.itemsize
-        out.append(NamedValue(eqn.params["name"], group, tuple(aval.shape), str(aval.dtype), nbytes, mult))
+        out.append(
+            NamedValue(eqn.params["name"], group, tuple(aval.shape), str(aval.dtype), nbytes, mult)
+        )
     return out

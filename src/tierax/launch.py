@@ -20,7 +20,9 @@ def _check(cond: bool, msg: str) -> None:
         raise TieraxError(msg)
 
 
-def start(*, devices: int | None = None, preset: str = "none", deviceless_gpu: bool = False) -> None:
+def start(
+    *, devices: int | None = None, preset: str = "none", deviceless_gpu: bool = False
+) -> None:
     """Start a single-process run: ``devices`` host CPU devices (CPU backend), an XLA flag preset,
     or deviceless XLA:GPU compilation (host platform only).
 
@@ -30,7 +32,7 @@ def start(*, devices: int | None = None, preset: str = "none", deviceless_gpu: b
     xla_flags.configure(cpu_devices=devices, preset=preset, deviceless_gpu=deviceless_gpu)
 
 
-def start_training(cfg, dist: "Distributed | None", *, debug: bool = False) -> list[str]:
+def start_training(cfg, dist: Distributed | None, *, debug: bool = False) -> list[str]:
     """Start the backend for ``tierax train``: runtime environment derived from the plan,
     host CPU devices per process, cross-process collectives, then ``jax.distributed``;
     without ``debug``, Orbax's per-thread error tracebacks are kept off stderr.
@@ -42,8 +44,12 @@ def start_training(cfg, dist: "Distributed | None", *, debug: bool = False) -> l
     nproc = dist.num_processes if dist else 1
     gpu = xla_flags.expects_gpu()
     env, lines = runtime_env(cfg, gpu=gpu, num_processes=nproc)
-    xla_flags.configure(cpu_devices=None if gpu else cpu_devices_per_process(cfg, nproc),
-                        preset=cfg.xla_preset, cpu_collectives="gloo" if dist and not gpu else None, env=env)
+    xla_flags.configure(
+        cpu_devices=None if gpu else cpu_devices_per_process(cfg, nproc),
+        preset=cfg.xla_preset,
+        cpu_collectives="gloo" if dist and not gpu else None,
+        env=env,
+    )
     initialize_distributed(dist)
     return lines
 
@@ -65,8 +71,13 @@ class Distributed:
     ENV = ("TIERAX_COORDINATOR", "TIERAX_NUM_PROCESSES", "TIERAX_PROCESS_ID")
 
     @classmethod
-    def resolve(cls, coordinator: str | None, num_processes: int | None, process_id: int | None,
-                environ: Mapping[str, str] | None = None) -> "Distributed | None":
+    def resolve(
+        cls,
+        coordinator: str | None,
+        num_processes: int | None,
+        process_id: int | None,
+        environ: Mapping[str, str] | None = None,
+    ) -> Distributed | None:
         """From flags, else the ``TIERAX_*`` environment; None for a single-process run.
 
         Raises:
@@ -81,24 +92,33 @@ class Distributed:
                 names[i] = var
         if all(g is None for g in given):
             return None
-        missing = [f"{n} (or {v})" for g, n, v in zip(given, names, cls.ENV) if g is None]
+        missing = [
+            f"{n} (or {v})" for g, n, v in zip(given, names, cls.ENV, strict=True) if g is None
+        ]
         if missing:
-            raise TieraxError(f"a multi-process run needs all of coordinator, process count and process id; "
-                              f"missing: {', '.join(missing)}")
+            raise TieraxError(
+                f"a multi-process run needs all of coordinator, process count and process id; "
+                f"missing: {', '.join(missing)}"
+            )
         try:
             n, i = int(given[1]), int(given[2])
         except ValueError:
-            raise TieraxError(f"{names[1]} and {names[2]} must be integers, got {given[1]!r} and {given[2]!r}") from None
+            raise TieraxError(
+                f"{names[1]} and {names[2]} must be integers, got {given[1]!r} and {given[2]!r}"
+            ) from None
         coord = str(given[0])
-        _check(":" in coord and coord.rsplit(":", 1)[1].isdigit(),
-               f"{names[0]}={coord!r}: expected HOST:PORT of process 0, e.g. 10.0.0.1:1234")
+        _check(
+            ":" in coord and coord.rsplit(":", 1)[1].isdigit(),
+            f"{names[0]}={coord!r}: expected HOST:PORT of process 0, e.g. 10.0.0.1:1234",
+        )
         _check(n >= 1, f"{names[1]} must be ≥ 1, got {n}")
         _check(0 <= i < n, f"{names[2]}={i} must be in 0..{n - 1} for {n} processes")
         return cls(coord, n, i)
 
 
 def cpu_devices_per_process(cfg, num_processes: int = 1) -> int:
-    """Host CPU devices each process creates: ``cpu_devices``, else the mesh size over the processes.
+    """Host CPU devices each process creates: ``cpu_devices``, else the mesh size over the
+    processes.
 
     Raises:
       TieraxError: the mesh does not split evenly over processes, or ``cpu_devices``
@@ -106,14 +126,18 @@ def cpu_devices_per_process(cfg, num_processes: int = 1) -> int:
     """
     size = cfg.mesh.size
     if cfg.cpu_devices is not None:
-        _check(cfg.cpu_devices * num_processes == size,
-               f"{cfg.source}: mesh {cfg.mesh} = {size} devices, but cpu_devices={cfg.cpu_devices} × "
-               f"{num_processes} process(es) = {cfg.cpu_devices * num_processes}; make them equal "
-               "(or leave cpu_devices unset)")
+        _check(
+            cfg.cpu_devices * num_processes == size,
+            f"{cfg.source}: mesh {cfg.mesh} = {size} devices, but cpu_devices={cfg.cpu_devices} × "
+            f"{num_processes} process(es) = {cfg.cpu_devices * num_processes}; make them equal "
+            "(or leave cpu_devices unset)",
+        )
         return cfg.cpu_devices
-    _check(size % num_processes == 0,
-           f"{cfg.source}: mesh {cfg.mesh} = {size} devices does not split over {num_processes} processes; "
-           f"use a multiple of {num_processes}")
+    _check(
+        size % num_processes == 0,
+        f"{cfg.source}: mesh {cfg.mesh} = {size} devices does not split over {num_processes} "
+        f"processes; use a multiple of {num_processes}",
+    )
     return size // num_processes
 
 
@@ -124,16 +148,20 @@ def initialize_distributed(dist: Distributed | None) -> None:
         return
     import jax
 
-    jax.distributed.initialize(coordinator_address=dist.coordinator, num_processes=dist.num_processes,
-                               process_id=dist.process_id)
+    jax.distributed.initialize(
+        coordinator_address=dist.coordinator,
+        num_processes=dist.num_processes,
+        process_id=dist.process_id,
+    )
 
 
 MEM_FRACTION = "XLA_PYTHON_CLIENT_MEM_FRACTION"
 HOST_LIMIT = "XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"
 
 
-def runtime_env(cfg, *, gpu: bool, num_processes: int = 1,
-                environ: Mapping[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
+def runtime_env(
+    cfg, *, gpu: bool, num_processes: int = 1, environ: Mapping[str, str] | None = None
+) -> tuple[dict[str, str], list[str]]:
     """GPU runtime variables derived from the run: (variables to set, lines to print).
 
     ``XLA_PYTHON_CLIENT_MEM_FRACTION`` = ``runtime.device_budget_gb`` over the
@@ -143,7 +171,9 @@ def runtime_env(cfg, *, gpu: bool, num_processes: int = 1,
     A variable already in the environment is kept.  On CPU neither applies.
     """
     if not gpu:
-        return {}, [f"runtime env: {MEM_FRACTION} and {HOST_LIMIT} apply to GPUs only; nothing set on CPU"]
+        return {}, [
+            f"runtime env: {MEM_FRACTION} and {HOST_LIMIT} apply to GPUs only; nothing set on CPU"
+        ]
     from tierax import hardware
     from tierax import inventory as inv
 
@@ -152,28 +182,73 @@ def runtime_env(cfg, *, gpu: bool, num_processes: int = 1,
     if rt.device_budget_gb is not None:
         hbm = hardware.get_target(rt.target).device_memory_bytes
         frac = min(0.95, rt.device_budget_gb * 1e9 / hbm)
-        wanted[MEM_FRACTION] = (f"{frac:.2f}", f"device budget {rt.device_budget_gb:g} GB of {hbm / 1e9:.0f} GB ({rt.target})")
+        wanted[MEM_FRACTION] = (
+            f"{frac:.2f}",
+            f"device budget {rt.device_budget_gb:g} GB of {hbm / 1e9:.0f} GB ({rt.target})",
+        )
     else:
-        lines.append(f"runtime env: {MEM_FRACTION} not derived (no runtime.device_budget_gb); JAX preallocates 75 %")
+        lines.append(
+            f"runtime env: {MEM_FRACTION} not derived (no runtime.device_budget_gb); JAX "
+            f"preallocates 75 %"
+        )
     local_devices = max(1, cfg.mesh.size // num_processes)
     if rt.host_budget_gb is not None:
         wanted[HOST_LIMIT] = (f"{math.ceil(rt.host_budget_gb)}", "runtime.host_budget_gb")
     else:
-        offload = inv.bytes_by_placement(inv.model_inventory(cfg.model, cfg.microbatch, cfg.seq, cfg.mesh.to_dict()),
-                                         cfg.plan, cfg.model)["offload"]
+        offload = inv.bytes_by_placement(
+            inv.model_inventory(cfg.model, cfg.microbatch, cfg.seq, cfg.mesh.to_dict()),
+            cfg.plan,
+            cfg.model,
+        )["offload"]
         if offload:
             gb = max(1, math.ceil(offload * local_devices * 1.25 / 1e9))
-            wanted[HOST_LIMIT] = (str(gb), f"plan offloads {offload / 1e9:.2f} GB/device × {local_devices} devices + 25 %")
+            wanted[HOST_LIMIT] = (
+                str(gb),
+                f"plan offloads {offload / 1e9:.2f} GB/device × {local_devices} devices + 25 %",
+            )
         else:
-            lines.append(f"runtime env: {HOST_LIMIT} not set (plan {cfg.plan.name} offloads nothing)")
+            lines.append(
+                f"runtime env: {HOST_LIMIT} not set (plan {cfg.plan.name} offloads nothing)"
+            )
     out = {}
     for var, (value, why) in wanted.items():
         if var in env:
-            lines.append(f"runtime env: kept {var}={env[var]} from the environment (derived: {value}, {why})")
+            lines.append(
+                f"runtime env: kept {var}={env[var]} from the environment (derived: {value}, {why})"
+            )
         else:
             out[var] = value
             lines.append(f"runtime env: set {var}={value} ({why})")
     return out, lines
+
+
+# Attention implementations by the backend that runs them (tierax.models.attention).
+LOCAL_ATTENTION = {
+    "gpu": ("xla", "blockwise", "cudnn", "cudnn_blockwise"),
+    "cpu": ("xla", "blockwise", "cudnn_blockwise"),
+    "tpu": ("xla", "blockwise", "cudnn_blockwise"),
+}
+
+
+def check_local_attention(cfg, *, what: str = "this run") -> None:
+    """Refuse, before tracing, an attention implementation the local backend cannot run (cuDNN's
+    fused
+    attention off a CUDA GPU).
+
+    Raises:
+      TieraxError: naming the backend and the implementations that run there.
+    """
+    import jax
+
+    backend = jax.default_backend()
+    ok = LOCAL_ATTENTION.get(backend, ("xla", "blockwise", "cudnn_blockwise"))
+    if cfg.attention not in ok:
+        raise TieraxError(
+            f"{what}: attention={cfg.attention} runs cuDNN's fused attention on CUDA GPUs only; "
+            f"this run's backend is {backend}, where {', '.join(ok)} run (e.g. --set "
+            "attention=blockwise; `tierax compile --target h200` compiles cudnn for a GPU without "
+            "one)"
+        )
 
 
 def check_local_memory(cfg, *, shards: int = 1, copies: int = 4, what: str = "this run") -> None:
@@ -199,15 +274,18 @@ def check_local_memory(cfg, *, shards: int = 1, copies: int = 4, what: str = "th
         have, where = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's RAM"
     if need > have:
         raise TieraxError(
-            f"{cfg.name} has {cfg.param_count():,} parameters: its training state needs ≈ {need / 2**30:,.1f} GiB, "
-            f"more than {where} ({have / 2**30:,.1f} GiB) for {what}; use a smaller model (--set) or plan it "
-            "without running it (`tierax simulate` / `tierax compile`)"
+            f"{cfg.name} has {cfg.param_count():,} parameters: its training state needs ≈ "
+            f"{need / 2**30:,.1f} GiB, more than {where} ({have / 2**30:,.1f} GiB) for {what}; use "
+            "a smaller model (--set) or plan it without running it (`tierax simulate` / `tierax "
+            "compile`)"
         )
 
 
 class _DropOrbaxErrors:
-    """A logging filter: Orbax's background threads log every failed write with a traceback (hundreds of
-    lines when the disk is full); tierax reports the failure itself, naming the last good checkpoint."""
+    """A logging filter: Orbax's background threads log every failed write with a traceback
+    (hundreds of
+    lines when the disk is full); tierax reports the failure itself, naming the last good
+    checkpoint."""
 
     def filter(self, record) -> bool:
         return not ("orbax" in record.pathname and record.levelno >= 40)

@@ -76,12 +76,21 @@ class MeshShape:
             if cfg.family == "llama":
                 dims += [("num_kv_heads", cfg.num_kv_heads), ("mlp_dim", cfg.mlp_dim)]
             else:
-                dims += [("dense_mlp_dim", cfg.dense_mlp_dim), ("expert_mlp_dim", cfg.expert_mlp_dim)]
+                dims += [
+                    ("dense_mlp_dim", cfg.dense_mlp_dim),
+                    ("expert_mlp_dim", cfg.expert_mlp_dim),
+                ]
                 if cfg.num_shared_experts:
-                    dims.append(("num_shared_experts×expert_mlp_dim", cfg.num_shared_experts * cfg.expert_mlp_dim))
+                    dims.append(
+                        (
+                            "num_shared_experts×expert_mlp_dim",
+                            cfg.num_shared_experts * cfg.expert_mlp_dim,
+                        )
+                    )
             problems += [
                 f"{name}={value} is not divisible by tensor={t}"
-                for name, value in dims if value % t
+                for name, value in dims
+                if value % t
             ]
         # A dense model on an expert axis is fine: the axis then splits the batch and weights only.
         if e > 1 and cfg.family == "deepseek":
@@ -89,15 +98,40 @@ class MeshShape:
                 problems.append(f"num_experts={cfg.num_experts} is not divisible by expert={e}")
         if problems:
             fix = "choose tensor/expert sizes that divide them (or move those devices to fsdp/data)"
-            raise TieraxError(f"{where} {self} does not fit {cfg.name}: {'; '.join(problems)}; {fix}")
+            raise TieraxError(
+                f"{where} {self} does not fit {cfg.name}: {'; '.join(problems)}; {fix}"
+            )
+        self._check_fsdp(cfg, where)
+
+    def _check_fsdp(self, cfg, where: str) -> None:
+        """Refuse an FSDP group (:data:`FSDP_AXES`) that does not divide d_model: every weight has
+        that dimension, and the sharding rules leave a weight whole on each device when none of its
+        dimensions divides, so most parameters, gradients and AdamW moments would be replicated."""
+        group = math.prod(getattr(self, a) for a in FSDP_AXES)
+        d = getattr(cfg, "d_model", 0)
+        if group == 1 or not d or d % group == 0:
+            return
+        fits = [
+            g for g in range(1, self.fsdp + 1) if self.fsdp % g == 0 and d % (g * self.expert) == 0
+        ]
+        if fits:  # the largest FSDP size that divides, the rest of fsdp's devices on data
+            works = MeshShape(self.data * self.fsdp // fits[-1], fits[-1], self.tensor, self.expert)
+            fix = f"put the other devices on data, e.g. --mesh {works}"
+        else:
+            fix = "choose sizes whose product divides it"
+        raise TieraxError(
+            f"{where} {self} does not fit {cfg.name}: FSDP shards weights over "
+            f"{'×'.join(FSDP_AXES)} = {group}, which does not divide d_model={d}, so the weights "
+            f"would stay whole on every device; {fix}"
+        )
 
     def check_batch(self, global_batch: int, *, where: str = "batch") -> None:
         """Refuse a global batch that the batch axes (:data:`BATCH_AXES`) do not divide."""
         ways = self.batch_ways
         if global_batch % ways:
             raise TieraxError(
-                f"{where} {global_batch} is not divisible by {'×'.join(BATCH_AXES)} = {ways} (mesh {self}); "
-                f"use a multiple of {ways}"
+                f"{where} {global_batch} is not divisible by {'×'.join(BATCH_AXES)} = {ways} (mesh "
+                f"{self}); use a multiple of {ways}"
             )
 
     def make(self, devices=None):
@@ -161,7 +195,9 @@ def make_mesh(data: int = 1, fsdp: int = 1, devices=None, *, tensor: int = 1, ex
     return MeshShape(data, fsdp, tensor, expert).make(devices)
 
 
-def parse_mesh(text: str | None, devices: int | None = None, *, option: str = "--mesh") -> MeshShape:
+def parse_mesh(
+    text: str | None, devices: int | None = None, *, option: str = "--mesh"
+) -> MeshShape:
     """``data=N,fsdp=N,tensor=N,expert=N`` (any subset, the rest 1) reconciled with ``--devices``.
 
     Without ``text`` the mesh is ``fsdp=devices`` (1 device when both are None).
@@ -179,8 +215,8 @@ def parse_mesh(text: str | None, devices: int | None = None, *, option: str = "-
         key, sep, val = part.strip().partition("=")
         if not sep or key not in AXES or not val.strip().isdigit() or int(val) < 1:
             raise TieraxError(
-                f"{option} {text!r}: expected comma-separated axis=N with axes {', '.join(AXES)} and N ≥ 1, "
-                "e.g. fsdp=16,expert=8"
+                f"{option} {text!r}: expected comma-separated axis=N with axes {', '.join(AXES)} "
+                "and N ≥ 1, e.g. fsdp=16,expert=8"
             )
         if key in sizes:
             raise TieraxError(f"{option} {text!r}: axis {key} is given twice; give each axis once")

@@ -1,20 +1,22 @@
-"""Which mesh axes stay inside one NVLink (ICI) domain, and the bandwidth a collective over each gets.
+"""Which mesh axes stay inside one NVLink (ICI) domain, and the bandwidth a collective over each
+gets.
 
 Devices lie on the mesh as :meth:`tierax.mesh.MeshShape.make` lays them: the device list reshaped to
-(data, fsdp, tensor, expert), so ``expert`` is innermost (contiguous device ids), then ``tensor``, then
-``fsdp``, then ``data``.  Device ``i`` sits in domain ``i // per_domain``, where ``per_domain`` is how
-many of this job's devices share one domain (:func:`devices_per_domain`).
+(data, fsdp, tensor, expert), so ``expert`` is innermost (contiguous device ids), then ``tensor``,
+then ``fsdp``, then ``data``.  Device ``i`` sits in domain ``i // per_domain``, where ``per_domain``
+is how many of this job's devices share one domain (:func:`devices_per_domain`).
 
 A collective over a group of devices that all share a domain runs at the domain's link rate (NVLink,
 or ICI); a group that spans domains runs at the scale-out network's rate per device: a ring over it
 crosses a domain boundary, and that link, one NIC per GPU, is the slowest it crosses (nccl-tests on
 multi-node DGX systems report all-gather bus bandwidth near the NIC line rate).  Hierarchical
-algorithms that send less across the boundary are not modelled: crossing groups are priced pessimistically.
+algorithms that send less across the boundary are not modelled: crossing groups are priced
+pessimistically.
 
 Placement assumption (overridable with ``--rate gpus_per_domain=N``): a job larger than one domain
-spreads evenly over whole domains, as production jobs do (128 GB200s: 64 per NVL72 rack, leaving each
-rack's spare trays; not 72 then 56): the largest divisor of the device count between half a domain and
-a domain; failing that, domains are filled in order.
+spreads evenly over whole domains, as production jobs do (128 GB200s: 64 per NVL72 rack, leaving
+each rack's spare trays; not 72 then 56): the largest divisor of the device count between half a
+domain and a domain; failing that, domains are filled in order.
 """
 
 from __future__ import annotations
@@ -24,31 +26,40 @@ from dataclasses import dataclass
 import numpy as np
 
 from tierax.errors import TieraxError
+from tierax.hardware import TPU_TARGETS
 from tierax.mesh import AXES, FSDP_AXES
 
-# The groups the cost model prices: each mesh axis alone, and the FSDP group (fsdp × expert) over which
-# the non-expert weights are gathered and their gradients reduce-scattered.
+# The groups the cost model prices: each mesh axis alone, and the FSDP group (fsdp × expert) over
+# which the non-expert weights are gathered and their gradients reduce-scattered.
 FSDP_GROUP = "×".join(FSDP_AXES)
 
 
 @dataclass(frozen=True)
 class AxisLink:
-    """One collective group: its axes, devices, whether it leaves a domain, and its per-direction rate."""
+    """One collective group: its axes, devices, whether it leaves a domain, and its per-direction
+    rate."""
 
     axes: tuple[str, ...]
     devices: int
     crosses_domain: bool
     bytes_per_s: float
-    link: str  # "nvlink" (inside one domain; ICI on TPUs), "scale-out", or "none" (a 1-device group)
+    link: str  # "nvlink" (in one GPU domain), "ici" (a TPU pod), "scale-out", "none" (1 device)
     per_domain: int = 0  # the job's devices per domain
 
     def to_json(self) -> dict:
-        return {"axes": list(self.axes), "devices": self.devices, "crosses_domain": self.crosses_domain,
-                "bytes_per_s": self.bytes_per_s, "link": self.link, "devices_per_domain": self.per_domain}
+        return {
+            "axes": list(self.axes),
+            "devices": self.devices,
+            "crosses_domain": self.crosses_domain,
+            "bytes_per_s": self.bytes_per_s,
+            "link": self.link,
+            "devices_per_domain": self.per_domain,
+        }
 
 
 def devices_per_domain(devices: int, domain: int, override: int = 0) -> int:
-    """How many of the job's ``devices`` share one domain of ``domain`` devices (``override`` if > 0).
+    """How many of the job's ``devices`` share one domain of ``domain`` devices (``override`` if >
+    0).
 
     ``domain`` ≤ 0 means unbounded (every device in one domain).
 
@@ -57,8 +68,10 @@ def devices_per_domain(devices: int, domain: int, override: int = 0) -> int:
     """
     if override > 0:
         if domain > 0 and override > domain:
-            raise TieraxError(f"--rate gpus_per_domain={override} is more than the {domain} devices one NVLink "
-                              f"domain holds; give at most {domain} (or raise nvlink_domain)")
+            raise TieraxError(
+                f"--rate gpus_per_domain={override} is more than the {domain} devices one NVLink "
+                f"domain holds; give at most {domain} (or raise nvlink_domain)"
+            )
         return override
     if domain <= 0 or devices <= domain:
         return devices
@@ -71,7 +84,8 @@ def _sizes(mesh: dict) -> tuple[int, ...]:
 
 
 def group_crosses(mesh: dict, axes: tuple[str, ...], per_domain: int) -> bool:
-    """Whether any collective group over ``axes`` holds devices of two domains (device order as ``MeshShape.make``)."""
+    """Whether any collective group over ``axes`` holds devices of two domains (device order as
+    ``MeshShape.make``)."""
     sizes = _sizes(mesh)
     ids = np.arange(int(np.prod(sizes))).reshape(sizes)
     inner = [AXES.index(a) for a in axes]
@@ -82,7 +96,8 @@ def group_crosses(mesh: dict, axes: tuple[str, ...], per_domain: int) -> bool:
 
 
 def group_link(mesh: dict, axes: tuple[str, ...], rates) -> AxisLink:
-    """The link a collective over ``axes`` runs at, given ``rates`` (a :class:`tierax.costmodel.Rates`).
+    """The link a collective over ``axes`` runs at, given ``rates`` (a
+    :class:`tierax.costmodel.Rates`).
 
     Raises:
       TieraxError: the group leaves its domain and the target has no scale-out rate.
@@ -92,34 +107,55 @@ def group_link(mesh: dict, axes: tuple[str, ...], rates) -> AxisLink:
     if n == 1:
         return AxisLink(axes, 1, False, intra, "none")
     devices = int(np.prod(_sizes(mesh)))
-    per = devices_per_domain(devices, getattr(rates, "nvlink_domain_gpus", 0), getattr(rates, "gpus_per_domain", 0))
+    per = devices_per_domain(
+        devices, getattr(rates, "nvlink_domain_gpus", 0), getattr(rates, "gpus_per_domain", 0)
+    )
     if not group_crosses(mesh, axes, per):
-        return AxisLink(axes, n, False, intra, "nvlink", per)
+        kind = "ici" if rates.target in TPU_TARGETS else "nvlink"
+        return AxisLink(axes, n, False, intra, kind, per)
     out = getattr(rates, "scale_out_bytes_per_s", 0.0)
     if out <= 0:
-        raise TieraxError(f"mesh {'×'.join(axes)} ({n} devices) spans NVLink/ICI domains of {per} devices on "
-                          f"target {rates.target!r}, which has no scale-out rate; give one with "
-                          "--rate scale_out=GB/s (per device per direction)")
+        raise TieraxError(
+            f"mesh {'×'.join(axes)} ({n} devices) spans NVLink/ICI domains of {per} devices on "
+            f"target {rates.target!r}, which has no scale-out rate; give one with "
+            "--rate scale_out=GB/s (per device per direction)"
+        )
     return AxisLink(axes, n, True, min(out, intra), "scale-out", per)
 
 
 def axis_links(mesh: dict, rates) -> dict[str, AxisLink]:
-    """Per mesh axis, and for the FSDP group (:data:`FSDP_GROUP`), the link its collectives run at."""
+    """Per mesh axis, and for the FSDP group (:data:`FSDP_GROUP`), the link its collectives run at.
+
+    Raises:
+      TieraxError: ``--rate gpus_per_domain`` larger than a domain, whatever the job's size (a
+        one-device job runs no collective, so :func:`group_link` alone would never look at it).
+    """
+    devices_per_domain(
+        int(np.prod(_sizes(mesh))),
+        getattr(rates, "nvlink_domain_gpus", 0),
+        getattr(rates, "gpus_per_domain", 0),
+    )
     out = {a: group_link(mesh, (a,), rates) for a in AXES}
     out[FSDP_GROUP] = group_link(mesh, FSDP_AXES, rates)
     return out
 
 
 def describe(links: dict[str, AxisLink], rates) -> dict[str, str]:
-    """``rates.sources``-style lines for the groups that run a collective: "interconnect fsdp" → "…"."""
+    """``rates.sources``-style lines for the groups that run a collective: "interconnect fsdp" →
+    "…"."""
     lines = {}
     for name, link in links.items():
         if link.link == "none":
             continue
         src = rates.sources
-        where = ("scale-out: " + src.get("scale_out_bytes_per_s", src.get("scale_out", "network"))) \
-            if link.crosses_domain else src.get("interconnect_bytes_per_s", src.get("interconnect", "NVLink"))
+        where = (
+            ("scale-out: " + src.get("scale_out_bytes_per_s", src.get("scale_out", "network")))
+            if link.crosses_domain
+            else src.get("interconnect_bytes_per_s", src.get("interconnect", "NVLink"))
+        )
         span = "spans domains" if link.crosses_domain else "inside one domain"
-        lines[f"interconnect {name}"] = (f"{link.bytes_per_s / 1e9:g} GB/s per direction over {link.devices} devices, "
-                                         f"{span} of {link.per_domain} ({where})")
+        lines[f"interconnect {name}"] = (
+            f"{link.bytes_per_s / 1e9:g} GB/s per direction over {link.devices} devices, "
+            f"{span} of {link.per_domain} ({where})"
+        )
     return lines

@@ -33,7 +33,9 @@ from tierax.mesh import MeshShape
 @dataclass(frozen=True)
 class Iteration:
     iteration: int
-    budget_bytes: int  # what the planner was given (the device budget less the workspace correction)
+    budget_bytes: (
+        int  # what the planner was given (the device budget less the workspace correction)
+    )
     workspace_correction_bytes: int  # added to the model's workspace term for this solve
     predicted_peak_bytes: int  # the corrected model's peak for the chosen plan
     xla_peak_bytes: int
@@ -61,44 +63,83 @@ class CheckResult:
     tolerance: float
 
     def to_json(self) -> dict:
-        return {"plan": self.result.to_json(), "iterations": [i.to_json() for i in self.iterations],
-                "converged": self.converged, "tolerance": self.tolerance}
+        return {
+            "plan": self.result.to_json(),
+            "iterations": [i.to_json() for i in self.iterations],
+            "converged": self.converged,
+            "tolerance": self.tolerance,
+        }
 
 
-def check(cfg, mesh: MeshShape, rates, target: str, *, microbatch: int, seq: int, schedule: str = "lhs",
-          budget_bytes: float | None = None, host_budget_bytes: float | None = None, segments: bool = False,
-          max_iterations: int = 4, tolerance: float = 0.05,
-          report: Callable[[Iteration], None] | None = None) -> CheckResult:
-    """Plan, compile, correct the workspace term and re-plan until the compiled plan fits and agrees."""
+def check(
+    cfg,
+    mesh: MeshShape,
+    rates,
+    target: str,
+    *,
+    microbatch: int,
+    seq: int,
+    schedule: str = "lhs",
+    budget_bytes: float | None = None,
+    host_budget_bytes: float | None = None,
+    segments: bool = False,
+    max_iterations: int = 4,
+    tolerance: float = 0.05,
+    report: Callable[[Iteration], None] | None = None,
+) -> CheckResult:
+    """Plan, compile, correct the workspace term and re-plan until the compiled plan fits and
+    agrees."""
     budget, host_budget = planner.budgets(rates, budget_bytes, host_budget_bytes)
     inv = inv_lib.model_inventory(cfg, microbatch, seq, mesh.to_dict())
     correction, steps = 0, []
     result = None
     for it in range(1, max_iterations + 1):
         try:
-            result = planner.plan(cfg, inv, rates, schedule=schedule, budget_bytes=budget - correction,
-                                  host_budget_bytes=host_budget, segments=segments)
+            result = planner.plan(
+                cfg,
+                inv,
+                rates,
+                schedule=schedule,
+                budget_bytes=budget - correction,
+                host_budget_bytes=host_budget,
+                segments=segments,
+            )
         except planner.NoPlanFits as e:
             if it == 1:
                 raise
             raise planner.NoPlanFits(
-                f"after compile {it - 1}, XLA needs {correction / 2**30:.2f} GiB more than the model predicts; with "
-                f"that workspace, {e}") from None
-        compiled, _ = compile_lib.compile_for_target(cfg, result.plan, target, microbatch=microbatch, seq=seq,
-                                                     mesh=mesh)
+                f"after compile {it - 1}, XLA needs {correction / 2**30:.2f} GiB more than the "
+                f"model predicts; with that workspace, {e}"
+            ) from None
+        compiled, _ = compile_lib.compile_for_target(
+            cfg, result.plan, target, microbatch=microbatch, seq=seq, mesh=mesh
+        )
         b = result.predicted.breakdown
-        fits = compiled.fits and compiled.device_peak_bytes <= budget  # the device, and the budget asked for
-        step = Iteration(it, int(budget - correction), correction, result.predicted.peak_device_bytes + correction,
-                         compiled.device_peak_bytes, fits, b["exposed_d2h_s"] + b["exposed_h2d_s"],
-                         compiled.overlap.get("est_exposed_s", 0.0), result.predicted.step_time_s,
-                         result.predicted.host_bytes, compiled.host_temp_bytes, compiled.compile_time_s)
+        fits = (
+            compiled.fits and compiled.device_peak_bytes <= budget
+        )  # the device, and the budget asked for
+        step = Iteration(
+            it,
+            int(budget - correction),
+            correction,
+            result.predicted.peak_device_bytes + correction,
+            compiled.device_peak_bytes,
+            fits,
+            b["exposed_d2h_s"] + b["exposed_h2d_s"],
+            compiled.overlap.get("est_exposed_s", 0.0),
+            result.predicted.step_time_s,
+            result.predicted.host_bytes,
+            compiled.host_temp_bytes,
+            compiled.compile_time_s,
+        )
         steps.append(step)
         if report:
             report(step)
         if fits and abs(step.peak_error) <= tolerance:
             return CheckResult(result, tuple(steps), True, tolerance)
-        # XLA's peak minus the model's raw peak for this plan: the workspace the model does not see.  The
-        # largest miss seen so far: a budget that only shrinks, so the loop cannot cycle between plans.
+        # XLA's peak minus the model's raw peak for this plan: the workspace the model does not see.
+        # The largest miss seen so far: a budget that only shrinks, so the loop cannot cycle between
+        # plans.
         miss = compiled.device_peak_bytes - result.predicted.peak_device_bytes
         correction = miss if it == 1 else max(correction, miss)
     return CheckResult(result, tuple(steps), False, tolerance)

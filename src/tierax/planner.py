@@ -20,16 +20,17 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from tierax import costmodel as cm
-from tierax.costmodel import transposes
 from tierax import hardware
 from tierax import inventory as inv_lib
 from tierax import names as N
+from tierax.costmodel import transposes
 from tierax.errors import TieraxError
 from tierax.plan import DEFAULT_MECHANISM, GroupPlan, Placement, Plan, Segment, segment_name
 
@@ -63,29 +64,49 @@ class PlanResult:
 
     def to_json(self) -> dict:
         return {
-            "plan": self.plan.to_dict(), "predicted": self.predicted.to_json(),
-            "explain": [e.to_json() for e in self.explain], "budget_bytes": self.budget_bytes,
-            "host_budget_bytes": self.host_budget_bytes, "microbatch": self.microbatch,
+            "plan": self.plan.to_dict(),
+            "predicted": self.predicted.to_json(),
+            "explain": [e.to_json() for e in self.explain],
+            "budget_bytes": self.budget_bytes,
+            "host_budget_bytes": self.host_budget_bytes,
+            "microbatch": self.microbatch,
         }
 
 
-def budgets(rates: cm.Rates, budget_bytes: float | None, host_budget_bytes: float | None) -> tuple[int, int]:
-    dev = budget_bytes if budget_bytes is not None else rates.device_memory_bytes * (1 - DEFAULT_RESERVE_FRACTION)
+def budgets(
+    rates: cm.Rates, budget_bytes: float | None, host_budget_bytes: float | None
+) -> tuple[int, int]:
+    dev = (
+        budget_bytes
+        if budget_bytes is not None
+        else rates.device_memory_bytes * (1 - DEFAULT_RESERVE_FRACTION)
+    )
     host = host_budget_bytes if host_budget_bytes is not None else rates.host_memory_bytes
-    if dev <= 0 or host < 0:
-        raise TieraxError("budgets must be positive")
+    if not (math.isfinite(dev) and dev > 0 and math.isfinite(host) and host >= 0):
+        raise TieraxError(
+            f"device budget {dev!r} / host budget {host!r} bytes: give a finite "
+            "device budget > 0 and a finite host budget ≥ 0"
+        )
     return int(dev), int(host)
 
 
-def _solve(inv, cfg, rates, schedule, budget, host_budget, one_placement_per_name: bool = False,
-           mechanism: str = DEFAULT_MECHANISM) -> dict | None:
+def _solve(
+    inv,
+    cfg,
+    rates,
+    schedule,
+    budget,
+    host_budget,
+    one_placement_per_name: bool = False,
+    mechanism: str = DEFAULT_MECHANISM,
+) -> dict | None:
     items = cm.item_terms(inv, rates, mechanism)
     groups = cm.group_terms(inv, rates, schedule, mechanism)
     fx = cm.fixed_terms(inv, cfg, rates, schedule)
     n, G = len(items), len(groups)
     gidx = {g.name: k for k, g in enumerate(groups)}
     # Variable layout: [d_0..d_n, o_0..o_n, r_0..r_n, z_0..z_G, e_d2h_0..G, e_h2d_0..G, s]
-    D, O, R, Z, ED, EH, S = 0, n, 2 * n, 3 * n, 3 * n + G, 3 * n + 2 * G, 3 * n + 3 * G
+    D, O, R, Z, ED, EH, S = 0, n, 2 * n, 3 * n, 3 * n + G, 3 * n + 2 * G, 3 * n + 3 * G  # noqa: E741
     nv = S + 1
     scale = 1.0 / max(fx.compute_s, 1e-30)  # objective in units of the step's compute time
     total_bytes = max(1, sum(i.bytes for i in items))
@@ -96,8 +117,8 @@ def _solve(inv, cfg, rates, schedule, budget, host_budget, one_placement_per_nam
         c[O + k] = 1e-9 * it.bytes / total_bytes  # tie-break: do not use the link for nothing
     for g in groups:
         c[Z + gidx[g.name]] = -g.base_recompute_s * scale
-    c[ED:ED + G] = 1.0
-    c[EH:EH + G] = 1.0
+    c[ED : ED + G] = 1.0
+    c[EH : EH + G] = 1.0
     if rates.first_touch_bytes_per_s:
         # CPU: every byte of the peak but the donated state is faulted in once per step
         # (tierax.costmodel.first_touch); the peak is linear in these variables.  Temporaries
@@ -139,12 +160,23 @@ def _solve(inv, cfg, rates, schedule, budget, host_budget, one_placement_per_nam
         for k in mine:
             add({zg: 1, D + k: -1}, -np.inf, 0)  # z_g ≤ d_k
         add({zg: 1, **{D + k: -1 for k in mine}}, 1 - len(mine), np.inf)  # z_g ≥ Σd − (n−1)
-        # Exposed times in units of the compute time, bytes in units of all items' bytes: with raw seconds and
-        # bytes (1e-3 next to 1e9) HiGHS reported non-optimal plans as optimal.
-        add({ED + gidx[g.name]: 1, **{O + k: -items[k].d2h_s * scale for k in mine}}, -g.d2h_window_s * scale, np.inf)
-        add({EH + gidx[g.name]: 1, **{O + k: -items[k].h2d_s * scale for k in mine}}, -g.h2d_window_s * scale, np.inf)
-        add({S: 1, **{O + k: -staged * items[k].bytes_per_layer / total_bytes for k in mine}},
-            0, np.inf)
+        # Exposed times in units of the compute time, bytes in units of all items' bytes: with raw
+        # seconds and bytes (1e-3 next to 1e9) HiGHS reported non-optimal plans as optimal.
+        add(
+            {ED + gidx[g.name]: 1, **{O + k: -items[k].d2h_s * scale for k in mine}},
+            -g.d2h_window_s * scale,
+            np.inf,
+        )
+        add(
+            {EH + gidx[g.name]: 1, **{O + k: -items[k].h2d_s * scale for k in mine}},
+            -g.h2d_window_s * scale,
+            np.inf,
+        )
+        add(
+            {S: 1, **{O + k: -staged * items[k].bytes_per_layer / total_bytes for k in mine}},
+            0,
+            np.inf,
+        )
     if one_placement_per_name:
         first: dict[str, int] = {}
         for k, it in enumerate(items):
@@ -152,61 +184,95 @@ def _solve(inv, cfg, rates, schedule, budget, host_budget, one_placement_per_nam
             if j != k:  # same name, another group: same placement
                 add({D + k: 1, D + j: -1}, 0, 0)
                 add({O + k: 1, O + j: -1}, 0, 0)
-    fixed_bytes = fx.fixed_bytes + sum(g.base_bytes for g in groups)  # the larger of the loss and layer phases
+    fixed_bytes = fx.fixed_bytes + sum(
+        g.base_bytes for g in groups
+    )  # the larger of the loss and layer phases
     mem = {D + k: it.bytes / total_bytes for k, it in enumerate(items)}
     mem.update({Z + gidx[g.name]: g.save_all_extra_bytes / total_bytes for g in groups})
     mem[S] = 1
     add(mem, -np.inf, (budget - fixed_bytes) / total_bytes)
-    add({O + k: it.bytes / total_bytes for k, it in enumerate(items)}, -np.inf, host_budget / total_bytes)
+    add(
+        {O + k: it.bytes / total_bytes for k, it in enumerate(items)},
+        -np.inf,
+        host_budget / total_bytes,
+    )
 
     ub = np.full(nv, np.inf)
     ub[:S] = 1
     ub[ED:S] = np.inf
     if not rates.offload_is_real:
-        ub[O:O + n] = 0
+        ub[O : O + n] = 0
     integrality = np.zeros(nv)
     integrality[:ED] = 1
-    res = milp(c, constraints=LinearConstraint(np.array(rows), lo, hi), integrality=integrality,
-               bounds=Bounds(np.zeros(nv), ub), options={"mip_rel_gap": 0.0, "presolve": True})
+    res = milp(
+        c,
+        constraints=LinearConstraint(np.array(rows), lo, hi),
+        integrality=integrality,
+        bounds=Bounds(np.zeros(nv), ub),
+        options={"mip_rel_gap": 0.0, "presolve": True},
+    )
     if res.status != 0 or res.x is None:
         return None
     x = np.round(res.x).astype(int)
     out = {}
     for k, it in enumerate(items):
-        out[(it.group, it.name)] = Placement.DEVICE if x[D + k] else Placement.OFFLOAD if x[O + k] else Placement.REMAT
+        out[(it.group, it.name)] = (
+            Placement.DEVICE if x[D + k] else Placement.OFFLOAD if x[O + k] else Placement.REMAT
+        )
     return out
 
 
-def placements_to_plan(placements: dict, cfg, name: str, description: str, mechanism: str = DEFAULT_MECHANISM,
-                       splits: dict[str, int] | None = None) -> Plan:
+def placements_to_plan(
+    placements: dict,
+    cfg,
+    name: str,
+    description: str,
+    mechanism: str = DEFAULT_MECHANISM,
+    splits: dict[str, int] | None = None,
+) -> Plan:
     """A Plan from solved placements; a group in ``splits`` (group → first layer of its second
     segment) gets two segments, each listing every name (placements keyed by segment name)."""
     groups = {}
     for g in cfg.layer_groups():
-        lin = {N.DECODER_LAYER_INPUT: Placement.DEVICE} if N.DECODER_LAYER_INPUT in g.activations else {}
+        lin = (
+            {N.DECODER_LAYER_INPUT: Placement.DEVICE}
+            if N.DECODER_LAYER_INPUT in g.activations
+            else {}
+        )
         k = (splits or {}).get(g.name)
         if k is None:
-            groups[g.name] = GroupPlan(lin | {n: p for (gn, n), p in placements.items() if gn == g.name}, Placement.REMAT)
+            groups[g.name] = GroupPlan(
+                lin | {n: p for (gn, n), p in placements.items() if gn == g.name}, Placement.REMAT
+            )
             continue
-        segs = tuple(Segment(a, b, {n: p for (gn, n), p in placements.items() if gn == segment_name(g.name, a, b)})
-                     for a, b in ((0, k), (k, g.num_layers)))
+        segs = tuple(
+            Segment(
+                a,
+                b,
+                {n: p for (gn, n), p in placements.items() if gn == segment_name(g.name, a, b)},
+            )
+            for a, b in ((0, k), (k, g.num_layers))
+        )
         groups[g.name] = GroupPlan(lin, Placement.REMAT, segs)
     return Plan(name, groups, description, mechanism)
 
 
 def _best_split(unsplit: dict | None, inv, cfg, rates, schedule, budget, host_budget, mechanism):
-    """(placements, the inventory they are keyed by, splits) of the fastest plan over every combination of
+    """(placements, the inventory they are keyed by, splits) of the fastest plan over every
+    combination of
     one split point (or none) per group; ties keep fewer splits."""
+
     def seconds(placements, solved):
         return cm.evaluate(placements, solved, cfg, rates, schedule, mechanism).step_time_s
 
     best = (unsplit, inv, {}, seconds(unsplit, inv) if unsplit is not None else float("inf"))
-    # Segments of one layer are not offered: XLA drops the host round trip of a value stored and loaded
-    # without a loop between (seen in deviceless compiles, both mechanisms), so their offload would be a no-op.
+    # Segments of one layer are not offered: XLA drops the host round trip of a value stored and
+    # loaded without a loop between (seen in deviceless compiles, both mechanisms), so their offload
+    # would be a no-op.
     choices = [[None, *range(2, g.num_layers - 1)] for g in cfg.layer_groups()]
     names = [g.name for g in cfg.layer_groups()]
     for combo in itertools.product(*choices):
-        splits = {g: k for g, k in zip(names, combo) if k is not None}
+        splits = {g: k for g, k in zip(names, combo, strict=False) if k is not None}
         if not splits:
             continue
         skeleton = placements_to_plan({}, cfg, "split", "", mechanism, splits)
@@ -224,9 +290,19 @@ def _exposed(items, g) -> float:
     return max(0.0, d2h - g.d2h_window_s) + max(0.0, h2d - g.h2d_window_s)
 
 
-def _explain(placements, inv, cfg, rates, schedule, pred: cm.Prediction, budget, host_budget,
-             mechanism: str = DEFAULT_MECHANISM) -> tuple[Explanation, ...]:
-    """Why each choice: its own costs, and what the alternatives would have cost given the rest of the plan."""
+def _explain(
+    placements,
+    inv,
+    cfg,
+    rates,
+    schedule,
+    pred: cm.Prediction,
+    budget,
+    host_budget,
+    mechanism: str = DEFAULT_MECHANISM,
+) -> tuple[Explanation, ...]:
+    """Why each choice: its own costs, and what the alternatives would have cost given the rest of
+    the plan."""
     items = cm.item_terms(inv, rates, mechanism)
     groups = {g.name: g for g in cm.group_terms(inv, rates, schedule, mechanism)}
     slack = budget - pred.peak_device_bytes
@@ -236,7 +312,11 @@ def _explain(placements, inv, cfg, rates, schedule, pred: cm.Prediction, budget,
     for it in items:
         p = placements[(it.group, it.name)]
         g = groups[it.group]
-        off = [i for i in items if i.group == it.group and placements[(i.group, i.name)] is Placement.OFFLOAD]
+        off = [
+            i
+            for i in items
+            if i.group == it.group and placements[(i.group, i.name)] is Placement.OFFLOAD
+        ]
         others = [i for i in off if i is not it]
         # Exposed time this item's transfers add to (or would add to) its group's transfers.
         marginal = _exposed(others + [it], g) - _exposed(others, g)
@@ -244,30 +324,66 @@ def _explain(placements, inv, cfg, rates, schedule, pred: cm.Prediction, budget,
         total = sum(i.d2h_s + i.h2d_s for i in with_it)
         hidden = 1.0 - _exposed(with_it, g) / total if total > 0 else 1.0
         if p is Placement.DEVICE:
-            why = (f"kept: {gib(it.bytes)} fits the budget ({gib(slack)} to spare); remat would cost "
-                   f"{ms(it.recompute_s)}, offload {ms(marginal)} exposed")
+            why = (
+                f"kept: {gib(it.bytes)} fits the budget ({gib(slack)} to spare); remat would cost "
+                f"{ms(it.recompute_s)}, offload {ms(marginal)} exposed"
+            )
         elif p is Placement.REMAT:
             if it.recompute_s == 0:
                 why = "recompute is free: not needed by the backward pass, or recomputed anyway"
             elif not rates.offload_is_real:
-                why = (f"recomputed for {ms(it.recompute_s)} to free {gib(it.bytes)}; offloading is a no-op on "
-                       "this backend")
+                why = (
+                    f"recomputed for {ms(it.recompute_s)} to free {gib(it.bytes)}; offloading is a "
+                    "no-op on this backend"
+                )
             elif pred.host_bytes + it.bytes > host_budget:
-                why = (f"recomputed for {ms(it.recompute_s)} to free {gib(it.bytes)}; host memory has no room "
-                       f"({gib(host_budget - pred.host_bytes)} left)")
+                why = (
+                    f"recomputed for {ms(it.recompute_s)} to free {gib(it.bytes)}; host memory has "
+                    f"no room ({gib(host_budget - pred.host_bytes)} left)"
+                )
             else:
-                why = (f"recomputed for {ms(it.recompute_s)} to free {gib(it.bytes)}: offloading it too would expose "
-                       f"{ms(marginal)} more transfer time (the link is the limit)")
+                why = (
+                    f"recomputed for {ms(it.recompute_s)} to free {gib(it.bytes)}: offloading it "
+                    f"too would expose {ms(marginal)} more transfer time (the link is the limit)"
+                )
         else:
-            why = (f"offloaded: {hidden:.0%} of the group's transfers hide under compute, {ms(marginal)} exposed "
-                   f"by this one, vs {ms(it.recompute_s)} to recompute; frees {gib(it.bytes)} of device memory")
-        out.append(Explanation(it.group, it.name, it.bytes, it.recompute_s, it.d2h_s + it.h2d_s, hidden,
-                               p.value, why))
+            why = (
+                f"offloaded: {hidden:.0%} of the group's transfers hide under compute, "
+                f"{ms(marginal)} exposed by this one, vs {ms(it.recompute_s)} to recompute; frees "
+                f"{gib(it.bytes)} of device memory"
+            )
+        out.append(
+            Explanation(
+                it.group,
+                it.name,
+                it.bytes,
+                it.recompute_s,
+                it.d2h_s + it.h2d_s,
+                hidden,
+                p.value,
+                why,
+            )
+        )
     return tuple(out)
 
 
 class NoPlanFits(TieraxError):
     """No placement of the activations fits the budgets (the message gives the floor)."""
+
+
+# What a NoPlanFits message suggests, in the caller's terms (the Python API passes its own).
+CLI_REMEDIES = (
+    "Use a smaller --microbatch or --seq, more devices (--devices/--mesh), a larger "
+    "--budget-gib, or --max-microbatch"
+)
+
+
+def size_text(n: float) -> str:
+    """Bytes in the largest unit that keeps them ≥ 1 (a tiny model's floor is not "0.0 GiB")."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
 
 
 def plan(
@@ -282,67 +398,109 @@ def plan(
     one_placement_per_name: bool = False,
     mechanism: str = DEFAULT_MECHANISM,
     segments: bool = False,
+    remedies: str | None = None,
 ) -> PlanResult:
-    """The fastest predicted plan within the budgets (``one_placement_per_name``: the same across groups),
-    for the offload ``mechanism`` the returned plan runs with.  ``segments``: also consider splitting
-    each layer group at one layer boundary into two runs of layers with their own placements — every
-    split point of every group (all combinations), each solved exactly; the fastest plan wins (an
-    unsplit plan on ties).
+    """The fastest predicted plan within the budgets (``one_placement_per_name``: the same across
+    groups),
+    for the offload ``mechanism`` the returned plan runs with.  ``segments``: also consider
+    splitting each layer group at one layer boundary into two runs of layers with their own
+    placements — every split point of every group (all combinations), each solved exactly; the
+    fastest plan wins (an unsplit plan on ties).  ``remedies``: what a NoPlanFits message suggests
+    (default: CLI options).
 
     Raises:
       TieraxError: no placement fits (the message gives the smallest peak possible).
     """
     if schedule not in cm.SCHEDULES:
-        raise TieraxError(f"unknown schedule {schedule!r}; choose one of: {', '.join(cm.SCHEDULES)}")
+        raise TieraxError(
+            f"unknown schedule {schedule!r}; choose one of: {', '.join(cm.SCHEDULES)}"
+        )
     budget, host_budget = budgets(rates, budget_bytes, host_budget_bytes)
     solved_inv, splits = inv, {}
-    placements = _solve(inv, cfg, rates, schedule, budget, host_budget, one_placement_per_name, mechanism)
+    placements = _solve(
+        inv, cfg, rates, schedule, budget, host_budget, one_placement_per_name, mechanism
+    )
     if segments and not one_placement_per_name:
-        placements, solved_inv, splits = _best_split(placements, inv, cfg, rates, schedule, budget, host_budget,
-                                                     mechanism)
+        placements, solved_inv, splits = _best_split(
+            placements, inv, cfg, rates, schedule, budget, host_budget, mechanism
+        )
     if placements is None:
         everything_remat = {(i.group, i.name): Placement.REMAT for i in cm.item_terms(inv, rates)}
         floor = cm.evaluate(everything_remat, inv, cfg, rates, schedule, mechanism)
         b = floor.breakdown
-        gib = lambda n: f"{n / 2**30:.1f}"  # noqa: E731
+        # A custom model's inventory is at the shapes its caller traced, not at a microbatch × seq.
+        at = "" if cfg.family == "custom" else f" at microbatch {inv.microbatch} × seq {inv.seq}"
         raise NoPlanFits(
-            f"no plan fits {cfg.name} at microbatch {inv.microbatch} × seq {inv.seq} in a device budget of "
-            f"{budget / 2**30:.2f} GiB: recomputing everything still needs {gib(floor.peak_device_bytes)} GiB "
-            f"(params+grads+AdamW {gib(b['state_bytes'])}, layer inputs {gib(b['activation_bytes'])}, one layer's "
-            f"workspace {gib(b['workspace_bytes'])}, logits {gib(b['logits_bytes'])}). Use a smaller --microbatch "
-            "or --seq, more devices (--devices/--mesh), a larger --budget-gib, or --max-microbatch"
+            f"no plan fits {cfg.name}{at} in a device budget of {size_text(budget)}: recomputing "
+            f"everything still needs {size_text(floor.peak_device_bytes)} (params+grads+AdamW "
+            f"{size_text(b['state_bytes'])}, layer inputs {size_text(b['activation_bytes'])}, one "
+            f"layer's workspace {size_text(b['workspace_bytes'])}, logits "
+            f"{size_text(b['logits_bytes'])}). " + (remedies or CLI_REMEDIES)
         )
-    desc = f"planned for {rates.target}, schedule {schedule}, device budget {budget / 2**30:.1f} GiB"
+    desc = (
+        f"planned for {rates.target}, schedule {schedule}, device budget {budget / 2**30:.1f} GiB"
+    )
     p = placements_to_plan(placements, cfg, name, desc, mechanism, splits)
     pred = cm.simulate(p, inv, cfg, rates, schedule)
-    why = _explain(placements, solved_inv, cfg, rates, schedule, pred, budget, host_budget, mechanism)
-    return PlanResult(p, pred, why, budget, host_budget,
-                      inv.microbatch)
+    why = _explain(
+        placements, solved_inv, cfg, rates, schedule, pred, budget, host_budget, mechanism
+    )
+    return PlanResult(p, pred, why, budget, host_budget, inv.microbatch)
 
 
 def _scaled(inv1: inv_lib.Inventory, inv2: inv_lib.Inventory, mb: int) -> inv_lib.Inventory:
-    """Inventory at microbatch ``mb`` by linear extrapolation from microbatch 1 and 2 (activations ∝ batch)."""
+    """Inventory at microbatch ``mb`` by linear extrapolation from microbatch 1 and 2 (activations ∝
+    batch)."""
 
     def lin(a, b):
-        return type(a)(round(a + (b - a) * (mb - 1))) if isinstance(a, int) else a + (b - a) * (mb - 1)
+        return (
+            type(a)(round(a + (b - a) * (mb - 1))) if isinstance(a, int) else a + (b - a) * (mb - 1)
+        )
 
     groups = []
-    for g1, g2 in zip(inv1.groups, inv2.groups):
-        acts = tuple(dataclasses.replace(a1, bytes_per_layer=lin(a1.bytes_per_layer, a2.bytes_per_layer),
-                                         recompute_flops_per_layer=lin(a1.recompute_flops_per_layer, a2.recompute_flops_per_layer))
-                     for a1, a2 in zip(g1.activations, g2.activations))
-        groups.append(dataclasses.replace(
-            g1, activations=acts,
-            carry_bytes_per_layer=lin(g1.carry_bytes_per_layer, g2.carry_bytes_per_layer),
-            save_all_bytes_per_layer=lin(g1.save_all_bytes_per_layer, g2.save_all_bytes_per_layer),
-            base_recompute_flops_per_layer=lin(g1.base_recompute_flops_per_layer, g2.base_recompute_flops_per_layer),
-            forward_flops_per_layer=lin(g1.forward_flops_per_layer, g2.forward_flops_per_layer)))
-    return dataclasses.replace(inv1, microbatch=mb, groups=tuple(groups), logits_bytes=inv1.logits_bytes * mb)
+    for g1, g2 in zip(inv1.groups, inv2.groups, strict=False):
+        acts = tuple(
+            dataclasses.replace(
+                a1,
+                bytes_per_layer=lin(a1.bytes_per_layer, a2.bytes_per_layer),
+                recompute_flops_per_layer=lin(
+                    a1.recompute_flops_per_layer, a2.recompute_flops_per_layer
+                ),
+            )
+            for a1, a2 in zip(g1.activations, g2.activations, strict=False)
+        )
+        groups.append(
+            dataclasses.replace(
+                g1,
+                activations=acts,
+                carry_bytes_per_layer=lin(g1.carry_bytes_per_layer, g2.carry_bytes_per_layer),
+                save_all_bytes_per_layer=lin(
+                    g1.save_all_bytes_per_layer, g2.save_all_bytes_per_layer
+                ),
+                base_recompute_flops_per_layer=lin(
+                    g1.base_recompute_flops_per_layer, g2.base_recompute_flops_per_layer
+                ),
+                forward_flops_per_layer=lin(g1.forward_flops_per_layer, g2.forward_flops_per_layer),
+            )
+        )
+    return dataclasses.replace(
+        inv1, microbatch=mb, groups=tuple(groups), logits_bytes=inv1.logits_bytes * mb
+    )
 
 
-def max_microbatch(cfg, seq: int, mesh: dict, rates: cm.Rates, *, schedule: str = "lhs",
-                   budget_bytes=None, host_budget_bytes=None, limit: int = 4096,
-                   one_placement_per_name: bool = False, mechanism: str = DEFAULT_MECHANISM) -> PlanResult:
+def max_microbatch(
+    cfg,
+    seq: int,
+    mesh: dict,
+    rates: cm.Rates,
+    *,
+    schedule: str = "lhs",
+    budget_bytes=None,
+    host_budget_bytes=None,
+    limit: int = 4096,
+    one_placement_per_name: bool = False,
+    mechanism: str = DEFAULT_MECHANISM,
+) -> PlanResult:
     """The largest per-device microbatch any plan fits, and the best plan for it."""
     inv1 = inv_lib.model_inventory(cfg, 1, seq, mesh)
     inv2 = inv_lib.model_inventory(cfg, 2, seq, mesh)
@@ -350,11 +508,24 @@ def max_microbatch(cfg, seq: int, mesh: dict, rates: cm.Rates, *, schedule: str 
 
     def fits(mb: int) -> bool:
         inv = inv1 if mb == 1 else inv2 if mb == 2 else _scaled(inv1, inv2, mb)
-        return _solve(inv, cfg, rates, schedule, budget, host_budget, one_placement_per_name, mechanism) is not None
+        return (
+            _solve(
+                inv, cfg, rates, schedule, budget, host_budget, one_placement_per_name, mechanism
+            )
+            is not None
+        )
 
     if not fits(1):
-        return plan(cfg, inv1, rates, schedule=schedule, budget_bytes=budget, host_budget_bytes=host_budget,
-                    one_placement_per_name=one_placement_per_name, mechanism=mechanism)
+        return plan(
+            cfg,
+            inv1,
+            rates,
+            schedule=schedule,
+            budget_bytes=budget,
+            host_budget_bytes=host_budget,
+            one_placement_per_name=one_placement_per_name,
+            mechanism=mechanism,
+        )
     lo, hi = 1, 2
     while hi <= limit and fits(hi):
         lo, hi = hi, hi * 2
@@ -363,12 +534,32 @@ def max_microbatch(cfg, seq: int, mesh: dict, rates: cm.Rates, *, schedule: str 
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     exact = inv_lib.model_inventory(cfg, lo, seq, mesh)
-    while lo > 1:  # the extrapolation is approximate for MoE capacity rounding: confirm on the real trace
+    while (
+        lo > 1
+    ):  # the extrapolation is approximate for MoE capacity rounding: confirm on the real trace
         try:
-            return plan(cfg, exact, rates, schedule=schedule, budget_bytes=budget, host_budget_bytes=host_budget,
-                        name=f"planned-mb{lo}", one_placement_per_name=one_placement_per_name, mechanism=mechanism)
+            return plan(
+                cfg,
+                exact,
+                rates,
+                schedule=schedule,
+                budget_bytes=budget,
+                host_budget_bytes=host_budget,
+                name=f"planned-mb{lo}",
+                one_placement_per_name=one_placement_per_name,
+                mechanism=mechanism,
+            )
         except TieraxError:
             lo -= 1
             exact = inv_lib.model_inventory(cfg, lo, seq, mesh)
-    return plan(cfg, exact, rates, schedule=schedule, budget_bytes=budget, host_budget_bytes=host_budget,
-                name="planned-mb1", one_placement_per_name=one_placement_per_name, mechanism=mechanism)
+    return plan(
+        cfg,
+        exact,
+        rates,
+        schedule=schedule,
+        budget_bytes=budget,
+        host_budget_bytes=host_budget,
+        name="planned-mb1",
+        one_placement_per_name=one_placement_per_name,
+        mechanism=mechanism,
+    )

@@ -68,6 +68,27 @@ def write_record(path: str | os.PathLike, doc: dict) -> pathlib.Path:
     return write_text_atomic(path, json.dumps(doc, indent=2) + "\n")
 
 
+def check_replaceable(path: pathlib.Path, schema: str, why: str) -> pathlib.Path:
+    """Refuse to replace ``path`` unless it is absent or a record of ``schema`` (what an earlier run
+    of the same command wrote there): an output the user did not name is not theirs to lose.
+
+    Raises:
+      TieraxError: ``path`` exists and is anything else (``why`` says how it came to be the target).
+    """
+    if not path.exists():
+        return path
+    try:
+        found = json.loads(path.read_text(encoding="utf-8")).get("schema")
+    except (OSError, ValueError, AttributeError):
+        found = None
+    if found != schema:
+        raise TieraxError(
+            f"{why} {str(path)!r} exists and is not a {schema} record; it is not "
+            "replaced: move it, or give --out another name"
+        )
+    return path
+
+
 def load_record(path: str | os.PathLike, schemas: Sequence[str], *, hint: str) -> dict:
     """Read a JSON record and check its schema.
 
@@ -87,8 +108,10 @@ def load_record(path: str | os.PathLike, schemas: Sequence[str], *, hint: str) -
         raise TieraxError(f"results file {str(p)!r} is not JSON ({e}); {hint}") from None
     schema = doc.get("schema") if isinstance(doc, dict) else None
     if schema not in schemas:
-        raise TieraxError(f"results file {str(p)!r} has schema {schema!r}; this tierax reads "
-                          f"{' and '.join(schemas)}. {hint}")
+        raise TieraxError(
+            f"results file {str(p)!r} has schema {schema!r}; this tierax reads "
+            f"{' and '.join(schemas)}. {hint}"
+        )
     return doc
 
 

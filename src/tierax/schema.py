@@ -1,4 +1,5 @@
-"""The one typed config loader: frozen dataclasses are the schema, YAML/CLI values are checked against them.
+"""The one typed config loader: frozen dataclasses are the schema, YAML/CLI values are checked
+against them.
 
 Model configs (:mod:`tierax.models.config`) and training configs
 (:mod:`tierax.train.config`) both read their fields through these functions, so
@@ -39,7 +40,8 @@ def field_types(cls: type) -> dict[str, tuple[type, bool]]:
 
 
 def coerce(key: str, value: Any, expected: type, where: str) -> Any:
-    """``value`` checked against the annotation ``expected`` (ints widen to float; NaN/inf refused)."""
+    """``value`` checked against the annotation ``expected`` (ints widen to float; NaN/inf
+    refused)."""
     if expected is float:
         number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -57,8 +59,8 @@ def coerce(key: str, value: Any, expected: type, where: str) -> Any:
     elif isinstance(value, expected):  # bool, str
         return value
     raise TieraxError(
-        f"{where}: {key} expects {expected.__name__} ({_EXPECTED.get(expected, expected.__name__)}), "
-        f"got {value!r} ({type(value).__name__})"
+        f"{where}: {key} expects {expected.__name__} "
+        f"({_EXPECTED.get(expected, expected.__name__)}), got {value!r} ({type(value).__name__})"
     )
 
 
@@ -70,7 +72,9 @@ def scalar(key: str, value: Any, expected: tuple[type, bool], where: str) -> Any
             return None
         raise TieraxError(f"{where}: {key} must not be null")
     if isinstance(value, (Mapping, list)):
-        raise TieraxError(f"{where}: {key} expects a single {typ.__name__}, got {type(value).__name__} {value!r}")
+        raise TieraxError(
+            f"{where}: {key} expects a single {typ.__name__}, got {type(value).__name__} {value!r}"
+        )
     return coerce(key, value, typ, where)
 
 
@@ -79,12 +83,16 @@ def did_you_mean(key: Any, valid: Sequence[str], prefix: str = "") -> str:
     return f" (did you mean {prefix + close[0]!r}?)" if close else ""
 
 
-def unknown_keys(keys: Sequence[str], valid: Sequence[str], where: str, prefix: str = "") -> TieraxError:
+def unknown_keys(
+    keys: Sequence[str], valid: Sequence[str], where: str, prefix: str = ""
+) -> TieraxError:
     """The error for keys a schema does not have, listing the valid ones."""
     hint = did_you_mean(keys[0], valid, prefix) if len(keys) == 1 else ""
     return TieraxError(
-        f"{where}: unknown key{'s' if len(keys) > 1 else ''} {', '.join(repr(prefix + str(k)) for k in keys)}{hint}; "
-        f"valid keys{' in ' + prefix.rstrip('.') if prefix else ''}: {', '.join(prefix + v for v in valid)}"
+        f"{where}: unknown key{'s' if len(keys) > 1 else ''} "
+        f"{', '.join(repr(prefix + str(k)) for k in keys)}{hint}; valid "
+        f"keys{' in ' + prefix.rstrip('.') if prefix else ''}: "
+        f"{', '.join(prefix + v for v in valid)}"
     )
 
 
@@ -92,14 +100,21 @@ def read_yaml(path: str | os.PathLike, what: str, example: str) -> Any:
     """Parse a YAML file.
 
     Raises:
-      TieraxError: missing, unreadable, not UTF-8, or not YAML (``example`` says what a good one is).
+      TieraxError: missing, unreadable, not UTF-8, or not YAML (``example`` says what a good one
+          is).
     """
     p = pathlib.Path(path)
+    if p.is_dir():
+        inside = [f.name for f in (p / "config.json", p / "config.yaml") if f.is_file()]
+        hint = f"give the file in it, e.g. {str(p / inside[0])!r}" if inside else example
+        raise TieraxError(f"{what} {str(p)!r} is a directory, not a file; {hint}")
     if not p.is_file():
         raise TieraxError(f"{what} {str(p)!r} does not exist; {example}")
     try:
         return yaml.safe_load(p.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
-        raise TieraxError(f"{what} {str(p)!r} is not UTF-8 text ({e.reason} at byte {e.start}); {example}") from None
+        raise TieraxError(
+            f"{what} {str(p)!r} is not UTF-8 text ({e.reason} at byte {e.start}); {example}"
+        ) from None
     except (OSError, yaml.YAMLError) as e:
         raise TieraxError(f"{what} {str(p)!r} is not valid YAML ({e}); {example}") from None

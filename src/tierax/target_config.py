@@ -1,4 +1,5 @@
-"""XLA:GPU target-config rendering: a GpuTargetConfigProto for a GPU target, and its memory restated for a
+"""XLA:GPU target-config rendering: a GpuTargetConfigProto for a GPU target, and its memory restated
+for a
 deviceless compile's scheduler."""
 
 from __future__ import annotations
@@ -29,13 +30,20 @@ def scheduling_target_config(text: str) -> str:
     """
     m = re.search(r"^(\s*device_memory_size:\s*)(\d+)\s*$", text, flags=re.M)
     if m is None:
-        raise TieraxError("the target config has no gpu_device_info.device_memory_size; add the device's memory "
-                          "in bytes (see shared/gpu-targets/README.md)")
+        raise TieraxError(
+            "the target config has no gpu_device_info.device_memory_size; add the device's memory "
+            "in bytes (see shared/gpu-targets/README.md)"
+        )
     stated = int(usable_bytes(int(m.group(2))) / XLA_DEVICELESS_MEMORY_FRACTION)
-    return text[: m.start(2)] + str(stated) + text[m.end(2):]
+    return text[: m.start(2)] + str(stated) + text[m.end(2) :]
 
 
-def render_target_config(spec: GpuSpec, *, cuda: tuple[int, int, int] = (13, 0, 0), cudnn: tuple[int, int, int] = (9, 10, 0)) -> str:
+def render_target_config(
+    spec: GpuSpec,
+    *,
+    cuda: tuple[int, int, int] = (13, 0, 0),
+    cudnn: tuple[int, int, int] = (9, 10, 0),
+) -> str:
     """GpuTargetConfigProto text for ``jax.experimental.topologies.get_topology_desc``.
 
     The fields are the ones jaxlib 0.10.2 accepts (see shared/gpu-targets/README.md).
@@ -45,7 +53,8 @@ def render_target_config(spec: GpuSpec, *, cuda: tuple[int, int, int] = (13, 0, 
     cuda_s = ".".join(map(str, cuda))
     model = (
         f"sm_{cc} with {spec.device_memory_bytes}B RAM, {spec.sm_count} cores, "
-        f"{round(spec.clock_ghz * 1e6)}KHz clock, {spec.mem_clock_khz}KHz mem clock, {spec.l2_bytes}B L2$"
+        f"{round(spec.clock_ghz * 1e6)}KHz clock, {spec.mem_clock_khz}KHz mem clock, "
+        f"{spec.l2_bytes}B L2$"
     )
     cc_minor = f"\n    minor: {minor}" if minor else ""
     return f"""gpu_device_info {{

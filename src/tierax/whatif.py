@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from tierax import costmodel as cm
 from tierax import plan as plan_lib
-from tierax.costmodel.rates import RATE_KEYS, _number, override_rates
+from tierax.costmodel.rates import INTEGER_KEYS, RATE_KEYS, _number, override_rates
 from tierax.errors import TieraxError
 
 GIB = 2**30
@@ -31,22 +31,32 @@ def parse_sweep(text: str) -> tuple[str, list[float]]:
     key, sep, spec = text.partition("=")
     key = key.strip()
     if not sep or key not in SWEEP_KEYS:
-        raise TieraxError(f"--sweep {text!r}: expected KEY=LO:HI:STEP with KEY one of {', '.join(SWEEP_KEYS)} "
-                          "(budget in GiB, microbatch in sequences per device, rates as --rate)")
+        raise TieraxError(
+            f"--sweep {text!r}: expected KEY=LO:HI:STEP with KEY one of {', '.join(SWEEP_KEYS)} "
+            "(budget in GiB, microbatch in sequences per device, rates as --rate)"
+        )
     parts = spec.split(":")
     if len(parts) != 3:
         raise TieraxError(f"--sweep {text!r}: expected LO:HI:STEP, e.g. {key}=100:1000:100")
     lo, hi, step = (_number(p, f"--sweep {text!r}") for p in parts)
     if hi < lo:
-        raise TieraxError(f"--sweep {text!r}: no points (HI {hi:g} is below LO {lo:g}); give LO ≤ HI")
+        raise TieraxError(
+            f"--sweep {text!r}: no points (HI {hi:g} is below LO {lo:g}); give LO ≤ HI"
+        )
     n = int(math.floor((hi - lo) / step + 1e-9)) + 1
     points = [lo + i * step for i in range(n)]
-    if key == "microbatch":
+    if key == "microbatch" or key in INTEGER_KEYS:
         if any(p != int(p) for p in points):
-            raise TieraxError(f"--sweep {text!r}: microbatch points must be whole numbers")
+            raise TieraxError(
+                f"--sweep {text!r}: {key} counts "
+                f"{'sequences' if key == 'microbatch' else 'devices'}; give whole "
+                f"numbers, e.g. {key}=1:16:1"
+            )
         points = [float(int(p)) for p in points]
     if len(points) > 200:
-        raise TieraxError(f"--sweep {text!r}: {len(points)} points; use a larger STEP (at most 200 points)")
+        raise TieraxError(
+            f"--sweep {text!r}: {len(points)} points; use a larger STEP (at most 200 points)"
+        )
     return key, points
 
 
@@ -67,7 +77,11 @@ class SweepPoint:
 
 
 def _flat(plan, cfg) -> dict:
-    return {f"{g}/{n}": p.value for g, names in plan_lib.resolve(plan, cfg).items() for n, p in names.items()}
+    return {
+        f"{g}/{n}": p.value
+        for g, names in plan_lib.resolve(plan, cfg).items()
+        for n, p in names.items()
+    }
 
 
 def _changes(before: dict | None, after: dict, weight: dict) -> tuple[str, ...]:
@@ -83,24 +97,46 @@ def _changes(before: dict | None, after: dict, weight: dict) -> tuple[str, ...]:
     return tuple(out)
 
 
-def sweep(key: str, points: Sequence[float], *, solve: Callable[[str, float], tuple], references: Sequence[str] = (),
-          progress: Callable[[str, int], None] | None = None) -> list[SweepPoint]:
+def sweep(
+    key: str,
+    points: Sequence[float],
+    *,
+    solve: Callable[[str, float], tuple],
+    references: Sequence[str] = (),
+    progress: Callable[[str, int], None] | None = None,
+) -> list[SweepPoint]:
     """Solve at every point.
 
-    ``solve(key, value)`` → (PlanResult or None if nothing fits, cfg, {preset: Prediction}) for that point.
+    ``solve(key, value)`` → (PlanResult or None if nothing fits, cfg, {preset: Prediction}) for that
+    point.
     """
     out, last = [], None
     for v in points:
         result, cfg, refs = solve(key, v)
-        ref = {name: (p.tflops_per_device if p.fits else None) for name, p in refs.items() if name in references}
+        ref = {
+            name: (p.tflops_per_device if p.fits else None)
+            for name, p in refs.items()
+            if name in references
+        }
         if result is None:
             out.append(SweepPoint(v, False, None, None, None, None, {}, (), ref))
         else:
             flat = _flat(result.plan, cfg)
             pr = result.predicted
             weight = {f"{e.group}/{e.name}": e.bytes for e in result.explain}
-            out.append(SweepPoint(v, True, pr.tflops_per_device, pr.step_time_s, pr.peak_device_bytes,
-                                  pr.host_bytes, flat, _changes(last, flat, weight), ref))
+            out.append(
+                SweepPoint(
+                    v,
+                    True,
+                    pr.tflops_per_device,
+                    pr.step_time_s,
+                    pr.peak_device_bytes,
+                    pr.host_bytes,
+                    flat,
+                    _changes(last, flat, weight),
+                    ref,
+                )
+            )
             last = flat
         if progress:
             progress(f"{key}={v:g}", 1)
@@ -110,10 +146,21 @@ def sweep(key: str, points: Sequence[float], *, solve: Callable[[str, float], tu
 REFERENCES = ("remat-full", "save-all")
 
 
-def plan_solver(cfg, mesh: dict, seq: int, microbatch: int, rates: cm.Rates, *, schedule: str,
-                budget_bytes: float | None, host_budget_bytes: float | None) -> Callable[[str, float], tuple]:
-    """The ``solve`` of :func:`sweep` for ``tierax plan --sweep``: the planner at one swept value,
-    plus the predictions of the :data:`REFERENCES` presets (``fits`` against the same budget)."""
+def plan_solver(
+    cfg,
+    mesh: dict,
+    seq: int,
+    microbatch: int,
+    rates: cm.Rates,
+    *,
+    schedule: str,
+    budget_bytes: float | None,
+    host_budget_bytes: float | None,
+    segments: bool = False,
+) -> Callable[[str, float], tuple]:
+    """The ``solve`` of :func:`sweep` for ``tierax plan --sweep``: the planner at one swept value
+    (``segments``: as ``tierax plan --segments`` plans), plus the predictions of the
+    :data:`REFERENCES` presets (``fits`` against the same budget)."""
     from tierax import inventory as inv_lib
     from tierax import planner
 
@@ -136,8 +183,15 @@ def plan_solver(cfg, mesh: dict, seq: int, microbatch: int, rates: cm.Rates, *, 
             pred = cm.simulate(plan_lib.preset(name, cfg), inv, cfg, r, schedule)
             refs[name] = dataclasses.replace(pred, fits=pred.peak_device_bytes <= limit)
         try:
-            result = planner.plan(cfg, inv, r, schedule=schedule, budget_bytes=budget,
-                                  host_budget_bytes=host_budget_bytes)
+            result = planner.plan(
+                cfg,
+                inv,
+                r,
+                schedule=schedule,
+                budget_bytes=budget,
+                host_budget_bytes=host_budget_bytes,
+                segments=segments,
+            )
         except planner.NoPlanFits:
             result = None
         return result, cfg, refs

@@ -38,9 +38,12 @@ def _has_nvidia_driver() -> bool:
 
 
 def expects_gpu() -> bool:
-    """Whether ``configure`` (with ``platforms=None``) will leave JAX free to start a GPU backend."""
+    """Whether ``configure`` (with ``platforms=None``) will leave JAX free to start a GPU
+    backend."""
     chosen = os.environ.get("JAX_PLATFORMS", "")
-    return (chosen == "" and _has_nvidia_driver()) or any(p in chosen for p in ("cuda", "gpu", "rocm"))
+    return (chosen == "" and _has_nvidia_driver()) or any(
+        p in chosen for p in ("cuda", "gpu", "rocm")
+    )
 
 
 def configure(
@@ -82,14 +85,18 @@ def configure(
         platforms = "cpu"
     flags = list(PRESETS[preset]) + (list(DEVICELESS_FLAGS) if deviceless_gpu else [])
     if platforms is not None and platforms == jax.config.jax_platforms:
-        platforms = None  # already in effect (e.g. a library caller configured first): nothing to change
+        platforms = (
+            None  # already in effect (e.g. a library caller configured first): nothing to change
+        )
+    if cpu_devices is not None and cpu_devices == jax.config.jax_num_cpu_devices:
+        cpu_devices = None  # the same: a verb called in a process that already made these devices
     wanted = cpu_devices is not None or flags or platforms is not None or cpu_collectives or env
     if not wanted:
         return []
     if _backends_started():
         raise TieraxError(
-            "XLA options must be set before JAX starts its backend; call tierax.xla_flags.configure "
-            "before any JAX operation"
+            "XLA options must be set before JAX starts its backend; call "
+            "tierax.xla_flags.configure before any JAX operation"
         )
     if platforms is not None:
         jax.config.update("jax_platforms", platforms)

@@ -32,13 +32,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tierax {args.verb}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
-        # The reader went away (e.g. `| head`): stop quietly, and keep Python's exit flush from failing again.
+        # The reader went away (e.g. `| head`): stop quietly, and keep Python's exit flush from
+        # failing again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as e:
         if args.debug:
             raise
         where = f" ({e.filename})" if e.filename else ""
-        print(f"tierax {args.verb}: error: {e.strerror or e}{where}; rerun with --debug for the traceback",
-              file=sys.stderr)
+        print(
+            f"tierax {args.verb}: error: {e.strerror or e}{where}; rerun with --debug for the "
+            f"traceback",
+            file=sys.stderr,
+        )
         return 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import time
 from collections.abc import Iterator, Sequence
 
 from tierax.errors import TieraxError
@@ -24,7 +25,9 @@ def _whole_number(minimum: int):
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number ≥ {minimum}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"expected a whole number ≥ {minimum}, got {text!r}"
+            ) from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be ≥ {minimum}, got {value}")
         return value
@@ -50,25 +53,42 @@ def positive_float(text: str) -> float:
 
 
 def add_set_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one config field, e.g. --set d_model=512 (repeatable)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config field, e.g. --set d_model=512 (repeatable)",
+    )
 
 
 def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = "tiny-llama") -> None:
-    """``--model NAME``, ``--model-config FILE`` and repeated ``--set KEY=VALUE`` (read by :func:`resolve_model`)."""
+    """``--model NAME``, ``--model-config FILE`` and repeated ``--set KEY=VALUE`` (read by
+    :func:`resolve_model`)."""
     suffix = f" (default: {default})" if default else ""
-    parser.add_argument("--model", metavar="NAME", help=f"named model config, see `tierax models`{suffix}")
-    parser.add_argument("--model-config", metavar="FILE",
-                        help="model config YAML (family + fields, as `tierax models show NAME` prints)")
+    parser.add_argument(
+        "--model", metavar="NAME", help=f"named model config, see `tierax models`{suffix}"
+    )
+    parser.add_argument(
+        "--model-config",
+        metavar="FILE",
+        help="model config YAML (family + fields, as `tierax models show NAME` prints)",
+    )
     add_set_arg(parser)
     parser.set_defaults(model_default=default)
 
 
-def add_size_args(parser: argparse.ArgumentParser, *, microbatch: int, seq: int = 64,
-                  per_device: bool = True) -> None:
+def add_size_args(
+    parser: argparse.ArgumentParser, *, microbatch: int, seq: int = 64, per_device: bool = True
+) -> None:
     what = "sequences per device" if per_device else "sequences in the batch"
-    parser.add_argument("--microbatch", type=positive_int, default=microbatch, help=f"{what} (default {microbatch})")
-    parser.add_argument("--seq", type=positive_int, default=seq, help=f"sequence length (default {seq})")
+    parser.add_argument(
+        "--microbatch", type=positive_int, default=microbatch, help=f"{what} (default {microbatch})"
+    )
+    parser.add_argument(
+        "--seq", type=positive_int, default=seq, help=f"sequence length (default {seq})"
+    )
 
 
 def resolve_model(args, extra_overrides: Sequence[str] = ()):
@@ -97,7 +117,9 @@ def load_plans(text: str, cfg, option: str) -> list:
 
     plans = [plan_lib.load_plan(p.strip(), cfg) for p in text.split(",") if p.strip()]
     if not plans:
-        raise TieraxError(f"{option} is empty; give a preset, a plan YAML file, or a comma-separated list of them")
+        raise TieraxError(
+            f"{option} is empty; give a preset, a plan YAML file, or a comma-separated list of them"
+        )
     return plans
 
 
@@ -109,3 +131,34 @@ def progress(title: str, total: int, *, disable: bool = False) -> Iterator:
     with Progress(transient=True, disable=disable) as prog:
         task = prog.add_task(title, total=total)
         yield lambda what, n: prog.update(task, advance=n, description=what)
+
+
+@contextlib.contextmanager
+def prepare_progress(console, total_bytes: int | None) -> Iterator:
+    """A transient rich bar for ``tierax data prepare``: input bytes read, tokens written, tokens/s.
+
+    Yields ``advance(nbytes, ntokens)``; ``total_bytes`` None (compressed or Parquet inputs):
+    a bar without a total.
+    """
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (
+        TextColumn("tokenizing"),
+        BarColumn(),
+        DownloadColumn(),
+        TextColumn("{task.fields[tokens]} tokens · {task.fields[rate]} tokens/s"),
+        TimeElapsedColumn(),
+    )
+    with Progress(
+        *columns, console=console, transient=True, disable=not console.is_terminal
+    ) as prog:
+        task = prog.add_task("prepare", total=total_bytes, tokens="0", rate="-")
+        t0, done = time.perf_counter(), [0]
+
+        def advance(nbytes: int, ntokens: int) -> None:
+            done[0] += ntokens
+            dt = time.perf_counter() - t0
+            rate = f"{done[0] / dt:,.0f}" if dt > 0 else "-"
+            prog.update(task, advance=nbytes, tokens=f"{done[0]:,}", rate=rate)
+
+        yield advance

@@ -12,7 +12,9 @@ from tierax.errors import TieraxError
 from tierax.fileio import check_output_dir, check_output_file
 from tierax.mesh import parse_mesh
 
-CPU_OFFLOAD_NOTE = "note: XLA:CPU ignores host offloading; offload plans run as their save-on-device twin here."
+CPU_OFFLOAD_NOTE = (
+    "note: XLA:CPU ignores host offloading; offload plans run as their save-on-device twin here."
+)
 
 
 def cmd_bench(args) -> int:
@@ -25,14 +27,23 @@ def cmd_bench(args) -> int:
     cfg = resolve_model(args, [f"dtype={args.dtype}"] if args.dtype else [])
     if mesh is not None:
         mesh.check_model(cfg, where="--mesh")
+    launch.check_local_attention(cfg, what="tierax bench")
     launch.check_local_memory(cfg, shards=mesh.size if mesh else 1, what="tierax bench")
     plans = load_plans(args.plans, cfg, "--plans")
     verified = _verify_before_bench(cfg, plans, args) if args.verify else None
     if verified is not None and not all(v.passed for v in verified):
         return 1
     with progress(f"bench {cfg.name}", len(plans) + args.steps, disable=args.json) as advance:
-        doc = bench.measure(cfg, plans, steps=args.steps, microbatch=args.microbatch, seq=args.seq, mesh=mesh,
-                            command=records.command_line(), progress=advance)
+        doc = bench.measure(
+            cfg,
+            plans,
+            steps=args.steps,
+            microbatch=args.microbatch,
+            seq=args.seq,
+            mesh=mesh,
+            command=records.command_line(),
+            progress=advance,
+        )
     if verified is not None:
         doc["verify"] = [v.to_json() for v in verified]
     if out:
@@ -40,7 +51,9 @@ def cmd_bench(args) -> int:
     if args.json:
         print(json.dumps(doc["records"], indent=2))
         return 0
-    console().print(bench_table(doc["records"], doc["peak_flops_per_device_measured"], bench.title(doc)))
+    console().print(
+        bench_table(doc["records"], doc["peak_flops_per_device_measured"], bench.title(doc))
+    )
     if doc["machine"]["platform"] == "cpu":
         print(CPU_OFFLOAD_NOTE)
     if out:
@@ -50,15 +63,28 @@ def cmd_bench(args) -> int:
 
 def _verify_before_bench(cfg, plans, args):
     """``bench --verify``: every plan's gradients against save-all; failures go to stderr."""
+    import jax
+
     from tierax.measure import verify as verify_lib
+    from tierax.mesh import MeshShape
     from tierax.report.measure_tables import verify_table
 
-    results = verify_lib.verify_plans(cfg, plans, microbatch=args.microbatch, seq=args.seq)
+    # On bench's mesh (its default: fsdp over every device), with bench's batch (--microbatch is
+    # per device there, the global batch in verify).
+    mesh = parse_mesh(args.mesh, args.devices) if args.mesh else MeshShape(fsdp=jax.device_count())
+    results = verify_lib.verify_plans(
+        cfg, plans, microbatch=args.microbatch * mesh.batch_ways, seq=args.seq, mesh=mesh
+    )
     failed = [r for r in results if not r.passed]
     if failed:
-        console(stderr=True).print(verify_table(results, f"gradient check of {cfg.name} before bench"))
-        print(f"tierax bench: gradients of {', '.join(r.plan for r in failed)} differ from save-all "
-              f"(worst leaf {failed[0].worst_leaves[0].path}); no benchmark was run", file=sys.stderr)
+        console(stderr=True).print(
+            verify_table(results, f"gradient check of {cfg.name} before bench")
+        )
+        print(
+            f"tierax bench: gradients of {', '.join(r.plan for r in failed)} differ from save-all "
+            f"(worst leaf {failed[0].worst_leaves[0].path}); no benchmark was run",
+            file=sys.stderr,
+        )
     return results
 
 
@@ -72,7 +98,7 @@ def cmd_compile(args) -> int:
         spec.topology_name(mesh.size)  # an unsupported slice size fails before JAX starts
         from tierax import compile as compile_lib
 
-        compile_lib.start_deviceless_tpu(args.xla_preset)
+        compile_lib.start_deviceless_tpu(args.xla_preset, spec.accelerator_type(mesh.size))
         compile_lib.check_tpu_aot()
     else:
         launch.start(preset=args.xla_preset, deviceless_gpu=True)
@@ -85,8 +111,16 @@ def cmd_compile(args) -> int:
     cfg = resolve_model(args)
     mesh.check_model(cfg, where="--mesh")
     plan = plan_lib.load_plan(args.plan, cfg)
-    result, _ = compile_lib.compile_for_target(cfg, plan, args.target, microbatch=args.microbatch, seq=args.seq,
-                                               mesh=mesh, xla_preset=args.xla_preset, target_config=target_config)
+    result, _ = compile_lib.compile_for_target(
+        cfg,
+        plan,
+        args.target,
+        microbatch=args.microbatch,
+        seq=args.seq,
+        mesh=mesh,
+        xla_preset=args.xla_preset,
+        target_config=target_config,
+    )
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:
@@ -103,44 +137,71 @@ def _read_target_config(path: str | None) -> str | None:
     try:
         return p.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        raise TieraxError(f"--target-config {path!r} is not UTF-8 text; give a GpuTargetConfigProto text file") from None
+        raise TieraxError(
+            f"--target-config {path!r} is not UTF-8 text; give a GpuTargetConfigProto text file"
+        ) from None
 
 
 def cmd_verify(args) -> int:
-    launch.start(preset=args.xla_preset)
+    mesh = parse_mesh(args.mesh, args.devices) if args.mesh or args.devices else None
+    launch.start(devices=mesh.size if mesh else None, preset=args.xla_preset)
     import jax
 
     from tierax.measure import verify as verify_lib
     from tierax.models import config_to_dict
     from tierax.report.measure_tables import verify_table
 
-    cfg = resolve_model(args)
-    launch.check_local_memory(cfg, copies=6, what="tierax verify (two gradient sets)")
+    cfg = resolve_model(args)  # verify_plans refuses a mesh the model or batch cannot take
+    launch.check_local_attention(cfg, what="tierax verify")
+    launch.check_local_memory(
+        cfg, shards=mesh.size if mesh else 1, copies=6, what="tierax verify (two gradient sets)"
+    )
     plans = load_plans(args.plan, cfg, "--plan")
-    results = verify_lib.verify_plans(cfg, plans, microbatch=args.microbatch, seq=args.seq, seed=args.seed)
+    results = verify_lib.verify_plans(
+        cfg, plans, microbatch=args.microbatch, seq=args.seq, seed=args.seed, mesh=mesh
+    )
     passed = all(r.passed for r in results)
     if args.json:
         doc = records.envelope(records.VERIFY_SCHEMA, records.command_line()) | {
-            "xla_preset": args.xla_preset, "model": config_to_dict(cfg), "passed": passed,
-            "results": [r.to_json() for r in results]}
+            "xla_preset": args.xla_preset,
+            "model": config_to_dict(cfg),
+            "passed": passed,
+            "mesh": mesh.to_dict() if mesh else None,
+            "results": [r.to_json() for r in results],
+        }
         print(json.dumps(doc, indent=2))
         return 0 if passed else 1
-    console().print(verify_table(results, f"{cfg.name} ({cfg.dtype}) · microbatch {args.microbatch} × seq "
-                                          f"{args.seq} · {jax.default_backend()} · against save-all"))
+    console().print(verify_table(results, _verify_title(cfg, args, mesh, jax.default_backend())))
     for r in results:
         if not r.passed:
-            print(f"FAIL {r.plan}: max relative error {r.max_rel_err:.3g} > {r.tolerance:g}; above the tolerance: "
-                  f"{', '.join(r.failing_leaves) or 'the loss'}")
+            print(
+                f"FAIL {r.plan}: max relative error {r.max_rel_err:.3g} > {r.tolerance:g}; above "
+                f"the tolerance: {', '.join(r.failing_leaves) or 'the loss'}"
+            )
     if jax.default_backend() == "cpu" and any(_offloads(p, cfg) for p in plans):
-        print("note: XLA:CPU ignores host offloading; on CPU this checks the remat/save policy, not the offload "
-              "path. Run on a GPU for that.")
+        print(
+            "note: XLA:CPU ignores host offloading; on CPU this checks the remat/save policy, not "
+            "the offload path. Run on a GPU for that."
+        )
     return 0 if passed else 1
+
+
+def _verify_title(cfg, args, mesh, backend: str) -> str:
+    on = f"mesh {mesh}" if mesh else "1 device"
+    return (
+        f"{cfg.name} ({cfg.dtype}) · microbatch {args.microbatch} × seq {args.seq} · "
+        f"{backend}, {on} · against save-all"
+    )
 
 
 def _offloads(plan, cfg) -> bool:
     from tierax import plan as plan_lib
 
-    return any(p is plan_lib.Placement.OFFLOAD for g in plan_lib.resolve(plan, cfg).values() for p in g.values())
+    return any(
+        p is plan_lib.Placement.OFFLOAD
+        for g in plan_lib.resolve(plan, cfg).values()
+        for p in g.values()
+    )
 
 
 def cmd_profile(args) -> int:
@@ -153,27 +214,47 @@ def cmd_profile(args) -> int:
     from tierax.report.measure_tables import profile_table
 
     plan = plan_lib.load_plan(args.plan, cfg)
+    launch.check_local_attention(cfg, what="tierax profile")
     launch.check_local_memory(cfg, what="tierax profile")
     out = out or profile_lib.fresh_dir(pathlib.Path("profiles") / f"{cfg.name}-{plan.name}")
-    result = profile_lib.capture(cfg, plan, out_dir=out, steps=args.steps, warmup=args.warmup,
-                               microbatch=args.microbatch, seq=args.seq, command=records.command_line())
+    result = profile_lib.capture(
+        cfg,
+        plan,
+        out_dir=out,
+        steps=args.steps,
+        warmup=args.warmup,
+        microbatch=args.microbatch,
+        seq=args.seq,
+        command=records.command_line(),
+    )
     if args.json:
         print(json.dumps(result.doc, indent=2))
         return 0
-    console().print(profile_table(result.analysis, f"{cfg.name} · plan {plan.name} · microbatch {args.microbatch} "
-                                                   f"× seq {args.seq} · {result.analysis.backend} trace"))
+    console().print(
+        profile_table(
+            result.analysis,
+            f"{cfg.name} · plan {plan.name} · microbatch {args.microbatch} "
+            f"× seq {args.seq} · {result.analysis.backend} trace",
+        )
+    )
     for line in profile_lib.summary_lines(result):
         print(line)
     return 0
 
 
 def cmd_report(args) -> int:
-    out = check_output_dir(args.out)
+    out = check_output_dir(args.out, allow_existing=False)
     if args.readme:
         check_output_file(args.readme, "--readme")
     from tierax.report import report as report_lib
 
-    for f in report_lib.build_report(args.results, out, trace=args.trace, readme=args.readme,
-                                     command=records.command_line(), sweeps=args.sweep):
+    for f in report_lib.build_report(
+        args.results,
+        out,
+        trace=args.trace,
+        readme=args.readme,
+        command=records.command_line(),
+        sweeps=args.sweep,
+    ):
         print(f"wrote {f}")
     return 0

@@ -1,12 +1,19 @@
-"""The argument parser: every verb, its options and help.  Sizes are checked here (exit 2 with usage)."""
+"""The argument parser: every verb, its options and help.  Sizes are checked here (exit 2 with
+usage)."""
 
 from __future__ import annotations
 
 import argparse
 
 from tierax.cli import measuring, planning, training
-from tierax.cli.common import (add_model_args, add_set_arg, add_size_args, nonnegative_int, positive_float,
-                               positive_int)
+from tierax.cli.common import (
+    add_model_args,
+    add_set_arg,
+    add_size_args,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+)
 
 PRESET_HELP = "XLA flag preset: none, lhs, lhs-pipelined"
 
@@ -17,130 +24,261 @@ CALIBRATE_DESCRIPTION = (
     "bandwidth, and store them for the cost model under this machine's target key (cpu, or the "
     "GPU kind) in ~/.cache/tierax/calibration.json (env TIERAX_CALIBRATION to move it). simulate "
     "and plan then use the measured rates instead of datasheet figures, and say which rates are "
-    "measured.")
+    "measured."
+)
+
 
 def _models_and_plans(sub) -> None:
-    m = sub.add_parser("models", help="list the named model configs, or show one as YAML",
-                       description="List the named model configs with parameter counts, or `show NAME`: "
-                                   "print one (with --set overrides) as YAML that --model-config accepts.")
-    m.add_argument("action", nargs="?", choices=["show"], help="show: print one config as a model config file")
+    m = sub.add_parser(
+        "models",
+        help="list the named model configs, or show one as YAML",
+        description="List the named model configs with parameter counts, or `show NAME`: "
+        "print one (with --set overrides) as YAML that --model-config accepts.",
+    )
+    m.add_argument(
+        "action", nargs="?", choices=["show"], help="show: print one config as a model config file"
+    )
     m.add_argument("name", nargs="?", metavar="NAME", help="the named config to show")
     m.add_argument("--json", action="store_true", help="print JSON")
     add_set_arg(m)
     m.set_defaults(func=planning.cmd_models)
 
-    pl = sub.add_parser("plans", help="list plan presets or show one",
-                        description="List the plan presets, or show one resolved for a model.")
+    pl = sub.add_parser(
+        "plans",
+        help="list plan presets or show one",
+        description="List the plan presets, or show one resolved for a model.",
+    )
     add_model_args(pl)
     pl.add_argument("--show", metavar="PLAN", help="a preset name or plan YAML file to show")
-    pl.add_argument("--yaml", action="store_true", help="print the plan as YAML (usable as a plan file)")
-    pl.add_argument("--emit", metavar="TOOL", help="print the plan as TOOL's config: maxtext (overrides YAML, "
-                                                   "usable as a plan file too); sizes from the options below")
-    pl.add_argument("--target", default="h200", help="with --emit: h100, h200, b200, gb200 or cpu (default h200)")
-    pl.add_argument("--devices", type=positive_int, help="with --emit: devices (default: the mesh's product)")
-    pl.add_argument("--mesh", help="with --emit: mesh axes, e.g. fsdp=8 (data, fsdp, tensor, expert)")
-    pl.add_argument("--schedule", default="lhs", help="with --emit: serial, lhs or lhs-pipelined (its XLA flags)")
-    add_size_args(pl, microbatch=8)
+    pl.add_argument(
+        "--yaml", action="store_true", help="print the plan as YAML (usable as a plan file)"
+    )
+    pl.add_argument(
+        "--emit",
+        metavar="TOOL",
+        help="print the plan as TOOL's config: maxtext (overrides YAML, "
+        "usable as a plan file too); sizes from the options below",
+    )
+    pl.add_argument(
+        "--target",
+        help="with --emit: h100, h200, b200, gb200, gb300, vr200, v5e, "
+        "v5p, v6e or cpu (default h200)",
+    )
+    pl.add_argument(
+        "--devices", type=positive_int, help="with --emit: devices (default: the mesh's product)"
+    )
+    pl.add_argument(
+        "--mesh", help="with --emit: mesh axes, e.g. fsdp=8 (data, fsdp, tensor, expert)"
+    )
+    # Defaults are applied in cmd_plans: None tells an option given without --emit (refused there).
+    pl.add_argument(
+        "--schedule", help="with --emit: serial, lhs or lhs-pipelined (its XLA flags; default lhs)"
+    )
+    shown = planning.SHOW_DEFAULTS
+    pl.add_argument(
+        "--microbatch",
+        type=positive_int,
+        help=f"with --emit: sequences per device (default {shown['microbatch']})",
+    )
+    pl.add_argument(
+        "--seq", type=positive_int, help=f"with --emit: sequence length (default {shown['seq']})"
+    )
     pl.set_defaults(func=planning.cmd_plans)
 
 
 def _planning(sub) -> None:
     def common(p):
         add_model_args(p)
-        p.add_argument("--target", default="h200",
-                       help="h100, h200, b200, gb200; projections gb300, vr200; or cpu (measured by calibrate)")
-        p.add_argument("--devices", type=positive_int, help="devices (default: the mesh's product, else 1)")
-        p.add_argument("--mesh", help="mesh axes, e.g. fsdp=16,expert=8 (data, fsdp, tensor, expert)")
+        p.add_argument(
+            "--target",
+            default="h200",
+            help="h100, h200, b200, gb200; projections gb300, vr200; or cpu (measured by "
+            "calibrate)",
+        )
+        p.add_argument(
+            "--devices", type=positive_int, help="devices (default: the mesh's product, else 1)"
+        )
+        p.add_argument(
+            "--mesh", help="mesh axes, e.g. fsdp=16,expert=8 (data, fsdp, tensor, expert)"
+        )
         add_size_args(p, microbatch=8)
         p.add_argument("--json", action="store_true", help="print one JSON object")
 
-    i = sub.add_parser("inventory", help="the activations a plan places, from an abstract trace",
-                       description="Per layer group and activation: bytes per layer per device, layers, recompute "
-                                   "FLOPs; per device parameter, gradient and optimizer bytes. Nothing is allocated.")
+    i = sub.add_parser(
+        "inventory",
+        help="the activations a plan places, from an abstract trace",
+        description="Per layer group and activation: bytes per layer per device, layers, recompute "
+        "FLOPs; per device parameter, gradient and optimizer bytes. Nothing is allocated.",
+    )
     common(i)
     i.set_defaults(func=planning.cmd_inventory)
 
-    s = sub.add_parser("simulate", help="predict memory and step time of a plan on a target",
-                       description="Predicted peak device bytes, host bytes and step time of a plan (cost model).")
+    s = sub.add_parser(
+        "simulate",
+        help="predict memory and step time of a plan on a target",
+        description="Predicted peak device bytes, host bytes and step time of a plan (cost model).",
+    )
     common(s)
     s.add_argument("--plan", default="qkv-offload", help="a preset or plan YAML file")
     s.add_argument("--schedule", default="lhs", help="serial, lhs or lhs-pipelined")
     _rate_arg(s)
     s.set_defaults(func=planning.cmd_simulate)
 
-    p = sub.add_parser("plan", help="find the fastest plan that fits, and explain it",
-                       description="Choose device/offload/remat per activation to minimise predicted step time within "
-                                   "the device and host budgets (exact integer program, HiGHS).")
+    p = sub.add_parser(
+        "plan",
+        help="find the fastest plan that fits, and explain it",
+        description="Choose device/offload/remat per activation to minimise predicted step time "
+        "within the device and host budgets (exact integer program, HiGHS).",
+    )
     common(p)
     p.add_argument("--schedule", default="lhs", help="serial, lhs or lhs-pipelined")
-    p.add_argument("--budget-gib", type=positive_float, help="device budget (default: capacity minus a 5%% reserve)")
-    p.add_argument("--host-budget-gib", type=positive_float, help="host budget per device (default: host memory per GPU)")
-    p.add_argument("--max-microbatch", action="store_true", help="find the largest microbatch that fits, and its plan")
+    p.add_argument(
+        "--budget-gib",
+        type=positive_float,
+        help="device budget (default: capacity minus a 5%% reserve)",
+    )
+    p.add_argument(
+        "--host-budget-gib",
+        type=positive_float,
+        help="host budget per device (default: host memory per GPU)",
+    )
+    p.add_argument(
+        "--max-microbatch",
+        action="store_true",
+        help="find the largest microbatch that fits, and its plan",
+    )
     p.add_argument("--out", help="write the plan as YAML (usable by bench, compile, simulate)")
-    p.add_argument("--check", action="store_true",
-                   help="compile the chosen plan deviceless for --target, correct the model's workspace term from "
-                        "XLA's peak and re-plan until the compiled plan fits and agrees within 5 %% (exit 1 if not)")
-    p.add_argument("--check-iterations", type=positive_int, default=4, help="at most this many compiles (default 4)")
-    p.add_argument("--segments", action="store_true",
-                   help="also consider splitting each layer group at one layer into two runs of layers with their "
-                        "own placements (every split point, solved exactly; the plan YAML gets 'segments')")
-    p.add_argument("--for", dest="for_tool", metavar="TOOL",
-                   help="maxtext: one placement per activation name across layer groups (what MaxText expresses); "
-                        "also reports what the restriction costs against the unrestricted plan")
-    p.add_argument("--emit", metavar="TOOL", help="maxtext: write (--out) or print MaxText overrides instead of a "
-                                                  "tierax plan YAML (exit 2 if the plan is not expressible)")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="compile the chosen plan deviceless for --target, correct the model's workspace term "
+        "from XLA's peak and re-plan until the compiled plan fits and agrees within 5 %% (exit 1 "
+        "if not)",
+    )
+    p.add_argument(
+        "--check-iterations",
+        type=positive_int,
+        help=f"with --check: at most this many compiles (default {planning.CHECK_ITERATIONS})",
+    )
+    p.add_argument(
+        "--segments",
+        action="store_true",
+        help="also consider splitting each layer group at one layer into two runs of layers with "
+        "their own placements (every split point, solved exactly; the plan YAML gets 'segments')",
+    )
+    p.add_argument(
+        "--for",
+        dest="for_tool",
+        metavar="TOOL",
+        help="maxtext: one placement per activation name across layer groups (what MaxText "
+        "expresses); also reports what the restriction costs against the unrestricted plan",
+    )
+    p.add_argument(
+        "--emit",
+        metavar="TOOL",
+        help="maxtext: write (--out) or print MaxText overrides instead of a "
+        "tierax plan YAML (exit 2 if the plan is not expressible)",
+    )
     _rate_arg(p)
-    p.add_argument("--sweep", metavar="KEY=LO:HI:STEP",
-                   help="solve at every point of budget (GiB), microbatch, or a --rate key (e.g. host_link=100:1000:100)"
-                        "; prints a table, and with --out F.png draws the frontier (F.json beside it)")
+    p.add_argument(
+        "--sweep",
+        metavar="KEY=LO:HI:STEP",
+        help="solve at every point of budget (GiB), microbatch, or a --rate key (e.g. "
+        "host_link=100:1000:100); prints a table, and with --out F.png draws the frontier (F.json "
+        "beside it)",
+    )
     p.set_defaults(func=planning.cmd_plan)
 
-    c = sub.add_parser("calibrate", help="measure this machine's rates for the cost model",
-                       description=CALIBRATE_DESCRIPTION)
-    c.add_argument("--json", action="store_true",
-                   help="no progress display; print the stored entry as JSON")
+    c = sub.add_parser(
+        "calibrate",
+        help="measure this machine's rates for the cost model",
+        description=CALIBRATE_DESCRIPTION,
+    )
+    c.add_argument(
+        "--json", action="store_true", help="no progress display; print the stored entry as JSON"
+    )
     c.set_defaults(func=planning.cmd_calibrate)
 
 
 def _rate_arg(p) -> None:
-    p.add_argument("--rate", action="append", default=[], metavar="KEY=VALUE",
-                   help="what-if override of a target rate (repeatable): host_link, d2h, h2d (GB/s per direction), "
-                        "hbm_size (GB), hbm_bw (TB/s), matmul (TFLOP/s), interconnect (GB/s inside an NVLink domain), "
-                        "scale_out (GB/s per device between domains), nvlink_domain (devices per domain), "
-                        "gpus_per_domain (this job's devices per domain; default: spread evenly), host_memory (GB)")
+    p.add_argument(
+        "--rate",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="what-if override of a target rate (repeatable): host_link, d2h, h2d (GB/s per "
+        "direction), hbm_size (GB), hbm_bw (TB/s), matmul (TFLOP/s), interconnect (GB/s inside an "
+        "NVLink domain), scale_out (GB/s per device between domains), nvlink_domain (devices per "
+        "domain), gpus_per_domain (this job's devices per domain; default: spread evenly), "
+        "host_memory (GB)",
+    )
 
 
 def _running(sub) -> None:
-    b = sub.add_parser("bench", help="run plans side by side on the local devices",
-                       description="Compile and time a train step under each plan on the local devices.")
+    b = sub.add_parser(
+        "bench",
+        help="run plans side by side on the local devices",
+        description="Compile and time a train step under each plan on the local devices.",
+    )
     add_model_args(b)
-    b.add_argument("--dtype", choices=["float32", "bfloat16"],
-                   help="activation/compute dtype (an override of `dtype`; param_dtype is kept)")
-    b.add_argument("--plans", default="save-all,remat-full,minimal,qkv-offload",
-                   help="comma-separated presets or plan YAML files")
-    b.add_argument("--steps", type=positive_int, default=10, help="timed steps per plan (default 10)")
+    b.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        help="activation/compute dtype (an override of `dtype`; param_dtype is kept)",
+    )
+    b.add_argument(
+        "--plans",
+        default="save-all,remat-full,minimal,qkv-offload",
+        help="comma-separated presets or plan YAML files",
+    )
+    b.add_argument(
+        "--steps", type=positive_int, default=10, help="timed steps per plan (default 10)"
+    )
     add_size_args(b, microbatch=8)
-    b.add_argument("--devices", type=positive_int, help="host CPU devices to create (CPU backend only)")
+    b.add_argument(
+        "--devices", type=positive_int, help="host CPU devices to create (CPU backend only)"
+    )
     b.add_argument("--mesh", help="mesh axes, e.g. data=2,fsdp=4 (default: fsdp over all devices)")
     b.add_argument("--xla-preset", default="none", help=PRESET_HELP)
     b.add_argument("--json", action="store_true", help="print a JSON list of per-plan records")
-    b.add_argument("--out", help="also write the full JSON record (machine, versions, command) to this file")
-    b.add_argument("--verify", action="store_true",
-                   help="first check each plan's gradients against save-all (tierax verify); exit 1 and run no "
-                        "benchmark if any fails")
+    b.add_argument(
+        "--out", help="also write the full JSON record (machine, versions, command) to this file"
+    )
+    b.add_argument(
+        "--verify",
+        action="store_true",
+        help="first check each plan's gradients against save-all (tierax verify); exit 1 and run "
+        "no benchmark if any fails",
+    )
     b.set_defaults(func=measuring.cmd_bench)
 
     c = sub.add_parser(
-        "compile", help="compile a plan for a GPU target without a GPU",
-        description="Compile the full train step under a plan for a GPU target on this machine (deviceless XLA:GPU "
-                    "compilation) and report XLA's memory figures and a static copy/compute overlap check.")
+        "compile",
+        help="compile a plan for a GPU target without a GPU",
+        description="Compile the full train step under a plan for a GPU target on this machine "
+        "(deviceless XLA:GPU compilation) and report XLA's memory figures and a static "
+        "copy/compute overlap check.",
+    )
     add_model_args(c)
-    c.add_argument("--plan", default="qkv-offload", help="a preset or plan YAML file (default: qkv-offload)")
-    c.add_argument("--target", default="h200",
-                   help="h100, h200, b200, gb200 (XLA:GPU) or v5e, v5p, v6e (XLA:TPU, needs the tpu-aot extra); "
-                        "default h200")
-    c.add_argument("--target-config", metavar="FILE", help="a GpuTargetConfigProto text file instead of the built-in one")
-    c.add_argument("--devices", type=positive_int, help="compile-only GPUs (default: the mesh's product, else 1)")
+    c.add_argument(
+        "--plan", default="qkv-offload", help="a preset or plan YAML file (default: qkv-offload)"
+    )
+    c.add_argument(
+        "--target",
+        default="h200",
+        help="h100, h200, b200, gb200 (XLA:GPU) or v5e, v5p, v6e (XLA:TPU, needs the tpu-aot "
+        "extra); default h200",
+    )
+    c.add_argument(
+        "--target-config",
+        metavar="FILE",
+        help="a GpuTargetConfigProto text file instead of the built-in one",
+    )
+    c.add_argument(
+        "--devices",
+        type=positive_int,
+        help="compile-only GPUs (default: the mesh's product, else 1)",
+    )
     c.add_argument("--mesh", help="mesh axes, e.g. fsdp=8 or data=2,fsdp=4")
     add_size_args(c, microbatch=8)
     c.add_argument("--xla-preset", default="none", help=PRESET_HELP)
@@ -148,87 +286,223 @@ def _running(sub) -> None:
     c.set_defaults(func=measuring.cmd_compile)
 
     v = sub.add_parser(
-        "verify", help="check a plan's loss and gradients against save-all",
-        description="Run one step (loss and gradients) under each plan and under save-all on the local backend, "
-                    "same parameters and tokens, and compare every gradient leaf (max relative error per leaf, "
-                    "relative to the reference leaf's largest magnitude). Tolerance by compute dtype: float32 "
-                    "1e-5, float16 1e-2, bfloat16 2e-2. Exit 0: all pass; 1: a plan fails (its worst leaves are "
-                    "named); 2: bad input.")
+        "verify",
+        help="check a plan's loss and gradients against save-all",
+        description="Run one step (loss and gradients) under each plan and under save-all on the "
+        "local backend, same parameters and tokens, and compare every gradient leaf (max relative "
+        "error per leaf, relative to the reference leaf's largest magnitude). Tolerance by compute "
+        "dtype: float32 1e-5, float16 1e-2, bfloat16 2e-2. Exit 0: all pass; 1: a plan fails (its "
+        "worst leaves are named); 2: bad input.",
+    )
     add_model_args(v)
-    v.add_argument("--plan", default="qkv-offload",
-                   help="a preset or plan YAML file, or a comma-separated list (default: qkv-offload)")
+    v.add_argument(
+        "--plan",
+        default="qkv-offload",
+        help="a preset or plan YAML file, or a comma-separated list (default: qkv-offload)",
+    )
     add_size_args(v, microbatch=4, per_device=False)
-    v.add_argument("--seed", type=nonnegative_int, default=0, help="parameter seed; tokens use seed + 1 (default 0)")
+    v.add_argument(
+        "--devices",
+        type=positive_int,
+        help="host CPU devices to create (CPU backend; default: the mesh's product, else 1)",
+    )
+    v.add_argument(
+        "--mesh",
+        help="run each plan and save-all sharded on this mesh, e.g. "
+        "fsdp=2,expert=2,tensor=2 (default: one device)",
+    )
+    v.add_argument(
+        "--seed",
+        type=nonnegative_int,
+        default=0,
+        help="parameter seed; tokens use seed + 1 (default 0)",
+    )
     v.add_argument("--xla-preset", default="none", help=PRESET_HELP)
     v.add_argument("--json", action="store_true", help="print one JSON object")
     v.set_defaults(func=measuring.cmd_verify)
 
     p = sub.add_parser(
-        "profile", help="trace a few train steps; report compute, transfers and their overlap",
-        description="Capture a JAX profiler trace of a few train steps under a plan (Perfetto JSON for "
-                    "ui.perfetto.dev and the .xplane.pb are kept) and report per step: compute time, host↔device "
-                    "transfer time per direction, how much of it overlaps compute, the exposed part and the "
-                    "achieved bandwidth. A CPU trace has no host↔device transfers and says so.")
+        "profile",
+        help="trace a few train steps; report compute, transfers and their overlap",
+        description="Capture a JAX profiler trace of a few train steps under a plan (Perfetto JSON "
+        "for ui.perfetto.dev and the .xplane.pb are kept) and report per step: compute time, "
+        "host↔device transfer time per direction, how much of it overlaps compute, the exposed "
+        "part and the achieved bandwidth. A CPU trace has no host↔device transfers and says so.",
+    )
     add_model_args(p)
-    p.add_argument("--plan", default="qkv-offload", help="a preset or plan YAML file (default: qkv-offload)")
+    p.add_argument(
+        "--plan", default="qkv-offload", help="a preset or plan YAML file (default: qkv-offload)"
+    )
     p.add_argument("--steps", type=positive_int, default=3, help="traced steps (default 3)")
-    p.add_argument("--warmup", type=nonnegative_int, default=2, help="untraced steps first (default 2)")
+    p.add_argument(
+        "--warmup", type=nonnegative_int, default=2, help="untraced steps first (default 2)"
+    )
     add_size_args(p, microbatch=8, per_device=False)
-    p.add_argument("--out", help="a new (or empty) output directory; nothing in an existing one is touched "
-                                 "(default: profiles/MODEL-PLAN, or -2, -3, … if taken)")
+    p.add_argument(
+        "--out",
+        help="a new (or empty) output directory; nothing in an existing one is touched "
+        "(default: profiles/MODEL-PLAN, or -2, -3, … if taken)",
+    )
     p.add_argument("--xla-preset", default="none", help=PRESET_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=measuring.cmd_profile)
 
     r = sub.add_parser(
-        "report", help="charts and a Markdown summary from recorded results",
-        description="From bench results (tierax.bench/1) or GPU-check results (tierax.gpu-check/1): a "
-                    "throughput-vs-peak-memory chart per results file, a Markdown summary, a one-step "
-                    "transfer/compute timeline if --trace is given, and optionally the README's performance "
-                    "table (the section between the perf-table markers).")
+        "report",
+        help="charts and a Markdown summary from recorded results",
+        description="From bench results (tierax.bench/1) or GPU-check results "
+        "(tierax.gpu-check/1): a throughput-vs-peak-memory chart per results file, a Markdown "
+        "summary, a one-step transfer/compute timeline if --trace is given, and optionally the "
+        "README's performance table (the section between the perf-table markers).",
+    )
     r.add_argument("results", nargs="+", metavar="RESULTS.json", help="results files")
-    r.add_argument("--out", required=True, metavar="DIR", help="directory for the PNGs and summary.md")
-    r.add_argument("--trace", metavar="DIR", help="a `tierax profile --out` directory (or a trace file)")
-    r.add_argument("--sweep", action="append", default=[], metavar="SWEEP.json",
-                   help="a planner frontier to embed: `tierax plan --sweep ... --out F.png`'s F.json, or "
-                        "bench/whatif.py's record (repeatable)")
-    r.add_argument("--readme", metavar="FILE",
-                   help="rewrite the section between <!-- perf-table:start --> and <!-- perf-table:end --> in FILE")
+    r.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="a new (or empty) directory for the PNGs and summary.md; nothing in an "
+        "existing one is touched",
+    )
+    r.add_argument(
+        "--trace", metavar="DIR", help="a `tierax profile --out` directory (or a trace file)"
+    )
+    r.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="SWEEP.json",
+        help="a planner frontier to embed: `tierax plan --sweep ... --out F.png`'s F.json, or "
+        "bench/whatif.py's record (repeatable)",
+    )
+    r.add_argument(
+        "--readme",
+        metavar="FILE",
+        help="rewrite the section between <!-- perf-table:start --> and <!-- perf-table:end --> in "
+        "FILE",
+    )
     r.set_defaults(func=measuring.cmd_report)
 
 
 def _training(sub) -> None:
     t = sub.add_parser(
-        "train", help="train a model under a plan from a config file",
-        description="Train from a YAML config (see configs/demo-train.yaml; keys are listed in README.md) with "
-                    "KEY=VALUE overrides (dotted for sections: mesh.fsdp=4, optimizer.lr=3e-4, model.d_model=128). "
-                    "Writes metrics.jsonl, metrics.png and the resolved config to log.dir, Orbax checkpoints to "
-                    "checkpoint.dir. Ctrl-C stops at the next step boundary and checkpoints it.")
+        "train",
+        help="train a model under a plan from a config file",
+        description="Train from a YAML config (see configs/demo-train.yaml; keys are listed in "
+        "README.md) with KEY=VALUE overrides (dotted for sections: mesh.fsdp=4, optimizer.lr=3e-4, "
+        "model.d_model=128). Writes metrics.jsonl, metrics.png and the resolved config to log.dir, "
+        "Orbax checkpoints to checkpoint.dir. Ctrl-C stops at the next step boundary and "
+        "checkpoints it.",
+    )
     t.add_argument("config", metavar="CONFIG.yaml", help="the train config file")
-    t.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, applied in order")
-    t.add_argument("--resume", action="store_true",
-                   help="continue from the newest complete checkpoint in checkpoint.dir (none: start fresh)")
-    t.add_argument("--verify", action="store_true",
-                   help="first check the plan's gradients against save-all (tierax.measure.verify); stop if they differ")
-    t.add_argument("--json", action="store_true", help="no progress display; print one JSON summary per process")
-    t.add_argument("--coordinator", metavar="HOST:PORT", help="multi-process: process 0's address (env TIERAX_COORDINATOR)")
-    t.add_argument("--num-processes", type=positive_int, metavar="N",
-                   help="multi-process: process count (env TIERAX_NUM_PROCESSES)")
-    t.add_argument("--process-id", type=nonnegative_int, metavar="I",
-                   help="multi-process: this process, 0-based (env TIERAX_PROCESS_ID)")
+    t.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, applied in order"
+    )
+    t.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the newest complete checkpoint in checkpoint.dir (none: start fresh)",
+    )
+    t.add_argument(
+        "--verify",
+        action="store_true",
+        help="first check the plan's gradients against save-all (tierax.measure.verify); stop if "
+        "they differ",
+    )
+    t.add_argument(
+        "--json",
+        action="store_true",
+        help="no progress display; print one JSON summary per process",
+    )
+    t.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="multi-process: process 0's address (env TIERAX_COORDINATOR)",
+    )
+    t.add_argument(
+        "--num-processes",
+        type=positive_int,
+        metavar="N",
+        help="multi-process: process count (env TIERAX_NUM_PROCESSES)",
+    )
+    t.add_argument(
+        "--process-id",
+        type=nonnegative_int,
+        metavar="I",
+        help="multi-process: this process, 0-based (env TIERAX_PROCESS_ID)",
+    )
     t.set_defaults(func=training.cmd_train)
 
-    d = sub.add_parser("data", help="prepare training data",
-                       description="prepare TEXT_FILE --out DIR: tokenize a text file byte-level (vocabulary 256) into "
-                                   "a memory-mapped token file plus index.json, for data.source: tokens.")
-    d.add_argument("action", choices=["prepare"], help="prepare: tokenize a text file")
-    d.add_argument("text_file", metavar="TEXT_FILE", help="a UTF-8 (or any byte) text file")
+    d = sub.add_parser(
+        "data",
+        help="prepare training data",
+        description="prepare INPUT... --out DIR: tokenize text files, JSONL or Parquet (--field) "
+        "with a tokenizer file (a Hugging Face tokenizer.json, a SentencePiece model "
+        "or a tiktoken BPE file, told apart by content; default: byte-level) into "
+        "token shards plus index.json, for data.source: tokens.",
+    )
+    d.add_argument(
+        "action", choices=["prepare"], help="prepare: tokenize documents into a token directory"
+    )
+    d.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help="text files (one document each), JSONL files (one document per line) or "
+        "Parquet files (one per row)",
+    )
     d.add_argument("--out", required=True, metavar="DIR", help="the token directory to write")
+    d.add_argument(
+        "--tokenizer",
+        default="bytes",
+        metavar="FILE",
+        help="tokenizer file, read from disk (default: bytes, the byte-level tokenizer)",
+    )
+    d.add_argument(
+        "--field", default="text", help="JSONL field / Parquet column with the text (default: text)"
+    )
+    d.add_argument(
+        "--validation-fraction",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="hold out this share of whole documents as the validation split (default 0)",
+    )
+    d.add_argument(
+        "--shard-tokens",
+        type=positive_int,
+        default=1 << 28,
+        metavar="N",
+        help="tokens per shard file (default 2^28)",
+    )
+    d.add_argument(
+        "--bos",
+        metavar="TOKEN",
+        help="the BOS token put before each document (none: no BOS; default: the "
+        "tokenizer's own choice)",
+    )
+    d.add_argument(
+        "--eos",
+        metavar="TOKEN",
+        help="the end-of-text token after each document (default: the tokenizer's)",
+    )
+    d.add_argument(
+        "--max-document-mib",
+        type=positive_int,
+        default=64,
+        metavar="MIB",
+        help="refuse larger documents (memory is bounded by one document; default 64)",
+    )
+    d.add_argument(
+        "--overwrite", action="store_true", help="replace a token directory already at --out"
+    )
     d.set_defaults(func=training.cmd_data)
 
-    pm = sub.add_parser("plot-metrics", help="plot loss and throughput of a training run",
-                        description="Draw loss and throughput (tokens/s, TFLOP/s/device) curves of RUN_DIR/metrics.jsonl "
-                                    "to a PNG (default RUN_DIR/metrics.png).")
+    pm = sub.add_parser(
+        "plot-metrics",
+        help="plot loss and throughput of a training run",
+        description="Draw loss and throughput (tokens/s, TFLOP/s/device) curves of "
+        "RUN_DIR/metrics.jsonl to a PNG (default RUN_DIR/metrics.png).",
+    )
     pm.add_argument("run_dir", metavar="RUN_DIR", help="the log.dir of a `tierax train` run")
     pm.add_argument("--out", metavar="FILE.png", help="where to write the PNG")
     pm.set_defaults(func=training.cmd_plot_metrics)
@@ -237,7 +511,9 @@ def _training(sub) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tierax",
-        description="Schedule accelerator memory in JAX training: keep, offload or recompute each activation.")
+        description="Schedule accelerator memory in JAX training: keep, offload or recompute each "
+        "activation.",
+    )
     p.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     _models_and_plans(sub)

@@ -1,4 +1,5 @@
-"""Verbs that read configs and model a step without running it: models, plans, inventory, simulate, plan, calibrate."""
+"""Verbs that read configs and model a step without running it: models, plans, inventory, simulate,
+plan, calibrate."""
 
 from __future__ import annotations
 
@@ -11,33 +12,83 @@ from tierax.errors import TieraxError
 from tierax.mesh import parse_mesh
 
 GIB = 2**30
+CHECK_ITERATIONS = 4  # plan --check's default bound on compiles
+# The options of `tierax plan` whose combinations interop.planning.check_plan_options checks.
+PLAN_OPTIONS = (
+    "sweep",
+    "check",
+    "check_iterations",
+    "segments",
+    "for_tool",
+    "emit",
+    "max_microbatch",
+    "out",
+    "json",
+)
 
 
 def cmd_models(args) -> int:
-    from tierax.models import NAMED_CONFIGS, apply_overrides, config_to_dict, config_to_yaml, get_config
+    from tierax.models import (
+        NAMED_CONFIGS,
+        apply_overrides,
+        config_to_dict,
+        config_to_yaml,
+        get_config,
+    )
     from tierax.report.tables import models_table
 
     if args.action == "show":
         if args.name is None:
-            raise TieraxError(f"models show needs a NAME; named configs: {', '.join(NAMED_CONFIGS)}")
+            raise TieraxError(
+                f"models show needs a NAME; named configs: {', '.join(NAMED_CONFIGS)}"
+            )
         cfg = apply_overrides(get_config(args.name), args.overrides)
-        print(json.dumps(config_to_dict(cfg), indent=2) if args.json else config_to_yaml(cfg), end="\n" if args.json else "")
+        print(
+            json.dumps(config_to_dict(cfg), indent=2) if args.json else config_to_yaml(cfg),
+            end="\n" if args.json else "",
+        )
         return 0
     if args.name is not None or args.overrides:
-        raise TieraxError("a NAME and --set apply only to `tierax models show NAME [--set KEY=VALUE ...]`")
+        raise TieraxError(
+            "a NAME and --set apply only to `tierax models show NAME [--set KEY=VALUE ...]`"
+        )
     if args.json:
-        print(json.dumps({n: {"family": c.family, "param_count": c.param_count(),
-                              "activated_param_count": c.activated_param_count()}
-                          for n, c in NAMED_CONFIGS.items()}, indent=2))
+        print(
+            json.dumps(
+                {
+                    n: {
+                        "family": c.family,
+                        "param_count": c.param_count(),
+                        "activated_param_count": c.activated_param_count(),
+                    }
+                    for n, c in NAMED_CONFIGS.items()
+                },
+                indent=2,
+            )
+        )
     else:
         console().print(models_table(NAMED_CONFIGS.values()))
     return 0
 
 
+# `plans --emit`'s sizes when not given (options given without --emit are refused).
+SHOW_DEFAULTS = {"target": "h200", "schedule": "lhs", "microbatch": 8, "seq": 64}
+
+
 def cmd_plans(args) -> int:
     from tierax import plan as plan_lib
+    from tierax.interop import planning as interop
     from tierax.report.tables import plan_table
 
+    sizing = {
+        "--target": args.target,
+        "--devices": args.devices,
+        "--mesh": args.mesh,
+        "--schedule": args.schedule,
+        "--microbatch": args.microbatch,
+        "--seq": args.seq,
+    }
+    interop.check_show_options(show=args.show, yaml=args.yaml, emit=args.emit, sizing=sizing)
     cfg = resolve_model(args)
     if args.show is None:
         for name, (desc, _) in plan_lib.PRESETS.items():
@@ -45,10 +96,11 @@ def cmd_plans(args) -> int:
         return 0
     plan = plan_lib.load_plan(args.show, cfg)
     if args.emit:
-        from tierax.interop import planning as interop
-
-        print(interop.emit_plan(plan, cfg, args.emit, microbatch=args.microbatch, seq=args.seq, schedule=args.schedule,
-                                mesh=parse_mesh(args.mesh, args.devices).to_dict(), target=args.target), end="")
+        sizes = {
+            k: v if getattr(args, k) is None else getattr(args, k) for k, v in SHOW_DEFAULTS.items()
+        }
+        mesh = parse_mesh(args.mesh, args.devices).to_dict()
+        print(interop.emit_plan(plan, cfg, args.emit, mesh=mesh, **sizes), end="")
     elif args.yaml:
         print(plan.to_yaml(), end="")
     else:
@@ -57,7 +109,8 @@ def cmd_plans(args) -> int:
 
 
 def _inputs(args, *, rates: bool = True):
-    """(model, mesh, rates or None) of a planning verb, validated (the target too) before JAX starts."""
+    """(model, mesh, rates or None) of a planning verb, validated (the target too) before JAX
+    starts."""
     from tierax import costmodel as cm
     from tierax import hardware
 
@@ -76,8 +129,10 @@ def _inputs(args, *, rates: bool = True):
 
 
 def _title(cfg, args, mesh, microbatch, extra: str = "") -> str:
-    return (f"{cfg.name} · {args.target} · mesh {mesh} · microbatch {microbatch}/device × seq {args.seq}"
-            + (f" · {extra}" if extra else ""))
+    return (
+        f"{cfg.name} · {args.target} · mesh {mesh} · microbatch {microbatch}/device × seq "
+        f"{args.seq}" + (f" · {extra}" if extra else "")
+    )
 
 
 def cmd_inventory(args) -> int:
@@ -101,13 +156,22 @@ def cmd_simulate(args) -> int:
 
     cfg, mesh, rates = _inputs(args)
     plan = plan_lib.load_plan(args.plan, cfg)
-    pred = cm.simulate(plan, inv_lib.model_inventory(cfg, args.microbatch, args.seq, mesh.to_dict()), cfg, rates,
-                       args.schedule)
+    pred = cm.simulate(
+        plan,
+        inv_lib.model_inventory(cfg, args.microbatch, args.seq, mesh.to_dict()),
+        cfg,
+        rates,
+        args.schedule,
+    )
     if args.json:
         print(json.dumps(pred.to_json(), indent=2))
     else:
-        console().print(prediction_table(pred, _title(cfg, args, mesh, args.microbatch,
-                                                      f"plan {plan.name} · {args.schedule}")))
+        console().print(
+            prediction_table(
+                pred,
+                _title(cfg, args, mesh, args.microbatch, f"plan {plan.name} · {args.schedule}"),
+            )
+        )
     return 0
 
 
@@ -116,28 +180,56 @@ def cmd_plan(args) -> int:
     from tierax.interop import planning as interop
     from tierax.report.tables import explain_table, prediction_table
 
+    interop.check_plan_options(**{k: getattr(args, k) for k in PLAN_OPTIONS})
     if args.sweep:
         return _plan_sweep(args)
     if args.check:
         return _plan_check(args)
     out = check_output_file(args.out) if args.out else None
-    interop.check_tool(args.emit, "--emit")
     cfg, mesh, rates = _inputs(args)
-    budgets = {"schedule": args.schedule, "budget_bytes": args.budget_gib and args.budget_gib * GIB,
-               "host_budget_bytes": args.host_budget_gib and args.host_budget_gib * GIB}
-    result, notes = interop.solve(cfg, mesh.to_dict(), rates, microbatch=args.microbatch, seq=args.seq,
-                                  max_microbatch=args.max_microbatch, for_tool=args.for_tool,
-                                  segments=args.segments, **budgets)
-    text = (interop.emit(result, cfg, args.emit, seq=args.seq, mesh=mesh.to_dict(), schedule=args.schedule,
-                         target=args.target, notes=tuple(notes)) if args.emit else result.plan.to_yaml())
+    budgets = {
+        "schedule": args.schedule,
+        "budget_bytes": args.budget_gib and args.budget_gib * GIB,
+        "host_budget_bytes": args.host_budget_gib and args.host_budget_gib * GIB,
+    }
+    result, notes = interop.solve(
+        cfg,
+        mesh.to_dict(),
+        rates,
+        microbatch=args.microbatch,
+        seq=args.seq,
+        max_microbatch=args.max_microbatch,
+        for_tool=args.for_tool,
+        segments=args.segments,
+        **budgets,
+    )
+    text = (
+        interop.emit(
+            result,
+            cfg,
+            args.emit,
+            seq=args.seq,
+            mesh=mesh.to_dict(),
+            schedule=args.schedule,
+            target=args.target,
+            notes=tuple(notes),
+        )
+        if args.emit
+        else result.plan.to_yaml()
+    )
     if out:
         write_text_atomic(out, text)
     for line in notes:
         print(line, file=sys.stderr if args.json or (args.emit and not out) else sys.stdout)
     if args.json or (args.emit and not out):  # stdout carries the result: JSON, or the emitted file
-        print(json.dumps({**result.to_json(), "notes": notes}, indent=2) if args.json else text, end="")
+        print(
+            json.dumps({**result.to_json(), "notes": notes}, indent=2) if args.json else text,
+            end="",
+        )
         return 0
-    console().print(explain_table(result, _title(cfg, args, mesh, result.microbatch, args.schedule)))
+    console().print(
+        explain_table(result, _title(cfg, args, mesh, result.microbatch, args.schedule))
+    )
     console().print(prediction_table(result.predicted, "predicted step"))
     if out:
         print(f"wrote {out}")
@@ -145,14 +237,13 @@ def cmd_plan(args) -> int:
 
 
 def _plan_check(args) -> int:
-    """``tierax plan --check``: plan, compile deviceless for the target, correct the workspace term, re-plan."""
+    """``tierax plan --check``: plan, compile deviceless for the target, correct the workspace term,
+    re-plan."""
     from tierax import costmodel as cm
     from tierax import hardware
     from tierax.fileio import check_output_file, write_text_atomic
     from tierax.whatif import override_rates
 
-    if args.sweep or args.emit or args.for_tool or args.max_microbatch:
-        raise TieraxError("--check compiles one plan at a given --microbatch; drop --sweep/--emit/--for/--max-microbatch")
     out = check_output_file(args.out) if args.out else None
     cfg, mesh = resolve_model(args), parse_mesh(args.mesh, args.devices)
     spec = hardware.compile_target(args.target)  # a projection (no XLA device spec) is refused here
@@ -161,39 +252,59 @@ def _plan_check(args) -> int:
     if spec.kind == "tpu":
         from tierax import compile as compile_lib
 
-        compile_lib.start_deviceless_tpu("none")
+        compile_lib.start_deviceless_tpu("none", spec.accelerator_type(mesh.size))
     else:
-        launch.start(deviceless_gpu=True, preset="lhs-pipelined" if args.schedule == "lhs-pipelined" else "lhs")
+        launch.start(
+            deviceless_gpu=True,
+            preset="lhs-pipelined" if args.schedule == "lhs-pipelined" else "lhs",
+        )
     from tierax import plan_check
 
     def gib(n: float) -> str:  # GiB, or MiB below 1 GiB
         return f"{n / GIB:.2f} GiB" if abs(n) >= GIB else f"{n / 2**20:.2f} MiB"
 
     def report(s) -> None:
-        print(f"check {s.iteration}: budget {gib(s.budget_bytes)} (workspace correction {gib(s.workspace_correction_bytes)}"
-              f") · predicted peak {gib(s.predicted_peak_bytes)} · XLA {gib(s.xla_peak_bytes)} "
-              f"({s.peak_error:+.1%}) fits={'yes' if s.xla_fits else 'NO'} · exposed transfers predicted "
-              f"{s.predicted_exposed_s * 1e3:.2f} ms, XLA {s.xla_exposed_s * 1e3:.2f} ms · host {gib(s.host_bytes)} "
-              f"vs XLA {gib(s.xla_host_bytes)} · compile {s.compile_s:.0f} s", flush=True)
+        print(
+            f"check {s.iteration}: budget {gib(s.budget_bytes)} (workspace correction "
+            f"{gib(s.workspace_correction_bytes)}) · predicted peak {gib(s.predicted_peak_bytes)} "
+            f"· XLA {gib(s.xla_peak_bytes)} ({s.peak_error:+.1%}) "
+            f"fits={'yes' if s.xla_fits else 'NO'} · exposed transfers predicted "
+            f"{s.predicted_exposed_s * 1e3:.2f} ms, XLA {s.xla_exposed_s * 1e3:.2f} ms · host "
+            f"{gib(s.host_bytes)} vs XLA {gib(s.xla_host_bytes)} · compile {s.compile_s:.0f} s",
+            flush=True,
+        )
 
-    res = plan_check.check(cfg, mesh, rates, args.target, microbatch=args.microbatch, seq=args.seq,
-                           schedule=args.schedule, budget_bytes=args.budget_gib and args.budget_gib * GIB,
-                           host_budget_bytes=args.host_budget_gib and args.host_budget_gib * GIB,
-                           segments=args.segments, max_iterations=args.check_iterations, report=report)
+    res = plan_check.check(
+        cfg,
+        mesh,
+        rates,
+        args.target,
+        microbatch=args.microbatch,
+        seq=args.seq,
+        schedule=args.schedule,
+        budget_bytes=args.budget_gib and args.budget_gib * GIB,
+        host_budget_bytes=args.host_budget_gib and args.host_budget_gib * GIB,
+        segments=args.segments,
+        max_iterations=args.check_iterations or CHECK_ITERATIONS,
+        report=report,
+    )
     if out:
         write_text_atomic(out, res.result.plan.to_yaml())
         print(f"wrote {out}")
     if args.json:
         print(json.dumps(res.to_json(), indent=2))
     last = res.iterations[-1]
-    print(f"check {'converged' if res.converged else 'did NOT converge'} after {len(res.iterations)} compile(s): "
-          f"XLA peak {gib(last.xla_peak_bytes)} of {gib(rates.device_memory_bytes)} "
-          f"({'fits' if last.xla_fits else 'does not fit'}), model within {abs(last.peak_error):.1%}")
+    print(
+        f"check {'converged' if res.converged else 'did NOT converge'} after {len(res.iterations)} "
+        f"compile(s): XLA peak {gib(last.xla_peak_bytes)} of {gib(rates.device_memory_bytes)} "
+        f"({'fits' if last.xla_fits else 'does not fit'}), model within {abs(last.peak_error):.1%}"
+    )
     return 0 if res.converged else 1
 
 
 def _plan_sweep(args) -> int:
-    """``tierax plan --sweep KEY=LO:HI:STEP``: the plan at every point, a table, and with ``--out F.png``
+    """``tierax plan --sweep KEY=LO:HI:STEP``: the plan at every point, a table, and with ``--out
+    F.png``
     the frontier as a picture plus its JSON record (``F.json``)."""
     from tierax import records, whatif
     from tierax.cli.common import progress
@@ -203,20 +314,43 @@ def _plan_sweep(args) -> int:
 
     key, points = whatif.parse_sweep(args.sweep)
     if args.out and not args.out.endswith(".png"):
-        raise TieraxError(f"--out {args.out!r}: with --sweep, --out is the PNG to draw (FILE.png; FILE.json beside it)")
+        raise TieraxError(
+            f"--out {args.out!r}: with --sweep, --out is the PNG to draw (FILE.png; FILE.json "
+            f"beside it)"
+        )
     out = check_output_file(args.out) if args.out else None
-    if out:
-        check_output_file(out.with_suffix(".json"))
+    if out:  # the user named F.png, not F.json: replace that only if an earlier sweep wrote it
+        beside = check_output_file(out.with_suffix(".json"))
+        records.check_replaceable(
+            beside, records.SWEEP_SCHEMA, f"--out {args.out!r} writes its record beside it:"
+        )
     cfg, mesh, rates = _inputs(args)
-    solve = whatif.plan_solver(cfg, mesh.to_dict(), args.seq, args.microbatch, rates, schedule=args.schedule,
-                               budget_bytes=args.budget_gib and args.budget_gib * GIB,
-                               host_budget_bytes=args.host_budget_gib and args.host_budget_gib * GIB)
+    solve = whatif.plan_solver(
+        cfg,
+        mesh.to_dict(),
+        args.seq,
+        args.microbatch,
+        rates,
+        schedule=args.schedule,
+        budget_bytes=args.budget_gib and args.budget_gib * GIB,
+        host_budget_bytes=args.host_budget_gib and args.host_budget_gib * GIB,
+        segments=args.segments,
+    )
     with progress(f"sweep {key}", len(points), disable=args.json) as advance:
-        pts = [p.to_json() for p in whatif.sweep(key, points, solve=solve, references=whatif.REFERENCES,
-                                                 progress=advance)]
+        pts = [
+            p.to_json()
+            for p in whatif.sweep(
+                key, points, solve=solve, references=whatif.REFERENCES, progress=advance
+            )
+        ]
     title = _title(cfg, args, mesh, args.microbatch, f"{args.schedule} · sweep {key}")
     doc = records.envelope(records.SWEEP_SCHEMA, records.command_line()) | {
-        "title": title, "sweep": key, "rates": rates.sources, "references": list(whatif.REFERENCES), "points": pts}
+        "title": title,
+        "sweep": key,
+        "rates": rates.sources,
+        "references": list(whatif.REFERENCES),
+        "points": pts,
+    }
     if out:
         records.write_record(out.with_suffix(".json"), doc)
         plot_sweep(pts, key, out, title=title, references=whatif.REFERENCES)

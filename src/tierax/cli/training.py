@@ -6,7 +6,7 @@ import json
 import sys
 
 from tierax import launch
-from tierax.cli.common import console
+from tierax.cli.common import console, prepare_progress
 from tierax.fileio import check_output_file
 
 
@@ -18,6 +18,7 @@ def cmd_train(args) -> int:
     cfg.check_outputs()
     dist = launch.Distributed.resolve(args.coordinator, args.num_processes, args.process_id)
     env_lines = launch.start_training(cfg, dist, debug=args.debug)
+    launch.check_local_attention(cfg.model, what="tierax train")
     launch.check_local_memory(cfg.model, shards=cfg.mesh.size, what="tierax train")
     import jax
 
@@ -28,16 +29,20 @@ def cmd_train(args) -> int:
     say = c.print if jax.process_index() == 0 and not args.json else (lambda *a, **k: None)
     for line in [*env_lines, *([_verify(cfg)] if args.verify else [])]:
         say(line)
+    reporter = Reporter() if args.json else RichReporter(c, cfg.log.every)
     try:
-        with loop.Trainer(cfg, resume=args.resume, reporter=Reporter() if args.json else RichReporter(c, cfg.log.every)) as t:
-            result = t.train()
+        result = loop.run(cfg, resume=args.resume, reporter=reporter)
     except (loop.NonFiniteLoss, loop.Stopped) as e:
         print(f"tierax train: {e}", file=sys.stderr)
         return 130 if isinstance(e, loop.Stopped) else 1
     _plot(cfg, say)
     if args.json:
-        print(json.dumps({"process_index": jax.process_index(), "process_count": jax.process_count()}
-                         | result.to_json()))
+        print(
+            json.dumps(
+                {"process_index": jax.process_index(), "process_count": jax.process_count()}
+                | result.to_json()
+            )
+        )
     else:
         say(result.summary(cfg))
     return 0
@@ -61,11 +66,36 @@ def _plot(cfg, say) -> None:
 
 
 def cmd_data(args) -> int:
+    from tierax.cli.common import console as make_console
     from tierax.train import data
 
-    index = data.prepare_text(args.text_file, args.out)
-    print(f"wrote {index.num_tokens:,} tokens ({index.tokenizer} tokenizer, vocab {index.vocab_size}, "
-          f"{index.dtype}) to {args.out}/{data.TOKENS} with {args.out}/{data.INDEX}")
+    c = make_console(stderr=True)
+    with prepare_progress(c, data.input_bytes(args.inputs)) as advance:
+        index = data.prepare(
+            args.inputs,
+            args.out,
+            tokenizer=args.tokenizer,
+            field=args.field,
+            validation_fraction=args.validation_fraction,
+            shard_tokens=args.shard_tokens,
+            bos=args.bos,
+            eos=args.eos,
+            max_document_bytes=args.max_document_mib << 20,
+            overwrite=args.overwrite,
+            progress=advance,
+        )
+    tok = index["tokenizer"]
+    for name, split in index["splits"].items():
+        print(
+            f"{name}: {split['num_tokens']:,} tokens in {split['num_documents']:,} documents, "
+            f"{len(split['shards'])} shard(s)"
+        )
+    bos = tok["bos_id"] if tok["add_bos"] else "none"
+    eos = "none" if tok["eos_id"] is None else tok["eos_id"]
+    print(
+        f"wrote {args.out} ({tok['kind']} tokenizer, vocab {tok['vocab_size']}, "
+        f"{index['dtype']}; BOS {bos}, EOS {eos}) with {args.out}/{data.INDEX}"
+    )
     return 0
 
 
@@ -76,4 +106,3 @@ def cmd_plot_metrics(args) -> int:
         check_output_file(args.out)
     print(f"wrote {plot_metrics(args.run_dir, args.out)}")
     return 0
-

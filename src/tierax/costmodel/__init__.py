@@ -7,35 +7,36 @@ transfer time — so the planner can optimise it exactly with an integer program
 :func:`simulate` and the planner share :func:`item_terms` and :func:`fixed_terms`.
 
 Memory (per device): parameters, gradients and AdamW moments (sharded as the
-step shards them: fsdp × expert, and tensor where tensor-parallel); activations kept on device (the scan
-carry of every layer, plus each ``device`` activation; a group with every
-activation on device runs without remat and keeps everything a layer saves,
-named or not); staging buffers for transfers (one layer's offloaded slices, two
-with XLA's pipelined transfers); one layer's transient workspace (its full residual
-set while it is recomputed and back-propagated, a MoE layer's dispatch-sized backward buffers, under FSDP
-its gathered weights, and, with an untiled loss, the head's float32 gradient or the logits' gradient it comes
-from, kept until the reduce-scatter after the loop); XLA's transposed copies of stacked weights whose FSDP
-dimension is not major (live through both loops); the float32 logits.
-The peak is the larger of two moments: a layer's backward (the state with every gradient, kept activations,
-staging, the transposed copies and one layer's workspace) and the loss (parameters, optimizer state and the
-layer gradients, kept activations and staging, the transposed copies, the head's float32 gradient, plus the
-float32 logits and their gradient in the compute dtype, or, when the loss is tiled, one tile's gradient and,
-under FSDP, the head gathered in the compute dtype).  GPU targets add the fixed buffers
-XLA:GPU always allocates (the cuBLAS workspace).  Each term is a buffer seen at deviceless XLA:GPU peaks.
+step shards them: fsdp × expert, and tensor where tensor-parallel); activations kept on device (the
+scan carry of every layer, plus each ``device`` activation; a group with every activation on device
+runs without remat and keeps everything a layer saves, named or not); staging buffers for transfers
+(one layer's offloaded slices, two with XLA's pipelined transfers); one layer's transient workspace
+(its full residual set while it is recomputed and back-propagated, a MoE layer's dispatch-sized
+backward buffers, under FSDP its gathered weights, and, with an untiled loss, the head's float32
+gradient or the logits' gradient it comes from, kept until the reduce-scatter after the loop); XLA's
+transposed copies of stacked weights whose FSDP dimension is not major (live through both loops);
+the float32 logits. The peak is the larger of two moments: a layer's backward (the state with every
+gradient, kept activations, staging, the transposed copies and one layer's workspace) and the loss
+(parameters, optimizer state and the layer gradients, kept activations and staging, the transposed
+copies, the head's float32 gradient, plus the float32 logits and their gradient in the compute
+dtype, or, when the loss is tiled, one tile's gradient and, under FSDP, the head gathered in the
+compute dtype).  GPU targets add the fixed buffers XLA:GPU always allocates (the cuBLAS workspace).
+Each term is a buffer seen at deviceless XLA:GPU peaks.
 
-Time: executed matmul FLOPs (forward, 2× for backward, plus recomputation) at the target's achievable
-matmul rate, plus the non-matmul work's HBM bytes (:mod:`tierax.hbm`: every layer's forward, backward and
-recomputation, the loss, the AdamW update) at the HBM bandwidth, not overlapped with the matmuls (one GPU
-stream runs a fusion and a GEMM one after the other); host transfers at the link bandwidth each way,
-hidden under compute (matmuls and HBM-bound work) per schedule — ``serial``: none; ``lhs``: up to half of the
-same layer's compute; ``lhs-pipelined``: up to the whole neighbouring layer's
-compute — under XLA's offload policy; tierax's prefetching scan (a plan's default
-mechanism) hides each copy under a whole layer unless the schedule is serial, and
-stages one layer beyond the workspace (:func:`staging_and_window`); FSDP all-gathers/reduce-scatters, MoE all-to-alls and tensor-parallel
-all-reduces over their mesh axes, each at its link (NVLink inside a domain, the scale-out network
-across domains: :mod:`tierax.network`), exposed under ``serial`` and hidden under
-compute otherwise; a rematerialised layer repeats its forward's collectives (counted
-with its unnamed recomputation, which every remat policy of that group pays).
+Time: executed matmul FLOPs (forward, 2× for backward, plus recomputation) at the target's
+achievable matmul rate, plus the non-matmul work's HBM bytes (:mod:`tierax.hbm`: every layer's
+forward, backward and recomputation, the loss, the AdamW update) at the HBM bandwidth, not
+overlapped with the matmuls (one GPU stream runs a fusion and a GEMM one after the other); host
+transfers at the link bandwidth each way, hidden under compute (matmuls and HBM-bound work) per
+schedule — ``serial``: none; ``lhs``: up to half of the same layer's compute; ``lhs-pipelined``: up
+to the whole neighbouring layer's compute — under XLA's offload policy; tierax's prefetching scan (a
+plan's default mechanism) hides each copy under a whole layer unless the schedule is serial, and
+stages one layer beyond the workspace (:func:`staging_and_window`); FSDP
+all-gathers/reduce-scatters, MoE all-to-alls and tensor-parallel all-reduces over their mesh axes,
+each at its link (NVLink inside a domain, the scale-out network across domains:
+:mod:`tierax.network`), exposed under ``serial`` and hidden under compute otherwise; a
+rematerialised layer repeats its forward's collectives (counted with its unnamed recomputation,
+which every remat policy of that group pays).
 """
 
 from tierax.costmodel.fixed import FixedTerms, fixed_terms
@@ -62,8 +63,26 @@ from tierax.costmodel.terms import (
 )
 
 __all__ = [
-    "ACHIEVABLE_FRACTION", "CALIBRATION_FILE", "OVERLAP_WINDOW", "SCHEDULES", "STAGING_LAYERS",
-    "XLA_GPU_FIXED_BYTES", "FixedTerms", "GroupTerms", "ItemTerms", "Prediction", "Rates",
-    "evaluate", "fixed_terms", "forward_collective_s", "group_terms", "item_terms", "load_calibration",
-    "override_rates", "plan_placements", "simulate", "staging_and_window", "target_rates",
+    "ACHIEVABLE_FRACTION",
+    "CALIBRATION_FILE",
+    "OVERLAP_WINDOW",
+    "SCHEDULES",
+    "STAGING_LAYERS",
+    "XLA_GPU_FIXED_BYTES",
+    "FixedTerms",
+    "GroupTerms",
+    "ItemTerms",
+    "Prediction",
+    "Rates",
+    "evaluate",
+    "fixed_terms",
+    "forward_collective_s",
+    "group_terms",
+    "item_terms",
+    "load_calibration",
+    "override_rates",
+    "plan_placements",
+    "simulate",
+    "staging_and_window",
+    "target_rates",
 ]

@@ -1,4 +1,5 @@
-"""The plan-independent terms of a step (:class:`FixedTerms`): compute time, workspace, transposed weight
+"""The plan-independent terms of a step (:class:`FixedTerms`): compute time, workspace, transposed
+weight
 copies, collectives and the loss phase's bytes."""
 
 from __future__ import annotations
@@ -7,40 +8,60 @@ from dataclasses import dataclass
 
 import jax.numpy as jnp
 
-from tierax import hardware, hbm
-from tierax import network
-from tierax.costmodel.rates import Rates
+from tierax import cudnn, hardware, hbm, network
+from tierax.costmodel.rates import FUSED_BACKWARD_FLOPS_RATIO, Rates, matmul_s
 from tierax.costmodel.terms import forward_collective_s
 from tierax.inventory import Inventory
 from tierax.models import moe
 from tierax.models.flops import train_flops
 from tierax.train import gather_layout
 
+
 @dataclass(frozen=True)
 class FixedTerms:
     state_bytes: int
     workspace_bytes: int
-    logits_bytes: int  # at the loss: logits (float32), their gradient (compute dtype), the LM head's float32 gradient
+    # at the loss: logits (float32), their gradient (compute dtype), the LM head's float32 gradient
+    logits_bytes: int
     compute_s: float  # forward + backward matmuls, head included, no recompute, plus hbm_s
     collective_s: float
     exposed_collective_s: float
     model_flops: float  # MaxText convention, per device
     executed_flops: float  # without recomputation, per device
-    embed_grad_bytes: int = 0  # the embedding's and head's (sharded) gradients: not yet written at the loss
+    embed_grad_bytes: int = (
+        0  # the embedding's and head's (sharded) gradients: not yet written at the loss
+    )
     fixed_device_bytes: int = 0
-    stack_copy_bytes: int = 0  # XLA's transposed copies of stacked weights: live from the forward loop to the backward's end
-    hbm_s: float = 0.0  # non-matmul work at HBM bandwidth (tierax.hbm), no recompute: part of compute_s
+    # XLA's transposed copies of stacked weights: live from the forward loop to the backward's end
+    stack_copy_bytes: int = 0
+    hbm_s: float = (
+        0.0  # non-matmul work at HBM bandwidth (tierax.hbm), no recompute: part of compute_s
+    )
+    fused_attention_s: float = (
+        0.0  # fused attention kernels, forward and backward, no recompute: part of compute_s
+    )
 
     @property
     def layer_phase_bytes(self) -> int:
-        """Plan-independent bytes while a layer is back-propagated (add kept activations and staging)."""
-        return self.state_bytes + self.workspace_bytes + self.stack_copy_bytes + self.fixed_device_bytes
+        """Plan-independent bytes while a layer is back-propagated (add kept activations and
+        staging)."""
+        return (
+            self.state_bytes
+            + self.workspace_bytes
+            + self.stack_copy_bytes
+            + self.fixed_device_bytes
+        )
 
     @property
     def loss_phase_bytes(self) -> int:
         """Plan-independent bytes at the loss (add kept activations and staging)."""
-        return (self.state_bytes - self.embed_grad_bytes + self.logits_bytes + self.stack_copy_bytes
-                + self.fixed_device_bytes)
+        return (
+            self.state_bytes
+            - self.embed_grad_bytes
+            + self.logits_bytes
+            + self.stack_copy_bytes
+            + self.fixed_device_bytes
+        )
 
     @property
     def fixed_bytes(self) -> int:
@@ -48,32 +69,69 @@ class FixedTerms:
         return max(self.layer_phase_bytes, self.loss_phase_bytes)
 
 
-def _compute(inv: Inventory, cfg, rates: Rates, tokens: int, tiled: bool) -> tuple[float, float, float]:
+def _compute(
+    inv: Inventory, cfg, rates: Rates, tokens: int, tiled: bool
+) -> tuple[float, float, float, float]:
     head_flops = 2.0 * tokens * cfg.d_model * cfg.vocab_size
     loss_recompute = head_flops if tiled else 0.0
-    executed = 3.0 * (sum(g.forward_flops_per_layer * g.num_layers for g in inv.groups) + head_flops) + loss_recompute
-    hbm_s = hbm.step_fixed_bytes(inv) / rates.hbm_bytes_per_s  # non-matmul work, not overlapped with matmuls
-    compute_s = executed / rates.matmul_flops_per_s + hbm_s
-    return executed, hbm_s, compute_s
+    executed = (
+        3.0 * (sum(g.forward_flops_per_layer * g.num_layers for g in inv.groups) + head_flops)
+        + loss_recompute
+    )
+    hbm_s = (
+        hbm.step_fixed_bytes(inv) / rates.hbm_bytes_per_s
+    )  # non-matmul work, not overlapped with matmuls
+    # A fused attention kernel's matmuls run at its own rates, its backward doing 2.5 × its
+    # forward's FLOPs.
+    fused = sum(g.fused_attention_flops_per_layer * g.num_layers for g in inv.groups)
+    if not fused:
+        return executed, hbm_s, executed / rates.matmul_flops_per_s + hbm_s, 0.0
+    fused_s = matmul_s(fused, fused, rates) + matmul_s(fused, fused, rates, backward=True)
+    executed += (1 + FUSED_BACKWARD_FLOPS_RATIO - 3.0) * fused
+    compute_s = (
+        (executed - (1 + FUSED_BACKWARD_FLOPS_RATIO) * fused) / rates.matmul_flops_per_s
+        + fused_s
+        + hbm_s
+    )
+    return executed, hbm_s, compute_s, fused_s
 
 
-def _workspace(inv: Inventory, cfg, c_item: int, fsdp: int, ep: int, tokens: int, tiled: bool, head_grad: int,
-               grad_share: float) -> float:
-    # One layer in flight: its residuals while it is recomputed and back-propagated, a MoE layer's backward
-    # buffers of the dispatch's size (tierax.models.moe), and, under FSDP, its weights gathered in the compute
-    # dtype: the dense ones whole (per tensor shard), the expert ones over fsdp only (E / expert local experts).
+def _workspace(
+    inv: Inventory,
+    cfg,
+    c_item: int,
+    fsdp: int,
+    ep: int,
+    tokens: int,
+    tiled: bool,
+    head_grad: int,
+    grad_share: float,
+) -> float:
+    # One layer in flight: its residuals while it is recomputed and back-propagated, a MoE layer's
+    # backward buffers of the dispatch's size (tierax.models.moe), and, under FSDP, its weights
+    # gathered in the compute dtype: the dense ones whole (per tensor shard), the expert ones over
+    # fsdp only (E / expert local experts).
     workspace = max(
         g.save_all_bytes_per_layer
         + (c_item * (g.layer_param_count - g.expert_param_count_per_layer) if fsdp > 1 else 0)
         + (c_item * g.expert_param_count_per_layer / ep if inv.mesh.get("fsdp", 1) > 1 else 0)
-        + (moe.backward_buffer_bytes(cfg, tokens, ep) if g.expert_param_count_per_layer else 0) for g in inv.groups
+        + (moe.backward_buffer_bytes(cfg, tokens, ep) if g.expert_param_count_per_layer else 0)
+        for g in inv.groups
     )
+    if getattr(cfg, "attention", "") == "cudnn":
+        # cuDNN's attention backward workspace, one layer's at a time (tierax.cudnn): XLA's
+        # deviceless compile counts it as 0, a real GPU allocates it.
+        _, dqk, _ = cfg.attention_dims()
+        workspace += cudnn.backward_workspace_bytes(
+            inv.microbatch, cfg.num_heads // inv.mesh.get("tensor", 1), inv.seq, dqk
+        )
     if fsdp > 1 and cfg.vocab_size and not tiled:
-        # The head's backward runs before the layers': until the reduce-scatter after the loop, XLA keeps
-        # either its float32 weight gradient ([D, V], unsharded) or the logits' gradient (compute dtype) it is
-        # computed from ([tokens, V]), whichever it schedules (405B fsdp=128: the first; fsdp=1024: the
-        # second); the model counts the smaller.  A tiled loss reduce-scatters each tile's head gradient in
-        # its scan (llama3-8b, DeepSeek-V3).  The gathered embedding and head are free during the loop.
+        # The head's backward runs before the layers': until the reduce-scatter after the loop, XLA
+        # keeps either its float32 weight gradient ([D, V], unsharded) or the logits' gradient
+        # (compute dtype) it is computed from ([tokens, V]), whichever it schedules (405B fsdp=128:
+        # the first; fsdp=1024: the second); the model counts the smaller.  A tiled loss
+        # reduce-scatters each tile's head gradient in its scan (llama3-8b, DeepSeek-V3).  The
+        # gathered embedding and head are free during the loop.
         workspace += min(head_grad, int(inv.logits_bytes * grad_share))
     return workspace
 
@@ -81,73 +139,109 @@ def _workspace(inv: Inventory, cfg, c_item: int, fsdp: int, ep: int, tokens: int
 def _stack_copy_bytes(inv: Inventory, cfg, p_item: int) -> int:
     # XLA's transposed copies of stacked weights it cannot gather along their major dimension
     # (tierax.train.gather_layout): made before the forward loop, live at the loss and through the
-    # backward loop (llama3.1-405b fsdp=128: wi_0, wi_1, 2 × 3.4 GB; DeepSeek-V3: the experts' weights).
+    # backward loop (llama3.1-405b fsdp=128: wi_0, wi_1, 2 × 3.4 GB; DeepSeek-V3: the experts'
+    # weights).
     return p_item * gather_layout.transposed_stack_params(cfg, inv.mesh)
 
 
-def _collectives(inv: Inventory, cfg, rates: Rates, schedule: str, c_item: int, fsdp: int, ep: int,
-                 compute_s: float) -> tuple[float, float]:
+def _collectives(
+    inv: Inventory,
+    cfg,
+    rates: Rates,
+    schedule: str,
+    c_item: int,
+    fsdp: int,
+    ep: int,
+    compute_s: float,
+) -> tuple[float, float]:
     coll = 0.0
     links = network.axis_links(inv.mesh, rates)
-    # FSDP: AG fwd, AG bwd, RS grads, each weight class over its own group at that group's link (scale-out
-    # if it leaves a domain).  Routed experts are sharded E over expert and D over fsdp: a device gathers
-    # its E / expert local experts over fsdp alone (tierax.train.sharding, tierax.models.moe); the other
-    # weights over fsdp × expert.  Per-device parameters = the dense ones' shard + the experts' shard.
+    # FSDP: AG fwd, AG bwd, RS grads, each weight class over its own group at that group's link
+    # (scale-out if it leaves a domain).  Routed experts are sharded E over expert and D over fsdp:
+    # a device gathers its E / expert local experts over fsdp alone (tierax.train.sharding,
+    # tierax.models.moe); the other weights over fsdp × expert.  Per-device parameters = the dense
+    # ones' shard + the experts' shard.
     n_fsdp = inv.mesh.get("fsdp", 1)
-    n_efsdp = n_fsdp if n_fsdp > 1 and getattr(cfg, "d_model", 0) % n_fsdp == 0 else 1  # D not divisible: kept whole
-    expert_local = sum(g.expert_param_count_per_layer * g.num_layers for g in inv.groups) / (ep * n_efsdp)
+    n_efsdp = (
+        n_fsdp if n_fsdp > 1 and getattr(cfg, "d_model", 0) % n_fsdp == 0 else 1
+    )  # D not divisible: kept whole
+    expert_local = sum(g.expert_param_count_per_layer * g.num_layers for g in inv.groups) / (
+        ep * n_efsdp
+    )
     if fsdp > 1:
-        gathered = (inv.param_bytes / jnp.dtype(cfg.param_dtype).itemsize - expert_local) * c_item * fsdp
+        gathered = (
+            (inv.param_bytes / jnp.dtype(cfg.param_dtype).itemsize - expert_local) * c_item * fsdp
+        )
         coll += 3 * gathered * (fsdp - 1) / fsdp / links[network.FSDP_GROUP].bytes_per_s
     if n_efsdp > 1 and expert_local:
         gathered = expert_local * c_item * n_efsdp
         coll += 3 * gathered * (n_efsdp - 1) / n_efsdp / links["fsdp"].bytes_per_s
-    # Expert-parallel all-to-alls (over expert) and tensor-parallel all-reduces (over tensor): the forward's,
-    # and as much again in the backward (a rematerialised layer's repeat is in GroupTerms.base_recompute_s).
+    # Expert-parallel all-to-alls (over expert) and tensor-parallel all-reduces (over tensor): the
+    # forward's, and as much again in the backward (a rematerialised layer's repeat is in
+    # GroupTerms.base_recompute_s).
     coll += sum(2 * forward_collective_s(g, links) * g.num_layers for g in inv.groups)
     exposed_coll = coll if schedule == "serial" else max(0.0, coll - compute_s)
     return coll, exposed_coll
 
 
-def _loss_phase_bytes(inv: Inventory, cfg, c_item: int, fsdp: int, tiled: bool, head_grad: int,
-                      grad_share: float) -> float:
-    # At the loss (deviceless XLA:GPU peaks): untiled, the head's float32 gradient [D, V], the float32 logits
-    # and their gradient in the compute dtype (llama3-8b fsdp=8, fsdp=4,tensor=2); tiled, one tile's gradient,
-    # two float32 [D, V] (the head-gradient accumulator in and out; one under FSDP in a narrower dtype: the
-    # other was the head in float32 for a float32 gradient, llama3-8b 4 tiles fsdp=8: XLA 10.22 -> 7.76 GiB)
-    # and under FSDP the gathered head.  XLA:TPU's peak did not fall with a bfloat16 gradient
-    # (tests/test_tpu.py's v5p plan: 144.67 MB both ways), so TPU targets count it as float32.
+def _loss_phase_bytes(
+    inv: Inventory, cfg, c_item: int, fsdp: int, tiled: bool, head_grad: int, grad_share: float
+) -> float:
+    # At the loss (deviceless XLA:GPU peaks): untiled, the head's float32 gradient [D, V], the
+    # float32 logits and their gradient in the compute dtype (llama3-8b fsdp=8, fsdp=4,tensor=2);
+    # tiled, one tile's gradient, two float32 [D, V] (the head-gradient accumulator in and out; one
+    # under FSDP in a narrower dtype: the other was the head in float32 for a float32 gradient,
+    # llama3-8b 4 tiles fsdp=8: XLA 10.22 -> 7.76 GiB) and under FSDP the gathered head.  XLA:TPU's
+    # peak did not fall with a bfloat16 gradient (tests/test_tpu.py's v5p plan: 144.67 MB both
+    # ways), so TPU targets count it as float32.
     loss_bytes = head_grad + inv.logits_bytes * (1 + grad_share)
     if tiled:
         narrow = fsdp > 1 and grad_share < 1
-        loss_bytes = ((1 if narrow else 2) * head_grad + inv.logits_bytes * grad_share
-                      + (cfg.vocab_size * cfg.d_model * c_item if fsdp > 1 else 0))
+        loss_bytes = (
+            (1 if narrow else 2) * head_grad
+            + inv.logits_bytes * grad_share
+            + (cfg.vocab_size * cfg.d_model * c_item if fsdp > 1 else 0)
+        )
     return loss_bytes
 
 
 def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
     c_item = jnp.dtype(cfg.dtype).itemsize
     tokens = inv.microbatch * inv.seq
-    tiled = getattr(cfg, "loss_tiles", 1) > 1  # the backward recomputes each tile's logits (a head forward)
-    executed, hbm_s, compute_s = _compute(inv, cfg, rates, tokens, tiled)
-    # Weights: FSDP-sharded over fsdp × expert (experts: E over expert, the rest over fsdp), split over tensor
-    # where tensor-parallel (the inventory traces a layer per tensor shard already).
+    tiled = (
+        getattr(cfg, "loss_tiles", 1) > 1
+    )  # the backward recomputes each tile's logits (a head forward)
+    executed, hbm_s, compute_s, fused_s = _compute(inv, cfg, rates, tokens, tiled)
+    # Weights: FSDP-sharded over fsdp × expert (experts: E over expert, the rest over fsdp), split
+    # over tensor where tensor-parallel (the inventory traces a layer per tensor shard already).
     fsdp = inv.mesh.get("fsdp", 1) * inv.mesh.get("expert", 1)
     ep = inv.mesh.get("expert", 1)
     p_item = jnp.dtype(cfg.param_dtype).itemsize
     head_grad = cfg.vocab_size * cfg.d_model * p_item  # the LM head's gradient, unsharded [D, V]
-    grad_share = 1.0 if rates.target in hardware.TPU_TARGETS else c_item / 4  # logits' gradient ÷ logits
+    grad_share = (
+        1.0 if rates.target in hardware.TPU_TARGETS else c_item / 4
+    )  # logits' gradient ÷ logits
     workspace = _workspace(inv, cfg, c_item, fsdp, ep, tokens, tiled, head_grad, grad_share)
     stack_copy = _stack_copy_bytes(inv, cfg, p_item)
     coll, exposed_coll = _collectives(inv, cfg, rates, schedule, c_item, fsdp, ep, compute_s)
     loss_bytes = _loss_phase_bytes(inv, cfg, c_item, fsdp, tiled, head_grad, grad_share)
-    if not cfg.vocab_size:  # a model without a head (tierax.api): logits_bytes are the caller's, live throughout
+    if (
+        not cfg.vocab_size
+    ):  # a model without a head (tierax.api): logits_bytes are the caller's, live throughout
         workspace += inv.logits_bytes
         loss_bytes = inv.logits_bytes
     return FixedTerms(
-        state_bytes=inv.param_bytes + inv.grad_bytes + inv.optimizer_bytes, workspace_bytes=int(workspace),
-        logits_bytes=int(loss_bytes), compute_s=compute_s, collective_s=coll, exposed_collective_s=exposed_coll,
-        model_flops=train_flops(cfg, inv.microbatch, inv.seq), executed_flops=executed,
-        embed_grad_bytes=int(inv.embed_param_count * p_item / fsdp), fixed_device_bytes=rates.fixed_device_bytes,
-        stack_copy_bytes=int(stack_copy), hbm_s=hbm_s,
+        state_bytes=inv.param_bytes + inv.grad_bytes + inv.optimizer_bytes,
+        workspace_bytes=int(workspace),
+        logits_bytes=int(loss_bytes),
+        compute_s=compute_s,
+        collective_s=coll,
+        exposed_collective_s=exposed_coll,
+        model_flops=train_flops(cfg, inv.microbatch, inv.seq),
+        executed_flops=executed,
+        embed_grad_bytes=int(inv.embed_param_count * p_item / fsdp),
+        fixed_device_bytes=rates.fixed_device_bytes,
+        stack_copy_bytes=int(stack_copy),
+        hbm_s=hbm_s,
+        fused_attention_s=fused_s,
     )

@@ -1,21 +1,22 @@
-"""The model's answer for a plan or explicit placements (:class:`Prediction`): peak bytes, host bytes, step
+"""The model's answer for a plan or explicit placements (:class:`Prediction`): peak bytes, host
+bytes, step
 time and their breakdown."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tierax import hardware
+from tierax import hardware, network
 from tierax import inventory as inv_lib
-from tierax import network
 from tierax import plan as plan_lib
 from tierax.costmodel.first_touch import first_touch_s
 from tierax.costmodel.fixed import fixed_terms
 from tierax.costmodel.rates import Rates
-from tierax.costmodel.transposes import transpose_s
 from tierax.costmodel.terms import SCHEDULES, group_terms, item_terms, staging_and_window
+from tierax.costmodel.transposes import transpose_s
 from tierax.errors import TieraxError
 from tierax.inventory import Inventory
+
 
 @dataclass(frozen=True)
 class Prediction:
@@ -29,15 +30,26 @@ class Prediction:
 
     def to_json(self) -> dict:
         return {
-            "fits": self.fits, "peak_device_bytes": self.peak_device_bytes,
-            "device_capacity_bytes": self.device_capacity_bytes, "host_bytes": self.host_bytes,
-            "step_time_s": self.step_time_s, "tflops_per_device": self.tflops_per_device, "breakdown": self.breakdown,
+            "fits": self.fits,
+            "peak_device_bytes": self.peak_device_bytes,
+            "device_capacity_bytes": self.device_capacity_bytes,
+            "host_bytes": self.host_bytes,
+            "step_time_s": self.step_time_s,
+            "tflops_per_device": self.tflops_per_device,
+            "breakdown": self.breakdown,
         }
 
 
-def evaluate(placements: dict, inv: Inventory, cfg, rates: Rates, schedule: str,
-             mechanism: str = plan_lib.DEFAULT_MECHANISM) -> Prediction:
-    """The model for explicit placements ``{(group, name): Placement}`` (carry names may be omitted)."""
+def evaluate(
+    placements: dict,
+    inv: Inventory,
+    cfg,
+    rates: Rates,
+    schedule: str,
+    mechanism: str = plan_lib.DEFAULT_MECHANISM,
+) -> Prediction:
+    """The model for explicit placements ``{(group, name): Placement}`` (carry names may be
+    omitted)."""
     if schedule not in SCHEDULES:
         raise TieraxError(f"unknown schedule {schedule!r}; choose one of: {', '.join(SCHEDULES)}")
     P = plan_lib.Placement
@@ -53,7 +65,9 @@ def evaluate(placements: dict, inv: Inventory, cfg, rates: Rates, schedule: str,
     for g in groups:
         mine = [i for i in items if i.group == g.name]
         no_remat = all(placements[(g.name, i.name)] is P.DEVICE for i in mine)
-        act_bytes += g.base_bytes + sum(i.bytes for i in mine if placements[(g.name, i.name)] is P.DEVICE)
+        act_bytes += g.base_bytes + sum(
+            i.bytes for i in mine if placements[(g.name, i.name)] is P.DEVICE
+        )
         if no_remat:
             act_bytes += g.save_all_extra_bytes
         else:
@@ -70,26 +84,53 @@ def evaluate(placements: dict, inv: Inventory, cfg, rates: Rates, schedule: str,
     peak = int(act_bytes + staging + fx.fixed_bytes)
     first_touch = first_touch_s(peak, inv, rates)  # CPU only: 0 on GPU and TPU targets
     transpose = transpose_s(placements, inv, rates)  # CPU only: 0 on GPU and TPU targets
-    step = (fx.compute_s + recompute + exposed_d2h + exposed_h2d + fx.exposed_collective_s
-            + first_touch + transpose)
+    step = (
+        fx.compute_s
+        + recompute
+        + exposed_d2h
+        + exposed_h2d
+        + fx.exposed_collective_s
+        + first_touch
+        + transpose
+    )
     breakdown = {
-        "state_bytes": fx.state_bytes, "activation_bytes": int(act_bytes), "staging_bytes": int(staging),
-        "workspace_bytes": fx.workspace_bytes, "logits_bytes": fx.logits_bytes,
-        "fixed_device_bytes": fx.fixed_device_bytes, "stack_copy_bytes": fx.stack_copy_bytes,
+        "state_bytes": fx.state_bytes,
+        "activation_bytes": int(act_bytes),
+        "staging_bytes": int(staging),
+        "workspace_bytes": fx.workspace_bytes,
+        "logits_bytes": fx.logits_bytes,
+        "fixed_device_bytes": fx.fixed_device_bytes,
+        "stack_copy_bytes": fx.stack_copy_bytes,
         "peak_phase": "loss" if fx.loss_phase_bytes > fx.layer_phase_bytes else "layer backward",
-        "compute_s": fx.compute_s, "hbm_s": fx.hbm_s, "recompute_s": recompute, "transfer_s": transfer_total,
-        "exposed_d2h_s": exposed_d2h, "exposed_h2d_s": exposed_h2d,
-        "collective_s": fx.collective_s, "exposed_collective_s": fx.exposed_collective_s,
-        "executed_flops": fx.executed_flops + (recompute - recompute_hbm) * rates.matmul_flops_per_s,
-        "recompute_hbm_s": recompute_hbm, "first_touch_s": first_touch, "transpose_s": transpose,
-        "model_flops": fx.model_flops, "schedule": schedule, "mechanism": mechanism,
+        "compute_s": fx.compute_s,
+        "hbm_s": fx.hbm_s,
+        "fused_attention_s": fx.fused_attention_s,
+        "recompute_s": recompute,
+        "transfer_s": transfer_total,
+        "exposed_d2h_s": exposed_d2h,
+        "exposed_h2d_s": exposed_h2d,
+        "collective_s": fx.collective_s,
+        "exposed_collective_s": fx.exposed_collective_s,
+        "executed_flops": fx.executed_flops
+        + (recompute - recompute_hbm) * rates.matmul_flops_per_s,
+        "recompute_hbm_s": recompute_hbm,
+        "first_touch_s": first_touch,
+        "transpose_s": transpose,
+        "model_flops": fx.model_flops,
+        "schedule": schedule,
+        "mechanism": mechanism,
         "rates": rates.sources | network.describe(links, rates),
         "network": {k: v.to_json() for k, v in links.items() if v.link != "none"},
     }
     return Prediction(
-        fits=peak <= hardware.usable_bytes(rates.device_memory_bytes) and host <= rates.host_memory_bytes,
-        peak_device_bytes=peak, device_capacity_bytes=rates.device_memory_bytes, host_bytes=int(host),
-        step_time_s=step, tflops_per_device=fx.model_flops / step / 1e12, breakdown=breakdown,
+        fits=peak <= hardware.usable_bytes(rates.device_memory_bytes)
+        and host <= rates.host_memory_bytes,
+        peak_device_bytes=peak,
+        device_capacity_bytes=rates.device_memory_bytes,
+        host_bytes=int(host),
+        step_time_s=step,
+        tflops_per_device=fx.model_flops / step / 1e12,
+        breakdown=breakdown,
     )
 
 

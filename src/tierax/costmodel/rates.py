@@ -1,4 +1,5 @@
-"""The model's constants for one target (:class:`Rates`): the hardware table, a measured calibration, and
+"""The model's constants for one target (:class:`Rates`): the hardware table, a measured
+calibration, and
 ``--rate`` overrides."""
 
 from __future__ import annotations
@@ -17,10 +18,29 @@ from tierax.errors import TieraxError
 # H200: ≈790 TFLOP/s measured bf16 matmul of 989 peak (DESIGN.md) → 0.8, used for every GPU
 # target until `tierax calibrate` measures the device at hand.
 ACHIEVABLE_FRACTION = 0.8
-# XLA:GPU's cuBLAS workspace, an s8[4194304] buffer in every deviceless GPU compile's peak set (seen with
-# jaxlib 0.10.2 from tiny-llama to DeepSeek-V3; the live-range dump lists it at the peak).
+# XLA:GPU's cuBLAS workspace, an s8[4194304] buffer in every deviceless GPU compile's peak set (seen
+# with jaxlib 0.10.2 from tiny-llama to DeepSeek-V3; the live-range dump lists it at the peak).
 XLA_GPU_FIXED_BYTES = 4 * 2**20
-CALIBRATION_FILE = pathlib.Path(os.environ.get("TIERAX_CALIBRATION", pathlib.Path.home() / ".cache" / "tierax" / "calibration.json"))
+# cuDNN's fused flash attention (attention=cudnn), as a share of the dense 16-bit peak: its measured
+# forward and backward rates on an H100 SXM5 at head dim 128, sequence 4k, against that GPU's 989
+# TFLOP/s (FlashAttention-3, Shah et al. 2024, arXiv:2407.08608, the H100 benchmark figures' cuDNN
+# bars; FLOPs by FlashAttention's convention: forward 4·B·S²·H·d, halved when causal, backward 2.5 ×
+# forward).  Applied to every GPU target's own peak until a device measurement replaces it
+# (bench/gpu_check.py records one).
+FUSED_ATTENTION_SOURCE = (
+    "cuDNN flash attention on H100 SXM5 (head dim 128, seq 4k): forward 609, backward 499 "
+    "TFLOP/s of 989 (FlashAttention-3 paper, arXiv:2407.08608, benchmark figures), "
+    "as shares of this target's peak"
+)
+FUSED_ATTENTION_FWD_FRACTION = 609 / 989
+FUSED_ATTENTION_BWD_FRACTION = 499 / 989
+# FlashAttention's backward convention: 5 matmuls of the forward's 2, i.e. 2.5 × its FLOPs.
+FUSED_BACKWARD_FLOPS_RATIO = 2.5
+CALIBRATION_FILE = pathlib.Path(
+    os.environ.get(
+        "TIERAX_CALIBRATION", pathlib.Path.home() / ".cache" / "tierax" / "calibration.json"
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -37,12 +57,18 @@ class Rates:
     host_memory_bytes: int
     offload_is_real: bool
     sources: dict = field(default_factory=dict)
-    fixed_device_bytes: int = 0  # buffers the compiler allocates whatever the model (XLA:GPU's cuBLAS workspace)
-    # Collectives whose group leaves an NVLink (ICI) domain run at the scale-out rate (tierax.network);
-    # nvlink_domain_gpus 0: one domain holds every device; gpus_per_domain 0: spread evenly (network.py).
+    fixed_device_bytes: int = (
+        0  # buffers the compiler allocates whatever the model (XLA:GPU's cuBLAS workspace)
+    )
+    # Collectives whose group leaves an NVLink (ICI) domain run at the scale-out rate
+    # (tierax.network); nvlink_domain_gpus 0: one domain holds every device; gpus_per_domain 0:
+    # spread evenly (network.py).
     nvlink_domain_gpus: int = 0
     scale_out_bytes_per_s: float = 0.0
     gpus_per_domain: int = 0
+    # cuDNN's fused attention kernels (attention=cudnn); 0 where they do not run (CPU, TPU).
+    fused_attention_fwd_flops_per_s: float = 0.0
+    fused_attention_bwd_flops_per_s: float = 0.0
     # CPU only (0: no such cost): XLA:CPU allocates a step's temporary buffers anew on every
     # call, and the operating system hands each fresh page over on its first write; measured
     # by `tierax calibrate` (tierax.costmodel.first_touch).
@@ -57,7 +83,9 @@ def load_calibration() -> dict:
         try:
             return json.loads(CALIBRATION_FILE.read_text())
         except json.JSONDecodeError:
-            raise TieraxError(f"{CALIBRATION_FILE} is not valid JSON; delete it and run `tierax calibrate` again") from None
+            raise TieraxError(
+                f"{CALIBRATION_FILE} is not valid JSON; delete it and run `tierax calibrate` again"
+            ) from None
     return {}
 
 
@@ -68,8 +96,11 @@ def _cpu_rates(cal: dict, dtype: str) -> Rates:
     if key not in cal and "matmul_flops_per_s" not in cal:
         raise TieraxError("target 'cpu' needs a measured matmul rate: run `tierax calibrate` first")
     matmul = cal.get(key, cal.get("matmul_flops_per_s"))
-    sources = {"matmul": f"{measured}: {dtype} GEMM mix" if key in cal
-               else f"{measured}, float32 only (an older file): run `tierax calibrate` again"}
+    sources = {
+        "matmul": f"{measured}: {dtype} GEMM mix"
+        if key in cal
+        else f"{measured}, float32 only (an older file): run `tierax calibrate` again"
+    }
     if "memory_bytes_per_s" in cal:
         bandwidth = cal["memory_bytes_per_s"]
         sources["hbm"] = f"{measured}: a layer's non-matmul work at the bytes the model counts"
@@ -77,17 +108,33 @@ def _cpu_rates(cal: dict, dtype: str) -> Rates:
         bandwidth = 10e9
         sources["hbm"] = "not measured: 10 GB/s assumed (run `tierax calibrate` again)"
     first_touch = cal.get("first_touch_bytes_per_s", 0.0)
-    sources["first_touch"] = (f"{measured}: first write of fresh memory (CPU-specific)"
-                              if first_touch
-                              else "not measured: not modelled (run `tierax calibrate` again)")
+    sources["first_touch"] = (
+        f"{measured}: first write of fresh memory (CPU-specific)"
+        if first_touch
+        else "not measured: not modelled (run `tierax calibrate` again)"
+    )
     transpose = cal.get("transpose_read_elems_per_s", 0.0)
     sources["transposing_fusion"] = (
-        f"{measured}: reads of XLA:CPU's slow transposing fusion (CPU-specific)" if transpose
-        else "not measured: not modelled (run `tierax calibrate` again)")
+        f"{measured}: reads of XLA:CPU's slow transposing fusion (CPU-specific)"
+        if transpose
+        else "not measured: not modelled (run `tierax calibrate` again)"
+    )
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     sources |= {"memory": "physical RAM", "offload": "a no-op on XLA:CPU"}
-    return Rates("cpu", matmul, bandwidth, 1.0, 1.0, 1.0, mem, mem, False, sources,
-                 first_touch_bytes_per_s=first_touch, transpose_read_elems_per_s=transpose)
+    return Rates(
+        "cpu",
+        matmul,
+        bandwidth,
+        1.0,
+        1.0,
+        1.0,
+        mem,
+        mem,
+        False,
+        sources,
+        first_touch_bytes_per_s=first_touch,
+        transpose_read_elems_per_s=transpose,
+    )
 
 
 def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Rates:
@@ -107,20 +154,59 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
     h2d = cal.get("h2d_bytes_per_s", spec.host_link_bps)
     measured = f"measured by tierax calibrate ({cal.get('created', '?')})"
     sources = {
-        "matmul": measured if f"matmul_flops_per_s_{dtype}" in cal
-        else f"{ACHIEVABLE_FRACTION:.0%} of the {peak / 1e12:.0f} TFLOP/s {dtype} datasheet peak (H200 measured 790/989)",
+        "matmul": measured
+        if f"matmul_flops_per_s_{dtype}" in cal
+        else f"{ACHIEVABLE_FRACTION:.0%} (an H200 measured 790/989) of the {peak / 1e12:.0f} "
+        f"TFLOP/s {spec.peak_name(dtype)} datasheet peak",
         "host_link": measured if "d2h_bytes_per_s" in cal else spec.host_link_source,
-        "hbm": "XLA device spec", "interconnect": "NVLink datasheet, per direction",
-        "scale_out": spec.scale_out_source, "nvlink_domain": f"{spec.nvlink_domain_gpus} devices per NVLink/ICI domain",
-        "memory": "XLA device spec", "host_memory": "system datasheet, per GPU",
+        "hbm": "XLA device spec",
+        "interconnect": "NVLink datasheet, per direction",
+        "scale_out": spec.scale_out_source,
+        "nvlink_domain": f"{spec.nvlink_domain_gpus} devices per NVLink/ICI domain",
+        "memory": "XLA device spec",
+        "host_memory": "system datasheet, per GPU",
     } | getattr(spec, "rate_sources", {})  # TPU targets name their own sources
     hbm = cal.get("memory_bytes_per_s", spec.hbm_bytes_per_s)
     if "memory_bytes_per_s" in cal:
         sources["hbm"] = f"{measured}: a layer's non-matmul work at the bytes the model counts"
     fixed = XLA_GPU_FIXED_BYTES if spec.kind == "gpu" else 0
-    return Rates(target, matmul, hbm, d2h, h2d, spec.nvlink_bytes_per_s,
-                 spec.device_memory_bytes, int(spec.host_memory_per_gpu_bytes), True, sources, fixed,
-                 spec.nvlink_domain_gpus, spec.scale_out_bytes_per_s)
+    gpu = spec.kind == "gpu"
+    if gpu:
+        sources["fused_attention"] = FUSED_ATTENTION_SOURCE
+    return Rates(
+        target,
+        matmul,
+        hbm,
+        d2h,
+        h2d,
+        spec.nvlink_bytes_per_s,
+        spec.device_memory_bytes,
+        int(spec.host_memory_per_gpu_bytes),
+        True,
+        sources,
+        fixed,
+        spec.nvlink_domain_gpus,
+        spec.scale_out_bytes_per_s,
+        fused_attention_fwd_flops_per_s=peak * FUSED_ATTENTION_FWD_FRACTION if gpu else 0.0,
+        fused_attention_bwd_flops_per_s=peak * FUSED_ATTENTION_BWD_FRACTION if gpu else 0.0,
+    )
+
+
+def matmul_s(flops: float, fused_flops: float, rates: Rates, *, backward: bool = False) -> float:
+    """Seconds of ``flops`` forward matmul FLOPs (their backward's with ``backward``: 2 ×), of which
+    ``fused_flops`` run in a fused attention kernel at its own rates (its backward: 2.5 ×)."""
+    if not fused_flops:
+        return (2 if backward else 1) * flops / rates.matmul_flops_per_s
+    fused_rate = (
+        rates.fused_attention_bwd_flops_per_s if backward else rates.fused_attention_fwd_flops_per_s
+    )
+    if fused_rate <= 0:
+        raise TieraxError(
+            f"attention=cudnn runs on CUDA GPUs only; target {rates.target!r} has no fused "
+            "attention rate: use attention=blockwise there"
+        )
+    rest = (2 if backward else 1) * (flops - fused_flops) / rates.matmul_flops_per_s
+    return rest + (FUSED_BACKWARD_FLOPS_RATIO if backward else 1) * fused_flops / fused_rate
 
 
 # key → (Rates fields, unit factor, unit).  Bandwidths per direction.
@@ -131,10 +217,32 @@ RATE_KEYS: dict[str, tuple[tuple[str, ...], float, str]] = {
     "hbm_size": (("device_memory_bytes",), 1e9, "GB of device memory"),
     "hbm_bw": (("hbm_bytes_per_s",), 1e12, "TB/s of device memory bandwidth"),
     "matmul": (("matmul_flops_per_s",), 1e12, "TFLOP/s achievable matmul rate"),
-    "interconnect": (("interconnect_bytes_per_s",), 1e9, "GB/s per direction between devices of one NVLink domain"),
-    "scale_out": (("scale_out_bytes_per_s",), 1e9, "GB/s per direction per device between NVLink domains"),
+    "fused_attention_fwd": (
+        ("fused_attention_fwd_flops_per_s",),
+        1e12,
+        "TFLOP/s of the fused attention forward",
+    ),
+    "fused_attention_bwd": (
+        ("fused_attention_bwd_flops_per_s",),
+        1e12,
+        "TFLOP/s of the fused attention backward",
+    ),
+    "interconnect": (
+        ("interconnect_bytes_per_s",),
+        1e9,
+        "GB/s per direction between devices of one NVLink domain",
+    ),
+    "scale_out": (
+        ("scale_out_bytes_per_s",),
+        1e9,
+        "GB/s per direction per device between NVLink domains",
+    ),
     "nvlink_domain": (("nvlink_domain_gpus",), 1, "devices per NVLink/ICI domain, a whole number"),
-    "gpus_per_domain": (("gpus_per_domain",), 1, "this job's devices per domain, a whole number (default: spread evenly)"),
+    "gpus_per_domain": (
+        ("gpus_per_domain",),
+        1,
+        "this job's devices per domain, a whole number (default: spread evenly)",
+    ),
     "host_memory": (("host_memory_bytes",), 1e9, "GB of host memory per device"),
 }
 INTEGER_KEYS = ("nvlink_domain", "gpus_per_domain")
@@ -155,23 +263,34 @@ def _valid_rates() -> str:
 
 
 def override_rates(rates: Rates, overrides: Sequence[str]) -> Rates:
-    """``rates`` with ``KEY=VALUE`` overrides applied in order; each override is named in ``sources``.
+    """``rates`` with ``KEY=VALUE`` overrides applied in order; each override is named in
+    ``sources``.
 
     Raises:
-      TieraxError: no ``=``, an unknown key (the valid ones and their units are listed), a bad value.
+      TieraxError: no ``=``, an unknown key (the valid ones and their units are listed), a bad
+          value.
     """
     for text in overrides:
         key, sep, value = text.partition("=")
         key = key.strip()
         if not sep:
-            raise TieraxError(f"--rate {text!r}: expected KEY=VALUE, e.g. --rate host_link=900; keys: {_valid_rates()}")
+            raise TieraxError(
+                f"--rate {text!r}: expected KEY=VALUE, e.g. --rate host_link=900; keys: "
+                f"{_valid_rates()}"
+            )
         if key not in RATE_KEYS:
             raise TieraxError(f"--rate {text!r}: unknown key {key!r}; valid keys: {_valid_rates()}")
         fields, factor, unit = RATE_KEYS[key]
         v = _number(value, f"--rate {text!r}") * factor
         if key in INTEGER_KEYS and v != int(v):
-            raise TieraxError(f"--rate {text!r}: {key} counts devices; give a whole number ≥ 1, e.g. {key}=64")
-        changes = {f: (int(v) if f.endswith("memory_bytes") or key in INTEGER_KEYS else v) for f in fields}
-        sources = dict(rates.sources) | {f: f"--rate {key}={value.strip()} ({unit})" for f in fields}
+            raise TieraxError(
+                f"--rate {text!r}: {key} counts devices; give a whole number ≥ 1, e.g. {key}=64"
+            )
+        changes = {
+            f: (int(v) if f.endswith("memory_bytes") or key in INTEGER_KEYS else v) for f in fields
+        }
+        sources = dict(rates.sources) | {
+            f: f"--rate {key}={value.strip()} ({unit})" for f in fields
+        }
         rates = dataclasses.replace(rates, **changes, sources=sources)
     return rates

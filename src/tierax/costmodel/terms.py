@@ -1,4 +1,5 @@
-"""Per-activation and per-group terms of the model (bytes, recompute, transfer and compute seconds), with
+"""Per-activation and per-group terms of the model (bytes, recompute, transfer and compute seconds),
+with
 the staging and overlap each schedule and mechanism allows."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 from tierax import names as N
 from tierax import network
 from tierax import plan as plan_lib
-from tierax.costmodel.rates import Rates
+from tierax.costmodel.rates import Rates, matmul_s
 from tierax.inventory import Inventory
 
 SCHEDULES = ("serial", "lhs", "lhs-pipelined")
@@ -17,13 +18,15 @@ OVERLAP_WINDOW = {"serial": 0.0, "lhs": 0.5, "lhs-pipelined": 1.0}
 
 
 def staging_and_window(schedule: str, mechanism: str) -> tuple[int, float]:
-    """(layers of offloaded residuals staged on device, share of a layer's compute a copy can hide under).
+    """(layers of offloaded residuals staged on device, share of a layer's compute a copy can hide
+    under).
 
-    ``policy`` (XLA's host offloader): as the schedule allows.  ``prefetch`` (tierax's scan): a store overlaps
-    the rest of the forward, a load the whole backward of the layer before its use, so a whole layer unless
-    serial; one layer staged, the one arriving: the layer in use's loaded slices are its residuals, already in
-    the workspace (its save-all residual set).  XLA's peak, in a layer's backward, holds those and the next
-    one's prefetched slices (two layers overstated DeepSeek-V3 deepseek-offload by +9.3 %, 5 layers by +3.6 %).
+    ``policy`` (XLA's host offloader): as the schedule allows.  ``prefetch`` (tierax's scan): a
+    store overlaps the rest of the forward, a load the whole backward of the layer before its use,
+    so a whole layer unless serial; one layer staged, the one arriving: the layer in use's loaded
+    slices are its residuals, already in the workspace (its save-all residual set).  XLA's peak, in
+    a layer's backward, holds those and the next one's prefetched slices (two layers overstated
+    DeepSeek-V3 deepseek-offload by +9.3 %, 5 layers by +3.6 %).
     """
     if mechanism == "prefetch":
         return 1, (0.0 if schedule == "serial" else 1.0)
@@ -31,10 +34,16 @@ def staging_and_window(schedule: str, mechanism: str) -> tuple[int, float]:
 
 
 def forward_collective_s(g, links: dict) -> float:
-    """Seconds one layer of group ``g`` spends in its forward's collectives, each axis at its own link."""
+    """Seconds one layer of group ``g`` spends in its forward's collectives, each axis at its own
+    link."""
     by_axis = dict(g.forward_collective_bytes_by_axis)
-    rest = g.forward_collective_bytes_per_layer - sum(by_axis.values())  # bytes with no axis (an API inventory)
-    return sum(b / links[a].bytes_per_s for a, b in by_axis.items()) + max(0.0, rest) / links["tensor"].bytes_per_s
+    rest = g.forward_collective_bytes_per_layer - sum(
+        by_axis.values()
+    )  # bytes with no axis (an API inventory)
+    return (
+        sum(b / links[a].bytes_per_s for a, b in by_axis.items())
+        + max(0.0, rest) / links["tensor"].bytes_per_s
+    )
 
 
 @dataclass(frozen=True)
@@ -56,16 +65,22 @@ class GroupTerms:
     name: str
     num_layers: int
     base_bytes: int  # carry of every layer (kept under any plan)
-    save_all_extra_bytes: int  # extra when the group runs with no remat (every activation on device)
+    save_all_extra_bytes: (
+        int  # extra when the group runs with no remat (every activation on device)
+    )
     base_recompute_s: float  # unnamed recomputation under any remat policy
     fwd_s: float  # all layers
     bwd_s: float  # all layers, without recomputation
     d2h_window_s: float  # compute a group's stores can hide under (all layers)
     h2d_window_s: float
-    base_recompute_hbm_s: float = 0.0  # the part of base_recompute_s that is non-matmul work at HBM bandwidth
+    base_recompute_hbm_s: float = (
+        0.0  # the part of base_recompute_s that is non-matmul work at HBM bandwidth
+    )
 
 
-def item_terms(inv: Inventory, rates: Rates, mechanism: str = plan_lib.DEFAULT_MECHANISM) -> list[ItemTerms]:
+def item_terms(
+    inv: Inventory, rates: Rates, mechanism: str = plan_lib.DEFAULT_MECHANISM
+) -> list[ItemTerms]:
     """Per offloadable activation: bytes, recompute seconds, store and load seconds.
 
     Under ``prefetch`` the backward loads one layer more than it stores: its last iteration
@@ -77,34 +92,61 @@ def item_terms(inv: Inventory, rates: Rates, mechanism: str = plan_lib.DEFAULT_M
         for a in g.activations:
             if a.name == N.DECODER_LAYER_INPUT:
                 continue  # the scan carry: always on device (counted in GroupTerms.base_bytes)
-            out.append(ItemTerms(g.name, a.name, a.total_bytes, a.bytes_per_layer,
-                                 (a.recompute_flops_per_layer / rates.matmul_flops_per_s
-                                  + a.recompute_hbm_bytes_per_layer / rates.hbm_bytes_per_s) * g.num_layers,
-                                 a.total_bytes / rates.d2h_bytes_per_s,
-                                 (a.total_bytes + spare * a.bytes_per_layer) / rates.h2d_bytes_per_s,
-                                 a.recompute_hbm_bytes_per_layer * g.num_layers / rates.hbm_bytes_per_s))
+            out.append(
+                ItemTerms(
+                    g.name,
+                    a.name,
+                    a.total_bytes,
+                    a.bytes_per_layer,
+                    (
+                        matmul_s(
+                            a.recompute_flops_per_layer, a.recompute_fused_flops_per_layer, rates
+                        )
+                        + a.recompute_hbm_bytes_per_layer / rates.hbm_bytes_per_s
+                    )
+                    * g.num_layers,
+                    a.total_bytes / rates.d2h_bytes_per_s,
+                    (a.total_bytes + spare * a.bytes_per_layer) / rates.h2d_bytes_per_s,
+                    a.recompute_hbm_bytes_per_layer * g.num_layers / rates.hbm_bytes_per_s,
+                )
+            )
     return out
 
 
-def group_terms(inv: Inventory, rates: Rates, schedule: str,
-                mechanism: str = plan_lib.DEFAULT_MECHANISM) -> list[GroupTerms]:
+def group_terms(
+    inv: Inventory, rates: Rates, schedule: str, mechanism: str = plan_lib.DEFAULT_MECHANISM
+) -> list[GroupTerms]:
     w = staging_and_window(schedule, mechanism)[1]
     links = network.axis_links(inv.mesh, rates)
     out = []
     for g in inv.groups:
         L = g.num_layers
         named = sum(a.bytes_per_layer for a in g.activations if a.name != N.DECODER_LAYER_INPUT)
-        mm, hb = rates.matmul_flops_per_s, rates.hbm_bytes_per_s
-        fwd = (g.forward_flops_per_layer / mm + g.forward_hbm_bytes_per_layer / hb) * L
-        bwd = (2 * g.forward_flops_per_layer / mm + g.backward_hbm_bytes_per_layer / hb) * L
-        base = (g.base_recompute_flops_per_layer / mm + g.base_recompute_hbm_bytes_per_layer / hb) * L
-        # A rematerialised layer repeats its forward: its matmuls, its HBM-bound work and its collectives
-        # (the MoE dispatch/combine all-to-alls, the tensor-parallel all-reduces).
+        hb = rates.hbm_bytes_per_s
+        F, Fa = g.forward_flops_per_layer, g.fused_attention_flops_per_layer
+        fwd = (matmul_s(F, Fa, rates) + g.forward_hbm_bytes_per_layer / hb) * L
+        bwd = (matmul_s(F, Fa, rates, backward=True) + g.backward_hbm_bytes_per_layer / hb) * L
+        base = (
+            matmul_s(
+                g.base_recompute_flops_per_layer, g.base_recompute_fused_flops_per_layer, rates
+            )
+            + g.base_recompute_hbm_bytes_per_layer / hb
+        ) * L
+        # A rematerialised layer repeats its forward: its matmuls, its HBM-bound work and its
+        # collectives (the MoE dispatch/combine all-to-alls, the tensor-parallel all-reduces).
         repeat = base + forward_collective_s(g, links) * L
-        out.append(GroupTerms(
-            g.name, L, g.carry_bytes_per_layer * L,
-            (g.save_all_bytes_per_layer - g.carry_bytes_per_layer - named) * L,
-            repeat,
-            fwd, bwd, w * fwd, w * (bwd + base), g.base_recompute_hbm_bytes_per_layer * L / hb,
-        ))
+        out.append(
+            GroupTerms(
+                g.name,
+                L,
+                g.carry_bytes_per_layer * L,
+                (g.save_all_bytes_per_layer - g.carry_bytes_per_layer - named) * L,
+                repeat,
+                fwd,
+                bwd,
+                w * fwd,
+                w * (bwd + base),
+                g.base_recompute_hbm_bytes_per_layer * L / hb,
+            )
+        )
     return out

@@ -34,8 +34,11 @@ def group_terms(g: GroupInventory, rates: Rates) -> tuple[float, float, dict[str
         return 0.0, 0.0, {}
     layers = g.num_layers
     stacks = 1.0 if layers > 1 else 0.0
-    named = {a.name: a.transposed_elems_per_layer * layers * stacks / rate
-             for a in g.activations if a.transposed_elems_per_layer}
+    named = {
+        a.name: a.transposed_elems_per_layer * layers * stacks / rate
+        for a in g.activations
+        if a.transposed_elems_per_layer
+    }
     carry = named.pop(N.DECODER_LAYER_INPUT, 0.0)  # always kept
     carry += g.transposed_carry_elems_per_layer * layers * stacks / rate
     base = g.transposed_always_elems_per_layer * layers / rate + carry
@@ -49,11 +52,15 @@ def transpose_s(placements: dict, inv: Inventory, rates: Rates) -> float:
     total = 0.0
     for g in inv.groups:
         base, save_all, named = group_terms(g, rates)
-        mine = {a.name: placements.get((g.name, a.name), plan_lib.Placement.DEVICE)
-                for a in g.activations if a.name != N.DECODER_LAYER_INPUT}
+        mine = {
+            a.name: placements.get((g.name, a.name), plan_lib.Placement.DEVICE)
+            for a in g.activations
+            if a.name != N.DECODER_LAYER_INPUT
+        }
         if all(p is not plan_lib.Placement.REMAT for p in mine.values()):
             total += save_all
         else:
-            total += base + sum(s for n, s in named.items()
-                                if mine.get(n) is not plan_lib.Placement.REMAT)
+            total += base + sum(
+                s for n, s in named.items() if mine.get(n) is not plan_lib.Placement.REMAT
+            )
     return total

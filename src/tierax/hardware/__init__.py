@@ -9,15 +9,35 @@ effective rate estimates use.
 """
 
 from tierax.hardware.gpus import GB, TARGETS, GpuSpec
-from tierax.hardware.targets import RUNTIME_RESERVE_FRACTION, compile_target, get_target, usable_bytes
+from tierax.hardware.targets import (
+    RUNTIME_RESERVE_FRACTION,
+    compile_target,
+    get_target,
+    usable_bytes,
+)
 from tierax.hardware.tpus import TPU_TARGETS, TpuSpec
 
-__all__ = ["GB", "RUNTIME_RESERVE_FRACTION", "TARGETS", "TPU_TARGETS", "XLA_DEVICELESS_MEMORY_FRACTION", "GpuSpec",
-           "TpuSpec", "compile_target", "get_target", "render_target_config", "scheduling_target_config",
-           "usable_bytes"]
+__all__ = [
+    "GB",
+    "RUNTIME_RESERVE_FRACTION",
+    "TARGETS",
+    "TPU_TARGETS",
+    "XLA_DEVICELESS_MEMORY_FRACTION",
+    "GpuSpec",
+    "TpuSpec",
+    "compile_target",
+    "get_target",
+    "render_target_config",
+    "scheduling_target_config",
+    "usable_bytes",
+]
 
 # tierax.target_config imports this package, so its names load on first use.
-_TARGET_CONFIG = ("XLA_DEVICELESS_MEMORY_FRACTION", "render_target_config", "scheduling_target_config")
+_TARGET_CONFIG = (
+    "XLA_DEVICELESS_MEMORY_FRACTION",
+    "render_target_config",
+    "scheduling_target_config",
+)
 
 
 def __getattr__(name: str):

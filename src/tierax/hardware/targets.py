@@ -1,4 +1,5 @@
-"""Looking a target up by key (every target, or one XLA can compile for) and the runtime reserve that
+"""Looking a target up by key (every target, or one XLA can compile for) and the runtime reserve
+that
 "fits" leaves."""
 
 from __future__ import annotations
@@ -8,8 +9,9 @@ from tierax.hardware.gpus import TARGETS, GpuSpec
 from tierax.hardware.tpus import TPU_TARGETS, TpuSpec
 
 # "Fits" everywhere (plan, simulate, compile) means peak ≤ capacity × (1 − this): memory the runtime
-# takes beside XLA's buffers (NCCL buffers, cuBLAS/cuDNN workspaces, allocator fragmentation).  A stated
-# assumption, not a measurement: it matches the 0.95 cap tierax puts on XLA_PYTHON_CLIENT_MEM_FRACTION.
+# takes beside XLA's buffers (NCCL buffers, cuBLAS/cuDNN workspaces, allocator fragmentation).  A
+# stated assumption, not a measurement: it matches the 0.95 cap tierax puts on
+# XLA_PYTHON_CLIENT_MEM_FRACTION.
 RUNTIME_RESERVE_FRACTION = 0.05
 
 
@@ -23,7 +25,9 @@ def get_target(key: str) -> GpuSpec | TpuSpec:
         return TARGETS[key]
     if key in TPU_TARGETS:
         return TPU_TARGETS[key]
-    raise TieraxError(f"unknown target {key!r}; choose one of: {', '.join([*TARGETS, *TPU_TARGETS])}")
+    raise TieraxError(
+        f"unknown target {key!r}; choose one of: {', '.join([*TARGETS, *TPU_TARGETS])}"
+    )
 
 
 def compile_target(key: str) -> GpuSpec | TpuSpec:
@@ -32,10 +36,18 @@ def compile_target(key: str) -> GpuSpec | TpuSpec:
     Raises:
       TieraxError: unknown, or a projection (the cost model still accepts it).
     """
+    every = [*TARGETS.items(), *TPU_TARGETS.items()]
+    described = ", ".join(k for k, t in every if t.xla_described)
+    if key == "cpu":  # a valid target elsewhere (calibrated local rates), so not "unknown" here
+        raise TieraxError(
+            "target 'cpu' is this machine's measured rates, for simulate and plan; "
+            f"a deviceless compile needs a GPU or TPU target: {described}"
+        )
     spec = get_target(key)
     if not spec.xla_described:
-        described = ", ".join(k for k, t in [*TARGETS.items(), *TPU_TARGETS.items()] if t.xla_described)
-        raise TieraxError(f"target {key!r} is a projection ({spec.projection}): XLA has no device spec for it, so "
-                          f"no compile is claimed; compile for one of {described}, or use `tierax simulate/plan "
-                          f"--target {key}`")
+        raise TieraxError(
+            f"target {key!r} is a projection ({spec.projection}): XLA has no device spec for it, "
+            f"so no compile is claimed; compile for one of {described}, or use `tierax "
+            f"simulate/plan --target {key}`"
+        )
     return spec

@@ -1,4 +1,5 @@
-"""Cloud TPU targets: :class:`TpuSpec` and the TPU table (Google Cloud TPU docs), each figure with its source."""
+"""Cloud TPU targets: :class:`TpuSpec` and the TPU table (Google Cloud TPU docs), each figure with
+its source."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import ClassVar
 
 from tierax.errors import TieraxError
 from tierax.hardware.gpus import GB
+
 
 @dataclass(frozen=True)
 class TpuSpec:
@@ -29,15 +31,19 @@ class TpuSpec:
     host_memory_per_chip_bytes: float
     ici_bytes_per_s: float  # per direction, per chip (Google lists bidirectional; halved here)
     slice_shapes: tuple[str, ...]  # Google Cloud's supported slice topologies, smallest first
-    # ICI joins the chips of a slice, and a slice lies in one pod: the pod is the domain; DCN beyond it (0: unknown).
+    # ICI joins the chips of a slice, and a slice lies in one pod: the pod is the domain; DCN beyond
+    # it (0: unknown).
     nvlink_domain_gpus: int = 256
     scale_out_bytes_per_s: float = 0.0
     scale_out_source: str = "no per-chip DCN figure sourced yet; give --rate scale_out=GB/s"
     projection: str = ""
     kind: ClassVar[str] = "tpu"
-    rate_sources: ClassVar[dict] = {"hbm": "Google Cloud TPU docs", "memory": "Google Cloud TPU docs",
-                                    "interconnect": "ICI, Google Cloud TPU docs (bidirectional / 2)",
-                                    "host_memory": "Google Cloud TPU docs, host DRAM / chips per host"}
+    rate_sources: ClassVar[dict] = {
+        "hbm": "Google Cloud TPU docs",
+        "memory": "Google Cloud TPU docs",
+        "interconnect": "ICI, Google Cloud TPU docs (bidirectional / 2)",
+        "host_memory": "Google Cloud TPU docs, host DRAM / chips per host",
+    }
 
     @property
     def xla_described(self) -> bool:
@@ -56,6 +62,18 @@ class TpuSpec:
         key = {"float32": "bf16", "bfloat16": "bf16", "float16": "bf16"}.get(dtype, dtype)
         return self.peak_flops[key]
 
+    def peak_name(self, dtype: str) -> str:
+        """Which datasheet peak :meth:`peak` gives for ``dtype``, for the rates' source notes."""
+        same = dtype == "bfloat16"
+        return "bf16" + ("" if same else f" ({dtype} matmuls run as bf16 MXU passes)")
+
+    def accelerator_type(self, devices: int) -> str:
+        """Google Cloud's accelerator type of a slice of ``devices`` chips (v5p: 2 cores a chip)."""
+        prefix, cores = {"v5e": ("v5litepod", 1), "v5p": ("v5p", 2), "v6e": ("v6e", 1)}[
+            self.generation
+        ]
+        return f"{prefix}-{devices * cores}"
+
     def chips(self, shape: str) -> int:
         n = 1
         for d in shape.split("x"):
@@ -72,56 +90,90 @@ class TpuSpec:
             if self.chips(shape) == devices:
                 return f"{self.generation}:{shape}"
         counts = ", ".join(str(self.chips(s)) for s in self.slice_shapes)
-        raise TieraxError(f"target {self.key!r} has no TPU slice of {devices} chips; --devices must be one of: "
-                          f"{counts} (Google Cloud's {self.generation} slice shapes "
-                          f"{', '.join(self.slice_shapes)})")
+        raise TieraxError(
+            f"target {self.key!r} has no TPU slice of {devices} chips; --devices must be one of: "
+            f"{counts} (Google Cloud's {self.generation} slice shapes "
+            f"{', '.join(self.slice_shapes)})"
+        )
 
 
 # Host link: Google Cloud does not publish a host↔TPU bandwidth per direction; the JAX scaling book
-# ("How to Scale Your Model", ch. "All about TPUs", jax-ml.github.io/scaling-book) uses ≈1.5e10 B/s for
-# PCIe between host and TPU.  That figure is used for every generation until `tierax calibrate` measures one.
+# ("How to Scale Your Model", ch. "All about TPUs", jax-ml.github.io/scaling-book) uses ≈1.5e10 B/s
+# for PCIe between host and TPU.  That figure is used for every generation until `tierax calibrate`
+# measures one.
 _TPU_HOST_LINK = 15 * GB
-_TPU_HOST_LINK_SOURCE = "PCIe ≈15 GB/s per direction (JAX scaling book; no per-generation Google figure)"
+_TPU_HOST_LINK_SOURCE = (
+    "PCIe ≈15 GB/s per direction (JAX scaling book; no per-generation Google figure)"
+)
 _V5E_V6E_SHAPES = ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
 
 TPU_TARGETS: dict[str, TpuSpec] = {
     "v5e": TpuSpec(
-        key="v5e", name="Cloud TPU v5e", generation="v5e",
-        # docs.cloud.google.com/tpu/docs/v5e: 16 GB HBM2 at 819 GBps, 197 TFLOPs bf16, 393 TOPs int8 per chip.
-        device_memory_bytes=16 * 10**9, hbm_bytes_per_s=819 * GB,
+        key="v5e",
+        name="Cloud TPU v5e",
+        generation="v5e",
+        # docs.cloud.google.com/tpu/docs/v5e: 16 GB HBM2 at 819 GBps, 197 TFLOPs bf16, 393 TOPs int8
+        # per chip.
+        device_memory_bytes=16 * 10**9,
+        hbm_bytes_per_s=819 * GB,
         peak_flops={"bf16": 197e12, "int8": 393e12},
-        host_link_theory_bps=_TPU_HOST_LINK, host_link_bps=_TPU_HOST_LINK, host_link_source=_TPU_HOST_LINK_SOURCE,
+        host_link_theory_bps=_TPU_HOST_LINK,
+        host_link_bps=_TPU_HOST_LINK,
+        host_link_source=_TPU_HOST_LINK_SOURCE,
         # same page: 512 GiB DRAM per host, 8 chips per host → 64 GiB per chip.
         host_memory_per_chip_bytes=512 * 2**30 / 8,
         # same page: 400 GBps bidirectional ICI per chip → 200 GB/s per direction.
         ici_bytes_per_s=200 * GB,
         # same page: supported 2D slice shapes 1x1 … 16x16 (256-chip pod).
         slice_shapes=_V5E_V6E_SHAPES,
-        # same page: TPU Pod size 256 chips; per-host NIC 2 × 100 Gbps for 8 chips → 25 Gb/s = 3.125 GB/s per chip.
-        scale_out_bytes_per_s=3.125 * GB, scale_out_source="DCN 2×100 Gb/s per 8-chip host (Cloud TPU v5e docs)",
+        # same page: TPU Pod size 256 chips; per-host NIC 2 × 100 Gbps for 8 chips → 25 Gb/s = 3.125
+        # GB/s per chip.
+        scale_out_bytes_per_s=3.125 * GB,
+        scale_out_source="DCN 2×100 Gb/s per 8-chip host (Cloud TPU v5e docs)",
     ),
     "v5p": TpuSpec(
-        key="v5p", name="Cloud TPU v5p", generation="v5p",
+        key="v5p",
+        name="Cloud TPU v5p",
+        generation="v5p",
         # docs.cloud.google.com/tpu/docs/v5p: 95 GiB HBM2e at 2765 GBps, 459 TFLOPs bf16 per chip.
-        device_memory_bytes=95 * 2**30, hbm_bytes_per_s=2765 * GB,
+        device_memory_bytes=95 * 2**30,
+        hbm_bytes_per_s=2765 * GB,
         peak_flops={"bf16": 459e12, "fp8": 459e12},
-        host_link_theory_bps=_TPU_HOST_LINK, host_link_bps=_TPU_HOST_LINK, host_link_source=_TPU_HOST_LINK_SOURCE,
+        host_link_theory_bps=_TPU_HOST_LINK,
+        host_link_bps=_TPU_HOST_LINK,
+        host_link_source=_TPU_HOST_LINK_SOURCE,
         # same page: 448 GB RAM per 4-chip VM → 112 GB per chip.
         host_memory_per_chip_bytes=448 * GB / 4,
         # same page: 1200 GBps bidirectional ICI per chip → 600 GB/s per direction.
         ici_bytes_per_s=600 * GB,
         # same page: common single-slice shapes, 2x2x1 (4 chips) … 16x16x24 (6144 chips).
-        slice_shapes=("2x2x1", "2x2x2", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16", "8x16x16",
-                      "16x16x16", "16x16x24"),
+        slice_shapes=(
+            "2x2x1",
+            "2x2x2",
+            "2x4x4",
+            "4x4x4",
+            "4x4x8",
+            "4x8x8",
+            "8x8x8",
+            "8x8x16",
+            "8x16x16",
+            "16x16x16",
+            "16x16x24",
+        ),
         nvlink_domain_gpus=8960,  # same page: 8960 chips in a v5p pod
     ),
     "v6e": TpuSpec(
-        key="v6e", name="Cloud TPU v6e (Trillium)", generation="v6e",
-        # docs.cloud.google.com/tpu/docs/v6e: 32 GB HBM at 1638 GBps, 918 TFLOPs bf16, 1836 TOPs int8 per chip;
-        # each chip reaches its host over PCIe Gen5.
-        device_memory_bytes=32 * 10**9, hbm_bytes_per_s=1638 * GB,
+        key="v6e",
+        name="Cloud TPU v6e (Trillium)",
+        generation="v6e",
+        # docs.cloud.google.com/tpu/docs/v6e: 32 GB HBM at 1638 GBps, 918 TFLOPs bf16, 1836 TOPs
+        # int8 per chip; each chip reaches its host over PCIe Gen5.
+        device_memory_bytes=32 * 10**9,
+        hbm_bytes_per_s=1638 * GB,
         peak_flops={"bf16": 918e12, "int8": 1836e12},
-        host_link_theory_bps=_TPU_HOST_LINK, host_link_bps=_TPU_HOST_LINK, host_link_source=_TPU_HOST_LINK_SOURCE,
+        host_link_theory_bps=_TPU_HOST_LINK,
+        host_link_bps=_TPU_HOST_LINK,
+        host_link_source=_TPU_HOST_LINK_SOURCE,
         # same page: 1536 GiB DRAM per host, 8 chips per host → 192 GiB per chip.
         host_memory_per_chip_bytes=1536 * 2**30 / 8,
         # same page: 800 GBps bidirectional ICI per chip → 400 GB/s per direction.

@@ -26,10 +26,12 @@ from collections.abc import Mapping
 
 import yaml
 
+from tierax import hardware, xla_flags
 from tierax import names as N
-from tierax import xla_flags
 from tierax.errors import TieraxError
 from tierax.interop import maxtext_keys as K
+from tierax.interop.maxtext_keys import model_keys
+from tierax.mesh import MeshShape
 from tierax.plan import Placement, Plan, resolve
 
 # tierax schedule (cost model) → XLA flag preset (tierax.xla_flags.PRESETS).
@@ -58,48 +60,55 @@ def uniform_placements(plan: Plan, cfg) -> dict[str, Placement]:
     """
     bad = conflicts(plan, cfg)
     if bad:
-        what = "; ".join(f"{n}: " + ", ".join(f"{p.value} in {g}" for g, p in groups.items())
-                         for n, groups in bad.items())
+        what = "; ".join(
+            f"{n}: " + ", ".join(f"{p.value} in {g}" for g, p in groups.items())
+            for n, groups in bad.items()
+        )
         raise TieraxError(
-            f"plan {plan.name!r} is not expressible in MaxText, which sets each name once for all layers: {what}. "
-            "Plan with `tierax plan --for maxtext` (one placement per name), or edit the plan so the groups agree")
+            f"plan {plan.name!r} is not expressible in MaxText, which sets each name once for all "
+            f"layers: {what}. "
+            "Plan with `tierax plan --for maxtext` (one placement per name), or edit the plan so "
+            "the groups agree"
+        )
     out = {n: p for groups in resolve(plan, cfg).values() for n, p in groups.items()}
     if out.get(N.DECODER_LAYER_INPUT) is Placement.REMAT:
-        raise TieraxError(f"plan {plan.name!r} recomputes decoder_layer_input, which MaxText refuses (it is the "
-                          "layer's checkpoint); place it on device or offload it")
+        raise TieraxError(
+            f"plan {plan.name!r} recomputes decoder_layer_input, which MaxText refuses (it is the "
+            "layer's checkpoint); place it on device or offload it"
+        )
     return out
 
 
-def model_keys(cfg) -> dict:
-    """MaxText's model keys for a tierax ModelConfig (``configs/models/*.yml`` spelling)."""
-    common = {
-        "base_emb_dim": cfg.d_model, "base_num_query_heads": cfg.num_heads,
-        "base_num_decoder_layers": cfg.num_layers, "vocab_size": cfg.vocab_size,
-        "mlp_activations": ["silu", "linear"], "enable_dropout": False, "logits_via_embedding": cfg.tie_embeddings,
-        "normalization_layer_epsilon": cfg.norm_eps, "rope_max_timescale": int(cfg.rope_theta) if float(cfg.rope_theta).is_integer() else cfg.rope_theta,
-        "dtype": cfg.dtype, "weight_dtype": cfg.param_dtype,
-    }
-    if cfg.family == "llama":
-        return {"decoder_block": "llama2", **common, "base_num_kv_heads": cfg.num_kv_heads,
-                "head_dim": cfg.head_dim, "base_mlp_dim": cfg.mlp_dim}
-    if cfg.family == "deepseek":
-        return {"decoder_block": "deepseek", "attention_type": "mla", **common,
-                "base_num_kv_heads": cfg.num_heads, "base_mlp_dim": cfg.dense_mlp_dim,
-                "base_moe_mlp_dim": cfg.expert_mlp_dim, "first_num_dense_layers": cfg.first_dense_layers,
-                "num_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
-                "shared_experts": cfg.num_shared_experts, "routed_scaling_factor": cfg.routed_scaling_factor,
-                "routed_score_func": "sigmoid", "q_lora_rank": cfg.q_lora_rank, "kv_lora_rank": cfg.kv_lora_rank,
-                "qk_nope_head_dim": cfg.qk_nope_head_dim, "qk_rope_head_dim": cfg.qk_rope_head_dim,
-                "v_head_dim": cfg.v_head_dim}
-    raise TieraxError(f"model family {cfg.family!r} has no MaxText form; MaxText overrides exist for: llama, deepseek")
+# tierax's attention → MaxText's ``attention`` kernel: cuDNN's fused attention through JAX (what
+# tierax's ``cudnn`` calls) and the materialising XLA form.  tierax's ``blockwise`` has no MaxText
+# counterpart: the key is left to MaxText's default and the file says so.
+MAXTEXT_ATTENTION = {"cudnn": "cudnn_flash_jax", "xla": "dot_product"}
 
 
-def runtime_env(*, target: str, schedule: str, devices: int, budget_bytes: float | None = None,
-                capacity_bytes: float | None = None, host_bytes: float | None = None) -> tuple[dict, list[str]]:
-    """(environment variables, why-lines) a MaxText run of the plan needs; XLA reads them at start-up."""
+def runtime_env(
+    *,
+    target: str,
+    schedule: str,
+    devices: int,
+    budget_bytes: float | None = None,
+    capacity_bytes: float | None = None,
+    host_bytes: float | None = None,
+) -> tuple[dict, list[str]]:
+    """(environment variables, why-lines) a MaxText run of the plan needs; XLA reads them at
+    start-up."""
     if schedule not in SCHEDULE_PRESET:
-        raise TieraxError(f"unknown schedule {schedule!r}; choose one of: {', '.join(SCHEDULE_PRESET)}")
+        raise TieraxError(
+            f"unknown schedule {schedule!r}; choose one of: {', '.join(SCHEDULE_PRESET)}"
+        )
     env, why = {}, []
+    if target != "cpu" and hardware.get_target(target).kind == "tpu":
+        # The schedule presets are XLA:GPU flags, and the two variables are read by the GPU client.
+        return env, [
+            (
+                f"TPU ({target}): no XLA_FLAGS, {MEM_FRACTION} or {HOST_LIMIT}: those are "
+                "for XLA:GPU and its client (XLA:TPU runs its own latency-hiding scheduler)"
+            )
+        ]
     flags = xla_flags.PRESETS[SCHEDULE_PRESET[schedule]]
     if flags:
         env["XLA_FLAGS"] = " ".join(flags)
@@ -108,61 +117,114 @@ def runtime_env(*, target: str, schedule: str, devices: int, budget_bytes: float
         why.append("CPU: no memory fraction or host limit (offloading is a no-op on XLA:CPU)")
         return env, why
     if budget_bytes and capacity_bytes:
-        env[MEM_FRACTION] = f"{min(0.95, max(0.01, math.ceil(100 * budget_bytes / capacity_bytes) / 100)):.2f}"
-        why.append(f"{MEM_FRACTION}: device budget {budget_bytes / 2**30:.1f} GiB of {capacity_bytes / 2**30:.0f} GiB "
-                   "(JAX preallocates 75 % by default)")
+        env[MEM_FRACTION] = (
+            f"{min(0.95, max(0.01, math.ceil(100 * budget_bytes / capacity_bytes) / 100)):.2f}"
+        )
+        why.append(
+            f"{MEM_FRACTION}: device budget {budget_bytes / 2**30:.1f} GiB of "
+            f"{capacity_bytes / 2**30:.0f} GiB "
+            "(JAX preallocates 75 % by default)"
+        )
     if host_bytes:
         local = min(devices, GPUS_PER_PROCESS)
         env[HOST_LIMIT] = str(max(1, math.ceil(host_bytes * local * 1.25 / 1e9)))
-        why.append(f"{HOST_LIMIT}: {host_bytes / 1e9:.2f} GB offloaded per device × {local} devices per process + 25 %")
+        why.append(
+            f"{HOST_LIMIT}: {host_bytes / 1e9:.2f} GB offloaded per device × {local} devices per "
+            f"process + 25 %"
+        )
     elif host_bytes is None:
-        why.append(f"{HOST_LIMIT}: not derived (no sizes given); `tierax plan --emit maxtext` derives it")
+        why.append(
+            f"{HOST_LIMIT}: not derived (no sizes given); `tierax plan --emit maxtext` derives it"
+        )
     return env, why
 
 
-def overrides(plan: Plan, cfg, *, microbatch: int, seq: int, mesh: Mapping[str, int],
-              target: str = "h200") -> dict:
+def overrides(
+    plan: Plan, cfg, *, microbatch: int, seq: int, mesh: Mapping[str, int], target: str = "h200"
+) -> dict:
     """The MaxText keys of a run of ``plan`` (mapping in file order; see the module docstring)."""
+    kind = "cpu" if target == "cpu" else hardware.get_target(target).kind  # unknown: refused
+    MeshShape(**{a: int(v) for a, v in mesh.items()}).check_model(cfg, where="--mesh")
     placements = uniform_placements(plan, cfg)
     remat = {k: placements[k].value if k in placements else "remat" for k in K.REMAT_KEYS}
-    out: dict = {"base_config": "base.yml", "hardware": "cpu" if target == "cpu" else "gpu"}
+    out: dict = {"base_config": "base.yml", "hardware": kind}
     out.update(model_keys(cfg))
-    out.update({"remat_policy": "custom", **remat, "scan_layers": True,
-                "per_device_batch_size": microbatch, "max_target_length": seq})
+    if cfg.attention in MAXTEXT_ATTENTION:
+        out["attention"] = MAXTEXT_ATTENTION[cfg.attention]
+    out.update(
+        {
+            "remat_policy": "custom",
+            **remat,
+            "scan_layers": True,
+            "per_device_batch_size": microbatch,
+            "max_target_length": seq,
+        }
+    )
     for axis, key in MESH_KEYS.items():
         out[f"ici_{key}_parallelism"] = int(mesh.get(axis, 1))
     for key in MESH_KEYS.values():
         out[f"dcn_{key}_parallelism"] = 1
     if cfg.family == "deepseek":
-        out.update({"capacity_factor": cfg.capacity_factor, "sparse_matmul": False, "megablox": False})
+        out.update(
+            {"capacity_factor": cfg.capacity_factor, "sparse_matmul": False, "megablox": False}
+        )
     out["num_vocab_tiling"] = cfg.loss_tiles
     return out
 
 
-def overrides_yaml(plan: Plan, cfg, *, microbatch: int, seq: int, mesh: Mapping[str, int], schedule: str = "lhs",
-                   target: str = "h200", budget_bytes: float | None = None, capacity_bytes: float | None = None,
-                   host_bytes: float | None = None, notes: tuple[str, ...] = ()) -> str:
+def overrides_yaml(
+    plan: Plan,
+    cfg,
+    *,
+    microbatch: int,
+    seq: int,
+    mesh: Mapping[str, int],
+    schedule: str = "lhs",
+    target: str = "h200",
+    budget_bytes: float | None = None,
+    capacity_bytes: float | None = None,
+    host_bytes: float | None = None,
+    notes: tuple[str, ...] = (),
+) -> str:
     """:func:`overrides` as a commented YAML file, the environment first (as ``export`` lines)."""
     keys = overrides(plan, cfg, microbatch=microbatch, seq=seq, mesh=mesh, target=target)
     devices = math.prod(int(v) for v in mesh.values())
-    env, why = runtime_env(target=target, schedule=schedule, devices=devices, budget_bytes=budget_bytes,
-                           capacity_bytes=capacity_bytes, host_bytes=host_bytes)
+    env, why = runtime_env(
+        target=target,
+        schedule=schedule,
+        devices=devices,
+        budget_bytes=budget_bytes,
+        capacity_bytes=capacity_bytes,
+        host_bytes=host_bytes,
+    )
     lines = [
         f"{K.HEADER_NAME}{plan.name}",
         f"{K.HEADER_DESCRIPTION}{' '.join(plan.description.splitlines())}",
-        f"# MaxText overrides written by tierax for {cfg.name} on {target}, {devices} devices, schedule {schedule}.",
-        "# Run: python -m maxtext.trainers.pre_train.train THIS_FILE run_name=RUN base_output_directory=DIR ...",
-        "# Environment (XLA reads it when the backend starts; MaxText does not read it from this file):",
+        f"# MaxText overrides written by tierax for {cfg.name} on {target}, {devices} devices, "
+        f"schedule {schedule}.",
+        "# Run: python -m maxtext.trainers.pre_train.train THIS_FILE run_name=RUN "
+        "base_output_directory=DIR ...",
+        "# Environment (XLA reads it when the backend starts; MaxText does not read it from this "
+        "file):",
         *[f"#   export {k}={shlex.quote(v)}" for k, v in env.items()],
         *[f"#   ({w})" for w in why],
         "# Notes:",
         "#   MaxText names tierax does not model stay remat:",
         *[f"#     {k}: {v}" for k, v in K.NO_COUNTERPART.items() if k in K.REMAT_KEYS],
-        "#   A layer group with every activation on device runs without remat in tierax; MaxText's custom policy",
+        "#   A layer group with every activation on device runs without remat in tierax; MaxText's "
+        "custom policy",
         "#   still recomputes unnamed intermediates there.",
     ]
     if cfg.family == "deepseek":
-        lines += ["#   MoE: tierax models capacity-factor dispatch (dense per-expert buffers), hence",
-                  "#   sparse_matmul: false; MaxText's default is dropless megablox (capacity_factor: -1)."]
+        lines += [
+            "#   MoE: tierax models capacity-factor dispatch (dense per-expert buffers), hence",
+            "#   sparse_matmul: false; MaxText's default is dropless megablox (capacity_factor: "
+            "-1).",
+        ]
+    if cfg.attention not in MAXTEXT_ATTENTION:
+        lines += [
+            f"#   attention: tierax's {cfg.attention} attention has no MaxText kernel; MaxText's "
+            "default (autoselected) applies"
+        ]
     lines += [f"#   {n}" for n in notes]
     return "\n".join(lines) + "\n" + yaml.safe_dump(keys, sort_keys=False, default_flow_style=None)

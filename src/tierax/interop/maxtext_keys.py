@@ -1,4 +1,5 @@
-"""MaxText's ``remat_policy: custom`` keys, and an override file read back as a plan.
+"""MaxText's ``remat_policy: custom`` keys and model keys, and an override file read back as a plan
+(refused when its model keys describe another model than the one it is read for).
 
 The keys and their values (``remat | device | offload``) are MaxText's, from
 ``src/maxtext/configs/base.yml`` (AI-Hypercomputer/maxtext, tag maxtext-v0.2.4 and
@@ -20,11 +21,31 @@ from tierax.errors import TieraxError
 
 # base.yml, the block after "If "custom" remat_policy is chosen", in its order.
 REMAT_KEYS: tuple[str, ...] = (
-    "decoder_layer_input", "indexer_cutoff_threshold", "context", "mlpwi", "mlpwi_0", "mlpwi_1", "mlpwo",
-    "moe_mlpwi_0", "moe_mlpwi_1", "moe_mlpwo", "query_proj", "key_proj", "value_proj", "kv_proj", "qkv_proj",
-    "out_proj", "query_wa_proj", "kv_wa_proj", "mla_q", "mla_kv", "attention_out", "engram",
+    "decoder_layer_input",
+    "indexer_cutoff_threshold",
+    "context",
+    "mlpwi",
+    "mlpwi_0",
+    "mlpwi_1",
+    "mlpwo",
+    "moe_mlpwi_0",
+    "moe_mlpwi_1",
+    "moe_mlpwo",
+    "query_proj",
+    "key_proj",
+    "value_proj",
+    "kv_proj",
+    "qkv_proj",
+    "out_proj",
+    "query_wa_proj",
+    "kv_wa_proj",
+    "mla_q",
+    "mla_kv",
+    "attention_out",
+    "engram",
 )
-# Also in the MaxText 0.2.5 release's base.yml (not in 0.2.4's or main's, whose configs refuse unknown keys):
+# Also in the MaxText 0.2.5 release's base.yml (not in 0.2.4's or main's, whose configs refuse
+# unknown keys):
 # read when present, never written.
 RELEASE_0_2_5_KEYS: tuple[str, ...] = ("moe_x_sorted", "moe_routing_maps")
 READ_KEYS = REMAT_KEYS + RELEASE_0_2_5_KEYS
@@ -34,18 +55,25 @@ DEFAULTS = {k: "device" if k == "decoder_layer_input" else "remat" for k in READ
 
 # MaxText keys with no tierax activation: what they are, and why tierax leaves them at remat.
 NO_COUNTERPART: dict[str, str] = {
-    "context": "Transformer Engine's fused-attention context (cudnn_flash_te); tierax's attention output is "
-               "attention_out",
-    "mlpwi": "the fused gate+up projection (fused_mlp: true); tierax's MLP is unfused: mlpwi_0, mlpwi_1",
-    "kv_proj": "a unified key/value projection (share_kv_projections); tierax has key_proj and value_proj",
-    "qkv_proj": "the fused q/k/v projection (fused_qkv: true); tierax has query_proj, key_proj, value_proj",
-    "indexer_cutoff_threshold": "the sparse-attention indexer (DeepSeek-V3.2); not in tierax's models",
+    "context": "Transformer Engine's fused-attention context (cudnn_flash_te); tierax's attention "
+    "output is attention_out",
+    "mlpwi": "the fused gate+up projection (fused_mlp: true); tierax's MLP is unfused: mlpwi_0, "
+    "mlpwi_1",
+    "kv_proj": "a unified key/value projection (share_kv_projections); tierax has key_proj and "
+    "value_proj",
+    "qkv_proj": "the fused q/k/v projection (fused_qkv: true); tierax has query_proj, key_proj, "
+    "value_proj",
+    "indexer_cutoff_threshold": "the sparse-attention indexer (DeepSeek-V3.2); not in tierax's "
+    "models",
     "engram": "Engram memory layers; not in tierax's models",
-    "moe_x_sorted": "the expert-sorted MoE input of dropless (ragged) dispatch (MaxText 0.2.5); tierax models "
-                    "capacity dispatch",
-    "moe_routing_maps": "dropless dispatch's routing index maps (MaxText 0.2.5); tierax models capacity dispatch",
+    "moe_x_sorted": "the expert-sorted MoE input of dropless (ragged) dispatch (MaxText 0.2.5); "
+    "tierax models capacity dispatch",
+    "moe_routing_maps": "dropless dispatch's routing index maps (MaxText 0.2.5); tierax models "
+    "capacity dispatch",
 }
-assert set(N.ALL_NAMES) <= set(REMAT_KEYS) and set(NO_COUNTERPART) == set(READ_KEYS) - set(N.ALL_NAMES)
+assert set(N.ALL_NAMES) <= set(REMAT_KEYS) and set(NO_COUNTERPART) == set(READ_KEYS) - set(
+    N.ALL_NAMES
+)
 
 HEADER_NAME = "# tierax plan: "
 HEADER_DESCRIPTION = "# tierax description: "
@@ -59,17 +87,86 @@ def is_override_file(data) -> bool:
 def _header(text: str, prefix: str) -> str | None:
     for line in text.splitlines():
         if line.startswith(prefix):
-            return line[len(prefix):].strip()
+            return line[len(prefix) :].strip()
     return None
 
 
-def plan_dict(data: Mapping, groups: Mapping[str, tuple[str, ...]], *, source: str, text: str = "") -> dict:
+def model_keys(cfg) -> dict:
+    """MaxText's model keys for a tierax ModelConfig (``configs/models/*.yml`` spelling)."""
+    theta = int(cfg.rope_theta) if float(cfg.rope_theta).is_integer() else cfg.rope_theta
+    common = {
+        "base_emb_dim": cfg.d_model,
+        "base_num_query_heads": cfg.num_heads,
+        "base_num_decoder_layers": cfg.num_layers,
+        "vocab_size": cfg.vocab_size,
+        "mlp_activations": ["silu", "linear"],
+        "enable_dropout": False,
+        "logits_via_embedding": cfg.tie_embeddings,
+        "normalization_layer_epsilon": cfg.norm_eps,
+        "rope_max_timescale": theta,
+        "dtype": cfg.dtype,
+        "weight_dtype": cfg.param_dtype,
+    }
+    if cfg.family == "llama":
+        return {
+            "decoder_block": "llama2",
+            **common,
+            "base_num_kv_heads": cfg.num_kv_heads,
+            "head_dim": cfg.head_dim,
+            "base_mlp_dim": cfg.mlp_dim,
+        }
+    if cfg.family == "deepseek":
+        return {
+            "decoder_block": "deepseek",
+            "attention_type": "mla",
+            **common,
+            "base_num_kv_heads": cfg.num_heads,
+            "base_mlp_dim": cfg.dense_mlp_dim,
+            "base_moe_mlp_dim": cfg.expert_mlp_dim,
+            "first_num_dense_layers": cfg.first_dense_layers,
+            "num_experts": cfg.num_experts,
+            "num_experts_per_tok": cfg.num_experts_per_tok,
+            "shared_experts": cfg.num_shared_experts,
+            "routed_scaling_factor": cfg.routed_scaling_factor,
+            "routed_score_func": "sigmoid",
+            "q_lora_rank": cfg.q_lora_rank,
+            "kv_lora_rank": cfg.kv_lora_rank,
+            "qk_nope_head_dim": cfg.qk_nope_head_dim,
+            "qk_rope_head_dim": cfg.qk_rope_head_dim,
+            "v_head_dim": cfg.v_head_dim,
+        }
+    raise TieraxError(
+        f"model family {cfg.family!r} has no MaxText form; MaxText overrides exist "
+        "for: llama, deepseek"
+    )
+
+
+def check_model(data: Mapping, cfg, source: str) -> None:
+    """Refuse overrides written for another model: a model key whose value differs from ``cfg``'s.
+
+    A file without model keys (placements only) is not checked.
+    """
+    if cfg.family not in ("llama", "deepseek"):
+        return  # a custom model (the Python API) has no MaxText model keys to compare
+    want = model_keys(cfg)
+    diff = [f"{k} {data[k]!r} (here {v!r})" for k, v in want.items() if k in data and data[k] != v]
+    if diff:
+        raise TieraxError(
+            f"{source} is MaxText overrides for another model than {cfg.name}: {'; '.join(diff)}. "
+            "Use it with the model it was written for, or delete its model keys to apply only its "
+            "placements"
+        )
+
+
+def plan_dict(
+    data: Mapping, groups: Mapping[str, tuple[str, ...]], *, source: str, text: str = ""
+) -> dict:
     """The tierax plan (``Plan.from_dict`` form) a MaxText override mapping describes for a model.
 
     Every activation of every group takes the placement of its key (MaxText's default
-    where the file leaves a key out: ``device`` for decoder_layer_input, else ``remat``).  The plan's name and description come
-    from the ``# tierax plan:`` / ``# tierax description:`` header lines tierax writes,
-    else the file name.
+    where the file leaves a key out: ``device`` for decoder_layer_input, else ``remat``).  The
+    plan's name and description come from the ``# tierax plan:`` / ``# tierax description:`` header
+    lines tierax writes, else the file name.
 
     Args:
       data: the parsed file; groups: layer group → its activation names (the model's).
@@ -85,17 +182,25 @@ def plan_dict(data: Mapping, groups: Mapping[str, tuple[str, ...]], *, source: s
             continue
         value = data[key]
         if value not in VALUES:
-            raise TieraxError(f"{source}: {key}: {value!r} is not a MaxText placement; use one of: {', '.join(VALUES)}")
+            raise TieraxError(
+                f"{source}: {key}: {value!r} is not a MaxText placement; use one of: "
+                f"{', '.join(VALUES)}"
+            )
         if key in NO_COUNTERPART and value != "remat":
             raise TieraxError(
-                f"{source}: {key}: {value} has no tierax counterpart ({NO_COUNTERPART[key]}); set it to remat "
-                f"or remove it; tierax places: {', '.join(N.ALL_NAMES)}")
+                f"{source}: {key}: {value} has no tierax counterpart ({NO_COUNTERPART[key]}); set "
+                f"it to remat or remove it; tierax places: {', '.join(N.ALL_NAMES)}"
+            )
         placements[key] = value
     if placements.get(N.DECODER_LAYER_INPUT) == "remat":
-        raise TieraxError(f"{source}: decoder_layer_input cannot be remat in MaxText (it is the layer's checkpoint); "
-                          "use device or offload")
+        raise TieraxError(
+            f"{source}: decoder_layer_input cannot be remat in MaxText (it is the layer's "
+            "checkpoint); use device or offload"
+        )
     name = _header(text, HEADER_NAME) or re.sub(r"\.ya?ml$", "", source.rsplit("/", 1)[-1])
     description = _header(text, HEADER_DESCRIPTION) or f"read from MaxText overrides {source}"
-    out_groups = {g: {"default": "remat", **{n: placements.get(n, DEFAULTS[n]) for n in acts}}
-                  for g, acts in groups.items()}
+    out_groups = {
+        g: {"default": "remat", **{n: placements.get(n, DEFAULTS[n]) for n in acts}}
+        for g, acts in groups.items()
+    }
     return {"plan": name, "description": description, "groups": out_groups}

@@ -42,12 +42,17 @@ def target_key() -> str:
 
 def stages(gpu: bool) -> list[str]:
     """The measurements :func:`measure` makes, in order (what a progress bar counts)."""
-    return (["memory"] + ([] if gpu else ["transposing fusion"]) + [f"matmul {d}" for d in DTYPES]
-            + (["host link"] if gpu else []))
+    return (
+        ["memory"]
+        + ([] if gpu else ["transposing fusion"])
+        + [f"matmul {d}" for d in DTYPES]
+        + (["host link"] if gpu else [])
+    )
 
 
-def measure(progress: Callable[[str], None] | None = None, *, matmul_n: int = 8192,
-            repeats: int = 5) -> dict:
+def measure(
+    progress: Callable[[str], None] | None = None, *, matmul_n: int = 8192, repeats: int = 5
+) -> dict:
     """One calibration entry for the local backend (nothing is saved); ``progress(stage)`` after
     each stage.  ``matmul_n``: the square GEMM's size on a GPU (a CPU runs
     :data:`harness.CPU_MATMUL_SHAPES`).
@@ -68,8 +73,11 @@ def measure(progress: Callable[[str], None] | None = None, *, matmul_n: int = 81
     if touch:
         entry["first_touch_bytes_per_s"] = touch
     # What the non-matmul term reads: a layer's non-matmul work at the bytes the model counts.
-    nm = harness.nonmatmul_rate(harness.GPU_NONMATMUL_SHAPE if gpu else None,
-                                repeats=repeats + 2, first_touch_bytes_per_s=touch)
+    nm = harness.nonmatmul_rate(
+        harness.GPU_NONMATMUL_SHAPE if gpu else None,
+        repeats=repeats + 2,
+        first_touch_bytes_per_s=touch,
+    )
     micro["nonmatmul"] = nm
     entry["memory_bytes_per_s"] = nm["bytes_per_s"]
     if progress:

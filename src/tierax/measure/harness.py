@@ -1,4 +1,5 @@
-"""Measuring on the local devices: compile → warm up → time → memory probe; matmul rate; link bandwidth.
+"""Measuring on the local devices: compile → warm up → time → memory probe; matmul rate; link
+bandwidth.
 
 ``bench``, ``profile``, ``calibrate`` and ``bench/gpu_check.py`` all measure
 through these functions, so a step time, a matmul rate or a copy bandwidth
@@ -30,7 +31,9 @@ def median_time(fn: Callable[[], object], repeats: int) -> tuple[float, list[flo
     return statistics.median(times), times
 
 
-def matmul_rate(dtype: str = "float32", n: int = 1024, repeats: int = 5, *, best: bool = True) -> dict:
+def matmul_rate(
+    dtype: str = "float32", n: int = 1024, repeats: int = 5, *, best: bool = True
+) -> dict:
     """Achieved n×n×n matmul FLOP/s of one local device on random data.
 
     Returns ``{"shape", "flops_per_s", "times_s"}``; ``flops_per_s`` uses the best
@@ -44,7 +47,11 @@ def matmul_rate(dtype: str = "float32", n: int = 1024, repeats: int = 5, *, best
     f(a, b).block_until_ready()
     med, times = median_time(lambda: f(a, b).block_until_ready(), repeats)
     t = min(times) if best else med
-    return {"shape": f"{n}x{n}x{n} {jnp.dtype(dtype).name}", "flops_per_s": 2.0 * n**3 / t, "times_s": times}
+    return {
+        "shape": f"{n}x{n}x{n} {jnp.dtype(dtype).name}",
+        "flops_per_s": 2.0 * n**3 / t,
+        "times_s": times,
+    }
 
 
 # Matmul shapes (M, K, N) of `tierax calibrate` on a CPU: y[M, N] = x[M, K]·W[K, N] for a
@@ -59,9 +66,12 @@ CPU_MATMUL_SHAPES = ((1536, 640, 2560), (1536, 640, 24000))
 # fusion that writes it is priced apart, tierax.costmodel.transposes); in bfloat16 XLA:CPU
 # converts the operands to float32 and lays them out for a YNNPACK GEMM, so there the GEMM is
 # written as JAX writes it (dot_general(dy, x) over the tokens, transposed) and XLA chooses.
-_DN = {"forward": (((1,), (0,)), ((), ())), "input-gradient": (((1,), (1,)), ((), ())),
-       "weight-gradient": (((0,), (0,)), ((), ())),
-       "eigen-weight-gradient": (((0,), (1,)), ((), ()))}
+_DN = {
+    "forward": (((1,), (0,)), ((), ())),
+    "input-gradient": (((1,), (1,)), ((), ())),
+    "weight-gradient": (((0,), (0,)), ((), ())),
+    "eigen-weight-gradient": (((0,), (1,)), ((), ())),
+}
 
 
 def _weight_gradient(m: int, k: int, n: int, dtype: str):
@@ -72,8 +82,11 @@ def _weight_gradient(m: int, k: int, n: int, dtype: str):
 
 MATMUL_ROLES = {
     "forward": lambda m, k, n, dt: ((m, k), (k, n), lambda x, w: _dot(x, w, "forward")),
-    "input-gradient": lambda m, k, n, dt: ((m, n), (k, n),
-                                           lambda dy, w: _dot(dy, w, "input-gradient")),
+    "input-gradient": lambda m, k, n, dt: (
+        (m, n),
+        (k, n),
+        lambda dy, w: _dot(dy, w, "input-gradient"),
+    ),
     "weight-gradient": _weight_gradient,
 }
 
@@ -88,8 +101,12 @@ def _minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def matmul_mix_rate(dtype: str, shapes=CPU_MATMUL_SHAPES, repeats: int = 5,
-                    first_touch_bytes_per_s: float | None = None) -> dict:
+def matmul_mix_rate(
+    dtype: str,
+    shapes=CPU_MATMUL_SHAPES,
+    repeats: int = 5,
+    first_touch_bytes_per_s: float | None = None,
+) -> dict:
     """FLOP/s of a mix of matmuls: every shape in every role of :data:`MATMUL_ROLES`, the summed
     FLOPs over the summed median times (each GEMM weighs by its time, as in a step).  Rounds
     interleave the GEMMs, so machine noise hits each alike.
@@ -126,11 +143,22 @@ def matmul_mix_rate(dtype: str, shapes=CPU_MATMUL_SHAPES, repeats: int = 5,
         med = raw - touched / first_touch_bytes_per_s if first_touch_bytes_per_s else raw
         med = max(med, raw / 10)  # a first-touch rate measured under noise must not cancel a GEMM
         flops, secs = flops + 2.0 * m * k * n, secs + med
-        gemms.append({"shape": [m, k, n], "role": role, "flops_per_s": 2.0 * m * k * n / med,
-                      "raw_flops_per_s": 2.0 * m * k * n / raw, "first_touch_bytes": touched,
-                      "times_s": times})
-    return {"dtype": jnp.dtype(dtype).name, "flops_per_s": flops / secs, "gemms": gemms,
-            "first_touch_subtracted_at_bytes_per_s": first_touch_bytes_per_s}
+        gemms.append(
+            {
+                "shape": [m, k, n],
+                "role": role,
+                "flops_per_s": 2.0 * m * k * n / med,
+                "raw_flops_per_s": 2.0 * m * k * n / raw,
+                "first_touch_bytes": touched,
+                "times_s": times,
+            }
+        )
+    return {
+        "dtype": jnp.dtype(dtype).name,
+        "flops_per_s": flops / secs,
+        "gemms": gemms,
+        "first_touch_subtracted_at_bytes_per_s": first_touch_bytes_per_s,
+    }
 
 
 def stream_and_first_touch(nbytes: int = 64 << 20, repeats: int = 7) -> dict:
@@ -167,8 +195,12 @@ def stream_and_first_touch(nbytes: int = 64 << 20, repeats: int = 7) -> dict:
             fn()
             times.append(time.perf_counter() - t)
     med_don, med_fresh = statistics.median(t_don), statistics.median(t_fresh)
-    out = {"bytes_per_array": n * 4, "memory_bytes_per_s": 3 * n * 4 / med_don, "donated_s": t_don,
-           "fresh_s": t_fresh}
+    out = {
+        "bytes_per_array": n * 4,
+        "memory_bytes_per_s": 3 * n * 4 / med_don,
+        "donated_s": t_don,
+        "fresh_s": t_fresh,
+    }
     if dev.platform == "cpu":
         out["first_touch_bytes_per_s"] = n * 4 / max(med_fresh - med_don, 1e-9)
     return out
@@ -189,8 +221,9 @@ def _layer_nonmatmul(x, g, a, b, s):
     return n + x, u, e / jnp.sum(e, axis=-1, keepdims=True)
 
 
-def nonmatmul_rate(shape: dict | None = None, repeats: int = 7,
-                   first_touch_bytes_per_s: float | None = None) -> dict:
+def nonmatmul_rate(
+    shape: dict | None = None, repeats: int = 7, first_touch_bytes_per_s: float | None = None
+) -> dict:
     """The bytes per second at which a layer's non-matmul work runs, counting its bytes as the
     cost model counts them: :func:`_layer_nonmatmul` and its gradient (``jax.vjp``), its bytes
     by :func:`tierax.hbm.phase_bytes` on the same trace, over the median time.  On a CPU this is
@@ -207,9 +240,14 @@ def nonmatmul_rate(shape: dict | None = None, repeats: int = 7,
         return y, vjp(hbm.marker(ct))
 
     keys = jax.random.split(jax.random.key(4), 5)
-    args = (jax.random.normal(keys[0], (t, w)), jnp.ones((w,)), jax.random.normal(keys[1], (t, f)),
-            jax.random.normal(keys[2], (t, f)), jax.random.normal(keys[3], scores),
-            (jnp.ones((t, w)), jnp.ones((t, f)), jnp.ones(scores)))
+    args = (
+        jax.random.normal(keys[0], (t, w)),
+        jnp.ones((w,)),
+        jax.random.normal(keys[1], (t, f)),
+        jax.random.normal(keys[2], (t, f)),
+        jax.random.normal(keys[3], scores),
+        (jnp.ones((t, w)), jnp.ones((t, f)), jnp.ones(scores)),
+    )
     nbytes = sum(hbm.phase_bytes(jax.make_jaxpr(fwd_bwd)(*args)))
     fn = jax.jit(fwd_bwd)
     jax.block_until_ready(fn(*args))
@@ -223,8 +261,13 @@ def nonmatmul_rate(shape: dict | None = None, repeats: int = 7,
     touched = statistics.median(faults) * os.sysconf("SC_PAGE_SIZE")
     med = raw - touched / first_touch_bytes_per_s if first_touch_bytes_per_s else raw
     med = max(med, raw / 10)
-    return {"shape": d, "model_bytes": nbytes, "bytes_per_s": nbytes / med, "times_s": times,
-            "first_touch_bytes": touched}
+    return {
+        "shape": d,
+        "model_bytes": nbytes,
+        "bytes_per_s": nbytes / med,
+        "times_s": times,
+        "first_touch_bytes": touched,
+    }
 
 
 # A weight gradient's operand as XLA:CPU computes it transposed (tierax.hbm.transposed_reads):
@@ -232,8 +275,9 @@ def nonmatmul_rate(shape: dict | None = None, repeats: int = 7,
 TRANSPOSE_SHAPE = (1536, 2560)
 
 
-def transposed_fusion_rate(shape=TRANSPOSE_SHAPE, repeats: int = 5,
-                           first_touch_bytes_per_s: float | None = None) -> dict:
+def transposed_fusion_rate(
+    shape=TRANSPOSE_SHAPE, repeats: int = 5, first_touch_bytes_per_s: float | None = None
+) -> dict:
     """Elements per second that XLA:CPU's slow transposing fusion reads from its inputs:
     ``((a·b)·(1 − c) + c)ᵀ`` of three float32 arrays — a fusion that broadcasts a scalar and
     writes its result transposed, which XLA:CPU runs as a loop reading each input one row
@@ -255,16 +299,24 @@ def transposed_fusion_rate(shape=TRANSPOSE_SHAPE, repeats: int = 5,
     touched = statistics.median(faults) * os.sysconf("SC_PAGE_SIZE")
     med = raw - touched / first_touch_bytes_per_s if first_touch_bytes_per_s else raw
     med = max(med, raw / 10)
-    return {"shape": list(shape), "inputs": 3, "elems_per_s": 3 * rows * cols / med,
-            "times_s": times, "first_touch_bytes": touched}
+    return {
+        "shape": list(shape),
+        "inputs": 3,
+        "elems_per_s": 3 * rows * cols / med,
+        "times_s": times,
+        "first_touch_bytes": touched,
+    }
 
 
 def link_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> dict:
-    """Pinned-host ↔ device copy bandwidth each way (median of ``repeats``), data checked after the round trip."""
+    """Pinned-host ↔ device copy bandwidth each way (median of ``repeats``), data checked after the
+    round trip."""
     from jax.sharding import SingleDeviceSharding
 
     dev = jax.devices()[0]
-    x = jax.device_put(jax.random.uniform(jax.random.key(0), (nbytes // 2,), jnp.float32).astype(jnp.bfloat16), dev)
+    x = jax.device_put(
+        jax.random.uniform(jax.random.key(0), (nbytes // 2,), jnp.float32).astype(jnp.bfloat16), dev
+    )
     x.block_until_ready()
     to_host = SingleDeviceSharding(dev, memory_kind="pinned_host")
     to_dev = SingleDeviceSharding(dev, memory_kind="device")
@@ -283,9 +335,15 @@ def link_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> dict:
     t_d2h, d2h_times = median_time(d2h, repeats)
     t_h2d, h2d_times = median_time(h2d, repeats)
     ok = bool(np.array_equal(np.asarray(box["d"][: 1 << 16]), np.asarray(x[: 1 << 16])))
-    out = {"bytes": nbytes, "memory_kind": str(getattr(box["h"].sharding, "memory_kind", "?")),
-           "d2h_bytes_per_s": nbytes / t_d2h, "h2d_bytes_per_s": nbytes / t_h2d, "d2h_s": d2h_times,
-           "h2d_s": h2d_times, "round_trip_equal": ok}
+    out = {
+        "bytes": nbytes,
+        "memory_kind": str(getattr(box["h"].sharding, "memory_kind", "?")),
+        "d2h_bytes_per_s": nbytes / t_d2h,
+        "h2d_bytes_per_s": nbytes / t_h2d,
+        "d2h_s": d2h_times,
+        "h2d_s": h2d_times,
+        "round_trip_equal": ok,
+    }
     if dev.platform == "cpu":
         out["note"] = "CPU: host-to-host memcpy, not a link measurement"
     return out
@@ -299,7 +357,9 @@ class Prepared:
     state: object
     compile_s: float
     compiled_memory: memory.CompiledMemory
-    runtime: memory.RuntimePeak | None  # high-water mark of state + compile + warm-up, where the backend reports it
+    runtime: (
+        memory.RuntimePeak | None
+    )  # high-water mark of state + compile + warm-up, where the backend reports it
     metrics: object = None
 
     def step(self, batch) -> None:
@@ -308,8 +368,13 @@ class Prepared:
         jax.block_until_ready(self.state)
 
 
-def prepare(build: Callable[[], tuple[Callable, object]], batch, *, warmup: int,
-            devices: Sequence | None = None) -> Prepared:
+def prepare(
+    build: Callable[[], tuple[Callable, object]],
+    batch,
+    *,
+    warmup: int,
+    devices: Sequence | None = None,
+) -> Prepared:
     """``build()`` → (jitted step, state); compile it for ``(state, batch)``; run ``warmup`` steps.
 
     The memory probe covers all of it (the state's allocation included).

@@ -17,10 +17,14 @@ from dataclasses import asdict, dataclass, field
 
 RUNTIME = "runtime"
 COMPILED = "compiled"
-RUNTIME_NOTE = ("runtime peaks are the allocator's (Device.memory_stats); pinned-host bytes are the compiled "
-                "figure (memory_analysis host_temp) unless memory_stats reported host keys")
-NO_RUNTIME_NOTE = ("this backend reports no runtime memory (Device.memory_stats() is None, as on XLA:CPU): the "
-                   "figures are XLA's compiled memory analysis")
+RUNTIME_NOTE = (
+    "runtime peaks are the allocator's (Device.memory_stats); pinned-host bytes are the compiled "
+    "figure (memory_analysis host_temp) unless memory_stats reported host keys"
+)
+NO_RUNTIME_NOTE = (
+    "this backend reports no runtime memory (Device.memory_stats() is None, as on XLA:CPU): the "
+    "figures are XLA's compiled memory analysis"
+)
 
 
 @dataclass(frozen=True)
@@ -51,12 +55,25 @@ def compiled_memory(compiled) -> CompiledMemory:
     def get(name: str) -> int:
         return int(getattr(m, name, 0) or 0)
 
-    arg, out, alias, temp = (get("argument_size_in_bytes"), get("output_size_in_bytes"), get("alias_size_in_bytes"),
-                             get("temp_size_in_bytes"))
-    # Not XLA's own peak_memory_in_bytes: on XLA:CPU it did not follow temp (equal for plans whose temp differed).
+    arg, out, alias, temp = (
+        get("argument_size_in_bytes"),
+        get("output_size_in_bytes"),
+        get("alias_size_in_bytes"),
+        get("temp_size_in_bytes"),
+    )
+    # Not XLA's own peak_memory_in_bytes: on XLA:CPU it did not follow temp (equal for plans whose
+    # temp differed).
     peak = arg + out + temp - alias
-    return CompiledMemory(arg, out, alias, temp, peak, get("host_argument_size_in_bytes"),
-                          get("host_output_size_in_bytes"), get("host_temp_size_in_bytes"))
+    return CompiledMemory(
+        arg,
+        out,
+        alias,
+        temp,
+        peak,
+        get("host_argument_size_in_bytes"),
+        get("host_output_size_in_bytes"),
+        get("host_temp_size_in_bytes"),
+    )
 
 
 @dataclass(frozen=True)
@@ -67,14 +84,17 @@ class DeviceMemory:
     bytes_in_use: int
     peak_bytes_in_use: int
     bytes_limit: int | None
-    host_stats: dict = field(default_factory=dict)  # any memory_stats key mentioning 'host', as reported
+    host_stats: dict = field(
+        default_factory=dict
+    )  # any memory_stats key mentioning 'host', as reported
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
 def runtime_stats(devices=None) -> list[DeviceMemory] | None:
-    """Allocator statistics of ``devices`` (default: the local devices); None where the backend reports none."""
+    """Allocator statistics of ``devices`` (default: the local devices); None where the backend
+    reports none."""
     import jax
 
     out = []
@@ -83,9 +103,15 @@ def runtime_stats(devices=None) -> list[DeviceMemory] | None:
         if not s or "bytes_in_use" not in s:
             return None
         limit = s.get("bytes_limit")
-        out.append(DeviceMemory(str(d), int(s["bytes_in_use"]), int(s.get("peak_bytes_in_use", s["bytes_in_use"])),
-                                int(limit) if limit is not None else None,
-                                {k: v for k, v in s.items() if "host" in k.lower()}))
+        out.append(
+            DeviceMemory(
+                str(d),
+                int(s["bytes_in_use"]),
+                int(s.get("peak_bytes_in_use", s["bytes_in_use"])),
+                int(limit) if limit is not None else None,
+                {k: v for k, v in s.items() if "host" in k.lower()},
+            )
+        )
     return out
 
 
@@ -118,8 +144,9 @@ class PeakProbe:
         after = runtime_stats(self._devices)
         if self._before is None or after is None:
             return None
-        deltas = [a.peak_bytes_in_use - b.bytes_in_use for a, b in zip(after, self._before)]
-        rose = [a.peak_bytes_in_use > b.peak_bytes_in_use for a, b in zip(after, self._before)]
+        pairs = list(zip(after, self._before, strict=False))
+        deltas = [a.peak_bytes_in_use - b.bytes_in_use for a, b in pairs]
+        rose = [a.peak_bytes_in_use > b.peak_bytes_in_use for a, b in pairs]
         worst = max(range(len(deltas)), key=deltas.__getitem__)
         host = {k: v for a in after for k, v in a.host_stats.items()}
         return RuntimePeak(deltas[worst], rose[worst], tuple(deltas), host)

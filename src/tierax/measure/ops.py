@@ -20,15 +20,43 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 CATEGORIES = ("matmul", "transpose", "fill", "copy", "non-matmul", "control")
-_ITEM = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2, "s32": 4,
-         "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+_ITEM = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "bf16": 2,
+    "f16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+}
 _SHAPE = re.compile(r"\b(" + "|".join(_ITEM) + r")\[([\d,]*)\]")
 _INST = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+([\w\-]+)\((.*)$")
 _CALLS = re.compile(r"calls=%?([\w.\-]+)")
 _CONTRACT = re.compile(r"lhs_contracting_dims=\{([\d,]*)\}")
 _GEMM_CALL = re.compile(r'custom_call_target="[^"]*(gemm|matmul)', re.IGNORECASE)
-_CONTROL = frozenset({"while", "conditional", "call", "tuple", "get-tuple-element", "parameter",
-                      "constant", "bitcast", "after-all", "partition-id", "replica-id"})
+_CONTROL = frozenset(
+    {
+        "while",
+        "conditional",
+        "call",
+        "tuple",
+        "get-tuple-element",
+        "parameter",
+        "constant",
+        "bitcast",
+        "after-all",
+        "partition-id",
+        "replica-id",
+    }
+)
 _FILL_ONLY = frozenset({"parameter", "constant", "broadcast", "bitcast", "reshape"})
 
 
@@ -86,8 +114,13 @@ def _dot_flops(inst: dict, comp: dict) -> float:
 def classify(hlo_text: str) -> dict[str, dict]:
     """``{op name: {"category", "flops", "bytes"}}`` of every instruction outside fusions."""
     comps = parse(hlo_text)
-    called = {c for comp in comps.values() for i in comp.values() if i["op"] == "fusion"
-              for c in _CALLS.findall(i["text"])}
+    called = {
+        c
+        for comp in comps.values()
+        for i in comp.values()
+        if i["op"] == "fusion"
+        for c in _CALLS.findall(i["text"])
+    }
     out = {}
     for cname, comp in comps.items():
         if cname in called:

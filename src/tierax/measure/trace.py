@@ -43,9 +43,11 @@ from dataclasses import asdict, dataclass, field
 from tierax.errors import TieraxError
 
 STEP_ANNOTATION = "tierax_step"
-CPU_NOTE = ("CPU backend: no host↔device transfers exist here (XLA:CPU has no separate device memory and strips "
-            "host-offload annotations), so transfer, overlap and bandwidth figures are not applicable; run on a GPU "
-            "to measure them")
+CPU_NOTE = (
+    "CPU backend: no host↔device transfers exist here (XLA:CPU has no separate device memory and "
+    "strips host-offload annotations), so transfer, overlap and bandwidth figures are not "
+    "applicable; run on a GPU to measure them"
+)
 _H2D = re.compile(r"memcpy\s*_?(h2d|htod)", re.I)
 _D2H = re.compile(r"memcpy\s*_?(d2h|dtoh)", re.I)
 _OTHER_COPY = re.compile(r"^(memcpy|memset)", re.I)
@@ -85,18 +87,28 @@ def find_trace_file(path: str | os.PathLike) -> pathlib.Path:
     if p.is_file():
         return p
     if not p.is_dir():
-        raise TieraxError(f"trace {str(p)!r}: no such file or directory; give a `tierax profile --out` directory "
-                          "or a perfetto_trace.json.gz / .xplane.pb file")
-    for pattern in ("perfetto_trace.json.gz", "perfetto_trace.json", "*.trace.json.gz", "*.xplane.pb"):
+        raise TieraxError(
+            f"trace {str(p)!r}: no such file or directory; give a `tierax profile --out` directory "
+            "or a perfetto_trace.json.gz / .xplane.pb file"
+        )
+    for pattern in (
+        "perfetto_trace.json.gz",
+        "perfetto_trace.json",
+        "*.trace.json.gz",
+        "*.xplane.pb",
+    ):
         found = sorted(p.rglob(pattern), key=lambda f: (f.stat().st_mtime, str(f)))
         if found:
             return found[-1]
-    raise TieraxError(f"trace directory {str(p)!r} holds no trace (no perfetto_trace.json.gz, *.trace.json.gz or "
-                      "*.xplane.pb); record one with `tierax profile --out DIR`")
+    raise TieraxError(
+        f"trace directory {str(p)!r} holds no trace (no perfetto_trace.json.gz, *.trace.json.gz or "
+        "*.xplane.pb); record one with `tierax profile --out DIR`"
+    )
 
 
 def load_events(path: str | os.PathLike) -> tuple[list[Event], pathlib.Path]:
-    """(complete events, the file read) from a trace file or directory; see :func:`find_trace_file`."""
+    """(complete events, the file read) from a trace file or directory; see
+    :func:`find_trace_file`."""
     f = find_trace_file(path)
     try:
         if f.name.endswith(".xplane.pb"):
@@ -107,7 +119,9 @@ def load_events(path: str | os.PathLike) -> tuple[list[Event], pathlib.Path]:
     except TieraxError:
         raise
     except (OSError, ValueError, EOFError) as e:
-        raise TieraxError(f"trace {str(f)!r} could not be read ({e}); record it again with `tierax profile`") from None
+        raise TieraxError(
+            f"trace {str(f)!r} could not be read ({e}); record it again with `tierax profile`"
+        ) from None
 
 
 def events_from_chrome_json(data) -> list[Event]:
@@ -128,8 +142,16 @@ def events_from_chrome_json(data) -> list[Event]:
         if not isinstance(e, Mapping) or e.get("ph") != "X" or "ts" not in e:
             continue
         pid, tid = e.get("pid"), e.get("tid")
-        out.append(Event(procs.get(pid, str(pid)), threads.get((pid, tid), str(tid)), str(e.get("name", "")),
-                         float(e["ts"]), float(e.get("dur", 0.0)), dict(e.get("args") or {})))
+        out.append(
+            Event(
+                procs.get(pid, str(pid)),
+                threads.get((pid, tid), str(tid)),
+                str(e.get("name", "")),
+                float(e["ts"]),
+                float(e.get("dur", 0.0)),
+                dict(e.get("args") or {}),
+            )
+        )
     return out
 
 
@@ -142,8 +164,16 @@ def events_from_xplane(path: str | os.PathLike) -> list[Event]:
     for plane in data.planes:
         for line in plane.lines:
             for ev in line.events:
-                out.append(Event(plane.name, line.name, ev.name, ev.start_ns / 1e3, ev.duration_ns / 1e3,
-                                 {k: v for k, v in ev.stats}))
+                out.append(
+                    Event(
+                        plane.name,
+                        line.name,
+                        ev.name,
+                        ev.start_ns / 1e3,
+                        ev.duration_ns / 1e3,
+                        {k: v for k, v in ev.stats},
+                    )
+                )
     return out
 
 
@@ -166,7 +196,9 @@ def length(intervals: Sequence[tuple[float, float]]) -> float:
     return sum(e - s for s, e in intervals)
 
 
-def intersection_length(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -> float:
+def intersection_length(
+    a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]
+) -> float:
     """Length of the intersection of two sorted, disjoint interval lists."""
     i = j = 0
     total = 0.0
@@ -311,14 +343,23 @@ class TraceAnalysis:
         return out
 
     def to_json(self) -> dict:
-        return {"source": self.source, "backend": self.backend, "transfers_observed": self.transfers_observed,
-                "notes": list(self.notes), "summary": self.summary(), "steps": [s.to_json() for s in self.steps]}
+        return {
+            "source": self.source,
+            "backend": self.backend,
+            "transfers_observed": self.transfers_observed,
+            "notes": list(self.notes),
+            "summary": self.summary(),
+            "steps": [s.to_json() for s in self.steps],
+        }
 
 
-def step_windows(events: Sequence[Event], name: str = STEP_ANNOTATION) -> list[tuple[int, float, float, float | None]]:
+def step_windows(
+    events: Sequence[Event], name: str = STEP_ANNOTATION
+) -> list[tuple[int, float, float, float | None]]:
     """(step, window start, window end, annotated duration) from step annotations, in time order.
 
-    Falls back to any event with a ``step_num`` argument; with neither, the whole trace is one step (-1).
+    Falls back to any event with a ``step_num`` argument; with neither, the whole trace is one step
+    (-1).
     """
     marks = [e for e in events if e.name == name] or [e for e in events if "step_num" in e.args]
     marks.sort(key=lambda e: e.start_us)
@@ -327,7 +368,11 @@ def step_windows(events: Sequence[Event], name: str = STEP_ANNOTATION) -> list[t
     out = []
     for i, m in enumerate(marks):
         end = marks[i + 1].start_us if i + 1 < len(marks) else math.inf
-        step = int(m.args.get("step_num", i)) if str(m.args.get("step_num", i)).lstrip("-").isdigit() else i
+        step = (
+            int(m.args.get("step_num", i))
+            if str(m.args.get("step_num", i)).lstrip("-").isdigit()
+            else i
+        )
         out.append((step, m.start_us, end, m.dur_us / 1e6))
     return out
 
@@ -336,14 +381,23 @@ def _direction(evs: list[Event], compute: list[tuple[float, float]]) -> Directio
     u = union((e.start_us, e.end_us) for e in evs)
     busy = length(u)
     ov = intersection_length(u, compute)
-    return Direction(busy / 1e6, sum(transfer_bytes(e) for e in evs), ov / 1e6, (busy - ov) / 1e6, len(evs))
+    return Direction(
+        busy / 1e6, sum(transfer_bytes(e) for e in evs), ov / 1e6, (busy - ov) / 1e6, len(evs)
+    )
 
 
-def analyze(events: Sequence[Event], *, source: str = "", step_name: str = STEP_ANNOTATION) -> TraceAnalysis:
+def analyze(
+    events: Sequence[Event], *, source: str = "", step_name: str = STEP_ANNOTATION
+) -> TraceAnalysis:
     """Per step and device: compute time, transfers per direction, their overlap with compute."""
     lines = _device_lines(events)
-    backend = "gpu" if any(d.startswith("/device:GPU") for d in lines) else "cpu" if lines and not any(
-        is_device_process(d) for d in lines) else "other"
+    backend = (
+        "gpu"
+        if any(d.startswith("/device:GPU") for d in lines)
+        else "cpu"
+        if lines and not any(is_device_process(d) for d in lines)
+        else "other"
+    )
     windows = step_windows(events, step_name)
     steps = []
     other_copies = 0
@@ -358,8 +412,19 @@ def analyze(events: Sequence[Event], *, source: str = "", step_name: str = STEP_
             transfers = union((e.start_us, e.end_us) for e, k in kinds if k in ("h2d", "d2h"))
             t = length(transfers)
             ov = intersection_length(transfers, compute)
-            steps.append(StepBreakdown(step, dev, wall, length(compute) / 1e6, h2d, d2h, t / 1e6, ov / 1e6,
-                                       (t - ov) / 1e6))
+            steps.append(
+                StepBreakdown(
+                    step,
+                    dev,
+                    wall,
+                    length(compute) / 1e6,
+                    h2d,
+                    d2h,
+                    t / 1e6,
+                    ov / 1e6,
+                    (t - ov) / 1e6,
+                )
+            )
     observed = any(s.h2d.copies or s.d2h.copies for s in steps)
     notes = []
     if not lines:
@@ -369,7 +434,10 @@ def analyze(events: Sequence[Event], *, source: str = "", step_name: str = STEP_
     elif not observed:
         notes.append("no host↔device copies in the analysed steps")
     if other_copies:
-        notes.append(f"{other_copies} device↔device copies or memsets counted as neither compute nor transfer")
+        notes.append(
+            f"{other_copies} device↔device copies or memsets counted as neither compute nor "
+            f"transfer"
+        )
     if windows and windows[0][0] == -1:
         notes.append(f"no '{step_name}' annotations: the whole trace is analysed as one step")
     return TraceAnalysis(source, backend, tuple(steps), observed, tuple(notes))
@@ -381,9 +449,11 @@ def analyze_trace(path: str | os.PathLike) -> TraceAnalysis:
     return analyze(events, source=str(f))
 
 
-def timeline(events: Sequence[Event], step: int | None = None,
-             step_name: str = STEP_ANNOTATION) -> tuple[dict[str, list[tuple[float, float]]], int, float]:
-    """Lanes of one step for plotting: {'compute' | 'host→device' | 'device→host': [(start_ms, dur_ms)]}.
+def timeline(
+    events: Sequence[Event], step: int | None = None, step_name: str = STEP_ANNOTATION
+) -> tuple[dict[str, list[tuple[float, float]]], int, float]:
+    """Lanes of one step for plotting: {'compute' | 'host→device' | 'device→host': [(start_ms,
+    dur_ms)]}.
 
     Times are relative to the step's start.  ``step`` None picks the last step.
     Returns (lanes, step, window start in µs).
@@ -391,12 +461,18 @@ def timeline(events: Sequence[Event], step: int | None = None,
     windows = step_windows(events, step_name)
     chosen = windows[-1] if step is None else next((w for w in windows if w[0] == step), None)
     if chosen is None:
-        raise TieraxError(f"step {step} is not in the trace; steps: {', '.join(str(w[0]) for w in windows)}")
+        raise TieraxError(
+            f"step {step} is not in the trace; steps: {', '.join(str(w[0]) for w in windows)}"
+        )
     s, lo, hi, _ = chosen
     lines = _device_lines(events)
     evs = [e for d in sorted(lines)[:1] for e in lines[d] if lo <= e.start_us < hi]
     origin = lo if math.isfinite(lo) else min((e.start_us for e in evs), default=0.0)
-    lanes: dict[str, list[tuple[float, float]]] = {"compute": [], "host→device": [], "device→host": []}
+    lanes: dict[str, list[tuple[float, float]]] = {
+        "compute": [],
+        "host→device": [],
+        "device→host": [],
+    }
     names = {None: "compute", "h2d": "host→device", "d2h": "device→host"}
     for e in evs:
         k = transfer_direction(e)

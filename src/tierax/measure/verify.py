@@ -37,7 +37,9 @@ from flax import nnx
 
 from tierax import plan as plan_lib
 from tierax.errors import TieraxError
+from tierax.mesh import MeshShape
 from tierax.models import ModelConfig, build_model
+from tierax.train import sharding as sh
 from tierax.train import step as step_lib
 
 TOLERANCES: dict[str, float] = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 2e-2}
@@ -110,7 +112,8 @@ class VerifyResult:
             "seq": self.seq,
             "seed": self.seed,
             "backend": self.backend,
-            "error_measure": "per leaf max|g − g_ref| / max|g_ref|; the loss relative to |loss_ref|",
+            "error_measure": "per leaf max|g − g_ref| / max|g_ref|; the loss relative to "
+            "|loss_ref|",
         }
 
 
@@ -124,7 +127,9 @@ def tolerance_for(dtype: str) -> float:
     try:
         return TOLERANCES[dtype]
     except KeyError:
-        raise TieraxError(f"no verify tolerance for dtype {dtype!r}; known: {', '.join(TOLERANCES)}") from None
+        raise TieraxError(
+            f"no verify tolerance for dtype {dtype!r}; known: {', '.join(TOLERANCES)}"
+        ) from None
 
 
 def leaf_path(path) -> str:
@@ -162,68 +167,139 @@ def _rel(abs_err: float, scale: float) -> float:
     return abs_err / max(scale, float(jnp.finfo(jnp.float32).tiny))
 
 
-def compare(plan_name: str, cfg: ModelConfig, loss, grads, ref_loss, ref_grads, *, microbatch: int, seq: int,
-            seed: int) -> VerifyResult:
+def compare(
+    plan_name: str,
+    cfg: ModelConfig,
+    loss,
+    grads,
+    ref_loss,
+    ref_grads,
+    *,
+    microbatch: int,
+    seq: int,
+    seed: int,
+) -> VerifyResult:
     """Compare one plan's (loss, grads) with the reference's; pure, no compilation of the model."""
     tol = tolerance_for(cfg.dtype)
     ref_paths = [leaf_path(p) for p, _ in jax.tree_util.tree_flatten_with_path(ref_grads)[0]]
     got_paths = [leaf_path(p) for p, _ in jax.tree_util.tree_flatten_with_path(grads)[0]]
     if got_paths != ref_paths:
-        raise TieraxError(f"plan {plan_name!r}: gradient tree differs from the reference ({len(got_paths)} vs "
-                          f"{len(ref_paths)} leaves)")
-    flat = jax.device_get(jax.tree.leaves(_errors(grads, ref_grads)))  # (max|Δ|, max|ref|) per leaf, flattened
-    leaf_errs = [LeafError(path, _rel(float(d), float(m)), float(d))
-                 for path, d, m in zip(ref_paths, flat[::2], flat[1::2])]
+        raise TieraxError(
+            f"plan {plan_name!r}: gradient tree differs from the reference ({len(got_paths)} vs "
+            f"{len(ref_paths)} leaves)"
+        )
+    flat = jax.device_get(
+        jax.tree.leaves(_errors(grads, ref_grads))
+    )  # (max|Δ|, max|ref|) per leaf, flattened
+    leaf_errs = [
+        LeafError(path, _rel(float(d), float(m)), float(d))
+        for path, d, m in zip(ref_paths, flat[::2], flat[1::2], strict=False)
+    ]
     loss, ref_loss = float(loss), float(ref_loss)
     loss_err = _rel(abs(loss - ref_loss), abs(ref_loss)) if math.isfinite(loss) else math.inf
     worst = sorted(leaf_errs, key=lambda e: -e.rel_err)
     max_err = max([loss_err] + [e.rel_err for e in leaf_errs])
     failing = tuple(e.path for e in worst if not e.rel_err <= tol)
     return VerifyResult(
-        plan=plan_name, max_rel_err=max_err, worst_leaves=tuple(worst[:WORST_LEAVES]), tolerance=tol,
-        passed=bool(max_err <= tol), model=cfg.name, dtype=cfg.dtype, microbatch=microbatch, seq=seq, seed=seed,
-        loss=loss, reference_loss=ref_loss, loss_rel_err=loss_err, num_leaves=len(leaf_errs),
-        failing_leaves=failing, backend=jax.default_backend(),
+        plan=plan_name,
+        max_rel_err=max_err,
+        worst_leaves=tuple(worst[:WORST_LEAVES]),
+        tolerance=tol,
+        passed=bool(max_err <= tol),
+        model=cfg.name,
+        dtype=cfg.dtype,
+        microbatch=microbatch,
+        seq=seq,
+        seed=seed,
+        loss=loss,
+        reference_loss=ref_loss,
+        loss_rel_err=loss_err,
+        num_leaves=len(leaf_errs),
+        failing_leaves=failing,
+        backend=jax.default_backend(),
     )
 
 
-def model_and_init(cfg: ModelConfig, seed: int = 0):
-    """(graphdef, jitted ``init() -> params``): what ``step.init_params`` does, as a function a caller can
-    call again for fresh parameters without tracing the model again."""
-    graphdef, _ = nnx.split(nnx.eval_shape(lambda: build_model(cfg, seed=seed)))
-    return graphdef, jax.jit(lambda: nnx.split(build_model(cfg, seed=seed))[1])
+def model_and_init(cfg: ModelConfig, seed: int = 0, mesh=None):
+    """(graphdef, jitted ``init() -> params``): what ``step.init_params`` does, as a function a
+    caller can call again for fresh parameters without tracing the model again (sharded on
+    ``mesh`` if given)."""
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: build_model(cfg, seed=seed)))
+    shardings = None if mesh is None else sh.param_shardings(abstract, mesh)
+    return graphdef, jax.jit(
+        lambda: nnx.split(build_model(cfg, seed=seed))[1], out_shardings=shardings
+    )
 
 
-def compiled_step(graphdef, plan: plan_lib.Plan, cfg: ModelConfig, params, tokens):
+def compiled_step(graphdef, plan: plan_lib.Plan, cfg: ModelConfig, params, tokens, mesh=None):
     """The plan's own program: ``value_and_grad`` of the loss under the plan's policies
-    (:func:`tierax.plan.to_policies`), lowered and compiled for these arguments."""
-    fn = jax.value_and_grad(step_lib.make_loss_fn(graphdef, plan_lib.to_policies(plan, cfg)))
-    return jax.jit(fn).lower(params, tokens).compile()
+    (:func:`tierax.plan.to_policies`), lowered and compiled for these arguments (on ``mesh``, a
+    :class:`jax.sharding.Mesh` the arguments are sharded over, if given)."""
+    loss = step_lib.make_loss_fn(graphdef, plan_lib.to_policies(plan, cfg), mesh)
+    return jax.jit(jax.value_and_grad(loss)).lower(params, tokens).compile()
 
 
-def verify_plans(cfg: ModelConfig, plans: Sequence[plan_lib.Plan], *, microbatch: int, seq: int,
-                 seed: int = 0) -> list[VerifyResult]:
+def verify_plans(
+    cfg: ModelConfig,
+    plans: Sequence[plan_lib.Plan],
+    *,
+    microbatch: int,
+    seq: int,
+    seed: int = 0,
+    mesh: MeshShape | None = None,
+) -> list[VerifyResult]:
     """:func:`verify_plan` for several plans, sharing one reference computation.
 
     Every plan's own compiled program runs, even one whose placements equal the reference's.
+    ``mesh``: run every program (save-all's too) sharded on the first ``mesh.size`` local devices,
+    ``microbatch`` then being the global batch.
     """
     if microbatch < 1 or seq < 1:
-        raise TieraxError(f"verify needs microbatch ≥ 1 and seq ≥ 1, got microbatch={microbatch}, seq={seq}")
+        raise TieraxError(
+            f"verify needs microbatch ≥ 1 and seq ≥ 1, got microbatch={microbatch}, seq={seq}"
+        )
     plans = [plan_lib.load_plan(p, cfg) for p in plans]  # validates names against the model
+    jmesh = None
+    if mesh is not None:  # refused before anything is built or compiled
+        mesh.check_model(cfg, where="--mesh")
+        mesh.check_batch(microbatch, where="--microbatch (the global batch)")
+        jmesh = mesh.make(jax.devices()[: mesh.size])
     ref_plan = plan_lib.preset(REFERENCE_PLAN, cfg)
-    graphdef, init = model_and_init(cfg, seed)
+    graphdef, init = model_and_init(cfg, seed, jmesh)
     params = init()
     tokens = step_lib.synthetic_batch(cfg, microbatch, seq, seed=seed + 1)
-    ref_loss, ref_grads = compiled_step(graphdef, ref_plan, cfg, params, tokens)(params, tokens)
+    if jmesh is not None:
+        tokens = jax.device_put(tokens, sh.batch_sharding(jmesh))
+    reference = compiled_step(graphdef, ref_plan, cfg, params, tokens, jmesh)
+    ref_loss, ref_grads = reference(params, tokens)
     results = []
     for p in plans:
-        loss, grads = compiled_step(graphdef, p, cfg, params, tokens)(params, tokens)
-        results.append(compare(p.name, cfg, loss, grads, ref_loss, ref_grads, microbatch=microbatch, seq=seq,
-                               seed=seed))
+        loss, grads = compiled_step(graphdef, p, cfg, params, tokens, jmesh)(params, tokens)
+        results.append(
+            compare(
+                p.name,
+                cfg,
+                loss,
+                grads,
+                ref_loss,
+                ref_grads,
+                microbatch=microbatch,
+                seq=seq,
+                seed=seed,
+            )
+        )
     return results
 
 
-def verify_plan(cfg: ModelConfig, plan: plan_lib.Plan, *, microbatch: int, seq: int, seed: int = 0) -> VerifyResult:
+def verify_plan(
+    cfg: ModelConfig,
+    plan: plan_lib.Plan,
+    *,
+    microbatch: int,
+    seq: int,
+    seed: int = 0,
+    mesh: MeshShape | None = None,
+) -> VerifyResult:
     """Run one step (loss and gradients) under ``plan`` and under ``save-all`` and compare them.
 
     Args:
@@ -232,6 +308,7 @@ def verify_plan(cfg: ModelConfig, plan: plan_lib.Plan, *, microbatch: int, seq: 
       microbatch: sequences in the batch (one local device).
       seq: sequence length.
       seed: parameter seed; the tokens use ``seed + 1``.
+      mesh: run sharded on this mesh (``microbatch`` is then the global batch).
 
     Returns:
       A :class:`VerifyResult`; ``passed`` is False above the dtype's tolerance.
@@ -239,4 +316,4 @@ def verify_plan(cfg: ModelConfig, plan: plan_lib.Plan, *, microbatch: int, seq: 
     Raises:
       TieraxError: a plan that does not fit the model, bad sizes.
     """
-    return verify_plans(cfg, [plan], microbatch=microbatch, seq=seq, seed=seed)[0]
+    return verify_plans(cfg, [plan], microbatch=microbatch, seq=seq, seed=seed, mesh=mesh)[0]

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-import jax
 from flax import nnx
 
 from tierax.models import deepseek, llama
-from tierax.models.config import NAMED_CONFIGS, DeepSeekConfig, LayerGroup, LlamaConfig, ModelConfig, get_config
+from tierax.models.config import (
+    NAMED_CONFIGS,
+    DeepSeekConfig,
+    LayerGroup,
+    LlamaConfig,
+    ModelConfig,
+    get_config,
+)
 from tierax.models.config_files import (
     FAMILIES,
     apply_overrides,

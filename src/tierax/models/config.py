@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar
 
 from tierax import names as N
 from tierax.errors import TieraxError
 
 DTYPES = ("float32", "bfloat16", "float16")
-ATTENTION_IMPLS = ("xla", "blockwise")
+ATTENTION_IMPLS = ("xla", "blockwise", "cudnn", "cudnn_blockwise")
+# What an abstract trace on the host runs in place of an implementation that only a GPU runs.
+HOST_TRACEABLE_ATTENTION = {"cudnn": "cudnn_blockwise"}
 
 
 @dataclass(frozen=True)
@@ -50,11 +52,15 @@ def _check_common(cfg: Any) -> None:
         )
     for key in ("vocab_size", "d_model", "num_layers", "num_heads"):
         v = getattr(cfg, key)
-        _check(isinstance(v, int) and not isinstance(v, bool) and v > 0, f"{key} must be a positive integer, got {v!r}")
+        _check(
+            isinstance(v, int) and not isinstance(v, bool) and v > 0,
+            f"{key} must be a positive integer, got {v!r}",
+        )
     _check(cfg.norm_eps > 0, f"norm_eps must be > 0, got {cfg.norm_eps!r}")
     _check(
         cfg.attention in ATTENTION_IMPLS,
-        f"attention={cfg.attention!r} is not an attention implementation; use one of {', '.join(ATTENTION_IMPLS)}",
+        f"attention={cfg.attention!r} is not an attention implementation; use one of "
+        f"{', '.join(ATTENTION_IMPLS)}",
     )
     _check(
         isinstance(cfg.attention_block, int) and cfg.attention_block > 0,
@@ -63,10 +69,31 @@ def _check_common(cfg: Any) -> None:
     _check(cfg.rope_theta > 0, f"rope_theta must be > 0, got {cfg.rope_theta!r}")
 
 
+def _check_fused_attention(cfg: Any) -> None:
+    """cuDNN's flash attention: 16-bit compute, q/k head dim a multiple of 8 up to 256 (Hopper and
+    later; the v head dim is padded to it, tierax.models.attention)."""
+    if cfg.attention not in ("cudnn", "cudnn_blockwise"):
+        return
+    _check(
+        cfg.dtype in ("bfloat16", "float16"),
+        f"attention={cfg.attention} runs cuDNN's flash attention, which needs dtype bfloat16 or "
+        f"float16 (got {cfg.dtype}); set dtype=bfloat16 or use attention=blockwise",
+    )
+    _, dqk, dv = cfg.attention_dims()
+    _check(
+        dqk % 8 == 0 and dqk <= 256 and dv <= dqk,
+        f"attention={cfg.attention}: cuDNN's flash attention needs a q/k head dim that is a "
+        f"multiple of 8, at most 256, and no smaller than the v head dim (got {dqk} and {dv}); use "
+        f"attention=blockwise",
+    )
+
+
 def _check_loss_tiles(cfg: Any) -> None:
     v = cfg.loss_tiles
-    _check(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
-           f"loss_tiles must be an integer ≥ 1 (1: logits in one piece), got {v!r}")
+    _check(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+        f"loss_tiles must be an integer ≥ 1 (1: logits in one piece), got {v!r}",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,9 +114,12 @@ class LlamaConfig:
     norm_eps: float = 1e-5
     dtype: str = "float32"  # activation / compute dtype
     param_dtype: str = "float32"  # master weights
-    attention: str = "xla"  # xla (materialises scores) | blockwise (flash-style, tierax.models.attention)
+    attention: str = (
+        "xla"  # xla (materialises scores) | blockwise (flash-style, tierax.models.attention)
+    )
     attention_block: int = 512  # keys per block for blockwise attention
-    loss_tiles: int = 1  # the loss's logits are computed in this many chunks of batch×sequence (tierax.train.loss)
+    # the loss's logits are computed in this many chunks of batch×sequence (tierax.train.loss)
+    loss_tiles: int = 1
 
     def __post_init__(self) -> None:
         _check_common(self)
@@ -103,6 +133,7 @@ class LlamaConfig:
         )
         _check(self.head_dim % 2 == 0, f"head_dim={self.head_dim} must be even for RoPE")
         _check_loss_tiles(self)
+        _check_fused_attention(self)
 
     def layer_groups(self) -> tuple[LayerGroup, ...]:
         acts = (N.DECODER_LAYER_INPUT,) + N.GQA_ATTENTION_NAMES + N.MLP_NAMES
@@ -130,7 +161,10 @@ class LlamaConfig:
 
     def matmul_params_per_token(self) -> int:
         """Weights each token multiplies by (embedding lookup excluded, LM head included)."""
-        return self.num_layers * (self.attention_params() + self.mlp_params()) + self.vocab_size * self.d_model
+        return (
+            self.num_layers * (self.attention_params() + self.mlp_params())
+            + self.vocab_size * self.d_model
+        )
 
     def attention_dims(self) -> tuple[int, int, int]:
         """(query heads, qk head dim, v head dim) for attention FLOPs."""
@@ -194,8 +228,10 @@ class DeepSeekConfig:
             v = getattr(self, key)
             _check(isinstance(v, int) and v > 0, f"{key} must be a positive integer, got {v!r}")
         _check(
-            isinstance(self.first_dense_layers, int) and 0 <= self.first_dense_layers <= self.num_layers,
-            f"first_dense_layers={self.first_dense_layers!r} must be between 0 and num_layers={self.num_layers}",
+            isinstance(self.first_dense_layers, int)
+            and 0 <= self.first_dense_layers <= self.num_layers,
+            f"first_dense_layers={self.first_dense_layers!r} must be between 0 and "
+            f"num_layers={self.num_layers}",
         )
         _check(
             isinstance(self.num_shared_experts, int) and self.num_shared_experts >= 0,
@@ -203,11 +239,18 @@ class DeepSeekConfig:
         )
         _check(
             self.num_experts_per_tok <= self.num_experts,
-            f"num_experts_per_tok={self.num_experts_per_tok} (top-k) exceeds num_experts={self.num_experts}",
+            f"num_experts_per_tok={self.num_experts_per_tok} (top-k) exceeds "
+            f"num_experts={self.num_experts}",
         )
-        _check(self.qk_rope_head_dim % 2 == 0, f"qk_rope_head_dim={self.qk_rope_head_dim} must be even for RoPE")
-        _check(self.capacity_factor > 0, f"capacity_factor must be > 0, got {self.capacity_factor!r}")
+        _check(
+            self.qk_rope_head_dim % 2 == 0,
+            f"qk_rope_head_dim={self.qk_rope_head_dim} must be even for RoPE",
+        )
+        _check(
+            self.capacity_factor > 0, f"capacity_factor must be > 0, got {self.capacity_factor!r}"
+        )
         _check_loss_tiles(self)
+        _check_fused_attention(self)
 
     @property
     def num_moe_layers(self) -> int:
@@ -254,12 +297,18 @@ class DeepSeekConfig:
     def _layer_params(self, experts_per_moe_layer: int) -> int:
         attn = self.attention_params() + self.attention_norm_params() + 2 * self.d_model
         dense = self.first_dense_layers * (attn + 3 * self.d_model * self.dense_mlp_dim)
-        moe = self.num_moe_layers * (attn + self.router_params() + experts_per_moe_layer * self.expert_params())
+        moe = self.num_moe_layers * (
+            attn + self.router_params() + experts_per_moe_layer * self.expert_params()
+        )
         return dense + moe
 
     def param_count(self) -> int:
         """All parameters: every routed and shared expert, embedding, head, norms."""
-        return self._layer_params(self.num_experts + self.num_shared_experts) + self.embedding_params() + self.d_model
+        return (
+            self._layer_params(self.num_experts + self.num_shared_experts)
+            + self.embedding_params()
+            + self.d_model
+        )
 
     def activated_param_count(self) -> int:
         """Parameters one token touches: top-k routed + shared experts (embedding included)."""
@@ -273,7 +322,9 @@ class DeepSeekConfig:
         per_attn = self.attention_params()
         dense = self.first_dense_layers * (per_attn + 3 * self.d_model * self.dense_mlp_dim)
         active = self.num_experts_per_tok + self.num_shared_experts
-        moe = self.num_moe_layers * (per_attn + self.router_params() + active * self.expert_params())
+        moe = self.num_moe_layers * (
+            per_attn + self.router_params() + active * self.expert_params()
+        )
         return dense + moe + self.vocab_size * self.d_model
 
     def attention_dims(self) -> tuple[int, int, int]:
@@ -281,42 +332,103 @@ class DeepSeekConfig:
 
     def capacity(self, tokens: int) -> int:
         """Slots per expert for ``tokens`` routed tokens."""
-        return max(1, math.ceil(tokens * self.num_experts_per_tok / self.num_experts * self.capacity_factor))
+        return max(
+            1,
+            math.ceil(tokens * self.num_experts_per_tok / self.num_experts * self.capacity_factor),
+        )
 
 
-ModelConfig = Union[LlamaConfig, DeepSeekConfig]
+ModelConfig = LlamaConfig | DeepSeekConfig
 
 NAMED_CONFIGS: dict[str, ModelConfig] = {
     # CPU-sized: a train step takes well under a second.
     "tiny-llama": LlamaConfig(
-        name="tiny-llama", vocab_size=256, d_model=64, num_layers=4, num_heads=4, num_kv_heads=2,
-        head_dim=16, mlp_dim=128,
+        name="tiny-llama",
+        vocab_size=256,
+        d_model=64,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        mlp_dim=128,
     ),
     "tiny-deepseek": DeepSeekConfig(
-        name="tiny-deepseek", vocab_size=256, d_model=64, num_layers=4, first_dense_layers=2,
-        num_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
-        v_head_dim=16, dense_mlp_dim=128, num_experts=8, num_experts_per_tok=2,
-        num_shared_experts=1, expert_mlp_dim=32, capacity_factor=1.25,
+        name="tiny-deepseek",
+        vocab_size=256,
+        d_model=64,
+        num_layers=4,
+        first_dense_layers=2,
+        num_heads=4,
+        q_lora_rank=32,
+        kv_lora_rank=16,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        dense_mlp_dim=128,
+        num_experts=8,
+        num_experts_per_tok=2,
+        num_shared_experts=1,
+        expert_mlp_dim=32,
+        capacity_factor=1.25,
     ),
     # Published shapes, used abstractly (never allocated on CPU).
     # Llama 3 8B: Meta's model card / params.json (dim 4096, 32 layers, 32 heads, 8 KV, ffn 14336).
     "llama3-8b": LlamaConfig(
-        name="llama3-8b", vocab_size=128256, d_model=4096, num_layers=32, num_heads=32, num_kv_heads=8,
-        head_dim=128, mlp_dim=14336, dtype="bfloat16", attention="blockwise",
+        name="llama3-8b",
+        vocab_size=128256,
+        d_model=4096,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        mlp_dim=14336,
+        dtype="bfloat16",
+        attention="blockwise",
     ),
     # Llama 3.1 405B: "The Llama 3 Herd of Models", Table 3.
     "llama3.1-405b": LlamaConfig(
-        name="llama3.1-405b", vocab_size=128256, d_model=16384, num_layers=126, num_heads=128,
-        num_kv_heads=8, head_dim=128, mlp_dim=53248, dtype="bfloat16", attention="blockwise",
+        name="llama3.1-405b",
+        vocab_size=128256,
+        d_model=16384,
+        num_layers=126,
+        num_heads=128,
+        num_kv_heads=8,
+        head_dim=128,
+        mlp_dim=53248,
+        dtype="bfloat16",
+        attention="blockwise",
     ),
     # DeepSeek-V3: technical report §4.2 / config.json (MTP module not included).
     "deepseek-v3-671b": DeepSeekConfig(
-        name="deepseek-v3-671b", vocab_size=129280, d_model=7168, num_layers=61, first_dense_layers=3,
-        num_heads=128, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
-        v_head_dim=128, dense_mlp_dim=18432, num_experts=256, num_experts_per_tok=8,
-        num_shared_experts=1, expert_mlp_dim=2048, dtype="bfloat16", attention="blockwise",
+        name="deepseek-v3-671b",
+        vocab_size=129280,
+        d_model=7168,
+        num_layers=61,
+        first_dense_layers=3,
+        num_heads=128,
+        q_lora_rank=1536,
+        kv_lora_rank=512,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        dense_mlp_dim=18432,
+        num_experts=256,
+        num_experts_per_tok=8,
+        num_shared_experts=1,
+        expert_mlp_dim=2048,
+        dtype="bfloat16",
+        attention="blockwise",
     ),
 }
+
+
+def host_traceable(cfg):
+    """``cfg`` with an attention that a host trace can run in place of one only a GPU runs
+    (``cudnn`` → ``cudnn_blockwise``: same residuals, XLA math; tierax.models.attention)."""
+    import dataclasses
+
+    impl = HOST_TRACEABLE_ATTENTION.get(cfg.attention)
+    return cfg if impl is None else dataclasses.replace(cfg, attention=impl)
 
 
 def get_config(name: str) -> ModelConfig:

@@ -19,11 +19,12 @@ from tierax import schema
 from tierax.errors import TieraxError
 from tierax.models.config import DeepSeekConfig, LlamaConfig, ModelConfig
 
-
 FAMILIES: dict[str, type] = {"llama": LlamaConfig, "deepseek": DeepSeekConfig}
 
+
 def _field_types(cls: type) -> dict[str, type]:
-    """Field name → annotated scalar type, in declaration order (model fields are never optional)."""
+    """Field name → annotated scalar type, in declaration order (model fields are never
+    optional)."""
     return {k: t for k, (t, _) in schema.field_types(cls).items()}
 
 
@@ -45,7 +46,8 @@ def config_from_dict(data: Mapping, *, source: str) -> ModelConfig:
     """
     if not isinstance(data, Mapping):
         raise TieraxError(
-            f"{source}: a model config must be a mapping of keys to values, got {type(data).__name__}; "
+            f"{source}: a model config must be a mapping of keys to values, got "
+            f"{type(data).__name__}; "
             "see `tierax models show tiny-llama` for the form"
         )
     family = data.get("family")
@@ -58,11 +60,13 @@ def config_from_dict(data: Mapping, *, source: str) -> ModelConfig:
     if unknown:
         hint = schema.did_you_mean(unknown[0], list(_field_types(cls))) if len(unknown) == 1 else ""
         raise TieraxError(
-            f"{source}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}{hint} "
-            f"for family {family!r}; valid keys: {_valid_keys(cls)}"
+            f"{source}: unknown key{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(map(repr, unknown))}{hint} for family {family!r}; valid keys: "
+            f"{_valid_keys(cls)}"
         )
     required = [
-        f.name for f in dataclasses.fields(cls)
+        f.name
+        for f in dataclasses.fields(cls)
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     ]
     missing = [k for k in required if k not in data]
@@ -101,8 +105,8 @@ def _parse_override(text: str, cls: type) -> tuple[str, Any]:
         )
     if key not in types:
         raise TieraxError(
-            f"--set {text!r}: unknown key {key!r}{schema.did_you_mean(key, list(types))} for a {cls.family} config; "
-            f"valid keys: {', '.join(types)}"
+            f"--set {text!r}: unknown key {key!r}{schema.did_you_mean(key, list(types))} for a "
+            f"{cls.family} config; valid keys: {', '.join(types)}"
         )
     if types[key] is str:  # the command line has no quoting: take the text as is
         value: Any = raw.strip()
@@ -149,7 +153,10 @@ def load_model_config(path: str | pathlib.Path) -> ModelConfig:
     """
     from tierax.interop import model_files
 
-    data = schema.read_yaml(path, "model config file",
-                            "write one with `tierax models show NAME > FILE.yaml` and edit it")
+    data = schema.read_yaml(
+        path,
+        "model config file",
+        "write one with `tierax models show NAME > FILE.yaml` and edit it",
+    )
     foreign = model_files.load_foreign(data, path)
     return foreign if foreign is not None else config_from_dict(data, source=str(path))

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from tierax.models import layers as L
+from tierax.models.documents import DocumentMask, document_mask
 from tierax.models.prefetch import Part, Prefetch, prefetch_scan, segmented_scan
 
 LayerFactory = Callable[[Any, nnx.Rngs], nnx.Module]
@@ -39,21 +40,23 @@ def segment_scope(group: str, start: int, stop: int) -> str:
 
 @dataclass(frozen=True)
 class Segments:
-    """A layer group run as consecutive scans, one per :class:`~tierax.models.prefetch.Part`, in layer order."""
+    """A layer group run as consecutive scans, one per :class:`~tierax.models.prefetch.Part`, in
+    layer order."""
 
     parts: tuple[Part, ...]
 
 
-def _run_scan(x_BSD, graphdef, state, policy, mesh, scope: str):
+def _run_scan(x_BSD, graphdef, state, policy, mesh, scope: str, doc: DocumentMask | None = None):
     """``state``'s stacked layers applied to ``x_BSD`` by one scan under ``policy``."""
 
     def body(carry, layer_state):
-        return nnx.merge(graphdef, layer_state)(carry, mesh), None
+        return nnx.merge(graphdef, layer_state)(carry, mesh, doc), None
 
-    # The scope lets an abstract trace, and the compile report, attribute values to a group or segment.
+    # The scope lets an abstract trace, and the compile report, attribute values to a group or
+    # segment.
     with jax.named_scope(f"tierax_group_{scope}"):
         if isinstance(policy, Prefetch):
-            layer = lambda x, s: nnx.merge(graphdef, s)(x, mesh)  # noqa: E731
+            layer = lambda x, s: nnx.merge(graphdef, s)(x, mesh, doc)  # noqa: E731
             return prefetch_scan(layer, policy.keep, policy.offload)(x_BSD, state)
         if policy is not None:
             body = jax.checkpoint(body, policy=policy, prevent_cse=False)
@@ -86,7 +89,13 @@ class Decoder(nnx.Module):
         self.final_norm = L.RMSNorm(cfg.d_model, cfg, rngs=rngs)
         self.head = None if cfg.tie_embeddings else L.dense(cfg.d_model, cfg.vocab_size, cfg, rngs)
 
-    def __call__(self, tokens_BS, policies: Mapping[str, Callable | None] | None = None, mesh=None):
+    def __call__(
+        self,
+        tokens_BS,
+        policies: Mapping[str, Callable | None] | None = None,
+        mesh=None,
+        segment_ids=None,
+    ):
         """Logits (float32) for ``tokens_BS`` (materialised in full: the loss uses :meth:`hidden`).
 
         Args:
@@ -95,35 +104,50 @@ class Decoder(nnx.Module):
             rematerialisation of that group.  Build it with
             :func:`tierax.plan.to_policies`; nothing else should.
           mesh: the :class:`jax.sharding.Mesh` the step runs on (None: one device).
+          segment_ids: [B, S] ids of packed documents (see :meth:`hidden`).
         """
-        x_BSD = self.hidden(tokens_BS, policies, mesh)
+        x_BSD = self.hidden(tokens_BS, policies, mesh, segment_ids)
         if self.head is None:
             logits = self.embed.attend(x_BSD)
         else:
             logits = self.head(x_BSD)
         return logits.astype(jnp.float32)
 
-    def hidden(self, tokens_BS, policies: Mapping[str, Callable | None] | None = None, mesh=None):
+    def hidden(
+        self,
+        tokens_BS,
+        policies: Mapping[str, Callable | None] | None = None,
+        mesh=None,
+        segment_ids=None,
+    ):
         """Final hidden states (after the final RMSNorm), [B, S, D] in the compute dtype.
 
         Logits are ``hidden @ output_weight()``; :mod:`tierax.train.loss` computes the
         loss from these in tiles, never holding the full [tokens, vocab] logits.
+        ``segment_ids`` [B, S] (None: one document per row): packed documents, each
+        attending only to itself, positions restarting at its start
+        (:mod:`tierax.models.documents`).
         """
         policies = policies or {}
+        doc = None if segment_ids is None else document_mask(segment_ids)
         x_BSD = L._replicated(self.embed(tokens_BS), mesh)
         for name in self.group_names:
             graphdef, state = nnx.split(self.groups[name])
             policy = policies.get(name)
             if not isinstance(policy, Segments):
-                x_BSD = _run_scan(x_BSD, graphdef, state, policy, mesh, name)
+                x_BSD = _run_scan(x_BSD, graphdef, state, policy, mesh, name, doc)
                 continue
-            layer = lambda x, s, graphdef=graphdef: nnx.merge(graphdef, s)(x, mesh)  # noqa: E731
+
+            def layer(x, s, graphdef=graphdef):
+                return nnx.merge(graphdef, s)(x, mesh, doc)
+
             scopes = [segment_scope(name, q.start, q.stop) for q in policy.parts]
             x_BSD = segmented_scan(layer, policy.parts, scopes)(x_BSD, state)
         return self.final_norm(x_BSD)
 
     def moe_dropped(self, tokens_BS, batch_shards: int = 1):
-        """Per MoE layer (in order), the (token, choice) assignments its capacity drops for this batch.
+        """Per MoE layer (in order), the (token, choice) assignments its capacity drops for this
+        batch.
 
         ``batch_shards``: how many device batches the batch is split into (data × fsdp ×
         expert on the step's mesh): capacity is per device batch, as in the step.  Runs the
@@ -139,8 +163,11 @@ class Decoder(nnx.Module):
                 layer = nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state))
                 if isinstance(layer.mlp, L.MoE):
                     h_BSD = x_BSD + layer.attention(layer.attn_norm(x_BSD))
-                    out.append(moe_lib.dropped_in_batch(layer.mlp_norm(h_BSD), layer.mlp.router[...], self.cfg,
-                                                        batch_shards))
+                    out.append(
+                        moe_lib.dropped_in_batch(
+                            layer.mlp_norm(h_BSD), layer.mlp.router[...], self.cfg, batch_shards
+                        )
+                    )
                 x_BSD = layer(x_BSD)
         return jnp.stack(out) if out else jnp.zeros((0,), jnp.int32)
 

@@ -15,7 +15,10 @@ from tierax.models.decoder import Decoder
 
 def dense_layer(cfg: DeepSeekConfig, rngs: nnx.Rngs) -> nnx.Module:
     return L.DecoderLayer(
-        L.MLAttention(cfg, rngs=rngs), L.SwiGLU(cfg.d_model, cfg.dense_mlp_dim, cfg, rngs=rngs), cfg, rngs=rngs
+        L.MLAttention(cfg, rngs=rngs),
+        L.SwiGLU(cfg.d_model, cfg.dense_mlp_dim, cfg, rngs=rngs),
+        cfg,
+        rngs=rngs,
     )
 
 

@@ -17,6 +17,7 @@ from tierax import names as N
 from tierax.mesh import BATCH_AXES, constrain
 from tierax.models import moe as moe_lib
 from tierax.models.attention import causal_attention
+from tierax.models.documents import DocumentMask
 from tierax.models.tags import tag
 
 
@@ -42,7 +43,8 @@ def _heads(x_BSHd, mesh):
 
 
 def _replicated(x_BSD, mesh):
-    """Batch over the batch axes, model dimension whole (a row-parallel output: all-reduced over tensor)."""
+    """Batch over the batch axes, model dimension whole (a row-parallel output: all-reduced over
+    tensor)."""
     return constrain(x_BSD, mesh, BATCH_AXES, None, None)
 
 
@@ -60,16 +62,33 @@ class RMSNorm(nnx.Module):
         return (y * scale).astype(self.dtype)
 
 
-def rope(x_BSHd, theta: float):
-    """Rotary position embedding (rotate-half form) over the last axis."""
+def rope(x_BSHd, theta: float, positions_BS=None):
+    """Rotary position embedding (rotate-half form) over the last axis.
+
+    ``positions_BS``: each token's position (packed documents restart at 0); None: 0 … S − 1.
+    """
     seq, dim = x_BSHd.shape[1], x_BSHd.shape[-1]
     inv_freq = 1.0 / (theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
-    angles_Sd = jnp.arange(seq, dtype=jnp.float32)[:, None] * inv_freq[None, :]
-    sin = jnp.sin(angles_Sd)[None, :, None, :]
-    cos = jnp.cos(angles_Sd)[None, :, None, :]
+    if positions_BS is None:
+        angles_Sd = jnp.arange(seq, dtype=jnp.float32)[:, None] * inv_freq[None, :]
+        sin = jnp.sin(angles_Sd)[None, :, None, :]
+        cos = jnp.cos(angles_Sd)[None, :, None, :]
+    else:
+        angles_BSd = positions_BS.astype(jnp.float32)[..., None] * inv_freq[None, None, :]
+        sin, cos = jnp.sin(angles_BSd)[:, :, None, :], jnp.cos(angles_BSd)[:, :, None, :]
     x1, x2 = jnp.split(x_BSHd.astype(jnp.float32), 2, axis=-1)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x_BSHd.dtype)
+
+
+def _doc_fields(doc: DocumentMask | None, mesh):
+    """(positions, segment ids) batch over the batch axes; None, None without."""
+    if doc is None:
+        return None, None
+    return (
+        constrain(doc.positions, mesh, BATCH_AXES, None),
+        constrain(doc.segment_ids, mesh, BATCH_AXES, None),
+    )
 
 
 class GQAttention(nnx.Module):
@@ -83,18 +102,26 @@ class GQAttention(nnx.Module):
         self.wv = dense(d, k * hd, cfg, rngs)
         self.wo = dense(h * hd, d, cfg, rngs)
 
-    def __call__(self, x_BSD, mesh=None):
+    def __call__(self, x_BSD, mesh=None, doc: DocumentMask | None = None):
         c = self.cfg
         B, S, _ = x_BSD.shape
         K, G, hd = c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim
+        pos, seg = _doc_fields(doc, mesh)
         # Megatron: q/k/v column-parallel (heads over tensor), out-projection row-parallel.
-        q_BSHd = _heads(rope(self.wq(x_BSD).reshape(B, S, K * G, hd), c.rope_theta), mesh)
-        k_BSKd = _heads(rope(self.wk(x_BSD).reshape(B, S, K, hd), c.rope_theta), mesh)
+        q_BSHd = _heads(rope(self.wq(x_BSD).reshape(B, S, K * G, hd), c.rope_theta, pos), mesh)
+        k_BSKd = _heads(rope(self.wk(x_BSD).reshape(B, S, K, hd), c.rope_theta, pos), mesh)
         v_BSKd = _heads(self.wv(x_BSD).reshape(B, S, K, hd), mesh)
         q_BSHd = tag(q_BSHd, N.QUERY_PROJ)
         k_BSKd = tag(k_BSKd, N.KEY_PROJ)
         v_BSKd = tag(v_BSKd, N.VALUE_PROJ)
-        ctx = causal_attention(q_BSHd.reshape(B, S, K, G, hd), k_BSKd, v_BSKd, impl=c.attention, block=c.attention_block)
+        ctx = causal_attention(
+            q_BSHd.reshape(B, S, K, G, hd),
+            k_BSKd,
+            v_BSKd,
+            impl=c.attention,
+            block=c.attention_block,
+            segment_ids=seg,
+        )
         ctx_BSF = constrain(ctx.reshape(B, S, K * G * hd), mesh, BATCH_AXES, None, "tensor")
         ctx_BSF = tag(ctx_BSF, N.ATTENTION_OUT)
         return tag(_replicated(self.wo(ctx_BSF), mesh), N.OUT_PROJ)
@@ -114,25 +141,36 @@ class MLAttention(nnx.Module):
         self.wkv_b = dense(cfg.kv_lora_rank, h * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg, rngs)
         self.wo = dense(h * cfg.v_head_dim, d, cfg, rngs)
 
-    def __call__(self, x_BSD, mesh=None):
+    def __call__(self, x_BSD, mesh=None, doc: DocumentMask | None = None):
         c = self.cfg
         B, S, _ = x_BSD.shape
         H, nope, rp, vd = c.num_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
+        pos, seg = _doc_fields(doc, mesh)
         qa_BSR = tag(self.wq_a(x_BSD), N.QUERY_WA_PROJ)
         qa_BSR = tag(self.q_norm(qa_BSR), N.MLA_Q)
         q_BSHd = _heads(self.wq_b(qa_BSR).reshape(B, S, H, nope + rp), mesh)
-        q_BSHd = jnp.concatenate([q_BSHd[..., :nope], rope(q_BSHd[..., nope:], c.rope_theta)], axis=-1)
+        q_nope = q_BSHd[..., :nope]
+        q_BSHd = jnp.concatenate([q_nope, rope(q_BSHd[..., nope:], c.rope_theta, pos)], axis=-1)
         q_BSHd = tag(q_BSHd, N.QUERY_PROJ)
 
         kva_BSR = tag(self.wkv_a(x_BSD), N.KV_WA_PROJ)
         latent_BSL = tag(self.kv_norm(kva_BSR[..., : c.kv_lora_rank]), N.MLA_KV)
-        krope_BS1r = rope(kva_BSR[..., c.kv_lora_rank :][:, :, None, :], c.rope_theta)
+        krope_BS1r = rope(kva_BSR[..., c.kv_lora_rank :][:, :, None, :], c.rope_theta, pos)
         kv_BSHf = _heads(self.wkv_b(latent_BSL).reshape(B, S, H, nope + vd), mesh)
-        k_BSHd = jnp.concatenate([kv_BSHf[..., :nope], jnp.broadcast_to(krope_BS1r, (B, S, H, rp))], axis=-1)
+        k_BSHd = jnp.concatenate(
+            [kv_BSHf[..., :nope], jnp.broadcast_to(krope_BS1r, (B, S, H, rp))], axis=-1
+        )
         k_BSHd = tag(k_BSHd, N.KEY_PROJ)
         v_BSHv = tag(kv_BSHf[..., nope:], N.VALUE_PROJ)
 
-        ctx = causal_attention(q_BSHd[:, :, :, None, :], k_BSHd, v_BSHv, impl=c.attention, block=c.attention_block)
+        ctx = causal_attention(
+            q_BSHd[:, :, :, None, :],
+            k_BSHd,
+            v_BSHv,
+            impl=c.attention,
+            block=c.attention_block,
+            segment_ids=seg,
+        )
         ctx_BSF = constrain(ctx.reshape(B, S, H * vd), mesh, BATCH_AXES, None, "tensor")
         ctx_BSF = tag(ctx_BSF, N.ATTENTION_OUT)
         return tag(_replicated(self.wo(ctx_BSF), mesh), N.OUT_PROJ)
@@ -177,7 +215,8 @@ class SwiGLU(nnx.Module):
         self.wo = dense(hidden, d_model, cfg, rngs)
 
     def __call__(self, x_BSD, mesh=None):
-        # Megatron: up-projections column-parallel (hidden over tensor), down-projection row-parallel.
+        # Megatron: up-projections column-parallel (hidden over tensor), down-projection
+        # row-parallel.
         g_BSF = tag(constrain(self.wi_0(x_BSD), mesh, BATCH_AXES, None, "tensor"), N.MLPWI_0)
         u_BSF = tag(constrain(self.wi_1(x_BSD), mesh, BATCH_AXES, None, "tensor"), N.MLPWI_1)
         return tag(_replicated(self.wo(swiglu_gate(g_BSF, u_BSF)), mesh), N.MLPWO)
@@ -195,7 +234,9 @@ class MoE(nnx.Module):
         self.wi_1 = nnx.Param(_init(d**-0.5)(rngs.params(), (E, d, F), pdt))
         self.wo = nnx.Param(_init(F**-0.5)(rngs.params(), (E, F, d), pdt))
         self.shared = (
-            SwiGLU(d, cfg.num_shared_experts * F, cfg, rngs=rngs) if cfg.num_shared_experts else None
+            SwiGLU(d, cfg.num_shared_experts * F, cfg, rngs=rngs)
+            if cfg.num_shared_experts
+            else None
         )
 
     def __call__(self, x_BSD, mesh=None):
@@ -216,8 +257,9 @@ class DecoderLayer(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg, rngs=rngs)
         self.mlp = mlp
 
-    def __call__(self, x_BSD, mesh=None):
-        """``mesh``: the :class:`jax.sharding.Mesh` the step runs on (None: one device, no constraints)."""
+    def __call__(self, x_BSD, mesh=None, doc: DocumentMask | None = None):
+        """``mesh``: the :class:`jax.sharding.Mesh` the step runs on (None: one device, no
+        constraints); ``doc``: packed documents' segment ids and positions (None: one per row)."""
         x_BSD = tag(_replicated(x_BSD, mesh), N.DECODER_LAYER_INPUT)
-        h_BSD = x_BSD + self.attention(self.attn_norm(x_BSD), mesh)
+        h_BSD = x_BSD + self.attention(self.attn_norm(x_BSD), mesh, doc)
         return h_BSD + self.mlp(self.mlp_norm(h_BSD), mesh)

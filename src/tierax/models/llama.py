@@ -11,7 +11,10 @@ from tierax.models.decoder import Decoder
 
 def decoder_layer(cfg: LlamaConfig, rngs: nnx.Rngs) -> nnx.Module:
     return L.DecoderLayer(
-        L.GQAttention(cfg, rngs=rngs), L.SwiGLU(cfg.d_model, cfg.mlp_dim, cfg, rngs=rngs), cfg, rngs=rngs
+        L.GQAttention(cfg, rngs=rngs),
+        L.SwiGLU(cfg.d_model, cfg.mlp_dim, cfg, rngs=rngs),
+        cfg,
+        rngs=rngs,
     )
 
 

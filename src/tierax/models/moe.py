@@ -1,4 +1,5 @@
-"""Expert-parallel mixture of experts: route, dispatch with all-to-all, local batched GEMMs, combine.
+"""Expert-parallel mixture of experts: route, dispatch with all-to-all, local batched GEMMs,
+combine.
 
 The routed-expert computation of :class:`tierax.models.layers.MoE`:
 
@@ -66,7 +67,8 @@ def slots(expert_A, num_experts: int):
 
 
 def dropped_assignments(expert_Tk, num_experts: int, capacity: int):
-    """How many (token, choice) assignments of ``expert_Tk`` overflow ``capacity`` slots per expert."""
+    """How many (token, choice) assignments of ``expert_Tk`` overflow ``capacity`` slots per
+    expert."""
     return jnp.sum(slots(expert_Tk.reshape(-1), num_experts) >= capacity)
 
 
@@ -81,8 +83,10 @@ def _dispatch_local(x_TD, expert_Tk, num_experts: int, capacity: int, dtype):
     A = T * k
     expert_A = expert_Tk.reshape(A)
     order, counts_E, starts_E = _sort(expert_A, num_experts)
-    slot_A = jnp.zeros((A,), jnp.int32).at[order].set(
-        jnp.arange(A, dtype=jnp.int32) - starts_E[expert_A[order]]
+    slot_A = (
+        jnp.zeros((A,), jnp.int32)
+        .at[order]
+        .set(jnp.arange(A, dtype=jnp.int32) - starts_E[expert_A[order]])
     )
     c_C = jnp.arange(capacity, dtype=jnp.int32)
     pos_EC = jnp.minimum(starts_E[:, None] + c_C[None, :], A - 1)
@@ -133,9 +137,13 @@ def routed_experts(x_BSD, router_DE, wi_0, wi_1, wo, cfg, mesh=None):
 
     if mesh is None or mesh.size == 1:
         T = B * S
-        buf_ECD, slot_A = _dispatch_local(x_BSD.reshape(T, D), expert_BSk.reshape(T, k), E, cfg.capacity(T), dt)
+        buf_ECD, slot_A = _dispatch_local(
+            x_BSD.reshape(T, D), expert_BSk.reshape(T, k), E, cfg.capacity(T), dt
+        )
         y_ECD = _expert_mlp(buf_ECD, wi_0, wi_1, wo, dt, None)
-        return _combine_local(y_ECD, expert_BSk.reshape(T, k), slot_A, gates_BSk.reshape(T, k)).reshape(B, S, D)
+        return _combine_local(
+            y_ECD, expert_BSk.reshape(T, k), slot_A, gates_BSk.reshape(T, k)
+        ).reshape(B, S, D)
 
     ep = mesh.shape[EXPERT_AXIS]
     e_loc = E // ep
@@ -149,7 +157,9 @@ def routed_experts(x_BSD, router_DE, wi_0, wi_1, wo, cfg, mesh=None):
     def dispatch(x_bsd, expert_bsk):
         t = x_bsd.shape[0] * S
         buf_ECD, slot_A = _dispatch_local(x_bsd.reshape(t, D), expert_bsk.reshape(t, k), E, C, dt)
-        if ep > 1:  # block j of the expert dimension goes to expert shard j; receive one block per source
+        if (
+            ep > 1
+        ):  # block j of the expert dimension goes to expert shard j; receive one block per source
             buf_ECD = jax.lax.all_to_all(buf_ECD, EXPERT_AXIS, 0, 0, tiled=True)
         # [source, local expert, C, D] → [local expert, source × C, D]
         buf = buf_ECD.reshape(ep, e_loc, C, D).transpose(1, 0, 2, 3).reshape(e_loc, ep * C, D)
@@ -160,7 +170,9 @@ def routed_experts(x_BSD, router_DE, wi_0, wi_1, wo, cfg, mesh=None):
         if ep > 1:
             y_ECD = jax.lax.all_to_all(y_ECD, EXPERT_AXIS, 0, 0, tiled=True)
         b = expert_bsk.shape[0]
-        out = _combine_local(y_ECD, expert_bsk.reshape(b * S, k), slot_A, gates_bsk.reshape(b * S, k))
+        out = _combine_local(
+            y_ECD, expert_bsk.reshape(b * S, k), slot_A, gates_bsk.reshape(b * S, k)
+        )
         return out.reshape(b, S, D)
 
     x_BSD = constrain(x_BSD, mesh, BATCH_AXES, None, None)
@@ -174,25 +186,36 @@ def routed_experts(x_BSD, router_DE, wi_0, wi_1, wo, cfg, mesh=None):
 
 
 def backward_buffer_bytes(cfg, tokens: int, expert_shards: int) -> int:
-    """Bytes of the dispatch-sized buffers the routed experts' backward holds besides the layer's residuals.
+    """Bytes of the dispatch-sized buffers the routed experts' backward holds besides the layer's
+    residuals.
 
-    Each is ``[E, C, D]`` per device in the compute dtype (``C = cfg.capacity(tokens)`` for a device's
-    ``tokens``; under expert parallelism ``[E / expert_shards, expert_shards × C, D]``, the same bytes),
-    all live while the expert MLP is back-propagated (deviceless XLA:GPU compiles of DeepSeek-V3,
-    expert=8, 8 × 4096 per device: six 3.76 GB buffers at the peak, two of them residuals the layer's
-    residual set already counts — the dispatch buffer and the combine's received outputs):
+    Each is ``[E, C, D]`` per device in the compute dtype (``C = cfg.capacity(tokens)`` for a
+    device's ``tokens``; under expert parallelism ``[E / expert_shards, expert_shards × C, D]``, the
+    same bytes), all live while the expert MLP is back-propagated (deviceless XLA:GPU compiles of
+    DeepSeek-V3, expert=8, 8 × 4096 per device: six 3.76 GB buffers at the peak, two of them
+    residuals the layer's residual set already counts — the dispatch buffer and the combine's
+    received outputs):
 
-    * the expert outputs' gradient (the combine gathers' transpose; received by its backward all-to-all);
+    * the expert outputs' gradient (the combine gathers' transpose; received by its backward
+      all-to-all);
     * the expert inputs' gradient (the ``dh·Wᵀ`` GEMMs), before it is scattered back to the tokens;
-    * with ``expert_shards`` > 1, that gradient's re-laid copy the dispatch's backward all-to-all sends, and
-      the send buffer of the rematerialised combine's all-to-all, in flight across the backward's GEMMs.
+    * with ``expert_shards`` > 1, that gradient's re-laid copy the dispatch's backward all-to-all
+      sends, and the send buffer of the rematerialised combine's all-to-all, in flight across the
+      backward's GEMMs.
     """
     buffers = 4 if expert_shards > 1 else 2
-    return buffers * cfg.num_experts * cfg.capacity(tokens) * cfg.d_model * jnp.dtype(cfg.dtype).itemsize
+    return (
+        buffers
+        * cfg.num_experts
+        * cfg.capacity(tokens)
+        * cfg.d_model
+        * jnp.dtype(cfg.dtype).itemsize
+    )
 
 
 def dropped_in_batch(x_BSD, router_DE, cfg, batch_shards: int = 1):
-    """Assignments the capacity drops for ``x_BSD`` split into ``batch_shards`` equal device batches.
+    """Assignments the capacity drops for ``x_BSD`` split into ``batch_shards`` equal device
+    batches.
 
     Returns an int array (summed over shards); 0 means the layer computed every choice.
     """

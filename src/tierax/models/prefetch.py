@@ -30,16 +30,19 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
-from jax._src.lax.lax import empty2 as _empty  # what jax.lax.scan stacks its outputs into; no public equivalent
+from jax._src.lax.lax import (
+    empty2 as _empty,
+)  # what jax.lax.scan stacks its outputs into; no public equivalent
 
 from tierax.models.tags import Tape
 
 LayerBody = Callable[[jax.Array, object], jax.Array]  # (x, one layer's state) -> y
 
 
-# Each offloaded name's store to host (and load back) runs under this scope + the name.  XLA keeps the scope in
-# the op_name metadata of the dynamic-update-slice that writes the host buffer, so the compile report finds each
-# name's host buffer by name (equal-size names, e.g. key/value projections, are otherwise indistinguishable).
+# Each offloaded name's store to host (and load back) runs under this scope + the name.  XLA keeps
+# the scope in the op_name metadata of the dynamic-update-slice that writes the host buffer, so the
+# compile report finds each name's host buffer by name (equal-size names, e.g. key/value
+# projections, are otherwise indistinguishable).
 OFFLOAD_SCOPE_PREFIX = "tierax_offload_"
 
 
@@ -48,26 +51,38 @@ def _fetch(host: dict, i) -> dict:
     out = {}
     for n, h in host.items():
         with jax.named_scope(OFFLOAD_SCOPE_PREFIX + n):
-            out[n] = jax.device_put(jax.lax.dynamic_index_in_dim(h, i, keepdims=False), jax.memory.Space.Device)
+            out[n] = jax.device_put(
+                jax.lax.dynamic_index_in_dim(h, i, keepdims=False), jax.memory.Space.Device
+            )
     return out
 
 
 def _host_stacks(values: dict, layers: int) -> dict:
-    """Zero stacks of ``layers`` slices for the offloaded values (shape/dtype structs).  Like a scan's stacked
-    outputs, a broadcast that XLA's host offloader turns into a host allocation once a host store writes it."""
-    # jax.lax.scan builds its stacked outputs the same way (jax._src.lax.control_flow.loops._empty_array); no
-    # public API makes a host-space broadcast without device compute in host memory (a host scalar broadcast is
-    # "converted into host compute" by XLA's host offloader, a device zeros array is a device-sized copy).
-    return {n: jax.lax.broadcast(_empty(v.dtype, memory_space=jax.memory.Space.Host), (layers, *v.shape))
-            for n, v in values.items()}
+    """Zero stacks of ``layers`` slices for the offloaded values (shape/dtype structs).  Like a
+    scan's stacked
+    outputs, a broadcast that XLA's host offloader turns into a host allocation once a host store
+    writes it."""
+    # jax.lax.scan builds its stacked outputs the same way
+    # (jax._src.lax.control_flow.loops._empty_array); no public API makes a host-space broadcast
+    # without device compute in host memory (a host scalar broadcast is "converted into host
+    # compute" by XLA's host offloader, a device zeros array is a device-sized copy).
+    return {
+        n: jax.lax.broadcast(
+            _empty(v.dtype, memory_space=jax.memory.Space.Host), (layers, *v.shape)
+        )
+        for n, v in values.items()
+    }
 
 
 def _store(stacks: dict, values: dict, j) -> dict:
-    """Write layer ``j``'s offloaded values, put in host memory, into their stacks, each under its name's scope."""
+    """Write layer ``j``'s offloaded values, put in host memory, into their stacks, each under its
+    name's scope."""
     out = {}
     for n, s in stacks.items():
         with jax.named_scope(OFFLOAD_SCOPE_PREFIX + n):
-            out[n] = jax.lax.dynamic_update_index_in_dim(s, jax.device_put(values[n], jax.memory.Space.Host), j, 0)
+            out[n] = jax.lax.dynamic_update_index_in_dim(
+                s, jax.device_put(values[n], jax.memory.Space.Host), j, 0
+            )
     return out
 
 
@@ -81,7 +96,9 @@ def prefetch_scan(body: LayerBody, keep: Iterable[str], offload: Iterable[str]) 
     """
     keep, offload = frozenset(keep), frozenset(offload)
     if not offload:
-        raise ValueError("prefetch_scan needs at least one offloaded name; use a checkpoint policy otherwise")
+        raise ValueError(
+            "prefetch_scan needs at least one offloaded name; use a checkpoint policy otherwise"
+        )
 
     def collect(x, p):
         tape = Tape(collect=keep | offload)
@@ -112,7 +129,9 @@ def prefetch_scan(body: LayerBody, keep: Iterable[str], offload: Iterable[str]) 
             y, values = collect(x, p)
             return (y, _store(stacks, values, i), i + 1), (x, {n: values[n] for n in keep})
 
-        (y, host, _), (xs, dev) = jax.lax.scan(step, (x0, _host_stacks(shapes, n_layers), jnp.int32(0)), state)
+        (y, host, _), (xs, dev) = jax.lax.scan(
+            step, (x0, _host_stacks(shapes, n_layers), jnp.int32(0)), state
+        )
         return y, (xs, dev, host, state)
 
     def run_bwd(res, ct_y):
@@ -131,7 +150,9 @@ def prefetch_scan(body: LayerBody, keep: Iterable[str], offload: Iterable[str]) 
 
         first = _fetch(host, n_layers - 1)
         idx = jnp.arange(n_layers, dtype=jnp.int32)
-        (ct_x0, _), ct_state = jax.lax.scan(step, (ct_y, first), (idx, xs, dev, state), reverse=True)
+        (ct_x0, _), ct_state = jax.lax.scan(
+            step, (ct_y, first), (idx, xs, dev, state), reverse=True
+        )
         return ct_x0, ct_state
 
     run.defvjp(run_fwd, run_bwd)
@@ -140,7 +161,8 @@ def prefetch_scan(body: LayerBody, keep: Iterable[str], offload: Iterable[str]) 
 
 @dataclass(frozen=True)
 class Prefetch:
-    """What a layer group runs under a prefetching plan (built by :func:`tierax.plan.to_policies`)."""
+    """What a layer group runs under a prefetching plan (built by
+    :func:`tierax.plan.to_policies`)."""
 
     keep: frozenset[str]
     offload: frozenset[str]
@@ -148,8 +170,10 @@ class Prefetch:
 
 @dataclass(frozen=True)
 class Part:
-    """Layers ``start`` … ``stop − 1`` of a segmented group: names kept on device, names offloaded (prefetched),
-    or, with ``save_all``, every residual of the layer kept (no recomputation); the rest is recomputed."""
+    """Layers ``start`` … ``stop − 1`` of a segmented group: names kept on device, names offloaded
+    (prefetched),
+    or, with ``save_all``, every residual of the layer kept (no recomputation); the rest is
+    recomputed."""
 
     start: int
     stop: int
@@ -158,13 +182,17 @@ class Part:
     save_all: bool = False
 
 
-def segmented_scan(body: LayerBody, parts: tuple[Part, ...], scopes: list[str] | None = None) -> Callable:
-    """``run(x0, stacked_state) -> y``: one scan per part over the layers it covers, one custom VJP for all.
+def segmented_scan(
+    body: LayerBody, parts: tuple[Part, ...], scopes: list[str] | None = None
+) -> Callable:
+    """``run(x0, stacked_state) -> y``: one scan per part over the layers it covers, one custom VJP
+    for all.
 
-    Each layer's parameters are read in place from the whole stack (no per-part copy), and the backward
-    writes each layer's parameter gradient into one stack-sized buffer carried through every part's
-    reverse scan (no per-part gradients to concatenate).  Offloaded names are prefetched one layer ahead
-    within a part, as in :func:`prefetch_scan`; ``save_all`` parts keep the layer's whole VJP residual set.
+    Each layer's parameters are read in place from the whole stack (no per-part copy), and the
+    backward writes each layer's parameter gradient into one stack-sized buffer carried through
+    every part's reverse scan (no per-part gradients to concatenate).  Offloaded names are
+    prefetched one layer ahead within a part, as in :func:`prefetch_scan`; ``save_all`` parts keep
+    the layer's whole VJP residual set.
     """
     order = sorted(range(len(parts)), key=lambda k: parts[k].start)
     parts = tuple(parts[k] for k in order)
@@ -178,29 +206,43 @@ def segmented_scan(body: LayerBody, parts: tuple[Part, ...], scopes: list[str] |
     @jax.custom_vjp
     def run(x0, state):
         x = x0
-        for q, scope in zip(parts, scopes):
+        for q, scope in zip(parts, scopes, strict=False):
             with jax.named_scope(scope):
-                x, _ = jax.lax.scan(lambda x, i: (body(x, layer(state, i)), None), x, jnp.arange(q.start, q.stop))
+                x, _ = jax.lax.scan(
+                    lambda x, i: (body(x, layer(state, i)), None), x, jnp.arange(q.start, q.stop)
+                )
         return x
 
     def run_fwd(x0, state):
         x, res = x0, []
         for k, q in enumerate(parts):
+
             def step(carry, i, q=q, k=k):
-                x, stacks, j = carry  # j counts the trips (the store's index), as a scan's own output index does
+                x, stacks, j = (
+                    # j counts the trips (the store's index), as a scan's own output index does
+                    carry
+                )
                 p = layer(state, i)
-                if q.save_all:  # keep what the VJP keeps, except the layer's input and parameters themselves
+                if (
+                    q.save_all
+                ):  # keep what the VJP keeps, except the layer's input and parameters themselves
                     y, vjp = jax.vjp(body, x, p)
                     leaves, treedef = jax.tree.flatten(vjp)
                     known = {id(v): j for j, v in enumerate([x, *jax.tree.leaves(p)])}
                     where = tuple(known.get(id(v)) for v in leaves)
                     treedefs[k] = (treedef, where)
-                    return (y, stacks, j + 1), (x, [v for v, w in zip(leaves, where) if w is None])
+                    kept = [v for v, w in zip(leaves, where, strict=False) if w is None]
+                    return (y, stacks, j + 1), (x, kept)
                 y, values = _collect(body, x, p, q.keep | q.offload)
                 return (y, _store(stacks, values, j), j + 1), (x, {n: values[n] for n in q.keep})
 
-            shapes = {} if q.save_all else jax.eval_shape(
-                lambda x, p, q=q: _collect(body, x, p, q.offload)[1], x, layer(state, q.start))
+            shapes = (
+                {}
+                if q.save_all
+                else jax.eval_shape(
+                    lambda x, p, q=q: _collect(body, x, p, q.offload)[1], x, layer(state, q.start)
+                )
+            )
             with jax.named_scope(scopes[k]):
                 init = (x, _host_stacks(shapes, q.stop - q.start), jnp.int32(0))
                 (x, host, _), (xs, dev) = jax.lax.scan(step, init, jnp.arange(q.start, q.stop))
@@ -219,7 +261,9 @@ def segmented_scan(body: LayerBody, parts: tuple[Part, ...], scopes: list[str] |
                 ct, current, grads = carry
                 j, x, d = inp  # j: index within the part
                 p = layer(state, q.start + j)
-                upcoming = _fetch(host, jnp.maximum(j - 1, 0))  # layer j − 1's offloaded values, one ahead
+                upcoming = _fetch(
+                    host, jnp.maximum(j - 1, 0)
+                )  # layer j − 1's offloaded values, one ahead
                 if q.save_all:
                     treedef, where = treedefs[k]
                     known, rest = [x, *jax.tree.leaves(p)], iter(d)
@@ -228,13 +272,19 @@ def segmented_scan(body: LayerBody, parts: tuple[Part, ...], scopes: list[str] |
                 else:
                     _, vjp = jax.vjp(lambda x, p: _inject(body, x, p, {**d, **current}), x, p)
                     ct_x, ct_p = vjp(ct)
-                grads = jax.tree.map(lambda g, c: jax.lax.dynamic_update_index_in_dim(g, c.astype(g.dtype), q.start + j, 0),
-                                     grads, ct_p)
+                grads = jax.tree.map(
+                    lambda g, c: jax.lax.dynamic_update_index_in_dim(
+                        g, c.astype(g.dtype), q.start + j, 0
+                    ),
+                    grads,
+                    ct_p,
+                )
                 return (ct_x, upcoming, grads), None
 
             with jax.named_scope(scopes[k]):
-                (ct, _, grads), _ = jax.lax.scan(step, (ct, _fetch(host, n - 1), grads),
-                                                 (jnp.arange(n), xs, dev), reverse=True)
+                (ct, _, grads), _ = jax.lax.scan(
+                    step, (ct, _fetch(host, n - 1), grads), (jnp.arange(n), xs, dev), reverse=True
+                )
         return ct, grads
 
     run.defvjp(run_fwd, run_bwd)

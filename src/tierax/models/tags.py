@@ -27,7 +27,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from tierax.errors import TieraxError
 
-_TAPE: contextvars.ContextVar["Tape | None"] = contextvars.ContextVar("tierax_tape", default=None)
+_TAPE: contextvars.ContextVar[Tape | None] = contextvars.ContextVar("tierax_tape", default=None)
 
 
 @jax.custom_vjp
@@ -52,7 +52,9 @@ _inject.defvjp(_inject_fwd, _inject_bwd)
 class Tape:
     """Records (``collect``) or replaces (``inject``) tagged values during one layer trace."""
 
-    def __init__(self, *, collect: Iterable[str] = (), inject: Mapping[str, jax.Array] | None = None):
+    def __init__(
+        self, *, collect: Iterable[str] = (), inject: Mapping[str, jax.Array] | None = None
+    ):
         self.collect = frozenset(collect)
         self.inject = dict(inject or {})
         self.values: dict[str, jax.Array] = {}
@@ -60,14 +62,18 @@ class Tape:
 
     def see(self, name: str, x):
         if name in self.seen and (name in self.collect or name in self.inject):
-            raise TieraxError(f"activation {name!r} is tagged twice in one layer; a prefetching plan needs each "
-                              "placed name once per layer")
+            raise TieraxError(
+                f"activation {name!r} is tagged twice in one layer; a prefetching plan needs each "
+                "placed name once per layer"
+            )
         self.seen.add(name)
         if name in self.inject:
             saved = self.inject[name]
             if saved.shape != x.shape or saved.dtype != x.dtype:
-                raise TieraxError(f"saved {name!r} is {saved.dtype}{list(saved.shape)} but the layer computes "
-                                  f"{x.dtype}{list(x.shape)}")
+                raise TieraxError(
+                    f"saved {name!r} is {saved.dtype}{list(saved.shape)} but the layer computes "
+                    f"{x.dtype}{list(x.shape)}"
+                )
             return _inject(x, saved)
         if name in self.collect:
             self.values[name] = x
@@ -77,8 +83,10 @@ class Tape:
         """Every name the tape was asked for was tagged by the layer."""
         missing = sorted((self.collect | set(self.inject)) - self.seen)
         if missing:
-            raise TieraxError(f"the layer never tags {', '.join(map(repr, missing))}; a plan may place only the "
-                              "names its layer tags")
+            raise TieraxError(
+                f"the layer never tags {', '.join(map(repr, missing))}; a plan may place only the "
+                "names its layer tags"
+            )
 
     @contextlib.contextmanager
     def active(self):

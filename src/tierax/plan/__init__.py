@@ -34,6 +34,17 @@ from tierax.plan.types import (
 )
 
 __all__ = [
-    "DEFAULT_MECHANISM", "MECHANISMS", "PRESETS", "GroupPlan", "Placement", "Plan", "Segment", "load_plan",
-    "preset", "resolve", "segment_name", "segments_of", "to_policies",
+    "DEFAULT_MECHANISM",
+    "MECHANISMS",
+    "PRESETS",
+    "GroupPlan",
+    "Placement",
+    "Plan",
+    "Segment",
+    "load_plan",
+    "preset",
+    "resolve",
+    "segment_name",
+    "segments_of",
+    "to_policies",
 ]

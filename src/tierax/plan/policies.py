@@ -1,4 +1,5 @@
-"""A Plan turned into what each layer group runs (:func:`to_policies`): no remat, tierax's prefetching or
+"""A Plan turned into what each layer group runs (:func:`to_policies`): no remat, tierax's
+prefetching or
 segmented scan, or a ``jax.checkpoint`` policy."""
 
 from __future__ import annotations
@@ -8,10 +9,10 @@ from collections.abc import Callable
 import jax
 
 from tierax import names as N
-from tierax.errors import TieraxError
 from tierax.models.decoder import Segments
 from tierax.models.prefetch import Part, Prefetch
 from tierax.plan.types import Placement, Plan, resolve, segments_of
+
 
 def _group_policy(placements: dict[str, Placement], mechanism: str) -> Callable | Prefetch | None:
     if all(p is Placement.DEVICE for p in placements.values()):
@@ -19,32 +20,34 @@ def _group_policy(placements: dict[str, Placement], mechanism: str) -> Callable 
     offload = frozenset(n for n, p in placements.items() if p is Placement.OFFLOAD)
     if mechanism == "prefetch" and offload and N.DECODER_LAYER_INPUT not in offload:
         # The layer input is the scan's own residual (always kept on device by the scan).
-        keep = frozenset(n for n, p in placements.items() if p is Placement.DEVICE) - {N.DECODER_LAYER_INPUT}
+        keep = frozenset(n for n, p in placements.items() if p is Placement.DEVICE) - {
+            N.DECODER_LAYER_INPUT
+        }
         return Prefetch(keep, offload)
-    # A layer input on device is the checkpointed body's input, saved as such; naming it too adds a no-op
+    # A layer input on device is the checkpointed body's input, saved as such; naming it too adds a
+    # no-op
     return jax.checkpoint_policies.save_and_offload_only_these_names(
-        names_which_can_be_saved=[n for n, p in placements.items()  # reduce_precision copy (jax PR 22244)
-                                  if p is Placement.DEVICE and n != N.DECODER_LAYER_INPUT],
+        names_which_can_be_saved=[
+            n
+            for n, p in placements.items()  # reduce_precision copy (jax PR 22244)
+            if p is Placement.DEVICE and n != N.DECODER_LAYER_INPUT
+        ],
         names_which_can_be_offloaded=[n for n, p in placements.items() if p is Placement.OFFLOAD],
         offload_src="device",
         offload_dst="pinned_host",
     )
 
 
-def _part(start: int, stop: int, placements: dict[str, Placement], plan: Plan, where: str) -> Part:
-    """A segment as tierax's segmented scan runs it (it keeps, offloads and recomputes by name itself)."""
-    if plan.mechanism != "prefetch":
-        raise TieraxError(f"plan {plan.name!r} has segments, which run in tierax's segmented scan (mechanism "
-                          f"prefetch); mechanism {plan.mechanism!r} applies to unsegmented plans only")
-    if placements.get(N.DECODER_LAYER_INPUT) is Placement.OFFLOAD:
-        raise TieraxError(f"plan {plan.name!r}, {where}: a segment keeps decoder_layer_input on device (the scan's "
-                          "own residual); offload it only in an unsegmented plan with mechanism: policy")
-    keep = frozenset(n for n, p in placements.items() if p is Placement.DEVICE) - {N.DECODER_LAYER_INPUT}
+def _part(start: int, stop: int, placements: dict[str, Placement]) -> Part:
+    """A segment as tierax's segmented scan runs it (it keeps, offloads and recomputes by name
+    itself); :func:`~tierax.plan.types.resolve` has checked that the scan can run it."""
+    keep = frozenset(n for n, p in placements.items() if p is Placement.DEVICE) - {
+        N.DECODER_LAYER_INPUT
+    }
     offload = frozenset(n for n, p in placements.items() if p is Placement.OFFLOAD)
-    if offload and stop - start == 1:  # XLA drops a host round trip that no loop separates
-        raise TieraxError(f"plan {plan.name!r}, {where}: a one-layer segment cannot offload ({', '.join(sorted(offload))}"
-                          "); XLA removes the host copy there. Make the segment at least 2 layers")
-    return Part(start, stop, keep, offload, save_all=all(p is Placement.DEVICE for p in placements.values()))
+    return Part(
+        start, stop, keep, offload, save_all=all(p is Placement.DEVICE for p in placements.values())
+    )
 
 
 def to_policies(plan: Plan, cfg) -> dict[str, Callable | Prefetch | Segments | None]:
@@ -62,7 +65,8 @@ def to_policies(plan: Plan, cfg) -> dict[str, Callable | Prefetch | Segments | N
     policies: dict[str, Callable | Prefetch | Segments | None] = {}
     for g in cfg.layer_groups():
         if g.name in segmented:
-            policies[g.name] = Segments(tuple(_part(a, b, resolved[v], plan, v) for a, b, v in segmented[g.name]))
+            parts = tuple(_part(a, b, resolved[v]) for a, b, v in segmented[g.name])
+            policies[g.name] = Segments(parts)
         else:
             policies[g.name] = _group_policy(resolved[g.name], plan.mechanism)
     return policies

@@ -1,4 +1,5 @@
-"""The preset plans (one rule per preset, spelled out per layer group) and loading a plan by preset name or
+"""The preset plans (one rule per preset, spelled out per layer group) and loading a plan by preset
+name or
 file."""
 
 from __future__ import annotations
@@ -74,13 +75,16 @@ def load_plan(spec: str | Plan, cfg) -> Plan:
         path = pathlib.Path(spec)
         if not path.is_file():
             raise TieraxError(
-                f"plan {spec!r} is neither a preset ({', '.join(PRESETS)}) nor an existing YAML file"
+                f"plan {spec!r} is neither a preset ({', '.join(PRESETS)}) nor an existing YAML "
+                f"file"
             )
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as e:
-            raise TieraxError(f"plan file {spec!r} is not UTF-8 text ({e.reason} at byte {e.start}); give a plan "
-                              "YAML file such as `tierax plans --show minimal --yaml` prints") from None
+            raise TieraxError(
+                f"plan file {spec!r} is not UTF-8 text ({e.reason} at byte {e.start}); give a plan "
+                "YAML file such as `tierax plans --show minimal --yaml` prints"
+            ) from None
         plan = _from_file_text(text, str(path), cfg)
     resolve(plan, cfg)
     return plan

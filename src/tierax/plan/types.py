@@ -1,4 +1,5 @@
-"""The Plan value: placements, segments and mechanisms, their name checks, the YAML/dict round trip, and
+"""The Plan value: placements, segments and mechanisms, their name checks, the YAML/dict round trip,
+and
 resolving a plan against a model."""
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from tierax import names as N
 from tierax.errors import TieraxError
 from tierax.interop import maxtext_keys
 
-class Placement(str, enum.Enum):
+
+class Placement(str, enum.Enum):  # noqa: UP042 — str() and format() keep Enum's spelling
     DEVICE = "device"
     OFFLOAD = "offload"
     REMAT = "remat"
 
     @classmethod
-    def parse(cls, value: Any, where: str) -> "Placement":
+    def parse(cls, value: Any, where: str) -> Placement:
         if isinstance(value, Placement):
             return value
         try:
@@ -50,7 +52,9 @@ def _checked(placements: Mapping, where: str) -> MappingProxyType:
 
 @dataclass(frozen=True)
 class Segment:
-    """Layers ``start`` … ``stop − 1`` of a group, whose placements override the group's for these layers."""
+    """Layers ``start`` … ``stop − 1`` of a group, whose placements override the group's for these
+    layers."""
+
     start: int
     stop: int
     placements: Mapping[str, Placement] = field(default_factory=dict)
@@ -79,7 +83,9 @@ class GroupPlan:
     def __post_init__(self) -> None:
         object.__setattr__(self, "placements", _checked(self.placements, "plan"))
         object.__setattr__(self, "default", Placement.parse(self.default, "plan default"))
-        object.__setattr__(self, "segments", tuple(sorted(self.segments, key=lambda s: (s.start, s.stop))))
+        object.__setattr__(
+            self, "segments", tuple(sorted(self.segments, key=lambda s: (s.start, s.stop)))
+        )
 
     def placement(self, name: str) -> Placement:
         return self.placements.get(name, self.default)
@@ -88,7 +94,8 @@ class GroupPlan:
 # How offloaded activations move between the passes (the plan's ``mechanism`` key).
 MECHANISMS = {
     "prefetch": "tierax's layer scan: stores as produced, loads one layer ahead of their use",
-    "policy": "XLA's host offloader under jax.checkpoint's offload policy: loads in the layer that uses them",
+    "policy": "XLA's host offloader under jax.checkpoint's offload policy: loads in the layer that "
+    "uses them",
 }
 DEFAULT_MECHANISM = "prefetch"
 
@@ -111,8 +118,10 @@ class Plan:
     def __post_init__(self) -> None:
         object.__setattr__(self, "groups", MappingProxyType(dict(self.groups)))
         if self.mechanism not in MECHANISMS:
-            raise TieraxError(f"plan {self.name!r}: mechanism {self.mechanism!r} is not valid; use one of: "
-                              + ", ".join(f"{k} ({v})" for k, v in MECHANISMS.items()))
+            raise TieraxError(
+                f"plan {self.name!r}: mechanism {self.mechanism!r} is not valid; use one of: "
+                + ", ".join(f"{k} ({v})" for k, v in MECHANISMS.items())
+            )
 
     # --- YAML / dict form -------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -121,8 +130,10 @@ class Plan:
             entry: dict[str, Any] = {"default": gp.default.value}
             entry.update({n: p.value for n, p in gp.placements.items()})
             if gp.segments:
-                entry["segments"] = [{"layers": s.layers} | {n: p.value for n, p in s.placements.items()}
-                                     for s in gp.segments]
+                entry["segments"] = [
+                    {"layers": s.layers} | {n: p.value for n, p in s.placements.items()}
+                    for s in gp.segments
+                ]
             groups[g] = entry
         out = {"plan": self.name, "description": self.description}
         if self.mechanism != DEFAULT_MECHANISM:
@@ -130,9 +141,11 @@ class Plan:
         return out | {"groups": groups}
 
     @classmethod
-    def from_dict(cls, data: Any, *, source: str = "plan") -> "Plan":
+    def from_dict(cls, data: Any, *, source: str = "plan") -> Plan:
         if not isinstance(data, Mapping):
-            raise TieraxError(f"{source}: a plan must be a mapping with keys plan, description, groups")
+            raise TieraxError(
+                f"{source}: a plan must be a mapping with keys plan, description, groups"
+            )
         unknown = set(data) - {"plan", "description", "mechanism", "groups"}
         if unknown:
             raise TieraxError(
@@ -147,23 +160,34 @@ class Plan:
             if not isinstance(entry, Mapping):
                 raise TieraxError(f"{source}: group {g!r} must map activation names to placements")
             entry = dict(entry)
-            default = Placement.parse(entry.pop("default", Placement.REMAT), f"{source}: group {g!r} default")
+            default = Placement.parse(
+                entry.pop("default", Placement.REMAT), f"{source}: group {g!r} default"
+            )
             segments = _parse_segments(entry.pop("segments", None), f"{source}: group {g!r}")
             for n in entry:
                 _check_name(n, f"{source}: group {g!r}")
-            placements = {n: Placement.parse(p, f"{source}: group {g!r}, {n}") for n, p in entry.items()}
+            placements = {
+                n: Placement.parse(p, f"{source}: group {g!r}, {n}") for n, p in entry.items()
+            }
             groups[str(g)] = GroupPlan(placements, default, segments)
         mechanism = data.get("mechanism", DEFAULT_MECHANISM)
         if mechanism not in MECHANISMS:
-            raise TieraxError(f"{source}: mechanism {mechanism!r} is not valid; use one of: "
-                              + ", ".join(f"{k} ({v})" for k, v in MECHANISMS.items()))
-        return cls(str(data.get("plan", "custom")), groups, str(data.get("description", "") or ""), mechanism)
+            raise TieraxError(
+                f"{source}: mechanism {mechanism!r} is not valid; use one of: "
+                + ", ".join(f"{k} ({v})" for k, v in MECHANISMS.items())
+            )
+        return cls(
+            str(data.get("plan", "custom")),
+            groups,
+            str(data.get("description", "") or ""),
+            mechanism,
+        )
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     @classmethod
-    def from_yaml(cls, text: str, *, source: str = "plan") -> "Plan":
+    def from_yaml(cls, text: str, *, source: str = "plan") -> Plan:
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as e:
@@ -176,25 +200,41 @@ def _parse_segments(raw: Any, where: str) -> tuple[Segment, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list) or not raw:
-        raise TieraxError(f"{where}: 'segments' must be a list of mappings, each with 'layers: A-B' and placements")
+        raise TieraxError(
+            f"{where}: 'segments' must be a list of mappings, each with 'layers: A-B' and "
+            f"placements"
+        )
     out = []
     for k, seg in enumerate(raw):
         if not isinstance(seg, Mapping) or "layers" not in seg:
-            raise TieraxError(f"{where}, segment {k}: give 'layers: A-B' (inclusive layer indices) and placements")
+            raise TieraxError(
+                f"{where}, segment {k}: give 'layers: A-B' (inclusive layer indices) and placements"
+            )
         seg = dict(seg)
         layers = str(seg.pop("layers")).replace(" ", "")
         a, sep, b = layers.partition("-")
         if not (a.isdigit() and (not sep or b.isdigit())):
-            raise TieraxError(f"{where}, segment {k}: layers {layers!r} is not a range like '0-23' or one layer '7'")
+            raise TieraxError(
+                f"{where}, segment {k}: layers {layers!r} is not a range like '0-23' or one layer "
+                f"'7'"
+            )
         start, last = int(a), int(b) if sep else int(a)
         if last < start:
             raise TieraxError(f"{where}, segment {k}: layers {layers!r} ends before it starts")
         if "default" in seg:
-            raise TieraxError(f"{where}, segment {k}: a segment overrides named placements only; set 'default' on "
-                              "the group")
+            raise TieraxError(
+                f"{where}, segment {k}: a segment overrides named placements only; set 'default' "
+                "on the group"
+            )
         for n in seg:
             _check_name(n, f"{where}, segment {k}")
-        out.append(Segment(start, last + 1, {n: Placement.parse(p, f"{where}, segment {k}, {n}") for n, p in seg.items()}))
+        out.append(
+            Segment(
+                start,
+                last + 1,
+                {n: Placement.parse(p, f"{where}, segment {k}, {n}") for n, p in seg.items()},
+            )
+        )
     return tuple(out)
 
 
@@ -203,30 +243,41 @@ def _check_partition(gp: GroupPlan, num_layers: int, where: str) -> None:
     covered = [0] * num_layers
     for s in gp.segments:
         if s.stop > num_layers:
-            raise TieraxError(f"{where}: segment {s.layers} goes past the group's last layer ({num_layers - 1})")
+            raise TieraxError(
+                f"{where}: segment {s.layers} goes past the group's last layer ({num_layers - 1})"
+            )
         for i in range(s.start, s.stop):
             covered[i] += 1
-    for bad, what in (([i for i, c in enumerate(covered) if c > 1], "more than one segment"),
-                      ([i for i, c in enumerate(covered) if c == 0], "no segment")):
+    for bad, what in (
+        ([i for i, c in enumerate(covered) if c > 1], "more than one segment"),
+        ([i for i, c in enumerate(covered) if c == 0], "no segment"),
+    ):
         if bad:
-            raise TieraxError(f"{where}: layer(s) {', '.join(map(str, bad))} in {what}; segments must cover layers "
-                              f"0-{num_layers - 1} exactly once")
+            raise TieraxError(
+                f"{where}: layer(s) {', '.join(map(str, bad))} in {what}; segments must cover "
+                f"layers 0-{num_layers - 1} exactly once"
+            )
 
 
 def _from_file_text(text: str, source: str, cfg) -> Plan:
-    """A tierax plan file, or MaxText overrides (``remat_policy: custom``, as ``--emit maxtext`` writes)."""
+    """A tierax plan file, or MaxText overrides (``remat_policy: custom``, as ``--emit maxtext``
+    writes)."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError:
         data = None  # from_yaml reports it
     if maxtext_keys.is_override_file(data):
+        maxtext_keys.check_model(data, cfg, source)
         groups = {g.name: g.activations for g in cfg.layer_groups()}
-        return Plan.from_dict(maxtext_keys.plan_dict(data, groups, source=source, text=text), source=source)
+        return Plan.from_dict(
+            maxtext_keys.plan_dict(data, groups, source=source, text=text), source=source
+        )
     return Plan.from_yaml(text, source=source)
 
 
 def resolve(plan: Plan, cfg) -> dict[str, dict[str, Placement]]:
-    """Every (group, activation) of ``cfg`` → its placement under ``plan``; a segmented group gives one
+    """Every (group, activation) of ``cfg`` → its placement under ``plan``; a segmented group gives
+    one
     entry per segment, keyed by :func:`segment_name` (``decoder@0-23``), in layer order.
 
     Raises:
@@ -237,15 +288,16 @@ def resolve(plan: Plan, cfg) -> dict[str, dict[str, Placement]]:
     for gname, gp in plan.groups.items():
         if gname not in groups:
             raise TieraxError(
-                f"plan {plan.name!r} names layer group {gname!r}, which model {cfg.name!r} does not have; "
-                f"its groups: {', '.join(groups)}"
+                f"plan {plan.name!r} names layer group {gname!r}, which model {cfg.name!r} does "
+                f"not have; its groups: {', '.join(groups)}"
             )
         named = list(gp.placements) + [n for s in gp.segments for n in s.placements]
         missing = list(dict.fromkeys(n for n in named if n not in groups[gname].activations))
         if missing:
             raise TieraxError(
                 f"plan {plan.name!r}, group {gname!r}: model {cfg.name!r} has no activation "
-                f"{', '.join(map(repr, missing))}; valid names here: {', '.join(groups[gname].activations)}"
+                f"{', '.join(map(repr, missing))}; valid names here: "
+                f"{', '.join(groups[gname].activations)}"
             )
         if gp.segments:
             _check_partition(gp, groups[gname].num_layers, f"plan {plan.name!r}, group {gname!r}")
@@ -255,12 +307,42 @@ def resolve(plan: Plan, cfg) -> dict[str, dict[str, Placement]]:
         if not gp.segments:
             out[gname] = {n: gp.placement(n) for n in g.activations}
         for s in gp.segments:
-            out[segment_name(gname, s.start, s.stop)] = {n: s.placements.get(n, gp.placement(n)) for n in g.activations}
+            where = segment_name(gname, s.start, s.stop)
+            out[where] = {n: s.placements.get(n, gp.placement(n)) for n in g.activations}
+            _check_runnable_segment(plan, s, out[where], where)
     return out
+
+
+def _check_runnable_segment(
+    plan: Plan, s: Segment, placements: Mapping[str, Placement], where: str
+) -> None:
+    """What the segmented scan can run.  Checked here, where every verb resolves its plan, so that
+    simulate and plan refuse what compile, verify and train would (and before anything compiles)."""
+    if plan.mechanism != DEFAULT_MECHANISM:
+        raise TieraxError(
+            f"plan {plan.name!r} has segments, which run in tierax's segmented scan (mechanism "
+            f"{DEFAULT_MECHANISM}); mechanism {plan.mechanism!r} applies to unsegmented plans "
+            "only: remove 'mechanism' or the segments"
+        )
+    if placements.get(N.DECODER_LAYER_INPUT) is Placement.OFFLOAD:
+        raise TieraxError(
+            f"plan {plan.name!r}, {where}: a segment keeps decoder_layer_input on device (the "
+            "scan's own residual); offload it only in an unsegmented plan (mechanism: policy)"
+        )
+    offload = sorted(n for n, p in placements.items() if p is Placement.OFFLOAD)
+    if offload and s.stop - s.start == 1:  # XLA drops a host round trip that no loop separates
+        raise TieraxError(
+            f"plan {plan.name!r}, {where}: a one-layer segment cannot offload "
+            f"({', '.join(offload)}); XLA removes the host copy there. Make the segment at least "
+            "2 layers"
+        )
 
 
 def segments_of(plan: Plan, cfg) -> dict[str, list[tuple[int, int, str]]]:
     """Segmented groups only: group → [(start, stop, segment name)] in layer order (validated)."""
     resolve(plan, cfg)
-    return {g: [(s.start, s.stop, segment_name(g, s.start, s.stop)) for s in gp.segments]
-            for g, gp in plan.groups.items() if gp.segments}
+    return {
+        g: [(s.start, s.stop, segment_name(g, s.start, s.stop)) for s in gp.segments]
+        for g, gp in plan.groups.items()
+        if gp.segments
+    }

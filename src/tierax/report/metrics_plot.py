@@ -9,6 +9,7 @@ import tempfile
 import yaml
 
 from tierax.errors import TieraxError
+from tierax.fileio import new_file_mode
 from tierax.train.run_dir import CONFIG_SNAPSHOT, PLOT, read_metrics
 
 
@@ -26,8 +27,10 @@ def _title(run_dir: pathlib.Path) -> str:
     try:
         cfg = yaml.safe_load((run_dir / CONFIG_SNAPSHOT).read_text())
         mesh = cfg["mesh"]
-        return (f"{cfg['model']['name']} · plan {cfg['plan']['plan']} · {cfg['microbatch']}/device × "
-                f"mesh {','.join(f'{k}={v}' for k, v in mesh.items())} · seq {cfg['seq']}")
+        return (
+            f"{cfg['model']['name']} · plan {cfg['plan']['plan']} · {cfg['microbatch']}/device × "
+            f"mesh {','.join(f'{k}={v}' for k, v in mesh.items())} · seq {cfg['seq']}"
+        )
     except (OSError, KeyError, TypeError, yaml.YAMLError):
         return str(run_dir)
 
@@ -58,7 +61,9 @@ def plot_metrics(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
     fig, (ax_loss, ax_tput) = plt.subplots(2, 1, figsize=(9, 7), sharex=True, height_ratios=(3, 2))
     ax_loss.plot(steps, loss, color="tab:blue", alpha=0.35, lw=1, label="loss")
     if window > 1:
-        ax_loss.plot(steps, _smooth(loss, window), color="tab:blue", lw=2, label=f"loss ({window}-step mean)")
+        ax_loss.plot(
+            steps, _smooth(loss, window), color="tab:blue", lw=2, label=f"loss ({window}-step mean)"
+        )
     ax_loss.set_ylabel("loss (nats / token)")
     ax_loss.grid(alpha=0.3)
     ax_loss.legend(loc="upper right")
@@ -74,8 +79,14 @@ def plot_metrics(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
     ax_tput.set_xlabel("step")
     ax_tput.grid(alpha=0.3)
     ax_flops = ax_tput.twinx()
-    ax_flops.plot(steps, _smooth([r["tflops_per_device"] for r in records], max(window, 3)), color="tab:orange",
-                  lw=1.5, ls="--", label="TFLOP/s/device")
+    ax_flops.plot(
+        steps,
+        _smooth([r["tflops_per_device"] for r in records], max(window, 3)),
+        color="tab:orange",
+        lw=1.5,
+        ls="--",
+        label="TFLOP/s/device",
+    )
     ax_flops.set_ylabel("TFLOP/s per device (MaxText convention)", color="tab:orange")
     ax_flops.tick_params(axis="y", labelcolor="tab:orange")
     ax_tput.set_ylim(bottom=0)
@@ -90,6 +101,7 @@ def plot_metrics(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
     os.close(fd)
     try:
         fig.savefig(tmp, dpi=110)
+        os.chmod(tmp, new_file_mode())  # mkstemp's 0600 would outlive the rename
         os.replace(tmp, target)
     except BaseException:
         pathlib.Path(tmp).unlink(missing_ok=True)

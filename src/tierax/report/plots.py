@@ -32,7 +32,13 @@ class Point:
 
 
 def _byte_unit(max_bytes: float) -> tuple[str, float]:
-    return ("GiB", 2.0**30) if max_bytes >= 2.0**30 else ("MiB", 2.0**20) if max_bytes >= 2.0**20 else ("KiB", 2.0**10)
+    return (
+        ("GiB", 2.0**30)
+        if max_bytes >= 2.0**30
+        else ("MiB", 2.0**20)
+        if max_bytes >= 2.0**20
+        else ("KiB", 2.0**10)
+    )
 
 
 def _clusters(disp: Sequence[tuple[float, float]], radius: float = 14.0) -> list[list[int]]:
@@ -49,16 +55,19 @@ def _clusters(disp: Sequence[tuple[float, float]], radius: float = 14.0) -> list
     return groups
 
 
-def _cluster_label(points: Sequence["Point"], idx: list[int]) -> str:
+def _cluster_label(points: Sequence[Point], idx: list[int]) -> str:
     plans = list(dict.fromkeys(points[i].plan for i in idx))
     series = [points[i].series for i in idx if points[i].series]
     if len(plans) == 1:
         return plans[0] + (" · " + ", ".join(dict.fromkeys(series)) if series else "")
-    return "\n".join(f"{points[i].plan}" + (f" · {points[i].series}" if points[i].series else "") for i in idx)
+    return "\n".join(
+        f"{points[i].plan}" + (f" · {points[i].series}" if points[i].series else "") for i in idx
+    )
 
 
-def _place_labels(fig, ax, points: Sequence["Point"], xy_data: Sequence[tuple[float, float]]) -> list:
-    """Label each cluster of points at the first nearby spot overlapping no other label, marker or the axes edge.
+def _place_labels(fig, ax, points: Sequence[Point], xy_data: Sequence[tuple[float, float]]) -> list:
+    """Label each cluster of points at the first nearby spot overlapping no other label, marker or
+    the axes edge.
 
     Returns the labels' bounding boxes (display coordinates).
     """
@@ -69,10 +78,20 @@ def _place_labels(fig, ax, points: Sequence["Point"], xy_data: Sequence[tuple[fl
     axes_box = ax.get_window_extent(renderer)
     markers = [Bbox.from_extents(px - 7, py - 7, px + 7, py + 7) for px, py in disp]
     placed: list = []
-    offsets = [(9, 7, "left", "bottom"), (9, -7, "left", "top"), (-9, 7, "right", "bottom"),
-               (-9, -7, "right", "top"), (0, 11, "center", "bottom"), (0, -11, "center", "top")]
-    offsets += [(sx * 12, sy * k, "left" if sx > 0 else "right", "bottom" if sy > 0 else "top")
-                for k in (22, 34, 46, 58, 70) for sx in (1, -1) for sy in (1, -1)]
+    offsets = [
+        (9, 7, "left", "bottom"),
+        (9, -7, "left", "top"),
+        (-9, 7, "right", "bottom"),
+        (-9, -7, "right", "top"),
+        (0, 11, "center", "bottom"),
+        (0, -11, "center", "top"),
+    ]
+    offsets += [
+        (sx * 12, sy * k, "left" if sx > 0 else "right", "bottom" if sy > 0 else "top")
+        for k in (22, 34, 46, 58, 70)
+        for sx in (1, -1)
+        for sy in (1, -1)
+    ]
     groups = sorted(_clusters(disp), key=lambda g: -max(xy_data[i][1] for i in g))
     for g in groups:
         label = _cluster_label(points, g)
@@ -80,27 +99,54 @@ def _place_labels(fig, ax, points: Sequence["Point"], xy_data: Sequence[tuple[fl
         chosen = None
         for dx, dy, ha, va in offsets:
             far = abs(dy) > 14
-            t = ax.annotate(label, anchor, xytext=(dx, dy), textcoords="offset points", ha=ha, va=va, fontsize=9,
-                            arrowprops={"arrowstyle": "-", "color": "0.5", "lw": 0.6} if far else None)
+            t = ax.annotate(
+                label,
+                anchor,
+                xytext=(dx, dy),
+                textcoords="offset points",
+                ha=ha,
+                va=va,
+                fontsize=9,
+                arrowprops={"arrowstyle": "-", "color": "0.5", "lw": 0.6} if far else None,
+            )
             bb = t.get_window_extent(renderer).expanded(1.04, 1.12)
-            inside = (bb.x0 >= axes_box.x0 and bb.x1 <= axes_box.x1 and bb.y0 >= axes_box.y0
-                      and bb.y1 <= axes_box.y1)
-            clash = any(bb.overlaps(o) for o in placed) or any(bb.overlaps(m) for j, m in enumerate(markers)
-                                                               if j not in g)
+            inside = (
+                bb.x0 >= axes_box.x0
+                and bb.x1 <= axes_box.x1
+                and bb.y0 >= axes_box.y0
+                and bb.y1 <= axes_box.y1
+            )
+            clash = any(bb.overlaps(o) for o in placed) or any(
+                bb.overlaps(m) for j, m in enumerate(markers) if j not in g
+            )
             if inside and not clash:
                 chosen = bb
                 break
             t.remove()
         if chosen is None:  # crowded beyond every candidate: the first spot, still inside the axes
-            t = ax.annotate(label, anchor, xytext=offsets[0][:2], textcoords="offset points", ha="left",
-                            va="bottom", fontsize=9)
+            t = ax.annotate(
+                label,
+                anchor,
+                xytext=offsets[0][:2],
+                textcoords="offset points",
+                ha="left",
+                va="bottom",
+                fontsize=9,
+            )
             chosen = t.get_window_extent(renderer)
         placed.append(chosen)
     return placed
 
 
-def throughput_vs_memory(points: Sequence[Point], path: str | os.PathLike, *, title: str, memory_label: str,
-                         throughput_label: str = "throughput (tokens/s)", footnote: str = "") -> list:
+def throughput_vs_memory(
+    points: Sequence[Point],
+    path: str | os.PathLike,
+    *,
+    title: str,
+    memory_label: str,
+    throughput_label: str = "throughput (tokens/s)",
+    footnote: str = "",
+) -> list:
     """Write a scatter chart of throughput against peak device memory, one labelled point per plan.
 
     Points closer than a marker's width share one label.  Returns the labels' bounding boxes.
@@ -114,9 +160,17 @@ def throughput_vs_memory(points: Sequence[Point], path: str | os.PathLike, *, ti
         for plan in plans:
             pts = [p for p in points if p.series == s and p.plan == plan]
             if pts:
-                ax.scatter([p.x_bytes / scale for p in pts], [p.y for p in pts], s=70, color=colours[plan],
-                           marker=_MARKERS[si % len(_MARKERS)], edgecolor="black", linewidth=0.6, zorder=3,
-                           label=f"{plan} · {s}" if len(series) > 1 else plan)
+                ax.scatter(
+                    [p.x_bytes / scale for p in pts],
+                    [p.y for p in pts],
+                    s=70,
+                    color=colours[plan],
+                    marker=_MARKERS[si % len(_MARKERS)],
+                    edgecolor="black",
+                    linewidth=0.6,
+                    zorder=3,
+                    label=f"{plan} · {s}" if len(series) > 1 else plan,
+                )
     xs = [p.x_bytes / scale for p in points]
     ys = [p.y for p in points]
     # Room around the points so labels stay inside the axes.
@@ -128,19 +182,30 @@ def throughput_vs_memory(points: Sequence[Point], path: str | os.PathLike, *, ti
     ax.set_ylabel(throughput_label)
     ax.set_title(title, fontsize=11)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
+    ax.legend(
+        fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False
+    )
     if footnote:
-        fig.text(0.01, 0.005, footnote, fontsize=7.5, color="0.3", ha="left", va="bottom", wrap=True)
+        fig.text(
+            0.01, 0.005, footnote, fontsize=7.5, color="0.3", ha="left", va="bottom", wrap=True
+        )
     fig.tight_layout(rect=(0, 0.05 if footnote else 0, 1, 1))
-    boxes = _place_labels(fig, ax, points, list(zip(xs, ys)))
+    boxes = _place_labels(fig, ax, points, list(zip(xs, ys, strict=False)))
     fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
     return boxes
 
 
-def step_timeline(lanes: Mapping[str, Sequence[tuple[float, float]]], path: str | os.PathLike, *, title: str,
-                  summary: str = "", empty_note: str = "") -> None:
-    """Write one step's lanes (start ms, duration ms) as horizontal bars; ``empty_note`` is written in empty lanes."""
+def step_timeline(
+    lanes: Mapping[str, Sequence[tuple[float, float]]],
+    path: str | os.PathLike,
+    *,
+    title: str,
+    summary: str = "",
+    empty_note: str = "",
+) -> None:
+    """Write one step's lanes (start ms, duration ms) as horizontal bars; ``empty_note`` is written
+    in empty lanes."""
     names = list(lanes)
     colours = {"compute": "#4C72B0", "device→host": "#DD8452", "host→device": "#55A868"}
     fig, ax = plt.subplots(figsize=(10, 1.1 + 0.7 * len(names)), dpi=130)
@@ -148,7 +213,9 @@ def step_timeline(lanes: Mapping[str, Sequence[tuple[float, float]]], path: str 
     for row, name in enumerate(reversed(names)):
         bars = lanes[name]
         if bars:
-            ax.broken_barh(list(bars), (row - 0.35, 0.7), facecolors=colours.get(name, "0.5"), edgecolor="none")
+            ax.broken_barh(
+                list(bars), (row - 0.35, 0.7), facecolors=colours.get(name, "0.5"), edgecolor="none"
+            )
         elif empty_note:
             ax.text(end * 0.01, row, empty_note, va="center", ha="left", fontsize=8, color="0.35")
     ax.set_yticks(range(len(names)), list(reversed(names)))

@@ -14,31 +14,51 @@ def fmt_bytes(n: float) -> str:
 
 
 def bench_table(records, peak_flops: float, title: str) -> Table:
-    t = Table(title=title, caption=f"MFU against the measured local peak of {peak_flops / 1e12:.3f} TFLOP/s per device; "
-                                   "peak/dev: rt = allocator (runtime), xla = compiled memory analysis")
-    for col in ("plan", "step ms", "tokens/s", "TFLOP/s/dev", "MFU", "peak/dev", "compiled temp", "act. device", "act. host", "act. remat", "loss"):
+    t = Table(
+        title=title,
+        caption=f"MFU against the measured local peak of {peak_flops / 1e12:.3f} TFLOP/s per "
+        "device; peak/dev: rt = allocator (runtime), xla = compiled memory analysis",
+    )
+    for col in (
+        "plan",
+        "step ms",
+        "tokens/s",
+        "TFLOP/s/dev",
+        "MFU",
+        "peak/dev",
+        "compiled temp",
+        "act. device",
+        "act. host",
+        "act. remat",
+        "loss",
+    ):
         t.add_column(col, justify="left" if col == "plan" else "right")
     for r in records:
         t.add_row(
-            r['plan'],
+            r["plan"],
             f"{r['step_time_s'] * 1e3:.1f}",
             f"{r['tokens_per_s']:,.0f}",
             f"{r['tflops_per_device']:.4f}",
             f"{r['mfu']:.1%}",
             _peak_cell(r),
-            fmt_bytes(r['compiled_temp_bytes']),
-            fmt_bytes(r['device_activation_bytes']),
-            fmt_bytes(r['host_activation_bytes']),
-            fmt_bytes(r['remat_activation_bytes']),
+            fmt_bytes(r["compiled_temp_bytes"]),
+            fmt_bytes(r["device_activation_bytes"]),
+            fmt_bytes(r["host_activation_bytes"]),
+            fmt_bytes(r["remat_activation_bytes"]),
             f"{r['loss']:.4f}",
         )
     return t
 
 
 def _peak_cell(r) -> str:
-    """Runtime peak (allocator) where measured — '≤' when only an upper bound — else XLA's compiled peak."""
+    """Runtime peak (allocator) where measured — '≤' when only an upper bound — else XLA's compiled
+    peak."""
     if r.get("peak_device_bytes_runtime") is not None:
-        return ("" if r.get("runtime_peak_exact") else "≤ ") + fmt_bytes(r["peak_device_bytes_runtime"]) + " rt"
+        return (
+            ("" if r.get("runtime_peak_exact") else "≤ ")
+            + fmt_bytes(r["peak_device_bytes_runtime"])
+            + " rt"
+        )
     compiled = r.get("peak_device_bytes_compiled") or 0
     return fmt_bytes(compiled) + " xla" if compiled else "—"
 
@@ -48,8 +68,14 @@ def models_table(configs) -> Table:
     for col in ("name", "family", "layers", "d_model", "params", "activated"):
         t.add_column(col, justify="left" if col in ("name", "family") else "right")
     for cfg in configs:
-        t.add_row(cfg.name, cfg.family, str(cfg.num_layers), str(cfg.d_model),
-                  f"{cfg.param_count() / 1e9:.3f} B", f"{cfg.activated_param_count() / 1e9:.3f} B")
+        t.add_row(
+            cfg.name,
+            cfg.family,
+            str(cfg.num_layers),
+            str(cfg.d_model),
+            f"{cfg.param_count() / 1e9:.3f} B",
+            f"{cfg.activated_param_count() / 1e9:.3f} B",
+        )
     return t
 
 
@@ -66,11 +92,12 @@ def plan_table(placements: dict, title: str) -> Table:
 
 
 def compile_table(r) -> Table:
-    t = Table(title=f"{r.model} · plan {r.plan} · {r.target} × {r.devices} · microbatch {r.microbatch}/device × seq {r.seq} · "
-                    f"xla preset {r.xla_preset}",
-              caption=f"deviceless XLA:{'TPU' if r.target in _tpu_keys() else 'GPU'} compile (no autotuning: sizes "
-                      f"close, not exact); attention {r.attention}; "
-                      + "; ".join(r.notes))
+    t = Table(
+        title=f"{r.model} · plan {r.plan} · {r.target} × {r.devices} · microbatch "
+        f"{r.microbatch}/device × seq {r.seq} · xla preset {r.xla_preset}",
+        caption=f"deviceless XLA:{'TPU' if r.target in _tpu_keys() else 'GPU'} compile (no "
+        f"autotuning: sizes close, not exact); attention {r.attention}; " + "; ".join(r.notes),
+    )
     t.add_column("figure")
     t.add_column("per device", justify="right")
     rows = [
@@ -84,16 +111,23 @@ def compile_table(r) -> Table:
         ("host temp (offloaded)", fmt_bytes(r.host_temp_bytes)),
     ]
     for o in r.offloaded:
-        state = fmt_bytes(o.host_bytes) if o.on_host else f"[red]not found[/] (expected {fmt_bytes(o.expected_bytes)})"
+        state = (
+            fmt_bytes(o.host_bytes)
+            if o.on_host
+            else f"[red]not found[/] (expected {fmt_bytes(o.expected_bytes)})"
+        )
         state += " (matched by size: XLA kept no name)" if o.matched_by == "size" else ""
         rows.append((f"  offloaded {o.group}/{o.name}", state))
     ov = r.overlap
     rows += [
         ("host transfers per step", str(ov["transfers"])),
         ("transfer bytes", fmt_bytes(ov["transfer_bytes"])),
-        ("est. transfer time", f"{ov['est_transfer_s'] * 1e3:.3f} ms"),
-        ("est. hidden under compute", f"{ov['est_hidden_s'] * 1e3:.3f} ms"),
-        ("est. exposed", f"{ov['est_exposed_s'] * 1e3:.3f} ms"),
+        (
+            "est. transfer time (link busy: hidden + exposed)",
+            f"{ov['est_transfer_s'] * 1e3:.3f} ms",
+        ),
+        ("  est. hidden under compute", f"{ov['est_hidden_s'] * 1e3:.3f} ms"),
+        ("  est. exposed (the stream waits)", f"{ov['est_exposed_s'] * 1e3:.3f} ms"),
         ("compile time", f"{r.compile_time_s:.1f} s"),
     ]
     for k, v in rows:
@@ -102,31 +136,60 @@ def compile_table(r) -> Table:
 
 
 def inventory_table(inv, cfg) -> Table:
-    t = Table(title=f"{cfg.name} · microbatch {inv.microbatch}/device × seq {inv.seq} · mesh {inv.mesh} · per device",
-              caption=(f"parameters {fmt_bytes(inv.param_bytes)}, gradients {fmt_bytes(inv.grad_bytes)}, "
-                       f"AdamW state {fmt_bytes(inv.optimizer_bytes)}, logits {fmt_bytes(inv.logits_bytes)} per device; "
-                       f"attention: {cfg.attention}"))
+    t = Table(
+        title=f"{cfg.name} · microbatch {inv.microbatch}/device × seq {inv.seq} · mesh {inv.mesh} "
+        f"· per device",
+        caption=(
+            f"parameters {fmt_bytes(inv.param_bytes)}, gradients {fmt_bytes(inv.grad_bytes)}, "
+            f"AdamW state {fmt_bytes(inv.optimizer_bytes)}, logits {fmt_bytes(inv.logits_bytes)} "
+            f"per device; attention: {cfg.attention}"
+        ),
+    )
     for col in ("group", "activation", "per layer", "layers", "total", "remat GFLOP/layer"):
         t.add_column(col, justify="left" if col in ("group", "activation") else "right")
     for g in inv.groups:
         for a in g.activations:
-            t.add_row(g.name, a.name, fmt_bytes(a.bytes_per_layer), str(a.num_layers), fmt_bytes(a.total_bytes),
-                      f"{a.recompute_flops_per_layer / 1e9:.3g}")
-        t.add_row(g.name, "[dim](unnamed, any remat)[/]", "", "", "", f"{g.base_recompute_flops_per_layer / 1e9:.3g}")
-        t.add_row(g.name, "[dim](everything, no remat)[/]", fmt_bytes(g.save_all_bytes_per_layer), str(g.num_layers),
-                  fmt_bytes(g.save_all_bytes_per_layer * g.num_layers), "")
+            t.add_row(
+                g.name,
+                a.name,
+                fmt_bytes(a.bytes_per_layer),
+                str(a.num_layers),
+                fmt_bytes(a.total_bytes),
+                f"{a.recompute_flops_per_layer / 1e9:.3g}",
+            )
+        t.add_row(
+            g.name,
+            "[dim](unnamed, any remat)[/]",
+            "",
+            "",
+            "",
+            f"{g.base_recompute_flops_per_layer / 1e9:.3g}",
+        )
+        t.add_row(
+            g.name,
+            "[dim](everything, no remat)[/]",
+            fmt_bytes(g.save_all_bytes_per_layer),
+            str(g.num_layers),
+            fmt_bytes(g.save_all_bytes_per_layer * g.num_layers),
+            "",
+        )
     return t
 
 
 def prediction_table(pred, title: str) -> Table:
     b = pred.breakdown
-    t = Table(title=title, caption="rates: " + "; ".join(f"{k}: {v}" for k, v in b["rates"].items()))
+    t = Table(
+        title=title, caption="rates: " + "; ".join(f"{k}: {v}" for k, v in b["rates"].items())
+    )
     t.add_column("figure")
     t.add_column("per device", justify="right")
     ms = lambda s: f"{s * 1e3:.3f} ms"  # noqa: E731
     rows = [
         ("fits (≤ capacity − runtime reserve)", "[green]yes[/]" if pred.fits else "[red]no[/]"),
-        ("peak device", f"{fmt_bytes(pred.peak_device_bytes)} of {fmt_bytes(pred.device_capacity_bytes)}"),
+        (
+            "peak device",
+            f"{fmt_bytes(pred.peak_device_bytes)} of {fmt_bytes(pred.device_capacity_bytes)}",
+        ),
         ("  params + grads + AdamW", fmt_bytes(b["state_bytes"])),
         ("  activations on device", fmt_bytes(b["activation_bytes"])),
         ("  transfer staging", fmt_bytes(b["staging_bytes"])),
@@ -138,12 +201,21 @@ def prediction_table(pred, title: str) -> Table:
         ("  compute", ms(b["compute_s"])),
         ("    of which non-matmul work at memory bandwidth", ms(b.get("hbm_s", 0.0))),
         ("  recompute", ms(b["recompute_s"])),
-        ("  host transfers (exposed d2h / h2d)", f"{ms(b['transfer_s'])} ({ms(b['exposed_d2h_s'])} / {ms(b['exposed_h2d_s'])})"),
+        (
+            "  host transfers (exposed d2h / h2d)",
+            f"{ms(b['transfer_s'])} ({ms(b['exposed_d2h_s'])} / {ms(b['exposed_h2d_s'])})",
+        ),
         ("  collectives (exposed)", f"{ms(b['collective_s'])} ({ms(b['exposed_collective_s'])})"),
-        *([("  first write of fresh memory (CPU)", ms(b["first_touch_s"]))]
-          if b.get("first_touch_s") else []),
-        *([("  XLA:CPU's transposing fusions (CPU)", ms(b["transpose_s"]))]
-          if b.get("transpose_s") else []),
+        *(
+            [("  first write of fresh memory (CPU)", ms(b["first_touch_s"]))]
+            if b.get("first_touch_s")
+            else []
+        ),
+        *(
+            [("  XLA:CPU's transposing fusions (CPU)", ms(b["transpose_s"]))]
+            if b.get("transpose_s")
+            else []
+        ),
         ("TFLOP/s/device (model FLOPs)", f"{pred.tflops_per_device:.1f}"),
     ]
     for k, v in rows:
@@ -152,14 +224,37 @@ def prediction_table(pred, title: str) -> Table:
 
 
 def explain_table(result, title: str) -> Table:
-    t = Table(title=title, caption=f"device budget {fmt_bytes(result.budget_bytes)}, host budget "
-                                   f"{fmt_bytes(result.host_budget_bytes)}")
-    for col in ("group", "activation", "bytes", "remat ms", "transfer ms", "hidden", "choice", "why"):
-        t.add_column(col, justify="right" if col in ("bytes", "remat ms", "transfer ms", "hidden") else "left")
+    t = Table(
+        title=title,
+        caption=f"device budget {fmt_bytes(result.budget_bytes)}, host budget "
+        f"{fmt_bytes(result.host_budget_bytes)}",
+    )
+    for col in (
+        "group",
+        "activation",
+        "bytes",
+        "remat ms",
+        "transfer ms",
+        "hidden",
+        "choice",
+        "why",
+    ):
+        t.add_column(
+            col,
+            justify="right" if col in ("bytes", "remat ms", "transfer ms", "hidden") else "left",
+        )
     colour = {"device": "green", "offload": "cyan", "remat": "yellow"}
     for e in result.explain:
-        t.add_row(e.group, e.name, fmt_bytes(e.bytes), f"{e.recompute_s * 1e3:.3g}", f"{e.transfer_s * 1e3:.3g}",
-                  f"{e.hidden_fraction:.0%}", f"[{colour[e.choice]}]{e.choice}[/]", e.why)
+        t.add_row(
+            e.group,
+            e.name,
+            fmt_bytes(e.bytes),
+            f"{e.recompute_s * 1e3:.3g}",
+            f"{e.transfer_s * 1e3:.3g}",
+            f"{e.hidden_fraction:.0%}",
+            f"[{colour[e.choice]}]{e.choice}[/]",
+            e.why,
+        )
     return t
 
 
@@ -170,18 +265,41 @@ def _tpu_keys() -> set[str]:
 
 
 def sweep_table(points, key: str, title: str, references=()) -> Table:
-    """One row per swept value: the planner's prediction, the reference presets, what changed in the plan."""
-    t = Table(title=title, caption="cost-model predictions; references fit only where marked with a number")
-    for col in (key, "fits", "TFLOP/s/dev", "step s", "peak GiB", "host GiB", *references, "plan change"):
+    """One row per swept value: the planner's prediction, the reference presets, what changed in the
+    plan."""
+    t = Table(
+        title=title,
+        caption="cost-model predictions; references fit only where marked with a number",
+    )
+    for col in (
+        key,
+        "fits",
+        "TFLOP/s/dev",
+        "step s",
+        "peak GiB",
+        "host GiB",
+        *references,
+        "plan change",
+    ):
         t.add_column(col, justify="left" if col == "plan change" else "right")
     for p in points:
-        ref = [f"{v:.1f}" if v is not None else "—" for v in (p["reference"].get(r) for r in references)]
+        ref = [
+            f"{v:.1f}" if v is not None else "—"
+            for v in (p["reference"].get(r) for r in references)
+        ]
         if not p["fits"]:
             t.add_row(f"{p['value']:g}", "no", "—", "—", "—", "—", *ref, "no plan fits")
             continue
-        t.add_row(f"{p['value']:g}", "yes", f"{p['tflops_per_device']:.1f}", f"{p['step_time_s']:.3f}",
-                  f"{p['peak_device_bytes'] / 2**30:.1f}", f"{p['host_bytes'] / 2**30:.1f}", *ref,
-                  "; ".join(p["changed"]) or "")
+        t.add_row(
+            f"{p['value']:g}",
+            "yes",
+            f"{p['tflops_per_device']:.1f}",
+            f"{p['step_time_s']:.3f}",
+            f"{p['peak_device_bytes'] / 2**30:.1f}",
+            f"{p['host_bytes'] / 2**30:.1f}",
+            *ref,
+            "; ".join(p["changed"]) or "",
+        )
     return t
 
 
@@ -194,8 +312,11 @@ def _gemms(m: dict) -> str:
 
 def calibration_table(entry: dict) -> Table:
     """What ``tierax calibrate`` measured and stored (a row per rate the cost model reads)."""
-    t = Table(title=f"calibration of {entry.get('target', '?')} ({entry.get('device_kind', '?')}), "
-                    f"{entry.get('created', '?')}", caption=f"stored in {entry.get('file', '?')}")
+    t = Table(
+        title=f"calibration of {entry.get('target', '?')} ({entry.get('device_kind', '?')}), "
+        f"{entry.get('created', '?')}",
+        caption=f"stored in {entry.get('file', '?')}",
+    )
     t.add_column("rate")
     t.add_column("measured", justify="right")
     t.add_column("microbenchmark")
@@ -208,22 +329,36 @@ def calibration_table(entry: dict) -> Table:
     size = f"{mem.get('bytes_per_array', 0) / 2**20:.0f} MiB arrays"
     what = ", ".join(f"{k} {v}" for k, v in nm.get("shape", {}).items())
     rate = entry["memory_bytes_per_s"]
-    t.add_row("non-matmul work (the model's bytes)", f"{rate / 1e9:.1f} GB/s",
-              f"a norm, a gated activation, a softmax and their gradients: {what}")
+    t.add_row(
+        "non-matmul work (the model's bytes)",
+        f"{rate / 1e9:.1f} GB/s",
+        f"a norm, a gated activation, a softmax and their gradients: {what}",
+    )
     if "stream_bytes_per_s" in entry:
-        t.add_row("streaming (reference)", f"{entry['stream_bytes_per_s'] / 1e9:.1f} GB/s",
-                  f"y ← a·x + y, y donated, {size}")
+        t.add_row(
+            "streaming (reference)",
+            f"{entry['stream_bytes_per_s'] / 1e9:.1f} GB/s",
+            f"y ← a·x + y, y donated, {size}",
+        )
     if "first_touch_bytes_per_s" in entry:
         rate = entry["first_touch_bytes_per_s"]
-        t.add_row("first touch of fresh memory", f"{rate / 1e9:.2f} GB/s",
-                  f"the same with a fresh output, minus the donated time, {size}")
+        t.add_row(
+            "first touch of fresh memory",
+            f"{rate / 1e9:.2f} GB/s",
+            f"the same with a fresh output, minus the donated time, {size}",
+        )
     if "transpose_read_elems_per_s" in entry:
         shape = "×".join(map(str, micro.get("transposed_fusion", {}).get("shape", [])))
         rate = entry["transpose_read_elems_per_s"]
-        t.add_row("XLA:CPU's slow transposing fusion", f"{rate / 1e6:.0f} M elements/s",
-                  f"((a·b)·(1 − c) + c)ᵀ, {shape}, reads of its three inputs")
-    for key, name in (("d2h_bytes_per_s", "device → pinned host"),
-                      ("h2d_bytes_per_s", "pinned host → device")):
+        t.add_row(
+            "XLA:CPU's slow transposing fusion",
+            f"{rate / 1e6:.0f} M elements/s",
+            f"((a·b)·(1 − c) + c)ᵀ, {shape}, reads of its three inputs",
+        )
+    for key, name in (
+        ("d2h_bytes_per_s", "device → pinned host"),
+        ("h2d_bytes_per_s", "pinned host → device"),
+    ):
         if key in entry:
             t.add_row(name, f"{entry[key] / 1e9:.1f} GB/s", "jax.device_put, 1 GiB")
     return t

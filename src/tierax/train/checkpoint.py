@@ -77,11 +77,16 @@ def read_meta(directory: str | os.PathLike, step: int) -> dict[str, Any]:
     try:
         meta = ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(d / str(step) / "meta")
     except Exception as e:  # Orbax raises several types for a foreign or damaged directory
-        raise TieraxError(f"checkpoint {d / str(step)} has no readable tierax metadata ({type(e).__name__}: {e}); "
-                          "use another checkpoint.dir") from None
+        raise TieraxError(
+            f"checkpoint {d / str(step)} has no readable tierax metadata ({type(e).__name__}: "
+            f"{e}); "
+            "use another checkpoint.dir"
+        ) from None
     if not isinstance(meta, dict) or meta.get("schema") != SCHEMA:
-        raise TieraxError(f"checkpoint {d / str(step)} was not written by tierax train ({SCHEMA}); "
-                          "use another checkpoint.dir")
+        raise TieraxError(
+            f"checkpoint {d / str(step)} was not written by tierax train ({SCHEMA}); "
+            "use another checkpoint.dir"
+        )
     return meta
 
 
@@ -92,8 +97,10 @@ def _diff(a: Any, b: Any, path: str = "") -> list[str]:
         for k in sorted(set(a) | set(b), key=str):
             sub = f"{path}.{k}" if path else str(k)
             if k not in a or k not in b:
-                out.append(f"{sub}: {'missing' if k not in a else a[k]!r} (checkpoint) vs "
-                           f"{'missing' if k not in b else b[k]!r} (this run)")
+                out.append(
+                    f"{sub}: {'missing' if k not in a else a[k]!r} (checkpoint) vs "
+                    f"{'missing' if k not in b else b[k]!r} (this run)"
+                )
             else:
                 out += _diff(a[k], b[k], sub)
         return out
@@ -110,10 +117,13 @@ def check_compatible(meta: dict[str, Any], identity: dict[str, Any], where: str)
     diffs = _diff(meta.get("identity"), json.loads(json.dumps(identity)))
     if diffs:
         if any(d.startswith("optimizer.decay_steps") for d in diffs):
-            diffs.append("(the schedule's length is `steps` unless optimizer.decay_steps is set; to train an "
-                         "existing run longer, keep its schedule with optimizer.decay_steps=<its steps>)")
+            diffs.append(
+                "(the schedule's length is `steps` unless optimizer.decay_steps is set; to train "
+                "an existing run longer, keep its schedule with optimizer.decay_steps=<its steps>)"
+            )
         raise TieraxError(
-            f"checkpoint {where} belongs to a different run; mismatched: " + "; ".join(diffs)
+            f"checkpoint {where} belongs to a different run; mismatched: "
+            + "; ".join(diffs)
             + ". Use another checkpoint.dir (or log.dir), or the config that wrote it"
         )
 
@@ -133,8 +143,11 @@ class Checkpointer:
 
     def _failed(self, what: str, e: BaseException, *, exclude: int | None = None) -> TieraxError:
         good = [s for s in complete_steps(self.directory) if s != exclude]
-        last = (f"the last good checkpoint is step {good[-1]} in {self.directory}" if good
-                else f"no complete checkpoint exists in {self.directory}")
+        last = (
+            f"the last good checkpoint is step {good[-1]} in {self.directory}"
+            if good
+            else f"no complete checkpoint exists in {self.directory}"
+        )
         reason = getattr(e, "strerror", None) or str(e).splitlines()[0][:200] or type(e).__name__
         return TieraxError(f"{what} failed ({type(e).__name__}: {reason}); {last}")
 
@@ -147,11 +160,19 @@ class Checkpointer:
         """
         meta = {"schema": SCHEMA, "step": step, **meta}
         try:
-            self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                             meta=ocp.args.JsonSave(meta)), force=True)
+            self._manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
+                ),
+                force=True,
+            )
         except Exception as e:  # noqa: BLE001 — Orbax raises many types; the user needs the last good step
-            raise self._failed(f"writing checkpoint step {step} (or the asynchronous save before it)", e,
-                               exclude=step) from e
+            raise self._failed(
+                f"writing checkpoint step {step} (or the asynchronous save before it)",
+                e,
+                exclude=step,
+            ) from e
 
     def restore(self, step: int, like):
         """(state, meta) of step ``step``; ``like`` gives the tree, shapes, dtypes and shardings.
@@ -159,14 +180,22 @@ class Checkpointer:
         Raises:
           TieraxError: the checkpoint cannot be read (damaged); names the previous complete one.
         """
-        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like)
+        abstract = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like
+        )
         try:
-            out = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                                                      meta=ocp.args.JsonRestore()))
+            out = self._manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+                ),
+            )
         except Exception as e:  # noqa: BLE001
             err = self._failed(f"reading checkpoint step {step}", e, exclude=step)
-            raise TieraxError(f"{err}; move {self.directory / str(step)} away and --resume again to continue "
-                              "from it") from e
+            raise TieraxError(
+                f"{err}; move {self.directory / str(step)} away and --resume again to continue "
+                "from it"
+            ) from e
         return out.state, out.meta
 
     def wait(self) -> None:

@@ -41,8 +41,17 @@ from tierax.fileio import check_output_dir
 from tierax.mesh import BATCH_AXES, MeshShape
 from tierax.models import ModelConfig, apply_overrides, config_from_dict, config_to_dict, get_config
 from tierax.schema import field_types, read_yaml, scalar, unknown_keys
-from tierax.train.sections import (COMPUTE_DTYPES, SECTIONS, CheckpointConfig, DataConfig, DebugConfig, LogConfig,
-                                   OptimizerConfig, RuntimeConfig, _check)
+from tierax.train.sections import (
+    COMPUTE_DTYPES,
+    SECTIONS,
+    CheckpointConfig,
+    DataConfig,
+    DebugConfig,
+    LogConfig,
+    OptimizerConfig,
+    RuntimeConfig,
+    _check,
+)
 
 # --- the run --------------------------------------------------------------------
 
@@ -85,22 +94,44 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for key in ("microbatch", "seq", "steps"):
-            _check(getattr(self, key) >= 1, f"{self.source}: {key} must be ≥ 1, got {getattr(self, key)}")
-        _check(self.grad_accum >= 1,
-               f"{self.source}: grad_accum must be ≥ 1 (1: no accumulation), got {self.grad_accum}")
+            _check(
+                getattr(self, key) >= 1,
+                f"{self.source}: {key} must be ≥ 1, got {getattr(self, key)}",
+            )
+        _check(
+            self.grad_accum >= 1,
+            f"{self.source}: grad_accum must be ≥ 1 (1: no accumulation), got {self.grad_accum}",
+        )
         _check(self.seed >= 0, f"{self.source}: seed must be ≥ 0, got {self.seed}")
-        _check(self.xla_preset in xla_flags.PRESETS,
-               f"{self.source}: xla_preset={self.xla_preset!r} is unknown; choose one of: {', '.join(xla_flags.PRESETS)}")
+        _check(
+            self.xla_preset in xla_flags.PRESETS,
+            f"{self.source}: xla_preset={self.xla_preset!r} is unknown; choose one of: "
+            f"{', '.join(xla_flags.PRESETS)}",
+        )
         self.mesh.check_model(self.model, where=f"{self.source}: mesh")
         if self.cpu_devices is not None:
-            _check(self.cpu_devices >= 1, f"{self.source}: cpu_devices must be ≥ 1, got {self.cpu_devices}")
+            _check(
+                self.cpu_devices >= 1,
+                f"{self.source}: cpu_devices must be ≥ 1, got {self.cpu_devices}",
+            )
         decay = self.decay_steps
-        _check(self.optimizer.warmup_steps < decay,
-               f"{self.source}: optimizer.warmup_steps={self.optimizer.warmup_steps} must be below the decay "
-               f"horizon ({decay} = optimizer.decay_steps or steps)")
-        _check(self.debug.nan_at_step is None or self.debug.nan_at_step <= self.steps,
-               f"{self.source}: debug.nan_at_step={self.debug.nan_at_step} is after the last step {self.steps}")
+        _check(
+            self.optimizer.warmup_steps < decay,
+            f"{self.source}: optimizer.warmup_steps={self.optimizer.warmup_steps} must be below "
+            f"the decay horizon ({decay} = optimizer.decay_steps or steps)",
+        )
+        _check(
+            self.debug.nan_at_step is None or self.debug.nan_at_step <= self.steps,
+            f"{self.source}: debug.nan_at_step={self.debug.nan_at_step} is after the last step "
+            f"{self.steps}",
+        )
         plan_lib.resolve(self.plan, self.model)
+        _check(
+            not (self.data.document_mask and self.model.attention == "cudnn"),
+            f"{self.source}: data.document_mask needs an attention that masks packed documents; "
+            "attention=cudnn cannot (JAX's cuDNN entry takes no segment ids): use "
+            "model.attention=blockwise",
+        )
 
     @property
     def global_batch(self) -> int:
@@ -156,14 +187,28 @@ class TrainConfig:
             "seq": self.seq,
             "batch_per_step": self.batch_per_step,
             "seed": self.seed,
-            "data": {"source": self.data.source},  # the trainer adds the data's own identity (its hash)
+            "data": {
+                "source": self.data.source
+            },  # the trainer adds the data's own identity (its hash)
         }
 
 
 # --- loading --------------------------------------------------------------------
 
-_TOP_KEYS = ("model", "plan", "microbatch", "global_batch", "seq", "grad_accum", "steps", "seed",
-             "compute_dtype", "cpu_devices", "xla_preset", *SECTIONS)
+_TOP_KEYS = (
+    "model",
+    "plan",
+    "microbatch",
+    "global_batch",
+    "seq",
+    "grad_accum",
+    "steps",
+    "seed",
+    "compute_dtype",
+    "cpu_devices",
+    "xla_preset",
+    *SECTIONS,
+)
 
 
 def valid_keys() -> list[str]:
@@ -182,7 +227,10 @@ def _section(name: str, raw: Any, where: str):
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):
-        raise TieraxError(f"{where}: {name} must be a mapping of {', '.join(f.name for f in dataclasses.fields(cls))}")
+        raise TieraxError(
+            f"{where}: {name} must be a mapping of "
+            f"{', '.join(f.name for f in dataclasses.fields(cls))}"
+        )
     fields = field_types(cls)
     unknown = [k for k in raw if k not in fields]
     if unknown:
@@ -201,8 +249,8 @@ def _model(raw: Any, model_overrides: Sequence[str], compute_dtype: str, where: 
         cfg = config_from_dict(raw, source=f"{where}: model")
     else:
         raise TieraxError(
-            f"{where}: model must be a named config (see `tierax models`) or a model config mapping "
-            "(`tierax models show NAME` prints one)"
+            f"{where}: model must be a named config (see `tierax models`) or a model config "
+            "mapping (`tierax models show NAME` prints one)"
         )
     cfg = apply_overrides(cfg, model_overrides)
     if compute_dtype != "model":
@@ -215,7 +263,10 @@ def _plan(raw: Any, cfg: ModelConfig, where: str) -> plan_lib.Plan:
     if isinstance(raw, Mapping):
         return plan_lib.load_plan(plan_lib.Plan.from_dict(raw, source=f"{where}: plan"), cfg)
     if not isinstance(raw, str):
-        raise TieraxError(f"{where}: plan must be a preset ({', '.join(plan_lib.PRESETS)}), a plan file or a plan mapping")
+        raise TieraxError(
+            f"{where}: plan must be a preset ({', '.join(plan_lib.PRESETS)}), a plan file or a "
+            f"plan mapping"
+        )
     return plan_lib.load_plan(raw, cfg)
 
 
@@ -226,7 +277,9 @@ def parse_overrides(overrides: Sequence[str]) -> list[tuple[list[str], Any]]:
         key, sep, raw = text.partition("=")
         key = key.strip()
         if not sep or not key or any(not part for part in key.split(".")):
-            raise TieraxError(f"override {text!r}: expected KEY=VALUE, e.g. steps=100 or mesh.fsdp=4")
+            raise TieraxError(
+                f"override {text!r}: expected KEY=VALUE, e.g. steps=100 or mesh.fsdp=4"
+            )
         try:
             value = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError:
@@ -235,7 +288,9 @@ def parse_overrides(overrides: Sequence[str]) -> list[tuple[list[str], Any]]:
     return out
 
 
-def config_from_mapping(data: Any, overrides: Sequence[str] = (), *, source: str = "config") -> TrainConfig:
+def config_from_mapping(
+    data: Any, overrides: Sequence[str] = (), *, source: str = "config"
+) -> TrainConfig:
     """Validate a config mapping (as read from YAML), ``overrides`` applied in order.
 
     Raises:
@@ -243,11 +298,13 @@ def config_from_mapping(data: Any, overrides: Sequence[str] = (), *, source: str
         or inconsistent values.
     """
     if not isinstance(data, Mapping):
-        raise TieraxError(f"{source}: a train config must be a mapping of keys to values; valid keys: "
-                          + ", ".join(_TOP_KEYS))
+        raise TieraxError(
+            f"{source}: a train config must be a mapping of keys to values; valid keys: "
+            + ", ".join(_TOP_KEYS)
+        )
     data = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in data.items()}
     model_overrides: list[str] = []
-    for (path, value), text in zip(parse_overrides(overrides), overrides):
+    for (path, value), text in zip(parse_overrides(overrides), overrides, strict=False):
         head = path[0]
         if head == "model" and len(path) == 2 and not isinstance(data.get("model"), Mapping):
             model_overrides.append(f"{path[1]}={text.partition('=')[2]}")  # onto the named config
@@ -257,7 +314,9 @@ def config_from_mapping(data: Any, overrides: Sequence[str] = (), *, source: str
             section = data.get(head)
             data[head] = {**(section if isinstance(section, Mapping) else {}), path[1]: value}
         elif head in SECTIONS or head == "model":
-            raise TieraxError(f"override {text!r}: sections are one level deep, e.g. {head}.KEY=VALUE")
+            raise TieraxError(
+                f"override {text!r}: sections are one level deep, e.g. {head}.KEY=VALUE"
+            )
         else:
             raise unknown_keys([".".join(path)], valid_keys(), f"override {text!r}")
 
@@ -265,17 +324,29 @@ def config_from_mapping(data: Any, overrides: Sequence[str] = (), *, source: str
     if unknown:
         raise unknown_keys(unknown, valid_keys(), source)
     scalars: dict[str, tuple[type, bool]] = {
-        "microbatch": (int, True), "global_batch": (int, True), "seq": (int, False), "grad_accum": (int, False),
-        "steps": (int, False), "seed": (int, False), "compute_dtype": (str, False), "cpu_devices": (int, True),
+        "microbatch": (int, True),
+        "global_batch": (int, True),
+        "seq": (int, False),
+        "grad_accum": (int, False),
+        "steps": (int, False),
+        "seed": (int, False),
+        "compute_dtype": (str, False),
+        "cpu_devices": (int, True),
         "xla_preset": (str, False),
     }
     values = {k: scalar(k, data[k], t, source) for k, t in scalars.items() if k in data}
     compute_dtype = values.pop("compute_dtype", "model")
-    _check(compute_dtype in COMPUTE_DTYPES,
-           f"{source}: compute_dtype={compute_dtype!r} is unknown; use one of: {', '.join(COMPUTE_DTYPES)} "
-           "(model: the model config's own dtype)")
+    _check(
+        compute_dtype in COMPUTE_DTYPES,
+        f"{source}: compute_dtype={compute_dtype!r} is unknown; use one of: "
+        f"{', '.join(COMPUTE_DTYPES)} "
+        "(model: the model config's own dtype)",
+    )
     if "model" not in data:
-        raise TieraxError(f"{source}: 'model' is required: a named config (see `tierax models`) or a model mapping")
+        raise TieraxError(
+            f"{source}: 'model' is required: a named config (see `tierax models`) or a model "
+            f"mapping"
+        )
     sections = {name: _section(name, data.get(name), source) for name in SECTIONS}
     mesh = sections["mesh"]
 
@@ -284,12 +355,18 @@ def config_from_mapping(data: Any, overrides: Sequence[str] = (), *, source: str
     microbatch, global_batch = values.pop("microbatch", None), values.pop("global_batch", None)
     if global_batch is not None:
         _check(global_batch >= 1, f"{source}: global_batch must be ≥ 1, got {global_batch}")
-        _check(global_batch % mesh.batch_ways == 0,
-               f"{source}: global_batch {global_batch} is not divisible by {ways} = {mesh.batch_ways}; "
-               f"use a multiple of {mesh.batch_ways}, or set microbatch (sequences per device) instead")
-        _check(microbatch is None or microbatch * mesh.batch_ways == global_batch,
-               f"{source}: microbatch {microbatch} × {ways} {mesh.batch_ways} = {(microbatch or 0) * mesh.batch_ways} "
-               f"≠ global_batch {global_batch}; give one of them")
+        _check(
+            global_batch % mesh.batch_ways == 0,
+            f"{source}: global_batch {global_batch} is not divisible by {ways} = "
+            f"{mesh.batch_ways}; use a multiple of {mesh.batch_ways}, or set microbatch (sequences "
+            f"per device) instead",
+        )
+        _check(
+            microbatch is None or microbatch * mesh.batch_ways == global_batch,
+            f"{source}: microbatch {microbatch} × {ways} {mesh.batch_ways} = "
+            f"{(microbatch or 0) * mesh.batch_ways} ≠ global_batch {global_batch}; give one of "
+            f"them",
+        )
         microbatch = global_batch // mesh.batch_ways
     if microbatch is not None:
         values["microbatch"] = microbatch

@@ -24,16 +24,19 @@ from tierax.train import sharding as sh
 
 
 def _spec_axes(path, shape: tuple[int, ...], mesh: dict) -> list[tuple[str, ...]]:
-    """The mesh axes each dimension of a parameter is sharded over (:mod:`tierax.train.sharding`'s rules)."""
+    """The mesh axes each dimension of a parameter is sharded over (:mod:`tierax.train.sharding`'s
+    rules)."""
     spec = tuple(sh.param_spec(path, shape, mesh)) + (None,) * len(shape)
-    return [(e,) if isinstance(e, str) else tuple(e or ()) for e in spec[:len(shape)]]
+    return [(e,) if isinstance(e, str) else tuple(e or ()) for e in spec[: len(shape)]]
 
 
 def needs_transposed_copy(path, shape: tuple[int, ...], mesh: dict) -> bool:
-    """Whether the stacked weight at ``path`` (layer dimension first) is gathered through a transposed copy.
+    """Whether the stacked weight at ``path`` (layer dimension first) is gathered through a
+    transposed copy.
 
     The gathered dimension is the one sharded over ``fsdp`` (or ``expert``, which also shards
-    non-expert weights); a routed expert weight's expert dimension stays sharded (expert parallelism).
+    non-expert weights); a routed expert weight's expert dimension stays sharded (expert
+    parallelism).
     """
     keys = [str(k.key) for k in path if hasattr(k, "key")]
     expert_weight = bool(keys) and keys[-1] in sh.EXPERT_WEIGHTS and len(shape) == 4
@@ -49,7 +52,8 @@ def needs_transposed_copy(path, shape: tuple[int, ...], mesh: dict) -> bool:
 
 
 def transposed_stack_params(cfg, mesh: dict) -> float:
-    """Per-device parameters of the stacked weights gathered through a transposed copy (0 for a model
+    """Per-device parameters of the stacked weights gathered through a transposed copy (0 for a
+    model
     of the Python API, whose weights' layout is not known)."""
     if getattr(cfg, "family", "custom") not in ("llama", "deepseek"):
         return 0.0
@@ -70,8 +74,10 @@ def _count(cfg, mesh_items) -> float:
         shape = tuple(leaf.shape)
         keys = [str(k.key) for k in path if hasattr(k, "key")]
         if "groups" in keys and len(shape) >= 3 and needs_transposed_copy(path, shape, mesh):
-            total += math.prod(n // math.prod(mesh.get(a, 1) for a in axes)
-                               for n, axes in zip(shape, _spec_axes(path, shape, mesh)))
+            total += math.prod(
+                n // math.prod(mesh.get(a, 1) for a in axes)
+                for n, axes in zip(shape, _spec_axes(path, shape, mesh), strict=False)
+            )
     return total
 
 

@@ -26,8 +26,9 @@ def check_tiles(tiles: int, seq: int) -> None:
         divisors = [d for d in range(1, seq + 1) if seq % d == 0]
         near = min(divisors, key=lambda d: (abs(d - tiles), d))
         raise TieraxError(
-            f"loss_tiles={tiles} does not divide the sequence length {seq} (the loss is tiled along "
-            f"the sequence of every batch row); use a divisor of {seq}, e.g. loss_tiles={near}"
+            f"loss_tiles={tiles} does not divide the sequence length {seq} (the loss is tiled "
+            f"along the sequence of every batch row); use a divisor of {seq}, e.g. "
+            f"loss_tiles={near}"
         )
 
 
@@ -38,7 +39,8 @@ def _nll_fwd(logits_BsV, targets_Bs):
 
 
 def _chunk_nll(mesh):
-    """``nll(h_BsD, weight_DV, targets_Bs)``: −log softmax(h @ W)[target] per position, float32 logits."""
+    """``nll(h_BsD, weight_DV, targets_Bs)``: −log softmax(h @ W)[target] per position, float32
+    logits."""
 
     @jax.custom_vjp
     def nll(h_BsD, weight_DV, targets_Bs):
@@ -51,19 +53,25 @@ def _chunk_nll(mesh):
         return out_Bs, (h_BsD, weight_DV, logits_BsV, lse_Bs, targets_Bs)
 
     def bwd(res, g_Bs):
-        # (softmax − one-hot) · g in one elementwise pass over the logits, in the compute dtype, materialised
-        # once: without the barrier XLA:CPU fused the pass into both of its readers (the head's input gradient
-        # and the transposed copy for its weight gradient) and kept the softmax as a third [tokens, vocab]
-        # buffer (+129 MB temp at d_model 512, vocab 32000).  Differentiated by JAX, the target pick
-        # (take_along_axis) scatters into a zeroed [B, s, V] array that is added: two more passes.  (A scatter
-        # of −g at the targets into softmax·g cost XLA:TPU another logits-sized buffer: 164.6 vs 128.2 MB in
-        # tests/test_tpu.py's v5p plan.)  The head's two backward matmuls then run in the compute dtype, like
-        # every other matmul of the step: JAX's own transpose of the float32-output einsum multiplies the
-        # float32 gradient, and XLA converts the bfloat16 head and hidden states to float32 for it (float32
+        # (softmax − one-hot) · g in one elementwise pass over the logits, in the compute dtype,
+        # materialised once: without the barrier XLA:CPU fused the pass into both of its readers
+        # (the head's input gradient and the transposed copy for its weight gradient) and kept the
+        # softmax as a third [tokens, vocab] buffer (+129 MB temp at d_model 512, vocab 32000).
+        # Differentiated by JAX, the target pick (take_along_axis) scatters into a zeroed [B, s, V]
+        # array that is added: two more passes.  (A scatter of −g at the targets into softmax·g cost
+        # XLA:TPU another logits-sized buffer: 164.6 vs 128.2 MB in tests/test_tpu.py's v5p plan.)
+        # The head's two backward matmuls then run in the compute dtype, like every other matmul of
+        # the step: JAX's own transpose of the float32-output einsum multiplies the float32
+        # gradient, and XLA converts the bfloat16 head and hidden states to float32 for it (float32
         # GEMMs on a GPU).
         h_BsD, weight_DV, logits_BsV, lse_Bs, targets_Bs = res
-        hit_BsV = jax.lax.broadcasted_iota(targets_Bs.dtype, logits_BsV.shape, logits_BsV.ndim - 1) == targets_Bs[..., None]
-        d_BsV = ((jnp.exp(logits_BsV - lse_Bs[..., None]) - hit_BsV) * g_Bs[..., None]).astype(h_BsD.dtype)
+        hit_BsV = (
+            jax.lax.broadcasted_iota(targets_Bs.dtype, logits_BsV.shape, logits_BsV.ndim - 1)
+            == targets_Bs[..., None]
+        )
+        d_BsV = ((jnp.exp(logits_BsV - lse_Bs[..., None]) - hit_BsV) * g_Bs[..., None]).astype(
+            h_BsD.dtype
+        )
         d_BsV = jax.lax.optimization_barrier(constrain(d_BsV, mesh, BATCH_AXES, None, None))
         dh_BsD = jnp.einsum("bsv,dv->bsd", d_BsV, weight_DV, preferred_element_type=jnp.float32)
         dw_DV = jnp.einsum("bsd,bsv->dv", h_BsD, d_BsV, preferred_element_type=jnp.float32)
@@ -73,13 +81,15 @@ def _chunk_nll(mesh):
     return nll
 
 
-def _chunk_nll_sum(h_BsD, weight_DV, targets_Bs, mesh):
-    """Sum over the chunk of −log p(target): logits in float32, never leaving this function."""
-    return jnp.sum(_chunk_nll(mesh)(h_BsD, weight_DV, targets_Bs))
+def _chunk_nll_sum(h_BsD, weight_DV, targets_Bs, mesh, w_Bs=None):
+    """Sum over the chunk of −log p(target) (times ``w_Bs``): float32 logits, never leaving here."""
+    nll_Bs = _chunk_nll(mesh)(h_BsD, weight_DV, targets_Bs)
+    return jnp.sum(nll_Bs if w_Bs is None else nll_Bs * w_Bs)
 
 
-def cross_entropy(hidden_BSD, weight_DV, targets_BS, *, tiles: int = 1, mesh=None):
-    """Mean next-token cross-entropy (float32) of logits ``hidden_BSD @ weight_DV`` against ``targets_BS``.
+def cross_entropy(hidden_BSD, weight_DV, targets_BS, *, tiles: int = 1, mesh=None, weights_BS=None):
+    """Mean next-token cross-entropy (float32) of logits ``hidden_BSD @ weight_DV`` against
+    ``targets_BS``.
 
     Args:
       hidden_BSD: final hidden states (after the final norm), compute dtype.
@@ -87,6 +97,8 @@ def cross_entropy(hidden_BSD, weight_DV, targets_BS, *, tiles: int = 1, mesh=Non
       targets_BS: int target ids.
       tiles: chunks along the sequence; 1 computes the logits in one piece.
       mesh: the step's :class:`jax.sharding.Mesh` (None: one device).
+      weights_BS: float32 weight of each target (packed documents: 0 where the target is in
+        another document); the mean is then over the weights.  None: every target counts.
 
     Raises:
       TieraxError: ``tiles`` does not divide the sequence length.
@@ -94,16 +106,19 @@ def cross_entropy(hidden_BSD, weight_DV, targets_BS, *, tiles: int = 1, mesh=Non
     B, S, D = hidden_BSD.shape
     check_tiles(tiles, S)
     if tiles == 1:
-        total = _chunk_nll_sum(hidden_BSD, weight_DV, targets_BS, mesh)
+        total = _chunk_nll_sum(hidden_BSD, weight_DV, targets_BS, mesh, weights_BS)
     else:
         s = S // tiles
         h_nBsD = hidden_BSD.reshape(B, tiles, s, D).swapaxes(0, 1)
         t_nBs = targets_BS.reshape(B, tiles, s).swapaxes(0, 1)
+        w_nBs = None if weights_BS is None else weights_BS.reshape(B, tiles, s).swapaxes(0, 1)
 
         @jax.checkpoint  # the backward recomputes the chunk's logits rather than keeping them
         def body(acc, xs):
-            h_BsD, t_Bs = xs
-            return acc + _chunk_nll_sum(h_BsD, weight_DV, t_Bs, mesh), None
+            h_BsD, t_Bs, w_Bs = xs
+            return acc + _chunk_nll_sum(h_BsD, weight_DV, t_Bs, mesh, w_Bs), None
 
-        total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (h_nBsD, t_nBs))
-    return total / (B * S)
+        total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (h_nBsD, t_nBs, w_nBs))
+    if weights_BS is None:
+        return total / (B * S)
+    return total / jnp.maximum(jnp.sum(weights_BS), 1.0)

@@ -32,12 +32,19 @@ class RichReporter(Reporter):
 
         self.console, self.every = console, every
         self.progress = Progress(
-            TextColumn("step"), MofNCompleteColumn(), BarColumn(),
-            TextColumn("loss {task.fields[loss]}  {task.fields[tps]} tok/s  {task.fields[tflops]} TFLOP/s/dev  "
-                       "ETA {task.fields[eta]}"),
+            TextColumn("step"),
+            MofNCompleteColumn(),
+            BarColumn(),
+            TextColumn(
+                "loss {task.fields[loss]}  {task.fields[tps]} tok/s  {task.fields[tflops]} "
+                "TFLOP/s/dev  ETA {task.fields[eta]}"
+            ),
             # Redrawn from the loop, at most every REFRESH_S, instead of by rich's refresh thread,
             # which competes with the step for the CPU and the GIL.
-            console=console, transient=True, disable=not console.is_terminal, auto_refresh=False,
+            console=console,
+            transient=True,
+            disable=not console.is_terminal,
+            auto_refresh=False,
         )
         self.task = None
         self._drawn = 0.0
@@ -47,20 +54,30 @@ class RichReporter(Reporter):
     def start(self, first, last, title):
         self.console.print(title)
         self.progress.start()
-        self.task = self.progress.add_task("train", total=last, completed=first - 1, loss="-", tps="-", tflops="-",
-                                           eta="-")
+        self.task = self.progress.add_task(
+            "train", total=last, completed=first - 1, loss="-", tps="-", tflops="-", eta="-"
+        )
 
     def step(self, rec, eta_s):
         eta = _fmt_eta(eta_s)
-        self.progress.update(self.task, completed=rec.step, loss=f"{rec.loss:.4f}", tps=f"{rec.tokens_per_s:,.0f}",
-                             tflops=f"{rec.tflops_per_device:.4f}", eta=eta)
+        self.progress.update(
+            self.task,
+            completed=rec.step,
+            loss=f"{rec.loss:.4f}",
+            tps=f"{rec.tokens_per_s:,.0f}",
+            tflops=f"{rec.tflops_per_device:.4f}",
+            eta=eta,
+        )
         if time.monotonic() - self._drawn >= self.REFRESH_S:
             self.progress.refresh()
             self._drawn = time.monotonic()
         if rec.step % self.every == 0:
             self.progress.console.print(
-                f"step {rec.step:6d}  loss {rec.loss:8.4f}  grad norm {rec.grad_norm:8.3f}  lr {rec.lr:.2e}  "
-                f"{rec.tokens_per_s:12,.0f} tok/s  {rec.tflops_per_device:8.4f} TFLOP/s/device  ETA {eta}"
+                f"step {rec.step:6d}  loss {rec.loss:8.4f}  grad norm {rec.grad_norm:8.3f}  lr "
+                f"{rec.lr:.2e}  {rec.tokens_per_s:12,.0f} tok/s  {rec.tflops_per_device:8.4f} "
+                f"TFLOP/s/device  {rec.tokens_seen:,} tokens"
+                + (f" (epoch {rec.epoch:.3f})" if rec.epoch is not None else "")
+                + f"  ETA {eta}"
             )
 
     def note(self, text):

@@ -32,6 +32,9 @@ class StepRecord:
     tokens_per_s: float
     tflops_per_device: float
     time: float  # unix seconds when the step's result was read
+    tokens_seen: int = 0  # input tokens of every step up to this one
+    epoch: float | None = None  # epochs of the data completed (a mixture: its most repeated set)
+    val_loss: float | None = None  # the validation loss after this step, where one was computed
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
@@ -42,7 +45,9 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
     """
     path = pathlib.Path(run_dir) / METRICS
     if not path.is_file():
-        raise TieraxError(f"{str(run_dir)!r} has no {METRICS}; give the log.dir of a `tierax train` run")
+        raise TieraxError(
+            f"{str(run_dir)!r} has no {METRICS}; give the log.dir of a `tierax train` run"
+        )
     out = []
     for line in path.read_text().splitlines():
         try:
@@ -57,7 +62,11 @@ class MetricsLog:
 
     def __init__(self, log_dir: pathlib.Path, keep_through: int):
         path = log_dir / METRICS
-        kept = [r for r in read_metrics(log_dir) if r.get("step", 0) <= keep_through] if path.is_file() else []
+        kept = (
+            [r for r in read_metrics(log_dir) if r.get("step", 0) <= keep_through]
+            if path.is_file()
+            else []
+        )
         # Drop records of steps after the restored checkpoint: they are about to be trained again.
         write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
         self._file = open(path, "a", buffering=1)  # line-buffered: a crash loses at most one line

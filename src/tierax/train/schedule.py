@@ -14,6 +14,11 @@ def lr_schedule(cfg) -> optax.Schedule:
     ``lr / warmup_steps``, not 0.
     """
     o = cfg.optimizer
-    base = optax.warmup_cosine_decay_schedule(init_value=0.0, peak_value=o.lr, warmup_steps=o.warmup_steps,
-                                              decay_steps=cfg.decay_steps, end_value=o.lr * o.end_lr_ratio)
+    base = optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=o.lr,
+        warmup_steps=o.warmup_steps,
+        decay_steps=cfg.decay_steps,
+        end_value=o.lr * o.end_lr_ratio,
+    )
     return lambda count: base(count + 1)

@@ -21,9 +21,9 @@ import math
 from collections.abc import Mapping
 
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from tierax.errors import TieraxError
 from tierax.mesh import BATCH_AXES, FSDP_AXES, mesh_shape_of, spec
 
 COLUMN_PARALLEL = frozenset({"wq", "wk", "wv", "wq_b", "wkv_b", "wi_0", "wi_1"})
@@ -41,7 +41,8 @@ def _is_stacked(path) -> bool:
 
 
 def _axis_sizes(mesh) -> dict[str, int]:
-    """Axis sizes of a Mesh, a mapping of axis sizes, or an int (the fsdp-only form: that many fsdp devices)."""
+    """Axis sizes of a Mesh, a mapping of axis sizes, or an int (the fsdp-only form: that many fsdp
+    devices)."""
     if isinstance(mesh, int):
         return {"data": 1, "fsdp": mesh, "tensor": 1, "expert": 1}
     sizes = mesh if isinstance(mesh, Mapping) else mesh.shape
@@ -53,7 +54,8 @@ def _ways(sizes: dict[str, int], axes) -> int:
 
 
 def _fsdp_dim(shape, first: int, taken: set[int], sizes, candidates) -> tuple[int, tuple] | None:
-    """(dimension, axes) of the largest free dimension divisible by the first candidate axes that divide any."""
+    """(dimension, axes) of the largest free dimension divisible by the first candidate axes that
+    divide any."""
     for axes in candidates:
         ways = _ways(sizes, axes)
         if ways == 1:
@@ -68,7 +70,8 @@ def _fsdp_dim(shape, first: int, taken: set[int], sizes, candidates) -> tuple[in
 
 
 def param_spec(path, shape: tuple[int, ...], mesh) -> P:
-    """The PartitionSpec of one parameter (``mesh``: a Mesh, a mapping of axis sizes, or an fsdp size)."""
+    """The PartitionSpec of one parameter (``mesh``: a Mesh, a mapping of axis sizes, or an fsdp
+    size)."""
     sizes = _axis_sizes(mesh)
     if not shape or math.prod(sizes.values()) == 1:
         return P()

@@ -17,6 +17,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tierax import plan as plan_lib
 from tierax.models import ModelConfig, build_model
+from tierax.models.documents import target_weights
 from tierax.train import loss as loss_lib
 from tierax.train import sharding as sh
 
@@ -51,28 +52,38 @@ def make_optimizer(
 
 
 def make_loss_fn(graphdef, policies, mesh: Mesh | None = None) -> Callable:
-    """``loss(params, tokens_BT) -> mean next-token cross-entropy`` (float32).
+    """``loss(params, tokens_BT, segments_BT=None) -> mean next-token cross-entropy`` (float32).
 
     The logits are computed in ``cfg.loss_tiles`` chunks (:mod:`tierax.train.loss`).
     ``mesh``: the mesh the step runs on (sharding constraints, the expert-parallel
-    MoE's shard_map); None on one device.
+    MoE's shard_map); None on one device.  ``segments_BT``: packed documents' ids
+    (:mod:`tierax.models.documents`): attention stays within a document, positions restart,
+    and the mean is over the targets in their input's document.
     """
     mesh = None if mesh is None or mesh.size == 1 else mesh
 
-    def loss(params, tokens_BT):
+    def loss(params, tokens_BT, segments_BT=None):
         model = nnx.merge(graphdef, params)
         if mesh is not None:
             sh.check_batch(tokens_BT.shape[0], mesh)
-        hidden_BSD = model.hidden(tokens_BT[:, :-1], policies, mesh)
+        seg_BS = None if segments_BT is None else segments_BT[:, :-1]
+        weights = None if segments_BT is None else target_weights(segments_BT)
+        hidden_BSD = model.hidden(tokens_BT[:, :-1], policies, mesh, seg_BS)
         return loss_lib.cross_entropy(
-            hidden_BSD, model.output_weight(), tokens_BT[:, 1:], tiles=model.cfg.loss_tiles, mesh=mesh
+            hidden_BSD,
+            model.output_weight(),
+            tokens_BT[:, 1:],
+            tiles=model.cfg.loss_tiles,
+            mesh=mesh,
+            weights_BS=weights,
         )
 
     return loss
 
 
 def mesh_of(tree) -> Mesh | None:
-    """The mesh of a pytree's NamedShardings (arrays, ShapeDtypeStructs or shardings); None if none."""
+    """The mesh of a pytree's NamedShardings (arrays, ShapeDtypeStructs or shardings); None if
+    none."""
     for leaf in jax.tree.leaves(tree):
         sharding = leaf if isinstance(leaf, NamedSharding) else getattr(leaf, "sharding", None)
         if isinstance(sharding, NamedSharding):
@@ -91,7 +102,13 @@ def init_params(cfg: ModelConfig, *, seed: int = 0, mesh: Mesh | None = None):
     return graphdef, params
 
 
-def init_state(cfg: ModelConfig, optimizer: optax.GradientTransformation, *, seed: int = 0, mesh: Mesh | None = None):
+def init_state(
+    cfg: ModelConfig,
+    optimizer: optax.GradientTransformation,
+    *,
+    seed: int = 0,
+    mesh: Mesh | None = None,
+):
     """(graphdef, TrainState); with a mesh, Adam moments are sharded like their parameters."""
     graphdef, params = init_params(cfg, seed=seed, mesh=mesh)
     step = jnp.zeros((), jnp.int32)
@@ -118,7 +135,7 @@ def make_train_step(
     *,
     grad_accum: int = 1,
 ) -> Callable:
-    """A jitted ``step(state, tokens) -> (state, metrics)``; ``state`` is donated.
+    """A jitted ``step(state, tokens, segments=None) -> (state, metrics)``; ``state`` is donated.
 
     Args:
       state_shardings: shardings of the TrainState to keep on output (FSDP);
@@ -127,7 +144,8 @@ def make_train_step(
       grad_accum: microbatches per optimizer update.  1: ``tokens`` is
         ``[batch, seq + 1]``; more: ``tokens`` is ``[grad_accum, batch, seq + 1]``,
         gradients are summed over a ``lax.scan`` (float32) and averaged, so the
-        update equals one step on all the sequences at once.
+        update equals one step on all the sequences at once.  ``segments`` (same shape
+        as ``tokens``): packed documents' ids (:func:`make_loss_fn`).
     """
     mesh = None if state_shardings is None else mesh_of(state_shardings)
     if mesh is not None:
@@ -136,24 +154,28 @@ def make_train_step(
     grad_fn = jax.value_and_grad(loss_fn)
     param_shardings = None if state_shardings is None else state_shardings.params
 
-    def accumulated(params, tokens_ABT):
-        def micro(carry, tokens_BT):
+    def accumulated(params, tokens_ABT, segments_ABT):
+        def micro(carry, xs):
             loss_sum, grad_sum = carry
-            loss, grads = grad_fn(params, tokens_BT)
-            return (loss_sum + loss, jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_sum, grads)), None
+            loss, grads = grad_fn(params, *xs)
+            return (
+                loss_sum + loss,
+                jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_sum, grads),
+            ), None
 
         zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
         if param_shardings is not None:  # keep the accumulator FSDP-sharded like its parameter
             zeros = jax.lax.with_sharding_constraint(zeros, param_shardings)
-        (loss_sum, grad_sum), _ = jax.lax.scan(micro, (jnp.zeros((), jnp.float32), zeros), tokens_ABT)
+        xs = (tokens_ABT,) if segments_ABT is None else (tokens_ABT, segments_ABT)
+        (loss_sum, grad_sum), _ = jax.lax.scan(micro, (jnp.zeros((), jnp.float32), zeros), xs)
         grads = jax.tree.map(lambda g, p: (g / grad_accum).astype(p.dtype), grad_sum, params)
         return loss_sum / grad_accum, grads
 
-    def step(state: TrainState, tokens):
+    def step(state: TrainState, tokens, segments=None):
         if grad_accum == 1:
-            loss, grads = grad_fn(state.params, tokens)
+            loss, grads = grad_fn(state.params, tokens, segments)
         else:
-            loss, grads = accumulated(state.params, tokens)
+            loss, grads = accumulated(state.params, tokens, segments)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = {"loss": loss, "grad_norm": global_norm(grads)}
@@ -190,4 +212,6 @@ def loss_and_grads(graphdef, cfg: ModelConfig, plan: plan_lib.Plan, params, toke
 
 def synthetic_batch(cfg: ModelConfig, batch: int, seq: int, *, seed: int = 0) -> jax.Array:
     """Deterministic random tokens, shape [batch, seq + 1] (inputs and shifted targets)."""
-    return jax.random.randint(jax.random.key(seed), (batch, seq + 1), 0, cfg.vocab_size, dtype=jnp.int32)
+    return jax.random.randint(
+        jax.random.key(seed), (batch, seq + 1), 0, cfg.vocab_size, dtype=jnp.int32
+    )

@@ -1,0 +1,142 @@
+"""The cost model's fused-attention terms (attention=cudnn) against hand computation."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tierax import costmodel as cm
+from tierax import cudnn, hardware
+from tierax import names as N
+from tierax import plan as P
+from tierax.costmodel.rates import matmul_s
+from tierax.errors import TieraxError
+from tierax.inventory import Activation, GroupInventory, Inventory, model_inventory
+from tierax.models import get_config
+
+# Round rates: matmuls at 1 PFLOP/s, the fused kernel's forward at 0.5 and backward at 0.25 PFLOP/s.
+RATES = cm.Rates(
+    "hand",
+    matmul_flops_per_s=1e15,
+    hbm_bytes_per_s=1e12,
+    d2h_bytes_per_s=10e9,
+    h2d_bytes_per_s=10e9,
+    interconnect_bytes_per_s=450e9,
+    device_memory_bytes=10**12,
+    host_memory_bytes=10**12,
+    offload_is_real=True,
+    fused_attention_fwd_flops_per_s=0.5e15,
+    fused_attention_bwd_flops_per_s=0.25e15,
+)
+
+
+def test_matmul_seconds_split_the_fused_kernel_out():
+    # 10 TFLOP forward, 4 of them in the kernel: 6/1000 + 4/500 = 0.014 s.
+    assert matmul_s(10e12, 4e12, RATES) == pytest.approx(0.006 + 0.008)
+    # Backward: the rest twice at the matmul rate, the kernel 2.5 × at its backward rate: 0.012 +
+    # 0.04.
+    assert matmul_s(10e12, 4e12, RATES, backward=True) == pytest.approx(0.012 + 0.04)
+    # No fused FLOPs: the old terms exactly.
+    assert matmul_s(10e12, 0.0, RATES, backward=True) == 2 * 10e12 / 1e15
+
+
+def test_a_target_without_fused_kernels_refuses_them():
+    tpu = cm.target_rates("v5p", "bfloat16")
+    assert tpu.fused_attention_fwd_flops_per_s == 0
+    with pytest.raises(TieraxError, match="CUDA GPUs only"):
+        matmul_s(1e12, 1e12, tpu)
+
+
+def test_gpu_rates_are_the_published_shares_of_each_peak():
+    for key in ("h100", "h200", "gb200"):
+        r = cm.target_rates(key, "bfloat16")
+        peak = hardware.get_target(key).peak("bfloat16")
+        assert r.fused_attention_fwd_flops_per_s == pytest.approx(peak * 609 / 989)
+        assert r.fused_attention_bwd_flops_per_s == pytest.approx(peak * 499 / 989)
+        assert "arXiv:2407.08608" in r.sources["fused_attention"]
+
+
+def _inventory(fused: float) -> Inventory:
+    # One group of 2 layers: forward 10 TFLOP/layer of which `fused` in the kernel; base recompute
+    # 3 TFLOP/layer of which 1 in the kernel; one named activation recomputed at 2 TFLOP/layer (0.5
+    # fused).
+    g = GroupInventory(
+        "decoder",
+        2,
+        (
+            Activation("decoder", N.DECODER_LAYER_INPUT, 1000, 2, 0.0),
+            Activation("decoder", N.ATTENTION_OUT, 1000, 2, 2e12, 0.0, 0.5e12 if fused else 0.0),
+        ),
+        carry_bytes_per_layer=1000,
+        save_all_bytes_per_layer=10_000,
+        base_recompute_flops_per_layer=3e12,
+        forward_flops_per_layer=10e12,
+        layer_param_count=10,
+        fused_attention_flops_per_layer=fused,
+        base_recompute_fused_flops_per_layer=1e12 if fused else 0.0,
+    )
+    return Inventory(
+        "hand",
+        1,
+        128,
+        {"data": 1, "fsdp": 1},
+        (g,),
+        param_bytes=0,
+        grad_bytes=0,
+        optimizer_bytes=0,
+        logits_bytes=0,
+        embed_param_count=0,
+    )
+
+
+def test_group_and_item_terms_price_the_kernel_at_its_rates():
+    inv = _inventory(4e12)
+    (g,) = cm.group_terms(inv, RATES, "lhs")
+    assert g.fwd_s == pytest.approx(2 * (0.006 + 0.008))
+    assert g.bwd_s == pytest.approx(2 * (0.012 + 0.04))
+    # Base recompute: 2 TFLOP at 1 PFLOP/s + 1 TFLOP at 0.5 PFLOP/s, per layer.
+    assert g.base_recompute_s == pytest.approx(2 * (0.002 + 0.002))
+    (item,) = cm.item_terms(inv, RATES)
+    assert item.recompute_s == pytest.approx(2 * (1.5e12 / 1e15 + 0.5e12 / 0.5e15))
+
+
+def test_fixed_compute_counts_the_kernel_forward_and_backward():
+    inv = _inventory(4e12)
+    model = dataclasses.replace(get_config("tiny-llama"), dtype="bfloat16")
+    fx = cm.fixed_terms(inv, model, RATES, "lhs")
+    head = 2.0 * 128 * model.d_model * model.vocab_size
+    # Rest of the matmuls three times (forward + 2 × backward) at 1 PFLOP/s; the kernel's forward at
+    # 0.5 and its 2.5 × backward at 0.25 PFLOP/s; 2 layers each.
+    expected = (3 * (2 * 6e12 + head)) / 1e15 + 2 * 4e12 / 0.5e15 + 2 * 2.5 * 4e12 / 0.25e15
+    assert fx.compute_s - fx.hbm_s == pytest.approx(expected)
+    assert fx.fused_attention_s == pytest.approx(2 * 4e12 / 0.5e15 + 2 * 2.5 * 4e12 / 0.25e15)
+    assert fx.executed_flops == pytest.approx(3 * (2 * 10e12 + head) + 0.5 * 2 * 4e12)
+
+
+def test_cudnn_workspace_joins_the_layer_in_flight():
+    cfg = dataclasses.replace(get_config("tiny-llama"), dtype="bfloat16", attention="cudnn")
+    rates = cm.target_rates("h200", "bfloat16")
+    inv = model_inventory(cfg, 2, 64)
+    fused = cm.fixed_terms(inv, cfg, rates, "lhs").workspace_bytes
+    standin = cm.fixed_terms(
+        inv, dataclasses.replace(cfg, attention="cudnn_blockwise"), rates, "lhs"
+    ).workspace_bytes
+    _, dqk, _ = cfg.attention_dims()
+    expected = 4 * 2 * cfg.num_heads * 64 * (dqk + 1) + 256
+    assert fused - standin == cudnn.backward_workspace_bytes(2, cfg.num_heads, 64, dqk) == expected
+
+
+def test_fused_attention_takes_score_traffic_off_hbm():
+    # The same step with blockwise attention and with cuDNN's kernel: the kernel's FLOPs move to its
+    # own term and the blockwise form's score-block traffic leaves the HBM term.
+    base = dataclasses.replace(
+        get_config("tiny-llama"), dtype="bfloat16", attention="blockwise", attention_block=16
+    )
+    fused = dataclasses.replace(base, attention="cudnn")
+    rates = cm.target_rates("h200", "bfloat16")
+    plan = P.preset("remat-full", base)
+    a = cm.simulate(plan, model_inventory(base, 2, 128), base, rates, "lhs").breakdown
+    b = cm.simulate(plan, model_inventory(fused, 2, 128), fused, rates, "lhs").breakdown
+    assert a["fused_attention_s"] == 0 < b["fused_attention_s"]
+    assert b["hbm_s"] < a["hbm_s"]
