@@ -74,17 +74,24 @@ QUICK_SHAPES = {
     "deepseek-d256-s256-bf16": _shape("deepseek", 256, 256, 2, "bfloat16"),
 }
 CPU_SPECIFIC = {
-    "first_touch_s": "CPU-specific: XLA:CPU allocates a step's temporaries anew on each call and "
-                     "the OS faults each fresh page in on its first write (a GPU allocator keeps "
-                     "its pool: no such term)",
-    "transpose_s": "CPU-specific: XLA:CPU computes a float32 weight-gradient operand made "
-                   "elementwise in a fusion writing it transposed, reading its inputs a row "
-                   "apart, slower from a scan's stacked residuals (a GPU transposes in tiles: "
-                   "no such term)",
-    "matmul rate": "CPU-specific calibration: a GEMM mix in the three roles a step runs, the "
-                   "weight gradient as XLA:CPU lays it out (a GPU: one large square GEMM)",
-    "hbm_s": "not CPU-specific in form (non-matmul bytes / memory bandwidth); the bandwidth is "
-             "measured here",
+    "first_touch_s": (
+        "CPU-specific: XLA:CPU allocates a step's temporaries anew on each call and the OS "
+        "faults each fresh page in on its first write (a GPU allocator keeps its pool: no such "
+        "term)"
+    ),
+    "transpose_s": (
+        "CPU-specific: XLA:CPU computes a float32 weight-gradient operand made elementwise in a "
+        "fusion writing it transposed, reading its inputs a row apart, slower from a scan's "
+        "stacked residuals (a GPU transposes in tiles: no such term)"
+    ),
+    "matmul rate": (
+        "CPU-specific calibration: a GEMM mix in the three roles a step runs, the weight "
+        "gradient as XLA:CPU lays it out (a GPU: one large square GEMM)"
+    ),
+    "hbm_s": (
+        "not CPU-specific in form (non-matmul bytes / memory bandwidth); the bandwidth is "
+        "measured here"
+    ),
 }
 
 
@@ -93,15 +100,37 @@ def config(shape: dict):
 
     d, name = shape["d_model"], shape["name"]
     if shape["family"] == "llama":
-        return LlamaConfig(name=name, vocab_size=VOCAB, d_model=d, num_layers=LAYERS,
-                           num_heads=d // 64, num_kv_heads=d // 128, head_dim=64, mlp_dim=4 * d,
-                           dtype=shape["dtype"])
-    return DeepSeekConfig(name=name, vocab_size=VOCAB, d_model=d, num_layers=LAYERS,
-                          first_dense_layers=1, num_heads=d // 64, q_lora_rank=d // 2,
-                          kv_lora_rank=d // 4, qk_nope_head_dim=32, qk_rope_head_dim=16,
-                          v_head_dim=32, dense_mlp_dim=4 * d, num_experts=8,
-                          num_experts_per_tok=2, num_shared_experts=1, expert_mlp_dim=d,
-                          capacity_factor=1.25, dtype=shape["dtype"])
+        return LlamaConfig(
+            name=name,
+            vocab_size=VOCAB,
+            d_model=d,
+            num_layers=LAYERS,
+            num_heads=d // 64,
+            num_kv_heads=d // 128,
+            head_dim=64,
+            mlp_dim=4 * d,
+            dtype=shape["dtype"],
+        )
+    return DeepSeekConfig(
+        name=name,
+        vocab_size=VOCAB,
+        d_model=d,
+        num_layers=LAYERS,
+        first_dense_layers=1,
+        num_heads=d // 64,
+        q_lora_rank=d // 2,
+        kv_lora_rank=d // 4,
+        qk_nope_head_dim=32,
+        qk_rope_head_dim=16,
+        v_head_dim=32,
+        dense_mlp_dim=4 * d,
+        num_experts=8,
+        num_experts_per_tok=2,
+        num_shared_experts=1,
+        expert_mlp_dim=d,
+        capacity_factor=1.25,
+        dtype=shape["dtype"],
+    )
 
 
 # --------------------------------------------------------------- one shape (its own process)
@@ -141,17 +170,22 @@ def _plans(cfg, inv, rates) -> tuple[list, dict]:
 def median_entry(entries: list[dict]) -> dict:
     """Per rate, the median over calibration entries (the interleaved calibration)."""
     keys = [k for k, v in entries[0].items() if isinstance(v, float)]
-    return {"created": entries[0]["created"], **{k: statistics.median(e[k] for e in entries)
-                                                 for k in keys}}
+    return {
+        "created": entries[0]["created"],
+        **{k: statistics.median(e[k] for e in entries) for k in keys},
+    }
 
 
 def _compiled_info(prepared) -> dict:
     ca = prepared.fn.cost_analysis()
     ca = (ca[0] if isinstance(ca, list) else ca) or {}
-    return {"compile_s": prepared.compile_s, "compiled_memory": prepared.compiled_memory.to_json(),
-            "xla_flops_loop_body_once": ca.get("flops"),
-            "xla_bytes_accessed_loop_body_once": ca.get("bytes accessed"),
-            "loss": float(prepared.metrics["loss"])}
+    return {
+        "compile_s": prepared.compile_s,
+        "compiled_memory": prepared.compiled_memory.to_json(),
+        "xla_flops_loop_body_once": ca.get("flops"),
+        "xla_bytes_accessed_loop_body_once": ca.get("bytes accessed"),
+        "loss": float(prepared.metrics["loss"]),
+    }
 
 
 def _timed_step(run: dict, tokens) -> None:
@@ -190,21 +224,30 @@ def child(spec: dict) -> dict:
     tokens = jax.device_put(batch, sh.batch_sharding(mesh))
     runs = []
     for p in plans:
+
         def build(p=p):
             graphdef, state = step_lib.init_state(cfg, opt, mesh=mesh)
             fn = step_lib.make_train_step(graphdef, cfg, p, opt, step_lib.shardings_of(state))
             return fn, state
 
         prepared = harness.prepare(build, tokens, warmup=1, devices=mesh.devices.flat)
-        runs.append({"plan": p, "prepared": prepared, "info": _compiled_info(prepared),
-                     "wall": [], "cpu": [], "faults": []})
+        runs.append(
+            {
+                "plan": p,
+                "prepared": prepared,
+                "info": _compiled_info(prepared),
+                "wall": [],
+                "cpu": [],
+                "faults": [],
+            }
+        )
         _say(f"compiled {p.name}")
     load, entries = [], []
     for r in range(spec["rounds"]):
         # The calibration's microbenchmarks once per round too: rates measured under the load
         # the steps see (the interleaved calibration; the frozen one is the parent's).
         entries.append(calibrate.measure(repeats=1))
-        for run in runs[r % len(runs):] + runs[: r % len(runs)]:
+        for run in runs[r % len(runs) :] + runs[: r % len(runs)]:
             _timed_step(run, tokens)
         load.append(os.getloadavg()[0])
         _say(f"round {r + 1}/{spec['rounds']} (load {load[-1]:.1f})")
@@ -217,16 +260,31 @@ def child(spec: dict) -> dict:
         kinds = ops.classify(run["prepared"].fn.as_text())
         run["info"]["op_profile_one_step"] = ops.summarize(events, kinds)
         _say(f"profiled {run['plan'].name}")
-    cases = [{"plan": run["plan"].name, "predicted": frozen[run["plan"].name],
-              "predicted_interleaved": _prediction(run["plan"], inv, cfg, rates_i),
-              "step_times_s": run["wall"], "step_cpu_s": run["cpu"],
-              "step_minor_faults": run["faults"], **run["info"]} for run in runs]
-    return {"shape": shape, "model": config_to_dict(cfg), "rates": rates.sources,
-            "planner": planner_info, "load_per_round": load, "cases": cases,
-            "interleaved_calibration": interleaved,
-            "interleaved_entries": [{k: v for k, v in e.items() if k != "microbenchmarks"}
-                                    for e in entries],
-            "page_size": os.sysconf("SC_PAGE_SIZE")}
+    cases = [
+        {
+            "plan": run["plan"].name,
+            "predicted": frozen[run["plan"].name],
+            "predicted_interleaved": _prediction(run["plan"], inv, cfg, rates_i),
+            "step_times_s": run["wall"],
+            "step_cpu_s": run["cpu"],
+            "step_minor_faults": run["faults"],
+            **run["info"],
+        }
+        for run in runs
+    ]
+    return {
+        "shape": shape,
+        "model": config_to_dict(cfg),
+        "rates": rates.sources,
+        "planner": planner_info,
+        "load_per_round": load,
+        "cases": cases,
+        "interleaved_calibration": interleaved,
+        "interleaved_entries": [
+            {k: v for k, v in e.items() if k != "microbenchmarks"} for e in entries
+        ],
+        "page_size": os.sysconf("SC_PAGE_SIZE"),
+    }
 
 
 # --------------------------------------------------------------------------------- the parent
@@ -234,8 +292,14 @@ def child(spec: dict) -> dict:
 
 def _quartiles(xs: list[float]) -> dict:
     q = statistics.quantiles(sorted(xs), n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
-    return {"median": statistics.median(xs), "q25": q[0], "q75": q[2], "min": min(xs),
-            "max": max(xs), "n": len(xs)}
+    return {
+        "median": statistics.median(xs),
+        "q25": q[0],
+        "q75": q[2],
+        "min": min(xs),
+        "max": max(xs),
+        "n": len(xs),
+    }
 
 
 TERMS = ("compute_s", "hbm_s", "recompute_s", "recompute_hbm_s", "first_touch_s", "transpose_s")
@@ -247,11 +311,14 @@ def _ranking(cases: list[dict], key: str) -> dict:
     by_meas = sorted(cases, key=lambda c: c["measured"]["median"])
     pb, mb = by_pred[0]["measured"], by_meas[0]["measured"]
     overlap = pb["q25"] <= mb["q75"] and mb["q25"] <= pb["q75"]
-    return {"ranking_predicted": [c["plan"] for c in by_pred],
-            "ranking_measured": [c["plan"] for c in by_meas],
-            "fastest_predicted": by_pred[0]["plan"], "fastest_measured": by_meas[0]["plan"],
-            "fastest_iqrs_overlap": overlap,
-            "fastest_ok": by_pred[0]["plan"] == by_meas[0]["plan"] or overlap}
+    return {
+        "ranking_predicted": [c["plan"] for c in by_pred],
+        "ranking_measured": [c["plan"] for c in by_meas],
+        "fastest_predicted": by_pred[0]["plan"],
+        "fastest_measured": by_meas[0]["plan"],
+        "fastest_iqrs_overlap": overlap,
+        "fastest_ok": by_pred[0]["plan"] == by_meas[0]["plan"] or overlap,
+    }
 
 
 def summarise(res: dict) -> dict:
@@ -264,30 +331,61 @@ def summarise(res: dict) -> dict:
         inter = c["predicted_interleaved"]["step_time_s"]
         temp = c["compiled_memory"]["temp"]
         faulted = statistics.median(c["step_minor_faults"]) * res["page_size"]
-        cases.append(c | {
-            "measured": m, "predicted_step_s": pred, "error": pred / m["median"] - 1,
-            "predicted_interleaved_step_s": inter, "error_interleaved": inter / m["median"] - 1,
-            "predicted_terms_s": {k: b.get(k, 0.0) for k in TERMS},
-            "median_minor_faults_bytes": faulted, "compiled_temp_bytes": temp,
-            "fresh_bytes_over_compiled_temp":
-                c["predicted"]["fresh_bytes"] / temp if temp else None})
-    keep = ("shape", "model", "rates", "planner", "load_per_round", "interleaved_calibration",
-            "interleaved_entries")
-    return ({k: res[k] for k in keep} | {"cases": cases} | _ranking(cases, "predicted_step_s")
-            | {"interleaved": _ranking(cases, "predicted_interleaved_step_s")})
+        cases.append(
+            c
+            | {
+                "measured": m,
+                "predicted_step_s": pred,
+                "error": pred / m["median"] - 1,
+                "predicted_interleaved_step_s": inter,
+                "error_interleaved": inter / m["median"] - 1,
+                "predicted_terms_s": {k: b.get(k, 0.0) for k in TERMS},
+                "median_minor_faults_bytes": faulted,
+                "compiled_temp_bytes": temp,
+                "fresh_bytes_over_compiled_temp": c["predicted"]["fresh_bytes"] / temp
+                if temp
+                else None,
+            }
+        )
+    keep = (
+        "shape",
+        "model",
+        "rates",
+        "planner",
+        "load_per_round",
+        "interleaved_calibration",
+        "interleaved_entries",
+    )
+    return (
+        {k: res[k] for k in keep}
+        | {"cases": cases}
+        | _ranking(cases, "predicted_step_s")
+        | {"interleaved": _ranking(cases, "predicted_interleaved_step_s")}
+    )
 
 
-def _run_shape(name: str, shape: dict, calibration: dict, rounds: int, profile: bool,
-               advance) -> dict:
+def _run_shape(
+    name: str, shape: dict, calibration: dict, rounds: int, profile: bool, advance
+) -> dict:
     with tempfile.NamedTemporaryFile("w+", suffix=".json", delete=False) as f:
         result_path = f.name
-    spec = {"shape": shape | {"name": name}, "calibration": calibration, "rounds": rounds,
-            "profile": profile, "result_path": result_path}
+    spec = {
+        "shape": shape | {"name": name},
+        "calibration": calibration,
+        "rounds": rounds,
+        "profile": profile,
+        "result_path": result_path,
+    }
     path = os.pathsep.join([str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])])
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", PYTHONPATH=path)
-    proc = subprocess.Popen([sys.executable, __file__, "--child", json.dumps(spec)], env=env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--child", json.dumps(spec)],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     tail: list[str] = []
     for line in proc.stderr:
         tail = [*tail, line.rstrip()][-40:]
@@ -318,35 +416,53 @@ def table(doc: dict) -> str:
     for s in doc["shapes"]:
         for c in s["cases"]:
             m = c["measured"]
-            lines.append(f"{s['shape']['name']:24} {c['plan']:10} {c['predicted_step_s']:8.3f} "
-                         f"{c['predicted_interleaved_step_s']:9.3f} {m['median']:10.3f} "
-                         f"{m['q25']:7.3f}-{m['q75']:<7.3f} {c['error']:+7.1%} "
-                         f"{c['error_interleaved']:+7.1%}")
-        lines.append(f"  measured {' < '.join(s['ranking_measured'])}; frozen "
-                     f"{' < '.join(s['ranking_predicted'])} (fastest ok: {s['fastest_ok']}); "
-                     f"interleaved fastest ok: {s['interleaved']['fastest_ok']}")
+            lines.append(
+                f"{s['shape']['name']:24} {c['plan']:10} {c['predicted_step_s']:8.3f} "
+                f"{c['predicted_interleaved_step_s']:9.3f} {m['median']:10.3f} "
+                f"{m['q25']:7.3f}-{m['q75']:<7.3f} {c['error']:+7.1%} "
+                f"{c['error_interleaved']:+7.1%}"
+            )
+        lines.append(
+            f"  measured {' < '.join(s['ranking_measured'])}; frozen "
+            f"{' < '.join(s['ranking_predicted'])} (fastest ok: {s['fastest_ok']}); "
+            f"interleaved fastest ok: {s['interleaved']['fastest_ok']}"
+        )
     return "\n".join(lines)
 
 
 def markdown(doc: dict) -> str:
     """The README's table of a record: per case, both predictions, the measurement, errors."""
-    out = [("| shape | plan | predicted s (frozen) | predicted s (interleaved) | measured s, "
-            "median (IQR) | error frozen | error interleaved |"),
-           "|---|---|---:|---:|---:|---:|---:|"]
+    out = [
+        (
+            "| shape | plan | predicted s (frozen) | predicted s (interleaved) | measured s, "
+            "median (IQR) | error frozen | error interleaved |"
+        ),
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for s in doc["shapes"]:
         for c in s["cases"]:
             m = c["measured"]
-            out.append(f"| {s['shape']['name']} | {c['plan']} | {c['predicted_step_s']:.3f} | "
-                       f"{c['predicted_interleaved_step_s']:.3f} | {m['median']:.3f} "
-                       f"({m['q25']:.3f}–{m['q75']:.3f}) | {c['error']:+.1%} | "
-                       f"{c['error_interleaved']:+.1%} |")
-    out += ["", ("| shape | measured order | predicted order (frozen) | fastest right (frozen / "
-                 "interleaved) | load during its rounds |"), "|---|---|---|---|---|"]
+            out.append(
+                f"| {s['shape']['name']} | {c['plan']} | {c['predicted_step_s']:.3f} | "
+                f"{c['predicted_interleaved_step_s']:.3f} | {m['median']:.3f} "
+                f"({m['q25']:.3f}–{m['q75']:.3f}) | {c['error']:+.1%} | "
+                f"{c['error_interleaved']:+.1%} |"
+            )
+    out += [
+        "",
+        (
+            "| shape | measured order | predicted order (frozen) | fastest right (frozen / "
+            "interleaved) | load during its rounds |"
+        ),
+        "|---|---|---|---|---|",
+    ]
     for s in doc["shapes"]:
         loads = s["load_per_round"]
-        out.append(f"| {s['shape']['name']} | {' < '.join(s['ranking_measured'])} | "
-                   f"{' < '.join(s['ranking_predicted'])} | {_yes(s['fastest_ok'])} / "
-                   f"{_yes(s['interleaved']['fastest_ok'])} | {min(loads):.1f}–{max(loads):.1f} |")
+        out.append(
+            f"| {s['shape']['name']} | {' < '.join(s['ranking_measured'])} | "
+            f"{' < '.join(s['ranking_predicted'])} | {_yes(s['fastest_ok'])} / "
+            f"{_yes(s['interleaved']['fastest_ok'])} | {min(loads):.1f}–{max(loads):.1f} |"
+        )
     return "\n".join(out)
 
 
@@ -366,44 +482,61 @@ METHOD = (
     "predicted / measured - 1; fastest_ok: the predicted fastest plan is the measured fastest, "
     "or their interquartile ranges overlap; op_profile_one_step: one profiled step's executed "
     "ops by kind (tierax.measure.ops); xla_*_loop_body_once: XLA's cost analysis, which counts a "
-    "loop body once")
+    "loop body once"
+)
 
 
 def with_summary(doc: dict, rounds: int) -> dict:
     cases = [c for s in doc["shapes"] for c in s["cases"]]
     loads = [x for s in doc["shapes"] for x in s["load_per_round"]]
-    load = ({"min": min(loads), "median": statistics.median(loads), "max": max(loads)}
-            if loads else None)
+    load = (
+        {"min": min(loads), "median": statistics.median(loads), "max": max(loads)}
+        if loads
+        else None
+    )
 
     def stats(key: str, shapes_ok: list[bool]) -> dict:
         errors = [abs(c[key]) for c in cases]
-        return {"within_15_percent": sum(e <= 0.15 for e in errors),
-                "max_abs_error": max(errors, default=None),
-                "median_abs_error": statistics.median(errors) if errors else None,
-                "shapes_fastest_ok": sum(shapes_ok)}
+        return {
+            "within_15_percent": sum(e <= 0.15 for e in errors),
+            "max_abs_error": max(errors, default=None),
+            "median_abs_error": statistics.median(errors) if errors else None,
+            "shapes_fastest_ok": sum(shapes_ok),
+        }
 
     return doc | {
-        "rounds": rounds, "schedule": SCHEDULE, "plans": list(PLANS),
-        "cpu_specific_terms": CPU_SPECIFIC, "method": METHOD,
+        "rounds": rounds,
+        "schedule": SCHEDULE,
+        "plans": list(PLANS),
+        "cpu_specific_terms": CPU_SPECIFIC,
+        "method": METHOD,
         "summary": {
-            "cases": len(cases), "shapes": len(doc["shapes"]), "load_per_round": load,
+            "cases": len(cases),
+            "shapes": len(doc["shapes"]),
+            "load_per_round": load,
             "frozen": stats("error", [s["fastest_ok"] for s in doc["shapes"]]),
-            "interleaved": stats("error_interleaved",
-                                 [s["interleaved"]["fastest_ok"] for s in doc["shapes"]]),
+            "interleaved": stats(
+                "error_interleaved", [s["interleaved"]["fastest_ok"] for s in doc["shapes"]]
+            ),
         },
     }
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true",
-                    help="two small shapes, three rounds (a rehearsal)")
-    ap.add_argument("--rounds", type=int,
-                    help="interleaved rounds per shape (default 7; --quick 3)")
+    ap.add_argument(
+        "--quick", action="store_true", help="two small shapes, three rounds (a rehearsal)"
+    )
+    ap.add_argument(
+        "--rounds", type=int, help="interleaved rounds per shape (default 7; --quick 3)"
+    )
     ap.add_argument("--shapes", help="comma-separated subset of the shape names")
     ap.add_argument("--no-profile", action="store_true", help="skip the profiled step per plan")
-    ap.add_argument("--out", help="output JSON (default bench/results/time_fidelity.json; --quick: "
-                                  "time_fidelity-quick.json)")
+    ap.add_argument(
+        "--out",
+        help="output JSON (default bench/results/time_fidelity.json; --quick: "
+        "time_fidelity-quick.json)",
+    )
     ap.add_argument("--markdown", metavar="RECORD", help="print a record's README tables")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -415,8 +548,13 @@ def main(argv=None) -> int:
         pathlib.Path(spec["result_path"]).write_text(json.dumps(child(spec)))
         return 0
     known = SHAPES | QUICK_SHAPES
-    names = [s for s in (args.shapes.split(",") if args.shapes else
-                         (QUICK_SHAPES if args.quick else SHAPES)) if s]
+    names = [
+        s
+        for s in (
+            args.shapes.split(",") if args.shapes else (QUICK_SHAPES if args.quick else SHAPES)
+        )
+        if s
+    ]
     if bad := [s for s in names if s not in known]:
         raise SystemExit(f"unknown shape(s) {bad}; choose from {', '.join(known)}")
     rounds = args.rounds or (3 if args.quick else 7)
@@ -432,14 +570,16 @@ def main(argv=None) -> int:
         task = prog.add_task("time fidelity", total=2 + len(names) * (len(PLANS) * 2 + rounds + 1))
 
         def advance(what: str) -> None:
-            prog.update(task, advance=0.25 if what.startswith("calibration") else 1,
-                        description=what)
+            prog.update(
+                task, advance=0.25 if what.startswith("calibration") else 1, description=what
+            )
 
         doc = envelope(SCHEMA, command) | {"load_at_start": os.getloadavg()[0]}
         doc |= {"calibration": _calibrate("before", advance), "shapes": []}
         for name in names:
-            res = _run_shape(name, known[name], doc["calibration"], rounds, not args.no_profile,
-                             advance)
+            res = _run_shape(
+                name, known[name], doc["calibration"], rounds, not args.no_profile, advance
+            )
             doc["shapes"].append(summarise(res))
             done = [s["shape"]["name"] for s in doc["shapes"]]
             doc["shapes_not_run"] = [n for n in names if n not in done]
