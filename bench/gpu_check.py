@@ -357,7 +357,17 @@ def predict_step(cfg, plan, microbatch: int, seq: int, rates, schedule: str) -> 
     inv = inventory.model_inventory(cfg, microbatch, seq, {"data": 1, "fsdp": 1})
     pred = costmodel.simulate(plan, inv, cfg, rates, schedule)
     b = pred.breakdown
-    terms = ("compute_s", "hbm_s", "recompute_s", "exposed_d2h_s", "exposed_h2d_s", "first_touch_s")
+    terms = (
+        "compute_s",
+        "hbm_s",
+        "fused_attention_s",
+        "recompute_s",
+        "recompute_hbm_s",
+        "exposed_d2h_s",
+        "exposed_h2d_s",
+        "first_touch_s",
+        "transpose_s",
+    )
     return {
         "step_time_s": pred.step_time_s,
         "schedule": schedule,

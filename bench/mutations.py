@@ -134,6 +134,22 @@ MUTATIONS = [
         "tests": ["tests/test_time_model.py"],
     },
     {
+        "name": "cpu-nonmatmul-rate-not-calibrated",
+        "what": "target cpu ignores the calibrated non-matmul rate (a fixed 10 GB/s)",
+        "file": "src/tierax/costmodel/rates.py",
+        "old": '        bandwidth = cal["memory_bytes_per_s"]\n',
+        "new": "        bandwidth = 10e9\n",
+        "tests": ["tests/test_time_model.py"],
+    },
+    {
+        "name": "cpu-transpose-rate-not-calibrated",
+        "what": "target cpu ignores the calibrated transposing-fusion rate (no such term)",
+        "file": "src/tierax/costmodel/rates.py",
+        "old": '    transpose = cal.get("transpose_read_elems_per_s", 0.0)\n',
+        "new": "    transpose = 0.0\n",
+        "tests": ["tests/test_time_model.py"],
+    },
+    {
         "name": "recompute-term-dropped",
         "what": "costmodel.evaluate: the step time leaves out the recomputation",
         "file": "src/tierax/costmodel/predict.py",

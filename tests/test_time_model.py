@@ -39,6 +39,7 @@ CAL = {
         "matmul_flops_per_s": 1e12,
         "memory_bytes_per_s": 1e11,
         "first_touch_bytes_per_s": 1e10,
+        "transpose_read_elems_per_s": 2e9,
     }
 }
 
@@ -127,8 +128,9 @@ def test_cpu_rates_are_the_calibration_per_dtype_and_say_so():
         r = rates(dtype)
         assert r.matmul_flops_per_s == CAL["cpu"][f"matmul_flops_per_s_{dtype}"]
         assert (r.hbm_bytes_per_s, r.first_touch_bytes_per_s) == (1e11, 1e10)
+        assert r.transpose_read_elems_per_s == 2e9
         assert r.offload_is_real is False
-        for key in ("matmul", "hbm", "first_touch"):
+        for key in ("matmul", "hbm", "first_touch", "transposing_fusion"):
             assert r.sources[key].startswith("measured by tierax calibrate (hand-cal)"), key
     with pytest.raises(TieraxError, match="tierax calibrate"):
         cm.target_rates("cpu", "float32", calibration={})
@@ -256,7 +258,8 @@ def test_transposing_fusion_term_by_hand():
     for placement in (P.Placement.DEVICE, P.Placement.REMAT):
         got = cm.simulate(plan(placement), one, CFG, r, "lhs").breakdown["transpose_s"]
         assert got == pytest.approx(0.004, rel=1e-12)
-    gpu_like = cm.simulate(plan(P.Placement.DEVICE), inv, CFG, rates(), "lhs")  # no such rate
+    no_rate = dataclasses.replace(r, transpose_read_elems_per_s=0.0)  # a GPU: no such term
+    gpu_like = cm.simulate(plan(P.Placement.DEVICE), inv, CFG, no_rate, "lhs")
     assert gpu_like.breakdown["transpose_s"] == 0
 
 
