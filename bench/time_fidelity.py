@@ -435,9 +435,9 @@ def markdown(doc: dict) -> str:
     out = [
         (
             "| shape | plan | predicted s (frozen) | predicted s (interleaved) | measured s, "
-            "median (IQR) | error frozen | error interleaved |"
+            "median (IQR) | error frozen | error interleaved | cores the step got |"
         ),
-        "|---|---|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for s in doc["shapes"]:
         for c in s["cases"]:
@@ -446,7 +446,7 @@ def markdown(doc: dict) -> str:
                 f"| {s['shape']['name']} | {c['plan']} | {c['predicted_step_s']:.3f} | "
                 f"{c['predicted_interleaved_step_s']:.3f} | {m['median']:.3f} "
                 f"({m['q25']:.3f}–{m['q75']:.3f}) | {c['error']:+.1%} | "
-                f"{c['error_interleaved']:+.1%} |"
+                f"{c['error_interleaved']:+.1%} | {cores(c):.2f} |"
             )
     out += [
         "",
@@ -463,7 +463,32 @@ def markdown(doc: dict) -> str:
             f"{' < '.join(s['ranking_predicted'])} | {_yes(s['fastest_ok'])} / "
             f"{_yes(s['interleaved']['fastest_ok'])} | {min(loads):.1f}–{max(loads):.1f} |"
         )
+    summary = doc.get("summary")
+    if summary:
+        fr, it = summary["frozen"], summary["interleaved"]
+        out += [
+            "",
+            f"Within 15 %: {fr['within_15_percent']} of {summary['cases']} cases (frozen), "
+            f"{it['within_15_percent']} (interleaved); median |error| "
+            f"{fr['median_abs_error']:.1%} / {it['median_abs_error']:.1%}; fastest plan right "
+            f"in {fr['shapes_fastest_ok']} / {it['shapes_fastest_ok']} of {summary['shapes']} "
+            "shapes"
+            + (
+                f"; not run: {', '.join(doc['shapes_not_run'])}"
+                if doc.get("shapes_not_run")
+                else ""
+            )
+            + ".",
+        ]
     return "\n".join(out)
+
+
+def cores(case: dict) -> float:
+    """Median over rounds of the step's CPU seconds per wall second: the cores it had (two
+    on an idle machine of two cores if XLA:CPU kept both busy; less when other processes ran)."""
+    return statistics.median(
+        cpu / wall for cpu, wall in zip(case["step_cpu_s"], case["step_times_s"], strict=True)
+    )
 
 
 def _yes(ok: bool) -> str:
