@@ -34,13 +34,13 @@ records what it skipped):
    tierax's blockwise attention on the same model, params and tokens — loss and gradients of the
    remat-full step within bf16 tolerance, and each one's forward+backward time
    (``attention_check``).
-4. The time model against the clock: the first child also measures the memory bandwidth
-   of an elementwise fusion (``--tiny``: ``tierax calibrate``'s CPU microbenchmarks), so
-   every rate the model reads is calibrated in this run; each plan's record carries the
-   model's predicted step time and its terms (``time_model``), and the file a per-preset
-   summary with both rankings.  One GPU runs no collective: the model's collective terms
-   are not checked.
-4. Writes one JSON file (schema ``tierax.gpu-check/1``, readable by ``tierax report``)
+4. The time model against the clock: the first child also measures the rate of a layer's
+   non-matmul work at the bytes the model counts (``--tiny``: ``tierax calibrate``'s CPU
+   microbenchmarks), so every rate the model reads is calibrated in this run; each plan's
+   record carries the model's predicted step time and its terms (``time_model``), and the
+   file a per-preset summary with both rankings.  One GPU runs no collective: the model's
+   collective terms are not checked.
+5. Writes one JSON file (schema ``tierax.gpu-check/1``, readable by ``tierax report``)
    and prints a short table last.
 
 Only APIs present in jax 0.10.2 and still present in 0.12 are used.
@@ -118,7 +118,7 @@ TINY = {
     "link_repeats": 3,
     "matmul_n": 256,
     "matmul_repeats": 3,
-    "calib_repeats": 3,
+    "calib_repeats": 1,
 }
 _PARTIAL: dict = {}  # the child's result so far
 _T0 = time.perf_counter()
@@ -310,7 +310,7 @@ def planner_plan(
 
 # --- the time model against the clock (child) ---------------------------------------------
 # Rates calibrated in this run (the GPU: the bf16 matmul rate and host link measured above,
-# plus the memory bandwidth of an elementwise fusion; --tiny: `tierax calibrate`'s CPU
+# plus the rate of a layer's non-matmul work; --tiny: `tierax calibrate`'s CPU
 # microbenchmarks), the model's predicted step time per plan next to the measured one.  One
 # GPU exercises no collective: the model's FSDP, expert and tensor collective terms are not
 # checked here.
@@ -323,7 +323,8 @@ def calibrate_here(p: dict, tiny: bool) -> dict:
     if tiny:  # the CPU's own rates: GEMM mix per dtype, memory bandwidth, first-touch rate
         return {"cpu_entry": calibrate.measure(repeats=p["calib_repeats"])}
     mem = harness.stream_and_first_touch(p["mem_bytes"], repeats=p["calib_repeats"])
-    return {"memory_bytes_per_s": mem["memory_bytes_per_s"], "memory": mem}
+    nm = harness.nonmatmul_rate(harness.GPU_NONMATMUL_SHAPE, repeats=p["calib_repeats"])
+    return {"memory_bytes_per_s": nm["bytes_per_s"], "nonmatmul": nm, "memory": mem}
 
 
 def model_rates(cfg, capacity: int, matmul: dict, link: dict, calib: dict, tiny: bool):
@@ -358,7 +359,17 @@ def predict_step(cfg, plan, microbatch: int, seq: int, rates, schedule: str) -> 
     inv = inventory.model_inventory(cfg, microbatch, seq, {"data": 1, "fsdp": 1})
     pred = costmodel.simulate(plan, inv, cfg, rates, schedule)
     b = pred.breakdown
-    terms = ("compute_s", "hbm_s", "recompute_s", "exposed_d2h_s", "exposed_h2d_s", "first_touch_s")
+    terms = (
+        "compute_s",
+        "hbm_s",
+        "fused_attention_s",
+        "recompute_s",
+        "recompute_hbm_s",
+        "exposed_d2h_s",
+        "exposed_h2d_s",
+        "first_touch_s",
+        "transpose_s",
+    )
     return {
         "step_time_s": pred.step_time_s,
         "schedule": schedule,

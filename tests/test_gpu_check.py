@@ -62,6 +62,21 @@ def _check_doc(doc: dict, presets: list[str], plans: list[str]):
         assert any("no host↔device transfers" in n for n in off["trace_notes"])
         assert off["verified"] is True
         assert all(v["passed"] for v in run["verify"]) and "verify_errors" not in run
+        # The time model against the clock: every plan's prediction beside its measured step,
+        # from rates measured in this run (the CPU rehearsal: tierax calibrate's entry).
+        for name in plans:
+            tm = recs[name]["time_model"]
+            assert tm["step_time_s"] > 0 and tm["terms_s"]["compute_s"] > 0
+            assert tm["error"] == pytest.approx(tm["step_time_s"] / recs[name]["step_time_s"] - 1)
+        assert all(
+            "measured by tierax calibrate" in run["model_rates"][k] for k in ("matmul", "hbm")
+        )
+    summary = doc["time_model"]
+    assert "collectives" in summary["note"] and "not checked" in summary["note"]
+    assert [p["xla_preset"] for p in summary["presets"]] == presets
+    for p in summary["presets"]:
+        assert set(plans) <= {r["plan"] for r in p["plans"]}
+        assert sorted(p["ranking_measured"]) == sorted(p["ranking_predicted"])
 
 
 def test_tiny_pipeline_one_preset(tmp_path):

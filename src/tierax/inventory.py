@@ -61,6 +61,7 @@ class Activation:
     recompute_fused_flops_per_layer: float = (
         0.0  # of recompute_flops, those inside a fused attention kernel
     )
+    transposed_elems_per_layer: float = 0.0  # XLA:CPU's transposing fusions read (tierax.hbm)
 
     @property
     def total_bytes(self) -> int:
@@ -97,6 +98,10 @@ class GroupInventory:
     forward_hbm_bytes_per_layer: float = 0.0
     backward_hbm_bytes_per_layer: float = 0.0
     base_recompute_hbm_bytes_per_layer: float = 0.0
+    # Elements XLA:CPU's slow transposing fusions read per layer (tierax.hbm.transposed_reads).
+    transposed_always_elems_per_layer: float = 0.0
+    transposed_residual_elems_per_layer: float = 0.0
+    transposed_carry_elems_per_layer: float = 0.0
     # Of the forward's and the base recomputation's matmul FLOPs, those inside a fused attention
     # kernel (attention=cudnn: its host stand-in's scope), which the cost model prices at the
     # kernel's rates.
@@ -226,8 +231,19 @@ def layer_inventory(
             max(0.0, hbm_bytes - hbm_named),
             max(0.0, fused - fused_named),
         )
-    acts = tuple(Activation(group, n, per_name[n], num_layers, *costs[n]) for n in names)
-    fwd_hbm, bwd_hbm = hbm.layer_bytes(layer_fn, x, params, weight_ways)
+    fwd_hbm, bwd_hbm, transposed = hbm.layer_traffic(layer_fn, x, params, weight_ways)
+    reads = transposed["named"]
+    acts = tuple(
+        Activation(
+            group,
+            n,
+            per_name[n],
+            num_layers,
+            *costs[n],
+            transposed_elems_per_layer=reads.get(n, 0.0),
+        )
+        for n in names
+    )
     return GroupInventory(
         name=group,
         num_layers=num_layers,
@@ -241,6 +257,9 @@ def layer_inventory(
         forward_hbm_bytes_per_layer=fwd_hbm,
         backward_hbm_bytes_per_layer=bwd_hbm,
         base_recompute_hbm_bytes_per_layer=max(0.0, hbm_named - hbm_none),
+        transposed_always_elems_per_layer=transposed["always"],
+        transposed_residual_elems_per_layer=transposed["residual"],
+        transposed_carry_elems_per_layer=transposed["carry"],
         fused_attention_flops_per_layer=float(jaxpr_tools.matmul_flops(fwd, scope=FUSED_SCOPE)),
         base_recompute_fused_flops_per_layer=max(0.0, fused_named - fused_none),
     )

@@ -73,6 +73,9 @@ class Rates:
     # call, and the operating system hands each fresh page over on its first write; measured
     # by `tierax calibrate` (tierax.costmodel.first_touch).
     first_touch_bytes_per_s: float = 0.0
+    # CPU only (0: no such term): elements per second XLA:CPU's slow transposing fusions read
+    # (tierax.hbm.transposed_reads, tierax.costmodel.transposes); measured by `tierax calibrate`.
+    transpose_read_elems_per_s: float = 0.0
 
 
 def load_calibration() -> dict:
@@ -100,7 +103,7 @@ def _cpu_rates(cal: dict, dtype: str) -> Rates:
     }
     if "memory_bytes_per_s" in cal:
         bandwidth = cal["memory_bytes_per_s"]
-        sources["hbm"] = f"{measured}: memory bandwidth of an elementwise fusion"
+        sources["hbm"] = f"{measured}: a layer's non-matmul work at the bytes the model counts"
     else:  # an older calibration file
         bandwidth = 10e9
         sources["hbm"] = "not measured: 10 GB/s assumed (run `tierax calibrate` again)"
@@ -108,6 +111,12 @@ def _cpu_rates(cal: dict, dtype: str) -> Rates:
     sources["first_touch"] = (
         f"{measured}: first write of fresh memory (CPU-specific)"
         if first_touch
+        else "not measured: not modelled (run `tierax calibrate` again)"
+    )
+    transpose = cal.get("transpose_read_elems_per_s", 0.0)
+    sources["transposing_fusion"] = (
+        f"{measured}: reads of XLA:CPU's slow transposing fusion (CPU-specific)"
+        if transpose
         else "not measured: not modelled (run `tierax calibrate` again)"
     )
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -124,6 +133,7 @@ def _cpu_rates(cal: dict, dtype: str) -> Rates:
         False,
         sources,
         first_touch_bytes_per_s=first_touch,
+        transpose_read_elems_per_s=transpose,
     )
 
 
@@ -158,7 +168,7 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
     } | getattr(spec, "rate_sources", {})  # TPU targets name their own sources
     hbm = cal.get("memory_bytes_per_s", spec.hbm_bytes_per_s)
     if "memory_bytes_per_s" in cal:
-        sources["hbm"] = f"{measured}: memory bandwidth of an elementwise fusion"
+        sources["hbm"] = f"{measured}: a layer's non-matmul work at the bytes the model counts"
     fixed = XLA_GPU_FIXED_BYTES if spec.kind == "gpu" else 0
     gpu = spec.kind == "gpu"
     if gpu:
