@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tierax import records, xla_flags
+from tierax.plan import REFUSED_PRESETS
 from tierax.fileio import check_output_file, write_text_atomic
 
 xla_flags.configure(
@@ -166,6 +167,12 @@ def main() -> int:
             for mech in MECHANISMS:
                 plan = _plan_file(pathlib.Path(tmp), groups, mech)
                 for preset in PRESETS:
+                    if (mech, preset) in REFUSED_PRESETS:  # not offered: `compile` exits 2
+                        out[label][f"{mech}/{preset}"] = {
+                            "returncode": 2,
+                            "error": [REFUSED_PRESETS[(mech, preset)]],
+                        }
+                        continue
                     console.print(f"[dim]{label} · {mech} · {preset}[/]")
                     out[label][f"{mech}/{preset}"] = r = compile_case(cargs, plan, preset)
                     r["command"] = (

@@ -29,7 +29,7 @@ def cmd_bench(args) -> int:
         mesh.check_model(cfg, where="--mesh")
     launch.check_local_attention(cfg, what="tierax bench")
     launch.check_local_memory(cfg, shards=mesh.size if mesh else 1, what="tierax bench")
-    plans = load_plans(args.plans, cfg, "--plans")
+    plans = load_plans(args.plans, cfg, "--plans", preset=args.xla_preset)
     verified = _verify_before_bench(cfg, plans, args) if args.verify else None
     if verified is not None and not all(v.passed for v in verified):
         return 1
@@ -111,6 +111,7 @@ def cmd_compile(args) -> int:
     cfg = resolve_model(args)
     mesh.check_model(cfg, where="--mesh")
     plan = plan_lib.load_plan(args.plan, cfg)
+    plan_lib.check_mechanism_preset(plan, args.xla_preset, "--plan")
     result, _ = compile_lib.compile_for_target(
         cfg,
         plan,
@@ -156,7 +157,7 @@ def cmd_verify(args) -> int:
     launch.check_local_memory(
         cfg, shards=mesh.size if mesh else 1, copies=6, what="tierax verify (two gradient sets)"
     )
-    plans = load_plans(args.plan, cfg, "--plan")
+    plans = load_plans(args.plan, cfg, "--plan", preset=args.xla_preset)
     results = verify_lib.verify_plans(
         cfg, plans, microbatch=args.microbatch, seq=args.seq, seed=args.seed, mesh=mesh
     )
@@ -214,6 +215,7 @@ def cmd_profile(args) -> int:
     from tierax.report.measure_tables import profile_table
 
     plan = plan_lib.load_plan(args.plan, cfg)
+    plan_lib.check_mechanism_preset(plan, args.xla_preset, "--plan")
     launch.check_local_attention(cfg, what="tierax profile")
     launch.check_local_memory(cfg, what="tierax profile")
     out = out or profile_lib.fresh_dir(pathlib.Path("profiles") / f"{cfg.name}-{plan.name}")
