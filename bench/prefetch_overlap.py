@@ -30,8 +30,8 @@ from rich.console import Console
 from rich.table import Table
 
 from tierax import records, xla_flags
-from tierax.plan import REFUSED_PRESETS
 from tierax.fileio import check_output_file, write_text_atomic
+from tierax.plan import REFUSED_PRESETS
 
 xla_flags.configure(
     cpu_devices=1
