@@ -563,6 +563,7 @@ def child(spec: dict) -> dict:
     import jax
 
     from tierax import plan as plan_lib
+    from tierax.errors import TieraxError
     from tierax.measure import verify as verify_lib
     from tierax.models import config_from_dict
     from tierax.train import step as step_lib
@@ -678,6 +679,18 @@ def child(spec: dict) -> dict:
     per_plan = 30.0 if tiny else 90.0  # a first guess; then the slowest plan so far
     with tempfile.TemporaryDirectory(prefix="tierax-gpu-check-traces-") as tdir:
         for plan in plans:
+            try:  # a mechanism not offered with this preset is recorded as refused, not run
+                plan_lib.check_mechanism_preset(plan, spec["preset"], f"plan {plan.name}")
+            except TieraxError as e:
+                out["records"].append(
+                    {
+                        "plan": plan.name,
+                        "refused": str(e),
+                        "step_time_s": None,
+                        "tokens_per_s": None,
+                    }
+                )
+                continue
             if _left(deadline) < per_plan:
                 out["records"].append(
                     {

@@ -28,6 +28,8 @@ import _common
 from rich.console import Console
 from rich.table import Table
 
+from tierax.plan import REFUSED_PRESETS
+
 GOAL = 0.10
 
 QKV = {
@@ -142,6 +144,12 @@ def main() -> int:
             for mech in MECHANISMS:
                 plan = _plan_file(pathlib.Path(tmp), groups, mech)
                 for preset in PRESETS:
+                    if (mech, preset) in REFUSED_PRESETS:  # not offered: `compile` exits 2
+                        out[label][f"{mech}/{preset}"] = {
+                            "returncode": 2,
+                            "error": [REFUSED_PRESETS[(mech, preset)]],
+                        }
+                        continue
                     console.print(f"[dim]{label} · {mech} · {preset}[/]")
                     out[label][f"{mech}/{preset}"] = r = compile_case(cargs, plan, preset)
                     r["command"] = (

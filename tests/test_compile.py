@@ -237,8 +237,23 @@ def test_compile_cli_rejected_field_exits_2(tmp_path):
     assert "without that field (or with it fixed) as --target-config" in r.stderr  # what to do
 
 
-def test_pipelined_preset_changes_the_schedule():
-    """The XLA presets are applied before the backend starts: one process per preset."""
+POLICY_QKV = """plan: qkv-offload-policy
+mechanism: policy
+groups:
+  decoder:
+    default: remat
+    decoder_layer_input: device
+    query_proj: offload
+    key_proj: offload
+    value_proj: offload
+"""
+
+
+def test_pipelined_preset_changes_the_schedule(tmp_path):
+    """The XLA presets are applied before the backend starts: one process per preset (XLA's own
+    offloader, the mechanism lhs-pipelined is offered with)."""
+    plan = tmp_path / "policy.yaml"
+    plan.write_text(POLICY_QKV)
     out = {}
     for preset in ("none", "lhs-pipelined"):
         r = _cli(
@@ -248,7 +263,7 @@ def test_pipelined_preset_changes_the_schedule():
             "--set",
             "num_layers=6",
             "--plan",
-            "qkv-offload",
+            str(plan),
             "--json",
             "--xla-preset",
             preset,
@@ -272,6 +287,34 @@ def test_pipelined_preset_changes_the_schedule():
     # Pipelined host offloading keeps transfers in flight across layers: more device staging memory.
     assert out["lhs-pipelined"]["device_temp_bytes"] > out["none"]["device_temp_bytes"]
     assert out["lhs-pipelined"]["overlap"]["est_hidden_s"] != out["none"]["overlap"]["est_hidden_s"]
+
+
+@pytest.mark.parametrize(
+    "verb",
+    [
+        ["compile", "--plan", "qkv-offload", "--xla-preset", "lhs-pipelined"],
+        ["simulate", "--plan", "qkv-offload", "--schedule", "lhs-pipelined", "--target", "h200"],
+        ["plan", "--schedule", "lhs-pipelined", "--target", "h200"],
+        ["verify", "--plan", "qkv-offload", "--xla-preset", "lhs-pipelined"],
+    ],
+)
+def test_prefetch_is_not_offered_with_lhs_pipelined(verb):
+    """XLA's pipelined host offloading does not hide the prefetching scan's stores
+    (bench/results/hide_grid.json): every verb that would run or plan that pair exits 2 first."""
+    r = _cli(*verb[:1], "--model", "tiny-llama", *verb[1:])
+    assert r.returncode == 2, r.stderr
+    assert (
+        "not offered with the 'lhs-pipelined' preset" in r.stderr
+        and "mechanism: policy" in r.stderr
+    )
+
+
+def test_lhs_pipelined_still_runs_plans_without_offload():
+    """A plan that offloads nothing runs no mechanism: lhs-pipelined stays available to it."""
+    r = _cli(
+        "simulate", "--model", "tiny-llama", "--plan", "remat-full", "--schedule", "lhs-pipelined"
+    )
+    assert r.returncode == 0, r.stderr
 
 
 def test_fits_leaves_the_runtime_reserve_free(monkeypatch, tiny_llama_offload_vs_device):

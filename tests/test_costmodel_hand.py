@@ -263,17 +263,21 @@ def test_loss_phase_peak_from_logits_and_head_gradient():
 
 def test_loss_gradient_is_in_the_compute_dtype():
     """bfloat16 compute: the logits stay float32 (100 MB) but their gradient is bfloat16 (50 MB),
-    which the
-    head's backward matmuls take (tierax.train.loss); tiled under FSDP, one float32 [D, V] buffer
-    fewer (no float32 copy of the gathered head) and half a tile's gradient."""
+    which the head's backward matmuls take (tierax.train.loss); the float32 logits die when it is
+    made, so the head's float32 gradient (65 536 B) is live with the gradient only: the loss holds
+    max(100 + 50 MB, 50 MB + 65 536 B).  Tiled under FSDP, one float32 [D, V] buffer fewer (no
+    float32 copy of the gathered head) and half a tile's gradient."""
     cfg = dataclasses.replace(CFG, dtype="bfloat16")
     inv = dataclasses.replace(inventory(), logits_bytes=100_000_000)
     pred = cm.simulate(PLAN, inv, cfg, RATES, "lhs")
     assert pred.breakdown["peak_phase"] == "loss"
     assert (
         pred.peak_device_bytes
-        == 399_996_000 + 17_000_000 + pred.breakdown["staging_bytes"] + 65_536 + 150_000_000
+        == 399_996_000 + 17_000_000 + pred.breakdown["staging_bytes"] + 150_000_000
     )
+    # Small logits: the head's gradient with the logits' gradient is the larger pair.
+    small = dataclasses.replace(inventory(), logits_bytes=10_000)
+    assert cm.simulate(PLAN, small, cfg, RATES, "lhs").breakdown["logits_bytes"] == 65_536 + 5_000
     tiled = dataclasses.replace(cfg, loss_tiles=4)
     fsdp = dataclasses.replace(inv, mesh={"data": 1, "fsdp": 2})
     f32 = cm.simulate(PLAN, fsdp, dataclasses.replace(CFG, loss_tiles=4), RATES, "lhs").breakdown[

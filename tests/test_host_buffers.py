@@ -12,10 +12,7 @@ by size and the result says so.
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -224,38 +221,3 @@ def test_segmented_plan_buffers_are_found_by_segment_and_name():
         ("decoder@2-3", N.VALUE_PROJ, "op_name"),
     }
     _sums_to_host_temp(r)
-
-
-@pytest.mark.slow
-def test_pipelined_host_offloading_keeps_the_names_of_the_loads():
-    """XLA's pipelined host offloading (``--xla-preset lhs-pipelined``, a flag set before JAX
-    starts: a separate
-    process) rewrites the forward loop's stores and the loop itself without op_name metadata; the
-    backward's loads keep theirs, and each buffer is named through the loads that read it."""
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tierax.cli",
-            "compile",
-            "--model",
-            "tiny-llama",
-            "--plan",
-            "qkv-offload",
-            "--target",
-            "h200",
-            "--xla-preset",
-            "lhs-pipelined",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        stdin=subprocess.DEVNULL,
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    r = json.loads(p.stdout)
-    assert {(o["group"], o["name"], o["matched_by"]) for o in r["offloaded"]} == {
-        ("decoder", n, "op_name") for n in (N.QUERY_PROJ, N.KEY_PROJ, N.VALUE_PROJ)
-    }
-    assert sum(r["offloaded_bytes_by_name"].values()) == r["host_temp_bytes"] == 1048576

@@ -119,6 +119,11 @@ def small(**over) -> dict:
             [],
             "choose one of: none, lhs, lhs-pipelined",
         ),
+        (
+            {"model": "tiny-llama", "plan": "qkv-offload", "xla_preset": "lhs-pipelined"},
+            [],
+            "not offered with the 'lhs-pipelined' preset",
+        ),
         ({"model": "tiny-llama", "debug": {"nan_at_step": 500}}, [], "after the last step 100"),
         ({"model": "tiny-llama"}, ["steps"], "expected KEY=VALUE"),
         ({"model": "tiny-llama"}, ["model.d_modle=8"], "did you mean 'd_model'"),

@@ -18,7 +18,10 @@ def test_options_already_in_effect_are_not_an_error(monkeypatch):
     launch.start()  # what `tierax plan` calls first
 
 
-@pytest.mark.parametrize("kwargs", [{"preset": "lhs"}, {"cpu_devices": 4}, {"platforms": "cuda"}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"preset": "lhs"}, {"cpu_devices": 4}, {"platforms": "cuda"}, {"dump_dir": "/tmp/xla-dump"}],
+)
 def test_options_that_would_change_a_running_backend_are_refused(kwargs):
     jax.numpy.zeros(1).block_until_ready()
     with pytest.raises(TieraxError, match="must be set before JAX starts its backend"):

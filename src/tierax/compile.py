@@ -420,6 +420,7 @@ def compile_for_target(
             raise TieraxError("--target-config is a GpuTargetConfigProto; a TPU target takes none")
         topo = tpu_topology(spec, devices)
     else:
+        plan_lib.check_mechanism_preset(plan, xla_preset, "compile")
         check_gpu_aot()
         # The target states the cuDNN that JAX's CUDA plugin loads here (9.10 when none is
         # installed).

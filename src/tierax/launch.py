@@ -21,15 +21,21 @@ def _check(cond: bool, msg: str) -> None:
 
 
 def start(
-    *, devices: int | None = None, preset: str = "none", deviceless_gpu: bool = False
+    *,
+    devices: int | None = None,
+    preset: str = "none",
+    deviceless_gpu: bool = False,
+    dump_dir: str | None = None,
 ) -> None:
     """Start a single-process run: ``devices`` host CPU devices (CPU backend), an XLA flag preset,
-    or deviceless XLA:GPU compilation (host platform only).
+    or deviceless XLA:GPU compilation (host platform only); ``dump_dir``: XLA's dumps go there.
 
     Raises:
       TieraxError: bad preset or device count, or JAX already started.
     """
-    xla_flags.configure(cpu_devices=devices, preset=preset, deviceless_gpu=deviceless_gpu)
+    xla_flags.configure(
+        cpu_devices=devices, preset=preset, deviceless_gpu=deviceless_gpu, dump_dir=dump_dir
+    )
 
 
 def start_training(cfg, dist: Distributed | None, *, debug: bool = False) -> list[str]:

@@ -54,6 +54,7 @@ def configure(
     deviceless_gpu: bool = False,
     cpu_collectives: str | None = None,
     env: Mapping[str, str] | None = None,
+    dump_dir: str | None = None,
 ) -> list[str]:
     """Set backend options before JAX starts; returns the XLA flags added.
 
@@ -69,6 +70,8 @@ def configure(
         multi-process CPU runs under ``jax.distributed``).
       env: runtime environment variables the backend reads at start-up (e.g.
         ``XLA_PYTHON_CLIENT_MEM_FRACTION``), set here so they precede it.
+      dump_dir: XLA writes its compiled modules there (``--xla_dump_to``: the optimised HLO, its
+        buffer assignment and live ranges), for tracing what a compiled peak holds.
 
     Raises:
       TieraxError: unknown preset, bad device count, or the backend has already started.
@@ -84,6 +87,7 @@ def configure(
     if platforms is None and not os.environ.get("JAX_PLATFORMS") and not _has_nvidia_driver():
         platforms = "cpu"
     flags = list(PRESETS[preset]) + (list(DEVICELESS_FLAGS) if deviceless_gpu else [])
+    flags += [f"--xla_dump_to={dump_dir}"] if dump_dir else []
     if platforms is not None and platforms == jax.config.jax_platforms:
         platforms = (
             None  # already in effect (e.g. a library caller configured first): nothing to change

@@ -115,11 +115,15 @@ def resolve_model(args, extra_overrides: Sequence[str] = (), *, target: str | No
     return cfg if target is None else for_platform(cfg, hardware.platform(target))
 
 
-def load_plans(text: str, cfg, option: str) -> list:
-    """A comma-separated list of presets or plan files, each validated against ``cfg``."""
+def load_plans(text: str, cfg, option: str, preset: str | None = None) -> list:
+    """A comma-separated list of presets or plan files, each validated against ``cfg`` (and, with
+    ``preset``, against the XLA preset they will run under)."""
+    from tierax import plan as plan_lib
     from tierax.interop import files
 
     plans = [files.load_plan(p.strip(), cfg) for p in text.split(",") if p.strip()]
+    for p in plans if preset else []:
+        plan_lib.check_mechanism_preset(p, preset, f"{option} {p.name}")
     if not plans:
         raise TieraxError(
             f"{option} is empty; give a preset, a plan YAML file, or a comma-separated list of them"

@@ -29,7 +29,7 @@ def cmd_bench(args) -> int:
         mesh.check_model(cfg, where="--mesh")
     cfg = launch.local_attention(cfg, what="tierax bench")
     launch.check_local_memory(cfg, shards=mesh.size if mesh else 1, what="tierax bench")
-    plans = load_plans(args.plans, cfg, "--plans")
+    plans = load_plans(args.plans, cfg, "--plans", preset=args.xla_preset)
     verified = _verify_before_bench(cfg, plans, args) if args.verify else None
     if verified is not None and not all(v.passed for v in verified):
         return 1
@@ -105,12 +105,14 @@ def cmd_compile(args) -> int:
         from tierax import compile as compile_lib
 
         compile_lib.check_gpu_aot()
+    from tierax import plan as plan_lib
     from tierax.interop import files
     from tierax.report.tables import compile_table
 
     cfg = resolve_model(args, target=args.target)
     mesh.check_model(cfg, where="--mesh")
     plan = files.load_plan(args.plan, cfg)
+    plan_lib.check_mechanism_preset(plan, args.xla_preset, "--plan")
     result, _ = compile_lib.compile_for_target(
         cfg,
         plan,
@@ -156,7 +158,7 @@ def cmd_verify(args) -> int:
     launch.check_local_memory(
         cfg, shards=mesh.size if mesh else 1, copies=6, what="tierax verify (two gradient sets)"
     )
-    plans = load_plans(args.plan, cfg, "--plan")
+    plans = load_plans(args.plan, cfg, "--plan", preset=args.xla_preset)
     results = verify_lib.verify_plans(
         cfg, plans, microbatch=args.microbatch, seq=args.seq, seed=args.seed, mesh=mesh
     )
@@ -210,10 +212,12 @@ def cmd_profile(args) -> int:
     cfg = resolve_model(args)
     out = check_output_dir(args.out, allow_existing=False) if args.out else None
     launch.start(preset=args.xla_preset)
+    from tierax import plan as plan_lib
     from tierax.interop import files
     from tierax.report.measure_tables import profile_table
 
     plan = files.load_plan(args.plan, cfg)
+    plan_lib.check_mechanism_preset(plan, args.xla_preset, "--plan")
     cfg = launch.local_attention(cfg, what="tierax profile")
     launch.check_local_memory(cfg, what="tierax profile")
     out = out or profile_lib.fresh_dir(pathlib.Path("profiles") / f"{cfg.name}-{plan.name}")

@@ -152,11 +152,13 @@ def cmd_inventory(args) -> int:
 def cmd_simulate(args) -> int:
     from tierax import costmodel as cm
     from tierax import inventory as inv_lib
+    from tierax import plan as plan_lib
     from tierax.interop import files
     from tierax.report.tables import prediction_table
 
     cfg, mesh, rates = _inputs(args)
     plan = files.load_plan(args.plan, cfg)
+    plan_lib.check_mechanism_preset(plan, args.schedule, "--plan")
     pred = cm.simulate(
         plan,
         inv_lib.model_inventory(cfg, args.microbatch, args.seq, mesh.to_dict()),
@@ -182,6 +184,10 @@ def cmd_plan(args) -> int:
     from tierax.report.tables import explain_table, prediction_table
 
     interop.check_plan_options(**{k: getattr(args, k) for k in PLAN_OPTIONS})
+    if not (args.for_tool or args.emit):  # MaxText moves offloads with XLA's offload policy
+        from tierax import plan as plan_lib
+
+        plan_lib.check_mechanism_preset(None, args.schedule, "--schedule")
     if args.sweep:
         return _plan_sweep(args)
     if args.check:

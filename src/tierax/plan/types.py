@@ -97,6 +97,31 @@ MECHANISMS = {
     "uses them",
 }
 DEFAULT_MECHANISM = "prefetch"
+# XLA flag presets (schedules) a mechanism is not offered with, and why.  XLA's pipelined host
+# offloading rewrites the host copies of XLA's own offloader; applied to the prefetching scan's
+# stores it exposes them (bench/results/hide_grid.json, the lhs-pipelined cases).
+REFUSED_PRESETS = {
+    ("prefetch", "lhs-pipelined"): "XLA's pipelined host offloading does not hide the prefetching "
+    "scan's stores (measured: bench/results/hide_grid.json, the lhs-pipelined cases)",
+}
+
+
+def check_mechanism_preset(plan: Plan | None, preset: str, where: str) -> None:
+    """Refuse a plan whose offload mechanism is not offered under the XLA ``preset`` (a plan that
+    offloads nothing runs no mechanism and passes; ``plan=None``: the planner's default mechanism,
+    before it has chosen).
+
+    Raises:
+      TieraxError: the pair is refused; the message names the remedies.
+    """
+    mechanism = plan.mechanism if plan is not None else DEFAULT_MECHANISM
+    why = REFUSED_PRESETS.get((mechanism, preset))
+    if why and (plan is None or _offloads(plan)):
+        raise TieraxError(
+            f"{where}: mechanism {mechanism!r} is not offered with the {preset!r} preset: {why}. "
+            f"Use the 'lhs' preset (or 'none'), or a plan with 'mechanism: policy' (XLA's own "
+            f"host offloader, which {preset!r} pipelines)"
+        )
 
 
 @dataclass(frozen=True)
@@ -329,3 +354,13 @@ def segments_of(plan: Plan, cfg) -> dict[str, list[tuple[int, int, str]]]:
         for g, gp in plan.groups.items()
         if gp.segments
     }
+
+
+def _offloads(plan: Plan) -> bool:
+    """Whether any group, default or segment of ``plan`` places a name in host memory."""
+    for gp in plan.groups.values():
+        places = [gp.default, *gp.placements.values()]
+        places += [p for seg in gp.segments for p in seg.placements.values()]
+        if Placement.OFFLOAD in places:
+            return True
+    return False

@@ -110,6 +110,7 @@ class TrainConfig:
             f"{', '.join(xla_flags.PRESETS)}",
         )
         self.mesh.check_model(self.model, where=f"{self.source}: mesh")
+        plan_lib.check_mechanism_preset(self.plan, self.xla_preset, f"{self.source}: plan")
         if self.cpu_devices is not None:
             _check(
                 self.cpu_devices >= 1,
