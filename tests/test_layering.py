@@ -41,7 +41,7 @@ LAYERS = [
         ),
     ),
     # tierax.interop itself and tierax.interop.planning (planning for another tool) sit above the
-    # planner.
+    # planner; tierax.planning (the one solve path) above them.
     (
         "analysis and training",
         (
@@ -52,6 +52,7 @@ LAYERS = [
             "tierax.hlo",
             "tierax.train",
             "tierax.interop",
+            "tierax.planning",
             "tierax.api",
             "tierax.whatif",
         ),

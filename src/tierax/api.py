@@ -35,7 +35,7 @@ from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 
 from tierax import costmodel as cm
 from tierax import inventory as inv_lib
-from tierax import jaxpr_tools, planner
+from tierax import jaxpr_tools, planner, planning
 from tierax import names as N
 from tierax.errors import TieraxError
 from tierax.models.config import LayerGroup
@@ -378,15 +378,18 @@ def plan(
     rates = cm.target_rates(target, inventory.model.dtype)
     # Your layer runs under jax.checkpoint with the policy this plan gives: XLA's offload policy
     # mechanism.
-    result = planner.plan(
-        inventory.model,
-        inv,
-        rates,
-        schedule=schedule,
-        budget_bytes=budget,
-        host_budget_bytes=host_budget,
-        name=name,
-        mechanism="policy",
-        remedies=API_REMEDIES,
+    result, _ = planning.solve(
+        planning.Request(
+            inventory.model,
+            dict(inv.mesh),
+            rates,
+            schedule=schedule,
+            budget_bytes=budget,
+            host_budget_bytes=host_budget,
+            name=name,
+            mechanism="policy",
+            remedies=API_REMEDIES,
+            inventory=inv,
+        )
     )
     return Planned(result.plan, inventory.model, result)

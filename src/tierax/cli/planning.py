@@ -13,7 +13,7 @@ from tierax.mesh import parse_mesh
 
 GIB = 2**30
 CHECK_ITERATIONS = 4  # plan --check's default bound on compiles
-# The options of `tierax plan` whose combinations interop.planning.check_plan_options checks.
+# The options of `tierax plan` whose combinations tierax.planning.check_options checks.
 PLAN_OPTIONS = (
     "sweep",
     "check",
@@ -175,34 +175,39 @@ def cmd_simulate(args) -> int:
     return 0
 
 
+def _request(args, cfg, mesh, rates):
+    """The :class:`tierax.planning.Request` that ``tierax plan``'s options ask for."""
+    from tierax import planning
+
+    return planning.Request(
+        cfg,
+        mesh.to_dict(),
+        rates,
+        microbatch=args.microbatch,
+        seq=args.seq,
+        schedule=args.schedule,
+        budget_bytes=args.budget_gib and args.budget_gib * GIB,
+        host_budget_bytes=args.host_budget_gib and args.host_budget_gib * GIB,
+        segments=args.segments,
+        max_microbatch=args.max_microbatch,
+        for_tool=args.for_tool,
+    )
+
+
 def cmd_plan(args) -> int:
+    from tierax import planning
     from tierax.fileio import check_output_file, write_text_atomic
     from tierax.interop import planning as interop
     from tierax.report.tables import explain_table, prediction_table
 
-    interop.check_plan_options(**{k: getattr(args, k) for k in PLAN_OPTIONS})
+    planning.check_options(**{k: getattr(args, k) for k in PLAN_OPTIONS})
     if args.sweep:
         return _plan_sweep(args)
     if args.check:
         return _plan_check(args)
     out = check_output_file(args.out) if args.out else None
     cfg, mesh, rates = _inputs(args)
-    budgets = {
-        "schedule": args.schedule,
-        "budget_bytes": args.budget_gib and args.budget_gib * GIB,
-        "host_budget_bytes": args.host_budget_gib and args.host_budget_gib * GIB,
-    }
-    result, notes = interop.solve(
-        cfg,
-        mesh.to_dict(),
-        rates,
-        microbatch=args.microbatch,
-        seq=args.seq,
-        max_microbatch=args.max_microbatch,
-        for_tool=args.for_tool,
-        segments=args.segments,
-        **budgets,
-    )
+    result, notes = planning.solve(_request(args, cfg, mesh, rates))
     text = (
         interop.emit(
             result,
@@ -274,17 +279,9 @@ def _plan_check(args) -> int:
             flush=True,
         )
 
-    res = plan_check.check(
-        cfg,
-        mesh,
-        rates,
+    res = plan_check.check_request(
+        _request(args, cfg, mesh, rates),
         args.target,
-        microbatch=args.microbatch,
-        seq=args.seq,
-        schedule=args.schedule,
-        budget_bytes=args.budget_gib and args.budget_gib * GIB,
-        host_budget_bytes=args.host_budget_gib and args.host_budget_gib * GIB,
-        segments=args.segments,
         max_iterations=args.check_iterations or CHECK_ITERATIONS,
         report=report,
     )
@@ -325,17 +322,7 @@ def _plan_sweep(args) -> int:
             beside, records.SWEEP_SCHEMA, f"--out {args.out!r} writes its record beside it:"
         )
     cfg, mesh, rates = _inputs(args)
-    solve = whatif.plan_solver(
-        cfg,
-        mesh.to_dict(),
-        args.seq,
-        args.microbatch,
-        rates,
-        schedule=args.schedule,
-        budget_bytes=args.budget_gib and args.budget_gib * GIB,
-        host_budget_bytes=args.host_budget_gib and args.host_budget_gib * GIB,
-        segments=args.segments,
-    )
+    solve = whatif.request_solver(_request(args, cfg, mesh, rates))
     with progress(f"sweep {key}", len(points), disable=args.json) as advance:
         pts = [
             p.to_json()
