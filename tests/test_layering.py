@@ -53,6 +53,7 @@ LAYERS = [
             "tierax.train",
             "tierax.interop",
             "tierax.planning",
+            "tierax.mesh_search",
             "tierax.api",
             "tierax.whatif",
         ),

@@ -67,9 +67,37 @@ def check_options(
     max_microbatch: bool = False,
     out: str | None = None,
     json: bool = False,
+    mesh: str | None = None,
+    devices: int | None = None,
+    global_batch: int | None = None,
 ) -> None:
     """``tierax plan``: refuse, before any work, a combination of options where one would be
     ignored.  (``--segments`` combines with ``--sweep`` and ``--check``.)"""
+    if mesh == "auto":
+        given = [
+            o
+            for o, on in (
+                ("--sweep", sweep),
+                ("--for", for_tool),
+                ("--max-microbatch", max_microbatch),
+                ("--segments", segments),
+                ("--check-iterations", check_iterations is not None),
+            )
+            if on
+        ]
+        if given:
+            raise TieraxError(
+                f"--mesh auto ranks meshes at a fixed global batch, and {', '.join(given)} "
+                "cannot combine with it; run --mesh auto first, then plan its mesh "
+                "(--mesh data=…,fsdp=…) with them"
+            )
+        if devices is None:
+            raise TieraxError("--mesh auto searches the meshes of --devices N; give --devices")
+    elif global_batch is not None:
+        raise TieraxError(
+            "--global-batch is the batch every --mesh auto candidate trains; add --mesh auto, "
+            "or give --microbatch (sequences per device) for one mesh"
+        )
     one_plan = [
         o
         for o, given in (
