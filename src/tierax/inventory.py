@@ -361,7 +361,7 @@ def _memoised(fn):
 
 
 _TRACES: dict = {}  # (cfg, microbatch, seq, tensor) → _traced_groups, the last _TRACES_KEPT
-_TRACES_KEPT = 64
+_TRACES_KEPT = 512  # a 128-device search has up to ~100 local shapes; each entry is small
 
 
 def _traced_groups(cfg, microbatch: int, seq: int, tensor: int) -> tuple[GroupInventory, ...]:
