@@ -299,3 +299,17 @@ def test_mesh_auto_check_compiles_the_top_candidates(tmp_path):
     assert len(doc["check"]) == 2 and all(r["xla_peak_bytes"] > 0 for r in doc["check"])
     first_fit = next(r["mesh"] for r in doc["check"] if r["fits"])
     assert yaml.safe_load(out.read_text())["mesh"] == first_fit
+
+
+def test_a_train_config_without_a_mesh_runs_on_the_plans_mesh():
+    from tierax.train.config import config_from_mapping
+
+    plan = {"plan": "p", "mesh": {"fsdp": 2, "expert": 2}, "groups": {"dense": {}, "moe": {}}}
+    cfg = config_from_mapping(
+        {"model": "tiny-deepseek", "plan": plan, "global_batch": 8}, source="c"
+    )
+    assert cfg.mesh == MeshShape(fsdp=2, expert=2) and cfg.microbatch == 2  # 8 over fsdp×expert
+    with pytest.raises(TieraxError, match="differs from the mesh plan 'p' was planned for"):
+        config_from_mapping(
+            {"model": "tiny-deepseek", "plan": plan, "mesh": {"fsdp": 4}}, source="c"
+        )
