@@ -283,6 +283,18 @@ def test_emitted_maxtext_mesh_splits_ici_and_dcn_and_keeps_the_global_batch():
         target="gb200",
     )
     assert keys["per_device_batch_size"] == 8 and keys["ici_tensor_parallelism"] == 2
+    # Accumulated: 4 microsteps of 1 sequence per device of the batch axes (Llama 3.1 405B's
+    # winner's shape): half a sequence per device per microstep, × 4 steps, × 128 = 256.
+    keys = maxtext.overrides(
+        plan_lib.preset("remat-full", cfg),
+        cfg,
+        microbatch=1,
+        seq=4096,
+        mesh={"data": 2, "fsdp": 32, "tensor": 2},
+        target="gb200",
+        grad_accum=4,
+    )
+    assert keys["per_device_batch_size"] * 128 * keys["gradient_accumulation_steps"] == 256
 
 
 @pytest.mark.slow

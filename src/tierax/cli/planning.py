@@ -378,6 +378,7 @@ def _plan_mesh_auto(args) -> int:
             mesh=chosen.mesh.to_dict(),
             schedule=args.schedule,
             target=args.target,
+            grad_accum=chosen.grad_accum,
         )
         if args.emit
         else plan.to_yaml()

@@ -141,7 +141,14 @@ def runtime_env(
 
 
 def overrides(
-    plan: Plan, cfg, *, microbatch: int, seq: int, mesh: Mapping[str, int], target: str = "h200"
+    plan: Plan,
+    cfg,
+    *,
+    microbatch: int,
+    seq: int,
+    mesh: Mapping[str, int],
+    target: str = "h200",
+    grad_accum: int = 1,
 ) -> dict:
     """The MaxText keys of a run of ``plan`` (mapping in file order; see the module docstring)."""
     kind = "cpu" if target == "cpu" else hardware.get_target(target).kind  # unknown: refused
@@ -163,6 +170,8 @@ def overrides(
             "max_target_length": seq,
         }
     )
+    if grad_accum > 1:  # MaxText: global batch = per_device_batch_size × devices × this
+        out["gradient_accumulation_steps"] = grad_accum
     ici, dcn = _ici_dcn(mesh, kind, target)
     for axis, key in MESH_KEYS.items():
         out[f"ici_{key}_parallelism"] = ici[axis]
@@ -209,9 +218,12 @@ def overrides_yaml(
     capacity_bytes: float | None = None,
     host_bytes: float | None = None,
     notes: tuple[str, ...] = (),
+    grad_accum: int = 1,
 ) -> str:
     """:func:`overrides` as a commented YAML file, the environment first (as ``export`` lines)."""
-    keys = overrides(plan, cfg, microbatch=microbatch, seq=seq, mesh=mesh, target=target)
+    keys = overrides(
+        plan, cfg, microbatch=microbatch, seq=seq, mesh=mesh, target=target, grad_accum=grad_accum
+    )
     devices = math.prod(int(v) for v in mesh.values())
     env, why = runtime_env(
         target=target,

@@ -73,9 +73,10 @@ def emit(
     schedule: str,
     target: str,
     notes: tuple[str, ...] = (),
+    grad_accum: int = 1,
 ) -> str:
     """A planner result written for ``tool`` (MaxText overrides), budgets and host bytes from the
-    result."""
+    result; ``grad_accum``: microsteps per optimizer step (``plan --mesh auto``'s winner)."""
     check_tool(tool, "--emit")
     return maxtext.overrides_yaml(
         result.plan,
@@ -89,6 +90,7 @@ def emit(
         capacity_bytes=result.predicted.device_capacity_bytes,
         host_bytes=result.predicted.host_bytes,
         notes=notes,
+        grad_accum=grad_accum,
     )
 
 
