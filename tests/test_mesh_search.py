@@ -233,11 +233,13 @@ def test_mesh_auto_refuses_options_it_would_ignore(monkeypatch, capsys, extra, f
     assert fragment in capsys.readouterr().err
 
 
-def test_global_batch_without_mesh_auto_is_refused(monkeypatch, capsys):
+def test_global_batch_or_top_without_mesh_auto_is_refused(monkeypatch, capsys):
     assert _main(monkeypatch, "plan", "--model", "tiny-llama", "--global-batch", "64") == 2
     assert "--global-batch is the batch every --mesh auto candidate trains" in (
         capsys.readouterr().err
     )
+    assert _main(monkeypatch, "plan", "--model", "tiny-llama", "--top", "3") == 2
+    assert "--top sizes --mesh auto's ranking" in capsys.readouterr().err
 
 
 def test_python_api_refuses_mesh_auto_for_a_custom_loss():

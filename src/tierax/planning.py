@@ -70,6 +70,7 @@ def check_options(
     mesh: str | None = None,
     devices: int | None = None,
     global_batch: int | None = None,
+    top: int | None = None,
 ) -> None:
     """``tierax plan``: refuse, before any work, a combination of options where one would be
     ignored.  (``--segments`` combines with ``--sweep`` and ``--check``.)"""
@@ -98,6 +99,8 @@ def check_options(
             "--global-batch is the batch every --mesh auto candidate trains; add --mesh auto, "
             "or give --microbatch (sequences per device) for one mesh"
         )
+    elif top is not None:
+        raise TieraxError("--top sizes --mesh auto's ranking; add --mesh auto or drop it")
     one_plan = [
         o
         for o, given in (

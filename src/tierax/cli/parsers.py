@@ -204,7 +204,6 @@ def _planning(sub) -> None:
     p.add_argument(
         "--top",
         type=positive_int,
-        default=5,
         help="with --mesh auto: candidates in the table (and compiled by --check; default 5)",
     )
     p.set_defaults(func=planning.cmd_plan)

@@ -13,6 +13,7 @@ from tierax.mesh import parse_mesh
 
 GIB = 2**30
 CHECK_ITERATIONS = 4  # plan --check's default bound on compiles
+TOP = 5  # plan --mesh auto's default table size
 # The options of `tierax plan` whose combinations tierax.planning.check_options checks.
 PLAN_OPTIONS = (
     "sweep",
@@ -27,6 +28,7 @@ PLAN_OPTIONS = (
     "mesh",
     "devices",
     "global_batch",
+    "top",
 )
 
 
@@ -343,6 +345,7 @@ def _plan_mesh_auto(args) -> int:
         "host_budget_bytes": args.host_budget_gib and args.host_budget_gib * GIB,
     }
     gb = args.global_batch or args.microbatch * args.devices
+    args.top = args.top or TOP
     t0 = time.perf_counter()
     found = mesh_search.search(
         cfg, args.devices, rates, global_batch=gb, seq=args.seq, top=args.top, **budgets
