@@ -183,6 +183,14 @@ MUTATIONS = [
         "tests": ["tests/test_mesh_search.py"],
     },
     {
+        "name": "mesh-carry-bound-quadrupled",
+        "what": "mesh_search: the carry bound counts each layer input four times",
+        "file": "src/tierax/mesh_search.py",
+        "old": "    return microbatch * seq * cfg.d_model",
+        "new": "    return 4 * microbatch * seq * cfg.d_model",
+        "tests": ["tests/test_mesh_search.py"],
+    },
+    {
         "name": "sweep-bypasses-solve",
         "what": "whatif.request_solver calls the planner directly, not planning.solve",
         "file": "src/tierax/whatif.py",

@@ -105,6 +105,10 @@ def test_search_equals_brute_force_and_pruning_keeps_the_optimum(trimmed, case):
     assert all(c.lower_bound_s <= c.step_time_s * (1 + 1e-12) for c in full.ranked)
     assert all(c.state_bytes <= c.result.predicted.peak_device_bytes for c in full.ranked)
     assert all(c.state_bytes == c.result.predicted.breakdown["state_bytes"] for c in full.ranked)
+    for c in full.ranked:  # the carry bound's bytes: the traced layer inputs
+        inv = inv_lib.model_inventory(cfg, c.microbatch, seq, c.mesh.to_dict())
+        traced = sum(g.carry_bytes_per_layer * g.num_layers for g in inv.groups)
+        assert mesh_search.layer_input_bytes(cfg, c.microbatch, seq) == traced
     # Pruned: the top 2 are exactly the brute force's top 2, and the bound did prune.
     top = [c.step_time_s for c in pruned.ranked[:2]]
     assert top == pytest.approx(sorted(s for _, s in brute.values())[:2], rel=1e-9)

@@ -26,6 +26,9 @@ per second at the global batch: ``global_batch · seq / (k · step time)``.
 * *State bound* (no trace needed): parameters, gradients and AdamW moments are in every peak of
   every placement at every microbatch (:class:`tierax.costmodel.FixedTerms`), so a candidate whose
   state alone exceeds the device budget cannot fit with any placement or accumulation.
+* *Carry bound* (no trace needed): every layer's input (microbatch × seq × d_model in the compute
+  dtype) stays on the device under every placement, so an accumulation whose state plus layer
+  inputs exceed the budget is not traced: its floor cannot fit.
 * *Time bound*: every placement's step time is at least ``compute_s + exposed_collective_s`` of the
   fixed terms (the prediction adds recomputation, exposed transfers and first touch, all ≥ 0), so a
   candidate whose bound (times k) is no faster than the N-th best solved candidate cannot enter the
@@ -119,7 +122,7 @@ class Candidate:
                 + (f" × {self.grad_accum} microsteps" if self.grad_accum > 1 else "")
             )
         )
-        return f"{what} need {planner.size_text(over)} more than the budget"
+        return f"{what} need at least {planner.size_text(over)} more than the budget"
 
     def to_json(self, tokens: int) -> dict:
         pred = self.result.predicted if self.result else None
@@ -178,6 +181,15 @@ def _state_bytes(cfg, mesh: MeshShape) -> int:
     return 4 * p  # parameters, gradients, AdamW mu and nu (as model_inventory counts them)
 
 
+def layer_input_bytes(cfg, microbatch: int, seq: int) -> int:
+    """Every layer's input (the scan carry, [microbatch, seq, d_model] in the compute dtype), on
+    the device under every placement: the carry bound's bytes."""
+    import jax.numpy as jnp
+
+    layers = sum(g.num_layers for g in cfg.layer_groups())
+    return microbatch * seq * cfg.d_model * jnp.dtype(cfg.dtype).itemsize * layers
+
+
 def _prepare(cfg, mesh, microbatch, seq, rates, schedule, budget) -> Candidate:
     """The candidate's accumulation (the smallest k whose everything-recomputed floor fits); its
     bounds come from :func:`_bound`; nothing solved yet."""
@@ -187,8 +199,13 @@ def _prepare(cfg, mesh, microbatch, seq, rates, schedule, budget) -> Candidate:
         cand.status = "no fit (state bound)"
         return cand
     for k in divisors(microbatch):
+        accum_bytes = state // 4 if k > 1 else 0  # the accumulator: one gradient shard
+        carry = layer_input_bytes(cfg, microbatch // k, seq)
+        if state + carry > budget - accum_bytes:  # the carry bound: no trace needed
+            cand.microbatch, cand.grad_accum = microbatch // k, k
+            cand.floor_bytes, cand.budget_bytes = state + carry, budget - accum_bytes
+            continue
         inv = inv_lib.model_inventory(cfg, microbatch // k, seq, mesh.to_dict())
-        accum_bytes = inv.grad_bytes if k > 1 else 0
         everything_remat = {
             (i.group, i.name): planner.Placement.REMAT for i in cm.item_terms(inv, rates)
         }
