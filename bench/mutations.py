@@ -205,6 +205,41 @@ MUTATIONS = [
         "new": "            elif False:\n",
         "tests": ["tests/test_time_model.py"],
     },
+    {
+        "name": "mesh-time-bound-inflated",
+        "what": "mesh_search: the time bound 1.5 x compute + exposed collectives (no longer under "
+        "every placement's step)",
+        "file": "src/tierax/mesh_search.py",
+        "old": "lower_bound_s=k * (fx.compute_s + fx.exposed_collective_s),",
+        "new": "lower_bound_s=1.5 * k * (fx.compute_s + fx.exposed_collective_s),",
+        "tests": ["tests/test_mesh_search.py"],
+    },
+    {
+        "name": "mesh-state-bound-doubled",
+        "what": "mesh_search: the state bound counts the state twice",
+        "file": "src/tierax/mesh_search.py",
+        "old": "    return 4 * p  # parameters",
+        "new": "    return 8 * p  # parameters",
+        "tests": ["tests/test_mesh_search.py"],
+    },
+    {
+        "name": "mesh-carry-bound-quadrupled",
+        "what": "mesh_search: the carry bound counts each layer input four times",
+        "file": "src/tierax/mesh_search.py",
+        "old": "    return microbatch * seq * cfg.d_model",
+        "new": "    return 4 * microbatch * seq * cfg.d_model",
+        "tests": ["tests/test_mesh_search.py"],
+    },
+    {
+        "name": "sweep-bypasses-solve",
+        "what": "whatif.request_solver calls the planner directly, not planning.solve",
+        "file": "src/tierax/whatif.py",
+        "old": "            result, _ = planning.solve(req, inventories)",
+        "new": "            result = planner.plan(req.cfg, inv, req.rates, schedule=req.schedule, "
+        "budget_bytes=req.budget_bytes, host_budget_bytes=req.host_budget_bytes, "
+        "segments=req.segments)",
+        "tests": ["tests/test_planning.py"],
+    },
 ]
 
 

@@ -49,6 +49,8 @@ LAYERS = [
             "tierax.hlo",
             "tierax.train",
             "tierax.interop",
+            "tierax.planning",
+            "tierax.mesh_search",
             "tierax.api",
             "tierax.whatif",
         ),

@@ -35,7 +35,7 @@ from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 
 from tierax import costmodel as cm
 from tierax import inventory as inv_lib
-from tierax import jaxpr_tools, planner
+from tierax import jaxpr_tools, planner, planning
 from tierax import names as N
 from tierax.errors import TieraxError
 from tierax.models.config import LayerGroup
@@ -337,7 +337,8 @@ def plan(
     Args:
       target: h100, h200, b200, gb200 (or cpu after ``tierax calibrate``).
       mesh: e.g. ``{"fsdp": 8}``: parameters, gradients and AdamW moments are split over fsdp ×
-          tensor.
+          tensor.  ``"auto"`` is refused: a custom loss function does not say what each axis
+          shards (``tierax plan --mesh auto`` searches meshes for tierax's models).
       budget / host_budget: bytes per device (default: capacity minus 5 %, host memory per GPU).
       extra_bytes: device memory the inventory does not see (logits, buffers of your own).
 
@@ -352,6 +353,14 @@ def plan(
         raise TieraxError(
             "plan() takes what tierax.inventory(loss_fn, params, batch) returns, "
             f"not a {type(inventory).__name__}"
+        )
+    if mesh == "auto":
+        raise TieraxError(
+            "mesh='auto' is not available for a custom loss function: choosing a mesh needs to "
+            "know which weights and activations each axis shards (heads and MLP widths over "
+            "tensor, experts over expert) and what each collective sends, which tierax reads from "
+            "its own models' definitions, not from a traced loss_fn; give the mesh you run, e.g. "
+            "mesh={'fsdp': 8}, or use `tierax plan --mesh auto` with a tierax model config"
         )
     budget = _bytes_arg("budget", budget, minimum=1)
     host_budget = _bytes_arg("host_budget", host_budget, minimum=0)
@@ -378,15 +387,18 @@ def plan(
     rates = cm.target_rates(target, inventory.model.dtype)
     # Your layer runs under jax.checkpoint with the policy this plan gives: XLA's offload policy
     # mechanism.
-    result = planner.plan(
-        inventory.model,
-        inv,
-        rates,
-        schedule=schedule,
-        budget_bytes=budget,
-        host_budget_bytes=host_budget,
-        name=name,
-        mechanism="policy",
-        remedies=API_REMEDIES,
+    result, _ = planning.solve(
+        planning.Request(
+            inventory.model,
+            dict(inv.mesh),
+            rates,
+            schedule=schedule,
+            budget_bytes=budget,
+            host_budget_bytes=host_budget,
+            name=name,
+            mechanism="policy",
+            remedies=API_REMEDIES,
+            inventory=inv,
+        )
     )
     return Planned(result.plan, inventory.model, result)

@@ -319,19 +319,43 @@ def layer_weight_ways(stacked, mesh: dict) -> dict:
 def per_device_param_count(cfg, mesh: dict) -> float:
     """Parameters per device under :mod:`tierax.train.sharding`'s rules (what the step really
     holds)."""
-    from tierax.models import abstract_model
     from tierax.train.sharding import param_spec
 
-    _, abstract = nnx.split(abstract_model(cfg))
     total = 0.0
-    for path, leaf in jax.tree_util.tree_leaves_with_path(abstract):
-        spec = param_spec(path, tuple(leaf.shape), mesh)
+    for path, shape in _param_shapes(cfg):
+        spec = param_spec(path, shape, mesh)
         ways = 1
         for entry in spec:
             for axis in (entry,) if isinstance(entry, str) else (entry or ()):
                 ways *= mesh.get(axis, 1)
-        total += math.prod(leaf.shape) / ways
+        total += math.prod(shape) / ways
     return total
+
+
+_SHAPES: dict = {}  # cfg → its parameters' (path, shape), the last few configs
+
+
+def _param_shapes(cfg) -> tuple:
+    """Every parameter's (tree path, shape) of ``cfg``'s model, from an abstract build (kept per
+    config: a mesh search asks for the same model's shapes on every candidate mesh)."""
+    from tierax.models import abstract_model
+
+    def build():
+        _, abstract = nnx.split(abstract_model(cfg))
+        return tuple(
+            (path, tuple(leaf.shape))
+            for path, leaf in jax.tree_util.tree_leaves_with_path(abstract)
+        )
+
+    try:
+        hash(cfg)
+    except TypeError:
+        return build()
+    if cfg not in _SHAPES:
+        if len(_SHAPES) >= 8:
+            del _SHAPES[next(iter(_SHAPES))]
+        _SHAPES[cfg] = build()
+    return _SHAPES[cfg]
 
 
 def _forward_collective_bytes(cfg, group: str, microbatch: int, seq: int, mesh: dict) -> tuple:
@@ -377,25 +401,39 @@ def _memoised(fn):
     return wrapper
 
 
-@_memoised
-def model_inventory(cfg, microbatch: int, seq: int, mesh: dict | None = None) -> Inventory:
-    """Inventory of a reference model, per device.
+_TRACES: dict = {}  # (cfg, microbatch, seq, tensor, weight axes) → groups, the last _TRACES_KEPT
+_TRACES_KEPT = 512  # a 128-device search has up to ~100 local shapes; each entry is small
 
-    ``microbatch`` is sequences per device; activations are batch-sharded, so each
-    layer is traced at the per-device batch, with heads and MLP hidden sizes divided
-    by ``tensor`` (:func:`tensor_shard_config`).  Parameters, gradients and AdamW
-    moments follow the step's sharding rules (:func:`per_device_param_count`).
-    The logits are float32, one ``cfg.loss_tiles``-th of [tokens, vocab] at a time.
-    """
-    from tierax.mesh import MeshShape
+
+def _traced_groups(
+    cfg, microbatch: int, seq: int, tensor: int, weight_axes: tuple = ()
+) -> tuple[GroupInventory, ...]:
+    """Each layer group's trace at the local shape (``microbatch`` sequences per device, heads and
+    MLP widths divided by ``tensor``) with its weights split as ``weight_axes`` ((axis, size) of
+    ``fsdp`` and ``expert``: the non-matmul bytes of a weight's own work are its shard's,
+    :mod:`tierax.hbm`): all the inventory takes from the mesh, so meshes that differ elsewhere
+    (the ``data`` axis of ``tierax plan --mesh auto``'s candidates) share one trace.  Kept within
+    the process; a config with an unhashable field is traced every time."""
+    key = (cfg, microbatch, seq, tensor, weight_axes)
+    try:
+        if key in _TRACES:
+            return _TRACES[key]
+    except TypeError:
+        return _trace_groups(cfg, microbatch, seq, tensor, weight_axes)
+    if len(_TRACES) >= _TRACES_KEPT:
+        del _TRACES[next(iter(_TRACES))]
+    _TRACES[key] = _trace_groups(cfg, microbatch, seq, tensor, weight_axes)
+    return _TRACES[key]
+
+
+def _trace_groups(
+    cfg, microbatch: int, seq: int, tensor: int, weight_axes: tuple = ()
+) -> tuple[GroupInventory, ...]:
     from tierax.models import abstract_model
     from tierax.models.config import host_traceable, require_concrete_attention
 
     require_concrete_attention(cfg, "the inventory")
-    mesh = {"data": 1, "fsdp": 1, **(mesh or {})}
-    shape = MeshShape(**mesh)
-    shape.check_model(cfg)
-    local = host_traceable(tensor_shard_config(cfg, shape.tensor))
+    local = host_traceable(tensor_shard_config(cfg, tensor))
     model = abstract_model(local)
     dtype = jnp.dtype(cfg.dtype)
     x = jax.ShapeDtypeStruct((microbatch, seq, cfg.d_model), dtype)
@@ -407,16 +445,40 @@ def model_inventory(cfg, microbatch: int, seq: int, mesh: dict | None = None) ->
         def layer_fn(a, p, graphdef=graphdef):
             return nnx.merge(graphdef, p)(a)
 
-        gi = layer_inventory(
-            layer_fn,
-            x,
-            one,
-            group=g.name,
-            num_layers=g.num_layers,
-            expert_param_count=_expert_params_per_layer(local, g.name),
-            weight_ways=layer_weight_ways(stacked, mesh),
+        groups.append(
+            layer_inventory(
+                layer_fn,
+                x,
+                one,
+                group=g.name,
+                num_layers=g.num_layers,
+                expert_param_count=_expert_params_per_layer(local, g.name),
+                weight_ways=layer_weight_ways(stacked, dict(weight_axes)),
+            )
         )
-        by_axis = _forward_collective_bytes(cfg, g.name, microbatch, seq, mesh)
+    return tuple(groups)
+
+
+@_memoised
+def model_inventory(cfg, microbatch: int, seq: int, mesh: dict | None = None) -> Inventory:
+    """Inventory of a reference model, per device.
+
+    ``microbatch`` is sequences per device; activations are batch-sharded, so each
+    layer is traced at the per-device batch, with heads and MLP hidden sizes divided
+    by ``tensor`` (:func:`tensor_shard_config`).  Parameters, gradients and AdamW
+    moments follow the step's sharding rules (:func:`per_device_param_count`).
+    The logits are float32, one ``cfg.loss_tiles``-th of [tokens, vocab] at a time.
+    The layer traces are reused per local shape (:func:`_traced_groups`).
+    """
+    from tierax.mesh import MeshShape
+
+    mesh = {"data": 1, "fsdp": 1, **(mesh or {})}
+    shape = MeshShape(**mesh)
+    shape.check_model(cfg)
+    groups = []
+    weight_axes = tuple((a, mesh.get(a, 1)) for a in ("fsdp", "expert"))
+    for gi in _traced_groups(cfg, microbatch, seq, shape.tensor, weight_axes):
+        by_axis = _forward_collective_bytes(cfg, gi.name, microbatch, seq, mesh)
         groups.append(
             dataclasses.replace(
                 gi,

@@ -159,3 +159,28 @@ def describe(links: dict[str, AxisLink], rates) -> dict[str, str]:
             f"{span} of {link.per_domain} ({where})"
         )
     return lines
+
+
+def ici_dcn(mesh: dict, per_domain: int) -> tuple[dict[str, int], dict[str, int]]:
+    """Each axis split into its part inside one domain (ICI/NVLink) and its part across domains
+    (DCN/scale-out), as the device order lays it out (expert innermost, then tensor, fsdp, data;
+    ``per_domain`` consecutive devices per domain): ``ici[a] × dcn[a] = mesh[a]``.
+
+    Raises:
+      TieraxError: the domains do not fall on axis boundaries (a domain holding part of an axis and
+        part of the next), which an ICI × DCN mesh cannot express.
+    """
+    import math
+
+    ici, dcn, room = {}, {}, per_domain
+    for a in reversed(AXES):
+        s = int(mesh.get(a, 1))
+        inside = math.gcd(s, room)
+        if inside < s and room // inside > 1:
+            raise TieraxError(
+                f"mesh {mesh} over domains of {per_domain} devices: axis {a} ({s}) splits a domain "
+                f"of {room} remaining devices unevenly; choose axis sizes that divide the domain"
+            )
+        ici[a], dcn[a] = inside, s // inside
+        room //= inside
+    return {a: ici[a] for a in AXES}, {a: dcn[a] for a in AXES}

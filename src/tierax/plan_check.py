@@ -21,12 +21,13 @@ within ``tolerance`` of the corrected prediction.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from tierax import compile as compile_lib
-from tierax import inventory as inv_lib
-from tierax import planner
+from tierax import planner, planning
+from tierax.errors import TieraxError
 from tierax.mesh import MeshShape
 
 
@@ -89,20 +90,49 @@ def check(
 ) -> CheckResult:
     """Plan, compile, correct the workspace term and re-plan until the compiled plan fits and
     agrees."""
-    budget, host_budget = planner.budgets(rates, budget_bytes, host_budget_bytes)
-    inv = inv_lib.model_inventory(cfg, microbatch, seq, mesh.to_dict())
+    request = planning.Request(
+        cfg,
+        mesh.to_dict(),
+        rates,
+        microbatch=microbatch,
+        seq=seq,
+        schedule=schedule,
+        budget_bytes=budget_bytes,
+        host_budget_bytes=host_budget_bytes,
+        segments=segments,
+    )
+    return check_request(
+        request, target, max_iterations=max_iterations, tolerance=tolerance, report=report
+    )
+
+
+def check_request(
+    request: planning.Request,
+    target: str,
+    *,
+    max_iterations: int = 4,
+    tolerance: float = 0.05,
+    report: Callable[[Iteration], None] | None = None,
+) -> CheckResult:
+    """:func:`check` of a :class:`tierax.planning.Request` (each solve is
+    :func:`tierax.planning.solve` of it at the corrected budget)."""
+    if request.max_microbatch or request.for_tool:
+        raise TieraxError(
+            "--check compiles one plan at a given --microbatch; drop --emit/--for/--max-microbatch"
+        )
+    cfg, rates, microbatch, seq = request.cfg, request.rates, request.microbatch, request.seq
+    mesh = MeshShape(**request.mesh)
+    budget, host_budget = planner.budgets(rates, request.budget_bytes, request.host_budget_bytes)
+    inventories: dict = {}
     correction, steps = 0, []
     result = None
     for it in range(1, max_iterations + 1):
         try:
-            result = planner.plan(
-                cfg,
-                inv,
-                rates,
-                schedule=schedule,
-                budget_bytes=budget - correction,
-                host_budget_bytes=host_budget,
-                segments=segments,
+            result, _ = planning.solve(
+                dataclasses.replace(
+                    request, budget_bytes=budget - correction, host_budget_bytes=host_budget
+                ),
+                inventories,
             )
         except planner.NoPlanFits as e:
             if it == 1:

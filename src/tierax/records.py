@@ -27,6 +27,7 @@ GPU_CHECK_SCHEMA = "tierax.gpu-check/1"
 VERIFY_SCHEMA = "tierax.verify/1"
 SWEEP_SCHEMA = "tierax.sweep/1"
 WHATIF_SCHEMA = "tierax.whatif/1"
+MESH_SEARCH_SCHEMA = "tierax.mesh-search/1"
 
 
 def command_line(argv: Sequence[str] | None = None, prog: str = "tierax") -> str:

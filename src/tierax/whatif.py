@@ -158,42 +158,54 @@ def plan_solver(
     host_budget_bytes: float | None,
     segments: bool = False,
 ) -> Callable[[str, float], tuple]:
-    """The ``solve`` of :func:`sweep` for ``tierax plan --sweep``: the planner at one swept value
-    (``segments``: as ``tierax plan --segments`` plans), plus the predictions of the
-    :data:`REFERENCES` presets (``fits`` against the same budget)."""
-    from tierax import inventory as inv_lib
-    from tierax import planner
+    """:func:`request_solver` of the request these arguments make."""
+    from tierax import planning
+
+    return request_solver(
+        planning.Request(
+            cfg,
+            mesh,
+            rates,
+            microbatch=microbatch,
+            seq=seq,
+            schedule=schedule,
+            budget_bytes=budget_bytes,
+            host_budget_bytes=host_budget_bytes,
+            segments=segments,
+        )
+    )
+
+
+def request_solver(request) -> Callable[[str, float], tuple]:
+    """The ``solve`` of :func:`sweep` for ``tierax plan --sweep``: :func:`tierax.planning.solve` of
+    ``request`` (a :class:`tierax.planning.Request`: ``--segments`` included) with the swept value
+    replaced, plus the predictions of the :data:`REFERENCES` presets (``fits`` against the same
+    budget).  Inventories are traced once per microbatch."""
+    from tierax import planner, planning
 
     inventories: dict[int, object] = {}
 
     def solve(key: str, value: float):
-        r, budget, mb = rates, budget_bytes, microbatch
         if key == "budget":
-            budget = value * GIB
+            req = dataclasses.replace(request, budget_bytes=value * GIB)
         elif key == "microbatch":
-            mb = int(value)
+            req = dataclasses.replace(request, microbatch=int(value))
         else:
-            r = override_rates(rates, [f"{key}={value}"])
-        if mb not in inventories:
-            inventories[mb] = inv_lib.model_inventory(cfg, mb, seq, mesh)
-        inv = inventories[mb]
-        limit, _ = planner.budgets(r, budget, host_budget_bytes)
+            req = dataclasses.replace(
+                request, rates=override_rates(request.rates, [f"{key}={value}"])
+            )
+        inv = planning.inventory(req, inventories)
+        limit, _ = planner.budgets(req.rates, req.budget_bytes, req.host_budget_bytes)
         refs = {}
         for name in REFERENCES:
-            pred = cm.simulate(plan_lib.preset(name, cfg), inv, cfg, r, schedule)
+            pred = cm.simulate(
+                plan_lib.preset(name, req.cfg), inv, req.cfg, req.rates, req.schedule
+            )
             refs[name] = dataclasses.replace(pred, fits=pred.peak_device_bytes <= limit)
         try:
-            result = planner.plan(
-                cfg,
-                inv,
-                r,
-                schedule=schedule,
-                budget_bytes=budget,
-                host_budget_bytes=host_budget_bytes,
-                segments=segments,
-            )
+            result, _ = planning.solve(req, inventories)
         except planner.NoPlanFits:
             result = None
-        return result, cfg, refs
+        return result, req.cfg, refs
 
     return solve

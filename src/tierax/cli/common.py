@@ -170,3 +170,74 @@ def prepare_progress(console, total_bytes: int | None) -> Iterator:
             prog.update(task, advance=nbytes, tokens=f"{done[0]:,}", rate=rate)
 
         yield advance
+
+
+def carried_mesh(spec: str | None):
+    """The mesh a plan file carries (``tierax plan --mesh auto --out FILE`` writes one), or None: a
+    preset, a file without one, or something that is no plan (its verb's loader says why later)."""
+    import pathlib
+
+    import yaml
+
+    from tierax.plan import Plan
+
+    if not spec or not pathlib.Path(spec).is_file():
+        return None
+    try:
+        data = yaml.safe_load(pathlib.Path(spec).read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError, OSError):
+        return None
+    if not isinstance(data, dict) or "mesh" not in data or "groups" not in data:
+        return None
+    from tierax.mesh import MeshShape
+
+    return MeshShape(**Plan.from_dict(data, source=f"plan file {spec!r}").mesh)
+
+
+MAKE_ONE = (
+    "make one with `tierax plan --model MODEL --target TARGET --devices N --mesh auto --out "
+    "PLAN.yaml` and pass it as the plan"
+)
+
+
+def mesh_option(args, plans: Sequence[str | None] = (), *, required: bool = True):
+    """The mesh of a verb that runs or models a step: ``--mesh``/``--devices``, or the mesh the plan
+    files carry.  ``--mesh auto`` means the plan's mesh (refused without one); a ``--mesh`` that
+    differs from a plan's is refused.  ``required=False``: None when neither gives one.
+
+    Raises:
+      TieraxError: naming the conflict and the fix.
+    """
+    from tierax.mesh import parse_mesh
+
+    text, devices = args.mesh, args.devices
+    carried = {str(m): m for m in (carried_mesh(p) for p in plans) if m is not None}
+    if len(carried) > 1:
+        raise TieraxError(
+            f"the plans carry different meshes ({' and '.join(carried)}); give plans planned for "
+            "one mesh"
+        )
+    mesh = next(iter(carried.values()), None)
+    if text == "auto" and mesh is None:
+        raise TieraxError(
+            "--mesh auto takes the mesh a plan file carries, and "
+            + ("no plan was given" if not any(plans) else "the plan carries none")
+            + f"; {MAKE_ONE}"
+        )
+    if mesh is not None and text not in (None, "auto"):
+        given = parse_mesh(text, devices)
+        if given != mesh:
+            raise TieraxError(
+                f"--mesh {given} differs from the mesh the plan was planned for ({mesh}); drop "
+                "--mesh (the plan's is used) or plan again for this mesh"
+            )
+    if mesh is not None:
+        if devices is not None and devices != mesh.size:
+            raise TieraxError(
+                f"--devices {devices} but the plan was planned for mesh {mesh} = {mesh.size} "
+                "devices; drop --devices or plan again for this device count"
+            )
+        return mesh
+    if not required and not text and devices is None:
+        return None
+    return parse_mesh(text, devices)

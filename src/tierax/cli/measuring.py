@@ -7,18 +7,30 @@ import pathlib
 import sys
 
 from tierax import launch, records
-from tierax.cli.common import console, load_plans, progress, resolve_model
+from tierax.cli.common import (
+    carried_mesh,
+    console,
+    load_plans,
+    mesh_option,
+    progress,
+    resolve_model,
+)
 from tierax.errors import TieraxError
 from tierax.fileio import check_output_dir, check_output_file
-from tierax.mesh import parse_mesh
 
 CPU_OFFLOAD_NOTE = (
     "note: XLA:CPU ignores host offloading; offload plans run as their save-on-device twin here."
 )
 
 
+def _plan_specs(text: str | None) -> list[str]:
+    return [p.strip() for p in (text or "").split(",") if p.strip()]
+
+
 def cmd_bench(args) -> int:
-    mesh = parse_mesh(args.mesh, args.devices) if args.mesh else None
+    specs = _plan_specs(args.plans)
+    carried = any(carried_mesh(p) for p in specs)
+    mesh = mesh_option(args, specs) if args.mesh or carried else None
     out = check_output_file(args.out) if args.out else None
     launch.start(devices=args.devices or (mesh.size if mesh else None), preset=args.xla_preset)
     from tierax import bench
@@ -71,7 +83,12 @@ def _verify_before_bench(cfg, plans, args):
 
     # On bench's mesh (its default: fsdp over every device), with bench's batch (--microbatch is
     # per device there, the global batch in verify).
-    mesh = parse_mesh(args.mesh, args.devices) if args.mesh else MeshShape(fsdp=jax.device_count())
+    specs = _plan_specs(args.plans)
+    mesh = (
+        mesh_option(args, specs)
+        if args.mesh or any(carried_mesh(p) for p in specs)
+        else MeshShape(fsdp=jax.device_count())
+    )
     results = verify_lib.verify_plans(
         cfg, plans, microbatch=args.microbatch * mesh.batch_ways, seq=args.seq, mesh=mesh
     )
@@ -91,7 +108,7 @@ def _verify_before_bench(cfg, plans, args):
 def cmd_compile(args) -> int:
     from tierax import hardware
 
-    mesh = parse_mesh(args.mesh, args.devices)
+    mesh = mesh_option(args, [args.plan])
     spec = hardware.compile_target(args.target)
     target_config = _read_target_config(args.target_config)
     if spec.kind == "tpu":  # host platform only; libtpu builds compile-only TPU devices
@@ -145,7 +162,9 @@ def _read_target_config(path: str | None) -> str | None:
 
 
 def cmd_verify(args) -> int:
-    mesh = parse_mesh(args.mesh, args.devices) if args.mesh or args.devices else None
+    specs = _plan_specs(args.plan)
+    carried = any(carried_mesh(p) for p in specs)
+    mesh = mesh_option(args, specs) if args.mesh or args.devices or carried else None
     launch.start(devices=mesh.size if mesh else None, preset=args.xla_preset)
     import jax
 

@@ -68,7 +68,9 @@ def _models_and_plans(sub) -> None:
         "--devices", type=positive_int, help="with --emit: devices (default: the mesh's product)"
     )
     pl.add_argument(
-        "--mesh", help="with --emit: mesh axes, e.g. fsdp=8 (data, fsdp, tensor, expert)"
+        "--mesh",
+        help="with --emit: mesh axes, e.g. fsdp=8 (data, fsdp, tensor, expert; default: the mesh "
+        "the plan file carries)",
     )
     # Defaults are applied in cmd_plans: None tells an option given without --emit (refused there).
     pl.add_argument(
@@ -99,7 +101,9 @@ def _planning(sub) -> None:
             "--devices", type=positive_int, help="devices (default: the mesh's product, else 1)"
         )
         p.add_argument(
-            "--mesh", help="mesh axes, e.g. fsdp=16,expert=8 (data, fsdp, tensor, expert)"
+            "--mesh",
+            help="mesh axes, e.g. fsdp=16,expert=8 (data, fsdp, tensor, expert); auto: the mesh "
+            "the plan file carries (plan --mesh auto: search it)",
         )
         add_size_args(p, microbatch=8)
         p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -128,7 +132,10 @@ def _planning(sub) -> None:
         "plan",
         help="find the fastest plan that fits, and explain it",
         description="Choose device/offload/remat per activation to minimise predicted step time "
-        "within the device and host budgets (exact integer program, HiGHS).",
+        "within the device and host budgets (exact integer program, HiGHS). With --mesh auto "
+        "--devices N, also choose the mesh: every data × fsdp × tensor × expert factorisation of "
+        "N the model admits, the placement solved exactly for each, ranked by tokens/s at "
+        "--global-batch (pipeline and context parallelism are not searched).",
     )
     common(p)
     p.add_argument("--schedule", default="lhs", help="serial, lhs or lhs-pipelined")
@@ -187,6 +194,18 @@ def _planning(sub) -> None:
         "host_link=100:1000:100); prints a table, and with --out F.png draws the frontier (F.json "
         "beside it)",
     )
+    p.add_argument(
+        "--global-batch",
+        type=positive_int,
+        help="with --mesh auto: sequences per optimizer step every candidate trains (default "
+        "--microbatch × --devices); a mesh with tensor=t runs t× the microbatch per device, and "
+        "accumulates gradients when that does not fit",
+    )
+    p.add_argument(
+        "--top",
+        type=positive_int,
+        help="with --mesh auto: candidates in the table (and compiled by --check; default 5)",
+    )
     p.set_defaults(func=planning.cmd_plan)
 
     c = sub.add_parser(
@@ -238,7 +257,11 @@ def _running(sub) -> None:
     b.add_argument(
         "--devices", type=positive_int, help="host CPU devices to create (CPU backend only)"
     )
-    b.add_argument("--mesh", help="mesh axes, e.g. data=2,fsdp=4 (default: fsdp over all devices)")
+    b.add_argument(
+        "--mesh",
+        help="mesh axes, e.g. data=2,fsdp=4 (default: the mesh the plan files carry, else fsdp "
+        "over all devices; auto: the plans' mesh, required)",
+    )
     b.add_argument("--xla-preset", default="none", help=PRESET_HELP)
     b.add_argument("--json", action="store_true", help="print a JSON list of per-plan records")
     b.add_argument(
@@ -279,7 +302,11 @@ def _running(sub) -> None:
         type=positive_int,
         help="compile-only GPUs (default: the mesh's product, else 1)",
     )
-    c.add_argument("--mesh", help="mesh axes, e.g. fsdp=8 or data=2,fsdp=4")
+    c.add_argument(
+        "--mesh",
+        help="mesh axes, e.g. fsdp=8 or data=2,fsdp=4 (default: the mesh the plan file carries; "
+        "auto: that mesh, required)",
+    )
     add_size_args(c, microbatch=8)
     c.add_argument("--xla-preset", default="none", help=PRESET_HELP)
     c.add_argument("--json", action="store_true", help="print one JSON object")
@@ -309,7 +336,7 @@ def _running(sub) -> None:
     v.add_argument(
         "--mesh",
         help="run each plan and save-all sharded on this mesh, e.g. "
-        "fsdp=2,expert=2,tensor=2 (default: one device)",
+        "fsdp=2,expert=2,tensor=2 (default: the mesh the plan files carry, else one device)",
     )
     v.add_argument(
         "--seed",

@@ -7,13 +7,14 @@ import json
 import sys
 
 from tierax import launch
-from tierax.cli.common import console, resolve_model
+from tierax.cli.common import console, mesh_option, resolve_model
 from tierax.errors import TieraxError
 from tierax.mesh import parse_mesh
 
 GIB = 2**30
 CHECK_ITERATIONS = 4  # plan --check's default bound on compiles
-# The options of `tierax plan` whose combinations interop.planning.check_plan_options checks.
+TOP = 5  # plan --mesh auto's default table size
+# The options of `tierax plan` whose combinations tierax.planning.check_options checks.
 PLAN_OPTIONS = (
     "sweep",
     "check",
@@ -24,6 +25,10 @@ PLAN_OPTIONS = (
     "max_microbatch",
     "out",
     "json",
+    "mesh",
+    "devices",
+    "global_batch",
+    "top",
 )
 
 
@@ -100,7 +105,7 @@ def cmd_plans(args) -> int:
         sizes = {
             k: v if getattr(args, k) is None else getattr(args, k) for k, v in SHOW_DEFAULTS.items()
         }
-        mesh = parse_mesh(args.mesh, args.devices).to_dict()
+        mesh = mesh_option(args, [args.show]).to_dict()
         print(interop.emit_plan(plan, cfg, args.emit, mesh=mesh, **sizes), end="")
     elif args.yaml:
         print(plan.to_yaml(), end="")
@@ -109,14 +114,14 @@ def cmd_plans(args) -> int:
     return 0
 
 
-def _inputs(args, *, rates: bool = True):
+def _inputs(args, *, rates: bool = True, plans: tuple = ()):
     """(model, mesh, rates or None) of a planning verb, validated (the target too) before JAX
-    starts."""
+    starts; ``plans``: the plan files whose mesh ``--mesh`` defaults to."""
     from tierax import costmodel as cm
     from tierax import hardware
 
     cfg = resolve_model(args, target=args.target)  # an unknown target is refused here
-    mesh = parse_mesh(args.mesh, args.devices)
+    mesh = mesh_option(args, plans)
     if args.target != "cpu":
         hardware.get_target(args.target)
     if rates:
@@ -156,7 +161,7 @@ def cmd_simulate(args) -> int:
     from tierax.interop import files
     from tierax.report.tables import prediction_table
 
-    cfg, mesh, rates = _inputs(args)
+    cfg, mesh, rates = _inputs(args, plans=(args.plan,))
     plan = files.load_plan(args.plan, cfg)
     plan_lib.check_mechanism_preset(plan, args.schedule, "--plan")
     pred = cm.simulate(
@@ -178,38 +183,45 @@ def cmd_simulate(args) -> int:
     return 0
 
 
+def _request(args, cfg, mesh, rates):
+    """The :class:`tierax.planning.Request` that ``tierax plan``'s options ask for."""
+    from tierax import planning
+
+    return planning.Request(
+        cfg,
+        mesh.to_dict(),
+        rates,
+        microbatch=args.microbatch,
+        seq=args.seq,
+        schedule=args.schedule,
+        budget_bytes=args.budget_gib and args.budget_gib * GIB,
+        host_budget_bytes=args.host_budget_gib and args.host_budget_gib * GIB,
+        segments=args.segments,
+        max_microbatch=args.max_microbatch,
+        for_tool=args.for_tool,
+    )
+
+
 def cmd_plan(args) -> int:
+    from tierax import planning
     from tierax.fileio import check_output_file, write_text_atomic
     from tierax.interop import planning as interop
     from tierax.report.tables import explain_table, prediction_table
 
-    interop.check_plan_options(**{k: getattr(args, k) for k in PLAN_OPTIONS})
+    planning.check_options(**{k: getattr(args, k) for k in PLAN_OPTIONS})
     if not (args.for_tool or args.emit):  # MaxText moves offloads with XLA's offload policy
         from tierax import plan as plan_lib
 
         plan_lib.check_mechanism_preset(None, args.schedule, "--schedule")
+    if args.mesh == "auto":
+        return _plan_mesh_auto(args)
     if args.sweep:
         return _plan_sweep(args)
     if args.check:
         return _plan_check(args)
     out = check_output_file(args.out) if args.out else None
     cfg, mesh, rates = _inputs(args)
-    budgets = {
-        "schedule": args.schedule,
-        "budget_bytes": args.budget_gib and args.budget_gib * GIB,
-        "host_budget_bytes": args.host_budget_gib and args.host_budget_gib * GIB,
-    }
-    result, notes = interop.solve(
-        cfg,
-        mesh.to_dict(),
-        rates,
-        microbatch=args.microbatch,
-        seq=args.seq,
-        max_microbatch=args.max_microbatch,
-        for_tool=args.for_tool,
-        segments=args.segments,
-        **budgets,
-    )
+    result, notes = planning.solve(_request(args, cfg, mesh, rates))
     text = (
         interop.emit(
             result,
@@ -281,17 +293,9 @@ def _plan_check(args) -> int:
             flush=True,
         )
 
-    res = plan_check.check(
-        cfg,
-        mesh,
-        rates,
+    res = plan_check.check_request(
+        _request(args, cfg, mesh, rates),
         args.target,
-        microbatch=args.microbatch,
-        seq=args.seq,
-        schedule=args.schedule,
-        budget_bytes=args.budget_gib and args.budget_gib * GIB,
-        host_budget_bytes=args.host_budget_gib and args.host_budget_gib * GIB,
-        segments=args.segments,
         max_iterations=args.check_iterations or CHECK_ITERATIONS,
         report=report,
     )
@@ -307,6 +311,162 @@ def _plan_check(args) -> int:
         f"({'fits' if last.xla_fits else 'does not fit'}), model within {abs(last.peak_error):.1%}"
     )
     return 0 if res.converged else 1
+
+
+def _plan_mesh_auto(args) -> int:
+    """``tierax plan --mesh auto``: rank the meshes of --devices with their plans; write the
+    winner (its mesh in the plan file)."""
+    import dataclasses
+    import time
+
+    from tierax import costmodel as cm
+    from tierax import hardware, records
+    from tierax.fileio import check_output_file, write_text_atomic
+    from tierax.whatif import override_rates
+
+    out = check_output_file(args.out) if args.out else None
+    cfg = resolve_model(args, target=args.target)
+    if args.target != "cpu":
+        hardware.get_target(args.target)
+    if args.check:
+        spec = hardware.compile_target(args.target)  # a projection is refused here
+    rates = override_rates(cm.target_rates(args.target, cfg.dtype), args.rate)
+    if args.check and spec.kind == "tpu":
+        from tierax import compile as compile_lib
+
+        compile_lib.start_deviceless_tpu("none", spec.accelerator_type(args.devices))
+    elif args.check:
+        launch.start(
+            deviceless_gpu=True,
+            preset="lhs-pipelined" if args.schedule == "lhs-pipelined" else "lhs",
+        )
+    else:
+        launch.start()
+    from tierax import mesh_search
+    from tierax.interop import planning as interop
+    from tierax.report.tables import mesh_search_table
+
+    budgets = {
+        "schedule": args.schedule,
+        "budget_bytes": args.budget_gib and args.budget_gib * GIB,
+        "host_budget_bytes": args.host_budget_gib and args.host_budget_gib * GIB,
+    }
+    gb = args.global_batch or args.microbatch * args.devices
+    args.top = args.top or TOP
+    t0 = time.perf_counter()
+    found = mesh_search.search(
+        cfg, args.devices, rates, global_batch=gb, seq=args.seq, top=args.top, **budgets
+    )
+    mesh_search.check_fits(found)
+    sens = mesh_search.sensitivity(found, rates, **budgets)
+    wall = time.perf_counter() - t0
+    doc = records.envelope(records.MESH_SEARCH_SCHEMA, records.command_line()) | (
+        mesh_search.to_json(found, sens, wall) | {"target": args.target, "rates": rates.sources}
+    )
+    chosen = found.best
+    if args.check:
+        doc["check"], chosen = _mesh_check(found, cfg, args)
+    if chosen is None:
+        print("no candidate's compile fits; nothing written", file=sys.stderr)
+        if args.json:
+            print(json.dumps(doc, indent=2))
+        return 1
+    plan = dataclasses.replace(
+        chosen.result.plan,
+        mesh=chosen.mesh.to_dict(),
+        description=chosen.result.plan.description
+        + f"; mesh {chosen.mesh} chosen by --mesh auto at global batch {gb} × seq {args.seq}: "
+        f"microbatch {chosen.microbatch}"
+        + (f" × {chosen.grad_accum} accumulated" if chosen.grad_accum > 1 else ""),
+    )
+    text = (
+        interop.emit(
+            dataclasses.replace(chosen.result, plan=plan),
+            cfg,
+            args.emit,
+            seq=args.seq,
+            mesh=chosen.mesh.to_dict(),
+            schedule=args.schedule,
+            target=args.target,
+            grad_accum=chosen.grad_accum,
+        )
+        if args.emit
+        else plan.to_yaml()
+    )
+    if out:
+        write_text_atomic(out, text)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    if args.emit and not out:
+        print(text, end="")
+        return 0
+    title = (
+        f"{cfg.name} · {args.target} · {args.devices} devices · global batch {gb} × seq {args.seq}"
+    )
+    console().print(mesh_search_table(doc, title))
+    _print_mesh_summary(doc, chosen, out)
+    return 0
+
+
+def _print_mesh_summary(doc: dict, chosen, out) -> None:
+    print(f"why: {doc['why']}")
+    accum = (
+        f"{chosen.grad_accum} accumulated microsteps of {chosen.microbatch}"
+        if chosen.grad_accum > 1
+        else f"microbatch {chosen.microbatch} per device"
+    )
+    print(f"winner {chosen.mesh}: {accum} (sequences per device of data×fsdp×expert)")
+    for row in doc["sensitivity"]:
+        w = ",".join(f"{a}={v}" for a, v in (row["winner"] or {}).items() if v > 1)
+        print(
+            f"{row['rate']} ×{row['factor']:g}: winner {w or '—'}"
+            f"{' (same)' if row['same_winner'] else ''}; the top candidates rank "
+            f"{row['baseline_ranks']}"
+        )
+    print(
+        f"searched {doc['candidates_admitted']} meshes ({len(doc['refused'])} left out, "
+        f"{doc['pruned_by_time_bound']} pruned by the time bound, {doc['no_fit_by_state_bound']} "
+        f"by the state bound) in {doc['search_wall_s']:.1f} s; {doc['out_of_scope']}"
+    )
+    if out:
+        print(f"wrote {out} (carries mesh {chosen.mesh})")
+
+
+def _mesh_check(found, cfg, args):
+    """``--mesh auto --check``: compile the top candidates deviceless; the best whose compile fits
+    is chosen."""
+    from tierax import compile as compile_lib
+
+    rows, chosen = [], None
+    for c in found.ranked[: args.top]:
+        compiled, _ = compile_lib.compile_for_target(
+            cfg,
+            c.result.plan,
+            args.target,
+            microbatch=c.microbatch,
+            seq=args.seq,
+            mesh=c.mesh,
+        )
+        rows.append(
+            {
+                "mesh": c.mesh.to_dict(),
+                "fits": compiled.fits,
+                "xla_peak_bytes": compiled.device_peak_bytes,
+                "predicted_peak_bytes": c.result.predicted.peak_device_bytes,
+                "compile_s": compiled.compile_time_s,
+            }
+        )
+        print(
+            f"check {c.mesh}: XLA peak {compiled.device_peak_bytes / GIB:.2f} GiB, predicted "
+            f"{c.result.predicted.peak_device_bytes / GIB:.2f} GiB, "
+            f"fits={'yes' if compiled.fits else 'NO'}",
+            file=sys.stderr if args.json else sys.stdout,
+            flush=True,
+        )
+        if compiled.fits and chosen is None:
+            chosen = c
+    return rows, chosen
 
 
 def _plan_sweep(args) -> int:
@@ -332,17 +492,7 @@ def _plan_sweep(args) -> int:
             beside, records.SWEEP_SCHEMA, f"--out {args.out!r} writes its record beside it:"
         )
     cfg, mesh, rates = _inputs(args)
-    solve = whatif.plan_solver(
-        cfg,
-        mesh.to_dict(),
-        args.seq,
-        args.microbatch,
-        rates,
-        schedule=args.schedule,
-        budget_bytes=args.budget_gib and args.budget_gib * GIB,
-        host_budget_bytes=args.host_budget_gib and args.host_budget_gib * GIB,
-        segments=args.segments,
-    )
+    solve = whatif.request_solver(_request(args, cfg, mesh, rates))
     with progress(f"sweep {key}", len(points), disable=args.json) as advance:
         pts = [
             p.to_json()

@@ -32,14 +32,15 @@ schedule — ``serial``: none; ``lhs``: up to half of the same layer's compute; 
 to the whole neighbouring layer's compute — under XLA's offload policy; tierax's prefetching scan (a
 plan's default mechanism) hides each copy under a whole layer unless the schedule is serial, and
 stages one layer beyond the workspace (:func:`staging_and_window`); FSDP
-all-gathers/reduce-scatters, MoE all-to-alls and tensor-parallel all-reduces over their mesh axes,
+all-gathers/reduce-scatters, data-parallel gradient all-reduces, MoE all-to-alls and tensor-parallel
+all-reduces over their mesh axes,
 each at its link (NVLink inside a domain, the scale-out network across domains:
 :mod:`tierax.network`), exposed under ``serial`` and hidden under compute otherwise; a
 rematerialised layer repeats its forward's collectives (counted with its unnamed recomputation,
 which every remat policy of that group pays).
 """
 
-from tierax.costmodel.fixed import FixedTerms, fixed_terms
+from tierax.costmodel.fixed import FixedTerms, collective_s_by_group, fixed_terms
 from tierax.costmodel.predict import Prediction, evaluate, plan_placements, simulate
 from tierax.costmodel.rates import (
     ACHIEVABLE_FRACTION,
@@ -74,6 +75,7 @@ __all__ = [
     "ItemTerms",
     "Prediction",
     "Rates",
+    "collective_s_by_group",
     "evaluate",
     "fixed_terms",
     "forward_collective_s",

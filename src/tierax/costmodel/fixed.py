@@ -10,7 +10,6 @@ import jax.numpy as jnp
 
 from tierax import cudnn, hardware, hbm, network
 from tierax.costmodel.rates import FUSED_BACKWARD_FLOPS_RATIO, Rates, matmul_s
-from tierax.costmodel.terms import forward_collective_s
 from tierax.inventory import Inventory
 from tierax.models import moe
 from tierax.models.flops import train_flops
@@ -143,17 +142,13 @@ def _stack_copy_bytes(inv: Inventory, cfg, p_item: int) -> int:
     return p_item * gather_layout.transposed_stack_params(cfg, inv.mesh)
 
 
-def _collectives(
-    inv: Inventory,
-    cfg,
-    rates: Rates,
-    schedule: str,
-    c_item: int,
-    fsdp: int,
-    ep: int,
-    compute_s: float,
-) -> tuple[float, float]:
-    coll = 0.0
+def collective_s_by_group(inv: Inventory, cfg, rates: Rates) -> dict[str, float]:
+    """Seconds of collectives per step, per collective group (a mesh axis, or the FSDP group
+    ``fsdp×expert``), each at its group's link (:mod:`tierax.network`)."""
+    c_item = jnp.dtype(cfg.dtype).itemsize
+    ep = inv.mesh.get("expert", 1)
+    fsdp = inv.mesh.get("fsdp", 1) * ep
+    out: dict[str, float] = {}
     links = network.axis_links(inv.mesh, rates)
     # FSDP: AG fwd, AG bwd, RS grads, each weight class over its own group at that group's link
     # (scale-out if it leaves a domain).  Routed experts are sharded E over expert and D over fsdp:
@@ -171,14 +166,34 @@ def _collectives(
         gathered = (
             (inv.param_bytes / jnp.dtype(cfg.param_dtype).itemsize - expert_local) * c_item * fsdp
         )
-        coll += 3 * gathered * (fsdp - 1) / fsdp / links[network.FSDP_GROUP].bytes_per_s
+        out[network.FSDP_GROUP] = (
+            3 * gathered * (fsdp - 1) / fsdp / links[network.FSDP_GROUP].bytes_per_s
+        )
     if n_efsdp > 1 and expert_local:
         gathered = expert_local * c_item * n_efsdp
-        coll += 3 * gathered * (n_efsdp - 1) / n_efsdp / links["fsdp"].bytes_per_s
+        out["fsdp"] = 3 * gathered * (n_efsdp - 1) / n_efsdp / links["fsdp"].bytes_per_s
+    # Data parallelism: each device's gradient shard all-reduced over data (ring: 2(n−1)/n of it
+    # sent), once per step, in the parameter dtype the gradients have.
+    n_data = inv.mesh.get("data", 1)
+    if n_data > 1:
+        out["data"] = 2 * inv.grad_bytes * (n_data - 1) / n_data / links["data"].bytes_per_s
     # Expert-parallel all-to-alls (over expert) and tensor-parallel all-reduces (over tensor): the
     # forward's, and as much again in the backward (a rematerialised layer's repeat is in
     # GroupTerms.base_recompute_s).
-    coll += sum(2 * forward_collective_s(g, links) * g.num_layers for g in inv.groups)
+    for g in inv.groups:
+        by_axis = dict(g.forward_collective_bytes_by_axis)
+        rest = max(0.0, g.forward_collective_bytes_per_layer - sum(by_axis.values()))
+        if rest:  # bytes with no axis (an API inventory): over tensor, as forward_collective_s
+            by_axis["tensor"] = by_axis.get("tensor", 0.0) + rest
+        for a, b in by_axis.items():
+            out[a] = out.get(a, 0.0) + 2 * b / links[a].bytes_per_s * g.num_layers
+    return out
+
+
+def _collectives(
+    inv: Inventory, cfg, rates: Rates, schedule: str, compute_s: float
+) -> tuple[float, float]:
+    coll = sum(collective_s_by_group(inv, cfg, rates).values())
     exposed_coll = coll if schedule == "serial" else max(0.0, coll - compute_s)
     return coll, exposed_coll
 
@@ -228,7 +243,7 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
     )  # logits' gradient ÷ logits
     workspace = _workspace(inv, cfg, c_item, fsdp, ep, tokens, tiled, head_grad, grad_share)
     stack_copy = _stack_copy_bytes(inv, cfg, p_item)
-    coll, exposed_coll = _collectives(inv, cfg, rates, schedule, c_item, fsdp, ep, compute_s)
+    coll, exposed_coll = _collectives(inv, cfg, rates, schedule, compute_s)
     loss_bytes = _loss_phase_bytes(inv, cfg, c_item, fsdp, tiled, head_grad, grad_share)
     if (
         not cfg.vocab_size

@@ -10,7 +10,8 @@ The file (:func:`overrides_yaml`) inherits ``base.yml`` (``base_config``), so it
 MaxText config on its own: ``python -m maxtext.trainers.pre_train.train FILE
 run_name=...``.  It holds the model (MaxText's model keys, :func:`model_keys`), the
 plan, ``per_device_batch_size``, ``max_target_length``, ``scan_layers``, the mesh
-(``ici_*_parallelism``; one slice, ``dcn_*`` = 1), the MoE settings tierax modelled
+(``ici_*_parallelism`` inside one NVLink domain, ``dcn_*_parallelism`` across domains, as
+tierax lays the devices out), the MoE settings tierax modelled
 (capacity-factor dispatch: ``sparse_matmul: false``), the loss tiling
 (``num_vocab_tiling``), and — as comment lines, since MaxText reads them from the
 environment, not the config — the XLA flags of the schedule and the runtime
@@ -141,7 +142,14 @@ def runtime_env(
 
 
 def overrides(
-    plan: Plan, cfg, *, microbatch: int, seq: int, mesh: Mapping[str, int], target: str = "h200"
+    plan: Plan,
+    cfg,
+    *,
+    microbatch: int,
+    seq: int,
+    mesh: Mapping[str, int],
+    target: str = "h200",
+    grad_accum: int = 1,
 ) -> dict:
     """The MaxText keys of a run of ``plan`` (mapping in file order; see the module docstring)."""
     kind = hardware.platform(target)  # unknown: refused
@@ -158,20 +166,45 @@ def overrides(
             "remat_policy": "custom",
             **remat,
             "scan_layers": True,
-            "per_device_batch_size": microbatch,
+            # MaxText: global batch = per_device_batch_size × devices; tierax's microbatch is per
+            # device of the batch axes, which a tensor group shares.
+            "per_device_batch_size": _per_device_batch(microbatch, mesh),
             "max_target_length": seq,
         }
     )
+    if grad_accum > 1:  # MaxText: global batch = per_device_batch_size × devices × this
+        out["gradient_accumulation_steps"] = grad_accum
+    ici, dcn = _ici_dcn(mesh, kind, target)
     for axis, key in MESH_KEYS.items():
-        out[f"ici_{key}_parallelism"] = int(mesh.get(axis, 1))
-    for key in MESH_KEYS.values():
-        out[f"dcn_{key}_parallelism"] = 1
+        out[f"ici_{key}_parallelism"] = ici[axis]
+    for axis, key in MESH_KEYS.items():
+        out[f"dcn_{key}_parallelism"] = dcn[axis]
     if cfg.family == "deepseek":
         out.update(
             {"capacity_factor": cfg.capacity_factor, "sparse_matmul": False, "megablox": False}
         )
     out["num_vocab_tiling"] = cfg.loss_tiles
     return out
+
+
+def _per_device_batch(microbatch: int, mesh: Mapping[str, int]) -> int | float:
+    t = int(mesh.get("tensor", 1))
+    return microbatch // t if microbatch % t == 0 else microbatch / t
+
+
+def _ici_dcn(mesh: Mapping[str, int], kind: str, target: str) -> tuple[dict, dict]:
+    """Each axis's part inside one NVLink domain (``ici_*``) and across domains (``dcn_*``), laid
+    out as tierax lays the devices (:func:`tierax.network.ici_dcn`); a TPU slice or the CPU is one
+    domain."""
+    from tierax import network
+
+    full = {a: int(mesh.get(a, 1)) for a in MESH_KEYS}
+    if kind != "gpu":
+        return full, dict.fromkeys(full, 1)
+    devices = math.prod(full.values())
+    spec = hardware.get_target(target)
+    per = network.devices_per_domain(devices, spec.nvlink_domain_gpus)
+    return network.ici_dcn(full, per)
 
 
 def overrides_yaml(
@@ -187,10 +220,13 @@ def overrides_yaml(
     capacity_bytes: float | None = None,
     host_bytes: float | None = None,
     notes: tuple[str, ...] = (),
+    grad_accum: int = 1,
 ) -> str:
     """:func:`overrides` as a commented YAML file, the environment first (as ``export`` lines)."""
     cfg = for_platform(cfg, hardware.platform(target))
-    keys = overrides(plan, cfg, microbatch=microbatch, seq=seq, mesh=mesh, target=target)
+    keys = overrides(
+        plan, cfg, microbatch=microbatch, seq=seq, mesh=mesh, target=target, grad_accum=grad_accum
+    )
     devices = math.prod(int(v) for v in mesh.values())
     env, why = runtime_env(
         target=target,

@@ -1,14 +1,13 @@
-"""How ``tierax plan``'s and ``tierax plans``' options combine (refused before any work where one
-would be ignored), and planning for another tool: ``--for maxtext`` and ``--emit maxtext``.
+"""Planning for another tool: ``--for maxtext`` and ``--emit maxtext``, and how ``tierax plans``'
+options combine (refused before any work where one would be ignored).
 
-``--for maxtext`` solves with one placement per activation name across layer groups
-(what MaxText can express) and also solves without that restriction, so the
-restriction's cost in predicted step time is reported, not guessed.
+``--for maxtext`` solves (:func:`tierax.planning.solve`) with one placement per activation name
+across layer groups (what MaxText can express) and also without that restriction, so the
+restriction's cost in predicted step time is reported (:func:`restriction_note`), not guessed.
 """
 
 from __future__ import annotations
 
-from tierax import inventory as inv_lib
 from tierax import planner
 from tierax.errors import TieraxError
 from tierax.interop import maxtext
@@ -19,63 +18,6 @@ TOOLS = ("maxtext",)
 def check_tool(value: str | None, option: str) -> None:
     if value is not None and value not in TOOLS:
         raise TieraxError(f"{option} {value!r} is not supported; choose one of: {', '.join(TOOLS)}")
-
-
-def check_plan_options(
-    *,
-    sweep: str | None = None,
-    check: bool = False,
-    check_iterations: int | None = None,
-    segments: bool = False,
-    for_tool: str | None = None,
-    emit: str | None = None,
-    max_microbatch: bool = False,
-    out: str | None = None,
-    json: bool = False,
-) -> None:
-    """``tierax plan``: refuse, before any work, a combination of options where one would be
-    ignored.  (``--segments`` combines with ``--sweep`` and ``--check``.)"""
-    one_plan = [
-        o
-        for o, given in (
-            ("--check", check),
-            ("--emit", emit),
-            ("--for", for_tool),
-            ("--max-microbatch", max_microbatch),
-        )
-        if given
-    ]
-    if sweep and one_plan:
-        one = len(one_plan) == 1
-        raise TieraxError(
-            f"--sweep solves one plan per point and {', '.join(one_plan)} "
-            f"appl{'ies' if one else 'y'} to a single plan; drop "
-            f"{'it' if one else 'them'}, or plan one point without --sweep"
-        )
-    if check and (emit or for_tool or max_microbatch):
-        raise TieraxError(
-            "--check compiles one plan at a given --microbatch; drop --emit/--for/--max-microbatch"
-        )
-    if check_iterations is not None and not check:
-        raise TieraxError(
-            "--check-iterations bounds the compiles of --check; add --check or drop it"
-        )
-    if segments and (for_tool or max_microbatch):
-        raise TieraxError(
-            "--segments plans layer ranges separately, which "
-            + (
-                "MaxText cannot express (one placement per name for all layers); drop --for"
-                if for_tool
-                else "--max-microbatch does not search; plan at a given --microbatch"
-            )
-        )
-    if emit and json and not out:
-        raise TieraxError(
-            "--emit without --out prints the config, and --json prints the result: "
-            "both on stdout; give --out FILE for the config, or drop one"
-        )
-    check_tool(for_tool, "--for")
-    check_tool(emit, "--emit")
 
 
 def check_show_options(*, show: str | None, yaml: bool, emit: str | None, sizing: dict) -> None:
@@ -93,61 +35,6 @@ def check_show_options(*, show: str | None, yaml: bool, emit: str | None, sizing
             "writes (nothing without it); add --emit maxtext, or drop " + ("it" if one else "them")
         )
     check_tool(emit, "--emit")
-
-
-def solve(
-    cfg,
-    mesh: dict,
-    rates,
-    *,
-    microbatch: int,
-    seq: int,
-    max_microbatch: bool = False,
-    for_tool: str | None = None,
-    segments: bool = False,
-    **budgets,
-) -> tuple[planner.PlanResult, list[str]]:
-    """The planner's result (restricted to one placement per name for MaxText) and lines to
-    report."""
-    check_tool(for_tool, "--for")
-    if segments and (for_tool or max_microbatch):
-        raise TieraxError(
-            "--segments plans layer ranges separately, which "
-            + (
-                "MaxText cannot express (one placement per name for all layers); drop --for"
-                if for_tool
-                else "--max-microbatch does not search; plan at a given --microbatch"
-            )
-        )
-
-    def run(uniform: bool, mechanism: str = planner.DEFAULT_MECHANISM) -> planner.PlanResult:
-        if max_microbatch:
-            return planner.max_microbatch(
-                cfg,
-                seq,
-                mesh,
-                rates,
-                one_placement_per_name=uniform,
-                mechanism=mechanism,
-                **budgets,
-            )
-        return planner.plan(
-            cfg,
-            inv_lib.model_inventory(cfg, microbatch, seq, mesh),
-            rates,
-            one_placement_per_name=uniform,
-            segments=segments,
-            mechanism=mechanism,
-            **budgets,
-        )
-
-    if for_tool is None:
-        return run(False), []
-    # MaxText moves offloaded names with XLA's offload policy, so its plan is planned for that
-    # mechanism, and so is the unrestricted plan it is compared with; `tierax plan` without --for
-    # plans tierax's own prefetching scan, whose time is reported beside them.
-    restricted, free = run(True, "policy"), run(False, "policy")
-    return restricted, [restriction_note(restricted, free, run(False))]
 
 
 def restriction_note(
@@ -186,9 +73,10 @@ def emit(
     schedule: str,
     target: str,
     notes: tuple[str, ...] = (),
+    grad_accum: int = 1,
 ) -> str:
     """A planner result written for ``tool`` (MaxText overrides), budgets and host bytes from the
-    result."""
+    result; ``grad_accum``: microsteps per optimizer step (``plan --mesh auto``'s winner)."""
     check_tool(tool, "--emit")
     return maxtext.overrides_yaml(
         result.plan,
@@ -202,6 +90,7 @@ def emit(
         capacity_bytes=result.predicted.device_capacity_bytes,
         host_bytes=result.predicted.host_bytes,
         notes=notes,
+        grad_accum=grad_accum,
     )
 
 

@@ -132,15 +132,22 @@ class Plan:
       name: a label (preset name or file stem).
       groups: layer group name → :class:`GroupPlan`.
       description: one line for humans.
+      mesh: the mesh it was planned for (``tierax plan --mesh auto``: axis → size, every axis of
+        :data:`tierax.mesh.AXES`), or None; verbs that take ``--mesh`` use it when none is given.
     """
 
     name: str
     groups: Mapping[str, GroupPlan]
     description: str = ""
     mechanism: str = DEFAULT_MECHANISM
+    mesh: Mapping[str, int] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "groups", MappingProxyType(dict(self.groups)))
+        if self.mesh is not None:
+            object.__setattr__(
+                self, "mesh", MappingProxyType(_checked_mesh(self.mesh, f"plan {self.name!r}"))
+            )
         if self.mechanism not in MECHANISMS:
             raise TieraxError(
                 f"plan {self.name!r}: mechanism {self.mechanism!r} is not valid; use one of: "
@@ -162,6 +169,8 @@ class Plan:
         out = {"plan": self.name, "description": self.description}
         if self.mechanism != DEFAULT_MECHANISM:
             out["mechanism"] = self.mechanism
+        if self.mesh is not None:
+            out["mesh"] = dict(self.mesh)
         return out | {"groups": groups}
 
     @classmethod
@@ -170,11 +179,11 @@ class Plan:
             raise TieraxError(
                 f"{source}: a plan must be a mapping with keys plan, description, groups"
             )
-        unknown = set(data) - {"plan", "description", "mechanism", "groups"}
+        unknown = set(data) - {"plan", "description", "mechanism", "mesh", "groups"}
         if unknown:
             raise TieraxError(
                 f"{source}: unknown key(s) {', '.join(sorted(map(str, unknown)))}; "
-                "a plan has keys: plan, description, mechanism, groups"
+                "a plan has keys: plan, description, mechanism, mesh, groups"
             )
         groups_in = data.get("groups")
         if not isinstance(groups_in, Mapping) or not groups_in:
@@ -200,11 +209,13 @@ class Plan:
                 f"{source}: mechanism {mechanism!r} is not valid; use one of: "
                 + ", ".join(f"{k} ({v})" for k, v in MECHANISMS.items())
             )
+        mesh = data.get("mesh")
         return cls(
             str(data.get("plan", "custom")),
             groups,
             str(data.get("description", "") or ""),
             mechanism,
+            None if mesh is None else _checked_mesh(mesh, f"{source}: mesh"),
         )
 
     def to_yaml(self) -> str:
@@ -217,6 +228,23 @@ class Plan:
         except yaml.YAMLError as e:
             raise TieraxError(f"{source}: not valid YAML ({e})") from None
         return cls.from_dict(data, source=source)
+
+
+def _checked_mesh(raw: Any, where: str) -> dict[str, int]:
+    """A plan's ``mesh``: every axis of :data:`tierax.mesh.AXES` (missing ones 1), sizes ≥ 1."""
+    from tierax.mesh import AXES, MeshShape
+
+    if not isinstance(raw, Mapping) or not raw:
+        raise TieraxError(f"{where}: a mesh maps axes ({', '.join(AXES)}) to sizes, e.g. fsdp: 8")
+    unknown = sorted(str(a) for a in raw if a not in AXES)
+    if unknown:
+        raise TieraxError(
+            f"{where}: unknown axis {', '.join(unknown)}; a mesh has axes {', '.join(AXES)}"
+        )
+    try:
+        return MeshShape(**{str(a): v for a, v in raw.items()}).to_dict()
+    except TieraxError as e:
+        raise TieraxError(f"{where}: {e}") from None
 
 
 def _parse_segments(raw: Any, where: str) -> tuple[Segment, ...]:

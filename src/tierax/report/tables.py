@@ -362,3 +362,55 @@ def calibration_table(entry: dict) -> Table:
         if key in entry:
             t.add_row(name, f"{entry[key] / 1e9:.1f} GB/s", "jax.device_put, 1 GiB")
     return t
+
+
+def _mesh_text(m: dict) -> str:
+    return ",".join(f"{a}={v}" for a, v in m.items() if v > 1) or "1 device"
+
+
+def _link_cell(c: dict, group: str) -> str:
+    s = c["collective_s"].get(group)
+    if not s:
+        return "—"
+    link = c["links"].get(group, {})
+    return f"{s:.2f}" + ("*" if link.get("crosses_domain") else "")
+
+
+MESH_GROUPS = ("data", "fsdp×expert", "fsdp", "tensor", "expert")
+
+
+def mesh_search_table(doc: dict, title: str) -> Table:
+    """``tierax plan --mesh auto``'s ranked candidates (the search record's ``candidates``, top
+    ``doc['top']``): per collective group its seconds per step (* crosses NVLink domains)."""
+    t = Table(
+        title=title,
+        caption="collective seconds per optimizer step by group (* leaves the NVLink domain: "
+        "scale-out rate); cost-model predictions",
+    )
+    for col in (
+        "#",
+        "mesh",
+        "mb × accum",
+        "tokens/s",
+        "step s",
+        *(f"{g} s" for g in MESH_GROUPS),
+        "exposed coll s",
+        "peak GiB",
+        "host GiB",
+    ):
+        t.add_column(col, justify="left" if col == "mesh" else "right")
+    for i, c in enumerate(doc["candidates"][: doc["top"]], 1):
+        if c["tokens_per_s"] is None:
+            continue
+        t.add_row(
+            str(i),
+            _mesh_text(c["mesh"]),
+            f"{c['microbatch']} × {c['grad_accum']}",
+            f"{c['tokens_per_s']:,.0f}",
+            f"{c['step_time_s']:.2f}",
+            *(_link_cell(c, g) for g in MESH_GROUPS),
+            f"{c['exposed_collective_s']:.2f}",
+            f"{c['peak_device_bytes'] / 2**30:.1f}",
+            f"{c['host_bytes'] / 2**30:.1f}",
+        )
+    return t

@@ -272,6 +272,22 @@ def _plan(raw: Any, cfg: ModelConfig, where: str) -> plan_lib.Plan:
     return files.load_plan(raw, cfg)
 
 
+def _plan_mesh(plan: plan_lib.Plan, mesh: MeshShape, given: bool, source: str) -> MeshShape:
+    """The run's mesh: the config's ``mesh`` section, or, without one, the mesh the plan was planned
+    for (``tierax plan --mesh auto``); a section that differs from the plan's is refused."""
+    if plan.mesh is None:
+        return mesh
+    planned = MeshShape(**plan.mesh)
+    if not given:
+        return planned
+    if planned != mesh:
+        raise TieraxError(
+            f"{source}: mesh {mesh} differs from the mesh plan {plan.name!r} was planned for "
+            f"({planned}); drop the mesh section (the plan's is used) or plan again for this mesh"
+        )
+    return mesh
+
+
 def parse_overrides(overrides: Sequence[str]) -> list[tuple[list[str], Any]]:
     """``KEY=VALUE`` strings → (dotted key split, YAML scalar value)."""
     out = []
@@ -350,6 +366,13 @@ def config_from_mapping(
             f"mapping"
         )
     sections = {name: _section(name, data.get(name), source) for name in SECTIONS}
+    try:
+        model = _model(data["model"], model_overrides, compute_dtype, source)
+        plan = _plan(data.get("plan", "save-all"), model, source)
+    except TieraxError as e:
+        msg = str(e)
+        raise TieraxError(msg if msg.startswith(source) else f"{source}: {msg}") from None
+    sections["mesh"] = _plan_mesh(plan, sections["mesh"], data.get("mesh") is not None, source)
     mesh = sections["mesh"]
 
     # global_batch is an alternative spelling of the per-device microbatch.
@@ -373,12 +396,6 @@ def config_from_mapping(
     if microbatch is not None:
         values["microbatch"] = microbatch
 
-    try:
-        model = _model(data["model"], model_overrides, compute_dtype, source)
-        plan = _plan(data.get("plan", "save-all"), model, source)
-    except TieraxError as e:
-        msg = str(e)
-        raise TieraxError(msg if msg.startswith(source) else f"{source}: {msg}") from None
     cfg = TrainConfig(model=model, plan=plan, source=source, **values, **sections)
     return cfg
 

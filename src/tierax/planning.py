@@ -1,0 +1,199 @@
+"""One way to solve a plan: :func:`solve` of a :class:`Request`.
+
+``tierax plan`` (plain, ``--sweep`` at every point, ``--check`` at every iteration), the Python API
+(:func:`tierax.api.plan`) and :mod:`tierax.plan_check` all reach the planner through :func:`solve`,
+so an option means the same everywhere.  The combinations of ``tierax plan``'s options that cannot
+work are refused in one place, :func:`check_options`, before any work; :func:`solve` refuses the
+same ones a :class:`Request` can express.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tierax import inventory as inv_lib
+from tierax import planner
+from tierax.errors import TieraxError
+from tierax.interop import planning as interop
+from tierax.plan import DEFAULT_MECHANISM
+
+
+@dataclass(frozen=True)
+class Request:
+    """What to plan.  ``mesh``: axis sizes (a dict); ``inventory``: the inventory to plan (the
+    Python API's trace, or one the caller reuses); without it the model's inventory is traced at
+    ``microbatch`` × ``seq`` on ``mesh``.  ``max_microbatch``: plan the largest microbatch that fits
+    instead of ``microbatch``; ``for_tool``: one placement per name (what the tool expresses), with
+    a note on what that costs; ``remedies``: what a no-fit message suggests (default: CLI
+    options)."""
+
+    cfg: object
+    mesh: dict
+    rates: object
+    microbatch: int = 1
+    seq: int = 1
+    schedule: str = "lhs"
+    budget_bytes: float | None = None
+    host_budget_bytes: float | None = None
+    segments: bool = False
+    max_microbatch: bool = False
+    for_tool: str | None = None
+    mechanism: str = DEFAULT_MECHANISM
+    name: str = "planned"
+    remedies: str | None = None
+    inventory: inv_lib.Inventory | None = None
+
+
+def _segments_conflict(*, segments: bool, for_tool, max_microbatch: bool) -> None:
+    if segments and (for_tool or max_microbatch):
+        raise TieraxError(
+            "--segments plans layer ranges separately, which "
+            + (
+                "MaxText cannot express (one placement per name for all layers); drop --for"
+                if for_tool
+                else "--max-microbatch does not search; plan at a given --microbatch"
+            )
+        )
+
+
+def check_options(
+    *,
+    sweep: str | None = None,
+    check: bool = False,
+    check_iterations: int | None = None,
+    segments: bool = False,
+    for_tool: str | None = None,
+    emit: str | None = None,
+    max_microbatch: bool = False,
+    out: str | None = None,
+    json: bool = False,
+    mesh: str | None = None,
+    devices: int | None = None,
+    global_batch: int | None = None,
+    top: int | None = None,
+) -> None:
+    """``tierax plan``: refuse, before any work, a combination of options where one would be
+    ignored.  (``--segments`` combines with ``--sweep`` and ``--check``.)"""
+    if mesh == "auto":
+        given = [
+            o
+            for o, on in (
+                ("--sweep", sweep),
+                ("--for", for_tool),
+                ("--max-microbatch", max_microbatch),
+                ("--segments", segments),
+                ("--check-iterations", check_iterations is not None),
+            )
+            if on
+        ]
+        if given:
+            raise TieraxError(
+                f"--mesh auto ranks meshes at a fixed global batch, and {', '.join(given)} "
+                "cannot combine with it; run --mesh auto first, then plan its mesh "
+                "(--mesh data=…,fsdp=…) with them"
+            )
+        if devices is None:
+            raise TieraxError("--mesh auto searches the meshes of --devices N; give --devices")
+    elif global_batch is not None:
+        raise TieraxError(
+            "--global-batch is the batch every --mesh auto candidate trains; add --mesh auto, "
+            "or give --microbatch (sequences per device) for one mesh"
+        )
+    elif top is not None:
+        raise TieraxError("--top sizes --mesh auto's ranking; add --mesh auto or drop it")
+    one_plan = [
+        o
+        for o, given in (
+            ("--check", check),
+            ("--emit", emit),
+            ("--for", for_tool),
+            ("--max-microbatch", max_microbatch),
+        )
+        if given
+    ]
+    if sweep and one_plan:
+        one = len(one_plan) == 1
+        raise TieraxError(
+            f"--sweep solves one plan per point and {', '.join(one_plan)} "
+            f"appl{'ies' if one else 'y'} to a single plan; drop "
+            f"{'it' if one else 'them'}, or plan one point without --sweep"
+        )
+    if check and (emit or for_tool or max_microbatch):
+        raise TieraxError(
+            "--check compiles one plan at a given --microbatch; drop --emit/--for/--max-microbatch"
+        )
+    if check_iterations is not None and not check:
+        raise TieraxError(
+            "--check-iterations bounds the compiles of --check; add --check or drop it"
+        )
+    _segments_conflict(segments=segments, for_tool=for_tool, max_microbatch=max_microbatch)
+    if emit and json and not out:
+        raise TieraxError(
+            "--emit without --out prints the config, and --json prints the result: "
+            "both on stdout; give --out FILE for the config, or drop one"
+        )
+    interop.check_tool(for_tool, "--for")
+    interop.check_tool(emit, "--emit")
+
+
+def check_request(req: Request) -> None:
+    """Refuse a request whose options cannot work together (the subset of :func:`check_options` a
+    request expresses)."""
+    interop.check_tool(req.for_tool, "--for")
+    _segments_conflict(
+        segments=req.segments, for_tool=req.for_tool, max_microbatch=req.max_microbatch
+    )
+    if req.inventory is not None and req.max_microbatch:
+        raise TieraxError(
+            "max_microbatch traces the model at several microbatches; it cannot use a given "
+            "inventory"
+        )
+
+
+def inventory(req: Request, cache: dict | None = None) -> inv_lib.Inventory:
+    """The request's inventory (given, or traced; ``cache``: microbatch → inventory, reused)."""
+    if req.inventory is not None:
+        return req.inventory
+    if cache is None:
+        return inv_lib.model_inventory(req.cfg, req.microbatch, req.seq, req.mesh)
+    if req.microbatch not in cache:
+        cache[req.microbatch] = inv_lib.model_inventory(req.cfg, req.microbatch, req.seq, req.mesh)
+    return cache[req.microbatch]
+
+
+def solve(req: Request, cache: dict | None = None) -> tuple[planner.PlanResult, list[str]]:
+    """The planner's result for ``req`` and lines to report (``--for``: what its restriction
+    costs).
+
+    Raises:
+      TieraxError: options that cannot work together; planner.NoPlanFits: nothing fits.
+    """
+    check_request(req)
+
+    def run(uniform: bool, mechanism: str) -> planner.PlanResult:
+        common = {
+            "schedule": req.schedule,
+            "budget_bytes": req.budget_bytes,
+            "host_budget_bytes": req.host_budget_bytes,
+            "one_placement_per_name": uniform,
+            "mechanism": mechanism,
+        }
+        if req.max_microbatch:
+            return planner.max_microbatch(req.cfg, req.seq, req.mesh, req.rates, **common)
+        return planner.plan(
+            req.cfg,
+            inventory(req, cache),
+            req.rates,
+            name=req.name,
+            segments=req.segments,
+            remedies=req.remedies,
+            **common,
+        )
+
+    if req.for_tool is None:
+        return run(False, req.mechanism), []
+    # MaxText moves offloaded names with XLA's offload policy, so its plan is planned for that
+    # mechanism, and so is the unrestricted plan it is compared with; `tierax plan` without --for
+    # plans tierax's own prefetching scan, whose time is reported beside them.
+    restricted, free = run(True, "policy"), run(False, "policy")
+    return restricted, [interop.restriction_note(restricted, free, run(False, req.mechanism))]
