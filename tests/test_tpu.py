@@ -288,3 +288,86 @@ def test_planner_plan_for_llama3_8b_compiles_and_fits_on_v5p(tmp_path):
         r["device_capacity_bytes"],
         planned["predicted"]["peak_device_bytes"],
     )
+
+
+# Over budget on purpose: a scaled-down Llama with the score-materialising attention at 16 × 8192 tokens needs
+# about 40 GiB on one 16 GiB v5e chip (XLA:TPU refuses it in seconds) and about 145 GiB on an H200.
+OVER_BUDGET = [
+    "--model",
+    "llama3-8b",
+    *SMALL_LLAMA[2:],
+    "--set",
+    "num_layers=2",
+    "--plan",
+    "remat-full",
+    "--seq",
+    "8192",
+]
+
+
+@pytest.mark.skipif(not HAS_LIBTPU, reason=NO_LIBTPU)
+def test_out_of_memory_tpu_compile_is_a_result_with_xla_figures():
+    """XLA:TPU refuses the program (RESOURCE_EXHAUSTED): `compile` reports it as a result — fits false, XLA's
+    stated need and limit, the model's prediction — with exit 0 and no traceback, in JSON and as a table."""
+    args = ["compile", *OVER_BUDGET, "--target", "v5e", "--devices", "1", "--microbatch", "16"]
+    p = _cli(*args, "--json")
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    r = json.loads(p.stdout)
+    assert r["out_of_memory"] and not r["fits"] and "RESOURCE_EXHAUSTED" in r["xla_error"]
+    limit = hardware.get_target("v5e").xla_hbm_limit_bytes
+    assert abs(r["device_limit_bytes"] - limit) <= 0.01 * 2**30  # XLA's stated limit is the table's
+    assert r["device_peak_bytes"] > 2 * r["device_limit_bytes"]
+    assert r["device_temp_bytes"] is None and r["offloaded"] == []  # no memory analysis to report
+    assert r["predicted"]["fits"] is False and r["predicted"]["peak_device_bytes"] > limit
+    t = _cli(*args)
+    assert t.returncode == 0 and "Traceback" not in t.stderr, t.stderr[-3000:]
+    assert "XLA refused the program" in t.stdout and "no" in t.stdout
+
+
+# Two buffers of 6e10 bytes each (the argument and its doubled copy behind a barrier): XLA:TPU's message states
+# their sum in its own unit, and the HBM it gives one program.
+_OOM_PROBE = """
+import json, sys
+from tierax import compile as C
+C.start_deviceless_tpu()
+import jax, jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from tierax import hardware
+out = {}
+for key, devices in (("v5e", 1), ("v5p", 4), ("v6e", 1)):
+    mesh = Mesh(C.tpu_topology(hardware.get_target(key), devices).devices[:1], ("x",))
+    x = jax.ShapeDtypeStruct((15 * 10**9 // 1024, 1024), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec()))
+    try:
+        jax.jit(lambda a: jnp.sum(jax.lax.optimization_barrier(a * 2))).trace(x).lower().compile()
+        out[key] = None
+    except Exception as e:
+        oom = C.out_of_memory(e)
+        out[key] = [oom.required_bytes, oom.available_bytes]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not HAS_LIBTPU, reason=NO_LIBTPU)
+def test_xla_tpu_out_of_memory_figures_are_gib_and_the_limits_are_the_tables():
+    p = subprocess.run(
+        [sys.executable, "-c", _OOM_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    for key, (required, available) in got.items():
+        assert abs(required - 1.2e11) <= 0.01 * 2**30, (
+            key,
+            required,
+        )  # "111.76G" is 1.2e11 bytes: G is GiB
+        assert abs(available - hardware.get_target(key).xla_hbm_limit_bytes) <= 0.01 * 2**30, (
+            key,
+            available,
+        )
+    r = costmodel.target_rates("v5p", "bfloat16")
+    assert (
+        r.usable_device_bytes == hardware.get_target("v5p").xla_hbm_limit_bytes
+    )  # what the planner budgets

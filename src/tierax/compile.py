@@ -30,7 +30,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from tierax import cudnn, hardware, hlo, xla_flags
+from tierax import costmodel, cudnn, hardware, hlo, xla_flags
 from tierax import inventory as inv
 from tierax import plan as plan_lib
 from tierax.errors import TieraxError
@@ -191,6 +191,46 @@ class OffloadedName:
 
 
 @dataclass(frozen=True)
+class OutOfMemory:
+    """XLA refused the program for device memory: its figures, where its message states them."""
+
+    required_bytes: int | None  # what XLA says the program needs (its two-decimal figure)
+    available_bytes: int | None  # what it says the device has for one program
+    message: str
+
+
+# libtpu's messages (0.0.42.1; 0.0.52 prefixes the first with "E1000: CompileTimeHbmOom:").  The first is its
+# early check (arguments and temporaries against the HBM it gives a program), the second its allocation check.
+_OOM_MESSAGES = (
+    re.compile(
+        r"memory required for HLO temporaries \((?P<req>[\d.]+)(?P<ru>[KMGT]?)\) exceeds available HBM "
+        r"\((?P<avail>[\d.]+)(?P<au>[KMGT]?)\)"
+    ),
+    re.compile(r"Used (?P<req>[\d.]+)(?P<ru>[KMGT]?) of (?P<avail>[\d.]+)(?P<au>[KMGT]?) hbm"),
+)
+# libtpu prints binary units ("G" is GiB: tests/test_tpu.py reads a 1.2e11-byte pair of buffers as 111.76G).
+_UNIT = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def out_of_memory(error: Exception) -> OutOfMemory | None:
+    """XLA's out-of-device-memory refusal in ``error`` (None: another error).  Scoped VMEM exhaustion is a
+    compiler limit on one fusion, not the program's size, so it is not one."""
+    text = str(error)
+    if "RESOURCE_EXHAUSTED" not in text or "vmem" in text.lower():
+        return None
+    first = text.strip().splitlines()[0]
+    for pattern in _OOM_MESSAGES:
+        m = pattern.search(text)
+        if m:
+            return OutOfMemory(
+                int(float(m["req"]) * _UNIT[m["ru"]]),
+                int(float(m["avail"]) * _UNIT[m["au"]]),
+                first,
+            )
+    return OutOfMemory(None, None, first)
+
+
+@dataclass(frozen=True)
 class CompileResult:
     model: str
     plan: str
@@ -201,13 +241,17 @@ class CompileResult:
     seq: int
     xla_preset: str
     fits: bool
-    device_peak_bytes: int
+    device_peak_bytes: (
+        int | None
+    )  # an out-of-memory compile: what XLA says it needs (None: it did not say)
     device_capacity_bytes: int
-    device_argument_bytes: int
-    device_output_bytes: int
-    device_alias_bytes: int
-    device_temp_bytes: int
-    host_temp_bytes: int
+    device_argument_bytes: (
+        int | None
+    )  # None: XLA refused the program (out_of_memory), so no memory analysis
+    device_output_bytes: int | None
+    device_alias_bytes: int | None
+    device_temp_bytes: int | None
+    host_temp_bytes: int | None
     offloaded: tuple[OffloadedName, ...]
     overlap: dict
     compile_time_s: float
@@ -217,6 +261,14 @@ class CompileResult:
     cudnn_workspace_bytes: int = (
         0  # their backward workspace from shapes, included in device_peak_bytes
     )
+    device_limit_bytes: int = (
+        0  # what "fits" is judged against (hardware.fit_limit_bytes, or XLA's own figure)
+    )
+    out_of_memory: bool = False  # XLA refused to compile the program: it does not fit
+    xla_error: str = ""  # XLA's message when it refused
+    predicted: dict = field(
+        default_factory=dict
+    )  # the cost model's peak, host bytes and fits for this plan
 
     @property
     def offloaded_bytes_by_name(self) -> dict[str, int]:
@@ -440,9 +492,37 @@ def compile_for_target(
     capability = (
         contextlib.nullcontext() if tpu else cudnn.target_capability(spec.compute_capability)
     )
-    with capability:
-        compiled = step.trace(state, tokens).lower().compile()
+    try:
+        with capability:
+            compiled = step.trace(state, tokens).lower().compile()
+    except (
+        Exception
+    ) as e:  # XLA raises a generic runtime error; only an out-of-memory one is a result
+        refused = out_of_memory(e)
+        if refused is None:
+            raise
+        compiled = None
     compile_s = time.perf_counter() - t0
+    placements = plan_lib.resolve(plan, cfg)
+    full_inventory = inv.model_inventory(cfg, microbatch, seq, shape.to_dict())
+    predicted = _prediction(cfg, plan, full_inventory, target, xla_preset)
+    limit = hardware.fit_limit_bytes(spec)
+    if compiled is None:
+        return _refused(
+            refused,
+            cfg=cfg,
+            plan=plan,
+            target=target,
+            devices=devices,
+            shape=shape,
+            microbatch=microbatch,
+            seq=seq,
+            xla_preset=xla_preset,
+            spec=spec,
+            limit=limit,
+            compile_s=compile_s,
+            predicted=predicted,
+        ), ""
     mem = compiled.memory_analysis()
     text = compiled.as_text()
     module = hlo.parse_module(text)
@@ -471,8 +551,7 @@ def compile_for_target(
         )
         peak += workspace
 
-    placements = plan_lib.resolve(plan, cfg)
-    inventory = inv.for_plan(inv.model_inventory(cfg, microbatch, seq, shape.to_dict()), plan, cfg)
+    inventory = inv.for_plan(full_inventory, plan, cfg)
     wanted = [
         (a.group, a.name, a.total_bytes)
         for a in inventory.activations()
@@ -524,7 +603,7 @@ def compile_for_target(
         microbatch=microbatch,
         seq=seq,
         xla_preset=xla_preset,
-        fits=peak <= hardware.usable_bytes(spec.device_memory_bytes),
+        fits=peak <= limit,
         device_peak_bytes=peak,
         device_capacity_bytes=spec.device_memory_bytes,
         device_argument_bytes=arg,
@@ -539,8 +618,76 @@ def compile_for_target(
         notes=tuple(notes),
         cudnn_calls=calls["forward"] + calls["backward"],
         cudnn_workspace_bytes=workspace,
+        device_limit_bytes=limit,
+        predicted=predicted,
     )
     return result, text
+
+
+def _prediction(cfg, plan: plan_lib.Plan, inventory, target: str, xla_preset: str) -> dict:
+    """The cost model's figures for the plan compiled: the schedule of its XLA preset (plan --check's)."""
+    rates = costmodel.target_rates(target, cfg.dtype)
+    schedule = "lhs-pipelined" if xla_preset == "lhs-pipelined" else "lhs"
+    p = costmodel.simulate(plan, inventory, cfg, rates, schedule)
+    return {
+        "peak_device_bytes": p.peak_device_bytes,
+        "host_bytes": p.host_bytes,
+        "fits": p.fits,
+        "schedule": schedule,
+        "peak_phase": p.breakdown["peak_phase"],
+    }
+
+
+def _refused(
+    refused: OutOfMemory,
+    *,
+    cfg,
+    plan,
+    target,
+    devices,
+    shape,
+    microbatch,
+    seq,
+    xla_preset,
+    spec,
+    limit,
+    compile_s,
+    predicted,
+) -> CompileResult:
+    """An out-of-memory compile as a result: it does not fit; XLA's stated figures, no memory analysis."""
+    notes = [f"XLA refused the program for device memory: {refused.message}"]
+    if refused.required_bytes is not None:
+        notes.append(
+            "XLA's figures are its message's, to 0.01 GiB; the program was not compiled, so there is no "
+            "memory analysis, host buffer or overlap check"
+        )
+    return CompileResult(
+        model=cfg.name,
+        plan=plan.name,
+        target=target,
+        devices=devices,
+        mesh=shape.to_dict(),
+        microbatch=microbatch,
+        seq=seq,
+        xla_preset=xla_preset,
+        fits=False,
+        device_peak_bytes=refused.required_bytes,
+        device_capacity_bytes=spec.device_memory_bytes,
+        device_argument_bytes=None,
+        device_output_bytes=None,
+        device_alias_bytes=None,
+        device_temp_bytes=None,
+        host_temp_bytes=None,
+        offloaded=(),
+        overlap={},
+        compile_time_s=compile_s,
+        attention=cfg.attention,
+        notes=tuple(notes),
+        device_limit_bytes=refused.available_bytes or limit,
+        out_of_memory=True,
+        xla_error=refused.message,
+        predicted=predicted,
+    )
 
 
 def param_and_optimizer_bytes(cfg) -> int:
