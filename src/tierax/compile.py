@@ -22,7 +22,7 @@ import re
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +33,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tierax import costmodel, cudnn, hardware, hlo, xla_flags
 from tierax import inventory as inv
 from tierax import plan as plan_lib
+from tierax.compile_oom import OutOfMemory, out_of_memory  # noqa: F401 - re-exported
+from tierax.compile_result import CompileResult, OffloadedName, refused_result
 from tierax.errors import TieraxError
 from tierax.jaxpr_tools import GROUP_SCOPE_PREFIX
 from tierax.mesh import MeshShape
@@ -172,116 +174,6 @@ def gpu_topology(target_config: str, devices: int, target: str):
         f"jaxlib {jax.__version__} rejected the target config for {target!r}: {detail}. Remove or "
         "fix that field (shared/gpu-targets/README.md lists fields this jaxlib rejects)"
     )
-
-
-@dataclass(frozen=True)
-class OffloadedName:
-    group: str
-    name: str
-    expected_bytes: int  # per device, from the abstract trace
-    host_bytes: (
-        int  # per device, the matching host buffer found in the compiled program (0 if none)
-    )
-    # op_name (the name XLA kept in the store's metadata), size (none kept), "" (none)
-    matched_by: str = "op_name"
-
-    @property
-    def on_host(self) -> bool:
-        return self.host_bytes > 0
-
-
-@dataclass(frozen=True)
-class OutOfMemory:
-    """XLA refused the program for device memory: its figures, where its message states them."""
-
-    required_bytes: int | None  # what XLA says the program needs (its two-decimal figure)
-    available_bytes: int | None  # what it says the device has for one program
-    message: str
-
-
-# libtpu's messages (0.0.42.1; 0.0.52 prefixes the first with "E1000: CompileTimeHbmOom:").  The first is its
-# early check (arguments and temporaries against the HBM it gives a program), the second its allocation check.
-_OOM_MESSAGES = (
-    re.compile(
-        r"memory required for HLO temporaries \((?P<req>[\d.]+)(?P<ru>[KMGT]?)\) exceeds available HBM "
-        r"\((?P<avail>[\d.]+)(?P<au>[KMGT]?)\)"
-    ),
-    re.compile(r"Used (?P<req>[\d.]+)(?P<ru>[KMGT]?) of (?P<avail>[\d.]+)(?P<au>[KMGT]?) hbm"),
-)
-# libtpu prints binary units ("G" is GiB: tests/test_tpu.py reads a 1.2e11-byte pair of buffers as 111.76G).
-_UNIT = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
-def out_of_memory(error: Exception) -> OutOfMemory | None:
-    """XLA's out-of-device-memory refusal in ``error`` (None: another error).  Scoped VMEM exhaustion is a
-    compiler limit on one fusion, not the program's size, so it is not one."""
-    text = str(error)
-    if "RESOURCE_EXHAUSTED" not in text or "vmem" in text.lower():
-        return None
-    first = text.strip().splitlines()[0]
-    for pattern in _OOM_MESSAGES:
-        m = pattern.search(text)
-        if m:
-            return OutOfMemory(
-                int(float(m["req"]) * _UNIT[m["ru"]]),
-                int(float(m["avail"]) * _UNIT[m["au"]]),
-                first,
-            )
-    return OutOfMemory(None, None, first)
-
-
-@dataclass(frozen=True)
-class CompileResult:
-    model: str
-    plan: str
-    target: str
-    devices: int
-    mesh: dict
-    microbatch: int
-    seq: int
-    xla_preset: str
-    fits: bool
-    device_peak_bytes: (
-        int | None
-    )  # an out-of-memory compile: what XLA says it needs (None: it did not say)
-    device_capacity_bytes: int
-    device_argument_bytes: (
-        int | None
-    )  # None: XLA refused the program (out_of_memory), so no memory analysis
-    device_output_bytes: int | None
-    device_alias_bytes: int | None
-    device_temp_bytes: int | None
-    host_temp_bytes: int | None
-    offloaded: tuple[OffloadedName, ...]
-    overlap: dict
-    compile_time_s: float
-    attention: str = ""  # the model config's attention implementation (xla | blockwise | cudnn)
-    notes: tuple[str, ...] = field(default_factory=tuple)
-    cudnn_calls: int = 0  # cuDNN fused-attention custom calls in XLA's program (forward + backward)
-    cudnn_workspace_bytes: int = (
-        0  # their backward workspace from shapes, included in device_peak_bytes
-    )
-    device_limit_bytes: int = (
-        0  # what "fits" is judged against (hardware.fit_limit_bytes, or XLA's own figure)
-    )
-    out_of_memory: bool = False  # XLA refused to compile the program: it does not fit
-    xla_error: str = ""  # XLA's message when it refused
-    predicted: dict = field(
-        default_factory=dict
-    )  # the cost model's peak, host bytes and fits for this plan
-
-    @property
-    def offloaded_bytes_by_name(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for o in self.offloaded:
-            out[o.name] = out.get(o.name, 0) + o.host_bytes
-        return out
-
-    def to_json(self) -> dict:
-        d = asdict(self)
-        d["offloaded"] = [asdict(o) | {"on_host": o.on_host} for o in self.offloaded]
-        d["offloaded_bytes_by_name"] = self.offloaded_bytes_by_name
-        return d
 
 
 def abstract_train_state(cfg, optimizer, mesh: Mesh):
@@ -508,7 +400,7 @@ def compile_for_target(
     predicted = _prediction(cfg, plan, full_inventory, target, xla_preset)
     limit = hardware.fit_limit_bytes(spec)
     if compiled is None:
-        return _refused(
+        return refused_result(
             refused,
             cfg=cfg,
             plan=plan,
@@ -636,58 +528,6 @@ def _prediction(cfg, plan: plan_lib.Plan, inventory, target: str, xla_preset: st
         "schedule": schedule,
         "peak_phase": p.breakdown["peak_phase"],
     }
-
-
-def _refused(
-    refused: OutOfMemory,
-    *,
-    cfg,
-    plan,
-    target,
-    devices,
-    shape,
-    microbatch,
-    seq,
-    xla_preset,
-    spec,
-    limit,
-    compile_s,
-    predicted,
-) -> CompileResult:
-    """An out-of-memory compile as a result: it does not fit; XLA's stated figures, no memory analysis."""
-    notes = [f"XLA refused the program for device memory: {refused.message}"]
-    if refused.required_bytes is not None:
-        notes.append(
-            "XLA's figures are its message's, to 0.01 GiB; the program was not compiled, so there is no "
-            "memory analysis, host buffer or overlap check"
-        )
-    return CompileResult(
-        model=cfg.name,
-        plan=plan.name,
-        target=target,
-        devices=devices,
-        mesh=shape.to_dict(),
-        microbatch=microbatch,
-        seq=seq,
-        xla_preset=xla_preset,
-        fits=False,
-        device_peak_bytes=refused.required_bytes,
-        device_capacity_bytes=spec.device_memory_bytes,
-        device_argument_bytes=None,
-        device_output_bytes=None,
-        device_alias_bytes=None,
-        device_temp_bytes=None,
-        host_temp_bytes=None,
-        offloaded=(),
-        overlap={},
-        compile_time_s=compile_s,
-        attention=cfg.attention,
-        notes=tuple(notes),
-        device_limit_bytes=refused.available_bytes or limit,
-        out_of_memory=True,
-        xla_error=refused.message,
-        predicted=predicted,
-    )
 
 
 def param_and_optimizer_bytes(cfg) -> int:
