@@ -35,7 +35,7 @@ def test_check_corrects_the_workspace_and_converges():
     "extra, message",
     [
         (["--target", "gb300"], "projection"),
-        (["--max-microbatch"], "--check compiles one plan"),
+        (["--emit", "maxtext"], "--check compiles the plan it chooses"),
     ],
 )
 def test_check_refuses_what_it_cannot_compile(extra, message):
@@ -85,3 +85,28 @@ def test_a_model_below_xla_under_a_binding_budget_re_plans_within_a_smaller_budg
     assert two.workspace_correction_bytes == miss and two.budget_bytes == int(budget) - miss
     assert two.predicted_peak_bytes <= budget and two.xla_fits and two.peak_error == 0
     assert res.converged and len(res.iterations) == 2 and compiled_peaks[1] <= budget
+
+
+def test_max_microbatch_check_corrects_the_model_and_confirms_the_boundary():
+    """``plan --max-microbatch --check`` on tiny-llama, H200, a 0.06 GiB budget: the model over-predicts
+    XLA:GPU here, so its largest microbatch fits with room; corrected by XLA's peak, it proposes more, and
+    the answer is a microbatch whose compile fits, with one more either refused by XLA or fitting no plan
+    under the corrected model — in at most 5 compiles."""
+    cfg = get_config("tiny-llama")
+    rates = cm.target_rates("h200", cfg.dtype)
+    budget = 0.06 * 2**30
+    res = plan_check.max_microbatch_check(
+        cfg, MeshShape(), rates, "h200", seq=64, budget_bytes=budget
+    )
+    steps = res.steps
+    assert res.converged and 1 <= len(steps) <= 5 and res.result is not None
+    first, fitted = steps[0], [s for s in steps if s.xla_fits]
+    assert first.correction_bytes == 0 and first.proposed_by == "model"
+    assert (
+        res.result.microbatch == max(s.microbatch for s in fitted) > first.microbatch
+    )  # the correction mattered
+    assert all(s.xla_peak_bytes <= budget for s in fitted)
+    for before, after in zip(steps, steps[1:], strict=False):
+        assert after.correction_bytes == before.xla_peak_bytes - before.predicted_peak_bytes
+    refused = [s for s in steps if not s.xla_fits]
+    assert all(s.microbatch > res.result.microbatch for s in refused)

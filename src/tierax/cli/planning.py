@@ -13,6 +13,7 @@ from tierax.mesh import parse_mesh
 
 GIB = 2**30
 CHECK_ITERATIONS = 4  # plan --check's default bound on compiles
+MAX_MICROBATCH_CHECK_ITERATIONS = 5  # plan --max-microbatch --check's
 # The options of `tierax plan` whose combinations interop.planning.check_plan_options checks.
 PLAN_OPTIONS = (
     "sweep",
@@ -274,6 +275,9 @@ def _plan_check(args) -> int:
             flush=True,
         )
 
+    if args.max_microbatch:
+        args.check_iterations = args.check_iterations or MAX_MICROBATCH_CHECK_ITERATIONS
+        return _max_microbatch_check(args, cfg, mesh, rates, out, gib)
     res = plan_check.check(
         cfg,
         mesh,
@@ -300,6 +304,54 @@ def _plan_check(args) -> int:
         f"({'fits' if last.xla_fits else 'does not fit'}), model within {abs(last.peak_error):.1%}"
     )
     return 0 if res.converged else 1
+
+
+def _max_microbatch_check(args, cfg, mesh, rates, out, gib) -> int:
+    """``plan --max-microbatch --check``: the model's largest microbatch, confirmed and corrected by compiles."""
+    from tierax import plan_check
+    from tierax.fileio import write_text_atomic
+
+    def report(s) -> None:
+        xla = "refused (out of memory)" if s.out_of_memory else gib(s.xla_peak_bytes)
+        print(
+            f"compile {s.iteration}: microbatch {s.microbatch} ({s.proposed_by}; correction "
+            f"{gib(s.correction_bytes)}) · predicted {gib(s.predicted_peak_bytes)} · XLA {xla} · "
+            f"fits={'yes' if s.xla_fits else 'NO'} · {s.compile_s:.0f} s",
+            file=sys.stderr if args.json else sys.stdout,
+            flush=True,
+        )
+
+    res = plan_check.max_microbatch_check(
+        cfg,
+        mesh,
+        rates,
+        args.target,
+        seq=args.seq,
+        schedule=args.schedule,
+        budget_bytes=args.budget_gib and args.budget_gib * GIB,
+        host_budget_bytes=args.host_budget_gib and args.host_budget_gib * GIB,
+        max_compiles=args.check_iterations,
+        report=report,
+    )
+    if out and res.result:
+        write_text_atomic(out, res.result.plan.to_yaml())
+    if args.json:
+        print(json.dumps(res.to_json(), indent=2))
+    if res.result is None:
+        print("no microbatch's plan fitted in XLA's compile", file=sys.stderr)
+        return 1
+    print(
+        f"largest microbatch that fits XLA's compile: {res.result.microbatch} after {len(res.steps)} compile(s)"
+        + (
+            ""
+            if res.converged
+            else f" (not confirmed: one more was not compiled within {args.check_iterations})"
+        ),
+        file=sys.stderr if args.json else sys.stdout,
+    )
+    if out and not args.json:
+        print(f"wrote {out}")
+    return 0
 
 
 def _plan_sweep(args) -> int:
