@@ -29,7 +29,7 @@ class FixedTerms:
     model_flops: float  # MaxText convention, per device
     executed_flops: float  # without recomputation, per device
     embed_grad_bytes: int = (
-        0  # the embedding's and head's (sharded) gradients: not yet written at the loss
+        0  # gradients not yet written at the loss (GPU: embedding's and head's; TPU: all)
     )
     fixed_device_bytes: int = 0
     # XLA's transposed copies of stacked weights: live from the forward loop to the backward's end
@@ -132,6 +132,8 @@ def _workspace(
         # the first; fsdp=1024: the second); the model counts the smaller.  A tiled loss
         # reduce-scatters each tile's head gradient in its scan (llama3-8b, DeepSeek-V3).  The
         # gathered embedding and head are free during the loop.
+        # TPU targets pass grad_share 0: XLA:TPU's peak in the layer loop holds neither
+        # (_tpu_loss_phase_bytes).
         workspace += min(head_grad, int(inv.logits_bytes * grad_share))
     return workspace
 
@@ -191,9 +193,8 @@ def _loss_phase_bytes(
     # float32 logits and their gradient in the compute dtype (llama3-8b fsdp=8, fsdp=4,tensor=2);
     # tiled, one tile's gradient, two float32 [D, V] (the head-gradient accumulator in and out; one
     # under FSDP in a narrower dtype: the other was the head in float32 for a float32 gradient,
-    # llama3-8b 4 tiles fsdp=8: XLA 10.22 -> 7.76 GiB) and under FSDP the gathered head.  XLA:TPU's
-    # peak did not fall with a bfloat16 gradient (tests/test_tpu.py's v5p plan: 144.67 MB both
-    # ways), so TPU targets count it as float32.
+    # llama3-8b 4 tiles fsdp=8: XLA 10.22 -> 7.76 GiB) and under FSDP the gathered head.  (TPU
+    # targets: _tpu_loss_phase_bytes.)
     loss_bytes = head_grad + inv.logits_bytes * (1 + grad_share)
     if tiled:
         narrow = fsdp > 1 and grad_share < 1
@@ -203,6 +204,44 @@ def _loss_phase_bytes(
             + (cfg.vocab_size * cfg.d_model * c_item if fsdp > 1 else 0)
         )
     return loss_bytes
+
+
+def _tpu_loss_phase_bytes(
+    inv: Inventory, cfg, c_item: int, fsdp: int, tiled: bool, head_grad: int, tokens: int
+) -> float:
+    # At the loss on TPU, from XLA:TPU's largest allocations at its peak (Llama 3 8B, 4 x 8192 per chip,
+    # remat-full: bench/results/tpu_compile.json): the logits in the compute dtype, saved by the forward
+    # (tierax.train.loss.logits_dtype), then either the head's float32 weight gradient [D, V] (on 4 v5p
+    # chips XLA fuses the logits' gradient into both backward matmuls and never writes it) or the logits'
+    # gradient and a transposed copy of it for a windowed weight-gradient loop (on 8, the logits dead by
+    # then): the model counts the larger second buffer.  Beside them, the final hidden states in float32 and
+    # their gradient in the compute dtype ([tokens, D] each).  Tiled (not traced on TPU): one tile's logits,
+    # the two float32 [D, V] accumulators and under FSDP the gathered head.
+    logits = inv.logits_bytes * c_item / 4  # inv.logits_bytes is float32 (tierax.inventory)
+    hidden = tokens * cfg.d_model * (4 + c_item)
+    if tiled:
+        return (
+            2 * head_grad
+            + logits
+            + hidden
+            + (cfg.vocab_size * cfg.d_model * c_item if fsdp > 1 else 0)
+        )
+    return logits + max(head_grad, logits) + hidden
+
+
+def _tpu_stack_copy_bytes(inv: Inventory, c_item: int, fsdp: int, ep: int) -> int:
+    # XLA:TPU converts every stacked layer weight's shard to the compute dtype once, before the forward loop,
+    # and keeps the copies through the backward (convert(param) at its peak, bench/results/tpu_compile.json);
+    # the GPU's transposed float32 copies (_stack_copy_bytes) are not made.
+    return int(
+        c_item
+        * sum(
+            (g.layer_param_count - g.expert_param_count_per_layer) / fsdp
+            + g.expert_param_count_per_layer / (fsdp * max(ep, 1))
+            for g in inv.groups
+            for _ in range(g.num_layers)
+        )
+    )
 
 
 def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
@@ -218,13 +257,19 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
     ep = inv.mesh.get("expert", 1)
     p_item = jnp.dtype(cfg.param_dtype).itemsize
     head_grad = cfg.vocab_size * cfg.d_model * p_item  # the LM head's gradient, unsharded [D, V]
+    tpu = rates.target in hardware.TPU_TARGETS
     grad_share = (
-        1.0 if rates.target in hardware.TPU_TARGETS else c_item / 4
-    )  # logits' gradient ÷ logits
+        0.0 if tpu else c_item / 4
+    )  # logits' gradient ÷ float32 logits (TPU: _tpu_loss_phase_bytes)
     workspace = _workspace(inv, cfg, c_item, fsdp, ep, tokens, tiled, head_grad, grad_share)
-    stack_copy = _stack_copy_bytes(inv, cfg, p_item)
+    stack_copy = (
+        _tpu_stack_copy_bytes(inv, c_item, fsdp, ep) if tpu else _stack_copy_bytes(inv, cfg, p_item)
+    )
     coll, exposed_coll = _collectives(inv, cfg, rates, schedule, c_item, fsdp, ep, compute_s)
-    loss_bytes = _loss_phase_bytes(inv, cfg, c_item, fsdp, tiled, head_grad, grad_share)
+    if tpu:
+        loss_bytes = _tpu_loss_phase_bytes(inv, cfg, c_item, fsdp, tiled, head_grad, tokens)
+    else:
+        loss_bytes = _loss_phase_bytes(inv, cfg, c_item, fsdp, tiled, head_grad, grad_share)
     if (
         not cfg.vocab_size
     ):  # a model without a head (tierax.api): logits_bytes are the caller's, live throughout
@@ -239,7 +284,9 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
         exposed_collective_s=exposed_coll,
         model_flops=train_flops(cfg, inv.microbatch, inv.seq),
         executed_flops=executed,
-        embed_grad_bytes=int(inv.embed_param_count * p_item / fsdp),
+        # XLA:TPU writes the layers' gradients in the backward loop, after the loss (none among its peak
+        # allocations there, bench/results/tpu_compile.json); XLA:GPU's loss-phase peaks held them.
+        embed_grad_bytes=inv.grad_bytes if tpu else int(inv.embed_param_count * p_item / fsdp),
         fixed_device_bytes=rates.fixed_device_bytes,
         stack_copy_bytes=int(stack_copy),
         hbm_s=hbm_s,
