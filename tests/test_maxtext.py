@@ -80,9 +80,8 @@ def test_emitted_overrides_round_trip_to_the_same_plan(tmp_path, model, preset):
         for k in maxtext_keys.NO_COUNTERPART
         if k in maxtext_keys.REMAT_KEYS and k != "context"
     )
-    assert (
-        data["hardware"] == "gpu" and data["context"] == data["attention_out"]
-    )  # one tensor on GPU and TPU
+    # context and attention_out name one tensor on GPU and TPU
+    assert data["hardware"] == "gpu" and data["context"] == data["attention_out"]
     assert not set(maxtext_keys.RELEASE_0_2_5_KEYS) & set(
         data
     )  # MaxText 0.2.4 and main refuse them
@@ -467,10 +466,8 @@ def test_context_reads_as_attention_out_on_tpu_and_gpu(
 
 def test_emit_for_a_tpu_target_says_tpu_and_context_follows_attention_out():
     cfg = get_config("tiny-llama")
-    plan = P.Plan(
-        "ao",
-        {"decoder": P.GroupPlan({N.ATTENTION_OUT: "offload", N.DECODER_LAYER_INPUT: "device"})},
-    )
+    placements = {N.ATTENTION_OUT: "offload", N.DECODER_LAYER_INPUT: "device"}
+    plan = P.Plan("ao", {"decoder": P.GroupPlan(placements)})
     data = yaml.safe_load(emit(plan, cfg, target="v5p"))
     assert data["hardware"] == "tpu" and data["context"] == data["attention_out"] == "offload"
     # dot-product attention: no context

@@ -88,10 +88,10 @@ def test_a_model_below_xla_under_a_binding_budget_re_plans_within_a_smaller_budg
 
 
 def test_max_microbatch_check_corrects_the_model_and_confirms_the_boundary():
-    """``plan --max-microbatch --check`` on tiny-llama, H200, a 0.06 GiB budget: the model over-predicts
-    XLA:GPU here, so its largest microbatch fits with room; corrected by XLA's peak, it proposes more, and
-    the answer is a microbatch whose compile fits, with one more either refused by XLA or fitting no plan
-    under the corrected model — in at most 5 compiles."""
+    """``plan --max-microbatch --check`` on tiny-llama, H200, a 0.06 GiB budget: the model
+    over-predicts XLA:GPU here, so its largest microbatch fits with room; corrected by XLA's peak,
+    it proposes more, and the answer is a microbatch whose compile fits, with one more either
+    refused by XLA or fitting no plan under the corrected model — in at most 5 compiles."""
     cfg = get_config("tiny-llama")
     rates = cm.target_rates("h200", cfg.dtype)
     budget = 0.06 * 2**30
@@ -102,9 +102,8 @@ def test_max_microbatch_check_corrects_the_model_and_confirms_the_boundary():
     assert res.converged and 1 <= len(steps) <= 5 and res.result is not None
     first, fitted = steps[0], [s for s in steps if s.xla_fits]
     assert first.correction_bytes == 0 and first.proposed_by == "model"
-    assert (
-        res.result.microbatch == max(s.microbatch for s in fitted) > first.microbatch
-    )  # the correction mattered
+    # the largest fit, above the uncorrected model's answer: the correction mattered
+    assert res.result.microbatch == max(s.microbatch for s in fitted) > first.microbatch
     assert all(s.xla_peak_bytes <= budget for s in fitted)
     for before, after in zip(steps, steps[1:], strict=False):
         assert after.correction_bytes == before.xla_peak_bytes - before.predicted_peak_bytes

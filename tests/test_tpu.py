@@ -290,8 +290,9 @@ def test_planner_plan_for_llama3_8b_compiles_and_fits_on_v5p(tmp_path):
     )
 
 
-# Over budget on purpose: a scaled-down Llama with the score-materialising attention at 16 × 8192 tokens needs
-# about 40 GiB on one 16 GiB v5e chip (XLA:TPU refuses it in seconds) and about 145 GiB on an H200.
+# Over budget on purpose: a scaled-down Llama with the score-materialising attention at 16 × 8192
+# tokens needs about 40 GiB on one 16 GiB v5e chip (XLA:TPU refuses it in seconds) and about 145 GiB
+# on an H200.
 OVER_BUDGET = [
     "--model",
     "llama3-8b",
@@ -307,8 +308,10 @@ OVER_BUDGET = [
 
 @pytest.mark.skipif(not HAS_LIBTPU, reason=NO_LIBTPU)
 def test_out_of_memory_tpu_compile_is_a_result_with_xla_figures():
-    """XLA:TPU refuses the program (RESOURCE_EXHAUSTED): `compile` reports it as a result — fits false, XLA's
-    stated need and limit, the model's prediction — with exit 0 and no traceback, in JSON and as a table."""
+    """XLA:TPU refuses the program (RESOURCE_EXHAUSTED): `compile` reports it as a result — fits
+    false, XLA's stated need and limit, the model's prediction — with exit 0 and no traceback, in
+    JSON and as a
+    table."""
     args = ["compile", *OVER_BUDGET, "--target", "v5e", "--devices", "1", "--microbatch", "16"]
     p = _cli(*args, "--json")
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
@@ -324,8 +327,8 @@ def test_out_of_memory_tpu_compile_is_a_result_with_xla_figures():
     assert "XLA refused the program" in t.stdout and "no" in t.stdout
 
 
-# Two buffers of 6e10 bytes each (the argument and its doubled copy behind a barrier): XLA:TPU's message states
-# their sum in its own unit, and the HBM it gives one program.
+# Two buffers of 6e10 bytes each (the argument and its doubled copy behind a barrier): XLA:TPU's
+# message states their sum in its own unit, and the HBM it gives one program.
 _OOM_PROBE = """
 import json, sys
 from tierax import compile as C
@@ -336,7 +339,8 @@ from tierax import hardware
 out = {}
 for key, devices in (("v5e", 1), ("v5p", 4), ("v6e", 1)):
     mesh = Mesh(C.tpu_topology(hardware.get_target(key), devices).devices[:1], ("x",))
-    x = jax.ShapeDtypeStruct((15 * 10**9 // 1024, 1024), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec()))
+    rows = NamedSharding(mesh, PartitionSpec())
+    x = jax.ShapeDtypeStruct((15 * 10**9 // 1024, 1024), jnp.float32, sharding=rows)
     try:
         jax.jit(lambda a: jnp.sum(jax.lax.optimization_barrier(a * 2))).trace(x).lower().compile()
         out[key] = None
@@ -359,27 +363,21 @@ def test_xla_tpu_out_of_memory_figures_are_gib_and_the_limits_are_the_tables():
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
     for key, (required, available) in got.items():
-        assert abs(required - 1.2e11) <= 0.01 * 2**30, (
-            key,
-            required,
-        )  # "111.76G" is 1.2e11 bytes: G is GiB
-        assert abs(available - hardware.get_target(key).xla_hbm_limit_bytes) <= 0.01 * 2**30, (
-            key,
-            available,
-        )
+        assert abs(required - 1.2e11) <= 0.01 * 2**30, (key, required)  # 111.76G: G is GiB
+        limit = hardware.get_target(key).xla_hbm_limit_bytes
+        assert abs(available - limit) <= 0.01 * 2**30, (key, available)
     r = costmodel.target_rates("v5p", "bfloat16")
-    assert (
-        r.usable_device_bytes == hardware.get_target("v5p").xla_hbm_limit_bytes
-    )  # what the planner budgets
+    # what the planner budgets
+    assert r.usable_device_bytes == hardware.get_target("v5p").xla_hbm_limit_bytes
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_LIBTPU, reason=NO_LIBTPU)
 def test_plan_check_on_v5p_converges_to_a_plan_that_fits_its_budget():
-    """`plan --check` on a TPU target: a Llama-shaped model (blockwise attention, 128-key blocks: 16 x 16
-    blocks at 2048 tokens) on 4 v5p chips in a 0.6 GiB budget.  Whatever the model's miss on the installed
-    libtpu, the loop corrects it from XLA:TPU's peak and ends on a plan XLA compiles within the budget, the
-    model within 5 % of it.  (Minutes of compiles: slow.)"""
+    """`plan --check` on a TPU target: a Llama-shaped model (blockwise attention, 128-key blocks: 16
+    x 16 blocks at 2048 tokens) on 4 v5p chips in a 0.6 GiB budget.  Whatever the model's miss on
+    the installed libtpu, the loop corrects it from XLA:TPU's peak and ends on a plan XLA compiles
+    within the budget, the model within 5 % of it.  (Minutes of compiles: slow.)"""
     model = ["--model", "llama3-8b", *SMALL_LLAMA[2:-2], "--set", "attention_block=128"]
     shape = [
         "--target",

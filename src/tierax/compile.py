@@ -517,7 +517,8 @@ def compile_for_target(
 
 
 def _prediction(cfg, plan: plan_lib.Plan, inventory, target: str, xla_preset: str) -> dict:
-    """The cost model's figures for the plan compiled: the schedule of its XLA preset (plan --check's)."""
+    """The cost model's figures for the plan compiled: the schedule of its XLA preset (plan
+    --check's)."""
     rates = costmodel.target_rates(target, cfg.dtype)
     schedule = "lhs-pipelined" if xla_preset == "lhs-pipelined" else "lhs"
     p = costmodel.simulate(plan, inventory, cfg, rates, schedule)

@@ -1,4 +1,5 @@
-"""What a deviceless compile reports (:class:`CompileResult`), and an out-of-memory refusal as one."""
+"""What a deviceless compile reports (:class:`CompileResult`), and an out-of-memory refusal as
+one."""
 
 from __future__ import annotations
 
@@ -93,12 +94,13 @@ def refused_result(
     compile_s,
     predicted,
 ) -> CompileResult:
-    """An out-of-memory compile as a result: it does not fit; XLA's stated figures, no memory analysis."""
+    """An out-of-memory compile as a result: it does not fit; XLA's stated figures, no memory
+    analysis."""
     notes = [f"XLA refused the program for device memory: {refused.message}"]
     if refused.required_bytes is not None:
         notes.append(
-            "XLA's figures are its message's, to 0.01 GiB; the program was not compiled, so there is no "
-            "memory analysis, host buffer or overlap check"
+            "XLA's figures are its message's, to 0.01 GiB; the program was not compiled, so "
+            "there is no memory analysis, host buffer or overlap check"
         )
     return CompileResult(
         model=cfg.name,

@@ -149,7 +149,8 @@ def check(
 class MicrobatchStep:
     iteration: int
     microbatch: int
-    proposed_by: str  # "model" (the corrected model's largest microbatch) or "bracket" (one past the largest fit)
+    # "model" (the corrected model's largest microbatch) or "bracket" (one past the largest fit)
+    proposed_by: str
     correction_bytes: int  # XLA's peak minus the model's, from the compile before (0: none yet)
     predicted_peak_bytes: int  # the model's peak for the plan compiled, uncorrected
     xla_peak_bytes: int | None
@@ -163,13 +164,11 @@ class MicrobatchStep:
 
 @dataclass(frozen=True)
 class MicrobatchCheck:
-    result: (
-        planner.PlanResult | None
-    )  # the largest microbatch whose plan XLA compiled within the budget
+    # the largest microbatch whose plan XLA compiled within the budget
+    result: planner.PlanResult | None
     steps: tuple[MicrobatchStep, ...]
-    converged: (
-        bool  # one microbatch more was refused by XLA, or the corrected model fits no plan there
-    )
+    # one microbatch more was refused by XLA, or the corrected model fits no plan there
+    converged: bool
 
     def to_json(self) -> dict:
         return {
@@ -195,12 +194,12 @@ def max_microbatch_check(
 ) -> MicrobatchCheck:
     """The largest microbatch whose planned step fits in XLA's compile for ``target``.
 
-    The model proposes (``planner.max_microbatch``); XLA's compile of that plan confirms it or not; the
-    model is corrected by XLA's peak minus its own (the workspace correction of :func:`check`, whose sign may
-    say the model is high) and proposes again, within the bracket the compiles have set (above the largest
-    microbatch that fitted, below the smallest that did not; one past the largest fit when the model
-    proposes nothing new).  Stops when one more than the largest fit was refused (or has no plan under the
-    corrected model), or after ``max_compiles``.
+    The model proposes (``planner.max_microbatch``); XLA's compile of that plan confirms it or not;
+    the model is corrected by XLA's peak minus its own (the workspace correction of :func:`check`,
+    whose sign may say the model is high) and proposes again, within the bracket the compiles have
+    set (above the largest microbatch that fitted, below the smallest that did not; one past the
+    largest fit when the model proposes nothing new).  Stops when one more than the largest fit was
+    refused (or has no plan under the corrected model), or after ``max_compiles``.
     """
     budget, host_budget = planner.budgets(rates, budget_bytes, host_budget_bytes)
     best, best_mb, fail_mb, correction, steps = None, 0, None, 0, []
@@ -240,20 +239,15 @@ def max_microbatch_check(
                     name=f"planned-mb{mb}",
                 )
             except planner.NoPlanFits:
-                if (
-                    best is not None and mb == best_mb + 1
-                ):  # the corrected model fits nothing larger
+                if best is not None and mb == best_mb + 1:  # the corrected model fits no more
                     converged = True
                     break
                 raise
         compiled, _ = compile_lib.compile_for_target(
             cfg, proposed.plan, target, microbatch=mb, seq=seq, mesh=mesh
         )
-        fits = (
-            compiled.fits
-            and compiled.device_peak_bytes is not None
-            and compiled.device_peak_bytes <= budget
-        )
+        peak = compiled.device_peak_bytes
+        fits = compiled.fits and peak is not None and peak <= budget
         step = MicrobatchStep(
             it,
             mb,

@@ -307,7 +307,8 @@ def _plan_check(args) -> int:
 
 
 def _max_microbatch_check(args, cfg, mesh, rates, out, gib) -> int:
-    """``plan --max-microbatch --check``: the model's largest microbatch, confirmed and corrected by compiles."""
+    """``plan --max-microbatch --check``: the model's largest microbatch, confirmed and corrected by
+    compiles."""
     from tierax import plan_check
     from tierax.fileio import write_text_atomic
 
@@ -341,7 +342,8 @@ def _max_microbatch_check(args, cfg, mesh, rates, out, gib) -> int:
         print("no microbatch's plan fitted in XLA's compile", file=sys.stderr)
         return 1
     print(
-        f"largest microbatch that fits XLA's compile: {res.result.microbatch} after {len(res.steps)} compile(s)"
+        f"largest microbatch that fits XLA's compile: {res.result.microbatch} after "
+        f"{len(res.steps)} compile(s)"
         + (
             ""
             if res.converged

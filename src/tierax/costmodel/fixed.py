@@ -28,9 +28,8 @@ class FixedTerms:
     exposed_collective_s: float
     model_flops: float  # MaxText convention, per device
     executed_flops: float  # without recomputation, per device
-    embed_grad_bytes: int = (
-        0  # gradients not yet written at the loss (GPU: embedding's and head's; TPU: all)
-    )
+    # gradients not yet written at the loss (GPU: the embedding's and head's; TPU: all)
+    embed_grad_bytes: int = 0
     fixed_device_bytes: int = 0
     # XLA's transposed copies of stacked weights: live from the forward loop to the backward's end
     stack_copy_bytes: int = 0
@@ -209,30 +208,28 @@ def _loss_phase_bytes(
 def _tpu_loss_phase_bytes(
     inv: Inventory, cfg, c_item: int, fsdp: int, tiled: bool, head_grad: int, tokens: int
 ) -> float:
-    # At the loss on TPU, from XLA:TPU's largest allocations at its peak (Llama 3 8B, 4 x 8192 per chip,
-    # remat-full: bench/results/tpu_compile.json): the logits in the compute dtype, saved by the forward
-    # (tierax.train.loss.logits_dtype), then either the head's float32 weight gradient [D, V] (on 4 v5p
-    # chips XLA fuses the logits' gradient into both backward matmuls and never writes it) or the logits'
-    # gradient and a transposed copy of it for a windowed weight-gradient loop (on 8, the logits dead by
-    # then): the model counts the larger second buffer.  Beside them, the final hidden states in float32 and
-    # their gradient in the compute dtype ([tokens, D] each).  Tiled (not traced on TPU): one tile's logits,
-    # the two float32 [D, V] accumulators and under FSDP the gathered head.
+    # At the loss on TPU, from XLA:TPU's largest allocations at its peak (Llama 3 8B, 4 x 8192 per
+    # chip, remat-full: bench/results/tpu_compile.json): the logits in the compute dtype, saved by
+    # the forward (tierax.train.loss.logits_dtype), then either the head's float32 weight gradient
+    # [D, V] (on 4 v5p chips XLA fuses the logits' gradient into both backward matmuls and never
+    # writes it) or the logits' gradient and a transposed copy of it for a windowed weight-gradient
+    # loop (on 8, the logits dead by then): the model counts the larger second buffer.  Beside them,
+    # the final hidden states in float32 and their gradient in the compute dtype ([tokens, D] each).
+    # Tiled (not traced on TPU): one tile's logits, the two float32 [D, V] accumulators and under
+    # FSDP the gathered head.
     logits = inv.logits_bytes * c_item / 4  # inv.logits_bytes is float32 (tierax.inventory)
     hidden = tokens * cfg.d_model * (4 + c_item)
     if tiled:
-        return (
-            2 * head_grad
-            + logits
-            + hidden
-            + (cfg.vocab_size * cfg.d_model * c_item if fsdp > 1 else 0)
-        )
+        gathered_head = cfg.vocab_size * cfg.d_model * c_item if fsdp > 1 else 0
+        return 2 * head_grad + logits + hidden + gathered_head
     return logits + max(head_grad, logits) + hidden
 
 
 def _tpu_stack_copy_bytes(inv: Inventory, c_item: int, fsdp: int, ep: int) -> int:
-    # XLA:TPU converts every stacked layer weight's shard to the compute dtype once, before the forward loop,
-    # and keeps the copies through the backward (convert(param) at its peak, bench/results/tpu_compile.json);
-    # the GPU's transposed float32 copies (_stack_copy_bytes) are not made.
+    # XLA:TPU converts every stacked layer weight's shard to the compute dtype once, before the
+    # forward loop, and keeps the copies through the backward (convert(param) at its peak,
+    # bench/results/tpu_compile.json); the GPU's transposed float32 copies (_stack_copy_bytes) are
+    # not made.
     return int(
         c_item
         * sum(
@@ -258,13 +255,13 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
     p_item = jnp.dtype(cfg.param_dtype).itemsize
     head_grad = cfg.vocab_size * cfg.d_model * p_item  # the LM head's gradient, unsharded [D, V]
     tpu = rates.target in hardware.TPU_TARGETS
-    grad_share = (
-        0.0 if tpu else c_item / 4
-    )  # logits' gradient ÷ float32 logits (TPU: _tpu_loss_phase_bytes)
+    # the logits' gradient ÷ float32 logits (TPU: _tpu_loss_phase_bytes)
+    grad_share = 0.0 if tpu else c_item / 4
     workspace = _workspace(inv, cfg, c_item, fsdp, ep, tokens, tiled, head_grad, grad_share)
-    stack_copy = (
-        _tpu_stack_copy_bytes(inv, c_item, fsdp, ep) if tpu else _stack_copy_bytes(inv, cfg, p_item)
-    )
+    if tpu:
+        stack_copy = _tpu_stack_copy_bytes(inv, c_item, fsdp, ep)
+    else:
+        stack_copy = _stack_copy_bytes(inv, cfg, p_item)
     coll, exposed_coll = _collectives(inv, cfg, rates, schedule, c_item, fsdp, ep, compute_s)
     if tpu:
         loss_bytes = _tpu_loss_phase_bytes(inv, cfg, c_item, fsdp, tiled, head_grad, tokens)
@@ -284,8 +281,9 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
         exposed_collective_s=exposed_coll,
         model_flops=train_flops(cfg, inv.microbatch, inv.seq),
         executed_flops=executed,
-        # XLA:TPU writes the layers' gradients in the backward loop, after the loss (none among its peak
-        # allocations there, bench/results/tpu_compile.json); XLA:GPU's loss-phase peaks held them.
+        # XLA:TPU writes the layers' gradients in the backward loop, after the loss (none among its
+        # peak allocations there, bench/results/tpu_compile.json); XLA:GPU's loss-phase peaks held
+        # them.
         embed_grad_bytes=inv.grad_bytes if tpu else int(inv.embed_param_count * p_item / fsdp),
         fixed_device_bytes=rates.fixed_device_bytes,
         stack_copy_bytes=int(stack_copy),

@@ -73,13 +73,14 @@ class Rates:
     # call, and the operating system hands each fresh page over on its first write; measured
     # by `tierax calibrate` (tierax.costmodel.first_touch).
     first_touch_bytes_per_s: float = 0.0
-    # What a step may use, where the compiler states it (XLA:TPU's HBM limit); 0: capacity less the runtime
-    # reserve (hardware.usable_bytes).
+    # What a step may use, where the compiler states it (XLA:TPU's HBM limit); 0: capacity less
+    # the runtime reserve (hardware.usable_bytes).
     device_limit_bytes: int = 0
 
     @property
     def usable_device_bytes(self) -> int:
-        """Device bytes a step fits in: the compiler's limit where it has one, else capacity less the reserve."""
+        """Device bytes a step fits in: the compiler's limit where it has one, else capacity less
+        the reserve."""
         return self.device_limit_bytes or hardware.usable_bytes(self.device_memory_bytes)
 
 
@@ -291,9 +292,7 @@ def override_rates(rates: Rates, overrides: Sequence[str]) -> Rates:
         changes = {
             f: (int(v) if f.endswith("memory_bytes") or key in INTEGER_KEYS else v) for f in fields
         }
-        if (
-            key == "hbm_size"
-        ):  # the compiler's stated limit was for the datasheet memory: the reserve rule now
+        if key == "hbm_size":  # the compiler's limit was for the datasheet memory: the reserve rule
             changes["device_limit_bytes"] = 0
         sources = dict(rates.sources) | {
             f: f"--rate {key}={value.strip()} ({unit})" for f in fields

@@ -43,7 +43,8 @@ class TpuSpec:
     projection: str = ""
     kind: ClassVar[str] = "tpu"
     xla_hbm_limit_source: ClassVar[str] = (
-        "XLA:TPU's available HBM, from libtpu's out-of-memory message in a deviceless compile (libtpu 0.0.42.1 and "
+        "XLA:TPU's available HBM, from libtpu's out-of-memory message in a deviceless compile "
+        "(libtpu 0.0.42.1 and "
         "0.0.52; the lower where they differ; tests/test_tpu.py checks the installed libtpu's)"
     )
     rate_sources: ClassVar[dict] = {
@@ -116,7 +117,8 @@ _TPU_HOST_LINK_SOURCE = (
 
 
 def _gib(figure: float) -> int:
-    """Bytes of a libtpu figure: its "G" is GiB (tests/test_tpu.py: a 1.2e11-byte buffer pair reads 111.76G)."""
+    """Bytes of a libtpu figure: its "G" is GiB (tests/test_tpu.py: a 1.2e11-byte buffer pair reads
+    111.76G)."""
     return int(figure * 2**30)
 
 
