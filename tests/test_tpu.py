@@ -229,10 +229,9 @@ def _plan_then_compile(tmp_path, model, shape, *plan_args):
 @pytest.mark.skipif(not HAS_LIBTPU, reason=NO_LIBTPU)
 def test_planner_plan_for_a_llama_shape_compiles_and_fits_on_v5p(tmp_path):
     """Llama-shaped (scaled down) on a v5p 2x2x1 slice, microbatch 8 × seq 256 per device, planned
-    in a
-    0.12 GiB device budget so that the planner must choose (it recomputes some names, keeps others).
-    XLA:TPU's compile of that plan fits the chip, keeps the planner's promise (peak ≤ the budget),
-    and its host bytes are the planner's."""
+    in a 0.12 GiB device budget so that the planner must choose (it recomputes some names, keeps
+    others).  XLA:TPU's compile of that plan fits the chip, keeps the planner's promise (peak ≤ the
+    budget), and its host bytes are the planner's."""
     shape = [
         "--target",
         "v5p",
@@ -264,9 +263,8 @@ def test_planner_plan_for_a_llama_shape_compiles_and_fits_on_v5p(tmp_path):
 @pytest.mark.skipif(not HAS_LIBTPU, reason=NO_LIBTPU)
 def test_planner_plan_for_llama3_8b_compiles_and_fits_on_v5p(tmp_path):
     """The full Llama 3 8B (32 layers) on 8 v5p chips at the planner's default budget: a few minutes
-    of
-    compile, so slow.  (It failed while XLA:TPU's host temp was counted as device memory too and the
-    cost model kept only one copy of the float32 logits: 110.6 GiB reported against 89.8
+    of compile, so slow.  (It failed while XLA:TPU's host temp was counted as device memory too and
+    the cost model kept only one copy of the float32 logits: 110.6 GiB reported against 89.8
     predicted.)"""
     shape = [
         "--target",
@@ -310,8 +308,7 @@ OVER_BUDGET = [
 def test_out_of_memory_tpu_compile_is_a_result_with_xla_figures():
     """XLA:TPU refuses the program (RESOURCE_EXHAUSTED): `compile` reports it as a result — fits
     false, XLA's stated need and limit, the model's prediction — with exit 0 and no traceback, in
-    JSON and as a
-    table."""
+    JSON and as a table."""
     args = ["compile", *OVER_BUDGET, "--target", "v5e", "--devices", "1", "--microbatch", "16"]
     p = _cli(*args, "--json")
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-3000:]

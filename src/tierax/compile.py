@@ -387,9 +387,8 @@ def compile_for_target(
     try:
         with capability:
             compiled = step.trace(state, tokens).lower().compile()
-    except (
-        Exception
-    ) as e:  # XLA raises a generic runtime error; only an out-of-memory one is a result
+    # XLA raises a generic runtime error; only an out-of-memory one is a result
+    except Exception as e:
         refused = out_of_memory(e)
         if refused is None:
             raise
