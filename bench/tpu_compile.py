@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
-"""Deviceless TPU compile of a Llama shape on v5p under the planner's plan: XLA's peak vs capacity.
+"""Deviceless XLA:TPU compiles of Llama 3 8B on v5p under the planner's plan: XLA's peak vs model.
 
 Needs libtpu (the tpu-aot extra, which ``make venv`` installs; ``pip install 'tierax[tpu-aot]'``).
-For each case, runs ``tierax plan --out`` (planner cases), then ``tierax compile --target v5p
---json`` on the plan, each in its own process, and writes one record: command, machine, versions
-(jax, jaxlib, libtpu), the planner's prediction (``plan`` or ``simulate``) and XLA's figures per
-case.  Cases: the planner's plan at microbatch 4 and 2, and remat-full at microbatch 4 (nothing
-offloaded) as a reference.
+For each case, runs ``tierax plan --out`` (planner cases) or ``tierax simulate`` (fixed plans),
+then ``tierax compile --target v5p --json`` on the plan, each in its own process (this
+interpreter), and writes one record: command, machine, versions (jax, jaxlib, libtpu), the model's
+prediction and XLA's figures per case.  Default cases (8 chips, fsdp=8): the planner's plan at
+microbatch 2, 4 and 8 at sequence 8192 and at 8 and 16 at 4096, and remat-full at 4 (nothing
+offloaded) as a reference; ``--devices`` and ``--case PLAN:MB:SEQ`` choose others.  A case XLA
+refuses (out of memory) is a result.
 
-    python bench/tpu_compile.py [--out bench/results/tpu_compile.json]
+    python bench/tpu_compile.py [--out bench/results/tpu_compile.json] [--devices 8]
 
-Recorded here (2 shared CPU cores, ~12 min) with
-``PYTHONPATH=src /tmp/scratch/tpuvenv/bin/python bench/tpu_compile.py`` (Python 3.11, jax/jaxlib
-0.10.2, libtpu 0.0.42.1).
+The TPU cost-model terms follow libtpu 0.0.52 (jax 0.12, MaxText 0.2.5's pin): run it with that
+venv's Python and this checkout on ``PYTHONPATH`` (as bench/estimator_peer.py runs tierax); the
+record names the libtpu that compiled it.
 """
 
 from __future__ import annotations
@@ -32,8 +34,16 @@ from tierax.fileio import write_text_atomic
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCHEMA = "tierax.tpu-compile/1"
 MODEL = ["--model", "llama3-8b"]
-SHAPE = ["--target", "v5p", "--devices", "8", "--mesh", "fsdp=8", "--seq", "8192"]
-CASES = [("planner", 4), ("remat-full", 4), ("planner", 2)]  # (plan, microbatch per device)
+TARGET = ["--target", "v5p"]
+# (plan, microbatch per device, sequence)
+CASES = [
+    ("planner", 2, 8192),
+    ("planner", 4, 8192),
+    ("planner", 8, 8192),
+    ("remat-full", 4, 8192),
+    ("planner", 8, 4096),
+    ("planner", 16, 4096),
+]
 GIB = 2**30
 
 
@@ -66,20 +76,34 @@ def _versions() -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "bench/results/tpu_compile.json"))
+    ap.add_argument("--devices", type=int, default=8, help="v5p chips (mesh fsdp=N)")
+    ap.add_argument(
+        "--case",
+        action="append",
+        metavar="PLAN:MB:SEQ",
+        help="a case (planner or a preset, microbatch per chip, sequence); repeatable; "
+        "default: the cases above",
+    )
     args = ap.parse_args()
+    try:
+        cases_wanted = [
+            (p, int(m), int(q)) for p, m, q in (c.split(":") for c in args.case or [])
+        ] or CASES
+    except ValueError:
+        sys.exit("--case takes PLAN:MICROBATCH:SEQ, e.g. planner:4:8192 or remat-full:4:8192")
+    shape_base = [*TARGET, "--devices", str(args.devices), "--mesh", f"fsdp={args.devices}"]
     versions = _versions()
     if versions["libtpu"] is None:
         sys.exit("libtpu is not installed: pip install 'tierax[tpu-aot]'")
-    xla_flags.configure(
-        platforms="cpu"
-    )  # the record's machine info starts JAX: never as a TPU backend
+    # the record's machine info starts JAX: never as a TPU backend
+    xla_flags.configure(platforms="cpu")
     cases, summary = [], {}
     with tempfile.TemporaryDirectory() as tmp:
-        for plan, mb in CASES:
-            shape = [*SHAPE, "--microbatch", str(mb)]
-            case: dict = {"plan": plan, "microbatch": mb}
+        for plan, mb, seq in cases_wanted:
+            shape = [*shape_base, "--seq", str(seq), "--microbatch", str(mb)]
+            case: dict = {"plan": plan, "microbatch": mb, "seq": seq}
             if plan == "planner":
-                plan = str(pathlib.Path(tmp) / f"planner-{mb}.yaml")
+                plan = str(pathlib.Path(tmp) / f"planner-{mb}-{seq}.yaml")
                 prediction, case["plan_wall_s"] = _tierax("plan", *MODEL, *shape, "--out", plan)
                 case |= {"plan_yaml": pathlib.Path(plan).read_text(), "planner_result": prediction}
             else:  # the cost model's prediction for a fixed plan
@@ -90,13 +114,15 @@ def main() -> int:
             compiled, case["wall_s"] = _tierax("compile", *MODEL, *shape, "--plan", plan)
             case["compile"] = compiled
             cases.append(case)
-            key = f"{case['plan']} mb{mb}"
+            key = f"{case['plan']} mb{mb} seq{seq}"
+            gib = lambda n: None if n is None else round(n / GIB, 2)  # noqa: E731
             summary[key] = {
-                "xla_peak_gib": round(compiled["device_peak_bytes"] / GIB, 2),
-                "xla_temp_gib": round(compiled["device_temp_bytes"] / GIB, 2),
-                "capacity_gib": round(compiled["device_capacity_bytes"] / GIB, 2),
+                "xla_peak_gib": gib(compiled["device_peak_bytes"]),
+                "xla_temp_gib": gib(compiled["device_temp_bytes"]),
+                "limit_gib": gib(compiled["device_limit_bytes"]),
                 "fits": compiled["fits"],
-                "host_temp_gib": round(compiled["host_temp_bytes"] / GIB, 2),
+                "out_of_memory": compiled["out_of_memory"],
+                "host_temp_gib": gib(compiled["host_temp_bytes"]),
                 "compile_time_s": round(compiled["compile_time_s"], 1),
             }
             if "planner_result" in case:
@@ -108,21 +134,14 @@ def main() -> int:
                     "step_time_s": pred["step_time_s"],
                     "tflops_per_device": pred["tflops_per_device"],
                 }
-            print(
-                f"{key:15s} XLA peak {summary[key]['xla_peak_gib']:6.1f} GiB of "
-                f"{summary[key]['capacity_gib']:.1f} GiB (fits: {compiled['fits']}), host "
-                f"{summary[key]['host_temp_gib']:.2f} GiB, compile "
-                f"{compiled['compile_time_s']:.1f} s"
-                + (
-                    f"; predicted peak {summary[key]['predicted']['peak_device_gib']} GiB"
-                    if "predicted" in summary[key]
-                    else ""
-                ),
-                flush=True,
-            )
+                if compiled["device_peak_bytes"]:
+                    summary[key]["model_error"] = round(
+                        pred["peak_device_bytes"] / compiled["device_peak_bytes"] - 1, 4
+                    )
+            print(f"{key:24s} {json.dumps(summary[key])}", flush=True)
     doc = records.envelope(SCHEMA, " ".join([pathlib.Path(sys.executable).name, *sys.argv])) | {
         "versions": versions,
-        "configuration": " ".join([*MODEL, *SHAPE]),
+        "configuration": " ".join([*MODEL, *shape_base]),
         "summary": summary,
         "cases": cases,
     }
