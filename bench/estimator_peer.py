@@ -63,6 +63,8 @@ ENV = {
     "JAX_PLATFORMS": "cpu",
     "TPU_WORKER_HOSTNAMES": "localhost",
     "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+    # the estimator prints its progress: unbuffered, a run stopped early still leaves its compiles
+    "PYTHONUNBUFFERED": "1",
 }
 GIB = 2**30
 # What this script's own jax sets on import (TPU_LIBRARY_PATH to *its* libtpu, TPU_SKIP_MDS_QUERY,

@@ -20,6 +20,7 @@ record names the libtpu that compiled it.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import importlib.metadata
 import json
 import pathlib
@@ -47,19 +48,25 @@ CASES = [
 GIB = 2**30
 
 
+class CaseFailed(Exception):
+    pass
+
+
 def _tierax(*args: str) -> tuple[dict, float]:
     t0 = time.perf_counter()
     p = subprocess.run(
         [sys.executable, "-m", "tierax.cli", *args, "--json"],
         capture_output=True,
         text=True,
-        timeout=1800,
+        timeout=3600,
         stdin=subprocess.DEVNULL,
         cwd=ROOT,
     )
     wall = time.perf_counter() - t0
     if p.returncode != 0:
-        sys.exit(f"tierax {' '.join(args)} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
+        raise CaseFailed(
+            f"tierax {' '.join(args)} failed (exit {p.returncode}):\n{p.stderr[-3000:]}"
+        )
     return json.loads(p.stdout), wall
 
 
@@ -73,6 +80,53 @@ def _versions() -> dict:
     return out
 
 
+def _gib(n):
+    return None if n is None else round(n / GIB, 2)
+
+
+def run_case(plan: str, mb: int, seq: int, shape_base: list[str], tmp: str) -> tuple[dict, dict]:
+    """One case: (its full record, its summary).  A failed command is recorded, not fatal."""
+    shape = [*shape_base, "--seq", str(seq), "--microbatch", str(mb)]
+    case: dict = {"plan": plan, "microbatch": mb, "seq": seq}
+    try:
+        if plan == "planner":
+            plan = str(pathlib.Path(tmp) / f"planner-{mb}-{seq}.yaml")
+            prediction, case["plan_wall_s"] = _tierax("plan", *MODEL, *shape, "--out", plan)
+            case |= {"plan_yaml": pathlib.Path(plan).read_text(), "planner_result": prediction}
+        else:  # the cost model's prediction for a fixed plan
+            simulated, _ = _tierax("simulate", *MODEL, *shape, "--plan", plan)
+            case["planner_result"] = {
+                "predicted": simulated[0] if isinstance(simulated, list) else simulated
+            }
+        compiled, case["wall_s"] = _tierax("compile", *MODEL, *shape, "--plan", plan)
+    except CaseFailed as e:
+        case["error"] = str(e)
+        return case, {"error": str(e).splitlines()[0]}
+    case["compile"] = compiled
+    summary = {
+        "xla_peak_gib": _gib(compiled["device_peak_bytes"]),
+        "xla_temp_gib": _gib(compiled["device_temp_bytes"]),
+        "limit_gib": _gib(compiled["device_limit_bytes"]),
+        "fits": compiled["fits"],
+        "out_of_memory": compiled["out_of_memory"],
+        "host_temp_gib": _gib(compiled["host_temp_bytes"]),
+        "compile_time_s": round(compiled["compile_time_s"], 1),
+    }
+    pred = case["planner_result"]["predicted"]
+    summary["predicted"] = {
+        "peak_device_gib": round(pred["peak_device_bytes"] / GIB, 2),
+        "host_gib": round(pred["host_bytes"] / GIB, 2),
+        "fits": pred["fits"],
+        "step_time_s": pred["step_time_s"],
+        "tflops_per_device": pred["tflops_per_device"],
+    }
+    if compiled["device_peak_bytes"]:
+        summary["model_error"] = round(
+            pred["peak_device_bytes"] / compiled["device_peak_bytes"] - 1, 4
+        )
+    return case, summary
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "bench/results/tpu_compile.json"))
@@ -84,6 +138,9 @@ def main() -> int:
         help="a case (planner or a preset, microbatch per chip, sequence); repeatable; "
         "default: the cases above",
     )
+    ap.add_argument(
+        "--jobs", type=int, default=1, help="cases run at once (each its own processes)"
+    )
     args = ap.parse_args()
     try:
         cases_wanted = [
@@ -91,61 +148,38 @@ def main() -> int:
         ] or CASES
     except ValueError:
         sys.exit("--case takes PLAN:MICROBATCH:SEQ, e.g. planner:4:8192 or remat-full:4:8192")
+    if args.jobs < 1:
+        sys.exit("--jobs must be at least 1")
     shape_base = [*TARGET, "--devices", str(args.devices), "--mesh", f"fsdp={args.devices}"]
     versions = _versions()
     if versions["libtpu"] is None:
         sys.exit("libtpu is not installed: pip install 'tierax[tpu-aot]'")
     # the record's machine info starts JAX: never as a TPU backend
     xla_flags.configure(platforms="cpu")
+    command = " ".join([pathlib.Path(sys.executable).name, *sys.argv])
     cases, summary = [], {}
+
+    def write() -> None:  # after every case: a run stopped early keeps what it compiled
+        doc = records.envelope(SCHEMA, command) | {
+            "versions": versions,
+            "configuration": " ".join([*MODEL, *shape_base]),
+            "summary": summary,
+            "cases": cases,
+        }
+        write_text_atomic(args.out, json.dumps(doc, indent=2) + "\n")
+
     with tempfile.TemporaryDirectory() as tmp:
-        for plan, mb, seq in cases_wanted:
-            shape = [*shape_base, "--seq", str(seq), "--microbatch", str(mb)]
-            case: dict = {"plan": plan, "microbatch": mb, "seq": seq}
-            if plan == "planner":
-                plan = str(pathlib.Path(tmp) / f"planner-{mb}-{seq}.yaml")
-                prediction, case["plan_wall_s"] = _tierax("plan", *MODEL, *shape, "--out", plan)
-                case |= {"plan_yaml": pathlib.Path(plan).read_text(), "planner_result": prediction}
-            else:  # the cost model's prediction for a fixed plan
-                simulated, _ = _tierax("simulate", *MODEL, *shape, "--plan", plan)
-                case["planner_result"] = {
-                    "predicted": simulated[0] if isinstance(simulated, list) else simulated
-                }
-            compiled, case["wall_s"] = _tierax("compile", *MODEL, *shape, "--plan", plan)
-            case["compile"] = compiled
-            cases.append(case)
-            key = f"{case['plan']} mb{mb} seq{seq}"
-            gib = lambda n: None if n is None else round(n / GIB, 2)  # noqa: E731
-            summary[key] = {
-                "xla_peak_gib": gib(compiled["device_peak_bytes"]),
-                "xla_temp_gib": gib(compiled["device_temp_bytes"]),
-                "limit_gib": gib(compiled["device_limit_bytes"]),
-                "fits": compiled["fits"],
-                "out_of_memory": compiled["out_of_memory"],
-                "host_temp_gib": gib(compiled["host_temp_bytes"]),
-                "compile_time_s": round(compiled["compile_time_s"], 1),
+        with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            futures = {
+                pool.submit(run_case, plan, mb, seq, shape_base, tmp): f"{plan} mb{mb} seq{seq}"
+                for plan, mb, seq in cases_wanted
             }
-            if "planner_result" in case:
-                pred = case["planner_result"]["predicted"]
-                summary[key]["predicted"] = {
-                    "peak_device_gib": round(pred["peak_device_bytes"] / GIB, 2),
-                    "host_gib": round(pred["host_bytes"] / GIB, 2),
-                    "fits": pred["fits"],
-                    "step_time_s": pred["step_time_s"],
-                    "tflops_per_device": pred["tflops_per_device"],
-                }
-                if compiled["device_peak_bytes"]:
-                    summary[key]["model_error"] = round(
-                        pred["peak_device_bytes"] / compiled["device_peak_bytes"] - 1, 4
-                    )
-            print(f"{key:24s} {json.dumps(summary[key])}", flush=True)
-    doc = records.envelope(SCHEMA, " ".join([pathlib.Path(sys.executable).name, *sys.argv])) | {
-        "versions": versions,
-        "configuration": " ".join([*MODEL, *shape_base]),
-        "summary": summary,
-        "cases": cases,
-    }
-    write_text_atomic(args.out, json.dumps(doc, indent=2) + "\n")
+            for done in concurrent.futures.as_completed(futures):
+                key = futures[done]
+                case, summary[key] = done.result()
+                cases.append(case)
+                print(f"{key:24s} {json.dumps(summary[key])}", flush=True)
+                write()
     print(f"wrote {args.out}")
     return 0
 
