@@ -109,3 +109,66 @@ def test_max_microbatch_check_corrects_the_model_and_confirms_the_boundary():
         assert after.correction_bytes == before.xla_peak_bytes - before.predicted_peak_bytes
     refused = [s for s in steps if not s.xla_fits]
     assert all(s.microbatch > res.result.microbatch for s in refused)
+
+
+def test_a_compile_xla_refuses_is_a_step_of_the_loop_not_a_crash(monkeypatch):
+    """XLA refuses the first plan for memory (as XLA:TPU does: no memory analysis, no host figure,
+    its stated need as the peak): the loop records it, corrects the model by the stated need and
+    re-plans; a refusal that states no need ends the loop, not converged, without an exception.
+    (`plan --check` on v5p crashed formatting the missing host figure.)"""
+    import json
+    import types
+
+    from tierax import compile as compile_lib
+    from tierax import inventory as inv_lib
+    from tierax import planner
+
+    cfg = get_config("tiny-llama")
+    rates = cm.target_rates("h200", cfg.dtype)
+    inv = inv_lib.model_inventory(cfg, 8, 64, MeshShape().to_dict())
+    free = planner.plan(cfg, inv, rates).predicted.peak_device_bytes
+    for stated in (int(1.6 * free), None):  # over the budget below by 0.1 of the free plan
+        calls = []
+
+        def xla(cfg, plan, target, *, microbatch, seq, mesh, stated=stated, calls=calls):
+            calls.append(plan)
+            if len(calls) == 1:  # refused
+                return types.SimpleNamespace(
+                    device_peak_bytes=stated,
+                    fits=False,
+                    out_of_memory=True,
+                    overlap={},
+                    host_temp_bytes=None,
+                    compile_time_s=0.0,
+                ), ""
+            peak = cm.simulate(plan, inv, cfg, rates, "lhs").peak_device_bytes
+            return types.SimpleNamespace(
+                device_peak_bytes=peak,
+                fits=True,
+                out_of_memory=False,
+                overlap={},
+                host_temp_bytes=0,
+                compile_time_s=0.0,
+            ), ""
+
+        monkeypatch.setattr(compile_lib, "compile_for_target", xla)
+        budget = free * 1.5
+        res = plan_check.check(
+            cfg,
+            MeshShape(),
+            rates,
+            "h200",
+            microbatch=8,
+            seq=64,
+            budget_bytes=budget,
+            max_iterations=3,
+        )
+        one = res.iterations[0]
+        assert one.out_of_memory and not one.xla_fits and one.xla_host_bytes is None
+        json.dumps(res.to_json())  # every figure serialisable, None where XLA stated none
+        if stated is None:
+            assert len(res.iterations) == 1 and not res.converged and one.peak_error is None
+        else:
+            two = res.iterations[1]
+            assert two.workspace_correction_bytes == stated - one.predicted_peak_bytes
+            assert two.budget_bytes == int(budget) - two.workspace_correction_bytes

@@ -262,10 +262,12 @@ def test_planner_plan_for_a_llama_shape_compiles_and_fits_on_v5p(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_LIBTPU, reason=NO_LIBTPU)
 def test_planner_plan_for_llama3_8b_compiles_and_fits_on_v5p(tmp_path):
-    """The full Llama 3 8B (32 layers) on 8 v5p chips at the planner's default budget: a few minutes
-    of compile, so slow.  (It failed while XLA:TPU's host temp was counted as device memory too and
-    the cost model kept only one copy of the float32 logits: 110.6 GiB reported against 89.8
-    predicted.)"""
+    """The full Llama 3 8B (32 layers) on 8 v5p chips at the planner's default budget (XLA:TPU's
+    HBM limit): the plan compiles within that budget and the model is within 5 % of XLA's peak.  A
+    few minutes of compile, so slow.  (It failed while XLA:TPU's host temp was counted as device
+    memory too and the cost model kept only one copy of the float32 logits: 110.6 GiB reported
+    against 89.8 predicted; and with the GPU's loss and stacked-weight terms on TPU: 95.1 GiB
+    against a 90.2 GiB budget, bench/results/tpu_compile.json of 2026-11-30.)"""
     shape = [
         "--target",
         "v5p",
@@ -279,13 +281,16 @@ def test_planner_plan_for_llama3_8b_compiles_and_fits_on_v5p(tmp_path):
         "8192",
     ]
     planned, r = _plan_then_compile(tmp_path, ["--model", "llama3-8b"], shape)
+    predicted = planned["predicted"]["peak_device_bytes"]
     assert planned["predicted"]["fits"]
     assert r["host_temp_bytes"] == planned["predicted"]["host_bytes"]
-    assert r["fits"], (
+    # The planner's promise: XLA:TPU's peak within the budget it planned for (XLA's HBM limit).
+    assert r["fits"] and r["device_peak_bytes"] <= planned["budget_bytes"], (
         r["device_peak_bytes"],
-        r["device_capacity_bytes"],
-        planned["predicted"]["peak_device_bytes"],
+        planned["budget_bytes"],
+        predicted,
     )
+    assert abs(predicted / r["device_peak_bytes"] - 1) <= 0.05, (predicted, r["device_peak_bytes"])
 
 
 # Over budget on purpose: a scaled-down Llama with the score-materialising attention at 16 × 8192

@@ -121,6 +121,22 @@ def start_deviceless_tpu(preset: str = "none", accelerator_type: str | None = No
     xla_flags.configure(platforms="cpu", env=env)
 
 
+def tpu_temp_includes_host() -> bool:
+    """Whether the installed libtpu counts the host (cmem) temp inside ``temp_size_in_bytes``.
+
+    libtpu 0.0.42 does (see :func:`compile_for_target`); libtpu 0.0.52 does not: subtracting the
+    host temp there gave Llama 3 8B (key_proj, mlpwi_1 offloaded, 11 × 8192 per v5p chip) a
+    negative device peak (bench/results/estimator_peer.json's first run).  Versions between were
+    not measured; they are read as the older.
+    """
+    try:
+        version = importlib.metadata.version("libtpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    parts = tuple(int(p) for p in re.findall(r"\d+", version)[:3])
+    return parts < (0, 0, 52)
+
+
 def tpu_topology(spec, devices: int):
     """Compile-only TPU devices for a slice of ``devices`` chips (``spec.topology_name`` picks the
     shape)."""
@@ -425,11 +441,11 @@ def compile_for_target(
         int(mem.temp_size_in_bytes),
     )
     host_temp = int(mem.host_temp_size_in_bytes)
-    if tpu:
-        # XLA:TPU's temp_size_in_bytes sums every memory space's temp: its host (cmem) allocation,
-        # the offloaded residuals, is in it as well as in host_temp_size_in_bytes (Llama 3 8B on
-        # v5p: a 16 GiB color-5 buffer = host temp, inside 93.0 GiB of temp; the HBM space's own
-        # total was 78.8 GiB).
+    if tpu and tpu_temp_includes_host():
+        # libtpu 0.0.42's temp_size_in_bytes sums every memory space's temp: its host (cmem)
+        # allocation, the offloaded residuals, is in it as well as in host_temp_size_in_bytes
+        # (Llama 3 8B on v5p: a 16 GiB color-5 buffer = host temp, inside 93.0 GiB of temp; the
+        # HBM space's own total was 78.8 GiB).
         temp -= host_temp
     peak = arg + out + temp - alias
     calls = cudnn.custom_calls(text)

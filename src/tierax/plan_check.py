@@ -38,17 +38,20 @@ class Iteration:
     )
     workspace_correction_bytes: int  # added to the model's workspace term for this solve
     predicted_peak_bytes: int  # the corrected model's peak for the chosen plan
-    xla_peak_bytes: int
+    xla_peak_bytes: int | None  # an out-of-memory refusal: XLA's stated need (None: none stated)
     xla_fits: bool  # XLA's peak within the device (less the runtime reserve) and within the budget
     predicted_exposed_s: float
     xla_exposed_s: float
     predicted_step_s: float
     host_bytes: int
-    xla_host_bytes: int
+    xla_host_bytes: int | None  # None: XLA refused the program (no memory analysis)
     compile_s: float
+    out_of_memory: bool = False  # XLA refused the program for device memory
 
     @property
-    def peak_error(self) -> float:
+    def peak_error(self) -> float | None:
+        if not self.xla_peak_bytes:
+            return None
         return self.predicted_peak_bytes / self.xla_peak_bytes - 1
 
     def to_json(self) -> dict:
@@ -115,9 +118,9 @@ def check(
             cfg, result.plan, target, microbatch=microbatch, seq=seq, mesh=mesh
         )
         b = result.predicted.breakdown
-        fits = (
-            compiled.fits and compiled.device_peak_bytes <= budget
-        )  # the device, and the budget asked for
+        peak = compiled.device_peak_bytes  # an out-of-memory refusal: XLA's stated need, or None
+        # the device, and the budget asked for
+        fits = compiled.fits and peak is not None and peak <= budget
         step = Iteration(
             it,
             int(budget - correction),
@@ -131,16 +134,19 @@ def check(
             result.predicted.host_bytes,
             compiled.host_temp_bytes,
             compiled.compile_time_s,
+            compiled.out_of_memory,
         )
         steps.append(step)
         if report:
             report(step)
         if fits and abs(step.peak_error) <= tolerance:
             return CheckResult(result, tuple(steps), True, tolerance)
+        if peak is None:  # refused with no stated need: nothing to correct the model by
+            break
         # XLA's peak minus the model's raw peak for this plan: the workspace the model does not see.
         # The largest miss seen so far: a budget that only shrinks, so the loop cannot cycle between
         # plans.
-        miss = compiled.device_peak_bytes - result.predicted.peak_device_bytes
+        miss = peak - result.predicted.peak_device_bytes
         correction = miss if it == 1 else max(correction, miss)
     return CheckResult(result, tuple(steps), False, tolerance)
 

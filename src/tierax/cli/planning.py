@@ -261,14 +261,20 @@ def _plan_check(args) -> int:
         )
     from tierax import plan_check
 
-    def gib(n: float) -> str:  # GiB, or MiB below 1 GiB
+    def gib(n: float | None) -> str:  # GiB, or MiB below 1 GiB; None: XLA stated no figure
+        if n is None:
+            return "—"
         return f"{n / GIB:.2f} GiB" if abs(n) >= GIB else f"{n / 2**20:.2f} MiB"
+
+    def pct(e: float | None) -> str:
+        return "—" if e is None else f"{e:+.1%}"
 
     def report(s) -> None:
         print(
             f"check {s.iteration}: budget {gib(s.budget_bytes)} (workspace correction "
             f"{gib(s.workspace_correction_bytes)}) · predicted peak {gib(s.predicted_peak_bytes)} "
-            f"· XLA {gib(s.xla_peak_bytes)} ({s.peak_error:+.1%}) "
+            f"· XLA {'refused (out of memory), needs ' if s.out_of_memory else ''}"
+            f"{gib(s.xla_peak_bytes)} ({pct(s.peak_error)}) "
             f"fits={'yes' if s.xla_fits else 'NO'} · exposed transfers predicted "
             f"{s.predicted_exposed_s * 1e3:.2f} ms, XLA {s.xla_exposed_s * 1e3:.2f} ms · host "
             f"{gib(s.host_bytes)} vs XLA {gib(s.xla_host_bytes)} · compile {s.compile_s:.0f} s",
@@ -301,7 +307,7 @@ def _plan_check(args) -> int:
     print(
         f"check {'converged' if res.converged else 'did NOT converge'} after {len(res.iterations)} "
         f"compile(s): XLA peak {gib(last.xla_peak_bytes)} of {gib(rates.device_memory_bytes)} "
-        f"({'fits' if last.xla_fits else 'does not fit'}), model within {abs(last.peak_error):.1%}"
+        f"({'fits' if last.xla_fits else 'does not fit'}), model error {pct(last.peak_error)}"
     )
     return 0 if res.converged else 1
 
