@@ -385,7 +385,10 @@ def markdown(doc: dict) -> str:
             r = t["plan_check"]["result"]
             plan = r["plan"]
             moved = {
-                n: v for g in plan["plan"]["groups"].values() for n, v in g.items() if v != "remat"
+                n: v
+                for g in plan["plan"]["groups"].values()
+                for n, v in g.items()
+                if v != "remat" and n not in ("default", "decoder_layer_input")
             }
             choice = ", ".join(f"{n} {v}" for n, v in moved.items()) or "full remat"
             out.append(
@@ -407,7 +410,12 @@ def markdown(doc: dict) -> str:
                 f"| {seq} | tierax `compile --plan remat-full` at MaxText's full-remat fits | "
                 f"full remat | {fits} | {len(t['remat_full'])} | — | — |"
             )
-    return "\n".join(out) + "\n"
+    notes = [
+        f"- seq {seq}: {case['tierax']['plan_check']['caveat']}"
+        for seq, case in sorted(doc["cases"].items(), key=lambda kv: -int(kv[0]))
+        if (case.get("tierax", {}).get("plan_check") or {}).get("caveat")
+    ]
+    return "\n".join(out + ([""] + notes if notes else [])) + "\n"
 
 
 def write_readme(doc: dict, readme: pathlib.Path) -> None:

@@ -127,6 +127,74 @@ def run_case(plan: str, mb: int, seq: int, shape_base: list[str], tmp: str) -> t
     return case, summary
 
 
+README_START = "<!-- tpu-compile:start -->"
+README_END = "<!-- tpu-compile:end -->"
+
+
+def merge(out: pathlib.Path, other: pathlib.Path) -> None:
+    """``other``'s cases into ``out`` (a case of the same key replaced); each keeps its command."""
+    doc, new = json.loads(out.read_text()), json.loads(other.read_text())
+    for d in (doc, new):
+        for c in d["cases"]:
+            c["run"] = c.get("run") or {}
+            c["run"].setdefault("command", d["command"])
+            c["run"].setdefault("created", d.get("created"))
+            c["run"].setdefault("versions", d["versions"])
+    keys = {f"{c['plan']} mb{c['microbatch']} seq{c['seq']}" for c in new["cases"]}
+    doc["cases"] = [
+        c for c in doc["cases"] if f"{c['plan']} mb{c['microbatch']} seq{c['seq']}" not in keys
+    ] + new["cases"]
+    doc["summary"] = {k: v for k, v in doc["summary"].items() if k not in keys} | new["summary"]
+    doc["merged_from"] = [*doc.get("merged_from", []), new["command"]]
+    write_text_atomic(str(out), json.dumps(doc, indent=2) + "\n")
+    print(f"merged {other} into {out}")
+
+
+def markdown(doc: dict) -> str:
+    """The README's table of the record (every figure read from it)."""
+    libtpu = {c.get("run", {}).get("versions", {}).get("libtpu") for c in doc["cases"]}
+    libtpu = sorted(v for v in libtpu if v) or [doc["versions"]["libtpu"]]
+    out = [
+        f"Llama 3 8B, {doc['configuration'].split('--target ')[1]}, deviceless XLA:TPU (libtpu "
+        f"{', '.join(libtpu)}); generated from `bench/results/tpu_compile.json` by "
+        "`python bench/tpu_compile.py --readme`.",
+        "",
+        "| plan | microbatch × seq | offloaded | predicted peak | XLA:TPU peak | model error | "
+        "fits XLA's limit |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in sorted(doc["cases"], key=lambda c: (-c["seq"], c["plan"], c["microbatch"])):
+        if "compile" not in c:
+            out.append(
+                f"| {c['plan']} | {c['microbatch']} × {c['seq']} | — | — | failed: "
+                f"{c['error'].splitlines()[0][:60]} | — | — |"
+            )
+            continue
+        comp, pred = c["compile"], c["planner_result"]["predicted"]
+        groups = (c["planner_result"].get("plan") or {}).get("groups", {})
+        off = sorted({n for g in groups.values() for n, v in g.items() if v == "offload"})
+        peak = comp["device_peak_bytes"]
+        err = f"{pred['peak_device_bytes'] / peak - 1:+.1%}" if peak else "—"
+        xla = f"{peak / GIB:.2f} GiB" if peak else "refused"
+        if comp["out_of_memory"] and peak:
+            xla += " (refused: XLA's stated need)"
+        out.append(
+            f"| {c['plan']} | {c['microbatch']} × {c['seq']} | {', '.join(off) or 'none'} | "
+            f"{pred['peak_device_bytes'] / GIB:.2f} GiB | {xla} | {err} | "
+            f"{'yes' if comp['fits'] else 'no'} ({comp['device_limit_bytes'] / GIB:.2f} GiB) |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def write_readme(doc: dict, readme: pathlib.Path) -> None:
+    text = readme.read_text()
+    if text.count(README_START) != 1 or text.count(README_END) != 1:
+        sys.exit(f"{readme} needs one {README_START!r} line and one {README_END!r} line after it")
+    head, rest = text.split(README_START)
+    _, tail = rest.split(README_END)
+    readme.write_text(f"{head}{README_START}\n{markdown(doc)}{README_END}{tail}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "bench/results/tpu_compile.json"))
@@ -141,7 +209,18 @@ def main() -> int:
     ap.add_argument(
         "--jobs", type=int, default=1, help="cases run at once (each its own processes)"
     )
+    ap.add_argument("--merge", metavar="RECORD", help="merge RECORD's cases into --out and exit")
+    ap.add_argument(
+        "--readme", action="store_true", help="only rewrite README.md's table from --out"
+    )
     args = ap.parse_args()
+    if args.merge:
+        merge(pathlib.Path(args.out), pathlib.Path(args.merge))
+        return 0
+    if args.readme:
+        write_readme(json.loads(pathlib.Path(args.out).read_text()), ROOT / "README.md")
+        print(f"README.md's table rewritten from {args.out}")
+        return 0
     try:
         cases_wanted = [
             (p, int(m), int(q)) for p, m, q in (c.split(":") for c in args.case or [])
