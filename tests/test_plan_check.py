@@ -73,7 +73,12 @@ def test_a_model_below_xla_under_a_binding_budget_re_plans_within_a_smaller_budg
         compiled_peaks.append(peak)
         fits = peak <= hardware.usable_bytes(rates.device_memory_bytes)
         return types.SimpleNamespace(
-            device_peak_bytes=peak, fits=fits, overlap={}, host_temp_bytes=0, compile_time_s=0.0
+            device_peak_bytes=peak,
+            fits=fits,
+            out_of_memory=False,
+            overlap={},
+            host_temp_bytes=0,
+            compile_time_s=0.0,
         ), ""
 
     monkeypatch.setattr(compile_lib, "compile_for_target", xla)
