@@ -2,7 +2,7 @@
 """Run the bad inputs and faults of issue 14 against the CLI; record exit code and first stderr line
 of each.
 
-    .venv/bin/python bench/bad_inputs.py  # → bench/results/bad_inputs.json and a Markdown table
+    .venv/bin/python bench/bad_inputs.py [--out FILE]  # → bench/results/bad_inputs.json, a table
 
 Each case runs in a fresh temporary directory (nothing outside it is written). Ctrl-C, disk-full and
 damaged-checkpoint cases are exercised by tests/test_outputs.py (they need a running training).
@@ -10,12 +10,15 @@ damaged-checkpoint cases are exercised by tests/test_outputs.py (they need a run
 
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
 import subprocess
 import sys
 import tempfile
 import time
+
+import _common
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEMO = str(ROOT / "bench" / "results" / "demo-bench-tiny-deepseek.json")
@@ -81,9 +84,9 @@ def cases(tmp: pathlib.Path) -> list[tuple[str, list[str], str | None]]:
 
 
 def run(args: list[str], mode: str | None) -> tuple[int, str, float]:
-    cmd = [sys.executable, "-m", "tierax.cli", *args]
-    t0 = time.perf_counter()
+    cmd = _common.tierax(*args)
     if mode == "pipe":
+        t0 = time.perf_counter()
         p = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
         )
@@ -91,19 +94,18 @@ def run(args: list[str], mode: str | None) -> tuple[int, str, float]:
         p.stdout.close()
         err = p.stderr.read().decode()
         rc = p.wait()
+        wall = time.perf_counter() - t0
     else:
-        r = subprocess.run(
-            cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600
-        )
-        rc, err = r.returncode, r.stderr
+        r = _common.run(cmd, timeout=600)
+        rc, err, wall = r.returncode, r.stderr, r.wall_s
     lines = [ln for ln in err.splitlines() if ln.strip()]
-    return rc, (lines[-1] if lines else "(nothing on stderr)"), time.perf_counter() - t0
+    return rc, (lines[-1] if lines else "(nothing on stderr)"), wall
 
 
-def main() -> int:
-    sys.path.insert(0, str(ROOT / "src"))
-    from tierax import records
-
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    _common.add_out(ap, "bad_inputs.json")
+    args = ap.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as d:
         tmp = pathlib.Path(d)
@@ -119,14 +121,12 @@ def main() -> int:
             )
             print(f"| {what} | {rc} | {rows[-1]['stderr']} |", flush=True)
         kept = (tmp / "keep" / "mine.txt").read_text() == "the user's file"
-    doc = {
-        "schema": "tierax.bad_inputs/1",
-        "command": "python bench/bad_inputs.py",
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    doc = _common.envelope("tierax.bad_inputs/1", argv) | {
         "profile_out_untouched": kept,
         "cases": rows,
     }
-    records.write_record(ROOT / "bench" / "results" / "bad_inputs.json", doc)
+    _common.write_record(args.out, doc)
+    print(f"wrote {args.out}")
     return 0
 
 

@@ -30,20 +30,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
-import platform
-import subprocess
 import sys
-import time
 
+import _common
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
-
-from tierax.fileio import write_text_atomic
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # DeepSeek-V3 shapes at reduced depth (2 dense + 3 MoE layers: each group a real loop).
 DSV3_SHORT = ["--set", "num_layers=5", "--set", "first_dense_layers=2"]
@@ -172,29 +165,14 @@ QUICK = [
 ]
 
 
-def _run(cmd: list[str], timeout: float = 900) -> tuple[int, str, str, float, int | None]:
-    """(returncode, stdout, stderr, wall seconds, the child's peak RSS in bytes via /usr/bin/time,
-    or None)."""
-    import tempfile
-
-    timer = pathlib.Path("/usr/bin/time")
-    with tempfile.NamedTemporaryFile("r", suffix=".rss") as rss_file:
-        full = [str(timer), "-f", "%M", "-o", rss_file.name, *cmd] if timer.exists() else cmd
-        t0 = time.perf_counter()
-        r = subprocess.run(
-            full, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout
-        )
-        wall = time.perf_counter() - t0
-        text = rss_file.read().strip()
-    rss = int(text.splitlines()[-1]) * 1024 if text and text.splitlines()[-1].isdigit() else None
-    return r.returncode, r.stdout, r.stderr, wall, rss
+def _run(cmd: list[str], timeout: float = 900) -> tuple[int, str, str, float, int]:
+    """(returncode, stdout, stderr, wall seconds, the child's peak RSS in bytes)."""
+    r = _common.run(cmd, timeout=timeout)
+    return r.returncode, r.stdout, r.stderr, r.wall_s, r.peak_rss_bytes
 
 
 def run_case(model_args, plan, target, extra) -> dict:
-    cmd = [
-        sys.executable,
-        "-m",
-        "tierax.cli",
+    cmd = _common.tierax(
         "compile",
         *model_args,
         "--plan",
@@ -203,7 +181,7 @@ def run_case(model_args, plan, target, extra) -> dict:
         target,
         *extra,
         "--json",
-    ]
+    )
     code, out, err, wall, rss = _run(cmd)
     case = {"args": cmd[3:], "wall_s": wall, "max_rss_bytes": rss}
     if code != 0:
@@ -215,10 +193,7 @@ def run_case(model_args, plan, target, extra) -> dict:
 
 def planner_plan(model_args, target, extra, path: pathlib.Path) -> dict:
     """Run `tierax plan --out path` for the configuration; its prediction and timing."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "tierax.cli",
+    cmd = _common.tierax(
         "plan",
         *model_args,
         "--target",
@@ -227,7 +202,7 @@ def planner_plan(model_args, target, extra, path: pathlib.Path) -> dict:
         "--out",
         str(path),
         "--json",
-    ]
+    )
     code, out, err, wall, rss = _run(cmd)
     if code != 0:
         return {
@@ -249,10 +224,7 @@ def predicted(model_args, plan: str, target: str, extra) -> dict:
         k = extra.index("--xla-preset")
         schedule = {"none": "lhs"}.get(extra[k + 1], extra[k + 1])
         del extra[k : k + 2]
-    cmd = [
-        sys.executable,
-        "-m",
-        "tierax.cli",
+    cmd = _common.tierax(
         "simulate",
         *model_args,
         "--plan",
@@ -263,7 +235,7 @@ def predicted(model_args, plan: str, target: str, extra) -> dict:
         "--schedule",
         schedule,
         "--json",
-    ]
+    )
     code, out, err, _, _ = _run(cmd)
     if code != 0:
         return {"error": (err.strip().splitlines() or ["(no output)"])[-1]}
@@ -308,7 +280,12 @@ def gib(n: float) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "compile_grid.json"))
+    ap.add_argument(
+        "--out",
+        type=_common.out_path,
+        metavar="FILE.json",
+        help="the record to write (default: bench/results/compile_grid.json, or the mode's record)",
+    )
     ap.add_argument(
         "--quick", action="store_true", help="two tiny cases (a smoke test of this script)"
     )
@@ -340,8 +317,8 @@ def main() -> int:
         if args.scale
         else None
     )
-    if record and args.out == ap.get_default("out"):
-        args.out = str(ROOT / "bench" / "results" / f"{record}.json")
+    if args.out is None:
+        args.out = _common.out_path(str(_common.RESULTS / f"{record or 'compile_grid'}.json"))
     cases = (
         QUICK
         if args.quick
@@ -379,26 +356,14 @@ def main() -> int:
             results.append(case)
             prog.advance(task)
 
-    import jax
-
-    doc = {
-        "schema": "tierax.compile_grid/1",
-        "command": " ".join([pathlib.Path(sys.executable).name, *sys.argv]),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {
-            "host": platform.node(),
-            "cpu": platform.processor() or platform.machine(),
-            "cores": os.cpu_count(),
-            "python": platform.python_version(),
-        },
-        "jax_version": jax.__version__,
+    doc = _common.envelope("tierax.compile_grid/1") | {
         "note": "deviceless XLA:GPU compiles (compile-only devices, no autotuning, cuBLAS GEMMs); "
         "per-device figures",
         "cases": results,
     }
-    out = write_text_atomic(args.out, json.dumps(doc, indent=2) + "\n")
+    out = _common.write_record(args.out, doc)
 
-    t = Table(title=f"deviceless compile grid · jax {jax.__version__} · per device")
+    t = Table(title=f"deviceless compile grid · jax {doc['jax_version']} · per device")
     for col in (
         "model",
         "plan",

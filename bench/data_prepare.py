@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """`tierax data prepare` throughput and peak memory on two corpus sizes, per tokenizer kind.
 
 The corpora are JSONL built from data/sample.txt (public domain, see data/README.md): its
@@ -21,11 +22,10 @@ import json
 import os
 import pathlib
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 from importlib import metadata
+
+import _common
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "data" / "sample.txt"
@@ -112,25 +112,13 @@ def build_tokenizers(d: pathlib.Path) -> dict[str, str]:
 
 def run_prepare(corpus: pathlib.Path, tokenizer: str, out: pathlib.Path) -> dict:
     """One `tierax data prepare` in its own process: wall time and peak RSS from wait4."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "tierax.cli",
-        "data",
-        "prepare",
-        str(corpus),
-        "--out",
-        str(out),
-        "--tokenizer",
-        tokenizer,
-    ]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    out_text, err_text = proc.stdout.read().decode(), proc.stderr.read().decode()
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{err_text}")
+    cmd = _common.tierax(
+        "data", "prepare", str(corpus), "--out", str(out), "--tokenizer", tokenizer
+    )
+    r = _common.run(cmd)
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stderr}")
+    wall = r.wall_s
     index = json.loads((out / "index.json").read_text())
     tokens = sum(s["num_tokens"] for s in index["splits"].values())
     return {
@@ -139,9 +127,9 @@ def run_prepare(corpus: pathlib.Path, tokenizer: str, out: pathlib.Path) -> dict
         "tokens": tokens,
         "tokens_per_s": round(tokens / wall),
         "input_mib_per_s": round(corpus.stat().st_size / wall / 2**20, 2),
-        "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
-        "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
-        "stdout": out_text.strip(),
+        "peak_rss_mib": round(r.peak_rss_bytes / 2**20, 1),
+        "cpu_s": round(r.cpu_s, 2),
+        "stdout": r.stdout.strip(),
     }
 
 
@@ -151,15 +139,13 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--kinds", default=",".join(KINDS), help=f"tokenizer kinds (default {','.join(KINDS)})"
     )
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "data_prepare.json"))
+    _common.add_out(ap, "data_prepare.json")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes_mib.split(",")]
     kinds = [k for k in args.kinds.split(",") if k]
 
     from rich.console import Console
     from rich.progress import Progress
-
-    from tierax import records
 
     work = pathlib.Path(tempfile.mkdtemp(prefix="tierax-data-bench-"))
     console = Console(stderr=True)
@@ -195,7 +181,7 @@ def main(argv=None) -> int:
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             versions[pkg] = None
-    doc = records.envelope("tierax.data_prepare/1", " ".join(["python", *sys.argv])) | {
+    doc = _common.envelope("tierax.data_prepare/1", argv) | {
         "versions": versions,
         "cpu_count": os.cpu_count(),
         "load_average_after": os.getloadavg(),
@@ -203,7 +189,7 @@ def main(argv=None) -> int:
         "tokenizer_vocab": VOCAB,
         "runs": runs,
     }
-    records.write_record(args.out, doc)
+    _common.write_record(args.out, doc)
     print("| corpus | tokenizer | tokens | wall s | tokens/s | MiB/s in | peak RSS MiB |")
     print("|---|---|---|---|---|---|---|")
     for r in runs:

@@ -14,24 +14,8 @@ bench/results/fidelity.json and prints a table with every ratio.  FLOPs are not 
 meshes with a tensor axis or an expert-parallel MoE (the LM head repeats on every tensor shard;
 capacity is per device), where one device's share is not the one-device step ÷ devices.
 
-Misses in the 2026-11-30 record (24/27 within 10 %; the traced ones from XLA's live-range dump at
-the peak):
-tiny save-all (×1.17, ×1.16): XLA's peak is the end of the forward, where no layer is
-being back-propagated — the model's one-layer workspace and the 4 MiB cuBLAS workspace are
-not live then; tiny-llama qkv-offload on fsdp=4,tensor=2 (×0.86, 1.2 MiB under) not traced.
-(SwiGLU's gate with its own backward, 2026-11-30 — residuals g and u only, each gradient
-materialised alone — lowered XLA's save-all peaks (tiny-llama 23.7 → 20.9 MiB) and the model's
-predictions: tiny-llama on fsdp=4,expert=2 ×1.13 → ×0.99 and minimal ×1.14 → ×1.09 are no longer
-misses.)  (One staged layer under the prefetching scan, 2026-11-30 — the layer in flight's loaded
-slices are in the workspace's residual set — moved tiny-deepseek deepseek-offload on fsdp=4,expert=2
-from ×1.13 to ×1.04 and DeepSeek-V3 expert=8 from ×1.03 to ×0.98.)  (The MoE backward's
-dispatch-sized buffers, added to the model on 2026-11-30, moved tiny-deepseek remat-full on
-fsdp=2,expert=4 from ×0.87 to ×0.98 and DeepSeek-V3 expert=8 from ×0.91 to ×1.03.)  (llama3-8b,
-tiled loss, fsdp=8 missed at ×1.23 in the 2026-11-29 record: a layer-phase term for the embedding
-and head gathered with full float32 gradients that is live at no peak; gone, ×0.95.)  FLOPs of
-offload plans (×0.87–0.93): the prefetching scan's backward recomputes more than the
-checkpoint-policy traces the inventory measures (tiny-llama qkv-offload: exact under the ``policy``
-mechanism, +9 % under prefetch).
+Which cases miss, and why (traced from XLA's live-range dumps at the peak), is in the README's
+fidelity paragraph, from bench/results/fidelity.json.
 
     .venv/bin/python bench/fidelity.py [--quick]
 """
@@ -40,11 +24,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import pathlib
-import platform
 import sys
 import time
+
+import _common
 
 from tierax import xla_flags
 
@@ -58,15 +41,13 @@ from rich.table import Table  # noqa: E402
 
 from tierax import compile as C  # noqa: E402
 from tierax import costmodel as cm  # noqa: E402
+from tierax import hardware  # noqa: E402
 from tierax import inventory as inv_lib  # noqa: E402
 from tierax import plan as P  # noqa: E402
-from tierax.fileio import write_text_atomic  # noqa: E402
 from tierax.mesh import make_mesh, parse_mesh  # noqa: E402
-from tierax.models import apply_overrides, get_config  # noqa: E402
+from tierax.models import apply_overrides, for_platform, get_config  # noqa: E402
 from tierax.train import sharding as sh  # noqa: E402
 from tierax.train import step as S  # noqa: E402
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # (model, overrides, plan, target, microbatch per device, seq, mesh, cpu check).  The mesh's
 # device count is its product; the CPU check (one host device) runs only for one-device cases.
@@ -165,7 +146,7 @@ def cpu_compile(cfg, plan, microbatch, seq):
 
 
 def run_case(model, overrides, plan_name, target, mb, seq, mesh_text, cpu_check) -> dict:
-    cfg = apply_overrides(get_config(model), overrides)
+    cfg = for_platform(apply_overrides(get_config(model), overrides), hardware.platform(target))
     plan = P.preset(plan_name, cfg)
     shape = parse_mesh(mesh_text)
     inv = inv_lib.model_inventory(cfg, mb, seq, shape.to_dict())
@@ -222,7 +203,7 @@ def run_case(model, overrides, plan_name, target, mb, seq, mesh_text, cpu_check)
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "fidelity.json"))
+    _common.add_out(ap, "fidelity.json")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument(
         "--case", type=int, action="append", help="run only case N of CASES (0-based; repeatable)"
@@ -255,12 +236,7 @@ def main() -> int:
         for r in rows
     ]
     flops_ok = [abs(r["flops_ratio"] - 1) <= 0.05 for r in rows if r.get("flops_ratio")]
-    doc = {
-        "schema": "tierax.fidelity/1",
-        "command": " ".join([pathlib.Path(sys.executable).name, *sys.argv]),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"host": platform.node(), "cpu": platform.processor() or platform.machine()},
-        "jax_version": jax.__version__,
+    doc = _common.envelope("tierax.fidelity/1") | {
         "summary": {
             "cases": len(rows),
             "peak_within_10pct_of_gpu_compile": sum(within),
@@ -270,7 +246,7 @@ def main() -> int:
         },
         "cases": rows,
     }
-    out = write_text_atomic(args.out, json.dumps(doc, indent=2) + "\n")
+    out = _common.write_record(args.out, doc)
     t = Table(title="cost model vs XLA (per device)")
     for col in (
         "model",

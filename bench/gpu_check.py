@@ -34,13 +34,13 @@ records what it skipped):
    tierax's blockwise attention on the same model, params and tokens — loss and gradients of the
    remat-full step within bf16 tolerance, and each one's forward+backward time
    (``attention_check``).
-4. The time model against the clock: the first child also measures the memory bandwidth
-   of an elementwise fusion (``--tiny``: ``tierax calibrate``'s CPU microbenchmarks), so
-   every rate the model reads is calibrated in this run; each plan's record carries the
-   model's predicted step time and its terms (``time_model``), and the file a per-preset
-   summary with both rankings.  One GPU runs no collective: the model's collective terms
-   are not checked.
-4. Writes one JSON file (schema ``tierax.gpu-check/1``, readable by ``tierax report``)
+4. The time model against the clock: the first child also measures the rate of a layer's
+   non-matmul work at the bytes the model counts (``--tiny``: ``tierax calibrate``'s CPU
+   microbenchmarks), so every rate the model reads is calibrated in this run; each plan's
+   record carries the model's predicted step time and its terms (``time_model``), and the
+   file a per-preset summary with both rankings.  One GPU runs no collective: the model's
+   collective terms are not checked.
+5. Writes one JSON file (schema ``tierax.gpu-check/1``, readable by ``tierax report``)
    and prints a short table last.
 
 Only APIs present in jax 0.10.2 and still present in 0.12 are used.
@@ -66,6 +66,8 @@ SRC = ROOT / "src"
 if str(SRC) not in sys.path:  # `python3 bench/gpu_check.py` without PYTHONPATH=src works too
     sys.path.insert(0, str(SRC))
 
+import _common  # noqa: E402 — it imports tierax, found through SRC
+
 SCHEMA = "tierax.gpu-check/1"
 # lhs-pipelined second: it moves offload copies across loop iterations, the riskiest for
 # correctness.
@@ -82,12 +84,10 @@ SCHEDULE_FOR_PRESET = {
     "lhs-pipelined": "lhs-pipelined",
 }  # XLA's LHS runs by default
 
-# GPU configuration.  Deviceless H200 compiles here (`tierax compile --model llama3-8b --set
-# num_layers=8 --seq 4096 --target h200`, compiled peak per device): save-all 85.9 GiB at microbatch
-# 4 and 135.1 GiB at 8 (≈12.3 GiB per sequence); at 8, remat-full and qkv-offload 67.0 GiB (+3.0 GiB
-# host), minimal 85.0 GiB. Microbatch 10 puts save-all near 160 GiB (over the H200's 140 GiB) and
-# the others near 76-98 GiB.  The device decides from its own compile (decide()), doubling the
-# microbatch while save-all still fits.
+# GPU configuration: at microbatch 10 the deviceless H200 compile puts save-all over the device's
+# memory and the other plans under it (`tierax compile --model llama3-8b --set num_layers=8 --seq
+# 4096 --target h200 --microbatch 10 --plan P` shows each).  The device decides from its own compile
+# (decide()), doubling the microbatch while save-all still fits.
 GPU = {
     "model": "llama3-8b",
     "num_layers": 8,
@@ -118,7 +118,7 @@ TINY = {
     "link_repeats": 3,
     "matmul_n": 256,
     "matmul_repeats": 3,
-    "calib_repeats": 3,
+    "calib_repeats": 1,
 }
 _PARTIAL: dict = {}  # the child's result so far
 _T0 = time.perf_counter()
@@ -158,9 +158,11 @@ def preset_plan(spec: str, cfg):
 
 
 def base_config(p: dict):
+    from tierax import launch
     from tierax.models import get_config
 
-    base = get_config(p["model"])
+    # attention: auto, as the local backend runs it (cuDNN's fused attention on the GPU).
+    base = launch.local_attention(get_config(p["model"]), what="gpu_check")
     return dataclasses.replace(
         base,
         name=f"{base.name}-{p['num_layers']}L-bf16",
@@ -308,7 +310,7 @@ def planner_plan(
 
 # --- the time model against the clock (child) ---------------------------------------------
 # Rates calibrated in this run (the GPU: the bf16 matmul rate and host link measured above,
-# plus the memory bandwidth of an elementwise fusion; --tiny: `tierax calibrate`'s CPU
+# plus the rate of a layer's non-matmul work; --tiny: `tierax calibrate`'s CPU
 # microbenchmarks), the model's predicted step time per plan next to the measured one.  One
 # GPU exercises no collective: the model's FSDP, expert and tensor collective terms are not
 # checked here.
@@ -321,7 +323,8 @@ def calibrate_here(p: dict, tiny: bool) -> dict:
     if tiny:  # the CPU's own rates: GEMM mix per dtype, memory bandwidth, first-touch rate
         return {"cpu_entry": calibrate.measure(repeats=p["calib_repeats"])}
     mem = harness.stream_and_first_touch(p["mem_bytes"], repeats=p["calib_repeats"])
-    return {"memory_bytes_per_s": mem["memory_bytes_per_s"], "memory": mem}
+    nm = harness.nonmatmul_rate(harness.GPU_NONMATMUL_SHAPE, repeats=p["calib_repeats"])
+    return {"memory_bytes_per_s": nm["bytes_per_s"], "nonmatmul": nm, "memory": mem}
 
 
 def model_rates(cfg, capacity: int, matmul: dict, link: dict, calib: dict, tiny: bool):
@@ -356,7 +359,17 @@ def predict_step(cfg, plan, microbatch: int, seq: int, rates, schedule: str) -> 
     inv = inventory.model_inventory(cfg, microbatch, seq, {"data": 1, "fsdp": 1})
     pred = costmodel.simulate(plan, inv, cfg, rates, schedule)
     b = pred.breakdown
-    terms = ("compute_s", "hbm_s", "recompute_s", "exposed_d2h_s", "exposed_h2d_s", "first_touch_s")
+    terms = (
+        "compute_s",
+        "hbm_s",
+        "fused_attention_s",
+        "recompute_s",
+        "recompute_hbm_s",
+        "exposed_d2h_s",
+        "exposed_h2d_s",
+        "first_touch_s",
+        "transpose_s",
+    )
     return {
         "step_time_s": pred.step_time_s,
         "schedule": schedule,
@@ -844,12 +857,9 @@ def _run_child(spec: dict, timeout: float, tiny: bool) -> dict:
         env["JAX_PLATFORMS"] = "cpu"
     t0 = time.perf_counter()
     try:
-        r = subprocess.run(
+        r = _common.run(
             [sys.executable, str(pathlib.Path(__file__).resolve()), "--child", json.dumps(spec)],
             env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
             timeout=max(timeout, 1),
         )
         log = (r.stdout + r.stderr)[-4000:]
@@ -939,7 +949,10 @@ def main(argv=None) -> int:
         help="preset plans to run besides the planner's (default: %(default)s)",
     )
     ap.add_argument(
-        "--out", help="output JSON (default bench/results/gpu-check-<mode>-<UTC time>.json)"
+        "--out",
+        type=_common.out_path,
+        metavar="FILE.json",
+        help="the record to write (default: bench/results/gpu-check-<mode>-<UTC time>.json)",
     )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -952,8 +965,6 @@ def main(argv=None) -> int:
             result["error"] = traceback.format_exc()[-3000:]
         pathlib.Path(spec["result_path"]).write_text(json.dumps(result))
         return 0
-
-    from tierax.fileio import write_text_atomic
 
     presets = [x.strip() for x in args.presets.split(",") if x.strip()]
     unknown = [x for x in presets if x not in XLA_PRESETS]
@@ -989,12 +1000,8 @@ def main(argv=None) -> int:
         return 2
     start = _now()
     deadline = start + args.budget_s
-    out = pathlib.Path(
-        args.out
-        or ROOT
-        / "bench"
-        / "results"
-        / f"gpu-check-{mode}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
+    out = args.out or _common.RESULTS / (
+        f"gpu-check-{mode}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
     )
     runs, first = [], None
     for i, preset in enumerate(presets):
@@ -1067,7 +1074,7 @@ def main(argv=None) -> int:
             else []
         ),
     }
-    write_text_atomic(out, json.dumps(doc, indent=2) + "\n")
+    _common.write_record(out, doc)
     print(f"wrote {out}")
     print(table(doc))
     return 0

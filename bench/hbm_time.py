@@ -14,22 +14,8 @@ roofline's byte count that ``tierax.hlo.host_transfers`` uses (whole operands an
 
 Writes bench/results/hbm_time.json (command, machine, jax version, per case both sides by part).
 
-Findings in the 2026-11-30 record (model ÷ XLA bytes): DeepSeek-V3 5 layers, 8 GB200s expert=8,
-remat-full:
-1.02; Llama 3 8B H200 2 × 4096 remat-full 0.49, save-all 0.30; B200 4 × 2048 deepseek-offload 0.62;
-with XLA's attention (``--set attention=xla``) H200 1 × 2048 remat-full 0.91 (1.03 inside the
-loops), save-all 0.55. Under save-all (both attentions) XLA's own rematerialisation pass, under
-memory pressure on one H200, recomputes parts of each layer two more times (``.remat``/``.remat2``
-fusions) and zero-fills the stacked residual buffers (a 17 GB broadcast at 1 × 2048), none of which
-any plan asks for. Otherwise the gap is the blockwise attention (llama3-8b: 64 blocks a layer, [2,
-8, 4, 512, 512] float32 scores): XLA's forward passes over each score block three times reading ~117
-MB a pass (the float32 scores, the mask, and a loop-carried float32 block, by its use the masked
-fill value hoisted out of the loop), ~0.44 GB a block against the model's 0.16; its backward also
-transposes the float32 blocks around the einsums (three [2, 8, 4, 512, 512] copies a block), ~0.79
-GB a block against the model's 0.38. Outside the attention the two are close: with XLA's attention
-the layer loops agree within 3 %; the step's code outside loops (XLA: AdamW, whose update fusions
-read 4 and write 3 parameter-sized arrays, plus gradient zeroing and the embedding's gradient) is
-322 GB in XLA against the model's optimizer and loss, 245 GB (llama3-8b).
+What the record shows, case by case and where the two sides part, is in the README's HBM-traffic
+paragraph, from bench/results/hbm_time.json.
 
     .venv/bin/python bench/hbm_time.py [--out bench/results/hbm_time.json] [--case N ...]
 """
@@ -37,17 +23,12 @@ read 4 and write 3 parameter-sized arrays, plus gradient zeroing and the embeddi
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import pathlib
-import platform
 import re
-import sys
 import time
 
-from tierax import launch
+import _common
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from tierax import launch
 
 CASES = [
     # model, overrides, plan, target, microbatch, seq, mesh
@@ -269,14 +250,15 @@ def run_case(case) -> dict:
     import jax
 
     from tierax import compile as compile_lib
-    from tierax import costmodel
+    from tierax import costmodel, hardware
     from tierax import plan as plan_lib
     from tierax.mesh import MeshShape
-    from tierax.models.config import get_config
+    from tierax.models.config import for_platform, get_config
     from tierax.models.config_files import apply_overrides
 
     model, overrides, plan_name, target, mb, seq, mesh_text = case
     cfg = apply_overrides(get_config(model), [f"{o}" for o in overrides])
+    cfg = for_platform(cfg, hardware.platform(target))
     mesh = dict((k, int(v)) for k, v in (kv.split("=") for kv in mesh_text.split(",") if kv))
     shape = MeshShape(**mesh)
     plan = plan_lib.load_plan(plan_name, cfg)
@@ -323,14 +305,12 @@ def run_case(case) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "bench/results/hbm_time.json"))
+    _common.add_out(ap, "hbm_time.json")
     ap.add_argument(
         "--case", type=int, action="append", help="case index (repeatable; default all)"
     )
     args = ap.parse_args(argv)
     launch.start(preset="none", deviceless_gpu=True)
-    import jax
-
     rows = []
     for k in args.case or range(len(CASES)):
         row = run_case(CASES[k])
@@ -344,22 +324,12 @@ def main(argv=None) -> int:
             f"{x['static_roofline_bytes'] / 1e9:.1f}",
             flush=True,
         )
-    record = {
-        "schema": "tierax.hbm_time/1",
-        "command": "python bench/hbm_time.py " + " ".join(argv or sys.argv[1:]),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {
-            "host": platform.node(),
-            "cpu": platform.machine(),
-            "cores": os.cpu_count(),
-            "python": platform.python_version(),
-        },
-        "jax_version": jax.__version__,
+    record = _common.envelope("tierax.hbm_time/1", argv) | {
         "note": "per device, per step; XLA side: deviceless XLA:GPU compile's scheduled HLO, "
         "non-matmul instructions",
         "cases": rows,
     }
-    pathlib.Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+    _common.write_record(args.out, record)
     return 0
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """MaxText accepts what tierax emits: its own config loader parses the file, two tiny CPU steps run.
 
-Not part of the default test suite (it installs MaxText: ~90 s, ~2.8 GB).  Steps:
+Not part of the default test suite (it installs MaxText, gigabytes, into a venv of its own).  Steps:
 
 1. A Python 3.12 venv with ``maxtext[tpu]==VERSION`` (``--venv``, default
    ``~/.cache/tierax/maxtext-venv``; reused when present).  MaxText needs Python ≥ 3.12.
@@ -24,11 +24,11 @@ import os
 import pathlib
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 
+import _common
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -55,8 +55,8 @@ print(json.dumps({k: norm(getattr(cfg, k)) for k in want}))
 """
 
 
-def sh(cmd, *, env=None, timeout=1800, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=cwd)
+def sh(cmd, *, env=None, timeout=1800, cwd=None) -> _common.Run:
+    return _common.run(cmd, env=env, timeout=timeout, cwd=cwd)
 
 
 def python312() -> str:
@@ -177,7 +177,7 @@ def main() -> int:
         "--cases", default="tiny-llama:qkv-offload,tiny-llama:minimal,tiny-deepseek:qkv-offload"
     )
     p.add_argument("--steps", type=int, default=2)
-    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "maxtext_roundtrip.json"))
+    _common.add_out(p, "maxtext_roundtrip.json")
     a = p.parse_args()
     py = ensure_venv(pathlib.Path(a.venv), a.version)
     version = sh([str(py), "-m", "pip", "show", "maxtext"]).stdout
@@ -188,13 +188,11 @@ def main() -> int:
             r = run_case(py, model, plan, pathlib.Path(tmp), a.steps)
             print(json.dumps({k: v for k, v in r.items() if k != "log_tail"}))
             results.append(r)
-    record = {
-        "bench": "maxtext_roundtrip",
+    record = _common.envelope("tierax.maxtext_roundtrip/1") | {
         "maxtext": re.search(r"Version: (\S+)", version or "Version: ?").group(1),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "cases": results,
     }
-    pathlib.Path(a.out).write_text(json.dumps(record, indent=2) + "\n")
+    _common.write_record(a.out, record)
     print(f"wrote {a.out}")
     return 0 if all(r["ok"] for r in results) else 1
 

@@ -16,15 +16,15 @@ bench/results/mutations.json.  Not part of the default suite (several minutes).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+
+import _common
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -134,11 +134,27 @@ MUTATIONS = [
         "tests": ["tests/test_time_model.py"],
     },
     {
+        "name": "cpu-nonmatmul-rate-not-calibrated",
+        "what": "target cpu ignores the calibrated non-matmul rate (a fixed 10 GB/s)",
+        "file": "src/tierax/costmodel/rates.py",
+        "old": '        bandwidth = cal["memory_bytes_per_s"]\n',
+        "new": "        bandwidth = 10e9\n",
+        "tests": ["tests/test_time_model.py"],
+    },
+    {
+        "name": "cpu-transpose-rate-not-calibrated",
+        "what": "target cpu ignores the calibrated transposing-fusion rate (no such term)",
+        "file": "src/tierax/costmodel/rates.py",
+        "old": '    transpose = cal.get("transpose_read_elems_per_s", 0.0)\n',
+        "new": "    transpose = 0.0\n",
+        "tests": ["tests/test_time_model.py"],
+    },
+    {
         "name": "recompute-term-dropped",
         "what": "costmodel.evaluate: the step time leaves out the recomputation",
         "file": "src/tierax/costmodel/predict.py",
-        "old": "fx.compute_s + recompute + exposed_d2h",
-        "new": "fx.compute_s + exposed_d2h",
+        "old": "        fx.compute_s\n        + recompute\n",
+        "new": "        fx.compute_s\n",
         "tests": ["tests/test_time_model.py"],
     },
     {
@@ -153,8 +169,8 @@ MUTATIONS = [
         "name": "first-touch-term-dropped",
         "what": "costmodel.evaluate: the step leaves out the first write of fresh memory (CPU)",
         "file": "src/tierax/costmodel/predict.py",
-        "old": "+ fx.exposed_collective_s + first_touch\n",
-        "new": "+ fx.exposed_collective_s\n",
+        "old": "        + first_touch\n        + transpose\n",
+        "new": "        + transpose\n",
         "tests": ["tests/test_time_model.py"],
     },
     {
@@ -163,6 +179,30 @@ MUTATIONS = [
         "file": "src/tierax/planner.py",
         "old": "    if rates.first_touch_bytes_per_s:\n        # CPU",
         "new": "    if False:\n        # CPU",
+        "tests": ["tests/test_time_model.py"],
+    },
+    {
+        "name": "transposing-fusion-term-dropped",
+        "what": "costmodel.evaluate: the step leaves out XLA:CPU's transposing fusions",
+        "file": "src/tierax/costmodel/predict.py",
+        "old": "        + first_touch\n        + transpose\n    )\n",
+        "new": "        + first_touch\n    )\n",
+        "tests": ["tests/test_time_model.py"],
+    },
+    {
+        "name": "planner-ignores-transposing-fusions",
+        "what": "the planner's objective gives XLA:CPU's transposing fusions no weight",
+        "file": "src/tierax/planner.py",
+        "old": "        if not (base or save_all):\n            continue\n",
+        "new": "        if True:\n            continue\n",
+        "tests": ["tests/test_time_model.py"],
+    },
+    {
+        "name": "transposed-reads-of-named-residuals-dropped",
+        "what": "hbm.transposed_reads: a named residual's reads are not counted",
+        "file": "src/tierax/hbm.py",
+        "old": "            elif v in names:\n",
+        "new": "            elif False:\n",
         "tests": ["tests/test_time_model.py"],
     },
 ]
@@ -182,7 +222,7 @@ def _run_tests(copy: pathlib.Path, files: list[str], tag: str) -> dict:
     xml = copy / f"junit-{tag}.xml"
     env = dict(os.environ, PYTHONPATH=str(copy / "src"), JAX_PLATFORMS="cpu")
     t0 = time.perf_counter()
-    proc = subprocess.run(
+    proc = _common.run(
         [
             sys.executable,
             "-m",
@@ -195,9 +235,6 @@ def _run_tests(copy: pathlib.Path, files: list[str], tag: str) -> dict:
         ],
         cwd=copy,
         env=env,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
     )
     outcomes = {}
     if xml.exists():
@@ -231,9 +268,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--commit", default="HEAD", help="the commit to copy and mutate (default HEAD)")
     ap.add_argument("--only", nargs="*", help="mutation names to run (default: all)")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "mutations.json"))
+    _common.add_out(ap, "mutations.json")
     args = ap.parse_args()
-    import jax
 
     commit = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", args.commit],
@@ -242,17 +278,8 @@ def main() -> int:
         text=True,
     ).stdout.strip()
     chosen = [m for m in MUTATIONS if not args.only or m["name"] in args.only]
-    record = {
-        "schema": "tierax.mutations/1",
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": " ".join([pathlib.Path(sys.executable).name, *sys.argv]),
+    record = _common.envelope("tierax.mutations/1") | {
         "commit": commit,
-        "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-        },
-        "jax_version": jax.__version__,
         "rule": "caught = some test that passes on the unpatched copy fails on the patched copy",
         "mutations": [],
     }
@@ -315,11 +342,7 @@ def main() -> int:
         for f, b in baseline.items()
     }
     record["all_caught"] = all(m["caught"] for m in record["mutations"])
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = out.with_suffix(".json.tmp")
-    tmp_out.write_text(json.dumps(record, indent=2) + "\n")
-    tmp_out.replace(out)
+    out = _common.write_record(args.out, record)
     for m in record["mutations"]:
         print(f"{'CAUGHT' if m['caught'] else 'MISSED'}  {m['name']}: {len(m['caught_by'])} tests")
     print(f"wrote {out}")

@@ -9,19 +9,20 @@ spread evenly over the domains (128 GB200s: 64 per NVL72 rack), and once more fi
 order (--rate gpus_per_domain=72: 72 + 56). Cost-model predictions only; nothing is compiled or
 measured.
 
-    .venv/bin/python bench/network_axes.py  # → bench/results/network_axes.json (≈ 15 s, 2 cores)
+    .venv/bin/python bench/network_axes.py [--out FILE]  # → bench/results/network_axes.json
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-import pathlib
 import sys
 import time
 
+import _common
+
 from tierax import launch
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 CASES = (  # name, model, target, devices, mesh, microbatch, seq
     ("deepseek-v3 128×gb200", "deepseek-v3-671b", "gb200", 128, "fsdp=16,expert=8", 8, 4096),
     (
@@ -47,21 +48,23 @@ CASES = (  # name, model, target, devices, mesh, microbatch, seq
 )
 
 
-def main() -> int:
-    out = ROOT / "bench" / "results" / "network_axes.json"
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    _common.add_out(ap, "network_axes.json")
+    out = ap.parse_args(argv).out
     launch.start()
     from tierax import costmodel as cm
+    from tierax import hardware, planner
     from tierax import inventory as inv_lib
     from tierax import plan as plan_lib
-    from tierax import planner, records
     from tierax.mesh import parse_mesh
-    from tierax.models import get_config
+    from tierax.models import for_platform, get_config
     from tierax.whatif import override_rates
 
     cases = []
     for name, model, target, devices, mesh_text, mb, seq in CASES:
         t0 = time.perf_counter()
-        cfg = get_config(model)
+        cfg = for_platform(get_config(model), hardware.platform(target))
         mesh = parse_mesh(mesh_text, devices)
         inv = inv_lib.model_inventory(cfg, mb, seq, mesh.to_dict())
         rates = cm.target_rates(target, cfg.dtype)
@@ -127,13 +130,12 @@ def main() -> int:
             f"{v['per axis']['plan_changed_vs_one_figure']}",
             flush=True,
         )
-    doc = records.envelope("tierax.network_axes/1", "python bench/network_axes.py") | {
-        "machine": records.machine_info(),
+    doc = _common.envelope("tierax.network_axes/1", argv) | {
         "note": "cost-model predictions (tierax.network); 'one figure' = every collective at "
         "NVLink, as before",
         "cases": cases,
     }
-    records.write_record(out, doc)
+    _common.write_record(out, doc)
     print(f"wrote {out}")
     return 0
 

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """tierax's train step side by side with MaxText 0.2.5's and a pure-JAX reference, on the same jax.
 
 MaxText needs Python ≥ 3.12, so it lives in its own venv (default
@@ -6,7 +7,7 @@ MaxText needs Python ≥ 3.12, so it lives in its own venv (default
 ``pip install --no-deps -e .`` so all three steps run on one jax.  The script re-runs
 itself under that venv's Python.  Per shape, each program runs in a process of its own (so
 none shares an allocator, buffers or global flags with another: building two programs in one
-process moved their ratio by 2–3 points depending on which was built first):
+process moved their ratio depending on which was built first):
 
 * **maxtext**: MaxText's own trainer setup (``maxtext.trainers.pre_train.train``:
   ``initialize`` → ``train_utils.setup_train_loop`` → ``jit_train_and_eval_step`` with its
@@ -48,6 +49,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import _common
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 VENV = pathlib.Path(
@@ -566,7 +569,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--warmup", type=int, default=2, help="steps after the first, per program, before timing"
     )
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "peer_maxtext.json"))
+    _common.add_out(ap, "peer_maxtext.json")
     ap.add_argument(
         "--no-venv",
         action="store_true",
@@ -586,24 +589,20 @@ def main(argv=None) -> int:
     if not args.no_venv:
         ensure_venv()
         py = str(venv_python())
-    command = " ".join(
-        ["python bench/peer_maxtext.py", *(argv if argv is not None else sys.argv[1:])]
+    # The record's jax and Python are the venv interpreter's: the ones all three programs ran on.
+    versions = _common.run(
+        [
+            py,
+            "-c",
+            "import importlib.metadata as m, json, sys; "
+            "print(json.dumps([m.version('jax'), sys.version.split()[0]]))",
+        ],
+        timeout=60,
     )
-    # The envelope from the venv's interpreter: the record's jax is the one all three ran on.
-    env_code = (
-        "import json, sys; sys.path.insert(0, sys.argv[1]); from tierax.records import envelope; "
-        "print(json.dumps(envelope('tierax.peer-maxtext/1', sys.argv[2])))"
-    )
-    envl = json.loads(
-        subprocess.run(
-            [py, "-c", env_code, str(ROOT / "src"), command],
-            check=True,
-            capture_output=True,
-            text=True,
-            env=dict(os.environ, JAX_PLATFORMS="cpu"),
-        ).stdout
-    )
-    from tierax.records import write_record
+    if versions.returncode:
+        raise SystemExit(f"{py} cannot report its jax version:\n{versions.stderr}")
+    envl = _common.envelope("tierax.peer-maxtext/1", argv)
+    envl["jax_version"], envl["machine"]["python"] = json.loads(versions.stdout)
 
     results = []
     for s in shapes:
@@ -661,7 +660,8 @@ def main(argv=None) -> int:
             "ln_vocab": math.log(VOCAB),
             "results": results,
         }
-        write_record(args.out, doc)  # after every shape: an interrupted run keeps what it measured
+        # after every shape: an interrupted run keeps what it measured
+        _common.write_record(args.out, doc)
     print(f"wrote {args.out}")
     return 0
 

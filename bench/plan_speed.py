@@ -20,15 +20,13 @@ import argparse
 import json
 import os
 import pathlib
-import platform
 import statistics
 import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 
-from tierax.fileio import write_text_atomic
+import _common
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CASE = [
@@ -49,24 +47,17 @@ CASE = [
 CASES = {"microbatch-8": CASE, "max-microbatch": CASE[:-4] + ["--seq", "4096", "--max-microbatch"]}
 
 
-def _run(case: list[str], src: str | None) -> tuple[float, subprocess.CompletedProcess]:
+def _run(case: list[str], src: str | None) -> tuple[float, _common.Run]:
     env = dict(os.environ)
     if src:  # the baseline's sources ahead of the editable install
         env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
-    t0 = time.perf_counter()
-    r = subprocess.run(
-        [sys.executable, "-m", "tierax.cli", *case, "--json"],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=600,
-        env=env,
-        cwd=tempfile.gettempdir(),
+    r = _common.run(
+        _common.tierax(*case, "--json"), timeout=600, env=env, cwd=tempfile.gettempdir()
     )
-    return time.perf_counter() - t0, r
+    return r.wall_s, r
 
 
-def _outcome(r: subprocess.CompletedProcess) -> dict:
+def _outcome(r: _common.Run) -> dict:
     outcome = {"returncode": r.returncode}
     if r.returncode == 0:
         doc = json.loads(r.stdout)
@@ -111,20 +102,9 @@ def main() -> int:
     ap.add_argument(
         "--rev", metavar="REV", help="time git revision REV instead of the working tree"
     )
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "plan_speed.json"))
+    _common.add_out(ap, "plan_speed.json")
     args = ap.parse_args()
-    import jax
-
-    record = {
-        "schema": "tierax.plan_speed/1",
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {
-            "host": platform.node(),
-            "cores": os.cpu_count(),
-            "python": platform.python_version(),
-            "load_average_1min_at_start": os.getloadavg()[0],
-        },
-        "jax_version": jax.__version__,
+    record = _common.envelope("tierax.plan_speed/1") | {
         "goal_s": 10.0,
         "cases": {},
     }
@@ -177,10 +157,10 @@ def main() -> int:
                 )
             record["cases"][key] = entry
             print(line)
-    record["machine"]["load_average_1min_at_end"] = os.getloadavg()[
-        0
-    ]  # other work on the cores slows every run
-    out = write_text_atomic(args.out, json.dumps(record, indent=2) + "\n")
+    # other work on the cores slows every run
+    record["machine"]["load_average_1min_at_start"] = record["machine"].pop("load_average_1min")
+    record["machine"]["load_average_1min_at_end"] = os.getloadavg()[0]
+    out = _common.write_record(args.out, record)
     print(f"wrote {out}")
     return 0
 

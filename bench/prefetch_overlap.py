@@ -21,22 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import subprocess
 import sys
 import tempfile
-import time
 
+import _common
 from rich.console import Console
 from rich.table import Table
 
-from tierax import records, xla_flags
-from tierax.fileio import check_output_file, write_text_atomic
-
-xla_flags.configure(
-    cpu_devices=1
-)  # this process only writes the record (jax_version); children compile
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 GOAL = 0.10
 
 QKV = {
@@ -108,23 +99,9 @@ def _plan_file(tmp: pathlib.Path, groups: dict, mechanism: str) -> pathlib.Path:
 
 
 def compile_case(args: list[str], plan: pathlib.Path, preset: str) -> dict:
-    cmd = [
-        sys.executable,
-        "-m",
-        "tierax.cli",
-        "compile",
-        *args,
-        "--plan",
-        str(plan),
-        "--xla-preset",
-        preset,
-        "--json",
-    ]
-    t0 = time.perf_counter()
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL
-    )
-    wall = time.perf_counter() - t0
+    cmd = _common.tierax("compile", *args, "--plan", str(plan), "--xla-preset", preset, "--json")
+    proc = _common.run(cmd, timeout=1800)
+    wall = proc.wall_s
     if proc.returncode != 0:
         return {
             "returncode": proc.returncode,
@@ -151,12 +128,11 @@ def compile_case(args: list[str], plan: pathlib.Path, preset: str) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "prefetch_overlap.json"))
+    _common.add_out(ap, "prefetch_overlap.json")
     ap.add_argument(
         "--quick", action="store_true", help="one tiny case (a smoke test of this script)"
     )
     args = ap.parse_args()
-    check_output_file(args.out, "--out")
     cases = QUICK if args.quick else CASES
     console = Console(stderr=True)
     out: dict = {}
@@ -205,7 +181,7 @@ def main() -> int:
                 ("✓" if ok else "✗") if key in JUDGED else "",
             )
     Console(width=150).print(table)
-    record = records.envelope("tierax.prefetch_overlap/1", " ".join(["python", *sys.argv])) | {
+    record = _common.envelope("tierax.prefetch_overlap/1") | {
         "goal_exposed_share": GOAL,
         "judged": list(JUDGED),
         "goal_met_by_prefetch": met,
@@ -214,7 +190,7 @@ def main() -> int:
         "the link); deviceless XLA:GPU compiles scheduled within the run's device budget "
         "(hardware.scheduling_target_config); no GPU ran",
     }
-    write_text_atomic(args.out, json.dumps(record, indent=2) + "\n")
+    _common.write_record(args.out, record)
     console.print(f"wrote {args.out}")
     return 0 if met else 1
 

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """A pure-JAX Llama-style train step that does not import tierax: the yardstick for `tierax bench`.
 
 The same math as tierax's Llama step, written directly in nanoGPT style: token

@@ -16,12 +16,12 @@ the predictions, with the gap split term by term.
 from __future__ import annotations
 
 import argparse
-import pathlib
 import sys
+
+import _common
 
 from tierax import launch
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCHEDULES = ("serial", "lhs", "lhs-pipelined")
 
 # What was published, with where.  A configuration with no published figure says so.
@@ -104,7 +104,7 @@ def terms(pred) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "seed_case.json"))
+    _common.add_out(ap, "seed_case.json")
     args = ap.parse_args(argv)
     launch.start()
 
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     from rich.table import Table
 
     from tierax import costmodel as cm
-    from tierax import hardware, planner, records
+    from tierax import hardware, planner
     from tierax import inventory as inv_lib
     from tierax import plan as P
     from tierax.errors import TieraxError
@@ -204,9 +204,7 @@ def main(argv=None) -> int:
                 }
             )
 
-    doc = records.envelope(
-        "tierax.seed-case/1", records.command_line(prog="python bench/seed_case.py")
-    )
+    doc = _common.envelope("tierax.seed-case/1", argv)
     doc |= {
         "target": "gb200",
         "devices": 128,
@@ -221,7 +219,7 @@ def main(argv=None) -> int:
         "note": "cost-model predictions only (nothing compiled or run here); no rate or term was "
         "fitted to the published figures",
     }
-    out = records.write_record(args.out, doc)
+    out = _common.write_record(args.out, doc)
 
     t = Table(
         title="seed cases · GB200 × 128 · attention cudnn · bf16 · predicted (published where "

@@ -16,39 +16,25 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import subprocess
 import sys
 import tempfile
-import time
 
-from tierax import records, xla_flags
-from tierax.fileio import check_output_file, write_text_atomic
+import _common
 
-xla_flags.configure(cpu_devices=1)  # this process only writes the record; children plan and compile
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 CASE = ["--model", "llama3-8b", "--target", "h200", "--microbatch", "2", "--seq", "4096"]
 
 
 def _tierax(*args: str) -> tuple[dict, float]:
-    t0 = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "tierax.cli", *args],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=1800,
-    )
+    proc = _common.run(_common.tierax(*args), timeout=1800)
     if proc.returncode != 0:
         raise SystemExit(f"tierax {' '.join(args)} failed: {proc.stderr.strip().splitlines()[-1:]}")
-    return json.loads(proc.stdout), time.perf_counter() - t0
+    return json.loads(proc.stdout), proc.wall_s
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "segment_plan.json"))
+    _common.add_out(ap, "segment_plan.json")
     args = ap.parse_args()
-    check_output_file(args.out, "--out")
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for label, extra in (("unsegmented", []), ("segmented", ["--segments"])):
@@ -86,12 +72,12 @@ def main() -> int:
     }
     for k, v in summary.items():
         print(f"{k}: {v}")
-    record = records.envelope("tierax.segment_plan/1", " ".join(["python", *sys.argv])) | {
+    record = _common.envelope("tierax.segment_plan/1") | {
         "summary": summary,
         "cases": out,
         "note": "deviceless XLA:GPU compiles (no GPU ran); predicted times are the cost model's",
     }
-    write_text_atomic(args.out, json.dumps(record, indent=2) + "\n")
+    _common.write_record(args.out, record)
     print(f"wrote {args.out}")
     return 0 if summary["both_fit_in_xla"] and summary["predicted_speedup"] > 1 else 1
 

@@ -24,13 +24,10 @@ import concurrent.futures
 import importlib.metadata
 import json
 import pathlib
-import subprocess
 import sys
 import tempfile
-import time
 
-from tierax import records, xla_flags
-from tierax.fileio import write_text_atomic
+import _common
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCHEMA = "tierax.tpu-compile/1"
@@ -53,21 +50,12 @@ class CaseFailed(Exception):
 
 
 def _tierax(*args: str) -> tuple[dict, float]:
-    t0 = time.perf_counter()
-    p = subprocess.run(
-        [sys.executable, "-m", "tierax.cli", *args, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=3600,
-        stdin=subprocess.DEVNULL,
-        cwd=ROOT,
-    )
-    wall = time.perf_counter() - t0
+    p = _common.run(_common.tierax(*args, "--json"), timeout=3600, cwd=ROOT)
     if p.returncode != 0:
         raise CaseFailed(
             f"tierax {' '.join(args)} failed (exit {p.returncode}):\n{p.stderr[-3000:]}"
         )
-    return json.loads(p.stdout), wall
+    return json.loads(p.stdout), p.wall_s
 
 
 def _versions() -> dict:
@@ -146,7 +134,7 @@ def merge(out: pathlib.Path, other: pathlib.Path) -> None:
     ] + new["cases"]
     doc["summary"] = {k: v for k, v in doc["summary"].items() if k not in keys} | new["summary"]
     doc["merged_from"] = [*doc.get("merged_from", []), new["command"]]
-    write_text_atomic(str(out), json.dumps(doc, indent=2) + "\n")
+    _common.write_record(out, doc)
     print(f"merged {other} into {out}")
 
 
@@ -197,7 +185,7 @@ def write_readme(doc: dict, readme: pathlib.Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "bench/results/tpu_compile.json"))
+    _common.add_out(ap, "tpu_compile.json")
     ap.add_argument("--devices", type=int, default=8, help="v5p chips (mesh fsdp=N)")
     ap.add_argument(
         "--case",
@@ -233,19 +221,16 @@ def main() -> int:
     versions = _versions()
     if versions["libtpu"] is None:
         sys.exit("libtpu is not installed: pip install 'tierax[tpu-aot]'")
-    # the record's machine info starts JAX: never as a TPU backend
-    xla_flags.configure(platforms="cpu")
-    command = " ".join([pathlib.Path(sys.executable).name, *sys.argv])
     cases, summary = [], {}
 
     def write() -> None:  # after every case: a run stopped early keeps what it compiled
-        doc = records.envelope(SCHEMA, command) | {
+        doc = _common.envelope(SCHEMA) | {
             "versions": versions,
             "configuration": " ".join([*MODEL, *shape_base]),
             "summary": summary,
             "cases": cases,
         }
-        write_text_atomic(args.out, json.dumps(doc, indent=2) + "\n")
+        _common.write_record(args.out, doc)
 
     with tempfile.TemporaryDirectory() as tmp:
         with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:

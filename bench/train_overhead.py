@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """What `tierax train`'s loop costs over a minimal hand-written JAX training step.
 
 Both train the same model under the same plan, optimizer and batch size on the same
@@ -20,13 +21,13 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import pathlib
-import shlex
 import statistics
 import sys
 import tempfile
 import time
+
+import _common
 
 from tierax import xla_flags
 from tierax.train import config as train_config
@@ -40,7 +41,7 @@ def main(argv=None) -> int:
     ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     ap.add_argument("--rounds", type=int, default=21, help="timed rounds (after one warm-up round)")
     ap.add_argument("--steps-per-round", type=int, default=16)
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "train_overhead.json"))
+    _common.add_out(ap, "train_overhead.json")
     args = ap.parse_args(argv)
 
     work = pathlib.Path(tempfile.mkdtemp(prefix="tierax-overhead-"))
@@ -64,8 +65,6 @@ def main(argv=None) -> int:
     from rich.console import Console
 
     from tierax import plan as plan_lib
-    from tierax.fileio import write_text_atomic
-    from tierax.records import machine_info
     from tierax.train import data as data_lib
     from tierax.train import loop
     from tierax.train import step as step_lib
@@ -125,13 +124,7 @@ def main(argv=None) -> int:
 
     paired = [a / b for a, b in zip(loop_s, hand_s, strict=False)]
     ratio = statistics.median(paired)
-    doc = {
-        "schema": "tierax.bench.train_overhead/1",
-        "command": "python bench/train_overhead.py "
-        + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": machine_info(),
-        "jax_version": jax.__version__,
+    doc = _common.envelope("tierax.bench.train_overhead/1", argv, devices=True) | {
         "config": cfg.to_dict(),
         "rounds": rounds,
         "steps_per_round": n,
@@ -148,7 +141,7 @@ def main(argv=None) -> int:
         "alternating); the loop reads data, metrics and logs every step, the baseline reuses one "
         "on-device batch and synchronises once per round",
     }
-    write_text_atomic(args.out, json.dumps(doc, indent=2) + "\n")
+    _common.write_record(args.out, doc)
     print(
         f"tierax train loop {statistics.median(loop_s) * 1e3:.1f} ms/step vs hand-written step "
         f"{statistics.median(hand_s) * 1e3:.1f} ms/step: ratio {ratio:.3f} "

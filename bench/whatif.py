@@ -16,6 +16,8 @@ import argparse
 import pathlib
 import sys
 
+import _common
+
 from tierax import launch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -29,19 +31,19 @@ def main(argv=None) -> int:
     ap.add_argument("--microbatch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--sweep", default="host_link=100:1000:100")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "whatif-deepseek-v3.json"))
+    _common.add_out(ap, "whatif-deepseek-v3.json")
     args = ap.parse_args(argv)
-    out = pathlib.Path(args.out)
+    out = args.out
     launch.start()
 
     from tierax import costmodel as cm
     from tierax import hardware, planner, records, whatif
     from tierax import inventory as inv_lib
     from tierax.mesh import parse_mesh
-    from tierax.models import get_config
+    from tierax.models import for_platform, get_config
     from tierax.report.sweep_plot import plot_sweep
 
-    cfg = get_config(args.model)
+    cfg = for_platform(get_config(args.model), "gpu")  # every target swept is a GPU
     mesh = parse_mesh(MESH, 128)
     inv = inv_lib.model_inventory(cfg, args.microbatch, args.seq, mesh.to_dict())
     targets = {}
@@ -94,10 +96,7 @@ def main(argv=None) -> int:
     )
     png = out.with_suffix(".png")
     plot_sweep(pts, key, png, title=title, references=whatif.REFERENCES)
-    doc = records.envelope(
-        records.WHATIF_SCHEMA,
-        records.command_line(sys.argv[1:] if argv is None else argv, prog="python bench/whatif.py"),
-    ) | {
+    doc = _common.envelope(records.WHATIF_SCHEMA, argv) | {
         "note": "cost-model predictions; gb300 and vr200 are projections from announced figures",
         "model": cfg.name,
         "mesh": mesh.to_dict(),
@@ -113,7 +112,7 @@ def main(argv=None) -> int:
             "png": str(png.relative_to(ROOT)) if png.is_relative_to(ROOT) else str(png),
         },
     }
-    records.write_record(out, doc)
+    _common.write_record(out, doc)
     print(f"wrote {out} and {png}")
     return 0
 

@@ -1,5 +1,10 @@
 """Strict test setup: 8 host CPU devices (FSDP meshes), deviceless GPU compiles, rank promotion
-raises."""
+raises; the two ways tests run the command line (``cli`` in this process, ``console_script`` in a
+new one)."""
+
+import shutil
+import subprocess
+import sys
 
 from tierax import xla_flags
 
@@ -15,3 +20,48 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 @pytest.fixture(scope="session")
 def tiny_names():
     return ["tiny-llama", "tiny-deepseek"]
+
+
+@pytest.fixture
+def cli(monkeypatch, capsys):
+    """Run a tierax command in this process: ``cli("plan", "--model", ...)`` returns its exit code
+    and what it printed (``returncode``, ``stdout``, ``stderr``, as ``console_script``'s).
+
+    JAX's backend is already started here (8 CPU devices), so a verb's XLA flag setup has nothing
+    left to set; a test that needs other devices or flags at start-up uses ``console_script``."""
+    from tierax.cli import main
+
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+
+    def run(*args) -> subprocess.CompletedProcess:
+        capsys.readouterr()  # what the test printed before is not the command's
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as e:  # argparse: --help, a usage error
+            code = e.code if isinstance(e.code, int) else 2
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["tierax", *map(str, args)], code, out, err)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def console_script():
+    """Run the installed ``tierax`` console script (else ``python -m tierax.cli``) in a new process,
+    stdin closed: for what only a process shows (the entry point, XLA flags and devices read at
+    start-up, a signal, a closed pipe, an exit after a failed write).  Each start of JAX costs
+    seconds: everything else uses ``cli``."""
+    exe = shutil.which("tierax")
+    prefix = [exe] if exe else [sys.executable, "-m", "tierax.cli"]
+
+    def run(*args, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [*prefix, *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            **kwargs,
+        )
+
+    return run

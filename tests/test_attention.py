@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tierax import jaxpr_tools
-from tierax import plan as P
+from tierax import plan as plan_lib
 from tierax.models import get_config
 from tierax.models.attention import causal_attention
 from tierax.train import step as S
@@ -136,9 +136,9 @@ def test_models_with_blockwise_attention_match(name):
     blk = dataclasses.replace(base, attention="blockwise", attention_block=16)
     graphdef, params = S.init_params(base, seed=4)
     tokens = S.synthetic_batch(base, 2, 32, seed=5)
-    l0, g0 = S.loss_and_grads(graphdef, base, P.preset("save-all", base), params, tokens)
+    l0, g0 = S.loss_and_grads(graphdef, base, plan_lib.preset("save-all", base), params, tokens)
     graphdef_b, _ = S.init_params(blk, seed=4)
-    l1, g1 = S.loss_and_grads(graphdef_b, blk, P.preset("qkv-offload", blk), params, tokens)
+    l1, g1 = S.loss_and_grads(graphdef_b, blk, plan_lib.preset("qkv-offload", blk), params, tokens)
     assert abs(float(l1) - float(l0)) <= 1e-5 * abs(float(l0))
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0), strict=False):
         assert float(jnp.max(jnp.abs(a - b))) <= 1e-4 * float(jnp.max(jnp.abs(b))) + 1e-7
@@ -192,10 +192,11 @@ def test_rematerialised_layers_keep_no_stack_of_block_masks():
         head_dim=64,
         mlp_dim=512,
         vocab_size=1000,
+        attention="blockwise",
         attention_block=block,
     )
     graphdef, params = nnx.split(abstract_model(cfg))
-    loss = S.make_loss_fn(graphdef, P.to_policies(P.preset("remat-full", cfg), cfg))
+    loss = S.make_loss_fn(graphdef, plan_lib.to_policies(plan_lib.preset("remat-full", cfg), cfg))
     tokens = jax.ShapeDtypeStruct((B, seq + 1), jnp.int32)
     jaxpr = jax.make_jaxpr(jax.value_and_grad(loss))(params, tokens)
 

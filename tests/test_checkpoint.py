@@ -8,7 +8,6 @@ import jax
 import numpy as np
 import pytest
 import yaml
-from test_cli import tierax
 
 from tierax.errors import TieraxError
 from tierax.train import checkpoint as C
@@ -107,7 +106,7 @@ def test_incomplete_checkpoints_are_never_resumed_from(finished, tmp_path):
     assert _snapshot(run) == before
 
 
-def test_a_foreign_checkpoint_directory_is_refused_untouched(finished, tmp_path):
+def test_a_foreign_checkpoint_directory_is_refused_untouched(finished, tmp_path, console_script):
     run = tmp_path / "run"
     shutil.copytree(finished[0], run)
     before = _snapshot(run)
@@ -127,7 +126,7 @@ def test_a_foreign_checkpoint_directory_is_refused_untouched(finished, tmp_path)
 
     f = tmp_path / "run.yaml"
     f.write_text(yaml.safe_dump({**RUN, "log": {**RUN["log"], "dir": str(run)}}))
-    r = tierax("train", str(f), "model=tiny-deepseek", "--resume")
+    r = console_script("train", str(f), "model=tiny-deepseek", "--resume")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert (
         "belongs to a different run" in r.stderr

@@ -10,7 +10,7 @@ import pytest
 
 from tierax import compile as C
 from tierax import cudnn, hbm, jaxpr_tools
-from tierax import plan as P
+from tierax import plan as plan_lib
 from tierax.errors import TieraxError
 from tierax.models import get_config
 from tierax.models.attention import (
@@ -127,7 +127,7 @@ def test_cudnn_needs_16_bit_compute():
 def test_cudnn_is_refused_for_a_tpu_target_before_compiling():
     cfg = dataclasses.replace(get_config("tiny-llama"), dtype="bfloat16", attention="cudnn")
     with pytest.raises(TieraxError, match="CUDA GPUs only.*attention=blockwise"):
-        C.compile_for_target(cfg, P.preset("remat-full", cfg), "v5e", microbatch=1, seq=64)
+        C.compile_for_target(cfg, plan_lib.preset("remat-full", cfg), "v5e", microbatch=1, seq=64)
 
 
 def _mla_192():
@@ -153,7 +153,9 @@ def test_deviceless_compile_holds_cudnn_attention(name, plan, target):
         if name == "mla-192"
         else dataclasses.replace(get_config(name), dtype="bfloat16", attention="cudnn")
     )
-    result, text = C.compile_for_target(cfg, P.preset(plan, cfg), target, microbatch=2, seq=128)
+    result, text = C.compile_for_target(
+        cfg, plan_lib.preset(plan, cfg), target, microbatch=2, seq=128
+    )
     calls = cudnn.custom_calls(text)
     # One backward kernel per layer's backward (inside the scanned backward loop: one call per
     # group), forwards in the forward loop and again where the layer is rematerialised.

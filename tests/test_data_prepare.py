@@ -12,7 +12,6 @@ import sys
 import numpy as np
 import pytest
 import tokenizer_files as TF
-from test_cli import tierax
 
 from tierax.errors import TieraxError
 from tierax.train import data as D
@@ -163,11 +162,11 @@ def test_text_parquet_and_gzip_inputs(tokenizers, jsonl, tmp_path):
     assert [load_tokenizer(tok).decode(d[1:-1]) for d in documents(tmp_path / "t")] == texts[:2]
 
 
-def test_cli_prepare_reports_and_replaces_only_when_asked(tmp_path, tokenizers, jsonl):
-    ok = tierax("data", "prepare", str(SAMPLE), "--out", str(tmp_path / "d"))
+def test_cli_prepare_reports_and_replaces_only_when_asked(tmp_path, tokenizers, jsonl, cli):
+    ok = cli("data", "prepare", str(SAMPLE), "--out", str(tmp_path / "d"))
     assert ok.returncode == 0, ok.stderr
     assert "train: 99,012 tokens in 1 documents" in ok.stdout
-    again = tierax(
+    again = cli(
         "data",
         "prepare",
         str(jsonl),
@@ -180,7 +179,7 @@ def test_cli_prepare_reports_and_replaces_only_when_asked(tmp_path, tokenizers, 
     )
     assert again.returncode == 2 and "pass --overwrite" in again.stderr
     assert json.loads((tmp_path / "d" / "index.json").read_text())["tokenizer"]["kind"] == "bytes"
-    over = tierax(
+    over = cli(
         "data",
         "prepare",
         str(jsonl),
@@ -200,7 +199,7 @@ def test_cli_prepare_reports_and_replaces_only_when_asked(tmp_path, tokenizers, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
-    busy = tierax("data", "prepare", str(SAMPLE), "--out", str(tmp_path / "mine"), "--overwrite")
+    busy = cli("data", "prepare", str(SAMPLE), "--out", str(tmp_path / "mine"), "--overwrite")
     assert busy.returncode == 2 and "not a token directory" in busy.stderr
     assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["notes.txt"]
 
@@ -208,8 +207,8 @@ def test_cli_prepare_reports_and_replaces_only_when_asked(tmp_path, tokenizers, 
 # --- bad input: exit 2 naming the file, nothing written ----------------------------------
 
 
-def _fails(tmp_path, args, *fragments):
-    r = tierax("data", "prepare", *map(str, args), "--out", str(tmp_path / "out"))
+def _fails(cli, tmp_path, args, *fragments):
+    r = cli("data", "prepare", *map(str, args), "--out", str(tmp_path / "out"))
     assert r.returncode == 2, r.stderr
     for f in fragments:
         assert f in r.stderr, r.stderr
@@ -219,13 +218,14 @@ def _fails(tmp_path, args, *fragments):
     return r.stderr
 
 
-def test_bad_tokenizers_exit_2_naming_the_file(tmp_path, tokenizers, jsonl):
+def test_bad_tokenizers_exit_2_naming_the_file(cli, tmp_path, tokenizers, jsonl):
     cut = tmp_path / "tokenizer.json"
     cut.write_bytes(tokenizers["huggingface"].read_bytes()[:5000])
-    _fails(tmp_path, [jsonl, "--tokenizer", cut], str(cut), "cannot be read")
+    _fails(cli, tmp_path, [jsonl, "--tokenizer", cut], str(cut), "cannot be read")
     bad_sp = tmp_path / "sp.model"
     bad_sp.write_bytes(tokenizers["sentencepiece"].read_bytes()[:3000])
     _fails(
+        cli,
         tmp_path,
         [jsonl, "--tokenizer", bad_sp],
         str(bad_sp),
@@ -234,27 +234,33 @@ def test_bad_tokenizers_exit_2_naming_the_file(tmp_path, tokenizers, jsonl):
     bad_tt = tmp_path / "tt.model"
     lines = tokenizers["tiktoken"].read_text().splitlines()
     bad_tt.write_text("\n".join(lines[:10] + ["!!!notbase64 10"] + lines[11:]) + "\n")
-    _fails(tmp_path, [jsonl, "--tokenizer", bad_tt], str(bad_tt), "line 11")
+    _fails(cli, tmp_path, [jsonl, "--tokenizer", bad_tt], str(bad_tt), "line 11")
     noise = tmp_path / "noise.bin"
     noise.write_bytes(bytes(range(256)))
-    _fails(tmp_path, [jsonl, "--tokenizer", noise], str(noise), "is not a tokenizer tierax reads")
     _fails(
+        cli, tmp_path, [jsonl, "--tokenizer", noise], str(noise), "is not a tokenizer tierax reads"
+    )
+    _fails(
+        cli,
         tmp_path,
         [jsonl, "--tokenizer", tmp_path / "missing.json"],
         "missing.json",
         "does not exist",
     )
-    _fails(tmp_path, [jsonl, "--tokenizer", tmp_path], str(tmp_path), "is not a file")
+    _fails(cli, tmp_path, [jsonl, "--tokenizer", tmp_path], str(tmp_path), "is not a file")
     # Unreadable: a file whose read fails (EIO; chmod 000 does not stop root, who runs these tests).
-    _fails(tmp_path, [jsonl, "--tokenizer", "/proc/self/mem"], "/proc/self/mem", "cannot be read")
+    _fails(
+        cli, tmp_path, [jsonl, "--tokenizer", "/proc/self/mem"], "/proc/self/mem", "cannot be read"
+    )
 
 
-def test_bad_documents_exit_2_and_leave_nothing(tmp_path, tokenizers):
+def test_bad_documents_exit_2_and_leave_nothing(cli, tmp_path, tokenizers):
     texts = TF.paragraphs()
     bad = tmp_path / "bad.jsonl"
     bad.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[:300]) + '{"body": "x"}\n')
     # Found after 300 documents have been written: the temporary directory goes too.
     _fails(
+        cli,
         tmp_path,
         [bad, "--tokenizer", tokenizers["huggingface"]],
         f"{bad} line 301: no field 'text'",
@@ -262,42 +268,49 @@ def test_bad_documents_exit_2_and_leave_nothing(tmp_path, tokenizers):
     )
     notjson = tmp_path / "notjson.jsonl"
     notjson.write_text('{"text": "a"}\n{"text": \n')
-    _fails(tmp_path, [notjson], f"{notjson} line 2: not a JSON object")
+    _fails(cli, tmp_path, [notjson], f"{notjson} line 2: not a JSON object")
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"text": [1, 2, 3]}), tmp_path / "ints.parquet")
     _fails(
+        cli,
         tmp_path,
         [tmp_path / "ints.parquet"],
         "ints.parquet",
         "column 'text' is int64, not a string column",
     )
     _fails(
+        cli,
         tmp_path,
         [tmp_path / "ints.parquet", "--field", "body"],
         "has no column 'body' (its columns: text)",
     )
     (tmp_path / "latin1.txt").write_bytes("café".encode("latin-1"))
     _fails(
-        tmp_path, [tmp_path / "latin1.txt", "--tokenizer", tokenizers["tiktoken"]], "is not UTF-8"
+        cli,
+        tmp_path,
+        [tmp_path / "latin1.txt", "--tokenizer", tokenizers["tiktoken"]],
+        "is not UTF-8",
     )
     h = (
         int.from_bytes(hashlib.blake2b(SAMPLE.read_bytes(), digest_size=8).digest(), "little")
         / 2**64
     )
     _fails(
+        cli,
         tmp_path,
         [SAMPLE, "--validation-fraction", f"{h * 0.99:.6f}"],
         "no document of the 1 was held out",
     )
     _fails(
+        cli,
         tmp_path,
         [SAMPLE, "--validation-fraction", f"{min(h * 1.01, 0.999999):.6f}"],
         "every one of the 1 documents was held out",
     )
-    _fails(tmp_path, [SAMPLE, "--max-document-mib", "0"], "must be ≥ 1")
-    _fails(tmp_path, ["/proc/self/mem"], "input '/proc/self/mem' cannot be read")
+    _fails(cli, tmp_path, [SAMPLE, "--max-document-mib", "0"], "must be ≥ 1")
+    _fails(cli, tmp_path, ["/proc/self/mem"], "input '/proc/self/mem' cannot be read")
 
 
 def test_missing_optional_package_names_the_pip_command(tmp_path, tokenizers, jsonl):
@@ -340,7 +353,9 @@ def test_missing_optional_package_names_the_pip_command(tmp_path, tokenizers, js
     assert r.returncode == 0, r.stderr
 
 
-def test_checksum_mismatch_and_too_large_vocabulary_stop_training(tmp_path, tokenizers, jsonl):
+def test_checksum_mismatch_and_too_large_vocabulary_stop_training(
+    tmp_path, tokenizers, jsonl, console_script
+):
     D.prepare(
         [jsonl], tmp_path / "tok", tokenizer=str(tokenizers["huggingface"]), shard_tokens=5000
     )
@@ -358,7 +373,7 @@ def test_checksum_mismatch_and_too_large_vocabulary_stop_training(tmp_path, toke
             }
         )
     )
-    r = tierax("train", str(cfg))  # tiny-llama has 256 ids, the tokenizer 1000
+    r = console_script("train", str(cfg))  # tiny-llama has 256 ids, the tokenizer 1000
     assert (
         r.returncode == 2
         and "has 1000 token ids (huggingface tokenizer) but the model's vocab_size is 256"
@@ -369,7 +384,7 @@ def test_checksum_mismatch_and_too_large_vocabulary_stop_training(tmp_path, toke
     raw = bytearray(shard.read_bytes())
     raw[100] ^= 1
     shard.write_bytes(bytes(raw))
-    r = tierax("train", str(cfg), "model.vocab_size=1024")
+    r = console_script("train", str(cfg), "model.vocab_size=1024")
     assert r.returncode == 2 and f"{shard}: checksum mismatch" in r.stderr, r.stderr
     assert not (tmp_path / "run").exists()
     with pytest.raises(TieraxError, match="checksum mismatch"):

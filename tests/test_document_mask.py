@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tierax import plan as P
+from tierax import plan as plan_lib
 from tierax.models import get_config
 from tierax.models.attention import causal_attention
 from tierax.models.documents import document_mask, target_weights
@@ -163,7 +163,9 @@ def test_packed_batch_equals_documents_run_separately(name, impl, plan):
     np.testing.assert_allclose(per_packed, per_alone, rtol=2e-5)
 
     grad = jax.jit(
-        jax.value_and_grad(S.make_loss_fn(graphdef, P.to_policies(P.preset(plan, cfg), cfg)))
+        jax.value_and_grad(
+            S.make_loss_fn(graphdef, plan_lib.to_policies(plan_lib.preset(plan, cfg), cfg))
+        )
     )
     lp, gp = grad(params, jnp.asarray(packed), jnp.asarray(seg))
     la, ga = grad(params, jnp.asarray(alone), jnp.asarray(alone_seg))

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from tierax import jaxpr_tools
-from tierax import plan as P
+from tierax import plan as plan_lib
 from tierax.models import abstract_model, get_config
 from tierax.models.flops import attention_forward_flops, train_flops
 from tierax.train import step as S
@@ -16,7 +16,7 @@ from tierax.train import step as S
 
 def traced_train_matmul_flops(cfg, batch, seq) -> int:
     graphdef, params = nnx.split(abstract_model(cfg))
-    loss = S.make_loss_fn(graphdef, P.to_policies(P.preset("save-all", cfg), cfg))
+    loss = S.make_loss_fn(graphdef, plan_lib.to_policies(plan_lib.preset("save-all", cfg), cfg))
     tokens = jax.ShapeDtypeStruct((batch, seq + 1), jnp.int32)
     return jaxpr_tools.matmul_flops(jax.make_jaxpr(jax.value_and_grad(loss))(params, tokens))
 

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from tierax import costmodel as cm
-from tierax import plan as P
+from tierax import plan as plan_lib
 from tierax.inventory import model_inventory
 from tierax.mesh import MeshShape
 from tierax.models import get_config
@@ -39,7 +39,7 @@ def test_llama405b_on_128_gb200_peak_host_and_transposed_stacks_match_xla(mesh):
 
     cfg = get_config("llama3.1-405b")
     shape: MeshShape = parse_mesh(mesh)
-    plan = P.preset("qkv-offload", cfg)
+    plan = plan_lib.preset("qkv-offload", cfg)
     inv = model_inventory(cfg, 2, 8192, shape.to_dict())
     pred = cm.simulate(plan, inv, cfg, cm.target_rates("gb200", cfg.dtype), "lhs")
     got, text = C.compile_for_target(cfg, plan, "gb200", microbatch=2, seq=8192, mesh=shape)

@@ -62,6 +62,21 @@ def _check_doc(doc: dict, presets: list[str], plans: list[str]):
         assert any("no host↔device transfers" in n for n in off["trace_notes"])
         assert off["verified"] is True
         assert all(v["passed"] for v in run["verify"]) and "verify_errors" not in run
+        # The time model against the clock: every plan's prediction beside its measured step,
+        # from rates measured in this run (the CPU rehearsal: tierax calibrate's entry).
+        for name in plans:
+            tm = recs[name]["time_model"]
+            assert tm["step_time_s"] > 0 and tm["terms_s"]["compute_s"] > 0
+            assert tm["error"] == pytest.approx(tm["step_time_s"] / recs[name]["step_time_s"] - 1)
+        assert all(
+            "measured by tierax calibrate" in run["model_rates"][k] for k in ("matmul", "hbm")
+        )
+    summary = doc["time_model"]
+    assert "collectives" in summary["note"] and "not checked" in summary["note"]
+    assert [p["xla_preset"] for p in summary["presets"]] == presets
+    for p in summary["presets"]:
+        assert set(plans) <= {r["plan"] for r in p["plans"]}
+        assert sorted(p["ranking_measured"]) == sorted(p["ranking_predicted"])
 
 
 def test_tiny_pipeline_one_preset(tmp_path):
@@ -104,12 +119,13 @@ def test_bad_arguments_exit_2(tmp_path):
 def test_script_needs_no_package_beyond_the_gpu_image():
     """The GPU machine has no registry: stdlib, jax, numpy, flax and tierax only (others come via
     tierax)."""
-    allowed = {"jax", "numpy", "flax", "tierax"} | set(sys.stdlib_module_names)
-    tree = ast.parse(SCRIPT.read_text())
-    roots = {
-        (n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
-        for n in ast.walk(tree)
-        if isinstance(n, (ast.Import, ast.ImportFrom))
-        for a in (n.names if isinstance(n, ast.Import) else [n])
-    }
-    assert roots <= allowed, roots - allowed
+    allowed = {"jax", "numpy", "flax", "tierax", "_common"} | set(sys.stdlib_module_names)
+    for script in (SCRIPT, SCRIPT.parent / "_common.py"):  # bench/_common: what it shares
+        tree = ast.parse(script.read_text())
+        roots = {
+            (n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.Import, ast.ImportFrom))
+            for a in (n.names if isinstance(n, ast.Import) else [n])
+        }
+        assert roots <= allowed, (script.name, roots - allowed)

@@ -152,3 +152,44 @@ def test_slices_read_only_the_slice_and_updates_write_in_place():
         jax.make_jaxpr(f)(sds(T, D), sds(1, D), jax.ShapeDtypeStruct((), jnp.int32))
     )
     assert fwd == (4 * D + 4 + 4 * D) + (4 * D + 4 + 4 * D)
+
+
+def test_a_sharded_weights_own_work_moves_its_shards_bytes():
+    """The cast of a float32 weight [D, F] to bfloat16 before its matmul (and of its transpose in
+    the backward) moves the shard's bytes when the mesh splits the weight 4 ways — XLA casts the
+    shard before gathering it; activations keep their bytes."""
+
+    def f(x, w):
+        return x.astype(jnp.bfloat16) @ w.astype(jnp.bfloat16)
+
+    jaxpr = jax.make_jaxpr(f)(sds(T, D), sds(D, F))
+    whole, _ = hbm.phase_bytes(jaxpr)
+    # x's cast: reads T·D float32, writes T·D bfloat16; w's cast: D·F float32 in, bfloat16 out.
+    assert whole == (4 + 2) * T * D + (4 + 2) * D * F
+    sharded, _ = hbm.phase_bytes(jaxpr, {(D, F): 4})
+    assert sharded == (4 + 2) * T * D + (4 + 2) * D * F / 4
+    # Its transpose [F, D] (a backward's operand) counts as the weight too.
+    jt = jax.make_jaxpr(lambda x, w: x.astype(jnp.bfloat16) @ w.T.astype(jnp.bfloat16))(
+        sds(T, F), sds(D, F)
+    )
+    assert hbm.phase_bytes(jt, {(D, F): 4})[0] == (4 + 2) * T * F + (4 + 2) * D * F / 4
+
+
+def test_the_inventory_counts_a_weights_work_per_shard_on_the_mesh():
+    """DeepSeek-V3's MoE layer at 8-way expert parallelism: a device casts its 32 of the 256
+    experts' weights (XLA's compile of the 5-layer model on 8 GB200s holds bf16[32,7168,2048]
+    casts), so the layer's non-matmul bytes fall by most of the expert weights' casts."""
+    from tierax.inventory import model_inventory
+    from tierax.models import apply_overrides
+
+    cfg = apply_overrides(
+        get_config("deepseek-v3-671b"),
+        ["num_layers=2", "first_dense_layers=1", "attention=blockwise"],
+    )
+    one = {g.name: g for g in model_inventory(cfg, 1, 256, {"expert": 1}).groups}
+    ep = {g.name: g for g in model_inventory(cfg, 1, 256, {"expert": 8}).groups}
+    # The three expert matrices (256 × 7168 × 2048 each, float32 cast to bfloat16: read 4 + write
+    # 2 bytes an element) alone: 7/8 of their forward cast bytes go.
+    expert_cast = 3 * 256 * 7168 * 2048 * (4 + 2)
+    drop = one["moe"].forward_hbm_bytes_per_layer - ep["moe"].forward_hbm_bytes_per_layer
+    assert drop >= expert_cast * 7 / 8

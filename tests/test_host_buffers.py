@@ -24,7 +24,7 @@ import pytest
 from tierax import compile as C
 from tierax import hlo
 from tierax import names as N
-from tierax import plan as P
+from tierax import plan as plan_lib
 from tierax.models import get_config
 from tierax.models.prefetch import OFFLOAD_SCOPE_PREFIX, prefetch_scan
 from tierax.models.tags import tag
@@ -34,14 +34,16 @@ SHAPE = {"microbatch": 2, "seq": 64}
 
 def _plan(
     cfg, per_group: dict[str, dict[str, str]], mechanism: str = "prefetch", segments=None
-) -> P.Plan:
+) -> plan_lib.Plan:
     groups = {}
     for g in cfg.layer_groups():
-        segs = tuple(P.Segment(a, b, pl) for a, b, pl in (segments or {}).get(g.name, []))
-        groups[g.name] = P.GroupPlan(
-            {N.DECODER_LAYER_INPUT: "device", **per_group.get(g.name, {})}, P.Placement.REMAT, segs
+        segs = tuple(plan_lib.Segment(a, b, pl) for a, b, pl in (segments or {}).get(g.name, []))
+        groups[g.name] = plan_lib.GroupPlan(
+            {N.DECODER_LAYER_INPUT: "device", **per_group.get(g.name, {})},
+            plan_lib.Placement.REMAT,
+            segs,
         )
-    return P.Plan("host-buffers", groups, mechanism=mechanism)
+    return plan_lib.Plan("host-buffers", groups, mechanism=mechanism)
 
 
 def _compile(model: str, plan_for):

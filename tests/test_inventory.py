@@ -7,7 +7,7 @@ import pytest
 
 from tierax import names as N
 from tierax.inventory import model_inventory
-from tierax.models import get_config
+from tierax.models import for_platform, get_config
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def test_recompute_flops_are_the_producing_matmuls(llama_inv):
 
 
 def test_state_bytes_shard_over_fsdp_and_expert():
-    cfg = get_config("deepseek-v3-671b")
+    cfg = for_platform(get_config("deepseek-v3-671b"), "cpu")
     one = model_inventory(cfg, 1, 256, {"data": 1, "fsdp": 1})
     sharded = model_inventory(cfg, 1, 256, {"data": 1, "fsdp": 16, "expert": 8})
     assert one.param_bytes == cfg.param_count() * 4

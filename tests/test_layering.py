@@ -35,13 +35,10 @@ LAYERS = [
             "tierax.models",
             "tierax.plan",
             "tierax.jaxpr_tools",
-            "tierax.interop.maxtext_keys",
-            "tierax.interop.maxtext",
-            "tierax.interop.model_files",
         ),
     ),
-    # tierax.interop itself and tierax.interop.planning (planning for another tool) sit above the
-    # planner.
+    # tierax.interop, other tools' formats, is one layer with the planner (its planning module
+    # plans for another tool); the core loaders below it read only tierax's own formats.
     (
         "analysis and training",
         (

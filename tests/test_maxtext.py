@@ -19,7 +19,7 @@ from tierax import plan as P
 from tierax import planner
 from tierax.cli import main
 from tierax.errors import TieraxError
-from tierax.interop import maxtext, maxtext_keys
+from tierax.interop import files, maxtext, maxtext_keys
 from tierax.inventory import Activation, GroupInventory, Inventory
 from tierax.models import get_config
 
@@ -60,7 +60,7 @@ def test_emitted_overrides_round_trip_to_the_same_plan(tmp_path, model, preset):
         return
     f = tmp_path / "mt.yml"
     f.write_text(emit(plan, cfg))
-    back = P.load_plan(str(f), cfg)
+    back = files.load_plan(str(f), cfg)
     assert back == plan
     data = yaml.safe_load(f.read_text())
     assert data["remat_policy"] == "custom" and data["base_config"] == "base.yml"
@@ -212,7 +212,7 @@ def test_plan_for_maxtext_emits_a_uniform_plan_and_reports_the_cost(tmp_path, ca
     printed = capsys.readouterr().out
     assert "MaxText restriction (one placement per name across layer groups)" in printed
     cfg = get_config("tiny-deepseek")
-    plan = P.load_plan(str(out), cfg)
+    plan = files.load_plan(str(out), cfg)
     assert not maxtext.conflicts(plan, cfg)
     assert "XLA_PYTHON_CLIENT_MEM_FRACTION=0.95" in out.read_text()
 
@@ -252,7 +252,7 @@ def test_overrides_written_for_another_model_are_refused_as_its_plan(tmp_path, c
     data = yaml.safe_load(f.read_text())
     keys = set(maxtext_keys.model_keys(deepseek)) | set(maxtext_keys.model_keys(llama))
     f.write_text(yaml.safe_dump({k: v for k, v in data.items() if k not in keys}))
-    assert P.load_plan(str(f), llama) == P.Plan.from_dict(
+    assert files.load_plan(str(f), llama) == P.Plan.from_dict(
         {
             "plan": "ds",
             "description": f"read from MaxText overrides {f}",
@@ -318,7 +318,8 @@ def test_every_name_in_every_placement_is_written_and_read_back(tmp_path, model)
         } | {name: placement}
         written = {n: data[n] for n in names}
         assert written == {n: p.value for n, p in expected.items()}, (name, placement)
-        assert P.resolve(P.load_plan(str(f), cfg), cfg) == P.resolve(plan, cfg), (name, placement)
+        back = files.load_plan(str(f), cfg)
+        assert P.resolve(back, cfg) == P.resolve(plan, cfg), (name, placement)
 
 
 # --- the one-placement-per-name constraint against brute force ------------------------------------

@@ -2,9 +2,6 @@
 
 import dataclasses
 import math
-import shutil
-import subprocess
-import sys
 
 import jax
 import pytest
@@ -25,14 +22,6 @@ from tierax.models import (
     get_config,
     load_model_config,
 )
-
-
-def tierax(*args):
-    exe = shutil.which("tierax") or None
-    cmd = [exe] if exe else [sys.executable, "-m", "tierax.cli"]
-    return subprocess.run(
-        cmd + list(args), capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL
-    )
 
 
 def traced_param_count(cfg) -> int:
@@ -57,18 +46,18 @@ def test_every_named_config_round_trips_through_yaml(name):
     d = config_to_dict(cfg)
     assert list(d) == ["family"] + [f.name for f in dataclasses.fields(cfg)]
     again = config_from_dict(yaml.safe_load(config_to_yaml(cfg)), source="test")
-    assert type(again) is type(cfg) and again == cfg
+    assert again == cfg  # dataclass equality: same family (class) and every field
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-deepseek", "deepseek-v3-671b"])
-def test_models_show_output_is_a_model_config_file(tmp_path, name):
-    shown = tierax("models", "show", name)
+def test_models_show_output_is_a_model_config_file(tmp_path, name, cli):
+    shown = cli("models", "show", name)
     assert shown.returncode == 0, shown.stderr
     f = tmp_path / f"{name}.yaml"
     f.write_text(shown.stdout)
     cfg = get_config(name)
     assert load_model_config(f) == cfg
-    r = tierax("plans", "--model-config", str(f), "--show", "save-all", "--yaml")
+    r = cli("plans", "--model-config", str(f), "--show", "save-all", "--yaml")
     assert r.returncode == 0, r.stderr
     assert r.stdout == plan_lib.preset("save-all", cfg).to_yaml()
 
@@ -328,10 +317,10 @@ def test_models_cli_in_process(capsys):
     assert e.value.code == 2
 
 
-# --- bad input: the console script ------------------------------------------------------
+# --- bad input: the command line --------------------------------------------------------
 
 
-def test_cli_bad_model_input_exits_2(tmp_path):
+def test_cli_bad_model_input_exits_2(tmp_path, cli):
     f = tmp_path / "bad.yaml"
     f.write_text(config_to_yaml(get_config("tiny-llama")).replace("mlp_dim:", "mlp_dimm:"))
     cases = [
@@ -345,7 +334,7 @@ def test_cli_bad_model_input_exits_2(tmp_path):
         ),
     ]
     for args, fragment in cases:
-        r = tierax(*args)
+        r = cli(*args)
         assert r.returncode == 2, (args, r.returncode, r.stderr)
         assert fragment in r.stderr, (args, r.stderr)
         assert "Traceback" not in r.stderr, (args, r.stderr)

@@ -17,7 +17,8 @@ import yaml
 from tierax.cli import main
 from tierax.errors import TieraxError
 from tierax.interop import maxtext
-from tierax.models import get_config, load_model_config
+from tierax.interop.files import load_model_config
+from tierax.models import get_config
 
 FIX = pathlib.Path(__file__).parent / "fixtures"
 CASES = [
@@ -53,7 +54,7 @@ def test_maxtext_model_keys_read_back_to_the_same_config(tmp_path, model):
     f = tmp_path / f"{model}.yml"
     f.write_text(yaml.safe_dump(maxtext.model_keys(cfg)))
     back = load_model_config(f)
-    expected = dataclasses.replace(cfg, name=f.stem, attention="blockwise")
+    expected = dataclasses.replace(cfg, name=f.stem, attention="auto")
     if (
         cfg.family == "deepseek"
     ):  # the capacity factor is a run setting (overrides), not a model key
@@ -190,3 +191,26 @@ def test_a_directory_where_a_file_is_wanted_is_called_a_directory(tmp_path, caps
         TieraxError, match="is a directory; give the text, JSONL or Parquet files in it"
     ):
         D.prepare_text(model_dir, tmp_path / "tokens")
+
+
+def test_only_interop_reads_other_tools_files(tmp_path):
+    """The core loaders read tierax's own formats; tierax.interop.files is where another tool's
+    model config or plan is recognised (the command line and the training config read through
+    it)."""
+    from tierax import models
+    from tierax import plan as plan_lib
+    from tierax.interop import files
+
+    hf = FIX / "hf" / "DeepSeek-V3.config.json"
+    with pytest.raises(TieraxError, match="missing 'family'"):
+        models.load_model_config(hf)
+    assert files.load_model_config(hf) == load_model_config(hf)
+    cfg = get_config("tiny-llama")
+    plan = plan_lib.preset("qkv-offload", cfg)
+    f = tmp_path / "mt.yml"
+    f.write_text(maxtext.overrides_yaml(plan, cfg, microbatch=2, seq=64, mesh={"fsdp": 2}))
+    with pytest.raises(TieraxError, match="unknown key"):
+        plan_lib.load_plan(str(f), cfg)
+    back = files.load_plan(str(f), cfg)
+    assert plan_lib.resolve(back, cfg) == plan_lib.resolve(plan, cfg)
+    assert files.load_plan("qkv-offload", cfg) == plan  # presets and tierax files as before

@@ -176,14 +176,17 @@ def test_expert_all_to_all_inside_and_tensor_all_reduce_across():
 
 
 def test_simulate_states_the_link_of_each_axis():
-    from tierax import plan as P
+    from tierax import plan as plan_lib
 
     inv = _inventory({"fsdp": 16})
-    plan = P.Plan(
+    plan = plan_lib.Plan(
         "p",
         {
-            "moe": P.GroupPlan(
-                {N.DECODER_LAYER_INPUT: P.Placement.DEVICE, N.MOE_MLPWI_0: P.Placement.REMAT}
+            "moe": plan_lib.GroupPlan(
+                {
+                    N.DECODER_LAYER_INPUT: plan_lib.Placement.DEVICE,
+                    N.MOE_MLPWI_0: plan_lib.Placement.REMAT,
+                }
             )
         },
     )

@@ -13,7 +13,6 @@ import time
 
 import pytest
 import yaml
-from test_cli import tierax
 
 from tierax.errors import TieraxError
 from tierax.fileio import check_output_dir, check_output_file, write_text_atomic
@@ -119,25 +118,25 @@ BAD = [
 
 
 @pytest.mark.parametrize("args, fragment", BAD, ids=[" ".join(a) for a, _ in BAD])
-def test_bad_input_is_one_line_and_exit_2(args, fragment):
-    r = tierax(*args)
+def test_bad_input_is_one_line_and_exit_2(args, fragment, console_script):
+    r = console_script(*args)
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert fragment in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
 
 
-def test_non_utf8_plan_file_and_report_inputs(tmp_path):
+def test_non_utf8_plan_file_and_report_inputs(tmp_path, console_script):
     plan = tmp_path / "plan.yaml"
     plan.write_bytes(b"plan: \xff\xfe\n")
-    r = tierax("simulate", "--plan", str(plan))
+    r = console_script("simulate", "--plan", str(plan))
     assert r.returncode == 2 and "is not UTF-8 text" in r.stderr and "Traceback" not in r.stderr
     existing = tmp_path / "exists.txt"
     existing.write_text("keep")
     rec = tmp_path / "bare.json"
     rec.write_text(json.dumps({"schema": "tierax.bench/1"}))
-    r = tierax("report", str(rec), "--out", str(tmp_path / "rep"))
+    r = console_script("report", str(rec), "--out", str(tmp_path / "rep"))
     assert r.returncode == 2 and "holds no per-plan records" in r.stderr
-    r = tierax(
+    r = console_script(
         "report",
         str(ROOT / "bench" / "results" / "demo-bench-tiny-deepseek.json"),
         "--out",
@@ -151,7 +150,7 @@ def test_non_utf8_plan_file_and_report_inputs(tmp_path):
     nan = json.loads((ROOT / "bench" / "results" / "demo-bench-tiny-deepseek.json").read_text())
     nan["records"][0]["step_time_s"] = float("nan")
     rec.write_text(json.dumps(nan))
-    r = tierax("report", str(rec), "--out", str(tmp_path / "rep"))
+    r = console_script("report", str(rec), "--out", str(tmp_path / "rep"))
     assert (
         r.returncode == 2
         and "not a positive number" in r.stderr
@@ -194,19 +193,21 @@ def _train_config(tmp_path, **extra) -> pathlib.Path:
     return f
 
 
-def test_train_output_dirs_are_checked_before_training(tmp_path):
+def test_train_output_dirs_are_checked_before_training(tmp_path, console_script):
     f = _train_config(tmp_path)
     blocker = tmp_path / "blocker"
     blocker.write_text("a file")
     t0 = time.monotonic()
-    r = tierax("train", str(f), f"log.dir={tmp_path / 'run'}", f"checkpoint.dir={blocker}")
+    r = console_script("train", str(f), f"log.dir={tmp_path / 'run'}", f"checkpoint.dir={blocker}")
     assert r.returncode == 2 and "checkpoint.dir" in r.stderr and "is a file" in r.stderr
-    r = tierax("train", str(f), "log.dir=/proc/x")
+    r = console_script("train", str(f), "log.dir=/proc/x")
     assert r.returncode == 2 and "log.dir '/proc/x'" in r.stderr
     assert time.monotonic() - t0 < 60 and not (tmp_path / "run").exists()
 
 
-def test_ctrl_c_stops_at_a_step_boundary_checkpoints_and_says_how_to_resume(tmp_path):
+def test_ctrl_c_stops_at_a_step_boundary_checkpoints_and_says_how_to_resume(
+    tmp_path, console_script
+):
     f = _train_config(tmp_path)
     run = tmp_path / "run"
     proc = subprocess.Popen(
@@ -241,22 +242,24 @@ def test_ctrl_c_stops_at_a_step_boundary_checkpoints_and_says_how_to_resume(tmp_
         f"stopped after step {steps[0]}; last checkpoint step {steps[0]}" in err
         and "--resume" in err
     )
-    resumed = tierax("train", str(f), f"log.dir={run}", "--resume")
+    resumed = console_script("train", str(f), f"log.dir={run}", "--resume")
     assert resumed.returncode == 0 and f"checkpoint step {steps[0]}" in resumed.stdout, (
         resumed.stderr
     )
 
 
-def test_a_damaged_newest_checkpoint_names_the_previous_good_one(tmp_path):
+def test_a_damaged_newest_checkpoint_names_the_previous_good_one(tmp_path, console_script):
     f = _train_config(tmp_path, steps=4, checkpoint={"every": 2, "keep": 3})
     run = tmp_path / "run"
-    assert tierax("train", str(f), f"log.dir={run}").returncode == 0
+    assert console_script("train", str(f), f"log.dir={run}").returncode == 0
     ckpts = run / "checkpoints"
     assert C.complete_steps(ckpts) == [2, 4]
     for p in (ckpts / "4" / "state").rglob("*"):
         if p.is_file() and p.stat().st_size > 0 and "metadata" not in p.name:
             p.write_bytes(b"\0" * 7)  # truncated array data
-    r = tierax("train", str(f), f"log.dir={run}", "steps=6", "optimizer.decay_steps=4", "--resume")
+    r = console_script(
+        "train", str(f), f"log.dir={run}", "steps=6", "optimizer.decay_steps=4", "--resume"
+    )
     assert r.returncode == 2, r.stderr
     assert (
         "reading checkpoint step 4 failed" in r.stderr
@@ -280,7 +283,7 @@ def _mount_tmpfs(where: pathlib.Path, size: str) -> bool:
         return False
 
 
-def test_a_full_disk_during_checkpointing_names_the_last_good_checkpoint(tmp_path):
+def test_a_full_disk_during_checkpointing_names_the_last_good_checkpoint(tmp_path, console_script):
     """A 3 MB filesystem holds one tiny-llama checkpoint (≈2 MB) but not two: the save that fails is
     reported in a few lines, naming the last complete checkpoint (not Orbax's hundreds of traceback
     lines)."""
@@ -291,7 +294,9 @@ def test_a_full_disk_during_checkpointing_names_the_last_good_checkpoint(tmp_pat
         )
     try:
         f = _train_config(tmp_path, steps=8, checkpoint={"every": 2, "keep": 5})
-        r = tierax("train", str(f), f"log.dir={tmp_path / 'run'}", f"checkpoint.dir={disk / 'ck'}")
+        r = console_script(
+            "train", str(f), f"log.dir={tmp_path / 'run'}", f"checkpoint.dir={disk / 'ck'}"
+        )
         assert r.returncode == 2, r.stderr
         assert "failed" in r.stderr and "the last good checkpoint is step 2" in r.stderr, r.stderr
         # Orbax's per-thread ERROR tracebacks (≈540 lines here before) are filtered. The abandoned

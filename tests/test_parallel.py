@@ -1,4 +1,4 @@
-"""Expert and tensor parallelism, the expert-parallel MoE and the tiled loss, on 8 host CPU devices.
+"""Expert and tensor parallelism and the expert-parallel MoE, on 8 host CPU devices.
 
 The sharded step must compute what the 1-device step computes: loss and gradients
 within 1e-5 (relative to the largest gradient entry), at a capacity that drops no
@@ -15,12 +15,11 @@ import pytest
 from jax.extend.core import jaxprs_in_params
 
 from tierax import names as N
-from tierax import plan as P
+from tierax import plan as plan_lib
 from tierax.errors import TieraxError
 from tierax.mesh import MeshShape, make_mesh, parse_mesh
 from tierax.models import get_config
 from tierax.models import moe as moe_lib
-from tierax.train import loss as loss_lib
 from tierax.train import sharding as sh
 from tierax.train import step as S
 
@@ -149,173 +148,6 @@ def test_model_reports_dropped_tokens_per_moe_layer():
     assert not drops(nnx.split(build_model(no_drop(cfg)))[0], params, tokens).any()
 
 
-# --- tiled cross-entropy --------------------------------------------------------------------------
-
-
-def _eqns(jaxpr):
-    """Every equation of a jaxpr, sub-jaxprs included."""
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for sub in jaxprs_in_params(eqn.params):
-            yield from _eqns(sub)
-
-
-def _max_float_elements(closed):
-    """Elements of the largest float array any equation of a jaxpr (sub-jaxprs included)
-    produces."""
-    sizes = [
-        int(np.prod(v.aval.shape))
-        for eqn in _eqns(closed.jaxpr)
-        for v in eqn.outvars
-        if hasattr(v.aval, "shape") and jnp.issubdtype(v.aval.dtype, jnp.floating)
-    ]
-    return max(sizes, default=0)
-
-
-def test_tiled_loss_equals_untiled_and_never_holds_full_logits():
-    B, S_, D, V = 4, 32, 16, 512
-    ks = jax.random.split(jax.random.key(0), 3)
-    h = jax.random.normal(ks[0], (B, S_, D))
-    w = jax.random.normal(ks[1], (D, V)) * D**-0.5
-    t = jax.random.randint(ks[2], (B, S_), 0, V)
-
-    def grad_fn(tiles):
-        return jax.value_and_grad(
-            lambda h, w: loss_lib.cross_entropy(h, w, t, tiles=tiles), argnums=(0, 1)
-        )
-
-    ref = jax.jit(grad_fn(1))(h, w)
-    logp = jax.nn.log_softmax(h @ w, -1)  # the textbook form
-    assert float(ref[0]) == pytest.approx(
-        float(-jnp.mean(jnp.take_along_axis(logp, t[..., None], -1))), rel=1e-6
-    )
-    for tiles in (2, 8):
-        _assert_close(jax.jit(grad_fn(tiles))(h, w), ref)
-        # Neither the forward nor the backward has a [B, S, V] array: at most one chunk's logits.
-        assert _max_float_elements(jax.make_jaxpr(grad_fn(tiles))(h, w)) == B * (S_ // tiles) * V
-    assert _max_float_elements(jax.make_jaxpr(grad_fn(1))(h, w)) == B * S_ * V
-
-
-@pytest.mark.parametrize("tiles", [1, 4])
-def test_loss_gradient_equals_autodiff_of_the_textbook_form(tiles):
-    """The loss's hand-written backward (softmax · g, then −g scattered at the targets) against
-    jax.grad of −mean(log_softmax[target]), on one device and with the batch split over 8."""
-    B, S_, D, V = 8, 16, 16, 384
-    ks = jax.random.split(jax.random.key(1), 3)
-    h = jax.random.normal(ks[0], (B, S_, D))
-    w = jax.random.normal(ks[1], (D, V)) * D**-0.5
-    t = jax.random.randint(ks[2], (B, S_), 0, V)
-    t = (
-        t.at[0, :4].set(V - 1).at[1, :4].set(0)
-    )  # the vocabulary's first and last entries as targets
-
-    def textbook(h, w):
-        logp = jax.nn.log_softmax(h @ w, -1)
-        return -jnp.mean(jnp.take_along_axis(logp, t[..., None], -1))
-
-    ref = jax.value_and_grad(textbook, argnums=(0, 1))(h, w)
-    got = jax.jit(
-        jax.value_and_grad(
-            lambda h, w: loss_lib.cross_entropy(h, w, t, tiles=tiles), argnums=(0, 1)
-        )
-    )(h, w)
-    _assert_close(got, ref)
-    mesh = MeshShape(data=2, fsdp=4).make()
-    split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp", "expert")))
-    hs, ts = jax.device_put(h, split), jax.device_put(t, split)
-    got = jax.jit(
-        jax.value_and_grad(
-            lambda h, w: loss_lib.cross_entropy(h, w, ts, tiles=tiles, mesh=mesh), argnums=(0, 1)
-        )
-    )(hs, w)
-    _assert_close(got, ref)
-
-
-def test_bfloat16_loss_backward_multiplies_in_bfloat16():
-    """In a bfloat16 step the head's two backward matmuls take bfloat16 operands (float32 logits,
-    float32
-    accumulation), and the gradients stay within bfloat16 rounding of the float32 textbook form."""
-    B, S_, D, V = 4, 16, 32, 512
-    ks = jax.random.split(jax.random.key(2), 3)
-    h = jax.random.normal(ks[0], (B, S_, D)).astype(jnp.bfloat16)
-    w = (jax.random.normal(ks[1], (D, V)) * D**-0.5).astype(jnp.bfloat16)
-    t = jax.random.randint(ks[2], (B, S_), 0, V)
-
-    def textbook(h, w):  # float32 throughout, from the same bfloat16 inputs
-        logp = jax.nn.log_softmax(h.astype(jnp.float32) @ w.astype(jnp.float32), -1)
-        return -jnp.mean(jnp.take_along_axis(logp, t[..., None], -1))
-
-    ref_loss, ref_grads = jax.value_and_grad(textbook, argnums=(0, 1))(h, w)
-    for tiles in (1, 4):
-        fn = jax.value_and_grad(
-            lambda h, w, tiles=tiles: loss_lib.cross_entropy(h, w, t, tiles=tiles), argnums=(0, 1)
-        )
-        loss, grads = jax.jit(fn)(h, w)
-        assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)  # the logits are float32
-        for g, r in zip(grads, ref_grads, strict=True):
-            assert g.dtype == jnp.bfloat16
-            g, r = np.asarray(g, np.float32), np.asarray(r, np.float32)
-            assert np.abs(g - r).max() <= 2e-2 * np.abs(r).max()
-
-        dots = [
-            tuple(str(v.aval.dtype) for v in eqn.invars)
-            for eqn in _eqns(jax.make_jaxpr(fn)(h, w).jaxpr)
-            if eqn.primitive.name == "dot_general"
-        ]
-        assert len(dots) >= 3 and all(d == ("bfloat16", "bfloat16") for d in dots), dots
-
-
-def test_tpu_loss_takes_compute_dtype_logits_and_matches_its_textbook_form():
-    """On TPU (``platform="tpu"``) the head's matmul outputs bfloat16 logits (MaxText's default
-    numerics): the loss is the textbook loss of those rounded logits, not of float32 ones, and the
-    gradients stay within bfloat16 rounding of that form's autodiff."""
-    B, S_, D, V = 4, 16, 32, 512
-    ks = jax.random.split(jax.random.key(3), 3)
-    h = jax.random.normal(ks[0], (B, S_, D)).astype(jnp.bfloat16)
-    # logits of a few units
-    w = (jax.random.normal(ks[1], (D, V)) * D**-0.5 * 8).astype(jnp.bfloat16)
-    t = jax.random.randint(ks[2], (B, S_), 0, V)
-
-    def textbook(h, w, dtype):
-        logits = jnp.einsum("bsd,dv->bsv", h, w, preferred_element_type=dtype).astype(jnp.float32)
-        logp = jax.nn.log_softmax(logits, -1)
-        return -jnp.mean(jnp.take_along_axis(logp, t[..., None], -1))
-
-    ref_loss, ref_grads = jax.value_and_grad(textbook, argnums=(0, 1))(h, w, jnp.bfloat16)
-    f32_loss = textbook(h, w, jnp.float32)
-    # the rounding shows
-    assert abs(float(ref_loss) - float(f32_loss)) > 1e-5 * abs(float(f32_loss))
-    for tiles in (1, 4):
-        fn = jax.value_and_grad(
-            lambda h, w, tiles=tiles: loss_lib.cross_entropy(h, w, t, tiles=tiles, platform="tpu"),
-            argnums=(0, 1),
-        )
-        loss, grads = jax.jit(fn)(h, w)
-        assert float(loss) == pytest.approx(float(ref_loss), rel=1e-6)
-        for g, r in zip(grads, ref_grads, strict=True):
-            g, r = np.asarray(g, np.float32), np.asarray(r, np.float32)
-            assert np.abs(g - r).max() <= 2e-2 * np.abs(r).max()
-        heads = [
-            e.outvars[0].aval.dtype
-            for e in _eqns(jax.make_jaxpr(fn)(h, w).jaxpr)
-            if e.primitive.name == "dot_general" and e.outvars[0].aval.shape[1:] == (S_ // tiles, V)
-        ]
-        # the logits come out in bfloat16
-        assert heads and all(d == jnp.bfloat16 for d in heads), heads
-    # Elsewhere the logits stay float32 (tests above): the GPU and CPU steps are unchanged.
-    assert loss_lib.logits_dtype(jnp.bfloat16, "gpu") == jnp.float32
-    assert loss_lib.logits_dtype(jnp.bfloat16, "tpu") == jnp.bfloat16
-
-
-def test_loss_tiles_must_divide_the_sequence():
-    with pytest.raises(
-        TieraxError, match=r"loss_tiles=5 does not divide the sequence length 32.*loss_tiles=4"
-    ):
-        loss_lib.check_tiles(5, 32)
-    with pytest.raises(TieraxError, match="loss_tiles must be an integer ≥ 1"):
-        dataclasses.replace(get_config("tiny-llama"), loss_tiles=0)
-
-
 # --- bad input ------------------------------------------------------------------------------------
 
 
@@ -389,7 +221,7 @@ def _reference(name, preset):
         tokens = S.synthetic_batch(cfg, BATCH, SEQ, seed=3)
         _REFS[key] = (
             tokens,
-            S.loss_and_grads(graphdef, cfg, P.preset(preset, cfg), params, tokens),
+            S.loss_and_grads(graphdef, cfg, plan_lib.preset(preset, cfg), params, tokens),
         )
     return _REFS[key]
 
@@ -403,7 +235,7 @@ def check_sharded_step(name, preset, mesh_kw, loss_tiles=1):
     loss8, grads8 = S.loss_and_grads(
         graphdef,
         cfg,
-        P.preset(preset, cfg),
+        plan_lib.preset(preset, cfg),
         params,
         jax.device_put(tokens, sh.batch_sharding(mesh)),
     )
@@ -437,7 +269,7 @@ def test_sharded_step_equals_one_device(name, preset, mesh_kw, loss_tiles):
 @pytest.mark.parametrize(
     "mesh_kw", MESHES, ids=lambda v: ",".join(f"{k}={n}" for k, n in v.items())
 )
-@pytest.mark.parametrize("preset", list(P.PRESETS))
+@pytest.mark.parametrize("preset", list(plan_lib.PRESETS))
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-deepseek"])
 def test_every_preset_on_every_mesh(name, preset, mesh_kw):
     check_sharded_step(name, preset, mesh_kw, loss_tiles=2)
@@ -457,8 +289,8 @@ def test_moe_names_are_where_the_remat_policy_sees_them(mechanism):
     cfg = no_drop(get_config("tiny-deepseek"))
     mesh = make_mesh(fsdp=2, expert=4)
     graphdef, params = nnx.split(abstract_model(cfg))
-    plan = dataclasses.replace(P.preset("deepseek-offload", cfg), mechanism=mechanism)
-    loss = S.make_loss_fn(graphdef, P.to_policies(plan, cfg), mesh)
+    plan = dataclasses.replace(plan_lib.preset("deepseek-offload", cfg), mechanism=mechanism)
+    loss = S.make_loss_fn(graphdef, plan_lib.to_policies(plan, cfg), mesh)
     closed = jax.make_jaxpr(loss)(params, jax.ShapeDtypeStruct((BATCH, SEQ + 1), jnp.int32))
 
     found = {}

@@ -70,8 +70,7 @@ def test_prefetch_mechanism_keeps_and_offloads_what_the_plan_says():
     names (the layer input is the scan's own residual); a group that offloads nothing gets a
     policy."""
     cfg = get_config("tiny-deepseek")
-    assert P.DEFAULT_MECHANISM == "prefetch"
-    pols = P.to_policies(MIXED, cfg)
+    pols = P.to_policies(MIXED, cfg)  # MIXED names no mechanism
     resolved = P.resolve(MIXED, cfg)
     for g in ("dense", "moe"):
         assert isinstance(pols[g], Prefetch)
@@ -106,22 +105,34 @@ def test_mechanism_round_trips_and_is_validated():
         P.Plan.from_yaml(plan.to_yaml().replace("mechanism: policy", "mechanism: prefech"))
 
 
+def _tagged(name: str):
+    x = jnp.ones((2, 3))
+    return jax.make_jaxpr(lambda v: checkpoint_name(v, name))(x).jaxpr.eqns[0], x
+
+
 def _decision(policy, name: str) -> str:
     """What a jax.checkpoint policy does with a value tagged ``name``: save, offload (to pinned
     host) or remat."""
-    x = jnp.ones((2, 3))
-    eqn = jax.make_jaxpr(lambda v: checkpoint_name(v, name))(x).jaxpr.eqns[0]
+    eqn, x = _tagged(name)
     return _kind(policy(eqn.primitive, x, **eqn.params))
 
 
 def _kind(d) -> str:
+    """A policy's decision named by the JAX policy that decides the same for a tagged value: saved,
+    offloaded device → pinned host, or recomputed (JAX's simple policies answer True / False)."""
     if isinstance(d, bool):
         return "save" if d else "remat"
-    kind = type(d).__name__
-    if kind == "Offloadable":
-        assert (d.src, d.dst) == ("device", "pinned_host")
-        return "offload"
-    return {"SaveableType": "save", "RecomputeType": "remat"}.get(kind, kind)
+    eqn, x = _tagged("t")
+    for kind, saved, offloaded in (("save", ["t"], []), ("offload", [], ["t"]), ("remat", [], [])):
+        ref = jax.checkpoint_policies.save_and_offload_only_these_names(
+            names_which_can_be_saved=saved,
+            names_which_can_be_offloaded=offloaded,
+            offload_src="device",
+            offload_dst="pinned_host",
+        )
+        if d == ref(eqn.primitive, x, **eqn.params):
+            return kind
+    raise AssertionError(f"not a decision of jax.checkpoint's: {d!r}")
 
 
 MIXED = P.Plan(

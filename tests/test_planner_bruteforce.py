@@ -40,7 +40,7 @@ import pytest
 
 from tierax import costmodel as cm
 from tierax import names as N
-from tierax import plan as P
+from tierax import plan as plan_lib
 from tierax import planner
 from tierax.inventory import Activation, GroupInventory, Inventory
 from tierax.models import get_config
@@ -61,7 +61,11 @@ STAGE = {"serial": 1, "lhs": 1, "lhs-pipelined": 2}
 CODES = np.array(
     list(itertools.product(range(3), repeat=8)), dtype=np.int64
 )  # 0 device, 1 offload, 2 remat
-PLACEMENT = {0: P.Placement.DEVICE, 1: P.Placement.OFFLOAD, 2: P.Placement.REMAT}
+PLACEMENT = {
+    0: plan_lib.Placement.DEVICE,
+    1: plan_lib.Placement.OFFLOAD,
+    2: plan_lib.Placement.REMAT,
+}
 
 
 def make_rates(link_d2h=20e9, link_h2d=16e9, matmul=1e12) -> cm.Rates:
@@ -175,8 +179,8 @@ def brute_force(inv: Inventory, rates: cm.Rates, schedule: str, mechanism: str =
     return peak + staging, host, seconds
 
 
-def codes_of(plan: P.Plan) -> np.ndarray:
-    r = P.resolve(plan, CFG)
+def codes_of(plan: plan_lib.Plan) -> np.ndarray:
+    r = plan_lib.resolve(plan, CFG)
     inverse = {v: k for k, v in PLACEMENT.items()}
     return np.array([inverse[r[g][n]] for g in ("dense", "moe") for n in NAMES[g]], dtype=np.int64)
 
@@ -280,7 +284,9 @@ def test_fixture_milp_equals_brute_force_every_schedule_and_budget(fixture_resul
 
 def test_fixtures_exercise_every_placement(fixture_results):
     seen = {PLACEMENT[int(c)] for *_, codes, _ in fixture_results for c in codes}
-    assert seen == set(P.Placement), f"placements never optimal: {set(P.Placement) - seen}"
+    assert seen == set(plan_lib.Placement), (
+        f"placements never optimal: {set(plan_lib.Placement) - seen}"
+    )
     # Offload wins somewhere under every hiding schedule, and loses to remat somewhere else.
     for schedule in ("lhs", "lhs-pipelined"):
         mine = [codes for s, _, _, codes, _ in fixture_results if s == schedule]

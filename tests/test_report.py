@@ -7,7 +7,6 @@ import shutil
 
 import pytest
 
-from tierax import cli
 from tierax.errors import TieraxError
 from tierax.report import report as R
 
@@ -18,21 +17,14 @@ GPU_TRACE = pathlib.Path(__file__).parent / "fixtures" / "gpu_synthetic_trace.js
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def _cli(monkeypatch, *args):
-    monkeypatch.setenv(
-        "JAX_PLATFORMS", "cpu"
-    )  # JAX already started (conftest): nothing left to configure
-    return cli.main(list(args))
-
-
 def _png_ok(path: pathlib.Path) -> bool:
     return path.read_bytes()[:8] == PNG and path.stat().st_size > 10_000
 
 
-def test_report_from_the_demo_results(monkeypatch, tmp_path, capsys):
+def test_report_from_the_demo_results(cli, tmp_path):
     out = tmp_path / "report"
-    rc = _cli(monkeypatch, "report", str(DEMO), "--out", str(out), "--trace", str(CPU_TRACE))
-    assert rc == 0
+    r = cli("report", DEMO, "--out", out, "--trace", CPU_TRACE)
+    assert r.returncode == 0
     assert _png_ok(out / "demo-bench-tiny-deepseek-throughput-vs-memory.png")
     assert _png_ok(out / "timeline.png")
     md = (out / "summary.md").read_text()
@@ -42,27 +34,25 @@ def test_report_from_the_demo_results(monkeypatch, tmp_path, capsys):
     assert "compiled temp" in md and "offloading is a no-op" in md
     assert "(demo-bench-tiny-deepseek-throughput-vs-memory.png)" in md and "(timeline.png)" in md
     assert "no host↔device transfers" in md  # the CPU trace says so instead of inventing transfers
-    assert "wrote" in capsys.readouterr().out
+    assert "wrote" in r.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]  # no temporary left behind
 
 
-def test_report_into_a_directory_holding_files_refuses_and_replaces_nothing(
-    tmp_path, monkeypatch, capsys
-):
+def test_report_into_a_directory_holding_files_refuses_and_replaces_nothing(tmp_path, cli):
     """One rule for output directories (as profile --out): new or empty, never another's files."""
     out = tmp_path / "mine"
     out.mkdir()
     (out / "summary.md").write_text("my own notes\n")
-    assert _cli(monkeypatch, "report", str(DEMO), "--out", str(out)) == 2
-    err = capsys.readouterr().err
-    assert "already exists and is not empty; nothing in it is deleted or replaced" in err
+    r = cli("report", DEMO, "--out", out)
+    assert r.returncode == 2
+    assert "already exists and is not empty; nothing in it is deleted or replaced" in r.stderr
     assert [p.name for p in out.iterdir()] == ["summary.md"]
     assert (out / "summary.md").read_text() == "my own notes\n"
     with pytest.raises(TieraxError, match="is not empty"):
         R.build_report([DEMO], out)  # the library applies the same rule
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert _cli(monkeypatch, "report", str(DEMO), "--out", str(empty)) == 0
+    assert cli("report", DEMO, "--out", empty).returncode == 0
     assert (empty / "summary.md").is_file()
 
 
@@ -193,53 +183,31 @@ def test_report_reads_gpu_check_results(tmp_path):
         ),
     ],
 )
-def test_bad_results_file_exits_2_and_writes_nothing(monkeypatch, tmp_path, capsys, make, fragment):
+def test_bad_results_file_exits_2_and_writes_nothing(cli, tmp_path, make, fragment):
     bad = tmp_path / "bad.json"
     make(bad)
     readme = _readme(tmp_path)
     before = readme.read_text()
-    rc = _cli(
-        monkeypatch,
-        "report",
-        str(DEMO),
-        str(bad),
-        "--out",
-        str(tmp_path / "r"),
-        "--readme",
-        str(readme),
-    )
-    err = capsys.readouterr().err
-    assert rc == 2 and fragment in err and "Traceback" not in err
+    r = cli("report", DEMO, bad, "--out", tmp_path / "r", "--readme", readme)
+    assert r.returncode == 2 and fragment in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "r").exists() and readme.read_text() == before
 
 
-def test_trace_dir_without_trace_exits_2_and_writes_nothing(monkeypatch, tmp_path, capsys):
+def test_trace_dir_without_trace_exits_2_and_writes_nothing(cli, tmp_path):
     empty = tmp_path / "no-trace"
     empty.mkdir()
     readme = _readme(tmp_path)
     before = readme.read_text()
-    rc = _cli(
-        monkeypatch,
-        "report",
-        str(DEMO),
-        "--out",
-        str(tmp_path / "r"),
-        "--trace",
-        str(empty),
-        "--readme",
-        str(readme),
-    )
-    assert rc == 2 and "holds no trace" in capsys.readouterr().err
+    r = cli("report", DEMO, "--out", tmp_path / "r", "--trace", empty, "--readme", readme)
+    assert r.returncode == 2 and "holds no trace" in r.stderr
     assert not (tmp_path / "r").exists() and readme.read_text() == before
 
 
-def test_readme_without_markers_exits_2_and_writes_nothing(monkeypatch, tmp_path, capsys):
+def test_readme_without_markers_exits_2_and_writes_nothing(cli, tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("# no markers\n")
-    rc = _cli(
-        monkeypatch, "report", str(DEMO), "--out", str(tmp_path / "r"), "--readme", str(readme)
-    )
-    assert rc == 2 and "perf-table:start" in capsys.readouterr().err
+    r = cli("report", DEMO, "--out", tmp_path / "r", "--readme", readme)
+    assert r.returncode == 2 and "perf-table:start" in r.stderr
     assert not (tmp_path / "r").exists() and readme.read_text() == "# no markers\n"
 
 
@@ -279,25 +247,13 @@ def test_chart_labels_never_overlap(tmp_path):
     assert _png_ok(tmp_path / "c.png")
 
 
-def test_measuring_verbs_have_help():
-    import shutil
-    import subprocess
-    import sys
-
-    exe = shutil.which("tierax")
-    cmd = [exe] if exe else [sys.executable, "-m", "tierax.cli"]
+def test_measuring_verbs_have_help(cli):
     for verb, fragment in (
         ("verify", "bfloat16 2e-2"),
         ("profile", "ui.perfetto.dev"),
         ("report", "perf-table"),
     ):
-        r = subprocess.run(
-            cmd + [verb, "--help"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            stdin=subprocess.DEVNULL,
-        )
+        r = cli(verb, "--help")
         assert (
             r.returncode == 0
             and f"usage: tierax {verb}" in r.stdout

@@ -12,9 +12,13 @@ import os
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import pytest
+from jax.ad_checkpoint import checkpoint_name
 
 from tierax import costmodel as cm
+from tierax import hbm
 from tierax import names as N
 from tierax import plan as P
 from tierax.costmodel import rates as rates_lib
@@ -35,6 +39,7 @@ CAL = {
         "matmul_flops_per_s": 1e12,
         "memory_bytes_per_s": 1e11,
         "first_touch_bytes_per_s": 1e10,
+        "transpose_read_elems_per_s": 2e9,
     }
 }
 
@@ -123,8 +128,9 @@ def test_cpu_rates_are_the_calibration_per_dtype_and_say_so():
         r = rates(dtype)
         assert r.matmul_flops_per_s == CAL["cpu"][f"matmul_flops_per_s_{dtype}"]
         assert (r.hbm_bytes_per_s, r.first_touch_bytes_per_s) == (1e11, 1e10)
+        assert r.transpose_read_elems_per_s == 2e9
         assert r.offload_is_real is False
-        for key in ("matmul", "hbm", "first_touch"):
+        for key in ("matmul", "hbm", "first_touch", "transposing_fusion"):
             assert r.sources[key].startswith("measured by tierax calibrate (hand-cal)"), key
     with pytest.raises(TieraxError, match="tierax calibrate"):
         cm.target_rates("cpu", "float32", calibration={})
@@ -180,6 +186,97 @@ def test_first_touch_counts_temporaries_above_the_mmap_threshold():
     assert first_touch_s(2 * MMAP_THRESHOLD_MAX_BYTES, inv, rates()) == 2 * 2**25 / 1e10
 
 
+def test_transposed_reads_by_hand():
+    """Weight gradients h^T·g of float32 operands g made elementwise in the backward (T·F elements
+    each): du·a·b reads du (a dot's result), a (the residual named mlpwi_0) and b (an unnamed
+    residual) and broadcasts nothing: slow only where a and b come from the stacks, 3·T·F reads
+    shared between them; du·a·2 broadcasts a literal: slow always, 2·T·F; du·a·c (c a row) is
+    materialised first, du·du2 (plain arrays) is fast, a bfloat16 operand is a plain copy: none
+    counted; x·hx ([T, D], hx a dot's result) reads the layer's input (the carry): 2·T·D."""
+    T, D, F = 8, 16, 32
+    f32 = jnp.float32
+    wg = (((0,), (0,)), ((), ()))  # contract the tokens of both operands
+
+    def step(x, wa, wb, wo, c, ct):
+        a = checkpoint_name(x @ wa, N.MLPWI_0)
+        b = x @ wb
+        ct = hbm.marker(ct)
+        du, du2 = ct @ wo.T, (ct * 3.0) @ wo.T  # [T, F]
+        hx = du @ wo  # [T, D]
+        return (
+            jax.lax.dot_general(x, du * a * b, wg),
+            jax.lax.dot_general(x, du * a * 2.0, wg),
+            jax.lax.dot_general(x, du * a * c[None, :], wg),
+            jax.lax.dot_general(x, du * du2, wg),
+            jax.lax.dot_general(x, (du * a).astype(jnp.bfloat16), wg),
+            jax.lax.dot_general(du, x * hx, wg),
+        )
+
+    shapes = ((T, D), (D, F), (D, F), (F, D), (F,), (T, D))
+    args = [jax.ShapeDtypeStruct(shape, f32) for shape in shapes]
+    r = hbm.transposed_reads(jax.make_jaxpr(step)(*args), residual_inputs=1)
+    assert r == {
+        "always": 2 * T * F,
+        "residual": 1.5 * T * F,
+        "carry": 2 * T * D,
+        "named": {N.MLPWI_0: 1.5 * T * F},
+    }
+
+
+def transposed_inventory() -> Inventory:
+    # Per layer, XLA:CPU's slow transposing fusions read 4 M elements whatever the plan, 1 M as
+    # an unnamed residual's share, 0.5 M as the carry's and 2 M as MLPWO's.
+    inv = inventory()
+    (g,) = inv.groups
+    acts = tuple(
+        dataclasses.replace(a, transposed_elems_per_layer=2e6 if a.name == N.MLPWO else 0.0)
+        for a in g.activations
+    )
+    g = dataclasses.replace(
+        g,
+        activations=acts,
+        transposed_always_elems_per_layer=4e6,
+        transposed_residual_elems_per_layer=1e6,
+        transposed_carry_elems_per_layer=0.5e6,
+    )
+    return dataclasses.replace(inv, groups=(g,))
+
+
+def test_transposing_fusion_term_by_hand():
+    """2 layers at 1e9 elements/s.  MLPWO recomputed: 4 M × 2 + the carry's 0.5 M × 2 = 9 ms;
+    save-all: + the residual's 1 M × 2 + MLPWO's 2 M × 2 = 15 ms; one layer (no loop, no
+    stacks): 4 ms whatever the plan; no rate (a GPU): 0."""
+    r = dataclasses.replace(rates(), transpose_read_elems_per_s=1e9)
+    inv = transposed_inventory()
+    keep = cm.simulate(plan(P.Placement.DEVICE), inv, CFG, r, "lhs")
+    remat = cm.simulate(plan(P.Placement.REMAT), inv, CFG, r, "lhs")
+    assert keep.breakdown["transpose_s"] == pytest.approx(0.015, rel=1e-12)
+    assert remat.breakdown["transpose_s"] == pytest.approx(0.009, rel=1e-12)
+    want = expected("float32", "save-all")["step_time_s"] + 0.015
+    assert keep.step_time_s == pytest.approx(want)
+    one = dataclasses.replace(inv, groups=(dataclasses.replace(inv.groups[0], num_layers=1),))
+    for placement in (P.Placement.DEVICE, P.Placement.REMAT):
+        got = cm.simulate(plan(placement), one, CFG, r, "lhs").breakdown["transpose_s"]
+        assert got == pytest.approx(0.004, rel=1e-12)
+    no_rate = dataclasses.replace(r, transpose_read_elems_per_s=0.0)  # a GPU: no such term
+    gpu_like = cm.simulate(plan(P.Placement.DEVICE), inv, CFG, no_rate, "lhs")
+    assert gpu_like.breakdown["transpose_s"] == 0
+
+
+def test_planner_weighs_transposing_fusions():
+    """Recomputing MLPWO costs 6.12 ms; keeping it (no remat at all) 0.58 ms of fresh memory (58
+    MB at 100 GB/s) and 6 M more slow reads: 0.6 ms at 1e10 elements/s (the planner keeps it),
+    6 ms at 1e9 (it recomputes)."""
+    from tierax import planner
+
+    for rate, want in ((1e10, P.Placement.DEVICE), (1e9, P.Placement.REMAT)):
+        r = dataclasses.replace(
+            rates(), first_touch_bytes_per_s=1e11, transpose_read_elems_per_s=rate
+        )
+        got = planner.plan(CFG, transposed_inventory(), r, schedule="lhs").plan
+        assert P.resolve(got, CFG)["decoder"][N.MLPWO] is want, rate
+
+
 def test_microbenchmarks_measure_positive_rates():
     mix = harness.matmul_mix_rate("float32", shapes=((96, 32, 64),), repeats=2)
     roles = ["forward", "input-gradient", "weight-gradient"]
@@ -187,6 +284,10 @@ def test_microbenchmarks_measure_positive_rates():
     assert all(g["shape"] == [96, 32, 64] and g["flops_per_s"] > 0 for g in mix["gemms"])
     mem = harness.stream_and_first_touch(4 << 20, repeats=3)
     assert mem["memory_bytes_per_s"] > 0 and mem["first_touch_bytes_per_s"] > 0
+    assert harness.transposed_fusion_rate((64, 96), repeats=2)["elems_per_s"] > 0
+    small = {"tokens": 64, "width": 32, "mlp": 48, "heads": 2, "seq": 16}
+    nm = harness.nonmatmul_rate(small, repeats=2)
+    assert nm["bytes_per_s"] > 0 and nm["model_bytes"] > 0
 
 
 def test_calibration_file_reaches_simulate_through_the_cli(tmp_path):

@@ -14,7 +14,6 @@ import pathlib
 
 import pytest
 
-from tierax import cli
 from tierax.errors import TieraxError
 from tierax.measure import profile as profile_lib
 from tierax.measure import trace as T
@@ -245,19 +244,12 @@ def test_damaged_trace_is_a_clear_error(tmp_path):
 # --- the profile verb (one real capture on CPU) -------------------------------------------------
 
 
-def _cli(monkeypatch, *args):
-    # The test process already started JAX (conftest); with JAX_PLATFORMS set, the verbs'
-    # xla_flags.configure has nothing left to set and does not refuse.
-    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-    return cli.main(list(args))
-
-
-def test_profile_refuses_a_non_empty_out_and_deletes_nothing(monkeypatch, tmp_path, capsys):
+def test_profile_refuses_a_non_empty_out_and_deletes_nothing(cli, tmp_path):
     out = tmp_path / "prof"
     out.mkdir()
     (out / "keep.txt").write_text("the user's file")
-    rc = _cli(monkeypatch, "profile", "--model", "tiny-llama", "--out", str(out))
-    assert rc == 2 and "not empty; nothing in it is deleted" in capsys.readouterr().err
+    r = cli("profile", "--model", "tiny-llama", "--out", str(out))
+    assert r.returncode == 2 and "not empty; nothing in it is deleted" in r.stderr
     assert [p.name for p in out.iterdir()] == ["keep.txt"] and (
         out / "keep.txt"
     ).read_text() == "the user's file"
@@ -272,11 +264,10 @@ def test_profile_default_out_never_replaces_an_earlier_profile(monkeypatch, tmp_
     assert profile_lib.fresh_dir(tmp_path / "profiles" / "new") == tmp_path / "profiles" / "new"
 
 
-def test_profile_verb_writes_trace_and_analysis(monkeypatch, tmp_path, capsys):
+def test_profile_verb_writes_trace_and_analysis(cli, tmp_path):
     out = tmp_path / "prof"
     out.mkdir()  # an empty directory may be given
-    rc = _cli(
-        monkeypatch,
+    r = cli(
         "profile",
         "--model",
         "tiny-llama",
@@ -294,13 +285,12 @@ def test_profile_verb_writes_trace_and_analysis(monkeypatch, tmp_path, capsys):
         str(out),
         "--json",
     )
-    doc = json.loads(capsys.readouterr().out)
-    assert rc == 0
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0
     assert doc == json.loads(
         (out / "profile.json").read_text()
     )  # --json prints the record it wrote
-    rc = _cli(
-        monkeypatch,
+    r = cli(
         "profile",
         "--model",
         "tiny-llama",
@@ -317,8 +307,8 @@ def test_profile_verb_writes_trace_and_analysis(monkeypatch, tmp_path, capsys):
         "--out",
         str(tmp_path / "prof2"),
     )
-    text = capsys.readouterr().out
-    assert rc == 0
+    text = r.stdout
+    assert r.returncode == 0
     doc = json.loads((out / "profile.json").read_text())
     assert (
         doc["schema"] == PROFILE_SCHEMA
@@ -333,11 +323,9 @@ def test_profile_verb_writes_trace_and_analysis(monkeypatch, tmp_path, capsys):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left behind
 
 
-def test_profile_unknown_plan_exits_2_and_writes_nothing(monkeypatch, tmp_path, capsys):
+def test_profile_unknown_plan_exits_2_and_writes_nothing(cli, tmp_path):
     out = tmp_path / "prof"
-    rc = _cli(
-        monkeypatch, "profile", "--model", "tiny-llama", "--plan", "qkv-ofload", "--out", str(out)
-    )
-    assert rc == 2
-    assert "neither a preset" in capsys.readouterr().err
+    r = cli("profile", "--model", "tiny-llama", "--plan", "qkv-ofload", "--out", str(out))
+    assert r.returncode == 2
+    assert "neither a preset" in r.stderr
     assert not out.exists()

@@ -15,10 +15,9 @@ import numpy as np
 import pytest
 import tokenizer_files as TF
 import yaml
-from test_cli import tierax
 
 from tierax import launch
-from tierax import plan as P
+from tierax import plan as plan_lib
 from tierax.errors import TieraxError
 from tierax.measure import gate
 from tierax.models import get_config
@@ -238,7 +237,7 @@ def test_gradient_accumulation_equals_one_big_batch():
 
     cfg = get_config("tiny-llama")
     opt = optax.sgd(1.0)  # new params = params − gradient: compares the gradients themselves
-    plan = P.preset("minimal", cfg)
+    plan = plan_lib.preset("minimal", cfg)
     tokens = S.synthetic_batch(cfg, 4, 16, seed=5)
     graphdef, big = S.init_state(cfg, opt)
     acc = jax.tree.map(jax.numpy.copy, big)  # the step donates its state
@@ -312,7 +311,7 @@ def test_validation_tokens_and_epochs_are_logged_and_other_data_is_refused(tmp_p
     tokens = np.stack([corpus.read(w * 32, 33) for w in range(8)])
     segs = np.stack([corpus.segments(w * 32, 33) for w in range(8)])
     graphdef, _ = S.init_params(cfg.model)
-    loss_fn = jax.jit(S.make_loss_fn(graphdef, P.to_policies(cfg.plan, cfg.model)))
+    loss_fn = jax.jit(S.make_loss_fn(graphdef, plan_lib.to_policies(cfg.plan, cfg.model)))
     mine = np.mean([float(loss_fn(params, tokens[i : i + 4], segs[i : i + 4])) for i in (0, 4)])
     assert val[6] == pytest.approx(mine, rel=1e-5)
     D.prepare([docs], tmp_path / "other", tokenizer=str(tok), validation_fraction=0.2)
@@ -396,7 +395,9 @@ def _losses(run_dir) -> dict[int, float]:
     return out
 
 
-def test_kill_after_a_checkpoint_then_resume_is_bitwise_identical(tmp_path, token_dir):
+def test_kill_after_a_checkpoint_then_resume_is_bitwise_identical(
+    tmp_path, token_dir, console_script
+):
     """SIGKILL a `tierax train` process after its step-10 checkpoint is committed; `--resume`
     continues to step 20 with the same losses, bit for bit (CPU), as an uninterrupted run."""
     f = tmp_path / "run.yaml"
@@ -428,7 +429,7 @@ def test_kill_after_a_checkpoint_then_resume_is_bitwise_identical(tmp_path, toke
     assert proc.returncode == -signal.SIGKILL
     assert C.complete_steps(cut / "checkpoints") == [10]  # killed before step 20
 
-    resumed = tierax("train", str(f), f"log.dir={cut}", "--resume")
+    resumed = console_script("train", str(f), f"log.dir={cut}", "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming from" in resumed.stdout and "checkpoint step 10" in resumed.stdout
     a, b = _losses(tmp_path / "whole"), _losses(cut)
@@ -439,7 +440,7 @@ def test_kill_after_a_checkpoint_then_resume_is_bitwise_identical(tmp_path, toke
     assert C.complete_steps(cut / "checkpoints") == [10, 20]
 
 
-def test_cli_bad_input_exits_2_without_writing_and_divergence_exits_1(tmp_path):
+def test_cli_bad_input_exits_2_without_writing_and_divergence_exits_1(tmp_path, console_script):
     f = tmp_path / "run.yaml"
     f.write_text(yaml.safe_dump(small(log__dir=str(tmp_path / "out"))))
     cases = [
@@ -451,14 +452,14 @@ def test_cli_bad_input_exits_2_without_writing_and_divergence_exits_1(tmp_path):
         (["cpu_devices=2"], "mesh data=1,fsdp=1,tensor=1,expert=1 = 1 devices, but cpu_devices=2"),
     ]
     for overrides, fragment in cases:
-        r = tierax("train", str(f), *overrides)
+        r = console_script("train", str(f), *overrides)
         assert r.returncode == 2, (overrides, r.stderr)
         assert fragment in r.stderr and "Traceback" not in r.stderr, r.stderr
-    r = tierax("train", str(tmp_path / "nope.yaml"))
+    r = console_script("train", str(tmp_path / "nope.yaml"))
     assert r.returncode == 2 and "does not exist" in r.stderr
     assert not (tmp_path / "out").exists()
     # Divergence is not bad input: exit 1, the step named, no traceback.
-    r = tierax("train", str(f), "debug.nan_at_step=3", "checkpoint.every=2")
+    r = console_script("train", str(f), "debug.nan_at_step=3", "checkpoint.every=2")
     assert r.returncode == 1, r.stderr
     assert "step 3: loss is nan" in r.stderr and "last good checkpoint is step 2" in r.stderr
     assert "Traceback" not in r.stderr

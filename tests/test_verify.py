@@ -13,15 +13,14 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from tierax import cli
-from tierax import plan as P
+from tierax import plan as plan_lib
 from tierax.errors import TieraxError
 from tierax.measure import verify as V
 from tierax.models import abstract_model, get_config
 
 MB, SEQ = 2, 16
 OTHER_PRESETS = [
-    n for n in P.PRESETS if n != V.REFERENCE_PLAN
+    n for n in plan_lib.PRESETS if n != V.REFERENCE_PLAN
 ]  # save-all against itself: the CLI tests
 
 
@@ -30,7 +29,7 @@ def every_preset(request):
     """One reference and one compile per (model, preset)."""
     cfg = get_config(request.param)
     return cfg, V.verify_plans(
-        cfg, [P.preset(n, cfg) for n in OTHER_PRESETS], microbatch=MB, seq=SEQ
+        cfg, [plan_lib.preset(n, cfg) for n in OTHER_PRESETS], microbatch=MB, seq=SEQ
     )
 
 
@@ -171,7 +170,7 @@ def test_the_stacked_residual_program_is_right_when_it_reads_the_right_slot(monk
     offset."""
     _wrong_scan_iteration(monkeypatch, offset=0)
     cfg = get_config("tiny-llama")
-    r = V.verify_plan(cfg, P.preset("minimal", cfg), microbatch=MB, seq=SEQ)
+    r = V.verify_plan(cfg, plan_lib.preset("minimal", cfg), microbatch=MB, seq=SEQ)
     assert r.passed, r.worst_leaves
 
 
@@ -179,7 +178,7 @@ def test_residual_read_from_the_neighbouring_iteration_fails_and_names_the_leave
     _wrong_scan_iteration(monkeypatch, offset=1)
     cfg = get_config("tiny-llama")
     r = V.verify_plan(
-        cfg, P.preset("minimal", cfg), microbatch=MB, seq=SEQ
+        cfg, plan_lib.preset("minimal", cfg), microbatch=MB, seq=SEQ
     )  # the reference has no remat path
     _fails_upstream_only(r)
     assert r.worst_leaves[0].path in r.failing_leaves
@@ -194,7 +193,7 @@ def test_wrong_custom_vjp_fails_and_names_the_leaves(monkeypatch, model):
     # The lossy variant replaces jax.checkpoint, which runs the layer under XLA's offload policy.
     r = V.verify_plan(
         cfg,
-        dataclasses.replace(P.preset("qkv-offload", cfg), mechanism="policy"),
+        dataclasses.replace(plan_lib.preset("qkv-offload", cfg), mechanism="policy"),
         microbatch=MB,
         seq=SEQ,
     )
@@ -255,7 +254,7 @@ def test_nan_and_loss_mismatch_fail():
 def test_bad_sizes_and_unknown_plan_are_clear_errors():
     cfg = get_config("tiny-llama")
     with pytest.raises(TieraxError, match="microbatch ≥ 1"):
-        V.verify_plan(cfg, P.preset("save-all", cfg), microbatch=0, seq=SEQ)
+        V.verify_plan(cfg, plan_lib.preset("save-all", cfg), microbatch=0, seq=SEQ)
     with pytest.raises(TieraxError, match="neither a preset"):
         V.verify_plan(cfg, "qkv-ofload", microbatch=MB, seq=SEQ)
 
@@ -263,16 +262,8 @@ def test_bad_sizes_and_unknown_plan_are_clear_errors():
 # --- CLI ------------------------------------------------------------------------------------
 
 
-def _cli(monkeypatch, *args):
-    monkeypatch.setenv(
-        "JAX_PLATFORMS", "cpu"
-    )  # JAX already started (conftest): nothing left to configure
-    return cli.main(list(args))
-
-
-def test_verify_verb_exit_0_json(monkeypatch, capsys):
-    rc = _cli(
-        monkeypatch,
+def test_verify_verb_exit_0_json(cli):
+    r = cli(
         "verify",
         "--model",
         "tiny-llama",
@@ -284,16 +275,15 @@ def test_verify_verb_exit_0_json(monkeypatch, capsys):
         "16",
         "--json",
     )
-    doc = json.loads(capsys.readouterr().out)
-    assert rc == 0 and doc["passed"] is True
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["passed"] is True
     assert doc["command"].startswith("tierax ") and doc["jax_version"] == jax.__version__
     assert doc["machine"]["platform"] == "cpu" and doc["results"][0]["plan"] == "save-all"
 
 
-def test_verify_verb_exit_1_names_the_leaf(monkeypatch, capsys):
+def test_verify_verb_exit_1_names_the_leaf(cli, monkeypatch):
     _wrong_scan_iteration(monkeypatch)
-    rc = _cli(
-        monkeypatch,
+    r = cli(
         "verify",
         "--model",
         "tiny-llama",
@@ -304,23 +294,22 @@ def test_verify_verb_exit_1_names_the_leaf(monkeypatch, capsys):
         "--seq",
         "16",
     )
-    out = capsys.readouterr().out
-    assert rc == 1 and "FAIL minimal" in out
+    out = r.stdout
+    assert r.returncode == 1 and "FAIL minimal" in out
     assert (
         UPSTREAM in out and "head/kernel" not in out
     )  # the wrong leaves are named, the right ones are not
 
 
-def test_verify_verb_unknown_plan_exits_2(monkeypatch, capsys):
-    rc = _cli(monkeypatch, "verify", "--model", "tiny-llama", "--plan", "save-al")
-    assert rc == 2 and "neither a preset" in capsys.readouterr().err
+def test_verify_verb_unknown_plan_exits_2(cli):
+    r = cli("verify", "--model", "tiny-llama", "--plan", "save-al")
+    assert r.returncode == 2 and "neither a preset" in r.stderr
 
 
-def test_bench_verify_failure_runs_no_bench(monkeypatch, tmp_path, capsys):
+def test_bench_verify_failure_runs_no_bench(cli, monkeypatch, tmp_path):
     out = tmp_path / "bench.json"
     _wrong_scan_iteration(monkeypatch)
-    rc = _cli(
-        monkeypatch,
+    r = cli(
         "bench",
         "--model",
         "tiny-llama",
@@ -336,16 +325,15 @@ def test_bench_verify_failure_runs_no_bench(monkeypatch, tmp_path, capsys):
         "--out",
         str(out),
     )
-    err = capsys.readouterr().err
-    assert rc == 1
+    err = r.stderr
+    assert r.returncode == 1
     assert "no benchmark was run" in err and UPSTREAM in err
     assert not out.exists()
 
 
-def test_bench_verify_pass_records_checks_and_memory(monkeypatch, tmp_path, capsys):
+def test_bench_verify_pass_records_checks_and_memory(cli, tmp_path):
     out = tmp_path / "bench.json"
-    rc = _cli(
-        monkeypatch,
+    r = cli(
         "bench",
         "--model",
         "tiny-llama",
@@ -361,7 +349,7 @@ def test_bench_verify_pass_records_checks_and_memory(monkeypatch, tmp_path, caps
         "--out",
         str(out),
     )
-    assert rc == 0, capsys.readouterr().err
+    assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
     assert [v["plan"] for v in doc["verify"]] == ["save-all"] and doc["verify"][0]["passed"] is True
     rec = doc["records"][0]
@@ -372,7 +360,7 @@ def test_bench_verify_pass_records_checks_and_memory(monkeypatch, tmp_path, caps
     assert "memory_stats() is None" in doc["memory_note"]
 
 
-def test_verify_on_a_mesh_runs_every_program_sharded_on_it(monkeypatch, capsys):
+def test_verify_on_a_mesh_runs_every_program_sharded_on_it(cli, monkeypatch):
     """verify takes the mesh every other verb takes; the plan and save-all both run on it."""
     seen = []
     original = V.compiled_step
@@ -382,8 +370,7 @@ def test_verify_on_a_mesh_runs_every_program_sharded_on_it(monkeypatch, capsys):
         return original(graphdef, plan, cfg, params, tokens, mesh)
 
     monkeypatch.setattr(V, "compiled_step", spy)
-    rc = _cli(
-        monkeypatch,
+    r = cli(
         "verify",
         "--model",
         "tiny-llama",
@@ -397,8 +384,8 @@ def test_verify_on_a_mesh_runs_every_program_sharded_on_it(monkeypatch, capsys):
         "16",
         "--json",
     )
-    doc = json.loads(capsys.readouterr().out)
-    assert rc == 0 and doc["passed"] is True, doc
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["passed"] is True, doc
     want = {"data": 1, "fsdp": 4, "tensor": 2, "expert": 1}
     assert doc["mesh"] == want
     assert seen == [("save-all", want), ("qkv-offload", want)]
@@ -414,7 +401,8 @@ def test_verify_on_a_mesh_runs_every_program_sharded_on_it(monkeypatch, capsys):
         (["--mesh", "fsdp=2,tensor=4"], "num_kv_heads=2 is not divisible by tensor=4"),
     ],
 )
-def test_verify_refuses_a_mesh_the_model_or_batch_cannot_take(monkeypatch, capsys, args, fragment):
+def test_verify_refuses_a_mesh_the_model_or_batch_cannot_take(cli, monkeypatch, args, fragment):
     monkeypatch.setattr(V, "compiled_step", lambda *a, **k: pytest.fail("compiled before refusing"))
-    assert _cli(monkeypatch, "verify", "--model", "tiny-llama", "--plan", "minimal", *args) == 2
-    assert fragment in capsys.readouterr().err
+    r = cli("verify", "--model", "tiny-llama", "--plan", "minimal", *args)
+    assert r.returncode == 2
+    assert fragment in r.stderr

@@ -4,7 +4,6 @@ import json
 import pathlib
 
 import pytest
-from test_cli import tierax
 
 from tierax import costmodel as cm
 from tierax import hardware, planner, whatif
@@ -78,7 +77,7 @@ def llama_sweep():
     (with the prefetching scan's whole-layer window, offloading already pays at 5 GB/s).
     The loss is tiled (16 tiles) as a run at this size would be: untiled, the float32 logits and
     their gradient (2 × 31 GiB) leave so little room that even the slow link's plan must offload."""
-    cfg = apply_overrides(get_config("llama3-8b"), ["loss_tiles=16"])
+    cfg = apply_overrides(get_config("llama3-8b"), ["loss_tiles=16", "attention=blockwise"])
     mesh = {"data": 1, "fsdp": 8, "tensor": 1, "expert": 1}
     rates = cm.target_rates("h200", cfg.dtype)
     solve = whatif.plan_solver(
@@ -110,9 +109,9 @@ def test_sweep_points_are_the_planners_own_answers(llama_sweep):
     assert points[-1].tflops_per_device > points[-1].reference["remat-full"]
 
 
-def test_plan_sweep_cli_writes_table_png_and_record(tmp_path):
+def test_plan_sweep_cli_writes_table_png_and_record(tmp_path, console_script):
     out = tmp_path / "frontier.png"
-    r = tierax(
+    r = console_script(
         "plan",
         "--model",
         "llama3-8b",
@@ -146,7 +145,9 @@ def test_plan_sweep_cli_writes_table_png_and_record(tmp_path):
         / "demo-bench-tiny-deepseek.json"
     )
     rep = tmp_path / "report"
-    r = tierax("report", str(demo), "--sweep", str(out.with_suffix(".json")), "--out", str(rep))
+    r = console_script(
+        "report", str(demo), "--sweep", str(out.with_suffix(".json")), "--out", str(rep)
+    )
     assert r.returncode == 0, r.stderr
     summary = (rep / "summary.md").read_text()
     assert (
@@ -154,7 +155,7 @@ def test_plan_sweep_cli_writes_table_png_and_record(tmp_path):
         and "![planner frontier](frontier-frontier.png)" in summary
     )
     assert "| 220 | yes |" in summary and (rep / "frontier-frontier.png").stat().st_size > 20_000
-    r = tierax("report", str(demo), "--sweep", str(demo), "--out", str(tmp_path / "bad"))
+    r = console_script("report", str(demo), "--sweep", str(demo), "--out", str(tmp_path / "bad"))
     assert r.returncode == 2 and "tierax.sweep/1" in r.stderr and not (tmp_path / "bad").exists()
 
 
@@ -167,8 +168,8 @@ def test_plan_sweep_cli_writes_table_png_and_record(tmp_path):
         (["compile", "--target", "vr200"], "is a projection"),
     ],
 )
-def test_what_if_bad_input_exits_2(args, fragment):
-    r = tierax(*args)
+def test_what_if_bad_input_exits_2(args, fragment, console_script):
+    r = console_script(*args)
     assert r.returncode == 2 and fragment in r.stderr, r.stderr
 
 

@@ -39,6 +39,7 @@ from tierax.errors import TieraxError
 from tierax.jaxpr_tools import GROUP_SCOPE_PREFIX
 from tierax.mesh import MeshShape
 from tierax.models import abstract_model
+from tierax.models.config import require_concrete_attention
 from tierax.models.prefetch import OFFLOAD_SCOPE_PREFIX
 from tierax.target_config import render_target_config, scheduling_target_config
 from tierax.train import sharding as sh
@@ -187,8 +188,9 @@ def gpu_topology(target_config: str, devices: int, target: str):
     if at and 0 < int(at.group(1)) <= len(lines):
         detail += f" (line {at.group(1)}: {lines[int(at.group(1)) - 1].strip()!r})"
     raise TieraxError(
-        f"jaxlib {jax.__version__} rejected the target config for {target!r}: {detail}. Remove or "
-        "fix that field (shared/gpu-targets/README.md lists fields this jaxlib rejects)"
+        f"jaxlib {jax.__version__} rejected the target config for {target!r}: {detail}. Give a "
+        "GpuTargetConfigProto text file without that field (or with it fixed) as --target-config "
+        "(see `tierax compile --help`)"
     )
 
 
@@ -361,6 +363,7 @@ def compile_for_target(
     (``mesh`` default: one device).
     ``xla_preset`` is recorded only: the flags must already be set (tierax.xla_flags.configure).
     """
+    require_concrete_attention(cfg, "compile")
     spec = hardware.get_target(target)
     tpu = spec.kind == "tpu"
     shape = mesh or MeshShape()
@@ -444,8 +447,8 @@ def compile_for_target(
     if tpu and tpu_temp_includes_host():
         # libtpu 0.0.42's temp_size_in_bytes sums every memory space's temp: its host (cmem)
         # allocation, the offloaded residuals, is in it as well as in host_temp_size_in_bytes
-        # (Llama 3 8B on v5p: a 16 GiB color-5 buffer = host temp, inside 93.0 GiB of temp; the
-        # HBM space's own total was 78.8 GiB).
+        # (seen as a color-5 buffer of exactly the host temp's size in bench/tpu_compile.py's v5p
+        # compiles of 2026-11).
         temp -= host_temp
     peak = arg + out + temp - alias
     calls = cudnn.custom_calls(text)

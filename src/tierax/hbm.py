@@ -28,6 +28,13 @@ around it.
 
 Seconds = bytes / the target's HBM bandwidth, added to matmul seconds, not overlapped: on one GPU
 stream a fusion and a GEMM run one after the other.
+
+**Sharded weights.** A layer is traced with whole weights, but a device holds a shard of each (FSDP,
+expert parallelism) and XLA runs the weights' own elementwise work on the shard: it casts the
+float32 shard to the compute dtype before gathering it, and casts a gradient after
+reduce-scattering it; an expert-parallel device casts only its own experts.  So with
+``weight_ways`` (a weight's shape in the trace → the ways it is split on the mesh) a value of a
+weight's shape, or of that shape with its last two axes swapped, moves that share of its bytes.
 """
 
 from __future__ import annotations
@@ -132,21 +139,35 @@ def marker(tree):
     return jax.lax.optimization_barrier(tree)
 
 
+def _with_transposes(weight_ways: dict) -> dict:
+    """``weight_ways`` with each shape's last two axes also swapped (a weight's transpose in the
+    backward; where two weights' shapes meet, the smaller split counts)."""
+    out = dict(weight_ways)
+    for shape, ways in weight_ways.items():
+        if len(shape) >= 2:
+            t = (*shape[:-2], shape[-1], shape[-2])
+            out[t] = min(out.get(t, ways), ways)
+    return out
+
+
 class _Flat:
     """A jaxpr flattened into (primitive, input ids, output ids, multiplier, phase) records."""
 
-    def __init__(self):
-        self.nbytes: list[int] = []
+    def __init__(self, weight_ways: dict | None = None):
+        self.weight_ways = weight_ways or {}
+        self.nbytes: list[float] = []
         self.eqns: list[tuple[str, list, list, int, int]] = []
         self.outputs: set[int] = (
             set()
         )  # values a traced function or a scan body returns (they cross HBM)
+        self.avals: list = []
+        self.params: dict[int, dict] = {}  # eqn index → its params (dot_general and name only)
 
     def new(self, aval) -> int:
-        self.nbytes.append(
-            math.prod(getattr(aval, "shape", ()))
-            * getattr(getattr(aval, "dtype", None), "itemsize", 0)
-        )
+        shape = tuple(getattr(aval, "shape", ()))
+        nbytes = math.prod(shape) * getattr(getattr(aval, "dtype", None), "itemsize", 0)
+        self.nbytes.append(nbytes / self.weight_ways.get(shape, 1))  # a weight: its shard's
+        self.avals.append(aval)
         return len(self.nbytes) - 1
 
     def walk(self, jaxpr, env: dict, mult: int, phase: int, top: bool = False) -> int:
@@ -194,17 +215,19 @@ class _Flat:
                 )
             else:
                 outs = [self.new(v.aval) for v in eqn.outvars]
+                if prim in ("dot_general", "name"):
+                    self.params[len(self.eqns)] = eqn.params
                 self.eqns.append((prim, ins, outs, mult, phase))
             for v, o in zip(eqn.outvars, outs, strict=False):
                 env[v] = o
         return phase
 
 
-def phase_bytes(closed_jaxpr) -> tuple[float, float]:
+def phase_bytes(closed_jaxpr, weight_ways: dict | None = None) -> tuple[float, float]:
     """(bytes before :func:`marker`, bytes after it) that non-matmul fusions move (see the module
-    docstring)."""
+    docstring; ``weight_ways``: its sharded weights)."""
     j = getattr(closed_jaxpr, "jaxpr", closed_jaxpr)
-    flat = _Flat()
+    flat = _Flat(_with_transposes(weight_ways or {}))
     env = {v: flat.new(v.aval) for v in (*j.constvars, *j.invars)}
     flat.walk(j, env, 1, 0, top=True)
     flat.outputs.update(env[o] for o in j.outvars if not isinstance(o, Literal) and o in env)
@@ -313,16 +336,140 @@ def phase_bytes(closed_jaxpr) -> tuple[float, float]:
     return totals[0], totals[1]
 
 
-def layer_bytes(layer_fn, x, params) -> tuple[float, float]:
-    """(forward, backward) non-matmul HBM bytes of one layer without remat (the backward traced
-    through
-    ``jax.vjp``: a custom VJP's own backward, e.g. blockwise attention's, is in it)."""
+def _is_weight_gradient(params: dict, lhs_aval, rhs_aval) -> bool:
+    """xᵀ·dy: both operands contracted over the same leading dimensions, no batch dimensions."""
+    (lc, rc), (lb, rb) = params["dimension_numbers"]
+    lead = tuple(range(len(lc)))
+    return (
+        not lb
+        and not rb
+        and len(lc) > 0
+        and tuple(lc) == tuple(rc) == lead
+        and len(lhs_aval.shape) > len(lc)
+        and len(rhs_aval.shape) > len(rc)
+    )
 
+
+def transposed_reads(closed_jaxpr, residual_inputs: int = 0) -> dict:
+    """Elements XLA:CPU's slow transposing fusions read, after :func:`marker` (the backward).
+
+    XLA:CPU lays out a weight gradient's operand transposed for its dot (an Eigen dot with that
+    operand contracted over its minor dimension; its optimised HLO of a train step).  When the
+    operand is float32 and made by elementwise operations, XLA:CPU computes it in a fusion that
+    writes the transposed layout.  Such a fusion of plain arrays runs about as fast as a copy;
+    one that broadcasts (a literal, a row, a column) or slices a scan's stacked residual at the
+    loop index runs as a loop reading each input one row apart, element by element, an order of
+    magnitude slower (microbenchmarks of both).  A narrower operand, or one whose elementwise
+    producers also read a row or a column (a norm's backward), is materialised first and
+    transposed alone: a plain copy (the optimised HLO of the train steps of
+    bench/time_fidelity.py).  Counted: each slow fusion's reads, elements × inputs the
+    operand's size — ``always`` (it broadcasts a scalar: slow in every plan); else shared among the
+    inputs that are residuals, slow only where a plan keeps them in the scan's stacks:
+    ``residual`` (unnamed: made in the forward), ``carry`` (the first ``residual_inputs``
+    inputs of the traced function: the layer's input, always stacked) and ``named`` ({name:
+    elements}); a fusion reading neither is not counted.  Scan trip counts multiply in.
+    """
+    j = getattr(closed_jaxpr, "jaxpr", closed_jaxpr)
+    flat = _Flat()
+    env = {v: flat.new(v.aval) for v in (*j.constvars, *j.invars)}
+    first_inputs = {env[v] for v in j.invars[:residual_inputs]}
+    flat.walk(j, env, 1, 0, top=True)
+    eqns = flat.eqns
+    root: dict[int, int] = {}
+    producer: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for k, (prim, ins, outs, _, _) in enumerate(eqns):
+        src = next((i for i in ins if i is not None), None)
+        if prim in FREE and src is not None:
+            for o in outs:
+                root[o] = root.get(src, src)
+            if prim == "name":
+                names[root.get(src, src)] = flat.params[k]["name"]
+        else:
+            for o in outs:
+                producer[o] = k
+
+    def elementwise(k: int) -> bool:
+        prim = eqns[k][0]
+        return not (prim in MATMUL or prim in COLLECTIVE or prim in ROOTS or prim == "@boundary")
+
+    def chain(v: int, seen: set, found: dict) -> None:
+        """The fusion's inputs (``found["inputs"]``) and whether it reads a literal."""
+        v = root.get(v, v)
+        p = producer.get(v)
+        if p is None or eqns[p][4] != 1 or not elementwise(p) or p in seen:
+            found["inputs"].add(v)
+            return
+        seen.add(p)
+        found["literal"] |= None in eqns[p][1]
+        for i in eqns[p][1]:
+            if i is not None:
+                chain(i, seen, found)
+
+    transposed = {i for prim, ins, *_ in eqns if prim == "transpose" for i in ins if i is not None}
+    out = {"always": 0.0, "residual": 0.0, "carry": 0.0, "named": {}}
+    for k, (prim, ins, outs, mult, phase) in enumerate(eqns):
+        if prim != "dot_general" or phase != 1 or None in ins[:2]:
+            continue
+        lhs, rhs = (flat.avals[i] for i in ins[:2])
+        if not _is_weight_gradient(flat.params[k], lhs, rhs):
+            continue
+        # The operand whose free dimensions are the gradient's minor ones: the rhs, or the lhs
+        # when the result is transposed (dot_general(dy, x) then a transpose, as JAX writes xᵀ·dy).
+        operand = ins[0] if outs[0] in transposed else ins[1]
+        aval = flat.avals[operand]
+        p = producer.get(root.get(operand, operand))
+        if aval.dtype != jnp.float32 or p is None or not elementwise(p) or eqns[p][4] != 1:
+            continue  # a narrower dtype, a parameter, a dot's result, a residual: a plain copy
+        size = math.prod(aval.shape)
+        found = {"inputs": set(), "literal": False}
+        chain(operand, set(), found)
+        sizes = {v: math.prod(getattr(flat.avals[v], "shape", ())) for v in found["inputs"]}
+        reads = mult * size * sum(n == size for n in sizes.values())
+        stacked = [
+            v
+            for v, n in sizes.items()
+            if n == size
+            and (v in first_inputs or (producer.get(v) is not None and eqns[producer[v]][4] == 0))
+        ]
+        if any(1 < n < size for n in sizes.values()):
+            continue  # a row or column too (a norm's backward): XLA:CPU materialises it first
+        if found["literal"] or any(n == 1 for n in sizes.values()):
+            out["always"] += reads  # it broadcasts a scalar
+            continue
+        for v in stacked:
+            share = reads / len(stacked)
+            if v in first_inputs:
+                out["carry"] += share
+            elif v in names:
+                out["named"][names[v]] = out["named"].get(names[v], 0.0) + share
+            else:
+                out["residual"] += share
+    return out
+
+
+def _layer_trace(layer_fn, x, params):
     def fwd_bwd(a, p, ct):
         y, vjp = jax.vjp(layer_fn, a, p)
         return y, vjp(marker(ct))
 
-    return phase_bytes(jax.make_jaxpr(fwd_bwd)(x, params, x))
+    return jax.make_jaxpr(fwd_bwd)(x, params, x)
+
+
+def layer_bytes(layer_fn, x, params, weight_ways: dict | None = None) -> tuple[float, float]:
+    """(forward, backward) non-matmul HBM bytes of one layer without remat (the backward traced
+    through ``jax.vjp``: a custom VJP's own backward, e.g. blockwise attention's, is in it;
+    ``weight_ways`` as :func:`phase_bytes`)."""
+    return phase_bytes(_layer_trace(layer_fn, x, params), weight_ways)
+
+
+def layer_traffic(
+    layer_fn, x, params, weight_ways: dict | None = None
+) -> tuple[float, float, dict]:
+    """:func:`layer_bytes` and the layer's :func:`transposed_reads` (the layer input a residual:
+    a scan saves it per layer), from one trace."""
+    jaxpr = _layer_trace(layer_fn, x, params)
+    return (*phase_bytes(jaxpr, weight_ways), transposed_reads(jaxpr, residual_inputs=1))
 
 
 def loss_bytes(hidden, weight, targets, tiles: int) -> float:

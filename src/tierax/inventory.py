@@ -61,6 +61,7 @@ class Activation:
     recompute_fused_flops_per_layer: float = (
         0.0  # of recompute_flops, those inside a fused attention kernel
     )
+    transposed_elems_per_layer: float = 0.0  # XLA:CPU's transposing fusions read (tierax.hbm)
 
     @property
     def total_bytes(self) -> int:
@@ -97,6 +98,10 @@ class GroupInventory:
     forward_hbm_bytes_per_layer: float = 0.0
     backward_hbm_bytes_per_layer: float = 0.0
     base_recompute_hbm_bytes_per_layer: float = 0.0
+    # Elements XLA:CPU's slow transposing fusions read per layer (tierax.hbm.transposed_reads).
+    transposed_always_elems_per_layer: float = 0.0
+    transposed_residual_elems_per_layer: float = 0.0
+    transposed_carry_elems_per_layer: float = 0.0
     # Of the forward's and the base recomputation's matmul FLOPs, those inside a fused attention
     # kernel (attention=cudnn: its host stand-in's scope), which the cost model prices at the
     # kernel's rates.
@@ -152,7 +157,7 @@ def _nbytes(x) -> int:
     return math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
 
 
-def _remat_flops(layer_fn, x, params, policy) -> tuple[float, float, float]:
+def _remat_flops(layer_fn, x, params, policy, weight_ways=None) -> tuple[float, float, float]:
     """Matmul FLOPs of the forward plus the linearized (JVP) layer under ``policy`` (None: no
     checkpoint),
     the non-matmul HBM bytes of its tangent part (the recomputation is in it: :mod:`tierax.hbm`),
@@ -170,7 +175,7 @@ def _remat_flops(layer_fn, x, params, policy) -> tuple[float, float, float]:
     jaxpr = jax.make_jaxpr(linearized)(x, params, x, params)
     return (
         float(jaxpr_tools.matmul_flops(jaxpr)),
-        hbm.phase_bytes(jaxpr)[1],
+        hbm.phase_bytes(jaxpr, weight_ways)[1],
         float(jaxpr_tools.matmul_flops(jaxpr, scope=FUSED_SCOPE)),
     )
 
@@ -183,6 +188,7 @@ def layer_inventory(
     group: str,
     num_layers: int,
     expert_param_count: int = 0,
+    weight_ways: dict | None = None,
 ) -> GroupInventory:
     """Inventory of one layer function ``layer_fn(x, params) -> y`` of a scanned group.
 
@@ -192,6 +198,8 @@ def layer_inventory(
       x: the layer input (per device), a ShapeDtypeStruct.
       params: one layer's parameters (pytree of ShapeDtypeStructs).
       group: the layer group name; num_layers: the scan length.
+      weight_ways: each weight's shape → the ways the mesh splits it (:func:`layer_weight_ways`;
+        the non-matmul bytes of a weight's own work are its shard's, :mod:`tierax.hbm`).
     """
     fwd = jax.make_jaxpr(layer_fn)(x, params)
     per_name: dict[str, int] = defaultdict(int)
@@ -209,7 +217,7 @@ def layer_inventory(
 
     save_named = jax.checkpoint_policies.save_only_these_names(*names)
     (flops_none, hbm_none, fused_none), (flops_named, hbm_named, fused_named) = (
-        _remat_flops(layer_fn, x, params, p) for p in (None, save_named)
+        _remat_flops(layer_fn, x, params, p, weight_ways) for p in (None, save_named)
     )
     costs = {}
     for n in names:
@@ -217,14 +225,25 @@ def layer_inventory(
             costs[n] = (0.0, 0.0, 0.0)  # the scan carry: its value is at hand whatever the plan
             continue
         others = jax.checkpoint_policies.save_only_these_names(*[m for m in names if m != n])
-        flops, hbm_bytes, fused = _remat_flops(layer_fn, x, params, others)
+        flops, hbm_bytes, fused = _remat_flops(layer_fn, x, params, others, weight_ways)
         costs[n] = (
             max(0.0, flops - flops_named),
             max(0.0, hbm_bytes - hbm_named),
             max(0.0, fused - fused_named),
         )
-    acts = tuple(Activation(group, n, per_name[n], num_layers, *costs[n]) for n in names)
-    fwd_hbm, bwd_hbm = hbm.layer_bytes(layer_fn, x, params)
+    fwd_hbm, bwd_hbm, transposed = hbm.layer_traffic(layer_fn, x, params, weight_ways)
+    reads = transposed["named"]
+    acts = tuple(
+        Activation(
+            group,
+            n,
+            per_name[n],
+            num_layers,
+            *costs[n],
+            transposed_elems_per_layer=reads.get(n, 0.0),
+        )
+        for n in names
+    )
     return GroupInventory(
         name=group,
         num_layers=num_layers,
@@ -238,6 +257,9 @@ def layer_inventory(
         forward_hbm_bytes_per_layer=fwd_hbm,
         backward_hbm_bytes_per_layer=bwd_hbm,
         base_recompute_hbm_bytes_per_layer=max(0.0, hbm_named - hbm_none),
+        transposed_always_elems_per_layer=transposed["always"],
+        transposed_residual_elems_per_layer=transposed["residual"],
+        transposed_carry_elems_per_layer=transposed["carry"],
         fused_attention_flops_per_layer=float(jaxpr_tools.matmul_flops(fwd, scope=FUSED_SCOPE)),
         base_recompute_fused_flops_per_layer=max(0.0, fused_named - fused_none),
     )
@@ -273,6 +295,25 @@ def tensor_shard_config(cfg, tensor: int):
         dense_mlp_dim=cfg.dense_mlp_dim // tensor,
         expert_mlp_dim=cfg.expert_mlp_dim // tensor,
     )
+
+
+def layer_weight_ways(stacked, mesh: dict) -> dict:
+    """One layer's weight shapes (a group's stacked parameters less the layer axis) → the ways
+    :mod:`tierax.train.sharding` splits each over the mesh's axes other than ``tensor`` (the layer
+    is traced at tensor-sharded shapes already).  Where two weights share a shape, the smaller
+    split counts."""
+    from tierax.train.sharding import param_spec
+
+    rest = {a: n for a, n in mesh.items() if a != "tensor"}
+    out: dict = {}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(stacked):
+        ways = 1
+        for entry in param_spec(path, tuple(leaf.shape), rest):
+            for axis in (entry,) if isinstance(entry, str) else (entry or ()):
+                ways *= rest.get(axis, 1)
+        shape = tuple(leaf.shape[1:])
+        out[shape] = min(out.get(shape, ways), ways)
+    return {s: w for s, w in out.items() if w > 1}
 
 
 def per_device_param_count(cfg, mesh: dict) -> float:
@@ -348,8 +389,9 @@ def model_inventory(cfg, microbatch: int, seq: int, mesh: dict | None = None) ->
     """
     from tierax.mesh import MeshShape
     from tierax.models import abstract_model
-    from tierax.models.config import host_traceable
+    from tierax.models.config import host_traceable, require_concrete_attention
 
+    require_concrete_attention(cfg, "the inventory")
     mesh = {"data": 1, "fsdp": 1, **(mesh or {})}
     shape = MeshShape(**mesh)
     shape.check_model(cfg)
@@ -372,6 +414,7 @@ def model_inventory(cfg, microbatch: int, seq: int, mesh: dict | None = None) ->
             group=g.name,
             num_layers=g.num_layers,
             expert_param_count=_expert_params_per_layer(local, g.name),
+            weight_ways=layer_weight_ways(stacked, mesh),
         )
         by_axis = _forward_collective_bytes(cfg, g.name, microbatch, seq, mesh)
         groups.append(

@@ -230,17 +230,21 @@ LOCAL_ATTENTION = {
 }
 
 
-def check_local_attention(cfg, *, what: str = "this run") -> None:
-    """Refuse, before tracing, an attention implementation the local backend cannot run (cuDNN's
-    fused
-    attention off a CUDA GPU).
+def local_attention(cfg, *, what: str = "this run", documents: bool = False):
+    """``cfg`` with its attention chosen for the local backend (``auto``: cuDNN's fused attention
+    on a CUDA GPU, blockwise elsewhere or where ``documents`` are masked), refused before tracing
+    when the local backend cannot run it (cuDNN's fused attention off a CUDA GPU).
 
     Raises:
       TieraxError: naming the backend and the implementations that run there.
     """
     import jax
 
+    from tierax.models.config import for_platform
+
     backend = jax.default_backend()
+    platform = backend if backend in LOCAL_ATTENTION else "cpu"  # others run what a CPU runs
+    cfg = for_platform(cfg, platform, documents=documents)
     ok = LOCAL_ATTENTION.get(backend, ("xla", "blockwise", "cudnn_blockwise"))
     if cfg.attention not in ok:
         raise TieraxError(
@@ -249,6 +253,7 @@ def check_local_attention(cfg, *, what: str = "this run") -> None:
             "attention=blockwise; `tierax compile --target h200` compiles cudnn for a GPU without "
             "one)"
         )
+    return cfg
 
 
 def check_local_memory(cfg, *, shards: int = 1, copies: int = 4, what: str = "this run") -> None:

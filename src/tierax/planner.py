@@ -11,7 +11,7 @@ solved with HiGHS through ``scipy.optimize.milp``:
   fixed) subject to device bytes ≤ budget and host bytes ≤ host budget.
 
 The layer input (scan carry) is always on device.  Placements are per layer
-group; per-segment placement is not supported by the Plan format.  With
+group, or per segment where ``plan(segments=True)`` splits a group in two.  With
 ``one_placement_per_name`` every name takes the same placement in every group that
 has it (``d`` and ``o`` equal across groups; MaxText sets each name once).
 """
@@ -30,6 +30,7 @@ from tierax import costmodel as cm
 from tierax import hardware
 from tierax import inventory as inv_lib
 from tierax import names as N
+from tierax.costmodel import transposes
 from tierax.errors import TieraxError
 from tierax.plan import DEFAULT_MECHANISM, GroupPlan, Placement, Plan, Segment, segment_name
 
@@ -125,6 +126,16 @@ def _solve(
         for g in groups:
             c[Z + gidx[g.name]] += g.save_all_extra_bytes * touch
         c[S] += total_bytes * touch
+    # CPU: XLA:CPU's slow transposing fusions (tierax.costmodel.transposes): a kept name's reads
+    # from the stacks, and for a group without remat the rest of the difference to remat.
+    for g in inv.groups:
+        base, save_all, named = transposes.group_terms(g, rates)
+        if not (base or save_all):
+            continue
+        for k, it in enumerate(items):
+            if it.group == g.name:
+                c[D + k] += named.get(it.name, 0.0) * scale
+        c[Z + gidx[g.name]] += (save_all - base - sum(named.values())) * scale
 
     rows, lo, hi = [], [], []
 

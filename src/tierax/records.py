@@ -7,6 +7,7 @@ envelope: ``schema``, ``command``, ``created``, ``machine``, ``jax_version``.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 import os
@@ -34,6 +35,26 @@ def command_line(argv: Sequence[str] | None = None, prog: str = "tierax") -> str
     return " ".join([prog, *(shlex.quote(a) for a in args)])
 
 
+def host_info() -> dict:
+    """Host, CPU and Python version (JAX-free)."""
+    return {
+        "host": platform.node(),
+        "cpu": platform.processor() or platform.machine(),
+        "python": sys.version.split()[0],
+    }
+
+
+def jax_version() -> str | None:
+    """The jax this process runs (read from its installed metadata if not imported yet; JAX-free);
+    None when jax is not installed."""
+    if "jax" in sys.modules:
+        return sys.modules["jax"].__version__
+    try:
+        return importlib.metadata.version("jax")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def machine_info() -> dict:
     """Platform, device kind and count, host, CPU and versions (starts JAX's backend)."""
     import jax
@@ -43,23 +64,20 @@ def machine_info() -> dict:
         "platform": dev.platform,
         "device_kind": dev.device_kind,
         "device_count": jax.device_count(),
-        "host": platform.node(),
-        "cpu": platform.processor() or platform.machine(),
-        "python": sys.version.split()[0],
+        **host_info(),
         "jax": jax.__version__,
     }
 
 
-def envelope(schema: str, command: str) -> dict:
-    """The fields every record starts with."""
-    import jax
-
+def envelope(schema: str, command: str, *, devices: bool = True) -> dict:
+    """The fields every record starts with; ``devices=False`` leaves the devices out of
+    ``machine`` and does not start (or import) JAX."""
     return {
         "schema": schema,
         "command": command,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": machine_info(),
-        "jax_version": jax.__version__,
+        "machine": machine_info() if devices else host_info(),
+        "jax_version": jax_version(),
     }
 
 

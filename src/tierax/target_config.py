@@ -31,8 +31,9 @@ def scheduling_target_config(text: str) -> str:
     m = re.search(r"^(\s*device_memory_size:\s*)(\d+)\s*$", text, flags=re.M)
     if m is None:
         raise TieraxError(
-            "the target config has no gpu_device_info.device_memory_size; add the device's memory "
-            "in bytes (see shared/gpu-targets/README.md)"
+            "the target config has no gpu_device_info.device_memory_size; add "
+            "`device_memory_size: BYTES` (the device's memory) under gpu_device_info in the file "
+            "given as --target-config"
         )
     stated = int(usable_bytes(int(m.group(2))) / XLA_DEVICELESS_MEMORY_FRACTION)
     return text[: m.start(2)] + str(stated) + text[m.end(2) :]
@@ -46,7 +47,9 @@ def render_target_config(
 ) -> str:
     """GpuTargetConfigProto text for ``jax.experimental.topologies.get_topology_desc``.
 
-    The fields are the ones jaxlib 0.10.2 accepts (see shared/gpu-targets/README.md).
+    The fields are the ones jaxlib 0.10.2 accepts: XLA's device specification less the fields its
+    proto rejects (``collective_memory_granularity``, ``cub_version``) and the optional per-dtype
+    rate tables; tests/test_compile.py compares the output with tests/fixtures/gpu-targets/.
     """
     major, minor = spec.compute_capability
     cc = f"{major}.{minor}a"

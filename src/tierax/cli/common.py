@@ -91,9 +91,12 @@ def add_size_args(
     )
 
 
-def resolve_model(args, extra_overrides: Sequence[str] = ()):
-    """The ModelConfig selected by :func:`add_model_args` options, overrides applied in order."""
-    from tierax.models import NAMED_CONFIGS, apply_overrides, get_config, load_model_config
+def resolve_model(args, extra_overrides: Sequence[str] = (), *, target: str | None = None):
+    """The ModelConfig selected by :func:`add_model_args` options, overrides applied in order;
+    with ``target``, ``attention: auto`` chosen for the platform that target runs on."""
+    from tierax import hardware
+    from tierax.interop.files import load_model_config
+    from tierax.models import NAMED_CONFIGS, apply_overrides, for_platform, get_config
 
     if args.model is not None and args.model_config is not None:
         raise TieraxError(
@@ -108,14 +111,15 @@ def resolve_model(args, extra_overrides: Sequence[str] = ()):
         raise TieraxError(
             f"no model given; use --model NAME ({', '.join(NAMED_CONFIGS)}) or --model-config FILE"
         )
-    return apply_overrides(cfg, [*args.overrides, *extra_overrides])
+    cfg = apply_overrides(cfg, [*args.overrides, *extra_overrides])
+    return cfg if target is None else for_platform(cfg, hardware.platform(target))
 
 
 def load_plans(text: str, cfg, option: str) -> list:
     """A comma-separated list of presets or plan files, each validated against ``cfg``."""
-    from tierax import plan as plan_lib
+    from tierax.interop import files
 
-    plans = [plan_lib.load_plan(p.strip(), cfg) for p in text.split(",") if p.strip()]
+    plans = [files.load_plan(p.strip(), cfg) for p in text.split(",") if p.strip()]
     if not plans:
         raise TieraxError(
             f"{option} is empty; give a preset, a plan YAML file, or a comma-separated list of them"

@@ -27,7 +27,7 @@ def cmd_bench(args) -> int:
     cfg = resolve_model(args, [f"dtype={args.dtype}"] if args.dtype else [])
     if mesh is not None:
         mesh.check_model(cfg, where="--mesh")
-    launch.check_local_attention(cfg, what="tierax bench")
+    cfg = launch.local_attention(cfg, what="tierax bench")
     launch.check_local_memory(cfg, shards=mesh.size if mesh else 1, what="tierax bench")
     plans = load_plans(args.plans, cfg, "--plans")
     verified = _verify_before_bench(cfg, plans, args) if args.verify else None
@@ -105,12 +105,12 @@ def cmd_compile(args) -> int:
         from tierax import compile as compile_lib
 
         compile_lib.check_gpu_aot()
-    from tierax import plan as plan_lib
+    from tierax.interop import files
     from tierax.report.tables import compile_table
 
-    cfg = resolve_model(args)
+    cfg = resolve_model(args, target=args.target)
     mesh.check_model(cfg, where="--mesh")
-    plan = plan_lib.load_plan(args.plan, cfg)
+    plan = files.load_plan(args.plan, cfg)
     result, _ = compile_lib.compile_for_target(
         cfg,
         plan,
@@ -152,7 +152,7 @@ def cmd_verify(args) -> int:
     from tierax.report.measure_tables import verify_table
 
     cfg = resolve_model(args)  # verify_plans refuses a mesh the model or batch cannot take
-    launch.check_local_attention(cfg, what="tierax verify")
+    cfg = launch.local_attention(cfg, what="tierax verify")
     launch.check_local_memory(
         cfg, shards=mesh.size if mesh else 1, copies=6, what="tierax verify (two gradient sets)"
     )
@@ -210,11 +210,11 @@ def cmd_profile(args) -> int:
     cfg = resolve_model(args)
     out = check_output_dir(args.out, allow_existing=False) if args.out else None
     launch.start(preset=args.xla_preset)
-    from tierax import plan as plan_lib
+    from tierax.interop import files
     from tierax.report.measure_tables import profile_table
 
-    plan = plan_lib.load_plan(args.plan, cfg)
-    launch.check_local_attention(cfg, what="tierax profile")
+    plan = files.load_plan(args.plan, cfg)
+    cfg = launch.local_attention(cfg, what="tierax profile")
     launch.check_local_memory(cfg, what="tierax profile")
     out = out or profile_lib.fresh_dir(pathlib.Path("profiles") / f"{cfg.name}-{plan.name}")
     result = profile_lib.capture(

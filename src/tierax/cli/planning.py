@@ -78,6 +78,7 @@ SHOW_DEFAULTS = {"target": "h200", "schedule": "lhs", "microbatch": 8, "seq": 64
 
 def cmd_plans(args) -> int:
     from tierax import plan as plan_lib
+    from tierax.interop import files
     from tierax.interop import planning as interop
     from tierax.report.tables import plan_table
 
@@ -95,7 +96,7 @@ def cmd_plans(args) -> int:
         for name, (desc, _) in plan_lib.PRESETS.items():
             print(f"{name:18s} {desc}")
         return 0
-    plan = plan_lib.load_plan(args.show, cfg)
+    plan = files.load_plan(args.show, cfg)
     if args.emit:
         sizes = {
             k: v if getattr(args, k) is None else getattr(args, k) for k, v in SHOW_DEFAULTS.items()
@@ -115,7 +116,7 @@ def _inputs(args, *, rates: bool = True):
     from tierax import costmodel as cm
     from tierax import hardware
 
-    cfg = resolve_model(args)
+    cfg = resolve_model(args, target=args.target)  # an unknown target is refused here
     mesh = parse_mesh(args.mesh, args.devices)
     if args.target != "cpu":
         hardware.get_target(args.target)
@@ -152,11 +153,11 @@ def cmd_inventory(args) -> int:
 def cmd_simulate(args) -> int:
     from tierax import costmodel as cm
     from tierax import inventory as inv_lib
-    from tierax import plan as plan_lib
+    from tierax.interop import files
     from tierax.report.tables import prediction_table
 
     cfg, mesh, rates = _inputs(args)
-    plan = plan_lib.load_plan(args.plan, cfg)
+    plan = files.load_plan(args.plan, cfg)
     pred = cm.simulate(
         plan,
         inv_lib.model_inventory(cfg, args.microbatch, args.seq, mesh.to_dict()),
@@ -246,8 +247,8 @@ def _plan_check(args) -> int:
     from tierax.whatif import override_rates
 
     out = check_output_file(args.out) if args.out else None
-    cfg, mesh = resolve_model(args), parse_mesh(args.mesh, args.devices)
     spec = hardware.compile_target(args.target)  # a projection (no XLA device spec) is refused here
+    cfg, mesh = resolve_model(args, target=args.target), parse_mesh(args.mesh, args.devices)
     mesh.check_model(cfg, where="--mesh")
     rates = override_rates(cm.target_rates(args.target, cfg.dtype), args.rate)
     if spec.kind == "tpu":

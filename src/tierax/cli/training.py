@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -18,7 +19,9 @@ def cmd_train(args) -> int:
     cfg.check_outputs()
     dist = launch.Distributed.resolve(args.coordinator, args.num_processes, args.process_id)
     env_lines = launch.start_training(cfg, dist, debug=args.debug)
-    launch.check_local_attention(cfg.model, what="tierax train")
+    model = launch.local_attention(cfg.model, what="tierax train", documents=cfg.data.document_mask)
+    if model is not cfg.model:  # attention: auto, chosen for this backend
+        cfg = dataclasses.replace(cfg, model=model)
     launch.check_local_memory(cfg.model, shards=cfg.mesh.size, what="tierax train")
     import jax
 

@@ -127,9 +127,9 @@ def _workspace(
     if fsdp > 1 and cfg.vocab_size and not tiled:
         # The head's backward runs before the layers': until the reduce-scatter after the loop, XLA
         # keeps either its float32 weight gradient ([D, V], unsharded) or the logits' gradient
-        # (compute dtype) it is computed from ([tokens, V]), whichever it schedules (405B fsdp=128:
-        # the first; fsdp=1024: the second); the model counts the smaller.  A tiled loss
-        # reduce-scatters each tile's head gradient in its scan (llama3-8b, DeepSeek-V3).  The
+        # (compute dtype) it is computed from ([tokens, V]), whichever it schedules (both are seen
+        # in bench/compile_grid.py --scale-dense's cases); the model counts the smaller.  A tiled
+        # loss reduce-scatters each tile's head gradient in its scan (llama3-8b, DeepSeek-V3).  The
         # gathered embedding and head are free during the loop.
         # TPU targets pass grad_share 0: XLA:TPU's peak in the layer loop holds neither
         # (_tpu_loss_phase_bytes).
@@ -140,8 +140,7 @@ def _workspace(
 def _stack_copy_bytes(inv: Inventory, cfg, p_item: int) -> int:
     # XLA's transposed copies of stacked weights it cannot gather along their major dimension
     # (tierax.train.gather_layout): made before the forward loop, live at the loss and through the
-    # backward loop (llama3.1-405b fsdp=128: wi_0, wi_1, 2 × 3.4 GB; DeepSeek-V3: the experts'
-    # weights).
+    # backward loop (tierax.train.gather_layout names the stacks).
     return p_item * gather_layout.transposed_stack_params(cfg, inv.mesh)
 
 
@@ -191,9 +190,8 @@ def _loss_phase_bytes(
     # At the loss (deviceless XLA:GPU peaks): untiled, the head's float32 gradient [D, V], the
     # float32 logits and their gradient in the compute dtype (llama3-8b fsdp=8, fsdp=4,tensor=2);
     # tiled, one tile's gradient, two float32 [D, V] (the head-gradient accumulator in and out; one
-    # under FSDP in a narrower dtype: the other was the head in float32 for a float32 gradient,
-    # llama3-8b 4 tiles fsdp=8: XLA 10.22 -> 7.76 GiB) and under FSDP the gathered head.  (TPU
-    # targets: _tpu_loss_phase_bytes.)
+    # under FSDP in a narrower dtype: the other was the head in float32 for a float32 gradient)
+    # and under FSDP the gathered head.  (TPU targets: _tpu_loss_phase_bytes.)
     loss_bytes = head_grad + inv.logits_bytes * (1 + grad_share)
     if tiled:
         narrow = fsdp > 1 and grad_share < 1

@@ -13,6 +13,7 @@ from tierax.costmodel.first_touch import first_touch_s
 from tierax.costmodel.fixed import fixed_terms
 from tierax.costmodel.rates import Rates
 from tierax.costmodel.terms import SCHEDULES, group_terms, item_terms, staging_and_window
+from tierax.costmodel.transposes import transpose_s
 from tierax.errors import TieraxError
 from tierax.inventory import Inventory
 
@@ -82,8 +83,15 @@ def evaluate(
         staging = max(staging, staged_layers * sum(i.bytes_per_layer for i in off))
     peak = int(act_bytes + staging + fx.fixed_bytes)
     first_touch = first_touch_s(peak, inv, rates)  # CPU only: 0 on GPU and TPU targets
+    transpose = transpose_s(placements, inv, rates)  # CPU only: 0 on GPU and TPU targets
     step = (
-        fx.compute_s + recompute + exposed_d2h + exposed_h2d + fx.exposed_collective_s + first_touch
+        fx.compute_s
+        + recompute
+        + exposed_d2h
+        + exposed_h2d
+        + fx.exposed_collective_s
+        + first_touch
+        + transpose
     )
     breakdown = {
         "state_bytes": fx.state_bytes,
@@ -107,6 +115,7 @@ def evaluate(
         + (recompute - recompute_hbm) * rates.matmul_flops_per_s,
         "recompute_hbm_s": recompute_hbm,
         "first_touch_s": first_touch,
+        "transpose_s": transpose,
         "model_flops": fx.model_flops,
         "schedule": schedule,
         "mechanism": mechanism,

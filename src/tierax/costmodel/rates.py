@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from tierax import hardware
 from tierax.errors import TieraxError
 
-# H200: ≈790 TFLOP/s measured bf16 matmul of 989 peak (DESIGN.md) → 0.8, used for every GPU
-# target until `tierax calibrate` measures the device at hand.
+# A dense bf16 matmul reaches about 0.8 of the H100/H200 datasheet peak (publicly reported
+# measurements); used for every GPU target until `tierax calibrate` measures the device at hand.
 ACHIEVABLE_FRACTION = 0.8
 # XLA:GPU's cuBLAS workspace, an s8[4194304] buffer in every deviceless GPU compile's peak set (seen
 # with jaxlib 0.10.2 from tiny-llama to DeepSeek-V3; the live-range dump lists it at the peak).
@@ -73,6 +73,9 @@ class Rates:
     # call, and the operating system hands each fresh page over on its first write; measured
     # by `tierax calibrate` (tierax.costmodel.first_touch).
     first_touch_bytes_per_s: float = 0.0
+    # CPU only (0: no such term): elements per second XLA:CPU's slow transposing fusions read
+    # (tierax.hbm.transposed_reads, tierax.costmodel.transposes); measured by `tierax calibrate`.
+    transpose_read_elems_per_s: float = 0.0
     # What a step may use, where the compiler states it (XLA:TPU's HBM limit); 0: capacity less
     # the runtime reserve (hardware.usable_bytes).
     device_limit_bytes: int = 0
@@ -109,7 +112,7 @@ def _cpu_rates(cal: dict, dtype: str) -> Rates:
     }
     if "memory_bytes_per_s" in cal:
         bandwidth = cal["memory_bytes_per_s"]
-        sources["hbm"] = f"{measured}: memory bandwidth of an elementwise fusion"
+        sources["hbm"] = f"{measured}: a layer's non-matmul work at the bytes the model counts"
     else:  # an older calibration file
         bandwidth = 10e9
         sources["hbm"] = "not measured: 10 GB/s assumed (run `tierax calibrate` again)"
@@ -117,6 +120,12 @@ def _cpu_rates(cal: dict, dtype: str) -> Rates:
     sources["first_touch"] = (
         f"{measured}: first write of fresh memory (CPU-specific)"
         if first_touch
+        else "not measured: not modelled (run `tierax calibrate` again)"
+    )
+    transpose = cal.get("transpose_read_elems_per_s", 0.0)
+    sources["transposing_fusion"] = (
+        f"{measured}: reads of XLA:CPU's slow transposing fusion (CPU-specific)"
+        if transpose
         else "not measured: not modelled (run `tierax calibrate` again)"
     )
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -133,6 +142,7 @@ def _cpu_rates(cal: dict, dtype: str) -> Rates:
         False,
         sources,
         first_touch_bytes_per_s=first_touch,
+        transpose_read_elems_per_s=transpose,
     )
 
 
@@ -167,7 +177,7 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
     } | getattr(spec, "rate_sources", {})  # TPU targets name their own sources
     hbm = cal.get("memory_bytes_per_s", spec.hbm_bytes_per_s)
     if "memory_bytes_per_s" in cal:
-        sources["hbm"] = f"{measured}: memory bandwidth of an elementwise fusion"
+        sources["hbm"] = f"{measured}: a layer's non-matmul work at the bytes the model counts"
     fixed = XLA_GPU_FIXED_BYTES if spec.kind == "gpu" else 0
     gpu = spec.kind == "gpu"
     if gpu:

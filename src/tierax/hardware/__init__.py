@@ -2,8 +2,8 @@
 
 Each figure names its source.  ``device_spec`` fields (SMs, clocks, memory size and
 bandwidth, L2, compute capability, PCIe figure) are XLA's public device
-specifications (``xla/backends/gpu/target_config/specs/``, Apache-2.0), as also
-used in ``shared/gpu-targets``.  Peak FLOP/s are NVIDIA's datasheet dense (no
+specifications (``xla/backends/gpu/target_config/specs/``, Apache-2.0; the rendered
+configs are in ``tests/fixtures/gpu-targets``).  Peak FLOP/s are NVIDIA's datasheet dense (no
 sparsity) figures.  Host-link bandwidths are per direction; ``host_link_bps`` is the
 effective rate estimates use.
 """
@@ -14,6 +14,7 @@ from tierax.hardware.targets import (
     compile_target,
     fit_limit_bytes,
     get_target,
+    platform,
     usable_bytes,
 )
 from tierax.hardware.tpus import TPU_TARGETS, TpuSpec
@@ -29,6 +30,7 @@ __all__ = [
     "compile_target",
     "fit_limit_bytes",
     "get_target",
+    "platform",
     "render_target_config",
     "scheduling_target_config",
     "usable_bytes",

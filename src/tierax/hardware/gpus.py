@@ -69,7 +69,8 @@ TARGETS: dict[str, GpuSpec] = {
         compute_capability=(9, 0),
         # NVIDIA H100 SXM datasheet: 989 TF bf16, 1979 TF fp8, 494 TF tf32, 67 TF fp32 (dense).
         peak_flops={"bf16": 989e12, "fp8": 1979e12, "tf32": 494e12, "fp32": 67e12},
-        # PCIe Gen5 x16: 64 GB/s per direction in theory; ~55 GB/s measured (DESIGN.md).
+        # PCIe Gen5 x16: 64 GB/s per direction in theory; ~55 GB/s in public pinned-memory copy
+        # measurements (bench/gpu_check.py measures the device at hand).
         host_link_theory_bps=64 * GB,
         host_link_bps=55 * GB,
         host_link_source="PCIe5 x16, measured ≈55 GB/s",
@@ -151,7 +152,7 @@ TARGETS: dict[str, GpuSpec] = {
         # (dense).
         peak_flops={"bf16": 2.5e15, "fp8": 5e15, "tf32": 1.25e15, "fp32": 80e12},
         # NVLink-C2C: 900 GB/s bidirectional = 450 GB/s per direction in theory;
-        # ≈185 GB/s device→host measured by one public user report (DESIGN.md).
+        # ≈185 GB/s device→host measured in one public user report.
         host_link_theory_bps=450 * GB,
         host_link_bps=185 * GB,
         host_link_source="NVLink-C2C, measured ≈185 GB/s D2H",

@@ -37,6 +37,16 @@ def get_target(key: str) -> GpuSpec | TpuSpec:
     )
 
 
+def platform(key: str) -> str:
+    """The platform a target's step runs on: ``gpu``, ``tpu``, or ``cpu`` (the calibrated local
+    target); what ``attention: auto`` is chosen for (tierax.models.for_platform).
+
+    Raises:
+      TieraxError: an unknown target.
+    """
+    return "cpu" if key == "cpu" else get_target(key).kind
+
+
 def compile_target(key: str) -> GpuSpec | TpuSpec:
     """A target XLA describes (deviceless compile needs its device spec).
 

@@ -32,6 +32,7 @@ from tierax.errors import TieraxError
 from tierax.interop import maxtext_keys as K
 from tierax.interop.maxtext_keys import model_keys
 from tierax.mesh import MeshShape
+from tierax.models.config import for_platform
 from tierax.plan import Placement, Plan, resolve
 
 # tierax schedule (cost model) → XLA flag preset (tierax.xla_flags.PRESETS).
@@ -143,7 +144,8 @@ def overrides(
     plan: Plan, cfg, *, microbatch: int, seq: int, mesh: Mapping[str, int], target: str = "h200"
 ) -> dict:
     """The MaxText keys of a run of ``plan`` (mapping in file order; see the module docstring)."""
-    kind = "cpu" if target == "cpu" else hardware.get_target(target).kind  # unknown: refused
+    kind = hardware.platform(target)  # unknown: refused
+    cfg = for_platform(cfg, kind)  # attention: auto, as the target runs it
     MeshShape(**{a: int(v) for a, v in mesh.items()}).check_model(cfg, where="--mesh")
     placements = uniform_placements(plan, cfg)
     remat = {k: placements[k].value if k in placements else "remat" for k in K.REMAT_KEYS}
@@ -190,6 +192,7 @@ def overrides_yaml(
     notes: tuple[str, ...] = (),
 ) -> str:
     """:func:`overrides` as a commented YAML file, the environment first (as ``export`` lines)."""
+    cfg = for_platform(cfg, hardware.platform(target))
     keys = overrides(plan, cfg, microbatch=microbatch, seq=seq, mesh=mesh, target=target)
     devices = math.prod(int(v) for v in mesh.values())
     env, why = runtime_env(

@@ -7,8 +7,8 @@ main at e591f30cb, identical lists) and ``RematAndOffload`` in ``configs/types.p
 MaxText sets each key once for every layer; tierax's activation names
 (:mod:`tierax.names`) are a subset of these keys with the same meaning.
 
-This module does not import :mod:`tierax.plan` (``plan.load_plan`` calls it): it
-returns the plan's dict form, which ``Plan.from_dict`` reads.
+It returns the plan's dict form, which ``Plan.from_dict`` reads
+(:func:`tierax.interop.files.load_plan` does).
 """
 
 from __future__ import annotations

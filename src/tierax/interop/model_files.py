@@ -10,9 +10,9 @@ Every key is either modelled (mapped onto a field), required to have the value
 tierax models (e.g. ``hidden_act: silu``), accepted as *not modelled* — it changes
 neither memory nor FLOPs of a training step (RoPE scaling details, routing-group
 limits, token ids) or describes inference only — and listed on stderr, or refused
-(exit 2) naming it.  Imported configs use blockwise (flash-style) attention, as
-MaxText and Hugging Face training on GPUs use fused attention that never holds the
-full score matrix.
+(exit 2) naming it.  Imported configs use ``attention: auto`` — cuDNN's fused flash
+attention for a GPU target, blockwise (flash-style) elsewhere — as MaxText and Hugging
+Face training on GPUs use fused attention that never holds the full score matrix.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 from tierax import schema
 from tierax.errors import TieraxError
-from tierax.models.config import DeepSeekConfig, LlamaConfig
+from tierax.models.config import AUTO_ATTENTION, DeepSeekConfig, LlamaConfig
 
 MAXTEXT_BLOCKS = {"llama2": "llama", "deepseek": "deepseek"}
 HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "DeepseekV3ForCausalLM": "deepseek"}
@@ -235,7 +235,7 @@ def from_maxtext(data: Mapping, path: pathlib.Path):
     cls = LlamaConfig if family == "llama" else DeepSeekConfig
     cfg = _build(
         cls,
-        {"name": _name_of(path), "attention": "blockwise", **values},
+        {"name": _name_of(path), "attention": AUTO_ATTENTION, **values},
         source,
         {f: k for k, f in fields.items()},
     )
@@ -396,7 +396,7 @@ def from_hf(data: Mapping, path: pathlib.Path):
     cls = LlamaConfig if family == "llama" else DeepSeekConfig
     cfg = _build(
         cls,
-        {"name": _name_of(path), "attention": "blockwise", "dtype": dtype, **values},
+        {"name": _name_of(path), "attention": AUTO_ATTENTION, "dtype": dtype, **values},
         source,
         {f: k for k, f in fields.items()},
     )

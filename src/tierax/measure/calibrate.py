@@ -1,8 +1,12 @@
 """``tierax calibrate``: measure the rates the cost model uses, on the machine at hand.
 
-Measured (:mod:`tierax.measure.harness`): the memory bandwidth of an elementwise fusion (the
-cost model's non-matmul term), on a CPU the rate at which fresh buffers are first written (page
-faults: the cost model's first-touch term), the matmul rate per compute dtype (float32 and
+Measured (:mod:`tierax.measure.harness`): the rate at which a layer's non-matmul work (a norm, a
+gated activation, a softmax, their gradients) moves the bytes the cost model counts for it (the
+non-matmul term), the bandwidth of a streaming elementwise fusion (for reference), on a CPU the
+rate at which fresh buffers are first written (page
+faults: the cost model's first-touch term) and the rate at which XLA:CPU's slow transposing
+fusion reads its inputs (the transposing-fusion term),
+the matmul rate per compute dtype (float32 and
 bfloat16; on a CPU a mix of GEMM shapes as the three GEMMs a training step runs, their own page
 faults taken off at that first-touch rate, on a GPU one large square GEMM), and on a GPU the
 host↔device copy bandwidth each way (pinned host memory).  Results are stored in
@@ -38,7 +42,12 @@ def target_key() -> str:
 
 def stages(gpu: bool) -> list[str]:
     """The measurements :func:`measure` makes, in order (what a progress bar counts)."""
-    return ["memory"] + [f"matmul {d}" for d in DTYPES] + (["host link"] if gpu else [])
+    return (
+        ["memory"]
+        + ([] if gpu else ["transposing fusion"])
+        + [f"matmul {d}" for d in DTYPES]
+        + (["host link"] if gpu else [])
+    )
 
 
 def measure(
@@ -59,18 +68,31 @@ def measure(
     # Memory first: on a CPU the GEMMs' own page faults are taken off at its first-touch rate.
     mem = harness.stream_and_first_touch((1 << 30) if gpu else (64 << 20), repeats=repeats + 2)
     micro["memory"] = mem
-    entry["memory_bytes_per_s"] = mem["memory_bytes_per_s"]
-    if "first_touch_bytes_per_s" in mem:
-        entry["first_touch_bytes_per_s"] = mem["first_touch_bytes_per_s"]
+    entry["stream_bytes_per_s"] = mem["memory_bytes_per_s"]
+    touch = mem.get("first_touch_bytes_per_s")
+    if touch:
+        entry["first_touch_bytes_per_s"] = touch
+    # What the non-matmul term reads: a layer's non-matmul work at the bytes the model counts.
+    nm = harness.nonmatmul_rate(
+        harness.GPU_NONMATMUL_SHAPE if gpu else None,
+        repeats=repeats + 2,
+        first_touch_bytes_per_s=touch,
+    )
+    micro["nonmatmul"] = nm
+    entry["memory_bytes_per_s"] = nm["bytes_per_s"]
     if progress:
         progress("memory")
+    if not gpu:  # XLA:CPU's transposing fusions (tierax.hbm.transposed_reads)
+        tr = harness.transposed_fusion_rate(repeats=repeats, first_touch_bytes_per_s=touch)
+        micro["transposed_fusion"] = tr
+        entry["transpose_read_elems_per_s"] = tr["elems_per_s"]
+        if progress:
+            progress("transposing fusion")
     for dtype in DTYPES:
         if gpu:
             r = harness.matmul_rate(dtype, matmul_n, repeats, best=False)
         else:
-            r = harness.matmul_mix_rate(
-                dtype, repeats=repeats, first_touch_bytes_per_s=entry["first_touch_bytes_per_s"]
-            )
+            r = harness.matmul_mix_rate(dtype, repeats=repeats, first_touch_bytes_per_s=touch)
         entry[f"matmul_flops_per_s_{dtype}"] = r["flops_per_s"]
         micro[f"matmul_{dtype}"] = r
         if progress:

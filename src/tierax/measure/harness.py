@@ -59,16 +59,40 @@ def matmul_rate(
 # three GEMMs a training step runs for it (:data:`MATMUL_ROLES`).  No case of
 # bench/time_fidelity.py has any of these dimensions.
 CPU_MATMUL_SHAPES = ((1536, 640, 2560), (1536, 640, 24000))
-# role → (lhs shape, rhs shape, dimension numbers) from (M, K, N).  The weight gradient
-# dW[K, N] = xᵀ·dy is laid out as XLA:CPU's optimised HLO of a train step lays it out: x as is
-# (contracted over its major dimension), dy transposed to [N, M] (contracted over its minor one),
-# which XLA:CPU runs as an Eigen dot, slower than the other two (bench/time_fidelity.py's
-# per-op profiles).
-MATMUL_ROLES = {
-    "forward": (lambda m, k, n: ((m, k), (k, n), (((1,), (0,)), ((), ())))),
-    "input-gradient": (lambda m, k, n: ((m, n), (k, n), (((1,), (1,)), ((), ())))),
-    "weight-gradient": (lambda m, k, n: ((m, k), (n, m), (((0,), (1,)), ((), ())))),
+# role → (lhs shape, rhs shape, the GEMM) from (M, K, N, dtype), each as XLA:CPU runs it in a
+# train step (the steps' optimised HLO).  Forward and input gradient: YNNPACK GEMMs.  The
+# weight gradient dW[K, N] = xᵀ·dy: in float32 an Eigen dot of x (contracted over its major
+# dimension) and dy laid out transposed [N, M] (contracted over its minor one; the transposing
+# fusion that writes it is priced apart, tierax.costmodel.transposes); in bfloat16 XLA:CPU
+# converts the operands to float32 and lays them out for a YNNPACK GEMM, so there the GEMM is
+# written as JAX writes it (dot_general(dy, x) over the tokens, transposed) and XLA chooses.
+_DN = {
+    "forward": (((1,), (0,)), ((), ())),
+    "input-gradient": (((1,), (1,)), ((), ())),
+    "weight-gradient": (((0,), (0,)), ((), ())),
+    "eigen-weight-gradient": (((0,), (1,)), ((), ())),
 }
+
+
+def _weight_gradient(m: int, k: int, n: int, dtype: str):
+    if jnp.dtype(dtype) == jnp.float32:
+        return (m, k), (n, m), lambda x, dyt: _dot(x, dyt, "eigen-weight-gradient")
+    return (m, n), (m, k), lambda dy, x: _dot(dy, x, "weight-gradient").T
+
+
+MATMUL_ROLES = {
+    "forward": lambda m, k, n, dt: ((m, k), (k, n), lambda x, w: _dot(x, w, "forward")),
+    "input-gradient": lambda m, k, n, dt: (
+        (m, n),
+        (k, n),
+        lambda dy, w: _dot(dy, w, "input-gradient"),
+    ),
+    "weight-gradient": _weight_gradient,
+}
+
+
+def _dot(a, b, role: str):
+    return jax.lax.dot_general(a, b, _DN[role])
 
 
 def _minor_faults() -> int:
@@ -98,11 +122,11 @@ def matmul_mix_rate(
     key = jax.random.key(2)
     runs = []
     for m, k, n in shapes:
-        for role, dims in MATMUL_ROLES.items():
-            a_shape, b_shape, dn = dims(m, k, n)
+        for role, gemm in MATMUL_ROLES.items():
+            a_shape, b_shape, fn = gemm(m, k, n, dtype)
             a = jax.device_put(jax.random.normal(key, a_shape, jnp.float32).astype(dtype), dev)
             b = jax.device_put(jax.random.normal(key, b_shape, jnp.float32).astype(dtype), dev)
-            f = jax.jit(lambda a, b, dn=dn: jax.lax.dot_general(a, b, dn))
+            f = jax.jit(fn)
             f(a, b).block_until_ready()
             runs.append(((m, k, n), role, f, a, b, [], []))
     page = os.sysconf("SC_PAGE_SIZE")
@@ -180,6 +204,108 @@ def stream_and_first_touch(nbytes: int = 64 << 20, repeats: int = 7) -> dict:
     if dev.platform == "cpu":
         out["first_touch_bytes_per_s"] = n * 4 / max(med_fresh - med_don, 1e-9)
     return out
+
+
+# The non-matmul work of a transformer layer, forward and backward, at a size no case has:
+# tokens, width, MLP width, heads, sequence (tokens = 4 sequences).
+NONMATMUL_SHAPE = {"tokens": 1536, "width": 640, "mlp": 2560, "heads": 5, "seq": 384}
+GPU_NONMATMUL_SHAPE = {"tokens": 8192, "width": 3072, "mlp": 12288, "heads": 24, "seq": 2048}
+
+
+def _layer_nonmatmul(x, g, a, b, s):
+    """An RMSNorm with its residual add, a SwiGLU gate, a softmax: no matmul."""
+    r = jnp.mean(x * x, axis=-1, keepdims=True)
+    n = x * jax.lax.rsqrt(r + 1e-6) * g[None, :]
+    u = a * jax.nn.sigmoid(a) * b
+    e = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True))
+    return n + x, u, e / jnp.sum(e, axis=-1, keepdims=True)
+
+
+def nonmatmul_rate(
+    shape: dict | None = None, repeats: int = 7, first_touch_bytes_per_s: float | None = None
+) -> dict:
+    """The bytes per second at which a layer's non-matmul work runs, counting its bytes as the
+    cost model counts them: :func:`_layer_nonmatmul` and its gradient (``jax.vjp``), its bytes
+    by :func:`tierax.hbm.phase_bytes` on the same trace, over the median time.  On a CPU this is
+    well below a streaming copy's bandwidth (reductions, exponentials, XLA:CPU's own fusions);
+    the call's page faults are taken off at ``first_touch_bytes_per_s`` as for the GEMMs."""
+    from tierax import hbm
+
+    d = NONMATMUL_SHAPE | (shape or {})
+    t, w, f = d["tokens"], d["width"], d["mlp"]
+    scores = (t // d["seq"], d["heads"], d["seq"], d["seq"])
+
+    def fwd_bwd(x, g, a, b, s, ct):
+        y, vjp = jax.vjp(_layer_nonmatmul, x, g, a, b, s)
+        return y, vjp(hbm.marker(ct))
+
+    keys = jax.random.split(jax.random.key(4), 5)
+    args = (
+        jax.random.normal(keys[0], (t, w)),
+        jnp.ones((w,)),
+        jax.random.normal(keys[1], (t, f)),
+        jax.random.normal(keys[2], (t, f)),
+        jax.random.normal(keys[3], scores),
+        (jnp.ones((t, w)), jnp.ones((t, f)), jnp.ones(scores)),
+    )
+    nbytes = sum(hbm.phase_bytes(jax.make_jaxpr(fwd_bwd)(*args)))
+    fn = jax.jit(fwd_bwd)
+    jax.block_until_ready(fn(*args))
+    times, faults = [], []
+    for _ in range(repeats):
+        f0, t0 = _minor_faults(), time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+        faults.append(_minor_faults() - f0)
+    raw = statistics.median(times)
+    touched = statistics.median(faults) * os.sysconf("SC_PAGE_SIZE")
+    med = raw - touched / first_touch_bytes_per_s if first_touch_bytes_per_s else raw
+    med = max(med, raw / 10)
+    return {
+        "shape": d,
+        "model_bytes": nbytes,
+        "bytes_per_s": nbytes / med,
+        "times_s": times,
+        "first_touch_bytes": touched,
+    }
+
+
+# A weight gradient's operand as XLA:CPU computes it transposed (tierax.hbm.transposed_reads):
+# rows (tokens) × columns (features) of float32, three inputs, no case's dimensions.
+TRANSPOSE_SHAPE = (1536, 2560)
+
+
+def transposed_fusion_rate(
+    shape=TRANSPOSE_SHAPE, repeats: int = 5, first_touch_bytes_per_s: float | None = None
+) -> dict:
+    """Elements per second that XLA:CPU's slow transposing fusion reads from its inputs:
+    ``((a·b)·(1 − c) + c)ᵀ`` of three float32 arrays — a fusion that broadcasts a scalar and
+    writes its result transposed, which XLA:CPU runs as a loop reading each input one row
+    apart (the same fusion without the scalar runs about as fast as a copy; one slicing its
+    inputs out of a scan's stacks as slow as this: microbenchmarks).  The result's page faults
+    are taken off at ``first_touch_bytes_per_s`` as for the GEMMs."""
+    rows, cols = shape
+    keys = jax.random.split(jax.random.key(3), 3)
+    a, b, c = (jax.random.normal(k, shape, jnp.float32) for k in keys)
+    f = jax.jit(lambda a, b, c: ((a * b) * (1 - c) + c).T)
+    f(a, b, c).block_until_ready()
+    times, faults = [], []
+    for _ in range(repeats):
+        f0, t = _minor_faults(), time.perf_counter()
+        f(a, b, c).block_until_ready()
+        times.append(time.perf_counter() - t)
+        faults.append(_minor_faults() - f0)
+    raw = statistics.median(times)
+    touched = statistics.median(faults) * os.sysconf("SC_PAGE_SIZE")
+    med = raw - touched / first_touch_bytes_per_s if first_touch_bytes_per_s else raw
+    med = max(med, raw / 10)
+    return {
+        "shape": list(shape),
+        "inputs": 3,
+        "elems_per_s": 3 * rows * cols / med,
+        "times_s": times,
+        "first_touch_bytes": touched,
+    }
 
 
 def link_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> dict:

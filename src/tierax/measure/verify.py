@@ -20,9 +20,9 @@ bfloat16     2e-2
 ===========  =========
 
 On a GPU this is the check that catches a compiler that mis-addresses an offloaded
-buffer (DESIGN.md: XLA once returned silently wrong gradients for offloaded scan
-residuals).  On XLA:CPU offloading is a no-op, so a CPU pass says nothing about the
-offload path itself.
+buffer (openxla/xla#46231: XLA returned silently wrong gradients for offloaded scan
+residuals read with a reversed dynamic-slice offset).  On XLA:CPU offloading is a no-op,
+so a CPU pass says nothing about the offload path itself.
 """
 
 from __future__ import annotations

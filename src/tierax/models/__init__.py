@@ -11,6 +11,7 @@ from tierax.models.config import (
     LayerGroup,
     LlamaConfig,
     ModelConfig,
+    for_platform,
     get_config,
 )
 from tierax.models.config_files import (
@@ -37,6 +38,7 @@ def abstract_model(cfg: ModelConfig) -> Decoder:
 
 
 __all__ = [
+    "for_platform",
     "FAMILIES",
     "NAMED_CONFIGS",
     "DeepSeekConfig",

@@ -281,6 +281,11 @@ def causal_attention(
     each other silently."""
     if impl == "xla":
         return xla_attention(q, k, v, segment_ids)
+    if impl == "auto":
+        raise ValueError(
+            "attention=auto is chosen per platform before tracing "
+            "(tierax.models.for_platform); this trace got it unresolved"
+        )
     if impl == "cudnn" and segment_ids is not None:
         raise ValueError(
             "attention=cudnn cannot mask packed documents (JAX's cuDNN entry takes no segment "

@@ -20,6 +20,11 @@ from tierax.errors import TieraxError
 
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_IMPLS = ("xla", "blockwise", "cudnn", "cudnn_blockwise")
+# ``auto``: chosen per platform by :func:`for_platform` before anything is traced (cuDNN's fused
+# attention on a GPU where the config admits it, blockwise elsewhere).
+AUTO_ATTENTION = "auto"
+ATTENTION_CHOICES = (*ATTENTION_IMPLS, AUTO_ATTENTION)
+PLATFORMS = ("gpu", "tpu", "cpu")
 # What an abstract trace on the host runs in place of an implementation that only a GPU runs.
 HOST_TRACEABLE_ATTENTION = {"cudnn": "cudnn_blockwise"}
 
@@ -58,9 +63,9 @@ def _check_common(cfg: Any) -> None:
         )
     _check(cfg.norm_eps > 0, f"norm_eps must be > 0, got {cfg.norm_eps!r}")
     _check(
-        cfg.attention in ATTENTION_IMPLS,
+        cfg.attention in ATTENTION_CHOICES,
         f"attention={cfg.attention!r} is not an attention implementation; use one of "
-        f"{', '.join(ATTENTION_IMPLS)}",
+        f"{', '.join(ATTENTION_CHOICES)}",
     )
     _check(
         isinstance(cfg.attention_block, int) and cfg.attention_block > 0,
@@ -69,23 +74,29 @@ def _check_common(cfg: Any) -> None:
     _check(cfg.rope_theta > 0, f"rope_theta must be > 0, got {cfg.rope_theta!r}")
 
 
+def _fused_attention_problem(cfg: Any) -> str | None:
+    """Why cuDNN's flash attention cannot run ``cfg`` (None: it can): 16-bit compute, q/k head dim
+    a multiple of 8 up to 256 (Hopper and later; the v head dim is padded to it,
+    tierax.models.attention)."""
+    if cfg.dtype not in ("bfloat16", "float16"):
+        return (
+            f"runs cuDNN's flash attention, which needs dtype bfloat16 or float16 (got "
+            f"{cfg.dtype}); set dtype=bfloat16 or use attention=blockwise"
+        )
+    _, dqk, dv = cfg.attention_dims()
+    if not (dqk % 8 == 0 and dqk <= 256 and dv <= dqk):
+        return (
+            f"cuDNN's flash attention needs a q/k head dim that is a multiple of 8, at most 256, "
+            f"and no smaller than the v head dim (got {dqk} and {dv}); use attention=blockwise"
+        )
+    return None
+
+
 def _check_fused_attention(cfg: Any) -> None:
-    """cuDNN's flash attention: 16-bit compute, q/k head dim a multiple of 8 up to 256 (Hopper and
-    later; the v head dim is padded to it, tierax.models.attention)."""
     if cfg.attention not in ("cudnn", "cudnn_blockwise"):
         return
-    _check(
-        cfg.dtype in ("bfloat16", "float16"),
-        f"attention={cfg.attention} runs cuDNN's flash attention, which needs dtype bfloat16 or "
-        f"float16 (got {cfg.dtype}); set dtype=bfloat16 or use attention=blockwise",
-    )
-    _, dqk, dv = cfg.attention_dims()
-    _check(
-        dqk % 8 == 0 and dqk <= 256 and dv <= dqk,
-        f"attention={cfg.attention}: cuDNN's flash attention needs a q/k head dim that is a "
-        f"multiple of 8, at most 256, and no smaller than the v head dim (got {dqk} and {dv}); use "
-        f"attention=blockwise",
-    )
+    problem = _fused_attention_problem(cfg)
+    _check(problem is None, f"attention={cfg.attention}: {problem}")
 
 
 def _check_loss_tiles(cfg: Any) -> None:
@@ -114,9 +125,9 @@ class LlamaConfig:
     norm_eps: float = 1e-5
     dtype: str = "float32"  # activation / compute dtype
     param_dtype: str = "float32"  # master weights
-    attention: str = (
-        "xla"  # xla (materialises scores) | blockwise (flash-style, tierax.models.attention)
-    )
+    # xla (materialises scores) | blockwise (flash-style) | cudnn (fused, GPU) | cudnn_blockwise
+    # (its XLA form) | auto (per platform, for_platform); tierax.models.attention
+    attention: str = "xla"
     attention_block: int = 512  # keys per block for blockwise attention
     # the loss's logits are computed in this many chunks of batch×sequence (tierax.train.loss)
     loss_tiles: int = 1
@@ -383,7 +394,7 @@ NAMED_CONFIGS: dict[str, ModelConfig] = {
         head_dim=128,
         mlp_dim=14336,
         dtype="bfloat16",
-        attention="blockwise",
+        attention=AUTO_ATTENTION,
     ),
     # Llama 3.1 405B: "The Llama 3 Herd of Models", Table 3.
     "llama3.1-405b": LlamaConfig(
@@ -396,7 +407,7 @@ NAMED_CONFIGS: dict[str, ModelConfig] = {
         head_dim=128,
         mlp_dim=53248,
         dtype="bfloat16",
-        attention="blockwise",
+        attention=AUTO_ATTENTION,
     ),
     # DeepSeek-V3: technical report §4.2 / config.json (MTP module not included).
     "deepseek-v3-671b": DeepSeekConfig(
@@ -417,9 +428,44 @@ NAMED_CONFIGS: dict[str, ModelConfig] = {
         num_shared_experts=1,
         expert_mlp_dim=2048,
         dtype="bfloat16",
-        attention="blockwise",
+        attention=AUTO_ATTENTION,
     ),
 }
+
+
+def for_platform(cfg, platform: str, *, documents: bool = False):
+    """``cfg`` with ``attention: auto`` chosen for ``platform`` (``gpu``, ``tpu`` or ``cpu``):
+    cuDNN's fused flash attention on a GPU, which is what GPU training runs, wherever the config
+    admits it (16-bit compute, legal head dims, no packed ``documents`` to mask: JAX's cuDNN entry
+    takes no segment ids); ``blockwise`` otherwise.  Any other attention is the user's choice and
+    is returned as given.
+
+    Raises:
+      TieraxError: an unknown platform.
+    """
+    import dataclasses
+
+    if platform not in PLATFORMS:
+        raise TieraxError(f"unknown platform {platform!r}; use one of {', '.join(PLATFORMS)}")
+    if cfg.attention != AUTO_ATTENTION:
+        return cfg
+    fused = platform == "gpu" and not documents and _fused_attention_problem(cfg) is None
+    return dataclasses.replace(cfg, attention="cudnn" if fused else "blockwise")
+
+
+def require_concrete_attention(cfg, where: str) -> None:
+    """Refuse ``attention: auto`` where it has not been chosen for a platform yet.
+
+    Raises:
+      TieraxError: naming the fix.
+    """
+    if cfg.attention == AUTO_ATTENTION:
+        raise TieraxError(
+            f"{where}: {cfg.name} has attention=auto, which is chosen per platform; resolve it "
+            "first with tierax.models.for_platform(cfg, 'gpu' | 'tpu' | 'cpu') (the CLI does so "
+            "from --target or the local backend), or set an attention (e.g. --set "
+            "attention=blockwise)"
+        )
 
 
 def host_traceable(cfg):

@@ -142,21 +142,16 @@ def apply_overrides(cfg: ModelConfig, overrides: Sequence[str]) -> ModelConfig:
     return new
 
 
+FILE_HINT = "write one with `tierax models show NAME > FILE.yaml` and edit it"
+
+
 def load_model_config(path: str | pathlib.Path) -> ModelConfig:
-    """Read a model config file: tierax's YAML (``family`` plus dataclass fields), a MaxText
-    model YAML or a Hugging Face ``config.json`` (told apart by their keys; see
-    :mod:`tierax.interop.model_files`).
+    """Read a tierax model config file (``family`` plus dataclass fields); other tools' files are
+    read by :func:`tierax.interop.files.load_model_config`.
 
     Raises:
       TieraxError: the file is missing or unreadable, not YAML, not a mapping, or
-        not a valid config (see ``config_from_dict`` and ``tierax.interop.model_files``).
+        not a valid config (see ``config_from_dict``).
     """
-    from tierax.interop import model_files
-
-    data = schema.read_yaml(
-        path,
-        "model config file",
-        "write one with `tierax models show NAME > FILE.yaml` and edit it",
-    )
-    foreign = model_files.load_foreign(data, path)
-    return foreign if foreign is not None else config_from_dict(data, source=str(path))
+    data = schema.read_yaml(path, "model config file", FILE_HINT)
+    return config_from_dict(data, source=str(path))

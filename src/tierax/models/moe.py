@@ -192,7 +192,7 @@ def backward_buffer_bytes(cfg, tokens: int, expert_shards: int) -> int:
     Each is ``[E, C, D]`` per device in the compute dtype (``C = cfg.capacity(tokens)`` for a
     device's ``tokens``; under expert parallelism ``[E / expert_shards, expert_shards × C, D]``, the
     same bytes), all live while the expert MLP is back-propagated (deviceless XLA:GPU compiles of
-    DeepSeek-V3, expert=8, 8 × 4096 per device: six 3.76 GB buffers at the peak, two of them
+    DeepSeek-V3, expert=8, 8 × 4096 per device: six such buffers at the peak, two of them
     residuals the layer's residual set already counts — the dispatch buffer and the combine's
     received outputs):
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from tierax import names as N
 from tierax.errors import TieraxError
-from tierax.plan.types import GroupPlan, Placement, Plan, _from_file_text, resolve
+from tierax.plan.types import GroupPlan, Placement, Plan, resolve
 
 # --- presets ----------------------------------------------------------------
 
@@ -66,7 +66,8 @@ def preset(name: str, cfg) -> Plan:
 
 
 def load_plan(spec: str | Plan, cfg) -> Plan:
-    """A preset name or a path to a plan YAML file, validated against ``cfg``."""
+    """A preset name or a path to a tierax plan YAML file, validated against ``cfg`` (MaxText
+    overrides are read by :func:`tierax.interop.files.load_plan`)."""
     if isinstance(spec, Plan):
         plan = spec
     elif spec in PRESETS:
@@ -85,6 +86,6 @@ def load_plan(spec: str | Plan, cfg) -> Plan:
                 f"plan file {spec!r} is not UTF-8 text ({e.reason} at byte {e.start}); give a plan "
                 "YAML file such as `tierax plans --show minimal --yaml` prints"
             ) from None
-        plan = _from_file_text(text, str(path), cfg)
+        plan = Plan.from_yaml(text, source=str(path))
     resolve(plan, cfg)
     return plan

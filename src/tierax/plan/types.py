@@ -14,7 +14,6 @@ import yaml
 
 from tierax import names as N
 from tierax.errors import TieraxError
-from tierax.interop import maxtext_keys
 
 
 class Placement(str, enum.Enum):  # noqa: UP042 — str() and format() keep Enum's spelling
@@ -257,22 +256,6 @@ def _check_partition(gp: GroupPlan, num_layers: int, where: str) -> None:
                 f"{where}: layer(s) {', '.join(map(str, bad))} in {what}; segments must cover "
                 f"layers 0-{num_layers - 1} exactly once"
             )
-
-
-def _from_file_text(text: str, source: str, cfg) -> Plan:
-    """A tierax plan file, or MaxText overrides (``remat_policy: custom``, as ``--emit maxtext``
-    writes)."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError:
-        data = None  # from_yaml reports it
-    if maxtext_keys.is_override_file(data):
-        maxtext_keys.check_model(data, cfg, source)
-        groups = {g.name: g.activations for g in cfg.layer_groups()}
-        return Plan.from_dict(
-            maxtext_keys.plan_dict(data, groups, source=source, text=text), source=source
-        )
-    return Plan.from_yaml(text, source=source)
 
 
 def resolve(plan: Plan, cfg) -> dict[str, dict[str, Placement]]:

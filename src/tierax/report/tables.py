@@ -232,6 +232,11 @@ def prediction_table(pred, title: str) -> Table:
             if b.get("first_touch_s")
             else []
         ),
+        *(
+            [("  XLA:CPU's transposing fusions (CPU)", ms(b["transpose_s"]))]
+            if b.get("transpose_s")
+            else []
+        ),
         ("TFLOP/s/device (model FLOPs)", f"{pred.tflops_per_device:.1f}"),
     ]
     for k, v in rows:
@@ -341,19 +346,35 @@ def calibration_table(entry: dict) -> Table:
         rate = entry[f"matmul_flops_per_s_{dtype}"]
         gemms = _gemms(micro.get(f"matmul_{dtype}", {}))
         t.add_row(f"matmul {dtype}", f"{rate / 1e12:.3f} TFLOP/s", gemms)
-    mem = micro.get("memory", {})
+    mem, nm = micro.get("memory", {}), micro.get("nonmatmul", {})
     size = f"{mem.get('bytes_per_array', 0) / 2**20:.0f} MiB arrays"
+    what = ", ".join(f"{k} {v}" for k, v in nm.get("shape", {}).items())
+    rate = entry["memory_bytes_per_s"]
     t.add_row(
-        "memory (non-matmul work)",
-        f"{entry['memory_bytes_per_s'] / 1e9:.1f} GB/s",
-        f"y ← a·x + y, y donated, {size}",
+        "non-matmul work (the model's bytes)",
+        f"{rate / 1e9:.1f} GB/s",
+        f"a norm, a gated activation, a softmax and their gradients: {what}",
     )
+    if "stream_bytes_per_s" in entry:
+        t.add_row(
+            "streaming (reference)",
+            f"{entry['stream_bytes_per_s'] / 1e9:.1f} GB/s",
+            f"y ← a·x + y, y donated, {size}",
+        )
     if "first_touch_bytes_per_s" in entry:
         rate = entry["first_touch_bytes_per_s"]
         t.add_row(
             "first touch of fresh memory",
             f"{rate / 1e9:.2f} GB/s",
             f"the same with a fresh output, minus the donated time, {size}",
+        )
+    if "transpose_read_elems_per_s" in entry:
+        shape = "×".join(map(str, micro.get("transposed_fusion", {}).get("shape", [])))
+        rate = entry["transpose_read_elems_per_s"]
+        t.add_row(
+            "XLA:CPU's slow transposing fusion",
+            f"{rate / 1e6:.0f} M elements/s",
+            f"((a·b)·(1 − c) + c)ᵀ, {shape}, reads of its three inputs",
         )
     for key, name in (
         ("d2h_bytes_per_s", "device → pinned host"),

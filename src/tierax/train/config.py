@@ -38,6 +38,7 @@ from tierax import plan as plan_lib
 from tierax import xla_flags
 from tierax.errors import TieraxError
 from tierax.fileio import check_output_dir
+from tierax.interop import files
 from tierax.mesh import BATCH_AXES, MeshShape
 from tierax.models import ModelConfig, apply_overrides, config_from_dict, config_to_dict, get_config
 from tierax.schema import field_types, read_yaml, scalar, unknown_keys
@@ -267,7 +268,7 @@ def _plan(raw: Any, cfg: ModelConfig, where: str) -> plan_lib.Plan:
             f"{where}: plan must be a preset ({', '.join(plan_lib.PRESETS)}), a plan file or a "
             f"plan mapping"
         )
-    return plan_lib.load_plan(raw, cfg)
+    return files.load_plan(raw, cfg)
 
 
 def parse_overrides(overrides: Sequence[str]) -> list[tuple[list[str], Any]]:

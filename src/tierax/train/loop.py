@@ -320,8 +320,8 @@ class Trainer:
         )
         # Compiled ahead to time it; the loop then calls the jitted function, which reuses this
         # executable through JAX's caches and dispatches through its C++ fast path (calling the
-        # Compiled object flattens the state in Python every step: measured 1–4 % of a demo CPU
-        # step).
+        # Compiled object flattens the state in Python every step, a cost bench/train_overhead.py
+        # would count).
         t0 = time.perf_counter()
         batch_spec = jax.ShapeDtypeStruct(
             self._global_shape, jnp.int32, sharding=self._batch_sharding

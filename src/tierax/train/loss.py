@@ -68,7 +68,7 @@ def _chunk_nll(mesh, platform: str | None):
         # (softmax − one-hot) · g in one elementwise pass over the logits, in the compute dtype.
         # Differentiated by JAX, the target pick (take_along_axis) scatters into a zeroed [B, s, V]
         # array that is added: two more passes.  (A scatter of −g at the targets into softmax·g cost
-        # XLA:TPU another logits-sized buffer: 164.6 vs 128.2 MB in tests/test_tpu.py's v5p plan.)
+        # XLA:TPU another logits-sized buffer of temp in tests/test_tpu.py's v5p plan.)
         # The head's two backward matmuls then run in the compute dtype, like every other matmul of
         # the step: JAX's own transpose of the float32-output einsum multiplies the float32
         # gradient, and XLA converts the bfloat16 head and hidden states to float32 for it (float32

@@ -1,0 +1,193 @@
+"""What every bench script shares: the record envelope, the ``--out`` check, the atomic write and
+the runner for child processes.
+
+Bench scripts run as ``python bench/NAME.py`` (this directory is then first on ``sys.path``) and
+import this module as ``_common``.  Importing it does not import JAX: a script that only runs the
+CLI in child processes records its machine without starting a backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import pathlib
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+
+from tierax import records
+from tierax.errors import TieraxError
+from tierax.fileio import check_output_file, write_text_atomic
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """The command as it was typed: ``python bench/NAME.py`` and the arguments (``argv``, default
+    ``sys.argv[1:]``)."""
+    script = pathlib.Path(sys.argv[0]).resolve()
+    name = script.relative_to(ROOT) if script.is_relative_to(ROOT) else script
+    args = sys.argv[1:] if argv is None else argv
+    return " ".join(["python", str(name), *(shlex.quote(a) for a in args)])
+
+
+def envelope(schema: str, argv: Sequence[str] | None = None, *, devices: bool = False) -> dict:
+    """The fields every record starts with: schema, command, created, machine (host, CPU, cores,
+    Python, the 1-minute load average now), jax version.  JAX-free unless ``devices`` (then the
+    machine also names the platform and devices, starting JAX's backend)."""
+    doc = records.envelope(schema, command_line(argv), devices=devices)
+    doc["machine"] |= {"cores": os.cpu_count(), "load_average_1min": os.getloadavg()[0]}
+    return doc
+
+
+def out_path(text: str) -> pathlib.Path:
+    """``--out``'s type: a ``.json`` file in an existing, writable directory.  argparse turns the
+    error into exit 2 before the script does any work (defaults are checked too).
+
+    Raises:
+      argparse.ArgumentTypeError: another suffix, a missing parent directory, or a place that
+        cannot be written.
+    """
+    p = pathlib.Path(text)
+    if p.suffix != ".json":
+        raise argparse.ArgumentTypeError(f"{text!r} is not a .json file; name the record NAME.json")
+    if not p.parent.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: the directory {str(p.parent)!r} does not exist; create it or choose "
+            f"another (default: {RESULTS.relative_to(ROOT)}/)"
+        )
+    try:
+        return check_output_file(p, "--out")
+    except TieraxError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_out(ap: argparse.ArgumentParser, default: str) -> None:
+    """``--out FILE.json`` (default ``bench/results/<default>``), checked by :func:`out_path`."""
+    ap.add_argument(
+        "--out",
+        type=out_path,
+        default=str(RESULTS / default),
+        metavar="FILE.json",
+        help=f"the record to write (default: bench/results/{default})",
+    )
+
+
+def write_record(path: str | os.PathLike, doc: dict) -> pathlib.Path:
+    """Write ``doc`` as indented JSON atomically: a temporary file beside ``path``, then a rename,
+    so an interrupted run leaves the previous record (or nothing), never half of one."""
+    return write_text_atomic(path, json.dumps(doc, indent=2) + "\n")
+
+
+def tierax(*args: str) -> list[str]:
+    """The command line that runs the tierax CLI in a child process with this interpreter."""
+    return [sys.executable, "-m", "tierax.cli", *args]
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One finished child process.
+
+    Attributes:
+      wall_s: wall-clock seconds from start to exit.
+      peak_rss_bytes: the child's peak resident memory (``wait4``'s ``ru_maxrss``); None if it
+        could not be measured.
+      cpu_s: the child's user + system CPU seconds (None likewise).
+    """
+
+    command: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    wall_s: float
+    peak_rss_bytes: int | None
+    cpu_s: float | None
+
+
+# The child's rusage, taken by a small parent of its own: a process's peak RSS counts the memory of
+# the process it was forked from (kept across exec), so the child is forked from this small
+# interpreter, not from the bench script (which may hold JAX and gigabytes).  argv: the file that
+# receives "maxrss_kib cpu_s", then the command.  Exit status: the child's (127 if it cannot start).
+_MEASURE = """
+import os, signal, sys
+pid = os.fork()
+if pid == 0:
+    try:
+        os.execvp(sys.argv[2], sys.argv[2:])
+    except OSError as e:
+        print(f"{sys.argv[2]}: {e}", file=sys.stderr)
+    os._exit(127)
+_, status, ru = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as f:
+    f.write(f"{ru.ru_maxrss} {ru.ru_utime + ru.ru_stime}")
+code = os.waitstatus_to_exitcode(status)
+if code < 0:  # die of the same signal
+    if -code not in (signal.SIGKILL, signal.SIGSTOP):
+        signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+sys.exit(code)
+"""
+
+
+def run(
+    command: Sequence[str],
+    *,
+    timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+) -> Run:
+    """Run ``command`` to its end (stdin closed, stdout and stderr captured as text) and measure
+    its wall time, peak resident memory and CPU time.
+
+    Raises:
+      subprocess.TimeoutExpired: it ran past ``timeout`` seconds (it is killed first).
+    """
+    command = [str(c) for c in command]
+    with tempfile.TemporaryDirectory(prefix="tierax-bench-run-") as tmp:
+        usage_file = os.path.join(tmp, "usage")
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _MEASURE, usage_file, *command],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=None if env is None else dict(env),
+            cwd=cwd,
+            start_new_session=True,  # one process group: a timeout or Ctrl-C ends both
+        )
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except BaseException as e:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            if isinstance(e, subprocess.TimeoutExpired):
+                raise subprocess.TimeoutExpired(
+                    command,
+                    timeout,
+                    output=out.decode(errors="replace"),
+                    stderr=err.decode(errors="replace"),
+                ) from None
+            raise
+        wall = time.perf_counter() - t0
+        try:
+            maxrss_kib, cpu_s = pathlib.Path(usage_file).read_text().split()
+        except (OSError, ValueError):  # the measuring parent itself was killed: nothing measured
+            maxrss_kib, cpu_s = None, None
+    return Run(
+        command=command,
+        returncode=proc.returncode,
+        stdout=out.decode(errors="replace"),
+        stderr=err.decode(errors="replace"),
+        wall_s=wall,
+        peak_rss_bytes=None if maxrss_kib is None else int(maxrss_kib) * 1024,
+        cpu_s=None if cpu_s is None else float(cpu_s),
+    )

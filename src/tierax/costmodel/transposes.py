@@ -1,0 +1,66 @@
+"""The transposing-fusion term (CPU only).
+
+XLA:CPU computes a float32 weight-gradient operand made by elementwise operations in a fusion
+that writes it transposed.  When that fusion broadcasts a scalar or slices a scan's stacked
+residual at the loop index, it runs as a slow loop reading its inputs one row apart
+(:func:`tierax.hbm.transposed_reads` counts those reads per layer; microbenchmarks: an order of
+magnitude slower than the same fusion of plain arrays, which costs about a copy and is not
+counted).  Per group:
+
+* the fusions that broadcast are slow under every plan;
+* the others are slow where they read a residual from the scan's stacks: without remat every
+  residual is stacked; under a remat policy only the kept named activations (and the scan
+  carry) are, the rest recomputed in the backward; a residual's reads are its share of its
+  fusion's;
+* a group of one layer has no stacks (XLA drops a one-trip loop).
+
+Seconds = reads / ``Rates.transpose_read_elems_per_s`` (measured by ``tierax calibrate``);
+without that rate (GPU and TPU targets: they transpose in tiles) the term is 0.
+"""
+
+from __future__ import annotations
+
+from tierax import names as N
+from tierax import plan as plan_lib
+from tierax.costmodel.rates import Rates
+from tierax.inventory import GroupInventory, Inventory
+
+
+def group_terms(g: GroupInventory, rates: Rates) -> tuple[float, float, dict[str, float]]:
+    """(seconds under a remat policy keeping no named activation, seconds without remat,
+    {name: seconds more when kept under a remat policy}), all layers of ``g``."""
+    rate = rates.transpose_read_elems_per_s
+    if not rate:
+        return 0.0, 0.0, {}
+    layers = g.num_layers
+    stacks = 1.0 if layers > 1 else 0.0
+    named = {
+        a.name: a.transposed_elems_per_layer * layers * stacks / rate
+        for a in g.activations
+        if a.transposed_elems_per_layer
+    }
+    carry = named.pop(N.DECODER_LAYER_INPUT, 0.0)  # always kept
+    carry += g.transposed_carry_elems_per_layer * layers * stacks / rate
+    base = g.transposed_always_elems_per_layer * layers / rate + carry
+    save_all = base + g.transposed_residual_elems_per_layer * layers * stacks / rate
+    return base, save_all + sum(named.values()), named
+
+
+def transpose_s(placements: dict, inv: Inventory, rates: Rates) -> float:
+    """The term for explicit placements ``{(group, name): Placement}`` (carries may be absent;
+    offloaded counts as kept: XLA:CPU keeps it on the device)."""
+    total = 0.0
+    for g in inv.groups:
+        base, save_all, named = group_terms(g, rates)
+        mine = {
+            a.name: placements.get((g.name, a.name), plan_lib.Placement.DEVICE)
+            for a in g.activations
+            if a.name != N.DECODER_LAYER_INPUT
+        }
+        if all(p is not plan_lib.Placement.REMAT for p in mine.values()):
+            total += save_all
+        else:
+            total += base + sum(
+                s for n, s in named.items() if mine.get(n) is not plan_lib.Placement.REMAT
+            )
+    return total

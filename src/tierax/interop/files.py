@@ -1,0 +1,54 @@
+"""Input files that may be another tool's: told apart by their keys and read as tierax's own.
+
+The command line and the training config read model configs and plans through here, so a MaxText
+override file works as a plan and a MaxText model YAML or a Hugging Face ``config.json`` as a model
+config; the core loaders (:func:`tierax.models.load_model_config`,
+:func:`tierax.plan.load_plan`) read only tierax's formats.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import yaml
+
+from tierax import plan as plan_lib
+from tierax import schema
+from tierax.interop import maxtext_keys, model_files
+from tierax.models import config_files
+
+
+def load_model_config(path: str | pathlib.Path):
+    """A model config file: tierax's YAML (``family`` plus fields), a MaxText model YAML or a
+    Hugging Face ``config.json`` (:mod:`tierax.interop.model_files` tells them apart).
+
+    Raises:
+      TieraxError: the file is missing or unreadable, not YAML, not a mapping, or not a valid
+        config of its kind.
+    """
+    data = schema.read_yaml(path, "model config file", config_files.FILE_HINT)
+    foreign = model_files.load_foreign(data, path)
+    return foreign if foreign is not None else config_files.config_from_dict(data, source=str(path))
+
+
+def load_plan(spec: str | plan_lib.Plan, cfg) -> plan_lib.Plan:
+    """A preset, a tierax plan file or MaxText overrides (``remat_policy: custom``, as ``--emit
+    maxtext`` writes, refused when its model keys describe another model), validated against
+    ``cfg``.
+
+    Raises:
+      TieraxError: as :func:`tierax.plan.load_plan`, or an override file for another model.
+    """
+    if isinstance(spec, str) and spec not in plan_lib.PRESETS and pathlib.Path(spec).is_file():
+        try:
+            text = pathlib.Path(spec).read_text(encoding="utf-8")
+            data = yaml.safe_load(text)
+        except (UnicodeDecodeError, yaml.YAMLError):
+            data = None  # not another tool's file either: tierax's loader says what is wrong
+        if maxtext_keys.is_override_file(data):
+            maxtext_keys.check_model(data, cfg, spec)
+            groups = {g.name: g.activations for g in cfg.layer_groups()}
+            spec = plan_lib.Plan.from_dict(
+                maxtext_keys.plan_dict(data, groups, source=spec, text=text), source=spec
+            )
+    return plan_lib.load_plan(spec, cfg)

@@ -1,0 +1,131 @@
+"""bench/: every script starts like a script and answers --help, a bad --out is refused before any
+work, and bench/_common writes records atomically and measures each child process on its own."""
+
+import argparse
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+BENCH = pathlib.Path(__file__).resolve().parents[1] / "bench"
+SCRIPTS = sorted(p for p in BENCH.glob("*.py") if not p.name.startswith("_"))
+
+
+@pytest.fixture(scope="module")
+def common():
+    spec = importlib.util.spec_from_file_location("_common", BENCH / "_common.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["_common"] = module  # as the scripts import it (its dataclass looks it up there)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _script(path, *args, cwd):
+    return subprocess.run(
+        [sys.executable, str(path), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        cwd=cwd,
+    )
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_script_help_and_bad_out(script, tmp_path):
+    assert script.read_text().startswith("#!/usr/bin/env python3\n")
+    r = _script(script, "--help", cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith("usage: "), r.stderr[-2000:]
+    assert len(r.stdout) > 100, "--help says almost nothing"
+    if "--out" not in r.stdout:
+        assert script.name == "reference_step.py"  # prints step times; writes no record
+        return
+    missing = tmp_path / "missing" / "r.json"
+    r = _script(script, "--out", str(missing), cwd=tmp_path)
+    assert r.returncode == 2 and "does not exist" in r.stderr, r.stderr[-2000:]
+    assert not missing.parent.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_out_path_wants_json_in_an_existing_directory(common, tmp_path):
+    assert common.out_path(str(tmp_path / "r.json")) == tmp_path / "r.json"
+    with pytest.raises(argparse.ArgumentTypeError, match="not a .json file"):
+        common.out_path(str(tmp_path / "r.txt"))
+    with pytest.raises(argparse.ArgumentTypeError, match="does not exist"):
+        common.out_path(str(tmp_path / "no" / "r.json"))
+    (tmp_path / "d.json").mkdir()
+    with pytest.raises(argparse.ArgumentTypeError, match="is a directory"):
+        common.out_path(str(tmp_path / "d.json"))
+
+
+def test_write_record_renames_a_finished_file_over_the_old(common, tmp_path, monkeypatch):
+    out = tmp_path / "r.json"
+    out.write_text('{"old": 1}\n')
+    seen, rename = [], os.replace
+
+    def spy(src, dst):  # the moment of the rename: the old record whole, the new one complete
+        seen.append((pathlib.Path(src).parent, pathlib.Path(dst), out.read_text()))
+        seen.append(json.loads(pathlib.Path(src).read_text()))
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "replace", spy)
+    common.write_record(out, {"new": [1, 2]})
+    assert seen == [(tmp_path, out, '{"old": 1}\n'), {"new": [1, 2]}]
+    assert json.loads(out.read_text()) == {"new": [1, 2]} and list(tmp_path.iterdir()) == [out]
+
+
+def test_write_record_that_fails_keeps_the_old_record(common, tmp_path, monkeypatch):
+    out = tmp_path / "r.json"
+    out.write_text('{"old": 1}\n')
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space"):
+        common.write_record(out, {"new": 1})
+    assert out.read_text() == '{"old": 1}\n' and list(tmp_path.iterdir()) == [out]
+
+
+def test_envelope_names_the_command_and_machine_without_jax(common, monkeypatch):
+    monkeypatch.setattr(sys, "argv", [str(BENCH / "seed_case.py"), "--out", "x y.json"])
+    doc = common.envelope("tierax.test/1")
+    assert doc["schema"] == "tierax.test/1"
+    assert doc["command"] == "python bench/seed_case.py --out 'x y.json'"
+    assert doc["machine"]["cores"] == os.cpu_count() and "platform" not in doc["machine"]
+    assert doc["jax_version"] == __import__("jax").__version__ and doc["created"].endswith("Z")
+    # A script that only runs children records its machine without importing JAX.
+    code = (
+        f"import sys; sys.path.insert(0, {str(BENCH)!r}); import _common; "
+        "v = _common.envelope('tierax.test/1')['jax_version']; print(v, 'jax' in sys.modules)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.split() == [__import__("jax").__version__, "False"], r.stderr[-2000:]
+
+
+def test_run_measures_each_child_on_its_own(common):
+    big = common.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; b = b'x' * (96 << 20); sys.stdout.write('o' * 300_000); "
+            "sys.stderr.write('e'); sys.exit(3)",
+        ],
+        timeout=60,
+    )
+    assert big.returncode == 3 and big.stdout == "o" * 300_000 and big.stderr == "e"
+    assert big.peak_rss_bytes >= 96 << 20 and big.wall_s > 0 and big.cpu_s >= 0
+    small = common.run([sys.executable, "-c", "print('hi')"], timeout=60)
+    assert small.stdout == "hi\n" and small.peak_rss_bytes < big.peak_rss_bytes - (48 << 20)
+    env = dict(os.environ, TIERAX_BENCH_TEST="passed")
+    code = "import os, sys; print(os.environ['TIERAX_BENCH_TEST'], os.getcwd())"
+    r = common.run([sys.executable, "-c", code], env=env, cwd=BENCH, timeout=60)
+    assert r.stdout.split() == ["passed", str(BENCH)]
+    killed = common.run([sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"], timeout=60)
+    assert killed.returncode == -9
+    assert common.run(["/nonexistent/tool"], timeout=60).returncode == 127
+    with pytest.raises(subprocess.TimeoutExpired):
+        common.run([sys.executable, "-c", "import time; time.sleep(60)"], timeout=0.5)
