@@ -43,10 +43,11 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+import _common  # noqa: E402
+
 from tierax import records  # noqa: E402
 
 SCHEMA = "tierax.estimator-peer/1"
-OUT = ROOT / "bench" / "results" / "estimator_peer.json"
 MODEL, TOPOLOGY, DEVICES = "llama3-8b", "v5p-8", 4
 TIERAX_SHAPE = [
     "--model",
@@ -455,7 +456,7 @@ def main() -> int:
     ap.add_argument("--side", choices=("maxtext", "tierax", "all"), default="all")
     ap.add_argument("--seqs", default="8192,4096")
     ap.add_argument("--timeout-s", type=int, default=4 * 3600, help="per MaxText estimator run")
-    ap.add_argument("--out", default=str(OUT))
+    _common.add_out(ap, "estimator_peer.json")
     ap.add_argument(
         "--readme",
         action="store_true",
