@@ -460,7 +460,7 @@ def test_context_reads_as_attention_out_on_tpu_and_gpu(
         data["attention_out"] = attention_out
     f = tmp_path / "row.yml"
     f.write_text(yaml.safe_dump(data))
-    placements = P.resolve(P.load_plan(str(f), cfg), cfg)["decoder"]
+    placements = P.resolve(files.load_plan(str(f), cfg), cfg)["decoder"]
     assert placements[N.ATTENTION_OUT].value == read
     assert placements[N.QUERY_PROJ].value == "remat"
 
