@@ -107,7 +107,9 @@ def traced_flops(cfg, plan, microbatch, seq, shape) -> float:
 
     from tierax import jaxpr_tools
     from tierax.models import abstract_model
+    from tierax.models.config import host_traceable
 
+    cfg = host_traceable(cfg)  # cuDNN's kernel traced on the host as its XLA stand-in
     graphdef, params = nnx.split(abstract_model(cfg))
     loss = S.make_loss_fn(graphdef, P.to_policies(plan, cfg))
     tokens = jax.ShapeDtypeStruct((microbatch * shape.batch_ways, seq + 1), jnp.int32)
@@ -123,6 +125,9 @@ def cpu_compile(cfg, plan, microbatch, seq):
     XLA's cost analysis counts a while-loop body once, not once per trip: with scanned
     layers it undercounts, so FLOPs are compared with the traced jaxpr instead.
     """
+    from tierax.models.config import host_traceable
+
+    cfg = host_traceable(cfg)  # XLA:CPU runs cuDNN's kernel's XLA stand-in
     mesh = make_mesh(1, 1, devices=jax.devices()[:1])
     optimizer = S.make_optimizer()
     graphdef, state = C.abstract_train_state(cfg, optimizer, mesh)

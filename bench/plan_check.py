@@ -9,7 +9,7 @@ Each runs ``tierax plan ... --check --json`` in a child process; the record keep
 compile seconds) and whether the loop converged.  Writes bench/results/plan_check.json.
 
     .venv/bin/python bench/plan_check.py [--quick] [--out FILE] \
-        [--case "--model llama3-8b --target h200 ..."]
+        [--case "--model llama3-8b --target h200 ..."] [--only-given]
 """
 
 from __future__ import annotations
@@ -87,8 +87,15 @@ def main() -> int:
         default=[],
         help="extra `tierax plan` arguments (quoted), repeatable",
     )
+    ap.add_argument(
+        "--only-given",
+        action="store_true",
+        help="run only the --case cases (e.g. a TPU target)",
+    )
     args = ap.parse_args()
-    cases = dict(QUICK if args.quick else CASES)
+    if args.only_given and not args.case:
+        sys.exit("--only-given runs the --case cases: give at least one --case")
+    cases = {} if args.only_given else dict(QUICK if args.quick else CASES)
     cases.update({c: shlex.split(c) for c in args.case})
     out, ok = {}, True
     for label, cargs in cases.items():

@@ -1,23 +1,26 @@
 #!/usr/bin/env python3
-"""Deviceless TPU compile of a Llama shape on v5p under the planner's plan: XLA's peak vs capacity.
+"""Deviceless XLA:TPU compiles of Llama 3 8B on v5p under the planner's plan: XLA's peak vs model.
 
 Needs libtpu (the tpu-aot extra, which ``make venv`` installs; ``pip install 'tierax[tpu-aot]'``).
-For each case, runs ``tierax plan --out`` (planner cases), then ``tierax compile --target v5p
---json`` on the plan, each in its own process, and writes one record: command, machine, versions
-(jax, jaxlib, libtpu), the planner's prediction (``plan`` or ``simulate``) and XLA's figures per
-case.  Cases: the planner's plan at microbatch 4 and 2, and remat-full at microbatch 4 (nothing
-offloaded) as a reference.
+For each case, runs ``tierax plan --out`` (planner cases) or ``tierax simulate`` (fixed plans),
+then ``tierax compile --target v5p --json`` on the plan, each in its own process (this
+interpreter), and writes one record: command, machine, versions (jax, jaxlib, libtpu), the model's
+prediction and XLA's figures per case.  Default cases (8 chips, fsdp=8): the planner's plan at
+microbatch 2, 4 and 8 at sequence 8192 and at 8 and 16 at 4096, and remat-full at 4 (nothing
+offloaded) as a reference; ``--devices`` and ``--case PLAN:MB:SEQ`` choose others.  A case XLA
+refuses (out of memory) is a result.
 
-    python bench/tpu_compile.py [--out bench/results/tpu_compile.json]
+    python bench/tpu_compile.py [--out bench/results/tpu_compile.json] [--devices 8]
 
-Recorded here (2 shared CPU cores, ~12 min) with
-``PYTHONPATH=src /tmp/scratch/tpuvenv/bin/python bench/tpu_compile.py`` (Python 3.11, jax/jaxlib
-0.10.2, libtpu 0.0.42.1).
+The TPU cost-model terms follow libtpu 0.0.52 (jax 0.12, MaxText 0.2.5's pin): run it with that
+venv's Python and this checkout on ``PYTHONPATH`` (as bench/estimator_peer.py runs tierax); the
+record names the libtpu that compiled it.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import importlib.metadata
 import json
 import pathlib
@@ -29,15 +32,29 @@ import _common
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCHEMA = "tierax.tpu-compile/1"
 MODEL = ["--model", "llama3-8b"]
-SHAPE = ["--target", "v5p", "--devices", "8", "--mesh", "fsdp=8", "--seq", "8192"]
-CASES = [("planner", 4), ("remat-full", 4), ("planner", 2)]  # (plan, microbatch per device)
+TARGET = ["--target", "v5p"]
+# (plan, microbatch per device, sequence)
+CASES = [
+    ("planner", 2, 8192),
+    ("planner", 4, 8192),
+    ("planner", 8, 8192),
+    ("remat-full", 4, 8192),
+    ("planner", 8, 4096),
+    ("planner", 16, 4096),
+]
 GIB = 2**30
 
 
+class CaseFailed(Exception):
+    pass
+
+
 def _tierax(*args: str) -> tuple[dict, float]:
-    p = _common.run(_common.tierax(*args, "--json"), timeout=1800, cwd=ROOT)
+    p = _common.run(_common.tierax(*args, "--json"), timeout=3600, cwd=ROOT)
     if p.returncode != 0:
-        sys.exit(f"tierax {' '.join(args)} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
+        raise CaseFailed(
+            f"tierax {' '.join(args)} failed (exit {p.returncode}):\n{p.stderr[-3000:]}"
+        )
     return json.loads(p.stdout), p.wall_s
 
 
@@ -51,67 +68,182 @@ def _versions() -> dict:
     return out
 
 
+def _gib(n):
+    return None if n is None else round(n / GIB, 2)
+
+
+def run_case(plan: str, mb: int, seq: int, shape_base: list[str], tmp: str) -> tuple[dict, dict]:
+    """One case: (its full record, its summary).  A failed command is recorded, not fatal."""
+    shape = [*shape_base, "--seq", str(seq), "--microbatch", str(mb)]
+    case: dict = {"plan": plan, "microbatch": mb, "seq": seq}
+    try:
+        if plan == "planner":
+            plan = str(pathlib.Path(tmp) / f"planner-{mb}-{seq}.yaml")
+            prediction, case["plan_wall_s"] = _tierax("plan", *MODEL, *shape, "--out", plan)
+            case |= {"plan_yaml": pathlib.Path(plan).read_text(), "planner_result": prediction}
+        else:  # the cost model's prediction for a fixed plan
+            simulated, _ = _tierax("simulate", *MODEL, *shape, "--plan", plan)
+            case["planner_result"] = {
+                "predicted": simulated[0] if isinstance(simulated, list) else simulated
+            }
+        compiled, case["wall_s"] = _tierax("compile", *MODEL, *shape, "--plan", plan)
+    except CaseFailed as e:
+        case["error"] = str(e)
+        return case, {"error": str(e).splitlines()[0]}
+    case["compile"] = compiled
+    summary = {
+        "xla_peak_gib": _gib(compiled["device_peak_bytes"]),
+        "xla_temp_gib": _gib(compiled["device_temp_bytes"]),
+        "limit_gib": _gib(compiled["device_limit_bytes"]),
+        "fits": compiled["fits"],
+        "out_of_memory": compiled["out_of_memory"],
+        "host_temp_gib": _gib(compiled["host_temp_bytes"]),
+        "compile_time_s": round(compiled["compile_time_s"], 1),
+    }
+    pred = case["planner_result"]["predicted"]
+    summary["predicted"] = {
+        "peak_device_gib": round(pred["peak_device_bytes"] / GIB, 2),
+        "host_gib": round(pred["host_bytes"] / GIB, 2),
+        "fits": pred["fits"],
+        "step_time_s": pred["step_time_s"],
+        "tflops_per_device": pred["tflops_per_device"],
+    }
+    if compiled["device_peak_bytes"]:
+        summary["model_error"] = round(
+            pred["peak_device_bytes"] / compiled["device_peak_bytes"] - 1, 4
+        )
+    return case, summary
+
+
+README_START = "<!-- tpu-compile:start -->"
+README_END = "<!-- tpu-compile:end -->"
+
+
+def merge(out: pathlib.Path, other: pathlib.Path) -> None:
+    """``other``'s cases into ``out`` (a case of the same key replaced); each keeps its command."""
+    doc, new = json.loads(out.read_text()), json.loads(other.read_text())
+    for d in (doc, new):
+        for c in d["cases"]:
+            c["run"] = c.get("run") or {}
+            c["run"].setdefault("command", d["command"])
+            c["run"].setdefault("created", d.get("created"))
+            c["run"].setdefault("versions", d["versions"])
+    keys = {f"{c['plan']} mb{c['microbatch']} seq{c['seq']}" for c in new["cases"]}
+    doc["cases"] = [
+        c for c in doc["cases"] if f"{c['plan']} mb{c['microbatch']} seq{c['seq']}" not in keys
+    ] + new["cases"]
+    doc["summary"] = {k: v for k, v in doc["summary"].items() if k not in keys} | new["summary"]
+    doc["merged_from"] = [*doc.get("merged_from", []), new["command"]]
+    _common.write_record(out, doc)
+    print(f"merged {other} into {out}")
+
+
+def markdown(doc: dict) -> str:
+    """The README's table of the record (every figure read from it)."""
+    libtpu = {c.get("run", {}).get("versions", {}).get("libtpu") for c in doc["cases"]}
+    libtpu = sorted(v for v in libtpu if v) or [doc["versions"]["libtpu"]]
+    out = [
+        f"Llama 3 8B, {doc['configuration'].split('--target ')[1]}, deviceless XLA:TPU (libtpu "
+        f"{', '.join(libtpu)}); generated from `bench/results/tpu_compile.json` by "
+        "`python bench/tpu_compile.py --readme`.",
+        "",
+        "| plan | microbatch × seq | offloaded | predicted peak | XLA:TPU peak | model error | "
+        "fits XLA's limit |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in sorted(doc["cases"], key=lambda c: (-c["seq"], c["plan"], c["microbatch"])):
+        if "compile" not in c:
+            out.append(
+                f"| {c['plan']} | {c['microbatch']} × {c['seq']} | — | — | failed: "
+                f"{c['error'].splitlines()[0][:60]} | — | — |"
+            )
+            continue
+        comp, pred = c["compile"], c["planner_result"]["predicted"]
+        groups = (c["planner_result"].get("plan") or {}).get("groups", {})
+        off = sorted({n for g in groups.values() for n, v in g.items() if v == "offload"})
+        peak = comp["device_peak_bytes"]
+        err = f"{pred['peak_device_bytes'] / peak - 1:+.1%}" if peak else "—"
+        xla = f"{peak / GIB:.2f} GiB" if peak else "refused"
+        if comp["out_of_memory"] and peak:
+            xla += " (refused: XLA's stated need)"
+        out.append(
+            f"| {c['plan']} | {c['microbatch']} × {c['seq']} | {', '.join(off) or 'none'} | "
+            f"{pred['peak_device_bytes'] / GIB:.2f} GiB | {xla} | {err} | "
+            f"{'yes' if comp['fits'] else 'no'} ({comp['device_limit_bytes'] / GIB:.2f} GiB) |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def write_readme(doc: dict, readme: pathlib.Path) -> None:
+    text = readme.read_text()
+    if text.count(README_START) != 1 or text.count(README_END) != 1:
+        sys.exit(f"{readme} needs one {README_START!r} line and one {README_END!r} line after it")
+    head, rest = text.split(README_START)
+    _, tail = rest.split(README_END)
+    readme.write_text(f"{head}{README_START}\n{markdown(doc)}{README_END}{tail}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     _common.add_out(ap, "tpu_compile.json")
+    ap.add_argument("--devices", type=int, default=8, help="v5p chips (mesh fsdp=N)")
+    ap.add_argument(
+        "--case",
+        action="append",
+        metavar="PLAN:MB:SEQ",
+        help="a case (planner or a preset, microbatch per chip, sequence); repeatable; "
+        "default: the cases above",
+    )
+    ap.add_argument(
+        "--jobs", type=int, default=1, help="cases run at once (each its own processes)"
+    )
+    ap.add_argument("--merge", metavar="RECORD", help="merge RECORD's cases into --out and exit")
+    ap.add_argument(
+        "--readme", action="store_true", help="only rewrite README.md's table from --out"
+    )
     args = ap.parse_args()
+    if args.merge:
+        merge(pathlib.Path(args.out), pathlib.Path(args.merge))
+        return 0
+    if args.readme:
+        write_readme(json.loads(pathlib.Path(args.out).read_text()), ROOT / "README.md")
+        print(f"README.md's table rewritten from {args.out}")
+        return 0
+    try:
+        cases_wanted = [
+            (p, int(m), int(q)) for p, m, q in (c.split(":") for c in args.case or [])
+        ] or CASES
+    except ValueError:
+        sys.exit("--case takes PLAN:MICROBATCH:SEQ, e.g. planner:4:8192 or remat-full:4:8192")
+    if args.jobs < 1:
+        sys.exit("--jobs must be at least 1")
+    shape_base = [*TARGET, "--devices", str(args.devices), "--mesh", f"fsdp={args.devices}"]
     versions = _versions()
     if versions["libtpu"] is None:
         sys.exit("libtpu is not installed: pip install 'tierax[tpu-aot]'")
     cases, summary = [], {}
+
+    def write() -> None:  # after every case: a run stopped early keeps what it compiled
+        doc = _common.envelope(SCHEMA) | {
+            "versions": versions,
+            "configuration": " ".join([*MODEL, *shape_base]),
+            "summary": summary,
+            "cases": cases,
+        }
+        _common.write_record(args.out, doc)
+
     with tempfile.TemporaryDirectory() as tmp:
-        for plan, mb in CASES:
-            shape = [*SHAPE, "--microbatch", str(mb)]
-            case: dict = {"plan": plan, "microbatch": mb}
-            if plan == "planner":
-                plan = str(pathlib.Path(tmp) / f"planner-{mb}.yaml")
-                prediction, case["plan_wall_s"] = _tierax("plan", *MODEL, *shape, "--out", plan)
-                case |= {"plan_yaml": pathlib.Path(plan).read_text(), "planner_result": prediction}
-            else:  # the cost model's prediction for a fixed plan
-                simulated, _ = _tierax("simulate", *MODEL, *shape, "--plan", plan)
-                case["planner_result"] = {
-                    "predicted": simulated[0] if isinstance(simulated, list) else simulated
-                }
-            compiled, case["wall_s"] = _tierax("compile", *MODEL, *shape, "--plan", plan)
-            case["compile"] = compiled
-            cases.append(case)
-            key = f"{case['plan']} mb{mb}"
-            summary[key] = {
-                "xla_peak_gib": round(compiled["device_peak_bytes"] / GIB, 2),
-                "xla_temp_gib": round(compiled["device_temp_bytes"] / GIB, 2),
-                "capacity_gib": round(compiled["device_capacity_bytes"] / GIB, 2),
-                "fits": compiled["fits"],
-                "host_temp_gib": round(compiled["host_temp_bytes"] / GIB, 2),
-                "compile_time_s": round(compiled["compile_time_s"], 1),
+        with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            futures = {
+                pool.submit(run_case, plan, mb, seq, shape_base, tmp): f"{plan} mb{mb} seq{seq}"
+                for plan, mb, seq in cases_wanted
             }
-            if "planner_result" in case:
-                pred = case["planner_result"]["predicted"]
-                summary[key]["predicted"] = {
-                    "peak_device_gib": round(pred["peak_device_bytes"] / GIB, 2),
-                    "host_gib": round(pred["host_bytes"] / GIB, 2),
-                    "fits": pred["fits"],
-                    "step_time_s": pred["step_time_s"],
-                    "tflops_per_device": pred["tflops_per_device"],
-                }
-            print(
-                f"{key:15s} XLA peak {summary[key]['xla_peak_gib']:6.1f} GiB of "
-                f"{summary[key]['capacity_gib']:.1f} GiB (fits: {compiled['fits']}), host "
-                f"{summary[key]['host_temp_gib']:.2f} GiB, compile "
-                f"{compiled['compile_time_s']:.1f} s"
-                + (
-                    f"; predicted peak {summary[key]['predicted']['peak_device_gib']} GiB"
-                    if "predicted" in summary[key]
-                    else ""
-                ),
-                flush=True,
-            )
-    doc = _common.envelope(SCHEMA) | {
-        "versions": versions,
-        "configuration": " ".join([*MODEL, *SHAPE]),
-        "summary": summary,
-        "cases": cases,
-    }
-    _common.write_record(args.out, doc)
+            for done in concurrent.futures.as_completed(futures):
+                key = futures[done]
+                case, summary[key] = done.result()
+                cases.append(case)
+                print(f"{key:24s} {json.dumps(summary[key])}", flush=True)
+                write()
     print(f"wrote {args.out}")
     return 0
 

@@ -335,3 +335,47 @@ def test_fits_leaves_the_runtime_reserve_free(monkeypatch, tiny_llama_offload_vs
     )
     assert again.device_peak_bytes == peak < again.device_capacity_bytes == tight
     assert not again.fits
+
+
+def test_over_budget_gpu_compile_is_a_result_with_the_prediction():
+    """XLA:GPU compiles a program larger than the device (it does not refuse one): `compile --json`
+    reports fits false against capacity less the runtime reserve, with the model's prediction, exit
+    0.  (The TPU counterpart, where XLA refuses the program, is in tests/test_tpu.py.)"""
+    r = _cli(
+        "compile",
+        "--model",
+        "llama3-8b",
+        "--set",
+        "num_layers=2",
+        "--set",
+        "d_model=256",
+        "--set",
+        "num_heads=4",
+        "--set",
+        "num_kv_heads=2",
+        "--set",
+        "head_dim=64",
+        "--set",
+        "mlp_dim=896",
+        "--set",
+        "vocab_size=4096",
+        "--set",
+        "attention=xla",
+        "--plan",
+        "remat-full",
+        "--target",
+        "h200",
+        "--microbatch",
+        "64",
+        "--seq",
+        "8192",
+        "--json",
+    )
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    assert not out["fits"] and not out["out_of_memory"]
+    h200 = hardware.get_target("h200")
+    assert out["device_limit_bytes"] == hardware.usable_bytes(h200.device_memory_bytes)
+    assert out["device_peak_bytes"] > out["device_limit_bytes"]
+    assert out["predicted"]["fits"] is False
+    assert out["predicted"]["peak_device_bytes"] > out["device_limit_bytes"]

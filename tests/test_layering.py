@@ -57,7 +57,15 @@ LAYERS = [
     ),
     (
         "running and measuring",
-        ("tierax.launch", "tierax.compile", "tierax.plan_check", "tierax.bench", "tierax.measure"),
+        (
+            "tierax.launch",
+            "tierax.compile",
+            "tierax.compile_oom",
+            "tierax.compile_result",
+            "tierax.plan_check",
+            "tierax.bench",
+            "tierax.measure",
+        ),
     ),
     ("reporting", ("tierax.report",)),
     ("command line", ("tierax.cli",)),

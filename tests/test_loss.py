@@ -134,6 +134,48 @@ def test_bfloat16_loss_backward_multiplies_in_bfloat16():
         assert len(dots) >= 3 and all(d == ("bfloat16", "bfloat16") for d in dots), dots
 
 
+def test_tpu_loss_takes_compute_dtype_logits_and_matches_its_textbook_form():
+    """On TPU (``platform="tpu"``) the head's matmul outputs bfloat16 logits (MaxText's default
+    numerics): the loss is the textbook loss of those rounded logits, not of float32 ones, and the
+    gradients stay within bfloat16 rounding of that form's autodiff."""
+    B, S_, D, V = 4, 16, 32, 512
+    ks = jax.random.split(jax.random.key(3), 3)
+    h = jax.random.normal(ks[0], (B, S_, D)).astype(jnp.bfloat16)
+    # logits of a few units
+    w = (jax.random.normal(ks[1], (D, V)) * D**-0.5 * 8).astype(jnp.bfloat16)
+    t = jax.random.randint(ks[2], (B, S_), 0, V)
+
+    def textbook(h, w, dtype):
+        logits = jnp.einsum("bsd,dv->bsv", h, w, preferred_element_type=dtype).astype(jnp.float32)
+        logp = jax.nn.log_softmax(logits, -1)
+        return -jnp.mean(jnp.take_along_axis(logp, t[..., None], -1))
+
+    ref_loss, ref_grads = jax.value_and_grad(textbook, argnums=(0, 1))(h, w, jnp.bfloat16)
+    f32_loss = textbook(h, w, jnp.float32)
+    # the rounding shows
+    assert abs(float(ref_loss) - float(f32_loss)) > 1e-5 * abs(float(f32_loss))
+    for tiles in (1, 4):
+        fn = jax.value_and_grad(
+            lambda h, w, tiles=tiles: loss_lib.cross_entropy(h, w, t, tiles=tiles, platform="tpu"),
+            argnums=(0, 1),
+        )
+        loss, grads = jax.jit(fn)(h, w)
+        assert float(loss) == pytest.approx(float(ref_loss), rel=1e-6)
+        for g, r in zip(grads, ref_grads, strict=True):
+            g, r = np.asarray(g, np.float32), np.asarray(r, np.float32)
+            assert np.abs(g - r).max() <= 2e-2 * np.abs(r).max()
+        heads = [
+            e.outvars[0].aval.dtype
+            for e in _eqns(jax.make_jaxpr(fn)(h, w).jaxpr)
+            if e.primitive.name == "dot_general" and e.outvars[0].aval.shape[1:] == (S_ // tiles, V)
+        ]
+        # the logits come out in bfloat16
+        assert heads and all(d == jnp.bfloat16 for d in heads), heads
+    # Elsewhere the logits stay float32 (tests above): the GPU and CPU steps are unchanged.
+    assert loss_lib.logits_dtype(jnp.bfloat16, "gpu") == jnp.float32
+    assert loss_lib.logits_dtype(jnp.bfloat16, "tpu") == jnp.bfloat16
+
+
 def test_loss_tiles_must_divide_the_sequence():
     with pytest.raises(
         TieraxError, match=r"loss_tiles=5 does not divide the sequence length 32.*loss_tiles=4"

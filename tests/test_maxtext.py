@@ -76,8 +76,12 @@ def test_emitted_overrides_round_trip_to_the_same_plan(tmp_path, model, preset):
         if k in N.ALL_NAMES and k in P.resolve(plan, cfg)[cfg.layer_groups()[0].name]
     } == {n: p.value for n, p in P.resolve(plan, cfg)[cfg.layer_groups()[0].name].items()}
     assert all(
-        data[k] == "remat" for k in maxtext_keys.NO_COUNTERPART if k in maxtext_keys.REMAT_KEYS
+        data[k] == "remat"
+        for k in maxtext_keys.NO_COUNTERPART
+        if k in maxtext_keys.REMAT_KEYS and k != "context"
     )
+    # context and attention_out name one tensor on GPU and TPU
+    assert data["hardware"] == "gpu" and data["context"] == data["attention_out"]
     assert not set(maxtext_keys.RELEASE_0_2_5_KEYS) & set(
         data
     )  # MaxText 0.2.4 and main refuse them
@@ -140,7 +144,7 @@ def test_a_plan_that_differs_by_group_is_refused_naming_the_conflict(tmp_path):
 @pytest.mark.parametrize(
     "edit, fragment",
     [
-        ({"context": "offload"}, "context: offload has no tierax counterpart"),
+        ({"context": "offload", "hardware": "cpu"}, "context: offload has no tierax counterpart"),
         ({"query_proj": "keep"}, "not a MaxText placement"),
         ({"decoder_layer_input": "remat"}, "decoder_layer_input cannot be remat"),
         ({"moe_x_sorted": "device"}, "moe_x_sorted: device has no tierax counterpart"),
@@ -430,3 +434,42 @@ def test_emitted_attention_kernel_matches_the_step(attention, key):
     data = yaml.safe_load(text)
     assert data.get("attention") == key
     assert ("has no MaxText kernel" in text) == (key is None)
+
+
+@pytest.mark.parametrize(
+    "hardware, context, attention_out, read",
+    [
+        # MaxText's default hardware is tpu: splash attention's residuals
+        (None, "offload", None, "offload"),
+        ("tpu", "device", "remat", "device"),
+        ("gpu", "offload", "device", "device"),  # one tensor: the placement that keeps more of it
+        ("gpu", "remat", "offload", "offload"),
+    ],
+)
+def test_context_reads_as_attention_out_on_tpu_and_gpu(
+    tmp_path, hardware, context, attention_out, read
+):
+    """MaxText 0.2.5 names the fused attention kernel's output and log-sum-exp ``context`` (TPU
+    splash attention, GPU cuDNN flash attention) and the same output ``attention_out``: a MaxText
+    estimator row with ``context: offload`` is tierax's attention_out offloaded."""
+    cfg = get_config("tiny-llama")
+    data = {"remat_policy": "custom", "decoder_layer_input": "device", "context": context}
+    if hardware:
+        data["hardware"] = hardware
+    if attention_out:
+        data["attention_out"] = attention_out
+    f = tmp_path / "row.yml"
+    f.write_text(yaml.safe_dump(data))
+    placements = P.resolve(files.load_plan(str(f), cfg), cfg)["decoder"]
+    assert placements[N.ATTENTION_OUT].value == read
+    assert placements[N.QUERY_PROJ].value == "remat"
+
+
+def test_emit_for_a_tpu_target_says_tpu_and_context_follows_attention_out():
+    cfg = get_config("tiny-llama")
+    placements = {N.ATTENTION_OUT: "offload", N.DECODER_LAYER_INPUT: "device"}
+    plan = P.Plan("ao", {"decoder": P.GroupPlan(placements)})
+    data = yaml.safe_load(emit(plan, cfg, target="v5p"))
+    assert data["hardware"] == "tpu" and data["context"] == data["attention_out"] == "offload"
+    # dot-product attention: no context
+    assert yaml.safe_load(emit(plan, cfg, target="cpu"))["context"] == "remat"

@@ -76,7 +76,12 @@ def test_check_solves_each_iteration_through_the_same_path(monkeypatch, solves):
 
     def xla(cfg, plan, target, *, microbatch, seq, mesh):
         return types.SimpleNamespace(
-            device_peak_bytes=1, fits=True, overlap={}, host_temp_bytes=0, compile_time_s=0.0
+            device_peak_bytes=1,
+            fits=True,
+            out_of_memory=False,
+            overlap={},
+            host_temp_bytes=0,
+            compile_time_s=0.0,
         ), ""
 
     monkeypatch.setattr(compile_lib, "compile_for_target", xla)

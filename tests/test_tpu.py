@@ -229,10 +229,9 @@ def _plan_then_compile(tmp_path, model, shape, *plan_args):
 @pytest.mark.skipif(not HAS_LIBTPU, reason=NO_LIBTPU)
 def test_planner_plan_for_a_llama_shape_compiles_and_fits_on_v5p(tmp_path):
     """Llama-shaped (scaled down) on a v5p 2x2x1 slice, microbatch 8 × seq 256 per device, planned
-    in a
-    0.12 GiB device budget so that the planner must choose (it recomputes some names, keeps others).
-    XLA:TPU's compile of that plan fits the chip, keeps the planner's promise (peak ≤ the budget),
-    and its host bytes are the planner's."""
+    in a 0.12 GiB device budget so that the planner must choose (it recomputes some names, keeps
+    others).  XLA:TPU's compile of that plan fits the chip, keeps the planner's promise (peak ≤ the
+    budget), and its host bytes are the planner's."""
     shape = [
         "--target",
         "v5p",
@@ -263,11 +262,12 @@ def test_planner_plan_for_a_llama_shape_compiles_and_fits_on_v5p(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_LIBTPU, reason=NO_LIBTPU)
 def test_planner_plan_for_llama3_8b_compiles_and_fits_on_v5p(tmp_path):
-    """The full Llama 3 8B (32 layers) on 8 v5p chips at the planner's default budget: a few minutes
-    of
-    compile, so slow.  (It failed while XLA:TPU's host temp was counted as device memory too and the
-    cost model kept only one copy of the float32 logits: 110.6 GiB reported against 89.8
-    predicted.)"""
+    """The full Llama 3 8B (32 layers) on 8 v5p chips at the planner's default budget (XLA:TPU's
+    HBM limit): the plan compiles within that budget and the model is within 5 % of XLA's peak.  A
+    few minutes of compile, so slow.  (It failed while XLA:TPU's host temp was counted as device
+    memory too and the cost model kept only one copy of the float32 logits: 110.6 GiB reported
+    against 89.8 predicted; and with the GPU's loss and stacked-weight terms on TPU: 95.1 GiB
+    against a 90.2 GiB budget, bench/results/tpu_compile.json of 2026-11-30.)"""
     shape = [
         "--target",
         "v5p",
@@ -281,10 +281,121 @@ def test_planner_plan_for_llama3_8b_compiles_and_fits_on_v5p(tmp_path):
         "8192",
     ]
     planned, r = _plan_then_compile(tmp_path, ["--model", "llama3-8b"], shape)
+    predicted = planned["predicted"]["peak_device_bytes"]
     assert planned["predicted"]["fits"]
     assert r["host_temp_bytes"] == planned["predicted"]["host_bytes"]
-    assert r["fits"], (
+    # The planner's promise: XLA:TPU's peak within the budget it planned for (XLA's HBM limit).
+    assert r["fits"] and r["device_peak_bytes"] <= planned["budget_bytes"], (
         r["device_peak_bytes"],
-        r["device_capacity_bytes"],
-        planned["predicted"]["peak_device_bytes"],
+        planned["budget_bytes"],
+        predicted,
     )
+    assert abs(predicted / r["device_peak_bytes"] - 1) <= 0.05, (predicted, r["device_peak_bytes"])
+
+
+# Over budget on purpose: a scaled-down Llama with the score-materialising attention at 16 × 8192
+# tokens needs about 40 GiB on one 16 GiB v5e chip (XLA:TPU refuses it in seconds) and about 145 GiB
+# on an H200.
+OVER_BUDGET = [
+    "--model",
+    "llama3-8b",
+    *SMALL_LLAMA[2:],
+    "--set",
+    "num_layers=2",
+    "--plan",
+    "remat-full",
+    "--seq",
+    "8192",
+]
+
+
+@pytest.mark.skipif(not HAS_LIBTPU, reason=NO_LIBTPU)
+def test_out_of_memory_tpu_compile_is_a_result_with_xla_figures():
+    """XLA:TPU refuses the program (RESOURCE_EXHAUSTED): `compile` reports it as a result — fits
+    false, XLA's stated need and limit, the model's prediction — with exit 0 and no traceback, in
+    JSON and as a table."""
+    args = ["compile", *OVER_BUDGET, "--target", "v5e", "--devices", "1", "--microbatch", "16"]
+    p = _cli(*args, "--json")
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    r = json.loads(p.stdout)
+    assert r["out_of_memory"] and not r["fits"] and "RESOURCE_EXHAUSTED" in r["xla_error"]
+    limit = hardware.get_target("v5e").xla_hbm_limit_bytes
+    assert abs(r["device_limit_bytes"] - limit) <= 0.01 * 2**30  # XLA's stated limit is the table's
+    assert r["device_peak_bytes"] > 2 * r["device_limit_bytes"]
+    assert r["device_temp_bytes"] is None and r["offloaded"] == []  # no memory analysis to report
+    assert r["predicted"]["fits"] is False and r["predicted"]["peak_device_bytes"] > limit
+    t = _cli(*args)
+    assert t.returncode == 0 and "Traceback" not in t.stderr, t.stderr[-3000:]
+    assert "XLA refused the program" in t.stdout and "no" in t.stdout
+
+
+# Two buffers of 6e10 bytes each (the argument and its doubled copy behind a barrier): XLA:TPU's
+# message states their sum in its own unit, and the HBM it gives one program.
+_OOM_PROBE = """
+import json, sys
+from tierax import compile as C
+C.start_deviceless_tpu()
+import jax, jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from tierax import hardware
+out = {}
+for key, devices in (("v5e", 1), ("v5p", 4), ("v6e", 1)):
+    mesh = Mesh(C.tpu_topology(hardware.get_target(key), devices).devices[:1], ("x",))
+    rows = NamedSharding(mesh, PartitionSpec())
+    x = jax.ShapeDtypeStruct((15 * 10**9 // 1024, 1024), jnp.float32, sharding=rows)
+    try:
+        jax.jit(lambda a: jnp.sum(jax.lax.optimization_barrier(a * 2))).trace(x).lower().compile()
+        out[key] = None
+    except Exception as e:
+        oom = C.out_of_memory(e)
+        out[key] = [oom.required_bytes, oom.available_bytes]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not HAS_LIBTPU, reason=NO_LIBTPU)
+def test_xla_tpu_out_of_memory_figures_are_gib_and_the_limits_are_the_tables():
+    p = subprocess.run(
+        [sys.executable, "-c", _OOM_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    for key, (required, available) in got.items():
+        assert abs(required - 1.2e11) <= 0.01 * 2**30, (key, required)  # 111.76G: G is GiB
+        limit = hardware.get_target(key).xla_hbm_limit_bytes
+        assert abs(available - limit) <= 0.01 * 2**30, (key, available)
+    r = costmodel.target_rates("v5p", "bfloat16")
+    # what the planner budgets
+    assert r.usable_device_bytes == hardware.get_target("v5p").xla_hbm_limit_bytes
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_LIBTPU, reason=NO_LIBTPU)
+def test_plan_check_on_v5p_converges_to_a_plan_that_fits_its_budget():
+    """`plan --check` on a TPU target: a Llama-shaped model (blockwise attention, 128-key blocks: 16
+    x 16 blocks at 2048 tokens) on 4 v5p chips in a 0.6 GiB budget.  Whatever the model's miss on
+    the installed libtpu, the loop corrects it from XLA:TPU's peak and ends on a plan XLA compiles
+    within the budget, the model within 5 % of it.  (Minutes of compiles: slow.)"""
+    model = ["--model", "llama3-8b", *SMALL_LLAMA[2:-2], "--set", "attention_block=128"]
+    shape = [
+        "--target",
+        "v5p",
+        "--devices",
+        "4",
+        "--mesh",
+        "fsdp=4",
+        "--microbatch",
+        "8",
+        "--seq",
+        "2048",
+    ]
+    p = _cli("plan", *model, *shape, "--budget-gib", "0.6", "--check", "--json")
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout[p.stdout.index("{") :])
+    last = r["iterations"][-1]
+    assert r["converged"] and last["xla_fits"] and last["xla_peak_bytes"] <= 0.6 * 2**30
+    assert abs(last["peak_error"]) <= 0.05

@@ -22,7 +22,7 @@ import re
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -30,9 +30,11 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from tierax import cudnn, hardware, hlo, xla_flags
+from tierax import costmodel, cudnn, hardware, hlo, xla_flags
 from tierax import inventory as inv
 from tierax import plan as plan_lib
+from tierax.compile_oom import OutOfMemory, out_of_memory  # noqa: F401 - re-exported
+from tierax.compile_result import CompileResult, OffloadedName, refused_result
 from tierax.errors import TieraxError
 from tierax.jaxpr_tools import GROUP_SCOPE_PREFIX
 from tierax.mesh import MeshShape
@@ -120,6 +122,22 @@ def start_deviceless_tpu(preset: str = "none", accelerator_type: str | None = No
     xla_flags.configure(platforms="cpu", env=env)
 
 
+def tpu_temp_includes_host() -> bool:
+    """Whether the installed libtpu counts the host (cmem) temp inside ``temp_size_in_bytes``.
+
+    libtpu 0.0.42 does (see :func:`compile_for_target`); libtpu 0.0.52 does not: subtracting the
+    host temp there gave Llama 3 8B (key_proj, mlpwi_1 offloaded, 11 × 8192 per v5p chip) a
+    negative device peak (bench/results/estimator_peer.json's first run).  Versions between were
+    not measured; they are read as the older.
+    """
+    try:
+        version = importlib.metadata.version("libtpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    parts = tuple(int(p) for p in re.findall(r"\d+", version)[:3])
+    return parts < (0, 0, 52)
+
+
 def tpu_topology(spec, devices: int):
     """Compile-only TPU devices for a slice of ``devices`` chips (``spec.topology_name`` picks the
     shape)."""
@@ -174,64 +192,6 @@ def gpu_topology(target_config: str, devices: int, target: str):
         "GpuTargetConfigProto text file without that field (or with it fixed) as --target-config "
         "(see `tierax compile --help`)"
     )
-
-
-@dataclass(frozen=True)
-class OffloadedName:
-    group: str
-    name: str
-    expected_bytes: int  # per device, from the abstract trace
-    host_bytes: (
-        int  # per device, the matching host buffer found in the compiled program (0 if none)
-    )
-    # op_name (the name XLA kept in the store's metadata), size (none kept), "" (none)
-    matched_by: str = "op_name"
-
-    @property
-    def on_host(self) -> bool:
-        return self.host_bytes > 0
-
-
-@dataclass(frozen=True)
-class CompileResult:
-    model: str
-    plan: str
-    target: str
-    devices: int
-    mesh: dict
-    microbatch: int
-    seq: int
-    xla_preset: str
-    fits: bool
-    device_peak_bytes: int
-    device_capacity_bytes: int
-    device_argument_bytes: int
-    device_output_bytes: int
-    device_alias_bytes: int
-    device_temp_bytes: int
-    host_temp_bytes: int
-    offloaded: tuple[OffloadedName, ...]
-    overlap: dict
-    compile_time_s: float
-    attention: str = ""  # the model config's attention implementation (xla | blockwise | cudnn)
-    notes: tuple[str, ...] = field(default_factory=tuple)
-    cudnn_calls: int = 0  # cuDNN fused-attention custom calls in XLA's program (forward + backward)
-    cudnn_workspace_bytes: int = (
-        0  # their backward workspace from shapes, included in device_peak_bytes
-    )
-
-    @property
-    def offloaded_bytes_by_name(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for o in self.offloaded:
-            out[o.name] = out.get(o.name, 0) + o.host_bytes
-        return out
-
-    def to_json(self) -> dict:
-        d = asdict(self)
-        d["offloaded"] = [asdict(o) | {"on_host": o.on_host} for o in self.offloaded]
-        d["offloaded_bytes_by_name"] = self.offloaded_bytes_by_name
-        return d
 
 
 def abstract_train_state(cfg, optimizer, mesh: Mesh):
@@ -444,9 +404,36 @@ def compile_for_target(
     capability = (
         contextlib.nullcontext() if tpu else cudnn.target_capability(spec.compute_capability)
     )
-    with capability:
-        compiled = step.trace(state, tokens).lower().compile()
+    try:
+        with capability:
+            compiled = step.trace(state, tokens).lower().compile()
+    # XLA raises a generic runtime error; only an out-of-memory one is a result
+    except Exception as e:
+        refused = out_of_memory(e)
+        if refused is None:
+            raise
+        compiled = None
     compile_s = time.perf_counter() - t0
+    placements = plan_lib.resolve(plan, cfg)
+    full_inventory = inv.model_inventory(cfg, microbatch, seq, shape.to_dict())
+    predicted = _prediction(cfg, plan, full_inventory, target, xla_preset)
+    limit = hardware.fit_limit_bytes(spec)
+    if compiled is None:
+        return refused_result(
+            refused,
+            cfg=cfg,
+            plan=plan,
+            target=target,
+            devices=devices,
+            shape=shape,
+            microbatch=microbatch,
+            seq=seq,
+            xla_preset=xla_preset,
+            spec=spec,
+            limit=limit,
+            compile_s=compile_s,
+            predicted=predicted,
+        ), ""
     mem = compiled.memory_analysis()
     text = compiled.as_text()
     module = hlo.parse_module(text)
@@ -458,10 +445,11 @@ def compile_for_target(
         int(mem.temp_size_in_bytes),
     )
     host_temp = int(mem.host_temp_size_in_bytes)
-    if tpu:
-        # XLA:TPU's temp_size_in_bytes sums every memory space's temp: its host (cmem) allocation,
-        # the offloaded residuals, is in it as well as in host_temp_size_in_bytes (seen as a
-        # color-5 buffer of exactly the host temp's size in bench/tpu_compile.py's v5p compiles).
+    if tpu and tpu_temp_includes_host():
+        # libtpu 0.0.42's temp_size_in_bytes sums every memory space's temp: its host (cmem)
+        # allocation, the offloaded residuals, is in it as well as in host_temp_size_in_bytes
+        # (seen as a color-5 buffer of exactly the host temp's size in bench/tpu_compile.py's v5p
+        # compiles of 2026-11).
         temp -= host_temp
     peak = arg + out + temp - alias
     calls = cudnn.custom_calls(text)
@@ -474,8 +462,7 @@ def compile_for_target(
         )
         peak += workspace
 
-    placements = plan_lib.resolve(plan, cfg)
-    inventory = inv.for_plan(inv.model_inventory(cfg, microbatch, seq, shape.to_dict()), plan, cfg)
+    inventory = inv.for_plan(full_inventory, plan, cfg)
     wanted = [
         (a.group, a.name, a.total_bytes)
         for a in inventory.activations()
@@ -527,7 +514,7 @@ def compile_for_target(
         microbatch=microbatch,
         seq=seq,
         xla_preset=xla_preset,
-        fits=peak <= hardware.usable_bytes(spec.device_memory_bytes),
+        fits=peak <= limit,
         device_peak_bytes=peak,
         device_capacity_bytes=spec.device_memory_bytes,
         device_argument_bytes=arg,
@@ -542,8 +529,25 @@ def compile_for_target(
         notes=tuple(notes),
         cudnn_calls=calls["forward"] + calls["backward"],
         cudnn_workspace_bytes=workspace,
+        device_limit_bytes=limit,
+        predicted=predicted,
     )
     return result, text
+
+
+def _prediction(cfg, plan: plan_lib.Plan, inventory, target: str, xla_preset: str) -> dict:
+    """The cost model's figures for the plan compiled: the schedule of its XLA preset (plan
+    --check's)."""
+    rates = costmodel.target_rates(target, cfg.dtype)
+    schedule = "lhs-pipelined" if xla_preset == "lhs-pipelined" else "lhs"
+    p = costmodel.simulate(plan, inventory, cfg, rates, schedule)
+    return {
+        "peak_device_bytes": p.peak_device_bytes,
+        "host_bytes": p.host_bytes,
+        "fits": p.fits,
+        "schedule": schedule,
+        "peak_phase": p.breakdown["peak_phase"],
+    }
 
 
 def param_and_optimizer_bytes(cfg) -> int:

@@ -39,17 +39,20 @@ class Iteration:
     )
     workspace_correction_bytes: int  # added to the model's workspace term for this solve
     predicted_peak_bytes: int  # the corrected model's peak for the chosen plan
-    xla_peak_bytes: int
+    xla_peak_bytes: int | None  # an out-of-memory refusal: XLA's stated need (None: none stated)
     xla_fits: bool  # XLA's peak within the device (less the runtime reserve) and within the budget
     predicted_exposed_s: float
     xla_exposed_s: float
     predicted_step_s: float
     host_bytes: int
-    xla_host_bytes: int
+    xla_host_bytes: int | None  # None: XLA refused the program (no memory analysis)
     compile_s: float
+    out_of_memory: bool = False  # XLA refused the program for device memory
 
     @property
-    def peak_error(self) -> float:
+    def peak_error(self) -> float | None:
+        if not self.xla_peak_bytes:
+            return None
         return self.predicted_peak_bytes / self.xla_peak_bytes - 1
 
     def to_json(self) -> dict:
@@ -145,9 +148,9 @@ def check_request(
             cfg, result.plan, target, microbatch=microbatch, seq=seq, mesh=mesh
         )
         b = result.predicted.breakdown
-        fits = (
-            compiled.fits and compiled.device_peak_bytes <= budget
-        )  # the device, and the budget asked for
+        peak = compiled.device_peak_bytes  # an out-of-memory refusal: XLA's stated need, or None
+        # the device, and the budget asked for
+        fits = compiled.fits and peak is not None and peak <= budget
         step = Iteration(
             it,
             int(budget - correction),
@@ -161,15 +164,154 @@ def check_request(
             result.predicted.host_bytes,
             compiled.host_temp_bytes,
             compiled.compile_time_s,
+            compiled.out_of_memory,
         )
         steps.append(step)
         if report:
             report(step)
         if fits and abs(step.peak_error) <= tolerance:
             return CheckResult(result, tuple(steps), True, tolerance)
+        if peak is None:  # refused with no stated need: nothing to correct the model by
+            break
         # XLA's peak minus the model's raw peak for this plan: the workspace the model does not see.
         # The largest miss seen so far: a budget that only shrinks, so the loop cannot cycle between
         # plans.
-        miss = compiled.device_peak_bytes - result.predicted.peak_device_bytes
+        miss = peak - result.predicted.peak_device_bytes
         correction = miss if it == 1 else max(correction, miss)
     return CheckResult(result, tuple(steps), False, tolerance)
+
+
+@dataclass(frozen=True)
+class MicrobatchStep:
+    iteration: int
+    microbatch: int
+    # "model" (the corrected model's largest microbatch) or "bracket" (one past the largest fit)
+    proposed_by: str
+    correction_bytes: int  # XLA's peak minus the model's, from the compile before (0: none yet)
+    predicted_peak_bytes: int  # the model's peak for the plan compiled, uncorrected
+    xla_peak_bytes: int | None
+    xla_fits: bool
+    out_of_memory: bool
+    compile_s: float
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class MicrobatchCheck:
+    # the largest microbatch whose plan XLA compiled within the budget
+    result: planner.PlanResult | None
+    steps: tuple[MicrobatchStep, ...]
+    # one microbatch more was refused by XLA, or the corrected model fits no plan there
+    converged: bool
+
+    def to_json(self) -> dict:
+        return {
+            "plan": self.result.to_json() if self.result else None,
+            "steps": [s.to_json() for s in self.steps],
+            "compiles": len(self.steps),
+            "converged": self.converged,
+        }
+
+
+def max_microbatch_check(
+    cfg,
+    mesh: MeshShape,
+    rates,
+    target: str,
+    *,
+    seq: int,
+    schedule: str = "lhs",
+    budget_bytes: float | None = None,
+    host_budget_bytes: float | None = None,
+    max_compiles: int = 5,
+    report: Callable[[MicrobatchStep], None] | None = None,
+) -> MicrobatchCheck:
+    """The largest microbatch whose planned step fits in XLA's compile for ``target``.
+
+    The model proposes (``planner.max_microbatch``); XLA's compile of that plan confirms it or not;
+    the model is corrected by XLA's peak minus its own (the workspace correction of :func:`check`,
+    whose sign may say the model is high) and proposes again, within the bracket the compiles have
+    set (above the largest microbatch that fitted, below the smallest that did not; one past the
+    largest fit when the model proposes nothing new).  Stops when one more than the largest fit was
+    refused (or has no plan under the corrected model), or after ``max_compiles``.
+    """
+    budget, host_budget = planner.budgets(rates, budget_bytes, host_budget_bytes)
+    best, best_mb, fail_mb, correction, steps = None, 0, None, 0, []
+    mesh_d = mesh.to_dict()
+    converged = False
+    for it in range(1, max_compiles + 1):
+        proposed, how = None, "model"
+        try:
+            proposed = planning.solve(
+                planning.Request(
+                    cfg=cfg,
+                    mesh=mesh_d,
+                    rates=rates,
+                    seq=seq,
+                    schedule=schedule,
+                    budget_bytes=budget - correction,
+                    host_budget_bytes=host_budget,
+                    max_microbatch=True,
+                )
+            )[0]
+            if not proposed.predicted.fits and proposed.microbatch == 1:
+                proposed = None
+        except planner.NoPlanFits:
+            proposed = None
+        mb = proposed.microbatch if proposed is not None else 0
+        if mb <= best_mb or (fail_mb is not None and mb >= fail_mb):
+            mb, how = (best_mb + 1 if mb <= best_mb else fail_mb - 1), "bracket"
+        if mb < 1 or (fail_mb is not None and mb >= fail_mb) or mb <= best_mb:
+            converged = best is not None
+            break
+        if proposed is None or proposed.microbatch != mb:
+            try:
+                proposed = planning.solve(
+                    planning.Request(
+                        cfg=cfg,
+                        mesh=mesh_d,
+                        rates=rates,
+                        microbatch=mb,
+                        seq=seq,
+                        schedule=schedule,
+                        budget_bytes=budget - correction,
+                        host_budget_bytes=host_budget,
+                        name=f"planned-mb{mb}",
+                    )
+                )[0]
+            except planner.NoPlanFits:
+                if best is not None and mb == best_mb + 1:  # the corrected model fits no more
+                    converged = True
+                    break
+                raise
+        compiled, _ = compile_lib.compile_for_target(
+            cfg, proposed.plan, target, microbatch=mb, seq=seq, mesh=mesh
+        )
+        peak = compiled.device_peak_bytes
+        fits = compiled.fits and peak is not None and peak <= budget
+        step = MicrobatchStep(
+            it,
+            mb,
+            how,
+            correction,
+            proposed.predicted.peak_device_bytes,
+            compiled.device_peak_bytes,
+            fits,
+            compiled.out_of_memory,
+            compiled.compile_time_s,
+        )
+        steps.append(step)
+        if report:
+            report(step)
+        if fits:
+            best, best_mb = proposed, mb
+        else:
+            fail_mb = mb if fail_mb is None else min(fail_mb, mb)
+        if compiled.device_peak_bytes is not None:
+            correction = compiled.device_peak_bytes - proposed.predicted.peak_device_bytes
+        if best is not None and fail_mb == best_mb + 1:
+            converged = True
+            break
+    return MicrobatchCheck(best, tuple(steps), converged)

@@ -76,11 +76,7 @@ class PlanResult:
 def budgets(
     rates: cm.Rates, budget_bytes: float | None, host_budget_bytes: float | None
 ) -> tuple[int, int]:
-    dev = (
-        budget_bytes
-        if budget_bytes is not None
-        else rates.device_memory_bytes * (1 - DEFAULT_RESERVE_FRACTION)
-    )
+    dev = budget_bytes if budget_bytes is not None else rates.usable_device_bytes
     host = host_budget_bytes if host_budget_bytes is not None else rates.host_memory_bytes
     if not (math.isfinite(dev) and dev > 0 and math.isfinite(host) and host >= 0):
         raise TieraxError(

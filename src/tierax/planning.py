@@ -118,10 +118,8 @@ def check_options(
             f"appl{'ies' if one else 'y'} to a single plan; drop "
             f"{'it' if one else 'them'}, or plan one point without --sweep"
         )
-    if check and (emit or for_tool or max_microbatch):
-        raise TieraxError(
-            "--check compiles one plan at a given --microbatch; drop --emit/--for/--max-microbatch"
-        )
+    if check and (emit or for_tool):
+        raise TieraxError("--check compiles the plan it chooses; drop --emit/--for")
     if check_iterations is not None and not check:
         raise TieraxError(
             "--check-iterations bounds the compiles of --check; add --check or drop it"

@@ -165,7 +165,8 @@ def _planning(sub) -> None:
     p.add_argument(
         "--check-iterations",
         type=positive_int,
-        help=f"with --check: at most this many compiles (default {planning.CHECK_ITERATIONS})",
+        help=f"with --check: at most this many compiles (default {planning.CHECK_ITERATIONS}; "
+        f"{planning.MAX_MICROBATCH_CHECK_ITERATIONS} with --max-microbatch)",
     )
     p.add_argument(
         "--segments",

@@ -14,6 +14,7 @@ from tierax.mesh import parse_mesh
 GIB = 2**30
 CHECK_ITERATIONS = 4  # plan --check's default bound on compiles
 TOP = 5  # plan --mesh auto's default table size
+MAX_MICROBATCH_CHECK_ITERATIONS = 5  # plan --max-microbatch --check's
 # The options of `tierax plan` whose combinations tierax.planning.check_options checks.
 PLAN_OPTIONS = (
     "sweep",
@@ -279,20 +280,29 @@ def _plan_check(args) -> int:
         )
     from tierax import plan_check
 
-    def gib(n: float) -> str:  # GiB, or MiB below 1 GiB
+    def gib(n: float | None) -> str:  # GiB, or MiB below 1 GiB; None: XLA stated no figure
+        if n is None:
+            return "—"
         return f"{n / GIB:.2f} GiB" if abs(n) >= GIB else f"{n / 2**20:.2f} MiB"
+
+    def pct(e: float | None) -> str:
+        return "—" if e is None else f"{e:+.1%}"
 
     def report(s) -> None:
         print(
             f"check {s.iteration}: budget {gib(s.budget_bytes)} (workspace correction "
             f"{gib(s.workspace_correction_bytes)}) · predicted peak {gib(s.predicted_peak_bytes)} "
-            f"· XLA {gib(s.xla_peak_bytes)} ({s.peak_error:+.1%}) "
+            f"· XLA {'refused (out of memory), needs ' if s.out_of_memory else ''}"
+            f"{gib(s.xla_peak_bytes)} ({pct(s.peak_error)}) "
             f"fits={'yes' if s.xla_fits else 'NO'} · exposed transfers predicted "
             f"{s.predicted_exposed_s * 1e3:.2f} ms, XLA {s.xla_exposed_s * 1e3:.2f} ms · host "
             f"{gib(s.host_bytes)} vs XLA {gib(s.xla_host_bytes)} · compile {s.compile_s:.0f} s",
             flush=True,
         )
 
+    if args.max_microbatch:
+        args.check_iterations = args.check_iterations or MAX_MICROBATCH_CHECK_ITERATIONS
+        return _max_microbatch_check(args, cfg, mesh, rates, out, gib)
     res = plan_check.check_request(
         _request(args, cfg, mesh, rates),
         args.target,
@@ -308,7 +318,7 @@ def _plan_check(args) -> int:
     print(
         f"check {'converged' if res.converged else 'did NOT converge'} after {len(res.iterations)} "
         f"compile(s): XLA peak {gib(last.xla_peak_bytes)} of {gib(rates.device_memory_bytes)} "
-        f"({'fits' if last.xla_fits else 'does not fit'}), model within {abs(last.peak_error):.1%}"
+        f"({'fits' if last.xla_fits else 'does not fit'}), model error {pct(last.peak_error)}"
     )
     return 0 if res.converged else 1
 
@@ -467,6 +477,56 @@ def _mesh_check(found, cfg, args):
         if compiled.fits and chosen is None:
             chosen = c
     return rows, chosen
+
+
+def _max_microbatch_check(args, cfg, mesh, rates, out, gib) -> int:
+    """``plan --max-microbatch --check``: the model's largest microbatch, confirmed and corrected by
+    compiles."""
+    from tierax import plan_check
+    from tierax.fileio import write_text_atomic
+
+    def report(s) -> None:
+        xla = "refused (out of memory)" if s.out_of_memory else gib(s.xla_peak_bytes)
+        print(
+            f"compile {s.iteration}: microbatch {s.microbatch} ({s.proposed_by}; correction "
+            f"{gib(s.correction_bytes)}) · predicted {gib(s.predicted_peak_bytes)} · XLA {xla} · "
+            f"fits={'yes' if s.xla_fits else 'NO'} · {s.compile_s:.0f} s",
+            file=sys.stderr if args.json else sys.stdout,
+            flush=True,
+        )
+
+    res = plan_check.max_microbatch_check(
+        cfg,
+        mesh,
+        rates,
+        args.target,
+        seq=args.seq,
+        schedule=args.schedule,
+        budget_bytes=args.budget_gib and args.budget_gib * GIB,
+        host_budget_bytes=args.host_budget_gib and args.host_budget_gib * GIB,
+        max_compiles=args.check_iterations,
+        report=report,
+    )
+    if out and res.result:
+        write_text_atomic(out, res.result.plan.to_yaml())
+    if args.json:
+        print(json.dumps(res.to_json(), indent=2))
+    if res.result is None:
+        print("no microbatch's plan fitted in XLA's compile", file=sys.stderr)
+        return 1
+    print(
+        f"largest microbatch that fits XLA's compile: {res.result.microbatch} after "
+        f"{len(res.steps)} compile(s)"
+        + (
+            ""
+            if res.converged
+            else f" (not confirmed: one more was not compiled within {args.check_iterations})"
+        ),
+        file=sys.stderr if args.json else sys.stdout,
+    )
+    if out and not args.json:
+        print(f"wrote {out}")
+    return 0
 
 
 def _plan_sweep(args) -> int:

@@ -27,9 +27,8 @@ class FixedTerms:
     exposed_collective_s: float
     model_flops: float  # MaxText convention, per device
     executed_flops: float  # without recomputation, per device
-    embed_grad_bytes: int = (
-        0  # the embedding's and head's (sharded) gradients: not yet written at the loss
-    )
+    # gradients not yet written at the loss (GPU: the embedding's and head's; TPU: all)
+    embed_grad_bytes: int = 0
     fixed_device_bytes: int = 0
     # XLA's transposed copies of stacked weights: live from the forward loop to the backward's end
     stack_copy_bytes: int = 0
@@ -131,6 +130,8 @@ def _workspace(
         # in bench/compile_grid.py --scale-dense's cases); the model counts the smaller.  A tiled
         # loss reduce-scatters each tile's head gradient in its scan (llama3-8b, DeepSeek-V3).  The
         # gathered embedding and head are free during the loop.
+        # TPU targets pass grad_share 0: XLA:TPU's peak in the layer loop holds neither
+        # (_tpu_loss_phase_bytes).
         workspace += min(head_grad, int(inv.logits_bytes * grad_share))
     return workspace
 
@@ -208,8 +209,7 @@ def _loss_phase_bytes(
     # trace; a float32 gradient keeps all three, as counted before the compute-dtype backward);
     # tiled, one tile's gradient, two float32 [D, V] (the head-gradient accumulator in and out; one
     # under FSDP in a narrower dtype: the other was the head in float32 for a float32 gradient)
-    # and under FSDP the gathered head.  XLA:TPU's peak did not fall with a bfloat16 gradient
-    # (tests/test_tpu.py's v5p plan), so TPU targets count it as float32.
+    # and under FSDP the gathered head.  (TPU targets: _tpu_loss_phase_bytes.)
     loss_bytes = head_grad + inv.logits_bytes * (1 + grad_share)
     if grad_share < 1:
         loss_bytes = max(
@@ -225,6 +225,42 @@ def _loss_phase_bytes(
     return loss_bytes
 
 
+def _tpu_loss_phase_bytes(
+    inv: Inventory, cfg, c_item: int, fsdp: int, tiled: bool, head_grad: int, tokens: int
+) -> float:
+    # At the loss on TPU, from XLA:TPU's largest allocations at its peak (Llama 3 8B, 4 x 8192 per
+    # chip, remat-full: bench/results/tpu_compile.json): the logits in the compute dtype, saved by
+    # the forward (tierax.train.loss.logits_dtype), then either the head's float32 weight gradient
+    # [D, V] (on 4 v5p chips XLA fuses the logits' gradient into both backward matmuls and never
+    # writes it) or the logits' gradient and a transposed copy of it for a windowed weight-gradient
+    # loop (on 8, the logits dead by then): the model counts the larger second buffer.  Beside them,
+    # the final hidden states in float32 and their gradient in the compute dtype ([tokens, D] each).
+    # Tiled (not traced on TPU): one tile's logits, the two float32 [D, V] accumulators and under
+    # FSDP the gathered head.
+    logits = inv.logits_bytes * c_item / 4  # inv.logits_bytes is float32 (tierax.inventory)
+    hidden = tokens * cfg.d_model * (4 + c_item)
+    if tiled:
+        gathered_head = cfg.vocab_size * cfg.d_model * c_item if fsdp > 1 else 0
+        return 2 * head_grad + logits + hidden + gathered_head
+    return logits + max(head_grad, logits) + hidden
+
+
+def _tpu_stack_copy_bytes(inv: Inventory, c_item: int, fsdp: int, ep: int) -> int:
+    # XLA:TPU converts every stacked layer weight's shard to the compute dtype once, before the
+    # forward loop, and keeps the copies through the backward (convert(param) at its peak,
+    # bench/results/tpu_compile.json); the GPU's transposed float32 copies (_stack_copy_bytes) are
+    # not made.
+    return int(
+        c_item
+        * sum(
+            (g.layer_param_count - g.expert_param_count_per_layer) / fsdp
+            + g.expert_param_count_per_layer / (fsdp * max(ep, 1))
+            for g in inv.groups
+            for _ in range(g.num_layers)
+        )
+    )
+
+
 def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
     c_item = jnp.dtype(cfg.dtype).itemsize
     tokens = inv.microbatch * inv.seq
@@ -238,13 +274,19 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
     ep = inv.mesh.get("expert", 1)
     p_item = jnp.dtype(cfg.param_dtype).itemsize
     head_grad = cfg.vocab_size * cfg.d_model * p_item  # the LM head's gradient, unsharded [D, V]
-    grad_share = (
-        1.0 if rates.target in hardware.TPU_TARGETS else c_item / 4
-    )  # logits' gradient ÷ logits
+    tpu = rates.target in hardware.TPU_TARGETS
+    # the logits' gradient ÷ float32 logits (TPU: _tpu_loss_phase_bytes)
+    grad_share = 0.0 if tpu else c_item / 4
     workspace = _workspace(inv, cfg, c_item, fsdp, ep, tokens, tiled, head_grad, grad_share)
-    stack_copy = _stack_copy_bytes(inv, cfg, p_item)
+    if tpu:
+        stack_copy = _tpu_stack_copy_bytes(inv, c_item, fsdp, ep)
+    else:
+        stack_copy = _stack_copy_bytes(inv, cfg, p_item)
     coll, exposed_coll = _collectives(inv, cfg, rates, schedule, compute_s)
-    loss_bytes = _loss_phase_bytes(inv, cfg, c_item, fsdp, tiled, head_grad, grad_share)
+    if tpu:
+        loss_bytes = _tpu_loss_phase_bytes(inv, cfg, c_item, fsdp, tiled, head_grad, tokens)
+    else:
+        loss_bytes = _loss_phase_bytes(inv, cfg, c_item, fsdp, tiled, head_grad, grad_share)
     if (
         not cfg.vocab_size
     ):  # a model without a head (tierax.api): logits_bytes are the caller's, live throughout
@@ -259,7 +301,10 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
         exposed_collective_s=exposed_coll,
         model_flops=train_flops(cfg, inv.microbatch, inv.seq),
         executed_flops=executed,
-        embed_grad_bytes=int(inv.embed_param_count * p_item / fsdp),
+        # XLA:TPU writes the layers' gradients in the backward loop, after the loss (none among its
+        # peak allocations there, bench/results/tpu_compile.json); XLA:GPU's loss-phase peaks held
+        # them.
+        embed_grad_bytes=inv.grad_bytes if tpu else int(inv.embed_param_count * p_item / fsdp),
         fixed_device_bytes=rates.fixed_device_bytes,
         stack_copy_bytes=int(stack_copy),
         hbm_s=hbm_s,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tierax import hardware, network
 from tierax import inventory as inv_lib
+from tierax import network
 from tierax import plan as plan_lib
 from tierax.costmodel.first_touch import first_touch_s
 from tierax.costmodel.fixed import fixed_terms
@@ -123,8 +123,7 @@ def evaluate(
         "network": {k: v.to_json() for k, v in links.items() if v.link != "none"},
     }
     return Prediction(
-        fits=peak <= hardware.usable_bytes(rates.device_memory_bytes)
-        and host <= rates.host_memory_bytes,
+        fits=peak <= rates.usable_device_bytes and host <= rates.host_memory_bytes,
         peak_device_bytes=peak,
         device_capacity_bytes=rates.device_memory_bytes,
         host_bytes=int(host),

@@ -76,6 +76,15 @@ class Rates:
     # CPU only (0: no such term): elements per second XLA:CPU's slow transposing fusions read
     # (tierax.hbm.transposed_reads, tierax.costmodel.transposes); measured by `tierax calibrate`.
     transpose_read_elems_per_s: float = 0.0
+    # What a step may use, where the compiler states it (XLA:TPU's HBM limit); 0: capacity less
+    # the runtime reserve (hardware.usable_bytes).
+    device_limit_bytes: int = 0
+
+    @property
+    def usable_device_bytes(self) -> int:
+        """Device bytes a step fits in: the compiler's limit where it has one, else capacity less
+        the reserve."""
+        return self.device_limit_bytes or hardware.usable_bytes(self.device_memory_bytes)
 
 
 def load_calibration() -> dict:
@@ -173,6 +182,9 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
     gpu = spec.kind == "gpu"
     if gpu:
         sources["fused_attention"] = FUSED_ATTENTION_SOURCE
+    limit = getattr(spec, "xla_hbm_limit_bytes", 0)
+    if limit:
+        sources["memory_limit"] = spec.xla_hbm_limit_source
     return Rates(
         target,
         matmul,
@@ -189,6 +201,7 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
         spec.scale_out_bytes_per_s,
         fused_attention_fwd_flops_per_s=peak * FUSED_ATTENTION_FWD_FRACTION if gpu else 0.0,
         fused_attention_bwd_flops_per_s=peak * FUSED_ATTENTION_BWD_FRACTION if gpu else 0.0,
+        device_limit_bytes=limit,
     )
 
 
@@ -289,6 +302,8 @@ def override_rates(rates: Rates, overrides: Sequence[str]) -> Rates:
         changes = {
             f: (int(v) if f.endswith("memory_bytes") or key in INTEGER_KEYS else v) for f in fields
         }
+        if key == "hbm_size":  # the compiler's limit was for the datasheet memory: the reserve rule
+            changes["device_limit_bytes"] = 0
         sources = dict(rates.sources) | {
             f: f"--rate {key}={value.strip()} ({unit})" for f in fields
         }

@@ -12,6 +12,7 @@ from tierax.hardware.gpus import GB, TARGETS, GpuSpec
 from tierax.hardware.targets import (
     RUNTIME_RESERVE_FRACTION,
     compile_target,
+    fit_limit_bytes,
     get_target,
     platform,
     usable_bytes,
@@ -27,6 +28,7 @@ __all__ = [
     "GpuSpec",
     "TpuSpec",
     "compile_target",
+    "fit_limit_bytes",
     "get_target",
     "platform",
     "render_target_config",

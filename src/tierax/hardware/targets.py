@@ -20,6 +20,13 @@ def usable_bytes(capacity_bytes: float) -> int:
     return int(capacity_bytes * (1 - RUNTIME_RESERVE_FRACTION))
 
 
+def fit_limit_bytes(spec) -> int:
+    """Device bytes a step may use on ``spec``: on a TPU, XLA:TPU's own limit (it assigns every
+    buffer at compile time and refuses a program over it, so nothing beside it needs a reserve); on
+    a GPU, capacity less :data:`RUNTIME_RESERVE_FRACTION`."""
+    return getattr(spec, "xla_hbm_limit_bytes", 0) or usable_bytes(spec.device_memory_bytes)
+
+
 def get_target(key: str) -> GpuSpec | TpuSpec:
     if key in TARGETS:
         return TARGETS[key]

@@ -31,6 +31,10 @@ class TpuSpec:
     host_memory_per_chip_bytes: float
     ici_bytes_per_s: float  # per direction, per chip (Google lists bidirectional; halved here)
     slice_shapes: tuple[str, ...]  # Google Cloud's supported slice topologies, smallest first
+    # The HBM one program may use, as XLA:TPU states it when it refuses one ("exceeds available
+    # HBM (N G)"): it assigns every buffer at compile time, so this is the limit a step fits in
+    # (see xla_hbm_limit_source).
+    xla_hbm_limit_bytes: int = 0
     # ICI joins the chips of a slice, and a slice lies in one pod: the pod is the domain; DCN beyond
     # it (0: unknown).
     nvlink_domain_gpus: int = 256
@@ -38,6 +42,11 @@ class TpuSpec:
     scale_out_source: str = "no per-chip DCN figure sourced yet; give --rate scale_out=GB/s"
     projection: str = ""
     kind: ClassVar[str] = "tpu"
+    xla_hbm_limit_source: ClassVar[str] = (
+        "XLA:TPU's available HBM, from libtpu's out-of-memory message in a deviceless compile "
+        "(libtpu 0.0.42.1 and "
+        "0.0.52; the lower where they differ; tests/test_tpu.py checks the installed libtpu's)"
+    )
     rate_sources: ClassVar[dict] = {
         "hbm": "Google Cloud TPU docs",
         "memory": "Google Cloud TPU docs",
@@ -105,6 +114,14 @@ _TPU_HOST_LINK = 15 * GB
 _TPU_HOST_LINK_SOURCE = (
     "PCIe ≈15 GB/s per direction (JAX scaling book; no per-generation Google figure)"
 )
+
+
+def _gib(figure: float) -> int:
+    """Bytes of a libtpu figure: its "G" is GiB (tests/test_tpu.py: a 1.2e11-byte buffer pair reads
+    111.76G)."""
+    return int(figure * 2**30)
+
+
 _V5E_V6E_SHAPES = ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
 
 TPU_TARGETS: dict[str, TpuSpec] = {
@@ -116,6 +133,7 @@ TPU_TARGETS: dict[str, TpuSpec] = {
         # per chip.
         device_memory_bytes=16 * 10**9,
         hbm_bytes_per_s=819 * GB,
+        xla_hbm_limit_bytes=_gib(15.75),
         peak_flops={"bf16": 197e12, "int8": 393e12},
         host_link_theory_bps=_TPU_HOST_LINK,
         host_link_bps=_TPU_HOST_LINK,
@@ -136,8 +154,10 @@ TPU_TARGETS: dict[str, TpuSpec] = {
         name="Cloud TPU v5p",
         generation="v5p",
         # docs.cloud.google.com/tpu/docs/v5p: 95 GiB HBM2e at 2765 GBps, 459 TFLOPs bf16 per chip.
+        # libtpu: 95.74G (0.0.42.1), 95.73G (0.0.52) available, i.e. 96 GiB chips less its reserve.
         device_memory_bytes=95 * 2**30,
         hbm_bytes_per_s=2765 * GB,
+        xla_hbm_limit_bytes=_gib(95.73),
         peak_flops={"bf16": 459e12, "fp8": 459e12},
         host_link_theory_bps=_TPU_HOST_LINK,
         host_link_bps=_TPU_HOST_LINK,
@@ -170,6 +190,7 @@ TPU_TARGETS: dict[str, TpuSpec] = {
         # int8 per chip; each chip reaches its host over PCIe Gen5.
         device_memory_bytes=32 * 10**9,
         hbm_bytes_per_s=1638 * GB,
+        xla_hbm_limit_bytes=_gib(31.25),
         peak_flops={"bf16": 918e12, "int8": 1836e12},
         host_link_theory_bps=_TPU_HOST_LINK,
         host_link_bps=_TPU_HOST_LINK,

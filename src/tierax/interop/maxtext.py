@@ -157,6 +157,9 @@ def overrides(
     MeshShape(**{a: int(v) for a, v in mesh.items()}).check_model(cfg, where="--mesh")
     placements = uniform_placements(plan, cfg)
     remat = {k: placements[k].value if k in placements else "remat" for k in K.REMAT_KEYS}
+    if K.context_is_attention_out(kind) and N.ATTENTION_OUT in placements:
+        # the fused kernel's residuals follow attention_out
+        remat[K.CONTEXT] = remat[N.ATTENTION_OUT]
     out: dict = {"base_config": "base.yml", "hardware": kind}
     out.update(model_keys(cfg))
     if cfg.attention in MAXTEXT_ATTENTION:
@@ -249,7 +252,20 @@ def overrides_yaml(
         *[f"#   ({w})" for w in why],
         "# Notes:",
         "#   MaxText names tierax does not model stay remat:",
-        *[f"#     {k}: {v}" for k, v in K.NO_COUNTERPART.items() if k in K.REMAT_KEYS],
+        *[
+            f"#     {k}: {v}"
+            for k, v in K.NO_COUNTERPART.items()
+            if k in K.REMAT_KEYS
+            and not (k == K.CONTEXT and K.context_is_attention_out(keys["hardware"]))
+        ],
+        *(
+            [
+                f"#   {K.CONTEXT} follows attention_out: on {keys['hardware']} both name the fused "
+                "attention's output"
+            ]
+            if K.context_is_attention_out(keys["hardware"])
+            else []
+        ),
         "#   A layer group with every activation on device runs without remat in tierax; MaxText's "
         "custom policy",
         "#   still recomputes unnamed intermediates there.",

@@ -55,8 +55,9 @@ DEFAULTS = {k: "device" if k == "decoder_layer_input" else "remat" for k in READ
 
 # MaxText keys with no tierax activation: what they are, and why tierax leaves them at remat.
 NO_COUNTERPART: dict[str, str] = {
-    "context": "Transformer Engine's fused-attention context (cudnn_flash_te); tierax's attention "
-    "output is attention_out",
+    "context": "the fused attention kernel's saved output and log-sum-exp, which MaxText names on "
+    "TPU (splash attention) and GPU (cuDNN / Transformer Engine flash attention); with hardware: "
+    "cpu (dot-product attention) nothing carries the name",
     "mlpwi": "the fused gate+up projection (fused_mlp: true); tierax's MLP is unfused: mlpwi_0, "
     "mlpwi_1",
     "kv_proj": "a unified key/value projection (share_kv_projections); tierax has key_proj and "
@@ -74,6 +75,22 @@ NO_COUNTERPART: dict[str, str] = {
 assert set(N.ALL_NAMES) <= set(REMAT_KEYS) and set(NO_COUNTERPART) == set(READ_KEYS) - set(
     N.ALL_NAMES
 )
+
+# MaxText 0.2.5 names the fused attention kernel's residuals (its output, and the log-sum-exp
+# beside it) "context" on TPU (the residual_checkpoint_name of its splash attention) and on GPU (the
+# cuDNN flash path's output and lse); "attention_out" names the same output after the kernel.
+# tierax's blockwise attention keeps that output and its log-sum-exp as its residuals, tagged
+# attention_out: on those hardwares context is attention_out.  (MaxText's `hardware` key: tpu by
+# default.)
+CONTEXT = "context"
+CONTEXT_HARDWARE = ("tpu", "gpu", "gpu_multiprocess")
+# MaxText keeps a tensor if either of its names keeps it
+_KEPT = {"remat": 0, "offload": 1, "device": 2}
+
+
+def context_is_attention_out(hardware: str | None) -> bool:
+    return (hardware or "tpu") in CONTEXT_HARDWARE
+
 
 HEADER_NAME = "# tierax plan: "
 HEADER_DESCRIPTION = "# tierax description: "
@@ -177,6 +194,7 @@ def plan_dict(
         device/offload (tierax cannot model it; the message says what the key is).
     """
     placements: dict[str, str] = {}
+    fused = context_is_attention_out(data.get("hardware"))
     for key in READ_KEYS:
         if key not in data:
             continue
@@ -186,12 +204,19 @@ def plan_dict(
                 f"{source}: {key}: {value!r} is not a MaxText placement; use one of: "
                 f"{', '.join(VALUES)}"
             )
+        if key == CONTEXT and fused:
+            continue  # read with attention_out below
         if key in NO_COUNTERPART and value != "remat":
             raise TieraxError(
                 f"{source}: {key}: {value} has no tierax counterpart ({NO_COUNTERPART[key]}); set "
                 f"it to remat or remove it; tierax places: {', '.join(N.ALL_NAMES)}"
             )
         placements[key] = value
+    if fused and data.get(CONTEXT, "remat") != "remat":
+        # context and attention_out name one tensor: the placement that keeps more of it wins.
+        placements[N.ATTENTION_OUT] = max(
+            data[CONTEXT], placements.get(N.ATTENTION_OUT, "remat"), key=_KEPT.get
+        )
     if placements.get(N.DECODER_LAYER_INPUT) == "remat":
         raise TieraxError(
             f"{source}: decoder_layer_input cannot be remat in MaxText (it is the layer's "

@@ -92,24 +92,44 @@ def plan_table(placements: dict, title: str) -> Table:
 
 
 def compile_table(r) -> Table:
+    tpu = r.target in _tpu_keys()
     t = Table(
         title=f"{r.model} · plan {r.plan} · {r.target} × {r.devices} · microbatch "
         f"{r.microbatch}/device × seq {r.seq} · xla preset {r.xla_preset}",
-        caption=f"deviceless XLA:{'TPU' if r.target in _tpu_keys() else 'GPU'} compile (no "
+        caption=f"deviceless XLA:{'TPU' if tpu else 'GPU'} compile (no "
         f"autotuning: sizes close, not exact); attention {r.attention}; " + "; ".join(r.notes),
     )
     t.add_column("figure")
     t.add_column("per device", justify="right")
-    rows = [
-        ("arguments", fmt_bytes(r.device_argument_bytes)),
-        ("outputs", fmt_bytes(r.device_output_bytes)),
-        ("aliased (donated)", fmt_bytes(r.device_alias_bytes)),
-        ("temp", fmt_bytes(r.device_temp_bytes)),
-        ("device peak", fmt_bytes(r.device_peak_bytes)),
+
+    def size(n) -> str:  # None: XLA refused the program, so it has no such figure
+        return "—" if n is None else fmt_bytes(n)
+
+    limit = "XLA:TPU's HBM limit" if tpu else "capacity − runtime reserve"
+    rows = [("XLA refused the program", f"[red]{r.xla_error}[/]")] if r.out_of_memory else []
+    rows += [
+        ("arguments", size(r.device_argument_bytes)),
+        ("outputs", size(r.device_output_bytes)),
+        ("aliased (donated)", size(r.device_alias_bytes)),
+        ("temp", size(r.device_temp_bytes)),
+        (
+            "device peak" + (" (XLA's stated need)" if r.out_of_memory else ""),
+            size(r.device_peak_bytes),
+        ),
         ("device capacity", fmt_bytes(r.device_capacity_bytes)),
-        ("fits (≤ capacity − runtime reserve)", "[green]yes[/]" if r.fits else "[red]no[/]"),
-        ("host temp (offloaded)", fmt_bytes(r.host_temp_bytes)),
+        (
+            f"fits (≤ {limit}, {size(r.device_limit_bytes)})",
+            "[green]yes[/]" if r.fits else "[red]no[/]",
+        ),
+        ("host temp (offloaded)", size(r.host_temp_bytes)),
     ]
+    if r.predicted:
+        rows.append(
+            (
+                "predicted peak (cost model)",
+                f"{fmt_bytes(r.predicted['peak_device_bytes'])} ({r.predicted['peak_phase']})",
+            )
+        )
     for o in r.offloaded:
         state = (
             fmt_bytes(o.host_bytes)
@@ -119,17 +139,18 @@ def compile_table(r) -> Table:
         state += " (matched by size: XLA kept no name)" if o.matched_by == "size" else ""
         rows.append((f"  offloaded {o.group}/{o.name}", state))
     ov = r.overlap
-    rows += [
-        ("host transfers per step", str(ov["transfers"])),
-        ("transfer bytes", fmt_bytes(ov["transfer_bytes"])),
-        (
-            "est. transfer time (link busy: hidden + exposed)",
-            f"{ov['est_transfer_s'] * 1e3:.3f} ms",
-        ),
-        ("  est. hidden under compute", f"{ov['est_hidden_s'] * 1e3:.3f} ms"),
-        ("  est. exposed (the stream waits)", f"{ov['est_exposed_s'] * 1e3:.3f} ms"),
-        ("compile time", f"{r.compile_time_s:.1f} s"),
-    ]
+    if ov:  # none when XLA refused the program
+        rows += [
+            ("host transfers per step", str(ov["transfers"])),
+            ("transfer bytes", fmt_bytes(ov["transfer_bytes"])),
+            (
+                "est. transfer time (link busy: hidden + exposed)",
+                f"{ov['est_transfer_s'] * 1e3:.3f} ms",
+            ),
+            ("  est. hidden under compute", f"{ov['est_hidden_s'] * 1e3:.3f} ms"),
+            ("  est. exposed (the stream waits)", f"{ov['est_exposed_s'] * 1e3:.3f} ms"),
+        ]
+    rows.append(("compile time", f"{r.compile_time_s:.1f} s"))
     for k, v in rows:
         t.add_row(k, v)
     return t

@@ -60,6 +60,8 @@ def make_loss_fn(graphdef, policies, mesh: Mesh | None = None) -> Callable:
     (:mod:`tierax.models.documents`): attention stays within a document, positions restart,
     and the mean is over the targets in their input's document.
     """
+    # The platform the step is compiled for (a deviceless TPU topology's devices say "tpu" too).
+    platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
     mesh = None if mesh is None or mesh.size == 1 else mesh
 
     def loss(params, tokens_BT, segments_BT=None):
@@ -76,6 +78,7 @@ def make_loss_fn(graphdef, policies, mesh: Mesh | None = None) -> Callable:
             tiles=model.cfg.loss_tiles,
             mesh=mesh,
             weights_BS=weights,
+            platform=platform,
         )
 
     return loss
