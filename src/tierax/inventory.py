@@ -107,6 +107,11 @@ class GroupInventory:
     # kernel's rates.
     fused_attention_flops_per_layer: float = 0.0
     base_recompute_fused_flops_per_layer: float = 0.0
+    # Of the non-matmul HBM figures above (and each activation's recompute bytes, by name), the
+    # bytes of the weights' own work (their casts, their gradients' casts) as traced: whole
+    # weights.  On a mesh that splits the weights, a device moves its shard's share
+    # (:func:`shard_weight_work`; :mod:`tierax.hbm`).
+    weight_hbm_bytes: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -157,7 +162,7 @@ def _nbytes(x) -> int:
     return math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
 
 
-def _remat_flops(layer_fn, x, params, policy, weight_ways=None) -> tuple[float, float, float]:
+def _remat_flops(layer_fn, x, params, policy, weightless=None) -> tuple[float, float, float, float]:
     """Matmul FLOPs of the forward plus the linearized (JVP) layer under ``policy`` (None: no
     checkpoint),
     the non-matmul HBM bytes of its tangent part (the recomputation is in it: :mod:`tierax.hbm`),
@@ -175,8 +180,9 @@ def _remat_flops(layer_fn, x, params, policy, weight_ways=None) -> tuple[float, 
     jaxpr = jax.make_jaxpr(linearized)(x, params, x, params)
     return (
         float(jaxpr_tools.matmul_flops(jaxpr)),
-        hbm.phase_bytes(jaxpr, weight_ways)[1],
+        hbm.phase_bytes(jaxpr)[1],
         float(jaxpr_tools.matmul_flops(jaxpr, scope=FUSED_SCOPE)),
+        hbm.phase_bytes(jaxpr, weightless)[1],
     )
 
 
@@ -188,7 +194,6 @@ def layer_inventory(
     group: str,
     num_layers: int,
     expert_param_count: int = 0,
-    weight_ways: dict | None = None,
 ) -> GroupInventory:
     """Inventory of one layer function ``layer_fn(x, params) -> y`` of a scanned group.
 
@@ -198,8 +203,9 @@ def layer_inventory(
       x: the layer input (per device), a ShapeDtypeStruct.
       params: one layer's parameters (pytree of ShapeDtypeStructs).
       group: the layer group name; num_layers: the scan length.
-      weight_ways: each weight's shape → the ways the mesh splits it (:func:`layer_weight_ways`;
-        the non-matmul bytes of a weight's own work are its shard's, :mod:`tierax.hbm`).
+
+    The non-matmul HBM figures are the traced layer's, whole weights; ``weight_hbm_bytes`` says
+    how much of each is the weights' own work (:func:`shard_weight_work` scales it to a mesh).
     """
     fwd = jax.make_jaxpr(layer_fn)(x, params)
     per_name: dict[str, int] = defaultdict(int)
@@ -216,22 +222,34 @@ def layer_inventory(
     )
 
     save_named = jax.checkpoint_policies.save_only_these_names(*names)
-    (flops_none, hbm_none, fused_none), (flops_named, hbm_named, fused_named) = (
-        _remat_flops(layer_fn, x, params, p, weight_ways) for p in (None, save_named)
-    )
-    costs = {}
+    # Each HBM figure also without the weights' own work (their shapes moving no bytes), so that
+    # the difference, the weights' share, can be scaled to a mesh's shards after tracing.
+    weightless = {tuple(p.shape): math.inf for p in jax.tree.leaves(params)}
+    (
+        (flops_none, hbm_none, fused_none, hbm0_none),
+        (flops_named, hbm_named, fused_named, hbm0_named),
+    ) = (_remat_flops(layer_fn, x, params, p, weightless) for p in (None, save_named))
+    costs, weight_share = {}, {}
     for n in names:
         if n == N.DECODER_LAYER_INPUT:
             costs[n] = (0.0, 0.0, 0.0)  # the scan carry: its value is at hand whatever the plan
             continue
         others = jax.checkpoint_policies.save_only_these_names(*[m for m in names if m != n])
-        flops, hbm_bytes, fused = _remat_flops(layer_fn, x, params, others, weight_ways)
+        flops, hbm_bytes, fused, hbm0 = _remat_flops(layer_fn, x, params, others, weightless)
         costs[n] = (
             max(0.0, flops - flops_named),
             max(0.0, hbm_bytes - hbm_named),
             max(0.0, fused - fused_named),
         )
-    fwd_hbm, bwd_hbm, transposed = hbm.layer_traffic(layer_fn, x, params, weight_ways)
+        weight_share[n] = min(costs[n][1], max(0.0, (hbm_bytes - hbm0) - (hbm_named - hbm0_named)))
+    fwd_hbm, bwd_hbm, transposed = hbm.layer_traffic(layer_fn, x, params)
+    fwd0, bwd0 = hbm.layer_bytes(layer_fn, x, params, weightless)
+    base = max(0.0, hbm_named - hbm_none)
+    weight_share |= {
+        "@forward": fwd_hbm - fwd0,
+        "@backward": bwd_hbm - bwd0,
+        "@base_recompute": min(base, max(0.0, (hbm_named - hbm0_named) - (hbm_none - hbm0_none))),
+    }
     reads = transposed["named"]
     acts = tuple(
         Activation(
@@ -262,6 +280,7 @@ def layer_inventory(
         transposed_carry_elems_per_layer=transposed["carry"],
         fused_attention_flops_per_layer=float(jaxpr_tools.matmul_flops(fwd, scope=FUSED_SCOPE)),
         base_recompute_fused_flops_per_layer=max(0.0, fused_named - fused_none),
+        weight_hbm_bytes=tuple(sorted(weight_share.items())),
     )
 
 
@@ -297,23 +316,43 @@ def tensor_shard_config(cfg, tensor: int):
     )
 
 
-def layer_weight_ways(stacked, mesh: dict) -> dict:
-    """One layer's weight shapes (a group's stacked parameters less the layer axis) → the ways
-    :mod:`tierax.train.sharding` splits each over the mesh's axes other than ``tensor`` (the layer
-    is traced at tensor-sharded shapes already).  Where two weights share a shape, the smaller
-    split counts."""
+def weight_ways(path, shape: tuple, mesh: dict) -> int:
+    """The ways :mod:`tierax.train.sharding` splits one stacked weight (``path``, ``shape``) over
+    the mesh's axes other than ``tensor`` (the layer is traced at tensor-sharded shapes already)."""
     from tierax.train.sharding import param_spec
 
     rest = {a: n for a, n in mesh.items() if a != "tensor"}
-    out: dict = {}
-    for path, leaf in jax.tree_util.tree_leaves_with_path(stacked):
-        ways = 1
-        for entry in param_spec(path, tuple(leaf.shape), rest):
-            for axis in (entry,) if isinstance(entry, str) else (entry or ()):
-                ways *= rest.get(axis, 1)
-        shape = tuple(leaf.shape[1:])
-        out[shape] = min(out.get(shape, ways), ways)
-    return {s: w for s, w in out.items() if w > 1}
+    ways = 1
+    for entry in param_spec(path, tuple(shape), rest):
+        for axis in (entry,) if isinstance(entry, str) else (entry or ()):
+            ways *= rest.get(axis, 1)
+    return ways
+
+
+def shard_weight_work(gi: GroupInventory, ways: int) -> GroupInventory:
+    """``gi`` with the weights' own non-matmul work (``weight_hbm_bytes``) at one ``ways``-th:
+    XLA casts a float32 shard before gathering it, casts a gradient after reduce-scattering it, and
+    an expert-parallel device casts only its own experts (:mod:`tierax.hbm`)."""
+    if ways <= 1 or not gi.weight_hbm_bytes:
+        return gi
+    keep = 1 - 1 / ways
+    share = dict(gi.weight_hbm_bytes)
+    acts = tuple(
+        dataclasses.replace(
+            a,
+            recompute_hbm_bytes_per_layer=a.recompute_hbm_bytes_per_layer
+            - keep * share.get(a.name, 0.0),
+        )
+        for a in gi.activations
+    )
+    return dataclasses.replace(
+        gi,
+        activations=acts,
+        forward_hbm_bytes_per_layer=gi.forward_hbm_bytes_per_layer - keep * share["@forward"],
+        backward_hbm_bytes_per_layer=gi.backward_hbm_bytes_per_layer - keep * share["@backward"],
+        base_recompute_hbm_bytes_per_layer=gi.base_recompute_hbm_bytes_per_layer
+        - keep * share["@base_recompute"],
+    )
 
 
 def per_device_param_count(cfg, mesh: dict) -> float:
@@ -401,34 +440,30 @@ def _memoised(fn):
     return wrapper
 
 
-_TRACES: dict = {}  # (cfg, microbatch, seq, tensor, weight axes) → groups, the last _TRACES_KEPT
+_TRACES: dict = {}  # (cfg, microbatch, seq, tensor) → _traced_groups, the last _TRACES_KEPT
 _TRACES_KEPT = 512  # a 128-device search has up to ~100 local shapes; each entry is small
 
 
-def _traced_groups(
-    cfg, microbatch: int, seq: int, tensor: int, weight_axes: tuple = ()
-) -> tuple[GroupInventory, ...]:
+def _traced_groups(cfg, microbatch: int, seq: int, tensor: int) -> tuple:
     """Each layer group's trace at the local shape (``microbatch`` sequences per device, heads and
-    MLP widths divided by ``tensor``) with its weights split as ``weight_axes`` ((axis, size) of
-    ``fsdp`` and ``expert``: the non-matmul bytes of a weight's own work are its shard's,
-    :mod:`tierax.hbm`): all the inventory takes from the mesh, so meshes that differ elsewhere
-    (the ``data`` axis of ``tierax plan --mesh auto``'s candidates) share one trace.  Kept within
-    the process; a config with an unhashable field is traced every time."""
-    key = (cfg, microbatch, seq, tensor, weight_axes)
+    MLP widths divided by ``tensor``), with its largest weight's (path, shape): all the inventory
+    takes from the mesh besides the weights' split, which is applied after
+    (:func:`shard_weight_work`), so meshes that differ elsewhere (``tierax plan --mesh auto``'s
+    candidates) share one trace.  Kept within the process; a config with an unhashable field is
+    traced every time."""
+    key = (cfg, microbatch, seq, tensor)
     try:
         if key in _TRACES:
             return _TRACES[key]
     except TypeError:
-        return _trace_groups(cfg, microbatch, seq, tensor, weight_axes)
+        return _trace_groups(cfg, microbatch, seq, tensor)
     if len(_TRACES) >= _TRACES_KEPT:
         del _TRACES[next(iter(_TRACES))]
-    _TRACES[key] = _trace_groups(cfg, microbatch, seq, tensor, weight_axes)
+    _TRACES[key] = _trace_groups(cfg, microbatch, seq, tensor)
     return _TRACES[key]
 
 
-def _trace_groups(
-    cfg, microbatch: int, seq: int, tensor: int, weight_axes: tuple = ()
-) -> tuple[GroupInventory, ...]:
+def _trace_groups(cfg, microbatch: int, seq: int, tensor: int) -> tuple:
     from tierax.models import abstract_model
     from tierax.models.config import host_traceable, require_concrete_attention
 
@@ -445,17 +480,20 @@ def _trace_groups(
         def layer_fn(a, p, graphdef=graphdef):
             return nnx.merge(graphdef, p)(a)
 
-        groups.append(
-            layer_inventory(
-                layer_fn,
-                x,
-                one,
-                group=g.name,
-                num_layers=g.num_layers,
-                expert_param_count=_expert_params_per_layer(local, g.name),
-                weight_ways=layer_weight_ways(stacked, dict(weight_axes)),
-            )
+        gi = layer_inventory(
+            layer_fn,
+            x,
+            one,
+            group=g.name,
+            num_layers=g.num_layers,
+            expert_param_count=_expert_params_per_layer(local, g.name),
         )
+        # The split of the group's largest weight stands for its weights' (every weight of the
+        # reference models is split alike where its dimensions divide).
+        largest = max(
+            jax.tree_util.tree_leaves_with_path(stacked), key=lambda kv: math.prod(kv[1].shape)
+        )
+        groups.append((gi, (largest[0], tuple(largest[1].shape))))
     return tuple(groups)
 
 
@@ -476,8 +514,8 @@ def model_inventory(cfg, microbatch: int, seq: int, mesh: dict | None = None) ->
     shape = MeshShape(**mesh)
     shape.check_model(cfg)
     groups = []
-    weight_axes = tuple((a, mesh.get(a, 1)) for a in ("fsdp", "expert"))
-    for gi in _traced_groups(cfg, microbatch, seq, shape.tensor, weight_axes):
+    for gi, (path, wshape) in _traced_groups(cfg, microbatch, seq, shape.tensor):
+        gi = shard_weight_work(gi, weight_ways(path, wshape, mesh))
         by_axis = _forward_collective_bytes(cfg, gi.name, microbatch, seq, mesh)
         groups.append(
             dataclasses.replace(
