@@ -241,21 +241,25 @@ def max_microbatch_check(
     best, best_mb, fail_mb, correction, steps = None, 0, None, 0, []
     mesh_d = mesh.to_dict()
     converged = False
+
+    def solve(**request):  # through the one solve path, at the corrected budget
+        return planning.solve(
+            planning.Request(
+                cfg=cfg,
+                mesh=mesh_d,
+                rates=rates,
+                seq=seq,
+                schedule=schedule,
+                budget_bytes=budget - correction,
+                host_budget_bytes=host_budget,
+                **request,
+            )
+        )[0]
+
     for it in range(1, max_compiles + 1):
         proposed, how = None, "model"
         try:
-            proposed = planning.solve(
-                planning.Request(
-                    cfg=cfg,
-                    mesh=mesh_d,
-                    rates=rates,
-                    seq=seq,
-                    schedule=schedule,
-                    budget_bytes=budget - correction,
-                    host_budget_bytes=host_budget,
-                    max_microbatch=True,
-                )
-            )[0]
+            proposed = solve(max_microbatch=True)
             if not proposed.predicted.fits and proposed.microbatch == 1:
                 proposed = None
         except planner.NoPlanFits:
@@ -268,19 +272,7 @@ def max_microbatch_check(
             break
         if proposed is None or proposed.microbatch != mb:
             try:
-                proposed = planning.solve(
-                    planning.Request(
-                        cfg=cfg,
-                        mesh=mesh_d,
-                        rates=rates,
-                        microbatch=mb,
-                        seq=seq,
-                        schedule=schedule,
-                        budget_bytes=budget - correction,
-                        host_budget_bytes=host_budget,
-                        name=f"planned-mb{mb}",
-                    )
-                )[0]
+                proposed = solve(microbatch=mb, name=f"planned-mb{mb}")
             except planner.NoPlanFits:
                 if best is not None and mb == best_mb + 1:  # the corrected model fits no more
                     converged = True
