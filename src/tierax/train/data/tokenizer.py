@@ -21,6 +21,7 @@ tokenizer whose post-processor or ``tokenizer_config.json`` adds it; tiktoken fi
 
 from __future__ import annotations
 
+import abc
 import base64
 import binascii
 import hashlib
@@ -134,16 +135,17 @@ class TokenizerInfo:
     file: str | None = None
 
 
-class Tokenizer:
-    """A loaded tokenizer: ``encode_batch`` (content ids, no special tokens) and ``decode``."""
+class Tokenizer(abc.ABC):
+    """A loaded tokenizer: ``encode_batch`` (content ids, no special tokens) and ``decode``, which
+    each format's class implements."""
 
     info: TokenizerInfo
 
-    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]: ...
 
-    def decode(self, ids: Sequence[int]) -> str:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def decode(self, ids: Sequence[int]) -> str: ...
 
     def frame(self, ids: np.ndarray) -> list[np.ndarray]:
         """A document's pieces: BOS (where expected), the content ids, EOS (if any)."""
