@@ -465,11 +465,16 @@ def layer_bytes(layer_fn, x, params, weight_ways: dict | None = None) -> tuple[f
 
 def layer_traffic(
     layer_fn, x, params, weight_ways: dict | None = None
-) -> tuple[float, float, dict]:
-    """:func:`layer_bytes` and the layer's :func:`transposed_reads` (the layer input a residual:
-    a scan saves it per layer), from one trace."""
+) -> tuple[tuple[float, float], tuple[float, float], dict]:
+    """From one trace: :func:`layer_bytes` with whole weights, the same with ``weight_ways``, and
+    the layer's :func:`transposed_reads` (the layer input a residual: a scan saves it per
+    layer)."""
     jaxpr = _layer_trace(layer_fn, x, params)
-    return (*phase_bytes(jaxpr, weight_ways), transposed_reads(jaxpr, residual_inputs=1))
+    return (
+        phase_bytes(jaxpr),
+        phase_bytes(jaxpr, weight_ways),
+        transposed_reads(jaxpr, residual_inputs=1),
+    )
 
 
 def loss_bytes(hidden, weight, targets, tiles: int) -> float:

@@ -242,8 +242,9 @@ def layer_inventory(
             max(0.0, fused - fused_named),
         )
         weight_share[n] = min(costs[n][1], max(0.0, (hbm_bytes - hbm0) - (hbm_named - hbm0_named)))
-    fwd_hbm, bwd_hbm, transposed = hbm.layer_traffic(layer_fn, x, params)
-    fwd0, bwd0 = hbm.layer_bytes(layer_fn, x, params, weightless)
+    (fwd_hbm, bwd_hbm), (fwd0, bwd0), transposed = hbm.layer_traffic(
+        layer_fn, x, params, weightless
+    )
     base = max(0.0, hbm_named - hbm_none)
     weight_share |= {
         "@forward": fwd_hbm - fwd0,
