@@ -8,7 +8,10 @@ interpreter), and writes one record: command, machine, versions (jax, jaxlib, li
 prediction and XLA's figures per case.  Default cases (8 chips, fsdp=8): the planner's plan at
 microbatch 2, 4 and 8 at sequence 8192 and at 8 and 16 at 4096, and remat-full at 4 (nothing
 offloaded) as a reference; ``--devices`` and ``--case PLAN:MB:SEQ`` choose others.  A case XLA
-refuses (out of memory) is a result.
+refuses (out of memory) is a result.  ``--case PLAN:MB:SEQ:windowed`` compiles with XLA:TPU's own
+choice for the head gradient's reduce-scatter (``LIBTPU_INIT_ARGS`` turning the windowed einsum
+back on, where tierax's step turns it off: ``tierax.xla_flags.TPU_FLAGS``), as the reference for
+what that option costs.
 
     python bench/tpu_compile.py [--out bench/results/tpu_compile.json] [--devices 8]
 
@@ -23,11 +26,14 @@ import argparse
 import concurrent.futures
 import importlib.metadata
 import json
+import os
 import pathlib
 import sys
 import tempfile
 
 import _common
+
+from tierax import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCHEMA = "tierax.tpu-compile/1"
@@ -43,14 +49,16 @@ CASES = [
     ("planner", 16, 4096),
 ]
 GIB = 2**30
+# A case's variant → the libtpu options its processes get instead of tierax's (TPU_FLAGS).
+VARIANTS = {"windowed": "--xla_tpu_enable_windowed_einsum_for_reduce_scatter=true"}
 
 
 class CaseFailed(Exception):
     pass
 
 
-def _tierax(*args: str) -> tuple[dict, float]:
-    p = _common.run(_common.tierax(*args, "--json"), timeout=3600, cwd=ROOT)
+def _tierax(*args: str, env: dict | None = None) -> tuple[dict, float]:
+    p = _common.run(_common.tierax(*args, "--json"), timeout=3600, cwd=ROOT, env=env)
     if p.returncode != 0:
         raise CaseFailed(
             f"tierax {' '.join(args)} failed (exit {p.returncode}):\n{p.stderr[-3000:]}"
@@ -72,13 +80,26 @@ def _gib(n):
     return None if n is None else round(n / GIB, 2)
 
 
-def run_case(plan: str, mb: int, seq: int, shape_base: list[str], tmp: str) -> tuple[dict, dict]:
+def case_key(c: dict) -> str:
+    variant = f" {c['variant']}" if c.get("variant") else ""
+    return f"{c['plan']} mb{c['microbatch']} seq{c['seq']}{variant}"
+
+
+def run_case(
+    plan: str, mb: int, seq: int, shape_base: list[str], tmp: str, variant: str = ""
+) -> tuple[dict, dict]:
     """One case: (its full record, its summary).  A failed command is recorded, not fatal."""
     shape = [*shape_base, "--seq", str(seq), "--microbatch", str(mb)]
     case: dict = {"plan": plan, "microbatch": mb, "seq": seq}
+    env = None
+    if variant:
+        env = {**os.environ, xla_flags.LIBTPU_ARGS: VARIANTS[variant]}
+        case |= {"variant": variant, "libtpu_init_args": VARIANTS[variant]}
+    else:
+        case["libtpu_init_args"] = " ".join(xla_flags.TPU_FLAGS)
     try:
         if plan == "planner":
-            plan = str(pathlib.Path(tmp) / f"planner-{mb}-{seq}.yaml")
+            plan = str(pathlib.Path(tmp) / f"planner-{mb}-{seq}{variant}.yaml")
             prediction, case["plan_wall_s"] = _tierax("plan", *MODEL, *shape, "--out", plan)
             case |= {"plan_yaml": pathlib.Path(plan).read_text(), "planner_result": prediction}
         else:  # the cost model's prediction for a fixed plan
@@ -86,7 +107,7 @@ def run_case(plan: str, mb: int, seq: int, shape_base: list[str], tmp: str) -> t
             case["planner_result"] = {
                 "predicted": simulated[0] if isinstance(simulated, list) else simulated
             }
-        compiled, case["wall_s"] = _tierax("compile", *MODEL, *shape, "--plan", plan)
+        compiled, case["wall_s"] = _tierax("compile", *MODEL, *shape, "--plan", plan, env=env)
     except CaseFailed as e:
         case["error"] = str(e)
         return case, {"error": str(e).splitlines()[0]}
@@ -128,10 +149,8 @@ def merge(out: pathlib.Path, other: pathlib.Path) -> None:
             c["run"].setdefault("command", d["command"])
             c["run"].setdefault("created", d.get("created"))
             c["run"].setdefault("versions", d["versions"])
-    keys = {f"{c['plan']} mb{c['microbatch']} seq{c['seq']}" for c in new["cases"]}
-    doc["cases"] = [
-        c for c in doc["cases"] if f"{c['plan']} mb{c['microbatch']} seq{c['seq']}" not in keys
-    ] + new["cases"]
+    keys = {case_key(c) for c in new["cases"]}
+    doc["cases"] = [c for c in doc["cases"] if case_key(c) not in keys] + new["cases"]
     doc["summary"] = {k: v for k, v in doc["summary"].items() if k not in keys} | new["summary"]
     doc["merged_from"] = [*doc.get("merged_from", []), new["command"]]
     _common.write_record(out, doc)
@@ -166,8 +185,9 @@ def markdown(doc: dict) -> str:
         xla = f"{peak / GIB:.2f} GiB" if peak else "refused"
         if comp["out_of_memory"] and peak:
             xla += " (refused: XLA's stated need)"
+        name = c["plan"] + (" (XLA's windowed einsum)" if c.get("variant") == "windowed" else "")
         out.append(
-            f"| {c['plan']} | {c['microbatch']} × {c['seq']} | {', '.join(off) or 'none'} | "
+            f"| {name} | {c['microbatch']} × {c['seq']} | {', '.join(off) or 'none'} | "
             f"{pred['peak_device_bytes'] / GIB:.2f} GiB | {xla} | {err} | "
             f"{'yes' if comp['fits'] else 'no'} ({comp['device_limit_bytes'] / GIB:.2f} GiB) |"
         )
@@ -211,12 +231,16 @@ def main() -> int:
         return 0
     try:
         cases_wanted = [
-            (p, int(m), int(q)) for p, m, q in (c.split(":") for c in args.case or [])
-        ] or CASES
+            (p, int(m), int(q), v[0] if v else "")
+            for p, m, q, *v in (c.split(":") for c in args.case or [])
+        ] or [(p, m, q, "") for p, m, q in CASES]
     except ValueError:
-        sys.exit("--case takes PLAN:MICROBATCH:SEQ, e.g. planner:4:8192 or remat-full:4:8192")
+        ap.error("--case takes PLAN:MICROBATCH:SEQ[:windowed], e.g. planner:4:8192")
+    bad = [v for *_, v in cases_wanted if v and v not in VARIANTS]
+    if bad:
+        ap.error(f"--case variant {bad[0]!r} is not known; the one variant is: windowed")
     if args.jobs < 1:
-        sys.exit("--jobs must be at least 1")
+        ap.error("--jobs must be at least 1")
     shape_base = [*TARGET, "--devices", str(args.devices), "--mesh", f"fsdp={args.devices}"]
     versions = _versions()
     if versions["libtpu"] is None:
@@ -235,8 +259,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
             futures = {
-                pool.submit(run_case, plan, mb, seq, shape_base, tmp): f"{plan} mb{mb} seq{seq}"
-                for plan, mb, seq in cases_wanted
+                pool.submit(run_case, plan, mb, seq, shape_base, tmp, variant): case_key(
+                    {"plan": plan, "microbatch": mb, "seq": seq, "variant": variant}
+                )
+                for plan, mb, seq, variant in cases_wanted
             }
             for done in concurrent.futures.as_completed(futures):
                 key = futures[done]

@@ -288,13 +288,24 @@ def test_loss_gradient_is_in_the_compute_dtype():
     # the head (2 B)
     assert f32 == 2 * 65_536 + 100_000_000 + 256 * 64 * 4
     assert bf16 == 65_536 + 50_000_000 + 256 * 64 * 2
-    # A TPU target: the logits in the compute dtype (50 MB), then the larger of the head's float32
-    # gradient and a second logits-sized buffer (costmodel.fixed._tpu_loss_phase_bytes), and the
-    # final hidden states in float32 beside their bfloat16 gradient ([tokens, D] each).
+    # A TPU target: the logits in the compute dtype (50 MB) and the head's float32 gradient, no
+    # second logits-sized buffer (the step's TPU flags: costmodel.fixed._tpu_loss_phase_bytes), and
+    # the final hidden states in float32 beside their bfloat16 gradient ([tokens, D] each).
     tpu = cm.simulate(PLAN, inv, cfg, dataclasses.replace(RATES, target="v5p"), "lhs")
     tokens = inv.microbatch * inv.seq
     hidden = tokens * cfg.d_model * (4 + 2)
-    assert tpu.breakdown["logits_bytes"] == 50_000_000 + max(65_536, 50_000_000) + hidden
+    assert tpu.breakdown["logits_bytes"] == 50_000_000 + 65_536 + hidden
+    # Under FSDP also the head gathered in bfloat16 for the backward's matmul, and the larger of the
+    # hidden pair and the head gradient's bfloat16 all-reduce (256 · 64 · 2 B each)
+    rates = dataclasses.replace(RATES, target="v5p")
+    tpu2 = cm.simulate(PLAN, fsdp, cfg, rates, "lhs").breakdown["logits_bytes"]
+    assert tpu2 == 50_000_000 + 256 * 64 * 2 + 65_536 + max(hidden, 256 * 64 * 2)
+    wide = dataclasses.replace(fsdp, microbatch=1, seq=1)  # a hidden pair smaller than the head
+    small_hidden = cfg.d_model * (4 + 2)
+    assert small_hidden < 256 * 64 * 2
+    assert cm.simulate(PLAN, wide, cfg, rates, "lhs").breakdown["logits_bytes"] == (
+        50_000_000 + 256 * 64 * 2 + 65_536 + 256 * 64 * 2
+    )
 
 
 def test_tiled_loss_keeps_one_logits_tile_and_two_head_gradients_and_recomputes_the_head():

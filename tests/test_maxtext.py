@@ -228,7 +228,10 @@ def test_tpu_targets_emit_a_tpu_config_without_gpu_settings(capsys, target):
         data = yaml.safe_load(text)
         assert data["hardware"] == "tpu", argv
         exports = [ln for ln in text.splitlines() if ln.startswith("#   export")]
-        assert exports == [] and "xla_gpu" not in text, (argv, exports)
+        # libtpu's options for the step the plan was modelled on, and nothing of XLA:GPU's
+        assert len(exports) == 1 and "LIBTPU_INIT_ARGS=" in exports[0], (argv, exports)
+        assert "--xla_tpu_enable_windowed_einsum_for_reduce_scatter=false" in exports[0]
+        assert "xla_gpu" not in text and "XLA_PYTHON_CLIENT" not in "\n".join(exports), argv
 
 
 def test_a_mesh_the_model_cannot_take_is_refused_when_emitting(capsys):

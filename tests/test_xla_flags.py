@@ -26,3 +26,25 @@ def test_options_that_would_change_a_running_backend_are_refused(kwargs):
     jax.numpy.zeros(1).block_until_ready()
     with pytest.raises(TieraxError, match="must be set before JAX starts its backend"):
         xla_flags.configure(**kwargs)
+
+
+def test_libtpu_gets_the_step_flags_ahead_of_the_users_and_a_users_own_value_wins():
+    flag = "--xla_tpu_enable_windowed_einsum_for_reduce_scatter"
+    assert xla_flags.libtpu_env({}) == {"LIBTPU_INIT_ARGS": f"{flag}=false"}
+    # the user's other flags are kept, after ours
+    mine = "--xla_tpu_enable_data_parallel_all_reduce_opt=true"
+    args = xla_flags.libtpu_env({"LIBTPU_INIT_ARGS": mine})["LIBTPU_INIT_ARGS"]
+    assert args.split() == [f"{flag}=false", mine]
+    # a value the user chose for the same flag is not replaced (nothing to add)
+    assert xla_flags.libtpu_env({"LIBTPU_INIT_ARGS": f"{flag}=true"}) == {}
+
+
+def test_a_deviceless_tpu_compile_hands_libtpu_the_step_flags(monkeypatch):
+    """``start_deviceless_tpu`` puts the TPU flags in the environment libtpu reads."""
+    from tierax import compile as compile_lib
+
+    seen = {}
+    monkeypatch.setattr(xla_flags, "configure", lambda **kw: seen.update(kw))
+    monkeypatch.delenv("LIBTPU_INIT_ARGS", raising=False)
+    compile_lib.start_deviceless_tpu()
+    assert seen["env"]["LIBTPU_INIT_ARGS"].split() == list(xla_flags.TPU_FLAGS)

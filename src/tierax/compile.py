@@ -107,7 +107,7 @@ def start_deviceless_tpu(preset: str = "none", accelerator_type: str | None = No
     accessing libtpu multi-process lockfile").  ``accelerator_type`` (e.g. ``v5litepod-4``) becomes
     ``TPU_ACCELERATOR_TYPE``:
     libtpu otherwise warns on every compile that it cannot find it (the topology is named
-    explicitly).
+    explicitly).  libtpu gets :data:`tierax.xla_flags.TPU_FLAGS` (the step's own TPU options).
     """
     if preset != "none":
         raise TieraxError(
@@ -119,7 +119,7 @@ def start_deviceless_tpu(preset: str = "none", accelerator_type: str | None = No
         **({"TPU_ACCELERATOR_TYPE": accelerator_type} if accelerator_type else {}),
     }
     env = {k: v for k, v in wanted.items() if not os.environ.get(k)}
-    xla_flags.configure(platforms="cpu", env=env)
+    xla_flags.configure(platforms="cpu", env={**env, **xla_flags.libtpu_env()})
 
 
 def tpu_temp_includes_host() -> bool:

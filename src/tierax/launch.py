@@ -50,6 +50,8 @@ def start_training(cfg, dist: Distributed | None, *, debug: bool = False) -> lis
     nproc = dist.num_processes if dist else 1
     gpu = xla_flags.expects_gpu()
     env, lines = runtime_env(cfg, gpu=gpu, num_processes=nproc)
+    if not gpu:  # a TPU runs the step with its TPU options (read only where libtpu loads)
+        env = {**env, **xla_flags.libtpu_env()}
     xla_flags.configure(
         cpu_devices=None if gpu else cpu_devices_per_process(cfg, nproc),
         preset=cfg.xla_preset,

@@ -27,6 +27,26 @@ PRESETS: dict[str, tuple[str, ...]] = {
 DEVICELESS_FLAGS: tuple[str, ...] = ("--xla_gpu_enable_triton_gemm=false",)
 
 
+# libtpu options for every TPU program tierax compiles or runs (LIBTPU_INIT_ARGS, read when libtpu
+# loads).  XLA:TPU may run the LM head's weight-gradient reduce-scatter as a windowed einsum, and
+# where it does (on 8 v5p chips, not on 4) it writes the logits' gradient and a transposed copy of
+# it for that loop: a second logits-sized buffer at the step's peak, for one collective of the head
+# gradient's size.  Its choice depends on the slice in a way the cost model cannot know, so the
+# step asks for a plain collective (the peaks with and without: bench/results/tpu_compile.json).
+TPU_FLAGS: tuple[str, ...] = ("--xla_tpu_enable_windowed_einsum_for_reduce_scatter=false",)
+LIBTPU_ARGS = "LIBTPU_INIT_ARGS"
+
+
+def libtpu_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``{LIBTPU_INIT_ARGS: ...}`` with :data:`TPU_FLAGS` ahead of what the environment already
+    has (a flag set there is kept as it is: the user's value wins); empty when it sets them all."""
+    env = os.environ if environ is None else environ
+    user = env.get(LIBTPU_ARGS, "")
+    given = {f.split("=", 1)[0].lstrip("-") for f in user.split()}
+    ours = [f for f in TPU_FLAGS if f.split("=", 1)[0].lstrip("-") not in given]
+    return {LIBTPU_ARGS: " ".join([*ours, user]).strip()} if ours else {}
+
+
 def _backends_started() -> bool:
     from jax._src import xla_bridge  # no public query exists
 

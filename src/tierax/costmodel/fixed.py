@@ -228,21 +228,24 @@ def _loss_phase_bytes(
 def _tpu_loss_phase_bytes(
     inv: Inventory, cfg, c_item: int, fsdp: int, tiled: bool, head_grad: int, tokens: int
 ) -> float:
-    # At the loss on TPU, from XLA:TPU's largest allocations at its peak (Llama 3 8B, 4 x 8192 per
-    # chip, remat-full: bench/results/tpu_compile.json): the logits in the compute dtype, saved by
-    # the forward (tierax.train.loss.logits_dtype), then either the head's float32 weight gradient
-    # [D, V] (on 4 v5p chips XLA fuses the logits' gradient into both backward matmuls and never
-    # writes it) or the logits' gradient and a transposed copy of it for a windowed weight-gradient
-    # loop (on 8, the logits dead by then): the model counts the larger second buffer.  Beside them,
-    # the final hidden states in float32 and their gradient in the compute dtype ([tokens, D] each).
-    # Tiled (not traced on TPU): one tile's logits, the two float32 [D, V] accumulators and under
-    # FSDP the gathered head.
+    # At the loss on TPU, from XLA:TPU's buffer assignment and live ranges (Llama 3 8B, v5p, 4 and
+    # 8 chips: bench/results/tpu_compile.json): the logits in the compute dtype, saved by the
+    # forward (tierax.train.loss.logits_dtype); the head's float32 weight gradient [D, V] (XLA fuses
+    # the logits' gradient into both backward matmuls and never writes it: the step's TPU options
+    # keep the head gradient's reduction out of a windowed einsum, which would write it and a
+    # transposed copy, tierax.xla_flags.TPU_FLAGS); under FSDP the head all-gathered in the compute
+    # dtype for the backward's matmul; and either the final hidden states (float32) with their
+    # gradient (compute dtype, [tokens, D] each: on 4 chips, the head gradient kept in float32 to
+    # the optimizer) or, under FSDP, the head gradient's all-reduce in the compute dtype (on 8
+    # chips, the hidden states dead by then): the model counts the larger.  Tiled (not traced on
+    # TPU): one tile's logits, the two float32 [D, V] accumulators and under FSDP the gathered head.
     logits = inv.logits_bytes * c_item / 4  # inv.logits_bytes is float32 (tierax.inventory)
     hidden = tokens * cfg.d_model * (4 + c_item)
+    gathered_head = cfg.vocab_size * cfg.d_model * c_item if fsdp > 1 else 0
     if tiled:
-        gathered_head = cfg.vocab_size * cfg.d_model * c_item if fsdp > 1 else 0
         return 2 * head_grad + logits + hidden + gathered_head
-    return logits + max(head_grad, logits) + hidden
+    reduced_grad = cfg.vocab_size * cfg.d_model * c_item if fsdp > 1 else 0
+    return logits + gathered_head + head_grad + max(hidden, reduced_grad)
 
 
 def _tpu_stack_copy_bytes(inv: Inventory, c_item: int, fsdp: int, ep: int) -> int:

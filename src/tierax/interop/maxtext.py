@@ -104,12 +104,19 @@ def runtime_env(
         )
     env, why = {}, []
     if target != "cpu" and hardware.get_target(target).kind == "tpu":
-        # The schedule presets are XLA:GPU flags, and the two variables are read by the GPU client.
+        # The schedule presets are XLA:GPU flags, and the two variables are read by the GPU client;
+        # libtpu gets the step's TPU options, under which the plan's memory was modelled.
+        env[xla_flags.LIBTPU_ARGS] = " ".join(xla_flags.TPU_FLAGS)
         return env, [
             (
                 f"TPU ({target}): no XLA_FLAGS, {MEM_FRACTION} or {HOST_LIMIT}: those are "
                 "for XLA:GPU and its client (XLA:TPU runs its own latency-hiding scheduler)"
-            )
+            ),
+            (
+                f"{xla_flags.LIBTPU_ARGS}: the LM head's gradient reduction as one collective, "
+                "not a windowed einsum (which holds a second logits-sized buffer where XLA:TPU "
+                "picks it); the plan's memory was modelled so (append to any flags you set)"
+            ),
         ]
     flags = xla_flags.PRESETS[SCHEDULE_PRESET[schedule]]
     if flags:
