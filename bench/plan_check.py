@@ -103,7 +103,8 @@ def main() -> int:
         print(f"{label}: tierax plan {' '.join(cargs)} --check", flush=True)
         proc = _common.run(cmd, timeout=3600)
         wall = proc.wall_s
-        lines = [x for x in proc.stdout.splitlines() if x.startswith("check ")]
+        # with --json, tierax writes the JSON alone to stdout and its progress lines to stderr
+        lines = [x for x in proc.stderr.splitlines() if x.startswith("check ")]
         print("\n".join(lines), flush=True)
         start = proc.stdout.find("{")
         if proc.returncode not in (0, 1) or start < 0:
@@ -115,7 +116,7 @@ def main() -> int:
             }
             ok = False
             continue
-        result = json.JSONDecoder().raw_decode(proc.stdout[start:])[0]
+        result = json.loads(proc.stdout)
         out[label] = {
             "command": "tierax plan " + " ".join(cargs) + " --check",
             "returncode": proc.returncode,

@@ -297,6 +297,7 @@ def _plan_check(args) -> int:
             f"fits={'yes' if s.xla_fits else 'NO'} · exposed transfers predicted "
             f"{s.predicted_exposed_s * 1e3:.2f} ms, XLA {s.xla_exposed_s * 1e3:.2f} ms · host "
             f"{gib(s.host_bytes)} vs XLA {gib(s.xla_host_bytes)} · compile {s.compile_s:.0f} s",
+            file=sys.stderr if args.json else sys.stdout,  # --json: stdout is the JSON alone
             flush=True,
         )
 
@@ -311,14 +312,18 @@ def _plan_check(args) -> int:
     )
     if out:
         write_text_atomic(out, res.result.plan.to_yaml())
-        print(f"wrote {out}")
+        print(f"wrote {out}", file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(json.dumps(res.to_json(), indent=2))
     last = res.iterations[-1]
+    # what decides fits: XLA:TPU's stated limit on a TPU, the device's memory on a GPU
+    spec = hardware.get_target(args.target)
+    limit = getattr(spec, "xla_hbm_limit_bytes", 0) or rates.device_memory_bytes
     print(
         f"check {'converged' if res.converged else 'did NOT converge'} after {len(res.iterations)} "
-        f"compile(s): XLA peak {gib(last.xla_peak_bytes)} of {gib(rates.device_memory_bytes)} "
-        f"({'fits' if last.xla_fits else 'does not fit'}), model error {pct(last.peak_error)}"
+        f"compile(s): XLA peak {gib(last.xla_peak_bytes)} of {gib(limit)} "
+        f"({'fits' if last.xla_fits else 'does not fit'}), model error {pct(last.peak_error)}",
+        file=sys.stderr if args.json else sys.stdout,  # --json: stdout is the JSON document alone
     )
     return 0 if res.converged else 1
 
