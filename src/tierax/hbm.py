@@ -223,6 +223,26 @@ class _Flat:
         return phase
 
 
+def _views(flat: _Flat) -> tuple[dict[int, int], dict[int, int], dict[int, str]]:
+    """Of a walked trace: ``root`` (a free op's output → the value it views), ``producer`` (a
+    value → index of the non-free eqn that makes it) and ``names`` (a viewed value → the
+    activation name a ``name`` op tags it with)."""
+    root: dict[int, int] = {}
+    producer: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for k, (prim, ins, outs, _, _) in enumerate(flat.eqns):
+        src = next((i for i in ins if i is not None), None)
+        if prim in FREE and src is not None:
+            for o in outs:
+                root[o] = root.get(src, src)
+            if prim == "name":
+                names[root.get(src, src)] = flat.params[k]["name"]
+        else:
+            for o in outs:
+                producer[o] = k
+    return root, producer, names
+
+
 def phase_bytes(closed_jaxpr, weight_ways: dict | None = None) -> tuple[float, float]:
     """(bytes before :func:`marker`, bytes after it) that non-matmul fusions move (see the module
     docstring; ``weight_ways``: its sharded weights)."""
@@ -232,20 +252,8 @@ def phase_bytes(closed_jaxpr, weight_ways: dict | None = None) -> tuple[float, f
     flat.walk(j, env, 1, 0, top=True)
     flat.outputs.update(env[o] for o in j.outvars if not isinstance(o, Literal) and o in env)
     eqns = flat.eqns
-
-    root: dict[int, int] = {}  # a free op's output → the value it views
-    named: set[int] = set()
-    producer: dict[int, int] = {}  # value → index of the non-free eqn that makes it
-    for k, (prim, ins, outs, _, _) in enumerate(eqns):
-        src = next((i for i in ins if i is not None), None)
-        if prim in FREE and src is not None:
-            for o in outs:
-                root[o] = root.get(src, src)
-            if prim == "name":
-                named.add(root.get(src, src))
-        else:
-            for o in outs:
-                producer[o] = k
+    root, producer, names = _views(flat)
+    named = set(names)
 
     def kind(k: int) -> str:
         prim = eqns[k][0]
@@ -375,19 +383,7 @@ def transposed_reads(closed_jaxpr, residual_inputs: int = 0) -> dict:
     first_inputs = {env[v] for v in j.invars[:residual_inputs]}
     flat.walk(j, env, 1, 0, top=True)
     eqns = flat.eqns
-    root: dict[int, int] = {}
-    producer: dict[int, int] = {}
-    names: dict[int, str] = {}
-    for k, (prim, ins, outs, _, _) in enumerate(eqns):
-        src = next((i for i in ins if i is not None), None)
-        if prim in FREE and src is not None:
-            for o in outs:
-                root[o] = root.get(src, src)
-            if prim == "name":
-                names[root.get(src, src)] = flat.params[k]["name"]
-        else:
-            for o in outs:
-                producer[o] = k
+    root, producer, names = _views(flat)
 
     def elementwise(k: int) -> bool:
         prim = eqns[k][0]
