@@ -101,6 +101,30 @@ def _minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
+def _timed_calls(fn, args, repeats: int) -> tuple[list[float], list[int]]:
+    """``repeats`` calls of ``fn(*args)`` after one warm-up: (seconds, minor page faults) each."""
+    jax.block_until_ready(fn(*args))
+    times, faults = [], []
+    for _ in range(repeats):
+        f0, t0 = _minor_faults(), time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+        faults.append(_minor_faults() - f0)
+    return times, faults
+
+
+def _less_first_touch(
+    times: list[float], faults: list[int], first_touch_bytes_per_s: float | None
+) -> tuple[float, float, float]:
+    """(median seconds, median faulted bytes, the median less those bytes at
+    ``first_touch_bytes_per_s``, never below a tenth of it: a first-touch rate measured under noise
+    must not cancel the work)."""
+    raw = statistics.median(times)
+    touched = statistics.median(faults) * os.sysconf("SC_PAGE_SIZE")
+    med = raw - touched / first_touch_bytes_per_s if first_touch_bytes_per_s else raw
+    return raw, touched, max(med, raw / 10)
+
+
 def matmul_mix_rate(
     dtype: str,
     shapes=CPU_MATMUL_SHAPES,
@@ -129,7 +153,6 @@ def matmul_mix_rate(
             f = jax.jit(fn)
             f(a, b).block_until_ready()
             runs.append(((m, k, n), role, f, a, b, [], []))
-    page = os.sysconf("SC_PAGE_SIZE")
     for _ in range(repeats):
         for *_, f, a, b, times, faults in runs:
             f0, t = _minor_faults(), time.perf_counter()
@@ -138,10 +161,7 @@ def matmul_mix_rate(
             faults.append(_minor_faults() - f0)
     gemms, flops, secs = [], 0.0, 0.0
     for (m, k, n), role, *_, times, faults in runs:
-        touched = statistics.median(faults) * page
-        raw = statistics.median(times)
-        med = raw - touched / first_touch_bytes_per_s if first_touch_bytes_per_s else raw
-        med = max(med, raw / 10)  # a first-touch rate measured under noise must not cancel a GEMM
+        raw, touched, med = _less_first_touch(times, faults, first_touch_bytes_per_s)
         flops, secs = flops + 2.0 * m * k * n, secs + med
         gemms.append(
             {
@@ -249,18 +269,8 @@ def nonmatmul_rate(
         (jnp.ones((t, w)), jnp.ones((t, f)), jnp.ones(scores)),
     )
     nbytes = sum(hbm.phase_bytes(jax.make_jaxpr(fwd_bwd)(*args)))
-    fn = jax.jit(fwd_bwd)
-    jax.block_until_ready(fn(*args))
-    times, faults = [], []
-    for _ in range(repeats):
-        f0, t0 = _minor_faults(), time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-        faults.append(_minor_faults() - f0)
-    raw = statistics.median(times)
-    touched = statistics.median(faults) * os.sysconf("SC_PAGE_SIZE")
-    med = raw - touched / first_touch_bytes_per_s if first_touch_bytes_per_s else raw
-    med = max(med, raw / 10)
+    times, faults = _timed_calls(jax.jit(fwd_bwd), args, repeats)
+    _, touched, med = _less_first_touch(times, faults, first_touch_bytes_per_s)
     return {
         "shape": d,
         "model_bytes": nbytes,
@@ -288,17 +298,8 @@ def transposed_fusion_rate(
     keys = jax.random.split(jax.random.key(3), 3)
     a, b, c = (jax.random.normal(k, shape, jnp.float32) for k in keys)
     f = jax.jit(lambda a, b, c: ((a * b) * (1 - c) + c).T)
-    f(a, b, c).block_until_ready()
-    times, faults = [], []
-    for _ in range(repeats):
-        f0, t = _minor_faults(), time.perf_counter()
-        f(a, b, c).block_until_ready()
-        times.append(time.perf_counter() - t)
-        faults.append(_minor_faults() - f0)
-    raw = statistics.median(times)
-    touched = statistics.median(faults) * os.sysconf("SC_PAGE_SIZE")
-    med = raw - touched / first_touch_bytes_per_s if first_touch_bytes_per_s else raw
-    med = max(med, raw / 10)
+    times, faults = _timed_calls(f, (a, b, c), repeats)
+    _, touched, med = _less_first_touch(times, faults, first_touch_bytes_per_s)
     return {
         "shape": list(shape),
         "inputs": 3,
