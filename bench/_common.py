@@ -87,6 +87,18 @@ def write_record(path: str | os.PathLike, doc: dict) -> pathlib.Path:
     return write_text_atomic(path, json.dumps(doc, indent=2) + "\n")
 
 
+def write_readme_section(readme: pathlib.Path, start: str, end: str, body: str) -> None:
+    """Replace what stands between the ``start`` and ``end`` marker lines of ``readme`` with
+    ``body`` (a bench script's generated table); exits naming the markers where the README does not
+    have exactly one of each."""
+    text = readme.read_text()
+    if text.count(start) != 1 or text.count(end) != 1:
+        sys.exit(f"{readme} needs one {start!r} line and one {end!r} line after it")
+    head, rest = text.split(start)
+    _, tail = rest.split(end)
+    readme.write_text(f"{head}{start}\n{body}{end}{tail}")
+
+
 def tierax(*args: str) -> list[str]:
     """The command line that runs the tierax CLI in a child process with this interpreter."""
     return [sys.executable, "-m", "tierax.cli", *args]

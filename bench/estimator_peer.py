@@ -420,12 +420,7 @@ def markdown(doc: dict) -> str:
 
 
 def write_readme(doc: dict, readme: pathlib.Path) -> None:
-    text = readme.read_text()
-    if text.count(README_START) != 1 or text.count(README_END) != 1:
-        sys.exit(f"{readme} needs one {README_START!r} line and one {README_END!r} line after it")
-    head, rest = text.split(README_START)
-    _, tail = rest.split(README_END)
-    readme.write_text(f"{head}{README_START}\n{markdown(doc)}{README_END}{tail}")
+    _common.write_readme_section(readme, README_START, README_END, markdown(doc))
 
 
 def merge_records(out: pathlib.Path, other: pathlib.Path) -> None:
