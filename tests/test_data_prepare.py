@@ -207,7 +207,8 @@ def test_cli_prepare_reports_and_replaces_only_when_asked(tmp_path, tokenizers, 
 # --- bad input: exit 2 naming the file, nothing written ----------------------------------
 
 
-def _fails(cli, tmp_path, args, *fragments):
+def assert_refused(cli, tmp_path, args, *fragments):
+    """``data prepare`` exits 2 naming each fragment, with no traceback and nothing written."""
     r = cli("data", "prepare", *map(str, args), "--out", str(tmp_path / "out"))
     assert r.returncode == 2, r.stderr
     for f in fragments:
@@ -221,10 +222,10 @@ def _fails(cli, tmp_path, args, *fragments):
 def test_bad_tokenizers_exit_2_naming_the_file(cli, tmp_path, tokenizers, jsonl):
     cut = tmp_path / "tokenizer.json"
     cut.write_bytes(tokenizers["huggingface"].read_bytes()[:5000])
-    _fails(cli, tmp_path, [jsonl, "--tokenizer", cut], str(cut), "cannot be read")
+    assert_refused(cli, tmp_path, [jsonl, "--tokenizer", cut], str(cut), "cannot be read")
     bad_sp = tmp_path / "sp.model"
     bad_sp.write_bytes(tokenizers["sentencepiece"].read_bytes()[:3000])
-    _fails(
+    assert_refused(
         cli,
         tmp_path,
         [jsonl, "--tokenizer", bad_sp],
@@ -234,22 +235,22 @@ def test_bad_tokenizers_exit_2_naming_the_file(cli, tmp_path, tokenizers, jsonl)
     bad_tt = tmp_path / "tt.model"
     lines = tokenizers["tiktoken"].read_text().splitlines()
     bad_tt.write_text("\n".join(lines[:10] + ["!!!notbase64 10"] + lines[11:]) + "\n")
-    _fails(cli, tmp_path, [jsonl, "--tokenizer", bad_tt], str(bad_tt), "line 11")
+    assert_refused(cli, tmp_path, [jsonl, "--tokenizer", bad_tt], str(bad_tt), "line 11")
     noise = tmp_path / "noise.bin"
     noise.write_bytes(bytes(range(256)))
-    _fails(
+    assert_refused(
         cli, tmp_path, [jsonl, "--tokenizer", noise], str(noise), "is not a tokenizer tierax reads"
     )
-    _fails(
+    assert_refused(
         cli,
         tmp_path,
         [jsonl, "--tokenizer", tmp_path / "missing.json"],
         "missing.json",
         "does not exist",
     )
-    _fails(cli, tmp_path, [jsonl, "--tokenizer", tmp_path], str(tmp_path), "is not a file")
+    assert_refused(cli, tmp_path, [jsonl, "--tokenizer", tmp_path], str(tmp_path), "is not a file")
     # Unreadable: a file whose read fails (EIO; chmod 000 does not stop root, who runs these tests).
-    _fails(
+    assert_refused(
         cli, tmp_path, [jsonl, "--tokenizer", "/proc/self/mem"], "/proc/self/mem", "cannot be read"
     )
 
@@ -259,7 +260,7 @@ def test_bad_documents_exit_2_and_leave_nothing(cli, tmp_path, tokenizers):
     bad = tmp_path / "bad.jsonl"
     bad.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[:300]) + '{"body": "x"}\n')
     # Found after 300 documents have been written: the temporary directory goes too.
-    _fails(
+    assert_refused(
         cli,
         tmp_path,
         [bad, "--tokenizer", tokenizers["huggingface"]],
@@ -268,26 +269,26 @@ def test_bad_documents_exit_2_and_leave_nothing(cli, tmp_path, tokenizers):
     )
     notjson = tmp_path / "notjson.jsonl"
     notjson.write_text('{"text": "a"}\n{"text": \n')
-    _fails(cli, tmp_path, [notjson], f"{notjson} line 2: not a JSON object")
+    assert_refused(cli, tmp_path, [notjson], f"{notjson} line 2: not a JSON object")
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"text": [1, 2, 3]}), tmp_path / "ints.parquet")
-    _fails(
+    assert_refused(
         cli,
         tmp_path,
         [tmp_path / "ints.parquet"],
         "ints.parquet",
         "column 'text' is int64, not a string column",
     )
-    _fails(
+    assert_refused(
         cli,
         tmp_path,
         [tmp_path / "ints.parquet", "--field", "body"],
         "has no column 'body' (its columns: text)",
     )
     (tmp_path / "latin1.txt").write_bytes("café".encode("latin-1"))
-    _fails(
+    assert_refused(
         cli,
         tmp_path,
         [tmp_path / "latin1.txt", "--tokenizer", tokenizers["tiktoken"]],
@@ -297,20 +298,20 @@ def test_bad_documents_exit_2_and_leave_nothing(cli, tmp_path, tokenizers):
         int.from_bytes(hashlib.blake2b(SAMPLE.read_bytes(), digest_size=8).digest(), "little")
         / 2**64
     )
-    _fails(
+    assert_refused(
         cli,
         tmp_path,
         [SAMPLE, "--validation-fraction", f"{h * 0.99:.6f}"],
         "no document of the 1 was held out",
     )
-    _fails(
+    assert_refused(
         cli,
         tmp_path,
         [SAMPLE, "--validation-fraction", f"{min(h * 1.01, 0.999999):.6f}"],
         "every one of the 1 documents was held out",
     )
-    _fails(cli, tmp_path, [SAMPLE, "--max-document-mib", "0"], "must be ≥ 1")
-    _fails(cli, tmp_path, ["/proc/self/mem"], "input '/proc/self/mem' cannot be read")
+    assert_refused(cli, tmp_path, [SAMPLE, "--max-document-mib", "0"], "must be ≥ 1")
+    assert_refused(cli, tmp_path, ["/proc/self/mem"], "input '/proc/self/mem' cannot be read")
 
 
 def test_missing_optional_package_names_the_pip_command(tmp_path, tokenizers, jsonl):
