@@ -206,6 +206,30 @@ MUTATIONS = [
         "tests": ["tests/test_time_model.py"],
     },
     {
+        "name": "transposed-reads-stride-class-ignored",
+        "what": "hbm.row_aliased: no row stride is a multiple of 4 KiB (every read spread)",
+        "file": "src/tierax/hbm.py",
+        "old": "    return (row_elems * jnp.dtype(dtype).itemsize) % PAGE_BYTES == 0\n",
+        "new": "    return False\n",
+        "tests": ["tests/test_time_model.py"],
+    },
+    {
+        "name": "cpu-aliased-transpose-rate-not-calibrated",
+        "what": "target cpu prices aliased transposing reads at the spread rows' rate",
+        "file": "src/tierax/costmodel/rates.py",
+        "old": '    aliased = cal.get("transpose_aliased_read_elems_per_s", 0.0)\n',
+        "new": "    aliased = 0.0\n",
+        "tests": ["tests/test_time_model.py"],
+    },
+    {
+        "name": "aliased-transposing-reads-at-the-spread-rate",
+        "what": "costmodel.transposes: aliased reads priced at the spread rows' rate",
+        "file": "src/tierax/costmodel/transposes.py",
+        "old": "        return spread / rate + aliased / aliased_rate\n",
+        "new": "        return spread / rate + aliased / rate\n",
+        "tests": ["tests/test_time_model.py"],
+    },
+    {
         "name": "mesh-time-bound-inflated",
         "what": "mesh_search: the time bound 1.5 x compute + exposed collectives (no longer under "
         "every placement's step)",

@@ -40,6 +40,7 @@ CAL = {
         "memory_bytes_per_s": 1e11,
         "first_touch_bytes_per_s": 1e10,
         "transpose_read_elems_per_s": 2e9,
+        "transpose_aliased_read_elems_per_s": 0.5e9,
     }
 }
 
@@ -129,11 +130,21 @@ def test_cpu_rates_are_the_calibration_per_dtype_and_say_so():
         assert r.matmul_flops_per_s == CAL["cpu"][f"matmul_flops_per_s_{dtype}"]
         assert (r.hbm_bytes_per_s, r.first_touch_bytes_per_s) == (1e11, 1e10)
         assert r.transpose_read_elems_per_s == 2e9
+        assert r.transpose_aliased_read_elems_per_s == 0.5e9
         assert r.offload_is_real is False
         for key in ("matmul", "hbm", "first_touch", "transposing_fusion"):
             assert r.sources[key].startswith("measured by tierax calibrate (hand-cal)"), key
+        assert "4 KiB" in r.sources["transposing_fusion"]
     with pytest.raises(TieraxError, match="tierax calibrate"):
         cm.target_rates("cpu", "float32", calibration={})
+
+
+def test_an_older_calibration_prices_aliased_rows_as_spread_ones_and_says_so():
+    old = {"cpu": {k: v for k, v in CAL["cpu"].items() if "aliased" not in k}}
+    r = cm.target_rates("cpu", "float32", calibration=old)
+    assert r.transpose_aliased_read_elems_per_s == r.transpose_read_elems_per_s == 2e9
+    assert "not measured" in r.sources["transposing_fusion"]
+    assert "tierax calibrate" in r.sources["transposing_fusion"]
 
 
 def test_cpu_rates_read_the_calibration_file(tmp_path, monkeypatch):
@@ -215,12 +226,47 @@ def test_transposed_reads_by_hand():
     shapes = ((T, D), (D, F), (D, F), (F, D), (F,), (T, D))
     args = [jax.ShapeDtypeStruct(shape, f32) for shape in shapes]
     r = hbm.transposed_reads(jax.make_jaxpr(step)(*args), residual_inputs=1)
+    none = {"always": 0.0, "residual": 0.0, "carry": 0.0, "named": {}}
     assert r == {
-        "always": 2 * T * F,
-        "residual": 1.5 * T * F,
-        "carry": 2 * T * D,
-        "named": {N.MLPWI_0: 1.5 * T * F},
+        "spread": {
+            "always": 2 * T * F,
+            "residual": 1.5 * T * F,
+            "carry": 2 * T * D,
+            "named": {N.MLPWI_0: 1.5 * T * F},
+        },
+        "aliased": none,
     }
+
+
+def test_transposed_reads_split_by_row_stride():
+    """The same slow fusion du·a·2 at F = 1024 float32 features (rows 4096 bytes apart) counts
+    as aliased, at F = 1040 (4160 bytes) as spread; a [T, 8, 128] operand's rows are its 1024
+    features (contracted over T), aliased."""
+    T, D = 8, 16
+    f32 = jnp.float32
+    wg = (((0,), (0,)), ((), ()))
+
+    def step(x, ct, w1, w2, w3):
+        a = checkpoint_name(x @ w1, N.MLPWI_0)
+        b = x @ w2
+        c = (x @ w3).reshape(T, 8, 128)
+        ct = hbm.marker(ct)
+        du1, du2 = ct @ w1, ct @ w2
+        du3 = (ct @ w3).reshape(T, 8, 128)
+        return (
+            jax.lax.dot_general(x, du1 * a * 2.0, wg),
+            jax.lax.dot_general(x, du2 * b * 2.0, wg),
+            jax.lax.dot_general(x, du3 * c * 2.0, wg),
+        )
+
+    shapes = ((T, D), (T, D), (D, 1024), (D, 1040), (D, 1024))
+    args = [jax.ShapeDtypeStruct(shape, f32) for shape in shapes]
+    r = hbm.transposed_reads(jax.make_jaxpr(step)(*args), residual_inputs=1)
+    assert r["aliased"]["always"] == 2 * (2 * T * 1024)
+    assert r["spread"]["always"] == 2 * T * 1040
+    assert hbm.row_aliased(1024, f32) and hbm.row_aliased(3072, f32)
+    assert hbm.row_aliased(2048, jnp.bfloat16) and not hbm.row_aliased(1024, jnp.bfloat16)
+    assert not hbm.row_aliased(1040, f32) and not hbm.row_aliased(1280, f32)
 
 
 def transposed_inventory() -> Inventory:
@@ -246,7 +292,9 @@ def test_transposing_fusion_term_by_hand():
     """2 layers at 1e9 elements/s.  MLPWO recomputed: 4 M × 2 + the carry's 0.5 M × 2 = 9 ms;
     save-all: + the residual's 1 M × 2 + MLPWO's 2 M × 2 = 15 ms; one layer (no loop, no
     stacks): 4 ms whatever the plan; no rate (a GPU): 0."""
-    r = dataclasses.replace(rates(), transpose_read_elems_per_s=1e9)
+    r = dataclasses.replace(
+        rates(), transpose_read_elems_per_s=1e9, transpose_aliased_read_elems_per_s=1e9
+    )
     inv = transposed_inventory()
     keep = cm.simulate(plan(P.Placement.DEVICE), inv, CFG, r, "lhs")
     remat = cm.simulate(plan(P.Placement.REMAT), inv, CFG, r, "lhs")
@@ -261,6 +309,43 @@ def test_transposing_fusion_term_by_hand():
     no_rate = dataclasses.replace(r, transpose_read_elems_per_s=0.0)  # a GPU: no such term
     gpu_like = cm.simulate(plan(P.Placement.DEVICE), inv, CFG, no_rate, "lhs")
     assert gpu_like.breakdown["transpose_s"] == 0
+
+
+def test_aliased_reads_are_priced_at_their_own_rate():
+    """The inventory of the test above with every read aliased instead, at 0.25e9 elements/s
+    (spread ones at 1e9): 4 × the seconds, 60 ms and 36 ms; the same reads half spread, half
+    aliased: 37.5 ms and 22.5 ms."""
+    r = dataclasses.replace(
+        rates(), transpose_read_elems_per_s=1e9, transpose_aliased_read_elems_per_s=0.25e9
+    )
+    inv = transposed_inventory()
+    (g,) = inv.groups
+
+    def moved(share: float) -> Inventory:
+        """``share`` of every read count moved to the aliased class."""
+        acts = tuple(
+            dataclasses.replace(
+                a,
+                transposed_elems_per_layer=a.transposed_elems_per_layer * (1 - share),
+                transposed_aliased_elems_per_layer=a.transposed_elems_per_layer * share,
+            )
+            for a in g.activations
+        )
+        fields = {}
+        for kind in ("always", "residual", "carry"):
+            n = getattr(g, f"transposed_{kind}_elems_per_layer")
+            fields[f"transposed_{kind}_elems_per_layer"] = n * (1 - share)
+            fields[f"transposed_{kind}_aliased_elems_per_layer"] = n * share
+        return dataclasses.replace(
+            inv, groups=(dataclasses.replace(g, activations=acts, **fields),)
+        )
+
+    for share, keep_s, remat_s in ((1.0, 0.060, 0.036), (0.5, 0.0375, 0.0225)):
+        inv_s = moved(share)
+        keep = cm.simulate(plan(P.Placement.DEVICE), inv_s, CFG, r, "lhs")
+        remat = cm.simulate(plan(P.Placement.REMAT), inv_s, CFG, r, "lhs")
+        assert keep.breakdown["transpose_s"] == pytest.approx(keep_s, rel=1e-12)
+        assert remat.breakdown["transpose_s"] == pytest.approx(remat_s, rel=1e-12)
 
 
 def test_planner_weighs_transposing_fusions():
@@ -284,7 +369,10 @@ def test_microbenchmarks_measure_positive_rates():
     assert all(g["shape"] == [96, 32, 64] and g["flops_per_s"] > 0 for g in mix["gemms"])
     mem = harness.stream_and_first_touch(4 << 20, repeats=3)
     assert mem["memory_bytes_per_s"] > 0 and mem["first_touch_bytes_per_s"] > 0
-    assert harness.transposed_fusion_rate((64, 96), repeats=2)["elems_per_s"] > 0
+    tr = harness.transposed_fusion_rate({"spread": (64, 96), "aliased": (64, 1024)}, repeats=2)
+    assert tr["spread"]["elems_per_s"] > 0 and tr["aliased"]["elems_per_s"] > 0
+    assert (tr["spread"]["row_stride_bytes"], tr["aliased"]["row_stride_bytes"]) == (384, 4096)
+    assert len(tr["aliased"]["times_s"]) == 2
     small = {"tokens": 64, "width": 32, "mlp": 48, "heads": 2, "seq": 16}
     nm = harness.nonmatmul_rate(small, repeats=2)
     assert nm["bytes_per_s"] > 0 and nm["model_bytes"] > 0

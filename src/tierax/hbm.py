@@ -376,6 +376,10 @@ def transposed_reads(closed_jaxpr, residual_inputs: int = 0) -> dict:
     ``residual`` (unnamed: made in the forward), ``carry`` (the first ``residual_inputs``
     inputs of the traced function: the layer's input, always stacked) and ``named`` ({name:
     elements}); a fusion reading neither is not counted.  Scan trip counts multiply in.
+
+    Counted apart by the operand's row stride (:func:`row_aliased`): ``{"spread": counts,
+    "aliased": counts}``; reading a column whose rows lie a multiple of 4 KiB apart is several
+    times slower (``bench/transpose_forms.py``; the time-fidelity record's A/B of MLP widths).
     """
     j = getattr(closed_jaxpr, "jaxpr", closed_jaxpr)
     flat = _Flat()
@@ -403,7 +407,7 @@ def transposed_reads(closed_jaxpr, residual_inputs: int = 0) -> dict:
                 chain(i, seen, found)
 
     transposed = {i for prim, ins, *_ in eqns if prim == "transpose" for i in ins if i is not None}
-    out = {"always": 0.0, "residual": 0.0, "carry": 0.0, "named": {}}
+    both = {c: {"always": 0.0, "residual": 0.0, "carry": 0.0, "named": {}} for c in STRIDE_CLASSES}
     for k, (prim, ins, outs, mult, phase) in enumerate(eqns):
         if prim != "dot_general" or phase != 1 or None in ins[:2]:
             continue
@@ -418,6 +422,9 @@ def transposed_reads(closed_jaxpr, residual_inputs: int = 0) -> dict:
         if aval.dtype != jnp.float32 or p is None or not elementwise(p) or eqns[p][4] != 1:
             continue  # a narrower dtype, a parameter, a dot's result, a residual: a plain copy
         size = math.prod(aval.shape)
+        contracted = params_contracting(flat.params[k], operand == ins[0])
+        row = size // math.prod(aval.shape[d] for d in contracted)
+        out = both["aliased" if row_aliased(row, aval.dtype) else "spread"]
         found = {"inputs": set(), "literal": False}
         chain(operand, set(), found)
         sizes = {v: math.prod(getattr(flat.avals[v], "shape", ())) for v in found["inputs"]}
@@ -441,7 +448,25 @@ def transposed_reads(closed_jaxpr, residual_inputs: int = 0) -> dict:
                 out["named"][names[v]] = out["named"].get(names[v], 0.0) + share
             else:
                 out["residual"] += share
-    return out
+    return both
+
+
+# The two row-stride classes of a transposing fusion's reads (tierax.costmodel.transposes).
+STRIDE_CLASSES = ("spread", "aliased")
+PAGE_BYTES = 4096
+
+
+def row_aliased(row_elems: int, dtype) -> bool:
+    """Whether rows of ``row_elems`` elements lie a multiple of 4 KiB apart: a column read then
+    falls in one L1 cache set (its index bits lie within a 4 KiB page) and each row's line is
+    evicted before the next column reuses it."""
+    return (row_elems * jnp.dtype(dtype).itemsize) % PAGE_BYTES == 0
+
+
+def params_contracting(params: dict, lhs: bool) -> tuple[int, ...]:
+    """The contracting dimensions of a dot_general's lhs (or rhs) operand."""
+    (lc, rc), _ = params["dimension_numbers"]
+    return tuple(lc if lhs else rc)
 
 
 def _layer_trace(layer_fn, x, params):

@@ -61,7 +61,9 @@ class Activation:
     recompute_fused_flops_per_layer: float = (
         0.0  # of recompute_flops, those inside a fused attention kernel
     )
-    transposed_elems_per_layer: float = 0.0  # XLA:CPU's transposing fusions read (tierax.hbm)
+    # XLA:CPU's transposing fusions read (tierax.hbm.transposed_reads), by row-stride class
+    transposed_elems_per_layer: float = 0.0
+    transposed_aliased_elems_per_layer: float = 0.0
 
     @property
     def total_bytes(self) -> int:
@@ -98,10 +100,14 @@ class GroupInventory:
     forward_hbm_bytes_per_layer: float = 0.0
     backward_hbm_bytes_per_layer: float = 0.0
     base_recompute_hbm_bytes_per_layer: float = 0.0
-    # Elements XLA:CPU's slow transposing fusions read per layer (tierax.hbm.transposed_reads).
+    # Elements XLA:CPU's slow transposing fusions read per layer (tierax.hbm.transposed_reads):
+    # rows a multiple of 4 KiB apart (aliased) and the others (spread).
     transposed_always_elems_per_layer: float = 0.0
     transposed_residual_elems_per_layer: float = 0.0
     transposed_carry_elems_per_layer: float = 0.0
+    transposed_always_aliased_elems_per_layer: float = 0.0
+    transposed_residual_aliased_elems_per_layer: float = 0.0
+    transposed_carry_aliased_elems_per_layer: float = 0.0
     # Of the forward's and the base recomputation's matmul FLOPs, those inside a fused attention
     # kernel (attention=cudnn: its host stand-in's scope), which the cost model prices at the
     # kernel's rates.
@@ -251,7 +257,7 @@ def layer_inventory(
         "@backward": bwd_hbm - bwd0,
         "@base_recompute": min(base, max(0.0, (hbm_named - hbm0_named) - (hbm_none - hbm0_none))),
     }
-    reads = transposed["named"]
+    spread, aliased = transposed["spread"], transposed["aliased"]
     acts = tuple(
         Activation(
             group,
@@ -259,7 +265,8 @@ def layer_inventory(
             per_name[n],
             num_layers,
             *costs[n],
-            transposed_elems_per_layer=reads.get(n, 0.0),
+            transposed_elems_per_layer=spread["named"].get(n, 0.0),
+            transposed_aliased_elems_per_layer=aliased["named"].get(n, 0.0),
         )
         for n in names
     )
@@ -276,9 +283,12 @@ def layer_inventory(
         forward_hbm_bytes_per_layer=fwd_hbm,
         backward_hbm_bytes_per_layer=bwd_hbm,
         base_recompute_hbm_bytes_per_layer=max(0.0, hbm_named - hbm_none),
-        transposed_always_elems_per_layer=transposed["always"],
-        transposed_residual_elems_per_layer=transposed["residual"],
-        transposed_carry_elems_per_layer=transposed["carry"],
+        transposed_always_elems_per_layer=spread["always"],
+        transposed_residual_elems_per_layer=spread["residual"],
+        transposed_carry_elems_per_layer=spread["carry"],
+        transposed_always_aliased_elems_per_layer=aliased["always"],
+        transposed_residual_aliased_elems_per_layer=aliased["residual"],
+        transposed_carry_aliased_elems_per_layer=aliased["carry"],
         fused_attention_flops_per_layer=float(jaxpr_tools.matmul_flops(fwd, scope=FUSED_SCOPE)),
         base_recompute_fused_flops_per_layer=max(0.0, fused_named - fused_none),
         weight_hbm_bytes=tuple(sorted(weight_share.items())),

@@ -76,6 +76,8 @@ class Rates:
     # CPU only (0: no such term): elements per second XLA:CPU's slow transposing fusions read
     # (tierax.hbm.transposed_reads, tierax.costmodel.transposes); measured by `tierax calibrate`.
     transpose_read_elems_per_s: float = 0.0
+    # The same for reads of rows a multiple of 4 KiB apart (tierax.hbm.row_aliased).
+    transpose_aliased_read_elems_per_s: float = 0.0
     # What a step may use, where the compiler states it (XLA:TPU's HBM limit); 0: capacity less
     # the runtime reserve (hardware.usable_bytes).
     device_limit_bytes: int = 0
@@ -123,11 +125,20 @@ def _cpu_rates(cal: dict, dtype: str) -> Rates:
         else "not measured: not modelled (run `tierax calibrate` again)"
     )
     transpose = cal.get("transpose_read_elems_per_s", 0.0)
-    sources["transposing_fusion"] = (
-        f"{measured}: reads of XLA:CPU's slow transposing fusion (CPU-specific)"
-        if transpose
-        else "not measured: not modelled (run `tierax calibrate` again)"
-    )
+    aliased = cal.get("transpose_aliased_read_elems_per_s", 0.0)
+    if transpose and aliased:
+        sources["transposing_fusion"] = (
+            f"{measured}: reads of XLA:CPU's slow transposing fusion, rows spread and rows a "
+            "multiple of 4 KiB apart (CPU-specific)"
+        )
+    elif transpose:  # an older calibration file: aliased rows priced as spread ones
+        aliased = transpose
+        sources["transposing_fusion"] = (
+            f"{measured}: reads of XLA:CPU's slow transposing fusion; rows a multiple of 4 KiB "
+            "apart not measured, priced as spread rows (run `tierax calibrate` again)"
+        )
+    else:
+        sources["transposing_fusion"] = "not measured: not modelled (run `tierax calibrate` again)"
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     sources |= {"memory": "physical RAM", "offload": "a no-op on XLA:CPU"}
     return Rates(
@@ -143,6 +154,7 @@ def _cpu_rates(cal: dict, dtype: str) -> Rates:
         sources,
         first_touch_bytes_per_s=first_touch,
         transpose_read_elems_per_s=transpose,
+        transpose_aliased_read_elems_per_s=aliased,
     )
 
 

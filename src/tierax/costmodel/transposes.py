@@ -14,8 +14,10 @@ counted).  Per group:
   fusion's;
 * a group of one layer has no stacks (XLA drops a one-trip loop).
 
-Seconds = reads / ``Rates.transpose_read_elems_per_s`` (measured by ``tierax calibrate``);
-without that rate (GPU and TPU targets: they transpose in tiles) the term is 0.
+Seconds = reads / ``Rates.transpose_read_elems_per_s``, and reads of rows a multiple of 4 KiB
+apart (:func:`tierax.hbm.row_aliased`) / ``Rates.transpose_aliased_read_elems_per_s`` (both
+measured by ``tierax calibrate``); without the rate (GPU and TPU targets: they transpose in
+tiles) the term is 0.
 """
 
 from __future__ import annotations
@@ -32,17 +34,35 @@ def group_terms(g: GroupInventory, rates: Rates) -> tuple[float, float, dict[str
     rate = rates.transpose_read_elems_per_s
     if not rate:
         return 0.0, 0.0, {}
+    aliased_rate = rates.transpose_aliased_read_elems_per_s or rate
+
+    def seconds(spread: float, aliased: float) -> float:
+        """Seconds of one layer's reads in each row-stride class."""
+        return spread / rate + aliased / aliased_rate
+
     layers = g.num_layers
     stacks = 1.0 if layers > 1 else 0.0
     named = {
-        a.name: a.transposed_elems_per_layer * layers * stacks / rate
+        a.name: seconds(a.transposed_elems_per_layer, a.transposed_aliased_elems_per_layer)
+        * layers
+        * stacks
         for a in g.activations
-        if a.transposed_elems_per_layer
+        if a.transposed_elems_per_layer or a.transposed_aliased_elems_per_layer
     }
     carry = named.pop(N.DECODER_LAYER_INPUT, 0.0)  # always kept
-    carry += g.transposed_carry_elems_per_layer * layers * stacks / rate
-    base = g.transposed_always_elems_per_layer * layers / rate + carry
-    save_all = base + g.transposed_residual_elems_per_layer * layers * stacks / rate
+    carry += (
+        seconds(g.transposed_carry_elems_per_layer, g.transposed_carry_aliased_elems_per_layer)
+        * layers
+        * stacks
+    )
+    always = seconds(
+        g.transposed_always_elems_per_layer, g.transposed_always_aliased_elems_per_layer
+    )
+    residual = seconds(
+        g.transposed_residual_elems_per_layer, g.transposed_residual_aliased_elems_per_layer
+    )
+    base = always * layers + carry
+    save_all = base + residual * layers * stacks
     return base, save_all + sum(named.values()), named
 
 

@@ -85,7 +85,8 @@ def measure(
     if not gpu:  # XLA:CPU's transposing fusions (tierax.hbm.transposed_reads)
         tr = harness.transposed_fusion_rate(repeats=repeats, first_touch_bytes_per_s=touch)
         micro["transposed_fusion"] = tr
-        entry["transpose_read_elems_per_s"] = tr["elems_per_s"]
+        entry["transpose_read_elems_per_s"] = tr["spread"]["elems_per_s"]
+        entry["transpose_aliased_read_elems_per_s"] = tr["aliased"]["elems_per_s"]
         if progress:
             progress("transposing fusion")
     for dtype in DTYPES:

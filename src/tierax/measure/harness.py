@@ -101,9 +101,11 @@ def _minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def _timed_calls(fn, args, repeats: int) -> tuple[list[float], list[int]]:
-    """``repeats`` calls of ``fn(*args)`` after one warm-up: (seconds, minor page faults) each."""
-    jax.block_until_ready(fn(*args))
+def _timed_calls(fn, args, repeats: int, warm: bool = True) -> tuple[list[float], list[int]]:
+    """``repeats`` calls of ``fn(*args)`` after one warm-up (unless ``warm`` is false): (seconds,
+    minor page faults) each."""
+    if warm:
+        jax.block_until_ready(fn(*args))
     times, faults = [], []
     for _ in range(repeats):
         f0, t0 = _minor_faults(), time.perf_counter()
@@ -281,32 +283,66 @@ def nonmatmul_rate(
 
 
 # A weight gradient's operand as XLA:CPU computes it transposed (tierax.hbm.transposed_reads):
-# rows (tokens) × columns (features) of float32, three inputs, no case's dimensions.
-TRANSPOSE_SHAPE = (1536, 2560)
+# rows (tokens) × columns (features) of float32, rows 5 KiB and 8 KiB apart (the two row-stride
+# classes of tierax.hbm.row_aliased), no case's dimensions; layers of a scan.
+TRANSPOSE_SHAPES = {"spread": (1536, 1280), "aliased": (1536, 2048)}
+TRANSPOSE_LAYERS = 4
+
+
+def _transposing_loop(layers: int):
+    """A backward loop's two transposing fusions per layer, as a SwiGLU gate's backward makes
+    them for the weight gradients: each reads a plain array and two residuals sliced from a
+    scan's stacks at the loop index and writes its result transposed; 3 inputs each."""
+
+    def loop(g_stack, u_stack, a):
+        def body(carry, i):
+            g, u = g_stack[i], u_stack[i]
+            return carry, (((a * g) * (1 - u) + u).T, ((a * u) * (1 - g)).T)
+
+        return jax.lax.scan(body, 0, jnp.arange(layers))[1]
+
+    return jax.jit(loop)
 
 
 def transposed_fusion_rate(
-    shape=TRANSPOSE_SHAPE, repeats: int = 5, first_touch_bytes_per_s: float | None = None
+    shapes: dict | None = None,
+    repeats: int = 5,
+    first_touch_bytes_per_s: float | None = None,
+    layers: int = TRANSPOSE_LAYERS,
 ) -> dict:
-    """Elements per second that XLA:CPU's slow transposing fusion reads from its inputs:
-    ``((a·b)·(1 − c) + c)ᵀ`` of three float32 arrays — a fusion that broadcasts a scalar and
-    writes its result transposed, which XLA:CPU runs as a loop reading each input one row
-    apart (the same fusion without the scalar runs about as fast as a copy; one slicing its
-    inputs out of a scan's stacks as slow as this: microbenchmarks).  The result's page faults
-    are taken off at ``first_touch_bytes_per_s`` as for the GEMMs."""
-    rows, cols = shape
-    keys = jax.random.split(jax.random.key(3), 3)
-    a, b, c = (jax.random.normal(k, shape, jnp.float32) for k in keys)
-    f = jax.jit(lambda a, b, c: ((a * b) * (1 - c) + c).T)
-    times, faults = _timed_calls(f, (a, b, c), repeats)
-    _, touched, med = _less_first_touch(times, faults, first_touch_bytes_per_s)
-    return {
-        "shape": list(shape),
-        "inputs": 3,
-        "elems_per_s": 3 * rows * cols / med,
-        "times_s": times,
-        "first_touch_bytes": touched,
-    }
+    """Elements per second that XLA:CPU's slow transposing fusions read, per row-stride class
+    (``shapes``: ``{class: (rows, columns)}``, :data:`TRANSPOSE_SHAPES`): the loop of
+    :func:`_transposing_loop` over ``layers`` stacked float32 residuals, in the form the train
+    step's backward loop runs them (a plain fusion at the top level of a program runs several
+    times faster, and its rows' stride matters less: ``bench/transpose_forms.py``).  Rounds
+    interleave the classes, so machine noise hits each alike; each call's faulted bytes are
+    taken off at ``first_touch_bytes_per_s`` as for the GEMMs."""
+    shapes = shapes or TRANSPOSE_SHAPES
+    loop = _transposing_loop(layers)
+    cases = {}
+    for cls, (rows, cols) in shapes.items():
+        keys = jax.random.split(jax.random.key(3), 3)
+        g, u = (jax.random.normal(k, (layers, rows, cols), jnp.float32) for k in keys[:2])
+        a = jax.random.normal(keys[2], (rows, cols), jnp.float32)
+        jax.block_until_ready(loop(g, u, a))
+        cases[cls] = ((g, u, a), [], [])
+    for _ in range(repeats):
+        for args, times, faults in cases.values():
+            t, f = _timed_calls(loop, args, 1, warm=False)
+            times += t
+            faults += f
+    out = {"layers": layers, "inputs": 3, "fusions_per_layer": 2}
+    for cls, (_, times, faults) in cases.items():
+        rows, cols = shapes[cls]
+        _, touched, med = _less_first_touch(times, faults, first_touch_bytes_per_s)
+        out[cls] = {
+            "shape": [rows, cols],
+            "row_stride_bytes": cols * 4,
+            "elems_per_s": 2 * 3 * rows * cols * layers / med,
+            "times_s": times,
+            "first_touch_bytes": touched,
+        }
+    return out
 
 
 def link_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> dict:

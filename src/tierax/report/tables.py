@@ -368,14 +368,19 @@ def calibration_table(entry: dict) -> Table:
             f"{rate / 1e9:.2f} GB/s",
             f"the same with a fresh output, minus the donated time, {size}",
         )
-    if "transpose_read_elems_per_s" in entry:
-        shape = "×".join(map(str, micro.get("transposed_fusion", {}).get("shape", [])))
-        rate = entry["transpose_read_elems_per_s"]
-        t.add_row(
-            "XLA:CPU's slow transposing fusion",
-            f"{rate / 1e6:.0f} M elements/s",
-            f"((a·b)·(1 − c) + c)ᵀ, {shape}, reads of its three inputs",
-        )
+    tr = micro.get("transposed_fusion", {})
+    for key, cls, what in (
+        ("transpose_read_elems_per_s", "spread", "rows spread"),
+        ("transpose_aliased_read_elems_per_s", "aliased", "rows a multiple of 4 KiB apart"),
+    ):
+        if key in entry:
+            shape = "×".join(map(str, tr.get(cls, tr).get("shape", [])))
+            t.add_row(
+                f"XLA:CPU's slow transposing fusion, {what}",
+                f"{entry[key] / 1e6:.0f} M elements/s",
+                f"a backward loop's (a·g·(1 − u) + u)ᵀ of stacked g, u, {shape}, reads of its "
+                "three inputs",
+            )
     for key, name in (
         ("d2h_bytes_per_s", "device → pinned host"),
         ("h2d_bytes_per_s", "pinned host → device"),
