@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""XLA:CPU's transposing fusion in two forms: the calibration's and the train step's.
+"""XLA:CPU's transposing fusion in two forms: a plain top-level one and the train step's.
 
-``tierax calibrate`` prices the CPU-only transposing-fusion term with one microbenchmark: a plain
-fusion ``((a·b)·(1 − c) + c)ᵀ`` of three float32 arrays at the top level of a program
-(``tierax.measure.harness.transposed_fusion_rate``).  In the train step the same kind of fusion
-is the SwiGLU gate's backward written transposed for a dense layer's weight gradient, inside the
-backward loop, reading residuals sliced from the scan's stacks.  This script times both forms
+``tierax calibrate`` once priced the CPU-only transposing-fusion term with the plain form: a
+fusion ``((a·b)·(1 − c) + c)ᵀ`` of three float32 arrays at the top level of a program (it now
+times the backward loop's form per row-stride class, ``tierax.measure.harness.
+transposed_fusion_rate``; this record is part of what moved it).  In the train step the same
+kind of fusion is the SwiGLU gate's backward written transposed for a dense layer's weight
+gradient, inside the backward loop, reading residuals sliced from the scan's stacks.  This script
+times both forms
 side by side at several ``[tokens, hidden]`` shapes, in one process on this machine:
 
-* ``calibration``: the calibration's fusion at ``[tokens, hidden]`` (median of repeats);
+* ``calibration``: the plain top-level fusion at ``[tokens, hidden]`` (median of repeats);
 * ``step``: a 4-layer backward loop (``lax.scan``) that per layer takes the VJP of
   ``tierax.models.layers.swiglu_gate`` and of ``x @ w`` for both up-projections (as ``nnx.Linear``
   writes them), with ``g``, ``u`` and ``x`` sliced from stacked arrays; the transposing fusions'
