@@ -362,6 +362,21 @@ def test_planner_weighs_transposing_fusions():
         assert P.resolve(got, CFG)["decoder"][N.MLPWO] is want, rate
 
 
+def test_microbenchmark_calls_lose_their_own_page_faults():
+    """Three calls of 30, 20 and 12 ms faulting 5000, 0 and 2000 pages, at a first-touch rate of
+    one page per microsecond: 25, 20 and 10 ms of work, median 20 ms (the median time less the
+    median faults would say 20 − 2 = 18 ms); a rate that would cancel a call leaves a tenth of
+    it; no rate: the median time."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    times, faults = [0.030, 0.020, 0.012], [5000, 0, 2000]
+    raw, touched, net = harness._less_first_touch(times, faults, page * 1e6)
+    assert (raw, touched) == (0.020, 2000 * page)
+    assert net == pytest.approx(0.020)
+    _, _, floored = harness._less_first_touch(times, [5000, 19000, 2000], page * 1e6)
+    assert floored == pytest.approx(0.010)  # 25, 2 (a tenth of 20, not 1), 10 ms
+    assert harness._less_first_touch(times, faults, None)[2] == 0.020
+
+
 def test_microbenchmarks_measure_positive_rates():
     mix = harness.matmul_mix_rate("float32", shapes=((96, 32, 64),), repeats=2)
     roles = ["forward", "input-gradient", "weight-gradient"]

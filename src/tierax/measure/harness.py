@@ -118,13 +118,21 @@ def _timed_calls(fn, args, repeats: int, warm: bool = True) -> tuple[list[float]
 def _less_first_touch(
     times: list[float], faults: list[int], first_touch_bytes_per_s: float | None
 ) -> tuple[float, float, float]:
-    """(median seconds, median faulted bytes, the median less those bytes at
-    ``first_touch_bytes_per_s``, never below a tenth of it: a first-touch rate measured under noise
-    must not cancel the work)."""
+    """(median seconds, median faulted bytes, the median over calls of each call's seconds less
+    its own faulted bytes at ``first_touch_bytes_per_s``, each never below a tenth of the call: a
+    first-touch rate measured under noise must not cancel the work).  Each call is paired with
+    its own faults: how many pages a call faults in varies from call to call (the allocator
+    reuses some buffers and not others), and its time with them."""
+    page = os.sysconf("SC_PAGE_SIZE")
     raw = statistics.median(times)
-    touched = statistics.median(faults) * os.sysconf("SC_PAGE_SIZE")
-    med = raw - touched / first_touch_bytes_per_s if first_touch_bytes_per_s else raw
-    return raw, touched, max(med, raw / 10)
+    touched = statistics.median(faults) * page
+    if not first_touch_bytes_per_s:
+        return raw, touched, raw
+    net = [
+        max(t - f * page / first_touch_bytes_per_s, t / 10)
+        for t, f in zip(times, faults, strict=True)
+    ]
+    return raw, touched, statistics.median(net)
 
 
 def matmul_mix_rate(
