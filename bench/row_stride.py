@@ -15,13 +15,16 @@ a width 16 wider (rows 4160 bytes apart; 1.6 % more MLP FLOPs), every plan, in o
 Reported per plan: the narrower width's step over the wider one's, measured and predicted.
 
     python bench/row_stride.py [--rounds 7] [--out bench/results/row_stride.json]
+    python bench/row_stride.py --markdown bench/results/row_stride.json
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
+import pathlib
 import statistics
 import sys
 import tempfile
@@ -136,11 +139,38 @@ def measure(rounds: int) -> dict:
     }
 
 
+def markdown(doc: dict) -> str:
+    """The README's table of a record: per MLP width and plan, measured, predicted, transposes."""
+    lines = [
+        "| MLP width (row stride) | plan | measured s, median (IQR) | predicted s | error "
+        "| transposes: the model's term s · profiled transposing ops s |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for r in doc["runs"]:
+        m = r["measured"]
+        lines.append(
+            f"| {r['mlp_dim']} ({r['row_stride_bytes']} B) | {r['plan']} | {m['median']:.3f} "
+            f"({m['q25']:.3f}–{m['q75']:.3f}) | {r['predicted_step_s']:.3f} "
+            f"| {r['predicted_step_s'] / m['median'] - 1:+.1%} "
+            f"| {r['predicted_transpose_s']:.3f} · {r['profiled_transposing_s']:.3f} |"
+        )
+    ratios = "; ".join(
+        f"{r['plan']} {r['measured']:.2f} measured, {r['predicted']:.2f} predicted"
+        for r in doc["narrow_over_wide"]
+    )
+    narrow, wide = (doc["runs"][0]["mlp_dim"], doc["runs"][-1]["mlp_dim"])
+    return "\n".join(lines) + f"\n\nStep at width {narrow} over width {wide}: {ratios}.\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
+    ap.add_argument("--markdown", metavar="RECORD", help="print a record's README table")
     _common.add_out(ap, "row_stride.json")
     args = ap.parse_args(argv)
+    if args.markdown:
+        print(markdown(json.loads(pathlib.Path(args.markdown).read_text())))
+        return 0
     if args.rounds < 2:
         ap.error("--rounds must be at least 2 (an interquartile range needs two steps)")
     from tierax import launch
