@@ -84,7 +84,8 @@ CPU_SPECIFIC = {
     "transpose_s": (
         "CPU-specific: XLA:CPU computes a float32 weight-gradient operand made elementwise in a "
         "fusion writing it transposed, reading its inputs a row apart, slower from a scan's "
-        "stacked residuals (a GPU transposes in tiles: no such term)"
+        "stacked residuals and slower again with rows a multiple of 4 KiB apart (two calibrated "
+        "rates; a GPU transposes in tiles: no such term)"
     ),
     "matmul rate": (
         "CPU-specific calibration: a GEMM mix in the three roles a step runs, the weight "
