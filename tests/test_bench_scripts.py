@@ -129,3 +129,15 @@ def test_run_measures_each_child_on_its_own(common):
     assert common.run(["/nonexistent/tool"], timeout=60).returncode == 127
     with pytest.raises(subprocess.TimeoutExpired):
         common.run([sys.executable, "-c", "import time; time.sleep(60)"], timeout=0.5)
+
+
+def test_every_mutation_names_code_found_exactly_once(common):
+    """bench/mutations.py patches each file's ``old`` text; code that has moved on (the text gone,
+    or now in two places) would make its run stop or break the wrong place."""
+    spec = importlib.util.spec_from_file_location("mutations", BENCH / "mutations.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    root = BENCH.parent
+    counts = {m["name"]: (root / m["file"]).read_text().count(m["old"]) for m in module.MUTATIONS}
+    wrong = {name: n for name, n in counts.items() if n != 1}
+    assert counts and not wrong, wrong
