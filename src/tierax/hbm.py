@@ -378,8 +378,8 @@ def transposed_reads(closed_jaxpr, residual_inputs: int = 0) -> dict:
     elements}); a fusion reading neither is not counted.  Scan trip counts multiply in.
 
     Counted apart by the operand's row stride (:func:`row_aliased`): ``{"spread": counts,
-    "aliased": counts}``; reading a column whose rows lie a multiple of 4 KiB apart is several
-    times slower (``bench/transpose_forms.py``; the time-fidelity record's A/B of MLP widths).
+    "aliased": counts}``; reading a column whose rows lie a multiple of 4 KiB apart is slower
+    (``bench/row_stride.py``: the same step at two MLP widths).
     """
     j = getattr(closed_jaxpr, "jaxpr", closed_jaxpr)
     flat = _Flat()
@@ -422,8 +422,10 @@ def transposed_reads(closed_jaxpr, residual_inputs: int = 0) -> dict:
         if aval.dtype != jnp.float32 or p is None or not elementwise(p) or eqns[p][4] != 1:
             continue  # a narrower dtype, a parameter, a dot's result, a residual: a plain copy
         size = math.prod(aval.shape)
-        contracted = params_contracting(flat.params[k], operand == ins[0])
-        row = size // math.prod(aval.shape[d] for d in contracted)
+        # A weight gradient contracts both operands over their leading dimensions (the tokens):
+        # a row is the rest.
+        tokens = len(flat.params[k]["dimension_numbers"][0][0])
+        row = math.prod(aval.shape[tokens:])
         out = both["aliased" if row_aliased(row, aval.dtype) else "spread"]
         found = {"inputs": set(), "literal": False}
         chain(operand, set(), found)
@@ -457,16 +459,11 @@ PAGE_BYTES = 4096
 
 
 def row_aliased(row_elems: int, dtype) -> bool:
-    """Whether rows of ``row_elems`` elements lie a multiple of 4 KiB apart: a column read then
-    falls in one L1 cache set (its index bits lie within a 4 KiB page) and each row's line is
-    evicted before the next column reuses it."""
+    """Whether rows of ``row_elems`` elements lie a multiple of 4 KiB apart.  Measured:
+    ``bench/results/row_stride.json`` (the same step at rows 4096 and 4160 bytes apart) and the
+    calibration's two classes; the likely mechanism, not measured: a column read at such a
+    stride falls in one L1 cache set, whose index bits lie within a 4 KiB page."""
     return (row_elems * jnp.dtype(dtype).itemsize) % PAGE_BYTES == 0
-
-
-def params_contracting(params: dict, lhs: bool) -> tuple[int, ...]:
-    """The contracting dimensions of a dot_general's lhs (or rhs) operand."""
-    (lc, rc), _ = params["dimension_numbers"]
-    return tuple(lc if lhs else rc)
 
 
 def _layer_trace(layer_fn, x, params):
