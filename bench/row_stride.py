@@ -25,9 +25,7 @@ import dataclasses
 import json
 import os
 import pathlib
-import statistics
 import sys
-import tempfile
 import time
 
 import _common
@@ -46,19 +44,6 @@ def _step_s(prepared, tokens) -> float:
     prepared.step(tokens)
     jax.block_until_ready(prepared.state)
     return time.perf_counter() - t
-
-
-def _transposing_s(prepared, tokens) -> float:
-    """Seconds of one profiled step's transposing ops."""
-    from tierax.measure import ops
-    from tierax.measure import profile as profile_lib
-    from tierax.measure import trace as trace_lib
-
-    with tempfile.TemporaryDirectory(prefix="tierax-row-stride-") as d:
-        profile_lib.record(lambda _i: prepared.step(tokens), steps=1, log_dir=d)
-        events, _ = trace_lib.load_events(d)
-    kinds = ops.classify(prepared.fn.as_text())
-    return ops.summarize(events, kinds).get("transpose", {}).get("s", 0.0)
 
 
 def measure(rounds: int) -> dict:
@@ -113,10 +98,9 @@ def measure(rounds: int) -> dict:
         load.append(os.getloadavg()[0])
         print(f"round {r + 1}/{rounds} (load {load[-1]:.1f})", file=sys.stderr, flush=True)
     for run in runs:
-        run["profiled_transposing_s"] = _transposing_s(run["prepared"], run["tokens"])
-        times = run["step_times_s"]
-        q = statistics.quantiles(times, n=4, method="inclusive")
-        run["measured"] = {"median": statistics.median(times), "q25": q[0], "q75": q[2]}
+        profile = tf.op_profile(run["prepared"], run["tokens"])
+        run["profiled_transposing_s"] = profile.get("transpose", {}).get("s", 0.0)
+        run["measured"] = tf._quartiles(run["step_times_s"])
         del run["prepared"], run["tokens"]
     by = {(r["mlp_dim"], r["plan"]): r for r in runs}
     narrow, wide = WIDTHS

@@ -202,13 +202,23 @@ def _timed_step(run: dict, tokens) -> None:
     run["faults"].append(r1.ru_minflt - r0.ru_minflt)
 
 
+def op_profile(prepared, tokens) -> dict:
+    """One profiled step's executed ops by kind (:func:`tierax.measure.ops.summarize`)."""
+    from tierax.measure import ops
+    from tierax.measure import profile as profile_lib
+    from tierax.measure import trace as trace_lib
+
+    with tempfile.TemporaryDirectory(prefix="tierax-time-fidelity-") as d:
+        profile_lib.record(lambda _i: prepared.step(tokens), steps=1, log_dir=d)
+        events, _ = trace_lib.load_events(d)
+    return ops.summarize(events, ops.classify(prepared.fn.as_text()))
+
+
 def child(spec: dict) -> dict:
     import jax
 
     from tierax import costmodel as cm
-    from tierax.measure import calibrate, harness, ops
-    from tierax.measure import profile as profile_lib
-    from tierax.measure import trace as trace_lib
+    from tierax.measure import calibrate, harness
     from tierax.mesh import MeshShape
     from tierax.models import config_to_dict
     from tierax.train import sharding as sh
@@ -257,11 +267,7 @@ def child(spec: dict) -> dict:
     interleaved = median_entry(entries)
     rates_i = cm.target_rates("cpu", cfg.dtype, calibration={"cpu": interleaved})
     for run in runs if spec.get("profile", True) else []:
-        with tempfile.TemporaryDirectory(prefix="tierax-time-fidelity-") as d:
-            profile_lib.record(lambda _i, run=run: run["prepared"].step(tokens), steps=1, log_dir=d)
-            events, _ = trace_lib.load_events(d)
-        kinds = ops.classify(run["prepared"].fn.as_text())
-        run["info"]["op_profile_one_step"] = ops.summarize(events, kinds)
+        run["info"]["op_profile_one_step"] = op_profile(run["prepared"], tokens)
         _say(f"profiled {run['plan'].name}")
     cases = [
         {
