@@ -29,7 +29,7 @@ import time
 
 import _common
 
-from tierax import xla_flags
+from tierax.launch import flags as xla_flags
 
 xla_flags.configure(cpu_devices=8, deviceless_gpu=True)
 
@@ -39,15 +39,15 @@ from rich.console import Console  # noqa: E402
 from rich.progress import Progress  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from tierax import compile as C  # noqa: E402
 from tierax import costmodel as cm  # noqa: E402
 from tierax import hardware  # noqa: E402
-from tierax import inventory as inv_lib  # noqa: E402
 from tierax import plan as P  # noqa: E402
 from tierax.mesh import make_mesh, parse_mesh  # noqa: E402
 from tierax.models import apply_overrides, for_platform, get_config  # noqa: E402
-from tierax.train import sharding as sh  # noqa: E402
+from tierax.sharding import rules as sh  # noqa: E402
+from tierax.tracing import inventory as inv_lib  # noqa: E402
 from tierax.train import step as S  # noqa: E402
+from tierax.xla import compile as C  # noqa: E402
 
 # (model, overrides, plan, target, microbatch per device, seq, mesh, cpu check).  The mesh's
 # device count is its product; the CPU check (one host device) runs only for one-device cases.
@@ -105,9 +105,9 @@ def traced_flops(cfg, plan, microbatch, seq, shape) -> float:
     """
     from flax import nnx
 
-    from tierax import jaxpr_tools
     from tierax.models import abstract_model
     from tierax.models.config import host_traceable
+    from tierax.tracing import jaxpr_tools
 
     cfg = host_traceable(cfg)  # cuDNN's kernel traced on the host as its XLA stand-in
     graphdef, params = nnx.split(abstract_model(cfg))

@@ -21,7 +21,7 @@ records what it skipped):
 2. One child process per XLA preset (``none``, ``lhs-pipelined``, ``lhs``; XLA_FLAGS
    are read when the backend starts, hence processes): for ``qkv-offload`` (tierax's
    prefetching scan), ``qkv-offload@policy`` (XLA's offload policy), ``remat-full``,
-   ``minimal``, the planner's plan (``tierax.planner.plan`` if it exists and returns a
+   ``minimal``, the planner's plan (``tierax.solving.planner.plan`` if it exists and returns a
    Plan, checked at run time; else "planner: not available") and, if its split search
    chooses segments, the planner's segmented plan:
    compile, skip if the compiled peak exceeds the device's memory, run warm-up and
@@ -176,11 +176,11 @@ def compiled_peak(cfg, plan_name: str, microbatch: int, seq: int) -> tuple[int, 
     import jax
     import jax.numpy as jnp
 
-    from tierax.compile import abstract_train_state
     from tierax.measure import memory
     from tierax.mesh import make_mesh
-    from tierax.train import sharding as sh
+    from tierax.sharding import rules as sh
     from tierax.train import step as step_lib
+    from tierax.xla.compile import abstract_train_state
 
     mesh = make_mesh(1, 1, jax.devices()[:1])
     opt = step_lib.make_optimizer()
@@ -257,21 +257,22 @@ def planner_plan(
     measured: dict,
     segments: bool = False,
 ):
-    """(Plan or None, status line): ``tierax.planner.plan`` if importable and returning a Plan
-    (``segments``:
+    """(Plan or None, status line): ``tierax.solving.planner.plan`` if importable and returning a
+    Plan (``segments``:
     with the split search, named ``planner-segments-…``)."""
     try:
         import importlib
 
-        planner = importlib.import_module("tierax.planner")
+        planner = importlib.import_module("tierax.solving.planner")
     except Exception as e:  # noqa: BLE001 — any import failure means "not available"
         return None, f"planner: not available (import failed: {type(e).__name__}: {e})"
     fn = getattr(planner, "plan", None)
     if not callable(fn):
-        return None, "planner: not available (tierax.planner has no plan() function)"
+        return None, "planner: not available (tierax.solving.planner has no plan() function)"
     try:
-        from tierax import costmodel, inventory
+        from tierax import costmodel
         from tierax.plan import Plan
+        from tierax.tracing import inventory
 
         rates = costmodel.target_rates("h200", cfg.dtype)
         fields = {f.name for f in dataclasses.fields(rates)}
@@ -305,7 +306,7 @@ def planner_plan(
     plan = res if isinstance(res, Plan) else getattr(res, "plan", None)
     if not isinstance(plan, Plan):
         return None, f"planner: not available (plan() returned {type(res).__name__}, not a Plan)"
-    return plan, f"planner: tierax.planner.plan(schedule={schedule!r}) → {plan.name}"
+    return plan, f"planner: tierax.solving.planner.plan(schedule={schedule!r}) → {plan.name}"
 
 
 # --- the time model against the clock (child) ---------------------------------------------
@@ -354,7 +355,8 @@ def model_rates(cfg, capacity: int, matmul: dict, link: dict, calib: dict, tiny:
 
 def predict_step(cfg, plan, microbatch: int, seq: int, rates, schedule: str) -> dict:
     """The model's step time for ``plan`` and its terms (tierax.costmodel.simulate)."""
-    from tierax import costmodel, inventory
+    from tierax import costmodel
+    from tierax.tracing import inventory
 
     inv = inventory.model_inventory(cfg, microbatch, seq, {"data": 1, "fsdp": 1})
     pred = costmodel.simulate(plan, inv, cfg, rates, schedule)
@@ -545,7 +547,7 @@ def run_plan(
 
 def child(spec: dict) -> dict:
     """One XLA preset in this process."""
-    from tierax import xla_flags
+    from tierax.launch import flags as xla_flags
 
     tiny = spec["tiny"]
     env = (
@@ -820,12 +822,12 @@ def attention_check(cfg, p: dict, tiny: bool, seq: int, deadline: float) -> dict
 def cudnn_workspace() -> dict:
     """XLA's temp bytes for cuDNN attention's gradient compiled on the device (which sizes cuDNN's
     workspace,
-    as a deviceless compile cannot) beside tierax.cudnn's shape formula: B=1, S=4096, H=16, q/k/v
-    head dim 128 and q/k 192 with v padded to it (tierax's MLA route)."""
+    as a deviceless compile cannot) beside tierax.hardware.cudnn's shape formula: B=1, S=4096,
+    H=16, q/k/v head dim 128 and q/k 192 with v padded to it (tierax's MLA route)."""
     import jax
     import jax.numpy as jnp
 
-    from tierax import cudnn
+    from tierax.hardware import cudnn
     from tierax.models.attention import causal_attention
 
     rows = []

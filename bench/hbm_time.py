@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Non-matmul HBM traffic: the cost model's estimate (tierax.hbm) against XLA's own fusions.
+"""Non-matmul HBM traffic: the cost model's estimate (tierax.tracing.hbm) against XLA's own fusions.
 
 For each case, a deviceless XLA:GPU compile of the train step (``tierax compile``'s, same shapes,
 plan and mesh), and in its scheduled HLO every instruction that runs on the stream and is not a
@@ -9,8 +9,9 @@ HBM bytes are its operands read plus its outputs written, executions of its loop
 in-place and sliced access counted as XLA performs it: a fusion parameter used only through
 ``dynamic-slice`` reads the slices, the buffer a ``dynamic-update-slice`` writes in place is neither
 read nor rewritten (only the update is).  Seconds at the target's HBM bandwidth.  This reader is
-independent of tierax.hbm (which counts fusions on the traced jaxpr), and also reports the static
-roofline's byte count that ``tierax.hlo.host_transfers`` uses (whole operands and outputs).
+independent of tierax.tracing.hbm (which counts fusions on the traced jaxpr), and also reports the
+static roofline's byte count that ``tierax.xla.hlo.host_transfers`` uses (whole operands and
+outputs).
 
 Writes bench/results/hbm_time.json (command, machine, jax version, per case both sides by part).
 
@@ -126,7 +127,7 @@ def _fused_io(module, ins) -> tuple[float, float]:
 
 
 def xla_non_matmul(text: str, hbm_bps: float, rows: list | None = None) -> dict:
-    from tierax import hlo
+    from tierax.xla import hlo
 
     module = hlo.parse_module(text)
     # parameter numbers: "parameter(3)" is parsed with the 3 as an operand-less call; read it from
@@ -210,9 +211,9 @@ def xla_non_matmul(text: str, hbm_bps: float, rows: list | None = None) -> dict:
 
 
 def model_side(cfg, plan, mb: int, seq: int, mesh: dict, rates) -> dict:
-    from tierax import hbm
-    from tierax import inventory as inv_lib
     from tierax import plan as plan_lib
+    from tierax.tracing import hbm
+    from tierax.tracing import inventory as inv_lib
 
     inv = inv_lib.for_plan(inv_lib.model_inventory(cfg, mb, seq, mesh), plan, cfg)
     placements = plan_lib.resolve(plan, cfg)
@@ -249,12 +250,12 @@ def model_side(cfg, plan, mb: int, seq: int, mesh: dict, rates) -> dict:
 def run_case(case) -> dict:
     import jax
 
-    from tierax import compile as compile_lib
     from tierax import costmodel, hardware
     from tierax import plan as plan_lib
     from tierax.mesh import MeshShape
     from tierax.models.config import for_platform, get_config
     from tierax.models.config_files import apply_overrides
+    from tierax.xla import compile as compile_lib
 
     model, overrides, plan_name, target, mb, seq, mesh_text = case
     cfg = apply_overrides(get_config(model), [f"{o}" for o in overrides])

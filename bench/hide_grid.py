@@ -5,7 +5,7 @@ For Llama 3 8B and the 5-layer DeepSeek-V3 (2 dense + 3 MoE layers) with ``atten
 8 H200s and 8 GB200s (fsdp=8): each offloadable name alone (offloaded in every layer group that has
 it, everything else recomputed) and the planner's own plan at two microbatches, compiled with
 XLA's flag presets ``none`` (and ``lhs``, ``lhs-pipelined`` where named).  Each case records the
-static overlap check's exposed share of each direction's transfer time (``tierax.hlo``: XLA's
+static overlap check's exposed share of each direction's transfer time (``tierax.xla.hlo``: XLA's
 scheduled HLO replayed at roofline speed) beside the cost model's (``tierax simulate``'s terms:
 per direction, transfer time and the part the model leaves exposed), and, where a direction moves
 more bytes per layer than the layer's compute can hide, that arithmetic.
@@ -127,7 +127,7 @@ def _case(fam, model, overrides, seq, target, mb, plan, preset="none") -> dict:
 def _plan_for(case: dict, cfg, inv, rates):
     """The case's Plan: the planner's, a preset, or one name offloaded (the rest recomputed)."""
     from tierax import plan as plan_lib
-    from tierax import planner
+    from tierax.solving import planner
 
     if case["plan"] == "planner":
         return planner.plan(cfg, inv, rates, schedule="lhs").plan
@@ -178,12 +178,12 @@ def run_one(case: dict, hlo_dir: str | None) -> dict:
     from tierax import launch
 
     launch.start(preset=case["preset"], deviceless_gpu=True)
-    from tierax import compile as compile_lib
     from tierax import costmodel as cm
-    from tierax import inventory as inv_lib
-    from tierax import xla_flags
+    from tierax.launch import flags as xla_flags
     from tierax.mesh import parse_mesh
     from tierax.models import apply_overrides, get_config
+    from tierax.tracing import inventory as inv_lib
+    from tierax.xla import compile as compile_lib
 
     cfg = apply_overrides(get_config(case["model"]), case["overrides"])
     mesh = parse_mesh(case["mesh"], None)
@@ -302,7 +302,7 @@ def live_peak(dump_dir: pathlib.Path) -> dict:
     instruction indices of the entry's schedule) and op_name."""
     import re
 
-    from tierax import hlo
+    from tierax.xla import hlo
 
     text = _dump_file(dump_dir, "-live-range.txt").read_text()
     module = hlo.parse_module(_dump_file(dump_dir, ".txt").read_text())
@@ -351,13 +351,13 @@ def run_trace(spec: dict) -> dict:
     from tierax import launch
 
     launch.start(deviceless_gpu=True, dump_dir=dump)
-    from tierax import compile as compile_lib
     from tierax import costmodel as cm
-    from tierax import inventory as inv_lib
     from tierax import plan as plan_lib
-    from tierax import planner
     from tierax.mesh import parse_mesh
     from tierax.models import apply_overrides, get_config
+    from tierax.solving import planner
+    from tierax.tracing import inventory as inv_lib
+    from tierax.xla import compile as compile_lib
 
     cfg = apply_overrides(get_config(spec["model"]), spec["overrides"])
     mesh = parse_mesh(spec["mesh"], None)
@@ -395,7 +395,8 @@ def stalled_transfers(text: str, target: str, dtype: str) -> list[dict]:
     """The host copies the static check finds stalling (more than 5 % of their own time), with the
     compute XLA scheduled between their start and done and how many host copies their computation
     issues: the evidence of each miss's cause."""
-    from tierax import hardware, hlo
+    from tierax import hardware
+    from tierax.xla import hlo
 
     spec = hardware.get_target(target)
     module = hlo.parse_module(text)
@@ -567,13 +568,14 @@ def main() -> int:
     from tierax.fileio import check_output_file
 
     check_output_file(out, "--out")
-    from tierax import records, xla_flags
+    from tierax import records
+    from tierax.launch import flags as xla_flags
 
     xla_flags.configure(cpu_devices=1)
     record = _load(out) or records.envelope(SCHEMA, " ".join(["python", *sys.argv])) | {
         "goal_exposed_share": GOAL,
         "note": "deviceless XLA:GPU compiles (jaxlib's scheduler), static overlap check of the "
-        "scheduled HLO (tierax.hlo); the model's terms from tierax.costmodel; no GPU ran",
+        "scheduled HLO (tierax.xla.hlo); the model's terms from tierax.costmodel; no GPU ran",
         "cases": {},
     }
     if args.annotate:  # the stalled copies of each case over the goal, from its saved HLO

@@ -44,7 +44,7 @@ MUTATIONS = [
     {
         "name": "planner-ignores-exposed-transfer",
         "what": "the planner's objective gives exposed transfer time no weight",
-        "file": "src/tierax/planner.py",
+        "file": "src/tierax/solving/planner.py",
         "old": "    c[ED : ED + G] = 1.0\n    c[EH : EH + G] = 1.0\n",
         "new": "    c[ED : ED + G] = 0.0\n    c[EH : EH + G] = 0.0\n",
         "tests": ["tests/test_planner_bruteforce.py", "tests/test_planner.py"],
@@ -76,7 +76,7 @@ MUTATIONS = [
     {
         "name": "plan-check-correction-wrong-sign",
         "what": "plan --check adds XLA's miss to the next solve's budget instead of taking it off",
-        "file": "src/tierax/plan_check.py",
+        "file": "src/tierax/solving/plan_check.py",
         "old": "request, budget_bytes=budget - correction, host_budget_bytes=host_budget",
         "new": "request, budget_bytes=budget + correction, host_budget_bytes=host_budget",
         "tests": ["tests/test_plan_check.py"],
@@ -110,7 +110,7 @@ MUTATIONS = [
     {
         "name": "planned-segment-boundary-shifted-by-one",
         "what": "a planned split at layer k makes segments 0..k and k+1..n-1 (one layer late)",
-        "file": "src/tierax/planner.py",
+        "file": "src/tierax/solving/planner.py",
         "old": "for a, b in ((0, k), (k, g.num_layers))",
         "new": "for a, b in ((0, k + 1), (k + 1, g.num_layers))",
         "tests": ["tests/test_segments.py"],
@@ -176,7 +176,7 @@ MUTATIONS = [
     {
         "name": "planner-ignores-first-touch",
         "what": "the planner's objective gives the first write of fresh memory no weight",
-        "file": "src/tierax/planner.py",
+        "file": "src/tierax/solving/planner.py",
         "old": "    if rates.first_touch_bytes_per_s:\n        # CPU",
         "new": "    if False:\n        # CPU",
         "tests": ["tests/test_time_model.py"],
@@ -192,7 +192,7 @@ MUTATIONS = [
     {
         "name": "planner-ignores-transposing-fusions",
         "what": "the planner's objective gives XLA:CPU's transposing fusions no weight",
-        "file": "src/tierax/planner.py",
+        "file": "src/tierax/solving/planner.py",
         "old": "        if not (base or save_all):\n            continue\n",
         "new": "        if True:\n            continue\n",
         "tests": ["tests/test_time_model.py"],
@@ -200,7 +200,7 @@ MUTATIONS = [
     {
         "name": "transposed-reads-of-named-residuals-dropped",
         "what": "hbm.transposed_reads: a named residual's reads are not counted",
-        "file": "src/tierax/hbm.py",
+        "file": "src/tierax/tracing/hbm.py",
         "old": "            elif v in names:\n",
         "new": "            elif False:\n",
         "tests": ["tests/test_time_model.py"],
@@ -208,7 +208,7 @@ MUTATIONS = [
     {
         "name": "transposed-reads-stride-class-ignored",
         "what": "hbm.row_aliased: no row stride is a multiple of 4 KiB (every read spread)",
-        "file": "src/tierax/hbm.py",
+        "file": "src/tierax/tracing/hbm.py",
         "old": "    return (row_elems * jnp.dtype(dtype).itemsize) % PAGE_BYTES == 0\n",
         "new": "    return False\n",
         "tests": ["tests/test_time_model.py"],
@@ -233,7 +233,7 @@ MUTATIONS = [
         "name": "mesh-time-bound-inflated",
         "what": "mesh_search: the time bound 1.5 x compute + exposed collectives (no longer under "
         "every placement's step)",
-        "file": "src/tierax/mesh_search.py",
+        "file": "src/tierax/solving/mesh_search.py",
         "old": "lower_bound_s=k * (fx.compute_s + fx.exposed_collective_s),",
         "new": "lower_bound_s=1.5 * k * (fx.compute_s + fx.exposed_collective_s),",
         "tests": ["tests/test_mesh_search.py"],
@@ -241,7 +241,7 @@ MUTATIONS = [
     {
         "name": "mesh-state-bound-doubled",
         "what": "mesh_search: the state bound counts the state twice",
-        "file": "src/tierax/mesh_search.py",
+        "file": "src/tierax/solving/mesh_search.py",
         "old": "    return 4 * p  # parameters",
         "new": "    return 8 * p  # parameters",
         "tests": ["tests/test_mesh_search.py"],
@@ -249,7 +249,7 @@ MUTATIONS = [
     {
         "name": "mesh-carry-bound-quadrupled",
         "what": "mesh_search: the carry bound counts each layer input four times",
-        "file": "src/tierax/mesh_search.py",
+        "file": "src/tierax/solving/mesh_search.py",
         "old": "    return microbatch * seq * cfg.d_model",
         "new": "    return 4 * microbatch * seq * cfg.d_model",
         "tests": ["tests/test_mesh_search.py"],
@@ -257,7 +257,7 @@ MUTATIONS = [
     {
         "name": "sweep-bypasses-solve",
         "what": "whatif.request_solver calls the planner directly, not planning.solve",
-        "file": "src/tierax/whatif.py",
+        "file": "src/tierax/solving/whatif.py",
         "old": "            result, _ = planning.solve(req, inventories)",
         "new": "            result = planner.plan(req.cfg, inv, req.rates, schedule=req.schedule, "
         "budget_bytes=req.budget_bytes, host_budget_bytes=req.host_budget_bytes, "

@@ -3,11 +3,11 @@
 vs per axis.
 
 "one figure" prices every collective at the target's NVLink rate (the cost model before
-tierax.network: the same Rates with no domain limit); "per axis" prices each collective at its
-group's link — NVLink inside one domain, the scale-out NICs across domains — with this job's devices
-spread evenly over the domains (128 GB200s: 64 per NVL72 rack), and once more filling each domain in
-order (--rate gpus_per_domain=72: 72 + 56). Cost-model predictions only; nothing is compiled or
-measured.
+tierax.costmodel.network: the same Rates with no domain limit); "per axis" prices each collective
+at its group's link — NVLink inside one domain, the scale-out NICs across domains — with this job's
+devices spread evenly over the domains (128 GB200s: 64 per NVL72 rack), and once more filling each
+domain in order (--rate gpus_per_domain=72: 72 + 56). Cost-model predictions only; nothing is
+compiled or measured.
 
     .venv/bin/python bench/network_axes.py [--out FILE]  # → bench/results/network_axes.json
 """
@@ -54,12 +54,13 @@ def main(argv=None) -> int:
     out = ap.parse_args(argv).out
     launch.start()
     from tierax import costmodel as cm
-    from tierax import hardware, planner
-    from tierax import inventory as inv_lib
+    from tierax import hardware
     from tierax import plan as plan_lib
     from tierax.mesh import parse_mesh
     from tierax.models import for_platform, get_config
-    from tierax.whatif import override_rates
+    from tierax.solving import planner
+    from tierax.solving.whatif import override_rates
+    from tierax.tracing import inventory as inv_lib
 
     cases = []
     for name, model, target, devices, mesh_text, mb, seq in CASES:
@@ -131,8 +132,8 @@ def main(argv=None) -> int:
             flush=True,
         )
     doc = _common.envelope("tierax.network_axes/1", argv) | {
-        "note": "cost-model predictions (tierax.network); 'one figure' = every collective at "
-        "NVLink, as before",
+        "note": "cost-model predictions (tierax.costmodel.network); 'one figure' = every "
+        "collective at NVLink, as before",
         "cases": cases,
     }
     _common.write_record(out, doc)

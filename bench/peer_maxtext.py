@@ -262,7 +262,7 @@ def _tierax(shape: dict):
     from tierax.measure import harness
     from tierax.mesh import MeshShape
     from tierax.models.config import LlamaConfig
-    from tierax.train import sharding as sh
+    from tierax.sharding import rules as sh
     from tierax.train import step as step_lib
 
     cfg = LlamaConfig(

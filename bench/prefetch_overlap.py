@@ -194,8 +194,8 @@ def main() -> int:
         "judged": list(JUDGED),
         "goal_met_by_prefetch": met,
         "cases": out,
-        "note": "static overlap check of the scheduled HLO (tierax.hlo; concurrent copies share "
-        "the link); deviceless XLA:GPU compiles scheduled within the run's device budget "
+        "note": "static overlap check of the scheduled HLO (tierax.xla.hlo; concurrent copies "
+        "share the link); deviceless XLA:GPU compiles scheduled within the run's device budget "
         "(hardware.scheduling_target_config); no GPU ran",
     }
     _common.write_record(args.out, record)

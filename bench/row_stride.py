@@ -53,7 +53,7 @@ def measure(rounds: int) -> dict:
     from tierax import plan as plan_lib
     from tierax.measure import calibrate, harness
     from tierax.mesh import MeshShape
-    from tierax.train import sharding as sh
+    from tierax.sharding import rules as sh
     from tierax.train import step as step_lib
 
     calibration = calibrate.measure()

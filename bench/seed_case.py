@@ -115,12 +115,13 @@ def main(argv=None) -> int:
     from rich.table import Table
 
     from tierax import costmodel as cm
-    from tierax import hardware, planner
-    from tierax import inventory as inv_lib
+    from tierax import hardware
     from tierax import plan as P
     from tierax.errors import TieraxError
     from tierax.mesh import parse_mesh
     from tierax.models import get_config
+    from tierax.solving import planner
+    from tierax.tracing import inventory as inv_lib
 
     rates = cm.target_rates("gb200", "bfloat16")
     rows = []

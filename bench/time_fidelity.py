@@ -144,7 +144,7 @@ def _say(msg: str) -> None:
 
 
 def _inventory(cfg, shape: dict):
-    from tierax import inventory as inv_lib
+    from tierax.tracing import inventory as inv_lib
 
     return inv_lib.model_inventory(cfg, shape["microbatch"], shape["seq"], {"data": 1, "fsdp": 1})
 
@@ -161,7 +161,7 @@ def _plans(cfg, inv, rates) -> tuple[list, dict]:
     """The presets and the planner's plan (within a device budget halfway between remat-full's
     and save-all's predicted peaks), with what the planner was given."""
     from tierax import plan as plan_lib
-    from tierax import planner
+    from tierax.solving import planner
 
     plans = [plan_lib.preset(n, cfg) for n in PLANS if n != "planner"]
     peak = {p.name: _prediction(p, inv, cfg, rates)["peak_device_bytes"] for p in plans}
@@ -221,7 +221,7 @@ def child(spec: dict) -> dict:
     from tierax.measure import calibrate, harness
     from tierax.mesh import MeshShape
     from tierax.models import config_to_dict
-    from tierax.train import sharding as sh
+    from tierax.sharding import rules as sh
     from tierax.train import step as step_lib
 
     shape = spec["shape"]

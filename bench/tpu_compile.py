@@ -10,7 +10,7 @@ microbatch 2, 4 and 8 at sequence 8192 and at 8 and 16 at 4096, and remat-full a
 offloaded) as a reference; ``--devices`` and ``--case PLAN:MB:SEQ`` choose others.  A case XLA
 refuses (out of memory) is a result.  ``--case PLAN:MB:SEQ:windowed`` compiles with XLA:TPU's own
 choice for the head gradient's reduce-scatter (``LIBTPU_INIT_ARGS`` turning the windowed einsum
-back on, where tierax's step turns it off: ``tierax.xla_flags.TPU_FLAGS``), as the reference for
+back on, where tierax's step turns it off: ``tierax.launch.flags.TPU_FLAGS``), as the reference for
 what that option costs.
 
     python bench/tpu_compile.py [--out bench/results/tpu_compile.json] [--devices 8]
@@ -33,7 +33,7 @@ import tempfile
 
 import _common
 
-from tierax import xla_flags
+from tierax.launch import flags as xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCHEMA = "tierax.tpu-compile/1"

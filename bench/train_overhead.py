@@ -29,7 +29,7 @@ import time
 
 import _common
 
-from tierax import xla_flags
+from tierax.launch import flags as xla_flags
 from tierax.train import config as train_config
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
 
     paired = [a / b for a, b in zip(loop_s, hand_s, strict=False)]
     ratio = statistics.median(paired)
-    doc = _common.envelope("tierax.bench.train_overhead/1", argv, devices=True) | {
+    doc = _common.envelope("tierax.measure.bench.train_overhead/1", argv, devices=True) | {
         "config": cfg.to_dict(),
         "rounds": rounds,
         "steps_per_round": n,

@@ -37,11 +37,12 @@ def main(argv=None) -> int:
     launch.start()
 
     from tierax import costmodel as cm
-    from tierax import hardware, planner, records, whatif
-    from tierax import inventory as inv_lib
+    from tierax import hardware, records
     from tierax.mesh import parse_mesh
     from tierax.models import for_platform, get_config
     from tierax.report.sweep_plot import plot_sweep
+    from tierax.solving import planner, whatif
+    from tierax.tracing import inventory as inv_lib
 
     cfg = for_platform(get_config(args.model), "gpu")  # every target swept is a GPU
     mesh = parse_mesh(MESH, 128)

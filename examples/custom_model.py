@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from tierax.inventory import layer_inventory, trace_inventory
+from tierax.tracing.inventory import layer_inventory, trace_inventory
 
 B, S, D, F, LAYERS = 4, 128, 256, 1024, 6
 

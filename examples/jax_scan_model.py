@@ -83,9 +83,9 @@ def compile_for_gpu(policy, target: str, **sizes) -> dict:
     """
     from jax.sharding import SingleDeviceSharding
 
-    from tierax import compile as tc
     from tierax import hardware
-    from tierax.target_config import render_target_config
+    from tierax.hardware.target_config import render_target_config
+    from tierax.xla import compile as tc
 
     tc.check_gpu_aot()
     topo = tc.gpu_topology(render_target_config(hardware.get_target(target)), 1, target)

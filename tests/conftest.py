@@ -6,7 +6,7 @@ import shutil
 import subprocess
 import sys
 
-from tierax import xla_flags
+from tierax.launch import flags as xla_flags
 
 # Must run before any JAX operation: the one place tierax sets backend options.
 xla_flags.configure(cpu_devices=8, deviceless_gpu=True)

@@ -14,8 +14,8 @@ import pytest
 from jax.ad_checkpoint import checkpoint_name
 
 import tierax
-from tierax import jaxpr_tools
 from tierax.errors import TieraxError
+from tierax.tracing import jaxpr_tools
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 
@@ -31,8 +31,9 @@ def _example(name):
 def test_import_tierax_loads_no_jax_and_the_modules_stay_modules():
     code = (
         "import sys, tierax; assert 'jax' not in sys.modules, 'jax imported'; "
-        "import tierax.inventory, tierax.plan; "
+        "import tierax.tracing.inventory, tierax.plan; "
         "assert callable(tierax.inventory) and callable(tierax.plan); "
+        "assert tierax.inventory is tierax.tracing.inventory; "
         "assert tierax.inventory.trace_inventory and tierax.plan.Plan; "
         "from tierax.plan import Placement; print('ok')"
     )
@@ -47,7 +48,7 @@ def test_import_tierax_loads_no_jax_and_the_modules_stay_modules():
 
 
 def _gpu_aot() -> bool:
-    from tierax import compile as tc
+    from tierax.xla import compile as tc
 
     try:
         tc.check_gpu_aot()

@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tierax import jaxpr_tools
 from tierax import plan as plan_lib
 from tierax.models import get_config
 from tierax.models.attention import causal_attention
+from tierax.tracing import jaxpr_tools
 from tierax.train import step as S
 
 

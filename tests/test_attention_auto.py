@@ -8,8 +8,8 @@ import pytest
 
 from tierax import launch
 from tierax.errors import TieraxError
-from tierax.inventory import model_inventory
 from tierax.models import NAMED_CONFIGS, for_platform, get_config
+from tierax.tracing.inventory import model_inventory
 
 FULL_SIZE = ("llama3-8b", "llama3.1-405b", "deepseek-v3-671b")
 

@@ -8,12 +8,13 @@ import sys
 
 import pytest
 
-from tierax import compile as C
-from tierax import hardware, hlo
+from tierax import hardware
 from tierax import plan as P
 from tierax.errors import TieraxError
 from tierax.mesh import MeshShape
 from tierax.models import get_config
+from tierax.xla import compile as C
+from tierax.xla import hlo
 
 TARGETS = pathlib.Path(__file__).resolve().parent / "fixtures" / "gpu-targets"
 
@@ -98,7 +99,7 @@ def test_simulate_host_bytes_equal_the_compiled_program(tiny_llama_offload_vs_de
     """The cost model's host bytes against XLA's deviceless GPU compile of the same plan:
     exactly."""
     from tierax import costmodel as cm
-    from tierax.inventory import model_inventory
+    from tierax.tracing.inventory import model_inventory
 
     cfg, off, on_dev, _ = tiny_llama_offload_vs_device
     inv = model_inventory(cfg, 8, 64)

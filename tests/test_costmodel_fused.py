@@ -7,13 +7,14 @@ import dataclasses
 import pytest
 
 from tierax import costmodel as cm
-from tierax import cudnn, hardware
+from tierax import hardware
 from tierax import names as N
 from tierax import plan as P
 from tierax.costmodel.rates import matmul_s
 from tierax.errors import TieraxError
-from tierax.inventory import Activation, GroupInventory, Inventory, model_inventory
+from tierax.hardware import cudnn
 from tierax.models import get_config
+from tierax.tracing.inventory import Activation, GroupInventory, Inventory, model_inventory
 
 # Round rates: matmuls at 1 PFLOP/s, the fused kernel's forward at 0.5 and backward at 0.25 PFLOP/s.
 RATES = cm.Rates(

@@ -15,8 +15,8 @@ import pytest
 from tierax import costmodel as cm
 from tierax import names as N
 from tierax import plan as P
-from tierax.inventory import Activation, GroupInventory, Inventory, model_inventory
 from tierax.models import get_config
+from tierax.tracing.inventory import Activation, GroupInventory, Inventory, model_inventory
 
 CFG = get_config("tiny-deepseek")  # head shape: d_model 64, vocab 256
 MICROBATCH, SEQ = 4, 64  # 256 tokens: LM head forward = 2·256·64·256 = 8 388 608 FLOPs
@@ -263,7 +263,7 @@ def test_loss_phase_peak_from_logits_and_head_gradient():
 
 def test_loss_gradient_is_in_the_compute_dtype():
     """bfloat16 compute: the logits stay float32 (100 MB) but their gradient is bfloat16 (50 MB),
-    which the head's backward matmuls take (tierax.train.loss); the float32 logits die when it is
+    which the head's backward matmuls take (tierax.models.loss); the float32 logits die when it is
     made, so the head's float32 gradient (65 536 B) is live with the gradient only: the loss holds
     max(100 + 50 MB, 50 MB + 65 536 B).  Tiled under FSDP, one float32 [D, V] buffer fewer (no
     float32 copy of the gathered head) and half a tile's gradient."""
@@ -380,8 +380,8 @@ def test_predicted_peak_within_10pct_of_the_deviceless_xla_gpu_compile(case):
     is 37 % XLA's fixed buffers; llama3-8b's is the state with every gradient plus one layer's
     residuals."""
     pytest.importorskip("jax_plugins.xla_cuda13")
-    from tierax import compile as C
     from tierax.models import apply_overrides
+    from tierax.xla import compile as C
 
     model, overrides, plan_name, mb, seq = case
     cfg = apply_overrides(get_config(model), overrides)
@@ -441,15 +441,15 @@ def test_transposed_stack_copies_from_shapes():
     the wrapped_transpose buffers of its deviceless compiles: fsdp=128: wi_0 and wi_1, [126, 16384,
     53248 / 128] each (f32[416,126,16384]); fsdp=16 × tensor=8: mlp wo [126, 53248 / 8, 16384 / 16]
     and attention wo [126, 16384 / 8, 16384 / 16] (wi_* are gathered along D, leading, there)."""
-    from tierax.train import gather_layout
+    from tierax.costmodel.fixed import transposed_stack_params
 
     assert TINY_DS_TRANSPOSED == 38_912
     assert (
-        gather_layout.transposed_stack_params(CFG, {"data": 1, "fsdp": 2, "tensor": 1, "expert": 2})
+        transposed_stack_params(CFG, {"data": 1, "fsdp": 2, "tensor": 1, "expert": 2})
         == 38_912
     )
     assert (
-        gather_layout.transposed_stack_params(CFG, {"data": 1, "fsdp": 1, "tensor": 1, "expert": 1})
+        transposed_stack_params(CFG, {"data": 1, "fsdp": 1, "tensor": 1, "expert": 1})
         == 0
     )
     # fsdp=2 × expert=8: non-expert weights over 16; one expert per device, so a routed wi_0/wi_1
@@ -457,13 +457,13 @@ def test_transposed_stack_copies_from_shapes():
     # — while wo's [1, 32, 64/2] needs one.  The deviceless compile (16 H200s) has exactly these
     # copies: dense wkv_b [2, 16, 8], wq_b [2, 32, 6], wi_0/wi_1 [2, 64, 8]; moe wkv_b, wq_b, shared
     # wo [2, 32, 4], routed wo [2, 1, 32, 32].
-    assert gather_layout.transposed_stack_params(
+    assert transposed_stack_params(
         CFG, {"data": 1, "fsdp": 2, "tensor": 1, "expert": 8}
     ) == (2 * (16 * 8 + 32 * 6 + 2 * 64 * 8) + 2 * (16 * 8 + 32 * 6 + 32 * 4) + 2 * 1 * 32 * 32)
     big = get_config("llama3.1-405b")
-    assert gather_layout.transposed_stack_params(big, {"fsdp": 128}) == 2 * 126 * 16384 * 416
+    assert transposed_stack_params(big, {"fsdp": 128}) == 2 * 126 * 16384 * 416
     assert (
-        gather_layout.transposed_stack_params(big, {"fsdp": 16, "tensor": 8})
+        transposed_stack_params(big, {"fsdp": 16, "tensor": 8})
         == 126 * 6656 * 1024 + 126 * 2048 * 1024
     )
 
@@ -555,7 +555,8 @@ def test_fits_leaves_the_runtime_reserve_free_in_simulate_plan_and_sweeps():
     """A predicted peak between the usable limit (capacity less the runtime reserve) and the raw
     capacity does not fit: simulate says so, the planner's default budget avoids it, and a sweep's
     reference curve marks it."""
-    from tierax import hardware, planner, whatif
+    from tierax import hardware
+    from tierax.solving import planner, whatif
 
     cfg = get_config("tiny-llama")
     inv = model_inventory(cfg, 8, 64, {})

@@ -8,10 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tierax import compile as C
-from tierax import cudnn, hbm, jaxpr_tools
 from tierax import plan as plan_lib
 from tierax.errors import TieraxError
+from tierax.hardware import cudnn
 from tierax.models import get_config
 from tierax.models.attention import (
     FUSED_SCOPE,
@@ -20,6 +19,8 @@ from tierax.models.attention import (
     padded_value_attention,
     xla_attention,
 )
+from tierax.tracing import hbm, jaxpr_tools
+from tierax.xla import compile as C
 
 
 def _qkv(d=24, dv=16, groups=1, seq=32):

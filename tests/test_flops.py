@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from tierax import jaxpr_tools
 from tierax import plan as plan_lib
 from tierax.models import abstract_model, get_config
 from tierax.models.flops import attention_forward_flops, train_flops
+from tierax.tracing import jaxpr_tools
 from tierax.train import step as S
 
 

@@ -10,9 +10,9 @@ import pytest
 
 from tierax import costmodel as cm
 from tierax import plan as plan_lib
-from tierax.inventory import model_inventory
 from tierax.mesh import MeshShape
 from tierax.models import get_config
+from tierax.tracing.inventory import model_inventory
 
 
 def _layer_stack_transposes(hlo_text: str, num_layers: int) -> list[int]:
@@ -34,8 +34,8 @@ def test_llama405b_on_128_gb200_peak_host_and_transposed_stacks_match_xla(mesh):
     equal, and the model's transposed stacks exactly XLA's wrapped_transpose buffers (fsdp=128: wi_0
     and wi_1; fsdp=16 × tensor=8: mlp wo and attention wo)."""
     pytest.importorskip("jax_plugins.xla_cuda13")
-    from tierax import compile as C
     from tierax.mesh import parse_mesh
+    from tierax.xla import compile as C
 
     cfg = get_config("llama3.1-405b")
     shape: MeshShape = parse_mesh(mesh)

@@ -1,5 +1,5 @@
-"""Non-matmul HBM bytes (tierax.hbm) against hand counts from shapes under the documented fusion
-model."""
+"""Non-matmul HBM bytes (tierax.tracing.hbm) against hand counts from shapes under the documented
+fusion model."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import optax
 import pytest
 
 from tierax import costmodel as cm
-from tierax import hbm
-from tierax.inventory import GroupInventory, Inventory
 from tierax.models import get_config
+from tierax.tracing import hbm
+from tierax.tracing.inventory import GroupInventory, Inventory
 
 T, D, F = 8, 16, 32  # tokens, model width, MLP width; float32 throughout: 4 bytes an element
 F32 = jnp.float32
@@ -179,8 +179,8 @@ def test_the_inventory_counts_a_weights_work_per_shard_on_the_mesh():
     """DeepSeek-V3's MoE layer at 8-way expert parallelism: a device casts its 32 of the 256
     experts' weights (XLA's compile of the 5-layer model on 8 GB200s holds bf16[32,7168,2048]
     casts), so the layer's non-matmul bytes fall by most of the expert weights' casts."""
-    from tierax.inventory import model_inventory
     from tierax.models import apply_overrides
+    from tierax.tracing.inventory import model_inventory
 
     cfg = apply_overrides(
         get_config("deepseek-v3-671b"),

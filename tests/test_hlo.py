@@ -5,7 +5,7 @@ Units chosen so that each 4 MiB transfer takes 1 ms alone on the link and each 1
 
 import pytest
 
-from tierax import hlo
+from tierax.xla import hlo
 
 MS = 1e-3
 RATES = {"peak_flops": 2 * 1024**3 / MS, "hbm_bytes_per_s": 1e30, "host_link_bps": 4 * 1024**2 / MS}

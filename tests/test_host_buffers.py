@@ -18,13 +18,13 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from tierax import compile as C
-from tierax import hlo
 from tierax import names as N
 from tierax import plan as plan_lib
 from tierax.models import get_config
 from tierax.models.prefetch import OFFLOAD_SCOPE_PREFIX, prefetch_scan
 from tierax.models.tags import tag
+from tierax.xla import compile as C
+from tierax.xla import hlo
 
 SHAPE = {"microbatch": 2, "seq": 64}
 

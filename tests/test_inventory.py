@@ -6,8 +6,8 @@ import pathlib
 import pytest
 
 from tierax import names as N
-from tierax.inventory import model_inventory
 from tierax.models import for_platform, get_config
+from tierax.tracing.inventory import model_inventory
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +111,7 @@ def test_example_outside_tierax_models():
     import jax
     import jax.numpy as jnp
 
-    from tierax.inventory import layer_inventory, trace_inventory
+    from tierax.tracing.inventory import layer_inventory, trace_inventory
 
     f32 = jnp.float32
     stacked = {

@@ -12,7 +12,7 @@ from jax.extend.core import jaxprs_in_params
 from tierax.errors import TieraxError
 from tierax.mesh import MeshShape
 from tierax.models import get_config
-from tierax.train import loss as loss_lib
+from tierax.models import loss as loss_lib
 
 
 def _assert_close(a_tree, b_tree, rel=1e-5):

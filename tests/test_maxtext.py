@@ -16,12 +16,12 @@ import yaml
 from tierax import costmodel as cm
 from tierax import names as N
 from tierax import plan as P
-from tierax import planner
 from tierax.cli import main
 from tierax.errors import TieraxError
 from tierax.interop import files, maxtext, maxtext_keys
-from tierax.inventory import Activation, GroupInventory, Inventory
 from tierax.models import get_config
+from tierax.solving import planner
+from tierax.tracing.inventory import Activation, GroupInventory, Inventory
 
 MB = 2**20
 # base.yml's "custom" block, verbatim keys in order (values are all 'remat' but

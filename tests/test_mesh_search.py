@@ -11,12 +11,13 @@ import pytest
 import yaml
 
 from tierax import costmodel as cm
-from tierax import inventory as inv_lib
-from tierax import mesh_search, network, planner
+from tierax.costmodel import network
 from tierax.errors import TieraxError
 from tierax.mesh import MeshShape
 from tierax.models import apply_overrides, get_config
 from tierax.plan import Placement, Plan
+from tierax.solving import mesh_search, planner
+from tierax.tracing import inventory as inv_lib
 
 KEEP = 2  # activations kept per group: 3^(2 × groups) placements per mesh for the brute force
 

@@ -148,7 +148,7 @@ def test_bench_dtype_is_an_override_of_dtype_only():
 
 
 def test_bench_document_model_is_the_loadable_config():
-    from tierax import bench
+    from tierax.measure import bench
     from tierax.mesh import MeshShape
 
     cfg = apply_overrides(get_config("tiny-deepseek"), ["dtype=bfloat16"])

@@ -1,5 +1,5 @@
-"""Bandwidth per mesh axis (tierax.network) and the cost model's collectives at it, against hand
-computation.
+"""Bandwidth per mesh axis (tierax.costmodel.network) and the cost model's collectives at it,
+against hand computation.
 
 Devices lie on the mesh as MeshShape.make lays them: (data, fsdp, tensor, expert), expert innermost.
 Every expected number is written out by hand from the device order, the domain size and the link
@@ -14,11 +14,11 @@ import pytest
 
 from tierax import costmodel as cm
 from tierax import names as N
-from tierax import network
+from tierax.costmodel import network
 from tierax.errors import TieraxError
-from tierax.inventory import Activation, GroupInventory, Inventory
 from tierax.models import get_config
-from tierax.whatif import override_rates
+from tierax.solving.whatif import override_rates
+from tierax.tracing.inventory import Activation, GroupInventory, Inventory
 
 CFG = get_config("tiny-deepseek")  # float32 parameters and compute: gathered bytes = stored bytes
 # NVLink 400 GB/s inside a domain of 8, scale-out 50 GB/s: round numbers, a GPU-like shape.

@@ -20,7 +20,7 @@ from tierax.errors import TieraxError
 from tierax.mesh import MeshShape, make_mesh, parse_mesh
 from tierax.models import get_config
 from tierax.models import moe as moe_lib
-from tierax.train import sharding as sh
+from tierax.sharding import rules as sh
 from tierax.train import step as S
 
 BATCH, SEQ = 8, 16

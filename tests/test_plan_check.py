@@ -14,9 +14,9 @@ import sys
 import pytest
 
 from tierax import costmodel as cm
-from tierax import plan_check
 from tierax.mesh import MeshShape
 from tierax.models import get_config
+from tierax.solving import plan_check
 
 
 def test_check_corrects_the_workspace_and_converges():
@@ -53,10 +53,11 @@ def test_a_model_below_xla_under_a_binding_budget_re_plans_within_a_smaller_budg
     model's plus a chosen miss, at the seam where plan_check compiles."""
     import types
 
-    from tierax import compile as compile_lib
-    from tierax import hardware, planner
-    from tierax import inventory as inv_lib
+    from tierax import hardware
     from tierax import plan as P
+    from tierax.solving import planner
+    from tierax.tracing import inventory as inv_lib
+    from tierax.xla import compile as compile_lib
 
     cfg = get_config("tiny-llama")
     rates = cm.target_rates("h200", cfg.dtype)
@@ -124,9 +125,9 @@ def test_a_compile_xla_refuses_is_a_step_of_the_loop_not_a_crash(monkeypatch):
     import json
     import types
 
-    from tierax import compile as compile_lib
-    from tierax import inventory as inv_lib
-    from tierax import planner
+    from tierax.solving import planner
+    from tierax.tracing import inventory as inv_lib
+    from tierax.xla import compile as compile_lib
 
     cfg = get_config("tiny-llama")
     rates = cm.target_rates("h200", cfg.dtype)

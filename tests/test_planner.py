@@ -10,10 +10,10 @@ import pytest
 
 from tierax import costmodel as cm
 from tierax import plan as P
-from tierax import planner
 from tierax.errors import TieraxError
-from tierax.inventory import model_inventory
 from tierax.models import get_config
+from tierax.solving import planner
+from tierax.tracing.inventory import model_inventory
 
 GIB = 2**30
 

@@ -41,9 +41,9 @@ import pytest
 from tierax import costmodel as cm
 from tierax import names as N
 from tierax import plan as plan_lib
-from tierax import planner
-from tierax.inventory import Activation, GroupInventory, Inventory
 from tierax.models import get_config
+from tierax.solving import planner
+from tierax.tracing.inventory import Activation, GroupInventory, Inventory
 
 MB = 2**20
 CFG = get_config("tiny-deepseek")  # names and head shape only; the inventory below is synthetic

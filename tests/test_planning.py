@@ -1,4 +1,5 @@
-"""One solve path (tierax.planning.solve): ``tierax plan`` (plain, ``--sweep``, ``--check``), the
+"""One solve path (tierax.solving.planning.solve): ``tierax plan`` (plain, ``--sweep``,
+``--check``), the
 Python API and plan_check reach the planner only through it, with the options they were given."""
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ import pytest
 from jax.ad_checkpoint import checkpoint_name
 
 import tierax
-from tierax import planner, planning
 from tierax.errors import TieraxError
+from tierax.solving import planner, planning
 
 SIX = ["--model", "tiny-llama", "--set", "num_layers=6", "--microbatch", "8", "--seq", "64"]
 
@@ -32,7 +33,7 @@ def solves(monkeypatch):
             inside.pop()
 
     def plan(*a, **k):
-        assert inside, "planner.plan reached without tierax.planning.solve"
+        assert inside, "planner.plan reached without tierax.solving.planning.solve"
         return real_plan(*a, **k)
 
     monkeypatch.setattr(planning, "solve", solve)
@@ -71,8 +72,8 @@ def test_sweep_refuses_single_plan_options_with_exit_2(monkeypatch, capsys, solv
 
 
 def test_check_solves_each_iteration_through_the_same_path(monkeypatch, solves):
-    from tierax import compile as compile_lib
     from tierax import launch
+    from tierax.xla import compile as compile_lib
 
     def xla(cfg, plan, target, *, microbatch, seq, mesh):
         return types.SimpleNamespace(

@@ -19,11 +19,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tierax import hardware, hlo
+from tierax import hardware
 from tierax import plan as P
 from tierax.errors import TieraxError
 from tierax.models.prefetch import prefetch_scan
 from tierax.models.tags import Tape, tag
+from tierax.xla import hlo
 
 
 def test_injected_value_replaces_the_tagged_one_and_the_gradient_flows_to_its_producer():
@@ -156,8 +157,8 @@ def _feeds_only_the_loop_carry(name: str, users: dict, root) -> bool:
 
 
 def _backward_body_loads(mechanism: str):
-    from tierax import compile as C
     from tierax.models import get_config
+    from tierax.xla import compile as C
 
     cfg = get_config("tiny-llama")
     plan = P.Plan("qkv", P.preset("qkv-offload", cfg).groups, mechanism=mechanism)

@@ -24,10 +24,10 @@ import pytest
 from tierax import costmodel as cm
 from tierax import names as N
 from tierax import plan as P
-from tierax import planner
 from tierax.errors import TieraxError
-from tierax.inventory import Activation, GroupInventory, Inventory
 from tierax.models import get_config
+from tierax.solving import planner
+from tierax.tracing.inventory import Activation, GroupInventory, Inventory
 from tierax.train import step as S
 
 QKV = {N.QUERY_PROJ: "offload", N.KEY_PROJ: "offload", N.VALUE_PROJ: "offload"}
@@ -224,7 +224,7 @@ def test_split_search_equals_brute_force_and_the_optimum_is_segmented():
 
 
 def test_compiled_segments_put_each_offloaded_name_on_host_at_its_segment_size():
-    from tierax import compile as C
+    from tierax.xla import compile as C
 
     cfg = get_config("tiny-llama")
     plan = _segmented(cfg, {"decoder": [(0, 2, QKV), (2, 4, {N.MLPWI_0: "offload"})]})
@@ -315,8 +315,8 @@ def test_every_verb_refuses_what_the_segmented_scan_cannot_run_before_compiling(
 def test_segment_ranges_reach_the_scans_exactly():
     """The layer ranges a plan names are the ranges every consumer gets, one by one: to_policies'
     parts, resolve's and the inventory's segment rows (and the planner's splits likewise)."""
-    from tierax import inventory as inv_lib
     from tierax.models import apply_overrides
+    from tierax.tracing import inventory as inv_lib
 
     cfg = apply_overrides(get_config("tiny-llama"), ["num_layers=9"])
     plan = P.Plan.from_yaml(

@@ -18,15 +18,15 @@ import pytest
 from jax.ad_checkpoint import checkpoint_name
 
 from tierax import costmodel as cm
-from tierax import hbm
 from tierax import names as N
 from tierax import plan as P
 from tierax.costmodel import rates as rates_lib
 from tierax.costmodel.first_touch import MMAP_THRESHOLD_MAX_BYTES, first_touch_s
 from tierax.errors import TieraxError
-from tierax.inventory import Activation, GroupInventory, Inventory
 from tierax.measure import harness
 from tierax.models import get_config
+from tierax.tracing import hbm
+from tierax.tracing.inventory import Activation, GroupInventory, Inventory
 
 MB = 1_000_000
 CFG = get_config("tiny-llama")  # head: d_model 64, vocab 256
@@ -181,7 +181,7 @@ def test_recompute_and_memory_traffic_are_in_the_step():
 def test_planner_weighs_first_touch_on_a_cpu():
     """Recomputing costs 6.12 ms; keeping costs 58 MB more fresh memory: 2.9 ms at 20 GB/s (the
     planner keeps), 11.6 ms at 5 GB/s (it recomputes)."""
-    from tierax import planner
+    from tierax.solving import planner
 
     inv = inventory()
     for touch, want in ((2e10, P.Placement.DEVICE), (5e9, P.Placement.REMAT)):
@@ -352,7 +352,7 @@ def test_planner_weighs_transposing_fusions():
     """Recomputing MLPWO costs 6.12 ms; keeping it (no remat at all) 0.58 ms of fresh memory (58
     MB at 100 GB/s) and 6 M more slow reads: 0.6 ms at 1e10 elements/s (the planner keeps it),
     6 ms at 1e9 (it recomputes)."""
-    from tierax import planner
+    from tierax.solving import planner
 
     for rate, want in ((1e10, P.Placement.DEVICE), (1e9, P.Placement.REMAT)):
         r = dataclasses.replace(

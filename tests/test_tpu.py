@@ -16,7 +16,8 @@ import sys
 
 import pytest
 
-from tierax import costmodel, hardware, network
+from tierax import costmodel, hardware
+from tierax.costmodel import network
 from tierax.errors import TieraxError
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
@@ -357,8 +358,9 @@ def test_out_of_memory_tpu_compile_is_a_result_with_xla_figures():
 # message states their sum in its own unit, and the HBM it gives one program.
 _OOM_PROBE = """
 import json, sys
-from tierax import compile as C
-C.start_deviceless_tpu()
+from tierax import launch
+from tierax.xla import compile as C
+launch.start_deviceless_tpu()
 import jax, jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tierax import hardware

@@ -8,7 +8,7 @@ from tierax import plan as P
 from tierax.errors import TieraxError
 from tierax.mesh import make_mesh
 from tierax.models import get_config
-from tierax.train import sharding as sh
+from tierax.sharding import rules as sh
 from tierax.train import step as S
 
 

@@ -6,10 +6,11 @@ import pathlib
 import pytest
 
 from tierax import costmodel as cm
-from tierax import hardware, planner, whatif
-from tierax import inventory as inv_lib
+from tierax import hardware
 from tierax.errors import TieraxError
 from tierax.models import apply_overrides, get_config
+from tierax.solving import planner, whatif
+from tierax.tracing import inventory as inv_lib
 
 
 def test_rate_overrides_replace_the_named_rates_and_say_so():
@@ -230,8 +231,8 @@ def test_sweep_with_segments_plans_segments_at_every_point(monkeypatch, capsys):
     ],
 )
 def test_plan_refuses_options_it_would_ignore_before_any_work(monkeypatch, capsys, extra, fragment):
-    from tierax import compile as compile_lib
-    from tierax import inventory as inv_module
+    from tierax.tracing import inventory as inv_module
+    from tierax.xla import compile as compile_lib
 
     def no_work(*a, **k):
         raise AssertionError("worked before refusing")

@@ -3,8 +3,9 @@
 import jax
 import pytest
 
-from tierax import launch, xla_flags
+from tierax import launch
 from tierax.errors import TieraxError
+from tierax.launch import flags as xla_flags
 
 
 def test_options_already_in_effect_are_not_an_error(monkeypatch):
@@ -41,10 +42,9 @@ def test_libtpu_gets_the_step_flags_ahead_of_the_users_and_a_users_own_value_win
 
 def test_a_deviceless_tpu_compile_hands_libtpu_the_step_flags(monkeypatch):
     """``start_deviceless_tpu`` puts the TPU flags in the environment libtpu reads."""
-    from tierax import compile as compile_lib
 
     seen = {}
     monkeypatch.setattr(xla_flags, "configure", lambda **kw: seen.update(kw))
     monkeypatch.delenv("LIBTPU_INIT_ARGS", raising=False)
-    compile_lib.start_deviceless_tpu()
+    launch.start_deviceless_tpu()
     assert seen["env"]["LIBTPU_INIT_ARGS"].split() == list(xla_flags.TPU_FLAGS)

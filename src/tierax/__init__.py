@@ -7,7 +7,7 @@ The Python API for your own model (see :mod:`tierax.api`)::
     planned = tierax.plan(inv, target="h200", mesh={"fsdp": 8}, budget=60 * 2**30)
     policy = planned.policy("decoder")          # a jax.checkpoint policy
 
-``tierax.inventory`` and ``tierax.plan`` are also the modules :mod:`tierax.inventory`
+``tierax.inventory`` and ``tierax.plan`` are also the modules :mod:`tierax.tracing.inventory`
 and :mod:`tierax.plan`; calling them calls :func:`tierax.api.inventory` and
 :func:`tierax.api.plan`.  Importing ``tierax`` imports nothing else (no JAX): the
 modules load on first use.
@@ -19,7 +19,7 @@ import importlib
 import sys
 import types
 
-_CALLABLE = {"inventory": "tierax.inventory", "plan": "tierax.plan"}
+_CALLABLE = {"inventory": "tierax.tracing.inventory", "plan": "tierax.plan"}
 
 
 class _CallableModule(types.ModuleType):
@@ -43,7 +43,10 @@ class _Package(types.ModuleType):
 
     def __getattr__(self, name):  # only for attributes not yet bound
         if name in _CALLABLE:
-            return importlib.import_module(_CALLABLE[name])
+            module = importlib.import_module(_CALLABLE[name])
+            if not isinstance(module, _CallableModule):
+                module.__class__ = _CallableModule
+            return module
         raise AttributeError(f"module 'tierax' has no attribute {name!r}")
 
 

@@ -15,7 +15,7 @@ the scan in ``jax.named_scope("tierax_group_<name>")`` to name the layer group
 (else ``layers``, ``layers_1``, …).  The policy used while tracing does not matter.
 
 :func:`inventory` finds every such scan in the trace of ``loss_fn(params, batch)``
-and measures each layer with :func:`tierax.inventory.layer_inventory` (bytes per
+and measures each layer with :func:`tierax.tracing.inventory.layer_inventory` (bytes per
 name, recompute FLOPs).  Per device: give per-device shapes; ``mesh`` in
 :func:`plan` only divides parameter, gradient and AdamW state bytes over
 ``fsdp × tensor``.  The model's FLOPs are the layers' matmuls (3× forward); an
@@ -34,12 +34,13 @@ import jax.numpy as jnp
 from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 
 from tierax import costmodel as cm
-from tierax import inventory as inv_lib
-from tierax import jaxpr_tools, planner, planning
 from tierax import names as N
 from tierax.errors import TieraxError
 from tierax.models.config import LayerGroup
 from tierax.plan import Plan, to_policies
+from tierax.solving import planner, planning
+from tierax.tracing import inventory as inv_lib
+from tierax.tracing import jaxpr_tools
 
 # What a "no plan fits" message suggests from Python (the planner's default names CLI options).
 API_REMEDIES = (
@@ -216,7 +217,7 @@ def _layer_fn(remat, carry_vars) -> tuple[Callable, jax.ShapeDtypeStruct, tuple]
         raise TieraxError(
             f"a scanned layer takes {len(carry_pos)} carry arrays into jax.checkpoint; "
             "tierax.inventory needs exactly one (the layer input x of layer(x, params)); use "
-            "tierax.inventory.layer_inventory on the layer function instead"
+            "tierax.tracing.inventory.layer_inventory on the layer function instead"
         )
     xi = carry_pos[0]
     x_aval = remat.invars[xi].aval

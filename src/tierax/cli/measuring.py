@@ -33,7 +33,7 @@ def cmd_bench(args) -> int:
     mesh = mesh_option(args, specs) if args.mesh or carried else None
     out = check_output_file(args.out) if args.out else None
     launch.start(devices=args.devices or (mesh.size if mesh else None), preset=args.xla_preset)
-    from tierax import bench
+    from tierax.measure import bench
     from tierax.report.tables import bench_table
 
     cfg = resolve_model(args, [f"dtype={args.dtype}"] if args.dtype else [])
@@ -113,13 +113,13 @@ def cmd_compile(args) -> int:
     target_config = _read_target_config(args.target_config)
     if spec.kind == "tpu":  # host platform only; libtpu builds compile-only TPU devices
         spec.topology_name(mesh.size)  # an unsupported slice size fails before JAX starts
-        from tierax import compile as compile_lib
+        from tierax.xla import compile as compile_lib
 
-        compile_lib.start_deviceless_tpu(args.xla_preset, spec.accelerator_type(mesh.size))
+        launch.start_deviceless_tpu(args.xla_preset, spec.accelerator_type(mesh.size))
         compile_lib.check_tpu_aot()
     else:
         launch.start(preset=args.xla_preset, deviceless_gpu=True)
-        from tierax import compile as compile_lib
+        from tierax.xla import compile as compile_lib
 
         compile_lib.check_gpu_aot()
     from tierax import plan as plan_lib

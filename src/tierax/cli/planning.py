@@ -15,7 +15,7 @@ GIB = 2**30
 CHECK_ITERATIONS = 4  # plan --check's default bound on compiles
 TOP = 5  # plan --mesh auto's default table size
 MAX_MICROBATCH_CHECK_ITERATIONS = 5  # plan --max-microbatch --check's
-# The options of `tierax plan` whose combinations tierax.planning.check_options checks.
+# The options of `tierax plan` whose combinations tierax.solving.planning.check_options checks.
 PLAN_OPTIONS = (
     "sweep",
     "check",
@@ -84,8 +84,8 @@ SHOW_DEFAULTS = {"target": "h200", "schedule": "lhs", "microbatch": 8, "seq": 64
 def cmd_plans(args) -> int:
     from tierax import plan as plan_lib
     from tierax.interop import files
-    from tierax.interop import planning as interop
     from tierax.report.tables import plan_table
+    from tierax.solving import for_maxtext as interop
 
     sizing = {
         "--target": args.target,
@@ -126,7 +126,7 @@ def _inputs(args, *, rates: bool = True, plans: tuple = ()):
     if args.target != "cpu":
         hardware.get_target(args.target)
     if rates:
-        from tierax.whatif import override_rates
+        from tierax.solving.whatif import override_rates
 
         rates = override_rates(cm.target_rates(args.target, cfg.dtype), getattr(args, "rate", []))
     else:
@@ -143,8 +143,8 @@ def _title(cfg, args, mesh, microbatch, extra: str = "") -> str:
 
 
 def cmd_inventory(args) -> int:
-    from tierax import inventory as inv_lib
     from tierax.report.tables import inventory_table
+    from tierax.tracing import inventory as inv_lib
 
     cfg, mesh, _ = _inputs(args, rates=False)
     inv = inv_lib.model_inventory(cfg, args.microbatch, args.seq, mesh.to_dict())
@@ -157,10 +157,10 @@ def cmd_inventory(args) -> int:
 
 def cmd_simulate(args) -> int:
     from tierax import costmodel as cm
-    from tierax import inventory as inv_lib
     from tierax import plan as plan_lib
     from tierax.interop import files
     from tierax.report.tables import prediction_table
+    from tierax.tracing import inventory as inv_lib
 
     cfg, mesh, rates = _inputs(args, plans=(args.plan,))
     plan = files.load_plan(args.plan, cfg)
@@ -185,8 +185,8 @@ def cmd_simulate(args) -> int:
 
 
 def _request(args, cfg, mesh, rates):
-    """The :class:`tierax.planning.Request` that ``tierax plan``'s options ask for."""
-    from tierax import planning
+    """The :class:`tierax.solving.planning.Request` that ``tierax plan``'s options ask for."""
+    from tierax.solving import planning
 
     return planning.Request(
         cfg,
@@ -204,10 +204,10 @@ def _request(args, cfg, mesh, rates):
 
 
 def cmd_plan(args) -> int:
-    from tierax import planning
     from tierax.fileio import check_output_file, write_text_atomic
-    from tierax.interop import planning as interop
     from tierax.report.tables import explain_table, prediction_table
+    from tierax.solving import for_maxtext as interop
+    from tierax.solving import planning
 
     planning.check_options(**{k: getattr(args, k) for k in PLAN_OPTIONS})
     if not (args.for_tool or args.emit):  # MaxText moves offloads with XLA's offload policy
@@ -262,7 +262,7 @@ def _plan_check(args) -> int:
     from tierax import costmodel as cm
     from tierax import hardware
     from tierax.fileio import check_output_file, write_text_atomic
-    from tierax.whatif import override_rates
+    from tierax.solving.whatif import override_rates
 
     out = check_output_file(args.out) if args.out else None
     spec = hardware.compile_target(args.target)  # a projection (no XLA device spec) is refused here
@@ -270,15 +270,14 @@ def _plan_check(args) -> int:
     mesh.check_model(cfg, where="--mesh")
     rates = override_rates(cm.target_rates(args.target, cfg.dtype), args.rate)
     if spec.kind == "tpu":
-        from tierax import compile as compile_lib
 
-        compile_lib.start_deviceless_tpu("none", spec.accelerator_type(mesh.size))
+        launch.start_deviceless_tpu("none", spec.accelerator_type(mesh.size))
     else:
         launch.start(
             deviceless_gpu=True,
             preset="lhs-pipelined" if args.schedule == "lhs-pipelined" else "lhs",
         )
-    from tierax import plan_check
+    from tierax.solving import plan_check
 
     def gib(n: float | None) -> str:  # GiB, or MiB below 1 GiB; None: XLA stated no figure
         if n is None:
@@ -337,7 +336,7 @@ def _plan_mesh_auto(args) -> int:
     from tierax import costmodel as cm
     from tierax import hardware, records
     from tierax.fileio import check_output_file, write_text_atomic
-    from tierax.whatif import override_rates
+    from tierax.solving.whatif import override_rates
 
     out = check_output_file(args.out) if args.out else None
     cfg = resolve_model(args, target=args.target)
@@ -347,9 +346,8 @@ def _plan_mesh_auto(args) -> int:
         spec = hardware.compile_target(args.target)  # a projection is refused here
     rates = override_rates(cm.target_rates(args.target, cfg.dtype), args.rate)
     if args.check and spec.kind == "tpu":
-        from tierax import compile as compile_lib
 
-        compile_lib.start_deviceless_tpu("none", spec.accelerator_type(args.devices))
+        launch.start_deviceless_tpu("none", spec.accelerator_type(args.devices))
     elif args.check:
         launch.start(
             deviceless_gpu=True,
@@ -357,9 +355,9 @@ def _plan_mesh_auto(args) -> int:
         )
     else:
         launch.start()
-    from tierax import mesh_search
-    from tierax.interop import planning as interop
     from tierax.report.tables import mesh_search_table
+    from tierax.solving import for_maxtext as interop
+    from tierax.solving import mesh_search
 
     budgets = {
         "schedule": args.schedule,
@@ -451,7 +449,7 @@ def _print_mesh_summary(doc: dict, chosen, out) -> None:
 def _mesh_check(found, cfg, args):
     """``--mesh auto --check``: compile the top candidates deviceless; the best whose compile fits
     is chosen."""
-    from tierax import compile as compile_lib
+    from tierax.xla import compile as compile_lib
 
     rows, chosen = [], None
     for c in found.ranked[: args.top]:
@@ -487,8 +485,8 @@ def _mesh_check(found, cfg, args):
 def _max_microbatch_check(args, cfg, mesh, rates, out, gib) -> int:
     """``plan --max-microbatch --check``: the model's largest microbatch, confirmed and corrected by
     compiles."""
-    from tierax import plan_check
     from tierax.fileio import write_text_atomic
+    from tierax.solving import plan_check
 
     def report(s) -> None:
         xla = "refused (out of memory)" if s.out_of_memory else gib(s.xla_peak_bytes)
@@ -538,11 +536,12 @@ def _plan_sweep(args) -> int:
     """``tierax plan --sweep KEY=LO:HI:STEP``: the plan at every point, a table, and with ``--out
     F.png``
     the frontier as a picture plus its JSON record (``F.json``)."""
-    from tierax import records, whatif
+    from tierax import records
     from tierax.cli.common import progress
     from tierax.fileio import check_output_file
     from tierax.report.sweep_plot import plot_sweep
     from tierax.report.tables import sweep_table
+    from tierax.solving import whatif
 
     key, points = whatif.parse_sweep(args.sweep)
     if args.out and not args.out.endswith(".png"):

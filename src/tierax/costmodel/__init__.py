@@ -1,6 +1,6 @@
 """Memory and time model of one training step on a target, per device.
 
-Inputs: an :class:`~tierax.inventory.Inventory` (measured from abstract traces), a
+Inputs: an :class:`~tierax.tracing.inventory.Inventory` (measured from abstract traces), a
 Plan, the target's :class:`Rates` and a schedule.  The model is *linear in the
 placements* — each activation contributes its own bytes, recompute FLOPs and
 transfer time — so the planner can optimise it exactly with an integer program;
@@ -24,8 +24,8 @@ compute dtype).  GPU targets add the fixed buffers XLA:GPU always allocates (the
 Each term is a buffer seen at deviceless XLA:GPU peaks.
 
 Time: executed matmul FLOPs (forward, 2× for backward, plus recomputation) at the target's
-achievable matmul rate, plus the non-matmul work's HBM bytes (:mod:`tierax.hbm`: every layer's
-forward, backward and recomputation, the loss, the AdamW update) at the HBM bandwidth, not
+achievable matmul rate, plus the non-matmul work's HBM bytes (:mod:`tierax.tracing.hbm`: every
+layer's forward, backward and recomputation, the loss, the AdamW update) at the HBM bandwidth, not
 overlapped with the matmuls (one GPU stream runs a fusion and a GEMM one after the other); host
 transfers at the link bandwidth each way, hidden under compute (matmuls and HBM-bound work) per
 schedule — ``serial``: none; ``lhs``: up to half of the same layer's compute; ``lhs-pipelined``: up
@@ -35,7 +35,7 @@ stages one layer beyond the workspace (:func:`staging_and_window`); FSDP
 all-gathers/reduce-scatters, data-parallel gradient all-reduces, MoE all-to-alls and tensor-parallel
 all-reduces over their mesh axes,
 each at its link (NVLink inside a domain, the scale-out network across domains:
-:mod:`tierax.network`), exposed under ``serial`` and hidden under compute otherwise; a
+:mod:`tierax.costmodel.network`), exposed under ``serial`` and hidden under compute otherwise; a
 rematerialised layer repeats its forward's collectives (counted with its unnamed recomputation,
 which every remat policy of that group pays).
 """

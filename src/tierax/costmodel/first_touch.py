@@ -14,7 +14,7 @@ target's rate is 0: no term.
 from __future__ import annotations
 
 from tierax.costmodel.rates import Rates
-from tierax.inventory import Inventory
+from tierax.tracing.inventory import Inventory
 
 MMAP_THRESHOLD_MAX_BYTES = 32 * 2**20
 

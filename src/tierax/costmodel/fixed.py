@@ -4,16 +4,20 @@ copies, collectives and the loss phase's bytes."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import jax.numpy as jnp
 
-from tierax import cudnn, hardware, hbm, network
+from tierax import hardware
+from tierax.costmodel import network
 from tierax.costmodel.rates import FUSED_BACKWARD_FLOPS_RATIO, Rates, matmul_s
-from tierax.inventory import Inventory
+from tierax.hardware import cudnn
 from tierax.models import moe
 from tierax.models.flops import train_flops
-from tierax.train import gather_layout
+from tierax.sharding import gather_layout
+from tierax.tracing import hbm
+from tierax.tracing.inventory import Inventory
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,7 @@ class FixedTerms:
     # XLA's transposed copies of stacked weights: live from the forward loop to the backward's end
     stack_copy_bytes: int = 0
     hbm_s: float = (
-        0.0  # non-matmul work at HBM bandwidth (tierax.hbm), no recompute: part of compute_s
+        0.0  # non-matmul work at HBM bandwidth (tierax.tracing.hbm), no recompute: in compute_s
     )
     fused_attention_s: float = (
         0.0  # fused attention kernels, forward and backward, no recompute: part of compute_s
@@ -117,7 +121,7 @@ def _workspace(
         for g in inv.groups
     )
     if getattr(cfg, "attention", "") == "cudnn":
-        # cuDNN's attention backward workspace, one layer's at a time (tierax.cudnn): XLA's
+        # cuDNN's attention backward workspace, one layer's at a time (tierax.hardware.cudnn): XLA's
         # deviceless compile counts it as 0, a real GPU allocates it.
         _, dqk, _ = cfg.attention_dims()
         workspace += cudnn.backward_workspace_bytes(
@@ -138,14 +142,14 @@ def _workspace(
 
 def _stack_copy_bytes(inv: Inventory, cfg, p_item: int) -> int:
     # XLA's transposed copies of stacked weights it cannot gather along their major dimension
-    # (tierax.train.gather_layout): made before the forward loop, live at the loss and through the
-    # backward loop (tierax.train.gather_layout names the stacks).
-    return p_item * gather_layout.transposed_stack_params(cfg, inv.mesh)
+    # (tierax.sharding.gather_layout): made before the forward loop, live at the loss and through
+    # the backward loop (tierax.sharding.gather_layout names the stacks).
+    return p_item * transposed_stack_params(cfg, inv.mesh)
 
 
 def collective_s_by_group(inv: Inventory, cfg, rates: Rates) -> dict[str, float]:
     """Seconds of collectives per step, per collective group (a mesh axis, or the FSDP group
-    ``fsdp×expert``), each at its group's link (:mod:`tierax.network`)."""
+    ``fsdp×expert``), each at its group's link (:mod:`tierax.costmodel.network`)."""
     c_item = jnp.dtype(cfg.dtype).itemsize
     ep = inv.mesh.get("expert", 1)
     fsdp = inv.mesh.get("fsdp", 1) * ep
@@ -153,7 +157,7 @@ def collective_s_by_group(inv: Inventory, cfg, rates: Rates) -> dict[str, float]
     links = network.axis_links(inv.mesh, rates)
     # FSDP: AG fwd, AG bwd, RS grads, each weight class over its own group at that group's link
     # (scale-out if it leaves a domain).  Routed experts are sharded E over expert and D over fsdp:
-    # a device gathers its E / expert local experts over fsdp alone (tierax.train.sharding,
+    # a device gathers its E / expert local experts over fsdp alone (tierax.sharding.rules,
     # tierax.models.moe); the other weights over fsdp × expert.  Per-device parameters = the dense
     # ones' shard + the experts' shard.
     n_fsdp = inv.mesh.get("fsdp", 1)
@@ -230,13 +234,13 @@ def _tpu_loss_phase_bytes(
 ) -> float:
     # At the loss on TPU, from XLA:TPU's buffer assignment and live ranges (Llama 3 8B, v5p, 4 and
     # 8 chips: bench/results/tpu_compile.json): the logits in the compute dtype, saved by the
-    # forward (tierax.train.loss.logits_dtype); the head's float32 weight gradient [D, V] (XLA fuses
-    # the logits' gradient into both backward matmuls and never writes it: the step's TPU options
-    # keep the head gradient's reduction out of a windowed einsum, which would write it and a
-    # transposed copy, tierax.xla_flags.TPU_FLAGS); under FSDP the head all-gathered in the compute
-    # dtype for the backward's matmul; and either the final hidden states (float32) with their
-    # gradient (compute dtype, [tokens, D] each: on 4 chips, the head gradient kept in float32 to
-    # the optimizer) or, under FSDP, the head gradient's all-reduce in the compute dtype (on 8
+    # forward (tierax.models.loss.logits_dtype); the head's float32 weight gradient [D, V] (XLA
+    # fuses the logits' gradient into both backward matmuls and never writes it: the step's TPU
+    # options keep the head gradient's reduction out of a windowed einsum, which would write it and
+    # a transposed copy, tierax.launch.flags.TPU_FLAGS); under FSDP the head all-gathered in the
+    # compute dtype for the backward's matmul; and either the final hidden states (float32) with
+    # their gradient (compute dtype, [tokens, D] each: on 4 chips, the head gradient kept in float32
+    # to the optimizer) or, under FSDP, the head gradient's all-reduce in the compute dtype (on 8
     # chips, the hidden states dead by then): the model counts the larger.  Tiled (not traced on
     # TPU): one tile's logits, the two float32 [D, V] accumulators and under FSDP the gathered head.
     logits = inv.logits_bytes * c_item / 4  # inv.logits_bytes is float32 (tierax.inventory)
@@ -313,3 +317,30 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
         hbm_s=hbm_s,
         fused_attention_s=fused_s,
     )
+
+
+def transposed_stack_params(cfg, mesh: dict) -> float:
+    """Per-device parameters of ``cfg``'s stacked weights gathered through a transposed copy
+    (:func:`tierax.sharding.gather_layout.transposed_params`; 0 for a model of the Python API,
+    whose weights' layout is not known)."""
+    if getattr(cfg, "family", "custom") not in ("llama", "deepseek"):
+        return 0.0
+    items = tuple(sorted(mesh.items()))
+    try:
+        return _cached_stack_params(cfg, items)
+    except TypeError:  # an unhashable config (a list field)
+        return _stack_params(cfg, items)
+
+
+def _stack_params(cfg, mesh_items) -> float:
+    from flax import nnx
+
+    from tierax.models import abstract_model
+
+    _, abstract = nnx.split(abstract_model(cfg))
+    return gather_layout.transposed_params(abstract, dict(mesh_items))
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_stack_params(cfg, mesh_items) -> float:
+    return _stack_params(cfg, mesh_items)

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tierax import inventory as inv_lib
-from tierax import network
 from tierax import plan as plan_lib
+from tierax.costmodel import network
 from tierax.costmodel.first_touch import first_touch_s
 from tierax.costmodel.fixed import fixed_terms
 from tierax.costmodel.rates import Rates
 from tierax.costmodel.terms import SCHEDULES, group_terms, item_terms, staging_and_window
 from tierax.costmodel.transposes import transpose_s
 from tierax.errors import TieraxError
-from tierax.inventory import Inventory
+from tierax.tracing import inventory as inv_lib
+from tierax.tracing.inventory import Inventory
 
 
 @dataclass(frozen=True)

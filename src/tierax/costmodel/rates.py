@@ -61,7 +61,8 @@ class Rates:
         0  # buffers the compiler allocates whatever the model (XLA:GPU's cuBLAS workspace)
     )
     # Collectives whose group leaves an NVLink (ICI) domain run at the scale-out rate
-    # (tierax.network); nvlink_domain_gpus 0: one domain holds every device; gpus_per_domain 0:
+    # (tierax.costmodel.network); nvlink_domain_gpus 0: one domain holds every device;
+    # gpus_per_domain 0:
     # spread evenly (network.py).
     nvlink_domain_gpus: int = 0
     scale_out_bytes_per_s: float = 0.0
@@ -74,9 +75,10 @@ class Rates:
     # by `tierax calibrate` (tierax.costmodel.first_touch).
     first_touch_bytes_per_s: float = 0.0
     # CPU only (0: no such term): elements per second XLA:CPU's slow transposing fusions read
-    # (tierax.hbm.transposed_reads, tierax.costmodel.transposes); measured by `tierax calibrate`.
+    # (tierax.tracing.hbm.transposed_reads, tierax.costmodel.transposes); measured by `tierax
+    # calibrate`.
     transpose_read_elems_per_s: float = 0.0
-    # The same for reads of rows a multiple of 4 KiB apart (tierax.hbm.row_aliased).
+    # The same for reads of rows a multiple of 4 KiB apart (tierax.tracing.hbm.row_aliased).
     transpose_aliased_read_elems_per_s: float = 0.0
     # What a step may use, where the compiler states it (XLA:TPU's HBM limit); 0: capacity less
     # the runtime reserve (hardware.usable_bytes).

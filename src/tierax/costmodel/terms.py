@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tierax import names as N
-from tierax import network
 from tierax import plan as plan_lib
+from tierax.costmodel import network
 from tierax.costmodel.rates import Rates, matmul_s
-from tierax.inventory import Inventory
+from tierax.tracing.inventory import Inventory
 
 SCHEDULES = ("serial", "lhs", "lhs-pipelined")
 STAGING_LAYERS = {"serial": 1, "lhs": 1, "lhs-pipelined": 2}

@@ -3,8 +3,8 @@
 XLA:CPU computes a float32 weight-gradient operand made by elementwise operations in a fusion
 that writes it transposed.  When that fusion broadcasts a scalar or slices a scan's stacked
 residual at the loop index, it runs as a slow loop reading its inputs one row apart
-(:func:`tierax.hbm.transposed_reads` counts those reads per layer; microbenchmarks: an order of
-magnitude slower than the same fusion of plain arrays, which costs about a copy and is not
+(:func:`tierax.tracing.hbm.transposed_reads` counts those reads per layer; microbenchmarks: an
+order of magnitude slower than the same fusion of plain arrays, which costs about a copy and is not
 counted).  Per group:
 
 * the fusions that broadcast are slow under every plan;
@@ -15,7 +15,7 @@ counted).  Per group:
 * a group of one layer has no stacks (XLA drops a one-trip loop).
 
 Seconds = reads / ``Rates.transpose_read_elems_per_s``, and reads of rows a multiple of 4 KiB
-apart (:func:`tierax.hbm.row_aliased`) / ``Rates.transpose_aliased_read_elems_per_s`` (both
+apart (:func:`tierax.tracing.hbm.row_aliased`) / ``Rates.transpose_aliased_read_elems_per_s`` (both
 measured by ``tierax calibrate``); without the rate (GPU and TPU targets: they transpose in
 tiles) the term is 0.
 """
@@ -25,7 +25,7 @@ from __future__ import annotations
 from tierax import names as N
 from tierax import plan as plan_lib
 from tierax.costmodel.rates import Rates
-from tierax.inventory import GroupInventory, Inventory
+from tierax.tracing.inventory import GroupInventory, Inventory
 
 
 def group_terms(g: GroupInventory, rates: Rates) -> tuple[float, float, dict[str, float]]:

@@ -36,7 +36,7 @@ __all__ = [
     "usable_bytes",
 ]
 
-# tierax.target_config imports this package, so its names load on first use.
+# tierax.hardware.target_config imports this package, so its names load on first use.
 _TARGET_CONFIG = (
     "XLA_DEVICELESS_MEMORY_FRACTION",
     "render_target_config",
@@ -46,7 +46,7 @@ _TARGET_CONFIG = (
 
 def __getattr__(name: str):
     if name in _TARGET_CONFIG:
-        from tierax import target_config
+        from tierax.hardware import target_config
 
         return getattr(target_config, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

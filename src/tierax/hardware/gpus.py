@@ -33,7 +33,7 @@ class GpuSpec:
     interconnect_links: int  # NVLink links per GPU
     nvlink_bytes_per_s: float  # per direction, GPU↔GPU
     # GPUs one NVLink domain joins, and the scale-out network (NICs) per GPU per direction: a
-    # collective whose group leaves the domain runs at that rate (tierax.network).
+    # collective whose group leaves the domain runs at that rate (tierax.costmodel.network).
     nvlink_domain_gpus: int = 8
     scale_out_bytes_per_s: float = 0.0
     scale_out_source: str = ""

@@ -27,16 +27,17 @@ from collections.abc import Mapping
 
 import yaml
 
-from tierax import hardware, xla_flags
+from tierax import hardware
 from tierax import names as N
 from tierax.errors import TieraxError
 from tierax.interop import maxtext_keys as K
 from tierax.interop.maxtext_keys import model_keys
+from tierax.launch import flags as xla_flags
 from tierax.mesh import MeshShape
 from tierax.models.config import for_platform
 from tierax.plan import Placement, Plan, resolve
 
-# tierax schedule (cost model) → XLA flag preset (tierax.xla_flags.PRESETS).
+# tierax schedule (cost model) → XLA flag preset (tierax.launch.flags.PRESETS).
 SCHEDULE_PRESET = {"serial": "none", "lhs": "lhs", "lhs-pipelined": "lhs-pipelined"}
 MESH_KEYS = {"data": "data", "fsdp": "fsdp", "tensor": "tensor", "expert": "expert"}
 GPUS_PER_PROCESS = 8  # MaxText on GPUs: one process per 8-GPU node
@@ -204,9 +205,9 @@ def _per_device_batch(microbatch: int, mesh: Mapping[str, int]) -> int | float:
 
 def _ici_dcn(mesh: Mapping[str, int], kind: str, target: str) -> tuple[dict, dict]:
     """Each axis's part inside one NVLink domain (``ici_*``) and across domains (``dcn_*``), laid
-    out as tierax lays the devices (:func:`tierax.network.ici_dcn`); a TPU slice or the CPU is one
-    domain."""
-    from tierax import network
+    out as tierax lays the devices (:func:`tierax.costmodel.network.ici_dcn`); a TPU slice or the
+    CPU is one domain."""
+    from tierax.costmodel import network
 
     full = {a: int(mesh.get(a, 1)) for a in MESH_KEYS}
     if kind != "gpu":

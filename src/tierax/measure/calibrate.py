@@ -82,7 +82,7 @@ def measure(
     entry["memory_bytes_per_s"] = nm["bytes_per_s"]
     if progress:
         progress("memory")
-    if not gpu:  # XLA:CPU's transposing fusions (tierax.hbm.transposed_reads)
+    if not gpu:  # XLA:CPU's transposing fusions (tierax.tracing.hbm.transposed_reads)
         tr = harness.transposed_fusion_rate(repeats=repeats, first_touch_bytes_per_s=touch)
         micro["transposed_fusion"] = tr
         entry["transpose_read_elems_per_s"] = tr["spread"]["elems_per_s"]

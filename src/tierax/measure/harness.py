@@ -256,10 +256,11 @@ def nonmatmul_rate(
 ) -> dict:
     """The bytes per second at which a layer's non-matmul work runs, counting its bytes as the
     cost model counts them: :func:`_layer_nonmatmul` and its gradient (``jax.vjp``), its bytes
-    by :func:`tierax.hbm.phase_bytes` on the same trace, over the median time.  On a CPU this is
-    well below a streaming copy's bandwidth (reductions, exponentials, XLA:CPU's own fusions);
-    the call's page faults are taken off at ``first_touch_bytes_per_s`` as for the GEMMs."""
-    from tierax import hbm
+    by :func:`tierax.tracing.hbm.phase_bytes` on the same trace, over the median time.  On a CPU
+    this is well below a streaming copy's bandwidth (reductions, exponentials, XLA:CPU's own
+    fusions); the call's page faults are taken off at ``first_touch_bytes_per_s`` as for the
+    GEMMs."""
+    from tierax.tracing import hbm
 
     d = NONMATMUL_SHAPE | (shape or {})
     t, w, f = d["tokens"], d["width"], d["mlp"]
@@ -290,9 +291,10 @@ def nonmatmul_rate(
     }
 
 
-# A weight gradient's operand as XLA:CPU computes it transposed (tierax.hbm.transposed_reads):
+# A weight gradient's operand as XLA:CPU computes it transposed
+# (tierax.tracing.hbm.transposed_reads):
 # rows (tokens) × columns (features) of float32, rows 5 KiB and 8 KiB apart (the two row-stride
-# classes of tierax.hbm.row_aliased), no case's dimensions; layers of a scan.
+# classes of tierax.tracing.hbm.row_aliased), no case's dimensions; layers of a scan.
 TRANSPOSE_SHAPES = {"spread": (1536, 1280), "aliased": (1536, 2048)}
 TRANSPOSE_LAYERS = 4
 

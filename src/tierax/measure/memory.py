@@ -35,7 +35,7 @@ class CompiledMemory:
     output: int
     alias: int
     temp: int
-    peak: int  # argument + output + temp − alias, as tierax.compile reports it
+    peak: int  # argument + output + temp − alias, as tierax.xla.compile reports it
     host_argument: int
     host_output: int
     host_temp: int  # offloaded residuals live here on a GPU; 0 on XLA:CPU

@@ -39,7 +39,7 @@ from tierax import plan as plan_lib
 from tierax.errors import TieraxError
 from tierax.mesh import MeshShape
 from tierax.models import ModelConfig, build_model
-from tierax.train import sharding as sh
+from tierax.sharding import rules as sh
 from tierax.train import step as step_lib
 
 TOLERANCES: dict[str, float] = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 2e-2}

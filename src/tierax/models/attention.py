@@ -258,8 +258,9 @@ def _cudnn(q, k, v):
 
 
 def _fused_stand_in(q, k, v, *, block, segment_ids=None):
-    # The scope marks the kernel's extent: tierax.hbm counts what runs inside it as one fused kernel
-    # (whose own traffic its measured rate already includes), and tierax.jaxpr_tools counts its
+    # The scope marks the kernel's extent: tierax.tracing.hbm counts what runs inside it as one
+    # fused kernel (whose own traffic its measured rate already includes), and
+    # tierax.tracing.jaxpr_tools counts its
     # matmuls apart, so the cost model can price them at the fused kernel's rate.
     with jax.named_scope(FUSED_SCOPE):
         return causal_attention(q, k, v, impl="blockwise", block=block, segment_ids=segment_ids)

@@ -129,7 +129,7 @@ class LlamaConfig:
     # (its XLA form) | auto (per platform, for_platform); tierax.models.attention
     attention: str = "xla"
     attention_block: int = 512  # keys per block for blockwise attention
-    # the loss's logits are computed in this many chunks of batch×sequence (tierax.train.loss)
+    # the loss's logits are computed in this many chunks of batch×sequence (tierax.models.loss)
     loss_tiles: int = 1
 
     def __post_init__(self) -> None:

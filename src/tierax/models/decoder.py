@@ -122,7 +122,7 @@ class Decoder(nnx.Module):
     ):
         """Final hidden states (after the final RMSNorm), [B, S, D] in the compute dtype.
 
-        Logits are ``hidden @ output_weight()``; :mod:`tierax.train.loss` computes the
+        Logits are ``hidden @ output_weight()``; :mod:`tierax.models.loss` computes the
         loss from these in tiles, never holding the full [tokens, vocab] logits.
         ``segment_ids`` [B, S] (None: one document per row): packed documents, each
         attending only to itself, positions restarting at its start

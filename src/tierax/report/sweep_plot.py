@@ -26,7 +26,7 @@ UNITS = {
 def plot_sweep(
     points: Sequence[dict], key: str, out: str | os.PathLike, *, title: str, references=()
 ) -> pathlib.Path:
-    """Draw ``points`` (:class:`tierax.whatif.SweepPoint` JSON) to ``out`` (PNG, written
+    """Draw ``points`` (:class:`tierax.solving.whatif.SweepPoint` JSON) to ``out`` (PNG, written
     atomically).
 
     The planner's curve is annotated where its plan changed and its prediction moved (plan changes

@@ -35,10 +35,10 @@ from typing import Any
 import yaml
 
 from tierax import plan as plan_lib
-from tierax import xla_flags
 from tierax.errors import TieraxError
 from tierax.fileio import check_output_dir
 from tierax.interop import files
+from tierax.launch import flags as xla_flags
 from tierax.mesh import BATCH_AXES, MeshShape
 from tierax.models import ModelConfig, apply_overrides, config_from_dict, config_to_dict, get_config
 from tierax.schema import field_types, read_yaml, scalar, unknown_keys
@@ -71,7 +71,7 @@ class TrainConfig:
       seed: parameter initialisation and data order.
       cpu_devices: host CPU devices per process (CPU backend; default: the mesh
         size over the process count).
-      xla_preset: a key of :data:`tierax.xla_flags.PRESETS`.
+      xla_preset: a key of :data:`tierax.launch.flags.PRESETS`.
       source: where the config came from (for messages).
     """
 

@@ -17,9 +17,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tierax import plan as plan_lib
 from tierax.models import ModelConfig, build_model
+from tierax.models import loss as loss_lib
 from tierax.models.documents import target_weights
-from tierax.train import loss as loss_lib
-from tierax.train import sharding as sh
+from tierax.sharding import rules as sh
 
 
 class TrainState(NamedTuple):
@@ -54,7 +54,7 @@ def make_optimizer(
 def make_loss_fn(graphdef, policies, mesh: Mesh | None = None) -> Callable:
     """``loss(params, tokens_BT, segments_BT=None) -> mean next-token cross-entropy`` (float32).
 
-    The logits are computed in ``cfg.loss_tiles`` chunks (:mod:`tierax.train.loss`).
+    The logits are computed in ``cfg.loss_tiles`` chunks (:mod:`tierax.models.loss`).
     ``mesh``: the mesh the step runs on (sharding constraints, the expert-parallel
     MoE's shard_map); None on one device.  ``segments_BT``: packed documents' ids
     (:mod:`tierax.models.documents`): attention stays within a document, positions restart,

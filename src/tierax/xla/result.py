@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from tierax.compile_oom import OutOfMemory
+from tierax.xla.oom import OutOfMemory
 
 
 @dataclass(frozen=True)

@@ -30,20 +30,22 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from tierax import costmodel, cudnn, hardware, hlo, xla_flags
-from tierax import inventory as inv
+from tierax import costmodel, hardware
 from tierax import plan as plan_lib
-from tierax.compile_oom import OutOfMemory, out_of_memory  # noqa: F401 - re-exported
-from tierax.compile_result import CompileResult, OffloadedName, refused_result
 from tierax.errors import TieraxError
-from tierax.jaxpr_tools import GROUP_SCOPE_PREFIX
+from tierax.hardware import cudnn
+from tierax.hardware.target_config import render_target_config, scheduling_target_config
 from tierax.mesh import MeshShape
 from tierax.models import abstract_model
 from tierax.models.config import require_concrete_attention
 from tierax.models.prefetch import OFFLOAD_SCOPE_PREFIX
-from tierax.target_config import render_target_config, scheduling_target_config
-from tierax.train import sharding as sh
+from tierax.sharding import rules as sh
+from tierax.tracing import inventory as inv
+from tierax.tracing.jaxpr_tools import GROUP_SCOPE_PREFIX
 from tierax.train import step as step_lib
+from tierax.xla import hlo
+from tierax.xla.oom import out_of_memory
+from tierax.xla.result import CompileResult, OffloadedName, refused_result
 
 
 def install_command() -> str:
@@ -94,32 +96,6 @@ def check_tpu_aot() -> None:
             "deviceless TPU compilation needs libtpu (the tpu-aot extra, ~0.7 GB). Install with: "
             + tpu_install_command()
         )
-
-
-def start_deviceless_tpu(preset: str = "none", accelerator_type: str | None = None) -> None:
-    """Start JAX for a deviceless TPU compile: the host platform only, so libtpu never claims a TPU
-    backend.
-
-    XLA presets are XLA:GPU flags, so only ``none`` is accepted.  Unless set:
-    ``TPU_WORKER_HOSTNAMES=localhost`` keeps libtpu from looking for other TPU hosts when it builds
-    the topology, and ``ALLOW_MULTIPLE_LIBTPU_LOAD=1`` lets two compiles run at once (libtpu
-    otherwise holds /tmp/libtpu_lockfile and a second process fails with "Internal error when
-    accessing libtpu multi-process lockfile").  ``accelerator_type`` (e.g. ``v5litepod-4``) becomes
-    ``TPU_ACCELERATOR_TYPE``:
-    libtpu otherwise warns on every compile that it cannot find it (the topology is named
-    explicitly).  libtpu gets :data:`tierax.xla_flags.TPU_FLAGS` (the step's own TPU options).
-    """
-    if preset != "none":
-        raise TieraxError(
-            f"--xla-preset {preset!r} sets XLA:GPU flags; a TPU target takes --xla-preset none"
-        )
-    wanted = {
-        "TPU_WORKER_HOSTNAMES": "localhost",
-        "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
-        **({"TPU_ACCELERATOR_TYPE": accelerator_type} if accelerator_type else {}),
-    }
-    env = {k: v for k, v in wanted.items() if not os.environ.get(k)}
-    xla_flags.configure(platforms="cpu", env={**env, **xla_flags.libtpu_env()})
 
 
 def tpu_temp_includes_host() -> bool:
@@ -293,9 +269,8 @@ def _attribute(
     wanted: list[tuple[str, str, int]], buffers: list[HostBuffer], host_temp: int
 ) -> tuple[list[OffloadedName], list[str]]:
     """Each offloaded (group, name, expected bytes) → its host buffer: by the name XLA kept in its
-    op_names,
-    else (XLA kept none) by size within the group, said so in the notes; plus notes on mismatches
-    and host bytes in no offloaded name's buffer."""
+    op_names, else (XLA kept none) by size within the group, said so in the notes; plus notes on
+    mismatches and host bytes in no offloaded name's buffer."""
     pool, found, notes, by_size = list(buffers), [], [], []
     for group, name, expected in wanted:
         in_group = [b for b in pool if b.group == group] or [
@@ -361,7 +336,7 @@ def compile_for_target(
 
     ``microbatch`` is sequences per device; the global batch is ``microbatch × mesh.batch_ways``
     (``mesh`` default: one device).
-    ``xla_preset`` is recorded only: the flags must already be set (tierax.xla_flags.configure).
+    ``xla_preset`` is recorded only: the flags must already be set (tierax.launch.flags.configure).
     """
     require_concrete_attention(cfg, "compile")
     spec = hardware.get_target(target)

@@ -1,16 +1,16 @@
 """Planning for another tool: ``--for maxtext`` and ``--emit maxtext``, and how ``tierax plans``'
 options combine (refused before any work where one would be ignored).
 
-``--for maxtext`` solves (:func:`tierax.planning.solve`) with one placement per activation name
-across layer groups (what MaxText can express) and also without that restriction, so the
+``--for maxtext`` solves (:func:`tierax.solving.planning.solve`) with one placement per activation
+name across layer groups (what MaxText can express) and also without that restriction, so the
 restriction's cost in predicted step time is reported (:func:`restriction_note`), not guessed.
 """
 
 from __future__ import annotations
 
-from tierax import planner
 from tierax.errors import TieraxError
 from tierax.interop import maxtext
+from tierax.solving import planner
 
 TOOLS = ("maxtext",)
 

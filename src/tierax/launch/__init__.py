@@ -11,8 +11,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tierax import xla_flags
 from tierax.errors import TieraxError
+from tierax.launch import flags as xla_flags
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -36,6 +36,32 @@ def start(
     xla_flags.configure(
         cpu_devices=devices, preset=preset, deviceless_gpu=deviceless_gpu, dump_dir=dump_dir
     )
+
+
+def start_deviceless_tpu(preset: str = "none", accelerator_type: str | None = None) -> None:
+    """Start JAX for a deviceless TPU compile: the host platform only, so libtpu never claims a TPU
+    backend.
+
+    XLA presets are XLA:GPU flags, so only ``none`` is accepted.  Unless set:
+    ``TPU_WORKER_HOSTNAMES=localhost`` keeps libtpu from looking for other TPU hosts when it builds
+    the topology, and ``ALLOW_MULTIPLE_LIBTPU_LOAD=1`` lets two compiles run at once (libtpu
+    otherwise holds /tmp/libtpu_lockfile and a second process fails with "Internal error when
+    accessing libtpu multi-process lockfile").  ``accelerator_type`` (e.g. ``v5litepod-4``) becomes
+    ``TPU_ACCELERATOR_TYPE``:
+    libtpu otherwise warns on every compile that it cannot find it (the topology is named
+    explicitly).  libtpu gets :data:`tierax.launch.flags.TPU_FLAGS` (the step's own TPU options).
+    """
+    if preset != "none":
+        raise TieraxError(
+            f"--xla-preset {preset!r} sets XLA:GPU flags; a TPU target takes --xla-preset none"
+        )
+    wanted = {
+        "TPU_WORKER_HOSTNAMES": "localhost",
+        "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+        **({"TPU_ACCELERATOR_TYPE": accelerator_type} if accelerator_type else {}),
+    }
+    env = {k: v for k, v in wanted.items() if not os.environ.get(k)}
+    xla_flags.configure(platforms="cpu", env={**env, **xla_flags.libtpu_env()})
 
 
 def start_training(cfg, dist: Distributed | None, *, debug: bool = False) -> list[str]:
@@ -183,7 +209,7 @@ def runtime_env(
             f"runtime env: {MEM_FRACTION} and {HOST_LIMIT} apply to GPUs only; nothing set on CPU"
         ]
     from tierax import hardware
-    from tierax import inventory as inv
+    from tierax.tracing import inventory as inv
 
     env = os.environ if environ is None else environ
     rt, wanted, lines = cfg.runtime, {}, []

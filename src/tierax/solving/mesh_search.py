@@ -2,11 +2,11 @@
 
 **Candidates.** Every factorisation of the device count into the four axes that the model admits
 (:meth:`tierax.mesh.MeshShape.check_model`: tensor divides the heads, key/value heads and MLP
-widths;
-expert divides the routed experts; the FSDP group fsdp × expert divides d_model).  For a model
-without routed experts the expert axis only splits the batch and the weights, as fsdp does, over the
-same devices (expert is the innermost axis, fsdp the next), so ``fsdp=a, expert=b`` and ``fsdp=a·b``
-are one candidate: dense models get expert = 1.  Pipeline and context parallelism are not searched.
+widths; expert divides the routed experts; the FSDP group fsdp × expert divides d_model).  For a
+model without routed experts the expert axis only splits the batch and the weights, as fsdp does,
+over the same devices (expert is the innermost axis, fsdp the next), so ``fsdp=a, expert=b`` and
+``fsdp=a·b`` are one candidate: dense models get expert = 1.  Pipeline and context parallelism are
+not searched.
 
 **Fixed global batch.** Every candidate trains the same global batch of ``global_batch`` sequences
 per optimizer step.  The batch is split over data × fsdp × expert (the tensor axis shares its
@@ -18,8 +18,8 @@ steps (the AdamW update counted k times: an overestimate) with one more gradient
 (the accumulator).  Candidates whose batch axes do not divide the global batch are left out (said).
 
 **Exact per candidate.** Each candidate's placement is solved by the planner
-(:func:`tierax.planning.solve`), which is exact for the cost model; candidates are ranked by tokens
-per second at the global batch: ``global_batch · seq / (k · step time)``.
+(:func:`tierax.solving.planning.solve`), which is exact for the cost model; candidates are ranked
+by tokens per second at the global batch: ``global_batch · seq / (k · step time)``.
 
 **Pruning, only where provably safe.**
 
@@ -35,8 +35,9 @@ per second at the global batch: ``global_batch · seq / (k · step time)``.
   top N and is not solved.  Candidates are solved in the order of their bound.
 
 **Reuse.** The layer traces depend on the mesh only through the local shape (tensor, microbatch):
-:func:`tierax.inventory.model_inventory` keeps them per local shape, so the candidates of one tensor
-size share one trace; the rest of an inventory (parameter shards, collective bytes) is arithmetic.
+:func:`tierax.tracing.inventory.model_inventory` keeps them per local shape, so the candidates of
+one tensor size share one trace; the rest of an inventory (parameter shards, collective bytes) is
+arithmetic.
 """
 
 from __future__ import annotations
@@ -45,10 +46,11 @@ import dataclasses
 from dataclasses import dataclass
 
 from tierax import costmodel as cm
-from tierax import inventory as inv_lib
-from tierax import network, planner, planning
+from tierax.costmodel import network
 from tierax.errors import TieraxError
 from tierax.mesh import AXES, MeshShape
+from tierax.solving import planner, planning
+from tierax.tracing import inventory as inv_lib
 
 OUT_OF_SCOPE = "pipeline and context parallelism are not searched"
 

@@ -28,11 +28,11 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from tierax import costmodel as cm
 from tierax import hardware
-from tierax import inventory as inv_lib
 from tierax import names as N
 from tierax.costmodel import transposes
 from tierax.errors import TieraxError
 from tierax.plan import DEFAULT_MECHANISM, GroupPlan, Placement, Plan, Segment, segment_name
+from tierax.tracing import inventory as inv_lib
 
 # Default reserve kept free on the device: the same runtime reserve `fits` means everywhere.
 DEFAULT_RESERVE_FRACTION = hardware.RUNTIME_RESERVE_FRACTION
@@ -255,8 +255,7 @@ def placements_to_plan(
 
 def _best_split(unsplit: dict | None, inv, cfg, rates, schedule, budget, host_budget, mechanism):
     """(placements, the inventory they are keyed by, splits) of the fastest plan over every
-    combination of
-    one split point (or none) per group; ties keep fewer splits."""
+    combination of one split point (or none) per group; ties keep fewer splits."""
 
     def seconds(placements, solved):
         return cm.evaluate(placements, solved, cfg, rates, schedule, mechanism).step_time_s
@@ -397,8 +396,7 @@ def plan(
     remedies: str | None = None,
 ) -> PlanResult:
     """The fastest predicted plan within the budgets (``one_placement_per_name``: the same across
-    groups),
-    for the offload ``mechanism`` the returned plan runs with.  ``segments``: also consider
+    groups), for the offload ``mechanism`` the returned plan runs with.  ``segments``: also consider
     splitting each layer group at one layer boundary into two runs of layers with their own
     placements — every split point of every group (all combinations), each solved exactly; the
     fastest plan wins (an unsplit plan on ties).  ``remedies``: what a NoPlanFits message suggests

@@ -21,8 +21,8 @@ Two entry points work on any JAX code, not only tierax's models:
   gradient of a ``checkpoint`` is the same partial evaluation followed by a transpose
   of the linear part, which has the same matmul FLOPs under every policy, so the
   differences above are the gradient's, at a third of the tracing time.
-  The same traces give the non-matmul HBM bytes (:mod:`tierax.hbm`): each policy's tangent part
-  holds its recomputation, so ``base`` and ``cost(n)`` in bytes are the same differences; the
+  The same traces give the non-matmul HBM bytes (:mod:`tierax.tracing.hbm`): each policy's tangent
+  part holds its recomputation, so ``base`` and ``cost(n)`` in bytes are the same differences; the
   forward's and the backward's own bytes come from one ``jax.vjp`` trace of the layer (a custom
   VJP's backward — blockwise attention's — is only in that one).
 """
@@ -40,10 +40,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from tierax import hbm, jaxpr_tools
 from tierax import names as N
 from tierax import plan as plan_lib
 from tierax.models.attention import FUSED_SCOPE
+from tierax.tracing import hbm, jaxpr_tools
 
 
 @dataclass(frozen=True)
@@ -56,12 +56,12 @@ class Activation:
     num_layers: int
     recompute_flops_per_layer: float = 0.0
     recompute_hbm_bytes_per_layer: float = (
-        0.0  # non-matmul HBM traffic that recomputing it adds (tierax.hbm)
+        0.0  # non-matmul HBM traffic that recomputing it adds (tierax.tracing.hbm)
     )
     recompute_fused_flops_per_layer: float = (
         0.0  # of recompute_flops, those inside a fused attention kernel
     )
-    # XLA:CPU's transposing fusions read (tierax.hbm.transposed_reads), by row-stride class
+    # XLA:CPU's transposing fusions read (tierax.tracing.hbm.transposed_reads), by row-stride class
     transposed_elems_per_layer: float = 0.0
     transposed_aliased_elems_per_layer: float = 0.0
 
@@ -94,13 +94,14 @@ class GroupInventory:
     # The same bytes by the mesh axis they cross: (("tensor", TP all-reduce bytes), ("expert", EP
     # all-to-all bytes)).
     forward_collective_bytes_by_axis: tuple = ()
-    # Non-matmul HBM traffic of one layer (tierax.hbm's fusion model): its forward, its backward
-    # without recomputation, and what every remat policy of the group recomputes (unnamed
+    # Non-matmul HBM traffic of one layer (tierax.tracing.hbm's fusion model): its forward, its
+    # backward without recomputation, and what every remat policy of the group recomputes (unnamed
     # intermediates).
     forward_hbm_bytes_per_layer: float = 0.0
     backward_hbm_bytes_per_layer: float = 0.0
     base_recompute_hbm_bytes_per_layer: float = 0.0
-    # Elements XLA:CPU's slow transposing fusions read per layer (tierax.hbm.transposed_reads):
+    # Elements XLA:CPU's slow transposing fusions read per layer
+    # (tierax.tracing.hbm.transposed_reads):
     # rows a multiple of 4 KiB apart (aliased) and the others (spread).
     transposed_always_elems_per_layer: float = 0.0
     transposed_residual_elems_per_layer: float = 0.0
@@ -116,7 +117,7 @@ class GroupInventory:
     # Of the non-matmul HBM figures above (and each activation's recompute bytes, by name), the
     # bytes of the weights' own work (their casts, their gradients' casts) as traced: whole
     # weights.  On a mesh that splits the weights, a device moves its shard's share
-    # (:func:`shard_weight_work`; :mod:`tierax.hbm`).
+    # (:func:`shard_weight_work`; :mod:`tierax.tracing.hbm`).
     weight_hbm_bytes: tuple = ()
 
 
@@ -135,7 +136,7 @@ class Inventory:
     logits_bytes: int
     embed_param_count: int
     loss_hbm_bytes: float = (
-        0.0  # non-matmul HBM traffic of the loss, forward and backward (tierax.hbm)
+        0.0  # non-matmul HBM traffic of the loss, forward and backward (tierax.tracing.hbm)
     )
 
     @property
@@ -170,8 +171,8 @@ def _nbytes(x) -> int:
 
 def _remat_flops(layer_fn, x, params, policy, weightless=None) -> tuple[float, float, float, float]:
     """Matmul FLOPs of the forward plus the linearized (JVP) layer under ``policy`` (None: no
-    checkpoint),
-    the non-matmul HBM bytes of its tangent part (the recomputation is in it: :mod:`tierax.hbm`),
+    checkpoint), the non-matmul HBM bytes of its tangent part (the recomputation is in it:
+    :mod:`tierax.tracing.hbm`),
     and the FLOPs of the first figure that run inside a fused attention kernel.
 
     Only differences between policies are used: they equal the gradient's (the recomputation that
@@ -328,9 +329,9 @@ def tensor_shard_config(cfg, tensor: int):
 
 
 def weight_ways(path, shape: tuple, mesh: dict) -> int:
-    """The ways :mod:`tierax.train.sharding` splits one stacked weight (``path``, ``shape``) over
+    """The ways :mod:`tierax.sharding.rules` splits one stacked weight (``path``, ``shape``) over
     the mesh's axes other than ``tensor`` (the layer is traced at tensor-sharded shapes already)."""
-    from tierax.train.sharding import param_spec
+    from tierax.sharding.rules import param_spec
 
     rest = {a: n for a, n in mesh.items() if a != "tensor"}
     ways = 1
@@ -343,7 +344,7 @@ def weight_ways(path, shape: tuple, mesh: dict) -> int:
 def shard_weight_work(gi: GroupInventory, ways: int) -> GroupInventory:
     """``gi`` with the weights' own non-matmul work (``weight_hbm_bytes``) at one ``ways``-th:
     XLA casts a float32 shard before gathering it, casts a gradient after reduce-scattering it, and
-    an expert-parallel device casts only its own experts (:mod:`tierax.hbm`)."""
+    an expert-parallel device casts only its own experts (:mod:`tierax.tracing.hbm`)."""
     if ways <= 1 or not gi.weight_hbm_bytes:
         return gi
     keep = 1 - 1 / ways
@@ -367,9 +368,9 @@ def shard_weight_work(gi: GroupInventory, ways: int) -> GroupInventory:
 
 
 def per_device_param_count(cfg, mesh: dict) -> float:
-    """Parameters per device under :mod:`tierax.train.sharding`'s rules (what the step really
+    """Parameters per device under :mod:`tierax.sharding.rules`'s rules (what the step really
     holds)."""
-    from tierax.train.sharding import param_spec
+    from tierax.sharding.rules import param_spec
 
     total = 0.0
     for path, shape in _param_shapes(cfg):

@@ -226,9 +226,8 @@ _PASS_THROUGH = ("bitcast", "copy", "copy-start", "copy-done", "fusion-done", "a
 
 def store_of(module: Module, ins: Instruction | None, scope: str) -> Instruction | None:
     """The instruction that writes a loop-carried buffer whose new value is ``ins`` (through async
-    done → start,
-    bitcasts and copies, stopping at one whose op_name has ``scope``); None when the loop only
-    passes the buffer on (a parameter's element: the loop reads it)."""
+    done → start, bitcasts and copies, stopping at one whose op_name has ``scope``); None when the
+    loop only passes the buffer on (a parameter's element: the loop reads it)."""
     for _ in range(6):
         if ins is None or ins.opcode in ("parameter", "get-tuple-element"):
             return None
@@ -240,8 +239,7 @@ def store_of(module: Module, ins: Instruction | None, scope: str) -> Instruction
 
 def _updates_in_place(module: Module, ins: Instruction) -> bool:
     """A dynamic-update-slice, or a fusion of one (XLA's pipelined host offloading stores a loop's
-    last layer
-    after the loop): its result is its operand 0's buffer, updated."""
+    last layer after the loop): its result is its operand 0's buffer, updated."""
     called = ins.attr("calls") if ins.opcode in ("fusion", "fusion-start") else None
     root = module.by_name.get(module.roots.get(called, "")) if called else None
     return ins.opcode == "dynamic-update-slice" or (

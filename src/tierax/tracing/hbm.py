@@ -306,9 +306,8 @@ def phase_bytes(closed_jaxpr, weight_ways: dict | None = None) -> tuple[float, f
 
     def reads_of(k: int, f: int, seen: set, out: dict) -> None:
         """HBM values fusion ``f`` reads for op ``k``: a cheaper earlier-level producer is repeated
-        in it
-        (XLA duplicates elementwise producers into each consumer fusion); a reduction's result is
-        read."""
+        in it (XLA duplicates elementwise producers into each consumer fusion); a reduction's result
+        is read."""
         prim = eqns[k][0]
         for r, p, pos in op_inputs(k):
             if p is not None and find(p) == f:
@@ -497,9 +496,8 @@ def layer_traffic(
 
 def loss_bytes(hidden, weight, targets, tiles: int) -> float:
     """Non-matmul HBM bytes of the loss (forward and backward, a tiled loss's recomputation
-    included):
-    the log-sum-exp over the float32 logits, their gradient, its cast."""
-    from tierax.train.loss import cross_entropy
+    included): the log-sum-exp over the float32 logits, their gradient, its cast."""
+    from tierax.models.loss import cross_entropy
 
     def fwd_bwd(h, w, t, ct):
         y, vjp = jax.vjp(lambda h, w: cross_entropy(h, w, t, tiles=tiles), h, w)
@@ -513,8 +511,7 @@ def loss_bytes(hidden, weight, targets, tiles: int) -> float:
 
 def optimizer_bytes(param_bytes: float) -> float:
     """AdamW's update per device: parameters, gradients and both moments read, parameters and
-    moments
-    written, each as large as the (sharded) parameters: 7 × their bytes."""
+    moments written, each as large as the (sharded) parameters: 7 × their bytes."""
     return 7.0 * param_bytes
 
 

@@ -14,17 +14,15 @@ expert's ``wo``: all ten).
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
-from flax import nnx
 
-from tierax.train import sharding as sh
+from tierax.sharding import rules as sh
 
 
 def _spec_axes(path, shape: tuple[int, ...], mesh: dict) -> list[tuple[str, ...]]:
-    """The mesh axes each dimension of a parameter is sharded over (:mod:`tierax.train.sharding`'s
+    """The mesh axes each dimension of a parameter is sharded over (:mod:`tierax.sharding.rules`'s
     rules)."""
     spec = tuple(sh.param_spec(path, shape, mesh)) + (None,) * len(shape)
     return [(e,) if isinstance(e, str) else tuple(e or ()) for e in spec[: len(shape)]]
@@ -51,26 +49,11 @@ def needs_transposed_copy(path, shape: tuple[int, ...], mesh: dict) -> bool:
     return False
 
 
-def transposed_stack_params(cfg, mesh: dict) -> float:
-    """Per-device parameters of the stacked weights gathered through a transposed copy (0 for a
-    model
-    of the Python API, whose weights' layout is not known)."""
-    if getattr(cfg, "family", "custom") not in ("llama", "deepseek"):
-        return 0.0
-    items = tuple(sorted(mesh.items()))
-    try:
-        return _cached(cfg, items)
-    except TypeError:  # an unhashable config (a list field)
-        return _count(cfg, items)
-
-
-def _count(cfg, mesh_items) -> float:
-    from tierax.models import abstract_model
-
-    mesh = dict(mesh_items)
-    _, abstract = nnx.split(abstract_model(cfg))
+def transposed_params(params, mesh: dict) -> float:
+    """Per-device parameters of the stacked weights in ``params`` (an abstract parameter tree, its
+    layer groups under ``groups``) that are gathered through a transposed copy."""
     total = 0.0
-    for path, leaf in jax.tree_util.tree_leaves_with_path(abstract):
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
         shape = tuple(leaf.shape)
         keys = [str(k.key) for k in path if hasattr(k, "key")]
         if "groups" in keys and len(shape) >= 3 and needs_transposed_copy(path, shape, mesh):
@@ -79,8 +62,3 @@ def _count(cfg, mesh_items) -> float:
                 for n, axes in zip(shape, _spec_axes(path, shape, mesh), strict=False)
             )
     return total
-
-
-@functools.lru_cache(maxsize=64)
-def _cached(cfg, mesh_items) -> float:
-    return _count(cfg, mesh_items)

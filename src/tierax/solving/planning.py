@@ -1,21 +1,21 @@
 """One way to solve a plan: :func:`solve` of a :class:`Request`.
 
 ``tierax plan`` (plain, ``--sweep`` at every point, ``--check`` at every iteration), the Python API
-(:func:`tierax.api.plan`) and :mod:`tierax.plan_check` all reach the planner through :func:`solve`,
-so an option means the same everywhere.  The combinations of ``tierax plan``'s options that cannot
-work are refused in one place, :func:`check_options`, before any work; :func:`solve` refuses the
-same ones a :class:`Request` can express.
+(:func:`tierax.api.plan`) and :mod:`tierax.solving.plan_check` all reach the planner through
+:func:`solve`, so an option means the same everywhere.  The combinations of ``tierax plan``'s
+options that cannot work are refused in one place, :func:`check_options`, before any work;
+:func:`solve` refuses the same ones a :class:`Request` can express.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tierax import inventory as inv_lib
-from tierax import planner
 from tierax.errors import TieraxError
-from tierax.interop import planning as interop
 from tierax.plan import DEFAULT_MECHANISM
+from tierax.solving import for_maxtext as interop
+from tierax.solving import planner
+from tierax.tracing import inventory as inv_lib
 
 
 @dataclass(frozen=True)

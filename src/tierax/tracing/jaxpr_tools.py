@@ -42,8 +42,7 @@ def dot_general_flops(eqn) -> int:
 
 def matmul_flops(closed_jaxpr, *, scope: str | None = None) -> int:
     """2·M·N·K summed over every ``dot_general`` executed (scan trip counts included); with
-    ``scope``,
-    only those under a name scope containing it."""
+    ``scope``, only those under a name scope containing it."""
     total = 0
     for eqn, mult, here in _walk(_jaxpr(closed_jaxpr), 1, ()):
         if eqn.primitive.name == "dot_general" and (scope is None or any(scope in s for s in here)):

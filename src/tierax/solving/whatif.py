@@ -159,7 +159,7 @@ def plan_solver(
     segments: bool = False,
 ) -> Callable[[str, float], tuple]:
     """:func:`request_solver` of the request these arguments make."""
-    from tierax import planning
+    from tierax.solving import planning
 
     return request_solver(
         planning.Request(
@@ -177,11 +177,12 @@ def plan_solver(
 
 
 def request_solver(request) -> Callable[[str, float], tuple]:
-    """The ``solve`` of :func:`sweep` for ``tierax plan --sweep``: :func:`tierax.planning.solve` of
-    ``request`` (a :class:`tierax.planning.Request`: ``--segments`` included) with the swept value
-    replaced, plus the predictions of the :data:`REFERENCES` presets (``fits`` against the same
-    budget).  Inventories are traced once per microbatch."""
-    from tierax import planner, planning
+    """The ``solve`` of :func:`sweep` for ``tierax plan --sweep``:
+    :func:`tierax.solving.planning.solve` of
+    ``request`` (a :class:`tierax.solving.planning.Request`: ``--segments`` included) with the
+    swept value replaced, plus the predictions of the :data:`REFERENCES` presets (``fits`` against
+    the same budget).  Inventories are traced once per microbatch."""
+    from tierax.solving import planner, planning
 
     inventories: dict[int, object] = {}
 

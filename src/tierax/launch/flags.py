@@ -120,7 +120,7 @@ def configure(
     if _backends_started():
         raise TieraxError(
             "XLA options must be set before JAX starts its backend; call "
-            "tierax.xla_flags.configure before any JAX operation"
+            "tierax.launch.flags.configure before any JAX operation"
         )
     if platforms is not None:
         jax.config.update("jax_platforms", platforms)

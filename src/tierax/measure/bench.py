@@ -14,14 +14,14 @@ from dataclasses import asdict, dataclass
 
 import jax
 
-from tierax import inventory as inv
 from tierax import plan as plan_lib
 from tierax.measure import harness, memory
 from tierax.mesh import MeshShape
 from tierax.models import ModelConfig, config_to_dict
 from tierax.models.flops import train_flops
 from tierax.records import BENCH_SCHEMA, envelope
-from tierax.train import sharding as sh
+from tierax.sharding import rules as sh
+from tierax.tracing import inventory as inv
 from tierax.train import step as step_lib
 
 

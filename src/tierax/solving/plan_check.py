@@ -25,10 +25,10 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from tierax import compile as compile_lib
-from tierax import planner, planning
 from tierax.errors import TieraxError
 from tierax.mesh import MeshShape
+from tierax.solving import planner, planning
+from tierax.xla import compile as compile_lib
 
 
 @dataclass(frozen=True)
@@ -117,8 +117,8 @@ def check_request(
     tolerance: float = 0.05,
     report: Callable[[Iteration], None] | None = None,
 ) -> CheckResult:
-    """:func:`check` of a :class:`tierax.planning.Request` (each solve is
-    :func:`tierax.planning.solve` of it at the corrected budget)."""
+    """:func:`check` of a :class:`tierax.solving.planning.Request` (each solve is
+    :func:`tierax.solving.planning.solve` of it at the corrected budget)."""
     if request.max_microbatch or request.for_tool:
         raise TieraxError(
             "--check compiles one plan at a given --microbatch; drop --emit/--for/--max-microbatch"
