@@ -24,12 +24,41 @@ def test_analytic_param_count_equals_traced_model(name):
     "name, published, rel",
     [
         ("llama3-8b", 8.03e9, 0.01),
+        ("llama3.1-8b", 8.03e9, 0.01),
         ("llama3.1-405b", 405.9e9, 0.01),
         ("deepseek-v3-671b", 671e9, 0.01),
+        # Hugging Face's model cards / safetensors index totals
+        ("llama2-7b", 6_738_415_616, 1e-9),
+        ("llama2-70b", 68_976_648_192, 1e-9),
+        ("llama3-70b", 70_553_706_496, 1e-9),
+        ("llama3.1-70b", 70_553_706_496, 1e-9),
+        # MaxText's model name for DeepSeek-V3
+        ("deepseek3-671b", 671e9, 0.01),
     ],
 )
 def test_param_count_matches_published(name, published, rel):
     assert get_config(name).param_count() == pytest.approx(published, rel=rel)
+
+
+def test_mu_dtype_sets_the_first_moments_dtype_and_bytes():
+    import jax.numpy as jnp
+
+    from tierax.errors import TieraxError
+    from tierax.models import apply_overrides
+    from tierax.tracing import inventory as inv_lib
+    from tierax.train import step as S
+
+    cfg = apply_overrides(get_config("tiny-llama"), ["mu_dtype=bfloat16"])
+    opt = S.make_optimizer(mu_dtype=cfg.mu_dtype)
+    state = opt.init({"w": jnp.ones((3, 4), jnp.float32)})
+    assert state[0].mu["w"].dtype == jnp.bfloat16 and state[0].nu["w"].dtype == jnp.float32
+    inv = inv_lib.model_inventory(cfg, 2, 16, {"fsdp": 1})
+    # float32 parameters (4 B each): mu 2 B + nu 4 B per parameter
+    assert inv.optimizer_bytes == inv.param_bytes // 4 * (2 + 4)
+    plain = inv_lib.model_inventory(get_config("tiny-llama"), 2, 16, {"fsdp": 1})
+    assert plain.optimizer_bytes == 2 * plain.param_bytes
+    with pytest.raises(TieraxError, match="mu_dtype='int8'"):
+        apply_overrides(get_config("tiny-llama"), ["mu_dtype=int8"])
 
 
 def test_deepseek_activated_params_match_published():

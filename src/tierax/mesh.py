@@ -93,7 +93,7 @@ class MeshShape:
                 if value % t
             ]
         # A dense model on an expert axis is fine: the axis then splits the batch and weights only.
-        if e > 1 and cfg.family == "deepseek":
+        if e > 1 and getattr(cfg, "num_experts", 0):
             if cfg.num_experts % e:
                 problems.append(f"num_experts={cfg.num_experts} is not divisible by expert={e}")
         if problems:

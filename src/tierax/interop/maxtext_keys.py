@@ -123,14 +123,23 @@ def model_keys(cfg) -> dict:
         "rope_max_timescale": theta,
         "dtype": cfg.dtype,
         "weight_dtype": cfg.param_dtype,
+        **({"mu_dtype": cfg.mu_dtype} if cfg.mu_dtype else {}),
     }
     if cfg.family == "llama":
+        experts = (
+            {"num_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok}
+            if cfg.num_experts
+            else {}
+        )
         return {
-            "decoder_block": "llama2",
+            # MaxText's Mixtral configs run the "mistral" decoder block (GQA + routed SwiGLU
+            # experts)
+            "decoder_block": "mistral" if cfg.num_experts else "llama2",
             **common,
             "base_num_kv_heads": cfg.num_kv_heads,
             "head_dim": cfg.head_dim,
             "base_mlp_dim": cfg.mlp_dim,
+            **experts,
         }
     if cfg.family == "deepseek":
         return {

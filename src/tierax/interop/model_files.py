@@ -50,6 +50,7 @@ _MT_COMMON = {
     "logits_via_embedding": "tie_embeddings",
     "dtype": "dtype",
     "weight_dtype": "param_dtype",
+    "mu_dtype": "mu_dtype",
     "num_vocab_tiling": "loss_tiles",
 }
 _MT_DEFAULTS = {
@@ -58,6 +59,7 @@ _MT_DEFAULTS = {
     "logits_via_embedding": False,
     "dtype": "bfloat16",
     "weight_dtype": "float32",
+    "mu_dtype": "",
     "num_vocab_tiling": 1,
     "head_dim": 128,
     "first_num_dense_layers": 0,
@@ -230,8 +232,9 @@ def from_maxtext(data: Mapping, path: pathlib.Path):
     }
     if family == "deepseek" and (data.get("capacity_factor") or 0) > 0:
         values["capacity_factor"] = float(data["capacity_factor"])
-    for k in ("dtype", "param_dtype"):
-        values[k] = _DTYPES.get(str(values[k]), values[k])
+    for k in ("dtype", "param_dtype", "mu_dtype"):
+        if k in values:
+            values[k] = _DTYPES.get(str(values[k]), values[k])
     cls = LlamaConfig if family == "llama" else DeepSeekConfig
     cfg = _build(
         cls,

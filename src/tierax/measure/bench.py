@@ -74,7 +74,7 @@ def run_bench(
     batch = microbatch * shape.batch_ways
     flops = train_flops(cfg, batch, seq)
     inventory = inv.model_inventory(cfg, microbatch, seq, shape.to_dict())
-    optimizer = step_lib.make_optimizer()
+    optimizer = step_lib.make_optimizer(mu_dtype=cfg.mu_dtype)
     tokens = jax.device_put(
         step_lib.synthetic_batch(cfg, batch, seq, seed=seed), sh.batch_sharding(mesh)
     )

@@ -141,7 +141,7 @@ def capture(
         )
     plan = plan_lib.load_plan(plan, cfg)
     out = check_output_dir(out_dir, "profile directory", allow_existing=False)
-    optimizer = step_lib.make_optimizer()
+    optimizer = step_lib.make_optimizer(mu_dtype=cfg.mu_dtype)
     tokens = step_lib.synthetic_batch(cfg, microbatch, seq, seed=seed + 1)
 
     def build():

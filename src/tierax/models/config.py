@@ -55,6 +55,11 @@ def _check_common(cfg: Any) -> None:
             getattr(cfg, key) in DTYPES,
             f"{key}={getattr(cfg, key)!r} is not a supported dtype; use one of {', '.join(DTYPES)}",
         )
+    _check(
+        cfg.mu_dtype in ("", *DTYPES),
+        f"mu_dtype={cfg.mu_dtype!r} is not a supported dtype; use one of {', '.join(DTYPES)} "
+        "(or leave it empty: AdamW's first moment in param_dtype)",
+    )
     for key in ("vocab_size", "d_model", "num_layers", "num_heads"):
         v = getattr(cfg, key)
         _check(
@@ -109,9 +114,14 @@ def _check_loss_tiles(cfg: Any) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class LlamaConfig:
-    """Dense Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU MLP."""
+    """Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU MLP — dense, or with
+    ``num_experts`` > 0 a Mixtral-style mixture of experts in place of the MLP (every layer;
+    ``num_experts_per_tok`` of them per token, each an ``mlp_dim`` SwiGLU; softmax router, top-k,
+    gates renormalised over the chosen experts: Jiang et al. 2024, "Mixtral of Experts", §2.1).
+    Tokens are dispatched into per-expert buffers of ``capacity`` (see DeepSeekConfig)."""
 
     family: ClassVar[str] = "llama"
+    router_score: ClassVar[str] = "softmax"  # how tierax.models.moe.route scores experts
     name: str = "custom-llama"
     vocab_size: int
     d_model: int
@@ -125,18 +135,41 @@ class LlamaConfig:
     norm_eps: float = 1e-5
     dtype: str = "float32"  # activation / compute dtype
     param_dtype: str = "float32"  # master weights
+    # AdamW's first moment (MaxText's mu_dtype; optax.adamw's): "" = param_dtype.  The second
+    # moment stays in param_dtype.
+    mu_dtype: str = ""
     # xla (materialises scores) | blockwise (flash-style) | cudnn (fused, GPU) | cudnn_blockwise
     # (its XLA form) | auto (per platform, for_platform); tierax.models.attention
     attention: str = "xla"
     attention_block: int = 512  # keys per block for blockwise attention
     # the loss's logits are computed in this many chunks of batch×sequence (tierax.models.loss)
     loss_tiles: int = 1
+    # Mixtral-style MoE (0: dense)
+    num_experts: int = 0
+    num_experts_per_tok: int = 2
+    capacity_factor: float = 1.0
 
     def __post_init__(self) -> None:
         _check_common(self)
         for key in ("num_kv_heads", "head_dim", "mlp_dim"):
             v = getattr(self, key)
             _check(isinstance(v, int) and v > 0, f"{key} must be a positive integer, got {v!r}")
+        _check(
+            isinstance(self.num_experts, int) and self.num_experts >= 0,
+            "num_experts must be a non-negative integer (0: a dense MLP), got "
+            f"{self.num_experts!r}",
+        )
+        if self.num_experts:
+            _check(
+                isinstance(self.num_experts_per_tok, int)
+                and 1 <= self.num_experts_per_tok <= self.num_experts,
+                f"num_experts_per_tok={self.num_experts_per_tok!r} must be between 1 and "
+                f"num_experts={self.num_experts}",
+            )
+            _check(
+                self.capacity_factor > 0,
+                f"capacity_factor must be > 0, got {self.capacity_factor!r}",
+            )
         _check(
             self.num_heads % self.num_kv_heads == 0,
             f"num_heads={self.num_heads} is not divisible by num_kv_heads={self.num_kv_heads}; "
@@ -147,16 +180,43 @@ class LlamaConfig:
         _check_fused_attention(self)
 
     def layer_groups(self) -> tuple[LayerGroup, ...]:
-        acts = (N.DECODER_LAYER_INPUT,) + N.GQA_ATTENTION_NAMES + N.MLP_NAMES
+        mlp = N.MOE_NAMES if self.num_experts else N.MLP_NAMES
+        acts = (N.DECODER_LAYER_INPUT,) + N.GQA_ATTENTION_NAMES + mlp
         return (LayerGroup("decoder", self.num_layers, acts),)
+
+    # --- the MoE's shape, as DeepSeekConfig names it -------------------------
+    @property
+    def expert_mlp_dim(self) -> int:
+        return self.mlp_dim
+
+    num_shared_experts: ClassVar[int] = 0
+    routed_scaling_factor: ClassVar[float] = 1.0
+
+    def expert_params(self) -> int:
+        return 3 * self.d_model * self.mlp_dim
+
+    def router_params(self) -> int:
+        return self.d_model * self.num_experts
+
+    def capacity(self, tokens: int) -> int:
+        """Slots per expert for ``tokens`` routed tokens."""
+        return max(
+            1,
+            math.ceil(tokens * self.num_experts_per_tok / self.num_experts * self.capacity_factor),
+        )
 
     # --- analytic sizes -------------------------------------------------
     def attention_params(self) -> int:
         d, h, k, hd = self.d_model, self.num_heads, self.num_kv_heads, self.head_dim
         return d * h * hd + 2 * d * k * hd + h * hd * d
 
-    def mlp_params(self) -> int:
-        return 3 * self.d_model * self.mlp_dim
+    def mlp_params(self, experts: int | None = None) -> int:
+        """The MLP's parameters (an MoE layer's: ``experts`` of its experts, default all, and the
+        router)."""
+        if not self.num_experts:
+            return 3 * self.d_model * self.mlp_dim
+        n = self.num_experts if experts is None else experts
+        return n * self.expert_params() + self.router_params()
 
     def embedding_params(self) -> int:
         n = self.vocab_size * self.d_model
@@ -168,14 +228,16 @@ class LlamaConfig:
         return self.num_layers * per_layer + self.embedding_params() + self.d_model
 
     def activated_param_count(self) -> int:
-        return self.param_count()
+        """Parameters one token touches: top-k experts of an MoE (embedding included)."""
+        if not self.num_experts:
+            return self.param_count()
+        unused = self.num_experts - self.num_experts_per_tok
+        return self.param_count() - self.num_layers * unused * self.expert_params()
 
     def matmul_params_per_token(self) -> int:
         """Weights each token multiplies by (embedding lookup excluded, LM head included)."""
-        return (
-            self.num_layers * (self.attention_params() + self.mlp_params())
-            + self.vocab_size * self.d_model
-        )
+        mlp = self.mlp_params(self.num_experts_per_tok if self.num_experts else None)
+        return self.num_layers * (self.attention_params() + mlp) + self.vocab_size * self.d_model
 
     def attention_dims(self) -> tuple[int, int, int]:
         """(query heads, qk head dim, v head dim) for attention FLOPs."""
@@ -196,6 +258,7 @@ class DeepSeekConfig:
     """
 
     family: ClassVar[str] = "deepseek"
+    router_score: ClassVar[str] = "sigmoid"  # how tierax.models.moe.route scores experts
     name: str = "custom-deepseek"
     vocab_size: int
     d_model: int
@@ -219,6 +282,7 @@ class DeepSeekConfig:
     norm_eps: float = 1e-6
     dtype: str = "float32"
     param_dtype: str = "float32"
+    mu_dtype: str = ""  # see LlamaConfig.mu_dtype
     attention: str = "xla"
     attention_block: int = 512
     loss_tiles: int = 1  # see LlamaConfig.loss_tiles
@@ -382,6 +446,20 @@ NAMED_CONFIGS: dict[str, ModelConfig] = {
         expert_mlp_dim=32,
         capacity_factor=1.25,
     ),
+    # CPU-sized Mixtral-style MoE (GQA attention, 4 experts top-2, every layer).
+    "tiny-mixtral": LlamaConfig(
+        name="tiny-mixtral",
+        vocab_size=256,
+        d_model=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        mlp_dim=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        capacity_factor=2.0,
+    ),
     # Published shapes, used abstractly (never allocated on CPU).
     # Llama 3 8B: Meta's model card / params.json (dim 4096, 32 layers, 32 heads, 8 KV, ffn 14336).
     "llama3-8b": LlamaConfig(
@@ -396,6 +474,74 @@ NAMED_CONFIGS: dict[str, ModelConfig] = {
         dtype="bfloat16",
         attention=AUTO_ATTENTION,
     ),
+    # Llama 3.1 8B: the same shapes as Llama 3 8B (Meta's params.json; RoPE scaling not modelled).
+    "llama3.1-8b": LlamaConfig(
+        name="llama3.1-8b",
+        vocab_size=128256,
+        d_model=4096,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        mlp_dim=14336,
+        dtype="bfloat16",
+        attention=AUTO_ATTENTION,
+    ),
+    # Llama 2 7B and 70B: "Llama 2: Open Foundation and Fine-Tuned Chat Models" (Touvron et al.
+    # 2023), Table 1 and the released params.json (7B: dim 4096, 32 layers, 32 heads, no GQA, ffn
+    # 11008; 70B: dim 8192, 80 layers, 64 heads, 8 KV heads, ffn 28672; vocab 32000, RoPE 10000).
+    "llama2-7b": LlamaConfig(
+        name="llama2-7b",
+        vocab_size=32000,
+        d_model=4096,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=32,
+        head_dim=128,
+        mlp_dim=11008,
+        rope_theta=10_000.0,
+        dtype="bfloat16",
+        attention=AUTO_ATTENTION,
+    ),
+    "llama2-70b": LlamaConfig(
+        name="llama2-70b",
+        vocab_size=32000,
+        d_model=8192,
+        num_layers=80,
+        num_heads=64,
+        num_kv_heads=8,
+        head_dim=128,
+        mlp_dim=28672,
+        rope_theta=10_000.0,
+        dtype="bfloat16",
+        attention=AUTO_ATTENTION,
+    ),
+    # Llama 3 / 3.1 70B: "The Llama 3 Herd of Models", Table 3 (dim 8192, 80 layers, 64 heads, 8 KV
+    # heads, ffn 28672, vocab 128256, RoPE 500000; 3.1's RoPE scaling not modelled).
+    "llama3-70b": LlamaConfig(
+        name="llama3-70b",
+        vocab_size=128256,
+        d_model=8192,
+        num_layers=80,
+        num_heads=64,
+        num_kv_heads=8,
+        head_dim=128,
+        mlp_dim=28672,
+        dtype="bfloat16",
+        attention=AUTO_ATTENTION,
+    ),
+    "llama3.1-70b": LlamaConfig(
+        name="llama3.1-70b",
+        vocab_size=128256,
+        d_model=8192,
+        num_layers=80,
+        num_heads=64,
+        num_kv_heads=8,
+        head_dim=128,
+        mlp_dim=28672,
+        dtype="bfloat16",
+        attention=AUTO_ATTENTION,
+    ),
     # Llama 3.1 405B: "The Llama 3 Herd of Models", Table 3.
     "llama3.1-405b": LlamaConfig(
         name="llama3.1-405b",
@@ -406,6 +552,23 @@ NAMED_CONFIGS: dict[str, ModelConfig] = {
         num_kv_heads=8,
         head_dim=128,
         mlp_dim=53248,
+        dtype="bfloat16",
+        attention=AUTO_ATTENTION,
+    ),
+    # Mixtral 8x7B: "Mixtral of Experts" (Jiang et al. 2024), Table 1 (dim 4096, 32 layers, 32
+    # heads, 8 KV heads, head dim 128, hidden 14336, 8 experts, top-2, vocab 32000, RoPE 1e6).
+    "mixtral-8x7b": LlamaConfig(
+        name="mixtral-8x7b",
+        vocab_size=32000,
+        d_model=4096,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        mlp_dim=14336,
+        rope_theta=1_000_000.0,
+        num_experts=8,
+        num_experts_per_tok=2,
         dtype="bfloat16",
         attention=AUTO_ATTENTION,
     ),
@@ -477,11 +640,31 @@ def host_traceable(cfg):
     return cfg if impl is None else dataclasses.replace(cfg, attention=impl)
 
 
+# MaxText's model names for the same shapes (its configs/models/*.yml): looked up as the config they
+# name.
+ALIASES: dict[str, str] = {"deepseek3-671b": "deepseek-v3-671b"}
+
+
 def get_config(name: str) -> ModelConfig:
-    """Look up a named config; an unknown name lists the valid ones."""
+    """Look up a named config (or MaxText's name for one, :data:`ALIASES`); an unknown name lists
+    the valid ones."""
     try:
-        return NAMED_CONFIGS[name]
+        return NAMED_CONFIGS[ALIASES.get(name, name)]
     except KeyError:
         raise TieraxError(
             f"unknown model {name!r}; choose one of: {', '.join(NAMED_CONFIGS)}"
         ) from None
+
+
+def moment_itemsizes(cfg) -> tuple[int, int]:
+    """Bytes per parameter of AdamW's two moments: (mu in ``mu_dtype`` or ``param_dtype``, nu in
+    ``param_dtype``), as optax.adamw keeps them."""
+    import numpy as np
+
+    p = np.dtype(_NUMPY_DTYPES[cfg.param_dtype]).itemsize
+    mu = np.dtype(_NUMPY_DTYPES[cfg.mu_dtype]).itemsize if cfg.mu_dtype else p
+    return mu, p
+
+
+_NUMPY_DTYPES = {"float32": "float32", "bfloat16": "float16", "float16": "float16"}  # same widths
+

@@ -1,4 +1,5 @@
-"""Dense Llama-style decoder (Llama 3): GQA + RoPE + SwiGLU, one scanned layer group."""
+"""Llama-style decoder (Llama 3; Mixtral with experts): GQA + RoPE + SwiGLU or a mixture of SwiGLU
+experts, one scanned layer group."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ from tierax.models.decoder import Decoder
 
 
 def decoder_layer(cfg: LlamaConfig, rngs: nnx.Rngs) -> nnx.Module:
-    return L.DecoderLayer(
-        L.GQAttention(cfg, rngs=rngs),
-        L.SwiGLU(cfg.d_model, cfg.mlp_dim, cfg, rngs=rngs),
-        cfg,
-        rngs=rngs,
+    mlp = (
+        L.MoE(cfg, rngs=rngs)
+        if cfg.num_experts
+        else L.SwiGLU(cfg.d_model, cfg.mlp_dim, cfg, rngs=rngs)
     )
+    return L.DecoderLayer(L.GQAttention(cfg, rngs=rngs), mlp, cfg, rngs=rngs)
 
 
 def build(cfg: LlamaConfig, rngs: nnx.Rngs) -> Decoder:

@@ -3,8 +3,8 @@ combine.
 
 The routed-expert computation of :class:`tierax.models.layers.MoE`:
 
-1. **Route** (every device, its own tokens): sigmoid affinities, top-k, gates
-   renormalised over the chosen experts (DeepSeek-V3 §2.1.2).
+1. **Route** (every device, its own tokens): sigmoid (DeepSeek-V3 §2.1.2) or softmax
+   (Mixtral §2.1) affinities, top-k, gates renormalised over the chosen experts.
 2. **Dispatch** (``jax.shard_map`` over the whole mesh): each device sorts its local
    (token, choice) assignments by expert and writes them into a capacity-padded
    send buffer ``[experts, C_local, D]`` (``C_local = cfg.capacity(local tokens)``;
@@ -40,9 +40,13 @@ TOKEN_AXES = tuple(a for a in BATCH_AXES if a != EXPERT_AXIS)
 
 
 def route(x_TD, router_DE, cfg):
-    """(gates [T, k] float32, experts [T, k] int32) for tokens ``x_TD``."""
+    """(gates [T, k] float32, experts [T, k] int32) for tokens ``x_TD``: ``cfg.router_score``
+    affinities (DeepSeek-V3's sigmoid, Mixtral's softmax), top-k, renormalised over the k."""
     logits_TE = jnp.dot(x_TD.astype(jnp.float32), router_DE.astype(jnp.float32))
-    scores_TE = jax.nn.sigmoid(logits_TE)
+    if cfg.router_score == "softmax":
+        scores_TE = jax.nn.softmax(logits_TE, axis=-1)
+    else:
+        scores_TE = jax.nn.sigmoid(logits_TE)
     top_Tk, expert_Tk = jax.lax.top_k(scores_TE, cfg.num_experts_per_tok)
     gates_Tk = top_Tk / jnp.sum(top_Tk, axis=-1, keepdims=True) * cfg.routed_scaling_factor
     return gates_Tk, expert_Tk.astype(jnp.int32)

@@ -43,6 +43,7 @@ from flax import nnx
 from tierax import names as N
 from tierax import plan as plan_lib
 from tierax.models.attention import FUSED_SCOPE
+from tierax.models.config import moment_itemsizes
 from tierax.tracing import hbm, jaxpr_tools
 
 
@@ -296,10 +297,15 @@ def layer_inventory(
     )
 
 
+def _has_experts(cfg, group: str) -> bool:
+    """Whether ``group``'s layers are MoE layers (DeepSeek's ``moe`` group, an MoE Llama's one)."""
+    if cfg.family == "deepseek":
+        return group == "moe"
+    return cfg.family == "llama" and bool(cfg.num_experts)
+
+
 def _expert_params_per_layer(cfg, group: str) -> int:
-    if cfg.family == "deepseek" and group == "moe":
-        return cfg.num_experts * cfg.expert_params()
-    return 0
+    return cfg.num_experts * cfg.expert_params() if _has_experts(cfg, group) else 0
 
 
 def tensor_shard_config(cfg, tensor: int):
@@ -418,9 +424,7 @@ def _forward_collective_bytes(cfg, group: str, microbatch: int, seq: int, mesh: 
     t, ep = mesh.get("tensor", 1), mesh.get("expert", 1)
     if t > 1:  # attention-out and MLP-down all-reduces over tensor
         out.append(("tensor", 2 * 2 * (t - 1) / t * tokens * cfg.d_model * item))
-    if (
-        ep > 1 and cfg.family == "deepseek" and group == "moe"
-    ):  # dispatch + combine over expert, capacity-padded
+    if ep > 1 and _has_experts(cfg, group):  # dispatch + combine over expert, capacity-padded
         buffer = cfg.num_experts * cfg.capacity(tokens) * cfg.d_model * item
         out.append(("expert", 2 * buffer * (ep - 1) / ep))
     return tuple(out)
@@ -546,7 +550,8 @@ def model_inventory(cfg, microbatch: int, seq: int, mesh: dict | None = None) ->
         groups=tuple(groups),
         param_bytes=param_bytes,
         grad_bytes=param_bytes,
-        optimizer_bytes=2 * param_bytes,  # AdamW mu and nu in the parameter dtype
+        # AdamW's mu (in mu_dtype) and nu (in the parameter dtype)
+        optimizer_bytes=int(per_device_param_count(cfg, mesh) * sum(moment_itemsizes(cfg))),
         logits_bytes=microbatch
         * seq
         * cfg.vocab_size

@@ -287,7 +287,13 @@ class Trainer:
         self.schedule = lr_schedule(cfg)
         o = cfg.optimizer
         optimizer = step_lib.make_optimizer(
-            self.schedule, o.weight_decay, b1=o.b1, b2=o.b2, eps=o.eps, grad_clip=o.grad_clip
+            self.schedule,
+            o.weight_decay,
+            b1=o.b1,
+            b2=o.b2,
+            eps=o.eps,
+            grad_clip=o.grad_clip,
+            mu_dtype=cfg.model.mu_dtype,
         )
         self._lrs = np.asarray(
             jax.jit(jax.vmap(self.schedule))(jnp.arange(cfg.steps))

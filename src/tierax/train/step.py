@@ -36,6 +36,7 @@ def make_optimizer(
     b2: float = 0.95,
     eps: float = 1e-8,
     grad_clip: float | None = None,
+    mu_dtype: str | None = None,
 ) -> optax.GradientTransformation:
     """AdamW (decoupled weight decay), optionally after clipping the global gradient norm.
 
@@ -44,8 +45,12 @@ def make_optimizer(
         first update), e.g. ``optax.warmup_cosine_decay_schedule``.
       grad_clip: clip gradients to this global norm first; None: no clipping (the
         optimizer state is then AdamW's own, without a chain around it).
+      mu_dtype: the first moment's dtype (a model config's ``mu_dtype``); None or "": the
+        parameters' dtype.
     """
-    adamw = optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+    adamw = optax.adamw(
+        learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mu_dtype=mu_dtype or None
+    )
     if grad_clip is None:
         return adamw
     return optax.chain(optax.clip_by_global_norm(grad_clip), adamw)

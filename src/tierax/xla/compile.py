@@ -37,7 +37,7 @@ from tierax.hardware import cudnn
 from tierax.hardware.target_config import render_target_config, scheduling_target_config
 from tierax.mesh import MeshShape
 from tierax.models import abstract_model
-from tierax.models.config import require_concrete_attention
+from tierax.models.config import moment_itemsizes, require_concrete_attention
 from tierax.models.prefetch import OFFLOAD_SCOPE_PREFIX
 from tierax.sharding import rules as sh
 from tierax.tracing import inventory as inv
@@ -365,7 +365,7 @@ def compile_for_target(
         text = scheduling_target_config(target_config or render_target_config(spec, cudnn=dnn))
         topo = gpu_topology(text, devices, target)
     mesh = shape.make(topo.devices)
-    optimizer = step_lib.make_optimizer()
+    optimizer = step_lib.make_optimizer(mu_dtype=cfg.mu_dtype)
     graphdef, state = abstract_train_state(cfg, optimizer, mesh)
     global_batch = microbatch * shape.batch_ways
     tokens = jax.ShapeDtypeStruct(
@@ -526,6 +526,7 @@ def _prediction(cfg, plan: plan_lib.Plan, inventory, target: str, xla_preset: st
 
 
 def param_and_optimizer_bytes(cfg) -> int:
-    """Global bytes of parameters plus AdamW moments (two per parameter, param dtype)."""
+    """Global bytes of parameters plus AdamW's two moments (mu in ``mu_dtype``, nu in the
+    parameters' dtype)."""
     itemsize = jnp.dtype(cfg.param_dtype).itemsize
-    return 3 * cfg.param_count() * itemsize
+    return cfg.param_count() * (itemsize + sum(moment_itemsizes(cfg)))
