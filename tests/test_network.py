@@ -80,14 +80,15 @@ def test_rack_placement_decides_whether_an_expert_axis_of_16_crosses():
 
 def test_links_for_16_h100_fsdp_16_and_8_inside_one_node():
     h100 = cm.target_rates("h100", "bfloat16")
-    # 16 H100s = two nodes of 8: the one fsdp group holds both nodes → ConnectX-7 400 Gb/s = 50
-    # GB/s.
+    # 16 H100s = two nodes of 8: the one fsdp group holds 8 devices of each node, so its rings run
+    # over the node's 8 ConnectX-7 NICs, 46 GB/s each for NCCL: 368 GB/s, under NVLink's 450.
     link = network.axis_links({"fsdp": 16}, h100)["fsdp"]
-    assert (link.devices, link.crosses_domain, link.bytes_per_s, link.link) == (
+    assert (link.devices, link.crosses_domain, link.bytes_per_s, link.link, link.nics) == (
         16,
         True,
-        50e9,
+        pytest.approx(368e9),
         "scale-out",
+        8,
     )
     # 8 H100s: one node → NVLink 4, 450 GB/s per direction.
     link = network.axis_links({"fsdp": 8}, h100)["fsdp"]
@@ -97,8 +98,15 @@ def test_links_for_16_h100_fsdp_16_and_8_inside_one_node():
 def test_gb200_128_devices_links():
     links = network.axis_links({"fsdp": 16, "expert": 8}, cm.target_rates("gb200", "bfloat16"))
     assert (links["expert"].bytes_per_s, links["expert"].crosses_domain) == (900e9, False)
-    assert (links["fsdp"].bytes_per_s, links["fsdp"].crosses_domain) == (50e9, True)
-    assert (links["fsdp×expert"].bytes_per_s, links["fsdp×expert"].devices) == (50e9, 128)
+    # Two racks of 64 (spread evenly).  An fsdp group {e, e+8, …, e+120} has 8 devices in each rack:
+    # 8 NICs × 46 GB/s = 368 GB/s.  The fsdp×expert group (all 128) has 64 per rack: 64 NICs would
+    # carry 2944 GB/s, capped at the rack's NVLink 900.
+    assert (links["fsdp"].bytes_per_s, links["fsdp"].crosses_domain) == (
+        pytest.approx(368e9),
+        True,
+    )
+    assert (links["fsdp"].nics, links["fsdp×expert"].nics) == (8, 64)
+    assert (links["fsdp×expert"].bytes_per_s, links["fsdp×expert"].devices) == (900e9, 128)
     assert links["tensor"].link == "none"
 
 
@@ -148,10 +156,28 @@ def test_fsdp_collectives_inside_one_domain_at_nvlink():
     assert fx.collective_s == pytest.approx(840e6 / 400e9, rel=1e-12)
 
 
+@pytest.mark.parametrize(
+    "mesh,nics",
+    [
+        # ids = fsdp·8 + tensor: an fsdp group {t, t+8} has one device in each domain of 8
+        ({"fsdp": 2, "tensor": 8}, 1),
+        # ids = fsdp·4 + tensor: {t, t+4, t+8, t+12}, two in each domain
+        ({"fsdp": 4, "tensor": 4}, 2),
+        # the one fsdp group of 16 holds both domains whole: 8 NICs × 50 GB/s, NVLink's 400 caps it
+        ({"fsdp": 16}, 8),
+    ],
+)
+def test_a_crossing_group_runs_over_the_nics_of_its_devices_in_each_domain(mesh, nics):
+    link = network.axis_links(mesh, RATES)["fsdp"]
+    assert (link.crosses_domain, link.nics) == (True, nics)
+    assert link.bytes_per_s == min(400e9, nics * 50e9)
+
+
 def test_fsdp_collectives_across_two_domains_at_the_scale_out_rate():
-    # fsdp=16 over two domains of 8: 3 × (40 MB × 16) × 15/16 = 1800 MB at 50 GB/s = 36 ms.
-    fx = cm.fixed_terms(_inventory({"fsdp": 16}), CFG, RATES, "serial")
-    assert fx.collective_s == pytest.approx(1800e6 / 50e9, rel=1e-12)
+    # fsdp=2 × tensor=8 over two domains of 8: each fsdp group has one device per domain, one NIC:
+    # 3 × (40 MB × 2) × 1/2 = 120 MB at 50 GB/s = 2.4 ms.
+    fx = cm.fixed_terms(_inventory({"fsdp": 2, "tensor": 8}), CFG, RATES, "serial")
+    assert fx.collective_s == pytest.approx(120e6 / 50e9, rel=1e-12)
     # --rate gpus_per_domain=16 with nvlink_domain=16 (one domain holds all): back at NVLink, 1800
     # MB / 400 GB/s.
     one = override_rates(RATES, ["nvlink_domain=16", "gpus_per_domain=16"])
@@ -195,12 +221,13 @@ def test_simulate_states_the_link_of_each_axis():
         "axes": ["fsdp"],
         "devices": 16,
         "crosses_domain": True,
-        "bytes_per_s": 50e9,
+        "bytes_per_s": 400e9,  # 8 NICs × 50 GB/s, NVLink's 400 the cap
         "link": "scale-out",
         "devices_per_domain": 8,
+        "nics": 8,
     }
     assert b["rates"]["interconnect fsdp"].startswith(
-        "50 GB/s per direction over 16 devices, spans domains of 8"
+        "400 GB/s per direction over 16 devices, spans domains of 8, over 8 NICs per domain"
     )
 
 
@@ -272,8 +299,9 @@ def test_fsdp_gathers_each_device_local_experts_over_fsdp_only():
 
 
 def test_deepseek_v3_128_gb200_fsdp_collectives_gather_the_experts_over_fsdp():
-    # DeepSeek-V3's shape on 128 GB200s, fsdp=16 × expert=8 (both groups cross the two racks: 50
-    # GB/s). 58 MoE layers of 256 experts × 3 × 7168 × 2048 = 11 274 289 152 expert parameters;
+    # DeepSeek-V3's shape on 128 GB200s, fsdp=16 × expert=8: both groups cross the two racks of 64;
+    # fsdp's groups over 8 NICs per rack (368 GB/s), fsdp×expert's over 64 (capped at NVLink 900).
+    # 58 MoE layers of 256 experts × 3 × 7168 × 2048 = 11 274 289 152 expert parameters;
     # non-expert round figures: 200 M per MoE layer, 400 M per dense layer (3), embedding and head 2
     # × 129280 × 7168.
     cfg = get_config("deepseek-v3-671b")  # bfloat16 compute: 2 B gathered per parameter
@@ -291,10 +319,55 @@ def test_deepseek_v3_128_gb200_fsdp_collectives_gather_the_experts_over_fsdp():
         58 * expert // 8
     )  # 81 738 596 352 params: a device's 32 experts per layer, over fsdp=16
     expected = (
-        3 * non_expert * 2 * 127 / 128 + 3 * local_experts * 2 * 15 / 16
-    ) / 50e9  # 1.745 + 9.195 s
+        3 * non_expert * 2 * 127 / 128 / 900e9 + 3 * local_experts * 2 * 15 / 16 / 368e9
+    )  # 0.0969 + 1.2493 s
     fx = cm.fixed_terms(inv, cfg, cm.target_rates("gb200", "bfloat16"), "serial")
     assert fx.collective_s == pytest.approx(expected, rel=1e-12)
-    assert (
-        10.9 < fx.collective_s < 11.0
-    )  # not the 79.6 s of every device gathering all 654 B expert parameters
+    # not the 10.8 s of every device gathering all 654 B expert parameters over fsdp's 368 GB/s
+    assert 1.34 < fx.collective_s < 1.35
+
+
+def test_tensor_and_expert_collectives_stay_exposed_while_fsdp_hides():
+    # tensor=2 × expert=8 × fsdp=2 (32 devices, domains of 8).  Per layer 10 MB of tensor
+    # all-reduce (its groups {e, e+8} cross: one NIC, 50 GB/s) and 20 MB of expert all-to-all
+    # (inside a domain, 400 GB/s): 2 · 4 · (0.2 + 0.05) ms = 2 ms, which the layers wait for.  The
+    # FSDP gathers (40 MB × 2 gathered, 3 × 80 MB × 1/2 = 120 MB over fsdp×expert's groups of 16,
+    # 8 per domain: min(8 · 50, 400) GB/s → 0.3 ms) hide under the 12 ms of matmuls.
+    mesh = {"fsdp": 2, "tensor": 2, "expert": 8}
+    inv = _inventory(mesh, 10e6, 20e6)
+    fx = cm.fixed_terms(inv, CFG, RATES, "lhs")
+    assert fx.critical_collective_s == pytest.approx(0.002, rel=1e-12)
+    assert fx.exposed_collective_s == pytest.approx(0.002, rel=1e-12)
+    assert fx.collective_s > fx.critical_collective_s + 1e-4  # the FSDP part exists, hidden
+    # serial: nothing hides
+    serial = cm.fixed_terms(inv, CFG, RATES, "serial")
+    assert serial.exposed_collective_s == pytest.approx(serial.collective_s, rel=1e-12)
+
+
+def test_host_copies_and_collectives_share_one_overlap_budget():
+    # fsdp=8 inside one domain: 3 × (40 MB × 8) × 7/8 = 840 MB at 400 GB/s = 2.1 ms of hideable
+    # collectives.  Compute is 4 layers × 3 × 1 GFLOP at 1 TFLOP/s = 12 ms plus the optimizer's HBM
+    # bytes.  Offloading moe_mlpwi_0 (4 × 2.5 GB at 10 GB/s each way: 1 s of copies) takes far
+    # more than the whole window: the copies hide under the layers' compute, and the collectives
+    # get only what is left (the optimizer's HBM seconds).
+    from tierax import plan as plan_lib
+
+    inv = _inventory({"fsdp": 8})
+    g = inv.groups[0]
+    big = dataclasses.replace(g.activations[1], bytes_per_layer=2_500_000_000)
+    inv = dataclasses.replace(
+        inv, groups=(dataclasses.replace(g, activations=(g.activations[0], big)),)
+    )
+    P = plan_lib.Placement
+    keep = {("moe", N.DECODER_LAYER_INPUT): P.DEVICE, ("moe", N.MOE_MLPWI_0): P.DEVICE}
+    off = {("moe", N.DECODER_LAYER_INPUT): P.DEVICE, ("moe", N.MOE_MLPWI_0): P.OFFLOAD}
+    kept = cm.evaluate(keep, inv, CFG, RATES, "lhs").breakdown
+    moved = cm.evaluate(off, inv, CFG, RATES, "lhs").breakdown
+    assert kept["collective_s"] == pytest.approx(840e6 / 400e9, rel=1e-12)
+    assert kept["exposed_collective_s"] == 0  # 2.1 ms under > 12 ms of compute
+    hidden = moved["transfer_s"] - moved["exposed_d2h_s"] - moved["exposed_h2d_s"]
+    window = moved["compute_s"] + moved["recompute_s"] - hidden
+    assert hidden == pytest.approx(0.012, rel=1e-9)  # the 12 ms of layer compute
+    assert 0 < window < 1e-4
+    assert moved["exposed_collective_s"] == pytest.approx(moved["collective_s"] - window, rel=1e-12)
+    assert moved["exposed_collective_s"] > 0.002

@@ -28,9 +28,15 @@ class FixedTerms:
     logits_bytes: int
     compute_s: float  # forward + backward matmuls, head included, no recompute, plus hbm_s
     collective_s: float
+    # exposed with compute alone to hide under (no recompute, no host copies): what a plan's
+    # prediction starts from (tierax.costmodel.predict shares the window with the copies)
     exposed_collective_s: float
     model_flops: float  # MaxText convention, per device
     executed_flops: float  # without recomputation, per device
+    # Of collective_s, the part the layers wait for: tensor-parallel all-reduces and expert-parallel
+    # all-to-alls (a layer's next matmul reads their result); the rest (FSDP gathers and
+    # reduce-scatters, the data all-reduce) is issued ahead or behind and hides under compute.
+    critical_collective_s: float = 0.0
     # gradients not yet written at the loss (GPU: the embedding's and head's; TPU: all)
     embed_grad_bytes: int = 0
     fixed_device_bytes: int = 0
@@ -150,6 +156,14 @@ def _stack_copy_bytes(inv: Inventory, cfg, p_item: int) -> int:
 def collective_s_by_group(inv: Inventory, cfg, rates: Rates) -> dict[str, float]:
     """Seconds of collectives per step, per collective group (a mesh axis, or the FSDP group
     ``fsdp×expert``), each at its group's link (:mod:`tierax.costmodel.network`)."""
+    out = dict(_hideable_collective_s(inv, cfg, rates))
+    for a, s in _critical_collective_s(inv, rates).items():
+        out[a] = out.get(a, 0.0) + s
+    return out
+
+
+def _hideable_collective_s(inv: Inventory, cfg, rates: Rates) -> dict[str, float]:
+    """FSDP's gathers and reduce-scatters and the data all-reduce, per group."""
     c_item = jnp.dtype(cfg.dtype).itemsize
     ep = inv.mesh.get("expert", 1)
     fsdp = inv.mesh.get("fsdp", 1) * ep
@@ -182,9 +196,15 @@ def collective_s_by_group(inv: Inventory, cfg, rates: Rates) -> dict[str, float]
     n_data = inv.mesh.get("data", 1)
     if n_data > 1:
         out["data"] = 2 * inv.grad_bytes * (n_data - 1) / n_data / links["data"].bytes_per_s
-    # Expert-parallel all-to-alls (over expert) and tensor-parallel all-reduces (over tensor): the
-    # forward's, and as much again in the backward (a rematerialised layer's repeat is in
-    # GroupTerms.base_recompute_s).
+    return out
+
+
+def _critical_collective_s(inv: Inventory, rates: Rates) -> dict[str, float]:
+    """Expert-parallel all-to-alls (over expert) and tensor-parallel all-reduces (over tensor), per
+    axis: the forward's, and as much again in the backward (a rematerialised layer's repeat is in
+    GroupTerms.base_recompute_s)."""
+    links = network.axis_links(inv.mesh, rates)
+    out: dict[str, float] = {}
     for g in inv.groups:
         by_axis = dict(g.forward_collective_bytes_by_axis)
         rest = max(0.0, g.forward_collective_bytes_per_layer - sum(by_axis.values()))
@@ -197,10 +217,17 @@ def collective_s_by_group(inv: Inventory, cfg, rates: Rates) -> dict[str, float]
 
 def _collectives(
     inv: Inventory, cfg, rates: Rates, schedule: str, compute_s: float
-) -> tuple[float, float]:
-    coll = sum(collective_s_by_group(inv, cfg, rates).values())
-    exposed_coll = coll if schedule == "serial" else max(0.0, coll - compute_s)
-    return coll, exposed_coll
+) -> tuple[float, float, float]:
+    """(all collectives' seconds, exposed with ``compute_s`` to hide under, the critical part)."""
+    hideable = sum(_hideable_collective_s(inv, cfg, rates).values())
+    critical = sum(_critical_collective_s(inv, rates).values())
+    return hideable + critical, critical + exposed_share(hideable, compute_s, schedule), critical
+
+
+def exposed_share(hideable_s: float, window_s: float, schedule: str) -> float:
+    """What of ``hideable_s`` seconds of asynchronous work stays exposed with ``window_s`` seconds
+    of compute to hide under (serial schedule: all of it)."""
+    return hideable_s if schedule == "serial" else max(0.0, hideable_s - max(0.0, window_s))
 
 
 def _loss_phase_bytes(
@@ -289,7 +316,7 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
         stack_copy = _tpu_stack_copy_bytes(inv, c_item, fsdp, ep)
     else:
         stack_copy = _stack_copy_bytes(inv, cfg, p_item)
-    coll, exposed_coll = _collectives(inv, cfg, rates, schedule, compute_s)
+    coll, exposed_coll, critical_coll = _collectives(inv, cfg, rates, schedule, compute_s)
     if tpu:
         loss_bytes = _tpu_loss_phase_bytes(inv, cfg, c_item, fsdp, tiled, head_grad, tokens)
     else:
@@ -306,6 +333,7 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
         compute_s=compute_s,
         collective_s=coll,
         exposed_collective_s=exposed_coll,
+        critical_collective_s=critical_coll,
         model_flops=train_flops(cfg, inv.microbatch, inv.seq),
         executed_flops=executed,
         # XLA:TPU writes the layers' gradients in the backward loop, after the loss (none among its

@@ -7,11 +7,14 @@ then ``fsdp``, then ``data``.  Device ``i`` sits in domain ``i // per_domain``, 
 is how many of this job's devices share one domain (:func:`devices_per_domain`).
 
 A collective over a group of devices that all share a domain runs at the domain's link rate (NVLink,
-or ICI); a group that spans domains runs at the scale-out network's rate per device: a ring over it
-crosses a domain boundary, and that link, one NIC per GPU, is the slowest it crosses (nccl-tests on
-multi-node DGX systems report all-gather bus bandwidth near the NIC line rate).  Hierarchical
-algorithms that send less across the boundary are not modelled: crossing groups are priced
-pessimistically.
+or ICI); a group that spans domains runs over the scale-out network, at one NIC's rate (one per GPU;
+a TPU chip's DCN share) times the group's devices in each domain, capped at the domain's own rate.
+NCCL spreads its rings over every NIC of a node, so bus bandwidth across nodes scales with the
+adapters the group's devices own ("DGX-1 can get 48 GB/s because we have 4 IB adapters instead of
+1", NVIDIA/nccl-tests issue 29; "with 8 400 Gbps NICs your peak would be at 400 GB/s", issue 309,
+both NCCL maintainers); where the group has unequal numbers of devices in its domains, the fewest
+set the rate.  Hierarchical algorithms (NCCL's tree, NVLink SHARP) are not modelled apart: at the
+large messages of FSDP they reach about the ring's bus bandwidth.
 
 Placement assumption (overridable with ``--rate gpus_per_domain=N``): a job larger than one domain
 spreads evenly over whole domains, as production jobs do (128 GB200s: 64 per NVL72 rack, leaving
@@ -45,6 +48,7 @@ class AxisLink:
     bytes_per_s: float
     link: str  # "nvlink" (in one GPU domain), "ici" (a TPU pod), "scale-out", "none" (1 device)
     per_domain: int = 0  # the job's devices per domain
+    nics: int = 0  # scale-out: the NICs (devices per domain) the group's traffic runs over
 
     def to_json(self) -> dict:
         return {
@@ -54,6 +58,7 @@ class AxisLink:
             "bytes_per_s": self.bytes_per_s,
             "link": self.link,
             "devices_per_domain": self.per_domain,
+            "nics": self.nics,
         }
 
 
@@ -83,16 +88,28 @@ def _sizes(mesh: dict) -> tuple[int, ...]:
     return tuple(int(mesh.get(a, 1)) for a in AXES)
 
 
-def group_crosses(mesh: dict, axes: tuple[str, ...], per_domain: int) -> bool:
-    """Whether any collective group over ``axes`` holds devices of two domains (device order as
-    ``MeshShape.make``)."""
+def _group_domains(mesh: dict, axes: tuple[str, ...], per_domain: int) -> np.ndarray:
+    """The domain of each device of each collective group over ``axes``: [groups, group size]
+    (device order as ``MeshShape.make``)."""
     sizes = _sizes(mesh)
     ids = np.arange(int(np.prod(sizes))).reshape(sizes)
     inner = [AXES.index(a) for a in axes]
     outer = [k for k in range(len(AXES)) if k not in inner]
     groups = ids.transpose(outer + inner).reshape(-1, int(np.prod([sizes[k] for k in inner])))
-    dom = groups // per_domain
+    return groups // per_domain
+
+
+def group_crosses(mesh: dict, axes: tuple[str, ...], per_domain: int) -> bool:
+    """Whether any collective group over ``axes`` holds devices of two domains."""
+    dom = _group_domains(mesh, axes, per_domain)
     return bool((dom != dom[:, :1]).any())
+
+
+def nics_per_domain(mesh: dict, axes: tuple[str, ...], per_domain: int) -> int:
+    """The fewest devices any collective group over ``axes`` has in one domain it spans: the NICs
+    (one per device) its traffic across that domain's boundary runs over."""
+    dom = _group_domains(mesh, axes, per_domain)
+    return int(min(np.unique(row, return_counts=True)[1].min() for row in dom))
 
 
 def group_link(mesh: dict, axes: tuple[str, ...], rates) -> AxisLink:
@@ -120,7 +137,8 @@ def group_link(mesh: dict, axes: tuple[str, ...], rates) -> AxisLink:
             f"target {rates.target!r}, which has no scale-out rate; give one with "
             "--rate scale_out=GB/s (per device per direction)"
         )
-    return AxisLink(axes, n, True, min(out, intra), "scale-out", per)
+    nics = nics_per_domain(mesh, axes, per)
+    return AxisLink(axes, n, True, min(nics * out, intra), "scale-out", per, nics)
 
 
 def axis_links(mesh: dict, rates) -> dict[str, AxisLink]:
@@ -153,10 +171,14 @@ def describe(links: dict[str, AxisLink], rates) -> dict[str, str]:
             if link.crosses_domain
             else src.get("interconnect_bytes_per_s", src.get("interconnect", "NVLink"))
         )
-        span = "spans domains" if link.crosses_domain else "inside one domain"
+        span = (
+            f"spans domains of {link.per_domain}, over {link.nics} NICs per domain"
+            if link.crosses_domain
+            else f"inside one domain of {link.per_domain}"
+        )
         lines[f"interconnect {name}"] = (
             f"{link.bytes_per_s / 1e9:g} GB/s per direction over {link.devices} devices, "
-            f"{span} of {link.per_domain} ({where})"
+            f"{span} ({where})"
         )
     return lines
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from tierax import plan as plan_lib
 from tierax.costmodel import network
 from tierax.costmodel.first_touch import first_touch_s
-from tierax.costmodel.fixed import fixed_terms
+from tierax.costmodel.fixed import exposed_share, fixed_terms
 from tierax.costmodel.rates import Rates
 from tierax.costmodel.terms import SCHEDULES, group_terms, item_terms, staging_and_window
 from tierax.costmodel.transposes import transpose_s
@@ -64,7 +64,7 @@ def evaluate(
     recompute = recompute_hbm = exposed_d2h = exposed_h2d = transfer_total = staging = 0.0
     for g in groups:
         mine = [i for i in items if i.group == g.name]
-        no_remat = all(placements[(g.name, i.name)] is P.DEVICE for i in mine)
+        no_remat = keeps_unnamed(placements, g.name, [i.name for i in mine])
         act_bytes += g.base_bytes + sum(
             i.bytes for i in mine if placements[(g.name, i.name)] is P.DEVICE
         )
@@ -82,6 +82,9 @@ def evaluate(
         exposed_h2d += max(0.0, h2d - g.h2d_window_s)
         staging = max(staging, staged_layers * sum(i.bytes_per_layer for i in off))
     peak = int(act_bytes + staging + fx.fixed_bytes)
+    exposed_coll = exposed_collectives(
+        fx, schedule, recompute, transfer_total - exposed_d2h - exposed_h2d
+    )
     first_touch = first_touch_s(peak, inv, rates)  # CPU only: 0 on GPU and TPU targets
     transpose = transpose_s(placements, inv, rates)  # CPU only: 0 on GPU and TPU targets
     step = (
@@ -89,7 +92,7 @@ def evaluate(
         + recompute
         + exposed_d2h
         + exposed_h2d
-        + fx.exposed_collective_s
+        + exposed_coll
         + first_touch
         + transpose
     )
@@ -110,7 +113,8 @@ def evaluate(
         "exposed_d2h_s": exposed_d2h,
         "exposed_h2d_s": exposed_h2d,
         "collective_s": fx.collective_s,
-        "exposed_collective_s": fx.exposed_collective_s,
+        "exposed_collective_s": exposed_coll,
+        "critical_collective_s": fx.critical_collective_s,
         "executed_flops": fx.executed_flops
         + (recompute - recompute_hbm) * rates.matmul_flops_per_s,
         "recompute_hbm_s": recompute_hbm,
@@ -133,8 +137,44 @@ def evaluate(
     )
 
 
+def exposed_collectives(fx, schedule: str, recompute_s: float, hidden_copy_s: float) -> float:
+    """Exposed collective seconds of a plan: the critical ones (tensor all-reduces, expert
+    all-to-alls) whole, the rest under one overlap budget with the host copies — the step's compute
+    and recomputation less the copies' hidden seconds (XLA's scheduler overlaps each asynchronous
+    op with the compute between its start and its done; two such ops over the same compute are
+    counted as sharing it, the conservative reading)."""
+    hideable = fx.collective_s - fx.critical_collective_s
+    window = fx.compute_s + recompute_s - hidden_copy_s
+    return fx.critical_collective_s + exposed_share(hideable, window, schedule)
+
+
+def keeps_unnamed(placements: dict, group: str, names) -> bool:
+    """Whether explicit ``placements`` keep ``group``'s unnamed intermediates (key ``(group,
+    UNNAMED)``; absent: recomputed).
+
+    Raises:
+      TieraxError: they are kept while a name of the group is not on device.
+    """
+    P = plan_lib.Placement
+    if placements.get((group, plan_lib.UNNAMED), P.REMAT) is not P.DEVICE:
+        return False
+    other = [n for n in names if placements[(group, n)] is not P.DEVICE]
+    if other:
+        raise TieraxError(
+            f"group {group}: unnamed intermediates kept while {', '.join(other)} are not on device"
+        )
+    return True
+
+
 def plan_placements(plan: plan_lib.Plan, cfg) -> dict:
-    return {(g, n): p for g, names in plan_lib.resolve(plan, cfg).items() for n, p in names.items()}
+    """``plan`` as explicit placements ``{(group, name): Placement}``, with ``(group, UNNAMED)``
+    for each group's unnamed intermediates."""
+    out = {
+        (g, n): p for g, names in plan_lib.resolve(plan, cfg).items() for n, p in names.items()
+    }
+    unnamed = plan_lib.unnamed_placements(plan, cfg)
+    out.update({(g, plan_lib.UNNAMED): p for g, p in unnamed.items()})
+    return out
 
 
 def simulate(plan: plan_lib.Plan, inv: Inventory, cfg, rates: Rates, schedule: str) -> Prediction:

@@ -4,8 +4,10 @@ An exact mixed-integer program over the cost model (:mod:`tierax.costmodel`),
 solved with HiGHS through ``scipy.optimize.milp``:
 
 * binaries ``d_i, o_i, r_i`` (device / offload / remat) per (layer group, activation),
-  exactly one per item; ``z_g`` = group g runs with no remat (forced to 1 exactly
-  when every activation of g is on device, which is how a Plan is applied);
+  exactly one per item; ``z_g`` = group g keeps its unnamed intermediates (no remat:
+  ``GroupPlan.unnamed: device``), allowed only when every activation of g is on device;
+  with ``z_g`` = 0 an all-device group still recomputes its untagged values (MaxText's
+  ``custom`` semantics);
 * continuous exposed-transfer times per group and direction, and the staging bytes;
 * minimise recomputation + exposed transfer time (compute and collectives are
   fixed) subject to device bytes ≤ budget and host bytes ≤ host budget.
@@ -31,7 +33,15 @@ from tierax import hardware
 from tierax import names as N
 from tierax.costmodel import transposes
 from tierax.errors import TieraxError
-from tierax.plan import DEFAULT_MECHANISM, GroupPlan, Placement, Plan, Segment, segment_name
+from tierax.plan import (
+    DEFAULT_MECHANISM,
+    UNNAMED,
+    GroupPlan,
+    Placement,
+    Plan,
+    Segment,
+    segment_name,
+)
 from tierax.tracing import inventory as inv_lib
 
 # Default reserve kept free on the device: the same runtime reserve `fits` means everywhere.
@@ -101,9 +111,10 @@ def _solve(
     fx = cm.fixed_terms(inv, cfg, rates, schedule)
     n, G = len(items), len(groups)
     gidx = {g.name: k for k, g in enumerate(groups)}
-    # Variable layout: [d_0..d_n, o_0..o_n, r_0..r_n, z_0..z_G, e_d2h_0..G, e_h2d_0..G, s]
+    # Variable layout: [d_0..d_n, o_0..o_n, r_0..r_n, z_0..z_G, e_d2h_0..G, e_h2d_0..G, s, e_coll]
     D, O, R, Z, ED, EH, S = 0, n, 2 * n, 3 * n, 3 * n + G, 3 * n + 2 * G, 3 * n + 3 * G  # noqa: E741
-    nv = S + 1
+    EC = S + 1  # exposed hideable collectives (tierax.costmodel.predict.exposed_collectives)
+    nv = EC + 1
     scale = 1.0 / max(fx.compute_s, 1e-30)  # objective in units of the step's compute time
     total_bytes = max(1, sum(i.bytes for i in items))
     c = np.zeros(nv)
@@ -115,6 +126,7 @@ def _solve(
         c[Z + gidx[g.name]] = -g.base_recompute_s * scale
     c[ED : ED + G] = 1.0
     c[EH : EH + G] = 1.0
+    c[EC] = 1.0
     if rates.first_touch_bytes_per_s:
         # CPU: every byte of the peak but the donated state is faulted in once per step
         # (tierax.costmodel.first_touch); the peak is linear in these variables.  Temporaries
@@ -150,12 +162,26 @@ def _solve(
     staged = cm.staging_and_window(schedule, mechanism)[0]
     for k in range(n):
         add({D + k: 1, O + k: 1, R + k: 1}, 1, 1)
+    # e_coll ≥ hideable − (compute + recompute − hidden copies), all scaled; the copies' hidden
+    # seconds are their total less the exposed e_d2h, e_h2d (predict.exposed_collectives).
+    hideable = fx.collective_s - fx.critical_collective_s
+    if schedule == "serial":
+        add({EC: 1}, hideable * scale, np.inf)
+    else:
+        coeffs = {EC: 1, **{ED + j: 1 for j in range(G)}, **{EH + j: 1 for j in range(G)}}
+        for k, it in enumerate(items):
+            coeffs[R + k] = it.recompute_s * scale
+            coeffs[O + k] = -(it.d2h_s + it.h2d_s) * scale
+        for g in groups:
+            coeffs[Z + gidx[g.name]] = -g.base_recompute_s * scale
+        base = sum(g.base_recompute_s for g in groups)
+        add(coeffs, (hideable - fx.compute_s - base) * scale, np.inf)
     for g in groups:
         zg = Z + gidx[g.name]
         mine = [k for k, it in enumerate(items) if it.group == g.name]
         for k in mine:
-            add({zg: 1, D + k: -1}, -np.inf, 0)  # z_g ≤ d_k
-        add({zg: 1, **{D + k: -1 for k in mine}}, 1 - len(mine), np.inf)  # z_g ≥ Σd − (n−1)
+            add({zg: 1, D + k: -1}, -np.inf, 0)  # z_g ≤ d_k: keeping the unnamed needs all named
+        # z_g itself is the choice of keeping the group's unnamed intermediates (GroupPlan.unnamed)
         # Exposed times in units of the compute time, bytes in units of all items' bytes: with raw
         # seconds and bytes (1e-3 next to 1e9) HiGHS reported non-optimal plans as optimal.
         add(
@@ -215,6 +241,8 @@ def _solve(
         out[(it.group, it.name)] = (
             Placement.DEVICE if x[D + k] else Placement.OFFLOAD if x[O + k] else Placement.REMAT
         )
+    for g in groups:
+        out[(g.name, UNNAMED)] = Placement.DEVICE if x[Z + gidx[g.name]] else Placement.REMAT
     return out
 
 
@@ -237,15 +265,26 @@ def placements_to_plan(
         )
         k = (splits or {}).get(g.name)
         if k is None:
+            # a group that keeps its unnamed intermediates keeps every name (those the inventory
+            # did not list, too)
+            unnamed = placements.get((g.name, UNNAMED), Placement.REMAT)
             groups[g.name] = GroupPlan(
-                lin | {n: p for (gn, n), p in placements.items() if gn == g.name}, Placement.REMAT
+                lin | {n: p for (gn, n), p in placements.items() if gn == g.name and n != UNNAMED},
+                unnamed,
+                (),
+                unnamed,
             )
             continue
         segs = tuple(
             Segment(
                 a,
                 b,
-                {n: p for (gn, n), p in placements.items() if gn == segment_name(g.name, a, b)},
+                {
+                    n: p
+                    for (gn, n), p in placements.items()
+                    if gn == segment_name(g.name, a, b) and n != UNNAMED
+                },
+                placements.get((segment_name(g.name, a, b), UNNAMED)),
             )
             for a, b in ((0, k), (k, g.num_layers))
         )
