@@ -1,4 +1,6 @@
-"""The MILP planner against an independent brute force over every plan (3^8 = 6561 per inventory).
+"""The MILP planner against an independent brute force over every plan (3^8 placements × the two
+groups' unnamed intermediates kept or recomputed where all of its names are on device: 6724 per
+inventory).
 
 The reference here does not call tierax's cost functions (``item_terms``, ``group_terms``,
 ``fixed_terms``, ``evaluate``, ``simulate``): it re-derives each plan's step time and peak
@@ -9,15 +11,16 @@ matmul rate and each schedule's documented hiding rule — following the model a
 * time = (forward + 2× backward matmul FLOPs, LM head included) / matmul rate
   + non-matmul HBM bytes / HBM rate (every layer's forward and backward, the loss, AdamW's
   7 × parameter bytes)
-  + recomputation FLOPs / matmul rate + recomputation HBM bytes / HBM rate (a group with every
-  activation on device recomputes nothing; otherwise it pays its unnamed base recompute plus
-  each rematerialised name)
+  + recomputation FLOPs / matmul rate + recomputation HBM bytes / HBM rate (a group that keeps its
+  unnamed intermediates — allowed only with every name on device — recomputes nothing; otherwise
+  it pays its unnamed base recompute plus each rematerialised name, also with every name on device)
   + per group and direction, transfer seconds (offloaded bytes / link rate) not hidden:
   ``serial`` hides nothing, ``lhs`` up to half the layer's compute, ``lhs-pipelined`` up to
   the whole neighbouring layer's compute (forward compute, matmuls and HBM bytes, for stores;
   backward compute, 2× forward matmuls, backward HBM bytes and the unnamed recompute, for loads).
 * peak = params + grads + AdamW moments + per group (every layer's carry + each device
-  name, or the whole no-remat residual set when every name is on device) + staging
+  name, or the whole no-remat residual set where the group keeps its unnamed intermediates)
+  + staging
   (one layer's offloaded slices of the group with most, two layers when pipelined)
   + one layer's workspace (its full residual set) — or, if larger, the loss's float32 logits, their
   gradient and the head's unsharded gradient in place of the workspace and embedding/head gradients.
@@ -58,9 +61,18 @@ SCHEDULES = ("serial", "lhs", "lhs-pipelined")
 # and the layers of offloaded slices in flight.
 HIDE = {"serial": 0.0, "lhs": 0.5, "lhs-pipelined": 1.0}
 STAGE = {"serial": 1, "lhs": 1, "lhs-pipelined": 2}
+# 8 placement codes (0 device, 1 offload, 2 remat), then per group whether its unnamed intermediates
+# are kept (1: no remat, only with all four of its names on device) or recomputed (0)
 CODES = np.array(
-    list(itertools.product(range(3), repeat=8)), dtype=np.int64
-)  # 0 device, 1 offload, 2 remat
+    [
+        (*c, *k)
+        for c in itertools.product(range(3), repeat=8)
+        for k in itertools.product(range(2), repeat=2)
+        if not (k[0] and any(c[:4])) and not (k[1] and any(c[4:]))
+    ],
+    dtype=np.int64,
+)
+INDEX = {tuple(row): i for i, row in enumerate(CODES.tolist())}
 PLACEMENT = {
     0: plan_lib.Placement.DEVICE,
     1: plan_lib.Placement.OFFLOAD,
@@ -148,15 +160,16 @@ def brute_force(inv: Inventory, rates: cm.Rates, schedule: str, mechanism: str =
     host = np.zeros(len(CODES), dtype=np.int64)
     staging = np.zeros(len(CODES), dtype=np.int64)
     col = 0
-    for g in inv.groups:
+    for gi, g in enumerate(inv.groups):
         L = g.num_layers
         named = [a for a in g.activations if a.name != N.DECODER_LAYER_INPUT]
         c = CODES[:, col : col + len(named)]
         col += len(named)
+        keep = CODES[:, 8 + gi] == 1  # only where every name is on device (CODES)
         b = np.array([a.bytes_per_layer for a in named], dtype=np.int64)
         f = np.array([a.recompute_flops_per_layer for a in named])
         h = np.array([a.recompute_hbm_bytes_per_layer for a in named])
-        all_dev = (c == 0).all(axis=1)
+        all_dev = keep  # no remat
         kept = g.carry_bytes_per_layer * L + ((c == 0) * b).sum(axis=1) * L
         peak += np.where(all_dev, g.save_all_bytes_per_layer * L, kept)
         recompute_flops = np.where(
@@ -182,11 +195,14 @@ def brute_force(inv: Inventory, rates: cm.Rates, schedule: str, mechanism: str =
 def codes_of(plan: plan_lib.Plan) -> np.ndarray:
     r = plan_lib.resolve(plan, CFG)
     inverse = {v: k for k, v in PLACEMENT.items()}
-    return np.array([inverse[r[g][n]] for g in ("dense", "moe") for n in NAMES[g]], dtype=np.int64)
+    kept = plan_lib.unnamed_placements(plan, CFG)
+    places = [inverse[r[g][n]] for g in ("dense", "moe") for n in NAMES[g]]
+    keeps = [int(kept[g] is plan_lib.Placement.DEVICE) for g in ("dense", "moe")]
+    return np.array(places + keeps, dtype=np.int64)
 
 
 def index_of(codes: np.ndarray) -> int:
-    return int(sum(int(c) * 3 ** (7 - k) for k, c in enumerate(codes)))
+    return INDEX[tuple(int(c) for c in codes)]
 
 
 def check(inv, rates, schedule, budget, host_budget, mechanism="policy"):
@@ -283,13 +299,13 @@ def test_fixture_milp_equals_brute_force_every_schedule_and_budget(fixture_resul
 
 
 def test_fixtures_exercise_every_placement(fixture_results):
-    seen = {PLACEMENT[int(c)] for *_, codes, _ in fixture_results for c in codes}
+    seen = {PLACEMENT[int(c)] for *_, codes, _ in fixture_results for c in codes[:8]}
     assert seen == set(plan_lib.Placement), (
         f"placements never optimal: {set(plan_lib.Placement) - seen}"
     )
     # Offload wins somewhere under every hiding schedule, and loses to remat somewhere else.
     for schedule in ("lhs", "lhs-pipelined"):
-        mine = [codes for s, _, _, codes, _ in fixture_results if s == schedule]
+        mine = [codes[:8] for s, _, _, codes, _ in fixture_results if s == schedule]
         assert any((c == 1).any() for c in mine) and any(
             (c == 2).any() and not (c == 1).any() for c in mine
         )

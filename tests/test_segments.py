@@ -93,7 +93,8 @@ def test_segments_need_the_prefetch_mechanism():
 def _segmented(cfg, group_segments: dict[str, list[tuple[int, int, dict]]]) -> P.Plan:
     groups = {}
     for g in cfg.layer_groups():
-        segs = tuple(P.Segment(a, b, pl) for a, b, pl in group_segments.get(g.name, []))
+        # (start, stop, placements[, unnamed]): "device" keeps every intermediate (no remat)
+        segs = tuple(P.Segment(*s) for s in group_segments.get(g.name, []))
         groups[g.name] = P.GroupPlan({N.DECODER_LAYER_INPUT: "device"}, P.Placement.REMAT, segs)
     return P.Plan("segmented", groups)
 
@@ -107,9 +108,14 @@ def test_segmented_gradients_equal_the_no_remat_step(model):
     """Segments with q/k/v offloaded (prefetched), everything recomputed, and no remat at all."""
     cfg = get_config(model)
     if model == "tiny-llama":  # one group of 4 layers, split three ways
-        cuts = {"decoder": [(0, 2, QKV), (2, 3, {}), (3, 4, _all_device(cfg, "decoder"))]}
+        cuts = {
+            "decoder": [(0, 2, QKV), (2, 3, {}), (3, 4, _all_device(cfg, "decoder"), "device")]
+        }
     else:  # dense (2 layers): one segment; moe (2 layers): recomputed, then no remat
-        cuts = {"dense": [(0, 2, QKV)], "moe": [(0, 1, {}), (1, 2, _all_device(cfg, "moe"))]}
+        cuts = {
+            "dense": [(0, 2, QKV)],
+            "moe": [(0, 1, {}), (1, 2, _all_device(cfg, "moe"), "device")],
+        }
     plan = _segmented(cfg, cuts)
     parts = [q for pol in P.to_policies(plan, cfg).values() for q in pol.parts]
     assert {(bool(q.offload), q.save_all) for q in parts} == {

@@ -77,7 +77,8 @@ def transpose_s(placements: dict, inv: Inventory, rates: Rates) -> float:
             for a in g.activations
             if a.name != N.DECODER_LAYER_INPUT
         }
-        if all(p is not plan_lib.Placement.REMAT for p in mine.values()):
+        kept = placements.get((g.name, plan_lib.UNNAMED), plan_lib.Placement.REMAT)
+        if kept is plan_lib.Placement.DEVICE:  # no remat: every intermediate's reads
             total += save_all
         else:
             total += base + sum(

@@ -35,7 +35,7 @@ from tierax.interop.maxtext_keys import model_keys
 from tierax.launch import flags as xla_flags
 from tierax.mesh import MeshShape
 from tierax.models.config import for_platform
-from tierax.plan import Placement, Plan, resolve
+from tierax.plan import Placement, Plan, resolve, unnamed_placements
 
 # tierax schedule (cost model) → XLA flag preset (tierax.launch.flags.PRESETS).
 SCHEDULE_PRESET = {"serial": "none", "lhs": "lhs", "lhs-pipelined": "lhs-pipelined"}
@@ -190,7 +190,7 @@ def overrides(
         out[f"ici_{key}_parallelism"] = ici[axis]
     for axis, key in MESH_KEYS.items():
         out[f"dcn_{key}_parallelism"] = dcn[axis]
-    if cfg.family == "deepseek":
+    if getattr(cfg, "num_experts", 0):
         out.update(
             {"capacity_factor": cfg.capacity_factor, "sparse_matmul": False, "megablox": False}
         )
@@ -274,11 +274,18 @@ def overrides_yaml(
             if K.context_is_attention_out(keys["hardware"])
             else []
         ),
-        "#   A layer group with every activation on device runs without remat in tierax; MaxText's "
-        "custom policy",
-        "#   still recomputes unnamed intermediates there.",
+        "#   MaxText's custom policy keeps the named tensors and recomputes every unnamed "
+        "intermediate, as",
+        "#   tierax's plans do unless a group says unnamed: device.",
     ]
-    if cfg.family == "deepseek":
+    kept = sorted(g for g, p in unnamed_placements(plan, cfg).items() if p is Placement.DEVICE)
+    if kept:
+        lines += [
+            f"#   NOT EXPRESSED: {', '.join(kept)} keep(s) every intermediate (unnamed: device, no "
+            "remat); MaxText has",
+            "#   no custom key for that and will recompute the unnamed intermediates there.",
+        ]
+    if getattr(cfg, "num_experts", 0):
         lines += [
             "#   MoE: tierax models capacity-factor dispatch (dense per-expert buffers), hence",
             "#   sparse_matmul: false; MaxText's default is dropless megablox (capacity_factor: "

@@ -14,9 +14,11 @@ recomputed.  It is a frozen value with a YAML form::
         key_proj: offload
         value_proj: offload
 
-:func:`to_policies` is the only place a Plan becomes what a layer group runs: nothing (every
-activation on device: no remat), tierax's prefetching scan, or a ``jax.checkpoint`` policy
-(``save_and_offload_only_these_names``; unnamed intermediates are recomputed).
+:func:`to_policies` is the only place a Plan becomes what a layer group runs: nothing (a group
+whose ``unnamed: device`` keeps every intermediate: no remat, the ``save-all`` preset), tierax's
+prefetching scan, or a ``jax.checkpoint`` policy (``save_and_offload_only_these_names``: the
+named placements, every untagged intermediate recomputed — MaxText's ``custom`` semantics, also
+when every name is on device).
 """
 
 from tierax.plan.policies import to_policies
@@ -25,6 +27,7 @@ from tierax.plan.types import (
     DEFAULT_MECHANISM,
     MECHANISMS,
     REFUSED_PRESETS,
+    UNNAMED,
     GroupPlan,
     Placement,
     Plan,
@@ -33,6 +36,7 @@ from tierax.plan.types import (
     resolve,
     segment_name,
     segments_of,
+    unnamed_placements,
 )
 
 __all__ = [
@@ -40,6 +44,7 @@ __all__ = [
     "MECHANISMS",
     "PRESETS",
     "REFUSED_PRESETS",
+    "UNNAMED",
     "GroupPlan",
     "Placement",
     "Plan",
@@ -51,4 +56,5 @@ __all__ = [
     "segment_name",
     "segments_of",
     "to_policies",
+    "unnamed_placements",
 ]

@@ -61,7 +61,12 @@ def preset(name: str, cfg) -> Plan:
     if name not in PRESETS:
         raise TieraxError(f"unknown plan preset {name!r}; presets: {', '.join(PRESETS)}")
     desc, rule = PRESETS[name]
-    groups = {g.name: GroupPlan(rule(g.activations), Placement.REMAT) for g in cfg.layer_groups()}
+    # save-all keeps the unnamed intermediates too (no remat); every other preset recomputes them
+    unnamed = Placement.DEVICE if name == "save-all" else Placement.REMAT
+    groups = {
+        g.name: GroupPlan(rule(g.activations), Placement.REMAT, (), unnamed)
+        for g in cfg.layer_groups()
+    }
     return Plan(name, groups, desc)
 
 

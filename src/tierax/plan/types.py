@@ -57,9 +57,18 @@ class Segment:
     start: int
     stop: int
     placements: Mapping[str, Placement] = field(default_factory=dict)
+    # the segment's unnamed intermediates (GroupPlan.unnamed); None: the group's
+    unnamed: Placement | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "placements", _checked(self.placements, "plan segment"))
+        if self.unnamed is not None:
+            unnamed = Placement.parse(self.unnamed, "plan segment unnamed")
+            if unnamed is Placement.OFFLOAD:
+                raise TieraxError(
+                    "plan segment: unnamed: offload is not valid; use remat or device"
+                )
+            object.__setattr__(self, "unnamed", unnamed)
 
     layers = property(lambda self: f"{self.start}-{self.stop - 1}")
 
@@ -69,19 +78,37 @@ def segment_name(group: str, start: int, stop: int) -> str:
     return f"{group}@{start}-{stop - 1}"
 
 
+# The key of a group's unnamed intermediates in a plan's YAML form and in explicit placements
+# ``{(group, UNNAMED): Placement}``: what jax.checkpoint does with every value no name tags.
+UNNAMED = "unnamed"
+
+
 @dataclass(frozen=True)
 class GroupPlan:
     """Placements for one layer group; names not listed take ``default``.  With ``segments`` (a
     partition of the group's layers, checked against the model in :func:`resolve`) each run of
-    layers takes the group's placements overridden by its segment's, and runs as its own scan."""
+    layers takes the group's placements overridden by its segment's, and runs as its own scan.
+
+    ``unnamed``: the group's intermediates that no name tags.  ``remat`` (the default, MaxText's
+    ``custom`` and ``minimal*`` policies: ``save_and_offload_only_these_names``) recomputes them
+    in the backward pass, whatever the names' placements; ``device`` keeps every intermediate (no
+    rematerialisation at all), which needs every name on device (the ``save-all`` preset)."""
 
     placements: Mapping[str, Placement] = field(default_factory=dict)
     default: Placement = Placement.REMAT
     segments: tuple[Segment, ...] = ()
+    unnamed: Placement = Placement.REMAT
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "placements", _checked(self.placements, "plan"))
         object.__setattr__(self, "default", Placement.parse(self.default, "plan default"))
+        unnamed = Placement.parse(self.unnamed, "plan unnamed")
+        if unnamed is Placement.OFFLOAD:
+            raise TieraxError(
+                "plan: unnamed: offload is not a placement jax.checkpoint offers for untagged "
+                "values; use remat (recompute them) or device (keep every intermediate)"
+            )
+        object.__setattr__(self, "unnamed", unnamed)
         object.__setattr__(
             self, "segments", tuple(sorted(self.segments, key=lambda s: (s.start, s.stop)))
         )
@@ -159,10 +186,14 @@ class Plan:
         groups = {}
         for g, gp in self.groups.items():
             entry: dict[str, Any] = {"default": gp.default.value}
+            if gp.unnamed is not Placement.REMAT:
+                entry[UNNAMED] = gp.unnamed.value
             entry.update({n: p.value for n, p in gp.placements.items()})
             if gp.segments:
                 entry["segments"] = [
-                    {"layers": s.layers} | {n: p.value for n, p in s.placements.items()}
+                    {"layers": s.layers}
+                    | ({UNNAMED: s.unnamed.value} if s.unnamed is not None else {})
+                    | {n: p.value for n, p in s.placements.items()}
                     for s in gp.segments
                 ]
             groups[g] = entry
@@ -197,12 +228,18 @@ class Plan:
                 entry.pop("default", Placement.REMAT), f"{source}: group {g!r} default"
             )
             segments = _parse_segments(entry.pop("segments", None), f"{source}: group {g!r}")
+            unnamed = Placement.parse(
+                entry.pop(UNNAMED, Placement.REMAT), f"{source}: group {g!r} unnamed"
+            )
             for n in entry:
                 _check_name(n, f"{source}: group {g!r}")
             placements = {
                 n: Placement.parse(p, f"{source}: group {g!r}, {n}") for n, p in entry.items()
             }
-            groups[str(g)] = GroupPlan(placements, default, segments)
+            try:
+                groups[str(g)] = GroupPlan(placements, default, segments, unnamed)
+            except TieraxError as e:
+                raise TieraxError(f"{source}: group {g!r}: {e}") from None
         mechanism = data.get("mechanism", DEFAULT_MECHANISM)
         if mechanism not in MECHANISMS:
             raise TieraxError(
@@ -278,6 +315,7 @@ def _parse_segments(raw: Any, where: str) -> tuple[Segment, ...]:
                 f"{where}, segment {k}: a segment overrides named placements only; set 'default' "
                 "on the group"
             )
+        unnamed = seg.pop(UNNAMED, None)
         for n in seg:
             _check_name(n, f"{where}, segment {k}")
         out.append(
@@ -285,6 +323,7 @@ def _parse_segments(raw: Any, where: str) -> tuple[Segment, ...]:
                 start,
                 last + 1,
                 {n: Placement.parse(p, f"{where}, segment {k}, {n}") for n, p in seg.items()},
+                None if unnamed is None else Placement.parse(unnamed, f"{where}, segment {k}"),
             )
         )
     return tuple(out)
@@ -342,11 +381,44 @@ def resolve(plan: Plan, cfg) -> dict[str, dict[str, Placement]]:
         gp = plan.groups.get(gname, GroupPlan())
         if not gp.segments:
             out[gname] = {n: gp.placement(n) for n in g.activations}
+            _check_unnamed(plan, gp.unnamed, out[gname], gname)
         for s in gp.segments:
             where = segment_name(gname, s.start, s.stop)
             out[where] = {n: s.placements.get(n, gp.placement(n)) for n in g.activations}
             _check_runnable_segment(plan, s, out[where], where)
+            _check_unnamed(plan, _segment_unnamed(gp, s), out[where], where)
     return out
+
+
+def _check_unnamed(plan: Plan, unnamed: Placement, placements: Mapping[str, Placement], where: str):
+    """``unnamed: device`` keeps every intermediate, so nothing named can be recomputed or moved."""
+    if unnamed is not Placement.DEVICE:
+        return
+    other = sorted(n for n, p in placements.items() if p is not Placement.DEVICE)
+    if other:
+        raise TieraxError(
+            f"plan {plan.name!r}, {where}: unnamed: device keeps every intermediate (no "
+            f"rematerialisation), but {', '.join(other)} are not on device; put them on device "
+            "or set unnamed: remat (the named placements, every untagged value recomputed)"
+        )
+
+
+def unnamed_placements(plan: Plan, cfg) -> dict[str, Placement]:
+    """Each group of ``cfg`` (each segment, keyed as :func:`resolve` keys it) → the placement of
+    its unnamed intermediates under ``plan`` (validated as :func:`resolve` validates)."""
+    resolve(plan, cfg)
+    out = {}
+    for g in cfg.layer_groups():
+        gp = plan.groups.get(g.name, GroupPlan())
+        if not gp.segments:
+            out[g.name] = gp.unnamed
+        for s in gp.segments:
+            out[segment_name(g.name, s.start, s.stop)] = _segment_unnamed(gp, s)
+    return out
+
+
+def _segment_unnamed(gp: GroupPlan, s: Segment) -> Placement:
+    return gp.unnamed if s.unnamed is None else s.unnamed
 
 
 def _check_runnable_segment(
