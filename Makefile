@@ -45,7 +45,7 @@ docs: $(STAMP)
 
 # ruff first (rules and line length in pyproject.toml): a lint failure fails the suite.
 test: $(STAMP)
-	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff check src tests bench examples docs
 	$(BIN)/python -m pytest -q
 
 clean:
