@@ -174,3 +174,20 @@ def test_the_demo_result_page_has_the_readmes_generated_table():
 
     page = (DOCS / "results" / "index.md").read_text()
     assert section(page) == section((ROOT / "README.md").read_text())
+
+
+def test_the_verb_summary_names_only_options_the_parser_has():
+    hooks = _hooks()
+    parsers = hooks.verb_parsers()
+    rows = [
+        line
+        for line in (DOCS / "guide" / "index.md").read_text().splitlines()
+        if line.startswith("| `tierax ")
+    ]
+    assert {row.split()[2].strip("`") for row in rows} == set(parsers), "a verb has no summary row"
+    for row in rows:
+        verb = row.split()[2].strip("`")
+        known = {s for a in parsers[verb]._actions for s in a.option_strings}
+        usage = re.split(r"(?<!\\)\|", row)[1]
+        for option in re.findall(r"(?<![\w-])--[a-z][a-z-]*", usage):
+            assert option in known, f"guide/index.md: `tierax {verb}` has no option {option}"
