@@ -47,6 +47,10 @@ def _cell(text) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _code(text) -> str:
+    return f"`{_cell(text)}`" if text else ""
+
+
 # --------------------------------------------------------------------------- the CLI
 
 
@@ -261,8 +265,8 @@ def records_page(pages: dict[str, str]) -> str:
             if path.name in text and uri != "results/records.md"
         ]
         out.append(
-            f"| `{path.name}` | `{doc.get('schema', '')}` | {_cell(doc.get('created', ''))} | "
-            f"{_cell(doc.get('jax_version', ''))} | {f'`{_cell(command)}`' if command else ''} | "
+            f"| `{path.name}` | {_code(doc.get('schema'))} | {_cell(doc.get('created', ''))} | "
+            f"{_cell(doc.get('jax_version', ''))} | {_code(command)} | "
             f"{', '.join(cited)} |"
         )
     return "\n".join(out) + "\n"
