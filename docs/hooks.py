@@ -32,6 +32,11 @@ if str(SRC) not in sys.path:  # the tree being documented, not an installed copy
     sys.path.insert(0, str(SRC))
 
 CLI_MARKER = re.compile(r"<!-- cli-options: ([a-z-]+) -->")
+# Tables a hand-written page places with a marker line, made from the code at build time.
+TABLE_MARKERS = {
+    "<!-- activation-names -->": "names_markdown",
+    "<!-- plan-presets -->": "presets_markdown",
+}
 GENERATED = (
     "reference/cli.md",
     "reference/models.md",
@@ -180,6 +185,48 @@ def targets_page() -> str:
     return "\n".join(out) + "\n"
 
 
+def names_markdown() -> str:
+    """The closed set of activation names, as ``tierax/names.py`` groups and describes them."""
+    section, rows = "", []
+    for line in (SRC / "tierax" / "names.py").read_text().splitlines():
+        comment = re.match(r"^# (.+)", line)
+        if comment:
+            section = comment.group(1).rstrip(".")
+        name = re.match(r'^[A-Z0-9_]+ = "([a-z0-9_]+)"(?:\s*#\s*(.*))?$', line)
+        if name:
+            rows.append(f"| `{name.group(1)}` | {_cell(section)} | {_cell(name.group(2) or '')} |")
+    from tierax.names import ALL_NAMES
+
+    listed = {r.split("`")[1] for r in rows}
+    if listed != set(ALL_NAMES):
+        raise RuntimeError(
+            f'tierax/names.py: names not read as NAME = "...": {set(ALL_NAMES) ^ listed}'
+        )
+    return "\n".join(["| name | where | what it is |", "|---|---|---|", *rows]) + "\n"
+
+
+def presets_markdown() -> str:
+    """Each preset resolved for the two tiny reference configs (one per family), per activation."""
+    from tierax.models import NAMED_CONFIGS
+    from tierax.plan import PRESETS, preset
+    from tierax.plan.types import resolve
+
+    out = ["| preset | what it keeps |", "|---|---|"]
+    out += [f"| `{name}` | {_cell(desc)} |" for name, (desc, _) in PRESETS.items()]
+    for model in ("tiny-llama", "tiny-deepseek"):
+        cfg = NAMED_CONFIGS[model]
+        resolved = {name: resolve(preset(name, cfg), cfg) for name in PRESETS}
+        first = next(iter(resolved.values()))
+        out += ["", f"Resolved for `{model}` (`tierax plans --model {model} --show PRESET`):", ""]
+        out += ["| group | activation | " + " | ".join(f"`{n}`" for n in PRESETS) + " |"]
+        out += ["|---|---|" + "---|" * len(PRESETS)]
+        for group, acts in first.items():
+            for act in acts:
+                cells = " | ".join(resolved[n][group][act].value for n in PRESETS)
+                out.append(f"| {group} | `{act}` | {cells} |")
+    return "\n".join(out) + "\n"
+
+
 # --------------------------------------------------------------------------- the layers
 
 
@@ -313,4 +360,8 @@ def on_page_markdown(markdown, page, config, files):
             )
         return options_markdown(verb, parsers[verb])
 
-    return CLI_MARKER.sub(options, markdown)
+    markdown = CLI_MARKER.sub(options, markdown)
+    for marker, function in TABLE_MARKERS.items():
+        if marker in markdown:
+            markdown = markdown.replace(marker, globals()[function]())
+    return markdown

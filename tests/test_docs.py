@@ -101,6 +101,16 @@ def test_the_docs_build_strictly_with_every_generated_page(site):
         assert f'id="{name}"' in api, f"the API reference has no entry {name}"
 
 
+def test_the_plans_page_lists_every_name_and_preset(site):
+    from tierax.names import ALL_NAMES
+    from tierax.plan import PRESETS
+
+    built = html.unescape((site / "concepts" / "plans" / "index.html").read_text())
+    assert "<!-- activation-names -->" not in built and "<!-- plan-presets -->" not in built
+    for name in (*ALL_NAMES, *PRESETS):
+        assert f"<code>{name}</code>" in built, f"concepts/plans: {name} missing"
+
+
 def test_every_verb_has_a_guide_listing_every_option(site):
     hooks = _hooks()
     for verb, parser in hooks.verb_parsers().items():
