@@ -9,7 +9,8 @@
   Python blocks as a script) in a scratch directory where ``examples/``, ``configs/``, ``data/``
   and ``bench/`` of the repository are at hand; blocks titled ``runs on CPU (slow)`` run under
   ``-m slow``;
-* README.md stays short, starts with the two set-up commands, and its links into docs/ resolve.
+* README.md stays short, starts with the two set-up commands, its links into docs/ resolve, and its
+  quickstart runs (`-m slow`).
 
 Skipped, with the reason, only where mkdocs is not installed (``pip install -e '.[docs]'``; ``make``
 installs the docs extra).
@@ -201,3 +202,11 @@ def test_the_verb_summary_names_only_options_the_parser_has():
         usage = re.split(r"(?<!\\)\|", row)[1]
         for option in re.findall(r"(?<![\w-])--[a-z][a-z-]*", usage):
             assert option in known, f"guide/index.md: `tierax {verb}` has no option {option}"
+
+
+@pytest.mark.slow
+def test_the_readme_quickstart_runs(tmp_path):
+    """README.md's one bash block (plan Llama 3 8B for 8 H200s, show it, compile it deviceless)."""
+    blocks = re.findall(r"^```bash\n(.*?)^```", (ROOT / "README.md").read_text(), re.M | re.S)
+    assert len(blocks) == 1, "README.md should have one bash block, the quickstart"
+    _run("bash", blocks[0].replace(".venv/bin/tierax", "tierax"), tmp_path)
