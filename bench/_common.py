@@ -99,6 +99,29 @@ def write_readme_section(readme: pathlib.Path, start: str, end: str, body: str) 
     readme.write_text(f"{head}{start}\n{body}{end}{tail}")
 
 
+DOCS = ROOT / "docs"
+
+
+def docs_page(marker: str) -> pathlib.Path:
+    """The one page under docs/ holding the ``<!-- MARKER:start -->`` line of a generated table;
+    exits naming the marker where no page, or more than one, holds it."""
+    start = f"<!-- {marker}:start -->"
+    pages = [p for p in sorted(DOCS.rglob("*.md")) if start in p.read_text()]
+    if len(pages) != 1:
+        found = ", ".join(str(p.relative_to(DOCS)) for p in pages) or "none"
+        sys.exit(f"one page under docs/ must hold {start!r}; found: {found}")
+    return pages[0]
+
+
+def write_docs_table(marker: str, body: str) -> pathlib.Path:
+    """Replace the table between ``<!-- MARKER:start -->`` and ``<!-- MARKER:end -->`` on its docs
+    page with ``body`` (a bench script's table, generated from its record); the page written."""
+    page = docs_page(marker)
+    body = body if body.endswith("\n") else body + "\n"
+    write_readme_section(page, f"<!-- {marker}:start -->", f"<!-- {marker}:end -->", body)
+    return page
+
+
 def tierax(*args: str) -> list[str]:
     """The command line that runs the tierax CLI in a child process with this interpreter."""
     return [sys.executable, "-m", "tierax.cli", *args]

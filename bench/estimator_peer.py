@@ -17,7 +17,7 @@ MaxText pins them), so the same XLA:TPU judges both; tierax runs from this check
   MaxText's full-remat compiles fitted (does tierax's step fit where MaxText's does?).
 * Each choice's tokens/s per chip under tierax's model (``tierax simulate`` of the MaxText policy,
   read as MaxText overrides, and of tierax's plan): batch × sequence ÷ predicted step time.
-* ``--readme``: README.md's table, generated from the record (no compiles).
+* ``--docs``: the documentation's estimator-peer table, generated from the record (no compiles).
 
 Each side merges into the one record (``bench/results/estimator_peer.json``), which keeps each
 side's command, versions and machine.  Runs for tens of minutes per case on 2 shared cores
@@ -337,10 +337,9 @@ def score_maxtext_rows(py: str, seq: int, side: dict, work: pathlib.Path) -> Non
         row["tokens"] = tokens_per_s(py, plan, int(row["batch"]), seq) | {"keys_left_out": unused}
 
 
-# --------------------------------------------------------------------------- README table
+# --------------------------------------------------------------------------- docs table
 
-README_START = "<!-- estimator-peer:start -->"
-README_END = "<!-- estimator-peer:end -->"
+DOCS_MARKER = "estimator-peer"  # <!-- estimator-peer:start --> … :end --> on its docs page
 
 
 def _policy_text(policy: dict) -> str:
@@ -354,11 +353,11 @@ def _tok(row: dict) -> str:
 
 
 def markdown(doc: dict) -> str:
-    """The README's table of the record (every figure read from it)."""
+    """The docs' table of the record (every figure read from it)."""
     out = [
         f"{doc['model']} on {doc['topology']} ({doc['devices']} chips, fsdp={doc['devices']}), "
         "deviceless XLA:TPU; tokens/s per chip under tierax's time model. Generated from "
-        "`bench/results/estimator_peer.json` by `python bench/estimator_peer.py --readme`.",
+        "`bench/results/estimator_peer.json` by `python bench/estimator_peer.py --docs`.",
         "",
         "| seq | planner | choice | batch/chip (fits XLA:TPU) | compiles | wall | "
         "tokens/s/chip (model) |",
@@ -419,8 +418,8 @@ def markdown(doc: dict) -> str:
     return "\n".join(out + ([""] + notes if notes else [])) + "\n"
 
 
-def write_readme(doc: dict, readme: pathlib.Path) -> None:
-    _common.write_readme_section(readme, README_START, README_END, markdown(doc))
+def write_docs(doc: dict) -> pathlib.Path:
+    return _common.write_docs_table(DOCS_MARKER, markdown(doc))
 
 
 def merge_records(out: pathlib.Path, other: pathlib.Path) -> None:
@@ -453,9 +452,9 @@ def main() -> int:
     ap.add_argument("--timeout-s", type=int, default=4 * 3600, help="per MaxText estimator run")
     _common.add_out(ap, "estimator_peer.json")
     ap.add_argument(
-        "--readme",
+        "--docs",
         action="store_true",
-        help="only rewrite README.md's estimator-peer table from the record (no compiles)",
+        help="only rewrite the docs' estimator-peer table from the record (no compiles)",
     )
     ap.add_argument(
         "--parts",
@@ -476,9 +475,9 @@ def main() -> int:
     if a.merge:
         merge_records(pathlib.Path(a.out), pathlib.Path(a.merge))
         return 0
-    if a.readme:
-        write_readme(json.loads(pathlib.Path(a.out).read_text()), ROOT / "README.md")
-        print(f"README.md's table rewritten from {a.out}")
+    if a.docs:
+        page = write_docs(json.loads(pathlib.Path(a.out).read_text()))
+        print(f"{page.relative_to(ROOT)}: table rewritten from {a.out}")
         return 0
     py = str(pathlib.Path(a.venv) / "bin" / "python")
     if not pathlib.Path(py).exists():

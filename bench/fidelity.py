@@ -14,8 +14,8 @@ bench/results/fidelity.json and prints a table with every ratio.  FLOPs are not 
 meshes with a tensor axis or an expert-parallel MoE (the LM head repeats on every tensor shard;
 capacity is per device), where one device's share is not the one-device step ÷ devices.
 
-Which cases miss, and why (traced from XLA's live-range dumps at the peak), is in the README's
-fidelity paragraph, from bench/results/fidelity.json.
+Which cases miss, and why (traced from XLA's live-range dumps at the peak), is in the
+fidelity paragraph of docs/concepts/cost-model.md, from bench/results/fidelity.json.
 
     .venv/bin/python bench/fidelity.py [--quick]
 """

@@ -15,8 +15,8 @@ outputs).
 
 Writes bench/results/hbm_time.json (command, machine, jax version, per case both sides by part).
 
-What the record shows, case by case and where the two sides part, is in the README's HBM-traffic
-paragraph, from bench/results/hbm_time.json.
+What the record shows, case by case and where the two sides part, is in the HBM-traffic
+paragraph of docs/concepts/cost-model.md, from bench/results/hbm_time.json.
 
     .venv/bin/python bench/hbm_time.py [--out bench/results/hbm_time.json] [--case N ...]
 """

@@ -16,7 +16,7 @@ window).
 
 Each compile runs in its own process (XLA flags are per process); the record is rewritten after
 every case, and a rerun with the same --out resumes (cases already in it are kept), so a crash loses
-nothing.  ``--table`` prints the README table from an existing record.
+nothing.  ``--table`` prints the docs' table from an existing record, ``--docs`` rewrites it there.
 
     .venv/bin/python bench/hide_grid.py [--out bench/results/hide_grid.json] [--quick]
     .venv/bin/python bench/hide_grid.py --table [--out FILE]
@@ -482,7 +482,7 @@ def _write(path: pathlib.Path, record: dict) -> None:
 
 
 def table(record: dict) -> str:
-    """The README table (markdown) from a record."""
+    """The docs' table (markdown) from a record."""
 
     def pct(x):
         return f"{100 * x:.0f} %"
@@ -538,7 +538,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     _common.add_out(ap, "hide_grid.json")
     ap.add_argument("--quick", action="store_true", help="tiny-llama only (a smoke test)")
-    ap.add_argument("--table", action="store_true", help="print the README table of --out")
+    ap.add_argument("--table", action="store_true", help="print the docs' table of --out")
+    ap.add_argument("--docs", action="store_true", help="rewrite the docs' table from --out")
     ap.add_argument("--only", default="", help="run only cases whose label contains this text")
     ap.add_argument("--hlo-dir", default=None, help="also write each case's scheduled HLO here")
     ap.add_argument(
@@ -562,6 +563,10 @@ def main() -> int:
         print(json.dumps(run_trace(json.loads(args.trace_one))))
         return 0
     out = pathlib.Path(args.out)
+    if args.docs:
+        page = _common.write_docs_table("hide-grid", table(_load(out)))
+        print(f"{page.relative_to(_common.ROOT)}: table rewritten from {out}")
+        return 0
     if args.table:
         print(table(_load(out)))
         return 0

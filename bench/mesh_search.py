@@ -11,7 +11,7 @@ comes from the plan file (61 layers, 128 devices).  Cost-model predictions and o
 compile; nothing runs on a GPU.
 
     .venv/bin/python bench/mesh_search.py            # → bench/results/mesh_search.json
-    .venv/bin/python bench/mesh_search.py --readme   # the README's table, from the record
+    .venv/bin/python bench/mesh_search.py --docs     # the docs' table, from the record
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def _m(mesh: dict) -> str:
 
 
 def readme(doc: dict) -> str:
-    """The README's tables: the top candidates per case, the sensitivity and the compile."""
+    """The docs' tables: the top candidates per case, the sensitivity and the compile."""
     lines = []
     for case in doc["cases"]:
         s = case["search"]
@@ -197,12 +197,15 @@ def main(argv=None) -> int:
         default="deepseek-v3-671b",
         help="the case whose winner is compiled deviceless (default deepseek-v3-671b)",
     )
-    ap.add_argument("--readme", action="store_true", help="print the README table from the record")
+    ap.add_argument(
+        "--docs", action="store_true", help="rewrite the docs' mesh-search table from the record"
+    )
     _common.add_out(ap, "mesh_search.json")
     args = ap.parse_args(argv)
     out = pathlib.Path(args.out)
-    if args.readme:
-        print(readme(json.loads(out.read_text())))
+    if args.docs:
+        page = _common.write_docs_table("mesh-search", readme(json.loads(out.read_text())))
+        print(f"{page.relative_to(ROOT)}: table rewritten from {out}")
         return 0
     sys.path.insert(0, str(ROOT / "src"))
     from tierax import records

@@ -124,7 +124,7 @@ def measure(rounds: int) -> dict:
 
 
 def markdown(doc: dict) -> str:
-    """The README's table of a record: per MLP width and plan, measured, predicted, transposes."""
+    """The docs' table of a record: per MLP width and plan, measured, predicted, transposes."""
     lines = [
         "| MLP width (row stride) | plan | measured s, median (IQR) | predicted s | error "
         "| transposes: the model's term s · profiled transposing ops s |",
@@ -149,11 +149,18 @@ def markdown(doc: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
-    ap.add_argument("--markdown", metavar="RECORD", help="print a record's README table")
+    ap.add_argument("--markdown", metavar="RECORD", help="print a record's docs table")
+    ap.add_argument("--docs", metavar="RECORD", help="rewrite the docs' table from a record")
     _common.add_out(ap, "row_stride.json")
     args = ap.parse_args(argv)
     if args.markdown:
         print(markdown(json.loads(pathlib.Path(args.markdown).read_text())))
+        return 0
+    if args.docs:
+        page = _common.write_docs_table(
+            "row-stride", markdown(json.loads(pathlib.Path(args.docs).read_text()))
+        )
+        print(f"{page.relative_to(_common.ROOT)}: table rewritten from {args.docs}")
         return 0
     if args.rounds < 2:
         ap.error("--rounds must be at least 2 (an interquartile range needs two steps)")

@@ -440,7 +440,7 @@ def table(doc: dict) -> str:
 
 
 def markdown(doc: dict) -> str:
-    """The README's table of a record: per case, both predictions, the measurement, errors."""
+    """The docs' table of a record: per case, both predictions, the measurement, errors."""
     out = [
         (
             "| shape | plan | predicted s (frozen) | predicted s (interleaved) | measured s, "
@@ -573,11 +573,18 @@ def main(argv=None) -> int:
         help="output JSON (default bench/results/time_fidelity.json; --quick: "
         "time_fidelity-quick.json)",
     )
-    ap.add_argument("--markdown", metavar="RECORD", help="print a record's README tables")
+    ap.add_argument("--markdown", metavar="RECORD", help="print a record's docs tables")
+    ap.add_argument("--docs", metavar="RECORD", help="rewrite the docs' tables from a record")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.markdown:
         print(markdown(json.loads(pathlib.Path(args.markdown).read_text())))
+        return 0
+    if args.docs:
+        page = _common.write_docs_table(
+            "time-fidelity", markdown(json.loads(pathlib.Path(args.docs).read_text()))
+        )
+        print(f"{page.relative_to(_common.ROOT)}: table rewritten from {args.docs}")
         return 0
     if args.child:
         spec = json.loads(args.child)

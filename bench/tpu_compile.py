@@ -136,8 +136,7 @@ def run_case(
     return case, summary
 
 
-README_START = "<!-- tpu-compile:start -->"
-README_END = "<!-- tpu-compile:end -->"
+DOCS_MARKER = "tpu-compile"  # <!-- tpu-compile:start --> … :end --> on its docs page
 
 
 def merge(out: pathlib.Path, other: pathlib.Path) -> None:
@@ -158,13 +157,13 @@ def merge(out: pathlib.Path, other: pathlib.Path) -> None:
 
 
 def markdown(doc: dict) -> str:
-    """The README's table of the record (every figure read from it)."""
+    """The docs' table of the record (every figure read from it)."""
     libtpu = {c.get("run", {}).get("versions", {}).get("libtpu") for c in doc["cases"]}
     libtpu = sorted(v for v in libtpu if v) or [doc["versions"]["libtpu"]]
     out = [
         f"Llama 3 8B, {doc['configuration'].split('--target ')[1]}, deviceless XLA:TPU (libtpu "
         f"{', '.join(libtpu)}); generated from `bench/results/tpu_compile.json` by "
-        "`python bench/tpu_compile.py --readme`.",
+        "`python bench/tpu_compile.py --docs`.",
         "",
         "| plan | microbatch × seq | offloaded | predicted peak | XLA:TPU peak | model error | "
         "fits XLA's limit |",
@@ -194,8 +193,8 @@ def markdown(doc: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def write_readme(doc: dict, readme: pathlib.Path) -> None:
-    _common.write_readme_section(readme, README_START, README_END, markdown(doc))
+def write_docs(doc: dict) -> pathlib.Path:
+    return _common.write_docs_table(DOCS_MARKER, markdown(doc))
 
 
 def main() -> int:
@@ -214,15 +213,15 @@ def main() -> int:
     )
     ap.add_argument("--merge", metavar="RECORD", help="merge RECORD's cases into --out and exit")
     ap.add_argument(
-        "--readme", action="store_true", help="only rewrite README.md's table from --out"
+        "--docs", action="store_true", help="only rewrite the docs' table from --out"
     )
     args = ap.parse_args()
     if args.merge:
         merge(pathlib.Path(args.out), pathlib.Path(args.merge))
         return 0
-    if args.readme:
-        write_readme(json.loads(pathlib.Path(args.out).read_text()), ROOT / "README.md")
-        print(f"README.md's table rewritten from {args.out}")
+    if args.docs:
+        page = write_docs(json.loads(pathlib.Path(args.out).read_text()))
+        print(f"{page.relative_to(ROOT)}: table rewritten from {args.out}")
         return 0
     try:
         cases_wanted = [

@@ -30,6 +30,7 @@ from jax.ad_checkpoint import checkpoint_name  # noqa: E402
 import tierax  # noqa: E402
 
 
+# --8<-- [start:model]
 class Block(nn.Module):
     d_model: int
     heads: int
@@ -91,6 +92,7 @@ def loss_fn_for(model: Model):
     return loss_fn
 
 
+# --8<-- [end:model]
 def run(layers=4, d_model=64, seq=32, batch=2, target="h200", budget=None, squeeze=None) -> dict:
     """Inventory, plan (``squeeze``: budget = that fraction of the unconstrained plan's peak),
     gradient check."""

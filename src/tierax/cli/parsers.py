@@ -415,8 +415,8 @@ def _training(sub) -> None:
     t = sub.add_parser(
         "train",
         help="train a model under a plan from a config file",
-        description="Train from a YAML config (see configs/demo-train.yaml; keys are listed in "
-        "README.md) with KEY=VALUE overrides (dotted for sections: mesh.fsdp=4, optimizer.lr=3e-4, "
+        description="Train from a YAML config (configs/demo-train.yaml; keys: docs/guide/train.md) "
+        "with KEY=VALUE overrides (dotted for sections: mesh.fsdp=4, optimizer.lr=3e-4, "
         "model.d_model=128). Writes metrics.jsonl, metrics.png and the resolved config to log.dir, "
         "Orbax checkpoints to checkpoint.dir. Ctrl-C stops at the next step boundary and "
         "checkpoints it.",

@@ -1,0 +1,75 @@
+"""The measured tables on the docs pages are what their bench scripts generate from the records.
+
+Each table stands between ``<!-- MARKER:start -->`` and ``<!-- MARKER:end -->`` on one page under
+docs/, and the script's ``--docs`` option rewrites it there from its record (no compiles); here the
+committed text must equal the script's function applied to the committed record, so a record
+rerun without ``--docs`` (or a hand edit of a table) fails.  Needs neither JAX nor mkdocs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+
+# (bench script, the function that renders the table, the record, the marker)
+DOCS_TABLES = [
+    ("estimator_peer", "markdown", "estimator_peer.json", "estimator-peer"),
+    ("tpu_compile", "markdown", "tpu_compile.json", "tpu-compile"),
+    ("hide_grid", "table", "hide_grid.json", "hide-grid"),
+    ("row_stride", "markdown", "row_stride.json", "row-stride"),
+    ("time_fidelity", "markdown", "time_fidelity.json", "time-fidelity"),
+    ("mesh_search", "readme", "mesh_search.json", "mesh-search"),
+]
+
+
+def _bench(name: str):
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))  # the scripts import _common as a sibling
+    spec = importlib.util.spec_from_file_location(f"docs_table_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _section(text: str, marker: str) -> str:
+    start, end = f"<!-- {marker}:start -->\n", f"<!-- {marker}:end -->"
+    return text[text.index(start) + len(start) : text.index(end)]
+
+
+@pytest.mark.parametrize(("script", "function", "record", "marker"), DOCS_TABLES)
+def test_a_docs_table_is_its_record_rendered(script, function, record, marker):
+    common = _bench("_common")
+    page = common.docs_page(marker)
+    body = getattr(_bench(script), function)(
+        json.loads((ROOT / "bench/results" / record).read_text())
+    )
+    body = body if body.endswith("\n") else body + "\n"
+    assert _section(page.read_text(), marker) == body, (
+        f"{page.relative_to(ROOT)}'s {marker} table is not bench/results/{record} rendered: "
+        f"run python bench/{script}.py --docs"
+    )
+
+
+def test_write_docs_table_splices_the_one_page_and_refuses_ambiguity(tmp_path, monkeypatch):
+    common = _bench("_common")
+    monkeypatch.setattr(common, "DOCS", tmp_path)
+    page = tmp_path / "a" / "page.md"
+    page.parent.mkdir()
+    page.write_text("# t\n\nbefore\n<!-- x:start -->\nold\n<!-- x:end -->\nafter\n")
+    (tmp_path / "other.md").write_text("no marker here\n")
+    assert common.write_docs_table("x", "| new |") == page
+    assert page.read_text() == "# t\n\nbefore\n<!-- x:start -->\n| new |\n<!-- x:end -->\nafter\n"
+    (tmp_path / "other.md").write_text("<!-- x:start -->\n<!-- x:end -->\n")
+    with pytest.raises(SystemExit, match="one page under docs/ must hold"):
+        common.write_docs_table("x", "| newer |")
+    assert "| new |" in page.read_text()  # refused before anything was written
+    with pytest.raises(SystemExit, match="found: none"):
+        common.docs_page("y")
