@@ -371,3 +371,14 @@ def test_host_copies_and_collectives_share_one_overlap_budget():
     assert 0 < window < 1e-4
     assert moved["exposed_collective_s"] == pytest.approx(moved["collective_s"] - window, rel=1e-12)
     assert moved["exposed_collective_s"] > 0.002
+
+
+def test_v5p_slices_meet_over_each_chips_dcn_share():
+    # Cloud TPU v5p: 50 Gb/s of DCN per chip = 6.25 GB/s.  Two slices of 4 chips (--rate
+    # gpus_per_domain=4): a data group {f, f+4} has one chip per slice, so one chip's share;
+    # the fsdp groups stay inside a slice, on ICI (600 GB/s per direction).
+    v5p = override_rates(cm.target_rates("v5p", "bfloat16"), ["gpus_per_domain=4"])
+    links = network.axis_links({"data": 2, "fsdp": 4}, v5p)
+    assert (links["data"].crosses_domain, links["data"].nics) == (True, 1)
+    assert links["data"].bytes_per_s == pytest.approx(6.25e9)
+    assert (links["fsdp"].crosses_domain, links["fsdp"].bytes_per_s) == (False, 600e9)

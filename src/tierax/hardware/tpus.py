@@ -181,6 +181,10 @@ TPU_TARGETS: dict[str, TpuSpec] = {
             "16x16x24",
         ),
         nvlink_domain_gpus=8960,  # same page: 8960 chips in a v5p pod
+        # same page: "Data center network (DCN) bandwidth per chip (Gbps): 50" → 6.25 GB/s; a
+        # multi-slice job's collectives between slices run over it.
+        scale_out_bytes_per_s=50e9 / 8,
+        scale_out_source="DCN 50 Gb/s per chip (Cloud TPU v5p docs)",
     ),
     "v6e": TpuSpec(
         key="v6e",
