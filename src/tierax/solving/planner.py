@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.optimize import Bounds, LinearConstraint
 
 from tierax import costmodel as cm
 from tierax import hardware
@@ -32,6 +32,7 @@ from tierax import names as N
 from tierax.costmodel import transposes
 from tierax.errors import TieraxError
 from tierax.plan import DEFAULT_MECHANISM, GroupPlan, Placement, Plan, Segment, segment_name
+from tierax.solving import quiet_milp
 from tierax.tracing import inventory as inv_lib
 
 # Default reserve kept free on the device: the same runtime reserve `fits` means everywhere.
@@ -200,7 +201,7 @@ def _solve(
         ub[O : O + n] = 0
     integrality = np.zeros(nv)
     integrality[:ED] = 1
-    res = milp(
+    res = quiet_milp.milp(
         c,
         constraints=LinearConstraint(np.array(rows), lo, hi),
         integrality=integrality,
