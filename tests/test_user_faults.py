@@ -7,8 +7,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 
 def _python(code: str, *args: str, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -51,3 +49,34 @@ def test_plan_json_is_one_document_while_highs_writes_to_fd1():
     doc = json.loads(r.stdout)  # exactly one JSON document: nothing before or after it
     assert doc["plan"]["groups"]["decoder"]["segments"]
     assert "HiGHS" in r.stderr or "Running HiGHS" in r.stderr  # the log went to stderr instead
+
+
+# -- 2: a gzip-compressed Parquet file is read as Parquet ------------------------------------
+
+
+def test_gzip_compressed_parquet_is_read_as_parquet(tmp_path):
+    import gzip
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tierax.train import data as D
+
+    texts = [f"document number {i}: " + "words " * (i % 7) for i in range(50)]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "docs.parquet", row_group_size=16)
+    raw = (tmp_path / "docs.parquet").read_bytes()
+    (tmp_path / "docs.parquet.gz").write_bytes(gzip.compress(raw))
+    (tmp_path / "anyname.gz").write_bytes(gzip.compress(raw))  # told by the PAR1 payload
+    ref = D.prepare([tmp_path / "docs.parquet"], tmp_path / "p")
+    # Byte-level by hand: every document's UTF-8 bytes, one document per row.
+    assert ref["splits"]["train"]["num_documents"] == len(texts)
+    r = _tierax("data", "prepare", str(tmp_path / "docs.parquet.gz"), "--out", str(tmp_path / "g"))
+    assert r.returncode == 0, r.stderr
+    gz = json.loads((tmp_path / "g" / "index.json").read_text())
+    assert gz["splits"]["train"]["num_documents"] == len(texts)
+    assert gz["splits"]["train"]["num_tokens"] == ref["splits"]["train"]["num_tokens"]
+    ref_bin = (tmp_path / "p" / "train-00000.bin").read_bytes()
+    assert (tmp_path / "g" / "train-00000.bin").read_bytes() == ref_bin
+    assert b"PAR1" not in ref_bin and texts[3].encode() in ref_bin
+    D.prepare([tmp_path / "anyname.gz"], tmp_path / "a")
+    assert (tmp_path / "a" / "train-00000.bin").read_bytes() == ref_bin
