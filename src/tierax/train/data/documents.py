@@ -9,8 +9,8 @@
 Any of them may be gzip-compressed (told by the gzip magic).  A gzip whose payload starts with
 ``PAR1`` is Parquet (whatever its name); otherwise the kind comes from the name without ``.gz``.
 Parquet needs random access, so a compressed one is first decompressed to a temporary
-file.
-Memory is bounded by the largest document (and a Parquet read batch), not by the corpus: a document larger than ``max_document_bytes`` is refused.
+file.  Memory is bounded by the largest document (and a Parquet read batch), not by the corpus:
+a document larger than ``max_document_bytes`` is refused.
 """
 
 from __future__ import annotations
