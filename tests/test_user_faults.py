@@ -80,3 +80,51 @@ def test_gzip_compressed_parquet_is_read_as_parquet(tmp_path):
     assert b"PAR1" not in ref_bin and texts[3].encode() in ref_bin
     D.prepare([tmp_path / "anyname.gz"], tmp_path / "a")
     assert (tmp_path / "a" / "train-00000.bin").read_bytes() == ref_bin
+
+
+# -- 3 and 8: plot-metrics on records without throughput; its --out ---------------------------
+
+
+def _metrics_run(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"step": s, "loss": 5.0 - 0.1 * s} for s in range(1, 11)]  # no tokens_per_s at all
+    rows[4]["tflops_per_device"] = 1.5
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run
+
+
+def test_plot_metrics_draws_what_the_records_have_and_says_what_is_missing(tmp_path):
+    run = _metrics_run(tmp_path)
+    r = _tierax("plot-metrics", str(run))
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    assert "10 of 10 step records have no 'tokens_per_s'; its curve is not drawn" in r.stderr
+    assert "9 of 10 step records have no 'tflops_per_device'" in r.stderr
+    png = (run / "metrics.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+    # Records with nothing to draw: refused, exit 2, nothing written.
+    (run / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    r = _tierax("plot-metrics", str(run), "--out", str(tmp_path / "none.png"))
+    assert r.returncode == 2 and "no record has any of loss, tokens_per_s" in r.stderr
+    assert not (tmp_path / "none.png").exists()
+
+
+def test_plot_metrics_out_is_png_only_and_replaces_only_its_own_file(tmp_path):
+    run = _metrics_run(tmp_path)
+    for name in ("x.txt", "x.jpg"):
+        r = _tierax("plot-metrics", str(run), "--out", str(tmp_path / name))
+        assert r.returncode == 2 and "PNG only" in r.stderr and ".png" in r.stderr, r.stderr
+        assert not (tmp_path / name).exists()
+    mine = tmp_path / "mine.png"
+    mine.write_bytes(b"the user's own picture")
+    r = _tierax("plot-metrics", str(run), "--out", str(mine))
+    assert r.returncode == 2 and "--force" in r.stderr and "not replaced" in r.stderr
+    assert mine.read_bytes() == b"the user's own picture"
+    r = _tierax("plot-metrics", str(run), "--out", str(mine), "--force")
+    assert r.returncode == 0, r.stderr
+    first = mine.read_bytes()
+    assert first.startswith(b"\x89PNG")
+    # A plot tierax wrote is replaced without --force.
+    r = _tierax("plot-metrics", str(run), "--out", str(mine))
+    assert r.returncode == 0, r.stderr

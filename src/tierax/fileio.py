@@ -12,6 +12,7 @@ import os
 import pathlib
 import stat
 import tempfile
+from collections.abc import Callable
 
 from tierax.errors import TieraxError
 
@@ -95,6 +96,39 @@ def check_output_file(path: str | os.PathLike, option: str = "--out") -> pathlib
             "or make it writable"
         )
     _check_parent(p, option)
+    return p
+
+
+def check_replaceable_file(
+    path: str | os.PathLike,
+    option: str = "--out",
+    *,
+    ours: Callable[[pathlib.Path], bool],
+    what: str,
+    force: bool = False,
+    force_flag: str = "--force",
+) -> pathlib.Path:
+    """:func:`check_output_file`, and: an existing file is replaced only if ``ours(path)`` says
+    tierax wrote it (``what`` names such a file in the message), or with ``force``.
+
+    The one rule for every ``--out`` that writes a file: what the user did not offer is not
+    overwritten.
+
+    Raises:
+      TieraxError: as :func:`check_output_file`, or the file exists, is not ``what``, and
+        ``force`` is off.
+    """
+    p = check_output_file(path, option)
+    if p.exists() and not force:
+        try:
+            mine = ours(p)
+        except (OSError, ValueError):
+            mine = False
+        if not mine:
+            raise TieraxError(
+                f"{option} {str(p)!r} exists and is not {what}; it is not replaced — give "
+                f"another path, or pass {force_flag} to replace it"
+            )
     return p
 
 

@@ -532,7 +532,13 @@ def _training(sub) -> None:
         "RUN_DIR/metrics.jsonl to a PNG (default RUN_DIR/metrics.png).",
     )
     pm.add_argument("run_dir", metavar="RUN_DIR", help="the log.dir of a `tierax train` run")
-    pm.add_argument("--out", metavar="FILE.png", help="where to write the PNG")
+    pm.add_argument("--out", metavar="FILE.png", help="where to write the PNG (.png only)")
+    pm.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing file at --out that is not a metrics plot tierax wrote (without "
+        "it such a file is refused, nothing written)",
+    )
     pm.set_defaults(func=training.cmd_plot_metrics)
 
 
