@@ -128,3 +128,33 @@ def test_plot_metrics_out_is_png_only_and_replaces_only_its_own_file(tmp_path):
     # A plot tierax wrote is replaced without --force.
     r = _tierax("plot-metrics", str(run), "--out", str(mine))
     assert r.returncode == 0, r.stderr
+
+
+def _main(monkeypatch, capsys, *args) -> tuple[int, str]:
+    """``tierax ARGS`` in this process (faster than a subprocess): (exit code, stderr)."""
+    from tierax import cli
+
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    code = cli.main(list(args))
+    return code, capsys.readouterr().err
+
+
+def test_plan_out_replaces_only_what_tierax_plan_wrote(tmp_path, monkeypatch, capsys):
+    base = ["plan", "--model", "tiny-llama", "--microbatch", "2", "--seq", "64"]
+    notes = tmp_path / "notes.yaml"
+    notes.write_text("my: own notes\n")
+    for extra in ([], ["--emit", "maxtext"]):
+        code, err = _main(monkeypatch, capsys, *base, *extra, "--out", str(notes))
+        assert code == 2, err
+        assert "exists and is not a plan or MaxText overrides file" in err and "--force" in err
+        assert notes.read_text() == "my: own notes\n"
+    out = tmp_path / "plan.yaml"
+    assert _main(monkeypatch, capsys, *base, "--out", str(out))[0] == 0
+    assert "groups:" in out.read_text()
+    # What tierax plan wrote is replaced, by a plan or by MaxText overrides, and back.
+    assert _main(monkeypatch, capsys, *base, "--emit", "maxtext", "--out", str(out))[0] == 0
+    assert "# MaxText overrides written by tierax" in out.read_text()
+    assert _main(monkeypatch, capsys, *base, "--out", str(out))[0] == 0
+    assert "groups:" in out.read_text()
+    assert _main(monkeypatch, capsys, *base, "--out", str(notes), "--force")[0] == 0
+    assert "groups:" in notes.read_text()

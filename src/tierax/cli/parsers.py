@@ -156,6 +156,12 @@ def _planning(sub) -> None:
     )
     p.add_argument("--out", help="write the plan as YAML (usable by bench, compile, simulate)")
     p.add_argument(
+        "--force",
+        action="store_true",
+        help="let --out replace an existing file that is not a plan or MaxText overrides file "
+        "tierax wrote (without it such a file is refused before any work)",
+    )
+    p.add_argument(
         "--check",
         action="store_true",
         help="compile the chosen plan deviceless for --target, correct the model's workspace term "
