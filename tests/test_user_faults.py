@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 
 def _python(code: str, *args: str, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -130,13 +132,14 @@ def test_plot_metrics_out_is_png_only_and_replaces_only_its_own_file(tmp_path):
     assert r.returncode == 0, r.stderr
 
 
-def _main(monkeypatch, capsys, *args) -> tuple[int, str]:
-    """``tierax ARGS`` in this process (faster than a subprocess): (exit code, stderr)."""
+def _main(monkeypatch, capsys, *args) -> tuple[int, str, str]:
+    """``tierax ARGS`` in this process (faster than a subprocess): (exit code, stdout, stderr)."""
     from tierax import cli
 
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     code = cli.main(list(args))
-    return code, capsys.readouterr().err
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
 
 
 def test_plan_out_replaces_only_what_tierax_plan_wrote(tmp_path, monkeypatch, capsys):
@@ -144,7 +147,7 @@ def test_plan_out_replaces_only_what_tierax_plan_wrote(tmp_path, monkeypatch, ca
     notes = tmp_path / "notes.yaml"
     notes.write_text("my: own notes\n")
     for extra in ([], ["--emit", "maxtext"]):
-        code, err = _main(monkeypatch, capsys, *base, *extra, "--out", str(notes))
+        code, _, err = _main(monkeypatch, capsys, *base, *extra, "--out", str(notes))
         assert code == 2, err
         assert "exists and is not a plan or MaxText overrides file" in err and "--force" in err
         assert notes.read_text() == "my: own notes\n"
@@ -158,3 +161,47 @@ def test_plan_out_replaces_only_what_tierax_plan_wrote(tmp_path, monkeypatch, ca
     assert "groups:" in out.read_text()
     assert _main(monkeypatch, capsys, *base, "--out", str(notes), "--force")[0] == 0
     assert "groups:" in notes.read_text()
+
+
+# -- 5: plan --max-microbatch searches past 4096 and says when its guard stops it -----------
+
+
+def test_max_microbatch_is_not_capped_at_4096(monkeypatch, capsys):
+    from tierax import costmodel as cm
+    from tierax.errors import TieraxError
+    from tierax.models import get_config
+    from tierax.solving import planner
+    from tierax.tracing.inventory import model_inventory
+
+    budget = 3 * 2**30
+    code, out, err = _main(
+        monkeypatch, capsys, "plan", "--model", "tiny-llama", "--target", "h100", "--seq", "64",
+        "--max-microbatch", "--budget-gib", "3", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    doc = json.loads(out)
+    mb = doc["microbatch"]
+    assert mb > 4096 and "search_stopped_at" not in doc and doc["notes"] == []
+    # The boundary, checked on the traced inventories either side (not the search's extrapolation).
+    cfg = get_config("tiny-llama")
+    rates = cm.target_rates("h100", cfg.dtype)
+    planner.plan(cfg, model_inventory(cfg, mb, 64), rates, budget_bytes=budget)
+    with pytest.raises(TieraxError):
+        planner.plan(cfg, model_inventory(cfg, mb + 1, 64), rates, budget_bytes=budget)
+
+
+def test_max_microbatch_reaching_the_guard_says_at_least(monkeypatch, capsys):
+    from tierax.solving import planner
+
+    monkeypatch.setattr(planner, "MAX_MICROBATCH_SEARCH", 48)  # tiny-llama fits far more
+    code, out, err = _main(
+        monkeypatch, capsys, "plan", "--model", "tiny-llama", "--seq", "64", "--max-microbatch",
+        "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["microbatch"] == 48 and doc["search_stopped_at"] == 48
+    assert doc["notes"] == [
+        "largest microbatch that fits: at least 48; the search stops at 48 (a larger one may fit "
+        "too)"
+    ]
