@@ -205,3 +205,42 @@ def test_max_microbatch_reaching_the_guard_says_at_least(monkeypatch, capsys):
         "largest microbatch that fits: at least 48; the search stops at 48 (a larger one may fit "
         "too)"
     ]
+
+
+# -- 6: the examples run as documented and print errors in one line ---------------------------
+
+EXAMPLES = __import__("pathlib").Path(__file__).resolve().parents[1] / "examples"
+
+
+def _example(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def test_jax_scan_example_runs_its_documented_budget_and_refuses_a_small_one_in_one_line():
+    import re
+
+    doc = (EXAMPLES / "jax_scan_model.py").read_text()
+    (mib,) = re.findall(r"--budget-mib (\d+)\]", doc)  # the usage its docstring documents
+    ok = _example("jax_scan_model.py", "--budget-mib", mib)
+    assert ok.returncode == 0, ok.stderr
+    assert "gradients vs no remat" in ok.stdout
+    bad = _example("jax_scan_model.py", "--budget-mib", "24")  # below what remat-all needs
+    assert bad.returncode == 2, bad.stderr
+    assert "Traceback" not in bad.stderr
+    (line,) = [ln for ln in bad.stderr.splitlines() if ln.strip()]
+    assert "error: no plan fits" in line and "a larger budget=" in line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["flax_linen_model.py"])
+def test_examples_print_a_bad_budget_in_one_line(name):
+    bad = _example(name, "--budget-mib", "0.01")
+    assert bad.returncode == 2, bad.stderr
+    (line,) = [ln for ln in bad.stderr.splitlines() if ln.strip()]
+    assert line.startswith(str(EXAMPLES / name) + ": error: no plan fits"), line
