@@ -244,3 +244,82 @@ def test_examples_print_a_bad_budget_in_one_line(name):
     assert bad.returncode == 2, bad.stderr
     (line,) = [ln for ln in bad.stderr.splitlines() if ln.strip()]
     assert line.startswith(str(EXAMPLES / name) + ": error: no plan fits"), line
+
+
+# -- 4 and 10: mixtures and validation data of other tokenizers / the training data itself ------
+
+
+@pytest.fixture(scope="module")
+def token_dirs(tmp_path_factory):
+    """Token directories of one sample text: byte-level (with a validation split, and a copy of
+    it elsewhere), and two different BPE tokenizer files of the same kind."""
+    import shutil
+
+    import tokenizer_files as TF
+
+    from tierax.train import data as D
+
+    d = tmp_path_factory.mktemp("tokens")
+    docs = d / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in TF.paragraphs()))
+    hf_a, hf_b = TF.hf_bpe(d / "hf-a"), TF.hf_bpe(d / "hf-b", with_bos=False)
+    D.prepare([docs], d / "bytes", validation_fraction=0.2)
+    shutil.copytree(d / "bytes", d / "bytes-copy")
+    D.prepare([docs], d / "bytes-train-only")  # no validation split: all of it is train
+    D.prepare([docs], d / "bpe-a", tokenizer=str(hf_a))
+    D.prepare([docs], d / "bpe-b", tokenizer=str(hf_b))
+    return d
+
+
+def _data(**kw):
+    from tierax.train.sections import DataConfig
+
+    return DataConfig(source="tokens", **kw)
+
+
+def test_a_mixture_of_different_tokenizers_is_refused_naming_both(token_dirs):
+    from tierax.errors import TieraxError
+    from tierax.train import data as D
+
+    shape = D.BatchShape(1, 2, 16)
+    d = token_dirs
+    for a, b, kinds in [
+        ("bytes", "bpe-a", ("bytes tokenizer", "huggingface tokenizer")),
+        ("bpe-a", "bpe-b", ("huggingface tokenizer, SHA-256", "huggingface tokenizer, SHA-256")),
+    ]:
+        with pytest.raises(TieraxError) as e:
+            D.open_stream(_data(mixture=f"{d / a}=0.5,{d / b}=0.5"), shape, seed=0, vocab_size=2000)
+        msg = str(e.value)
+        assert f"{d / a} (train)" in msg and f"{d / b} (train)" in msg, msg
+        assert all(k in msg for k in kinds) and "same --tokenizer" in msg
+    # The same tokenizer twice is a mixture.
+    stream = D.open_stream(
+        _data(mixture=f"{d / 'bytes'}=0.5,{d / 'bytes-copy'}=0.5"), shape, seed=0, vocab_size=2000
+    )
+    assert len(stream.corpora) == 2
+
+
+def test_validation_path_reads_the_validation_split_and_refuses_the_training_data(token_dirs):
+    from tierax.errors import TieraxError
+    from tierax.train import data as D
+
+    d = token_dirs
+    shape = D.BatchShape(1, 2, 16)
+    index = json.loads((d / "bytes" / "index.json").read_text())
+    data = _data(path=str(d / "bytes-train-only"), validation_path=str(d / "bytes"),
+                 validation_every=5, validation_batches=1)  # fmt: skip
+    v = D.open_validation(data, 2, 16, vocab_size=300)
+    assert v.corpus.name == f"{d / 'bytes'} (validation)"
+    assert v.corpus.num_tokens == index["splits"]["validation"]["num_tokens"]
+    # The training data itself (a copy of the directory: same tokens) as validation: refused.
+    same = _data(path=str(d / "bytes-train-only"), validation_path=str(d / "bytes-train-only"),
+                 validation_every=5, validation_batches=1)  # fmt: skip
+    stream = D.open_stream(same, shape, seed=0, vocab_size=300)
+    with pytest.raises(TieraxError, match="is the training data .* itself"):
+        D.open_validation(same, 2, 16, vocab_size=300, training=stream.corpora)
+    # Validation data of another tokenizer: refused too.
+    other = _data(path=str(d / "bpe-a"), validation_path=str(d / "bytes"),
+                  validation_every=5, validation_batches=1)  # fmt: skip
+    stream = D.open_stream(other, shape, seed=0, vocab_size=2000)
+    with pytest.raises(TieraxError, match="different tokenizers"):
+        D.open_validation(other, 2, 16, vocab_size=2000, training=stream.corpora)
