@@ -323,3 +323,24 @@ def test_validation_path_reads_the_validation_split_and_refuses_the_training_dat
     stream = D.open_stream(other, shape, seed=0, vocab_size=2000)
     with pytest.raises(TieraxError, match="different tokenizers"):
         D.open_validation(other, 2, 16, vocab_size=2000, training=stream.corpora)
+
+
+# -- 9: train's overrides may follow its flags --------------------------------------------------
+
+DEMO = __import__("pathlib").Path(__file__).resolve().parents[1] / "configs" / "demo-train.yaml"
+
+
+def test_train_overrides_after_flags_are_applied_in_order(monkeypatch, capsys):
+    # The override after --resume reaches the config (steps=0 is refused there, by name, exit 2
+    # before any work), not argparse's "unrecognized arguments".
+    code, _, err = _main(monkeypatch, capsys, "train", str(DEMO), "steps=3", "--resume", "steps=0")
+    assert code == 2 and "steps must be ≥ 1, got 0" in err, err
+    from tierax.cli import _parse
+
+    args = _parse(["train", str(DEMO), "steps=3", "--resume", "steps=25", "--json", "seed=1"])
+    assert args.resume and args.json and args.overrides == ["steps=3", "steps=25", "seed=1"]
+    # Anything else after the flags is still argparse's error.
+    with pytest.raises(SystemExit) as e:
+        _parse(["train", str(DEMO), "--resume", "--bogus"])
+    assert e.value.code == 2
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err

@@ -429,7 +429,11 @@ def _training(sub) -> None:
     )
     t.add_argument("config", metavar="CONFIG.yaml", help="the train config file")
     t.add_argument(
-        "overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, applied in order"
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="config overrides, applied in order (before or after the flags: CONFIG --resume "
+        "steps=25 works)",
     )
     t.add_argument(
         "--resume",
