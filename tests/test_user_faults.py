@@ -344,3 +344,33 @@ def test_train_overrides_after_flags_are_applied_in_order(monkeypatch, capsys):
         _parse(["train", str(DEMO), "--resume", "--bogus"])
     assert e.value.code == 2
     assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+# -- 13: data prepare --overwrite deletes only what tierax wrote --------------------------------
+
+
+def test_prepare_overwrite_replaces_only_tierax_files(tmp_path):
+    import tokenizer_files as TF
+
+    text = tmp_path / "sample.txt"
+    text.write_bytes(TF.SAMPLE.read_bytes()[:20_000])
+    out = tmp_path / "d"
+    r = _tierax("data", "prepare", str(text), "--out", str(out), "--shard-tokens", "4096")
+    assert r.returncode == 0, r.stderr
+    first = sorted(p.name for p in out.iterdir())
+    assert first == ["index.json", "train-00000.bin", "train-00001.bin", "train-00002.bin",
+                     "train-00003.bin", "train-00004.bin", "train-docs.bin"]  # fmt: skip
+    (out / "README.md").write_text("the user's notes\n")
+    (out / "mine").mkdir()
+    (out / "mine" / "train-00009.bin").write_bytes(b"not tierax's")
+    r = _tierax("data", "prepare", str(text), "--out", str(out), "--overwrite")
+    assert r.returncode == 0, r.stderr
+    # One shard now (the default shard size); the old five and their index are gone, the
+    # user's file and directory stay untouched.
+    assert sorted(p.name for p in out.iterdir()) == [
+        "README.md", "index.json", "mine", "train-00000.bin", "train-docs.bin"
+    ]  # fmt: skip
+    assert (out / "README.md").read_text() == "the user's notes\n"
+    assert (out / "mine" / "train-00009.bin").read_bytes() == b"not tierax's"
+    assert (out / "train-00000.bin").read_bytes() == text.read_bytes()  # byte-level tokens
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "sample.txt"]  # no temporaries

@@ -531,7 +531,10 @@ def _training(sub) -> None:
         help="refuse larger documents (memory is bounded by one document; default 64)",
     )
     d.add_argument(
-        "--overwrite", action="store_true", help="replace a token directory already at --out"
+        "--overwrite",
+        action="store_true",
+        help="replace the token files an earlier `data prepare` wrote in --out (its index.json "
+        "and shards; any other file there stays)",
     )
     d.set_defaults(func=training.cmd_data)
 
