@@ -374,3 +374,33 @@ def test_prepare_overwrite_replaces_only_tierax_files(tmp_path):
     assert (out / "mine" / "train-00009.bin").read_bytes() == b"not tierax's"
     assert (out / "train-00000.bin").read_bytes() == text.read_bytes()  # byte-level tokens
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "sample.txt"]  # no temporaries
+
+
+# -- 12: --eos none gets the same, true message with every tokenizer kind -----------------------
+
+
+def test_eos_none_is_refused_for_what_it_is_with_every_tokenizer(tmp_path, monkeypatch, capsys):
+    import tokenizer_files as TF
+
+    from tierax.errors import TieraxError
+    from tierax.train.data.tokenizer import load_tokenizer
+
+    files = {
+        "huggingface": TF.hf_bpe(tmp_path / "hf"),
+        "sentencepiece": TF.sentencepiece_model(tmp_path / "sp"),
+        "tiktoken": TF.tiktoken_file(tmp_path / "tt"),
+    }
+    for kind, f in files.items():
+        assert load_tokenizer(str(f)).info.kind == kind  # each file loads without --eos
+        with pytest.raises(TieraxError) as e:
+            load_tokenizer(str(f), eos="none")
+        assert str(e.value) == (
+            "--eos none: every document needs an end-of-text token; name one with --eos TOKEN"
+        ), kind
+    out = tmp_path / "d"
+    code, _, err = _main(
+        monkeypatch, capsys, "data", "prepare", str(TF.SAMPLE), "--out", str(out),
+        "--tokenizer", str(files["huggingface"]), "--eos", "none",
+    )  # fmt: skip
+    assert code == 2 and "--eos none: every document needs an end-of-text token" in err
+    assert "names no end-of-text token" not in err and not out.exists()
