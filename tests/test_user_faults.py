@@ -404,3 +404,25 @@ def test_eos_none_is_refused_for_what_it_is_with_every_tokenizer(tmp_path, monke
     )  # fmt: skip
     assert code == 2 and "--eos none: every document needs an end-of-text token" in err
     assert "names no end-of-text token" not in err and not out.exists()
+
+
+# -- 11: an HF config's torch_dtype is modelled (the compute dtype), not listed as not modelled --
+
+
+def test_hf_torch_dtype_sets_the_compute_dtype_and_is_not_called_unmodelled(tmp_path, capsys):
+    from tierax.errors import TieraxError
+    from tierax.interop.files import load_model_config
+
+    fix = __import__("pathlib").Path(__file__).parent / "fixtures" / "hf"
+    data = json.loads((fix / "Llama-3.1-405B.config.json").read_text())
+    assert data["torch_dtype"] == "bfloat16"
+    for dtype in ("float32", "bfloat16"):
+        f = tmp_path / f"{dtype}.config.json"
+        f.write_text(json.dumps({**data, "torch_dtype": dtype}))
+        assert load_model_config(str(f)).dtype == dtype
+        err = capsys.readouterr().err
+        assert "not modelled" in err  # other keys (e.g. rope_scaling) still are, but not this one
+        assert "torch_dtype" not in err.split("not modelled", 1)[1].splitlines()[0]
+    f.write_text(json.dumps({**data, "torch_dtype": "int8"}))
+    with pytest.raises(TieraxError, match="torch_dtype 'int8' is not a compute dtype"):
+        load_model_config(str(f))
