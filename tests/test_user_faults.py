@@ -426,3 +426,29 @@ def test_hf_torch_dtype_sets_the_compute_dtype_and_is_not_called_unmodelled(tmp_
     f.write_text(json.dumps({**data, "torch_dtype": "int8"}))
     with pytest.raises(TieraxError, match="torch_dtype 'int8' is not a compute dtype"):
         load_model_config(str(f))
+
+
+# -- 7: TPU capacities in one unit; "fits" names the limit it compares with -----------------------
+
+
+def test_tpu_capacity_holds_xla_tpus_limit_and_fits_names_that_limit(monkeypatch, capsys):
+    from tierax import hardware
+
+    for key in ("v5e", "v5p", "v6e"):
+        spec = hardware.get_target(key)
+        # XLA:TPU cannot give one program more HBM than the chip has.
+        assert spec.xla_hbm_limit_bytes <= spec.device_memory_bytes, key
+        assert spec.device_memory_bytes % 2**30 == 0, key  # GiB, like every TPU figure here
+    code, out, err = _main(
+        monkeypatch, capsys, "plan", "--model", "tiny-llama", "--target", "v6e",
+        "--microbatch", "2", "--seq", "64",
+    )  # fmt: skip
+    assert code == 0, err
+    flat = " ".join(out.split())
+    assert "fits (≤ XLA:TPU's HBM limit 31.2 GiB)" in flat, out
+    assert "runtime reserve" not in flat and "of 32.0 GiB" in flat, out
+    code, out, err = _main(
+        monkeypatch, capsys, "plan", "--model", "tiny-llama", "--target", "h100",
+        "--microbatch", "2", "--seq", "64",
+    )  # fmt: skip
+    assert code == 0 and "fits (≤ capacity − runtime reserve" in " ".join(out.split()), out
