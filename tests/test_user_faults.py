@@ -452,3 +452,21 @@ def test_tpu_capacity_holds_xla_tpus_limit_and_fits_names_that_limit(monkeypatch
         "--microbatch", "2", "--seq", "64",
     )  # fmt: skip
     assert code == 0 and "fits (≤ capacity − runtime reserve" in " ".join(out.split()), out
+
+
+def test_sweep_png_and_bench_out_refuse_a_file_tierax_did_not_write(tmp_path, monkeypatch, capsys):
+    mine = tmp_path / "frontier.png"
+    mine.write_bytes(b"\x89PNG\r\n\x1a\n the user's own picture")
+    sweep = ["plan", "--model", "tiny-llama", "--microbatch", "2", "--seq", "32",
+             "--sweep", "budget=1:2:1", "--out", str(mine)]  # fmt: skip
+    code, _, err = _main(monkeypatch, capsys, *sweep)
+    assert code == 2 and "is not a sweep plot tierax wrote" in err and "--force" in err, err
+    assert mine.read_bytes().endswith(b"the user's own picture")
+    assert not (tmp_path / "frontier.json").exists()
+    assert _main(monkeypatch, capsys, *sweep, "--force")[0] == 0
+    assert _main(monkeypatch, capsys, *sweep)[0] == 0  # now tierax's own plot: replaced
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"mine": true}\n')
+    code, _, err = _main(monkeypatch, capsys, "bench", "--model", "tiny-llama", "--out", str(notes))
+    assert code == 2 and "is not a tierax.bench/1 record" in err and "--force" in err, err
+    assert notes.read_text() == '{"mine": true}\n'

@@ -132,6 +132,22 @@ def check_replaceable_file(
     return p
 
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def png_metadata(what: str) -> dict:
+    """The text chunks tierax writes into a PNG (matplotlib's ``savefig(metadata=...)``): its
+    ``Software`` names tierax and the command, so :func:`is_tierax_png` can tell it later."""
+    return {"Software": f"tierax {what}"}
+
+
+def is_tierax_png(path: pathlib.Path, what: str) -> bool:
+    """Whether ``path`` is a PNG that tierax's ``what`` wrote (:func:`png_metadata`)."""
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    return head.startswith(PNG_SIGNATURE) and b"Software\x00tierax " + what.encode() in head
+
+
 def check_output_dir(
     path: str | os.PathLike, option: str = "--out", *, allow_existing: bool = True
 ) -> pathlib.Path:

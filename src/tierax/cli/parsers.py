@@ -275,6 +275,12 @@ def _running(sub) -> None:
         "--out", help="also write the full JSON record (machine, versions, command) to this file"
     )
     b.add_argument(
+        "--force",
+        action="store_true",
+        help="let --out replace an existing file that is not a bench record (without it such a "
+        "file is refused before any work)",
+    )
+    b.add_argument(
         "--verify",
         action="store_true",
         help="first check each plan's gradients against save-all (tierax verify); exit 1 and run "

@@ -569,8 +569,8 @@ def _plan_sweep(args) -> int:
     the frontier as a picture plus its JSON record (``F.json``)."""
     from tierax import records
     from tierax.cli.common import progress
-    from tierax.fileio import check_output_file
-    from tierax.report.sweep_plot import plot_sweep
+    from tierax.fileio import check_output_file, check_replaceable_file
+    from tierax.report.sweep_plot import is_sweep_png, plot_sweep
     from tierax.report.tables import sweep_table
     from tierax.solving import whatif
 
@@ -580,11 +580,20 @@ def _plan_sweep(args) -> int:
             f"--out {args.out!r}: with --sweep, --out is the PNG to draw (FILE.png; FILE.json "
             f"beside it)"
         )
-    out = check_output_file(args.out) if args.out else None
+    out = (
+        check_replaceable_file(
+            args.out, ours=is_sweep_png, what="a sweep plot tierax wrote", force=args.force
+        )
+        if args.out
+        else None
+    )
     if out:  # the user named F.png, not F.json: replace that only if an earlier sweep wrote it
         beside = check_output_file(out.with_suffix(".json"))
         records.check_replaceable(
-            beside, records.SWEEP_SCHEMA, f"--out {args.out!r} writes its record beside it:"
+            beside,
+            records.SWEEP_SCHEMA,
+            f"--out {args.out!r} writes its record beside it:",
+            force=args.force,
         )
     cfg, mesh, rates = _inputs(args)
     solve = whatif.request_solver(_request(args, cfg, mesh, rates))

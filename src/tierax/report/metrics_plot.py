@@ -16,7 +16,7 @@ from collections.abc import Callable
 import yaml
 
 from tierax.errors import TieraxError
-from tierax.fileio import new_file_mode
+from tierax.fileio import is_tierax_png, new_file_mode, png_metadata
 from tierax.train.run_dir import CONFIG_SNAPSHOT, PLOT, read_metrics
 
 
@@ -42,16 +42,13 @@ def _title(run_dir: pathlib.Path) -> str:
         return str(run_dir)
 
 
-SOFTWARE = "tierax plot-metrics"
 SERIES = ("loss", "tokens_per_s", "tflops_per_device")
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_WHAT = "plot-metrics"
 
 
 def is_metrics_png(path: pathlib.Path) -> bool:
     """Whether ``path`` is a PNG this module wrote (its ``Software`` text chunk)."""
-    with open(path, "rb") as f:
-        head = f.read(4096)
-    return head.startswith(_PNG_SIGNATURE) and b"Software\x00" + SOFTWARE.encode() in head
+    return is_tierax_png(path, _WHAT)
 
 
 def check_png_name(out: str | os.PathLike, option: str = "--out") -> None:
@@ -170,7 +167,7 @@ def plot_metrics(
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".png")
     os.close(fd)
     try:
-        fig.savefig(tmp, dpi=110, format="png", metadata={"Software": SOFTWARE})
+        fig.savefig(tmp, dpi=110, format="png", metadata=png_metadata(_WHAT))
         os.chmod(tmp, new_file_mode())  # mkstemp's 0600 would outlive the rename
         os.replace(tmp, target)
     except BaseException:
