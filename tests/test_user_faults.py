@@ -470,3 +470,18 @@ def test_sweep_png_and_bench_out_refuse_a_file_tierax_did_not_write(tmp_path, mo
     code, _, err = _main(monkeypatch, capsys, "bench", "--model", "tiny-llama", "--out", str(notes))
     assert code == 2 and "is not a tierax.bench/1 record" in err and "--force" in err, err
     assert notes.read_text() == '{"mine": true}\n'
+
+
+def test_every_highs_solve_goes_through_the_quiet_helper():
+    """The fd-1 redirect guards only the calls made through it: no other module calls milp."""
+    import pathlib
+
+    src = pathlib.Path(__file__).resolve().parents[1] / "src" / "tierax"
+    callers = sorted(
+        str(p.relative_to(src))
+        for p in src.rglob("*.py")
+        if "milp" in p.read_text() and p.name != "quiet_milp.py"
+    )
+    assert callers == ["solving/planner.py"]
+    text = (src / "solving" / "planner.py").read_text()
+    assert "quiet_milp.milp(" in text and "import milp" not in text and ", milp" not in text
