@@ -4,6 +4,8 @@
 run leaves nothing half-written.  ``check_output_file`` / ``check_output_dir``
 validate an output path *before* any work starts: an unwritable place, a
 directory where a file is wanted, or a read-only file is refused up front.
+``check_replaceable_file`` is the one rule of every ``--out`` file: an existing file is replaced
+only if tierax wrote it (the caller says how to tell), or with an explicit ``--force``.
 """
 
 from __future__ import annotations
