@@ -62,4 +62,12 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    from tierax.errors import TieraxError
+
+    try:
+        main()
+    except TieraxError as e:  # bad input (e.g. a budget no plan fits): one line, exit 2
+        print(f"{sys.argv[0]}: error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -8,10 +8,11 @@ activations tagged with tierax's (= MaxText's) names.  The policy comes from the
     planned = tierax.plan(inv, target="h200", budget=...)
     grads = jax.grad(loss_fn(planned.policy()))(params, x)
 
-Run: ``.venv/bin/python examples/jax_scan_model.py [--squeeze 0.9 | --budget-mib 24] [--compile-for
+Run: ``.venv/bin/python examples/jax_scan_model.py [--squeeze 0.9 | --budget-mib 27] [--compile-for
 h200]``. ``--compile-for`` also compiles the planned gradient step for that GPU without a GPU
 (deviceless XLA:GPU; needs tierax's gpu-aot extra) and prints XLA's memory figures.  (For the
-lower-level calls this API wraps, see examples/custom_model.py.)
+lower-level calls this API wraps, see examples/custom_model.py.)  A budget no plan fits
+(below about 26 MiB at these sizes) is reported in one line, exit 2.
 """
 
 from __future__ import annotations
@@ -144,4 +145,12 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    from tierax.errors import TieraxError
+
+    try:
+        main()
+    except TieraxError as e:  # bad input (e.g. a budget no plan fits): one line, exit 2
+        print(f"{sys.argv[0]}: error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -93,11 +93,14 @@ def test_unsupported_slice_size_names_the_valid_counts(key, devices, valid):
 
 
 # Google Cloud TPU docs (v5e, v5p, v6e pages): HBM, HBM bandwidth, bf16 peak, bidirectional ICI per
-# chip, host DRAM and chips per host.
+# chip, host DRAM and chips per host.  HBM in GiB, and never below what XLA:TPU gives one program
+# (15.75, 95.73, 31.25 GiB): the docs' 16 and 32 "GB" hold more than 16e9 and 32e9 bytes, and v5p's
+# "95 GiB" less than its 95.73 GiB limit (96 GiB chips).
+GIB = 2**30
 DOCS = {
-    "v5e": dict(hbm=16e9, hbm_bw=819e9, bf16=197e12, ici_bidir=400e9, host_mem=512 * 2**30 / 8),
-    "v5p": dict(hbm=95 * 2**30, hbm_bw=2765e9, bf16=459e12, ici_bidir=1200e9, host_mem=448e9 / 4),
-    "v6e": dict(hbm=32e9, hbm_bw=1638e9, bf16=918e12, ici_bidir=800e9, host_mem=1536 * 2**30 / 8),
+    "v5e": dict(hbm=16 * GIB, hbm_bw=819e9, bf16=197e12, ici_bidir=400e9, host_mem=512 * GIB / 8),
+    "v5p": dict(hbm=96 * GIB, hbm_bw=2765e9, bf16=459e12, ici_bidir=1200e9, host_mem=448e9 / 4),
+    "v6e": dict(hbm=32 * GIB, hbm_bw=1638e9, bf16=918e12, ici_bidir=800e9, host_mem=1536 * GIB / 8),
 }
 
 
@@ -208,7 +211,7 @@ def test_deviceless_tpu_compile_puts_offloaded_residuals_on_host():
     q, kv = layers * b * s * 4 * hd * f32, layers * b * s * 2 * hd * f32
     assert r["host_temp_bytes"] == q + 2 * kv == 524288
     assert r["offloaded_bytes_by_name"] == {"query_proj": q, "key_proj": kv, "value_proj": kv}
-    assert r["device_capacity_bytes"] == 16 * 10**9 and r["fits"]
+    assert r["device_capacity_bytes"] == 16 * 2**30 and r["fits"]
     assert any("v5e:2x2" in n for n in r["notes"])
     assert "Failed to find host bounds" not in p.stderr, p.stderr  # libtpu knows the accelerator
 

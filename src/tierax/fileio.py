@@ -4,6 +4,8 @@
 run leaves nothing half-written.  ``check_output_file`` / ``check_output_dir``
 validate an output path *before* any work starts: an unwritable place, a
 directory where a file is wanted, or a read-only file is refused up front.
+``check_replaceable_file`` is the one rule of every ``--out`` file: an existing file is replaced
+only if tierax wrote it (the caller says how to tell), or with an explicit ``--force``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import os
 import pathlib
 import stat
 import tempfile
+from collections.abc import Callable
 
 from tierax.errors import TieraxError
 
@@ -96,6 +99,55 @@ def check_output_file(path: str | os.PathLike, option: str = "--out") -> pathlib
         )
     _check_parent(p, option)
     return p
+
+
+def check_replaceable_file(
+    path: str | os.PathLike,
+    option: str = "--out",
+    *,
+    ours: Callable[[pathlib.Path], bool],
+    what: str,
+    force: bool = False,
+    force_flag: str = "--force",
+) -> pathlib.Path:
+    """:func:`check_output_file`, and: an existing file is replaced only if ``ours(path)`` says
+    tierax wrote it (``what`` names such a file in the message), or with ``force``.
+
+    The one rule for every ``--out`` that writes a file: what the user did not offer is not
+    overwritten.
+
+    Raises:
+      TieraxError: as :func:`check_output_file`, or the file exists, is not ``what``, and
+        ``force`` is off.
+    """
+    p = check_output_file(path, option)
+    if p.exists() and not force:
+        try:
+            mine = ours(p)
+        except (OSError, ValueError):
+            mine = False
+        if not mine:
+            raise TieraxError(
+                f"{option} {str(p)!r} exists and is not {what}; it is not replaced — give "
+                f"another path, or pass {force_flag} to replace it"
+            )
+    return p
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def png_metadata(what: str) -> dict:
+    """The text chunks tierax writes into a PNG (matplotlib's ``savefig(metadata=...)``): its
+    ``Software`` names tierax and the command, so :func:`is_tierax_png` can tell it later."""
+    return {"Software": f"tierax {what}"}
+
+
+def is_tierax_png(path: pathlib.Path, what: str) -> bool:
+    """Whether ``path`` is a PNG that tierax's ``what`` wrote (:func:`png_metadata`)."""
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    return head.startswith(PNG_SIGNATURE) and b"Software\x00tierax " + what.encode() in head
 
 
 def check_output_dir(

@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 
 from tierax.errors import TieraxError
-from tierax.fileio import write_text_atomic
+from tierax.fileio import check_replaceable_file, write_text_atomic
 
 BENCH_SCHEMA = "tierax.bench/1"
 PROFILE_SCHEMA = "tierax.profile/1"
@@ -87,25 +87,27 @@ def write_record(path: str | os.PathLike, doc: dict) -> pathlib.Path:
     return write_text_atomic(path, json.dumps(doc, indent=2) + "\n")
 
 
-def check_replaceable(path: pathlib.Path, schema: str, why: str) -> pathlib.Path:
+def is_record(path: pathlib.Path, schema: str) -> bool:
+    """Whether ``path`` holds a JSON record of ``schema``."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("schema") == schema
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def check_replaceable(
+    path: pathlib.Path, schema: str, why: str, *, force: bool = False
+) -> pathlib.Path:
     """Refuse to replace ``path`` unless it is absent or a record of ``schema`` (what an earlier run
-    of the same command wrote there): an output the user did not name is not theirs to lose.
+    of the same command wrote there), or ``force``: an output the user did not name is not theirs
+    to lose (the one rule, :func:`tierax.fileio.check_replaceable_file`).
 
     Raises:
       TieraxError: ``path`` exists and is anything else (``why`` says how it came to be the target).
     """
-    if not path.exists():
-        return path
-    try:
-        found = json.loads(path.read_text(encoding="utf-8")).get("schema")
-    except (OSError, ValueError, AttributeError):
-        found = None
-    if found != schema:
-        raise TieraxError(
-            f"{why} {str(path)!r} exists and is not a {schema} record; it is not "
-            "replaced: move it, or give --out another name"
-        )
-    return path
+    return check_replaceable_file(
+        path, why, ours=lambda p: is_record(p, schema), what=f"a {schema} record", force=force
+    )
 
 
 def load_record(path: str | os.PathLike, schemas: Sequence[str], *, hint: str) -> dict:

@@ -17,8 +17,22 @@ from tierax.errors import TieraxError
 __all__ = ["build_parser", "main", "resolve_model"]
 
 
+def _parse(argv: Sequence[str] | None):
+    """The parsed command line; ``tierax train``'s KEY=VALUE overrides may also follow its flags
+    (``train CONFIG --resume steps=25``), appended in order."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and getattr(args, "verb", None) == "train":
+        if all("=" in e and not e.startswith("-") for e in extra):
+            args.overrides = [*args.overrides, *extra]
+            return args
+    if extra:
+        parser.parse_args(argv)  # argparse's own "unrecognized arguments" message, exit 2
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _parse(argv)
     try:
         return args.func(args)
     except TieraxError as e:

@@ -31,7 +31,13 @@ def cmd_bench(args) -> int:
     specs = _plan_specs(args.plans)
     carried = any(carried_mesh(p) for p in specs)
     mesh = mesh_option(args, specs) if args.mesh or carried else None
-    out = check_output_file(args.out) if args.out else None
+    out = (
+        records.check_replaceable(
+            pathlib.Path(args.out), records.BENCH_SCHEMA, "--out", force=args.force
+        )
+        if args.out
+        else None
+    )
     launch.start(devices=args.devices or (mesh.size if mesh else None), preset=args.xla_preset)
     from tierax.measure import bench
     from tierax.report.tables import bench_table

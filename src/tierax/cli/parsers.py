@@ -156,6 +156,12 @@ def _planning(sub) -> None:
     )
     p.add_argument("--out", help="write the plan as YAML (usable by bench, compile, simulate)")
     p.add_argument(
+        "--force",
+        action="store_true",
+        help="let --out replace an existing file that is not a plan or MaxText overrides file "
+        "tierax wrote (without it such a file is refused before any work)",
+    )
+    p.add_argument(
         "--check",
         action="store_true",
         help="compile the chosen plan deviceless for --target, correct the model's workspace term "
@@ -267,6 +273,12 @@ def _running(sub) -> None:
     b.add_argument("--json", action="store_true", help="print a JSON list of per-plan records")
     b.add_argument(
         "--out", help="also write the full JSON record (machine, versions, command) to this file"
+    )
+    b.add_argument(
+        "--force",
+        action="store_true",
+        help="let --out replace an existing file that is not a bench record (without it such a "
+        "file is refused before any work)",
     )
     b.add_argument(
         "--verify",
@@ -423,7 +435,11 @@ def _training(sub) -> None:
     )
     t.add_argument("config", metavar="CONFIG.yaml", help="the train config file")
     t.add_argument(
-        "overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, applied in order"
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="config overrides, applied in order (before or after the flags: CONFIG --resume "
+        "steps=25 works)",
     )
     t.add_argument(
         "--resume",
@@ -521,7 +537,10 @@ def _training(sub) -> None:
         help="refuse larger documents (memory is bounded by one document; default 64)",
     )
     d.add_argument(
-        "--overwrite", action="store_true", help="replace a token directory already at --out"
+        "--overwrite",
+        action="store_true",
+        help="replace the token files an earlier `data prepare` wrote in --out (its index.json "
+        "and shards; any other file there stays)",
     )
     d.set_defaults(func=training.cmd_data)
 
@@ -532,7 +551,13 @@ def _training(sub) -> None:
         "RUN_DIR/metrics.jsonl to a PNG (default RUN_DIR/metrics.png).",
     )
     pm.add_argument("run_dir", metavar="RUN_DIR", help="the log.dir of a `tierax train` run")
-    pm.add_argument("--out", metavar="FILE.png", help="where to write the PNG")
+    pm.add_argument("--out", metavar="FILE.png", help="where to write the PNG (.png only)")
+    pm.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing file at --out that is not a metrics plot tierax wrote (without "
+        "it such a file is refused, nothing written)",
+    )
     pm.set_defaults(func=training.cmd_plot_metrics)
 
 

@@ -203,8 +203,39 @@ def _request(args, cfg, mesh, rates):
     )
 
 
+def _written_by_plan(path) -> bool:
+    """A file ``tierax plan --out`` wrote: a MaxText overrides file it emitted, or a plan YAML."""
+    from tierax import plan as plan_lib
+    from tierax.interop import maxtext_keys
+
+    text = path.read_text(encoding="utf-8")
+    emitted = "# MaxText overrides written by tierax"
+    if text.startswith(maxtext_keys.HEADER_NAME) and emitted in text:
+        return True
+    try:
+        plan_lib.Plan.from_yaml(text, source=str(path))
+    except TieraxError:
+        return False
+    return True
+
+
+def _plan_out(args):
+    """``--out`` of ``tierax plan``, checked before any work: an existing file is replaced only if
+    an earlier ``tierax plan`` wrote it, or with ``--force``."""
+    from tierax.fileio import check_replaceable_file
+
+    if not args.out:
+        return None
+    return check_replaceable_file(
+        args.out,
+        ours=_written_by_plan,
+        what="a plan or MaxText overrides file tierax wrote",
+        force=args.force,
+    )
+
+
 def cmd_plan(args) -> int:
-    from tierax.fileio import check_output_file, write_text_atomic
+    from tierax.fileio import write_text_atomic
     from tierax.report.tables import explain_table, prediction_table
     from tierax.solving import for_maxtext as interop
     from tierax.solving import planning
@@ -220,7 +251,7 @@ def cmd_plan(args) -> int:
         return _plan_sweep(args)
     if args.check:
         return _plan_check(args)
-    out = check_output_file(args.out) if args.out else None
+    out = _plan_out(args)
     cfg, mesh, rates = _inputs(args)
     result, notes = planning.solve(_request(args, cfg, mesh, rates))
     text = (
@@ -261,10 +292,10 @@ def _plan_check(args) -> int:
     re-plan."""
     from tierax import costmodel as cm
     from tierax import hardware
-    from tierax.fileio import check_output_file, write_text_atomic
+    from tierax.fileio import write_text_atomic
     from tierax.solving.whatif import override_rates
 
-    out = check_output_file(args.out) if args.out else None
+    out = _plan_out(args)
     spec = hardware.compile_target(args.target)  # a projection (no XLA device spec) is refused here
     cfg, mesh = resolve_model(args, target=args.target), parse_mesh(args.mesh, args.devices)
     mesh.check_model(cfg, where="--mesh")
@@ -335,10 +366,10 @@ def _plan_mesh_auto(args) -> int:
 
     from tierax import costmodel as cm
     from tierax import hardware, records
-    from tierax.fileio import check_output_file, write_text_atomic
+    from tierax.fileio import write_text_atomic
     from tierax.solving.whatif import override_rates
 
-    out = check_output_file(args.out) if args.out else None
+    out = _plan_out(args)
     cfg = resolve_model(args, target=args.target)
     if args.target != "cpu":
         hardware.get_target(args.target)
@@ -538,8 +569,8 @@ def _plan_sweep(args) -> int:
     the frontier as a picture plus its JSON record (``F.json``)."""
     from tierax import records
     from tierax.cli.common import progress
-    from tierax.fileio import check_output_file
-    from tierax.report.sweep_plot import plot_sweep
+    from tierax.fileio import check_output_file, check_replaceable_file
+    from tierax.report.sweep_plot import is_sweep_png, plot_sweep
     from tierax.report.tables import sweep_table
     from tierax.solving import whatif
 
@@ -549,11 +580,20 @@ def _plan_sweep(args) -> int:
             f"--out {args.out!r}: with --sweep, --out is the PNG to draw (FILE.png; FILE.json "
             f"beside it)"
         )
-    out = check_output_file(args.out) if args.out else None
+    out = (
+        check_replaceable_file(
+            args.out, ours=is_sweep_png, what="a sweep plot tierax wrote", force=args.force
+        )
+        if args.out
+        else None
+    )
     if out:  # the user named F.png, not F.json: replace that only if an earlier sweep wrote it
         beside = check_output_file(out.with_suffix(".json"))
         records.check_replaceable(
-            beside, records.SWEEP_SCHEMA, f"--out {args.out!r} writes its record beside it:"
+            beside,
+            records.SWEEP_SCHEMA,
+            f"--out {args.out!r} writes its record beside it:",
+            force=args.force,
         )
     cfg, mesh, rates = _inputs(args)
     solve = whatif.request_solver(_request(args, cfg, mesh, rates))

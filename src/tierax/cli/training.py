@@ -8,7 +8,6 @@ import sys
 
 from tierax import launch
 from tierax.cli.common import console, prepare_progress
-from tierax.fileio import check_output_file
 
 
 def cmd_train(args) -> int:
@@ -103,9 +102,16 @@ def cmd_data(args) -> int:
 
 
 def cmd_plot_metrics(args) -> int:
-    from tierax.report.metrics_plot import plot_metrics
+    from tierax.fileio import check_replaceable_file
+    from tierax.report.metrics_plot import check_png_name, is_metrics_png, plot_metrics
 
-    if args.out:
-        check_output_file(args.out)
-    print(f"wrote {plot_metrics(args.run_dir, args.out)}")
+    if args.out:  # (the default, RUN_DIR/metrics.png, is the run's own: `tierax train` writes it)
+        check_png_name(args.out)
+        check_replaceable_file(
+            args.out, ours=is_metrics_png, what="a metrics plot tierax wrote", force=args.force
+        )
+    wrote = plot_metrics(
+        args.run_dir, args.out, note=lambda s: print(f"note: {s}", file=sys.stderr)
+    )
+    print(f"wrote {wrote}")
     return 0

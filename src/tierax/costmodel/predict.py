@@ -125,6 +125,11 @@ def evaluate(
         "mechanism": mechanism,
         "rates": rates.sources | network.describe(links, rates),
         "network": {k: v.to_json() for k, v in links.items() if v.link != "none"},
+        # what `fits` compares the peak with, and what that limit is
+        "fit_limit_bytes": rates.usable_device_bytes,
+        "fit_limit": (
+            "XLA:TPU's HBM limit" if rates.device_limit_bytes else "capacity − runtime reserve"
+        ),
     }
     return Prediction(
         fits=peak <= rates.usable_device_bytes and host <= rates.host_memory_bytes,

@@ -130,8 +130,9 @@ TPU_TARGETS: dict[str, TpuSpec] = {
         name="Cloud TPU v5e",
         generation="v5e",
         # docs.cloud.google.com/tpu/docs/v5e: 16 GB HBM2 at 819 GBps, 197 TFLOPs bf16, 393 TOPs int8
-        # per chip.
-        device_memory_bytes=16 * 10**9,
+        # per chip.  The HBM "GB" is GiB, like v5p's 95 GiB: XLA:TPU gives one program 15.75 GiB
+        # (xla_hbm_limit_bytes), more than 16e9 bytes (14.9 GiB) could hold.
+        device_memory_bytes=16 * 2**30,
         hbm_bytes_per_s=819 * GB,
         xla_hbm_limit_bytes=_gib(15.75),
         peak_flops={"bf16": 197e12, "int8": 393e12},
@@ -154,8 +155,9 @@ TPU_TARGETS: dict[str, TpuSpec] = {
         name="Cloud TPU v5p",
         generation="v5p",
         # docs.cloud.google.com/tpu/docs/v5p: 95 GiB HBM2e at 2765 GBps, 459 TFLOPs bf16 per chip.
-        # libtpu: 95.74G (0.0.42.1), 95.73G (0.0.52) available, i.e. 96 GiB chips less its reserve.
-        device_memory_bytes=95 * 2**30,
+        # libtpu: 95.74G (0.0.42.1), 95.73G (0.0.52) available to one program, more than 95 GiB:
+        # the chip holds 96 GiB (capacity is never below what XLA:TPU hands out).
+        device_memory_bytes=96 * 2**30,
         hbm_bytes_per_s=2765 * GB,
         xla_hbm_limit_bytes=_gib(95.73),
         peak_flops={"bf16": 459e12, "fp8": 459e12},
@@ -191,8 +193,9 @@ TPU_TARGETS: dict[str, TpuSpec] = {
         name="Cloud TPU v6e (Trillium)",
         generation="v6e",
         # docs.cloud.google.com/tpu/docs/v6e: 32 GB HBM at 1638 GBps, 918 TFLOPs bf16, 1836 TOPs
-        # int8 per chip; each chip reaches its host over PCIe Gen5.
-        device_memory_bytes=32 * 10**9,
+        # int8 per chip; each chip reaches its host over PCIe Gen5.  The HBM "GB" is GiB (as v5e):
+        # XLA:TPU gives one program 31.25 GiB, more than 32e9 bytes (29.8 GiB) could hold.
+        device_memory_bytes=32 * 2**30,
         hbm_bytes_per_s=1638 * GB,
         xla_hbm_limit_bytes=_gib(31.25),
         peak_flops={"bf16": 918e12, "int8": 1836e12},

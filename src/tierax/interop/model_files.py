@@ -301,7 +301,6 @@ _HF_REQUIRED = {
 _HF_NOT_MODELLED = {
     "architectures",
     "model_type",
-    "torch_dtype",
     "transformers_version",
     "use_cache",
     "bos_token_id",
@@ -356,6 +355,7 @@ def from_hf(data: Mapping, path: pathlib.Path):
         if k not in fields
         and k not in _HF_NOT_MODELLED
         and k not in _HF_REQUIRED
+        and k != "torch_dtype"  # modelled: the compute dtype (below)
         and not k.startswith("_")
     ]
     _require(
@@ -395,7 +395,16 @@ def from_hf(data: Mapping, path: pathlib.Path):
     else:
         kv = data.get("num_key_value_heads", heads)
         _require(kv == heads, source, "MLA needs num_key_value_heads equal to num_attention_heads")
-    dtype = _DTYPES.get(str(data.get("torch_dtype", "bfloat16")), "bfloat16")
+    # torch_dtype is modelled: it is the compute dtype (and so the bytes of every activation and
+    # which attention kernel `attention: auto` picks); absent, bfloat16 (what training runs in).
+    torch_dtype = data.get("torch_dtype", "bfloat16")
+    _require(
+        str(torch_dtype) in _DTYPES,
+        source,
+        f"torch_dtype {torch_dtype!r} is not a compute dtype tierax models; use one of: "
+        f"{', '.join(sorted(_DTYPES))}",
+    )
+    dtype = _DTYPES[str(torch_dtype)]
     cls = LlamaConfig if family == "llama" else DeepSeekConfig
     cfg = _build(
         cls,

@@ -7,7 +7,15 @@ import os
 import pathlib
 from collections.abc import Sequence
 
-from tierax.fileio import write_text_atomic
+from tierax.fileio import is_tierax_png, png_metadata, write_text_atomic
+
+SWEEP_PNG = "plan --sweep"  # the PNG's Software text: tierax plan --sweep
+
+
+def is_sweep_png(path: pathlib.Path) -> bool:
+    """Whether ``path`` is a frontier PNG ``tierax plan --sweep`` wrote."""
+    return is_tierax_png(path, SWEEP_PNG)
+
 
 UNITS = {
     "budget": "device budget (GiB)",
@@ -108,7 +116,7 @@ def plot_sweep(
     fig.tight_layout()
     buf = io.BytesIO()
     try:
-        fig.savefig(buf, format="png")
+        fig.savefig(buf, format="png", metadata=png_metadata(SWEEP_PNG))
     finally:
         plt.close(fig)
     return write_text_atomic(out, buf.getvalue())

@@ -206,7 +206,11 @@ def prediction_table(pred, title: str) -> Table:
     t.add_column("per device", justify="right")
     ms = lambda s: f"{s * 1e3:.3f} ms"  # noqa: E731
     rows = [
-        ("fits (≤ capacity − runtime reserve)", "[green]yes[/]" if pred.fits else "[red]no[/]"),
+        (
+            f"fits (≤ {b.get('fit_limit', 'capacity − runtime reserve')}"
+            + (f" {fmt_bytes(b['fit_limit_bytes'])})" if "fit_limit_bytes" in b else ")"),
+            "[green]yes[/]" if pred.fits else "[red]no[/]",
+        ),
         (
             "peak device",
             f"{fmt_bytes(pred.peak_device_bytes)} of {fmt_bytes(pred.device_capacity_bytes)}",

@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.optimize import Bounds, LinearConstraint
 
 from tierax import costmodel as cm
 from tierax import hardware
@@ -42,6 +42,7 @@ from tierax.plan import (
     Segment,
     segment_name,
 )
+from tierax.solving import quiet_milp
 from tierax.tracing import inventory as inv_lib
 
 # Default reserve kept free on the device: the same runtime reserve `fits` means everywhere.
@@ -71,9 +72,12 @@ class PlanResult:
     budget_bytes: int
     host_budget_bytes: int
     microbatch: int
+    # max_microbatch only: the search's upper guard when the microbatch reached it (a larger one
+    # may fit too: the result is "at least this"); None when the search found where fitting stops.
+    search_stopped_at: int | None = None
 
     def to_json(self) -> dict:
-        return {
+        out = {
             "plan": self.plan.to_dict(),
             "predicted": self.predicted.to_json(),
             "explain": [e.to_json() for e in self.explain],
@@ -81,6 +85,9 @@ class PlanResult:
             "host_budget_bytes": self.host_budget_bytes,
             "microbatch": self.microbatch,
         }
+        if self.search_stopped_at is not None:
+            out["search_stopped_at"] = self.search_stopped_at
+        return out
 
 
 def budgets(
@@ -226,7 +233,7 @@ def _solve(
         ub[O : O + n] = 0
     integrality = np.zeros(nv)
     integrality[:ED] = 1
-    res = milp(
+    res = quiet_milp.milp(
         c,
         constraints=LinearConstraint(np.array(rows), lo, hi),
         integrality=integrality,
@@ -521,6 +528,11 @@ def _scaled(inv1: inv_lib.Inventory, inv2: inv_lib.Inventory, mb: int) -> inv_li
     )
 
 
+# The doubling search's guard: far past any per-device microbatch a step runs (a microbatch this
+# large that fits is reported as "at least" it, never as the largest).
+MAX_MICROBATCH_SEARCH = 1 << 20
+
+
 def max_microbatch(
     cfg,
     seq: int,
@@ -530,11 +542,17 @@ def max_microbatch(
     schedule: str = "lhs",
     budget_bytes=None,
     host_budget_bytes=None,
-    limit: int = 4096,
+    limit: int | None = None,
     one_placement_per_name: bool = False,
     mechanism: str = DEFAULT_MECHANISM,
 ) -> PlanResult:
-    """The largest per-device microbatch any plan fits, and the best plan for it."""
+    """The largest per-device microbatch any plan fits, and the best plan for it.
+
+    Doubles from 1 until a microbatch does not fit, then bisects.  ``limit`` only guards the
+    search (default :data:`MAX_MICROBATCH_SEARCH`): a result that reaches it carries
+    ``search_stopped_at=limit`` ("at least ``limit``").
+    """
+    limit = MAX_MICROBATCH_SEARCH if limit is None else limit
     inv1 = inv_lib.model_inventory(cfg, 1, seq, mesh)
     inv2 = inv_lib.model_inventory(cfg, 2, seq, mesh)
     budget, host_budget = budgets(rates, budget_bytes, host_budget_bytes)
@@ -567,11 +585,12 @@ def max_microbatch(
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     exact = inv_lib.model_inventory(cfg, lo, seq, mesh)
+    stopped = limit if lo >= limit else None
     while (
         lo > 1
     ):  # the extrapolation is approximate for MoE capacity rounding: confirm on the real trace
         try:
-            return plan(
+            found = plan(
                 cfg,
                 exact,
                 rates,
@@ -582,6 +601,7 @@ def max_microbatch(
                 one_placement_per_name=one_placement_per_name,
                 mechanism=mechanism,
             )
+            return dataclasses.replace(found, search_stopped_at=stopped)
         except TieraxError:
             lo -= 1
             exact = inv_lib.model_inventory(cfg, lo, seq, mesh)

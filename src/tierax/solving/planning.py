@@ -189,9 +189,23 @@ def solve(req: Request, cache: dict | None = None) -> tuple[planner.PlanResult, 
         )
 
     if req.for_tool is None:
-        return run(False, req.mechanism), []
+        result = run(False, req.mechanism)
+        return result, _search_notes(result)
     # MaxText moves offloaded names with XLA's offload policy, so its plan is planned for that
     # mechanism, and so is the unrestricted plan it is compared with; `tierax plan` without --for
     # plans tierax's own prefetching scan, whose time is reported beside them.
     restricted, free = run(True, "policy"), run(False, "policy")
-    return restricted, [interop.restriction_note(restricted, free, run(False, req.mechanism))]
+    return restricted, [
+        interop.restriction_note(restricted, free, run(False, req.mechanism)),
+        *_search_notes(restricted),
+    ]
+
+
+def _search_notes(result: planner.PlanResult) -> list[str]:
+    if result.search_stopped_at is None:
+        return []
+    n = result.search_stopped_at
+    return [
+        f"largest microbatch that fits: at least {n:,}; the search stops at {n:,} (a larger one "
+        "may fit too)"
+    ]

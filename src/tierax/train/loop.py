@@ -237,7 +237,11 @@ class Trainer:
             cfg.data, shape, seed=cfg.seed, vocab_size=cfg.model.vocab_size
         )
         validation = data_lib.open_validation(
-            cfg.data, cfg.global_batch, cfg.seq, vocab_size=cfg.model.vocab_size
+            cfg.data,
+            cfg.global_batch,
+            cfg.seq,
+            vocab_size=cfg.model.vocab_size,
+            training=getattr(self.stream, "corpora", ()),
         )
         self._masked = cfg.data.source == "tokens" and cfg.data.document_mask
         self.identity = cfg.identity()

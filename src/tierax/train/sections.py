@@ -72,8 +72,10 @@ class DataConfig:
     ``dtype``), or a Megatron dataset prefix; or ``mixture`` (instead of ``path``) is
     ``PATH=WEIGHT,PATH=WEIGHT,...``.  ``document_mask``: attend within each document only
     (positions restart per document).  ``validation_every`` steps (0: never) the loss over
-    ``validation_batches`` batches of ``validation_path`` (default: ``path``'s validation
-    split) is logged.  ``verify``: check every shard's SHA-256 at start.
+    ``validation_batches`` batches of ``validation_path`` (a token directory: its validation
+    split where it has one; default: ``path``'s validation split) is logged; validation data with
+    the training data's content, or another tokenizer's, is refused.  ``verify``: check every
+    shard's SHA-256 at start.
     """
 
     source: str = "synthetic"

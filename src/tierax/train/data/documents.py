@@ -6,9 +6,11 @@
 * a **Parquet** file (told by its ``PAR1`` magic) has the documents in a string column
   (``--field``), read one row group batch at a time (needs ``pyarrow``).
 
-Any of them may be gzip-compressed (told by the gzip magic; the kind then comes from the
-name without ``.gz``).  Memory is bounded by the largest document (and a Parquet read batch),
-not by the corpus: a document larger than ``max_document_bytes`` is refused.
+Any of them may be gzip-compressed (told by the gzip magic).  A gzip whose payload starts with
+``PAR1`` is Parquet (whatever its name); otherwise the kind comes from the name without ``.gz``.
+Parquet needs random access, so a compressed one is first decompressed to a temporary
+file.  Memory is bounded by the largest document (and a Parquet read batch), not by the corpus:
+a document larger than ``max_document_bytes`` is refused.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import gzip
 import json
 import os
 import pathlib
+import shutil
+import tempfile
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -61,6 +65,16 @@ def input_kind(path: pathlib.Path) -> tuple[str, bool]:
     if head == PARQUET_MAGIC:
         return "parquet", False
     gz = head[:2] == GZIP_MAGIC
+    if gz:
+        try:
+            with gzip.open(path, "rb") as f:
+                payload = f.read(4)
+        except (OSError, EOFError, zlib.error) as e:
+            raise TieraxError(
+                f"input {str(path)!r} is not intact gzip ({e}); give an intact file"
+            ) from None
+        if payload == PARQUET_MAGIC:
+            return "parquet", True
     name = path.name[:-3] if gz and path.name.endswith(".gz") else path.name
     return ("jsonl" if name.lower().endswith(JSONL_SUFFIXES) else "text"), gz
 
@@ -129,12 +143,27 @@ def _jsonl_documents(path: pathlib.Path, gz: bool, field: str, limit: int) -> It
             yield Document(text, where, len(line))
 
 
-def _parquet_documents(path: pathlib.Path, field: str, limit: int) -> Iterator[Document]:
+def _parquet_documents(
+    path: pathlib.Path, gz: bool, field: str, limit: int
+) -> Iterator[Document]:
+    if not gz:
+        yield from _parquet_rows(path, path, field, limit)
+        return
+    # Parquet's footer is at the end and its columns are read by offset: decompress to a temporary
+    # file (deleted on close) and read that.
+    with tempfile.TemporaryFile(prefix="tierax-parquet-") as tmp:
+        with gzip.open(path, "rb") as f:
+            shutil.copyfileobj(f, tmp, 1 << 20)
+        tmp.seek(0)
+        yield from _parquet_rows(tmp, path, field, limit)
+
+
+def _parquet_rows(source, path: pathlib.Path, field: str, limit: int) -> Iterator[Document]:
     pa = _need("pyarrow", "reading Parquet")
     import pyarrow.parquet as pq
 
     try:
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(source)
     except (pa.ArrowException, OSError) as e:
         raise TieraxError(
             f"Parquet file {str(path)!r} cannot be read ({e}); give an intact Parquet file"
@@ -190,7 +219,7 @@ def read_documents(
         kind, gz = input_kind(p)
         try:
             if kind == "parquet":
-                yield from _parquet_documents(p, field, max_document_bytes)
+                yield from _parquet_documents(p, gz, field, max_document_bytes)
             elif kind == "jsonl":
                 yield from _jsonl_documents(p, gz, field, max_document_bytes)
             else:

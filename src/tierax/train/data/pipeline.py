@@ -62,7 +62,8 @@ def _check_out(out: pathlib.Path, overwrite: bool) -> None:
 
 
 def _install(tmp: pathlib.Path, out: pathlib.Path) -> None:
-    """Rename the finished ``tmp`` to ``out``; a previous token directory there is replaced."""
+    """Move the finished ``tmp`` to ``out``.  In a previous token directory there, only the files
+    tierax wrote (:func:`prepared.written_files`) are replaced; anything else in it stays."""
     if not out.exists():
         os.replace(tmp, out)
         return
@@ -71,9 +72,12 @@ def _install(tmp: pathlib.Path, out: pathlib.Path) -> None:
         os.replace(tmp, out)
         return
     old = make_temp_dir(out.parent, out.name + ".old")
-    old.rmdir()
-    os.replace(out, old)
-    os.replace(tmp, out)
+    for name in prepared.written_files(out):  # the old index first: no stale index meanwhile
+        os.replace(out / name, old / name)
+    new = sorted((p.name for p in tmp.iterdir()), key=lambda n: (n == prepared.INDEX, n))
+    for name in new:  # the new index last
+        os.replace(tmp / name, out / name)
+    tmp.rmdir()
     shutil.rmtree(old, ignore_errors=True)
 
 
@@ -111,7 +115,8 @@ def prepare(
       validation_fraction: the share of documents held out as the validation split.
       shard_tokens: tokens per shard file.
       bos, eos: override the tokenizer's BOS / EOS token (``none``: no BOS).
-      overwrite: replace a token directory already at ``out`` (anything else is never replaced).
+      overwrite: replace the files of a token directory already at ``out`` (only those tierax
+        wrote: other files in it stay; anything else is never replaced).
       progress: called with (input bytes, tokens) as documents are written.
 
     Raises:

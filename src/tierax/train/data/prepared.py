@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 
 import numpy as np
 
@@ -143,6 +144,27 @@ class SplitWriter:
         for f in (self._file, self._docs):
             if f is not None and not f.closed:
                 f.close()
+
+
+_OWN_NAME = re.compile("(?:" + "|".join(SPLITS) + r")-(?:\d{5}|docs)\.bin")
+
+
+def written_files(directory: pathlib.Path) -> list[str]:
+    """The files of a token directory that ``tierax data prepare`` wrote: its index, the files the
+    index lists, and files bearing its own shard names; ``index.json`` first.  Anything else in
+    the directory is the user's."""
+    d = pathlib.Path(directory)
+    names = {INDEX, TOKENS_V1}
+    try:
+        index = json.loads((d / INDEX).read_text())
+        for split in index.get("splits", {}).values():
+            names.update(str(sh["file"]) for sh in split.get("shards", []))
+            names.add(str(split["documents"]["file"]))
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        pass  # a damaged index: its own names still say what it wrote
+    names.update(p.name for p in d.iterdir() if _OWN_NAME.fullmatch(p.name))
+    found = [n for n in names if "/" not in n and (d / n).is_file() and not (d / n).is_symlink()]
+    return sorted(found, key=lambda n: (n != INDEX, n))
 
 
 def write_index(directory: pathlib.Path, index: dict) -> None:

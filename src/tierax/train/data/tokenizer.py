@@ -46,6 +46,7 @@ LLAMA3_PATTERN = (
 )
 LLAMA3_SPECIALS = 256
 # Special tokens a tokenizer.json names, tried in this order when no tokenizer_config.json says.
+EOS_NONE = "--eos none: every document needs an end-of-text token; name one with --eos TOKEN"
 _EOS_NAMES = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>", "<|end|>", "[SEP]")
 _BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "[CLS]")
 _TIKTOKEN_LINE = re.compile(rb"^[A-Za-z0-9+/]*={0,2} \d+$")
@@ -363,9 +364,7 @@ class TiktokenTokenizer(Tokenizer):
 
         eos_id = named("--eos", eos) if eos is not None else specials["<|end_of_text|>"]
         if eos_id is None:
-            raise TieraxError(
-                "--eos none: every document needs an end-of-text token; name one with --eos TOKEN"
-            )
+            raise TieraxError(EOS_NONE)
         bos_id = named("--bos", bos) if bos is not None else specials["<|begin_of_text|>"]
         self.info = TokenizerInfo(
             "tiktoken",
@@ -404,6 +403,8 @@ def load_tokenizer(
                 "give a tokenizer file with --tokenizer"
             )
         return ByteTokenizer()
+    if eos == "none":  # every kind: documents are separated by an end-of-text token
+        raise TieraxError(EOS_NONE)
     path = pathlib.Path(spec)
     kind = detect_kind(path)
     cls = {
