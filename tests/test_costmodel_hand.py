@@ -189,7 +189,12 @@ def test_save_all_group_keeps_every_residual_and_recomputes_nothing():
     plan = P.Plan(
         "dense-all",
         {
-            "dense": P.GroupPlan({N.QUERY_PROJ: P.Placement.DEVICE, N.MLPWO: P.Placement.DEVICE}),
+            "dense": P.GroupPlan(
+                {N.QUERY_PROJ: P.Placement.DEVICE, N.MLPWO: P.Placement.DEVICE},
+                P.Placement.DEVICE,
+                (),
+                P.Placement.DEVICE,  # no remat: the unnamed intermediates kept too
+            ),
             "moe": P.GroupPlan({N.MOE_MLPWI_0: P.Placement.REMAT, N.KEY_PROJ: P.Placement.REMAT}),
         },
     )

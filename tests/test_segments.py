@@ -179,22 +179,33 @@ def _rates() -> cm.Rates:
 
 def _brute_force(cfg, inv, rates, budget):
     """(seconds, plan) of the fastest plan over no split and every split point × every placement of
-    NAMES3."""
+    NAMES3 × (where all three are on device) the unnamed intermediates kept or recomputed."""
     best = (float("inf"), None)
     for k in (None, 2):  # the planner offers segments of ≥ 2 layers
         ranges = [(0, 4)] if k is None else [(0, k), (k, 4)]
-        for codes in itertools.product(range(3), repeat=3 * len(ranges)):
-            segs = [
-                (a, b, {n: CODE[c] for n, c in zip(NAMES3, codes[3 * j : 3 * j + 3], strict=False)})
-                for j, (a, b) in enumerate(ranges)
-            ]
-            plan = (
-                P.Plan(
+        for codes, keeps in itertools.product(
+            itertools.product(range(3), repeat=3 * len(ranges)),
+            itertools.product((False, True), repeat=len(ranges)),
+        ):
+            segs = []
+            for j, (a, b) in enumerate(ranges):
+                mine = codes[3 * j : 3 * j + 3]
+                if keeps[j] and any(mine):
+                    break  # keeping the unnamed values needs every name kept
+                places = {n: CODE[c] for n, c in zip(NAMES3, mine, strict=False)}
+                segs.append(
+                    (a, b, _all_device(cfg, "decoder"), "device") if keeps[j] else (a, b, places)
+                )
+            if len(segs) < len(ranges):
+                continue
+            if k is None and keeps[0]:
+                plan = P.preset("save-all", cfg)
+            elif k is None:
+                plan = P.Plan(
                     "u", {"decoder": P.GroupPlan({N.DECODER_LAYER_INPUT: "device", **segs[0][2]})}
                 )
-                if k is None
-                else _segmented(cfg, {"decoder": segs})
-            )
+            else:
+                plan = _segmented(cfg, {"decoder": segs})
             pred = cm.simulate(plan, inv, cfg, rates, "lhs")
             if pred.peak_device_bytes <= budget and pred.step_time_s < best[0]:
                 best = (pred.step_time_s, plan)

@@ -282,21 +282,20 @@ def placements_to_plan(
                 unnamed,
             )
             continue
-        segs = tuple(
-            Segment(
-                a,
-                b,
-                {
-                    n: p
-                    for (gn, n), p in placements.items()
-                    if gn == segment_name(g.name, a, b) and n != UNNAMED
-                },
-                placements.get((segment_name(g.name, a, b), UNNAMED)),
-            )
-            for a, b in ((0, k), (k, g.num_layers))
-        )
+        segs = tuple(_segment(placements, g, a, b) for a, b in ((0, k), (k, g.num_layers)))
         groups[g.name] = GroupPlan(lin, Placement.REMAT, segs)
     return Plan(name, groups, description, mechanism)
+
+
+def _segment(placements: dict, g, a: int, b: int) -> Segment:
+    """Layers a … b − 1 of group ``g`` as solved (keyed by segment name); a segment that keeps its
+    unnamed intermediates keeps every name (those the inventory did not list, too)."""
+    key = segment_name(g.name, a, b)
+    unnamed = placements.get((key, UNNAMED))
+    mine = {n: p for (gn, n), p in placements.items() if gn == key and n != UNNAMED}
+    if unnamed is Placement.DEVICE:
+        mine = {n: Placement.DEVICE for n in g.activations} | mine
+    return Segment(a, b, mine, unnamed)
 
 
 def _best_split(unsplit: dict | None, inv, cfg, rates, schedule, budget, host_budget, mechanism):
