@@ -264,6 +264,126 @@ MUTATIONS = [
         "segments=req.segments)",
         "tests": ["tests/test_planning.py"],
     },
+    # Issue 40's audit gaps (each run against its own test file when written).
+    {
+        "name": "calibrate-gb200-as-b200",
+        "what": "calibrate.target_key_for: a substring test, B200 before GB200 (a GB200's rates "
+        "stored as b200)",
+        "file": "src/tierax/measure/calibrate.py",
+        "old": "    for word in words:\n        if word in _KIND_TO_TARGET:\n            return "
+        "_KIND_TO_TARGET[word]\n",
+        "new": "    for kind, key in _KIND_TO_TARGET.items():\n        if kind in "
+        'device_kind.replace(" ", ""):\n            return key\n',
+        "tests": ["tests/test_calibrate.py"],
+    },
+    {
+        "name": "gpu-h2d-from-d2h-key",
+        "what": "target_rates: the GPU host-to-device rate read from the d2h calibration key",
+        "file": "src/tierax/costmodel/rates.py",
+        "old": 'h2d = cal.get("h2d_bytes_per_s", spec.host_link_bps)',
+        "new": 'h2d = cal.get("d2h_bytes_per_s", spec.host_link_bps)',
+        "tests": ["tests/test_calibrate.py"],
+    },
+    {
+        "name": "cpu-aliased-transpose-from-spread-key",
+        "what": "_cpu_rates: aliased-row transposing reads priced at the spread rows' rate",
+        "file": "src/tierax/costmodel/rates.py",
+        "old": 'aliased = cal.get("transpose_aliased_read_elems_per_s", 0.0)',
+        "new": 'aliased = cal.get("transpose_read_elems_per_s", 0.0)',
+        "tests": ["tests/test_calibrate.py"],
+    },
+    {
+        "name": "tpu-stack-copy-expert-twice",
+        "what": "_tpu_stack_copy_bytes divides the expert stacks by expert twice",
+        "file": "src/tierax/costmodel/fixed.py",
+        "old": "+ g.expert_param_count_per_layer / (max(ep, 1) * n_efsdp)",
+        "new": "+ g.expert_param_count_per_layer / (fsdp * max(ep, 1))",
+        "tests": ["tests/test_tpu_stack_copy.py"],
+    },
+    {
+        "name": "oom-counts-vmem",
+        "what": "out_of_memory: a scoped-VMEM refusal (one fusion) read as the program's OOM",
+        "file": "src/tierax/xla/oom.py",
+        "old": 'if "RESOURCE_EXHAUSTED" not in text or "vmem" in text.lower():',
+        "new": 'if "RESOURCE_EXHAUSTED" not in text:',
+        "tests": ["tests/test_oom.py"],
+    },
+    {
+        "name": "oom-decimal-gigabytes",
+        "what": "out_of_memory reads libtpu's G as 10^9 bytes (it prints GiB)",
+        "file": "src/tierax/xla/oom.py",
+        "old": '"G": 2**30,',
+        "new": '"G": 10**9,',
+        "tests": ["tests/test_oom.py"],
+    },
+    {
+        "name": "xla-flags-replace-the-users",
+        "what": "configure replaces the user's XLA_FLAGS with the preset's",
+        "file": "src/tierax/launch/flags.py",
+        "old": 'os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *flags])'
+        ".strip()",
+        "new": 'os.environ["XLA_FLAGS"] = " ".join(flags).strip()',
+        "tests": ["tests/test_flag_merge.py"],
+    },
+    {
+        "name": "maxtext-context-not-multihost-gpu",
+        "what": "MaxText's context is attention_out on tpu and gpu but not gpu_multiprocess",
+        "file": "src/tierax/interop/maxtext_keys.py",
+        "old": 'CONTEXT_HARDWARE = ("tpu", "gpu", "gpu_multiprocess")',
+        "new": 'CONTEXT_HARDWARE = ("tpu", "gpu")',
+        "tests": ["tests/test_maxtext.py"],
+    },
+    {
+        "name": "attention-auto-head-dim-256-excluded",
+        "what": "attention auto: a q/k head dim of 256 refused for cuDNN (the limit is inclusive)",
+        "file": "src/tierax/models/config.py",
+        "old": "if not (dqk % 8 == 0 and dqk <= 256 and dv <= dqk):",
+        "new": "if not (dqk % 8 == 0 and dqk < 256 and dv <= dqk):",
+        "tests": ["tests/test_attention_auto_bounds.py"],
+    },
+    {
+        "name": "attention-auto-ignores-v-head-dim",
+        "what": "attention auto: a v head dim above the q/k one still chooses cuDNN",
+        "file": "src/tierax/models/config.py",
+        "old": "if not (dqk % 8 == 0 and dqk <= 256 and dv <= dqk):",
+        "new": "if not (dqk % 8 == 0 and dqk <= 256):",
+        "tests": ["tests/test_attention_auto_bounds.py"],
+    },
+    {
+        "name": "plan-check-correction-not-largest",
+        "what": "plan --check corrects by the last miss, not the largest so far (the budget can "
+        "grow back)",
+        "file": "src/tierax/solving/plan_check.py",
+        "old": "        correction = miss if it == 1 else max(correction, miss)\n    return "
+        "CheckResult(result, tuple(steps), False, tolerance)",
+        "new": "        correction = miss\n    return CheckResult(result, tuple(steps), False, "
+        "tolerance)",
+        "tests": ["tests/test_plan_check_iterations.py"],
+    },
+    {
+        "name": "plan-check-one-iteration-short",
+        "what": "plan --check compiles at most max_iterations - 1 times",
+        "file": "src/tierax/solving/plan_check.py",
+        "old": "    result = None\n    for it in range(1, max_iterations + 1):",
+        "new": "    result = None\n    for it in range(1, max_iterations):",
+        "tests": ["tests/test_plan_check_iterations.py"],
+    },
+    {
+        "name": "plan-names-not-checked-against-the-model",
+        "what": "resolve accepts any activation name (a typo in a plan is silently ignored)",
+        "file": "src/tierax/plan/types.py",
+        "old": "missing = list(dict.fromkeys(n for n in named if n not in valid))",
+        "new": "missing = []",
+        "tests": ["tests/test_api.py"],
+    },
+    {
+        "name": "maxtext-emits-foreign-names",
+        "what": "MaxText emission does not refuse names MaxText has no key for",
+        "file": "src/tierax/interop/maxtext.py",
+        "old": "    foreign = list(dict.fromkeys(n for n in named if n not in K.REMAT_KEYS))",
+        "new": "    foreign = []",
+        "tests": ["tests/test_api.py"],
+    },
 ]
 
 
