@@ -552,6 +552,14 @@ MUTATIONS = [
         "new": "if not verify and sha256 is not None and sha256_file(path) != sha256:",
         "tests": ["tests/test_data_edges.py"],
     },
+    {
+        "name": "hf-vocab-without-added-tokens",
+        "what": "a Hugging Face tokenizer's vocabulary leaves out its added tokens",
+        "file": "src/tierax/train/data/tokenizer.py",
+        "old": "self.tok.get_vocab_size(with_added_tokens=True),",
+        "new": "self.tok.get_vocab_size(with_added_tokens=False),",
+        "tests": ["tests/test_data_edges.py"],
+    },
 ]
 
 

@@ -98,7 +98,8 @@ def loss_fn_for(model: Model):
 
 def run(layers=4, d_model=64, seq=32, batch=2, target="h200", squeeze=0.9, plan_out=None) -> dict:
     """Inventory, plan (budget = ``squeeze`` × the unconstrained plan's peak), the plan written
-    to ``plan_out`` as YAML and read back as a policy, then the gradient check."""
+    to ``plan_out`` as YAML (None: a temporary file) and read back as a policy, then the gradient
+    check."""
     base = Model(d_model=d_model, layers=layers)
     tokens = jax.random.randint(jax.random.PRNGKey(1), (batch, seq + 1), 0, base.vocab)
     params = base.init(jax.random.PRNGKey(0), tokens[:, :-1])["params"]
@@ -106,9 +107,10 @@ def run(layers=4, d_model=64, seq=32, batch=2, target="h200", squeeze=0.9, plan_
     inv = tierax.inventory(loss_fn_for(base), params, tokens)
     budget = squeeze * tierax.plan(inv, target=target).predicted.peak_device_bytes
     planned = tierax.plan(inv, target=target, budget=budget)
-    plan_out = pathlib.Path(plan_out)
-    plan_out.write_text(planned.plan.to_yaml(), encoding="utf-8")
-    policy = tierax.api.policy(str(plan_out), inv, "decoder")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = pathlib.Path(plan_out) if plan_out else pathlib.Path(tmp) / "plan.yaml"
+        path.write_text(planned.plan.to_yaml(), encoding="utf-8")
+        policy = tierax.api.policy(str(path), inv, "decoder")
 
     reference = jax.grad(loss_fn_for(Model(d_model=d_model, layers=layers)))(params, tokens)
     grads = jax.grad(loss_fn_for(Model(d_model=d_model, layers=layers, policy=policy)))(
@@ -147,20 +149,11 @@ def main() -> int:
     if a.plan_out and pathlib.Path(a.plan_out).exists():
         print(f"error: --plan-out {a.plan_out} exists; give a new path", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            out = run(
-                a.layers,
-                a.d_model,
-                a.seq,
-                a.batch,
-                a.target,
-                a.squeeze,
-                a.plan_out or pathlib.Path(tmp) / "plan.yaml",
-            )
-        except TieraxError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+    try:
+        out = run(a.layers, a.d_model, a.seq, a.batch, a.target, a.squeeze, a.plan_out)
+    except TieraxError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     for g in out["inventory"].inventory.groups:
         for act in g.activations:
             print(

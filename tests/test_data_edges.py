@@ -135,3 +135,22 @@ def test_a_changed_document_file_fails_the_checksum(tmp_path):
     ends.tofile(f)
     with pytest.raises(TieraxError, match="checksum mismatch"):
         prepared.open_prepared(out)
+
+
+def test_a_hugging_face_tokenizers_vocabulary_counts_its_added_tokens(tmp_path):
+    pytest.importorskip("tokenizers")
+    import tokenizer_files as TF
+    from tokenizers import Tokenizer
+
+    from tierax.train.data.tokenizer import load_tokenizer
+
+    path = TF.hf_bpe(tmp_path)
+    tok = Tokenizer.from_file(str(path))
+    tok.add_special_tokens(["<|extra_0|>", "<|extra_1|>"])  # after training: ids past the model's
+    tok.save(str(path))
+    ids = tok.get_vocab(with_added_tokens=True).values()
+    info = load_tokenizer(path).info
+    assert info.vocab_size == max(ids) + 1 == len(set(ids))  # brute force over every id
+    extra = tok.token_to_id("<|extra_1|>")
+    assert extra == info.vocab_size - 1
+    assert token_dtype(info.vocab_size) == ("uint8" if info.vocab_size <= 256 else "uint16")
