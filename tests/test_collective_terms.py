@@ -80,9 +80,11 @@ def test_data_outside_fsdp_inside_each_priced_at_its_own_link():
         network.FSDP_GROUP: pytest.approx(840 * MB / 400e9, rel=1e-12),
         "data": pytest.approx(40 * MB / 50e9, rel=1e-12),
     }
-    # data=8 × fsdp=2: fsdp pairs {2k, 2k+1} inside, data groups (stride 2 over 16) cross.
-    # FSDP: 3 · 80 MB · 1/2 = 120 MB at NVLink; data: 2 · 40 MB · 7/8 = 70 MB at scale-out.
-    got = _by_group({"data": 8, "fsdp": 2})
+    # data=8 × fsdp=2 on domains of 2: fsdp pairs {2k, 2k+1} inside, each data group (stride 2)
+    # one device per domain.  FSDP: 3 · 80 MB · 1/2 = 120 MB at NVLink; data: 2 · 40 MB · 7/8 =
+    # 70 MB at one device's scale-out rate.
+    pairs = dataclasses.replace(RATES, nvlink_domain_gpus=2)
+    got = cm.collective_s_by_group(_inventory({"data": 8, "fsdp": 2}), CFG, pairs)
     assert got == {
         network.FSDP_GROUP: pytest.approx(120 * MB / 400e9, rel=1e-12),
         "data": pytest.approx(70 * MB / 50e9, rel=1e-12),

@@ -10,6 +10,7 @@ import pytest
 
 from tierax import costmodel as cm
 from tierax import names as N
+from tierax import plan as plan_lib
 from tierax.costmodel.first_touch import MMAP_THRESHOLD_MAX_BYTES, first_touch_s
 from tierax.costmodel.transposes import transpose_s
 from tierax.plan import Placement
@@ -69,8 +70,17 @@ def _inv(groups, param_bytes=100 * MiB, optimizer_bytes=200 * MiB) -> Inventory:
     )
 
 
+# Where a plan places a group's unnamed intermediates too (main's ``plan.UNNAMED``), "no remat"
+# means those kept as well; without that key, every name off REMAT is no remat.
+UNNAMED = getattr(plan_lib, "UNNAMED", None)
+
+
 def _placements(a, b):
-    return {("decoder", A): a, ("decoder", B): b}
+    out = {("decoder", A): a, ("decoder", B): b}
+    if UNNAMED is not None:
+        no_remat = Placement.REMAT not in (a, b)
+        out[("decoder", UNNAMED)] = Placement.DEVICE if no_remat else Placement.REMAT
+    return out
 
 
 # Per layer, by hand (spread at 1e9/s, aliased at 1e8/s): always 1e6/1e9 + 1e5/1e8 = 2 ms; carry
