@@ -35,8 +35,9 @@ class Placement(str, enum.Enum):  # noqa: UP042 — str() and format() keep Enum
             ) from None
 
 
-# Keys a plan's group (or segment) mapping uses itself: no activation can be named so there.
-RESERVED_KEYS = ("default", "segments", "layers")
+# Keys a plan's group (or segment) mapping uses itself: no activation can be named so there
+# ("unnamed": the key of a group's untagged intermediates in plans that place them).
+RESERVED_KEYS = ("default", "segments", "layers", "unnamed")
 
 
 def _check_name(name: Any, where: str) -> None:
