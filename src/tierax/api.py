@@ -13,8 +13,8 @@ What your model must do (the same as tierax's own models): run its layers with a
 ``jax.checkpoint`` (``nn.remat``) to one layer ``layer(x, params) -> y`` of the carry
 ``x``, tag activations inside that layer with ``jax.ad_checkpoint.checkpoint_name``
 (any names: your own such as ``"my_up"`` or ``"qk_norm"``, or tierax's/MaxText's
-:mod:`tierax.names`; only ``default``, ``segments`` and ``layers`` are taken by the plan
-format), and optionally put
+:mod:`tierax.names`; only ``default``, ``segments``, ``layers`` and ``unnamed`` are taken by
+the plan format), and optionally put
 the scan in ``jax.named_scope("tierax_group_<name>")`` to name the layer group
 (else ``layers``, ``layers_1``, …).  The policy used while tracing does not matter.
 
