@@ -441,14 +441,6 @@ MUTATIONS = [
         "tests": ["tests/test_collective_terms.py"],
     },
     {
-        "name": "serial-hides-collectives",
-        "what": "the serial schedule hides collectives under compute",
-        "file": "src/tierax/costmodel/fixed.py",
-        "old": 'exposed_coll = coll if schedule == "serial" else max(0.0, coll - compute_s)',
-        "new": "exposed_coll = max(0.0, coll - compute_s)",
-        "tests": ["tests/test_collective_terms.py"],
-    },
-    {
         "name": "domain-spread-smallest-divisor",
         "what": "devices_per_domain: the smallest even spread, not the fullest",
         "file": "src/tierax/costmodel/network.py",
@@ -481,11 +473,12 @@ MUTATIONS = [
         "tests": ["tests/test_cpu_terms.py"],
     },
     {
-        "name": "transposes-offload-as-remat-policy",
-        "what": "transposing term: an offload makes it a remat policy (XLA:CPU keeps it)",
+        "name": "transposes-offload-not-kept",
+        "what": "transposing term: an offloaded name under a remat policy counted as recomputed "
+        "(XLA:CPU keeps it in the stacks)",
         "file": "src/tierax/costmodel/transposes.py",
-        "old": "if all(p is not plan_lib.Placement.REMAT for p in mine.values()):",
-        "new": "if all(p is plan_lib.Placement.DEVICE for p in mine.values()):",
+        "old": "if mine.get(n) is not plan_lib.Placement.REMAT",
+        "new": "if mine.get(n) is plan_lib.Placement.DEVICE",
         "tests": ["tests/test_cpu_terms.py"],
     },
     {
