@@ -255,6 +255,20 @@ def _own_layer(x, p):
     return x + checkpoint_name(jnp.tanh(up) @ p["v"], "my_down")
 
 
+def _recomputing_my_up(inv):
+    """The plan of the largest budget (falling from the unconstrained peak) at which the planner
+    recomputes my_up: the budget forces the choice whatever else the plan gives up first."""
+    free = tierax.plan(inv).predicted.peak_device_bytes
+    for f in (0.999, 0.99, 0.98, 0.95, 0.9, 0.85, 0.8, 0.7, 0.6, 0.5, 0.4):
+        try:
+            planned = tierax.plan(inv, budget=f * free)
+        except TieraxError:
+            break
+        if planned.placements()["layers"]["my_up"] == "remat":
+            return planned
+    raise AssertionError("no budget makes the planner recompute my_up")
+
+
 def test_the_api_plans_the_models_own_names():
     inv = tierax.inventory(_loss(None, _own_layer), PARAMS, X)
     assert inv.groups == {"layers": ("my_up", "my_down")}
@@ -263,9 +277,7 @@ def test_the_api_plans_the_models_own_names():
         "my_up": 8 * 32 * 256 * 4,  # b · s · f · 4 B
         "my_down": 8 * 32 * 64 * 4,
     }
-    free = tierax.plan(inv)
-    tight = tierax.plan(inv, budget=free.predicted.peak_device_bytes - 1)
-    assert tight.placements()["layers"]["my_up"] == "remat"
+    tight = _recomputing_my_up(inv)
 
     def grad_flops(policy):
         return jaxpr_tools.matmul_flops(
@@ -281,8 +293,7 @@ def test_the_api_plans_the_models_own_names():
 
 def test_a_kept_plan_in_the_models_names_round_trips_through_yaml_and_typos_are_refused(tmp_path):
     inv = tierax.inventory(_loss(None, _own_layer), PARAMS, X)
-    free = tierax.plan(inv)
-    tight = tierax.plan(inv, budget=free.predicted.peak_device_bytes - 1)
+    tight = _recomputing_my_up(inv)
     path = tmp_path / "plan.yaml"
     path.write_text(tight.plan.to_yaml())
     assert "my_up: remat" in path.read_text()
@@ -349,6 +360,7 @@ def test_custom_names_example_plans_applies_and_keeps_the_gradients(tmp_path):
         "my_up": 2 * 16 * 256 * 4,
         "my_down": 2 * 16 * 32 * 4,
     }
-    assert "remat" in planned.placements()["decoder"].values()
-    assert planned.predicted.peak_device_bytes <= out["budget"]
+    free = tierax.plan(inv).predicted.peak_device_bytes
+    assert planned.predicted.peak_device_bytes <= out["budget"] < free  # it had to give up some
+    assert "my_up" in (tmp_path / "plan.yaml").read_text()  # the plan file is in the model's names
     assert out["max_rel_grad_error"] <= 1e-6
