@@ -14,6 +14,7 @@ import pytest
 from jax.ad_checkpoint import checkpoint_name
 
 import tierax
+import tierax.api
 from tierax.errors import TieraxError
 from tierax.tracing import jaxpr_tools
 
@@ -167,11 +168,11 @@ def test_bad_input_is_named():
     with pytest.raises(TieraxError, match="no scan over a jax.checkpoint'ed layer"):
         tierax.inventory(lambda p, x: jnp.sum(x @ p["w"][0]), PARAMS, X)
 
-    def odd(x, p):
-        return x + checkpoint_name(x @ p["w"] @ p["v"], "my_tensor")
+    def reserved(x, p):
+        return x + checkpoint_name(x @ p["w"] @ p["v"], "default")
 
-    with pytest.raises(TieraxError, match="'my_tensor', not tierax names"):
-        tierax.inventory(_loss(None, odd), PARAMS, X)
+    with pytest.raises(TieraxError, match="tags 'default', which a plan uses as its own key"):
+        tierax.inventory(_loss(None, reserved), PARAMS, X)
     inv = tierax.inventory(_loss(None), PARAMS, X)
     with pytest.raises(TieraxError, match="no layer group 'decoder'; the model's groups: layers"):
         tierax.plan(inv).policy("decoder")
@@ -244,3 +245,122 @@ def test_no_plan_fits_names_small_sizes_in_their_unit_and_the_apis_own_remedies(
         "6.81 MiB (params+grads+AdamW 2.00 MiB, layer inputs 256.00 KiB"
     ) in msg, msg
     assert "--" not in msg and "a larger budget=" in msg, msg  # the API's terms, not the CLI's
+
+
+# --- the user's own activation names ---------------------------------------------------------
+
+
+def _own_layer(x, p):
+    up = checkpoint_name(x @ p["w"], "my_up")
+    return x + checkpoint_name(jnp.tanh(up) @ p["v"], "my_down")
+
+
+def _recomputing_my_up(inv):
+    """The plan of the largest budget (falling from the unconstrained peak) at which the planner
+    recomputes my_up: the budget forces the choice whatever else the plan gives up first."""
+    free = tierax.plan(inv).predicted.peak_device_bytes
+    for f in (0.999, 0.99, 0.98, 0.95, 0.9, 0.85, 0.8, 0.7, 0.6, 0.5, 0.4):
+        try:
+            planned = tierax.plan(inv, budget=f * free)
+        except TieraxError:
+            break
+        if planned.placements()["layers"]["my_up"] == "remat":
+            return planned
+    raise AssertionError("no budget makes the planner recompute my_up")
+
+
+def test_the_api_plans_the_models_own_names():
+    inv = tierax.inventory(_loss(None, _own_layer), PARAMS, X)
+    assert inv.groups == {"layers": ("my_up", "my_down")}
+    (g,) = inv.inventory.groups
+    assert {a.name: a.bytes_per_layer for a in g.activations} == {
+        "my_up": 8 * 32 * 256 * 4,  # b · s · f · 4 B
+        "my_down": 8 * 32 * 64 * 4,
+    }
+    tight = _recomputing_my_up(inv)
+
+    def grad_flops(policy):
+        return jaxpr_tools.matmul_flops(
+            jax.make_jaxpr(jax.grad(_loss(policy, _own_layer)))(PARAMS, X)
+        )
+
+    # Recomputing my_up costs its matmul (2 · b · s · d · f per layer) once more: the policy of
+    # the user's names is what executes.
+    assert grad_flops(tight.policy()) - grad_flops(
+        jax.checkpoint_policies.everything_saveable
+    ) == pytest.approx(4 * 2 * 8 * 32 * 64 * 256)
+
+
+def test_a_kept_plan_in_the_models_names_round_trips_through_yaml_and_typos_are_refused(tmp_path):
+    inv = tierax.inventory(_loss(None, _own_layer), PARAMS, X)
+    tight = _recomputing_my_up(inv)
+    path = tmp_path / "plan.yaml"
+    path.write_text(tight.plan.to_yaml())
+    assert "my_up: remat" in path.read_text()
+
+    def grad_jaxpr(policy):
+        return str(jax.make_jaxpr(jax.grad(_loss(policy, _own_layer)))(PARAMS, X))
+
+    assert grad_jaxpr(tierax.api.policy(str(path), inv)) == grad_jaxpr(tight.policy())
+    assert grad_jaxpr(tierax.api.policy(path, inv, "layers")) == grad_jaxpr(tight.policy())
+
+    path.write_text(tight.plan.to_yaml().replace("my_up:", "my_upp:"))
+    with pytest.raises(
+        TieraxError,
+        match=r"no activation 'my_upp' \(did you mean 'my_up'\?\); valid names "
+        r"here: my_up, my_down",
+    ):
+        tierax.api.policy(str(path), inv)
+    # A plan for tierax's prefetching scan (the default mechanism) is not what the user's scan runs.
+    path.write_text("plan: p\ngroups:\n  layers:\n    my_up: offload\n")
+    with pytest.raises(TieraxError, match="add 'mechanism: policy'"):
+        tierax.api.policy(str(path), inv)
+    path.write_text("plan: p\nmechanism: policy\ngroups:\n  layers:\n    my_up: offload\n")
+    assert callable(tierax.api.policy(str(path), inv))
+    with pytest.raises(TieraxError, match="takes what tierax.inventory"):
+        tierax.api.policy(str(path), {"layers": 1})
+
+
+def test_tierax_models_keep_the_closed_set_and_maxtext_refuses_foreign_names(tmp_path, cli):
+    from tierax import plan as plan_lib
+    from tierax.interop import maxtext
+    from tierax.models import get_config
+
+    text = "plan: mine\ngroups:\n  decoder:\n    my_up: offload\n    query_proj: device\n"
+    plan = plan_lib.Plan.from_yaml(text)  # parses: names are the model's business
+    with pytest.raises(
+        TieraxError,
+        match=r"has no activation 'my_up'; valid names here: "
+        r"decoder_layer_input, query_proj",
+    ):
+        plan_lib.load_plan(plan, get_config("tiny-llama"))
+    with pytest.raises(TieraxError, match=r"places 'my_up', which MaxText has no remat_policy key"):
+        maxtext.overrides(plan, get_config("tiny-llama"), microbatch=1, seq=64, mesh={})
+    f = tmp_path / "mine.yaml"
+    f.write_text(text)
+    r = cli("plans", "--model", "tiny-llama", "--show", f, "--emit", "maxtext")
+    assert r.returncode == 2 and "'my_up', which MaxText has no remat_policy key" in r.stderr, r
+    assert r.stdout == ""
+    for bad in ("    7: offload\n", "    default: offlaod\n"):
+        with pytest.raises(TieraxError):
+            plan_lib.Plan.from_yaml("plan: p\ngroups:\n  decoder:\n" + bad)
+
+
+def test_custom_names_example_plans_applies_and_keeps_the_gradients(tmp_path):
+    out = _example("custom_names_model").run(
+        layers=2, d_model=32, seq=16, squeeze=0.95, plan_out=tmp_path / "plan.yaml"
+    )
+    inv, planned = out["inventory"], out["planned"]
+    assert inv.groups == {"decoder": ("qk_norm", "my_up", "my_down")}
+    (g,) = inv.inventory.groups
+    sizes = {a.name: a.bytes_per_layer for a in g.activations}
+    # batch 2, seq 16, d 32 (4 heads × 8), mlp 256, float32; qk_norm tags q and k: two tensors.
+    assert sizes == {
+        "qk_norm": 2 * (2 * 16 * 32 * 4),
+        "my_up": 2 * 16 * 256 * 4,
+        "my_down": 2 * 16 * 32 * 4,
+    }
+    free = tierax.plan(inv).predicted.peak_device_bytes
+    assert planned.predicted.peak_device_bytes <= out["budget"] < free  # it had to give up some
+    assert "my_up" in (tmp_path / "plan.yaml").read_text()  # the plan file is in the model's names
+    assert out["max_rel_grad_error"] <= 1e-6

@@ -74,7 +74,9 @@ def test_bad_plan_file_exits_2(tmp_path):
     f = tmp_path / "bad.yaml"
     f.write_text("plan: bad\ngroups:\n  decoder:\n    query_projj: offload\n")
     r = tierax("bench", "--plans", str(f))
-    assert r.returncode == 2 and "unknown activation name 'query_projj'" in r.stderr
+    assert (
+        r.returncode == 2 and "no activation 'query_projj' (did you mean 'query_proj'?)" in r.stderr
+    )
     f.write_text("plan: bad\ngroups:\n  decoder:\n    query_proj: offlaod\n")
     r = tierax("bench", "--plans", str(f))
     assert r.returncode == 2 and "device, offload, remat" in r.stderr

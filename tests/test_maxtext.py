@@ -458,6 +458,8 @@ def test_emitted_attention_kernel_matches_the_step(attention, key):
         ("tpu", "device", "remat", "device"),
         ("gpu", "offload", "device", "device"),  # one tensor: the placement that keeps more of it
         ("gpu", "remat", "offload", "offload"),
+        ("gpu_multiprocess", "offload", None, "offload"),  # MaxText's multi-host GPU hardware
+        ("cpu", "remat", "offload", "offload"),  # dot-product attention: context names nothing
     ],
 )
 def test_context_reads_as_attention_out_on_tpu_and_gpu(
@@ -487,3 +489,6 @@ def test_emit_for_a_tpu_target_says_tpu_and_context_follows_attention_out():
     assert data["hardware"] == "tpu" and data["context"] == data["attention_out"] == "offload"
     # dot-product attention: no context
     assert yaml.safe_load(emit(plan, cfg, target="cpu"))["context"] == "remat"
+    # every GPU and TPU target: context follows attention_out
+    for target in ("h100", "gb200", "v5e", "v6e"):
+        assert yaml.safe_load(emit(plan, cfg, target=target))["context"] == "offload", target

@@ -71,7 +71,7 @@ def test_yaml_round_trip_and_resolution():
         ("    - layers: 0-3\n      default: device\n", "set 'default' on the group"),
         (
             "    - layers: 0-3\n      query_projj: offload\n",
-            "unknown activation name 'query_projj'",
+            r"no activation 'query_projj' \(did you mean 'query_proj'\?\)",
         ),
         ("    - query_proj: offload\n", "give 'layers: A-B'"),
     ],

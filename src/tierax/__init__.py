@@ -6,6 +6,8 @@ The Python API for your own model (see :mod:`tierax.api`)::
     inv = tierax.inventory(loss_fn, params, batch)
     planned = tierax.plan(inv, target="h200", mesh={"fsdp": 8}, budget=60 * 2**30)
     policy = planned.policy("decoder")          # a jax.checkpoint policy
+    # a plan kept as YAML (in your model's own checkpoint_name tags), checked against the trace:
+    policy = tierax.api.policy("plan.yaml", inv, "decoder")
 
 ``tierax.inventory`` and ``tierax.plan`` are also the modules :mod:`tierax.tracing.inventory`
 and :mod:`tierax.plan`; calling them calls :func:`tierax.api.inventory` and
@@ -47,6 +49,8 @@ class _Package(types.ModuleType):
             if not isinstance(module, _CallableModule):
                 module.__class__ = _CallableModule
             return module
+        if name == "api":  # tierax.api.policy(...) after a bare `import tierax`
+            return importlib.import_module("tierax.api")
         raise AttributeError(f"module 'tierax' has no attribute {name!r}")
 
 

@@ -5,12 +5,16 @@ Three calls (also exported as ``tierax.inventory``, ``tierax.plan``)::
     inv = tierax.inventory(loss_fn, params, batch)       # abstract trace, nothing allocated
     planned = tierax.plan(inv, target="h200", budget=40 * 2**30)
     policy = planned.policy("decoder")                   # for jax.checkpoint / nn.remat
+    pathlib.Path("plan.yaml").write_text(planned.plan.to_yaml())     # keep it; later:
+    policy = tierax.api.policy("plan.yaml", inv, "decoder")          # checked against the trace
 
 What your model must do (the same as tierax's own models): run its layers with a
 ``lax.scan`` (``nn.scan`` / ``nnx.scan`` are fine) whose body applies
 ``jax.checkpoint`` (``nn.remat``) to one layer ``layer(x, params) -> y`` of the carry
 ``x``, tag activations inside that layer with ``jax.ad_checkpoint.checkpoint_name``
-using tierax's names (:mod:`tierax.names`, MaxText's spelling), and optionally put
+(any names: your own such as ``"my_up"`` or ``"qk_norm"``, or tierax's/MaxText's
+:mod:`tierax.names`; only ``default``, ``segments``, ``layers`` and ``unnamed`` are taken by
+the plan format), and optionally put
 the scan in ``jax.named_scope("tierax_group_<name>")`` to name the layer group
 (else ``layers``, ``layers_1``, …).  The policy used while tracing does not matter.
 
@@ -26,6 +30,7 @@ assumed unless ``extra_bytes`` is given.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -34,10 +39,10 @@ import jax.numpy as jnp
 from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 
 from tierax import costmodel as cm
-from tierax import names as N
 from tierax.errors import TieraxError
 from tierax.models.config import LayerGroup
-from tierax.plan import Plan, to_policies
+from tierax.plan import Plan, load_plan, to_policies
+from tierax.plan.types import RESERVED_KEYS
 from tierax.solving import planner, planning
 from tierax.tracing import inventory as inv_lib
 from tierax.tracing import jaxpr_tools
@@ -112,24 +117,66 @@ class Planned:
         (``to_policies`` says None there, meaning "run without jax.checkpoint"; but this layer is
         already inside your ``jax.checkpoint``, where ``policy=None`` recomputes everything.)
         """
-        policies = to_policies(self.plan, self.model)
-        if group is None:
-            if len(policies) != 1:
-                raise TieraxError(
-                    f"the model has layer groups {', '.join(policies)}; name one: policy(GROUP)"
-                )
-            group = next(iter(policies))
-        if group not in policies:
-            raise TieraxError(
-                f"no layer group {group!r}; the model's groups: {', '.join(policies)}"
-            )
-        policy = policies[group]
-        return jax.checkpoint_policies.everything_saveable if policy is None else policy
+        return _policy(self.plan, self.model, group)
 
     def placements(self) -> dict[str, dict[str, str]]:
         return {
             g: {n: p.value for n, p in gp.placements.items()} for g, gp in self.plan.groups.items()
         }
+
+
+def _policy(plan: Plan, model: CustomModel, group: str | None) -> Callable:
+    """``group``'s ``jax.checkpoint`` policy under ``plan`` (validated against ``model``)."""
+    names = [g.name for g in model.groups]
+    if group is None:
+        if len(names) != 1:
+            raise TieraxError(
+                f"the model has layer groups {', '.join(names)}; name one: policy(GROUP)"
+            )
+        group = names[0]
+    if group not in names:
+        raise TieraxError(f"no layer group {group!r}; the model's groups: {', '.join(names)}")
+    segmented = [g for g, gp in plan.groups.items() if gp.segments]
+    if segmented:
+        raise TieraxError(
+            f"plan {plan.name!r} splits group(s) {', '.join(segmented)} into segments, which run "
+            "in tierax's segmented layer scan, not in your model's scan; remove 'segments'"
+        )
+    policies = to_policies(plan, model)
+    policy = policies[group]
+    if policy is not None and not callable(policy):  # tierax's prefetching scan (its models only)
+        raise TieraxError(
+            f"plan {plan.name!r} offloads with mechanism {plan.mechanism!r} (tierax's prefetching "
+            "layer scan), which your model's scan does not run; add 'mechanism: policy' to the "
+            "plan (XLA's host offloader under your jax.checkpoint)"
+        )
+    return jax.checkpoint_policies.everything_saveable if policy is None else policy
+
+
+def policy(
+    plan: str | os.PathLike | Plan, inventory: ModelInventory, group: str | None = None
+) -> Callable:
+    """The ``jax.checkpoint`` policy of ``group`` under a plan you keep (a :class:`Plan`, a plan
+    YAML file such as ``tierax.plan(...).plan.to_yaml()`` writes, or a preset name), checked
+    against the names ``inventory``'s trace found: a name the model does not tag is an error that
+    lists the valid ones.
+
+    Raises:
+      TieraxError: the plan names a group or activation the trace lacks, has segments, or offloads
+        with tierax's prefetching mechanism (your scan runs ``mechanism: policy``).
+    """
+    if not isinstance(inventory, ModelInventory):
+        raise TieraxError(
+            "policy() takes what tierax.inventory(loss_fn, params, batch) returns, "
+            f"not a {type(inventory).__name__}"
+        )
+    if isinstance(plan, os.PathLike):
+        plan = os.fspath(plan)
+    if not isinstance(plan, (str, Plan)):
+        raise TieraxError(
+            f"plan is a {type(plan).__name__}; give a tierax Plan, a plan YAML path or a preset"
+        )
+    return _policy(load_plan(plan, inventory.model), inventory.model, group)
 
 
 def _leaf_bytes(tree) -> int:
@@ -282,11 +329,11 @@ def inventory(loss_fn: Callable, params, batch, *, name: str = "custom") -> Mode
             )
         used.add(gname)
         g = inv_lib.layer_inventory(layer, x, others, group=gname, num_layers=length)
-        bad = [a.name for a in g.activations if a.name not in N.ALL_NAMES]
+        bad = [a.name for a in g.activations if a.name in RESERVED_KEYS]
         if bad:
             raise TieraxError(
-                f"layer group {gname!r} tags {', '.join(map(repr, bad))}, not tierax names; "
-                f"use checkpoint_name with one of: {', '.join(N.ALL_NAMES)}"
+                f"layer group {gname!r} tags {', '.join(map(repr, bad))}, which a plan uses as "
+                f"its own key ({', '.join(RESERVED_KEYS)}); rename that checkpoint_name"
             )
         if g.activations:
             groups.append(g)

@@ -1,8 +1,11 @@
 """The closed set of activation names shared by models, plans and docs.
 
 Every tensor a reference model tags with ``jax.ad_checkpoint.checkpoint_name``
-uses one of these constants, and a Plan may only mention these names.  The
-spelling follows MaxText so that plans translate between the two projects.
+uses one of these constants, and a Plan for one of tierax's models may only mention
+these names (``tierax.plan.resolve`` checks a plan against the model's).  A model
+planned through :mod:`tierax.api` tags its own names, which its plans carry; MaxText
+overrides carry MaxText's keys only.  The spelling follows MaxText so that plans
+translate between the two projects.
 """
 
 from __future__ import annotations

@@ -101,6 +101,10 @@ def cmd_plans(args) -> int:
         for name, (desc, _) in plan_lib.PRESETS.items():
             print(f"{name:18s} {desc}")
         return 0
+    if args.emit:  # a plan file of a model's own names: MaxText's refusal names them first
+        from tierax.interop import maxtext
+
+        maxtext.check_maxtext_names(args.show)
     plan = files.load_plan(args.show, cfg)
     if args.emit:
         sizes = {

@@ -279,18 +279,25 @@ def _tpu_loss_phase_bytes(
     return logits + gathered_head + head_grad + max(hidden, reduced_grad)
 
 
-def _tpu_stack_copy_bytes(inv: Inventory, c_item: int, fsdp: int, ep: int) -> int:
+def _tpu_stack_copy_bytes(inv: Inventory, cfg, c_item: int, fsdp: int, ep: int) -> int:
     # XLA:TPU converts every stacked layer weight's shard to the compute dtype once, before the
     # forward loop, and keeps the copies through the backward (convert(param) at its peak,
     # bench/results/tpu_compile.json); the GPU's transposed float32 copies (_stack_copy_bytes) are
-    # not made.
+    # not made.  A shard (tierax.sharding.rules): the routed experts E over expert and D over the
+    # fsdp axis (whole where D does not divide), so E·D·F / (expert · fsdp axis) -- XLA:TPU's
+    # compile holds f32[L, E/expert, D/fsdp, F] per device (tests/test_tpu_stack_copy.py); every
+    # other layer weight over ``fsdp`` (= the fsdp axis × expert).
+    n_fsdp = fsdp // max(ep, 1)
+    n_efsdp = n_fsdp if n_fsdp > 1 and getattr(cfg, "d_model", 0) % n_fsdp == 0 else 1
     return int(
         c_item
         * sum(
-            (g.layer_param_count - g.expert_param_count_per_layer) / fsdp
-            + g.expert_param_count_per_layer / (fsdp * max(ep, 1))
+            (
+                (g.layer_param_count - g.expert_param_count_per_layer) / fsdp
+                + g.expert_param_count_per_layer / (max(ep, 1) * n_efsdp)
+            )
+            * g.num_layers
             for g in inv.groups
-            for _ in range(g.num_layers)
         )
     )
 
@@ -313,7 +320,7 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
     grad_share = 0.0 if tpu else c_item / 4
     workspace = _workspace(inv, cfg, c_item, fsdp, ep, tokens, tiled, head_grad, grad_share)
     if tpu:
-        stack_copy = _tpu_stack_copy_bytes(inv, c_item, fsdp, ep)
+        stack_copy = _tpu_stack_copy_bytes(inv, cfg, c_item, fsdp, ep)
     else:
         stack_copy = _stack_copy_bytes(inv, cfg, p_item)
     coll, exposed_coll, critical_coll = _collectives(inv, cfg, rates, schedule, compute_s)

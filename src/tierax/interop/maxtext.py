@@ -22,6 +22,7 @@ Key names are MaxText's (``configs/base.yml``, ``configs/models/*.yml``).
 from __future__ import annotations
 
 import math
+import pathlib
 import shlex
 from collections.abc import Mapping
 
@@ -52,6 +53,41 @@ def conflicts(plan: Plan, cfg) -> dict[str, dict[str, Placement]]:
         for name, p in placements.items():
             by_name.setdefault(name, {})[group] = p
     return {n: g for n, g in by_name.items() if len(set(g.values())) > 1}
+
+
+def check_maxtext_names(plan: Plan | str) -> None:
+    """Every name ``plan`` places is one of MaxText's ``remat_policy: custom`` keys (``plan``: a
+    Plan, or a plan YAML file, read without a model so that this refusal comes first; a preset or
+    a MaxText override file carries MaxText's names only and passes).
+
+    Raises:
+      TieraxError: names MaxText has no key for (a model's own ``checkpoint_name`` tags), each
+        named, with MaxText's keys.
+    """
+    if isinstance(plan, str):
+        path = pathlib.Path(plan)
+        if not path.is_file():
+            return  # a preset (or a missing file, which loading the plan refuses)
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, yaml.YAMLError):
+            return  # loading the plan says what is wrong with the file
+        if K.is_override_file(data):
+            return
+        plan = Plan.from_dict(data, source=str(path))
+    named = [
+        n
+        for gp in plan.groups.values()
+        for n in [*gp.placements, *(m for seg in gp.segments for m in seg.placements)]
+    ]
+    foreign = list(dict.fromkeys(n for n in named if n not in K.REMAT_KEYS))
+    if foreign:
+        raise TieraxError(
+            f"plan {plan.name!r} places {', '.join(map(repr, foreign))}, which MaxText has no "
+            f"remat_policy key for (MaxText's keys: {', '.join(K.REMAT_KEYS)}); MaxText "
+            "overrides can only carry those names: plan a tierax model, or apply this plan "
+            "with tierax.api.policy in your own model"
+        )
 
 
 def uniform_placements(plan: Plan, cfg) -> dict[str, Placement]:
@@ -160,6 +196,7 @@ def overrides(
     grad_accum: int = 1,
 ) -> dict:
     """The MaxText keys of a run of ``plan`` (mapping in file order; see the module docstring)."""
+    check_maxtext_names(plan)
     kind = hardware.platform(target)  # unknown: refused
     cfg = for_platform(cfg, kind)  # attention: auto, as the target runs it
     MeshShape(**{a: int(v) for a, v in mesh.items()}).check_model(cfg, where="--mesh")

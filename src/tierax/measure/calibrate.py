@@ -17,6 +17,7 @@ and used by ``simulate`` and ``plan`` instead of datasheet figures.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 
@@ -26,18 +27,29 @@ from tierax import costmodel as cm
 from tierax.fileio import write_text_atomic
 from tierax.measure import harness
 
+# A word of the device kind JAX reports ("NVIDIA H100 80GB HBM3", "NVIDIA GB200") → the target.
+# Whole words only: "B200" is inside "GB200" and "H200" inside "GH200" (a Grace Hopper, whose
+# GPU is not an H200), so a substring test would store one machine's rates under another's key.
 _KIND_TO_TARGET = {"H100": "h100", "H200": "h200", "B200": "b200", "GB200": "gb200"}
 DTYPES = ("float32", "bfloat16")
 
 
-def target_key() -> str:
-    dev = jax.devices()[0]
-    if dev.platform != "gpu":
+def target_key_for(platform: str, device_kind: str) -> str:
+    """The calibration key of a device: ``cpu`` off a GPU; the tierax target whose model is a word
+    of ``device_kind``; else the device kind itself (no target reads it)."""
+    if platform != "gpu":
         return "cpu"
-    for kind, key in _KIND_TO_TARGET.items():
-        if kind in dev.device_kind.replace(" ", ""):
-            return key
-    return dev.device_kind
+    words = re.findall(r"[A-Z0-9]+", device_kind.upper())
+    for word in words:
+        if word in _KIND_TO_TARGET:
+            return _KIND_TO_TARGET[word]
+    return device_kind
+
+
+def target_key() -> str:
+    """The calibration key of this backend's first device (:func:`target_key_for`)."""
+    dev = jax.devices()[0]
+    return target_key_for(dev.platform, dev.device_kind)
 
 
 def stages(gpu: bool) -> list[str]:

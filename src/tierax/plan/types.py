@@ -4,6 +4,7 @@ resolving a plan against a model."""
 
 from __future__ import annotations
 
+import difflib
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,10 +35,19 @@ class Placement(str, enum.Enum):  # noqa: UP042 — str() and format() keep Enum
             ) from None
 
 
-def _check_name(name: str, where: str) -> None:
-    if name not in N.ALL_NAMES:
+# Keys a plan's group (or segment) mapping uses itself: no activation can be named so there
+# ("unnamed": the key of a group's untagged intermediates in plans that place them).
+RESERVED_KEYS = ("default", "segments", "layers", "unnamed")
+
+
+def _check_name(name: Any, where: str) -> None:
+    """An activation name as a plan may carry it: any non-empty string a ``checkpoint_name`` can
+    tag (tierax's own models tag :data:`tierax.names.ALL_NAMES`; a model traced through
+    :mod:`tierax.api` tags its own).  Whether the model has it is checked in :func:`resolve`."""
+    if not isinstance(name, str) or not name or name != name.strip() or name in RESERVED_KEYS:
         raise TieraxError(
-            f"{where}: unknown activation name {name!r}; valid names: {', '.join(N.ALL_NAMES)}"
+            f"{where}: {name!r} is not an activation name; give the string the model tags with "
+            f"checkpoint_name (tierax's models: {', '.join(N.ALL_NAMES)})"
         )
 
 
@@ -367,12 +377,14 @@ def resolve(plan: Plan, cfg) -> dict[str, dict[str, Placement]]:
                 f"not have; its groups: {', '.join(groups)}"
             )
         named = list(gp.placements) + [n for s in gp.segments for n in s.placements]
-        missing = list(dict.fromkeys(n for n in named if n not in groups[gname].activations))
+        valid = groups[gname].activations
+        missing = list(dict.fromkeys(n for n in named if n not in valid))
         if missing:
+            close = [m for n in missing for m in difflib.get_close_matches(n, valid, n=1)]
+            hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
             raise TieraxError(
                 f"plan {plan.name!r}, group {gname!r}: model {cfg.name!r} has no activation "
-                f"{', '.join(map(repr, missing))}; valid names here: "
-                f"{', '.join(groups[gname].activations)}"
+                f"{', '.join(map(repr, missing))}{hint}; valid names here: {', '.join(valid)}"
             )
         if gp.segments:
             _check_partition(gp, groups[gname].num_layers, f"plan {plan.name!r}, group {gname!r}")

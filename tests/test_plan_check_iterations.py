@@ -1,0 +1,128 @@
+"""``plan --check`` over three and more iterations: the planner runs for real, the compile is
+replaced by one whose workspace (XLA's peak over the model's) grows with the names the plan
+recomputes (as recomputation's temporaries would), so the first correction is not enough and the
+loop must correct again.  Expected budgets, corrections and verdicts are computed here from what
+the compile saw, by the rule the module states (the largest miss so far comes off the budget)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from tierax import costmodel as cm
+from tierax import plan as P
+from tierax.mesh import MeshShape
+from tierax.models import get_config
+from tierax.solving import plan_check
+from tierax.tracing import inventory as inv_lib
+from tierax.xla import compile as compile_lib
+
+BUDGET = 14.0e6  # tiny-llama, microbatch 8 × seq 64 on H200: between remat-full and save-all
+W = 200_000  # workspace per recomputed name (and one for the program)
+
+
+@pytest.fixture
+def setting(monkeypatch):
+    cfg = get_config("tiny-llama")
+    rates = cm.target_rates("h200", cfg.dtype)
+    inv = inv_lib.model_inventory(cfg, 8, 64, MeshShape().to_dict())
+    seen = []
+
+    def workspace(n_remat, call):
+        return W * (1 + n_remat)
+
+    def xla(cfg, plan, target, *, microbatch, seq, mesh):
+        n = sum(p is P.Placement.REMAT for g in P.resolve(plan, cfg).values() for p in g.values())
+        model = cm.simulate(plan, inv, cfg, rates, "lhs").peak_device_bytes
+        peak = model + setting.workspace(n, len(seen))
+        seen.append((model, peak))
+        compiled = types.SimpleNamespace(
+            device_peak_bytes=peak,
+            fits=True,  # within the device: the budget decides
+            out_of_memory=False,
+            overlap={},
+            host_temp_bytes=0,
+            compile_time_s=0.0,
+        )
+        return compiled, ""
+
+    monkeypatch.setattr(compile_lib, "compile_for_target", xla)
+    setting = types.SimpleNamespace(cfg=cfg, rates=rates, seen=seen, workspace=workspace)
+    return setting
+
+
+def _expected(seen):
+    """(budget, correction, fits) per iteration from the compiles' (model peak, XLA peak)."""
+    out, correction = [], 0
+    for k, (model, peak) in enumerate(seen):
+        out.append((int(BUDGET - correction), correction, peak <= BUDGET))
+        miss = peak - model
+        correction = miss if k == 0 else max(correction, miss)
+    return out
+
+
+def test_a_growing_workspace_takes_three_iterations_each_correcting_by_the_largest_miss(setting):
+    res = plan_check.check(
+        setting.cfg,
+        MeshShape(),
+        setting.rates,
+        "h200",
+        microbatch=8,
+        seq=64,
+        budget_bytes=BUDGET,
+        max_iterations=5,
+    )
+    its = res.iterations
+    assert len(its) == 3 and res.converged
+    assert [i.iteration for i in its] == [1, 2, 3]
+    want = _expected(setting.seen)
+    assert [(i.budget_bytes, i.workspace_correction_bytes, i.xla_fits) for i in its] == want
+    assert [w[2] for w in want] == [False, False, True]  # the first correction was not enough
+    assert its[2].workspace_correction_bytes > its[1].workspace_correction_bytes > 0
+    for i, (model, peak) in zip(its, setting.seen, strict=True):
+        assert i.xla_peak_bytes == peak
+        assert i.predicted_peak_bytes == model + i.workspace_correction_bytes
+        assert model <= i.budget_bytes  # the planner, for real, planned within the corrected budget
+    assert its[2].peak_error == 0
+
+
+def test_a_workspace_that_keeps_growing_stops_at_max_iterations_unconverged(setting):
+    setting.workspace = lambda n_remat, call: W * (1 + n_remat) * 2**call
+    res = plan_check.check(
+        setting.cfg,
+        MeshShape(),
+        setting.rates,
+        "h200",
+        microbatch=8,
+        seq=64,
+        budget_bytes=BUDGET,
+        max_iterations=3,
+    )
+    assert len(res.iterations) == len(setting.seen) == 3 and not res.converged
+    assert not any(i.xla_fits for i in res.iterations)
+    want = _expected(setting.seen)
+    assert [(i.budget_bytes, i.workspace_correction_bytes) for i in res.iterations] == [
+        w[:2] for w in want
+    ]
+
+
+def test_a_smaller_miss_later_does_not_give_the_budget_back(setting):
+    """XLA's miss 5 W, then 10 W, then 3 W: the budget only shrinks (by the largest miss so far),
+    so the loop cannot swing back to a plan already seen over budget."""
+    misses = [5 * W, 10 * W, 3 * W, 3 * W]
+    setting.workspace = lambda n_remat, call: misses[call]
+    res = plan_check.check(
+        setting.cfg,
+        MeshShape(),
+        setting.rates,
+        "h200",
+        microbatch=8,
+        seq=64,
+        budget_bytes=BUDGET,
+        max_iterations=4,
+    )
+    assert len(res.iterations) == 4
+    corrections = [i.workspace_correction_bytes for i in res.iterations]
+    assert corrections == [0, 5 * W, 10 * W, 10 * W]
+    assert [i.budget_bytes for i in res.iterations] == [int(BUDGET - c) for c in corrections]
