@@ -89,8 +89,9 @@ def test_state_shardings_memory_kinds():
     got = kinds(P.state_shardings(plan, opt_state, "moments"))
     assert got == {"dense": {"device"}, "moe": {"pinned_host"}, None: {"device"}}
     # The moments are really found inside the optimizer state (mu and nu of every moe leaf).
-    n_moe = sum(1 for p, _ in jax.tree_util.tree_leaves_with_path(abstract) if
-                P.layer_group_of(p) == "moe")
+    n_moe = sum(
+        1 for p, _ in jax.tree_util.tree_leaves_with_path(abstract) if P.layer_group_of(p) == "moe"
+    )
     placed = P.state_shardings(plan, opt_state, "moments")
     n_host = sum(1 for s in jax.tree.leaves(placed) if s.memory_kind == "pinned_host")
     assert n_host == 2 * n_moe

@@ -41,9 +41,7 @@ def state_shardings(plan: Plan, shardings: Any, kind: str) -> Any:
       TieraxError: ``kind`` is not one of :data:`tierax.plan.STATE_KINDS`.
     """
     if kind not in STATE_KINDS:
-        raise TieraxError(
-            f"state kind {kind!r} is not valid; use one of: {', '.join(STATE_KINDS)}"
-        )
+        raise TieraxError(f"state kind {kind!r} is not valid; use one of: {', '.join(STATE_KINDS)}")
 
     def placed(path, sharding):
         group = layer_group_of(path)
