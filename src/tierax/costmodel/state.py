@@ -179,9 +179,7 @@ def exposed(h2d_s: float, d2h_s: float, g: StateGroupTerms) -> float:
     return max(0.0, h2d_s - g.update_device_s) + max(0.0, d2h_s - g.update_device_s)
 
 
-def state_cost(
-    offloaded: set[tuple[str, str]], inv: Inventory, cfg, rates: Rates
-) -> StateCost:
+def state_cost(offloaded: set[tuple[str, str]], inv: Inventory, cfg, rates: Rates) -> StateCost:
     """The cost of offloading the (group, kind) pairs in ``offloaded`` (every other part on
     device)."""
     items, groups = state_terms(inv, cfg, rates)
