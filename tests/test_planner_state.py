@@ -24,11 +24,7 @@ import itertools
 
 import numpy as np
 import pytest
-
-from tierax import plan as plan_lib
-from tierax.solving import planner
-from tierax.tracing.inventory import Inventory
-from test_planner_bruteforce import (  # noqa: I001 — the activation reference
+from test_planner_bruteforce import (  # the activation reference
     CFG,
     CODES,
     brute_force,
@@ -38,6 +34,10 @@ from test_planner_bruteforce import (  # noqa: I001 — the activation reference
     make_inventory,
     make_rates,
 )
+
+from tierax import plan as plan_lib
+from tierax.solving import planner
+from tierax.tracing.inventory import Inventory
 
 PARAMS = {"dense": 20_000_000, "moe": 50_000_000}  # per device; the rest is the embedding
 PARTS = [(g, k) for g in ("dense", "moe") for k in ("moments", "master_weights")]
