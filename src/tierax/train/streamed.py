@@ -107,22 +107,25 @@ def streamed_update(optimizer: optax.GradientTransformation, grads, opt_state, p
         if not pi:
             continue
         leaves = [jax.tree.leaves(t) for t in (g_tree, p_tree, s_tree)]
-        xs = tuple([lv[i] for i in idx] for lv, idx in zip(leaves, (gi, pi, si), strict=True))
+        g_xs, p_stack, s_xs = (
+            [lv[i] for i in idx] for lv, idx in zip(leaves, (gi, pi, si), strict=True)
+        )
+        num_layers = p_stack[0].shape[0]
 
-        def layer(_, xs_l, g_tree=g_tree, p_tree=p_tree, s_tree=s_tree, gi=gi, pi=pi, si=si):
-            g_l, p_l, s_l = xs_l
+        def layer(p_stack, xs_l, g_tree=g_tree, p_tree=p_tree, s_tree=s_tree, gi=gi, pi=pi, si=si):
+            k, g_l, s_l = xs_l
+            p_l = [x[k] for x in p_stack]
             s_l = [jax.device_put(x, jax.memory.Space.Device) for x in s_l]  # this layer's in
             upd, s_new = optimizer.update(
                 _replace(g_tree, gi, g_l), _replace(s_tree, si, s_l), _replace(p_tree, pi, p_l)
             )
-            p_new = optax.apply_updates(_replace(p_tree, pi, p_l), upd)
-            p_out = [jax.tree.leaves(p_new)[i] for i in pi]
-            s_out = [  # this layer's moments back to the host
-                jax.device_put(jax.tree.leaves(s_new)[i], jax.memory.Space.Host) for i in si
-            ]
-            return None, (p_out, s_out)
+            p_new = jax.tree.leaves(optax.apply_updates(_replace(p_tree, pi, p_l), upd))
+            # The parameters are updated in place (the scan's carry); the moments go back out.
+            p_stack = [x.at[k].set(p_new[i]) for x, i in zip(p_stack, pi, strict=True)]
+            s_out = [jax.device_put(jax.tree.leaves(s_new)[i], jax.memory.Space.Host) for i in si]
+            return p_stack, s_out
 
-        _, (p_stack, s_stack) = jax.lax.scan(layer, None, xs)
+        p_stack, s_stack = jax.lax.scan(layer, p_stack, (jnp.arange(num_layers), g_xs, s_xs))
         new_params = _replace(new_params, pi, p_stack)
         new_state = _replace(new_state, si, s_stack)
     return new_params, new_state

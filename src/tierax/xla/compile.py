@@ -170,8 +170,10 @@ def gpu_topology(target_config: str, devices: int, target: str):
     )
 
 
-def abstract_train_state(cfg, optimizer, mesh: Mesh):
-    """(graphdef, TrainState of ShapeDtypeStructs sharded on ``mesh``)."""
+def abstract_train_state(cfg, optimizer, mesh: Mesh, plan: plan_lib.Plan | None = None):
+    """(graphdef, TrainState of ShapeDtypeStructs sharded on ``mesh``); ``plan``: its offloaded
+    moments' shardings carry the ``pinned_host`` memory kind (:func:`tierax.plan.state_shardings`).
+    """
     graphdef, params = nnx.split(abstract_model(cfg))
     p_shard = sh.param_shardings(params, mesh)
     replicated = NamedSharding(mesh, PartitionSpec())
@@ -179,6 +181,8 @@ def abstract_train_state(cfg, optimizer, mesh: Mesh):
     o_shard = optax.tree_map_params(
         optimizer, lambda _, s: s, abstract_opt, p_shard, transform_non_params=lambda _: replicated
     )
+    if plan is not None and plan.offloads_state:
+        o_shard = plan_lib.state_shardings(plan, o_shard, "moments")
 
     def sds(x, s):
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
@@ -366,7 +370,7 @@ def compile_for_target(
         topo = gpu_topology(text, devices, target)
     mesh = shape.make(topo.devices)
     optimizer = step_lib.make_optimizer()
-    graphdef, state = abstract_train_state(cfg, optimizer, mesh)
+    graphdef, state = abstract_train_state(cfg, optimizer, mesh, plan)
     global_batch = microbatch * shape.batch_ways
     tokens = jax.ShapeDtypeStruct(
         (global_batch, seq + 1), jnp.int32, sharding=sh.batch_sharding(mesh)
@@ -443,7 +447,20 @@ def compile_for_target(
         for a in inventory.activations()
         if placements.get(a.group, {}).get(a.name) is plan_lib.Placement.OFFLOAD
     ]
-    offloaded, host_notes = _attribute(wanted, _forward_host_buffers(module), host_temp)
+    # The plan's offloaded training state: XLA keeps it in host memory through the step (the
+    # streamed update's host stacks, tierax.train.streamed), counted in its host temp.
+    state_host = int(predicted.get("state_host_bytes", 0))
+    host_args = int(getattr(mem, "host_argument_size_in_bytes", 0) or 0)
+    offloaded, host_notes = _attribute(
+        wanted, _forward_host_buffers(module), host_temp - min(state_host, host_temp)
+    )
+    if state_host:
+        rest = host_temp - state_host - sum(o.host_bytes for o in offloaded)
+        host_notes.append(
+            f"training state offloaded by the plan: {state_host} bytes; XLA's host temp "
+            f"{host_temp} bytes ({rest / state_host:+.2%} of it beyond the plan's state and "
+            f"offloaded activations), host arguments {host_args} bytes"
+        )
 
     dtype_peak = spec.peak(cfg.dtype)
     transfers = hlo.host_transfers(
@@ -506,6 +523,8 @@ def compile_for_target(
         cudnn_workspace_bytes=workspace,
         device_limit_bytes=limit,
         predicted=predicted,
+        host_argument_bytes=host_args,
+        state_host_bytes=state_host,
     )
     return result, text
 
@@ -522,10 +541,11 @@ def _prediction(cfg, plan: plan_lib.Plan, inventory, target: str, xla_preset: st
         "fits": p.fits,
         "schedule": schedule,
         "peak_phase": p.breakdown["peak_phase"],
+        "state_host_bytes": p.breakdown.get("state_host_bytes", 0),
     }
 
 
 def param_and_optimizer_bytes(cfg) -> int:
-    """Global bytes of parameters plus AdamW moments (two per parameter, param dtype)."""
+    """Global bytes of parameters plus AdamW moments (inv.moment_bytes_per_param)."""
     itemsize = jnp.dtype(cfg.param_dtype).itemsize
-    return 3 * cfg.param_count() * itemsize
+    return cfg.param_count() * (itemsize + inv.moment_bytes_per_param(cfg))
