@@ -209,6 +209,12 @@ def _solve(
             if j != k:  # same name, another group: same placement
                 add({D + k: 1, D + j: -1}, 0, 0)
                 add({O + k: 1, O + j: -1}, 0, 0)
+        # MaxText's state switches are one per kind for every layer: the same in every group.
+        first_kind: dict[str, int] = {}
+        for j, part in enumerate(parts):
+            i = first_kind.setdefault(part.kind, j)
+            if i != j:
+                add({X + j: 1, X + i: -1}, 0, 0)
     # The streamed update: per group and direction, copies beyond the group's own update time are
     # exposed; the update phase stages the largest group's slices.
     for ug in ugroups:

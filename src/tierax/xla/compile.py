@@ -447,21 +447,21 @@ def compile_for_target(
         for a in inventory.activations()
         if placements.get(a.group, {}).get(a.name) is plan_lib.Placement.OFFLOAD
     ]
-    # The plan's offloaded training state: XLA keeps it in host memory through the step (the
-    # streamed update's host stacks, tierax.train.streamed), counted in its host temp.
+    # The plan's offloaded training state: pinned_host arguments (and outputs) of the step, whose
+    # streamed update's host stacks XLA counts in its host temp, where host buffers of different
+    # times share memory (the activations' are dead by the update).
     state_host = int(predicted.get("state_host_bytes", 0))
     host_args = int(getattr(mem, "host_argument_size_in_bytes", 0) or 0)
-    offloaded, host_notes = _attribute(
-        wanted, _forward_host_buffers(module), host_temp - min(state_host, host_temp)
-    )
+    offloaded, host_notes = _attribute(wanted, _forward_host_buffers(module), host_temp)
     if state_host:
-        rest = host_temp - state_host - sum(o.host_bytes for o in offloaded)
+        acts = sum(o.host_bytes for o in offloaded)
+        host_notes = [n for n in host_notes if "unattributed" not in n]
         host_notes.append(
-            f"training state offloaded by the plan: {state_host} bytes; XLA's host temp "
-            f"{host_temp} bytes ({rest / state_host:+.2%} of it beyond the plan's state and "
-            f"offloaded activations), host arguments {host_args} bytes"
+            f"training state offloaded by the plan: {state_host} bytes; XLA's host arguments "
+            f"{host_args} bytes ({(host_args - state_host) / state_host:+.2%}); its host temp "
+            f"{host_temp} bytes beside the larger of the state and the offloaded activations' "
+            f"{acts} bytes (host buffers of the backward and the update share memory)"
         )
-
     dtype_peak = spec.peak(cfg.dtype)
     transfers = hlo.host_transfers(
         module,
