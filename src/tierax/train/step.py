@@ -181,6 +181,10 @@ def make_train_step(
             f"plan {plan.name!r} offloads training state: give the step its state_shardings "
             "(shardings_of(state) of init_state(..., plan=plan)), which carry the host memory kind"
         )
+    if plan.offloads_state:
+        plan_lib.require_host_memory(
+            plan, jax.tree.leaves(state_shardings)[0].device_set, "the train step"
+        )
     mesh = None if state_shardings is None else mesh_of(state_shardings)
     if mesh is not None:
         sh.check_step(cfg, mesh)
