@@ -100,3 +100,26 @@ def test_state_shardings_memory_kinds():
     # The shardings place real arrays (CPU has pinned_host).
     x = jax.device_put(jnp.ones(3), rep.with_memory_kind("pinned_host"))
     assert x.sharding.memory_kind == "pinned_host"
+
+
+def test_host_memory_required_where_devices_list_their_memories():
+    plan = P.Plan.from_yaml(YAML)
+
+    class Memory:
+        def __init__(self, kind):
+            self.kind = kind
+
+    class Device:  # a backend whose devices have device memory only
+        platform = "fakeaccel"
+
+        def __init__(self, kinds):
+            self.kinds = kinds
+
+        def addressable_memories(self):
+            return [Memory(k) for k in self.kinds]
+
+    with pytest.raises(TieraxError, match="fakeaccel devices here have memory kinds device"):
+        P.require_host_memory(plan, [Device(["device"])], "train")
+    P.require_host_memory(plan, jax.devices()[:1], "train")  # CPU lists pinned_host
+    P.require_host_memory(plan, [Device([])], "compile")  # compile-only: none listed
+    P.require_host_memory(P.Plan.from_yaml(YAML.split("state:")[0]), [Device(["device"])], "t")
