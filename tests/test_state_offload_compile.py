@@ -38,3 +38,20 @@ def test_host_moments_leave_the_device_in_xlas_compile():
     fall = on_device.device_peak_bytes - on_host.device_peak_bytes
     assert 0.98 * moments <= fall <= moments
     assert any("training state offloaded by the plan" in n for n in on_host.notes)
+
+
+def test_host_bytes_over_the_targets_host_memory_refused_before_compiling():
+    from tierax.errors import TieraxError
+    from tierax.models import for_platform
+
+    cfg = for_platform(get_config("llama3-8b"), "gpu")
+    everything = {n: "offload" for n in cfg.layer_groups()[0].activations}
+    plan = P.Plan.from_dict(
+        {
+            "plan": "all-host",
+            "groups": {"decoder": everything | {"decoder_layer_input": "device"}},
+            "state": {"decoder": {"moments": "offload"}},
+        }
+    )
+    with pytest.raises(TieraxError, match=r"GiB per device in host memory .*training state 52\.00"):
+        C.compile_for_target(cfg, plan, "h200", microbatch=32, seq=8192)

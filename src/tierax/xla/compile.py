@@ -379,6 +379,17 @@ def compile_for_target(
         graphdef, cfg, plan, optimizer, jax.tree.map(lambda x: x.sharding, state)
     )
 
+    # The plan's host bytes against the target's host memory, before XLA spends any time on it.
+    full_inventory = inv.model_inventory(cfg, microbatch, seq, shape.to_dict())
+    predicted = _prediction(cfg, plan, full_inventory, target, xla_preset)
+    host_memory = int(spec.host_memory_per_gpu_bytes)
+    if predicted["host_bytes"] > host_memory:
+        raise TieraxError(
+            f"plan {plan.name!r} puts {predicted['host_bytes'] / 2**30:.2f} GiB per device in host "
+            f"memory (training state {predicted['state_host_bytes'] / 2**30:.2f} GiB), more than "
+            f"{target}'s {host_memory / 2**30:.2f} GiB per device; keep more of it on device or "
+            "recompute it (tierax plan chooses within the host budget)"
+        )
     t0 = time.perf_counter()
     capability = (
         contextlib.nullcontext() if tpu else cudnn.target_capability(spec.compute_capability)
@@ -394,8 +405,6 @@ def compile_for_target(
         compiled = None
     compile_s = time.perf_counter() - t0
     placements = plan_lib.resolve(plan, cfg)
-    full_inventory = inv.model_inventory(cfg, microbatch, seq, shape.to_dict())
-    predicted = _prediction(cfg, plan, full_inventory, target, xla_preset)
     limit = hardware.fit_limit_bytes(spec)
     if compiled is None:
         return refused_result(
