@@ -27,7 +27,7 @@ def run(cfg, plan, n, mesh=None):
     opt = S.make_optimizer(3e-3)
     graphdef, state = S.init_state(cfg, opt, seed=0, mesh=mesh, plan=plan)
     fn = S.make_train_step(graphdef, cfg, plan, opt, S.shardings_of(state))
-    tokens = S.synthetic_batch(cfg, 4, 16, seed=3)
+    tokens = S.synthetic_batch(cfg, 8, 16, seed=3)  # 8: one row per device of a CPU mesh
     if mesh is not None:
         tokens = jax.device_put(tokens, sh.batch_sharding(mesh))
     for _ in range(n):
