@@ -106,9 +106,10 @@ def test_plan_is_a_loadable_plan_with_explanations(llama, tmp_path):
     assert cm.simulate(again, inv, cfg, rates, "lhs").step_time_s == pytest.approx(
         r.predicted.step_time_s
     )
+    # One row per activation, and one per priced part of each group's training state.
     assert {(e.group, e.name) for e in r.explain} == {
         (i.group, i.name) for i in cm.item_terms(inv, rates)
-    }
+    } | {(g.name, f"state:{k}") for g in cfg.layer_groups() for k in ("moments", "master_weights")}
     assert all(e.why for e in r.explain)
 
 

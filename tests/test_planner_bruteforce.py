@@ -219,6 +219,7 @@ def check(inv, rates, schedule, budget, host_budget, mechanism="policy"):
         budget_bytes=budget,
         host_budget_bytes=host_budget,
         mechanism=mechanism,
+        place_state=False,  # this reference prices activations only (tests/test_planner_state.py)
     )
     assert r.plan.mechanism == mechanism
     k = index_of(codes_of(r.plan))
@@ -349,6 +350,7 @@ def test_hiding_rule_of_each_schedule_matters():
                 budget_bytes=budget,
                 host_budget_bytes=10**12,
                 mechanism="policy",
+                place_state=False,
             )
             times[schedule] = r.predicted.step_time_s
             assert r.predicted.step_time_s == pytest.approx(seconds[peak <= budget].min(), rel=1e-7)
@@ -423,6 +425,7 @@ def test_prefetch_fixture_offloads_and_beats_the_policy_where_loads_would_show()
             budget_bytes=budget,
             host_budget_bytes=int(host.max()),
             mechanism="policy",
+            place_state=False,
         )
         faster |= seconds[index_of(codes)] < pol.predicted.step_time_s * (1 - 1e-6)
     assert any((c == 1).any() for c in chosen) and faster

@@ -447,6 +447,9 @@ def plan(
             mechanism="policy",
             remedies=API_REMEDIES,
             inventory=inv,
+            # Your training step, not tierax's, updates the optimizer state: the plan places
+            # activations only (tierax.train.streamed is what runs offloaded moments).
+            place_state=False,
         )
     )
     return Planned(result.plan, inventory.model, result)

@@ -181,6 +181,14 @@ def _planning(sub) -> None:
         "their own placements (every split point, solved exactly; the plan YAML gets 'segments')",
     )
     p.add_argument(
+        "--state-on-device",
+        action="store_true",
+        help="keep the training state (AdamW moments, master weights) on device; by default the "
+        "planner also places it, per layer group, in pinned host memory where that is faster or "
+        "needed to fit (the plan YAML gets 'state'; the step streams offloaded moments through "
+        "the device layer by layer for the update)",
+    )
+    p.add_argument(
         "--for",
         dest="for_tool",
         metavar="TOOL",

@@ -204,6 +204,7 @@ def _request(args, cfg, mesh, rates):
         segments=args.segments,
         max_microbatch=args.max_microbatch,
         for_tool=args.for_tool,
+        place_state=not getattr(args, "state_on_device", False),
     )
 
 

@@ -38,6 +38,12 @@ each at its link (NVLink inside a domain, the scale-out network across domains:
 :mod:`tierax.costmodel.network`), exposed under ``serial`` and hidden under compute otherwise; a
 rematerialised layer repeats its forward's collectives (counted with its unnamed recomputation,
 which every remat policy of that group pays).
+
+Training state (a plan's ``state:``, :mod:`tierax.costmodel.state`): an offloaded group's moments
+(and master weights, down to a compute-dtype copy) leave both peak phases and take host memory;
+the update streams them through the device layer by layer after the backward, a third peak phase
+(the state left on device plus two layers' slices), and its copies each way beyond the group's own
+update time are exposed.
 """
 
 from tierax.costmodel.fixed import FixedTerms, collective_s_by_group, fixed_terms
@@ -51,6 +57,7 @@ from tierax.costmodel.rates import (
     override_rates,
     target_rates,
 )
+from tierax.costmodel.state import StateCost, StateTerms, state_cost, state_terms
 from tierax.costmodel.terms import (
     OVERLAP_WINDOW,
     SCHEDULES,
@@ -69,6 +76,8 @@ __all__ = [
     "OVERLAP_WINDOW",
     "SCHEDULES",
     "STAGING_LAYERS",
+    "StateCost",
+    "StateTerms",
     "XLA_GPU_FIXED_BYTES",
     "FixedTerms",
     "GroupTerms",
@@ -86,5 +95,7 @@ __all__ = [
     "plan_placements",
     "simulate",
     "staging_and_window",
+    "state_cost",
+    "state_terms",
     "target_rates",
 ]

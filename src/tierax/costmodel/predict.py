@@ -11,6 +11,7 @@ from tierax.costmodel import network
 from tierax.costmodel.first_touch import first_touch_s
 from tierax.costmodel.fixed import exposed_share, fixed_terms
 from tierax.costmodel.rates import Rates
+from tierax.costmodel.state import check_state, offloaded_parts, state_cost
 from tierax.costmodel.terms import SCHEDULES, group_terms, item_terms, staging_and_window
 from tierax.costmodel.transposes import transpose_s
 from tierax.errors import TieraxError
@@ -47,9 +48,12 @@ def evaluate(
     rates: Rates,
     schedule: str,
     mechanism: str = plan_lib.DEFAULT_MECHANISM,
+    state: dict | None = None,
 ) -> Prediction:
     """The model for explicit placements ``{(group, name): Placement}`` (carry names may be
-    omitted)."""
+    omitted) and training-state placements ``state`` (layer group → StatePlacement; None or a
+    group not listed: on device; :mod:`tierax.costmodel.state`)."""
+    check_state(state or {}, "simulate")
     if schedule not in SCHEDULES:
         raise TieraxError(f"unknown schedule {schedule!r}; choose one of: {', '.join(SCHEDULES)}")
     P = plan_lib.Placement
@@ -81,7 +85,11 @@ def evaluate(
         exposed_d2h += max(0.0, d2h - g.d2h_window_s)
         exposed_h2d += max(0.0, h2d - g.h2d_window_s)
         staging = max(staging, staged_layers * sum(i.bytes_per_layer for i in off))
-    peak = int(act_bytes + staging + fx.fixed_bytes)
+    sc = state_cost(offloaded_parts(state or {}), inv, cfg, rates)
+    # The streamed update's phase: the state left on device, the update's staged slices.
+    update_phase = fx.state_bytes - sc.freed_bytes + sc.staging_bytes + fx.fixed_device_bytes
+    peak = int(max(act_bytes + staging + fx.fixed_bytes - sc.freed_bytes, update_phase))
+    host += sc.host_bytes
     exposed_coll = exposed_collectives(
         fx, schedule, recompute, transfer_total - exposed_d2h - exposed_h2d
     )
@@ -95,16 +103,22 @@ def evaluate(
         + exposed_coll
         + first_touch
         + transpose
+        + sc.exposed_s
     )
     breakdown = {
         "state_bytes": fx.state_bytes,
+        "state_device_bytes": fx.state_bytes - sc.freed_bytes,
         "activation_bytes": int(act_bytes),
         "staging_bytes": int(staging),
         "workspace_bytes": fx.workspace_bytes,
         "logits_bytes": fx.logits_bytes,
         "fixed_device_bytes": fx.fixed_device_bytes,
         "stack_copy_bytes": fx.stack_copy_bytes,
-        "peak_phase": "loss" if fx.loss_phase_bytes > fx.layer_phase_bytes else "layer backward",
+        "peak_phase": "update"
+        if update_phase > act_bytes + staging + fx.fixed_bytes - sc.freed_bytes
+        else "loss"
+        if fx.loss_phase_bytes > fx.layer_phase_bytes
+        else "layer backward",
         "compute_s": fx.compute_s,
         "hbm_s": fx.hbm_s,
         "fused_attention_s": fx.fused_attention_s,
@@ -130,6 +144,7 @@ def evaluate(
         "fit_limit": (
             "XLA:TPU's HBM limit" if rates.device_limit_bytes else "capacity − runtime reserve"
         ),
+        **sc.to_json(),
     }
     return Prediction(
         fits=peak <= rates.usable_device_bytes and host <= rates.host_memory_bytes,
@@ -185,4 +200,6 @@ def plan_placements(plan: plan_lib.Plan, cfg) -> dict:
 def simulate(plan: plan_lib.Plan, inv: Inventory, cfg, rates: Rates, schedule: str) -> Prediction:
     """Predicted peak device bytes, host bytes and step time of ``plan``."""
     inv = inv_lib.for_plan(inv, plan, cfg)  # a segmented group: one scan, and one row, per segment
-    return evaluate(plan_placements(plan, cfg), inv, cfg, rates, schedule, plan.mechanism)
+    return evaluate(
+        plan_placements(plan, cfg), inv, cfg, rates, schedule, plan.mechanism, dict(plan.state)
+    )

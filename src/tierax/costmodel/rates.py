@@ -83,6 +83,9 @@ class Rates:
     # What a step may use, where the compiler states it (XLA:TPU's HBM limit); 0: capacity less
     # the runtime reserve (hardware.usable_bytes).
     device_limit_bytes: int = 0
+    # The host's memory bandwidth per device (hardware table): what an optimizer update run on
+    # the host would take (tierax.costmodel.state); 0: not known for this target.
+    host_memory_bytes_per_s: float = 0.0
 
     @property
     def usable_device_bytes(self) -> int:
@@ -199,6 +202,9 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
     limit = getattr(spec, "xla_hbm_limit_bytes", 0)
     if limit:
         sources["memory_limit"] = spec.xla_hbm_limit_source
+    host_bw = getattr(spec, "host_memory_bandwidth_bps", 0.0)
+    if host_bw:
+        sources["host_memory_bandwidth"] = spec.host_memory_bandwidth_source
     return Rates(
         target,
         matmul,
@@ -216,6 +222,7 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
         fused_attention_fwd_flops_per_s=peak * FUSED_ATTENTION_FWD_FRACTION if gpu else 0.0,
         fused_attention_bwd_flops_per_s=peak * FUSED_ATTENTION_BWD_FRACTION if gpu else 0.0,
         device_limit_bytes=limit,
+        host_memory_bytes_per_s=host_bw,
     )
 
 

@@ -49,6 +49,10 @@ class GpuSpec:
     # A projection: figures from announcements, not from a shipping part XLA describes.  No
     # deviceless compile is offered for it (XLA has no device spec); the cost model still runs.
     projection: str = ""
+    # The host's memory bandwidth per GPU (its CPUs' DRAM bandwidth over the GPUs they serve): the
+    # rate an optimizer update run on the host would read and write its state at.  0: not known.
+    host_memory_bandwidth_bps: float = 0.0
+    host_memory_bandwidth_source: str = ""
     kind: ClassVar[str] = "gpu"
 
     @property
@@ -92,6 +96,11 @@ TARGETS: dict[str, GpuSpec] = {
         nvlink_domain_gpus=8,
         scale_out_bytes_per_s=50 * GB * NIC_EFFICIENCY,
         scale_out_source=_CX7_DGX,
+        # DGX H100/H200: 2 Intel Xeon Platinum 8480C, each 8 channels of DDR5-4800 (NVIDIA DGX
+        # H100/H200 user guide; Intel ARK) = 2 × 307.2 GB/s for 8 GPUs.
+        host_memory_bandwidth_bps=2 * 8 * 38.4 * GB / 8,
+        host_memory_bandwidth_source="2 Xeon 8480C × 8 channels DDR5-4800 (DGX H100/H200 user "
+        "guide, Intel ARK) / 8 GPUs",
     ),
     "h200": GpuSpec(
         key="h200",
@@ -117,6 +126,11 @@ TARGETS: dict[str, GpuSpec] = {
         nvlink_domain_gpus=8,
         scale_out_bytes_per_s=50 * GB * NIC_EFFICIENCY,
         scale_out_source=_CX7_DGX,
+        # DGX H100/H200: 2 Intel Xeon Platinum 8480C, each 8 channels of DDR5-4800 (NVIDIA DGX
+        # H100/H200 user guide; Intel ARK) = 2 × 307.2 GB/s for 8 GPUs.
+        host_memory_bandwidth_bps=2 * 8 * 38.4 * GB / 8,
+        host_memory_bandwidth_source="2 Xeon 8480C × 8 channels DDR5-4800 (DGX H100/H200 user "
+        "guide, Intel ARK) / 8 GPUs",
     ),
     "b200": GpuSpec(
         key="b200",
@@ -145,6 +159,11 @@ TARGETS: dict[str, GpuSpec] = {
         nvlink_domain_gpus=8,
         scale_out_bytes_per_s=50 * GB * NIC_EFFICIENCY,
         scale_out_source=_CX7_DGX,
+        # DGX B200: 2 Intel Xeon Platinum 8570, each 8 channels of DDR5-5600 (NVIDIA DGX B200
+        # datasheet; Intel ARK) = 2 × 358.4 GB/s for 8 GPUs.
+        host_memory_bandwidth_bps=2 * 8 * 44.8 * GB / 8,
+        host_memory_bandwidth_source="2 Xeon 8570 × 8 channels DDR5-5600 (DGX B200 datasheet, "
+        "Intel ARK) / 8 GPUs",
     ),
     "gb200": GpuSpec(
         key="gb200",
@@ -176,6 +195,11 @@ TARGETS: dict[str, GpuSpec] = {
         nvlink_domain_gpus=72,
         scale_out_bytes_per_s=50 * GB * NIC_EFFICIENCY,
         scale_out_source="ConnectX-7 400 Gb/s per GPU (DGX GB200); " + _NIC_SOURCE,
+        # GB200 NVL72 datasheet: up to 17 TB of LPDDR5X at up to 18.4 TB/s over its 36 Grace CPUs,
+        # one Grace per two GPUs → 18.4 TB/s / 72 per GPU.
+        host_memory_bandwidth_bps=18.4e12 / 72,
+        host_memory_bandwidth_source="Grace LPDDR5X: 18.4 TB/s over 72 GPUs (GB200 NVL72 "
+        "datasheet)",
     ),
 }
 
@@ -212,6 +236,9 @@ TARGETS["gb300"] = GpuSpec(
     nvlink_domain_gpus=72,
     scale_out_bytes_per_s=100 * GB * NIC_EFFICIENCY,
     scale_out_source="ConnectX-8 800 Gb/s per GPU (GB300 NVL72 RA) at CX7's measured share",
+    # The same Grace CPUs as GB200: GB200 NVL72's 18.4 TB/s of LPDDR5X over 72 GPUs assumed.
+    host_memory_bandwidth_bps=18.4e12 / 72,
+    host_memory_bandwidth_source="Grace LPDDR5X as GB200 (18.4 TB/s over 72 GPUs), assumed",
     projection="GB300 NVL72 announced figures (NVIDIA GTC 2025 / product page); no XLA device spec "
     "in jaxlib 0.10.2",
 )

@@ -232,7 +232,43 @@ def overrides(
             {"capacity_factor": cfg.capacity_factor, "sparse_matmul": False, "megablox": False}
         )
     out["num_vocab_tiling"] = cfg.loss_tiles
+    moments = {g.name: plan.state_of(g.name).moments for g in cfg.layer_groups()}
+    # MaxText offloads the whole optimizer state or none of it: written true when every layer
+    # group's moments are offloaded (state_notes says what differs).
+    out[K.OPTIMIZER_OFFLOAD] = all(p is Placement.OFFLOAD for p in moments.values())
+    out[K.PARAMETER_OFFLOAD] = False
     return out
+
+
+def state_notes(plan: Plan, cfg) -> list[str]:
+    """What of ``plan``'s training-state placements MaxText's two switches do not express."""
+    notes = []
+    groups = [g.name for g in cfg.layer_groups()]
+    off = [g for g in groups if plan.state_of(g).moments is Placement.OFFLOAD]
+    if off and len(off) == len(groups):
+        notes.append(
+            f"{K.OPTIMIZER_OFFLOAD}: true also offloads the embedding's and head's moments, "
+            "which tierax's plan keeps on device"
+        )
+    elif off:
+        notes.append(
+            f"{K.OPTIMIZER_OFFLOAD}: false, though the plan offloads the moments of "
+            f"{', '.join(off)} only: MaxText offloads all of the optimizer state or none; set it "
+            "true to offload all (more device memory freed, more copies)"
+        )
+    masters = [g for g in groups if plan.state_of(g).master_weights is Placement.OFFLOAD]
+    if masters:
+        notes.append(
+            f"{K.PARAMETER_OFFLOAD}: false, though the plan offloads the master weights of "
+            f"{', '.join(masters)}: {K.PARAMETER_OFFLOAD_DIFFERS}"
+        )
+    accum = [g for g in groups if plan.state_of(g).grad_accum is Placement.OFFLOAD]
+    if accum:
+        notes.append(
+            f"grad_accum: offload ({', '.join(accum)}) has no MaxText key; its accumulator stays "
+            "on device"
+        )
+    return notes
 
 
 def _per_device_batch(microbatch: int, mesh: Mapping[str, int]) -> int | float:
@@ -333,5 +369,5 @@ def overrides_yaml(
             f"#   attention: tierax's {cfg.attention} attention has no MaxText kernel; MaxText's "
             "default (autoselected) applies"
         ]
-    lines += [f"#   {n}" for n in notes]
+    lines += [f"#   {n}" for n in (*state_notes(plan, cfg), *notes)]
     return "\n".join(lines) + "\n" + yaml.safe_dump(keys, sort_keys=False, default_flow_style=None)

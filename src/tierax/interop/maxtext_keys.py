@@ -167,6 +167,37 @@ def model_keys(cfg) -> dict:
     )
 
 
+# MaxText's host-offload switches for the training state (all layers at once, embedding included).
+OPTIMIZER_OFFLOAD = "optimizer_memory_host_offload"
+PARAMETER_OFFLOAD = "parameter_memory_host_offload"
+PARAMETER_OFFLOAD_DIFFERS = (
+    "MaxText keeps the whole parameters in host memory between steps and moves them to the device "
+    "for the step, so the forward and backward hold them as before; tierax's master_weights: "
+    "offload keeps the float32 masters on the host and a compute-dtype copy on the device"
+)
+
+
+def state_dict(data: Mapping, groups, *, source: str) -> dict:
+    """The plan's ``state`` a MaxText override mapping describes: every layer group's moments
+    offloaded where ``optimizer_memory_host_offload`` is true.
+
+    Raises:
+      TieraxError: a value that is not a boolean, or ``parameter_memory_host_offload: true``
+        (no tierax counterpart: :data:`PARAMETER_OFFLOAD_DIFFERS`).
+    """
+    for key in (OPTIMIZER_OFFLOAD, PARAMETER_OFFLOAD):
+        if key in data and not isinstance(data[key], bool):
+            raise TieraxError(f"{source}: {key}: {data[key]!r} is not a boolean; use true or false")
+    if data.get(PARAMETER_OFFLOAD):
+        raise TieraxError(
+            f"{source}: {PARAMETER_OFFLOAD}: true has no tierax counterpart "
+            f"({PARAMETER_OFFLOAD_DIFFERS}); set it to false or remove it"
+        )
+    if data.get(OPTIMIZER_OFFLOAD):
+        return {g: {"moments": "offload"} for g in groups}
+    return {}
+
+
 def check_model(data: Mapping, cfg, source: str) -> None:
     """Refuse overrides written for another model: a model key whose value differs from ``cfg``'s.
 
@@ -237,4 +268,6 @@ def plan_dict(
         g: {"default": "remat", **{n: placements.get(n, DEFAULTS[n]) for n in acts}}
         for g, acts in groups.items()
     }
-    return {"plan": name, "description": description, "groups": out_groups}
+    out = {"plan": name, "description": description, "groups": out_groups}
+    state = state_dict(data, groups, source=source)
+    return out | ({"state": state} if state else {})

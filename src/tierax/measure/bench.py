@@ -84,7 +84,7 @@ def run_bench(
     for p in plans:
 
         def build(p=p):
-            graphdef, state = step_lib.init_state(cfg, optimizer, seed=seed, mesh=mesh)
+            graphdef, state = step_lib.init_state(cfg, optimizer, seed=seed, mesh=mesh, plan=p)
             return step_lib.make_train_step(
                 graphdef, cfg, p, optimizer, step_lib.shardings_of(state)
             ), state

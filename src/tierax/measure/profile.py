@@ -145,8 +145,9 @@ def capture(
     tokens = step_lib.synthetic_batch(cfg, microbatch, seq, seed=seed + 1)
 
     def build():
-        graphdef, state = step_lib.init_state(cfg, optimizer, seed=seed)
-        return step_lib.make_train_step(graphdef, cfg, plan, optimizer), state
+        graphdef, state = step_lib.init_state(cfg, optimizer, seed=seed, plan=plan)
+        shardings = step_lib.shardings_of(state) if plan.offloads_state else None
+        return step_lib.make_train_step(graphdef, cfg, plan, optimizer, shardings), state
 
     # Warm-up calls settle buffer placement; they stay out of the trace.
     prepared = harness.prepare(build, tokens, warmup=warmup)

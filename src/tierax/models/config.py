@@ -655,16 +655,3 @@ def get_config(name: str) -> ModelConfig:
             f"unknown model {name!r}; choose one of: {', '.join(NAMED_CONFIGS)}"
         ) from None
 
-
-def moment_itemsizes(cfg) -> tuple[int, int]:
-    """Bytes per parameter of AdamW's two moments: (mu in ``mu_dtype`` or ``param_dtype``, nu in
-    ``param_dtype``), as optax.adamw keeps them."""
-    import numpy as np
-
-    p = np.dtype(_NUMPY_DTYPES[cfg.param_dtype]).itemsize
-    mu = np.dtype(_NUMPY_DTYPES[cfg.mu_dtype]).itemsize if cfg.mu_dtype else p
-    return mu, p
-
-
-_NUMPY_DTYPES = {"float32": "float32", "bfloat16": "float16", "float16": "float16"}  # same widths
-

@@ -13,6 +13,11 @@ recomputed.  It is a frozen value with a YAML form::
         query_proj: offload
         key_proj: offload
         value_proj: offload
+    state:                    # optional: the training state per layer group, device | offload
+      decoder:
+        moments: offload        # AdamW mu, nu in pinned host memory between steps
+        master_weights: device
+        grad_accum: device
 
 :func:`to_policies` is the only place a Plan becomes what a layer group runs: nothing (a group
 whose ``unnamed: device`` keeps every intermediate: no remat, the ``save-all`` preset), tierax's
@@ -23,15 +28,18 @@ when every name is on device).
 
 from tierax.plan.policies import to_policies
 from tierax.plan.presets import PRESETS, load_plan, preset
+from tierax.plan.state import layer_group_of, require_host_memory, state_shardings
 from tierax.plan.types import (
     DEFAULT_MECHANISM,
     MECHANISMS,
     REFUSED_PRESETS,
     UNNAMED,
+    STATE_KINDS,
     GroupPlan,
     Placement,
     Plan,
     Segment,
+    StatePlacement,
     check_mechanism_preset,
     resolve,
     segment_name,
@@ -45,16 +53,21 @@ __all__ = [
     "PRESETS",
     "REFUSED_PRESETS",
     "UNNAMED",
+    "STATE_KINDS",
     "GroupPlan",
     "Placement",
     "Plan",
     "Segment",
+    "StatePlacement",
     "check_mechanism_preset",
+    "layer_group_of",
     "load_plan",
     "preset",
+    "require_host_memory",
     "resolve",
     "segment_name",
     "segments_of",
+    "state_shardings",
     "to_policies",
     "unnamed_placements",
 ]

@@ -127,6 +127,76 @@ class GroupPlan:
         return self.placements.get(name, self.default)
 
 
+# The training state a plan places per layer group (the plan's ``state`` key), each ``device`` or
+# ``offload`` (pinned host memory between steps).  Parameters outside the layer groups (embedding,
+# final norm, head) and their moments stay on device.
+STATE_KINDS = {
+    "moments": "AdamW's first and second moments (mu, nu)",
+    "master_weights": "the parameters in param_dtype (the float32 master weights)",
+    "grad_accum": "the float32 gradient accumulator of a step with grad_accum > 1",
+}
+STATE_PLACEMENTS = (Placement.DEVICE, Placement.OFFLOAD)
+
+
+def _state_placement(value: Any, where: str) -> Placement:
+    p = Placement.parse(value, where)
+    if p not in STATE_PLACEMENTS:
+        raise TieraxError(
+            f"{where}: placement {p.value!r} is not valid for training state (it is not "
+            f"recomputed); use one of: {', '.join(q.value for q in STATE_PLACEMENTS)}"
+        )
+    return p
+
+
+@dataclass(frozen=True)
+class StatePlacement:
+    """Where one layer group's training state lives between steps (:data:`STATE_KINDS`)."""
+
+    moments: Placement = Placement.DEVICE
+    master_weights: Placement = Placement.DEVICE
+    grad_accum: Placement = Placement.DEVICE
+
+    def __post_init__(self) -> None:
+        for kind in STATE_KINDS:
+            object.__setattr__(
+                self, kind, _state_placement(getattr(self, kind), f"plan state {kind}")
+            )
+
+    def placement(self, kind: str) -> Placement:
+        return getattr(self, kind)
+
+    @property
+    def offloaded(self) -> tuple[str, ...]:
+        """The kinds placed in host memory, in :data:`STATE_KINDS` order."""
+        return tuple(k for k in STATE_KINDS if getattr(self, k) is Placement.OFFLOAD)
+
+    def to_dict(self) -> dict[str, str]:
+        return {k: getattr(self, k).value for k in STATE_KINDS}
+
+    @classmethod
+    def from_dict(cls, raw: Any, where: str) -> StatePlacement:
+        if not isinstance(raw, Mapping):
+            raise TieraxError(
+                f"{where}: must map state kinds ({', '.join(STATE_KINDS)}) to device or offload"
+            )
+        unknown = sorted(str(k) for k in raw if k not in STATE_KINDS)
+        if unknown:
+            raise TieraxError(
+                f"{where}: unknown state kind(s) {', '.join(unknown)}; valid kinds: "
+                + ", ".join(f"{k} ({v})" for k, v in STATE_KINDS.items())
+            )
+        return cls(**{str(k): _state_placement(v, f"{where}, {k}") for k, v in raw.items()})
+
+
+def _checked_state(raw: Mapping, where: str) -> MappingProxyType:
+    out = {}
+    for g, sp in dict(raw).items():
+        if not isinstance(sp, StatePlacement):
+            sp = StatePlacement.from_dict(sp, f"{where} group {g!r}")
+        out[str(g)] = sp
+    return MappingProxyType(out)
+
+
 # How offloaded activations move between the passes (the plan's ``mechanism`` key).
 MECHANISMS = {
     "prefetch": "tierax's layer scan: stores as produced, loads one layer ahead of their use",
@@ -171,6 +241,8 @@ class Plan:
       description: one line for humans.
       mesh: the mesh it was planned for (``tierax plan --mesh auto``: axis → size, every axis of
         :data:`tierax.mesh.AXES`), or None; verbs that take ``--mesh`` use it when none is given.
+      state: layer group → :class:`StatePlacement` (where its moments, master weights and gradient
+        accumulator live between steps); a group not listed keeps all of them on device.
     """
 
     name: str
@@ -178,9 +250,11 @@ class Plan:
     description: str = ""
     mechanism: str = DEFAULT_MECHANISM
     mesh: Mapping[str, int] | None = None
+    state: Mapping[str, StatePlacement] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "groups", MappingProxyType(dict(self.groups)))
+        object.__setattr__(self, "state", _checked_state(self.state, f"plan {self.name!r} state"))
         if self.mesh is not None:
             object.__setattr__(
                 self, "mesh", MappingProxyType(_checked_mesh(self.mesh, f"plan {self.name!r}"))
@@ -212,7 +286,18 @@ class Plan:
             out["mechanism"] = self.mechanism
         if self.mesh is not None:
             out["mesh"] = dict(self.mesh)
-        return out | {"groups": groups}
+        out["groups"] = groups
+        if self.state:
+            out["state"] = {g: sp.to_dict() for g, sp in self.state.items()}
+        return out
+
+    def state_of(self, group: str) -> StatePlacement:
+        """``group``'s state placements (all on device when the plan does not list it)."""
+        return self.state.get(group, StatePlacement())
+
+    @property
+    def offloads_state(self) -> bool:
+        return any(sp.offloaded for sp in self.state.values())
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "plan") -> Plan:
@@ -220,11 +305,11 @@ class Plan:
             raise TieraxError(
                 f"{source}: a plan must be a mapping with keys plan, description, groups"
             )
-        unknown = set(data) - {"plan", "description", "mechanism", "mesh", "groups"}
+        unknown = set(data) - {"plan", "description", "mechanism", "mesh", "groups", "state"}
         if unknown:
             raise TieraxError(
                 f"{source}: unknown key(s) {', '.join(sorted(map(str, unknown)))}; "
-                "a plan has keys: plan, description, mechanism, mesh, groups"
+                "a plan has keys: plan, description, mechanism, mesh, groups, state"
             )
         groups_in = data.get("groups")
         if not isinstance(groups_in, Mapping) or not groups_in:
@@ -257,12 +342,19 @@ class Plan:
                 + ", ".join(f"{k} ({v})" for k, v in MECHANISMS.items())
             )
         mesh = data.get("mesh")
+        state_in = data.get("state") or {}
+        if not isinstance(state_in, Mapping):
+            raise TieraxError(
+                f"{source}: 'state' must map layer group names to state placements, e.g. "
+                "state: {decoder: {moments: offload}}"
+            )
         return cls(
             str(data.get("plan", "custom")),
             groups,
             str(data.get("description", "") or ""),
             mechanism,
             None if mesh is None else _checked_mesh(mesh, f"{source}: mesh"),
+            _checked_state(state_in, f"{source}: state"),
         )
 
     def to_yaml(self) -> str:
@@ -370,6 +462,12 @@ def resolve(plan: Plan, cfg) -> dict[str, dict[str, Placement]]:
         not cover its layers exactly once.
     """
     groups = {g.name: g for g in cfg.layer_groups()}
+    for gname in plan.state:
+        if gname not in groups:
+            raise TieraxError(
+                f"plan {plan.name!r}: state names layer group {gname!r}, which model "
+                f"{cfg.name!r} does not have; its groups: {', '.join(groups)}"
+            )
     for gname, gp in plan.groups.items():
         if gname not in groups:
             raise TieraxError(

@@ -215,13 +215,27 @@ def prediction_table(pred, title: str) -> Table:
             "peak device",
             f"{fmt_bytes(pred.peak_device_bytes)} of {fmt_bytes(pred.device_capacity_bytes)}",
         ),
-        ("  params + grads + AdamW", fmt_bytes(b["state_bytes"])),
+        *(
+            [
+                (
+                    "  params + grads + AdamW (on device / all)",
+                    f"{fmt_bytes(b['state_device_bytes'])} / {fmt_bytes(b['state_bytes'])}",
+                )
+            ]
+            if b.get("state_freed_bytes")
+            else [("  params + grads + AdamW", fmt_bytes(b["state_bytes"]))]
+        ),
         ("  activations on device", fmt_bytes(b["activation_bytes"])),
         ("  transfer staging", fmt_bytes(b["staging_bytes"])),
         ("  one layer's workspace", fmt_bytes(b["workspace_bytes"])),
         ("  XLA's transposed weight stacks", fmt_bytes(b.get("stack_copy_bytes", 0))),
         ("  logits (float32)", fmt_bytes(b["logits_bytes"])),
         ("host (offloaded)", fmt_bytes(pred.host_bytes)),
+        *(
+            [("  of which training state", fmt_bytes(b["state_host_bytes"]))]
+            if b.get("state_host_bytes")
+            else []
+        ),
         ("step time", ms(pred.step_time_s)),
         ("  compute", ms(b["compute_s"])),
         ("    of which non-matmul work at memory bandwidth", ms(b.get("hbm_s", 0.0))),
@@ -229,6 +243,16 @@ def prediction_table(pred, title: str) -> Table:
         (
             "  host transfers (exposed d2h / h2d)",
             f"{ms(b['transfer_s'])} ({ms(b['exposed_d2h_s'])} / {ms(b['exposed_h2d_s'])})",
+        ),
+        *(
+            [
+                (
+                    "  streamed state update copies (exposed)",
+                    f"{ms(b['state_transfer_s'])} ({ms(b['state_exposed_s'])})",
+                )
+            ]
+            if b.get("state_transfer_s")
+            else []
         ),
         ("  collectives (exposed)", f"{ms(b['collective_s'])} ({ms(b['exposed_collective_s'])})"),
         *(

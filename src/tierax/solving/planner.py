@@ -31,6 +31,7 @@ from scipy.optimize import Bounds, LinearConstraint
 from tierax import costmodel as cm
 from tierax import hardware
 from tierax import names as N
+from tierax.costmodel import state as state_cm
 from tierax.costmodel import transposes
 from tierax.errors import TieraxError
 from tierax.plan import (
@@ -40,6 +41,7 @@ from tierax.plan import (
     Placement,
     Plan,
     Segment,
+    StatePlacement,
     segment_name,
 )
 from tierax.solving import quiet_milp
@@ -112,15 +114,30 @@ def _solve(
     host_budget,
     one_placement_per_name: bool = False,
     mechanism: str = DEFAULT_MECHANISM,
-) -> dict | None:
+    place_state: bool = True,
+) -> tuple[dict, dict] | None:
+    """(activation placements, state placements) of the fastest plan within the budgets, or None.
+
+    With ``place_state`` the training state's parts (:mod:`tierax.costmodel.state`) are binaries
+    of the same program: ``x_j`` = part j offloaded, with the streamed update's exposed copies per
+    group and direction and its staging as continuous variables, the freed bytes in both peak
+    phases' rows, the update phase's own row, and the host bytes in the host row."""
     items = cm.item_terms(inv, rates, mechanism)
     groups = cm.group_terms(inv, rates, schedule, mechanism)
     fx = cm.fixed_terms(inv, cfg, rates, schedule)
+    parts, ugroups = state_cm.state_terms(inv, cfg, rates) if place_state else ((), ())
     n, G = len(items), len(groups)
+    m, U = len(parts), len(ugroups)
     gidx = {g.name: k for k, g in enumerate(groups)}
-    # Variable layout: [d_0..d_n, o_0..o_n, r_0..r_n, z_0..z_G, e_d2h_0..G, e_h2d_0..G, s, e_coll]
-    D, O, R, Z, ED, EH, S = 0, n, 2 * n, 3 * n, 3 * n + G, 3 * n + 2 * G, 3 * n + 3 * G  # noqa: E741
-    EC = S + 1  # exposed hideable collectives (tierax.costmodel.predict.exposed_collectives)
+    uidx = {g.group: k for k, g in enumerate(ugroups)}
+    # Variable layout: [d_0..d_n, o_0..o_n, r_0..r_n, z_0..z_G, x_0..x_m, e_d2h_0..G, e_h2d_0..G,
+    # s, u_h2d_0..U, u_d2h_0..U, su, e_coll]
+    D, O, R, Z = 0, n, 2 * n, 3 * n  # noqa: E741
+    X = 3 * n + G
+    ED, EH = X + m, X + m + G
+    S = X + m + 2 * G
+    UH, UD, SU = S + 1, S + 1 + U, S + 1 + 2 * U
+    EC = SU + 1  # exposed hideable collectives (tierax.costmodel.predict.exposed_collectives)
     nv = EC + 1
     scale = 1.0 / max(fx.compute_s, 1e-30)  # objective in units of the step's compute time
     total_bytes = max(1, sum(i.bytes for i in items))
@@ -134,6 +151,11 @@ def _solve(
     c[ED : ED + G] = 1.0
     c[EH : EH + G] = 1.0
     c[EC] = 1.0
+    c[UH : UH + U] = 1.0
+    c[UD : UD + U] = 1.0
+    total_state = max(1, sum(p.host_bytes for p in parts))
+    for j, part in enumerate(parts):
+        c[X + j] = 1e-9 * part.host_bytes / total_state  # tie-break: do not move state for nothing
     if rates.first_touch_bytes_per_s:
         # CPU: every byte of the peak but the donated state is faulted in once per step
         # (tierax.costmodel.first_touch); the peak is linear in these variables.  Temporaries
@@ -213,26 +235,48 @@ def _solve(
             if j != k:  # same name, another group: same placement
                 add({D + k: 1, D + j: -1}, 0, 0)
                 add({O + k: 1, O + j: -1}, 0, 0)
+        # MaxText's state switches are one per kind for every layer: the same in every group.
+        first_kind: dict[str, int] = {}
+        for j, part in enumerate(parts):
+            i = first_kind.setdefault(part.kind, j)
+            if i != j:
+                add({X + j: 1, X + i: -1}, 0, 0)
+    # The streamed update: per group and direction, copies beyond the group's own update time are
+    # exposed; the update phase stages the largest group's slices.
+    for ug in ugroups:
+        mine = [j for j, part in enumerate(parts) if part.group == ug.group]
+        for E, attr in ((UH, "h2d_s"), (UD, "d2h_s")):
+            add(
+                {E + uidx[ug.group]: 1, **{X + j: -getattr(parts[j], attr) * scale for j in mine}},
+                -ug.update_device_s * scale,
+                np.inf,
+            )
+        add({SU: 1, **{X + j: -parts[j].staging_bytes / total_bytes for j in mine}}, 0, np.inf)
     fixed_bytes = fx.fixed_bytes + sum(
         g.base_bytes for g in groups
     )  # the larger of the loss and layer phases
     mem = {D + k: it.bytes / total_bytes for k, it in enumerate(items)}
     mem.update({Z + gidx[g.name]: g.save_all_extra_bytes / total_bytes for g in groups})
+    mem.update({X + j: -part.device_bytes / total_bytes for j, part in enumerate(parts)})
     mem[S] = 1
     add(mem, -np.inf, (budget - fixed_bytes) / total_bytes)
-    add(
-        {O + k: it.bytes / total_bytes for k, it in enumerate(items)},
-        -np.inf,
-        host_budget / total_bytes,
-    )
+    if parts:  # the update phase: the state left on device and the update's staging
+        add(
+            {SU: 1, **{X + j: -part.device_bytes / total_bytes for j, part in enumerate(parts)}},
+            -np.inf,
+            (budget - fx.state_bytes - fx.fixed_device_bytes) / total_bytes,
+        )
+    host_row = {O + k: it.bytes / total_bytes for k, it in enumerate(items)}
+    host_row.update({X + j: part.host_bytes / total_bytes for j, part in enumerate(parts)})
+    add(host_row, -np.inf, host_budget / total_bytes)
 
     ub = np.full(nv, np.inf)
-    ub[:S] = 1
-    ub[ED:S] = np.inf
+    ub[: X + m] = 1
     if not rates.offload_is_real:
         ub[O : O + n] = 0
+        ub[X : X + m] = 0
     integrality = np.zeros(nv)
-    integrality[:ED] = 1
+    integrality[: X + m] = 1
     res = quiet_milp.milp(
         c,
         constraints=LinearConstraint(np.array(rows), lo, hi),
@@ -250,7 +294,11 @@ def _solve(
         )
     for g in groups:
         out[(g.name, UNNAMED)] = Placement.DEVICE if x[Z + gidx[g.name]] else Placement.REMAT
-    return out
+    state: dict = {}
+    for j, part in enumerate(parts):
+        if x[X + j]:
+            state.setdefault(part.group, {})[part.kind] = Placement.OFFLOAD
+    return out, {g: StatePlacement(**kinds) for g, kinds in state.items()}
 
 
 def placements_to_plan(
@@ -260,9 +308,11 @@ def placements_to_plan(
     description: str,
     mechanism: str = DEFAULT_MECHANISM,
     splits: dict[str, int] | None = None,
+    state: dict | None = None,
 ) -> Plan:
     """A Plan from solved placements; a group in ``splits`` (group → first layer of its second
-    segment) gets two segments, each listing every name (placements keyed by segment name)."""
+    segment) gets two segments, each listing every name (placements keyed by segment name).
+    ``state``: the solved training-state placements (group → StatePlacement)."""
     groups = {}
     for g in cfg.layer_groups():
         lin = (
@@ -284,7 +334,7 @@ def placements_to_plan(
             continue
         segs = tuple(_segment(placements, g, a, b) for a, b in ((0, k), (k, g.num_layers)))
         groups[g.name] = GroupPlan(lin, Placement.REMAT, segs)
-    return Plan(name, groups, description, mechanism)
+    return Plan(name, groups, description, mechanism, state=state or {})
 
 
 def _segment(placements: dict, g, a: int, b: int) -> Segment:
@@ -298,12 +348,15 @@ def _segment(placements: dict, g, a: int, b: int) -> Segment:
     return Segment(a, b, mine, unnamed)
 
 
-def _best_split(unsplit: dict | None, inv, cfg, rates, schedule, budget, host_budget, mechanism):
-    """(placements, the inventory they are keyed by, splits) of the fastest plan over every
-    combination of one split point (or none) per group; ties keep fewer splits."""
+def _best_split(
+    unsplit: tuple | None, inv, cfg, rates, schedule, budget, host_budget, mechanism, place_state
+):
+    """((placements, state), the inventory they are keyed by, splits) of the fastest plan over
+    every combination of one split point (or none) per group; ties keep fewer splits."""
 
-    def seconds(placements, solved):
-        return cm.evaluate(placements, solved, cfg, rates, schedule, mechanism).step_time_s
+    def seconds(solution, solved):
+        placements, state = solution
+        return cm.evaluate(placements, solved, cfg, rates, schedule, mechanism, state).step_time_s
 
     best = (unsplit, inv, {}, seconds(unsplit, inv) if unsplit is not None else float("inf"))
     # Segments of one layer are not offered: XLA drops the host round trip of a value stored and
@@ -317,7 +370,9 @@ def _best_split(unsplit: dict | None, inv, cfg, rates, schedule, budget, host_bu
             continue
         skeleton = placements_to_plan({}, cfg, "split", "", mechanism, splits)
         solved = inv_lib.for_plan(inv, skeleton, cfg)
-        placements = _solve(solved, cfg, rates, schedule, budget, host_budget, False, mechanism)
+        placements = _solve(
+            solved, cfg, rates, schedule, budget, host_budget, False, mechanism, place_state
+        )
         if placements is not None:
             s = seconds(placements, solved)
             if s < best[3] * (1 - 1e-9):
@@ -439,13 +494,16 @@ def plan(
     mechanism: str = DEFAULT_MECHANISM,
     segments: bool = False,
     remedies: str | None = None,
+    place_state: bool = True,
 ) -> PlanResult:
     """The fastest predicted plan within the budgets (``one_placement_per_name``: the same across
     groups), for the offload ``mechanism`` the returned plan runs with.  ``segments``: also consider
     splitting each layer group at one layer boundary into two runs of layers with their own
     placements — every split point of every group (all combinations), each solved exactly; the
     fastest plan wins (an unsplit plan on ties).  ``remedies``: what a NoPlanFits message suggests
-    (default: CLI options).
+    (default: CLI options).  ``place_state``: choose the training state's placements (AdamW
+    moments, master weights: :mod:`tierax.costmodel.state`) in the same program as the
+    activations'; False keeps all of it on device.
 
     Raises:
       TieraxError: no placement fits (the message gives the smallest peak possible).
@@ -456,35 +514,130 @@ def plan(
         )
     budget, host_budget = budgets(rates, budget_bytes, host_budget_bytes)
     solved_inv, splits = inv, {}
-    placements = _solve(
-        inv, cfg, rates, schedule, budget, host_budget, one_placement_per_name, mechanism
+    solution = _solve(
+        inv,
+        cfg,
+        rates,
+        schedule,
+        budget,
+        host_budget,
+        one_placement_per_name,
+        mechanism,
+        place_state,
     )
     if segments and not one_placement_per_name:
-        placements, solved_inv, splits = _best_split(
-            placements, inv, cfg, rates, schedule, budget, host_budget, mechanism
+        solution, solved_inv, splits = _best_split(
+            solution, inv, cfg, rates, schedule, budget, host_budget, mechanism, place_state
         )
-    if placements is None:
+    if solution is None:
         everything_remat = {(i.group, i.name): Placement.REMAT for i in cm.item_terms(inv, rates)}
-        floor = cm.evaluate(everything_remat, inv, cfg, rates, schedule, mechanism)
+        all_state = (
+            {
+                part.group: StatePlacement(**{k: Placement.OFFLOAD for k in state_cm.PRICED_KINDS})
+                for part in state_cm.state_terms(inv, cfg, rates)[0]
+            }
+            if place_state and rates.offload_is_real
+            else {}
+        )
+        floor = cm.evaluate(everything_remat, inv, cfg, rates, schedule, mechanism, all_state)
         b = floor.breakdown
         # A custom model's inventory is at the shapes its caller traced, not at a microbatch × seq.
         at = "" if cfg.family == "custom" else f" at microbatch {inv.microbatch} × seq {inv.seq}"
+        state_text = (
+            f"params+grads+AdamW {size_text(b['state_bytes'])}"
+            if not all_state
+            else f"params+grads+AdamW left on device with moments and master weights on host "
+            f"{size_text(b['state_device_bytes'])} (host: {size_text(floor.host_bytes)} of "
+            f"{size_text(host_budget)})"
+        )
         raise NoPlanFits(
             f"no plan fits {cfg.name}{at} in a device budget of {size_text(budget)}: recomputing "
-            f"everything still needs {size_text(floor.peak_device_bytes)} (params+grads+AdamW "
-            f"{size_text(b['state_bytes'])}, layer inputs {size_text(b['activation_bytes'])}, one "
+            f"everything still needs {size_text(floor.peak_device_bytes)} ({state_text}, layer "
+            f"inputs {size_text(b['activation_bytes'])}, one "
             f"layer's workspace {size_text(b['workspace_bytes'])}, logits "
             f"{size_text(b['logits_bytes'])}). " + (remedies or CLI_REMEDIES)
         )
+    placements, state = solution
     desc = (
         f"planned for {rates.target}, schedule {schedule}, device budget {budget / 2**30:.1f} GiB"
     )
-    p = placements_to_plan(placements, cfg, name, desc, mechanism, splits)
+    p = placements_to_plan(placements, cfg, name, desc, mechanism, splits, state)
     pred = cm.simulate(p, inv, cfg, rates, schedule)
     why = _explain(
         placements, solved_inv, cfg, rates, schedule, pred, budget, host_budget, mechanism
-    )
+    ) + _explain_state(state, solved_inv, cfg, rates, pred, budget, host_budget, place_state)
     return PlanResult(p, pred, why, budget, host_budget, inv.microbatch)
+
+
+def _explain_state(
+    state: dict, inv, cfg, rates, pred: cm.Prediction, budget, host_budget, placed: bool
+) -> tuple[Explanation, ...]:
+    """Why each part of the training state is where it is: the bytes it frees, its streamed
+    copies, how much of them its group's update hides, and the update's time on the host."""
+    parts, ugroups = state_cm.state_terms(inv, cfg, rates)
+    ug = {g.group: g for g in ugroups}
+    ms = lambda s: f"{s * 1e3:.3g} ms"  # noqa: E731
+    gib = lambda b: f"{b / 2**30:.3g} GiB"  # noqa: E731
+    out = []
+    for part in parts:
+        g = ug[part.group]
+        sp = state.get(part.group, StatePlacement())
+        off = [q for q in parts if q.group == part.group and q.kind in sp.offloaded]
+        others = [q for q in off if q is not part]
+
+        def exposed(qs, g=g):
+            return state_cm.exposed(sum(q.h2d_s for q in qs), sum(q.d2h_s for q in qs), g)
+
+        marginal = exposed(others + [part]) - exposed(others)
+        total = part.h2d_s + part.d2h_s
+        with_it = others + [part]
+        moved = sum(q.h2d_s + q.d2h_s for q in with_it)
+        hidden = 1.0 - exposed(with_it) / moved if moved > 0 else 1.0
+        host_note = (
+            f"; an update on the host would take {ms(g.update_host_s)} at its memory bandwidth"
+            if g.update_host_s
+            else ""
+        )
+        name = f"state:{part.kind}"
+        if sp.placement(part.kind) is Placement.OFFLOAD:
+            why = (
+                f"offloaded: frees {gib(part.device_bytes)} of device memory "
+                f"({gib(part.host_bytes)} on the host); the streamed update moves it both ways "
+                f"({ms(total)}), {hidden:.0%} hidden under the group's update, {ms(marginal)} "
+                f"exposed, none under the backward pass{host_note}"
+            )
+        elif not placed:
+            why = "kept: the planner was asked to keep the training state on device"
+        elif not rates.offload_is_real:
+            why = "kept: offloading is a no-op on this backend"
+        elif part.device_bytes == 0:
+            why = (
+                "kept: offloading frees nothing here (the parameter dtype is the compute dtype)"
+            )
+        elif pred.host_bytes + part.host_bytes > host_budget:
+            why = (
+                f"kept: host memory has no room for its {gib(part.host_bytes)} "
+                f"({gib(host_budget - pred.host_bytes)} left)"
+            )
+        else:
+            why = (
+                f"kept: {gib(part.device_bytes)} fits the budget "
+                f"({gib(budget - pred.peak_device_bytes)} to spare); offloading would expose "
+                f"{ms(marginal)} of streamed copies{host_note}"
+            )
+        out.append(
+            Explanation(
+                part.group,
+                name,
+                part.device_bytes,
+                0.0,
+                total,
+                hidden,
+                sp.placement(part.kind).value,
+                why,
+            )
+        )
+    return tuple(out)
 
 
 def _scaled(inv1: inv_lib.Inventory, inv2: inv_lib.Inventory, mb: int) -> inv_lib.Inventory:
@@ -544,8 +697,10 @@ def max_microbatch(
     limit: int | None = None,
     one_placement_per_name: bool = False,
     mechanism: str = DEFAULT_MECHANISM,
+    place_state: bool = True,
 ) -> PlanResult:
-    """The largest per-device microbatch any plan fits, and the best plan for it.
+    """The largest per-device microbatch any plan fits, and the best plan for it
+    (``place_state``: as :func:`plan`).
 
     Doubles from 1 until a microbatch does not fit, then bisects.  ``limit`` only guards the
     search (default :data:`MAX_MICROBATCH_SEARCH`): a result that reaches it carries
@@ -560,7 +715,15 @@ def max_microbatch(
         inv = inv1 if mb == 1 else inv2 if mb == 2 else _scaled(inv1, inv2, mb)
         return (
             _solve(
-                inv, cfg, rates, schedule, budget, host_budget, one_placement_per_name, mechanism
+                inv,
+                cfg,
+                rates,
+                schedule,
+                budget,
+                host_budget,
+                one_placement_per_name,
+                mechanism,
+                place_state,
             )
             is not None
         )
@@ -575,6 +738,7 @@ def max_microbatch(
             host_budget_bytes=host_budget,
             one_placement_per_name=one_placement_per_name,
             mechanism=mechanism,
+            place_state=place_state,
         )
     lo, hi = 1, 2
     while hi <= limit and fits(hi):
@@ -599,6 +763,7 @@ def max_microbatch(
                 name=f"planned-mb{lo}",
                 one_placement_per_name=one_placement_per_name,
                 mechanism=mechanism,
+                place_state=place_state,
             )
             return dataclasses.replace(found, search_stopped_at=stopped)
         except TieraxError:
@@ -614,4 +779,5 @@ def max_microbatch(
         name="planned-mb1",
         one_placement_per_name=one_placement_per_name,
         mechanism=mechanism,
+        place_state=place_state,
     )

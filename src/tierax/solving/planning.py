@@ -25,7 +25,8 @@ class Request:
     ``microbatch`` × ``seq`` on ``mesh``.  ``max_microbatch``: plan the largest microbatch that fits
     instead of ``microbatch``; ``for_tool``: one placement per name (what the tool expresses), with
     a note on what that costs; ``remedies``: what a no-fit message suggests (default: CLI
-    options)."""
+    options); ``place_state``: place the training state (moments, master weights) in the same
+    program (False: keep it on device)."""
 
     cfg: object
     mesh: dict
@@ -42,6 +43,7 @@ class Request:
     name: str = "planned"
     remedies: str | None = None
     inventory: inv_lib.Inventory | None = None
+    place_state: bool = True  # also place the training state (False: all of it on device)
 
 
 def _segments_conflict(*, segments: bool, for_tool, max_microbatch: bool) -> None:
@@ -175,6 +177,7 @@ def solve(req: Request, cache: dict | None = None) -> tuple[planner.PlanResult, 
             "host_budget_bytes": req.host_budget_bytes,
             "one_placement_per_name": uniform,
             "mechanism": mechanism,
+            "place_state": req.place_state,
         }
         if req.max_microbatch:
             return planner.max_microbatch(req.cfg, req.seq, req.mesh, req.rates, **common)

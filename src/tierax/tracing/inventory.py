@@ -43,7 +43,6 @@ from flax import nnx
 from tierax import names as N
 from tierax import plan as plan_lib
 from tierax.models.attention import FUSED_SCOPE
-from tierax.models.config import moment_itemsizes
 from tierax.tracing import hbm, jaxpr_tools
 
 
@@ -139,6 +138,12 @@ class Inventory:
     loss_hbm_bytes: float = (
         0.0  # non-matmul HBM traffic of the loss, forward and backward (tierax.tracing.hbm)
     )
+    # Parameters per device of each layer group, ((group, count), ...), as the step shards them
+    # (what a group's training state is counted from); empty for an inventory of the Python API
+    # (group_param_count then falls back to the traced layer's parameters over fsdp × expert).
+    group_param_counts: tuple = ()
+    # AdamW's moment bytes per parameter (moment_bytes_per_param); 0: two in the parameter dtype.
+    moment_bytes_per_param: int = 0
 
     @property
     def devices(self) -> int:
@@ -149,6 +154,17 @@ class Inventory:
 
     def group(self, name: str) -> GroupInventory:
         return next(g for g in self.groups if g.name == name)
+
+    def group_param_count(self, group: str) -> float:
+        """Parameters per device of layer group ``group`` (a segment ``group@A-B``: its share)."""
+        base, _, _ = group.partition("@")
+        g = self.group(group)
+        whole = sum(x.num_layers for x in self.groups if x.name.partition("@")[0] == base)
+        counts = dict(self.group_param_counts)
+        if base in counts:
+            return counts[base] * g.num_layers / whole
+        ways = self.mesh.get("fsdp", 1) * self.mesh.get("expert", 1)
+        return g.layer_param_count * g.num_layers / ways
 
 
 def trace_inventory(fn: Callable, *args) -> list[Activation]:
@@ -376,17 +392,35 @@ def shard_weight_work(gi: GroupInventory, ways: int) -> GroupInventory:
 def per_device_param_count(cfg, mesh: dict) -> float:
     """Parameters per device under :mod:`tierax.sharding.rules`'s rules (what the step really
     holds)."""
+    return sum(per_device_group_param_counts(cfg, mesh).values())
+
+
+def per_device_group_param_counts(cfg, mesh: dict) -> dict:
+    """:func:`per_device_param_count` by layer group (key None: the embedding, final norm and
+    head, outside every group)."""
+    from tierax.plan.state import layer_group_of
     from tierax.sharding.rules import param_spec
 
-    total = 0.0
+    out: dict = {}
     for path, shape in _param_shapes(cfg):
         spec = param_spec(path, shape, mesh)
         ways = 1
         for entry in spec:
             for axis in (entry,) if isinstance(entry, str) else (entry or ()):
                 ways *= mesh.get(axis, 1)
-        total += math.prod(shape) / ways
-    return total
+        group = layer_group_of(path)
+        out[group] = out.get(group, 0.0) + math.prod(shape) / ways
+    return out
+
+
+def moment_bytes_per_param(cfg) -> int:
+    """Bytes of AdamW's two moments per parameter: the first (mu) in ``cfg.mu_dtype`` where the
+    config has one (MaxText's key; unset or empty: the parameter dtype), the second (nu) in the
+    parameter dtype (optax.adamw's ``mu_dtype`` casts mu only).  The one place moment bytes are
+    counted."""
+    p_item = jnp.dtype(cfg.param_dtype).itemsize
+    mu = getattr(cfg, "mu_dtype", None)
+    return (jnp.dtype(mu).itemsize if mu else p_item) + p_item
 
 
 _SHAPES: dict = {}  # cfg → its parameters' (path, shape), the last few configs
@@ -541,7 +575,9 @@ def model_inventory(cfg, microbatch: int, seq: int, mesh: dict | None = None) ->
             )
         )
     p_item = jnp.dtype(cfg.param_dtype).itemsize
-    param_bytes = int(per_device_param_count(cfg, mesh) * p_item)
+    counts = per_device_group_param_counts(cfg, mesh)
+    count = sum(counts.values())
+    param_bytes = int(count * p_item)
     return Inventory(
         model=cfg.name,
         microbatch=microbatch,
@@ -550,8 +586,7 @@ def model_inventory(cfg, microbatch: int, seq: int, mesh: dict | None = None) ->
         groups=tuple(groups),
         param_bytes=param_bytes,
         grad_bytes=param_bytes,
-        # AdamW's mu (in mu_dtype) and nu (in the parameter dtype)
-        optimizer_bytes=int(per_device_param_count(cfg, mesh) * sum(moment_itemsizes(cfg))),
+        optimizer_bytes=param_bytes * moment_bytes_per_param(cfg) // p_item,  # AdamW mu, nu
         logits_bytes=microbatch
         * seq
         * cfg.vocab_size
@@ -559,6 +594,8 @@ def model_inventory(cfg, microbatch: int, seq: int, mesh: dict | None = None) ->
         // cfg.loss_tiles,  # float32, one tile at a time
         embed_param_count=cfg.embedding_params(),
         loss_hbm_bytes=_loss_hbm_bytes(cfg, microbatch, seq) if cfg.vocab_size else 0.0,
+        group_param_counts=tuple((g, c) for g, c in counts.items() if g is not None),
+        moment_bytes_per_param=moment_bytes_per_param(cfg),
     )
 
 

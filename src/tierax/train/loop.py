@@ -303,7 +303,7 @@ class Trainer:
             jax.jit(jax.vmap(self.schedule))(jnp.arange(cfg.steps))
         )  # [k - 1]: step k's rate
         graphdef, self.state = step_lib.init_state(
-            cfg.model, optimizer, seed=cfg.seed, mesh=self.mesh
+            cfg.model, optimizer, seed=cfg.seed, mesh=self.mesh, plan=cfg.plan
         )
         self.checkpointer = None
         if self.ckpt_dir:
@@ -327,6 +327,7 @@ class Trainer:
             optimizer,
             step_lib.shardings_of(self.state),
             grad_accum=cfg.grad_accum,
+            grad_clip=o.grad_clip,
         )
         # Compiled ahead to time it; the loop then calls the jitted function, which reuses this
         # executable through JAX's caches and dispatches through its C++ fast path (calling the

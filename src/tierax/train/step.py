@@ -16,10 +16,12 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tierax import plan as plan_lib
+from tierax.errors import TieraxError
 from tierax.models import ModelConfig, build_model
 from tierax.models import loss as loss_lib
 from tierax.models.documents import target_weights
 from tierax.sharding import rules as sh
+from tierax.train import streamed
 
 
 class TrainState(NamedTuple):
@@ -116,12 +118,19 @@ def init_state(
     *,
     seed: int = 0,
     mesh: Mesh | None = None,
+    plan: plan_lib.Plan | None = None,
 ):
-    """(graphdef, TrainState); with a mesh, Adam moments are sharded like their parameters."""
+    """(graphdef, TrainState); with a mesh, Adam moments are sharded like their parameters.
+
+    ``plan``: its ``state`` placements put each layer group's offloaded moments in pinned host
+    memory (:func:`tierax.plan.state_shardings`; :mod:`tierax.train.streamed` updates them)."""
     graphdef, params = init_params(cfg, seed=seed, mesh=mesh)
     step = jnp.zeros((), jnp.int32)
     if mesh is None:
-        return graphdef, TrainState(params, jax.jit(optimizer.init)(params), step)
+        opt_state = jax.jit(optimizer.init)(params)
+        if plan is not None and plan.offloads_state:
+            opt_state = place_moments(plan, opt_state)
+        return graphdef, TrainState(params, opt_state, step)
     replicated = NamedSharding(mesh, PartitionSpec())
     opt_shardings = optax.tree_map_params(
         optimizer,
@@ -130,8 +139,17 @@ def init_state(
         shardings_of(params),
         transform_non_params=lambda _: replicated,
     )
+    if plan is not None and plan.offloads_state:
+        opt_shardings = plan_lib.state_shardings(plan, opt_shardings, "moments")
     opt_state = jax.jit(optimizer.init, out_shardings=opt_shardings)(params)
     return graphdef, TrainState(params, opt_state, jax.device_put(step, replicated))
+
+
+def place_moments(plan: plan_lib.Plan, opt_state):
+    """``opt_state`` (arrays) moved to the memory kinds ``plan``'s state places its moments in."""
+    return jax.device_put(
+        opt_state, plan_lib.state_shardings(plan, shardings_of(opt_state), "moments")
+    )
 
 
 def make_train_step(
@@ -142,6 +160,7 @@ def make_train_step(
     state_shardings=None,
     *,
     grad_accum: int = 1,
+    grad_clip: float | None = None,
 ) -> Callable:
     """A jitted ``step(state, tokens, segments=None) -> (state, metrics)``; ``state`` is donated.
 
@@ -154,7 +173,23 @@ def make_train_step(
         gradients are summed over a ``lax.scan`` (float32) and averaged, so the
         update equals one step on all the sequences at once.  ``segments`` (same shape
         as ``tokens``): packed documents' ids (:func:`make_loss_fn`).
+      grad_clip: the global-norm clip ``optimizer`` was made with (checked against ``plan``'s
+        state placements: :func:`tierax.train.streamed.check_runnable`).
+
+    With ``plan`` offloading a group's moments the update streams them layer by layer
+    (:mod:`tierax.train.streamed`); ``state_shardings`` then carry their ``pinned_host`` memory
+    kind (:func:`init_state` with the plan) and are required.
     """
+    streamed.check_runnable(plan, grad_clip, "the train step")
+    if plan.offloads_state and state_shardings is None:
+        raise TieraxError(
+            f"plan {plan.name!r} offloads training state: give the step its state_shardings "
+            "(shardings_of(state) of init_state(..., plan=plan)), which carry the host memory kind"
+        )
+    if plan.offloads_state:
+        plan_lib.require_host_memory(
+            plan, jax.tree.leaves(state_shardings)[0].device_set, "the train step"
+        )
     mesh = None if state_shardings is None else mesh_of(state_shardings)
     if mesh is not None:
         sh.check_step(cfg, mesh)
@@ -184,15 +219,25 @@ def make_train_step(
             loss, grads = grad_fn(state.params, tokens, segments)
         else:
             loss, grads = accumulated(state.params, tokens, segments)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        if plan.offloads_state:
+            params, opt_state = streamed.streamed_update(
+                optimizer, grads, state.opt_state, state.params, plan
+            )
+        else:
+            updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+            params = optax.apply_updates(state.params, updates)
         metrics = {"loss": loss, "grad_norm": global_norm(grads)}
         return TrainState(params, opt_state, state.step + 1), metrics
 
     out = None
     if state_shardings is not None:
-        mesh = jax.tree.leaves(state_shardings)[0].mesh
-        out = (state_shardings, NamedSharding(mesh, PartitionSpec()))
+        lead = jax.tree.leaves(state_shardings)[0]
+        scalar = (
+            NamedSharding(lead.mesh, PartitionSpec())
+            if isinstance(lead, NamedSharding)
+            else lead.with_memory_kind("device")
+        )
+        out = (state_shardings, scalar)
     return jax.jit(step, donate_argnums=(0,), out_shardings=out)
 
 

@@ -37,7 +37,7 @@ from tierax.hardware import cudnn
 from tierax.hardware.target_config import render_target_config, scheduling_target_config
 from tierax.mesh import MeshShape
 from tierax.models import abstract_model
-from tierax.models.config import moment_itemsizes, require_concrete_attention
+from tierax.models.config import require_concrete_attention
 from tierax.models.prefetch import OFFLOAD_SCOPE_PREFIX
 from tierax.sharding import rules as sh
 from tierax.tracing import inventory as inv
@@ -170,8 +170,10 @@ def gpu_topology(target_config: str, devices: int, target: str):
     )
 
 
-def abstract_train_state(cfg, optimizer, mesh: Mesh):
-    """(graphdef, TrainState of ShapeDtypeStructs sharded on ``mesh``)."""
+def abstract_train_state(cfg, optimizer, mesh: Mesh, plan: plan_lib.Plan | None = None):
+    """(graphdef, TrainState of ShapeDtypeStructs sharded on ``mesh``); ``plan``: its offloaded
+    moments' shardings carry the ``pinned_host`` memory kind (:func:`tierax.plan.state_shardings`).
+    """
     graphdef, params = nnx.split(abstract_model(cfg))
     p_shard = sh.param_shardings(params, mesh)
     replicated = NamedSharding(mesh, PartitionSpec())
@@ -179,6 +181,8 @@ def abstract_train_state(cfg, optimizer, mesh: Mesh):
     o_shard = optax.tree_map_params(
         optimizer, lambda _, s: s, abstract_opt, p_shard, transform_non_params=lambda _: replicated
     )
+    if plan is not None and plan.offloads_state:
+        o_shard = plan_lib.state_shardings(plan, o_shard, "moments")
 
     def sds(x, s):
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
@@ -366,7 +370,7 @@ def compile_for_target(
         topo = gpu_topology(text, devices, target)
     mesh = shape.make(topo.devices)
     optimizer = step_lib.make_optimizer(mu_dtype=cfg.mu_dtype)
-    graphdef, state = abstract_train_state(cfg, optimizer, mesh)
+    graphdef, state = abstract_train_state(cfg, optimizer, mesh, plan)
     global_batch = microbatch * shape.batch_ways
     tokens = jax.ShapeDtypeStruct(
         (global_batch, seq + 1), jnp.int32, sharding=sh.batch_sharding(mesh)
@@ -375,6 +379,17 @@ def compile_for_target(
         graphdef, cfg, plan, optimizer, jax.tree.map(lambda x: x.sharding, state)
     )
 
+    # The plan's host bytes against the target's host memory, before XLA spends any time on it.
+    full_inventory = inv.model_inventory(cfg, microbatch, seq, shape.to_dict())
+    predicted = _prediction(cfg, plan, full_inventory, target, xla_preset)
+    host_memory = int(spec.host_memory_per_gpu_bytes)
+    if predicted["host_bytes"] > host_memory:
+        raise TieraxError(
+            f"plan {plan.name!r} puts {predicted['host_bytes'] / 2**30:.2f} GiB per device in host "
+            f"memory (training state {predicted['state_host_bytes'] / 2**30:.2f} GiB), more than "
+            f"{target}'s {host_memory / 2**30:.2f} GiB per device; keep more of it on device or "
+            "recompute it (tierax plan chooses within the host budget)"
+        )
     t0 = time.perf_counter()
     capability = (
         contextlib.nullcontext() if tpu else cudnn.target_capability(spec.compute_capability)
@@ -390,8 +405,6 @@ def compile_for_target(
         compiled = None
     compile_s = time.perf_counter() - t0
     placements = plan_lib.resolve(plan, cfg)
-    full_inventory = inv.model_inventory(cfg, microbatch, seq, shape.to_dict())
-    predicted = _prediction(cfg, plan, full_inventory, target, xla_preset)
     limit = hardware.fit_limit_bytes(spec)
     if compiled is None:
         return refused_result(
@@ -443,8 +456,21 @@ def compile_for_target(
         for a in inventory.activations()
         if placements.get(a.group, {}).get(a.name) is plan_lib.Placement.OFFLOAD
     ]
+    # The plan's offloaded training state: pinned_host arguments (and outputs) of the step, whose
+    # streamed update's host stacks XLA counts in its host temp, where host buffers of different
+    # times share memory (the activations' are dead by the update).
+    state_host = int(predicted.get("state_host_bytes", 0))
+    host_args = int(getattr(mem, "host_argument_size_in_bytes", 0) or 0)
     offloaded, host_notes = _attribute(wanted, _forward_host_buffers(module), host_temp)
-
+    if state_host:
+        acts = sum(o.host_bytes for o in offloaded)
+        host_notes = [n for n in host_notes if "unattributed" not in n]
+        host_notes.append(
+            f"training state offloaded by the plan: {state_host} bytes; XLA's host arguments "
+            f"{host_args} bytes ({(host_args - state_host) / state_host:+.2%}); its host temp "
+            f"{host_temp} bytes beside the larger of the state and the offloaded activations' "
+            f"{acts} bytes (host buffers of the backward and the update share memory)"
+        )
     dtype_peak = spec.peak(cfg.dtype)
     transfers = hlo.host_transfers(
         module,
@@ -506,6 +532,8 @@ def compile_for_target(
         cudnn_workspace_bytes=workspace,
         device_limit_bytes=limit,
         predicted=predicted,
+        host_argument_bytes=host_args,
+        state_host_bytes=state_host,
     )
     return result, text
 
@@ -522,11 +550,11 @@ def _prediction(cfg, plan: plan_lib.Plan, inventory, target: str, xla_preset: st
         "fits": p.fits,
         "schedule": schedule,
         "peak_phase": p.breakdown["peak_phase"],
+        "state_host_bytes": p.breakdown.get("state_host_bytes", 0),
     }
 
 
 def param_and_optimizer_bytes(cfg) -> int:
-    """Global bytes of parameters plus AdamW's two moments (mu in ``mu_dtype``, nu in the
-    parameters' dtype)."""
+    """Global bytes of parameters plus AdamW moments (inv.moment_bytes_per_param)."""
     itemsize = jnp.dtype(cfg.param_dtype).itemsize
-    return cfg.param_count() * (itemsize + sum(moment_itemsizes(cfg)))
+    return cfg.param_count() * (itemsize + inv.moment_bytes_per_param(cfg))

@@ -63,6 +63,10 @@ class CompileResult:
     predicted: dict = field(
         default_factory=dict
     )  # the cost model's peak, host bytes and fits for this plan
+    # XLA's host-memory arguments (a plan's training state in pinned_host) and the plan's
+    # offloaded training-state bytes (the cost model's, tierax.costmodel.state).
+    host_argument_bytes: int = 0
+    state_host_bytes: int = 0
 
     @property
     def offloaded_bytes_by_name(self) -> dict[str, int]:

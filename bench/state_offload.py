@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Training state on the host, planned jointly with the activations: predicted and compiled.
+
+Cases: Llama 3 8B on one H200 (4 × 8192), where no activations-only plan fits (parameters,
+gradients and AdamW state alone are most of the HBM); the seed's DeepSeek-V3 671B on 128 GB200
+(fsdp=16,expert=8; 8 × 4096 per device, cuDNN attention, 16 loss tiles as bench/seed_case.py).
+For each: the joint plan (activations and state in one MILP) beside the activations-only plan
+(``place_state=False``), predicted step time, peak and host bytes.  With ``--compile`` the Llama
+case's joint plan is compiled deviceless for the H200, and so is the same activation plan with the
+state on device, to set XLA's device peak, host arguments and host temp beside the plan's
+(DeepSeek-V3's 128-device compile is not run here: ``--compile-deepseek`` adds it).
+
+    .venv/bin/python bench/state_offload.py --compile   # → bench/results/state_offload.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+
+import _common
+
+CASES = (
+    ("llama3-8b h200 4x8192", "llama3-8b", "h200", 4, 8192, "data=1", {}),
+    (
+        "deepseek-v3 gb200 8x4096",
+        "deepseek-v3-671b",
+        "gb200",
+        8,
+        4096,
+        "fsdp=16,expert=8",
+        {"attention": "cudnn", "loss_tiles": 16},
+    ),
+)
+
+
+def _pred(p) -> dict:
+    b = p.breakdown
+    keys = (
+        "state_bytes",
+        "state_device_bytes",
+        "state_host_bytes",
+        "state_h2d_bytes",
+        "state_d2h_bytes",
+        "state_exposed_s",
+        "state_update_device_s",
+        "state_update_host_s",
+        "recompute_s",
+        "exposed_d2h_s",
+        "exposed_h2d_s",
+        "peak_phase",
+    )
+    return {
+        "fits": p.fits,
+        "peak_device_bytes": p.peak_device_bytes,
+        "host_bytes": p.host_bytes,
+        "step_time_s": p.step_time_s,
+        "tflops_per_device": p.tflops_per_device,
+    } | {k: b.get(k) for k in keys}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    _common.add_out(ap, "state_offload.json")
+    ap.add_argument("--compile", action="store_true", help="compile the Llama case deviceless")
+    ap.add_argument(
+        "--compile-deepseek", action="store_true", help="also compile the DeepSeek-V3 case"
+    )
+    args = ap.parse_args(argv)
+    from tierax import launch
+
+    launch.start(deviceless_gpu=True)
+
+    from tierax import costmodel as cm
+    from tierax.errors import TieraxError
+    from tierax.mesh import parse_mesh
+    from tierax.models import for_platform, get_config
+    from tierax.solving import planner
+    from tierax.tracing import inventory as inv_lib
+    from tierax.xla import compile as C
+
+    doc = _common.envelope("tierax.bench.state_offload/1", argv)
+    rows = []
+    for label, model, target, mb, seq, mesh_text, sets in CASES:
+        cfg = for_platform(dataclasses.replace(get_config(model), **sets), "gpu")
+        shape = parse_mesh(mesh_text, None if mesh_text == "data=1" else 128)
+        mesh = shape.to_dict()
+        inv = inv_lib.model_inventory(cfg, mb, seq, mesh)
+        rates = cm.target_rates(target, cfg.dtype)
+        row: dict = {"case": label, "model": model, "target": target, "mesh": mesh}
+        row["microbatch"], row["seq"], row["attention"] = mb, seq, cfg.attention
+        joint = planner.plan(cfg, inv, rates, name="joint")
+        row["joint"] = {"plan": joint.plan.to_dict(), "predicted": _pred(joint.predicted)}
+        try:
+            acts = planner.plan(cfg, inv, rates, name="activations-only", place_state=False)
+            row["activations_only"] = {
+                "plan": acts.plan.to_dict(),
+                "predicted": _pred(acts.predicted),
+            }
+        except TieraxError as e:
+            row["activations_only"] = {"error": str(e)}
+        compile_it = args.compile if model == "llama3-8b" else args.compile_deepseek
+        if compile_it:
+            row["compiled"] = {}
+            for which, plan in (
+                ("joint", joint.plan),
+                ("joint activations, state on device", dataclasses.replace(joint.plan, state={})),
+            ):
+                t0 = time.perf_counter()
+                res, _ = C.compile_for_target(
+                    cfg, plan, target, microbatch=mb, seq=seq, mesh=shape
+                )
+                d = res.to_json()
+                row["compiled"][which] = {
+                    k: d[k]
+                    for k in (
+                        "fits",
+                        "out_of_memory",
+                        "device_peak_bytes",
+                        "device_argument_bytes",
+                        "device_temp_bytes",
+                        "host_temp_bytes",
+                        "host_argument_bytes",
+                        "state_host_bytes",
+                        "device_limit_bytes",
+                        "predicted",
+                        "notes",
+                        "xla_error",
+                    )
+                } | {"wall_s": time.perf_counter() - t0}
+        rows.append(row)
+        print(label, "joint", _pred(joint.predicted), flush=True)
+    doc["rows"] = rows
+    _common.write_record(args.out, doc)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

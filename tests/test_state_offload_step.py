@@ -1,0 +1,82 @@
+"""The step with a plan's moments in host memory (tierax.train.streamed): on CPU the placement is a
+no-op for memory, so the streamed layer-by-layer update must give bit-identical parameters and
+moments to the ordinary update after several steps, with the moments really in ``pinned_host``
+arrays between steps; what the step does not run is refused before it is built."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from tierax import plan as P
+from tierax.errors import TieraxError
+from tierax.mesh import make_mesh
+from tierax.models import get_config
+from tierax.sharding import rules as sh
+from tierax.train import step as S
+
+
+def with_state(plan: P.Plan, **kinds) -> P.Plan:
+    return dataclasses.replace(plan, state={g: kinds for g in plan.groups})
+
+
+def run(cfg, plan, n, mesh=None):
+    opt = S.make_optimizer(3e-3)
+    graphdef, state = S.init_state(cfg, opt, seed=0, mesh=mesh, plan=plan)
+    fn = S.make_train_step(graphdef, cfg, plan, opt, S.shardings_of(state))
+    tokens = S.synthetic_batch(cfg, 8, 16, seed=3)  # 8: one row per device of a CPU mesh
+    if mesh is not None:
+        tokens = jax.device_put(tokens, sh.batch_sharding(mesh))
+    for _ in range(n):
+        state, _ = fn(state, tokens)
+    return state
+
+
+def host_kinds(tree) -> dict:
+    out = {}
+    for path, x in jax.tree_util.tree_leaves_with_path(tree):
+        out.setdefault(P.layer_group_of(path), set()).add(x.sharding.memory_kind)
+    return out
+
+
+@pytest.mark.parametrize(
+    "name, mesh",
+    [
+        ("tiny-llama", None),
+        # Two layer groups (only moe's streamed) and an FSDP mesh: a minute or more each here.
+        pytest.param("tiny-deepseek", None, marks=pytest.mark.slow),
+        pytest.param("tiny-llama", {"data": 2, "fsdp": 4}, marks=pytest.mark.slow),
+    ],
+)
+def test_streamed_update_is_bit_identical(name, mesh):
+    cfg = get_config(name)
+    m = None if mesh is None else make_mesh(**mesh)
+    base = P.preset("minimal", cfg)
+    ref = run(cfg, base, 3, m)
+    # Offload one group's moments (tiny-deepseek: the moe group only; the dense one stays).
+    group = list(base.groups)[-1]
+    plan = dataclasses.replace(base, state={group: {"moments": "offload"}})
+    got = run(cfg, plan, 3, m)
+    kinds = host_kinds(got.opt_state)
+    assert kinds[group] == {"pinned_host"}
+    assert all(k == {"device"} for g, k in kinds.items() if g != group)
+    for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert int(got.step) == 3
+
+
+def test_unrun_state_placements_refused_before_building():
+    cfg = get_config("tiny-llama")
+    opt = S.make_optimizer(3e-3)
+    graphdef, state = S.init_state(cfg, opt, seed=0)
+    base = P.preset("minimal", cfg)
+    for kind in ("master_weights", "grad_accum"):
+        with pytest.raises(TieraxError, match=f"decoder.{kind}.*moments only"):
+            S.make_train_step(graphdef, cfg, with_state(base, **{kind: "offload"}), opt)
+    with pytest.raises(TieraxError, match="grad_clip"):
+        S.make_train_step(graphdef, cfg, with_state(base, moments="offload"), opt, grad_clip=1.0)
+    with pytest.raises(TieraxError, match="state_shardings"):
+        S.make_train_step(graphdef, cfg, with_state(base, moments="offload"), opt)
