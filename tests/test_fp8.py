@@ -121,7 +121,14 @@ def _calibrated(cfg, graphdef, params, tokens):
 FP8_GRAD_TOL = {"tiny-llama": 0.25, "tiny-deepseek": 0.6}
 
 
-@pytest.fixture(scope="module", params=sorted(FP8_GRAD_TOL))
+@pytest.fixture(
+    scope="module",
+    params=[
+        "tiny-llama",
+        # Four gradient compiles of the MoE model: minutes on a shared CPU.
+        pytest.param("tiny-deepseek", marks=pytest.mark.slow),
+    ],
+)
 def fp8_reference(request):
     base = get_config(request.param)
     cfg = _fp8(request.param)
@@ -206,13 +213,10 @@ def test_accumulated_metas_take_the_step_amax():
     graphdef, state = S.init_state(cfg, opt, seed=3)
     step = S.make_train_step(graphdef, cfg, plan_lib.preset("minimal", cfg), opt, grad_accum=2)
     tokens = S.synthetic_batch(cfg, 4, 32, seed=5)
-    new, _ = step(state, tokens.reshape(2, 2, -1))
-    _, g_a = S.loss_and_grads(
-        graphdef, cfg, plan_lib.preset("minimal", cfg), state.params, tokens[:2]
-    )
-    _, g_b = S.loss_and_grads(
-        graphdef, cfg, plan_lib.preset("minimal", cfg), state.params, tokens[2:]
-    )
+    plan = plan_lib.preset("minimal", cfg)
+    _, g_a = S.loss_and_grads(graphdef, cfg, plan, state.params, tokens[:2])
+    _, g_b = S.loss_and_grads(graphdef, cfg, plan, state.params, tokens[2:])
+    new, _ = step(state, tokens.reshape(2, 2, -1))  # donates state
     got = new.params["groups"]["decoder"]["mlp"]["wo"]["fp8_grad_history"][...][:, 0]
     a = g_a["groups"]["decoder"]["mlp"]["wo"]["fp8_grad_history"][...][:, 0]
     b = g_b["groups"]["decoder"]["mlp"]["wo"]["fp8_grad_history"][...][:, 0]
@@ -248,3 +252,92 @@ def test_quantization_key_validated():
     assert cfg.quantization == "fp8"
     with pytest.raises(TieraxError, match=r"quantization='int8' is not supported.*'fp8'"):
         apply_overrides(get_config("tiny-llama"), ["quantization=int8"])
+
+
+def test_maxtext_overrides_carry_quantization_and_read_back(tmp_path):
+    import yaml
+
+    from tierax.interop import files, maxtext, maxtext_keys
+
+    cfg = _fp8("tiny-llama")
+    plan = plan_lib.preset("qkv-offload", cfg)
+    text = maxtext.overrides_yaml(
+        plan, cfg, microbatch=2, seq=64, mesh={"data": 1, "fsdp": 2, "tensor": 1, "expert": 1}
+    )
+    assert yaml.safe_load(text)["quantization"] == "fp8"
+    f = tmp_path / "mt.yml"
+    f.write_text(text)
+    assert files.load_plan(str(f), cfg) == plan
+    # The same file is not the bf16 model's: its quantization differs.
+    with pytest.raises(TieraxError, match=r"quantization 'fp8' \(here ''\)"):
+        files.load_plan(str(f), get_config("tiny-llama"))
+    # A MaxText model YAML with the key is read as the fp8 config; a value not run here is refused.
+    model = {k: v for k, v in yaml.safe_load(text).items() if k in maxtext_keys.model_keys(cfg)}
+    (tmp_path / "m.yml").write_text(yaml.safe_dump(model))
+    assert files.load_model_config(tmp_path / "m.yml").quantization == "fp8"
+    (tmp_path / "int8.yml").write_text(yaml.safe_dump({**model, "quantization": "int8"}))
+    with pytest.raises(TieraxError, match="quantization='int8' is not supported"):
+        files.load_model_config(tmp_path / "int8.yml")
+
+
+def test_inventory_share_of_fp8_flops_hand_computed():
+    """tiny-llama, 2 × 32 tokens: the 7 projections' 2·T·(d·h·hd + 2·d·k·hd + h·hd·d + 3·d·f)
+    FLOPs over the layer's matmul FLOPs (attention's two score GEMMs stay in the compute dtype)."""
+    from tierax.tracing import inventory as inv
+
+    mesh = {"data": 1, "fsdp": 1, "tensor": 1, "expert": 1}
+    g8 = inv.model_inventory(_fp8("tiny-llama"), 2, 32, mesh).groups[0]
+    g0 = inv.model_inventory(get_config("tiny-llama"), 2, 32, mesh).groups[0]
+    T, d, h, k, hd, f = 64, 64, 4, 2, 16, 128
+    proj = 2 * T * (d * h * hd + 2 * d * k * hd + h * hd * d + 3 * d * f)
+    assert g8.forward_flops_per_layer == g0.forward_flops_per_layer
+    assert g8.fp8_flops_share == pytest.approx(proj / g8.forward_flops_per_layer, rel=1e-12)
+    assert g0.fp8_flops_share == 0.0
+    # The metas are counted as parameters: 7 GEMMs × 3 tensors × (scale + history).
+    assert g8.layer_param_count - g0.layer_param_count == 7 * 3 * (1 + N)
+
+
+def test_fp8_gemms_priced_at_the_fp8_datasheet_peak():
+    from tierax.costmodel import rates as R
+
+    r = R.target_rates("h200", "bfloat16", calibration={})
+    assert r.fp8_matmul_flops_per_s == pytest.approx(1979e12 * R.ACHIEVABLE_FRACTION)
+    assert "1979 TFLOP/s fp8 dense datasheet peak" in r.sources["fp8_matmul"]
+    assert R.target_rates("gb200", "bfloat16", calibration={}).fp8_matmul_flops_per_s == (
+        pytest.approx(5e15 * R.ACHIEVABLE_FRACTION)
+    )
+    F, s = 1e15, 0.9
+    want = s * F / r.fp8_matmul_flops_per_s + (1 - s) * F / r.matmul_flops_per_s
+    assert R.matmul_s(F, 0.0, r, fp8_share=s) == pytest.approx(want, rel=1e-12)
+    assert R.matmul_s(F, 0.0, r, backward=True, fp8_share=s) == pytest.approx(2 * want)
+    # Fused attention FLOPs are never fp8: the share is capped by the unfused FLOPs.
+    fused = 0.2 * F
+    got = R.matmul_s(F, fused, r, fp8_share=s)
+    assert got == pytest.approx(0.8 * F / r.fp8_matmul_flops_per_s + R.matmul_s(fused, fused, r))
+    # A target without fp8 GEMMs in the table (here: the CPU) prices them at its own rate.
+    cpu = dataclasses.replace(r, fp8_matmul_flops_per_s=0.0)
+    assert R.matmul_s(F, 0.0, cpu, fp8_share=s) == R.matmul_s(F, 0.0, cpu)
+
+
+@pytest.mark.slow  # a deviceless compile of the full 8B step: about a minute here
+def test_deviceless_h200_compile_holds_fp8_gemms_and_the_model_peak_is_within_10_percent():
+    """Llama 3 8B, 2 × 4096 per device on 8 H200s (fsdp=8), plan minimal: XLA's program holds the
+    layer's fp8 GEMMs — 7 projections forward, 2 × 7 backward (each input's gradient), none
+    for attention's scores or the LM head — and fits, the model's peak within 10 % of XLA's."""
+    from tierax.mesh import MeshShape
+    from tierax.models import for_platform
+    from tierax.xla import compile as C
+
+    try:
+        C.check_gpu_aot()
+    except TieraxError as e:
+        pytest.skip(str(e))
+    cfg = for_platform(_fp8("llama3-8b"), "gpu")
+    r, text = C.compile_for_target(
+        cfg, plan_lib.preset("minimal", cfg), "h200", microbatch=2, seq=4096,
+        mesh=MeshShape(fsdp=8),
+    )  # fmt: skip
+    assert r.fp8_gemms == 7 + 2 * 7, r.notes
+    assert r.fits and r.quantization == "fp8"
+    model = r.predicted["peak_device_bytes"]
+    assert abs(model - r.device_peak_bytes) <= 0.10 * r.device_peak_bytes

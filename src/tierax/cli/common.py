@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import sys
 import time
 from collections.abc import Iterator, Sequence
 
@@ -112,7 +113,17 @@ def resolve_model(args, extra_overrides: Sequence[str] = (), *, target: str | No
             f"no model given; use --model NAME ({', '.join(NAMED_CONFIGS)}) or --model-config FILE"
         )
     cfg = apply_overrides(cfg, [*args.overrides, *extra_overrides])
-    return cfg if target is None else for_platform(cfg, hardware.platform(target))
+    if target is None:
+        return cfg
+    platform = hardware.platform(target)
+    if cfg.quantization == "fp8" and platform != "gpu":
+        # Said, not silent: this table has fp8 GEMM rates for GPU targets only.
+        print(
+            f"note: quantization=fp8 on {target} ({platform}): the fp8 numerics run emulated "
+            "(fp8-rounded operands, GEMMs at the compute dtype's rate), not as fp8 GEMMs",
+            file=sys.stderr,
+        )
+    return for_platform(cfg, platform)
 
 
 def load_plans(text: str, cfg, option: str, preset: str | None = None) -> list:

@@ -123,6 +123,8 @@ def model_keys(cfg) -> dict:
         "rope_max_timescale": theta,
         "dtype": cfg.dtype,
         "weight_dtype": cfg.param_dtype,
+        # MaxText's own key and values: "" (none) or "fp8" (tierax.models.fp8)
+        "quantization": cfg.quantization,
     }
     if cfg.family == "llama":
         return {

@@ -51,6 +51,7 @@ _MT_COMMON = {
     "dtype": "dtype",
     "weight_dtype": "param_dtype",
     "num_vocab_tiling": "loss_tiles",
+    "quantization": "quantization",
 }
 _MT_DEFAULTS = {
     "normalization_layer_epsilon": 1e-5,
@@ -59,6 +60,7 @@ _MT_DEFAULTS = {
     "dtype": "bfloat16",
     "weight_dtype": "float32",
     "num_vocab_tiling": 1,
+    "quantization": "",
     "head_dim": 128,
     "first_num_dense_layers": 0,
     "shared_experts": 0,

@@ -9,24 +9,32 @@ the history holds no finite positive amax, e.g. 1.0 on the first step); the hist
 rolled and this step's amax written at its slot 0.  (Recipe: Transformer Engine's JAX
 ``update_fp8_metas``, margin 0; Flax ``linen.fp8_ops.compute_scale`` / ``compute_amax_history``.)
 
-State.  Each GEMM owns an :class:`Fp8Meta` per quantized tensor (input, kernel, output
-gradient): a scalar ``scale`` and a ``[AMAX_HISTORY]`` amax history, float32.  They live among
-the model's parameters (stacked per layer by the scanned layer groups like the weights they
-scale, and replicated, tierax.sharding.rules), so they are checkpointed with them.  They are
-not trained: their "gradient" is their next value (Flax's ``_overwrite_with_gradient``
+State.  Each GEMM owns two :class:`Fp8Meta` variables per quantized tensor (input, kernel, output
+gradient): a scalar ``scale`` and a ``[AMAX_HISTORY]`` amax history, float32 (the routed experts
+share one set per weight bank: per-tensor over all experts).  The embedding, the LM head, the
+router, norms, attention's score GEMMs, the loss and the optimizer stay as they are.  The metas
+live among the model's parameters (stacked per layer by the scanned layer groups like the
+weights they scale, and replicated, tierax.sharding.rules), so they are checkpointed with them.
+They are not trained: their "gradient" is their next value (Flax's ``_overwrite_with_gradient``
 convention), which the train step writes in place of the optimizer's update
 (:func:`split_meta`, :func:`overwrite_meta`).  Under gradient accumulation the microbatches'
 new metas combine by maximum (:func:`combine_meta`): the history's new slot is the step's amax.
 
 Numerics.  The GEMM is a ``dot_general`` of the two fp8 operands accumulated in float32, then
 multiplied by the product of their scales: the form XLA:GPU's GEMM rewriter turns into a cuBLASLt
-fp8 GEMM (``__cublas$lt$matmul$f8``) on Hopper and Blackwell.  (Written instead as the dot of the
-dequantized operands, a deviceless H200 compile held no f8 value at all.)  On a
-backend without fp8 GEMMs (XLA:CPU) the same program runs the fp8 numerics emulated: the
-operands are the fp8-rounded values, the products accumulate in float32.  What the backward keeps: the fp8 operands (a byte an
-element) are residuals of the GEMM's own ``custom_vjp``; the activations a plan names stay in
-the compute dtype, so under a save-these-names policy the fp8 copies are re-made from them in
-the backward pass (a quantization, no GEMM).
+fp8 GEMM (``__cublas$lt$matmul$f8``) on Hopper and Blackwell, and that a deviceless compile
+(no autotuning) leaves as Triton GEMM fusions of fp8 operands.  (Written instead as the dot of
+the dequantized operands, a deviceless H200 compile held no f8 value at all.)  On a backend
+without fp8 GEMMs (XLA:CPU) the same program runs the fp8 numerics emulated: the operands are the
+fp8-rounded values, the products accumulate in float32.
+
+What the backward keeps: the fp8 operands (a byte an element) are residuals of the GEMM's own
+``custom_vjp`` and carry no checkpoint name; the activations a plan names (the GEMMs' outputs and
+the tagged values between them) stay in the compute dtype.  So under a remat policy (every preset
+but save-all) the step saves the named activations in the compute dtype and re-makes the fp8
+copies in the backward pass (a quantization and an amax: HBM work, no GEMM); with no
+rematerialisation (save-all) JAX keeps the fp8 copies themselves.  The inventory traces either
+case (tierax.tracing.inventory), so the cost model counts the bytes the step actually saves.
 """
 
 from __future__ import annotations
