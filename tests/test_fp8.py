@@ -341,3 +341,14 @@ def test_deviceless_h200_compile_holds_fp8_gemms_and_the_model_peak_is_within_10
     assert r.fits and r.quantization == "fp8"
     model = r.predicted["peak_device_bytes"]
     assert abs(model - r.device_peak_bytes) <= 0.10 * r.device_peak_bytes
+
+
+def test_cli_says_fp8_runs_emulated_where_there_are_no_fp8_gemms(cli):
+    """A TPU target (no fp8 rate in the table) and the local CPU backend both say so; a GPU
+    target does not."""
+    args = ["--model", "tiny-llama", "--set", "quantization=fp8", "--microbatch", "2"]
+    r = cli("plan", *args, "--seq", "32", "--target", "v5e")
+    assert r.returncode == 0 and "quantization=fp8 on v5e (tpu)" in r.stderr
+    assert "emulated" in r.stderr
+    r = cli("plan", *args, "--seq", "32", "--target", "h200")
+    assert r.returncode == 0 and "emulated" not in r.stderr

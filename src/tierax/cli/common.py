@@ -252,3 +252,20 @@ def mesh_option(args, plans: Sequence[str | None] = (), *, required: bool = True
     if not required and not text and devices is None:
         return None
     return parse_mesh(text, devices)
+
+
+def note_local_fp8(cfg, what: str) -> None:
+    """Say, on stderr, that ``quantization: fp8`` runs emulated on a local backend without fp8
+    GEMMs (anything but a GPU): never silently."""
+    if getattr(cfg, "quantization", "") != "fp8":
+        return
+    import jax
+
+    backend = jax.default_backend()
+    if backend != "gpu":
+        print(
+            f"note: {what}: quantization=fp8 on the {backend} backend runs the fp8 numerics "
+            "emulated (fp8-rounded operands, float32 accumulation), not as fp8 GEMMs: times are "
+            "not fp8 times",
+            file=sys.stderr,
+        )
