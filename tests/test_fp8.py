@@ -352,3 +352,48 @@ def test_cli_says_fp8_runs_emulated_where_there_are_no_fp8_gemms(cli):
     assert "emulated" in r.stderr
     r = cli("plan", *args, "--seq", "32", "--target", "h200")
     assert r.returncode == 0 and "emulated" not in r.stderr
+
+
+def test_fp8_state_is_replicated_and_weights_keep_their_sharding():
+    from tierax.sharding import rules
+
+    class Key:  # a path entry as jax's tree paths give it
+        def __init__(self, key):
+            self.key = key
+
+    mesh = {"data": 1, "fsdp": 8, "tensor": 2, "expert": 1}
+    path = [Key("groups"), Key("decoder"), Key("attention"), Key("wq")]
+    hist = rules.param_spec([*path, Key("fp8_input_history")], (4, N), mesh)
+    kernel = rules.param_spec([*path, Key("kernel")], (4, 64, 64), mesh)
+    assert hist == jax.sharding.PartitionSpec() and kernel != jax.sharding.PartitionSpec()
+
+
+HLO = """HloModule m
+
+%fused (p0: f8e4m3fn[4,8], p1: f8e5m2[8,2]) -> f32[4,2] {
+  %p0 = f8e4m3fn[4,8]{1,0} parameter(0)
+  %p1 = f8e5m2[8,2]{1,0} parameter(1)
+  ROOT %d = f32[4,2]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (a: f8e4m3fn[4,8], b: f8e5m2[8,2], c: bf16[4,8], e: bf16[8,2]) -> f32[4,2] {
+  %a = f8e4m3fn[4,8]{1,0} parameter(0)
+  %b = f8e5m2[8,2]{1,0} parameter(1)
+  %c = bf16[4,8]{1,0} parameter(2)
+  %e = bf16[8,2]{1,0} parameter(3)
+  %f = f32[4,2]{1,0} fusion(%a, %b), kind=kCustom, calls=%fused
+  %g = bf16[4,2]{1,0} dot(%c, %e), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %h = (f32[4,2]{1,0}, s8[0]{0}) custom-call(%a, %b), custom_call_target="__cublas$lt$matmul$f8"
+  ROOT %r = f32[4,2]{1,0} add(%f, %f)
+}
+"""
+
+
+def test_fp8_gemms_counted_in_hlo_text():
+    from tierax.xla import hlo
+
+    assert hlo.fp8_gemms(hlo.parse_module(HLO)) == {"cublaslt": 1, "dot": 1}
+    # The same program with the cuBLASLt call made a bf16 one and the fusion's operands bf16.
+    other = HLO.replace("$matmul$f8", "$matmul")
+    other = other.replace("f8e4m3fn", "bf16").replace("f8e5m2", "bf16")
+    assert hlo.fp8_gemms(hlo.parse_module(other)) == {"cublaslt": 0, "dot": 0}
