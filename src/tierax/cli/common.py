@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import sys
 import time
 from collections.abc import Iterator, Sequence
 
@@ -112,7 +113,17 @@ def resolve_model(args, extra_overrides: Sequence[str] = (), *, target: str | No
             f"no model given; use --model NAME ({', '.join(NAMED_CONFIGS)}) or --model-config FILE"
         )
     cfg = apply_overrides(cfg, [*args.overrides, *extra_overrides])
-    return cfg if target is None else for_platform(cfg, hardware.platform(target))
+    if target is None:
+        return cfg
+    platform = hardware.platform(target)
+    if cfg.quantization == "fp8" and platform != "gpu":
+        # Said, not silent: this table has fp8 GEMM rates for GPU targets only.
+        print(
+            f"note: quantization=fp8 on {target} ({platform}): the fp8 numerics run emulated "
+            "(fp8-rounded operands, GEMMs at the compute dtype's rate), not as fp8 GEMMs",
+            file=sys.stderr,
+        )
+    return for_platform(cfg, platform)
 
 
 def load_plans(text: str, cfg, option: str, preset: str | None = None) -> list:
@@ -241,3 +252,20 @@ def mesh_option(args, plans: Sequence[str | None] = (), *, required: bool = True
     if not required and not text and devices is None:
         return None
     return parse_mesh(text, devices)
+
+
+def note_local_fp8(cfg, what: str) -> None:
+    """Say, on stderr, that ``quantization: fp8`` runs emulated on a local backend without fp8
+    GEMMs (anything but a GPU): never silently."""
+    if getattr(cfg, "quantization", "") != "fp8":
+        return
+    import jax
+
+    backend = jax.default_backend()
+    if backend != "gpu":
+        print(
+            f"note: {what}: quantization=fp8 on the {backend} backend runs the fp8 numerics "
+            "emulated (fp8-rounded operands, float32 accumulation), not as fp8 GEMMs: times are "
+            "not fp8 times",
+            file=sys.stderr,
+        )

@@ -12,6 +12,7 @@ from tierax.cli.common import (
     console,
     load_plans,
     mesh_option,
+    note_local_fp8,
     progress,
     resolve_model,
 )
@@ -46,6 +47,7 @@ def cmd_bench(args) -> int:
     if mesh is not None:
         mesh.check_model(cfg, where="--mesh")
     cfg = launch.local_attention(cfg, what="tierax bench")
+    note_local_fp8(cfg, "tierax bench")
     launch.check_local_memory(cfg, shards=mesh.size if mesh else 1, what="tierax bench")
     plans = load_plans(args.plans, cfg, "--plans", preset=args.xla_preset)
     verified = _verify_before_bench(cfg, plans, args) if args.verify else None

@@ -7,7 +7,7 @@ import json
 import sys
 
 from tierax import launch
-from tierax.cli.common import console, prepare_progress
+from tierax.cli.common import console, note_local_fp8, prepare_progress
 
 
 def cmd_train(args) -> int:
@@ -22,6 +22,7 @@ def cmd_train(args) -> int:
     if model is not cfg.model:  # attention: auto, chosen for this backend
         cfg = dataclasses.replace(cfg, model=model)
     launch.check_local_memory(cfg.model, shards=cfg.mesh.size, what="tierax train")
+    note_local_fp8(cfg.model, "tierax train")
     import jax
 
     from tierax.train import loop

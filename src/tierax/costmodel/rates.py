@@ -18,6 +18,13 @@ from tierax.errors import TieraxError
 # A dense bf16 matmul reaches about 0.8 of the H100/H200 datasheet peak (publicly reported
 # measurements); used for every GPU target until `tierax calibrate` measures the device at hand.
 ACHIEVABLE_FRACTION = 0.8
+# fp8 GEMMs (quantization: fp8) at the datasheet's dense fp8 peak times the same fraction: no fp8
+# GEMM rate has been measured here, so the bf16 measurement's fraction stands in for it (a named
+# assumption, not a fit; `tierax calibrate` or a --rate override replaces it).
+FP8_SOURCE = (
+    "{fraction:.0%} (the bf16 fraction, assumed for fp8: not measured) of the {peak:.0f} TFLOP/s "
+    "fp8 dense datasheet peak"
+)
 # XLA:GPU's cuBLAS workspace, an s8[4194304] buffer in every deviceless GPU compile's peak set (seen
 # with jaxlib 0.10.2 from tiny-llama to DeepSeek-V3; the live-range dump lists it at the peak).
 XLA_GPU_FIXED_BYTES = 4 * 2**20
@@ -86,6 +93,9 @@ class Rates:
     # The host's memory bandwidth per device (hardware table): what an optimizer update run on
     # the host would take (tierax.costmodel.state); 0: not known for this target.
     host_memory_bytes_per_s: float = 0.0
+    # fp8 GEMMs (quantization: fp8); 0: the target has none in this table (they run at the
+    # compute dtype's rate, emulated)
+    fp8_matmul_flops_per_s: float = 0.0
 
     @property
     def usable_device_bytes(self) -> int:
@@ -176,6 +186,8 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
     spec = hardware.get_target(target)
     peak = spec.peak(dtype)
     matmul = cal.get(f"matmul_flops_per_s_{dtype}", peak * ACHIEVABLE_FRACTION)
+    fp8_peak = spec.peak_flops.get("fp8", 0.0) if spec.kind == "gpu" else 0.0
+    fp8 = cal.get("matmul_flops_per_s_fp8", fp8_peak * ACHIEVABLE_FRACTION)
     d2h = cal.get("d2h_bytes_per_s", spec.host_link_bps)
     h2d = cal.get("h2d_bytes_per_s", spec.host_link_bps)
     measured = f"measured by tierax calibrate ({cal.get('created', '?')})"
@@ -199,6 +211,12 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
     gpu = spec.kind == "gpu"
     if gpu:
         sources["fused_attention"] = FUSED_ATTENTION_SOURCE
+    if fp8:
+        sources["fp8_matmul"] = (
+            measured
+            if "matmul_flops_per_s_fp8" in cal
+            else FP8_SOURCE.format(fraction=ACHIEVABLE_FRACTION, peak=fp8_peak / 1e12)
+        )
     limit = getattr(spec, "xla_hbm_limit_bytes", 0)
     if limit:
         sources["memory_limit"] = spec.xla_hbm_limit_source
@@ -223,12 +241,27 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
         fused_attention_bwd_flops_per_s=peak * FUSED_ATTENTION_BWD_FRACTION if gpu else 0.0,
         device_limit_bytes=limit,
         host_memory_bytes_per_s=host_bw,
+        fp8_matmul_flops_per_s=fp8,
     )
 
 
-def matmul_s(flops: float, fused_flops: float, rates: Rates, *, backward: bool = False) -> float:
+def matmul_s(
+    flops: float,
+    fused_flops: float,
+    rates: Rates,
+    *,
+    backward: bool = False,
+    fp8_share: float = 0.0,
+) -> float:
     """Seconds of ``flops`` forward matmul FLOPs (their backward's with ``backward``: 2 ×), of which
-    ``fused_flops`` run in a fused attention kernel at its own rates (its backward: 2.5 ×)."""
+    ``fused_flops`` run in a fused attention kernel at its own rates (its backward: 2.5 ×) and a
+    ``fp8_share`` of ``flops`` (at most the unfused ones) in fp8 GEMMs at the fp8 rate (a target
+    without one: the compute dtype's rate, what emulated fp8 runs at)."""
+    if fp8_share and rates.fp8_matmul_flops_per_s > 0:
+        f8 = min(fp8_share * flops, flops - fused_flops)
+        return (2 if backward else 1) * f8 / rates.fp8_matmul_flops_per_s + matmul_s(
+            flops - f8, fused_flops, rates, backward=backward
+        )
     if not fused_flops:
         return (2 if backward else 1) * flops / rates.matmul_flops_per_s
     fused_rate = (

@@ -100,7 +100,10 @@ def item_terms(
                     a.bytes_per_layer,
                     (
                         matmul_s(
-                            a.recompute_flops_per_layer, a.recompute_fused_flops_per_layer, rates
+                            a.recompute_flops_per_layer,
+                            a.recompute_fused_flops_per_layer,
+                            rates,
+                            fp8_share=g.fp8_flops_share,
                         )
                         + a.recompute_hbm_bytes_per_layer / rates.hbm_bytes_per_s
                     )
@@ -124,11 +127,18 @@ def group_terms(
         named = sum(a.bytes_per_layer for a in g.activations if a.name != N.DECODER_LAYER_INPUT)
         hb = rates.hbm_bytes_per_s
         F, Fa = g.forward_flops_per_layer, g.fused_attention_flops_per_layer
-        fwd = (matmul_s(F, Fa, rates) + g.forward_hbm_bytes_per_layer / hb) * L
-        bwd = (matmul_s(F, Fa, rates, backward=True) + g.backward_hbm_bytes_per_layer / hb) * L
+        f8 = g.fp8_flops_share
+        fwd = (matmul_s(F, Fa, rates, fp8_share=f8) + g.forward_hbm_bytes_per_layer / hb) * L
+        bwd = (
+            matmul_s(F, Fa, rates, backward=True, fp8_share=f8)
+            + g.backward_hbm_bytes_per_layer / hb
+        ) * L
         base = (
             matmul_s(
-                g.base_recompute_flops_per_layer, g.base_recompute_fused_flops_per_layer, rates
+                g.base_recompute_flops_per_layer,
+                g.base_recompute_fused_flops_per_layer,
+                rates,
+                fp8_share=f8,
             )
             + g.base_recompute_hbm_bytes_per_layer / hb
         ) * L

@@ -124,6 +124,8 @@ def model_keys(cfg) -> dict:
         "dtype": cfg.dtype,
         "weight_dtype": cfg.param_dtype,
         **({"mu_dtype": cfg.mu_dtype} if cfg.mu_dtype else {}),
+        # MaxText's own key and values: "" (none) or "fp8" (tierax.models.fp8)
+        "quantization": cfg.quantization,
     }
     if cfg.family == "llama":
         experts = (

@@ -52,6 +52,7 @@ _MT_COMMON = {
     "weight_dtype": "param_dtype",
     "mu_dtype": "mu_dtype",
     "num_vocab_tiling": "loss_tiles",
+    "quantization": "quantization",
 }
 _MT_DEFAULTS = {
     "normalization_layer_epsilon": 1e-5,
@@ -61,6 +62,7 @@ _MT_DEFAULTS = {
     "weight_dtype": "float32",
     "mu_dtype": "",
     "num_vocab_tiling": 1,
+    "quantization": "",
     "head_dim": 128,
     "first_num_dense_layers": 0,
     "shared_experts": 0,

@@ -25,6 +25,9 @@ ATTENTION_IMPLS = ("xla", "blockwise", "cudnn", "cudnn_blockwise")
 AUTO_ATTENTION = "auto"
 ATTENTION_CHOICES = (*ATTENTION_IMPLS, AUTO_ATTENTION)
 PLATFORMS = ("gpu", "tpu", "cpu")
+# MaxText's ``quantization`` values run here: "" (every GEMM in the compute dtype) or "fp8"
+# (projections and expert GEMMs in fp8 with delayed scaling, tierax.models.fp8).
+QUANTIZATIONS = ("", "fp8")
 # What an abstract trace on the host runs in place of an implementation that only a GPU runs.
 HOST_TRACEABLE_ATTENTION = {"cudnn": "cudnn_blockwise"}
 
@@ -77,6 +80,12 @@ def _check_common(cfg: Any) -> None:
         f"attention_block must be a positive integer, got {cfg.attention_block!r}",
     )
     _check(cfg.rope_theta > 0, f"rope_theta must be > 0, got {cfg.rope_theta!r}")
+    _check(
+        cfg.quantization in QUANTIZATIONS,
+        f"quantization={cfg.quantization!r} is not supported; use one of "
+        f"{', '.join(repr(q) for q in QUANTIZATIONS)} ('' keeps every GEMM in the compute dtype; "
+        "'fp8' runs the projections and expert GEMMs in fp8 with delayed scaling)",
+    )
 
 
 def _fused_attention_problem(cfg: Any) -> str | None:
@@ -148,6 +157,9 @@ class LlamaConfig:
     num_experts: int = 0
     num_experts_per_tok: int = 2
     capacity_factor: float = 1.0
+    # "" | "fp8": the projections' GEMMs in fp8, delayed scaling (tierax.models.fp8); the
+    # embedding, LM head, norms, attention's softmax, the loss and the optimizer are unchanged
+    quantization: str = ""
 
     def __post_init__(self) -> None:
         _check_common(self)
@@ -286,6 +298,7 @@ class DeepSeekConfig:
     attention: str = "xla"
     attention_block: int = 512
     loss_tiles: int = 1  # see LlamaConfig.loss_tiles
+    quantization: str = ""  # see LlamaConfig.quantization; the router stays float32
 
     def __post_init__(self) -> None:
         _check_common(self)

@@ -87,7 +87,9 @@ class Decoder(nnx.Module):
             {g.name: _stack(factories[g.name], cfg, g.num_layers, rngs) for g in cfg.layer_groups()}
         )
         self.final_norm = L.RMSNorm(cfg.d_model, cfg, rngs=rngs)
-        self.head = None if cfg.tie_embeddings else L.dense(cfg.d_model, cfg.vocab_size, cfg, rngs)
+        self.head = None if cfg.tie_embeddings else L.dense(
+            cfg.d_model, cfg.vocab_size, cfg, rngs, quantize=False
+        )
 
     def __call__(
         self,

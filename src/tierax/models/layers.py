@@ -15,6 +15,7 @@ from flax import nnx
 
 from tierax import names as N
 from tierax.mesh import BATCH_AXES, constrain
+from tierax.models import fp8
 from tierax.models import moe as moe_lib
 from tierax.models.attention import causal_attention
 from tierax.models.documents import DocumentMask
@@ -25,7 +26,18 @@ def _init(stddev: float) -> nnx.Initializer:
     return nnx.initializers.truncated_normal(stddev=stddev)
 
 
-def dense(in_dim: int, out_dim: int, cfg, rngs: nnx.Rngs) -> nnx.Linear:
+def dense(in_dim: int, out_dim: int, cfg, rngs: nnx.Rngs, *, quantize: bool = True):
+    """A bias-free projection; its GEMM in fp8 under ``quantization: fp8`` unless ``quantize`` is
+    False (the LM head)."""
+    if quantize and cfg.quantization == "fp8":
+        return fp8.Fp8Linear(
+            in_dim,
+            out_dim,
+            dtype=jnp.dtype(cfg.dtype),
+            param_dtype=jnp.dtype(cfg.param_dtype),
+            kernel_init=_init(in_dim**-0.5),
+            rngs=rngs,
+        )
     return nnx.Linear(
         in_dim,
         out_dim,
@@ -238,10 +250,24 @@ class MoE(nnx.Module):
             if cfg.num_shared_experts
             else None
         )
+        self.fp8 = cfg.quantization == "fp8"
+        if self.fp8:  # one delayed-scaling state per expert GEMM (all experts share it)
+            for w in ("wi_0", "wi_1", "wo"):
+                fp8.attach(self, prefix=f"{fp8.PREFIX}{w}_")
 
     def __call__(self, x_BSD, mesh=None):
+        gemms = None
+        if self.fp8:
+            gemms = {w: fp8.metas(self, f"{fp8.PREFIX}{w}_") for w in ("wi_0", "wi_1", "wo")}
         out_BSD = moe_lib.routed_experts(
-            x_BSD, self.router[...], self.wi_0[...], self.wi_1[...], self.wo[...], self.cfg, mesh
+            x_BSD,
+            self.router[...],
+            self.wi_0[...],
+            self.wi_1[...],
+            self.wo[...],
+            self.cfg,
+            mesh,
+            fp8_metas=gemms,
         )
         if self.shared is not None:
             out_BSD = out_BSD + self.shared(x_BSD, mesh)

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 
 from tierax import names as N
 from tierax.mesh import BATCH_AXES, constrain, spec
+from tierax.models import fp8 as fp8_lib
 from tierax.models.tags import tag
 
 EXPERT_AXIS = "expert"
@@ -111,26 +112,36 @@ def _combine_local(y_ECD, expert_Tk, slot_A, gates_Tk):
     return out_TD
 
 
-def _expert_mlp(buf_ECD, wi_0, wi_1, wo, dtype, mesh):
-    """The local experts' SwiGLU on their received rows (tagged for the remat policy)."""
+def _expert_mlp(buf_ECD, wi_0, wi_1, wo, dtype, mesh, fp8_metas=None):
+    """The local experts' SwiGLU on their received rows (tagged for the remat policy).
+
+    ``fp8_metas``: weight name → its GEMM's delayed-scaling state (tierax.models.fp8) to run the
+    three GEMMs in fp8; None: in ``dtype``."""
     wi_0 = constrain(wi_0.astype(dtype), mesh, EXPERT_AXIS, None, "tensor")
     wi_1 = constrain(wi_1.astype(dtype), mesh, EXPERT_AXIS, None, "tensor")
     wo = constrain(wo.astype(dtype), mesh, EXPERT_AXIS, "tensor", None)
-    h0_ECF = jnp.einsum("ecd,edf->ecf", buf_ECD, wi_0)
+
+    def gemm(spec, x, w, name):
+        if fp8_metas is None:
+            return jnp.einsum(spec, x, w)
+        return fp8_lib.einsum(spec, x, w, fp8_metas[name], dtype)
+
+    h0_ECF = gemm("ecd,edf->ecf", buf_ECD, wi_0, "wi_0")
     h0_ECF = tag(constrain(h0_ECF, mesh, EXPERT_AXIS, TOKEN_AXES, "tensor"), N.MOE_MLPWI_0)
-    h1_ECF = jnp.einsum("ecd,edf->ecf", buf_ECD, wi_1)
+    h1_ECF = gemm("ecd,edf->ecf", buf_ECD, wi_1, "wi_1")
     h1_ECF = tag(constrain(h1_ECF, mesh, EXPERT_AXIS, TOKEN_AXES, "tensor"), N.MOE_MLPWI_1)
-    y_ECD = jnp.einsum("ecf,efd->ecd", jax.nn.silu(h0_ECF) * h1_ECF, wo)
+    y_ECD = gemm("ecf,efd->ecd", jax.nn.silu(h0_ECF) * h1_ECF, wo, "wo")
     return tag(constrain(y_ECD, mesh, EXPERT_AXIS, TOKEN_AXES, None), N.MOE_MLPWO)
 
 
-def routed_experts(x_BSD, router_DE, wi_0, wi_1, wo, cfg, mesh=None):
+def routed_experts(x_BSD, router_DE, wi_0, wi_1, wo, cfg, mesh=None, fp8_metas=None):
     """Output of the routed experts for ``x_BSD`` (the shared experts are not included).
 
     Args:
       x_BSD: the layer's normalised input, batch split over :data:`BATCH_AXES` on ``mesh``.
       router_DE, wi_0 [E, D, F], wi_1 [E, D, F], wo [E, F, D]: the MoE parameters.
       mesh: the :class:`jax.sharding.Mesh` the step runs on, or None (one device).
+      fp8_metas: the expert GEMMs' fp8 state (:func:`_expert_mlp`); None: no fp8.
     """
     dt = jnp.dtype(cfg.dtype)
     B, S, D = x_BSD.shape
@@ -144,7 +155,7 @@ def routed_experts(x_BSD, router_DE, wi_0, wi_1, wo, cfg, mesh=None):
         buf_ECD, slot_A = _dispatch_local(
             x_BSD.reshape(T, D), expert_BSk.reshape(T, k), E, cfg.capacity(T), dt
         )
-        y_ECD = _expert_mlp(buf_ECD, wi_0, wi_1, wo, dt, None)
+        y_ECD = _expert_mlp(buf_ECD, wi_0, wi_1, wo, dt, None, fp8_metas)
         return _combine_local(
             y_ECD, expert_BSk.reshape(T, k), slot_A, gates_BSk.reshape(T, k)
         ).reshape(B, S, D)
@@ -183,7 +194,7 @@ def routed_experts(x_BSD, router_DE, wi_0, wi_1, wo, cfg, mesh=None):
     buf, slot_A = jax.shard_map(
         dispatch, mesh=mesh, in_specs=(tok_spec, tok_spec), out_specs=(buf_spec, slot_spec)
     )(x_BSD, expert_BSk)
-    y = _expert_mlp(buf, wi_0, wi_1, wo, dt, mesh)
+    y = _expert_mlp(buf, wi_0, wi_1, wo, dt, mesh, fp8_metas)
     return jax.shard_map(
         combine, mesh=mesh, in_specs=(buf_spec, tok_spec, slot_spec, tok_spec), out_specs=tok_spec
     )(y, expert_BSk, slot_A, gates_BSk)

@@ -12,6 +12,9 @@ Rules, by parameter (the stacked-layer axis of a scanned group is never split):
   :data:`tierax.mesh.FSDP_AXES` (fsdp × expert) along its largest divisible dimension
   (or over ``fsdp`` alone if only that divides); nothing divisible: replicated there.
 
+fp8 delayed-scaling state (attributes named ``fp8_*``: scales and amax histories, a few KB per
+GEMM, tierax.models.fp8) is replicated: every device reads it whole.
+
 Axes of size 1 never appear in a spec.  Optimizer state follows its parameter.
 """
 
@@ -29,6 +32,7 @@ from tierax.mesh import BATCH_AXES, FSDP_AXES, mesh_shape_of, spec
 COLUMN_PARALLEL = frozenset({"wq", "wk", "wv", "wq_b", "wkv_b", "wi_0", "wi_1"})
 ROW_PARALLEL = frozenset({"wo"})
 EXPERT_WEIGHTS = frozenset({"wi_0", "wi_1", "wo"})  # as direct Params of an MoE module
+FP8_STATE_PREFIX = "fp8_"  # tierax.models.fp8.PREFIX (models sit above this layer)
 
 
 def _keys(path) -> list[str]:
@@ -79,6 +83,8 @@ def param_spec(path, shape: tuple[int, ...], mesh) -> P:
     first = 1 if _is_stacked(path) else 0
     dims: list = [None] * len(shape)
     leaf = keys[-1] if keys else ""
+    if leaf.startswith(FP8_STATE_PREFIX):
+        return P()
     owner = keys[-2] if len(keys) >= 2 else ""
     t, e = sizes.get("tensor", 1), sizes.get("expert", 1)
     expert_weight = leaf in EXPERT_WEIGHTS and len(shape) - first == 3

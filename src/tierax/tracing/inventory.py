@@ -114,6 +114,10 @@ class GroupInventory:
     # kernel's rates.
     fused_attention_flops_per_layer: float = 0.0
     base_recompute_fused_flops_per_layer: float = 0.0
+    # Of the forward's matmul FLOPs, the share in fp8 GEMMs (quantization: fp8; their backward
+    # GEMMs are fp8 too); the cost model prices that share of every matmul term of the group
+    # (forward, backward, recomputation) at the target's fp8 rate.
+    fp8_flops_share: float = 0.0
     # Of the non-matmul HBM figures above (and each activation's recompute bytes, by name), the
     # bytes of the weights' own work (their casts, their gradients' casts) as traced: whole
     # weights.  On a mesh that splits the weights, a device moves its shard's share
@@ -309,6 +313,9 @@ def layer_inventory(
         transposed_carry_aliased_elems_per_layer=aliased["carry"],
         fused_attention_flops_per_layer=float(jaxpr_tools.matmul_flops(fwd, scope=FUSED_SCOPE)),
         base_recompute_fused_flops_per_layer=max(0.0, fused_named - fused_none),
+        fp8_flops_share=(
+            jaxpr_tools.fp8_matmul_flops(fwd) / max(1.0, jaxpr_tools.matmul_flops(fwd))
+        ),
         weight_hbm_bytes=tuple(sorted(weight_share.items())),
     )
 

@@ -50,6 +50,23 @@ def matmul_flops(closed_jaxpr, *, scope: str | None = None) -> int:
     return total
 
 
+FP8_DTYPES = frozenset(
+    {"float8_e4m3fn", "float8_e5m2", "float8_e4m3", "float8_e4m3fnuz", "float8_e5m2fnuz"}
+)
+
+
+def fp8_matmul_flops(closed_jaxpr) -> int:
+    """:func:`matmul_flops` of the ``dot_general`` equations whose two operands are fp8 (the GEMMs
+    of ``quantization: fp8``)."""
+    total = 0
+    for eqn, mult, _ in _walk(_jaxpr(closed_jaxpr), 1, ()):
+        if eqn.primitive.name == "dot_general" and all(
+            str(v.aval.dtype) in FP8_DTYPES for v in eqn.invars[:2]
+        ):
+            total += mult * dot_general_flops(eqn)
+    return total
+
+
 @dataclass(frozen=True)
 class NamedValue:
     """One ``checkpoint_name`` occurrence in a trace."""

@@ -17,7 +17,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tierax import plan as plan_lib
 from tierax.errors import TieraxError
-from tierax.models import ModelConfig, build_model
+from tierax.models import ModelConfig, build_model, fp8
 from tierax.models import loss as loss_lib
 from tierax.models.documents import target_weights
 from tierax.sharding import rules as sh
@@ -201,24 +201,27 @@ def make_train_step(
         def micro(carry, xs):
             loss_sum, grad_sum = carry
             loss, grads = grad_fn(params, *xs)
-            return (
-                loss_sum + loss,
-                jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_sum, grads),
-            ), None
+            grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
+            # fp8 delayed-scaling state combines by maximum (its "gradient" is its next value).
+            return (loss_sum + loss, fp8.combine_meta(grad_sum, grads)), None
 
         zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
         if param_shardings is not None:  # keep the accumulator FSDP-sharded like its parameter
             zeros = jax.lax.with_sharding_constraint(zeros, param_shardings)
         xs = (tokens_ABT,) if segments_ABT is None else (tokens_ABT, segments_ABT)
         (loss_sum, grad_sum), _ = jax.lax.scan(micro, (jnp.zeros((), jnp.float32), zeros), xs)
-        grads = jax.tree.map(lambda g, p: (g / grad_accum).astype(p.dtype), grad_sum, params)
-        return loss_sum / grad_accum, grads
+        grads, meta = fp8.split_meta(grad_sum)
+        grads = jax.tree.map(lambda g, p: (g / grad_accum).astype(p.dtype), grads, params)
+        return loss_sum / grad_accum, fp8.overwrite_meta(grads, meta)
 
     def step(state: TrainState, tokens, segments=None):
         if grad_accum == 1:
             loss, grads = grad_fn(state.params, tokens, segments)
         else:
             loss, grads = accumulated(state.params, tokens, segments)
+        # fp8 scales and amax histories are not trained: the optimizer sees a zero gradient for
+        # them and they take their "gradient", their next value, in place of its update.
+        grads, meta = fp8.split_meta(grads)
         if plan.offloads_state:
             params, opt_state = streamed.streamed_update(
                 optimizer, grads, state.opt_state, state.params, plan
@@ -226,6 +229,7 @@ def make_train_step(
         else:
             updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
             params = optax.apply_updates(state.params, updates)
+        params = fp8.overwrite_meta(params, meta)
         metrics = {"loss": loss, "grad_norm": global_norm(grads)}
         return TrainState(params, opt_state, state.step + 1), metrics
 

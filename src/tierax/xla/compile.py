@@ -450,6 +450,7 @@ def compile_for_target(
         )
         peak += workspace
 
+    gemms8 = hlo.fp8_gemms(module)
     inventory = inv.for_plan(full_inventory, plan, cfg)
     wanted = [
         (a.group, a.name, a.total_bytes)
@@ -499,6 +500,15 @@ def compile_for_target(
         )
     elif fused:
         notes.append("attention=cudnn, but XLA's program holds no cuDNN attention call")
+    if cfg.quantization == "fp8":
+        n8 = gemms8["cublaslt"] + gemms8["dot"]
+        notes.append(
+            f"quantization=fp8: {n8} fp8 GEMMs in XLA's program as written (a scanned layer's "
+            f"once): {gemms8['cublaslt']} cuBLASLt fp8 calls, {gemms8['dot']} dots of fp8 "
+            "operands (Triton GEMM fusions in a deviceless compile, which does not autotune)"
+            if n8
+            else "quantization=fp8, but XLA's program holds no fp8 GEMM"
+        )
     if tpu:
         notes.insert(
             0,
@@ -530,6 +540,8 @@ def compile_for_target(
         notes=tuple(notes),
         cudnn_calls=calls["forward"] + calls["backward"],
         cudnn_workspace_bytes=workspace,
+        fp8_gemms=gemms8["cublaslt"] + gemms8["dot"],
+        quantization=cfg.quantization,
         device_limit_bytes=limit,
         predicted=predicted,
         host_argument_bytes=host_args,

@@ -478,3 +478,23 @@ def host_buffers(module: Module) -> list[Array]:
             if ins.opcode.endswith("-done"):
                 seen.extend(a for a in ins.arrays if a.host)
     return seen
+
+
+FP8_TYPES = frozenset({"f8e4m3fn", "f8e5m2", "f8e4m3", "f8e4m3fnuz", "f8e5m2fnuz"})
+CUBLASLT_FP8_CALL = "__cublas$lt$matmul$f8"
+
+
+def fp8_gemms(module: Module) -> dict[str, int]:
+    """The fp8 GEMMs in a compiled program, counted as written (a scanned layer's once):
+    ``cublaslt``: cuBLASLt fp8 custom calls (``__cublas$lt$matmul$f8``, what XLA:GPU emits after
+    autotuning on a device); ``dot``: ``dot`` instructions, inside fusions included (a deviceless
+    compile's Triton GEMM fusions), whose two operands are fp8."""
+    cublaslt = dot = 0
+    for ins in module.by_name.values():
+        if ins.opcode == "custom-call" and f'custom_call_target="{CUBLASLT_FP8_CALL}"' in ins.attrs:
+            cublaslt += 1
+        elif ins.opcode == "dot" and len(ins.operands) == 2:
+            kinds = [module.by_name.get(o) for o in ins.operands]
+            if all(k is not None and k.arrays and k.arrays[0].dtype in FP8_TYPES for k in kinds):
+                dot += 1
+    return {"cublaslt": cublaslt, "dot": dot}

@@ -55,6 +55,10 @@ class CompileResult:
     cudnn_workspace_bytes: int = (
         0  # their backward workspace from shapes, included in device_peak_bytes
     )
+    # fp8 GEMMs in XLA's program as written (tierax.xla.hlo.fp8_gemms): cuBLASLt fp8 calls plus
+    # dots of two fp8 operands (a deviceless compile's Triton GEMM fusions)
+    fp8_gemms: int = 0
+    quantization: str = ""  # the model config's quantization ("" or "fp8")
     device_limit_bytes: int = (
         0  # what "fits" is judged against (hardware.fit_limit_bytes, or XLA's own figure)
     )

@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""FP8 in XLA's program: deviceless H200 compiles of Llama 3 8B, bf16 beside ``quantization=fp8``.
+
+Llama 3 8B, 2 × 4096 tokens per device on 8 H200s (fsdp=8; one H200 does not hold the float32
+master weights, AdamW moments and gradients of 8 B parameters), plan ``minimal``: for each
+quantization, one ``tierax compile --json`` child process, recording XLA's peak, the cost model's
+peak for the same plan, whether it fits and how many fp8 GEMMs XLA's program holds (counted as
+written: a scanned layer's once; tierax.xla.hlo.fp8_gemms).  Goal: fp8 GEMMs present with
+``fp8`` and absent without; the model's peak within 10 % of XLA's for both.
+Writes bench/results/fp8_compile.json.
+
+    .venv/bin/python bench/fp8_compile.py [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import _common
+
+GOAL = 0.10
+ARGS = [
+    "--model", "llama3-8b", "--target", "h200", "--devices", "8", "--mesh", "fsdp=8",
+    "--microbatch", "2", "--seq", "4096", "--plan", "minimal",
+]  # fmt: skip
+
+
+def compile_case(quantization: str) -> dict:
+    quant = ["--set", f"quantization={quantization}"] if quantization else []
+    cmd = _common.tierax("compile", *ARGS, *quant, "--json")
+    proc = _common.run(cmd, timeout=1800)
+    if proc.returncode != 0:
+        return {"returncode": proc.returncode, "error": proc.stderr.strip().splitlines()[-1:]}
+    r = json.loads(proc.stdout)
+    xla, model = r["device_peak_bytes"], r["predicted"]["peak_device_bytes"]
+    return {
+        "returncode": 0,
+        "command": " ".join(cmd[2:]),
+        "wall_s": proc.wall_s,
+        "compile_time_s": r["compile_time_s"],
+        "fits": r["fits"],
+        "xla_peak_bytes": xla,
+        "model_peak_bytes": model,
+        "model_error": (model - xla) / xla,
+        "fp8_gemms": r["fp8_gemms"],
+        "device_argument_bytes": r["device_argument_bytes"],
+        "device_temp_bytes": r["device_temp_bytes"],
+        "notes": [n for n in r["notes"] if "fp8" in n],
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    _common.add_out(ap, "fp8_compile.json")
+    args = ap.parse_args()
+    cases = {q or "none": compile_case(q) for q in ("", "fp8")}
+    ok = all(c["returncode"] == 0 for c in cases.values())
+    goal = ok and (
+        cases["fp8"]["fp8_gemms"] > 0
+        and cases["none"]["fp8_gemms"] == 0
+        and all(abs(c["model_error"]) <= GOAL for c in cases.values())
+    )
+    doc = _common.envelope("tierax.bench.fp8_compile/1") | {
+        "goal": f"fp8 GEMMs in XLA's program with quantization=fp8 only; model peak within "
+        f"{GOAL:.0%} of XLA's",
+        "goal_met": bool(goal),
+        "cases": cases,
+    }
+    _common.write_record(args.out, doc)
+    for name, c in cases.items():
+        if c["returncode"]:
+            print(f"{name}: failed: {c['error']}", file=sys.stderr)
+            continue
+        print(
+            f"{name}: XLA peak {c['xla_peak_bytes'] / 2**30:.2f} GiB, model "
+            f"{c['model_peak_bytes'] / 2**30:.2f} GiB ({c['model_error']:+.1%}), fits "
+            f"{c['fits']}, fp8 GEMMs {c['fp8_gemms']}, compile {c['compile_time_s']:.0f} s"
+        )
+    return 0 if goal else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
