@@ -145,7 +145,9 @@ def test_inventory_finds_the_scanned_layer_and_the_policy_is_what_runs():
     assert (
         free.placements()["layers"]["mlpwi_0"] == "device"
     )  # everything fits (mlpwo is free to recompute)
-    tight = tierax.plan(inv, budget=free.predicted.peak_device_bytes - 1)
+    # half a MiB less: more than recomputing mlpwo and the unnamed tanh (free of matmuls) gives
+    # back, so mlpwi_0 is recomputed
+    tight = tierax.plan(inv, budget=free.predicted.peak_device_bytes - 2**19)
     assert tight.placements()["layers"]["mlpwi_0"] == "remat"
 
     def grad_flops(policy):
