@@ -397,3 +397,40 @@ def test_fp8_gemms_counted_in_hlo_text():
     other = HLO.replace("$matmul$f8", "$matmul")
     other = other.replace("f8e4m3fn", "bf16").replace("f8e5m2", "bf16")
     assert hlo.fp8_gemms(hlo.parse_module(other)) == {"cublaslt": 0, "dot": 0}
+
+
+def test_the_steps_compute_prices_the_fp8_share_at_the_fp8_rate():
+    """The step's forward and backward matmuls (not only the recomputation): a group whose traced
+    fp8 share is 0.9 runs 0.9 of its 3 × forward FLOPs at the fp8 rate, the rest (and the LM head,
+    never fp8) at the compute dtype's."""
+    from tierax import costmodel as cm
+    from tierax import names as N
+    from tierax.costmodel import rates as R
+    from tierax.tracing.inventory import Activation, GroupInventory, Inventory
+
+    cfg = get_config("tiny-llama")
+    g = GroupInventory(
+        "decoder",
+        2,
+        (Activation("decoder", N.DECODER_LAYER_INPUT, 1000, 2, 0.0),),
+        carry_bytes_per_layer=1000,
+        save_all_bytes_per_layer=2000,
+        base_recompute_flops_per_layer=0.0,
+        forward_flops_per_layer=1e12,
+        layer_param_count=1000,
+        fp8_flops_share=0.9,
+    )
+    inv = Inventory("hand", 4, 64, {"fsdp": 1}, (g,), 0, 0, 0, 0, 0)
+    r = R.target_rates("h200", "bfloat16", calibration={})
+    fx = cm.fixed_terms(inv, cfg, r, "serial")
+    head = 3 * 2.0 * 4 * 64 * cfg.d_model * cfg.vocab_size
+    fp8 = 3 * 0.9 * 2e12
+    want = (3 * 2e12 + head - fp8) / r.matmul_flops_per_s + fp8 / r.fp8_matmul_flops_per_s
+    assert fx.compute_s - fx.hbm_s == pytest.approx(want, rel=1e-12)
+    bf16 = cm.fixed_terms(
+        dataclasses.replace(inv, groups=(dataclasses.replace(g, fp8_flops_share=0.0),)),
+        cfg,
+        r,
+        "serial",
+    )
+    assert fx.compute_s < bf16.compute_s

@@ -89,15 +89,25 @@ def _compute(
     hbm_s = (
         hbm.step_fixed_bytes(inv) / rates.hbm_bytes_per_s
     )  # non-matmul work, not overlapped with matmuls
+    # fp8 GEMMs (quantization: fp8): the traced share of each layer's forward matmul FLOPs whose
+    # operands are fp8, forward and backward, at the target's fp8 rate (none: the compute dtype's
+    # rate, as emulated fp8 runs)
+    fp8 = 0.0
+    if getattr(rates, "fp8_matmul_flops_per_s", 0.0) > 0:
+        fp8 = 3.0 * sum(
+            g.fp8_flops_share * g.forward_flops_per_layer * g.num_layers for g in inv.groups
+        )
+    fp8_s = fp8 / rates.fp8_matmul_flops_per_s if fp8 else 0.0
     # A fused attention kernel's matmuls run at its own rates, its backward doing 2.5 × its
     # forward's FLOPs.
     fused = sum(g.fused_attention_flops_per_layer * g.num_layers for g in inv.groups)
     if not fused:
-        return executed, hbm_s, executed / rates.matmul_flops_per_s + hbm_s, 0.0
+        return executed, hbm_s, (executed - fp8) / rates.matmul_flops_per_s + fp8_s + hbm_s, 0.0
     fused_s = matmul_s(fused, fused, rates) + matmul_s(fused, fused, rates, backward=True)
     executed += (1 + FUSED_BACKWARD_FLOPS_RATIO - 3.0) * fused
     compute_s = (
-        (executed - (1 + FUSED_BACKWARD_FLOPS_RATIO) * fused) / rates.matmul_flops_per_s
+        (executed - (1 + FUSED_BACKWARD_FLOPS_RATIO) * fused - fp8) / rates.matmul_flops_per_s
+        + fp8_s
         + fused_s
         + hbm_s
     )
