@@ -83,9 +83,10 @@ def uniform_placements(plan: Plan, cfg) -> dict[str, Placement]:
 
 
 # tierax's attention → MaxText's ``attention`` kernel: cuDNN's fused attention through JAX (what
-# tierax's ``cudnn`` calls) and the materialising XLA form.  tierax's ``blockwise`` has no MaxText
-# counterpart: the key is left to MaxText's default and the file says so.
-MAXTEXT_ATTENTION = {"cudnn": "cudnn_flash_jax", "xla": "dot_product"}
+# tierax's ``cudnn`` calls), the materialising XLA form, and MaxText's ``flash``, which on a TPU
+# is the splash-attention Pallas kernel tierax's ``splash`` calls.  tierax's ``blockwise`` has no
+# MaxText counterpart: the key is left to MaxText's default and the file says so.
+MAXTEXT_ATTENTION = {"cudnn": "cudnn_flash_jax", "xla": "dot_product", "splash": "flash"}
 
 
 def runtime_env(

@@ -15,6 +15,7 @@ does not), and the result says which.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.metadata
 import importlib.util
 import os
@@ -96,6 +97,19 @@ def check_tpu_aot() -> None:
             "deviceless TPU compilation needs libtpu (the tpu-aot extra, ~0.7 GB). Install with: "
             + tpu_install_command()
         )
+
+
+def libtpu_version() -> str:
+    """The installed libtpu's version ("" where it is not installed)."""
+    try:
+        return importlib.metadata.version("libtpu")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def tpu_custom_calls(text: str) -> int:
+    """How many ``tpu_custom_call`` instructions (Pallas/Mosaic kernels) an HLO text holds."""
+    return len(re.findall(r'custom_call_target="tpu_custom_call"', text))
 
 
 def tpu_temp_includes_host() -> bool:
@@ -347,7 +361,13 @@ def compile_for_target(
     if fused and tpu:
         raise TieraxError(
             f"attention=cudnn is cuDNN's fused attention, which runs on CUDA GPUs only; for the "
-            f"TPU target {target!r} use attention=blockwise (e.g. --set attention=blockwise)"
+            f"TPU target {target!r} use attention=splash or blockwise (e.g. --set "
+            "attention=splash)"
+        )
+    if cfg.attention == "splash" and not tpu:
+        raise TieraxError(
+            f"attention=splash is the Pallas TPU kernel, which compiles for TPUs only; for the GPU "
+            f"target {target!r} use attention=cudnn or blockwise (e.g. --set attention=cudnn)"
         )
     if tpu:
         check_tpu_aot()
@@ -394,7 +414,7 @@ def compile_for_target(
     predicted = _prediction(cfg, plan, full_inventory, target, xla_preset)
     limit = hardware.fit_limit_bytes(spec)
     if compiled is None:
-        return refused_result(
+        refused_at = refused_result(
             refused,
             cfg=cfg,
             plan=plan,
@@ -408,7 +428,8 @@ def compile_for_target(
             limit=limit,
             compile_s=compile_s,
             predicted=predicted,
-        ), ""
+        )
+        return dataclasses.replace(refused_at, libtpu_version=libtpu_version() if tpu else ""), ""
     mem = compiled.memory_analysis()
     text = compiled.as_text()
     module = hlo.parse_module(text)
@@ -473,6 +494,14 @@ def compile_for_target(
         )
     elif fused:
         notes.append("attention=cudnn, but XLA's program holds no cuDNN attention call")
+    tpu_calls = tpu_custom_calls(text) if tpu else 0
+    if cfg.attention == "splash":
+        notes.append(
+            f"splash attention: {tpu_calls} tpu_custom_call instructions (Pallas kernels) in XLA's "
+            "program; their scratch is inside the compile's temp"
+            if tpu_calls
+            else "attention=splash, but XLA's program holds no tpu_custom_call"
+        )
     if tpu:
         notes.insert(
             0,
@@ -504,6 +533,8 @@ def compile_for_target(
         notes=tuple(notes),
         cudnn_calls=calls["forward"] + calls["backward"],
         cudnn_workspace_bytes=workspace,
+        tpu_custom_calls=tpu_calls,
+        libtpu_version=libtpu_version() if tpu else "",
         device_limit_bytes=limit,
         predicted=predicted,
     )

@@ -55,6 +55,8 @@ class CompileResult:
     cudnn_workspace_bytes: int = (
         0  # their backward workspace from shapes, included in device_peak_bytes
     )
+    tpu_custom_calls: int = 0  # tpu_custom_call instructions (Pallas kernels: splash attention)
+    libtpu_version: str = ""  # the libtpu that compiled a TPU target ("" for a GPU target)
     device_limit_bytes: int = (
         0  # what "fits" is judged against (hardware.fit_limit_bytes, or XLA's own figure)
     )
