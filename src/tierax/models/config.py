@@ -25,6 +25,7 @@ ATTENTION_IMPLS = ("xla", "blockwise", "cudnn", "cudnn_blockwise", "splash", "sp
 AUTO_ATTENTION = "auto"
 ATTENTION_CHOICES = (*ATTENTION_IMPLS, AUTO_ATTENTION)
 PLATFORMS = ("gpu", "tpu", "cpu")
+MOE_IMPLS = ("capacity", "ragged")
 # What an abstract trace on the host runs in place of an implementation that only a GPU runs.
 HOST_TRACEABLE_ATTENTION = {"cudnn": "cudnn_blockwise", "splash": "splash_blockwise"}
 # The fused kernels and where each runs (tierax.models.attention).
@@ -216,6 +217,9 @@ class DeepSeekConfig:
     num_shared_experts: int
     expert_mlp_dim: int
     capacity_factor: float = 1.0
+    # capacity (expert-parallel capacity GEMMs) | ragged (dropless grouped GEMMs, ragged_dot; TPU
+    # targets, no expert/tensor parallelism): tierax.models.moe
+    moe_impl: str = "capacity"
     routed_scaling_factor: float = 2.5
     tie_embeddings: bool = False
     rope_theta: float = 10_000.0
@@ -262,6 +266,11 @@ class DeepSeekConfig:
         )
         _check(
             self.capacity_factor > 0, f"capacity_factor must be > 0, got {self.capacity_factor!r}"
+        )
+        _check(
+            self.moe_impl in MOE_IMPLS,
+            f"moe_impl={self.moe_impl!r} is not a MoE implementation; use one of "
+            f"{', '.join(MOE_IMPLS)}",
         )
         _check_loss_tiles(self)
         _check_fused_attention(self)
