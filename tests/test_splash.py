@@ -2,6 +2,8 @@
 as a TPU compiles, so its values and gradients are checked here against ``xla`` attention, the
 materialising reference.  Its deviceless TPU compile is in tests/test_tpu.py."""
 
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -71,3 +73,27 @@ def test_auto_is_splash_on_a_tpu_and_splash_runs_on_tpus_only():
     splash = for_platform(cfg, "tpu")
     with pytest.raises(TieraxError, match="splash-attention kernel on TPUs only.*backend is cpu"):
         launch.local_attention(splash, what="bench")
+
+
+def test_bench_and_train_with_splash_on_the_cpu_exit_2_naming_what_runs(
+    cli, console_script, tmp_path
+):
+    r = cli("bench", "--model", "tiny-llama", "--set", "attention=splash")
+    assert r.returncode == 2, (r.stdout[-2000:], r.stderr[-2000:])
+    assert "splash-attention kernel on TPUs only" in r.stderr
+    assert "xla, blockwise" in r.stderr  # what runs on this backend
+    demo = pathlib.Path(__file__).resolve().parents[1] / "configs" / "demo-train.yaml"
+    out = tmp_path / "run"
+    r = console_script(  # train starts its own backend: a process of its own
+        "train",
+        str(demo),
+        "model=tiny-llama",
+        "model.attention=splash",
+        f"log.dir={out}/log",
+        f"checkpoint.dir={out}/ckpt",
+    )
+    assert r.returncode == 2, (r.stdout[-2000:], r.stderr[-2000:])
+    assert "tierax train: attention=splash runs the Pallas splash-attention kernel on TPUs" in (
+        r.stderr
+    )
+    assert not out.exists()  # refused before anything is written

@@ -477,3 +477,57 @@ def test_v7x_deviceless_compile_runs_on_two_devices_a_chip():
     assert r["fits"] and r["devices"] == 8 and r["device_capacity_bytes"] == 96 * 2**30
     assert any("tpu7x:2x2x1" in n for n in r["notes"]), r["notes"]
     assert r["device_temp_bytes"] > 0
+
+
+# SMALL_LLAMA with splash attention: head dim 128 (the kernel's lane width), 1024 tokens (two
+# 512-token blocks).
+SMALL_SPLASH = [
+    *SMALL_LLAMA[:-1],
+    "attention=splash",
+    "--set",
+    "head_dim=128",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_LIBTPU, reason=NO_LIBTPU)
+@pytest.mark.parametrize("target", ["v5p", "v6e"])
+def test_splash_attention_is_a_tpu_kernel_in_xlas_program(target):
+    """A Llama-shaped model with attention=splash, compiled deviceless for 4 chips: XLA's program
+    holds the Pallas kernels as tpu_custom_call instructions — under remat-full the forward
+    kernel, its recomputation in the backward, and the dq and dkv kernels, one each in the layer
+    loops — and the JSON names the libtpu that compiled it.  (Minutes of compile here: slow.)"""
+    args = [
+        "compile",
+        *SMALL_SPLASH,
+        "--target",
+        target,
+        "--devices",
+        "4",
+        "--mesh",
+        "fsdp=4",
+        "--microbatch",
+        "2",
+        "--seq",
+        "1024",
+        "--plan",
+        "remat-full",
+        "--json",
+    ]
+    p = _cli(*args)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout)
+    assert r["attention"] == "splash" and r["fits"]
+    assert r["tpu_custom_calls"] == 4, r["notes"]
+    assert r["libtpu_version"] == _libtpu_installed()
+    blockwise = _cli(*[a if a != "attention=splash" else "attention=blockwise" for a in args])
+    assert blockwise.returncode == 0, blockwise.stderr[-3000:]
+    assert json.loads(blockwise.stdout)["tpu_custom_calls"] == 0  # XLA-written attention
+
+
+def test_splash_is_refused_for_a_gpu_target(cli):
+    """splash is the TPU kernel: refused for a GPU target, exit 2, naming what runs there, before
+    anything compiles."""
+    r = cli("compile", *SMALL_SPLASH, "--target", "h200", "--devices", "1")
+    assert r.returncode == 2 and "attention=splash is the Pallas TPU kernel" in r.stderr
+    assert "attention=cudnn or blockwise" in r.stderr

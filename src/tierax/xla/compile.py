@@ -361,8 +361,8 @@ def compile_for_target(
     if fused and tpu:
         raise TieraxError(
             f"attention=cudnn is cuDNN's fused attention, which runs on CUDA GPUs only; for the "
-            f"TPU target {target!r} use attention=splash or blockwise (e.g. --set "
-            "attention=splash)"
+            f"TPU target {target!r} use attention=splash (the Pallas TPU kernel) or "
+            "attention=blockwise (e.g. --set attention=splash)"
         )
     if getattr(cfg, "moe_impl", "capacity") == "ragged" and not tpu:
         raise TieraxError(
