@@ -97,3 +97,20 @@ def test_bench_and_train_with_splash_on_the_cpu_exit_2_naming_what_runs(
         r.stderr
     )
     assert not out.exists()  # refused before anything is written
+
+
+def test_compile_refuses_a_sequence_splash_cannot_tile(console_script):
+    r = console_script(  # a TPU compile starts libtpu at start-up: a process of its own
+        "compile",
+        "--model",
+        "tiny-llama",
+        "--set",
+        "attention=splash",
+        "--target",
+        "v5e",
+        "--devices",
+        "1",
+        "--seq",
+        "200",
+    )
+    assert r.returncode == 2 and "multiple of 128 (got 200)" in r.stderr, r.stderr[-2000:]

@@ -57,6 +57,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tierax.errors import TieraxError
+
 _NEG = -1e30
 # Name scope around the host-traceable stand-in of a fused attention kernel (``cudnn_blockwise``).
 FUSED_SCOPE = "tierax_fused_attention"
@@ -276,12 +278,12 @@ def splash_block(seq: int) -> int:
     """Splash attention's block size for a sequence of ``seq`` tokens.
 
     Raises:
-      ValueError: ``seq`` is not a multiple of 128 (the kernel's lane width).
+      TieraxError: ``seq`` is not a multiple of 128 (the kernel's lane width).
     """
     for b in SPLASH_BLOCKS:
         if seq % b == 0:
             return b
-    raise ValueError(
+    raise TieraxError(
         f"attention=splash needs a sequence length that is a multiple of 128 (got {seq}); "
         "use a multiple of 128 or attention=blockwise"
     )
@@ -328,7 +330,7 @@ def splash_attention(q, k, v, segment_ids=None, *, mesh=None, interpret: bool = 
     per shard under ``shard_map``: batch over the batch axes, kv heads over ``tensor``.
 
     Raises:
-      ValueError: a sequence that is not a multiple of 128, or kv heads not divisible by
+      TieraxError: a sequence that is not a multiple of 128, or kv heads not divisible by
         ``tensor``.
     """
     _check_self_attention(q, k)
@@ -345,7 +347,7 @@ def splash_attention(q, k, v, segment_ids=None, *, mesh=None, interpret: bool = 
 
     tensor = mesh.shape.get("tensor", 1)
     if q.shape[2] % tensor:
-        raise ValueError(
+        raise TieraxError(
             f"attention=splash shards kv heads over tensor: {q.shape[2]} kv heads do not divide "
             f"over tensor={tensor}; use a tensor size that divides them or attention=blockwise"
         )

@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from tierax import names as N
+from tierax.errors import TieraxError
 from tierax.mesh import BATCH_AXES, constrain, spec
 from tierax.models.tags import tag
 
@@ -172,7 +173,7 @@ def _ragged_experts(x_BSD, gates_BSk, expert_BSk, wi_0, wi_1, wo, cfg, mesh):
         return local(x_BSD, expert_BSk, gates_BSk, wi_0, wi_1, wo)
     busy = {a: mesh.shape[a] for a in (EXPERT_AXIS, "tensor") if mesh.shape[a] > 1}
     if busy:
-        raise ValueError(
+        raise TieraxError(
             f"moe_impl=ragged runs each device's tokens against the whole expert weights, so it "
             f"takes no expert or tensor parallelism (mesh has {busy}); use moe_impl=capacity or "
             "a mesh of data/fsdp only"

@@ -375,6 +375,10 @@ def compile_for_target(
             f"attention=splash is the Pallas TPU kernel, which compiles for TPUs only; for the GPU "
             f"target {target!r} use attention=cudnn or blockwise (e.g. --set attention=cudnn)"
         )
+    if cfg.attention == "splash":
+        from tierax.models.attention import splash_block
+
+        splash_block(seq)  # a sequence the kernel cannot tile is refused before compiling
     if tpu:
         check_tpu_aot()
         if target_config is not None:
