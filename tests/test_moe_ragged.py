@@ -78,8 +78,8 @@ def test_ragged_refuses_expert_parallelism_and_unknown_impls():
         dataclasses.replace(cfg, moe_impl="megablox")
 
 
-def test_compile_refuses_ragged_for_a_gpu_target(cli):
-    r = cli(
+def test_compile_refuses_ragged_for_a_gpu_target(console_script):
+    r = console_script(  # compile configures XLA at start-up: a process of its own
         "compile",
         "--model",
         "tiny-deepseek",
@@ -91,3 +91,21 @@ def test_compile_refuses_ragged_for_a_gpu_target(cli):
     assert r.returncode == 2
     assert "moe_impl=ragged" in r.stderr and "masked dense GEMM" in r.stderr
     assert "moe_impl=capacity" in r.stderr
+
+
+def test_maxtext_emit_of_ragged_is_dropless_megablox():
+    from tierax import plan as plan_lib
+    from tierax.interop import maxtext
+
+    def keys(cfg):
+        plan = plan_lib.preset("remat-full", cfg)
+        return maxtext.overrides(plan, cfg, microbatch=1, seq=128, mesh={"fsdp": 1}, target="v5p")
+
+    ragged = keys(dataclasses.replace(get_config("tiny-deepseek"), moe_impl="ragged"))
+    assert (ragged["capacity_factor"], ragged["sparse_matmul"], ragged["megablox"]) == (
+        -1.0,
+        True,
+        True,
+    )
+    capacity = keys(get_config("tiny-deepseek"))
+    assert (capacity["sparse_matmul"], capacity["megablox"]) == (False, False)

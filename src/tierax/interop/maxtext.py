@@ -191,7 +191,10 @@ def overrides(
         out[f"ici_{key}_parallelism"] = ici[axis]
     for axis, key in MESH_KEYS.items():
         out[f"dcn_{key}_parallelism"] = dcn[axis]
-    if cfg.family == "deepseek":
+    if cfg.family == "deepseek" and cfg.moe_impl == "ragged":
+        # tierax's dropless grouped matmuls: MaxText's sparse (megablox) MoE, no capacity.
+        out.update({"capacity_factor": -1.0, "sparse_matmul": True, "megablox": True})
+    elif cfg.family == "deepseek":
         out.update(
             {"capacity_factor": cfg.capacity_factor, "sparse_matmul": False, "megablox": False}
         )
@@ -279,7 +282,7 @@ def overrides_yaml(
         "custom policy",
         "#   still recomputes unnamed intermediates there.",
     ]
-    if cfg.family == "deepseek":
+    if cfg.family == "deepseek" and cfg.moe_impl != "ragged":
         lines += [
             "#   MoE: tierax models capacity-factor dispatch (dense per-expert buffers), hence",
             "#   sparse_matmul: false; MaxText's default is dropless megablox (capacity_factor: "
