@@ -1,5 +1,6 @@
 """``attention: auto`` — the full-size configs' attention, chosen per platform before tracing:
-cuDNN's fused flash attention for a GPU target (what GPU training runs), blockwise elsewhere."""
+cuDNN's fused flash attention for a GPU target (what GPU training runs), splash attention for a
+TPU target, blockwise elsewhere."""
 
 import dataclasses
 import json
@@ -19,7 +20,7 @@ def test_full_size_configs_run_fused_attention_on_a_gpu_and_blockwise_elsewhere(
     cfg = get_config(name)
     assert cfg.attention == "auto"
     assert for_platform(cfg, "gpu").attention == "cudnn"
-    assert for_platform(cfg, "tpu").attention == "blockwise"
+    assert for_platform(cfg, "tpu").attention == "splash"  # the Pallas TPU kernel
     assert for_platform(cfg, "cpu").attention == "blockwise"
 
 
@@ -79,9 +80,9 @@ def _fused_flops(cli, target: str) -> list[float]:
     return [g["fused_attention_flops_per_layer"] for g in json.loads(r.stdout)["groups"]]
 
 
-def test_the_cli_prices_fused_attention_for_a_gpu_target_only(cli):
-    """The inventory traced for an H200 counts the fused kernel's matmuls apart; for a TPU target
-    (blockwise) there is no fused kernel."""
+def test_the_cli_prices_fused_attention_for_gpu_and_tpu_targets(cli):
+    """The inventory traced for an H200 counts the fused kernel's matmuls apart, and for a TPU
+    target splash attention's at its own block (256 keys at 256 tokens: one block pair)."""
     gpu = _fused_flops(cli, "h200")
     # Forward causal attention: QK^T and PV at 128-key tiles, with skipping: blocks on and below
     # the diagonal, (n(n+1)/2) of n = 2 tiles, 2 FLOPs per multiply-add, 32 heads of 128.
@@ -89,7 +90,7 @@ def test_the_cli_prices_fused_attention_for_a_gpu_target_only(cli):
     pairs = tiles * (tiles + 1) // 2
     expected = 2 * 2 * 32 * 128 * 128 * 128 * pairs
     assert gpu == [pytest.approx(expected, rel=1e-6)]
-    assert _fused_flops(cli, "v5p") == [0.0]
+    assert _fused_flops(cli, "v5p") == [pytest.approx(2 * 2 * 32 * 128 * 256 * 256, rel=1e-6)]
 
 
 def test_emit_maxtext_writes_the_attention_the_target_runs(cli):
@@ -115,4 +116,4 @@ def test_emit_maxtext_writes_the_attention_the_target_runs(cli):
         return [ln for ln in r.stdout.splitlines() if ln.startswith("attention:")]
 
     assert attention_key("h200") == ["attention: cudnn_flash_jax"]
-    assert attention_key("v5p") == []
+    assert attention_key("v5p") == ["attention: flash"]  # MaxText's flash on a TPU is splash

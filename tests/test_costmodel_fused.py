@@ -42,11 +42,22 @@ def test_matmul_seconds_split_the_fused_kernel_out():
     assert matmul_s(10e12, 0.0, RATES, backward=True) == 2 * 10e12 / 1e15
 
 
-def test_a_target_without_fused_kernels_refuses_them():
+def test_a_tpu_target_prices_splash_at_its_matmul_rate_and_a_target_without_one_refuses():
     tpu = cm.target_rates("v5p", "bfloat16")
-    assert tpu.fused_attention_fwd_flops_per_s == 0
-    with pytest.raises(TieraxError, match="CUDA GPUs only"):
-        matmul_s(1e12, 1e12, tpu)
+    # No published splash-attention rate: its matmuls at the target's dense-matmul rate, 0.8 of
+    # v5p's 459 TFLOP/s bf16, forward and backward (stated in the source).
+    assert tpu.fused_attention_fwd_flops_per_s == pytest.approx(0.8 * 459e12)
+    assert tpu.fused_attention_bwd_flops_per_s == tpu.matmul_flops_per_s
+    assert "splash" in tpu.sources["fused_attention"]
+    assert "no published kernel rate" in tpu.sources["fused_attention"]
+    # 1 TFLOP, all in the kernel: forward 1/367.2 s, backward 2.5 × that.
+    assert matmul_s(1e12, 1e12, tpu) == pytest.approx(1e12 / (0.8 * 459e12))
+    assert matmul_s(1e12, 1e12, tpu, backward=True) == pytest.approx(2.5e12 / (0.8 * 459e12))
+    none = dataclasses.replace(
+        tpu, fused_attention_fwd_flops_per_s=0.0, fused_attention_bwd_flops_per_s=0.0
+    )
+    with pytest.raises(TieraxError, match="CUDA GPUs only and attention=splash on TPUs"):
+        matmul_s(1e12, 1e12, none)
 
 
 def test_gpu_rates_are_the_published_shares_of_each_peak():

@@ -73,6 +73,9 @@ def _cli(*args):
         ("v5p", 8, "v5p:2x2x2"),
         ("v5p", 32, "v5p:2x4x4"),
         ("v5p", 6144, "v5p:16x16x24"),
+        ("v7x", 8, "tpu7x:2x2x1"),  # 4 chips × 2 TensorCores, each a JAX device
+        ("v7x", 16, "tpu7x:2x2x2"),
+        ("v7x", 128, "tpu7x:4x4x4"),
     ],
 )
 def test_topology_name_from_device_count(key, devices, name):
@@ -132,8 +135,34 @@ def test_tpu_figures_and_cost_model_rates(key):
     assert pred_links["fsdp"].link == "ici"  # a TPU pod's interconnect is not NVLink
 
 
+def test_v7x_per_device_figures_are_the_chips_halved():
+    """Cloud TPU docs' TPU7x table, per chip: 2307 TFLOP/s bf16, 4614 fp8, 192 GiB HBM at 7380
+    GB/s, ICI 1200 GB/s bidirectional, DCN 100 Gb/s, 960 GB RAM per 4-chip VM; 2 TensorCores a
+    chip, each a JAX device.  Per device (by hand): 1153.5 / 2307 TFLOP/s, 96 GiB at 3.69 TB/s,
+    ICI 1200 / 2 directions / 2 devices = 300 GB/s, DCN 12.5 GB/s / 2 = 6.25 GB/s, 120 GB host."""
+    spec = hardware.compile_target("v7x")
+    assert spec.kind == "tpu" and spec.devices_per_chip == 2
+    assert spec.device_memory_bytes == 96 * 2**30
+    assert spec.hbm_bytes_per_s == 3.69e12
+    assert spec.peak("bfloat16") == 1153.5e12 and spec.peak("float32") == 1153.5e12
+    assert spec.peak("fp8") == 2307e12
+    assert spec.ici_bytes_per_s == 300e9 and spec.scale_out_bytes_per_s == 6.25e9
+    assert spec.host_memory_per_gpu_bytes == 120e9
+    assert spec.nvlink_domain_gpus == 18432  # 9216 chips a pod
+    assert spec.accelerator_type(8) == "tpu7x-8" and spec.accelerator_type(256) == "tpu7x-256"
+    r = costmodel.target_rates("v7x", "bfloat16")
+    assert (r.device_memory_bytes, r.hbm_bytes_per_s, r.interconnect_bytes_per_s) == (
+        96 * 2**30,
+        3.69e12,
+        300e9,
+    )
+    assert r.usable_device_bytes == int(94.75 * 2**30)  # libtpu's available HBM per device
+    with pytest.raises(TieraxError, match="no TPU slice of 4 devices.*one of: 8, 16, 32, 64, 128"):
+        spec.topology_name(4)  # 4 devices are 2 chips: no such slice
+
+
 def test_unknown_target_lists_tpu_keys_too():
-    with pytest.raises(TieraxError, match="v5e, v5p, v6e"):
+    with pytest.raises(TieraxError, match="v5e, v5p, v6e, v7x"):
         hardware.get_target("v4")
 
 
@@ -368,7 +397,7 @@ import jax, jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tierax import hardware
 out = {}
-for key, devices in (("v5e", 1), ("v5p", 4), ("v6e", 1)):
+for key, devices in (("v5e", 1), ("v5p", 4), ("v6e", 1), ("v7x", 8)):
     mesh = Mesh(C.tpu_topology(hardware.get_target(key), devices).devices[:1], ("x",))
     rows = NamedSharding(mesh, PartitionSpec())
     x = jax.ShapeDtypeStruct((15 * 10**9 // 1024, 1024), jnp.float32, sharding=rows)
@@ -428,3 +457,80 @@ def test_plan_check_on_v5p_converges_to_a_plan_that_fits_its_budget():
     last = r["iterations"][-1]
     assert r["converged"] and last["xla_fits"] and last["xla_peak_bytes"] <= 0.6 * 2**30
     assert abs(last["peak_error"]) <= 0.05
+
+
+@pytest.mark.skipif(not HAS_LIBTPU, reason=NO_LIBTPU)
+def test_v7x_deviceless_compile_runs_on_two_devices_a_chip():
+    """libtpu names TPU7x "tpu7x" and shows 8 devices for a 2x2x1 slice (4 chips): `compile
+    --target v7x --devices 8` compiles on that topology, with the table's per-device HBM."""
+    p = _cli(
+        "compile",
+        "--model",
+        "tiny-llama",
+        "--target",
+        "v7x",
+        "--devices",
+        "8",
+        "--mesh",
+        "fsdp=8",
+        "--json",
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout)
+    assert r["fits"] and r["devices"] == 8 and r["device_capacity_bytes"] == 96 * 2**30
+    assert any("tpu7x:2x2x1" in n for n in r["notes"]), r["notes"]
+    assert r["device_temp_bytes"] > 0
+
+
+# SMALL_LLAMA with splash attention: head dim 128 (the kernel's lane width), 1024 tokens (two
+# 512-token blocks).
+SMALL_SPLASH = [
+    *SMALL_LLAMA[:-1],
+    "attention=splash",
+    "--set",
+    "head_dim=128",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_LIBTPU, reason=NO_LIBTPU)
+@pytest.mark.parametrize("target", ["v5p", "v6e"])
+def test_splash_attention_is_a_tpu_kernel_in_xlas_program(target):
+    """A Llama-shaped model with attention=splash, compiled deviceless for 4 chips: XLA's program
+    holds the Pallas kernels as tpu_custom_call instructions — under remat-full the forward
+    kernel, its recomputation in the backward, and the dq and dkv kernels, one each in the layer
+    loops — and the JSON names the libtpu that compiled it.  (Minutes of compile here: slow.)"""
+    args = [
+        "compile",
+        *SMALL_SPLASH,
+        "--target",
+        target,
+        "--devices",
+        "4",
+        "--mesh",
+        "fsdp=4",
+        "--microbatch",
+        "2",
+        "--seq",
+        "1024",
+        "--plan",
+        "remat-full",
+        "--json",
+    ]
+    p = _cli(*args)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout)
+    assert r["attention"] == "splash" and r["fits"]
+    assert r["tpu_custom_calls"] == 4, r["notes"]
+    assert r["libtpu_version"] == _libtpu_installed()
+    blockwise = _cli(*[a if a != "attention=splash" else "attention=blockwise" for a in args])
+    assert blockwise.returncode == 0, blockwise.stderr[-3000:]
+    assert json.loads(blockwise.stdout)["tpu_custom_calls"] == 0  # XLA-written attention
+
+
+def test_splash_is_refused_for_a_gpu_target(cli):
+    """splash is the TPU kernel: refused for a GPU target, exit 2, naming what runs there, before
+    anything compiles."""
+    r = cli("compile", *SMALL_SPLASH, "--target", "h200", "--devices", "1")
+    assert r.returncode == 2 and "attention=splash is the Pallas TPU kernel" in r.stderr
+    assert "attention=cudnn or blockwise" in r.stderr

@@ -62,7 +62,7 @@ def _models_and_plans(sub) -> None:
     pl.add_argument(
         "--target",
         help="with --emit: h100, h200, b200, gb200, gb300, vr200, v5e, "
-        "v5p, v6e or cpu (default h200)",
+        "v5p, v6e, v7x or cpu (default h200)",
     )
     pl.add_argument(
         "--devices", type=positive_int, help="with --emit: devices (default: the mesh's product)"
@@ -310,8 +310,8 @@ def _running(sub) -> None:
     c.add_argument(
         "--target",
         default="h200",
-        help="h100, h200, b200, gb200 (XLA:GPU) or v5e, v5p, v6e (XLA:TPU, needs the tpu-aot "
-        "extra); default h200",
+        help="h100, h200, b200, gb200 (XLA:GPU) or v5e, v5p, v6e, v7x (XLA:TPU, needs the tpu-aot "
+        "extra; v7x: --devices counts TensorCores, 2 a chip); default h200",
     )
     c.add_argument(
         "--target-config",

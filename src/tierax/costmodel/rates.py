@@ -41,6 +41,14 @@ FUSED_ATTENTION_SOURCE = (
 )
 FUSED_ATTENTION_FWD_FRACTION = 609 / 989
 FUSED_ATTENTION_BWD_FRACTION = 499 / 989
+# The splash-attention Pallas kernel (attention=splash, TPU targets): no published forward or
+# backward rate of it was found (Google's Cloud TPU and MaxText pages give step MFU, not the
+# kernel's), so its matmuls run at this target's dense-matmul rate — the same achievable share of
+# the peak as every other matmul — until a TPU measurement replaces it.  An assumption, not a fit.
+SPLASH_ATTENTION_SOURCE = (
+    "splash attention (Pallas TPU kernel): no published kernel rate; its forward and backward "
+    "matmuls at this target's dense-matmul rate (an assumption until a TPU measures it)"
+)
 # FlashAttention's backward convention: 5 matmuls of the forward's 2, i.e. 2.5 × its FLOPs.
 FUSED_BACKWARD_FLOPS_RATIO = 2.5
 CALIBRATION_FILE = pathlib.Path(
@@ -74,7 +82,8 @@ class Rates:
     nvlink_domain_gpus: int = 0
     scale_out_bytes_per_s: float = 0.0
     gpus_per_domain: int = 0
-    # cuDNN's fused attention kernels (attention=cudnn); 0 where they do not run (CPU, TPU).
+    # The fused attention kernel's rates: cuDNN's (attention=cudnn) on a GPU target, splash
+    # attention's (attention=splash) on a TPU target; 0 where none runs (CPU).
     fused_attention_fwd_flops_per_s: float = 0.0
     fused_attention_bwd_flops_per_s: float = 0.0
     # CPU only (0: no such cost): XLA:CPU allocates a step's temporary buffers anew on every
@@ -209,8 +218,9 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
         sources["hbm"] = f"{measured}: a layer's non-matmul work at the bytes the model counts"
     fixed = XLA_GPU_FIXED_BYTES if spec.kind == "gpu" else 0
     gpu = spec.kind == "gpu"
-    if gpu:
-        sources["fused_attention"] = FUSED_ATTENTION_SOURCE
+    sources["fused_attention"] = FUSED_ATTENTION_SOURCE if gpu else SPLASH_ATTENTION_SOURCE
+    fused_fwd = peak * FUSED_ATTENTION_FWD_FRACTION if gpu else matmul
+    fused_bwd = peak * FUSED_ATTENTION_BWD_FRACTION if gpu else matmul
     if fp8:
         sources["fp8_matmul"] = (
             measured
@@ -237,8 +247,8 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
         fixed,
         spec.nvlink_domain_gpus,
         spec.scale_out_bytes_per_s,
-        fused_attention_fwd_flops_per_s=peak * FUSED_ATTENTION_FWD_FRACTION if gpu else 0.0,
-        fused_attention_bwd_flops_per_s=peak * FUSED_ATTENTION_BWD_FRACTION if gpu else 0.0,
+        fused_attention_fwd_flops_per_s=fused_fwd,
+        fused_attention_bwd_flops_per_s=fused_bwd,
         device_limit_bytes=limit,
         host_memory_bytes_per_s=host_bw,
         fp8_matmul_flops_per_s=fp8,
@@ -269,8 +279,8 @@ def matmul_s(
     )
     if fused_rate <= 0:
         raise TieraxError(
-            f"attention=cudnn runs on CUDA GPUs only; target {rates.target!r} has no fused "
-            "attention rate: use attention=blockwise there"
+            f"attention=cudnn runs on CUDA GPUs only and attention=splash on TPUs; target "
+            f"{rates.target!r} has no fused attention rate: use attention=blockwise there"
         )
     rest = (2 if backward else 1) * (flops - fused_flops) / rates.matmul_flops_per_s
     return rest + (FUSED_BACKWARD_FLOPS_RATIO if backward else 1) * fused_flops / fused_rate

@@ -12,7 +12,10 @@ from tierax.hardware.gpus import GB
 
 @dataclass(frozen=True)
 class TpuSpec:
-    """A Cloud TPU generation: per-chip figures (one JAX device per chip for v5e, v5p and v6e).
+    """A Cloud TPU generation: per-device figures.  v5e, v5p and v6e have one JAX device per chip
+    (v5p's two TensorCores act as one megacore device), so there a device's figures are the chip's;
+    TPU7x (Ironwood) shows each of a chip's two TensorCores as its own JAX device
+    (``devices_per_chip`` 2), so its table row holds the chip's published figures divided by 2.
 
     Attribute names the cost model reads are shared with :class:`GpuSpec` (``device_memory_bytes``,
     ``hbm_bytes_per_s``, ``peak``, ``host_link_bps``, ``host_link_source``, and the aliases
@@ -28,7 +31,7 @@ class TpuSpec:
     host_link_theory_bps: float  # per direction
     host_link_bps: float  # per direction, what estimates use
     host_link_source: str
-    host_memory_per_chip_bytes: float
+    host_memory_per_chip_bytes: float  # per JAX device (per chip but for TPU7x)
     ici_bytes_per_s: float  # per direction, per chip (Google lists bidirectional; halved here)
     slice_shapes: tuple[str, ...]  # Google Cloud's supported slice topologies, smallest first
     # The HBM one program may use, as XLA:TPU states it when it refuses one ("exceeds available
@@ -41,6 +44,8 @@ class TpuSpec:
     scale_out_bytes_per_s: float = 0.0
     scale_out_source: str = "no per-chip DCN figure sourced yet; give --rate scale_out=GB/s"
     projection: str = ""
+    # JAX devices a chip shows (2 for TPU7x: one per TensorCore); ``--devices`` counts these.
+    devices_per_chip: int = 1
     kind: ClassVar[str] = "tpu"
     xla_hbm_limit_source: ClassVar[str] = (
         "XLA:TPU's available HBM, from libtpu's out-of-memory message in a deviceless compile "
@@ -51,7 +56,7 @@ class TpuSpec:
         "hbm": "Google Cloud TPU docs",
         "memory": "Google Cloud TPU docs",
         "interconnect": "ICI, Google Cloud TPU docs (bidirectional / 2)",
-        "host_memory": "Google Cloud TPU docs, host DRAM / chips per host",
+        "host_memory": "Google Cloud TPU docs, host DRAM / devices per host",
     }
 
     @property
@@ -77,11 +82,15 @@ class TpuSpec:
         return "bf16" + ("" if same else f" ({dtype} matmuls run as bf16 MXU passes)")
 
     def accelerator_type(self, devices: int) -> str:
-        """Google Cloud's accelerator type of a slice of ``devices`` chips (v5p: 2 cores a chip)."""
-        prefix, cores = {"v5e": ("v5litepod", 1), "v5p": ("v5p", 2), "v6e": ("v6e", 1)}[
-            self.generation
-        ]
-        return f"{prefix}-{devices * cores}"
+        """Google Cloud's accelerator type of a slice of ``devices`` JAX devices: the count is
+        TensorCores (v5p and TPU7x: 2 a chip; v5p's pair is one device, TPU7x's are two)."""
+        prefix, cores = {
+            "v5e": ("v5litepod", 1),
+            "v5p": ("v5p", 2),
+            "v6e": ("v6e", 1),
+            "tpu7x": ("tpu7x", 2),
+        }[self.generation]
+        return f"{prefix}-{devices // self.devices_per_chip * cores}"
 
     def chips(self, shape: str) -> int:
         n = 1
@@ -90,17 +99,21 @@ class TpuSpec:
         return n
 
     def topology_name(self, devices: int) -> str:
-        """libtpu's topology name for a slice of ``devices`` chips, e.g. v5e 4 → "v5e:2x2".
+        """libtpu's topology name for a slice of ``devices`` JAX devices, e.g. v5e 4 → "v5e:2x2",
+        v7x 8 (4 chips × 2 TensorCores) → "tpu7x:2x2x1".
 
         Raises:
-          TieraxError: no supported slice shape has that many chips (the message lists the counts).
+          TieraxError: no supported slice shape has that many devices (the message lists the
+            counts).
         """
+        per = self.devices_per_chip
         for shape in self.slice_shapes:
-            if self.chips(shape) == devices:
+            if self.chips(shape) * per == devices:
                 return f"{self.generation}:{shape}"
-        counts = ", ".join(str(self.chips(s)) for s in self.slice_shapes)
+        counts = ", ".join(str(self.chips(s) * per) for s in self.slice_shapes)
+        unit = "chips" if per == 1 else f"devices ({per} TensorCores, each a JAX device, a chip)"
         raise TieraxError(
-            f"target {self.key!r} has no TPU slice of {devices} chips; --devices must be one of: "
+            f"target {self.key!r} has no TPU slice of {devices} {unit}; --devices must be one of: "
             f"{counts} (Google Cloud's {self.generation} slice shapes "
             f"{', '.join(self.slice_shapes)})"
         )
@@ -210,3 +223,62 @@ TPU_TARGETS: dict[str, TpuSpec] = {
         slice_shapes=_V5E_V6E_SHAPES,
     ),
 }
+
+# TPU7x (Ironwood), per chip, Google Cloud TPU docs (docs.cloud.google.com/tpu/docs/tpu7x, "System
+# architecture" table): 2307 TFLOP/s bf16 and 4614 TFLOP/s fp8 peak, 192 GiB HBM at 7380 GB/s,
+# 1200 GB/s bidirectional ICI, 100 Gb/s DCN, 960 GB RAM per 4-chip VM, 2 TensorCores a chip, 9216
+# chips a pod.  The same page: the programming model shows the chip's two TensorCores as two JAX
+# devices (not one megacore), and libtpu's "tpu7x:2x2x1" topology has 8 devices for its 4 chips.
+# Each device gets half of each per-chip figure; the ICI and DCN links are the chip's, shared by
+# its two devices (the die-to-die link between them is not modelled).
+_V7X_DEVICES_PER_CHIP = 2
+_V7X_CHIP = dict(
+    bf16=2307e12,
+    fp8=4614e12,
+    hbm=192 * 2**30,
+    hbm_bw=7380 * GB,
+    ici_bidir=1200 * GB,
+    dcn=100e9 / 8,  # 100 Gb/s → 12.5 GB/s
+    host_mem=960 * GB / 4,
+    pod_chips=9216,
+)
+
+TPU_TARGETS["v7x"] = TpuSpec(
+    key="v7x",
+    name="Cloud TPU7x (Ironwood)",
+    generation="tpu7x",  # libtpu's prefix ("v7x:2x2x1" is refused: "Invalid TPU external name")
+    devices_per_chip=_V7X_DEVICES_PER_CHIP,
+    device_memory_bytes=_V7X_CHIP["hbm"] // _V7X_DEVICES_PER_CHIP,
+    hbm_bytes_per_s=_V7X_CHIP["hbm_bw"] / _V7X_DEVICES_PER_CHIP,
+    # libtpu 0.0.42.1: "exceeds available HBM (94.75G)" for one tpu7x device (96 GiB less reserve).
+    xla_hbm_limit_bytes=_gib(94.75),
+    peak_flops={
+        "bf16": _V7X_CHIP["bf16"] / _V7X_DEVICES_PER_CHIP,
+        "fp8": _V7X_CHIP["fp8"] / _V7X_DEVICES_PER_CHIP,
+    },
+    host_link_theory_bps=_TPU_HOST_LINK,
+    host_link_bps=_TPU_HOST_LINK,
+    host_link_source=_TPU_HOST_LINK_SOURCE,
+    host_memory_per_chip_bytes=_V7X_CHIP["host_mem"] / _V7X_DEVICES_PER_CHIP,
+    # bidirectional → per direction, then shared by the chip's two devices.
+    ici_bytes_per_s=_V7X_CHIP["ici_bidir"] / 2 / _V7X_DEVICES_PER_CHIP,
+    # Slice shapes: 2x2x1, 2x2x2, 2x2x4, 2x4x4, then 4-multiples in cubes of 4x4x4 (Google's xpk,
+    # system_characteristics.generate_tpu_topologies, which it uses for tpu7x); libtpu 0.0.42.1
+    # accepts each listed here.
+    slice_shapes=(
+        "2x2x1",
+        "2x2x2",
+        "2x2x4",
+        "2x4x4",
+        "4x4x4",
+        "4x4x8",
+        "4x8x8",
+        "8x8x8",
+        "8x8x16",
+        "8x16x16",
+        "16x16x16",
+    ),
+    nvlink_domain_gpus=_V7X_CHIP["pod_chips"] * _V7X_DEVICES_PER_CHIP,
+    scale_out_bytes_per_s=_V7X_CHIP["dcn"] / _V7X_DEVICES_PER_CHIP,
+    scale_out_source="DCN 100 Gb/s per chip, shared by its 2 devices (Cloud TPU7x docs)",
+)

@@ -119,9 +119,10 @@ def uniform_placements(plan: Plan, cfg) -> dict[str, Placement]:
 
 
 # tierax's attention → MaxText's ``attention`` kernel: cuDNN's fused attention through JAX (what
-# tierax's ``cudnn`` calls) and the materialising XLA form.  tierax's ``blockwise`` has no MaxText
-# counterpart: the key is left to MaxText's default and the file says so.
-MAXTEXT_ATTENTION = {"cudnn": "cudnn_flash_jax", "xla": "dot_product"}
+# tierax's ``cudnn`` calls), the materialising XLA form, and MaxText's ``flash``, which on a TPU
+# is the splash-attention Pallas kernel tierax's ``splash`` calls.  tierax's ``blockwise`` has no
+# MaxText counterpart: the key is left to MaxText's default and the file says so.
+MAXTEXT_ATTENTION = {"cudnn": "cudnn_flash_jax", "xla": "dot_product", "splash": "flash"}
 
 
 def runtime_env(
@@ -227,7 +228,10 @@ def overrides(
         out[f"ici_{key}_parallelism"] = ici[axis]
     for axis, key in MESH_KEYS.items():
         out[f"dcn_{key}_parallelism"] = dcn[axis]
-    if getattr(cfg, "num_experts", 0):
+    if getattr(cfg, "num_experts", 0) and getattr(cfg, "moe_impl", "capacity") == "ragged":
+        # tierax's dropless grouped matmuls: MaxText's sparse (megablox) MoE, no capacity.
+        out.update({"capacity_factor": -1.0, "sparse_matmul": True, "megablox": True})
+    elif getattr(cfg, "num_experts", 0):
         out.update(
             {"capacity_factor": cfg.capacity_factor, "sparse_matmul": False, "megablox": False}
         )
@@ -358,7 +362,7 @@ def overrides_yaml(
             "remat); MaxText has",
             "#   no custom key for that and will recompute the unnamed intermediates there.",
         ]
-    if getattr(cfg, "num_experts", 0):
+    if getattr(cfg, "num_experts", 0) and getattr(cfg, "moe_impl", "capacity") != "ragged":
         lines += [
             "#   MoE: tierax models capacity-factor dispatch (dense per-expert buffers), hence",
             "#   sparse_matmul: false; MaxText's default is dropless megablox (capacity_factor: "

@@ -258,16 +258,22 @@ def runtime_env(
 
 # Attention implementations by the backend that runs them (tierax.models.attention).
 LOCAL_ATTENTION = {
-    "gpu": ("xla", "blockwise", "cudnn", "cudnn_blockwise"),
-    "cpu": ("xla", "blockwise", "cudnn_blockwise"),
-    "tpu": ("xla", "blockwise", "cudnn_blockwise"),
+    "gpu": ("xla", "blockwise", "cudnn", "cudnn_blockwise", "splash_blockwise"),
+    "cpu": ("xla", "blockwise", "cudnn_blockwise", "splash_blockwise"),
+    "tpu": ("xla", "blockwise", "cudnn_blockwise", "splash", "splash_blockwise"),
+}
+# Where each fused kernel runs, and a compile that builds it without that device.
+_FUSED_WHERE = {
+    "cudnn": ("cuDNN's fused attention", "CUDA GPUs", "tierax compile --target h200"),
+    "splash": ("the Pallas splash-attention kernel", "TPUs", "tierax compile --target v5p"),
 }
 
 
 def local_attention(cfg, *, what: str = "this run", documents: bool = False):
     """``cfg`` with its attention chosen for the local backend (``auto``: cuDNN's fused attention
-    on a CUDA GPU, blockwise elsewhere or where ``documents`` are masked), refused before tracing
-    when the local backend cannot run it (cuDNN's fused attention off a CUDA GPU).
+    on a CUDA GPU, splash attention on a TPU, blockwise elsewhere or where ``documents`` are masked
+    on a GPU), refused before tracing when the local backend cannot run it (cuDNN's fused attention
+    off a CUDA GPU, splash attention off a TPU).
 
     Raises:
       TieraxError: naming the backend and the implementations that run there.
@@ -279,13 +285,13 @@ def local_attention(cfg, *, what: str = "this run", documents: bool = False):
     backend = jax.default_backend()
     platform = backend if backend in LOCAL_ATTENTION else "cpu"  # others run what a CPU runs
     cfg = for_platform(cfg, platform, documents=documents)
-    ok = LOCAL_ATTENTION.get(backend, ("xla", "blockwise", "cudnn_blockwise"))
+    ok = LOCAL_ATTENTION.get(backend, LOCAL_ATTENTION["cpu"])
     if cfg.attention not in ok:
+        kernel, where, compile_cmd = _FUSED_WHERE[cfg.attention]
         raise TieraxError(
-            f"{what}: attention={cfg.attention} runs cuDNN's fused attention on CUDA GPUs only; "
+            f"{what}: attention={cfg.attention} runs {kernel} on {where} only; "
             f"this run's backend is {backend}, where {', '.join(ok)} run (e.g. --set "
-            "attention=blockwise; `tierax compile --target h200` compiles cudnn for a GPU without "
-            "one)"
+            f"attention=blockwise; `{compile_cmd}` compiles {cfg.attention} without one)"
         )
     return cfg
 

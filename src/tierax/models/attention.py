@@ -27,6 +27,18 @@ matmul per block than ``xla``'s backward).  Blockwise is self-attention only (S 
   blockwise XLA math, which is what abstract traces on the host (the inventory) and CPU
   tests run.
 
+* ``splash``: the Pallas TPU splash-attention kernel
+  (``jax.experimental.pallas.ops.tpu.splash_attention``, causal mask, query heads ordered (k, g) so
+  query head n reads kv head n // G) — what MaxText's TPU runs use (``attention: flash``).  Its
+  residuals are q, k, v, the output and the float32 log-sum-exp, as cuDNN's; an MLA layer's v is
+  zero-padded to the q/k head dim as for cuDNN (:func:`padded_value_attention`).  Packed documents
+  are masked by the kernel's segment ids.  It compiles through Mosaic for a TPU only (or in a
+  deviceless TPU compile); on a mesh it runs under ``shard_map`` (batch over the batch axes, kv
+  heads over ``tensor``), since XLA cannot partition the kernel.  ``interpret=True`` runs it with
+  Pallas's interpreter on any backend (the CPU tests).  ``splash_blockwise`` is its stand-in for
+  host traces: the blockwise XLA math in the fused scope at the kernel's block size, with the
+  same residuals.
+
 Shapes: q [B,S,K,G,d], k [B,T,K,d], v [B,T,K,dv] → [B,S,K,G,dv].
 
 Document masking: with ``segment_ids`` [B, S] (self-attention, S = T), a query attends to a
@@ -45,10 +57,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tierax.errors import TieraxError
+
 _NEG = -1e30
 # Name scope around the host-traceable stand-in of a fused attention kernel (``cudnn_blockwise``).
 FUSED_SCOPE = "tierax_fused_attention"
 FUSED_TILE = 128
+# Splash attention's query/key block: the largest of these that divides the sequence (MaxText's
+# sa_block_* defaults are 512); the kernel's lanes need a multiple of 128.
+SPLASH_BLOCKS = (512, 256, 128)
 
 
 def _same_segment(seg_q, seg_k):
@@ -257,6 +274,91 @@ def _cudnn(q, k, v):
     return out.reshape(B, S, K, G, v.shape[-1])
 
 
+def splash_block(seq: int) -> int:
+    """Splash attention's block size for a sequence of ``seq`` tokens.
+
+    Raises:
+      TieraxError: ``seq`` is not a multiple of 128 (the kernel's lane width).
+    """
+    for b in SPLASH_BLOCKS:
+        if seq % b == 0:
+            return b
+    raise TieraxError(
+        f"attention=splash needs a sequence length that is a multiple of 128 (got {seq}); "
+        "use a multiple of 128 or attention=blockwise"
+    )
+
+
+def _splash_local(q, k, v, seg, *, interpret: bool):
+    """The kernel on one device's shard: q [B,S,K,G,d], k [B,S,K,d], v [B,S,K,dv] (dv == d)."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    B, S, K, G, d = q.shape
+    H = K * G
+    b = splash_block(S)
+    sizes = sk.BlockSizes(
+        block_q=b,
+        block_kv=b,
+        block_kv_compute=b,
+        block_q_dkv=b,
+        block_kv_dkv=b,
+        block_kv_dkv_compute=b,
+        block_q_dq=b,
+        block_kv_dq=b,
+    )
+    mask = sm.MultiHeadMask([sm.CausalMask((S, S)) for _ in range(H)])
+    kernel = sk.make_splash_mha(
+        mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret
+    )
+    # The kernel does not scale the scores: q is scaled by 1/sqrt(d) first, as in xla_attention.
+    q_BHSd = jnp.transpose(q.reshape(B, S, H, d) * (1.0 / math.sqrt(d)), (0, 2, 1, 3))
+    k_BKSd = jnp.transpose(k, (0, 2, 1, 3))
+    v_BKSv = jnp.transpose(v, (0, 2, 1, 3))
+    if seg is None:
+        o_BHSv = jax.vmap(kernel)(q_BHSd.astype(q.dtype), k_BKSd, v_BKSv)
+    else:
+        o_BHSv = jax.vmap(
+            lambda qq, kk, vv, ss: kernel(qq, kk, vv, segment_ids=sk.SegmentIds(ss, ss))
+        )(q_BHSd.astype(q.dtype), k_BKSd, v_BKSv, seg)
+    return jnp.transpose(o_BHSv, (0, 2, 1, 3)).reshape(B, S, K, G, v.shape[-1])
+
+
+def splash_attention(q, k, v, segment_ids=None, *, mesh=None, interpret: bool = False):
+    """Causal splash attention (the Pallas TPU kernel) on [B,S,K,G,d] queries; v's head dim is
+    zero-padded to q's where smaller (MLA).  On a ``mesh`` of more than one device the kernel runs
+    per shard under ``shard_map``: batch over the batch axes, kv heads over ``tensor``.
+
+    Raises:
+      TieraxError: a sequence that is not a multiple of 128, or kv heads not divisible by
+        ``tensor``.
+    """
+    _check_self_attention(q, k)
+    splash_block(q.shape[1])
+
+    def local(q, k, v, seg=None):
+        return padded_value_attention(
+            lambda a, b, c: _splash_local(a, b, c, seg, interpret=interpret), q, k, v
+        )
+
+    if mesh is None or mesh.size == 1:
+        return local(q, k, v, segment_ids)
+    from tierax.mesh import BATCH_AXES, spec
+
+    tensor = mesh.shape.get("tensor", 1)
+    if q.shape[2] % tensor:
+        raise TieraxError(
+            f"attention=splash shards kv heads over tensor: {q.shape[2]} kv heads do not divide "
+            f"over tensor={tensor}; use a tensor size that divides them or attention=blockwise"
+        )
+    q_spec = spec(mesh, BATCH_AXES, None, "tensor", None, None)
+    kv_spec = spec(mesh, BATCH_AXES, None, "tensor", None)
+    args, specs = (q, k, v), (q_spec, kv_spec, kv_spec)
+    if segment_ids is not None:
+        args, specs = (*args, segment_ids), (*specs, spec(mesh, BATCH_AXES, None))
+    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=q_spec, check_vma=False)(*args)
+
+
 def _fused_stand_in(q, k, v, *, block, segment_ids=None):
     # The scope marks the kernel's extent: tierax.tracing.hbm counts what runs inside it as one
     # fused kernel (whose own traffic its measured rate already includes), and
@@ -267,10 +369,19 @@ def _fused_stand_in(q, k, v, *, block, segment_ids=None):
 
 
 def causal_attention(
-    q, k, v, *, impl: str = "xla", block: int = 512, unroll: bool = False, segment_ids=None
+    q,
+    k,
+    v,
+    *,
+    impl: str = "xla",
+    block: int = 512,
+    unroll: bool = False,
+    segment_ids=None,
+    mesh=None,
 ):
     """Causal attention; ``impl`` is ``xla``, ``blockwise`` (block size ``block`` keys),
-    ``cudnn`` (fused, CUDA only) or ``cudnn_blockwise`` (the cuDNN route in XLA form).
+    ``cudnn`` (fused, CUDA only), ``cudnn_blockwise`` (the cuDNN route in XLA form), ``splash``
+    (the Pallas TPU kernel, per shard of ``mesh``) or ``splash_blockwise`` (its XLA form).
 
     ``unroll`` (blockwise only) unrolls its scans: the same computation, for analysis — XLA's
     ``cost_analysis`` counts a loop body once whatever its trip count, so FLOPs are only
@@ -300,6 +411,18 @@ def causal_attention(
         # is.
         return padded_value_attention(
             functools.partial(_fused_stand_in, block=FUSED_TILE, segment_ids=segment_ids), q, k, v
+        )
+    if impl == "splash":
+        return splash_attention(q, k, v, segment_ids, mesh=mesh)
+    if impl == "splash_blockwise":
+        _check_self_attention(q, k)
+        return padded_value_attention(
+            functools.partial(
+                _fused_stand_in, block=splash_block(q.shape[1]), segment_ids=segment_ids
+            ),
+            q,
+            k,
+            v,
         )
     if impl != "blockwise":
         raise ValueError(f"unknown attention implementation {impl!r}")

@@ -19,17 +19,20 @@ from tierax import names as N
 from tierax.errors import TieraxError
 
 DTYPES = ("float32", "bfloat16", "float16")
-ATTENTION_IMPLS = ("xla", "blockwise", "cudnn", "cudnn_blockwise")
+ATTENTION_IMPLS = ("xla", "blockwise", "cudnn", "cudnn_blockwise", "splash", "splash_blockwise")
 # ``auto``: chosen per platform by :func:`for_platform` before anything is traced (cuDNN's fused
-# attention on a GPU where the config admits it, blockwise elsewhere).
+# attention on a GPU where the config admits it, splash attention on a TPU, blockwise elsewhere).
 AUTO_ATTENTION = "auto"
 ATTENTION_CHOICES = (*ATTENTION_IMPLS, AUTO_ATTENTION)
 PLATFORMS = ("gpu", "tpu", "cpu")
 # MaxText's ``quantization`` values run here: "" (every GEMM in the compute dtype) or "fp8"
 # (projections and expert GEMMs in fp8 with delayed scaling, tierax.models.fp8).
 QUANTIZATIONS = ("", "fp8")
+MOE_IMPLS = ("capacity", "ragged")
 # What an abstract trace on the host runs in place of an implementation that only a GPU runs.
-HOST_TRACEABLE_ATTENTION = {"cudnn": "cudnn_blockwise"}
+HOST_TRACEABLE_ATTENTION = {"cudnn": "cudnn_blockwise", "splash": "splash_blockwise"}
+# The fused kernels and where each runs (tierax.models.attention).
+FUSED_ATTENTION_PLATFORM = {"cudnn": "gpu", "splash": "tpu"}
 
 
 @dataclass(frozen=True)
@@ -148,7 +151,8 @@ class LlamaConfig:
     # moment stays in param_dtype.
     mu_dtype: str = ""
     # xla (materialises scores) | blockwise (flash-style) | cudnn (fused, GPU) | cudnn_blockwise
-    # (its XLA form) | auto (per platform, for_platform); tierax.models.attention
+    # (its XLA form) | splash (Pallas kernel, TPU) | splash_blockwise (its XLA form) | auto (per
+    # platform, for_platform); tierax.models.attention
     attention: str = "xla"
     attention_block: int = 512  # keys per block for blockwise attention
     # the loss's logits are computed in this many chunks of batch×sequence (tierax.models.loss)
@@ -288,6 +292,9 @@ class DeepSeekConfig:
     num_shared_experts: int
     expert_mlp_dim: int
     capacity_factor: float = 1.0
+    # capacity (expert-parallel capacity GEMMs) | ragged (dropless grouped GEMMs, ragged_dot; TPU
+    # targets, no expert/tensor parallelism): tierax.models.moe
+    moe_impl: str = "capacity"
     routed_scaling_factor: float = 2.5
     tie_embeddings: bool = False
     rope_theta: float = 10_000.0
@@ -336,6 +343,11 @@ class DeepSeekConfig:
         )
         _check(
             self.capacity_factor > 0, f"capacity_factor must be > 0, got {self.capacity_factor!r}"
+        )
+        _check(
+            self.moe_impl in MOE_IMPLS,
+            f"moe_impl={self.moe_impl!r} is not a MoE implementation; use one of "
+            f"{', '.join(MOE_IMPLS)}",
         )
         _check_loss_tiles(self)
         _check_fused_attention(self)
@@ -613,8 +625,9 @@ def for_platform(cfg, platform: str, *, documents: bool = False):
     """``cfg`` with ``attention: auto`` chosen for ``platform`` (``gpu``, ``tpu`` or ``cpu``):
     cuDNN's fused flash attention on a GPU, which is what GPU training runs, wherever the config
     admits it (16-bit compute, legal head dims, no packed ``documents`` to mask: JAX's cuDNN entry
-    takes no segment ids); ``blockwise`` otherwise.  Any other attention is the user's choice and
-    is returned as given.
+    takes no segment ids); the splash-attention Pallas kernel on a TPU, which is what MaxText's TPU
+    runs use (it masks packed documents by segment ids); ``blockwise`` otherwise.  Any other
+    attention is the user's choice and is returned as given.
 
     Raises:
       TieraxError: an unknown platform.
@@ -625,6 +638,8 @@ def for_platform(cfg, platform: str, *, documents: bool = False):
         raise TieraxError(f"unknown platform {platform!r}; use one of {', '.join(PLATFORMS)}")
     if cfg.attention != AUTO_ATTENTION:
         return cfg
+    if platform == "tpu":
+        return dataclasses.replace(cfg, attention="splash")
     fused = platform == "gpu" and not documents and _fused_attention_problem(cfg) is None
     return dataclasses.replace(cfg, attention="cudnn" if fused else "blockwise")
 
@@ -645,8 +660,9 @@ def require_concrete_attention(cfg, where: str) -> None:
 
 
 def host_traceable(cfg):
-    """``cfg`` with an attention that a host trace can run in place of one only a GPU runs
-    (``cudnn`` → ``cudnn_blockwise``: same residuals, XLA math; tierax.models.attention)."""
+    """``cfg`` with an attention that a host trace can run in place of one only a GPU or TPU runs
+    (``cudnn`` → ``cudnn_blockwise``, ``splash`` → ``splash_blockwise``: same residuals, XLA math;
+    tierax.models.attention)."""
     import dataclasses
 
     impl = HOST_TRACEABLE_ATTENTION.get(cfg.attention)

@@ -133,6 +133,7 @@ class GQAttention(nnx.Module):
             impl=c.attention,
             block=c.attention_block,
             segment_ids=seg,
+            mesh=mesh,
         )
         ctx_BSF = constrain(ctx.reshape(B, S, K * G * hd), mesh, BATCH_AXES, None, "tensor")
         ctx_BSF = tag(ctx_BSF, N.ATTENTION_OUT)
@@ -182,6 +183,7 @@ class MLAttention(nnx.Module):
             impl=c.attention,
             block=c.attention_block,
             segment_ids=seg,
+            mesh=mesh,
         )
         ctx_BSF = constrain(ctx.reshape(B, S, H * vd), mesh, BATCH_AXES, None, "tensor")
         ctx_BSF = tag(ctx_BSF, N.ATTENTION_OUT)

@@ -21,8 +21,16 @@ The routed-expert computation of :class:`tierax.models.layers.MoE`:
    weight by its gate, sum over the k choices.
 
 Without a mesh (or on one device) the same functions run with one expert shard and
-no collectives.  ``jax.lax.ragged_dot`` is deliberately not used: XLA:GPU lowers it
-to a masked dense GEMM (see the design notes).
+no collectives.
+
+``moe_impl: ragged`` (TPU targets) is the dropless grouped-matmul form MaxText's TPU runs use
+(megablox / ``jax.lax.ragged_dot``): each device sorts its (token, choice) assignments by expert
+and runs the three expert GEMMs as ``ragged_dot`` over the sorted rows with one group per expert —
+no capacity, nothing dropped, no padded slots — then un-sorts, weights by the gates and sums the k
+choices.  It equals the capacity form wherever that drops nothing.  On a mesh it runs per device
+under ``shard_map`` (tokens over the batch axes, the expert weights gathered whole), so it takes
+no expert or tensor parallelism.  It is not offered for GPU targets: XLA:GPU lowers ``ragged_dot``
+to a masked dense GEMM (every row against every expert).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from tierax import names as N
+from tierax.errors import TieraxError
 from tierax.mesh import BATCH_AXES, constrain, spec
 from tierax.models import fp8 as fp8_lib
 from tierax.models.tags import tag
@@ -134,6 +143,67 @@ def _expert_mlp(buf_ECD, wi_0, wi_1, wo, dtype, mesh, fp8_metas=None):
     return tag(constrain(y_ECD, mesh, EXPERT_AXIS, TOKEN_AXES, None), N.MOE_MLPWO)
 
 
+def _ragged_local(x_TD, expert_Tk, gates_Tk, wi_0, wi_1, wo, num_experts: int, dtype):
+    """Dropless routed experts on one device's tokens: sort the assignments by expert, three
+    grouped GEMMs (``ragged_dot``, one group per expert), un-sort, gate, sum the choices."""
+    T, k = expert_Tk.shape
+    expert_A = expert_Tk.reshape(T * k)
+    order = jnp.argsort(expert_A, stable=True)
+    sizes_E = jnp.zeros((num_experts,), jnp.int32).at[expert_A].add(1)
+    x_AD = x_TD.astype(dtype)[order // k]  # sorted rows: expert e's are the e-th group
+    h0_AF = tag(jax.lax.ragged_dot(x_AD, wi_0.astype(dtype), sizes_E), N.MOE_MLPWI_0)
+    h1_AF = tag(jax.lax.ragged_dot(x_AD, wi_1.astype(dtype), sizes_E), N.MOE_MLPWI_1)
+    y_AD = jax.lax.ragged_dot(jax.nn.silu(h0_AF) * h1_AF, wo.astype(dtype), sizes_E)
+    y_AD = tag(y_AD, N.MOE_MLPWO)
+    inverse = jnp.zeros_like(order).at[order].set(jnp.arange(T * k, dtype=order.dtype))
+    y_TkD = y_AD[inverse].reshape(T, k, -1)
+    out_TD = None
+    for j in range(k):  # the capacity form's order of summation (_combine_local)
+        term = y_TkD[:, j] * gates_Tk[:, j : j + 1].astype(y_TkD.dtype)
+        out_TD = term if out_TD is None else out_TD + term
+    return out_TD
+
+
+def _ragged_experts(x_BSD, gates_BSk, expert_BSk, wi_0, wi_1, wo, cfg, mesh):
+    dt = jnp.dtype(cfg.dtype)
+    B, S, D = x_BSD.shape
+    k = expert_BSk.shape[-1]
+
+    def local(x_bsd, expert_bsk, gates_bsk, wi_0, wi_1, wo):
+        b = x_bsd.shape[0]
+        out = _ragged_local(
+            x_bsd.reshape(b * S, D),
+            expert_bsk.reshape(b * S, k),
+            gates_bsk.reshape(b * S, k),
+            wi_0,
+            wi_1,
+            wo,
+            cfg.num_experts,
+            dt,
+        )
+        return out.reshape(b, S, D)
+
+    if mesh is None or mesh.size == 1:
+        return local(x_BSD, expert_BSk, gates_BSk, wi_0, wi_1, wo)
+    busy = {a: mesh.shape[a] for a in (EXPERT_AXIS, "tensor") if mesh.shape[a] > 1}
+    if busy:
+        raise TieraxError(
+            f"moe_impl=ragged runs each device's tokens against the whole expert weights, so it "
+            f"takes no expert or tensor parallelism (mesh has {busy}); use moe_impl=capacity or "
+            "a mesh of data/fsdp only"
+        )
+    batch = spec(mesh, BATCH_AXES)[0]
+    tok_spec = jax.sharding.PartitionSpec(batch, None, None)
+    whole = jax.sharding.PartitionSpec()
+    return jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=(tok_spec, tok_spec, tok_spec, whole, whole, whole),
+        out_specs=tok_spec,
+        check_vma=False,
+    )(constrain(x_BSD, mesh, BATCH_AXES, None, None), expert_BSk, gates_BSk, wi_0, wi_1, wo)
+
+
 def routed_experts(x_BSD, router_DE, wi_0, wi_1, wo, cfg, mesh=None, fp8_metas=None):
     """Output of the routed experts for ``x_BSD`` (the shared experts are not included).
 
@@ -149,6 +219,8 @@ def routed_experts(x_BSD, router_DE, wi_0, wi_1, wo, cfg, mesh=None, fp8_metas=N
     gates_BSk, expert_BSk = route(x_BSD.reshape(B * S, D), router_DE, cfg)
     k = expert_BSk.shape[-1]
     gates_BSk, expert_BSk = gates_BSk.reshape(B, S, k), expert_BSk.reshape(B, S, k)
+    if getattr(cfg, "moe_impl", "capacity") == "ragged":
+        return _ragged_experts(x_BSD, gates_BSk, expert_BSk, wi_0, wi_1, wo, cfg, mesh)
 
     if mesh is None or mesh.size == 1:
         T = B * S
@@ -219,13 +291,13 @@ def backward_buffer_bytes(cfg, tokens: int, expert_shards: int) -> int:
       backward's GEMMs.
     """
     buffers = 4 if expert_shards > 1 else 2
-    return (
-        buffers
-        * cfg.num_experts
-        * cfg.capacity(tokens)
-        * cfg.d_model
-        * jnp.dtype(cfg.dtype).itemsize
+    # moe_impl=ragged: the sorted assignments, tokens × k rows, not E × C slots.
+    rows = (
+        tokens * cfg.num_experts_per_tok
+        if getattr(cfg, "moe_impl", "capacity") == "ragged"
+        else cfg.num_experts * cfg.capacity(tokens)
     )
+    return buffers * rows * cfg.d_model * jnp.dtype(cfg.dtype).itemsize
 
 
 def dropped_in_batch(x_BSD, router_DE, cfg, batch_shards: int = 1):

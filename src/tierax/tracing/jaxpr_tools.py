@@ -40,13 +40,27 @@ def dot_general_flops(eqn) -> int:
     return 2 * out_size * contract
 
 
+RAGGED_DOTS = ("ragged_dot", "ragged_dot_general")
+
+
+def ragged_dot_flops(eqn) -> int:
+    """A grouped matmul's FLOPs, lhs [M, K] by one of the groups' [K, N] per row: 2·M·K·N (each
+    row meets one group's weights, however the rows split into groups)."""
+    lhs_shape = eqn.invars[0].aval.shape
+    return 2 * math.prod(eqn.outvars[0].aval.shape) * lhs_shape[-1]
+
+
 def matmul_flops(closed_jaxpr, *, scope: str | None = None) -> int:
-    """2·M·N·K summed over every ``dot_general`` executed (scan trip counts included); with
-    ``scope``, only those under a name scope containing it."""
+    """2·M·N·K summed over every ``dot_general`` and grouped matmul (``ragged_dot``) executed
+    (scan trip counts included); with ``scope``, only those under a name scope containing it."""
     total = 0
     for eqn, mult, here in _walk(_jaxpr(closed_jaxpr), 1, ()):
-        if eqn.primitive.name == "dot_general" and (scope is None or any(scope in s for s in here)):
+        if scope is not None and not any(scope in s for s in here):
+            continue
+        if eqn.primitive.name == "dot_general":
             total += mult * dot_general_flops(eqn)
+        elif eqn.primitive.name in RAGGED_DOTS:
+            total += mult * ragged_dot_flops(eqn)
     return total
 
 

@@ -15,6 +15,7 @@ does not), and the result says which.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.metadata
 import importlib.util
 import os
@@ -96,6 +97,19 @@ def check_tpu_aot() -> None:
             "deviceless TPU compilation needs libtpu (the tpu-aot extra, ~0.7 GB). Install with: "
             + tpu_install_command()
         )
+
+
+def libtpu_version() -> str:
+    """The installed libtpu's version ("" where it is not installed)."""
+    try:
+        return importlib.metadata.version("libtpu")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def tpu_custom_calls(text: str) -> int:
+    """How many ``tpu_custom_call`` instructions (Pallas/Mosaic kernels) an HLO text holds."""
+    return len(re.findall(r'custom_call_target="tpu_custom_call"', text))
 
 
 def tpu_temp_includes_host() -> bool:
@@ -351,8 +365,24 @@ def compile_for_target(
     if fused and tpu:
         raise TieraxError(
             f"attention=cudnn is cuDNN's fused attention, which runs on CUDA GPUs only; for the "
-            f"TPU target {target!r} use attention=blockwise (e.g. --set attention=blockwise)"
+            f"TPU target {target!r} use attention=splash (the Pallas TPU kernel) or "
+            "attention=blockwise (e.g. --set attention=splash)"
         )
+    if getattr(cfg, "moe_impl", "capacity") == "ragged" and not tpu:
+        raise TieraxError(
+            f"moe_impl=ragged (grouped matmuls, ragged_dot) is offered for TPU targets only: "
+            f"XLA:GPU lowers ragged_dot to a masked dense GEMM; for the GPU target {target!r} use "
+            "moe_impl=capacity"
+        )
+    if cfg.attention == "splash" and not tpu:
+        raise TieraxError(
+            f"attention=splash is the Pallas TPU kernel, which compiles for TPUs only; for the GPU "
+            f"target {target!r} use attention=cudnn or blockwise (e.g. --set attention=cudnn)"
+        )
+    if cfg.attention == "splash":
+        from tierax.models.attention import splash_block
+
+        splash_block(seq)  # a sequence the kernel cannot tile is refused before compiling
     if tpu:
         check_tpu_aot()
         if target_config is not None:
@@ -407,7 +437,7 @@ def compile_for_target(
     placements = plan_lib.resolve(plan, cfg)
     limit = hardware.fit_limit_bytes(spec)
     if compiled is None:
-        return refused_result(
+        refused_at = refused_result(
             refused,
             cfg=cfg,
             plan=plan,
@@ -421,7 +451,8 @@ def compile_for_target(
             limit=limit,
             compile_s=compile_s,
             predicted=predicted,
-        ), ""
+        )
+        return dataclasses.replace(refused_at, libtpu_version=libtpu_version() if tpu else ""), ""
     mem = compiled.memory_analysis()
     text = compiled.as_text()
     module = hlo.parse_module(text)
@@ -509,6 +540,14 @@ def compile_for_target(
             if n8
             else "quantization=fp8, but XLA's program holds no fp8 GEMM"
         )
+    tpu_calls = tpu_custom_calls(text) if tpu else 0
+    if cfg.attention == "splash":
+        notes.append(
+            f"splash attention: {tpu_calls} tpu_custom_call instructions (Pallas kernels) in XLA's "
+            "program; their scratch is inside the compile's temp"
+            if tpu_calls
+            else "attention=splash, but XLA's program holds no tpu_custom_call"
+        )
     if tpu:
         notes.insert(
             0,
@@ -542,6 +581,8 @@ def compile_for_target(
         cudnn_workspace_bytes=workspace,
         fp8_gemms=gemms8["cublaslt"] + gemms8["dot"],
         quantization=cfg.quantization,
+        tpu_custom_calls=tpu_calls,
+        libtpu_version=libtpu_version() if tpu else "",
         device_limit_bytes=limit,
         predicted=predicted,
         host_argument_bytes=host_args,

@@ -59,6 +59,8 @@ class CompileResult:
     # dots of two fp8 operands (a deviceless compile's Triton GEMM fusions)
     fp8_gemms: int = 0
     quantization: str = ""  # the model config's quantization ("" or "fp8")
+    tpu_custom_calls: int = 0  # tpu_custom_call instructions (Pallas kernels: splash attention)
+    libtpu_version: str = ""  # the libtpu that compiled a TPU target ("" for a GPU target)
     device_limit_bytes: int = (
         0  # what "fits" is judged against (hardware.fit_limit_bytes, or XLA's own figure)
     )
