@@ -141,6 +141,7 @@ EXPRESS: dict[str, dict] = {
         mesh="fsdp=512",
         remat=_custom(**_names("offload", LIN, OUT)),
         attention="splash",
+        set=["moe_impl=ragged"],
         needs=["splash", "grouped-matmul"],
     ),
     "IW-1": dict(
@@ -148,7 +149,7 @@ EXPRESS: dict[str, dict] = {
         mesh="fsdp=256",
         remat=_custom(**_names("offload", LIN)),
         attention="splash",
-        set=["mu_dtype=bfloat16"],
+        set=["mu_dtype=bfloat16", "moe_impl=ragged"],
         needs=["v7x", "splash", "grouped-matmul"],
     ),
     "IW-2": dict(
@@ -156,7 +157,7 @@ EXPRESS: dict[str, dict] = {
         mesh="fsdp=256",
         remat=_custom(**_names("offload", LIN)),
         attention="splash",
-        set=["mu_dtype=bfloat16", "quantization=fp8"],
+        set=["mu_dtype=bfloat16", "quantization=fp8", "moe_impl=ragged"],
         needs=["v7x", "splash", "grouped-matmul", "fp8"],
     ),
     "IW-4": dict(

@@ -352,6 +352,13 @@ def test_cli_says_fp8_runs_emulated_where_there_are_no_fp8_gemms(cli):
     assert "emulated" in r.stderr
     r = cli("plan", *args, "--seq", "32", "--target", "h200")
     assert r.returncode == 0 and "emulated" not in r.stderr
+    # v7x lists fp8 MXU rates (Cloud TPU7x docs): priced as fp8 GEMMs, no note
+    r = cli("plan", *args, "--seq", "128", "--target", "v7x", "--devices", "8")
+    assert r.returncode == 0 and "emulated" not in r.stderr, r.stderr[-1000:]
+    from tierax.costmodel import rates as R
+
+    v7x = R.target_rates("v7x", "bfloat16", calibration={})
+    assert v7x.fp8_matmul_flops_per_s == pytest.approx(4614e12 / 2 * R.ACHIEVABLE_FRACTION)
 
 
 def test_fp8_state_is_replicated_and_weights_keep_their_sharding():

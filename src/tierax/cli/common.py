@@ -116,8 +116,8 @@ def resolve_model(args, extra_overrides: Sequence[str] = (), *, target: str | No
     if target is None:
         return cfg
     platform = hardware.platform(target)
-    if cfg.quantization == "fp8" and platform != "gpu":
-        # Said, not silent: this table has fp8 GEMM rates for GPU targets only.
+    if cfg.quantization == "fp8" and "fp8" not in hardware.get_target(target).peak_flops:
+        # Said, not silent: the target's table has no fp8 GEMM rate.
         print(
             f"note: quantization=fp8 on {target} ({platform}): the fp8 numerics run emulated "
             "(fp8-rounded operands, GEMMs at the compute dtype's rate), not as fp8 GEMMs",

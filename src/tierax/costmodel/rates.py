@@ -195,7 +195,9 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
     spec = hardware.get_target(target)
     peak = spec.peak(dtype)
     matmul = cal.get(f"matmul_flops_per_s_{dtype}", peak * ACHIEVABLE_FRACTION)
-    fp8_peak = spec.peak_flops.get("fp8", 0.0) if spec.kind == "gpu" else 0.0
+    # a TPU with fp8 MXU rates above its bf16 ones (v7x) prices fp8 GEMMs at them; one that lists
+    # the same figure (v5p) gains nothing; one with none (v6e, v5e) runs them emulated
+    fp8_peak = spec.peak_flops.get("fp8", 0.0)
     fp8 = cal.get("matmul_flops_per_s_fp8", fp8_peak * ACHIEVABLE_FRACTION)
     d2h = cal.get("d2h_bytes_per_s", spec.host_link_bps)
     h2d = cal.get("h2d_bytes_per_s", spec.host_link_bps)
