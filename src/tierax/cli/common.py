@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import sys
 import time
 from collections.abc import Iterator, Sequence
 
@@ -79,13 +80,27 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = "ti
     parser.set_defaults(model_default=default)
 
 
+class _Given(argparse.Action):
+    """Store the value and record that it was given (``args.<dest>_given``): a default and an
+    explicit value equal to it are told apart."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        setattr(namespace, self.dest + "_given", True)
+
+
 def add_size_args(
     parser: argparse.ArgumentParser, *, microbatch: int, seq: int = 64, per_device: bool = True
 ) -> None:
     what = "sequences per device" if per_device else "sequences in the batch"
     parser.add_argument(
-        "--microbatch", type=positive_int, default=microbatch, help=f"{what} (default {microbatch})"
+        "--microbatch",
+        type=positive_int,
+        default=microbatch,
+        action=_Given,
+        help=f"{what} (default {microbatch}, or the microbatch a plan file carries)",
     )
+    parser.set_defaults(microbatch_given=False)
     parser.add_argument(
         "--seq", type=positive_int, default=seq, help=f"sequence length (default {seq})"
     )
@@ -172,26 +187,41 @@ def prepare_progress(console, total_bytes: int | None) -> Iterator:
         yield advance
 
 
-def carried_mesh(spec: str | None):
-    """The mesh a plan file carries (``tierax plan --mesh auto --out FILE`` writes one), or None: a
-    preset, a file without one, or something that is no plan (its verb's loader says why later)."""
+def carried(spec: str | None) -> dict:
+    """What a plan file says it was planned for: ``mesh`` (a MeshShape), ``microbatch`` and
+    ``grad_accum``, only those it carries (``tierax plan --mesh auto --out FILE`` writes all three;
+    MaxText overrides carry theirs as ``ici_*``/``dcn_*``, ``per_device_batch_size`` and
+    ``gradient_accumulation_steps``); {} for a preset or something that is no plan (its verb's
+    loader says why later)."""
     import pathlib
 
     import yaml
 
+    from tierax.interop import maxtext_keys
+    from tierax.mesh import MeshShape
     from tierax.plan import Plan
 
     if not spec or not pathlib.Path(spec).is_file():
-        return None
+        return {}
     try:
         data = yaml.safe_load(pathlib.Path(spec).read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError, OSError):
-        return None
-    if not isinstance(data, dict) or "mesh" not in data or "groups" not in data:
-        return None
-    from tierax.mesh import MeshShape
+        return {}
+    if maxtext_keys.is_override_file(data):
+        found = maxtext_keys.planned_for(data, f"MaxText overrides {spec!r}")
+    elif isinstance(data, dict) and "groups" in data:
+        plan = Plan.from_dict(data, source=f"plan file {spec!r}")
+        found = {"mesh": plan.mesh, "microbatch": plan.microbatch, "grad_accum": plan.grad_accum}
+    else:
+        return {}
+    if found.get("mesh") is not None:
+        found["mesh"] = MeshShape(**found["mesh"])
+    return {k: v for k, v in found.items() if v is not None}
 
-    return MeshShape(**Plan.from_dict(data, source=f"plan file {spec!r}").mesh)
+
+def carried_mesh(spec: str | None):
+    """The mesh a plan file carries (see :func:`carried`), or None."""
+    return carried(spec).get("mesh")
 
 
 MAKE_ONE = (
@@ -231,6 +261,7 @@ def mesh_option(args, plans: Sequence[str | None] = (), *, required: bool = True
                 f"--mesh {given} differs from the mesh the plan was planned for ({mesh}); drop "
                 "--mesh (the plan's is used) or plan again for this mesh"
             )
+    _carried_microbatch(args, plans)
     if mesh is not None:
         if devices is not None and devices != mesh.size:
             raise TieraxError(
@@ -241,3 +272,36 @@ def mesh_option(args, plans: Sequence[str | None] = (), *, required: bool = True
     if not required and not text and devices is None:
         return None
     return parse_mesh(text, devices)
+
+
+def _carried_microbatch(args, plans: Sequence[str | None]) -> None:
+    """``args.microbatch`` from the plans' microbatch when --microbatch was not given; a given one
+    that differs is refused.  A plan planned with gradient accumulation models one microstep
+    here (these verbs run no accumulation): said on stderr."""
+    if not hasattr(args, "microbatch"):
+        return
+    found = [(p, carried(p)) for p in plans]
+    micro = {c["microbatch"] for _, c in found if "microbatch" in c}
+    if len(micro) > 1:
+        raise TieraxError(
+            f"the plans carry different microbatches ({', '.join(map(str, sorted(micro)))}); give "
+            "plans planned for one microbatch"
+        )
+    if not micro:
+        return
+    (planned,) = micro
+    given = getattr(args, "microbatch_given", args.microbatch is not None)
+    if given and args.microbatch != planned:
+        raise TieraxError(
+            f"--microbatch {args.microbatch} differs from the microbatch the plan was planned for "
+            f"({planned} sequences per device); drop --microbatch (the plan's is used) or plan "
+            "again for this microbatch"
+        )
+    args.microbatch = planned
+    accum = max((c.get("grad_accum", 1) for _, c in found), default=1)
+    if accum > 1 and not getattr(args, "emit", None):  # --emit writes the accumulation
+        print(
+            f"note: the plan was planned for {accum} accumulated microsteps of microbatch "
+            f"{planned}; this models one microstep",
+            file=sys.stderr,
+        )

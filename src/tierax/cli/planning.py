@@ -103,11 +103,14 @@ def cmd_plans(args) -> int:
         return 0
     plan = files.load_plan(args.show, cfg)
     if args.emit:
+        mesh = mesh_option(args, [args.show]).to_dict()  # the plan's microbatch too
         sizes = {
             k: v if getattr(args, k) is None else getattr(args, k) for k, v in SHOW_DEFAULTS.items()
         }
-        mesh = mesh_option(args, [args.show]).to_dict()
-        print(interop.emit_plan(plan, cfg, args.emit, mesh=mesh, **sizes), end="")
+        accum = plan.grad_accum or 1
+        print(
+            interop.emit_plan(plan, cfg, args.emit, mesh=mesh, grad_accum=accum, **sizes), end=""
+        )
     elif args.yaml:
         print(plan.to_yaml(), end="")
     else:
@@ -387,6 +390,8 @@ def _plan_mesh_auto(args) -> int:
     plan = dataclasses.replace(
         chosen.result.plan,
         mesh=chosen.mesh.to_dict(),
+        microbatch=chosen.microbatch,
+        grad_accum=chosen.grad_accum,
         description=chosen.result.plan.description
         + f"; mesh {chosen.mesh} chosen by --mesh auto at global batch {gb} × seq {args.seq}: "
         f"microbatch {chosen.microbatch}"

@@ -95,11 +95,27 @@ def emit(
 
 
 def emit_plan(
-    plan, cfg, tool: str, *, microbatch: int, seq: int, mesh: dict, schedule: str, target: str
+    plan,
+    cfg,
+    tool: str,
+    *,
+    microbatch: int,
+    seq: int,
+    mesh: dict,
+    schedule: str,
+    target: str,
+    grad_accum: int = 1,
 ) -> str:
     """A plan (preset or file, no planner run) written for ``tool``; no budget, so no memory
     fraction."""
     check_tool(tool, "--emit")
     return maxtext.overrides_yaml(
-        plan, cfg, microbatch=microbatch, seq=seq, mesh=mesh, schedule=schedule, target=target
+        plan,
+        cfg,
+        microbatch=microbatch,
+        seq=seq,
+        mesh=mesh,
+        schedule=schedule,
+        target=target,
+        grad_accum=grad_accum,
     )

@@ -393,11 +393,32 @@ def config_from_mapping(
             f"them",
         )
         microbatch = global_batch // mesh.batch_ways
+    microbatch = _plan_batch(plan, microbatch, values, source)
     if microbatch is not None:
         values["microbatch"] = microbatch
 
     cfg = TrainConfig(model=model, plan=plan, source=source, **values, **sections)
     return cfg
+
+
+def _plan_batch(plan: plan_lib.Plan, microbatch: int | None, values: dict, source: str):
+    """The run's microbatch (and, in ``values``, its ``grad_accum``): the config's, or, where it
+    gives none, what the plan was planned for (``tierax plan --mesh auto``); a config value that
+    differs from the plan's is refused."""
+    for key, given, planned in (
+        ("microbatch", microbatch, plan.microbatch),
+        ("grad_accum", values.get("grad_accum"), plan.grad_accum),
+    ):
+        _check(
+            planned is None or given is None or given == planned,
+            f"{source}: {key} {given} (from the config's "
+            f"{'global_batch or microbatch' if key == 'microbatch' else key}) differs from the "
+            f"{key} {planned} plan {plan.name!r} was planned for; drop it (the plan's is used) or "
+            "plan again for it",
+        )
+    if plan.grad_accum is not None:
+        values.setdefault("grad_accum", plan.grad_accum)
+    return microbatch if microbatch is not None else plan.microbatch
 
 
 def load_train_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> TrainConfig:
