@@ -1,7 +1,6 @@
 """Faults a new user hit on the command line (issue 40's medium and low items): each refused with
 the cause and the fix, or shown as what it is."""
 
-import pytest
 
 
 def test_mesh_auto_blames_divisibility_not_the_budget(cli):
