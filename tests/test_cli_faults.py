@@ -1,6 +1,10 @@
 """Faults a new user hit on the command line (issue 40's medium and low items): each refused with
 the cause and the fix, or shown as what it is."""
 
+import json
+import re
+
+import pytest
 
 
 def test_mesh_auto_blames_divisibility_not_the_budget(cli):
@@ -12,3 +16,68 @@ def test_mesh_auto_blames_divisibility_not_the_budget(cli):
     assert "global batch 7 is not divisible" in r.stderr and "4, 8 ways" in r.stderr
     assert "multiple of 4" in r.stderr
     assert "the closest:" not in r.stderr and "within the device budget" not in r.stderr
+
+
+def _json(r):
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("vocab, phase", [(256, "layer backward"), (32000, "loss")])
+def test_memory_breakdown_rows_add_up_to_the_peak_of_its_phase(cli, vocab, phase):
+    from tierax.costmodel import peak_rows
+
+    args = ["simulate", "--plan", "remat-full", "--set", f"vocab_size={vocab}"]
+    d = _json(cli(*args, "--json"))
+    b, peak = d["breakdown"], d["peak_device_bytes"]
+    common = b["state_bytes"] + b["activation_bytes"] + b["staging_bytes"]
+    common += b["stack_copy_bytes"] + b["fixed_device_bytes"]
+    layer = common + b["workspace_bytes"]
+    loss = common - b["embed_grad_bytes"] + b["logits_bytes"]
+    assert peak == max(layer, loss) and b["peak_phase"] == phase
+    assert (loss > layer) == (phase == "loss")
+    rows = peak_rows(b)
+    assert sum(n for _, n in rows) == peak
+    labels = " ".join(label for label, _ in rows)
+    assert ("workspace" in labels) == (phase != "loss") and ("logits" in labels) == (
+        phase == "loss"
+    )
+    table = cli(*args).stdout
+    assert ("at the loss" if phase == "loss" else "in a layer backward") in table
+    assert "not in the peak" in table
+
+
+def _mib(text: str) -> float:
+    n, unit = text.split()
+    return float(n) * {"B": 2**-20, "KiB": 2**-10, "MiB": 1, "GiB": 2**10}[unit]
+
+
+@pytest.mark.parametrize("vocab", [256, 32000])
+def test_no_plan_fits_terms_sum_to_its_total(cli, vocab):
+    r = cli("plan", "--set", f"vocab_size={vocab}", "--budget-gib", "0.001")
+    assert r.returncode == 2
+    m = re.search(r"still needs ([\d.]+ \w+) (?:at the loss|in a layer backward) \((.*?)\)\. ",
+                  r.stderr)  # fmt: skip
+    assert m, r.stderr
+    terms = re.findall(r"([\d.]+ (?:B|KiB|MiB|GiB))", m.group(2))
+    assert len(terms) >= 3
+    assert sum(map(_mib, terms)) == pytest.approx(_mib(m.group(1)), abs=0.02)
+
+
+def test_no_plan_fits_does_not_suggest_the_max_microbatch_it_ran(cli):
+    r = cli("plan", "--budget-gib", "0.001", "--max-microbatch")
+    assert r.returncode == 2 and "no plan fits" in r.stderr
+    assert "--max-microbatch" not in r.stderr and "Even microbatch 1 does not fit" in r.stderr
+    r = cli("plan", "--budget-gib", "0.001")
+    assert r.returncode == 2 and "--max-microbatch" in r.stderr
+
+
+@pytest.mark.parametrize("extra", [[], ["--mesh", "auto", "--devices", "8"]])
+def test_budget_above_the_devices_capacity_is_refused(cli, monkeypatch, extra):
+    from tierax import launch
+
+    monkeypatch.setattr(launch, "start", lambda **k: pytest.fail("started JAX before refusing"))
+    r = cli("plan", "--target", "h200", "--budget-gib", "200", *extra)
+    assert r.returncode == 2
+    # H200: 141 GB datasheet capacity is 141 GiB in tierax's table; a step may use less
+    assert "--budget-gib 200 is more than h200's device offers: capacity 141.00 GiB" in r.stderr

@@ -4,6 +4,7 @@ plan, calibrate."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 from tierax import launch
@@ -132,10 +133,28 @@ def _inputs(args, *, rates: bool = True, plans: tuple = ()):
         from tierax.solving.whatif import override_rates
 
         rates = override_rates(cm.target_rates(args.target, cfg.dtype), getattr(args, "rate", []))
+        check_budget(args, rates)
     else:
         rates = None
     launch.start()
     return cfg, mesh, rates
+
+
+def check_budget(args, rates) -> None:
+    """Refuse a ``--budget-gib`` above what the target's device offers (a plan for it could never
+    run there)."""
+    from tierax.solving.planner import size_text
+
+    budget = getattr(args, "budget_gib", None)
+    if budget is None or budget * GIB <= rates.usable_device_bytes:
+        return
+    usable = rates.usable_device_bytes
+    raise TieraxError(
+        f"--budget-gib {budget:g} is more than {args.target}'s device offers: capacity "
+        f"{size_text(rates.device_memory_bytes)}, of which a step may use {size_text(usable)}; "
+        f"give --budget-gib {math.floor(usable / GIB * 100) / 100:g} or less (or leave it out: "
+        "that is the default)"
+    )
 
 
 def _title(cfg, args, mesh, microbatch, extra: str = "") -> str:
@@ -348,6 +367,7 @@ def _plan_mesh_auto(args) -> int:
     if args.check:
         spec = hardware.compile_target(args.target)  # a projection is refused here
     rates = override_rates(cm.target_rates(args.target, cfg.dtype), args.rate)
+    check_budget(args, rates)
     if args.check and spec.kind == "tpu":
 
         launch.start_deviceless_tpu("none", spec.accelerator_type(args.devices))

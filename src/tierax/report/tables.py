@@ -197,6 +197,36 @@ def inventory_table(inv, cfg) -> Table:
     return t
 
 
+def _peak_rows(pred) -> list[tuple[str, str]]:
+    """The peak, the phase it is in and the rows that make it (they sum to it); the other phase's
+    total beside it."""
+    from tierax.costmodel.predict import peak_rows
+
+    b = pred.breakdown
+    loss = b["peak_phase"] == "loss"
+    rows = [
+        (
+            f"peak device ({'at the loss' if loss else 'in a layer backward'}), made of",
+            f"{fmt_bytes(pred.peak_device_bytes)} of {fmt_bytes(pred.device_capacity_bytes)}",
+        ),
+        *((f"  {label}", fmt_bytes(n)) for label, n in peak_rows(b)),
+    ]
+    if "loss_phase_bytes" in b:
+        other = b["layer_phase_bytes"] if loss else b["loss_phase_bytes"]
+        not_in = (
+            f"one layer's workspace {fmt_bytes(b['workspace_bytes'])}"
+            if loss
+            else f"logits and their gradients {fmt_bytes(b['logits_bytes'])}"
+        )
+        rows.append(
+            (
+                f"  not in the peak: {not_in}",
+                f"{'a layer backward' if loss else 'the loss'} peaks at {fmt_bytes(other)}",
+            )
+        )
+    return rows
+
+
 def prediction_table(pred, title: str) -> Table:
     b = pred.breakdown
     t = Table(
@@ -207,16 +237,7 @@ def prediction_table(pred, title: str) -> Table:
     ms = lambda s: f"{s * 1e3:.3f} ms"  # noqa: E731
     rows = [
         ("fits (≤ capacity − runtime reserve)", "[green]yes[/]" if pred.fits else "[red]no[/]"),
-        (
-            "peak device",
-            f"{fmt_bytes(pred.peak_device_bytes)} of {fmt_bytes(pred.device_capacity_bytes)}",
-        ),
-        ("  params + grads + AdamW", fmt_bytes(b["state_bytes"])),
-        ("  activations on device", fmt_bytes(b["activation_bytes"])),
-        ("  transfer staging", fmt_bytes(b["staging_bytes"])),
-        ("  one layer's workspace", fmt_bytes(b["workspace_bytes"])),
-        ("  XLA's transposed weight stacks", fmt_bytes(b.get("stack_copy_bytes", 0))),
-        ("  logits (float32)", fmt_bytes(b["logits_bytes"])),
+        *_peak_rows(pred),
         ("host (offloaded)", fmt_bytes(pred.host_bytes)),
         ("step time", ms(pred.step_time_s)),
         ("  compute", ms(b["compute_s"])),

@@ -372,6 +372,12 @@ CLI_REMEDIES = (
     "--budget-gib, or --max-microbatch"
 )
 
+# --max-microbatch already searched every microbatch: even 1 does not fit
+MAX_MICROBATCH_REMEDIES = (
+    "Even microbatch 1 does not fit: use a smaller --seq, more devices (--devices/--mesh) or a "
+    "larger --budget-gib"
+)
+
 
 def size_text(n: float) -> str:
     """Bytes in the largest unit that keeps them ≥ 1 (a tiny model's floor is not "0.0 GiB")."""
@@ -424,12 +430,16 @@ def plan(
         b = floor.breakdown
         # A custom model's inventory is at the shapes its caller traced, not at a microbatch × seq.
         at = "" if cfg.family == "custom" else f" at microbatch {inv.microbatch} × seq {inv.seq}"
+        phase = "at the loss" if b["peak_phase"] == "loss" else "in a layer backward"
+        terms = ", ".join(
+            f"{label.replace('activations on device', 'layer inputs')} {size_text(n)}"
+            for label, n in cm.peak_rows(b)
+            if n
+        )
         raise NoPlanFits(
             f"no plan fits {cfg.name}{at} in a device budget of {size_text(budget)}: recomputing "
-            f"everything still needs {size_text(floor.peak_device_bytes)} (params+grads+AdamW "
-            f"{size_text(b['state_bytes'])}, layer inputs {size_text(b['activation_bytes'])}, one "
-            f"layer's workspace {size_text(b['workspace_bytes'])}, logits "
-            f"{size_text(b['logits_bytes'])}). " + (remedies or CLI_REMEDIES)
+            f"everything still needs {size_text(floor.peak_device_bytes)} {phase} ({terms}). "
+            + (remedies or CLI_REMEDIES)
         )
     desc = (
         f"planned for {rates.target}, schedule {schedule}, device budget {budget / 2**30:.1f} GiB"
@@ -519,6 +529,7 @@ def max_microbatch(
             host_budget_bytes=host_budget,
             one_placement_per_name=one_placement_per_name,
             mechanism=mechanism,
+            remedies=MAX_MICROBATCH_REMEDIES,
         )
     lo, hi = 1, 2
     while hi <= limit and fits(hi):
