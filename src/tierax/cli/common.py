@@ -53,6 +53,17 @@ def positive_float(text: str) -> float:
     return value
 
 
+def nonnegative_float(text: str) -> float:
+    """argparse type: a finite number ≥ 0 (``nan`` and ``inf`` refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number ≥ 0, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number ≥ 0, got {text!r}")
+    return value
+
+
 def add_set_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--set",

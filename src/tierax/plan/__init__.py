@@ -19,7 +19,6 @@ activation on device: no remat), tierax's prefetching scan, or a ``jax.checkpoin
 (``save_and_offload_only_these_names``; unnamed intermediates are recomputed).
 """
 
-from tierax.plan.policies import to_policies
 from tierax.plan.presets import PRESETS, load_plan, preset
 from tierax.plan.types import (
     DEFAULT_MECHANISM,
@@ -52,3 +51,13 @@ __all__ = [
     "segments_of",
     "to_policies",
 ]
+
+
+def __getattr__(name: str):
+    # to_policies needs JAX: imported when first used, so reading and listing plans (`tierax
+    # plans`) does not start it.
+    if name == "to_policies":
+        from tierax.plan.policies import to_policies
+
+        return to_policies
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

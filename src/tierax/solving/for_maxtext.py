@@ -8,9 +8,13 @@ restriction's cost in predicted step time is reported (:func:`restriction_note`)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tierax.errors import TieraxError
 from tierax.interop import maxtext
-from tierax.solving import planner
+
+if TYPE_CHECKING:  # the planner imports JAX: `tierax plans` reads and emits without it
+    from tierax.solving import planner
 
 TOOLS = ("maxtext",)
 

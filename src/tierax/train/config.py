@@ -327,7 +327,11 @@ def config_from_mapping(
         if head == "model" and len(path) == 2 and not isinstance(data.get("model"), Mapping):
             model_overrides.append(f"{path[1]}={text.partition('=')[2]}")  # onto the named config
         elif len(path) == 1:
+            if head not in _TOP_KEYS:  # the command line's, not the file's
+                raise unknown_keys([head], valid_keys(), f"command-line override {text!r}")
             data[head] = value
+        elif len(path) == 2 and head in SECTIONS and ".".join(path) not in valid_keys():
+            raise unknown_keys([".".join(path)], valid_keys(), f"command-line override {text!r}")
         elif len(path) == 2 and (head in SECTIONS or head == "model"):
             section = data.get(head)
             data[head] = {**(section if isinstance(section, Mapping) else {}), path[1]: value}
@@ -336,7 +340,9 @@ def config_from_mapping(
                 f"override {text!r}: sections are one level deep, e.g. {head}.KEY=VALUE"
             )
         else:
-            raise unknown_keys([".".join(path)], valid_keys(), f"override {text!r}")
+            raise unknown_keys(
+                [".".join(path)], valid_keys(), f"command-line override {text!r}"
+            )
 
     unknown = [k for k in data if k not in _TOP_KEYS]
     if unknown:
