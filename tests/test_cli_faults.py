@@ -81,3 +81,100 @@ def test_budget_above_the_devices_capacity_is_refused(cli, monkeypatch, extra):
     assert r.returncode == 2
     # H200: 141 GB datasheet capacity is 141 GiB in tierax's table; a step may use less
     assert "--budget-gib 200 is more than h200's device offers: capacity 141.00 GiB" in r.stderr
+
+
+def test_a_misspelled_command_line_override_is_named_as_one(tmp_path):
+    from tierax.errors import TieraxError
+    from tierax.train.config import load_train_config
+
+    f = tmp_path / "run.yaml"
+    f.write_text("model: tiny-llama\nsteps: 2\n")
+    for override, hint in (("stepz=3", "'steps'"), ("mesh.fsdpp=2", "'mesh.fsdp'")):
+        with pytest.raises(TieraxError) as e:
+            load_train_config(f, [override])
+        msg = str(e.value)
+        assert msg.startswith(f"command-line override {override!r}: unknown key"), msg
+        assert f"did you mean {hint}" in msg and str(f) not in msg
+    # a typo in the file itself is still the file's
+    f.write_text("model: tiny-llama\nstepz: 2\n")
+    with pytest.raises(TieraxError, match=f"^{f}: unknown key 'stepz'"):
+        load_train_config(f)
+
+
+def _help(cli, *verb):
+    r = cli(*verb, "--help")
+    assert r.returncode == 0
+    return " ".join(r.stdout.split())
+
+
+@pytest.mark.parametrize("verb", ["plan", "simulate", "inventory"])
+def test_target_help_lists_every_target(cli, verb):
+    from tierax import hardware
+
+    text = _help(cli, verb)
+    for key in [*hardware.TARGETS, *hardware.TPU_TARGETS, "cpu"]:
+        assert re.search(rf"\b{key}\b", text), (verb, key)
+    assert "--devices N without --mesh means fsdp=N" in text
+
+
+def test_compile_help_names_tpu_targets_too(cli):
+    text = _help(cli, "compile")
+    assert "GPU or TPU target" in text and "XLA:TPU" in text
+
+
+@pytest.mark.parametrize("verb", ["plan", "simulate"])
+def test_rate_help_lists_every_rate_key(cli, verb):
+    from tierax.costmodel.rates import RATE_KEYS
+
+    text = _help(cli, verb)
+    for key in RATE_KEYS:
+        assert re.search(rf"\b{key}\b", text), (verb, key)
+
+
+def test_calibrate_help_names_everything_it_measures(cli):
+    text = _help(cli, "calibrate")
+    for what in ("matmul", "first-touch", "transposing fusions", "host→device", "device→host"):
+        assert what in text, what
+
+
+def test_rate_override_replaces_the_source_it_overrides(cli):
+    d = _json(cli("simulate", "--rate", "host_link=7", "--rate", "matmul=100", "--json"))
+    src = d["breakdown"]["rates"]
+    assert src["host_link"] == "--rate host_link=7 (GB/s per direction, both ways)"
+    assert src["matmul"].startswith("--rate matmul=100") and "PCIe" not in src["host_link"]
+    one_way = _json(cli("simulate", "--rate", "d2h=7", "--json"))["breakdown"]["rates"]
+    assert one_way["host_link"].startswith("--rate d2h=7") and "otherwise" in one_way["host_link"]
+
+
+def test_host_budget_zero_means_no_offload(cli):
+    fast = ["--budget-gib", "0.018", "--rate", "host_link=100000", "--json"]  # offloads hide
+    r = cli("plan", "--host-budget-gib", "0", *fast)
+    d = _json(r)
+    assert d["host_budget_bytes"] == 0 and d["predicted"]["host_bytes"] == 0
+    # with host memory, the same budget offloads: the zero changed the plan
+    free = _json(cli("plan", *fast))
+    assert free["predicted"]["host_bytes"] > 0
+    r = cli("plan", "--host-budget-gib", "-1")
+    assert r.returncode == 2 and "≥ 0" in r.stderr
+
+
+def test_plans_lists_and_shows_without_importing_jax(tmp_path):
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from tierax.cli import main; "
+        "main(['plans']); main(['plans', '--model', 'tiny-deepseek', '--show', "
+        "'deepseek-offload', '--yaml']); main(['plans', '--show', 'save-all']); "
+        "print('JAX' if 'jax' in sys.modules else 'NOJAX', file=sys.stderr)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stderr.strip().endswith("NOJAX"), r.stderr
+
+
+def test_plan_yaml_keeps_non_ascii_readable(cli, tmp_path):
+    out = tmp_path / "p.yaml"
+    r = cli("plan", "--mesh", "auto", "--devices", "2", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    text = out.read_text(encoding="utf-8")
+    assert "×" in text and "\\x" not in text and "\\u" not in text
