@@ -178,3 +178,21 @@ def test_plan_yaml_keeps_non_ascii_readable(cli, tmp_path):
     assert r.returncode == 0, r.stderr
     text = out.read_text(encoding="utf-8")
     assert "×" in text and "\\x" not in text and "\\u" not in text
+
+
+def test_plan_for_the_cpu_prints_no_transfer_times(cli, monkeypatch, tmp_path):
+    from tierax.costmodel import rates as rates_lib
+
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"cpu": {"created": "hand", "matmul_flops_per_s": 1e11,
+                                       "matmul_flops_per_s_float32": 1e11,
+                                       "memory_bytes_per_s": 1e10}}))  # fmt: skip
+    monkeypatch.setattr(rates_lib, "CALIBRATION_FILE", cal)
+    d = _json(cli("plan", "--target", "cpu", "--json"))
+    assert d["explain"] and all(
+        e["transfer_s"] is None and e["hidden_fraction"] is None for e in d["explain"]
+    )
+    r = cli("plan", "--target", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert not re.search(r"\de\+0[5-9]", r.stdout), r.stdout  # the link's 1 B/s placeholder
+    assert "offloading is a no-op on this backend" in " ".join(r.stdout.split())

@@ -292,8 +292,8 @@ def explain_table(result, title: str) -> Table:
             e.name,
             fmt_bytes(e.bytes),
             f"{e.recompute_s * 1e3:.3g}",
-            f"{e.transfer_s * 1e3:.3g}",
-            f"{e.hidden_fraction:.0%}",
+            "—" if e.transfer_s is None else f"{e.transfer_s * 1e3:.3g}",
+            "—" if e.hidden_fraction is None else f"{e.hidden_fraction:.0%}",
             f"[{colour[e.choice]}]{e.choice}[/]",
             e.why,
         )

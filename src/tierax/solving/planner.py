@@ -44,8 +44,8 @@ class Explanation:
     name: str
     bytes: int
     recompute_s: float
-    transfer_s: float  # both directions
-    hidden_fraction: float  # of this group's transfers, under the chosen plan
+    transfer_s: float | None  # both directions; None: the target has no host link (CPU)
+    hidden_fraction: float | None  # of this group's transfers, under the chosen plan
     choice: str
     why: str
 
@@ -321,7 +321,12 @@ def _explain(
         if p is Placement.DEVICE:
             why = (
                 f"kept: {gib(it.bytes)} fits the budget ({gib(slack)} to spare); remat would cost "
-                f"{ms(it.recompute_s)}, offload {ms(marginal)} exposed"
+                f"{ms(it.recompute_s)}, "
+                + (
+                    f"offload {ms(marginal)} exposed"
+                    if rates.offload_is_real
+                    else "offloading is a no-op on this backend"
+                )
             )
         elif p is Placement.REMAT:
             if it.recompute_s == 0:
@@ -353,8 +358,9 @@ def _explain(
                 it.name,
                 it.bytes,
                 it.recompute_s,
-                it.d2h_s + it.h2d_s,
-                hidden,
+                # no host link to price (XLA:CPU keeps "offloaded" values on the device)
+                it.d2h_s + it.h2d_s if rates.offload_is_real else None,
+                hidden if rates.offload_is_real else None,
                 p.value,
                 why,
             )
