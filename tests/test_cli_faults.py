@@ -196,3 +196,45 @@ def test_plan_for_the_cpu_prints_no_transfer_times(cli, monkeypatch, tmp_path):
     assert r.returncode == 0, r.stderr
     assert not re.search(r"\de\+0[5-9]", r.stdout), r.stdout  # the link's 1 B/s placeholder
     assert "offloading is a no-op on this backend" in " ".join(r.stdout.split())
+
+
+def test_mesh_search_table_keeps_mesh_names_whole(tmp_path):
+    from rich.console import Console
+
+    from tierax.report.tables import mesh_search_table
+
+    def cand(mesh):
+        return {
+            "mesh": mesh, "microbatch": 1, "grad_accum": 1, "tokens_per_s": 1e6,
+            "step_time_s": 1.0, "collective_s": {"fsdp": 0.1}, "links": {},
+            "exposed_collective_s": 0.0, "peak_device_bytes": 2**30, "host_bytes": 0,
+        }  # fmt: skip
+
+    meshes = [{"data": 16, "fsdp": 64, "tensor": 8, "expert": 32}, {"fsdp": 8}]
+    doc = {"candidates": [cand(m) for m in meshes], "top": 2}
+    console = Console(width=90, record=True, file=open(tmp_path / "out.txt", "w"))  # noqa: SIM115
+    console.print(mesh_search_table(doc, "t"))
+    text = console.export_text()
+    assert "data=16,fsdp=64,tensor=8,expert=32" in text and "fsdp=8" in text, text
+
+
+def test_models_shows_tiny_parameter_counts_readably(cli):
+    # tiny-llama by hand: embedding and head 256 × 64 each; per layer q, o 64 × 64, k, v 64 × 32,
+    # gate, up, down 3 × 64 × 128, two norms 64; 4 layers; the final norm 64.
+    per_layer = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64
+    assert 2 * 256 * 64 + 4 * per_layer + 64 == 180_800
+    row = next(line for line in cli("models").stdout.splitlines() if "tiny-llama" in line)
+    assert "180.8 K" in row and "0.000 B" not in row
+
+
+def test_inventory_title_shows_the_mesh_as_axes(cli):
+    r = cli("inventory", "--mesh", "fsdp=2")
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split())
+    assert "mesh data=1,fsdp=2,tensor=1,expert=1" in text and "{'data'" not in text
+
+
+def test_debug_keeps_the_bad_input_exit_code(cli):
+    r = cli("--debug", "plan", "--budget-gib", "500")
+    assert r.returncode == 2
+    assert "Traceback" in r.stderr and "tierax plan: error: --budget-gib 500" in r.stderr

@@ -73,10 +73,19 @@ def models_table(configs) -> Table:
             cfg.family,
             str(cfg.num_layers),
             str(cfg.d_model),
-            f"{cfg.param_count() / 1e9:.3f} B",
-            f"{cfg.activated_param_count() / 1e9:.3f} B",
+            count_text(cfg.param_count()),
+            count_text(cfg.activated_param_count()),
         )
     return t
+
+
+def count_text(n: float) -> str:
+    """A parameter count readable at every size: 8.030 B, 12.5 M, 180.8 K."""
+    if n >= 1e9:
+        return f"{n / 1e9:.3f} B"
+    if n >= 1e6:
+        return f"{n / 1e6:.1f} M"
+    return f"{n / 1e3:.1f} K"
 
 
 def plan_table(placements: dict, title: str) -> Table:
@@ -158,8 +167,9 @@ def compile_table(r) -> Table:
 
 def inventory_table(inv, cfg) -> Table:
     t = Table(
-        title=f"{cfg.name} · microbatch {inv.microbatch}/device × seq {inv.seq} · mesh {inv.mesh} "
-        f"· per device",
+        title=f"{cfg.name} · microbatch {inv.microbatch}/device × seq {inv.seq} · mesh "
+        + ",".join(f"{a}={v}" for a, v in inv.mesh.items())
+        + " · per device",
         caption=(
             f"parameters {fmt_bytes(inv.param_bytes)}, gradients {fmt_bytes(inv.grad_bytes)}, "
             f"AdamW state {fmt_bytes(inv.optimizer_bytes)}, logits {fmt_bytes(inv.logits_bytes)} "
@@ -445,7 +455,12 @@ def mesh_search_table(doc: dict, title: str) -> Table:
         "peak GiB",
         "host GiB",
     ):
-        t.add_column(col, justify="left" if col == "mesh" else "right")
+        if col == "mesh":  # whole names: a cut mesh name reads as another mesh
+            shown = doc["candidates"][: doc["top"]]
+            widest = max((len(_mesh_text(c["mesh"])) for c in shown), default=4)
+            t.add_column(col, justify="left", no_wrap=True, min_width=widest)
+        else:
+            t.add_column(col, justify="right")
     for i, c in enumerate(doc["candidates"][: doc["top"]], 1):
         if c["tokens_per_s"] is None:
             continue
