@@ -2,6 +2,7 @@
 (no cuDNN call in the deviceless GPU compile), not the fused cuDNN kernel it stands in for."""
 
 import dataclasses
+import json
 
 import pytest
 
@@ -51,3 +52,15 @@ def test_cudnn_blockwise_compiles_to_no_cudnn_call():
         cfg, plan_lib.preset("remat-full", cfg), "h200", microbatch=2, seq=128
     )
     assert result.cudnn_calls == 0 and sum(cudnn.custom_calls(text).values()) == 0
+
+
+def test_cudnn_blockwise_on_a_tpu_target_is_the_xla_code_it_runs(cli):
+    # It compiles to XLA code, which XLA:TPU runs: priced as blockwise attention, not refused as
+    # if it were the cuDNN kernel.
+    args = ["simulate", "--target", "v5e", "--set", "dtype=bfloat16", "--json"]
+    r = cli(*args, "--set", "attention=cudnn_blockwise")
+    assert r.returncode == 0, r.stderr
+    plain = cli(*args, "--set", "attention=blockwise", "--set", "attention_block=128")
+    assert json.loads(r.stdout) == json.loads(plain.stdout)
+    fused = cli(*args, "--set", "attention=cudnn")
+    assert fused.returncode == 2 and "attention=cudnn" in fused.stderr
