@@ -238,3 +238,30 @@ def test_debug_keeps_the_bad_input_exit_code(cli):
     r = cli("--debug", "plan", "--budget-gib", "500")
     assert r.returncode == 2
     assert "Traceback" in r.stderr and "tierax plan: error: --budget-gib 500" in r.stderr
+
+
+def test_maxtext_model_file_typo_gets_did_you_mean(cli, tmp_path):
+    f = tmp_path / "model.yml"
+    f.write_text(
+        "decoder_block: llama2\nbase_emb_dm: 64\nbase_num_query_heads: 4\n"
+        "base_num_decoder_layers: 2\nvocab_size: 256\nbase_mlp_dim: 128\n"
+        "base_num_kv_heads: 2\nhead_dim: 16\n"
+    )
+    r = cli("simulate", "--model-config", str(f))
+    assert r.returncode == 2 and "did you mean 'base_emb_dim' for 'base_emb_dm'" in r.stderr
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_oversize_document_error_reports_its_real_size(tmp_path, gz):
+    import gzip
+
+    from tierax.errors import TieraxError
+    from tierax.train.data import documents
+
+    size = 3 * 2**20 + 12_345  # bytes, over a 1 MiB limit
+    f = tmp_path / ("doc.txt.gz" if gz else "doc.txt")
+    data = b"a" * size
+    f.write_bytes(gzip.compress(data) if gz else data)
+    with pytest.raises(TieraxError) as e:
+        list(documents._text_document(f, gz, 2**20, False))
+    assert f"a document of {size:,} bytes" in str(e.value), str(e.value)
