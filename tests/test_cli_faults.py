@@ -265,3 +265,22 @@ def test_oversize_document_error_reports_its_real_size(tmp_path, gz):
     with pytest.raises(TieraxError) as e:
         list(documents._text_document(f, gz, 2**20, False))
     assert f"a document of {size:,} bytes" in str(e.value), str(e.value)
+
+
+def test_plot_metrics_writes_the_format_its_suffix_names(cli, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    rec = {"loss": 2.0, "grad_norm": 1.0, "lr": 1e-3, "step_time_s": 0.1, "tokens_per_s": 10.0,
+           "tflops_per_device": 0.1, "time": 0.0}  # fmt: skip
+    (run / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": k, **rec}) + "\n" for k in (1, 2))
+    )
+    magic = {"x.png": b"\x89PNG", "x.jpg": b"\xff\xd8\xff", "x.svg": b"<?xml", "x.pdf": b"%PDF"}
+    for name, head in magic.items():
+        r = cli("plot-metrics", str(run), "--out", str(tmp_path / name))
+        assert r.returncode == 0, r.stderr
+        assert (tmp_path / name).read_bytes().startswith(head), name
+    for bad in ("x.txt", "x"):
+        r = cli("plot-metrics", str(run), "--out", str(tmp_path / bad))
+        assert r.returncode == 2 and "names no image format" in r.stderr and ".png" in r.stderr
+        assert not (tmp_path / bad).exists()

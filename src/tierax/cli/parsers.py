@@ -541,7 +541,11 @@ def _training(sub) -> None:
         "RUN_DIR/metrics.jsonl to a PNG (default RUN_DIR/metrics.png).",
     )
     pm.add_argument("run_dir", metavar="RUN_DIR", help="the log.dir of a `tierax train` run")
-    pm.add_argument("--out", metavar="FILE.png", help="where to write the PNG")
+    pm.add_argument(
+        "--out",
+        metavar="FILE",
+        help="where to write the plot, in the format its suffix names (.png, .jpg, .svg, .pdf)",
+    )
     pm.set_defaults(func=training.cmd_plot_metrics)
 
 

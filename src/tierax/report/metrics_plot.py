@@ -40,15 +40,19 @@ def plot_metrics(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
 
     Args:
       run_dir: a ``log.dir`` of ``tierax train`` (holds ``metrics.jsonl``).
-      out: the PNG to write (default ``RUN_DIR/metrics.png``); written atomically.
+      out: the image to write (default ``RUN_DIR/metrics.png``), in the format its suffix names
+        (png, jpg, svg, pdf, ...: what matplotlib writes); written atomically.
 
     Raises:
-      TieraxError: no metrics in ``run_dir``.
+      TieraxError: no metrics in ``run_dir``; an ``out`` suffix that names no image format.
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    target = pathlib.Path(out) if out is not None else pathlib.Path(run_dir) / PLOT
+    fmt = image_format(target)
 
     run = pathlib.Path(run_dir)
     records = sorted(read_metrics(run), key=lambda r: r["step"])
@@ -95,12 +99,11 @@ def plot_metrics(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
     ax_tput.legend(lines, [ln.get_label() for ln in lines], loc="lower right")
     fig.tight_layout()
 
-    target = pathlib.Path(out) if out is not None else run / PLOT
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".png")
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=f".{fmt}")
     os.close(fd)
     try:
-        fig.savefig(tmp, dpi=110)
+        fig.savefig(tmp, dpi=110, format=fmt)
         os.chmod(tmp, new_file_mode())  # mkstemp's 0600 would outlive the rename
         os.replace(tmp, target)
     except BaseException:
@@ -109,3 +112,21 @@ def plot_metrics(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
     finally:
         plt.close(fig)
     return target
+
+
+def image_format(path: pathlib.Path) -> str:
+    """The image format ``path``'s suffix names, as matplotlib writes it.
+
+    Raises:
+      TieraxError: no suffix, or one matplotlib writes no image for (e.g. ``.txt``).
+    """
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    supported = FigureCanvasBase.get_supported_filetypes()
+    fmt = path.suffix.lower().lstrip(".")
+    if fmt not in supported:
+        raise TieraxError(
+            f"--out {str(path)!r}: {'no suffix' if not fmt else repr('.' + fmt)} names no image "
+            f"format; end it in one of: {', '.join('.' + k for k in sorted(supported))}"
+        )
+    return fmt
