@@ -284,3 +284,16 @@ def test_plot_metrics_writes_the_format_its_suffix_names(cli, tmp_path):
         r = cli("plot-metrics", str(run), "--out", str(tmp_path / bad))
         assert r.returncode == 2 and "names no image format" in r.stderr and ".png" in r.stderr
         assert not (tmp_path / bad).exists()
+
+
+@pytest.mark.slow  # a benchmark run
+def test_bench_json_is_a_record_report_reads(cli, tmp_path):
+    r = cli("bench", "--model", "tiny-llama", "--plans", "save-all", "--steps", "2",
+            "--microbatch", "2", "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "tierax.bench/1" and doc["records"][0]["plan"] == "save-all"
+    f = tmp_path / "bench.json"
+    f.write_text(r.stdout)
+    rep = cli("report", str(f), "--out", str(tmp_path / "rep"))
+    assert rep.returncode == 0, rep.stderr
