@@ -297,3 +297,13 @@ def test_bench_json_is_a_record_report_reads(cli, tmp_path):
     f.write_text(r.stdout)
     rep = cli("report", str(f), "--out", str(tmp_path / "rep"))
     assert rep.returncode == 0, rep.stderr
+
+
+@pytest.mark.parametrize("segments", [False, True])
+def test_sweep_title_names_what_is_swept_and_whether_segments_were_considered(cli, segments):
+    extra = ["--segments"] if segments else []
+    d = _json(cli("plan", "--sweep", "microbatch=2:4:2", *extra, "--json"))
+    assert "microbatch 8/device" not in d["title"] and "microbatch swept" in d["title"]
+    assert d["segments"] is segments
+    assert ("layer segments considered" in d["title"]) is segments
+    assert ("no --segments" in d["title"]) is not segments

@@ -589,10 +589,18 @@ def _plan_sweep(args) -> int:
                 key, points, solve=solve, references=whatif.REFERENCES, progress=advance
             )
         ]
-    title = _title(cfg, args, mesh, args.microbatch, f"{args.schedule} · sweep {key}")
+    segments = (
+        "layer segments considered (--segments)"
+        if args.segments
+        else "whole layer groups (no --segments)"
+    )
+    title = _title(cfg, args, mesh, args.microbatch, f"{args.schedule} · sweep {key} · {segments}")
+    if key == "microbatch":  # the swept value, not the --microbatch default
+        title = title.replace(f"microbatch {args.microbatch}/device", "microbatch swept")
     doc = records.envelope(records.SWEEP_SCHEMA, records.command_line()) | {
         "title": title,
         "sweep": key,
+        "segments": bool(args.segments),
         "rates": rates.sources,
         "references": list(whatif.REFERENCES),
         "points": pts,
