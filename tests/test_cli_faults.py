@@ -307,3 +307,25 @@ def test_sweep_title_names_what_is_swept_and_whether_segments_were_considered(cl
     assert d["segments"] is segments
     assert ("layer segments considered" in d["title"]) is segments
     assert ("no --segments" in d["title"]) is not segments
+
+
+def test_an_input_given_twice_is_refused_before_anything_is_written(cli, tmp_path):
+    doc = tmp_path / "a.txt"
+    doc.write_text("one document\n")
+    out = tmp_path / "tok"
+    for twice in ([doc, doc], [doc, tmp_path / "." / "a.txt"]):
+        r = cli("data", "prepare", *map(str, twice), "--out", str(out))
+        assert r.returncode == 2 and "counted twice" in r.stderr and "give each input once" in (
+            r.stderr
+        )
+        assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert cli("data", "prepare", str(doc), "--out", str(out)).returncode == 0
+
+
+def test_a_mixture_naming_one_dataset_twice_is_refused():
+    from tierax.errors import TieraxError
+    from tierax.train.config import config_from_mapping
+
+    data = {"source": "tokens", "mixture": "runs/web=0.5,runs/books=0.2,./runs/web=0.3"}
+    with pytest.raises(TieraxError, match="names one dataset twice .*'runs/web' and './runs/web'"):
+        config_from_mapping({"model": "tiny-llama", "data": data}, source="c")
