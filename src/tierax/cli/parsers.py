@@ -71,7 +71,10 @@ def _models_and_plans(sub) -> None:
         "v5p, v6e or cpu (default h200)",
     )
     pl.add_argument(
-        "--devices", type=positive_int, help="with --emit: devices (default: the mesh's product)"
+        "--devices",
+        type=positive_int,
+        help="with --emit: devices (default: the mesh's product); --devices N without --mesh "
+        "means fsdp=N",
     )
     pl.add_argument(
         "--mesh",
@@ -310,7 +313,8 @@ def _running(sub) -> None:
     c.add_argument(
         "--devices",
         type=positive_int,
-        help="compile-only GPUs (default: the mesh's product, else 1)",
+        help="compile-only devices (default: the mesh's product, else 1); --devices N without "
+        "--mesh means fsdp=N",
     )
     c.add_argument(
         "--mesh",
