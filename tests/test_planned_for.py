@@ -140,3 +140,16 @@ def test_accumulation_a_plan_carries_reaches_train_and_the_maxtext_file(cli, tmp
     # simulate models one microstep of the accumulation, and says so
     r = cli(*SIM, "--plan", str(f))
     assert r.returncode == 0 and "3 accumulated microsteps of microbatch 2" in r.stderr
+
+
+def test_verify_reads_the_plans_microbatch_as_its_whole_batch(cli, tmp_path):
+    # verify's --microbatch is the whole batch: 2 per device × data 2 = 4 sequences, so a given
+    # 4 agrees with the plan and 2 (the per-device figure) is refused.
+    f = tmp_path / "p.yaml"
+    f.write_text(
+        yaml.safe_dump(
+            {"plan": "p", "mesh": {"data": 2}, "microbatch": 2, "groups": {"decoder": {}}}
+        )
+    )
+    r = cli("verify", "--model", "tiny-llama", "--plan", str(f), "--microbatch", "2")
+    assert r.returncode == 2 and "(4 sequences in the batch)" in r.stderr, r.stderr

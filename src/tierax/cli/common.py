@@ -111,7 +111,7 @@ def add_size_args(
         action=_Given,
         help=f"{what} (default {microbatch}, or the microbatch a plan file carries)",
     )
-    parser.set_defaults(microbatch_given=False)
+    parser.set_defaults(microbatch_given=False, microbatch_per_device=per_device)
     parser.add_argument(
         "--seq", type=positive_int, default=seq, help=f"sequence length (default {seq})"
     )
@@ -272,7 +272,7 @@ def mesh_option(args, plans: Sequence[str | None] = (), *, required: bool = True
                 f"--mesh {given} differs from the mesh the plan was planned for ({mesh}); drop "
                 "--mesh (the plan's is used) or plan again for this mesh"
             )
-    _carried_microbatch(args, plans)
+    _carried_microbatch(args, plans, mesh)
     if mesh is not None:
         if devices is not None and devices != mesh.size:
             raise TieraxError(
@@ -285,10 +285,11 @@ def mesh_option(args, plans: Sequence[str | None] = (), *, required: bool = True
     return parse_mesh(text, devices)
 
 
-def _carried_microbatch(args, plans: Sequence[str | None]) -> None:
+def _carried_microbatch(args, plans: Sequence[str | None], mesh) -> None:
     """``args.microbatch`` from the plans' microbatch when --microbatch was not given; a given one
-    that differs is refused.  A plan planned with gradient accumulation models one microstep
-    here (these verbs run no accumulation): said on stderr."""
+    that differs is refused.  A verb whose --microbatch is the whole batch (verify, profile) gets
+    the plan's per-device microbatch × the mesh's batch axes.  A plan planned with gradient
+    accumulation models one microstep here (these verbs run no accumulation): said on stderr."""
     if not hasattr(args, "microbatch"):
         return
     found = [(p, carried(p)) for p in plans]
@@ -301,12 +302,15 @@ def _carried_microbatch(args, plans: Sequence[str | None]) -> None:
     if not micro:
         return
     (planned,) = micro
+    per_device = getattr(args, "microbatch_per_device", True)
+    if not per_device and mesh is not None:
+        planned *= mesh.batch_ways  # --microbatch is the sequences of the whole batch here
     given = getattr(args, "microbatch_given", args.microbatch is not None)
     if given and args.microbatch != planned:
         raise TieraxError(
             f"--microbatch {args.microbatch} differs from the microbatch the plan was planned for "
-            f"({planned} sequences per device); drop --microbatch (the plan's is used) or plan "
-            "again for this microbatch"
+            f"({planned} sequences{' per device' if per_device else ' in the batch'}); drop "
+            "--microbatch (the plan's is used) or plan again for this microbatch"
         )
     args.microbatch = planned
     accum = max((c.get("grad_accum", 1) for _, c in found), default=1)
