@@ -331,7 +331,10 @@ def config_from_mapping(
                 raise unknown_keys([head], valid_keys(), f"command-line override {text!r}")
             data[head] = value
         elif len(path) == 2 and head in SECTIONS and ".".join(path) not in valid_keys():
-            raise unknown_keys([".".join(path)], valid_keys(), f"command-line override {text!r}")
+            own = [k.split(".", 1)[1] for k in valid_keys() if k.startswith(f"{head}.")]
+            raise unknown_keys(
+                [path[1]], own, f"command-line override {text!r}", prefix=f"{head}."
+            )
         elif len(path) == 2 and (head in SECTIONS or head == "model"):
             section = data.get(head)
             data[head] = {**(section if isinstance(section, Mapping) else {}), path[1]: value}
