@@ -244,7 +244,7 @@ def test_no_plan_fits_names_small_sizes_in_their_unit_and_the_apis_own_remedies(
     msg = str(e.value)
     assert (
         "no plan fits custom in a device budget of 1000 B: recomputing everything still needs "
-        "6.81 MiB (params+grads+AdamW 2.00 MiB, layer inputs 256.00 KiB"
+        "6.81 MiB in a layer backward (params + grads + AdamW 2.00 MiB, layer inputs 256.00 KiB"
     ) in msg, msg
     assert "--" not in msg and "a larger budget=" in msg, msg  # the API's terms, not the CLI's
 

@@ -219,6 +219,7 @@ def test_ctrl_c_stops_at_a_step_boundary_checkpoints_and_says_how_to_resume(
             str(f),
             f"log.dir={run}",
             "debug.step_delay_s=0.2",
+            "log.plot=true",
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -234,6 +235,7 @@ def test_ctrl_c_stops_at_a_step_boundary_checkpoints_and_says_how_to_resume(
     err = proc.communicate(timeout=120)[1].decode()
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert (run / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the steps run so far
     steps = C.complete_steps(run / "checkpoints")
     assert (
         len(steps) == 1 and 3 <= steps[0] < 40

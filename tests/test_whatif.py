@@ -20,7 +20,9 @@ def test_rate_overrides_replace_the_named_rates_and_say_so():
     assert r.device_memory_bytes == 288 * 10**9 and isinstance(r.device_memory_bytes, int)
     assert r.matmul_flops_per_s == 2000e12
     assert r.hbm_bytes_per_s == base.hbm_bytes_per_s  # untouched
-    assert "--rate host_link=900" in r.sources["d2h_bytes_per_s"]
+    # the source shown for the host link is the override now, not the datasheet's
+    assert r.sources["host_link"] == "--rate host_link=900 (GB/s per direction, both ways)"
+    assert r.sources["matmul"].startswith("--rate matmul=2000") and "hbm" in r.sources
     assert whatif.override_rates(base, ["d2h=10"]).h2d_bytes_per_s == base.h2d_bytes_per_s
 
 

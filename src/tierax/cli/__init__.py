@@ -1,13 +1,15 @@
 """The ``tierax`` command line: one short function per verb over the library.
 
 Bad input exits 2 with one line naming the problem and the fix (``--debug``
-shows the traceback); an interrupted run exits 130; a closed output pipe ends quietly.
+shows the traceback too, and still exits 2); an interrupted run exits 130; a closed output pipe
+ends quietly.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from tierax.cli.common import resolve_model
@@ -36,8 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except TieraxError as e:
-        if args.debug:
-            raise
+        if args.debug:  # the traceback too, and still the exit code of bad input
+            traceback.print_exc()
         print(f"tierax {args.verb}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

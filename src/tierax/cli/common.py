@@ -53,6 +53,17 @@ def positive_float(text: str) -> float:
     return value
 
 
+def nonnegative_float(text: str) -> float:
+    """argparse type: a finite number ≥ 0 (``nan`` and ``inf`` refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number ≥ 0, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number ≥ 0, got {text!r}")
+    return value
+
+
 def add_set_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--set",
@@ -80,13 +91,27 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = "ti
     parser.set_defaults(model_default=default)
 
 
+class _Given(argparse.Action):
+    """Store the value and record that it was given (``args.<dest>_given``): a default and an
+    explicit value equal to it are told apart."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        setattr(namespace, self.dest + "_given", True)
+
+
 def add_size_args(
     parser: argparse.ArgumentParser, *, microbatch: int, seq: int = 64, per_device: bool = True
 ) -> None:
     what = "sequences per device" if per_device else "sequences in the batch"
     parser.add_argument(
-        "--microbatch", type=positive_int, default=microbatch, help=f"{what} (default {microbatch})"
+        "--microbatch",
+        type=positive_int,
+        default=microbatch,
+        action=_Given,
+        help=f"{what} (default {microbatch}, or the microbatch a plan file carries)",
     )
+    parser.set_defaults(microbatch_given=False, microbatch_per_device=per_device)
     parser.add_argument(
         "--seq", type=positive_int, default=seq, help=f"sequence length (default {seq})"
     )
@@ -183,26 +208,41 @@ def prepare_progress(console, total_bytes: int | None) -> Iterator:
         yield advance
 
 
-def carried_mesh(spec: str | None):
-    """The mesh a plan file carries (``tierax plan --mesh auto --out FILE`` writes one), or None: a
-    preset, a file without one, or something that is no plan (its verb's loader says why later)."""
+def carried(spec: str | None) -> dict:
+    """What a plan file says it was planned for: ``mesh`` (a MeshShape), ``microbatch`` and
+    ``grad_accum``, only those it carries (``tierax plan --mesh auto --out FILE`` writes all three;
+    MaxText overrides carry theirs as ``ici_*``/``dcn_*``, ``per_device_batch_size`` and
+    ``gradient_accumulation_steps``); {} for a preset or something that is no plan (its verb's
+    loader says why later)."""
     import pathlib
 
     import yaml
 
+    from tierax.interop import maxtext_keys
+    from tierax.mesh import MeshShape
     from tierax.plan import Plan
 
     if not spec or not pathlib.Path(spec).is_file():
-        return None
+        return {}
     try:
         data = yaml.safe_load(pathlib.Path(spec).read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError, OSError):
-        return None
-    if not isinstance(data, dict) or "mesh" not in data or "groups" not in data:
-        return None
-    from tierax.mesh import MeshShape
+        return {}
+    if maxtext_keys.is_override_file(data):
+        found = maxtext_keys.planned_for(data, f"MaxText overrides {spec!r}")
+    elif isinstance(data, dict) and "groups" in data:
+        plan = Plan.from_dict(data, source=f"plan file {spec!r}")
+        found = {"mesh": plan.mesh, "microbatch": plan.microbatch, "grad_accum": plan.grad_accum}
+    else:
+        return {}
+    if found.get("mesh") is not None:
+        found["mesh"] = MeshShape(**found["mesh"])
+    return {k: v for k, v in found.items() if v is not None}
 
-    return MeshShape(**Plan.from_dict(data, source=f"plan file {spec!r}").mesh)
+
+def carried_mesh(spec: str | None):
+    """The mesh a plan file carries (see :func:`carried`), or None."""
+    return carried(spec).get("mesh")
 
 
 MAKE_ONE = (
@@ -242,6 +282,7 @@ def mesh_option(args, plans: Sequence[str | None] = (), *, required: bool = True
                 f"--mesh {given} differs from the mesh the plan was planned for ({mesh}); drop "
                 "--mesh (the plan's is used) or plan again for this mesh"
             )
+    _carried_microbatch(args, plans, mesh)
     if mesh is not None:
         if devices is not None and devices != mesh.size:
             raise TieraxError(
@@ -267,5 +308,42 @@ def note_local_fp8(cfg, what: str) -> None:
             f"note: {what}: quantization=fp8 on the {backend} backend runs the fp8 numerics "
             "emulated (fp8-rounded operands, float32 accumulation), not as fp8 GEMMs: times are "
             "not fp8 times",
+            file=sys.stderr,
+        )
+
+
+def _carried_microbatch(args, plans: Sequence[str | None], mesh) -> None:
+    """``args.microbatch`` from the plans' microbatch when --microbatch was not given; a given one
+    that differs is refused.  A verb whose --microbatch is the whole batch (verify, profile) gets
+    the plan's per-device microbatch × the mesh's batch axes.  A plan planned with gradient
+    accumulation models one microstep here (these verbs run no accumulation): said on stderr."""
+    if not hasattr(args, "microbatch"):
+        return
+    found = [(p, carried(p)) for p in plans]
+    micro = {c["microbatch"] for _, c in found if "microbatch" in c}
+    if len(micro) > 1:
+        raise TieraxError(
+            f"the plans carry different microbatches ({', '.join(map(str, sorted(micro)))}); give "
+            "plans planned for one microbatch"
+        )
+    if not micro:
+        return
+    (planned,) = micro
+    per_device = getattr(args, "microbatch_per_device", True)
+    if not per_device and mesh is not None:
+        planned *= mesh.batch_ways  # --microbatch is the sequences of the whole batch here
+    given = getattr(args, "microbatch_given", args.microbatch is not None)
+    if given and args.microbatch != planned:
+        raise TieraxError(
+            f"--microbatch {args.microbatch} differs from the microbatch the plan was planned for "
+            f"({planned} sequences{' per device' if per_device else ' in the batch'}); drop "
+            "--microbatch (the plan's is used) or plan again for this microbatch"
+        )
+    args.microbatch = planned
+    accum = max((c.get("grad_accum", 1) for _, c in found), default=1)
+    if accum > 1 and not getattr(args, "emit", None):  # --emit writes the accumulation
+        print(
+            f"note: the plan was planned for {accum} accumulated microsteps of microbatch "
+            f"{planned}; this models one microstep",
             file=sys.stderr,
         )

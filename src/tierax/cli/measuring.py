@@ -69,7 +69,7 @@ def cmd_bench(args) -> int:
     if out:
         records.write_record(out, doc)
     if args.json:
-        print(json.dumps(doc["records"], indent=2))
+        print(json.dumps(doc, indent=2))  # the whole record: `tierax report` reads it
         return 0
     console().print(
         bench_table(doc["records"], doc["peak_flops_per_device_measured"], bench.title(doc))

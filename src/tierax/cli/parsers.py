@@ -10,21 +10,27 @@ from tierax.cli.common import (
     add_model_args,
     add_set_arg,
     add_size_args,
+    nonnegative_float,
     nonnegative_int,
     positive_float,
     positive_int,
 )
 
 PRESET_HELP = "XLA flag preset: none, lhs, lhs-pipelined"
+TARGET_HELP = (
+    "GPUs h100, h200, b200, gb200; projections gb300, vr200; TPUs v5e, v5p, v6e; or cpu "
+    "(measured by calibrate)"
+)
 
 
 CALIBRATE_DESCRIPTION = (
-    "Measure the local matmul rate per compute dtype, the memory bandwidth of an elementwise "
-    "fusion, on a CPU the first-touch rate of fresh memory, and on a GPU the host↔device copy "
-    "bandwidth, and store them for the cost model under this machine's target key (cpu, or the "
-    "GPU kind) in ~/.cache/tierax/calibration.json (env TIERAX_CALIBRATION to move it). simulate "
-    "and plan then use the measured rates instead of datasheet figures, and say which rates are "
-    "measured."
+    "Measure the local matmul rate per compute dtype (float32, bfloat16), the memory bandwidth "
+    "of streaming copies and of a layer's non-matmul work, on a CPU the first-touch rate of fresh "
+    "memory and the read rates of XLA:CPU's transposing fusions (strided and row-aliased), and "
+    "on a GPU the host→device and device→host copy bandwidths, and store them for the cost "
+    "model under this machine's target key (cpu, or the GPU kind) in "
+    "~/.cache/tierax/calibration.json (env TIERAX_CALIBRATION to move it). simulate and plan "
+    "then use the measured rates instead of datasheet figures, and say which rates are measured."
 )
 
 
@@ -65,7 +71,10 @@ def _models_and_plans(sub) -> None:
         "v5p, v6e, v7x or cpu (default h200)",
     )
     pl.add_argument(
-        "--devices", type=positive_int, help="with --emit: devices (default: the mesh's product)"
+        "--devices",
+        type=positive_int,
+        help="with --emit: devices (default: the mesh's product); --devices N without --mesh "
+        "means fsdp=N",
     )
     pl.add_argument(
         "--mesh",
@@ -94,11 +103,13 @@ def _planning(sub) -> None:
         p.add_argument(
             "--target",
             default="h200",
-            help="h100, h200, b200, gb200; projections gb300, vr200; or cpu (measured by "
-            "calibrate)",
+            help=f"{TARGET_HELP} (default h200)",
         )
         p.add_argument(
-            "--devices", type=positive_int, help="devices (default: the mesh's product, else 1)"
+            "--devices",
+            type=positive_int,
+            help="devices (default: the mesh's product, else 1); --devices N without --mesh "
+            "means fsdp=N (every device shards the weights and splits the batch)",
         )
         p.add_argument(
             "--mesh",
@@ -146,8 +157,8 @@ def _planning(sub) -> None:
     )
     p.add_argument(
         "--host-budget-gib",
-        type=positive_float,
-        help="host budget per device (default: host memory per GPU)",
+        type=nonnegative_float,
+        help="host budget per device (default: host memory per device); 0: offload nothing",
     )
     p.add_argument(
         "--max-microbatch",
@@ -240,11 +251,12 @@ def _rate_arg(p) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="what-if override of a target rate (repeatable): host_link, d2h, h2d (GB/s per "
-        "direction), hbm_size (GB), hbm_bw (TB/s), matmul (TFLOP/s), interconnect (GB/s inside an "
-        "NVLink domain), scale_out (GB/s per device between domains), nvlink_domain (devices per "
-        "domain), gpus_per_domain (this job's devices per domain; default: spread evenly), "
-        "host_memory (GB)",
+        help="what-if override of a target rate (repeatable): host_link (GB/s per direction, both "
+        "ways), d2h, h2d (GB/s, one direction), hbm_size (GB), hbm_bw (TB/s), matmul (TFLOP/s), "
+        "fused_attention_fwd, fused_attention_bwd (TFLOP/s of the fused attention kernel), "
+        "interconnect (GB/s inside an NVLink domain), scale_out (GB/s per device between "
+        "domains), nvlink_domain (devices per domain), gpus_per_domain (this job's devices per "
+        "domain; default: spread evenly), host_memory (GB)",
     )
 
 
@@ -298,10 +310,10 @@ def _running(sub) -> None:
 
     c = sub.add_parser(
         "compile",
-        help="compile a plan for a GPU target without a GPU",
-        description="Compile the full train step under a plan for a GPU target on this machine "
-        "(deviceless XLA:GPU compilation) and report XLA's memory figures and a static "
-        "copy/compute overlap check.",
+        help="compile a plan for a GPU or TPU target without that device",
+        description="Compile the full train step under a plan for a GPU or TPU target on this "
+        "machine (deviceless XLA:GPU or XLA:TPU compilation) and report XLA's memory figures "
+        "and a static copy/compute overlap check.",
     )
     add_model_args(c)
     c.add_argument(
@@ -321,7 +333,8 @@ def _running(sub) -> None:
     c.add_argument(
         "--devices",
         type=positive_int,
-        help="compile-only GPUs (default: the mesh's product, else 1)",
+        help="compile-only devices (default: the mesh's product, else 1); --devices N without "
+        "--mesh means fsdp=N",
     )
     c.add_argument(
         "--mesh",

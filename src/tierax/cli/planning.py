@@ -4,6 +4,7 @@ plan, calibrate."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 from tierax import launch
@@ -107,11 +108,14 @@ def cmd_plans(args) -> int:
         maxtext.check_maxtext_names(args.show)
     plan = files.load_plan(args.show, cfg)
     if args.emit:
+        mesh = mesh_option(args, [args.show]).to_dict()  # the plan's microbatch too
         sizes = {
             k: v if getattr(args, k) is None else getattr(args, k) for k, v in SHOW_DEFAULTS.items()
         }
-        mesh = mesh_option(args, [args.show]).to_dict()
-        print(interop.emit_plan(plan, cfg, args.emit, mesh=mesh, **sizes), end="")
+        accum = plan.grad_accum or 1
+        print(
+            interop.emit_plan(plan, cfg, args.emit, mesh=mesh, grad_accum=accum, **sizes), end=""
+        )
     elif args.yaml:
         print(plan.to_yaml(), end="")
     else:
@@ -133,10 +137,28 @@ def _inputs(args, *, rates: bool = True, plans: tuple = ()):
         from tierax.solving.whatif import override_rates
 
         rates = override_rates(cm.target_rates(args.target, cfg.dtype), getattr(args, "rate", []))
+        check_budget(args, rates)
     else:
         rates = None
     launch.start()
     return cfg, mesh, rates
+
+
+def check_budget(args, rates) -> None:
+    """Refuse a ``--budget-gib`` above what the target's device offers (a plan for it could never
+    run there)."""
+    from tierax.solving.planner import size_text
+
+    budget = getattr(args, "budget_gib", None)
+    if budget is None or budget * GIB <= rates.usable_device_bytes:
+        return
+    usable = rates.usable_device_bytes
+    raise TieraxError(
+        f"--budget-gib {budget:g} is more than {args.target}'s device offers: capacity "
+        f"{size_text(rates.device_memory_bytes)}, of which a step may use {size_text(usable)}; "
+        f"give --budget-gib {math.floor(usable / GIB * 100) / 100:g} or less (or leave it out: "
+        "that is the default)"
+    )
 
 
 def _title(cfg, args, mesh, microbatch, extra: str = "") -> str:
@@ -381,6 +403,7 @@ def _plan_mesh_auto(args) -> int:
     if args.check:
         spec = hardware.compile_target(args.target)  # a projection is refused here
     rates = override_rates(cm.target_rates(args.target, cfg.dtype), args.rate)
+    check_budget(args, rates)
     if args.check and spec.kind == "tpu":
 
         launch.start_deviceless_tpu("none", spec.accelerator_type(args.devices))
@@ -423,6 +446,8 @@ def _plan_mesh_auto(args) -> int:
     plan = dataclasses.replace(
         chosen.result.plan,
         mesh=chosen.mesh.to_dict(),
+        microbatch=chosen.microbatch,
+        grad_accum=chosen.grad_accum,
         description=chosen.result.plan.description
         + f"; mesh {chosen.mesh} chosen by --mesh auto at global batch {gb} × seq {args.seq}: "
         f"microbatch {chosen.microbatch}"
@@ -609,10 +634,18 @@ def _plan_sweep(args) -> int:
                 key, points, solve=solve, references=whatif.REFERENCES, progress=advance
             )
         ]
-    title = _title(cfg, args, mesh, args.microbatch, f"{args.schedule} · sweep {key}")
+    segments = (
+        "layer segments considered (--segments)"
+        if args.segments
+        else "whole layer groups (no --segments)"
+    )
+    title = _title(cfg, args, mesh, args.microbatch, f"{args.schedule} · sweep {key} · {segments}")
+    if key == "microbatch":  # the swept value, not the --microbatch default
+        title = title.replace(f"microbatch {args.microbatch}/device", "microbatch swept")
     doc = records.envelope(records.SWEEP_SCHEMA, records.command_line()) | {
         "title": title,
         "sweep": key,
+        "segments": bool(args.segments),
         "rates": rates.sources,
         "references": list(whatif.REFERENCES),
         "points": pts,

@@ -37,6 +37,7 @@ def cmd_train(args) -> int:
         result = loop.run(cfg, resume=args.resume, reporter=reporter)
     except (loop.NonFiniteLoss, loop.Stopped) as e:
         print(f"tierax train: {e}", file=sys.stderr)
+        _plot(cfg, say)  # the steps that ran
         return 130 if isinstance(e, loop.Stopped) else 1
     _plot(cfg, say)
     if args.json:

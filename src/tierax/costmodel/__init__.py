@@ -47,7 +47,7 @@ update time are exposed.
 """
 
 from tierax.costmodel.fixed import FixedTerms, collective_s_by_group, fixed_terms
-from tierax.costmodel.predict import Prediction, evaluate, plan_placements, simulate
+from tierax.costmodel.predict import Prediction, evaluate, peak_rows, plan_placements, simulate
 from tierax.costmodel.rates import (
     ACHIEVABLE_FRACTION,
     CALIBRATION_FILE,
@@ -83,6 +83,7 @@ __all__ = [
     "GroupTerms",
     "ItemTerms",
     "Prediction",
+    "peak_rows",
     "Rates",
     "collective_s_by_group",
     "evaluate",

@@ -41,6 +41,35 @@ class Prediction:
         }
 
 
+def peak_rows(breakdown: dict) -> list[tuple[str, int]]:
+    """The terms of the predicted peak, in the phase that peaks (:class:`FixedTerms`: a layer's
+    backward holds its workspace, the loss the logits and their gradient, less the embedding and
+    head gradients not yet written): (label, bytes) rows that sum to the peak."""
+    b = breakdown
+    loss = b["peak_phase"] == "loss"
+    state = b["state_bytes"] - (b.get("embed_grad_bytes", 0) if loss else 0)
+    rows = [
+        (
+            "params + grads + AdamW"
+            + (
+                ", less the embedding and head gradients not yet written"
+                if state != b["state_bytes"]
+                else ""
+            ),
+            state,
+        ),
+        ("activations on device", b["activation_bytes"]),
+        ("transfer staging", b["staging_bytes"]),
+        ("logits, their gradient, the head's gradient", b["logits_bytes"])
+        if loss
+        else ("one layer's workspace", b["workspace_bytes"]),
+        ("XLA's transposed weight stacks", b.get("stack_copy_bytes", 0)),
+    ]
+    if b.get("fixed_device_bytes"):
+        rows.append(("the runtime's fixed device memory", b["fixed_device_bytes"]))
+    return rows
+
+
 def evaluate(
     placements: dict,
     inv: Inventory,
@@ -119,6 +148,9 @@ def evaluate(
         else "loss"
         if fx.loss_phase_bytes > fx.layer_phase_bytes
         else "layer backward",
+        "embed_grad_bytes": fx.embed_grad_bytes,
+        "layer_phase_bytes": int(act_bytes + staging + fx.layer_phase_bytes),
+        "loss_phase_bytes": int(act_bytes + staging + fx.loss_phase_bytes),
         "compute_s": fx.compute_s,
         "hbm_s": fx.hbm_s,
         "fused_attention_s": fx.fused_attention_s,

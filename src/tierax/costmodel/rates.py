@@ -325,6 +325,24 @@ RATE_KEYS: dict[str, tuple[tuple[str, ...], float, str]] = {
     "host_memory": (("host_memory_bytes",), 1e9, "GB of host memory per device"),
 }
 INTEGER_KEYS = ("nvlink_domain", "gpus_per_domain")
+# The ``Rates.sources`` entry each --rate key replaces, and whether it replaces all of it (False:
+# one direction or pass of a pair, the other keeps its source).
+SOURCE_KEYS: dict[str, tuple[str, bool]] = {
+    "host_link": ("host_link", True),
+    "d2h": ("host_link", False),
+    "h2d": ("host_link", False),
+    "hbm_size": ("memory", True),
+    "hbm_bw": ("hbm", True),
+    "matmul": ("matmul", True),
+    "fused_attention_fwd": ("fused_attention", False),
+    "fused_attention_bwd": ("fused_attention", False),
+    "interconnect": ("interconnect", True),
+    "scale_out": ("scale_out", True),
+    "nvlink_domain": ("nvlink_domain", True),
+    "gpus_per_domain": ("gpus_per_domain", True),
+    "host_memory": ("host_memory", True),
+}
+assert set(SOURCE_KEYS) == set(RATE_KEYS)
 
 
 def _number(text: str, what: str) -> float:
@@ -370,8 +388,11 @@ def override_rates(rates: Rates, overrides: Sequence[str]) -> Rates:
         }
         if key == "hbm_size":  # the compiler's limit was for the datasheet memory: the reserve rule
             changes["device_limit_bytes"] = 0
-        sources = dict(rates.sources) | {
-            f: f"--rate {key}={value.strip()} ({unit})" for f in fields
-        }
+        sources = dict(rates.sources)
+        shown, whole = SOURCE_KEYS[key]
+        text = f"--rate {key}={value.strip()} ({unit})"
+        if not whole and shown in sources and not sources[shown].startswith(text):
+            text = f"{text}; otherwise {sources[shown]}"  # one direction of a pair
+        sources[shown] = text
         rates = dataclasses.replace(rates, **changes, sources=sources)
     return rates

@@ -272,4 +272,61 @@ def plan_dict(
     }
     out = {"plan": name, "description": description, "groups": out_groups}
     state = state_dict(data, groups, source=source)
-    return out | ({"state": state} if state else {})
+    return out | ({"state": state} if state else {}) | planned_for(data, source)
+
+
+# MaxText's mesh keys (base.yml: ici_*_parallelism, dcn_*_parallelism) for tierax's mesh axes.
+MESH_AXES = ("data", "fsdp", "tensor", "expert")
+
+
+def planned_for(data: Mapping, source: str) -> dict:
+    """The mesh, microbatch and accumulation an override file describes (``Plan.from_dict``
+    keys; only those the file sets): each axis is ``ici_{axis}_parallelism ×
+    dcn_{axis}_parallelism``; the microbatch is ``per_device_batch_size`` × the tensor axis
+    (MaxText counts every device, tierax the devices of the batch axes); ``grad_accum`` is
+    ``gradient_accumulation_steps``.
+
+    Raises:
+      TieraxError: a parallelism tierax does not model (pipeline, context, sequence, ...) above
+        1, a size that is not a positive integer (MaxText's -1, "the rest", included), or a
+        per-device batch that is no whole number of sequences per device of the batch axes.
+    """
+    mesh_keys = [k for k in data if re.fullmatch(r"(ici|dcn)_\w+_parallelism", str(k))]
+    other = [
+        f"{k}: {data[k]!r}"
+        for k in mesh_keys
+        if str(k)[4:-len("_parallelism")] not in MESH_AXES and data[k] != 1
+    ]
+    if other:
+        raise TieraxError(
+            f"{source}: {', '.join(other)}: tierax models only the "
+            f"{', '.join(MESH_AXES)} axes; set the others to 1 or plan this run without tierax"
+        )
+    out: dict = {}
+    if any(str(k)[4:-len("_parallelism")] in MESH_AXES for k in mesh_keys):
+        mesh = {}
+        for axis in MESH_AXES:
+            size = 1
+            for part in ("ici", "dcn"):
+                v = data.get(f"{part}_{axis}_parallelism", 1)
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise TieraxError(
+                        f"{source}: {part}_{axis}_parallelism: {v!r}; tierax reads explicit "
+                        "sizes ≥ 1 (not -1): write the size of each axis"
+                    )
+                size *= v
+            mesh[axis] = size
+        out["mesh"] = mesh
+    if "per_device_batch_size" in data:
+        per = data["per_device_batch_size"]
+        micro = per * out.get("mesh", {}).get("tensor", 1) if isinstance(per, int | float) else 0
+        if isinstance(per, bool) or micro < 1 or abs(micro - round(micro)) > 1e-9:
+            raise TieraxError(
+                f"{source}: per_device_batch_size {per!r} × tensor "
+                f"{out.get('mesh', {}).get('tensor', 1)} is no whole number ≥ 1 of sequences per "
+                "device of the batch axes; write one that is"
+            )
+        out["microbatch"] = round(micro)
+    if "gradient_accumulation_steps" in data:
+        out["grad_accum"] = data["gradient_accumulation_steps"]
+    return out

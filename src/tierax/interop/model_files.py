@@ -190,9 +190,9 @@ def from_maxtext(data: Mapping, path: pathlib.Path):
     _require(
         not unknown,
         source,
-        f"unsupported key(s) {', '.join(unknown)}: they would change memory or FLOPs in "
-        "ways tierax does not model; remove them or use a tierax config "
-        "(`tierax models show NAME`)",
+        f"unsupported key(s) {', '.join(unknown)}{_typo_hints(unknown, fields, _MT_NOT_MODELLED)}: "
+        "they would change memory or FLOPs in ways tierax does not model; remove them or use a "
+        "tierax config (`tierax models show NAME`)",
     )
     acts = data.get("mlp_activations", ["silu", "linear"])
     _require(
@@ -363,8 +363,9 @@ def from_hf(data: Mapping, path: pathlib.Path):
     _require(
         not unknown,
         source,
-        f"unsupported key(s) {', '.join(unknown)}: they would change memory or FLOPs in "
-        "ways tierax does not model, or tierax does not know them; remove them to proceed",
+        f"unsupported key(s) {', '.join(unknown)}{_typo_hints(unknown, fields, _HF_NOT_MODELLED)}: "
+        "they would change memory or FLOPs in ways tierax does not model, or tierax does not "
+        "know them; remove them to proceed",
     )
     for key, want in _HF_REQUIRED.items():
         if key in data:
@@ -434,3 +435,17 @@ def load_foreign(data: Any, path: str | pathlib.Path):
     if is_maxtext_model(data):
         return from_maxtext(data, path)
     return None
+
+
+def _typo_hints(unknown, *known) -> str:
+    """`` (did you mean 'base_emb_dim' for 'base_emb_dm'?)`` for keys close to ones the format
+    has."""
+    import difflib
+
+    valid = [str(k) for group in known for k in group]
+    hints = [
+        f"{close[0]!r} for {k!r}"
+        for k in unknown
+        if (close := difflib.get_close_matches(str(k), valid, n=1))
+    ]
+    return f" (did you mean {', '.join(hints)}?)" if hints else ""

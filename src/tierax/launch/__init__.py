@@ -342,8 +342,14 @@ def quiet_checkpoint_errors() -> None:
     Two sources: Orbax's logged errors, and "Event loop is closed" errors that native callbacks of
     an abandoned asynchronous save print through ``sys.excepthook`` after the save failed.
     """
+    import contextlib
     import logging
     import sys
+
+    # absl's own "absl" logger must exist before the filter is added to it (the models no longer
+    # import Flax, and with it absl, when their package is imported)
+    with contextlib.suppress(ImportError):
+        import absl.logging  # noqa: F401
 
     for name in ("absl", "orbax"):
         logger = logging.getLogger(name)

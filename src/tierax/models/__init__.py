@@ -1,10 +1,10 @@
-"""Reference models with named activations."""
+"""Reference models with named activations.
+
+The configs import without JAX (listing models and plans, reading files); building a model
+imports Flax and JAX when first asked for."""
 
 from __future__ import annotations
 
-from flax import nnx
-
-from tierax.models import deepseek, llama
 from tierax.models.config import (
     NAMED_CONFIGS,
     DeepSeekConfig,
@@ -22,19 +22,31 @@ from tierax.models.config_files import (
     config_to_yaml,
     load_model_config,
 )
-from tierax.models.decoder import Decoder
-
-_BUILDERS = {"llama": llama.build, "deepseek": deepseek.build}
 
 
-def build_model(cfg: ModelConfig, *, seed: int = 0) -> Decoder:
-    """Allocate and initialise the model for ``cfg``."""
-    return _BUILDERS[cfg.family](cfg, nnx.Rngs(params=seed))
+def build_model(cfg: ModelConfig, *, seed: int = 0):
+    """Allocate and initialise the model for ``cfg`` (a :class:`tierax.models.decoder.Decoder`)."""
+    from flax import nnx
+
+    from tierax.models import deepseek, llama
+
+    builders = {"llama": llama.build, "deepseek": deepseek.build}
+    return builders[cfg.family](cfg, nnx.Rngs(params=seed))
 
 
-def abstract_model(cfg: ModelConfig) -> Decoder:
+def abstract_model(cfg: ModelConfig):
     """The model with ShapeDtypeStruct leaves: nothing is allocated."""
+    from flax import nnx
+
     return nnx.eval_shape(lambda: build_model(cfg))
+
+
+def __getattr__(name: str):
+    if name == "Decoder":
+        from tierax.models.decoder import Decoder
+
+        return Decoder
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [

@@ -26,7 +26,6 @@ named placements, every untagged intermediate recomputed — MaxText's ``custom`
 when every name is on device).
 """
 
-from tierax.plan.policies import to_policies
 from tierax.plan.presets import PRESETS, load_plan, preset
 from tierax.plan.state import layer_group_of, require_host_memory, state_shardings
 from tierax.plan.types import (
@@ -71,3 +70,13 @@ __all__ = [
     "to_policies",
     "unnamed_placements",
 ]
+
+
+def __getattr__(name: str):
+    # to_policies needs JAX: imported when first used, so reading and listing plans (`tierax
+    # plans`) does not start it.
+    if name == "to_policies":
+        from tierax.plan.policies import to_policies
+
+        return to_policies
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

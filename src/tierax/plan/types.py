@@ -243,6 +243,10 @@ class Plan:
         :data:`tierax.mesh.AXES`), or None; verbs that take ``--mesh`` use it when none is given.
       state: layer group → :class:`StatePlacement` (where its moments, master weights and gradient
         accumulator live between steps); a group not listed keeps all of them on device.
+      microbatch: the sequences per device (of the batch axes) per microstep it was planned for
+        (``tierax plan --mesh auto``), or None; verbs that take ``--microbatch`` use it when none
+        is given and refuse a different one.
+      grad_accum: microsteps per optimizer step it was planned for (``--mesh auto``), or None.
     """
 
     name: str
@@ -251,8 +255,12 @@ class Plan:
     mechanism: str = DEFAULT_MECHANISM
     mesh: Mapping[str, int] | None = None
     state: Mapping[str, StatePlacement] = field(default_factory=dict)
+    microbatch: int | None = None
+    grad_accum: int | None = None
 
     def __post_init__(self) -> None:
+        for key in ("microbatch", "grad_accum"):
+            _checked_count(getattr(self, key), f"plan {self.name!r}: {key}")
         object.__setattr__(self, "groups", MappingProxyType(dict(self.groups)))
         object.__setattr__(self, "state", _checked_state(self.state, f"plan {self.name!r} state"))
         if self.mesh is not None:
@@ -286,6 +294,9 @@ class Plan:
             out["mechanism"] = self.mechanism
         if self.mesh is not None:
             out["mesh"] = dict(self.mesh)
+        for key in ("microbatch", "grad_accum"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         out["groups"] = groups
         if self.state:
             out["state"] = {g: sp.to_dict() for g, sp in self.state.items()}
@@ -305,11 +316,11 @@ class Plan:
             raise TieraxError(
                 f"{source}: a plan must be a mapping with keys plan, description, groups"
             )
-        unknown = set(data) - {"plan", "description", "mechanism", "mesh", "groups", "state"}
+        unknown = set(data) - set(PLAN_KEYS)
         if unknown:
             raise TieraxError(
                 f"{source}: unknown key(s) {', '.join(sorted(map(str, unknown)))}; "
-                "a plan has keys: plan, description, mechanism, mesh, groups, state"
+                f"a plan has keys: {', '.join(PLAN_KEYS)}"
             )
         groups_in = data.get("groups")
         if not isinstance(groups_in, Mapping) or not groups_in:
@@ -355,10 +366,13 @@ class Plan:
             mechanism,
             None if mesh is None else _checked_mesh(mesh, f"{source}: mesh"),
             _checked_state(state_in, f"{source}: state"),
+            _checked_count(data.get("microbatch"), f"{source}: microbatch"),
+            _checked_count(data.get("grad_accum"), f"{source}: grad_accum"),
         )
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+        # allow_unicode: descriptions keep "×" and "≥" readable, not as \xD7 escapes
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
 
     @classmethod
     def from_yaml(cls, text: str, *, source: str = "plan") -> Plan:
@@ -367,6 +381,27 @@ class Plan:
         except yaml.YAMLError as e:
             raise TieraxError(f"{source}: not valid YAML ({e})") from None
         return cls.from_dict(data, source=source)
+
+
+PLAN_KEYS = (
+    "plan",
+    "description",
+    "mechanism",
+    "mesh",
+    "microbatch",
+    "grad_accum",
+    "groups",
+    "state",
+)
+
+
+def _checked_count(raw: Any, where: str) -> int | None:
+    """A plan's ``microbatch`` or ``grad_accum``: None, or an integer ≥ 1."""
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+        raise TieraxError(f"{where}: expected an integer ≥ 1, got {raw!r}")
+    return raw
 
 
 def _checked_mesh(raw: Any, where: str) -> dict[str, int]:

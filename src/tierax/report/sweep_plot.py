@@ -56,13 +56,21 @@ def plot_sweep(
         label="planner's plan",
         zorder=3,
     )
-    for name, style in zip(references, ("--", ":"), strict=False):
+    for name, style, marker in zip(references, ("--", ":"), ("x", "+"), strict=False):
+        # above the planner's curve, with markers: a reference equal to the planner's plan (a
+        # budget that fits save-all) stays visible
+        ys = [p["reference"].get(name) for p in points]
+        nowhere = all(y is None for y in ys)
         ax.plot(
             xs,
-            [p["reference"].get(name) for p in points],
+            ys,
             style,
-            color="gray",
-            label=f"{name} (reference)",
+            marker=marker,
+            markersize=10,
+            markeredgewidth=1.5,
+            color="dimgray",
+            label=f"{name} (reference{': fits at no point' if nowhere else ''})",
+            zorder=4,
         )
     prev, side = None, 1
     for p in points:
@@ -93,6 +101,7 @@ def plot_sweep(
                 fontsize=6.5,
                 va="top" if side > 0 else "bottom",
                 color="tab:blue",
+                annotation_clip=False,
             )
             side = -side
     ax.set_xlabel(UNITS.get(key, key))
@@ -103,6 +112,7 @@ def plot_sweep(
         + [1.0]
     )
     ax.set_ylim(0, top * 1.25)  # room for the annotations
+    ax.margins(x=0.12)  # room for the last point's annotation
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
     ax.set_title(title, fontsize=9)
@@ -116,7 +126,7 @@ def plot_sweep(
     fig.tight_layout()
     buf = io.BytesIO()
     try:
-        fig.savefig(buf, format="png", metadata=png_metadata(SWEEP_PNG))
+        fig.savefig(buf, format="png", metadata=png_metadata(SWEEP_PNG), bbox_inches="tight")
     finally:
         plt.close(fig)
     return write_text_atomic(out, buf.getvalue())

@@ -73,10 +73,19 @@ def models_table(configs) -> Table:
             cfg.family,
             str(cfg.num_layers),
             str(cfg.d_model),
-            f"{cfg.param_count() / 1e9:.3f} B",
-            f"{cfg.activated_param_count() / 1e9:.3f} B",
+            count_text(cfg.param_count()),
+            count_text(cfg.activated_param_count()),
         )
     return t
+
+
+def count_text(n: float) -> str:
+    """A parameter count readable at every size: 8.030 B, 12.5 M, 180.8 K."""
+    if n >= 1e9:
+        return f"{n / 1e9:.3f} B"
+    if n >= 1e6:
+        return f"{n / 1e6:.1f} M"
+    return f"{n / 1e3:.1f} K"
 
 
 def plan_table(placements: dict, title: str) -> Table:
@@ -158,8 +167,9 @@ def compile_table(r) -> Table:
 
 def inventory_table(inv, cfg) -> Table:
     t = Table(
-        title=f"{cfg.name} · microbatch {inv.microbatch}/device × seq {inv.seq} · mesh {inv.mesh} "
-        f"· per device",
+        title=f"{cfg.name} · microbatch {inv.microbatch}/device × seq {inv.seq} · mesh "
+        + ",".join(f"{a}={v}" for a, v in inv.mesh.items())
+        + " · per device",
         caption=(
             f"parameters {fmt_bytes(inv.param_bytes)}, gradients {fmt_bytes(inv.grad_bytes)}, "
             f"AdamW state {fmt_bytes(inv.optimizer_bytes)}, logits {fmt_bytes(inv.logits_bytes)} "
@@ -197,6 +207,36 @@ def inventory_table(inv, cfg) -> Table:
     return t
 
 
+def _peak_rows(pred) -> list[tuple[str, str]]:
+    """The peak, the phase it is in and the rows that make it (they sum to it); the other phase's
+    total beside it."""
+    from tierax.costmodel.predict import peak_rows
+
+    b = pred.breakdown
+    loss = b["peak_phase"] == "loss"
+    rows = [
+        (
+            f"peak device ({'at the loss' if loss else 'in a layer backward'}), made of",
+            f"{fmt_bytes(pred.peak_device_bytes)} of {fmt_bytes(pred.device_capacity_bytes)}",
+        ),
+        *((f"  {label}", fmt_bytes(n)) for label, n in peak_rows(b)),
+    ]
+    if "loss_phase_bytes" in b:
+        other = b["layer_phase_bytes"] if loss else b["loss_phase_bytes"]
+        not_in = (
+            f"one layer's workspace {fmt_bytes(b['workspace_bytes'])}"
+            if loss
+            else f"logits and their gradients {fmt_bytes(b['logits_bytes'])}"
+        )
+        rows.append(
+            (
+                f"  not in the peak: {not_in}",
+                f"{'a layer backward' if loss else 'the loss'} peaks at {fmt_bytes(other)}",
+            )
+        )
+    return rows
+
+
 def prediction_table(pred, title: str) -> Table:
     b = pred.breakdown
     t = Table(
@@ -211,25 +251,7 @@ def prediction_table(pred, title: str) -> Table:
             + (f" {fmt_bytes(b['fit_limit_bytes'])})" if "fit_limit_bytes" in b else ")"),
             "[green]yes[/]" if pred.fits else "[red]no[/]",
         ),
-        (
-            "peak device",
-            f"{fmt_bytes(pred.peak_device_bytes)} of {fmt_bytes(pred.device_capacity_bytes)}",
-        ),
-        *(
-            [
-                (
-                    "  params + grads + AdamW (on device / all)",
-                    f"{fmt_bytes(b['state_device_bytes'])} / {fmt_bytes(b['state_bytes'])}",
-                )
-            ]
-            if b.get("state_freed_bytes")
-            else [("  params + grads + AdamW", fmt_bytes(b["state_bytes"]))]
-        ),
-        ("  activations on device", fmt_bytes(b["activation_bytes"])),
-        ("  transfer staging", fmt_bytes(b["staging_bytes"])),
-        ("  one layer's workspace", fmt_bytes(b["workspace_bytes"])),
-        ("  XLA's transposed weight stacks", fmt_bytes(b.get("stack_copy_bytes", 0))),
-        ("  logits (float32)", fmt_bytes(b["logits_bytes"])),
+        *_peak_rows(pred),
         ("host (offloaded)", fmt_bytes(pred.host_bytes)),
         *(
             [("  of which training state", fmt_bytes(b["state_host_bytes"]))]
@@ -299,8 +321,8 @@ def explain_table(result, title: str) -> Table:
             e.name,
             fmt_bytes(e.bytes),
             f"{e.recompute_s * 1e3:.3g}",
-            f"{e.transfer_s * 1e3:.3g}",
-            f"{e.hidden_fraction:.0%}",
+            "—" if e.transfer_s is None else f"{e.transfer_s * 1e3:.3g}",
+            "—" if e.hidden_fraction is None else f"{e.hidden_fraction:.0%}",
             f"[{colour[e.choice]}]{e.choice}[/]",
             e.why,
         )
@@ -452,7 +474,12 @@ def mesh_search_table(doc: dict, title: str) -> Table:
         "peak GiB",
         "host GiB",
     ):
-        t.add_column(col, justify="left" if col == "mesh" else "right")
+        if col == "mesh":  # whole names: a cut mesh name reads as another mesh
+            shown = doc["candidates"][: doc["top"]]
+            widest = max((len(_mesh_text(c["mesh"])) for c in shown), default=4)
+            t.add_column(col, justify="left", no_wrap=True, min_width=widest)
+        else:
+            t.add_column(col, justify="right")
     for i, c in enumerate(doc["candidates"][: doc["top"]], 1):
         if c["tokens_per_s"] is None:
             continue

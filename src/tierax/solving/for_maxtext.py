@@ -8,9 +8,13 @@ restriction's cost in predicted step time is reported (:func:`restriction_note`)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tierax.errors import TieraxError
 from tierax.interop import maxtext
-from tierax.solving import planner
+
+if TYPE_CHECKING:  # the planner imports JAX: `tierax plans` reads and emits without it
+    from tierax.solving import planner
 
 TOOLS = ("maxtext",)
 
@@ -95,11 +99,27 @@ def emit(
 
 
 def emit_plan(
-    plan, cfg, tool: str, *, microbatch: int, seq: int, mesh: dict, schedule: str, target: str
+    plan,
+    cfg,
+    tool: str,
+    *,
+    microbatch: int,
+    seq: int,
+    mesh: dict,
+    schedule: str,
+    target: str,
+    grad_accum: int = 1,
 ) -> str:
     """A plan (preset or file, no planner run) written for ``tool``; no budget, so no memory
     fraction."""
     check_tool(tool, "--emit")
     return maxtext.overrides_yaml(
-        plan, cfg, microbatch=microbatch, seq=seq, mesh=mesh, schedule=schedule, target=target
+        plan,
+        cfg,
+        microbatch=microbatch,
+        seq=seq,
+        mesh=mesh,
+        schedule=schedule,
+        target=target,
+        grad_accum=grad_accum,
     )

@@ -282,6 +282,8 @@ def search(
             prepared.append(
                 _prepare(cfg, m, global_batch // m.batch_ways, seq, rates, schedule, budget)
             )
+        if not prepared:
+            raise TieraxError(_indivisible(cfg, devices, global_batch, admitted, refused))
     else:  # a what-if on link rates: the floors and accumulations do not depend on them
         kept = {c.mesh for c in prepared}
         refused = [(m, "left out by the search this re-ranks") for m in admitted if m not in kept]
@@ -328,6 +330,21 @@ def search(
         key=lambda c: (c.status, c.floor_bytes - c.budget_bytes, str(c.mesh)),
     )
     return Search(cfg, devices, global_batch, seq, solved + rest, refused, solves, top)
+
+
+def _indivisible(cfg, devices: int, global_batch: int, admitted, refused) -> str:
+    """Why no admitted mesh can train ``global_batch``: each splits the batch a number of ways
+    (data × fsdp × expert) that does not divide it; the message names the ways and the fix."""
+    ways = sorted({m.batch_ways for m in admitted})
+    single = [r for m, r in refused if m.batch_ways == 1 and not r.startswith("global batch")]
+    text = (
+        f"global batch {global_batch} is not divisible by data×fsdp×expert of any mesh of "
+        f"{devices} devices {cfg.name} admits (they split the batch {', '.join(map(str, ways))} "
+        f"ways)"
+    )
+    if single:
+        text += f"; the mesh that would not split it is refused: {single[0]}"
+    return text + f". Use a --global-batch that is a multiple of {ways[0]}, or other --devices"
 
 
 def _mesh_name(m: MeshShape) -> str:
@@ -449,7 +466,7 @@ def check_fits(s: Search) -> None:
     lines = [
         f"no mesh of {s.devices} devices fits {s.cfg.name} at global batch {s.global_batch} × seq "
         f"{s.seq} within the device budget ({len(s.candidates)} candidates, "
-        f"{len(s.refused)} meshes left out); the closest:"
+        f"{len(s.refused)} meshes left out)" + ("; the closest:" if near else "")
     ]
     for c in near:
         lines.append(f"  {c.mesh}: {c.lacks()}")

@@ -57,8 +57,8 @@ class Explanation:
     name: str
     bytes: int
     recompute_s: float
-    transfer_s: float  # both directions
-    hidden_fraction: float  # of this group's transfers, under the chosen plan
+    transfer_s: float | None  # both directions; None: the target has no host link (CPU)
+    hidden_fraction: float | None  # of this group's transfers, under the chosen plan
     choice: str
     why: str
 
@@ -421,7 +421,12 @@ def _explain(
         if p is Placement.DEVICE:
             why = (
                 f"kept: {gib(it.bytes)} fits the budget ({gib(slack)} to spare); remat would cost "
-                f"{ms(it.recompute_s)}, offload {ms(marginal)} exposed"
+                f"{ms(it.recompute_s)}, "
+                + (
+                    f"offload {ms(marginal)} exposed"
+                    if rates.offload_is_real
+                    else "offloading is a no-op on this backend"
+                )
             )
         elif p is Placement.REMAT:
             if it.recompute_s == 0:
@@ -453,8 +458,9 @@ def _explain(
                 it.name,
                 it.bytes,
                 it.recompute_s,
-                it.d2h_s + it.h2d_s,
-                hidden,
+                # no host link to price (XLA:CPU keeps "offloaded" values on the device)
+                it.d2h_s + it.h2d_s if rates.offload_is_real else None,
+                hidden if rates.offload_is_real else None,
                 p.value,
                 why,
             )
@@ -470,6 +476,12 @@ class NoPlanFits(TieraxError):
 CLI_REMEDIES = (
     "Use a smaller --microbatch or --seq, more devices (--devices/--mesh), a larger "
     "--budget-gib, or --max-microbatch"
+)
+
+# --max-microbatch already searched every microbatch: even 1 does not fit
+MAX_MICROBATCH_REMEDIES = (
+    "Even microbatch 1 does not fit: use a smaller --seq, more devices (--devices/--mesh) or a "
+    "larger --budget-gib"
 )
 
 
@@ -543,19 +555,16 @@ def plan(
         b = floor.breakdown
         # A custom model's inventory is at the shapes its caller traced, not at a microbatch × seq.
         at = "" if cfg.family == "custom" else f" at microbatch {inv.microbatch} × seq {inv.seq}"
-        state_text = (
-            f"params+grads+AdamW {size_text(b['state_bytes'])}"
-            if not all_state
-            else f"params+grads+AdamW left on device with moments and master weights on host "
-            f"{size_text(b['state_device_bytes'])} (host: {size_text(floor.host_bytes)} of "
-            f"{size_text(host_budget)})"
+        phase = "at the loss" if b["peak_phase"] == "loss" else "in a layer backward"
+        terms = ", ".join(
+            f"{label.replace('activations on device', 'layer inputs')} {size_text(n)}"
+            for label, n in cm.peak_rows(b)
+            if n
         )
         raise NoPlanFits(
             f"no plan fits {cfg.name}{at} in a device budget of {size_text(budget)}: recomputing "
-            f"everything still needs {size_text(floor.peak_device_bytes)} ({state_text}, layer "
-            f"inputs {size_text(b['activation_bytes'])}, one "
-            f"layer's workspace {size_text(b['workspace_bytes'])}, logits "
-            f"{size_text(b['logits_bytes'])}). " + (remedies or CLI_REMEDIES)
+            f"everything still needs {size_text(floor.peak_device_bytes)} {phase} ({terms}). "
+            + (remedies or CLI_REMEDIES)
         )
     placements, state = solution
     desc = (
@@ -739,6 +748,7 @@ def max_microbatch(
             one_placement_per_name=one_placement_per_name,
             mechanism=mechanism,
             place_state=place_state,
+            remedies=MAX_MICROBATCH_REMEDIES,
         )
     lo, hi = 1, 2
     while hi <= limit and fits(hi):

@@ -526,6 +526,8 @@ def _trace_groups(cfg, microbatch: int, seq: int, tensor: int) -> tuple:
 
     require_concrete_attention(cfg, "the inventory")
     local = host_traceable(tensor_shard_config(cfg, tensor))
+    if cfg.attention == "cudnn_blockwise":
+        local = _as_compiled(local)
     model = abstract_model(local)
     dtype = jnp.dtype(cfg.dtype)
     x = jax.ShapeDtypeStruct((microbatch, seq, cfg.d_model), dtype)
@@ -550,8 +552,40 @@ def _trace_groups(cfg, microbatch: int, seq: int, tensor: int) -> tuple:
         largest = max(
             jax.tree_util.tree_leaves_with_path(stacked), key=lambda kv: math.prod(kv[1].shape)
         )
+        if cfg.attention == "cudnn_blockwise" and local.attention == "cudnn_blockwise":
+            gi = _unfused(gi)
         groups.append((gi, (largest[0], tuple(largest[1].shape))))
     return tuple(groups)
+
+
+def _as_compiled(local):
+    """``attention=cudnn_blockwise`` chosen by the user (not the host stand-in of ``cudnn``)
+    compiles to plain XLA code, no cuDNN call (tests/test_cost_attention_kinds.py counts them in a
+    deviceless GPU compile): it is priced as that code, not as the fused kernel whose stand-in it
+    is.  Where the value head dim equals the query/key one it is exactly blockwise attention in
+    128-key blocks (``padded_value_attention`` pads nothing), traced as such: its matmuls at the
+    matmul rate, its score blocks' HBM traffic counted.  Otherwise (MLA) see :func:`_unfused`."""
+    from tierax.models.attention import FUSED_TILE
+
+    _, dqk, dv = local.attention_dims()
+    if dv != dqk:
+        return local
+    return dataclasses.replace(local, attention="blockwise", attention_block=FUSED_TILE)
+
+
+def _unfused(gi: GroupInventory) -> GroupInventory:
+    """A user's ``attention=cudnn_blockwise`` with a value head dim below the query/key one (MLA):
+    the padded stand-in's matmuls run at the matmul rate, not at the fused kernel's; XLA's traffic
+    inside the stand-in stays uncounted (the HBM trace treats its scope as one boundary), an
+    underestimate."""
+    return dataclasses.replace(
+        gi,
+        fused_attention_flops_per_layer=0.0,
+        base_recompute_fused_flops_per_layer=0.0,
+        activations=tuple(
+            dataclasses.replace(a, recompute_fused_flops_per_layer=0.0) for a in gi.activations
+        ),
+    )
 
 
 @_memoised

@@ -331,7 +331,14 @@ def config_from_mapping(
         if head == "model" and len(path) == 2 and not isinstance(data.get("model"), Mapping):
             model_overrides.append(f"{path[1]}={text.partition('=')[2]}")  # onto the named config
         elif len(path) == 1:
+            if head not in _TOP_KEYS:  # the command line's, not the file's
+                raise unknown_keys([head], valid_keys(), f"command-line override {text!r}")
             data[head] = value
+        elif len(path) == 2 and head in SECTIONS and ".".join(path) not in valid_keys():
+            own = [k.split(".", 1)[1] for k in valid_keys() if k.startswith(f"{head}.")]
+            raise unknown_keys(
+                [path[1]], own, f"command-line override {text!r}", prefix=f"{head}."
+            )
         elif len(path) == 2 and (head in SECTIONS or head == "model"):
             section = data.get(head)
             data[head] = {**(section if isinstance(section, Mapping) else {}), path[1]: value}
@@ -340,7 +347,9 @@ def config_from_mapping(
                 f"override {text!r}: sections are one level deep, e.g. {head}.KEY=VALUE"
             )
         else:
-            raise unknown_keys([".".join(path)], valid_keys(), f"override {text!r}")
+            raise unknown_keys(
+                [".".join(path)], valid_keys(), f"command-line override {text!r}"
+            )
 
     unknown = [k for k in data if k not in _TOP_KEYS]
     if unknown:
@@ -397,11 +406,32 @@ def config_from_mapping(
             f"them",
         )
         microbatch = global_batch // mesh.batch_ways
+    microbatch = _plan_batch(plan, microbatch, values, source)
     if microbatch is not None:
         values["microbatch"] = microbatch
 
     cfg = TrainConfig(model=model, plan=plan, source=source, **values, **sections)
     return cfg
+
+
+def _plan_batch(plan: plan_lib.Plan, microbatch: int | None, values: dict, source: str):
+    """The run's microbatch (and, in ``values``, its ``grad_accum``): the config's, or, where it
+    gives none, what the plan was planned for (``tierax plan --mesh auto``); a config value that
+    differs from the plan's is refused."""
+    for key, given, planned in (
+        ("microbatch", microbatch, plan.microbatch),
+        ("grad_accum", values.get("grad_accum"), plan.grad_accum),
+    ):
+        _check(
+            planned is None or given is None or given == planned,
+            f"{source}: {key} {given} (from the config's "
+            f"{'global_batch or microbatch' if key == 'microbatch' else key}) differs from the "
+            f"{key} {planned} plan {plan.name!r} was planned for; drop it (the plan's is used) or "
+            "plan again for it",
+        )
+    if plan.grad_accum is not None:
+        values.setdefault("grad_accum", plan.grad_accum)
+    return microbatch if microbatch is not None else plan.microbatch
 
 
 def load_train_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> TrainConfig:

@@ -4,6 +4,7 @@ dataclass whose ``__post_init__`` names the problem and the fix."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from tierax.errors import TieraxError
@@ -144,6 +145,15 @@ class DataConfig:
                 "write e.g. data.mixture=runs/web=0.7,runs/books=0.3",
             )
             out.append((path, w))
+        seen: dict[str, str] = {}
+        for path, _ in out:
+            same = os.path.realpath(os.path.expanduser(path))
+            _check(
+                same not in seen,
+                f"data.mixture names one dataset twice ({seen.get(same)!r} and {path!r}): its "
+                "documents would be drawn as two datasets; list it once with the weights added",
+            )
+            seen[same] = path
         _check(
             len(out) >= 1,
             "data.mixture is empty; write e.g. data.mixture=runs/web=0.7,runs/books=0.3",

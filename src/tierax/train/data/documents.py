@@ -94,8 +94,9 @@ def _too_big(where: str, size: int, limit: int) -> TieraxError:
 def _text_document(path: pathlib.Path, gz: bool, limit: int, raw_bytes: bool) -> Iterator[Document]:
     with _open_binary(path, gz) as f:
         raw = f.read(limit + 1)
-    if len(raw) > limit:
-        raise _too_big(str(path), len(raw), limit)
+        if len(raw) > limit:  # the whole document's size, not where reading stopped
+            size = len(raw) + sum(len(chunk) for chunk in iter(lambda: f.read(1 << 20), b""))
+            raise _too_big(str(path), size, limit)
     if raw_bytes:
         yield Document(raw, str(path), len(raw))
         return

@@ -131,6 +131,7 @@ def prepare(
         raise TieraxError(f"--shard-tokens must be ≥ 1, got {shard_tokens}")
     for p in inputs:
         docs_lib.input_kind(pathlib.Path(p))
+    _check_distinct(inputs)
     out = pathlib.Path(out)
     _check_out(out, overwrite)
     tok = load_tokenizer(tokenizer, bos=bos, eos=eos)
@@ -235,6 +236,19 @@ def _check_splits(splits: dict, fraction: float) -> None:
             f"no document of the {total} was held out at --validation-fraction {fraction} "
             "(whole documents are held out); raise the fraction or give more documents"
         )
+
+
+def _check_distinct(inputs: Sequence[str | os.PathLike]) -> None:
+    """Refuse an input given twice (its documents would be counted twice), by the file it names."""
+    seen: dict[pathlib.Path, str] = {}
+    for p in inputs:
+        same = pathlib.Path(p).expanduser().resolve()
+        if same in seen:
+            raise TieraxError(
+                f"input {str(p)!r} is {seen[same]!r} again: its documents would be tokenized and "
+                "counted twice; give each input once"
+            )
+        seen[same] = str(p)
 
 
 def prepare_text(text_file: str | os.PathLike, out_dir: str | os.PathLike, **kwargs) -> dict:
