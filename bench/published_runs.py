@@ -18,6 +18,7 @@ fuse, so it names nothing there and is dropped); precision: bf16 compute and flo
 the row says otherwise; attention as the row ran it.
 
     .venv/bin/python bench/published_runs.py      # → bench/results/published_runs.json and a table
+    .venv/bin/python bench/published_runs.py --docs bench/results/published_runs.json  # docs table
 """
 
 from __future__ import annotations
@@ -337,10 +338,55 @@ def predict(spec: dict, hw: str, microbatch: int, seq: int, remat: dict, label: 
     }
 
 
+def markdown(doc: dict) -> str:
+    """The docs table of a record: one row per run (what is missing where it is not expressed)."""
+    lines = [
+        "| row | hardware | model | measured s | predicted s | predicted / measured | fits (GiB) |",
+        "|---|---|---|---:|---:|---:|---|",
+    ]
+    for r in doc["rows"]:
+        run = r["published"]
+        where = f"{run['devices']} {run['hw']}"
+        if not r["expressible"]:
+            lines.append(
+                f"| {r['id']} | {where} | {run['model']} | {run['measured_step_s']} | — | "
+                f"not expressible: {'; '.join(r['missing'])} | — |"
+            )
+            continue
+        fits = "yes" if r["fits"] else "**no**"
+        lines.append(
+            f"| {r['id']} | {where} | {run['model']} | {r['measured_step_s']:.3f} | "
+            f"{r['predicted_step_s']:.3f} | {r['ratio']:.2f} | {fits} "
+            f"({r['peak_gib']:.1f} of {r['usable_gib']:.1f}) |"
+        )
+    s = doc["summary"]
+    med = s["median_abs_error"]
+    lines += [
+        "",
+        f"{s['expressible']} of {s['rows']} rows expressed; {s['within_15_percent']} within 15 %"
+        + (f", median |error| {med:.0%}" if med is not None else "")
+        + f"; every expressed row predicted to fit: {'yes' if s['all_predicted_to_fit'] else 'no'}"
+        + f"; pairs ordered as measured: {s['pairs_ordered_right']} of {s['pairs_expressible']}"
+        + f" expressed (`{doc['command']}`, {doc['created'][:10]}).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     _common.add_out(ap, "published_runs.json")
+    ap.add_argument(
+        "--docs",
+        metavar="RECORD.json",
+        help="rewrite the docs table from this record and exit (nothing is predicted)",
+    )
     args = ap.parse_args(argv)
+    if args.docs:
+        import json
+
+        doc = json.loads(pathlib.Path(args.docs).read_text())
+        print(f"wrote {_common.write_docs_table('published-runs', markdown(doc))}")
+        return 0
     launch.start()
 
     from rich.console import Console

@@ -26,6 +26,7 @@ DOCS_TABLES = [
     ("row_stride", "markdown", "row_stride.json", "row-stride"),
     ("time_fidelity", "markdown", "time_fidelity.json", "time-fidelity"),
     ("mesh_search", "readme", "mesh_search.json", "mesh-search"),
+    ("published_runs", "markdown", "published_runs.json", "published-runs"),
 ]
 
 
