@@ -380,3 +380,33 @@ def test_over_budget_gpu_compile_is_a_result_with_the_prediction():
     assert out["device_peak_bytes"] > out["device_limit_bytes"]
     assert out["predicted"]["fits"] is False
     assert out["predicted"]["peak_device_bytes"] > out["device_limit_bytes"]
+
+
+def test_an_offloaded_layer_input_leaves_the_device_as_xla_places_it():
+    """MaxText's recipes offload decoder_layer_input (the scan's carry).  XLA's host offloader puts
+    every layer's carry in host memory: L × b·s·d·4 B of host temp, which the model now counts as
+    host bytes (and no longer as device bytes); it used to count none."""
+    from tierax import costmodel as cm
+    from tierax.tracing.inventory import model_inventory
+
+    cfg = get_config("tiny-llama")
+    plan = P.Plan(
+        "lin-offload",
+        {"decoder": P.GroupPlan({"decoder_layer_input": P.Placement.OFFLOAD})},
+        mechanism="policy",
+    )
+    r, _ = C.compile_for_target(cfg, plan, "h200", microbatch=2, seq=64)
+    carry = cfg.num_layers * 2 * 64 * cfg.d_model * 4
+    assert r.host_temp_bytes == carry
+    inv = model_inventory(cfg, 2, 64)
+    rates = cm.target_rates("h200", cfg.dtype)
+    off = cm.simulate(plan, inv, cfg, rates, "lhs")
+    kept = dataclasses.replace(
+        plan, groups={"decoder": P.GroupPlan({"decoder_layer_input": P.Placement.DEVICE})}
+    )
+    on = cm.simulate(kept, inv, cfg, rates, "lhs")
+    assert off.host_bytes == carry and on.host_bytes == 0
+    assert on.breakdown["activation_bytes"] - off.breakdown["activation_bytes"] == carry
+    assert off.breakdown["transfer_s"] == pytest.approx(
+        carry / rates.d2h_bytes_per_s + carry / rates.h2d_bytes_per_s
+    )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tierax import names as N
 from tierax import plan as plan_lib
 from tierax.costmodel import network
 from tierax.costmodel.first_touch import first_touch_s
@@ -110,10 +111,20 @@ def evaluate(
         off = [i for i in mine if placements[(g.name, i.name)] is P.OFFLOAD]
         host += sum(i.bytes for i in off)
         d2h, h2d = sum(i.d2h_s for i in off), sum(i.h2d_s for i in off)
+        staged = sum(i.bytes_per_layer for i in off)
+        # The layer input offloaded (XLA's host offloader stores the scan's carry residuals: a
+        # deviceless compile holds exactly L × the carry in host temp, tests/test_compile.py):
+        # its bytes leave the device and cross the link like a named activation's.
+        if placements.get((g.name, N.DECODER_LAYER_INPUT)) is P.OFFLOAD:
+            act_bytes -= g.base_bytes
+            host += g.base_bytes
+            d2h += g.base_bytes / rates.d2h_bytes_per_s
+            h2d += g.base_bytes / rates.h2d_bytes_per_s
+            staged += g.base_bytes // max(1, g.num_layers)
         transfer_total += d2h + h2d
         exposed_d2h += max(0.0, d2h - g.d2h_window_s)
         exposed_h2d += max(0.0, h2d - g.h2d_window_s)
-        staging = max(staging, staged_layers * sum(i.bytes_per_layer for i in off))
+        staging = max(staging, staged_layers * staged)
     sc = state_cost(offloaded_parts(state or {}), inv, cfg, rates)
     # The streamed update's phase: the state left on device, the update's staged slices.
     update_phase = fx.state_bytes - sc.freed_bytes + sc.staging_bytes + fx.fixed_device_bytes
