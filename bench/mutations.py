@@ -161,8 +161,8 @@ MUTATIONS = [
         "name": "memory-traffic-term-dropped",
         "what": "costmodel.fixed: compute time is the matmuls alone (no non-matmul memory traffic)",
         "file": "src/tierax/costmodel/fixed.py",
-        "old": "return executed, hbm_s, executed / rates.matmul_flops_per_s + hbm_s, 0.0",
-        "new": "return executed, hbm_s, executed / rates.matmul_flops_per_s, 0.0",
+        "old": "(executed - fp8) / rates.matmul_flops_per_s + fp8_s + hbm_s, 0.0",
+        "new": "(executed - fp8) / rates.matmul_flops_per_s + fp8_s, 0.0",
         "tests": ["tests/test_time_model.py"],
     },
     {
@@ -185,8 +185,8 @@ MUTATIONS = [
         "name": "transposing-fusion-term-dropped",
         "what": "costmodel.evaluate: the step leaves out XLA:CPU's transposing fusions",
         "file": "src/tierax/costmodel/predict.py",
-        "old": "        + first_touch\n        + transpose\n    )\n",
-        "new": "        + first_touch\n    )\n",
+        "old": "        + first_touch\n        + transpose\n        + sc.exposed_s\n",
+        "new": "        + first_touch\n        + sc.exposed_s\n",
         "tests": ["tests/test_time_model.py"],
     },
     {
@@ -533,8 +533,8 @@ MUTATIONS = [
         "name": "document-limit-off-by-one",
         "what": "a text document exactly at the size limit refused",
         "file": "src/tierax/train/data/documents.py",
-        "old": "    if len(raw) > limit:\n        raise _too_big(str(path), len(raw), limit)",
-        "new": "    if len(raw) >= limit:\n        raise _too_big(str(path), len(raw), limit)",
+        "old": "        if len(raw) > limit:  # the whole document's size",
+        "new": "        if len(raw) >= limit:  # the whole document's size",
         "tests": ["tests/test_data_edges.py"],
     },
     {

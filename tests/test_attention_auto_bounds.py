@@ -24,7 +24,7 @@ from tierax.models import for_platform, get_config
 def test_llama_head_dim_and_dtype_boundaries(changes, attention):
     cfg = dataclasses.replace(get_config("llama3-8b"), **changes)
     assert for_platform(cfg, "gpu").attention == attention
-    assert for_platform(cfg, "tpu").attention == "blockwise"
+    assert for_platform(cfg, "tpu").attention == "splash"  # TPU targets run the splash kernel
 
 
 @pytest.mark.parametrize(
