@@ -147,7 +147,7 @@ def test_rate_override_replaces_the_source_it_overrides(cli):
 
 
 def test_host_budget_zero_means_no_offload(cli):
-    fast = ["--budget-gib", "0.018", "--rate", "host_link=100000", "--json"]  # offloads hide
+    fast = ["--budget-gib", "0.015", "--rate", "host_link=100000", "--json"]  # offloads hide
     r = cli("plan", "--host-budget-gib", "0", *fast)
     d = _json(r)
     assert d["host_budget_bytes"] == 0 and d["predicted"]["host_bytes"] == 0
@@ -267,7 +267,9 @@ def test_oversize_document_error_reports_its_real_size(tmp_path, gz):
     assert f"a document of {size:,} bytes" in str(e.value), str(e.value)
 
 
-def test_plot_metrics_writes_the_format_its_suffix_names(cli, tmp_path):
+def test_plot_metrics_writes_png_and_refuses_another_suffix(cli, tmp_path):
+    """The plot is PNG (the one format tierax can recognise as its own when asked to replace a
+    file); another suffix is refused with exit 2, nothing written — never PNG bytes under a .jpg."""
     run = tmp_path / "run"
     run.mkdir()
     rec = {"loss": 2.0, "grad_norm": 1.0, "lr": 1e-3, "step_time_s": 0.1, "tokens_per_s": 10.0,
@@ -275,14 +277,12 @@ def test_plot_metrics_writes_the_format_its_suffix_names(cli, tmp_path):
     (run / "metrics.jsonl").write_text(
         "".join(json.dumps({"step": k, **rec}) + "\n" for k in (1, 2))
     )
-    magic = {"x.png": b"\x89PNG", "x.jpg": b"\xff\xd8\xff", "x.svg": b"<?xml", "x.pdf": b"%PDF"}
-    for name, head in magic.items():
-        r = cli("plot-metrics", str(run), "--out", str(tmp_path / name))
-        assert r.returncode == 0, r.stderr
-        assert (tmp_path / name).read_bytes().startswith(head), name
-    for bad in ("x.txt", "x"):
+    r = cli("plot-metrics", str(run), "--out", str(tmp_path / "x.png"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "x.png").read_bytes().startswith(b"\x89PNG")
+    for bad in ("x.jpg", "x.txt", "x"):
         r = cli("plot-metrics", str(run), "--out", str(tmp_path / bad))
-        assert r.returncode == 2 and "names no image format" in r.stderr and ".png" in r.stderr
+        assert r.returncode == 2 and ".png" in r.stderr, r.stderr
         assert not (tmp_path / bad).exists()
 
 

@@ -141,6 +141,11 @@ def resolve_model(args, extra_overrides: Sequence[str] = (), *, target: str | No
     if target is None:
         return cfg
     platform = hardware.platform(target)
+    if cfg.attention == "cudnn" and platform != "gpu":
+        raise TieraxError(
+            f"attention=cudnn runs cuDNN's fused kernel on CUDA GPUs only; target {target} is a "
+            f"{platform}: use attention=splash (its kernel) or auto, or blockwise"
+        )
     if cfg.quantization == "fp8" and "fp8" not in hardware.get_target(target).peak_flops:
         # Said, not silent: the target's table has no fp8 GEMM rate.
         print(

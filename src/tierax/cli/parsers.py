@@ -18,7 +18,8 @@ from tierax.cli.common import (
 
 PRESET_HELP = "XLA flag preset: none, lhs, lhs-pipelined"
 TARGET_HELP = (
-    "GPUs h100, h200, b200, gb200; projections gb300, vr200; TPUs v5e, v5p, v6e; or cpu "
+    "GPUs h100, h200, b200, gb200; projections gb300, vr200; TPUs v5e, v5p, v6e, v7x (devices = "
+    "TensorCores, 2 per chip); or cpu "
     "(measured by calibrate)"
 )
 

@@ -47,14 +47,22 @@ def peak_rows(breakdown: dict) -> list[tuple[str, int]]:
     backward holds its workspace, the loss the logits and their gradient, less the embedding and
     head gradients not yet written): (label, bytes) rows that sum to the peak."""
     b = breakdown
+    if b["peak_phase"] == "update":  # the streamed update: the state left on device, its slices
+        return [
+            ("params + grads + AdamW left on device", b["state_device_bytes"]),
+            ("the update's staged state slices", b.get("state_update_staging_bytes", 0)),
+            ("the runtime's fixed device memory", b.get("fixed_device_bytes", 0)),
+        ]
     loss = b["peak_phase"] == "loss"
-    state = b["state_bytes"] - (b.get("embed_grad_bytes", 0) if loss else 0)
+    on_device = b.get("state_device_bytes", b["state_bytes"])  # moments on host leave the peak
+    state = on_device - (b.get("embed_grad_bytes", 0) if loss else 0)
     rows = [
         (
             "params + grads + AdamW"
+            + (" on device" if on_device != b["state_bytes"] else "")
             + (
                 ", less the embedding and head gradients not yet written"
-                if state != b["state_bytes"]
+                if state != on_device
                 else ""
             ),
             state,

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
-
 from tierax.errors import TieraxError
 from tierax.plan.types import STATE_KINDS, Placement, Plan
 
@@ -47,6 +45,8 @@ def state_shardings(plan: Plan, shardings: Any, kind: str) -> Any:
         group = layer_group_of(path)
         offload = group is not None and plan.state_of(group).placement(kind) is Placement.OFFLOAD
         return sharding.with_memory_kind(HOST_KIND if offload else DEVICE_KIND)
+
+    import jax  # here, not at import: `tierax plans` reads plans without JAX
 
     return jax.tree_util.tree_map_with_path(placed, shardings)
 

@@ -640,8 +640,8 @@ def _explain_state(
                 name,
                 part.device_bytes,
                 0.0,
-                total,
-                hidden,
+                total if rates.offload_is_real else None,  # no link where offload is a no-op
+                hidden if rates.offload_is_real else None,
                 sp.placement(part.kind).value,
                 why,
             )
