@@ -98,7 +98,8 @@ def test_the_docs_build_strictly_with_every_generated_page(site):
     for uri in hooks.GENERATED:
         assert (site / uri.removesuffix(".md") / "index.html").is_file(), uri
     api = (site / "reference" / "api" / "index.html").read_text()
-    for name in ("tierax.api.inventory", "tierax.api.plan", "tierax.plan.to_policies"):
+    # to_policies is loaded lazily by tierax.plan (it needs JAX): documented where it is defined
+    for name in ("tierax.api.inventory", "tierax.api.plan", "tierax.plan.policies.to_policies"):
         assert f'id="{name}"' in api, f"the API reference has no entry {name}"
 
 
