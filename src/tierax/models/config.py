@@ -11,6 +11,7 @@ Users bring their own shapes as YAML and ``KEY=VALUE`` overrides
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -499,19 +500,6 @@ NAMED_CONFIGS: dict[str, ModelConfig] = {
         dtype="bfloat16",
         attention=AUTO_ATTENTION,
     ),
-    # Llama 3.1 8B: the same shapes as Llama 3 8B (Meta's params.json; RoPE scaling not modelled).
-    "llama3.1-8b": LlamaConfig(
-        name="llama3.1-8b",
-        vocab_size=128256,
-        d_model=4096,
-        num_layers=32,
-        num_heads=32,
-        num_kv_heads=8,
-        head_dim=128,
-        mlp_dim=14336,
-        dtype="bfloat16",
-        attention=AUTO_ATTENTION,
-    ),
     # Llama 2 7B and 70B: "Llama 2: Open Foundation and Fine-Tuned Chat Models" (Touvron et al.
     # 2023), Table 1 and the released params.json (7B: dim 4096, 32 layers, 32 heads, no GQA, ffn
     # 11008; 70B: dim 8192, 80 layers, 64 heads, 8 KV heads, ffn 28672; vocab 32000, RoPE 10000).
@@ -541,22 +529,10 @@ NAMED_CONFIGS: dict[str, ModelConfig] = {
         dtype="bfloat16",
         attention=AUTO_ATTENTION,
     ),
-    # Llama 3 / 3.1 70B: "The Llama 3 Herd of Models", Table 3 (dim 8192, 80 layers, 64 heads, 8 KV
-    # heads, ffn 28672, vocab 128256, RoPE 500000; 3.1's RoPE scaling not modelled).
+    # Llama 3 70B: "The Llama 3 Herd of Models", Table 3 (dim 8192, 80 layers, 64 heads, 8 KV heads,
+    # ffn 28672, vocab 128256, RoPE 500000).
     "llama3-70b": LlamaConfig(
         name="llama3-70b",
-        vocab_size=128256,
-        d_model=8192,
-        num_layers=80,
-        num_heads=64,
-        num_kv_heads=8,
-        head_dim=128,
-        mlp_dim=28672,
-        dtype="bfloat16",
-        attention=AUTO_ATTENTION,
-    ),
-    "llama3.1-70b": LlamaConfig(
-        name="llama3.1-70b",
         vocab_size=128256,
         d_model=8192,
         num_layers=80,
@@ -668,6 +644,13 @@ def host_traceable(cfg):
     impl = HOST_TRACEABLE_ATTENTION.get(cfg.attention)
     return cfg if impl is None else dataclasses.replace(cfg, attention=impl)
 
+
+# Llama 3.1 8B and 70B: the shapes of Llama 3 8B and 70B (Meta's params.json; 3.1's RoPE scaling and
+# longer context are not modelled).
+NAMED_CONFIGS["llama3.1-8b"] = dataclasses.replace(NAMED_CONFIGS["llama3-8b"], name="llama3.1-8b")
+NAMED_CONFIGS["llama3.1-70b"] = dataclasses.replace(
+    NAMED_CONFIGS["llama3-70b"], name="llama3.1-70b"
+)
 
 # MaxText's model names for the same shapes (its configs/models/*.yml): looked up as the config they
 # name.
