@@ -267,7 +267,10 @@ def test_maxtext_overrides_carry_quantization_and_read_back(tmp_path):
     assert yaml.safe_load(text)["quantization"] == "fp8"
     f = tmp_path / "mt.yml"
     f.write_text(text)
-    assert files.load_plan(str(f), cfg) == plan
+    # the placements, and the mesh and microbatch the file was written for
+    back = files.load_plan(str(f), cfg)
+    assert back == dataclasses.replace(plan, mesh=back.mesh, microbatch=2)
+    assert dict(back.mesh) == {"data": 1, "fsdp": 2, "tensor": 1, "expert": 1}
     # The same file is not the bf16 model's: its quantization differs.
     with pytest.raises(TieraxError, match=r"quantization 'fp8' \(here ''\)"):
         files.load_plan(str(f), get_config("tiny-llama"))
