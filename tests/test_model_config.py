@@ -232,7 +232,7 @@ def test_float_fields_accept_ints_and_yaml_1_1_exponents():
                 "valid keys: name, vocab_size, d_model",
             ],
         ),
-        (["num_experts=4"], ["unknown key 'num_experts'", "llama config"]),
+        (["q_lora_rank=4"], ["unknown key 'q_lora_rank'", "llama config"]),  # a DeepSeek key
         (["family=deepseek"], ["family cannot be overridden"]),
         (["d_model=3.5"], ["d_model expects int", "3.5"]),
         (["d_model=big"], ["d_model expects int", "'big'"]),
