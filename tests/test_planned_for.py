@@ -20,16 +20,17 @@ def _sim(cli, *args):
 
 
 def test_maxtext_overrides_keep_their_mesh_and_batch_when_read_back(cli, tmp_path):
+    # minimal: a plan MaxText expresses whole (save-all's kept unnamed intermediates it cannot)
     f = tmp_path / "mt.yml"
     r = cli(
-        "plans", "--model", "tiny-llama", "--show", "save-all", "--emit", "maxtext",
+        "plans", "--model", "tiny-llama", "--show", "minimal", "--emit", "maxtext",
         "--mesh", "data=2,fsdp=4", "--microbatch", "4",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     f.write_text(r.stdout)
     read_back = _sim(cli, "--plan", str(f))
-    given = _sim(cli, "--plan", "save-all", "--mesh", "data=2,fsdp=4", "--microbatch", "4")
-    one_device = _sim(cli, "--plan", "save-all", "--microbatch", "4")
+    given = _sim(cli, "--plan", "minimal", "--mesh", "data=2,fsdp=4", "--microbatch", "4")
+    one_device = _sim(cli, "--plan", "minimal", "--microbatch", "4")
     assert read_back == given and read_back != one_device
     # A flag that disagrees with the file is refused, naming both.
     r = cli(*SIM, "--plan", str(f), "--mesh", "fsdp=8")
@@ -43,13 +44,13 @@ def test_maxtext_tensor_axis_counts_in_the_microbatch(cli, tmp_path):
     # batch axes, which a tensor group shares: 2 per device × tensor 2 = 4 sequences.
     f = tmp_path / "mt.yml"
     r = cli(
-        "plans", "--model", "tiny-llama", "--show", "save-all", "--emit", "maxtext",
+        "plans", "--model", "tiny-llama", "--show", "minimal", "--emit", "maxtext",
         "--mesh", "fsdp=2,tensor=2", "--microbatch", "4",
     )  # fmt: skip
     assert r.returncode == 0 and "per_device_batch_size: 2\n" in r.stdout
     f.write_text(r.stdout)
     assert _sim(cli, "--plan", str(f)) == _sim(
-        cli, "--plan", "save-all", "--mesh", "fsdp=2,tensor=2", "--microbatch", "4"
+        cli, "--plan", "minimal", "--mesh", "fsdp=2,tensor=2", "--microbatch", "4"
     )
 
 
