@@ -146,6 +146,11 @@ def resolve_model(args, extra_overrides: Sequence[str] = (), *, target: str | No
             f"attention=cudnn runs cuDNN's fused kernel on CUDA GPUs only; target {target} is a "
             f"{platform}: use attention=splash (its kernel) or auto, or blockwise"
         )
+    if cfg.attention == "splash" and platform == "gpu":
+        raise TieraxError(
+            f"attention=splash is the Pallas TPU kernel, which compiles for TPUs only; for the GPU "
+            f"target {target!r} use attention=cudnn or blockwise (e.g. --set attention=cudnn)"
+        )
     if cfg.quantization == "fp8" and "fp8" not in hardware.get_target(target).peak_flops:
         # Said, not silent: the target's table has no fp8 GEMM rate.
         print(

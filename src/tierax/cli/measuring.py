@@ -119,6 +119,7 @@ def cmd_compile(args) -> int:
     mesh = mesh_option(args, [args.plan])
     spec = hardware.compile_target(args.target)
     target_config = _read_target_config(args.target_config)
+    cfg = resolve_model(args, target=args.target)  # a model the target cannot run: before JAX
     if spec.kind == "tpu":  # host platform only; libtpu builds compile-only TPU devices
         spec.topology_name(mesh.size)  # an unsupported slice size fails before JAX starts
         from tierax.xla import compile as compile_lib
@@ -134,7 +135,6 @@ def cmd_compile(args) -> int:
     from tierax.interop import files
     from tierax.report.tables import compile_table
 
-    cfg = resolve_model(args, target=args.target)
     mesh.check_model(cfg, where="--mesh")
     plan = files.load_plan(args.plan, cfg)
     plan_lib.check_mechanism_preset(plan, args.xla_preset, "--plan")
