@@ -130,7 +130,9 @@ def test_compiled_flops_skip_the_masked_blocks(block):
     assert blk / xla == pytest.approx(expected, rel=0.02)
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-deepseek"])
+@pytest.mark.parametrize(
+    "name", ["tiny-llama", pytest.param("tiny-deepseek", marks=pytest.mark.slow)]  # MoE: 20 s
+)
 def test_models_with_blockwise_attention_match(name):
     base = get_config(name)
     blk = dataclasses.replace(base, attention="blockwise", attention_block=16)

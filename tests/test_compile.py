@@ -250,6 +250,7 @@ groups:
 """
 
 
+@pytest.mark.slow  # two deviceless GPU compiles of one step
 def test_pipelined_preset_changes_the_schedule(tmp_path):
     """The XLA presets are applied before the backend starts: one process per preset (XLA's own
     offloader, the mechanism lhs-pipelined is offered with)."""

@@ -141,8 +141,9 @@ def _per_document_nll(token_nll, params, tokens, seg, *, mask=True):
     "name, impl, plan",
     [
         ("tiny-llama", "xla", "save-all"),
-        ("tiny-llama", "blockwise", "qkv-offload"),
-        ("tiny-deepseek", "blockwise", "deepseek-offload"),
+        pytest.param("tiny-llama", "blockwise", "qkv-offload", marks=pytest.mark.slow),
+        # the MoE model's packed step: half a minute of compiles here
+        pytest.param("tiny-deepseek", "blockwise", "deepseek-offload", marks=pytest.mark.slow),
     ],
 )
 def test_packed_batch_equals_documents_run_separately(name, impl, plan):

@@ -190,6 +190,7 @@ def _train(cfg, steps, *, grad_accum=1):
 FP8_LOSS_MARGIN = 0.03
 
 
+@pytest.mark.slow  # two 16-step training runs
 def test_fp8_training_ends_within_margin_of_float32():
     base = get_config("tiny-llama")
     state8, loss8 = _train(_fp8("tiny-llama"), 16)
@@ -205,6 +206,7 @@ def test_fp8_training_ends_within_margin_of_float32():
     np.testing.assert_allclose(scale, prev, rtol=1e-6)
 
 
+@pytest.mark.slow  # a grad-accumulation step compile and two gradient compiles
 def test_accumulated_metas_take_the_step_amax():
     """With 2 microbatches each history's new slot is the larger microbatch amax, not a sum or an
     average."""
@@ -224,6 +226,7 @@ def test_accumulated_metas_take_the_step_amax():
     assert bool(jnp.any(a != b))
 
 
+@pytest.mark.slow  # a 3-step training run and an Orbax round trip
 def test_checkpoint_restores_the_scales_exactly(tmp_path):
     from tierax.train import checkpoint as C
 

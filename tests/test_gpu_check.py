@@ -99,6 +99,7 @@ def _check_doc(doc: dict, presets: list[str], plans: list[str]):
         assert sorted(p["ranking_measured"]) == sorted(p["ranking_predicted"])
 
 
+@pytest.mark.slow  # the whole GPU-check pipeline on CPU
 def test_tiny_pipeline_one_preset(tmp_path):
     out = tmp_path / "gc.json"
     r = _run(

@@ -156,6 +156,7 @@ def test_equal_size_key_and_value_projections_are_found_by_name():
     _sums_to_host_temp(r)
 
 
+@pytest.mark.slow  # a deviceless GPU compile of the MoE step
 def test_deepseek_names_found_by_name_and_no_swap():
     """tiny-deepseek: query_proj and key_proj are equal in size (96 KiB), value_proj is not (64
     KiB);

@@ -118,7 +118,11 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize(
+    "case",
+    # the MoE case traces every expert layout: a quarter of a minute here
+    [pytest.param(c, marks=pytest.mark.slow) if c == "deepseek" else c for c in sorted(CASES)],
+)
 def test_search_equals_brute_force_and_pruning_keeps_the_optimum(trimmed, case):
     name, sets, target, rate_set, global_batch, seq = CASES[case]
     cfg = apply_overrides(get_config(name), sets)
@@ -194,6 +198,7 @@ def _main(monkeypatch, *args):
     return cli.main(list(args))
 
 
+@pytest.mark.slow  # a whole mesh search through the CLI
 def test_plan_mesh_auto_writes_the_winner_with_its_mesh_and_simulate_uses_it(
     monkeypatch, capsys, tmp_path
 ):

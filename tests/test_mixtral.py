@@ -69,11 +69,18 @@ def test_routed_experts_equal_the_dense_reference_when_nothing_is_dropped():
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
 
-@pytest.mark.parametrize("preset", [p for p in P.PRESETS if p != "save-all"])
-def test_gradients_of_every_preset_equal_save_all(preset):
+@pytest.fixture(scope="module")
+def save_all_reference():
+    """The save-all step's loss and gradients, computed once for every preset below."""
     graphdef, params = S.init_params(CFG, seed=1)
     tokens = S.synthetic_batch(CFG, 2, 16, seed=2)
     ref_loss, ref = S.loss_and_grads(graphdef, CFG, P.preset("save-all", CFG), params, tokens)
+    return graphdef, params, tokens, ref_loss, ref
+
+
+@pytest.mark.parametrize("preset", [p for p in P.PRESETS if p != "save-all"])
+def test_gradients_of_every_preset_equal_save_all(preset, save_all_reference):
+    graphdef, params, tokens, ref_loss, ref = save_all_reference
     loss, got = S.loss_and_grads(graphdef, CFG, P.preset(preset, CFG), params, tokens)
     assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
 

@@ -17,6 +17,7 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 import tokenizer_files as TF
 import yaml
 
@@ -77,6 +78,7 @@ def _run_two(cfg_file: pathlib.Path, *extra: str) -> list[dict]:
     return outs
 
 
+@pytest.mark.slow  # three training processes
 def test_two_processes_match_one_process_and_resume_mid_epoch(tmp_path):
     """Packed documents of a BPE-tokenized corpus small enough for an epoch to end inside step 2,
     with document masking.  Two processes match one; two processes stopped after step 2 (mid-epoch)

@@ -205,6 +205,7 @@ def test_train_output_dirs_are_checked_before_training(tmp_path, console_script)
     assert time.monotonic() - t0 < 60 and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow  # a training subprocess interrupted and resumed
 def test_ctrl_c_stops_at_a_step_boundary_checkpoints_and_says_how_to_resume(
     tmp_path, console_script
 ):
@@ -250,6 +251,7 @@ def test_ctrl_c_stops_at_a_step_boundary_checkpoints_and_says_how_to_resume(
     )
 
 
+@pytest.mark.slow  # two training subprocesses
 def test_a_damaged_newest_checkpoint_names_the_previous_good_one(tmp_path, console_script):
     f = _train_config(tmp_path, steps=4, checkpoint={"every": 2, "keep": 3})
     run = tmp_path / "run"

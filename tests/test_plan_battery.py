@@ -114,7 +114,9 @@ def test_cuda_lowering_offloads_exactly_the_offloaded_names(model, preset):
         assert got
 
 
-@pytest.mark.parametrize("model", TINY)
+@pytest.mark.parametrize(
+    "model", ["tiny-llama", pytest.param("tiny-deepseek", marks=pytest.mark.slow)]  # MoE: 10 s
+)
 def test_compiled_temp_decreases_with_more_remat(model):
     cfg = get_config(model)
     graphdef, params = nnx.split(abstract_model(cfg))

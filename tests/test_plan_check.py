@@ -93,6 +93,7 @@ def test_a_model_below_xla_under_a_binding_budget_re_plans_within_a_smaller_budg
     assert res.converged and len(res.iterations) == 2 and compiled_peaks[1] <= budget
 
 
+@pytest.mark.slow  # several deviceless compiles
 def test_max_microbatch_check_corrects_the_model_and_confirms_the_boundary():
     """``plan --max-microbatch --check`` on tiny-llama, H200, a 0.06 GiB budget: the model
     over-predicts XLA:GPU here, so its largest microbatch fits with room; corrected by XLA's peak,

@@ -283,6 +283,7 @@ def _plan_then_compile(tmp_path, model, shape, *plan_args):
 
 
 @pytest.mark.skipif(not HAS_LIBTPU, reason=NO_LIBTPU)
+@pytest.mark.slow  # deviceless TPU compiles of an 8B step
 def test_planner_plan_for_a_llama_shape_compiles_and_fits_on_v5p(tmp_path):
     """Llama-shaped (scaled down) on a v5p 2x2x1 slice, microbatch 8 × seq 256 per device, planned
     in a 0.12 GiB device budget so that the planner must choose (it recomputes some names, keeps
@@ -460,6 +461,7 @@ def test_plan_check_on_v5p_converges_to_a_plan_that_fits_its_budget():
 
 
 @pytest.mark.skipif(not HAS_LIBTPU, reason=NO_LIBTPU)
+@pytest.mark.slow  # a deviceless v7x compile: ten seconds here
 def test_v7x_deviceless_compile_runs_on_two_devices_a_chip():
     """libtpu names TPU7x "tpu7x" and shows 8 devices for a 2x2x1 slice (4 chips): `compile
     --target v7x --devices 8` compiles on that topology, with the table's per-device HBM."""

@@ -259,6 +259,7 @@ def test_gradient_accumulation_equals_one_big_batch():
 # --- runs -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the demo's training run (make demo runs it too)
 def test_demo_config_loss_falls_on_the_shipped_text(token_dir, tmp_path):
     """The demo's 60 steps take the byte-level loss from ≈ ln 256 = 5.5 to below 3.0 (measured ≈
     2.4)."""
@@ -400,6 +401,7 @@ def _losses(run_dir) -> dict[int, float]:
     return out
 
 
+@pytest.mark.slow  # training subprocesses killed and resumed
 def test_kill_after_a_checkpoint_then_resume_is_bitwise_identical(
     tmp_path, token_dir, console_script
 ):

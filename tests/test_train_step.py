@@ -36,7 +36,9 @@ def run_steps(cfg, plan_name, n, mesh=None, batch=8, seq=32):
     return state, losses, old
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-deepseek"])
+@pytest.mark.parametrize(
+    "name", ["tiny-llama", pytest.param("tiny-deepseek", marks=pytest.mark.slow)]  # MoE: 12 s
+)
 def test_single_device_step_learns_and_donates(name):
     cfg = get_config(name)
     state, losses, old = run_steps(cfg, "qkv-offload", 6)

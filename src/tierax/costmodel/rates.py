@@ -16,7 +16,9 @@ from tierax import hardware
 from tierax.errors import TieraxError
 
 # A dense bf16 matmul reaches about 0.8 of the H100/H200 datasheet peak (publicly reported
-# measurements); used for every GPU target until `tierax calibrate` measures the device at hand.
+# measurements); used for every GPU target until `tierax calibrate` measures the device at hand, and
+# for TPU targets as a stated assumption (no TPU matmul rate has been measured here; the rates'
+# source note says so).
 ACHIEVABLE_FRACTION = 0.8
 # fp8 GEMMs (quantization: fp8) at the datasheet's dense fp8 peak times the same fraction: no fp8
 # GEMM rate has been measured here, so the bf16 measurement's fraction stands in for it (a named
@@ -205,8 +207,9 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
     sources = {
         "matmul": measured
         if f"matmul_flops_per_s_{dtype}" in cal
-        else f"{ACHIEVABLE_FRACTION:.0%} (an H200 measured 790/989) of the {peak / 1e12:.0f} "
-        f"TFLOP/s {spec.peak_name(dtype)} datasheet peak",
+        else f"{ACHIEVABLE_FRACTION:.0%} (an H200 measured 790/989"
+        + ("" if spec.kind == "gpu" else "; the GPU share assumed for the MXU, not measured on a TPU")
+        + f") of the {peak / 1e12:.0f} TFLOP/s {spec.peak_name(dtype)} datasheet peak",
         "host_link": measured if "d2h_bytes_per_s" in cal else spec.host_link_source,
         "hbm": "XLA device spec",
         "interconnect": "NVLink datasheet, per direction",
