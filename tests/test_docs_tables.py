@@ -27,6 +27,15 @@ DOCS_TABLES = [
     ("time_fidelity", "markdown", "time_fidelity.json", "time-fidelity"),
     ("mesh_search", "readme", "mesh_search.json", "mesh-search"),
     ("published_runs", "markdown", "published_runs.json", "published-runs"),
+    ("fp8_compile", "markdown", "fp8_compile.json", "fp8-compile"),
+    ("state_offload", "markdown", "state_offload.json", "state-offload"),
+    ("tpu_compile", "splash_markdown", "tpu_splash.json", "tpu-splash"),
+    (
+        "tpu_compile",
+        "splash_markdown",
+        "tpu_splash_libtpu_0.0.42.1.json",
+        "tpu-splash-libtpu-0.0.42",
+    ),
 ]
 
 
