@@ -350,6 +350,7 @@ def main() -> int:
     ap.add_argument(
         "--docs",
         metavar="RECORD.json",
+        type=_common.docs_record("tierax.compile_grid/1"),
         help="rewrite the docs table of this record (compile_cudnn, compile_scale or "
         "compile_scale_dense) and exit (nothing is compiled)",
     )
@@ -382,7 +383,7 @@ def main() -> int:
     )
     args = ap.parse_args()
     if args.docs:
-        doc = json.loads(pathlib.Path(args.docs).read_text())
+        doc = args.docs
         print(f"wrote {_common.write_docs_table(docs_marker(doc), markdown(doc))}")
         return 0
     record = (

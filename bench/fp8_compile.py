@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
 import sys
 
 import _common
@@ -90,11 +89,12 @@ def main() -> int:
     ap.add_argument(
         "--docs",
         metavar="RECORD.json",
+        type=_common.docs_record("tierax.bench.fp8_compile/1"),
         help="rewrite the docs table from this record and exit (nothing is compiled)",
     )
     args = ap.parse_args()
     if args.docs:
-        doc = json.loads(pathlib.Path(args.docs).read_text())
+        doc = args.docs
         print(f"wrote {_common.write_docs_table(DOCS_MARKER, markdown(doc))}")
         return 0
     cases = {q or "none": compile_case(q) for q in ("", "fp8")}

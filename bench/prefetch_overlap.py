@@ -169,11 +169,12 @@ def main() -> int:
     ap.add_argument(
         "--docs",
         metavar="RECORD.json",
+        type=_common.docs_record("tierax.prefetch_overlap/1"),
         help="rewrite the docs table from this record and exit (nothing is compiled)",
     )
     args = ap.parse_args()
     if args.docs:
-        doc = json.loads(pathlib.Path(args.docs).read_text())
+        doc = args.docs
         print(f"wrote {_common.write_docs_table(DOCS_MARKER, markdown(doc))}")
         return 0
     cases = QUICK if args.quick else CASES

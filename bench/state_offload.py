@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import pathlib
 import time
 
 import _common
@@ -128,6 +126,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--docs",
         metavar="RECORD.json",
+        type=_common.docs_record("tierax.bench.state_offload/1"),
         help="rewrite the docs table from this record and exit (nothing is planned or compiled)",
     )
     ap.add_argument("--compile", action="store_true", help="compile the Llama case deviceless")
@@ -136,7 +135,7 @@ def main(argv=None) -> int:
     )
     args = ap.parse_args(argv)
     if args.docs:
-        doc = json.loads(pathlib.Path(args.docs).read_text())
+        doc = args.docs
         print(f"wrote {_common.write_docs_table(DOCS_MARKER, markdown(doc))}")
         return 0
     from tierax import launch

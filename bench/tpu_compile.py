@@ -255,16 +255,15 @@ def main() -> int:
     ap.add_argument(
         "--docs-splash",
         metavar="RECORD.json",
+        type=_common.docs_record(*SPLASH_MARKERS),
         help="only rewrite the TPU guide's table of this splash-attention record "
         "(tpu_splash.json or tpu_splash_libtpu_0.0.42.1.json)",
     )
     args = ap.parse_args()
     if args.docs_splash:
-        doc = json.loads(pathlib.Path(args.docs_splash).read_text())
-        if doc.get("schema") not in SPLASH_MARKERS:
-            ap.error(f"{args.docs_splash}: schema {doc.get('schema')!r} is not a splash record's")
+        doc = args.docs_splash
         page = _common.write_docs_table(SPLASH_MARKERS[doc["schema"]], splash_markdown(doc))
-        print(f"{page.relative_to(ROOT)}: table rewritten from {args.docs_splash}")
+        print(f"{page.relative_to(ROOT)}: table rewritten from the {doc['schema']} record")
         return 0
     if args.merge:
         merge(pathlib.Path(args.out), pathlib.Path(args.merge))

@@ -31,6 +31,9 @@ DOCS_TABLES = [
     ("compile_grid", "markdown", "compile_cudnn.json", "compile-cudnn"),
     ("compile_grid", "markdown", "compile_scale.json", "compile-scale"),
     ("compile_grid", "markdown", "compile_scale_dense.json", "compile-scale-dense"),
+    ("peer_maxtext", "markdown", "peer_maxtext.json", "peer-maxtext"),
+    ("data_prepare", "markdown", "data_prepare.json", "data-prepare"),
+    ("seed_case", "markdown", "seed_case.json", "seed-case"),
     ("prefetch_overlap", "markdown", "prefetch_overlap.json", "prefetch-overlap"),
     ("fp8_compile", "markdown", "fp8_compile.json", "fp8-compile"),
     ("state_offload", "markdown", "state_offload.json", "state-offload"),
@@ -88,3 +91,19 @@ def test_write_docs_table_splices_the_one_page_and_refuses_ambiguity(tmp_path, m
     assert "| new |" in page.read_text()  # refused before anything was written
     with pytest.raises(SystemExit, match="found: none"):
         common.docs_page("y")
+
+
+def test_docs_record_refuses_a_missing_file_bad_json_and_another_schema(tmp_path):
+    import argparse
+
+    read = _bench("_common").docs_record("tierax.good/1")
+    with pytest.raises(argparse.ArgumentTypeError, match="does not exist"):
+        read(str(tmp_path / "missing.json"))
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(argparse.ArgumentTypeError, match="is not a JSON record"):
+        read(str(tmp_path / "bad.json"))
+    (tmp_path / "other.json").write_text('{"schema": "tierax.other/1"}')
+    with pytest.raises(argparse.ArgumentTypeError, match="renders tierax.good/1"):
+        read(str(tmp_path / "other.json"))
+    (tmp_path / "good.json").write_text('{"schema": "tierax.good/1", "x": 1}')
+    assert read(str(tmp_path / "good.json")) == {"schema": "tierax.good/1", "x": 1}
