@@ -107,3 +107,16 @@ def test_docs_record_refuses_a_missing_file_bad_json_and_another_schema(tmp_path
         read(str(tmp_path / "other.json"))
     (tmp_path / "good.json").write_text('{"schema": "tierax.good/1", "x": 1}')
     assert read(str(tmp_path / "good.json")) == {"schema": "tierax.good/1", "x": 1}
+
+
+def test_every_marked_table_on_the_docs_pages_has_a_generator():
+    """A ``<!-- NAME:start -->`` table on a docs page is one DOCS_TABLES renders (or the demo
+    table `tierax report --readme` writes, checked in tests/test_docs.py)."""
+    import re
+
+    found = {
+        m
+        for page in (ROOT / "docs").rglob("*.md")
+        for m in re.findall(r"^<!-- ([a-z0-9.-]+):start -->$", page.read_text(), re.M)
+    }
+    assert found - {marker for *_, marker in DOCS_TABLES} == {"perf-table"}
