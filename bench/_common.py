@@ -70,6 +70,34 @@ def out_path(text: str) -> pathlib.Path:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def docs_record(*schemas: str):
+    """``--docs RECORD``'s type: the record read as a mapping, one of ``schemas``.  argparse turns
+    the error into exit 2 before anything is written.
+
+    Raises:
+      argparse.ArgumentTypeError: a missing or unreadable file, not JSON, or another schema.
+    """
+
+    def record(text: str) -> dict:
+        try:
+            doc = json.loads(pathlib.Path(text).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} does not exist; give a record under {RESULTS.relative_to(ROOT)}/"
+            ) from None
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a JSON record ({e})") from None
+        schema = doc.get("schema") if isinstance(doc, dict) else None
+        if schema not in schemas:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} has schema {schema!r}; this script's docs table renders "
+                f"{', '.join(schemas)}"
+            )
+        return doc
+
+    return record
+
+
 def add_out(ap: argparse.ArgumentParser, default: str) -> None:
     """``--out FILE.json`` (default ``bench/results/<default>``), checked by :func:`out_path`."""
     ap.add_argument(

@@ -7,6 +7,7 @@ process), on this machine's CPU with compile-only GPU devices.  Writes one JSON 
 
     .venv/bin/python bench/compile_grid.py [--out bench/results/compile_grid.json] [--quick]
     .venv/bin/python bench/compile_grid.py --scale [--out bench/results/compile_scale.json]
+    .venv/bin/python bench/compile_grid.py --docs bench/results/compile_cudnn.json  # a docs table
 
 ``--scale``: the seed's configuration at full size — DeepSeek-V3 671B (all 61 layers) on 128
 GB200s, mesh fsdp=16,expert=8 (expert-parallel MoE), 8 × 4096 per device, loss in 16 tiles —
@@ -268,8 +269,91 @@ def gib(n: float) -> str:
     return f"{n / 2**30:.2f}"
 
 
+# The docs' table of each mode's record, by the mode's option in the record's command.
+DOCS_MARKERS = {
+    "--cudnn": "compile-cudnn",
+    "--scale-dense": "compile-scale-dense",
+    "--scale": "compile-scale",
+}
+
+
+def docs_marker(doc: dict) -> str:
+    words = doc["command"].split()
+    for option, marker in DOCS_MARKERS.items():
+        if option in words:
+            return marker
+    return "compile-grid"
+
+
+def _case_label(args: list[str], devices: int | None) -> str:
+    """A case's configuration from its ``tierax compile`` arguments (``devices``: the compile's)."""
+    opts, sets, k = {}, [], 0
+    while k < len(args):
+        valued = args[k].startswith("--") and k + 1 < len(args) and not args[k + 1].startswith("--")
+        if valued and args[k] == "--set":
+            sets.append(args[k + 1])
+        elif valued:
+            opts[args[k]] = args[k + 1]
+        k += 2 if valued else 1
+    plan = opts["--plan"]
+    plan = f"the planner's plan (`{pathlib.Path(plan).name}`)" if plan.endswith(".yaml") else plan
+    devices = devices or opts.get("--devices", "1")
+    mesh = f", {opts['--mesh']}" if "--mesh" in opts else ""
+    over = f" ({', '.join(sets)})" if sets else ""
+    preset = f", XLA preset {opts['--xla-preset']}" if "--xla-preset" in opts else ""
+    return (
+        f"{opts['--model']}{over}, {devices} {opts['--target']}{mesh}, "
+        f"{opts['--microbatch']} × {opts['--seq']}, {plan}{preset}"
+    )
+
+
+def markdown(doc: dict) -> str:
+    """The docs table of a record: per case, XLA's peak beside the model's, the host bytes, the
+    cuDNN calls and the compile's cost (every figure read from the record)."""
+    lines = [
+        "| case | XLA peak / capacity GiB | predicted GiB (error) | host: XLA / predicted GiB | "
+        "exposed transfers ms: model / static check (difference, share of step) | cuDNN calls | "
+        "compile wall s | RAM GB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in doc["cases"]:
+        res, pred = c.get("result"), c.get("predicted") or {}
+        label = _case_label(c["args"], (res or {}).get("devices"))
+        if res is None:
+            lines.append(f"| {label} | failed: {c.get('error', '')[:100]} | | | | | | |")
+            continue
+        fits = " (fits)" if res["fits"] else " (**does not fit**)"
+        peak = f"{gib(res['device_peak_bytes'])} / {gib(res['device_capacity_bytes'])}{fits}"
+        err = c.get("prediction_error") or {}
+        if "peak_device_bytes" in pred:
+            model = f"{gib(pred['peak_device_bytes'])} ({err.get('peak', 0):+.1%})"
+            host = f"{gib(res['host_temp_bytes'])} / {gib(pred['host_bytes'])}"
+        else:
+            model, host = f"— ({pred.get('error', '')[:60]})", f"{gib(res['host_temp_bytes'])} / —"
+        agree = c.get("exposure_agreement")
+        exposed = (
+            f"{agree['model_exposed_s'] * 1e3:.1f} / {agree['xla_exposed_s'] * 1e3:.1f} "
+            f"({agree['difference_share_of_step']:.1%})"
+            if agree and agree.get("difference_share_of_step") is not None
+            else "—"
+        )
+        lines.append(
+            f"| {label} | {peak} | {model} | {host} | {exposed} | {res.get('cudnn_calls', 0)} | "
+            f"{c['wall_s']:.0f} | {c['max_rss_bytes'] / 1e9:.2f} |"
+        )
+    lines += ["", f"`{doc['command']}`, {doc['created'][:10]}, jax {doc['jax_version']}."]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--docs",
+        metavar="RECORD.json",
+        type=_common.docs_record("tierax.compile_grid/1"),
+        help="rewrite the docs table of this record (compile_cudnn, compile_scale or "
+        "compile_scale_dense) and exit (nothing is compiled)",
+    )
     ap.add_argument(
         "--out",
         type=_common.out_path,
@@ -298,6 +382,10 @@ def main() -> int:
         "planner's plan), beside blockwise twins",
     )
     args = ap.parse_args()
+    if args.docs:
+        doc = args.docs
+        print(f"wrote {_common.write_docs_table(docs_marker(doc), markdown(doc))}")
+        return 0
     record = (
         "compile_cudnn"
         if args.cudnn

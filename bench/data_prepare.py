@@ -10,6 +10,7 @@ byte-level tokenizer.  Each run is the real CLI in its own process: wall time, t
 tokens/s and the process's peak resident memory (``wait4``'s ``ru_maxrss``).
 
     .venv/bin/python bench/data_prepare.py [--sizes-mib 16,160] [--kinds bytes,huggingface,...]
+    .venv/bin/python bench/data_prepare.py --docs bench/results/data_prepare.json  # docs table
 
 writes bench/results/data_prepare.json and prints a table.
 """
@@ -133,14 +134,55 @@ def run_prepare(corpus: pathlib.Path, tokenizer: str, out: pathlib.Path) -> dict
     }
 
 
+DOCS_MARKER = "data-prepare"
+
+
+def _rate(n: float) -> str:
+    return f"{n / 1e6:#.3g} M"
+
+
+def markdown(doc: dict) -> str:
+    """The docs table of the record: per tokenizer, tokens/s and peak RSS at each corpus size
+    (every figure read from it)."""
+    sizes = sorted({r["corpus_mib"] for r in doc["runs"]})
+    kinds = list(dict.fromkeys(r["tokenizer"] for r in doc["runs"]))
+    runs = {(r["tokenizer"], r["corpus_mib"]): r for r in doc["runs"]}
+    head = [f"tokens/s, {s} MiB" for s in sizes] + [f"peak RSS, {s} MiB" for s in sizes]
+    lines = ["| tokenizer | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
+    for kind in kinds:
+        cells = [
+            _rate(runs[kind, s]["tokens_per_s"]) if (kind, s) in runs else "—" for s in sizes
+        ] + [
+            f"{runs[kind, s]['peak_rss_mib']:.1f} MiB" if (kind, s) in runs else "—" for s in sizes
+        ]
+        lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+    load = ", ".join(f"{x:.1f}" for x in doc.get("load_average_after", []))
+    lines += [
+        "",
+        f"`{doc['command']}`, {doc['created'][:10]}, {doc['cpu_count']} cores, load average after "
+        f"{load}; corpus: {doc['corpus']}; tokenizer vocabulary {doc['tokenizer_vocab']}.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--docs",
+        metavar="RECORD.json",
+        type=_common.docs_record("tierax.data_prepare/1"),
+        help="rewrite the docs table from this record and exit (nothing is tokenized)",
+    )
     ap.add_argument("--sizes-mib", default="16,160", help="corpus sizes in MiB (default 16,160)")
     ap.add_argument(
         "--kinds", default=",".join(KINDS), help=f"tokenizer kinds (default {','.join(KINDS)})"
     )
     _common.add_out(ap, "data_prepare.json")
     args = ap.parse_args(argv)
+    if args.docs:
+        doc = args.docs
+        print(f"wrote {_common.write_docs_table(DOCS_MARKER, markdown(doc))}")
+        return 0
     sizes = [int(s) for s in args.sizes_mib.split(",")]
     kinds = [k for k in args.kinds.split(",") if k]
 

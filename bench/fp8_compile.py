@@ -10,6 +10,7 @@ written: a scanned layer's once; tierax.xla.hlo.fp8_gemms).  Goal: fp8 GEMMs pre
 Writes bench/results/fp8_compile.json.
 
     .venv/bin/python bench/fp8_compile.py [--out FILE]
+    .venv/bin/python bench/fp8_compile.py --docs bench/results/fp8_compile.json   # docs table
 """
 
 from __future__ import annotations
@@ -51,10 +52,51 @@ def compile_case(quantization: str) -> dict:
     }
 
 
+GIB = 2**30
+DOCS_MARKER = "fp8-compile"
+
+
+def markdown(doc: dict) -> str:
+    """The docs table of the record: one row per quantization (every figure read from it)."""
+    lines = [
+        "| quantization | fp8 GEMMs in XLA's program | XLA peak GiB | predicted GiB | model error "
+        "| fits | compile s |",
+        "|---|---:|---:|---:|---:|---|---:|",
+    ]
+    for name, c in doc["cases"].items():
+        if c["returncode"]:
+            lines.append(f"| {name} | failed: {' '.join(c['error'])[:80]} | | | | | |")
+            continue
+        lines.append(
+            f"| {name} | {c['fp8_gemms']} | "
+            f"{c['xla_peak_bytes'] / GIB:.2f} | {c['model_peak_bytes'] / GIB:.2f} | "
+            f"{c['model_error']:+.1%} | {'yes' if c['fits'] else 'no'} | "
+            f"{c['compile_time_s']:.0f} |"
+        )
+    fp8 = doc["cases"].get("fp8", {})
+    lines += [
+        "",
+        f"`tierax {fp8.get('command', '').removeprefix('tierax.cli ')}` (and the same without "
+        f"`--set quantization=fp8`); `{doc['command']}`, {doc['created'][:10]}, jax "
+        f"{doc['jax_version']}; goal ({doc['goal']}) met: {'yes' if doc['goal_met'] else 'no'}.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     _common.add_out(ap, "fp8_compile.json")
+    ap.add_argument(
+        "--docs",
+        metavar="RECORD.json",
+        type=_common.docs_record("tierax.bench.fp8_compile/1"),
+        help="rewrite the docs table from this record and exit (nothing is compiled)",
+    )
     args = ap.parse_args()
+    if args.docs:
+        doc = args.docs
+        print(f"wrote {_common.write_docs_table(DOCS_MARKER, markdown(doc))}")
+        return 0
     cases = {q or "none": compile_case(q) for q in ("", "fp8")}
     ok = all(c["returncode"] == 0 for c in cases.values())
     goal = ok and (

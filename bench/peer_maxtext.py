@@ -556,8 +556,51 @@ def summarise(res: dict) -> dict:
     return out
 
 
+DOCS_MARKER = "peer-maxtext"
+
+
+def _per_round(r: dict) -> str:
+    q = r["per_round"]
+    return (
+        f"{q['median']:.2f} [{q['q25']:.2f}–{q['q75']:.2f}] ({q['min']:.2f}–{q['max']:.2f}); "
+        f"{r['ratio_of_medians']:.2f}"
+    )
+
+
+def markdown(doc: dict) -> str:
+    """The docs table of the record: per shape the three programs' median step times, the
+    per-round ratios and the CPU-seconds and XLA byte-count ratios (every figure read from it)."""
+    lines = [
+        "| shape | s/step MaxText · tierax · reference | tierax ÷ MaxText | tierax ÷ reference | "
+        "CPU s ÷ MaxText · ÷ reference | compiled bytes ÷ MaxText · ÷ reference |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in doc["results"]:
+        p, m, ref = r["programs"], r["tierax_over_maxtext"], r["tierax_over_reference"]
+        programs = ("maxtext", "tierax", "reference")
+        steps = " · ".join(f"{p[k]['median_step_s']:.2f}" for k in programs)
+        lines.append(
+            f"| {r['shape']} | {steps} | {_per_round(m)} | {_per_round(ref)} | "
+            f"{m['cpu_ratio_of_medians']:.2f} · {ref['cpu_ratio_of_medians']:.2f} | "
+            f"{m['xla_bytes_accessed_ratio']:.3f} · {ref['xla_bytes_accessed_ratio']:.3f} |"
+        )
+    lines += [
+        "",
+        f"`{doc['command']}`, {doc['created'][:10]}, jax {doc['jax_version']}, MaxText "
+        f"{doc['maxtext_version']}; {doc['rounds']} rounds × {doc['steps_per_round']} step per "
+        "shape.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--docs",
+        metavar="RECORD.json",
+        type=_common.docs_record("tierax.peer-maxtext/1"),
+        help="rewrite the docs table from this record and exit (nothing is run)",
+    )
     ap.add_argument(
         "--shapes",
         default=",".join(ALL_SHAPES),
@@ -578,6 +621,10 @@ def main(argv=None) -> int:
     ap.add_argument("--dump-hlo", help="write each program's compiled HLO text to this folder")
     ap.add_argument("--serve", help=argparse.SUPPRESS)  # internal: run one program (see serve())
     args = ap.parse_args(argv)
+    if args.docs:
+        doc = args.docs
+        print(f"wrote {_common.write_docs_table(DOCS_MARKER, markdown(doc))}")
+        return 0
     programs = [p for p in args.programs.split(",") if p]
     if bad := [p for p in programs if p not in PROGRAMS]:
         raise SystemExit(f"unknown program(s) {bad}; choose from {PROGRAMS}")

@@ -14,6 +14,7 @@ XLA's own pipelined host offloading, a different mechanism, recorded for compari
 Writes bench/results/prefetch_overlap.json.
 
     .venv/bin/python bench/prefetch_overlap.py [--quick] [--out FILE]
+    .venv/bin/python bench/prefetch_overlap.py --docs bench/results/prefetch_overlap.json  # table
 """
 
 from __future__ import annotations
@@ -128,13 +129,54 @@ def compile_case(args: list[str], plan: pathlib.Path, preset: str) -> dict:
     }
 
 
+DOCS_MARKER = "prefetch-overlap"
+
+
+def markdown(doc: dict) -> str:
+    """The docs table of the record: per case, mechanism and XLA preset, XLA's peak and the share
+    of each direction's transfer time the static check finds exposed (every figure read from it)."""
+    lines = [
+        "| case | mechanism / XLA preset | XLA peak GiB | fits | D2H exposed | H2D exposed |",
+        "|---|---|---:|---|---:|---:|",
+    ]
+    for label, runs in doc["cases"].items():
+        for k, (run, r) in enumerate(runs.items()):
+            case = label if k == 0 else ""
+            if r["returncode"]:
+                why = "; ".join(r.get("error") or [])[:120]
+                lines.append(f"| {case} | {run} | refused: {why} | | | |")
+                continue
+            share = r["exposed_share"]
+            lines.append(
+                f"| {case} | {run} | {r['device_peak_bytes'] / 2**30:.1f} | "
+                f"{'yes' if r['fits'] else 'no'} | {share['d2h']:.0%} | {share['h2d']:.0%} |"
+            )
+    lines += [
+        "",
+        f"`{doc['command']}`, {doc['created'][:10]}, jax {doc['jax_version']}; goal: each "
+        f"direction exposed ≤ {doc['goal_exposed_share']:.0%} with prefetch under "
+        f"{', '.join(doc['judged'])}, met: {'yes' if doc['goal_met_by_prefetch'] else 'no'}.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     _common.add_out(ap, "prefetch_overlap.json")
     ap.add_argument(
         "--quick", action="store_true", help="one tiny case (a smoke test of this script)"
     )
+    ap.add_argument(
+        "--docs",
+        metavar="RECORD.json",
+        type=_common.docs_record("tierax.prefetch_overlap/1"),
+        help="rewrite the docs table from this record and exit (nothing is compiled)",
+    )
     args = ap.parse_args()
+    if args.docs:
+        doc = args.docs
+        print(f"wrote {_common.write_docs_table(DOCS_MARKER, markdown(doc))}")
+        return 0
     cases = QUICK if args.quick else CASES
     console = Console(stderr=True)
     out: dict = {}

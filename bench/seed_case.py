@@ -114,10 +114,70 @@ def terms(pred) -> dict:
     }
 
 
+DOCS_MARKER = "seed-case"
+DOCS_SCHEDULE = "lhs"
+
+
+def markdown(doc: dict) -> str:
+    """The docs table of the record: every case and plan under the ``lhs`` schedule with its time
+    terms, and beside each case the published figure where tierax's sources hold one (every
+    figure read from the record)."""
+    lines = [
+        f"| case ({DOCS_SCHEDULE}) | plan | fits, peak GiB | step s | TFLOP/s/device | matmul s | "
+        "attention kernel s | other HBM s | recompute s | exposed collectives s (of) |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    gaps = {(g["case"], g["schedule"]): g for g in doc["gaps"]}
+    for case in dict.fromkeys(r["case"] for r in doc["rows"]):
+        rows = [r for r in doc["rows"] if r["case"] == case and r["schedule"] == DOCS_SCHEDULE]
+        for k, r in enumerate(rows):
+            mesh = ",".join(f"{a}={n}" for a, n in r["mesh"].items() if n > 1)
+            label = case if mesh in case else f"{case}, {mesh}"
+            if "step_s" not in r:
+                lines.append(
+                    f"| {label if k == 0 else ''} | {r['plan']} | {r.get('error', '')} "
+                    "| | | | | | | |"
+                )
+                continue
+            t = r["terms"]
+            lines.append(
+                f"| {label if k == 0 else ''} | {r['plan']} | {'yes' if r['fits'] else 'no'}, "
+                f"{r['peak_gib']:.1f} | {r['step_s']:.2f} | {r['tflops_per_device']:.0f} | "
+                f"{t['matmul_s']:.2f} | {t['fused_attention_s']:.2f} | {t['hbm_s']:.2f} | "
+                f"{t['recompute_s']:.2f} | {t['exposed_collective_s']:.2f} "
+                f"({t['collective_s']:.2f}) |"
+            )
+        g = gaps.get((case, DOCS_SCHEDULE))
+        if g:
+            lines.append(
+                f"| | **published, measured** | {g['published_peak_gib'] or 'not stated'} | "
+                f"{g['published_step_s']:.2f} | {g['published_tflops']} | | | | | |"
+            )
+    lines += [
+        "",
+        f"`{doc['command']}`, {doc['created'][:10]}, jax {doc['jax_version']}: {doc['devices']} "
+        f"{doc['target']}, {doc['attention']} attention, {doc['loss_tiles']} loss tiles; "
+        "`published` is NVIDIA's offload policy for DeepSeek-V3 and the `qkv-offload` preset for "
+        "Llama 3.1 405B; the published step time is its model FLOPs over the published "
+        "TFLOP/s. Predictions only; nothing was fitted to the published figures.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     _common.add_out(ap, "seed_case.json")
+    ap.add_argument(
+        "--docs",
+        metavar="RECORD.json",
+        type=_common.docs_record("tierax.seed-case/1"),
+        help="rewrite the docs table from this record and exit (nothing is predicted)",
+    )
     args = ap.parse_args(argv)
+    if args.docs:
+        doc = args.docs
+        print(f"wrote {_common.write_docs_table(DOCS_MARKER, markdown(doc))}")
+        return 0
     launch.start()
 
     import dataclasses

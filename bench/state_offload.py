@@ -11,6 +11,7 @@ state on device, to set XLA's device peak, host arguments and host temp beside t
 (DeepSeek-V3's 128-device compile is not run here: ``--compile-deepseek`` adds it).
 
     .venv/bin/python bench/state_offload.py --compile   # → bench/results/state_offload.json
+    .venv/bin/python bench/state_offload.py --docs bench/results/state_offload.json  # docs table
 """
 
 from __future__ import annotations
@@ -60,14 +61,83 @@ def _pred(p) -> dict:
     } | {k: b.get(k) for k in keys}
 
 
+GIB = 2**30
+DOCS_MARKER = "state-offload"
+
+
+def _offloaded_state(plan: dict) -> str:
+    state = plan.get("state") or {}
+    off = [f"{g}.{k}" for g, sp in state.items() for k, v in sp.items() if v == "offload"]
+    return ", ".join(f"`{o}`" for o in off) or "none"
+
+
+def markdown(doc: dict) -> str:
+    """The docs table of the record: per case, the joint plan beside the activations-only plan,
+    predicted, and XLA's compile where the record holds one (every figure read from it)."""
+    lines = [
+        "| case | plan | state offloaded | predicted: fits, peak GiB | predicted step s "
+        "(state copies exposed) | XLA: fits, peak GiB | XLA host arguments / temp GiB |",
+        "|---|---|---|---|---:|---|---|",
+    ]
+    for r in doc["rows"]:
+        mesh = ",".join(f"{a}={n}" for a, n in r["mesh"].items() if n > 1) or "one device"
+        case = f"{r['case']} (mesh {mesh})"
+        compiled = r.get("compiled", {})
+        entries = [("joint", r["joint"], compiled.get("joint"))]
+        entries.append(("activations only", r["activations_only"], None))
+        if "joint activations, state on device" in compiled:
+            entries.append(
+                (
+                    "joint activations, state on device",
+                    None,
+                    compiled["joint activations, state on device"],
+                )
+            )
+        for name, planned, comp in entries:
+            if planned is not None and "error" in planned:
+                pred = f"no plan fits: {planned['error'].split(':')[1].split('(')[0].strip()}"
+                state, step = "—", "—"
+            elif planned is not None:
+                p = planned["predicted"]
+                pred = f"{'yes' if p['fits'] else 'no'}, {p['peak_device_bytes'] / GIB:.2f}"
+                state = _offloaded_state(planned["plan"])
+                exposed = p.get("state_exposed_s") or 0.0
+                step = f"{p['step_time_s']:.3f} ({exposed:.3f})"
+            else:
+                pred, state, step = "—", "none", "—"
+            xla = host = "not compiled"
+            if comp is not None:
+                xla = f"{'yes' if comp['fits'] else 'no'}, {comp['device_peak_bytes'] / GIB:.2f}"
+                host = (
+                    f"{comp['host_argument_bytes'] / GIB:.2f} / {comp['host_temp_bytes'] / GIB:.2f}"
+                )
+            lines.append(f"| {case} | {name} | {state} | {pred} | {step} | {xla} | {host} |")
+    lines += [
+        "",
+        f"`{doc['command']}`, {doc['created'][:10]}, jax {doc['jax_version']}; the plans are the "
+        "planner's at that date.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     _common.add_out(ap, "state_offload.json")
+    ap.add_argument(
+        "--docs",
+        metavar="RECORD.json",
+        type=_common.docs_record("tierax.bench.state_offload/1"),
+        help="rewrite the docs table from this record and exit (nothing is planned or compiled)",
+    )
     ap.add_argument("--compile", action="store_true", help="compile the Llama case deviceless")
     ap.add_argument(
         "--compile-deepseek", action="store_true", help="also compile the DeepSeek-V3 case"
     )
     args = ap.parse_args(argv)
+    if args.docs:
+        doc = args.docs
+        print(f"wrote {_common.write_docs_table(DOCS_MARKER, markdown(doc))}")
+        return 0
     from tierax import launch
 
     launch.start(deviceless_gpu=True)

@@ -197,6 +197,43 @@ def write_docs(doc: dict) -> pathlib.Path:
     return _common.write_docs_table(DOCS_MARKER, markdown(doc))
 
 
+# The splash-attention records' tables: a record this script wrote (tpu_splash.json, libtpu 0.0.52)
+# and the default venv's record (tpu_splash_libtpu_0.0.42.1.json, assembled from `tierax plan` and
+# `tierax compile` output), each on the TPU guide under its own marker.
+SPLASH_MARKERS = {
+    SCHEMA: "tpu-splash",
+    "tierax.tpu-splash-default-venv/1": "tpu-splash-libtpu-0.0.42",
+}
+
+
+def splash_markdown(doc: dict) -> str:
+    """The TPU guide's table of a splash-attention record: per compile, the attention, its Pallas
+    custom calls, XLA:TPU's peak beside the model's and whether it fits (every figure read from
+    the record)."""
+    if doc["schema"] == SCHEMA:
+        rows = [
+            (f"{c['plan']}, {c['microbatch']} × {c['seq']}", c["compile"]) for c in doc["cases"]
+        ]
+    else:
+        rows = [(c["case"], c["compile"]) for c in doc["cases"]]
+    lines = [
+        "| case | target, devices | attention | tpu_custom_calls | XLA:TPU peak GiB | "
+        "predicted GiB | model error | fits XLA's limit | libtpu |",
+        "|---|---|---|---:|---:|---:|---:|---|---|",
+    ]
+    for label, comp in rows:
+        peak, pred = comp["device_peak_bytes"], comp["predicted"]["peak_device_bytes"]
+        lines.append(
+            f"| {label} | {comp['target']}, {comp['devices']} | {comp['attention']} | "
+            f"{comp['tpu_custom_calls']} | {peak / GIB:.2f} | {pred / GIB:.2f} | "
+            f"{pred / peak - 1:+.1%} | {'yes' if comp['fits'] else '**no**'} "
+            f"({comp['device_limit_bytes'] / GIB:.2f} GiB) | {comp['libtpu_version']} |"
+        )
+    how = f"`{doc['command']}`" if "command" in doc else "each case's commands are in the record"
+    lines += ["", f"{how}; {doc['created'][:10]}, jax {doc['versions']['jax']}."]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     _common.add_out(ap, "tpu_compile.json")
@@ -215,7 +252,19 @@ def main() -> int:
     ap.add_argument(
         "--docs", action="store_true", help="only rewrite the docs' table from --out"
     )
+    ap.add_argument(
+        "--docs-splash",
+        metavar="RECORD.json",
+        type=_common.docs_record(*SPLASH_MARKERS),
+        help="only rewrite the TPU guide's table of this splash-attention record "
+        "(tpu_splash.json or tpu_splash_libtpu_0.0.42.1.json)",
+    )
     args = ap.parse_args()
+    if args.docs_splash:
+        doc = args.docs_splash
+        page = _common.write_docs_table(SPLASH_MARKERS[doc["schema"]], splash_markdown(doc))
+        print(f"{page.relative_to(ROOT)}: table rewritten from the {doc['schema']} record")
+        return 0
     if args.merge:
         merge(pathlib.Path(args.out), pathlib.Path(args.merge))
         return 0

@@ -27,6 +27,23 @@ DOCS_TABLES = [
     ("time_fidelity", "markdown", "time_fidelity.json", "time-fidelity"),
     ("mesh_search", "readme", "mesh_search.json", "mesh-search"),
     ("published_runs", "markdown", "published_runs.json", "published-runs"),
+    ("compile_grid", "markdown", "compile_grid.json", "compile-grid"),
+    ("compile_grid", "markdown", "compile_cudnn.json", "compile-cudnn"),
+    ("compile_grid", "markdown", "compile_scale.json", "compile-scale"),
+    ("compile_grid", "markdown", "compile_scale_dense.json", "compile-scale-dense"),
+    ("peer_maxtext", "markdown", "peer_maxtext.json", "peer-maxtext"),
+    ("data_prepare", "markdown", "data_prepare.json", "data-prepare"),
+    ("seed_case", "markdown", "seed_case.json", "seed-case"),
+    ("prefetch_overlap", "markdown", "prefetch_overlap.json", "prefetch-overlap"),
+    ("fp8_compile", "markdown", "fp8_compile.json", "fp8-compile"),
+    ("state_offload", "markdown", "state_offload.json", "state-offload"),
+    ("tpu_compile", "splash_markdown", "tpu_splash.json", "tpu-splash"),
+    (
+        "tpu_compile",
+        "splash_markdown",
+        "tpu_splash_libtpu_0.0.42.1.json",
+        "tpu-splash-libtpu-0.0.42",
+    ),
 ]
 
 
@@ -74,3 +91,32 @@ def test_write_docs_table_splices_the_one_page_and_refuses_ambiguity(tmp_path, m
     assert "| new |" in page.read_text()  # refused before anything was written
     with pytest.raises(SystemExit, match="found: none"):
         common.docs_page("y")
+
+
+def test_docs_record_refuses_a_missing_file_bad_json_and_another_schema(tmp_path):
+    import argparse
+
+    read = _bench("_common").docs_record("tierax.good/1")
+    with pytest.raises(argparse.ArgumentTypeError, match="does not exist"):
+        read(str(tmp_path / "missing.json"))
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(argparse.ArgumentTypeError, match="is not a JSON record"):
+        read(str(tmp_path / "bad.json"))
+    (tmp_path / "other.json").write_text('{"schema": "tierax.other/1"}')
+    with pytest.raises(argparse.ArgumentTypeError, match="renders tierax.good/1"):
+        read(str(tmp_path / "other.json"))
+    (tmp_path / "good.json").write_text('{"schema": "tierax.good/1", "x": 1}')
+    assert read(str(tmp_path / "good.json")) == {"schema": "tierax.good/1", "x": 1}
+
+
+def test_every_marked_table_on_the_docs_pages_has_a_generator():
+    """A ``<!-- NAME:start -->`` table on a docs page is one DOCS_TABLES renders (or the demo
+    table `tierax report --readme` writes, checked in tests/test_docs.py)."""
+    import re
+
+    found = {
+        m
+        for page in (ROOT / "docs").rglob("*.md")
+        for m in re.findall(r"^<!-- ([a-z0-9.-]+):start -->$", page.read_text(), re.M)
+    }
+    assert found - {marker for *_, marker in DOCS_TABLES} == {"perf-table"}
