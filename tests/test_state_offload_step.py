@@ -105,3 +105,26 @@ def test_clipped_streamed_update_is_bit_identical():
     assert host_kinds(state.opt_state)["decoder"] == {"pinned_host"}
     for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(state), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("clip", [0.05, 1e6])  # clipping, and a norm far below the clip
+def test_make_optimizers_clip_is_optaxs(clip):
+    """``make_optimizer(grad_clip=...)``'s clip (which also takes the norm from outside) equals
+    Optax's ``clip_by_global_norm`` bit for bit on a whole tree, as every train run uses it."""
+    keys = jax.random.split(jax.random.key(0), 6)
+    params = {"a": jax.random.normal(keys[0], (5, 7)), "b": {"c": jax.random.normal(keys[1], (9,))}}
+    ref = optax.chain(
+        optax.clip_by_global_norm(clip),
+        optax.adamw(3e-3, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1),
+    )
+    got = S.make_optimizer(3e-3, grad_clip=clip)
+    states = [ref.init(params), got.init(params)]
+    for k in keys[2:]:
+        grads = jax.tree.map(lambda p, k=k: 3.0 * jax.random.normal(k, p.shape), params)
+        outs = [
+            jax.jit(opt.update)(grads, st, params)
+            for opt, st in zip((ref, got), states, strict=True)
+        ]
+        for a, b in zip(*(jax.tree.leaves(o) for o in outs), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        states = [o[1] for o in outs]
