@@ -69,8 +69,9 @@ def check_runnable(plan: Plan, grad_clip: float | None, where: str) -> None:
     if not_run:
         raise TieraxError(
             f"{where}: plan {plan.name!r} offloads {', '.join(not_run)}; the step runs offloaded "
-            f"moments only (streamed layer by layer); master_weights and grad_accum offload are "
-            f"planned and priced (tierax plan, simulate) but not run. Set them to device"
+            f"moments only (streamed layer by layer); master_weights offload is planned and priced "
+            f"(tierax plan, simulate) but not run, grad_accum offload neither priced nor run. Set "
+            f"them to device"
         )
     del grad_clip
 
