@@ -5,10 +5,22 @@ Cases: Llama 3 8B on one H200 (4 × 8192), where no activations-only plan fits (
 gradients and AdamW state alone are most of the HBM); the seed's DeepSeek-V3 671B on 128 GB200
 (fsdp=16,expert=8; 8 × 4096 per device, cuDNN attention, 16 loss tiles as bench/seed_case.py).
 For each: the joint plan (activations and state in one MILP) beside the activations-only plan
-(``place_state=False``), predicted step time, peak and host bytes.  With ``--compile`` the Llama
-case's joint plan is compiled deviceless for the H200, and so is the same activation plan with the
-state on device, to set XLA's device peak, host arguments and host temp beside the plan's
-(DeepSeek-V3's 128-device compile is not run here: ``--compile-deepseek`` adds it).
+(``place_state=False``), predicted step time, peak and host bytes, and the planner's explanation of
+each state choice.  With ``--compile`` every case is compiled deviceless at its full size (all of
+DeepSeek-V3's 61 layers at the per-device shapes of its 128-device mesh: one SPMD program, about
+40 s and 1.2 GB of host RAM here), under each plan:
+
+* ``joint`` and ``activations-only`` (when one fits);
+* the joint plan's activations with its state placement flipped: with the state on device where
+  the joint plan offloads it (Llama: the fall in XLA's device peak is the offloaded state), or with
+  every group's moments offloaded where it keeps them (DeepSeek-V3: the prediction, and compile's
+  host-capacity check, say why the planner kept them);
+* where the joint plan keeps the state on device: every group's moments offloaded with the joint
+  plan's offloaded activations recomputed instead (the moments alone on the host), so the streamed
+  update is compiled at the case's scale too.
+
+Each compiled row sets XLA's device peak, host arguments and host temp beside the model's
+prediction for the same plan (``vs_model``: XLA's minus the model's, in % of the model's).
 
     .venv/bin/python bench/state_offload.py --compile   # → bench/results/state_offload.json
     .venv/bin/python bench/state_offload.py --docs bench/results/state_offload.json  # docs table
@@ -72,41 +84,48 @@ def _offloaded_state(plan: dict) -> str:
 
 
 def markdown(doc: dict) -> str:
-    """The docs table of the record: per case, the joint plan beside the activations-only plan,
-    predicted, and XLA's compile where the record holds one (every figure read from it)."""
+    """The docs table of the record: per case, the joint plan beside the activations-only plan and
+    every other plan the record compiled, predicted and (where compiled) XLA's figures, every
+    figure read from the record."""
     lines = [
-        "| case | plan | state offloaded | predicted: fits, peak GiB | predicted step s "
-        "(state copies exposed) | XLA: fits, peak GiB | XLA host arguments / temp GiB |",
+        "| case | plan | state offloaded | predicted: fits, peak GiB, host GiB | predicted step s "
+        "| XLA: fits, peak GiB | XLA host arguments / temp GiB |",
         "|---|---|---|---|---:|---|---|",
     ]
     for r in doc["rows"]:
         mesh = ",".join(f"{a}={n}" for a, n in r["mesh"].items() if n > 1) or "one device"
         case = f"{r['case']} (mesh {mesh})"
-        compiled = r.get("compiled", {})
-        entries = [("joint", r["joint"], compiled.get("joint"))]
-        entries.append(("activations only", r["activations_only"], None))
-        if "joint activations, state on device" in compiled:
-            entries.append(
-                (
-                    "joint activations, state on device",
-                    None,
-                    compiled["joint activations, state on device"],
-                )
-            )
+        compiled = dict(r.get("compiled", {}))
+        alternatives = {
+            a["label"]: a for a in (r.get("flipped"), r.get("moments_host_recomputed")) if a
+        }
+        entries = [
+            ("joint", r["joint"], compiled.pop("joint", None)),
+            ("activations only", r["activations_only"], compiled.pop("activations-only", None)),
+        ]
+        for name, comp in compiled.items():
+            planned = alternatives.get(name)
+            entries.append((name, planned, comp))
         for name, planned, comp in entries:
+            p, state = None, "—"
             if planned is not None and "error" in planned:
                 pred = f"no plan fits: {planned['error'].split(':')[1].split('(')[0].strip()}"
-                state, step = "—", "—"
-            elif planned is not None:
-                p = planned["predicted"]
-                pred = f"{'yes' if p['fits'] else 'no'}, {p['peak_device_bytes'] / GIB:.2f}"
-                state = _offloaded_state(planned["plan"])
-                exposed = p.get("state_exposed_s") or 0.0
-                step = f"{p['step_time_s']:.3f} ({exposed:.3f})"
             else:
-                pred, state, step = "—", "none", "—"
+                if planned is not None:
+                    p, state = planned["predicted"], _offloaded_state(planned["plan"])
+                elif comp is not None and "predicted" in comp:
+                    p = comp["predicted"]
+                pred = (
+                    f"{'yes' if p['fits'] else 'no'}, {p['peak_device_bytes'] / GIB:.2f}, "
+                    f"{p['host_bytes'] / GIB:.2f}"
+                    if p
+                    else "—"
+                )
+            step = f"{p['step_time_s']:.3f}" if p and "step_time_s" in p else "—"
             xla = host = "not compiled"
-            if comp is not None:
+            if comp is not None and "refused" in comp:
+                xla, host = "refused before compiling: host memory", "—"
+            elif comp is not None:
                 xla = f"{'yes' if comp['fits'] else 'no'}, {comp['device_peak_bytes'] / GIB:.2f}"
                 host = (
                     f"{comp['host_argument_bytes'] / GIB:.2f} / {comp['host_temp_bytes'] / GIB:.2f}"
@@ -120,6 +139,80 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+COMPILED_KEYS = (
+    "fits",
+    "out_of_memory",
+    "device_peak_bytes",
+    "device_argument_bytes",
+    "device_temp_bytes",
+    "host_temp_bytes",
+    "host_argument_bytes",
+    "state_host_bytes",
+    "device_limit_bytes",
+    "offloaded_bytes_by_name",
+    "predicted",
+    "notes",
+    "xla_error",
+)
+
+
+def _flipped(plan):
+    """``plan``'s activations with its state placement flipped: on device where it offloads any,
+    else every layer group's moments offloaded."""
+    from tierax.plan import StatePlacement
+
+    if plan.offloads_state:
+        return dataclasses.replace(plan, name=f"{plan.name}, state on device", state={})
+    state = {g: StatePlacement(moments="offload") for g in plan.groups}
+    return dataclasses.replace(plan, name=f"{plan.name}, moments offloaded", state=state)
+
+
+def _moments_host_recomputed(plan):
+    """``plan`` with every group's moments offloaded and its offloaded activations recomputed
+    instead (host memory for the moments alone), for a case whose joint plan keeps the state on
+    device because the activations fill the host."""
+    from tierax.plan import Plan
+
+    d = plan.to_dict()
+    d["plan"] = f"{plan.name}, moments offloaded, offloaded activations recomputed"
+    d["groups"] = {
+        g: {n: ("remat" if v == "offload" else v) for n, v in names.items()}
+        for g, names in d["groups"].items()
+    }
+    d["state"] = {g: {"moments": "offload"} for g in d["groups"]}
+    return Plan.from_dict(d)
+
+
+def _flipped_label(plan) -> str:
+    return "joint activations, " + (
+        "state on device" if plan.offloads_state else "moments offloaded"
+    )
+
+
+def _pct(got: float, want: float) -> float | None:
+    return None if not want else 100.0 * (got - want) / want
+
+
+def _vs_model(got: dict) -> dict:
+    """XLA's figures against the model's for the same plan, in % of the model's."""
+    pred = got["predicted"]
+    host = got["host_argument_bytes"] + got["host_temp_bytes"]
+    return {
+        "device_peak_pct": _pct(got["device_peak_bytes"], pred["peak_device_bytes"]),
+        # The model's host bytes: the offloaded state plus the larger of the offloaded
+        # activations and the state (tierax.costmodel.state.host_peak); XLA holds the state as
+        # host arguments, the activations and the update's new state (sharing memory) as temp.
+        "host_bytes_model": pred["host_bytes"],
+        "host_bytes_xla_arguments_plus_temp": host,
+        "host_total_pct": _pct(host, pred["host_bytes"]),
+        "host_state_pct": _pct(got["host_argument_bytes"], pred["state_host_bytes"]),
+        # XLA's host temp against the model's larger of the offloaded activations and state.
+        "host_temp_pct": _pct(
+            got["host_temp_bytes"], pred["host_bytes"] - pred["state_host_bytes"]
+        ),
+    }
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     _common.add_out(ap, "state_offload.json")
@@ -129,10 +222,7 @@ def main(argv=None) -> int:
         type=_common.docs_record("tierax.bench.state_offload/1"),
         help="rewrite the docs table from this record and exit (nothing is planned or compiled)",
     )
-    ap.add_argument("--compile", action="store_true", help="compile the Llama case deviceless")
-    ap.add_argument(
-        "--compile-deepseek", action="store_true", help="also compile the DeepSeek-V3 case"
-    )
+    ap.add_argument("--compile", action="store_true", help="compile every case deviceless")
     args = ap.parse_args(argv)
     if args.docs:
         doc = args.docs
@@ -161,44 +251,54 @@ def main(argv=None) -> int:
         row: dict = {"case": label, "model": model, "target": target, "mesh": mesh}
         row["microbatch"], row["seq"], row["attention"] = mb, seq, cfg.attention
         joint = planner.plan(cfg, inv, rates, name="joint")
-        row["joint"] = {"plan": joint.plan.to_dict(), "predicted": _pred(joint.predicted)}
+        row["joint"] = {
+            "plan": joint.plan.to_dict(),
+            "predicted": _pred(joint.predicted),
+            "state_explained": [e.to_json() for e in joint.explain if e.name.startswith("state:")],
+        }
+        plans = {"joint": joint.plan}
         try:
             acts = planner.plan(cfg, inv, rates, name="activations-only", place_state=False)
             row["activations_only"] = {
                 "plan": acts.plan.to_dict(),
                 "predicted": _pred(acts.predicted),
             }
+            plans["activations-only"] = acts.plan
         except TieraxError as e:
             row["activations_only"] = {"error": str(e)}
-        compile_it = args.compile if model == "llama3-8b" else args.compile_deepseek
-        if compile_it:
+        plans[_flipped_label(joint.plan)] = _flipped(joint.plan)
+        row["flipped"] = {
+            "label": _flipped_label(joint.plan),
+            "plan": _flipped(joint.plan).to_dict(),
+            "predicted": _pred(cm.simulate(_flipped(joint.plan), inv, cfg, rates, "lhs")),
+        }
+        if not joint.plan.offloads_state:
+            extra = _moments_host_recomputed(joint.plan)
+            label_x = "moments offloaded, joint's offloaded activations recomputed"
+            plans[label_x] = extra
+            row["moments_host_recomputed"] = {
+                "label": label_x,
+                "plan": extra.to_dict(),
+                "predicted": _pred(cm.simulate(extra, inv, cfg, rates, "lhs")),
+            }
+        if args.compile:
             row["compiled"] = {}
-            for which, plan in (
-                ("joint", joint.plan),
-                ("joint activations, state on device", dataclasses.replace(joint.plan, state={})),
-            ):
+            for which, plan in plans.items():
                 t0 = time.perf_counter()
-                res, _ = C.compile_for_target(
-                    cfg, plan, target, microbatch=mb, seq=seq, mesh=shape
-                )
-                d = res.to_json()
-                row["compiled"][which] = {
-                    k: d[k]
-                    for k in (
-                        "fits",
-                        "out_of_memory",
-                        "device_peak_bytes",
-                        "device_argument_bytes",
-                        "device_temp_bytes",
-                        "host_temp_bytes",
-                        "host_argument_bytes",
-                        "state_host_bytes",
-                        "device_limit_bytes",
-                        "predicted",
-                        "notes",
-                        "xla_error",
+                try:
+                    res, _ = C.compile_for_target(
+                        cfg, plan, target, microbatch=mb, seq=seq, mesh=shape
                     )
-                } | {"wall_s": time.perf_counter() - t0}
+                except TieraxError as e:  # refused before XLA runs (host capacity)
+                    row["compiled"][which] = {"refused": str(e)}
+                    print(label, which, "refused:", e, flush=True)
+                    continue
+                d = res.to_json()
+                got = {k: d[k] for k in COMPILED_KEYS}
+                row["compiled"][which] = (
+                    got | {"vs_model": _vs_model(got)} | {"wall_s": time.perf_counter() - t0}
+                )
+                print(label, which, row["compiled"][which]["vs_model"], flush=True)
         rows.append(row)
         print(label, "joint", _pred(joint.predicted), flush=True)
     doc["rows"] = rows

@@ -79,6 +79,7 @@ def test_a_model_below_xla_under_a_binding_budget_re_plans_within_a_smaller_budg
             out_of_memory=False,
             overlap={},
             host_temp_bytes=0,
+            host_argument_bytes=0,
             compile_time_s=0.0,
         ), ""
 
@@ -146,6 +147,7 @@ def test_a_compile_xla_refuses_is_a_step_of_the_loop_not_a_crash(monkeypatch):
                     out_of_memory=True,
                     overlap={},
                     host_temp_bytes=None,
+                    host_argument_bytes=0,
                     compile_time_s=0.0,
                 ), ""
             peak = cm.simulate(plan, inv, cfg, rates, "lhs").peak_device_bytes
@@ -155,6 +157,7 @@ def test_a_compile_xla_refuses_is_a_step_of_the_loop_not_a_crash(monkeypatch):
                 out_of_memory=False,
                 overlap={},
                 host_temp_bytes=0,
+                host_argument_bytes=0,
                 compile_time_s=0.0,
             ), ""
 

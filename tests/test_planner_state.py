@@ -14,7 +14,9 @@ parameter and the compute dtype float32,
 * per group and direction, the copies beyond the group's update (``7·4P`` bytes at the HBM rate)
   are exposed;
 * a third peak phase, the update: the state left on device plus two layers' slices of the largest
-  group's offloaded state.
+  group's offloaded state;
+* host bytes: the offloaded state plus the larger of the offloaded activations and the state (the
+  update's second host buffer of the state, as XLA's deviceless compile allocates it).
 """
 
 from __future__ import annotations
@@ -81,7 +83,9 @@ def joint_brute_force(inv, rates, schedule, mechanism):
     peak_a, host_a, sec_a = brute_force(inv, rates, schedule, mechanism)
     freed, host_s, exp_s, update_phase = state_reference(inv, rates)
     peak = np.maximum(peak_a[:, None] - freed[None, :], update_phase[None, :])
-    host = host_a[:, None] + host_s[None, :]
+    # The update writes the new state into a second host buffer, which shares memory with the
+    # offloaded activations (dead by then): host = state + max(activations, state).
+    host = host_s[None, :] + np.maximum(host_a[:, None], host_s[None, :])
     seconds = sec_a[:, None] + exp_s[None, :]
     return peak, host, seconds
 

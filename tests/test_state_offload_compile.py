@@ -1,5 +1,6 @@
 """Deviceless XLA:GPU compile of a plan with moments in host memory: XLA's host arguments are the
-plan's offloaded state bytes and the device peak falls by about them (tierax.train.streamed)."""
+plan's offloaded state bytes, its host temp the update's second buffer of them, and the device peak
+falls by about them (tierax.train.streamed)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,10 @@ def test_host_moments_leave_the_device_in_xlas_compile():
     moments = 2 * 4 * decoder
     assert on_host.state_host_bytes == moments
     assert on_host.host_argument_bytes == moments
+    # The update writes the new moments into a second host buffer (host temp; minimal offloads no
+    # activation), and the model counts both: host bytes = state + max(activations, state).
+    assert on_host.host_temp_bytes == moments
+    assert on_host.predicted["host_bytes"] == 2 * moments
     assert on_device.device_argument_bytes - on_host.device_argument_bytes == moments
     # The device peak falls by at least 98 % of the offloaded moments (the streamed update stages
     # one layer's).

@@ -9,6 +9,7 @@ import dataclasses
 
 import jax
 import numpy as np
+import optax
 import pytest
 
 from tierax import plan as P
@@ -23,10 +24,10 @@ def with_state(plan: P.Plan, **kinds) -> P.Plan:
     return dataclasses.replace(plan, state={g: kinds for g in plan.groups})
 
 
-def run(cfg, plan, n, mesh=None):
-    opt = S.make_optimizer(3e-3)
+def run(cfg, plan, n, mesh=None, opt=None, grad_clip=None):
+    opt = opt or S.make_optimizer(3e-3)
     graphdef, state = S.init_state(cfg, opt, seed=0, mesh=mesh, plan=plan)
-    fn = S.make_train_step(graphdef, cfg, plan, opt, S.shardings_of(state))
+    fn = S.make_train_step(graphdef, cfg, plan, opt, S.shardings_of(state), grad_clip=grad_clip)
     tokens = S.synthetic_batch(cfg, 8, 16, seed=3)  # 8: one row per device of a CPU mesh
     if mesh is not None:
         tokens = jax.device_put(tokens, sh.batch_sharding(mesh))
@@ -76,7 +77,54 @@ def test_unrun_state_placements_refused_before_building():
     for kind in ("master_weights", "grad_accum"):
         with pytest.raises(TieraxError, match=f"decoder.{kind}.*moments only"):
             S.make_train_step(graphdef, cfg, with_state(base, **{kind: "offload"}), opt)
-    with pytest.raises(TieraxError, match="grad_clip"):
-        S.make_train_step(graphdef, cfg, with_state(base, moments="offload"), opt, grad_clip=1.0)
     with pytest.raises(TieraxError, match="state_shardings"):
         S.make_train_step(graphdef, cfg, with_state(base, moments="offload"), opt)
+
+
+def test_clipped_streamed_update_is_bit_identical():
+    """A global-norm clip with streamed moments: the norm of every gradient is taken before the
+    layers stream (two passes), so the result equals Optax's own clip-then-AdamW chain on device
+    bit for bit — with the clip active (the gradient norm is far above 0.05 at every step)."""
+    cfg = get_config("tiny-llama")
+    clip = 0.05
+    base = P.preset("minimal", cfg)
+    # The reference: Optax's clip_by_global_norm, not tierax's, with the moments on device.
+    optax_chain = optax.chain(
+        optax.clip_by_global_norm(clip),
+        optax.adamw(3e-3, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1),
+    )
+    ref = run(cfg, base, 3, opt=optax_chain)
+    plan = with_state(base, moments="offload")
+    opt = S.make_optimizer(3e-3, grad_clip=clip)
+    graphdef, state = S.init_state(cfg, opt, seed=0, plan=plan)
+    fn = S.make_train_step(graphdef, cfg, plan, opt, S.shardings_of(state), grad_clip=clip)
+    tokens = S.synthetic_batch(cfg, 8, 16, seed=3)
+    for _ in range(3):
+        state, metrics = fn(state, tokens)
+        assert float(metrics["grad_norm"]) > 10 * clip  # the clip scales every step
+    assert host_kinds(state.opt_state)["decoder"] == {"pinned_host"}
+    for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(state), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("clip", [0.05, 1e6])  # clipping, and a norm far below the clip
+def test_make_optimizers_clip_is_optaxs(clip):
+    """``make_optimizer(grad_clip=...)``'s clip (which also takes the norm from outside) equals
+    Optax's ``clip_by_global_norm`` bit for bit on a whole tree, as every train run uses it."""
+    keys = jax.random.split(jax.random.key(0), 6)
+    params = {"a": jax.random.normal(keys[0], (5, 7)), "b": {"c": jax.random.normal(keys[1], (9,))}}
+    ref = optax.chain(
+        optax.clip_by_global_norm(clip),
+        optax.adamw(3e-3, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1),
+    )
+    got = S.make_optimizer(3e-3, grad_clip=clip)
+    states = [ref.init(params), got.init(params)]
+    for k in keys[2:]:
+        grads = jax.tree.map(lambda p, k=k: 3.0 * jax.random.normal(k, p.shape), params)
+        outs = [
+            jax.jit(opt.update)(grads, st, params)
+            for opt, st in zip((ref, got), states, strict=True)
+        ]
+        for a, b in zip(*(jax.tree.leaves(o) for o in outs), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        states = [o[1] for o in outs]

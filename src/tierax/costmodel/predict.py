@@ -12,7 +12,7 @@ from tierax.costmodel import network
 from tierax.costmodel.first_touch import first_touch_s
 from tierax.costmodel.fixed import exposed_share, fixed_terms
 from tierax.costmodel.rates import Rates
-from tierax.costmodel.state import check_state, offloaded_parts, state_cost
+from tierax.costmodel.state import check_state, host_peak, offloaded_parts, state_cost
 from tierax.costmodel.terms import SCHEDULES, group_terms, item_terms, staging_and_window
 from tierax.costmodel.transposes import transpose_s
 from tierax.errors import TieraxError
@@ -137,7 +137,9 @@ def evaluate(
     # The streamed update's phase: the state left on device, the update's staged slices.
     update_phase = fx.state_bytes - sc.freed_bytes + sc.staging_bytes + fx.fixed_device_bytes
     peak = int(max(act_bytes + staging + fx.fixed_bytes - sc.freed_bytes, update_phase))
-    host += sc.host_bytes
+    # Offloaded state and, during the update, its new values' second host buffer, which shares
+    # memory with the offloaded activations (dead by then): tierax.costmodel.state.host_peak.
+    host = host_peak(host, sc.host_bytes)
     exposed_coll = exposed_collectives(
         fx, schedule, recompute, transfer_total - exposed_d2h - exposed_h2d
     )

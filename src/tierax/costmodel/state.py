@@ -24,6 +24,13 @@ Per layer group with ``P`` parameters per device (as the step shards them), para
   model (simulate, plan) prices one microbatch per update, which has no accumulator: offloading it
   is refused there rather than priced as free.
 
+Host memory (:func:`host_peak`): the streamed update writes each layer's new state into a second
+host buffer (the scan's output, which becomes the donated state's after the step), so the host
+holds the offloaded state twice at the end of the step; the offloaded activations are dead by then
+and share that memory.  Host bytes = ``state + max(offloaded activations, state)`` — what XLA's
+deviceless compile reports: host arguments = the state, host temp = the larger of the two
+(bench/results/state_offload.json).
+
 Hiding: the streamed update's copies of a group overlap that group's own update (its AdamW HBM
 traffic at the device's HBM rate), each direction separately (the host link is full duplex).  Its
 hidden share under the backward pass is 0: the update starts after the last gradient, and loading
@@ -207,6 +214,15 @@ def state_cost(offloaded: set[tuple[str, str]], inv: Inventory, cfg, rates: Rate
         sum(g.update_device_s for g in groups),
         sum(g.update_host_s for g in groups),
     )
+
+
+def host_peak(activation_host_bytes: int, state_host_bytes: int) -> int:
+    """Host bytes per device with ``state_host_bytes`` of offloaded training state beside
+    ``activation_host_bytes`` of offloaded activations (module docstring: the update's second
+    host buffer shares memory with the activations)."""
+    if not state_host_bytes:
+        return int(activation_host_bytes)
+    return int(state_host_bytes + max(activation_host_bytes, state_host_bytes))
 
 
 def offloaded_parts(state: Mapping[str, StatePlacement]) -> set[tuple[str, str]]:

@@ -162,7 +162,10 @@ def check_request(
             compiled.overlap.get("est_exposed_s", 0.0),
             result.predicted.step_time_s,
             result.predicted.host_bytes,
-            compiled.host_temp_bytes,
+            # Offloaded training state is the step's host arguments (the rest is host temp).
+            None
+            if compiled.host_temp_bytes is None
+            else compiled.host_temp_bytes + compiled.host_argument_bytes,
             compiled.compile_time_s,
             compiled.out_of_memory,
         )

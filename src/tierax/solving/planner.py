@@ -269,6 +269,12 @@ def _solve(
     host_row = {O + k: it.bytes / total_bytes for k, it in enumerate(items)}
     host_row.update({X + j: part.host_bytes / total_bytes for j, part in enumerate(parts)})
     add(host_row, -np.inf, host_budget / total_bytes)
+    if parts:  # the update's second host buffer of the state (costmodel.state.host_peak)
+        add(
+            {X + j: 2 * part.host_bytes / total_bytes for j, part in enumerate(parts)},
+            -np.inf,
+            host_budget / total_bytes,
+        )
 
     ub = np.full(nv, np.inf)
     ub[: X + m] = 1
@@ -587,6 +593,10 @@ def _explain_state(
     ug = {g.group: g for g in ugroups}
     ms = lambda s: f"{s * 1e3:.3g} ms"  # noqa: E731
     gib = lambda b: f"{b / 2**30:.3g} GiB"  # noqa: E731
+    # The offloaded activations' host bytes (pred's host bytes are state_cm.host_peak of them and
+    # the state's; at most the state, they do not change the peak with more state offloaded).
+    state_host = pred.breakdown.get("state_host_bytes", 0)
+    acts_host = pred.host_bytes - state_host if pred.host_bytes > 2 * state_host else 0
     out = []
     for part in parts:
         g = ug[part.group]
@@ -623,7 +633,7 @@ def _explain_state(
             why = (
                 "kept: offloading frees nothing here (the parameter dtype is the compute dtype)"
             )
-        elif pred.host_bytes + part.host_bytes > host_budget:
+        elif state_cm.host_peak(acts_host, state_host + part.host_bytes) > host_budget:
             why = (
                 f"kept: host memory has no room for its {gib(part.host_bytes)} "
                 f"({gib(host_budget - pred.host_bytes)} left)"

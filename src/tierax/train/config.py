@@ -112,7 +112,7 @@ class TrainConfig:
         )
         self.mesh.check_model(self.model, where=f"{self.source}: mesh")
         plan_lib.check_mechanism_preset(self.plan, self.xla_preset, f"{self.source}: plan")
-        # Training state the step cannot run (or a clipped optimizer with streamed moments): refused
+        # Training state the step cannot run: refused
         # here, before the run directory or any state exists.
         streamed.check_runnable(self.plan, self.optimizer.grad_clip, f"{self.source}: plan")
         if self.cpu_devices is not None:

@@ -45,8 +45,10 @@ def make_optimizer(
     Args:
       learning_rate: a constant or an Optax schedule of the update count (0 for the
         first update), e.g. ``optax.warmup_cosine_decay_schedule``.
-      grad_clip: clip gradients to this global norm first; None: no clipping (the
-        optimizer state is then AdamW's own, without a chain around it).
+      grad_clip: clip gradients to this global norm first (Optax's clip, which also takes the
+        norm from outside when the update streams: :func:`tierax.train.streamed.
+        clip_by_global_norm`); None: no clipping (the optimizer state is then AdamW's own,
+        without a chain around it).
       mu_dtype: the first moment's dtype (a model config's ``mu_dtype``); None or "": the
         parameters' dtype.
     """
@@ -55,7 +57,7 @@ def make_optimizer(
     )
     if grad_clip is None:
         return adamw
-    return optax.chain(optax.clip_by_global_norm(grad_clip), adamw)
+    return optax.chain(streamed.clip_by_global_norm(grad_clip), adamw)
 
 
 def make_loss_fn(graphdef, policies, mesh: Mesh | None = None) -> Callable:
@@ -173,8 +175,9 @@ def make_train_step(
         gradients are summed over a ``lax.scan`` (float32) and averaged, so the
         update equals one step on all the sequences at once.  ``segments`` (same shape
         as ``tokens``): packed documents' ids (:func:`make_loss_fn`).
-      grad_clip: the global-norm clip ``optimizer`` was made with (checked against ``plan``'s
-        state placements: :func:`tierax.train.streamed.check_runnable`).
+      grad_clip: the global-norm clip ``optimizer`` was made with (``make_optimizer``'s); with
+        streamed moments the update takes the norm of every gradient first and clips each layer's
+        slice by it (:func:`tierax.train.streamed.streamed_update`).
 
     With ``plan`` offloading a group's moments the update streams them layer by layer
     (:mod:`tierax.train.streamed`); ``state_shardings`` then carry their ``pinned_host`` memory
@@ -224,7 +227,7 @@ def make_train_step(
         grads, meta = fp8.split_meta(grads)
         if plan.offloads_state:
             params, opt_state = streamed.streamed_update(
-                optimizer, grads, state.opt_state, state.params, plan
+                optimizer, grads, state.opt_state, state.params, plan, clipped=grad_clip is not None
             )
         else:
             updates, opt_state = optimizer.update(grads, state.opt_state, state.params)

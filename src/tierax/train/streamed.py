@@ -10,8 +10,12 @@ embedding, the head, groups kept on device, the step counts) is updated by one m
 
 The optimizer is called unchanged on each slice, which is exact for an optimizer that acts on each
 element on its own given the shared step count — Optax's AdamW, as :func:`tierax.train.step.
-make_optimizer` builds it without gradient clipping.  A global gradient-norm clip couples every
-element, so a clipped optimizer is refused here rather than streamed inexactly.
+make_optimizer` builds it.  A global gradient-norm clip couples every element: its norm needs every
+gradient before any layer's update.  The update therefore runs in two passes when the optimizer
+clips: the first takes the norm of the whole gradient tree (all of it is on the device after the
+backward pass), the second streams the layers and hands that norm to every slice's update
+(:func:`clip_by_global_norm` takes it as the extra argument ``global_grad_norm``), so each slice is
+scaled by the global factor, not its own.
 """
 
 from __future__ import annotations
@@ -26,14 +30,38 @@ from tierax.plan import Placement, Plan, layer_group_of
 # Parts of the state the step streams; master weights and the gradient accumulator are placed by
 # the planner and priced by the cost model but not yet run by the step.
 RUN_KINDS = ("moments",)
+# Optax's global norm (optax.tree.norm; optax.global_norm in releases before it).
+_tree_norm = getattr(getattr(optax, "tree", None), "norm", None) or optax.global_norm
+
+
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformationExtraArgs:
+    """Optax's ``clip_by_global_norm`` (the same norm, test and scaling), whose update also takes
+    the norm from outside: ``update(g, state, params, global_grad_norm=n)`` scales ``g`` by the
+    clip factor of ``n`` instead of ``g``'s own norm — what the streamed update passes each layer's
+    slice (module docstring).  Without ``global_grad_norm`` it is Optax's transform."""
+
+    def update(updates, state, params=None, *, global_grad_norm=None, **extra):
+        del params, extra
+        g_norm = _tree_norm(updates) if global_grad_norm is None else global_grad_norm
+        trigger = jnp.squeeze(g_norm < max_norm)
+
+        def clip(t):
+            return jax.lax.select(trigger, t, (t / g_norm.astype(t.dtype)) * max_norm)
+
+        return jax.tree.map(clip, updates), state
+
+    return optax.GradientTransformationExtraArgs(optax.init_empty_state, update)
 
 
 def check_runnable(plan: Plan, grad_clip: float | None, where: str) -> None:
     """Refuse state placements the step does not run, before anything is built.
 
+    ``grad_clip`` (the optimizer's global-norm clip) runs with streamed moments in two passes
+    (module docstring); it is taken for the callers' sake and refuses nothing.
+
     Raises:
-      TieraxError: master weights or the gradient accumulator offloaded, or a clipped optimizer
-        with offloaded moments; the message names what runs.
+      TieraxError: master weights or the gradient accumulator offloaded; the message names what
+        runs.
     """
     not_run = sorted(
         f"{g}.{k}" for g, sp in plan.state.items() for k in sp.offloaded if k not in RUN_KINDS
@@ -41,15 +69,11 @@ def check_runnable(plan: Plan, grad_clip: float | None, where: str) -> None:
     if not_run:
         raise TieraxError(
             f"{where}: plan {plan.name!r} offloads {', '.join(not_run)}; the step runs offloaded "
-            f"moments only (streamed layer by layer); master_weights and grad_accum offload are "
-            f"planned and priced (tierax plan, simulate) but not run. Set them to device"
+            f"moments only (streamed layer by layer); master_weights offload is planned and priced "
+            f"(tierax plan, simulate) but not run, grad_accum offload neither priced nor run. Set "
+            f"them to device"
         )
-    if grad_clip is not None and plan.offloads_state:
-        raise TieraxError(
-            f"{where}: plan {plan.name!r} offloads moments, whose update streams layer by layer, "
-            f"and the optimizer clips the global gradient norm ({grad_clip}), which couples every "
-            f"layer; set the optimizer's grad_clip to none (null) or keep the state on device"
-        )
+    del grad_clip
 
 
 def offloaded_groups(plan: Plan) -> tuple[str, ...]:
@@ -90,15 +114,31 @@ def _replace(tree, index: list[int], values: list):
     return jax.tree.unflatten(treedef, leaves)
 
 
-def streamed_update(optimizer: optax.GradientTransformation, grads, opt_state, params, plan: Plan):
+def streamed_update(
+    optimizer: optax.GradientTransformation,
+    grads,
+    opt_state,
+    params,
+    plan: Plan,
+    *,
+    clipped: bool = False,
+):
     """(new params, new optimizer state): ``optimizer``'s update with the offloaded groups'
-    moments streamed through the device one layer at a time (module docstring)."""
+    moments streamed through the device one layer at a time (module docstring).
+
+    ``clipped``: ``optimizer`` clips the global gradient norm with :func:`clip_by_global_norm`
+    (``make_optimizer(grad_clip=...)``); the norm of all of ``grads`` is then taken first and given
+    to every slice's update (an optimizer that ignores ``global_grad_norm`` would clip each slice
+    by its own norm: give it this module's clip)."""
     streamed = offloaded_groups(plan)
+    # Pass one (clipped only): the norm of every gradient, before any layer is updated.
+    extra = {"global_grad_norm": _tree_norm(grads)} if clipped else {}
     # Everything outside the streamed groups, and the step counts, in one call.
     updates, new_state = optimizer.update(
         _select(grads, None, streamed),
         _select(opt_state, None, streamed),
         _select(params, None, streamed),
+        **extra,
     )
     new_params = optax.apply_updates(_select(params, None, streamed), updates)
     for group in streamed:
@@ -117,7 +157,10 @@ def streamed_update(optimizer: optax.GradientTransformation, grads, opt_state, p
             p_l = [x[k] for x in p_stack]
             s_l = [jax.device_put(x, jax.memory.Space.Device) for x in s_l]  # this layer's in
             upd, s_new = optimizer.update(
-                _replace(g_tree, gi, g_l), _replace(s_tree, si, s_l), _replace(p_tree, pi, p_l)
+                _replace(g_tree, gi, g_l),
+                _replace(s_tree, si, s_l),
+                _replace(p_tree, pi, p_l),
+                **extra,
             )
             p_new = jax.tree.leaves(optax.apply_updates(_replace(p_tree, pi, p_l), upd))
             # The parameters are updated in place (the scan's carry); the moments go back out.
