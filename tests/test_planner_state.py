@@ -172,3 +172,38 @@ def test_state_offload_makes_a_plan_fit():
     rows = {e.name: e for e in r.explain if e.name.startswith("state:")}
     assert set(rows) == {"state:moments", "state:master_weights"}
     assert any(e.choice == "offload" and "frees" in e.why for e in r.explain)
+
+
+
+def test_the_planner_never_chooses_a_placement_the_step_does_not_run():
+    """float32 masters under a bfloat16 compute dtype: offloading them would free device memory
+    (priced), but the step refuses master_weights offload.  At a budget where a plan fits with
+    everything recomputed and both kinds offloaded, but not with the moments alone, the planner
+    refuses (it never writes a plan the step cannot run); with room for the moments alone it
+    offloads them, keeps the masters and says why."""
+    from tierax import costmodel as cm
+    from tierax.costmodel import state as state_cm
+    from tierax.plan import Placement, StatePlacement
+
+    cfg = dataclasses.replace(CFG, dtype="bfloat16", param_dtype="float32")
+    inv = inventory()
+    rates = make_rates()
+    masters = [t for t in state_cm.state_terms(inv, cfg, rates)[0] if t.kind == "master_weights"]
+    assert masters and all(t.device_bytes > 0 for t in masters)  # would free memory
+    remat = {(i.group, i.name): Placement.REMAT for i in cm.item_terms(inv, rates)}
+    groups = [g.name for g in inv.groups]
+
+    def floor(**kinds):
+        state = {g: StatePlacement(**kinds) for g in groups}
+        return cm.evaluate(remat, inv, cfg, rates, "lhs", "policy", state).peak_device_bytes
+
+    both = floor(moments=Placement.OFFLOAD, master_weights=Placement.OFFLOAD)
+    moments_only = floor(moments=Placement.OFFLOAD)
+    assert both < moments_only
+    with pytest.raises(planner.NoPlanFits):
+        planner.plan(cfg, inv, rates, budget_bytes=(both + moments_only) // 2, mechanism="policy")
+    r = planner.plan(cfg, inv, rates, budget_bytes=moments_only + 2**20, mechanism="policy")
+    assert r.plan.offloads_state
+    assert all("master_weights" not in sp.offloaded for sp in r.plan.state.values())
+    kept = [e for e in r.explain if e.name == "state:master_weights"]
+    assert kept and all("does not run master_weights" in e.why for e in kept)

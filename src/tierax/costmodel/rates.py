@@ -208,7 +208,7 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
         "matmul": measured
         if f"matmul_flops_per_s_{dtype}" in cal
         else f"{ACHIEVABLE_FRACTION:.0%} (an H200 measured 790/989"
-        + ("" if spec.kind == "gpu" else "; the GPU share assumed for the MXU, not measured on a TPU")
+        + ("" if spec.kind == "gpu" else "; the GPU share assumed for the MXU, not measured")
         + f") of the {peak / 1e12:.0f} TFLOP/s {spec.peak_name(dtype)} datasheet peak",
         "host_link": measured if "d2h_bytes_per_s" in cal else spec.host_link_source,
         "hbm": "XLA device spec",

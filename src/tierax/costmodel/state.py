@@ -56,6 +56,18 @@ from tierax.tracing.inventory import Inventory
 UPDATE_STAGING_LAYERS = 2
 # The kinds the model prices (grad_accum: see the module docstring).
 PRICED_KINDS = ("moments", "master_weights")
+# The kinds the step runs offloaded (tierax.train.streamed): the only ones the planner chooses, so
+# that every plan it writes runs.  master_weights offload stays priced for a plan a user writes
+# (simulate), and the step refuses it with exit 2.
+PLANNED_KINDS = ("moments",)
+
+
+def planned_terms(
+    inv: Inventory, cfg, rates: Rates
+) -> tuple[tuple[StateTerms, ...], tuple[StateGroupTerms, ...]]:
+    """:func:`state_terms` of the parts the planner may place (:data:`PLANNED_KINDS`)."""
+    items, groups = state_terms(inv, cfg, rates)
+    return tuple(t for t in items if t.kind in PLANNED_KINDS), groups
 # Where each part's update runs and why (reported with a plan's prediction).
 MECHANISM = (
     "streamed: pinned host memory between steps, loaded layer by layer for the AdamW update on the "

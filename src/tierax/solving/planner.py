@@ -125,7 +125,7 @@ def _solve(
     items = cm.item_terms(inv, rates, mechanism)
     groups = cm.group_terms(inv, rates, schedule, mechanism)
     fx = cm.fixed_terms(inv, cfg, rates, schedule)
-    parts, ugroups = state_cm.state_terms(inv, cfg, rates) if place_state else ((), ())
+    parts, ugroups = state_cm.planned_terms(inv, cfg, rates) if place_state else ((), ())
     n, G = len(items), len(groups)
     m, U = len(parts), len(ugroups)
     gidx = {g.name: k for k, g in enumerate(groups)}
@@ -551,8 +551,8 @@ def plan(
         everything_remat = {(i.group, i.name): Placement.REMAT for i in cm.item_terms(inv, rates)}
         all_state = (
             {
-                part.group: StatePlacement(**{k: Placement.OFFLOAD for k in state_cm.PRICED_KINDS})
-                for part in state_cm.state_terms(inv, cfg, rates)[0]
+                part.group: StatePlacement(**{k: Placement.OFFLOAD for k in state_cm.PLANNED_KINDS})
+                for part in state_cm.planned_terms(inv, cfg, rates)[0]
             }
             if place_state and rates.offload_is_real
             else {}
@@ -627,6 +627,11 @@ def _explain_state(
             )
         elif not placed:
             why = "kept: the planner was asked to keep the training state on device"
+        elif part.kind not in state_cm.PLANNED_KINDS:
+            why = (
+                f"kept: the step does not run {part.kind} offloaded yet (priced only: offloading "
+                f"would free {gib(part.device_bytes)}), so the planner does not choose it"
+            )
         elif not rates.offload_is_real:
             why = "kept: offloading is a no-op on this backend"
         elif part.device_bytes == 0:
