@@ -447,3 +447,17 @@ def test_the_steps_compute_prices_the_fp8_share_at_the_fp8_rate():
         "serial",
     )
     assert fx.compute_s < bf16.compute_s
+
+
+def test_the_fp8_rate_is_a_rate_key_and_prices_the_fp8_gemms():
+    """``--rate fp8_matmul=T`` sets the fp8 GEMM rate, names itself as its source, and halving
+    it doubles the fp8 part of a matmul's time exactly (hand computed)."""
+    from tierax.costmodel import rates as R
+
+    base = R.target_rates("h200", "bfloat16")
+    r = R.override_rates(base, ["fp8_matmul=500"])
+    assert r.fp8_matmul_flops_per_s == 500e12 and r.matmul_flops_per_s == base.matmul_flops_per_s
+    assert r.sources["fp8_matmul"].startswith("--rate fp8_matmul=500")
+    flops = 1e15
+    t = R.matmul_s(flops, 0.0, r, fp8_share=0.5)
+    assert t == pytest.approx(0.5 * flops / 500e12 + 0.5 * flops / base.matmul_flops_per_s)

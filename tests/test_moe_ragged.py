@@ -109,3 +109,21 @@ def test_maxtext_emit_of_ragged_is_dropless_megablox():
     )
     capacity = keys(get_config("tiny-deepseek"))
     assert (capacity["sparse_matmul"], capacity["megablox"]) == (False, False)
+
+
+def test_what_the_step_refuses_is_refused_before_it_is_planned_or_emitted(cli):
+    """simulate/plan with ragged experts on an expert- or tensor-parallel mesh, and a MaxText emit
+    of ragged experts for a GPU target, exit 2 naming the fix (the step and compile refuse them)."""
+    base = ("--model", "tiny-deepseek", "--set", "moe_impl=ragged")
+    run = ("--plan", "minimal", "--microbatch", "2", "--seq", "64", "--target", "v5p")
+    r = cli("simulate", *base, *run, "--devices", "4", "--mesh", "fsdp=2,expert=2")
+    assert r.returncode == 2 and "takes no expert or tensor parallelism (expert=2)" in r.stderr
+    r = cli("simulate", *base, *run, "--devices", "4", "--mesh", "fsdp=2,tensor=2")
+    assert r.returncode == 2 and "(tensor=2)" in r.stderr and "moe_impl=capacity" in r.stderr
+    r = cli("simulate", *base, *run, "--devices", "4", "--mesh", "fsdp=4")
+    assert r.returncode == 0, r.stderr  # data/fsdp only: runs
+    emit = ("plans", *base, "--emit", "maxtext", "--show", "minimal")
+    r = cli(*emit, "--target", "h200")
+    assert r.returncode == 2 and "TPU targets only" in r.stderr and not r.stdout
+    r = cli(*emit, "--target", "v5p")
+    assert r.returncode == 0 and "sparse_matmul: true" in r.stdout

@@ -255,6 +255,7 @@ def _rate_arg(p) -> None:
         help="what-if override of a target rate (repeatable): host_link (GB/s per direction, both "
         "ways), d2h, h2d (GB/s, one direction), hbm_size (GB), hbm_bw (TB/s), matmul (TFLOP/s), "
         "fused_attention_fwd, fused_attention_bwd (TFLOP/s of the fused attention kernel), "
+        "fp8_matmul (TFLOP/s of fp8 GEMMs, quantization=fp8), "
         "interconnect (GB/s inside an NVLink domain), scale_out (GB/s per device between "
         "domains), nvlink_domain (devices per domain), gpus_per_domain (this job's devices per "
         "domain; default: spread evenly), host_memory (GB)",

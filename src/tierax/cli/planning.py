@@ -97,7 +97,7 @@ def cmd_plans(args) -> int:
         "--seq": args.seq,
     }
     interop.check_show_options(show=args.show, yaml=args.yaml, emit=args.emit, sizing=sizing)
-    cfg = resolve_model(args)
+    cfg = resolve_model(args, target=args.target)  # what the target cannot run is refused
     if args.show is None:
         for name, (desc, _) in plan_lib.PRESETS.items():
             print(f"{name:18s} {desc}")

@@ -22,7 +22,7 @@ from tierax.errors import TieraxError
 ACHIEVABLE_FRACTION = 0.8
 # fp8 GEMMs (quantization: fp8) at the datasheet's dense fp8 peak times the same fraction: no fp8
 # GEMM rate has been measured here, so the bf16 measurement's fraction stands in for it (a named
-# assumption, not a fit; `tierax calibrate` or a --rate override replaces it).
+# assumption, not a fit; `tierax calibrate` or `--rate fp8_matmul=TFLOPS` replaces it).
 FP8_SOURCE = (
     "{fraction:.0%} (the bf16 fraction, assumed for fp8: not measured) of the {peak:.0f} TFLOP/s "
     "fp8 dense datasheet peak"
@@ -299,6 +299,7 @@ RATE_KEYS: dict[str, tuple[tuple[str, ...], float, str]] = {
     "hbm_size": (("device_memory_bytes",), 1e9, "GB of device memory"),
     "hbm_bw": (("hbm_bytes_per_s",), 1e12, "TB/s of device memory bandwidth"),
     "matmul": (("matmul_flops_per_s",), 1e12, "TFLOP/s achievable matmul rate"),
+    "fp8_matmul": (("fp8_matmul_flops_per_s",), 1e12, "TFLOP/s achievable fp8 GEMM rate"),
     "fused_attention_fwd": (
         ("fused_attention_fwd_flops_per_s",),
         1e12,
@@ -337,6 +338,7 @@ SOURCE_KEYS: dict[str, tuple[str, bool]] = {
     "hbm_size": ("memory", True),
     "hbm_bw": ("hbm", True),
     "matmul": ("matmul", True),
+    "fp8_matmul": ("fp8_matmul", True),
     "fused_attention_fwd": ("fused_attention", False),
     "fused_attention_bwd": ("fused_attention", False),
     "interconnect": ("interconnect", True),
