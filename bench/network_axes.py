@@ -10,6 +10,7 @@ domain in order (--rate gpus_per_domain=72: 72 + 56). Cost-model predictions onl
 compiled or measured.
 
     .venv/bin/python bench/network_axes.py [--out FILE]  # → bench/results/network_axes.json
+    .venv/bin/python bench/network_axes.py --docs bench/results/network_axes.json  # docs table
 """
 
 from __future__ import annotations
@@ -48,10 +49,45 @@ CASES = (  # name, model, target, devices, mesh, microbatch, seq
 )
 
 
+DOCS_MARKER = "network-axes"
+
+
+def markdown(doc: dict) -> str:
+    """The docs table of the record: per case and variant, the plan's predicted step, its
+    collectives and how much of them is exposed (every figure read from the record)."""
+    lines = [
+        "| case | mesh | collectives priced | step s | TFLOP/s/device | collectives s | exposed s "
+        "| plan changed |",
+        "|---|---|---|---:|---:|---:|---:|---|",
+    ]
+    for c in doc["cases"]:
+        mesh = ",".join(f"{a}={n}" for a, n in c["mesh"].items() if n > 1)
+        for label, v in c["variants"].items():
+            note = "" if v["plan"] == "planner" else f" ({v['plan']})"
+            lines.append(
+                f"| {c['name']}{note} | {mesh} | {label} | {v['step_time_s']:.3f} | "
+                f"{v['tflops_per_device']:.0f} | {v['collective_s']:.3f} | "
+                f"{v['exposed_collective_s']:.3f} | "
+                f"{'yes' if v['plan_changed_vs_one_figure'] else 'no'} |"
+            )
+    lines += ["", f"`{doc['command']}`, {doc['created'][:10]}; cost-model predictions."]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     _common.add_out(ap, "network_axes.json")
-    out = ap.parse_args(argv).out
+    ap.add_argument(
+        "--docs",
+        metavar="RECORD.json",
+        type=_common.docs_record("tierax.network_axes/1"),
+        help="rewrite the docs table from this record and exit (nothing is planned)",
+    )
+    args = ap.parse_args(argv)
+    if args.docs:
+        print(f"wrote {_common.write_docs_table(DOCS_MARKER, markdown(args.docs))}")
+        return 0
+    out = args.out
     launch.start()
     from tierax import costmodel as cm
     from tierax import hardware

@@ -8,6 +8,7 @@ predictions: GB300 and VR200 are projections from announced figures (tierax.hard
 was compiled or measured.
 
     .venv/bin/python bench/whatif.py  # → bench/results/whatif-deepseek-v3.json and .png
+    .venv/bin/python bench/whatif.py --docs bench/results/whatif-deepseek-v3.json  # docs tables
 """
 
 from __future__ import annotations
@@ -25,14 +26,67 @@ TARGETS = ("gb200", "gb300", "vr200")
 MESH = "fsdp=16,expert=8"
 
 
+DOCS_MARKER = "whatif-deepseek-v3"
+GIB = 2**30
+
+
+def markdown(doc: dict) -> str:
+    """The docs tables of the record: the planner's plan per target, then the host-link sweep
+    (every figure read from the record)."""
+    lines = [
+        "| target | figures | step s | TFLOP/s/device | device peak GiB | host GiB |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for key, t in doc["targets"].items():
+        figures = "projection" if t["projection"] else "shipping part"
+        if not t["fits"]:
+            lines.append(f"| {key} | {figures} | no plan fits | | | |")
+            continue
+        p = t["predicted"]
+        lines.append(
+            f"| {key} | {figures} | {p['step_time_s']:.3f} | {p['tflops_per_device']:.0f} | "
+            f"{p['peak_device_bytes'] / GIB:.1f} | {p['host_bytes'] / GIB:.1f} |"
+        )
+    sw = doc["sweep"]
+    refs = sorted({r for p in sw["points"] for r in p.get("reference", {})})
+    lines += [
+        "",
+        f"| {sw['key']} (GB/s, {sw['target']}) | planner TFLOP/s/device | step s | "
+        + " | ".join(f"{r} TFLOP/s/device" for r in refs)
+        + " | names that moved |",
+        "|---:|---:|---:|" + "---:|" * len(refs) + "---:|",
+    ]
+    for p in sw["points"]:
+        ref = [p["reference"].get(r) for r in refs]
+        if not p["fits"]:
+            lines.append(f"| {p['value']:g} | no plan fits | |" + " |" * len(refs) + " |")
+            continue
+        lines.append(
+            f"| {p['value']:g} | {p['tflops_per_device']:.0f} | {p['step_time_s']:.3f} | "
+            + " | ".join("does not fit" if v is None else f"{v:.0f}" for v in ref)
+            + f" | {len(p['changed'])} |"
+        )
+    lines += ["", f"`{doc['command']}`, {doc['created'][:10]}; cost-model predictions."]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--docs",
+        metavar="RECORD.json",
+        type=_common.docs_record("tierax.whatif/1"),
+        help="rewrite the docs tables from this record and exit (nothing is planned)",
+    )
     ap.add_argument("--model", default="deepseek-v3-671b")
     ap.add_argument("--microbatch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--sweep", default="host_link=100:1000:100")
     _common.add_out(ap, "whatif-deepseek-v3.json")
     args = ap.parse_args(argv)
+    if args.docs:
+        print(f"wrote {_common.write_docs_table(DOCS_MARKER, markdown(args.docs))}")
+        return 0
     out = args.out
     launch.start()
 

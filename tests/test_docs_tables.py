@@ -37,6 +37,8 @@ DOCS_TABLES = [
     ("prefetch_overlap", "markdown", "prefetch_overlap.json", "prefetch-overlap"),
     ("fp8_compile", "markdown", "fp8_compile.json", "fp8-compile"),
     ("state_offload", "markdown", "state_offload.json", "state-offload"),
+    ("network_axes", "markdown", "network_axes.json", "network-axes"),
+    ("whatif", "markdown", "whatif-deepseek-v3.json", "whatif-deepseek-v3"),
     ("tpu_compile", "splash_markdown", "tpu_splash.json", "tpu-splash"),
     (
         "tpu_compile",
