@@ -57,8 +57,8 @@ SCHEDULE = "lhs"  # no transfers on a CPU: the schedule changes nothing here
 VOCAB, LAYERS = 32000, 4
 
 
-def _shape(family: str, d: int, seq: int, mb: int, dtype: str) -> dict:
-    return {"family": family, "d_model": d, "seq": seq, "microbatch": mb, "dtype": dtype}
+def _shape(family: str, d: int, seq: int, mb: int, dtype: str, **moe) -> dict:
+    return {"family": family, "d_model": d, "seq": seq, "microbatch": mb, "dtype": dtype} | moe
 
 
 # Fixed before the model was changed (issue 25): both families, d_model 256-1024, sequence
@@ -70,6 +70,14 @@ SHAPES = {
     "llama-d1024-s256-bf16": _shape("llama", 1024, 256, 4, "bfloat16"),
     "deepseek-d256-s512-f32": _shape("deepseek", 256, 512, 2, "float32"),
     "deepseek-d512-s256-bf16": _shape("deepseek", 512, 256, 4, "bfloat16"),
+    # Added after the record above held (issue 35): DeepSeek-V3's routing shape, many experts and a
+    # top-k above 2, at larger widths — not run in that record (--shapes runs them alone).
+    "deepseek-d768-s512-e16k4-bf16": _shape(
+        "deepseek", 768, 512, 2, "bfloat16", num_experts=16, num_experts_per_tok=4
+    ),
+    "deepseek-d1024-s256-e32k8-f32": _shape(
+        "deepseek", 1024, 256, 4, "float32", num_experts=32, num_experts_per_tok=8
+    ),
 }
 QUICK_SHAPES = {
     "llama-d256-s256-f32": _shape("llama", 256, 256, 2, "float32"),
@@ -127,8 +135,8 @@ def config(shape: dict):
         qk_rope_head_dim=16,
         v_head_dim=32,
         dense_mlp_dim=4 * d,
-        num_experts=8,
-        num_experts_per_tok=2,
+        num_experts=shape.get("num_experts", 8),
+        num_experts_per_tok=shape.get("num_experts_per_tok", 2),
         num_shared_experts=1,
         expert_mlp_dim=d,
         capacity_factor=1.25,
