@@ -132,15 +132,15 @@ def test_bad_data_file_is_refused_before_any_work(tmp_path, capsys, text, says):
 def test_data_file_without_out_writes_its_own_record(tmp_path, monkeypatch):
     # one holdout row, run for real; the record is named after the data file, beside nothing else
     mod = _module()
-    rows = [r for r in mod.load_data(mod.HOLDOUT)["runs"] if r["id"] in ("H-4", "H-5")]
+    rows = [r for r in mod.load_data(mod.HOLDOUT)["runs"] if r["id"] in ("H-4", "H-6")]
     data = tmp_path / "mine.yaml"
     data.write_text(yaml.safe_dump({"runs": rows}))
     monkeypatch.setattr(mod._common, "RESULTS", tmp_path)
     assert mod.main(["--data", str(data)]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.json", "mine.yaml"]
     doc = json.loads((tmp_path / "mine.json").read_text())
-    h4, h5 = doc["rows"]
+    h4, h6 = doc["rows"]
     assert h4["expressible"] and h4["predicted_step_s"] > 0 and h4["measured_step_s"] == 6.32
     assert h4["ratio"] == h4["predicted_step_s"] / 6.32
-    assert not h5["expressible"] and "not read" in h5["missing"][0]
+    assert not h6["expressible"] and "precision" in h6["missing"][0]
     assert doc["summary"]["rows"] == 2 and doc["summary"]["expressible"] == 1
