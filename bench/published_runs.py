@@ -270,7 +270,12 @@ EXPRESS: dict[str, dict] = {
         missing=["the precision the published log line ran (bf16 or fp8: both configs match it)"],
     ),
     "H-7": dict(
-        missing=["the precision the published log line ran (bf16 or fp8: both configs match it)"],
+        model="llama3.1-405b",
+        mesh="data=2,fsdp=128",
+        remat=_custom(),  # full
+        attention="cudnn",
+        set=["quantization=fp8"],
+        needs=["fp8"],
     ),
 }
 
