@@ -547,6 +547,12 @@ def main(argv=None) -> int:
         import json
 
         doc = json.loads(pathlib.Path(args.docs).read_text())
+        default = str(DATA.relative_to(_common.ROOT))
+        if doc.get("data", default) != default:  # the docs table is the default file's
+            ap.error(
+                f"--docs {args.docs!r} is a record of {doc['data']}, not of {default}; the docs "
+                "table 'published-runs' holds the default runs only, so it is left as it is"
+            )
         print(f"wrote {_common.write_docs_table('published-runs', markdown(doc))}")
         return 0
     from tierax.errors import TieraxError

@@ -4,6 +4,7 @@ a row's expression is the run's MaxText configuration."""
 import importlib.util
 import json
 import pathlib
+import re
 import sys
 
 import pytest
@@ -66,7 +67,7 @@ def test_holdout_rows_parse_and_each_is_expressed_or_says_what_it_needs():
     assert not {(r["model"], r["hw"]) for r in data["runs"]} & pairs
     expressed = []
     for run in data["runs"]:
-        assert "@" in run["source"] and "/" in run["source"]  # repository path @commit
+        assert re.search(r"[\w-]+/[\w.-]+ \S+ ?.*@[0-9a-f]{40}", run["source"])  # repo path @commit
         missing = mod.row_missing(run, mod.EXPRESS[run["id"]], have)
         assert all(isinstance(m, str) and m for m in missing)
         if missing:
@@ -144,3 +145,13 @@ def test_data_file_without_out_writes_its_own_record(tmp_path, monkeypatch):
     assert h4["ratio"] == h4["predicted_step_s"] / 6.32
     assert not h6["expressible"] and "precision" in h6["missing"][0]
     assert doc["summary"]["rows"] == 2 and doc["summary"]["expressible"] == 1
+
+
+def test_docs_table_is_not_rewritten_from_a_holdout_record(tmp_path, capsys):
+    mod = _module()
+    record = tmp_path / "holdout_runs.json"
+    doc = {"data": "bench/data/holdout_runs.yaml", "rows": [], "summary": {}}
+    record.write_text(json.dumps(doc))
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--docs", str(record)])
+    assert e.value.code == 2 and "holds the default runs only" in capsys.readouterr().err
