@@ -17,7 +17,15 @@ them; ``qkv_proj`` names MaxText's fused q/k/v projection, which its GPU and TPU
 fuse, so it names nothing there and is dropped); precision: bf16 compute and float32 weights unless
 the row says otherwise; attention as the row ran it.
 
+``--data FILE`` runs another file of the same form (``runs``, and optionally ``pairs``):
+``bench/data/holdout_runs.yaml`` holds measured runs that are not in the default file, read after
+the cost model's terms were set, so a term tuned to the default rows shows there.  Its rows are
+expressed by the same :data:`EXPRESS` table (ids ``H-*``); without ``--out`` the record is
+``bench/results/<data file's stem>.json``.
+
     .venv/bin/python bench/published_runs.py      # → bench/results/published_runs.json and a table
+    .venv/bin/python bench/published_runs.py --data bench/data/holdout_runs.yaml \
+        --out bench/results/holdout_runs.json     # the holdout: runs no term was compared with
     .venv/bin/python bench/published_runs.py --docs bench/results/published_runs.json  # docs table
 """
 
@@ -35,12 +43,15 @@ import yaml
 from tierax import launch
 
 DATA = pathlib.Path(__file__).resolve().parent / "data" / "published_runs.yaml"
+HOLDOUT = DATA.parent / "holdout_runs.yaml"
+RUN_FIELDS = ("id", "hw", "devices", "model", "measured_step_s", "source")  # every row has these
 SCHEDULE = "lhs"
 WITHIN = 0.15  # the issue's bar for each row
 MEDIAN = 0.08
 
 Q, K, V, OUT = "query_proj", "key_proj", "value_proj", "out_proj"
 LIN = "decoder_layer_input"
+ALL_MATMULS_NAMES = (Q, K, V, OUT, "mlpwi_0", "mlpwi_1", "mlpwo")  # every weight matmul's output
 
 
 def _custom(**placements: str) -> dict:
@@ -185,6 +196,87 @@ EXPRESS: dict[str, dict] = {
         set=["mu_dtype=bfloat16", "loss_tiles=4"],
         needs=["v7x", "splash"],
     ),
+    # The holdout (bench/data/holdout_runs.yaml): written from each row's fields as above, nothing
+    # chosen by its measured time.  ``missing``: a fact the row's sources do not give.
+    "H-1": dict(
+        model="llama3.1-70b",
+        mesh="data=2,fsdp=128",
+        # save_dot_with_context_except_mlp
+        remat=_custom(**_names("device", Q, K, V, "context", OUT)),
+        attention="cudnn",
+    ),
+    "H-2": dict(
+        model="llama2-7b",
+        mesh="data=32,fsdp=8",
+        # minimal_flash: every weight matmul's output and the attention output kept; tierax prices a
+        # scanned layer stack (the run was unscanned: same FLOPs and bytes per layer)
+        remat=_custom(**_names("device", *ALL_MATMULS_NAMES, "context")),
+        attention="cudnn",
+    ),
+    "H-3": dict(
+        model="llama3.1-405b",
+        mesh="fsdp=512",
+        remat=_custom(**_names("offload", "context", "mlpwo")),
+        attention="splash",
+        set=["loss_tiles=4"],
+        needs=["splash"],
+    ),
+    "H-4": dict(
+        model_fields=dict(
+            family="llama",
+            name="mistral-7b",
+            vocab_size=32000,
+            d_model=4096,
+            num_layers=32,
+            num_heads=32,
+            num_kv_heads=8,
+            head_dim=128,
+            mlp_dim=14336,
+            rope_theta=1_000_000.0,
+            norm_eps=1e-5,
+            tie_embeddings=False,
+            dtype="bfloat16",
+        ),
+        mesh="fsdp=8",
+        remat=_custom(**_names("offload", LIN, OUT, Q, K, V)),
+        attention="splash",
+        needs=["splash"],
+    ),
+    "H-5": dict(
+        model_fields=dict(
+            family="llama",
+            name="mixtral-8x22b",
+            vocab_size=32768,
+            d_model=6144,
+            num_layers=56,
+            num_heads=48,
+            num_kv_heads=8,
+            head_dim=128,
+            mlp_dim=16384,
+            rope_theta=1_000_000.0,
+            norm_eps=1e-5,
+            tie_embeddings=False,
+            num_experts=8,
+            num_experts_per_tok=2,
+            dtype="bfloat16",
+        ),
+        mesh="fsdp=64,expert=4",
+        remat=_custom(**_names("offload", LIN, OUT, Q, K, V)),
+        attention="splash",
+        set=["param_dtype=bfloat16", "capacity_factor=1.25"],
+        needs=["splash", "mixtral"],
+    ),
+    "H-6": dict(
+        missing=["the precision the published log line ran (bf16 or fp8: both configs match it)"],
+    ),
+    "H-7": dict(
+        model="llama3.1-405b",
+        mesh="data=2,fsdp=128",
+        remat=_custom(),  # full
+        attention="cudnn",
+        set=["quantization=fp8"],
+        needs=["fp8"],
+    ),
 }
 
 # The pairs: (label, placement) × 2, same model, hardware, mesh and shape; ``better`` is the one
@@ -202,7 +294,7 @@ LLAMA_128B = dict(
     rope_theta=10_000.0,
     dtype="bfloat16",
 )
-ALL_MATMULS = (Q, K, V, OUT, "mlpwi_0", "mlpwi_1", "mlpwo")
+ALL_MATMULS = ALL_MATMULS_NAMES
 PAIRS: dict[str, dict] = {
     "E-3/E-4": dict(
         model_fields=LLAMA_128B,
@@ -338,6 +430,64 @@ def predict(spec: dict, hw: str, microbatch: int, seq: int, remat: dict, label: 
     }
 
 
+def load_data(path: str | pathlib.Path) -> dict:
+    """The runs file ``path`` (``runs``: a list of rows, each with :data:`RUN_FIELDS`; ``pairs``:
+    optional), checked before any work.
+
+    Raises:
+      TieraxError: the file is missing or not YAML, has no ``runs`` list, or a row lacks a field,
+        repeats an id or gives a measured step time that is not a positive number.
+    """
+    from tierax.errors import TieraxError
+
+    p = pathlib.Path(path)
+    if not p.is_file():
+        raise TieraxError(f"--data {str(p)!r} is not a file; give a runs file such as {DATA.name}")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise TieraxError(f"--data {str(p)!r} is not YAML ({e}); fix the file") from None
+    if not isinstance(data, dict) or not isinstance(data.get("runs"), list) or not data["runs"]:
+        raise TieraxError(f"--data {str(p)!r}: needs a non-empty 'runs' list (as in {DATA.name})")
+    pairs = data.setdefault("pairs", [])
+    if not isinstance(pairs, list) or not all(isinstance(q, dict) and "id" in q for q in pairs):
+        raise TieraxError(f"--data {str(p)!r}: 'pairs' must be a list of mappings with an 'id'")
+    seen: set = set()
+    for i, run in enumerate(data["runs"]):
+        if not isinstance(run, dict):
+            raise TieraxError(f"--data {str(p)!r}: runs[{i}] is not a mapping; give its fields")
+        lacking = [f for f in RUN_FIELDS if f not in run]
+        if lacking:
+            raise TieraxError(
+                f"--data {str(p)!r}: run {run.get('id', i)!r} lacks {', '.join(lacking)}; every "
+                f"run needs {', '.join(RUN_FIELDS)}"
+            )
+        if run["id"] in seen:
+            raise TieraxError(f"--data {str(p)!r}: run id {run['id']!r} appears twice; rename one")
+        seen.add(run["id"])
+        t = run["measured_step_s"]
+        if isinstance(t, bool) or not isinstance(t, int | float) or t <= 0:
+            raise TieraxError(
+                f"--data {str(p)!r}: run {run['id']!r} measured_step_s is {t!r}; give the measured "
+                "step time in seconds (a positive number)"
+            )
+    return data
+
+
+def row_missing(run: dict, spec: dict | None, have: dict[str, str | None]) -> list[str]:
+    """What row ``run`` lacks to be predicted (empty: it is expressed by ``spec``): no expression
+    written, facts its sources do not give, features the code does not have, shape fields absent."""
+    if spec is None:
+        return ["no expression written"]
+    missing = list(spec.get("missing", []))
+    missing += [have[n] for n in spec.get("needs", []) if have[n]]
+    model = "model" in spec or "model_fields" in spec
+    if not missing and not (model and "remat" in spec):
+        missing.append("no expression written")
+    missing += [f"the run's {f}: not in the data" for f in ("batch", "seq") if f not in run]
+    return missing
+
+
 def markdown(doc: dict) -> str:
     """The docs table of a record: one row per run (what is missing where it is not expressed)."""
     lines = [
@@ -374,7 +524,19 @@ def markdown(doc: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    _common.add_out(ap, "published_runs.json")
+    ap.add_argument(
+        "--data",
+        metavar="FILE.yaml",
+        default=str(DATA),
+        help=f"the runs to predict (default: bench/data/{DATA.name}; the holdout: "
+        f"bench/data/{HOLDOUT.name})",
+    )
+    ap.add_argument(
+        "--out",
+        type=_common.out_path,
+        metavar="FILE.json",
+        help="the record to write (default: bench/results/<the --data file's stem>.json)",
+    )
     ap.add_argument(
         "--docs",
         metavar="RECORD.json",
@@ -385,33 +547,55 @@ def main(argv=None) -> int:
         import json
 
         doc = json.loads(pathlib.Path(args.docs).read_text())
+        default = str(DATA.relative_to(_common.ROOT))
+        if doc.get("data", default) != default:  # the docs table is the default file's
+            ap.error(
+                f"--docs {args.docs!r} is a record of {doc['data']}, not of {default}; the docs "
+                "table 'published-runs' holds the default runs only, so it is left as it is"
+            )
         print(f"wrote {_common.write_docs_table('published-runs', markdown(doc))}")
         return 0
+    from tierax.errors import TieraxError
+
+    try:
+        data = load_data(args.data)
+    except TieraxError as e:
+        ap.error(str(e))
+    if args.out is None:
+        try:
+            stem = pathlib.Path(args.data).stem
+            args.out = _common.out_path(str(_common.RESULTS / f"{stem}.json"))
+        except argparse.ArgumentTypeError as e:
+            ap.error(f"--out: {e}")
     launch.start()
 
     from rich.console import Console
     from rich.table import Table
 
-    data = yaml.safe_load(DATA.read_text())
     have = available()
     rows = []
     for run in data["runs"]:
         spec = EXPRESS.get(run["id"])
         row = {"id": run["id"], "published": run, "measured_step_s": run["measured_step_s"]}
-        missing = [have[n] for n in (spec or {}).get("needs", []) if have[n]]
-        if spec is None or missing:
+        missing = row_missing(run, spec, have)
+        if missing:
             row["expressible"] = False
-            row["missing"] = missing or ["no expression written"]
+            row["missing"] = missing
             rows.append(row)
             continue
-        print(f"{run['id']}: {spec['model']} on {run['devices']} {run['hw']}", file=sys.stderr)
+        name = spec.get("model") or spec["model_fields"]["name"]
+        print(f"{run['id']}: {name} on {run['devices']} {run['hw']}", file=sys.stderr)
         row |= {"expressible": True, "expressed": spec}
         row |= predict(spec, run["hw"], run["batch"], run["seq"], spec["remat"], run["id"])
         row["ratio"] = row["predicted_step_s"] / run["measured_step_s"]
         rows.append(row)
     pairs = []
     for pub in data["pairs"]:
-        spec = PAIRS[pub["id"]]
+        spec = PAIRS.get(pub["id"])
+        if spec is None:
+            entry = {"id": pub["id"], "published": pub, "expressible": False}
+            pairs.append(entry | {"missing": ["no expression written"]})
+            continue
         missing = [have[n] for n in spec.get("needs", []) if have[n]]
         entry = {"id": pub["id"], "published": pub}
         if missing:
@@ -446,6 +630,9 @@ def main(argv=None) -> int:
         "row predicted to fit, every pair ordered as measured",
     }
     doc = _common.envelope("tierax.published_runs/1", argv) | {
+        "data": str(pathlib.Path(args.data).resolve().relative_to(_common.ROOT))
+        if pathlib.Path(args.data).resolve().is_relative_to(_common.ROOT)
+        else str(args.data),
         "note": "cost-model predictions (simulate, schedule lhs) beside measured MaxText step "
         "times; no rate fitted to them; nothing compiled; no GPU or TPU ran",
         "summary": summary,

@@ -2,9 +2,12 @@
 a row's expression is the run's MaxText configuration."""
 
 import importlib.util
+import json
 import pathlib
+import re
 import sys
 
+import pytest
 import yaml
 
 from tierax import plan as P
@@ -23,7 +26,8 @@ def _module():
 def test_every_run_and_pair_has_an_expression():
     mod = _module()
     data = yaml.safe_load(mod.DATA.read_text())
-    assert {r["id"] for r in data["runs"]} == set(mod.EXPRESS)
+    holdout = yaml.safe_load(mod.HOLDOUT.read_text())
+    assert {r["id"] for r in data["runs"] + holdout["runs"]} == set(mod.EXPRESS)
     assert {p["id"] for p in data["pairs"]} == set(mod.PAIRS)
     have = mod.available()
     assert set(have) >= {n for spec in mod.EXPRESS.values() for n in spec.get("needs", [])}
@@ -49,3 +53,105 @@ def test_a_custom_policy_row_becomes_the_plan_maxtext_ran():
     assert placed["mlpwi_0"] is P.Placement.REMAT and placed["attention_out"] is P.Placement.REMAT
     assert P.unnamed_placements(plan, cfg) == {"decoder": P.Placement.REMAT}
     assert cfg.attention == "cudnn" and cfg.dtype == "bfloat16" and cfg.param_dtype == "float32"
+
+
+def test_holdout_rows_parse_and_each_is_expressed_or_says_what_it_needs():
+    mod = _module()
+    data = mod.load_data(mod.HOLDOUT)
+    published = mod.load_data(mod.DATA)["runs"]
+    have = mod.available()
+    assert 4 <= len(data["runs"]) <= 8 and data["pairs"] == []
+    # a holdout row is no row of the default file, nor the same model on the same hardware
+    assert not {r["id"] for r in data["runs"]} & {r["id"] for r in published}
+    pairs = {(r["model"], r["hw"]) for r in published}
+    assert not {(r["model"], r["hw"]) for r in data["runs"]} & pairs
+    expressed = []
+    for run in data["runs"]:
+        assert re.search(r"[\w-]+/[\w.-]+ \S+ ?.*@[0-9a-f]{40}", run["source"])  # repo path @commit
+        missing = mod.row_missing(run, mod.EXPRESS[run["id"]], have)
+        assert all(isinstance(m, str) and m for m in missing)
+        if missing:
+            continue
+        spec = mod.EXPRESS[run["id"]]
+        cfg = mod._config(spec, spec["attention"])
+        hw = "gpu" if run["hw"].startswith(("h", "b", "g")) else "tpu"
+        plan = mod._plan(spec["remat"], cfg, hw, run["id"])
+        assert P.unnamed_placements(plan, cfg) == {"decoder": P.Placement.REMAT}
+        expressed.append(run["id"])
+    assert len(expressed) >= 4
+
+
+def test_a_holdout_minimal_flash_row_keeps_every_matmul_output_and_the_context():
+    # H-2 (MaxText minimal_flash): q, k, v, out_proj, mlpwi_0/1, mlpwo and the attention output
+    # kept, the layer input kept, every unnamed intermediate recomputed
+    mod = _module()
+    spec = mod.EXPRESS["H-2"]
+    cfg = mod._config(spec, spec["attention"])
+    plan = mod._plan(spec["remat"], cfg, "gpu", "H-2")
+    placed = P.resolve(plan, cfg)["decoder"]
+    assert set(placed) == {"decoder_layer_input", "attention_out", *mod.ALL_MATMULS_NAMES}
+    assert all(p is P.Placement.DEVICE for p in placed.values())
+    assert P.unnamed_placements(plan, cfg) == {"decoder": P.Placement.REMAT}
+    # H-3: context and mlpwo offloaded, q/k/v/out_proj recomputed, vocabulary in 4 tiles
+    spec = mod.EXPRESS["H-3"]
+    cfg = mod._config(spec, spec["attention"])
+    placed = P.resolve(mod._plan(spec["remat"], cfg, "tpu", "H-3"), cfg)["decoder"]
+    assert {n for n, p in placed.items() if p is P.Placement.OFFLOAD} == {"attention_out", "mlpwo"}
+    assert placed["query_proj"] is P.Placement.REMAT and cfg.loss_tiles == 4
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        (None, "is not a file"),
+        ("runs: [a\n", "is not YAML"),
+        ("pairs: []\n", "non-empty 'runs' list"),
+        ("runs:\n  - {id: X, hw: h, devices: 8, model: m, source: s}\n", "lacks measured_step_s"),
+        (
+            "runs:\n  - {id: X, hw: h100, devices: 8, model: m, source: s, measured_step_s: 0}\n",
+            "positive number",
+        ),
+        (
+            "runs:\n  - {id: X, hw: h, devices: 8, model: m, source: s, measured_step_s: 1}\n"
+            "  - {id: X, hw: h, devices: 8, model: m, source: s, measured_step_s: 2}\n",
+            "appears twice",
+        ),
+    ],
+)
+def test_bad_data_file_is_refused_before_any_work(tmp_path, capsys, text, says):
+    mod = _module()
+    data = tmp_path / "runs.yaml"
+    if text is not None:
+        data.write_text(text)
+    out = tmp_path / "record.json"
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--data", str(data), "--out", str(out)])
+    assert e.value.code == 2 and says in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_data_file_without_out_writes_its_own_record(tmp_path, monkeypatch):
+    # one holdout row, run for real; the record is named after the data file, beside nothing else
+    mod = _module()
+    rows = [r for r in mod.load_data(mod.HOLDOUT)["runs"] if r["id"] in ("H-4", "H-6")]
+    data = tmp_path / "mine.yaml"
+    data.write_text(yaml.safe_dump({"runs": rows}))
+    monkeypatch.setattr(mod._common, "RESULTS", tmp_path)
+    assert mod.main(["--data", str(data)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.json", "mine.yaml"]
+    doc = json.loads((tmp_path / "mine.json").read_text())
+    h4, h6 = doc["rows"]
+    assert h4["expressible"] and h4["predicted_step_s"] > 0 and h4["measured_step_s"] == 6.32
+    assert h4["ratio"] == h4["predicted_step_s"] / 6.32
+    assert not h6["expressible"] and "precision" in h6["missing"][0]
+    assert doc["summary"]["rows"] == 2 and doc["summary"]["expressible"] == 1
+
+
+def test_docs_table_is_not_rewritten_from_a_holdout_record(tmp_path, capsys):
+    mod = _module()
+    record = tmp_path / "holdout_runs.json"
+    doc = {"data": "bench/data/holdout_runs.yaml", "rows": [], "summary": {}}
+    record.write_text(json.dumps(doc))
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--docs", str(record)])
+    assert e.value.code == 2 and "holds the default runs only" in capsys.readouterr().err
