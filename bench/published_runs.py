@@ -547,13 +547,18 @@ def main(argv=None) -> int:
         import json
 
         doc = json.loads(pathlib.Path(args.docs).read_text())
-        default = str(DATA.relative_to(_common.ROOT))
-        if doc.get("data", default) != default:  # the docs table is the default file's
+        # Each data file has its own docs table: the default runs and the holdout.
+        markers = {
+            str(DATA.relative_to(_common.ROOT)): "published-runs",
+            str(HOLDOUT.relative_to(_common.ROOT)): "holdout-runs",
+        }
+        data = doc.get("data", str(DATA.relative_to(_common.ROOT)))
+        if data not in markers:
             ap.error(
-                f"--docs {args.docs!r} is a record of {doc['data']}, not of {default}; the docs "
-                "table 'published-runs' holds the default runs only, so it is left as it is"
+                f"--docs {args.docs!r} is a record of {data}; the docs have tables for "
+                f"{' and '.join(markers)} only, so nothing is written"
             )
-        print(f"wrote {_common.write_docs_table('published-runs', markdown(doc))}")
+        print(f"wrote {_common.write_docs_table(markers[data], markdown(doc))}")
         return 0
     from tierax.errors import TieraxError
 

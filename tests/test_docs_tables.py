@@ -27,6 +27,7 @@ DOCS_TABLES = [
     ("time_fidelity", "markdown", "time_fidelity.json", "time-fidelity"),
     ("mesh_search", "readme", "mesh_search.json", "mesh-search"),
     ("published_runs", "markdown", "published_runs.json", "published-runs"),
+    ("published_runs", "markdown", "holdout_runs.json", "holdout-runs"),
     ("compile_grid", "markdown", "compile_grid.json", "compile-grid"),
     ("compile_grid", "markdown", "compile_cudnn.json", "compile-cudnn"),
     ("compile_grid", "markdown", "compile_scale.json", "compile-scale"),

@@ -12,7 +12,8 @@ import yaml
 
 from tierax import plan as P
 
-BENCH = pathlib.Path(__file__).resolve().parents[1] / "bench"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
 
 
 def _module():
@@ -147,11 +148,20 @@ def test_data_file_without_out_writes_its_own_record(tmp_path, monkeypatch):
     assert doc["summary"]["rows"] == 2 and doc["summary"]["expressible"] == 1
 
 
-def test_docs_table_is_not_rewritten_from_a_holdout_record(tmp_path, capsys):
+def test_docs_table_of_a_record_is_its_data_files_own(tmp_path, capsys, monkeypatch):
+    """A holdout record writes the holdout table, never the published runs' one; a record of any
+    other data file writes nothing (exit 2)."""
     mod = _module()
+    written = []
+    monkeypatch.setattr(
+        mod._common, "write_docs_table", lambda marker, body: written.append(marker) or marker
+    )
     record = tmp_path / "holdout_runs.json"
-    doc = {"data": "bench/data/holdout_runs.yaml", "rows": [], "summary": {}}
+    doc = json.loads((ROOT / "bench/results/holdout_runs.json").read_text())
     record.write_text(json.dumps(doc))
+    assert mod.main(["--docs", str(record)]) == 0 and written == ["holdout-runs"]
+    record.write_text(json.dumps(doc | {"data": "bench/data/other.yaml"}))
     with pytest.raises(SystemExit) as e:
         mod.main(["--docs", str(record)])
-    assert e.value.code == 2 and "holds the default runs only" in capsys.readouterr().err
+    assert e.value.code == 2 and "nothing is written" in capsys.readouterr().err
+    assert written == ["holdout-runs"]
