@@ -46,8 +46,17 @@ import jax.numpy as jnp
 from jax.extend.core import Literal, jaxprs_in_params
 
 from tierax.models.attention import FUSED_SCOPE
+from tierax.tracing import jaxpr_tools
 
-MATMUL = frozenset({"dot_general", "conv_general_dilated", "ragged_dot", "ragged_dot_general"})
+MATMUL = frozenset(
+    {
+        "dot_general",
+        "conv_general_dilated",
+        "ragged_dot",
+        "ragged_dot_general",
+        *jaxpr_tools.BLOCK_SCALED_DOTS,
+    }
+)
 COLLECTIVE = frozenset(
     {
         "all_to_all",
@@ -174,12 +183,18 @@ class _Flat:
         def read(v):
             return None if isinstance(v, Literal) else env.get(v)
 
+        platforms = jaxpr_tools.platform_indices(jaxpr)
         for eqn in jaxpr.eqns:
             prim = eqn.primitive.name
             if top and prim == "optimization_barrier" and phase == 0:
                 phase = 1
             subs = list(jaxprs_in_params(eqn.params))
             ins = [read(v) for v in eqn.invars]
+            branch = jaxpr_tools.platform_branch(eqn, platforms)
+            if branch is not None:
+                # A platform_dependent choice: the GPU program holds the CUDA branch alone, inline
+                # (its operands follow the index).
+                prim, subs, ins = "closed_call", [eqn.params["branches"][branch]], ins[1:]
             if FUSED_SCOPE in str(eqn.source_info.name_stack):  # inside a fused kernel's stand-in
                 outs = [self.new(v.aval) for v in eqn.outvars]
                 self.eqns.append(
