@@ -75,7 +75,9 @@ def quantize(x):
     x = _pad_last(x, BLOCK)
     blocks = x.astype(jnp.float32).reshape(*x.shape[:-1], x.shape[-1] // BLOCK, BLOCK)
     e = block_exponents(jnp.max(jnp.abs(blocks), axis=-1))
-    scaled = blocks / jnp.ldexp(jnp.float32(1), e)[..., None]
+    # x · 2^-e, not x / 2^e: 2^-127 is a float32 subnormal, which XLA:CPU flushes to zero (a zero
+    # block would give 0/0); 2^127 is a normal number
+    scaled = blocks * jnp.ldexp(jnp.float32(1), -e)[..., None]
     q = jnp.clip(scaled, -E4M3_MAX, E4M3_MAX).astype(ELEMENT).reshape(x.shape)
     # e8m0 holds the biased exponent as its bit pattern
     scales = jax.lax.bitcast_convert_type((e + E8M0_BIAS).astype(jnp.uint8), SCALE)

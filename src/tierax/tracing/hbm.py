@@ -26,6 +26,11 @@ fusions).  What runs inside a fused kernel's stand-in (the ``FUSED_SCOPE`` name 
 rate (the cost model's fused-attention term), and what it reads and writes is counted at the fusions
 around it.
 
+Of a ``jax.lax.platform_dependent`` choice only the CUDA branch is read, inlined (XLA:GPU's
+program holds it alone; tierax.tracing.jaxpr_tools.platform_branch): MXFP8's block-scale
+quantization is counted, the CPU emulation's dequantization is not, and the block-scaled GEMM is a
+matmul boundary.
+
 Seconds = bytes / the target's HBM bandwidth, added to matmul seconds, not overlapped: on one GPU
 stream a fusion and a GEMM run one after the other.
 

@@ -55,9 +55,7 @@ def _walk(
         inner = mult * int(eqn.params["length"]) if eqn.primitive.name == "scan" else mult
         branch = platform_branch(eqn, platforms)
         subs = (
-            [eqn.params["branches"][branch]]
-            if branch is not None
-            else jaxprs_in_params(eqn.params)
+            [eqn.params["branches"][branch]] if branch is not None else jaxprs_in_params(eqn.params)
         )
         for sub in subs:
             yield from _walk(sub, inner, here)
