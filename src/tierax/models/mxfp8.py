@@ -28,7 +28,12 @@ emulated, not fp8 GEMMs (the CLI says so on stderr).  The choice is made at lowe
 (``jax.lax.platform_dependent``), so the traced program (inventory, FLOPs) is one.
 
 A contracting dimension that is not a multiple of 32 (a tiny model's, or a token count in ``dw``)
-is padded with zeros to one: zeros change neither a block's amax nor the product.
+is padded with zeros to one: zeros change neither a block's amax nor the product (the traced
+FLOPs then count the padded GEMM, as the GPU runs it).
+
+JAX API used: ``jax.nn.scaled_matmul``, ``jax.lax.platform_dependent`` and
+``jnp.float8_e8m0fnu`` (public; present in jax 0.10.2 here and in the older jax source the search
+index holds; the GPU machine's jax 0.11.2 was not reachable to run them).
 """
 
 from __future__ import annotations
