@@ -31,10 +31,10 @@ A contracting dimension that is not a multiple of 32 (a tiny model's, or a token
 is padded with zeros to one: zeros change neither a block's amax nor the product (the traced
 FLOPs then count the padded GEMM, as the GPU runs it).
 
-Not yet attributed: with the mesh sharded (fsdp), XLA's program holds more block-scaled GEMMs in
-the backward loop than the two per projection this module traces (jax.nn.scaled_matmul is a
-``custom_partitioning`` there; bench/results/fp8_compile.json counts them), so the cost model,
-which prices the traced GEMMs, may under-count a sharded MXFP8 step's GEMM time.
+Counting them in XLA's program as written: with the mesh sharded (fsdp) XLA peeled one iteration
+of the backward layer loop out of it (its trip count is one less than the layer count), so each
+backward block-scaled GEMM is written twice (the loop body's and the peeled copy's) while the
+number executed equals the traced 2 per projection per layer (bench/results/fp8_compile.json).
 
 JAX API used: ``jax.nn.scaled_matmul``, ``jax.lax.platform_dependent`` and
 ``jnp.float8_e8m0fnu`` (public; present in jax 0.10.2 here and in the older jax source the search
