@@ -122,7 +122,13 @@ def resolve_model(args, extra_overrides: Sequence[str] = (), *, target: str | No
     with ``target``, ``attention: auto`` chosen for the platform that target runs on."""
     from tierax import hardware
     from tierax.interop.files import load_model_config
-    from tierax.models import NAMED_CONFIGS, apply_overrides, for_platform, get_config
+    from tierax.models import (
+        NAMED_CONFIGS,
+        apply_overrides,
+        for_platform,
+        get_config,
+        require_quantization_runs,
+    )
 
     if args.model is not None and args.model_config is not None:
         raise TieraxError(
@@ -156,6 +162,7 @@ def resolve_model(args, extra_overrides: Sequence[str] = (), *, target: str | No
             f"moe_impl=ragged (grouped matmuls, ragged_dot) is offered for TPU targets only; for "
             f"the GPU target {target!r} use moe_impl=capacity (--set moe_impl=capacity)"
         )
+    require_quantization_runs(cfg, target)
     if cfg.quantization == "fp8" and "fp8" not in hardware.get_target(target).peak_flops:
         # Said, not silent: the target's table has no fp8 GEMM rate.
         print(
@@ -311,13 +318,35 @@ def mesh_option(args, plans: Sequence[str | None] = (), *, required: bool = True
 
 
 def note_local_fp8(cfg, what: str) -> None:
-    """Say, on stderr, that ``quantization: fp8`` runs emulated on a local backend without fp8
-    GEMMs (anything but a GPU): never silently."""
-    if getattr(cfg, "quantization", "") != "fp8":
+    """Say, on stderr, that ``quantization: fp8`` / ``mxfp8`` runs emulated on a local backend
+    without fp8 GEMMs (anything but a GPU): never silently.  ``mxfp8`` on a local GPU older than
+    Blackwell is refused (XLA would not run it as block-scaled GEMMs)."""
+    quant = getattr(cfg, "quantization", "")
+    if quant not in ("fp8", "mxfp8"):
         return
     import jax
 
     backend = jax.default_backend()
+    if quant == "mxfp8":
+        if backend == "gpu":
+            from tierax.models.config import MXFP8_MIN_CAPABILITY
+
+            cc = tuple(int(p) for p in jax.devices()[0].compute_capability.split("."))
+            if cc < MXFP8_MIN_CAPABILITY:
+                need = ".".join(map(str, MXFP8_MIN_CAPABILITY))
+                raise TieraxError(
+                    f"{what}: quantization=mxfp8 needs a Blackwell GPU (compute capability "
+                    f"{need}+); this GPU is {'.'.join(map(str, cc))}: use --set "
+                    "quantization=fp8 (per-tensor delayed scaling, its fp8 GEMMs) here"
+                )
+            return
+        print(
+            f"note: {what}: quantization=mxfp8 on the {backend} backend runs MXFP8's numerics "
+            "emulated (block-quantized e4m3 operands with e8m0 scales, dequantized and multiplied "
+            "in float32), not as block-scaled GEMMs: times are not MXFP8 times",
+            file=sys.stderr,
+        )
+        return
     if backend != "gpu":
         print(
             f"note: {what}: quantization=fp8 on the {backend} backend runs the fp8 numerics "

@@ -182,6 +182,7 @@ def cmd_verify(args) -> int:
 
     cfg = resolve_model(args)  # verify_plans refuses a mesh the model or batch cannot take
     cfg = launch.local_attention(cfg, what="tierax verify")
+    note_local_fp8(cfg, "tierax verify")
     launch.check_local_memory(
         cfg, shards=mesh.size if mesh else 1, copies=6, what="tierax verify (two gradient sets)"
     )

@@ -27,6 +27,17 @@ FP8_SOURCE = (
     "{fraction:.0%} (the bf16 fraction, assumed for fp8: not measured) of the {peak:.0f} TFLOP/s "
     "fp8 dense datasheet peak"
 )
+# MXFP8 GEMMs (quantization: mxfp8, Blackwell) at that same fp8 rate: NVIDIA's B200 and GB200
+# datasheets give one dense FP8 figure (4.5 / 5 PFLOP/s per GPU), and Blackwell's tensor cores run
+# fp8 with MX block scales at it (NVIDIA Blackwell architecture technical brief: the second
+# generation Transformer Engine's micro-tensor scaling).  Their block-scale quantize work (a block
+# amax, a power-of-two scale, the e4m3 cast, in the forward and again along the other dimension in
+# the backward) is HBM time: it is in the traced program (tierax.tracing.hbm), not in this rate.
+MXFP8_SOURCE = (
+    "MXFP8 block-scaled GEMMs at the fp8 rate (one dense FP8 datasheet figure covers FP8 with "
+    "and without MX block scales: NVIDIA Blackwell architecture technical brief); their "
+    "quantize work as HBM time"
+)
 # XLA:GPU's cuBLAS workspace, an s8[4194304] buffer in every deviceless GPU compile's peak set (seen
 # with jaxlib 0.10.2 from tiny-llama to DeepSeek-V3; the live-range dump lists it at the peak).
 XLA_GPU_FIXED_BYTES = 4 * 2**20
@@ -232,6 +243,8 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
             if "matmul_flops_per_s_fp8" in cal
             else FP8_SOURCE.format(fraction=ACHIEVABLE_FRACTION, peak=fp8_peak / 1e12)
         )
+        if gpu and tuple(spec.compute_capability) >= (10, 0):
+            sources["mxfp8_matmul"] = MXFP8_SOURCE
     limit = getattr(spec, "xla_hbm_limit_bytes", 0)
     if limit:
         sources["memory_limit"] = spec.xla_hbm_limit_source

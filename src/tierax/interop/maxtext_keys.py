@@ -19,6 +19,24 @@ from collections.abc import Mapping
 from tierax import names as N
 from tierax.errors import TieraxError
 
+# tierax's quantization → MaxText's ``quantization`` value (``QuantizationType`` in MaxText's
+# configs/types.py): "fp8" is MaxText's own name; MXFP8 is ``te_mxfp8``, Transformer Engine's
+# ``MXFP8BlockScaling`` recipe (32-element blocks, e8m0 scales, e4m3 for every tensor: the format
+# tierax.models.mxfp8 runs).  Values not listed are written as they are.
+MAXTEXT_QUANTIZATION: dict[str, str] = {"mxfp8": "te_mxfp8"}
+QUANTIZATION_FROM_MAXTEXT: dict[str, str] = {v: k for k, v in MAXTEXT_QUANTIZATION.items()}
+
+
+def maxtext_quantization(value: str) -> str:
+    """MaxText's ``quantization`` value for tierax's."""
+    return MAXTEXT_QUANTIZATION.get(value, value)
+
+
+def quantization_from_maxtext(value: str) -> str:
+    """tierax's ``quantization`` value for MaxText's (``te_mxfp8`` → ``mxfp8``)."""
+    return QUANTIZATION_FROM_MAXTEXT.get(value, value)
+
+
 # base.yml, the block after "If "custom" remat_policy is chosen", in its order.
 REMAT_KEYS: tuple[str, ...] = (
     "decoder_layer_input",
@@ -124,8 +142,9 @@ def model_keys(cfg) -> dict:
         "dtype": cfg.dtype,
         "weight_dtype": cfg.param_dtype,
         **({"mu_dtype": cfg.mu_dtype} if cfg.mu_dtype else {}),
-        # MaxText's own key and values: "" (none) or "fp8" (tierax.models.fp8)
-        "quantization": cfg.quantization,
+        # MaxText's own key and values: "" (none), "fp8" (tierax.models.fp8) or "te_mxfp8"
+        # (tierax.models.mxfp8; MAXTEXT_QUANTIZATION)
+        "quantization": maxtext_quantization(cfg.quantization),
     }
     if cfg.family == "llama":
         experts = (

@@ -24,6 +24,7 @@ from typing import Any
 
 from tierax import schema
 from tierax.errors import TieraxError
+from tierax.interop.maxtext_keys import quantization_from_maxtext
 from tierax.models.config import AUTO_ATTENTION, DeepSeekConfig, LlamaConfig
 
 MAXTEXT_BLOCKS = {"llama2": "llama", "deepseek": "deepseek"}
@@ -237,6 +238,8 @@ def from_maxtext(data: Mapping, path: pathlib.Path):
     for k in ("dtype", "param_dtype", "mu_dtype"):
         if k in values:
             values[k] = _DTYPES.get(str(values[k]), values[k])
+    if "quantization" in values:  # MaxText's te_mxfp8 is tierax's mxfp8
+        values["quantization"] = quantization_from_maxtext(str(values["quantization"] or ""))
     cls = LlamaConfig if family == "llama" else DeepSeekConfig
     cfg = _build(
         cls,

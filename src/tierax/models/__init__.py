@@ -13,6 +13,7 @@ from tierax.models.config import (
     ModelConfig,
     for_platform,
     get_config,
+    require_quantization_runs,
 )
 from tierax.models.config_files import (
     FAMILIES,
@@ -51,6 +52,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "for_platform",
+    "require_quantization_runs",
     "FAMILIES",
     "NAMED_CONFIGS",
     "DeepSeekConfig",

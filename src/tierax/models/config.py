@@ -26,9 +26,13 @@ ATTENTION_IMPLS = ("xla", "blockwise", "cudnn", "cudnn_blockwise", "splash", "sp
 AUTO_ATTENTION = "auto"
 ATTENTION_CHOICES = (*ATTENTION_IMPLS, AUTO_ATTENTION)
 PLATFORMS = ("gpu", "tpu", "cpu")
-# MaxText's ``quantization`` values run here: "" (every GEMM in the compute dtype) or "fp8"
-# (projections and expert GEMMs in fp8 with delayed scaling, tierax.models.fp8).
-QUANTIZATIONS = ("", "fp8")
+# The ``quantization`` values run here: "" (every GEMM in the compute dtype), "fp8" (projections
+# and expert GEMMs in fp8 with delayed scaling, tierax.models.fp8; MaxText's value) or "mxfp8"
+# (the same GEMMs block-scaled MXFP8 with current scaling, Blackwell, tierax.models.mxfp8;
+# MaxText's "te_mxfp8", tierax.interop.maxtext_keys).
+QUANTIZATIONS = ("", "fp8", "mxfp8")
+# The GPU targets whose tensor cores run block-scaled MXFP8 GEMMs (compute capability 10.x).
+MXFP8_MIN_CAPABILITY = (10, 0)
 MOE_IMPLS = ("capacity", "ragged")
 # What an abstract trace on the host runs in place of an implementation that only a GPU runs.
 HOST_TRACEABLE_ATTENTION = {"cudnn": "cudnn_blockwise", "splash": "splash_blockwise"}
@@ -88,7 +92,8 @@ def _check_common(cfg: Any) -> None:
         cfg.quantization in QUANTIZATIONS,
         f"quantization={cfg.quantization!r} is not supported; use one of "
         f"{', '.join(repr(q) for q in QUANTIZATIONS)} ('' keeps every GEMM in the compute dtype; "
-        "'fp8' runs the projections and expert GEMMs in fp8 with delayed scaling)",
+        "'fp8' runs the projections and expert GEMMs in fp8 with delayed scaling; 'mxfp8' runs "
+        "them block-scaled MXFP8, on Blackwell targets)",
     )
 
 
@@ -162,8 +167,9 @@ class LlamaConfig:
     num_experts: int = 0
     num_experts_per_tok: int = 2
     capacity_factor: float = 1.0
-    # "" | "fp8": the projections' GEMMs in fp8, delayed scaling (tierax.models.fp8); the
-    # embedding, LM head, norms, attention's softmax, the loss and the optimizer are unchanged
+    # "" | "fp8" | "mxfp8": the projections' GEMMs in fp8, delayed scaling (tierax.models.fp8),
+    # or block-scaled MXFP8 (tierax.models.mxfp8, Blackwell targets); the embedding, LM head,
+    # norms, attention's softmax, the loss and the optimizer are unchanged
     quantization: str = ""
 
     def __post_init__(self) -> None:
@@ -349,6 +355,11 @@ class DeepSeekConfig:
             self.moe_impl in MOE_IMPLS,
             f"moe_impl={self.moe_impl!r} is not a MoE implementation; use one of "
             f"{', '.join(MOE_IMPLS)}",
+        )
+        _check(
+            not (self.moe_impl == "ragged" and self.quantization == "mxfp8"),
+            "quantization=mxfp8 runs the expert GEMMs of moe_impl=capacity only (ragged_dot has no "
+            "block-scaled form here); use moe_impl=capacity or another quantization",
         )
         _check_loss_tiles(self)
         _check_fused_attention(self)
@@ -633,6 +644,54 @@ def require_concrete_attention(cfg, where: str) -> None:
             "from --target or the local backend), or set an attention (e.g. --set "
             "attention=blockwise)"
         )
+
+
+def mxfp8_targets() -> tuple[str, ...]:
+    """The targets that run block-scaled MXFP8 GEMMs: GPUs of compute capability 10.x and later
+    (Blackwell: B200, GB200)."""
+    from tierax import hardware
+
+    return tuple(
+        key
+        for key, spec in hardware.TARGETS.items()
+        if tuple(spec.compute_capability) >= MXFP8_MIN_CAPABILITY
+    )
+
+
+def require_quantization_runs(cfg, target: str) -> None:
+    """Refuse ``quantization: mxfp8`` for a target without block-scaled MXFP8 GEMMs (Hopper, TPUs,
+    the local CPU target), naming what runs there instead.
+
+    Raises:
+      TieraxError: naming the targets MXFP8 runs on and the quantization that runs on ``target``.
+    """
+    if getattr(cfg, "quantization", "") != "mxfp8":
+        return
+    from tierax import hardware
+
+    if target in mxfp8_targets():
+        return
+    if target == "cpu":
+        what = "a CPU"
+        there = "quantization=fp8 (its numerics emulated) or none"
+    else:
+        spec = hardware.get_target(target)
+        what = (
+            f"a {spec.kind.upper()}"
+            if spec.kind == "tpu"
+            else f"compute capability {'.'.join(map(str, spec.compute_capability))}"
+        )
+        rated = "fp8" in spec.peak_flops
+        there = (
+            "quantization=fp8 (per-tensor delayed scaling"
+            + (", its fp8 GEMMs" if rated else ", its numerics emulated")
+            + ") or none"
+        )
+    raise TieraxError(
+        f"quantization=mxfp8 (block-scaled MXFP8 GEMMs) runs on Blackwell targets "
+        f"({', '.join(mxfp8_targets())}); {target} is {what}, without them: use {there} there "
+        "(--set quantization=fp8 or --set quantization=)"
+    )
 
 
 def host_traceable(cfg):

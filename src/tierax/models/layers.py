@@ -15,7 +15,7 @@ from flax import nnx
 
 from tierax import names as N
 from tierax.mesh import BATCH_AXES, constrain
-from tierax.models import fp8
+from tierax.models import fp8, mxfp8
 from tierax.models import moe as moe_lib
 from tierax.models.attention import causal_attention
 from tierax.models.documents import DocumentMask
@@ -27,8 +27,17 @@ def _init(stddev: float) -> nnx.Initializer:
 
 
 def dense(in_dim: int, out_dim: int, cfg, rngs: nnx.Rngs, *, quantize: bool = True):
-    """A bias-free projection; its GEMM in fp8 under ``quantization: fp8`` unless ``quantize`` is
-    False (the LM head)."""
+    """A bias-free projection; its GEMM in fp8 under ``quantization: fp8`` (MXFP8 under ``mxfp8``)
+    unless ``quantize`` is False (the LM head)."""
+    if quantize and cfg.quantization == "mxfp8":
+        return mxfp8.Mxfp8Linear(
+            in_dim,
+            out_dim,
+            dtype=jnp.dtype(cfg.dtype),
+            param_dtype=jnp.dtype(cfg.param_dtype),
+            kernel_init=_init(in_dim**-0.5),
+            rngs=rngs,
+        )
     if quantize and cfg.quantization == "fp8":
         return fp8.Fp8Linear(
             in_dim,
@@ -270,6 +279,7 @@ class MoE(nnx.Module):
             self.cfg,
             mesh,
             fp8_metas=gemms,
+            mxfp8=self.cfg.quantization == "mxfp8",
         )
         if self.shared is not None:
             out_BSD = out_BSD + self.shared(x_BSD, mesh)

@@ -42,6 +42,7 @@ from tierax import names as N
 from tierax.errors import TieraxError
 from tierax.mesh import BATCH_AXES, constrain, spec
 from tierax.models import fp8 as fp8_lib
+from tierax.models import mxfp8 as mxfp8_lib
 from tierax.models.tags import tag
 
 EXPERT_AXIS = "expert"
@@ -121,16 +122,19 @@ def _combine_local(y_ECD, expert_Tk, slot_A, gates_Tk):
     return out_TD
 
 
-def _expert_mlp(buf_ECD, wi_0, wi_1, wo, dtype, mesh, fp8_metas=None):
+def _expert_mlp(buf_ECD, wi_0, wi_1, wo, dtype, mesh, fp8_metas=None, mxfp8=False):
     """The local experts' SwiGLU on their received rows (tagged for the remat policy).
 
     ``fp8_metas``: weight name → its GEMM's delayed-scaling state (tierax.models.fp8) to run the
-    three GEMMs in fp8; None: in ``dtype``."""
+    three GEMMs in fp8; ``mxfp8``: run them block-scaled in MXFP8 (tierax.models.mxfp8); neither:
+    in ``dtype``."""
     wi_0 = constrain(wi_0.astype(dtype), mesh, EXPERT_AXIS, None, "tensor")
     wi_1 = constrain(wi_1.astype(dtype), mesh, EXPERT_AXIS, None, "tensor")
     wo = constrain(wo.astype(dtype), mesh, EXPERT_AXIS, "tensor", None)
 
     def gemm(spec, x, w, name):
+        if mxfp8:
+            return mxfp8_lib.einsum(spec, x, w, dtype)
         if fp8_metas is None:
             return jnp.einsum(spec, x, w)
         return fp8_lib.einsum(spec, x, w, fp8_metas[name], dtype)
@@ -204,7 +208,7 @@ def _ragged_experts(x_BSD, gates_BSk, expert_BSk, wi_0, wi_1, wo, cfg, mesh):
     )(constrain(x_BSD, mesh, BATCH_AXES, None, None), expert_BSk, gates_BSk, wi_0, wi_1, wo)
 
 
-def routed_experts(x_BSD, router_DE, wi_0, wi_1, wo, cfg, mesh=None, fp8_metas=None):
+def routed_experts(x_BSD, router_DE, wi_0, wi_1, wo, cfg, mesh=None, fp8_metas=None, mxfp8=False):
     """Output of the routed experts for ``x_BSD`` (the shared experts are not included).
 
     Args:
@@ -212,6 +216,7 @@ def routed_experts(x_BSD, router_DE, wi_0, wi_1, wo, cfg, mesh=None, fp8_metas=N
       router_DE, wi_0 [E, D, F], wi_1 [E, D, F], wo [E, F, D]: the MoE parameters.
       mesh: the :class:`jax.sharding.Mesh` the step runs on, or None (one device).
       fp8_metas: the expert GEMMs' fp8 state (:func:`_expert_mlp`); None: no fp8.
+      mxfp8: the expert GEMMs in MXFP8 (:func:`_expert_mlp`).
     """
     dt = jnp.dtype(cfg.dtype)
     B, S, D = x_BSD.shape
@@ -227,7 +232,7 @@ def routed_experts(x_BSD, router_DE, wi_0, wi_1, wo, cfg, mesh=None, fp8_metas=N
         buf_ECD, slot_A = _dispatch_local(
             x_BSD.reshape(T, D), expert_BSk.reshape(T, k), E, cfg.capacity(T), dt
         )
-        y_ECD = _expert_mlp(buf_ECD, wi_0, wi_1, wo, dt, None, fp8_metas)
+        y_ECD = _expert_mlp(buf_ECD, wi_0, wi_1, wo, dt, None, fp8_metas, mxfp8)
         return _combine_local(
             y_ECD, expert_BSk.reshape(T, k), slot_A, gates_BSk.reshape(T, k)
         ).reshape(B, S, D)
@@ -266,7 +271,7 @@ def routed_experts(x_BSD, router_DE, wi_0, wi_1, wo, cfg, mesh=None, fp8_metas=N
     buf, slot_A = jax.shard_map(
         dispatch, mesh=mesh, in_specs=(tok_spec, tok_spec), out_specs=(buf_spec, slot_spec)
     )(x_BSD, expert_BSk)
-    y = _expert_mlp(buf, wi_0, wi_1, wo, dt, mesh, fp8_metas)
+    y = _expert_mlp(buf, wi_0, wi_1, wo, dt, mesh, fp8_metas, mxfp8)
     return jax.shard_map(
         combine, mesh=mesh, in_specs=(buf_spec, tok_spec, slot_spec, tok_spec), out_specs=tok_spec
     )(y, expert_BSk, slot_A, gates_BSk)

@@ -26,6 +26,11 @@ fusions).  What runs inside a fused kernel's stand-in (the ``FUSED_SCOPE`` name 
 rate (the cost model's fused-attention term), and what it reads and writes is counted at the fusions
 around it.
 
+Of a ``jax.lax.platform_dependent`` choice only the CUDA branch is read, inlined (XLA:GPU's
+program holds it alone; tierax.tracing.jaxpr_tools.platform_branch): MXFP8's block-scale
+quantization is counted, the CPU emulation's dequantization is not, and the block-scaled GEMM is a
+matmul boundary.
+
 Seconds = bytes / the target's HBM bandwidth, added to matmul seconds, not overlapped: on one GPU
 stream a fusion and a GEMM run one after the other.
 
@@ -46,8 +51,17 @@ import jax.numpy as jnp
 from jax.extend.core import Literal, jaxprs_in_params
 
 from tierax.models.attention import FUSED_SCOPE
+from tierax.tracing import jaxpr_tools
 
-MATMUL = frozenset({"dot_general", "conv_general_dilated", "ragged_dot", "ragged_dot_general"})
+MATMUL = frozenset(
+    {
+        "dot_general",
+        "conv_general_dilated",
+        "ragged_dot",
+        "ragged_dot_general",
+        *jaxpr_tools.BLOCK_SCALED_DOTS,
+    }
+)
 COLLECTIVE = frozenset(
     {
         "all_to_all",
@@ -174,12 +188,18 @@ class _Flat:
         def read(v):
             return None if isinstance(v, Literal) else env.get(v)
 
+        platforms = jaxpr_tools.platform_indices(jaxpr)
         for eqn in jaxpr.eqns:
             prim = eqn.primitive.name
             if top and prim == "optimization_barrier" and phase == 0:
                 phase = 1
             subs = list(jaxprs_in_params(eqn.params))
             ins = [read(v) for v in eqn.invars]
+            branch = jaxpr_tools.platform_branch(eqn, platforms)
+            if branch is not None:
+                # A platform_dependent choice: the GPU program holds the CUDA branch alone, inline
+                # (its operands follow the index).
+                prim, subs, ins = "closed_call", [eqn.params["branches"][branch]], ins[1:]
             if FUSED_SCOPE in str(eqn.source_info.name_stack):  # inside a fused kernel's stand-in
                 outs = [self.new(v.aval) for v in eqn.outvars]
                 self.eqns.append(

@@ -2,7 +2,10 @@
 
 Both walk nested jaxprs (scan, remat, pjit, custom_vjp ...) and multiply by the
 trip count of every enclosing ``scan``.  They work on any JAX function, not only
-on tierax's models.
+on tierax's models.  Of a ``jax.lax.platform_dependent`` choice (a ``cond`` on
+``platform_index``) they read the branch a CUDA lowering keeps (:data:`TRACED_PLATFORM`), as
+XLA:GPU's program holds only that one: MXFP8's block-scaled GEMM (tierax.models.mxfp8), not the
+emulation a CPU lowering runs.
 """
 
 from __future__ import annotations
@@ -11,20 +14,50 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from jax.extend.core import jaxprs_in_params
+from jax.extend.core import Literal, jaxprs_in_params
 
 GROUP_SCOPE_PREFIX = "tierax_group_"
+# The platform whose branch of a platform_dependent choice is read (the GPU program).
+TRACED_PLATFORM = "cuda"
+
+
+def platform_indices(jaxpr) -> dict:
+    """The ``platform_index`` results of ``jaxpr``'s equations → their platforms."""
+    return {
+        e.outvars[0]: e.params["platforms"]
+        for e in jaxpr.eqns
+        if e.primitive.name == "platform_index"
+    }
+
+
+def platform_branch(eqn, platforms: dict) -> int | None:
+    """For a ``cond`` whose index is a ``platform_index`` in ``platforms``: the branch a
+    :data:`TRACED_PLATFORM` lowering keeps (that platform's, else the default); None otherwise."""
+    if eqn.primitive.name != "cond" or not eqn.invars or isinstance(eqn.invars[0], Literal):
+        return None
+    choices = platforms.get(eqn.invars[0])
+    if choices is None:
+        return None
+    for i, names in enumerate(choices):
+        if names is not None and TRACED_PLATFORM in names:
+            return i
+    return next((i for i, names in enumerate(choices) if names is None), None)
 
 
 def _walk(
     jaxpr, mult: int, scope: tuple[str, ...]
 ) -> Iterator[tuple[object, int, tuple[str, ...]]]:
+    platforms = platform_indices(jaxpr)
     for eqn in jaxpr.eqns:
         stack = str(eqn.source_info.name_stack)
         here = scope + ((stack,) if stack else ())
         yield eqn, mult, here
         inner = mult * int(eqn.params["length"]) if eqn.primitive.name == "scan" else mult
-        for sub in jaxprs_in_params(eqn.params):
+        branch = platform_branch(eqn, platforms)
+        subs = (
+            [eqn.params["branches"][branch]] if branch is not None else jaxprs_in_params(eqn.params)
+        )
+        for sub in subs:
             yield from _walk(sub, inner, here)
 
 
@@ -41,6 +74,15 @@ def dot_general_flops(eqn) -> int:
 
 
 RAGGED_DOTS = ("ragged_dot", "ragged_dot_general")
+# MXFP8's block-scaled GEMM, jax.nn.scaled_matmul: lhs [B, M, K] and rhs [B, N, K], both fp8, with
+# their block scales (tierax.models.mxfp8)
+BLOCK_SCALED_DOTS = ("scaled_matmul_wrapper", "scaled_matmul")
+
+
+def block_scaled_flops(eqn) -> int:
+    """2·B·M·N·K of a block-scaled GEMM (the scales' multiplications are not counted)."""
+    b, m, k = eqn.invars[0].aval.shape
+    return 2 * b * m * eqn.invars[1].aval.shape[1] * k
 
 
 def ragged_dot_flops(eqn) -> int:
@@ -61,6 +103,8 @@ def matmul_flops(closed_jaxpr, *, scope: str | None = None) -> int:
             total += mult * dot_general_flops(eqn)
         elif eqn.primitive.name in RAGGED_DOTS:
             total += mult * ragged_dot_flops(eqn)
+        elif eqn.primitive.name in BLOCK_SCALED_DOTS:
+            total += mult * block_scaled_flops(eqn)
     return total
 
 
@@ -71,10 +115,12 @@ FP8_DTYPES = frozenset(
 
 def fp8_matmul_flops(closed_jaxpr) -> int:
     """:func:`matmul_flops` of the ``dot_general`` equations whose two operands are fp8 (the GEMMs
-    of ``quantization: fp8``)."""
+    of ``quantization: fp8``) and of the block-scaled GEMMs (``mxfp8``)."""
     total = 0
     for eqn, mult, _ in _walk(_jaxpr(closed_jaxpr), 1, ()):
-        if eqn.primitive.name == "dot_general" and all(
+        if eqn.primitive.name in BLOCK_SCALED_DOTS:
+            total += mult * block_scaled_flops(eqn)
+        elif eqn.primitive.name == "dot_general" and all(
             str(v.aval.dtype) in FP8_DTYPES for v in eqn.invars[:2]
         ):
             total += mult * dot_general_flops(eqn)

@@ -38,7 +38,7 @@ from tierax.hardware import cudnn
 from tierax.hardware.target_config import render_target_config, scheduling_target_config
 from tierax.mesh import MeshShape
 from tierax.models import abstract_model
-from tierax.models.config import require_concrete_attention
+from tierax.models.config import require_concrete_attention, require_quantization_runs
 from tierax.models.prefetch import OFFLOAD_SCOPE_PREFIX
 from tierax.sharding import rules as sh
 from tierax.tracing import inventory as inv
@@ -357,6 +357,7 @@ def compile_for_target(
     ``xla_preset`` is recorded only: the flags must already be set (tierax.launch.flags.configure).
     """
     require_concrete_attention(cfg, "compile")
+    require_quantization_runs(cfg, target)  # mxfp8 on a target without MXFP8 GEMMs: refused
     spec = hardware.get_target(target)
     tpu = spec.kind == "tpu"
     shape = mesh or MeshShape()
@@ -540,6 +541,15 @@ def compile_for_target(
             if n8
             else "quantization=fp8, but XLA's program holds no fp8 GEMM"
         )
+    if cfg.quantization == "mxfp8":
+        nb, left = gemms8["block_scaled"], gemms8["block_scaled_unrewritten"]
+        notes.append(
+            f"quantization=mxfp8: {nb} cuDNN block-scaled MXFP8 GEMM calls "
+            "(__cudnn$blockScaledDot) in XLA's program as written (a scanned layer's once)"
+            + (f"; {left} __op$block_scaled_dot calls XLA did not rewrite" if left else "")
+            if nb or left
+            else "quantization=mxfp8, but XLA's program holds no block-scaled GEMM"
+        )
     tpu_calls = tpu_custom_calls(text) if tpu else 0
     if cfg.attention == "splash":
         notes.append(
@@ -579,7 +589,8 @@ def compile_for_target(
         notes=tuple(notes),
         cudnn_calls=calls["forward"] + calls["backward"],
         cudnn_workspace_bytes=workspace,
-        fp8_gemms=gemms8["cublaslt"] + gemms8["dot"],
+        fp8_gemms=gemms8["cublaslt"] + gemms8["dot"] + gemms8["block_scaled"],
+        block_scaled_gemms=gemms8["block_scaled"],
         quantization=cfg.quantization,
         tpu_custom_calls=tpu_calls,
         libtpu_version=libtpu_version() if tpu else "",

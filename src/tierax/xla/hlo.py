@@ -482,19 +482,36 @@ def host_buffers(module: Module) -> list[Array]:
 
 FP8_TYPES = frozenset({"f8e4m3fn", "f8e5m2", "f8e4m3", "f8e4m3fnuz", "f8e5m2fnuz"})
 CUBLASLT_FP8_CALL = "__cublas$lt$matmul$f8"
+# MXFP8 (quantization: mxfp8): JAX lowers jax.nn.scaled_matmul to this custom call, which XLA:GPU
+# rewrites on Blackwell into cuDNN's block-scaled GEMM (BLOCK_SCALED_CUDNN_CALL); one left as
+# written was not rewritten.
+BLOCK_SCALED_CUDNN_CALL = "__cudnn$blockScaledDot"
+BLOCK_SCALED_OP_CALL = "__op$block_scaled_dot"
 
 
 def fp8_gemms(module: Module) -> dict[str, int]:
     """The fp8 GEMMs in a compiled program, counted as written (a scanned layer's once):
     ``cublaslt``: cuBLASLt fp8 custom calls (``__cublas$lt$matmul$f8``, what XLA:GPU emits after
     autotuning on a device); ``dot``: ``dot`` instructions, inside fusions included (a deviceless
-    compile's Triton GEMM fusions), whose two operands are fp8."""
-    cublaslt = dot = 0
+    compile's Triton GEMM fusions), whose two operands are fp8; ``block_scaled``: cuDNN's
+    block-scaled (MXFP8) GEMM calls (``__cudnn$blockScaledDot``); ``block_scaled_unrewritten``:
+    JAX's ``__op$block_scaled_dot`` calls XLA left as they were."""
+    cublaslt = dot = block = unrewritten = 0
     for ins in module.by_name.values():
-        if ins.opcode == "custom-call" and f'custom_call_target="{CUBLASLT_FP8_CALL}"' in ins.attrs:
-            cublaslt += 1
+        if ins.opcode == "custom-call":
+            if f'custom_call_target="{CUBLASLT_FP8_CALL}"' in ins.attrs:
+                cublaslt += 1
+            elif f'custom_call_target="{BLOCK_SCALED_CUDNN_CALL}"' in ins.attrs:
+                block += 1
+            elif f'custom_call_target="{BLOCK_SCALED_OP_CALL}"' in ins.attrs:
+                unrewritten += 1
         elif ins.opcode == "dot" and len(ins.operands) == 2:
             kinds = [module.by_name.get(o) for o in ins.operands]
             if all(k is not None and k.arrays and k.arrays[0].dtype in FP8_TYPES for k in kinds):
                 dot += 1
-    return {"cublaslt": cublaslt, "dot": dot}
+    return {
+        "cublaslt": cublaslt,
+        "dot": dot,
+        "block_scaled": block,
+        "block_scaled_unrewritten": unrewritten,
+    }

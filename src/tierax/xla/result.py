@@ -55,10 +55,13 @@ class CompileResult:
     cudnn_workspace_bytes: int = (
         0  # their backward workspace from shapes, included in device_peak_bytes
     )
-    # fp8 GEMMs in XLA's program as written (tierax.xla.hlo.fp8_gemms): cuBLASLt fp8 calls plus
-    # dots of two fp8 operands (a deviceless compile's Triton GEMM fusions)
+    # fp8 GEMMs in XLA's program as written (tierax.xla.hlo.fp8_gemms): cuBLASLt fp8 calls,
+    # cuDNN block-scaled (MXFP8) calls, plus dots of two fp8 operands (a deviceless compile's
+    # Triton GEMM fusions)
     fp8_gemms: int = 0
-    quantization: str = ""  # the model config's quantization ("" or "fp8")
+    # of those, cuDNN's block-scaled MXFP8 GEMM calls (quantization: mxfp8)
+    block_scaled_gemms: int = 0
+    quantization: str = ""  # the model config's quantization ("", "fp8" or "mxfp8")
     tpu_custom_calls: int = 0  # tpu_custom_call instructions (Pallas kernels: splash attention)
     libtpu_version: str = ""  # the libtpu that compiled a TPU target ("" for a GPU target)
     device_limit_bytes: int = (
