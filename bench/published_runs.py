@@ -380,7 +380,22 @@ def main(argv=None) -> int:
         metavar="RECORD.json",
         help="rewrite the docs table from this record and exit (nothing is predicted)",
     )
+    ap.add_argument(
+        "--rows",
+        metavar="ID[,ID...]",
+        help="predict only these runs (ids of bench/data/published_runs.yaml, e.g. TR-10,IW-8) "
+        "and no pairs; needs an --out other than the whole record's (a partial record never "
+        "replaces it)",
+    )
     args = ap.parse_args(argv)
+    whole = (_common.RESULTS / "published_runs.json").resolve()
+    if args.rows and pathlib.Path(args.out).resolve() == whole:
+        print(
+            f"error: --rows writes a partial record; give --out FILE.json (not {whole}, the whole "
+            "record, which only a run over every row rewrites)",
+            file=sys.stderr,
+        )
+        return 2
     if args.docs:
         import json
 
@@ -393,6 +408,19 @@ def main(argv=None) -> int:
     from rich.table import Table
 
     data = yaml.safe_load(DATA.read_text())
+    if args.rows:
+        wanted = [r for r in args.rows.split(",") if r]
+        known = [r["id"] for r in data["runs"]]
+        unknown = [r for r in wanted if r not in known]
+        if unknown:
+            print(
+                f"error: --rows: no run {', '.join(unknown)} in {DATA.name}; "
+                f"choose from: {', '.join(known)}",
+                file=sys.stderr,
+            )
+            return 2
+        data["runs"] = [r for r in data["runs"] if r["id"] in wanted]
+        data["pairs"] = []
     have = available()
     rows = []
     for run in data["runs"]:
