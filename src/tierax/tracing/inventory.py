@@ -138,6 +138,10 @@ class GroupInventory:
     # weights.  On a mesh that splits the weights, a device moves its shard's share
     # (:func:`shard_weight_work`; :mod:`tierax.tracing.hbm`).
     weight_hbm_bytes: tuple = ()
+    # What XLA:TPU holds of save_all_bytes_per_layer when the layer is recomputed in its backward
+    # (tierax.tracing.hbm.written_residual_bytes): the residuals less the elementwise-made ones,
+    # which it fuses into their consumers, plus the values those fusions read.
+    written_residual_bytes_per_layer: int = 0
 
 
 @dataclass(frozen=True)
@@ -207,9 +211,9 @@ def _nbytes(x) -> int:
 
 def _residual_bytes(layer_fn, x, params, policy, param_shapes) -> int:
     """Bytes of the residuals ``jax.checkpoint(layer_fn, policy)``'s backward keeps (``jax.vjp``'s
-    closure; no policy: the layer unchecked), the parameters and their compute-dtype casts left out
-    (weights, accounted for with the parameters)."""
-    f = layer_fn if policy is None else jax.checkpoint(layer_fn, policy=policy, prevent_cse=False)
+    closure), the parameters and their compute-dtype casts left out (weights, accounted for with
+    the parameters)."""
+    f = jax.checkpoint(layer_fn, policy=policy, prevent_cse=False)
     residuals = jax.eval_shape(lambda a, p: jax.vjp(f, a, p)[1], x, params)
     return sum(
         _nbytes(r) for r in jax.tree.leaves(residuals) if tuple(r.shape) not in param_shapes
@@ -270,7 +274,7 @@ def layer_inventory(
     # Residuals of the layer with no remat: the leaves of its VJP closure, minus the parameters and
     # their compute-dtype casts (weights, not activations: accounted for with the parameters).
     param_shapes = {tuple(p.shape) for p in jax.tree.leaves(params)}
-    save_all = _residual_bytes(layer_fn, x, params, None, param_shapes)
+    save_all, written = hbm.written_residual_bytes(layer_fn, x, params)
 
     save_named = jax.checkpoint_policies.save_only_these_names(*names)
     # A name is a residual where leaving it out of the saved names shrinks the residuals (a
@@ -352,6 +356,7 @@ def layer_inventory(
             jaxpr_tools.fp8_matmul_flops(fwd) / max(1.0, jaxpr_tools.matmul_flops(fwd))
         ),
         weight_hbm_bytes=tuple(sorted(weight_share.items())),
+        written_residual_bytes_per_layer=int(written),
     )
 
 
