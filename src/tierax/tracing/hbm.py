@@ -621,10 +621,12 @@ def written_residual_bytes(layer_fn, x, params) -> tuple[int, int]:
     included, and never written; the values those fusions read are (the GEMM outputs, the layer
     input, an expensive operation's output such as ``σ(a)`` or a softmax's ``exp``: XLA does not
     duplicate those, :data:`EXPENSIVE`), each once.  A residual made by a boundary (a matmul,
-    reduction, gather, a custom VJP's or a scan's output) is written itself.  (The Mixtral 8x7B
-    layer's deviceless v6e compile at 12 × 4096 per device: of the 6 [E, C, F] residuals JAX lists,
-    3 are written — a, b, σ(a) —, the peak within 1 % of the cost model's with them; XLA:GPU writes
-    a cuBLAS GEMM's operands, so there every residual is held.)
+    reduction, gather, a custom VJP's or a scan's output) is written itself.  (Mixtral 8x7B layers
+    compiled deviceless for v6e at 12 × 4096 per device, bench/results/tpu_moe_residuals.json: of
+    the 6 [E, C, F] residuals JAX lists, 3 are written — a, b, σ(a) —, and the cost model's peak
+    with them is within 1 % of XLA's, +54 % with all 6; a scaled-down layer with most of the HBM
+    free compiles to more than either count, not yet traced.  XLA:GPU writes a cuBLAS GEMM's
+    operands, so there every residual is held.)
     """
     param_shapes = {tuple(p.shape) for p in jax.tree.leaves(params)}
     closed = jax.make_jaxpr(lambda a, p: jax.tree.leaves(jax.vjp(layer_fn, a, p)[1]))(x, params)
