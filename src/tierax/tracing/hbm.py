@@ -592,7 +592,9 @@ class _Sources:
         eqn = self._maker(jaxpr, var)
         if eqn is None:  # an input of the traced function
             out = frozenset({key})
-        elif eqn.primitive.name in _TRANSPARENT:
+        elif eqn.primitive.name in _TRANSPARENT and (
+            eqn.params.get("jaxpr", eqn.params.get("call_jaxpr")) is not None
+        ):
             inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
             inner = getattr(inner, "jaxpr", inner)
             got = self.of(inner, inner.outvars[eqn.outvars.index(var)])
