@@ -542,6 +542,13 @@ def main(argv=None) -> int:
         metavar="RECORD.json",
         help="rewrite the docs table from this record and exit (nothing is predicted)",
     )
+    ap.add_argument(
+        "--rows",
+        metavar="ID[,ID...]",
+        help="predict only these runs (ids of bench/data/published_runs.yaml, e.g. TR-10,IW-8) "
+        "and no pairs; needs an --out other than the whole record's (a partial record never "
+        "replaces it)",
+    )
     args = ap.parse_args(argv)
     if args.docs:
         import json
@@ -572,6 +579,27 @@ def main(argv=None) -> int:
             args.out = _common.out_path(str(_common.RESULTS / f"{stem}.json"))
         except argparse.ArgumentTypeError as e:
             ap.error(f"--out: {e}")
+    whole = (_common.RESULTS / f"{pathlib.Path(args.data).stem}.json").resolve()
+    if args.rows and pathlib.Path(args.out).resolve() == whole:
+        print(
+            f"error: --rows writes a partial record; give --out FILE.json (not {whole}, the whole "
+            "record, which only a run over every row rewrites)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.rows:
+        wanted = [r for r in args.rows.split(",") if r]
+        known = [r["id"] for r in data["runs"]]
+        unknown = [r for r in wanted if r not in known]
+        if unknown:
+            print(
+                f"error: --rows: no run {', '.join(unknown)} in {pathlib.Path(args.data).name}; "
+                f"choose from: {', '.join(known)}",
+                file=sys.stderr,
+            )
+            return 2
+        data["runs"] = [r for r in data["runs"] if r["id"] in wanted]
+        data["pairs"] = []
     launch.start()
 
     from rich.console import Console

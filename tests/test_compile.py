@@ -411,3 +411,30 @@ def test_an_offloaded_layer_input_leaves_the_device_as_xla_places_it():
     assert off.breakdown["transfer_s"] == pytest.approx(
         carry / rates.d2h_bytes_per_s + carry / rates.h2d_bytes_per_s
     )
+
+
+def test_an_offloaded_mlpwo_holds_nothing_on_host_as_xla_compiles_it():
+    """MaxText's Llama 3.1 405B recipe on v7x offloads ``mlpwo`` with the layer input.  The
+    down-projection's output only feeds the residual add, so the backward never reads it: XLA's
+    deviceless compile holds the carries alone in host temp (L × b·s·d·4 B), and the model's host
+    bytes are the same — it used to add L × b·s·d·4 B more for mlpwo (a 405B run's 94.5 GiB more
+    per device than the v7x host has)."""
+    from tierax import costmodel as cm
+    from tierax.tracing.inventory import model_inventory
+
+    cfg = get_config("tiny-llama")
+    plan = P.Plan(
+        "lin-mlpwo-offload",
+        {
+            "decoder": P.GroupPlan(
+                {"decoder_layer_input": P.Placement.OFFLOAD, "mlpwo": P.Placement.OFFLOAD}
+            )
+        },
+        mechanism="policy",
+    )
+    r, _ = C.compile_for_target(cfg, plan, "h200", microbatch=2, seq=64)
+    carry = cfg.num_layers * 2 * 64 * cfg.d_model * 4
+    assert r.host_temp_bytes == carry
+    inv = model_inventory(cfg, 2, 64)
+    pred = cm.simulate(plan, inv, cfg, cm.target_rates("h200", cfg.dtype), "lhs")
+    assert pred.host_bytes == carry

@@ -127,3 +127,34 @@ def test_example_outside_tierax_models():
     costs = {a.name: a.recompute_flops_per_layer for a in g.activations}
     assert costs["mlpwi_0"] == 2 * mod.B * mod.S * mod.D * mod.F
     assert math.isclose(g.forward_flops_per_layer, 4 * mod.B * mod.S * mod.D * mod.F)
+
+
+def test_a_value_the_backward_never_needs_holds_nothing(llama_inv):
+    """Llama's ``mlpwo`` (the down-projection's output) only feeds the residual add: JAX's partial
+    evaluation drops it from the layer's residuals under any policy, so offloading it (MaxText's
+    Llama 3.1 405B recipe on v7x does) holds and moves nothing.  Every other name is a residual."""
+    from tierax import costmodel as cm
+    from tierax import plan as P
+
+    cfg = get_config("tiny-llama")
+    acts = {a.name: a for a in llama_inv.group("decoder").activations}
+    assert [n for n, a in acts.items() if not a.residual] == [N.MLPWO]
+    assert acts[N.MLPWO].bytes_per_layer == 4 * 32 * cfg.d_model * 4  # the value's own size
+    assert acts[N.MLPWO].held_bytes_per_layer == 0
+    assert acts[N.MLPWI_0].held_total_bytes == cfg.num_layers * 4 * 32 * cfg.mlp_dim * 4
+    rates = cm.target_rates("v7x", cfg.dtype)
+
+    def host(**names):
+        plan = P.Plan("p", {"decoder": P.GroupPlan({n: P.Placement(v) for n, v in names.items()})})
+        return cm.simulate(plan, llama_inv, cfg, rates, "lhs").host_bytes
+
+    carry = cfg.num_layers * 4 * 32 * cfg.d_model * 4  # L × b·s·d float32
+    assert host(decoder_layer_input="offload", mlpwo="offload") == carry
+    assert host(decoder_layer_input="offload", mlpwi_0="offload") == carry + cfg.num_layers * (
+        4 * 32 * cfg.mlp_dim * 4
+    )
+    # save-all (no remat) holds the layer's residuals, JAX's own set (its VJP closure), mlpwo not
+    # among them: the kept names and the unnamed rest add up to it.
+    g = llama_inv.group("decoder")
+    b = cm.simulate(P.preset("save-all", cfg), llama_inv, cfg, rates, "lhs").breakdown
+    assert b["activation_bytes"] == cfg.num_layers * g.save_all_bytes_per_layer

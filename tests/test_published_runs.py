@@ -165,3 +165,26 @@ def test_docs_table_of_a_record_is_its_data_files_own(tmp_path, capsys, monkeypa
         mod.main(["--docs", str(record)])
     assert e.value.code == 2 and "nothing is written" in capsys.readouterr().err
     assert written == ["holdout-runs"]
+
+
+def test_rows_predicts_only_those_and_never_replaces_the_whole_record(tmp_path, capsys):
+    mod = _module()
+    whole = BENCH / "results" / "published_runs.json"
+    before = whole.read_bytes()
+    # a partial run aimed at the whole record, or an unknown id: exit 2, nothing written
+    assert mod.main(["--rows", "TR-10"]) == 2
+    assert "--out" in capsys.readouterr().err
+    out = tmp_path / "two.json"
+    assert mod.main(["--rows", "TR-10,NOPE", "--out", str(out)]) == 2
+    assert "NOPE" in capsys.readouterr().err and not out.exists()
+    assert whole.read_bytes() == before
+    assert mod.main(["--rows", "IW-8", "--out", str(out)]) == 0
+    import json
+
+    doc = json.loads(out.read_text())
+    assert [r["id"] for r in doc["rows"]] == ["IW-8"] and doc["pairs"] == []
+    # IW-8 (Llama 3.1 405B on 512 v7x devices) offloads decoder_layer_input and mlpwo; mlpwo is no
+    # residual, so the host holds the carries alone: 126 layers × 3·8192·16384 bf16 per device.
+    (row,) = doc["rows"]
+    assert row["host_gib"] * 2**30 == 126 * 3 * 8192 * 16384 * 2
+    assert row["fits"]

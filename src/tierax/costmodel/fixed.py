@@ -124,13 +124,15 @@ def _workspace(
     tiled: bool,
     head_grad: int,
     grad_share: float,
+    tpu: bool = False,
 ) -> float:
-    # One layer in flight: its residuals while it is recomputed and back-propagated, a MoE layer's
-    # backward buffers of the dispatch's size (tierax.models.moe), and, under FSDP, its weights
-    # gathered in the compute dtype: the dense ones whole (per tensor shard), the expert ones over
-    # fsdp only (E / expert local experts).
+    # One layer in flight: its residuals while it is recomputed and back-propagated (TPU: those
+    # XLA:TPU writes, tierax.tracing.hbm.written_residual_bytes), a MoE layer's backward buffers of
+    # the dispatch's size (tierax.models.moe), and, under FSDP, its weights gathered in the compute
+    # dtype: the dense ones whole (per tensor shard), the expert ones over fsdp only (E / expert
+    # local experts).
     workspace = max(
-        g.save_all_bytes_per_layer
+        (g.written_residual_bytes_per_layer if tpu else g.save_all_bytes_per_layer)
         + (c_item * (g.layer_param_count - g.expert_param_count_per_layer) if fsdp > 1 else 0)
         + (c_item * g.expert_param_count_per_layer / ep if inv.mesh.get("fsdp", 1) > 1 else 0)
         + (moe.backward_buffer_bytes(cfg, tokens, ep) if g.expert_param_count_per_layer else 0)
@@ -328,7 +330,7 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
     tpu = rates.target in hardware.TPU_TARGETS
     # the logits' gradient ÷ float32 logits (TPU: _tpu_loss_phase_bytes)
     grad_share = 0.0 if tpu else c_item / 4
-    workspace = _workspace(inv, cfg, c_item, fsdp, ep, tokens, tiled, head_grad, grad_share)
+    workspace = _workspace(inv, cfg, c_item, fsdp, ep, tokens, tiled, head_grad, grad_share, tpu)
     if tpu:
         stack_copy = _tpu_stack_copy_bytes(inv, cfg, c_item, fsdp, ep)
     else:

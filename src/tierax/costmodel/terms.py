@@ -96,8 +96,8 @@ def item_terms(
                 ItemTerms(
                     g.name,
                     a.name,
-                    a.total_bytes,
-                    a.bytes_per_layer,
+                    a.held_total_bytes,  # 0 for a value the backward never needs (its docs)
+                    a.held_bytes_per_layer,
                     (
                         matmul_s(
                             a.recompute_flops_per_layer,
@@ -108,8 +108,8 @@ def item_terms(
                         + a.recompute_hbm_bytes_per_layer / rates.hbm_bytes_per_s
                     )
                     * g.num_layers,
-                    a.total_bytes / rates.d2h_bytes_per_s,
-                    (a.total_bytes + spare * a.bytes_per_layer) / rates.h2d_bytes_per_s,
+                    a.held_total_bytes / rates.d2h_bytes_per_s,
+                    (a.held_total_bytes + spare * a.held_bytes_per_layer) / rates.h2d_bytes_per_s,
                     a.recompute_hbm_bytes_per_layer * g.num_layers / rates.hbm_bytes_per_s,
                 )
             )
@@ -124,7 +124,9 @@ def group_terms(
     out = []
     for g in inv.groups:
         L = g.num_layers
-        named = sum(a.bytes_per_layer for a in g.activations if a.name != N.DECODER_LAYER_INPUT)
+        named = sum(
+            a.held_bytes_per_layer for a in g.activations if a.name != N.DECODER_LAYER_INPUT
+        )
         hb = rates.hbm_bytes_per_s
         F, Fa = g.forward_flops_per_layer, g.fused_attention_flops_per_layer
         f8 = g.fp8_flops_share

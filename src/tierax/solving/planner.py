@@ -693,6 +693,9 @@ def _scaled(inv1: inv_lib.Inventory, inv2: inv_lib.Inventory, mb: int) -> inv_li
                 save_all_bytes_per_layer=lin(
                     g1.save_all_bytes_per_layer, g2.save_all_bytes_per_layer
                 ),
+                written_residual_bytes_per_layer=lin(
+                    g1.written_residual_bytes_per_layer, g2.written_residual_bytes_per_layer
+                ),
                 base_recompute_flops_per_layer=lin(
                     g1.base_recompute_flops_per_layer, g2.base_recompute_flops_per_layer
                 ),

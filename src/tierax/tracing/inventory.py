@@ -64,10 +64,25 @@ class Activation:
     # XLA:CPU's transposing fusions read (tierax.tracing.hbm.transposed_reads), by row-stride class
     transposed_elems_per_layer: float = 0.0
     transposed_aliased_elems_per_layer: float = 0.0
+    # Whether the layer's backward needs the value at all: saving it under a ``jax.checkpoint``
+    # policy adds it to the layer's residuals.  False for a value only the layer's output is made
+    # from (Llama's ``mlpwo``, which feeds only the residual add): JAX's partial evaluation drops it
+    # from the residuals whatever the policy says, so keeping or offloading it holds and moves
+    # nothing (:attr:`held_bytes_per_layer` 0) — MaxText's ``mlpwo: offload`` included.
+    residual: bool = True
 
     @property
     def total_bytes(self) -> int:
         return self.bytes_per_layer * self.num_layers
+
+    @property
+    def held_bytes_per_layer(self) -> int:
+        """Bytes per layer the step holds (on device or host) when the plan saves this value."""
+        return self.bytes_per_layer if self.residual else 0
+
+    @property
+    def held_total_bytes(self) -> int:
+        return self.held_bytes_per_layer * self.num_layers
 
 
 @dataclass(frozen=True)
@@ -123,6 +138,10 @@ class GroupInventory:
     # weights.  On a mesh that splits the weights, a device moves its shard's share
     # (:func:`shard_weight_work`; :mod:`tierax.tracing.hbm`).
     weight_hbm_bytes: tuple = ()
+    # What XLA:TPU holds of save_all_bytes_per_layer when the layer is recomputed in its backward
+    # (tierax.tracing.hbm.written_residual_bytes): the residuals less the elementwise-made ones,
+    # which it fuses into their consumers, plus the values those fusions read.
+    written_residual_bytes_per_layer: int = 0
 
 
 @dataclass(frozen=True)
@@ -190,6 +209,17 @@ def _nbytes(x) -> int:
     return math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
 
 
+def _residual_bytes(layer_fn, x, params, policy, param_shapes) -> int:
+    """Bytes of the residuals ``jax.checkpoint(layer_fn, policy)``'s backward keeps (``jax.vjp``'s
+    closure), the parameters and their compute-dtype casts left out (weights, accounted for with
+    the parameters)."""
+    f = jax.checkpoint(layer_fn, policy=policy, prevent_cse=False)
+    residuals = jax.eval_shape(lambda a, p: jax.vjp(f, a, p)[1], x, params)
+    return sum(
+        _nbytes(r) for r in jax.tree.leaves(residuals) if tuple(r.shape) not in param_shapes
+    )
+
+
 def _remat_flops(layer_fn, x, params, policy, weightless=None) -> tuple[float, float, float, float]:
     """Matmul FLOPs of the forward plus the linearized (JVP) layer under ``policy`` (None: no
     checkpoint), the non-matmul HBM bytes of its tangent part (the recomputation is in it:
@@ -244,12 +274,20 @@ def layer_inventory(
     # Residuals of the layer with no remat: the leaves of its VJP closure, minus the parameters and
     # their compute-dtype casts (weights, not activations: accounted for with the parameters).
     param_shapes = {tuple(p.shape) for p in jax.tree.leaves(params)}
-    residuals = jax.eval_shape(lambda a, p: jax.vjp(layer_fn, a, p)[1], x, params)
-    save_all = sum(
-        _nbytes(r) for r in jax.tree.leaves(residuals) if tuple(r.shape) not in param_shapes
-    )
+    save_all, written = hbm.written_residual_bytes(layer_fn, x, params)
 
     save_named = jax.checkpoint_policies.save_only_these_names(*names)
+    # A name is a residual where leaving it out of the saved names shrinks the residuals (a
+    # name-only policy saves nothing else in its place: what is not saved is recomputed from the
+    # layer input).
+    named_residuals = _residual_bytes(layer_fn, x, params, save_named, param_shapes)
+    residual = {N.DECODER_LAYER_INPUT: True}
+    for n in names:
+        if n not in residual:
+            others = jax.checkpoint_policies.save_only_these_names(*[m for m in names if m != n])
+            residual[n] = named_residuals > _residual_bytes(
+                layer_fn, x, params, others, param_shapes
+            )
     # Each HBM figure also without the weights' own work (their shapes moving no bytes), so that
     # the difference, the weights' share, can be scaled to a mesh's shards after tracing.
     weightless = {tuple(p.shape): math.inf for p in jax.tree.leaves(params)}
@@ -289,6 +327,7 @@ def layer_inventory(
             *costs[n],
             transposed_elems_per_layer=spread["named"].get(n, 0.0),
             transposed_aliased_elems_per_layer=aliased["named"].get(n, 0.0),
+            residual=residual[n],
         )
         for n in names
     )
@@ -317,6 +356,7 @@ def layer_inventory(
             jaxpr_tools.fp8_matmul_flops(fwd) / max(1.0, jaxpr_tools.matmul_flops(fwd))
         ),
         weight_hbm_bytes=tuple(sorted(weight_share.items())),
+        written_residual_bytes_per_layer=int(written),
     )
 
 
@@ -670,7 +710,8 @@ def for_plan(inv: Inventory, plan: plan_lib.Plan, cfg) -> Inventory:
 def bytes_by_placement(
     inventory: Inventory | list[Activation], plan: plan_lib.Plan, cfg
 ) -> dict[str, int]:
-    """Total named-activation bytes per placement (device / offload / remat) under ``plan``."""
+    """Total named-activation bytes per placement (device / offload / remat) under ``plan``: the
+    bytes the step holds (a value its backward never needs holds none, :class:`Activation`)."""
     placements = plan_lib.resolve(plan, cfg)
     if isinstance(inventory, Inventory):
         inventory = for_plan(inventory, plan, cfg)
@@ -678,7 +719,7 @@ def bytes_by_placement(
     out = {p.value: 0 for p in plan_lib.Placement}
     for a in acts:
         if a.group in placements and a.name in placements[a.group]:
-            out[placements[a.group][a.name].value] += a.total_bytes
+            out[placements[a.group][a.name].value] += a.held_total_bytes
     return out
 
 
