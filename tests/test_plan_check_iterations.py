@@ -43,6 +43,7 @@ def setting(monkeypatch):
             out_of_memory=False,
             overlap={},
             host_temp_bytes=0,
+            host_argument_bytes=0,
             compile_time_s=0.0,
         )
         return compiled, ""

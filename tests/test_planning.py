@@ -82,6 +82,7 @@ def test_check_solves_each_iteration_through_the_same_path(monkeypatch, solves):
             out_of_memory=False,
             overlap={},
             host_temp_bytes=0,
+            host_argument_bytes=0,
             compile_time_s=0.0,
         ), ""
 

@@ -157,11 +157,9 @@ def resolve_model(args, extra_overrides: Sequence[str] = (), *, target: str | No
             f"attention=splash is the Pallas TPU kernel, which compiles for TPUs only; for the GPU "
             f"target {target!r} use attention=cudnn or blockwise (e.g. --set attention=cudnn)"
         )
-    if getattr(cfg, "num_experts", 0) and cfg.moe_impl == "ragged" and platform == "gpu":
-        raise TieraxError(
-            f"moe_impl=ragged (grouped matmuls, ragged_dot) is offered for TPU targets only; for "
-            f"the GPU target {target!r} use moe_impl=capacity (--set moe_impl=capacity)"
-        )
+    from tierax.models.moe import require_moe_runs
+
+    require_moe_runs(cfg, target, platform)
     require_quantization_runs(cfg, target)
     if cfg.quantization == "fp8" and "fp8" not in hardware.get_target(target).peak_flops:
         # Said, not silent: the target's table has no fp8 GEMM rate.

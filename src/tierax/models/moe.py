@@ -316,3 +316,19 @@ def dropped_in_batch(x_BSD, router_DE, cfg, batch_shards: int = 1):
     per = expert_BSk.reshape(batch_shards, (B // batch_shards) * S, -1)
     C = cfg.capacity((B // batch_shards) * S)
     return jnp.sum(jax.vmap(lambda e: dropped_assignments(e, cfg.num_experts, C))(per))
+
+
+def require_moe_runs(cfg, target: str, platform: str) -> None:
+    """Refuse an MoE implementation the ``platform`` ("gpu", "tpu", "cpu") of ``target`` does not
+    offer: grouped matmuls (``moe_impl=ragged``) run on TPU targets only.
+
+    Raises:
+      TieraxError: naming the fix.
+    """
+    if getattr(cfg, "num_experts", 0) and getattr(cfg, "moe_impl", "capacity") == "ragged":
+        if platform == "gpu":
+            raise TieraxError(
+                f"moe_impl=ragged (grouped matmuls, ragged_dot) is offered for TPU targets only: "
+                f"XLA:GPU lowers ragged_dot to a masked dense GEMM; for the GPU target {target!r} "
+                "use moe_impl=capacity (--set moe_impl=capacity)"
+            )

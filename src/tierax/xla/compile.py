@@ -369,12 +369,10 @@ def compile_for_target(
             f"TPU target {target!r} use attention=splash (the Pallas TPU kernel) or "
             "attention=blockwise (e.g. --set attention=splash)"
         )
-    if getattr(cfg, "moe_impl", "capacity") == "ragged" and not tpu:
-        raise TieraxError(
-            f"moe_impl=ragged (grouped matmuls, ragged_dot) is offered for TPU targets only: "
-            f"XLA:GPU lowers ragged_dot to a masked dense GEMM; for the GPU target {target!r} use "
-            "moe_impl=capacity"
-        )
+    if not tpu:
+        from tierax.models.moe import require_moe_runs
+
+        require_moe_runs(cfg, target, "gpu")
     if cfg.attention == "splash" and not tpu:
         raise TieraxError(
             f"attention=splash is the Pallas TPU kernel, which compiles for TPUs only; for the GPU "
