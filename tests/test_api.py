@@ -91,6 +91,7 @@ def test_examples_plan_and_keep_the_gradients(example, group, squeeze):
     assert out["max_rel_grad_error"] <= 1e-6
 
 
+@pytest.mark.slow  # the equinox example's compiles
 def test_equinox_example_plans_and_keeps_the_gradients():
     pytest.importorskip(
         "equinox", reason="the Equinox example needs `pip install equinox` (tierax's test extra)"

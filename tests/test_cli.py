@@ -82,6 +82,7 @@ def test_bad_plan_file_exits_2(tmp_path):
     assert r.returncode == 2 and "device, offload, remat" in r.stderr
 
 
+@pytest.mark.slow  # a bench run through the CLI
 def test_bench_json_and_record(tmp_path):
     out = tmp_path / "results" / "b.json"
     r = tierax(

@@ -30,7 +30,13 @@ def _segments(rows, length):
 
 
 @pytest.mark.parametrize(
-    "impl, groups", [("xla", 1), ("xla", 2), ("blockwise", 1), ("blockwise", 2)]
+    "impl, groups",
+    [
+        ("xla", 1),
+        pytest.param("xla", 2, marks=pytest.mark.slow),
+        pytest.param("blockwise", 1, marks=pytest.mark.slow),
+        ("blockwise", 2),
+    ],
 )
 def test_attention_within_segments_equals_each_document_alone(impl, groups):
     B, T, K, d = 2, 33 - 1, 2, 16

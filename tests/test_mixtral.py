@@ -79,6 +79,7 @@ def save_all_reference():
 
 
 @pytest.mark.parametrize("preset", [p for p in P.PRESETS if p != "save-all"])
+@pytest.mark.slow  # a gradient compile per preset (test_verify runs every preset by default)
 def test_gradients_of_every_preset_equal_save_all(preset, save_all_reference):
     graphdef, params, tokens, ref_loss, ref = save_all_reference
     loss, got = S.loss_and_grads(graphdef, CFG, P.preset(preset, CFG), params, tokens)

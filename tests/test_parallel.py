@@ -251,7 +251,13 @@ MESHES = [
 ]
 # Default suite: one compile-heavy case per model (expert=4 is covered at the layer level above).
 FAST = [
-    ("tiny-deepseek", "deepseek-offload", dict(fsdp=2, tensor=2, expert=2), 1),
+    pytest.param(  # the MoE model on all three axes: 20 s here
+        "tiny-deepseek",
+        "deepseek-offload",
+        dict(fsdp=2, tensor=2, expert=2),
+        1,
+        marks=pytest.mark.slow,
+    ),
     ("tiny-llama", "qkv-offload", dict(data=2, tensor=2, fsdp=2), 4),
 ]
 

@@ -48,6 +48,7 @@ CASES = [(p, plan_lib.DEFAULT_MECHANISM) for p in plan_lib.PRESETS if p != "save
 
 
 @pytest.mark.parametrize("preset, mechanism", CASES)
+@pytest.mark.slow  # a gradient compile per preset × mechanism (test_verify: every preset)
 def test_gradients_match_save_all(reference, preset, mechanism):
     """Both offload mechanisms: tierax's prefetching scan (the default) and XLA's checkpoint
     policy."""

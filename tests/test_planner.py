@@ -134,6 +134,7 @@ def _cli(*args):
     )
 
 
+@pytest.mark.slow  # three CLI verbs with traces
 def test_cli_plan_simulate_inventory_json(tmp_path):
     out = tmp_path / "plan.yaml"
     r = _cli(

@@ -103,7 +103,9 @@ def _all_device(cfg, group: str) -> dict:
     return {n: "device" for n in next(g for g in cfg.layer_groups() if g.name == group).activations}
 
 
-@pytest.mark.parametrize("model", ["tiny-llama", "tiny-deepseek"])
+@pytest.mark.parametrize(
+    "model", ["tiny-llama", pytest.param("tiny-deepseek", marks=pytest.mark.slow)]  # MoE: 13 s
+)
 def test_segmented_gradients_equal_the_no_remat_step(model):
     """Segments with q/k/v offloaded (prefetched), everything recomputed, and no remat at all."""
     cfg = get_config(model)

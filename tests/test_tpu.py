@@ -368,6 +368,7 @@ OVER_BUDGET = [
 
 
 @pytest.mark.skipif(not HAS_LIBTPU, reason=NO_LIBTPU)
+@pytest.mark.slow  # a deviceless TPU compile
 def test_out_of_memory_tpu_compile_is_a_result_with_xla_figures():
     """XLA:TPU refuses the program (RESOURCE_EXHAUSTED): `compile` reports it as a result — fits
     false, XLA's stated need and limit, the model's prediction — with exit 0 and no traceback, in

@@ -264,6 +264,7 @@ def test_profile_default_out_never_replaces_an_earlier_profile(monkeypatch, tmp_
     assert profile_lib.fresh_dir(tmp_path / "profiles" / "new") == tmp_path / "profiles" / "new"
 
 
+@pytest.mark.slow  # a profiled run
 def test_profile_verb_writes_trace_and_analysis(cli, tmp_path):
     out = tmp_path / "prof"
     out.mkdir()  # an empty directory may be given

@@ -282,6 +282,7 @@ def test_demo_config_loss_falls_on_the_shipped_text(token_dir, tmp_path):
     assert TC.load_train_config(tmp_path / CONFIG_SNAPSHOT).to_dict() == cfg.to_dict()
 
 
+@pytest.mark.slow  # a training run
 def test_validation_tokens_and_epochs_are_logged_and_other_data_is_refused(tmp_path):
     """BPE data with a validation split and document masking: metrics.jsonl has the validation loss
     at validation steps (equal to the loss of the validation windows computed here), tokens seen and
@@ -447,6 +448,7 @@ def test_kill_after_a_checkpoint_then_resume_is_bitwise_identical(
     assert C.complete_steps(cut / "checkpoints") == [10, 20]
 
 
+@pytest.mark.slow  # training runs through the CLI
 def test_cli_bad_input_exits_2_without_writing_and_divergence_exits_1(tmp_path, console_script):
     f = tmp_path / "run.yaml"
     f.write_text(yaml.safe_dump(small(log__dir=str(tmp_path / "out"))))

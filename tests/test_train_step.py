@@ -55,6 +55,7 @@ FSDP_MODELS = ["tiny-llama", pytest.param("tiny-deepseek", marks=pytest.mark.slo
 
 
 @pytest.mark.parametrize("name", FSDP_MODELS)
+@pytest.mark.slow  # sharded and single-device training steps
 def test_fsdp_mesh_matches_single_device(name):
     cfg = no_drop(get_config(name))
     _, single, _ = run_steps(cfg, "minimal", 3)

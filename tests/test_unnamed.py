@@ -55,7 +55,9 @@ def test_every_name_on_device_still_recomputes_the_unnamed_in_the_traced_gradien
     assert unnamed > 0
 
 
-@pytest.mark.parametrize("model", TINY)
+@pytest.mark.parametrize(
+    "model", ["tiny-llama", pytest.param("tiny-deepseek", marks=pytest.mark.slow)]  # MoE: 13 s
+)
 def test_gradients_with_every_name_on_device_equal_save_all(model):
     cfg = get_config(model)
     graphdef, params = S.init_params(cfg, seed=1)
@@ -83,9 +85,12 @@ def test_the_cost_model_charges_the_unnamed_recompute_and_saves_their_bytes():
         rel=1e-9,
     )
     assert kept.breakdown["recompute_s"] == 0
-    extra = (g.save_all_bytes_per_layer - sum(a.bytes_per_layer for a in g.activations)) * (
+    # save-all keeps every residual; the named plan keeps what each name holds (a name the backward
+    # never needs, Llama's mlpwo, holds nothing whichever placement it has)
+    extra = (g.save_all_bytes_per_layer - sum(a.held_bytes_per_layer for a in g.activations)) * (
         g.num_layers
     )
+    assert any(a.held_bytes_per_layer == 0 < a.bytes_per_layer for a in g.activations)
     assert kept.breakdown["activation_bytes"] - named.breakdown["activation_bytes"] == extra
     assert extra > 0
 

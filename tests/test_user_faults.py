@@ -222,6 +222,7 @@ def _example(name: str, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # the example run twice
 def test_jax_scan_example_runs_its_documented_budget_and_refuses_a_small_one_in_one_line():
     import re
 

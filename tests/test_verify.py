@@ -331,6 +331,7 @@ def test_bench_verify_failure_runs_no_bench(cli, monkeypatch, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow  # a bench run with verify
 def test_bench_verify_pass_records_checks_and_memory(cli, tmp_path):
     out = tmp_path / "bench.json"
     r = cli(
@@ -360,6 +361,7 @@ def test_bench_verify_pass_records_checks_and_memory(cli, tmp_path):
     assert "memory_stats() is None" in doc["memory_note"]
 
 
+@pytest.mark.slow  # every program compiled sharded
 def test_verify_on_a_mesh_runs_every_program_sharded_on_it(cli, monkeypatch):
     """verify takes the mesh every other verb takes; the plan and save-all both run on it."""
     seen = []

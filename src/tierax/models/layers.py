@@ -29,17 +29,9 @@ def _init(stddev: float) -> nnx.Initializer:
 def dense(in_dim: int, out_dim: int, cfg, rngs: nnx.Rngs, *, quantize: bool = True):
     """A bias-free projection; its GEMM in fp8 under ``quantization: fp8`` (MXFP8 under ``mxfp8``)
     unless ``quantize`` is False (the LM head)."""
-    if quantize and cfg.quantization == "mxfp8":
-        return mxfp8.Mxfp8Linear(
-            in_dim,
-            out_dim,
-            dtype=jnp.dtype(cfg.dtype),
-            param_dtype=jnp.dtype(cfg.param_dtype),
-            kernel_init=_init(in_dim**-0.5),
-            rngs=rngs,
-        )
-    if quantize and cfg.quantization == "fp8":
-        return fp8.Fp8Linear(
+    quantized = {"mxfp8": mxfp8.Mxfp8Linear, "fp8": fp8.Fp8Linear}.get(cfg.quantization)
+    if quantize and quantized is not None:
+        return quantized(
             in_dim,
             out_dim,
             dtype=jnp.dtype(cfg.dtype),
