@@ -53,7 +53,8 @@ MUTATIONS = [
         "name": "host-transfers-cost-nothing",
         "what": "costmodel.item_terms: d2h and h2d seconds are 0",
         "file": "src/tierax/costmodel/terms.py",
-        "old": "a.held_total_bytes / rates.d2h_bytes_per_s,\n                    (a.held_total_bytes "
+        "old": "a.held_total_bytes / rates.d2h_bytes_per_s,\n"
+        "                    (a.held_total_bytes "
         "+ spare * a.held_bytes_per_layer) / rates.h2d_bytes_per_s,",
         "new": "0.0,\n                    0.0,",
         "tests": [
