@@ -2,11 +2,28 @@
 raises; the two ways tests run the command line (``cli`` in this process, ``console_script`` in a
 new one)."""
 
+import atexit
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
-from tierax.launch import flags as xla_flags
+# JAX's compilation cache, for this run only (a new directory, removed at exit): many tests compile
+# the same program (a tiny model's save-all step, the reference of every gradient check), and the
+# cache is keyed on the program, its compile options, the XLA flags and the backend, so a hit is the
+# executable XLA would build again.  Set before JAX is imported (it reads these at import), and
+# inherited by the CLI processes ``console_script`` starts.
+_XLA_CACHE = tempfile.mkdtemp(prefix="tierax-tests-xla-cache-")
+atexit.register(shutil.rmtree, _XLA_CACHE, True)
+for _key, _value in {
+    "JAX_COMPILATION_CACHE_DIR": _XLA_CACHE,
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+}.items():
+    os.environ.setdefault(_key, _value)
+
+from tierax.launch import flags as xla_flags  # noqa: E402
 
 # Must run before any JAX operation: the one place tierax sets backend options.
 xla_flags.configure(cpu_devices=8, deviceless_gpu=True)

@@ -5,7 +5,9 @@ import json
 import pathlib
 import subprocess
 import sys
+import warnings
 
+import jax
 import pytest
 
 from tierax import hardware
@@ -337,6 +339,21 @@ def test_fits_leaves_the_runtime_reserve_free(monkeypatch, tiny_llama_offload_vs
     )
     assert again.device_peak_bytes == peak < again.device_capacity_bytes == tight
     assert not again.fits
+
+
+def test_the_same_step_compiled_again_under_the_compilation_cache(tiny_llama_offload_vs_device):
+    """The suite runs under JAX's persistent compilation cache (conftest): compiling the fixture's
+    offload step again, identically, must not load the first compile's entry back, which a
+    compile-only client cannot (JAX warns and compiles anyway)."""
+    cfg, off, _, _ = tiny_llama_offload_vs_device
+    assert jax.config.jax_compilation_cache_dir and jax.config.jax_enable_compilation_cache
+    plan = dataclasses.replace(P.preset("qkv-offload", cfg), mechanism="policy")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again, _ = C.compile_for_target(cfg, plan, "h200", microbatch=8, seq=64)
+    assert not [str(w.message) for w in caught if "compilation cache" in str(w.message)]
+    assert jax.config.jax_persistent_cache_min_compile_time_secs == 0  # restored (conftest: 0)
+    assert again.device_peak_bytes == off.device_peak_bytes
 
 
 def test_over_budget_gpu_compile_is_a_result_with_the_prediction():

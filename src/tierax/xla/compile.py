@@ -161,6 +161,24 @@ def _capture_fd2():
             captured["text"] = tmp.read().decode(errors="replace")
 
 
+@contextlib.contextmanager
+def _without_persistent_cache():
+    """No entry of JAX's persistent compilation cache (``JAX_COMPILATION_CACHE_DIR``) written by a
+    deviceless compile: a compile-only client can write one but not load it back ("PjRtCompiler
+    must be constructed with a Client to call DeserializeLoadedExecutable"), so a second compile
+    of the same step would warn and compile anyway (tests/test_compile.py compiles one twice under
+    the suite's cache).  JAX decides once per process whether the cache is used, so turning it off
+    here would not hold; a minimum compile time no compile reaches stops the write, and with no
+    entry there is nothing to load."""
+    key = "jax_persistent_cache_min_compile_time_secs"
+    was = getattr(jax.config, key)
+    jax.config.update(key, float("inf"))
+    try:
+        yield
+    finally:
+        jax.config.update(key, was)
+
+
 def gpu_topology(target_config: str, devices: int, target: str):
     from jax.experimental import topologies
 
@@ -424,7 +442,7 @@ def compile_for_target(
         contextlib.nullcontext() if tpu else cudnn.target_capability(spec.compute_capability)
     )
     try:
-        with capability:
+        with capability, _without_persistent_cache():
             compiled = step.trace(state, tokens).lower().compile()
     # XLA raises a generic runtime error; only an out-of-memory one is a result
     except Exception as e:
