@@ -75,7 +75,8 @@ def test_unrunnable_state_refused_before_the_run_directory(tmp_path):
     run = tmp_path / "run"
     # A clipped optimizer with streamed moments runs (two passes: tests/test_state_offload_step).
     _config(run, optimizer={"lr": 0.01, "warmup_steps": 2, "grad_clip": 1.0})
-    plan = {**RUN["plan"], "state": {"decoder": {"master_weights": "offload"}}}
-    with pytest.raises(TieraxError, match="decoder.master_weights.*moments only"):
+    plan = {**RUN["plan"], "state": {"decoder": {"grad_accum": "offload"}}}
+    with pytest.raises(TieraxError, match="decoder.grad_accum; the step runs offloaded moments"):
         _config(run, plan=plan)
+    assert not run.exists()
     assert not run.exists()
