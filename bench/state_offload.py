@@ -141,6 +141,8 @@ def markdown(doc: dict) -> str:
         f"`{doc['command']}`, {doc['created'][:10]}, jax {doc['jax_version']}; the plans are the "
         "planner's at that date.",
     ]
+    if "masters" in doc:
+        lines += ["", masters_markdown(doc["masters"]).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
@@ -299,10 +301,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.docs:
         doc = args.docs
-        table = markdown(doc)
-        if "masters" in doc:
-            table += "\n" + masters_markdown(doc["masters"])
-        print(f"wrote {_common.write_docs_table(DOCS_MARKER, table)}")
+        print(f"wrote {_common.write_docs_table(DOCS_MARKER, markdown(doc))}")
         return 0
     from tierax import launch
 
