@@ -204,9 +204,11 @@ def make_train_step(
         streamed moments the update takes the norm of every gradient first and clips each layer's
         slice by it (:func:`tierax.train.streamed.streamed_update`).
 
-    With ``plan`` offloading a group's moments the update streams them layer by layer
-    (:mod:`tierax.train.streamed`); ``state_shardings`` then carry their ``pinned_host`` memory
-    kind (:func:`init_state` with the plan) and are required.
+    With ``plan`` offloading a group's moments or master weights the update streams them layer
+    by layer (:mod:`tierax.train.streamed`); ``state_shardings`` then carry their ``pinned_host``
+    memory kind (:func:`init_state` with the plan) and are required.  Offloaded masters: the loss
+    runs on the state's compute-dtype copies (:func:`model_params`), whose gradients are cast to
+    the masters' dtype before the update (:mod:`tierax.train.masters`).
     """
     streamed.check_runnable(plan, grad_clip, "the train step")
     if plan.offloads_state and state_shardings is None:
