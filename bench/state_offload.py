@@ -22,6 +22,11 @@ DeepSeek-V3's 61 layers at the per-device shapes of its 128-device mesh: one SPM
 Each compiled row sets XLA's device peak, host arguments and host temp beside the model's
 prediction for the same plan (``vs_model``: XLA's minus the model's, in % of the model's).
 
+Master weights (``masters``, with ``--compile``): Llama 3 8B on eight H200 (fsdp=8, 1 × 4096 per
+device) under the ``minimal`` preset, compiled with the decoder's ``master_weights`` offloaded,
+on device, and offloaded with its moments: XLA's host arguments against the offloaded bytes the
+cost model counts (``P·p``), and the fall in XLA's device peak against ``P·(p − c)``.
+
     .venv/bin/python bench/state_offload.py --compile   # → bench/results/state_offload.json
     .venv/bin/python bench/state_offload.py --docs bench/results/state_offload.json  # docs table
 """
@@ -136,6 +141,8 @@ def markdown(doc: dict) -> str:
         f"`{doc['command']}`, {doc['created'][:10]}, jax {doc['jax_version']}; the plans are the "
         "planner's at that date.",
     ]
+    if "masters" in doc:
+        lines += ["", masters_markdown(doc["masters"]).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
@@ -211,6 +218,74 @@ def _vs_model(got: dict) -> dict:
             got["host_temp_bytes"], pred["host_bytes"] - pred["state_host_bytes"]
         ),
     }
+
+
+MASTERS_CASE = ("llama3-8b h200 fsdp=8 1x4096", "llama3-8b", "h200", 1, 4096, "fsdp=8", 8)
+MASTERS_PLANS = (
+    ("masters on device", {}),
+    ("masters offloaded", {"master_weights": "offload"}),
+    ("masters and moments offloaded", {"master_weights": "offload", "moments": "offload"}),
+    ("moments offloaded", {"moments": "offload"}),
+)
+
+
+def masters_rows(C, cfg_of) -> dict:
+    """The master-weights compiles (module docstring): each plan's XLA figures and the model's
+    offloaded bytes; the fall of the device peak from the plan with the masters on device."""
+    from tierax.mesh import parse_mesh
+    from tierax.models import get_config
+    from tierax.plan import preset
+
+    label, model, target, mb, seq, mesh_text, devices = MASTERS_CASE
+    cfg = cfg_of(get_config(model))
+    shape = parse_mesh(mesh_text, devices)
+    base = preset("minimal", cfg)
+    out: dict = {"case": label, "model": model, "target": target, "mesh": shape.to_dict()}
+    out["microbatch"], out["seq"], out["plans"] = mb, seq, {}
+    for name, kinds in MASTERS_PLANS:
+        plan = dataclasses.replace(
+            base, name=name, state={g: kinds for g in base.groups} if kinds else {}
+        )
+        t0 = time.perf_counter()
+        res, _ = C.compile_for_target(cfg, plan, target, microbatch=mb, seq=seq, mesh=shape)
+        d = res.to_json()
+        got = {k: d[k] for k in COMPILED_KEYS}
+        p = got["predicted"]
+        got["state"] = {g: kinds for g in base.groups}
+        got["host_args_vs_state_host_pct"] = _pct(
+            got["host_argument_bytes"], p.get("state_host_bytes", 0)
+        )
+        got["wall_s"] = time.perf_counter() - t0
+        out["plans"][name] = got
+        print(label, name, got["host_argument_bytes"], got["device_peak_bytes"], flush=True)
+    on_device = out["plans"]["masters on device"]
+    for got in out["plans"].values():
+        freed = on_device["predicted"]["peak_device_bytes"] - got["predicted"]["peak_device_bytes"]
+        fall = on_device["device_peak_bytes"] - got["device_peak_bytes"]
+        got["device_peak_fall_bytes"] = fall
+        got["predicted_peak_fall_bytes"] = freed
+        got["fall_vs_predicted_pct"] = _pct(fall, freed)
+    return out
+
+
+def masters_markdown(m: dict) -> str:
+    """The master-weights table of the record (every figure read from it)."""
+    lines = [
+        f"Master weights, {m['case']} (`minimal` preset):",
+        "",
+        "| plan | XLA host arguments GiB | model's offloaded state GiB | XLA device peak GiB "
+        "| peak fall GiB: XLA / model |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for name, g in m["plans"].items():
+        lines.append(
+            f"| {name} | {g['host_argument_bytes'] / GIB:.2f} "
+            f"| {g['predicted'].get('state_host_bytes', 0) / GIB:.2f} "
+            f"| {g['device_peak_bytes'] / GIB:.2f} "
+            f"| {g['device_peak_fall_bytes'] / GIB:.2f} / "
+            f"{g['predicted_peak_fall_bytes'] / GIB:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
@@ -302,6 +377,8 @@ def main(argv=None) -> int:
         rows.append(row)
         print(label, "joint", _pred(joint.predicted), flush=True)
     doc["rows"] = rows
+    if args.compile:
+        doc["masters"] = masters_rows(C, lambda c: for_platform(c, "gpu"))
     _common.write_record(args.out, doc)
     print(f"wrote {args.out}")
     return 0

@@ -82,10 +82,19 @@ def test_state_shardings_memory_kinds():
         return out
 
     assert kinds(P.state_shardings(plan, params, "master_weights")) == {
-        "dense": {"pinned_host"},
+        "dense": {"pinned_host", "device"},
         "moe": {"device"},
         None: {"device"},  # embedding, final norm, head
     }
+    # Of an offloaded group's parameters, the kernels go to the host (a compute-dtype copy stands
+    # in for them); the norm scales, which the model uses in float32, stay.
+    masters = P.state_shardings(plan, params, "master_weights")
+    dense = {
+        jax.tree_util.keystr(path[-2:-1]): s.memory_kind
+        for path, s in jax.tree_util.tree_leaves_with_path(masters)
+        if P.layer_group_of(path) == "dense"
+    }
+    assert dense == {"['kernel']": "pinned_host", "['scale']": "device"}
     got = kinds(P.state_shardings(plan, opt_state, "moments"))
     assert got == {"dense": {"device"}, "moe": {"pinned_host"}, None: {"device"}}
     # The moments are really found inside the optimizer state (mu and nu of every moe leaf).

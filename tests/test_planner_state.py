@@ -5,12 +5,12 @@ layer groups).
 The activations' reference is tests/test_planner_bruteforce.py's first-principles model; the
 state's is re-derived here from :mod:`tierax.costmodel.state`'s docstring, without calling it:
 per group with ``P`` parameters per device, float32 parameters (4 bytes), AdamW moments 8 bytes per
-parameter and the compute dtype float32,
+parameter and a compute dtype of ``c`` bytes (float32, and bfloat16 with float32 masters),
 
 * moments offloaded: ``8P`` bytes leave the device (both peak phases) and take host memory; the
   streamed update moves ``8P`` each way;
-* master weights offloaded: nothing leaves the device (parameter dtype = compute dtype), ``4P``
-  host bytes, ``4P`` each way;
+* master weights offloaded: ``(4 − c)·P`` bytes leave the device (nothing at float32 compute),
+  ``4P`` host bytes, ``4P`` each way;
 * per group and direction, the copies beyond the group's update (``7·4P`` bytes at the HBM rate)
   are exposed;
 * a third peak phase, the update: the state left on device plus two layers' slices of the largest
@@ -53,7 +53,7 @@ def inventory() -> Inventory:
     )
 
 
-def state_reference(inv: Inventory, rates):
+def state_reference(inv: Inventory, rates, compute_bytes: int = 4):
     """Per state code: (bytes freed, host bytes, exposed seconds, update-phase peak)."""
     layers = {g.name: g.num_layers for g in inv.groups}
     state_bytes = inv.param_bytes + inv.grad_bytes + inv.optimizer_bytes
@@ -69,7 +69,7 @@ def state_reference(inv: Inventory, rates):
                 continue
             on = STATE_CODES[:, j]
             per_param = 8 if kind == "moments" else 4
-            freed += on * (8 * P if kind == "moments" else 0)
+            freed += on * (8 * P if kind == "moments" else (4 - compute_bytes) * P)
             host += on * per_param * P
             moved = moved + on * per_param * P
         up = moved / rates.h2d_bytes_per_s
@@ -79,9 +79,9 @@ def state_reference(inv: Inventory, rates):
     return freed, host, exposed, state_bytes - freed + staging
 
 
-def joint_brute_force(inv, rates, schedule, mechanism):
+def joint_brute_force(inv, rates, schedule, mechanism, compute_bytes=4):
     peak_a, host_a, sec_a = brute_force(inv, rates, schedule, mechanism)
-    freed, host_s, exp_s, update_phase = state_reference(inv, rates)
+    freed, host_s, exp_s, update_phase = state_reference(inv, rates, compute_bytes)
     peak = np.maximum(peak_a[:, None] - freed[None, :], update_phase[None, :])
     # The update writes the new state into a second host buffer, which shares memory with the
     # offloaded activations (dead by then): host = state + max(activations, state).
@@ -104,14 +104,17 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def results():
+# float32 masters under a bfloat16 compute dtype: offloading them frees 2 bytes a parameter.
+BF16 = dataclasses.replace(CFG, dtype="bfloat16", param_dtype="float32")
+
+
+def solve_cases(cfg, compute_bytes):
     inv = inventory()
     out = []
     for link, schedule, q, h in CASES:
         rates = make_rates(link_d2h=link, link_h2d=link * 0.8)
         mechanism = "policy"
-        peak, host, seconds = joint_brute_force(inv, rates, schedule, mechanism)
+        peak, host, seconds = joint_brute_force(inv, rates, schedule, mechanism, compute_bytes)
         lo, hi = int(peak.min()), int(peak.max())
         budget, host_budget = lo + int(q * (hi - lo)), int(h * host.max())
         ok = (peak <= budget) & (host <= host_budget)
@@ -119,7 +122,7 @@ def results():
             continue
         best = np.unravel_index(np.argmin(np.where(ok, seconds, np.inf)), seconds.shape)
         r = planner.plan(
-            CFG,
+            cfg,
             inv,
             rates,
             schedule=schedule,
@@ -141,8 +144,27 @@ def results():
     return out
 
 
-def test_joint_milp_equals_brute_force(results):
-    assert len(results) >= 25
+@pytest.fixture(scope="module")
+def results():
+    return solve_cases(CFG, 4)
+
+
+@pytest.fixture(scope="module")
+def results_bf16():
+    return solve_cases(BF16, 2)
+
+
+def test_joint_milp_equals_brute_force(results, results_bf16):
+    assert len(results) >= 25 and len(results_bf16) >= 25
+
+
+def test_bf16_fixtures_reach_master_weights_offloaded_and_kept(results_bf16):
+    """With float32 masters under bfloat16 compute, offloading the master weights is optimal
+    somewhere (the tightest budgets) and not elsewhere, per group."""
+    chosen = [s for *_, s in results_bf16]
+    masters = [j for j, (_, k) in enumerate(PARTS) if k == "master_weights"]
+    assert any(s[masters].any() for s in chosen)
+    assert any(not s[masters].any() for s in chosen)
 
 
 def test_fixtures_reach_state_offloaded_and_kept(results):
@@ -175,35 +197,28 @@ def test_state_offload_makes_a_plan_fit():
 
 
 
-def test_the_planner_never_chooses_a_placement_the_step_does_not_run():
-    """float32 masters under a bfloat16 compute dtype: offloading them would free device memory
-    (priced), but the step refuses master_weights offload.  At a budget where a plan fits with
+def test_offloading_master_weights_makes_a_plan_fit():
+    """float32 masters under a bfloat16 compute dtype: at a budget where a plan fits with
     everything recomputed and both kinds offloaded, but not with the moments alone, the planner
-    refuses (it never writes a plan the step cannot run); with room for the moments alone it
-    offloads them, keeps the masters and says why."""
+    offloads the master weights too (the step runs them) and says what they free."""
     from tierax import costmodel as cm
-    from tierax.costmodel import state as state_cm
     from tierax.plan import Placement, StatePlacement
 
-    cfg = dataclasses.replace(CFG, dtype="bfloat16", param_dtype="float32")
     inv = inventory()
     rates = make_rates()
-    masters = [t for t in state_cm.state_terms(inv, cfg, rates)[0] if t.kind == "master_weights"]
-    assert masters and all(t.device_bytes > 0 for t in masters)  # would free memory
     remat = {(i.group, i.name): Placement.REMAT for i in cm.item_terms(inv, rates)}
     groups = [g.name for g in inv.groups]
 
     def floor(**kinds):
         state = {g: StatePlacement(**kinds) for g in groups}
-        return cm.evaluate(remat, inv, cfg, rates, "lhs", "policy", state).peak_device_bytes
+        return cm.evaluate(remat, inv, BF16, rates, "lhs", "policy", state).peak_device_bytes
 
     both = floor(moments=Placement.OFFLOAD, master_weights=Placement.OFFLOAD)
     moments_only = floor(moments=Placement.OFFLOAD)
     assert both < moments_only
-    with pytest.raises(planner.NoPlanFits):
-        planner.plan(cfg, inv, rates, budget_bytes=(both + moments_only) // 2, mechanism="policy")
-    r = planner.plan(cfg, inv, rates, budget_bytes=moments_only + 2**20, mechanism="policy")
-    assert r.plan.offloads_state
-    assert all("master_weights" not in sp.offloaded for sp in r.plan.state.values())
-    kept = [e for e in r.explain if e.name == "state:master_weights"]
-    assert kept and all("does not run master_weights" in e.why for e in kept)
+    budget = (both + moments_only) // 2
+    r = planner.plan(BF16, inv, rates, budget_bytes=budget, mechanism="policy")
+    assert r.predicted.fits and r.predicted.peak_device_bytes <= budget
+    assert any("master_weights" in sp.offloaded for sp in r.plan.state.values())
+    rows = [e for e in r.explain if e.name == "state:master_weights" and e.choice == "offload"]
+    assert rows and all("frees" in e.why for e in rows)

@@ -71,11 +71,55 @@ def test_resume_with_host_moments_is_exact(tmp_path, clip):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow  # three trainers, each compiling its step: ~100 s on this shared machine
+def test_resume_with_host_masters_is_exact(tmp_path):
+    """bfloat16 compute with the decoder's float32 masters and moments in host memory: the
+    checkpoint saves the masters (not their compute copies), the restore puts them back in host
+    memory and casts the copies again, and the resumed run ends bit-identical — masters, moments
+    and copies — to the uninterrupted one."""
+    state = {"decoder": {"moments": "offload", "master_weights": "offload"}}
+    plan = {**RUN["plan"], "state": state}
+    edits = {"plan": plan, "compute_dtype": "bfloat16"}
+
+    def kernels(state) -> set:
+        return {
+            x.sharding.memory_kind
+            for path, x in jax.tree_util.tree_leaves_with_path(state.params)
+            if P.layer_group_of(path) == "decoder" and "kernel" in jax.tree_util.keystr(path)
+        }
+
+    whole = tmp_path / "whole"
+    with L.Trainer(_config(whole, **edits), devices=jax.devices()[:1]) as trainer:
+        trainer.train()
+        assert kernels(trainer.state) == {"pinned_host"} and trainer.state.compute_params
+        final = jax.tree.map(np.asarray, trainer.state)
+    part = tmp_path / "part"
+    with L.Trainer(
+        _config(part, ["steps=2", "optimizer.decay_steps=4"], **edits), devices=jax.devices()[:1]
+    ) as t:
+        t.train()
+    with L.Trainer(
+        _config(part, ["steps=4", "optimizer.decay_steps=4"], **edits),
+        resume=True,
+        devices=jax.devices()[:1],
+    ) as trainer:
+        assert trainer.resumed_from == 2
+        assert kernels(trainer.state) == {"pinned_host"}  # restored into host memory
+        assert _host_kinds(trainer.state) == {"pinned_host"}
+        trainer.train()
+        resumed = jax.tree.map(np.asarray, trainer.state)
+    leaves = jax.tree.leaves(final)
+    assert len(leaves) == len(jax.tree.leaves(resumed)) > len(jax.tree.leaves(final.params)) * 3
+    for a, b in zip(leaves, jax.tree.leaves(resumed), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_unrunnable_state_refused_before_the_run_directory(tmp_path):
     run = tmp_path / "run"
     # A clipped optimizer with streamed moments runs (two passes: tests/test_state_offload_step).
     _config(run, optimizer={"lr": 0.01, "warmup_steps": 2, "grad_clip": 1.0})
-    plan = {**RUN["plan"], "state": {"decoder": {"master_weights": "offload"}}}
-    with pytest.raises(TieraxError, match="decoder.master_weights.*moments only"):
+    plan = {**RUN["plan"], "state": {"decoder": {"grad_accum": "offload"}}}
+    with pytest.raises(TieraxError, match="decoder.grad_accum; the step runs offloaded moments"):
         _config(run, plan=plan)
+    assert not run.exists()
     assert not run.exists()

@@ -19,7 +19,9 @@ Per layer group with ``P`` parameters per device (as the step shards them), para
 * ``master_weights`` offloaded: the float32 master copy lives on the host (``P·p`` host bytes) and
   the device keeps the weights in the compute dtype for the forward and backward, freeing
   ``P·(p − c)`` (nothing when the parameter dtype is the compute dtype); the update reads the
-  masters in and writes them back (``P·p`` each way).
+  masters in and writes them back (``P·p`` each way).  The step keeps the few parameters the
+  model uses in float32 (norm scales, the MoE router: :func:`tierax.models.layers.
+  cast_before_use`) on the device; ``P`` counts them too, a small overcount of the host bytes.
 * ``grad_accum``: the float32 accumulator of a step with more than one microbatch per update.  The
   model (simulate, plan) prices one microbatch per update, which has no accumulator: offloading it
   is refused there rather than priced as free.
@@ -57,9 +59,8 @@ UPDATE_STAGING_LAYERS = 2
 # The kinds the model prices (grad_accum: see the module docstring).
 PRICED_KINDS = ("moments", "master_weights")
 # The kinds the step runs offloaded (tierax.train.streamed): the only ones the planner chooses, so
-# that every plan it writes runs.  master_weights offload stays priced for a plan a user writes
-# (simulate), and the step refuses it with exit 2.
-PLANNED_KINDS = ("moments",)
+# that every plan it writes runs.
+PLANNED_KINDS = ("moments", "master_weights")
 
 
 def planned_terms(

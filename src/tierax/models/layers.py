@@ -21,6 +21,25 @@ from tierax.models.attention import causal_attention
 from tierax.models.documents import DocumentMask
 from tierax.models.tags import tag
 
+# Parameters the layers cast to the compute dtype (``cfg.dtype``) before any use, by the last key
+# of their tree path: every projection's ``kernel`` (``nnx.Linear``'s dtype promotion,
+# ``Fp8Linear`` and ``Mxfp8Linear`` cast it first) and the routed experts' stacked weights
+# (:func:`tierax.models.moe.routed_experts` casts them before its GEMMs).  Not cast: RMSNorm's
+# ``scale`` (used in float32), the MoE ``router`` (routing runs in float32), fp8 delayed-scaling
+# metas (``fp8_*``, float32) and the token embedding (looked up, then cast: a copy cast first would
+# sum its gradient's repeated rows in the compute dtype).
+CAST_BEFORE_USE = ("kernel", "wi_0", "wi_1", "wo")
+
+
+def cast_before_use(path) -> bool:
+    """Whether the model uses the parameter at ``path`` (a tree path into the model's state) only
+    through a cast to the compute dtype, so that a copy already in that dtype gives the same
+    forward values and, cast back, the same gradient (the cast's transpose is a cast): what may
+    stand in for its float32 master in the forward and backward (:mod:`tierax.train.masters`)."""
+    keys = [getattr(k, "key", getattr(k, "name", None)) for k in path]
+    keys = [k for k in keys if k != "value"]  # an nnx Variable's own attribute
+    return bool(keys) and keys[-1] in CAST_BEFORE_USE
+
 
 def _init(stddev: float) -> nnx.Initializer:
     return nnx.initializers.truncated_normal(stddev=stddev)

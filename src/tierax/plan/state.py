@@ -31,7 +31,10 @@ def state_shardings(plan: Plan, shardings: Any, kind: str) -> Any:
     ``kind`` is offloaded, ``device`` otherwise.
 
     Args:
-      kind: which part the tree is — ``master_weights`` (the parameters), ``moments`` (the
+      kind: which part the tree is — ``master_weights`` (the parameters: of an offloaded group,
+        the leaves the model casts to the compute dtype before use go to the host, where a
+        compute-dtype copy on the device stands in for them (:mod:`tierax.train.masters`); its
+        norm scales, router and fp8 metas, used as they are, stay on the device), ``moments`` (the
         optimizer state: every leaf inside a layer group is a moment; the step counter is not) or
         ``grad_accum`` (the float32 gradient accumulator, parameter-shaped).
 
@@ -41,12 +44,16 @@ def state_shardings(plan: Plan, shardings: Any, kind: str) -> Any:
     if kind not in STATE_KINDS:
         raise TieraxError(f"state kind {kind!r} is not valid; use one of: {', '.join(STATE_KINDS)}")
 
+    import jax  # here, not at import: `tierax plans` reads plans without JAX
+
+    from tierax.models.layers import cast_before_use
+
     def placed(path, sharding):
         group = layer_group_of(path)
         offload = group is not None and plan.state_of(group).placement(kind) is Placement.OFFLOAD
+        if kind == "master_weights":
+            offload = offload and cast_before_use(path)
         return sharding.with_memory_kind(HOST_KIND if offload else DEVICE_KIND)
-
-    import jax  # here, not at import: `tierax plans` reads plans without JAX
 
     return jax.tree_util.tree_map_with_path(placed, shardings)
 

@@ -4,7 +4,10 @@ A checkpoint of step ``k`` (the state after ``k`` optimizer updates) is one
 ``orbax.checkpoint.CheckpointManager`` step with two items:
 
 * ``state`` — the :class:`~tierax.train.step.TrainState` (parameters, optimizer
-  state, step counter), sharded arrays saved by every process;
+  state, step counter), sharded arrays saved by every process, each from (and restored into) the
+  memory its sharding names: a plan's offloaded moments and master weights stay in host memory.
+  The compute-dtype copies of offloaded master weights are derived state: not saved, cast again
+  from the restored masters (:func:`tierax.train.masters.derive`);
 * ``meta`` — JSON: the run config (loadable form), its :meth:`identity`, the data
   position (batches are a function of ``(seed, step)``, so the next step is the
   position) and the step.
@@ -31,6 +34,13 @@ from tierax.errors import TieraxError
 SCHEMA = "tierax.checkpoint/1"
 ITEMS = ("state", "meta")
 _COMMIT_FILE = "_CHECKPOINT_METADATA"
+
+
+def _saved(state):
+    """What a checkpoint holds of ``state``: a TrainState without its derived compute copies."""
+    if getattr(state, "compute_params", None) is not None:
+        return state._replace(compute_params=None)
+    return state
 
 
 def _committed(directory: pathlib.Path, step: int) -> bool:
@@ -159,6 +169,7 @@ class Checkpointer:
             full; the message names the last good checkpoint.
         """
         meta = {"schema": SCHEMA, "step": step, **meta}
+        state = _saved(state)
         try:
             self._manager.save(
                 step,
@@ -181,7 +192,7 @@ class Checkpointer:
           TieraxError: the checkpoint cannot be read (damaged); names the previous complete one.
         """
         abstract = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), _saved(like)
         )
         try:
             out = self._manager.restore(
@@ -196,7 +207,13 @@ class Checkpointer:
                 f"{err}; move {self.directory / str(step)} away and --resume again to continue "
                 "from it"
             ) from e
-        return out.state, out.meta
+        state = out.state
+        compute = getattr(like, "compute_params", None)
+        if compute is not None:
+            from tierax.train import masters
+
+            state = state._replace(compute_params=masters.derive(state.params, compute))
+        return state, out.meta
 
     def wait(self) -> None:
         """Block until every started save is complete on disk.

@@ -368,9 +368,12 @@ class Trainer:
                 lambda x: x * jnp.nan if jnp.issubdtype(x.dtype, jnp.floating) else x, params
             )
 
-        return state._replace(
-            params=jax.jit(nan, out_shardings=step_lib.shardings_of(state.params))(state.params)
-        )
+        poisoned = {
+            part: jax.jit(nan, out_shardings=step_lib.shardings_of(tree))(tree)
+            for part in ("params", "compute_params")
+            if (tree := getattr(state, part)) is not None
+        }
+        return state._replace(**poisoned)
 
     def _is_checkpoint_step(self, k: int) -> bool:
         return self.checkpointer is not None and (
@@ -463,7 +466,7 @@ class Trainer:
                     # With this step's parameters: its record carries the result, its time not.
                     jax.block_until_ready(metrics)
                     done = time.perf_counter()
-                    self._val[k] = self.validator.loss(self.state.params)
+                    self._val[k] = self.validator.loss(step_lib.model_params(self.state))
                     self.reporter.note(f"step {k}: validation loss {self._val[k]:.4f}")
                     self._complete(*pending, now=done)
                     pending = None

@@ -21,13 +21,24 @@ from tierax.models import ModelConfig, build_model, fp8
 from tierax.models import loss as loss_lib
 from tierax.models.documents import target_weights
 from tierax.sharding import rules as sh
-from tierax.train import streamed
+from tierax.train import masters, streamed
 
 
 class TrainState(NamedTuple):
+    """The training state.  ``params`` are the master weights (those a plan offloads in host
+    memory); ``compute_params``: the device's compute-dtype copies of the offloaded masters, keyed
+    by tree path (:mod:`tierax.train.masters`), None when the plan offloads none."""
+
     params: Any
     opt_state: Any
     step: jax.Array
+    compute_params: Any = None
+
+
+def model_params(state: TrainState):
+    """The parameters the model runs on: the masters with the compute copies in place of the
+    offloaded ones (what validation and the loss take)."""
+    return masters.forward_params(state.params, state.compute_params)
 
 
 def make_optimizer(
@@ -124,15 +135,20 @@ def init_state(
 ):
     """(graphdef, TrainState); with a mesh, Adam moments are sharded like their parameters.
 
-    ``plan``: its ``state`` placements put each layer group's offloaded moments in pinned host
-    memory (:func:`tierax.plan.state_shardings`; :mod:`tierax.train.streamed` updates them)."""
+    ``plan``: its ``state`` placements put each layer group's offloaded moments and master weights
+    in pinned host memory (:func:`tierax.plan.state_shardings`), the latter with a compute-dtype
+    copy on the device (:mod:`tierax.train.masters`); :mod:`tierax.train.streamed` updates them."""
     graphdef, params = init_params(cfg, seed=seed, mesh=mesh)
     step = jnp.zeros((), jnp.int32)
+    compute = None
+    if plan is not None and plan.offloads_state:
+        compute = masters.derive(params, masters.compute_shapes(plan, cfg, params))
     if mesh is None:
         opt_state = jax.jit(optimizer.init)(params)
         if plan is not None and plan.offloads_state:
             opt_state = place_moments(plan, opt_state)
-        return graphdef, TrainState(params, opt_state, step)
+            params = place_masters(plan, params)
+        return graphdef, TrainState(params, opt_state, step, compute)
     replicated = NamedSharding(mesh, PartitionSpec())
     opt_shardings = optax.tree_map_params(
         optimizer,
@@ -144,13 +160,22 @@ def init_state(
     if plan is not None and plan.offloads_state:
         opt_shardings = plan_lib.state_shardings(plan, opt_shardings, "moments")
     opt_state = jax.jit(optimizer.init, out_shardings=opt_shardings)(params)
-    return graphdef, TrainState(params, opt_state, jax.device_put(step, replicated))
+    if plan is not None and plan.offloads_state:
+        params = place_masters(plan, params)
+    return graphdef, TrainState(params, opt_state, jax.device_put(step, replicated), compute)
 
 
 def place_moments(plan: plan_lib.Plan, opt_state):
     """``opt_state`` (arrays) moved to the memory kinds ``plan``'s state places its moments in."""
     return jax.device_put(
         opt_state, plan_lib.state_shardings(plan, shardings_of(opt_state), "moments")
+    )
+
+
+def place_masters(plan: plan_lib.Plan, params):
+    """``params`` (arrays) moved to the memory kinds ``plan``'s state places its masters in."""
+    return jax.device_put(
+        params, plan_lib.state_shardings(plan, shardings_of(params), "master_weights")
     )
 
 
@@ -179,9 +204,11 @@ def make_train_step(
         streamed moments the update takes the norm of every gradient first and clips each layer's
         slice by it (:func:`tierax.train.streamed.streamed_update`).
 
-    With ``plan`` offloading a group's moments the update streams them layer by layer
-    (:mod:`tierax.train.streamed`); ``state_shardings`` then carry their ``pinned_host`` memory
-    kind (:func:`init_state` with the plan) and are required.
+    With ``plan`` offloading a group's moments or master weights the update streams them layer
+    by layer (:mod:`tierax.train.streamed`); ``state_shardings`` then carry their ``pinned_host``
+    memory kind (:func:`init_state` with the plan) and are required.  Offloaded masters: the loss
+    runs on the state's compute-dtype copies (:func:`model_params`), whose gradients are cast to
+    the masters' dtype before the update (:mod:`tierax.train.masters`).
     """
     streamed.check_runnable(plan, grad_clip, "the train step")
     if plan.offloads_state and state_shardings is None:
@@ -199,8 +226,11 @@ def make_train_step(
     loss_fn = make_loss_fn(graphdef, plan_lib.to_policies(plan, cfg), mesh)
     grad_fn = jax.value_and_grad(loss_fn)
     param_shardings = None if state_shardings is None else state_shardings.params
+    if param_shardings is not None and masters.offloads_masters(plan):
+        # The accumulator lives on the device, whatever memory the masters are in.
+        param_shardings = jax.tree.map(lambda s: s.with_memory_kind("device"), param_shardings)
 
-    def accumulated(params, tokens_ABT, segments_ABT):
+    def accumulated(params, master_params, tokens_ABT, segments_ABT):
         def micro(carry, xs):
             loss_sum, grad_sum = carry
             loss, grads = grad_fn(params, *xs)
@@ -214,27 +244,38 @@ def make_train_step(
         xs = (tokens_ABT,) if segments_ABT is None else (tokens_ABT, segments_ABT)
         (loss_sum, grad_sum), _ = jax.lax.scan(micro, (jnp.zeros((), jnp.float32), zeros), xs)
         grads, meta = fp8.split_meta(grad_sum)
-        grads = jax.tree.map(lambda g, p: (g / grad_accum).astype(p.dtype), grads, params)
+        grads = jax.tree.map(lambda g, p: (g / grad_accum).astype(p.dtype), grads, master_params)
         return loss_sum / grad_accum, fp8.overwrite_meta(grads, meta)
 
     def step(state: TrainState, tokens, segments=None):
+        # Offloaded masters: the loss runs on their compute copies; the gradient with respect to a
+        # copy, cast to the master's dtype, is the master's (tierax.train.masters).
+        forward = model_params(state)
         if grad_accum == 1:
-            loss, grads = grad_fn(state.params, tokens, segments)
+            loss, grads = grad_fn(forward, tokens, segments)
+            grads = masters.to_master_dtypes(grads, state.params)
         else:
-            loss, grads = accumulated(state.params, tokens, segments)
+            loss, grads = accumulated(forward, state.params, tokens, segments)
         # fp8 scales and amax histories are not trained: the optimizer sees a zero gradient for
         # them and they take their "gradient", their next value, in place of its update.
         grads, meta = fp8.split_meta(grads)
+        compute = state.compute_params
         if plan.offloads_state:
-            params, opt_state = streamed.streamed_update(
-                optimizer, grads, state.opt_state, state.params, plan, clipped=grad_clip is not None
+            params, opt_state, compute = streamed.streamed_update(
+                optimizer,
+                grads,
+                state.opt_state,
+                state.params,
+                plan,
+                clipped=grad_clip is not None,
+                compute=compute,
             )
         else:
             updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
             params = optax.apply_updates(state.params, updates)
         params = fp8.overwrite_meta(params, meta)
         metrics = {"loss": loss, "grad_norm": global_norm(grads)}
-        return TrainState(params, opt_state, state.step + 1), metrics
+        return TrainState(params, opt_state, state.step + 1, compute), metrics
 
     out = None
     if state_shardings is not None:

@@ -1,12 +1,16 @@
 """The optimizer update with training state in host memory, streamed layer by layer.
 
 A layer group whose moments a plan offloads (``state: {group: {moments: offload}}``) keeps them in
-``pinned_host`` memory between steps (:func:`tierax.plan.state_shardings`).  The update then runs
-as a ``lax.scan`` over the group's layers: each iteration reads one layer's moments from the host
-(``jax.device_put(x, jax.memory.Space.Device)``), runs the optimizer on that layer's slices on the
-device and writes the new moments back (``jax.memory.Space.Host``), so the device holds one
-layer's moments at a time instead of the group's.  Everything outside the offloaded groups (the
-embedding, the head, groups kept on device, the step counts) is updated by one more call.
+``pinned_host`` memory between steps (:func:`tierax.plan.state_shardings`); one whose master
+weights it offloads keeps its cast parameters' float32 masters there and a compute-dtype copy of
+them on the device (:mod:`tierax.train.masters`).  The update then runs as a ``lax.scan`` over the
+group's layers: each iteration reads one layer's host parts (``jax.device_put(x,
+jax.memory.Space.Device)``), runs the optimizer on that layer's slices on the device and writes
+the new moments and masters back (``jax.memory.Space.Host``) and the new compute copy into the
+device's, so the device holds one layer's host state at a time instead of the group's.  The parts
+on the device (the group's other parameters, its moments when only masters are offloaded, the
+compute copy) are updated in place.  Everything outside the streamed groups (the embedding, the
+head, groups kept on device, the step counts) is updated by one more call.
 
 The optimizer is called unchanged on each slice, which is exact for an optimizer that acts on each
 element on its own given the shared step count — Optax's AdamW, as :func:`tierax.train.step.
@@ -26,10 +30,11 @@ import optax
 
 from tierax.errors import TieraxError
 from tierax.plan import Placement, Plan, layer_group_of
+from tierax.train import masters
 
-# Parts of the state the step streams; master weights and the gradient accumulator are placed by
-# the planner and priced by the cost model but not yet run by the step.
-RUN_KINDS = ("moments",)
+# Parts of the state the step streams; the gradient accumulator is placed by a plan but neither
+# priced by the cost model nor run by the step.
+RUN_KINDS = ("moments", "master_weights")
 # Optax's global norm (optax.tree.norm; optax.global_norm in releases before it).
 _tree_norm = getattr(getattr(optax, "tree", None), "norm", None) or optax.global_norm
 
@@ -60,8 +65,7 @@ def check_runnable(plan: Plan, grad_clip: float | None, where: str) -> None:
     (module docstring); it is taken for the callers' sake and refuses nothing.
 
     Raises:
-      TieraxError: master weights or the gradient accumulator offloaded; the message names what
-        runs.
+      TieraxError: the gradient accumulator offloaded; the message names what runs.
     """
     not_run = sorted(
         f"{g}.{k}" for g, sp in plan.state.items() for k in sp.offloaded if k not in RUN_KINDS
@@ -69,15 +73,19 @@ def check_runnable(plan: Plan, grad_clip: float | None, where: str) -> None:
     if not_run:
         raise TieraxError(
             f"{where}: plan {plan.name!r} offloads {', '.join(not_run)}; the step runs offloaded "
-            f"moments only (streamed layer by layer); master_weights offload is planned and priced "
-            f"(tierax plan, simulate) but not run, grad_accum offload neither priced nor run. Set "
-            f"them to device"
+            f"moments and master_weights (streamed layer by layer), not grad_accum, which is "
+            f"neither priced nor run. Set grad_accum: device"
         )
     del grad_clip
 
 
 def offloaded_groups(plan: Plan) -> tuple[str, ...]:
-    return tuple(g for g, sp in plan.state.items() if sp.moments is Placement.OFFLOAD)
+    """The layer groups whose update streams: moments or master weights offloaded."""
+    return tuple(
+        g
+        for g, sp in plan.state.items()
+        if Placement.OFFLOAD in (sp.moments, sp.master_weights)
+    )
 
 
 def _empty(x):
@@ -122,15 +130,20 @@ def streamed_update(
     plan: Plan,
     *,
     clipped: bool = False,
+    compute: dict | None = None,
 ):
-    """(new params, new optimizer state): ``optimizer``'s update with the offloaded groups'
-    moments streamed through the device one layer at a time (module docstring).
+    """(new params, new optimizer state, new compute copies): ``optimizer``'s update with the
+    offloaded groups' moments and master weights streamed through the device one layer at a time
+    (module docstring).
 
     ``clipped``: ``optimizer`` clips the global gradient norm with :func:`clip_by_global_norm`
     (``make_optimizer(grad_clip=...)``); the norm of all of ``grads`` is then taken first and given
     to every slice's update (an optimizer that ignores ``global_grad_norm`` would clip each slice
-    by its own norm: give it this module's clip)."""
+    by its own norm: give it this module's clip).  ``compute``: the device's compute-dtype copies
+    of the host masters (:mod:`tierax.train.masters`), each rewritten from its new master layer by
+    layer; None when no master is offloaded."""
     streamed = offloaded_groups(plan)
+    compute = dict(compute or {})
     # Pass one (clipped only): the norm of every gradient, before any layer is updated.
     extra = {"global_grad_norm": _tree_norm(grads)} if clipped else {}
     # Everything outside the streamed groups, and the step counts, in one call.
@@ -141,21 +154,46 @@ def streamed_update(
         **extra,
     )
     new_params = optax.apply_updates(_select(params, None, streamed), updates)
+    paths = [p for p, _ in jax.tree_util.tree_leaves_with_path(params)]
     for group in streamed:
         g_tree, p_tree, s_tree = (_select(t, group, streamed) for t in (grads, params, opt_state))
         gi, pi, si = (_group_index(t, group) for t in (g_tree, p_tree, s_tree))
         if not pi:
             continue
         leaves = [jax.tree.leaves(t) for t in (g_tree, p_tree, s_tree)]
-        g_xs, p_stack, s_xs = (
-            [lv[i] for i in idx] for lv, idx in zip(leaves, (gi, pi, si), strict=True)
+        # Host parts stream (scan inputs in, outputs out); device parts are updated in place (the
+        # scan's carry).  hp: parameters whose masters are on the host, each with a device copy.
+        hp = [i for i in pi if masters.offloaded(plan, paths[i])]
+        dp = [i for i in pi if i not in hp]
+        host_moments = plan.state_of(group).moments is Placement.OFFLOAD
+        keys = [masters.key_of(paths[i]) for i in hp]
+        carry0 = (
+            [leaves[1][i] for i in dp],
+            [compute[k] for k in keys],
+            [] if host_moments else [leaves[2][i] for i in si],
         )
-        num_layers = p_stack[0].shape[0]
+        xs = (
+            [leaves[0][i] for i in gi],
+            [leaves[1][i] for i in hp],
+            [leaves[2][i] for i in si] if host_moments else [],
+        )
+        num_layers = leaves[1][pi[0]].shape[0]
 
-        def layer(p_stack, xs_l, g_tree=g_tree, p_tree=p_tree, s_tree=s_tree, gi=gi, pi=pi, si=si):
-            k, g_l, s_l = xs_l
-            p_l = [x[k] for x in p_stack]
-            s_l = [jax.device_put(x, jax.memory.Space.Device) for x in s_l]  # this layer's in
+        def layer(
+            carry, xs_l, g_tree=g_tree, p_tree=p_tree, s_tree=s_tree, gi=gi, pi=pi, si=si,
+            hp=hp, dp=dp, host_moments=host_moments,
+        ):  # fmt: skip
+            dev_p, copies, dev_s = carry
+            k, (g_l, hp_l, hs_l) = xs_l
+            p_of = dict(zip(dp, (x[k] for x in dev_p), strict=True))
+            # This layer's host masters and moments in.
+            loaded = [jax.device_put(x, jax.memory.Space.Device) for x in hp_l]
+            p_of |= dict(zip(hp, loaded, strict=True))
+            if host_moments:
+                s_l = [jax.device_put(x, jax.memory.Space.Device) for x in hs_l]
+            else:
+                s_l = [x[k] for x in dev_s]
+            p_l = [p_of[i] for i in pi]
             upd, s_new = optimizer.update(
                 _replace(g_tree, gi, g_l),
                 _replace(s_tree, si, s_l),
@@ -163,12 +201,22 @@ def streamed_update(
                 **extra,
             )
             p_new = jax.tree.leaves(optax.apply_updates(_replace(p_tree, pi, p_l), upd))
-            # The parameters are updated in place (the scan's carry); the moments go back out.
-            p_stack = [x.at[k].set(p_new[i]) for x, i in zip(p_stack, pi, strict=True)]
-            s_out = [jax.device_put(jax.tree.leaves(s_new)[i], jax.memory.Space.Host) for i in si]
-            return p_stack, s_out
+            s_new = jax.tree.leaves(s_new)
+            dev_p = [x.at[k].set(p_new[i]) for x, i in zip(dev_p, dp, strict=True)]
+            copies = [
+                x.at[k].set(p_new[i].astype(x.dtype)) for x, i in zip(copies, hp, strict=True)
+            ]
+            hp_out = [jax.device_put(p_new[i], jax.memory.Space.Host) for i in hp]
+            if host_moments:  # the new moments go back out
+                hs_out = [jax.device_put(s_new[i], jax.memory.Space.Host) for i in si]
+            else:
+                hs_out, dev_s = [], [x.at[k].set(s_new[i]) for x, i in zip(dev_s, si, strict=True)]
+            return (dev_p, copies, dev_s), (hp_out, hs_out)
 
-        p_stack, s_stack = jax.lax.scan(layer, p_stack, (jnp.arange(num_layers), g_xs, s_xs))
-        new_params = _replace(new_params, pi, p_stack)
-        new_state = _replace(new_state, si, s_stack)
-    return new_params, new_state
+        (dev_p, copies, dev_s), (hp_new, hs_new) = jax.lax.scan(
+            layer, carry0, (jnp.arange(num_layers), xs)
+        )
+        new_params = _replace(_replace(new_params, dp, dev_p), hp, hp_new)
+        new_state = _replace(new_state, si, hs_new if host_moments else dev_s)
+        compute |= dict(zip(keys, copies, strict=True))
+    return new_params, new_state, (compute or None)

@@ -43,6 +43,7 @@ from tierax.models.prefetch import OFFLOAD_SCOPE_PREFIX
 from tierax.sharding import rules as sh
 from tierax.tracing import inventory as inv
 from tierax.tracing.jaxpr_tools import GROUP_SCOPE_PREFIX
+from tierax.train import masters
 from tierax.train import step as step_lib
 from tierax.xla import hlo
 from tierax.xla.oom import out_of_memory
@@ -204,7 +205,9 @@ def gpu_topology(target_config: str, devices: int, target: str):
 
 def abstract_train_state(cfg, optimizer, mesh: Mesh, plan: plan_lib.Plan | None = None):
     """(graphdef, TrainState of ShapeDtypeStructs sharded on ``mesh``); ``plan``: its offloaded
-    moments' shardings carry the ``pinned_host`` memory kind (:func:`tierax.plan.state_shardings`).
+    moments' and master weights' shardings carry the ``pinned_host`` memory kind
+    (:func:`tierax.plan.state_shardings`), the latter with their compute-dtype copies on the device
+    (:mod:`tierax.train.masters`).
     """
     graphdef, params = nnx.split(abstract_model(cfg))
     p_shard = sh.param_shardings(params, mesh)
@@ -213,18 +216,23 @@ def abstract_train_state(cfg, optimizer, mesh: Mesh, plan: plan_lib.Plan | None 
     o_shard = optax.tree_map_params(
         optimizer, lambda _, s: s, abstract_opt, p_shard, transform_non_params=lambda _: replicated
     )
+    compute = None
     if plan is not None and plan.offloads_state:
         o_shard = plan_lib.state_shardings(plan, o_shard, "moments")
-
-    def sds(x, s):
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
+        compute = masters.compute_shapes(plan, cfg, jax.tree.map(sds, params, p_shard))
+        p_shard = plan_lib.state_shardings(plan, p_shard, "master_weights")
 
     state = step_lib.TrainState(
         jax.tree.map(sds, params, p_shard),
         jax.tree.map(sds, abstract_opt, o_shard),
         jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated),
+        compute,
     )
     return graphdef, state
+
+
+def sds(x, sharding):
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
 
 @dataclass(frozen=True)
