@@ -313,12 +313,12 @@ def libtpu_temp_excess_bytes(cfg, c_item: int, fsdp: int, tokens: int) -> int:
     head's size in it ([V, D]), under FSDP (0 otherwise: not measured).
 
     Not a buffer of the step: 0.0.42.1's HLO buffer assignment holds the same buffers as 0.0.52's,
-    its preallocated temp the size of 0.0.52's temp (bench/results/libtpu_trace_0.0.42.1.json and
-    libtpu_trace_0.0.52.json); the excess is measured as 0.0.42.1's temp over 0.0.52's for the same
-    plan (Llama 3 8B, 8 v5p, fsdp=8: 4.00 × V·D·2 bytes at 1 × 4096 and 5.00 × at 2 × 4096 and
-    1 × 8192, bench/results/tpu_default_env.json).  With D = 4096 there, three head-sized buffers
-    are also three 4096-token logits; 1 × 8192's excess (the same as 2 × 4096's) rules out three
-    sequence-sized ones.
+    its preallocated temp the size of 0.0.52's temp (bench/results/libtpu_trace_0.0.42.1.json
+    beside libtpu_trace_0.0.52.json).  The excess is measured as 0.0.42.1's temp over 0.0.52's for
+    the same plan (Llama 3 8B, 8 v5p, fsdp=8: 4.00 × V·D·2 bytes at 1 × 4096, 5.00 × at 2 × 4096
+    and 1 × 8192; bench/results/tpu_default_env.json beside tpu_default_env_libtpu_0.0.52.json).
+    With D = 4096 there, three head-sized buffers are also three 4096-token logits; 1 × 8192's
+    excess (the same as 2 × 4096's) rules out three sequence-sized ones.
     """
     if fsdp <= 1 or not cfg.vocab_size:
         return 0

@@ -4,9 +4,9 @@ The TPU cost-model terms were traced on libtpu 0.0.52 (jax 0.12's, bench/results
 The environment ``make venv`` installs has jax 0.10.2's libtpu 0.0.42.1, whose compiles of the same
 step differ in what ``memory_analysis()`` reports, not in the step's buffers: its HLO buffer
 assignment (``--xla_dump_to``) holds the same buffers as 0.0.52's and a preallocated temp of the
-same size (to 0.4 %, at 2, 4 and 32 layers of Llama 3 8B), while its ``temp_size_in_bytes`` exceeds
-that allocation (bench/results/tpu_default_env.json's "trace").  Versions between the two were not
-measured; they are read as the older.
+same size (at 2, 4 and 32 layers of Llama 3 8B), while its ``temp_size_in_bytes`` exceeds that
+allocation (bench/results/libtpu_trace_0.0.42.1.json beside libtpu_trace_0.0.52.json).  Versions
+between the two were not measured; they are read as the older.
 """
 
 from __future__ import annotations
