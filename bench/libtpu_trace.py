@@ -7,7 +7,10 @@ plan``), in a child process of this interpreter whose ``XLA_FLAGS`` add ``--xla_
 appends its own flags to the user's: tierax.launch.flags).  From XLA:TPU's dump of the step it
 reads the buffer assignment's preallocated temp (the default memory space's heap: every temporary
 buffer at its offset) and the largest buffers in it; from the compile's JSON, XLA's memory analysis.
-The record states, per layer count, ``temp_size_in_bytes`` minus that heap.  Run it with each
+The record states, per layer count, ``temp_size_in_bytes`` minus that heap, where
+``temp_size_in_bytes`` is the compile JSON's ``device_temp_bytes``: XLA's figure less its host temp
+for a libtpu read as counting the host temp inside it (tierax.xla.compile.tpu_temp_includes_host;
+0 without offloading; ``host_temp_bytes`` states it).  Run it with each
 libtpu's interpreter (this checkout on ``PYTHONPATH``); each record names its libtpu.
 
     python bench/libtpu_trace.py --out bench/results/libtpu_trace_0.0.42.1.json [--layers 2 4 32]
@@ -106,6 +109,7 @@ def main() -> int:
                     "preallocated_temp_bytes": heap["preallocated_temp_bytes"],
                     "temp_over_buffer_assignment_bytes": r["device_temp_bytes"]
                     - heap["preallocated_temp_bytes"],
+                    "host_temp_bytes": r["host_temp_bytes"],
                     "device_peak_bytes": r["device_peak_bytes"],
                     "device_argument_bytes": r["device_argument_bytes"],
                     "predicted_peak_bytes": r["predicted"]["peak_device_bytes"],
