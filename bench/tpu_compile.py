@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Deviceless XLA:TPU compiles of Llama 3 8B on v5p under the planner's plan: XLA's peak vs model.
+"""Deviceless XLA:TPU compiles of Llama 3 8B (v5p or v6e) under the planner's plan: peak vs model.
 
 Needs libtpu (the tpu-aot extra, which ``make venv`` installs; ``pip install 'tierax[tpu-aot]'``).
 For each case, runs ``tierax plan --out`` (planner cases) or ``tierax simulate`` (fixed plans),
@@ -15,9 +15,14 @@ what that option costs.
 
     python bench/tpu_compile.py [--out bench/results/tpu_compile.json] [--devices 8]
 
-The TPU cost-model terms follow libtpu 0.0.52 (jax 0.12, MaxText 0.2.5's pin): run it with that
-venv's Python and this checkout on ``PYTHONPATH`` (as bench/estimator_peer.py runs tierax); the
-record names the libtpu that compiled it.
+The TPU cost-model terms were traced on libtpu 0.0.52 (jax 0.12, MaxText 0.2.5's pin); the model
+keys what an older libtpu reports differently on the installed version (tierax.hardware.libtpu).
+Run it with the venv whose libtpu is to be checked (``make venv``'s: 0.0.42.1; a jax 0.12 venv's
+Python with this checkout on ``PYTHONPATH``: 0.0.52); the record names the libtpu that compiled
+it.  ``--target v6e`` compiles for v6e chips instead of v5p.
+
+    python bench/tpu_compile.py --case planner:1:4096 --case planner:2:4096 \
+        --case planner:1:8192 --out bench/results/tpu_default_env.json
 """
 
 from __future__ import annotations
@@ -38,7 +43,6 @@ from tierax.launch import flags as xla_flags
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCHEMA = "tierax.tpu-compile/1"
 MODEL = ["--model", "llama3-8b"]
-TARGET = ["--target", "v5p"]
 # (plan, microbatch per device, sequence)
 CASES = [
     ("planner", 2, 8192),
@@ -137,6 +141,9 @@ def run_case(
 
 
 DOCS_MARKER = "tpu-compile"  # <!-- tpu-compile:start --> … :end --> on its docs page
+# Each record's table on its docs page: the libtpu 0.0.52 record, and the default venv's (libtpu
+# 0.0.42.1, the libtpu-keyed term of tierax.costmodel.fixed.libtpu_temp_excess_bytes).
+DOCS_MARKERS = {"tpu_compile.json": DOCS_MARKER, "tpu_default_env.json": "tpu-default-env"}
 
 
 def merge(out: pathlib.Path, other: pathlib.Path) -> None:
@@ -156,14 +163,16 @@ def merge(out: pathlib.Path, other: pathlib.Path) -> None:
     print(f"merged {other} into {out}")
 
 
-def markdown(doc: dict) -> str:
-    """The docs' table of the record (every figure read from it)."""
+def markdown(doc: dict, record: str = "tpu_compile.json") -> str:
+    """The docs' table of the record (every figure read from it); ``record``: its file name under
+    bench/results/."""
     libtpu = {c.get("run", {}).get("versions", {}).get("libtpu") for c in doc["cases"]}
     libtpu = sorted(v for v in libtpu if v) or [doc["versions"]["libtpu"]]
+    how = "--docs" if record == "tpu_compile.json" else f"--docs --out bench/results/{record}"
     out = [
         f"Llama 3 8B, {doc['configuration'].split('--target ')[1]}, deviceless XLA:TPU (libtpu "
-        f"{', '.join(libtpu)}); generated from `bench/results/tpu_compile.json` by "
-        "`python bench/tpu_compile.py --docs`.",
+        f"{', '.join(libtpu)}); generated from `bench/results/{record}` by "
+        f"`python bench/tpu_compile.py {how}`.",
         "",
         "| plan | microbatch × seq | offloaded | predicted peak | XLA:TPU peak | model error | "
         "fits XLA's limit |",
@@ -193,8 +202,13 @@ def markdown(doc: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def write_docs(doc: dict) -> pathlib.Path:
-    return _common.write_docs_table(DOCS_MARKER, markdown(doc))
+def default_env_markdown(doc: dict) -> str:
+    """The TPU guide's table of bench/results/tpu_default_env.json (the default venv's libtpu)."""
+    return markdown(doc, "tpu_default_env.json")
+
+
+def write_docs(doc: dict, record: str = "tpu_compile.json") -> pathlib.Path:
+    return _common.write_docs_table(DOCS_MARKERS[record], markdown(doc, record))
 
 
 # The splash-attention records' tables: a record this script wrote (tpu_splash.json, libtpu 0.0.52)
@@ -237,7 +251,8 @@ def splash_markdown(doc: dict) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     _common.add_out(ap, "tpu_compile.json")
-    ap.add_argument("--devices", type=int, default=8, help="v5p chips (mesh fsdp=N)")
+    ap.add_argument("--devices", type=int, default=8, help="chips (mesh fsdp=N)")
+    ap.add_argument("--target", default="v5p", choices=["v5p", "v6e"], help="TPU generation")
     ap.add_argument(
         "--case",
         action="append",
@@ -269,7 +284,10 @@ def main() -> int:
         merge(pathlib.Path(args.out), pathlib.Path(args.merge))
         return 0
     if args.docs:
-        page = write_docs(json.loads(pathlib.Path(args.out).read_text()))
+        name = pathlib.Path(args.out).name
+        if name not in DOCS_MARKERS:
+            ap.error(f"--docs renders one of {', '.join(DOCS_MARKERS)} (--out), not {name}")
+        page = write_docs(json.loads(pathlib.Path(args.out).read_text()), name)
         print(f"{page.relative_to(ROOT)}: table rewritten from {args.out}")
         return 0
     try:
@@ -284,7 +302,8 @@ def main() -> int:
         ap.error(f"--case variant {bad[0]!r} is not known; the one variant is: windowed")
     if args.jobs < 1:
         ap.error("--jobs must be at least 1")
-    shape_base = [*TARGET, "--devices", str(args.devices), "--mesh", f"fsdp={args.devices}"]
+    target = ["--target", args.target]
+    shape_base = [*target, "--devices", str(args.devices), "--mesh", f"fsdp={args.devices}"]
     versions = _versions()
     if versions["libtpu"] is None:
         sys.exit("libtpu is not installed: pip install 'tierax[tpu-aot]'")

@@ -22,6 +22,7 @@ BENCH = ROOT / "bench"
 DOCS_TABLES = [
     ("estimator_peer", "markdown", "estimator_peer.json", "estimator-peer"),
     ("tpu_compile", "markdown", "tpu_compile.json", "tpu-compile"),
+    ("tpu_compile", "default_env_markdown", "tpu_default_env.json", "tpu-default-env"),
     ("hide_grid", "table", "hide_grid.json", "hide-grid"),
     ("row_stride", "markdown", "row_stride.json", "row-stride"),
     ("time_fidelity", "markdown", "time_fidelity.json", "time-fidelity"),

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from tierax import hardware
 from tierax.costmodel import network
 from tierax.costmodel.rates import FUSED_BACKWARD_FLOPS_RATIO, Rates, matmul_s
-from tierax.hardware import cudnn
+from tierax.hardware import cudnn, libtpu
 from tierax.models import moe
 from tierax.models.flops import train_flops
 from tierax.sharding import gather_layout
@@ -269,7 +269,14 @@ def _loss_phase_bytes(
 
 
 def _tpu_loss_phase_bytes(
-    inv: Inventory, cfg, c_item: int, fsdp: int, tiled: bool, head_grad: int, tokens: int
+    inv: Inventory,
+    cfg,
+    c_item: int,
+    fsdp: int,
+    tiled: bool,
+    head_grad: int,
+    tokens: int,
+    libtpu_version: str = "",
 ) -> float:
     # At the loss on TPU, from XLA:TPU's buffer assignment and live ranges (Llama 3 8B, v5p, 4 and
     # 8 chips: bench/results/tpu_compile.json): the logits in the compute dtype, saved by the
@@ -282,13 +289,40 @@ def _tpu_loss_phase_bytes(
     # to the optimizer) or, under FSDP, the head gradient's all-reduce in the compute dtype (on 8
     # chips, the hidden states dead by then): the model counts the larger.  Tiled (not traced on
     # TPU): one tile's logits, the two float32 [D, V] accumulators and under FSDP the gathered head.
+    # A libtpu older than 0.0.52 (``libtpu_version``, the rates' installed one) reports more temp
+    # than its buffer assignment holds at an untiled loss: libtpu_temp_excess_bytes.
     logits = inv.logits_bytes * c_item / 4  # inv.logits_bytes is float32 (tierax.inventory)
     hidden = tokens * cfg.d_model * (4 + c_item)
     gathered_head = cfg.vocab_size * cfg.d_model * c_item if fsdp > 1 else 0
     if tiled:
         return 2 * head_grad + logits + hidden + gathered_head
     reduced_grad = cfg.vocab_size * cfg.d_model * c_item if fsdp > 1 else 0
-    return logits + gathered_head + head_grad + max(hidden, reduced_grad)
+    older = libtpu.older_than_traced(libtpu_version)
+    return (
+        logits
+        + gathered_head
+        + head_grad
+        + max(hidden, reduced_grad)
+        + (libtpu_temp_excess_bytes(cfg, c_item, fsdp, tokens) if older else 0)
+    )
+
+
+def libtpu_temp_excess_bytes(cfg, c_item: int, fsdp: int, tokens: int) -> int:
+    """What libtpu 0.0.42.1's ``temp_size_in_bytes`` holds beyond its own buffer assignment at an
+    untiled loss's peak: one logits-sized buffer in the compute dtype ([tokens, V]) and three of the
+    head's size in it ([V, D]), under FSDP (0 otherwise: not measured).
+
+    Not a buffer of the step: 0.0.42.1's HLO buffer assignment holds the same buffers as 0.0.52's,
+    its preallocated temp the size of 0.0.52's temp (bench/results/libtpu_trace_0.0.42.1.json
+    beside libtpu_trace_0.0.52.json).  The excess is measured as 0.0.42.1's temp over 0.0.52's for
+    the same plan (Llama 3 8B, 8 v5p, fsdp=8: 4.00 × V·D·2 bytes at 1 × 4096, 5.00 × at 2 × 4096
+    and 1 × 8192; bench/results/tpu_default_env.json beside tpu_default_env_libtpu_0.0.52.json).
+    With D = 4096 there, three head-sized buffers are also three 4096-token logits; 1 × 8192's
+    excess (the same as 2 × 4096's) rules out three sequence-sized ones.
+    """
+    if fsdp <= 1 or not cfg.vocab_size:
+        return 0
+    return int(cfg.vocab_size * c_item * (tokens + 3 * cfg.d_model))
 
 
 def _tpu_stack_copy_bytes(inv: Inventory, cfg, c_item: int, fsdp: int, ep: int) -> int:
@@ -337,7 +371,9 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
         stack_copy = _stack_copy_bytes(inv, cfg, p_item)
     coll, exposed_coll, critical_coll = _collectives(inv, cfg, rates, schedule, compute_s)
     if tpu:
-        loss_bytes = _tpu_loss_phase_bytes(inv, cfg, c_item, fsdp, tiled, head_grad, tokens)
+        loss_bytes = _tpu_loss_phase_bytes(
+            inv, cfg, c_item, fsdp, tiled, head_grad, tokens, rates.libtpu
+        )
     else:
         loss_bytes = _loss_phase_bytes(inv, cfg, c_item, fsdp, tiled, head_grad, grad_share)
     if (

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from tierax import hardware
 from tierax.errors import TieraxError
+from tierax.hardware import libtpu
 
 # A dense bf16 matmul reaches about 0.8 of the H100/H200 datasheet peak (publicly reported
 # measurements); used for every GPU target until `tierax calibrate` measures the device at hand, and
@@ -118,6 +119,9 @@ class Rates:
     # fp8 GEMMs (quantization: fp8); 0: the target has none in this table (they run at the
     # compute dtype's rate, emulated)
     fp8_matmul_flops_per_s: float = 0.0
+    # TPU targets: the libtpu whose XLA:TPU memory figures the peak follows (target_rates: the
+    # installed one; "": none installed, the terms traced on 0.0.52; tierax.hardware.libtpu).
+    libtpu: str = ""
 
     @property
     def usable_device_bytes(self) -> int:
@@ -251,6 +255,9 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
     host_bw = getattr(spec, "host_memory_bandwidth_bps", 0.0)
     if host_bw:
         sources["host_memory_bandwidth"] = spec.host_memory_bandwidth_source
+    tpu_lib = libtpu.installed_version() if spec.kind == "tpu" else ""
+    if libtpu.older_than_traced(tpu_lib):
+        sources["libtpu"] = libtpu.OLDER_SOURCE.format(version=tpu_lib)
     return Rates(
         target,
         matmul,
@@ -270,6 +277,7 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
         device_limit_bytes=limit,
         host_memory_bytes_per_s=host_bw,
         fp8_matmul_flops_per_s=fp8,
+        libtpu=tpu_lib,
     )
 
 

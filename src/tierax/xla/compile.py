@@ -34,7 +34,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tierax import costmodel, hardware
 from tierax import plan as plan_lib
 from tierax.errors import TieraxError
-from tierax.hardware import cudnn
+from tierax.hardware import cudnn, libtpu
 from tierax.hardware.target_config import render_target_config, scheduling_target_config
 from tierax.mesh import MeshShape
 from tierax.models import abstract_model
@@ -102,10 +102,7 @@ def check_tpu_aot() -> None:
 
 def libtpu_version() -> str:
     """The installed libtpu's version ("" where it is not installed)."""
-    try:
-        return importlib.metadata.version("libtpu")
-    except importlib.metadata.PackageNotFoundError:
-        return ""
+    return libtpu.installed_version()
 
 
 def tpu_custom_calls(text: str) -> int:
@@ -121,12 +118,7 @@ def tpu_temp_includes_host() -> bool:
     negative device peak (bench/results/estimator_peer.json's first run).  Versions between were
     not measured; they are read as the older.
     """
-    try:
-        version = importlib.metadata.version("libtpu")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    parts = tuple(int(p) for p in re.findall(r"\d+", version)[:3])
-    return parts < (0, 0, 52)
+    return libtpu.older_than_traced()
 
 
 def tpu_topology(spec, devices: int):

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""What the installed libtpu's ``temp_size_in_bytes`` holds beside its own HLO buffer assignment.
+
+For each layer count, ``tierax compile`` of Llama 3 8B on 8 v5p chips (fsdp=8) at microbatch ×
+sequence, under the planner's plan for the full model at that shape (planned once, by ``tierax
+plan``), in a child process of this interpreter whose ``XLA_FLAGS`` add ``--xla_dump_to`` (tierax
+appends its own flags to the user's: tierax.launch.flags).  From XLA:TPU's dump of the step it
+reads the buffer assignment's preallocated temp (the default memory space's heap: every temporary
+buffer at its offset) and the largest buffers in it; from the compile's JSON, XLA's memory analysis.
+The record states, per layer count, ``temp_size_in_bytes`` minus that heap, where
+``temp_size_in_bytes`` is the compile JSON's ``device_temp_bytes``: XLA's figure less its host temp
+for a libtpu read as counting the host temp inside it (tierax.xla.compile.tpu_temp_includes_host;
+0 without offloading; ``host_temp_bytes`` states it).  Run it with each
+libtpu's interpreter (this checkout on ``PYTHONPATH``); each record names its libtpu.
+
+    python bench/libtpu_trace.py --out bench/results/libtpu_trace_0.0.42.1.json [--layers 2 4 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import pathlib
+import re
+import sys
+import tempfile
+
+import _common
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SCHEMA = "tierax.libtpu-trace/1"
+SHAPE = ["--target", "v5p", "--devices", "8", "--mesh", "fsdp=8"]
+BIG = 512 * 2**20  # buffers listed: at least this many bytes
+
+
+def preallocated_temp(dump: pathlib.Path) -> dict:
+    """The step's buffer assignment in ``dump``: its default memory space's preallocated temp
+    (bytes) and the distinct buffers of ≥ BIG bytes in it (shape, bytes, offset, instruction)."""
+    found = sorted(dump.glob("*jit_step*after_optimizations-buffer-assignment.txt"))
+    if not found:
+        raise FileNotFoundError(f"no *jit_step*after_optimizations-buffer-assignment.txt in {dump}")
+    text = found[-1].read_text()
+    for block in re.split(r"^(?=allocation \d+:)", text, flags=re.M):
+        head = block.split("\n", 1)[0]
+        m = re.match(r"allocation \d+: size (\d+), (?:page 0, )?preallocated-temp:", head)
+        if not m:  # other memory spaces' heaps name a color first
+            continue
+        values = re.findall(
+            r"value: <\d+ (\S+)(?: \(phi\))? @\d+> \(size=(\d+),offset=(\d+)\): (\w+\[[\d,]*\])",
+            block,
+        )
+        regions: dict[tuple[int, int], dict] = {}
+        for name, size, offset, shape in values:
+            if int(size) >= BIG:
+                regions.setdefault(
+                    (int(offset), int(size)),
+                    {"shape": shape, "bytes": int(size), "offset": int(offset), "value": name},
+                )
+        big = sorted(regions.values(), key=lambda r: (-r["bytes"], r["offset"]))
+        return {"preallocated_temp_bytes": int(m.group(1)), "buffers": big}
+    raise ValueError(f"{found[-1]}: no preallocated-temp allocation in the default memory space")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    _common.add_out(ap, "libtpu_trace.json")
+    ap.add_argument("--layers", type=int, nargs="+", default=[2, 4, 32], help="num_layers each")
+    ap.add_argument("--microbatch", type=int, default=1)
+    ap.add_argument("--seq", type=int, default=4096)
+    args = ap.parse_args()
+    if any(n < 1 for n in args.layers):
+        ap.error("--layers must be at least 1 each")
+    versions = {}
+    for dist in ("jax", "jaxlib", "libtpu"):
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            versions[dist] = None
+    if versions["libtpu"] is None:
+        sys.exit("libtpu is not installed: pip install 'tierax[tpu-aot]'")
+    shape = [*SHAPE, "--microbatch", str(args.microbatch), "--seq", str(args.seq)]
+    model = ["--model", "llama3-8b"]
+    cases = []
+    with tempfile.TemporaryDirectory() as tmp:
+        plan = pathlib.Path(tmp) / "plan.yaml"
+        p = _common.run(
+            _common.tierax("plan", *model, *shape, "--out", str(plan), "--json"), cwd=ROOT
+        )
+        if p.returncode:
+            sys.exit(f"tierax plan failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
+        for layers in args.layers:
+            dump = pathlib.Path(tmp) / f"dump-{layers}"
+            env = {**os.environ, "XLA_FLAGS": f"--xla_dump_to={dump} --xla_dump_hlo_as_text"}
+            cmd = ["compile", *model, "--set", f"num_layers={layers}", *shape, "--plan", str(plan)]
+            c = _common.run(_common.tierax(*cmd, "--json"), timeout=3600, cwd=ROOT, env=env)
+            if c.returncode:
+                sys.exit(
+                    f"tierax {' '.join(cmd)} failed (exit {c.returncode}):\n{c.stderr[-3000:]}"
+                )
+            r = json.loads(c.stdout)
+            heap = preallocated_temp(dump)
+            cases.append(
+                {
+                    "num_layers": layers,
+                    "command": " ".join(["tierax", *cmd, "--json"]) + "  (XLA_FLAGS=--xla_dump_to)",
+                    "temp_size_in_bytes": r["device_temp_bytes"],
+                    "preallocated_temp_bytes": heap["preallocated_temp_bytes"],
+                    "temp_over_buffer_assignment_bytes": r["device_temp_bytes"]
+                    - heap["preallocated_temp_bytes"],
+                    "host_temp_bytes": r["host_temp_bytes"],
+                    "device_peak_bytes": r["device_peak_bytes"],
+                    "device_argument_bytes": r["device_argument_bytes"],
+                    "predicted_peak_bytes": r["predicted"]["peak_device_bytes"],
+                    "compile_time_s": round(r["compile_time_s"], 1),
+                    "largest_buffers": heap["buffers"][:12],
+                }
+            )
+            print(json.dumps({k: v for k, v in cases[-1].items() if k != "largest_buffers"}))
+        doc = _common.envelope(SCHEMA) | {
+            "versions": versions,
+            "configuration": " ".join([*model, *shape]),
+            "plan_yaml": plan.read_text(),
+            "cases": cases,
+        }
+    _common.write_record(args.out, doc)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
