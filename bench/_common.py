@@ -39,6 +39,19 @@ def command_line(argv: Sequence[str] | None = None) -> str:
     return " ".join(["python", str(name), *(shlex.quote(a) for a in args)])
 
 
+def versions(*dists: str) -> dict[str, str | None]:
+    """The installed version of each distribution (None where it is not installed)."""
+    import importlib.metadata
+
+    out: dict[str, str | None] = {}
+    for dist in dists:
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
 def envelope(schema: str, argv: Sequence[str] | None = None, *, devices: bool = False) -> dict:
     """The fields every record starts with: schema, command, created, machine (host, CPU, cores,
     Python, the 1-minute load average now), jax version.  JAX-free unless ``devices`` (then the

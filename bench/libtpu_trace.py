@@ -19,7 +19,6 @@ libtpu's interpreter (this checkout on ``PYTHONPATH``); each record names its li
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import os
 import pathlib
@@ -72,12 +71,7 @@ def main() -> int:
     args = ap.parse_args()
     if any(n < 1 for n in args.layers):
         ap.error("--layers must be at least 1 each")
-    versions = {}
-    for dist in ("jax", "jaxlib", "libtpu"):
-        try:
-            versions[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            versions[dist] = None
+    versions = _common.versions("jax", "jaxlib", "libtpu")
     if versions["libtpu"] is None:
         sys.exit("libtpu is not installed: pip install 'tierax[tpu-aot]'")
     shape = [*SHAPE, "--microbatch", str(args.microbatch), "--seq", str(args.seq)]

@@ -20,7 +20,6 @@ minutes here.  Nothing runs on a TPU or GPU.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import pathlib
 import sys
@@ -38,13 +37,7 @@ class RowFailed(Exception):
 
 
 def _versions() -> dict:
-    out = {}
-    for dist in ("jax", "jaxlib", "libtpu", "jax-cuda13-plugin", "flax"):
-        try:
-            out[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
+    return _common.versions("jax", "jaxlib", "libtpu", "jax-cuda13-plugin", "flax")
 
 
 def row_args(run: dict, spec: dict, plan_file: pathlib.Path) -> tuple[list[str], dict]:

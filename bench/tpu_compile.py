@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import importlib.metadata
 import json
 import os
 import pathlib
@@ -71,13 +70,7 @@ def _tierax(*args: str, env: dict | None = None) -> tuple[dict, float]:
 
 
 def _versions() -> dict:
-    out = {}
-    for dist in ("jax", "jaxlib", "libtpu", "flax", "optax"):
-        try:
-            out[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
+    return _common.versions("jax", "jaxlib", "libtpu", "flax", "optax")
 
 
 def _gib(n):
