@@ -64,6 +64,19 @@ def libtpu_excess() -> int:
     return fixed.libtpu_temp_excess_bytes(cfg, 2, 2, 32)
 
 
+def test_older_libtpu_term_stops_above_the_measured_tokens():
+    """At TR-1's 3 × 8192 tokens per device the formula would add 9.46e9 bytes where libtpu
+    0.0.42.1's temp exceeds its HBM heap by 1.66e9 (bench/results/libtpu_colors_tr1.json): above
+    the measured 8192 tokens the term adds nothing."""
+    doc = json.loads((RECORD.parent / "libtpu_colors_tr1.json").read_text())
+    cfg = get_config("llama3.1-8b")
+    tokens = 3 * 8192
+    assert doc["reading"]["libtpu_temp_excess_formula_bytes"] == 2 * 128256 * (tokens + 3 * 4096)
+    assert doc["reading"]["temp_minus_color_0_bytes"] < 0.2 * 2 * 128256 * (tokens + 3 * 4096)
+    assert fixed.libtpu_temp_excess_bytes(cfg, 2, 8, tokens) == 0
+    assert fixed.libtpu_temp_excess_bytes(cfg, 2, 8, 8192) == 2 * 128256 * (8192 + 3 * 4096)
+
+
 def test_older_libtpu_term_is_only_where_it_was_measured():
     """Measured under FSDP with an untiled loss; one device, or a tiled loss, are not changed."""
     assert _terms("0.0.42.1", mesh={"fsdp": 1}) == _terms("0.0.52", mesh={"fsdp": 1})

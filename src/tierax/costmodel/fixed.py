@@ -307,6 +307,11 @@ def _tpu_loss_phase_bytes(
     )
 
 
+# The most tokens per device at which libtpu 0.0.42.1's temp excess was measured
+# (libtpu_temp_excess_bytes; the formula fails at 24,576).
+LIBTPU_EXCESS_MAX_TOKENS = 8192
+
+
 def libtpu_temp_excess_bytes(cfg, c_item: int, fsdp: int, tokens: int) -> int:
     """What libtpu 0.0.42.1's ``temp_size_in_bytes`` holds beyond its own buffer assignment at an
     untiled loss's peak: one logits-sized buffer in the compute dtype ([tokens, V]) and three of the
@@ -319,8 +324,13 @@ def libtpu_temp_excess_bytes(cfg, c_item: int, fsdp: int, tokens: int) -> int:
     and 1 × 8192; bench/results/tpu_default_env.json beside tpu_default_env_libtpu_0.0.52.json).
     With D = 4096 there, three head-sized buffers are also three 4096-token logits; 1 × 8192's
     excess (the same as 2 × 4096's) rules out three sequence-sized ones.
+
+    Only up to the measured tokens per device (:data:`LIBTPU_EXCESS_MAX_TOKENS`): at 24,576 (the
+    published TR-1 run's 3 × 8192 on 8 v6e, bench/results/libtpu_colors_tr1.json) the formula gives
+    9.46e9 bytes where 0.0.42.1's temp exceeds its HBM heap by 1.66e9, so the cause is not this
+    formula's; above it the term is 0 (nothing known, nothing added).
     """
-    if fsdp <= 1 or not cfg.vocab_size:
+    if fsdp <= 1 or not cfg.vocab_size or tokens > LIBTPU_EXCESS_MAX_TOKENS:
         return 0
     return int(cfg.vocab_size * c_item * (tokens + 3 * cfg.d_model))
 
