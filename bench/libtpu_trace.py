@@ -9,8 +9,9 @@ reads the buffer assignment's preallocated temp (the default memory space's heap
 buffer at its offset) and the largest buffers in it; from the compile's JSON, XLA's memory analysis.
 The record states, per layer count, ``temp_size_in_bytes`` minus that heap, where
 ``temp_size_in_bytes`` is the compile JSON's ``device_temp_bytes``: XLA's figure less its host temp
-for a libtpu read as counting the host temp inside it (tierax.xla.compile.tpu_temp_includes_host;
-0 without offloading; ``host_temp_bytes`` states it).  Run it with each
+for a libtpu then read as counting the host temp inside it (no longer: the host temp is outside
+``temp_size_in_bytes``, bench/results/libtpu_colors_tr1.json; 0 without offloading;
+``host_temp_bytes`` states it).  Run it with each
 libtpu's interpreter (this checkout on ``PYTHONPATH``); each record names its libtpu.
 
     python bench/libtpu_trace.py --out bench/results/libtpu_trace_0.0.42.1.json [--layers 2 4 32]

@@ -74,12 +74,12 @@ def _cli(verb: str, args: list[str], timeout: float) -> tuple[dict, _common.Run]
 
 
 def peaks(res: dict) -> dict:
-    """XLA's peak as ``tierax compile`` reports it, and an upper bound that holds whatever libtpu
-    counts in its temp: ``tierax compile`` subtracts the host temp from ``temp_size_in_bytes`` for a
-    libtpu it reads as counting it (tierax.xla.compile.tpu_temp_includes_host).  Where that makes
-    the device temp negative the reading is wrong for that compile; the figure before the
-    subtraction (the reported temp plus the host temp) bounds the device temp from above either
-    way, so ``upper`` ≤ the usable limit means the step fits."""
+    """XLA's peak as ``tierax compile`` reported it, and an upper bound that holds whatever libtpu
+    counts in its temp: ``tierax compile`` once subtracted the host temp from
+    ``temp_size_in_bytes`` for libtpu before 0.0.52 (this record's compiles were made so: negative
+    device temps); the figure before the subtraction (the reported temp plus the host temp) bounds
+    the device temp from above either way, so ``upper`` ≤ the usable limit means the step fits.
+    For a compile made without the subtraction ``upper`` is its peak."""
     limit = res.get("device_limit_bytes") or res.get("device_capacity_bytes")
     peak, temp = res.get("device_peak_bytes"), res.get("device_temp_bytes")
     host = res.get("host_temp_bytes") or 0

@@ -110,17 +110,6 @@ def tpu_custom_calls(text: str) -> int:
     return len(re.findall(r'custom_call_target="tpu_custom_call"', text))
 
 
-def tpu_temp_includes_host() -> bool:
-    """Whether the installed libtpu counts the host (cmem) temp inside ``temp_size_in_bytes``.
-
-    libtpu 0.0.42 does (see :func:`compile_for_target`); libtpu 0.0.52 does not: subtracting the
-    host temp there gave Llama 3 8B (key_proj, mlpwi_1 offloaded, 11 × 8192 per v5p chip) a
-    negative device peak (bench/results/estimator_peer.json's first run).  Versions between were
-    not measured; they are read as the older.
-    """
-    return libtpu.older_than_traced()
-
-
 def tpu_topology(spec, devices: int):
     """Compile-only TPU devices for a slice of ``devices`` chips (``spec.topology_name`` picks the
     shape)."""
@@ -480,22 +469,11 @@ def compile_for_target(
         int(mem.alias_size_in_bytes),
         int(mem.temp_size_in_bytes),
     )
+    # Every libtpu compiled with here keeps the host temp outside temp_size_in_bytes: XLA:TPU's
+    # buffer assignment puts it in its own color-5 heap, and temp_size_in_bytes less the HBM heap
+    # is smaller than it in each compile read (bench/results/libtpu_colors_tr1.json; 0.0.52's
+    # temp equals its HBM heap, bench/results/libtpu_trace_0.0.52.json).
     host_temp = int(mem.host_temp_size_in_bytes)
-    temp_note = None
-    if tpu and tpu_temp_includes_host():
-        # libtpu 0.0.42's temp_size_in_bytes sums every memory space's temp: its host (cmem)
-        # allocation, the offloaded residuals, is in it as well as in host_temp_size_in_bytes
-        # (seen as a color-5 buffer of exactly the host temp's size in bench/tpu_compile.py's v5p
-        # compiles of 2026-11).  Not always: the v6e compiles of bench/results/
-        # published_compile.json report less temp than host temp, so there it cannot be inside.
-        if temp >= host_temp:
-            temp -= host_temp
-        else:
-            temp_note = (
-                f"libtpu {libtpu_version()}: temp_size_in_bytes ({temp}) is less than the host "
-                f"temp ({host_temp}), so it does not hold it; taken as the device temp as it is "
-                "(which part of the host temp this libtpu counts there is not traced)"
-            )
     peak = arg + out + temp - alias
     calls = cudnn.custom_calls(text)
     workspace = 0
@@ -542,8 +520,6 @@ def compile_for_target(
         f"{spec.hbm_bytes_per_s / 1e12:.2f} TB/s",
     ]
     notes += host_notes
-    if temp_note:
-        notes.append(temp_note)
     if not tpu:
         notes.append(
             "XLA scheduled within the run's device budget (capacity less the runtime reserve, as "
