@@ -73,29 +73,17 @@ def _cli(verb: str, args: list[str], timeout: float) -> tuple[dict, _common.Run]
     return json.loads(p.stdout), p
 
 
-def peaks(res: dict) -> dict:
+def peaks(res: dict, subtracted: bool) -> dict:
     """XLA's peak as ``tierax compile`` reported it, and an upper bound that holds whatever libtpu
-    counts in its temp: ``tierax compile`` once subtracted the host temp from
-    ``temp_size_in_bytes`` for libtpu before 0.0.52 (this record's compiles were made so: negative
-    device temps); the figure before the subtraction (the reported temp plus the host temp) bounds
-    the device temp from above either way, so ``upper`` ≤ the usable limit means the step fits.
-    For a compile made without the subtraction ``upper`` is its peak."""
+    counts in its temp.  ``subtracted``: the compile came from a tierax that subtracted the host
+    temp from ``temp_size_in_bytes`` for libtpu before 0.0.52 (the record's
+    ``host_temp_subtracted``: its first compiles were made so, and gave negative device temps);
+    the reported temp plus the host temp then bounds the device temp from above either way.  For a
+    compile made without the subtraction ``upper`` is its peak."""
     limit = res.get("device_limit_bytes") or res.get("device_capacity_bytes")
     peak, temp = res.get("device_peak_bytes"), res.get("device_temp_bytes")
-    host = res.get("host_temp_bytes") or 0
-    subtracted = (
-        bool(res.get("libtpu_version"))
-        and peak is not None
-        and (
-            peak
-            - (res.get("device_argument_bytes") or 0)
-            - (res.get("device_output_bytes") or 0)
-            + (res.get("device_alias_bytes") or 0)
-            == temp
-        )
-        and host > 0
-    )
-    upper = None if peak is None else peak + (host if subtracted else 0)
+    host = (res.get("host_temp_bytes") or 0) if subtracted else 0
+    upper = None if peak is None else peak + host
     return {
         "reported_peak_bytes": peak,
         "reported_temp_negative": temp is not None and temp < 0,
@@ -108,7 +96,7 @@ def peaks(res: dict) -> dict:
 def compile_row(run: dict, spec: dict, tmp: pathlib.Path, timeout: float) -> dict:
     args, plan = row_args(run, spec, tmp / f"{run['id']}.yaml")
     res, proc = _cli("compile", args, timeout)
-    return derived(run, res) | {
+    return derived(run, res, subtracted=False) | {
         "command": "tierax compile " + " ".join(args[:-1] + ["PLAN.yaml"]) + " --json",
         "plan": plan,
         "compile_wall_s": proc.wall_s,
@@ -116,9 +104,9 @@ def compile_row(run: dict, spec: dict, tmp: pathlib.Path, timeout: float) -> dic
     }
 
 
-def derived(run: dict, res: dict) -> dict:
+def derived(run: dict, res: dict, *, subtracted: bool) -> dict:
     """A row's figures from its compile JSON ``res`` (also what ``--rederive`` recomputes)."""
-    pk = peaks(res)
+    pk = peaks(res, subtracted)
     peak, upper = pk["reported_peak_bytes"], pk["upper_peak_bytes"]
     predicted = (res.get("predicted") or {}).get("peak_device_bytes")
     return {
@@ -165,7 +153,14 @@ def main(argv=None) -> int:
             if "compile" in row:
                 keep = {k: row[k] for k in ("command", "plan", "compile_wall_s",
                                             "compile_peak_rss_gib") if k in row}  # fmt: skip
-                doc["rows"][i] = derived(row["published"], row["compile"]) | keep
+                doc["rows"][i] = (
+                    derived(
+                        row["published"],
+                        row["compile"],
+                        subtracted=doc.get("host_temp_subtracted", False),
+                    )
+                    | keep
+                )
         doc["rederived"] = _common.command_line(argv)
         _common.write_record(path, doc)
         print(f"{path}: rows rederived from their compile JSON")
@@ -199,6 +194,7 @@ def main(argv=None) -> int:
         "versions": _versions(),
         "note": "tierax's step for published MaxText runs, compiled deviceless (no TPU or GPU "
         "ran); fits is XLA's verdict on tierax's step, not on MaxText's",
+        "host_temp_subtracted": False,
         "rows": rows,
     }
     _common.write_record(out, doc)
