@@ -74,8 +74,11 @@ def test_unrun_state_placements_refused_before_building():
     opt = S.make_optimizer(3e-3)
     graphdef, state = S.init_state(cfg, opt, seed=0)
     base = P.preset("minimal", cfg)
-    with pytest.raises(TieraxError, match="decoder.grad_accum; the step runs offloaded moments"):
+    # An offloaded accumulator in a step of one microbatch per update: there is none to place.
+    with pytest.raises(TieraxError, match=r"accumulator of decoder.*grad_accum = 1"):
         S.make_train_step(graphdef, cfg, with_state(base, grad_accum="offload"), opt)
+    with pytest.raises(TieraxError, match="state_shardings"):  # with two microbatches it runs
+        S.make_train_step(graphdef, cfg, with_state(base, grad_accum="offload"), opt, grad_accum=2)
     with pytest.raises(TieraxError, match="state_shardings"):  # master weights run, given these
         S.make_train_step(graphdef, cfg, with_state(base, master_weights="offload"), opt)
     with pytest.raises(TieraxError, match="state_shardings"):

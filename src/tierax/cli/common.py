@@ -117,6 +117,18 @@ def add_size_args(
     )
 
 
+def add_grad_accum_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--grad-accum",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="microbatches per optimizer update, their gradients summed in a float32 accumulator "
+        "(default 1, or what a plan file carries); a plan's state may offload the accumulator "
+        "(grad_accum: offload) when N > 1",
+    )
+
+
 def resolve_model(args, extra_overrides: Sequence[str] = (), *, target: str | None = None):
     """The ModelConfig selected by :func:`add_model_args` options, overrides applied in order;
     with ``target``, ``attention: auto`` chosen for the platform that target runs on."""
@@ -358,7 +370,8 @@ def _carried_microbatch(args, plans: Sequence[str | None], mesh) -> None:
     """``args.microbatch`` from the plans' microbatch when --microbatch was not given; a given one
     that differs is refused.  A verb whose --microbatch is the whole batch (verify, profile) gets
     the plan's per-device microbatch × the mesh's batch axes.  A plan planned with gradient
-    accumulation models one microstep here (these verbs run no accumulation): said on stderr."""
+    accumulation: a verb with ``--grad-accum`` takes it when the option is not given (a given one
+    that differs is refused); one without models one microstep, said on stderr."""
     if not hasattr(args, "microbatch"):
         return
     found = [(p, carried(p)) for p in plans]
@@ -383,6 +396,15 @@ def _carried_microbatch(args, plans: Sequence[str | None], mesh) -> None:
         )
     args.microbatch = planned
     accum = max((c.get("grad_accum", 1) for _, c in found), default=1)
+    if hasattr(args, "grad_accum"):
+        if args.grad_accum is not None and accum > 1 and args.grad_accum != accum:
+            raise TieraxError(
+                f"--grad-accum {args.grad_accum} differs from the {accum} accumulated microsteps "
+                "the plan was planned for; drop --grad-accum (the plan's is used) or plan again"
+            )
+        if args.grad_accum is None and accum > 1:
+            args.grad_accum = accum
+        return
     if accum > 1 and not getattr(args, "emit", None):  # --emit writes the accumulation
         print(
             f"note: the plan was planned for {accum} accumulated microsteps of microbatch "

@@ -147,6 +147,7 @@ def cmd_compile(args) -> int:
         mesh=mesh,
         xla_preset=args.xla_preset,
         target_config=target_config,
+        grad_accum=args.grad_accum or 1,
     )
     if args.json:
         print(json.dumps(result.to_json(), indent=2))

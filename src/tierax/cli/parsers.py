@@ -7,6 +7,7 @@ import argparse
 
 from tierax.cli import measuring, planning, training
 from tierax.cli.common import (
+    add_grad_accum_arg,
     add_model_args,
     add_set_arg,
     add_size_args,
@@ -137,6 +138,7 @@ def _planning(sub) -> None:
     common(s)
     s.add_argument("--plan", default="qkv-offload", help="a preset or plan YAML file")
     s.add_argument("--schedule", default="lhs", help="serial, lhs or lhs-pipelined")
+    add_grad_accum_arg(s)
     _rate_arg(s)
     s.set_defaults(func=planning.cmd_simulate)
 
@@ -151,6 +153,7 @@ def _planning(sub) -> None:
     )
     common(p)
     p.add_argument("--schedule", default="lhs", help="serial, lhs or lhs-pipelined")
+    add_grad_accum_arg(p)
     p.add_argument(
         "--budget-gib",
         type=positive_float,
@@ -344,6 +347,7 @@ def _running(sub) -> None:
         "auto: that mesh, required)",
     )
     add_size_args(c, microbatch=8)
+    add_grad_accum_arg(c)
     c.add_argument("--xla-preset", default="none", help=PRESET_HELP)
     c.add_argument("--json", action="store_true", help="print one JSON object")
     c.set_defaults(func=measuring.cmd_compile)

@@ -31,6 +31,7 @@ PLAN_OPTIONS = (
     "devices",
     "global_batch",
     "top",
+    "grad_accum",
 )
 
 
@@ -197,6 +198,7 @@ def cmd_simulate(args) -> int:
         cfg,
         rates,
         args.schedule,
+        args.grad_accum or 1,
     )
     if args.json:
         print(json.dumps(pred.to_json(), indent=2))
@@ -204,7 +206,14 @@ def cmd_simulate(args) -> int:
         console().print(
             prediction_table(
                 pred,
-                _title(cfg, args, mesh, args.microbatch, f"plan {plan.name} · {args.schedule}"),
+                _title(
+                    cfg,
+                    args,
+                    mesh,
+                    args.microbatch,
+                    f"plan {plan.name} · {args.schedule}"
+                    + (f" · {args.grad_accum} accumulated" if (args.grad_accum or 1) > 1 else ""),
+                ),
             )
         )
     return 0
@@ -227,6 +236,7 @@ def _request(args, cfg, mesh, rates):
         max_microbatch=args.max_microbatch,
         for_tool=args.for_tool,
         place_state=not getattr(args, "state_on_device", False),
+        grad_accum=args.grad_accum or 1,
     )
 
 

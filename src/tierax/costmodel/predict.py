@@ -12,10 +12,18 @@ from tierax.costmodel import network
 from tierax.costmodel.first_touch import first_touch_s
 from tierax.costmodel.fixed import exposed_share, fixed_terms
 from tierax.costmodel.rates import Rates
-from tierax.costmodel.state import check_state, host_peak, offloaded_parts, state_cost
+from tierax.costmodel.state import (
+    accumulate_s,
+    accumulator_bytes,
+    check_state,
+    host_peak,
+    offloaded_parts,
+    state_cost,
+)
 from tierax.costmodel.terms import SCHEDULES, group_terms, item_terms, staging_and_window
 from tierax.costmodel.transposes import transpose_s
 from tierax.errors import TieraxError
+from tierax.tracing import hbm
 from tierax.tracing import inventory as inv_lib
 from tierax.tracing.inventory import Inventory
 
@@ -53,6 +61,13 @@ def peak_rows(breakdown: dict) -> list[tuple[str, int]]:
             ("the update's staged state slices", b.get("state_update_staging_bytes", 0)),
             ("the runtime's fixed device memory", b.get("fixed_device_bytes", 0)),
         ]
+    if b["peak_phase"] == "accumulation":  # a microbatch's gradients added to the accumulator
+        return [
+            ("params + grads + AdamW left on device", b["state_device_bytes"]),
+            ("the gradient accumulator left on device", b.get("accumulator_device_bytes", 0)),
+            ("the accumulation's staged slices", b.get("state_accum_staging_bytes", 0)),
+            ("the runtime's fixed device memory", b.get("fixed_device_bytes", 0)),
+        ]
     loss = b["peak_phase"] == "loss"
     on_device = b.get("state_device_bytes", b["state_bytes"])  # moments on host leave the peak
     state = on_device - (b.get("embed_grad_bytes", 0) if loss else 0)
@@ -74,6 +89,8 @@ def peak_rows(breakdown: dict) -> list[tuple[str, int]]:
         else ("one layer's workspace", b["workspace_bytes"]),
         ("XLA's transposed weight stacks", b.get("stack_copy_bytes", 0)),
     ]
+    if b.get("accumulator_device_bytes"):
+        rows.append(("the float32 gradient accumulator on device", b["accumulator_device_bytes"]))
     if b.get("fixed_device_bytes"):
         rows.append(("the runtime's fixed device memory", b["fixed_device_bytes"]))
     return rows
@@ -87,11 +104,21 @@ def evaluate(
     schedule: str,
     mechanism: str = plan_lib.DEFAULT_MECHANISM,
     state: dict | None = None,
+    grad_accum: int = 1,
 ) -> Prediction:
     """The model for explicit placements ``{(group, name): Placement}`` (carry names may be
     omitted) and training-state placements ``state`` (layer group → StatePlacement; None or a
-    group not listed: on device; :mod:`tierax.costmodel.state`)."""
-    check_state(state or {}, "simulate")
+    group not listed: on device; :mod:`tierax.costmodel.state`), for a step of ``grad_accum``
+    microbatches of ``inv``'s size per optimizer update.
+
+    With ``grad_accum`` = A > 1 every microbatch runs its forward and backward (with its
+    recomputation, copies and collectives) and the update runs once: step = A × (the microbatch's
+    time less the update's HBM time) + the update + the accumulator's additions and exposed copies;
+    the float32 accumulator adds its bytes to the microbatches' peak phases (less what is
+    offloaded)."""
+    if grad_accum < 1:
+        raise TieraxError(f"grad_accum must be ≥ 1 (1: no accumulation), got {grad_accum}")
+    check_state(state or {}, "simulate", grad_accum)
     if schedule not in SCHEDULES:
         raise TieraxError(f"unknown schedule {schedule!r}; choose one of: {', '.join(SCHEDULES)}")
     P = plan_lib.Placement
@@ -133,39 +160,52 @@ def evaluate(
         exposed_d2h += max(0.0, d2h - g.d2h_window_s)
         exposed_h2d += max(0.0, h2d - g.h2d_window_s)
         staging = max(staging, staged_layers * staged)
-    sc = state_cost(offloaded_parts(state or {}), inv, cfg, rates)
+    sc = state_cost(offloaded_parts(state or {}), inv, cfg, rates, grad_accum)
+    # The accumulator on the device through the microbatches (A > 1), less what is offloaded.
+    accum = accumulator_bytes(inv, cfg, grad_accum) - sc.accum_freed_bytes
     # The streamed update's phase: the state left on device, the update's staged slices.
     update_phase = fx.state_bytes - sc.freed_bytes + sc.staging_bytes + fx.fixed_device_bytes
-    peak = int(max(act_bytes + staging + fx.fixed_bytes - sc.freed_bytes, update_phase))
+    # The accumulation after a microbatch's backward: its gradients, the accumulator left on
+    # device and the offloaded accumulator's layer slices (0 without an offloaded accumulator).
+    accum_phase = (
+        update_phase - sc.staging_bytes + accum + sc.accum_staging_bytes
+        if sc.accum_staging_bytes
+        else 0
+    )
+    micro_phase = act_bytes + staging + fx.fixed_bytes - sc.freed_bytes + accum
+    peak = int(max(micro_phase, update_phase, accum_phase))
     # Offloaded state and, during the update, its new values' second host buffer, which shares
     # memory with the offloaded activations (dead by then): tierax.costmodel.state.host_peak.
-    host = host_peak(host, sc.host_bytes)
+    act_host = int(host)
+    host = host_peak(act_host, sc.host_bytes, sc.accum_host_bytes)
     exposed_coll = exposed_collectives(
         fx, schedule, recompute, transfer_total - exposed_d2h - exposed_h2d
     )
     first_touch = first_touch_s(peak, inv, rates)  # CPU only: 0 on GPU and TPU targets
     transpose = transpose_s(placements, inv, rates)  # CPU only: 0 on GPU and TPU targets
+    # The update's HBM time runs once per step; everything else of the microbatch A times.
+    update_s = hbm.optimizer_bytes(inv.param_bytes) / rates.hbm_bytes_per_s
+    micro = fx.compute_s + recompute + exposed_d2h + exposed_h2d + exposed_coll + transpose
+    adds = accumulate_s(inv, cfg, rates, grad_accum)
     step = (
-        fx.compute_s
-        + recompute
-        + exposed_d2h
-        + exposed_h2d
-        + exposed_coll
+        (micro if grad_accum == 1 else grad_accum * (micro - update_s) + update_s + adds)
         + first_touch
-        + transpose
         + sc.exposed_s
     )
     breakdown = {
         "state_bytes": fx.state_bytes,
         "state_device_bytes": fx.state_bytes - sc.freed_bytes,
         "activation_bytes": int(act_bytes),
+        "activation_host_bytes": act_host,
         "staging_bytes": int(staging),
         "workspace_bytes": fx.workspace_bytes,
         "logits_bytes": fx.logits_bytes,
         "fixed_device_bytes": fx.fixed_device_bytes,
         "stack_copy_bytes": fx.stack_copy_bytes,
         "peak_phase": "update"
-        if update_phase > act_bytes + staging + fx.fixed_bytes - sc.freed_bytes
+        if update_phase > micro_phase and update_phase >= accum_phase
+        else "accumulation"
+        if accum_phase > micro_phase
         else "loss"
         if fx.loss_phase_bytes > fx.layer_phase_bytes
         else "layer backward",
@@ -182,12 +222,17 @@ def evaluate(
         "collective_s": fx.collective_s,
         "exposed_collective_s": exposed_coll,
         "critical_collective_s": fx.critical_collective_s,
-        "executed_flops": fx.executed_flops
-        + (recompute - recompute_hbm) * rates.matmul_flops_per_s,
+        "executed_flops": grad_accum
+        * (fx.executed_flops + (recompute - recompute_hbm) * rates.matmul_flops_per_s),
         "recompute_hbm_s": recompute_hbm,
         "first_touch_s": first_touch,
         "transpose_s": transpose,
-        "model_flops": fx.model_flops,
+        "model_flops": fx.model_flops * grad_accum,
+        "grad_accum": grad_accum,
+        "accumulator_device_bytes": int(accum),
+        "accumulate_s": adds,
+        "microbatch_s": micro - update_s,
+        "update_hbm_s": update_s,
         "schedule": schedule,
         "mechanism": mechanism,
         "rates": rates.sources | network.describe(links, rates),
@@ -205,7 +250,7 @@ def evaluate(
         device_capacity_bytes=rates.device_memory_bytes,
         host_bytes=int(host),
         step_time_s=step,
-        tflops_per_device=fx.model_flops / step / 1e12,
+        tflops_per_device=fx.model_flops * grad_accum / step / 1e12,
         breakdown=breakdown,
     )
 
@@ -250,9 +295,19 @@ def plan_placements(plan: plan_lib.Plan, cfg) -> dict:
     return out
 
 
-def simulate(plan: plan_lib.Plan, inv: Inventory, cfg, rates: Rates, schedule: str) -> Prediction:
-    """Predicted peak device bytes, host bytes and step time of ``plan``."""
+def simulate(
+    plan: plan_lib.Plan, inv: Inventory, cfg, rates: Rates, schedule: str, grad_accum: int = 1
+) -> Prediction:
+    """Predicted peak device bytes, host bytes and step time of ``plan``, ``grad_accum``
+    microbatches of ``inv``'s size per update (:func:`evaluate`)."""
     inv = inv_lib.for_plan(inv, plan, cfg)  # a segmented group: one scan, and one row, per segment
     return evaluate(
-        plan_placements(plan, cfg), inv, cfg, rates, schedule, plan.mechanism, dict(plan.state)
+        plan_placements(plan, cfg),
+        inv,
+        cfg,
+        rates,
+        schedule,
+        plan.mechanism,
+        dict(plan.state),
+        grad_accum,
     )

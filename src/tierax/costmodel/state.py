@@ -22,16 +22,24 @@ Per layer group with ``P`` parameters per device (as the step shards them), para
   masters in and writes them back (``P·p`` each way).  The step keeps the few parameters the
   model uses in float32 (norm scales, the MoE router: :func:`tierax.models.layers.
   cast_before_use`) on the device; ``P`` counts them too, a small overcount of the host bytes.
-* ``grad_accum``: the float32 accumulator of a step with more than one microbatch per update.  The
-  model (simulate, plan) prices one microbatch per update, which has no accumulator: offloading it
-  is refused there rather than priced as free.
+* ``grad_accum``: the float32 accumulator of a step with ``A`` > 1 microbatches per update
+  (:mod:`tierax.train.accumulate`).  On the device it holds ``P·4`` bytes through every
+  microbatch's forward and backward; offloaded, those bytes leave the device (the update phase has
+  none: the accumulator is the update's gradient by then), ``P·4`` host bytes, and the
+  accumulation moves ``(A + 1)·P·4`` each way per step (a load and a store per microbatch, the
+  final load, the zeros it starts from: XLA writes shared zero stacks once, so its compile can move
+  less).  The copies overlap the additions of the same layer scan (``A·P·(8 + p)`` bytes of HBM
+  traffic), each direction separately.  With one microbatch per update there is no accumulator:
+  offloading it is refused.
 
 Host memory (:func:`host_peak`): the streamed update writes each layer's new state into a second
 host buffer (the scan's output, which becomes the donated state's after the step), so the host
 holds the offloaded state twice at the end of the step; the offloaded activations are dead by then
 and share that memory.  Host bytes = ``state + max(offloaded activations, state)`` — what XLA's
 deviceless compile reports: host arguments = the state, host temp = the larger of the two
-(bench/results/state_offload.json).
+(bench/results/state_offload.json).  An offloaded accumulator is live beside the offloaded
+activations through each microbatch, and twice (the layer scan's input and output) while it is
+added to: host temp = ``max(activations + accumulator, 2 · accumulator, state)``.
 
 Hiding: the streamed update's copies of a group overlap that group's own update (its AdamW HBM
 traffic at the device's HBM rate), each direction separately (the host link is full duplex).  Its
@@ -56,19 +64,42 @@ from tierax.tracing.inventory import Inventory
 # Layers of an offloaded part's slices on the device during the streamed update: the layer being
 # updated and the next one's loads (double buffering).
 UPDATE_STAGING_LAYERS = 2
-# The kinds the model prices (grad_accum: see the module docstring).
-PRICED_KINDS = ("moments", "master_weights")
-# The kinds the step runs offloaded (tierax.train.streamed): the only ones the planner chooses, so
-# that every plan it writes runs.
-PLANNED_KINDS = ("moments", "master_weights")
+# The kinds the model prices (grad_accum only with more than one microbatch per update).
+PRICED_KINDS = ("moments", "master_weights", "grad_accum")
+# The kinds the step runs offloaded (tierax.train.streamed, tierax.train.accumulate): the ones the
+# planner chooses, so that every plan it writes runs.
+PLANNED_KINDS = ("moments", "master_weights", "grad_accum")
+# The accumulator's dtype (tierax.train.accumulate sums in float32).
+ACCUM_ITEMSIZE = 4
+# The parts whose device bytes leave every phase; the accumulator's leave the microbatches' phases
+# only (the update has none).
+ALL_PHASE_KINDS = ("moments", "master_weights")
 
 
 def planned_terms(
-    inv: Inventory, cfg, rates: Rates
+    inv: Inventory, cfg, rates: Rates, grad_accum: int = 1
 ) -> tuple[tuple[StateTerms, ...], tuple[StateGroupTerms, ...]]:
     """:func:`state_terms` of the parts the planner may place (:data:`PLANNED_KINDS`)."""
-    items, groups = state_terms(inv, cfg, rates)
+    items, groups = state_terms(inv, cfg, rates, grad_accum)
     return tuple(t for t in items if t.kind in PLANNED_KINDS), groups
+
+
+def accumulate_s(inv: Inventory, cfg, rates: Rates, grad_accum: int) -> float:
+    """The additions of ``grad_accum`` > 1 microbatches' gradients into the float32 accumulator,
+    every parameter's, at the device's HBM rate (read the sum and the gradient, write the sum);
+    0 for one microbatch per update."""
+    if grad_accum < 2:
+        return 0.0
+    p_item = jnp.dtype(cfg.param_dtype).itemsize
+    count = inv.param_bytes / p_item
+    return grad_accum * count * (2 * ACCUM_ITEMSIZE + p_item) / rates.hbm_bytes_per_s
+
+
+def accumulator_bytes(inv: Inventory, cfg, grad_accum: int) -> int:
+    """The float32 accumulator's bytes per device (every parameter's); 0 for one microbatch."""
+    if grad_accum < 2:
+        return 0
+    return int(inv.param_bytes / jnp.dtype(cfg.param_dtype).itemsize * ACCUM_ITEMSIZE)
 # Where each part's update runs and why (reported with a plan's prediction).
 MECHANISM = (
     "streamed: pinned host memory between steps, loaded layer by layer for the AdamW update on the "
@@ -99,6 +130,7 @@ class StateGroupTerms:
     num_layers: int
     update_device_s: float  # at the device's HBM rate: the window the streamed copies hide in
     update_host_s: float  # at the host's memory bandwidth (0: the target's is not known)
+    accumulate_device_s: float = 0.0  # the accumulator's additions: its copies' window
 
 
 def _groups(inv: Inventory) -> dict[str, tuple[float, int]]:
@@ -112,28 +144,35 @@ def _groups(inv: Inventory) -> dict[str, tuple[float, int]]:
 
 
 def state_terms(
-    inv: Inventory, cfg, rates: Rates
+    inv: Inventory, cfg, rates: Rates, grad_accum: int = 1
 ) -> tuple[tuple[StateTerms, ...], tuple[StateGroupTerms, ...]]:
-    """Every layer group's priced parts (:data:`PRICED_KINDS`) and its update's times."""
+    """Every layer group's priced parts (:data:`PRICED_KINDS`; the accumulator only for
+    ``grad_accum`` > 1 microbatches per update) and its update's times."""
     p_item = jnp.dtype(cfg.param_dtype).itemsize
     c_item = jnp.dtype(cfg.dtype).itemsize
     m_item = inv.moment_bytes_per_param or 2 * p_item
+    a_item = ACCUM_ITEMSIZE
     items, groups = [], []
     for name, (count, layers) in _groups(inv).items():
         update = hbm.optimizer_bytes(count * p_item)
+        adds = grad_accum * count * (2 * a_item + p_item) if grad_accum > 1 else 0.0
         groups.append(
             StateGroupTerms(
                 name,
                 layers,
                 update / rates.hbm_bytes_per_s,
                 update / rates.host_memory_bytes_per_s if rates.host_memory_bytes_per_s else 0.0,
+                adds / rates.hbm_bytes_per_s,
             )
         )
-        for kind, freed, moved in (
-            ("moments", count * m_item, count * m_item),
-            ("master_weights", count * max(0, p_item - c_item), count * p_item),
-        ):
-            host = count * (m_item if kind == "moments" else p_item)
+        kinds = [
+            ("moments", count * m_item, count * m_item, count * m_item),
+            ("master_weights", count * max(0, p_item - c_item), count * p_item, count * p_item),
+        ]
+        if grad_accum > 1:
+            acc = count * a_item
+            kinds.append(("grad_accum", acc, (grad_accum + 1) * acc, acc))
+        for kind, freed, moved, host in kinds:
             if not rates.offload_is_real:  # XLA:CPU: host and device memory are the same DRAM
                 freed = host = moved = 0
             items.append(
@@ -146,21 +185,25 @@ def state_terms(
                     int(moved),
                     moved / rates.h2d_bytes_per_s,
                     moved / rates.d2h_bytes_per_s,
-                    int(UPDATE_STAGING_LAYERS * moved / max(layers, 1)),
+                    int(UPDATE_STAGING_LAYERS * host / max(layers, 1)),
                 )
             )
     return tuple(items), tuple(groups)
 
 
-def check_state(state: Mapping[str, StatePlacement], where: str) -> None:
-    """Refuse placements the model cannot price (``grad_accum: offload``, see the docstring)."""
+def check_state(state: Mapping[str, StatePlacement], where: str, grad_accum: int = 1) -> None:
+    """Refuse an offloaded accumulator with one microbatch per update, which has none.
+
+    Raises:
+      TieraxError: naming the groups and the two ways out.
+    """
     bad = sorted(g for g, sp in state.items() if sp.grad_accum is Placement.OFFLOAD)
-    if bad:
+    if bad and grad_accum < 2:
         raise TieraxError(
             f"{where}: grad_accum: offload (group {', '.join(bad)}) places the gradient "
-            f"accumulator of a step with several microbatches per update; the cost model prices "
-            f"one microbatch per update, which has none. Set grad_accum: device there "
-            f"({STATE_KINDS['grad_accum']})"
+            f"accumulator of a step with several microbatches per update, but this step has "
+            f"{grad_accum} microbatch per update, which accumulates nothing. Give --grad-accum N "
+            f"(N > 1) or set grad_accum: device ({STATE_KINDS['grad_accum']})"
         )
 
 
@@ -168,15 +211,18 @@ def check_state(state: Mapping[str, StatePlacement], where: str) -> None:
 class StateCost:
     """What a plan's state placements add to a prediction."""
 
-    freed_bytes: int
-    host_bytes: int
+    freed_bytes: int  # moments and master weights: from every phase
+    host_bytes: int  # moments and master weights
     h2d_bytes: int
     d2h_bytes: int
     transfer_s: float
     exposed_s: float
-    staging_bytes: int
+    staging_bytes: int  # the streamed update's
     update_device_s: float
     update_host_s: float
+    accum_freed_bytes: int = 0  # the accumulator's: from the microbatches' phases only
+    accum_host_bytes: int = 0
+    accum_staging_bytes: int = 0  # the accumulation's layer slices on the device
 
     def to_json(self) -> dict:
         return {
@@ -190,6 +236,9 @@ class StateCost:
             "state_update_staging_bytes": self.staging_bytes,
             "state_update_device_s": self.update_device_s,
             "state_update_host_s": self.update_host_s,
+            "state_accum_freed_bytes": self.accum_freed_bytes,
+            "state_accum_host_bytes": self.accum_host_bytes,
+            "state_accum_staging_bytes": self.accum_staging_bytes,
             "state_mechanism": MECHANISM,
         }
 
@@ -199,23 +248,37 @@ def exposed(h2d_s: float, d2h_s: float, g: StateGroupTerms) -> float:
     return max(0.0, h2d_s - g.update_device_s) + max(0.0, d2h_s - g.update_device_s)
 
 
-def state_cost(offloaded: set[tuple[str, str]], inv: Inventory, cfg, rates: Rates) -> StateCost:
+def accum_exposed(h2d_s: float, d2h_s: float, g: StateGroupTerms) -> float:
+    """A group's accumulator copies not hidden under its additions, each direction on its own."""
+    return max(0.0, h2d_s - g.accumulate_device_s) + max(0.0, d2h_s - g.accumulate_device_s)
+
+
+def state_cost(
+    offloaded: set[tuple[str, str]], inv: Inventory, cfg, rates: Rates, grad_accum: int = 1
+) -> StateCost:
     """The cost of offloading the (group, kind) pairs in ``offloaded`` (every other part on
-    device)."""
-    items, groups = state_terms(inv, cfg, rates)
+    device) in a step of ``grad_accum`` microbatches per update."""
+    items, groups = state_terms(inv, cfg, rates, grad_accum)
     freed = host = h2d = d2h = staging = 0
+    a_freed = a_host = a_staging = 0
     transfer = exp = 0.0
     for g in groups:
         mine = [i for i in items if i.group == g.group and (i.group, i.kind) in offloaded]
-        freed += sum(i.device_bytes for i in mine)
-        host += sum(i.host_bytes for i in mine)
+        upd = [i for i in mine if i.kind in ALL_PHASE_KINDS]
+        acc = [i for i in mine if i.kind not in ALL_PHASE_KINDS]
+        freed += sum(i.device_bytes for i in upd)
+        host += sum(i.host_bytes for i in upd)
+        a_freed += sum(i.device_bytes for i in acc)
+        a_host += sum(i.host_bytes for i in acc)
         h2d += sum(i.h2d_bytes for i in mine)
         d2h += sum(i.d2h_bytes for i in mine)
-        up, down = sum(i.h2d_s for i in mine), sum(i.d2h_s for i in mine)
-        transfer += up + down
+        transfer += sum(i.h2d_s + i.d2h_s for i in mine)
         if rates.offload_is_real:
-            exp += exposed(up, down, g)
-        staging = max(staging, sum(i.staging_bytes for i in mine))
+            exp += exposed(sum(i.h2d_s for i in upd), sum(i.d2h_s for i in upd), g)
+            exp += accum_exposed(sum(i.h2d_s for i in acc), sum(i.d2h_s for i in acc), g)
+        staging = max(staging, sum(i.staging_bytes for i in upd))
+        a_staging = max(a_staging, sum(i.staging_bytes for i in acc))
+    real = rates.offload_is_real
     return StateCost(
         freed,
         host,
@@ -223,19 +286,29 @@ def state_cost(offloaded: set[tuple[str, str]], inv: Inventory, cfg, rates: Rate
         d2h,
         transfer,
         exp,
-        staging if rates.offload_is_real else 0,
+        staging if real else 0,
         sum(g.update_device_s for g in groups),
         sum(g.update_host_s for g in groups),
+        a_freed,
+        a_host,
+        a_staging if real else 0,
     )
 
 
-def host_peak(activation_host_bytes: int, state_host_bytes: int) -> int:
-    """Host bytes per device with ``state_host_bytes`` of offloaded training state beside
-    ``activation_host_bytes`` of offloaded activations (module docstring: the update's second
-    host buffer shares memory with the activations)."""
-    if not state_host_bytes:
+def host_peak(activation_host_bytes: int, state_host_bytes: int, accum_host_bytes: int = 0) -> int:
+    """Host bytes per device with ``state_host_bytes`` of offloaded training state and
+    ``accum_host_bytes`` of offloaded accumulator beside ``activation_host_bytes`` of offloaded
+    activations (module docstring: the update's second host buffer shares memory with the
+    activations, which are dead by then; the accumulator is live beside them, and twice while it
+    is added to)."""
+    if not state_host_bytes and not accum_host_bytes:
         return int(activation_host_bytes)
-    return int(state_host_bytes + max(activation_host_bytes, state_host_bytes))
+    temp = max(
+        activation_host_bytes + accum_host_bytes,
+        2 * accum_host_bytes,
+        state_host_bytes if state_host_bytes else 0,
+    )
+    return int(state_host_bytes + temp)
 
 
 def offloaded_parts(state: Mapping[str, StatePlacement]) -> set[tuple[str, str]]:

@@ -259,6 +259,20 @@ def prediction_table(pred, title: str) -> Table:
             else []
         ),
         ("step time", ms(pred.step_time_s)),
+        *(
+            [
+                (
+                    f"  {b['grad_accum']} microbatches (each: the rows below, less the update)",
+                    f"{b['grad_accum']} × {ms(b['microbatch_s'])}",
+                ),
+                (
+                    "  the update once + the gradient accumulator's additions",
+                    f"{ms(b['update_hbm_s'])} + {ms(b['accumulate_s'])}",
+                ),
+            ]
+            if b.get("grad_accum", 1) > 1
+            else []
+        ),
         ("  compute", ms(b["compute_s"])),
         ("    of which non-matmul work at memory bandwidth", ms(b.get("hbm_s", 0.0))),
         ("  recompute", ms(b["recompute_s"])),
@@ -269,7 +283,9 @@ def prediction_table(pred, title: str) -> Table:
         *(
             [
                 (
-                    "  streamed state update copies (exposed)",
+                    "  streamed state update copies (exposed)"
+                    if not b.get("state_accum_host_bytes")
+                    else "  training-state copies: update and accumulator (exposed)",
                     f"{ms(b['state_transfer_s'])} ({ms(b['state_exposed_s'])})",
                 )
             ]

@@ -145,7 +145,13 @@ def check_request(
                 f"model predicts; with that workspace, {e}"
             ) from None
         compiled, _ = compile_lib.compile_for_target(
-            cfg, result.plan, target, microbatch=microbatch, seq=seq, mesh=mesh
+            cfg,
+            result.plan,
+            target,
+            microbatch=microbatch,
+            seq=seq,
+            mesh=mesh,
+            grad_accum=request.grad_accum,
         )
         b = result.predicted.breakdown
         peak = compiled.device_peak_bytes  # an out-of-memory refusal: XLA's stated need, or None

@@ -115,17 +115,29 @@ def _solve(
     one_placement_per_name: bool = False,
     mechanism: str = DEFAULT_MECHANISM,
     place_state: bool = True,
+    grad_accum: int = 1,
 ) -> tuple[dict, dict] | None:
     """(activation placements, state placements) of the fastest plan within the budgets, or None.
 
     With ``place_state`` the training state's parts (:mod:`tierax.costmodel.state`) are binaries
     of the same program: ``x_j`` = part j offloaded, with the streamed update's exposed copies per
     group and direction and its staging as continuous variables, the freed bytes in both peak
-    phases' rows, the update phase's own row, and the host bytes in the host row."""
+    phases' rows, the update phase's own row, and the host bytes in the host row.
+
+    ``grad_accum`` = A > 1 microbatches per update (:func:`tierax.costmodel.evaluate`): the
+    activations' costs count A times, the update's once; the float32 accumulator is a part of the
+    state (its own exposed copies and staging, its bytes in the microbatches' rows and an
+    accumulation row, live on the host beside the offloaded activations)."""
     items = cm.item_terms(inv, rates, mechanism)
     groups = cm.group_terms(inv, rates, schedule, mechanism)
     fx = cm.fixed_terms(inv, cfg, rates, schedule)
-    parts, ugroups = state_cm.planned_terms(inv, cfg, rates) if place_state else ((), ())
+    parts, ugroups = (
+        state_cm.planned_terms(inv, cfg, rates, grad_accum) if place_state else ((), ())
+    )
+    accum_total = state_cm.accumulator_bytes(inv, cfg, grad_accum)
+    A = grad_accum
+    upd = [j for j, p in enumerate(parts) if p.kind in state_cm.ALL_PHASE_KINDS]
+    acc = [j for j, p in enumerate(parts) if p.kind not in state_cm.ALL_PHASE_KINDS]
     n, G = len(items), len(groups)
     m, U = len(parts), len(ugroups)
     gidx = {g.name: k for k, g in enumerate(groups)}
@@ -138,21 +150,26 @@ def _solve(
     S = X + m + 2 * G
     UH, UD, SU = S + 1, S + 1 + U, S + 1 + 2 * U
     EC = SU + 1  # exposed hideable collectives (tierax.costmodel.predict.exposed_collectives)
-    nv = EC + 1
+    # The accumulator's exposed copies per group and direction, and its staging (A > 1).
+    AH, AD = EC + 1, EC + 1 + U
+    SA = EC + 1 + 2 * U
+    nv = SA + 1
     scale = 1.0 / max(fx.compute_s, 1e-30)  # objective in units of the step's compute time
     total_bytes = max(1, sum(i.bytes for i in items))
     c = np.zeros(nv)
     for k, it in enumerate(items):
-        c[R + k] = it.recompute_s * scale
+        c[R + k] = A * it.recompute_s * scale
         c[D + k] = 1e-9 * it.bytes / total_bytes  # tie-break: free memory when it costs nothing
         c[O + k] = 1e-9 * it.bytes / total_bytes  # tie-break: do not use the link for nothing
     for g in groups:
-        c[Z + gidx[g.name]] = -g.base_recompute_s * scale
-    c[ED : ED + G] = 1.0
-    c[EH : EH + G] = 1.0
-    c[EC] = 1.0
+        c[Z + gidx[g.name]] = -A * g.base_recompute_s * scale
+    c[ED : ED + G] = A
+    c[EH : EH + G] = A
+    c[EC] = A
     c[UH : UH + U] = 1.0
     c[UD : UD + U] = 1.0
+    c[AH : AH + U] = 1.0
+    c[AD : AD + U] = 1.0
     total_state = max(1, sum(p.host_bytes for p in parts))
     for j, part in enumerate(parts):
         c[X + j] = 1e-9 * part.host_bytes / total_state  # tie-break: do not move state for nothing
@@ -175,8 +192,8 @@ def _solve(
             continue
         for k, it in enumerate(items):
             if it.group == g.name:
-                c[D + k] += named.get(it.name, 0.0) * scale
-        c[Z + gidx[g.name]] += (save_all - base - sum(named.values())) * scale
+                c[D + k] += A * named.get(it.name, 0.0) * scale
+        c[Z + gidx[g.name]] += A * (save_all - base - sum(named.values())) * scale
 
     rows, lo, hi = [], [], []
 
@@ -243,15 +260,25 @@ def _solve(
                 add({X + j: 1, X + i: -1}, 0, 0)
     # The streamed update: per group and direction, copies beyond the group's own update time are
     # exposed; the update phase stages the largest group's slices.
+    # The accumulation likewise, its copies under the group's additions.
     for ug in ugroups:
-        mine = [j for j, part in enumerate(parts) if part.group == ug.group]
-        for E, attr in ((UH, "h2d_s"), (UD, "d2h_s")):
-            add(
-                {E + uidx[ug.group]: 1, **{X + j: -getattr(parts[j], attr) * scale for j in mine}},
-                -ug.update_device_s * scale,
-                np.inf,
-            )
-        add({SU: 1, **{X + j: -parts[j].staging_bytes / total_bytes for j in mine}}, 0, np.inf)
+        for sel, (EH_, ED_), window, SS in (
+            (upd, (UH, UD), ug.update_device_s, SU),
+            (acc, (AH, AD), ug.accumulate_device_s, SA),
+        ):
+            mine = [j for j in sel if parts[j].group == ug.group]
+            if not mine:
+                continue
+            for E, attr in ((EH_, "h2d_s"), (ED_, "d2h_s")):
+                add(
+                    {
+                        E + uidx[ug.group]: 1,
+                        **{X + j: -getattr(parts[j], attr) * scale for j in mine},
+                    },
+                    -window * scale,
+                    np.inf,
+                )
+            add({SS: 1, **{X + j: -parts[j].staging_bytes / total_bytes for j in mine}}, 0, np.inf)
     fixed_bytes = fx.fixed_bytes + sum(
         g.base_bytes for g in groups
     )  # the larger of the loss and layer phases
@@ -259,19 +286,33 @@ def _solve(
     mem.update({Z + gidx[g.name]: g.save_all_extra_bytes / total_bytes for g in groups})
     mem.update({X + j: -part.device_bytes / total_bytes for j, part in enumerate(parts)})
     mem[S] = 1
-    add(mem, -np.inf, (budget - fixed_bytes) / total_bytes)
-    if parts:  # the update phase: the state left on device and the update's staging
+    # The microbatches' phases hold the accumulator (A > 1), less what is offloaded.
+    add(mem, -np.inf, (budget - fixed_bytes - accum_total) / total_bytes)
+    if upd:  # the update phase: the state left on device and the update's staging
         add(
-            {SU: 1, **{X + j: -part.device_bytes / total_bytes for j, part in enumerate(parts)}},
+            {SU: 1, **{X + j: -parts[j].device_bytes / total_bytes for j in upd}},
             -np.inf,
             (budget - fx.state_bytes - fx.fixed_device_bytes) / total_bytes,
         )
+    if acc:  # the accumulation: the state and accumulator left on device, the accumulator's slices
+        add(
+            {SA: 1, **{X + j: -part.device_bytes / total_bytes for j, part in enumerate(parts)}},
+            -np.inf,
+            (budget - fx.state_bytes - fx.fixed_device_bytes - accum_total) / total_bytes,
+        )
+    # Host: the offloaded activations, state and accumulator live together through a microbatch
     host_row = {O + k: it.bytes / total_bytes for k, it in enumerate(items)}
     host_row.update({X + j: part.host_bytes / total_bytes for j, part in enumerate(parts)})
     add(host_row, -np.inf, host_budget / total_bytes)
-    if parts:  # the update's second host buffer of the state (costmodel.state.host_peak)
+    if upd:  # the update's second host buffer of the state (costmodel.state.host_peak)
         add(
-            {X + j: 2 * part.host_bytes / total_bytes for j, part in enumerate(parts)},
+            {X + j: 2 * parts[j].host_bytes / total_bytes for j in upd},
+            -np.inf,
+            host_budget / total_bytes,
+        )
+    if acc:  # the accumulator twice while it is added to, beside the state
+        add(
+            {X + j: (1 if j in upd else 2) * parts[j].host_bytes / total_bytes for j in upd + acc},
             -np.inf,
             host_budget / total_bytes,
         )
@@ -355,14 +396,25 @@ def _segment(placements: dict, g, a: int, b: int) -> Segment:
 
 
 def _best_split(
-    unsplit: tuple | None, inv, cfg, rates, schedule, budget, host_budget, mechanism, place_state
+    unsplit: tuple | None,
+    inv,
+    cfg,
+    rates,
+    schedule,
+    budget,
+    host_budget,
+    mechanism,
+    place_state,
+    grad_accum: int = 1,
 ):
     """((placements, state), the inventory they are keyed by, splits) of the fastest plan over
     every combination of one split point (or none) per group; ties keep fewer splits."""
 
     def seconds(solution, solved):
         placements, state = solution
-        return cm.evaluate(placements, solved, cfg, rates, schedule, mechanism, state).step_time_s
+        return cm.evaluate(
+            placements, solved, cfg, rates, schedule, mechanism, state, grad_accum
+        ).step_time_s
 
     best = (unsplit, inv, {}, seconds(unsplit, inv) if unsplit is not None else float("inf"))
     # Segments of one layer are not offered: XLA drops the host round trip of a value stored and
@@ -377,7 +429,16 @@ def _best_split(
         skeleton = placements_to_plan({}, cfg, "split", "", mechanism, splits)
         solved = inv_lib.for_plan(inv, skeleton, cfg)
         placements = _solve(
-            solved, cfg, rates, schedule, budget, host_budget, False, mechanism, place_state
+            solved,
+            cfg,
+            rates,
+            schedule,
+            budget,
+            host_budget,
+            False,
+            mechanism,
+            place_state,
+            grad_accum,
         )
         if placements is not None:
             s = seconds(placements, solved)
@@ -513,6 +574,7 @@ def plan(
     segments: bool = False,
     remedies: str | None = None,
     place_state: bool = True,
+    grad_accum: int = 1,
 ) -> PlanResult:
     """The fastest predicted plan within the budgets (``one_placement_per_name``: the same across
     groups), for the offload ``mechanism`` the returned plan runs with.  ``segments``: also consider
@@ -520,8 +582,9 @@ def plan(
     placements — every split point of every group (all combinations), each solved exactly; the
     fastest plan wins (an unsplit plan on ties).  ``remedies``: what a NoPlanFits message suggests
     (default: CLI options).  ``place_state``: choose the training state's placements (AdamW
-    moments, master weights: :mod:`tierax.costmodel.state`) in the same program as the
-    activations'; False keeps all of it on device.
+    moments, master weights and, with ``grad_accum`` > 1 microbatches per update, the gradient
+    accumulator: :mod:`tierax.costmodel.state`) in the same program as the activations'; False
+    keeps all of it on device.
 
     Raises:
       TieraxError: no placement fits (the message gives the smallest peak possible).
@@ -542,22 +605,39 @@ def plan(
         one_placement_per_name,
         mechanism,
         place_state,
+        grad_accum,
     )
     if segments and not one_placement_per_name:
         solution, solved_inv, splits = _best_split(
-            solution, inv, cfg, rates, schedule, budget, host_budget, mechanism, place_state
+            solution,
+            inv,
+            cfg,
+            rates,
+            schedule,
+            budget,
+            host_budget,
+            mechanism,
+            place_state,
+            grad_accum,
         )
     if solution is None:
         everything_remat = {(i.group, i.name): Placement.REMAT for i in cm.item_terms(inv, rates)}
         all_state = (
             {
                 part.group: StatePlacement(**{k: Placement.OFFLOAD for k in state_cm.PLANNED_KINDS})
-                for part in state_cm.planned_terms(inv, cfg, rates)[0]
+                for part in state_cm.planned_terms(inv, cfg, rates, grad_accum)[0]
             }
             if place_state and rates.offload_is_real
             else {}
         )
-        floor = cm.evaluate(everything_remat, inv, cfg, rates, schedule, mechanism, all_state)
+        if grad_accum < 2:  # one microbatch per update has no accumulator to offload
+            all_state = {
+                g: dataclasses.replace(sp, grad_accum=Placement.DEVICE)
+                for g, sp in all_state.items()
+            }
+        floor = cm.evaluate(
+            everything_remat, inv, cfg, rates, schedule, mechanism, all_state, grad_accum
+        )
         b = floor.breakdown
         # A custom model's inventory is at the shapes its caller traced, not at a microbatch × seq.
         at = "" if cfg.family == "custom" else f" at microbatch {inv.microbatch} × seq {inv.seq}"
@@ -577,35 +657,56 @@ def plan(
         f"planned for {rates.target}, schedule {schedule}, device budget {budget / 2**30:.1f} GiB"
     )
     p = placements_to_plan(placements, cfg, name, desc, mechanism, splits, state)
-    pred = cm.simulate(p, inv, cfg, rates, schedule)
+    p = dataclasses.replace(p, grad_accum=grad_accum) if grad_accum > 1 else p
+    pred = cm.simulate(p, inv, cfg, rates, schedule, grad_accum)
     why = _explain(
         placements, solved_inv, cfg, rates, schedule, pred, budget, host_budget, mechanism
-    ) + _explain_state(state, solved_inv, cfg, rates, pred, budget, host_budget, place_state)
+    ) + _explain_state(
+        state, solved_inv, cfg, rates, pred, budget, host_budget, place_state, grad_accum
+    )
     return PlanResult(p, pred, why, budget, host_budget, inv.microbatch)
 
 
 def _explain_state(
-    state: dict, inv, cfg, rates, pred: cm.Prediction, budget, host_budget, placed: bool
+    state: dict,
+    inv,
+    cfg,
+    rates,
+    pred: cm.Prediction,
+    budget,
+    host_budget,
+    placed: bool,
+    grad_accum: int = 1,
 ) -> tuple[Explanation, ...]:
     """Why each part of the training state is where it is: the bytes it frees, its streamed
-    copies, how much of them its group's update hides, and the update's time on the host."""
-    parts, ugroups = state_cm.state_terms(inv, cfg, rates)
+    copies, how much of them its group's update (the accumulator: its additions) hides, and the
+    update's time on the host."""
+    parts, ugroups = state_cm.state_terms(inv, cfg, rates, grad_accum)
     ug = {g.group: g for g in ugroups}
     ms = lambda s: f"{s * 1e3:.3g} ms"  # noqa: E731
     gib = lambda b: f"{b / 2**30:.3g} GiB"  # noqa: E731
     # The offloaded activations' host bytes (pred's host bytes are state_cm.host_peak of them and
     # the state's; at most the state, they do not change the peak with more state offloaded).
     state_host = pred.breakdown.get("state_host_bytes", 0)
-    acts_host = pred.host_bytes - state_host if pred.host_bytes > 2 * state_host else 0
+    accum_host = pred.breakdown.get("state_accum_host_bytes", 0)
+    acts_host = max(0, pred.breakdown.get("activation_host_bytes", 0))
     out = []
     for part in parts:
         g = ug[part.group]
         sp = state.get(part.group, StatePlacement())
-        off = [q for q in parts if q.group == part.group and q.kind in sp.offloaded]
+        accum = part.kind not in state_cm.ALL_PHASE_KINDS  # its copies hide under its additions
+        off = [
+            q
+            for q in parts
+            if q.group == part.group
+            and q.kind in sp.offloaded
+            and (q.kind not in state_cm.ALL_PHASE_KINDS) == accum
+        ]
         others = [q for q in off if q is not part]
+        rule = state_cm.accum_exposed if accum else state_cm.exposed
 
-        def exposed(qs, g=g):
-            return state_cm.exposed(sum(q.h2d_s for q in qs), sum(q.d2h_s for q in qs), g)
+        def exposed(qs, g=g, rule=rule):
+            return rule(sum(q.h2d_s for q in qs), sum(q.d2h_s for q in qs), g)
 
         marginal = exposed(others + [part]) - exposed(others)
         total = part.h2d_s + part.d2h_s
@@ -618,7 +719,14 @@ def _explain_state(
             else ""
         )
         name = f"state:{part.kind}"
-        if sp.placement(part.kind) is Placement.OFFLOAD:
+        if sp.placement(part.kind) is Placement.OFFLOAD and accum:
+            why = (
+                f"offloaded: frees {gib(part.device_bytes)} of device memory through every "
+                f"microbatch ({gib(part.host_bytes)} on the host); the {grad_accum} microbatches' "
+                f"accumulation moves it {grad_accum + 1} times each way ({ms(total)}), "
+                f"{hidden:.0%} hidden under the additions, {ms(marginal)} exposed"
+            )
+        elif sp.placement(part.kind) is Placement.OFFLOAD:
             why = (
                 f"offloaded: frees {gib(part.device_bytes)} of device memory "
                 f"({gib(part.host_bytes)} on the host); the streamed update moves it both ways "
@@ -638,7 +746,11 @@ def _explain_state(
             why = (
                 "kept: offloading frees nothing here (the parameter dtype is the compute dtype)"
             )
-        elif state_cm.host_peak(acts_host, state_host + part.host_bytes) > host_budget:
+        elif (
+            state_cm.host_peak(acts_host, state_host, accum_host + part.host_bytes)
+            if accum
+            else state_cm.host_peak(acts_host, state_host + part.host_bytes, accum_host)
+        ) > host_budget:
             why = (
                 f"kept: host memory has no room for its {gib(part.host_bytes)} "
                 f"({gib(host_budget - pred.host_bytes)} left)"
@@ -647,7 +759,8 @@ def _explain_state(
             why = (
                 f"kept: {gib(part.device_bytes)} fits the budget "
                 f"({gib(budget - pred.peak_device_bytes)} to spare); offloading would expose "
-                f"{ms(marginal)} of streamed copies{host_note}"
+                f"{ms(marginal)} of " + ("accumulator copies" if accum else "streamed copies")
+                + ("" if accum else host_note)
             )
         out.append(
             Explanation(

@@ -25,8 +25,9 @@ class Request:
     ``microbatch`` × ``seq`` on ``mesh``.  ``max_microbatch``: plan the largest microbatch that fits
     instead of ``microbatch``; ``for_tool``: one placement per name (what the tool expresses), with
     a note on what that costs; ``remedies``: what a no-fit message suggests (default: CLI
-    options); ``place_state``: place the training state (moments, master weights) in the same
-    program (False: keep it on device)."""
+    options); ``place_state``: place the training state (moments, master weights, the gradient
+    accumulator) in the same program (False: keep it on device); ``grad_accum``: microbatches per
+    optimizer update (the planner prices the accumulation and may offload its accumulator)."""
 
     cfg: object
     mesh: dict
@@ -44,6 +45,7 @@ class Request:
     remedies: str | None = None
     inventory: inv_lib.Inventory | None = None
     place_state: bool = True  # also place the training state (False: all of it on device)
+    grad_accum: int = 1  # microbatches per optimizer update
 
 
 def _segments_conflict(*, segments: bool, for_tool, max_microbatch: bool) -> None:
@@ -73,6 +75,7 @@ def check_options(
     devices: int | None = None,
     global_batch: int | None = None,
     top: int | None = None,
+    grad_accum: int | None = None,
 ) -> None:
     """``tierax plan``: refuse, before any work, a combination of options where one would be
     ignored.  (``--segments`` combines with ``--sweep`` and ``--check``.)"""
@@ -85,6 +88,7 @@ def check_options(
                 ("--max-microbatch", max_microbatch),
                 ("--segments", segments),
                 ("--check-iterations", check_iterations is not None),
+                ("--grad-accum", grad_accum is not None),
             )
             if on
         ]
@@ -127,6 +131,7 @@ def check_options(
             "--check-iterations bounds the compiles of --check; add --check or drop it"
         )
     _segments_conflict(segments=segments, for_tool=for_tool, max_microbatch=max_microbatch)
+    _accum_conflict(grad_accum or 1, max_microbatch)
     if emit and json and not out:
         raise TieraxError(
             "--emit without --out prints the config, and --json prints the result: "
@@ -136,10 +141,19 @@ def check_options(
     interop.check_tool(emit, "--emit")
 
 
+def _accum_conflict(grad_accum: int, max_microbatch: bool) -> None:
+    if grad_accum > 1 and max_microbatch:
+        raise TieraxError(
+            "--max-microbatch searches the largest microbatch of one microstep per update; drop "
+            "--grad-accum, or plan a given --microbatch with --grad-accum N"
+        )
+
+
 def check_request(req: Request) -> None:
     """Refuse a request whose options cannot work together (the subset of :func:`check_options` a
     request expresses)."""
     interop.check_tool(req.for_tool, "--for")
+    _accum_conflict(req.grad_accum, req.max_microbatch)
     _segments_conflict(
         segments=req.segments, for_tool=req.for_tool, max_microbatch=req.max_microbatch
     )
@@ -188,6 +202,7 @@ def solve(req: Request, cache: dict | None = None) -> tuple[planner.PlanResult, 
             name=req.name,
             segments=req.segments,
             remedies=req.remedies,
+            grad_accum=req.grad_accum,
             **common,
         )
 

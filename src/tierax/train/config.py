@@ -42,7 +42,7 @@ from tierax.launch import flags as xla_flags
 from tierax.mesh import BATCH_AXES, MeshShape
 from tierax.models import ModelConfig, apply_overrides, config_from_dict, config_to_dict, get_config
 from tierax.schema import field_types, read_yaml, scalar, unknown_keys
-from tierax.train import streamed
+from tierax.train import accumulate
 from tierax.train.sections import (
     COMPUTE_DTYPES,
     SECTIONS,
@@ -114,7 +114,7 @@ class TrainConfig:
         plan_lib.check_mechanism_preset(self.plan, self.xla_preset, f"{self.source}: plan")
         # Training state the step cannot run: refused
         # here, before the run directory or any state exists.
-        streamed.check_runnable(self.plan, self.optimizer.grad_clip, f"{self.source}: plan")
+        accumulate.check_runs(self.plan, self.grad_accum, f"{self.source}: plan")
         if self.cpu_devices is not None:
             _check(
                 self.cpu_devices >= 1,

@@ -21,7 +21,7 @@ from tierax.models import ModelConfig, build_model, fp8
 from tierax.models import loss as loss_lib
 from tierax.models.documents import target_weights
 from tierax.sharding import rules as sh
-from tierax.train import masters, streamed
+from tierax.train import accumulate, masters, streamed
 
 
 class TrainState(NamedTuple):
@@ -210,7 +210,7 @@ def make_train_step(
     runs on the state's compute-dtype copies (:func:`model_params`), whose gradients are cast to
     the masters' dtype before the update (:mod:`tierax.train.masters`).
     """
-    streamed.check_runnable(plan, grad_clip, "the train step")
+    accumulate.check_runs(plan, grad_accum, "the train step")
     if plan.offloads_state and state_shardings is None:
         raise TieraxError(
             f"plan {plan.name!r} offloads training state: give the step its state_shardings "
@@ -231,18 +231,8 @@ def make_train_step(
         param_shardings = jax.tree.map(lambda s: s.with_memory_kind("device"), param_shardings)
 
     def accumulated(params, master_params, tokens_ABT, segments_ABT):
-        def micro(carry, xs):
-            loss_sum, grad_sum = carry
-            loss, grads = grad_fn(params, *xs)
-            grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
-            # fp8 delayed-scaling state combines by maximum (its "gradient" is its next value).
-            return (loss_sum + loss, fp8.combine_meta(grad_sum, grads)), None
-
-        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-        if param_shardings is not None:  # keep the accumulator FSDP-sharded like its parameter
-            zeros = jax.lax.with_sharding_constraint(zeros, param_shardings)
         xs = (tokens_ABT,) if segments_ABT is None else (tokens_ABT, segments_ABT)
-        (loss_sum, grad_sum), _ = jax.lax.scan(micro, (jnp.zeros((), jnp.float32), zeros), xs)
+        loss_sum, grad_sum = accumulate.accumulate(grad_fn, params, xs, plan, param_shardings)
         grads, meta = fp8.split_meta(grad_sum)
         grads = jax.tree.map(lambda g, p: (g / grad_accum).astype(p.dtype), grads, master_params)
         return loss_sum / grad_accum, fp8.overwrite_meta(grads, meta)
@@ -260,7 +250,7 @@ def make_train_step(
         # them and they take their "gradient", their next value, in place of its update.
         grads, meta = fp8.split_meta(grads)
         compute = state.compute_params
-        if plan.offloads_state:
+        if streamed.offloaded_groups(plan):
             params, opt_state, compute = streamed.streamed_update(
                 optimizer,
                 grads,

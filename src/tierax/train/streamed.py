@@ -28,12 +28,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from tierax.errors import TieraxError
 from tierax.plan import Placement, Plan, layer_group_of
 from tierax.train import masters
 
-# Parts of the state the step streams; the gradient accumulator is placed by a plan but neither
-# priced by the cost model nor run by the step.
+# Parts of the state the update streams (the gradient accumulator: tierax.train.accumulate).
 RUN_KINDS = ("moments", "master_weights")
 # Optax's global norm (optax.tree.norm; optax.global_norm in releases before it).
 _tree_norm = getattr(getattr(optax, "tree", None), "norm", None) or optax.global_norm
@@ -56,27 +54,6 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformationExtraArg
         return jax.tree.map(clip, updates), state
 
     return optax.GradientTransformationExtraArgs(optax.init_empty_state, update)
-
-
-def check_runnable(plan: Plan, grad_clip: float | None, where: str) -> None:
-    """Refuse state placements the step does not run, before anything is built.
-
-    ``grad_clip`` (the optimizer's global-norm clip) runs with streamed moments in two passes
-    (module docstring); it is taken for the callers' sake and refuses nothing.
-
-    Raises:
-      TieraxError: the gradient accumulator offloaded; the message names what runs.
-    """
-    not_run = sorted(
-        f"{g}.{k}" for g, sp in plan.state.items() for k in sp.offloaded if k not in RUN_KINDS
-    )
-    if not_run:
-        raise TieraxError(
-            f"{where}: plan {plan.name!r} offloads {', '.join(not_run)}; the step runs offloaded "
-            f"moments and master_weights (streamed layer by layer), not grad_accum, which is "
-            f"neither priced nor run. Set grad_accum: device"
-        )
-    del grad_clip
 
 
 def offloaded_groups(plan: Plan) -> tuple[str, ...]:

@@ -355,12 +355,13 @@ def compile_for_target(
     mesh: MeshShape | None = None,
     xla_preset: str = "none",
     target_config: str | None = None,
+    grad_accum: int = 1,
 ) -> tuple[CompileResult, str]:
     """Compile the train step of ``cfg`` under ``plan`` for ``target``; returns (result, scheduled
     HLO text).
 
     ``microbatch`` is sequences per device; the global batch is ``microbatch × mesh.batch_ways``
-    (``mesh`` default: one device).
+    (``mesh`` default: one device), ``grad_accum`` microbatches of it per optimizer update.
     ``xla_preset`` is recorded only: the flags must already be set (tierax.launch.flags.configure).
     """
     require_concrete_attention(cfg, "compile")
@@ -408,16 +409,28 @@ def compile_for_target(
     optimizer = step_lib.make_optimizer(mu_dtype=cfg.mu_dtype)
     graphdef, state = abstract_train_state(cfg, optimizer, mesh, plan)
     global_batch = microbatch * shape.batch_ways
-    tokens = jax.ShapeDtypeStruct(
-        (global_batch, seq + 1), jnp.int32, sharding=sh.batch_sharding(mesh)
-    )
+    if grad_accum > 1:  # [microbatches, batch, seq + 1], the batch over the batch axes
+        tokens = jax.ShapeDtypeStruct(
+            (grad_accum, global_batch, seq + 1),
+            jnp.int32,
+            sharding=NamedSharding(mesh, PartitionSpec(None, *sh.batch_sharding(mesh).spec)),
+        )
+    else:
+        tokens = jax.ShapeDtypeStruct(
+            (global_batch, seq + 1), jnp.int32, sharding=sh.batch_sharding(mesh)
+        )
     step = step_lib.make_train_step(
-        graphdef, cfg, plan, optimizer, jax.tree.map(lambda x: x.sharding, state)
+        graphdef,
+        cfg,
+        plan,
+        optimizer,
+        jax.tree.map(lambda x: x.sharding, state),
+        grad_accum=grad_accum,
     )
 
     # The plan's host bytes against the target's host memory, before XLA spends any time on it.
     full_inventory = inv.model_inventory(cfg, microbatch, seq, shape.to_dict())
-    predicted = _prediction(cfg, plan, full_inventory, target, xla_preset)
+    predicted = _prediction(cfg, plan, full_inventory, target, xla_preset, grad_accum)
     host_memory = int(spec.host_memory_per_gpu_bytes)
     if predicted["host_bytes"] > host_memory:
         raise TieraxError(
@@ -605,12 +618,14 @@ def compile_for_target(
     return result, text
 
 
-def _prediction(cfg, plan: plan_lib.Plan, inventory, target: str, xla_preset: str) -> dict:
+def _prediction(
+    cfg, plan: plan_lib.Plan, inventory, target: str, xla_preset: str, grad_accum: int = 1
+) -> dict:
     """The cost model's figures for the plan compiled: the schedule of its XLA preset (plan
     --check's)."""
     rates = costmodel.target_rates(target, cfg.dtype)
     schedule = "lhs-pipelined" if xla_preset == "lhs-pipelined" else "lhs"
-    p = costmodel.simulate(plan, inventory, cfg, rates, schedule)
+    p = costmodel.simulate(plan, inventory, cfg, rates, schedule, grad_accum)
     return {
         "peak_device_bytes": p.peak_device_bytes,
         "host_bytes": p.host_bytes,
