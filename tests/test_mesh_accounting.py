@@ -1,7 +1,7 @@
 """``plan --mesh auto``'s accounting, against what is computed here: under gradient accumulation
-(a candidate's k microsteps: tokens/s over k microsteps' time, its budget less the accumulator, its
-bounds and collectives for k microsteps, the smallest k whose floor fits), and a ranking worked
-out by hand from the collective bytes when the links are slow enough to decide it."""
+(a candidate's k microsteps and one update: tokens/s over the whole step, the accumulator in its
+peak, its bounds and collectives for k microsteps, the smallest k whose floor fits), and a ranking
+worked out by hand from the collective bytes when the links are slow enough to decide it."""
 
 from __future__ import annotations
 
@@ -29,6 +29,9 @@ def accumulated():
 
 
 def test_an_accumulating_candidate_is_priced_as_k_microsteps(accumulated):
+    """k microbatches per update: k microsteps less the update, the update once, the float32
+    accumulator's additions (all by hand from the one-microbatch prediction of the same plan), the
+    accumulator in the peak; tokens/s over the whole step."""
     cfg, rates, s = accumulated
     budget, _ = planner.budgets(rates, None, None)
     acc = [c for c in s.ranked if c.grad_accum > 1]
@@ -37,16 +40,27 @@ def test_an_accumulating_candidate_is_priced_as_k_microsteps(accumulated):
         k = c.grad_accum
         assert c.microbatch * k == GB // c.mesh.batch_ways
         inv = inv_lib.model_inventory(cfg, c.microbatch, SEQ, c.mesh.to_dict())
-        micro = c.result.predicted.step_time_s
-        assert c.step_time_s == pytest.approx(k * micro, rel=1e-12)
-        assert c.tokens_per_s(GB * SEQ) == pytest.approx(GB * SEQ / (k * micro), rel=1e-12)
-        assert c.to_json(GB * SEQ)["tokens_per_s"] == pytest.approx(GB * SEQ / (k * micro))
-        # The accumulator (one gradient shard) comes off the budget the microstep is planned in.
+        assert not c.result.plan.offloads_state  # the hand sums below hold without state copies
+        assert c.result.plan.grad_accum == k
+        one = cm.simulate(c.result.plan, inv, cfg, rates, "lhs")  # one microbatch per update
+        hbm = rates.hbm_bytes_per_s
+        update = 7 * inv.param_bytes / hbm  # AdamW: 7 × the parameters' bytes (float32)
+        adds = k * (inv.param_bytes // 4) * (4 + 4 + 4) / hbm  # read sum and gradient, write sum
+        step = k * (one.step_time_s - update) + update + adds
+        assert c.step_time_s == pytest.approx(step, rel=1e-12)
+        assert c.tokens_per_s(GB * SEQ) == pytest.approx(GB * SEQ / step, rel=1e-12)
+        assert c.to_json(GB * SEQ)["tokens_per_s"] == pytest.approx(GB * SEQ / step)
+        # The accumulator (one float32 gradient per parameter) is in the peak, within the budget.
+        peak = c.result.predicted.peak_device_bytes
+        assert peak - one.peak_device_bytes == inv.param_bytes
+        assert peak <= budget
+        # The floor's bound: the budget less the accumulator.
         assert c.budget_bytes == budget - inv.grad_bytes
-        assert c.result.predicted.peak_device_bytes <= budget - inv.grad_bytes
-        # Bounds and collectives for the whole optimizer step: k microsteps.
+        # Bounds and collectives for the whole optimizer step: k microsteps, one update.
         fx = cm.fixed_terms(inv, cfg, rates, "lhs")
-        assert c.lower_bound_s == pytest.approx(k * (fx.compute_s + fx.exposed_collective_s))
+        bound = k * (fx.compute_s + fx.exposed_collective_s) - (k - 1) * update
+        assert c.lower_bound_s == pytest.approx(bound)
+        assert c.lower_bound_s <= c.step_time_s
         per_micro = cm.collective_s_by_group(inv, cfg, rates)
         assert c.collectives == pytest.approx({g: k * v for g, v in per_micro.items()})
         # k is the smallest accumulation whose everything-recomputed floor fits.

@@ -65,7 +65,7 @@ def _brute_force(cfg, devices, rates, global_batch, seq, schedule):
                 for a in g.activations
                 if a.name != N.DECODER_LAYER_INPUT
             ]
-            limit = budget - (inv.grad_bytes if k > 1 else 0)
+            limit = budget
             fitting = []
             for combo in itertools.product(list(Placement), repeat=len(keys)):
                 placed = dict(zip(keys, combo, strict=True))
@@ -80,9 +80,10 @@ def _brute_force(cfg, devices, rates, global_batch, seq, schedule):
                         (g.name, P.UNNAMED): u for g, u in zip(inv.groups, unnamed, strict=True)
                     }
                     plan = planner.placements_to_plan(full, cfg, "b", "")
-                    pred = cm.simulate(plan, inv, cfg, rates, schedule)
+                    # k microbatches per update: the whole step, the accumulator in its peak
+                    pred = cm.simulate(plan, inv, cfg, rates, schedule, grad_accum=k)
                     if pred.peak_device_bytes <= limit and pred.host_bytes <= host_budget:
-                        fitting.append(k * pred.step_time_s)
+                        fitting.append(pred.step_time_s)
             if fitting:
                 step = min(fitting)
                 best[mesh] = (global_batch * seq / step, step)

@@ -13,13 +13,15 @@ per optimizer step.  The batch is split over data × fsdp × expert (the tensor 
 sequences), so a candidate runs ``global_batch / (data·fsdp·expert)`` sequences per device: a mesh
 with tensor = t runs a t times larger microbatch than tensor = 1.  When that microbatch's plan does
 not fit, the candidate accumulates gradients: the smallest number of microsteps k (a divisor of the
-microbatch) whose plan fits, each microstep running ``microbatch / k`` sequences, priced as k whole
-steps (the AdamW update counted k times: an overestimate) with one more gradient shard on the device
-(the accumulator).  Candidates whose batch axes do not divide the global batch are left out (said).
+microbatch) whose everything-recomputed floor fits beside the float32 accumulator, each microstep
+running ``microbatch / k`` sequences; its plan is solved for k microbatches per update
+(:func:`tierax.costmodel.evaluate`: the update once, the accumulator in the microbatches' peaks,
+which the planner may offload).  Candidates whose batch axes do not divide the global batch are left
+out (said).
 
 **Exact per candidate.** Each candidate's placement is solved by the planner
 (:func:`tierax.solving.planning.solve`), which is exact for the cost model; candidates are ranked
-by tokens per second at the global batch: ``global_batch · seq / (k · step time)``.
+by tokens per second at the global batch: ``global_batch · seq / step time``.
 
 **Pruning, only where provably safe.**
 
@@ -29,10 +31,11 @@ by tokens per second at the global batch: ``global_batch · seq / (k · step tim
 * *Carry bound* (no trace needed): every layer's input (microbatch × seq × d_model in the compute
   dtype) stays on the device under every placement, so an accumulation whose state plus layer
   inputs exceed the budget is not traced: its floor cannot fit.
-* *Time bound*: every placement's step time is at least ``compute_s + exposed_collective_s`` of the
-  fixed terms (the prediction adds recomputation, exposed transfers and first touch, all ≥ 0), so a
-  candidate whose bound (times k) is no faster than the N-th best solved candidate cannot enter the
-  top N and is not solved.  Candidates are solved in the order of their bound.
+* *Time bound*: every placement's step time is at least ``k · (compute_s + exposed_collective_s)``
+  of the fixed terms less the update's HBM time of the k − 1 microbatches that do not run it (the
+  prediction adds recomputation, exposed transfers, the accumulation and first touch, all ≥ 0), so
+  a candidate whose bound is no faster than the N-th best solved candidate cannot enter the top N
+  and is not solved.  Candidates are solved in the order of their bound.
 
 **Reuse.** The layer traces depend on the mesh only through the local shape (tensor, microbatch):
 :func:`tierax.tracing.inventory.model_inventory` keeps them per local shape, so the candidates of
@@ -50,6 +53,7 @@ from tierax.costmodel import network
 from tierax.errors import TieraxError
 from tierax.mesh import AXES, MeshShape
 from tierax.solving import planner, planning
+from tierax.tracing import hbm
 from tierax.tracing import inventory as inv_lib
 
 OUT_OF_SCOPE = "pipeline and context parallelism are not searched"
@@ -106,7 +110,8 @@ class Candidate:
     @property
     def step_time_s(self) -> float | None:
         """Seconds per optimizer step (k microsteps)."""
-        return None if self.result is None else self.grad_accum * self.result.predicted.step_time_s
+        # The planner's prediction is the whole step: grad_accum microbatches and one update.
+        return None if self.result is None else self.result.predicted.step_time_s
 
     def tokens_per_s(self, tokens: int) -> float | None:
         return None if self.result is None else tokens / self.step_time_s
@@ -225,11 +230,12 @@ def _bound(c: Candidate, cfg, seq, rates, schedule) -> Candidate:
     inv = inv_lib.model_inventory(cfg, c.microbatch, seq, c.mesh.to_dict())
     fx = cm.fixed_terms(inv, cfg, rates, schedule)
     k = c.grad_accum
+    update_s = hbm.optimizer_bytes(inv.param_bytes) / rates.hbm_bytes_per_s
     return dataclasses.replace(
         c,
         status="open",
         result=None,
-        lower_bound_s=k * (fx.compute_s + fx.exposed_collective_s),
+        lower_bound_s=k * (fx.compute_s + fx.exposed_collective_s) - (k - 1) * update_s,
         collectives={g: k * s for g, s in cm.collective_s_by_group(inv, cfg, rates).items()},
         links=network.axis_links(inv.mesh, rates),
     )
@@ -307,9 +313,12 @@ def search(
             microbatch=c.microbatch,
             seq=seq,
             schedule=schedule,
-            budget_bytes=c.budget_bytes,
+            # The device budget itself: with grad_accum the planner counts the accumulator (and
+            # may offload it); c.budget_bytes, less the accumulator, is the floor's bound only.
+            budget_bytes=budget,
             host_budget_bytes=host_budget,
             name=f"planned-{_mesh_name(c.mesh)}",
+            grad_accum=c.grad_accum,
         )
         solves += 1
         try:
