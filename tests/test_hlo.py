@@ -133,3 +133,28 @@ def test_a_load_issued_one_iteration_ahead_is_hidden_in_steady_state():
     assert t.est_stall_s == pytest.approx(0, abs=1e-12) and ov["est_exposed_s"] == pytest.approx(
         0, abs=1e-12
     )
+
+
+def test_an_instruction_printed_over_several_lines_stays_in_its_computation():
+    # XLA:TPU prints a Pallas kernel's kernel_metadata over lines that start at the first column,
+    # one of them with "}}, metadata=..."; the computation goes on after it
+    text = (
+        "HloModule m, is_scheduled=true\n\n"
+        "%body (p: f32[1024,1024]) -> f32[1024,1024] {\n"
+        f"  %p = {A} parameter(0)\n"
+        f'  %k = {A} custom-call(%p), custom_call_target="tpu_custom_call", '
+        "frontend_attributes={kernel_metadata={\n"
+        '"xprof_metadata":"{\\"block_q\\": 512}"\n'
+        '}}, metadata={op_name="jit(step)/pallas_call"}\n'
+        f"  ROOT %d = {A} dot(%k, %p), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}\n"
+        "}\n\n"
+        "ENTRY %main (p0: f32[1024,1024]) -> f32[1024,1024] {\n"
+        f"  %p0 = {A} parameter(0)\n"
+        f"  ROOT %c = {A} call(%p0), to_apply=%body\n"
+        "}\n"
+    )
+    module = hlo.parse_module(text)
+    assert [i.name for i in module.computations["body"]] == ["p", "k", "d"]
+    assert module.roots["body"] == "d" and module.entry == "main"
+    assert 'op_name="jit(step)/pallas_call"' in module.by_name["k"].attrs
+    assert module.instruction_flops(module.by_name["d"]) == 2 * 1024**3

@@ -89,6 +89,13 @@ def _check_common(cfg: Any) -> None:
     )
     _check(cfg.rope_theta > 0, f"rope_theta must be > 0, got {cfg.rope_theta!r}")
     _check(
+        isinstance(cfg.scan_unroll, int)
+        and not isinstance(cfg.scan_unroll, bool)
+        and cfg.scan_unroll >= 1,
+        f"scan_unroll must be an integer ≥ 1 (layers per trip of a layer scan), got "
+        f"{cfg.scan_unroll!r}",
+    )
+    _check(
         cfg.quantization in QUANTIZATIONS,
         f"quantization={cfg.quantization!r} is not supported; use one of "
         f"{', '.join(repr(q) for q in QUANTIZATIONS)} ('' keeps every GEMM in the compute dtype; "
@@ -163,6 +170,10 @@ class LlamaConfig:
     attention_block: int = 512  # keys per block for blockwise attention
     # the loss's logits are computed in this many chunks of batch×sequence (tierax.models.loss)
     loss_tiles: int = 1
+    # layers per trip of each layer group's scan (lax.scan's unroll): the same computation, for
+    # analysis — XLA's cost_analysis counts a loop body once whatever its trip count, so a body of
+    # 2 layers is counted twice as much as one of 1 (bench/xla_cost_check.py)
+    scan_unroll: int = 1
     # Mixtral-style MoE (0: dense)
     num_experts: int = 0
     num_experts_per_tok: int = 2
@@ -312,6 +323,7 @@ class DeepSeekConfig:
     attention: str = "xla"
     attention_block: int = 512
     loss_tiles: int = 1  # see LlamaConfig.loss_tiles
+    scan_unroll: int = 1  # see LlamaConfig.scan_unroll
     quantization: str = ""  # see LlamaConfig.quantization; the router stays float32
 
     def __post_init__(self) -> None:

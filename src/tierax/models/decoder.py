@@ -46,8 +46,18 @@ class Segments:
     parts: tuple[Part, ...]
 
 
-def _run_scan(x_BSD, graphdef, state, policy, mesh, scope: str, doc: DocumentMask | None = None):
-    """``state``'s stacked layers applied to ``x_BSD`` by one scan under ``policy``."""
+def _run_scan(
+    x_BSD,
+    graphdef,
+    state,
+    policy,
+    mesh,
+    scope: str,
+    doc: DocumentMask | None = None,
+    unroll: int = 1,
+):
+    """``state``'s stacked layers applied to ``x_BSD`` by one scan under ``policy``, ``unroll``
+    layers per trip (the policy path; tierax's prefetching scan runs one)."""
 
     def body(carry, layer_state):
         return nnx.merge(graphdef, layer_state)(carry, mesh, doc), None
@@ -56,11 +66,22 @@ def _run_scan(x_BSD, graphdef, state, policy, mesh, scope: str, doc: DocumentMas
     # segment.
     with jax.named_scope(f"tierax_group_{scope}"):
         if isinstance(policy, Prefetch):
+            _unrolled_refused(unroll, "the prefetching scan (mechanism: prefetch)")
             layer = lambda x, s: nnx.merge(graphdef, s)(x, mesh, doc)  # noqa: E731
             return prefetch_scan(layer, policy.keep, policy.offload)(x_BSD, state)
         if policy is not None:
             body = jax.checkpoint(body, policy=policy, prevent_cse=False)
-        return jax.lax.scan(body, x_BSD, state)[0]
+        return jax.lax.scan(body, x_BSD, state, unroll=unroll)[0]
+
+
+def _unrolled_refused(unroll: int, what: str) -> None:
+    if unroll != 1:
+        from tierax.errors import TieraxError
+
+        raise TieraxError(
+            f"scan_unroll={unroll}: {what} runs one layer per trip; use scan_unroll=1 or a plan "
+            "with the policy mechanism and no segments"
+        )
 
 
 class Decoder(nnx.Module):
@@ -137,8 +158,12 @@ class Decoder(nnx.Module):
             graphdef, state = nnx.split(self.groups[name])
             policy = policies.get(name)
             if not isinstance(policy, Segments):
-                x_BSD = _run_scan(x_BSD, graphdef, state, policy, mesh, name, doc)
+                x_BSD = _run_scan(
+                    x_BSD, graphdef, state, policy, mesh, name, doc, self.cfg.scan_unroll
+                )
                 continue
+
+            _unrolled_refused(self.cfg.scan_unroll, "a segmented layer group")
 
             def layer(x, s, graphdef=graphdef):
                 return nnx.merge(graphdef, s)(x, mesh, doc)

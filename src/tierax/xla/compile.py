@@ -23,7 +23,9 @@ import re
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -356,6 +358,7 @@ def compile_for_target(
     xla_preset: str = "none",
     target_config: str | None = None,
     grad_accum: int = 1,
+    on_compiled: Callable[[Any], None] | None = None,
 ) -> tuple[CompileResult, str]:
     """Compile the train step of ``cfg`` under ``plan`` for ``target``; returns (result, scheduled
     HLO text).
@@ -363,6 +366,8 @@ def compile_for_target(
     ``microbatch`` is sequences per device; the global batch is ``microbatch × mesh.batch_ways``
     (``mesh`` default: one device), ``grad_accum`` microbatches of it per optimizer update.
     ``xla_preset`` is recorded only: the flags must already be set (tierax.launch.flags.configure).
+    ``on_compiled`` is called with JAX's compiled executable before it is read (e.g. for XLA's
+    ``cost_analysis()``); not called when XLA refuses the program.
     """
     require_concrete_attention(cfg, "compile")
     require_quantization_runs(cfg, target)  # mxfp8 on a target without MXFP8 GEMMs: refused
@@ -472,6 +477,8 @@ def compile_for_target(
             predicted=predicted,
         )
         return dataclasses.replace(refused_at, libtpu_version=libtpu_version() if tpu else ""), ""
+    if on_compiled is not None:
+        on_compiled(compiled)
     mem = compiled.memory_analysis()
     text = compiled.as_text()
     module = hlo.parse_module(text)

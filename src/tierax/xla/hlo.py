@@ -172,13 +172,33 @@ class Module:
         return {c: count(c) for c in self.computations}
 
 
+def _logical_lines(text: str) -> list[str]:
+    """The text's lines with each instruction on one: XLA:TPU prints a Pallas kernel's
+    ``frontend_attributes={kernel_metadata={...}}`` over several lines, whose continuations start at
+    the first column (one with ``}}, metadata=...``), where only a computation's header or its
+    closing ``}`` do."""
+    out: list[str] = []
+    for line in text.splitlines():
+        head = line[:1]
+        if (
+            out
+            and head not in ("", " ", "\t")
+            and line.rstrip() != "}"
+            and not line.startswith(("HloModule", "ENTRY", "%", "//"))
+        ):
+            out[-1] += line
+        else:
+            out.append(line)
+    return out
+
+
 def parse_module(text: str) -> Module:
     computations: dict[str, list[Instruction]] = {}
     by_name: dict[str, Instruction] = {}
     roots: dict[str, str] = {}
     entry = ""
     current: list[Instruction] | None = None
-    for line in text.splitlines():
+    for line in _logical_lines(text):
         if current is None:
             h = _HEADER.match(line)
             if h:
