@@ -165,22 +165,8 @@ _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 
 
 def _executions(module, trips: dict[str, int]) -> dict[str, int]:
-    """Computation → executions per step, ``trips`` of each loop body multiplied in (as
-    ``tierax.xla.hlo.Module.executions``, with trip counts given)."""
-    parents: dict[str, str] = {}
-    for cname, instrs in module.computations.items():
-        for ins in instrs:
-            for key in ("body", "condition", "calls", "to_apply"):
-                child = ins.attr(key)
-                if child:
-                    parents.setdefault(child, cname)
-
-    def count(c: str, depth: int = 0) -> int:
-        if c == module.entry or c not in parents or depth > 32:
-            return 1
-        return trips.get(c, 1) * count(parents[c], depth + 1)
-
-    return {c: count(c) for c in module.computations}
+    """Computation → executions per step, ``trips`` of each loop body multiplied in."""
+    return module.executions(trips)
 
 
 def hlo_bytes(text: str, layer_trips: int | None = None) -> dict:

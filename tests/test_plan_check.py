@@ -69,7 +69,7 @@ def test_a_model_below_xla_under_a_binding_budget_re_plans_within_a_smaller_budg
     miss = int(budget - first) + int(0.25 * (free - floor))  # XLA's first peak is over the budget
     compiled_peaks = []
 
-    def xla(cfg, plan, target, *, microbatch, seq, mesh):
+    def xla(cfg, plan, target, *, microbatch, seq, mesh, grad_accum=1):
         peak = cm.simulate(plan, inv, cfg, rates, "lhs").peak_device_bytes + miss
         compiled_peaks.append(peak)
         fits = peak <= hardware.usable_bytes(rates.device_memory_bytes)
@@ -138,7 +138,9 @@ def test_a_compile_xla_refuses_is_a_step_of_the_loop_not_a_crash(monkeypatch):
     for stated in (int(1.6 * free), None):  # over the budget below by 0.1 of the free plan
         calls = []
 
-        def xla(cfg, plan, target, *, microbatch, seq, mesh, stated=stated, calls=calls):
+        def xla(
+            cfg, plan, target, *, microbatch, seq, mesh, grad_accum=1, stated=stated, calls=calls
+        ):
             calls.append(plan)
             if len(calls) == 1:  # refused
                 return types.SimpleNamespace(

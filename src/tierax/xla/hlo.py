@@ -152,10 +152,10 @@ class Module:
                         out[body] = int(m.group(1)) if m else 1
         return out
 
-    def executions(self) -> dict[str, int]:
+    def executions(self, trips: dict[str, int] | None = None) -> dict[str, int]:
         """Computation name → executions per run of the entry (nested loop trip counts
-        multiplied)."""
-        trips = self.trip_counts()
+        multiplied); ``trips``: loop body → trip count to use instead of :meth:`trip_counts`."""
+        trips = self.trip_counts() if trips is None else trips
         parents: dict[str, str] = {}
         for cname, instrs in self.computations.items():
             for ins in instrs:
