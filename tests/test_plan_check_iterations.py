@@ -32,7 +32,7 @@ def setting(monkeypatch):
     def workspace(n_remat, call):
         return W * (1 + n_remat)
 
-    def xla(cfg, plan, target, *, microbatch, seq, mesh):
+    def xla(cfg, plan, target, *, microbatch, seq, mesh, grad_accum=1):
         n = sum(p is P.Placement.REMAT for g in P.resolve(plan, cfg).values() for p in g.values())
         model = cm.simulate(plan, inv, cfg, rates, "lhs").peak_device_bytes
         peak = model + setting.workspace(n, len(seen))

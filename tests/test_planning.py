@@ -75,7 +75,7 @@ def test_check_solves_each_iteration_through_the_same_path(monkeypatch, solves):
     from tierax import launch
     from tierax.xla import compile as compile_lib
 
-    def xla(cfg, plan, target, *, microbatch, seq, mesh):
+    def xla(cfg, plan, target, *, microbatch, seq, mesh, grad_accum=1):
         return types.SimpleNamespace(
             device_peak_bytes=1,
             fits=True,
