@@ -34,9 +34,8 @@ from test_planner_bruteforce import (  # the activation reference
     index_of,
     make_rates,
 )
-from test_planner_state import PARAMS, inventory
+from test_planner_state import PARAMS, inventory, state_code
 
-from tierax import plan as plan_lib
 from tierax.solving import planner
 
 A = 3  # microbatches per update
@@ -97,11 +96,6 @@ def reference(inv, rates, schedule, mechanism):
     return peak, host, seconds
 
 
-def state_code(plan: plan_lib.Plan) -> int:
-    bits = [int(plan.state_of(g).placement(k) is plan_lib.Placement.OFFLOAD) for g, k in PARTS]
-    return int(sum(b << (len(PARTS) - 1 - i) for i, b in enumerate(bits)))
-
-
 CASES = [
     (link, schedule, q, h)
     for link in (20e9, 400e9)
@@ -134,7 +128,7 @@ def results():
             mechanism="policy",
             grad_accum=A,
         )
-        k, s = index_of(codes_of(r.plan)), state_code(r.plan)
+        k, s = index_of(codes_of(r.plan)), state_code(r.plan, PARTS)
         assert peak[k, s] <= budget and host[k, s] <= host_budget
         assert seconds[k, s] == pytest.approx(seconds[best], rel=1e-6), (
             (CODES[k], STATE_CODES[s]),

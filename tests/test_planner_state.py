@@ -90,9 +90,11 @@ def joint_brute_force(inv, rates, schedule, mechanism, compute_bytes=4):
     return peak, host, seconds
 
 
-def state_code(plan: plan_lib.Plan) -> int:
-    bits = [int(plan.state_of(g).placement(k) is plan_lib.Placement.OFFLOAD) for g, k in PARTS]
-    return int(sum(b << (len(PARTS) - 1 - i) for i, b in enumerate(bits)))
+def state_code(plan: plan_lib.Plan, parts=None) -> int:
+    """The row of ``parts`` (default :data:`PARTS`) offloaded by ``plan``, as a state code."""
+    parts = PARTS if parts is None else parts
+    bits = [int(plan.state_of(g).placement(k) is plan_lib.Placement.OFFLOAD) for g, k in parts]
+    return int(sum(b << (len(parts) - 1 - i) for i, b in enumerate(bits)))
 
 
 CASES = [

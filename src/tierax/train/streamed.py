@@ -31,8 +31,6 @@ import optax
 from tierax.plan import Placement, Plan, layer_group_of
 from tierax.train import masters
 
-# Parts of the state the update streams (the gradient accumulator: tierax.train.accumulate).
-RUN_KINDS = ("moments", "master_weights")
 # Optax's global norm (optax.tree.norm; optax.global_norm in releases before it).
 _tree_norm = getattr(getattr(optax, "tree", None), "norm", None) or optax.global_norm
 
