@@ -36,8 +36,12 @@ import sys
 import tempfile
 
 import _common
+from libtpu_trace import preallocated_temp
 
+from tierax.costmodel import fixed
+from tierax.hardware import libtpu
 from tierax.launch import flags as xla_flags
+from tierax.models import get_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCHEMA = "tierax.tpu-compile/1"
@@ -83,9 +87,18 @@ def case_key(c: dict) -> str:
 
 
 def run_case(
-    plan: str, mb: int, seq: int, shape_base: list[str], tmp: str, variant: str = ""
+    plan: str,
+    mb: int,
+    seq: int,
+    shape_base: list[str],
+    tmp: str,
+    variant: str = "",
+    buffers: bool = False,
 ) -> tuple[dict, dict]:
-    """One case: (its full record, its summary).  A failed command is recorded, not fatal."""
+    """One case: (its full record, its summary).  A failed command is recorded, not fatal.
+    ``buffers``: the compile also dumps XLA:TPU's buffer assignment, and the case records its
+    preallocated temp (what XLA:TPU allocates and checks against its limit) beside
+    memory_analysis()."""
     shape = [*shape_base, "--seq", str(seq), "--microbatch", str(mb)]
     case: dict = {"plan": plan, "microbatch": mb, "seq": seq}
     env = None
@@ -94,6 +107,9 @@ def run_case(
         case |= {"variant": variant, "libtpu_init_args": VARIANTS[variant]}
     else:
         case["libtpu_init_args"] = " ".join(xla_flags.TPU_FLAGS)
+    dump = pathlib.Path(tmp) / f"dump-{plan}-{mb}-{seq}{variant}"
+    if buffers:
+        env = {**(env or os.environ), "XLA_FLAGS": f"--xla_dump_to={dump}"}
     try:
         if plan == "planner":
             plan = str(pathlib.Path(tmp) / f"planner-{mb}-{seq}{variant}.yaml")
@@ -130,13 +146,49 @@ def run_case(
         summary["model_error"] = round(
             pred["peak_device_bytes"] / compiled["device_peak_bytes"] - 1, 4
         )
+    if buffers and not compiled["out_of_memory"]:
+        case["buffer_assignment"] = _assigned(compiled, dump, mb * seq)
+        a = case["buffer_assignment"]
+        summary["xla_assigned_peak_gib"] = _gib(a["assigned_peak_bytes"])
+        summary["model_error_vs_assignment"] = round(
+            (pred["peak_device_bytes"] - a["model_libtpu_excess_bytes"]) / a["assigned_peak_bytes"]
+            - 1,
+            4,
+        )
     return case, summary
+
+
+def _assigned(compiled: dict, dump: pathlib.Path, tokens: int) -> dict:
+    """XLA:TPU's buffer assignment of the compiled step: its preallocated temp, the peak it makes
+    with the live arguments and outputs, memory_analysis()'s temp less it, and the model's
+    libtpu-keyed excess term for this shape (tierax.costmodel.fixed.libtpu_temp_excess_bytes, 0
+    on the traced libtpu), so that the model's peak less that term meets the assignment's."""
+    heap = preallocated_temp(dump)["preallocated_temp_bytes"]
+    live = (
+        compiled["device_argument_bytes"]
+        + compiled["device_output_bytes"]
+        - compiled["device_alias_bytes"]
+    )
+    cfg = get_config(MODEL[1])
+    fsdp = compiled["devices"]
+    older = libtpu.older_than_traced(compiled.get("libtpu_version") or None)
+    excess = fixed.libtpu_temp_excess_bytes(cfg, 2, fsdp, tokens) if older else 0
+    return {
+        "preallocated_temp_bytes": heap,
+        "assigned_peak_bytes": live + heap,
+        "memory_analysis_temp_over_assignment_bytes": compiled["device_temp_bytes"] - heap,
+        "model_libtpu_excess_bytes": excess,
+    }
 
 
 DOCS_MARKER = "tpu-compile"  # <!-- tpu-compile:start --> … :end --> on its docs page
 # Each record's table on its docs page: the libtpu 0.0.52 record, and the default venv's (libtpu
 # 0.0.42.1, the libtpu-keyed term of tierax.costmodel.fixed.libtpu_temp_excess_bytes).
-DOCS_MARKERS = {"tpu_compile.json": DOCS_MARKER, "tpu_default_env.json": "tpu-default-env"}
+DOCS_MARKERS = {
+    "tpu_compile.json": DOCS_MARKER,
+    "tpu_default_env.json": "tpu-default-env",
+    "tpu_default_env_v6e.json": "tpu-default-env-v6e",
+}
 
 
 def merge(out: pathlib.Path, other: pathlib.Path) -> None:
@@ -161,6 +213,7 @@ def markdown(doc: dict, record: str = "tpu_compile.json") -> str:
     bench/results/."""
     libtpu = {c.get("run", {}).get("versions", {}).get("libtpu") for c in doc["cases"]}
     libtpu = sorted(v for v in libtpu if v) or [doc["versions"]["libtpu"]]
+    assigned = any("buffer_assignment" in c for c in doc["cases"])
     how = "--docs" if record == "tpu_compile.json" else f"--docs --out bench/results/{record}"
     out = [
         f"Llama 3 8B, {doc['configuration'].split('--target ')[1]}, deviceless XLA:TPU (libtpu "
@@ -168,8 +221,8 @@ def markdown(doc: dict, record: str = "tpu_compile.json") -> str:
         f"`python bench/tpu_compile.py {how}`.",
         "",
         "| plan | microbatch × seq | offloaded | predicted peak | XLA:TPU peak | model error | "
-        "fits XLA's limit |",
-        "|---|---|---|---|---|---|---|",
+        "fits XLA's limit |" + (ASSIGNED_HEAD if assigned else ""),
+        "|---|---|---|---|---|---|---|" + ("---|---|" if assigned else ""),
     ]
     for c in sorted(doc["cases"], key=lambda c: (-c["seq"], c["plan"], c["microbatch"])):
         if "compile" not in c:
@@ -191,13 +244,32 @@ def markdown(doc: dict, record: str = "tpu_compile.json") -> str:
             f"| {name} | {c['microbatch']} × {c['seq']} | {', '.join(off) or 'none'} | "
             f"{pred['peak_device_bytes'] / GIB:.2f} GiB | {xla} | {err} | "
             f"{'yes' if comp['fits'] else 'no'} ({comp['device_limit_bytes'] / GIB:.2f} GiB) |"
+            + (_assigned_cells(c, pred) if assigned else "")
         )
     return "\n".join(out) + "\n"
+
+
+# With --buffers: XLA:TPU's buffer assignment (arguments + preallocated temp) and the model's peak
+# less its libtpu-keyed term against it.
+ASSIGNED_HEAD = " XLA:TPU buffer assignment | model (less libtpu term) error |"
+
+
+def _assigned_cells(case: dict, pred: dict) -> str:
+    a = case.get("buffer_assignment")
+    if not a:
+        return " — | — |"
+    err = (pred["peak_device_bytes"] - a["model_libtpu_excess_bytes"]) / a["assigned_peak_bytes"]
+    return f" {a['assigned_peak_bytes'] / GIB:.2f} GiB | {err - 1:+.1%} |"
 
 
 def default_env_markdown(doc: dict) -> str:
     """The TPU guide's table of bench/results/tpu_default_env.json (the default venv's libtpu)."""
     return markdown(doc, "tpu_default_env.json")
+
+
+def v6e_env_markdown(doc: dict) -> str:
+    """The TPU guide's table of bench/results/tpu_default_env_v6e.json (v6e, the default venv)."""
+    return markdown(doc, "tpu_default_env_v6e.json")
 
 
 def write_docs(doc: dict, record: str = "tpu_compile.json") -> pathlib.Path:
@@ -256,10 +328,13 @@ def main() -> int:
     ap.add_argument(
         "--jobs", type=int, default=1, help="cases run at once (each its own processes)"
     )
-    ap.add_argument("--merge", metavar="RECORD", help="merge RECORD's cases into --out and exit")
     ap.add_argument(
-        "--docs", action="store_true", help="only rewrite the docs' table from --out"
+        "--buffers",
+        action="store_true",
+        help="also dump each compile's buffer assignment and record its preallocated temp",
     )
+    ap.add_argument("--merge", metavar="RECORD", help="merge RECORD's cases into --out and exit")
+    ap.add_argument("--docs", action="store_true", help="only rewrite the docs' table from --out")
     ap.add_argument(
         "--docs-splash",
         metavar="RECORD.json",
@@ -314,9 +389,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
             futures = {
-                pool.submit(run_case, plan, mb, seq, shape_base, tmp, variant): case_key(
-                    {"plan": plan, "microbatch": mb, "seq": seq, "variant": variant}
-                )
+                pool.submit(
+                    run_case, plan, mb, seq, shape_base, tmp, variant, args.buffers
+                ): case_key({"plan": plan, "microbatch": mb, "seq": seq, "variant": variant})
                 for plan, mb, seq, variant in cases_wanted
             }
             for done in concurrent.futures.as_completed(futures):

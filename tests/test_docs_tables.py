@@ -23,6 +23,7 @@ DOCS_TABLES = [
     ("estimator_peer", "markdown", "estimator_peer.json", "estimator-peer"),
     ("tpu_compile", "markdown", "tpu_compile.json", "tpu-compile"),
     ("tpu_compile", "default_env_markdown", "tpu_default_env.json", "tpu-default-env"),
+    ("tpu_compile", "v6e_env_markdown", "tpu_default_env_v6e.json", "tpu-default-env-v6e"),
     ("hide_grid", "table", "hide_grid.json", "hide-grid"),
     ("row_stride", "markdown", "row_stride.json", "row-stride"),
     ("time_fidelity", "markdown", "time_fidelity.json", "time-fidelity"),

@@ -37,6 +37,12 @@ from jax._src.lax.lax import (
 
 from tierax.models.tags import Tape
 
+try:  # jax >= 0.7 names it Layout (DeviceLocalLayout before)
+    from jax.experimental.layout import Layout as _Layout
+    from jax.experimental.layout import with_layout_constraint as _with_layout
+except ImportError:  # pragma: no cover - older jax: no constraint, XLA chooses
+    _Layout = _with_layout = None
+
 LayerBody = Callable[[jax.Array, object], jax.Array]  # (x, one layer's state) -> y
 
 
@@ -87,6 +93,24 @@ def _store(stacks: dict, values: dict, j) -> dict:
     return out
 
 
+def _row_major(values: dict) -> dict:
+    """The kept values as the backward reads them: row-major.
+
+    On XLA:TPU a kept projection output can come out of a windowed-einsum all-gather in a
+    tokens-minor layout, while this scan's backward (and XLA's peeled last iteration of it) reads
+    the stacked residual row-major; XLA then copies the whole stack, once per layout, at the step's
+    peak (two stacks of Llama 3 8B's up-projections on 8 v6e at 1 × 4096:
+    bench/results/tpu_default_env_v6e.json, tests/test_tpu_kept_layout.py).  Fixing the layout
+    where the value is produced moves the transpose into the producer, one layer at a time.
+    """
+    if _with_layout is None:
+        return values
+    return {
+        n: _with_layout(v, _Layout(tuple(range(v.ndim)))) if v.ndim >= 2 else v
+        for n, v in values.items()
+    }
+
+
 def prefetch_scan(body: LayerBody, keep: Iterable[str], offload: Iterable[str]) -> Callable:
     """``run(x0, stacked_state) -> y``: ``body`` scanned over the layers, differentiable.
 
@@ -128,7 +152,8 @@ def prefetch_scan(body: LayerBody, keep: Iterable[str], offload: Iterable[str]) 
         def step(carry, p):
             x, stacks, i = carry  # i counts the loop's trips, as a scan's own output index does
             y, values = collect(x, p)
-            return (y, _store(stacks, values, i), i + 1), (x, {n: values[n] for n in keep})
+            kept = _row_major({n: values[n] for n in keep})
+            return (y, _store(stacks, values, i), i + 1), (x, kept)
 
         (y, host, _), (xs, dev) = jax.lax.scan(
             step, (x0, _host_stacks(shapes, n_layers), jnp.int32(0)), state
@@ -235,7 +260,8 @@ def segmented_scan(
                     kept = [v for v, w in zip(leaves, where, strict=False) if w is None]
                     return (y, stacks, j + 1), (x, kept)
                 y, values = _collect(body, x, p, q.keep | q.offload)
-                return (y, _store(stacks, values, j), j + 1), (x, {n: values[n] for n in q.keep})
+                kept = _row_major({n: values[n] for n in q.keep})
+                return (y, _store(stacks, values, j), j + 1), (x, kept)
 
             shapes = (
                 {}
