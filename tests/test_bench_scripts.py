@@ -141,3 +141,48 @@ def test_every_mutation_names_code_found_exactly_once(common):
     counts = {m["name"]: (root / m["file"]).read_text().count(m["old"]) for m in module.MUTATIONS}
     wrong = {name: n for name, n in counts.items() if n != 1}
     assert counts and not wrong, wrong
+
+
+def test_stack_converts_are_whole_array_converts_only():
+    """bench/time_fidelity_trace's stack converts: a fusion whose computation converts its one
+    parameter into an array of rank ≥ 3 and ≥ 16 MiB; not one doing more, nor a small or rank-2
+    one (sizes by hand: f32[3,16,320,768] is 47,185,920 bytes)."""
+    sys.path.insert(0, str(BENCH))
+    import time_fidelity_trace as trace
+
+    hlo = """
+%conv_big (p: bf16[3,16,320,768]) -> f32[3,16,320,768] {
+  %p = bf16[3,16,320,768]{3,2,1,0} parameter(0)
+  ROOT %c = f32[3,16,320,768]{3,2,1,0} convert(%p)
+}
+
+%conv_more (p: bf16[3,16,320,768]) -> f32[3,16,320,768] {
+  %p = bf16[3,16,320,768]{3,2,1,0} parameter(0)
+  %c = f32[3,16,320,768]{3,2,1,0} convert(%p)
+  ROOT %n = f32[3,16,320,768]{3,2,1,0} negate(%c)
+}
+
+%conv_small (p: bf16[3,16,32]) -> f32[3,16,32] {
+  %p = bf16[3,16,32]{2,1,0} parameter(0)
+  ROOT %c = f32[3,16,32]{2,1,0} convert(%p)
+}
+
+%conv_flat (p: bf16[8192,4096]) -> f32[8192,4096] {
+  %p = bf16[8192,4096]{1,0} parameter(0)
+  ROOT %c = f32[8192,4096]{1,0} convert(%p)
+}
+
+ENTRY %main (a: bf16[3,16,320,768], b: bf16[3,16,32], d: bf16[8192,4096]) -> f32[3,16,320,768] {
+  %a = bf16[3,16,320,768]{3,2,1,0} parameter(0)
+  %b = bf16[3,16,32]{2,1,0} parameter(1)
+  %d = bf16[8192,4096]{1,0} parameter(2)
+  %wrapped_convert.1 = f32[3,16,320,768]{3,2,1,0} fusion(%a), kind=kLoop, calls=%conv_big
+  %fusion.2 = f32[3,16,320,768]{3,2,1,0} fusion(%a), kind=kLoop, calls=%conv_more
+  %wrapped_convert.3 = f32[3,16,32]{2,1,0} fusion(%b), kind=kLoop, calls=%conv_small
+  %wrapped_convert.4 = f32[8192,4096]{1,0} fusion(%d), kind=kLoop, calls=%conv_flat
+  ROOT %t = f32[3,16,320,768]{3,2,1,0} add(%wrapped_convert.1, %fusion.2)
+}
+"""
+    assert trace.stack_converts(hlo) == {
+        "wrapped_convert.1": {"shape": "f32[3,16,320,768]", "bytes": 3 * 16 * 320 * 768 * 4}
+    }
