@@ -12,7 +12,8 @@ save-all, minimal and remat-full (the presets of the fidelity records, whose pre
 a frozen calibration, this script does not repeat), runs
 ``--rounds`` interleaved rounds of one step each, then profiles one step per plan
 (:mod:`tierax.measure.ops`).  It records per plan the measured step times, the op time per kind,
-the ``while`` ops' own time (loop bookkeeping, their bodies' ops counted where they belong), and
+the ``while`` ops' own time (loop bookkeeping, their bodies' ops counted where they belong), the
+profiled step's span from its first op to its last and the part of it no op ran in, and
 the **stack converts**: fusions that only convert a whole array of rank ≥ 3 and ≥ 16 MiB between
 dtypes (a scan's stacked residuals, or a one-layer group's), with their shapes and profiled
 seconds.  The profiled seconds of concurrent ops overlap (XLA:CPU runs independent ops at once on
@@ -78,6 +79,16 @@ def stack_converts(hlo_text: str) -> dict[str, dict]:
     return out
 
 
+def _union_s(spans: list[tuple[float, float]]) -> float:
+    """Seconds covered by at least one of the (start µs, end µs) intervals."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total / 1e6
+
+
 def child(name: str, rounds: int) -> dict:
     import jax
     import time_fidelity as tf
@@ -121,10 +132,14 @@ def child(name: str, rounds: int) -> dict:
         text = prepared[pn].fn.as_text()
         classes = ops.classify(text)
         per_op: dict[str, float] = collections.defaultdict(float)
+        spans = []
         for e in events:
             op = e.args.get("hlo_op") if hasattr(e, "args") else None
             if op in classes:
                 per_op[op] += e.dur_us / 1e6
+                if not op.startswith("while"):  # a loop's span covers its body's ops
+                    spans.append((e.start_us, e.end_us))
+        busy, span = _union_s(spans), (max(b for _, b in spans) - min(a for a, _ in spans)) / 1e6
         kinds: dict[str, float] = collections.defaultdict(float)
         for op, s in per_op.items():
             kinds[classes[op]["category"]] += s
@@ -135,6 +150,11 @@ def child(name: str, rounds: int) -> dict:
             "profiled_op_s_by_kind": dict(kinds),
             "profiled_op_s_total": sum(kinds.values()),
             "while_own_s": sum(s for op, s in per_op.items() if op.startswith("while")),
+            # wall time from the first op to the last, and the part of it some op (not a loop's
+            # own span) was running: the rest is time the step spends between ops
+            "profiled_span_s": span,
+            "profiled_busy_s": busy,
+            "profiled_idle_s": span - busy,
             "stack_converts": {
                 op: c | {"profiled_s": per_op.get(op, 0.0)} for op, c in converts.items()
             },
@@ -183,7 +203,8 @@ def main() -> int:
             print(
                 f"  {pn:10s} median {r['median_s']:.2f} s; profiled ops "
                 f"{r['profiled_op_s_total']:.2f} s; stack converts {n} ({conv:.2f} s); while "
-                f"{r['while_own_s']:.2f} s",
+                f"{r['while_own_s']:.2f} s; between ops {r['profiled_idle_s']:.2f} of "
+                f"{r['profiled_span_s']:.2f} s",
                 flush=True,
             )
     doc = _common.envelope(SCHEMA) | {

@@ -186,3 +186,14 @@ ENTRY %main (a: bf16[3,16,320,768], b: bf16[3,16,32], d: bf16[8192,4096]) -> f32
     assert trace.stack_converts(hlo) == {
         "wrapped_convert.1": {"shape": "f32[3,16,320,768]", "bytes": 3 * 16 * 320 * 768 * 4}
     }
+
+
+def test_union_of_op_intervals_counts_overlaps_once():
+    """bench/time_fidelity_trace's busy time: [0, 10] ∪ [5, 15] ∪ [20, 30] µs is 25 µs; a nested
+    interval adds nothing; order does not matter."""
+    sys.path.insert(0, str(BENCH))
+    import time_fidelity_trace as trace
+
+    assert trace._union_s([(20, 30), (0, 10), (5, 15)]) == pytest.approx(25e-6)
+    assert trace._union_s([(0, 10), (2, 3)]) == pytest.approx(10e-6)
+    assert trace._union_s([]) == 0.0
