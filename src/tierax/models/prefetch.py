@@ -34,14 +34,9 @@ import jax.numpy as jnp
 from jax._src.lax.lax import (
     empty2 as _empty,
 )  # what jax.lax.scan stacks its outputs into; no public equivalent
+from jax.experimental.layout import Layout, with_layout_constraint
 
 from tierax.models.tags import Tape
-
-try:  # jax >= 0.7 names it Layout (DeviceLocalLayout before)
-    from jax.experimental.layout import Layout as _Layout
-    from jax.experimental.layout import with_layout_constraint as _with_layout
-except ImportError:  # pragma: no cover - older jax: no constraint, XLA chooses
-    _Layout = _with_layout = None
 
 LayerBody = Callable[[jax.Array, object], jax.Array]  # (x, one layer's state) -> y
 
@@ -98,15 +93,13 @@ def _row_major(values: dict) -> dict:
 
     On XLA:TPU a kept projection output can come out of a windowed-einsum all-gather in a
     tokens-minor layout, while this scan's backward (and XLA's peeled last iteration of it) reads
-    the stacked residual row-major; XLA then copies the whole stack, once per layout, at the step's
-    peak (two stacks of Llama 3 8B's up-projections on 8 v6e at 1 × 4096:
+    the stacked residual row-major; XLA then copies each such whole stack at the step's peak (two
+    stacks of Llama 3 8B's up-projections on 8 v6e at 1 × 4096:
     bench/results/tpu_default_env_v6e.json, tests/test_tpu_kept_layout.py).  Fixing the layout
     where the value is produced moves the transpose into the producer, one layer at a time.
     """
-    if _with_layout is None:
-        return values
     return {
-        n: _with_layout(v, _Layout(tuple(range(v.ndim)))) if v.ndim >= 2 else v
+        n: with_layout_constraint(v, Layout(tuple(range(v.ndim)))) if v.ndim >= 2 else v
         for n, v in values.items()
     }
 
