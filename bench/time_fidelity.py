@@ -17,9 +17,12 @@ remat-full and the planner's plan.
    between shapes): the model's prediction for each plan (the planner's plan is the fastest
    predicted plan within a device budget halfway between remat-full's and save-all's predicted
    peaks, so that it has to choose), then every plan compiled and warmed up, then interleaved
-   rounds — the calibration's microbenchmarks, then one step of each plan, the order rotating —
-   each step timed alone, with its CPU seconds and minor page faults, and the 1-minute load
-   average after each round.
+   rounds — the calibration's microbenchmarks, then of each plan, the order rotating, ``--settle``
+   untimed steps (default 1) and one timed step — each step timed alone, with its CPU seconds and
+   minor page faults, and the 1-minute load average after each round.  A training run repeats
+   one plan; a step right after another plan's can be slower than one after its own (save-all of
+   a DeepSeek shape by ≈ 1 s of ≈ 3: bench/results/time_fidelity_trace.json), so the timed step
+   follows its own plan's.  ``--settle 0`` is the protocol of the records made before.
    Then one profiled step per plan, its executed ops grouped by kind
    (:mod:`tierax.measure.ops`): what each model term is checked against.
 3. The calibration again at the end: a drift check, not used.
@@ -269,6 +272,8 @@ def child(spec: dict) -> dict:
         # the steps see (the interleaved calibration; the frozen one is the parent's).
         entries.append(calibrate.measure(repeats=1))
         for run in runs[r % len(runs) :] + runs[: r % len(runs)]:
+            for _ in range(spec.get("settle", 0)):  # untimed: the step after a switch of plans
+                run["prepared"].step(tokens)
             _timed_step(run, tokens)
         load.append(os.getloadavg()[0])
         _say(f"round {r + 1}/{spec['rounds']} (load {load[-1]:.1f})")
@@ -382,7 +387,7 @@ def summarise(res: dict) -> dict:
 
 
 def _run_shape(
-    name: str, shape: dict, calibration: dict, rounds: int, profile: bool, advance
+    name: str, shape: dict, calibration: dict, rounds: int, profile: bool, advance, settle: int
 ) -> dict:
     with tempfile.NamedTemporaryFile("w+", suffix=".json", delete=False) as f:
         result_path = f.name
@@ -390,6 +395,7 @@ def _run_shape(
         "shape": shape | {"name": name},
         "calibration": calibration,
         "rounds": rounds,
+        "settle": settle,
         "profile": profile,
         "result_path": result_path,
     }
@@ -519,7 +525,8 @@ METHOD = (
     "rounds, so that rates and steps see the same load on a shared machine (a per-shape "
     "measurement, reported beside the frozen one, not instead of it); per shape one process: "
     "predictions (tierax.costmodel.simulate, target cpu), every plan compiled and warmed up, "
-    "then rounds (the calibration microbenchmarks, then one step of each plan, order rotating), "
+    "then rounds (the calibration microbenchmarks, then of each plan, order rotating, "
+    "settle_steps untimed steps and one timed step), "
     "each step timed alone; measured = median over rounds, IQR = its quartiles; error = "
     "predicted / measured - 1; fastest_ok: the predicted fastest plan is the measured fastest, "
     "or their interquartile ranges overlap; op_profile_one_step: one profiled step's executed "
@@ -528,7 +535,7 @@ METHOD = (
 )
 
 
-def with_summary(doc: dict, rounds: int) -> dict:
+def with_summary(doc: dict, rounds: int, settle: int) -> dict:
     cases = [c for s in doc["shapes"] for c in s["cases"]]
     loads = [x for s in doc["shapes"] for x in s["load_per_round"]]
     load = (
@@ -548,6 +555,7 @@ def with_summary(doc: dict, rounds: int) -> dict:
 
     return doc | {
         "rounds": rounds,
+        "settle_steps": settle,
         "schedule": SCHEDULE,
         "plans": list(PLANS),
         "cpu_specific_terms": CPU_SPECIFIC,
@@ -573,6 +581,14 @@ def main(argv=None) -> int:
         "--rounds", type=int, help="interleaved rounds per shape (default 7; --quick 3)"
     )
     ap.add_argument("--shapes", help="comma-separated subset of the shape names")
+    ap.add_argument(
+        "--settle",
+        type=int,
+        default=1,
+        help="untimed steps of a plan before its timed one in each round (default 1; 0: the "
+        "protocol of the records made before 2026-12-02, every timed step right after another "
+        "plan's)",
+    )
     ap.add_argument("--no-profile", action="store_true", help="skip the profiled step per plan")
     ap.add_argument(
         "--out",
@@ -609,6 +625,8 @@ def main(argv=None) -> int:
     if bad := [s for s in names if s not in known]:
         raise SystemExit(f"unknown shape(s) {bad}; choose from {', '.join(known)}")
     rounds = args.rounds or (3 if args.quick else 7)
+    if args.settle < 0:
+        raise SystemExit("--settle must be 0 or more")
     default = "time_fidelity-quick.json" if args.quick else "time_fidelity.json"
     out = pathlib.Path(args.out or ROOT / "bench" / "results" / default)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -630,14 +648,22 @@ def main(argv=None) -> int:
         doc |= {"calibration": _calibrate("before", advance), "shapes": []}
         for name in names:
             res = _run_shape(
-                name, known[name], doc["calibration"], rounds, not args.no_profile, advance
+                name,
+                known[name],
+                doc["calibration"],
+                rounds,
+                not args.no_profile,
+                advance,
+                args.settle,
             )
             doc["shapes"].append(summarise(res))
             done = [s["shape"]["name"] for s in doc["shapes"]]
             doc["shapes_not_run"] = [n for n in names if n not in done]
-            write_record(out, with_summary(doc, rounds))  # what an interrupted run measured
+            write_record(
+                out, with_summary(doc, rounds, args.settle)
+            )  # what an interrupted run measured
         doc["calibration_after"] = _calibrate("after", advance)
-    write_record(out, with_summary(doc, rounds))
+    write_record(out, with_summary(doc, rounds, args.settle))
     print(table(doc))
     print(f"wrote {out}")
     return 0

@@ -4,13 +4,15 @@ each plan's step timed and profiled op by op, and the work XLA:CPU does there th
 no term for.
 
     PYTHONPATH=src python bench/time_fidelity_trace.py [--shapes NAME,...] [--rounds 5]
-                                         [--out bench/results/time_fidelity_trace.json]
+        [--xla-flags FLAGS] [--out bench/results/time_fidelity_trace.json]
 
 Per shape (bench/time_fidelity.py's SHAPES; default its two DeepSeek-V3-routing shapes and, as the
 control, the DeepSeek shape that held in time_fidelity.json), a process of its own compiles
 save-all, minimal and remat-full (the presets of the fidelity records, whose predictions, made with
 a frozen calibration, this script does not repeat), runs
-``--rounds`` interleaved rounds of one step each, then profiles one step per plan
+``--rounds`` interleaved rounds of one step each (each step follows another plan's), then
+:data:`CONSECUTIVE` steps of each plan back to back (all but the first follow their own plan's, as
+in a training run), then profiles one step per plan (each right after its own plan's steps)
 (:mod:`tierax.measure.ops`).  It records per plan the measured step times, the op time per kind,
 the ``while`` ops' own time (loop bookkeeping, their bodies' ops counted where they belong), the
 profiled step's span from its first op to its last and the part of it no op ran in, and
@@ -19,7 +21,8 @@ dtypes (a scan's stacked residuals, or a one-layer group's), with their shapes a
 seconds.  The profiled seconds of concurrent ops overlap (XLA:CPU runs independent ops at once on
 its thread pool), so a kind's seconds are a share of the work, not of the step's wall time: the
 record compares plans with each other, and gives each plan's profiled total beside its measured
-step.
+step.  ``--xla-flags`` runs the same with XLA options of the user's (e.g. one HLO pass disabled), to
+see which of XLA:CPU's transformations a cost comes from.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ DEFAULT_SHAPES = (
     "deepseek-d512-s256-bf16",  # held in time_fidelity.json: the control
 )
 STACK_CONVERT_MIN_BYTES = 16 * 2**20
+CONSECUTIVE = 4  # steps of one plan back to back, after the rotating rounds
 _CONVERT_ROOT = re.compile(
     r"^\s*%?(?P<name>[\w.\-]+) = (?P<out>\w+\[(?P<dims>[\d,]+)\])\{[^}]*\} "
     r"fusion\((?P<arg>[^)]*)\),.*calls=%?(?P<comp>[\w.\-]+)",
@@ -124,6 +128,16 @@ def child(name: str, rounds: int) -> dict:
             prepared[pn].step(tokens)
             jax.block_until_ready(prepared[pn].state)
             times[pn].append(time.perf_counter() - t0)
+    # Then each plan's steps back to back (a run trains with one plan): the first follows another
+    # plan's step, the rest their own.
+    consecutive = {}
+    for pn in PLANS:
+        consecutive[pn] = []
+        for _ in range(CONSECUTIVE):
+            t0 = time.perf_counter()
+            prepared[pn].step(tokens)
+            jax.block_until_ready(prepared[pn].state)
+            consecutive[pn].append(time.perf_counter() - t0)
     plans = {}
     for pn in PLANS:
         with tempfile.TemporaryDirectory(prefix="tierax-fidelity-trace-") as d:
@@ -147,6 +161,8 @@ def child(name: str, rounds: int) -> dict:
         plans[pn] = {
             "step_times_s": times[pn],
             "median_s": statistics.median(times[pn]),
+            "consecutive_step_times_s": consecutive[pn],
+            "consecutive_after_own_median_s": statistics.median(consecutive[pn][1:]),
             "profiled_op_s_by_kind": dict(kinds),
             "profiled_op_s_total": sum(kinds.values()),
             "while_own_s": sum(s for op, s in per_op.items() if op.startswith("while")),
@@ -173,6 +189,13 @@ def main() -> int:
     _common.add_out(ap, "time_fidelity_trace.json")
     ap.add_argument("--shapes", default=",".join(DEFAULT_SHAPES), help="comma-separated names")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (at least 3)")
+    ap.add_argument(
+        "--xla-flags",
+        default="",
+        metavar="FLAGS",
+        help="XLA_FLAGS for the shapes' processes (tierax appends its own), e.g. "
+        "--xla_disable_hlo_passes=while-loop-invariant-code-motion; recorded",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -190,6 +213,8 @@ def main() -> int:
     for name in names:
         print(f"{name}: compiling {len(PLANS)} plans, {args.rounds} rounds …", flush=True)
         env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(SRC)}
+        if args.xla_flags:
+            env["XLA_FLAGS"] = args.xla_flags
         p = subprocess.run(
             [sys.executable, __file__, "--child", name, "--rounds", str(args.rounds)],
             capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=3600,
@@ -201,7 +226,8 @@ def main() -> int:
         for pn, r in shape["plans"].items():
             n, conv = len(r["stack_converts"]), r["stack_converts_profiled_s"]
             print(
-                f"  {pn:10s} median {r['median_s']:.2f} s; profiled ops "
+                f"  {pn:10s} median {r['median_s']:.2f} s (after its own: "
+                f"{r['consecutive_after_own_median_s']:.2f} s); profiled ops "
                 f"{r['profiled_op_s_total']:.2f} s; stack converts {n} ({conv:.2f} s); while "
                 f"{r['while_own_s']:.2f} s; between ops {r['profiled_idle_s']:.2f} of "
                 f"{r['profiled_span_s']:.2f} s",
@@ -209,6 +235,7 @@ def main() -> int:
             )
     doc = _common.envelope(SCHEMA) | {
         "load_after": os.getloadavg()[0],
+        "xla_flags": args.xla_flags,
         "predictions": {
             "deepseek-d768-s512-e16k4-bf16": "bench/results/time_fidelity_deepseek.json",
             "deepseek-d1024-s256-e32k8-f32": "bench/results/time_fidelity_deepseek.json",
