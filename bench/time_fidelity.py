@@ -626,7 +626,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"unknown shape(s) {bad}; choose from {', '.join(known)}")
     rounds = args.rounds or (3 if args.quick else 7)
     if args.settle < 0:
-        raise SystemExit("--settle must be 0 or more")
+        ap.error(f"--settle must be 0 or more, not {args.settle}")
     default = "time_fidelity-quick.json" if args.quick else "time_fidelity.json"
     out = pathlib.Path(args.out or ROOT / "bench" / "results" / default)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -659,9 +659,8 @@ def main(argv=None) -> int:
             doc["shapes"].append(summarise(res))
             done = [s["shape"]["name"] for s in doc["shapes"]]
             doc["shapes_not_run"] = [n for n in names if n not in done]
-            write_record(
-                out, with_summary(doc, rounds, args.settle)
-            )  # what an interrupted run measured
+            # what an interrupted run measured
+            write_record(out, with_summary(doc, rounds, args.settle))
         doc["calibration_after"] = _calibrate("after", advance)
     write_record(out, with_summary(doc, rounds, args.settle))
     print(table(doc))
