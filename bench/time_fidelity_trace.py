@@ -93,6 +93,13 @@ def _union_s(spans: list[tuple[float, float]]) -> float:
     return total / 1e6
 
 
+def _timed_step(prepared, tokens) -> float:
+    """Wall seconds of one step (``Prepared.step`` blocks until it is done)."""
+    t0 = time.perf_counter()
+    prepared.step(tokens)
+    return time.perf_counter() - t0
+
+
 def child(name: str, rounds: int) -> dict:
     import jax
     import time_fidelity as tf
@@ -124,20 +131,12 @@ def child(name: str, rounds: int) -> dict:
     times = collections.defaultdict(list)
     for r in range(rounds):
         for pn in PLANS[r % len(PLANS) :] + PLANS[: r % len(PLANS)]:  # the order rotates
-            t0 = time.perf_counter()
-            prepared[pn].step(tokens)
-            jax.block_until_ready(prepared[pn].state)
-            times[pn].append(time.perf_counter() - t0)
+            times[pn].append(_timed_step(prepared[pn], tokens))
     # Then each plan's steps back to back (a run trains with one plan): the first follows another
     # plan's step, the rest their own.
     consecutive = {}
     for pn in PLANS:
-        consecutive[pn] = []
-        for _ in range(CONSECUTIVE):
-            t0 = time.perf_counter()
-            prepared[pn].step(tokens)
-            jax.block_until_ready(prepared[pn].state)
-            consecutive[pn].append(time.perf_counter() - t0)
+        consecutive[pn] = [_timed_step(prepared[pn], tokens) for _ in range(CONSECUTIVE)]
     plans = {}
     for pn in PLANS:
         with tempfile.TemporaryDirectory(prefix="tierax-fidelity-trace-") as d:
