@@ -225,15 +225,38 @@ def op_profile(prepared, tokens) -> dict:
     return ops.summarize(events, ops.classify(prepared.fn.as_text()))
 
 
-def child(spec: dict) -> dict:
+def prepared_steps(cfg, shape: dict, plans) -> tuple:
+    """(the shape's synthetic batch on one CPU device, an iterator of (plan, its step compiled and
+    warmed up by one step)), compiled one plan at a time as the iterator is read."""
     import jax
 
-    from tierax import costmodel as cm
-    from tierax.measure import calibrate, harness
+    from tierax.measure import harness
     from tierax.mesh import MeshShape
-    from tierax.models import config_to_dict
     from tierax.sharding import rules as sh
     from tierax.train import step as step_lib
+
+    mesh = MeshShape(fsdp=1).make()
+    opt = step_lib.make_optimizer()
+    batch = step_lib.synthetic_batch(cfg, shape["microbatch"], shape["seq"])
+    tokens = jax.device_put(batch, sh.batch_sharding(mesh))
+
+    def compiled():
+        for p in plans:
+
+            def build(p=p):
+                graphdef, state = step_lib.init_state(cfg, opt, mesh=mesh)
+                fn = step_lib.make_train_step(graphdef, cfg, p, opt, step_lib.shardings_of(state))
+                return fn, state
+
+            yield p, harness.prepare(build, tokens, warmup=1, devices=mesh.devices.flat)
+
+    return tokens, compiled()
+
+
+def child(spec: dict) -> dict:
+    from tierax import costmodel as cm
+    from tierax.measure import calibrate
+    from tierax.models import config_to_dict
 
     shape = spec["shape"]
     cfg = config(shape)
@@ -242,19 +265,9 @@ def child(spec: dict) -> dict:
     plans, planner_info = _plans(cfg, inv, rates)
     frozen = {p.name: _prediction(p, inv, cfg, rates) for p in plans}
     _say(f"predicted {len(plans)} plans")
-    mesh = MeshShape(fsdp=1).make()
-    opt = step_lib.make_optimizer()
-    batch = step_lib.synthetic_batch(cfg, shape["microbatch"], shape["seq"])
-    tokens = jax.device_put(batch, sh.batch_sharding(mesh))
+    tokens, steps = prepared_steps(cfg, shape, plans)
     runs = []
-    for p in plans:
-
-        def build(p=p):
-            graphdef, state = step_lib.init_state(cfg, opt, mesh=mesh)
-            fn = step_lib.make_train_step(graphdef, cfg, p, opt, step_lib.shardings_of(state))
-            return fn, state
-
-        prepared = harness.prepare(build, tokens, warmup=1, devices=mesh.devices.flat)
+    for p, prepared in steps:
         runs.append(
             {
                 "plan": p,

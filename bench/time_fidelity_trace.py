@@ -101,33 +101,18 @@ def _timed_step(prepared, tokens) -> float:
 
 
 def child(name: str, rounds: int) -> dict:
-    import jax
     import time_fidelity as tf
 
     from tierax import plan as plan_lib
-    from tierax.measure import harness, ops
+    from tierax.measure import ops
     from tierax.measure import profile as profile_lib
     from tierax.measure import trace as trace_lib
-    from tierax.mesh import MeshShape
-    from tierax.sharding import rules as sh
-    from tierax.train import step as step_lib
 
     shape = tf.SHAPES[name] | {"name": name}
     cfg = tf.config(shape)
-    mesh = MeshShape(fsdp=1).make()
-    opt = step_lib.make_optimizer()
-    batch = step_lib.synthetic_batch(cfg, shape["microbatch"], shape["seq"])
-    tokens = jax.device_put(batch, sh.batch_sharding(mesh))
-    prepared = {}
-    for pn in PLANS:
-        p = plan_lib.preset(pn, cfg)
-
-        def build(p=p):
-            graphdef, state = step_lib.init_state(cfg, opt, mesh=mesh)
-            fn = step_lib.make_train_step(graphdef, cfg, p, opt, step_lib.shardings_of(state))
-            return fn, state
-
-        prepared[pn] = harness.prepare(build, tokens, warmup=1, devices=mesh.devices.flat)
+    presets = [plan_lib.preset(pn, cfg) for pn in PLANS]
+    tokens, steps = tf.prepared_steps(cfg, shape, presets)
+    prepared = {p.name: step for p, step in steps}
     times = collections.defaultdict(list)
     for r in range(rounds):
         for pn in PLANS[r % len(PLANS) :] + PLANS[: r % len(PLANS)]:  # the order rotates

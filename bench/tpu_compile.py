@@ -36,6 +36,7 @@ import sys
 import tempfile
 
 import _common
+import jax.numpy as jnp
 from libtpu_trace import preallocated_temp
 
 from tierax.costmodel import fixed
@@ -150,11 +151,7 @@ def run_case(
         case["buffer_assignment"] = _assigned(compiled, dump, mb * seq)
         a = case["buffer_assignment"]
         summary["xla_assigned_peak_gib"] = _gib(a["assigned_peak_bytes"])
-        summary["model_error_vs_assignment"] = round(
-            (pred["peak_device_bytes"] - a["model_libtpu_excess_bytes"]) / a["assigned_peak_bytes"]
-            - 1,
-            4,
-        )
+        summary["model_error_vs_assignment"] = round(_error_vs_assignment(pred, a), 4)
     return case, summary
 
 
@@ -170,15 +167,22 @@ def _assigned(compiled: dict, dump: pathlib.Path, tokens: int) -> dict:
         - compiled["device_alias_bytes"]
     )
     cfg = get_config(MODEL[1])
-    fsdp = compiled["devices"]
+    c_item = jnp.dtype(cfg.dtype).itemsize  # the compute dtype, as the cost model sizes it
+    fsdp = compiled["devices"]  # every case's mesh is fsdp over all chips
     older = libtpu.older_than_traced(compiled.get("libtpu_version") or None)
-    excess = fixed.libtpu_temp_excess_bytes(cfg, 2, fsdp, tokens) if older else 0
+    excess = fixed.libtpu_temp_excess_bytes(cfg, c_item, fsdp, tokens) if older else 0
     return {
         "preallocated_temp_bytes": heap,
         "assigned_peak_bytes": live + heap,
         "memory_analysis_temp_over_assignment_bytes": compiled["device_temp_bytes"] - heap,
         "model_libtpu_excess_bytes": excess,
     }
+
+
+def _error_vs_assignment(pred: dict, assigned: dict) -> float:
+    """The model's peak less its libtpu-keyed term, against XLA:TPU's assigned peak, less 1."""
+    model = pred["peak_device_bytes"] - assigned["model_libtpu_excess_bytes"]
+    return model / assigned["assigned_peak_bytes"] - 1
 
 
 DOCS_MARKER = "tpu-compile"  # <!-- tpu-compile:start --> … :end --> on its docs page
@@ -258,8 +262,7 @@ def _assigned_cells(case: dict, pred: dict) -> str:
     a = case.get("buffer_assignment")
     if not a:
         return " — | — |"
-    err = (pred["peak_device_bytes"] - a["model_libtpu_excess_bytes"]) / a["assigned_peak_bytes"]
-    return f" {a['assigned_peak_bytes'] / GIB:.2f} GiB | {err - 1:+.1%} |"
+    return f" {a['assigned_peak_bytes'] / GIB:.2f} GiB | {_error_vs_assignment(pred, a):+.1%} |"
 
 
 def default_env_markdown(doc: dict) -> str:

@@ -145,16 +145,23 @@ def test_the_organisation_table_states_the_tested_layers():
 
 @pytest.mark.parametrize(("lang", "code"), examples(slow=False))
 def test_runnable_example(lang, code, tmp_path):
-    _run(lang, code, tmp_path)
+    r = _run(lang, code, tmp_path)
+    assert r.returncode == 0, _failure(code, r)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("lang", "code"), examples(slow=True))
 def test_slow_runnable_example(lang, code, tmp_path):
-    _run(lang, code, tmp_path)
+    r = _run(lang, code, tmp_path)
+    assert r.returncode == 0, _failure(code, r)
 
 
-def _run(lang: str, code: str, workdir: pathlib.Path) -> None:
+def _failure(code: str, r: subprocess.CompletedProcess) -> str:
+    return f"example failed (exit {r.returncode}):\n{code}\n{r.stdout}\n{r.stderr}"
+
+
+def _run(lang: str, code: str, workdir: pathlib.Path) -> subprocess.CompletedProcess:
+    """The example run in ``workdir`` (the repository's shared files linked in)."""
     for name in SHARED:
         (workdir / name).symlink_to(ROOT / name)
     if lang == "bash":
@@ -162,10 +169,7 @@ def _run(lang: str, code: str, workdir: pathlib.Path) -> None:
     else:
         (workdir / "example.py").write_text(code)
         cmd = [sys.executable, "example.py"]
-    r = subprocess.run(cmd, cwd=workdir, env=_env(), capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, (
-        f"example failed (exit {r.returncode}):\n{code}\n{r.stdout}\n{r.stderr}"
-    )
+    return subprocess.run(cmd, cwd=workdir, env=_env(), capture_output=True, text=True, timeout=600)
 
 
 def test_the_readme_is_short_and_its_links_resolve():
@@ -210,4 +214,6 @@ def test_the_readme_quickstart_runs(tmp_path):
     """README.md's one bash block (plan Llama 3 8B for 8 H200s, show it, compile it deviceless)."""
     blocks = re.findall(r"^```bash\n(.*?)^```", (ROOT / "README.md").read_text(), re.M | re.S)
     assert len(blocks) == 1, "README.md should have one bash block, the quickstart"
-    _run("bash", blocks[0].replace(".venv/bin/tierax", "tierax"), tmp_path)
+    code = blocks[0].replace(".venv/bin/tierax", "tierax")
+    r = _run("bash", code, tmp_path)
+    assert r.returncode == 0, _failure(code, r)
