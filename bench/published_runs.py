@@ -418,7 +418,10 @@ def predict(spec: dict, hw: str, microbatch: int, seq: int, remat: dict, label: 
         "mesh": mesh,
         "plan": plan.to_dict(),
         "fits": pred.fits,
-        "peak_gib": pred.peak_device_bytes / 2**30,
+        # the peak `fits` is decided by (XLA:TPU's assignment; tierax.costmodel.predict), and what
+        # the installed libtpu's memory_analysis() would report beyond it
+        "peak_gib": pred.breakdown["assigned_peak_bytes"] / 2**30,
+        "reported_excess_gib": pred.breakdown["reported_excess_bytes"] / 2**30,
         "usable_gib": rates.usable_device_bytes / 2**30,
         "host_gib": pred.host_bytes / 2**30,
         "predicted_step_s": pred.step_time_s,

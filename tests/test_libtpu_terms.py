@@ -122,3 +122,32 @@ def test_the_model_holds_5pct_of_libtpu_0_0_42_1s_compiles_in_the_record():
         assert got["0.0.42.1"] == c["compile"]["predicted"]["peak_device_bytes"]  # as compiled
         assert abs(got["0.0.42.1"] / xla - 1) <= 0.05, (c["microbatch"], c["seq"], got, xla)
         assert got["0.0.52"] / xla - 1 < -0.05, (c["microbatch"], c["seq"], got, xla)
+
+
+def test_fits_is_decided_by_what_xla_tpu_assigns_not_by_the_older_libtpus_report():
+    """The peak follows what the installed libtpu's memory_analysis() reports (the older libtpu's
+    excess included); `fits` compares what XLA:TPU assigns, the excess taken out (XLA:TPU compiles
+    a program by its buffer assignment: tierax compile's fits, tests/test_tpu_kept_layout.py).
+    With a limit between the two, the older libtpu's prediction fits; a limit below the assignment
+    does not.  A 4096-token vocabulary makes the loss the peak phase."""
+    cfg = dataclasses.replace(get_config("tiny-llama"), dtype="bfloat16", vocab_size=4096)
+    inv = inv_lib.model_inventory(cfg, 2, 16, {"fsdp": 2})
+    plan = plan_lib.preset("remat-full", cfg)
+    excess = 2 * 4096 * (32 + 3 * 64)  # by hand, as above: [32, V] and three [V, 64] in bf16
+
+    def predict(version, limit=0):
+        rates = dataclasses.replace(
+            cm.target_rates("v5p", cfg.dtype), libtpu=version, device_limit_bytes=limit
+        )
+        return cm.simulate(plan, inv, cfg, rates, "lhs")
+
+    new, old = predict("0.0.52"), predict("0.0.42.1")
+    assert old.breakdown["peak_phase"] == "loss"  # the fixture reaches the excess's phase
+    assert old.breakdown["reported_excess_bytes"] == excess
+    assert old.peak_device_bytes - new.peak_device_bytes == excess
+    assert old.breakdown["assigned_peak_bytes"] == new.peak_device_bytes
+    assert new.breakdown["assigned_peak_bytes"] == new.peak_device_bytes
+    assert new.breakdown["reported_excess_bytes"] == 0
+    between = new.peak_device_bytes + excess // 2
+    assert predict("0.0.42.1", between).fits and predict("0.0.52", between).fits
+    assert not predict("0.0.42.1", new.peak_device_bytes - 1).fits

@@ -96,14 +96,36 @@ def test_unsupported_slice_size_names_the_valid_counts(key, devices, valid):
 
 
 # Google Cloud TPU docs (v5e, v5p, v6e pages): HBM, HBM bandwidth, bf16 peak, bidirectional ICI per
-# chip, host DRAM and chips per host.  HBM in GiB, and never below what XLA:TPU gives one program
-# (15.75, 95.73, 31.25 GiB): the docs' 16 and 32 "GB" hold more than 16e9 and 32e9 bytes, and v5p's
-# "95 GiB" less than its 95.73 GiB limit (96 GiB chips).
+# chip, host DRAM and chips per host, and the DCN per chip (v5e, v6e: per-host NICs × their line
+# rate over 8 chips; v5p: listed per chip, 50 Gb/s).  HBM in GiB, and never below what XLA:TPU
+# gives one program (15.75, 95.73, 31.25 GiB): the docs' 16 and 32 "GB" hold more than 16e9 and
+# 32e9 bytes, and v5p's "95 GiB" less than its 95.73 GiB limit (96 GiB chips).
 GIB = 2**30
 DOCS = {
-    "v5e": dict(hbm=16 * GIB, hbm_bw=819e9, bf16=197e12, ici_bidir=400e9, host_mem=512 * GIB / 8),
-    "v5p": dict(hbm=96 * GIB, hbm_bw=2765e9, bf16=459e12, ici_bidir=1200e9, host_mem=448e9 / 4),
-    "v6e": dict(hbm=32 * GIB, hbm_bw=1638e9, bf16=918e12, ici_bidir=800e9, host_mem=1536 * GIB / 8),
+    "v5e": dict(
+        hbm=16 * GIB,
+        hbm_bw=819e9,
+        bf16=197e12,
+        ici_bidir=400e9,
+        host_mem=512 * GIB / 8,
+        dcn=2 * 100e9 / 8 / 8,
+    ),
+    "v5p": dict(
+        hbm=96 * GIB,
+        hbm_bw=2765e9,
+        bf16=459e12,
+        ici_bidir=1200e9,
+        host_mem=448e9 / 4,
+        dcn=50e9 / 8,
+    ),
+    "v6e": dict(
+        hbm=32 * GIB,
+        hbm_bw=1638e9,
+        bf16=918e12,
+        ici_bidir=800e9,
+        host_mem=1536 * GIB / 8,
+        dcn=4 * 200e9 / 8 / 8,
+    ),
 }
 
 
@@ -116,6 +138,7 @@ def test_tpu_figures_and_cost_model_rates(key):
     assert spec.peak("bfloat16") == d["bf16"] and spec.peak("float32") == d["bf16"]
     assert spec.ici_bytes_per_s == d["ici_bidir"] / 2
     assert spec.host_memory_per_chip_bytes == d["host_mem"]
+    assert spec.scale_out_bytes_per_s == d["dcn"] and "DCN" in spec.scale_out_source
     assert (
         0 < spec.host_link_bps <= spec.host_link_theory_bps
         and "per direction" in spec.host_link_source

@@ -48,6 +48,10 @@ class FixedTerms:
     fused_attention_s: float = (
         0.0  # fused attention kernels, forward and backward, no recompute: part of compute_s
     )
+    # What the installed libtpu's memory_analysis() reports at the loss beyond XLA:TPU's own buffer
+    # assignment (libtpu_temp_excess_bytes): counted in logits_bytes, so the peak matches what a
+    # compile reports, but not a buffer — XLA:TPU fits a program by its assignment.
+    reported_excess_bytes: int = 0
 
     @property
     def layer_phase_bytes(self) -> int:
@@ -75,6 +79,11 @@ class FixedTerms:
     def fixed_bytes(self) -> int:
         """Peak bytes without the plan's activations and staging (the larger phase)."""
         return max(self.layer_phase_bytes, self.loss_phase_bytes)
+
+    @property
+    def assigned_fixed_bytes(self) -> int:
+        """:attr:`fixed_bytes` as XLA:TPU assigns them: without :attr:`reported_excess_bytes`."""
+        return max(self.layer_phase_bytes, self.loss_phase_bytes - self.reported_excess_bytes)
 
 
 def _compute(
@@ -297,14 +306,20 @@ def _tpu_loss_phase_bytes(
     if tiled:
         return 2 * head_grad + logits + hidden + gathered_head
     reduced_grad = cfg.vocab_size * cfg.d_model * c_item if fsdp > 1 else 0
-    older = libtpu.older_than_traced(libtpu_version)
     return (
         logits
         + gathered_head
         + head_grad
         + max(hidden, reduced_grad)
-        + (libtpu_temp_excess_bytes(cfg, c_item, fsdp, tokens) if older else 0)
+        + _reported_excess(cfg, c_item, fsdp, tiled, tokens, libtpu_version)
     )
+
+
+def _reported_excess(cfg, c_item: int, fsdp: int, tiled: bool, tokens: int, version: str) -> int:
+    """libtpu_temp_excess_bytes where it applies: an untiled loss, a libtpu older than traced."""
+    if tiled or not libtpu.older_than_traced(version):
+        return 0
+    return libtpu_temp_excess_bytes(cfg, c_item, fsdp, tokens)
 
 
 # The most tokens per device at which libtpu 0.0.42.1's temp excess was measured
@@ -409,6 +424,11 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
         stack_copy_bytes=int(stack_copy),
         hbm_s=hbm_s,
         fused_attention_s=fused_s,
+        reported_excess_bytes=(
+            _reported_excess(cfg, c_item, fsdp, tiled, tokens, rates.libtpu)
+            if tpu and cfg.vocab_size
+            else 0
+        ),
     )
 
 

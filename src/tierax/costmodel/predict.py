@@ -174,6 +174,10 @@ def evaluate(
     )
     micro_phase = act_bytes + staging + fx.fixed_bytes - sc.freed_bytes + accum
     peak = int(max(micro_phase, update_phase, accum_phase))
+    # What XLA:TPU assigns (and fits by): the peak without what an older libtpu's memory_analysis()
+    # reports beyond its assignment (tierax.costmodel.fixed.FixedTerms.reported_excess_bytes).
+    assigned_micro = micro_phase - fx.fixed_bytes + fx.assigned_fixed_bytes
+    assigned_peak = int(max(assigned_micro, update_phase, accum_phase))
     # Offloaded state and, during the update, its new values' second host buffer, which shares
     # memory with the offloaded activations (dead by then): tierax.costmodel.state.host_peak.
     act_host = int(host)
@@ -237,7 +241,10 @@ def evaluate(
         "mechanism": mechanism,
         "rates": rates.sources | network.describe(links, rates),
         "network": {k: v.to_json() for k, v in links.items() if v.link != "none"},
-        # what `fits` compares the peak with, and what that limit is
+        # what `fits` compares with the limit: the peak XLA:TPU assigns (= the peak elsewhere)
+        "assigned_peak_bytes": assigned_peak,
+        "reported_excess_bytes": fx.reported_excess_bytes,
+        # what `fits` compares the assigned peak with, and what that limit is
         "fit_limit_bytes": rates.usable_device_bytes,
         "fit_limit": (
             "XLA:TPU's HBM limit" if rates.device_limit_bytes else "capacity − runtime reserve"
@@ -245,7 +252,7 @@ def evaluate(
         **sc.to_json(),
     }
     return Prediction(
-        fits=peak <= rates.usable_device_bytes and host <= rates.host_memory_bytes,
+        fits=assigned_peak <= rates.usable_device_bytes and host <= rates.host_memory_bytes,
         peak_device_bytes=peak,
         device_capacity_bytes=rates.device_memory_bytes,
         host_bytes=int(host),

@@ -221,6 +221,11 @@ TPU_TARGETS: dict[str, TpuSpec] = {
         ici_bytes_per_s=400 * GB,
         # same page: 2D slice shapes as v5e, 1x1 … 16x16 (256-chip pod).
         slice_shapes=_V5E_V6E_SHAPES,
+        # same page: per-host NIC 4 × 200 Gbps for 8 chips → 100 Gb/s = 12.5 GB/s per chip (the
+        # page's "Data center network bandwidth per Pod", 25.6 Tbps over 256 chips, is the same
+        # 100 Gb/s); a multi-slice job's collectives between slices run over it.
+        scale_out_bytes_per_s=100e9 / 8,
+        scale_out_source="DCN 4×200 Gb/s per 8-chip host (Cloud TPU v6e docs)",
     ),
 }
 
