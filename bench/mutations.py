@@ -86,8 +86,8 @@ MUTATIONS = [
         "name": "prediction-fits-without-the-reserve",
         "what": "Prediction.fits compares the peak with the raw capacity (no runtime reserve)",
         "file": "src/tierax/costmodel/predict.py",
-        "old": "fits=peak <= rates.usable_device_bytes and host <= rates.host_memory_bytes,",
-        "new": "fits=peak <= rates.device_memory_bytes and host <= rates.host_memory_bytes,",
+        "old": "fits=assigned_peak <= rates.usable_device_bytes and host",
+        "new": "fits=assigned_peak <= rates.device_memory_bytes and host",
         "tests": ["tests/test_costmodel_hand.py"],
     },
     {
