@@ -151,3 +151,19 @@ def test_fits_is_decided_by_what_xla_tpu_assigns_not_by_the_older_libtpus_report
     between = new.peak_device_bytes + excess // 2
     assert predict("0.0.42.1", between).fits and predict("0.0.52", between).fits
     assert not predict("0.0.42.1", new.peak_device_bytes - 1).fits
+
+    # simulate's table names the assigned peak and the excess wherever one is reported, so a
+    # reported peak above the limit beside "fits: yes" reads as what it is
+    from rich.console import Console
+
+    from tierax.report.tables import fmt_bytes, prediction_table
+
+    def rendered(pred):
+        console = Console(width=400, record=True)
+        console.print(prediction_table(pred, "predicted step"))
+        return console.export_text()
+
+    text = rendered(old)
+    row = next(line for line in text.splitlines() if "assigned peak" in line)
+    assert fmt_bytes(excess) in row and fmt_bytes(new.peak_device_bytes) in row
+    assert "assigned peak" not in rendered(new)

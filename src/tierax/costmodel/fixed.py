@@ -285,7 +285,6 @@ def _tpu_loss_phase_bytes(
     tiled: bool,
     head_grad: int,
     tokens: int,
-    libtpu_version: str = "",
 ) -> float:
     # At the loss on TPU, from XLA:TPU's buffer assignment and live ranges (Llama 3 8B, v5p, 4 and
     # 8 chips: bench/results/tpu_compile.json): the logits in the compute dtype, saved by the
@@ -298,21 +297,15 @@ def _tpu_loss_phase_bytes(
     # to the optimizer) or, under FSDP, the head gradient's all-reduce in the compute dtype (on 8
     # chips, the hidden states dead by then): the model counts the larger.  Tiled (not traced on
     # TPU): one tile's logits, the two float32 [D, V] accumulators and under FSDP the gathered head.
-    # A libtpu older than 0.0.52 (``libtpu_version``, the rates' installed one) reports more temp
-    # than its buffer assignment holds at an untiled loss: libtpu_temp_excess_bytes.
+    # What XLA:TPU assigns; a libtpu older than 0.0.52 reports more temp than this at an untiled
+    # loss, which fixed_terms adds (FixedTerms.reported_excess_bytes).
     logits = inv.logits_bytes * c_item / 4  # inv.logits_bytes is float32 (tierax.inventory)
     hidden = tokens * cfg.d_model * (4 + c_item)
     gathered_head = cfg.vocab_size * cfg.d_model * c_item if fsdp > 1 else 0
     if tiled:
         return 2 * head_grad + logits + hidden + gathered_head
     reduced_grad = cfg.vocab_size * cfg.d_model * c_item if fsdp > 1 else 0
-    return (
-        logits
-        + gathered_head
-        + head_grad
-        + max(hidden, reduced_grad)
-        + _reported_excess(cfg, c_item, fsdp, tiled, tokens, libtpu_version)
-    )
+    return logits + gathered_head + head_grad + max(hidden, reduced_grad)
 
 
 def _reported_excess(cfg, c_item: int, fsdp: int, tiled: bool, tokens: int, version: str) -> int:
@@ -395,10 +388,11 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
     else:
         stack_copy = _stack_copy_bytes(inv, cfg, p_item)
     coll, exposed_coll, critical_coll = _collectives(inv, cfg, rates, schedule, compute_s)
+    excess = 0
     if tpu:
-        loss_bytes = _tpu_loss_phase_bytes(
-            inv, cfg, c_item, fsdp, tiled, head_grad, tokens, rates.libtpu
-        )
+        excess = _reported_excess(cfg, c_item, fsdp, tiled, tokens, rates.libtpu)
+        loss_bytes = _tpu_loss_phase_bytes(inv, cfg, c_item, fsdp, tiled, head_grad, tokens)
+        loss_bytes += excess
     else:
         loss_bytes = _loss_phase_bytes(inv, cfg, c_item, fsdp, tiled, head_grad, grad_share)
     if (
@@ -406,6 +400,7 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
     ):  # a model without a head (tierax.api): logits_bytes are the caller's, live throughout
         workspace += inv.logits_bytes
         loss_bytes = inv.logits_bytes
+        excess = 0
     return FixedTerms(
         state_bytes=inv.param_bytes + inv.grad_bytes + inv.optimizer_bytes,
         workspace_bytes=int(workspace),
@@ -424,11 +419,7 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
         stack_copy_bytes=int(stack_copy),
         hbm_s=hbm_s,
         fused_attention_s=fused_s,
-        reported_excess_bytes=(
-            _reported_excess(cfg, c_item, fsdp, tiled, tokens, rates.libtpu)
-            if tpu and cfg.vocab_size
-            else 0
-        ),
+        reported_excess_bytes=int(excess),
     )
 
 

@@ -234,6 +234,14 @@ def _peak_rows(pred) -> list[tuple[str, str]]:
                 f"{'a layer backward' if loss else 'the loss'} peaks at {fmt_bytes(other)}",
             )
         )
+    if b.get("reported_excess_bytes"):
+        rows.append(
+            (
+                "  fits by XLA:TPU's assigned peak: the peak less what this libtpu reports beyond"
+                f" its assignment ({fmt_bytes(b['reported_excess_bytes'])})",
+                fmt_bytes(b["assigned_peak_bytes"]),
+            )
+        )
     return rows
 
 
