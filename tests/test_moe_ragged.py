@@ -1,6 +1,8 @@
 """``moe_impl: ragged`` — dropless grouped matmuls (``jax.lax.ragged_dot``) — against the capacity
 form where the capacity drops nothing: the same routed-expert output and the same gradients, on
-one device and on a 4-device fsdp mesh of the CPU backend."""
+one device, on a 4-device fsdp mesh of the CPU backend and, in the ring-of-experts form, on expert-
+and tensor-parallel meshes; the inventory's sizes of the ring's buffers against the sharded step's
+own."""
 
 import dataclasses
 
@@ -66,14 +68,44 @@ def test_ragged_is_dropless_where_the_capacity_form_drops():
     assert not np.allclose(out_tight, out_wide, rtol=1e-5, atol=1e-5)
 
 
-def test_ragged_refuses_expert_parallelism_and_unknown_impls():
-    cfg, args, _ = _setup(capacity_factor=4.0)
-    with pytest.raises(ValueError, match="moe_impl=ragged.*no expert or tensor parallelism"):
-        moe_lib.routed_experts(
-            *args,
-            dataclasses.replace(cfg, moe_impl="ragged"),
-            make_mesh(expert=4, devices=jax.devices()[:4]),
-        )
+@pytest.mark.parametrize(
+    "mesh_kw",
+    [dict(expert=4), dict(expert=2, tensor=2), dict(fsdp=2, expert=2), dict(tensor=4)],
+    ids=lambda kw: ",".join(f"{a}={n}" for a, n in kw.items()),
+)
+def test_ragged_ring_of_experts_equals_the_one_device_capacity_form(mesh_kw):
+    """Under expert (and tensor) parallelism the ring form — tokens all-gathered over expert, each
+    shard's experts as grouped GEMMs, partial outputs reduce-scattered back — computes what the
+    capacity form computes on one device where it drops nothing: output and gradients."""
+    cfg, args, w = _setup(capacity_factor=4.0)
+    out_c, g_c = _value_and_grads(cfg, args, w)
+    mesh = make_mesh(**mesh_kw, devices=jax.devices()[:4])
+    out_r, g_r = _value_and_grads(dataclasses.replace(cfg, moe_impl="ragged"), args, w, mesh)
+    np.testing.assert_allclose(out_r, out_c, rtol=1e-5, atol=1e-5)
+    for a, b in zip(g_r, g_c, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-5)
+
+
+def test_ragged_ring_is_dropless_when_one_shard_gets_every_assignment():
+    """The ring's buffer holds every assignment a shard can get: with every token routed to the
+    same two experts of one shard (a router that ignores the token), nothing is lost."""
+    cfg, (x, router, wi_0, wi_1, wo), w = _setup(capacity_factor=4.0)
+    router = jnp.zeros_like(router).at[:, :2].set(1.0)
+    x = jnp.abs(x)  # positive inputs: experts 0 and 1 score highest for every token
+    args = (x, router, wi_0, wi_1, wo)
+    out_c, g_c = _value_and_grads(cfg, args, w)
+    mesh = make_mesh(expert=4, devices=jax.devices()[:4])
+    ragged = dataclasses.replace(cfg, moe_impl="ragged")
+    gates, experts = moe_lib.route(x.reshape(-1, x.shape[-1]), router, cfg)
+    assert set(np.unique(experts).tolist()) == {0, 1}  # the fixture reaches the full buffer
+    out_r, g_r = _value_and_grads(ragged, args, w, mesh)
+    np.testing.assert_allclose(out_r, out_c, rtol=1e-5, atol=1e-5)
+    for a, b in zip(g_r, g_c, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-5)
+
+
+def test_unknown_moe_impls_are_refused():
+    cfg, _, _ = _setup(capacity_factor=4.0)
     with pytest.raises(TieraxError, match="moe_impl='megablox'.*capacity, ragged"):
         dataclasses.replace(cfg, moe_impl="megablox")
 
@@ -111,17 +143,14 @@ def test_maxtext_emit_of_ragged_is_dropless_megablox():
     assert (capacity["sparse_matmul"], capacity["megablox"]) == (False, False)
 
 
-def test_what_the_step_refuses_is_refused_before_it_is_planned_or_emitted(cli):
-    """simulate/plan with ragged experts on an expert- or tensor-parallel mesh, and a MaxText emit
-    of ragged experts for a GPU target, exit 2 naming the fix (the step and compile refuse them)."""
+def test_simulate_takes_ragged_on_expert_and_tensor_meshes_and_emit_refuses_gpu(cli):
+    """simulate with ragged experts on expert- and tensor-parallel meshes runs (the ring form);
+    a MaxText emit of ragged experts for a GPU target exits 2 naming the fix."""
     base = ("--model", "tiny-deepseek", "--set", "moe_impl=ragged")
     run = ("--plan", "minimal", "--microbatch", "2", "--seq", "64", "--target", "v5p")
-    r = cli("simulate", *base, *run, "--devices", "4", "--mesh", "fsdp=2,expert=2")
-    assert r.returncode == 2 and "takes no expert or tensor parallelism (expert=2)" in r.stderr
-    r = cli("simulate", *base, *run, "--devices", "4", "--mesh", "fsdp=2,tensor=2")
-    assert r.returncode == 2 and "(tensor=2)" in r.stderr and "moe_impl=capacity" in r.stderr
-    r = cli("simulate", *base, *run, "--devices", "4", "--mesh", "fsdp=4")
-    assert r.returncode == 0, r.stderr  # data/fsdp only: runs
+    for mesh in ("fsdp=2,expert=2", "fsdp=2,tensor=2", "fsdp=4"):
+        r = cli("simulate", *base, *run, "--devices", "4", "--mesh", mesh)
+        assert r.returncode == 0, r.stderr
     emit = ("plans", *base, "--emit", "maxtext", "--show", "minimal")
     r = cli(*emit, "--target", "h200")
     assert r.returncode == 2 and "TPU targets only" in r.stderr and not r.stdout

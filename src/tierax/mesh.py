@@ -96,14 +96,6 @@ class MeshShape:
         if e > 1 and getattr(cfg, "num_experts", 0):
             if cfg.num_experts % e:
                 problems.append(f"num_experts={cfg.num_experts} is not divisible by expert={e}")
-        busy = {a: n for a, n in (("expert", e), ("tensor", t)) if n > 1}
-        if getattr(cfg, "num_experts", 0) and getattr(cfg, "moe_impl", "") == "ragged" and busy:
-            raise TieraxError(
-                f"{where} {self} does not fit {cfg.name}: moe_impl=ragged runs each device's "
-                f"tokens against the whole expert weights, so it takes no expert or tensor "
-                f"parallelism ({', '.join(f'{a}={n}' for a, n in busy.items())}); use "
-                "moe_impl=capacity or a mesh of data/fsdp only"
-            )
         if problems:
             fix = "choose tensor/expert sizes that divide them (or move those devices to fsdp/data)"
             raise TieraxError(

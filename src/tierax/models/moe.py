@@ -28,8 +28,13 @@ no collectives.
 and runs the three expert GEMMs as ``ragged_dot`` over the sorted rows with one group per expert —
 no capacity, nothing dropped, no padded slots — then un-sorts, weights by the gates and sums the k
 choices.  It equals the capacity form wherever that drops nothing.  On a mesh it runs per device
-under ``shard_map`` (tokens over the batch axes, the expert weights gathered whole), so it takes
-no expert or tensor parallelism.  It is not offered for GPU targets: XLA:GPU lowers ``ragged_dot``
+under ``shard_map``; on a data/fsdp mesh each device runs its own tokens against the expert weights
+gathered whole; under expert (and tensor) parallelism in MaxText's ring-of-experts form
+(:func:`_ragged_ring`: the tokens all-gathered over ``expert``, each shard's own experts as
+grouped GEMMs on ``F / tensor`` of the hidden dimension, the partial outputs summed over
+``tensor`` and reduce-scattered back over ``expert``).  Its checkpoint names are inside the
+``shard_map``, where the layer's remat policy places them (saved, offloaded or recomputed) at the
+per-device size.  It is not offered for GPU targets: XLA:GPU lowers ``ragged_dot``
 to a masked dense GEMM (every row against every expert).
 """
 
@@ -168,41 +173,83 @@ def _ragged_local(x_TD, expert_Tk, gates_Tk, wi_0, wi_1, wo, num_experts: int, d
     return out_TD
 
 
+def _ragged_ring(
+    x_TD, expert_Tk, gates_Tk, wi_0, wi_1, wo, num_experts: int, dtype, ep: int, tp: int
+):
+    """Dropless routed experts on one device of an expert- (and tensor-) parallel mesh, the
+    ring-of-experts form: every expert shard sees every token of its expert group and computes the
+    assignments to its own experts.
+
+    All-gather the tokens, their experts and gates over ``expert``; sort the assignments with this
+    shard's ``E / ep`` experts first (in expert order, the rest after); three ``ragged_dot`` GEMMs
+    over the first ``ep·T·min(E/ep, k)`` sorted rows — a token chooses k distinct experts, so no
+    more of its assignments are local and the buffer holds every one, nothing dropped — rows past
+    the local assignments masked; un-sort, gate and sum the choices (0 for another shard's
+    experts); sum the partial outputs over ``tensor`` (each device holds ``F / tp`` of the hidden
+    dimension) and reduce-scatter them over ``expert`` back to the tokens' shards.
+    """
+    T, k = expert_Tk.shape
+    e_loc = num_experts // ep
+    if ep > 1:
+        gather = lambda a: jax.lax.all_gather(a, EXPERT_AXIS, axis=0, tiled=True)  # noqa: E731
+        x_TD, expert_Tk, gates_Tk = gather(x_TD), gather(expert_Tk), gather(gates_Tk)
+    G = ep * T  # the expert group's tokens
+    local_A = expert_Tk.reshape(G * k) - jax.lax.axis_index(EXPERT_AXIS) * e_loc
+    mine_A = (local_A >= 0) & (local_A < e_loc)
+    order = jnp.argsort(jnp.where(mine_A, local_A, e_loc), stable=True)
+    sizes_e = jnp.zeros((e_loc + 1,), jnp.int32).at[jnp.where(mine_A, local_A, e_loc)].add(1)
+    sizes_e = sizes_e[:e_loc]
+    R = G * min(e_loc, k)
+    rows = order[:R]
+    x_RD = x_TD.astype(dtype)[rows // k]
+    h0_RF = tag(jax.lax.ragged_dot(x_RD, wi_0.astype(dtype), sizes_e), N.MOE_MLPWI_0)
+    h1_RF = tag(jax.lax.ragged_dot(x_RD, wi_1.astype(dtype), sizes_e), N.MOE_MLPWI_1)
+    y_RD = jax.lax.ragged_dot(jax.nn.silu(h0_RF) * h1_RF, wo.astype(dtype), sizes_e)
+    kept_R = jnp.arange(R) < jnp.sum(sizes_e)
+    y_RD = tag(jnp.where(kept_R[:, None], y_RD, 0), N.MOE_MLPWO)
+    y_AD = jnp.zeros((G * k, y_RD.shape[-1]), y_RD.dtype).at[rows].set(y_RD)
+    y_GkD = y_AD.reshape(G, k, -1)
+    out_GD = None
+    for j in range(k):  # the capacity form's order of summation (_combine_local)
+        term = y_GkD[:, j] * gates_Tk[:, j : j + 1].astype(y_GkD.dtype)
+        out_GD = term if out_GD is None else out_GD + term
+    out_TD = out_GD
+    if ep > 1:
+        out_TD = jax.lax.psum_scatter(out_GD, EXPERT_AXIS, scatter_dimension=0, tiled=True)
+    if tp > 1:
+        out_TD = jax.lax.psum(out_TD, "tensor")
+    return out_TD
+
+
 def _ragged_experts(x_BSD, gates_BSk, expert_BSk, wi_0, wi_1, wo, cfg, mesh):
     dt = jnp.dtype(cfg.dtype)
     B, S, D = x_BSD.shape
     k = expert_BSk.shape[-1]
+    ep = tp = 1
+    if mesh is not None and mesh.size > 1:
+        ep, tp = mesh.shape[EXPERT_AXIS], mesh.shape["tensor"]
 
     def local(x_bsd, expert_bsk, gates_bsk, wi_0, wi_1, wo):
         b = x_bsd.shape[0]
-        out = _ragged_local(
-            x_bsd.reshape(b * S, D),
-            expert_bsk.reshape(b * S, k),
-            gates_bsk.reshape(b * S, k),
-            wi_0,
-            wi_1,
-            wo,
-            cfg.num_experts,
-            dt,
-        )
+        args = (x_bsd.reshape(b * S, D), expert_bsk.reshape(b * S, k), gates_bsk.reshape(b * S, k))
+        if ep == tp == 1:
+            out = _ragged_local(*args, wi_0, wi_1, wo, cfg.num_experts, dt)
+        else:
+            out = _ragged_ring(*args, wi_0, wi_1, wo, cfg.num_experts, dt, ep, tp)
         return out.reshape(b, S, D)
 
     if mesh is None or mesh.size == 1:
         return local(x_BSD, expert_BSk, gates_BSk, wi_0, wi_1, wo)
-    busy = {a: mesh.shape[a] for a in (EXPERT_AXIS, "tensor") if mesh.shape[a] > 1}
-    if busy:
-        raise TieraxError(
-            f"moe_impl=ragged runs each device's tokens against the whole expert weights, so it "
-            f"takes no expert or tensor parallelism (mesh has {busy}); use moe_impl=capacity or "
-            "a mesh of data/fsdp only"
-        )
+    P = jax.sharding.PartitionSpec
     batch = spec(mesh, BATCH_AXES)[0]
-    tok_spec = jax.sharding.PartitionSpec(batch, None, None)
-    whole = jax.sharding.PartitionSpec()
+    tok_spec = P(batch, None, None)
+    # the expert dimension over ``expert``, the hidden one over ``tensor`` (gathered over fsdp)
+    wi_spec = P(EXPERT_AXIS if ep > 1 else None, None, "tensor" if tp > 1 else None)
+    wo_spec = P(EXPERT_AXIS if ep > 1 else None, "tensor" if tp > 1 else None, None)
     return jax.shard_map(
         local,
         mesh=mesh,
-        in_specs=(tok_spec, tok_spec, tok_spec, whole, whole, whole),
+        in_specs=(tok_spec, tok_spec, tok_spec, wi_spec, wi_spec, wo_spec),
         out_specs=tok_spec,
         check_vma=False,
     )(constrain(x_BSD, mesh, BATCH_AXES, None, None), expert_BSk, gates_BSk, wi_0, wi_1, wo)
@@ -296,13 +343,42 @@ def backward_buffer_bytes(cfg, tokens: int, expert_shards: int) -> int:
       backward's GEMMs.
     """
     buffers = 4 if expert_shards > 1 else 2
-    # moe_impl=ragged: the sorted assignments, tokens × k rows, not E × C slots.
+    # moe_impl=ragged: the sorted assignments, tokens × k rows (under expert parallelism the ring's
+    # rows, ring_rows_factor), not E × C slots.
     rows = (
-        tokens * cfg.num_experts_per_tok
+        tokens * cfg.num_experts_per_tok * ring_rows_factor(cfg, expert_shards)
         if getattr(cfg, "moe_impl", "capacity") == "ragged"
         else cfg.num_experts * cfg.capacity(tokens)
     )
-    return buffers * rows * cfg.d_model * jnp.dtype(cfg.dtype).itemsize
+    return int(buffers * rows * cfg.d_model * jnp.dtype(cfg.dtype).itemsize)
+
+
+def ring_rows_factor(cfg, expert_shards: int) -> float:
+    """Rows of ``moe_impl=ragged``'s grouped GEMMs per device over the ``tokens × k`` assignments of
+    the device's own tokens: 1 without expert parallelism; under it the ring's buffer
+    (:func:`_ragged_ring`), ``expert_shards × tokens × min(E / expert_shards, k)`` rows — the
+    expert group's tokens, each with at most that many choices among the shard's experts — so
+    ``expert_shards · min(E / expert_shards, k) / k``.  The capacity form: 1 (its buffers are sized
+    by :meth:`capacity`)."""
+    if getattr(cfg, "moe_impl", "capacity") != "ragged" or expert_shards <= 1:
+        return 1.0
+    k = cfg.num_experts_per_tok
+    return expert_shards * min(cfg.num_experts // expert_shards, k) / k
+
+
+def ragged_collective_bytes(cfg, tokens: int, expert_shards: int) -> float:
+    """Per-device bytes one ``moe_impl=ragged`` layer's forward sends over ``expert``
+    (:func:`_ragged_ring`): the all-gather of the tokens (compute dtype), their experts (int32) and
+    gates (float32), and the reduce-scatter of the partial outputs (compute dtype); a ring
+    all-gather or reduce-scatter of ``n`` bytes in all sends ``(ep − 1)/ep · n`` per device."""
+    ep = expert_shards
+    if ep <= 1:
+        return 0.0
+    item = jnp.dtype(cfg.dtype).itemsize
+    k = cfg.num_experts_per_tok
+    gathered = ep * tokens * (cfg.d_model * item + k * (4 + 4))
+    scattered = ep * tokens * cfg.d_model * item
+    return (ep - 1) / ep * (gathered + scattered)
 
 
 def dropped_in_batch(x_BSD, router_DE, cfg, batch_shards: int = 1):

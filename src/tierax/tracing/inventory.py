@@ -42,6 +42,7 @@ from flax import nnx
 
 from tierax import names as N
 from tierax import plan as plan_lib
+from tierax.models import moe
 from tierax.models.attention import FUSED_SCOPE
 from tierax.tracing import hbm, jaxpr_tools
 
@@ -436,6 +437,33 @@ def shard_weight_work(gi: GroupInventory, ways: int) -> GroupInventory:
     )
 
 
+RING_NAMES = (N.MOE_MLPWI_0, N.MOE_MLPWI_1, N.MOE_MLPWO)
+
+
+def widen_ring_rows(gi: GroupInventory, factor: float) -> GroupInventory:
+    """``gi`` with the grouped GEMMs' outputs (:data:`RING_NAMES`) ``factor`` times the rows the
+    layer was traced with: ``moe_impl=ragged`` under expert parallelism runs them on the ring's
+    buffer (:func:`tierax.models.moe.ring_rows_factor`), the trace on one device's own
+    assignments.  What the residuals of the layer hold grows by as much; the FLOPs do not (each
+    device computes its experts' share of the group's assignments: as many as its own tokens'
+    under balanced routing)."""
+    if factor == 1.0:
+        return gi
+    acts, grown = [], 0
+    for a in gi.activations:
+        if a.name in RING_NAMES:
+            wide = int(round(a.bytes_per_layer * factor))
+            grown += (wide - a.bytes_per_layer) if a.residual else 0
+            a = dataclasses.replace(a, bytes_per_layer=wide)
+        acts.append(a)
+    return dataclasses.replace(
+        gi,
+        activations=tuple(acts),
+        save_all_bytes_per_layer=gi.save_all_bytes_per_layer + grown,
+        written_residual_bytes_per_layer=gi.written_residual_bytes_per_layer + grown,
+    )
+
+
 def per_device_param_count(cfg, mesh: dict) -> float:
     """Parameters per device under :mod:`tierax.sharding.rules`'s rules (what the step really
     holds)."""
@@ -505,7 +533,9 @@ def _forward_collective_bytes(cfg, group: str, microbatch: int, seq: int, mesh: 
     t, ep = mesh.get("tensor", 1), mesh.get("expert", 1)
     if t > 1:  # attention-out and MLP-down all-reduces over tensor
         out.append(("tensor", 2 * 2 * (t - 1) / t * tokens * cfg.d_model * item))
-    if ep > 1 and _has_experts(cfg, group):  # dispatch + combine over expert, capacity-padded
+    if ep > 1 and _has_experts(cfg, group) and getattr(cfg, "moe_impl", "") == "ragged":
+        out.append(("expert", moe.ragged_collective_bytes(cfg, tokens, ep)))
+    elif ep > 1 and _has_experts(cfg, group):  # dispatch + combine over expert, capacity-padded
         buffer = cfg.num_experts * cfg.capacity(tokens) * cfg.d_model * item
         out.append(("expert", 2 * buffer * (ep - 1) / ep))
     return tuple(out)
@@ -647,6 +677,8 @@ def model_inventory(cfg, microbatch: int, seq: int, mesh: dict | None = None) ->
     groups = []
     for gi, (path, wshape) in _traced_groups(cfg, microbatch, seq, shape.tensor):
         gi = shard_weight_work(gi, weight_ways(path, wshape, mesh))
+        if _has_experts(cfg, gi.name):
+            gi = widen_ring_rows(gi, moe.ring_rows_factor(cfg, shape.expert))
         by_axis = _forward_collective_bytes(cfg, gi.name, microbatch, seq, mesh)
         groups.append(
             dataclasses.replace(
