@@ -86,18 +86,21 @@ def test_ragged_ring_of_experts_equals_the_one_device_capacity_form(mesh_kw):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-5)
 
 
-def test_ragged_ring_is_dropless_when_one_shard_gets_every_assignment():
+@pytest.mark.parametrize("k", [2, 4])
+def test_ragged_ring_is_dropless_when_one_shard_gets_every_assignment(k):
     """The ring's buffer holds every assignment a shard can get: with every token routed to the
-    same two experts of one shard (a router that ignores the token), nothing is lost."""
+    same k experts (a router that ignores the token; 2 local experts per shard), shard 0 gets
+    min(2, k) of every token's choices, a full buffer, and nothing is lost."""
     cfg, (x, router, wi_0, wi_1, wo), w = _setup(capacity_factor=4.0)
-    router = jnp.zeros_like(router).at[:, :2].set(1.0)
-    x = jnp.abs(x)  # positive inputs: experts 0 and 1 score highest for every token
+    cfg = dataclasses.replace(cfg, num_experts_per_tok=k)
+    router = jnp.zeros_like(router).at[:, :k].set(1.0 - 0.1 * jnp.arange(k))
+    x = jnp.abs(x)  # positive inputs: experts 0 … k−1 score highest for every token
     args = (x, router, wi_0, wi_1, wo)
     out_c, g_c = _value_and_grads(cfg, args, w)
     mesh = make_mesh(expert=4, devices=jax.devices()[:4])
     ragged = dataclasses.replace(cfg, moe_impl="ragged")
     gates, experts = moe_lib.route(x.reshape(-1, x.shape[-1]), router, cfg)
-    assert set(np.unique(experts).tolist()) == {0, 1}  # the fixture reaches the full buffer
+    assert set(np.unique(experts).tolist()) == set(range(k))  # the fixture fills the buffer
     out_r, g_r = _value_and_grads(ragged, args, w, mesh)
     np.testing.assert_allclose(out_r, out_c, rtol=1e-5, atol=1e-5)
     for a, b in zip(g_r, g_c, strict=True):
@@ -156,3 +159,89 @@ def test_simulate_takes_ragged_on_expert_and_tensor_meshes_and_emit_refuses_gpu(
     assert r.returncode == 2 and "TPU targets only" in r.stderr and not r.stdout
     r = cli(*emit, "--target", "v5p")
     assert r.returncode == 0 and "sparse_matmul: true" in r.stdout
+
+
+def _tagged_shapes(cfg, mesh, batch, seq):
+    """Per-device shapes of the routed experts' tagged values in the sharded step's loss."""
+    from flax import nnx
+    from jax.extend.core import jaxprs_in_params
+
+    from tierax import plan as plan_lib
+    from tierax.models import abstract_model
+    from tierax.train import step as S
+
+    graphdef, params = nnx.split(abstract_model(cfg))
+    loss = S.make_loss_fn(
+        graphdef, plan_lib.to_policies(plan_lib.preset("minimal", cfg), cfg), mesh
+    )
+    closed = jax.make_jaxpr(loss)(params, jax.ShapeDtypeStruct((batch, seq + 1), jnp.int32))
+    found = {}
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "name" and eqn.params["name"].startswith("moe_mlp"):
+                found[eqn.params["name"]] = eqn.outvars[0].aval
+            for sub in jaxprs_in_params(eqn.params):
+                walk(sub)
+
+    walk(closed.jaxpr)
+    return found
+
+
+@pytest.mark.parametrize(
+    "mesh_kw, k",
+    [(dict(fsdp=2, expert=2), 2), (dict(expert=4), 2), (dict(expert=4), 4)],
+    ids=["fsdp=2,expert=2", "expert=4", "expert=4,k=4"],  # k=4: fewer local experts than choices
+)
+def test_inventory_sizes_the_ring_buffers_as_the_sharded_step_holds_them(mesh_kw, k):
+    """The inventory traces one device's own assignments; the ring's grouped GEMMs run on
+    ep × tokens × min(E/ep, k) rows.  Its named residuals must have the per-device size of the
+    sharded step's own tagged values (read from its jaxpr, between the shard_maps), and the
+    all-gather/reduce-scatter bytes and backward buffers the hand counts."""
+    from tierax.tracing import inventory as inv_lib
+
+    cfg = dataclasses.replace(get_config("tiny-deepseek"), moe_impl="ragged", num_experts_per_tok=k)
+    batch, seq = 8, 16
+    mesh = make_mesh(**mesh_kw, devices=jax.devices()[:4])
+    shapes = _tagged_shapes(cfg, mesh, batch, seq)
+    inv = inv_lib.model_inventory(cfg, batch // 4, seq, mesh_kw)
+    (group,) = [g for g in inv.groups if g.expert_param_count_per_layer]
+    traced = {a.name: a.bytes_per_layer for a in group.activations if a.name in shapes}
+    # global values in the layer body, split over every device of the (tensor-free) mesh
+    per_device = {n: int(np.prod(a.shape)) * a.dtype.itemsize // 4 for n, a in shapes.items()}
+    assert traced == per_device and len(traced) == 3
+    ep, T, D = mesh_kw["expert"], 2 * seq, cfg.d_model
+    rows = ep * T * min(cfg.num_experts // ep, k)  # by hand: 128 at ep=2, 256 at ep=4 (k 2 or 4)
+    assert shapes["moe_mlpwi_0"].shape == (4 * rows, cfg.expert_mlp_dim)
+    assert shapes["moe_mlpwo"].shape == (1, 4 * rows, D)
+    # all-gather x (f32), experts (int32) and gates (f32); reduce-scatter the f32 outputs
+    sent = (ep - 1) / ep * (ep * T * (D * 4 + k * 8) + ep * T * D * 4)
+    assert dict(group.forward_collective_bytes_by_axis)["expert"] == pytest.approx(sent)
+    assert moe_lib.backward_buffer_bytes(cfg, T, ep) == 4 * rows * D * 4
+
+
+@pytest.mark.parametrize("preset", ["deepseek-offload", "remat-full"])
+def test_sharded_ragged_step_equals_the_one_device_capacity_step(preset):
+    """The whole step, ragged experts on fsdp=2,tensor=2,expert=2 under a plan (the names inside the
+    ring's shard_map placed by the layer's policy), against the one-device capacity step where the
+    capacity drops nothing: the loss and every gradient."""
+    from tierax import plan as plan_lib
+    from tierax.sharding import rules as sh
+    from tierax.train import step as S
+
+    base = get_config("tiny-deepseek")
+    cfg = dataclasses.replace(base, capacity_factor=base.num_experts / base.num_experts_per_tok)
+    tokens = S.synthetic_batch(cfg, 8, 16, seed=3)
+    graphdef, params = S.init_params(cfg, seed=0)
+    loss, grads = S.loss_and_grads(graphdef, cfg, plan_lib.preset(preset, cfg), params, tokens)
+    ragged = dataclasses.replace(cfg, moe_impl="ragged")
+    mesh = make_mesh(fsdp=2, tensor=2, expert=2, devices=jax.devices()[:8])
+    graphdef, params = S.init_params(ragged, seed=0, mesh=mesh)
+    tokens8 = jax.device_put(tokens, sh.batch_sharding(mesh))
+    loss8, grads8 = S.loss_and_grads(
+        graphdef, ragged, plan_lib.preset(preset, ragged), params, tokens8
+    )
+    assert float(loss8) == pytest.approx(float(loss), rel=1e-5)
+    for a, b in zip(jax.tree.leaves(grads8), jax.tree.leaves(grads), strict=True):
+        a, b = np.asarray(a), np.asarray(b)
+        assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b)) + 1e-8

@@ -28,12 +28,11 @@ no collectives.
 and runs the three expert GEMMs as ``ragged_dot`` over the sorted rows with one group per expert —
 no capacity, nothing dropped, no padded slots — then un-sorts, weights by the gates and sums the k
 choices.  It equals the capacity form wherever that drops nothing.  On a mesh it runs per device
-under ``shard_map``; on a data/fsdp mesh each device runs its own tokens against the expert weights
-gathered whole; under expert (and tensor) parallelism in MaxText's ring-of-experts form
-(:func:`_ragged_ring`: the tokens all-gathered over ``expert``, each shard's own experts as
-grouped GEMMs on ``F / tensor`` of the hidden dimension, the partial outputs summed over
-``tensor`` and reduce-scattered back over ``expert``).  Its checkpoint names are inside the
-``shard_map``, where the layer's remat policy places them (saved, offloaded or recomputed) at the
+under ``shard_map`` in MaxText's ring-of-experts form (:func:`_ragged_experts`: the tokens
+all-gathered over ``expert``, each shard's own experts as grouped GEMMs on ``F / tensor`` of the
+hidden dimension, the partial outputs summed over ``tensor`` and reduce-scattered back over
+``expert``; on a data/fsdp mesh, each device's own tokens against the expert weights gathered
+whole).  Its checkpoint names are in the layer body, between the ``shard_map`` calls, at the
 per-device size.  It is not offered for GPU targets: XLA:GPU lowers ``ragged_dot``
 to a masked dense GEMM (every row against every expert).
 """
@@ -152,107 +151,120 @@ def _expert_mlp(buf_ECD, wi_0, wi_1, wo, dtype, mesh, fp8_metas=None, mxfp8=Fals
     return tag(constrain(y_ECD, mesh, EXPERT_AXIS, TOKEN_AXES, None), N.MOE_MLPWO)
 
 
-def _ragged_local(x_TD, expert_Tk, gates_Tk, wi_0, wi_1, wo, num_experts: int, dtype):
-    """Dropless routed experts on one device's tokens: sort the assignments by expert, three
-    grouped GEMMs (``ragged_dot``, one group per expert), un-sort, gate, sum the choices."""
-    T, k = expert_Tk.shape
-    expert_A = expert_Tk.reshape(T * k)
-    order = jnp.argsort(expert_A, stable=True)
-    sizes_E = jnp.zeros((num_experts,), jnp.int32).at[expert_A].add(1)
-    x_AD = x_TD.astype(dtype)[order // k]  # sorted rows: expert e's are the e-th group
-    h0_AF = tag(jax.lax.ragged_dot(x_AD, wi_0.astype(dtype), sizes_E), N.MOE_MLPWI_0)
-    h1_AF = tag(jax.lax.ragged_dot(x_AD, wi_1.astype(dtype), sizes_E), N.MOE_MLPWI_1)
-    y_AD = jax.lax.ragged_dot(jax.nn.silu(h0_AF) * h1_AF, wo.astype(dtype), sizes_E)
-    y_AD = tag(y_AD, N.MOE_MLPWO)
-    inverse = jnp.zeros_like(order).at[order].set(jnp.arange(T * k, dtype=order.dtype))
-    y_TkD = y_AD[inverse].reshape(T, k, -1)
-    out_TD = None
-    for j in range(k):  # the capacity form's order of summation (_combine_local)
-        term = y_TkD[:, j] * gates_Tk[:, j : j + 1].astype(y_TkD.dtype)
-        out_TD = term if out_TD is None else out_TD + term
-    return out_TD
+def _ragged_dispatch(x_TD, expert_Tk, gates_Tk, num_experts: int, dtype, ep: int, shard):
+    """One device's side of the ring-of-experts dispatch: (the sorted rows ``[R, D]``, the group
+    size of each of the shard's ``E / ep`` experts, each row's assignment, the gates ``[G, k]`` of
+    the expert group's ``G = ep·T`` tokens).
 
-
-def _ragged_ring(
-    x_TD, expert_Tk, gates_Tk, wi_0, wi_1, wo, num_experts: int, dtype, ep: int, tp: int
-):
-    """Dropless routed experts on one device of an expert- (and tensor-) parallel mesh, the
-    ring-of-experts form: every expert shard sees every token of its expert group and computes the
-    assignments to its own experts.
-
-    All-gather the tokens, their experts and gates over ``expert``; sort the assignments with this
-    shard's ``E / ep`` experts first (in expert order, the rest after); three ``ragged_dot`` GEMMs
-    over the first ``ep·T·min(E/ep, k)`` sorted rows — a token chooses k distinct experts, so no
-    more of its assignments are local and the buffer holds every one, nothing dropped — rows past
-    the local assignments masked; un-sort, gate and sum the choices (0 for another shard's
-    experts); sum the partial outputs over ``tensor`` (each device holds ``F / tp`` of the hidden
-    dimension) and reduce-scatter them over ``expert`` back to the tokens' shards.
-    """
+    All-gather the tokens, their experts and gates over ``expert`` (``ep`` > 1); sort the
+    assignments with shard ``shard``'s experts first (in expert order, the rest after) and keep the
+    first ``R = G·min(E/ep, k)`` sorted rows: a token chooses k distinct experts, so no more of its
+    assignments are the shard's and the buffer holds every one — nothing dropped.  Without expert
+    parallelism ``R = T·k``: every assignment."""
     T, k = expert_Tk.shape
     e_loc = num_experts // ep
     if ep > 1:
         gather = lambda a: jax.lax.all_gather(a, EXPERT_AXIS, axis=0, tiled=True)  # noqa: E731
         x_TD, expert_Tk, gates_Tk = gather(x_TD), gather(expert_Tk), gather(gates_Tk)
-    G = ep * T  # the expert group's tokens
-    local_A = expert_Tk.reshape(G * k) - jax.lax.axis_index(EXPERT_AXIS) * e_loc
-    mine_A = (local_A >= 0) & (local_A < e_loc)
-    order = jnp.argsort(jnp.where(mine_A, local_A, e_loc), stable=True)
-    sizes_e = jnp.zeros((e_loc + 1,), jnp.int32).at[jnp.where(mine_A, local_A, e_loc)].add(1)
-    sizes_e = sizes_e[:e_loc]
-    R = G * min(e_loc, k)
-    rows = order[:R]
-    x_RD = x_TD.astype(dtype)[rows // k]
-    h0_RF = tag(jax.lax.ragged_dot(x_RD, wi_0.astype(dtype), sizes_e), N.MOE_MLPWI_0)
-    h1_RF = tag(jax.lax.ragged_dot(x_RD, wi_1.astype(dtype), sizes_e), N.MOE_MLPWI_1)
-    y_RD = jax.lax.ragged_dot(jax.nn.silu(h0_RF) * h1_RF, wo.astype(dtype), sizes_e)
-    kept_R = jnp.arange(R) < jnp.sum(sizes_e)
-    y_RD = tag(jnp.where(kept_R[:, None], y_RD, 0), N.MOE_MLPWO)
-    y_AD = jnp.zeros((G * k, y_RD.shape[-1]), y_RD.dtype).at[rows].set(y_RD)
-    y_GkD = y_AD.reshape(G, k, -1)
+    G = ep * T
+    local_A = expert_Tk.reshape(G * k) - shard * e_loc
+    key_A = jnp.where((local_A >= 0) & (local_A < e_loc), local_A, e_loc)
+    order = jnp.argsort(key_A, stable=True)
+    sizes_e = jnp.zeros((e_loc + 1,), jnp.int32).at[key_A].add(1)[:e_loc]
+    rows_R = order[: G * min(e_loc, k)]
+    return x_TD.astype(dtype)[rows_R // k], sizes_e, rows_R, gates_Tk
+
+
+def _ragged_combine(y_RD, sizes_e, rows_R, gates_Gk, ep: int, tp: int):
+    """The dispatch's inverse on one device: rows past the shard's assignments masked (``ep`` > 1;
+    without expert parallelism every row is an assignment), un-sorted,
+    weighted by their gates and summed over the k choices (0 for another shard's experts), the
+    partial outputs summed over ``tensor`` (``tp`` > 1: each device holds ``F / tp`` of the hidden
+    dimension) and reduce-scattered over ``expert`` back to the tokens' shards (``ep`` > 1)."""
+    G, k = gates_Gk.shape
+    if ep == 1:  # every assignment is a row: un-sort by the inverse permutation
+        inverse = jnp.zeros_like(rows_R).at[rows_R].set(jnp.arange(G * k, dtype=rows_R.dtype))
+        y_GkD = y_RD[inverse].reshape(G, k, -1)
+    else:
+        kept_R = jnp.arange(rows_R.shape[0]) < jnp.sum(sizes_e)
+        y_RD = jnp.where(kept_R[:, None], y_RD, 0)
+        y_GkD = jnp.zeros((G * k, y_RD.shape[-1]), y_RD.dtype).at[rows_R].set(y_RD)
+        y_GkD = y_GkD.reshape(G, k, -1)
     out_GD = None
     for j in range(k):  # the capacity form's order of summation (_combine_local)
-        term = y_GkD[:, j] * gates_Tk[:, j : j + 1].astype(y_GkD.dtype)
+        term = y_GkD[:, j] * gates_Gk[:, j : j + 1].astype(y_GkD.dtype)
         out_GD = term if out_GD is None else out_GD + term
-    out_TD = out_GD
     if ep > 1:
-        out_TD = jax.lax.psum_scatter(out_GD, EXPERT_AXIS, scatter_dimension=0, tiled=True)
+        out_GD = jax.lax.psum_scatter(out_GD, EXPERT_AXIS, scatter_dimension=0, tiled=True)
     if tp > 1:
-        out_TD = jax.lax.psum(out_TD, "tensor")
-    return out_TD
+        out_GD = jax.lax.psum(out_GD, "tensor")
+    return out_GD
 
 
 def _ragged_experts(x_BSD, gates_BSk, expert_BSk, wi_0, wi_1, wo, cfg, mesh):
+    """Dropless routed experts as grouped GEMMs (``ragged_dot``, one group per expert).
+
+    On a mesh, MaxText's ring-of-experts form: a ``shard_map`` dispatch
+    (:func:`_ragged_dispatch`), each GEMM a ``shard_map`` of its own on every device's rows and its
+    shard's experts (weights: E over ``expert``, F over ``tensor``, gathered over ``fsdp``), a
+    ``shard_map`` combine (:func:`_ragged_combine`).  The GEMMs' outputs are tagged between the
+    ``shard_map`` calls, in the layer body, where the layer's remat policy and the prefetching
+    scan's tape see them — at the per-device size of the ring's rows."""
     dt = jnp.dtype(cfg.dtype)
     B, S, D = x_BSD.shape
     k = expert_BSk.shape[-1]
-    ep = tp = 1
-    if mesh is not None and mesh.size > 1:
-        ep, tp = mesh.shape[EXPERT_AXIS], mesh.shape["tensor"]
-
-    def local(x_bsd, expert_bsk, gates_bsk, wi_0, wi_1, wo):
-        b = x_bsd.shape[0]
-        args = (x_bsd.reshape(b * S, D), expert_bsk.reshape(b * S, k), gates_bsk.reshape(b * S, k))
-        if ep == tp == 1:
-            out = _ragged_local(*args, wi_0, wi_1, wo, cfg.num_experts, dt)
-        else:
-            out = _ragged_ring(*args, wi_0, wi_1, wo, cfg.num_experts, dt, ep, tp)
-        return out.reshape(b, S, D)
-
+    E = cfg.num_experts
     if mesh is None or mesh.size == 1:
-        return local(x_BSD, expert_BSk, gates_BSk, wi_0, wi_1, wo)
+        x_RD, sizes_e, rows_R, gates_Gk = _ragged_dispatch(
+            x_BSD.reshape(B * S, D),
+            expert_BSk.reshape(-1, k),
+            gates_BSk.reshape(-1, k),
+            E,
+            dt,
+            1,
+            0,
+        )
+        h0 = tag(jax.lax.ragged_dot(x_RD, wi_0.astype(dt), sizes_e), N.MOE_MLPWI_0)
+        h1 = tag(jax.lax.ragged_dot(x_RD, wi_1.astype(dt), sizes_e), N.MOE_MLPWI_1)
+        y_RD = tag(jax.lax.ragged_dot(jax.nn.silu(h0) * h1, wo.astype(dt), sizes_e), N.MOE_MLPWO)
+        return _ragged_combine(y_RD, sizes_e, rows_R, gates_Gk, 1, 1).reshape(B, S, D)
+
+    ep, tp = mesh.shape[EXPERT_AXIS], mesh.shape["tensor"]
     P = jax.sharding.PartitionSpec
     batch = spec(mesh, BATCH_AXES)[0]
-    tok_spec = P(batch, None, None)
-    # the expert dimension over ``expert``, the hidden one over ``tensor`` (gathered over fsdp)
-    wi_spec = P(EXPERT_AXIS if ep > 1 else None, None, "tensor" if tp > 1 else None)
-    wo_spec = P(EXPERT_AXIS if ep > 1 else None, "tensor" if tp > 1 else None, None)
-    return jax.shard_map(
-        local,
-        mesh=mesh,
-        in_specs=(tok_spec, tok_spec, tok_spec, wi_spec, wi_spec, wo_spec),
-        out_specs=tok_spec,
-        check_vma=False,
-    )(constrain(x_BSD, mesh, BATCH_AXES, None, None), expert_BSk, gates_BSk, wi_0, wi_1, wo)
+    ex = EXPERT_AXIS if ep > 1 else None
+    tn = "tensor" if tp > 1 else None
+    tok, rows, cols, per_shard = P(batch, None, None), P(batch), P(batch, None), P(batch, tn)
+
+    def dispatch(x_bsd, expert_bsk, gates_bsk):
+        t = x_bsd.shape[0] * S
+        shard = jax.lax.axis_index(EXPERT_AXIS)
+        return _ragged_dispatch(
+            x_bsd.reshape(t, D), expert_bsk.reshape(t, k), gates_bsk.reshape(t, k), E, dt, ep, shard
+        )
+
+    def smap(fn, in_specs, out_specs):
+        return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+
+    x_RD, sizes_e, rows_R, gates_Gk = smap(dispatch, (tok, tok, tok), (cols, rows, rows, cols))(
+        constrain(x_BSD, mesh, BATCH_AXES, None, None), expert_BSk, gates_BSk
+    )
+    gmm_in = smap(jax.lax.ragged_dot, (cols, P(ex, None, tn), rows), per_shard)
+    h0 = tag(gmm_in(x_RD, wi_0.astype(dt), sizes_e), N.MOE_MLPWI_0)
+    h1 = tag(gmm_in(x_RD, wi_1.astype(dt), sizes_e), N.MOE_MLPWI_1)
+    # Partial sums over tensor: one [R, D] per tensor shard, stacked, summed in the combine.
+    gmm_out = smap(
+        lambda a, w, s: jax.lax.ragged_dot(a, w, s)[None],
+        (per_shard, P(ex, tn, None), rows),
+        P(tn, batch, None),
+    )
+    y = tag(gmm_out(jax.nn.silu(h0) * h1, wo.astype(dt), sizes_e), N.MOE_MLPWO)
+
+    def combine(y_1RD, sizes_e, rows_R, gates_Gk):
+        out = _ragged_combine(y_1RD[0], sizes_e, rows_R, gates_Gk, ep, tp)
+        return out.reshape(-1, S, D)
+
+    return smap(combine, (P(tn, batch, None), rows, rows, cols), tok)(y, sizes_e, rows_R, gates_Gk)
 
 
 def routed_experts(x_BSD, router_DE, wi_0, wi_1, wo, cfg, mesh=None, fp8_metas=None, mxfp8=False):
@@ -356,7 +368,7 @@ def backward_buffer_bytes(cfg, tokens: int, expert_shards: int) -> int:
 def ring_rows_factor(cfg, expert_shards: int) -> float:
     """Rows of ``moe_impl=ragged``'s grouped GEMMs per device over the ``tokens × k`` assignments of
     the device's own tokens: 1 without expert parallelism; under it the ring's buffer
-    (:func:`_ragged_ring`), ``expert_shards × tokens × min(E / expert_shards, k)`` rows — the
+    (:func:`_ragged_dispatch`), ``expert_shards × tokens × min(E / expert_shards, k)`` rows — the
     expert group's tokens, each with at most that many choices among the shard's experts — so
     ``expert_shards · min(E / expert_shards, k) / k``.  The capacity form: 1 (its buffers are sized
     by :meth:`capacity`)."""
@@ -368,8 +380,8 @@ def ring_rows_factor(cfg, expert_shards: int) -> float:
 
 def ragged_collective_bytes(cfg, tokens: int, expert_shards: int) -> float:
     """Per-device bytes one ``moe_impl=ragged`` layer's forward sends over ``expert``
-    (:func:`_ragged_ring`): the all-gather of the tokens (compute dtype), their experts (int32) and
-    gates (float32), and the reduce-scatter of the partial outputs (compute dtype); a ring
+    (:func:`_ragged_dispatch`): the all-gather of the tokens (compute dtype), their experts (int32)
+    and gates (float32), and the reduce-scatter of the partial outputs (compute dtype); a ring
     all-gather or reduce-scatter of ``n`` bytes in all sends ``(ep − 1)/ep · n`` per device."""
     ep = expert_shards
     if ep <= 1:
