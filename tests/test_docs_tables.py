@@ -39,6 +39,7 @@ DOCS_TABLES = [
     ("seed_case", "markdown", "seed_case.json", "seed-case"),
     ("prefetch_overlap", "markdown", "prefetch_overlap.json", "prefetch-overlap"),
     ("fp8_compile", "markdown", "fp8_compile.json", "fp8-compile"),
+    ("ragged_ep_compile", "markdown", "ragged_ep_compile.json", "ragged-ep-compile"),
     ("state_offload", "markdown", "state_offload.json", "state-offload"),
     ("network_axes", "markdown", "network_axes.json", "network-axes"),
     ("whatif", "markdown", "whatif-deepseek-v3.json", "whatif-deepseek-v3"),
