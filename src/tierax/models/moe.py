@@ -153,8 +153,8 @@ def _expert_mlp(buf_ECD, wi_0, wi_1, wo, dtype, mesh, fp8_metas=None, mxfp8=Fals
 
 def _ragged_dispatch(x_TD, expert_Tk, gates_Tk, num_experts: int, dtype, ep: int, shard):
     """One device's side of the ring-of-experts dispatch: (the sorted rows ``[R, D]``, the group
-    size of each of the shard's ``E / ep`` experts, each row's assignment, the gates ``[G, k]`` of
-    the expert group's ``G = ep·T`` tokens).
+    size of each of the shard's ``E / ep`` experts, the sort order of the group's ``G·k``
+    assignments, the gates ``[G, k]`` of the expert group's ``G = ep·T`` tokens).
 
     All-gather the tokens, their experts and gates over ``expert`` (``ep`` > 1); sort the
     assignments with shard ``shard``'s experts first (in expert order, the rest after) and keep the
@@ -172,24 +172,27 @@ def _ragged_dispatch(x_TD, expert_Tk, gates_Tk, num_experts: int, dtype, ep: int
     order = jnp.argsort(key_A, stable=True)
     sizes_e = jnp.zeros((e_loc + 1,), jnp.int32).at[key_A].add(1)[:e_loc]
     rows_R = order[: G * min(e_loc, k)]
-    return x_TD.astype(dtype)[rows_R // k], sizes_e, rows_R, gates_Tk
+    return x_TD.astype(dtype)[rows_R // k], sizes_e, order, gates_Tk
 
 
-def _ragged_combine(y_RD, sizes_e, rows_R, gates_Gk, ep: int, tp: int):
-    """The dispatch's inverse on one device: rows past the shard's assignments masked (``ep`` > 1;
-    without expert parallelism every row is an assignment), un-sorted,
+def _ragged_combine(y_RD, sizes_e, order, gates_Gk, ep: int, tp: int):
+    """The dispatch's inverse on one device: each assignment's row gathered back from its sorted
+    position (``ep`` > 1: 0 for another shard's, and rows past the shard's assignments never read),
     weighted by their gates and summed over the k choices (0 for another shard's experts), the
     partial outputs summed over ``tensor`` (``tp`` > 1: each device holds ``F / tp`` of the hidden
     dimension) and reduce-scattered over ``expert`` back to the tokens' shards (``ep`` > 1)."""
     G, k = gates_Gk.shape
     if ep == 1:  # every assignment is a row: un-sort by the inverse permutation
-        inverse = jnp.zeros_like(rows_R).at[rows_R].set(jnp.arange(G * k, dtype=rows_R.dtype))
+        inverse = jnp.zeros_like(order).at[order].set(jnp.arange(G * k, dtype=order.dtype))
         y_GkD = y_RD[inverse].reshape(G, k, -1)
     else:
-        kept_R = jnp.arange(rows_R.shape[0]) < jnp.sum(sizes_e)
-        y_RD = jnp.where(kept_R[:, None], y_RD, 0)
-        y_GkD = jnp.zeros((G * k, y_RD.shape[-1]), y_RD.dtype).at[rows_R].set(y_RD)
-        y_GkD = y_GkD.reshape(G, k, -1)
+        # Each assignment's sorted position, R (out of range: 0) for another shard's: a gather of
+        # [A] rows.  (A scatter of the rows into [A, D] instead has XLA:TPU broadcast its indices
+        # to a 4-byte [R, D] buffer, bench/results/ragged_ep_compile.json.)
+        R = y_RD.shape[0]
+        pos_A = jnp.zeros_like(order).at[order].set(jnp.arange(G * k, dtype=order.dtype))
+        pos_A = jnp.where(pos_A < jnp.sum(sizes_e), pos_A, R)
+        y_GkD = y_RD.at[pos_A].get(mode="fill", fill_value=0).reshape(G, k, -1)
     out_GD = None
     for j in range(k):  # the capacity form's order of summation (_combine_local)
         term = y_GkD[:, j] * gates_Gk[:, j : j + 1].astype(y_GkD.dtype)
@@ -215,7 +218,7 @@ def _ragged_experts(x_BSD, gates_BSk, expert_BSk, wi_0, wi_1, wo, cfg, mesh):
     k = expert_BSk.shape[-1]
     E = cfg.num_experts
     if mesh is None or mesh.size == 1:
-        x_RD, sizes_e, rows_R, gates_Gk = _ragged_dispatch(
+        x_RD, sizes_e, order, gates_Gk = _ragged_dispatch(
             x_BSD.reshape(B * S, D),
             expert_BSk.reshape(-1, k),
             gates_BSk.reshape(-1, k),
@@ -227,7 +230,7 @@ def _ragged_experts(x_BSD, gates_BSk, expert_BSk, wi_0, wi_1, wo, cfg, mesh):
         h0 = tag(jax.lax.ragged_dot(x_RD, wi_0.astype(dt), sizes_e), N.MOE_MLPWI_0)
         h1 = tag(jax.lax.ragged_dot(x_RD, wi_1.astype(dt), sizes_e), N.MOE_MLPWI_1)
         y_RD = tag(jax.lax.ragged_dot(jax.nn.silu(h0) * h1, wo.astype(dt), sizes_e), N.MOE_MLPWO)
-        return _ragged_combine(y_RD, sizes_e, rows_R, gates_Gk, 1, 1).reshape(B, S, D)
+        return _ragged_combine(y_RD, sizes_e, order, gates_Gk, 1, 1).reshape(B, S, D)
 
     ep, tp = mesh.shape[EXPERT_AXIS], mesh.shape["tensor"]
     P = jax.sharding.PartitionSpec
@@ -246,7 +249,7 @@ def _ragged_experts(x_BSD, gates_BSk, expert_BSk, wi_0, wi_1, wo, cfg, mesh):
     def smap(fn, in_specs, out_specs):
         return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
 
-    x_RD, sizes_e, rows_R, gates_Gk = smap(dispatch, (tok, tok, tok), (cols, rows, rows, cols))(
+    x_RD, sizes_e, order, gates_Gk = smap(dispatch, (tok, tok, tok), (cols, rows, rows, cols))(
         constrain(x_BSD, mesh, BATCH_AXES, None, None), expert_BSk, gates_BSk
     )
     gmm_in = smap(jax.lax.ragged_dot, (cols, P(ex, None, tn), rows), per_shard)
@@ -260,11 +263,11 @@ def _ragged_experts(x_BSD, gates_BSk, expert_BSk, wi_0, wi_1, wo, cfg, mesh):
     )
     y = tag(gmm_out(jax.nn.silu(h0) * h1, wo.astype(dt), sizes_e), N.MOE_MLPWO)
 
-    def combine(y_1RD, sizes_e, rows_R, gates_Gk):
-        out = _ragged_combine(y_1RD[0], sizes_e, rows_R, gates_Gk, ep, tp)
+    def combine(y_1RD, sizes_e, order, gates_Gk):
+        out = _ragged_combine(y_1RD[0], sizes_e, order, gates_Gk, ep, tp)
         return out.reshape(-1, S, D)
 
-    return smap(combine, (P(tn, batch, None), rows, rows, cols), tok)(y, sizes_e, rows_R, gates_Gk)
+    return smap(combine, (P(tn, batch, None), rows, rows, cols), tok)(y, sizes_e, order, gates_Gk)
 
 
 def routed_experts(x_BSD, router_DE, wi_0, wi_1, wo, cfg, mesh=None, fp8_metas=None, mxfp8=False):
