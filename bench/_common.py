@@ -267,3 +267,30 @@ def run(
         peak_rss_bytes=None if maxrss_kib is None else int(maxrss_kib) * 1024,
         cpu_s=None if cpu_s is None else float(cpu_s),
     )
+
+
+def compile_case(cmd: Sequence[str], *, timeout: float = 1800) -> tuple[dict, dict | None]:
+    """Run one ``tierax compile ... --json`` child and read its peaks: ``(case, result)``.
+
+    ``case`` holds what every compile record keeps (exit status, command, wall and compile
+    seconds, fits, XLA's peak beside the cost model's and the model's relative error, argument and
+    temp bytes); a failed child gives ``{"returncode", "error"}`` (its last stderr line) and
+    ``result`` None.  ``result`` is the child's whole JSON, for the fields a record adds."""
+    proc = run(cmd, timeout=timeout)
+    if proc.returncode != 0:
+        return {"returncode": proc.returncode, "error": proc.stderr.strip().splitlines()[-1:]}, None
+    r = json.loads(proc.stdout)
+    xla, model = r["device_peak_bytes"], r["predicted"]["peak_device_bytes"]
+    case = {
+        "returncode": 0,
+        "command": " ".join(str(c) for c in cmd[2:]),
+        "wall_s": proc.wall_s,
+        "compile_time_s": r["compile_time_s"],
+        "fits": r["fits"],
+        "xla_peak_bytes": xla,
+        "model_peak_bytes": model,
+        "model_error": (model - xla) / xla,
+        "device_argument_bytes": r["device_argument_bytes"],
+        "device_temp_bytes": r["device_temp_bytes"],
+    }
+    return case, r

@@ -20,7 +20,6 @@ Writes bench/results/fp8_compile.json.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import _common
@@ -41,24 +40,12 @@ CASES = [
 def compile_case(target: str, quantization: str) -> dict:
     quant = ["--set", f"quantization={quantization}"] if quantization else []
     cmd = _common.tierax("compile", *ARGS, "--target", target, *quant, "--json")
-    proc = _common.run(cmd, timeout=1800)
-    if proc.returncode != 0:
-        return {"returncode": proc.returncode, "error": proc.stderr.strip().splitlines()[-1:]}
-    r = json.loads(proc.stdout)
-    xla, model = r["device_peak_bytes"], r["predicted"]["peak_device_bytes"]
-    return {
-        "returncode": 0,
-        "command": " ".join(cmd[2:]),
-        "wall_s": proc.wall_s,
-        "compile_time_s": r["compile_time_s"],
-        "fits": r["fits"],
-        "xla_peak_bytes": xla,
-        "model_peak_bytes": model,
-        "model_error": (model - xla) / xla,
+    case, r = _common.compile_case(cmd)
+    if r is None:
+        return case
+    return case | {
         "fp8_gemms": r["fp8_gemms"],
         "block_scaled_gemms": r.get("block_scaled_gemms", 0),
-        "device_argument_bytes": r["device_argument_bytes"],
-        "device_temp_bytes": r["device_temp_bytes"],
         "notes": [n for n in r["notes"] if "fp8" in n],
     }
 

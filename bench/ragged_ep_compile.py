@@ -19,7 +19,6 @@ Writes bench/results/ragged_ep_compile.json.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import _common
@@ -43,23 +42,11 @@ DOCS_MARKER = "ragged-ep-compile"
 
 def compile_case(impl: str, mesh: str) -> dict:
     cmd = _common.tierax("compile", *ARGS, "--set", f"moe_impl={impl}", "--mesh", mesh, "--json")
-    proc = _common.run(cmd, timeout=1800)
-    if proc.returncode != 0:
-        return {"returncode": proc.returncode, "error": proc.stderr.strip().splitlines()[-1:]}
-    r = json.loads(proc.stdout)
-    xla, model = r["device_peak_bytes"], r["predicted"]["peak_device_bytes"]
-    return {
-        "returncode": 0,
-        "command": " ".join(cmd[2:]),
-        "wall_s": proc.wall_s,
-        "compile_time_s": r["compile_time_s"],
-        "fits": r["fits"],
-        "xla_peak_bytes": xla,
-        "model_peak_bytes": model,
-        "model_error": (model - xla) / xla,
+    case, r = _common.compile_case(cmd)
+    if r is None:
+        return case
+    return case | {
         "model_peak_phase": r["predicted"].get("peak_phase"),
-        "device_argument_bytes": r["device_argument_bytes"],
-        "device_temp_bytes": r["device_temp_bytes"],
         "libtpu_version": r.get("libtpu_version"),
         "xla_error": r.get("xla_error", ""),
     }
