@@ -107,6 +107,48 @@ def test_ragged_ring_is_dropless_when_one_shard_gets_every_assignment(k):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("ep", [2, 4])
+def test_ring_combine_never_reads_rows_past_the_shards_assignments(ep):
+    """A grouped-matmul kernel need not write the rows past its groups (CPU's ``ragged_dot`` zeroes
+    them; a TPU kernel may leave them as they were): the combine reads only the shard's own
+    assignments.  With every row of the GEMM output 1 — the rows past the groups too — each token's
+    output is the sum of its k gates (each assignment counted once, on the shard that holds its
+    expert) by hand; a combine that read the rows past the groups counts another shard's
+    assignments again."""
+    cfg, (x, router, *_), _ = _setup(capacity_factor=4.0)
+    E, k = cfg.num_experts, cfg.num_experts_per_tok
+    assert E // ep >= k  # R = G·k rows: another shard's assignments sit inside the buffer
+    B, S, D = x.shape
+    gates, experts = moe_lib.route(x.reshape(-1, D), router, cfg)
+    mesh = make_mesh(expert=ep, devices=jax.devices()[:ep])
+    P = jax.sharding.PartitionSpec
+
+    def ring(x_TD, expert_Tk, gates_Tk):
+        shard = jax.lax.axis_index(moe_lib.EXPERT_AXIS)
+        x_RD, sizes_e, order, gates_Gk = moe_lib._ragged_dispatch(
+            x_TD, expert_Tk, gates_Tk, E, jnp.float32, ep, shard
+        )
+        ones = jnp.ones_like(x_RD)  # rows past the groups written too
+        return moe_lib._ragged_combine(ones, sizes_e, order, gates_Gk, ep, 1), jnp.sum(sizes_e)[
+            None
+        ]
+
+    row = P(moe_lib.EXPERT_AXIS)
+    out, own = jax.jit(
+        jax.shard_map(
+            ring,
+            mesh=mesh,
+            in_specs=(P(moe_lib.EXPERT_AXIS, None),) * 3,
+            out_specs=(P(moe_lib.EXPERT_AXIS, None), row),
+            check_vma=False,
+        )
+    )(x.reshape(-1, D), experts, gates)
+    rows = ep * (B * S // ep) * k
+    assert (np.asarray(own) < rows).all()  # every shard's buffer has rows past its assignments
+    want = np.broadcast_to(np.asarray(gates).sum(-1, keepdims=True), (B * S, D))
+    np.testing.assert_allclose(out, want, rtol=1e-6)
+
+
 def test_unknown_moe_impls_are_refused():
     cfg, _, _ = _setup(capacity_factor=4.0)
     with pytest.raises(TieraxError, match="moe_impl='megablox'.*capacity, ragged"):

@@ -182,17 +182,14 @@ def _ragged_combine(y_RD, sizes_e, order, gates_Gk, ep: int, tp: int):
     partial outputs summed over ``tensor`` (``tp`` > 1: each device holds ``F / tp`` of the hidden
     dimension) and reduce-scattered over ``expert`` back to the tokens' shards (``ep`` > 1)."""
     G, k = gates_Gk.shape
-    if ep == 1:  # every assignment is a row: un-sort by the inverse permutation
-        inverse = jnp.zeros_like(order).at[order].set(jnp.arange(G * k, dtype=order.dtype))
-        y_GkD = y_RD[inverse].reshape(G, k, -1)
-    else:
-        # Each assignment's sorted position, R (out of range: 0) for another shard's: a gather of
-        # [A] rows.  (A scatter of the rows into [A, D] instead has XLA:TPU broadcast its indices
-        # to a 4-byte [R, D] buffer, bench/results/ragged_ep_compile.json.)
-        R = y_RD.shape[0]
-        pos_A = jnp.zeros_like(order).at[order].set(jnp.arange(G * k, dtype=order.dtype))
+    R = y_RD.shape[0]
+    # Each assignment's sorted position (the inverse of the dispatch's sort order): a gather of
+    # [A] rows.  (A scatter of the rows into [A, D] instead has XLA:TPU broadcast its indices to a
+    # 4-byte [R, D] buffer, bench/results/ragged_ep_compile.json.)
+    pos_A = jnp.zeros_like(order).at[order].set(jnp.arange(G * k, dtype=order.dtype))
+    if ep > 1:  # another shard's assignment: R, out of range, reads 0
         pos_A = jnp.where(pos_A < jnp.sum(sizes_e), pos_A, R)
-        y_GkD = y_RD.at[pos_A].get(mode="fill", fill_value=0).reshape(G, k, -1)
+    y_GkD = y_RD.at[pos_A].get(mode="fill", fill_value=0).reshape(G, k, -1)
     out_GD = None
     for j in range(k):  # the capacity form's order of summation (_combine_local)
         term = y_GkD[:, j] * gates_Gk[:, j : j + 1].astype(y_GkD.dtype)
