@@ -313,6 +313,23 @@ def test_loss_gradient_is_in_the_compute_dtype():
     )
 
 
+def test_tiled_loss_on_tpu_holds_the_tiles_head_gradient_and_its_narrow_all_reduce():
+    """A TPU target, loss_tiles=4, bfloat16 compute (XLA:TPU's live set at the loss scan's peak,
+    bench/results/tpu_tiled_loss.json): one tile's logits in bfloat16 (50 MB of the inventory's
+    100 MB float32), the tile's float32 head gradient (256 · 64 · 4 B), its all-reduce in bfloat16
+    (256 · 64 · 2 B; without FSDP the bfloat16 accumulator, the same size), the final hidden states
+    in float32 with their bfloat16 gradient, and under FSDP the head gathered in bfloat16."""
+    cfg = dataclasses.replace(CFG, dtype="bfloat16", loss_tiles=4)
+    inv = dataclasses.replace(inventory(), logits_bytes=100_000_000)
+    rates = dataclasses.replace(RATES, target="v5p")
+    hidden = inv.microbatch * inv.seq * cfg.d_model * (4 + 2)
+    one = cm.simulate(PLAN, inv, cfg, rates, "lhs").breakdown["logits_bytes"]
+    assert one == 50_000_000 + 256 * 64 * 4 + 256 * 64 * 2 + hidden
+    fsdp = dataclasses.replace(inv, mesh={"data": 1, "fsdp": 2})
+    two = cm.simulate(PLAN, fsdp, cfg, rates, "lhs").breakdown["logits_bytes"]
+    assert two == 50_000_000 + 256 * 64 * 4 + 256 * 64 * 2 + hidden + 256 * 64 * 2
+
+
 def test_tiled_loss_keeps_one_logits_tile_and_two_head_gradients_and_recomputes_the_head():
     """loss_tiles=4: one tile's logits gradient (100 MB here), the head-gradient scan accumulator in
     and out

@@ -40,6 +40,7 @@ DOCS_TABLES = [
     ("prefetch_overlap", "markdown", "prefetch_overlap.json", "prefetch-overlap"),
     ("fp8_compile", "markdown", "fp8_compile.json", "fp8-compile"),
     ("ragged_ep_compile", "markdown", "ragged_ep_compile.json", "ragged-ep-compile"),
+    ("tpu_tiled_loss", "markdown", "tpu_tiled_loss.json", "tpu-tiled-loss"),
     ("state_offload", "markdown", "state_offload.json", "state-offload"),
     ("network_axes", "markdown", "network_axes.json", "network-axes"),
     ("whatif", "markdown", "whatif-deepseek-v3.json", "whatif-deepseek-v3"),

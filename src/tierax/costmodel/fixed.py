@@ -295,15 +295,20 @@ def _tpu_loss_phase_bytes(
     # compute dtype for the backward's matmul; and either the final hidden states (float32) with
     # their gradient (compute dtype, [tokens, D] each: on 4 chips, the head gradient kept in float32
     # to the optimizer) or, under FSDP, the head gradient's all-reduce in the compute dtype (on 8
-    # chips, the hidden states dead by then): the model counts the larger.  Tiled (not traced on
-    # TPU): one tile's logits, the two float32 [D, V] accumulators and under FSDP the gathered head.
-    # What XLA:TPU assigns; a libtpu older than 0.0.52 reports more temp than this at an untiled
-    # loss, which fixed_terms adds (FixedTerms.reported_excess_bytes).
+    # chips, the hidden states dead by then): the model counts the larger.  Tiled, XLA:TPU's live
+    # set at the peak inside the loss scan's backward (Llama 3 8B, 8 v5p, fsdp=8, 1 × 8192, 4
+    # tiles: bench/results/tpu_tiled_loss.json): one tile's logits (recomputed), the gathered head,
+    # the tile's float32 head gradient [D, V] and its all-reduce in the compute dtype, and the
+    # hidden states with their gradient — all of them together.  Without FSDP (not traced) the
+    # compute-dtype [D, V] is the gradient's accumulator over the tiles.  What XLA:TPU assigns; a
+    # libtpu older than 0.0.52 reports more temp than this at an untiled loss, which fixed_terms
+    # adds (FixedTerms.reported_excess_bytes).
     logits = inv.logits_bytes * c_item / 4  # inv.logits_bytes is float32 (tierax.inventory)
     hidden = tokens * cfg.d_model * (4 + c_item)
     gathered_head = cfg.vocab_size * cfg.d_model * c_item if fsdp > 1 else 0
     if tiled:
-        return 2 * head_grad + logits + hidden + gathered_head
+        narrow_grad = cfg.vocab_size * cfg.d_model * c_item
+        return head_grad + narrow_grad + logits + hidden + gathered_head
     reduced_grad = cfg.vocab_size * cfg.d_model * c_item if fsdp > 1 else 0
     return logits + gathered_head + head_grad + max(hidden, reduced_grad)
 
