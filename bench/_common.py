@@ -122,6 +122,17 @@ def add_out(ap: argparse.ArgumentParser, default: str) -> None:
     )
 
 
+def add_docs(ap: argparse.ArgumentParser, *schemas: str) -> None:
+    """``--docs RECORD.json``: rewrite the script's docs table from a record of one of ``schemas``
+    and exit, nothing computed (the record checked by :func:`docs_record`)."""
+    ap.add_argument(
+        "--docs",
+        metavar="RECORD.json",
+        type=docs_record(*schemas),
+        help="rewrite the docs table from this record and exit (nothing is compiled or run)",
+    )
+
+
 def write_record(path: str | os.PathLike, doc: dict) -> pathlib.Path:
     """Write ``doc`` as indented JSON atomically: a temporary file beside ``path``, then a rename,
     so an interrupted run leaves the previous record (or nothing), never half of one."""

@@ -85,12 +85,7 @@ def markdown(doc: dict) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     _common.add_out(ap, "fp8_compile.json")
-    ap.add_argument(
-        "--docs",
-        metavar="RECORD.json",
-        type=_common.docs_record("tierax.bench.fp8_compile/2"),
-        help="rewrite the docs table from this record and exit (nothing is compiled)",
-    )
+    _common.add_docs(ap, "tierax.bench.fp8_compile/2")
     args = ap.parse_args()
     if args.docs:
         doc = args.docs

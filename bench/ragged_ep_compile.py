@@ -81,12 +81,7 @@ def markdown(doc: dict) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     _common.add_out(ap, "ragged_ep_compile.json")
-    ap.add_argument(
-        "--docs",
-        metavar="RECORD.json",
-        type=_common.docs_record(SCHEMA),
-        help="rewrite the docs table from this record and exit (nothing is compiled)",
-    )
+    _common.add_docs(ap, SCHEMA)
     args = ap.parse_args()
     if args.docs:
         print(f"wrote {_common.write_docs_table(DOCS_MARKER, markdown(args.docs))}")

@@ -224,17 +224,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     _common.add_out(ap, "tpu_tiled_loss.json")
     ap.add_argument("--case", action="append", choices=list(CASES), help="run only these cases")
-    ap.add_argument(
-        "--docs",
-        metavar="RECORD.json",
-        type=_common.docs_record(SCHEMA),
-        help="rewrite the docs table from this record and exit (nothing is compiled)",
-    )
+    _common.add_docs(ap, SCHEMA)
     args = ap.parse_args()
     if args.docs:
         print(f"wrote {_common.write_docs_table(DOCS_MARKER, markdown(args.docs))}")
         return 0
-    out = _common.out_path(args.out)
+    out = args.out
     doc = _common.envelope(SCHEMA) | {"goal": f"model assigned peak within {GOAL:.0%}"}
     doc["cases"] = {}
     with tempfile.TemporaryDirectory(prefix="tierax-tiled-loss-") as tmp:
