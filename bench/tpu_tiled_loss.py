@@ -88,9 +88,9 @@ def _hlo_values(hlo: str) -> dict[str, dict]:
     return out
 
 
-def live_at_peak(dump: pathlib.Path) -> dict:
+def live_at_peak(dump: pathlib.Path, big: int = BIG) -> dict:
     """The step's live-range report in ``dump``: the bytes live at the peak instruction and the
-    values of at least :data:`BIG` bytes among them (largest first)."""
+    values of at least ``big`` bytes among them (largest first)."""
     found = sorted(dump.glob("*jit_step*after_optimizations-live-range.txt"))
     if not found:
         raise FileNotFoundError(f"no *jit_step*after_optimizations-live-range.txt in {dump}")
@@ -106,16 +106,16 @@ def live_at_peak(dump: pathlib.Path) -> dict:
             break
         values.append((int(m.group(3)), m.group(1), m.group(2) or ""))
     assigned = _assigned_values(dump)
-    hlo_file = sorted(dump.glob("*jit_step*.after_optimizations.txt"))
+    hlo_file = sorted(dump.glob("*jit_step*after_optimizations.txt"))
     hlo = _hlo_values(hlo_file[-1].read_text()) if hlo_file else {}
-    big = []
+    listed = []
     for b, name, index in sorted(values, reverse=True):
-        if b < BIG:
+        if b < big:
             continue
         h = hlo.get(name, {"shapes": [], "op_name": ""})
         i = int(index.strip("{}") or 0) if index.strip("{}").isdigit() else 0
         shape = h["shapes"][i] if i < len(h["shapes"]) else ""
-        big.append(
+        listed.append(
             {
                 "value": name + index,
                 "bytes": b,
@@ -131,7 +131,7 @@ def live_at_peak(dump: pathlib.Path) -> dict:
         "live_peak_device_bytes": sum(
             b for b, name, index in values if assigned.get(name + (index or "{}"), (0, True))[1]
         ),
-        "values": big,
+        "values": listed,
     }
 
 
