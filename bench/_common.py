@@ -280,14 +280,17 @@ def run(
     )
 
 
-def compile_case(cmd: Sequence[str], *, timeout: float = 1800) -> tuple[dict, dict | None]:
+def compile_case(
+    cmd: Sequence[str], *, timeout: float = 1800, env: Mapping[str, str] | None = None
+) -> tuple[dict, dict | None]:
     """Run one ``tierax compile ... --json`` child and read its peaks: ``(case, result)``.
 
     ``case`` holds what every compile record keeps (exit status, command, wall and compile
     seconds, fits, XLA's peak beside the cost model's and the model's relative error, argument and
     temp bytes); a failed child gives ``{"returncode", "error"}`` (its last stderr line) and
-    ``result`` None.  ``result`` is the child's whole JSON, for the fields a record adds."""
-    proc = run(cmd, timeout=timeout)
+    ``result`` None.  ``result`` is the child's whole JSON, for the fields a record adds.  ``env``:
+    the child's environment (None: this process's)."""
+    proc = run(cmd, timeout=timeout, env=env)
     if proc.returncode != 0:
         return {"returncode": proc.returncode, "error": proc.stderr.strip().splitlines()[-1:]}, None
     r = json.loads(proc.stdout)

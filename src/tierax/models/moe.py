@@ -189,10 +189,14 @@ def _ragged_combine(y_RD, sizes_e, order, gates_Gk, ep: int, tp: int):
     pos_A = jnp.zeros_like(order).at[order].set(jnp.arange(G * k, dtype=order.dtype))
     if ep > 1:  # another shard's assignment: R, out of range, reads 0
         pos_A = jnp.where(pos_A < jnp.sum(sizes_e), pos_A, R)
-    y_GkD = y_RD.at[pos_A].get(mode="fill", fill_value=0).reshape(G, k, -1)
+    pos_Gk = pos_A.reshape(G, k)
     out_GD = None
     for j in range(k):  # the capacity form's order of summation (_combine_local)
-        term = y_GkD[:, j] * gates_Gk[:, j : j + 1].astype(y_GkD.dtype)
+        # One choice's rows at a time, [G, D]: gathering all G·k assignments at once made XLA:TPU
+        # write [G·k, D] buffers, most of whose rows are another shard's zeros under expert
+        # parallelism (bench/results/ragged_ep_compile.json).
+        y_GD = y_RD.at[pos_Gk[:, j]].get(mode="fill", fill_value=0)
+        term = y_GD * gates_Gk[:, j : j + 1].astype(y_GD.dtype)
         out_GD = term if out_GD is None else out_GD + term
     if ep > 1:
         out_GD = jax.lax.psum_scatter(out_GD, EXPERT_AXIS, scatter_dimension=0, tiled=True)
