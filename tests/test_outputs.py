@@ -308,12 +308,9 @@ def test_a_full_disk_during_checkpointing_names_the_last_good_checkpoint(tmp_pat
         # under load some are printed during interpreter shutdown, past any hook: not asserted (see
         # the issue note).
         assert "ERROR:absl" not in r.stderr, r.stderr
-        ours = [
-            ln
-            for ln in r.stderr.splitlines()
-            if ln.startswith("tierax train: error: writing checkpoint")
-        ]
-        assert len(ours) == 1, r.stderr
+        # Reported once.  Counted in the whole text: the shutdown tracebacks of Orbax's threads can
+        # interleave with the line (a traceback's indent printed before it, its text after).
+        assert r.stderr.count("tierax train: error: writing checkpoint") == 1, r.stderr
         assert C.complete_steps(disk / "ck") == [2]
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True, timeout=30)
