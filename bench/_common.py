@@ -308,3 +308,19 @@ def compile_case(
         "device_temp_bytes": r["device_temp_bytes"],
     }
     return case, r
+
+
+def dump_env(dump: str | os.PathLike) -> dict[str, str]:
+    """This process's environment with ``--xla_dump_to=dump`` added to the user's ``XLA_FLAGS``
+    (tierax appends its own flags to them: tierax.launch.flags)."""
+    return {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={dump}"}
+
+
+def simulate_breakdown(flags: Sequence[str], *, timeout: float = 900) -> tuple[dict | None, dict]:
+    """Run ``tierax simulate FLAGS`` (``flags`` end in ``--json``) in a child: ``(breakdown,
+    {})`` — the prediction's breakdown — or ``(None, {"returncode", "error"})`` when it fails."""
+    proc = run(tierax("simulate", *flags), timeout=timeout)
+    if proc.returncode != 0:
+        return None, {"returncode": proc.returncode, "error": proc.stderr.strip().splitlines()[-1:]}
+    pred = json.loads(proc.stdout)
+    return (pred[0] if isinstance(pred, list) else pred)["breakdown"], {}

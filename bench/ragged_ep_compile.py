@@ -21,8 +21,6 @@ Writes bench/results/ragged_ep_compile.json.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import pathlib
 import sys
 import tempfile
@@ -52,15 +50,12 @@ def compile_case(impl: str, mesh: str, tmp: str) -> dict:
     breakdown for the same flags (its assigned peak: without libtpu's reported excess)."""
     flags = [*ARGS, "--set", f"moe_impl={impl}", "--mesh", mesh, "--json"]
     dump = pathlib.Path(tmp) / f"dump-{impl}-{mesh.replace(',', '-').replace('=', '')}"
-    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={dump}"}
-    case, r = _common.compile_case(_common.tierax("compile", *flags), env=env)
+    case, r = _common.compile_case(_common.tierax("compile", *flags), env=_common.dump_env(dump))
     if r is None:
         return case
-    sim = _common.run(_common.tierax("simulate", *flags), timeout=900)
-    if sim.returncode != 0:
-        return {"returncode": sim.returncode, "error": sim.stderr.strip().splitlines()[-1:]}
-    pred = json.loads(sim.stdout)
-    b = (pred[0] if isinstance(pred, list) else pred)["breakdown"]
+    b, failed = _common.simulate_breakdown(flags)
+    if b is None:
+        return failed
     assigned = r["device_argument_bytes"] + preallocated_temp(dump)["preallocated_temp_bytes"]
     return case | {
         "model_peak_phase": r["predicted"].get("peak_phase"),

@@ -23,8 +23,6 @@ assigned peak within 5 % of XLA's (reported either way).  Writes bench/results/t
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import pathlib
 import re
 import sys
@@ -155,25 +153,21 @@ def _assigned_values(dump: pathlib.Path) -> dict[str, tuple[int, bool]]:
 def run_case(name: str, args: list[str], tmp: str) -> dict:
     dump = pathlib.Path(tmp) / re.sub(r"\W+", "-", name)
     args = [_published_plan(a[1:-1], tmp) if a.startswith("{") else a for a in args]
-    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={dump}"}
-    compile_cmd = _common.tierax("compile", *args, *COMMON, "--json")
-    proc = _common.run(compile_cmd, timeout=1800, env=env)
-    if proc.returncode != 0:
-        return {"returncode": proc.returncode, "error": proc.stderr.strip().splitlines()[-1:]}
-    compiled = json.loads(proc.stdout)
-    sim = _common.run(_common.tierax("simulate", *args, *COMMON, "--json"), timeout=900)
-    if sim.returncode != 0:
-        return {"returncode": sim.returncode, "error": sim.stderr.strip().splitlines()[-1:]}
-    pred = json.loads(sim.stdout)
-    pred = pred[0] if isinstance(pred, list) else pred
-    b = pred["breakdown"]
+    flags = [*args, *COMMON, "--json"]
+    compile_cmd = _common.tierax("compile", *flags)
+    case, compiled = _common.compile_case(compile_cmd, env=_common.dump_env(dump))
+    if compiled is None:
+        return case
+    b, failed = _common.simulate_breakdown(flags)
+    if b is None:
+        return failed
     heap = preallocated_temp(dump)["preallocated_temp_bytes"]
     assigned = compiled["device_argument_bytes"] + heap
     live = live_at_peak(dump)
     return {
         "returncode": 0,
-        "command": " ".join(compile_cmd[2:]),
-        "compile_wall_s": proc.wall_s,
+        "command": case["command"],
+        "compile_wall_s": case["wall_s"],
         "libtpu_version": compiled.get("libtpu_version"),
         "fits": compiled["fits"],
         "xla_reported_peak_bytes": compiled["device_peak_bytes"],
@@ -229,7 +223,6 @@ def main() -> int:
     if args.docs:
         print(f"wrote {_common.write_docs_table(DOCS_MARKER, markdown(args.docs))}")
         return 0
-    out = args.out
     doc = _common.envelope(SCHEMA) | {"goal": f"model assigned peak within {GOAL:.0%}"}
     doc["cases"] = {}
     with tempfile.TemporaryDirectory(prefix="tierax-tiled-loss-") as tmp:
@@ -252,8 +245,8 @@ def main() -> int:
         and len(done) == len(doc["cases"])
         and all(abs(c["model_error_vs_assigned"]) <= GOAL for c in done)
     )
-    _common.write_record(out, doc)
-    print(f"wrote {out}")
+    _common.write_record(args.out, doc)
+    print(f"wrote {args.out}")
     return 0
 
 

@@ -305,12 +305,12 @@ def _tpu_loss_phase_bytes(
     # adds (FixedTerms.reported_excess_bytes).
     logits = inv.logits_bytes * c_item / 4  # inv.logits_bytes is float32 (tierax.inventory)
     hidden = tokens * cfg.d_model * (4 + c_item)
-    gathered_head = cfg.vocab_size * cfg.d_model * c_item if fsdp > 1 else 0
+    narrow_head = cfg.vocab_size * cfg.d_model * c_item  # a [D, V] in the compute dtype
+    gathered_head = narrow_head if fsdp > 1 else 0
     if tiled:
-        narrow_grad = cfg.vocab_size * cfg.d_model * c_item
-        return head_grad + narrow_grad + logits + hidden + gathered_head
-    reduced_grad = cfg.vocab_size * cfg.d_model * c_item if fsdp > 1 else 0
-    return logits + gathered_head + head_grad + max(hidden, reduced_grad)
+        return head_grad + narrow_head + logits + hidden + gathered_head
+    # under FSDP the head gradient's all-reduce, the gathered head's size
+    return logits + gathered_head + head_grad + max(hidden, gathered_head)
 
 
 def _reported_excess(cfg, c_item: int, fsdp: int, tiled: bool, tokens: int, version: str) -> int:
