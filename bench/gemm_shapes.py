@@ -53,6 +53,7 @@ if str(SRC) not in sys.path:
     sys.path.insert(0, str(SRC))
 
 SCHEMA = "tierax.gemm-shapes/1"
+DOCS_MARKER = "gemm-shapes"
 DEFAULT_SHAPES = (
     "deepseek-d1024-s256-e32k8-f32",  # over-predicted 11-18 % on every plan
     "deepseek-d256-s512-f32",  # held in time_fidelity.json
@@ -254,7 +255,7 @@ def _run(name: str, shape: dict, rounds: int) -> dict:
     return json.loads(text)
 
 
-def table(doc: dict) -> str:
+def markdown(doc: dict) -> str:
     lines = [
         "| shape | GEMM s at mix rate | at own shapes | own / mix | measured step s | "
         "predicted (mix) | error | predicted (own shapes) | error |",
@@ -268,6 +269,11 @@ def table(doc: dict) -> str:
             f"{r['predicted_error']:+.1%} | {r['predicted_at_own_shapes_s']:.2f} | "
             f"{r['predicted_at_own_shapes_error']:+.1%} |"
         )
+    lines += [
+        "",
+        f"Plan {doc['plan']}, {doc['rounds']} rounds, one process per shape "
+        f"(`{doc['command']}`, {doc['created'][:10]}).",
+    ]
     return "\n".join(lines)
 
 
@@ -278,8 +284,12 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default=",".join(DEFAULT_SHAPES))
     ap.add_argument("--rounds", type=int, default=5)
     _common.add_out(ap, "gemm_shapes.json")
+    _common.add_docs(ap, SCHEMA)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.docs:
+        print(f"wrote {_common.write_docs_table(DOCS_MARKER, markdown(args.docs))}")
+        return 0
     if args.child:
         spec = json.loads(args.child)
         pathlib.Path(spec["result"]).write_text(json.dumps(child(spec)))
@@ -306,7 +316,7 @@ def main(argv=None) -> int:
         "shapes": rows,
     }
     _common.write_record(args.out, doc)
-    print(table(doc))
+    print(markdown(doc))
     return 0
 
 
