@@ -16,8 +16,10 @@ held in time_fidelity.json as controls) a process of its own:
 2. traces the save-all train step's loss and gradients (``jax.make_jaxpr``) and lists every
    ``dot_general`` with its operand shapes, dimension numbers, dtypes and executions per step
    (scan trip counts multiplied in);
-3. compiles each distinct GEMM alone (``jax.lax.dot_general`` with the step's dimension numbers
-   and dtypes, XLA:CPU choosing its kernel as it does for a dot) and times it in ``--rounds``
+3. compiles each distinct GEMM alone — a float32 weight gradient in the form XLA:CPU runs it in
+   the step (the calibration's ``weight-gradient`` role: alone, the dot_general as JAX writes it
+   gets a faster layout than the step gives it), every other GEMM as ``jax.lax.dot_general`` with
+   the step's dimension numbers and dtypes — and times it in ``--rounds``
    rounds that interleave the GEMMs, each call less its own first-touch faults at the measured
    rate (as the calibration does);
 4. times the save-all step itself (one warm-up, ``--rounds`` steps).
@@ -103,13 +105,44 @@ def step_gemms(closed_jaxpr) -> list[dict]:
     return list(found.values())
 
 
+def weight_gradient_mkn(g: dict) -> tuple[int, int, int] | None:
+    """(M, K, N) of a float32 weight gradient as JAX writes it — ``dot_general(x, dy)`` contracting
+    the leading (token) dimensions of both, no batch dimensions — else None.  XLA:CPU runs that
+    GEMM in a step as an Eigen dot of ``x`` and ``dy`` laid out transposed (the calibration's
+    ``weight-gradient`` role, :data:`tierax.measure.harness.MATMUL_ROLES`), where the same
+    dot_general alone lets XLA choose a faster layout."""
+    (lc, rc), (lb, _) = g["contract"], g["batch"]
+    lead = list(range(len(lc)))
+    if g["lhs_dtype"] != "float32" or lb or lc != lead or rc != lead:
+        return None
+    m = 1
+    for d in lc:
+        m *= g["lhs"][d]
+    n = 1
+    for d in g["rhs"][len(rc) :]:
+        n *= d
+    k = 1
+    for d in g["lhs"][len(lc) :]:
+        k *= d
+    return m, k, n
+
+
 def _gemm_fn(g: dict):
+    """(lhs shape, rhs shape, the jitted GEMM) of one of the step's GEMMs, in the form XLA:CPU runs
+    it there where that form is known (:func:`weight_gradient_mkn`), else as the step writes it."""
     import jax
     import jax.numpy as jnp
 
+    from tierax.measure import harness
+
+    mkn = weight_gradient_mkn(g)
+    if mkn is not None:
+        a_shape, b_shape, fn = harness.MATMUL_ROLES["weight-gradient"](*mkn, "float32")
+        return a_shape, b_shape, jax.jit(fn)
     dn = (tuple(map(tuple, g["contract"])), tuple(map(tuple, g["batch"])))
     out = jnp.dtype(g["out_dtype"])
-    return jax.jit(lambda a, b: jax.lax.dot_general(a, b, dn, preferred_element_type=out))
+    fn = jax.jit(lambda a, b: jax.lax.dot_general(a, b, dn, preferred_element_type=out))
+    return g["lhs"], g["rhs"], fn
 
 
 def time_gemms(gemms: list[dict], rounds: int, touch: float | None) -> None:
@@ -123,9 +156,11 @@ def time_gemms(gemms: list[dict], rounds: int, touch: float | None) -> None:
     key = jax.random.key(3)
     runs = []
     for g in gemms:
-        a = jax.random.normal(key, g["lhs"], jnp.float32).astype(g["lhs_dtype"])
-        b = jax.random.normal(key, g["rhs"], jnp.float32).astype(g["rhs_dtype"])
-        f = _gemm_fn(g)
+        a_shape, b_shape, f = _gemm_fn(g)
+        step_form = weight_gradient_mkn(g) is not None
+        g["timed_form"] = "XLA:CPU's weight-gradient form" if step_form else "as written"
+        a = jax.random.normal(key, a_shape, jnp.float32).astype(g["lhs_dtype"])
+        b = jax.random.normal(key, b_shape, jnp.float32).astype(g["rhs_dtype"])
         jax.block_until_ready(f(a, b))
         runs.append((g, f, a, b, [], []))
     for _ in range(rounds):

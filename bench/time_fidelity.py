@@ -82,6 +82,7 @@ SHAPES = {
         "deepseek", 1024, 256, 4, "float32", num_experts=32, num_experts_per_tok=8
     ),
 }
+DOCS_MARKERS = ("time-fidelity", "time-fidelity-deepseek")
 QUICK_SHAPES = {
     "llama-d256-s256-f32": _shape("llama", 256, 256, 2, "float32"),
     "deepseek-d256-s256-bf16": _shape("deepseek", 256, 256, 2, "bfloat16"),
@@ -612,6 +613,13 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--markdown", metavar="RECORD", help="print a record's docs tables")
     ap.add_argument("--docs", metavar="RECORD", help="rewrite the docs' tables from a record")
+    ap.add_argument(
+        "--marker",
+        choices=DOCS_MARKERS,
+        default=DOCS_MARKERS[0],
+        help="with --docs: which docs table (default %(default)s, the six-shape record's; "
+        "time-fidelity-deepseek: the DeepSeek-V3-routing shapes' record)",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.markdown:
@@ -619,7 +627,7 @@ def main(argv=None) -> int:
         return 0
     if args.docs:
         page = _common.write_docs_table(
-            "time-fidelity", markdown(json.loads(pathlib.Path(args.docs).read_text()))
+            args.marker, markdown(json.loads(pathlib.Path(args.docs).read_text()))
         )
         print(f"{page.relative_to(_common.ROOT)}: table rewritten from {args.docs}")
         return 0

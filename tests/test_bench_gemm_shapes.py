@@ -57,7 +57,15 @@ def test_step_gemms_of_a_gradient_lists_the_backward_gemms(gs):
     x, w = jnp.ones((6, 3)), jnp.ones((3, 5))
     gemms = gs.step_gemms(jax.make_jaxpr(jax.grad(lambda w: (x @ w).sum()))(w))
     assert sum(g["flops"] * g["executions"] for g in gemms) == 2 * (2 * 6 * 3 * 5)
-    assert any(g["contract"] == [[0], [0]] for g in gemms)
+    (wg,) = [g for g in gemms if g["contract"] == [[0], [0]]]
+    # Timed in XLA:CPU's step form at (M tokens, K, N) = (6, 3, 5), whichever operand JAX put first.
+    assert sorted(gs.weight_gradient_mkn(wg)) == [3, 5, 6] and gs.weight_gradient_mkn(wg)[0] == 6
+    assert [gs.weight_gradient_mkn(g) for g in gemms if g is not wg] == [None]
+    # Batched (an expert's) and bfloat16 weight gradients are timed as written.
+    batched = {**wg, "lhs": [2, 6, 3], "rhs": [2, 6, 5], "contract": [[1], [1]]}
+    batched["batch"] = [[0], [0]]
+    assert gs.weight_gradient_mkn(batched) is None
+    assert gs.weight_gradient_mkn({**wg, "lhs_dtype": "bfloat16"}) is None
 
 
 def test_time_gemms_reports_each_gemms_rate_from_its_own_time(gs):

@@ -27,6 +27,8 @@ DOCS_TABLES = [
     ("hide_grid", "table", "hide_grid.json", "hide-grid"),
     ("row_stride", "markdown", "row_stride.json", "row-stride"),
     ("time_fidelity", "markdown", "time_fidelity.json", "time-fidelity"),
+    ("time_fidelity", "markdown", "time_fidelity_deepseek.json", "time-fidelity-deepseek"),
+    ("gemm_shapes", "markdown", "gemm_shapes.json", "gemm-shapes"),
     ("mesh_search", "readme", "mesh_search.json", "mesh-search"),
     ("published_runs", "markdown", "published_runs.json", "published-runs"),
     ("published_runs", "markdown", "holdout_runs.json", "holdout-runs"),

@@ -36,11 +36,39 @@ def command_line(argv: Sequence[str] | None = None, prog: str = "tierax") -> str
     return " ".join([prog, *(shlex.quote(a) for a in args)])
 
 
+# The CPU features XLA:CPU's GEMM kernels depend on (bfloat16 and wide-vector paths): a record
+# made on another CPU model of the same virtual machine kind says so.
+CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
+
+
+def cpu_model(cpuinfo: str) -> dict:
+    """The CPU model name and which of :data:`CPU_FEATURES` it has, from ``/proc/cpuinfo``'s
+    text (its first processor's ``model name`` and ``flags`` lines); empty where they are absent."""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in ("model name", "flags", "Features"):
+            fields.setdefault(key.strip(), value.strip())
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    out: dict = {}
+    if "model name" in fields:
+        out["cpu_model"] = fields["model name"]
+    if flags:
+        out["cpu_features"] = [f for f in CPU_FEATURES if f in flags]
+    return out
+
+
 def host_info() -> dict:
-    """Host, CPU and Python version (JAX-free)."""
+    """Host, CPU (its model and GEMM-relevant features where ``/proc/cpuinfo`` tells) and Python
+    version (JAX-free)."""
+    try:
+        cpu = cpu_model(pathlib.Path("/proc/cpuinfo").read_text())
+    except OSError:
+        cpu = {}
     return {
         "host": platform.node(),
         "cpu": platform.processor() or platform.machine(),
+        **cpu,
         "python": sys.version.split()[0],
     }
 
