@@ -291,6 +291,8 @@ def _run(name: str, shape: dict, rounds: int) -> dict:
 
 
 def markdown(doc: dict) -> str:
+    """The docs' table of a record: per shape, the step's GEMM seconds both ways and the
+    save-all prediction both ways against the step measured in the same process."""
     lines = [
         "| shape | GEMM s at mix rate | at own shapes | own / mix | measured step s | "
         "predicted (mix) | error | predicted (own shapes) | error |",
