@@ -9,10 +9,10 @@ the step itself, in one process.
 The model prices a step's matmul FLOPs at one rate per dtype, the calibration's mix
 (:func:`tierax.measure.harness.matmul_mix_rate`: two shapes no case has, in the three roles a step
 runs).  Per shape (``bench/time_fidelity.py``'s SHAPES; default the float32 DeepSeek-V3-routing
-shape that time_fidelity_deepseek.json over-predicts on every plan, and two float32 shapes that
-held in time_fidelity.json as controls) a process of its own:
+shape that time_fidelity_deepseek.json over-predicted on every plan on 2026-12-02, and two float32
+shapes that held in time_fidelity.json as controls) a process of its own:
 
-1. measures the memory/first-touch rate and the calibration's GEMM mix for the shape's dtype;
+1. measures what ``tierax calibrate`` measures (the first-touch rate, the GEMM mix, ...);
 2. traces the save-all train step's loss and gradients (``jax.make_jaxpr``) and lists every
    ``dot_general`` with its operand shapes, dimension numbers, dtypes and executions per step
    (scan trip counts multiplied in);
@@ -39,10 +39,10 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import os
 import pathlib
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -57,7 +57,7 @@ if str(SRC) not in sys.path:
 SCHEMA = "tierax.gemm-shapes/1"
 DOCS_MARKER = "gemm-shapes"
 DEFAULT_SHAPES = (
-    "deepseek-d1024-s256-e32k8-f32",  # over-predicted 11-18 % on every plan
+    "deepseek-d1024-s256-e32k8-f32",  # over-predicted 11-18 % on every plan (2026-12-02)
     "deepseek-d256-s512-f32",  # held in time_fidelity.json
     "llama-d768-s256-f32",  # held in time_fidelity.json
 )
@@ -115,21 +115,17 @@ def weight_gradient_mkn(g: dict) -> tuple[int, int, int] | None:
     lead = list(range(len(lc)))
     if g["lhs_dtype"] != "float32" or lb or lc != lead or rc != lead:
         return None
-    m = 1
-    for d in lc:
-        m *= g["lhs"][d]
-    n = 1
-    for d in g["rhs"][len(rc) :]:
-        n *= d
-    k = 1
-    for d in g["lhs"][len(lc) :]:
-        k *= d
-    return m, k, n
+    return (
+        math.prod(g["lhs"][: len(lc)]),
+        math.prod(g["lhs"][len(lc) :]),
+        math.prod(g["rhs"][len(rc) :]),
+    )
 
 
 def _gemm_fn(g: dict):
-    """(lhs shape, rhs shape, the jitted GEMM) of one of the step's GEMMs, in the form XLA:CPU runs
-    it there where that form is known (:func:`weight_gradient_mkn`), else as the step writes it."""
+    """(lhs shape, rhs shape, the jitted GEMM, its form) of one of the step's GEMMs, in the form
+    XLA:CPU runs it there where that form is known (:func:`weight_gradient_mkn`), else as the
+    step writes it."""
     import jax
     import jax.numpy as jnp
 
@@ -138,11 +134,11 @@ def _gemm_fn(g: dict):
     mkn = weight_gradient_mkn(g)
     if mkn is not None:
         a_shape, b_shape, fn = harness.MATMUL_ROLES["weight-gradient"](*mkn, "float32")
-        return a_shape, b_shape, jax.jit(fn)
+        return a_shape, b_shape, jax.jit(fn), "XLA:CPU's weight-gradient form"
     dn = (tuple(map(tuple, g["contract"])), tuple(map(tuple, g["batch"])))
     out = jnp.dtype(g["out_dtype"])
     fn = jax.jit(lambda a, b: jax.lax.dot_general(a, b, dn, preferred_element_type=out))
-    return g["lhs"], g["rhs"], fn
+    return g["lhs"], g["rhs"], fn, "as written"
 
 
 def time_gemms(gemms: list[dict], rounds: int, touch: float | None) -> None:
@@ -156,9 +152,7 @@ def time_gemms(gemms: list[dict], rounds: int, touch: float | None) -> None:
     key = jax.random.key(3)
     runs = []
     for g in gemms:
-        a_shape, b_shape, f = _gemm_fn(g)
-        step_form = weight_gradient_mkn(g) is not None
-        g["timed_form"] = "XLA:CPU's weight-gradient form" if step_form else "as written"
+        a_shape, b_shape, f, g["timed_form"] = _gemm_fn(g)
         a = jax.random.normal(key, a_shape, jnp.float32).astype(g["lhs_dtype"])
         b = jax.random.normal(key, b_shape, jnp.float32).astype(g["rhs_dtype"])
         jax.block_until_ready(f(a, b))
@@ -274,13 +268,7 @@ def _run(name: str, shape: dict, rounds: int) -> dict:
     spec = {"shape": shape | {"name": name}, "rounds": rounds, "result": str(result)}
     path = os.pathsep.join([str(SRC), str(ROOT / "bench")])
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", PYTHONPATH=path)
-    proc = subprocess.run(
-        [sys.executable, __file__, "--child", json.dumps(spec)],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-    )
+    proc = _common.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env)
     try:
         text = result.read_text()
     finally:
