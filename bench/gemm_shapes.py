@@ -25,8 +25,9 @@ shapes that held in time_fidelity.json as controls) a process of its own:
 4. times the save-all step itself (one warm-up, ``--rounds`` steps).
 
 It records per GEMM its FLOP/s against the mix's, and per shape the step's matmul seconds two ways:
-FLOPs at the mix rate (what the model prices) and the sum of each GEMM's own time × its
-executions; then the model's save-all prediction with the mix (its other terms unchanged) beside
+as the model prices them (FLOPs at the mix rate, a bfloat16 LM head's at the calibration's head
+rate) and the sum of each GEMM's own time × its
+executions; then the model's save-all prediction (its other terms unchanged) beside
 the same prediction with the matmul seconds at the GEMMs' own shapes, both against the step
 measured in the same process.  A GEMM alone is not the GEMM in the step: XLA:CPU may lay out an
 operand differently inside the step (the float32 weight gradient's transposed operand is priced
@@ -229,15 +230,19 @@ def child(spec: dict) -> dict:
     br = pred.breakdown
     traced_flops = sum(g["flops"] * g["executions"] for g in gemms)
     mix_s = traced_flops / mix["flops_per_s"]
+    # What the model prices the GEMMs at: the mix's rate, the LM head's at its own where the
+    # calibration has one (compute_s holds the matmul seconds and the non-matmul term).
+    model_s = br["compute_s"] - br["hbm_s"]
     own_s = sum(g["net_s"] * g["executions"] for g in gemms)
     own_raw_s = sum(g["raw_s"] * g["executions"] for g in gemms)
     measured = statistics.median(steps)
-    at_shapes = pred.step_time_s - mix_s + own_s
+    at_shapes = pred.step_time_s - model_s + own_s
     return {
         "shape": shape,
         "model": config_to_dict(cfg),
         "plan": PLAN,
         "mix": {k: mix[k] for k in ("dtype", "flops_per_s", "gemms")},
+        "head_matmul_flops_per_s": entry.get(f"head_matmul_flops_per_s_{cfg.dtype}"),
         "first_touch_bytes_per_s": touch,
         "gemms": gemms,
         "step_times_s": steps,
@@ -250,6 +255,8 @@ def child(spec: dict) -> dict:
         "matmul_s_at_own_shapes": own_s,
         "matmul_s_at_own_shapes_raw": own_raw_s,
         "own_over_mix": own_s / mix_s,
+        "matmul_s_model": model_s,
+        "own_over_model": own_s / model_s,
         "predicted_step_s": pred.step_time_s,
         "predicted_terms_s": {
             k: br[k] for k in ("compute_s", "hbm_s", "first_touch_s", "transpose_s")
@@ -282,14 +289,16 @@ def markdown(doc: dict) -> str:
     """The docs' table of a record: per shape, the step's GEMM seconds both ways and the
     save-all prediction both ways against the step measured in the same process."""
     lines = [
-        "| shape | GEMM s at mix rate | at own shapes | own / mix | measured step s | "
-        "predicted (mix) | error | predicted (own shapes) | error |",
+        "| shape | model's GEMM s | at own shapes | own / model | measured step s | "
+        "predicted (model) | error | predicted (own shapes) | error |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in doc["shapes"]:
+        # records before the head's rate: the model priced every GEMM at the mix's rate
+        model_s = r.get("matmul_s_model", r["matmul_s_at_mix_rate"])
         lines.append(
-            f"| {r['shape']['name']} | {r['matmul_s_at_mix_rate']:.2f} | "
-            f"{r['matmul_s_at_own_shapes']:.2f} | {r['own_over_mix']:.2f} | "
+            f"| {r['shape']['name']} | {model_s:.2f} | "
+            f"{r['matmul_s_at_own_shapes']:.2f} | {r['matmul_s_at_own_shapes'] / model_s:.2f} | "
             f"{r['measured_step_s']:.2f} | {r['predicted_step_s']:.2f} | "
             f"{r['predicted_error']:+.1%} | {r['predicted_at_own_shapes_s']:.2f} | "
             f"{r['predicted_at_own_shapes_error']:+.1%} |"

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from jax.ad_checkpoint import checkpoint_name
+from jax.extend.core import jaxprs_in_params
 
 from tierax import costmodel as cm
 from tierax import names as N
@@ -482,3 +483,132 @@ def test_calibration_file_reaches_simulate_through_the_cli(tmp_path):
     flops = a["breakdown"]["executed_flops"]
     assert b["step_time_s"] - a["step_time_s"] == pytest.approx(flops / 1e12, rel=1e-9)
     assert a["breakdown"]["first_touch_s"] > 0 and a["breakdown"]["hbm_s"] > 0
+
+
+# The LM head of the hand inventory: 2 · 256 tokens · d_model 64 · vocab 256 FLOPs forward.
+HEAD_FLOPS = 2 * MICROBATCH * SEQ * CFG.d_model * CFG.vocab_size
+
+
+@pytest.mark.parametrize("which", ["save-all", "remat"])
+def test_a_bfloat16_lm_head_is_priced_at_the_calibrated_head_rate(which):
+    """The head's three GEMMs (3 × 8 388 608 FLOPs) move from the bfloat16 mix's 0.5 TFLOP/s to a
+    head rate of 0.125 TFLOP/s; every other term is unchanged; a float32 step never reads the
+    key."""
+    assert HEAD_FLOPS == 8_388_608
+    cal = {"cpu": CAL["cpu"] | {"head_matmul_flops_per_s_bfloat16": 0.125e12}}
+    placement = P.Placement.DEVICE if which == "save-all" else P.Placement.REMAT
+    bf16 = cm.target_rates("cpu", "bfloat16", calibration=cal)
+    assert bf16.head_matmul_flops_per_s == 0.125e12
+    assert bf16.sources["head_matmul"].startswith("measured by tierax calibrate (hand-cal)")
+    cfg = dataclasses.replace(CFG, dtype="bfloat16")
+    pred = cm.simulate(plan(placement), inventory(), cfg, bf16, "lhs")
+    want = expected("bfloat16", which)
+    head_s = 3 * HEAD_FLOPS / 0.125e12
+    assert pred.breakdown["compute_s"] == pytest.approx(
+        (MATMUL_FLOPS - 3 * HEAD_FLOPS) / 0.5e12 + head_s + HBM_BYTES / 1e11, rel=1e-12
+    )
+    assert pred.step_time_s - want["step_time_s"] == pytest.approx(
+        head_s - 3 * HEAD_FLOPS / 0.5e12, rel=1e-9
+    )
+    for key in ("recompute_s", "first_touch_s", "hbm_s"):
+        assert pred.breakdown[key] == pytest.approx(want[key], rel=1e-12), key
+    f32 = cm.target_rates("cpu", "float32", calibration=cal)
+    assert f32.head_matmul_flops_per_s == 0.0 and "mix's rate" in f32.sources["head_matmul"]
+    got = cm.simulate(plan(placement), inventory(), CFG, f32, "lhs").step_time_s
+    assert got == pytest.approx(expected("float32", which)["step_time_s"], rel=1e-12)
+    # An older file without the key: the mix's rate, and the source says to calibrate again.
+    old = cm.target_rates("cpu", "bfloat16", calibration=CAL)
+    assert old.head_matmul_flops_per_s == 0.0 and "tierax calibrate" in old.sources["head_matmul"]
+
+
+def test_a_tiled_loss_recomputes_its_head_at_the_head_rate():
+    """loss_tiles > 1 adds one more forward of the head: 4 × its FLOPs at the head rate."""
+    cal = {"cpu": CAL["cpu"] | {"head_matmul_flops_per_s_bfloat16": 0.125e12}}
+    bf16 = cm.target_rates("cpu", "bfloat16", calibration=cal)
+    mix = cm.target_rates("cpu", "bfloat16", calibration=CAL)
+    cfg = dataclasses.replace(CFG, dtype="bfloat16", loss_tiles=2)
+    inv = inventory()
+    got = (
+        cm.fixed_terms(inv, cfg, bf16, "lhs").compute_s
+        - cm.fixed_terms(inv, cfg, mix, "lhs").compute_s
+    )
+    assert got == pytest.approx(4 * HEAD_FLOPS * (1 / 0.125e12 - 1 / 0.5e12), rel=1e-9)
+
+
+def _head_dots(closed_jaxpr, vocab: int) -> list:
+    """Every dot_general of a jaxpr (sub-jaxprs included) with an operand or output dimension of
+    the vocabulary's size."""
+    found = []
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "dot_general":
+                shapes = [v.aval.shape for v in (*eqn.invars, *eqn.outvars)]
+                if any(vocab in s for s in shapes):
+                    found.append(eqn)
+            for sub in jaxprs_in_params(eqn.params):
+                walk(sub)
+
+    walk(closed_jaxpr.jaxpr)
+    return found
+
+
+def _dtypes(eqn) -> tuple[str, str, str]:
+    return tuple(jnp.dtype(v.aval.dtype).name for v in (*eqn.invars, *eqn.outvars))
+
+
+def test_the_head_gemms_are_timed_in_the_form_the_bfloat16_step_runs_them():
+    """The step's LM-head GEMMs (traced from tierax's bfloat16 train step) are bfloat16 operands
+    with float32 products, as harness.HEAD_MATMUL_ROLES writes them, and its layer GEMMs bfloat16
+    products, as MATMUL_ROLES writes them; XLA:CPU converts the latter's operands to float32 and
+    runs the former on bfloat16 operands (the compiled HLO), so they are two kernels."""
+    from tierax import plan as plan_lib
+    from tierax.mesh import MeshShape
+    from tierax.sharding import rules as sh
+    from tierax.train import step as step_lib
+
+    cfg = dataclasses.replace(CFG, dtype="bfloat16", vocab_size=320)
+    mesh = MeshShape(fsdp=8).make()
+    opt = step_lib.make_optimizer()
+    tokens = jax.device_put(step_lib.synthetic_batch(cfg, 8, 32), sh.batch_sharding(mesh))
+    graphdef, state = step_lib.init_state(cfg, opt, mesh=mesh)
+    pl = plan_lib.preset("save-all", cfg)
+    loss_fn = step_lib.make_loss_fn(graphdef, plan_lib.to_policies(pl, cfg), None)
+    jaxpr = jax.make_jaxpr(jax.value_and_grad(loss_fn))(state.params, tokens)
+    head = _head_dots(jaxpr, 320)
+    assert len(head) == 3  # forward, input gradient, weight gradient
+    assert {_dtypes(e) for e in head} == {("bfloat16", "bfloat16", "float32")}
+    m, k, n = 96, 32, 320
+    for role, gemm in harness.HEAD_MATMUL_ROLES.items():
+        a_shape, b_shape, fn = gemm(m, k, n, "bfloat16")
+        a, b = jnp.ones(a_shape, jnp.bfloat16), jnp.ones(b_shape, jnp.bfloat16)
+        (eqn,) = _head_dots(jax.make_jaxpr(fn)(a, b), n)
+        assert _dtypes(eqn) == ("bfloat16", "bfloat16", "float32"), role
+        # forward and input gradient: a GEMM of the bfloat16 operands, nothing converted; the
+        # weight gradient: float32 copies of both operands, its float32 product not converted back
+        want = ["f32", "f32", "f32"] if role == "weight-gradient" else ["f32"]
+        assert _entry_ops(fn, a, b) == ["bf16", "bf16", *want], role
+    for role, gemm in harness.MATMUL_ROLES.items():
+        a_shape, b_shape, fn = gemm(m, k, n, "bfloat16")
+        a, b = jnp.ones(a_shape, jnp.bfloat16), jnp.ones(b_shape, jnp.bfloat16)
+        (eqn,) = _head_dots(jax.make_jaxpr(fn)(a, b), n)
+        assert _dtypes(eqn)[2] == "bfloat16", role
+        # both operands converted to float32, the float32 product converted back to bfloat16
+        assert _entry_ops(fn, a, b) == ["bf16", "bf16", "f32", "f32", "f32", "bf16"], role
+
+
+def _entry_ops(fn, *args) -> list[str]:
+    """The element types of the compiled entry computation's instructions, in order."""
+    hlo = jax.jit(fn).lower(*args).compile().as_text()
+    entry = hlo[hlo.index("ENTRY") :].splitlines()[1:]
+    return [line.split("=")[1].split("[")[0].strip() for line in entry if " = " in line]
+
+
+def test_the_head_matmul_microbenchmark_times_three_float32_product_gemms():
+    r = harness.matmul_mix_rate(
+        "bfloat16", shapes=((96, 32, 320),), repeats=2, roles=harness.HEAD_MATMUL_ROLES
+    )
+    assert [g["role"] for g in r["gemms"]] == ["forward", "input-gradient", "weight-gradient"]
+    secs = sum(2 * 96 * 32 * 320 / g["flops_per_s"] for g in r["gemms"])
+    assert r["flops_per_s"] == pytest.approx(3 * 2 * 96 * 32 * 320 / secs, rel=1e-9)
+    assert harness.CPU_HEAD_MATMUL_SHAPES == (harness.CPU_MATMUL_SHAPES[1],)

@@ -107,16 +107,23 @@ def _compute(
             g.fp8_flops_share * g.forward_flops_per_layer * g.num_layers for g in inv.groups
         )
     fp8_s = fp8 / rates.fp8_matmul_flops_per_s if fp8 else 0.0
+    # The LM head's GEMMs (forward, its two gradients, a tiled loss's recomputed forward) at the
+    # head's own rate where the target has one (XLA:CPU: Rates.head_matmul_flops_per_s).
+    head = 3.0 * head_flops + loss_recompute if rates.head_matmul_flops_per_s > 0 else 0.0
+    head_s = head / rates.head_matmul_flops_per_s if head else 0.0
     # A fused attention kernel's matmuls run at its own rates, its backward doing 2.5 × its
     # forward's FLOPs.
     fused = sum(g.fused_attention_flops_per_layer * g.num_layers for g in inv.groups)
     if not fused:
-        return executed, hbm_s, (executed - fp8) / rates.matmul_flops_per_s + fp8_s + hbm_s, 0.0
+        rest = executed - fp8 - head
+        return executed, hbm_s, rest / rates.matmul_flops_per_s + fp8_s + head_s + hbm_s, 0.0
     fused_s = matmul_s(fused, fused, rates) + matmul_s(fused, fused, rates, backward=True)
     executed += (1 + FUSED_BACKWARD_FLOPS_RATIO - 3.0) * fused
     compute_s = (
-        (executed - (1 + FUSED_BACKWARD_FLOPS_RATIO) * fused - fp8) / rates.matmul_flops_per_s
+        (executed - (1 + FUSED_BACKWARD_FLOPS_RATIO) * fused - fp8 - head)
+        / rates.matmul_flops_per_s
         + fp8_s
+        + head_s
         + fused_s
         + hbm_s
     )

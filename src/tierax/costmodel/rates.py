@@ -119,6 +119,10 @@ class Rates:
     # fp8 GEMMs (quantization: fp8); 0: the target has none in this table (they run at the
     # compute dtype's rate, emulated)
     fp8_matmul_flops_per_s: float = 0.0
+    # CPU only (0: the matmul rate): the LM head's GEMMs (forward and both gradients, in the
+    # loss's form: float32 products of compute-dtype operands), which XLA:CPU runs with another
+    # kernel than a bfloat16 step's layer GEMMs; measured by `tierax calibrate`.
+    head_matmul_flops_per_s: float = 0.0
     # TPU targets: the libtpu whose XLA:TPU memory figures the peak follows (target_rates: the
     # installed one; "": none installed, the terms traced on 0.0.52; tierax.hardware.libtpu).
     libtpu: str = ""
@@ -159,6 +163,14 @@ def _cpu_rates(cal: dict, dtype: str) -> Rates:
     else:  # an older calibration file
         bandwidth = 10e9
         sources["hbm"] = "not measured: 10 GB/s assumed (run `tierax calibrate` again)"
+    head = cal.get(f"head_matmul_flops_per_s_{dtype}", 0.0)
+    sources["head_matmul"] = (
+        f"{measured}: the LM head's GEMMs in the loss's form (float32 products of {dtype} operands)"
+        if head
+        else f"the {dtype} GEMM mix's rate (a {dtype} step's head GEMMs run the layers' kernel)"
+        if dtype == "float32"
+        else "not measured (an older file): the GEMM mix's rate (run `tierax calibrate` again)"
+    )
     first_touch = cal.get("first_touch_bytes_per_s", 0.0)
     sources["first_touch"] = (
         f"{measured}: first write of fresh memory (CPU-specific)"
@@ -196,6 +208,7 @@ def _cpu_rates(cal: dict, dtype: str) -> Rates:
         first_touch_bytes_per_s=first_touch,
         transpose_read_elems_per_s=transpose,
         transpose_aliased_read_elems_per_s=aliased,
+        head_matmul_flops_per_s=head,
     )
 
 

@@ -8,7 +8,8 @@ faults: the cost model's first-touch term) and the rate at which XLA:CPU's slow 
 fusion reads its inputs (the transposing-fusion term),
 the matmul rate per compute dtype (float32 and
 bfloat16; on a CPU a mix of GEMM shapes as the three GEMMs a training step runs, their own page
-faults taken off at that first-touch rate, on a GPU one large square GEMM), and on a GPU the
+faults taken off at that first-touch rate, on a GPU one large square GEMM), on a CPU the bfloat16
+LM head's GEMMs as the loss writes them (float32 products: another XLA:CPU kernel), and on a GPU the
 host↔device copy bandwidth each way (pinned host memory).  Results are stored in
 ``tierax.costmodel.CALIBRATION_FILE`` under the target key (``cpu`` here; the GPU kind on a GPU)
 and used by ``simulate`` and ``plan`` instead of datasheet figures.
@@ -32,6 +33,10 @@ from tierax.measure import harness
 # GPU is not an H200), so a substring test would store one machine's rates under another's key.
 _KIND_TO_TARGET = {"H100": "h100", "H200": "h200", "B200": "b200", "GB200": "gb200"}
 DTYPES = ("float32", "bfloat16")
+# Compute dtypes whose LM head GEMMs XLA:CPU runs in another form than their layer GEMMs (a
+# float32 output from bfloat16 operands: harness.HEAD_MATMUL_ROLES); a float32 step's head GEMMs
+# are float32 GEMMs like its layers', priced at the mix's rate.
+HEAD_DTYPES = ("bfloat16",)
 
 
 def target_key_for(platform: str, device_kind: str) -> str:
@@ -58,6 +63,7 @@ def stages(gpu: bool) -> list[str]:
         ["memory"]
         + ([] if gpu else ["transposing fusion"])
         + [f"matmul {d}" for d in DTYPES]
+        + ([] if gpu else [f"head matmul {d}" for d in HEAD_DTYPES])
         + (["host link"] if gpu else [])
     )
 
@@ -110,6 +116,19 @@ def measure(
         micro[f"matmul_{dtype}"] = r
         if progress:
             progress(f"matmul {dtype}")
+    if not gpu:
+        for dtype in HEAD_DTYPES:
+            r = harness.matmul_mix_rate(
+                dtype,
+                shapes=harness.CPU_HEAD_MATMUL_SHAPES,
+                repeats=repeats,
+                first_touch_bytes_per_s=touch,
+                roles=harness.HEAD_MATMUL_ROLES,
+            )
+            entry[f"head_matmul_flops_per_s_{dtype}"] = r["flops_per_s"]
+            micro[f"head_matmul_{dtype}"] = r
+            if progress:
+                progress(f"head matmul {dtype}")
     # The key older tierax versions read (float32 only).
     entry["matmul_flops_per_s"] = entry["matmul_flops_per_s_float32"]
     if gpu:

@@ -59,6 +59,8 @@ def matmul_rate(
 # three GEMMs a training step runs for it (:data:`MATMUL_ROLES`).  No case of
 # bench/time_fidelity.py has any of these dimensions.
 CPU_MATMUL_SHAPES = ((1536, 640, 2560), (1536, 640, 24000))
+# The head-like one alone, in the LM head's forms (:data:`HEAD_MATMUL_ROLES`).
+CPU_HEAD_MATMUL_SHAPES = CPU_MATMUL_SHAPES[1:]
 # role → (lhs shape, rhs shape, the GEMM) from (M, K, N, dtype), each as XLA:CPU runs it in a
 # train step (the steps' optimised HLO).  Forward and input gradient: YNNPACK GEMMs.  The
 # weight gradient dW[K, N] = xᵀ·dy: in float32 an Eigen dot of x (contracted over its major
@@ -90,9 +92,30 @@ MATMUL_ROLES = {
     "weight-gradient": _weight_gradient,
 }
 
+# The LM head's three GEMMs as the loss writes them off a TPU (tierax.models.loss): operands in
+# the compute dtype, the product in float32 (preferred_element_type), the weight gradient over
+# the tokens as JAX writes it.  With bfloat16 operands XLA:CPU runs the forward and the input
+# gradient as YNNPACK GEMMs on the bfloat16 operands themselves and the weight gradient as a dot of
+# float32 copies with no conversion back, where a bfloat16-output GEMM (every layer GEMM) has its
+# operands converted to float32, runs the float32 GEMM and converts its product back (the
+# compiled HLO of each: tests/test_time_model.py).
+HEAD_MATMUL_ROLES = {
+    "forward": lambda m, k, n, dt: ((m, k), (k, n), lambda x, w: _dot(x, w, "forward", f32=True)),
+    "input-gradient": lambda m, k, n, dt: (
+        (m, n),
+        (k, n),
+        lambda dy, w: _dot(dy, w, "input-gradient", f32=True),
+    ),
+    "weight-gradient": lambda m, k, n, dt: (
+        (m, k),
+        (m, n),
+        lambda x, dy: _dot(x, dy, "weight-gradient", f32=True),
+    ),
+}
 
-def _dot(a, b, role: str):
-    return jax.lax.dot_general(a, b, _DN[role])
+
+def _dot(a, b, role: str, f32: bool = False):
+    return jax.lax.dot_general(a, b, _DN[role], preferred_element_type=jnp.float32 if f32 else None)
 
 
 def _minor_faults() -> int:
@@ -140,6 +163,7 @@ def matmul_mix_rate(
     shapes=CPU_MATMUL_SHAPES,
     repeats: int = 5,
     first_touch_bytes_per_s: float | None = None,
+    roles: dict | None = None,
 ) -> dict:
     """FLOP/s of a mix of matmuls: every shape in every role of :data:`MATMUL_ROLES`, the summed
     FLOPs over the summed median times (each GEMM weighs by its time, as in a step).  Rounds
@@ -156,7 +180,7 @@ def matmul_mix_rate(
     key = jax.random.key(2)
     runs = []
     for m, k, n in shapes:
-        for role, gemm in MATMUL_ROLES.items():
+        for role, gemm in (roles or MATMUL_ROLES).items():
             a_shape, b_shape, fn = gemm(m, k, n, dtype)
             a = jax.device_put(jax.random.normal(key, a_shape, jnp.float32).astype(dtype), dev)
             b = jax.device_put(jax.random.normal(key, b_shape, jnp.float32).astype(dtype), dev)

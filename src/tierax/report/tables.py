@@ -420,6 +420,14 @@ def calibration_table(entry: dict) -> Table:
         rate = entry[f"matmul_flops_per_s_{dtype}"]
         gemms = _gemms(micro.get(f"matmul_{dtype}", {}))
         t.add_row(f"matmul {dtype}", f"{rate / 1e12:.3f} TFLOP/s", gemms)
+        if f"head_matmul_flops_per_s_{dtype}" in entry:
+            rate = entry[f"head_matmul_flops_per_s_{dtype}"]
+            gemms = _gemms(micro.get(f"head_matmul_{dtype}", {}))
+            t.add_row(
+                f"LM head matmul {dtype}",
+                f"{rate / 1e12:.3f} TFLOP/s",
+                f"{gemms}, float32 products",
+            )
     mem, nm = micro.get("memory", {}), micro.get("nonmatmul", {})
     size = f"{mem.get('bytes_per_array', 0) / 2**20:.0f} MiB arrays"
     what = ", ".join(f"{k} {v}" for k, v in nm.get("shape", {}).items())
