@@ -162,8 +162,8 @@ MUTATIONS = [
         "name": "memory-traffic-term-dropped",
         "what": "costmodel.fixed: compute time is the matmuls alone (no non-matmul memory traffic)",
         "file": "src/tierax/costmodel/fixed.py",
-        "old": "(executed - fp8) / rates.matmul_flops_per_s + fp8_s + hbm_s, 0.0",
-        "new": "(executed - fp8) / rates.matmul_flops_per_s + fp8_s, 0.0",
+        "old": "rest / rates.matmul_flops_per_s + fp8_s + head_s + hbm_s, 0.0",
+        "new": "rest / rates.matmul_flops_per_s + fp8_s + head_s, 0.0",
         "tests": ["tests/test_time_model.py"],
     },
     {
