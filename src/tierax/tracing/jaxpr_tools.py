@@ -108,6 +108,50 @@ def matmul_flops(closed_jaxpr, *, scope: str | None = None) -> int:
     return total
 
 
+def gemm_min_dim(eqn) -> int | None:
+    """The smallest of a matmul equation's M, K and N (per batch element; a grouped matmul's M is
+    its rows per group on average): how often each element it loads is reused, what a CPU GEMM's
+    throughput follows (:meth:`tierax.costmodel.Rates.matmul_rate_at`).  None: not a matmul.
+
+    A matmul's backward GEMMs (dX = dY·Wᵀ, dW = Xᵀ·dY) have the same three dimensions, so the
+    forward's smallest dimension is theirs too."""
+    name = eqn.primitive.name
+    if name == "dot_general":
+        (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+        lhs, rhs = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
+        m = math.prod(d for i, d in enumerate(lhs) if i not in lc and i not in lb)
+        n = math.prod(d for i, d in enumerate(rhs) if i not in rc and i not in rb)
+        return min(m, math.prod(lhs[i] for i in lc), n)
+    if name in RAGGED_DOTS:
+        lhs, rhs = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
+        groups = rhs[0] if len(rhs) == 3 else 1
+        rows = math.prod(lhs[:-1]) // max(1, groups)
+        return max(1, min(rows, lhs[-1], eqn.outvars[0].aval.shape[-1]))
+    if name in BLOCK_SCALED_DOTS:
+        (_, m, k), n = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape[1]
+        return min(m, k, n)
+    return None
+
+
+def matmul_flops_by_min_dim(closed_jaxpr) -> dict[int, int]:
+    """:func:`matmul_flops` split by each matmul's :func:`gemm_min_dim`: smallest dimension →
+    FLOPs."""
+    out: dict[int, int] = {}
+    for eqn, mult, _ in _walk(_jaxpr(closed_jaxpr), 1, ()):
+        name = eqn.primitive.name
+        if name == "dot_general":
+            flops = dot_general_flops(eqn)
+        elif name in RAGGED_DOTS:
+            flops = ragged_dot_flops(eqn)
+        elif name in BLOCK_SCALED_DOTS:
+            flops = block_scaled_flops(eqn)
+        else:
+            continue
+        d = gemm_min_dim(eqn)
+        out[d] = out.get(d, 0) + mult * flops
+    return out
+
+
 FP8_DTYPES = frozenset(
     {"float8_e4m3fn", "float8_e5m2", "float8_e4m3", "float8_e4m3fnuz", "float8_e5m2fnuz"}
 )
