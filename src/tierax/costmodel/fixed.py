@@ -114,19 +114,27 @@ def _compute(
     # A fused attention kernel's matmuls run at its own rates, its backward doing 2.5 × its
     # forward's FLOPs.
     fused = sum(g.fused_attention_flops_per_layer * g.num_layers for g in inv.groups)
-    if not fused:
-        rest = executed - fp8 - head
-        return executed, hbm_s, rest / rates.matmul_flops_per_s + fp8_s + head_s + hbm_s, 0.0
-    fused_s = matmul_s(fused, fused, rates) + matmul_s(fused, fused, rates, backward=True)
-    executed += (1 + FUSED_BACKWARD_FLOPS_RATIO - 3.0) * fused
-    compute_s = (
-        (executed - (1 + FUSED_BACKWARD_FLOPS_RATIO) * fused - fp8 - head)
-        / rates.matmul_flops_per_s
-        + fp8_s
-        + head_s
-        + fused_s
-        + hbm_s
+    # The other GEMMs: each group's at the rate its GEMMs' smallest dimensions give
+    # (Rates.blended_matmul_rate; one matmul rate where the target has no rates by size), the
+    # head's where it has no rate of its own at the matmul rate.
+    layers_s = sum(
+        3.0
+        * g.num_layers
+        * (
+            g.forward_flops_per_layer * (1.0 - g.fp8_flops_share if fp8 else 1.0)
+            - g.fused_attention_flops_per_layer
+        )
+        / rates.blended_matmul_rate(g.matmul_min_dim_shares)
+        for g in inv.groups
     )
+    head_rest_s = (3.0 * head_flops + loss_recompute - head) / rates.matmul_flops_per_s
+    fused_s = (
+        matmul_s(fused, fused, rates) + matmul_s(fused, fused, rates, backward=True)
+        if fused
+        else 0.0
+    )
+    executed += (1 + FUSED_BACKWARD_FLOPS_RATIO - 3.0) * fused
+    compute_s = layers_s + head_rest_s + fp8_s + head_s + fused_s + hbm_s
     return executed, hbm_s, compute_s, fused_s
 
 

@@ -131,6 +131,7 @@ def evaluate(
         placements = {k: (P.DEVICE if v is P.OFFLOAD else v) for k, v in placements.items()}
     act_bytes = host = 0
     recompute = recompute_hbm = exposed_d2h = exposed_h2d = transfer_total = staging = 0.0
+    recompute_flops = 0.0
     for g in groups:
         mine = [i for i in items if i.group == g.name]
         no_remat = keeps_unnamed(placements, g.name, [i.name for i in mine])
@@ -141,8 +142,13 @@ def evaluate(
             act_bytes += g.save_all_extra_bytes
         else:
             remat = [i for i in mine if placements[(g.name, i.name)] is P.REMAT]
-            recompute += g.base_recompute_s + sum(i.recompute_s for i in remat)
-            recompute_hbm += g.base_recompute_hbm_s + sum(i.recompute_hbm_s for i in remat)
+            g_recompute = g.base_recompute_s + sum(i.recompute_s for i in remat)
+            g_recompute_hbm = g.base_recompute_hbm_s + sum(i.recompute_hbm_s for i in remat)
+            recompute, recompute_hbm = recompute + g_recompute, recompute_hbm + g_recompute_hbm
+            # the matmul seconds back to FLOPs at the rate they were priced at
+            recompute_flops += (g_recompute - g_recompute_hbm) * rates.blended_matmul_rate(
+                inv.group(g.name).matmul_min_dim_shares
+            )
         off = [i for i in mine if placements[(g.name, i.name)] is P.OFFLOAD]
         host += sum(i.bytes for i in off)
         d2h, h2d = sum(i.d2h_s for i in off), sum(i.h2d_s for i in off)
@@ -226,8 +232,7 @@ def evaluate(
         "collective_s": fx.collective_s,
         "exposed_collective_s": exposed_coll,
         "critical_collective_s": fx.critical_collective_s,
-        "executed_flops": grad_accum
-        * (fx.executed_flops + (recompute - recompute_hbm) * rates.matmul_flops_per_s),
+        "executed_flops": grad_accum * (fx.executed_flops + recompute_flops),
         "recompute_hbm_s": recompute_hbm,
         "first_touch_s": first_touch,
         "transpose_s": transpose,

@@ -123,9 +123,36 @@ class Rates:
     # loss's form: float32 products of compute-dtype operands), which XLA:CPU runs with another
     # kernel than a bfloat16 step's layer GEMMs; measured by `tierax calibrate`.
     head_matmul_flops_per_s: float = 0.0
+    # CPU only (empty: matmul_flops_per_s for every GEMM): the GEMM rate by a GEMM's smallest
+    # dimension (tierax.tracing.jaxpr_tools.gemm_min_dim), ((dimension, FLOP/s), ...) ascending,
+    # the GEMM mix the largest point; measured by `tierax calibrate` (matmul_rate_at).
+    matmul_size_rates: tuple = ()
     # TPU targets: the libtpu whose XLA:TPU memory figures the peak follows (target_rates: the
     # installed one; "": none installed, the terms traced on 0.0.52; tierax.hardware.libtpu).
     libtpu: str = ""
+
+    def matmul_rate_at(self, dim: float) -> float:
+        """The GEMM rate of a matmul whose smallest dimension is ``dim``: piecewise linear in
+        log ``dim`` between the measured :attr:`matmul_size_rates`, the nearest point's rate
+        outside them; :attr:`matmul_flops_per_s` where none are measured."""
+        pts = self.matmul_size_rates
+        if not pts:
+            return self.matmul_flops_per_s
+        if dim <= pts[0][0]:
+            return pts[0][1]
+        for (d0, r0), (d1, r1) in zip(pts, pts[1:], strict=False):
+            if dim <= d1:
+                t = math.log(dim / d0) / math.log(d1 / d0)
+                return r0 + t * (r1 - r0)
+        return pts[-1][1]
+
+    def blended_matmul_rate(self, min_dim_shares: tuple) -> float:
+        """The rate of a set of GEMMs given as ((smallest dimension, share of FLOPs), ...): its
+        FLOPs over the sum of each share's seconds at :meth:`matmul_rate_at`."""
+        if not self.matmul_size_rates or not min_dim_shares:
+            return self.matmul_flops_per_s
+        total = sum(share for _, share in min_dim_shares)
+        return total / sum(share / self.matmul_rate_at(d) for d, share in min_dim_shares)
 
     @property
     def usable_device_bytes(self) -> int:
@@ -171,6 +198,14 @@ def _cpu_rates(cal: dict, dtype: str) -> Rates:
         if dtype == "float32"
         else "not measured (an older file): the GEMM mix's rate (run `tierax calibrate` again)"
     )
+    by_size = tuple((int(d), float(r)) for d, r in cal.get(f"matmul_size_rates_{dtype}", ()))
+    sources["matmul_by_size"] = (
+        f"{measured}: {dtype} GEMMs whose smallest dimension is "
+        + ", ".join(str(d) for d, _ in by_size)
+        + " (the largest: the GEMM mix), linear in log dimension between them"
+        if by_size
+        else "not measured: every GEMM at the mix's rate (run `tierax calibrate` again)"
+    )
     first_touch = cal.get("first_touch_bytes_per_s", 0.0)
     sources["first_touch"] = (
         f"{measured}: first write of fresh memory (CPU-specific)"
@@ -209,6 +244,7 @@ def _cpu_rates(cal: dict, dtype: str) -> Rates:
         transpose_read_elems_per_s=transpose,
         transpose_aliased_read_elems_per_s=aliased,
         head_matmul_flops_per_s=head,
+        matmul_size_rates=by_size,
     )
 
 
@@ -301,18 +337,22 @@ def matmul_s(
     *,
     backward: bool = False,
     fp8_share: float = 0.0,
+    min_dim_shares: tuple = (),
 ) -> float:
     """Seconds of ``flops`` forward matmul FLOPs (their backward's with ``backward``: 2 ×), of which
     ``fused_flops`` run in a fused attention kernel at its own rates (its backward: 2.5 ×) and a
     ``fp8_share`` of ``flops`` (at most the unfused ones) in fp8 GEMMs at the fp8 rate (a target
-    without one: the compute dtype's rate, what emulated fp8 runs at)."""
+    without one: the compute dtype's rate, what emulated fp8 runs at); the rest at the rate of
+    GEMMs whose smallest dimensions split their FLOPs as ``min_dim_shares``
+    (:meth:`Rates.blended_matmul_rate`; the matmul rate where the target has no rates by size)."""
     if fp8_share and rates.fp8_matmul_flops_per_s > 0:
         f8 = min(fp8_share * flops, flops - fused_flops)
         return (2 if backward else 1) * f8 / rates.fp8_matmul_flops_per_s + matmul_s(
-            flops - f8, fused_flops, rates, backward=backward
+            flops - f8, fused_flops, rates, backward=backward, min_dim_shares=min_dim_shares
         )
+    rate = rates.blended_matmul_rate(min_dim_shares)
     if not fused_flops:
-        return (2 if backward else 1) * flops / rates.matmul_flops_per_s
+        return (2 if backward else 1) * flops / rate
     fused_rate = (
         rates.fused_attention_bwd_flops_per_s if backward else rates.fused_attention_fwd_flops_per_s
     )
@@ -321,7 +361,7 @@ def matmul_s(
             f"attention=cudnn runs on CUDA GPUs only and attention=splash on TPUs; target "
             f"{rates.target!r} has no fused attention rate: use attention=blockwise there"
         )
-    rest = (2 if backward else 1) * (flops - fused_flops) / rates.matmul_flops_per_s
+    rest = (2 if backward else 1) * (flops - fused_flops) / rate
     return rest + (FUSED_BACKWARD_FLOPS_RATIO if backward else 1) * fused_flops / fused_rate
 
 

@@ -104,6 +104,7 @@ def item_terms(
                             a.recompute_fused_flops_per_layer,
                             rates,
                             fp8_share=g.fp8_flops_share,
+                            min_dim_shares=g.matmul_min_dim_shares,
                         )
                         + a.recompute_hbm_bytes_per_layer / rates.hbm_bytes_per_s
                     )
@@ -129,10 +130,13 @@ def group_terms(
         )
         hb = rates.hbm_bytes_per_s
         F, Fa = g.forward_flops_per_layer, g.fused_attention_flops_per_layer
-        f8 = g.fp8_flops_share
-        fwd = (matmul_s(F, Fa, rates, fp8_share=f8) + g.forward_hbm_bytes_per_layer / hb) * L
+        f8, dims = g.fp8_flops_share, g.matmul_min_dim_shares
+        fwd = (
+            matmul_s(F, Fa, rates, fp8_share=f8, min_dim_shares=dims)
+            + g.forward_hbm_bytes_per_layer / hb
+        ) * L
         bwd = (
-            matmul_s(F, Fa, rates, backward=True, fp8_share=f8)
+            matmul_s(F, Fa, rates, backward=True, fp8_share=f8, min_dim_shares=dims)
             + g.backward_hbm_bytes_per_layer / hb
         ) * L
         base = (
@@ -141,6 +145,7 @@ def group_terms(
                 g.base_recompute_fused_flops_per_layer,
                 rates,
                 fp8_share=f8,
+                min_dim_shares=dims,
             )
             + g.base_recompute_hbm_bytes_per_layer / hb
         ) * L
