@@ -186,9 +186,18 @@ def _plans(cfg, inv, rates) -> tuple[list, dict]:
 def median_entry(entries: list[dict]) -> dict:
     """Per rate, the median over calibration entries (the interleaved calibration)."""
     keys = [k for k, v in entries[0].items() if isinstance(v, float)]
+    # the rates by a GEMM's smallest dimension: [[dimension, rate], ...], a median per dimension
+    curves = [k for k in entries[0] if k.startswith("matmul_size_rates_")]
     return {
         "created": entries[0]["created"],
         **{k: statistics.median(e[k] for e in entries) for k in keys},
+        **{
+            k: [
+                [dim, statistics.median(e[k][i][1] for e in entries)]
+                for i, (dim, _) in enumerate(entries[0][k])
+            ]
+            for k in curves
+        },
     }
 
 

@@ -8,7 +8,9 @@ faults: the cost model's first-touch term) and the rate at which XLA:CPU's slow 
 fusion reads its inputs (the transposing-fusion term),
 the matmul rate per compute dtype (float32 and
 bfloat16; on a CPU a mix of GEMM shapes as the three GEMMs a training step runs, their own page
-faults taken off at that first-touch rate, on a GPU one large square GEMM), on a CPU the bfloat16
+faults taken off at that first-touch rate, on a GPU one large square GEMM), on a CPU the same
+rate for GEMMs whose smallest dimension is smaller (``harness.CPU_MATMUL_SIZE_DIMS``: a GEMM
+that reuses each loaded element fewer times runs slower), on a CPU the bfloat16
 LM head's GEMMs as the loss writes them (float32 products: another XLA:CPU kernel), and on a GPU the
 host↔device copy bandwidth each way (pinned host memory).  Results are stored in
 ``tierax.costmodel.CALIBRATION_FILE`` under the target key (``cpu`` here; the GPU kind on a GPU)
@@ -63,6 +65,7 @@ def stages(gpu: bool) -> list[str]:
         ["memory"]
         + ([] if gpu else ["transposing fusion"])
         + [f"matmul {d}" for d in DTYPES]
+        + ([] if gpu else [f"matmul {d} by size" for d in DTYPES])
         + ([] if gpu else [f"head matmul {d}" for d in HEAD_DTYPES])
         + (["host link"] if gpu else [])
     )
@@ -116,7 +119,25 @@ def measure(
         micro[f"matmul_{dtype}"] = r
         if progress:
             progress(f"matmul {dtype}")
-    if not gpu:
+    if not gpu:  # the rate by a GEMM's smallest dimension, the mix its largest point
+        mix_dim = min(min(shape) for shape in harness.CPU_MATMUL_SHAPES)
+        for dtype in DTYPES:
+            points, runs = [], {}
+            for dim in harness.CPU_MATMUL_SIZE_DIMS:
+                r = harness.matmul_mix_rate(
+                    dtype,
+                    shapes=harness.cpu_matmul_size_shapes(dim),
+                    repeats=repeats,
+                    first_touch_bytes_per_s=touch,
+                )
+                points.append([dim, r["flops_per_s"]])
+                runs[str(dim)] = r
+            entry[f"matmul_size_rates_{dtype}"] = points + [
+                [mix_dim, entry[f"matmul_flops_per_s_{dtype}"]]
+            ]
+            micro[f"matmul_by_size_{dtype}"] = runs
+            if progress:
+                progress(f"matmul {dtype} by size")
         for dtype in HEAD_DTYPES:
             r = harness.matmul_mix_rate(
                 dtype,

@@ -59,6 +59,19 @@ def matmul_rate(
 # three GEMMs a training step runs for it (:data:`MATMUL_ROLES`).  No case of
 # bench/time_fidelity.py has any of these dimensions.
 CPU_MATMUL_SHAPES = ((1536, 640, 2560), (1536, 640, 24000))
+# The GEMM rate by a GEMM's smallest dimension (Rates.matmul_size_rates): for each of these
+# smallest dimensions d, GEMMs of shapes (M, K, N) = (1536, d, 2560) and (1536, 2560, d) in the
+# same three roles; the mix above (smallest dimension 640) is the largest point.  No case of
+# bench/time_fidelity.py has any of these dimensions.
+CPU_MATMUL_SIZE_DIMS = (40, 88, 176, 352)
+
+
+def cpu_matmul_size_shapes(dim: int) -> tuple:
+    """The GEMM shapes (M, K, N) measured for smallest dimension ``dim``."""
+    m, wide = CPU_MATMUL_SHAPES[0][0], CPU_MATMUL_SHAPES[0][2]
+    return ((m, dim, wide), (m, wide, dim))
+
+
 # The head-like one alone, in the LM head's forms (:data:`HEAD_MATMUL_ROLES`).
 CPU_HEAD_MATMUL_SHAPES = CPU_MATMUL_SHAPES[1:]
 # role → (lhs shape, rhs shape, the GEMM) from (M, K, N, dtype), each as XLA:CPU runs it in a
