@@ -80,3 +80,16 @@ def test_summary_counts_and_the_readme_line():
     md = tf.markdown(doc)
     assert "| hand | a | 2.400 | 4.000 | 3.000 (2.000–4.000) | -20.0% | +33.3% | 0.50 |" in md
     assert "Within 15 %: 0 of 2 cases (frozen)" in md and "not run: x" in md
+
+
+def test_the_interleaved_calibration_takes_a_median_per_rate_and_per_curve_point():
+    entries = [
+        {"created": "t0", "memory_bytes_per_s": m, "matmul_size_rates_float32": [[40, a], [88, b]]}
+        for m, a, b in ((1.0, 10.0, 30.0), (3.0, 20.0, 10.0), (2.0, 40.0, 20.0))
+    ]
+    got = tf.median_entry(entries)
+    assert got == {
+        "created": "t0",
+        "memory_bytes_per_s": 2.0,
+        "matmul_size_rates_float32": [[40, 20.0], [88, 20.0]],
+    }
