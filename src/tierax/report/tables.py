@@ -420,6 +420,13 @@ def calibration_table(entry: dict) -> Table:
         rate = entry[f"matmul_flops_per_s_{dtype}"]
         gemms = _gemms(micro.get(f"matmul_{dtype}", {}))
         t.add_row(f"matmul {dtype}", f"{rate / 1e12:.3f} TFLOP/s", gemms)
+        by_size = micro.get(f"matmul_by_size_{dtype}", {})
+        for dim, rate in entry.get(f"matmul_size_rates_{dtype}", [])[:-1]:  # the last: the mix
+            t.add_row(
+                f"matmul {dtype}, smallest dimension {dim}",
+                f"{rate / 1e12:.3f} TFLOP/s",
+                _gemms(by_size.get(str(dim), {})),
+            )
         if f"head_matmul_flops_per_s_{dtype}" in entry:
             rate = entry[f"head_matmul_flops_per_s_{dtype}"]
             gemms = _gemms(micro.get(f"head_matmul_{dtype}", {}))
