@@ -6,11 +6,14 @@ the step itself, in one process.
     PYTHONPATH=src python bench/gemm_shapes.py [--shapes NAME,...] [--rounds 5]
         [--out bench/results/gemm_shapes.json]
 
-The model prices a step's matmul FLOPs at one rate per dtype, the calibration's mix
-(:func:`tierax.measure.harness.matmul_mix_rate`: two shapes no case has, in the three roles a step
-runs).  Per shape (``bench/time_fidelity.py``'s SHAPES; default the float32 DeepSeek-V3-routing
-shape that time_fidelity_deepseek.json over-predicted on every plan on 2026-12-02, and two float32
-shapes that held in time_fidelity.json as controls) a process of its own:
+The model prices a step's matmul FLOPs per dtype at the calibration's rate for each GEMM's
+smallest dimension (``Rates.matmul_rate_at``: the GEMM mix of
+:func:`tierax.measure.harness.matmul_mix_rate`, two shapes no case has in the three roles a step
+runs, and the same roles at smaller dimensions no case has either; records made before
+2026-12-04's rates by size priced every GEMM at the mix alone).  Per shape
+(``bench/time_fidelity.py``'s SHAPES; default the float32 DeepSeek-V3-routing shape that
+time_fidelity_deepseek.json over-predicted on every plan on 2026-12-02, and two float32 shapes
+that held in time_fidelity.json as controls) a process of its own:
 
 1. measures what ``tierax calibrate`` measures (the first-touch rate, the GEMM mix, ...);
 2. traces the save-all train step's loss and gradients (``jax.make_jaxpr``) and lists every
@@ -25,8 +28,8 @@ shapes that held in time_fidelity.json as controls) a process of its own:
 4. times the save-all step itself (one warm-up, ``--rounds`` steps).
 
 It records per GEMM its FLOP/s against the mix's, and per shape the step's matmul seconds two ways:
-as the model prices them (FLOPs at the mix rate, a bfloat16 LM head's at the calibration's head
-rate) and the sum of each GEMM's own time × its
+as the model prices them (FLOPs at the rates by smallest dimension, a bfloat16 LM head's at the
+calibration's head rate) and the sum of each GEMM's own time × its
 executions; then the model's save-all prediction (its other terms unchanged) beside
 the same prediction with the matmul seconds at the GEMMs' own shapes, both against the step
 measured in the same process.  A GEMM alone is not the GEMM in the step: XLA:CPU may lay out an
@@ -230,8 +233,9 @@ def child(spec: dict) -> dict:
     br = pred.breakdown
     traced_flops = sum(g["flops"] * g["executions"] for g in gemms)
     mix_s = traced_flops / mix["flops_per_s"]
-    # What the model prices the GEMMs at: the mix's rate, the LM head's at its own where the
-    # calibration has one (compute_s holds the matmul seconds and the non-matmul term).
+    # What the model prices the GEMMs at: each group's at its rates by smallest dimension, the
+    # LM head's at its own where the calibration has one (compute_s holds the matmul seconds and
+    # the non-matmul term).
     model_s = br["compute_s"] - br["hbm_s"]
     own_s = sum(g["net_s"] * g["executions"] for g in gemms)
     own_raw_s = sum(g["raw_s"] * g["executions"] for g in gemms)

@@ -29,6 +29,7 @@ DOCS_TABLES = [
     ("time_fidelity", "markdown", "time_fidelity.json", "time-fidelity"),
     ("time_fidelity", "markdown", "time_fidelity_deepseek.json", "time-fidelity-deepseek"),
     ("gemm_shapes", "markdown", "gemm_shapes.json", "gemm-shapes"),
+    ("gemm_size_ab", "markdown", "gemm_size_ab.json", "gemm-size-ab"),
     ("mesh_search", "readme", "mesh_search.json", "mesh-search"),
     ("published_runs", "markdown", "published_runs.json", "published-runs"),
     ("published_runs", "markdown", "holdout_runs.json", "holdout-runs"),
