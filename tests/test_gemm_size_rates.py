@@ -286,25 +286,3 @@ def test_the_calibration_table_lists_each_measured_point_but_the_mix():
     assert "smallest dimension 40" in rows[0] and "0.100 TFLOP/s" in rows[0]
     assert "1536×40×2560 as forward" in rows[0]
     assert "smallest dimension 160" in rows[3] and "0.200 TFLOP/s" in rows[3]
-
-
-def test_the_ab_bench_drops_only_the_curves_and_counts_errors_by_hand():
-    import importlib.util
-    import pathlib
-    import sys
-
-    bench = pathlib.Path(__file__).resolve().parents[1] / "bench"
-    if str(bench) not in sys.path:
-        sys.path.insert(0, str(bench))
-    spec = importlib.util.spec_from_file_location("gemm_size_ab", bench / "gemm_size_ab.py")
-    ab = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ab)
-    assert ab._without_curves(CAL["cpu"]) == {
-        k: v for k, v in CAL["cpu"].items() if not k.startswith("matmul_size_rates_")
-    }
-    cases = [{"e": -0.10}, {"e": 0.20}, {"e": -0.15}, {"e": 0.05}]
-    assert ab._errors(cases, "e") == {
-        "within_15_percent": 3,
-        "median_abs_error": pytest.approx(0.125),
-        "max_abs_error": 0.20,
-    }

@@ -93,3 +93,20 @@ def test_the_interleaved_calibration_takes_a_median_per_rate_and_per_curve_point
         "memory_bytes_per_s": 2.0,
         "matmul_size_rates_float32": [[40, 20.0], [88, 20.0]],
     }
+
+
+def test_the_ab_bench_drops_only_the_curves_and_counts_errors_by_hand():
+    spec = importlib.util.spec_from_file_location(
+        "gemm_size_ab", ROOT / "bench" / "gemm_size_ab.py"
+    )
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    cal = {"memory_bytes_per_s": 1.0, "matmul_size_rates_float32": [[40, 2.0]]}
+    cal |= {"matmul_size_rates_bfloat16": [[40, 3.0]], "matmul_flops_per_s_float32": 4.0}
+    assert ab._without_curves(cal) == {"memory_bytes_per_s": 1.0, "matmul_flops_per_s_float32": 4.0}
+    cases = [{"e": -0.10}, {"e": 0.20}, {"e": -0.15}, {"e": 0.05}]
+    assert ab._errors(cases, "e") == {
+        "within_15_percent": 3,
+        "median_abs_error": pytest.approx(0.125),
+        "max_abs_error": 0.20,
+    }
