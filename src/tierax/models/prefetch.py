@@ -89,7 +89,7 @@ def _store(stacks: dict, values: dict, j) -> dict:
 
 
 def _row_major(values: dict) -> dict:
-    """The kept values as the backward reads them: row-major.
+    """The kept values as the backward reads them: row-major, on a TPU lowering only.
 
     On XLA:TPU a kept projection output can come out of a windowed-einsum all-gather in a
     tokens-minor layout, while this scan's backward (and XLA's peeled last iteration of it) reads
@@ -97,11 +97,21 @@ def _row_major(values: dict) -> dict:
     stacks of Llama 3 8B's up-projections on 8 v6e at 1 × 4096:
     bench/results/tpu_default_env_v6e.json, tests/test_tpu_kept_layout.py).  Fixing the layout
     where the value is produced moves the transpose into the producer, one layer at a time.
+
+    Other lowerings keep XLA's own layouts (``jax.lax.platform_dependent``): on XLA:GPU the same
+    constraint raised the device peak of DeepSeek-V3's mesh-search winner on 128 GB200 past its
+    capacity (bench/results/mesh_search.json; tests/test_tpu_kept_layout.py lowers both ways).
     """
-    return {
-        n: with_layout_constraint(v, Layout(tuple(range(v.ndim)))) if v.ndim >= 2 else v
-        for n, v in values.items()
-    }
+
+    def constrained(vals: dict) -> dict:
+        return {
+            n: with_layout_constraint(v, Layout(tuple(range(v.ndim)))) if v.ndim >= 2 else v
+            for n, v in vals.items()
+        }
+
+    if not any(v.ndim >= 2 for v in values.values()):
+        return values
+    return jax.lax.platform_dependent(values, tpu=constrained, default=lambda vals: vals)
 
 
 def prefetch_scan(body: LayerBody, keep: Iterable[str], offload: Iterable[str]) -> Callable:
