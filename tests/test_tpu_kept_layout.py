@@ -66,17 +66,22 @@ def _constraints(jaxpr) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     return found
 
 
+def _run(scan: str):
+    """The prefetching scan (mlpwi_0 kept, query_proj offloaded), or a segmented scan whose two
+    parts both keep mlpwi_0."""
+    if scan == "prefetch":
+        return prefetch_scan(_layer, keep={"mlpwi_0"}, offload={"query_proj"})
+    parts = (
+        Part(0, 2, keep=frozenset({"mlpwi_0"}), offload=frozenset({"query_proj"})),
+        Part(2, 3, keep=frozenset({"mlpwi_0"})),
+    )
+    return segmented_scan(_layer, parts)
+
+
 @pytest.mark.parametrize("scan", ["prefetch", "segmented"])
 def test_the_forward_constrains_exactly_the_kept_values_row_major(scan):
     params, x0 = _params()
-    if scan == "prefetch":
-        run = prefetch_scan(_layer, keep={"mlpwi_0"}, offload={"query_proj"})
-    else:
-        parts = (
-            Part(0, 2, keep=frozenset({"mlpwi_0"}), offload=frozenset({"query_proj"})),
-            Part(2, 3, keep=frozenset({"mlpwi_0"})),
-        )
-        run = segmented_scan(_layer, parts)
+    run = _run(scan)
     jaxpr = jax.make_jaxpr(lambda x, p: jax.vjp(run, x, p)[0])(x0, params).jaxpr
     want = [((4, 16), (0, 1))] * (1 if scan == "prefetch" else 2)  # one per part that keeps
     assert _constraints(jaxpr) == want
@@ -86,16 +91,7 @@ def _lowered_constraints(scan: str, platform: str) -> int:
     """LayoutConstraint custom calls in the gradient step's StableHLO lowered for ``platform``
     (no device of that kind is needed to lower)."""
     params, x0 = _params()
-    if scan == "prefetch":
-        run = prefetch_scan(_layer, keep={"mlpwi_0"}, offload={"query_proj"})
-    else:
-        run = segmented_scan(
-            _layer,
-            (
-                Part(0, 2, keep=frozenset({"mlpwi_0"}), offload=frozenset({"query_proj"})),
-                Part(2, 3, keep=frozenset({"mlpwi_0"})),
-            ),
-        )
+    run = _run(scan)
     step = jax.jit(jax.grad(lambda x, p: run(x, p).sum(), argnums=(0, 1)))
     text = step.trace(x0, params).lower(lowering_platforms=(platform,)).as_text()
     return len(re.findall(r"custom_call\s*@LayoutConstraint", text))

@@ -104,14 +104,15 @@ def _row_major(values: dict) -> dict:
     """
 
     def constrained(vals: dict) -> dict:
-        return {
-            n: with_layout_constraint(v, Layout(tuple(range(v.ndim)))) if v.ndim >= 2 else v
-            for n, v in vals.items()
-        }
+        return {n: with_layout_constraint(v, Layout(tuple(range(v.ndim)))) for n, v in vals.items()}
 
-    if not any(v.ndim >= 2 for v in values.values()):
+    wide = {n: v for n, v in values.items() if v.ndim >= 2}
+    if not wide:
         return values
-    return jax.lax.platform_dependent(values, tpu=constrained, default=lambda vals: vals)
+    return {
+        **values,
+        **jax.lax.platform_dependent(wide, tpu=constrained, default=lambda vals: vals),
+    }
 
 
 def prefetch_scan(body: LayerBody, keep: Iterable[str], offload: Iterable[str]) -> Callable:
