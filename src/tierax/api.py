@@ -248,9 +248,8 @@ def _layers(closed) -> list[tuple[str, int, object, list]]:
             ),
             None,
         )
-        carry = body.invars[
-            eqn.params["num_consts"] : eqn.params["num_consts"] + eqn.params["num_carry"]
-        ]
+        consts, carries = jaxpr_tools.scan_split(eqn.params)
+        carry = body.invars[consts : consts + carries]
         out.append((group, int(eqn.params["length"]), remats[0], carry))
     return out
 

@@ -21,6 +21,17 @@ GROUP_SCOPE_PREFIX = "tierax_group_"
 TRACED_PLATFORM = "cuda"
 
 
+def scan_split(params) -> tuple[int, int]:
+    """(constants, carries) among a ``scan`` equation's inputs, in that order before its scanned
+    inputs: jax ≤ 0.11 states them as ``num_consts``/``num_carry``, jax 0.12 as the flat tree
+    ``ft_in`` of (constants, carries, scanned inputs), where a carry the body passes through
+    unchanged is already moved among the constants."""
+    if "num_consts" in params:
+        return int(params["num_consts"]), int(params["num_carry"])
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(consts), len(carry)
+
+
 def platform_indices(jaxpr) -> dict:
     """The ``platform_index`` results of ``jaxpr``'s equations → their platforms."""
     return {
