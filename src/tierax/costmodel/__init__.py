@@ -57,6 +57,7 @@ from tierax.costmodel.rates import (
     override_rates,
     target_rates,
 )
+from tierax.costmodel.resources import RESOURCES, StepSplit, scale_rates
 from tierax.costmodel.state import StateCost, StateTerms, state_cost, state_terms
 from tierax.costmodel.terms import (
     OVERLAP_WINDOW,
@@ -74,10 +75,12 @@ __all__ = [
     "ACHIEVABLE_FRACTION",
     "CALIBRATION_FILE",
     "OVERLAP_WINDOW",
+    "RESOURCES",
     "SCHEDULES",
     "STAGING_LAYERS",
     "StateCost",
     "StateTerms",
+    "StepSplit",
     "XLA_GPU_FIXED_BYTES",
     "FixedTerms",
     "GroupTerms",
@@ -94,6 +97,7 @@ __all__ = [
     "load_calibration",
     "override_rates",
     "plan_placements",
+    "scale_rates",
     "simulate",
     "staging_and_window",
     "state_cost",

@@ -12,6 +12,7 @@ from tierax.costmodel import network
 from tierax.costmodel.first_touch import first_touch_s
 from tierax.costmodel.fixed import exposed_share, fixed_terms
 from tierax.costmodel.rates import Rates
+from tierax.costmodel.resources import StepSplit
 from tierax.costmodel.state import (
     accumulate_s,
     accumulator_bytes,
@@ -37,6 +38,8 @@ class Prediction:
     step_time_s: float
     tflops_per_device: float
     breakdown: dict
+    # the step time by resource (tierax.costmodel.resources); None: not split
+    split: StepSplit | None = None
 
     def to_json(self) -> dict:
         return {
@@ -47,7 +50,7 @@ class Prediction:
             "step_time_s": self.step_time_s,
             "tflops_per_device": self.tflops_per_device,
             "breakdown": self.breakdown,
-        }
+        } | ({"split": self.split.to_json()} if self.split is not None else {})
 
 
 def peak_rows(breakdown: dict) -> list[tuple[str, int]]:
@@ -131,7 +134,7 @@ def evaluate(
         placements = {k: (P.DEVICE if v is P.OFFLOAD else v) for k, v in placements.items()}
     act_bytes = host = 0
     recompute = recompute_hbm = exposed_d2h = exposed_h2d = transfer_total = staging = 0.0
-    recompute_flops = 0.0
+    recompute_flops = recompute_attention = recompute_collective = 0.0
     for g in groups:
         mine = [i for i in items if i.group == g.name]
         no_remat = keeps_unnamed(placements, g.name, [i.name for i in mine])
@@ -145,6 +148,10 @@ def evaluate(
             g_recompute = g.base_recompute_s + sum(i.recompute_s for i in remat)
             g_recompute_hbm = g.base_recompute_hbm_s + sum(i.recompute_hbm_s for i in remat)
             recompute, recompute_hbm = recompute + g_recompute, recompute_hbm + g_recompute_hbm
+            recompute_attention += g.base_recompute_attention_s + sum(
+                i.recompute_attention_s for i in remat
+            )
+            recompute_collective += g.base_recompute_collective_s
             # the matmul seconds back to FLOPs at the rate they were priced at
             recompute_flops += (g_recompute - g_recompute_hbm) * rates.blended_matmul_rate(
                 inv.group(g.name).matmul_min_dim_shares
@@ -201,6 +208,19 @@ def evaluate(
         (micro if grad_accum == 1 else grad_accum * (micro - update_s) + update_s + adds)
         + first_touch
         + sc.exposed_s
+    )
+    # The step by resource: the microbatch's parts A times, the update's HBM time once.
+    a = grad_accum
+    gemm_micro = (fx.compute_s - fx.hbm_s - fx.fused_attention_s) + (
+        recompute - recompute_hbm - recompute_attention - recompute_collective
+    )
+    memory_micro = fx.hbm_s + recompute_hbm
+    split = StepSplit(
+        gemm_s=a * gemm_micro,
+        attention_s=a * (fx.fused_attention_s + recompute_attention),
+        memory_s=memory_micro if a == 1 else a * (memory_micro - update_s) + update_s + adds,
+        collective_s=a * (exposed_coll + recompute_collective),
+        other_s=a * (exposed_d2h + exposed_h2d + transpose) + first_touch + sc.exposed_s,
     )
     breakdown = {
         "state_bytes": fx.state_bytes,
@@ -264,6 +284,7 @@ def evaluate(
         step_time_s=step,
         tflops_per_device=fx.model_flops * grad_accum / step / 1e12,
         breakdown=breakdown,
+        split=split,
     )
 
 

@@ -365,6 +365,17 @@ def matmul_s(
     return rest + (FUSED_BACKWARD_FLOPS_RATIO if backward else 1) * fused_flops / fused_rate
 
 
+def fused_attention_s(fused_flops: float, rates: Rates, *, backward: bool = False) -> float:
+    """The part of :func:`matmul_s` that ``fused_flops`` forward FLOPs of a fused attention kernel
+    take (their backward's with ``backward``: 2.5 ×), at the kernel's own rate."""
+    if not fused_flops:
+        return 0.0
+    rate = (
+        rates.fused_attention_bwd_flops_per_s if backward else rates.fused_attention_fwd_flops_per_s
+    )
+    return (FUSED_BACKWARD_FLOPS_RATIO if backward else 1) * fused_flops / rate
+
+
 # key → (Rates fields, unit factor, unit).  Bandwidths per direction.
 RATE_KEYS: dict[str, tuple[tuple[str, ...], float, str]] = {
     "host_link": (("d2h_bytes_per_s", "h2d_bytes_per_s"), 1e9, "GB/s per direction, both ways"),

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from tierax import names as N
 from tierax import plan as plan_lib
 from tierax.costmodel import network
-from tierax.costmodel.rates import Rates, matmul_s
+from tierax.costmodel.rates import Rates, fused_attention_s, matmul_s
 from tierax.tracing.inventory import Inventory
 
 SCHEDULES = ("serial", "lhs", "lhs-pipelined")
@@ -58,6 +58,8 @@ class ItemTerms:
     d2h_s: float  # if offloaded, per step (all layers)
     h2d_s: float
     recompute_hbm_s: float = 0.0  # the part of recompute_s that is non-matmul work at HBM bandwidth
+    # the part of recompute_s that a fused attention kernel takes
+    recompute_attention_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,10 @@ class GroupTerms:
     base_recompute_hbm_s: float = (
         0.0  # the part of base_recompute_s that is non-matmul work at HBM bandwidth
     )
+    # the parts of base_recompute_s that a fused attention kernel takes and that the repeated
+    # forward collectives take
+    base_recompute_attention_s: float = 0.0
+    base_recompute_collective_s: float = 0.0
 
 
 def item_terms(
@@ -112,6 +118,7 @@ def item_terms(
                     a.held_total_bytes / rates.d2h_bytes_per_s,
                     (a.held_total_bytes + spare * a.held_bytes_per_layer) / rates.h2d_bytes_per_s,
                     a.recompute_hbm_bytes_per_layer * g.num_layers / rates.hbm_bytes_per_s,
+                    fused_attention_s(a.recompute_fused_flops_per_layer, rates) * g.num_layers,
                 )
             )
     return out
@@ -151,7 +158,8 @@ def group_terms(
         ) * L
         # A rematerialised layer repeats its forward: its matmuls, its HBM-bound work and its
         # collectives (the MoE dispatch/combine all-to-alls, the tensor-parallel all-reduces).
-        repeat = base + forward_collective_s(g, links) * L
+        repeat_collective = forward_collective_s(g, links) * L
+        repeat = base + repeat_collective
         out.append(
             GroupTerms(
                 g.name,
@@ -164,6 +172,8 @@ def group_terms(
                 w * fwd,
                 w * (bwd + base),
                 g.base_recompute_hbm_bytes_per_layer * L / hb,
+                fused_attention_s(g.base_recompute_fused_flops_per_layer, rates) * L,
+                repeat_collective,
             )
         )
     return out
