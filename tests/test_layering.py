@@ -36,6 +36,7 @@ LAYERS: list[set[str]] = [
     {"train"},
     {"xla", "measure"},  # peers: neither imports the other
     {"solving"},
+    {"calibration"},  # fits the cost model to measured runs (uses interop's plans)
     {"report"},
     # entry points
     {"cli", "api"},
