@@ -37,6 +37,7 @@ import math
 import os
 import pathlib
 import re
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -161,6 +162,18 @@ def events_from_xplane(path: str | os.PathLike) -> list[Event]:
 
     data = jax.profiler.ProfileData.from_file(str(path))
     out = []
+    with warnings.catch_warnings():
+        # jaxlib 0.12's stats iterator type has no __module__, which Python 3.12 warns about while
+        # iterating; a warnings filter that turns it into an error aborts the process inside
+        # jaxlib's iterator instead of raising.
+        warnings.filterwarnings(
+            "ignore", message=r"builtin type \w+ has no __module__", category=DeprecationWarning
+        )
+        _collect(data, out)
+    return out
+
+
+def _collect(data, out: list) -> None:
     for plane in data.planes:
         for line in plane.lines:
             for ev in line.events:
@@ -174,7 +187,6 @@ def events_from_xplane(path: str | os.PathLike) -> list[Event]:
                         {k: v for k, v in ev.stats},
                     )
                 )
-    return out
 
 
 # --- interval arithmetic -------------------------------------------------------------
