@@ -72,9 +72,11 @@ def test_emitted_overrides_round_trip_to_the_same_plan(tmp_path, model, preset):
                 for g, gp in plan.groups.items()
             },
         )
-    # the placements, and the mesh and microbatch it was written for (ici × dcn; per device)
+    # the placements, and the mesh, microbatch and seq it was written for (ici × dcn; per device)
     planned = {"data": 1, "fsdp": 2, "tensor": 1, "expert": 1}
-    assert back == dataclasses.replace(plan, mesh=planned, microbatch=2)
+    assert back == dataclasses.replace(
+        plan, planned_for=P.PlannedFor(mesh=planned, microbatch=2, seq=64)
+    )
     data = yaml.safe_load(f.read_text())
     assert data["remat_policy"] == "custom" and data["base_config"] == "base.yml"
     assert (
@@ -197,8 +199,9 @@ def test_cli_emits_and_reads_back(tmp_path, capsys):
     assert main(["plans", "--model", "tiny-llama", "--show", str(out), "--yaml"]) == 0
     assert P.Plan.from_yaml(capsys.readouterr().out) == dataclasses.replace(
         P.preset("qkv-offload", get_config("tiny-llama")),
-        mesh={"data": 1, "fsdp": 4, "tensor": 1, "expert": 1},
-        microbatch=8,
+        planned_for=P.PlannedFor(
+            mesh={"data": 1, "fsdp": 4, "tensor": 1, "expert": 1}, microbatch=8, seq=64
+        ),
     )
     assert main(["plans", "--model", "tiny-llama", "--show", "minimal", "--emit", "tpu"]) == 2
     assert "--emit 'tpu' is not supported; choose one of: maxtext" in capsys.readouterr().err
@@ -281,9 +284,8 @@ def test_overrides_written_for_another_model_are_refused_as_its_plan(tmp_path, c
                     N.DECODER_LAYER_INPUT: "device",
                 }
             },
-            # the mesh and per-device batch stay: they are no model keys
-            "mesh": {"data": 1, "fsdp": 2},
-            "microbatch": 2,
+            # the mesh, per-device batch and sequence length stay: they are no model keys
+            "planned_for": {"mesh": {"data": 1, "fsdp": 2}, "microbatch": 2, "seq": 64},
         }
     )
 

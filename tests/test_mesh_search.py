@@ -212,7 +212,7 @@ def test_plan_mesh_auto_writes_the_winner_with_its_mesh_and_simulate_uses_it(
     doc = json.loads(capsys.readouterr().out)
     assert doc["schema"] == "tierax.mesh-search/1" and doc["global_batch"] == 32
     assert len(doc["sensitivity"]) == 4 and doc["candidates"][0]["mesh"] == doc["winner"]
-    carried = yaml.safe_load(out.read_text())["mesh"]
+    carried = yaml.safe_load(out.read_text())["planned_for"]["mesh"]
     assert carried == doc["winner"]
     # simulate with the plan file and no --mesh: the winner's mesh (same prediction as given).
     assert _main(monkeypatch, "simulate", *args, "--plan", str(out), "--json") == 0
@@ -354,7 +354,7 @@ def test_mesh_auto_check_compiles_the_top_candidates(tmp_path):
     doc = json.loads(proc.stdout)
     assert len(doc["check"]) == 2 and all(r["xla_peak_bytes"] > 0 for r in doc["check"])
     first_fit = next(r["mesh"] for r in doc["check"] if r["fits"])
-    assert yaml.safe_load(out.read_text())["mesh"] == first_fit
+    assert yaml.safe_load(out.read_text())["planned_for"]["mesh"] == first_fit
 
 
 def test_a_train_config_without_a_mesh_runs_on_the_plans_mesh():

@@ -34,7 +34,8 @@ def test_maxtext_overrides_keep_their_mesh_and_batch_when_read_back(cli, tmp_pat
     assert read_back == given and read_back != one_device
     # A flag that disagrees with the file is refused, naming both.
     r = cli(*SIM, "--plan", str(f), "--mesh", "fsdp=8")
-    assert r.returncode == 2 and "differs from the mesh the plan was planned for" in r.stderr
+    assert r.returncode == 2 and "differs from the mesh plan" in r.stderr
+    assert "(data=2,fsdp=4,tensor=1,expert=1)" in r.stderr
     r = cli(*SIM, "--plan", str(f), "--microbatch", "8")
     assert r.returncode == 2 and "--microbatch 8 differs" in r.stderr and "(4 sequences" in r.stderr
 
@@ -95,7 +96,7 @@ def _auto_plan(cli, tmp_path, *extra):
         "--out", str(out), *extra,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout), yaml.safe_load(out.read_text()), out
+    return json.loads(r.stdout), yaml.safe_load(out.read_text())["planned_for"], out
 
 
 def test_mesh_search_plan_carries_microbatch_and_simulate_uses_it(cli, tmp_path):

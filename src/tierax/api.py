@@ -390,7 +390,8 @@ def plan(
       extra_bytes: device memory the inventory does not see (logits, buffers of your own).
 
     Raises:
-      TieraxError: unknown target or schedule, or no plan fits (the message says what would).
+      TieraxError: unknown target or schedule, a budget above the device's usable memory, or no
+        plan fits (the message says what would).
     """
     import dataclasses
 
@@ -432,6 +433,7 @@ def plan(
         )
     inv = dataclasses.replace(inv, logits_bytes=inv.logits_bytes + int(extra_bytes))
     rates = cm.target_rates(target, inventory.model.dtype)
+    planning.check_budget(budget, rates, option="budget=")
     # Your layer runs under jax.checkpoint with the policy this plan gives: XLA's offload policy
     # mechanism.
     result, _ = planning.solve(

@@ -91,13 +91,17 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = "ti
     parser.set_defaults(model_default=default)
 
 
-class _Given(argparse.Action):
+class Given(argparse.Action):
     """Store the value and record that it was given (``args.<dest>_given``): a default and an
-    explicit value equal to it are told apart."""
+    explicit value equal to it are told apart (a plan file's value replaces a default only)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._given = self.dest + "_given"
 
     def __call__(self, parser, namespace, values, option_string=None):
         setattr(namespace, self.dest, values)
-        setattr(namespace, self.dest + "_given", True)
+        setattr(namespace, self._given, True)
 
 
 def add_size_args(
@@ -108,12 +112,16 @@ def add_size_args(
         "--microbatch",
         type=positive_int,
         default=microbatch,
-        action=_Given,
-        help=f"{what} (default {microbatch}, or the microbatch a plan file carries)",
+        action=Given,
+        help=f"{what} (default {microbatch}, or the microbatch a plan file records)",
     )
-    parser.set_defaults(microbatch_given=False, microbatch_per_device=per_device)
+    parser.set_defaults(microbatch_given=False, seq_given=False, microbatch_per_device=per_device)
     parser.add_argument(
-        "--seq", type=positive_int, default=seq, help=f"sequence length (default {seq})"
+        "--seq",
+        type=positive_int,
+        default=seq,
+        action=Given,
+        help=f"sequence length (default {seq}, or the seq a plan file records)",
     )
 
 
@@ -240,91 +248,153 @@ def prepare_progress(console, total_bytes: int | None) -> Iterator:
         yield advance
 
 
-def carried(spec: str | None) -> dict:
-    """What a plan file says it was planned for: ``mesh`` (a MeshShape), ``microbatch`` and
-    ``grad_accum``, only those it carries (``tierax plan --mesh auto --out FILE`` writes all three;
-    MaxText overrides carry theirs as ``ici_*``/``dcn_*``, ``per_device_batch_size`` and
-    ``gradient_accumulation_steps``); {} for a preset or something that is no plan (its verb's
-    loader says why later)."""
+def carried_mesh(spec: str | None):
+    """The mesh a plan file records it was planned for, or None."""
+    from tierax.interop.files import read_planned_for
+    from tierax.mesh import MeshShape
+
+    record = read_planned_for(spec)
+    return MeshShape(**record.mesh) if record is not None and record.mesh is not None else None
+
+
+def model_identity(args) -> str | None:
+    """The ``model`` a plan records for the model options of ``args``: the named config with its
+    ``--set`` overrides, or the digest of a ``--model-config`` file's bytes; None when the file
+    cannot be read (:func:`resolve_model` says why)."""
     import pathlib
 
-    import yaml
+    from tierax.plan.planned_for import model_digest, model_name
 
-    from tierax.interop import maxtext_keys
-    from tierax.mesh import MeshShape
-    from tierax.plan import Plan
-
-    if not spec or not pathlib.Path(spec).is_file():
-        return {}
-    try:
-        data = yaml.safe_load(pathlib.Path(spec).read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError, OSError):
-        return {}
-    if maxtext_keys.is_override_file(data):
-        found = maxtext_keys.planned_for(data, f"MaxText overrides {spec!r}")
-    elif isinstance(data, dict) and "groups" in data:
-        plan = Plan.from_dict(data, source=f"plan file {spec!r}")
-        found = {"mesh": plan.mesh, "microbatch": plan.microbatch, "grad_accum": plan.grad_accum}
-    else:
-        return {}
-    if found.get("mesh") is not None:
-        found["mesh"] = MeshShape(**found["mesh"])
-    return {k: v for k, v in found.items() if v is not None}
-
-
-def carried_mesh(spec: str | None):
-    """The mesh a plan file carries (see :func:`carried`), or None."""
-    return carried(spec).get("mesh")
+    if args.model_config is not None:
+        try:
+            return model_digest(pathlib.Path(args.model_config).read_bytes())
+        except OSError:
+            return None
+    return model_name(args.model or args.model_default or "", args.overrides)
 
 
 MAKE_ONE = (
     "make one with `tierax plan --model MODEL --target TARGET --devices N --mesh auto --out "
     "PLAN.yaml` and pass it as the plan"
 )
+# Units a verb's flag counts in, for messages.
+_UNITS = {"microbatch": " sequences per device", "seq": " tokens"}
 
 
-def mesh_option(args, plans: Sequence[str | None] = (), *, required: bool = True):
-    """The mesh of a verb that runs or models a step: ``--mesh``/``--devices``, or the mesh the plan
-    files carry.  ``--mesh auto`` means the plan's mesh (refused without one); a ``--mesh`` that
-    differs from a plan's is refused.  ``required=False``: None when neither gives one.
+def _given(args, key: str) -> bool:
+    """Whether the option of ``key`` was given: recorded by :class:`Given`, else not None."""
+    flag = getattr(args, f"{key}_given", None)
+    return flag if flag is not None else getattr(args, key, None) is not None
+
+
+def mesh_option(args, plans: Sequence[str | None] = (), *, required: bool = True, defaults=None):
+    """Merge what the plan files record they were planned for with the verb's flags
+    (:func:`tierax.plan.merge_planned_for`): ``args``' model, target, microbatch, seq,
+    grad_accum and schedule (those the verb has) are set to the merged values, notes go to
+    stderr, and the mesh is returned.  ``--mesh auto`` means the plan's mesh (refused without
+    one).  ``required=False``: None when no mesh is given or recorded; ``defaults``: values of
+    keys the verb's options leave None (``plans --emit``).
 
     Raises:
-      TieraxError: naming the conflict and the fix.
+      TieraxError: a flag differs from the plan's record, the plans disagree, or no mesh.
     """
-    from tierax.mesh import parse_mesh
+    from tierax.interop.files import read_planned_for
+    from tierax.mesh import MeshShape, parse_mesh
+    from tierax.plan import merge_planned_for
+    from tierax.plan import planned_for as pf
 
-    text, devices = args.mesh, args.devices
-    carried = {str(m): m for m in (carried_mesh(p) for p in plans) if m is not None}
-    if len(carried) > 1:
-        raise TieraxError(
-            f"the plans carry different meshes ({' and '.join(carried)}); give plans planned for "
-            "one mesh"
-        )
-    mesh = next(iter(carried.values()), None)
-    if text == "auto" and mesh is None:
+    found = [(p, r) for p in plans if p for r in [read_planned_for(p)] if r is not None]
+    record = pf.common(found)
+    name = ", ".join(p for p, _ in found) or None
+    text, devices = getattr(args, "mesh", None), getattr(args, "devices", None)
+    if text == "auto" and record.mesh is None:
         raise TieraxError(
             "--mesh auto takes the mesh a plan file carries, and "
             + ("no plan was given" if not any(plans) else "the plan carries none")
             + f"; {MAKE_ONE}"
         )
-    if mesh is not None and text not in (None, "auto"):
-        given = parse_mesh(text, devices)
-        if given != mesh:
+    if record.mesh is not None and text in (None, "auto") and devices is not None:
+        planned = MeshShape(**record.mesh)
+        if devices != planned.size:
             raise TieraxError(
-                f"--mesh {given} differs from the mesh the plan was planned for ({mesh}); drop "
-                "--mesh (the plan's is used) or plan again for this mesh"
+                f"--devices {devices} differs from the {planned.size} devices of the mesh plan "
+                f"{name} was planned for ({planned}); drop --devices or plan again for "
+                f"--devices {devices}"
             )
-    _carried_microbatch(args, plans, mesh)
-    if mesh is not None:
-        if devices is not None and devices != mesh.size:
-            raise TieraxError(
-                f"--devices {devices} but the plan was planned for mesh {mesh} = {mesh.size} "
-                "devices; drop --devices or plan again for this device count"
-            )
-        return mesh
-    if not required and not text and devices is None:
-        return None
-    return parse_mesh(text, devices)
+    given_mesh = None
+    if text not in (None, "auto"):
+        given_mesh = parse_mesh(text, devices)
+    elif devices is not None and record.mesh is None:
+        given_mesh = parse_mesh(None, devices)
+    defaults = dict(defaults or {})
+    keys = [k for k in ("target", "schedule") if hasattr(args, k)]
+    given = {k: getattr(args, k) if _given(args, k) else None for k in keys}
+    given["model"] = _given_model(args, record)
+    default = {k: getattr(args, k) for k in keys} | {"model": args.model_default} | defaults
+    if required or record.mesh is not None or given_mesh is not None:
+        given["mesh"], default["mesh"] = given_mesh, parse_mesh(None, None)
+    values, notes = merge_planned_for(record, given, default, plan=name)
+    mesh = MeshShape(**pf.checked_mesh(values["mesh"], "mesh")) if values.get("mesh") else None
+    sizes = [k for k in ("microbatch", "seq", "grad_accum") if hasattr(args, k)]
+    if sizes:
+        per_device = getattr(args, "microbatch_per_device", True)
+        view = record
+        if not per_device and record.microbatch is not None and mesh is not None:
+            view = record.replace(microbatch=record.microbatch * mesh.batch_ways)
+        units = dict(_UNITS)
+        if not per_device:
+            units["microbatch"] = " sequences in the batch"
+        more, more_notes = merge_planned_for(
+            view,
+            {k: getattr(args, k) if _given(args, k) else None for k in sizes},
+            {k: getattr(args, k) for k in sizes} | {"grad_accum": 1} | defaults,
+            plan=name,
+            units=units,
+        )
+        values |= more
+        notes += more_notes
+    for key in (*keys, *sizes):
+        setattr(args, key, values[key])
+    _apply_model(args, values["model"], name)
+    if not hasattr(args, "grad_accum") and (record.grad_accum or 1) > 1:
+        notes.append(
+            f"note: the plan was planned for {record.grad_accum} accumulated microsteps of "
+            f"microbatch {record.microbatch}; this models one microstep"
+        )
+    for line in notes:
+        print(line, file=sys.stderr)
+    return mesh
+
+
+def _given_model(args, record) -> str | None:
+    """The model the options name (None: none named).  ``--set`` alone applies to the model the
+    plan records, else to the verb's default model."""
+    from tierax.plan import planned_for as pf
+
+    if args.model is None and args.model_config is None:
+        if not args.overrides:
+            return None
+        base = record.model or args.model_default or ""
+        if base.startswith(pf.DIGEST_PREFIX):
+            return model_identity(args)
+        name, sets = pf.parse_model_name(base)
+        return pf.model_name(name, [*sets, *args.overrides])
+    return model_identity(args)
+
+
+def _apply_model(args, model: str | None, plan: str | None) -> None:
+    """Select the merged model (the plan's, when the options name none; with ``--set`` alone, the
+    plan's with those overrides added)."""
+    from tierax.plan import planned_for as pf
+
+    if model is None or model == model_identity(args):
+        return
+    if model.startswith(pf.DIGEST_PREFIX):
+        raise TieraxError(
+            f"plan {plan} was planned for a model config file ({model}); give that file with "
+            "--model-config FILE"
+        )
+    args.model, args.overrides = pf.parse_model_name(model)
 
 
 def note_local_fp8(cfg, what: str) -> None:
@@ -362,52 +432,5 @@ def note_local_fp8(cfg, what: str) -> None:
             f"note: {what}: quantization=fp8 on the {backend} backend runs the fp8 numerics "
             "emulated (fp8-rounded operands, float32 accumulation), not as fp8 GEMMs: times are "
             "not fp8 times",
-            file=sys.stderr,
-        )
-
-
-def _carried_microbatch(args, plans: Sequence[str | None], mesh) -> None:
-    """``args.microbatch`` from the plans' microbatch when --microbatch was not given; a given one
-    that differs is refused.  A verb whose --microbatch is the whole batch (verify, profile) gets
-    the plan's per-device microbatch × the mesh's batch axes.  A plan planned with gradient
-    accumulation: a verb with ``--grad-accum`` takes it when the option is not given (a given one
-    that differs is refused); one without models one microstep, said on stderr."""
-    if not hasattr(args, "microbatch"):
-        return
-    found = [(p, carried(p)) for p in plans]
-    micro = {c["microbatch"] for _, c in found if "microbatch" in c}
-    if len(micro) > 1:
-        raise TieraxError(
-            f"the plans carry different microbatches ({', '.join(map(str, sorted(micro)))}); give "
-            "plans planned for one microbatch"
-        )
-    if not micro:
-        return
-    (planned,) = micro
-    per_device = getattr(args, "microbatch_per_device", True)
-    if not per_device and mesh is not None:
-        planned *= mesh.batch_ways  # --microbatch is the sequences of the whole batch here
-    given = getattr(args, "microbatch_given", args.microbatch is not None)
-    if given and args.microbatch != planned:
-        raise TieraxError(
-            f"--microbatch {args.microbatch} differs from the microbatch the plan was planned for "
-            f"({planned} sequences{' per device' if per_device else ' in the batch'}); drop "
-            "--microbatch (the plan's is used) or plan again for this microbatch"
-        )
-    args.microbatch = planned
-    accum = max((c.get("grad_accum", 1) for _, c in found), default=1)
-    if hasattr(args, "grad_accum"):
-        if args.grad_accum is not None and accum > 1 and args.grad_accum != accum:
-            raise TieraxError(
-                f"--grad-accum {args.grad_accum} differs from the {accum} accumulated microsteps "
-                "the plan was planned for; drop --grad-accum (the plan's is used) or plan again"
-            )
-        if args.grad_accum is None and accum > 1:
-            args.grad_accum = accum
-        return
-    if accum > 1 and not getattr(args, "emit", None):  # --emit writes the accumulation
-        print(
-            f"note: the plan was planned for {accum} accumulated microsteps of microbatch "
-            f"{planned}; this models one microstep",
             file=sys.stderr,
         )

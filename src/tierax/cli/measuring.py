@@ -8,7 +8,6 @@ import sys
 
 from tierax import launch, records
 from tierax.cli.common import (
-    carried_mesh,
     console,
     load_plans,
     mesh_option,
@@ -30,8 +29,7 @@ def _plan_specs(text: str | None) -> list[str]:
 
 def cmd_bench(args) -> int:
     specs = _plan_specs(args.plans)
-    carried = any(carried_mesh(p) for p in specs)
-    mesh = mesh_option(args, specs) if args.mesh or carried else None
+    mesh = mesh_option(args, specs, required=False)  # what the plans record, with the flags
     out = (
         records.check_replaceable(
             pathlib.Path(args.out), records.BENCH_SCHEMA, "--out", force=args.force
@@ -50,7 +48,7 @@ def cmd_bench(args) -> int:
     note_local_fp8(cfg, "tierax bench")
     launch.check_local_memory(cfg, shards=mesh.size if mesh else 1, what="tierax bench")
     plans = load_plans(args.plans, cfg, "--plans", preset=args.xla_preset)
-    verified = _verify_before_bench(cfg, plans, args) if args.verify else None
+    verified = _verify_before_bench(cfg, plans, args, mesh) if args.verify else None
     if verified is not None and not all(v.passed for v in verified):
         return 1
     with progress(f"bench {cfg.name}", len(plans) + args.steps, disable=args.json) as advance:
@@ -81,7 +79,7 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def _verify_before_bench(cfg, plans, args):
+def _verify_before_bench(cfg, plans, args, mesh):
     """``bench --verify``: every plan's gradients against save-all; failures go to stderr."""
     import jax
 
@@ -91,12 +89,7 @@ def _verify_before_bench(cfg, plans, args):
 
     # On bench's mesh (its default: fsdp over every device), with bench's batch (--microbatch is
     # per device there, the global batch in verify).
-    specs = _plan_specs(args.plans)
-    mesh = (
-        mesh_option(args, specs)
-        if args.mesh or any(carried_mesh(p) for p in specs)
-        else MeshShape(fsdp=jax.device_count())
-    )
+    mesh = mesh or MeshShape(fsdp=jax.device_count())
     results = verify_lib.verify_plans(
         cfg, plans, microbatch=args.microbatch * mesh.batch_ways, seq=args.seq, mesh=mesh
     )
@@ -120,6 +113,9 @@ def cmd_compile(args) -> int:
     spec = hardware.compile_target(args.target)
     target_config = _read_target_config(args.target_config)
     cfg = resolve_model(args, target=args.target)  # a model the target cannot run: before JAX
+    from tierax.costmodel import calibrated
+
+    rates_file = calibrated.load(args.rates) if args.rates else None  # refused before JAX
     if spec.kind == "tpu":  # host platform only; libtpu builds compile-only TPU devices
         spec.topology_name(mesh.size)  # an unsupported slice size fails before JAX starts
         from tierax.xla import compile as compile_lib
@@ -148,6 +144,7 @@ def cmd_compile(args) -> int:
         xla_preset=args.xla_preset,
         target_config=target_config,
         grad_accum=args.grad_accum or 1,
+        calibration=rates_file,
     )
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
@@ -172,8 +169,7 @@ def _read_target_config(path: str | None) -> str | None:
 
 def cmd_verify(args) -> int:
     specs = _plan_specs(args.plan)
-    carried = any(carried_mesh(p) for p in specs)
-    mesh = mesh_option(args, specs) if args.mesh or args.devices or carried else None
+    mesh = mesh_option(args, specs, required=False)  # what the plans record, with the flags
     launch.start(devices=mesh.size if mesh else None, preset=args.xla_preset)
     import jax
 
@@ -238,6 +234,7 @@ def _offloads(plan, cfg) -> bool:
 def cmd_profile(args) -> int:
     from tierax.measure import profile as profile_lib
 
+    mesh_option(args, [args.plan], required=False)  # the plan's model, microbatch and seq
     cfg = resolve_model(args)
     out = check_output_dir(args.out, allow_existing=False) if args.out else None
     launch.start(preset=args.xla_preset)

@@ -7,6 +7,7 @@ import argparse
 
 from tierax.cli import measuring, planning, training
 from tierax.cli.common import (
+    Given,
     add_grad_accum_arg,
     add_model_args,
     add_set_arg,
@@ -96,6 +97,12 @@ def _models_and_plans(sub) -> None:
     pl.add_argument(
         "--seq", type=positive_int, help=f"with --emit: sequence length (default {shown['seq']})"
     )
+    pl.add_argument(
+        "--grad-accum",
+        type=positive_int,
+        metavar="N",
+        help="with --emit: microbatches per optimizer update (default 1)",
+    )
     pl.set_defaults(func=planning.cmd_plans)
 
 
@@ -105,8 +112,10 @@ def _planning(sub) -> None:
         p.add_argument(
             "--target",
             default="h200",
-            help=f"{TARGET_HELP} (default h200)",
+            action=Given,
+            help=f"{TARGET_HELP} (default h200, or the target a plan file records)",
         )
+        p.set_defaults(target_given=False)
         p.add_argument(
             "--devices",
             type=positive_int,
@@ -137,7 +146,13 @@ def _planning(sub) -> None:
     )
     common(s)
     s.add_argument("--plan", default="qkv-offload", help="a preset or plan YAML file")
-    s.add_argument("--schedule", default="lhs", help="serial, lhs or lhs-pipelined")
+    s.add_argument(
+        "--schedule",
+        default="lhs",
+        action=Given,
+        help="serial, lhs or lhs-pipelined (default lhs, or the schedule a plan file records)",
+    )
+    s.set_defaults(schedule_given=False)
     add_grad_accum_arg(s)
     _rate_arg(s)
     s.set_defaults(func=planning.cmd_simulate)
@@ -327,9 +342,12 @@ def _running(sub) -> None:
     c.add_argument(
         "--target",
         default="h200",
+        action=Given,
         help="h100, h200, b200, gb200 (XLA:GPU) or v5e, v5p, v6e, v7x (XLA:TPU, needs the tpu-aot "
-        "extra; v7x: --devices counts TensorCores, 2 a chip); default h200",
+        "extra; v7x: --devices counts TensorCores, 2 a chip); default h200, or the target a plan "
+        "file records",
     )
+    c.set_defaults(target_given=False)
     c.add_argument(
         "--target-config",
         metavar="FILE",

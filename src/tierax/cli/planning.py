@@ -4,11 +4,10 @@ plan, calibrate."""
 from __future__ import annotations
 
 import json
-import math
 import sys
 
 from tierax import launch
-from tierax.cli.common import console, mesh_option, resolve_model
+from tierax.cli.common import console, mesh_option, model_identity, resolve_model
 from tierax.errors import TieraxError
 from tierax.mesh import parse_mesh
 
@@ -32,6 +31,7 @@ PLAN_OPTIONS = (
     "global_batch",
     "top",
     "grad_accum",
+    "microbatch_given",
 )
 
 
@@ -96,8 +96,11 @@ def cmd_plans(args) -> int:
         "--schedule": args.schedule,
         "--microbatch": args.microbatch,
         "--seq": args.seq,
+        "--grad-accum": args.grad_accum,
     }
     interop.check_show_options(show=args.show, yaml=args.yaml, emit=args.emit, sizing=sizing)
+    if args.emit:  # what the plan records, merged with the flags (the plan's target, model, sizes)
+        mesh = mesh_option(args, [args.show], defaults=SHOW_DEFAULTS | {"grad_accum": 1})
     cfg = resolve_model(args, target=args.target)  # what the target cannot run is refused
     if args.show is None:
         for name, (desc, _) in plan_lib.PRESETS.items():
@@ -109,13 +112,12 @@ def cmd_plans(args) -> int:
         maxtext.check_maxtext_names(args.show)
     plan = files.load_plan(args.show, cfg)
     if args.emit:
-        mesh = mesh_option(args, [args.show]).to_dict()  # the plan's microbatch too
-        sizes = {
-            k: v if getattr(args, k) is None else getattr(args, k) for k, v in SHOW_DEFAULTS.items()
-        }
-        accum = plan.grad_accum or 1
+        sizes = {k: getattr(args, k) for k in SHOW_DEFAULTS}
         print(
-            interop.emit_plan(plan, cfg, args.emit, mesh=mesh, grad_accum=accum, **sizes), end=""
+            interop.emit_plan(
+                plan, cfg, args.emit, mesh=mesh.to_dict(), grad_accum=args.grad_accum, **sizes
+            ),
+            end="",
         )
     elif args.yaml:
         print(plan.to_yaml(), end="")
@@ -130,8 +132,8 @@ def _inputs(args, *, rates: bool = True, plans: tuple = ()):
     from tierax import costmodel as cm
     from tierax import hardware
 
+    mesh = mesh_option(args, plans)  # the plan's record merged with the flags first
     cfg = resolve_model(args, target=args.target)  # an unknown target is refused here
-    mesh = mesh_option(args, plans)
     if args.target != "cpu":
         hardware.get_target(args.target)
     if rates:
@@ -146,20 +148,11 @@ def _inputs(args, *, rates: bool = True, plans: tuple = ()):
 
 
 def check_budget(args, rates) -> None:
-    """Refuse a ``--budget-gib`` above what the target's device offers (a plan for it could never
-    run there)."""
-    from tierax.solving.planner import size_text
+    """Refuse a ``--budget-gib`` above what the target's device offers."""
+    from tierax.solving.planning import check_budget as check
 
     budget = getattr(args, "budget_gib", None)
-    if budget is None or budget * GIB <= rates.usable_device_bytes:
-        return
-    usable = rates.usable_device_bytes
-    raise TieraxError(
-        f"--budget-gib {budget:g} is more than {args.target}'s device offers: capacity "
-        f"{size_text(rates.device_memory_bytes)}, of which a step may use {size_text(usable)}; "
-        f"give --budget-gib {math.floor(usable / GIB * 100) / 100:g} or less (or leave it out: "
-        "that is the default)"
-    )
+    check(budget and budget * GIB, rates, option="--budget-gib", unit=GIB)
 
 
 def _title(cfg, args, mesh, microbatch, extra: str = "") -> str:
@@ -237,6 +230,7 @@ def _request(args, cfg, mesh, rates):
         for_tool=args.for_tool,
         place_state=not getattr(args, "state_on_device", False),
         grad_accum=args.grad_accum or 1,
+        model=model_identity(args),
     )
 
 
@@ -455,9 +449,7 @@ def _plan_mesh_auto(args) -> int:
         return 1
     plan = dataclasses.replace(
         chosen.result.plan,
-        mesh=chosen.mesh.to_dict(),
-        microbatch=chosen.microbatch,
-        grad_accum=chosen.grad_accum,
+        planned_for=chosen.result.plan.planned_for.replace(model=model_identity(args)),
         description=chosen.result.plan.description
         + f"; mesh {chosen.mesh} chosen by --mesh auto at global batch {gb} × seq {args.seq}: "
         f"microbatch {chosen.microbatch}"
@@ -556,6 +548,8 @@ def _mesh_check(found, cfg, args):
 def _max_microbatch_check(args, cfg, mesh, rates, out, gib) -> int:
     """``plan --max-microbatch --check``: the model's largest microbatch, confirmed and corrected by
     compiles."""
+    import dataclasses
+
     from tierax.fileio import write_text_atomic
     from tierax.solving import plan_check
 
@@ -582,7 +576,9 @@ def _max_microbatch_check(args, cfg, mesh, rates, out, gib) -> int:
         report=report,
     )
     if out and res.result:
-        write_text_atomic(out, res.result.plan.to_yaml())
+        plan = res.result.plan
+        plan_for = plan.planned_for.replace(model=model_identity(args))
+        write_text_atomic(out, dataclasses.replace(plan, planned_for=plan_for).to_yaml())
     if args.json:
         print(json.dumps(res.to_json(), indent=2))
     if res.result is None:

@@ -52,3 +52,26 @@ def load_plan(spec: str | plan_lib.Plan, cfg) -> plan_lib.Plan:
                 maxtext_keys.plan_dict(data, groups, source=spec, text=text), source=spec
             )
     return plan_lib.load_plan(spec, cfg)
+
+
+def read_planned_for(spec: str | None) -> plan_lib.PlannedFor | None:
+    """What a plan file records it was planned for (a tierax plan's ``planned_for``; MaxText
+    overrides' ``ici_*``/``dcn_*``, ``per_device_batch_size``, ``gradient_accumulation_steps`` and
+    ``max_target_length``), read before the model is known; None for a preset or what is no plan
+    file (its verb's loader says why later).
+
+    Raises:
+      TieraxError: the file's record is malformed.
+    """
+    if not spec or spec in plan_lib.PRESETS or not pathlib.Path(spec).is_file():
+        return None
+    try:
+        data = yaml.safe_load(pathlib.Path(spec).read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError, OSError):
+        return None
+    if maxtext_keys.is_override_file(data):
+        source = f"MaxText overrides {spec!r}"
+        return plan_lib.PlannedFor.from_dict(maxtext_keys.planned_for(data, source), source)
+    if isinstance(data, dict) and "groups" in data:
+        return plan_lib.Plan.from_dict(data, source=f"plan file {spec!r}").planned_for
+    return None

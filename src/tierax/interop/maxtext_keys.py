@@ -291,7 +291,8 @@ def plan_dict(
     }
     out = {"plan": name, "description": description, "groups": out_groups}
     state = state_dict(data, groups, source=source)
-    return out | ({"state": state} if state else {}) | planned_for(data, source)
+    found = planned_for(data, source)
+    return out | ({"state": state} if state else {}) | ({"planned_for": found} if found else {})
 
 
 # MaxText's mesh keys (base.yml: ici_*_parallelism, dcn_*_parallelism) for tierax's mesh axes.
@@ -299,11 +300,11 @@ MESH_AXES = ("data", "fsdp", "tensor", "expert")
 
 
 def planned_for(data: Mapping, source: str) -> dict:
-    """The mesh, microbatch and accumulation an override file describes (``Plan.from_dict``
-    keys; only those the file sets): each axis is ``ici_{axis}_parallelism ×
+    """The mesh, microbatch, accumulation and sequence length an override file describes (keys of
+    a plan's ``planned_for``; only those the file sets): each axis is ``ici_{axis}_parallelism ×
     dcn_{axis}_parallelism``; the microbatch is ``per_device_batch_size`` × the tensor axis
     (MaxText counts every device, tierax the devices of the batch axes); ``grad_accum`` is
-    ``gradient_accumulation_steps``.
+    ``gradient_accumulation_steps``; ``seq`` is ``max_target_length``.
 
     Raises:
       TieraxError: a parallelism tierax does not model (pipeline, context, sequence, ...) above
@@ -348,4 +349,6 @@ def planned_for(data: Mapping, source: str) -> dict:
         out["microbatch"] = round(micro)
     if "gradient_accumulation_steps" in data:
         out["grad_accum"] = data["gradient_accumulation_steps"]
+    if "max_target_length" in data:
+        out["seq"] = data["max_target_length"]
     return out

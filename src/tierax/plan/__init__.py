@@ -18,6 +18,14 @@ recomputed.  It is a frozen value with a YAML form::
         moments: offload        # AdamW mu, nu in pinned host memory between steps
         master_weights: device
         grad_accum: device
+    planned_for:              # what it was planned for (tierax.plan.planned_for); verbs read it
+      model: tiny-llama
+      target: h200
+      mesh: {data: 1, fsdp: 8, tensor: 1, expert: 1}
+      microbatch: 8
+      seq: 4096
+      grad_accum: 1
+      schedule: lhs
 
 :func:`to_policies` is the only place a Plan becomes what a layer group runs: nothing (a group
 whose ``unnamed: device`` keeps every intermediate: no remat, the ``save-all`` preset), tierax's
@@ -26,6 +34,7 @@ named placements, every untagged intermediate recomputed — MaxText's ``custom`
 when every name is on device).
 """
 
+from tierax.plan.planned_for import PlannedFor, merge_planned_for
 from tierax.plan.presets import PRESETS, load_plan, preset
 from tierax.plan.state import layer_group_of, require_host_memory, state_shardings
 from tierax.plan.types import (
@@ -56,11 +65,13 @@ __all__ = [
     "GroupPlan",
     "Placement",
     "Plan",
+    "PlannedFor",
     "Segment",
     "StatePlacement",
     "check_mechanism_preset",
     "layer_group_of",
     "load_plan",
+    "merge_planned_for",
     "preset",
     "require_host_memory",
     "resolve",

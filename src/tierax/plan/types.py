@@ -15,6 +15,7 @@ import yaml
 
 from tierax import names as N
 from tierax.errors import TieraxError
+from tierax.plan.planned_for import PlannedFor
 
 
 class Placement(str, enum.Enum):  # noqa: UP042 — str() and format() keep Enum's spelling
@@ -239,39 +240,39 @@ class Plan:
       name: a label (preset name or file stem).
       groups: layer group name → :class:`GroupPlan`.
       description: one line for humans.
-      mesh: the mesh it was planned for (``tierax plan --mesh auto``: axis → size, every axis of
-        :data:`tierax.mesh.AXES`), or None; verbs that take ``--mesh`` use it when none is given.
       state: layer group → :class:`StatePlacement` (where its moments, master weights and gradient
         accumulator live between steps); a group not listed keeps all of them on device.
-      microbatch: the sequences per device (of the batch axes) per microstep it was planned for
-        (``tierax plan --mesh auto``), or None; verbs that take ``--microbatch`` use it when none
-        is given and refuse a different one.
-      grad_accum: microsteps per optimizer step it was planned for (``--mesh auto``), or None.
+      planned_for: what it was planned for (:class:`tierax.plan.planned_for.PlannedFor`: model,
+        target, mesh, microbatch, seq, grad_accum, schedule); verbs that read the plan take these
+        where their flags are not given and refuse flags that differ.
     """
 
     name: str
     groups: Mapping[str, GroupPlan]
     description: str = ""
     mechanism: str = DEFAULT_MECHANISM
-    mesh: Mapping[str, int] | None = None
     state: Mapping[str, StatePlacement] = field(default_factory=dict)
-    microbatch: int | None = None
-    grad_accum: int | None = None
+    planned_for: PlannedFor = field(default_factory=PlannedFor)
 
     def __post_init__(self) -> None:
-        for key in ("microbatch", "grad_accum"):
-            _checked_count(getattr(self, key), f"plan {self.name!r}: {key}")
         object.__setattr__(self, "groups", MappingProxyType(dict(self.groups)))
         object.__setattr__(self, "state", _checked_state(self.state, f"plan {self.name!r} state"))
-        if self.mesh is not None:
+        if not isinstance(self.planned_for, PlannedFor):
             object.__setattr__(
-                self, "mesh", MappingProxyType(_checked_mesh(self.mesh, f"plan {self.name!r}"))
+                self,
+                "planned_for",
+                PlannedFor.from_dict(self.planned_for, f"plan {self.name!r}"),
             )
         if self.mechanism not in MECHANISMS:
             raise TieraxError(
                 f"plan {self.name!r}: mechanism {self.mechanism!r} is not valid; use one of: "
                 + ", ".join(f"{k} ({v})" for k, v in MECHANISMS.items())
             )
+
+    # What it was planned for (views of planned_for).
+    mesh = property(lambda self: self.planned_for.mesh)
+    microbatch = property(lambda self: self.planned_for.microbatch)
+    grad_accum = property(lambda self: self.planned_for.grad_accum)
 
     # --- YAML / dict form -------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -292,11 +293,8 @@ class Plan:
         out = {"plan": self.name, "description": self.description}
         if self.mechanism != DEFAULT_MECHANISM:
             out["mechanism"] = self.mechanism
-        if self.mesh is not None:
-            out["mesh"] = dict(self.mesh)
-        for key in ("microbatch", "grad_accum"):
-            if getattr(self, key) is not None:
-                out[key] = getattr(self, key)
+        if self.planned_for.to_dict():
+            out["planned_for"] = self.planned_for.to_dict()
         out["groups"] = groups
         if self.state:
             out["state"] = {g: sp.to_dict() for g, sp in self.state.items()}
@@ -316,7 +314,7 @@ class Plan:
             raise TieraxError(
                 f"{source}: a plan must be a mapping with keys plan, description, groups"
             )
-        unknown = set(data) - set(PLAN_KEYS)
+        unknown = set(data) - set(PLAN_KEYS) - set(LEGACY_KEYS)
         if unknown:
             raise TieraxError(
                 f"{source}: unknown key(s) {', '.join(sorted(map(str, unknown)))}; "
@@ -352,7 +350,6 @@ class Plan:
                 f"{source}: mechanism {mechanism!r} is not valid; use one of: "
                 + ", ".join(f"{k} ({v})" for k, v in MECHANISMS.items())
             )
-        mesh = data.get("mesh")
         state_in = data.get("state") or {}
         if not isinstance(state_in, Mapping):
             raise TieraxError(
@@ -364,10 +361,8 @@ class Plan:
             groups,
             str(data.get("description", "") or ""),
             mechanism,
-            None if mesh is None else _checked_mesh(mesh, f"{source}: mesh"),
             _checked_state(state_in, f"{source}: state"),
-            _checked_count(data.get("microbatch"), f"{source}: microbatch"),
-            _checked_count(data.get("grad_accum"), f"{source}: grad_accum"),
+            _planned_for(data, source),
         )
 
     def to_yaml(self) -> str:
@@ -383,42 +378,26 @@ class Plan:
         return cls.from_dict(data, source=source)
 
 
-PLAN_KEYS = (
-    "plan",
-    "description",
-    "mechanism",
-    "mesh",
-    "microbatch",
-    "grad_accum",
-    "groups",
-    "state",
-)
+PLAN_KEYS = ("plan", "description", "mechanism", "planned_for", "groups", "state")
+# Keys of plan files written before ``planned_for`` (``plan --mesh auto``), read into it.
+LEGACY_KEYS = ("mesh", "microbatch", "grad_accum")
 
 
-def _checked_count(raw: Any, where: str) -> int | None:
-    """A plan's ``microbatch`` or ``grad_accum``: None, or an integer ≥ 1."""
-    if raw is None:
-        return None
-    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
-        raise TieraxError(f"{where}: expected an integer ≥ 1, got {raw!r}")
-    return raw
-
-
-def _checked_mesh(raw: Any, where: str) -> dict[str, int]:
-    """A plan's ``mesh``: every axis of :data:`tierax.mesh.AXES` (missing ones 1), sizes ≥ 1."""
-    from tierax.mesh import AXES, MeshShape
-
-    if not isinstance(raw, Mapping) or not raw:
-        raise TieraxError(f"{where}: a mesh maps axes ({', '.join(AXES)}) to sizes, e.g. fsdp: 8")
-    unknown = sorted(str(a) for a in raw if a not in AXES)
-    if unknown:
-        raise TieraxError(
-            f"{where}: unknown axis {', '.join(unknown)}; a mesh has axes {', '.join(AXES)}"
-        )
-    try:
-        return MeshShape(**{str(a): v for a, v in raw.items()}).to_dict()
-    except TieraxError as e:
-        raise TieraxError(f"{where}: {e}") from None
+def _planned_for(data: Mapping, source: str) -> PlannedFor:
+    """A plan mapping's ``planned_for``, with the top-level ``mesh``, ``microbatch`` and
+    ``grad_accum`` of older plan files read into it (both given: they must agree)."""
+    planned = PlannedFor.from_dict(data.get("planned_for"), source)
+    legacy = {k: data[k] for k in LEGACY_KEYS if data.get(k) is not None}
+    if not legacy:
+        return planned
+    old = PlannedFor.from_dict(legacy, source)
+    for k in legacy:
+        if getattr(planned, k) is not None and getattr(planned, k) != getattr(old, k):
+            raise TieraxError(
+                f"{source}: top-level {k} {legacy[k]!r} differs from planned_for {k} "
+                f"{getattr(planned, k)!r}; keep the one in planned_for"
+            )
+    return old.replace(**{k: v for k, v in planned.to_dict().items()})
 
 
 def _parse_segments(raw: Any, where: str) -> tuple[Segment, ...]:

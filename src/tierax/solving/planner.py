@@ -657,7 +657,7 @@ def plan(
         f"planned for {rates.target}, schedule {schedule}, device budget {budget / 2**30:.1f} GiB"
     )
     p = placements_to_plan(placements, cfg, name, desc, mechanism, splits, state)
-    p = dataclasses.replace(p, grad_accum=grad_accum) if grad_accum > 1 else p
+    p = dataclasses.replace(p, planned_for=p.planned_for.replace(grad_accum=grad_accum))
     pred = cm.simulate(p, inv, cfg, rates, schedule, grad_accum)
     why = _explain(
         placements, solved_inv, cfg, rates, schedule, pred, budget, host_budget, mechanism

@@ -9,10 +9,12 @@ options that cannot work are refused in one place, :func:`check_options`, before
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 
 from tierax.errors import TieraxError
-from tierax.plan import DEFAULT_MECHANISM
+from tierax.plan import DEFAULT_MECHANISM, PlannedFor
 from tierax.solving import for_maxtext as interop
 from tierax.solving import planner
 from tierax.tracing import inventory as inv_lib
@@ -27,7 +29,10 @@ class Request:
     a note on what that costs; ``remedies``: what a no-fit message suggests (default: CLI
     options); ``place_state``: place the training state (moments, master weights, the gradient
     accumulator) in the same program (False: keep it on device); ``grad_accum``: microbatches per
-    optimizer update (the planner prices the accumulation and may offload its accumulator)."""
+    optimizer update (the planner prices the accumulation and may offload its accumulator);
+    ``model``: how the plan's ``planned_for`` names the model (default: the config's name).
+
+    The solved plan records what it was planned for (:func:`planned_for`)."""
 
     cfg: object
     mesh: dict
@@ -46,6 +51,8 @@ class Request:
     inventory: inv_lib.Inventory | None = None
     place_state: bool = True  # also place the training state (False: all of it on device)
     grad_accum: int = 1  # microbatches per optimizer update
+    # the model's entry in the plan's planned_for (tierax.plan.planned_for.model_name / digest)
+    model: str | None = None
 
 
 def _segments_conflict(*, segments: bool, for_tool, max_microbatch: bool) -> None:
@@ -76,9 +83,15 @@ def check_options(
     global_batch: int | None = None,
     top: int | None = None,
     grad_accum: int | None = None,
+    microbatch_given: bool = False,
 ) -> None:
     """``tierax plan``: refuse, before any work, a combination of options where one would be
     ignored.  (``--segments`` combines with ``--sweep`` and ``--check``.)"""
+    if max_microbatch and microbatch_given:
+        raise TieraxError(
+            "--max-microbatch searches the microbatch, so --microbatch would be ignored; drop "
+            "--microbatch, or drop --max-microbatch to plan that microbatch"
+        )
     if mesh == "auto":
         given = [
             o
@@ -149,6 +162,44 @@ def _accum_conflict(grad_accum: int, max_microbatch: bool) -> None:
         )
 
 
+def check_budget(budget_bytes: float | None, rates, *, option: str, unit: float = 1) -> None:
+    """Refuse a device budget above what the target's device offers (a plan for it could never
+    run there): ``tierax plan --budget-gib`` and :func:`tierax.api.plan` check here, before any
+    work (not in :func:`solve`, whose callers may raise a corrected budget above it).
+    ``option``: how the budget was given (``--budget-gib``, ``budget=``) and ``unit``: the bytes
+    of one unit it was given in, for the message.
+
+    Raises:
+      TieraxError: naming the capacity, the usable part and the largest budget to give.
+    """
+    usable = rates.usable_device_bytes
+    if budget_bytes is None or budget_bytes <= usable:
+        return
+    raise TieraxError(
+        f"{option}{' ' if option.startswith('--') else ''}{budget_bytes / unit:g} is more than "
+        f"{rates.target}'s device offers: capacity {planner.size_text(rates.device_memory_bytes)}, "
+        f"of which a step may use {planner.size_text(usable)}; give "
+        f"{option}{' ' if option.startswith('--') else ''}"
+        f"{math.floor(usable / unit * 100) / 100:g} or less (or leave it out: that is the default)"
+    )
+
+
+def planned_for(req: Request, result: planner.PlanResult) -> PlannedFor:
+    """What ``result``'s plan was planned for: the request's target, mesh, microbatch (the one
+    found, with ``max_microbatch``), seq, accumulation, schedule and model; a request with its
+    own inventory (the Python API) records no microbatch or seq (the inventory's trace has them)."""
+    traced = req.inventory is None
+    return PlannedFor(
+        model=req.model or req.cfg.name,
+        target=req.rates.target,
+        mesh=req.mesh,
+        microbatch=result.microbatch if traced else None,
+        seq=req.seq if traced else None,
+        grad_accum=req.grad_accum,
+        schedule=req.schedule,
+    )
+
+
 def check_request(req: Request) -> None:
     """Refuse a request whose options cannot work together (the subset of :func:`check_options` a
     request expresses)."""
@@ -206,13 +257,17 @@ def solve(req: Request, cache: dict | None = None) -> tuple[planner.PlanResult, 
             **common,
         )
 
+    def stamped(result: planner.PlanResult) -> planner.PlanResult:
+        plan = dataclasses.replace(result.plan, planned_for=planned_for(req, result))
+        return dataclasses.replace(result, plan=plan)
+
     if req.for_tool is None:
-        result = run(False, req.mechanism)
+        result = stamped(run(False, req.mechanism))
         return result, _search_notes(result)
     # MaxText moves offloaded names with XLA's offload policy, so its plan is planned for that
     # mechanism, and so is the unrestricted plan it is compared with; `tierax plan` without --for
     # plans tierax's own prefetching scan, whose time is reported beside them.
-    restricted, free = run(True, "policy"), run(False, "policy")
+    restricted, free = stamped(run(True, "policy")), run(False, "policy")
     return restricted, [
         interop.restriction_note(restricted, free, run(False, req.mechanism)),
         *_search_notes(restricted),
