@@ -64,6 +64,30 @@ def start_deviceless_tpu(preset: str = "none", accelerator_type: str | None = No
     xla_flags.configure(platforms="cpu", env={**env, **xla_flags.libtpu_env()})
 
 
+def start_maxtext_compile(target: str, devices: int) -> None:
+    """Start JAX for a deviceless compile of MaxText's own train step
+    (:mod:`tierax.interop.maxtext_program.compile`): the host platform only; for a TPU target
+    libtpu's environment as :func:`start_deviceless_tpu` sets it, but with the libtpu options
+    MaxText's own ahead-of-time compiler adds (tierax's step options are for tierax's step); for a
+    GPU target the deviceless GPU flags."""
+    from tierax import hardware
+    from tierax.interop.maxtext_program.compile import MAXTEXT_TPU_FLAGS
+
+    spec = hardware.compile_target(target)
+    if spec.kind != "tpu":
+        xla_flags.configure(deviceless_gpu=True)
+        return
+    wanted = {
+        "TPU_WORKER_HOSTNAMES": "localhost",
+        "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+        "TPU_ACCELERATOR_TYPE": spec.accelerator_type(devices),
+    }
+    env = {k: v for k, v in wanted.items() if not os.environ.get(k)}
+    xla_flags.configure(
+        platforms="cpu", env={**env, **xla_flags.libtpu_env_with(MAXTEXT_TPU_FLAGS)}
+    )
+
+
 def start_training(cfg, dist: Distributed | None, *, debug: bool = False) -> list[str]:
     """Start the backend for ``tierax train``: runtime environment derived from the plan,
     host CPU devices per process, cross-process collectives, then ``jax.distributed``;

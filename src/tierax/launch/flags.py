@@ -40,10 +40,16 @@ LIBTPU_ARGS = "LIBTPU_INIT_ARGS"
 def libtpu_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """``{LIBTPU_INIT_ARGS: ...}`` with :data:`TPU_FLAGS` ahead of what the environment already
     has (a flag set there is kept as it is: the user's value wins); empty when it sets them all."""
+    return libtpu_env_with(TPU_FLAGS, environ)
+
+
+def libtpu_env_with(flags: tuple[str, ...], environ: Mapping[str, str] | None = None) -> dict:
+    """``{LIBTPU_INIT_ARGS: ...}`` with ``flags`` ahead of what the environment already has (the
+    user's value of a flag wins); empty when it sets them all."""
     env = os.environ if environ is None else environ
     user = env.get(LIBTPU_ARGS, "")
     given = {f.split("=", 1)[0].lstrip("-") for f in user.split()}
-    ours = [f for f in TPU_FLAGS if f.split("=", 1)[0].lstrip("-") not in given]
+    ours = [f for f in flags if f.split("=", 1)[0].lstrip("-") not in given]
     return {LIBTPU_ARGS: " ".join([*ours, user]).strip()} if ours else {}
 
 

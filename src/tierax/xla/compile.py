@@ -146,7 +146,7 @@ def _capture_fd2():
 
 
 @contextlib.contextmanager
-def _without_persistent_cache():
+def without_persistent_cache():
     """No entry of JAX's persistent compilation cache (``JAX_COMPILATION_CACHE_DIR``) written by a
     deviceless compile: a compile-only client can write one but not load it back ("PjRtCompiler
     must be constructed with a Client to call DeserializeLoadedExecutable"), so a second compile
@@ -359,6 +359,7 @@ def compile_for_target(
     target_config: str | None = None,
     grad_accum: int = 1,
     on_compiled: Callable[[Any], None] | None = None,
+    calibration=None,
 ) -> tuple[CompileResult, str]:
     """Compile the train step of ``cfg`` under ``plan`` for ``target``; returns (result, scheduled
     HLO text).
@@ -435,7 +436,7 @@ def compile_for_target(
 
     # The plan's host bytes against the target's host memory, before XLA spends any time on it.
     full_inventory = inv.model_inventory(cfg, microbatch, seq, shape.to_dict())
-    predicted = _prediction(cfg, plan, full_inventory, target, xla_preset, grad_accum)
+    predicted = _prediction(cfg, plan, full_inventory, target, xla_preset, grad_accum, calibration)
     host_memory = int(spec.host_memory_per_gpu_bytes)
     if predicted["host_bytes"] > host_memory:
         raise TieraxError(
@@ -449,7 +450,7 @@ def compile_for_target(
         contextlib.nullcontext() if tpu else cudnn.target_capability(spec.compute_capability)
     )
     try:
-        with capability, _without_persistent_cache():
+        with capability, without_persistent_cache():
             compiled = step.trace(state, tokens).lower().compile()
     # XLA raises a generic runtime error; only an out-of-memory one is a result
     except Exception as e:
@@ -638,11 +639,20 @@ def compile_for_target(
 
 
 def _prediction(
-    cfg, plan: plan_lib.Plan, inventory, target: str, xla_preset: str, grad_accum: int = 1
+    cfg,
+    plan: plan_lib.Plan,
+    inventory,
+    target: str,
+    xla_preset: str,
+    grad_accum: int = 1,
+    calibration=None,
 ) -> dict:
     """The cost model's figures for the plan compiled: the schedule of its XLA preset (plan
-    --check's)."""
+    --check's); with ``calibration`` (a :class:`tierax.costmodel.calibrated.CalibratedRates`,
+    ``--rates``) also the step time at its factors, and which factors those are."""
     rates = costmodel.target_rates(target, cfg.dtype)
+    if calibration is not None:
+        rates = calibration.apply(rates)
     schedule = "lhs-pipelined" if xla_preset == "lhs-pipelined" else "lhs"
     p = costmodel.simulate(plan, inventory, cfg, rates, schedule, grad_accum)
     return {
@@ -652,7 +662,11 @@ def _prediction(
         "schedule": schedule,
         "peak_phase": p.breakdown["peak_phase"],
         "state_host_bytes": p.breakdown.get("state_host_bytes", 0),
-    }
+    } | (
+        {"step_time_s": p.step_time_s, "calibration": rates.sources["calibration"]}
+        if calibration is not None
+        else {}
+    )
 
 
 def param_and_optimizer_bytes(cfg) -> int:
