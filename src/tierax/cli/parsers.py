@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from tierax.cli import measuring, planning, training
+from tierax.cli import maxtext_program, measuring, planning, training
 from tierax.cli.common import (
     Given,
     add_grad_accum_arg,
@@ -137,7 +137,8 @@ def _planning(sub) -> None:
         "FLOPs; per device parameter, gradient and optimizer bytes. Nothing is allocated.",
     )
     common(i)
-    i.set_defaults(func=planning.cmd_inventory)
+    maxtext_program.add_args(i)
+    i.set_defaults(func=maxtext_program.cmd_inventory)
 
     s = sub.add_parser(
         "simulate",

@@ -166,14 +166,17 @@ def compile_table(r) -> Table:
 
 
 def inventory_table(inv, cfg) -> Table:
+    """``cfg`` None: an inventory of another program (MaxText's), titled by ``inv.model``."""
     t = Table(
-        title=f"{cfg.name} · microbatch {inv.microbatch}/device × seq {inv.seq} · mesh "
+        title=f"{cfg.name if cfg is not None else inv.model} · microbatch {inv.microbatch}/device "
+        f"× seq {inv.seq} · mesh "
         + ",".join(f"{a}={v}" for a, v in inv.mesh.items())
         + " · per device",
         caption=(
             f"parameters {fmt_bytes(inv.param_bytes)}, gradients {fmt_bytes(inv.grad_bytes)}, "
-            f"AdamW state {fmt_bytes(inv.optimizer_bytes)}, logits {fmt_bytes(inv.logits_bytes)} "
-            f"per device; attention: {cfg.attention}"
+            f"{'AdamW' if cfg is not None else 'optimizer'} state "
+            f"{fmt_bytes(inv.optimizer_bytes)}, logits {fmt_bytes(inv.logits_bytes)} per device"
+            + (f"; attention: {cfg.attention}" if cfg is not None else "")
         ),
     )
     for col in ("group", "activation", "per layer", "layers", "total", "remat GFLOP/layer"):

@@ -10,6 +10,9 @@ MaxText is imported only when these are called (tierax runs without it).
 
 from __future__ import annotations
 
+import contextlib
+import sys
+
 from tierax.interop.maxtext_program.config import Loaded, load, require_maxtext
 
 
@@ -24,13 +27,15 @@ def inventory(
 ):
     """The per-device :class:`~tierax.tracing.inventory.Inventory` of MaxText's program for the
     config or model file ``path`` with ``overrides`` (``key=value``) and tierax's flags (None: the
-    config's value)."""
-    from tierax.interop.maxtext_program.trace import program_inventory
+    config's value).  What MaxText prints on stdout (its notes) goes to stderr, so that stdout holds
+    only tierax's output (``--json``)."""
+    with contextlib.redirect_stdout(sys.stderr):
+        from tierax.interop.maxtext_program.trace import program_inventory
 
-    with load(
-        path, overrides, mesh=mesh, microbatch=microbatch, seq=seq, grad_accum=grad_accum
-    ) as loaded:
-        return program_inventory(loaded)
+        with load(
+            path, overrides, mesh=mesh, microbatch=microbatch, seq=seq, grad_accum=grad_accum
+        ) as loaded:
+            return program_inventory(loaded)
 
 
 __all__ = ["Loaded", "inventory", "load", "require_maxtext"]

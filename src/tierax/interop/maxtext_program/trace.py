@@ -59,7 +59,8 @@ def program_inventory(loaded) -> Inventory:
     tensor = loaded.mesh["tensor"]
     x = jax.ShapeDtypeStruct((loaded.microbatch, loaded.seq, config.emb_dim), config.dtype)
     groups = []
-    with nn_partitioning.axis_rules(config.logical_axis_rules):
+    # MaxText's code relies on NumPy rank promotion (JAX's default), whatever the caller set.
+    with nn_partitioning.axis_rules(config.logical_axis_rules), jax.numpy_rank_promotion("allow"):
         for name, stack in decoder_stacks(model.decoder, config):
             fn, params, num_layers = _layer(stack, config)
             try:

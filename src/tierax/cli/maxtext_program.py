@@ -1,0 +1,93 @@
+"""``tierax inventory --maxtext CONFIG.yml [key=value ...]``: the inventory of MaxText's own program
+(:mod:`tierax.interop.maxtext_program`), over the inventory verb's flags."""
+
+from __future__ import annotations
+
+import json
+
+from tierax.errors import TieraxError
+
+
+def add_args(parser) -> None:
+    """``--maxtext FILE`` and the ``key=value`` overrides after it (the inventory verb only)."""
+    parser.add_argument(
+        "--maxtext",
+        metavar="CONFIG.yml",
+        help="trace MaxText's own program: a MaxText config (e.g. its configs/base.yml with "
+        "model_name=NAME) or model file (configs/models/NAME.yml), loaded by MaxText; MaxText "
+        "keys as key=value after it",
+    )
+    parser.add_argument(
+        "maxtext_overrides",
+        nargs="*",
+        metavar="key=value",
+        help="with --maxtext: MaxText config overrides, as MaxText's own command line takes them",
+    )
+
+
+def check_args(args) -> None:
+    """Refuse what does not go with ``--maxtext`` (or its overrides without it), before any work.
+
+    Raises:
+      TieraxError: naming the conflicting options and the fix.
+    """
+    if args.maxtext is None:
+        if args.maxtext_overrides:
+            raise TieraxError(
+                f"MaxText overrides {' '.join(args.maxtext_overrides)} are given without "
+                "--maxtext; give --maxtext CONFIG.yml before them (tierax's own models take "
+                "--set KEY=VALUE)"
+            )
+        return
+    given = [
+        flag
+        for flag, value in (
+            ("--model", args.model),
+            ("--model-config", args.model_config),
+            ("--set", args.overrides or None),
+        )
+        if value is not None
+    ]
+    if given:
+        raise TieraxError(
+            f"--maxtext and {' and '.join(given)} both given: --maxtext traces MaxText's own "
+            "model, --model/--model-config tierax's; use one (MaxText keys go after --maxtext "
+            "FILE as key=value)"
+        )
+    if getattr(args, "target_given", False):
+        raise TieraxError(
+            f"--target {args.target} does not apply to --maxtext inventory: MaxText's program is "
+            "traced as it runs on a CPU (hardware=cpu), per device, for any target; leave it out"
+        )
+
+
+def cmd_inventory(args) -> int:
+    """``tierax inventory``: MaxText's program with ``--maxtext``, else tierax's model."""
+    check_args(args)
+    if args.maxtext is None:
+        from tierax.cli import planning
+
+        return planning.cmd_inventory(args)
+    from tierax.cli.common import console
+    from tierax.interop import maxtext_program
+    from tierax.mesh import parse_mesh
+    from tierax.report.tables import inventory_table
+    from tierax.tracing import inventory as inv_lib
+
+    mesh = None
+    if args.mesh is not None or args.devices is not None:
+        if args.mesh == "auto":
+            raise TieraxError("--mesh auto needs a plan file; give the mesh, e.g. fsdp=8,tensor=2")
+        mesh = parse_mesh(args.mesh, args.devices).to_dict()
+    inv = maxtext_program.inventory(
+        args.maxtext,
+        args.maxtext_overrides,
+        mesh=mesh,
+        microbatch=args.microbatch if args.microbatch_given else None,
+        seq=args.seq if getattr(args, "seq_given", False) else None,
+    )
+    if args.json:
+        print(json.dumps(inv_lib.inventory_json(inv), indent=2))
+    else:
+        console().print(inventory_table(inv, None))
+    return 0
