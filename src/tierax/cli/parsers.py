@@ -262,10 +262,41 @@ def _planning(sub) -> None:
     c.add_argument(
         "--json", action="store_true", help="no progress display; print the stored entry as JSON"
     )
+    c.add_argument(
+        "--runs",
+        metavar="RUNS.yaml",
+        help="instead of measuring: fit the cost model's factors (GEMM, attention, non-matmul "
+        "memory, exposed collectives) per target to the measured runs this file lists (each a "
+        "model, target, mesh, sizes, plan and step_seconds or maxtext_log); prints each run's "
+        "leave-one-out error beside the uncalibrated model's; needs --out",
+    )
+    c.add_argument("--out", metavar="RATES.yaml", help="with --runs: the calibration to write")
+    c.add_argument(
+        "--factors",
+        metavar="R[,R...]",
+        help="with --runs: the resources to fit, of gemm, attention, memory, collectives "
+        "(default: per group, the subset its runs can fit with the smallest leave-one-out error)",
+    )
+    c.add_argument(
+        "--by",
+        choices=["target", "platform"],
+        help="with --runs: one factor set per target kind (h100, v6e; the default) or per platform "
+        "(gpu, tpu: one set for every target of the platform)",
+    )
     c.set_defaults(func=planning.cmd_calibrate)
 
 
+def _rates_file_arg(p) -> None:
+    p.add_argument(
+        "--rates",
+        metavar="RATES.yaml",
+        help="a calibration from measured runs (written by `tierax calibrate --runs`): the "
+        "target's factors applied to its rates before any --rate; the rates line says which",
+    )
+
+
 def _rate_arg(p) -> None:
+    _rates_file_arg(p)
     p.add_argument(
         "--rate",
         action="append",
@@ -354,6 +385,7 @@ def _running(sub) -> None:
         metavar="FILE",
         help="a GpuTargetConfigProto text file instead of the built-in one",
     )
+    _rates_file_arg(c)
     c.add_argument(
         "--devices",
         type=positive_int,

@@ -129,7 +129,6 @@ def cmd_plans(args) -> int:
 def _inputs(args, *, rates: bool = True, plans: tuple = ()):
     """(model, mesh, rates or None) of a planning verb, validated (the target too) before JAX
     starts; ``plans``: the plan files whose mesh ``--mesh`` defaults to."""
-    from tierax import costmodel as cm
     from tierax import hardware
 
     mesh = mesh_option(args, plans)  # the plan's record merged with the flags first
@@ -139,12 +138,23 @@ def _inputs(args, *, rates: bool = True, plans: tuple = ()):
     if rates:
         from tierax.solving.whatif import override_rates
 
-        rates = override_rates(cm.target_rates(args.target, cfg.dtype), getattr(args, "rate", []))
+        rates = override_rates(target_rates(args, cfg), getattr(args, "rate", []))
         check_budget(args, rates)
     else:
         rates = None
     launch.start()
     return cfg, mesh, rates
+
+
+def target_rates(args, cfg):
+    """The target's rates, with ``--rates``' calibration applied where given."""
+    from tierax import costmodel as cm
+    from tierax.costmodel import calibrated
+
+    rates = cm.target_rates(args.target, cfg.dtype)
+    if getattr(args, "rates", None):
+        rates = calibrated.load(args.rates).apply(rates)
+    return rates
 
 
 def check_budget(args, rates) -> None:
@@ -321,7 +331,6 @@ def cmd_plan(args) -> int:
 def _plan_check(args) -> int:
     """``tierax plan --check``: plan, compile deviceless for the target, correct the workspace term,
     re-plan."""
-    from tierax import costmodel as cm
     from tierax import hardware
     from tierax.fileio import write_text_atomic
     from tierax.solving.whatif import override_rates
@@ -330,7 +339,7 @@ def _plan_check(args) -> int:
     spec = hardware.compile_target(args.target)  # a projection (no XLA device spec) is refused here
     cfg, mesh = resolve_model(args, target=args.target), parse_mesh(args.mesh, args.devices)
     mesh.check_model(cfg, where="--mesh")
-    rates = override_rates(cm.target_rates(args.target, cfg.dtype), args.rate)
+    rates = override_rates(target_rates(args, cfg), args.rate)
     if spec.kind == "tpu":
 
         launch.start_deviceless_tpu("none", spec.accelerator_type(mesh.size))
@@ -395,7 +404,6 @@ def _plan_mesh_auto(args) -> int:
     import dataclasses
     import time
 
-    from tierax import costmodel as cm
     from tierax import hardware, records
     from tierax.fileio import write_text_atomic
     from tierax.solving.whatif import override_rates
@@ -406,7 +414,7 @@ def _plan_mesh_auto(args) -> int:
         hardware.get_target(args.target)
     if args.check:
         spec = hardware.compile_target(args.target)  # a projection is refused here
-    rates = override_rates(cm.target_rates(args.target, cfg.dtype), args.rate)
+    rates = override_rates(target_rates(args, cfg), args.rate)
     check_budget(args, rates)
     if args.check and spec.kind == "tpu":
 
@@ -669,6 +677,10 @@ def _plan_sweep(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
+    if any(getattr(args, k) is not None for k in ("runs", "out", "factors", "by")):
+        from tierax.cli.calibrating import cmd_calibrate_runs
+
+        return cmd_calibrate_runs(args)
     from tierax import costmodel as cm
     from tierax.cli.common import progress
     from tierax.fileio import check_output_file

@@ -139,6 +139,13 @@ def compile_table(r) -> Table:
                 f"{fmt_bytes(r.predicted['peak_device_bytes'])} ({r.predicted['peak_phase']})",
             )
         )
+        if "step_time_s" in r.predicted:  # --rates: the calibrated step time, and its factors
+            rows.append(
+                (
+                    f"predicted step (calibration: {r.predicted['calibration']})",
+                    f"{r.predicted['step_time_s']:.4g} s",
+                )
+            )
     for o in r.offloaded:
         state = (
             fmt_bytes(o.host_bytes)
@@ -536,4 +543,42 @@ def mesh_search_table(doc: dict, title: str) -> Table:
             f"{c['peak_device_bytes'] / 2**30:.1f}",
             f"{c['host_bytes'] / 2**30:.1f}",
         )
+    return t
+
+
+def calibration_fit_table(fits, by: str) -> Table:
+    """``tierax calibrate --runs``: per group its factors, and per run the measured step, the
+    uncalibrated prediction's error, the leave-one-out error and the fitted error."""
+    t = Table(
+        title=f"calibration from measured runs, per {by}",
+        caption="error: predicted / measured − 1; leave-one-out: the run predicted by the factors "
+        "fitted on its group's other runs",
+    )
+    for col in ("group", "run", "measured s", "uncalibrated", "leave-one-out", "fitted"):
+        t.add_column(col, justify="left" if col in ("group", "run") else "right")
+    for g in fits:
+        fs = g.factor_set()
+        shown = ", ".join(f"{r} ×{v:.3f}" for r, v in g.factors.items())
+        if g.clamped:
+            shown += f" (at a bound: {', '.join(g.clamped)})"
+        t.add_row(f"[bold]{g.key}[/]", shown, "", "", "", "")
+        for name, e in fs.runs.items():
+            t.add_row(
+                "",
+                name,
+                f"{e.measured_s:.4g}",
+                f"{e.error('uncalibrated'):+.1%}",
+                f"{e.error('loo'):+.1%}",
+                f"{e.error('fitted'):+.1%}",
+            )
+        t.add_row(
+            "",
+            "median |error|",
+            "",
+            f"{fs.median_abs_error('uncalibrated'):.1%}",
+            f"{fs.median_abs_error('loo'):.1%}",
+            f"{fs.median_abs_error('fitted'):.1%}",
+        )
+        for names, loo in g.tried:
+            t.add_row("", f"  tried {'+'.join(names)}", "", "", f"{loo:.1%}", "")
     return t
