@@ -41,9 +41,15 @@ import _common
 import yaml
 
 from tierax import launch
+from tierax.calibration import Run
 
 DATA = pathlib.Path(__file__).resolve().parent / "data" / "published_runs.yaml"
 HOLDOUT = DATA.parent / "holdout_runs.yaml"
+RUNS_FILE = DATA.parent / "calibration_runs.yaml"  # the given rows as `tierax calibrate` reads them
+CALIBRATION = DATA.parents[1] / "results" / "calibrated_rates.yaml"
+PLOT = DATA.parents[2] / "docs" / "results" / "published-runs.png"
+# Runs that differ only in precision (bf16, fp8): the fp8 one was measured faster in each.
+PRECISION_PAIRS = (("G-2", "G-3"), ("G-4", "G-5"), ("IW-1", "IW-2"), ("IW-4", "IW-6"))
 RUN_FIELDS = ("id", "hw", "devices", "model", "measured_step_s", "source")  # every row has these
 SCHEDULE = "lhs"
 WITHIN = 0.15  # the issue's bar for each row
@@ -368,38 +374,80 @@ def available() -> dict[str, str | None]:
     return out
 
 
-def _config(spec: dict, attention: str):
-    from tierax.models import apply_overrides, config_from_dict, get_config
+def _model_key(spec: dict) -> str:
+    return "model_fields" if "model_fields" in spec else "model"
 
-    if "model_fields" in spec:
-        cfg = config_from_dict(dict(spec["model_fields"]), source="bench/published_runs.py")
-    else:
-        cfg = get_config(spec["model"])
-    cfg = apply_overrides(cfg, [f"attention={attention}", *spec.get("set", [])])
-    return cfg
+
+def _overrides(spec: dict) -> list[str]:
+    return [f"attention={spec.get('attention', 'auto')}", *spec.get("set", [])]
+
+
+def _config(spec: dict, attention: str):
+    from tierax.calibration import runs
+
+    key = _model_key(spec)
+    platform = "tpu" if attention == "splash" else "gpu"
+    overrides = [f"attention={attention}", *spec.get("set", [])]
+    return runs.build_config(key, spec[key], overrides, platform, "bench/published_runs.py")
 
 
 def _plan(remat: dict, cfg, hardware_kind: str, label: str):
-    from tierax import plan as P
-    from tierax.interop import maxtext_keys
+    from tierax.calibration import runs
 
-    groups = {g.name: g.activations for g in cfg.layer_groups()}
-    data = {"hardware": hardware_kind, **remat}
-    return P.Plan.from_dict(maxtext_keys.plan_dict(data, groups, source=label))
+    return runs.remat_plan(remat, cfg, hardware_kind, label)
 
 
-def predict(spec: dict, hw: str, microbatch: int, seq: int, remat: dict, label: str) -> dict:
-    from tierax import costmodel as cm
-    from tierax import hardware
+def to_run(spec: dict, hw: str, microbatch: int, seq: int, remat: dict, label: str, measured):
+    """A row (or one plan of a pair) as tierax's measured run (:class:`tierax.calibration.Run`):
+    the one implementation that predicts it, here and in ``tierax calibrate --runs``."""
+    from tierax.calibration import Run
     from tierax.mesh import parse_mesh
-    from tierax.tracing import inventory as inv_lib
 
-    cfg = _config(spec, spec.get("attention", "auto"))
-    mesh = parse_mesh(spec["mesh"], None).to_dict()
-    plan = _plan(remat, cfg, "gpu" if hardware.platform(hw) == "gpu" else "tpu", label)
-    inv = inv_lib.model_inventory(cfg, microbatch, seq, mesh)
-    rates = cm.target_rates(hw, cfg.dtype)
-    pred = cm.simulate(plan, inv, cfg, rates, SCHEDULE)
+    key = _model_key(spec)
+    return Run(
+        name=label,
+        target=hw,
+        model_key=key,
+        model=spec[key],
+        mesh=parse_mesh(spec["mesh"], None).to_dict(),
+        microbatch=microbatch,
+        seq=seq,
+        measured_s=float(measured or 1.0),  # a pair's plans have no step time of their own
+        remat=remat,
+        overrides=tuple(_overrides(spec)),
+        schedule=SCHEDULE,
+    )
+
+
+def run_entry(run: Run) -> dict:
+    """``run`` as an entry of a runs file (``tierax calibrate --runs``)."""
+    entry = {"name": run.name, run.model_key: run.model, "set": list(run.overrides)}
+    mesh = ",".join(f"{a}={n}" for a, n in run.mesh.items() if n > 1) or "fsdp=1"
+    entry |= {"target": run.target, "mesh": mesh, "microbatch": run.microbatch, "seq": run.seq}
+    entry |= {"remat": dict(run.remat), "schedule": run.schedule}
+    return entry | {"step_seconds": run.measured_s}
+
+
+def predict(
+    spec: dict,
+    hw: str,
+    microbatch: int,
+    seq: int,
+    remat: dict,
+    label: str,
+    calibrated=None,
+    prepared: list | None = None,
+    measured: float | None = None,
+) -> dict:
+    """The row's prediction; ``calibrated`` (a CalibratedRates): also its calibrated step time;
+    ``prepared``: where the traced run (measured at ``measured`` s) is appended."""
+    from tierax.calibration import prepare
+
+    p = prepare(to_run(spec, hw, microbatch, seq, remat, label, measured))
+    if prepared is not None:
+        prepared.append(p)
+    cfg, rates = p.cfg, p.rates
+    pred = p.predict()
     b = pred.breakdown
     keys = (
         "compute_s",
@@ -415,8 +463,8 @@ def predict(spec: dict, hw: str, microbatch: int, seq: int, remat: dict, label: 
     )
     return {
         "config": {"model": cfg.name, "attention": cfg.attention, "set": spec.get("set", [])},
-        "mesh": mesh,
-        "plan": plan.to_dict(),
+        "mesh": dict(p.run.mesh),
+        "plan": p.plan.to_dict(),
         "fits": pred.fits,
         # the peak `fits` is decided by (XLA:TPU's assignment; tierax.costmodel.predict), and what
         # the installed libtpu's memory_analysis() would report beyond it
@@ -427,10 +475,26 @@ def predict(spec: dict, hw: str, microbatch: int, seq: int, remat: dict, label: 
         "predicted_step_s": pred.step_time_s,
         "terms": {k: b[k] for k in keys}
         | {"matmul_s": b["compute_s"] - b["hbm_s"] - b["fused_attention_s"]},
+        "split": pred.split.to_json(),
         "peak_phase": b["peak_phase"],
         "network": b["network"],
         "rates": b["rates"],
-    }
+    } | (
+        {
+            "calibrated_step_s": cm_simulate(p, calibrated),
+            "calibration": calibrated.describe(hw),
+        }
+        if calibrated is not None
+        else {}
+    )
+
+
+def cm_simulate(p, calibrated) -> float:
+    """The prepared run's step at ``calibrated``'s factors for its target (as ``--rates``)."""
+    from tierax import costmodel as cm
+
+    rates = calibrated.apply(p.rates)
+    return cm.simulate(p.plan, p.inventory, p.cfg, rates, SCHEDULE, p.run.grad_accum).step_time_s
 
 
 def load_data(path: str | pathlib.Path) -> dict:
@@ -491,11 +555,162 @@ def row_missing(run: dict, spec: dict | None, have: dict[str, str | None]) -> li
     return missing
 
 
+def _shown(path: str) -> str:
+    """``path`` relative to the repository where it lies inside it."""
+    p = pathlib.Path(path).resolve()
+    return str(p.relative_to(_common.ROOT)) if p.is_relative_to(_common.ROOT) else str(path)
+
+
+def calibrated_columns(rows: list[dict], prepared: list, cal) -> None:
+    """Each expressed row's calibrated prediction: for a row ``cal`` was fitted on, leave-one-out
+    (its group's factors refitted here without it: the same factors, the same fit); for any other
+    row, ``cal``'s factors for its target (what ``--rates`` applies)."""
+    from tierax.calibration import fit_group
+
+    by_name = {p.run.name: p for p in prepared}
+    loo: dict[str, tuple[float, float]] = {}
+    for key, fs in cal.groups.items():
+        mine = [by_name[n] for n in fs.runs if n in by_name]
+        if len(mine) != len(fs.runs):
+            continue  # the rows of another file: the calibration is applied to these rows
+        g = fit_group(key, mine, tuple(fs.factors))
+        for name, e in g.errors.items():
+            loo[name] = (e.loo_s, fs.runs[name].loo_s)
+    for r in rows:
+        if not r["expressible"]:
+            continue
+        if r["id"] in loo:
+            s, committed = loo[r["id"]]
+            r |= {"calibrated_kind": "leave-one-out", "calibrated_loo_step_s": s}
+            r["calibrated_loo_in_file_s"] = committed
+        else:
+            r |= {"calibrated_kind": "applied", "calibrated_loo_step_s": None}
+            s = r["calibrated_step_s"]
+        r["calibrated_ratio"] = s / r["measured_step_s"]
+
+
+def precision_pairs(rows: list[dict]) -> list[dict]:
+    """Per bf16/fp8 pair of rows present: whether the sourced and the calibrated predictions order
+    them as measured (the fp8 row faster)."""
+    by_id = {r["id"]: r for r in rows if r["expressible"]}
+    out = []
+    for a, b in PRECISION_PAIRS:
+        if a in by_id and b in by_id:
+            ra, rb = by_id[a], by_id[b]
+            measured = rb["measured_step_s"] < ra["measured_step_s"]
+            cal = lambda r: r["calibrated_ratio"] * r["measured_step_s"]  # noqa: E731
+            out.append(
+                {
+                    "bf16": a,
+                    "fp8": b,
+                    "sourced_order_right": (rb["predicted_step_s"] < ra["predicted_step_s"])
+                    == measured,
+                    "calibrated_order_right": (cal(rb) < cal(ra)) == measured,
+                }
+            )
+    return out
+
+
+def write_runs(data: dict, out: str, source: str) -> int:
+    """Write ``data``'s expressible rows as a runs file for ``tierax calibrate --runs``."""
+    from tierax.fileio import write_text_atomic
+
+    have = available()
+    entries = []
+    for run in data["runs"]:
+        spec = EXPRESS.get(run["id"])
+        if row_missing(run, spec, have):
+            continue
+        r = to_run(
+            spec,
+            run["hw"],
+            run["batch"],
+            run["seq"],
+            spec["remat"],
+            run["id"],
+            run["measured_step_s"],
+        )
+        entries.append(run_entry(r))
+    head = (
+        f"# The expressible rows of {pathlib.Path(source).name} as measured runs for `tierax "
+        "calibrate --runs`\n# (written by `python bench/published_runs.py --write-runs "
+        "FILE`; each row's source is in that file).\n"
+    )
+    text = head + yaml.safe_dump({"runs": entries}, sort_keys=False, width=100)
+    print(f"wrote {write_text_atomic(out, text)} ({len(entries)} runs)")
+    return 0
+
+
+def plot(out: str) -> pathlib.Path:
+    """Predicted vs measured step time of the given and holdout records, sourced and calibrated
+    (one point per run and model), the ±15 % band drawn; written to ``out`` (a PNG)."""
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tierax.fileio import png_metadata
+
+    records = {
+        "given": json.loads((_common.RESULTS / "published_runs.json").read_text()),
+        "holdout": json.loads((_common.RESULTS / "holdout_runs.json").read_text()),
+    }
+    fig, ax = plt.subplots(figsize=(7, 6.5))
+    lo, hi = 0.8, 200.0
+    xs = [lo, hi]
+    ax.plot(xs, xs, color="black", lw=0.8)
+    ax.fill_between(xs, [x * 0.85 for x in xs], [x * 1.15 for x in xs], color="0.85", lw=0)
+    styles = {
+        ("given", "sourced"): dict(marker="o", mfc="none", color="tab:blue"),
+        ("given", "calibrated"): dict(marker="o", color="tab:blue"),
+        ("holdout", "sourced"): dict(marker="s", mfc="none", color="tab:red"),
+        ("holdout", "calibrated"): dict(marker="s", color="tab:red"),
+    }
+    for which, doc in records.items():
+        done = [r for r in doc["rows"] if r["expressible"]]
+        for model in ("sourced", "calibrated"):
+            m = [r["measured_step_s"] for r in done]
+            if model == "sourced":
+                pr = [r["predicted_step_s"] for r in done]
+            else:
+                pr = [r["calibrated_ratio"] * r["measured_step_s"] for r in done]
+            label = f"{which} rows, {model}" + (
+                " (leave-one-out)" if model == "calibrated" and which == "given" else ""
+            )
+            ax.plot(m, pr, ls="none", ms=6, label=label, **styles[(which, model)])
+        for r in done:
+            ax.annotate(
+                r["id"],
+                (r["measured_step_s"], r["predicted_step_s"]),
+                fontsize=6,
+                xytext=(3, -7),
+                textcoords="offset points",
+                color="0.4",
+            )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("measured step (s)")
+    ax.set_ylabel("predicted step (s)")
+    ax.set_title("published MaxText runs: predicted vs measured (grey: ±15 %)")
+    ax.legend(loc="upper left", fontsize=8)
+    ax.grid(True, which="both", lw=0.3)
+    fig.tight_layout()
+    path = pathlib.Path(out)
+    fig.savefig(path, dpi=110, metadata=png_metadata("published runs: predicted vs measured"))
+    plt.close(fig)
+    return path
+
+
 def markdown(doc: dict) -> str:
     """The docs table of a record: one row per run (what is missing where it is not expressed)."""
     lines = [
-        "| row | hardware | model | measured s | predicted s | predicted / measured | fits (GiB) |",
-        "|---|---|---|---:|---:|---:|---|",
+        "| row | hardware | model | measured s | predicted s | predicted / measured | "
+        "calibrated / measured | fits (GiB) |",
+        "|---|---|---|---:|---:|---:|---:|---|",
     ]
     for r in doc["rows"]:
         run = r["published"]
@@ -503,13 +718,14 @@ def markdown(doc: dict) -> str:
         if not r["expressible"]:
             lines.append(
                 f"| {r['id']} | {where} | {run['model']} | {run['measured_step_s']} | — | "
-                f"not expressible: {'; '.join(r['missing'])} | — |"
+                f"not expressible: {'; '.join(r['missing'])} | — | — |"
             )
             continue
         fits = "yes" if r["fits"] else "**no**"
         lines.append(
             f"| {r['id']} | {where} | {run['model']} | {r['measured_step_s']:.3f} | "
-            f"{r['predicted_step_s']:.3f} | {r['ratio']:.2f} | {fits} "
+            f"{r['predicted_step_s']:.3f} | {r['ratio']:.2f} | {r['calibrated_ratio']:.2f}"
+            f"{' (loo)' if r['calibrated_kind'] == 'leave-one-out' else ''} | {fits} "
             f"({r['peak_gib']:.1f} of {r['usable_gib']:.1f}) |"
         )
     s = doc["summary"]
@@ -521,6 +737,16 @@ def markdown(doc: dict) -> str:
         + f"; every expressed row predicted to fit: {'yes' if s['all_predicted_to_fit'] else 'no'}"
         + f"; pairs ordered as measured: {s['pairs_ordered_right']} of {s['pairs_expressible']}"
         + f" expressed (`{doc['command']}`, {doc['created'][:10]}).",
+        "",
+        f"Calibrated ({s['calibration']}; loo: leave-one-out, the row's group refitted without "
+        f"it; otherwise the file's factors applied): {s['calibrated_within_15_percent']} within "
+        f"15 %, {s['calibrated_within_25_percent']} within 25 %, median |error| "
+        f"{s['calibrated_median_abs_error']:.0%}, max {s['calibrated_max_abs_error']:.0%}; pairs "
+        f"ordered as measured: {s['calibrated_pairs_ordered_right']} of "
+        f"{s['pairs_expressible']}; bf16/fp8 pairs ordered as measured: sourced "
+        f"{sum(p['sourced_order_right'] for p in s['precision_pairs'])}, calibrated "
+        f"{sum(p['calibrated_order_right'] for p in s['precision_pairs'])} of "
+        f"{len(s['precision_pairs'])}.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -552,7 +778,30 @@ def main(argv=None) -> int:
         "and no pairs; needs an --out other than the whole record's (a partial record never "
         "replaces it)",
     )
+    ap.add_argument(
+        "--calibration",
+        metavar="RATES.yaml",
+        default=str(CALIBRATION),
+        help="the calibration on the given rows (default: bench/results/calibrated_rates.yaml, "
+        "written by `tierax calibrate --runs bench/data/calibration_runs.yaml --by platform`): "
+        "its fitted rows get its leave-one-out prediction (refitted here), the others its factors",
+    )
+    ap.add_argument(
+        "--write-runs",
+        metavar="RUNS.yaml",
+        help="write the expressible rows of --data as a runs file for `tierax calibrate --runs` "
+        "and exit (nothing is predicted)",
+    )
+    ap.add_argument(
+        "--plot",
+        metavar="OUT.png",
+        help="draw predicted vs measured from the two committed records (sourced and calibrated, "
+        "given and holdout rows, the ±15 %% band) and exit",
+    )
     args = ap.parse_args(argv)
+    if args.plot:
+        print(f"wrote {plot(args.plot)}")
+        return 0
     if args.docs:
         import json
 
@@ -603,6 +852,14 @@ def main(argv=None) -> int:
             return 2
         data["runs"] = [r for r in data["runs"] if r["id"] in wanted]
         data["pairs"] = []
+    if args.write_runs:
+        return write_runs(data, args.write_runs, args.data)
+    from tierax.costmodel import calibrated as calibrated_lib
+
+    try:
+        cal = calibrated_lib.load(args.calibration)
+    except TieraxError as e:
+        ap.error(str(e))
     launch.start()
 
     from rich.console import Console
@@ -610,6 +867,7 @@ def main(argv=None) -> int:
 
     have = available()
     rows = []
+    prepared: list = []
     for run in data["runs"]:
         spec = EXPRESS.get(run["id"])
         row = {"id": run["id"], "published": run, "measured_step_s": run["measured_step_s"]}
@@ -622,9 +880,20 @@ def main(argv=None) -> int:
         name = spec.get("model") or spec["model_fields"]["name"]
         print(f"{run['id']}: {name} on {run['devices']} {run['hw']}", file=sys.stderr)
         row |= {"expressible": True, "expressed": spec}
-        row |= predict(spec, run["hw"], run["batch"], run["seq"], spec["remat"], run["id"])
+        row |= predict(
+            spec,
+            run["hw"],
+            run["batch"],
+            run["seq"],
+            spec["remat"],
+            run["id"],
+            cal,
+            prepared,
+            run["measured_step_s"],
+        )
         row["ratio"] = row["predicted_step_s"] / run["measured_step_s"]
         rows.append(row)
+    calibrated_columns(rows, prepared, cal)
     pairs = []
     for pub in data["pairs"]:
         spec = PAIRS.get(pub["id"])
@@ -638,21 +907,26 @@ def main(argv=None) -> int:
             pairs.append(entry | {"expressible": False, "missing": missing})
             continue
         preds = {
-            label: predict(spec, spec["hw"], spec["microbatch"], spec["seq"], remat, pub["id"])
+            label: predict(spec, spec["hw"], spec["microbatch"], spec["seq"], remat, pub["id"], cal)
             for label, remat in spec["plans"].items()
         }
         fastest = min(preds, key=lambda k: preds[k]["predicted_step_s"])
+        calibrated_fastest = min(preds, key=lambda k: preds[k]["calibrated_step_s"])
         entry |= {
             "expressible": True,
             "predictions": preds,
             "measured_better": spec["better"],
             "predicted_better": fastest,
             "order_right": fastest == spec["better"],
+            "calibrated_better": calibrated_fastest,
+            "calibrated_order_right": calibrated_fastest == spec["better"],
         }
         pairs.append(entry)
 
     done = [r for r in rows if r["expressible"]]
     errors = [abs(r["ratio"] - 1) for r in done]
+    cal_errors = [abs(r["calibrated_ratio"] - 1) for r in done]
+    precision = precision_pairs(rows)
     summary = {
         "rows": len(rows),
         "expressible": len(done),
@@ -662,6 +936,16 @@ def main(argv=None) -> int:
         "all_predicted_to_fit": all(r["fits"] for r in done),
         "pairs_expressible": sum(p["expressible"] for p in pairs),
         "pairs_ordered_right": sum(p.get("order_right", False) for p in pairs),
+        "calibration": _shown(args.calibration),
+        "calibrated_loo_rows": sum(r["calibrated_kind"] == "leave-one-out" for r in done),
+        "calibrated_within_15_percent": sum(e <= WITHIN for e in cal_errors),
+        "calibrated_within_25_percent": sum(e <= 0.25 for e in cal_errors),
+        "calibrated_median_abs_error": statistics.median(cal_errors) if cal_errors else None,
+        "calibrated_max_abs_error": max(cal_errors) if cal_errors else None,
+        "calibrated_pairs_ordered_right": sum(
+            p.get("calibrated_order_right", False) for p in pairs
+        ),
+        "precision_pairs": precision,
         "goal": f"every expressible row within {WITHIN:.0%}, median ≤ {MEDIAN:.0%}, every "
         "row predicted to fit, every pair ordered as measured",
     }
@@ -670,7 +954,9 @@ def main(argv=None) -> int:
         if pathlib.Path(args.data).resolve().is_relative_to(_common.ROOT)
         else str(args.data),
         "note": "cost-model predictions (simulate, schedule lhs) beside measured MaxText step "
-        "times; no rate fitted to them; nothing compiled; no GPU or TPU ran",
+        "times: sourced (no rate fitted to them) and calibrated (the calibration file's factors; "
+        "for a row it was fitted on, the factors fitted without that row); nothing compiled; no "
+        "GPU or TPU ran",
         "summary": summary,
         "rows": rows,
         "pairs": pairs,
@@ -684,8 +970,13 @@ def main(argv=None) -> int:
         run = r["published"]
         if not r["expressible"]:
             table.add_row(
-                r["id"], f"{run['devices']} {run['hw']}", run["model"], f"{run['measured_step_s']}",
-                "—", "not expressible: " + "; ".join(r["missing"]), "—",
+                r["id"],
+                f"{run['devices']} {run['hw']}",
+                run["model"],
+                f"{run['measured_step_s']}",
+                "—",
+                "not expressible: " + "; ".join(r["missing"]),
+                "—",
             )
             continue
         table.add_row(
