@@ -175,12 +175,17 @@ def check_budget(budget_bytes: float | None, rates, *, option: str, unit: float 
     usable = rates.usable_device_bytes
     if budget_bytes is None or budget_bytes <= usable:
         return
+    sep = " " if option.startswith("--") else ""
+
+    def shown(n: float) -> str:  # in the option's unit: GiB to 2 decimals, bytes whole
+        return f"{n:.0f}" if unit == 1 else f"{n / unit:g}"
+
     raise TieraxError(
-        f"{option}{' ' if option.startswith('--') else ''}{budget_bytes / unit:g} is more than "
-        f"{rates.target}'s device offers: capacity {planner.size_text(rates.device_memory_bytes)}, "
-        f"of which a step may use {planner.size_text(usable)}; give "
-        f"{option}{' ' if option.startswith('--') else ''}"
-        f"{math.floor(usable / unit * 100) / 100:g} or less (or leave it out: that is the default)"
+        f"{option}{sep}{shown(budget_bytes)} is more than {rates.target}'s device offers: "
+        f"capacity {planner.size_text(rates.device_memory_bytes)}, of which a step may use "
+        f"{planner.size_text(usable)}; give {option}{sep}"
+        f"{shown(math.floor(usable / unit * 100) / 100 * unit if unit != 1 else usable)} or less "
+        "(or leave it out: that is the default)"
     )
 
 
