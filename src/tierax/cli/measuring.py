@@ -107,11 +107,15 @@ def _verify_before_bench(cfg, plans, args, mesh):
 
 
 def cmd_compile(args) -> int:
+    if args.maxtext is not None or args.maxtext_overrides:
+        from tierax.cli import maxtext_compile
+
+        return maxtext_compile.cmd_compile(args)
     from tierax import hardware
 
     mesh = mesh_option(args, [args.plan])
     spec = hardware.compile_target(args.target)
-    target_config = _read_target_config(args.target_config)
+    target_config = read_target_config(args.target_config)
     cfg = resolve_model(args, target=args.target)  # a model the target cannot run: before JAX
     from tierax.costmodel import calibrated
 
@@ -153,7 +157,7 @@ def cmd_compile(args) -> int:
     return 0
 
 
-def _read_target_config(path: str | None) -> str | None:
+def read_target_config(path: str | None) -> str | None:
     if path is None:
         return None
     p = pathlib.Path(path)

@@ -368,9 +368,14 @@ def _running(sub) -> None:
         "and a static copy/compute overlap check.",
     )
     add_model_args(c)
+    maxtext_program.add_args(c)
     c.add_argument(
-        "--plan", default="qkv-offload", help="a preset or plan YAML file (default: qkv-offload)"
+        "--plan",
+        default="qkv-offload",
+        action=Given,
+        help="a preset or plan YAML file (default: qkv-offload)",
     )
+    c.set_defaults(plan_given=False)
     c.add_argument(
         "--target",
         default="h200",

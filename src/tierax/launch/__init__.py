@@ -66,12 +66,11 @@ def start_deviceless_tpu(preset: str = "none", accelerator_type: str | None = No
 
 def start_maxtext_compile(target: str, devices: int) -> None:
     """Start JAX for a deviceless compile of MaxText's own train step
-    (:mod:`tierax.interop.maxtext_program.compile`): the host platform only; for a TPU target
+    (:mod:`tierax.xla.maxtext_step`): the host platform only; for a TPU target
     libtpu's environment as :func:`start_deviceless_tpu` sets it, but with the libtpu options
     MaxText's own ahead-of-time compiler adds (tierax's step options are for tierax's step); for a
     GPU target the deviceless GPU flags."""
     from tierax import hardware
-    from tierax.interop.maxtext_program.compile import MAXTEXT_TPU_FLAGS
 
     spec = hardware.compile_target(target)
     if spec.kind != "tpu":
@@ -84,7 +83,7 @@ def start_maxtext_compile(target: str, devices: int) -> None:
     }
     env = {k: v for k, v in wanted.items() if not os.environ.get(k)}
     xla_flags.configure(
-        platforms="cpu", env={**env, **xla_flags.libtpu_env_with(MAXTEXT_TPU_FLAGS)}
+        platforms="cpu", env={**env, **xla_flags.libtpu_env_with(xla_flags.MAXTEXT_TPU_FLAGS)}
     )
 
 

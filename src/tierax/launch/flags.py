@@ -35,6 +35,9 @@ DEVICELESS_FLAGS: tuple[str, ...] = ("--xla_gpu_enable_triton_gemm=false",)
 # step asks for a plain collective (the peaks with and without: bench/results/tpu_compile.json).
 TPU_FLAGS: tuple[str, ...] = ("--xla_tpu_enable_windowed_einsum_for_reduce_scatter=false",)
 LIBTPU_ARGS = "LIBTPU_INIT_ARGS"
+# libtpu options MaxText's own ahead-of-time compiler (train_compile) adds before it compiles
+# MaxText's step (tierax.xla.maxtext_step compiles that step with them, not with TPU_FLAGS).
+MAXTEXT_TPU_FLAGS: tuple[str, ...] = ("--xla_tpu_spmd_rng_bit_generator_unsafe=true",)
 
 
 def libtpu_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -1,10 +1,12 @@
 """MaxText's own train step compiled for a target without the target's hardware, and read as tierax
 reads a compile of its own step.
 
-The program is MaxText's: its config loaded by MaxText's loader (:mod:`.config`), its abstract train
-state, batch and ``train_step`` built by the same MaxText functions its ahead-of-time compiler
+The program is MaxText's: its config loaded by MaxText's loader
+(:mod:`tierax.interop.maxtext_program.config`), its abstract train state, batch and ``train_step``
+built by the same MaxText functions its ahead-of-time compiler
 (``maxtext.trainers.pre_train.train_compile``) calls, with the same options (the ``unsafe_rbg``
-PRNG, MaxText's compile-time libtpu flags from ``compile_xla_flags``).  Only the devices differ by
+PRNG, MaxText's compile-time libtpu flags from ``compile_xla_flags``, and the libtpu option
+:data:`tierax.launch.flags.MAXTEXT_TPU_FLAGS` it adds).  Only the devices differ by
 platform:
 
 * **TPU** targets (v5e, v5p, v6e, v7x): MaxText's own topology mesh for ``compile_topology`` (the
@@ -38,8 +40,6 @@ from tierax.xla.result import CompileResult
 TPU_SLICE_PREFIX = {"v5e": "v5e", "v5p": "v5p", "v6e": "v6e", "v7x": "tpu7x"}
 # The GPU attention used where the user gives none (see the module docstring).
 DEVICELESS_GPU_ATTENTION = "cudnn_flash_jax"
-# libtpu options MaxText's train_compile adds to LIBTPU_INIT_ARGS before it compiles.
-MAXTEXT_TPU_FLAGS = ("--xla_tpu_spmd_rng_bit_generator_unsafe=true",)
 
 
 def compile_topology(target: str, devices: int) -> str:
@@ -197,8 +197,9 @@ def compile_program(
     target_config: str | None = None,
 ) -> tuple[CompileResult, str]:
     """Compile MaxText's train step for ``path`` (a MaxText config or model file) with
-    ``overrides`` and tierax's flags (:func:`.config.load`) for ``devices`` devices of ``target``;
-    returns (result, scheduled HLO text; "" where XLA refused the program).
+    ``overrides`` and tierax's flags (:func:`tierax.interop.maxtext_program.config.load`) for
+    ``devices`` devices of ``target``; returns (result, scheduled HLO text; "" where XLA refused
+    the program).
 
     The JAX backend must already run on the host platform only, with libtpu's environment for a
     TPU target (``tierax.launch.start_maxtext_compile``).
@@ -243,7 +244,7 @@ def compile_program(
             plan=f"remat_policy={config.remat_policy}",
             target=target,
             devices=devices,
-            mesh=dict(loaded.mesh),
+            mesh=_tierax_axes(topology.shape),
             microbatch=loaded.microbatch,
             seq=loaded.seq,
             xla_preset="none",
@@ -341,6 +342,20 @@ def compile_program(
         ),
         text,
     )
+
+
+def _tierax_axes(shape: Mapping[str, int]) -> dict[str, int]:
+    """MaxText's compiled mesh (its axis → size) in tierax's axes: the batch-sharding axes MaxText
+    adds to fsdp (fsdp_transpose) counted as fsdp; an axis tierax has no name for (context,
+    sequence, stage) kept under its own name where it is not 1."""
+    out = {
+        "data": int(shape.get("data", 1)),
+        "fsdp": int(shape.get("fsdp", 1)) * int(shape.get("fsdp_transpose", 1)),
+        "tensor": int(shape.get("tensor", 1)),
+        "expert": int(shape.get("expert", 1)),
+    }
+    known = {"data", "fsdp", "fsdp_transpose", "tensor", "expert"}
+    return out | {a: int(n) for a, n in shape.items() if a not in known and int(n) != 1}
 
 
 def _qk_head_dim(config) -> int:

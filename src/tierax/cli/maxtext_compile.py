@@ -1,0 +1,93 @@
+"""``tierax compile --maxtext CONFIG.yml [key=value ...]``: MaxText's own train step compiled for a
+target without it (:mod:`tierax.xla.maxtext_step`), over the compile verb's flags."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from tierax.errors import TieraxError
+
+
+def check_args(args) -> None:
+    """Refuse what does not go with ``compile --maxtext``, before any work.
+
+    Raises:
+      TieraxError: naming the option and what to do instead.
+    """
+    if args.maxtext is None:
+        raise TieraxError(
+            f"MaxText overrides {' '.join(args.maxtext_overrides)} are given without --maxtext; "
+            "give --maxtext CONFIG.yml before them (tierax's own models take --set KEY=VALUE)"
+        )
+    given = [
+        flag
+        for flag, value in (
+            ("--model", args.model),
+            ("--model-config", args.model_config),
+            ("--set", args.overrides or None),
+            ("--plan", args.plan if getattr(args, "plan_given", False) else None),
+            ("--rates", getattr(args, "rates", None)),
+        )
+        if value is not None
+    ]
+    if given:
+        raise TieraxError(
+            f"--maxtext and {' and '.join(given)} both given: compile --maxtext compiles MaxText's "
+            "own step as its config says (its remat_policy and tensor keys are the plan: give "
+            "them as key=value after --maxtext FILE); --model/--model-config/--plan/--rates are "
+            "for tierax's own step"
+        )
+    if args.xla_preset != "none":
+        raise TieraxError(
+            f"--xla-preset {args.xla_preset} sets tierax's XLA flags; MaxText's step takes its "
+            "flags from XLA_FLAGS / LIBTPU_INIT_ARGS and its compile_xla_flags key: leave "
+            "--xla-preset out"
+        )
+    if args.mesh == "auto":
+        raise TieraxError("--mesh auto needs a plan file; give the mesh, e.g. fsdp=8,tensor=2")
+
+
+def cmd_compile(args) -> int:
+    """``tierax compile --maxtext``."""
+    check_args(args)
+    from tierax import hardware, launch
+    from tierax.cli.common import console
+    from tierax.cli.measuring import read_target_config
+    from tierax.interop.maxtext_program.config import require_maxtext
+    from tierax.mesh import parse_mesh
+
+    spec = hardware.compile_target(args.target)
+    mesh = None
+    if args.mesh is not None:
+        mesh = parse_mesh(args.mesh, args.devices).to_dict()
+    devices = args.devices or (math.prod(mesh.values()) if mesh else 1)
+    target_config = read_target_config(args.target_config)
+    if spec.kind == "tpu" and target_config is not None:
+        raise TieraxError("--target-config is a GpuTargetConfigProto; a TPU target takes none")
+    require_maxtext()
+    launch.start_maxtext_compile(args.target, devices)
+    from tierax.report.tables import compile_table
+    from tierax.xla import compile as compile_lib
+    from tierax.xla.maxtext_step import compile_program
+
+    if spec.kind == "tpu":
+        compile_lib.check_tpu_aot()
+    else:
+        compile_lib.check_gpu_aot()
+    result, _ = compile_program(
+        args.maxtext,
+        args.maxtext_overrides,
+        target=args.target,
+        devices=devices,
+        mesh=mesh,
+        microbatch=args.microbatch if getattr(args, "microbatch_given", False) else None,
+        seq=args.seq if getattr(args, "seq_given", False) else None,
+        grad_accum=args.grad_accum,
+        target_config=target_config,
+    )
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        console().print(compile_table(result))
+    return 0

@@ -1,0 +1,177 @@
+"""``tierax compile --maxtext``: MaxText's own train step compiled deviceless, read as tierax reads
+its own.
+
+The TPU figures are checked against MaxText's own ahead-of-time compiler
+(``maxtext.trainers.pre_train.train_compile``, run as MaxText documents it) on the same config: the
+same arguments, temp and host-temp bytes.  The GPU compile (MaxText's GPU path needs GPUs, so
+tierax's compile-only devices stand in) is checked against a hand count of the training state.
+A small llama2-style config keeps each compile to seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tierax.interop.maxtext_program.config import maxtext_importable
+
+pytestmark = pytest.mark.skipif(
+    not maxtext_importable() and not os.environ.get("TIERAX_REQUIRE_MAXTEXT"),
+    reason="MaxText is not installed (make venv installs it on Python >= 3.12)",
+)
+
+# d 256, 4 query/kv heads of 64, gated MLP 512, 2 layers, vocab 1024 (MaxText's llama2 block).
+TINY = [
+    "base_emb_dim=256",
+    "base_num_query_heads=4",
+    "base_num_kv_heads=4",
+    "head_dim=64",
+    "base_mlp_dim=512",
+    "base_num_decoder_layers=2",
+    "vocab_size=1024",
+]
+SIZES = ["per_device_batch_size=1", "max_target_length=256"]
+
+
+def _base_yml() -> str:
+    import maxtext
+
+    return str(pathlib.Path(maxtext.__file__).parent / "configs" / "base.yml")
+
+
+def _env() -> dict:
+    return {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "DECOUPLE_GCLOUD": "TRUE",
+        "TPU_WORKER_HOSTNAMES": "localhost",
+        "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+    }
+
+
+def _tierax(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tierax.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(),
+    )
+
+
+def _tierax_json(*argv: str) -> dict:
+    out = _tierax(*argv, "--json")
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout[out.stdout.index("{") :])
+
+
+def _maxtext_train_compile(tmp_path, *keys: str) -> dict[str, int]:
+    """MaxText's own train_compile of ``keys``: its printed CompiledMemoryStats."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "maxtext.trainers.pre_train.train_compile",
+            _base_yml(),
+            "run_name=tierax-test",
+            f"base_output_directory={tmp_path}",
+            "dataset_type=synthetic",
+            "enable_checkpointing=false",
+            "skip_jax_distributed_system=true",
+            f"jax_cache_dir={tmp_path / 'jax_cache'}",
+            *keys,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(),
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    stats = re.search(r"Memory analysis: CompiledMemoryStats\((.*)\)", out.stdout + out.stderr)
+    assert stats, (out.stdout + out.stderr)[-3000:]
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", stats.group(1))}
+
+
+def test_tpu_compile_reads_the_figures_maxtexts_own_compiler_prints(tmp_path):
+    """v5p-8 (4 devices), q/k/v offloaded by MaxText's own policy: tierax's reading of MaxText's
+    step equals what MaxText's train_compile prints for the same config, host bytes included."""
+    policy = "remat_policy=qkv_proj_offloaded"
+    theirs = _maxtext_train_compile(
+        tmp_path, *TINY, *SIZES, policy, "compile_topology=v5p-8", "compile_topology_num_slices=1"
+    )
+    ours = _tierax_json(
+        "compile",
+        "--maxtext",
+        _base_yml(),
+        *TINY,
+        policy,
+        "--target",
+        "v5p",
+        "--devices",
+        "4",
+        "--microbatch",
+        "1",
+        "--seq",
+        "256",
+    )
+    assert ours["device_argument_bytes"] == theirs["argument_size_in_bytes"]
+    assert ours["device_temp_bytes"] == theirs["temp_size_in_bytes"]
+    assert ours["device_alias_bytes"] == theirs["alias_size_in_bytes"]
+    assert ours["host_temp_bytes"] == theirs["host_temp_size_in_bytes"] > 0  # q, k, v on host
+    assert ours["fits"] and ours["mesh"]["fsdp"] == 4 and ours["plan"].endswith(policy[13:])
+    # q, k and v of both layers at [1, 256, 4 × 64] bf16 per device, stored and loaded back
+    assert ours["overlap"]["transfers"] >= 2 * 3
+
+
+def test_gpu_compile_holds_the_training_state_counted_by_hand():
+    """h200 × 4, fsdp: the arguments are MaxText's float32 parameters and AdamW's two float32
+    moments (12 bytes a parameter), a quarter per device, plus the batch; cuDNN attention named for
+    the deviceless compile, its calls found."""
+    layer = 4 * 256 * 256 + 3 * 256 * 512 + 2 * 256  # q, k, v, o; wi_0, wi_1, wo; two norms
+    params = 2 * layer + 1024 * 256 + 256 * 1024 + 256  # layers, embedding, head, final norm
+    r = _tierax_json(
+        "compile",
+        "--maxtext",
+        _base_yml(),
+        *TINY,
+        "remat_policy=full",
+        "--target",
+        "h200",
+        "--devices",
+        "4",
+        "--microbatch",
+        "1",
+        "--seq",
+        "256",
+    )
+    state = 12 * params / 4
+    assert state < r["device_argument_bytes"] < state * 1.01
+    assert r["attention"] == "cudnn_flash_jax" and r["cudnn_calls"] >= 2
+    assert r["cudnn_workspace_bytes"] == 4 * 1 * 4 * 256 * (64 + 1) + 256
+    assert r["fits"] and r["host_temp_bytes"] == 0
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--model", "tiny-llama"], "--maxtext and --model both given"),
+        (["--plan", "save-all"], "--maxtext and --plan both given"),
+        (["--xla-preset", "lhs"], "leave --xla-preset out"),
+        (["hardware=tpu", "--target", "h200"], "hardware=gpu, but hardware=tpu is given too"),
+        (["--target", "v5p", "--devices", "3"], "MaxText has no v5p slice of 3 devices"),
+    ],
+)
+def test_bad_input_is_refused_before_compiling(argv, message):
+    out = _tierax("compile", "--maxtext", _base_yml(), *TINY, *argv)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert message in out.stderr
+
+
+def test_overrides_without_maxtext_are_refused():
+    out = _tierax("compile", "--model", "tiny-llama", "remat_policy=full")
+    assert out.returncode == 2 and "given without --maxtext" in out.stderr
