@@ -87,11 +87,6 @@ def check_options(
 ) -> None:
     """``tierax plan``: refuse, before any work, a combination of options where one would be
     ignored.  (``--segments`` combines with ``--sweep`` and ``--check``.)"""
-    if max_microbatch and microbatch_given:
-        raise TieraxError(
-            "--max-microbatch searches the microbatch, so --microbatch would be ignored; drop "
-            "--microbatch, or drop --max-microbatch to plan that microbatch"
-        )
     if mesh == "auto":
         given = [
             o
@@ -152,6 +147,11 @@ def check_options(
         )
     interop.check_tool(for_tool, "--for")
     interop.check_tool(emit, "--emit")
+    if max_microbatch and microbatch_given:
+        raise TieraxError(
+            "--max-microbatch searches the microbatch, so --microbatch would be ignored; drop "
+            "--microbatch, or drop --max-microbatch to plan that microbatch"
+        )
 
 
 def _accum_conflict(grad_accum: int, max_microbatch: bool) -> None:
