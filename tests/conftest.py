@@ -44,6 +44,18 @@ jax.config.update(
 )
 
 
+def pytest_sessionstart(session):
+    """``make test`` runs the default environment, which has MaxText: there the MaxText tests
+    must run, not skip (TIERAX_REQUIRE_MAXTEXT, set by the Makefile)."""
+    from tierax.interop.maxtext_program.config import maxtext_importable
+
+    if os.environ.get("TIERAX_REQUIRE_MAXTEXT") and not maxtext_importable():
+        raise pytest.UsageError(
+            "TIERAX_REQUIRE_MAXTEXT is set but MaxText is not importable: the default environment "
+            "installs it (make venv, Python >= 3.12, the maxtext extra)"
+        )
+
+
 @pytest.fixture(scope="session")
 def tiny_names():
     return ["tiny-llama", "tiny-deepseek"]
