@@ -108,7 +108,10 @@ def test_bad_configs_exit_2_naming_the_fix(tmp_path, capsys, name, data, fragmen
     with pytest.raises(TieraxError, match=None):
         load_model_config(f)
     assert main(["plans", "--model-config", f]) == 2
-    assert fragment in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert fragment in err
+    # a MaxText file tierax's models cannot express points to MaxText's own program
+    assert (f"give it as --maxtext {f} instead of --model-config" in err) == name.endswith(".yml")
 
 
 def test_cli_plans_with_a_maxtext_model_and_emitted_plan(tmp_path, capsys):

@@ -2,8 +2,9 @@
 
 * A **MaxText model YAML** (``configs/models/*.yml``: ``base_emb_dim``,
   ``base_num_decoder_layers``, ``decoder_block``, …) with ``decoder_block`` ``llama2``
-  (→ family llama) or ``deepseek`` (→ family deepseek, MLA + MoE).  Keys absent take
-  MaxText's ``base.yml`` default.
+  (→ family llama) or ``deepseek`` (→ family deepseek, MLA + MoE), as one of tierax's own models.
+  Keys absent take MaxText's ``base.yml`` default.  A file tierax's models cannot express is
+  refused with the pointer to ``--maxtext FILE``, which traces MaxText's own program instead.
 * A **Hugging Face ``config.json``** of ``LlamaForCausalLM`` or ``DeepseekV3ForCausalLM``.
 
 Every key is either modelled (mapped onto a field), required to have the value
@@ -436,7 +437,14 @@ def load_foreign(data: Any, path: str | pathlib.Path):
     if is_hf_config(data):
         return from_hf(data, path)
     if is_maxtext_model(data):
-        return from_maxtext(data, path)
+        try:
+            return from_maxtext(data, path)
+        except TieraxError as e:
+            raise TieraxError(
+                f"{e}. To plan MaxText's own program from this file as MaxText builds it (every "
+                f"decoder block MaxText ships), give it as --maxtext {path} instead of "
+                "--model-config"
+            ) from None
     return None
 
 
