@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""``tierax compile --maxtext`` beside MaxText's own ahead-of-time compiler, per case.
+
+Each case is a MaxText 0.2.5 model (its own model file, layers cut to keep a compile to about a
+minute on 2 cores; every other key as the file ships it) at a per-device batch and sequence on a
+target.  For a TPU target both sides compile MaxText's step deviceless for the same slice:
+``python -m maxtext.trainers.pre_train.train_compile ... compile_topology=SLICE`` prints
+``CompiledMemoryStats``, and ``tierax compile --maxtext ... --json`` reads its own compile; the
+record keeps both and whether arguments, temp, alias and host temp are equal.  For a GPU target
+MaxText's own compiler needs GPUs, so only tierax's reading is recorded (MaxText's mesh over
+tierax's compile-only GPU devices; the attention it compiled named).
+
+    python bench/maxtext_compile.py [--cases NAME,...] [--out bench/results/maxtext_compile.json]
+    python bench/maxtext_compile.py --docs bench/results/maxtext_compile.json
+
+Runs for ~10-20 minutes on 2 shared cores (one child process per compile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+
+import _common
+
+SCHEMA = "tierax.bench.maxtext_compile/1"
+MARKER = "maxtext-compile"
+# (name, model, target, devices, per-device batch, sequence, extra MaxText keys)
+CASES = [
+    ("llama3-8b-v5p-full", "llama3-8b", "v5p", 4, 1, 2048, ["remat_policy=full"]),
+    ("llama3-8b-v5p-qkv-offload", "llama3-8b", "v5p", 4, 1, 2048,
+     ["remat_policy=qkv_proj_offloaded"]),  # fmt: skip
+    ("mistral-7b-v6e-minimal", "mistral-7b", "v6e", 4, 1, 2048, ["remat_policy=minimal"]),
+    ("qwen3-8b-v6e-full", "qwen3-8b", "v6e", 4, 1, 2048, ["remat_policy=full"]),
+    ("llama3-8b-h200-full", "llama3-8b", "h200", 4, 1, 2048, ["remat_policy=full"]),
+    ("mixtral-8x7b-h200-full", "mixtral-8x7b", "h200", 4, 1, 2048, ["remat_policy=full"]),
+]
+LAYERS = 2  # base_num_decoder_layers for every case (the state and per-layer buffers scale)
+SLICE = {"v5p": "v5p", "v6e": "v6e", "v5e": "v5e", "v7x": "tpu7x"}
+FIELDS = {  # CompiledMemoryStats field → tierax compile JSON field
+    "argument_size_in_bytes": "device_argument_bytes",
+    "temp_size_in_bytes": "device_temp_bytes",
+    "alias_size_in_bytes": "device_alias_bytes",
+    "host_temp_size_in_bytes": "host_temp_bytes",
+}
+
+
+def _base_yml() -> str:
+    import maxtext
+
+    return os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
+
+
+def _env() -> dict:
+    return {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "DECOUPLE_GCLOUD": "TRUE",
+        "TPU_WORKER_HOSTNAMES": "localhost",
+        "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+    }
+
+
+def _keys(model: str, batch: int, seq: int, extra: list[str]) -> list[str]:
+    return [
+        f"model_name={model}",
+        f"base_num_decoder_layers={LAYERS}",
+        f"per_device_batch_size={batch}",
+        f"max_target_length={seq}",
+        *extra,
+    ]
+
+
+def _slice_name(target: str, devices: int) -> str:
+    from maxtext.utils.accelerator_to_spec_map import UserFacingNameToSystemCharacteristics as U
+
+    prefix = SLICE[target]
+    return next(
+        n for n, s in U.items() if n.rpartition("-")[0] == prefix and s.devices_per_slice == devices
+    )
+
+
+def maxtext_side(keys: list[str], target: str, devices: int) -> dict:
+    """MaxText's own train_compile of ``keys`` for the slice: its printed memory figures."""
+    with tempfile.TemporaryDirectory(prefix="tierax-bench-mt-") as tmp:
+        cmd = [
+            sys.executable,
+            "-m",
+            "maxtext.trainers.pre_train.train_compile",
+            _base_yml(),
+            "run_name=bench",
+            f"base_output_directory={tmp}",
+            f"jax_cache_dir={tmp}/cache",
+            "dataset_type=synthetic",
+            "enable_checkpointing=false",
+            "skip_jax_distributed_system=true",
+            f"compile_topology={_slice_name(target, devices)}",
+            "compile_topology_num_slices=1",
+            *keys,
+        ]
+        proc = _common.run(cmd, timeout=3600, env=_env())
+    text = proc.stdout + proc.stderr
+    stats = re.search(r"Memory analysis: CompiledMemoryStats\((.*)\)", text)
+    out = {"command": " ".join(cmd[3:]), "returncode": proc.returncode, "wall_s": proc.wall_s}
+    if stats is None:
+        oom = re.search(r"(CompileTimeHbmOom.*|RESOURCE_EXHAUSTED.*)", text)
+        return out | {"error": (oom.group(1) if oom else text.strip().splitlines()[-1])[:500]}
+    return out | {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", stats.group(1))}
+
+
+def tierax_side(keys: list[str], target: str, devices: int) -> dict:
+    import json
+
+    cmd = _common.tierax(
+        "compile", "--maxtext", _base_yml(), *keys, "--target", target,
+        "--devices", str(devices), "--json",
+    )  # fmt: skip
+    proc = _common.run(cmd, timeout=3600, env=_env())
+    out = {"command": " ".join(cmd[2:]), "returncode": proc.returncode, "wall_s": proc.wall_s}
+    if proc.returncode != 0:
+        return out | {"error": proc.stderr.strip().splitlines()[-1:]}
+    r = json.loads(proc.stdout[proc.stdout.index("{") :])
+    keep = ("fits", "device_peak_bytes", "attention", "cudnn_calls", "cudnn_workspace_bytes",
+            "compile_time_s", "mesh", "notes", "libtpu_version", *FIELDS.values())  # fmt: skip
+    return out | {k: r[k] for k in keep} | {"transfers": r["overlap"].get("transfers", 0)}
+
+
+def run_case(name, model, target, devices, batch, seq, extra) -> dict:
+    keys = _keys(model, batch, seq, extra)
+    case = {"name": name, "model": model, "target": target, "devices": devices,
+            "per_device_batch_size": batch, "seq": seq, "keys": keys}  # fmt: skip
+    case["tierax"] = tierax_side(keys, target, devices)
+    if target in SLICE:
+        mt = maxtext_side(keys, target, devices)
+        case["maxtext_train_compile"] = mt
+        if "error" not in mt and "error" not in case["tierax"]:
+            case["equal"] = {f: mt[f] == case["tierax"][t] for f, t in FIELDS.items()}
+    return case
+
+
+def render(doc: dict) -> str:
+    gib = 2**30
+    lines = [
+        "| case | target | tierax: args / temp / host temp (GiB) | MaxText train_compile: "
+        "args / temp / host temp (GiB) | equal |",
+        "|---|---|---|---|---|",
+    ]
+    for c in doc["cases"]:
+        t = c["tierax"]
+        ours = (
+            " / ".join(f"{t[f] / gib:.3f}" for f in FIELDS.values() if f != "device_alias_bytes")
+            if "error" not in t
+            else f"error: {t['error']}"
+        )
+        mt = c.get("maxtext_train_compile")
+        if mt is None:
+            theirs, equal = "— (needs GPUs)", "—"
+        elif "error" in mt:
+            theirs, equal = f"error: {mt['error'][:80]}", "—"
+        else:
+            theirs = " / ".join(
+                f"{mt[f] / gib:.3f}" for f in FIELDS if f != "alias_size_in_bytes"
+            )
+            equal = "yes" if all(c.get("equal", {}).values()) else "no"
+        where = f"{c['target']} × {c['devices']}"
+        lines.append(f"| {c['name']} | {where} | {ours} | {theirs} | {equal} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", help="comma-separated case names (default: all)")
+    _common.add_out(ap, "maxtext_compile.json")
+    _common.add_docs(ap, SCHEMA)
+    args = ap.parse_args(argv)
+    if args.docs is not None:
+        _common.write_docs_table(MARKER, render(args.docs))
+        return 0
+    names = {c[0] for c in CASES}
+    wanted = args.cases.split(",") if args.cases else sorted(names)
+    unknown = [n for n in wanted if n not in names]
+    if unknown:
+        ap.error(f"unknown case(s) {', '.join(unknown)}; cases: {', '.join(sorted(names))}")
+    doc = _common.envelope(SCHEMA) | {
+        "versions": _common.versions("maxtext", "jax", "jaxlib", "libtpu", "jax-cuda13-plugin"),
+        "layers": LAYERS,
+        "cases": [],
+    }
+    for case in CASES:
+        if case[0] in wanted:
+            print(f"case {case[0]} ...", file=sys.stderr, flush=True)
+            doc["cases"].append(run_case(*case))
+            _common.write_record(args.out, doc)
+    _common.write_docs_table(MARKER, render(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
