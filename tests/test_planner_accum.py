@@ -12,8 +12,9 @@ float32 parameters per device and AdamW moments of 8 bytes a parameter:
   gradients into the float32 accumulator: ``A·N·(4 + 4 + 4)`` bytes at the HBM rate;
 * the accumulator (``4N`` bytes) is on the device through every microbatch; offloading a group's
   takes ``4P`` off the microbatches' phases (not the update's), puts ``4P`` on the host beside the
-  offloaded activations (twice while it is added to), and moves ``(A + 1)·4P`` each way, exposed
-  beyond the group's additions (``A·P·12`` bytes at the HBM rate) per direction;
+  offloaded activations (twice while it is added to), and moves ``(A + 1)·4P`` each way, the
+  slower direction's excess over the group's additions (``A·P·12`` bytes at the HBM rate) exposed
+  (the two directions run at once: the host link is full duplex);
 * a fourth peak phase, the accumulation: the state and the accumulator left on device plus two
   layers' slices of the offloaded accumulator;
 * moments and master weights as tests/test_planner_state.py has them.
@@ -78,8 +79,8 @@ def reference(inv, rates, schedule, mechanism):
         upd_window = 7 * 4 * P / hbm
         acc_window = A * P * 12 / hbm
         for moved, window in ((upd_moved, upd_window), (acc_moved, acc_window)):
-            exposed += np.maximum(0.0, moved / rates.h2d_bytes_per_s - window)
-            exposed += np.maximum(0.0, moved / rates.d2h_bytes_per_s - window)
+            slower = np.maximum(moved / rates.h2d_bytes_per_s, moved / rates.d2h_bytes_per_s)
+            exposed += np.maximum(0.0, slower - window)  # full duplex: both directions at once
         stage_upd = np.maximum(stage_upd, (2 * upd_moved / layers[gname]).astype(np.int64))
     micro = peak_a[:, None] - freed[None, :] + (accum - acc_freed)[None, :]
     update_phase = state - freed + stage_upd

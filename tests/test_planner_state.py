@@ -11,8 +11,8 @@ parameter and a compute dtype of ``c`` bytes (float32, and bfloat16 with float32
   streamed update moves ``8P`` each way;
 * master weights offloaded: ``(4 − c)·P`` bytes leave the device (nothing at float32 compute),
   ``4P`` host bytes, ``4P`` each way;
-* per group and direction, the copies beyond the group's update (``7·4P`` bytes at the HBM rate)
-  are exposed;
+* per group, the copies beyond the group's update (``7·4P`` bytes at the HBM rate) are exposed,
+  the two directions at once (the host link is full duplex: the slower direction's excess);
 * a third peak phase, the update: the state left on device plus two layers' slices of the largest
   group's offloaded state;
 * host bytes: the offloaded state plus the larger of the offloaded activations and the state (the
@@ -74,7 +74,7 @@ def state_reference(inv: Inventory, rates, compute_bytes: int = 4):
             moved = moved + on * per_param * P
         up = moved / rates.h2d_bytes_per_s
         down = moved / rates.d2h_bytes_per_s
-        exposed += np.maximum(0.0, up - window) + np.maximum(0.0, down - window)
+        exposed += np.maximum(0.0, np.maximum(up, down) - window)  # full duplex: at once
         staging = np.maximum(staging, (2 * moved / layers[gname]).astype(np.int64))
     return freed, host, exposed, state_bytes - freed + staging
 

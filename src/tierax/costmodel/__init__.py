@@ -47,7 +47,14 @@ update time are exposed.
 """
 
 from tierax.costmodel.fixed import FixedTerms, collective_s_by_group, fixed_terms
-from tierax.costmodel.predict import Prediction, evaluate, peak_rows, plan_placements, simulate
+from tierax.costmodel.predict import (
+    Prediction,
+    evaluate,
+    peak_rows,
+    phase_text,
+    plan_placements,
+    simulate,
+)
 from tierax.costmodel.rates import (
     ACHIEVABLE_FRACTION,
     CALIBRATION_FILE,
@@ -87,6 +94,7 @@ __all__ = [
     "ItemTerms",
     "Prediction",
     "peak_rows",
+    "phase_text",
     "Rates",
     "collective_s_by_group",
     "evaluate",

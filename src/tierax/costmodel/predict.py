@@ -53,6 +53,20 @@ class Prediction:
         } | ({"split": self.split.to_json()} if self.split is not None else {})
 
 
+PHASE_TEXT = {
+    "layer backward": "in a layer backward",
+    "loss": "at the loss",
+    "update": "in the streamed optimizer update",
+    "accumulation": "in a gradient accumulation",
+}
+
+
+def phase_text(breakdown: dict) -> str:
+    """Where the predicted peak is, in words ("in a layer backward", "at the loss", "in the
+    streamed optimizer update", "in a gradient accumulation")."""
+    return PHASE_TEXT[breakdown["peak_phase"]]
+
+
 def peak_rows(breakdown: dict) -> list[tuple[str, int]]:
     """The terms of the predicted peak, in the phase that peaks (:class:`FixedTerms`: a layer's
     backward holds its workspace, the loss the logits and their gradient, less the embedding and
@@ -240,8 +254,13 @@ def evaluate(
         if fx.loss_phase_bytes > fx.layer_phase_bytes
         else "layer backward",
         "embed_grad_bytes": fx.embed_grad_bytes,
-        "layer_phase_bytes": int(act_bytes + staging + fx.layer_phase_bytes),
-        "loss_phase_bytes": int(act_bytes + staging + fx.loss_phase_bytes),
+        # Each phase as the peak counts it: offloaded state freed, the accumulator left on device.
+        "layer_phase_bytes": int(
+            act_bytes + staging + fx.layer_phase_bytes - sc.freed_bytes + accum
+        ),
+        "loss_phase_bytes": int(act_bytes + staging + fx.loss_phase_bytes - sc.freed_bytes + accum),
+        "update_phase_bytes": int(update_phase),
+        "accumulation_phase_bytes": int(accum_phase),
         "compute_s": fx.compute_s,
         "hbm_s": fx.hbm_s,
         "fused_attention_s": fx.fused_attention_s,

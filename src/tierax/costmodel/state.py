@@ -42,7 +42,8 @@ activations through each microbatch, and twice (the layer scan's input and outpu
 added to: host temp = ``max(activations + accumulator, 2 · accumulator, state)``.
 
 Hiding: the streamed update's copies of a group overlap that group's own update (its AdamW HBM
-traffic at the device's HBM rate), each direction separately (the host link is full duplex).  Its
+traffic at the device's HBM rate); the two directions run at the same time (the host link is full
+duplex), so what is exposed is the slower direction's excess over the update.  Its
 hidden share under the backward pass is 0: the update starts after the last gradient, and loading
 a layer's state during the backward would hold it in device memory through the backward's peak,
 which is what offloading it frees.
@@ -244,13 +245,15 @@ class StateCost:
 
 
 def exposed(h2d_s: float, d2h_s: float, g: StateGroupTerms) -> float:
-    """A group's streamed copies not hidden under its own update, each direction on its own."""
-    return max(0.0, h2d_s - g.update_device_s) + max(0.0, d2h_s - g.update_device_s)
+    """A group's streamed copies not hidden under its own update: the two directions run at once
+    (the host link is full duplex), so the slower one's excess over the update is exposed."""
+    return max(0.0, max(h2d_s, d2h_s) - g.update_device_s)
 
 
 def accum_exposed(h2d_s: float, d2h_s: float, g: StateGroupTerms) -> float:
-    """A group's accumulator copies not hidden under its additions, each direction on its own."""
-    return max(0.0, h2d_s - g.accumulate_device_s) + max(0.0, d2h_s - g.accumulate_device_s)
+    """A group's accumulator copies not hidden under its additions: the slower direction's excess
+    (the two run at once on the full-duplex link)."""
+    return max(0.0, max(h2d_s, d2h_s) - g.accumulate_device_s)
 
 
 def state_cost(

@@ -218,32 +218,39 @@ def inventory_table(inv, cfg) -> Table:
 
 
 def _peak_rows(pred) -> list[tuple[str, str]]:
-    """The peak, the phase it is in and the rows that make it (they sum to it); the other phase's
-    total beside it."""
-    from tierax.costmodel.predict import peak_rows
+    """The peak, the phase it is in and the rows that make it (they sum to it); the other phases'
+    totals beside it (each as the peak counts it: offloaded state freed)."""
+    from tierax.costmodel.predict import peak_rows, phase_text
 
     b = pred.breakdown
-    loss = b["peak_phase"] == "loss"
+    phase = b["peak_phase"]
     rows = [
         (
-            f"peak device ({'at the loss' if loss else 'in a layer backward'}), made of",
+            f"peak device ({phase_text(b)}), made of",
             f"{fmt_bytes(pred.peak_device_bytes)} of {fmt_bytes(pred.device_capacity_bytes)}",
         ),
         *((f"  {label}", fmt_bytes(n)) for label, n in peak_rows(b)),
     ]
     if "loss_phase_bytes" in b:
-        other = b["layer_phase_bytes"] if loss else b["loss_phase_bytes"]
+        others = []
+        if phase != "layer backward":
+            others.append(f"a layer backward peaks at {fmt_bytes(b['layer_phase_bytes'])}")
+        if phase != "loss":
+            others.append(f"the loss at {fmt_bytes(b['loss_phase_bytes'])}")
+        if phase not in ("update", "accumulation") and b.get("update_phase_bytes") and b.get(
+            "state_freed_bytes"
+        ):
+            others.append(f"the streamed update at {fmt_bytes(b['update_phase_bytes'])}")
+        if phase != "accumulation" and b.get("accumulation_phase_bytes"):
+            others.append(f"the accumulation at {fmt_bytes(b['accumulation_phase_bytes'])}")
         not_in = (
             f"one layer's workspace {fmt_bytes(b['workspace_bytes'])}"
-            if loss
+            if phase == "loss"
             else f"logits and their gradients {fmt_bytes(b['logits_bytes'])}"
+            if phase == "layer backward"
+            else "a microbatch's activations, workspace and logits"
         )
-        rows.append(
-            (
-                f"  not in the peak: {not_in}",
-                f"{'a layer backward' if loss else 'the loss'} peaks at {fmt_bytes(other)}",
-            )
-        )
+        rows.append((f"  not in the peak: {not_in}", ", ".join(others)))
     if b.get("reported_excess_bytes"):
         rows.append(
             (

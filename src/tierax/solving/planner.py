@@ -167,9 +167,7 @@ def _solve(
     c[EH : EH + G] = A
     c[EC] = A
     c[UH : UH + U] = 1.0
-    c[UD : UD + U] = 1.0
-    c[AH : AH + U] = 1.0
-    c[AD : AD + U] = 1.0
+    c[AH : AH + U] = 1.0  # u_d2h, a_d2h unused: one exposed variable per group (full duplex)
     total_state = max(1, sum(p.host_bytes for p in parts))
     for j, part in enumerate(parts):
         c[X + j] = 1e-9 * part.host_bytes / total_state  # tie-break: do not move state for nothing
@@ -269,7 +267,9 @@ def _solve(
             mine = [j for j in sel if parts[j].group == ug.group]
             if not mine:
                 continue
-            for E, attr in ((EH_, "h2d_s"), (ED_, "d2h_s")):
+            # One exposed variable per group, at least each direction's excess: the two
+            # directions run at once on the full-duplex link (costmodel.state.exposed).
+            for E, attr in ((EH_, "h2d_s"), (EH_, "d2h_s")):
                 add(
                     {
                         E + uidx[ug.group]: 1,
@@ -319,6 +319,8 @@ def _solve(
 
     ub = np.full(nv, np.inf)
     ub[: X + m] = 1
+    ub[UD : UD + U] = 0
+    ub[AD : AD + U] = 0
     if not rates.offload_is_real:
         ub[O : O + n] = 0
         ub[X : X + m] = 0
@@ -641,7 +643,7 @@ def plan(
         b = floor.breakdown
         # A custom model's inventory is at the shapes its caller traced, not at a microbatch × seq.
         at = "" if cfg.family == "custom" else f" at microbatch {inv.microbatch} × seq {inv.seq}"
-        phase = "at the loss" if b["peak_phase"] == "loss" else "in a layer backward"
+        phase = cm.phase_text(b)
         terms = ", ".join(
             f"{label.replace('activations on device', 'layer inputs')} {size_text(n)}"
             for label, n in cm.peak_rows(b)
