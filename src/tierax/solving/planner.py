@@ -256,20 +256,19 @@ def _solve(
             i = first_kind.setdefault(part.kind, j)
             if i != j:
                 add({X + j: 1, X + i: -1}, 0, 0)
-    # The streamed update: per group and direction, copies beyond the group's own update time are
-    # exposed; the update phase stages the largest group's slices.
-    # The accumulation likewise, its copies under the group's additions.
+    # The streamed update: per group, copies beyond the group's own update time are exposed, one
+    # variable at least each direction's excess (the two directions run at once on the full-duplex
+    # link: costmodel.state.exposed; u_d2h, a_d2h stay 0); the update phase stages the largest
+    # group's slices.  The accumulation likewise, its copies under the group's additions.
     for ug in ugroups:
-        for sel, (EH_, ED_), window, SS in (
-            (upd, (UH, UD), ug.update_device_s, SU),
-            (acc, (AH, AD), ug.accumulate_device_s, SA),
+        for sel, E, window, SS in (
+            (upd, UH, ug.update_device_s, SU),
+            (acc, AH, ug.accumulate_device_s, SA),
         ):
             mine = [j for j in sel if parts[j].group == ug.group]
             if not mine:
                 continue
-            # One exposed variable per group, at least each direction's excess: the two
-            # directions run at once on the full-duplex link (costmodel.state.exposed).
-            for E, attr in ((EH_, "h2d_s"), (EH_, "d2h_s")):
+            for attr in ("h2d_s", "d2h_s"):
                 add(
                     {
                         E + uidx[ug.group]: 1,
