@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 from tierax import costmodel as cm
 from tierax.costmodel import network
+from tierax.costmodel.state import ACCUM_ITEMSIZE
 from tierax.errors import TieraxError
 from tierax.mesh import AXES, MeshShape
 from tierax.solving import planner, planning
@@ -182,10 +183,17 @@ class Search:
 def _state_bytes(cfg, mesh: MeshShape) -> int:
     import jax.numpy as jnp
 
-    p = int(
-        inv_lib.per_device_param_count(cfg, mesh.to_dict()) * jnp.dtype(cfg.param_dtype).itemsize
-    )
-    return 4 * p  # parameters, gradients, AdamW mu and nu (as model_inventory counts them)
+    count = inv_lib.per_device_param_count(cfg, mesh.to_dict())
+    p = int(count * jnp.dtype(cfg.param_dtype).itemsize)
+    # parameters, gradients, AdamW mu and nu (as model_inventory counts them)
+    return 2 * p + p * inv_lib.moment_bytes_per_param(cfg) // jnp.dtype(cfg.param_dtype).itemsize
+
+
+def _accumulator_bytes(cfg, mesh: MeshShape) -> int:
+    """The float32 gradient accumulator per device (costmodel.state.accumulator_bytes: 4 bytes a
+    parameter, whatever the parameter dtype)."""
+    count = inv_lib.per_device_param_count(cfg, mesh.to_dict())
+    return int(count * ACCUM_ITEMSIZE)
 
 
 def layer_input_bytes(cfg, microbatch: int, seq: int) -> int:
@@ -205,8 +213,9 @@ def _prepare(cfg, mesh, microbatch, seq, rates, schedule, budget) -> Candidate:
     if state > budget:
         cand.status = "no fit (state bound)"
         return cand
+    accumulator = _accumulator_bytes(cfg, mesh)
     for k in divisors(microbatch):
-        accum_bytes = state // 4 if k > 1 else 0  # the accumulator: one gradient shard
+        accum_bytes = accumulator if k > 1 else 0  # float32, every parameter's
         carry = layer_input_bytes(cfg, microbatch // k, seq)
         if state + carry > budget - accum_bytes:  # the carry bound: no trace needed
             cand.microbatch, cand.grad_accum = microbatch // k, k
