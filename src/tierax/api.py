@@ -434,6 +434,7 @@ def plan(
     inv = dataclasses.replace(inv, logits_bytes=inv.logits_bytes + int(extra_bytes))
     rates = cm.target_rates(target, inventory.model.dtype)
     planning.check_budget(budget, rates, option="budget=")
+    planning.check_host_budget(host_budget, rates, option="host_budget=")
     # Your layer runs under jax.checkpoint with the policy this plan gives: XLA's offload policy
     # mechanism.
     result, _ = planning.solve(

@@ -158,11 +158,15 @@ def target_rates(args, cfg):
 
 
 def check_budget(args, rates) -> None:
-    """Refuse a ``--budget-gib`` above what the target's device offers."""
+    """Refuse a ``--budget-gib`` above what the target's device offers and a ``--host-budget-gib``
+    above its host memory per device."""
     from tierax.solving.planning import check_budget as check
+    from tierax.solving.planning import check_host_budget
 
     budget = getattr(args, "budget_gib", None)
     check(budget and budget * GIB, rates, option="--budget-gib", unit=GIB)
+    host = getattr(args, "host_budget_gib", None)
+    check_host_budget(host and host * GIB, rates, option="--host-budget-gib", unit=GIB)
 
 
 def _title(cfg, args, mesh, microbatch, extra: str = "") -> str:

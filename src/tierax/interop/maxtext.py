@@ -168,7 +168,13 @@ def runtime_env(
             f"{min(0.95, max(0.01, math.ceil(100 * budget_bytes / capacity_bytes) / 100)):.2f}"
         )
         why.append(
-            f"{MEM_FRACTION}: device budget {budget_bytes / 2**30:.1f} GiB of "
+            f"{MEM_FRACTION}: device budget "
+            + (
+                f"{budget_bytes / 2**30:.1f} GiB"
+                if budget_bytes >= 2**30
+                else f"{budget_bytes / 2**20:.1f} MiB"  # a small budget is not "0.0 GiB"
+            )
+            + " of "
             f"{capacity_bytes / 2**30:.0f} GiB "
             "(JAX preallocates 75 % by default)"
         )

@@ -622,40 +622,25 @@ def plan(
             grad_accum,
         )
     if solution is None:
-        everything_remat = {(i.group, i.name): Placement.REMAT for i in cm.item_terms(inv, rates)}
-        all_state = (
-            {
-                part.group: StatePlacement(**{k: Placement.OFFLOAD for k in state_cm.PLANNED_KINDS})
-                for part in state_cm.planned_terms(inv, cfg, rates, grad_accum)[0]
-            }
-            if place_state and rates.offload_is_real
-            else {}
-        )
-        if grad_accum < 2:  # one microbatch per update has no accumulator to offload
-            all_state = {
-                g: dataclasses.replace(sp, grad_accum=Placement.DEVICE)
-                for g, sp in all_state.items()
-            }
-        floor = cm.evaluate(
-            everything_remat, inv, cfg, rates, schedule, mechanism, all_state, grad_accum
-        )
-        b = floor.breakdown
-        # A custom model's inventory is at the shapes its caller traced, not at a microbatch × seq.
-        at = "" if cfg.family == "custom" else f" at microbatch {inv.microbatch} × seq {inv.seq}"
-        phase = cm.phase_text(b)
-        terms = ", ".join(
-            f"{label.replace('activations on device', 'layer inputs')} {size_text(n)}"
-            for label, n in cm.peak_rows(b)
-            if n
-        )
+        from tierax.solving import no_fit
+
         raise NoPlanFits(
-            f"no plan fits {cfg.name}{at} in a device budget of {size_text(budget)}: recomputing "
-            f"everything still needs {size_text(floor.peak_device_bytes)} {phase} ({terms}). "
-            + (remedies or CLI_REMEDIES)
+            no_fit.message(
+                cfg,
+                inv,
+                rates,
+                schedule,
+                mechanism,
+                budget,
+                host_budget,
+                place_state=place_state,
+                grad_accum=grad_accum,
+                remedies=remedies or CLI_REMEDIES,
+            )
         )
     placements, state = solution
     desc = (
-        f"planned for {rates.target}, schedule {schedule}, device budget {budget / 2**30:.1f} GiB"
+        f"planned for {rates.target}, schedule {schedule}, device budget {size_text(budget)}"
     )
     p = placements_to_plan(placements, cfg, name, desc, mechanism, splits, state)
     p = dataclasses.replace(p, planned_for=p.planned_for.replace(grad_accum=grad_accum))

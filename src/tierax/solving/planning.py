@@ -189,6 +189,32 @@ def check_budget(budget_bytes: float | None, rates, *, option: str, unit: float 
     )
 
 
+def check_host_budget(
+    host_budget_bytes: float | None, rates, *, option: str, unit: float = 1
+) -> None:
+    """Refuse a host budget above the target's host memory per device (offloaded bytes beyond it
+    could never be held there); ``option``/``unit`` as :func:`check_budget`'s.  A target whose
+    host memory is not known (0) is not checked.
+
+    Raises:
+      TieraxError: naming the host memory per device and the largest budget to give.
+    """
+    host = rates.host_memory_bytes
+    if host_budget_bytes is None or not host or host_budget_bytes <= host:
+        return
+    sep = " " if option.startswith("--") else ""
+
+    def shown(n: float) -> str:
+        return f"{n:.0f}" if unit == 1 else f"{n / unit:g}"
+
+    limit = math.floor(host / unit * 100) / 100 * unit if unit != 1 else host
+    raise TieraxError(
+        f"{option}{sep}{shown(host_budget_bytes)} is more than {rates.target}'s host memory per "
+        f"device ({planner.size_text(host)}); give {option}{sep}{shown(limit)} or less (or leave "
+        "it out: that is the default; --rate host_memory=GB models a host with more)"
+    )
+
+
 def planned_for(req: Request, result: planner.PlanResult) -> PlannedFor:
     """What ``result``'s plan was planned for: the request's target, mesh, microbatch (the one
     found, with ``max_microbatch``), seq, accumulation, schedule and model; a request with its
