@@ -140,11 +140,22 @@ STATE_PLACEMENTS = (Placement.DEVICE, Placement.OFFLOAD)
 
 
 def _state_placement(value: Any, where: str) -> Placement:
-    p = Placement.parse(value, where)
+    """A state kind's placement: only :data:`STATE_PLACEMENTS` are offered, and only they named."""
+    try:
+        p = value if isinstance(value, Placement) else Placement(value)
+    except ValueError:
+        p = None
     if p not in STATE_PLACEMENTS:
+        why = (
+            " (it is not recomputed)"
+            if p is Placement.REMAT
+            else " (pinned host memory is 'offload')"
+            if str(value).lower() in ("host", "pinned_host", "cpu")
+            else ""
+        )
         raise TieraxError(
-            f"{where}: placement {p.value!r} is not valid for training state (it is not "
-            f"recomputed); use one of: {', '.join(q.value for q in STATE_PLACEMENTS)}"
+            f"{where}: placement {getattr(p, 'value', value)!r} is not valid for training "
+            f"state{why}; use one of: {', '.join(q.value for q in STATE_PLACEMENTS)}"
         )
     return p
 
