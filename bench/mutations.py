@@ -3,8 +3,8 @@
 
 Each mutation below is one wrong change to tierax (issue 11's table; issue 25's time-model ones
 after it).  For each, a
-temporary copy of the repository (``git archive`` of a commit: src/, tests/,
-pyproject.toml) is patched and the relevant test files run against it
+temporary copy of the repository (``git archive`` of a commit: src/, tests/, data/ (the
+tokenizer tests' sample text), pyproject.toml) is patched and the relevant test files run against it
 (``PYTHONPATH`` = the copy's src/).  A mutation is *caught* when a test that passes on
 the unpatched copy fails on the patched one; tests that already fail unpatched (someone
 else's work in progress) are reported and never count.  Writes
@@ -666,7 +666,7 @@ MUTATIONS = [
 
 def _checkout(commit: str, dest: pathlib.Path) -> None:
     archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", commit, "src", "tests", "pyproject.toml"],
+        ["git", "-C", str(ROOT), "archive", commit, "src", "tests", "data", "pyproject.toml"],
         check=True,
         capture_output=True,
     ).stdout
