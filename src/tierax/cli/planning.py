@@ -3,6 +3,7 @@ plan, calibrate."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -344,6 +345,7 @@ def _plan_check(args) -> int:
     cfg, mesh = resolve_model(args, target=args.target), parse_mesh(args.mesh, args.devices)
     mesh.check_model(cfg, where="--mesh")
     rates = override_rates(target_rates(args, cfg), args.rate)
+    check_budget(args, rates)  # before any compile
     if spec.kind == "tpu":
 
         launch.start_deviceless_tpu("none", spec.accelerator_type(mesh.size))
@@ -384,19 +386,34 @@ def _plan_check(args) -> int:
         max_iterations=args.check_iterations or CHECK_ITERATIONS,
         report=report,
     )
-    if out:
-        write_text_atomic(out, res.result.plan.to_yaml())
-        print(f"wrote {out}", file=sys.stderr if args.json else sys.stdout)
-    if args.json:
-        print(json.dumps(res.to_json(), indent=2))
     last = res.iterations[-1]
-    # what decides fits: XLA:TPU's stated limit on a TPU, the device's memory on a GPU
+    # what decides fits: XLA:TPU's stated limit on a TPU, the device's memory on a GPU, and the
+    # budget asked for
     spec = hardware.get_target(args.target)
     limit = getattr(spec, "xla_hbm_limit_bytes", 0) or rates.device_memory_bytes
+    verdict = (
+        f"XLA peak {gib(last.xla_peak_bytes)}, budget {gib(res.budget_bytes)} of the device's "
+        f"{gib(limit)}: {'fits' if last.xla_fits else 'does NOT fit'}"
+    )
+    if out:
+        plan = res.result.plan
+        if not res.converged:  # written, but marked: the file says what the check found
+            plan = dataclasses.replace(
+                plan,
+                description=f"NOT CONFIRMED by plan --check ({verdict}; {res.stopped}); "
+                + plan.description,
+            )
+        write_text_atomic(out, plan.to_yaml())
+        print(
+            f"wrote {out}"
+            + ("" if res.converged else " (marked NOT CONFIRMED in its description)"),
+            file=sys.stderr if args.json else sys.stdout,
+        )
+    if args.json:
+        print(json.dumps(res.to_json(), indent=2))
     print(
         f"check {'converged' if res.converged else 'did NOT converge'} after {len(res.iterations)} "
-        f"compile(s): XLA peak {gib(last.xla_peak_bytes)} of {gib(limit)} "
-        f"({'fits' if last.xla_fits else 'does not fit'}), model error {pct(last.peak_error)}",
+        f"compile(s): {verdict}, model error {pct(last.peak_error)}; {res.stopped}",
         file=sys.stderr if args.json else sys.stdout,  # --json: stdout is the JSON document alone
     )
     return 0 if res.converged else 1

@@ -15,8 +15,15 @@ tolerance, corrects the one term the comparison can attribute and solves again:
   same link rates, and a disagreement means the schedule differs from the mechanism's model, which
   a number cannot fix (see bench/prefetch_overlap.py for the mechanisms' schedules).
 
+The correction is taken whole where the compiled plan does not fit (the budget must shrink by at
+least what XLA needs more), after the first compile, and where the re-solve chose the plan compiled
+before (the miss is that plan's own); where a new plan fits, it moves half the way from the
+correction used to the new miss (damped: each plan has its own workspace, and taking each new
+plan's miss whole swings between plans).  The planner's corrected budget never exceeds the
+device's usable memory, whatever the sign of the correction.
+
 Bounded: at most ``max_iterations`` compiles.  Converged: the compiled plan fits and its peak is
-within ``tolerance`` of the corrected prediction.
+within ``tolerance`` of the corrected prediction.  :attr:`CheckResult.stopped` says why it stopped.
 """
 
 from __future__ import annotations
@@ -65,6 +72,8 @@ class CheckResult:
     iterations: tuple[Iteration, ...]
     converged: bool
     tolerance: float
+    budget_bytes: int = 0  # the device budget asked for (what XLA's peak must fit)
+    stopped: str = ""  # why the check stopped (converged, or what kept it from converging)
 
     def to_json(self) -> dict:
         return {
@@ -72,7 +81,21 @@ class CheckResult:
             "iterations": [i.to_json() for i in self.iterations],
             "converged": self.converged,
             "tolerance": self.tolerance,
+            "budget_bytes": self.budget_bytes,
+            "stopped": self.stopped,
         }
+
+
+def next_correction(correction: int, miss: int, fits: bool, first: bool, same_plan: bool) -> int:
+    """The workspace correction for the next solve: where the compiled plan did not fit, at least
+    the whole ``miss`` (XLA's peak minus the model's raw peak); where it fit, the whole miss after
+    the first compile or a plan compiled twice running (the miss is that plan's own), else half
+    the way from ``correction`` to ``miss`` (damped: a new plan has its own workspace)."""
+    if not fits:
+        return miss if first else max(correction, miss)
+    if first or same_plan:
+        return miss
+    return correction + (miss - correction) // 2
 
 
 def check(
@@ -126,14 +149,19 @@ def check_request(
     cfg, rates, microbatch, seq = request.cfg, request.rates, request.microbatch, request.seq
     mesh = MeshShape(**request.mesh)
     budget, host_budget = planner.budgets(rates, request.budget_bytes, request.host_budget_bytes)
+    limit = rates.usable_device_bytes  # a correction never plans beyond the device
     inventories: dict = {}
     correction, steps = 0, []
     result = None
+    tol = f"{tolerance:.0%}"
+    stopped = f"{max_iterations} compile(s) reached before the model agreed within {tol}"
+    previous = None  # the placements compiled last
     for it in range(1, max_iterations + 1):
+        solve_budget = min(budget - correction, limit)
         try:
             result, _ = planning.solve(
                 dataclasses.replace(
-                    request, budget_bytes=budget - correction, host_budget_bytes=host_budget
+                    request, budget_bytes=solve_budget, host_budget_bytes=host_budget
                 ),
                 inventories,
             )
@@ -159,7 +187,7 @@ def check_request(
         fits = compiled.fits and peak is not None and peak <= budget
         step = Iteration(
             it,
-            int(budget - correction),
+            int(solve_budget),
             correction,
             result.predicted.peak_device_bytes + correction,
             compiled.device_peak_bytes,
@@ -179,15 +207,23 @@ def check_request(
         if report:
             report(step)
         if fits and abs(step.peak_error) <= tolerance:
-            return CheckResult(result, tuple(steps), True, tolerance)
+            return CheckResult(
+                result,
+                tuple(steps),
+                True,
+                tolerance,
+                int(budget),
+                f"converged: XLA's peak fits the budget and the corrected model is within {tol}",
+            )
         if peak is None:  # refused with no stated need: nothing to correct the model by
+            stopped = "XLA refused the program without stating its need: nothing to correct by"
             break
         # XLA's peak minus the model's raw peak for this plan: the workspace the model does not see.
-        # The largest miss seen so far: a budget that only shrinks, so the loop cannot cycle between
-        # plans.
         miss = peak - result.predicted.peak_device_bytes
-        correction = miss if it == 1 else max(correction, miss)
-    return CheckResult(result, tuple(steps), False, tolerance)
+        placed = (result.plan.groups, result.plan.state)
+        correction = next_correction(correction, miss, fits, it == 1, placed == previous)
+        previous = placed
+    return CheckResult(result, tuple(steps), False, tolerance, int(budget), stopped)
 
 
 @dataclass(frozen=True)
