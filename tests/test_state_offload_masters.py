@@ -1,7 +1,8 @@
 """The step with a plan's master weights in host memory (tierax.train.masters, tierax.train.
 streamed): the float32 masters of the kernels live in ``pinned_host`` arrays between steps, the
 loss runs on a bfloat16 copy on the device, and on CPU (where the placement is a no-op for memory)
-the parameters and moments come out bit-identical to the device-only step's."""
+the parameters and moments come out bit-identical to the device-only step's (with a gradient clip,
+within 4 float32 ulps: :func:`assert_same`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from ulps import assert_within_ulps
 
 from tierax import plan as P
 from tierax.models import get_config
@@ -44,14 +46,22 @@ def run(cfg, plan, n, *, grad_clip=None, grad_accum=1):
     return state
 
 
-def assert_same(ref, got):
-    """Masters, moments and step count bit for bit (``got`` also carries compute copies)."""
+def assert_same(ref, got, *, clipped: bool = False):
+    """Masters, moments and step count bit for bit (``got`` also carries compute copies).
+
+    ``clipped``: a global-norm clip scaled the updates.  The streamed update takes the norm of the
+    same gradients summed in another order than the whole-tree update (jax 0.12's XLA:CPU fuses
+    the two differently), so from the second step the clip's scale may differ in its last bit:
+    then every leaf agrees within 4 float32 ulps of its largest magnitude, not bit for bit."""
     for a, b in zip(
         jax.tree.leaves((ref.params, ref.opt_state, ref.step)),
         jax.tree.leaves((got.params, got.opt_state, got.step)),
         strict=True,
     ):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        if clipped:
+            assert_within_ulps(np.asarray(b), np.asarray(a))
+        else:
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def kinds(params, group) -> dict:
@@ -119,7 +129,7 @@ def test_offloaded_masters_step_is_bit_identical(kinds_, clip):
     }
     moments = {x.sharding.memory_kind for x in jax.tree.leaves(got.opt_state) if x.ndim == 3}
     assert moments == {"pinned_host" if "moments" in kinds_ else "device"}
-    assert_same(ref, got)
+    assert_same(ref, got, clipped=clip is not None)
     # The device copy is the new masters' cast, written by the update.
     assert {v.sharding.memory_kind for v in got.compute_params.values()} == {"device"}
     for k, v in M.derive(got.params, got.compute_params).items():

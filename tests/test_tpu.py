@@ -98,7 +98,7 @@ def test_unsupported_slice_size_names_the_valid_counts(key, devices, valid):
 # Google Cloud TPU docs (v5e, v5p, v6e pages): HBM, HBM bandwidth, bf16 peak, bidirectional ICI per
 # chip, host DRAM and chips per host, and the DCN per chip (v5e, v6e: per-host NICs × their line
 # rate over 8 chips; v5p: listed per chip, 50 Gb/s).  HBM in GiB, and never below what XLA:TPU
-# gives one program (15.75, 95.73, 31.25 GiB): the docs' 16 and 32 "GB" hold more than 16e9 and
+# gives one program (15.75, 95.73, 31.24 GiB): the docs' 16 and 32 "GB" hold more than 16e9 and
 # 32e9 bytes, and v5p's "95 GiB" less than its 95.73 GiB limit (96 GiB chips).
 GIB = 2**30
 DOCS = {
@@ -179,7 +179,7 @@ def test_v7x_per_device_figures_are_the_chips_halved():
         3.69e12,
         300e9,
     )
-    assert r.usable_device_bytes == int(94.75 * 2**30)  # libtpu's available HBM per device
+    assert r.usable_device_bytes == int(94.74 * 2**30)  # libtpu 0.0.50.1 available HBM per device
     with pytest.raises(TieraxError, match="no TPU slice of 4 devices.*one of: 8, 16, 32, 64, 128"):
         spec.topology_name(4)  # 4 devices are 2 chips: no such slice
 

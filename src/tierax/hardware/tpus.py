@@ -49,8 +49,8 @@ class TpuSpec:
     kind: ClassVar[str] = "tpu"
     xla_hbm_limit_source: ClassVar[str] = (
         "XLA:TPU's available HBM, from libtpu's out-of-memory message in a deviceless compile "
-        "(libtpu 0.0.42.1 and "
-        "0.0.52; the lower where they differ; tests/test_tpu.py checks the installed libtpu's)"
+        "(libtpu 0.0.42.1, 0.0.50.1 and 0.0.52; the lowest where they differ; tests/test_tpu.py "
+        "checks the installed libtpu's)"
     )
     rate_sources: ClassVar[dict] = {
         "hbm": "Google Cloud TPU docs",
@@ -207,10 +207,11 @@ TPU_TARGETS: dict[str, TpuSpec] = {
         generation="v6e",
         # docs.cloud.google.com/tpu/docs/v6e: 32 GB HBM at 1638 GBps, 918 TFLOPs bf16, 1836 TOPs
         # int8 per chip; each chip reaches its host over PCIe Gen5.  The HBM "GB" is GiB (as v5e):
-        # XLA:TPU gives one program 31.25 GiB, more than 32e9 bytes (29.8 GiB) could hold.
+        # XLA:TPU gives one program 31.24 GiB (libtpu 0.0.50.1; 31.25 under 0.0.42.1), more than
+        # 32e9 bytes (29.8 GiB) could hold.
         device_memory_bytes=32 * 2**30,
         hbm_bytes_per_s=1638 * GB,
-        xla_hbm_limit_bytes=_gib(31.25),
+        xla_hbm_limit_bytes=_gib(31.24),
         peak_flops={"bf16": 918e12, "int8": 1836e12},
         host_link_theory_bps=_TPU_HOST_LINK,
         host_link_bps=_TPU_HOST_LINK,
@@ -255,8 +256,9 @@ TPU_TARGETS["v7x"] = TpuSpec(
     devices_per_chip=_V7X_DEVICES_PER_CHIP,
     device_memory_bytes=_V7X_CHIP["hbm"] // _V7X_DEVICES_PER_CHIP,
     hbm_bytes_per_s=_V7X_CHIP["hbm_bw"] / _V7X_DEVICES_PER_CHIP,
-    # libtpu 0.0.42.1: "exceeds available HBM (94.75G)" for one tpu7x device (96 GiB less reserve).
-    xla_hbm_limit_bytes=_gib(94.75),
+    # libtpu 0.0.50.1: "exceeds available HBM (94.74G)" for one tpu7x device (96 GiB less reserve;
+    # 94.75G under 0.0.42.1).
+    xla_hbm_limit_bytes=_gib(94.74),
     peak_flops={
         "bf16": _V7X_CHIP["bf16"] / _V7X_DEVICES_PER_CHIP,
         "fp8": _V7X_CHIP["fp8"] / _V7X_DEVICES_PER_CHIP,

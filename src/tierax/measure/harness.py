@@ -110,8 +110,9 @@ MATMUL_ROLES = {
 # the tokens as JAX writes it.  With bfloat16 operands XLA:CPU runs the forward and the input
 # gradient as YNNPACK GEMMs on the bfloat16 operands themselves and the weight gradient as a dot of
 # float32 copies with no conversion back, where a bfloat16-output GEMM (every layer GEMM) has its
-# operands converted to float32, runs the float32 GEMM and converts its product back (the
-# compiled HLO of each: tests/test_time_model.py).
+# operands converted to float32, runs the float32 GEMM and converts its product back — up to jax
+# 0.11; jax 0.12's XLA:CPU runs a layer's forward and input-gradient GEMMs on bfloat16 operands
+# too (the compiled HLO of each, per jax version: tests/test_time_model.py).
 HEAD_MATMUL_ROLES = {
     "forward": lambda m, k, n, dt: ((m, k), (k, n), lambda x, w: _dot(x, w, "forward", f32=True)),
     "input-gradient": lambda m, k, n, dt: (
