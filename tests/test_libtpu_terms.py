@@ -18,6 +18,7 @@ from tierax.mesh import MeshShape
 from tierax.models import get_config
 from tierax.models.config import for_platform
 from tierax.tracing import inventory as inv_lib
+from tierax.tracing.program import Head
 
 RECORD = pathlib.Path(__file__).resolve().parents[1] / "bench" / "results" / "tpu_default_env.json"
 
@@ -61,7 +62,7 @@ def test_older_libtpu_adds_one_logits_and_three_head_sized_buffers_at_the_loss()
 
 def libtpu_excess() -> int:
     cfg = dataclasses.replace(get_config("tiny-llama"), dtype="bfloat16")
-    return fixed.libtpu_temp_excess_bytes(cfg, 2, 2, 32)
+    return fixed.libtpu_temp_excess_bytes(Head(cfg.d_model, cfg.vocab_size), 2, 2, 32)
 
 
 def test_older_libtpu_term_stops_above_the_measured_tokens():
@@ -73,8 +74,9 @@ def test_older_libtpu_term_stops_above_the_measured_tokens():
     tokens = 3 * 8192
     assert doc["reading"]["libtpu_temp_excess_formula_bytes"] == 2 * 128256 * (tokens + 3 * 4096)
     assert doc["reading"]["temp_minus_color_0_bytes"] < 0.2 * 2 * 128256 * (tokens + 3 * 4096)
-    assert fixed.libtpu_temp_excess_bytes(cfg, 2, 8, tokens) == 0
-    assert fixed.libtpu_temp_excess_bytes(cfg, 2, 8, 8192) == 2 * 128256 * (8192 + 3 * 4096)
+    head = Head(cfg.d_model, cfg.vocab_size)
+    assert fixed.libtpu_temp_excess_bytes(head, 2, 8, tokens) == 0
+    assert fixed.libtpu_temp_excess_bytes(head, 2, 8, 8192) == 2 * 128256 * (8192 + 3 * 4096)
 
 
 def test_older_libtpu_term_is_only_where_it_was_measured():

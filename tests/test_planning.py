@@ -110,7 +110,7 @@ def test_the_python_api_solves_through_the_same_path(solves):
     params = {"w": jnp.ones((3, 16, 16))}
     planned = tierax.plan(tierax.inventory(loss, params, jnp.ones((4, 16))), mesh={"fsdp": 2})
     (req,) = solves
-    assert req.mechanism == "policy" and req.inventory is not None and req.mesh["fsdp"] == 2
+    assert req.mechanism == "policy" and req.program is not None and req.mesh["fsdp"] == 2
     assert planned.predicted.fits
 
 

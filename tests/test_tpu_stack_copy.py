@@ -19,6 +19,7 @@ import pytest
 from tierax.costmodel import fixed
 from tierax.models import get_config
 from tierax.tracing import inventory as inv_lib
+from tierax.tracing import model_program
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 MESH = {"fsdp": 2, "expert": 2}
@@ -27,7 +28,7 @@ MESH = {"fsdp": 2, "expert": 2}
 def _model_bytes() -> int:
     cfg = dataclasses.replace(get_config("tiny-deepseek"), dtype="bfloat16")
     inv = inv_lib.model_inventory(cfg, 2, 128, MESH)
-    return fixed._tpu_stack_copy_bytes(inv, cfg, 2, 4, 2)
+    return fixed._tpu_stack_copy_bytes(model_program.for_inventory(cfg, inv), 2, 4, 2)
 
 
 def test_expert_stacks_are_divided_by_fsdp_times_expert_once():

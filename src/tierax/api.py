@@ -46,6 +46,7 @@ from tierax.plan.types import RESERVED_KEYS
 from tierax.solving import planner, planning
 from tierax.tracing import inventory as inv_lib
 from tierax.tracing import jaxpr_tools
+from tierax.tracing.program import Program
 
 # What a "no plan fits" message suggests from Python (the planner's default names CLI options).
 API_REMEDIES = (
@@ -55,47 +56,19 @@ API_REMEDIES = (
 
 
 @dataclass(frozen=True)
-class CustomModel:
-    """What the cost model and planner read of a model (the role ModelConfig plays for tierax's
-    own)."""
+class ModelInventory:
+    """:func:`inventory`'s result: the traced program (:class:`~tierax.tracing.program.Program`:
+    its layer groups, per-device inventory, dtypes and model FLOPs, read from the trace alone)."""
 
-    name: str
-    groups: tuple[LayerGroup, ...]
-    dtype: str
-    param_dtype: str
-    forward_flops: float  # matmul FLOPs of one forward of every layer
-    family: str = "custom"
-    d_model: int = 0  # no LM head counted
-    vocab_size: int = 0
-    num_experts_per_tok: int = 0
-    num_moe_layers: int = 0
-
-    def layer_groups(self) -> tuple[LayerGroup, ...]:
-        return self.groups
+    program: Program
 
     @property
-    def num_layers(self) -> int:
-        return sum(g.num_layers for g in self.groups)
-
-    def matmul_params_per_token(
-        self,
-    ) -> float:  # train_flops = 6 · this · tokens (inventory: one token)
-        return self.forward_flops / 2
-
-    def attention_dims(self) -> tuple[int, int, int]:
-        return 0, 0, 0  # attention matmuls are in forward_flops already
-
-
-@dataclass(frozen=True)
-class ModelInventory:
-    """:func:`inventory`'s result: the model description and its per-device inventory."""
-
-    model: CustomModel
-    inventory: inv_lib.Inventory
+    def inventory(self) -> inv_lib.Inventory:
+        return self.program.inventory
 
     @property
     def groups(self) -> dict[str, tuple[str, ...]]:
-        return {g.name: g.activations for g in self.model.groups}
+        return {g.name: g.activations for g in self.program.groups}
 
 
 @dataclass(frozen=True)
@@ -103,7 +76,7 @@ class Planned:
     """:func:`plan`'s result: the Plan, the predicted step, why each choice, and the policies."""
 
     plan: Plan
-    model: CustomModel
+    program: Program
     result: planner.PlanResult = field(repr=False)
 
     @property
@@ -117,7 +90,7 @@ class Planned:
         (``to_policies`` says None there, meaning "run without jax.checkpoint"; but this layer is
         already inside your ``jax.checkpoint``, where ``policy=None`` recomputes everything.)
         """
-        return _policy(self.plan, self.model, group)
+        return _policy(self.plan, self.program, group)
 
     def placements(self) -> dict[str, dict[str, str]]:
         return {
@@ -125,9 +98,9 @@ class Planned:
         }
 
 
-def _policy(plan: Plan, model: CustomModel, group: str | None) -> Callable:
-    """``group``'s ``jax.checkpoint`` policy under ``plan`` (validated against ``model``)."""
-    names = [g.name for g in model.groups]
+def _policy(plan: Plan, program: Program, group: str | None) -> Callable:
+    """``group``'s ``jax.checkpoint`` policy under ``plan`` (validated against ``program``)."""
+    names = [g.name for g in program.groups]
     if group is None:
         if len(names) != 1:
             raise TieraxError(
@@ -142,7 +115,7 @@ def _policy(plan: Plan, model: CustomModel, group: str | None) -> Callable:
             f"plan {plan.name!r} splits group(s) {', '.join(segmented)} into segments, which run "
             "in tierax's segmented layer scan, not in your model's scan; remove 'segments'"
         )
-    policies = to_policies(plan, model)
+    policies = to_policies(plan, program)
     policy = policies[group]
     if policy is not None and not callable(policy):  # tierax's prefetching scan (its models only)
         raise TieraxError(
@@ -176,7 +149,7 @@ def policy(
         raise TieraxError(
             f"plan is a {type(plan).__name__}; give a tierax Plan, a plan YAML path or a preset"
         )
-    return _policy(load_plan(plan, inventory.model), inventory.model, group)
+    return _policy(load_plan(plan, inventory.program), inventory.program, group)
 
 
 def _leaf_bytes(tree) -> int:
@@ -316,10 +289,11 @@ def inventory(loss_fn: Callable, params, batch, *, name: str = "custom") -> Mode
             f"loss_fn returns {got or 'nothing'}; tierax plans the gradient of one "
             "floating-point scalar: return the mean loss (e.g. jnp.mean(...))"
         )
-    groups, lgroups, used, dtypes = [], [], set(), []
+    groups, lgroups, used, dtypes, widths = [], [], set(), [], []
     for k, (group, length, remat, carry) in enumerate(_layers(closed)):
         layer, x, others = _layer_fn(remat, carry)
         dtypes.append(str(x.dtype))
+        widths.append(int(x.shape[-1]) if x.shape else 1)
         gname = group or ("layers" if k == 0 else f"layers_{k}")
         if gname in used:
             raise TieraxError(
@@ -342,15 +316,9 @@ def inventory(loss_fn: Callable, params, batch, *, name: str = "custom") -> Mode
             "no scan over a jax.checkpoint'ed layer with checkpoint_name'd activations in loss_fn; "
             "see tierax.api's docstring (or examples/) for the form tierax plans"
         )
+    hidden = widths[0]
     leaves = jax.tree.leaves(_sds(params))
     pdtype = str(leaves[0].dtype) if leaves else "float32"
-    model = CustomModel(
-        name,
-        tuple(lgroups),
-        dtype=dtypes[0],
-        param_dtype=pdtype,
-        forward_flops=sum(g.forward_flops_per_layer * g.num_layers for g in groups),
-    )
     pbytes = _leaf_bytes(_sds(params))
     inv = inv_lib.Inventory(
         model=name,
@@ -364,7 +332,19 @@ def inventory(loss_fn: Callable, params, batch, *, name: str = "custom") -> Mode
         logits_bytes=0,
         embed_param_count=0,
     )
-    return ModelInventory(model, inv)
+    # What the trace gives of the rest of the program: the layers' matmuls (3× the forward: the
+    # model FLOPs of MaxText's convention), the hidden width (the layer input's last dimension).
+    # No LM head, fused attention kernel or MoE buffers are priced: the trace names none.
+    program = Program(
+        inventory=inv,
+        groups=tuple(lgroups),
+        dtype=dtypes[0],
+        param_dtype=pdtype,
+        hidden=hidden,
+        model_flops=3.0 * sum(g.forward_flops_per_layer * g.num_layers for g in groups),
+        batch_shaped=False,
+    )
+    return ModelInventory(program)
 
 
 def plan(
@@ -414,6 +394,7 @@ def plan(
     host_budget = _bytes_arg("host_budget", host_budget, minimum=0)
     extra_bytes = _bytes_arg("extra_bytes", extra_bytes, minimum=0, allow_none=False)
     inv = inventory.inventory
+    program = inventory.program
     shard = 1
     if mesh:
         if not isinstance(mesh, Mapping):
@@ -431,15 +412,17 @@ def plan(
             grad_bytes=inv.grad_bytes // shard,
             optimizer_bytes=inv.optimizer_bytes // shard,
         )
-    inv = dataclasses.replace(inv, logits_bytes=inv.logits_bytes + int(extra_bytes))
-    rates = cm.target_rates(target, inventory.model.dtype)
+    program = dataclasses.replace(
+        program.with_inventory(inv), extra_bytes=program.extra_bytes + int(extra_bytes)
+    )
+    rates = cm.target_rates(target, program.dtype)
     planning.check_budget(budget, rates, option="budget=")
     planning.check_host_budget(host_budget, rates, option="host_budget=")
     # Your layer runs under jax.checkpoint with the policy this plan gives: XLA's offload policy
     # mechanism.
     result, _ = planning.solve(
         planning.Request(
-            inventory.model,
+            None,
             dict(inv.mesh),
             rates,
             schedule=schedule,
@@ -448,10 +431,10 @@ def plan(
             name=name,
             mechanism="policy",
             remedies=API_REMEDIES,
-            inventory=inv,
+            program=program,
             # Your training step, not tierax's, updates the optimizer state: the plan places
             # activations only (tierax.train.streamed is what runs offloaded moments).
             place_state=False,
         )
     )
-    return Planned(result.plan, inventory.model, result)
+    return Planned(result.plan, program, result)

@@ -286,11 +286,20 @@ class PreparedRun:
         if key not in self._cache:
             rates = cm.scale_rates(self.rates, dict(factors or {})) if factors else self.rates
             self._cache[key] = cm.simulate(
-                self.plan, self.inventory, self.cfg, rates, self.run.schedule, self.run.grad_accum
+                self.plan, self.program, rates, self.run.schedule, self.run.grad_accum
             )
             if len(self._cache) > 4096:
                 self._cache.clear()
         return self._cache[key]
+
+    @property
+    def program(self):
+        """The run's :class:`~tierax.tracing.program.Program` (tierax's front end)."""
+        from tierax.tracing.model_program import for_inventory
+
+        if "program" not in self._cache:
+            self._cache["program"] = for_inventory(self.cfg, self.inventory)
+        return self._cache["program"]
 
     def step_s(self, factors: Mapping[str, float] | None = None) -> float:
         return self.predict(factors).step_time_s

@@ -4,7 +4,6 @@ copies, collectives and the loss phase's bytes."""
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import jax.numpy as jnp
@@ -13,11 +12,11 @@ from tierax import hardware
 from tierax.costmodel import network
 from tierax.costmodel.rates import FUSED_BACKWARD_FLOPS_RATIO, Rates, matmul_s
 from tierax.hardware import cudnn, libtpu
-from tierax.models import moe
-from tierax.models.flops import train_flops
-from tierax.sharding import gather_layout
 from tierax.tracing import hbm
 from tierax.tracing.inventory import Inventory
+from tierax.tracing.model_program import accepts_config
+from tierax.tracing.model_program import transposed_stack_params as transposed_stack_params
+from tierax.tracing.program import Head, Program
 
 
 @dataclass(frozen=True)
@@ -86,10 +85,9 @@ class FixedTerms:
         return max(self.layer_phase_bytes, self.loss_phase_bytes - self.reported_excess_bytes)
 
 
-def _compute(
-    inv: Inventory, cfg, rates: Rates, tokens: int, tiled: bool
-) -> tuple[float, float, float, float]:
-    head_flops = 2.0 * tokens * cfg.d_model * cfg.vocab_size
+def _compute(prog: Program, rates: Rates, tiled: bool) -> tuple[float, float, float, float]:
+    inv = prog.inventory
+    head_flops = 2.0 * prog.tokens * prog.head.params if prog.head else 0.0
     loss_recompute = head_flops if tiled else 0.0
     executed = (
         3.0 * (sum(g.forward_flops_per_layer * g.num_layers for g in inv.groups) + head_flops)
@@ -139,12 +137,10 @@ def _compute(
 
 
 def _workspace(
-    inv: Inventory,
-    cfg,
+    prog: Program,
     c_item: int,
     fsdp: int,
     ep: int,
-    tokens: int,
     tiled: bool,
     head_grad: int,
     grad_share: float,
@@ -155,21 +151,22 @@ def _workspace(
     # the dispatch's size (tierax.models.moe), and, under FSDP, its weights gathered in the compute
     # dtype: the dense ones whole (per tensor shard), the expert ones over fsdp only (E / expert
     # local experts).
+    inv = prog.inventory
     workspace = max(
         (g.written_residual_bytes_per_layer if tpu else g.save_all_bytes_per_layer)
         + (c_item * (g.layer_param_count - g.expert_param_count_per_layer) if fsdp > 1 else 0)
         + (c_item * g.expert_param_count_per_layer / ep if inv.mesh.get("fsdp", 1) > 1 else 0)
-        + (moe.backward_buffer_bytes(cfg, tokens, ep) if g.expert_param_count_per_layer else 0)
+        + (prog.moe_backward(g.name) if g.expert_param_count_per_layer else 0)
         for g in inv.groups
     )
-    if getattr(cfg, "attention", "") == "cudnn":
+    att = prog.attention
+    if att is not None and att.kind == "cudnn":
         # cuDNN's attention backward workspace, one layer's at a time (tierax.hardware.cudnn): XLA's
         # deviceless compile counts it as 0, a real GPU allocates it.
-        _, dqk, _ = cfg.attention_dims()
         workspace += cudnn.backward_workspace_bytes(
-            inv.microbatch, cfg.num_heads // inv.mesh.get("tensor", 1), inv.seq, dqk
+            inv.microbatch, att.heads_per_device, inv.seq, att.qk_head_dim
         )
-    if fsdp > 1 and cfg.vocab_size and not tiled:
+    if fsdp > 1 and prog.head and not tiled:
         # The head's backward runs before the layers': until the reduce-scatter after the loop, XLA
         # keeps either its float32 weight gradient ([D, V], unsharded) or the logits' gradient
         # (compute dtype) it is computed from ([tokens, V]), whichever it schedules (both are seen
@@ -182,25 +179,27 @@ def _workspace(
     return workspace
 
 
-def _stack_copy_bytes(inv: Inventory, cfg, p_item: int) -> int:
+def _stack_copy_bytes(prog: Program, p_item: int) -> int:
     # XLA's transposed copies of stacked weights it cannot gather along their major dimension
     # (tierax.sharding.gather_layout): made before the forward loop, live at the loss and through
     # the backward loop (tierax.sharding.gather_layout names the stacks).
-    return p_item * transposed_stack_params(cfg, inv.mesh)
+    return p_item * prog.stack_copy_params
 
 
-def collective_s_by_group(inv: Inventory, cfg, rates: Rates) -> dict[str, float]:
+@accepts_config(0)
+def collective_s_by_group(prog: Program, rates: Rates) -> dict[str, float]:
     """Seconds of collectives per step, per collective group (a mesh axis, or the FSDP group
     ``fsdp×expert``), each at its group's link (:mod:`tierax.costmodel.network`)."""
-    out = dict(_hideable_collective_s(inv, cfg, rates))
-    for a, s in _critical_collective_s(inv, rates).items():
+    out = dict(_hideable_collective_s(prog, rates))
+    for a, s in _critical_collective_s(prog.inventory, rates).items():
         out[a] = out.get(a, 0.0) + s
     return out
 
 
-def _hideable_collective_s(inv: Inventory, cfg, rates: Rates) -> dict[str, float]:
+def _hideable_collective_s(prog: Program, rates: Rates) -> dict[str, float]:
     """FSDP's gathers and reduce-scatters and the data all-reduce, per group."""
-    c_item = jnp.dtype(cfg.dtype).itemsize
+    inv = prog.inventory
+    c_item = jnp.dtype(prog.dtype).itemsize
     ep = inv.mesh.get("expert", 1)
     fsdp = inv.mesh.get("fsdp", 1) * ep
     out: dict[str, float] = {}
@@ -211,15 +210,13 @@ def _hideable_collective_s(inv: Inventory, cfg, rates: Rates) -> dict[str, float
     # tierax.models.moe); the other weights over fsdp × expert.  Per-device parameters = the dense
     # ones' shard + the experts' shard.
     n_fsdp = inv.mesh.get("fsdp", 1)
-    n_efsdp = (
-        n_fsdp if n_fsdp > 1 and getattr(cfg, "d_model", 0) % n_fsdp == 0 else 1
-    )  # D not divisible: kept whole
+    n_efsdp = n_fsdp if n_fsdp > 1 and prog.hidden % n_fsdp == 0 else 1  # D not divisible: whole
     expert_local = sum(g.expert_param_count_per_layer * g.num_layers for g in inv.groups) / (
         ep * n_efsdp
     )
     if fsdp > 1:
         gathered = (
-            (inv.param_bytes / jnp.dtype(cfg.param_dtype).itemsize - expert_local) * c_item * fsdp
+            (inv.param_bytes / jnp.dtype(prog.param_dtype).itemsize - expert_local) * c_item * fsdp
         )
         out[network.FSDP_GROUP] = (
             3 * gathered * (fsdp - 1) / fsdp / links[network.FSDP_GROUP].bytes_per_s
@@ -252,11 +249,11 @@ def _critical_collective_s(inv: Inventory, rates: Rates) -> dict[str, float]:
 
 
 def _collectives(
-    inv: Inventory, cfg, rates: Rates, schedule: str, compute_s: float
+    prog: Program, rates: Rates, schedule: str, compute_s: float
 ) -> tuple[float, float, float]:
     """(all collectives' seconds, exposed with ``compute_s`` to hide under, the critical part)."""
-    hideable = sum(_hideable_collective_s(inv, cfg, rates).values())
-    critical = sum(_critical_collective_s(inv, rates).values())
+    hideable = sum(_hideable_collective_s(prog, rates).values())
+    critical = sum(_critical_collective_s(prog.inventory, rates).values())
     return hideable + critical, critical + exposed_share(hideable, compute_s, schedule), critical
 
 
@@ -267,7 +264,7 @@ def exposed_share(hideable_s: float, window_s: float, schedule: str) -> float:
 
 
 def _loss_phase_bytes(
-    inv: Inventory, cfg, c_item: int, fsdp: int, tiled: bool, head_grad: int, grad_share: float
+    prog: Program, c_item: int, fsdp: int, tiled: bool, head_grad: int, grad_share: float
 ) -> float:
     # At the loss (deviceless XLA:GPU peaks): untiled, the float32 logits and their gradient in the
     # compute dtype, then that gradient and the head's float32 gradient [D, V] — the logits die when
@@ -277,6 +274,7 @@ def _loss_phase_bytes(
     # tiled, one tile's gradient, two float32 [D, V] (the head-gradient accumulator in and out; one
     # under FSDP in a narrower dtype: the other was the head in float32 for a float32 gradient)
     # and under FSDP the gathered head.  (TPU targets: _tpu_loss_phase_bytes.)
+    inv = prog.inventory
     loss_bytes = head_grad + inv.logits_bytes * (1 + grad_share)
     if grad_share < 1:
         loss_bytes = max(
@@ -287,19 +285,13 @@ def _loss_phase_bytes(
         loss_bytes = (
             (1 if narrow else 2) * head_grad
             + inv.logits_bytes * grad_share
-            + (cfg.vocab_size * cfg.d_model * c_item if fsdp > 1 else 0)
+            + (prog.head.params * c_item if fsdp > 1 else 0)
         )
     return loss_bytes
 
 
 def _tpu_loss_phase_bytes(
-    inv: Inventory,
-    cfg,
-    c_item: int,
-    fsdp: int,
-    tiled: bool,
-    head_grad: int,
-    tokens: int,
+    prog: Program, c_item: int, fsdp: int, tiled: bool, head_grad: int
 ) -> float:
     # At the loss on TPU, from XLA:TPU's buffer assignment and live ranges (Llama 3 8B, v5p, 4 and
     # 8 chips: bench/results/tpu_compile.json): the logits in the compute dtype, saved by the
@@ -318,9 +310,9 @@ def _tpu_loss_phase_bytes(
     # compute-dtype [D, V] is the gradient's accumulator over the tiles.  What XLA:TPU assigns; a
     # libtpu older than 0.0.52 reports more temp than this at an untiled loss, which fixed_terms
     # adds (FixedTerms.reported_excess_bytes).
-    logits = inv.logits_bytes * c_item / 4  # inv.logits_bytes is float32 (tierax.inventory)
-    hidden = tokens * cfg.d_model * (4 + c_item)
-    narrow_head = cfg.vocab_size * cfg.d_model * c_item  # a [D, V] in the compute dtype
+    logits = prog.inventory.logits_bytes * c_item / 4  # float32 (tierax.tracing.inventory)
+    hidden = prog.tokens * prog.hidden * (4 + c_item)
+    narrow_head = prog.head.params * c_item  # a [D, V] in the compute dtype
     gathered_head = narrow_head if fsdp > 1 else 0
     if tiled:
         return head_grad + narrow_head + logits + hidden + gathered_head
@@ -328,11 +320,13 @@ def _tpu_loss_phase_bytes(
     return logits + gathered_head + head_grad + max(hidden, gathered_head)
 
 
-def _reported_excess(cfg, c_item: int, fsdp: int, tiled: bool, tokens: int, version: str) -> int:
+def _reported_excess(
+    head: Head, c_item: int, fsdp: int, tiled: bool, tokens: int, version: str
+) -> int:
     """libtpu_temp_excess_bytes where it applies: an untiled loss, a libtpu older than traced."""
     if tiled or not libtpu.older_than_traced(version):
         return 0
-    return libtpu_temp_excess_bytes(cfg, c_item, fsdp, tokens)
+    return libtpu_temp_excess_bytes(head, c_item, fsdp, tokens)
 
 
 # The most tokens per device at which libtpu 0.0.42.1's temp excess was measured
@@ -340,7 +334,7 @@ def _reported_excess(cfg, c_item: int, fsdp: int, tiled: bool, tokens: int, vers
 LIBTPU_EXCESS_MAX_TOKENS = 8192
 
 
-def libtpu_temp_excess_bytes(cfg, c_item: int, fsdp: int, tokens: int) -> int:
+def libtpu_temp_excess_bytes(head: Head | None, c_item: int, fsdp: int, tokens: int) -> int:
     """What libtpu 0.0.42.1's ``temp_size_in_bytes`` holds beyond its own buffer assignment at an
     untiled loss's peak: one logits-sized buffer in the compute dtype ([tokens, V]) and three of the
     head's size in it ([V, D]), under FSDP (0 otherwise: not measured).
@@ -358,12 +352,12 @@ def libtpu_temp_excess_bytes(cfg, c_item: int, fsdp: int, tokens: int) -> int:
     9.46e9 bytes where 0.0.42.1's temp exceeds its HBM heap by 1.66e9, so the cause is not this
     formula's; above it the term is 0 (nothing known, nothing added).
     """
-    if fsdp <= 1 or not cfg.vocab_size or tokens > LIBTPU_EXCESS_MAX_TOKENS:
+    if fsdp <= 1 or head is None or tokens > LIBTPU_EXCESS_MAX_TOKENS:
         return 0
-    return int(cfg.vocab_size * c_item * (tokens + 3 * cfg.d_model))
+    return int(head.vocab * c_item * (tokens + 3 * head.hidden))
 
 
-def _tpu_stack_copy_bytes(inv: Inventory, cfg, c_item: int, fsdp: int, ep: int) -> int:
+def _tpu_stack_copy_bytes(prog: Program, c_item: int, fsdp: int, ep: int) -> int:
     # XLA:TPU converts every stacked layer weight's shard to the compute dtype once, before the
     # forward loop, and keeps the copies through the backward (convert(param) at its peak,
     # bench/results/tpu_compile.json); the GPU's transposed float32 copies (_stack_copy_bytes) are
@@ -372,7 +366,7 @@ def _tpu_stack_copy_bytes(inv: Inventory, cfg, c_item: int, fsdp: int, ep: int) 
     # compile holds f32[L, E/expert, D/fsdp, F] per device (tests/test_tpu_stack_copy.py); every
     # other layer weight over ``fsdp`` (= the fsdp axis × expert).
     n_fsdp = fsdp // max(ep, 1)
-    n_efsdp = n_fsdp if n_fsdp > 1 and getattr(cfg, "d_model", 0) % n_fsdp == 0 else 1
+    n_efsdp = n_fsdp if n_fsdp > 1 and prog.hidden % n_fsdp == 0 else 1
     return int(
         c_item
         * sum(
@@ -381,46 +375,45 @@ def _tpu_stack_copy_bytes(inv: Inventory, cfg, c_item: int, fsdp: int, ep: int) 
                 + g.expert_param_count_per_layer / (max(ep, 1) * n_efsdp)
             )
             * g.num_layers
-            for g in inv.groups
+            for g in prog.inventory.groups
         )
     )
 
 
-def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
-    c_item = jnp.dtype(cfg.dtype).itemsize
-    tokens = inv.microbatch * inv.seq
-    tiled = (
-        getattr(cfg, "loss_tiles", 1) > 1
-    )  # the backward recomputes each tile's logits (a head forward)
-    executed, hbm_s, compute_s, fused_s = _compute(inv, cfg, rates, tokens, tiled)
+@accepts_config(0)
+def fixed_terms(prog: Program, rates: Rates, schedule: str) -> FixedTerms:
+    inv = prog.inventory
+    c_item = jnp.dtype(prog.dtype).itemsize
+    tokens = prog.tokens
+    head = prog.head
+    tiled = head is not None and head.tiled  # the backward recomputes each tile's logits
+    executed, hbm_s, compute_s, fused_s = _compute(prog, rates, tiled)
     # Weights: FSDP-sharded over fsdp × expert (experts: E over expert, the rest over fsdp), split
     # over tensor where tensor-parallel (the inventory traces a layer per tensor shard already).
     fsdp = inv.mesh.get("fsdp", 1) * inv.mesh.get("expert", 1)
     ep = inv.mesh.get("expert", 1)
-    p_item = jnp.dtype(cfg.param_dtype).itemsize
-    head_grad = cfg.vocab_size * cfg.d_model * p_item  # the LM head's gradient, unsharded [D, V]
+    p_item = jnp.dtype(prog.param_dtype).itemsize
+    head_grad = head.params * p_item if head else 0  # the LM head's gradient, unsharded [D, V]
     tpu = rates.target in hardware.TPU_TARGETS
     # the logits' gradient ÷ float32 logits (TPU: _tpu_loss_phase_bytes)
     grad_share = 0.0 if tpu else c_item / 4
-    workspace = _workspace(inv, cfg, c_item, fsdp, ep, tokens, tiled, head_grad, grad_share, tpu)
+    workspace = _workspace(prog, c_item, fsdp, ep, tiled, head_grad, grad_share, tpu)
     if tpu:
-        stack_copy = _tpu_stack_copy_bytes(inv, cfg, c_item, fsdp, ep)
+        stack_copy = _tpu_stack_copy_bytes(prog, c_item, fsdp, ep)
     else:
-        stack_copy = _stack_copy_bytes(inv, cfg, p_item)
-    coll, exposed_coll, critical_coll = _collectives(inv, cfg, rates, schedule, compute_s)
+        stack_copy = _stack_copy_bytes(prog, p_item)
+    coll, exposed_coll, critical_coll = _collectives(prog, rates, schedule, compute_s)
     excess = 0
-    if tpu:
-        excess = _reported_excess(cfg, c_item, fsdp, tiled, tokens, rates.libtpu)
-        loss_bytes = _tpu_loss_phase_bytes(inv, cfg, c_item, fsdp, tiled, head_grad, tokens)
-        loss_bytes += excess
+    if head is None:  # no head priced (tierax.api): the loss holds only the extra bytes
+        loss_bytes = 0
+    elif tpu:
+        excess = _reported_excess(head, c_item, fsdp, tiled, tokens, rates.libtpu)
+        loss_bytes = _tpu_loss_phase_bytes(prog, c_item, fsdp, tiled, head_grad) + excess
     else:
-        loss_bytes = _loss_phase_bytes(inv, cfg, c_item, fsdp, tiled, head_grad, grad_share)
-    if (
-        not cfg.vocab_size
-    ):  # a model without a head (tierax.api): logits_bytes are the caller's, live throughout
-        workspace += inv.logits_bytes
-        loss_bytes = inv.logits_bytes
-        excess = 0
+        loss_bytes = _loss_phase_bytes(prog, c_item, fsdp, tiled, head_grad, grad_share)
+    # Bytes the trace does not see, live through the whole step: in both phases.
+    workspace += prog.extra_bytes
+    loss_bytes += prog.extra_bytes
     return FixedTerms(
         state_bytes=inv.param_bytes + inv.grad_bytes + inv.optimizer_bytes,
         workspace_bytes=int(workspace),
@@ -429,7 +422,7 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
         collective_s=coll,
         exposed_collective_s=exposed_coll,
         critical_collective_s=critical_coll,
-        model_flops=train_flops(cfg, inv.microbatch, inv.seq),
+        model_flops=prog.model_flops,
         executed_flops=executed,
         # XLA:TPU writes the layers' gradients in the backward loop, after the loss (none among its
         # peak allocations there, bench/results/tpu_compile.json); XLA:GPU's loss-phase peaks held
@@ -441,30 +434,3 @@ def fixed_terms(inv: Inventory, cfg, rates: Rates, schedule: str) -> FixedTerms:
         fused_attention_s=fused_s,
         reported_excess_bytes=int(excess),
     )
-
-
-def transposed_stack_params(cfg, mesh: dict) -> float:
-    """Per-device parameters of ``cfg``'s stacked weights gathered through a transposed copy
-    (:func:`tierax.sharding.gather_layout.transposed_params`; 0 for a model of the Python API,
-    whose weights' layout is not known)."""
-    if getattr(cfg, "family", "custom") not in ("llama", "deepseek"):
-        return 0.0
-    items = tuple(sorted(mesh.items()))
-    try:
-        return _cached_stack_params(cfg, items)
-    except TypeError:  # an unhashable config (a list field)
-        return _stack_params(cfg, items)
-
-
-def _stack_params(cfg, mesh_items) -> float:
-    from flax import nnx
-
-    from tierax.models import abstract_model
-
-    _, abstract = nnx.split(abstract_model(cfg))
-    return gather_layout.transposed_params(abstract, dict(mesh_items))
-
-
-@functools.lru_cache(maxsize=64)
-def _cached_stack_params(cfg, mesh_items) -> float:
-    return _stack_params(cfg, mesh_items)

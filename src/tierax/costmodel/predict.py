@@ -25,8 +25,8 @@ from tierax.costmodel.terms import SCHEDULES, group_terms, item_terms, staging_a
 from tierax.costmodel.transposes import transpose_s
 from tierax.errors import TieraxError
 from tierax.tracing import hbm
-from tierax.tracing import inventory as inv_lib
-from tierax.tracing.inventory import Inventory
+from tierax.tracing.model_program import accepts_config
+from tierax.tracing.program import Program
 
 
 @dataclass(frozen=True)
@@ -113,10 +113,10 @@ def peak_rows(breakdown: dict) -> list[tuple[str, int]]:
     return rows
 
 
+@accepts_config(1)
 def evaluate(
     placements: dict,
-    inv: Inventory,
-    cfg,
+    prog: Program,
     rates: Rates,
     schedule: str,
     mechanism: str = plan_lib.DEFAULT_MECHANISM,
@@ -126,7 +126,7 @@ def evaluate(
     """The model for explicit placements ``{(group, name): Placement}`` (carry names may be
     omitted) and training-state placements ``state`` (layer group → StatePlacement; None or a
     group not listed: on device; :mod:`tierax.costmodel.state`), for a step of ``grad_accum``
-    microbatches of ``inv``'s size per optimizer update.
+    microbatches of ``prog``'s size per optimizer update.
 
     With ``grad_accum`` = A > 1 every microbatch runs its forward and backward (with its
     recomputation, copies and collectives) and the update runs once: step = A × (the microbatch's
@@ -139,10 +139,11 @@ def evaluate(
     if schedule not in SCHEDULES:
         raise TieraxError(f"unknown schedule {schedule!r}; choose one of: {', '.join(SCHEDULES)}")
     P = plan_lib.Placement
+    inv = prog.inventory
     items = item_terms(inv, rates, mechanism)
     groups = group_terms(inv, rates, schedule, mechanism)
     staged_layers = staging_and_window(schedule, mechanism)[0]
-    fx = fixed_terms(inv, cfg, rates, schedule)
+    fx = fixed_terms(prog, rates, schedule)
     links = network.axis_links(inv.mesh, rates)
     if not rates.offload_is_real:  # XLA:CPU keeps "offloaded" values on device
         placements = {k: (P.DEVICE if v is P.OFFLOAD else v) for k, v in placements.items()}
@@ -187,9 +188,9 @@ def evaluate(
         exposed_d2h += max(0.0, d2h - g.d2h_window_s)
         exposed_h2d += max(0.0, h2d - g.h2d_window_s)
         staging = max(staging, staged_layers * staged)
-    sc = state_cost(offloaded_parts(state or {}), inv, cfg, rates, grad_accum)
+    sc = state_cost(offloaded_parts(state or {}), prog, rates, grad_accum)
     # The accumulator on the device through the microbatches (A > 1), less what is offloaded.
-    accum = accumulator_bytes(inv, cfg, grad_accum) - sc.accum_freed_bytes
+    accum = accumulator_bytes(prog, grad_accum) - sc.accum_freed_bytes
     # The streamed update's phase: the state left on device, the update's staged slices.
     update_phase = fx.state_bytes - sc.freed_bytes + sc.staging_bytes + fx.fixed_device_bytes
     # The accumulation after a microbatch's backward: its gradients, the accumulator left on
@@ -217,7 +218,7 @@ def evaluate(
     # The update's HBM time runs once per step; everything else of the microbatch A times.
     update_s = hbm.optimizer_bytes(inv.param_bytes) / rates.hbm_bytes_per_s
     micro = fx.compute_s + recompute + exposed_d2h + exposed_h2d + exposed_coll + transpose
-    adds = accumulate_s(inv, cfg, rates, grad_accum)
+    adds = accumulate_s(prog, rates, grad_accum)
     step = (
         (micro if grad_accum == 1 else grad_accum * (micro - update_s) + update_s + adds)
         + first_touch
@@ -336,27 +337,30 @@ def keeps_unnamed(placements: dict, group: str, names) -> bool:
     return True
 
 
-def plan_placements(plan: plan_lib.Plan, cfg) -> dict:
+def plan_placements(plan: plan_lib.Plan, program) -> dict:
     """``plan`` as explicit placements ``{(group, name): Placement}``, with ``(group, UNNAMED)``
-    for each group's unnamed intermediates."""
+    for each group's unnamed intermediates (``program``: what the plan is resolved against, a
+    :class:`~tierax.tracing.program.Program` or anything with its ``name`` and
+    ``layer_groups()``)."""
     out = {
-        (g, n): p for g, names in plan_lib.resolve(plan, cfg).items() for n, p in names.items()
+        (g, n): p
+        for g, names in plan_lib.resolve(plan, program).items()
+        for n, p in names.items()
     }
-    unnamed = plan_lib.unnamed_placements(plan, cfg)
+    unnamed = plan_lib.unnamed_placements(plan, program)
     out.update({(g, plan_lib.UNNAMED): p for g, p in unnamed.items()})
     return out
 
 
+@accepts_config(1)
 def simulate(
-    plan: plan_lib.Plan, inv: Inventory, cfg, rates: Rates, schedule: str, grad_accum: int = 1
+    plan: plan_lib.Plan, prog: Program, rates: Rates, schedule: str, grad_accum: int = 1
 ) -> Prediction:
     """Predicted peak device bytes, host bytes and step time of ``plan``, ``grad_accum``
-    microbatches of ``inv``'s size per update (:func:`evaluate`)."""
-    inv = inv_lib.for_plan(inv, plan, cfg)  # a segmented group: one scan, and one row, per segment
+    microbatches of ``prog``'s size per update (:func:`evaluate`)."""
     return evaluate(
-        plan_placements(plan, cfg),
-        inv,
-        cfg,
+        plan_placements(plan, prog),
+        prog.for_plan(plan),  # a segmented group: one scan, and one row, per segment
         rates,
         schedule,
         plan.mechanism,

@@ -61,6 +61,7 @@ from tierax.errors import TieraxError
 from tierax.plan import STATE_KINDS, Placement, StatePlacement
 from tierax.tracing import hbm
 from tierax.tracing.inventory import Inventory
+from tierax.tracing.program import Program
 
 # Layers of an offloaded part's slices on the device during the streamed update: the layer being
 # updated and the next one's loads (double buffering).
@@ -78,29 +79,31 @@ ALL_PHASE_KINDS = ("moments", "master_weights")
 
 
 def planned_terms(
-    inv: Inventory, cfg, rates: Rates, grad_accum: int = 1
+    prog: Program, rates: Rates, grad_accum: int = 1
 ) -> tuple[tuple[StateTerms, ...], tuple[StateGroupTerms, ...]]:
     """:func:`state_terms` of the parts the planner may place (:data:`PLANNED_KINDS`)."""
-    items, groups = state_terms(inv, cfg, rates, grad_accum)
+    items, groups = state_terms(prog, rates, grad_accum)
     return tuple(t for t in items if t.kind in PLANNED_KINDS), groups
 
 
-def accumulate_s(inv: Inventory, cfg, rates: Rates, grad_accum: int) -> float:
+def accumulate_s(prog: Program, rates: Rates, grad_accum: int) -> float:
     """The additions of ``grad_accum`` > 1 microbatches' gradients into the float32 accumulator,
     every parameter's, at the device's HBM rate (read the sum and the gradient, write the sum);
     0 for one microbatch per update."""
     if grad_accum < 2:
         return 0.0
-    p_item = jnp.dtype(cfg.param_dtype).itemsize
-    count = inv.param_bytes / p_item
+    p_item = jnp.dtype(prog.param_dtype).itemsize
+    count = prog.inventory.param_bytes / p_item
     return grad_accum * count * (2 * ACCUM_ITEMSIZE + p_item) / rates.hbm_bytes_per_s
 
 
-def accumulator_bytes(inv: Inventory, cfg, grad_accum: int) -> int:
+def accumulator_bytes(prog: Program, grad_accum: int) -> int:
     """The float32 accumulator's bytes per device (every parameter's); 0 for one microbatch."""
     if grad_accum < 2:
         return 0
-    return int(inv.param_bytes / jnp.dtype(cfg.param_dtype).itemsize * ACCUM_ITEMSIZE)
+    return int(
+        prog.inventory.param_bytes / jnp.dtype(prog.param_dtype).itemsize * ACCUM_ITEMSIZE
+    )
 # Where each part's update runs and why (reported with a plan's prediction).
 MECHANISM = (
     "streamed: pinned host memory between steps, loaded layer by layer for the AdamW update on the "
@@ -145,12 +148,13 @@ def _groups(inv: Inventory) -> dict[str, tuple[float, int]]:
 
 
 def state_terms(
-    inv: Inventory, cfg, rates: Rates, grad_accum: int = 1
+    prog: Program, rates: Rates, grad_accum: int = 1
 ) -> tuple[tuple[StateTerms, ...], tuple[StateGroupTerms, ...]]:
     """Every layer group's priced parts (:data:`PRICED_KINDS`; the accumulator only for
     ``grad_accum`` > 1 microbatches per update) and its update's times."""
-    p_item = jnp.dtype(cfg.param_dtype).itemsize
-    c_item = jnp.dtype(cfg.dtype).itemsize
+    inv = prog.inventory
+    p_item = jnp.dtype(prog.param_dtype).itemsize
+    c_item = jnp.dtype(prog.dtype).itemsize
     m_item = inv.moment_bytes_per_param or 2 * p_item
     a_item = ACCUM_ITEMSIZE
     items, groups = [], []
@@ -257,11 +261,11 @@ def accum_exposed(h2d_s: float, d2h_s: float, g: StateGroupTerms) -> float:
 
 
 def state_cost(
-    offloaded: set[tuple[str, str]], inv: Inventory, cfg, rates: Rates, grad_accum: int = 1
+    offloaded: set[tuple[str, str]], prog: Program, rates: Rates, grad_accum: int = 1
 ) -> StateCost:
     """The cost of offloading the (group, kind) pairs in ``offloaded`` (every other part on
     device) in a step of ``grad_accum`` microbatches per update."""
-    items, groups = state_terms(inv, cfg, rates, grad_accum)
+    items, groups = state_terms(prog, rates, grad_accum)
     freed = host = h2d = d2h = staging = 0
     a_freed = a_host = a_staging = 0
     transfer = exp = 0.0

@@ -54,7 +54,7 @@ from tierax.costmodel.state import ACCUM_ITEMSIZE
 from tierax.errors import TieraxError
 from tierax.mesh import AXES, MeshShape
 from tierax.solving import planner, planning
-from tierax.tracing import hbm
+from tierax.tracing import hbm, model_program
 from tierax.tracing import inventory as inv_lib
 
 OUT_OF_SCOPE = "pipeline and context parallelism are not searched"
@@ -221,11 +221,11 @@ def _prepare(cfg, mesh, microbatch, seq, rates, schedule, budget) -> Candidate:
             cand.microbatch, cand.grad_accum = microbatch // k, k
             cand.floor_bytes, cand.budget_bytes = state + carry, budget - accum_bytes
             continue
-        inv = inv_lib.model_inventory(cfg, microbatch // k, seq, mesh.to_dict())
+        prog = model_program.program_of(cfg, microbatch // k, seq, mesh.to_dict())
         everything_remat = {
-            (i.group, i.name): planner.Placement.REMAT for i in cm.item_terms(inv, rates)
+            (i.group, i.name): planner.Placement.REMAT for i in cm.item_terms(prog.inventory, rates)
         }
-        floor = cm.evaluate(everything_remat, inv, cfg, rates, schedule).peak_device_bytes
+        floor = cm.evaluate(everything_remat, prog, rates, schedule).peak_device_bytes
         cand.microbatch, cand.grad_accum = microbatch // k, k
         cand.floor_bytes, cand.budget_bytes = floor, budget - accum_bytes
         if floor <= budget - accum_bytes:
@@ -236,8 +236,9 @@ def _prepare(cfg, mesh, microbatch, seq, rates, schedule, budget) -> Candidate:
 
 def _bound(c: Candidate, cfg, seq, rates, schedule) -> Candidate:
     """``c`` (not yet solved) with its time bound, collectives and links under ``rates``."""
-    inv = inv_lib.model_inventory(cfg, c.microbatch, seq, c.mesh.to_dict())
-    fx = cm.fixed_terms(inv, cfg, rates, schedule)
+    prog = model_program.program_of(cfg, c.microbatch, seq, c.mesh.to_dict())
+    inv = prog.inventory
+    fx = cm.fixed_terms(prog, rates, schedule)
     k = c.grad_accum
     update_s = hbm.optimizer_bytes(inv.param_bytes) / rates.hbm_bytes_per_s
     return dataclasses.replace(
@@ -245,7 +246,7 @@ def _bound(c: Candidate, cfg, seq, rates, schedule) -> Candidate:
         status="open",
         result=None,
         lower_bound_s=k * (fx.compute_s + fx.exposed_collective_s) - (k - 1) * update_s,
-        collectives={g: k * s for g, s in cm.collective_s_by_group(inv, cfg, rates).items()},
+        collectives={g: k * s for g, s in cm.collective_s_by_group(prog, rates).items()},
         links=network.axis_links(inv.mesh, rates),
     )
 

@@ -27,17 +27,22 @@ def _size(n: float) -> str:
     return size_text(n)
 
 
-def _tiles_hint(cfg, inv, rates, b: dict, budget: int, evaluate, cli: bool) -> str:
+def _tiles_hint(prog, b: dict, budget: int, evaluate, cli: bool) -> str:
     """``--set loss_tiles=N``: the fewest tiles (dividing seq, up to :data:`MAX_HINT_TILES`) whose
     floor, re-evaluated with the loss in N tiles, fits the budget."""
-    if cfg.family == "custom" or b["peak_phase"] != "loss" or not b.get("logits_bytes"):
+    head, inv = prog.head, prog.inventory
+    if head is None or b["peak_phase"] != "loss" or not b.get("logits_bytes"):
         return ""
-    tiles = getattr(cfg, "loss_tiles", 1)
+    tiles = head.tiles
     n = tiles * 2
     while n <= MAX_HINT_TILES:
         if inv.seq % n == 0:
             tiled_inv = dataclasses.replace(inv, logits_bytes=inv.logits_bytes * tiles // n)
-            floor = evaluate(dataclasses.replace(cfg, loss_tiles=n), tiled_inv)
+            floor = evaluate(
+                dataclasses.replace(
+                    prog.with_inventory(tiled_inv), head=dataclasses.replace(head, tiles=n)
+                )
+            )
             if floor.peak_device_bytes <= budget:
                 how = f"--set loss_tiles={n}" if cli else f"loss_tiles={n} in the model config"
                 return (
@@ -50,8 +55,7 @@ def _tiles_hint(cfg, inv, rates, b: dict, budget: int, evaluate, cli: bool) -> s
 
 
 def message(
-    cfg,
-    inv,
+    prog,
     rates,
     schedule: str,
     mechanism: str,
@@ -62,36 +66,38 @@ def message(
     grad_accum: int,
     remedies: str,
 ) -> str:
-    """The no-fit message for ``inv`` under the device and host budgets (see the module)."""
+    """The no-fit message for the program ``prog`` under the device and host budgets (see the
+    module)."""
     from tierax.costmodel import state as state_cm
 
+    inv = prog.inventory
     remat = {(i.group, i.name): Placement.REMAT for i in cm.item_terms(inv, rates)}
     kinds = [k for k in state_cm.PLANNED_KINDS if k != "grad_accum" or grad_accum > 1]
     all_state = (
         {
             part.group: StatePlacement(**{k: Placement.OFFLOAD for k in kinds})
-            for part in state_cm.planned_terms(inv, cfg, rates, grad_accum)[0]
+            for part in state_cm.planned_terms(prog, rates, grad_accum)[0]
         }
         if place_state and rates.offload_is_real
         else {}
     )
 
-    def evaluate(cfg, inv, state=all_state):
-        return cm.evaluate(remat, inv, cfg, rates, schedule, mechanism, state, grad_accum)
+    def evaluate(program, state=all_state):
+        return cm.evaluate(remat, program, rates, schedule, mechanism, state, grad_accum)
 
-    floor = evaluate(cfg, inv)
+    floor = evaluate(prog)
     b = floor.breakdown
-    # A custom model's inventory is at the shapes its caller traced, not at a microbatch × seq.
-    at = "" if cfg.family == "custom" else f" at microbatch {inv.microbatch} × seq {inv.seq}"
+    # A user's trace is at the shapes its caller traced, not at a microbatch × seq.
+    at = f" at microbatch {inv.microbatch} × seq {inv.seq}" if prog.batch_shaped else ""
     cli = "--" in remedies
     at_max = budget >= rates.usable_device_bytes
     if at_max:  # a larger device budget is no way out: it is the target's usable maximum
         remedies = re.sub(r",? (or )?a larger (--budget-gib|budget=)", "", remedies)
     if all_state and floor.peak_device_bytes <= budget:
-        on_device = evaluate(cfg, inv, {})
+        on_device = evaluate(prog, {})
         option = "--host-budget-gib" if cli else "host_budget="
         return (
-            f"no plan fits {cfg.name}{at} in a host budget of {_size(host_budget)} per device "
+            f"no plan fits {prog.name}{at} in a host budget of {_size(host_budget)} per device "
             f"(device budget {_size(budget)}): the host budget binds. Recomputing everything "
             f"needs {_size(on_device.peak_device_bytes)} {cm.phase_text(on_device.breakdown)} "
             f"with the training state on device, and offloading enough of it to fit needs up to "
@@ -106,7 +112,7 @@ def message(
         for label, n in cm.peak_rows(b)
         if n
     )
-    hints = _tiles_hint(cfg, inv, rates, b, budget, evaluate, cli)
+    hints = _tiles_hint(prog, b, budget, evaluate, cli)
     if not place_state and rates.offload_is_real and cli:
         hints += (
             "; without --state-on-device the planner may also offload the training state "
@@ -115,7 +121,7 @@ def message(
     if at_max:
         hints += f"; the device budget is already {rates.target}'s usable maximum"
     return (
-        f"no plan fits {cfg.name}{at} in a device budget of {_size(budget)}: recomputing "
+        f"no plan fits {prog.name}{at} in a device budget of {_size(budget)}: recomputing "
         f"everything still needs {_size(floor.peak_device_bytes)} {cm.phase_text(b)} ({terms})"
         f"{hints}. {remedies}"
     )

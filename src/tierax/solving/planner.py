@@ -46,6 +46,9 @@ from tierax.plan import (
 )
 from tierax.solving import quiet_milp
 from tierax.tracing import inventory as inv_lib
+from tierax.tracing import model_program
+from tierax.tracing.model_program import accepts_config
+from tierax.tracing.program import Program
 
 # Default reserve kept free on the device: the same runtime reserve `fits` means everywhere.
 DEFAULT_RESERVE_FRACTION = hardware.RUNTIME_RESERVE_FRACTION
@@ -106,8 +109,7 @@ def budgets(
 
 
 def _solve(
-    inv,
-    cfg,
+    prog: Program,
     rates,
     schedule,
     budget,
@@ -128,13 +130,12 @@ def _solve(
     activations' costs count A times, the update's once; the float32 accumulator is a part of the
     state (its own exposed copies and staging, its bytes in the microbatches' rows and an
     accumulation row, live on the host beside the offloaded activations)."""
+    inv = prog.inventory
     items = cm.item_terms(inv, rates, mechanism)
     groups = cm.group_terms(inv, rates, schedule, mechanism)
-    fx = cm.fixed_terms(inv, cfg, rates, schedule)
-    parts, ugroups = (
-        state_cm.planned_terms(inv, cfg, rates, grad_accum) if place_state else ((), ())
-    )
-    accum_total = state_cm.accumulator_bytes(inv, cfg, grad_accum)
+    fx = cm.fixed_terms(prog, rates, schedule)
+    parts, ugroups = state_cm.planned_terms(prog, rates, grad_accum) if place_state else ((), ())
+    accum_total = state_cm.accumulator_bytes(prog, grad_accum)
     A = grad_accum
     upd = [j for j, p in enumerate(parts) if p.kind in state_cm.ALL_PHASE_KINDS]
     acc = [j for j, p in enumerate(parts) if p.kind not in state_cm.ALL_PHASE_KINDS]
@@ -351,7 +352,7 @@ def _solve(
 
 def placements_to_plan(
     placements: dict,
-    cfg,
+    program,
     name: str,
     description: str,
     mechanism: str = DEFAULT_MECHANISM,
@@ -360,9 +361,10 @@ def placements_to_plan(
 ) -> Plan:
     """A Plan from solved placements; a group in ``splits`` (group → first layer of its second
     segment) gets two segments, each listing every name (placements keyed by segment name).
-    ``state``: the solved training-state placements (group → StatePlacement)."""
+    ``state``: the solved training-state placements (group → StatePlacement).  ``program``: what
+    the plan is for (its ``layer_groups()``)."""
     groups = {}
-    for g in cfg.layer_groups():
+    for g in program.layer_groups():
         lin = (
             {N.DECODER_LAYER_INPUT: Placement.DEVICE}
             if N.DECODER_LAYER_INPUT in g.activations
@@ -398,8 +400,7 @@ def _segment(placements: dict, g, a: int, b: int) -> Segment:
 
 def _best_split(
     unsplit: tuple | None,
-    inv,
-    cfg,
+    prog: Program,
     rates,
     schedule,
     budget,
@@ -408,30 +409,29 @@ def _best_split(
     place_state,
     grad_accum: int = 1,
 ):
-    """((placements, state), the inventory they are keyed by, splits) of the fastest plan over
+    """((placements, state), the program they are keyed by, splits) of the fastest plan over
     every combination of one split point (or none) per group; ties keep fewer splits."""
 
     def seconds(solution, solved):
         placements, state = solution
         return cm.evaluate(
-            placements, solved, cfg, rates, schedule, mechanism, state, grad_accum
+            placements, solved, rates, schedule, mechanism, state, grad_accum
         ).step_time_s
 
-    best = (unsplit, inv, {}, seconds(unsplit, inv) if unsplit is not None else float("inf"))
+    best = (unsplit, prog, {}, seconds(unsplit, prog) if unsplit is not None else float("inf"))
     # Segments of one layer are not offered: XLA drops the host round trip of a value stored and
     # loaded without a loop between (seen in deviceless compiles, both mechanisms), so their offload
     # would be a no-op.
-    choices = [[None, *range(2, g.num_layers - 1)] for g in cfg.layer_groups()]
-    names = [g.name for g in cfg.layer_groups()]
+    choices = [[None, *range(2, g.num_layers - 1)] for g in prog.layer_groups()]
+    names = [g.name for g in prog.layer_groups()]
     for combo in itertools.product(*choices):
         splits = {g: k for g, k in zip(names, combo, strict=False) if k is not None}
         if not splits:
             continue
-        skeleton = placements_to_plan({}, cfg, "split", "", mechanism, splits)
-        solved = inv_lib.for_plan(inv, skeleton, cfg)
+        skeleton = placements_to_plan({}, prog, "split", "", mechanism, splits)
+        solved = prog.for_plan(skeleton)
         placements = _solve(
             solved,
-            cfg,
             rates,
             schedule,
             budget,
@@ -455,8 +455,7 @@ def _exposed(items, g) -> float:
 
 def _explain(
     placements,
-    inv,
-    cfg,
+    prog: Program,
     rates,
     schedule,
     pred: cm.Prediction,
@@ -466,6 +465,7 @@ def _explain(
 ) -> tuple[Explanation, ...]:
     """Why each choice: its own costs, and what the alternatives would have cost given the rest of
     the plan."""
+    inv = prog.inventory
     items = cm.item_terms(inv, rates, mechanism)
     groups = {g.name: g for g in cm.group_terms(inv, rates, schedule, mechanism)}
     slack = budget - pred.peak_device_bytes
@@ -561,9 +561,9 @@ def size_text(n: float) -> str:
     return f"{int(n)} B"
 
 
+@accepts_config(0)
 def plan(
-    cfg,
-    inv: inv_lib.Inventory,
+    prog: Program,
     rates: cm.Rates,
     *,
     schedule: str = "lhs",
@@ -595,10 +595,9 @@ def plan(
             f"unknown schedule {schedule!r}; choose one of: {', '.join(cm.SCHEDULES)}"
         )
     budget, host_budget = budgets(rates, budget_bytes, host_budget_bytes)
-    solved_inv, splits = inv, {}
+    solved, splits = prog, {}
     solution = _solve(
-        inv,
-        cfg,
+        prog,
         rates,
         schedule,
         budget,
@@ -609,10 +608,9 @@ def plan(
         grad_accum,
     )
     if segments and not one_placement_per_name:
-        solution, solved_inv, splits = _best_split(
+        solution, solved, splits = _best_split(
             solution,
-            inv,
-            cfg,
+            prog,
             rates,
             schedule,
             budget,
@@ -626,8 +624,7 @@ def plan(
 
         raise NoPlanFits(
             no_fit.message(
-                cfg,
-                inv,
+                prog,
                 rates,
                 schedule,
                 mechanism,
@@ -642,21 +639,18 @@ def plan(
     desc = (
         f"planned for {rates.target}, schedule {schedule}, device budget {size_text(budget)}"
     )
-    p = placements_to_plan(placements, cfg, name, desc, mechanism, splits, state)
+    p = placements_to_plan(placements, prog, name, desc, mechanism, splits, state)
     p = dataclasses.replace(p, planned_for=p.planned_for.replace(grad_accum=grad_accum))
-    pred = cm.simulate(p, inv, cfg, rates, schedule, grad_accum)
+    pred = cm.simulate(p, prog, rates, schedule, grad_accum)
     why = _explain(
-        placements, solved_inv, cfg, rates, schedule, pred, budget, host_budget, mechanism
-    ) + _explain_state(
-        state, solved_inv, cfg, rates, pred, budget, host_budget, place_state, grad_accum
-    )
-    return PlanResult(p, pred, why, budget, host_budget, inv.microbatch)
+        placements, solved, rates, schedule, pred, budget, host_budget, mechanism
+    ) + _explain_state(state, solved, rates, pred, budget, host_budget, place_state, grad_accum)
+    return PlanResult(p, pred, why, budget, host_budget, prog.microbatch)
 
 
 def _explain_state(
     state: dict,
-    inv,
-    cfg,
+    prog: Program,
     rates,
     pred: cm.Prediction,
     budget,
@@ -667,7 +661,7 @@ def _explain_state(
     """Why each part of the training state is where it is: the bytes it frees, its streamed
     copies, how much of them its group's update (the accumulator: its additions) hides, and the
     update's time on the host."""
-    parts, ugroups = state_cm.state_terms(inv, cfg, rates, grad_accum)
+    parts, ugroups = state_cm.state_terms(prog, rates, grad_accum)
     ug = {g.group: g for g in ugroups}
     ms = lambda s: f"{s * 1e3:.3g} ms"  # noqa: E731
     gib = lambda b: f"{b / 2**30:.3g} GiB"  # noqa: E731
@@ -835,14 +829,14 @@ def max_microbatch(
     limit = MAX_MICROBATCH_SEARCH if limit is None else limit
     inv1 = inv_lib.model_inventory(cfg, 1, seq, mesh)
     inv2 = inv_lib.model_inventory(cfg, 2, seq, mesh)
+    at = model_program.for_inventory  # tierax's front end: the program at each microbatch
     budget, host_budget = budgets(rates, budget_bytes, host_budget_bytes)
 
     def fits(mb: int) -> bool:
         inv = inv1 if mb == 1 else inv2 if mb == 2 else _scaled(inv1, inv2, mb)
         return (
             _solve(
-                inv,
-                cfg,
+                at(cfg, inv),
                 rates,
                 schedule,
                 budget,
@@ -856,8 +850,7 @@ def max_microbatch(
 
     if not fits(1):
         return plan(
-            cfg,
-            inv1,
+            at(cfg, inv1),
             rates,
             schedule=schedule,
             budget_bytes=budget,
@@ -881,8 +874,7 @@ def max_microbatch(
     ):  # the extrapolation is approximate for MoE capacity rounding: confirm on the real trace
         try:
             found = plan(
-                cfg,
-                exact,
+                at(cfg, exact),
                 rates,
                 schedule=schedule,
                 budget_bytes=budget,
@@ -897,8 +889,7 @@ def max_microbatch(
             lo -= 1
             exact = inv_lib.model_inventory(cfg, lo, seq, mesh)
     return plan(
-        cfg,
-        exact,
+        at(cfg, exact),
         rates,
         schedule=schedule,
         budget_bytes=budget,

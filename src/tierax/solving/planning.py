@@ -17,20 +17,23 @@ from tierax.errors import TieraxError
 from tierax.plan import DEFAULT_MECHANISM, PlannedFor
 from tierax.solving import for_maxtext as interop
 from tierax.solving import planner
-from tierax.tracing import inventory as inv_lib
+from tierax.tracing import model_program
+from tierax.tracing.program import Program
 
 
 @dataclass(frozen=True)
 class Request:
-    """What to plan.  ``mesh``: axis sizes (a dict); ``inventory``: the inventory to plan (the
-    Python API's trace, or one the caller reuses); without it the model's inventory is traced at
-    ``microbatch`` × ``seq`` on ``mesh``.  ``max_microbatch``: plan the largest microbatch that fits
-    instead of ``microbatch``; ``for_tool``: one placement per name (what the tool expresses), with
-    a note on what that costs; ``remedies``: what a no-fit message suggests (default: CLI
-    options); ``place_state``: place the training state (moments, master weights, the gradient
-    accumulator) in the same program (False: keep it on device); ``grad_accum``: microbatches per
-    optimizer update (the planner prices the accumulation and may offload its accumulator);
-    ``model``: how the plan's ``planned_for`` names the model (default: the config's name).
+    """What to plan.  ``mesh``: axis sizes (a dict); ``program``: the program to plan (the
+    Python API's trace, or one the caller reuses; ``cfg`` then only names it); without it the
+    model's program is traced at ``microbatch`` × ``seq`` on ``mesh``
+    (:func:`tierax.tracing.model_program.program_of`).  ``max_microbatch``: plan the largest
+    microbatch that fits instead of ``microbatch``; ``for_tool``: one placement per name (what the
+    tool expresses), with a note on what that costs; ``remedies``: what a no-fit message suggests
+    (default: CLI options); ``place_state``: place the training state (moments, master weights,
+    the gradient accumulator) in the same program (False: keep it on device); ``grad_accum``:
+    microbatches per optimizer update (the planner prices the accumulation and may offload its
+    accumulator); ``model``: how the plan's ``planned_for`` names the model (default: the config's
+    name, or the given program's).
 
     The solved plan records what it was planned for (:func:`planned_for`)."""
 
@@ -48,7 +51,7 @@ class Request:
     mechanism: str = DEFAULT_MECHANISM
     name: str = "planned"
     remedies: str | None = None
-    inventory: inv_lib.Inventory | None = None
+    program: Program | None = None
     place_state: bool = True  # also place the training state (False: all of it on device)
     grad_accum: int = 1  # microbatches per optimizer update
     # the model's entry in the plan's planned_for (tierax.plan.planned_for.model_name / digest)
@@ -218,10 +221,10 @@ def check_host_budget(
 def planned_for(req: Request, result: planner.PlanResult) -> PlannedFor:
     """What ``result``'s plan was planned for: the request's target, mesh, microbatch (the one
     found, with ``max_microbatch``), seq, accumulation, schedule and model; a request with its
-    own inventory (the Python API) records no microbatch or seq (the inventory's trace has them)."""
-    traced = req.inventory is None
+    own program (the Python API) records no microbatch or seq (the program's trace has them)."""
+    traced = req.program is None
     return PlannedFor(
-        model=req.model or req.cfg.name,
+        model=req.model or (req.cfg.name if traced else req.program.name),
         target=req.rates.target,
         mesh=req.mesh,
         microbatch=result.microbatch if traced else None,
@@ -239,21 +242,20 @@ def check_request(req: Request) -> None:
     _segments_conflict(
         segments=req.segments, for_tool=req.for_tool, max_microbatch=req.max_microbatch
     )
-    if req.inventory is not None and req.max_microbatch:
+    if req.program is not None and req.max_microbatch:
         raise TieraxError(
-            "max_microbatch traces the model at several microbatches; it cannot use a given "
-            "inventory"
+            "max_microbatch traces the model at several microbatches; it cannot use a given program"
         )
 
 
-def inventory(req: Request, cache: dict | None = None) -> inv_lib.Inventory:
-    """The request's inventory (given, or traced; ``cache``: microbatch → inventory, reused)."""
-    if req.inventory is not None:
-        return req.inventory
+def program(req: Request, cache: dict | None = None) -> Program:
+    """The request's program (given, or traced; ``cache``: microbatch → program, reused)."""
+    if req.program is not None:
+        return req.program
     if cache is None:
-        return inv_lib.model_inventory(req.cfg, req.microbatch, req.seq, req.mesh)
+        return model_program.program_of(req.cfg, req.microbatch, req.seq, req.mesh)
     if req.microbatch not in cache:
-        cache[req.microbatch] = inv_lib.model_inventory(req.cfg, req.microbatch, req.seq, req.mesh)
+        cache[req.microbatch] = model_program.program_of(req.cfg, req.microbatch, req.seq, req.mesh)
     return cache[req.microbatch]
 
 
@@ -278,8 +280,7 @@ def solve(req: Request, cache: dict | None = None) -> tuple[planner.PlanResult, 
         if req.max_microbatch:
             return planner.max_microbatch(req.cfg, req.seq, req.mesh, req.rates, **common)
         return planner.plan(
-            req.cfg,
-            inventory(req, cache),
+            program(req, cache),
             req.rates,
             name=req.name,
             segments=req.segments,

@@ -195,13 +195,11 @@ def request_solver(request) -> Callable[[str, float], tuple]:
             req = dataclasses.replace(
                 request, rates=override_rates(request.rates, [f"{key}={value}"])
             )
-        inv = planning.inventory(req, inventories)
+        prog = planning.program(req, inventories)
         limit, _ = planner.budgets(req.rates, req.budget_bytes, req.host_budget_bytes)
         refs = {}
         for name in REFERENCES:
-            pred = cm.simulate(
-                plan_lib.preset(name, req.cfg), inv, req.cfg, req.rates, req.schedule
-            )
+            pred = cm.simulate(plan_lib.preset(name, prog), prog, req.rates, req.schedule)
             refs[name] = dataclasses.replace(pred, fits=pred.peak_device_bytes <= limit)
         try:
             result, _ = planning.solve(req, inventories)

@@ -525,11 +525,7 @@ def _param_shapes(cfg) -> tuple:
             for path, leaf in jax.tree_util.tree_leaves_with_path(abstract)
         )
 
-    try:
-        hash(cfg)
-    except TypeError:
-        return build()
-    if cfg not in _SHAPES:
+    if cfg not in _SHAPES:  # a config is its own key (a frozen dataclass of scalars)
         if len(_SHAPES) >= 8:
             del _SHAPES[next(iter(_SHAPES))]
         _SHAPES[cfg] = build()
@@ -557,8 +553,8 @@ def _memoised(fn):
     """``fn(cfg, microbatch, seq, mesh)`` cached within the process (the last 32 argument sets).
 
     The traces are deterministic in these arguments, so a repeated call (``--max-microbatch``,
-    ``--for``, sweeps, what-ifs) reuses them; each caller gets its own ``mesh`` dict.  Unhashable
-    arguments (a config with a list field) are traced every time.
+    ``--for``, sweeps, what-ifs) reuses them; each caller gets its own ``mesh`` dict.  A model
+    config is a frozen dataclass of scalars, so it is its own key.
     """
 
     @functools.lru_cache(maxsize=32)
@@ -567,12 +563,7 @@ def _memoised(fn):
 
     @functools.wraps(fn)
     def wrapper(cfg, microbatch, seq, mesh=None):
-        key = (cfg, microbatch, seq, tuple((mesh or {}).items()))
-        try:
-            hash(key)
-        except TypeError:  # unhashable: not cacheable
-            return fn(cfg, microbatch, seq, mesh)
-        inv = cached(*key)
+        inv = cached(cfg, microbatch, seq, tuple((mesh or {}).items()))
         return dataclasses.replace(inv, mesh=dict(inv.mesh))
 
     wrapper.cache_clear = cached.cache_clear
@@ -588,14 +579,11 @@ def _traced_groups(cfg, microbatch: int, seq: int, tensor: int) -> tuple:
     MLP widths divided by ``tensor``), with its largest weight's (path, shape): all the inventory
     takes from the mesh besides the weights' split, which is applied after
     (:func:`shard_weight_work`), so meshes that differ elsewhere (``tierax plan --mesh auto``'s
-    candidates) share one trace.  Kept within the process; a config with an unhashable field is
-    traced every time."""
+    candidates) share one trace.  Kept within the process (a config is its own key: a frozen
+    dataclass of scalars)."""
     key = (cfg, microbatch, seq, tensor)
-    try:
-        if key in _TRACES:
-            return _TRACES[key]
-    except TypeError:
-        return _trace_groups(cfg, microbatch, seq, tensor)
+    if key in _TRACES:
+        return _TRACES[key]
     if len(_TRACES) >= _TRACES_KEPT:
         del _TRACES[next(iter(_TRACES))]
     _TRACES[key] = _trace_groups(cfg, microbatch, seq, tensor)

@@ -654,7 +654,9 @@ def _prediction(
     if calibration is not None:
         rates = calibration.apply(rates)
     schedule = "lhs-pipelined" if xla_preset == "lhs-pipelined" else "lhs"
-    p = costmodel.simulate(plan, inventory, cfg, rates, schedule, grad_accum)
+    from tierax.tracing.model_program import for_inventory
+
+    p = costmodel.simulate(plan, for_inventory(cfg, inventory), rates, schedule, grad_accum)
     return {
         "peak_device_bytes": p.peak_device_bytes,
         "host_bytes": p.host_bytes,
