@@ -43,6 +43,7 @@ from tierax.costmodel import fixed
 from tierax.hardware import libtpu
 from tierax.launch import flags as xla_flags
 from tierax.models import get_config
+from tierax.tracing.program import Head
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCHEMA = "tierax.tpu-compile/1"
@@ -170,7 +171,8 @@ def _assigned(compiled: dict, dump: pathlib.Path, tokens: int) -> dict:
     c_item = jnp.dtype(cfg.dtype).itemsize  # the compute dtype, as the cost model sizes it
     fsdp = compiled["devices"]  # every case's mesh is fsdp over all chips
     older = libtpu.older_than_traced(compiled.get("libtpu_version") or None)
-    excess = fixed.libtpu_temp_excess_bytes(cfg, c_item, fsdp, tokens) if older else 0
+    head = Head(cfg.d_model, cfg.vocab_size)
+    excess = fixed.libtpu_temp_excess_bytes(head, c_item, fsdp, tokens) if older else 0
     return {
         "preallocated_temp_bytes": heap,
         "assigned_peak_bytes": live + heap,
