@@ -581,10 +581,10 @@ MUTATIONS = [
     },
     {
         "name": "cudnn-workspace-heads-not-split-over-tensor",
-        "what": "fixed terms: the cuDNN backward workspace counts every head on each tensor shard",
-        "file": "src/tierax/costmodel/fixed.py",
-        "old": 'cfg.num_heads // inv.mesh.get("tensor", 1)',
-        "new": "cfg.num_heads",
+        "what": "the cuDNN backward workspace counts every head on each tensor shard",
+        "file": "src/tierax/tracing/model_program.py",
+        "old": 'FusedAttention("cudnn", cfg.num_heads // inv.mesh.get("tensor", 1), dqk)',
+        "new": 'FusedAttention("cudnn", cfg.num_heads, dqk)',
         "tests": ["tests/test_audit_gaps_costmodel.py"],
     },
     {
