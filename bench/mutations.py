@@ -661,6 +661,22 @@ MUTATIONS = [
         "new": "fail_mb = mb if fail_mb is None else fail_mb",
         "tests": ["tests/test_audit_gaps_plan_check.py"],
     },
+    {
+        "name": "calibrate-memory-rate-from-the-stream",
+        "what": "calibrate stores the streaming-copy rate as the non-matmul memory rate",
+        "file": "src/tierax/measure/calibrate.py",
+        "old": '    entry["memory_bytes_per_s"] = nm["bytes_per_s"]\n',
+        "new": '    entry["memory_bytes_per_s"] = mem["memory_bytes_per_s"]\n',
+        "tests": ["tests/test_audit_gaps_calibrate.py"],
+    },
+    {
+        "name": "calibrate-aliased-transpose-rate-from-spread",
+        "what": "calibrate stores the spread transposing-fusion rate as the row-aliased one",
+        "file": "src/tierax/measure/calibrate.py",
+        "old": '= tr["aliased"]["elems_per_s"]\n',
+        "new": '= tr["spread"]["elems_per_s"]\n',
+        "tests": ["tests/test_audit_gaps_calibrate.py"],
+    },
 ]
 
 
