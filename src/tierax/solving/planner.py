@@ -757,14 +757,15 @@ def _explain_state(
     return tuple(out)
 
 
-def _scaled(inv1: inv_lib.Inventory, inv2: inv_lib.Inventory, mb: int) -> inv_lib.Inventory:
-    """Inventory at microbatch ``mb`` by linear extrapolation from microbatch 1 and 2 (activations ∝
-    batch)."""
+def _scaled(
+    inv1: inv_lib.Inventory, inv2: inv_lib.Inventory, mb: int, mb1: int = 1, mb2: int = 2
+) -> inv_lib.Inventory:
+    """Inventory at microbatch ``mb`` by linear extrapolation from ``inv1`` and ``inv2`` traced at
+    microbatches ``mb1`` and ``mb2`` (activations ∝ batch; default: 1 and 2)."""
+    t = (mb - mb1) / (mb2 - mb1)
 
     def lin(a, b):
-        return (
-            type(a)(round(a + (b - a) * (mb - 1))) if isinstance(a, int) else a + (b - a) * (mb - 1)
-        )
+        return type(a)(round(a + (b - a) * t)) if isinstance(a, int) else a + (b - a) * t
 
     groups = []
     for g1, g2 in zip(inv1.groups, inv2.groups, strict=False):
@@ -796,7 +797,7 @@ def _scaled(inv1: inv_lib.Inventory, inv2: inv_lib.Inventory, mb: int) -> inv_li
             )
         )
     return dataclasses.replace(
-        inv1, microbatch=mb, groups=tuple(groups), logits_bytes=inv1.logits_bytes * mb
+        inv1, microbatch=mb, groups=tuple(groups), logits_bytes=inv1.logits_bytes // mb1 * mb
     )
 
 
@@ -822,18 +823,32 @@ def max_microbatch(
     """The largest per-device microbatch any plan fits, and the best plan for it
     (``place_state``: as :func:`plan`).
 
-    Doubles from 1 until a microbatch does not fit, then bisects.  ``limit`` only guards the
-    search (default :data:`MAX_MICROBATCH_SEARCH`): a result that reaches it carries
-    ``search_stopped_at=limit`` ("at least ``limit``").
+    Bounded analytically first: every layer's input stays on the device under every placement,
+    so no microbatch above ``budget / (layer inputs of one sequence)`` fits.  Within that bound it
+    doubles from 1 until a microbatch does not fit, then bisects, on inventories extrapolated
+    from microbatches 1 and 2 (activations ∝ batch); the answer is confirmed on real traces (MoE
+    capacity rounding makes the extrapolation approximate): where the extrapolated largest does
+    not fit, it gallops down (1, 2, 4, … below) to one that does and bisects between them, each
+    microbatch traced once.  ``limit`` only guards the search (default
+    :data:`MAX_MICROBATCH_SEARCH`): a result that reaches it carries ``search_stopped_at=limit``
+    ("at least ``limit``").
     """
     limit = MAX_MICROBATCH_SEARCH if limit is None else limit
     inv1 = inv_lib.model_inventory(cfg, 1, seq, mesh)
     inv2 = inv_lib.model_inventory(cfg, 2, seq, mesh)
     at = model_program.for_inventory  # tierax's front end: the program at each microbatch
     budget, host_budget = budgets(rates, budget_bytes, host_budget_bytes)
+    # The analytical bound: one sequence's layer inputs, on the device under every placement.
+    carry1 = sum(g.carry_bytes_per_layer * g.num_layers for g in inv1.groups)
+    bound = min(limit, budget // carry1) if carry1 > 0 else limit
+    traced = {1: inv1, 2: inv2}
 
-    def fits(mb: int) -> bool:
-        inv = inv1 if mb == 1 else inv2 if mb == 2 else _scaled(inv1, inv2, mb)
+    def real(mb: int) -> inv_lib.Inventory:  # each microbatch traced once
+        if mb not in traced:
+            traced[mb] = inv_lib.model_inventory(cfg, mb, seq, mesh)
+        return traced[mb]
+
+    def solves(inv) -> bool:
         return (
             _solve(
                 at(cfg, inv),
@@ -848,6 +863,9 @@ def max_microbatch(
             is not None
         )
 
+    def fits(mb: int) -> bool:
+        return solves(inv1 if mb == 1 else inv2 if mb == 2 else _scaled(inv1, inv2, mb))
+
     if not fits(1):
         return plan(
             at(cfg, inv1),
@@ -861,41 +879,47 @@ def max_microbatch(
             remedies=MAX_MICROBATCH_REMEDIES,
         )
     lo, hi = 1, 2
-    while hi <= limit and fits(hi):
+    while hi <= bound and fits(hi):
         lo, hi = hi, hi * 2
-    hi = min(hi, limit + 1)
+    hi = min(hi, bound + 1)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    exact = inv_lib.model_inventory(cfg, lo, seq, mesh)
     stopped = limit if lo >= limit else None
-    while (
-        lo > 1
-    ):  # the extrapolation is approximate for MoE capacity rounding: confirm on the real trace
-        try:
-            found = plan(
-                at(cfg, exact),
-                rates,
-                schedule=schedule,
-                budget_bytes=budget,
-                host_budget_bytes=host_budget,
-                name=f"planned-mb{lo}",
-                one_placement_per_name=one_placement_per_name,
-                mechanism=mechanism,
-                place_state=place_state,
-            )
-            return dataclasses.replace(found, search_stopped_at=stopped)
-        except TieraxError:
-            lo -= 1
-            exact = inv_lib.model_inventory(cfg, lo, seq, mesh)
-    return plan(
-        at(cfg, exact),
+    if lo > 2 and not solves(real(lo)):
+        # Extrapolate again from two real traces near the answer (lo and lo/2), bisect on that,
+        # then confirm on real traces: gallop from the estimate (1, 2, 4, … away) and bisect.
+        half, bad = lo // 2, lo
+        a, b = real(half), real(lo)
+        good, hi = 1, lo
+        while hi - good > 1:
+            mid = (good + hi) // 2
+            good, hi = (mid, hi) if solves(_scaled(a, b, mid, half, lo)) else (good, mid)
+        start, step = good, 1
+        if solves(real(start)):
+            while start + step < bad and solves(real(start + step)):
+                good, step = start + step, step * 2
+            bad = min(bad, start + step)
+        else:
+            bad = start
+            while True:
+                good = max(1, start - step)
+                if good == 1 or solves(real(good)):
+                    break
+                bad, step = good, step * 2
+        while bad - good > 1:
+            mid = (good + bad) // 2
+            good, bad = (mid, bad) if solves(real(mid)) else (good, mid)
+        lo, stopped = good, None
+    found = plan(
+        at(cfg, real(lo)),
         rates,
         schedule=schedule,
         budget_bytes=budget,
         host_budget_bytes=host_budget,
-        name="planned-mb1",
+        name=f"planned-mb{lo}",
         one_placement_per_name=one_placement_per_name,
         mechanism=mechanism,
         place_state=place_state,
     )
+    return dataclasses.replace(found, search_stopped_at=stopped)
