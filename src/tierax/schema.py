@@ -108,8 +108,10 @@ def read_yaml(path: str | os.PathLike, what: str, example: str) -> Any:
         inside = [f.name for f in (p / "config.json", p / "config.yaml") if f.is_file()]
         hint = f"give the file in it, e.g. {str(p / inside[0])!r}" if inside else example
         raise TieraxError(f"{what} {str(p)!r} is a directory, not a file; {hint}")
-    if not p.is_file():
+    if not p.exists():
         raise TieraxError(f"{what} {str(p)!r} does not exist; {example}")
+    if not p.is_file():  # a device, a pipe, a socket: not a config file
+        raise TieraxError(f"{what} {str(p)!r} is not a regular file; {example}")
     try:
         return yaml.safe_load(p.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:

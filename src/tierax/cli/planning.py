@@ -148,9 +148,20 @@ def _inputs(args, *, rates: bool = True, plans: tuple = ()):
 
 
 def target_rates(args, cfg):
-    """The target's rates, with ``--rates``' calibration applied where given."""
+    """The target's rates, with ``--rates``' calibration applied where given.  A ``--rate`` that
+    the model's step would not use (``fp8_matmul`` without fp8 GEMMs) is refused here, before any
+    work: a what-if that changes nothing would read as an answer."""
     from tierax import costmodel as cm
     from tierax.costmodel import calibrated
+
+    for item in getattr(args, "rate", None) or []:
+        key = str(item).partition("=")[0].strip()
+        if key == "fp8_matmul" and not getattr(cfg, "quantization", ""):
+            raise TieraxError(
+                f"--rate {item}: {cfg.name} runs no fp8 GEMMs (quantization is unset), so the fp8 "
+                "rate changes nothing; give --set quantization=fp8 (or mxfp8) to model fp8 GEMMs, "
+                "or drop this --rate"
+            )
 
     rates = cm.target_rates(args.target, cfg.dtype)
     if getattr(args, "rates", None):
