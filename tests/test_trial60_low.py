@@ -23,3 +23,46 @@ def test_train_config_that_is_not_a_regular_file(cli):
     r = cli("train", "/dev/null")
     assert r.returncode == 2
     assert "'/dev/null' is not a regular file" in r.stderr and "does not exist" not in r.stderr
+
+
+def _metrics(tmp_path, with_val: bool, bad_line: bool):
+    run = tmp_path / ("val" if with_val else "noval")
+    run.mkdir()
+    lines = []
+    for step in range(1, 21):
+        rec = {"step": step, "loss": 5.0 - step * 0.1, "tokens_per_s": 1000.0,
+               "tflops_per_device": 1.0}  # fmt: skip
+        if with_val and step % 5 == 0:
+            rec["val_loss"] = 5.2 - step * 0.1
+        lines.append(json.dumps(rec))
+        if bad_line and step == 3:
+            lines.append('{"step": 3.5, "loss": ')  # an edited or cut line
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return run
+
+
+def _red_pixels(png) -> int:
+    import matplotlib.colors as mcolors
+    import matplotlib.image as mimg
+    import numpy as np
+
+    img = mimg.imread(png)[..., :3]
+    red = np.array(mcolors.to_rgb("tab:red"))
+    return int((np.abs(img - red).max(axis=-1) < 0.05).sum())
+
+
+def test_plot_metrics_draws_validation_loss_and_notes_a_malformed_line(tmp_path):
+    from tierax.report.metrics_plot import plot_metrics
+
+    notes: list[str] = []
+    with_val = plot_metrics(_metrics(tmp_path, True, True), note=notes.append)
+    assert any("line 4 is not a JSON record" in n and "skipped" in n for n in notes), notes
+    without = plot_metrics(_metrics(tmp_path, False, False), note=notes.append)
+    assert _red_pixels(with_val) > 50 and _red_pixels(without) == 0
+
+
+def test_plot_metrics_cli_prints_the_note(cli, tmp_path):
+    run = _metrics(tmp_path, True, True)
+    r = cli("plot-metrics", run)
+    assert r.returncode == 0, r.stderr
+    assert "note:" in r.stderr and "line 4 is not a JSON record" in r.stderr

@@ -43,6 +43,7 @@ def _title(run_dir: pathlib.Path) -> str:
 
 
 SERIES = ("loss", "tokens_per_s", "tflops_per_device")
+VAL_COLOR = "tab:red"  # the validation loss (records with val_loss), beside the training loss
 _WHAT = "plot-metrics"
 
 
@@ -79,12 +80,14 @@ def plot_metrics(
     *,
     note: Callable[[str], None] | None = None,
 ) -> pathlib.Path:
-    """Draw loss (raw and smoothed) and throughput (tokens/s, TFLOP/s/device) against step.
+    """Draw loss (raw and smoothed; the validation loss where records have one) and throughput
+    (tokens/s, TFLOP/s/device) against step.
 
     Args:
       run_dir: a ``log.dir`` of ``tierax train`` (holds ``metrics.jsonl``).
       out: the PNG to write (default ``RUN_DIR/metrics.png``); written atomically.
-      note: called with one line per curve some records lack (those records are not drawn in it).
+      note: called with one line per curve some records lack (those records are not drawn in it)
+        and per line of the metrics file that is not a JSON record (skipped).
 
     Raises:
       TieraxError: no metrics in ``run_dir``, or no record with a step and any of
@@ -93,7 +96,9 @@ def plot_metrics(
     run = pathlib.Path(run_dir)
     if out is not None:
         check_png_name(out)
-    records = [r for r in read_metrics(run) if isinstance(r, dict) and _number(r.get("step"))]
+    records = [
+        r for r in read_metrics(run, note) if isinstance(r, dict) and _number(r.get("step"))
+    ]
     records.sort(key=lambda r: r["step"])
     if not records:
         raise TieraxError(f"{run} has no step records yet; nothing to plot")
@@ -124,9 +129,14 @@ def plot_metrics(
         ax_loss.plot(
             steps, _smooth(loss, window), color="tab:blue", lw=2, label=f"loss ({window}-step mean)"
         )
+    val_steps, val_loss = _curve(records, "val_loss")  # at validation steps only
+    if val_loss:
+        ax_loss.plot(
+            val_steps, val_loss, color=VAL_COLOR, marker="o", ms=4, lw=1.5, label="validation loss"
+        )
     ax_loss.set_ylabel("loss (nats / token)")
     ax_loss.grid(alpha=0.3)
-    if loss:
+    if loss or val_loss:
         ax_loss.legend(loc="upper right")
     ax_loss.set_title(_title(run), fontsize=10)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from tierax.errors import TieraxError
@@ -37,8 +38,11 @@ class StepRecord:
     val_loss: float | None = None  # the validation loss after this step, where one was computed
 
 
-def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
-    """The records of ``RUN_DIR/metrics.jsonl`` (a line cut short by a crash is skipped).
+def read_metrics(
+    run_dir: str | os.PathLike, note: Callable[[str], None] | None = None
+) -> list[dict]:
+    """The records of ``RUN_DIR/metrics.jsonl``; a line that is not JSON (cut short by a crash, or
+    edited) is skipped, and ``note`` is told which.
 
     Raises:
       TieraxError: no metrics file.
@@ -49,11 +53,12 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
             f"{str(run_dir)!r} has no {METRICS}; give the log.dir of a `tierax train` run"
         )
     out = []
-    for line in path.read_text().splitlines():
+    for n, line in enumerate(path.read_text().splitlines(), 1):
         try:
             out.append(json.loads(line))
-        except ValueError:
-            continue
+        except ValueError as e:
+            if note is not None and line.strip():
+                note(f"{path}: line {n} is not a JSON record ({e.msg}); skipped")
     return out
 
 
