@@ -66,3 +66,37 @@ def test_plot_metrics_cli_prints_the_note(cli, tmp_path):
     r = cli("plot-metrics", run)
     assert r.returncode == 0, r.stderr
     assert "note:" in r.stderr and "line 4 is not a JSON record" in r.stderr
+
+
+def test_api_scripts_start_without_the_cuda_plugins_traceback(tmp_path):
+    """No GPU driver here (and no TPU): importing the API chooses JAX's CPU platform before JAX
+    starts, so an installed CUDA plugin does not print its start-up traceback."""
+    import os
+    import subprocess
+    import sys
+
+    from tierax.launch import flags
+
+    if flags._has_nvidia_driver() or flags._has_tpu():
+        import pytest
+
+        pytest.skip("an accelerator here: JAX picks it")
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import tierax, jax, jax.numpy as jnp\n"
+        "from jax.ad_checkpoint import checkpoint_name\n"
+        "def loss(params, x):\n"
+        "    def body(c, p):\n"
+        "        f = lambda c, p: c + checkpoint_name(jnp.tanh(c @ p), 'mlpwo')\n"
+        "        return jax.checkpoint(f)(c, p), None\n"
+        "    return jnp.mean(jax.lax.scan(body, x, params)[0] ** 2)\n"
+        "s = jax.ShapeDtypeStruct\n"
+        "inv = tierax.inventory(loss, s((2, 16, 16), jnp.float32), s((4, 8, 16), jnp.float32))\n"
+        "print(jax.config.jax_platforms, jax.devices()[0].platform)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                       timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["cpu", "cpu"]
+    assert "Traceback" not in r.stderr and "plugin" not in r.stderr.lower()

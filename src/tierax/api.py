@@ -40,6 +40,7 @@ from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 
 from tierax import costmodel as cm
 from tierax.errors import TieraxError
+from tierax.launch import flags as launch_flags
 from tierax.models.config import LayerGroup
 from tierax.plan import Plan, load_plan, to_policies
 from tierax.plan.types import RESERVED_KEYS
@@ -47,6 +48,10 @@ from tierax.solving import planner, planning
 from tierax.tracing import inventory as inv_lib
 from tierax.tracing import jaxpr_tools
 from tierax.tracing.program import Program
+
+# Before JAX starts (it starts on first use): a machine without a GPU driver or TPU runs the API on
+# JAX's CPU platform rather than letting an installed CUDA plugin fail noisily at start-up.
+launch_flags.cpu_without_accelerator()
 
 # What a "no plan fits" message suggests from Python (the planner's default names CLI options).
 API_REMEDIES = (

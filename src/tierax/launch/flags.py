@@ -6,6 +6,7 @@ operation).  ``configure`` refuses to run later instead of silently doing nothin
 
 from __future__ import annotations
 
+import glob
 import os
 from collections.abc import Mapping
 
@@ -64,6 +65,26 @@ def _backends_started() -> bool:
 
 def _has_nvidia_driver() -> bool:
     return os.path.exists("/proc/driver/nvidia/version")
+
+
+def _has_tpu() -> bool:
+    return bool(glob.glob("/dev/accel*")) or os.path.exists("/dev/vfio")
+
+
+def cpu_without_accelerator() -> bool:
+    """For the Python API's import (before JAX starts): where JAX_PLATFORMS is unset and the
+    machine has neither an NVIDIA driver nor a TPU, choose JAX's ``cpu`` platform, so that an
+    installed CUDA plugin does not try to start (and print its traceback) — what ``configure``
+    does for the CLI's verbs.  Nothing changes where JAX already started or a platform was chosen.
+    Returns whether it chose ``cpu``."""
+    if os.environ.get("JAX_PLATFORMS") or _has_nvidia_driver() or _has_tpu():
+        return False
+    import jax
+
+    if jax.config.jax_platforms or _backends_started():
+        return False
+    jax.config.update("jax_platforms", "cpu")
+    return True
 
 
 def expects_gpu() -> bool:
