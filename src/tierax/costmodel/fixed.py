@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from tierax import hardware
 from tierax.costmodel import network
-from tierax.costmodel.rates import FUSED_BACKWARD_FLOPS_RATIO, Rates, matmul_s
+from tierax.costmodel.rates import FUSED_BACKWARD_FLOPS_RATIO, Rates, for_program, matmul_s
 from tierax.hardware import cudnn, libtpu
 from tierax.tracing import hbm
 from tierax.tracing.inventory import Inventory
@@ -47,6 +47,9 @@ class FixedTerms:
     fused_attention_s: float = (
         0.0  # fused attention kernels, forward and backward, no recompute: part of compute_s
     )
+    # All device bytes live after the layers' backward where the program holds more then (its front
+    # end's Program.after_backward_bytes; 0: no such phase): counted in the layer phase.
+    after_backward_bytes: int = 0
     # What the installed libtpu's memory_analysis() reports at the loss beyond XLA:TPU's own buffer
     # assignment (libtpu_temp_excess_bytes): counted in logits_bytes, so the peak matches what a
     # compile reports, but not a buffer — XLA:TPU fits a program by its assignment.
@@ -56,11 +59,12 @@ class FixedTerms:
     def layer_phase_bytes(self) -> int:
         """Plan-independent bytes while a layer is back-propagated (add kept activations and
         staging)."""
-        return (
+        return max(
             self.state_bytes
             + self.workspace_bytes
             + self.stack_copy_bytes
-            + self.fixed_device_bytes
+            + self.fixed_device_bytes,
+            self.after_backward_bytes + self.fixed_device_bytes if self.after_backward_bytes else 0,
         )
 
     @property
@@ -99,12 +103,13 @@ def _compute(prog: Program, rates: Rates, tiled: bool) -> tuple[float, float, fl
     # fp8 GEMMs (quantization: fp8): the traced share of each layer's forward matmul FLOPs whose
     # operands are fp8, forward and backward, at the target's fp8 rate (none: the compute dtype's
     # rate, as emulated fp8 runs)
-    fp8 = 0.0
+    # (each group's at the fp8 rate its GEMMs' sizes give: Rates.blended_fp8_rate)
+    fp8 = fp8_s = 0.0
     if getattr(rates, "fp8_matmul_flops_per_s", 0.0) > 0:
-        fp8 = 3.0 * sum(
-            g.fp8_flops_share * g.forward_flops_per_layer * g.num_layers for g in inv.groups
-        )
-    fp8_s = fp8 / rates.fp8_matmul_flops_per_s if fp8 else 0.0
+        for g in inv.groups:
+            f = 3.0 * g.fp8_flops_share * g.forward_flops_per_layer * g.num_layers
+            fp8 += f
+            fp8_s += f / rates.blended_fp8_rate(g.matmul_min_dim_shares) if f else 0.0
     # The LM head's GEMMs (forward, its two gradients, a tiled loss's recomputed forward) at the
     # head's own rate where the target has one (XLA:CPU: Rates.head_matmul_flops_per_s).
     head = 3.0 * head_flops + loss_recompute if rates.head_matmul_flops_per_s > 0 else 0.0
@@ -382,6 +387,7 @@ def _tpu_stack_copy_bytes(prog: Program, c_item: int, fsdp: int, ep: int) -> int
 
 @accepts_config(0)
 def fixed_terms(prog: Program, rates: Rates, schedule: str) -> FixedTerms:
+    rates = for_program(rates, prog)  # the fused attention kernel at the program's shape
     inv = prog.inventory
     c_item = jnp.dtype(prog.dtype).itemsize
     tokens = prog.tokens
@@ -398,7 +404,9 @@ def fixed_terms(prog: Program, rates: Rates, schedule: str) -> FixedTerms:
     # the logits' gradient ÷ float32 logits (TPU: _tpu_loss_phase_bytes)
     grad_share = 0.0 if tpu else c_item / 4
     workspace = _workspace(prog, c_item, fsdp, ep, tiled, head_grad, grad_share, tpu)
-    if tpu:
+    if not prog.stack_copies:
+        stack_copy = 0
+    elif tpu:
         stack_copy = _tpu_stack_copy_bytes(prog, c_item, fsdp, ep)
     else:
         stack_copy = _stack_copy_bytes(prog, p_item)
@@ -406,6 +414,8 @@ def fixed_terms(prog: Program, rates: Rates, schedule: str) -> FixedTerms:
     excess = 0
     if head is None:  # no head priced (tierax.api): the loss holds only the extra bytes
         loss_bytes = 0
+    elif prog.loss_bytes is not None:  # the front end's reading of its program's loss
+        loss_bytes = prog.loss_bytes
     elif tpu:
         excess = _reported_excess(head, c_item, fsdp, tiled, tokens, rates.libtpu)
         loss_bytes = _tpu_loss_phase_bytes(prog, c_item, fsdp, tiled, head_grad) + excess
@@ -433,4 +443,5 @@ def fixed_terms(prog: Program, rates: Rates, schedule: str) -> FixedTerms:
         hbm_s=hbm_s,
         fused_attention_s=fused_s,
         reported_excess_bytes=int(excess),
+        after_backward_bytes=int(prog.after_backward_bytes),
     )

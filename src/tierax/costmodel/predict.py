@@ -11,7 +11,7 @@ from tierax import plan as plan_lib
 from tierax.costmodel import network
 from tierax.costmodel.first_touch import first_touch_s
 from tierax.costmodel.fixed import exposed_share, fixed_terms
-from tierax.costmodel.rates import Rates
+from tierax.costmodel.rates import Rates, for_program
 from tierax.costmodel.resources import StepSplit
 from tierax.costmodel.state import (
     accumulate_s,
@@ -140,6 +140,7 @@ def evaluate(
         raise TieraxError(f"unknown schedule {schedule!r}; choose one of: {', '.join(SCHEDULES)}")
     P = plan_lib.Placement
     inv = prog.inventory
+    rates = for_program(rates, prog)  # the fused attention kernel at the program's shape
     items = item_terms(inv, rates, mechanism)
     groups = group_terms(inv, rates, schedule, mechanism)
     staged_layers = staging_and_window(schedule, mechanism)[0]
@@ -210,14 +211,17 @@ def evaluate(
     # memory with the offloaded activations (dead by then): tierax.costmodel.state.host_peak.
     act_host = int(host)
     host = host_peak(act_host, sc.host_bytes, sc.accum_host_bytes)
-    exposed_coll = exposed_collectives(
-        fx, schedule, recompute, transfer_total - exposed_d2h - exposed_h2d
+    hidden_copies = transfer_total - exposed_d2h - exposed_h2d
+    exposed_coll = exposed_collectives(fx, schedule, recompute, hidden_copies)
+    interference = interference_s(
+        rates, fx.collective_s - exposed_coll + hidden_copies, fx.compute_s + recompute
     )
     first_touch = first_touch_s(peak, inv, rates)  # CPU only: 0 on GPU and TPU targets
     transpose = transpose_s(placements, inv, rates)  # CPU only: 0 on GPU and TPU targets
     # The update's HBM time runs once per step; everything else of the microbatch A times.
     update_s = hbm.optimizer_bytes(inv.param_bytes) / rates.hbm_bytes_per_s
-    micro = fx.compute_s + recompute + exposed_d2h + exposed_h2d + exposed_coll + transpose
+    exposed = exposed_d2h + exposed_h2d + exposed_coll
+    micro = fx.compute_s + recompute + exposed + transpose + interference
     adds = accumulate_s(prog, rates, grad_accum)
     step = (
         (micro if grad_accum == 1 else grad_accum * (micro - update_s) + update_s + adds)
@@ -234,7 +238,7 @@ def evaluate(
         gemm_s=a * gemm_micro,
         attention_s=a * (fx.fused_attention_s + recompute_attention),
         memory_s=memory_micro if a == 1 else a * (memory_micro - update_s) + update_s + adds,
-        collective_s=a * (exposed_coll + recompute_collective),
+        collective_s=a * (exposed_coll + recompute_collective + interference),
         other_s=a * (exposed_d2h + exposed_h2d + transpose) + first_touch + sc.exposed_s,
     )
     breakdown = {
@@ -272,6 +276,7 @@ def evaluate(
         "collective_s": fx.collective_s,
         "exposed_collective_s": exposed_coll,
         "critical_collective_s": fx.critical_collective_s,
+        "interference_s": interference,
         "executed_flops": grad_accum * (fx.executed_flops + recompute_flops),
         "recompute_hbm_s": recompute_hbm,
         "first_touch_s": first_touch,
@@ -306,6 +311,13 @@ def evaluate(
         breakdown=breakdown,
         split=split,
     )
+
+
+def interference_s(rates: Rates, hidden_s: float, compute_s: float) -> float:
+    """Seconds compute loses to the communication it hides (``rates.overlap_slowdown`` of the
+    compute that runs beside it): ``hidden_s`` seconds of collectives and host copies hidden under
+    compute, at most the ``compute_s`` there is (two hidden at once slow the same compute once)."""
+    return rates.overlap_slowdown * min(max(0.0, hidden_s), compute_s)
 
 
 def exposed_collectives(fx, schedule: str, recompute_s: float, hidden_copy_s: float) -> float:

@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 
 from tierax import hardware
 from tierax.errors import TieraxError
-from tierax.hardware import libtpu
+from tierax.hardware import kernel_rates, libtpu
 
 # A dense bf16 matmul reaches about 0.8 of the H100/H200 datasheet peak (publicly reported
-# measurements); used for every GPU target until `tierax calibrate` measures the device at hand, and
-# for TPU targets as a stated assumption (no TPU matmul rate has been measured here; the rates'
-# source note says so).
+# measurements): the rate of TPU targets as a stated assumption (no TPU matmul rate is published;
+# the rates' source note says so), and of GPU targets and dtypes with no published sweep
+# (tierax.hardware.kernel_rates: projections, float32 steps).  GPU targets with one take their
+# sourced rates from there.
 ACHIEVABLE_FRACTION = 0.8
 # fp8 GEMMs (quantization: fp8) at the datasheet's dense fp8 peak times the same fraction: no fp8
 # GEMM rate has been measured here, so the bf16 measurement's fraction stands in for it (a named
@@ -130,6 +131,15 @@ class Rates:
     # TPU targets: the libtpu whose XLA:TPU memory figures the peak follows (target_rates: the
     # installed one; "": none installed, the terms traced on 0.0.52; tierax.hardware.libtpu).
     libtpu: str = ""
+    # The share by which compute that hides a collective or a host copy runs slower (GPU targets:
+    # tierax.hardware.kernel_rates.OVERLAP_SLOWDOWN; 0: not modelled).
+    overlap_slowdown: float = 0.0
+    # Whether fp8 GEMMs follow the GEMM rates by size (fp8 rate × the compute dtype's blended rate
+    # over its largest point): a target whose sourced rates give the bf16 sweep's shape shares.
+    fp8_by_size: bool = False
+    # Whether the fused attention rates stand at kernel_rates.ATTENTION_REFERENCE (sequence, head
+    # dim) until a program's own shape replaces them (for_program).
+    attention_by_shape: bool = False
 
     def matmul_rate_at(self, dim: float) -> float:
         """The GEMM rate of a matmul whose smallest dimension is ``dim``: piecewise linear in
@@ -153,6 +163,15 @@ class Rates:
             return self.matmul_flops_per_s
         total = sum(share for _, share in min_dim_shares)
         return total / sum(share / self.matmul_rate_at(d) for d, share in min_dim_shares)
+
+    def blended_fp8_rate(self, min_dim_shares: tuple) -> float:
+        """The fp8 GEMM rate of a set of GEMMs (as :meth:`blended_matmul_rate`): the fp8 rate
+        itself, or with :attr:`fp8_by_size` that rate times the blended rate's share of the
+        largest GEMMs' rate."""
+        if not self.fp8_by_size or not self.matmul_size_rates or not min_dim_shares:
+            return self.fp8_matmul_flops_per_s
+        share = self.blended_matmul_rate(min_dim_shares) / self.matmul_size_rates[-1][1]
+        return self.fp8_matmul_flops_per_s * share
 
     @property
     def usable_device_bytes(self) -> int:
@@ -298,6 +317,13 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
         )
         if gpu and tuple(spec.compute_capability) >= (10, 0):
             sources["mxfp8_matmul"] = MXFP8_SOURCE
+    sourced = {}
+    if gpu:
+        sourced = _sourced_gpu(target, dtype, spec, peak, cal, sources)
+        fused_fwd = sourced.get("fused_attention_fwd_flops_per_s", fused_fwd)
+        fused_bwd = sourced.get("fused_attention_bwd_flops_per_s", fused_bwd)
+        matmul = sourced.get("matmul_flops_per_s", matmul)
+        fp8 = sourced.get("fp8_matmul_flops_per_s", fp8)
     limit = getattr(spec, "xla_hbm_limit_bytes", 0)
     if limit:
         sources["memory_limit"] = spec.xla_hbm_limit_source
@@ -327,6 +353,69 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
         host_memory_bytes_per_s=host_bw,
         fp8_matmul_flops_per_s=fp8,
         libtpu=tpu_lib,
+        matmul_size_rates=sourced.get("matmul_size_rates", ()),
+        overlap_slowdown=kernel_rates.OVERLAP_SLOWDOWN if gpu else 0.0,
+        fp8_by_size=bool(sourced.get("matmul_size_rates")) and "fp8_matmul_flops_per_s" in sourced,
+        attention_by_shape=gpu,
+    )
+
+
+def _sourced_gpu(target: str, dtype: str, spec, peak: float, cal: dict, sources: dict) -> dict:
+    """A GPU target's published kernel rates (tierax.hardware.kernel_rates) as Rates fields, their
+    sources written into ``sources``: GEMMs by dtype and size where a sweep is published and no
+    calibration file measured them, cuDNN's attention at the reference shape (the sustained-power
+    factor of the target's architecture on it too, none where no sweep is published), and the
+    interference of overlapped communication."""
+    out: dict = {}
+    g = kernel_rates.gemm(target, dtype, tuple(spec.compute_capability))
+    sustained = 1.0
+    if g is not None and f"matmul_flops_per_s_{dtype}" not in cal:
+        sustained = g.sustained
+        out["matmul_flops_per_s"] = g.matmul
+        out["matmul_size_rates"] = g.size_rates
+        sources["matmul"] = g.sources["matmul"]
+        sources["matmul_by_size"] = g.sources["matmul_by_size"]
+        if g.fp8 and "matmul_flops_per_s_fp8" not in cal:
+            out["fp8_matmul_flops_per_s"] = g.fp8
+            sources["fp8_matmul"] = g.sources["fp8_matmul"]
+    elif g is None:
+        sources["matmul"] += (
+            f" (no published {dtype} sweep for {target}: the datasheet share, no sustained-power "
+            "factor)"
+        )
+    fwd, bwd = kernel_rates.attention_shares(*kernel_rates.ATTENTION_REFERENCE)
+    out["fused_attention_fwd_flops_per_s"] = peak * fwd * sustained
+    out["fused_attention_bwd_flops_per_s"] = peak * bwd * sustained
+    sources["fused_attention"] = kernel_rates.ATTENTION_SOURCE + (
+        f", ×{sustained:.3f} sustained power as the GEMMs" if sustained != 1.0 else ""
+    )
+    sources["interference"] = kernel_rates.OVERLAP_SOURCE
+    return out
+
+
+def for_program(rates: Rates, prog) -> Rates:
+    """``rates`` with the fused attention rates at ``prog``'s sequence length and head dimension
+    (:func:`tierax.hardware.kernel_rates.attention_shares` over their value at the reference
+    shape), where the target's rates follow the shape and ``prog`` runs a fused attention kernel;
+    otherwise ``rates`` unchanged.  Idempotent: the result no longer follows the shape."""
+    att = getattr(prog, "attention", None)
+    if not rates.attention_by_shape or att is None:
+        return rates
+    f0, b0 = kernel_rates.attention_shares(*kernel_rates.ATTENTION_REFERENCE)
+    f, b = kernel_rates.attention_shares(prog.seq, att.qk_head_dim)
+    fwd = rates.fused_attention_fwd_flops_per_s * f / f0
+    bwd = rates.fused_attention_bwd_flops_per_s * b / b0
+    sources = dict(rates.sources)
+    sources["fused_attention"] = (
+        f"{sources.get('fused_attention', '')}; at sequence {prog.seq}, head dim "
+        f"{att.qk_head_dim}: forward {fwd / 1e12:.0f}, backward {bwd / 1e12:.0f} TFLOP/s"
+    )
+    return dataclasses.replace(
+        rates,
+        fused_attention_fwd_flops_per_s=fwd,
+        fused_attention_bwd_flops_per_s=bwd,
+        attention_by_shape=False,
+        sources=sources,
     )
 
 
@@ -347,7 +436,8 @@ def matmul_s(
     (:meth:`Rates.blended_matmul_rate`; the matmul rate where the target has no rates by size)."""
     if fp8_share and rates.fp8_matmul_flops_per_s > 0:
         f8 = min(fp8_share * flops, flops - fused_flops)
-        return (2 if backward else 1) * f8 / rates.fp8_matmul_flops_per_s + matmul_s(
+        f8_rate = rates.blended_fp8_rate(min_dim_shares)
+        return (2 if backward else 1) * f8 / f8_rate + matmul_s(
             flops - f8, fused_flops, rates, backward=backward, min_dim_shares=min_dim_shares
         )
     rate = rates.blended_matmul_rate(min_dim_shares)
@@ -478,6 +568,11 @@ def override_rates(rates: Rates, overrides: Sequence[str]) -> Rates:
         }
         if key == "hbm_size":  # the compiler's limit was for the datasheet memory: the reserve rule
             changes["device_limit_bytes"] = 0
+        if key.startswith("fused_attention"):  # the given rate, whatever the program's shape
+            changes["attention_by_shape"] = False
+        if key == "matmul" and rates.matmul_size_rates:  # the rates by size keep their shape
+            scale = v / rates.matmul_size_rates[-1][1]
+            changes["matmul_size_rates"] = tuple((d, r * scale) for d, r in rates.matmul_size_rates)
         sources = dict(rates.sources)
         shown, whole = SOURCE_KEYS[key]
         text = f"--rate {key}={value.strip()} ({unit})"

@@ -131,6 +131,7 @@ def _solve(
     state (its own exposed copies and staging, its bytes in the microbatches' rows and an
     accumulation row, live on the host beside the offloaded activations)."""
     inv = prog.inventory
+    rates = cm.for_program(rates, prog)  # the fused attention kernel at the program's shape
     items = cm.item_terms(inv, rates, mechanism)
     groups = cm.group_terms(inv, rates, schedule, mechanism)
     fx = cm.fixed_terms(prog, rates, schedule)
@@ -466,6 +467,7 @@ def _explain(
     """Why each choice: its own costs, and what the alternatives would have cost given the rest of
     the plan."""
     inv = prog.inventory
+    rates = cm.for_program(rates, prog)  # the fused attention kernel at the program's shape
     items = cm.item_terms(inv, rates, mechanism)
     groups = {g.name: g for g in cm.group_terms(inv, rates, schedule, mechanism)}
     slack = budget - pred.peak_device_bytes
