@@ -459,6 +459,7 @@ def predict(
         "collective_s",
         "critical_collective_s",
         "exposed_collective_s",
+        "interference_s",
         "transfer_s",
     )
     return {
