@@ -61,7 +61,8 @@ def config_from_dict(data: Mapping, *, source: str) -> ModelConfig:
         hint = schema.did_you_mean(unknown[0], list(_field_types(cls))) if len(unknown) == 1 else ""
         raise TieraxError(
             f"{source}: unknown key{'s' if len(unknown) > 1 else ''} "
-            f"{', '.join(map(repr, unknown))}{hint} for family {family!r}; valid keys: "
+            f"{', '.join(map(repr, unknown))}{hint} for family {family!r}"
+            f"{''.join(_other_family(k, family) for k in unknown)}; valid keys: "
             f"{_valid_keys(cls)}"
         )
     required = [
@@ -92,6 +93,19 @@ def config_to_yaml(cfg: ModelConfig) -> str:
     return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
 
 
+def _other_family(key: str, family: str) -> str:
+    """Why ``key``, a key of another family, is not one of ``family``'s, and what to use."""
+    if key == "moe_impl" and family == "llama":
+        return (
+            " (moe_impl is a deepseek-family key: the llama family's config, Mixtral's, does not "
+            "offer the ragged form (dropless grouped GEMMs over ragged_dot), so its mixture of "
+            "experts runs the capacity form, sized by capacity_factor — leave moe_impl out, or "
+            "use a deepseek-family config for moe_impl=ragged)"
+        )
+    others = [f for f, c in FAMILIES.items() if f != family and key in _field_types(c)]
+    return f" (a key of the {', '.join(others)} family)" if others else ""
+
+
 def _parse_override(text: str, cls: type) -> tuple[str, Any]:
     key, sep, raw = text.partition("=")
     key = key.strip()
@@ -106,7 +120,7 @@ def _parse_override(text: str, cls: type) -> tuple[str, Any]:
     if key not in types:
         raise TieraxError(
             f"--set {text!r}: unknown key {key!r}{schema.did_you_mean(key, list(types))} for a "
-            f"{cls.family} config; valid keys: {', '.join(types)}"
+            f"{cls.family} config{_other_family(key, cls.family)}; valid keys: {', '.join(types)}"
         )
     if types[key] is str:  # the command line has no quoting: take the text as is
         value: Any = raw.strip()
