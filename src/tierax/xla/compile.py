@@ -186,6 +186,27 @@ def gpu_topology(target_config: str, devices: int, target: str):
     )
 
 
+def memory_figures(mem) -> tuple[int, int, int, int]:
+    """(arguments, outputs, aliased, temp) bytes of a compile's ``memory_analysis()``."""
+    return (
+        int(mem.argument_size_in_bytes),
+        int(mem.output_size_in_bytes),
+        int(mem.alias_size_in_bytes),
+        int(mem.temp_size_in_bytes),
+    )
+
+
+def host_transfers(module: hlo.Module, spec, dtype: str) -> list:
+    """Every host transfer of a scheduled module with the static overlap check, at ``spec``'s
+    ``dtype`` peak, HBM bandwidth and host link (:func:`tierax.xla.hlo.host_transfers`)."""
+    return hlo.host_transfers(
+        module,
+        peak_flops=spec.peak(dtype),
+        hbm_bytes_per_s=spec.hbm_bytes_per_s,
+        host_link_bps=spec.host_link_bps,
+    )
+
+
 def abstract_train_state(cfg, optimizer, mesh: Mesh, plan: plan_lib.Plan | None = None):
     """(graphdef, TrainState of ShapeDtypeStructs sharded on ``mesh``); ``plan``: its offloaded
     moments' and master weights' shardings carry the ``pinned_host`` memory kind
@@ -484,12 +505,7 @@ def compile_for_target(
     text = compiled.as_text()
     module = hlo.parse_module(text)
 
-    arg, out, alias, temp = (
-        int(mem.argument_size_in_bytes),
-        int(mem.output_size_in_bytes),
-        int(mem.alias_size_in_bytes),
-        int(mem.temp_size_in_bytes),
-    )
+    arg, out, alias, temp = memory_figures(mem)
     # Every libtpu compiled with here keeps the host temp outside temp_size_in_bytes: XLA:TPU's
     # buffer assignment puts it in its own color-5 heap, and temp_size_in_bytes less the HBM heap
     # is smaller than it in each compile read (bench/results/libtpu_colors_tr1.json; 0.0.52's
@@ -529,12 +545,7 @@ def compile_for_target(
             f"{acts} bytes (host buffers of the backward and the update share memory)"
         )
     dtype_peak = spec.peak(cfg.dtype)
-    transfers = hlo.host_transfers(
-        module,
-        peak_flops=dtype_peak,
-        hbm_bytes_per_s=spec.hbm_bytes_per_s,
-        host_link_bps=spec.host_link_bps,
-    )
+    transfers = host_transfers(module, spec, cfg.dtype)
     notes = [
         f"host link {spec.host_link_bps / 1e9:.0f} GB/s per direction ({spec.host_link_source})",
         f"compute roofline at {dtype_peak / 1e12:.0f} TFLOP/s ({cfg.dtype}) and "

@@ -283,22 +283,12 @@ def compile_program(
     mem = compiled.memory_analysis()
     text = compiled.as_text()
     module = hlo.parse_module(text)
-    arg, out, alias, temp = (
-        int(mem.argument_size_in_bytes),
-        int(mem.output_size_in_bytes),
-        int(mem.alias_size_in_bytes),
-        int(mem.temp_size_in_bytes),
-    )
-    peak = arg + out + temp - alias
-    dtype_peak = spec.peak(str(config.dtype))
-    transfers = hlo.host_transfers(
-        module,
-        peak_flops=dtype_peak,
-        hbm_bytes_per_s=spec.hbm_bytes_per_s,
-        host_link_bps=spec.host_link_bps,
-    )
     from tierax.hardware import cudnn
-    from tierax.xla.compile import libtpu_version, tpu_custom_calls
+    from tierax.xla.compile import host_transfers, libtpu_version, memory_figures, tpu_custom_calls
+
+    arg, out, alias, temp = memory_figures(mem)
+    peak = arg + out + temp - alias
+    transfers = host_transfers(module, spec, str(config.dtype))
 
     calls = cudnn.custom_calls(text)
     workspace = 0
