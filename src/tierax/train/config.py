@@ -276,20 +276,37 @@ def _plan(raw: Any, cfg: ModelConfig, where: str) -> plan_lib.Plan:
     return files.load_plan(raw, cfg)
 
 
-def _plan_mesh(plan: plan_lib.Plan, mesh: MeshShape, given: bool, source: str) -> MeshShape:
-    """The run's mesh: the config's ``mesh`` section, or, without one, the mesh the plan was planned
-    for (``tierax plan --mesh auto``); a section that differs from the plan's is refused."""
-    if plan.mesh is None:
-        return mesh
-    planned = MeshShape(**plan.mesh)
-    if not given:
-        return planned
-    if planned != mesh:
-        raise TieraxError(
-            f"{source}: mesh {mesh} differs from the mesh plan {plan.name!r} was planned for "
-            f"({planned}); drop the mesh section (the plan's is used) or plan again for this mesh"
+# How a train config spells what a plan records (for merge_planned_for's messages).
+_CONFIG_KEYS = {k: k for k in ("mesh", "microbatch", "grad_accum", "seq")}
+
+
+def _merge_planned(plan: plan_lib.Plan, given: dict, defaults: dict, source: str) -> dict:
+    """The run's values of ``given``'s keys merged with what ``plan`` was planned for, through the
+    one merge every verb uses (:func:`tierax.plan.merge_planned_for`): a value the config gives
+    that differs from the plan's is refused, one it leaves out is the plan's, else the default."""
+    try:
+        values, _ = plan_lib.merge_planned_for(
+            plan.planned_for, given, defaults, plan=repr(plan.name), flags=_CONFIG_KEYS
         )
-    return mesh
+    except TieraxError as e:
+        raise TieraxError(f"{source}: {e}") from None
+    return values
+
+
+def _check_planned_model(plan: plan_lib.Plan, raw: Any, overrides: Sequence[str], source: str):
+    """A named model must be the one ``plan`` records (a config mapping is not compared: a plan
+    records a model file by the digest of its bytes)."""
+    from tierax.plan.planned_for import DIGEST_PREFIX, model_name
+
+    recorded = plan.planned_for.model
+    if recorded is None or recorded.startswith(DIGEST_PREFIX) or not isinstance(raw, str):
+        return
+    mine = model_name(raw, list(overrides))
+    if mine != recorded:
+        raise TieraxError(
+            f"{source}: model {mine!r} differs from the model plan {plan.name!r} was planned for "
+            f"({recorded!r}); train that model, or plan again for this one"
+        )
 
 
 def parse_overrides(overrides: Sequence[str]) -> list[tuple[list[str], Any]]:
@@ -385,7 +402,14 @@ def config_from_mapping(
     except TieraxError as e:
         msg = str(e)
         raise TieraxError(msg if msg.startswith(source) else f"{source}: {msg}") from None
-    sections["mesh"] = _plan_mesh(plan, sections["mesh"], data.get("mesh") is not None, source)
+    _check_planned_model(plan, data["model"], model_overrides, source)
+    merged = _merge_planned(
+        plan,
+        {"mesh": sections["mesh"].to_dict() if data.get("mesh") is not None else None},
+        {"mesh": sections["mesh"].to_dict()},
+        source,
+    )
+    sections["mesh"] = MeshShape(**merged["mesh"])
     mesh = sections["mesh"]
 
     # global_batch is an alternative spelling of the per-device microbatch.
@@ -406,32 +430,17 @@ def config_from_mapping(
             f"them",
         )
         microbatch = global_batch // mesh.batch_ways
-    microbatch = _plan_batch(plan, microbatch, values, source)
-    if microbatch is not None:
-        values["microbatch"] = microbatch
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    merged = _merge_planned(
+        plan,
+        {"microbatch": microbatch, **{k: values.get(k) for k in ("grad_accum", "seq")}},
+        {k: defaults[k] for k in ("microbatch", "grad_accum", "seq")},
+        source,
+    )
+    values.update({k: v for k, v in merged.items() if v is not None})
 
     cfg = TrainConfig(model=model, plan=plan, source=source, **values, **sections)
     return cfg
-
-
-def _plan_batch(plan: plan_lib.Plan, microbatch: int | None, values: dict, source: str):
-    """The run's microbatch (and, in ``values``, its ``grad_accum``): the config's, or, where it
-    gives none, what the plan was planned for (``tierax plan --mesh auto``); a config value that
-    differs from the plan's is refused."""
-    for key, given, planned in (
-        ("microbatch", microbatch, plan.microbatch),
-        ("grad_accum", values.get("grad_accum"), plan.grad_accum),
-    ):
-        _check(
-            planned is None or given is None or given == planned,
-            f"{source}: {key} {given} (from the config's "
-            f"{'global_batch or microbatch' if key == 'microbatch' else key}) differs from the "
-            f"{key} {planned} plan {plan.name!r} was planned for; drop it (the plan's is used) or "
-            "plan again for it",
-        )
-    if plan.grad_accum is not None:
-        values.setdefault("grad_accum", plan.grad_accum)
-    return microbatch if microbatch is not None else plan.microbatch
 
 
 def load_train_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> TrainConfig:
