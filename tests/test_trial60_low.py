@@ -117,3 +117,17 @@ def test_moe_impl_for_mixtral_says_why_and_what_to_use(cli, tmp_path):
     r = cli("simulate", "--model", "tiny-deepseek", "--set", "tie_embeddings=true")
     if r.returncode == 2 and "unknown key" in r.stderr:
         assert "a key of the llama family" in r.stderr
+
+
+def test_plans_show_takes_the_plans_model(cli, tmp_path):
+    f = tmp_path / "dsk.yaml"
+    assert cli("plan", "--model", "tiny-deepseek", "--out", f).returncode == 0
+    r = cli("plans", "--show", f)  # no --model: the plan's (tiny-llama's groups would not load)
+    assert r.returncode == 0, r.stderr
+    assert "on tiny-deepseek" in r.stdout and "moe" in r.stdout
+    r = cli("plans", "--show", f, "--model", "tiny-llama")
+    assert r.returncode == 2 and "differs from the model plan" in r.stderr
+    old = tmp_path / "old.yaml"
+    old.write_text("plan: old\ngroups:\n  decoder:\n    default: remat\n")
+    r = cli("plans", "--show", old)
+    assert r.returncode == 0 and "assumed --model tiny-llama" in r.stderr

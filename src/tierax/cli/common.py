@@ -366,6 +366,22 @@ def mesh_option(args, plans: Sequence[str | None] = (), *, required: bool = True
     return mesh
 
 
+def plan_model_option(args, plan: str) -> None:
+    """Merge the model ``plan`` records with ``args``' model options (a display of the plan, which
+    needs nothing else it was planned for): the plan's model where the options name none, a
+    differing one refused, a note on stderr where the file records none."""
+    from tierax.interop.files import read_planned_for
+    from tierax.plan import PlannedFor, merge_planned_for
+
+    record = read_planned_for(plan) or PlannedFor()
+    values, notes = merge_planned_for(
+        record, {"model": _given_model(args, record)}, {"model": args.model_default}, plan=plan
+    )
+    for line in notes:
+        print(line, file=sys.stderr)
+    _apply_model(args, values["model"], plan)
+
+
 def _given_model(args, record) -> str | None:
     """The model the options name (None: none named).  ``--set`` alone applies to the model the
     plan records, else to the verb's default model."""

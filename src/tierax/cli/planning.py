@@ -8,7 +8,13 @@ import json
 import sys
 
 from tierax import launch
-from tierax.cli.common import console, mesh_option, model_identity, resolve_model
+from tierax.cli.common import (
+    console,
+    mesh_option,
+    model_identity,
+    plan_model_option,
+    resolve_model,
+)
 from tierax.errors import TieraxError
 from tierax.mesh import parse_mesh
 
@@ -102,6 +108,8 @@ def cmd_plans(args) -> int:
     interop.check_show_options(show=args.show, yaml=args.yaml, emit=args.emit, sizing=sizing)
     if args.emit:  # what the plan records, merged with the flags (the plan's target, model, sizes)
         mesh = mesh_option(args, [args.show], defaults=SHOW_DEFAULTS | {"grad_accum": 1})
+    elif args.show:  # the plan's model where no option names one
+        plan_model_option(args, args.show)
     cfg = resolve_model(args, target=args.target)  # what the target cannot run is refused
     if args.show is None:
         for name, (desc, _) in plan_lib.PRESETS.items():
