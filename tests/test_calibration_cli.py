@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import pathlib
 import re
+import statistics
 
 import pytest
 import yaml
@@ -40,11 +41,14 @@ def test_the_docs_three_log_example_calibrates_and_simulate_uses_it(cli, tmp_pat
     ]
     assert g["loo"]["remat-2x4096"]["measured_s"] == pytest.approx(0.899)
     assert g["loo"]["minimal-2x4096"]["measured_s"] == pytest.approx(0.7445)
-    assert 1.1 < g["factors"]["gemm"] < 1.5  # the logs run ~20 % slower than predicted
-    for e in g["loo"].values():  # leave-one-out beats the uncalibrated model on every run
-        assert abs(e["loo_s"] / e["measured_s"] - 1) < abs(
-            e["uncalibrated_s"] / e["measured_s"] - 1
-        )
+    # the logs run ~4 % slower than the sourced GPU rates predict (~20 % before those rates)
+    assert 1.01 < g["factors"]["gemm"] < 1.1
+    # leave-one-out beats the uncalibrated model in the median (the sourced GPU rates already put
+    # minimal-2x4096 within 1.2 %, so not on every run)
+    def med(k):
+        return statistics.median(abs(e[k] / e["measured_s"] - 1) for e in g["loo"].values())
+
+    assert med("loo_s") < med("uncalibrated_s")
     args = ["simulate", "--model", "llama3.1-8b", "--target", "h100", "--mesh", "fsdp=8"]
     args += ["--microbatch", "4", "--seq", "4096", "--plan", "minimal", "--json"]
     r = cli(*args, "--rates", out)
