@@ -67,6 +67,7 @@ def _env() -> dict:
 def _keys(model: str, batch: int, seq: int, extra: list[str]) -> list[str]:
     return [
         f"model_name={model}",
+        "override_model_config=true",  # MaxText's switch to override a key its model file sets
         f"base_num_decoder_layers={LAYERS}",
         f"per_device_batch_size={batch}",
         f"max_target_length={seq}",

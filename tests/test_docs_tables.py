@@ -48,6 +48,7 @@ DOCS_TABLES = [
     ("network_axes", "markdown", "network_axes.json", "network-axes"),
     ("whatif", "markdown", "whatif-deepseek-v3.json", "whatif-deepseek-v3"),
     ("tpu_compile", "splash_markdown", "tpu_splash.json", "tpu-splash"),
+    ("maxtext_compile", "render", "maxtext_compile.json", "maxtext-compile"),
     (
         "tpu_compile",
         "splash_markdown",
