@@ -131,3 +131,17 @@ def test_plans_show_takes_the_plans_model(cli, tmp_path):
     old.write_text("plan: old\ngroups:\n  decoder:\n    default: remat\n")
     r = cli("plans", "--show", old)
     assert r.returncode == 0 and "assumed --model tiny-llama" in r.stderr
+
+
+def test_every_sweep_jump_names_its_plan_change(cli):
+    """tiny-llama's budget sweep: where the predicted step moves, the plan changed, and the "plan
+    change" cell says what — the unnamed intermediates and the training state included."""
+    r = cli("plan", "--sweep", "budget=0.0095:0.03:0.0015", "--json")
+    assert r.returncode == 0, r.stderr
+    points = [p for p in json.loads(r.stdout)["points"] if p["fits"]]
+    for before, after in zip(points, points[1:], strict=False):
+        if after["step_time_s"] != before["step_time_s"]:
+            assert after["changed"], after["value"]
+    assert any("unnamed → device" in c for p in points for c in p["changed"])
+    table = cli("plan", "--sweep", "budget=0.0095:0.03:0.0015").stdout
+    assert "unnamed → device" in table and "0.000 " not in table

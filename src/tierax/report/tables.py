@@ -406,7 +406,7 @@ def sweep_table(points, key: str, title: str, references=()) -> Table:
             f"{p['value']:g}",
             "yes",
             f"{p['tflops_per_device']:.1f}",
-            f"{p['step_time_s']:.3f}",
+            f"{p['step_time_s']:.4g}",  # a small model's step is a few ms: not "0.000"
             f"{p['peak_device_bytes'] / 2**30:.1f}",
             f"{p['host_bytes'] / 2**30:.1f}",
             *ref,

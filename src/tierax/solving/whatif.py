@@ -77,11 +77,18 @@ class SweepPoint:
 
 
 def _flat(plan, cfg) -> dict:
-    return {
+    """Every placement of ``plan``: each name's, each group's unnamed intermediates (``unnamed``)
+    and its training state's parts (``state:KIND``), so that a change in any of them is named."""
+    out = {
         f"{g}/{n}": p.value
         for g, names in plan_lib.resolve(plan, cfg).items()
         for n, p in names.items()
     }
+    for g, gp in plan.groups.items():
+        out[f"{g}/unnamed"] = gp.unnamed.value
+        for kind in plan_lib.STATE_KINDS:
+            out[f"{g}/state:{kind}"] = plan.state_of(g).placement(kind).value
+    return out
 
 
 def _changes(before: dict | None, after: dict, weight: dict) -> tuple[str, ...]:
