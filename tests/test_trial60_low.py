@@ -145,3 +145,18 @@ def test_every_sweep_jump_names_its_plan_change(cli):
     assert any("unnamed → device" in c for p in points for c in p["changed"])
     table = cli("plan", "--sweep", "budget=0.0095:0.03:0.0015").stdout
     assert "unnamed → device" in table and "0.000 " not in table
+
+
+def test_train_config_mesh_error_names_the_configs_keys():
+    import pytest
+
+    from tierax.errors import TieraxError
+    from tierax.train.config import config_from_mapping
+
+    base = {"model": "tiny-llama", "plan": "save-all", "steps": 20}
+    with pytest.raises(TieraxError) as e:
+        config_from_mapping({**base, "mesh": {"fsdp": 3}}, source="c")
+    assert "e.g. mesh.data=3 mesh.fsdp=1" in str(e.value) and "--mesh" not in str(e.value)
+    # what it suggests is accepted (d_model 64 is not divisible by 3: the devices go to data)
+    cfg = config_from_mapping({**base, "mesh": {"data": 3, "fsdp": 1}}, source="c")
+    assert cfg.mesh.data == 3

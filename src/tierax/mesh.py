@@ -60,7 +60,7 @@ class MeshShape:
     def __str__(self) -> str:
         return ",".join(f"{a}={getattr(self, a)}" for a in AXES)
 
-    def check_model(self, cfg, *, where: str = "mesh") -> None:
+    def check_model(self, cfg, *, where: str = "mesh", config_keys: bool = False) -> None:
         """Refuse a mesh whose tensor/expert axes do not divide what they shard in ``cfg``.
 
         Tensor parallelism splits attention heads (and key/value heads) and MLP hidden
@@ -101,9 +101,9 @@ class MeshShape:
             raise TieraxError(
                 f"{where} {self} does not fit {cfg.name}: {'; '.join(problems)}; {fix}"
             )
-        self._check_fsdp(cfg, where)
+        self._check_fsdp(cfg, where, config_keys)
 
-    def _check_fsdp(self, cfg, where: str) -> None:
+    def _check_fsdp(self, cfg, where: str, config_keys: bool = False) -> None:
         """Refuse an FSDP group (:data:`FSDP_AXES`) that does not divide d_model: every weight has
         that dimension, and the sharding rules leave a weight whole on each device when none of its
         dimensions divides, so most parameters, gradients and AdamW moments would be replicated."""
@@ -116,7 +116,16 @@ class MeshShape:
         ]
         if fits:  # the largest FSDP size that divides, the rest of fsdp's devices on data
             works = MeshShape(self.data * self.fsdp // fits[-1], fits[-1], self.tensor, self.expert)
-            fix = f"put the other devices on data, e.g. --mesh {works}"
+            example = (  # a train config's keys, or the CLI's option
+                " ".join(
+                    f"mesh.{a}={getattr(works, a)}"
+                    for a in AXES
+                    if getattr(works, a) > 1 or getattr(works, a) != getattr(self, a)
+                )
+                if config_keys
+                else f"--mesh {works}"
+            )
+            fix = f"put the other devices on data, e.g. {example}"
         else:
             fix = "choose sizes whose product divides it"
         raise TieraxError(

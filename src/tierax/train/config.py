@@ -110,7 +110,7 @@ class TrainConfig:
             f"{self.source}: xla_preset={self.xla_preset!r} is unknown; choose one of: "
             f"{', '.join(xla_flags.PRESETS)}",
         )
-        self.mesh.check_model(self.model, where=f"{self.source}: mesh")
+        self.mesh.check_model(self.model, where=f"{self.source}: mesh", config_keys=True)
         plan_lib.check_mechanism_preset(self.plan, self.xla_preset, f"{self.source}: plan")
         # Training state the step cannot run: refused
         # here, before the run directory or any state exists.
