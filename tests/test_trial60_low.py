@@ -160,3 +160,22 @@ def test_train_config_mesh_error_names_the_configs_keys():
     # what it suggests is accepted (d_model 64 is not divisible by 3: the devices go to data)
     cfg = config_from_mapping({**base, "mesh": {"data": 3, "fsdp": 1}}, source="c")
     assert cfg.mesh.data == 3
+
+
+def test_raw_token_ids_beside_a_tokenized_directory_are_noted(cli, tmp_path):
+    import numpy as np
+
+    from tierax.train.data.formats import open_corpus
+    from tierax.train.data.streams import tokenizer_notes
+
+    doc = tmp_path / "a.txt"
+    doc.write_text("one document of some text\n" * 200)
+    prepared_dir = tmp_path / "tok"
+    assert cli("data", "prepare", doc, "--out", prepared_dir).returncode == 0
+    raw = tmp_path / "raw.npy"
+    np.save(raw, np.arange(4096, dtype=np.uint16) % 250)
+    tok, ids = open_corpus(str(prepared_dir)), open_corpus(str(raw))
+    notes = tokenizer_notes([tok, ids])
+    assert len(notes) == 1 and "records no tokenizer" in notes[0]
+    assert "raw.npy" in notes[0] and "bytes tokenizer" in notes[0]
+    assert tokenizer_notes([tok]) == [] and tokenizer_notes([ids]) == []

@@ -243,6 +243,12 @@ class Trainer:
             vocab_size=cfg.model.vocab_size,
             training=getattr(self.stream, "corpora", ()),
         )
+        from tierax.train.data.streams import tokenizer_notes
+
+        training = list(getattr(self.stream, "corpora", ()))
+        held_out = [validation.corpus] if getattr(validation, "corpus", None) is not None else []
+        for line in tokenizer_notes(training + held_out):
+            self.reporter.note(line)
         self._masked = cfg.data.source == "tokens" and cfg.data.document_mask
         self.identity = cfg.identity()
         self.identity["data"].update(self.stream.identity())

@@ -61,6 +61,22 @@ def check_same_tokenizer(corpora: Sequence[Corpus], what: str = "data.mixture") 
             )
 
 
+def tokenizer_notes(corpora: Sequence[Corpus], what: str = "data") -> list[str]:
+    """Notes where token data with a tokenizer record is mixed with data without one (a ``.npy``,
+    a Megatron prefix): their tokenizers cannot be compared, so nothing checked that the ids mean
+    the same things (:func:`check_same_tokenizer` compares recorded ones only)."""
+    known = [c for c in corpora if _tokenizer_of(c) is not None]
+    unknown = [c for c in corpora if _tokenizer_of(c) is None]
+    if not known or not unknown:
+        return []
+    return [
+        f"{what}: {c.name!r} records no tokenizer (raw token ids), so it cannot be compared with "
+        f"{_describe(known[0])}; make sure it was tokenized with the same tokenizer (or prepare it "
+        "with `tierax data prepare --tokenizer`)"
+        for c in unknown
+    ]
+
+
 def _open(path: str, data, split: str, vocab_size: int) -> Corpus:
     corpus = open_corpus(path, split=split, dtype=data.dtype, verify=data.verify)
     check_vocab(corpus, vocab_size)
