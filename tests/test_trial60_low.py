@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 
 def test_fp8_rate_without_fp8_gemms_is_refused(cli, tmp_path):
     out = tmp_path / "p.yaml"
@@ -179,3 +181,12 @@ def test_raw_token_ids_beside_a_tokenized_directory_are_noted(cli, tmp_path):
     assert len(notes) == 1 and "records no tokenizer" in notes[0]
     assert "raw.npy" in notes[0] and "bytes tokenizer" in notes[0]
     assert tokenizer_notes([tok]) == [] and tokenizer_notes([ids]) == []
+
+
+@pytest.mark.slow  # a bench run with verify (about 30 s here)
+def test_bench_verify_says_what_its_check_found(cli):
+    r = cli("bench", "--model", "tiny-llama", "--plans", "minimal", "--steps", "1",
+            "--microbatch", "2", "--seq", "16", "--verify")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("gradient check before bench"))
+    assert "1 plan(s) equal save-all's gradients" in line and "plan minimal" in line

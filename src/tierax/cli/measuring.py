@@ -51,6 +51,14 @@ def cmd_bench(args) -> int:
     verified = _verify_before_bench(cfg, plans, args, mesh) if args.verify else None
     if verified is not None and not all(v.passed for v in verified):
         return 1
+    if verified is not None:  # what the check found, where it passed too
+        worst = max(verified, key=lambda v: v.max_rel_err)
+        print(
+            f"gradient check before bench: {len(verified)} plan(s) equal save-all's gradients "
+            f"within {worst.tolerance:g} relative (worst {worst.max_rel_err:.2e}, plan "
+            f"{worst.plan}, {worst.num_leaves} leaves)",
+            file=sys.stderr if args.json else sys.stdout,  # --json: stdout is the record alone
+        )
     with progress(f"bench {cfg.name}", len(plans) + args.steps, disable=args.json) as advance:
         doc = bench.measure(
             cfg,
