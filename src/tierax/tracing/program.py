@@ -29,12 +29,22 @@ absence means):
   transposed copy (:func:`tierax.sharding.gather_layout.transposed_params`; 0: not known);
 * ``extra_bytes``: device bytes live through the whole step that the trace does not see (a user's
   own buffers, the Python API's ``extra_bytes``);
+* ``loss_bytes``: where a front end knows its program's loss holds other buffers than tierax's
+  step (MaxText's, :mod:`tierax.interop.maxtext_program.as_program`), the bytes at the loss beside
+  the state (less the gradients not yet written) and the kept activations; None: the cost model's
+  reading of tierax's loss;
+* ``after_backward_bytes``: where a front end knows its program holds more after the layers'
+  backward than during it (MaxText's on TPU: the head's gradient reduced after the loop), all the
+  device bytes live then (state included); 0: no such phase;
+* ``stack_copies``: whether XLA makes its stacked-weight copies before the forward loop (False: a
+  program measured to make none);
 * ``batch_shaped``: whether the inventory's microbatch × seq is the step's batch (False: a trace at
   the caller's own shapes).
 
 Which fields grow with the microbatch (what a front end rebuilds at another microbatch): every
 activation's bytes and FLOPs in the inventory, ``inventory.logits_bytes``, ``model_flops`` and
-``moe_backward_bytes``; the fused kernel's workspace is computed from ``inventory.microbatch``.
+``moe_backward_bytes``, ``loss_bytes``; the fused kernel's workspace is computed from
+``inventory.microbatch``.
 The state bytes, the head's shape and ``stack_copy_params`` do not.
 """
 
@@ -94,6 +104,9 @@ class Program:
     moe_backward_bytes: tuple[tuple[str, int], ...] = ()
     stack_copy_params: float = 0.0
     extra_bytes: int = 0
+    loss_bytes: int | None = None
+    after_backward_bytes: int = 0
+    stack_copies: bool = True
     # Whether the inventory's microbatch and seq are the step's batch shape (False: a user's loss
     # function traced at its own shapes, which the model names no microbatch for).
     batch_shaped: bool = True

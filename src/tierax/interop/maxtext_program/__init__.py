@@ -4,6 +4,9 @@ scanned layer stacks traced from MaxText's code (nothing of its models re-descri
 * :mod:`.config` — a MaxText config or model file loaded as MaxText loads it, tierax's sizing
   flags mapped onto MaxText's keys, what tierax cannot price refused.
 * :mod:`.trace` — the activation inventory of MaxText's layer stacks and its train state.
+* :mod:`.as_program` — the Program the cost model prices and MaxText's remat policy as a Plan
+  (:func:`program`).
+* :mod:`.emit` — a plan of MaxText's program written as MaxText keys.
 
 MaxText is imported only when these are called (tierax runs without it).
 """
@@ -38,4 +41,12 @@ def inventory(
             return program_inventory(loaded)
 
 
-__all__ = ["Loaded", "inventory", "load", "require_maxtext"]
+def program(path: str, overrides=(), **kwargs):
+    """MaxText's program of ``path`` as tierax prices it
+    (:func:`tierax.interop.maxtext_program.as_program.program`)."""
+    from tierax.interop.maxtext_program.as_program import program as build
+
+    return build(path, overrides, **kwargs)
+
+
+__all__ = ["Loaded", "inventory", "load", "program", "require_maxtext"]

@@ -1,0 +1,407 @@
+"""MaxText's own program as the :class:`~tierax.tracing.program.Program` the cost model prices, and
+MaxText's ``remat_policy`` as the tierax Plan it runs.
+
+Every figure is MaxText's: its config loaded by its loader (:mod:`.config`), its layer stacks and
+train state traced (:mod:`.trace`), its remat policy read from its decoder
+(``get_remat_policy()``), its model FLOPs from MaxText's
+``maxtext_utils.calculate_tflops_training_per_device``.
+
+* **Layer groups**: MaxText's stack names (``layers``; DeepSeek's ``dense_layers`` /
+  ``moe_layers``; blocks), their activations MaxText's ``checkpoint_name`` tags.
+* **dtypes**: ``dtype`` (compute) and ``weight_dtype`` (parameters); **hidden**: ``emb_dim``.
+* **Head**: ``Head(emb_dim, vocab_size, num_vocab_tiling)``.  With ``logits_via_embedding`` the head
+  is the embedding read transposed: the same ``[emb, vocab]`` matmuls and gradient, no weight of its
+  own (the train state, traced, holds one table).
+* **Attention**: the kernel the target runs, traced where MaxText traces it on a CPU.  MaxText on a
+  CPU runs ``dot_product`` attention, which holds ``batch × heads × seq × seq`` score matrices no
+  TPU or GPU run holds; so the layer is traced with the fused kernel instead:
+
+  - GPU targets: the attention the user names (``cudnn_flash_jax`` unless given, as ``compile
+    --maxtext`` compiles; ``cudnn_flash_te`` needs Transformer Engine to trace), traced as it runs;
+    a cuDNN kernel's backward workspace, which a deviceless compile counts as 0, is the program's
+    :class:`~tierax.tracing.program.FusedAttention` (heads per device = query heads ÷ tensor, q/k
+    head dim: ``head_dim``, MLA: no-RoPE + RoPE dims);
+  - TPU targets: MaxText runs its splash-attention Pallas kernel (``autoselected``/``flash``), a
+    Mosaic custom call that MaxText cannot trace on a CPU mesh (its kernel choice reads the mesh's
+    platform).  Its residuals are q, k, v, the output and the log-sum-exp, its backward writes dq,
+    dk, dv and keeps its blocks in the core's VMEM: XLA:TPU's compile holds no score matrix and no
+    workspace beyond those HBM buffers.  cuDNN's fused attention (``cudnn_flash_jax``) has the same
+    residuals and outputs and traces on a CPU, so the TPU layer is traced with it, and no
+    FusedAttention workspace is added.  The fused kernel's FLOPs are inside a custom call the trace
+    does not count: the time model prices the attention's matmuls as 0 (memory is what this front
+    end is checked on: ``bench/maxtext_fidelity.py``).
+  - ``attention=dot_product`` given: traced and priced as it is (its scores included).
+
+* **MoE backward buffers**: per MoE group, the dispatch-sized buffers its backward holds besides its
+  residuals (:func:`moe_backward_bytes`).
+* **Model FLOPs**: MaxText's own per-device training TFLOPs (one microbatch: ÷
+  ``gradient_accumulation_steps``).
+* **The loss and what follows the layers' backward on a TPU** (``loss_bytes``,
+  ``after_backward_bytes``: :func:`tpu_loss_bytes`, :func:`tpu_after_backward_bytes`): MaxText's
+  step holds other buffers there than tierax's step — its head gradient in the compute dtype,
+  unsharded, with its all-reduce's output, reduced after the layers' backward (untiled) or in the
+  tile loop (tiled) — read from XLA:TPU's buffer assignment and live ranges of MaxText's compile
+  (``bench/maxtext_fidelity.py --dump-dir``).  GPU targets keep the cost model's reading of the
+  loss.
+
+MaxText's policies are ``jax.checkpoint`` policies over names: a name the policy saves is kept, one
+it offloads is offloaded, every other value (named or not) is recomputed; ``full`` (and ``none``,
+under scanned layers) saves nothing but the scan's carry.  :func:`policy_plan` asks MaxText's
+policy about each traced name, so no policy is re-described here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from tierax import hardware
+from tierax import names as N
+from tierax.errors import TieraxError
+
+# The attention MaxText's step runs on a GPU target where the user names none (what compile
+# --maxtext compiles: tierax.xla.maxtext_step.DEVICELESS_GPU_ATTENTION).
+GPU_ATTENTION = "cudnn_flash_jax"
+CUDNN_KERNELS = ("cudnn_flash_jax", "cudnn_flash_te")
+# The kernels a TPU run of these attention values executes: MaxText's splash attention.
+TPU_SPLASH = ("autoselected", "flash")
+# The CPU-traceable kernel whose residuals and outputs are splash attention's (module docstring).
+TPU_STAND_IN = "cudnn_flash_jax"
+
+
+@dataclass(frozen=True)
+class MaxTextProgram:
+    """A MaxText run as tierax prices it: the Program, MaxText's remat policy as a Plan, the
+    gradient accumulation, and what was traced."""
+
+    program: object  # tierax.tracing.program.Program
+    plan: object  # tierax.plan.Plan: MaxText's remat_policy
+    grad_accum: int
+    remat_policy: str
+    attention: str  # the attention MaxText runs on the target
+    traced_attention: str  # the attention the layer was traced with
+    mesh: dict
+    notes: tuple[str, ...] = ()
+
+
+def trace_attention(target: str, attention: str) -> tuple[str, str]:
+    """(the attention the target runs, the attention to trace it with) for MaxText's ``attention``
+    value on ``target``.
+
+    Raises:
+      TieraxError: ``autoselected``/``flash`` on a GPU (a kernel that checks the device while
+        tracing; name one), or a kernel the target does not run.
+    """
+    kind = hardware.get_target(target).kind
+    if kind == "gpu":
+        if attention in ("autoselected", "flash"):
+            raise TieraxError(
+                f"attention={attention} on a GPU target is a kernel that checks the device while "
+                f"tracing; name the one the run uses, e.g. attention={GPU_ATTENTION} (what "
+                "compile --maxtext compiles when none is given)"
+            )
+        return attention, attention
+    if kind == "tpu":
+        if attention in TPU_SPLASH:
+            return "flash", TPU_STAND_IN
+        if attention in CUDNN_KERNELS:
+            raise TieraxError(
+                f"attention={attention} is a GPU kernel; a TPU target runs flash (splash "
+                "attention) or dot_product: leave attention out"
+            )
+        return attention, attention
+    raise TieraxError(f"--maxtext prices a TPU or GPU target; {target!r} is a {kind}")
+
+
+def policy_plan(policy, remat_policy: str, groups):
+    """MaxText's ``jax.checkpoint`` policy (None: save nothing) as a tierax Plan over ``groups``
+    (:class:`~tierax.models.config.LayerGroup`): each name asked of the policy as its
+    ``checkpoint_name`` primitive — saved: device, offloaded: offload, else remat; the layer input
+    (the scan's carry) on device unless the policy offloads it; unnamed values recomputed."""
+    from jax._src import ad_checkpoint
+    from jax._src.interpreters import partial_eval as pe
+
+    from tierax.plan import Plan
+
+    def ask(name: str) -> str:
+        if policy is None:
+            return "remat"
+        got = policy(ad_checkpoint.name_p, name=name)
+        if isinstance(got, pe.Offloadable):
+            return "offload"
+        if got is True or got is pe.Saveable:
+            return "device"
+        return "remat"
+
+    out = {}
+    for g in groups:
+        entry = {"default": "remat"}
+        for name in g.activations:
+            where = ask(name)
+            if name == N.DECODER_LAYER_INPUT and where == "remat":
+                where = "device"  # the carry: saved by the scan whatever the policy
+            entry[name] = where
+        out[g.name] = entry
+    return Plan.from_dict(
+        {
+            "plan": f"maxtext:{remat_policy}",
+            "description": f"MaxText's remat_policy {remat_policy}, read from its decoder's "
+            "jax.checkpoint policy (named values saved/offloaded per the policy, every other value "
+            "recomputed)",
+            "mechanism": "policy",
+            "groups": out,
+        },
+        source=f"remat_policy {remat_policy}",
+    )
+
+
+def moe_backward_bytes(config, tokens: int, expert: int) -> int:
+    """Bytes of the dispatch-sized buffers a MaxText MoE layer's backward holds besides its
+    residuals, per device (:func:`tierax.models.moe.backward_buffer_bytes`'s reading of the same
+    buffers: the expert outputs' gradient and the expert inputs' gradient, two more under expert
+    parallelism), ``[rows, emb_dim]`` in the compute dtype each: ``rows`` = tokens × experts per
+    token for MaxText's dropless (``sparse_matmul``) dispatch, experts × capacity for its capacity
+    dispatch."""
+    import jax.numpy as jnp
+
+    k = int(config.num_experts_per_tok)
+    e = int(config.num_experts)
+    if bool(config.sparse_matmul) or float(config.capacity_factor) <= 0:
+        rows = tokens * k
+    else:
+        rows = e * int(tokens * k * float(config.capacity_factor) / e)
+    buffers = 4 if expert > 1 else 2
+    return int(buffers * rows * int(config.emb_dim) * jnp.dtype(config.dtype).itemsize)
+
+
+def _fsdp(inv) -> int:
+    """The ways the embedding and head are sharded (fsdp × expert, as MaxText's base.yml rules)."""
+    return int(inv.mesh.get("fsdp", 1)) * int(inv.mesh.get("expert", 1))
+
+
+def tpu_loss_bytes(config, inv) -> int:
+    """The bytes MaxText's loss holds on a TPU beside the parameters, optimizer state and kept
+    activations (XLA:TPU's live ranges, the llama3-8b cases of bench/results/maxtext_fidelity.json).
+
+    Untiled: the head gathered in the compute dtype (``[emb, vocab]``, under FSDP) and the float32
+    logits, or four logits-sized buffers in the compute dtype (``[tokens, vocab]``: the logits and
+    their gradients, XLA:TPU's heap with a small head, emb 1024 / vocab 32768 at 1 × 1024), the
+    larger.  Tiled (``num_vocab_tiling`` > 1), at the peak inside the tile loop's backward: a tile's
+    head gradient in the compute dtype, unsharded, with its all-reduce's output (one buffer without
+    FSDP), the head gradient's accumulator (``grad_dtype``, sharded), the head's shard cast to the
+    compute dtype, and one tile's float32 logits (the inventory's ``logits_bytes``)."""
+    import jax.numpy as jnp
+
+    c = jnp.dtype(config.dtype).itemsize
+    g = jnp.dtype(config.grad_dtype).itemsize
+    head = int(config.emb_dim) * int(config.vocab_size)
+    fsdp = _fsdp(inv)
+    if int(config.num_vocab_tiling) > 1:
+        return int(c * head * (2 if fsdp > 1 else 1) + (g + c) * head // fsdp + inv.logits_bytes)
+    logits = inv.microbatch * inv.seq * int(config.vocab_size) // int(inv.mesh.get("tensor", 1))
+    return int(max((c * head if fsdp > 1 else 0) + inv.logits_bytes, 4 * c * logits))
+
+
+def tpu_after_backward_bytes(config, inv) -> int:
+    """All device bytes of MaxText's step on a TPU after the layers' backward (untiled loss), where
+    its peak is (XLA:TPU's live ranges, the llama3-8b cases of bench/results/maxtext_fidelity.json):
+    the parameters and optimizer state, every layer's gradient (``grad_dtype``, sharded), the
+    embedding's gradient in the compute dtype (sharded), and the head's gradient in the compute
+    dtype, unsharded, with its all-reduce's output (under FSDP; one buffer without)."""
+    import jax.numpy as jnp
+
+    c = jnp.dtype(config.dtype).itemsize
+    g = jnp.dtype(config.grad_dtype).itemsize
+    head = int(config.emb_dim) * int(config.vocab_size)
+    fsdp = _fsdp(inv)
+    layers = sum(n for _, n in inv.group_param_counts)
+    return int(
+        inv.param_bytes
+        + inv.optimizer_bytes
+        + g * layers
+        + c * head // fsdp
+        + c * head * (2 if fsdp > 1 else 1)
+    )
+
+
+def model_flops(config) -> float:
+    """MaxText's own training FLOPs per device for one microbatch
+    (``calculate_tflops_training_per_device``, which counts every accumulated microbatch)."""
+    from maxtext.utils import maxtext_utils
+
+    with contextlib.redirect_stdout(sys.stderr):
+        total, _, _ = maxtext_utils.calculate_tflops_training_per_device(config, log=False)
+    return float(total) * 1e12 / max(1, int(config.gradient_accumulation_steps))
+
+
+def qk_head_dim(config) -> int:
+    """The query/key head dim of MaxText's attention (MLA: its no-RoPE plus RoPE parts)."""
+    if str(getattr(config, "attention_type", "")).lower().endswith("mla"):
+        return int(config.qk_nope_head_dim) + int(config.qk_rope_head_dim)
+    return int(config.head_dim)
+
+
+def _mesh_of(config, devices: int | None) -> dict | None:
+    """The run's mesh in tierax's axes with MaxText's ``-1`` filled in: an ``ici_*`` axis takes the
+    devices the other axes leave of ``devices``, a ``dcn_*`` axis one slice; None where no ``ici``
+    axis is -1."""
+    from tierax.interop.maxtext_program.config import TIERAX_AXES
+
+    sizes = {}
+    fill = []
+    for axis, ici, dcn in zip(
+        config.mesh_axes, config.ici_parallelism, config.dcn_parallelism, strict=True
+    ):
+        # dcn -1: the rest of the slices, one here (tierax prices one slice)
+        sizes[axis] = sizes.get(axis, 1) * (1 if int(dcn) == -1 else int(dcn))
+        if int(ici) == -1:
+            fill.append((axis, "ici"))
+        else:
+            sizes[axis] *= int(ici)
+    if not fill:
+        return None
+    if devices is None:
+        raise TieraxError(
+            "MaxText's config leaves "
+            + ", ".join(f"{p}_{a}_parallelism" for a, p in fill)
+            + " at -1 (the rest of the devices): give --devices N (or --mesh)"
+        )
+    fixed = 1
+    for v in sizes.values():
+        fixed *= v
+    if len(fill) > 1 or devices % fixed:
+        raise TieraxError(
+            f"cannot fill MaxText's -1 parallelism ({', '.join(f'{p}_{a}' for a, p in fill)}) "
+            f"from {devices} devices over the other axes' {fixed}; give --mesh"
+        )
+    axis = fill[0][0]
+    sizes[axis] = sizes.get(axis, 1) * devices // fixed
+    other = [a for a, n in sizes.items() if a not in TIERAX_AXES and n > 1]
+    if other:
+        return None  # config.check_priceable names what is not priced
+    return {a: sizes.get(a, 1) for a in TIERAX_AXES}
+
+
+def program(
+    path: str,
+    overrides: Sequence[str] = (),
+    *,
+    target: str,
+    devices: int | None = None,
+    mesh: Mapping[str, int] | None = None,
+    microbatch: int | None = None,
+    seq: int | None = None,
+    grad_accum: int | None = None,
+) -> MaxTextProgram:
+    """MaxText's program of ``path`` with ``overrides`` and tierax's flags on ``target``
+    (``devices`` fills MaxText's ``-1`` parallelism where no ``mesh`` is given), per device, and its
+    remat_policy as a Plan.  What MaxText prints goes to stderr.
+
+    Raises:
+      TieraxError: what :func:`.config.load` refuses, a target that is neither TPU nor GPU, an
+        attention the target does not run, a layer MaxText cannot trace on a CPU.
+    """
+    from tierax.interop.maxtext_program.config import load, parse_overrides
+
+    user = parse_overrides(overrides)
+    kind = hardware.get_target(target).kind
+    if kind not in ("tpu", "gpu"):
+        raise TieraxError(f"--maxtext prices a TPU or GPU target; {target!r} is a {kind}")
+    for key in ("hardware", "compile_topology", "internal_compile"):
+        if key in user:
+            raise TieraxError(
+                f"{key}={user[key]} is given: --target {target} sets what MaxText runs on; the "
+                f"layer is traced on this CPU (hardware=cpu); leave {key} out"
+            )
+    sizes = dict(microbatch=microbatch, seq=seq, grad_accum=grad_accum)
+    with contextlib.redirect_stdout(sys.stderr):
+        with load(path, overrides, mesh=mesh, **sizes) as first:
+            attention = str(first.config.attention)
+            fill = None if mesh is not None else _mesh_of(first.config, devices)
+        if kind == "gpu" and "attention" not in user and attention == "autoselected":
+            attention = GPU_ATTENTION
+        runs, traced = trace_attention(target, attention)
+        # the traced kernel replaces the user's attention key (or the config's)
+        keys = [o for o in overrides if not o.strip().startswith("attention=")]
+        keys.append(f"attention={traced}")
+        with load(path, keys, mesh=mesh or fill, **sizes) as loaded:
+            return _build(loaded, target, runs, traced)
+
+
+def _build(loaded, target: str, runs: str, traced: str) -> MaxTextProgram:
+    from tierax.interop.maxtext_program.trace import (
+        _abstract_model,
+        _one_device_mesh,
+        program_inventory,
+    )
+    from tierax.models.config import LayerGroup
+    from tierax.tracing.program import FusedAttention, Head, Program
+
+    config = loaded.config
+    inv = program_inventory(loaded)
+    groups = tuple(
+        LayerGroup(g.name, g.num_layers, tuple(a.name for a in g.activations)) for g in inv.groups
+    )
+    tensor = loaded.mesh["tensor"]
+    attention = None
+    if runs in CUDNN_KERNELS:
+        heads = max(1, int(config.num_query_heads) // tensor)
+        attention = FusedAttention("cudnn", heads, qk_head_dim(config))
+    tokens = inv.microbatch * inv.seq
+    moe = ()
+    if int(getattr(config, "num_experts", 1) or 1) > 1:
+        per = moe_backward_bytes(config, tokens, loaded.mesh["expert"])
+        moe = tuple((g.name, per) for g in inv.groups if _is_moe(g))
+    import jax.numpy as jnp
+
+    loss, after = (None, 0)
+    if hardware.get_target(target).kind == "tpu":
+        loss = tpu_loss_bytes(config, inv)
+        if int(config.num_vocab_tiling) == 1:
+            after = tpu_after_backward_bytes(config, inv)
+    prog = Program(
+        inventory=inv,
+        groups=groups,
+        dtype=jnp.dtype(config.dtype).name,
+        param_dtype=jnp.dtype(config.weight_dtype).name,
+        hidden=int(config.emb_dim),
+        model_flops=model_flops(config),
+        head=Head(int(config.emb_dim), int(config.vocab_size), int(config.num_vocab_tiling)),
+        attention=attention,
+        moe_backward_bytes=moe,
+        loss_bytes=loss,
+        after_backward_bytes=after,
+    )
+    model = _abstract_model(config, _one_device_mesh(config))
+    decoder = model.decoder
+    if not hasattr(decoder, "get_remat_policy"):
+        raise TieraxError(
+            f"MaxText's decoder ({type(decoder).__name__}) has no get_remat_policy: its remat "
+            "policy cannot be read"
+        )
+    policy_name = str(config.remat_policy)
+    plan = policy_plan(decoder.get_remat_policy(), policy_name, groups)
+    notes = []
+    if traced != runs:
+        notes.append(
+            f"attention: MaxText runs {runs} (splash attention) on {target}; the layer was traced "
+            f"with {traced}, whose residuals and outputs are the same (no score matrices); its "
+            "matmul FLOPs are not in the time model"
+        )
+    return MaxTextProgram(
+        program=prog,
+        plan=plan,
+        grad_accum=int(config.gradient_accumulation_steps),
+        remat_policy=policy_name,
+        attention=runs,
+        traced_attention=traced,
+        mesh=dict(loaded.mesh),
+        notes=tuple(notes),
+    )
+
+
+def _is_moe(group) -> bool:
+    """Whether a traced group's layers route tokens to experts (MaxText's MoE names)."""
+    return any(a.name.startswith("moe_") for a in group.activations) or "moe" in group.name
