@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from tierax.cli import maxtext_program, measuring, planning, training
+from tierax.cli import maxtext_program, maxtext_simulate, measuring, planning, training
 from tierax.cli.common import (
     Given,
     add_grad_accum_arg,
@@ -146,7 +146,15 @@ def _planning(sub) -> None:
         description="Predicted peak device bytes, host bytes and step time of a plan (cost model).",
     )
     common(s)
-    s.add_argument("--plan", default="qkv-offload", help="a preset or plan YAML file")
+    maxtext_program.add_args(s)
+    s.add_argument(
+        "--plan",
+        default="qkv-offload",
+        action=Given,
+        help="a preset or plan YAML file (with --maxtext: refused; MaxText's remat_policy is "
+        "the plan)",
+    )
+    s.set_defaults(plan_given=False)
     s.add_argument(
         "--schedule",
         default="lhs",
@@ -156,7 +164,7 @@ def _planning(sub) -> None:
     s.set_defaults(schedule_given=False)
     add_grad_accum_arg(s)
     _rate_arg(s)
-    s.set_defaults(func=planning.cmd_simulate)
+    s.set_defaults(func=maxtext_simulate.cmd_simulate)
 
     p = sub.add_parser(
         "plan",
@@ -252,7 +260,8 @@ def _planning(sub) -> None:
         type=positive_int,
         help="with --mesh auto: candidates in the table (and compiled by --check; default 5)",
     )
-    p.set_defaults(func=planning.cmd_plan)
+    maxtext_program.add_args(p)
+    p.set_defaults(func=maxtext_simulate.cmd_plan)
 
     c = sub.add_parser(
         "calibrate",
