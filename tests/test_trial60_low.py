@@ -190,3 +190,16 @@ def test_bench_verify_says_what_its_check_found(cli):
     assert r.returncode == 0, r.stderr
     line = next(x for x in r.stdout.splitlines() if x.startswith("gradient check before bench"))
     assert "1 plan(s) equal save-all's gradients" in line and "plan minimal" in line
+
+
+def test_a_plan_file_named_after_a_preset_does_not_read_as_the_preset(cli, tmp_path):
+    from tierax.cli.common import load_plans
+    from tierax.models import get_config
+
+    f = tmp_path / "m.yaml"
+    f.write_text(cli("plans", "--show", "minimal", "--yaml").stdout)
+    cfg = get_config("tiny-llama")
+    preset, from_file = load_plans(f"minimal,{f}", cfg, "--plans")
+    assert preset.name == "minimal"
+    assert from_file.name == f"minimal (file {f})"
+    assert from_file.groups == preset.groups  # the same placements, told apart by name

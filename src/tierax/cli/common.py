@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import math
 import sys
 import time
@@ -197,7 +198,14 @@ def load_plans(text: str, cfg, option: str, preset: str | None = None) -> list:
     from tierax import plan as plan_lib
     from tierax.interop import files
 
-    plans = [files.load_plan(p.strip(), cfg) for p in text.split(",") if p.strip()]
+    plans = []
+    for spec in (p.strip() for p in text.split(",") if p.strip()):
+        plan = files.load_plan(spec, cfg)
+        if spec not in plan_lib.PRESETS and plan.name in plan_lib.PRESETS:
+            # a file named after a preset (`plans --show minimal --yaml`, edited or not): its rows
+            # must not read as the preset's
+            plan = dataclasses.replace(plan, name=f"{plan.name} (file {spec})")
+        plans.append(plan)
     for p in plans if preset else []:
         plan_lib.check_mechanism_preset(p, preset, f"{option} {p.name}")
     if not plans:
