@@ -237,6 +237,9 @@ def cmd_plan(args) -> int:
         grad_accum=run.grad_accum,
         program=run.program,
         model=run.program.name,
+        # MaxText's own keys (its optimizer state is not planned here: no --state-on-device hint)
+        remedies="Use a smaller per_device_batch_size or max_target_length (key=value after the "
+        "config), more devices, or a larger device budget",
     )
     result, notes = planning.solve(req)
     notes = [*run.notes, *notes, "training state on device (MaxText offloads all of its "

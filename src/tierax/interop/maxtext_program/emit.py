@@ -128,6 +128,16 @@ def overrides_yaml(
         *[f"#   ({w})" for w in why],
         *[f"# {n}" for n in notes],
     ]
+    from tierax.plan import Placement, unnamed_placements
+
+    kept = sorted(
+        g for g, p in unnamed_placements(plan, run.program).items() if p is Placement.DEVICE
+    )
+    if kept:
+        lines.append(
+            f"# NOT EXPRESSED: {', '.join(kept)} keep(s) every intermediate (no remat); MaxText's "
+            "custom policy recomputes the unnamed ones"
+        )
     return "\n".join(lines) + "\n" + yaml.safe_dump(keys, sort_keys=False)
 
 
