@@ -203,3 +203,17 @@ def test_a_plan_file_named_after_a_preset_does_not_read_as_the_preset(cli, tmp_p
     assert preset.name == "minimal"
     assert from_file.name == f"minimal (file {f})"
     assert from_file.groups == preset.groups  # the same placements, told apart by name
+
+
+def test_cudnn_off_a_gpu_is_refused_in_one_step(cli, tmp_path):
+    # the first refusal (float32) already says cuDNN runs on CUDA GPUs only, so fixing the dtype is
+    # not offered as the way out on a TPU target
+    r = cli("simulate", "--set", "attention=cudnn", "--target", "v5p")
+    assert r.returncode == 2
+    assert "on CUDA GPUs only" in r.stderr and "splash on a TPU" in r.stderr
+    # a train config is told its own key, not --set
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text("model: tiny-llama\nplan: save-all\nsteps: 20\n")
+    r = cli("train", cfg, "model.attention=cudnn", "model.dtype=bfloat16")
+    assert r.returncode == 2
+    assert "e.g. model.attention=blockwise" in r.stderr and "--set" not in r.stderr

@@ -18,7 +18,12 @@ def cmd_train(args) -> int:
     cfg.check_outputs()
     dist = launch.Distributed.resolve(args.coordinator, args.num_processes, args.process_id)
     env_lines = launch.start_training(cfg, dist, debug=args.debug)
-    model = launch.local_attention(cfg.model, what="tierax train", documents=cfg.data.document_mask)
+    model = launch.local_attention(
+        cfg.model,
+        what="tierax train",
+        documents=cfg.data.document_mask,
+        set_example="model.attention=",  # a train config's key (or that override)
+    )
     if model is not cfg.model:  # attention: auto, chosen for this backend
         cfg = dataclasses.replace(cfg, model=model)
     launch.check_local_memory(cfg.model, shards=cfg.mesh.size, what="tierax train")

@@ -292,11 +292,16 @@ _FUSED_WHERE = {
 }
 
 
-def local_attention(cfg, *, what: str = "this run", documents: bool = False):
+def local_attention(
+    cfg, *, what: str = "this run", documents: bool = False, set_example: str = "--set attention="
+):
     """``cfg`` with its attention chosen for the local backend (``auto``: cuDNN's fused attention
     on a CUDA GPU, splash attention on a TPU, blockwise elsewhere or where ``documents`` are masked
     on a GPU), refused before tracing when the local backend cannot run it (cuDNN's fused attention
     off a CUDA GPU, splash attention off a TPU).
+
+    ``set_example``: how the caller sets the attention, for the message (a train config's
+    ``model.attention=``).
 
     Raises:
       TieraxError: naming the backend and the implementations that run there.
@@ -313,8 +318,8 @@ def local_attention(cfg, *, what: str = "this run", documents: bool = False):
         kernel, where, compile_cmd = _FUSED_WHERE[cfg.attention]
         raise TieraxError(
             f"{what}: attention={cfg.attention} runs {kernel} on {where} only; "
-            f"this run's backend is {backend}, where {', '.join(ok)} run (e.g. --set "
-            f"attention=blockwise; `{compile_cmd}` compiles {cfg.attention} without one)"
+            f"this run's backend is {backend}, where {', '.join(ok)} run (e.g. {set_example}"
+            f"blockwise; `{compile_cmd}` compiles {cfg.attention} without one)"
         )
     return cfg
 

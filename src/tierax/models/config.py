@@ -110,8 +110,9 @@ def _fused_attention_problem(cfg: Any) -> str | None:
     tierax.models.attention)."""
     if cfg.dtype not in ("bfloat16", "float16"):
         return (
-            f"runs cuDNN's flash attention, which needs dtype bfloat16 or float16 (got "
-            f"{cfg.dtype}); set dtype=bfloat16 or use attention=blockwise"
+            f"runs cuDNN's flash attention, on CUDA GPUs only and in dtype bfloat16 or float16 "
+            f"(got {cfg.dtype}); for a GPU set dtype=bfloat16, elsewhere use attention=blockwise "
+            "(or splash on a TPU)"
         )
     _, dqk, dv = cfg.attention_dims()
     if not (dqk % 8 == 0 and dqk <= 256 and dv <= dqk):
