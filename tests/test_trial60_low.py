@@ -4,6 +4,7 @@ shown as what it is."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -205,15 +206,17 @@ def test_a_plan_file_named_after_a_preset_does_not_read_as_the_preset(cli, tmp_p
     assert from_file.groups == preset.groups  # the same placements, told apart by name
 
 
-def test_cudnn_off_a_gpu_is_refused_in_one_step(cli, tmp_path):
+def test_cudnn_off_a_gpu_is_refused_in_one_step(cli, console_script, tmp_path):
     # the first refusal (float32) already says cuDNN runs on CUDA GPUs only, so fixing the dtype is
     # not offered as the way out on a TPU target
     r = cli("simulate", "--set", "attention=cudnn", "--target", "v5p")
     assert r.returncode == 2
     assert "on CUDA GPUs only" in r.stderr and "splash on a TPU" in r.stderr
-    # a train config is told its own key, not --set
+    # a train config is told its own key, not --set (a new process: train sets XLA's options
+    # before JAX starts)
     cfg = tmp_path / "t.yaml"
     cfg.write_text("model: tiny-llama\nplan: save-all\nsteps: 20\n")
-    r = cli("train", cfg, "model.attention=cudnn", "model.dtype=bfloat16")
+    r = console_script("train", cfg, "model.attention=cudnn", "model.dtype=bfloat16",
+                       env={**os.environ, "JAX_PLATFORMS": "cpu"}, cwd=tmp_path)  # fmt: skip
     assert r.returncode == 2
     assert "e.g. model.attention=blockwise" in r.stderr and "--set" not in r.stderr
