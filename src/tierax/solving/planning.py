@@ -222,11 +222,13 @@ def planned_for(req: Request, result: planner.PlanResult) -> PlannedFor:
     """What ``result``'s plan was planned for: the request's target, mesh, microbatch (the one
     found, with ``max_microbatch``), seq, accumulation, schedule and model; a request with its
     own program (the Python API) records no microbatch or seq (the program's trace has them)."""
+    from tierax.mesh import MeshShape
+
     traced = req.program is None
     return PlannedFor(
         model=req.model or (req.cfg.name if traced else req.program.name),
         target=req.rates.target,
-        mesh=req.mesh,
+        mesh=MeshShape(**req.mesh).to_dict(),  # every axis named; a request naming none: 1 device
         microbatch=result.microbatch if traced else None,
         seq=req.seq if traced else None,
         grad_accum=req.grad_accum,
