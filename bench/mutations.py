@@ -154,8 +154,8 @@ MUTATIONS = [
         "name": "recompute-term-dropped",
         "what": "costmodel.evaluate: the step time leaves out the recomputation",
         "file": "src/tierax/costmodel/predict.py",
-        "old": "micro = fx.compute_s + recompute + exposed_d2h",
-        "new": "micro = fx.compute_s + exposed_d2h",
+        "old": "micro = fx.compute_s + recompute + exposed + transpose",
+        "new": "micro = fx.compute_s + exposed + transpose",
         "tests": ["tests/test_time_model.py"],
     },
     {
@@ -202,8 +202,8 @@ MUTATIONS = [
         "name": "transposing-fusion-term-dropped",
         "what": "costmodel.evaluate: the step leaves out XLA:CPU's transposing fusions",
         "file": "src/tierax/costmodel/predict.py",
-        "old": "exposed_coll + transpose\n",
-        "new": "exposed_coll\n",
+        "old": "recompute + exposed + transpose + interference\n",
+        "new": "recompute + exposed + interference\n",
         "tests": ["tests/test_time_model.py"],
     },
     {
@@ -623,9 +623,8 @@ MUTATIONS = [
         "name": "exposed-collectives-once-per-step",
         "what": "costmodel.evaluate: exposed collectives counted once per step, not per microbatch",
         "file": "src/tierax/costmodel/predict.py",
-        "old": "    micro = fx.compute_s + recompute + exposed_d2h + exposed_h2d + exposed_coll + "
-        "transpose\n",
-        "new": "    micro = fx.compute_s + recompute + exposed_d2h + exposed_h2d + transpose\n"
+        "old": "    exposed = exposed_d2h + exposed_h2d + exposed_coll\n",
+        "new": "    exposed = exposed_d2h + exposed_h2d\n"
         "    first_touch = first_touch + exposed_coll\n",
         "tests": ["tests/test_audit_gaps_costmodel.py"],
     },
