@@ -367,15 +367,6 @@ MUTATIONS = [
         "tests": ["tests/test_attention_auto_bounds.py"],
     },
     {
-        "name": "plan-check-correction-not-largest",
-        "what": "plan --check corrects by the last miss, not the largest so far, where the plan "
-        "did not fit (the budget can grow back)",
-        "file": "src/tierax/solving/plan_check.py",
-        "old": "        return miss if first else max(correction, miss)",
-        "new": "        return miss",
-        "tests": ["tests/test_plan_check_iterations.py"],
-    },
-    {
         "name": "plan-check-one-iteration-short",
         "what": "plan --check compiles at most max_iterations - 1 times",
         "file": "src/tierax/solving/plan_check.py",
