@@ -69,6 +69,9 @@ CUDNN_KERNELS = ("cudnn_flash_jax", "cudnn_flash_te")
 TPU_SPLASH = ("autoselected", "flash")
 # The CPU-traceable kernel whose residuals and outputs are splash attention's (module docstring).
 TPU_STAND_IN = "cudnn_flash_jax"
+# The largest q/k head dim JAX's cuDNN attention traces with a CPU backend (its compute-capability
+# check then takes the device for a pre-Hopper GPU).
+CUDNN_TRACE_HEAD_DIM = 128
 
 
 @dataclass(frozen=True)
@@ -185,11 +188,13 @@ def tpu_loss_bytes(config, inv) -> int:
     """The bytes MaxText's loss holds on a TPU beside the parameters, optimizer state and kept
     activations (XLA:TPU's live ranges, the llama3-8b cases of bench/results/maxtext_fidelity.json).
 
-    Untiled: the head gathered in the compute dtype (``[emb, vocab]``, under FSDP) and the float32
-    logits, or four logits-sized buffers in the compute dtype (``[tokens, vocab]``: the logits and
-    their gradients, XLA:TPU's heap with a small head, emb 1024 / vocab 32768 at 1 × 1024), the
-    larger.  Tiled (``num_vocab_tiling`` > 1), at the peak inside the tile loop's backward: a tile's
-    head gradient in the compute dtype, unsharded, with its all-reduce's output (one buffer without
+    Untiled: the head gathered in the compute dtype (``[emb, vocab]``, under FSDP), the head's
+    gradient in the compute dtype (unsharded) and the logits in the compute dtype (``[tokens,
+    vocab]``; llama2-7b on v6e), or four logits-sized buffers in the compute dtype (XLA:TPU's heap
+    with a small head: emb 1024, vocab 32768 at 1 × 1024), the larger.
+
+    Tiled (``num_vocab_tiling`` > 1), at the peak inside the tile loop's backward: a tile's head
+    gradient in the compute dtype, unsharded, with its all-reduce's output (one buffer without
     FSDP), the head gradient's accumulator (``grad_dtype``, sharded), the head's shard cast to the
     compute dtype, and one tile's float32 logits (the inventory's ``logits_bytes``)."""
     import jax.numpy as jnp
@@ -201,7 +206,8 @@ def tpu_loss_bytes(config, inv) -> int:
     if int(config.num_vocab_tiling) > 1:
         return int(c * head * (2 if fsdp > 1 else 1) + (g + c) * head // fsdp + inv.logits_bytes)
     logits = inv.microbatch * inv.seq * int(config.vocab_size) // int(inv.mesh.get("tensor", 1))
-    return int(max((c * head if fsdp > 1 else 0) + inv.logits_bytes, 4 * c * logits))
+    gathered = c * head if fsdp > 1 else 0
+    return int(max(gathered + c * head + c * logits, 4 * c * logits))
 
 
 def tpu_after_backward_bytes(config, inv) -> int:
@@ -323,6 +329,14 @@ def program(
         if kind == "gpu" and "attention" not in user and attention == "autoselected":
             attention = GPU_ATTENTION
         runs, traced = trace_attention(target, attention)
+        if traced == "cudnn_flash_jax" and qk_head_dim(first.config) > CUDNN_TRACE_HEAD_DIM:
+            raise TieraxError(
+                f"MaxText's attention here has q/k head dim {qk_head_dim(first.config)}: "
+                f"{runs} is traced on this CPU through JAX's cuDNN attention, which traces head "
+                f"dims up to {CUDNN_TRACE_HEAD_DIM} only (without a GPU JAX takes the target for a "
+                "pre-Hopper one), and dot_product's score matrices are no TPU or GPU run's: this "
+                "attention is not priced yet"
+            )
         # the traced kernel replaces the user's attention key (or the config's)
         keys = [o for o in overrides if not o.strip().startswith("attention=")]
         keys.append(f"attention={traced}")
