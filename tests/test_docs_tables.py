@@ -49,6 +49,7 @@ DOCS_TABLES = [
     ("whatif", "markdown", "whatif-deepseek-v3.json", "whatif-deepseek-v3"),
     ("tpu_compile", "splash_markdown", "tpu_splash.json", "tpu-splash"),
     ("maxtext_compile", "render", "maxtext_compile.json", "maxtext-compile"),
+    ("maxtext_fidelity", "render", "maxtext_fidelity.json", "maxtext-fidelity"),
     (
         "tpu_compile",
         "splash_markdown",
