@@ -260,7 +260,8 @@ def test_maxtext_with_model_refused(capsys):
 
 
 def test_other_verbs_refuse_maxtext(capsys):
-    for verb in ("simulate", "plan"):
+    # inventory, compile, simulate and plan take --maxtext (simulate/plan: test_maxtext_simulate.py)
+    for verb in ("bench", "verify"):
         with pytest.raises(SystemExit) as e:
             main([verb, "--maxtext", _model_file("mistral-7b")])
         assert e.value.code == 2
