@@ -404,9 +404,7 @@ def fixed_terms(prog: Program, rates: Rates, schedule: str) -> FixedTerms:
     # the logits' gradient ÷ float32 logits (TPU: _tpu_loss_phase_bytes)
     grad_share = 0.0 if tpu else c_item / 4
     workspace = _workspace(prog, c_item, fsdp, ep, tiled, head_grad, grad_share, tpu)
-    if not prog.stack_copies:
-        stack_copy = 0
-    elif tpu:
+    if tpu:
         stack_copy = _tpu_stack_copy_bytes(prog, c_item, fsdp, ep)
     else:
         stack_copy = _stack_copy_bytes(prog, p_item)

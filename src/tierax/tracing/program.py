@@ -36,8 +36,6 @@ absence means):
 * ``after_backward_bytes``: where a front end knows its program holds more after the layers'
   backward than during it (MaxText's on TPU: the head's gradient reduced after the loop), all the
   device bytes live then (state included); 0: no such phase;
-* ``stack_copies``: whether XLA makes its stacked-weight copies before the forward loop (False: a
-  program measured to make none);
 * ``batch_shaped``: whether the inventory's microbatch × seq is the step's batch (False: a trace at
   the caller's own shapes).
 
@@ -106,7 +104,6 @@ class Program:
     extra_bytes: int = 0
     loss_bytes: int | None = None
     after_backward_bytes: int = 0
-    stack_copies: bool = True
     # Whether the inventory's microbatch and seq are the step's batch shape (False: a user's loss
     # function traced at its own shapes, which the model names no microbatch for).
     batch_shaped: bool = True
