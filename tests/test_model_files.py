@@ -132,7 +132,11 @@ def test_cli_plans_with_a_maxtext_model_and_emitted_plan(tmp_path, capsys):
         )
         == 0
     )
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
+    # said, not silent: the file became tierax's own model, and MaxText's program is --maxtext's
+    assert "read as tierax's own deepseek model" in captured.err
+    assert f"--maxtext {f} plans MaxText's own program" in captured.err
     emitted = tmp_path / "o.yml"
     emitted.write_text(out)
     assert main(["plans", "--model-config", f, "--show", str(emitted), "--yaml"]) == 0

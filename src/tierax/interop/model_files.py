@@ -215,7 +215,10 @@ def from_maxtext(data: Mapping, path: pathlib.Path):
         f"attention_type {data.get('attention_type')!r} is not supported for decoder_block "
         f"{block}; use {want_attn}",
     )
-    notes = []
+    notes = [
+        f"read as tierax's own {family} model (tierax's step, names and buffers); --maxtext "
+        f"{path} plans MaxText's own program as MaxText builds it"
+    ]
     if family == "deepseek":
         _require(
             data.get("base_num_kv_heads", data.get("base_num_query_heads"))
