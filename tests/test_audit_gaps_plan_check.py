@@ -109,3 +109,18 @@ def test_refusals_above_fits_keep_the_bracket_without_converging(setting):
     assert len(res.steps) == 6 and sum(not s.xla_fits for s in res.steps) >= 3
     _bracketed(res.steps)
     assert not res.converged and _fits(setting, res.result.microbatch)
+
+
+def test_a_correction_above_the_whole_budget_bisects_instead_of_failing(setting):
+    """A workspace so steep (20,000 bytes × mb²) that XLA's miss at the model's first answer
+    exceeds the whole 30 MB budget: the corrected model has no budget left, so the loop solves the
+    bracket's microbatches at the budget itself (it used to stop on 'device budget -10500000')
+    and ends on one that fits (brute force), every compile inside the bracket."""
+    setting.c = 20_000
+    res = plan_check.max_microbatch_check(
+        setting.cfg, MeshShape(), setting.rates, "h200", seq=SEQ, budget_bytes=BUDGET
+    )
+    first = res.steps[0]
+    assert not first.xla_fits and first.xla_peak_bytes - first.predicted_peak_bytes > BUDGET
+    _bracketed(res.steps)
+    assert res.result is not None and _fits(setting, res.result.microbatch)

@@ -288,6 +288,10 @@ def max_microbatch_check(
     converged = False
 
     def solve(**request):  # through the one solve path, at the corrected budget
+        # A correction measured at a larger microbatch can exceed the whole budget (a workspace
+        # that grows with the batch): the bracket's next microbatch is then solved at the budget
+        # itself, and XLA's compile judges it.
+        corrected = budget - correction
         return planning.solve(
             planning.Request(
                 cfg=cfg,
@@ -295,7 +299,7 @@ def max_microbatch_check(
                 rates=rates,
                 seq=seq,
                 schedule=schedule,
-                budget_bytes=budget - correction,
+                budget_bytes=corrected if corrected > 0 else budget,
                 host_budget_bytes=host_budget,
                 **request,
             )
@@ -304,8 +308,9 @@ def max_microbatch_check(
     for it in range(1, max_compiles + 1):
         proposed, how = None, "model"
         try:
-            proposed = solve(max_microbatch=True)
-            if not proposed.predicted.fits and proposed.microbatch == 1:
+            if budget - correction > 0:  # else no microbatch fits the corrected model
+                proposed = solve(max_microbatch=True)
+            if proposed is not None and not proposed.predicted.fits and proposed.microbatch == 1:
                 proposed = None
         except planner.NoPlanFits:
             proposed = None
