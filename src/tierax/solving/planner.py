@@ -168,6 +168,18 @@ def _solve(
     c[ED : ED + G] = A
     c[EH : EH + G] = A
     c[EC] = A
+    # Compute that hides collectives and host copies runs rates.overlap_slowdown slower
+    # (tierax.costmodel.predict.interference_s): the hidden seconds are the hideable collectives
+    # less e_coll plus the offloaded items' copies less e_d2h, e_h2d (the constant part dropped).
+    # Linear: the hidden collectives fit the window the hidden copies leave, so their sum never
+    # exceeds the compute, the cap interference_s applies.
+    slow = rates.overlap_slowdown
+    if slow:
+        c[ED : ED + G] -= A * slow
+        c[EH : EH + G] -= A * slow
+        c[EC] -= A * slow
+        for k, it in enumerate(items):
+            c[O + k] += A * slow * (it.d2h_s + it.h2d_s) * scale
     c[UH : UH + U] = 1.0
     c[AH : AH + U] = 1.0  # u_d2h, a_d2h unused: one exposed variable per group (full duplex)
     total_state = max(1, sum(p.host_bytes for p in parts))
