@@ -13,6 +13,7 @@ import types
 import yaml
 
 from tierax import costmodel as cm
+from tierax import launch
 from tierax.mesh import MeshShape
 from tierax.models import get_config
 from tierax.tracing import inventory as inv_lib
@@ -44,6 +45,7 @@ def test_a_check_that_does_not_fit_names_the_budget_and_marks_the_written_plan(
         ), ""
 
     monkeypatch.setattr(compile_lib, "compile_for_target", xla)
+    monkeypatch.setattr(launch, "start", lambda **k: None)  # JAX runs already (conftest)
     out = tmp_path / "checked.yaml"
     r = cli("plan", "--check", "--budget-gib", "0.014", "--check-iterations", "2", "--out", out)
     assert r.returncode == 1, r.stderr

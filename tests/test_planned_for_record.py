@@ -141,9 +141,11 @@ def test_old_plan_file_loads_with_a_note_of_what_was_assumed(cli, tmp_path):
     assert "assumed --microbatch" not in r.stderr and "assumed --seq 64" in r.stderr
 
 
-def test_bench_runs_the_planned_sizes(cli, tmp_path):
+def test_bench_runs_the_planned_sizes(cli, console_script, tmp_path):
     f, _ = _plan(cli, tmp_path, "p.yaml", "--microbatch", "1", "--seq", "16", "--mesh", "fsdp=2")
-    doc = json.loads(_ok(cli("bench", "--plans", str(f), "--steps", "1", "--json")).stdout)
+    # its own process: bench starts JAX on the plan's 2 devices (this one runs 8 already)
+    run = console_script("bench", "--plans", f, "--steps", "1", "--json")
+    doc = json.loads(_ok(run).stdout)
     assert (doc["microbatch_per_device"], doc["seq"]) == (1, 16)
     assert doc["mesh"] == {"data": 1, "fsdp": 2, "tensor": 1, "expert": 1}
 

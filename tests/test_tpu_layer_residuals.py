@@ -12,6 +12,7 @@ import pytest
 from tierax import costmodel as cm
 from tierax.costmodel import fixed
 from tierax.models import get_config
+from tierax.models import moe as moe_lib
 from tierax.tracing import hbm
 from tierax.tracing import inventory as inv_lib
 
@@ -78,7 +79,7 @@ def test_the_tpu_workspace_holds_the_written_residuals(model):
     assert 0 < g.written_residual_bytes_per_layer < g.save_all_bytes_per_layer
     tpu = fixed.fixed_terms(inv, cfg, cm.target_rates("v6e", cfg.dtype), "lhs")
     gpu = fixed.fixed_terms(inv, cfg, cm.target_rates("h200", cfg.dtype), "lhs")
-    moe = fixed.moe.backward_buffer_bytes(cfg, mb * seq, 1) if cfg.num_experts else 0
+    moe = moe_lib.backward_buffer_bytes(cfg, mb * seq, 1) if cfg.num_experts else 0
     # One device, no FSDP: the workspace is the layer's residuals (and a MoE layer's dispatch-sized
     # backward buffers); XLA:GPU writes them all, XLA:TPU those it cannot fuse away.
     assert gpu.workspace_bytes == g.save_all_bytes_per_layer + moe
