@@ -19,7 +19,6 @@ Runs for ~10-20 minutes on 2 shared cores (one child process per compile).
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 import tempfile
@@ -48,31 +47,10 @@ FIELDS = {  # CompiledMemoryStats field → tierax compile JSON field
 }
 
 
-def _base_yml() -> str:
-    import maxtext
-
-    return os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
 
 
-def _env() -> dict:
-    return {
-        **os.environ,
-        "JAX_PLATFORMS": "cpu",
-        "DECOUPLE_GCLOUD": "TRUE",
-        "TPU_WORKER_HOSTNAMES": "localhost",
-        "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
-    }
 
 
-def _keys(model: str, batch: int, seq: int, extra: list[str]) -> list[str]:
-    return [
-        f"model_name={model}",
-        "override_model_config=true",  # MaxText's switch to override a key its model file sets
-        f"base_num_decoder_layers={LAYERS}",
-        f"per_device_batch_size={batch}",
-        f"max_target_length={seq}",
-        *extra,
-    ]
 
 
 def _slice_name(target: str, devices: int) -> str:
@@ -91,7 +69,7 @@ def maxtext_side(keys: list[str], target: str, devices: int) -> dict:
             sys.executable,
             "-m",
             "maxtext.trainers.pre_train.train_compile",
-            _base_yml(),
+            _common.maxtext_base_yml(),
             "run_name=bench",
             f"base_output_directory={tmp}",
             f"jax_cache_dir={tmp}/cache",
@@ -102,7 +80,7 @@ def maxtext_side(keys: list[str], target: str, devices: int) -> dict:
             "compile_topology_num_slices=1",
             *keys,
         ]
-        proc = _common.run(cmd, timeout=3600, env=_env())
+        proc = _common.run(cmd, timeout=3600, env=_common.maxtext_env())
     text = proc.stdout + proc.stderr
     stats = re.search(r"Memory analysis: CompiledMemoryStats\((.*)\)", text)
     out = {"command": " ".join(cmd[3:]), "returncode": proc.returncode, "wall_s": proc.wall_s}
@@ -116,10 +94,10 @@ def tierax_side(keys: list[str], target: str, devices: int) -> dict:
     import json
 
     cmd = _common.tierax(
-        "compile", "--maxtext", _base_yml(), *keys, "--target", target,
+        "compile", "--maxtext", _common.maxtext_base_yml(), *keys, "--target", target,
         "--devices", str(devices), "--json",
     )  # fmt: skip
-    proc = _common.run(cmd, timeout=3600, env=_env())
+    proc = _common.run(cmd, timeout=3600, env=_common.maxtext_env())
     out = {"command": " ".join(cmd[2:]), "returncode": proc.returncode, "wall_s": proc.wall_s}
     if proc.returncode != 0:
         return out | {"error": proc.stderr.strip().splitlines()[-1:]}
@@ -130,7 +108,7 @@ def tierax_side(keys: list[str], target: str, devices: int) -> dict:
 
 
 def run_case(name, model, target, devices, batch, seq, extra) -> dict:
-    keys = _keys(model, batch, seq, extra)
+    keys = _common.maxtext_keys(model, LAYERS, batch, seq, extra)
     case = {"name": name, "model": model, "target": target, "devices": devices,
             "per_device_batch_size": batch, "seq": seq, "keys": keys}  # fmt: skip
     case["tierax"] = tierax_side(keys, target, devices)

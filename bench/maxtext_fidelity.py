@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import sys
 
@@ -72,42 +71,19 @@ CASES = [
 ]  # fmt: skip
 
 
-def _base_yml() -> str:
-    import maxtext
-
-    return os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
 
 
-def _env(dump: pathlib.Path | None = None) -> dict:
-    env = {
-        **os.environ,
-        "JAX_PLATFORMS": "cpu",
-        "DECOUPLE_GCLOUD": "TRUE",
-        "TPU_WORKER_HOSTNAMES": "localhost",
-        "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
-    }
-    if dump is not None:
-        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dump}".strip()
-    return env
 
 
-def _keys(model: str, batch: int, seq: int, extra: list[str]) -> list[str]:
-    return [
-        f"model_name={model}",
-        "override_model_config=true",  # MaxText's switch to override a key its model file sets
-        f"base_num_decoder_layers={LAYERS}",
-        f"per_device_batch_size={batch}",
-        f"max_target_length={seq}",
-        *extra,
-    ]
 
 
 def _child(verb: str, keys: list[str], target: str, devices: int, dump=None) -> dict:
     cmd = _common.tierax(
-        verb, "--maxtext", _base_yml(), *keys, "--target", target, "--devices", str(devices),
+        verb, "--maxtext", _common.maxtext_base_yml(), *keys, "--target", target,
+        "--devices", str(devices),
         "--json",
     )  # fmt: skip
-    proc = _common.run(cmd, timeout=3600, env=_env(dump))
+    proc = _common.run(cmd, timeout=3600, env=_common.maxtext_env(dump))
     out = {"command": "tierax " + " ".join(cmd[3:]), "returncode": proc.returncode}
     out["wall_s"] = proc.wall_s
     if proc.returncode != 0:
@@ -239,7 +215,7 @@ def main(argv=None) -> int:
         if name not in wanted:
             continue
         print(f"case {name} ...", file=sys.stderr, flush=True)
-        keys = _keys(model, batch, seq, extra)
+        keys = _common.maxtext_keys(model, LAYERS, batch, seq, extra)
         case = {"name": name, "model": model, "target": target, "devices": devices,
                 "per_device_batch_size": batch, "seq": seq, "keys": keys}  # fmt: skip
         case["simulate"] = simulate_side(keys, target, devices)
@@ -258,7 +234,8 @@ def main(argv=None) -> int:
 
 def _child_command(verb, keys, target, devices) -> str:
     cmd = _common.tierax(
-        verb, "--maxtext", _base_yml(), *keys, "--target", target, "--devices", str(devices),
+        verb, "--maxtext", _common.maxtext_base_yml(), *keys, "--target", target,
+        "--devices", str(devices),
         "--json",
     )  # fmt: skip
     return "tierax " + " ".join(cmd[3:])
