@@ -9,13 +9,11 @@ A small llama2-style config keeps each compile to seconds."""
 
 from __future__ import annotations
 
-import json
-import os
-import pathlib
 import re
 import subprocess
 import sys
 
+import maxtext_cli as M
 import pytest
 
 from tierax.interop.maxtext_program.config import maxtext_importable
@@ -39,36 +37,8 @@ TINY = [
 SIZES = ["per_device_batch_size=1", "max_target_length=256"]
 
 
-def _base_yml() -> str:
-    import maxtext
-
-    return str(pathlib.Path(maxtext.__file__).parent / "configs" / "base.yml")
 
 
-def _env() -> dict:
-    return {
-        **os.environ,
-        "JAX_PLATFORMS": "cpu",
-        "DECOUPLE_GCLOUD": "TRUE",
-        "TPU_WORKER_HOSTNAMES": "localhost",
-        "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
-    }
-
-
-def _tierax(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tierax.cli", *argv],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=_env(),
-    )
-
-
-def _tierax_json(*argv: str) -> dict:
-    out = _tierax(*argv, "--json")
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout[out.stdout.index("{") :])
 
 
 def _maxtext_train_compile(tmp_path, *keys: str) -> dict[str, int]:
@@ -78,7 +48,7 @@ def _maxtext_train_compile(tmp_path, *keys: str) -> dict[str, int]:
             sys.executable,
             "-m",
             "maxtext.trainers.pre_train.train_compile",
-            _base_yml(),
+            M.base_yml(),
             "run_name=tierax-test",
             f"base_output_directory={tmp_path}",
             "dataset_type=synthetic",
@@ -90,7 +60,7 @@ def _maxtext_train_compile(tmp_path, *keys: str) -> dict[str, int]:
         capture_output=True,
         text=True,
         timeout=600,
-        env=_env(),
+        env=M.env(),
     )
     assert out.returncode == 0, out.stderr[-3000:]
     stats = re.search(r"Memory analysis: CompiledMemoryStats\((.*)\)", out.stdout + out.stderr)
@@ -108,7 +78,7 @@ def test_tpu_compile_reads_the_figures_maxtexts_own_compiler_prints(tmp_path):
     ours = _tierax_json(
         "compile",
         "--maxtext",
-        _base_yml(),
+        M.base_yml(),
         *TINY,
         policy,
         "--target",
@@ -138,7 +108,7 @@ def test_gpu_compile_holds_the_training_state_counted_by_hand():
     r = _tierax_json(
         "compile",
         "--maxtext",
-        _base_yml(),
+        M.base_yml(),
         *TINY,
         "remat_policy=full",
         "--target",
@@ -168,11 +138,15 @@ def test_gpu_compile_holds_the_training_state_counted_by_hand():
     ],
 )
 def test_bad_input_is_refused_before_compiling(argv, message):
-    out = _tierax("compile", "--maxtext", _base_yml(), *TINY, *argv)
+    out = M.tierax("compile", "--maxtext", M.base_yml(), *TINY, *argv)
     assert out.returncode == 2, out.stderr[-2000:]
     assert message in out.stderr
 
 
 def test_overrides_without_maxtext_are_refused():
-    out = _tierax("compile", "--model", "tiny-llama", "remat_policy=full")
+    out = M.tierax("compile", "--model", "tiny-llama", "remat_policy=full")
     assert out.returncode == 2 and "given without --maxtext" in out.stderr
+
+
+def _tierax_json(*argv: str) -> dict:
+    return M.json_of(M.tierax(*argv, "--json", timeout=600))

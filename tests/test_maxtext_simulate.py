@@ -8,12 +8,7 @@ compile of the same step (``compile --maxtext``), and an emitted plan against Ma
 
 from __future__ import annotations
 
-import json
-import os
-import pathlib
-import subprocess
-import sys
-
+import maxtext_cli as M
 import pytest
 
 from tierax.interop.maxtext_program.config import maxtext_importable
@@ -51,35 +46,8 @@ SMALL = [
 PEAK_TOLERANCE = 0.05
 
 
-def _base_yml() -> str:
-    import maxtext
-
-    return str(pathlib.Path(maxtext.__file__).parent / "configs" / "base.yml")
 
 
-def _env() -> dict:
-    return {
-        **os.environ,
-        "JAX_PLATFORMS": "cpu",
-        "DECOUPLE_GCLOUD": "TRUE",
-        "TPU_WORKER_HOSTNAMES": "localhost",
-        "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
-    }
-
-
-def _tierax(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tierax.cli", *argv],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=_env(),
-    )
-
-
-def _json(out: subprocess.CompletedProcess) -> dict:
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout[out.stdout.index("{") :])
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +56,7 @@ def gpu_run():
     from tierax.interop.maxtext_program import program
 
     return program(
-        _base_yml(),
+        M.base_yml(),
         [*TINY, "num_vocab_tiling=2", "remat_policy=qkv_proj_offloaded"],
         target="h200",
         mesh={"tensor": 2},
@@ -135,7 +103,7 @@ def test_remat_policies_read_from_maxtext(gpu_run):
     assert off == {"query_proj", "key_proj", "value_proj"}
     assert plan.placements["decoder_layer_input"].value == "device"
     assert plan.default.value == "remat" and gpu_run.plan.mechanism == "policy"
-    minimal = program(_base_yml(), [*TINY, "remat_policy=minimal"], target="v5p", devices=4)
+    minimal = program(M.base_yml(), [*TINY, "remat_policy=minimal"], target="v5p", devices=4)
     kept = {n for n, p in minimal.plan.groups["layers"].placements.items() if p.value == "device"}
     # MaxText's minimal_policy: q/k/v, out_proj, mlpwi_0/1, mlpwo (of the names this layer tags),
     # and the layer input (the scan's carry)
@@ -158,9 +126,9 @@ def test_remat_policies_read_from_maxtext(gpu_run):
 @pytest.mark.slow
 def test_simulate_peak_against_maxtext_compile():
     """One MaxText step compiled for 4 v5p chips (MaxText's topology mesh) beside the prediction."""
-    keys = [_base_yml(), *SMALL, "remat_policy=full", "--target", "v5p", "--devices", "4"]
-    xla = _json(_tierax("compile", "--maxtext", *keys, "--json"))
-    pred = _json(_tierax("simulate", "--maxtext", *keys, "--json"))
+    keys = [M.base_yml(), *SMALL, "remat_policy=full", "--target", "v5p", "--devices", "4"]
+    xla = M.json_of(M.tierax("compile", "--maxtext", *keys, "--json"))
+    pred = M.json_of(M.tierax("simulate", "--maxtext", *keys, "--json"))
     err = pred["peak_device_bytes"] / xla["device_peak_bytes"] - 1
     assert abs(err) <= PEAK_TOLERANCE, (pred["peak_device_bytes"], xla["device_peak_bytes"])
     assert pred["host_bytes"] == xla["host_temp_bytes"] == 0
@@ -174,15 +142,15 @@ def test_plan_emits_overrides_maxtext_loads(tmp_path):
     user = [*TINY, "per_device_batch_size=2", "max_target_length=256"]
     # GEMMs at 1 TFLOP/s: recomputing a projection costs more than its copies slow the compute
     # they hide under (at h200's own rate this tiny step recomputes everything it cannot keep).
-    r = _tierax(
-        "plan", "--maxtext", _base_yml(), *user, "--target", "h200", "--devices", "2",
+    r = M.tierax(
+        "plan", "--maxtext", M.base_yml(), *user, "--target", "h200", "--devices", "2",
         "--budget-gib", "0.0275", "--rate", "matmul=1", "--emit", "maxtext", "--out", str(out),
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     text = out.read_text()
     emitted = read_overrides(text)
     assert "remat_policy=custom" in emitted
-    with load(_base_yml(), command_overrides(user, emitted)) as loaded:
+    with load(M.base_yml(), command_overrides(user, emitted)) as loaded:
         c = loaded.config
         placed = {k.partition("=")[0]: k.partition("=")[2] for k in emitted}
         offloaded = sorted(k for k, v in placed.items() if v == "offload")
@@ -216,6 +184,6 @@ def test_plan_emits_overrides_maxtext_loads(tmp_path):
     ],
 )  # fmt: skip
 def test_bad_input_exits_2(argv, needle):
-    r = _tierax(*[a.replace("{base}", _base_yml()) for a in argv])
+    r = M.tierax(*[a.replace("{base}", M.base_yml()) for a in argv])
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert needle in r.stderr
