@@ -324,39 +324,3 @@ def simulate_breakdown(flags: Sequence[str], *, timeout: float = 900) -> tuple[d
         return None, {"returncode": proc.returncode, "error": proc.stderr.strip().splitlines()[-1:]}
     pred = json.loads(proc.stdout)
     return (pred[0] if isinstance(pred, list) else pred)["breakdown"], {}
-
-
-# MaxText's program (bench/maxtext_compile.py, bench/maxtext_fidelity.py): its base config, the
-# environment its CPU-only compiles need, and a model file cut to a few layers.
-def maxtext_base_yml() -> str:
-    """The installed MaxText's ``configs/base.yml``."""
-    import maxtext
-
-    return os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
-
-
-def maxtext_env(dump: str | os.PathLike | None = None) -> dict[str, str]:
-    """This environment for a MaxText child on the host platform (no cloud, libtpu on localhost);
-    with ``dump``, XLA writes its compiled modules there."""
-    env = {
-        **os.environ,
-        "JAX_PLATFORMS": "cpu",
-        "DECOUPLE_GCLOUD": "TRUE",
-        "TPU_WORKER_HOSTNAMES": "localhost",
-        "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
-    }
-    if dump is not None:
-        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dump}".strip()
-    return env
-
-
-def maxtext_keys(model: str, layers: int, batch: int, seq: int, extra: Sequence[str]) -> list[str]:
-    """MaxText keys for ``model`` cut to ``layers`` layers at a per-device batch and sequence."""
-    return [
-        f"model_name={model}",
-        "override_model_config=true",  # MaxText's switch to override a key its model file sets
-        f"base_num_decoder_layers={layers}",
-        f"per_device_batch_size={batch}",
-        f"max_target_length={seq}",
-        *extra,
-    ]

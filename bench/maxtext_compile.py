@@ -24,6 +24,7 @@ import sys
 import tempfile
 
 import _common
+import _maxtext
 
 SCHEMA = "tierax.bench.maxtext_compile/1"
 MARKER = "maxtext-compile"
@@ -69,7 +70,7 @@ def maxtext_side(keys: list[str], target: str, devices: int) -> dict:
             sys.executable,
             "-m",
             "maxtext.trainers.pre_train.train_compile",
-            _common.maxtext_base_yml(),
+            _maxtext.base_yml(),
             "run_name=bench",
             f"base_output_directory={tmp}",
             f"jax_cache_dir={tmp}/cache",
@@ -80,7 +81,7 @@ def maxtext_side(keys: list[str], target: str, devices: int) -> dict:
             "compile_topology_num_slices=1",
             *keys,
         ]
-        proc = _common.run(cmd, timeout=3600, env=_common.maxtext_env())
+        proc = _common.run(cmd, timeout=3600, env=_maxtext.env())
     text = proc.stdout + proc.stderr
     stats = re.search(r"Memory analysis: CompiledMemoryStats\((.*)\)", text)
     out = {"command": " ".join(cmd[3:]), "returncode": proc.returncode, "wall_s": proc.wall_s}
@@ -94,10 +95,10 @@ def tierax_side(keys: list[str], target: str, devices: int) -> dict:
     import json
 
     cmd = _common.tierax(
-        "compile", "--maxtext", _common.maxtext_base_yml(), *keys, "--target", target,
+        "compile", "--maxtext", _maxtext.base_yml(), *keys, "--target", target,
         "--devices", str(devices), "--json",
     )  # fmt: skip
-    proc = _common.run(cmd, timeout=3600, env=_common.maxtext_env())
+    proc = _common.run(cmd, timeout=3600, env=_maxtext.env())
     out = {"command": " ".join(cmd[2:]), "returncode": proc.returncode, "wall_s": proc.wall_s}
     if proc.returncode != 0:
         return out | {"error": proc.stderr.strip().splitlines()[-1:]}
@@ -108,7 +109,7 @@ def tierax_side(keys: list[str], target: str, devices: int) -> dict:
 
 
 def run_case(name, model, target, devices, batch, seq, extra) -> dict:
-    keys = _common.maxtext_keys(model, LAYERS, batch, seq, extra)
+    keys = _maxtext.keys(model, LAYERS, batch, seq, extra)
     case = {"name": name, "model": model, "target": target, "devices": devices,
             "per_device_batch_size": batch, "seq": seq, "keys": keys}  # fmt: skip
     case["tierax"] = tierax_side(keys, target, devices)

@@ -30,6 +30,7 @@ import pathlib
 import sys
 
 import _common
+import _maxtext
 
 SCHEMA = "tierax.bench.maxtext_fidelity/1"
 MARKER = "maxtext-fidelity"
@@ -79,11 +80,11 @@ CASES = [
 
 def _child(verb: str, keys: list[str], target: str, devices: int, dump=None) -> dict:
     cmd = _common.tierax(
-        verb, "--maxtext", _common.maxtext_base_yml(), *keys, "--target", target,
+        verb, "--maxtext", _maxtext.base_yml(), *keys, "--target", target,
         "--devices", str(devices),
         "--json",
     )  # fmt: skip
-    proc = _common.run(cmd, timeout=3600, env=_common.maxtext_env(dump))
+    proc = _common.run(cmd, timeout=3600, env=_maxtext.env(dump))
     out = {"command": "tierax " + " ".join(cmd[3:]), "returncode": proc.returncode}
     out["wall_s"] = proc.wall_s
     if proc.returncode != 0:
@@ -215,7 +216,7 @@ def main(argv=None) -> int:
         if name not in wanted:
             continue
         print(f"case {name} ...", file=sys.stderr, flush=True)
-        keys = _common.maxtext_keys(model, LAYERS, batch, seq, extra)
+        keys = _maxtext.keys(model, LAYERS, batch, seq, extra)
         case = {"name": name, "model": model, "target": target, "devices": devices,
                 "per_device_batch_size": batch, "seq": seq, "keys": keys}  # fmt: skip
         case["simulate"] = simulate_side(keys, target, devices)
@@ -234,7 +235,7 @@ def main(argv=None) -> int:
 
 def _child_command(verb, keys, target, devices) -> str:
     cmd = _common.tierax(
-        verb, "--maxtext", _common.maxtext_base_yml(), *keys, "--target", target,
+        verb, "--maxtext", _maxtext.base_yml(), *keys, "--target", target,
         "--devices", str(devices),
         "--json",
     )  # fmt: skip
