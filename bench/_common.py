@@ -1,8 +1,9 @@
-"""What every bench script shares: the record envelope, the ``--out`` check, the atomic write and
-the runner for child processes.
+"""What every bench script shares: the record envelope, the ``--out`` check, the atomic write,
+the runner for child processes and the reader of XLA's buffer-assignment dump.
 
 Bench scripts run as ``python bench/NAME.py`` (this directory is then first on ``sys.path``) and
-import this module as ``_common``.  Importing it does not import JAX: a script that only runs the
+import this module as ``_common``; the investigations under ``bench/investigations/`` put this
+directory on ``sys.path`` first.  Importing it does not import JAX: a script that only runs the
 CLI in child processes records its machine without starting a backend.
 """
 
@@ -14,6 +15,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import shlex
 import signal
 import subprocess
@@ -324,3 +326,37 @@ def simulate_breakdown(flags: Sequence[str], *, timeout: float = 900) -> tuple[d
         return None, {"returncode": proc.returncode, "error": proc.stderr.strip().splitlines()[-1:]}
     pred = json.loads(proc.stdout)
     return (pred[0] if isinstance(pred, list) else pred)["breakdown"], {}
+
+
+def preallocated_temp(dump: pathlib.Path, big: int = 512 * 2**20) -> dict:
+    """The step's buffer assignment in an XLA dump directory (``--xla_dump_to``, as
+    :func:`dump_env` sets it): its default memory space's preallocated temp (bytes) and the
+    distinct buffers of at least ``big`` bytes in it (shape, bytes, offset, instruction).
+
+    Raises:
+      FileNotFoundError: ``dump`` holds no step buffer assignment.
+      ValueError: the assignment has no preallocated temp in the default memory space.
+    """
+    found = sorted(dump.glob("*jit_step*after_optimizations-buffer-assignment.txt"))
+    if not found:
+        raise FileNotFoundError(f"no *jit_step*after_optimizations-buffer-assignment.txt in {dump}")
+    text = found[-1].read_text()
+    for block in re.split(r"^(?=allocation \d+:)", text, flags=re.M):
+        head = block.split("\n", 1)[0]
+        m = re.match(r"allocation \d+: size (\d+), (?:page 0, )?preallocated-temp:", head)
+        if not m:  # other memory spaces' heaps name a color first
+            continue
+        values = re.findall(
+            r"value: <\d+ (\S+)(?: \(phi\))? @\d+> \(size=(\d+),offset=(\d+)\): (\w+\[[\d,]*\])",
+            block,
+        )
+        regions: dict[tuple[int, int], dict] = {}
+        for name, size, offset, shape in values:
+            if int(size) >= big:
+                regions.setdefault(
+                    (int(offset), int(size)),
+                    {"shape": shape, "bytes": int(size), "offset": int(offset), "value": name},
+                )
+        found_big = sorted(regions.values(), key=lambda r: (-r["bytes"], r["offset"]))
+        return {"preallocated_temp_bytes": int(m.group(1)), "buffers": found_big}
+    raise ValueError(f"{found[-1]}: no preallocated-temp allocation in the default memory space")

@@ -26,7 +26,6 @@ import sys
 import tempfile
 
 import _common
-from libtpu_trace import preallocated_temp
 
 GOAL = 0.10
 SCHEMA = "tierax.bench.ragged_ep_compile/1"
@@ -56,7 +55,8 @@ def compile_case(impl: str, mesh: str, tmp: str) -> dict:
     b, failed = _common.simulate_breakdown(flags)
     if b is None:
         return failed
-    assigned = r["device_argument_bytes"] + preallocated_temp(dump)["preallocated_temp_bytes"]
+    heap = _common.preallocated_temp(dump)["preallocated_temp_bytes"]
+    assigned = r["device_argument_bytes"] + heap
     return case | {
         "model_peak_phase": r["predicted"].get("peak_phase"),
         "libtpu_version": r.get("libtpu_version"),

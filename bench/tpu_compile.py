@@ -37,7 +37,6 @@ import tempfile
 
 import _common
 import jax.numpy as jnp
-from libtpu_trace import preallocated_temp
 
 from tierax.costmodel import fixed
 from tierax.hardware import libtpu
@@ -161,7 +160,7 @@ def _assigned(compiled: dict, dump: pathlib.Path, tokens: int) -> dict:
     with the live arguments and outputs, memory_analysis()'s temp less it, and the model's
     libtpu-keyed excess term for this shape (tierax.costmodel.fixed.libtpu_temp_excess_bytes, 0
     on the traced libtpu), so that the model's peak less that term meets the assignment's."""
-    heap = preallocated_temp(dump)["preallocated_temp_bytes"]
+    heap = _common.preallocated_temp(dump)["preallocated_temp_bytes"]
     live = (
         compiled["device_argument_bytes"]
         + compiled["device_output_bytes"]

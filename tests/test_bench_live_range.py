@@ -1,6 +1,6 @@
-"""bench/tpu_tiled_loss.py reads XLA's live-range and buffer-assignment dumps: checked on a real
-XLA:CPU dump of a small jitted ``step`` (XLA writes the same reports for every backend), against
-the shapes the function has by construction."""
+"""bench/investigations/tpu_tiled_loss.py reads XLA's live-range and buffer-assignment dumps:
+checked on a real XLA:CPU dump of a small jitted ``step`` (XLA writes the same reports for every
+backend), against the shapes the function has by construction."""
 
 import os
 import pathlib
@@ -22,11 +22,11 @@ def test_live_at_peak_reads_xla_s_own_dump(tmp_path):
     dump = tmp_path / "dump"
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_dump_to={dump}"}
     subprocess.run([sys.executable, "-c", STEP], env=env, check=True, timeout=300)
-    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT / "bench" / "investigations"))
     try:
         from tpu_tiled_loss import live_at_peak
     finally:
-        sys.path.remove(str(ROOT / "bench"))
+        sys.path.remove(str(ROOT / "bench" / "investigations"))
 
     live = live_at_peak(dump, big=1)
     values = live["values"]

@@ -12,7 +12,9 @@ import sys
 import pytest
 
 BENCH = pathlib.Path(__file__).resolve().parents[1] / "bench"
-SCRIPTS = sorted(p for p in BENCH.glob("*.py") if not p.name.startswith("_"))
+SCRIPTS = sorted(  # the benchmarks and the finished investigations; _NAME.py are shared modules
+    p for p in [*BENCH.glob("*.py"), *BENCH.glob("investigations/*.py")] if p.name[0] != "_"
+)
 
 
 @pytest.fixture(scope="module")

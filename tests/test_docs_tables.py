@@ -18,18 +18,18 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 
-# (bench script, the function that renders the table, the record, the marker)
+# (bench script under bench/, the function that renders the table, the record, the marker)
 DOCS_TABLES = [
     ("estimator_peer", "markdown", "estimator_peer.json", "estimator-peer"),
     ("tpu_compile", "markdown", "tpu_compile.json", "tpu-compile"),
     ("tpu_compile", "default_env_markdown", "tpu_default_env.json", "tpu-default-env"),
     ("tpu_compile", "v6e_env_markdown", "tpu_default_env_v6e.json", "tpu-default-env-v6e"),
     ("hide_grid", "table", "hide_grid.json", "hide-grid"),
-    ("row_stride", "markdown", "row_stride.json", "row-stride"),
+    ("investigations/row_stride", "markdown", "row_stride.json", "row-stride"),
     ("time_fidelity", "markdown", "time_fidelity.json", "time-fidelity"),
     ("time_fidelity", "markdown", "time_fidelity_deepseek.json", "time-fidelity-deepseek"),
     ("gemm_shapes", "markdown", "gemm_shapes.json", "gemm-shapes"),
-    ("gemm_size_ab", "markdown", "gemm_size_ab.json", "gemm-size-ab"),
+    ("investigations/gemm_size_ab", "markdown", "gemm_size_ab.json", "gemm-size-ab"),
     ("mesh_search", "readme", "mesh_search.json", "mesh-search"),
     ("published_runs", "markdown", "published_runs.json", "published-runs"),
     ("published_runs", "markdown", "holdout_runs.json", "holdout-runs"),
@@ -40,10 +40,10 @@ DOCS_TABLES = [
     ("peer_maxtext", "markdown", "peer_maxtext.json", "peer-maxtext"),
     ("data_prepare", "markdown", "data_prepare.json", "data-prepare"),
     ("seed_case", "markdown", "seed_case.json", "seed-case"),
-    ("prefetch_overlap", "markdown", "prefetch_overlap.json", "prefetch-overlap"),
+    ("investigations/prefetch_overlap", "markdown", "prefetch_overlap.json", "prefetch-overlap"),
     ("fp8_compile", "markdown", "fp8_compile.json", "fp8-compile"),
     ("ragged_ep_compile", "markdown", "ragged_ep_compile.json", "ragged-ep-compile"),
-    ("tpu_tiled_loss", "markdown", "tpu_tiled_loss.json", "tpu-tiled-loss"),
+    ("investigations/tpu_tiled_loss", "markdown", "tpu_tiled_loss.json", "tpu-tiled-loss"),
     ("state_offload", "markdown", "state_offload.json", "state-offload"),
     ("network_axes", "markdown", "network_axes.json", "network-axes"),
     ("whatif", "markdown", "whatif-deepseek-v3.json", "whatif-deepseek-v3"),
@@ -60,9 +60,11 @@ DOCS_TABLES = [
 
 
 def _bench(name: str):
+    """The script ``bench/NAME.py`` (NAME may be ``investigations/SCRIPT``) as a module."""
     if str(BENCH) not in sys.path:
         sys.path.insert(0, str(BENCH))  # the scripts import _common as a sibling
-    spec = importlib.util.spec_from_file_location(f"docs_table_{name}", BENCH / f"{name}.py")
+    module_name = "docs_table_" + name.replace("/", "_")
+    spec = importlib.util.spec_from_file_location(module_name, BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)

@@ -97,7 +97,7 @@ def test_the_interleaved_calibration_takes_a_median_per_rate_and_per_curve_point
 
 def test_the_ab_bench_drops_only_the_curves_and_counts_errors_by_hand():
     spec = importlib.util.spec_from_file_location(
-        "gemm_size_ab", ROOT / "bench" / "gemm_size_ab.py"
+        "gemm_size_ab", ROOT / "bench" / "investigations" / "gemm_size_ab.py"
     )
     ab = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ab)

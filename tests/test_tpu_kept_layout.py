@@ -150,7 +150,7 @@ def test_v6e_planned_step_compiles_without_copies_of_the_kept_stacks(tmp_path):
     )
     assert not copies, f"XLA copies the kept up-projection stacks: {sorted(copies)}"
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
-    from libtpu_trace import preallocated_temp  # XLA:TPU's dump read as bench/libtpu_trace reads it
+    from _common import preallocated_temp  # XLA:TPU's dump read as the TPU bench scripts read it
 
     heap = preallocated_temp(dump)["preallocated_temp_bytes"]
     live = r["device_argument_bytes"] + r["device_output_bytes"] - r["device_alias_bytes"]

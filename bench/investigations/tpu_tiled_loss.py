@@ -2,6 +2,13 @@
 """What XLA:TPU holds at a tiled loss (``loss_tiles`` > 1): deviceless v5p compiles of tierax's step
 with a buffer-assignment dump, the live set at XLA's peak beside the cost model's loss term.
 
+Question: what does XLA:TPU hold at the peak of a tiled loss (``loss_tiles`` > 1), beside the cost
+model's loss term?  Answered: one tile's logits, the gathered head, the tile's float32 head
+gradient and its all-reduce in the compute dtype, the final hidden states and their gradient; the
+model's loss term now counts what XLA holds (tests/test_costmodel_hand.py).
+Records: bench/results/tpu_tiled_loss.json
+Docs: docs/guide/tpu.md
+
 Per case, one ``tierax compile --json`` child whose ``XLA_FLAGS`` add ``--xla_dump_to`` (tierax
 appends its own flags to the user's: tierax.launch.flags) and one ``tierax simulate --json`` for the
 same model, mesh, shape and plan.  From the dump: the preallocated temp (the heap the step
@@ -17,7 +24,7 @@ layers on 512 v5p (fsdp=512, 2 × 8192, remat-full: the head of the holdout's H-
 expresses it (126 layers, its offloading plan; MaxText ran it on 512 v5p).  Goal: the model's
 assigned peak within 5 % of XLA's (reported either way).  Writes bench/results/tpu_tiled_loss.json.
 
-    .venv/bin/python bench/tpu_tiled_loss.py [--out FILE] [--case NAME ...]
+    .venv/bin/python bench/investigations/tpu_tiled_loss.py [--out FILE] [--case NAME ...]
 """
 
 from __future__ import annotations
@@ -28,8 +35,10 @@ import re
 import sys
 import tempfile
 
-import _common
-from libtpu_trace import preallocated_temp
+BENCH = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(BENCH))  # bench/: _common and the benchmarks these read
+
+import _common  # noqa: E402
 
 SCHEMA = "tierax.bench.tpu_tiled_loss/1"
 GOAL = 0.05
@@ -161,7 +170,7 @@ def run_case(name: str, args: list[str], tmp: str) -> dict:
     b, failed = _common.simulate_breakdown(flags)
     if b is None:
         return failed
-    heap = preallocated_temp(dump)["preallocated_temp_bytes"]
+    heap = _common.preallocated_temp(dump)["preallocated_temp_bytes"]
     assigned = compiled["device_argument_bytes"] + heap
     live = live_at_peak(dump)
     return {
@@ -208,7 +217,8 @@ def markdown(doc: dict) -> str:
     libtpu = sorted({str(c.get("libtpu_version")) for c in doc["cases"].values() if "fits" in c})
     lines += [
         "",
-        f"`python bench/tpu_tiled_loss.py`, {doc['created'][:10]}, jax {doc['jax_version']}, "
+        f"`python bench/investigations/tpu_tiled_loss.py`, {doc['created'][:10]}, "
+        f"jax {doc['jax_version']}, "
         f"libtpu {', '.join(libtpu)}; {doc['goal']}: {'met' if doc['goal_met'] else 'not met'}.",
     ]
     return "\n".join(lines) + "\n"

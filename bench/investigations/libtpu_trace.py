@@ -1,6 +1,14 @@
 #!/usr/bin/env python3
 """What the installed libtpu's ``temp_size_in_bytes`` holds beside its own HLO buffer assignment.
 
+Question: is what libtpu 0.0.42.1's ``temp_size_in_bytes`` counts beyond libtpu 0.0.52's a
+buffer of tierax's step?  Answered: no; both libtpus' buffer assignments hold the same buffers and
+a heap of the same size, so the excess is a libtpu-keyed term of the cost model
+(tierax.costmodel.fixed.libtpu_temp_excess_bytes), not a buffer.
+Records: bench/results/libtpu_trace_0.0.42.1.json, bench/results/libtpu_trace_0.0.52.json,
+bench/results/libtpu_trace_0.0.42.1_8x4096.json
+Docs: docs/guide/tpu.md
+
 For each layer count, ``tierax compile`` of Llama 3 8B on 8 v5p chips (fsdp=8) at microbatch ×
 sequence, under the planner's plan for the full model at that shape (planned once, by ``tierax
 plan``), in a child process of this interpreter whose ``XLA_FLAGS`` add ``--xla_dump_to`` (tierax
@@ -14,7 +22,8 @@ for a libtpu then read as counting the host temp inside it (no longer: the host 
 ``host_temp_bytes`` states it).  Run it with each
 libtpu's interpreter (this checkout on ``PYTHONPATH``); each record names its libtpu.
 
-    python bench/libtpu_trace.py --out bench/results/libtpu_trace_0.0.42.1.json [--layers 2 4 32]
+    python bench/investigations/libtpu_trace.py --out bench/results/libtpu_trace_0.0.42.1.json \
+        [--layers 2 4 32]
 """
 
 from __future__ import annotations
@@ -23,44 +32,18 @@ import argparse
 import json
 import os
 import pathlib
-import re
 import sys
 import tempfile
 
-import _common
+BENCH = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(BENCH))  # bench/: _common and the benchmarks these read
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+import _common  # noqa: E402
+
+ROOT = BENCH.parent
 SCHEMA = "tierax.libtpu-trace/1"
 SHAPE = ["--target", "v5p", "--devices", "8", "--mesh", "fsdp=8"]
 BIG = 512 * 2**20  # buffers listed: at least this many bytes
-
-
-def preallocated_temp(dump: pathlib.Path) -> dict:
-    """The step's buffer assignment in ``dump``: its default memory space's preallocated temp
-    (bytes) and the distinct buffers of ≥ BIG bytes in it (shape, bytes, offset, instruction)."""
-    found = sorted(dump.glob("*jit_step*after_optimizations-buffer-assignment.txt"))
-    if not found:
-        raise FileNotFoundError(f"no *jit_step*after_optimizations-buffer-assignment.txt in {dump}")
-    text = found[-1].read_text()
-    for block in re.split(r"^(?=allocation \d+:)", text, flags=re.M):
-        head = block.split("\n", 1)[0]
-        m = re.match(r"allocation \d+: size (\d+), (?:page 0, )?preallocated-temp:", head)
-        if not m:  # other memory spaces' heaps name a color first
-            continue
-        values = re.findall(
-            r"value: <\d+ (\S+)(?: \(phi\))? @\d+> \(size=(\d+),offset=(\d+)\): (\w+\[[\d,]*\])",
-            block,
-        )
-        regions: dict[tuple[int, int], dict] = {}
-        for name, size, offset, shape in values:
-            if int(size) >= BIG:
-                regions.setdefault(
-                    (int(offset), int(size)),
-                    {"shape": shape, "bytes": int(size), "offset": int(offset), "value": name},
-                )
-        big = sorted(regions.values(), key=lambda r: (-r["bytes"], r["offset"]))
-        return {"preallocated_temp_bytes": int(m.group(1)), "buffers": big}
-    raise ValueError(f"{found[-1]}: no preallocated-temp allocation in the default memory space")
 
 
 def main() -> int:
@@ -95,7 +78,7 @@ def main() -> int:
                     f"tierax {' '.join(cmd)} failed (exit {c.returncode}):\n{c.stderr[-3000:]}"
                 )
             r = json.loads(c.stdout)
-            heap = preallocated_temp(dump)
+            heap = _common.preallocated_temp(dump, BIG)
             cases.append(
                 {
                     "num_layers": layers,

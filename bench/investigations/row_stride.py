@@ -1,6 +1,13 @@
 #!/usr/bin/env python3
 """One train step, two MLP widths: how much a row stride of a multiple of 4 KiB costs on XLA:CPU.
 
+Question: were the CPU time model's largest misses, its float32 Llama shapes, the MLP widths that
+put every SwiGLU gate gradient's rows a multiple of 4 KiB apart?  Answered: yes; the model now
+counts transposing reads in two classes by the operand's row stride
+(tierax.tracing.hbm.row_aliased) and ``tierax calibrate`` measures each class's rate.
+Records: bench/results/row_stride.json
+Docs: docs/results/time-model.md
+
 The time-fidelity record's largest misses were its float32 Llama shapes, whose MLP widths (1024,
 3072) make every SwiGLU gate gradient's row a multiple of 4 KiB long.  This script runs one of
 those shapes (``llama-d256-s1024-f32`` of ``bench/time_fidelity.py``) at its own MLP width and at
@@ -14,8 +21,8 @@ a width 16 wider (rows 4160 bytes apart; 1.6 % more MLP FLOPs), every plan, in o
 
 Reported per plan: the narrower width's step over the wider one's, measured and predicted.
 
-    python bench/row_stride.py [--rounds 7] [--out bench/results/row_stride.json]
-    python bench/row_stride.py --markdown bench/results/row_stride.json
+    python bench/investigations/row_stride.py [--rounds 7] [--out bench/results/row_stride.json]
+    python bench/investigations/row_stride.py --markdown bench/results/row_stride.json
 """
 
 from __future__ import annotations
@@ -28,8 +35,11 @@ import pathlib
 import sys
 import time
 
-import _common
-import time_fidelity as tf
+BENCH = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(BENCH))  # bench/: _common and the benchmarks these read
+
+import _common  # noqa: E402
+import time_fidelity as tf  # noqa: E402
 
 SCHEMA = "tierax.row-stride/1"
 SHAPE = "llama-d256-s1024-f32"
@@ -84,7 +94,7 @@ def measure(rounds: int) -> dict:
                     "plan": name,
                     "row_stride_bytes": width * 4,
                     "predicted_step_s": pred.step_time_s,
-                    "predicted_transpose_s": pred.breakdown["transpose_s"],
+                    "predicted_transpose_s": pred.breakdown.transpose_s,
                     "prepared": harness.prepare(build, tokens, warmup=1, devices=mesh.devices.flat),
                     "tokens": tokens,
                     "step_times_s": [],

@@ -1,6 +1,13 @@
 #!/usr/bin/env python3
 """Do host copies hide?  The static overlap check of deviceless XLA:GPU compiles, per mechanism.
 
+Question (issue 12): do the host copies of an offload hide behind compute, per mechanism
+(tierax's prefetching scan against XLA's host offloader) and XLA preset?  Answered: with
+``prefetch`` each direction hides under the presets the record judges; ``bench/hide_grid.py`` is
+the grid a maintainer reruns over every offloadable name.
+Records: bench/results/prefetch_overlap.json
+Docs: docs/concepts/mechanisms.md
+
 For the two configurations issue 12 names — Llama-3-8B with q/k/v offloaded on one H200
 (2 × 4096 tokens) and DeepSeek-V3 (2 dense + 3 MoE layers) with the routed experts'
 up-projections offloaded on 8 GB200s (fsdp=8, 1 × 4096) — compile the train step with
@@ -13,8 +20,9 @@ per process).  Goal: H2D and D2H each exposed ≤ 10 % of their transfer time wi
 XLA's own pipelined host offloading, a different mechanism, recorded for comparison).
 Writes bench/results/prefetch_overlap.json.
 
-    .venv/bin/python bench/prefetch_overlap.py [--quick] [--out FILE]
-    .venv/bin/python bench/prefetch_overlap.py --docs bench/results/prefetch_overlap.json  # table
+    .venv/bin/python bench/investigations/prefetch_overlap.py [--quick] [--out FILE]
+    .venv/bin/python bench/investigations/prefetch_overlap.py \
+        --docs bench/results/prefetch_overlap.json  # the docs table
 """
 
 from __future__ import annotations
@@ -25,11 +33,14 @@ import pathlib
 import sys
 import tempfile
 
-import _common
-from rich.console import Console
-from rich.table import Table
+BENCH = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(BENCH))  # bench/: _common and the benchmarks these read
 
-from tierax.plan import REFUSED_PRESETS
+import _common  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from tierax.plan import REFUSED_PRESETS  # noqa: E402
 
 GOAL = 0.10
 

@@ -1,12 +1,20 @@
 #!/usr/bin/env python3
-"""What the CPU GEMM rate by smallest dimension changes, in one time-fidelity run: every case of
-a ``bench/time_fidelity.py`` record predicted again from that record's own calibrations (the
-frozen one and each shape's interleaved one), with the rates by smallest dimension and without
-them (every GEMM at the GEMM mix's rate, the model before the term), against the same measured
-medians.  Nothing is timed here; only the inventory is traced again (the model's code as it is
-now, the plans as the record ran them).
+"""What the CPU GEMM rate by smallest dimension changes in one time-fidelity run, machine apart.
 
-    PYTHONPATH=src python bench/gemm_size_ab.py [RECORD] [--out bench/results/gemm_size_ab.json]
+Question: what does the CPU GEMM rate by smallest dimension change in one time-fidelity run,
+apart from the machine?  Answered by the A/B table on the time-model page (the same record's cases
+predicted with and without the term).
+Records: bench/results/gemm_size_ab.json
+Docs: docs/results/time-model.md
+
+Every case of a ``bench/time_fidelity.py`` record predicted again from that record's own
+calibrations (the frozen one and each shape's interleaved one), with the rates by smallest
+dimension and without them (every GEMM at the GEMM mix's rate, the model before the term), against
+the same measured medians.  Nothing is timed here; only the inventory is traced again (the model's
+code as it is now, the plans as the record ran them).
+
+    PYTHONPATH=src python bench/investigations/gemm_size_ab.py [RECORD] \
+        [--out bench/results/gemm_size_ab.json]
         [--docs bench/results/gemm_size_ab.json]
 
 The two predictions differ in one term only, so their errors' difference is the term's effect,
@@ -20,9 +28,12 @@ import pathlib
 import statistics
 import sys
 
-import _common
+BENCH = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(BENCH))  # bench/: _common and the benchmarks these read
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+import _common  # noqa: E402
+
+ROOT = BENCH.parent
 SRC = ROOT / "src"
 if str(SRC) not in sys.path:
     sys.path.insert(0, str(SRC))

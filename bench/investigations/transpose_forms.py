@@ -1,6 +1,13 @@
 #!/usr/bin/env python3
 """XLA:CPU's transposing fusion in two forms: a plain top-level one and the train step's.
 
+Question: does the plain top-level transposing fusion that ``tierax calibrate`` once timed price
+the train step's form of it (inside the backward loop, reading residuals sliced from the scan's
+stacks)?  Answered: no; the step's form is slower per element and feels the row stride more, so
+calibrate now times the loop's form (tierax.measure.harness.transposed_fusion_rate).
+Records: bench/results/transpose_forms.json
+Docs: docs/results/time-model.md
+
 ``tierax calibrate`` once priced the CPU-only transposing-fusion term with the plain form: a
 fusion ``((a·b)·(1 − c) + c)ᵀ`` of three float32 arrays at the top level of a program (it now
 times the backward loop's form per row-stride class, ``tierax.measure.harness.
@@ -20,19 +27,23 @@ Reported per shape: nanoseconds per output element of each form, their ratio, an
 stride in bytes (hidden × 4) with whether it is a multiple of 4 KiB.  No time-model parameter is
 set from it; it is the measurement behind the time-fidelity record's open misses.
 
-    python bench/transpose_forms.py [--out bench/results/transpose_forms.json]
+    python bench/investigations/transpose_forms.py [--out bench/results/transpose_forms.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import pathlib
 import statistics
 import sys
 import tempfile
 import time
 
-import _common
+BENCH = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(BENCH))  # bench/: _common and the benchmarks these read
+
+import _common  # noqa: E402
 
 SCHEMA = "tierax.transpose-forms/1"
 LAYERS = 4
