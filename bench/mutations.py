@@ -570,6 +570,58 @@ MUTATIONS = [
         "new": "gbps = getattr(rates, RATE_FIELDS[key]) * factor / 1e6",
         "tests": ["tests/test_audit_gaps_mesh_search.py"],
     },
+    # Issue 60's time-bound fixture (tests/test_mesh_search_bound.py: the best and the N-th best
+    # differ there, so a pruning rule against the wrong one changes the top N or what is pruned).
+    {
+        "name": "mesh-time-bound-against-the-best",
+        "what": "mesh_search: a candidate pruned when its bound is no faster than the best solved "
+        "step, not the N-th best",
+        "file": "src/tierax/solving/mesh_search.py",
+        "old": "c.lower_bound_s >= sorted(times)[top - 1]:",
+        "new": "c.lower_bound_s >= sorted(times)[0]:",
+        "tests": ["tests/test_mesh_search_bound.py", "tests/test_mesh_search.py"],
+    },
+    {
+        "name": "mesh-time-bound-n-minus-one",
+        "what": "mesh_search: pruning against the (N-1)-th best (N off by one, prunes early)",
+        "file": "src/tierax/solving/mesh_search.py",
+        "old": "len(times) >= top and c.lower_bound_s >= sorted(times)[top - 1]:",
+        "new": "len(times) >= top - 1 and c.lower_bound_s >= sorted(times)[top - 2]:",
+        "tests": ["tests/test_mesh_search_bound.py", "tests/test_mesh_search.py"],
+    },
+    {
+        "name": "mesh-time-bound-n-plus-one",
+        "what": "mesh_search: pruning against the (N+1)-th best (N off by one, prunes late)",
+        "file": "src/tierax/solving/mesh_search.py",
+        "old": "len(times) >= top and c.lower_bound_s >= sorted(times)[top - 1]:",
+        "new": "len(times) >= top + 1 and c.lower_bound_s >= sorted(times)[top]:",
+        "tests": ["tests/test_mesh_search_bound.py", "tests/test_mesh_search.py"],
+    },
+    {
+        "name": "mesh-time-bound-every-collective",
+        "what": "mesh_search: the time bound counts every collective second, hidden ones too (no "
+        "longer under every placement's step)",
+        "file": "src/tierax/solving/mesh_search.py",
+        "old": "lower_bound_s=k * (fx.compute_s + fx.exposed_collective_s) - (k - 1) * update_s,",
+        "new": "lower_bound_s=k * (fx.compute_s + fx.collective_s) - (k - 1) * update_s,",
+        "tests": ["tests/test_mesh_search_bound.py", "tests/test_mesh_search.py"],
+    },
+    {
+        "name": "mesh-time-bound-update-every-microstep",
+        "what": "mesh_search: the time bound counts the optimizer update in every microstep",
+        "file": "src/tierax/solving/mesh_search.py",
+        "old": "lower_bound_s=k * (fx.compute_s + fx.exposed_collective_s) - (k - 1) * update_s,",
+        "new": "lower_bound_s=k * (fx.compute_s + fx.exposed_collective_s),",
+        "tests": ["tests/test_mesh_search_bound.py", "tests/test_mesh_search.py"],
+    },
+    {
+        "name": "mesh-candidates-solved-in-mesh-order",
+        "what": "mesh_search: candidates solved in the order of their mesh's text, not their bound",
+        "file": "src/tierax/solving/mesh_search.py",
+        "old": "key=lambda c: (c.lower_bound_s, str(c.mesh))",
+        "new": "key=lambda c: str(c.mesh)",
+        "tests": ["tests/test_mesh_search_bound.py", "tests/test_mesh_search.py"],
+    },
     {
         "name": "cudnn-workspace-heads-not-split-over-tensor",
         "what": "the cuDNN backward workspace counts every head on each tensor shard",
