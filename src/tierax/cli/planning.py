@@ -385,13 +385,7 @@ def _plan_check(args) -> int:
 
     def report(s) -> None:
         print(
-            f"check {s.iteration}: budget {gib(s.budget_bytes)} (workspace correction "
-            f"{gib(s.workspace_correction_bytes)}) · predicted peak {gib(s.predicted_peak_bytes)} "
-            f"· XLA {'refused (out of memory), needs ' if s.out_of_memory else ''}"
-            f"{gib(s.xla_peak_bytes)} ({pct(s.peak_error)}) "
-            f"fits={'yes' if s.xla_fits else 'NO'} · exposed transfers predicted "
-            f"{s.predicted_exposed_s * 1e3:.2f} ms, XLA {s.xla_exposed_s * 1e3:.2f} ms · host "
-            f"{gib(s.host_bytes)} vs XLA {gib(s.xla_host_bytes)} · compile {s.compile_s:.0f} s",
+            plan_check.iteration_line(s),
             file=sys.stderr if args.json else sys.stdout,  # --json: stdout is the JSON alone
             flush=True,
         )

@@ -23,7 +23,13 @@ plan's miss whole swings between plans).  The planner's corrected budget never e
 device's usable memory, whatever the sign of the correction.
 
 Bounded: at most ``max_iterations`` compiles.  Converged: the compiled plan fits and its peak is
-within ``tolerance`` of the corrected prediction.  :attr:`CheckResult.stopped` says why it stopped.
+within ``tolerance`` of the corrected prediction.  :attr:`CheckResult.stopped` says why it stopped;
+:attr:`CheckResult.fitted` is the last plan whose compile fitted (None: none did).
+
+The loop is one for every program it checks: what differs is how a plan is compiled
+(:data:`CompilePlan`): tierax's own step for the request's model (the default,
+:func:`tierax_compile`), or another program's compile of the plan — ``plan --maxtext --check``
+compiles MaxText's own step with the plan's MaxText keys (:mod:`tierax.solving.for_maxtext`).
 """
 
 from __future__ import annotations
@@ -36,6 +42,10 @@ from tierax.errors import TieraxError
 from tierax.mesh import MeshShape
 from tierax.solving import planner, planning
 from tierax.xla import compile as compile_lib
+from tierax.xla.result import CompileResult
+
+# How the loop compiles a solved plan for its target: XLA's compile of the program that runs it.
+CompilePlan = Callable[[planner.PlanResult], CompileResult]
 
 
 @dataclass(frozen=True)
@@ -74,16 +84,42 @@ class CheckResult:
     tolerance: float
     budget_bytes: int = 0  # the device budget asked for (what XLA's peak must fit)
     stopped: str = ""  # why the check stopped (converged, or what kept it from converging)
+    # the last plan whose compile fitted, and its iteration (None, 0: no compile fitted)
+    fitted: planner.PlanResult | None = None
+    fitted_iteration: int = 0
 
     def to_json(self) -> dict:
         return {
             "plan": self.result.to_json(),
+            "fitted_iteration": self.fitted_iteration,
             "iterations": [i.to_json() for i in self.iterations],
             "converged": self.converged,
             "tolerance": self.tolerance,
             "budget_bytes": self.budget_bytes,
             "stopped": self.stopped,
         }
+
+
+def size_text(n: float | None) -> str:
+    """Bytes in GiB, or MiB below 1 GiB; None (XLA stated no figure): a dash."""
+    if n is None:
+        return "—"
+    return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.2f} MiB"
+
+
+def iteration_line(s: Iteration) -> str:
+    """One compile of the check, as ``plan --check`` reports it."""
+    g = size_text
+    err = "—" if s.peak_error is None else f"{s.peak_error:+.1%}"
+    return (
+        f"check {s.iteration}: budget {g(s.budget_bytes)} (workspace correction "
+        f"{g(s.workspace_correction_bytes)}) · predicted peak {g(s.predicted_peak_bytes)} "
+        f"· XLA {'refused (out of memory), needs ' if s.out_of_memory else ''}"
+        f"{g(s.xla_peak_bytes)} ({err}) "
+        f"fits={'yes' if s.xla_fits else 'NO'} · exposed transfers predicted "
+        f"{s.predicted_exposed_s * 1e3:.2f} ms, XLA {s.xla_exposed_s * 1e3:.2f} ms · host "
+        f"{g(s.host_bytes)} vs XLA {g(s.xla_host_bytes)} · compile {s.compile_s:.0f} s"
+    )
 
 
 def next_correction(correction: int, miss: int, fits: bool, first: bool, same_plan: bool) -> int:
@@ -132,27 +168,49 @@ def check(
     )
 
 
+def tierax_compile(request: planning.Request, target: str) -> CompilePlan:
+    """A plan compiled as tierax's own step of the request's model for ``target``."""
+    mesh = MeshShape(**request.mesh)
+
+    def compile_plan(result: planner.PlanResult) -> CompileResult:
+        return compile_lib.compile_for_target(
+            request.cfg,
+            result.plan,
+            target,
+            microbatch=request.microbatch,
+            seq=request.seq,
+            mesh=mesh,
+            grad_accum=request.grad_accum,
+        )[0]
+
+    return compile_plan
+
+
 def check_request(
     request: planning.Request,
     target: str,
     *,
+    compile_plan: CompilePlan | None = None,
     max_iterations: int = 4,
     tolerance: float = 0.05,
     report: Callable[[Iteration], None] | None = None,
 ) -> CheckResult:
     """:func:`check` of a :class:`tierax.solving.planning.Request` (each solve is
-    :func:`tierax.solving.planning.solve` of it at the corrected budget)."""
-    if request.max_microbatch or request.for_tool:
+    :func:`tierax.solving.planning.solve` of it at the corrected budget), each plan compiled by
+    ``compile_plan`` (default: tierax's own step for ``target``, :func:`tierax_compile`)."""
+    if request.max_microbatch or (compile_plan is None and request.for_tool):
         raise TieraxError(
             "--check compiles one plan at a given --microbatch; drop --emit/--for/--max-microbatch"
         )
-    cfg, rates, microbatch, seq = request.cfg, request.rates, request.microbatch, request.seq
-    mesh = MeshShape(**request.mesh)
+    if compile_plan is None:
+        compile_plan = tierax_compile(request, target)
+    rates = request.rates
     budget, host_budget = planner.budgets(rates, request.budget_bytes, request.host_budget_bytes)
     limit = rates.usable_device_bytes  # a correction never plans beyond the device
     inventories: dict = {}
     correction, steps = 0, []
-    result = None
+    result = fitted = None
+    fitted_it = 0
     tol = f"{tolerance:.0%}"
     stopped = f"{max_iterations} compile(s) reached before the model agreed within {tol}"
     previous = None  # the placements compiled last
@@ -172,15 +230,7 @@ def check_request(
                 f"after compile {it - 1}, XLA needs {correction / 2**30:.2f} GiB more than the "
                 f"model predicts; with that workspace, {e}"
             ) from None
-        compiled, _ = compile_lib.compile_for_target(
-            cfg,
-            result.plan,
-            target,
-            microbatch=microbatch,
-            seq=seq,
-            mesh=mesh,
-            grad_accum=request.grad_accum,
-        )
+        compiled = compile_plan(result)
         b = result.predicted.breakdown
         peak = compiled.device_peak_bytes  # an out-of-memory refusal: XLA's stated need, or None
         # the device, and the budget asked for
@@ -192,7 +242,7 @@ def check_request(
             result.predicted.peak_device_bytes + correction,
             compiled.device_peak_bytes,
             fits,
-            b["exposed_d2h_s"] + b["exposed_h2d_s"],
+            b.exposed_d2h_s + b.exposed_h2d_s,
             compiled.overlap.get("est_exposed_s", 0.0),
             result.predicted.step_time_s,
             result.predicted.host_bytes,
@@ -206,6 +256,8 @@ def check_request(
         steps.append(step)
         if report:
             report(step)
+        if fits:
+            fitted, fitted_it = result, it
         if fits and abs(step.peak_error) <= tolerance:
             return CheckResult(
                 result,
@@ -214,6 +266,8 @@ def check_request(
                 tolerance,
                 int(budget),
                 f"converged: XLA's peak fits the budget and the corrected model is within {tol}",
+                fitted,
+                fitted_it,
             )
         if peak is None:  # refused with no stated need: nothing to correct the model by
             stopped = "XLA refused the program without stating its need: nothing to correct by"
@@ -223,7 +277,9 @@ def check_request(
         placed = (result.plan.groups, result.plan.state)
         correction = next_correction(correction, miss, fits, it == 1, placed == previous)
         previous = placed
-    return CheckResult(result, tuple(steps), False, tolerance, int(budget), stopped)
+    return CheckResult(
+        result, tuple(steps), False, tolerance, int(budget), stopped, fitted, fitted_it
+    )
 
 
 @dataclass(frozen=True)
