@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+from tierax.cli import maxtext_program
 from tierax.errors import TieraxError
 
 
@@ -15,29 +16,17 @@ def check_args(args) -> None:
     Raises:
       TieraxError: naming the option and what to do instead.
     """
-    if args.maxtext is None:
-        raise TieraxError(
-            f"MaxText overrides {' '.join(args.maxtext_overrides)} are given without --maxtext; "
-            "give --maxtext CONFIG.yml before them (tierax's own models take --set KEY=VALUE)"
-        )
-    given = [
-        flag
-        for flag, value in (
-            ("--model", args.model),
-            ("--model-config", args.model_config),
-            ("--set", args.overrides or None),
-            ("--plan", args.plan if getattr(args, "plan_given", False) else None),
-            ("--rates", getattr(args, "rates", None)),
-        )
-        if value is not None
-    ]
-    if given:
-        raise TieraxError(
-            f"--maxtext and {' and '.join(given)} both given: compile --maxtext compiles MaxText's "
-            "own step as its config says (its remat_policy and tensor keys are the plan: give "
-            "them as key=value after --maxtext FILE); --model/--model-config/--plan/--rates are "
-            "for tierax's own step"
-        )
+    why = (
+        "compile --maxtext compiles MaxText's own step as its config says (its remat_policy and "
+        "tensor keys are the plan: give them as key=value after --maxtext FILE); "
+        "--model/--model-config/--plan/--rates are for tierax's own step"
+    )
+    also = {
+        "--plan": args.plan if getattr(args, "plan_given", False) else None,
+        "--rates": getattr(args, "rates", None),
+    }
+    if not maxtext_program.check_maxtext(args, why, also):
+        return
     if args.xla_preset != "none":
         raise TieraxError(
             f"--xla-preset {args.xla_preset} sets tierax's XLA flags; MaxText's step takes its "
@@ -45,7 +34,7 @@ def check_args(args) -> None:
             "--xla-preset out"
         )
     if args.mesh == "auto":
-        raise TieraxError("--mesh auto needs a plan file; give the mesh, e.g. fsdp=8,tensor=2")
+        raise TieraxError(maxtext_program.MESH_AUTO)
 
 
 def cmd_compile(args) -> int:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from tierax.errors import TieraxError
 
@@ -25,8 +26,11 @@ def add_args(parser) -> None:
     )
 
 
-def check_args(args) -> None:
-    """Refuse what does not go with ``--maxtext`` (or its overrides without it), before any work.
+def check_maxtext(args, why: str, also: Mapping[str, object] | None = None) -> bool:
+    """The one check of ``--maxtext`` and its overrides every verb runs first: whether MaxText's
+    program is asked for; MaxText overrides without ``--maxtext`` refused, and tierax's own model
+    options (``--model``, ``--model-config``, ``--set``, and the verb's ``also``: option → value,
+    None when not given) refused beside it, the message ending in the verb's ``why``.
 
     Raises:
       TieraxError: naming the conflicting options and the fix.
@@ -38,22 +42,34 @@ def check_args(args) -> None:
                 "--maxtext; give --maxtext CONFIG.yml before them (tierax's own models take "
                 "--set KEY=VALUE)"
             )
-        return
-    given = [
-        flag
-        for flag, value in (
-            ("--model", args.model),
-            ("--model-config", args.model_config),
-            ("--set", args.overrides or None),
-        )
-        if value is not None
-    ]
+        return False
+    options = {
+        "--model": args.model,
+        "--model-config": args.model_config,
+        "--set": args.overrides or None,
+        **(also or {}),
+    }
+    given = [flag for flag, value in options.items() if value is not None]
     if given:
-        raise TieraxError(
-            f"--maxtext and {' and '.join(given)} both given: --maxtext traces MaxText's own "
-            "model, --model/--model-config tierax's; use one (MaxText keys go after --maxtext "
-            "FILE as key=value)"
-        )
+        raise TieraxError(f"--maxtext and {' and '.join(given)} both given: {why}")
+    return True
+
+
+MESH_AUTO = "--mesh auto needs a plan file; give the mesh, e.g. fsdp=8,tensor=2"
+
+
+def check_args(args) -> None:
+    """Refuse what does not go with ``--maxtext`` (or its overrides without it), before any work.
+
+    Raises:
+      TieraxError: naming the conflicting options and the fix.
+    """
+    why = (
+        "--maxtext traces MaxText's own model, --model/--model-config tierax's; use one (MaxText "
+        "keys go after --maxtext FILE as key=value)"
+    )
+    if not check_maxtext(args, why):
+        return
     if getattr(args, "target_given", False):
         raise TieraxError(
             f"--target {args.target} does not apply to --maxtext inventory: MaxText's program is "
@@ -77,7 +93,7 @@ def cmd_inventory(args) -> int:
     mesh = None
     if args.mesh is not None or args.devices is not None:
         if args.mesh == "auto":
-            raise TieraxError("--mesh auto needs a plan file; give the mesh, e.g. fsdp=8,tensor=2")
+            raise TieraxError(MESH_AUTO)
         mesh = parse_mesh(args.mesh, args.devices).to_dict()
     inv = maxtext_program.inventory(
         args.maxtext,

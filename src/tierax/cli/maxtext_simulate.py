@@ -15,28 +15,21 @@ from __future__ import annotations
 import json
 import sys
 
+from tierax.cli import maxtext_program as maxtext_args
 from tierax.errors import TieraxError
 
 GIB = 2**30
 
 
-def _common_refusals(args, verb: str) -> None:
-    given = [
-        flag
-        for flag, value in (
-            ("--model", args.model),
-            ("--model-config", args.model_config),
-            ("--set", args.overrides or None),
-            ("--rates", getattr(args, "rates", None)),
-        )
-        if value is not None
-    ]
-    if given:
-        raise TieraxError(
-            f"--maxtext and {' and '.join(given)} both given: {verb} --maxtext prices MaxText's "
-            "own program (its keys go after --maxtext FILE as key=value); --model/--model-config/"
-            "--set/--rates are for tierax's own models"
-        )
+def _check_maxtext(args, verb: str) -> bool:
+    """Whether ``verb`` runs on MaxText's program (:func:`maxtext_args.check_maxtext`), with the
+    refusals simulate and plan share."""
+    why = (
+        f"{verb} --maxtext prices MaxText's own program (its keys go after --maxtext FILE as "
+        "key=value); --model/--model-config/--set/--rates are for tierax's own models"
+    )
+    if not maxtext_args.check_maxtext(args, why, {"--rates": getattr(args, "rates", None)}):
+        return False
     if args.mesh == "auto":
         raise TieraxError(
             f"{verb} --maxtext takes the mesh from MaxText's ici_*/dcn_* keys or --mesh "
@@ -47,6 +40,7 @@ def _common_refusals(args, verb: str) -> None:
             f"--target cpu: {verb} --maxtext prices MaxText's program on a TPU or GPU target "
             "(v5e, v5p, v6e, v7x, h100, h200, b200, gb200)"
         )
+    return True
 
 
 def check_simulate(args) -> bool:
@@ -56,10 +50,8 @@ def check_simulate(args) -> bool:
     Raises:
       TieraxError: naming the option and what to do instead.
     """
-    if args.maxtext is None:
-        _no_overrides(args)
+    if not _check_maxtext(args, "simulate"):
         return False
-    _common_refusals(args, "simulate")
     if getattr(args, "plan_given", False):
         raise TieraxError(
             f"--plan {args.plan} with --maxtext: the plan of MaxText's program is its own "
@@ -71,7 +63,6 @@ def check_simulate(args) -> bool:
 
 PLAN_REFUSED = {
     "sweep": "--sweep",
-    "check": "--check (compile the emitted keys with tierax compile --maxtext)",
     "segments": "--segments (MaxText sets each name once for every layer)",
     "max_microbatch": "--max-microbatch",
     "state_on_device": None,  # accepted: the state stays on device anyway
@@ -85,10 +76,8 @@ def check_plan(args) -> bool:
     Raises:
       TieraxError: naming the option and what to do instead.
     """
-    if args.maxtext is None:
-        _no_overrides(args)
+    if not _check_maxtext(args, "plan"):
         return False
-    _common_refusals(args, "plan")
     refused = [what for key, what in PLAN_REFUSED.items() if what and getattr(args, key, None)]
     if getattr(args, "global_batch", None) or getattr(args, "top", None):
         refused.append("--global-batch/--top (mesh search options)")
@@ -104,27 +93,31 @@ def check_plan(args) -> bool:
         raise TieraxError(
             f"unknown schedule {args.schedule!r}; choose one of: serial, lhs, lhs-pipelined"
         )
+    if getattr(args, "check_iterations", None) and not args.check:
+        raise TieraxError("--check-iterations bounds --check's compiles; add --check or drop it")
+    if args.check:
+        from tierax import hardware
+
+        hardware.compile_target(args.target)  # a projection (no XLA device spec) is refused here
+        if args.devices is None and args.mesh is None:
+            raise TieraxError(
+                "plan --maxtext --check compiles MaxText's step for a slice of --devices N "
+                f"{args.target} devices; give --devices (or --mesh AXIS=N,...)"
+            )
     return True
 
 
-def _no_overrides(args) -> None:
-    if getattr(args, "maxtext_overrides", None):
-        raise TieraxError(
-            f"MaxText overrides {' '.join(args.maxtext_overrides)} are given without --maxtext; "
-            "give --maxtext CONFIG.yml before them (tierax's own models take --set KEY=VALUE)"
-        )
-
-
-def _program(args):
-    """MaxText's program the options ask for; what MaxText prints goes to stderr (stdout carries
-    tierax's output)."""
+def _program(args, start=None):
+    """MaxText's program the options ask for, traced once ``start`` (default: the host platform,
+    :func:`tierax.launch.start`) has started JAX; what MaxText prints goes to stderr (stdout
+    carries tierax's output)."""
     import contextlib
 
     with contextlib.redirect_stdout(sys.stderr):
-        return _traced(args)
+        return _traced(args, start)
 
 
-def _traced(args):
+def _traced(args, start):
     from tierax.interop import maxtext_program
     from tierax.mesh import parse_mesh
 
@@ -132,7 +125,7 @@ def _traced(args):
     maxtext_program.require_maxtext()
     from tierax import launch
 
-    launch.start()
+    (start or launch.start)()
     return maxtext_program.program(
         args.maxtext,
         args.maxtext_overrides,
@@ -209,15 +202,14 @@ def cmd_plan(args) -> int:
     from tierax.cli.common import console
     from tierax.cli.planning import _plan_out
     from tierax.fileio import write_text_atomic
-    from tierax.interop import maxtext as maxtext_interop
-    from tierax.interop.maxtext_program import emit
     from tierax.report.tables import explain_table, prediction_table
     from tierax.solving import planning
     from tierax.solving.planning import check_budget, check_host_budget
 
     out = _plan_out(args)
     hardware.get_target(args.target)
-    run = _program(args)
+    devices, start = _check_start(args) if args.check else (None, None)
+    run = _program(args, start)
     rates = _rates(args, run)
     budget = args.budget_gib and args.budget_gib * GIB
     host_budget = args.host_budget_gib and args.host_budget_gib * GIB
@@ -238,43 +230,13 @@ def cmd_plan(args) -> int:
         program=run.program,
         model=run.program.name,
         # MaxText's own keys (its optimizer state is not planned here: no --state-on-device hint)
-        remedies="Use a smaller per_device_batch_size or max_target_length (key=value after the "
-        "config), more devices, or a larger device budget",
+        remedies=REMEDIES,
     )
+    if args.check:
+        return _plan_check(args, run, req, out, devices)
     result, notes = planning.solve(req)
-    notes = [*run.notes, *notes, "training state on device (MaxText offloads all of its "
-             "optimizer state or none; not planned here)"]  # fmt: skip
-    if args.emit:
-        import math
-
-        devices = math.prod(run.mesh.values())
-        env, why = maxtext_interop.runtime_env(
-            target=args.target,
-            schedule=args.schedule,
-            devices=devices,
-            budget_bytes=result.budget_bytes,
-            capacity_bytes=result.predicted.device_capacity_bytes,
-            host_bytes=result.predicted.host_bytes,
-        )
-        text = emit.overrides_yaml(
-            result.plan,
-            run,
-            path=args.maxtext,
-            user=args.maxtext_overrides,
-            microbatch=result.microbatch,
-            seq=run.program.seq,
-            grad_accum=run.grad_accum,
-            target=args.target,
-            schedule=args.schedule,
-            predicted_peak=result.predicted.peak_device_bytes,
-            budget_bytes=result.budget_bytes,
-            host_bytes=result.predicted.host_bytes,
-            env=env,
-            why=why,
-            notes=notes,
-        )
-    else:
-        text = result.plan.to_yaml()
+    notes = [*run.notes, *notes, STATE_NOTE]
+    text = _emitted(args, run, result, notes) if args.emit else result.plan.to_yaml()
     if out:
         write_text_atomic(out, text)
     stream = sys.stderr if args.json or (args.emit and not out) else sys.stdout
@@ -292,3 +254,180 @@ def cmd_plan(args) -> int:
     if out:
         print(f"wrote {out}")
     return 0
+
+
+REMEDIES = (
+    "Use a smaller per_device_batch_size or max_target_length, vocabulary tiling "
+    "(num_vocab_tiling=N) (key=value after the config), more devices, or a larger device budget"
+)
+STATE_NOTE = (
+    "training state on device (MaxText offloads all of its optimizer state or none; not planned "
+    "here)"
+)
+
+
+def _devices(args) -> int:
+    import math
+
+    from tierax.mesh import parse_mesh
+
+    if args.devices is not None:
+        return args.devices
+    return math.prod(parse_mesh(args.mesh, None).to_dict().values())
+
+
+def _run_env(args, devices: int, result=None, budget_bytes=None) -> tuple[dict, list[str]]:
+    """The environment a MaxText run of the plan sets (what ``--emit maxtext`` writes); without a
+    result, what XLA reads when it compiles (no memory fraction or host limit)."""
+    from tierax.interop import maxtext as maxtext_interop
+
+    return maxtext_interop.runtime_env(
+        target=args.target,
+        schedule=args.schedule,
+        devices=devices,
+        budget_bytes=None if result is None else budget_bytes or result.budget_bytes,
+        capacity_bytes=None if result is None else result.predicted.device_capacity_bytes,
+        host_bytes=None if result is None else result.predicted.host_bytes,
+    )
+
+
+def _check_start(args):
+    """``--check``: the devices the compile is for, and how JAX starts for it (MaxText's compile,
+    with the environment of the run the emitted keys describe), refused before any work where no
+    compile can run here."""
+    from tierax import launch
+    from tierax.interop.maxtext_program.config import require_maxtext
+
+    require_maxtext()
+    devices = _devices(args)
+    env, _ = _run_env(args, devices)
+
+    def start() -> None:
+        from tierax import hardware
+        from tierax.xla import compile as compile_lib
+
+        launch.start_maxtext_compile(args.target, devices, env)
+        if hardware.get_target(args.target).kind == "tpu":
+            compile_lib.check_tpu_aot()
+        else:
+            compile_lib.check_gpu_aot()
+
+    return devices, start
+
+
+def _emitted(args, run, result, notes, *, predicted_peak=None, budget_bytes=None) -> str:
+    """``--emit maxtext``'s file of ``result`` (``budget_bytes``: the device budget the run's
+    memory fraction allows, default the result's)."""
+    import math
+
+    from tierax.interop.maxtext_program import emit
+
+    env, why = _run_env(args, math.prod(run.mesh.values()), result, budget_bytes)
+    return emit.overrides_yaml(
+        result.plan,
+        run,
+        path=args.maxtext,
+        user=args.maxtext_overrides,
+        microbatch=result.microbatch,
+        seq=run.program.seq,
+        grad_accum=run.grad_accum,
+        target=args.target,
+        schedule=args.schedule,
+        predicted_peak=result.predicted.peak_device_bytes
+        if predicted_peak is None
+        else predicted_peak,
+        budget_bytes=budget_bytes or result.budget_bytes,
+        host_bytes=result.predicted.host_bytes,
+        env=env,
+        why=why,
+        notes=notes,
+    )
+
+
+CHECK_ITERATIONS = 4  # plan --maxtext --check's bound on MaxText compiles (plan --check's)
+
+
+def _plan_check(args, run, req, out, devices: int) -> int:
+    """``plan --maxtext --check``: :mod:`tierax.solving.plan_check`'s loop with each plan compiled
+    as MaxText's own step with the plan's MaxText keys; the last plan whose compile fitted is
+    written (exit 0 where the model then agreed, 1 where it did not); none fitted: exit 2 naming
+    what does not fit and what would, nothing written."""
+    from tierax.fileio import write_text_atomic
+    from tierax.solving import for_maxtext, plan_check
+
+    if _mesh_size(run.mesh) != devices:
+        raise TieraxError(
+            f"MaxText's mesh for this config is {run.mesh} ({_mesh_size(run.mesh)} devices), not "
+            f"--devices {devices}: its ici_*/dcn_* parallelism must multiply to --devices"
+        )
+    # stdout carries the JSON or the emitted file alone where either is printed
+    stream = sys.stderr if args.json or (args.emit and not out) else sys.stdout
+    compile_plan = for_maxtext.MaxTextCompile(
+        run, path=args.maxtext, user=args.maxtext_overrides, target=args.target, devices=devices
+    )
+    res = plan_check.check_request(
+        req,
+        args.target,
+        compile_plan=compile_plan,
+        max_iterations=args.check_iterations or CHECK_ITERATIONS,
+        report=lambda s: print(plan_check.iteration_line(s), file=stream, flush=True),
+    )
+    g = plan_check.size_text
+    n = compile_plan.compiles
+    if res.fitted is None:
+        last = res.iterations[-1]
+        need = (
+            f"refused it for device memory (needs {g(last.xla_peak_bytes)})"
+            if last.out_of_memory
+            else f"peaks at {g(last.xla_peak_bytes)}"
+        )
+        raise TieraxError(
+            f"no plan of MaxText's program fits {args.target}: in {n} compile(s) MaxText's compile "
+            f"of the last plan {need}, above the budget {g(res.budget_bytes)} (the corrected model "
+            f"predicted {g(last.predicted_peak_bytes)}; {res.stopped}); nothing written. "
+            + REMEDIES
+        )
+    step = res.iterations[res.fitted_iteration - 1]
+    verdict = (
+        f"MaxText's compile of check {res.fitted_iteration}'s plan: peak {g(step.xla_peak_bytes)} "
+        f"within the budget {g(res.budget_bytes)} (corrected model {g(step.predicted_peak_bytes)}, "
+        f"{step.peak_error:+.1%})"
+    )
+    agreed = "" if res.converged else f"; NOT CONFIRMED: {res.stopped}"
+    notes = [
+        *run.notes,
+        STATE_NOTE,
+        f"plan --check: {n} MaxText compile(s); {verdict}{agreed}",
+    ]
+    if args.emit:
+        text = _emitted(
+            args,
+            run,
+            res.fitted,
+            notes,
+            predicted_peak=step.predicted_peak_bytes,
+            budget_bytes=res.budget_bytes,
+        )
+    else:
+        text = res.fitted.plan.to_yaml()
+    if out:
+        write_text_atomic(out, text)
+        print(f"wrote {out}", file=stream)
+    elif args.emit and not args.json:
+        print(text, end="")
+    if args.json:
+        overrides = for_maxtext.maxtext_overrides(res.fitted, run, args.maxtext_overrides)
+        doc = {**res.to_json(), "compiles": n, "overrides": overrides, "notes": notes}
+        print(json.dumps(doc, indent=2))
+    print(
+        f"check {'converged' if res.converged else 'did NOT converge'} after {n} compile(s): "
+        f"{verdict}; {res.stopped}",
+        file=stream,
+    )
+    return 0 if res.converged else 1
+
+
+def _mesh_size(mesh) -> int:
+    import math
+
+    return math.prod(int(n) for n in mesh.values())

@@ -64,17 +64,25 @@ def start_deviceless_tpu(preset: str = "none", accelerator_type: str | None = No
     xla_flags.configure(platforms="cpu", env={**env, **xla_flags.libtpu_env()})
 
 
-def start_maxtext_compile(target: str, devices: int) -> None:
+def start_maxtext_compile(
+    target: str, devices: int, run_env: Mapping[str, str] | None = None
+) -> None:
     """Start JAX for a deviceless compile of MaxText's own train step
     (:mod:`tierax.xla.maxtext_step`): the host platform only; for a TPU target
     libtpu's environment as :func:`start_deviceless_tpu` sets it, but with the libtpu options
     MaxText's own ahead-of-time compiler adds (tierax's step options are for tierax's step); for a
-    GPU target the deviceless GPU flags."""
+    GPU target the deviceless GPU flags.  ``run_env``: the environment a MaxText run of a plan sets
+    (:func:`tierax.interop.maxtext.runtime_env`), so the compile is the run's: its
+    ``LIBTPU_INIT_ARGS`` after MaxText's own (as MaxText's train_compile appends its own to the
+    environment's), its ``XLA_FLAGS`` for a GPU."""
     from tierax import hardware
 
     spec = hardware.compile_target(target)
+    run_env = run_env or {}
     if spec.kind != "tpu":
-        xla_flags.configure(deviceless_gpu=True)
+        given = run_env.get("XLA_FLAGS", "")
+        env = {"XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {given}".strip()} if given else {}
+        xla_flags.configure(deviceless_gpu=True, env=env)
         return
     wanted = {
         "TPU_WORKER_HOSTNAMES": "localhost",
@@ -82,9 +90,8 @@ def start_maxtext_compile(target: str, devices: int) -> None:
         "TPU_ACCELERATOR_TYPE": spec.accelerator_type(devices),
     }
     env = {k: v for k, v in wanted.items() if not os.environ.get(k)}
-    xla_flags.configure(
-        platforms="cpu", env={**env, **xla_flags.libtpu_env_with(xla_flags.MAXTEXT_TPU_FLAGS)}
-    )
+    flags = (*xla_flags.MAXTEXT_TPU_FLAGS, *run_env.get(xla_flags.LIBTPU_ARGS, "").split())
+    xla_flags.configure(platforms="cpu", env={**env, **xla_flags.libtpu_env_with(flags)})
 
 
 def start_training(cfg, dist: Distributed | None, *, debug: bool = False) -> list[str]:

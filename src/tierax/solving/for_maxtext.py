@@ -4,10 +4,15 @@ options combine (refused before any work where one would be ignored).
 ``--for maxtext`` solves (:func:`tierax.solving.planning.solve`) with one placement per activation
 name across layer groups (what MaxText can express) and also without that restriction, so the
 restriction's cost in predicted step time is reported (:func:`restriction_note`), not guessed.
+
+``plan --maxtext --check`` closes :mod:`tierax.solving.plan_check`'s loop on MaxText's own program:
+a plan is compiled as the MaxText keys ``--emit maxtext`` writes for it, over the user's, by
+MaxText's own train step (:func:`maxtext_compile`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from tierax.errors import TieraxError
@@ -15,6 +20,7 @@ from tierax.interop import maxtext
 
 if TYPE_CHECKING:  # the planner imports JAX: `tierax plans` reads and emits without it
     from tierax.solving import planner
+    from tierax.xla.result import CompileResult
 
 TOOLS = ("maxtext",)
 
@@ -123,3 +129,57 @@ def emit_plan(
         target=target,
         grad_accum=grad_accum,
     )
+
+
+def maxtext_overrides(result: planner.PlanResult, run, user: Sequence[str]) -> list[str]:
+    """The command-line overrides of a MaxText run of ``result``'s plan for the MaxText program
+    ``run``: the user's keys the plan does not set, then the keys ``--emit maxtext`` writes."""
+    from tierax.interop.maxtext_program import emit as emit_lib
+
+    keys = emit_lib.overrides(
+        result.plan,
+        run,
+        microbatch=result.microbatch,
+        seq=run.program.seq,
+        grad_accum=run.grad_accum,
+    )
+    return emit_lib.command_overrides(user, emit_lib.as_args(keys))
+
+
+class MaxTextCompile:
+    """How ``plan --maxtext --check`` compiles a plan (a
+    :data:`tierax.solving.plan_check.CompilePlan`): MaxText's own train step for ``path`` with
+    :func:`maxtext_overrides`, compiled for ``devices`` devices of ``target``
+    (:func:`tierax.xla.maxtext_step.compile_program`, what ``tierax compile --maxtext`` runs).  JAX
+    must have started for it (:func:`tierax.launch.start_maxtext_compile`, with the run's
+    environment).  What MaxText prints goes to stderr.
+
+    The same keys compile to the same program: a plan whose keys were compiled before gets that
+    compile again (its ``compile_time_s`` 0, a note saying so), not a second compile of minutes;
+    :attr:`compiles` counts the compiles run."""
+
+    def __init__(self, run, *, path: str, user: Sequence[str], target: str, devices: int):
+        self.run, self.path, self.user = run, path, list(user)
+        self.target, self.devices = target, devices
+        self.compiles = 0
+        self._done: dict[tuple[str, ...], CompileResult] = {}
+
+    def __call__(self, result: planner.PlanResult) -> CompileResult:
+        import contextlib
+        import dataclasses
+        import sys
+
+        from tierax.xla.maxtext_step import compile_program
+
+        keys = tuple(maxtext_overrides(result, self.run, self.user))
+        if keys in self._done:
+            done = self._done[keys]
+            note = "the same MaxText keys were compiled before: that compile, not another"
+            return dataclasses.replace(done, compile_time_s=0.0, notes=(*done.notes, note))
+        with contextlib.redirect_stdout(sys.stderr):
+            compiled, _ = compile_program(
+                self.path, list(keys), target=self.target, devices=self.devices
+            )
+        self.compiles += 1
+        self._done[keys] = compiled
+        return compiled

@@ -156,8 +156,10 @@ def read_overrides(text: str) -> list[str]:
     data = yaml.safe_load(text)
     if not isinstance(data, Mapping):
         raise TieraxError("MaxText overrides: the file holds no mapping of keys")
-    out = []
-    for k, v in data.items():
-        value = str(v).lower() if isinstance(v, bool) else str(v)
-        out.append(f"{k}={value}")
-    return out
+    return as_args(data)
+
+
+def as_args(keys: Mapping) -> list[str]:
+    """MaxText keys as its ``key=value`` command-line overrides (booleans as MaxText writes
+    them)."""
+    return [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in keys.items()]

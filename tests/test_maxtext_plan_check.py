@@ -1,0 +1,136 @@
+"""``tierax plan --maxtext ... --check``: plan MaxText's own program, compile the plan's MaxText
+keys with MaxText's own train step (``compile --maxtext``'s compile), correct the model by the
+compile's miss and re-plan.
+
+What is checked against what: the loop's last compile against a separate ``compile --maxtext`` of
+the emitted file's keys in the environment its header names (the file is what was compiled); the
+corrected prediction against that compile (within the loop's 5 %); a budget below MaxText's compiled
+peak against the exit status and the file system (exit 2, nothing written, whatever the model
+predicted).  The compiles take tens of seconds each on two cores: those tests are slow; the default
+suite keeps the refusals made before any work (fast, in this process) — the loop itself is
+``plan_check``'s, which tests/test_plan_check*.py cover with tierax's own compile.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import maxtext_cli as M
+import pytest
+from test_maxtext_simulate import SMALL, pytestmark  # noqa: F401  (MaxText installed, or skipped)
+from test_maxtext_simulate import TINY as TINY_MODEL
+
+# test_maxtext_simulate's 2-layer llama2 block, 2 sequences of 256 per device
+TINY = [*TINY_MODEL, "per_device_batch_size=2", "max_target_length=256"]
+# SMALL (test_maxtext_simulate's): a step large enough that XLA:TPU's small buffers are not its peak
+TOLERANCE = 0.05  # plan --check's agreement bound
+
+
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (["--check", "--target", "v5p"], "give --devices"),
+        (["--check-iterations", "2", "--target", "v5p", "--devices", "4"], "add --check"),
+        (["--check", "--target", "vr200", "--devices", "4"], "projection"),
+        (["--check", "--sweep", "1,2", "--target", "v5p", "--devices", "4"], "--sweep"),
+    ],
+)
+def test_check_refusals_before_any_work(tmp_path, capsys, extra, needle):
+    """Refused in this process before MaxText loads or JAX starts: exit 2, --out not written."""
+    from tierax.cli import main
+
+    out = tmp_path / "mt.yml"
+    argv = ["plan", "--maxtext", M.base_yml(), *TINY, *extra, "--out", str(out)]
+    assert main(argv) == 2
+    assert needle in capsys.readouterr().err
+    assert not out.exists()
+
+
+def _env_of(text: str) -> dict:
+    """The ``export NAME=VALUE`` lines of an emitted file's header."""
+    env = {}
+    for line in text.splitlines():
+        if line.startswith("#   export "):
+            name, _, value = line.removeprefix("#   export ").partition("=")
+            env[name] = shlex.split(value)[0]
+    return env
+
+
+def _check(tmp_path, user, target, devices, *extra):
+    out = tmp_path / "mt.yml"
+    r = M.tierax(
+        "plan", "--maxtext", M.base_yml(), *user, "--target", target, "--devices", str(devices),
+        "--check", "--emit", "maxtext", "--out", str(out), "--json", *extra,
+    )  # fmt: skip
+    return r, out
+
+
+def _compile_emitted(user, out, target, devices) -> dict:
+    """``compile --maxtext`` of the emitted file's keys over the user's, in its header's
+    environment (a separate process: JAX starts afresh there)."""
+    import os
+    import subprocess
+    import sys
+
+    from tierax.interop.maxtext_program.emit import command_overrides, read_overrides
+
+    text = out.read_text()
+    keys = command_overrides(user, read_overrides(text))
+    env = M.env()
+    for name, value in _env_of(text).items():
+        if name in ("XLA_FLAGS", "LIBTPU_INIT_ARGS"):
+            env[name] = f"{os.environ.get(name, '')} {value}".strip()
+    r = subprocess.run(
+        [sys.executable, "-m", "tierax.cli", "compile", "--maxtext", M.base_yml(), *keys,
+         "--target", target, "--devices", str(devices), "--json"],
+        capture_output=True, text=True, timeout=900, env=env,
+    )  # fmt: skip
+    return M.json_of(r)
+
+
+def _converged(r) -> dict:
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout[r.stdout.index("{") :])
+    assert doc["converged"] and 1 <= doc["compiles"] <= len(doc["iterations"]) <= 4
+    last = doc["iterations"][-1]
+    assert last["xla_fits"] and last["xla_peak_bytes"] <= doc["budget_bytes"]
+    assert abs(last["predicted_peak_bytes"] / last["xla_peak_bytes"] - 1) <= TOLERANCE
+    assert doc["fitted_iteration"] == len(doc["iterations"])
+    return doc
+
+
+@pytest.mark.slow  # two MaxText compiles of a 2-layer step, then one of the emitted file (~2 min)
+def test_gpu_check_converges_and_the_file_is_what_was_compiled(tmp_path):
+    r, out = _check(tmp_path, TINY, "h200", 2)
+    doc = _converged(r)
+    text = out.read_text()
+    assert _env_of(text)["XLA_FLAGS"] == "--xla_gpu_enable_latency_hiding_scheduler=true"
+    assert f"plan --check: {doc['compiles']} MaxText compile(s)" in text
+    xla = _compile_emitted(TINY, out, "h200", 2)
+    assert xla["device_peak_bytes"] == doc["iterations"][-1]["xla_peak_bytes"]
+    assert xla["fits"] and xla["attention"] == "cudnn_flash_jax"
+
+
+@pytest.mark.slow  # one MaxText compile of a 2-layer step (~1 min)
+def test_a_budget_below_maxtexts_compiled_peak_exits_2_writing_nothing(tmp_path):
+    """41 MiB: the model's plan (31 MiB predicted) compiles to 55 MiB, which the budget refuses;
+    the model corrected by that miss fits no plan: exit 2, naming what would fit; --out absent."""
+    r, out = _check(tmp_path, TINY, "h200", 2, "--budget-gib", "0.04")
+    assert r.returncode == 2, (r.returncode, r.stderr[-3000:])
+    assert "after compile 1, XLA needs" in r.stderr and "num_vocab_tiling" in r.stderr
+    assert "fits=NO" in r.stderr  # --json: the check's lines on stderr
+    assert not out.exists()
+
+
+@pytest.mark.slow  # MaxText compiles of a 2-layer step for 4 v5p chips (~2-3 min)
+def test_tpu_check_converges_and_the_file_is_what_was_compiled(tmp_path):
+    r, out = _check(tmp_path, SMALL, "v5p", 4)
+    doc = _converged(r)
+    text = out.read_text()
+    assert (
+        "--xla_tpu_enable_windowed_einsum_for_reduce_scatter=false"
+        in _env_of(text)["LIBTPU_INIT_ARGS"]
+    )
+    xla = _compile_emitted(SMALL, out, "v5p", 4)
+    assert xla["device_peak_bytes"] == doc["iterations"][-1]["xla_peak_bytes"]
