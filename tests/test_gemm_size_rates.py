@@ -93,6 +93,33 @@ def test_a_tiny_llama_layer_splits_its_flops_by_hand_count():
     assert [f for _, f in got] == pytest.approx([524_288, 524_288, 4_194_304], rel=1e-12)
 
 
+def test_a_fused_attention_kernels_matmuls_are_not_gemms_of_the_split():
+    # the matmuls under the fused-attention scope run at the kernel's rate, not as GEMMs: the
+    # split leaves them out (a scan's trips still counted)
+    from tierax.models.attention import FUSED_SCOPE
+
+    def fn(x, w, q, k):
+        with jax.named_scope(FUSED_SCOPE):
+            s = jnp.einsum("qd,kd->qk", q, k)  # [32, 16] · [32, 16]ᵀ: smallest 16, 32 768
+        return x @ w, s  # [100, 20] · [20, 50]: smallest 20, 200 000
+
+    closed, _ = _eqns(fn, (100, 20), (20, 50), (32, 16), (32, 16))
+    assert jaxpr_tools.matmul_flops_by_min_dim(closed) == {16: 32_768, 20: 200_000}
+    assert jaxpr_tools.matmul_flops_by_min_dim(closed, exclude_scope=FUSED_SCOPE) == {20: 200_000}
+
+
+def test_a_tiny_llama_layer_with_cudnn_attention_splits_only_its_gemms():
+    # as the hand count above, the scores and values (524 288 FLOPs at 16) in cuDNN's kernel:
+    # its FLOPs are the layer's fused attention FLOPs and the GEMM split is 32 and 64 only
+    cfg = dataclasses.replace(get_config("tiny-llama"), attention="cudnn", dtype="bfloat16")
+    (g,) = model_inventory(cfg, 2, 32).groups
+    assert g.fused_attention_flops_per_layer == 524_288
+    gemm = 524_288 + 4_194_304
+    got = [(d, share * gemm) for d, share in g.matmul_min_dim_shares]
+    assert [d for d, _ in got] == [32, 64]
+    assert [f for _, f in got] == pytest.approx([524_288, 4_194_304], rel=1e-12)
+
+
 def _rates(points=(), matmul=1e12) -> cm.Rates:
     return dataclasses.replace(
         cm.target_rates("cpu", "float32", calibration=CAL),

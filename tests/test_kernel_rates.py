@@ -22,11 +22,14 @@ from tierax.tracing.program import FusedAttention
 
 T = 1e12
 # Sustained power by hand: Hopper from the A100 pair (257 sustained over the sweep's 271.2), four
-# (eight) GPUs at once 6 % lower; Blackwell from GB200 (1.44–1.52 PF/s over the sweep's 1822).
+# (eight) GPUs at once 6 % lower; Blackwell from GB200's GEMMs inside a rack's training step
+# (1.4–1.7 PF/s, every GPU at once already, over the sweep's 1822).
 HOPPER = 257 / 271.2 * 0.94
-BLACKWELL = 1480 / 1822.0 * 0.94
-# XLA's sm_90 bf16 table, 4096 × 4096 × d (TFLOP/s), the shares' reference 4096³.
+BLACKWELL = 1550 / 1822.0
+# XLA's bf16 tables, 4096 × 4096 × d (TFLOP/s), the shares' reference 4096³: sm_90 (Hopper) and
+# sm_100 (Blackwell).
 XLA = {1024: 677.439636593059, 2048: 738.736406437117, 4096: 783.328793548203}
+XLA_SM100 = {512: 805.318951108611, 1024: 1075.624166291009, 4096: 1416.867213789406}
 
 
 @pytest.mark.parametrize(
@@ -58,6 +61,22 @@ def test_gemm_rate_between_two_published_shapes_by_hand():
     shares = ((1024, 0.25), (8192, 0.75))
     blended = 1 / (0.25 / (XLA[1024] / XLA[4096]) + 0.75 / 1.0)
     assert r.blended_fp8_rate(shares) == pytest.approx(1402.6 * T * HOPPER * blended, rel=1e-12)
+
+
+@pytest.mark.parametrize(("target", "bf16"), [("b200", 1745.0), ("gb200", 1822.0)])
+def test_blackwell_gemms_take_xlas_sm100_shares_by_hand(target, bf16):
+    r = cm.target_rates(target, "bfloat16", calibration={})
+    for d in (512, 1024):
+        share = XLA_SM100[d] / XLA_SM100[4096]
+        assert r.matmul_rate_at(d) == pytest.approx(bf16 * T * BLACKWELL * share, rel=1e-12)
+    d = 724  # between 512 and 1024: linear in log d
+    t = math.log(d / 512) / math.log(2)
+    share = (XLA_SM100[512] + t * (XLA_SM100[1024] - XLA_SM100[512])) / XLA_SM100[4096]
+    assert r.matmul_rate_at(d) == pytest.approx(bf16 * T * BLACKWELL * share, rel=1e-12)
+    assert "sm_100 bf16 4096×4096×d: d=256 .36, 512 .57, 1024 .76" in r.sources["matmul_by_size"]
+    # Hopper keeps sm_90's
+    h100 = cm.target_rates("h100", "bfloat16", calibration={})
+    assert "sm_90 bf16 4096×4096×d: d=256 .50, 512 .69, 1024 .86" in h100.sources["matmul_by_size"]
 
 
 def test_targets_without_a_published_sweep_keep_the_datasheet_rule():

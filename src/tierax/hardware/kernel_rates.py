@@ -10,11 +10,13 @@ datasheet rule there (and its rates line says so).
 - **GEMMs** (:func:`gemm`): the best shape of a torch ``matmul`` sweep per GPU and dtype
   (:data:`MAMF`, random normal operands, mean of 100 iterations after 50 warm-up ones) is the rate
   of large GEMMs; smaller ones run at a share of it by their smallest dimension
-  (:data:`SHAPE_SHARES`, XLA's own measured table of H100 bf16 GEMMs, the two other dimensions at
-  its largest, 4096), linear in log dimension between the points
+  (:data:`SHAPE_SHARES`, XLA's own measured table of bf16 GEMMs of the target's architecture,
+  sm_90 for Hopper and sm_100 for Blackwell, the two other dimensions at its largest, 4096),
+  linear in log dimension between the points
   (:meth:`tierax.costmodel.rates.Rates.matmul_rate_at`).
-- **Sustained power** (:data:`SUSTAINED`): a sweep's short runs do not hold a GPU at its power
-  cap; a step's GEMMs do, with realistic operands, and every GPU of a node at once.
+- **Sustained power** (:data:`SUSTAINED`): a sweep's GEMMs, separated by cache flushes, do not
+  hold a GPU at its power cap; a training step's GEMMs do, with realistic operands, and every GPU
+  of a node at once.
 - **Interference** (:data:`OVERLAP_SLOWDOWN`): compute that runs beside a collective or a host
   copy runs slower (applied in :func:`tierax.costmodel.predict.evaluate` to the compute that
   hides them).
@@ -55,10 +57,11 @@ MAMF: dict[str, dict[str, Mamf]] = {
     "gb200": {"bf16": Mamf(1822.0, "4096x9728x2048"), "fp8": Mamf(3615.6, "19456x5120x1536")},
 }
 
-# XLA's default GPU matmul performance table (OpenXLA, xla/service/gpu/model, the ``sm_90`` entries:
-# bf16 × bf16 → bf16, batch 1): FLOP/s of the GEMMs 4096 × 4096 × d (M × N × K), d the smallest
-# dimension.  The shares of the largest point shape every target's GEMMs (an assumption for fp8 and
-# for Blackwell, which this table's version does not list).
+# XLA's default GPU matmul performance table (OpenXLA, its matmul interpolator's data: bf16 × bf16 →
+# bf16, batch 1): FLOP/s of the GEMMs 4096 × 4096 × d (M × N × K), d the smallest dimension, for
+# Hopper (``sm_90``) and Blackwell (``sm_100``, the table's B200 entries).  The shares of the
+# largest point shape every GEMM of a target of that architecture (fp8 GEMMs too: an assumption;
+# the sm_100 fp8 column, not applied, falls off faster below d = 2048).
 XLA_SM90_BF16 = (
     (256, 392162828341855),
     (512, 543116754678806),
@@ -66,24 +69,47 @@ XLA_SM90_BF16 = (
     (2048, 738736406437117),
     (4096, 783328793548203),
 )
+XLA_SM100_BF16 = (
+    (256, 514706368985559),
+    (512, 805318951108611),
+    (1024, 1075624166291009),
+    (2048, 1277788708367422),
+    (4096, 1416867213789406),
+)
+
+
+def _shares(table: tuple) -> tuple[tuple[int, float], ...]:
+    return tuple((d, r / table[-1][1]) for d, r in table)
+
+
+def _shares_text(shares: tuple) -> str:
+    return ", ".join(f"{d} {s:.2f}".replace(" 0.", " .").replace(" 1.00", " 1") for d, s in shares)
+
+
+# compute capability major → (shares by smallest dimension, the table's entry named)
+SHAPE_SHARES: dict[int, tuple[tuple[tuple[int, float], ...], str]] = {
+    9: (_shares(XLA_SM90_BF16), "sm_90"),
+    10: (_shares(XLA_SM100_BF16), "sm_100"),
+}
 SHAPE_SOURCE = (
     "by smallest dimension d: shares of the 4096³ rate of XLA's default GPU matmul table "
-    "(OpenXLA, sm_90 bf16 4096×4096×d: d=256 .50, 512 .69, 1024 .86, 2048 .94, 4096 1), "
-    "linear in log d, the sweep's best-shape rate from d=4096 up"
-)
-SHAPE_SHARES: tuple[tuple[int, float], ...] = tuple(
-    (d, r / XLA_SM90_BF16[-1][1]) for d, r in XLA_SM90_BF16
+    "(OpenXLA, {arch} bf16 4096×4096×d: d={shares}), linear in log d, the sweep's best-shape rate "
+    "from d=4096 up"
 )
 
 # Sustained power with realistic operands, as a share of the sweep's best-shape rate.
-# Blackwell (measured on GB200, marin-community/marin's mfu30 logbook, 2026-09): single-GPU GEMMs at
-# the training's shapes with realistic operands pin the 1200 W cap at 1.44–1.52 PF/s (the midpoint
-# taken), against the sweep's 1822; four GPUs of a node at once lose another ~6 %.
+# Blackwell (measured on GB200, marin-community/marin's mfu30 logbook, 2026-09): inside a training
+# step on a whole rack every bf16 GEMM family (cuBLAS and QuACK, grouped expert GEMMs, attention
+# and latent projections) runs at 1.4–1.7 PF/s against the sweep's 1822; the midpoint taken.  That
+# figure already holds every GPU of the rack at once, realistic operands and the 1200 W cap (the
+# logbook's single-GPU microbenchmark at the training's own shapes, 1.44–1.52 PF/s, is a rate at
+# those shapes, which the shape shares would count a second time).
 # Hopper (assumed: no Hopper measurement was found): the A100's sustained 8192³ rate with random
 # normal operands, 257 TFLOP/s (thonking.ai, H. He), over its sweep's 271.2, the one sustained-vs-
-# sweep pair of an air-cooled SXM part; the node's 6 % from GB200.
+# sweep pair of an air-cooled SXM part; the node's 6 % from GB200's single-GPU microbenchmark.
 NODE_FACTOR = 0.94
-BLACKWELL_SUSTAINED = (1.44 + 1.52) / 2 * 1000 / 1822.0
+BLACKWELL_IN_TRAINING = (1.4 + 1.7) / 2 * 1000  # TFLOP/s
+BLACKWELL_SUSTAINED = BLACKWELL_IN_TRAINING / 1822.0
 HOPPER_SUSTAINED = 257 / 271.2
 SUSTAINED: dict[int, tuple[float, str]] = {
     9: (
@@ -93,10 +119,10 @@ SUSTAINED: dict[int, tuple[float, str]] = {
         "× 0.94 for every GPU of a node at once, measured on GB200: marin mfu30 logbook)",
     ),
     10: (
-        BLACKWELL_SUSTAINED * NODE_FACTOR,
-        f"×{BLACKWELL_SUSTAINED * NODE_FACTOR:.3f} sustained power (GB200 GEMMs with realistic "
-        "operands at the 1200 W cap: 1.44–1.52 PF/s over the sweep's 1822, × 0.94 for four GPUs "
-        "of a node at once: marin mfu30 logbook, 2026-09; assumed for every Blackwell part)",
+        BLACKWELL_SUSTAINED,
+        f"×{BLACKWELL_SUSTAINED:.3f} sustained power (GB200 GEMMs inside a training step on a "
+        "whole rack, every bf16 GEMM family at 1.4–1.7 PF/s, midpoint over the sweep's 1822: "
+        "marin mfu30 logbook, 2026-09; assumed for every Blackwell part)",
     ),
 }
 
@@ -164,17 +190,19 @@ def gemm(target: str, dtype: str, compute_capability: tuple[int, int]) -> GemmRa
     for it (a projection, a float32 step)."""
     key = dtype_key(dtype)
     rows = MAMF.get(target, {})
-    if key is None or key not in rows or compute_capability[0] not in SUSTAINED:
+    arch = compute_capability[0]
+    if key is None or key not in rows or arch not in SUSTAINED or arch not in SHAPE_SHARES:
         return None
-    sustained, sustained_src = SUSTAINED[compute_capability[0]]
+    sustained, sustained_src = SUSTAINED[arch]
+    shares, table = SHAPE_SHARES[arch]
     best = rows[key]
     matmul = best.tflops * TERA * sustained
-    size_rates = tuple((d, matmul * s) for d, s in SHAPE_SHARES)
+    size_rates = tuple((d, matmul * s) for d, s in shares)
     fp8_row = rows.get("fp8")
     fp8 = fp8_row.tflops * TERA * sustained if fp8_row else 0.0
     sources = {
         "matmul": f"{best.tflops} TFLOP/s at {best.shape} ({MAMF_SOURCE}) {sustained_src}",
-        "matmul_by_size": SHAPE_SOURCE,
+        "matmul_by_size": SHAPE_SOURCE.format(arch=table, shares=_shares_text(shares)),
     }
     if fp8_row:
         sources["fp8_matmul"] = (

@@ -134,9 +134,10 @@ class GroupInventory:
     # GEMMs are fp8 too); the cost model prices that share of every matmul term of the group
     # (forward, backward, recomputation) at the target's fp8 rate.
     fp8_flops_share: float = 0.0
-    # The forward's matmul FLOPs by each matmul's smallest dimension (its M, K or N:
-    # jaxpr_tools.gemm_min_dim), as ((dimension, share of forward_flops_per_layer), ...) ascending;
-    # a matmul's backward GEMMs share its dimensions.  Where the target's GEMM rate depends on it
+    # The forward's GEMM FLOPs by each matmul's smallest dimension (its M, K or N:
+    # jaxpr_tools.gemm_min_dim), as ((dimension, share of the GEMM FLOPs), ...) ascending, a fused
+    # attention kernel's matmuls left out (they run at the kernel's rate); a matmul's backward
+    # GEMMs share its dimensions.  Where the target's GEMM rate depends on it
     # (XLA:CPU: Rates.matmul_size_rates) each share of every matmul term of the group is priced at
     # its dimension's rate; a recomputation at the group's blend.
     matmul_min_dim_shares: tuple = ()
@@ -362,7 +363,9 @@ def layer_inventory(
         fp8_flops_share=(
             jaxpr_tools.fp8_matmul_flops(fwd) / max(1.0, jaxpr_tools.matmul_flops(fwd))
         ),
-        matmul_min_dim_shares=_shares(jaxpr_tools.matmul_flops_by_min_dim(fwd)),
+        matmul_min_dim_shares=_shares(
+            jaxpr_tools.matmul_flops_by_min_dim(fwd, exclude_scope=FUSED_SCOPE)
+        ),
         weight_hbm_bytes=tuple(sorted(weight_share.items())),
         written_residual_bytes_per_layer=int(written),
     )

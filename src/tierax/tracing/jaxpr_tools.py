@@ -144,11 +144,14 @@ def gemm_min_dim(eqn) -> int | None:
     return None
 
 
-def matmul_flops_by_min_dim(closed_jaxpr) -> dict[int, int]:
+def matmul_flops_by_min_dim(closed_jaxpr, *, exclude_scope: str | None = None) -> dict[int, int]:
     """:func:`matmul_flops` split by each matmul's :func:`gemm_min_dim`: smallest dimension →
-    FLOPs."""
+    FLOPs; with ``exclude_scope``, without the matmuls under a name scope containing it (a fused
+    attention kernel's, which run at the kernel's own rate, not as GEMMs)."""
     out: dict[int, int] = {}
-    for eqn, mult, _ in _walk(_jaxpr(closed_jaxpr), 1, ()):
+    for eqn, mult, here in _walk(_jaxpr(closed_jaxpr), 1, ()):
+        if exclude_scope is not None and any(exclude_scope in s for s in here):
+            continue
         name = eqn.primitive.name
         if name == "dot_general":
             flops = dot_general_flops(eqn)
