@@ -146,6 +146,24 @@ def test_automatic_factors_take_the_subset_with_the_smallest_leave_one_out(prepa
     assert tried[g.factor_names] == best
 
 
+def test_automatic_factors_pass_over_a_subset_whose_fit_stops_at_a_bound(prepared):
+    # attention truly 30 (above the bound 4): every subset fitting attention clamps it, and such
+    # a subset (the least-squares minimum outside the range: its factor stands in for another
+    # term) is not chosen, though its leave-one-out error is the smallest
+    noisy = [
+        p.step_s({"attention": 30.0}) * (1 + e)
+        for p, e in zip(prepared, (0.01, -0.01, 0.0, 0.02), strict=True)
+    ]
+    runs = _measured(prepared, noisy)
+    g = F.auto_group("h100", runs)
+    tried = dict(g.tried)
+    clamped = {n for n in tried if F.fit_group("h100", runs, n).clamped}
+    assert clamped and all("attention" in n for n in clamped)
+    assert min(tried[n] for n in clamped) < min(tried[n] for n in tried if n not in clamped)
+    assert g.clamped == () and g.factor_names not in clamped
+    assert tried[g.factor_names] == min(tried[n] for n in tried if n not in clamped)
+
+
 def test_refused_groups(prepared):
     runs = _measured(prepared[:2], [1.0, 1.0])
     with pytest.raises(Exception, match="at least one run more than its factors"):

@@ -40,8 +40,9 @@ METHOD = (
 )
 AUTO = (
     "; factors chosen per group: of every subset of the resources its runs use that they can "
-    "fit, the one with the smallest median leave-one-out error (a choice made on these runs, so "
-    "their leave-one-out errors are optimistic; runs not fitted check it)"
+    "fit with no factor at a bound, the one with the smallest median leave-one-out error (a "
+    "choice made on these runs, so their leave-one-out errors are optimistic; runs not fitted "
+    "check it)"
 )
 
 
@@ -149,18 +150,28 @@ def fit_group(key: str, runs: Sequence, requested: Sequence[str] | None) -> Grou
 def auto_group(key: str, runs: Sequence) -> GroupFit:
     """Group ``key``'s fit with the factors chosen automatically: of every non-empty subset of the
     resources its runs spend time on that they can fit (at most runs − 1 factors), the one whose
-    median leave-one-out error is smallest (ties: fewer factors)."""
+    median leave-one-out error is smallest (ties: fewer factors), among the subsets whose fit
+    leaves no factor at a bound of :data:`BOUNDS`.
+
+    A factor that stops at a bound is no least-squares estimate of its resource's time: the
+    minimum lies outside the range, so the factor is standing in for another term's error (a
+    memory factor of 0.25 making fp8 runs faster, say).  Only where every subset clamps one is the
+    smallest median leave-one-out error taken regardless (its ``clamped`` says which)."""
     import itertools
 
     used = used_resources(runs)
-    best, tried = None, []
+    best, best_clamped, tried = None, None, []
     for k in range(1, min(len(used), len(runs) - 1) + 1):
         for names in itertools.combinations(used, k):
             g = fit_group(key, runs, names)
             loo = g.factor_set().median_abs_error("loo")
             tried.append((names, loo))
-            if best is None or loo < best[1] - 1e-12:
+            if g.clamped:
+                if best_clamped is None or loo < best_clamped[1] - 1e-12:
+                    best_clamped = (g, loo)
+            elif best is None or loo < best[1] - 1e-12:
                 best = (g, loo)
+    best = best or best_clamped
     if best is None:
         return fit_group(key, runs, used[:1])  # refused there: too few runs for one factor
     return dataclasses.replace(best[0], tried=tuple(tried))
