@@ -37,6 +37,37 @@ CALIBRATE_DESCRIPTION = (
 )
 
 
+def _given(p, flag: str, default: str, help: str) -> None:
+    """``flag`` with ``default``, a value a plan file may supply instead: ``<dest>_given`` says
+    whether the command line gave it (:class:`tierax.cli.common.Given`)."""
+    p.add_argument(flag, default=default, action=Given, help=help)
+    p.set_defaults(**{flag.removeprefix("--").replace("-", "_") + "_given": False})
+
+
+def _devices_and_mesh(p, devices: str, mesh: str) -> None:
+    """``--devices N`` and ``--mesh AXES``, with the verb's own help texts."""
+    p.add_argument("--devices", type=positive_int, help=devices)
+    p.add_argument("--mesh", help=mesh)
+
+
+def _out_and_force(p, out: str, other: str) -> None:
+    """``--out FILE`` and ``--force``: without it an existing file that is not ``other`` is
+    refused before any work."""
+    p.add_argument("--out", help=out)
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help=f"let --out replace an existing file that is not {other} (without it such a file is "
+        "refused before any work)",
+    )
+
+
+def _preset_and_json(p, json_help: str = "print one JSON object") -> None:
+    """``--xla-preset`` (default none) and ``--json``."""
+    p.add_argument("--xla-preset", default="none", help=PRESET_HELP)
+    p.add_argument("--json", action="store_true", help=json_help)
+
+
 def _models_and_plans(sub) -> None:
     m = sub.add_parser(
         "models",
@@ -73,16 +104,12 @@ def _models_and_plans(sub) -> None:
         help="with --emit: h100, h200, b200, gb200, gb300, vr200, v5e, "
         "v5p, v6e, v7x or cpu (default h200)",
     )
-    pl.add_argument(
-        "--devices",
-        type=positive_int,
-        help="with --emit: devices (default: the mesh's product); --devices N without --mesh "
-        "means fsdp=N",
-    )
-    pl.add_argument(
-        "--mesh",
-        help="with --emit: mesh axes, e.g. fsdp=8 (data, fsdp, tensor, expert; default: the mesh "
-        "the plan file carries)",
+    _devices_and_mesh(
+        pl,
+        "with --emit: devices (default: the mesh's product); --devices N without --mesh means "
+        "fsdp=N",
+        "with --emit: mesh axes, e.g. fsdp=8 (data, fsdp, tensor, expert; default: the mesh the "
+        "plan file carries)",
     )
     # Defaults are applied in cmd_plans: None tells an option given without --emit (refused there).
     pl.add_argument(
@@ -109,23 +136,14 @@ def _models_and_plans(sub) -> None:
 def _planning(sub) -> None:
     def common(p):
         add_model_args(p)
-        p.add_argument(
-            "--target",
-            default="h200",
-            action=Given,
-            help=f"{TARGET_HELP} (default h200, or the target a plan file records)",
-        )
-        p.set_defaults(target_given=False)
-        p.add_argument(
-            "--devices",
-            type=positive_int,
-            help="devices (default: the mesh's product, else 1); --devices N without --mesh "
-            "means fsdp=N (every device shards the weights and splits the batch)",
-        )
-        p.add_argument(
-            "--mesh",
-            help="mesh axes, e.g. fsdp=16,expert=8 (data, fsdp, tensor, expert); auto: the mesh "
-            "the plan file carries (plan --mesh auto: search it)",
+        target = f"{TARGET_HELP} (default h200, or the target a plan file records)"
+        _given(p, "--target", "h200", target)
+        _devices_and_mesh(
+            p,
+            "devices (default: the mesh's product, else 1); --devices N without --mesh means "
+            "fsdp=N (every device shards the weights and splits the batch)",
+            "mesh axes, e.g. fsdp=16,expert=8 (data, fsdp, tensor, expert); auto: the mesh the "
+            "plan file carries (plan --mesh auto: search it)",
         )
         add_size_args(p, microbatch=8)
         p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -147,21 +165,18 @@ def _planning(sub) -> None:
     )
     common(s)
     maxtext_program.add_args(s)
-    s.add_argument(
+    _given(
+        s,
         "--plan",
-        default="qkv-offload",
-        action=Given,
-        help="a preset or plan YAML file (with --maxtext: refused; MaxText's remat_policy is "
-        "the plan)",
+        "qkv-offload",
+        "a preset or plan YAML file (with --maxtext: refused; MaxText's remat_policy is the plan)",
     )
-    s.set_defaults(plan_given=False)
-    s.add_argument(
+    _given(
+        s,
         "--schedule",
-        default="lhs",
-        action=Given,
-        help="serial, lhs or lhs-pipelined (default lhs, or the schedule a plan file records)",
+        "lhs",
+        "serial, lhs or lhs-pipelined (default lhs, or the schedule a plan file records)",
     )
-    s.set_defaults(schedule_given=False)
     add_grad_accum_arg(s)
     _rate_arg(s)
     s.set_defaults(func=maxtext_simulate.cmd_simulate)
@@ -193,12 +208,10 @@ def _planning(sub) -> None:
         action="store_true",
         help="find the largest microbatch that fits, and its plan",
     )
-    p.add_argument("--out", help="write the plan as YAML (usable by bench, compile, simulate)")
-    p.add_argument(
-        "--force",
-        action="store_true",
-        help="let --out replace an existing file that is not a plan or MaxText overrides file "
-        "tierax wrote (without it such a file is refused before any work)",
+    _out_and_force(
+        p,
+        "write the plan as YAML (usable by bench, compile, simulate)",
+        "a plan or MaxText overrides file tierax wrote",
     )
     p.add_argument(
         "--check",
@@ -342,24 +355,17 @@ def _running(sub) -> None:
         "--steps", type=positive_int, default=10, help="timed steps per plan (default 10)"
     )
     add_size_args(b, microbatch=8)
-    b.add_argument(
-        "--devices", type=positive_int, help="host CPU devices to create (CPU backend only)"
+    _devices_and_mesh(
+        b,
+        "host CPU devices to create (CPU backend only)",
+        "mesh axes, e.g. data=2,fsdp=4 (default: the mesh the plan files carry, else fsdp over all "
+        "devices; auto: the plans' mesh, required)",
     )
-    b.add_argument(
-        "--mesh",
-        help="mesh axes, e.g. data=2,fsdp=4 (default: the mesh the plan files carry, else fsdp "
-        "over all devices; auto: the plans' mesh, required)",
-    )
-    b.add_argument("--xla-preset", default="none", help=PRESET_HELP)
-    b.add_argument("--json", action="store_true", help="print a JSON list of per-plan records")
-    b.add_argument(
-        "--out", help="also write the full JSON record (machine, versions, command) to this file"
-    )
-    b.add_argument(
-        "--force",
-        action="store_true",
-        help="let --out replace an existing file that is not a bench record (without it such a "
-        "file is refused before any work)",
+    _preset_and_json(b, "print a JSON list of per-plan records")
+    _out_and_force(
+        b,
+        "also write the full JSON record (machine, versions, command) to this file",
+        "a bench record",
     )
     b.add_argument(
         "--verify",
@@ -378,43 +384,31 @@ def _running(sub) -> None:
     )
     add_model_args(c)
     maxtext_program.add_args(c)
-    c.add_argument(
-        "--plan",
-        default="qkv-offload",
-        action=Given,
-        help="a preset or plan YAML file (default: qkv-offload)",
-    )
-    c.set_defaults(plan_given=False)
-    c.add_argument(
+    _given(c, "--plan", "qkv-offload", "a preset or plan YAML file (default: qkv-offload)")
+    _given(
+        c,
         "--target",
-        default="h200",
-        action=Given,
-        help="h100, h200, b200, gb200 (XLA:GPU) or v5e, v5p, v6e, v7x (XLA:TPU, needs the tpu-aot "
+        "h200",
+        "h100, h200, b200, gb200 (XLA:GPU) or v5e, v5p, v6e, v7x (XLA:TPU, needs the tpu-aot "
         "extra; v7x: --devices counts TensorCores, 2 a chip); default h200, or the target a plan "
         "file records",
     )
-    c.set_defaults(target_given=False)
     c.add_argument(
         "--target-config",
         metavar="FILE",
         help="a GpuTargetConfigProto text file instead of the built-in one",
     )
     _rates_file_arg(c)
-    c.add_argument(
-        "--devices",
-        type=positive_int,
-        help="compile-only devices (default: the mesh's product, else 1); --devices N without "
-        "--mesh means fsdp=N",
-    )
-    c.add_argument(
-        "--mesh",
-        help="mesh axes, e.g. fsdp=8 or data=2,fsdp=4 (default: the mesh the plan file carries; "
-        "auto: that mesh, required)",
+    _devices_and_mesh(
+        c,
+        "compile-only devices (default: the mesh's product, else 1); --devices N without --mesh "
+        "means fsdp=N",
+        "mesh axes, e.g. fsdp=8 or data=2,fsdp=4 (default: the mesh the plan file carries; auto: "
+        "that mesh, required)",
     )
     add_size_args(c, microbatch=8)
     add_grad_accum_arg(c)
-    c.add_argument("--xla-preset", default="none", help=PRESET_HELP)
-    c.add_argument("--json", action="store_true", help="print one JSON object")
+    _preset_and_json(c)
     c.set_defaults(func=measuring.cmd_compile)
 
     v = sub.add_parser(
@@ -433,15 +427,11 @@ def _running(sub) -> None:
         help="a preset or plan YAML file, or a comma-separated list (default: qkv-offload)",
     )
     add_size_args(v, microbatch=4, per_device=False)
-    v.add_argument(
-        "--devices",
-        type=positive_int,
-        help="host CPU devices to create (CPU backend; default: the mesh's product, else 1)",
-    )
-    v.add_argument(
-        "--mesh",
-        help="run each plan and save-all sharded on this mesh, e.g. "
-        "fsdp=2,expert=2,tensor=2 (default: the mesh the plan files carry, else one device)",
+    _devices_and_mesh(
+        v,
+        "host CPU devices to create (CPU backend; default: the mesh's product, else 1)",
+        "run each plan and save-all sharded on this mesh, e.g. fsdp=2,expert=2,tensor=2 (default: "
+        "the mesh the plan files carry, else one device)",
     )
     v.add_argument(
         "--seed",
@@ -449,8 +439,7 @@ def _running(sub) -> None:
         default=0,
         help="parameter seed; tokens use seed + 1 (default 0)",
     )
-    v.add_argument("--xla-preset", default="none", help=PRESET_HELP)
-    v.add_argument("--json", action="store_true", help="print one JSON object")
+    _preset_and_json(v)
     v.set_defaults(func=measuring.cmd_verify)
 
     p = sub.add_parser(
@@ -475,8 +464,7 @@ def _running(sub) -> None:
         help="a new (or empty) output directory; nothing in an existing one is touched "
         "(default: profiles/MODEL-PLAN, or -2, -3, … if taken)",
     )
-    p.add_argument("--xla-preset", default="none", help=PRESET_HELP)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    _preset_and_json(p)
     p.set_defaults(func=measuring.cmd_profile)
 
     r = sub.add_parser(
