@@ -34,6 +34,10 @@ TOLERANCE = 0.05  # plan --check's agreement bound
         (["--check-iterations", "2", "--target", "v5p", "--devices", "4"], "add --check"),
         (["--check", "--target", "vr200", "--devices", "4"], "projection"),
         (["--check", "--sweep", "1,2", "--target", "v5p", "--devices", "4"], "--sweep"),
+        (
+            ["--check", "--emit", "maxtext", "--json", "--target", "v5p", "--devices", "4"],
+            "give --out FILE",
+        ),
     ],
 )
 def test_check_refusals_before_any_work(tmp_path, capsys, extra, needle):
@@ -41,8 +45,8 @@ def test_check_refusals_before_any_work(tmp_path, capsys, extra, needle):
     from tierax.cli import main
 
     out = tmp_path / "mt.yml"
-    argv = ["plan", "--maxtext", M.base_yml(), *TINY, *extra, "--out", str(out)]
-    assert main(argv) == 2
+    to = [] if "give --out FILE" in needle else ["--out", str(out)]
+    assert main(["plan", "--maxtext", M.base_yml(), *TINY, *extra, *to]) == 2
     assert needle in capsys.readouterr().err
     assert not out.exists()
 

@@ -93,6 +93,11 @@ def check_plan(args) -> bool:
         raise TieraxError(
             f"unknown schedule {args.schedule!r}; choose one of: serial, lhs, lhs-pipelined"
         )
+    if args.emit and args.json and not args.out:
+        raise TieraxError(
+            "--emit without --out prints the config, and --json prints the result: "
+            "both on stdout; give --out FILE for the config, or drop one"
+        )
     if getattr(args, "check_iterations", None) and not args.check:
         raise TieraxError("--check-iterations bounds --check's compiles; add --check or drop it")
     if args.check:

@@ -24,7 +24,9 @@ device's usable memory, whatever the sign of the correction.
 
 Bounded: at most ``max_iterations`` compiles.  Converged: the compiled plan fits and its peak is
 within ``tolerance`` of the corrected prediction.  :attr:`CheckResult.stopped` says why it stopped;
-:attr:`CheckResult.fitted` is the last plan whose compile fitted (None: none did).
+:attr:`CheckResult.fitted` is the last plan whose compile fitted (None: none did).  Where the
+corrected model fits no plan, the check stops unconverged if a compiled plan fitted, and raises
+:class:`tierax.solving.planner.NoPlanFits` (naming XLA's miss) if none did.
 
 The loop is one for every program it checks: what differs is how a plan is compiled
 (:data:`CompilePlan`): tierax's own step for the request's model (the default,
@@ -226,10 +228,14 @@ def check_request(
         except planner.NoPlanFits as e:
             if it == 1:
                 raise
-            raise planner.NoPlanFits(
-                f"after compile {it - 1}, XLA needs {correction / 2**30:.2f} GiB more than the "
-                f"model predicts; with that workspace, {e}"
-            ) from None
+            why = (
+                f"after compile {it - 1}, XLA needs {size_text(correction)} more than the model "
+                f"predicts; with that workspace, {e}"
+            )
+            if fitted is None:
+                raise planner.NoPlanFits(why) from None
+            stopped = f"{why} (check {fitted_it}'s plan fitted in XLA's compile)"
+            break
         compiled = compile_plan(result)
         b = result.predicted.breakdown
         peak = compiled.device_peak_bytes  # an out-of-memory refusal: XLA's stated need, or None
