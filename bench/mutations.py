@@ -607,14 +607,6 @@ MUTATIONS = [
         "tests": ["tests/test_mesh_search_bound.py", "tests/test_mesh_search.py"],
     },
     {
-        "name": "mesh-time-bound-update-every-microstep",
-        "what": "mesh_search: the time bound counts the optimizer update in every microstep",
-        "file": "src/tierax/solving/mesh_search.py",
-        "old": "lower_bound_s=k * (fx.compute_s + fx.exposed_collective_s) - (k - 1) * update_s,",
-        "new": "lower_bound_s=k * (fx.compute_s + fx.exposed_collective_s),",
-        "tests": ["tests/test_mesh_search_bound.py", "tests/test_mesh_search.py"],
-    },
-    {
         "name": "mesh-candidates-solved-in-mesh-order",
         "what": "mesh_search: candidates solved in the order of their mesh's text, not their bound",
         "file": "src/tierax/solving/mesh_search.py",
