@@ -382,21 +382,6 @@ def _overrides(spec: dict) -> list[str]:
     return [f"attention={spec.get('attention', 'auto')}", *spec.get("set", [])]
 
 
-def _config(spec: dict, attention: str):
-    from tierax.calibration import runs
-
-    key = _model_key(spec)
-    platform = "tpu" if attention == "splash" else "gpu"
-    overrides = [f"attention={attention}", *spec.get("set", [])]
-    return runs.build_config(key, spec[key], overrides, platform, "bench/published_runs.py")
-
-
-def _plan(remat: dict, cfg, hardware_kind: str, label: str):
-    from tierax.calibration import runs
-
-    return runs.remat_plan(remat, cfg, hardware_kind, label)
-
-
 def to_run(spec: dict, hw: str, microbatch: int, seq: int, remat: dict, label: str, measured):
     """A row (or one plan of a pair) as tierax's measured run (:class:`tierax.calibration.Run`):
     the one implementation that predicts it, here and in ``tierax calibrate --runs``."""
@@ -448,7 +433,8 @@ def predict(
         prepared.append(p)
     cfg, rates = p.cfg, p.rates
     pred = p.predict()
-    b = pred.breakdown
+    # the breakdown's JSON keys (a typed Breakdown's to_json, or the dict it was)
+    b = pred.breakdown.to_json() if hasattr(pred.breakdown, "to_json") else pred.breakdown
     keys = (
         "compute_s",
         "hbm_s",
@@ -469,8 +455,8 @@ def predict(
         "fits": pred.fits,
         # the peak `fits` is decided by (XLA:TPU's assignment; tierax.costmodel.predict), and what
         # the installed libtpu's memory_analysis() would report beyond it
-        "peak_gib": pred.breakdown["assigned_peak_bytes"] / 2**30,
-        "reported_excess_gib": pred.breakdown["reported_excess_bytes"] / 2**30,
+        "peak_gib": b["assigned_peak_bytes"] / 2**30,
+        "reported_excess_gib": b["reported_excess_bytes"] / 2**30,
         "usable_gib": rates.usable_device_bytes / 2**30,
         "host_gib": pred.host_bytes / 2**30,
         "predicted_step_s": pred.step_time_s,
@@ -506,17 +492,11 @@ def load_data(path: str | pathlib.Path) -> dict:
       TieraxError: the file is missing or not YAML, has no ``runs`` list, or a row lacks a field,
         repeats an id or gives a measured step time that is not a positive number.
     """
+    from tierax.calibration.runs import read_runs_document
     from tierax.errors import TieraxError
 
     p = pathlib.Path(path)
-    if not p.is_file():
-        raise TieraxError(f"--data {str(p)!r} is not a file; give a runs file such as {DATA.name}")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise TieraxError(f"--data {str(p)!r} is not YAML ({e}); fix the file") from None
-    if not isinstance(data, dict) or not isinstance(data.get("runs"), list) or not data["runs"]:
-        raise TieraxError(f"--data {str(p)!r}: needs a non-empty 'runs' list (as in {DATA.name})")
+    data = read_runs_document(p, "--data", f"such as {DATA.name}", f" (as in {DATA.name})")
     pairs = data.setdefault("pairs", [])
     if not isinstance(pairs, list) or not all(isinstance(q, dict) and "id" in q for q in pairs):
         raise TieraxError(f"--data {str(p)!r}: 'pairs' must be a list of mappings with an 'id'")

@@ -96,8 +96,15 @@ def published_policy(cfg):
     ), "NVIDIA's recipe (MLA q/kv low-rank, MoE up)"
 
 
-def terms(pred) -> dict:
+def breakdown(pred) -> dict:
+    """The prediction's terms under their JSON keys (a typed Breakdown's to_json, or the dict
+    it was)."""
     b = pred.breakdown
+    return b.to_json() if hasattr(b, "to_json") else b
+
+
+def terms(pred) -> dict:
+    b = breakdown(pred)
     keys = (
         "compute_s",
         "hbm_s",
@@ -243,7 +250,7 @@ def main(argv=None) -> int:
                             "host_gib": pred.host_bytes / 2**30,
                             "step_s": pred.step_time_s,
                             "tflops_per_device": pred.tflops_per_device,
-                            "model_flops_per_device": pred.breakdown["model_flops"],
+                            "model_flops_per_device": breakdown(pred)["model_flops"],
                             "terms": terms(pred),
                         }
                     )

@@ -24,6 +24,14 @@ def _module():
     return mod
 
 
+
+def _config_plan(mod, spec: dict, hw: str, label: str):
+    """The row's config and plan as its prediction gets them: the bench's run of it, through the
+    library's one implementation (tierax.calibration.runs.config_and_plan)."""
+    from tierax.calibration import runs
+
+    return runs.config_and_plan(mod.to_run(spec, hw, 1, 1024, spec["remat"], label, None))
+
 def test_every_run_and_pair_has_an_expression():
     mod = _module()
     data = yaml.safe_load(mod.DATA.read_text())
@@ -39,8 +47,7 @@ def test_a_custom_policy_row_becomes_the_plan_maxtext_ran():
     # layer input kept (MaxText's default); every unnamed intermediate recomputed
     mod = _module()
     spec = mod.EXPRESS["G-2"]
-    cfg = mod._config(spec, spec["attention"])
-    plan = mod._plan(spec["remat"], cfg, "gpu", "G-2")
+    cfg, plan = _config_plan(mod, spec, "h100", "G-2")
     placed = P.resolve(plan, cfg)["decoder"]
     kept = {n for n, p in placed.items() if p is P.Placement.DEVICE}
     assert kept == {
@@ -74,9 +81,7 @@ def test_holdout_rows_parse_and_each_is_expressed_or_says_what_it_needs():
         if missing:
             continue
         spec = mod.EXPRESS[run["id"]]
-        cfg = mod._config(spec, spec["attention"])
-        hw = "gpu" if run["hw"].startswith(("h", "b", "g")) else "tpu"
-        plan = mod._plan(spec["remat"], cfg, hw, run["id"])
+        cfg, plan = _config_plan(mod, spec, run["hw"], run["id"])
         assert P.unnamed_placements(plan, cfg) == {"decoder": P.Placement.REMAT}
         expressed.append(run["id"])
     assert len(expressed) >= 4
@@ -87,16 +92,15 @@ def test_a_holdout_minimal_flash_row_keeps_every_matmul_output_and_the_context()
     # kept, the layer input kept, every unnamed intermediate recomputed
     mod = _module()
     spec = mod.EXPRESS["H-2"]
-    cfg = mod._config(spec, spec["attention"])
-    plan = mod._plan(spec["remat"], cfg, "gpu", "H-2")
+    cfg, plan = _config_plan(mod, spec, "h100", "H-2")
     placed = P.resolve(plan, cfg)["decoder"]
     assert set(placed) == {"decoder_layer_input", "attention_out", *mod.ALL_MATMULS_NAMES}
     assert all(p is P.Placement.DEVICE for p in placed.values())
     assert P.unnamed_placements(plan, cfg) == {"decoder": P.Placement.REMAT}
     # H-3: context and mlpwo offloaded, q/k/v/out_proj recomputed, vocabulary in 4 tiles
     spec = mod.EXPRESS["H-3"]
-    cfg = mod._config(spec, spec["attention"])
-    placed = P.resolve(mod._plan(spec["remat"], cfg, "tpu", "H-3"), cfg)["decoder"]
+    cfg, plan = _config_plan(mod, spec, "v5p", "H-3")
+    placed = P.resolve(plan, cfg)["decoder"]
     assert {n for n, p in placed.items() if p is P.Placement.OFFLOAD} == {"attention_out", "mlpwo"}
     assert placed["query_proj"] is P.Placement.REMAT and cfg.loss_tiles == 4
 

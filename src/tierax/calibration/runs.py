@@ -233,6 +233,25 @@ def parse_run(entry, where: str, base: pathlib.Path) -> Run:
     )
 
 
+def read_runs_document(path: pathlib.Path, option: str, example: str, like: str) -> dict:
+    """A runs file's YAML as a mapping with a non-empty ``runs`` list (what ``tierax calibrate
+    --runs`` and ``bench/published_runs.py --data`` read); ``option`` names it in the errors,
+    ``example`` and ``like`` say what to give instead.
+
+    Raises:
+      TieraxError: the file is missing or not YAML, or has no non-empty ``runs`` list.
+    """
+    if not path.is_file():
+        raise TieraxError(f"{option} {str(path)!r} is not a file; give a runs file {example}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise TieraxError(f"{option} {str(path)!r} is not YAML ({e}); fix the file") from None
+    if not isinstance(data, dict) or not isinstance(data.get("runs"), list) or not data["runs"]:
+        raise TieraxError(f"{option} {str(path)!r}: needs a non-empty 'runs' list{like}")
+    return data
+
+
 def load_runs(path: str | pathlib.Path) -> list[Run]:
     """The runs of a runs file, every entry checked (logs read) before any is traced.
 
@@ -241,14 +260,7 @@ def load_runs(path: str | pathlib.Path) -> list[Run]:
         top-level key, a run is invalid (:func:`parse_run`), or a name repeats.
     """
     p = pathlib.Path(path)
-    if not p.is_file():
-        raise TieraxError(f"--runs {str(p)!r} is not a file; give a runs file (YAML: runs: [...])")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise TieraxError(f"--runs {str(p)!r} is not YAML ({e}); fix the file") from None
-    if not isinstance(data, dict) or not isinstance(data.get("runs"), list) or not data["runs"]:
-        raise TieraxError(f"--runs {str(p)!r}: needs a non-empty 'runs' list")
+    data = read_runs_document(p, "--runs", "(YAML: runs: [...])", "")
     extra = [k for k in data if k != "runs"]
     if extra:
         raise TieraxError(
@@ -339,19 +351,25 @@ def remat_plan(remat: Mapping, cfg, platform: str, source: str):
     return plan_lib.Plan.from_dict(maxtext_keys.plan_dict(data, groups, source=source))
 
 
+def config_and_plan(run: Run):
+    """The run's model config (:func:`model_config`) and plan: its MaxText remat keys
+    (:func:`remat_plan`) or its plan file or preset."""
+    from tierax import hardware
+    from tierax.interop import files
+
+    cfg = model_config(run)
+    if run.remat is not None:
+        return cfg, remat_plan(run.remat, cfg, hardware.platform(run.target), run.name)
+    return cfg, files.load_plan(run.plan, cfg)
+
+
 def prepare(run: Run, calibration: dict | None = None) -> PreparedRun:
     """Trace ``run`` for the cost model (JAX must be started: :func:`tierax.launch.start`).
     ``calibration``: the measured-rates file's content to use (None: the one on this machine)."""
     from tierax import costmodel as cm
-    from tierax import hardware
-    from tierax.interop import files
     from tierax.tracing import inventory as inv_lib
 
-    cfg = model_config(run)
-    if run.remat is not None:
-        plan = remat_plan(run.remat, cfg, hardware.platform(run.target), run.name)
-    else:
-        plan = files.load_plan(run.plan, cfg)
+    cfg, plan = config_and_plan(run)
     inv = inv_lib.model_inventory(cfg, run.microbatch, run.seq, dict(run.mesh))
     rates = cm.target_rates(run.target, cfg.dtype, calibration)
     return PreparedRun(run, cfg, plan, inv, rates)
