@@ -172,7 +172,7 @@ def run_case(model, overrides, plan_name, target, mb, seq, mesh_text, cpu_check)
         "peak_ratio_gpu": pred.peak_device_bytes / gpu.device_peak_bytes,
         "predicted_host_bytes": pred.host_bytes,
         "gpu_compiled_host_bytes": gpu.host_temp_bytes,
-        "predicted_breakdown": {k: v for k, v in pred.breakdown.items() if k != "rates"},
+        "predicted_breakdown": {k: v for k, v in pred.breakdown.to_json().items() if k != "rates"},
     }
     if cpu_check:
         cpu_rates = dataclasses.replace(cm.target_rates(target, cfg.dtype), offload_is_real=False)
@@ -198,9 +198,9 @@ def run_case(model, overrides, plan_name, target, mb, seq, mesh_text, cpu_check)
         traced = traced_flops(cfg, plan, mb, seq, shape)
         row.update(
             {
-                "predicted_flops": pred.breakdown["executed_flops"],
+                "predicted_flops": pred.breakdown.executed_flops,
                 "traced_flops": traced,
-                "flops_ratio": pred.breakdown["executed_flops"] / traced,
+                "flops_ratio": pred.breakdown.executed_flops / traced,
             }
         )
     return row

@@ -236,7 +236,7 @@ def child(spec: dict) -> dict:
     # What the model prices the GEMMs at: each group's at its rates by smallest dimension, the
     # LM head's at its own where the calibration has one (compute_s holds the matmul seconds and
     # the non-matmul term).
-    model_s = br["compute_s"] - br["hbm_s"]
+    model_s = br.compute_s - br.hbm_s
     own_s = sum(g["net_s"] * g["executions"] for g in gemms)
     own_raw_s = sum(g["raw_s"] * g["executions"] for g in gemms)
     measured = statistics.median(steps)
@@ -253,7 +253,7 @@ def child(spec: dict) -> dict:
         "step_minor_faults": faults,
         "page_size": os.sysconf("SC_PAGE_SIZE"),
         "measured_step_s": measured,
-        "model_executed_flops": br["executed_flops"],
+        "model_executed_flops": br.executed_flops,
         "traced_gemm_flops": traced_flops,
         "matmul_s_at_mix_rate": mix_s,
         "matmul_s_at_own_shapes": own_s,

@@ -360,7 +360,7 @@ def predict_step(cfg, plan, microbatch: int, seq: int, rates, schedule: str) -> 
 
     inv = inventory.model_inventory(cfg, microbatch, seq, {"data": 1, "fsdp": 1})
     pred = costmodel.simulate(plan, inv, cfg, rates, schedule)
-    b = pred.breakdown
+    b = pred.breakdown.to_json()  # the terms under their JSON keys
     terms = (
         "compute_s",
         "hbm_s",

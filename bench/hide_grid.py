@@ -206,8 +206,8 @@ def run_one(case: dict, hlo_dir: str | None) -> dict:
         "host_bytes": pred.host_bytes,
         "fits": pred.fits,
         "by_direction": {
-            "d2h": {"transfer_s": sum(i.d2h_s for i in off), "exposed_s": b["exposed_d2h_s"]},
-            "h2d": {"transfer_s": sum(i.h2d_s for i in off), "exposed_s": b["exposed_h2d_s"]},
+            "d2h": {"transfer_s": sum(i.d2h_s for i in off), "exposed_s": b.exposed_d2h_s},
+            "h2d": {"transfer_s": sum(i.h2d_s for i in off), "exposed_s": b.exposed_h2d_s},
         },
         "windows": _window_arithmetic(pinv, items, groups, placements),
         "schedule": schedule,
@@ -384,7 +384,7 @@ def run_trace(spec: dict) -> dict:
         },
         "model": {
             "peak_device_bytes": pred.peak_device_bytes,
-            "peak_phase": b["peak_phase"],
+            "peak_phase": b.peak_phase,
             **{k: v for k, v in b.items() if k.endswith("_bytes")},
         },
         "model_error": pred.peak_device_bytes / result.device_peak_bytes - 1,

@@ -54,7 +54,7 @@ CASES = (
 
 
 def _pred(p) -> dict:
-    b = p.breakdown
+    b = p.breakdown.to_json()  # the terms under their JSON keys
     keys = (
         "state_bytes",
         "state_device_bytes",

@@ -169,8 +169,8 @@ def test_inventory_finds_the_scanned_layer_and_the_policy_is_what_runs():
 
 def test_mesh_splits_the_state_bytes():
     inv = tierax.inventory(_loss(None), PARAMS, X)
-    one = tierax.plan(inv).predicted.breakdown["state_bytes"]
-    eight = tierax.plan(inv, mesh={"fsdp": 8}).predicted.breakdown["state_bytes"]
+    one = tierax.plan(inv).predicted.breakdown.state_bytes
+    eight = tierax.plan(inv, mesh={"fsdp": 8}).predicted.breakdown.state_bytes
     assert eight * 8 == one
 
 

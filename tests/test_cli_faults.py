@@ -25,7 +25,7 @@ def _json(r):
 
 @pytest.mark.parametrize("vocab, phase", [(256, "layer backward"), (32000, "loss")])
 def test_memory_breakdown_rows_add_up_to_the_peak_of_its_phase(cli, vocab, phase):
-    from tierax.costmodel import peak_rows
+    from tierax.costmodel import Breakdown, peak_rows
 
     args = ["simulate", "--plan", "remat-full", "--set", f"vocab_size={vocab}"]
     d = _json(cli(*args, "--json"))
@@ -36,7 +36,7 @@ def test_memory_breakdown_rows_add_up_to_the_peak_of_its_phase(cli, vocab, phase
     loss = common - b["embed_grad_bytes"] + b["logits_bytes"]
     assert peak == max(layer, loss) and b["peak_phase"] == phase
     assert (loss > layer) == (phase == "loss")
-    rows = peak_rows(b)
+    rows = peak_rows(Breakdown.from_json(b))
     assert sum(n for _, n in rows) == peak
     labels = " ".join(label for label, _ in rows)
     assert ("workspace" in labels) == (phase != "loss") and ("logits" in labels) == (

@@ -426,8 +426,8 @@ def test_an_offloaded_layer_input_leaves_the_device_as_xla_places_it():
     )
     on = cm.simulate(kept, inv, cfg, rates, "lhs")
     assert off.host_bytes == carry and on.host_bytes == 0
-    assert on.breakdown["activation_bytes"] - off.breakdown["activation_bytes"] == carry
-    assert off.breakdown["transfer_s"] == pytest.approx(
+    assert on.breakdown.activation_bytes - off.breakdown.activation_bytes == carry
+    assert off.breakdown.transfer_s == pytest.approx(
         carry / rates.d2h_bytes_per_s + carry / rates.h2d_bytes_per_s
     )
 

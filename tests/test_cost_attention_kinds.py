@@ -27,11 +27,11 @@ def test_cudnn_blockwise_is_priced_as_blockwise_attention_in_128_key_blocks():
     # in's tile), value head dim = query head dim so nothing is padded.
     plain = _predict(dataclasses.replace(base, attention="blockwise", attention_block=128))
     fused = _predict(dataclasses.replace(base, attention="cudnn"))
-    assert standin.breakdown["fused_attention_s"] == 0.0
+    assert standin.breakdown.fused_attention_s == 0.0
     assert standin.step_time_s == pytest.approx(plain.step_time_s, rel=1e-12)
     assert standin.peak_device_bytes == plain.peak_device_bytes
     # the fused kernel (no score-block traffic, its own rates) is priced differently
-    assert fused.breakdown["fused_attention_s"] > 0 and fused.step_time_s < standin.step_time_s
+    assert fused.breakdown.fused_attention_s > 0 and fused.step_time_s < standin.step_time_s
 
 
 def test_mla_cudnn_blockwise_runs_no_matmul_at_the_fused_rate():
@@ -40,7 +40,7 @@ def test_mla_cudnn_blockwise_runs_no_matmul_at_the_fused_rate():
     )
     inv = model_inventory(cfg, 2, 64)
     assert all(g.fused_attention_flops_per_layer == 0 for g in inv.groups)
-    assert _predict(cfg, seq=64).breakdown["fused_attention_s"] == 0.0
+    assert _predict(cfg, seq=64).breakdown.fused_attention_s == 0.0
 
 
 @pytest.mark.slow  # a deviceless GPU compile

@@ -157,5 +157,5 @@ def test_fused_attention_takes_score_traffic_off_hbm():
     plan = P.preset("remat-full", base)
     a = cm.simulate(plan, model_inventory(base, 2, 128), base, rates, "lhs").breakdown
     b = cm.simulate(plan, model_inventory(fused, 2, 128), fused, rates, "lhs").breakdown
-    assert a["fused_attention_s"] == 0 < b["fused_attention_s"]
-    assert b["hbm_s"] < a["hbm_s"]
+    assert a.fused_attention_s == 0 < b.fused_attention_s
+    assert b.hbm_s < a.hbm_s

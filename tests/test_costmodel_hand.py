@@ -171,17 +171,17 @@ def test_simulate_equals_hand_computation(schedule, mechanism):
             PREFETCH_TRANSFER_S,
             PREFETCH_STAGING,
         )
-    assert b["compute_s"] == pytest.approx(COMPUTE_S, rel=1e-12)
-    assert b["recompute_s"] == pytest.approx(RECOMPUTE_S, rel=1e-12)
-    assert b["transfer_s"] == pytest.approx(transfer, rel=1e-12)
-    assert (b["exposed_d2h_s"], b["exposed_h2d_s"]) == (
+    assert b.compute_s == pytest.approx(COMPUTE_S, rel=1e-12)
+    assert b.recompute_s == pytest.approx(RECOMPUTE_S, rel=1e-12)
+    assert b.transfer_s == pytest.approx(transfer, rel=1e-12)
+    assert (b.exposed_d2h_s, b.exposed_h2d_s) == (
         pytest.approx(d2h, rel=1e-12, abs=1e-15),
         pytest.approx(h2d, rel=1e-12, abs=1e-15),
     )
     assert pred.step_time_s == pytest.approx(COMPUTE_S + RECOMPUTE_S + d2h + h2d, rel=1e-12)
     assert pred.host_bytes == 80_000_000 + 30_000_000
-    assert b["staging_bytes"] == staging
-    assert b["activation_bytes"] == 17_000_000
+    assert b.staging_bytes == staging
+    assert b.activation_bytes == 17_000_000
     assert pred.peak_device_bytes == PEAK_WITHOUT_STAGING + staging
 
 
@@ -200,10 +200,10 @@ def test_save_all_group_keeps_every_residual_and_recomputes_nothing():
     )
     pred = cm.simulate(plan, inventory(), CFG, RATES, "lhs")
     # dense keeps its 50 MB/layer save-all residuals (2 layers); moe keeps its carries (3 MB).
-    assert pred.breakdown["activation_bytes"] == 100_000_000 + 3_000_000
+    assert pred.breakdown.activation_bytes == 100_000_000 + 3_000_000
     # Only moe recomputes: (0 unnamed + 3 + 0.2) GFLOP × 3 layers = 9.6 GFLOP → 9.6 ms.
-    assert pred.breakdown["recompute_s"] == pytest.approx(0.0096, rel=1e-12)
-    assert pred.host_bytes == 0 and pred.breakdown["transfer_s"] == 0
+    assert pred.breakdown.recompute_s == pytest.approx(0.0096, rel=1e-12)
+    assert pred.host_bytes == 0 and pred.breakdown.transfer_s == 0
     assert pred.step_time_s == pytest.approx(COMPUTE_S + 0.0096, rel=1e-12)
 
 
@@ -246,8 +246,8 @@ def test_traced_inventory_bytes_and_host_bytes_from_shapes():
     assert pred.host_bytes == 4 * (8192 + 4096 + 4096)
     # Serial: every byte crosses the link twice, exposed; 55 GB/s each way on h200; the prefetching
     # scan's backward loads 4 + 1 layers (layer 0 twice).
-    assert pred.breakdown["exposed_d2h_s"] == pytest.approx(4 * 16384 / 55e9, rel=1e-12)
-    assert pred.breakdown["exposed_h2d_s"] == pytest.approx(5 * 16384 / 55e9, rel=1e-12)
+    assert pred.breakdown.exposed_d2h_s == pytest.approx(4 * 16384 / 55e9, rel=1e-12)
+    assert pred.breakdown.exposed_h2d_s == pytest.approx(5 * 16384 / 55e9, rel=1e-12)
     # Logits: 2·16 tokens × 256 vocab × float32.
     assert inv.logits_bytes == 2 * 16 * 256 * 4
 
@@ -259,10 +259,10 @@ def test_loss_phase_peak_from_logits_and_head_gradient():
     whole)."""
     inv = dataclasses.replace(inventory(), logits_bytes=100_000_000)
     pred = cm.simulate(PLAN, inv, CFG, RATES, "lhs")
-    assert pred.breakdown["peak_phase"] == "loss"
+    assert pred.breakdown.peak_phase == "loss"
     assert (
         pred.peak_device_bytes
-        == 399_996_000 + 17_000_000 + pred.breakdown["staging_bytes"] + 65_536 + 2 * 100_000_000
+        == 399_996_000 + 17_000_000 + pred.breakdown.staging_bytes + 65_536 + 2 * 100_000_000
     )
 
 
@@ -275,20 +275,19 @@ def test_loss_gradient_is_in_the_compute_dtype():
     cfg = dataclasses.replace(CFG, dtype="bfloat16")
     inv = dataclasses.replace(inventory(), logits_bytes=100_000_000)
     pred = cm.simulate(PLAN, inv, cfg, RATES, "lhs")
-    assert pred.breakdown["peak_phase"] == "loss"
+    assert pred.breakdown.peak_phase == "loss"
     assert (
         pred.peak_device_bytes
-        == 399_996_000 + 17_000_000 + pred.breakdown["staging_bytes"] + 150_000_000
+        == 399_996_000 + 17_000_000 + pred.breakdown.staging_bytes + 150_000_000
     )
     # Small logits: the head's gradient with the logits' gradient is the larger pair.
     small = dataclasses.replace(inventory(), logits_bytes=10_000)
-    assert cm.simulate(PLAN, small, cfg, RATES, "lhs").breakdown["logits_bytes"] == 65_536 + 5_000
+    assert cm.simulate(PLAN, small, cfg, RATES, "lhs").breakdown.logits_bytes == 65_536 + 5_000
     tiled = dataclasses.replace(cfg, loss_tiles=4)
     fsdp = dataclasses.replace(inv, mesh={"data": 1, "fsdp": 2})
-    f32 = cm.simulate(PLAN, fsdp, dataclasses.replace(CFG, loss_tiles=4), RATES, "lhs").breakdown[
-        "logits_bytes"
-    ]
-    bf16 = cm.simulate(PLAN, fsdp, tiled, RATES, "lhs").breakdown["logits_bytes"]
+    f32 = cm.simulate(PLAN, fsdp, dataclasses.replace(CFG, loss_tiles=4), RATES, "lhs")
+    f32 = f32.breakdown.logits_bytes
+    bf16 = cm.simulate(PLAN, fsdp, tiled, RATES, "lhs").breakdown.logits_bytes
     # float32: 2 head gradients + the tile + the gathered head (4 B); bfloat16: 1 + half the tile +
     # the head (2 B)
     assert f32 == 2 * 65_536 + 100_000_000 + 256 * 64 * 4
@@ -299,16 +298,16 @@ def test_loss_gradient_is_in_the_compute_dtype():
     tpu = cm.simulate(PLAN, inv, cfg, dataclasses.replace(RATES, target="v5p"), "lhs")
     tokens = inv.microbatch * inv.seq
     hidden = tokens * cfg.d_model * (4 + 2)
-    assert tpu.breakdown["logits_bytes"] == 50_000_000 + 65_536 + hidden
+    assert tpu.breakdown.logits_bytes == 50_000_000 + 65_536 + hidden
     # Under FSDP also the head gathered in bfloat16 for the backward's matmul, and the larger of the
     # hidden pair and the head gradient's bfloat16 all-reduce (256 · 64 · 2 B each)
     rates = dataclasses.replace(RATES, target="v5p")
-    tpu2 = cm.simulate(PLAN, fsdp, cfg, rates, "lhs").breakdown["logits_bytes"]
+    tpu2 = cm.simulate(PLAN, fsdp, cfg, rates, "lhs").breakdown.logits_bytes
     assert tpu2 == 50_000_000 + 256 * 64 * 2 + 65_536 + max(hidden, 256 * 64 * 2)
     wide = dataclasses.replace(fsdp, microbatch=1, seq=1)  # a hidden pair smaller than the head
     small_hidden = cfg.d_model * (4 + 2)
     assert small_hidden < 256 * 64 * 2
-    assert cm.simulate(PLAN, wide, cfg, rates, "lhs").breakdown["logits_bytes"] == (
+    assert cm.simulate(PLAN, wide, cfg, rates, "lhs").breakdown.logits_bytes == (
         50_000_000 + 256 * 64 * 2 + 65_536 + 256 * 64 * 2
     )
 
@@ -323,10 +322,10 @@ def test_tiled_loss_on_tpu_holds_the_tiles_head_gradient_and_its_narrow_all_redu
     inv = dataclasses.replace(inventory(), logits_bytes=100_000_000)
     rates = dataclasses.replace(RATES, target="v5p")
     hidden = inv.microbatch * inv.seq * cfg.d_model * (4 + 2)
-    one = cm.simulate(PLAN, inv, cfg, rates, "lhs").breakdown["logits_bytes"]
+    one = cm.simulate(PLAN, inv, cfg, rates, "lhs").breakdown.logits_bytes
     assert one == 50_000_000 + 256 * 64 * 4 + 256 * 64 * 2 + hidden
     fsdp = dataclasses.replace(inv, mesh={"data": 1, "fsdp": 2})
-    two = cm.simulate(PLAN, fsdp, cfg, rates, "lhs").breakdown["logits_bytes"]
+    two = cm.simulate(PLAN, fsdp, cfg, rates, "lhs").breakdown.logits_bytes
     assert two == 50_000_000 + 256 * 64 * 4 + 256 * 64 * 2 + hidden + 256 * 64 * 2
 
 
@@ -340,9 +339,9 @@ def test_tiled_loss_keeps_one_logits_tile_and_two_head_gradients_and_recomputes_
     pred = cm.simulate(PLAN, inv, cfg, RATES, "lhs")
     assert (
         pred.peak_device_bytes
-        == 399_996_000 + 17_000_000 + pred.breakdown["staging_bytes"] + 2 * 65_536 + 100_000_000
+        == 399_996_000 + 17_000_000 + pred.breakdown.staging_bytes + 2 * 65_536 + 100_000_000
     )
-    assert pred.breakdown["compute_s"] == pytest.approx(
+    assert pred.breakdown.compute_s == pytest.approx(
         COMPUTE_S + 2 * 256 * 64 * 256 / 1e12, rel=1e-12
     )
     # Under FSDP the scan's body also holds the head gathered in the compute dtype (256 · 64 · 4 B,
@@ -358,12 +357,12 @@ def test_tiled_loss_keeps_one_logits_tile_and_two_head_gradients_and_recomputes_
     sharded = cm.simulate(
         PLAN, dataclasses.replace(inv, mesh={"data": 1, "fsdp": 2}), cfg, RATES, "lhs"
     )
-    assert sharded.breakdown["peak_phase"] == "loss"
+    assert sharded.breakdown.peak_phase == "loss"
     assert sharded.peak_device_bytes == (
         400_000_000
         - 2_000
         + 17_000_000
-        + sharded.breakdown["staging_bytes"]
+        + sharded.breakdown.staging_bytes
         + 2 * 65_536
         + 100_000_000
         + 65_536
@@ -433,15 +432,15 @@ def test_fsdp_workspace_counts_gathered_weights_and_the_head_gradient():
     )
     inv = dataclasses.replace(inv, groups=(dense, moe), mesh={"data": 1, "fsdp": 2, "expert": 2})
     b = cm.simulate(PLAN, inv, CFG, RATES, "lhs").breakdown
-    assert b["workspace_bytes"] == 50_000_000 + 4_000 + 65_536
+    assert b.workspace_bytes == 50_000_000 + 4_000 + 65_536
     # Fewer tokens than d_model: the logits' gradient (10 000 B here) is the smaller of the two.
     few = cm.simulate(
         PLAN, dataclasses.replace(inv, logits_bytes=10_000), CFG, RATES, "lhs"
     ).breakdown
-    assert few["workspace_bytes"] == 50_000_000 + 4_000 + 10_000
+    assert few.workspace_bytes == 50_000_000 + 4_000 + 10_000
     # The tiled loss reduce-scatters the head's gradient per tile: nothing [D, V] outlives it.
     tiled = cm.simulate(PLAN, inv, dataclasses.replace(CFG, loss_tiles=4), RATES, "lhs").breakdown
-    assert tiled["workspace_bytes"] == 50_000_000 + 4_000
+    assert tiled.workspace_bytes == 50_000_000 + 4_000
 
 
 # tiny-deepseek's stacks (2 dense + 2 moe layers, d 64, float32) gathered through a transposed copy
@@ -496,23 +495,23 @@ def test_transposed_stack_copies_count_in_both_phases():
     inv = dataclasses.replace(inventory(), mesh={"data": 1, "fsdp": 2, "expert": 2})
     pred = cm.simulate(PLAN, inv, CFG, RATES, "lhs")
     b = pred.breakdown
-    assert b["stack_copy_bytes"] == 38_912 * 4
-    assert b["peak_phase"] == "layer backward"
+    assert b.stack_copy_bytes == 38_912 * 4
+    assert b.peak_phase == "layer backward"
     # state 400 MB + activations 17 MB + dense workspace (50 MB + 1000 × 4 B) + head gradient 65 536
     # B + copies.
     assert (
         pred.peak_device_bytes
-        == 400_000_000 + 17_000_000 + b["staging_bytes"] + 50_004_000 + 65_536 + 155_648
+        == 400_000_000 + 17_000_000 + b.staging_bytes + 50_004_000 + 65_536 + 155_648
     )
     loss = cm.simulate(PLAN, dataclasses.replace(inv, logits_bytes=100_000_000), CFG, RATES, "lhs")
-    assert loss.breakdown["peak_phase"] == "loss"
+    assert loss.breakdown.peak_phase == "loss"
     # state less the embedding/head gradient shards (1000 × 4 B / 4), activations, staging, head
     # weight in float32, logits and their gradient, copies.
     assert loss.peak_device_bytes == (
         400_000_000
         - 1_000
         + 17_000_000
-        + loss.breakdown["staging_bytes"]
+        + loss.breakdown.staging_bytes
         + 65_536
         + 2 * 100_000_000
         + 155_648
@@ -557,18 +556,18 @@ def test_moe_layer_workspace_adds_its_backward_buffers():
     inv = dataclasses.replace(
         inventory(), groups=(dense, moe_g), mesh={"data": 1, "fsdp": 1, "expert": 2}
     )
-    assert cm.simulate(PLAN, inv, CFG, RATES, "lhs").breakdown["workspace_bytes"] == (
+    assert cm.simulate(PLAN, inv, CFG, RATES, "lhs").breakdown.workspace_bytes == (
         60_000_000 + 4_000 + 4 * 8 * 80 * 64 * 4 + 65_536
     )
     inv = dataclasses.replace(inv, mesh={"data": 1, "fsdp": 2, "expert": 1})
-    assert cm.simulate(PLAN, inv, CFG, RATES, "lhs").breakdown["workspace_bytes"] == (
+    assert cm.simulate(PLAN, inv, CFG, RATES, "lhs").breakdown.workspace_bytes == (
         60_000_000 + 4_000 + 40_000_000 + 2 * 8 * 80 * 64 * 4 + 65_536
     )
     # Dense group the largest again (residuals 50 MB + 4 000 B gathered): no buffers.
     small = dataclasses.replace(moe_g, save_all_bytes_per_layer=1_000_000)
     inv = dataclasses.replace(inv, groups=(dense, small), mesh={"data": 1, "fsdp": 1, "expert": 2})
     assert (
-        cm.simulate(PLAN, inv, CFG, RATES, "lhs").breakdown["workspace_bytes"]
+        cm.simulate(PLAN, inv, CFG, RATES, "lhs").breakdown.workspace_bytes
         == 50_004_000 + 65_536
     )
 

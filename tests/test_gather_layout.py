@@ -49,4 +49,4 @@ def test_llama405b_on_128_gb200_peak_host_and_transposed_stacks_match_xla(mesh):
     )
     assert pred.host_bytes == got.host_temp_bytes
     stacks = _layer_stack_transposes(text, cfg.num_layers)
-    assert len(stacks) == 2 and sum(stacks) == pred.breakdown["stack_copy_bytes"]
+    assert len(stacks) == 2 and sum(stacks) == pred.breakdown.stack_copy_bytes

@@ -238,13 +238,13 @@ def _simulate(placement, shares=SHARES, dtype="float32"):
 
 def test_simulate_prices_each_groups_gemms_at_its_blend_and_the_head_at_the_mix():
     pred = _simulate(P.Placement.REMAT)
-    hbm_s = pred.breakdown["hbm_s"]
+    hbm_s = pred.breakdown.hbm_s
     want_compute = 3 * 2 * 10e9 * LAYER_S_PER_FLOP + 3 * HEAD_FLOPS / 1e12
-    assert pred.breakdown["compute_s"] - hbm_s == pytest.approx(want_compute, rel=1e-12)
+    assert pred.breakdown.compute_s - hbm_s == pytest.approx(want_compute, rel=1e-12)
     # the recomputation: 2 layers × (1 + 2) GFLOP at the blend, no traffic
-    assert pred.breakdown["recompute_s"] == pytest.approx(6e9 * LAYER_S_PER_FLOP, rel=1e-12)
+    assert pred.breakdown.recompute_s == pytest.approx(6e9 * LAYER_S_PER_FLOP, rel=1e-12)
     # executed FLOPs are FLOPs whatever the rate: 3 × (20 GFLOP + the head) + 6 GFLOP recomputed
-    assert pred.breakdown["executed_flops"] == pytest.approx(
+    assert pred.breakdown.executed_flops == pytest.approx(
         3 * (20e9 + HEAD_FLOPS) + 6e9, rel=1e-12
     )
 
@@ -252,15 +252,15 @@ def test_simulate_prices_each_groups_gemms_at_its_blend_and_the_head_at_the_mix(
 def test_a_bfloat16_step_blends_its_own_curve_and_keeps_the_head_rate():
     pred = _simulate(P.Placement.DEVICE, dtype="bfloat16")
     want = 3 * 2 * 10e9 * (0.25 / 0.5e11 + 0.75 / 2e11) + 3 * HEAD_FLOPS / 0.25e12
-    assert pred.breakdown["compute_s"] - pred.breakdown["hbm_s"] == pytest.approx(want, rel=1e-12)
-    assert pred.breakdown["recompute_s"] == 0.0
+    assert pred.breakdown.compute_s - pred.breakdown.hbm_s == pytest.approx(want, rel=1e-12)
+    assert pred.breakdown.recompute_s == 0.0
 
 
 def test_a_group_whose_gemms_are_large_runs_at_the_mix():
     pred = _simulate(P.Placement.REMAT, shares=((640, 1.0),))
     want = 3 * (2 * 10e9 + HEAD_FLOPS) / 1e12
-    assert pred.breakdown["compute_s"] - pred.breakdown["hbm_s"] == pytest.approx(want, rel=1e-12)
-    assert pred.breakdown["recompute_s"] == pytest.approx(6e9 / 1e12, rel=1e-12)
+    assert pred.breakdown.compute_s - pred.breakdown.hbm_s == pytest.approx(want, rel=1e-12)
+    assert pred.breakdown.recompute_s == pytest.approx(6e9 / 1e12, rel=1e-12)
 
 
 def test_the_planner_sees_slow_small_gemms_in_the_recompute_it_weighs():

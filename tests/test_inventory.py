@@ -157,4 +157,4 @@ def test_a_value_the_backward_never_needs_holds_nothing(llama_inv):
     # among them: the kept names and the unnamed rest add up to it.
     g = llama_inv.group("decoder")
     b = cm.simulate(P.preset("save-all", cfg), llama_inv, cfg, rates, "lhs").breakdown
-    assert b["activation_bytes"] == cfg.num_layers * g.save_all_bytes_per_layer
+    assert b.activation_bytes == cfg.num_layers * g.save_all_bytes_per_layer

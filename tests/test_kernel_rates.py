@@ -202,10 +202,10 @@ def test_interference_changes_the_step_by_exactly_the_slowdown_of_the_hidden_col
     # 450 GB/s per direction (one domain of 8): all hidden under the 17 ms of GEMMs
     coll = 3 * PARAM_BYTES * 8 * 7 / 8 / 450e9
     on_step, off_step = _step(inv, rates), _step(inv, off)
-    assert off_step.breakdown["collective_s"] == pytest.approx(coll)
-    assert off_step.breakdown["exposed_collective_s"] == 0.0
+    assert off_step.breakdown.collective_s == pytest.approx(coll)
+    assert off_step.breakdown.exposed_collective_s == 0.0
     assert on_step.step_time_s - off_step.step_time_s == pytest.approx(0.189 * coll, rel=1e-9)
-    assert on_step.breakdown["interference_s"] == pytest.approx(0.189 * coll, rel=1e-9)
+    assert on_step.breakdown.interference_s == pytest.approx(0.189 * coll, rel=1e-9)
     assert on_step.split.total_s == pytest.approx(on_step.step_time_s)
     # where nothing hides under compute it does not apply: the serial schedule, one device
     assert _step(inv, rates, "serial").step_time_s == _step(inv, off, "serial").step_time_s

@@ -144,12 +144,12 @@ def test_fits_is_decided_by_what_xla_tpu_assigns_not_by_the_older_libtpus_report
         return cm.simulate(plan, inv, cfg, rates, "lhs")
 
     new, old = predict("0.0.52"), predict("0.0.42.1")
-    assert old.breakdown["peak_phase"] == "loss"  # the fixture reaches the excess's phase
-    assert old.breakdown["reported_excess_bytes"] == excess
+    assert old.breakdown.peak_phase == "loss"  # the fixture reaches the excess's phase
+    assert old.breakdown.reported_excess_bytes == excess
     assert old.peak_device_bytes - new.peak_device_bytes == excess
-    assert old.breakdown["assigned_peak_bytes"] == new.peak_device_bytes
-    assert new.breakdown["assigned_peak_bytes"] == new.peak_device_bytes
-    assert new.breakdown["reported_excess_bytes"] == 0
+    assert old.breakdown.assigned_peak_bytes == new.peak_device_bytes
+    assert new.breakdown.assigned_peak_bytes == new.peak_device_bytes
+    assert new.breakdown.reported_excess_bytes == 0
     between = new.peak_device_bytes + excess // 2
     assert predict("0.0.42.1", between).fits and predict("0.0.52", between).fits
     assert not predict("0.0.42.1", new.peak_device_bytes - 1).fits

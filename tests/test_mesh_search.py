@@ -141,7 +141,7 @@ def test_search_equals_brute_force_and_pruning_keeps_the_optimum(trimmed, case):
     # time bound under its step, the state bound under its peak.
     assert all(c.lower_bound_s <= c.step_time_s * (1 + 1e-12) for c in full.ranked)
     assert all(c.state_bytes <= c.result.predicted.peak_device_bytes for c in full.ranked)
-    assert all(c.state_bytes == c.result.predicted.breakdown["state_bytes"] for c in full.ranked)
+    assert all(c.state_bytes == c.result.predicted.breakdown.state_bytes for c in full.ranked)
     for c in full.ranked:  # the carry bound's bytes: the traced layer inputs
         inv = inv_lib.model_inventory(cfg, c.microbatch, seq, c.mesh.to_dict())
         traced = sum(g.carry_bytes_per_layer * g.num_layers for g in inv.groups)

@@ -217,7 +217,7 @@ def test_simulate_states_the_link_of_each_axis():
         },
     )
     b = cm.simulate(plan, inv, CFG, RATES, "serial").breakdown
-    assert b["network"]["fsdp"] == {
+    assert b.network["fsdp"] == {
         "axes": ["fsdp"],
         "devices": 16,
         "crosses_domain": True,
@@ -226,7 +226,7 @@ def test_simulate_states_the_link_of_each_axis():
         "devices_per_domain": 8,
         "nics": 8,
     }
-    assert b["rates"]["interconnect fsdp"].startswith(
+    assert b.rates["interconnect fsdp"].startswith(
         "400 GB/s per direction over 16 devices, spans domains of 8, over 8 NICs per domain"
     )
 
@@ -363,14 +363,14 @@ def test_host_copies_and_collectives_share_one_overlap_budget():
     off = {("moe", N.DECODER_LAYER_INPUT): P.DEVICE, ("moe", N.MOE_MLPWI_0): P.OFFLOAD}
     kept = cm.evaluate(keep, inv, CFG, RATES, "lhs").breakdown
     moved = cm.evaluate(off, inv, CFG, RATES, "lhs").breakdown
-    assert kept["collective_s"] == pytest.approx(840e6 / 400e9, rel=1e-12)
-    assert kept["exposed_collective_s"] == 0  # 2.1 ms under > 12 ms of compute
-    hidden = moved["transfer_s"] - moved["exposed_d2h_s"] - moved["exposed_h2d_s"]
-    window = moved["compute_s"] + moved["recompute_s"] - hidden
+    assert kept.collective_s == pytest.approx(840e6 / 400e9, rel=1e-12)
+    assert kept.exposed_collective_s == 0  # 2.1 ms under > 12 ms of compute
+    hidden = moved.transfer_s - moved.exposed_d2h_s - moved.exposed_h2d_s
+    window = moved.compute_s + moved.recompute_s - hidden
     assert hidden == pytest.approx(0.012, rel=1e-9)  # the 12 ms of layer compute
     assert 0 < window < 1e-4
-    assert moved["exposed_collective_s"] == pytest.approx(moved["collective_s"] - window, rel=1e-12)
-    assert moved["exposed_collective_s"] > 0.002
+    assert moved.exposed_collective_s == pytest.approx(moved.collective_s - window, rel=1e-12)
+    assert moved.exposed_collective_s > 0.002
 
 
 def test_v5p_slices_meet_over_each_chips_dcn_share():

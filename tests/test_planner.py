@@ -86,7 +86,7 @@ def test_larger_budget_is_never_slower_and_always_within_budget(llama):
         assert r.predicted.step_time_s <= previous * (1 + 1e-9)
         previous = r.predicted.step_time_s
     # With room for everything, nothing is recomputed.
-    assert r.predicted.breakdown["recompute_s"] == 0
+    assert r.predicted.breakdown.recompute_s == 0
 
 
 def test_no_plan_fits_is_a_clear_error(llama):

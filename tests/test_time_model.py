@@ -173,7 +173,7 @@ def test_simulate_on_a_calibrated_cpu_equals_hand_computation(dtype, which):
     pred = cm.simulate(plan(placement), inventory(), cfg, rates(dtype), "lhs")
     want = expected(dtype, which)
     for key, value in want.items():
-        got = pred.step_time_s if key == "step_time_s" else pred.breakdown[key]
+        got = pred.step_time_s if key == "step_time_s" else getattr(pred.breakdown, key)
         assert got == pytest.approx(value, rel=1e-12, abs=1e-15), key
 
 
@@ -310,17 +310,17 @@ def test_transposing_fusion_term_by_hand():
     inv = transposed_inventory()
     keep = cm.simulate(plan(P.Placement.DEVICE), inv, CFG, r, "lhs")
     remat = cm.simulate(plan(P.Placement.REMAT), inv, CFG, r, "lhs")
-    assert keep.breakdown["transpose_s"] == pytest.approx(0.015, rel=1e-12)
-    assert remat.breakdown["transpose_s"] == pytest.approx(0.009, rel=1e-12)
+    assert keep.breakdown.transpose_s == pytest.approx(0.015, rel=1e-12)
+    assert remat.breakdown.transpose_s == pytest.approx(0.009, rel=1e-12)
     want = expected("float32", "save-all")["step_time_s"] + 0.015
     assert keep.step_time_s == pytest.approx(want)
     one = dataclasses.replace(inv, groups=(dataclasses.replace(inv.groups[0], num_layers=1),))
     for placement in (P.Placement.DEVICE, P.Placement.REMAT):
-        got = cm.simulate(plan(placement), one, CFG, r, "lhs").breakdown["transpose_s"]
+        got = cm.simulate(plan(placement), one, CFG, r, "lhs").breakdown.transpose_s
         assert got == pytest.approx(0.004, rel=1e-12)
     no_rate = dataclasses.replace(r, transpose_read_elems_per_s=0.0)  # a GPU: no such term
     gpu_like = cm.simulate(plan(P.Placement.DEVICE), inv, CFG, no_rate, "lhs")
-    assert gpu_like.breakdown["transpose_s"] == 0
+    assert gpu_like.breakdown.transpose_s == 0
 
 
 def test_aliased_reads_are_priced_at_their_own_rate():
@@ -356,8 +356,8 @@ def test_aliased_reads_are_priced_at_their_own_rate():
         inv_s = moved(share)
         keep = cm.simulate(plan(P.Placement.DEVICE), inv_s, CFG, r, "lhs")
         remat = cm.simulate(plan(P.Placement.REMAT), inv_s, CFG, r, "lhs")
-        assert keep.breakdown["transpose_s"] == pytest.approx(keep_s, rel=1e-12)
-        assert remat.breakdown["transpose_s"] == pytest.approx(remat_s, rel=1e-12)
+        assert keep.breakdown.transpose_s == pytest.approx(keep_s, rel=1e-12)
+        assert remat.breakdown.transpose_s == pytest.approx(remat_s, rel=1e-12)
 
 
 def test_planner_weighs_transposing_fusions():
@@ -504,14 +504,14 @@ def test_a_bfloat16_lm_head_is_priced_at_the_calibrated_head_rate(which):
     pred = cm.simulate(plan(placement), inventory(), cfg, bf16, "lhs")
     want = expected("bfloat16", which)
     head_s = 3 * HEAD_FLOPS / 0.125e12
-    assert pred.breakdown["compute_s"] == pytest.approx(
+    assert pred.breakdown.compute_s == pytest.approx(
         (MATMUL_FLOPS - 3 * HEAD_FLOPS) / 0.5e12 + head_s + HBM_BYTES / 1e11, rel=1e-12
     )
     assert pred.step_time_s - want["step_time_s"] == pytest.approx(
         head_s - 3 * HEAD_FLOPS / 0.5e12, rel=1e-9
     )
     for key in ("recompute_s", "first_touch_s", "hbm_s"):
-        assert pred.breakdown[key] == pytest.approx(want[key], rel=1e-12), key
+        assert getattr(pred.breakdown, key) == pytest.approx(want[key], rel=1e-12), key
     f32 = cm.target_rates("cpu", "float32", calibration=cal)
     assert f32.head_matmul_flops_per_s == 0.0 and "mix's rate" in f32.sources["head_matmul"]
     got = cm.simulate(plan(placement), inventory(), CFG, f32, "lhs").step_time_s

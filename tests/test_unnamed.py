@@ -79,19 +79,19 @@ def test_the_cost_model_charges_the_unnamed_recompute_and_saves_their_bytes():
     kept = cm.simulate(P.preset("save-all", cfg), inv, cfg, rates, "serial")
     named = cm.simulate(_all_named_on_device(cfg), inv, cfg, rates, "serial")
     (g,) = inv.groups
-    assert named.breakdown["recompute_s"] == pytest.approx(
+    assert named.breakdown.recompute_s == pytest.approx(
         g.base_recompute_flops_per_layer * g.num_layers / 1e12
         + g.base_recompute_hbm_bytes_per_layer * g.num_layers / 1e12,
         rel=1e-9,
     )
-    assert kept.breakdown["recompute_s"] == 0
+    assert kept.breakdown.recompute_s == 0
     # save-all keeps every residual; the named plan keeps what each name holds (a name the backward
     # never needs, Llama's mlpwo, holds nothing whichever placement it has)
     extra = (g.save_all_bytes_per_layer - sum(a.held_bytes_per_layer for a in g.activations)) * (
         g.num_layers
     )
     assert any(a.held_bytes_per_layer == 0 < a.bytes_per_layer for a in g.activations)
-    assert kept.breakdown["activation_bytes"] - named.breakdown["activation_bytes"] == extra
+    assert kept.breakdown.activation_bytes - named.breakdown.activation_bytes == extra
     assert extra > 0
 
 

@@ -48,6 +48,7 @@ update time are exposed.
 
 from tierax.costmodel.fixed import FixedTerms, collective_s_by_group, fixed_terms
 from tierax.costmodel.predict import (
+    Breakdown,
     Prediction,
     evaluate,
     peak_rows,
@@ -66,7 +67,7 @@ from tierax.costmodel.rates import (
     target_rates,
 )
 from tierax.costmodel.resources import RESOURCES, StepSplit, scale_rates
-from tierax.costmodel.state import StateCost, StateTerms, state_cost, state_terms
+from tierax.costmodel.state import StateCost, StateTerms, state_terms
 from tierax.costmodel.terms import (
     OVERLAP_WINDOW,
     SCHEDULES,
@@ -93,6 +94,7 @@ __all__ = [
     "FixedTerms",
     "GroupTerms",
     "ItemTerms",
+    "Breakdown",
     "Prediction",
     "peak_rows",
     "phase_text",
@@ -110,7 +112,6 @@ __all__ = [
     "scale_rates",
     "simulate",
     "staging_and_window",
-    "state_cost",
     "state_terms",
     "target_rates",
 ]

@@ -1,116 +1,35 @@
-"""The model's answer for a plan or explicit placements (:class:`Prediction`): peak bytes, host
-bytes, step
-time and their breakdown."""
+"""The model's answer for a plan or explicit placements (:class:`Prediction`): the rows linear in
+the plan (:mod:`tierax.costmodel.linear_terms`) at its indicator vector, and what is not linear
+about them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from tierax import names as N
 from tierax import plan as plan_lib
-from tierax.costmodel import network
+from tierax.costmodel import linear_terms, network
 from tierax.costmodel.first_touch import first_touch_s
-from tierax.costmodel.fixed import exposed_share, fixed_terms
-from tierax.costmodel.rates import Rates, for_program
+from tierax.costmodel.fixed import exposed_share
+from tierax.costmodel.linear_terms import keeps_unnamed
+from tierax.costmodel.prediction import Breakdown, Prediction, peak_rows, phase_text
+from tierax.costmodel.rates import Rates
 from tierax.costmodel.resources import StepSplit
-from tierax.costmodel.state import (
-    accumulate_s,
-    accumulator_bytes,
-    check_state,
-    host_peak,
-    offloaded_parts,
-    state_cost,
-)
-from tierax.costmodel.terms import SCHEDULES, group_terms, item_terms, staging_and_window
-from tierax.costmodel.transposes import transpose_s
+from tierax.costmodel.state import check_state, host_peak, offloaded_parts
+from tierax.costmodel.terms import SCHEDULES
 from tierax.errors import TieraxError
-from tierax.tracing import hbm
 from tierax.tracing.model_program import accepts_config
 from tierax.tracing.program import Program
 
-
-@dataclass(frozen=True)
-class Prediction:
-    fits: bool
-    peak_device_bytes: int
-    device_capacity_bytes: int
-    host_bytes: int
-    step_time_s: float
-    tflops_per_device: float
-    breakdown: dict
-    # the step time by resource (tierax.costmodel.resources); None: not split
-    split: StepSplit | None = None
-
-    def to_json(self) -> dict:
-        return {
-            "fits": self.fits,
-            "peak_device_bytes": self.peak_device_bytes,
-            "device_capacity_bytes": self.device_capacity_bytes,
-            "host_bytes": self.host_bytes,
-            "step_time_s": self.step_time_s,
-            "tflops_per_device": self.tflops_per_device,
-            "breakdown": self.breakdown,
-        } | ({"split": self.split.to_json()} if self.split is not None else {})
-
-
-PHASE_TEXT = {
-    "layer backward": "in a layer backward",
-    "loss": "at the loss",
-    "update": "in the streamed optimizer update",
-    "accumulation": "in a gradient accumulation",
-}
-
-
-def phase_text(breakdown: dict) -> str:
-    """Where the predicted peak is, in words ("in a layer backward", "at the loss", "in the
-    streamed optimizer update", "in a gradient accumulation")."""
-    return PHASE_TEXT[breakdown["peak_phase"]]
-
-
-def peak_rows(breakdown: dict) -> list[tuple[str, int]]:
-    """The terms of the predicted peak, in the phase that peaks (:class:`FixedTerms`: a layer's
-    backward holds its workspace, the loss the logits and their gradient, less the embedding and
-    head gradients not yet written): (label, bytes) rows that sum to the peak."""
-    b = breakdown
-    if b["peak_phase"] == "update":  # the streamed update: the state left on device, its slices
-        return [
-            ("params + grads + AdamW left on device", b["state_device_bytes"]),
-            ("the update's staged state slices", b.get("state_update_staging_bytes", 0)),
-            ("the runtime's fixed device memory", b.get("fixed_device_bytes", 0)),
-        ]
-    if b["peak_phase"] == "accumulation":  # a microbatch's gradients added to the accumulator
-        return [
-            ("params + grads + AdamW left on device", b["state_device_bytes"]),
-            ("the gradient accumulator left on device", b.get("accumulator_device_bytes", 0)),
-            ("the accumulation's staged slices", b.get("state_accum_staging_bytes", 0)),
-            ("the runtime's fixed device memory", b.get("fixed_device_bytes", 0)),
-        ]
-    loss = b["peak_phase"] == "loss"
-    on_device = b.get("state_device_bytes", b["state_bytes"])  # moments on host leave the peak
-    state = on_device - (b.get("embed_grad_bytes", 0) if loss else 0)
-    rows = [
-        (
-            "params + grads + AdamW"
-            + (" on device" if on_device != b["state_bytes"] else "")
-            + (
-                ", less the embedding and head gradients not yet written"
-                if state != on_device
-                else ""
-            ),
-            state,
-        ),
-        ("activations on device", b["activation_bytes"]),
-        ("transfer staging", b["staging_bytes"]),
-        ("logits, their gradient, the head's gradient", b["logits_bytes"])
-        if loss
-        else ("one layer's workspace", b["workspace_bytes"]),
-        ("XLA's transposed weight stacks", b.get("stack_copy_bytes", 0)),
-    ]
-    if b.get("accumulator_device_bytes"):
-        rows.append(("the float32 gradient accumulator on device", b["accumulator_device_bytes"]))
-    if b.get("fixed_device_bytes"):
-        rows.append(("the runtime's fixed device memory", b["fixed_device_bytes"]))
-    return rows
+# keeps_unnamed, peak_rows, phase_text: imported from here by the report and the bench scripts
+__all__ = [
+    "Breakdown",
+    "Prediction",
+    "evaluate",
+    "evaluate_terms",
+    "keeps_unnamed",
+    "peak_rows",
+    "phase_text",
+    "plan_placements",
+    "simulate",
+]
 
 
 @accepts_config(1)
@@ -138,98 +57,62 @@ def evaluate(
     check_state(state or {}, "simulate", grad_accum)
     if schedule not in SCHEDULES:
         raise TieraxError(f"unknown schedule {schedule!r}; choose one of: {', '.join(SCHEDULES)}")
+    terms = linear_terms.build(prog, rates, schedule, mechanism, grad_accum)
+    return evaluate_terms(terms, placements, state, prog)
+
+
+def evaluate_terms(
+    t: linear_terms.LinearTerms, placements: dict, state: dict | None, prog: Program
+) -> Prediction:
+    """:func:`evaluate` on the rows already built for ``prog`` (``t``): the plan's indicator
+    vector's dot products with them, then what is not linear — the largest phase and staging, the
+    copies and collectives exposed beyond their windows, the interference, the CPU's first
+    touch."""
     P = plan_lib.Placement
-    inv = prog.inventory
-    rates = for_program(rates, prog)  # the fused attention kernel at the program's shape
-    items = item_terms(inv, rates, mechanism)
-    groups = group_terms(inv, rates, schedule, mechanism)
-    staged_layers = staging_and_window(schedule, mechanism)[0]
-    fx = fixed_terms(prog, rates, schedule)
-    links = network.axis_links(inv.mesh, rates)
+    inv, rates, fx, a = prog.inventory, t.rates, t.fixed, t.grad_accum
     if not rates.offload_is_real:  # XLA:CPU keeps "offloaded" values on device
         placements = {k: (P.DEVICE if v is P.OFFLOAD else v) for k, v in placements.items()}
-    act_bytes = host = 0
-    recompute = recompute_hbm = exposed_d2h = exposed_h2d = transfer_total = staging = 0.0
-    recompute_flops = recompute_attention = recompute_collective = 0.0
-    for g in groups:
-        mine = [i for i in items if i.group == g.name]
-        no_remat = keeps_unnamed(placements, g.name, [i.name for i in mine])
-        act_bytes += g.base_bytes + sum(
-            i.bytes for i in mine if placements[(g.name, i.name)] is P.DEVICE
-        )
-        if no_remat:
-            act_bytes += g.save_all_extra_bytes
-        else:
-            remat = [i for i in mine if placements[(g.name, i.name)] is P.REMAT]
-            g_recompute = g.base_recompute_s + sum(i.recompute_s for i in remat)
-            g_recompute_hbm = g.base_recompute_hbm_s + sum(i.recompute_hbm_s for i in remat)
-            recompute, recompute_hbm = recompute + g_recompute, recompute_hbm + g_recompute_hbm
-            recompute_attention += g.base_recompute_attention_s + sum(
-                i.recompute_attention_s for i in remat
-            )
-            recompute_collective += g.base_recompute_collective_s
-            # the matmul seconds back to FLOPs at the rate they were priced at
-            recompute_flops += (g_recompute - g_recompute_hbm) * rates.blended_matmul_rate(
-                inv.group(g.name).matmul_min_dim_shares
-            )
-        off = [i for i in mine if placements[(g.name, i.name)] is P.OFFLOAD]
-        host += sum(i.bytes for i in off)
-        d2h, h2d = sum(i.d2h_s for i in off), sum(i.h2d_s for i in off)
-        staged = sum(i.bytes_per_layer for i in off)
-        # The layer input offloaded (XLA's host offloader stores the scan's carry residuals: a
-        # deviceless compile holds exactly L × the carry in host temp, tests/test_compile.py):
-        # its bytes leave the device and cross the link like a named activation's.
-        if placements.get((g.name, N.DECODER_LAYER_INPUT)) is P.OFFLOAD:
-            act_bytes -= g.base_bytes
-            host += g.base_bytes
-            d2h += g.base_bytes / rates.d2h_bytes_per_s
-            h2d += g.base_bytes / rates.h2d_bytes_per_s
-            staged += g.base_bytes // max(1, g.num_layers)
-        transfer_total += d2h + h2d
-        exposed_d2h += max(0.0, d2h - g.d2h_window_s)
-        exposed_h2d += max(0.0, h2d - g.h2d_window_s)
-        staging = max(staging, staged_layers * staged)
-    sc = state_cost(offloaded_parts(state or {}), prog, rates, grad_accum)
-    # The accumulator on the device through the microbatches (A > 1), less what is offloaded.
-    accum = accumulator_bytes(prog, grad_accum) - sc.accum_freed_bytes
-    # The streamed update's phase: the state left on device, the update's staged slices.
-    update_phase = fx.state_bytes - sc.freed_bytes + sc.staging_bytes + fx.fixed_device_bytes
-    # The accumulation after a microbatch's backward: its gradients, the accumulator left on
-    # device and the offloaded accumulator's layer slices (0 without an offloaded accumulator).
+    x = t.indicators(placements, offloaded_parts(state or {}))
+    act_bytes = t.activation_bytes.at(x)
+    staging = max((r.at(x) for r in t.staging_bytes), default=0.0)
+    sc = t.state_cost(x)
+    accum = t.accumulator_bytes - sc.accum_freed_bytes  # the accumulator left on device (A > 1)
+    micro_phase = t.microbatch_phase_bytes.at(x) + staging
+    update_phase = t.update_phase_bytes.at(x) + sc.staging_bytes
+    # the accumulation is a phase of its own only with an offloaded accumulator's slices
     accum_phase = (
-        update_phase - sc.staging_bytes + accum + sc.accum_staging_bytes
-        if sc.accum_staging_bytes
-        else 0
+        t.accumulation_phase_bytes.at(x) + sc.accum_staging_bytes if sc.accum_staging_bytes else 0
     )
-    micro_phase = act_bytes + staging + fx.fixed_bytes - sc.freed_bytes + accum
     peak = int(max(micro_phase, update_phase, accum_phase))
     # What XLA:TPU assigns (and fits by): the peak without what an older libtpu's memory_analysis()
     # reports beyond its assignment (tierax.costmodel.fixed.FixedTerms.reported_excess_bytes).
     assigned_micro = micro_phase - fx.fixed_bytes + fx.assigned_fixed_bytes
     assigned_peak = int(max(assigned_micro, update_phase, accum_phase))
-    # Offloaded state and, during the update, its new values' second host buffer, which shares
-    # memory with the offloaded activations (dead by then): tierax.costmodel.state.host_peak.
-    act_host = int(host)
+    act_host = int(t.activation_host_bytes.at(x))
     host = host_peak(act_host, sc.host_bytes, sc.accum_host_bytes)
+    recompute = t.recompute_s.at(x)
+    recompute_hbm = t.recompute_hbm_s.at(x)
+    recompute_attention = t.recompute_attention_s.at(x)
+    recompute_collective = t.recompute_collective_s.at(x)
+    # each group's copies exposed beyond the compute they hide under
+    exposed_d2h = sum(max(0.0, t.d2h_s[i].at(x) - g.d2h_window_s) for i, g in enumerate(t.groups))
+    exposed_h2d = sum(max(0.0, t.h2d_s[i].at(x) - g.h2d_window_s) for i, g in enumerate(t.groups))
+    transfer_total = t.transfer_s.at(x)
     hidden_copies = transfer_total - exposed_d2h - exposed_h2d
-    exposed_coll = exposed_collectives(fx, schedule, recompute, hidden_copies)
+    exposed_coll = exposed_collectives(fx, t.schedule, recompute, hidden_copies)
     interference = interference_s(
         rates, fx.collective_s - exposed_coll + hidden_copies, fx.compute_s + recompute
     )
     first_touch = first_touch_s(peak, inv, rates)  # CPU only: 0 on GPU and TPU targets
-    transpose = transpose_s(placements, inv, rates)  # CPU only: 0 on GPU and TPU targets
+    transpose = t.transpose_s.at(x)  # CPU only: 0 on GPU and TPU targets
     # The update's HBM time runs once per step; everything else of the microbatch A times.
-    update_s = hbm.optimizer_bytes(inv.param_bytes) / rates.hbm_bytes_per_s
+    update_s, adds = t.update_hbm_s, t.accumulate_s
     exposed = exposed_d2h + exposed_h2d + exposed_coll
     micro = fx.compute_s + recompute + exposed + transpose + interference
-    adds = accumulate_s(prog, rates, grad_accum)
     step = (
-        (micro if grad_accum == 1 else grad_accum * (micro - update_s) + update_s + adds)
-        + first_touch
-        + sc.exposed_s
+        (micro if a == 1 else a * (micro - update_s) + update_s + adds) + first_touch + sc.exposed_s
     )
     # The step by resource: the microbatch's parts A times, the update's HBM time once.
-    a = grad_accum
     gemm_micro = (fx.compute_s - fx.hbm_s - fx.fused_attention_s) + (
         recompute - recompute_hbm - recompute_attention - recompute_collective
     )
@@ -241,73 +124,71 @@ def evaluate(
         collective_s=a * (exposed_coll + recompute_collective + interference),
         other_s=a * (exposed_d2h + exposed_h2d + transpose) + first_touch + sc.exposed_s,
     )
-    breakdown = {
-        "state_bytes": fx.state_bytes,
-        "state_device_bytes": fx.state_bytes - sc.freed_bytes,
-        "activation_bytes": int(act_bytes),
-        "activation_host_bytes": act_host,
-        "staging_bytes": int(staging),
-        "workspace_bytes": fx.workspace_bytes,
-        "logits_bytes": fx.logits_bytes,
-        "fixed_device_bytes": fx.fixed_device_bytes,
-        "stack_copy_bytes": fx.stack_copy_bytes,
-        "peak_phase": "update"
+    links = network.axis_links(inv.mesh, rates)
+    # Each phase as the peak counts it: offloaded state freed, the accumulator left on device.
+    per_phase = act_bytes + staging - sc.freed_bytes + accum
+    breakdown = Breakdown(
+        state_bytes=fx.state_bytes,
+        state_device_bytes=fx.state_bytes - sc.freed_bytes,
+        activation_bytes=int(act_bytes),
+        staging_bytes=int(staging),
+        workspace_bytes=fx.workspace_bytes,
+        logits_bytes=fx.logits_bytes,
+        fixed_device_bytes=fx.fixed_device_bytes,
+        stack_copy_bytes=fx.stack_copy_bytes,
+        embed_grad_bytes=fx.embed_grad_bytes,
+        accumulator_device_bytes=int(accum),
+        peak_phase="update"
         if update_phase > micro_phase and update_phase >= accum_phase
         else "accumulation"
         if accum_phase > micro_phase
         else "loss"
         if fx.loss_phase_bytes > fx.layer_phase_bytes
         else "layer backward",
-        "embed_grad_bytes": fx.embed_grad_bytes,
-        # Each phase as the peak counts it: offloaded state freed, the accumulator left on device.
-        "layer_phase_bytes": int(
-            act_bytes + staging + fx.layer_phase_bytes - sc.freed_bytes + accum
-        ),
-        "loss_phase_bytes": int(act_bytes + staging + fx.loss_phase_bytes - sc.freed_bytes + accum),
-        "update_phase_bytes": int(update_phase),
-        "accumulation_phase_bytes": int(accum_phase),
-        "compute_s": fx.compute_s,
-        "hbm_s": fx.hbm_s,
-        "fused_attention_s": fx.fused_attention_s,
-        "recompute_s": recompute,
-        "transfer_s": transfer_total,
-        "exposed_d2h_s": exposed_d2h,
-        "exposed_h2d_s": exposed_h2d,
-        "collective_s": fx.collective_s,
-        "exposed_collective_s": exposed_coll,
-        "critical_collective_s": fx.critical_collective_s,
-        "interference_s": interference,
-        "executed_flops": grad_accum * (fx.executed_flops + recompute_flops),
-        "recompute_hbm_s": recompute_hbm,
-        "first_touch_s": first_touch,
-        "transpose_s": transpose,
-        "model_flops": fx.model_flops * grad_accum,
-        "grad_accum": grad_accum,
-        "accumulator_device_bytes": int(accum),
-        "accumulate_s": adds,
-        "microbatch_s": micro - update_s,
-        "update_hbm_s": update_s,
-        "schedule": schedule,
-        "mechanism": mechanism,
-        "rates": rates.sources | network.describe(links, rates),
-        "network": {k: v.to_json() for k, v in links.items() if v.link != "none"},
-        # what `fits` compares with the limit: the peak XLA:TPU assigns (= the peak elsewhere)
-        "assigned_peak_bytes": assigned_peak,
-        "reported_excess_bytes": fx.reported_excess_bytes,
-        # what `fits` compares the assigned peak with, and what that limit is
-        "fit_limit_bytes": rates.usable_device_bytes,
-        "fit_limit": (
+        layer_phase_bytes=int(per_phase + fx.layer_phase_bytes),
+        loss_phase_bytes=int(per_phase + fx.loss_phase_bytes),
+        update_phase_bytes=int(update_phase),
+        accumulation_phase_bytes=int(accum_phase),
+        assigned_peak_bytes=assigned_peak,
+        reported_excess_bytes=fx.reported_excess_bytes,
+        fit_limit_bytes=rates.usable_device_bytes,
+        fit_limit=(
             "XLA:TPU's HBM limit" if rates.device_limit_bytes else "capacity − runtime reserve"
         ),
-        **sc.to_json(),
-    }
+        activation_host_bytes=act_host,
+        compute_s=fx.compute_s,
+        hbm_s=fx.hbm_s,
+        fused_attention_s=fx.fused_attention_s,
+        recompute_s=recompute,
+        recompute_hbm_s=recompute_hbm,
+        transfer_s=transfer_total,
+        exposed_d2h_s=exposed_d2h,
+        exposed_h2d_s=exposed_h2d,
+        collective_s=fx.collective_s,
+        exposed_collective_s=exposed_coll,
+        critical_collective_s=fx.critical_collective_s,
+        interference_s=interference,
+        first_touch_s=first_touch,
+        transpose_s=transpose,
+        accumulate_s=adds,
+        microbatch_s=micro - update_s,
+        update_hbm_s=update_s,
+        executed_flops=a * (fx.executed_flops + t.recompute_flops.at(x)),
+        model_flops=fx.model_flops * a,
+        grad_accum=a,
+        schedule=t.schedule,
+        mechanism=t.mechanism,
+        rates=rates.sources | network.describe(links, rates),
+        network={k: v.to_json() for k, v in links.items() if v.link != "none"},
+        state=sc,
+    )
     return Prediction(
         fits=assigned_peak <= rates.usable_device_bytes and host <= rates.host_memory_bytes,
         peak_device_bytes=peak,
         device_capacity_bytes=rates.device_memory_bytes,
         host_bytes=int(host),
         step_time_s=step,
-        tflops_per_device=fx.model_flops * grad_accum / step / 1e12,
+        tflops_per_device=fx.model_flops * a / step / 1e12,
         breakdown=breakdown,
         split=split,
     )
@@ -329,24 +210,6 @@ def exposed_collectives(fx, schedule: str, recompute_s: float, hidden_copy_s: fl
     hideable = fx.collective_s - fx.critical_collective_s
     window = fx.compute_s + recompute_s - hidden_copy_s
     return fx.critical_collective_s + exposed_share(hideable, window, schedule)
-
-
-def keeps_unnamed(placements: dict, group: str, names) -> bool:
-    """Whether explicit ``placements`` keep ``group``'s unnamed intermediates (key ``(group,
-    UNNAMED)``; absent: recomputed).
-
-    Raises:
-      TieraxError: they are kept while a name of the group is not on device.
-    """
-    P = plan_lib.Placement
-    if placements.get((group, plan_lib.UNNAMED), P.REMAT) is not P.DEVICE:
-        return False
-    other = [n for n in names if placements[(group, n)] is not P.DEVICE]
-    if other:
-        raise TieraxError(
-            f"group {group}: unnamed intermediates kept while {', '.join(other)} are not on device"
-        )
-    return True
 
 
 def plan_placements(plan: plan_lib.Plan, program) -> dict:

@@ -214,7 +214,8 @@ def check_state(state: Mapping[str, StatePlacement], where: str, grad_accum: int
 
 @dataclass(frozen=True)
 class StateCost:
-    """What a plan's state placements add to a prediction."""
+    """What a plan's state placements add to a prediction (its ``breakdown.state``; built by
+    :meth:`tierax.costmodel.linear_terms.LinearTerms.state_cost`)."""
 
     freed_bytes: int  # moments and master weights: from every phase
     host_bytes: int  # moments and master weights
@@ -230,22 +231,32 @@ class StateCost:
     accum_staging_bytes: int = 0  # the accumulation's layer slices on the device
 
     def to_json(self) -> dict:
-        return {
-            "state_freed_bytes": self.freed_bytes,
-            "state_host_bytes": self.host_bytes,
-            "state_h2d_bytes": self.h2d_bytes,
-            "state_d2h_bytes": self.d2h_bytes,
-            "state_transfer_s": self.transfer_s,
-            "state_exposed_s": self.exposed_s,
+        return {key: getattr(self, f) for f, key in STATE_COST_KEYS.items()} | {
             "state_hidden_under_backward_s": 0.0,
-            "state_update_staging_bytes": self.staging_bytes,
-            "state_update_device_s": self.update_device_s,
-            "state_update_host_s": self.update_host_s,
-            "state_accum_freed_bytes": self.accum_freed_bytes,
-            "state_accum_host_bytes": self.accum_host_bytes,
-            "state_accum_staging_bytes": self.accum_staging_bytes,
             "state_mechanism": MECHANISM,
         }
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> StateCost:
+        """The value :meth:`to_json` wrote (a prediction's ``breakdown``)."""
+        return cls(**{f: d[key] for f, key in STATE_COST_KEYS.items()})
+
+
+# StateCost's fields under their keys in a prediction's JSON breakdown.
+STATE_COST_KEYS = {
+    "freed_bytes": "state_freed_bytes",
+    "host_bytes": "state_host_bytes",
+    "h2d_bytes": "state_h2d_bytes",
+    "d2h_bytes": "state_d2h_bytes",
+    "transfer_s": "state_transfer_s",
+    "exposed_s": "state_exposed_s",
+    "staging_bytes": "state_update_staging_bytes",
+    "update_device_s": "state_update_device_s",
+    "update_host_s": "state_update_host_s",
+    "accum_freed_bytes": "state_accum_freed_bytes",
+    "accum_host_bytes": "state_accum_host_bytes",
+    "accum_staging_bytes": "state_accum_staging_bytes",
+}
 
 
 def exposed(h2d_s: float, d2h_s: float, g: StateGroupTerms) -> float:
@@ -258,48 +269,6 @@ def accum_exposed(h2d_s: float, d2h_s: float, g: StateGroupTerms) -> float:
     """A group's accumulator copies not hidden under its additions: the slower direction's excess
     (the two run at once on the full-duplex link)."""
     return max(0.0, max(h2d_s, d2h_s) - g.accumulate_device_s)
-
-
-def state_cost(
-    offloaded: set[tuple[str, str]], prog: Program, rates: Rates, grad_accum: int = 1
-) -> StateCost:
-    """The cost of offloading the (group, kind) pairs in ``offloaded`` (every other part on
-    device) in a step of ``grad_accum`` microbatches per update."""
-    items, groups = state_terms(prog, rates, grad_accum)
-    freed = host = h2d = d2h = staging = 0
-    a_freed = a_host = a_staging = 0
-    transfer = exp = 0.0
-    for g in groups:
-        mine = [i for i in items if i.group == g.group and (i.group, i.kind) in offloaded]
-        upd = [i for i in mine if i.kind in ALL_PHASE_KINDS]
-        acc = [i for i in mine if i.kind not in ALL_PHASE_KINDS]
-        freed += sum(i.device_bytes for i in upd)
-        host += sum(i.host_bytes for i in upd)
-        a_freed += sum(i.device_bytes for i in acc)
-        a_host += sum(i.host_bytes for i in acc)
-        h2d += sum(i.h2d_bytes for i in mine)
-        d2h += sum(i.d2h_bytes for i in mine)
-        transfer += sum(i.h2d_s + i.d2h_s for i in mine)
-        if rates.offload_is_real:
-            exp += exposed(sum(i.h2d_s for i in upd), sum(i.d2h_s for i in upd), g)
-            exp += accum_exposed(sum(i.h2d_s for i in acc), sum(i.d2h_s for i in acc), g)
-        staging = max(staging, sum(i.staging_bytes for i in upd))
-        a_staging = max(a_staging, sum(i.staging_bytes for i in acc))
-    real = rates.offload_is_real
-    return StateCost(
-        freed,
-        host,
-        h2d,
-        d2h,
-        transfer,
-        exp,
-        staging if real else 0,
-        sum(g.update_device_s for g in groups),
-        sum(g.update_host_s for g in groups),
-        a_freed,
-        a_host,
-        a_staging if real else 0,
-    )
 
 
 def host_peak(activation_host_bytes: int, state_host_bytes: int, accum_host_bytes: int = 0) -> int:

@@ -220,10 +220,10 @@ def inventory_table(inv, cfg) -> Table:
 def _peak_rows(pred) -> list[tuple[str, str]]:
     """The peak, the phase it is in and the rows that make it (they sum to it); the other phases'
     totals beside it (each as the peak counts it: offloaded state freed)."""
-    from tierax.costmodel.predict import peak_rows, phase_text
+    from tierax.costmodel.prediction import peak_rows, phase_text
 
     b = pred.breakdown
-    phase = b["peak_phase"]
+    phase = b.peak_phase
     rows = [
         (
             f"peak device ({phase_text(b)}), made of",
@@ -231,32 +231,29 @@ def _peak_rows(pred) -> list[tuple[str, str]]:
         ),
         *((f"  {label}", fmt_bytes(n)) for label, n in peak_rows(b)),
     ]
-    if "loss_phase_bytes" in b:
-        others = []
-        if phase != "layer backward":
-            others.append(f"a layer backward peaks at {fmt_bytes(b['layer_phase_bytes'])}")
-        if phase != "loss":
-            others.append(f"the loss at {fmt_bytes(b['loss_phase_bytes'])}")
-        if phase not in ("update", "accumulation") and b.get("update_phase_bytes") and b.get(
-            "state_freed_bytes"
-        ):
-            others.append(f"the streamed update at {fmt_bytes(b['update_phase_bytes'])}")
-        if phase != "accumulation" and b.get("accumulation_phase_bytes"):
-            others.append(f"the accumulation at {fmt_bytes(b['accumulation_phase_bytes'])}")
-        not_in = (
-            f"one layer's workspace {fmt_bytes(b['workspace_bytes'])}"
-            if phase == "loss"
-            else f"logits and their gradients {fmt_bytes(b['logits_bytes'])}"
-            if phase == "layer backward"
-            else "a microbatch's activations, workspace and logits"
-        )
-        rows.append((f"  not in the peak: {not_in}", ", ".join(others)))
-    if b.get("reported_excess_bytes"):
+    others = []
+    if phase != "layer backward":
+        others.append(f"a layer backward peaks at {fmt_bytes(b.layer_phase_bytes)}")
+    if phase != "loss":
+        others.append(f"the loss at {fmt_bytes(b.loss_phase_bytes)}")
+    if phase not in ("update", "accumulation") and b.update_phase_bytes and b.state.freed_bytes:
+        others.append(f"the streamed update at {fmt_bytes(b.update_phase_bytes)}")
+    if phase != "accumulation" and b.accumulation_phase_bytes:
+        others.append(f"the accumulation at {fmt_bytes(b.accumulation_phase_bytes)}")
+    not_in = (
+        f"one layer's workspace {fmt_bytes(b.workspace_bytes)}"
+        if phase == "loss"
+        else f"logits and their gradients {fmt_bytes(b.logits_bytes)}"
+        if phase == "layer backward"
+        else "a microbatch's activations, workspace and logits"
+    )
+    rows.append((f"  not in the peak: {not_in}", ", ".join(others)))
+    if b.reported_excess_bytes:
         rows.append(
             (
                 "  fits by XLA:TPU's assigned peak: the peak less what this libtpu reports beyond"
-                f" its assignment ({fmt_bytes(b['reported_excess_bytes'])})",
-                fmt_bytes(b["assigned_peak_bytes"]),
+                f" its assignment ({fmt_bytes(b.reported_excess_bytes)})",
+                fmt_bytes(b.assigned_peak_bytes),
             )
         )
     return rows
@@ -264,70 +261,63 @@ def _peak_rows(pred) -> list[tuple[str, str]]:
 
 def prediction_table(pred, title: str) -> Table:
     b = pred.breakdown
-    t = Table(
-        title=title, caption="rates: " + "; ".join(f"{k}: {v}" for k, v in b["rates"].items())
-    )
+    t = Table(title=title, caption="rates: " + "; ".join(f"{k}: {v}" for k, v in b.rates.items()))
     t.add_column("figure")
     t.add_column("per device", justify="right")
     ms = lambda s: f"{s * 1e3:.3f} ms"  # noqa: E731
     rows = [
         (
-            f"fits (≤ {b.get('fit_limit', 'capacity − runtime reserve')}"
-            + (f" {fmt_bytes(b['fit_limit_bytes'])})" if "fit_limit_bytes" in b else ")"),
+            f"fits (≤ {b.fit_limit} {fmt_bytes(b.fit_limit_bytes)})",
             "[green]yes[/]" if pred.fits else "[red]no[/]",
         ),
         *_peak_rows(pred),
         ("host (offloaded)", fmt_bytes(pred.host_bytes)),
         *(
-            [("  of which training state", fmt_bytes(b["state_host_bytes"]))]
-            if b.get("state_host_bytes")
+            [("  of which training state", fmt_bytes(b.state.host_bytes))]
+            if b.state.host_bytes
             else []
         ),
         ("step time", ms(pred.step_time_s)),
         *(
             [
                 (
-                    f"  {b['grad_accum']} microbatches (each: the rows below, less the update)",
-                    f"{b['grad_accum']} × {ms(b['microbatch_s'])}",
+                    f"  {b.grad_accum} microbatches (each: the rows below, less the update)",
+                    f"{b.grad_accum} × {ms(b.microbatch_s)}",
                 ),
                 (
                     "  the update once + the gradient accumulator's additions",
-                    f"{ms(b['update_hbm_s'])} + {ms(b['accumulate_s'])}",
+                    f"{ms(b.update_hbm_s)} + {ms(b.accumulate_s)}",
                 ),
             ]
-            if b.get("grad_accum", 1) > 1
+            if b.grad_accum > 1
             else []
         ),
-        ("  compute", ms(b["compute_s"])),
-        ("    of which non-matmul work at memory bandwidth", ms(b.get("hbm_s", 0.0))),
-        ("  recompute", ms(b["recompute_s"])),
+        ("  compute", ms(b.compute_s)),
+        ("    of which non-matmul work at memory bandwidth", ms(b.hbm_s)),
+        ("  recompute", ms(b.recompute_s)),
         (
             "  host transfers (exposed d2h / h2d)",
-            f"{ms(b['transfer_s'])} ({ms(b['exposed_d2h_s'])} / {ms(b['exposed_h2d_s'])})",
+            f"{ms(b.transfer_s)} ({ms(b.exposed_d2h_s)} / {ms(b.exposed_h2d_s)})",
         ),
         *(
             [
                 (
                     "  streamed state update copies (exposed)"
-                    if not b.get("state_accum_host_bytes")
+                    if not b.state.accum_host_bytes
                     else "  training-state copies: update and accumulator (exposed)",
-                    f"{ms(b['state_transfer_s'])} ({ms(b['state_exposed_s'])})",
+                    f"{ms(b.state.transfer_s)} ({ms(b.state.exposed_s)})",
                 )
             ]
-            if b.get("state_transfer_s")
+            if b.state.transfer_s
             else []
         ),
-        ("  collectives (exposed)", f"{ms(b['collective_s'])} ({ms(b['exposed_collective_s'])})"),
+        ("  collectives (exposed)", f"{ms(b.collective_s)} ({ms(b.exposed_collective_s)})"),
         *(
-            [("  first write of fresh memory (CPU)", ms(b["first_touch_s"]))]
-            if b.get("first_touch_s")
+            [("  first write of fresh memory (CPU)", ms(b.first_touch_s))]
+            if b.first_touch_s
             else []
         ),
-        *(
-            [("  XLA:CPU's transposing fusions (CPU)", ms(b["transpose_s"]))]
-            if b.get("transpose_s")
-            else []
-        ),
+        *([("  XLA:CPU's transposing fusions (CPU)", ms(b.transpose_s))] if b.transpose_s else []),
         ("TFLOP/s/device (model FLOPs)", f"{pred.tflops_per_device:.1f}"),
     ]
     for k, v in rows:

@@ -149,10 +149,10 @@ class Candidate:
             "budget_bytes": self.budget_bytes,
             "collective_s": self.collectives,
             "exposed_collective_s": (
-                self.grad_accum * pred.breakdown["exposed_collective_s"] if pred else None
+                self.grad_accum * pred.breakdown.exposed_collective_s if pred else None
             ),
             "links": {k: v.to_json() for k, v in self.links.items() if v.link != "none"},
-            "breakdown": pred.breakdown if pred else None,
+            "breakdown": pred.breakdown.to_json() if pred else None,
         }
 
 
@@ -392,15 +392,15 @@ def why_best(s: Search) -> str:
     b = r[1]
     pa, pb = a.result.predicted.breakdown, b.result.predicted.breakdown
     terms = {
-        "compute": (a.grad_accum * pa["compute_s"], b.grad_accum * pb["compute_s"]),
-        "recomputation": (a.grad_accum * pa["recompute_s"], b.grad_accum * pb["recompute_s"]),
+        "compute": (a.grad_accum * pa.compute_s, b.grad_accum * pb.compute_s),
+        "recomputation": (a.grad_accum * pa.recompute_s, b.grad_accum * pb.recompute_s),
         "exposed transfers": (
-            a.grad_accum * (pa["exposed_d2h_s"] + pa["exposed_h2d_s"]),
-            b.grad_accum * (pb["exposed_d2h_s"] + pb["exposed_h2d_s"]),
+            a.grad_accum * (pa.exposed_d2h_s + pa.exposed_h2d_s),
+            b.grad_accum * (pb.exposed_d2h_s + pb.exposed_h2d_s),
         ),
         "exposed collectives": (
-            a.grad_accum * pa["exposed_collective_s"],
-            b.grad_accum * pb["exposed_collective_s"],
+            a.grad_accum * pa.exposed_collective_s,
+            b.grad_accum * pb.exposed_collective_s,
         ),
     }
     if b.step_time_s <= a.step_time_s * (1 + 1e-9):

@@ -27,11 +27,11 @@ def _size(n: float) -> str:
     return size_text(n)
 
 
-def _tiles_hint(prog, b: dict, budget: int, evaluate, cli: bool) -> str:
+def _tiles_hint(prog, b: cm.Breakdown, budget: int, evaluate, cli: bool) -> str:
     """``--set loss_tiles=N``: the fewest tiles (dividing seq, up to :data:`MAX_HINT_TILES`) whose
     floor, re-evaluated with the loss in N tiles, fits the budget."""
     head, inv = prog.head, prog.inventory
-    if head is None or b["peak_phase"] != "loss" or not b.get("logits_bytes"):
+    if head is None or b.peak_phase != "loss" or not b.logits_bytes:
         return ""
     tiles = head.tiles
     n = tiles * 2
@@ -46,7 +46,7 @@ def _tiles_hint(prog, b: dict, budget: int, evaluate, cli: bool) -> str:
             if floor.peak_device_bytes <= budget:
                 how = f"--set loss_tiles={n}" if cli else f"loss_tiles={n} in the model config"
                 return (
-                    f"; the loss holds {_size(b['logits_bytes'])} of logits and their gradients: "
+                    f"; the loss holds {_size(b.logits_bytes)} of logits and their gradients: "
                     f"{how} computes it in {n} tiles, and the floor then fits "
                     f"({_size(floor.peak_device_bytes)})"
                 )

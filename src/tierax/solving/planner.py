@@ -31,8 +31,9 @@ from scipy.optimize import Bounds, LinearConstraint
 from tierax import costmodel as cm
 from tierax import hardware
 from tierax import names as N
+from tierax.costmodel import linear_terms
 from tierax.costmodel import state as state_cm
-from tierax.costmodel import transposes
+from tierax.costmodel.linear_terms import LinearTerms, Row
 from tierax.errors import TieraxError
 from tierax.plan import (
     DEFAULT_MECHANISM,
@@ -108,6 +109,234 @@ def budgets(
     return int(dev), int(host)
 
 
+@dataclass(frozen=True, eq=False)
+class Milp:
+    """The planner's mixed-integer program: the plan's indicator columns (the columns of
+    :class:`~tierax.costmodel.linear_terms.LinearTerms`) followed by auxiliary variables that make
+    the model's maxima linear — per group the exposed store and load seconds (``ED``, ``EH``), the
+    largest staging (``S``), per state group the update's and the accumulation's exposed copies
+    (``UH``, ``AH``) and their staging (``SU``, ``SA``), and the exposed hideable collectives
+    (``EC``).  Each auxiliary is bounded below by the table's rows, so at the optimum it is the
+    maximum :func:`tierax.costmodel.evaluate` takes.
+
+    Row i reads ``lo[i] ≤ rows[i] · v ≤ hi[i]``; a cost row (``labels[i]`` names it) is in units of
+    ``units[i]`` with its constant ``consts[i]`` moved to the bound: its value for a vector ``v`` is
+    ``rows[i] · v × units[i] + consts[i]``.  The objective ``c · v / scale + constant_s`` is the
+    predicted step time in seconds (the collectives' overlap slowdown uncapped; the CPU's first
+    touch as if the microbatches' phase peaked; tie-breaks of at most 1e-9 of the compute time
+    per column)."""
+
+    terms: LinearTerms
+    c: np.ndarray
+    scale: float
+    constant_s: float
+    rows: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    labels: tuple[str, ...]
+    units: np.ndarray
+    consts: np.ndarray
+    ub: np.ndarray
+    integrality: np.ndarray
+    aux: dict[str, int]  # the first column of each auxiliary block
+
+    def value(self, i: int, v: np.ndarray) -> float:
+        """Row i's cost (bytes or seconds) at ``v``."""
+        return float(self.rows[i] @ v) * self.units[i] + self.consts[i]
+
+
+def build_milp(
+    t: LinearTerms,
+    budget: float,
+    host_budget: float,
+    one_placement_per_name: bool = False,
+    place_state: bool = True,
+) -> Milp:
+    """The program of the fastest plan within the budgets, stacked from ``t``'s rows (module
+    docstring).  ``place_state`` False fixes the training state on the device."""
+    items, groups, parts, ugroups, fx = t.items, t.groups, t.parts, t.ugroups, t.fixed
+    A, nx = t.grad_accum, t.size
+    n, G, U = len(items), len(groups), len(ugroups)
+    D, O, R, Z, C, X = t.D, t.O, t.R, t.Z, t.C, t.X  # noqa: E741
+    ED = nx
+    EH = ED + G
+    S = EH + G
+    UH = S + 1
+    SU = UH + U
+    EC = SU + 1
+    AH = EC + 1
+    SA = AH + U
+    nv = SA + 1
+    upd = [j for j, p in enumerate(parts) if p.kind in state_cm.ALL_PHASE_KINDS]
+    acc = [j for j, p in enumerate(parts) if p.kind not in state_cm.ALL_PHASE_KINDS]
+    # Units: seconds of the step's compute, bytes of all items' (with raw seconds and bytes, 1e-3
+    # next to 1e9, HiGHS reported non-optimal plans as optimal).
+    scale = 1.0 / max(fx.compute_s, 1e-30)
+    total_bytes = max(1, sum(it.bytes for it in items))
+
+    def wide(row: Row) -> np.ndarray:
+        return np.concatenate([row.coef, np.zeros(nv - nx)])
+
+    rows, lo, hi, labels, units, consts = [], [], [], [], [], []
+
+    def add(coef, lb, ub, label="", unit=1.0, const=0.0):
+        rows.append(coef)
+        lo.append(lb)
+        hi.append(ub)
+        labels.append(label)
+        units.append(unit)
+        consts.append(const)
+
+    def at_least(row: Row, aux: int, unit: float, label: str):
+        """aux ≥ row (in units of ``unit``): aux − row·x ≥ row.const."""
+        coef = -wide(row) / unit
+        coef[aux] += 1
+        add(coef, row.const / unit, np.inf, label, unit)
+
+    def at_most(row: Row, limit: float, unit: float, label: str, aux: int | None = None):
+        """row (+ aux) ≤ limit."""
+        coef = wide(row) / unit
+        if aux is not None:
+            coef[aux] += 1
+        add(coef, -np.inf, (limit - row.const) / unit, label, unit, row.const)
+
+    one = np.zeros(nv)
+    for k in range(n):  # exactly one placement per activation
+        row = one.copy()
+        row[[D + k, O + k, R + k]] = 1
+        add(row, 1, 1)
+    for gi, g in enumerate(groups):
+        for k, it in enumerate(items):  # z_g ≤ d_k: keeping the unnamed needs every name kept
+            if it.group == g.name:
+                row = one.copy()
+                row[Z + gi], row[D + k] = 1, -1
+                add(row, -np.inf, 0)
+        # the group's copies beyond their windows, and its staging
+        at_least(t.d2h_s[gi].plus(-g.d2h_window_s), ED + gi, 1 / scale, f"exposed d2h: {g.name}")
+        at_least(t.h2d_s[gi].plus(-g.h2d_window_s), EH + gi, 1 / scale, f"exposed h2d: {g.name}")
+        at_least(t.staging_bytes[gi], S, total_bytes, f"staging: {g.name}")
+    # e_coll ≥ hideable − (compute + recompute − the copies' hidden seconds), the hidden seconds
+    # being their total less e_d2h, e_h2d (tierax.costmodel.predict.exposed_collectives).
+    hideable = fx.collective_s - fx.critical_collective_s
+    if t.schedule == "serial":
+        at_least(Row(np.zeros(nx), hideable), EC, 1 / scale, "exposed collectives")
+    else:
+        window = (t.recompute_s - t.transfer_s).plus(fx.compute_s)
+        at_least(window * -1 + Row(np.zeros(nx), hideable), EC, 1 / scale, "exposed collectives")
+        rows[-1][ED : ED + G] = 1  # + e_d2h + e_h2d: the copies' exposed seconds are not hidden
+        rows[-1][EH : EH + G] = 1
+    if one_placement_per_name:
+        first: dict[str, int] = {}
+        for k, it in enumerate(items):
+            j = first.setdefault(it.name, k)
+            if j != k:  # same name, another group: same placement
+                for col in (D, O):
+                    row = one.copy()
+                    row[col + k], row[col + j] = 1, -1
+                    add(row, 0, 0)
+        # MaxText's state switches are one per kind for every layer: the same in every group.
+        first_kind: dict[str, int] = {}
+        for j, part in enumerate(parts):
+            i = first_kind.setdefault(part.kind, j)
+            if i != j:
+                row = one.copy()
+                row[X + j], row[X + i] = 1, -1
+                add(row, 0, 0)
+    # The streamed update's and the accumulation's copies per state group: one exposed variable
+    # at least each direction's excess over the group's update (additions): the two directions run
+    # at once on the full-duplex link (costmodel.state.exposed).
+    for u, ug in enumerate(ugroups):
+        for h2d, d2h, stage, E, SS, window in (
+            (t.update_h2d_s, t.update_d2h_s, t.update_staging_bytes, UH, SU, ug.update_device_s),
+            (t.accum_h2d_s, t.accum_d2h_s, t.accum_staging_bytes, AH, SA, ug.accumulate_device_s),
+        ):
+            if not stage[u].coef.any() and not h2d[u].coef.any():
+                continue  # nothing of the kind in this group
+            for r in (h2d[u], d2h[u]):
+                at_least(r.plus(-window), E + u, 1 / scale, f"exposed state copies: {ug.group}")
+            at_least(stage[u], SS, total_bytes, f"state staging: {ug.group}")
+    # Device memory: each peak phase within the budget.
+    at_most(t.microbatch_phase_bytes, budget, total_bytes, "device: microbatch phases", S)
+    if upd:
+        at_most(t.update_phase_bytes, budget, total_bytes, "device: update", SU)
+    if acc:
+        at_most(t.accumulation_phase_bytes, budget, total_bytes, "device: accumulation", SA)
+    # Host memory (costmodel.state.host_peak): the offloaded activations, state and accumulator
+    # live together through a microbatch; the update holds the state twice; the accumulator is
+    # held twice while it is added to, beside the state.
+    at_most(
+        t.activation_host_bytes + t.state_host_bytes + t.accum_host_bytes,
+        host_budget,
+        total_bytes,
+        "host: microbatch",
+    )
+    if upd:
+        at_most(t.state_host_bytes * 2, host_budget, total_bytes, "host: update")
+    if acc:
+        at_most(
+            t.state_host_bytes + t.accum_host_bytes * 2,
+            host_budget,
+            total_bytes,
+            "host: accumulation",
+        )
+
+    # The objective: the step's seconds that depend on the plan (module docstring), in units of
+    # its compute time.
+    slow = t.rates.overlap_slowdown
+    per_micro = t.recompute_s + t.transpose_s + t.transfer_s * slow
+    c = wide(per_micro) * A * scale
+    c[ED : ED + G] = c[EH : EH + G] = c[EC] = A * (1 - slow)
+    c[UH : UH + U] = c[AH : AH + U] = 1.0  # per step
+    # Compute that hides collectives and host copies runs rates.overlap_slowdown slower
+    # (tierax.costmodel.predict.interference_s): linear, uncapped — the hidden collectives fit the
+    # window the hidden copies leave, so their sum never exceeds the compute.
+    constant_s = A * (fx.compute_s + fx.critical_collective_s + slow * hideable + per_micro.const)
+    constant_s += -(A - 1) * t.update_hbm_s + t.accumulate_s
+    if t.rates.first_touch_bytes_per_s:
+        # CPU: every byte of the peak but the donated state is faulted in once per step
+        # (tierax.costmodel.first_touch); the microbatches' phase is linear in the columns.
+        # Temporaries under malloc's mmap threshold, which simulate does not count, are priced
+        # too: an error of at most that threshold at the first-touch rate, for steps that small.
+        touch = 1 / t.rates.first_touch_bytes_per_s
+        c += wide(t.microbatch_phase_bytes) * touch * scale
+        c[S] += total_bytes * touch * scale
+        constant_s += (t.microbatch_phase_bytes.const - t.donated_bytes) * touch
+    # Tie-breaks: free memory when it costs nothing, do not use the link or move state for nothing.
+    for k, it in enumerate(items):
+        c[D + k] += 1e-9 * it.bytes / total_bytes
+        c[O + k] += 1e-9 * it.bytes / total_bytes
+    total_state = max(1, sum(p.host_bytes for p in parts))
+    for j, part in enumerate(parts):
+        c[X + j] += 1e-9 * part.host_bytes / total_state
+
+    ub = np.full(nv, np.inf)
+    ub[:nx] = 1
+    ub[C : C + G] = 0  # the layer input (scan carry) stays on the device
+    if not t.rates.offload_is_real:
+        ub[O : O + n] = 0
+        ub[X : X + len(parts)] = 0
+    for j, part in enumerate(parts):
+        if not place_state or part.kind not in state_cm.PLANNED_KINDS:
+            ub[X + j] = 0
+    integrality = np.zeros(nv)
+    integrality[:nx] = 1
+    return Milp(
+        t,
+        c,
+        scale,
+        constant_s,
+        np.array(rows),
+        np.array(lo, dtype=float),
+        np.array(hi, dtype=float),
+        tuple(labels),
+        np.array(units, dtype=float),
+        np.array(consts, dtype=float),
+        ub,
+        integrality,
+        {"ED": ED, "EH": EH, "S": S, "UH": UH, "SU": SU, "EC": EC, "AH": AH, "SA": SA},
+    )
+
+
 def _solve(
     prog: Program,
     rates,
@@ -119,246 +348,35 @@ def _solve(
     place_state: bool = True,
     grad_accum: int = 1,
 ) -> tuple[dict, dict] | None:
-    """(activation placements, state placements) of the fastest plan within the budgets, or None.
+    """(activation placements, state placements) of the fastest plan within the budgets, or None:
+    :func:`build_milp` of ``prog``'s linear terms, solved exactly.
 
-    With ``place_state`` the training state's parts (:mod:`tierax.costmodel.state`) are binaries
-    of the same program: ``x_j`` = part j offloaded, with the streamed update's exposed copies per
-    group and direction and its staging as continuous variables, the freed bytes in both peak
-    phases' rows, the update phase's own row, and the host bytes in the host row.
-
-    ``grad_accum`` = A > 1 microbatches per update (:func:`tierax.costmodel.evaluate`): the
-    activations' costs count A times, the update's once; the float32 accumulator is a part of the
-    state (its own exposed copies and staging, its bytes in the microbatches' rows and an
-    accumulation row, live on the host beside the offloaded activations)."""
-    inv = prog.inventory
-    rates = cm.for_program(rates, prog)  # the fused attention kernel at the program's shape
-    items = cm.item_terms(inv, rates, mechanism)
-    groups = cm.group_terms(inv, rates, schedule, mechanism)
-    fx = cm.fixed_terms(prog, rates, schedule)
-    parts, ugroups = state_cm.planned_terms(prog, rates, grad_accum) if place_state else ((), ())
-    accum_total = state_cm.accumulator_bytes(prog, grad_accum)
-    A = grad_accum
-    upd = [j for j, p in enumerate(parts) if p.kind in state_cm.ALL_PHASE_KINDS]
-    acc = [j for j, p in enumerate(parts) if p.kind not in state_cm.ALL_PHASE_KINDS]
-    n, G = len(items), len(groups)
-    m, U = len(parts), len(ugroups)
-    gidx = {g.name: k for k, g in enumerate(groups)}
-    uidx = {g.group: k for k, g in enumerate(ugroups)}
-    # Variable layout: [d_0..d_n, o_0..o_n, r_0..r_n, z_0..z_G, x_0..x_m, e_d2h_0..G, e_h2d_0..G,
-    # s, u_h2d_0..U, u_d2h_0..U, su, e_coll]
-    D, O, R, Z = 0, n, 2 * n, 3 * n  # noqa: E741
-    X = 3 * n + G
-    ED, EH = X + m, X + m + G
-    S = X + m + 2 * G
-    UH, UD, SU = S + 1, S + 1 + U, S + 1 + 2 * U
-    EC = SU + 1  # exposed hideable collectives (tierax.costmodel.predict.exposed_collectives)
-    # The accumulator's exposed copies per group and direction, and its staging (A > 1).
-    AH, AD = EC + 1, EC + 1 + U
-    SA = EC + 1 + 2 * U
-    nv = SA + 1
-    scale = 1.0 / max(fx.compute_s, 1e-30)  # objective in units of the step's compute time
-    total_bytes = max(1, sum(i.bytes for i in items))
-    c = np.zeros(nv)
-    for k, it in enumerate(items):
-        c[R + k] = A * it.recompute_s * scale
-        c[D + k] = 1e-9 * it.bytes / total_bytes  # tie-break: free memory when it costs nothing
-        c[O + k] = 1e-9 * it.bytes / total_bytes  # tie-break: do not use the link for nothing
-    for g in groups:
-        c[Z + gidx[g.name]] = -A * g.base_recompute_s * scale
-    c[ED : ED + G] = A
-    c[EH : EH + G] = A
-    c[EC] = A
-    # Compute that hides collectives and host copies runs rates.overlap_slowdown slower
-    # (tierax.costmodel.predict.interference_s): the hidden seconds are the hideable collectives
-    # less e_coll plus the offloaded items' copies less e_d2h, e_h2d (the constant part dropped).
-    # Linear: the hidden collectives fit the window the hidden copies leave, so their sum never
-    # exceeds the compute, the cap interference_s applies.
-    slow = rates.overlap_slowdown
-    if slow:
-        c[ED : ED + G] -= A * slow
-        c[EH : EH + G] -= A * slow
-        c[EC] -= A * slow
-        for k, it in enumerate(items):
-            c[O + k] += A * slow * (it.d2h_s + it.h2d_s) * scale
-    c[UH : UH + U] = 1.0
-    c[AH : AH + U] = 1.0  # u_d2h, a_d2h unused: one exposed variable per group (full duplex)
-    total_state = max(1, sum(p.host_bytes for p in parts))
-    for j, part in enumerate(parts):
-        c[X + j] = 1e-9 * part.host_bytes / total_state  # tie-break: do not move state for nothing
-    if rates.first_touch_bytes_per_s:
-        # CPU: every byte of the peak but the donated state is faulted in once per step
-        # (tierax.costmodel.first_touch); the peak is linear in these variables.  Temporaries
-        # under malloc's mmap threshold, which simulate does not count, are priced here too: an
-        # error of at most that threshold at the first-touch rate, for steps that small.
-        touch = scale / rates.first_touch_bytes_per_s
-        for k, it in enumerate(items):
-            c[D + k] += it.bytes * touch
-        for g in groups:
-            c[Z + gidx[g.name]] += g.save_all_extra_bytes * touch
-        c[S] += total_bytes * touch
-    # CPU: XLA:CPU's slow transposing fusions (tierax.costmodel.transposes): a kept name's reads
-    # from the stacks, and for a group without remat the rest of the difference to remat.
-    for g in inv.groups:
-        base, save_all, named = transposes.group_terms(g, rates)
-        if not (base or save_all):
-            continue
-        for k, it in enumerate(items):
-            if it.group == g.name:
-                c[D + k] += A * named.get(it.name, 0.0) * scale
-        c[Z + gidx[g.name]] += A * (save_all - base - sum(named.values())) * scale
-
-    rows, lo, hi = [], [], []
-
-    def add(coeffs: dict, lb: float, ub: float):
-        row = np.zeros(nv)
-        for j, v in coeffs.items():
-            row[j] += v
-        rows.append(row)
-        lo.append(lb)
-        hi.append(ub)
-
-    staged = cm.staging_and_window(schedule, mechanism)[0]
-    for k in range(n):
-        add({D + k: 1, O + k: 1, R + k: 1}, 1, 1)
-    # e_coll ≥ hideable − (compute + recompute − hidden copies), all scaled; the copies' hidden
-    # seconds are their total less the exposed e_d2h, e_h2d (predict.exposed_collectives).
-    hideable = fx.collective_s - fx.critical_collective_s
-    if schedule == "serial":
-        add({EC: 1}, hideable * scale, np.inf)
-    else:
-        coeffs = {EC: 1, **{ED + j: 1 for j in range(G)}, **{EH + j: 1 for j in range(G)}}
-        for k, it in enumerate(items):
-            coeffs[R + k] = it.recompute_s * scale
-            coeffs[O + k] = -(it.d2h_s + it.h2d_s) * scale
-        for g in groups:
-            coeffs[Z + gidx[g.name]] = -g.base_recompute_s * scale
-        base = sum(g.base_recompute_s for g in groups)
-        add(coeffs, (hideable - fx.compute_s - base) * scale, np.inf)
-    for g in groups:
-        zg = Z + gidx[g.name]
-        mine = [k for k, it in enumerate(items) if it.group == g.name]
-        for k in mine:
-            add({zg: 1, D + k: -1}, -np.inf, 0)  # z_g ≤ d_k: keeping the unnamed needs all named
-        # z_g itself is the choice of keeping the group's unnamed intermediates (GroupPlan.unnamed)
-        # Exposed times in units of the compute time, bytes in units of all items' bytes: with raw
-        # seconds and bytes (1e-3 next to 1e9) HiGHS reported non-optimal plans as optimal.
-        add(
-            {ED + gidx[g.name]: 1, **{O + k: -items[k].d2h_s * scale for k in mine}},
-            -g.d2h_window_s * scale,
-            np.inf,
-        )
-        add(
-            {EH + gidx[g.name]: 1, **{O + k: -items[k].h2d_s * scale for k in mine}},
-            -g.h2d_window_s * scale,
-            np.inf,
-        )
-        add(
-            {S: 1, **{O + k: -staged * items[k].bytes_per_layer / total_bytes for k in mine}},
-            0,
-            np.inf,
-        )
-    if one_placement_per_name:
-        first: dict[str, int] = {}
-        for k, it in enumerate(items):
-            j = first.setdefault(it.name, k)
-            if j != k:  # same name, another group: same placement
-                add({D + k: 1, D + j: -1}, 0, 0)
-                add({O + k: 1, O + j: -1}, 0, 0)
-        # MaxText's state switches are one per kind for every layer: the same in every group.
-        first_kind: dict[str, int] = {}
-        for j, part in enumerate(parts):
-            i = first_kind.setdefault(part.kind, j)
-            if i != j:
-                add({X + j: 1, X + i: -1}, 0, 0)
-    # The streamed update: per group, copies beyond the group's own update time are exposed, one
-    # variable at least each direction's excess (the two directions run at once on the full-duplex
-    # link: costmodel.state.exposed; u_d2h, a_d2h stay 0); the update phase stages the largest
-    # group's slices.  The accumulation likewise, its copies under the group's additions.
-    for ug in ugroups:
-        for sel, E, window, SS in (
-            (upd, UH, ug.update_device_s, SU),
-            (acc, AH, ug.accumulate_device_s, SA),
-        ):
-            mine = [j for j in sel if parts[j].group == ug.group]
-            if not mine:
-                continue
-            for attr in ("h2d_s", "d2h_s"):
-                add(
-                    {
-                        E + uidx[ug.group]: 1,
-                        **{X + j: -getattr(parts[j], attr) * scale for j in mine},
-                    },
-                    -window * scale,
-                    np.inf,
-                )
-            add({SS: 1, **{X + j: -parts[j].staging_bytes / total_bytes for j in mine}}, 0, np.inf)
-    fixed_bytes = fx.fixed_bytes + sum(
-        g.base_bytes for g in groups
-    )  # the larger of the loss and layer phases
-    mem = {D + k: it.bytes / total_bytes for k, it in enumerate(items)}
-    mem.update({Z + gidx[g.name]: g.save_all_extra_bytes / total_bytes for g in groups})
-    mem.update({X + j: -part.device_bytes / total_bytes for j, part in enumerate(parts)})
-    mem[S] = 1
-    # The microbatches' phases hold the accumulator (A > 1), less what is offloaded.
-    add(mem, -np.inf, (budget - fixed_bytes - accum_total) / total_bytes)
-    if upd:  # the update phase: the state left on device and the update's staging
-        add(
-            {SU: 1, **{X + j: -parts[j].device_bytes / total_bytes for j in upd}},
-            -np.inf,
-            (budget - fx.state_bytes - fx.fixed_device_bytes) / total_bytes,
-        )
-    if acc:  # the accumulation: the state and accumulator left on device, the accumulator's slices
-        add(
-            {SA: 1, **{X + j: -part.device_bytes / total_bytes for j, part in enumerate(parts)}},
-            -np.inf,
-            (budget - fx.state_bytes - fx.fixed_device_bytes - accum_total) / total_bytes,
-        )
-    # Host: the offloaded activations, state and accumulator live together through a microbatch
-    host_row = {O + k: it.bytes / total_bytes for k, it in enumerate(items)}
-    host_row.update({X + j: part.host_bytes / total_bytes for j, part in enumerate(parts)})
-    add(host_row, -np.inf, host_budget / total_bytes)
-    if upd:  # the update's second host buffer of the state (costmodel.state.host_peak)
-        add(
-            {X + j: 2 * parts[j].host_bytes / total_bytes for j in upd},
-            -np.inf,
-            host_budget / total_bytes,
-        )
-    if acc:  # the accumulator twice while it is added to, beside the state
-        add(
-            {X + j: (1 if j in upd else 2) * parts[j].host_bytes / total_bytes for j in upd + acc},
-            -np.inf,
-            host_budget / total_bytes,
-        )
-
-    ub = np.full(nv, np.inf)
-    ub[: X + m] = 1
-    ub[UD : UD + U] = 0
-    ub[AD : AD + U] = 0
-    if not rates.offload_is_real:
-        ub[O : O + n] = 0
-        ub[X : X + m] = 0
-    integrality = np.zeros(nv)
-    integrality[: X + m] = 1
+    With ``place_state`` the training state's parts (:mod:`tierax.costmodel.state`) are columns of
+    the same program; ``grad_accum`` = A > 1 microbatches per update
+    (:func:`tierax.costmodel.evaluate`): the activations' costs count A times, the update's
+    once."""
+    t = linear_terms.build(prog, rates, schedule, mechanism, grad_accum)
+    p = build_milp(t, budget, host_budget, one_placement_per_name, place_state)
     res = quiet_milp.milp(
-        c,
-        constraints=LinearConstraint(np.array(rows), lo, hi),
-        integrality=integrality,
-        bounds=Bounds(np.zeros(nv), ub),
+        p.c,
+        constraints=LinearConstraint(p.rows, p.lo, p.hi),
+        integrality=p.integrality,
+        bounds=Bounds(np.zeros(len(p.c)), p.ub),
         options={"mip_rel_gap": 0.0, "presolve": True},
     )
     if res.status != 0 or res.x is None:
         return None
     x = np.round(res.x).astype(int)
     out = {}
-    for k, it in enumerate(items):
+    for k, it in enumerate(t.items):
         out[(it.group, it.name)] = (
-            Placement.DEVICE if x[D + k] else Placement.OFFLOAD if x[O + k] else Placement.REMAT
+            Placement.DEVICE if x[t.D + k] else Placement.OFFLOAD if x[t.O + k] else Placement.REMAT
         )
-    for g in groups:
-        out[(g.name, UNNAMED)] = Placement.DEVICE if x[Z + gidx[g.name]] else Placement.REMAT
+    for gi, g in enumerate(t.groups):
+        out[(g.name, UNNAMED)] = Placement.DEVICE if x[t.Z + gi] else Placement.REMAT
     state: dict = {}
-    for j, part in enumerate(parts):
-        if x[X + j]:
+    for j, part in enumerate(t.parts):
+        if x[t.X + j]:
             state.setdefault(part.group, {})[part.kind] = Placement.OFFLOAD
     return out, {g: StatePlacement(**kinds) for g, kinds in state.items()}
 
@@ -681,9 +699,9 @@ def _explain_state(
     gib = lambda b: f"{b / 2**30:.3g} GiB"  # noqa: E731
     # The offloaded activations' host bytes (pred's host bytes are state_cm.host_peak of them and
     # the state's; at most the state, they do not change the peak with more state offloaded).
-    state_host = pred.breakdown.get("state_host_bytes", 0)
-    accum_host = pred.breakdown.get("state_accum_host_bytes", 0)
-    acts_host = max(0, pred.breakdown.get("activation_host_bytes", 0))
+    state_host = pred.breakdown.state.host_bytes
+    accum_host = pred.breakdown.state.accum_host_bytes
+    acts_host = max(0, pred.breakdown.activation_host_bytes)
     out = []
     for part in parts:
         g = ug[part.group]

@@ -673,8 +673,8 @@ def _prediction(
         "host_bytes": p.host_bytes,
         "fits": p.fits,
         "schedule": schedule,
-        "peak_phase": p.breakdown["peak_phase"],
-        "state_host_bytes": p.breakdown.get("state_host_bytes", 0),
+        "peak_phase": p.breakdown.peak_phase,
+        "state_host_bytes": p.breakdown.state.host_bytes,
     } | (
         {"step_time_s": p.step_time_s, "calibration": rates.sources["calibration"]}
         if calibration is not None

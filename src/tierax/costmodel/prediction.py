@@ -1,0 +1,174 @@
+"""The model's answer for a plan (:class:`Prediction`): peak device bytes, host bytes, step time,
+and the terms they are made of (:class:`Breakdown`), typed; the JSON form is generated from the
+fields, under the keys ``--json`` output and the records have always used."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tierax.costmodel.resources import StepSplit
+from tierax.costmodel.state import StateCost
+
+# Where the peak is (:attr:`Breakdown.peak_phase`), in words.
+PHASE_TEXT = {
+    "layer backward": "in a layer backward",
+    "loss": "at the loss",
+    "update": "in the streamed optimizer update",
+    "accumulation": "in a gradient accumulation",
+}
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """The terms of a prediction, per device (bytes, seconds per step; a step of ``grad_accum``
+    microbatches counts a microbatch's seconds that many times where noted)."""
+
+    # --- device memory: the terms of the peak (:func:`peak_rows`) ---
+    state_bytes: int  # parameters, gradients and AdamW state, all on device
+    state_device_bytes: int  # of those, what the plan's state placements leave on device
+    activation_bytes: int  # activations kept on device (carries, kept names, no-remat extras)
+    staging_bytes: int  # offloaded activations' slices staged on device (the largest group's)
+    workspace_bytes: int  # one layer's backward workspace
+    logits_bytes: int  # at the loss: the logits, their gradient, the head's gradient
+    fixed_device_bytes: int  # the runtime's fixed device memory
+    stack_copy_bytes: int  # XLA's transposed copies of stacked weights
+    embed_grad_bytes: int  # gradients not yet written at the loss
+    accumulator_device_bytes: int  # the float32 gradient accumulator left on device (A > 1)
+    # --- device memory: each phase as the peak counts it, and the phase that peaks ---
+    peak_phase: str  # a key of PHASE_TEXT
+    layer_phase_bytes: int
+    loss_phase_bytes: int
+    update_phase_bytes: int  # the streamed optimizer update
+    accumulation_phase_bytes: int  # 0: no offloaded accumulator (the phase is not separate)
+    # --- fitting: what `fits` compares with what ---
+    assigned_peak_bytes: int  # the peak XLA:TPU assigns (= the peak on other targets)
+    reported_excess_bytes: int  # what an older libtpu reports beyond its assignment
+    fit_limit_bytes: int
+    fit_limit: str  # that limit in words
+    # --- host memory ---
+    activation_host_bytes: int  # offloaded activations (the state's: ``state``)
+    # --- time (a microbatch's unless noted) ---
+    compute_s: float  # forward + backward, no recomputation, HBM-bound work included
+    hbm_s: float  # of compute_s, the non-matmul work at HBM bandwidth
+    fused_attention_s: float  # of compute_s, fused attention kernels
+    recompute_s: float
+    recompute_hbm_s: float  # of recompute_s, at HBM bandwidth
+    transfer_s: float  # offloaded activations' copies, both directions
+    exposed_d2h_s: float
+    exposed_h2d_s: float
+    collective_s: float
+    exposed_collective_s: float
+    critical_collective_s: float  # of collective_s, what the layers wait for
+    interference_s: float  # compute slowed by the communication it hides
+    first_touch_s: float  # per step, CPU only
+    transpose_s: float  # CPU only
+    accumulate_s: float  # per step: the accumulator's additions
+    microbatch_s: float  # a microbatch's seconds less the update's HBM time
+    update_hbm_s: float  # per step: the optimizer update's HBM time
+    # --- work (per step) ---
+    executed_flops: float
+    model_flops: float
+    # --- what was predicted ---
+    grad_accum: int
+    schedule: str
+    mechanism: str
+    rates: Mapping[str, str]  # each rate's source
+    network: Mapping[str, dict]  # mesh axis → its link (axes with a link only)
+    # --- the training state's placements (JSON keys ``state_*``) ---
+    state: StateCost
+
+    def to_json(self) -> dict:
+        """The fields by name, the state's under its own ``state_*`` keys."""
+        out = {
+            f.name: dict(v) if isinstance(v := getattr(self, f.name), Mapping) else v
+            for f in dataclasses.fields(self)
+            if f.name != "state"
+        }
+        return out | self.state.to_json()
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> Breakdown:
+        """The value :meth:`to_json` wrote (``--json`` output, a record's prediction).
+
+        Raises:
+          KeyError: a field the JSON lacks (a record from before the field existed).
+        """
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "state"]
+        return cls(**{n: d[n] for n in names}, state=StateCost.from_json(d))
+
+
+@dataclass(frozen=True)
+class Prediction:
+    fits: bool
+    peak_device_bytes: int
+    device_capacity_bytes: int
+    host_bytes: int
+    step_time_s: float
+    tflops_per_device: float
+    breakdown: Breakdown
+    # the step time by resource (tierax.costmodel.resources); None: not split
+    split: StepSplit | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "fits": self.fits,
+            "peak_device_bytes": self.peak_device_bytes,
+            "device_capacity_bytes": self.device_capacity_bytes,
+            "host_bytes": self.host_bytes,
+            "step_time_s": self.step_time_s,
+            "tflops_per_device": self.tflops_per_device,
+            "breakdown": self.breakdown.to_json(),
+        } | ({"split": self.split.to_json()} if self.split is not None else {})
+
+
+def phase_text(b: Breakdown) -> str:
+    """Where the predicted peak is, in words ("in a layer backward", "at the loss", "in the
+    streamed optimizer update", "in a gradient accumulation")."""
+    return PHASE_TEXT[b.peak_phase]
+
+
+def peak_rows(b: Breakdown) -> list[tuple[str, int]]:
+    """The terms of the predicted peak, in the phase that peaks (:class:`FixedTerms`: a layer's
+    backward holds its workspace, the loss the logits and their gradient, less the embedding and
+    head gradients not yet written): (label, bytes) rows that sum to the peak."""
+    if b.peak_phase == "update":  # the streamed update: the state left on device, its slices
+        return [
+            ("params + grads + AdamW left on device", b.state_device_bytes),
+            ("the update's staged state slices", b.state.staging_bytes),
+            ("the runtime's fixed device memory", b.fixed_device_bytes),
+        ]
+    if b.peak_phase == "accumulation":  # a microbatch's gradients added to the accumulator
+        return [
+            ("params + grads + AdamW left on device", b.state_device_bytes),
+            ("the gradient accumulator left on device", b.accumulator_device_bytes),
+            ("the accumulation's staged slices", b.state.accum_staging_bytes),
+            ("the runtime's fixed device memory", b.fixed_device_bytes),
+        ]
+    loss = b.peak_phase == "loss"
+    on_device = b.state_device_bytes  # moments on host leave the peak
+    state = on_device - (b.embed_grad_bytes if loss else 0)
+    rows = [
+        (
+            "params + grads + AdamW"
+            + (" on device" if on_device != b.state_bytes else "")
+            + (
+                ", less the embedding and head gradients not yet written"
+                if state != on_device
+                else ""
+            ),
+            state,
+        ),
+        ("activations on device", b.activation_bytes),
+        ("transfer staging", b.staging_bytes),
+        ("logits, their gradient, the head's gradient", b.logits_bytes)
+        if loss
+        else ("one layer's workspace", b.workspace_bytes),
+        ("XLA's transposed weight stacks", b.stack_copy_bytes),
+    ]
+    if b.accumulator_device_bytes:
+        rows.append(("the float32 gradient accumulator on device", b.accumulator_device_bytes))
+    if b.fixed_device_bytes:
+        rows.append(("the runtime's fixed device memory", b.fixed_device_bytes))
+    return rows
