@@ -31,6 +31,30 @@ from tierax.fileio import check_output_file, write_text_atomic
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 
+# DeepSeek-V3 at reduced depth, as CLI arguments: 2 dense + 3 MoE layers (each layer group a real
+# loop), the cut the compile benchmarks use.
+DEEPSEEK_V3_5_LAYERS = [
+    "--model",
+    "deepseek-v3-671b",
+    "--set",
+    "num_layers=5",
+    "--set",
+    "first_dense_layers=2",
+]
+
+# The seed's scale configuration's shape (DeepSeek-V3 671B on 128 GB200s): devices, mesh, tokens
+# per device, as CLI arguments.
+SEED_SCALE_SHAPE = [
+    "--devices",
+    "128",
+    "--mesh",
+    "fsdp=16,expert=8",
+    "--microbatch",
+    "8",
+    "--seq",
+    "4096",
+]
+
 
 def command_line(argv: Sequence[str] | None = None) -> str:
     """The command as it was typed: ``python bench/NAME.py`` and the arguments (``argv``, default
@@ -113,6 +137,15 @@ def docs_record(*schemas: str):
     return record
 
 
+def parser(doc: str, out: str | None = None) -> argparse.ArgumentParser:
+    """A bench script's argument parser: the first paragraph of its docstring ``doc`` describes it;
+    with ``out``, ``--out`` (default ``bench/results/OUT``, :func:`add_out`)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    if out is not None:
+        add_out(ap, out)
+    return ap
+
+
 def add_out(ap: argparse.ArgumentParser, default: str) -> None:
     """``--out FILE.json`` (default ``bench/results/<default>``), checked by :func:`out_path`."""
     ap.add_argument(
@@ -124,21 +157,34 @@ def add_out(ap: argparse.ArgumentParser, default: str) -> None:
     )
 
 
-def add_docs(ap: argparse.ArgumentParser, *schemas: str) -> None:
+def add_docs(ap: argparse.ArgumentParser, *schemas: str, nothing: str = "compiled or run") -> None:
     """``--docs RECORD.json``: rewrite the script's docs table from a record of one of ``schemas``
-    and exit, nothing computed (the record checked by :func:`docs_record`)."""
+    and exit, nothing computed (the record checked by :func:`docs_record`); ``nothing``: what the
+    help says is not done then."""
     ap.add_argument(
         "--docs",
         metavar="RECORD.json",
         type=docs_record(*schemas),
-        help="rewrite the docs table from this record and exit (nothing is compiled or run)",
+        help=f"rewrite the docs table from this record and exit (nothing is {nothing})",
     )
+
+
+def add_quick(ap: argparse.ArgumentParser, what: str = "one tiny case") -> None:
+    """``--quick``: a smoke test of the script (``what`` it runs instead, for the help)."""
+    ap.add_argument("--quick", action="store_true", help=f"{what} (a smoke test of this script)")
 
 
 def write_record(path: str | os.PathLike, doc: dict) -> pathlib.Path:
     """Write ``doc`` as indented JSON atomically: a temporary file beside ``path``, then a rename,
     so an interrupted run leaves the previous record (or nothing), never half of one."""
     return write_text_atomic(path, json.dumps(doc, indent=2) + "\n")
+
+
+def finish(path: str | os.PathLike, doc: dict) -> int:
+    """A script's last step: write its record (:func:`write_record`), say where, exit status 0."""
+    write_record(path, doc)
+    print(f"wrote {path}")
+    return 0
 
 
 def write_readme_section(readme: pathlib.Path, start: str, end: str, body: str) -> None:
@@ -174,6 +220,19 @@ def write_docs_table(marker: str, body: str) -> pathlib.Path:
     body = body if body.endswith("\n") else body + "\n"
     write_readme_section(page, f"<!-- {marker}:start -->", f"<!-- {marker}:end -->", body)
     return page
+
+
+def made_by(doc: Mapping, jax: bool = True) -> str:
+    """How a docs table names its record: its command, its date and (``jax``) the jax version."""
+    text = f"`{doc['command']}`, {doc['created'][:10]}"
+    return f"{text}, jax {doc['jax_version']}" if jax else text
+
+
+def docs_written(marker: str, body: str) -> int:
+    """``--docs``'s whole work: the table rewritten on its page (:func:`write_docs_table`), the page
+    named; exit status 0."""
+    print(f"wrote {write_docs_table(marker, body)}")
+    return 0
 
 
 def tierax(*args: str) -> list[str]:
@@ -316,6 +375,17 @@ def dump_env(dump: str | os.PathLike) -> dict[str, str]:
     """This process's environment with ``--xla_dump_to=dump`` added to the user's ``XLA_FLAGS``
     (tierax appends its own flags to them: tierax.launch.flags)."""
     return {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={dump}"}
+
+
+def case_rows(cases: Mapping[str, dict], columns: int, row) -> list[str]:
+    """A compile record's docs-table rows, one per case: ``row(name, case)``, or for a case whose
+    child failed (``returncode`` not 0) its name and error with the other ``columns`` left empty."""
+    return [
+        row(name, c)
+        if not c["returncode"]
+        else f"| {name} | failed: {' '.join(c['error'])[:80]} |" + " |" * (columns - 2)
+        for name, c in cases.items()
+    ]
 
 
 def simulate_breakdown(flags: Sequence[str], *, timeout: float = 900) -> tuple[dict | None, dict]:

@@ -18,7 +18,6 @@ Llama 3 8B on eight H200 (fsdp=8, 1 × 4096 per device per microbatch):
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import time
 
@@ -52,8 +51,7 @@ def _row(res, accum: int, wall: float) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    _common.add_out(ap, "accum_offload.json")
+    ap = _common.parser(__doc__, "accum_offload.json")
     args = ap.parse_args(argv)
     from tierax import launch
 
@@ -138,9 +136,7 @@ def main(argv=None) -> int:
     }
     doc["planned"] = got
     print("planned", {k: got[k] for k in ("device_peak_bytes", "within_budget")}, flush=True)
-    _common.write_record(args.out, doc)
-    print(f"wrote {args.out}")
-    return 0
+    return _common.finish(args.out, doc)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ damaged-checkpoint cases are exercised by tests/test_outputs.py (they need a run
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import subprocess
@@ -103,14 +102,13 @@ def run(args: list[str], mode: str | None) -> tuple[int, str, float]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    _common.add_out(ap, "bad_inputs.json")
+    ap = _common.parser(__doc__, "bad_inputs.json")
     args = ap.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as d:
         tmp = pathlib.Path(d)
-        for what, args, mode in cases(tmp):
-            rc, line, wall = run(args, mode)
+        for what, cli_args, mode in cases(tmp):  # not `args`: the parsed options name --out
+            rc, line, wall = run(cli_args, mode)
             rows.append(
                 {
                     "case": what,
@@ -125,9 +123,7 @@ def main(argv=None) -> int:
         "profile_out_untouched": kept,
         "cases": rows,
     }
-    _common.write_record(args.out, doc)
-    print(f"wrote {args.out}")
-    return 0
+    return _common.finish(args.out, doc)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 # DeepSeek-V3 shapes at reduced depth (2 dense + 3 MoE layers: each group a real loop).
-DSV3_SHORT = ["--set", "num_layers=5", "--set", "first_dense_layers=2"]
+DSV3_SHORT = _common.DEEPSEEK_V3_5_LAYERS[2:]
 
 # lhs-pipelined is not offered with the prefetching scan's offloads (tierax.plan.REFUSED_PRESETS;
 # its cases are in bench/hide_grid.py's record).
@@ -85,16 +85,7 @@ CASES = [
 ]
 
 SCALE_MODEL = ["--model", "deepseek-v3-671b", "--set", "loss_tiles=16"]
-SCALE_SHAPE = [
-    "--devices",
-    "128",
-    "--mesh",
-    "fsdp=16,expert=8",
-    "--microbatch",
-    "8",
-    "--seq",
-    "4096",
-]
+SCALE_SHAPE = _common.SEED_SCALE_SHAPE
 PLANNER_PLAN = "planner"  # placeholder: the plan `tierax plan` chooses for the scale configuration
 SCALE = [
     (SCALE_MODEL, "remat-full", "gb200", SCALE_SHAPE),
@@ -341,7 +332,7 @@ def markdown(doc: dict) -> str:
             f"| {label} | {peak} | {model} | {host} | {exposed} | {res.get('cudnn_calls', 0)} | "
             f"{c['wall_s']:.0f} | {c['max_rss_bytes'] / 1e9:.2f} |"
         )
-    lines += ["", f"`{doc['command']}`, {doc['created'][:10]}, jax {doc['jax_version']}."]
+    lines += ["", f"{_common.made_by(doc)}."]
     return "\n".join(lines) + "\n"
 
 
@@ -360,9 +351,7 @@ def main() -> int:
         metavar="FILE.json",
         help="the record to write (default: bench/results/compile_grid.json, or the mode's record)",
     )
-    ap.add_argument(
-        "--quick", action="store_true", help="two tiny cases (a smoke test of this script)"
-    )
+    _common.add_quick(ap, "two tiny cases")
     ap.add_argument(
         "--scale",
         action="store_true",

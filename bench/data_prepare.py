@@ -167,12 +167,7 @@ def markdown(doc: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument(
-        "--docs",
-        metavar="RECORD.json",
-        type=_common.docs_record("tierax.data_prepare/1"),
-        help="rewrite the docs table from this record and exit (nothing is tokenized)",
-    )
+    _common.add_docs(ap, "tierax.data_prepare/1", nothing="tokenized")
     ap.add_argument("--sizes-mib", default="16,160", help="corpus sizes in MiB (default 16,160)")
     ap.add_argument(
         "--kinds", default=",".join(KINDS), help=f"tokenizer kinds (default {','.join(KINDS)})"

@@ -19,7 +19,6 @@ Writes bench/results/fp8_compile.json.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import _common
@@ -62,29 +61,28 @@ def markdown(doc: dict) -> str:
         "XLA peak GiB | predicted GiB | model error | fits | compile s |",
         "|---|---:|---:|---:|---:|---:|---|---:|",
     ]
-    for name, c in doc["cases"].items():
-        if c["returncode"]:
-            lines.append(f"| {name} | failed: {' '.join(c['error'])[:80]} | | | | | | |")
-            continue
-        lines.append(
+    lines += _common.case_rows(
+        doc["cases"],
+        8,
+        lambda name, c: (
             f"| {name} | {c['fp8_gemms']} | {c.get('block_scaled_gemms', 0)} | "
             f"{c['xla_peak_bytes'] / GIB:.2f} | {c['model_peak_bytes'] / GIB:.2f} | "
             f"{c['model_error']:+.1%} | {'yes' if c['fits'] else 'no'} | "
             f"{c['compile_time_s']:.0f} |"
-        )
+        ),
+    )
     fp8 = doc["cases"].get("h200/fp8", {})
     lines += [
         "",
         f"`tierax {fp8.get('command', '').removeprefix('tierax.cli ')}` (and the same for each "
-        f"target and quantization); `{doc['command']}`, {doc['created'][:10]}, jax "
-        f"{doc['jax_version']}; goal ({doc['goal']}) met: {'yes' if doc['goal_met'] else 'no'}.",
+        f"target and quantization); {_common.made_by(doc)}; goal ({doc['goal']}) met: "
+        f"{'yes' if doc['goal_met'] else 'no'}.",
     ]
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    _common.add_out(ap, "fp8_compile.json")
+    ap = _common.parser(__doc__, "fp8_compile.json")
     _common.add_docs(ap, "tierax.bench.fp8_compile/2")
     args = ap.parse_args()
     if args.docs:

@@ -23,7 +23,6 @@ paragraph of docs/concepts/cost-model.md, from bench/results/hbm_time.json.
 
 from __future__ import annotations
 
-import argparse
 import re
 import time
 
@@ -126,6 +125,25 @@ def _fused_io(module, ins) -> tuple[float, float]:
     return read, written
 
 
+def io_bytes(module, ins, pnum: dict[str, int]) -> tuple[float, float]:
+    """(bytes read, bytes written) of one scheduled instruction: a fusion's as :func:`_fused_io`
+    reads them (its parameters first numbered from ``pnum``, parameter name → number), the update
+    of a ``dynamic-update-slice`` (in place), a ``dynamic-slice``'s slice, else every operand whole
+    and the output."""
+    op = ins.opcode
+    if op == "fusion":
+        for i in module.computations.get(ins.attr("calls") or "", []):
+            if i.opcode == "parameter" and i.name in pnum:
+                i.attrs = f"{pnum[i.name]}"
+        return _fused_io(module, ins)
+    if op == "dynamic-update-slice":
+        upd = module.by_name.get(ins.operands[1])
+        return (upd.out_bytes, upd.out_bytes) if upd else (0.0, 0.0)
+    if op == "dynamic-slice":
+        return ins.out_bytes, ins.out_bytes
+    return module.operand_bytes(ins), ins.out_bytes
+
+
 def xla_non_matmul(text: str, hbm_bps: float, rows: list | None = None) -> dict:
     from tierax.xla import hlo
 
@@ -172,18 +190,7 @@ def xla_non_matmul(text: str, hbm_bps: float, rows: list | None = None) -> dict:
             ):
                 continue
             n = execs.get(c, 1)
-            if op == "fusion":
-                for i in module.computations.get(ins.attr("calls") or "", []):
-                    if i.opcode == "parameter" and i.name in pnum:
-                        i.attrs = f"{pnum[i.name]}"
-                r, w = _fused_io(module, ins)
-            elif op == "dynamic-update-slice":
-                upd = module.by_name.get(ins.operands[1])
-                r = w = upd.out_bytes if upd else 0.0
-            elif op == "dynamic-slice":
-                r = w = ins.out_bytes
-            else:
-                r, w = module.operand_bytes(ins), ins.out_bytes
+            r, w = io_bytes(module, ins, pnum)
             total += n * (r + w)
             if rows is not None:
                 rows.append((n * (r + w), n, r, w, c, ins.name, ins.type_text[:90]))
@@ -305,8 +312,7 @@ def run_case(case) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    _common.add_out(ap, "hbm_time.json")
+    ap = _common.parser(__doc__, "hbm_time.json")
     ap.add_argument(
         "--case", type=int, action="append", help="case index (repeatable; default all)"
     )

@@ -15,7 +15,6 @@ compiled or measured.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 import time
@@ -70,23 +69,16 @@ def markdown(doc: dict) -> str:
                 f"{v['exposed_collective_s']:.3f} | "
                 f"{'yes' if v['plan_changed_vs_one_figure'] else 'no'} |"
             )
-    lines += ["", f"`{doc['command']}`, {doc['created'][:10]}; cost-model predictions."]
+    lines += ["", f"{_common.made_by(doc, jax=False)}; cost-model predictions."]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    _common.add_out(ap, "network_axes.json")
-    ap.add_argument(
-        "--docs",
-        metavar="RECORD.json",
-        type=_common.docs_record("tierax.network_axes/1"),
-        help="rewrite the docs table from this record and exit (nothing is planned)",
-    )
+    ap = _common.parser(__doc__, "network_axes.json")
+    _common.add_docs(ap, "tierax.network_axes/1", nothing="planned")
     args = ap.parse_args(argv)
     if args.docs:
-        print(f"wrote {_common.write_docs_table(DOCS_MARKER, markdown(args.docs))}")
-        return 0
+        return _common.docs_written(DOCS_MARKER, markdown(args.docs))
     out = args.out
     launch.start()
     from tierax import costmodel as cm
@@ -172,9 +164,7 @@ def main(argv=None) -> int:
         "collective at NVLink, as before",
         "cases": cases,
     }
-    _common.write_record(out, doc)
-    print(f"wrote {out}")
-    return 0
+    return _common.finish(out, doc)
 
 
 if __name__ == "__main__":

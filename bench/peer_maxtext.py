@@ -586,7 +586,7 @@ def markdown(doc: dict) -> str:
         )
     lines += [
         "",
-        f"`{doc['command']}`, {doc['created'][:10]}, jax {doc['jax_version']}, MaxText "
+        f"{_common.made_by(doc)}, MaxText "
         f"{doc['maxtext_version']}; {doc['rounds']} rounds × {doc['steps_per_round']} step per "
         "shape.",
     ]
@@ -595,12 +595,7 @@ def markdown(doc: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument(
-        "--docs",
-        metavar="RECORD.json",
-        type=_common.docs_record("tierax.peer-maxtext/1"),
-        help="rewrite the docs table from this record and exit (nothing is run)",
-    )
+    _common.add_docs(ap, "tierax.peer-maxtext/1", nothing="run")
     ap.add_argument(
         "--shapes",
         default=",".join(ALL_SHAPES),

@@ -14,7 +14,6 @@ compile seconds) and whether the loop converged.  Writes bench/results/plan_chec
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import sys
@@ -29,25 +28,13 @@ CASES = {
         "loss_tiles=16",
         "--target",
         "gb200",
-        "--devices",
-        "128",
-        "--mesh",
-        "fsdp=16,expert=8",
-        "--microbatch",
-        "8",
-        "--seq",
-        "4096",
+        *_common.SEED_SCALE_SHAPE,
     ],
 }
 # Budget-bound at 114 GiB: the first plan compiles to more than the budget (the record's iterations
 # say by how much).
 CASES["deepseek-v3 5-layer gb200×8 expert=8 mb8×4096 budget 114 GiB"] = [
-    "--model",
-    "deepseek-v3-671b",
-    "--set",
-    "num_layers=5",
-    "--set",
-    "first_dense_layers=2",
+    *_common.DEEPSEEK_V3_5_LAYERS,
     "--set",
     "loss_tiles=16",
     "--target",
@@ -76,11 +63,8 @@ QUICK = {
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    _common.add_out(ap, "plan_check.json")
-    ap.add_argument(
-        "--quick", action="store_true", help="one tiny case (a smoke test of this script)"
-    )
+    ap = _common.parser(__doc__, "plan_check.json")
+    _common.add_quick(ap)
     ap.add_argument(
         "--case",
         action="append",

@@ -29,21 +29,7 @@ import tempfile
 import _common
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-CASE = [
-    "plan",
-    "--model",
-    "deepseek-v3-671b",
-    "--target",
-    "gb200",
-    "--devices",
-    "128",
-    "--mesh",
-    "fsdp=16,expert=8",
-    "--microbatch",
-    "8",
-    "--seq",
-    "4096",
-]
+CASE = ["plan", "--model", "deepseek-v3-671b", "--target", "gb200", *_common.SEED_SCALE_SHAPE]
 CASES = {"microbatch-8": CASE, "max-microbatch": CASE[:-4] + ["--seq", "4096", "--max-microbatch"]}
 
 

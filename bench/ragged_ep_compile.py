@@ -20,7 +20,6 @@ Writes bench/results/ragged_ep_compile.json.
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import sys
 import tempfile
@@ -75,35 +74,32 @@ def markdown(doc: dict) -> str:
         "(arguments + heap) | model assigned GiB | error | fits | compile s |",
         "|---|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
-    for name, c in doc["cases"].items():
-        if c["returncode"]:
-            lines.append(f"| {name} | failed: {' '.join(c['error'])[:80]} | | | | | | | |")
-            continue
-        lines.append(
+    lines += _common.case_rows(
+        doc["cases"],
+        9,
+        lambda name, c: (
             f"| {name} | {c['xla_peak_bytes'] / GIB:.2f} | {c['model_peak_bytes'] / GIB:.2f} | "
             f"{c['model_error']:+.1%} | {c['xla_assigned_peak_bytes'] / GIB:.2f} | "
             f"{c['model_assigned_peak_bytes'] / GIB:.2f} | {c['model_error_vs_assigned']:+.1%} | "
             f"{'yes' if c['fits'] else 'no'} | {c['compile_time_s']:.0f} |"
-        )
+        ),
+    )
     first = next((c for c in doc["cases"].values() if not c["returncode"]), {})
     lines += [
         "",
         f"`tierax {first.get('command', '').removeprefix('tierax.cli ')}` (and the same for each "
-        f"moe_impl and mesh); `{doc['command']}`, {doc['created'][:10]}, jax "
-        f"{doc['jax_version']}, libtpu {first.get('libtpu_version')}; goal ({doc['goal']}) met: "
-        f"{'yes' if doc['goal_met'] else 'no'}.",
+        f"moe_impl and mesh); {_common.made_by(doc)}, libtpu {first.get('libtpu_version')}; "
+        f"goal ({doc['goal']}) met: {'yes' if doc['goal_met'] else 'no'}.",
     ]
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    _common.add_out(ap, "ragged_ep_compile.json")
+    ap = _common.parser(__doc__, "ragged_ep_compile.json")
     _common.add_docs(ap, SCHEMA)
     args = ap.parse_args()
     if args.docs:
-        print(f"wrote {_common.write_docs_table(DOCS_MARKER, markdown(args.docs))}")
-        return 0
+        return _common.docs_written(DOCS_MARKER, markdown(args.docs))
     cases = {}
     for impl, mesh in CASES:
         with tempfile.TemporaryDirectory(prefix="tierax-ragged-ep-") as tmp:  # a dump: ~100s of MB

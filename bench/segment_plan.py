@@ -13,7 +13,6 @@ everywhere while a segmented one keeps it where it fits.  Writes bench/results/s
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import sys
@@ -32,8 +31,7 @@ def _tierax(*args: str) -> tuple[dict, float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    _common.add_out(ap, "segment_plan.json")
+    ap = _common.parser(__doc__, "segment_plan.json")
     args = ap.parse_args()
     out = {}
     with tempfile.TemporaryDirectory() as tmp:

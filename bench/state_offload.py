@@ -33,7 +33,6 @@ cost model counts (``P·p``), and the fall in XLA's device peak against ``P·(p 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import time
 
@@ -138,8 +137,7 @@ def markdown(doc: dict) -> str:
             lines.append(f"| {case} | {name} | {state} | {pred} | {step} | {xla} | {host} |")
     lines += [
         "",
-        f"`{doc['command']}`, {doc['created'][:10]}, jax {doc['jax_version']}; the plans are the "
-        "planner's at that date.",
+        f"{_common.made_by(doc)}; the plans are the planner's at that date.",
     ]
     if "masters" in doc:
         lines += ["", masters_markdown(doc["masters"]).rstrip("\n")]
@@ -289,14 +287,8 @@ def masters_markdown(m: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    _common.add_out(ap, "state_offload.json")
-    ap.add_argument(
-        "--docs",
-        metavar="RECORD.json",
-        type=_common.docs_record("tierax.bench.state_offload/1"),
-        help="rewrite the docs table from this record and exit (nothing is planned or compiled)",
-    )
+    ap = _common.parser(__doc__, "state_offload.json")
+    _common.add_docs(ap, "tierax.bench.state_offload/1", nothing="planned or compiled")
     ap.add_argument("--compile", action="store_true", help="compile every case deviceless")
     args = ap.parse_args(argv)
     if args.docs:
@@ -379,9 +371,7 @@ def main(argv=None) -> int:
     doc["rows"] = rows
     if args.compile:
         doc["masters"] = masters_rows(C, lambda c: for_platform(c, "gpu"))
-    _common.write_record(args.out, doc)
-    print(f"wrote {args.out}")
-    return 0
+    return _common.finish(args.out, doc)
 
 
 if __name__ == "__main__":

@@ -169,8 +169,7 @@ def child(name: str, rounds: int) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    _common.add_out(ap, "time_fidelity_trace.json")
+    ap = _common.parser(__doc__, "time_fidelity_trace.json")
     ap.add_argument("--shapes", default=",".join(DEFAULT_SHAPES), help="comma-separated names")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (at least 3)")
     ap.add_argument(
@@ -227,9 +226,7 @@ def main() -> int:
         },
         "shapes": shapes,
     }
-    _common.write_record(args.out, doc)
-    print(f"wrote {args.out}")
-    return 0
+    return _common.finish(args.out, doc)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ it.  ``--target v6e`` compiles for v6e chips instead of v5p.
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import json
 import os
@@ -318,8 +317,7 @@ def splash_markdown(doc: dict) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    _common.add_out(ap, "tpu_compile.json")
+    ap = _common.parser(__doc__, "tpu_compile.json")
     ap.add_argument("--devices", type=int, default=8, help="chips (mesh fsdp=N)")
     ap.add_argument("--target", default="v5p", choices=["v5p", "v6e"], help="TPU generation")
     ap.add_argument(

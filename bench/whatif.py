@@ -66,18 +66,13 @@ def markdown(doc: dict) -> str:
             + " | ".join("does not fit" if v is None else f"{v:.0f}" for v in ref)
             + f" | {len(p['changed'])} |"
         )
-    lines += ["", f"`{doc['command']}`, {doc['created'][:10]}; cost-model predictions."]
+    lines += ["", f"{_common.made_by(doc, jax=False)}; cost-model predictions."]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--docs",
-        metavar="RECORD.json",
-        type=_common.docs_record("tierax.whatif/1"),
-        help="rewrite the docs tables from this record and exit (nothing is planned)",
-    )
+    _common.add_docs(ap, "tierax.whatif/1", nothing="planned")
     ap.add_argument("--model", default="deepseek-v3-671b")
     ap.add_argument("--microbatch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=4096)
@@ -85,8 +80,7 @@ def main(argv=None) -> int:
     _common.add_out(ap, "whatif-deepseek-v3.json")
     args = ap.parse_args(argv)
     if args.docs:
-        print(f"wrote {_common.write_docs_table(DOCS_MARKER, markdown(args.docs))}")
-        return 0
+        return _common.docs_written(DOCS_MARKER, markdown(args.docs))
     out = args.out
     launch.start()
 

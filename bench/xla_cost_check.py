@@ -236,18 +236,7 @@ def hlo_bytes(text: str, layer_trips: int | None = None) -> dict:
             if op in hbm_time.SKIP or op.endswith("-done"):
                 continue
             kind = _classify(module, ins)
-            if op == "fusion":
-                for i in module.computations.get(ins.attr("calls") or "", []):
-                    if i.opcode == "parameter" and i.name in pnum:
-                        i.attrs = f"{pnum[i.name]}"
-                r, w = hbm_time._fused_io(module, ins)
-            elif op == "dynamic-update-slice":
-                upd = module.by_name.get(ins.operands[1])
-                r = w = upd.out_bytes if upd else 0.0
-            elif op == "dynamic-slice":
-                r = w = ins.out_bytes
-            else:
-                r, w = module.operand_bytes(ins), ins.out_bytes
+            r, w = hbm_time.io_bytes(module, ins, pnum)
             weighted[kind] += n * (r + w)
             once[kind] += r + w
             whole_once += module.operand_bytes(ins) + ins.out_bytes

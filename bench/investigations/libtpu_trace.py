@@ -28,7 +28,6 @@ libtpu's interpreter (this checkout on ``PYTHONPATH``); each record names its li
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pathlib
@@ -47,8 +46,7 @@ BIG = 512 * 2**20  # buffers listed: at least this many bytes
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    _common.add_out(ap, "libtpu_trace.json")
+    ap = _common.parser(__doc__, "libtpu_trace.json")
     ap.add_argument("--layers", type=int, nargs="+", default=[2, 4, 32], help="num_layers each")
     ap.add_argument("--microbatch", type=int, default=1)
     ap.add_argument("--seq", type=int, default=4096)
@@ -102,9 +100,7 @@ def main() -> int:
             "plan_yaml": plan.read_text(),
             "cases": cases,
         }
-    _common.write_record(args.out, doc)
-    print(f"wrote {args.out}")
-    return 0
+    return _common.finish(args.out, doc)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ Writes bench/results/prefetch_overlap.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import sys
@@ -71,12 +70,7 @@ CASES = {
     "deepseek-v3 5-layer moe-up-offload gb200 fsdp=8 mb1×4096": (
         MOE_UP,
         [
-            "--model",
-            "deepseek-v3-671b",
-            "--set",
-            "num_layers=5",
-            "--set",
-            "first_dense_layers=2",
+            *_common.DEEPSEEK_V3_5_LAYERS,
             "--target",
             "gb200",
             "--mesh",
@@ -164,7 +158,7 @@ def markdown(doc: dict) -> str:
             )
     lines += [
         "",
-        f"`{doc['command']}`, {doc['created'][:10]}, jax {doc['jax_version']}; goal: each "
+        f"{_common.made_by(doc)}; goal: each "
         f"direction exposed ≤ {doc['goal_exposed_share']:.0%} with prefetch under "
         f"{', '.join(doc['judged'])}, met: {'yes' if doc['goal_met_by_prefetch'] else 'no'}.",
     ]
@@ -172,11 +166,8 @@ def markdown(doc: dict) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    _common.add_out(ap, "prefetch_overlap.json")
-    ap.add_argument(
-        "--quick", action="store_true", help="one tiny case (a smoke test of this script)"
-    )
+    ap = _common.parser(__doc__, "prefetch_overlap.json")
+    _common.add_quick(ap)
     ap.add_argument(
         "--docs",
         metavar="RECORD.json",

@@ -29,7 +29,6 @@ assigned peak within 5 % of XLA's (reported either way).  Writes bench/results/t
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import re
 import sys
@@ -203,17 +202,17 @@ def markdown(doc: dict) -> str:
         "| model error | model's loss term GiB | fits |",
         "|---|---:|---:|---:|---:|---:|---|",
     ]
-    for name, c in doc["cases"].items():
-        if c["returncode"]:
-            lines.append(f"| {name} | failed: {' '.join(c['error'])[:80]} | | | | | |")
-            continue
-        lines.append(
+    lines += _common.case_rows(
+        doc["cases"],
+        7,
+        lambda name, c: (
             f"| {name} | {c['xla_assigned_peak_bytes'] / GIB:.2f} | "
             f"{c['xla_live_peak_device_bytes'] / GIB:.2f} | "
             f"{c['model_assigned_peak_bytes'] / GIB:.2f} | "
             f"{c['model_error_vs_assigned']:+.1%} | {c['model_loss_term_bytes'] / GIB:.2f} | "
             f"{'yes' if c['fits'] else 'no'} |"
-        )
+        ),
+    )
     libtpu = sorted({str(c.get("libtpu_version")) for c in doc["cases"].values() if "fits" in c})
     lines += [
         "",
@@ -225,14 +224,12 @@ def markdown(doc: dict) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    _common.add_out(ap, "tpu_tiled_loss.json")
+    ap = _common.parser(__doc__, "tpu_tiled_loss.json")
     ap.add_argument("--case", action="append", choices=list(CASES), help="run only these cases")
     _common.add_docs(ap, SCHEMA)
     args = ap.parse_args()
     if args.docs:
-        print(f"wrote {_common.write_docs_table(DOCS_MARKER, markdown(args.docs))}")
-        return 0
+        return _common.docs_written(DOCS_MARKER, markdown(args.docs))
     doc = _common.envelope(SCHEMA) | {"goal": f"model assigned peak within {GOAL:.0%}"}
     doc["cases"] = {}
     with tempfile.TemporaryDirectory(prefix="tierax-tiled-loss-") as tmp:
@@ -255,9 +252,7 @@ def main() -> int:
         and len(done) == len(doc["cases"])
         and all(abs(c["model_error_vs_assigned"]) <= GOAL for c in done)
     )
-    _common.write_record(args.out, doc)
-    print(f"wrote {args.out}")
-    return 0
+    return _common.finish(args.out, doc)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ set from it; it is the measurement behind the time-fidelity record's open misses
 
 from __future__ import annotations
 
-import argparse
 import collections
 import pathlib
 import statistics
@@ -158,8 +157,7 @@ def measure(shapes=SHAPES) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    _common.add_out(ap, "transpose_forms.json")
+    ap = _common.parser(__doc__, "transpose_forms.json")
     args = ap.parse_args(argv)
     from tierax import launch
 
@@ -176,9 +174,7 @@ def main(argv=None) -> int:
         "two per-layer transposing fusions' own seconds from one profiled call (tierax.measure.ops "
         "categories), averaged; per output element [tokens × hidden]",
     }
-    _common.write_record(args.out, doc)
-    print(f"wrote {args.out}")
-    return 0
+    return _common.finish(args.out, doc)
 
 
 if __name__ == "__main__":
