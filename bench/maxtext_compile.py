@@ -63,8 +63,9 @@ def _slice_name(target: str, devices: int) -> str:
     )
 
 
-def maxtext_side(keys: list[str], target: str, devices: int) -> dict:
-    """MaxText's own train_compile of ``keys`` for the slice: its printed memory figures."""
+def maxtext_side(keys: list[str], target: str, devices: int, env: dict | None = None) -> dict:
+    """MaxText's own train_compile of ``keys`` for the slice: its printed memory figures (``env``:
+    the child's environment, default :func:`_maxtext.env`)."""
     with tempfile.TemporaryDirectory(prefix="tierax-bench-mt-") as tmp:
         cmd = [
             sys.executable,
@@ -81,7 +82,7 @@ def maxtext_side(keys: list[str], target: str, devices: int) -> dict:
             "compile_topology_num_slices=1",
             *keys,
         ]
-        proc = _common.run(cmd, timeout=3600, env=_maxtext.env())
+        proc = _common.run(cmd, timeout=3600, env=_maxtext.env() if env is None else env)
     text = proc.stdout + proc.stderr
     stats = re.search(r"Memory analysis: CompiledMemoryStats\((.*)\)", text)
     out = {"command": " ".join(cmd[3:]), "returncode": proc.returncode, "wall_s": proc.wall_s}

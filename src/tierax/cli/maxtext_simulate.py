@@ -124,23 +124,53 @@ def _program(args, start=None):
 
 def _traced(args, start):
     from tierax.interop import maxtext_program
-    from tierax.mesh import parse_mesh
 
-    mesh = parse_mesh(args.mesh, args.devices).to_dict() if args.mesh is not None else None
     maxtext_program.require_maxtext()
     from tierax import launch
 
     (start or launch.start)()
+    return _trace(args, args.maxtext_overrides)
+
+
+def _trace(args, overrides, microbatch: int | None = None):
+    """MaxText's program of the options with ``overrides`` (JAX started); ``microbatch``: instead
+    of --microbatch."""
+    from tierax.interop import maxtext_program
+    from tierax.mesh import parse_mesh
+
+    mesh = parse_mesh(args.mesh, args.devices).to_dict() if args.mesh is not None else None
+    if microbatch is None and getattr(args, "microbatch_given", False):
+        microbatch = args.microbatch
     return maxtext_program.program(
         args.maxtext,
-        args.maxtext_overrides,
+        overrides,
         target=args.target,
         devices=args.devices,
         mesh=mesh,
-        microbatch=args.microbatch if getattr(args, "microbatch_given", False) else None,
+        microbatch=microbatch,
         seq=args.seq if getattr(args, "seq_given", False) else None,
         grad_accum=args.grad_accum,
     )
+
+
+def _retrace(args):
+    """``trace(keys, microbatch)`` for :func:`tierax.solving.for_maxtext.what_would_fit`: the
+    user's keys with ``keys`` in place of theirs (and no per_device_batch_size where a microbatch
+    is given); None where MaxText refuses them.  What MaxText prints goes to stderr."""
+    import contextlib
+
+    def trace(keys, microbatch):
+        drop = {k.partition("=")[0] for k in keys}
+        if microbatch is not None:
+            drop.add("per_device_batch_size")
+        user = [u for u in args.maxtext_overrides if u.partition("=")[0] not in drop]
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                return _trace(args, [*user, *keys], microbatch)
+        except TieraxError:
+            return None
+
+    return trace
 
 
 def _rates(args, run):
@@ -358,7 +388,7 @@ def _plan_check(args, run, req, out, devices: int) -> int:
     written (exit 0 where the model then agreed, 1 where it did not); none fitted: exit 2 naming
     what does not fit and what would, nothing written."""
     from tierax.fileio import write_text_atomic
-    from tierax.solving import for_maxtext, plan_check
+    from tierax.solving import for_maxtext, plan_check, planner
 
     if _mesh_size(run.mesh) != devices:
         raise TieraxError(
@@ -370,13 +400,29 @@ def _plan_check(args, run, req, out, devices: int) -> int:
     compile_plan = for_maxtext.MaxTextCompile(
         run, path=args.maxtext, user=args.maxtext_overrides, target=args.target, devices=devices
     )
-    res = plan_check.check_request(
-        req,
-        args.target,
-        compile_plan=compile_plan,
-        max_iterations=args.check_iterations or CHECK_ITERATIONS,
-        report=lambda s: print(plan_check.iteration_line(s), file=stream, flush=True),
-    )
+
+    def what_would_fit() -> str:
+        print("no plan fits: tracing what would ...", file=sys.stderr, flush=True)
+        head = run.program.head
+        return for_maxtext.what_would_fit(
+            req,
+            _retrace(args),
+            tiles=head.tiles if head else 1,
+            microbatch=run.program.microbatch,
+            seq=run.program.seq,
+            miss=compile_plan.largest_miss,
+        )
+
+    try:
+        res = plan_check.check_request(
+            req,
+            args.target,
+            compile_plan=compile_plan,
+            max_iterations=args.check_iterations or CHECK_ITERATIONS,
+            report=lambda s: print(plan_check.iteration_line(s), file=stream, flush=True),
+        )
+    except planner.NoPlanFits as e:
+        raise TieraxError(f"{e} (nothing written). {what_would_fit()}") from None
     g = plan_check.size_text
     n = compile_plan.compiles
     if res.fitted is None:
@@ -391,6 +437,8 @@ def _plan_check(args, run, req, out, devices: int) -> int:
             f"of the last plan {need}, above the budget {g(res.budget_bytes)} (the corrected model "
             f"predicted {g(last.predicted_peak_bytes)}; {res.stopped}); nothing written. "
             + REMEDIES
+            + ". "
+            + what_would_fit()
         )
     step = res.iterations[res.fitted_iteration - 1]
     verdict = (

@@ -156,12 +156,14 @@ class MaxTextCompile:
 
     The same keys compile to the same program: a plan whose keys were compiled before gets that
     compile again (its ``compile_time_s`` 0, a note saying so), not a second compile of minutes;
-    :attr:`compiles` counts the compiles run."""
+    :attr:`compiles` counts the compiles run, :attr:`largest_miss` is the most a compile's peak (or
+    out-of-memory need) exceeded the model's raw peak of its plan (0 before any compile)."""
 
     def __init__(self, run, *, path: str, user: Sequence[str], target: str, devices: int):
         self.run, self.path, self.user = run, path, list(user)
         self.target, self.devices = target, devices
         self.compiles = 0
+        self.largest_miss = 0
         self._done: dict[tuple[str, ...], CompileResult] = {}
 
     def __call__(self, result: planner.PlanResult) -> CompileResult:
@@ -182,4 +184,74 @@ class MaxTextCompile:
             )
         self.compiles += 1
         self._done[keys] = compiled
+        if compiled.device_peak_bytes is not None:
+            miss = compiled.device_peak_bytes - result.predicted.peak_device_bytes
+            self.largest_miss = max(self.largest_miss, miss)
         return compiled
+
+
+# The largest vocabulary tiling what_would_fit tries (doubling from the config's).
+MAX_VOCAB_TILES = 64
+
+
+def what_would_fit(request, trace, *, tiles: int, microbatch: int, seq: int, miss: int) -> str:
+    """Where no plan of MaxText's program fits: the first of the config's vocabulary tiling doubled
+    (up to :data:`MAX_VOCAB_TILES`, dividing ``seq``), then its per-device batch halved, whose
+    program (``trace(keys, microbatch)``: MaxText's program traced with those keys over the
+    user's, or None where MaxText refuses them) the model, its budget less ``miss`` (what MaxText's
+    compile needed beyond the model), fits a plan of; the words saying so, or that none did."""
+    import dataclasses
+
+    from tierax.solving import planner, planning
+
+    budget, host_budget = planner.budgets(
+        request.rates, request.budget_bytes, request.host_budget_bytes
+    )
+    corrected = budget - max(miss, 0)
+    by = f" with MaxText's compiled miss ({planner.size_text(miss)}) added" if miss > 0 else ""
+    probes = [(f"num_vocab_tiling={n}", None) for n in _doublings(tiles, seq)]
+    probes += [(None, mb) for mb in _halvings(microbatch)]
+    for key, mb in probes:
+        run = trace([key] if key else [], mb)
+        if run is None or corrected <= 0:
+            continue
+        try:
+            result, _ = planning.solve(
+                dataclasses.replace(
+                    request,
+                    program=run.program,
+                    microbatch=run.program.microbatch,
+                    budget_bytes=corrected,
+                    host_budget_bytes=host_budget,
+                )
+            )
+        except planner.NoPlanFits:
+            continue
+        tensor = int(request.mesh.get("tensor", 1))
+        what = key or f"per_device_batch_size={mb / tensor:g}"
+        return (
+            f"What would fit (the model{by}; not compiled): {what}, a plan predicted at "
+            f"{planner.size_text(result.predicted.peak_device_bytes + max(miss, 0))}; run plan "
+            "--check with it to compile that plan."
+        )
+    return (
+        f"Neither num_vocab_tiling up to {MAX_VOCAB_TILES} nor a smaller per_device_batch_size "
+        f"fits by the model{by}; plan it over more devices (a larger fsdp)."
+    )
+
+
+def _doublings(tiles: int, seq: int) -> list[int]:
+    out, n = [], max(tiles, 1) * 2
+    while n <= MAX_VOCAB_TILES:
+        if seq % n == 0:
+            out.append(n)
+        n *= 2
+    return out
+
+
+def _halvings(microbatch: int) -> list[int]:
+    out, mb = [], microbatch // 2
+    while mb >= 1:
+        out.append(mb)
+        mb //= 2
+    return out
