@@ -45,6 +45,20 @@ SHAPE = ["--target", "v5p", "--devices", "8", "--mesh", "fsdp=8"]
 BIG = 512 * 2**20  # buffers listed: at least this many bytes
 
 
+def _for_layers(plan_yaml: str, layers: int) -> str:
+    """The full model's plan with its ``planned_for`` model cut to ``layers`` layers: the CLI
+    refuses a plan planned for another model, and this trace compiles the full model's plan at
+    fewer layers."""
+    import yaml
+
+    from tierax.plan.planned_for import model_name, parse_model_name
+
+    doc = yaml.safe_load(plan_yaml)
+    name, overrides = parse_model_name(doc["planned_for"]["model"])
+    doc["planned_for"]["model"] = model_name(name, [*overrides, f"num_layers={layers}"])
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
 def main() -> int:
     ap = _common.parser(__doc__, "libtpu_trace.json")
     ap.add_argument("--layers", type=int, nargs="+", default=[2, 4, 32], help="num_layers each")
@@ -69,7 +83,9 @@ def main() -> int:
         for layers in args.layers:
             dump = pathlib.Path(tmp) / f"dump-{layers}"
             env = {**os.environ, "XLA_FLAGS": f"--xla_dump_to={dump} --xla_dump_hlo_as_text"}
-            cmd = ["compile", *model, "--set", f"num_layers={layers}", *shape, "--plan", str(plan)]
+            cut = pathlib.Path(tmp) / f"plan-{layers}.yaml"
+            cut.write_text(_for_layers(plan.read_text(), layers))
+            cmd = ["compile", *model, "--set", f"num_layers={layers}", *shape, "--plan", str(cut)]
             c = _common.run(_common.tierax(*cmd, "--json"), timeout=3600, cwd=ROOT, env=env)
             if c.returncode:
                 sys.exit(
