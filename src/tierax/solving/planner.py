@@ -111,20 +111,19 @@ def budgets(
 
 @dataclass(frozen=True, eq=False)
 class Milp:
-    """The planner's mixed-integer program: the plan's indicator columns (the columns of
-    :class:`~tierax.costmodel.linear_terms.LinearTerms`) followed by auxiliary variables that make
-    the model's maxima linear — per group the exposed store and load seconds (``ED``, ``EH``), the
-    largest staging (``S``), per state group the update's and the accumulation's exposed copies
-    (``UH``, ``AH``) and their staging (``SU``, ``SA``), and the exposed hideable collectives
-    (``EC``).  Each auxiliary is bounded below by the table's rows, so at the optimum it is the
-    maximum :func:`tierax.costmodel.evaluate` takes.
+    """The planner's mixed-integer program over ``v``: the plan's indicator columns (those of
+    :class:`~tierax.costmodel.linear_terms.LinearTerms`), then auxiliaries that make the model's
+    maxima linear — per group the exposed store and load seconds (``ED``, ``EH``), the largest
+    staging (``S``), per state group the update's and the accumulation's exposed copies (``UH``,
+    ``AH``) and staging (``SU``, ``SA``), the exposed hideable collectives (``EC``) — each bounded
+    below by the table's rows, so at the optimum it is the maximum that
+    :func:`tierax.costmodel.evaluate` takes.
 
-    Row i reads ``lo[i] ≤ rows[i] · v ≤ hi[i]``; a cost row (``labels[i]`` names it) is in units of
-    ``units[i]`` with its constant ``consts[i]`` moved to the bound: its value for a vector ``v`` is
-    ``rows[i] · v × units[i] + consts[i]``.  The objective ``c · v / scale + constant_s`` is the
-    predicted step time in seconds (the collectives' overlap slowdown uncapped; the CPU's first
-    touch as if the microbatches' phase peaked; tie-breaks of at most 1e-9 of the compute time
-    per column)."""
+    ``lo ≤ rows · v ≤ hi``.  ``budget_rows``: (label, row, unit, constant) of each phase's device
+    bytes and each host row: that row's bytes at ``v`` are ``rows[row] · v × unit + constant``.
+    ``c · v / scale + constant_s`` is the predicted step time in seconds (the interference
+    uncapped; the CPU's first touch as if the microbatches' phase peaked; tie-breaks of at most
+    1e-9 of the compute time per column)."""
 
     terms: LinearTerms
     c: np.ndarray
@@ -133,16 +132,9 @@ class Milp:
     rows: np.ndarray
     lo: np.ndarray
     hi: np.ndarray
-    labels: tuple[str, ...]
-    units: np.ndarray
-    consts: np.ndarray
+    budget_rows: tuple[tuple[str, int, float, float], ...]
     ub: np.ndarray
-    integrality: np.ndarray
     aux: dict[str, int]  # the first column of each auxiliary block
-
-    def value(self, i: int, v: np.ndarray) -> float:
-        """Row i's cost (bytes or seconds) at ``v``."""
-        return float(self.rows[i] @ v) * self.units[i] + self.consts[i]
 
 
 def build_milp(
@@ -153,95 +145,64 @@ def build_milp(
     place_state: bool = True,
 ) -> Milp:
     """The program of the fastest plan within the budgets, stacked from ``t``'s rows (module
-    docstring).  ``place_state`` False fixes the training state on the device."""
+    docstring).  ``place_state`` False keeps the training state on the device."""
     items, groups, parts, ugroups, fx = t.items, t.groups, t.parts, t.ugroups, t.fixed
-    A, nx = t.grad_accum, t.size
-    n, G, U = len(items), len(groups), len(ugroups)
+    A, nx, n, G, U = t.grad_accum, t.size, len(items), len(groups), len(ugroups)
     D, O, R, Z, C, X = t.D, t.O, t.R, t.Z, t.C, t.X  # noqa: E741
-    ED = nx
-    EH = ED + G
-    S = EH + G
-    UH = S + 1
-    SU = UH + U
-    EC = SU + 1
-    AH = EC + 1
-    SA = AH + U
-    nv = SA + 1
+    ED, EH, S, UH, SU, EC, AH, SA, nv = map(int, np.cumsum([nx, G, G, 1, U, 1, 1, U, 1]))
     upd = [j for j, p in enumerate(parts) if p.kind in state_cm.ALL_PHASE_KINDS]
     acc = [j for j, p in enumerate(parts) if p.kind not in state_cm.ALL_PHASE_KINDS]
     # Units: seconds of the step's compute, bytes of all items' (with raw seconds and bytes, 1e-3
     # next to 1e9, HiGHS reported non-optimal plans as optimal).
-    scale = 1.0 / max(fx.compute_s, 1e-30)
-    total_bytes = max(1, sum(it.bytes for it in items))
+    scale, total = 1.0 / max(fx.compute_s, 1e-30), max(1, sum(it.bytes for it in items))
+    rows, lo, hi, budget_rows = [], [], [], []
 
     def wide(row: Row) -> np.ndarray:
         return np.concatenate([row.coef, np.zeros(nv - nx)])
 
-    rows, lo, hi, labels, units, consts = [], [], [], [], [], []
+    def add(coeffs: dict, lb: float, ub: float, base: np.ndarray | None = None):
+        row = np.zeros(nv) if base is None else base
+        for j, v in coeffs.items():
+            row[j] += v
+        rows.append(row), lo.append(lb), hi.append(ub)
 
-    def add(coef, lb, ub, label="", unit=1.0, const=0.0):
-        rows.append(coef)
-        lo.append(lb)
-        hi.append(ub)
-        labels.append(label)
-        units.append(unit)
-        consts.append(const)
+    def at_least(row: Row, aux: int, unit: float, also=()):  # aux (+ also) ≥ row, in units
+        add({aux: 1} | {j: 1 for j in also}, row.const / unit, np.inf, -wide(row) / unit)
 
-    def at_least(row: Row, aux: int, unit: float, label: str):
-        """aux ≥ row (in units of ``unit``): aux − row·x ≥ row.const."""
-        coef = -wide(row) / unit
-        coef[aux] += 1
-        add(coef, row.const / unit, np.inf, label, unit)
+    def at_most(row: Row, limit: float, label: str, aux: int | None = None):  # row + aux ≤ limit
+        budget_rows.append((label, len(rows), total, row.const))
+        extra = {} if aux is None else {aux: 1}
+        add(extra, -np.inf, (limit - row.const) / total, wide(row) / total)
 
-    def at_most(row: Row, limit: float, unit: float, label: str, aux: int | None = None):
-        """row (+ aux) ≤ limit."""
-        coef = wide(row) / unit
-        if aux is not None:
-            coef[aux] += 1
-        add(coef, -np.inf, (limit - row.const) / unit, label, unit, row.const)
-
-    one = np.zeros(nv)
     for k in range(n):  # exactly one placement per activation
-        row = one.copy()
-        row[[D + k, O + k, R + k]] = 1
-        add(row, 1, 1)
+        add({D + k: 1, O + k: 1, R + k: 1}, 1, 1)
     for gi, g in enumerate(groups):
         for k, it in enumerate(items):  # z_g ≤ d_k: keeping the unnamed needs every name kept
             if it.group == g.name:
-                row = one.copy()
-                row[Z + gi], row[D + k] = 1, -1
-                add(row, -np.inf, 0)
+                add({Z + gi: 1, D + k: -1}, -np.inf, 0)
         # the group's copies beyond their windows, and its staging
-        at_least(t.d2h_s[gi].plus(-g.d2h_window_s), ED + gi, 1 / scale, f"exposed d2h: {g.name}")
-        at_least(t.h2d_s[gi].plus(-g.h2d_window_s), EH + gi, 1 / scale, f"exposed h2d: {g.name}")
-        at_least(t.staging_bytes[gi], S, total_bytes, f"staging: {g.name}")
+        at_least(t.d2h_s[gi].plus(-g.d2h_window_s), ED + gi, 1 / scale)
+        at_least(t.h2d_s[gi].plus(-g.h2d_window_s), EH + gi, 1 / scale)
+        at_least(t.staging_bytes[gi], S, total)
     # e_coll ≥ hideable − (compute + recompute − the copies' hidden seconds), the hidden seconds
     # being their total less e_d2h, e_h2d (tierax.costmodel.predict.exposed_collectives).
-    hideable = fx.collective_s - fx.critical_collective_s
+    hideable = Row(np.zeros(nx), fx.collective_s - fx.critical_collective_s)
     if t.schedule == "serial":
-        at_least(Row(np.zeros(nx), hideable), EC, 1 / scale, "exposed collectives")
+        at_least(hideable, EC, 1 / scale)
     else:
         window = (t.recompute_s - t.transfer_s).plus(fx.compute_s)
-        at_least(window * -1 + Row(np.zeros(nx), hideable), EC, 1 / scale, "exposed collectives")
-        rows[-1][ED : ED + G] = 1  # + e_d2h + e_h2d: the copies' exposed seconds are not hidden
-        rows[-1][EH : EH + G] = 1
-    if one_placement_per_name:
+        at_least(hideable - window, EC, 1 / scale, also=range(ED, S))
+    if one_placement_per_name:  # same name, another group: same placement
         first: dict[str, int] = {}
         for k, it in enumerate(items):
-            j = first.setdefault(it.name, k)
-            if j != k:  # same name, another group: same placement
-                for col in (D, O):
-                    row = one.copy()
-                    row[col + k], row[col + j] = 1, -1
-                    add(row, 0, 0)
+            if (j := first.setdefault(it.name, k)) != k:
+                add({D + k: 1, D + j: -1}, 0, 0)
+                add({O + k: 1, O + j: -1}, 0, 0)
         # MaxText's state switches are one per kind for every layer: the same in every group.
         first_kind: dict[str, int] = {}
         for j, part in enumerate(parts):
-            i = first_kind.setdefault(part.kind, j)
-            if i != j:
-                row = one.copy()
-                row[X + j], row[X + i] = 1, -1
-                add(row, 0, 0)
+            if (i := first_kind.setdefault(part.kind, j)) != j:
+                add({X + j: 1, X + i: -1}, 0, 0)
     # The streamed update's and the accumulation's copies per state group: one exposed variable
     # at least each direction's excess over the group's update (additions): the two directions run
     # at once on the full-duplex link (costmodel.state.exposed).
@@ -250,48 +211,34 @@ def build_milp(
             (t.update_h2d_s, t.update_d2h_s, t.update_staging_bytes, UH, SU, ug.update_device_s),
             (t.accum_h2d_s, t.accum_d2h_s, t.accum_staging_bytes, AH, SA, ug.accumulate_device_s),
         ):
-            if not stage[u].coef.any() and not h2d[u].coef.any():
-                continue  # nothing of the kind in this group
-            for r in (h2d[u], d2h[u]):
-                at_least(r.plus(-window), E + u, 1 / scale, f"exposed state copies: {ug.group}")
-            at_least(stage[u], SS, total_bytes, f"state staging: {ug.group}")
-    # Device memory: each peak phase within the budget.
-    at_most(t.microbatch_phase_bytes, budget, total_bytes, "device: microbatch phases", S)
+            if stage[u].coef.any() or h2d[u].coef.any():  # the group has parts of the kind
+                at_least(h2d[u].plus(-window), E + u, 1 / scale)
+                at_least(d2h[u].plus(-window), E + u, 1 / scale)
+                at_least(stage[u], SS, total)
+    # Device memory: each peak phase within the budget.  Host memory (costmodel.state.host_peak):
+    # the offloaded activations, state and accumulator live together through a microbatch; the
+    # update holds the state twice; the accumulator is held twice while it is added to.
+    at_most(t.microbatch_phase_bytes, budget, "device: microbatch phases", S)
+    host = t.activation_host_bytes + t.state_host_bytes + t.accum_host_bytes
+    at_most(host, host_budget, "host: microbatch")
     if upd:
-        at_most(t.update_phase_bytes, budget, total_bytes, "device: update", SU)
+        at_most(t.update_phase_bytes, budget, "device: update", SU)
+        at_most(t.state_host_bytes * 2, host_budget, "host: update")
     if acc:
-        at_most(t.accumulation_phase_bytes, budget, total_bytes, "device: accumulation", SA)
-    # Host memory (costmodel.state.host_peak): the offloaded activations, state and accumulator
-    # live together through a microbatch; the update holds the state twice; the accumulator is
-    # held twice while it is added to, beside the state.
-    at_most(
-        t.activation_host_bytes + t.state_host_bytes + t.accum_host_bytes,
-        host_budget,
-        total_bytes,
-        "host: microbatch",
-    )
-    if upd:
-        at_most(t.state_host_bytes * 2, host_budget, total_bytes, "host: update")
-    if acc:
-        at_most(
-            t.state_host_bytes + t.accum_host_bytes * 2,
-            host_budget,
-            total_bytes,
-            "host: accumulation",
-        )
+        at_most(t.accumulation_phase_bytes, budget, "device: accumulation", SA)
+        at_most(t.state_host_bytes + t.accum_host_bytes * 2, host_budget, "host: accumulation")
 
-    # The objective: the step's seconds that depend on the plan (module docstring), in units of
-    # its compute time.
+    # The objective: the step's seconds, in units of its compute time.  Compute that hides
+    # collectives and host copies runs rates.overlap_slowdown slower (predict.interference_s):
+    # linear, uncapped — the hidden collectives fit the window the hidden copies leave, so their
+    # sum never exceeds the compute.
     slow = t.rates.overlap_slowdown
     per_micro = t.recompute_s + t.transpose_s + t.transfer_s * slow
     c = wide(per_micro) * A * scale
-    c[ED : ED + G] = c[EH : EH + G] = c[EC] = A * (1 - slow)
-    c[UH : UH + U] = c[AH : AH + U] = 1.0  # per step
-    # Compute that hides collectives and host copies runs rates.overlap_slowdown slower
-    # (tierax.costmodel.predict.interference_s): linear, uncapped — the hidden collectives fit the
-    # window the hidden copies leave, so their sum never exceeds the compute.
-    constant_s = A * (fx.compute_s + fx.critical_collective_s + slow * hideable + per_micro.const)
-    constant_s += -(A - 1) * t.update_hbm_s + t.accumulate_s
+    c[ED:S] = c[EC] = A * (1 - slow)
+    c[UH:SU] = c[AH:SA] = 1.0  # once per step
+    constant_s = A * (fx.compute_s + fx.critical_collective_s + per_micro.const)
+    constant_s += A * slow * hideable.const - (A - 1) * t.update_hbm_s + t.accumulate_s
     if t.rates.first_touch_bytes_per_s:
         # CPU: every byte of the peak but the donated state is faulted in once per step
         # (tierax.costmodel.first_touch); the microbatches' phase is linear in the columns.
@@ -299,42 +246,25 @@ def build_milp(
         # too: an error of at most that threshold at the first-touch rate, for steps that small.
         touch = 1 / t.rates.first_touch_bytes_per_s
         c += wide(t.microbatch_phase_bytes) * touch * scale
-        c[S] += total_bytes * touch * scale
+        c[S] += total * touch * scale
         constant_s += (t.microbatch_phase_bytes.const - t.donated_bytes) * touch
     # Tie-breaks: free memory when it costs nothing, do not use the link or move state for nothing.
     for k, it in enumerate(items):
-        c[D + k] += 1e-9 * it.bytes / total_bytes
-        c[O + k] += 1e-9 * it.bytes / total_bytes
-    total_state = max(1, sum(p.host_bytes for p in parts))
+        c[D + k] += 1e-9 * it.bytes / total
+        c[O + k] += 1e-9 * it.bytes / total
     for j, part in enumerate(parts):
-        c[X + j] += 1e-9 * part.host_bytes / total_state
-
+        c[X + j] += 1e-9 * part.host_bytes / max(1, sum(p.host_bytes for p in parts))
     ub = np.full(nv, np.inf)
     ub[:nx] = 1
     ub[C : C + G] = 0  # the layer input (scan carry) stays on the device
-    if not t.rates.offload_is_real:
-        ub[O : O + n] = 0
-        ub[X : X + len(parts)] = 0
     for j, part in enumerate(parts):
         if not place_state or part.kind not in state_cm.PLANNED_KINDS:
             ub[X + j] = 0
-    integrality = np.zeros(nv)
-    integrality[:nx] = 1
-    return Milp(
-        t,
-        c,
-        scale,
-        constant_s,
-        np.array(rows),
-        np.array(lo, dtype=float),
-        np.array(hi, dtype=float),
-        tuple(labels),
-        np.array(units, dtype=float),
-        np.array(consts, dtype=float),
-        ub,
-        integrality,
-        {"ED": ED, "EH": EH, "S": S, "UH": UH, "SU": SU, "EC": EC, "AH": AH, "SA": SA},
-    )
+    if not t.rates.offload_is_real:
+        ub[O : O + n] = ub[X:nx] = 0
+    aux = {"ED": ED, "EH": EH, "S": S, "UH": UH, "SU": SU, "EC": EC, "AH": AH, "SA": SA}
+    rows, lo, hi = np.array(rows), np.array(lo), np.array(hi)
+    return Milp(t, c, scale, constant_s, rows, lo, hi, tuple(budget_rows), ub, aux)
 
 
 def _solve(
@@ -349,35 +279,34 @@ def _solve(
     grad_accum: int = 1,
 ) -> tuple[dict, dict] | None:
     """(activation placements, state placements) of the fastest plan within the budgets, or None:
-    :func:`build_milp` of ``prog``'s linear terms, solved exactly.
-
-    With ``place_state`` the training state's parts (:mod:`tierax.costmodel.state`) are columns of
-    the same program; ``grad_accum`` = A > 1 microbatches per update
-    (:func:`tierax.costmodel.evaluate`): the activations' costs count A times, the update's
-    once."""
+    :func:`build_milp` of ``prog``'s linear terms, solved exactly.  ``place_state``: the training
+    state's parts (:mod:`tierax.costmodel.state`) are columns of the same program;
+    ``grad_accum`` = A > 1 microbatches per update (:func:`tierax.costmodel.evaluate`): the
+    activations' costs count A times, the update's once."""
     t = linear_terms.build(prog, rates, schedule, mechanism, grad_accum)
     p = build_milp(t, budget, host_budget, one_placement_per_name, place_state)
+    integrality = np.zeros(len(p.c))
+    integrality[: t.size] = 1
     res = quiet_milp.milp(
         p.c,
         constraints=LinearConstraint(p.rows, p.lo, p.hi),
-        integrality=p.integrality,
+        integrality=integrality,
         bounds=Bounds(np.zeros(len(p.c)), p.ub),
         options={"mip_rel_gap": 0.0, "presolve": True},
     )
     if res.status != 0 or res.x is None:
         return None
     x = np.round(res.x).astype(int)
-    out = {}
-    for k, it in enumerate(t.items):
-        out[(it.group, it.name)] = (
-            Placement.DEVICE if x[t.D + k] else Placement.OFFLOAD if x[t.O + k] else Placement.REMAT
-        )
-    for gi, g in enumerate(t.groups):
-        out[(g.name, UNNAMED)] = Placement.DEVICE if x[t.Z + gi] else Placement.REMAT
+    P = Placement
+    out = {
+        (it.group, it.name): P.DEVICE if x[t.D + k] else P.OFFLOAD if x[t.O + k] else P.REMAT
+        for k, it in enumerate(t.items)
+    }
+    out |= {(g.name, UNNAMED): P.DEVICE if x[t.Z + i] else P.REMAT for i, g in enumerate(t.groups)}
     state: dict = {}
     for j, part in enumerate(t.parts):
         if x[t.X + j]:
-            state.setdefault(part.group, {})[part.kind] = Placement.OFFLOAD
+            state.setdefault(part.group, {})[part.kind] = P.OFFLOAD
     return out, {g: StatePlacement(**kinds) for g, kinds in state.items()}
 
 
