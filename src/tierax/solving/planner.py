@@ -25,6 +25,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
+import jax
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint
 
@@ -722,44 +723,16 @@ def _scaled(
     inv1: inv_lib.Inventory, inv2: inv_lib.Inventory, mb: int, mb1: int = 1, mb2: int = 2
 ) -> inv_lib.Inventory:
     """Inventory at microbatch ``mb`` by linear extrapolation from ``inv1`` and ``inv2`` traced at
-    microbatches ``mb1`` and ``mb2`` (activations ∝ batch; default: 1 and 2)."""
+    microbatches ``mb1`` and ``mb2`` (default: 1 and 2): the fields that grow with the microbatch
+    (the inventory's pytree leaves: :data:`tierax.tracing.inventory.PER_MICROBATCH`), every other
+    field ``inv1``'s."""
     t = (mb - mb1) / (mb2 - mb1)
 
     def lin(a, b):
         return type(a)(round(a + (b - a) * t)) if isinstance(a, int) else a + (b - a) * t
 
-    groups = []
-    for g1, g2 in zip(inv1.groups, inv2.groups, strict=False):
-        acts = tuple(
-            dataclasses.replace(
-                a1,
-                bytes_per_layer=lin(a1.bytes_per_layer, a2.bytes_per_layer),
-                recompute_flops_per_layer=lin(
-                    a1.recompute_flops_per_layer, a2.recompute_flops_per_layer
-                ),
-            )
-            for a1, a2 in zip(g1.activations, g2.activations, strict=False)
-        )
-        groups.append(
-            dataclasses.replace(
-                g1,
-                activations=acts,
-                carry_bytes_per_layer=lin(g1.carry_bytes_per_layer, g2.carry_bytes_per_layer),
-                save_all_bytes_per_layer=lin(
-                    g1.save_all_bytes_per_layer, g2.save_all_bytes_per_layer
-                ),
-                written_residual_bytes_per_layer=lin(
-                    g1.written_residual_bytes_per_layer, g2.written_residual_bytes_per_layer
-                ),
-                base_recompute_flops_per_layer=lin(
-                    g1.base_recompute_flops_per_layer, g2.base_recompute_flops_per_layer
-                ),
-                forward_flops_per_layer=lin(g1.forward_flops_per_layer, g2.forward_flops_per_layer),
-            )
-        )
-    return dataclasses.replace(
-        inv1, microbatch=mb, groups=tuple(groups), logits_bytes=inv1.logits_bytes // mb1 * mb
-    )
+    inv2_on_1 = jax.tree.unflatten(jax.tree.structure(inv1), jax.tree.leaves(inv2))
+    return jax.tree.map(lin, inv1, inv2_on_1)
 
 
 # The doubling search's guard: far past any per-device microbatch a step runs (a microbatch this

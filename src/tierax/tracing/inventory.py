@@ -46,16 +46,31 @@ from tierax.models import moe
 from tierax.models.attention import FUSED_SCOPE
 from tierax.tracing import hbm, jaxpr_tools
 
+# The fields that grow with the microbatch (activations ∝ batch; field metadata): an inventory is
+# a pytree with these as its leaves and every other field as its structure, so extrapolating one
+# to another microbatch is one jax.tree.map (tierax.solving.planner.max_microbatch).
+PER_MICROBATCH = {"per_microbatch": True}
 
+
+def per_microbatch_pytree(cls):
+    """Register the dataclass ``cls`` as a pytree whose leaves are its :data:`PER_MICROBATCH`
+    fields."""
+    fields = [f.name for f in dataclasses.fields(cls)]
+    data = [f.name for f in dataclasses.fields(cls) if f.metadata.get("per_microbatch")]
+    meta = [n for n in fields if n not in data]
+    return jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=meta)
+
+
+@per_microbatch_pytree
 @dataclass(frozen=True)
 class Activation:
     """One named activation of one layer group (per device)."""
 
     group: str
     name: str
-    bytes_per_layer: int
+    bytes_per_layer: int = dataclasses.field(metadata=PER_MICROBATCH)
     num_layers: int
-    recompute_flops_per_layer: float = 0.0
+    recompute_flops_per_layer: float = dataclasses.field(default=0.0, metadata=PER_MICROBATCH)
     recompute_hbm_bytes_per_layer: float = (
         0.0  # non-matmul HBM traffic that recomputing it adds (tierax.tracing.hbm)
     )
@@ -86,19 +101,20 @@ class Activation:
         return self.held_bytes_per_layer * self.num_layers
 
 
+@per_microbatch_pytree
 @dataclass(frozen=True)
 class GroupInventory:
     name: str
     num_layers: int
-    activations: tuple[Activation, ...]
-    carry_bytes_per_layer: int  # the scan carry (layer input), saved per layer under any plan
-    save_all_bytes_per_layer: (
-        int  # activation residuals of one layer with no remat (named + unnamed)
-    )
-    base_recompute_flops_per_layer: (
-        float  # recomputed under any remat policy (unnamed intermediates)
-    )
-    forward_flops_per_layer: float  # matmul FLOPs of one layer's forward
+    activations: tuple[Activation, ...] = dataclasses.field(metadata=PER_MICROBATCH)
+    # the scan carry (layer input), saved per layer under any plan
+    carry_bytes_per_layer: int = dataclasses.field(metadata=PER_MICROBATCH)
+    # activation residuals of one layer with no remat (named + unnamed)
+    save_all_bytes_per_layer: int = dataclasses.field(metadata=PER_MICROBATCH)
+    # recomputed under any remat policy (unnamed intermediates)
+    base_recompute_flops_per_layer: float = dataclasses.field(metadata=PER_MICROBATCH)
+    # matmul FLOPs of one layer's forward
+    forward_flops_per_layer: float = dataclasses.field(metadata=PER_MICROBATCH)
     layer_param_count: (
         int  # per tensor shard (the layer traced with heads/hidden divided by tensor)
     )
@@ -149,22 +165,23 @@ class GroupInventory:
     # What XLA:TPU holds of save_all_bytes_per_layer when the layer is recomputed in its backward
     # (tierax.tracing.hbm.written_residual_bytes): the residuals less the elementwise-made ones,
     # which it fuses into their consumers, plus the values those fusions read.
-    written_residual_bytes_per_layer: int = 0
+    written_residual_bytes_per_layer: int = dataclasses.field(default=0, metadata=PER_MICROBATCH)
 
 
+@per_microbatch_pytree
 @dataclass(frozen=True)
 class Inventory:
     """Everything the cost model needs about one model at one shape on one mesh (per device)."""
 
     model: str
-    microbatch: int  # sequences per device
+    microbatch: int = dataclasses.field(metadata=PER_MICROBATCH)  # sequences per device
     seq: int
     mesh: dict
-    groups: tuple[GroupInventory, ...]
+    groups: tuple[GroupInventory, ...] = dataclasses.field(metadata=PER_MICROBATCH)
     param_bytes: int
     grad_bytes: int
     optimizer_bytes: int
-    logits_bytes: int
+    logits_bytes: int = dataclasses.field(metadata=PER_MICROBATCH)
     embed_param_count: int
     loss_hbm_bytes: float = (
         0.0  # non-matmul HBM traffic of the loss, forward and backward (tierax.tracing.hbm)

@@ -1,0 +1,41 @@
+"""An inventory is a pytree whose leaves are the fields that grow with the microbatch
+(:data:`tierax.tracing.inventory.PER_MICROBATCH`); the planner's microbatch search extrapolates
+one with a single ``jax.tree.map`` (:func:`tierax.solving.planner._scaled`).  Checked against the
+real trace at the extrapolated microbatch (a dense model's activations are exactly ∝ batch)."""
+
+from __future__ import annotations
+
+import jax
+
+from tierax.models import get_config
+from tierax.solving import planner
+from tierax.tracing import inventory as inv_lib
+
+# What the planner's memory rows read of a microbatch (bytes) and its recomputation (FLOPs).
+GROWS = (
+    "carry_bytes_per_layer",
+    "save_all_bytes_per_layer",
+    "written_residual_bytes_per_layer",
+    "base_recompute_flops_per_layer",
+    "forward_flops_per_layer",
+)
+
+
+def test_extrapolated_inventory_equals_the_trace_at_that_microbatch():
+    cfg = get_config("tiny-llama")
+    one, two, four = (inv_lib.model_inventory(cfg, mb, 16) for mb in (1, 2, 4))
+    got = planner._scaled(one, two, 4)
+    assert got.microbatch == 4 and got.logits_bytes == four.logits_bytes == 4 * one.logits_bytes
+    for g, want in zip(got.groups, four.groups, strict=True):
+        for field in GROWS:
+            assert getattr(g, field) == getattr(want, field) != getattr(one.group(g.name), field)
+        for a, b in zip(g.activations, want.activations, strict=True):
+            assert (a.bytes_per_layer, a.recompute_flops_per_layer) == (
+                b.bytes_per_layer,
+                b.recompute_flops_per_layer,
+            )
+    # the leaves are those fields, the rest the structure: a constant field is the first trace's
+    assert len(jax.tree.leaves(one)) == 2 + len(one.groups) * len(GROWS) + 2 * len(
+        one.activations()
+    )
+    assert jax.tree.structure(got) == jax.tree.structure(one)
