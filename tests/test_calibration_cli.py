@@ -41,8 +41,9 @@ def test_the_docs_three_log_example_calibrates_and_simulate_uses_it(cli, tmp_pat
     ]
     assert g["loo"]["remat-2x4096"]["measured_s"] == pytest.approx(0.899)
     assert g["loo"]["minimal-2x4096"]["measured_s"] == pytest.approx(0.7445)
-    # the logs run ~4 % slower than the sourced GPU rates predict (~20 % before those rates)
-    assert 1.01 < g["factors"]["gemm"] < 1.1
+    # the logs run ~11 % slower than the sourced GPU rates predict (~4 % while cuDNN's own
+    # matmuls were in the GEMM split, ~20 % before those rates)
+    assert 1.05 < g["factors"]["gemm"] < 1.16
     # leave-one-out beats the uncalibrated model in the median (the sourced GPU rates already put
     # minimal-2x4096 within 1.2 %, so not on every run)
     def med(k):

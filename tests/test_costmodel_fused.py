@@ -63,11 +63,11 @@ def test_a_tpu_target_prices_splash_at_its_matmul_rate_and_a_target_without_one_
 def test_gpu_rates_are_the_published_shares_of_each_peak():
     # at the reference shape (sequence 4k, head dim 128): cuDNN's causal forward 518 and backward
     # 499 TFLOP/s of the H100's 989, at each architecture's sustained-power factor (by hand:
-    # Hopper 257/271.2 × 0.94, Blackwell 1480/1822 × 0.94; tests/test_kernel_rates.py)
+    # Hopper 257/271.2 × 0.94, Blackwell 1550/1822; tests/test_kernel_rates.py)
     for key, sustained in (
         ("h100", 257 / 271.2 * 0.94),
         ("h200", 257 / 271.2 * 0.94),
-        ("gb200", 1480 / 1822 * 0.94),
+        ("gb200", 1550 / 1822),
     ):
         r = cm.target_rates(key, "bfloat16", calibration={})
         peak = hardware.get_target(key).peak("bfloat16")
