@@ -20,7 +20,7 @@ BENCH = ROOT / "bench"
 README = BENCH / "README.md"
 # Where a moved script's old path would linger: the docs, the tests, the bench scripts and the
 # top-level files that name commands.
-SCOPE = ("docs", "tests", "bench", "README.md", "Makefile", "mkdocs.yml")
+SCOPE = ("src", "docs", "tests", "bench", "README.md", "Makefile", "mkdocs.yml")
 
 
 def _index():

@@ -386,7 +386,7 @@ def transposed_fusion_rate(
     (``shapes``: ``{class: (rows, columns)}``, :data:`TRANSPOSE_SHAPES`): the loop of
     :func:`_transposing_loop` over ``layers`` stacked float32 residuals, in the form the train
     step's backward loop runs them (a plain fusion at the top level of a program runs 1.6–1.7×
-    faster, and its rows' stride matters less: ``bench/transpose_forms.py``).  Rounds
+    faster, and its rows' stride matters less: ``bench/investigations/transpose_forms.py``).  Rounds
     interleave the classes, so machine noise hits each alike; each call's faulted bytes are
     taken off at ``first_touch_bytes_per_s`` as for the GEMMs."""
     shapes = shapes or TRANSPOSE_SHAPES

@@ -398,7 +398,7 @@ def transposed_reads(closed_jaxpr, residual_inputs: int = 0) -> dict:
 
     Counted apart by the operand's row stride (:func:`row_aliased`): ``{"spread": counts,
     "aliased": counts}``; reading a column whose rows lie a multiple of 4 KiB apart is slower
-    (``bench/row_stride.py``: the same step at two MLP widths).
+    (``bench/investigations/row_stride.py``: the same step at two MLP widths).
     """
     j = getattr(closed_jaxpr, "jaxpr", closed_jaxpr)
     flat = _Flat()
