@@ -111,6 +111,7 @@ def test_a_holdout_minimal_flash_row_keeps_every_matmul_output_and_the_context()
         (None, "is not a file"),
         ("runs: [a\n", "is not YAML"),
         ("pairs: []\n", "non-empty 'runs' list"),
+        ("runs: []\n", "non-empty 'runs' list"),
         ("runs:\n  - {id: X, hw: h, devices: 8, model: m, source: s}\n", "lacks measured_step_s"),
         (
             "runs:\n  - {id: X, hw: h100, devices: 8, model: m, source: s, measured_step_s: 0}\n",
