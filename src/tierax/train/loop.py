@@ -460,6 +460,14 @@ class Trainer:
         pending = None
         try:
             for k in range(first, until + 1):
+                if pending is not None and self._waited_for(k, until):
+                    # A step waited for right after its dispatch is timed from the previous step's
+                    # end, so that end is taken before this step's batch and dispatch: otherwise
+                    # they run while the previous step finishes, count to it, and this step's time
+                    # is its device time alone (a fraction of a millisecond for a small model after
+                    # a slow step, as a resumed run's first).  The pipeline drains here anyway.
+                    self._complete(*pending)
+                    pending = None
                 if cfg.debug.nan_at_step == k:
                     self.state = self._poison(self.state)
                 self.state, metrics = self._step_fn(self.state, *self.batch(k))
@@ -506,6 +514,11 @@ class Trainer:
             epochs=tuple(self.stream.epochs(until)),
             validation=tuple(sorted(self._val.items())),
         )
+
+    def _waited_for(self, k: int, until: int) -> bool:
+        """Whether the loop waits for step ``k`` right after dispatching it: validation,
+        checkpoint, the last step of this call."""
+        return self._is_validation_step(k) or self._is_checkpoint_step(k) or k == until
 
     def _is_validation_step(self, k: int) -> bool:
         every = self.cfg.data.validation_every
