@@ -78,17 +78,41 @@ def save_all_reference():
     return graphdef, params, tokens, ref_loss, ref
 
 
+def _rel(a, b):
+    return float(jnp.max(jnp.abs(a - b)) / jnp.maximum(jnp.max(jnp.abs(b)), 1e-30))
+
+
 @pytest.mark.parametrize("preset", [p for p in P.PRESETS if p != "save-all"])
 @pytest.mark.slow  # a gradient compile per preset (test_verify runs every preset by default)
 def test_gradients_of_every_preset_equal_save_all(preset, save_all_reference):
     graphdef, params, tokens, ref_loss, ref = save_all_reference
     loss, got = S.loss_and_grads(graphdef, CFG, P.preset(preset, CFG), params, tokens)
     assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
+    assert max(jax.tree.leaves(jax.tree.map(_rel, got, ref))) <= 1e-5
 
-    def rel(a, b):
-        return float(jnp.max(jnp.abs(a - b)) / jnp.maximum(jnp.max(jnp.abs(b)), 1e-30))
 
-    assert max(jax.tree.leaves(jax.tree.map(rel, got, ref))) <= 1e-5
+# moe_impl=ragged: dropless grouped GEMMs (jax.lax.ragged_dot), the DeepSeek family's code.  At
+# tiny-mixtral's capacity factor (experts / top-k) the capacity form drops nothing, so the ragged
+# step under any plan equals the capacity form's save-all step: a second implementation of the
+# same layer.  The default suite runs one remat plan (every name recomputed, the grouped GEMMs'
+# backward through the remat); every preset: the slow battery (tests/test_plan_battery.py).
+RAGGED = apply_overrides(CFG, ["moe_impl=ragged"])
+
+
+@pytest.mark.parametrize(
+    "preset",
+    ["remat-full", pytest.param("qkv-offload", marks=pytest.mark.slow)],
+)
+def test_ragged_mixtral_gradients_equal_the_capacity_save_all_step(preset, save_all_reference):
+    _, params, tokens, ref_loss, ref = save_all_reference
+    # capacity = every token's slot in every expert: the capacity form drops nothing
+    routed = tokens.shape[0] * (tokens.shape[1] - 1)
+    assert CFG.capacity(routed) == routed
+    graphdef, same = S.init_params(RAGGED, seed=1)  # the model object carries moe_impl
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), same, params))
+    loss, got = S.loss_and_grads(graphdef, RAGGED, P.preset(preset, RAGGED), params, tokens)
+    assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
+    assert max(jax.tree.leaves(jax.tree.map(_rel, got, ref))) <= 1e-5
 
 
 def test_bad_expert_settings_name_the_fix():
@@ -96,3 +120,38 @@ def test_bad_expert_settings_name_the_fix():
         apply_overrides(CFG, ["num_experts_per_tok=9"])
     with pytest.raises(TieraxError, match="num_experts must be a non-negative"):
         apply_overrides(CFG, ["num_experts=-1"])
+    with pytest.raises(TieraxError, match="moe_impl='megablox' is not a MoE implementation"):
+        apply_overrides(CFG, ["moe_impl=megablox"])
+    with pytest.raises(TieraxError, match="mxfp8 runs the expert GEMMs of moe_impl=capacity"):
+        apply_overrides(CFG, ["moe_impl=ragged", "quantization=mxfp8"])
+    with pytest.raises(TieraxError, match="this config is dense .num_experts=0.; leave moe_impl"):
+        apply_overrides(CFG, ["moe_impl=ragged", "num_experts=0"])
+
+
+def test_ragged_inventory_holds_the_sorted_rows_and_counts_their_flops():
+    """The inventory of ragged Mixtral against hand counts: the grouped GEMMs' residuals are
+    tokens × top-k rows (the capacity form's: experts × capacity slots), and one layer's forward
+    matmul FLOPs are the projections, attention's two score matmuls, the router and three expert
+    GEMMs on those rows."""
+    from tierax.tracing import inventory as inv_lib
+
+    mb, seq = 2, 16
+    T, D, F = mb * seq, CFG.d_model, CFG.mlp_dim
+    E, k, H, K, hd = CFG.num_experts, CFG.num_experts_per_tok, CFG.num_heads, CFG.num_kv_heads, 16
+    assert CFG.head_dim == hd and CFG.attention == "xla"
+    (cap,) = inv_lib.model_inventory(CFG, mb, seq).groups
+    (rag,) = inv_lib.model_inventory(RAGGED, mb, seq).groups
+    size_c = {a.name: a.bytes_per_layer for a in cap.activations}
+    size_r = {a.name: a.bytes_per_layer for a in rag.activations}
+    C = CFG.capacity(T)
+    for name, width in ((N.MOE_MLPWI_0, F), (N.MOE_MLPWI_1, F), (N.MOE_MLPWO, D)):
+        assert size_r[name] == T * k * width * 4, name  # float32
+        assert size_c[name] == E * C * width * 4, name
+    assert {n: b for n, b in size_r.items() if not n.startswith("moe_")} == {
+        n: b for n, b in size_c.items() if not n.startswith("moe_")
+    }
+    projections = 2 * T * D * (H * hd + 2 * K * hd) + 2 * T * H * hd * D
+    scores = 2 * 2 * mb * H * seq * seq * hd  # Q·Kᵀ and P·V, the whole square (xla attention)
+    router = 2 * T * D * E
+    assert rag.forward_flops_per_layer == projections + scores + router + 3 * 2 * T * k * D * F
+    assert cap.forward_flops_per_layer == projections + scores + router + 3 * 2 * E * C * D * F

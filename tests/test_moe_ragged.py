@@ -231,18 +231,24 @@ def _tagged_shapes(cfg, mesh, batch, seq):
 
 
 @pytest.mark.parametrize(
-    "mesh_kw, k",
-    [(dict(fsdp=2, expert=2), 2), (dict(expert=4), 2), (dict(expert=4), 4)],
-    ids=["fsdp=2,expert=2", "expert=4", "expert=4,k=4"],  # k=4: fewer local experts than choices
+    "model, mesh_kw, k",
+    [
+        ("tiny-deepseek", dict(fsdp=2, expert=2), 2),
+        ("tiny-deepseek", dict(expert=4), 2),
+        ("tiny-deepseek", dict(expert=4), 4),
+        ("tiny-mixtral", dict(fsdp=2, expert=2), 2),
+    ],
+    # k=4: fewer local experts than choices; Mixtral: the llama family's MoE layer, same ring
+    ids=["fsdp=2,expert=2", "expert=4", "expert=4,k=4", "mixtral-fsdp=2,expert=2"],
 )
-def test_inventory_sizes_the_ring_buffers_as_the_sharded_step_holds_them(mesh_kw, k):
+def test_inventory_sizes_the_ring_buffers_as_the_sharded_step_holds_them(model, mesh_kw, k):
     """The inventory traces one device's own assignments; the ring's grouped GEMMs run on
     ep × tokens × min(E/ep, k) rows.  Its named residuals must have the per-device size of the
     sharded step's own tagged values (read from its jaxpr, between the shard_maps), and the
     all-gather/reduce-scatter bytes and backward buffers the hand counts."""
     from tierax.tracing import inventory as inv_lib
 
-    cfg = dataclasses.replace(get_config("tiny-deepseek"), moe_impl="ragged", num_experts_per_tok=k)
+    cfg = dataclasses.replace(get_config(model), moe_impl="ragged", num_experts_per_tok=k)
     batch, seq = 8, 16
     mesh = make_mesh(**mesh_kw, devices=jax.devices()[:4])
     shapes = _tagged_shapes(cfg, mesh, batch, seq)

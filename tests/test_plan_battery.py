@@ -18,7 +18,7 @@ import pytest
 from flax import nnx
 
 from tierax import plan as plan_lib
-from tierax.models import abstract_model, get_config
+from tierax.models import abstract_model, apply_overrides, get_config
 from tierax.models.prefetch import Prefetch
 from tierax.tracing import jaxpr_tools
 from tierax.train import step as S
@@ -27,9 +27,14 @@ TINY = ["tiny-llama", "tiny-deepseek"]
 TOL = 1e-5
 
 
-@pytest.fixture(scope="module", params=TINY)
+@pytest.fixture(
+    scope="module",
+    # Mixtral's experts as dropless grouped GEMMs (moe_impl=ragged): the gradient battery only
+    params=[*TINY, "tiny-mixtral:moe_impl=ragged"],
+)
 def reference(request):
-    cfg = get_config(request.param)
+    name, _, sets = request.param.partition(":")
+    cfg = apply_overrides(get_config(name), [sets] if sets else [])
     graphdef, params = S.init_params(cfg, seed=1)
     tokens = S.synthetic_batch(cfg, 4, 32, seed=2)
     loss, grads = S.loss_and_grads(graphdef, cfg, plan_lib.preset("save-all", cfg), params, tokens)

@@ -130,6 +130,18 @@ def _check_fused_attention(cfg: Any) -> None:
     _check(problem is None, f"attention={cfg.attention}: {problem}")
 
 
+def _check_moe_impl(cfg: Any) -> None:
+    _check(
+        cfg.moe_impl in MOE_IMPLS,
+        f"moe_impl={cfg.moe_impl!r} is not a MoE implementation; use one of {', '.join(MOE_IMPLS)}",
+    )
+    _check(
+        not (cfg.moe_impl == "ragged" and cfg.quantization == "mxfp8"),
+        "quantization=mxfp8 runs the expert GEMMs of moe_impl=capacity only (ragged_dot has no "
+        "block-scaled form here); use moe_impl=capacity or another quantization",
+    )
+
+
 def _check_loss_tiles(cfg: Any) -> None:
     v = cfg.loss_tiles
     _check(
@@ -144,7 +156,9 @@ class LlamaConfig:
     ``num_experts`` > 0 a Mixtral-style mixture of experts in place of the MLP (every layer;
     ``num_experts_per_tok`` of them per token, each an ``mlp_dim`` SwiGLU; softmax router, top-k,
     gates renormalised over the chosen experts: Jiang et al. 2024, "Mixtral of Experts", §2.1).
-    Tokens are dispatched into per-expert buffers of ``capacity`` (see DeepSeekConfig)."""
+    Tokens are dispatched into per-expert buffers of ``capacity`` (see DeepSeekConfig), or with
+    ``moe_impl: ragged`` run dropless as grouped GEMMs (:mod:`tierax.models.moe`, the same code as
+    DeepSeek's)."""
 
     family: ClassVar[str] = "llama"
     router_score: ClassVar[str] = "softmax"  # how tierax.models.moe.route scores experts
@@ -179,6 +193,8 @@ class LlamaConfig:
     num_experts: int = 0
     num_experts_per_tok: int = 2
     capacity_factor: float = 1.0
+    # capacity | ragged (dropless grouped GEMMs, ragged_dot; TPU targets): see DeepSeekConfig
+    moe_impl: str = "capacity"
     # "" | "fp8" | "mxfp8": the projections' GEMMs in fp8, delayed scaling (tierax.models.fp8),
     # or block-scaled MXFP8 (tierax.models.mxfp8, Blackwell targets); the embedding, LM head,
     # norms, attention's softmax, the loss and the optimizer are unchanged
@@ -205,6 +221,12 @@ class LlamaConfig:
                 self.capacity_factor > 0,
                 f"capacity_factor must be > 0, got {self.capacity_factor!r}",
             )
+        _check_moe_impl(self)
+        _check(
+            self.moe_impl == "capacity" or self.num_experts > 0,
+            f"moe_impl={self.moe_impl} is an implementation of a mixture of experts and this "
+            "config is dense (num_experts=0); leave moe_impl out or set num_experts",
+        )
         _check(
             self.num_heads % self.num_kv_heads == 0,
             f"num_heads={self.num_heads} is not divisible by num_kv_heads={self.num_kv_heads}; "
@@ -364,16 +386,7 @@ class DeepSeekConfig:
         _check(
             self.capacity_factor > 0, f"capacity_factor must be > 0, got {self.capacity_factor!r}"
         )
-        _check(
-            self.moe_impl in MOE_IMPLS,
-            f"moe_impl={self.moe_impl!r} is not a MoE implementation; use one of "
-            f"{', '.join(MOE_IMPLS)}",
-        )
-        _check(
-            not (self.moe_impl == "ragged" and self.quantization == "mxfp8"),
-            "quantization=mxfp8 runs the expert GEMMs of moe_impl=capacity only (ragged_dot has no "
-            "block-scaled form here); use moe_impl=capacity or another quantization",
-        )
+        _check_moe_impl(self)
         _check_loss_tiles(self)
         _check_fused_attention(self)
 

@@ -95,13 +95,6 @@ def config_to_yaml(cfg: ModelConfig) -> str:
 
 def _other_family(key: str, family: str) -> str:
     """Why ``key``, a key of another family, is not one of ``family``'s, and what to use."""
-    if key == "moe_impl" and family == "llama":
-        return (
-            " (moe_impl is a deepseek-family key: the llama family's config, Mixtral's, does not "
-            "offer the ragged form (dropless grouped GEMMs over ragged_dot), so its mixture of "
-            "experts runs the capacity form, sized by capacity_factor — leave moe_impl out, or "
-            "use a deepseek-family config for moe_impl=ragged)"
-        )
     others = [f for f, c in FAMILIES.items() if f != family and key in _field_types(c)]
     return f" (a key of the {', '.join(others)} family)" if others else ""
 
