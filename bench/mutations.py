@@ -606,6 +606,35 @@ MUTATIONS = [
         "new": "lower_bound_s=k * (fx.compute_s + fx.collective_s) - (k - 1) * update_s,",
         "tests": ["tests/test_mesh_search_bound.py", "tests/test_mesh_search.py"],
     },
+    # Issue 60: moe_impl=ragged for the Mixtral family (tests/test_mixtral.py).
+    {
+        "name": "mixtral-ragged-runs-the-capacity-form",
+        "what": "routed_experts runs the grouped GEMMs for the DeepSeek family only (Mixtral's "
+        "ragged config silently runs the capacity form)",
+        "file": "src/tierax/models/moe.py",
+        "old": '    if getattr(cfg, "moe_impl", "capacity") == "ragged":\n'
+        "        return _ragged_experts(",
+        "new": '    if cfg.family == "deepseek" and getattr(cfg, "moe_impl", "capacity") == '
+        '"ragged":\n        return _ragged_experts(',
+        "tests": ["tests/test_mixtral.py"],
+    },
+    {
+        "name": "ragged-combine-first-gate-for-every-choice",
+        "what": "the ragged combine weights every choice by the first choice's gate",
+        "file": "src/tierax/models/moe.py",
+        "old": "term = y_GD * gates_Gk[:, j : j + 1].astype(y_GD.dtype)",
+        "new": "term = y_GD * gates_Gk[:, 0:1].astype(y_GD.dtype)",
+        "tests": ["tests/test_mixtral.py"],
+    },
+    {
+        "name": "llama-moe-impl-unchecked",
+        "what": "a Llama-family config takes any moe_impl (megablox, mxfp8 with ragged) unchecked",
+        "file": "src/tierax/models/config.py",
+        "old": "        _check_moe_impl(self)\n        _check(\n"
+        '            self.moe_impl == "capacity" or',
+        "new": '        _check(\n            self.moe_impl == "capacity" or',
+        "tests": ["tests/test_mixtral.py"],
+    },
     {
         "name": "mesh-candidates-solved-in-mesh-order",
         "what": "mesh_search: candidates solved in the order of their mesh's text, not their bound",
