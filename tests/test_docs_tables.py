@@ -50,6 +50,7 @@ DOCS_TABLES = [
     ("tpu_compile", "splash_markdown", "tpu_splash.json", "tpu-splash"),
     ("maxtext_compile", "render", "maxtext_compile.json", "maxtext-compile"),
     ("maxtext_fidelity", "render", "maxtext_fidelity.json", "maxtext-fidelity"),
+    ("maxtext_plan_check", "render", "maxtext_plan_check.json", "maxtext-plan-check"),
     (
         "tpu_compile",
         "splash_markdown",
