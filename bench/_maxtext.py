@@ -6,7 +6,8 @@ Kept apart from ``_common`` so the GPU check (which imports ``_common``) needs n
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 
 
 def base_yml() -> str:
@@ -41,3 +42,48 @@ def keys(model: str, layers: int, batch: int, seq: int, extra: Sequence[str]) ->
         f"max_target_length={seq}",
         *extra,
     ]
+
+
+def run_cases(
+    argv: Sequence[str] | None,
+    *,
+    doc: str,
+    out: str,
+    schema: str,
+    marker: str,
+    cases: Sequence[tuple],
+    run_case: Callable[..., dict],
+    render: Callable[[dict], str],
+    fields: dict | None = None,
+) -> int:
+    """The main of a bench script over named MaxText cases: ``--cases NAME,...`` (default all),
+    ``--out`` (default ``bench/results/OUT``), ``--docs RECORD`` (the table from a record, nothing
+    run); each case (a tuple, its name first) run by ``run_case(*case)`` in order, the record
+    (the envelope, versions, ``fields``, the cases) written after each, the docs table at the
+    end."""
+    import _common
+
+    ap = _common.parser(doc, out)
+    ap.add_argument("--cases", help="comma-separated case names (default: all)")
+    _common.add_docs(ap, schema)
+    args = ap.parse_args(argv)
+    if args.docs is not None:
+        _common.write_docs_table(marker, render(args.docs))
+        return 0
+    names = [c[0] for c in cases]
+    wanted = args.cases.split(",") if args.cases else names
+    unknown = [n for n in wanted if n not in names]
+    if unknown:
+        ap.error(f"unknown case(s) {', '.join(unknown)}; cases: {', '.join(names)}")
+    record = _common.envelope(schema) | {
+        "versions": _common.versions("maxtext", "jax", "jaxlib", "libtpu", "jax-cuda13-plugin"),
+        **(fields or {}),
+        "cases": [],
+    }
+    for case in cases:
+        if case[0] in wanted:
+            print(f"case {case[0]} ...", file=sys.stderr, flush=True)
+            record["cases"].append(run_case(*case))
+            _common.write_record(args.out, record)
+    _common.write_docs_table(marker, render(record))
+    return 0

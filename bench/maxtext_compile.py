@@ -18,7 +18,6 @@ Runs for ~10-20 minutes on 2 shared cores (one child process per compile).
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 import tempfile
@@ -152,31 +151,17 @@ def render(doc: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", help="comma-separated case names (default: all)")
-    _common.add_out(ap, "maxtext_compile.json")
-    _common.add_docs(ap, SCHEMA)
-    args = ap.parse_args(argv)
-    if args.docs is not None:
-        _common.write_docs_table(MARKER, render(args.docs))
-        return 0
-    names = {c[0] for c in CASES}
-    wanted = args.cases.split(",") if args.cases else sorted(names)
-    unknown = [n for n in wanted if n not in names]
-    if unknown:
-        ap.error(f"unknown case(s) {', '.join(unknown)}; cases: {', '.join(sorted(names))}")
-    doc = _common.envelope(SCHEMA) | {
-        "versions": _common.versions("maxtext", "jax", "jaxlib", "libtpu", "jax-cuda13-plugin"),
-        "layers": LAYERS,
-        "cases": [],
-    }
-    for case in CASES:
-        if case[0] in wanted:
-            print(f"case {case[0]} ...", file=sys.stderr, flush=True)
-            doc["cases"].append(run_case(*case))
-            _common.write_record(args.out, doc)
-    _common.write_docs_table(MARKER, render(doc))
-    return 0
+    return _maxtext.run_cases(
+        argv,
+        doc=__doc__,
+        out="maxtext_compile.json",
+        schema=SCHEMA,
+        marker=MARKER,
+        cases=CASES,
+        run_case=run_case,
+        render=render,
+        fields={"layers": LAYERS},
+    )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ The full-size llama3-8b case compiles MaxText's 32-layer step at 8 × 8192 token
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
@@ -213,30 +212,16 @@ def render(doc: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", help="comma-separated case names (default: all)")
-    _common.add_out(ap, "maxtext_plan_check.json")
-    _common.add_docs(ap, SCHEMA)
-    args = ap.parse_args(argv)
-    if args.docs is not None:
-        _common.write_docs_table(MARKER, render(args.docs))
-        return 0
-    names = [c[0] for c in CASES]
-    wanted = args.cases.split(",") if args.cases else names
-    unknown = [n for n in wanted if n not in names]
-    if unknown:
-        ap.error(f"unknown case(s) {', '.join(unknown)}; cases: {', '.join(names)}")
-    doc = _common.envelope(SCHEMA) | {
-        "versions": _common.versions("maxtext", "jax", "jaxlib", "libtpu", "jax-cuda13-plugin"),
-        "cases": [],
-    }
-    for case in CASES:
-        if case[0] in wanted:
-            print(f"case {case[0]} ...", file=sys.stderr, flush=True)
-            doc["cases"].append(run_case(*case))
-            _common.write_record(args.out, doc)
-    _common.write_docs_table(MARKER, render(doc))
-    return 0
+    return _maxtext.run_cases(
+        argv,
+        doc=__doc__,
+        out="maxtext_plan_check.json",
+        schema=SCHEMA,
+        marker=MARKER,
+        cases=CASES,
+        run_case=run_case,
+        render=render,
+    )
 
 
 if __name__ == "__main__":
