@@ -104,7 +104,7 @@ def _converged(r) -> dict:
     return doc
 
 
-@pytest.mark.slow  # two MaxText compiles of a 2-layer step, then one of the emitted file (~2 min)
+@pytest.mark.slow  # MaxText compiles of a 2-layer step, then one of the emitted file
 def test_gpu_check_converges_and_the_file_is_what_was_compiled(tmp_path):
     r, out = _check(tmp_path, TINY, "h200", 2)
     doc = _converged(r)
@@ -116,7 +116,7 @@ def test_gpu_check_converges_and_the_file_is_what_was_compiled(tmp_path):
     assert xla["fits"] and xla["attention"] == "cudnn_flash_jax"
 
 
-@pytest.mark.slow  # one MaxText compile of a 2-layer step (~1 min)
+@pytest.mark.slow  # one MaxText compile of a 2-layer step, then traces of what would fit
 def test_a_budget_below_maxtexts_compiled_peak_exits_2_writing_nothing(tmp_path):
     """41 MiB: the model's plan (31 MiB predicted) compiles to 55 MiB, which the budget refuses;
     the model corrected by that miss fits no plan: exit 2, naming what would fit; --out absent."""
@@ -127,7 +127,7 @@ def test_a_budget_below_maxtexts_compiled_peak_exits_2_writing_nothing(tmp_path)
     assert not out.exists()
 
 
-@pytest.mark.slow  # MaxText compiles of a 2-layer step for 4 v5p chips (~2-3 min)
+@pytest.mark.slow  # MaxText compiles of a 2-layer step for 4 v5p chips, then the file's
 def test_tpu_check_converges_and_the_file_is_what_was_compiled(tmp_path):
     r, out = _check(tmp_path, SMALL, "v5p", 4)
     doc = _converged(r)

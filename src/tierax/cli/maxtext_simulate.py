@@ -470,8 +470,20 @@ def _plan_check(args, run, req, out, devices: int) -> int:
         print(text, end="")
     if args.json:
         overrides = for_maxtext.maxtext_overrides(res.fitted, run, args.maxtext_overrides)
-        doc = {**res.to_json(), "compiles": n, "overrides": overrides, "notes": notes}
+        doc = res.to_json() | {
+            "plan": res.fitted.to_json(),  # the plan written (the last whose compile fitted)
+            "last_solved_plan": res.result.to_json(),
+            "compiles": n,
+            "overrides": overrides,
+            "notes": notes,
+        }
         print(json.dumps(doc, indent=2))
+    elif not (args.emit and not out):
+        from tierax.cli.common import console
+        from tierax.report.tables import explain_table
+
+        title = _title(args, run, res.fitted.microbatch, args.schedule)
+        console().print(explain_table(res.fitted, title))
     print(
         f"check {'converged' if res.converged else 'did NOT converge'} after {n} compile(s): "
         f"{verdict}; {res.stopped}",
