@@ -7,7 +7,9 @@ tierax's step model, over those verbs' flags.
 config's policy is the plan, as ``compile --maxtext`` compiles it.  ``plan --maxtext`` plans one
 placement per name (what MaxText's ``custom`` policy expresses) under XLA's offload policy, the
 training state on device (MaxText offloads its optimizer state all or none), and with ``--emit
-maxtext`` writes the MaxText keys of the plan (:mod:`tierax.interop.maxtext_program.emit`).
+maxtext`` writes the MaxText keys of the plan (:mod:`tierax.interop.maxtext_program.emit`);
+with ``--check`` each plan's keys are compiled as MaxText's own step
+(:class:`tierax.solving.for_maxtext.MaxTextCompile`) in :mod:`tierax.solving.plan_check`'s loop.
 """
 
 from __future__ import annotations
