@@ -13,7 +13,7 @@ tolerance, corrects the one term the comparison can attribute and solves again:
   copies); it is independent of the placements, so the re-solve sees a budget smaller by it.
 * **exposed time** is compared and reported, not corrected: the static check and the model use the
   same link rates, and a disagreement means the schedule differs from the mechanism's model, which
-  a number cannot fix (see bench/prefetch_overlap.py for the mechanisms' schedules).
+  a number cannot fix (see bench/investigations/prefetch_overlap.py for the mechanisms' schedules).
 
 The correction is taken whole where the compiled plan does not fit (the budget must shrink by at
 least what XLA needs more), after the first compile, and where the re-solve chose the plan compiled
