@@ -277,7 +277,11 @@ def test_verify_verb_exit_0_json(cli):
     )
     doc = json.loads(r.stdout)
     assert r.returncode == 0 and doc["passed"] is True
-    assert doc["command"].startswith("tierax ") and doc["jax_version"] == jax.__version__
+    # the verb's own command, not this process's (pytest's) arguments
+    assert doc["command"] == (
+        "tierax verify --model tiny-llama --plan save-all --microbatch 2 --seq 16 --json"
+    )
+    assert doc["jax_version"] == jax.__version__
     assert doc["machine"]["platform"] == "cpu" and doc["results"][0]["plan"] == "save-all"
 
 

@@ -7,6 +7,8 @@ envelope: ``schema``, ``command``, ``created``, ``machine``, ``jax_version``.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib.metadata
 import json
 import math
@@ -30,8 +32,29 @@ WHATIF_SCHEMA = "tierax.whatif/1"
 MESH_SEARCH_SCHEMA = "tierax.mesh-search/1"
 
 
+# The arguments of the command line being run: ``tierax.cli.main(argv)`` sets them for the call, so
+# a record made by a verb called in-process (``main([...])``) names that verb, not the process's
+# own ``sys.argv``.
+_INVOKED: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar(
+    "tierax_invoked_argv", default=None
+)
+
+
+@contextlib.contextmanager
+def invoked_with(argv: Sequence[str]):
+    """Within the block, :func:`command_line` defaults to ``argv`` (the verb's own arguments)."""
+    token = _INVOKED.set(tuple(argv))
+    try:
+        yield
+    finally:
+        _INVOKED.reset(token)
+
+
 def command_line(argv: Sequence[str] | None = None, prog: str = "tierax") -> str:
-    """The command as a user would retype it (``prog`` plus ``argv``, default ``sys.argv[1:]``)."""
+    """The command as a user would retype it: ``prog`` plus ``argv``; by default the arguments
+    ``tierax.cli.main`` was called with, else ``sys.argv[1:]``."""
+    if argv is None:
+        argv = _INVOKED.get()
     args = sys.argv[1:] if argv is None else argv
     return " ".join([prog, *(shlex.quote(a) for a in args)])
 

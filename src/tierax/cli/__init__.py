@@ -12,6 +12,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from tierax import records
 from tierax.cli.common import resolve_model
 from tierax.cli.parsers import build_parser
 from tierax.errors import TieraxError
@@ -36,7 +37,8 @@ def _parse(argv: Sequence[str] | None):
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     try:
-        return args.func(args)
+        with records.invoked_with(sys.argv[1:] if argv is None else argv):
+            return args.func(args)
     except TieraxError as e:
         if args.debug:  # the traceback too, and still the exit code of bad input
             traceback.print_exc()
