@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import sys
 import tempfile
 
@@ -66,15 +65,6 @@ CASES = [
     ),
 ]
 
-
-def _file_env(text: str) -> dict[str, str]:
-    """The ``export NAME=VALUE`` lines of an emitted file's header."""
-    env = {}
-    for line in text.splitlines():
-        if line.startswith("#   export "):
-            name, _, value = line.removeprefix("#   export ").partition("=")
-            env[name] = shlex.split(value)[0]
-    return env
 
 
 def _overrides(user: list[str], text: str) -> list[str]:
@@ -129,7 +119,9 @@ def train_compile_side(keys: list[str], text: str, target: str, devices: int) ->
     """MaxText's own train_compile of the emitted file over the user's keys, in the file's
     environment (its LIBTPU_INIT_ARGS / XLA_FLAGS appended to this one's)."""
     env = _maxtext.env()
-    file_env = _file_env(text)
+    from tierax.interop.maxtext_program import emit
+
+    file_env = emit.read_environment(text)
     for name in ("LIBTPU_INIT_ARGS", "XLA_FLAGS"):
         if name in file_env:
             env[name] = f"{env.get(name, '')} {file_env[name]}".strip()

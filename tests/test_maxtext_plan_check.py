@@ -14,12 +14,13 @@ suite keeps the refusals made before any work (fast, in this process) — the lo
 from __future__ import annotations
 
 import json
-import shlex
 
 import maxtext_cli as M
 import pytest
 from test_maxtext_simulate import SMALL, pytestmark  # noqa: F401  (MaxText installed, or skipped)
 from test_maxtext_simulate import TINY as TINY_MODEL
+
+from tierax.interop.maxtext_program import emit
 
 # test_maxtext_simulate's 2-layer llama2 block, 2 sequences of 256 per device
 TINY = [*TINY_MODEL, "per_device_batch_size=2", "max_target_length=256"]
@@ -51,15 +52,6 @@ def test_check_refusals_before_any_work(tmp_path, capsys, extra, needle):
     assert not out.exists()
 
 
-def _env_of(text: str) -> dict:
-    """The ``export NAME=VALUE`` lines of an emitted file's header."""
-    env = {}
-    for line in text.splitlines():
-        if line.startswith("#   export "):
-            name, _, value = line.removeprefix("#   export ").partition("=")
-            env[name] = shlex.split(value)[0]
-    return env
-
 
 def _check(tmp_path, user, target, devices, *extra):
     out = tmp_path / "mt.yml"
@@ -82,7 +74,7 @@ def _compile_emitted(user, out, target, devices) -> dict:
     text = out.read_text()
     keys = command_overrides(user, read_overrides(text))
     env = M.env()
-    for name, value in _env_of(text).items():
+    for name, value in emit.read_environment(text).items():
         if name in ("XLA_FLAGS", "LIBTPU_INIT_ARGS"):
             env[name] = f"{os.environ.get(name, '')} {value}".strip()
     r = subprocess.run(
@@ -109,7 +101,8 @@ def test_gpu_check_converges_and_the_file_is_what_was_compiled(tmp_path):
     r, out = _check(tmp_path, TINY, "h200", 2)
     doc = _converged(r)
     text = out.read_text()
-    assert _env_of(text)["XLA_FLAGS"] == "--xla_gpu_enable_latency_hiding_scheduler=true"
+    flags = emit.read_environment(text)["XLA_FLAGS"]
+    assert flags == "--xla_gpu_enable_latency_hiding_scheduler=true"
     assert f"plan --check: {doc['compiles']} MaxText compile(s)" in text
     xla = _compile_emitted(TINY, out, "h200", 2)
     assert xla["device_peak_bytes"] == doc["iterations"][-1]["xla_peak_bytes"]
@@ -134,7 +127,24 @@ def test_tpu_check_converges_and_the_file_is_what_was_compiled(tmp_path):
     text = out.read_text()
     assert (
         "--xla_tpu_enable_windowed_einsum_for_reduce_scatter=false"
-        in _env_of(text)["LIBTPU_INIT_ARGS"]
+        in emit.read_environment(text)["LIBTPU_INIT_ARGS"]
     )
     xla = _compile_emitted(SMALL, out, "v5p", 4)
     assert xla["device_peak_bytes"] == doc["iterations"][-1]["xla_peak_bytes"]
+
+
+def test_the_header_environment_reads_back_quoted_values():
+    """An emitted file's ``export`` lines (values shell-quoted, as a user pastes them) read back
+    as the environment; other comment lines and the keys are not part of it."""
+    text = (
+        "# MaxText overrides written by tierax plan --maxtext for ...\n"
+        "# Environment (XLA reads it when the backend starts):\n"
+        "#   export LIBTPU_INIT_ARGS='--xla_tpu_a=true --xla_tpu_b=4'\n"
+        "#   export XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true\n"
+        "#   (the flags the prediction relied on)\n"
+        "remat_policy: custom\n"
+    )
+    assert emit.read_environment(text) == {
+        "LIBTPU_INIT_ARGS": "--xla_tpu_a=true --xla_tpu_b=4",
+        "XLA_FLAGS": "--xla_gpu_enable_latency_hiding_scheduler=true",
+    }

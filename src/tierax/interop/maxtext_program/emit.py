@@ -20,6 +20,7 @@ from tierax.errors import TieraxError
 from tierax.interop import maxtext_keys as K
 
 HEADER = "# MaxText overrides written by tierax plan --maxtext"
+EXPORT = "#   export "  # an environment line of the header: EXPORT + NAME=VALUE
 
 
 def uniform(plan, program) -> dict[str, str]:
@@ -124,7 +125,7 @@ def overrides_yaml(
         '#     $(python -c \'import sys,yaml; print(" ".join(f"{k}={v}" for k, v in '
         "yaml.safe_load(open(sys.argv[1])).items()))' THIS_FILE) run_name=RUN",
         "# Environment (XLA reads it when the backend starts):",
-        *[f"#   export {k}={shlex.quote(v)}" for k, v in env.items()],
+        *[f"{EXPORT}{k}={shlex.quote(v)}" for k, v in env.items()],
         *[f"#   ({w})" for w in why],
         *[f"# {n}" for n in notes],
     ]
@@ -157,6 +158,17 @@ def read_overrides(text: str) -> list[str]:
     if not isinstance(data, Mapping):
         raise TieraxError("MaxText overrides: the file holds no mapping of keys")
     return as_args(data)
+
+
+def read_environment(text: str) -> dict[str, str]:
+    """The environment an emitted file's header names (its ``#   export NAME=VALUE`` lines, as
+    :func:`overrides_yaml` writes them)."""
+    env = {}
+    for line in text.splitlines():
+        if line.startswith(EXPORT):
+            name, _, value = line.removeprefix(EXPORT).partition("=")
+            env[name] = shlex.split(value)[0]
+    return env
 
 
 def as_args(keys: Mapping) -> list[str]:
