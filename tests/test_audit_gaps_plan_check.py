@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import types
 
+import compiled_standin
 import pytest
 
 from tierax import costmodel as cm
@@ -41,16 +42,7 @@ def setting(monkeypatch):
 
     def xla(cfg, plan, target, *, microbatch, seq, mesh, grad_accum=1):
         peak = cm.simulate(plan, inv(microbatch), cfg, rates, "lhs").peak_device_bytes
-        compiled = types.SimpleNamespace(
-            device_peak_bytes=peak + workspace(microbatch, s.c),
-            fits=True,  # within the device: the budget decides
-            out_of_memory=False,
-            overlap={},
-            host_temp_bytes=0,
-            host_argument_bytes=0,
-            compile_time_s=0.0,
-        )
-        return compiled, ""
+        return compiled_standin.compiled(peak + workspace(microbatch, s.c))
 
     monkeypatch.setattr(compile_lib, "compile_for_target", xla)
     s = types.SimpleNamespace(cfg=cfg, rates=rates, inv=inv, c=2000)

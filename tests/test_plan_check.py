@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import compiled_standin
 import pytest
 
 from tierax import costmodel as cm
@@ -51,7 +52,6 @@ def test_a_model_below_xla_under_a_binding_budget_re_plans_within_a_smaller_budg
     by exactly the miss (a wrong sign would grow it and re-plan the same over-budget plan).  Real
     deviceless XLA is below the model on every model cheap to compile here, so XLA's peak is the
     model's plus a chosen miss, at the seam where plan_check compiles."""
-    import types
 
     from tierax import hardware
     from tierax import plan as P
@@ -73,15 +73,7 @@ def test_a_model_below_xla_under_a_binding_budget_re_plans_within_a_smaller_budg
         peak = cm.simulate(plan, inv, cfg, rates, "lhs").peak_device_bytes + miss
         compiled_peaks.append(peak)
         fits = peak <= hardware.usable_bytes(rates.device_memory_bytes)
-        return types.SimpleNamespace(
-            device_peak_bytes=peak,
-            fits=fits,
-            out_of_memory=False,
-            overlap={},
-            host_temp_bytes=0,
-            host_argument_bytes=0,
-            compile_time_s=0.0,
-        ), ""
+        return compiled_standin.compiled(peak, fits=fits)
 
     monkeypatch.setattr(compile_lib, "compile_for_target", xla)
     res = plan_check.check(
@@ -125,7 +117,6 @@ def test_a_compile_xla_refuses_is_a_step_of_the_loop_not_a_crash(monkeypatch):
     re-plans; a refusal that states no need ends the loop, not converged, without an exception.
     (`plan --check` on v5p crashed formatting the missing host figure.)"""
     import json
-    import types
 
     from tierax.solving import planner
     from tierax.tracing import inventory as inv_lib
@@ -143,25 +134,11 @@ def test_a_compile_xla_refuses_is_a_step_of_the_loop_not_a_crash(monkeypatch):
         ):
             calls.append(plan)
             if len(calls) == 1:  # refused
-                return types.SimpleNamespace(
-                    device_peak_bytes=stated,
-                    fits=False,
-                    out_of_memory=True,
-                    overlap={},
-                    host_temp_bytes=None,
-                    host_argument_bytes=0,
-                    compile_time_s=0.0,
-                ), ""
+                return compiled_standin.compiled(
+                    stated, fits=False, out_of_memory=True, host_temp_bytes=None
+                )
             peak = cm.simulate(plan, inv, cfg, rates, "lhs").peak_device_bytes
-            return types.SimpleNamespace(
-                device_peak_bytes=peak,
-                fits=True,
-                out_of_memory=False,
-                overlap={},
-                host_temp_bytes=0,
-                host_argument_bytes=0,
-                compile_time_s=0.0,
-            ), ""
+            return compiled_standin.compiled(peak)
 
         monkeypatch.setattr(compile_lib, "compile_for_target", xla)
         budget = free * 1.5

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import types
 
+import compiled_standin
 import pytest
 
 from tierax import costmodel as cm
@@ -40,16 +41,7 @@ def setting(monkeypatch):
         peak = model + setting.workspace(n, len(seen))
         seen.append((model, peak))
         plans.append((plan.groups, plan.state))
-        compiled = types.SimpleNamespace(
-            device_peak_bytes=peak,
-            fits=True,  # within the device: the budget decides
-            out_of_memory=False,
-            overlap={},
-            host_temp_bytes=0,
-            host_argument_bytes=0,
-            compile_time_s=0.0,
-        )
-        return compiled, ""
+        return compiled_standin.compiled(peak)
 
     monkeypatch.setattr(compile_lib, "compile_for_target", xla)
     setting = types.SimpleNamespace(

@@ -8,8 +8,7 @@ show a refusal here."""
 
 from __future__ import annotations
 
-import types
-
+import compiled_standin
 import yaml
 
 from tierax import costmodel as cm
@@ -34,15 +33,7 @@ def test_a_check_that_does_not_fit_names_the_budget_and_marks_the_written_plan(
         model = cm.simulate(plan, inv, cfg, rates, "lhs").peak_device_bytes
         peak = model + EXTRA * (len(peaks) + 1)
         peaks.append(peak)
-        return types.SimpleNamespace(
-            device_peak_bytes=peak,
-            fits=True,  # within the device: the budget decides
-            out_of_memory=False,
-            overlap={},
-            host_temp_bytes=0,
-            host_argument_bytes=0,
-            compile_time_s=0.0,
-        ), ""
+        return compiled_standin.compiled(peak)
 
     monkeypatch.setattr(compile_lib, "compile_for_target", xla)
     monkeypatch.setattr(launch, "start", lambda **k: None)  # JAX runs already (conftest)

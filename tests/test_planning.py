@@ -5,8 +5,8 @@ Python API and plan_check reach the planner only through it, with the options th
 from __future__ import annotations
 
 import json
-import types
 
+import compiled_standin
 import jax.numpy as jnp
 import pytest
 from jax.ad_checkpoint import checkpoint_name
@@ -76,15 +76,7 @@ def test_check_solves_each_iteration_through_the_same_path(monkeypatch, solves):
     from tierax.xla import compile as compile_lib
 
     def xla(cfg, plan, target, *, microbatch, seq, mesh, grad_accum=1):
-        return types.SimpleNamespace(
-            device_peak_bytes=1,
-            fits=True,
-            out_of_memory=False,
-            overlap={},
-            host_temp_bytes=0,
-            host_argument_bytes=0,
-            compile_time_s=0.0,
-        ), ""
+        return compiled_standin.compiled(1)
 
     monkeypatch.setattr(compile_lib, "compile_for_target", xla)
     monkeypatch.setattr(launch, "start", lambda **k: None)  # JAX runs already (conftest)
