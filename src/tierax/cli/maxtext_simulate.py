@@ -9,7 +9,9 @@ placement per name (what MaxText's ``custom`` policy expresses) under XLA's offl
 training state on device (MaxText offloads its optimizer state all or none), and with ``--emit
 maxtext`` writes the MaxText keys of the plan (:mod:`tierax.interop.maxtext_program.emit`);
 with ``--check`` each plan's keys are compiled as MaxText's own step
-(:class:`tierax.solving.for_maxtext.MaxTextCompile`) in :mod:`tierax.solving.plan_check`'s loop.
+(:class:`tierax.solving.for_maxtext.MaxTextCompile`) in :mod:`tierax.solving.plan_check`'s loop;
+with ``--max-microbatch`` the plan is for the largest ``per_device_batch_size`` the model fits
+(with ``--check``: that MaxText's compile confirms).
 """
 
 from __future__ import annotations
@@ -66,7 +68,6 @@ def check_simulate(args) -> bool:
 PLAN_REFUSED = {
     "sweep": "--sweep",
     "segments": "--segments (MaxText sets each name once for every layer)",
-    "max_microbatch": "--max-microbatch",
     "state_on_device": None,  # accepted: the state stays on device anyway
 }
 
@@ -88,6 +89,17 @@ def check_plan(args) -> bool:
             f"{', '.join(refused)} not offered with plan --maxtext yet; plan --maxtext plans "
             "MaxText's program at its own batch and mesh"
         )
+    if getattr(args, "max_microbatch", False):
+        given = [
+            k for k in args.maxtext_overrides if k.partition("=")[0] == "per_device_batch_size"
+        ]
+        if getattr(args, "microbatch_given", False):
+            given.append(f"--microbatch {args.microbatch}")
+        if given:
+            raise TieraxError(
+                f"--max-microbatch searches MaxText's per_device_batch_size; {', '.join(given)} "
+                "would be ignored: drop it, or drop --max-microbatch to plan at that batch"
+            )
     for option, value in (("--for", args.for_tool), ("--emit", args.emit)):
         if value not in (None, "maxtext"):
             raise TieraxError(f"{option} {value!r} with --maxtext: only maxtext")
@@ -236,23 +248,31 @@ def cmd_plan(args) -> int:
 
         return planning.cmd_plan(args)
     from tierax import hardware
-    from tierax.cli.common import console
     from tierax.cli.planning import _plan_out
-    from tierax.fileio import write_text_atomic
-    from tierax.report.tables import explain_table, prediction_table
-    from tierax.solving import planning
-    from tierax.solving.planning import check_budget, check_host_budget
 
     out = _plan_out(args)
     hardware.get_target(args.target)
     devices, start = _check_start(args) if args.check else (None, None)
+    if args.max_microbatch:
+        return _plan_max_microbatch(args, out, devices, start)
     run = _program(args, start)
+    req = _request(args, run)
+    if args.check:
+        return _plan_check(args, run, req, out, devices)
+    return _plan_report(args, run, req, out)
+
+
+def _request(args, run):
+    """The planning request of MaxText's program ``run`` under the options (budgets checked)."""
+    from tierax.solving import planning
+    from tierax.solving.planning import check_budget, check_host_budget
+
     rates = _rates(args, run)
     budget = args.budget_gib and args.budget_gib * GIB
     host_budget = args.host_budget_gib and args.host_budget_gib * GIB
     check_budget(budget, rates, option="--budget-gib", unit=GIB)
     check_host_budget(host_budget, rates, option="--host-budget-gib", unit=GIB)
-    req = planning.Request(
+    return planning.Request(
         None,
         run.mesh,
         rates,
@@ -269,10 +289,18 @@ def cmd_plan(args) -> int:
         # MaxText's own keys (its optimizer state is not planned here: no --state-on-device hint)
         remedies=REMEDIES,
     )
-    if args.check:
-        return _plan_check(args, run, req, out, devices)
+
+
+def _plan_report(args, run, req, out, extra: tuple[str, ...] = (), search=None) -> int:
+    """The plan of ``req`` solved, written and shown (``extra``: lines to report after the
+    notes; ``search``: --max-microbatch's summary, for --json)."""
+    from tierax.cli.common import console
+    from tierax.fileio import write_text_atomic
+    from tierax.report.tables import explain_table, prediction_table
+    from tierax.solving import planning
+
     result, notes = planning.solve(req)
-    notes = [*run.notes, *notes, STATE_NOTE]
+    notes = [*run.notes, *notes, STATE_NOTE, *extra]
     text = _emitted(args, run, result, notes) if args.emit else result.plan.to_yaml()
     if out:
         write_text_atomic(out, text)
@@ -280,10 +308,10 @@ def cmd_plan(args) -> int:
     for line in notes:
         print(line, file=stream)
     if args.json or (args.emit and not out):
-        print(
-            json.dumps({**result.to_json(), "notes": notes}, indent=2) if args.json else text,
-            end="" if not args.json else "\n",
-        )
+        doc = {**result.to_json(), "notes": notes}
+        if search is not None:
+            doc["max_microbatch"] = search | _choice(args, run, result)
+        print(json.dumps(doc, indent=2) if args.json else text, end="" if not args.json else "\n")
         return 0
     title = _title(args, run, result.microbatch, args.schedule)
     console().print(explain_table(result, title))
@@ -389,23 +417,16 @@ def _plan_check(args, run, req, out, devices: int) -> int:
     as MaxText's own step with the plan's MaxText keys; the last plan whose compile fitted is
     written (exit 0 where the model then agreed, 1 where it did not); none fitted: exit 2 naming
     what does not fit and what would, nothing written."""
-    from tierax.fileio import write_text_atomic
-    from tierax.solving import for_maxtext, plan_check, planner
+    from tierax.solving import plan_check
 
-    if _mesh_size(run.mesh) != devices:
-        raise TieraxError(
-            f"MaxText's mesh for this config is {run.mesh} ({_mesh_size(run.mesh)} devices), not "
-            f"--devices {devices}: its ici_*/dcn_* parallelism must multiply to --devices"
-        )
-    # stdout carries the JSON or the emitted file alone where either is printed
-    stream = sys.stderr if args.json or (args.emit and not out) else sys.stdout
-    compile_plan = for_maxtext.MaxTextCompile(
-        run, path=args.maxtext, user=args.maxtext_overrides, target=args.target, devices=devices
-    )
+    stream = _stream(args, out)
+    compile_plan = _compile(args, run, devices)
 
     def what_would_fit() -> str:
         print("no plan fits: tracing what would ...", file=sys.stderr, flush=True)
         head = run.program.head
+        from tierax.solving import for_maxtext
+
         return for_maxtext.what_would_fit(
             req,
             _retrace(args),
@@ -415,14 +436,10 @@ def _plan_check(args, run, req, out, devices: int) -> int:
             miss=compile_plan.largest_miss,
         )
 
+    from tierax.solving import planner
+
     try:
-        res = plan_check.check_request(
-            req,
-            args.target,
-            compile_plan=compile_plan,
-            max_iterations=args.check_iterations or CHECK_ITERATIONS,
-            report=lambda s: print(plan_check.iteration_line(s), file=stream, flush=True),
-        )
+        res = _check_once(args, req, compile_plan, stream)
     except planner.NoPlanFits as e:
         raise TieraxError(f"{e} (nothing written). {what_would_fit()}") from None
     g = plan_check.size_text
@@ -442,6 +459,55 @@ def _plan_check(args, run, req, out, devices: int) -> int:
             + ". "
             + what_would_fit()
         )
+    return _report_fitted(args, run, res, out, n)
+
+
+def _stream(args, out):
+    """Where lines go: stderr where stdout carries the JSON or the emitted file alone."""
+    return sys.stderr if args.json or (args.emit and not out) else sys.stdout
+
+
+def _compile(args, run, devices: int):
+    """How --check compiles a plan of ``run``: MaxText's own step on ``devices`` devices."""
+    from tierax.solving import for_maxtext
+
+    if _mesh_size(run.mesh) != devices:
+        raise TieraxError(
+            f"MaxText's mesh for this config is {run.mesh} ({_mesh_size(run.mesh)} devices), not "
+            f"--devices {devices}: its ici_*/dcn_* parallelism must multiply to --devices"
+        )
+    return for_maxtext.MaxTextCompile(
+        run, path=args.maxtext, user=args.maxtext_overrides, target=args.target, devices=devices
+    )
+
+
+def _check_once(args, req, compile_plan, stream):
+    """:func:`tierax.solving.plan_check.check_request` of ``req``, each plan compiled by
+    ``compile_plan``, each iteration reported on ``stream``.
+
+    Raises:
+      planner.NoPlanFits: the model fits no plan at all.
+    """
+    from tierax.solving import plan_check
+
+    return plan_check.check_request(
+        req,
+        args.target,
+        compile_plan=compile_plan,
+        max_iterations=args.check_iterations or CHECK_ITERATIONS,
+        report=lambda s: print(plan_check.iteration_line(s), file=stream, flush=True),
+    )
+
+
+def _report_fitted(args, run, res, out, n: int, extra: tuple[str, ...] = (), search=None) -> int:
+    """--check's plan written and shown: the last whose MaxText compile fitted (``n``: the
+    compiles run; ``extra``: lines to report; ``search``: --max-microbatch's summary for --json);
+    exit 0 where the model then agreed, 1 where it did not."""
+    from tierax.fileio import write_text_atomic
+    from tierax.solving import for_maxtext, plan_check
+
+    stream = _stream(args, out)
+    g = plan_check.size_text
     step = res.iterations[res.fitted_iteration - 1]
     verdict = (
         f"MaxText's compile of check {res.fitted_iteration}'s plan: peak {g(step.xla_peak_bytes)} "
@@ -453,6 +519,7 @@ def _plan_check(args, run, req, out, devices: int) -> int:
         *run.notes,
         STATE_NOTE,
         f"plan --check: {n} MaxText compile(s); {verdict}{agreed}",
+        *extra,
     ]
     if args.emit:
         text = _emitted(
@@ -479,6 +546,8 @@ def _plan_check(args, run, req, out, devices: int) -> int:
             "overrides": overrides,
             "notes": notes,
         }
+        if search is not None:
+            doc["max_microbatch"] = search | _choice(args, run, res.fitted)
         print(json.dumps(doc, indent=2))
     elif not (args.emit and not out):
         from tierax.cli.common import console
@@ -486,12 +555,154 @@ def _plan_check(args, run, req, out, devices: int) -> int:
 
         title = _title(args, run, res.fitted.microbatch, args.schedule)
         console().print(explain_table(res.fitted, title))
+    for line in extra:
+        print(line, file=stream)
     print(
         f"check {'converged' if res.converged else 'did NOT converge'} after {n} compile(s): "
         f"{verdict}; {res.stopped}",
         file=stream,
     )
     return 0 if res.converged else 1
+
+
+def _choice(args, run, result) -> dict:
+    """--max-microbatch's answer for --json: the batch, MaxText's policy per tensor, the predicted
+    step time and tokens per second per chip."""
+    from tierax.interop import maxtext_keys as K
+    from tierax.interop.maxtext_program import emit
+
+    keys = emit.overrides(
+        result.plan,
+        run,
+        microbatch=result.microbatch,
+        seq=run.program.seq,
+        grad_accum=run.grad_accum,
+    )
+    pdb = keys["per_device_batch_size"]
+    step = result.predicted.step_time_s
+    return {
+        "microbatch": result.microbatch,
+        "per_device_batch_size": pdb,
+        "policy": {k: keys[k] for k in K.REMAT_KEYS},
+        "predicted_step_s": step,
+        "tokens_per_s_per_chip": pdb * run.program.seq * run.grad_accum / step,
+    }
+
+
+# The most batches plan --maxtext --max-microbatch --check compiles (each its own check loop).
+MAX_BATCH_CHECKS = 4
+
+
+def _plan_max_microbatch(args, out, devices, start) -> int:
+    """``plan --maxtext --max-microbatch``: the largest per_device_batch_size whose MaxText program
+    the model fits a plan of (:class:`tierax.solving.for_maxtext.BatchSearch`, each batch traced
+    once), planned and reported; with ``--check``, each batch the search proposes is checked by
+    MaxText's compile (:func:`_check_once`); the model, its budget less what that compile needed
+    beyond it (or plus what it needed less), proposes again, above the largest batch whose compile
+    fitted and below the smallest whose compile did not, up to :data:`MAX_BATCH_CHECKS` batches."""
+    import contextlib
+    import dataclasses
+
+    from tierax import launch
+    from tierax.interop import maxtext_program
+    from tierax.solving import for_maxtext, planner
+
+    with contextlib.redirect_stdout(sys.stderr):  # what MaxText prints, from its import on
+        maxtext_program.require_maxtext()
+        (start or launch.start)()
+        first = _trace(args, args.maxtext_overrides, 1)  # MaxText's refusal is an error here
+    req = _request(args, first)
+    retrace = _retrace(args)
+    search = for_maxtext.BatchSearch(req, lambda mb: first if mb == 1 else retrace([], mb))
+    tensor = int(first.mesh.get("tensor", 1))
+    stream = _stream(args, out)
+
+    def pdb(mb: int) -> str:
+        return f"{mb / tensor:g}"
+
+    def at(mb: int):
+        run = search.run(mb)
+        return run, dataclasses.replace(req, program=run.program, microbatch=run.program.microbatch)
+
+    print("searching the largest per_device_batch_size ...", file=sys.stderr, flush=True)
+    model_mb = search.largest()
+    if model_mb == 0:  # the planner's own message of what does not fit at the smallest batch
+        from tierax.solving import planning
+
+        planning.solve(req)
+        raise TieraxError(  # not reached where the solve refuses, as it does when nothing fits
+            f"no per_device_batch_size fits by the model, not even {pdb(1)}"
+        )
+    line = (
+        f"largest per_device_batch_size the model fits: {pdb(model_mb)} ({search.traces} "
+        "MaxText traces)"
+    )
+    summary = {
+        "model_microbatch": model_mb,
+        "model_per_device_batch_size": model_mb / tensor,
+        "traces": search.traces,
+    }
+    if not args.check:
+        run, req_mb = at(model_mb)
+        summary["traces"] = search.traces
+        return _plan_report(args, run, req_mb, out, (line,), summary)
+    print(line, file=stream, flush=True)
+    mb, miss, best, fail, checked, compiles = model_mb, 0, None, None, [], 0
+    while len(checked) < MAX_BATCH_CHECKS:
+        run, req_mb = at(mb)
+        compile_plan = _compile(args, run, devices)
+        print(f"checking per_device_batch_size {pdb(mb)} ...", file=stream, flush=True)
+        try:
+            res = _check_once(args, req_mb, compile_plan, stream)
+        except planner.NoPlanFits:
+            res = None
+        compiles += compile_plan.compiles
+        fitted = res is not None and res.fitted is not None
+        miss = max(compile_plan.misses, default=miss)  # this batch's compile less the model
+        checked.append(
+            {
+                "per_device_batch_size": mb / tensor,
+                "compiles": compile_plan.compiles,
+                "fits": fitted,
+                "miss_bytes": miss,
+            }
+        )
+        if fitted:
+            best = (mb, run, res)
+        else:
+            fail = mb
+        # the model corrected by this compile proposes again, between the bracket's ends
+        mb = search.largest(miss, below=fail)
+        if mb <= (best[0] if best else 0) or mb == fail:
+            mb = None
+            break
+    summary |= {"traces": search.traces, "batches_checked": checked, "compiles": compiles}
+    g = planner.size_text
+    if best is None:
+        tried = ", ".join(f"{c['per_device_batch_size']:g}" for c in checked)
+        raise TieraxError(
+            f"no per_device_batch_size of MaxText's program fits {args.target} in MaxText's "
+            f"compile: {len(checked)} batch(es) checked in {compiles} compile(s) "
+            f"({tried}), "
+            f"MaxText's compile needing up to {g(miss)} beyond the model; nothing written. "
+            + REMEDIES
+        )
+    if fail == best[0] + 1:
+        confirmed = f"per_device_batch_size {pdb(fail)}: MaxText's compile refused it"
+    elif mb is not None:  # stopped at MAX_BATCH_CHECKS with a larger batch proposed
+        confirmed = (
+            f"NOT CONFIRMED: the corrected model fits {pdb(mb)}, not checked "
+            f"({MAX_BATCH_CHECKS} batches)"
+        )
+    else:
+        confirmed = f"per_device_batch_size {pdb(best[0] + 1)}: the corrected model fits none"
+    mb, run, res = best
+    lines = (
+        line,
+        f"largest per_device_batch_size MaxText's compile confirms: {pdb(mb)} ({confirmed}; "
+        f"{len(checked)} batch(es) checked, {compiles} MaxText compile(s) in all)",
+    )
+    return _report_fitted(args, run, res, out, compiles, lines, summary)
 
 
 def _mesh_size(mesh) -> int:

@@ -7,7 +7,9 @@ restriction's cost in predicted step time is reported (:func:`restriction_note`)
 
 ``plan --maxtext --check`` closes :mod:`tierax.solving.plan_check`'s loop on MaxText's own program:
 a plan is compiled as the MaxText keys ``--emit maxtext`` writes for it, over the user's, by
-MaxText's own train step (:func:`maxtext_compile`).
+MaxText's own train step (:class:`MaxTextCompile`).  ``plan --maxtext --max-microbatch`` searches
+the largest batch the model fits a plan of, MaxText's program retraced at each batch
+(:class:`BatchSearch`).
 """
 
 from __future__ import annotations
@@ -164,6 +166,7 @@ class MaxTextCompile:
         self.target, self.devices = target, devices
         self.compiles = 0
         self.largest_miss = 0
+        self.misses: list[int] = []  # each compile's peak (or need) less the model's raw peak
         self._done: dict[tuple[str, ...], CompileResult] = {}
 
     def __call__(self, result: planner.PlanResult) -> CompileResult:
@@ -185,7 +188,8 @@ class MaxTextCompile:
         self.compiles += 1
         self._done[keys] = compiled
         if compiled.device_peak_bytes is not None:
-            miss = compiled.device_peak_bytes - result.predicted.peak_device_bytes
+            miss = int(compiled.device_peak_bytes - result.predicted.peak_device_bytes)
+            self.misses.append(miss)
             self.largest_miss = max(self.largest_miss, miss)
         return compiled
 
@@ -255,3 +259,66 @@ def _halvings(microbatch: int) -> list[int]:
         out.append(mb)
         mb //= 2
     return out
+
+
+class BatchSearch:
+    """``plan --maxtext --max-microbatch``: the largest microbatch (sequences per device of the
+    batch axes; MaxText's ``per_device_batch_size`` × tensor) whose MaxText program the model fits
+    a plan of, one placement per name under XLA's offload policy (what MaxText runs), the training
+    state on device.  ``trace(microbatch)``: MaxText's program at that microbatch (None where
+    MaxText refuses it), each microbatch traced once however many searches ask for it
+    (:attr:`traces` counts them); the search is :func:`tierax.solving.planner.largest_fitting`'s
+    doubling and bisection."""
+
+    def __init__(self, request, trace, limit: int | None = None):
+        from tierax.solving import planner
+
+        self.request, self._trace = request, trace
+        self.limit = planner.MAX_MICROBATCH_SEARCH if limit is None else limit
+        self._runs: dict[int, object] = {}
+        self.traces = 0
+
+    def run(self, microbatch: int):
+        """MaxText's program at ``microbatch`` (traced once), or None where MaxText refuses it."""
+        if microbatch not in self._runs:
+            self._runs[microbatch] = self._trace(microbatch)
+            self.traces += 1
+        return self._runs[microbatch]
+
+    def fits(self, microbatch: int, miss: int = 0) -> bool:
+        """Whether the model fits a plan of the program at ``microbatch`` in the budget less
+        ``miss`` (what MaxText's compile needed beyond the model; negative where it needed less),
+        never beyond the device."""
+        from tierax.solving import planner
+
+        run = self.run(microbatch)
+        rates = self.request.rates
+        budget, host_budget = planner.budgets(
+            rates, self.request.budget_bytes, self.request.host_budget_bytes
+        )
+        corrected = min(budget - miss, rates.usable_device_bytes)  # never beyond the device
+        if run is None or corrected <= 0:
+            return False
+        try:
+            planner.plan(
+                run.program,
+                rates,
+                schedule=self.request.schedule,
+                budget_bytes=corrected,
+                host_budget_bytes=host_budget,
+                one_placement_per_name=True,
+                mechanism="policy",
+                place_state=False,
+                grad_accum=self.request.grad_accum,
+            )
+        except planner.NoPlanFits:
+            return False
+        return True
+
+    def largest(self, miss: int = 0, below: int | None = None) -> int:
+        """The largest microbatch below ``below`` (default: the search's limit + 1) that
+        :meth:`fits` with ``miss``; 0 where none does."""
+        from tierax.solving import planner
+
+        bound = self.limit if below is None else min(self.limit, below - 1)
+        return planner.largest_fitting(lambda mb: self.fits(mb, miss), bound)

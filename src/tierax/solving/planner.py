@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
@@ -740,6 +741,23 @@ def _scaled(
 MAX_MICROBATCH_SEARCH = 1 << 20
 
 
+def largest_fitting(fits: Callable[[int], bool], bound: int) -> int:
+    """The largest microbatch in 1..``bound`` that ``fits``, found by doubling from 1 until one
+    does not fit (or ``bound`` is passed), then bisecting; each microbatch asked at most once.
+    ``fits`` must be monotone (a smaller microbatch fits where a larger one does); 0 where 1 does
+    not fit (or ``bound`` < 1)."""
+    if bound < 1 or not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= bound and fits(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, bound + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
 def max_microbatch(
     cfg,
     seq: int,
@@ -800,7 +818,8 @@ def max_microbatch(
     def fits(mb: int) -> bool:
         return solves(inv1 if mb == 1 else inv2 if mb == 2 else _scaled(inv1, inv2, mb))
 
-    if not fits(1):
+    lo = largest_fitting(fits, bound)
+    if lo == 0:
         return plan(
             at(cfg, inv1),
             rates,
@@ -812,13 +831,6 @@ def max_microbatch(
             place_state=place_state,
             remedies=MAX_MICROBATCH_REMEDIES,
         )
-    lo, hi = 1, 2
-    while hi <= bound and fits(hi):
-        lo, hi = hi, hi * 2
-    hi = min(hi, bound + 1)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     stopped = limit if lo >= limit else None
     if lo > 2 and not solves(real(lo)):
         # Extrapolate again from two real traces near the answer (lo and lo/2), bisect on that,
