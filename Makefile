@@ -58,9 +58,13 @@ docs: $(STAMP)
 
 # ruff first (rules and line length in pyproject.toml): a lint failure fails the suite.  The MaxText tests
 # must run here, not skip (TIERAX_REQUIRE_MAXTEXT: the suite stops at once where MaxText is missing).
+# The tests run in TEST_WORKERS processes (pytest-xdist), a test file to a process so that a file's
+# shared fixtures are built once; XLA's compiles are mostly single-threaded, so two processes use
+# both cores of a 2-core machine.  `make test TEST_WORKERS=0` runs them in this one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench examples docs
-	TIERAX_REQUIRE_MAXTEXT=1 $(BIN)/python -m pytest -q
+	TIERAX_REQUIRE_MAXTEXT=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache
