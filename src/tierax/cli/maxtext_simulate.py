@@ -481,7 +481,7 @@ def _compile(args, run, devices: int):
     )
 
 
-def _check_once(args, req, compile_plan, stream):
+def _check_once(args, req, compile_plan, stream, iterations: int = CHECK_ITERATIONS):
     """:func:`tierax.solving.plan_check.check_request` of ``req``, each plan compiled by
     ``compile_plan``, each iteration reported on ``stream``.
 
@@ -494,7 +494,7 @@ def _check_once(args, req, compile_plan, stream):
         req,
         args.target,
         compile_plan=compile_plan,
-        max_iterations=args.check_iterations or CHECK_ITERATIONS,
+        max_iterations=args.check_iterations or iterations,
         report=lambda s: print(plan_check.iteration_line(s), file=stream, flush=True),
     )
 
@@ -589,8 +589,11 @@ def _choice(args, run, result) -> dict:
     }
 
 
-# The most batches plan --maxtext --max-microbatch --check compiles (each its own check loop).
+# The most batches plan --maxtext --max-microbatch --check compiles, and the compiles of each
+# batch's check loop (--check-iterations overrides it): the plan, then the plan the corrected model
+# solves where the first did not fit (or disagreed by more than the check's tolerance).
 MAX_BATCH_CHECKS = 4
+BATCH_CHECK_ITERATIONS = 2
 
 
 def _plan_max_microbatch(args, out, devices, start) -> int:
@@ -653,7 +656,7 @@ def _plan_max_microbatch(args, out, devices, start) -> int:
         compile_plan = _compile(args, run, devices)
         print(f"checking per_device_batch_size {pdb(mb)} ...", file=stream, flush=True)
         try:
-            res = _check_once(args, req_mb, compile_plan, stream)
+            res = _check_once(args, req_mb, compile_plan, stream, BATCH_CHECK_ITERATIONS)
         except planner.NoPlanFits:
             res = None
         compiles += compile_plan.compiles
