@@ -481,7 +481,7 @@ def _compile(args, run, devices: int):
     )
 
 
-def _check_once(args, req, compile_plan, stream, iterations: int = CHECK_ITERATIONS):
+def _check_once(args, req, compile_plan, stream):
     """:func:`tierax.solving.plan_check.check_request` of ``req``, each plan compiled by
     ``compile_plan``, each iteration reported on ``stream``.
 
@@ -494,7 +494,7 @@ def _check_once(args, req, compile_plan, stream, iterations: int = CHECK_ITERATI
         req,
         args.target,
         compile_plan=compile_plan,
-        max_iterations=args.check_iterations or iterations,
+        max_iterations=args.check_iterations or CHECK_ITERATIONS,
         report=lambda s: print(plan_check.iteration_line(s), file=stream, flush=True),
     )
 
@@ -589,9 +589,9 @@ def _choice(args, run, result) -> dict:
     }
 
 
-# The most batches plan --maxtext --max-microbatch --check compiles, and the compiles of each
-# batch's check loop (--check-iterations overrides it): the plan, then the plan the corrected model
-# solves where the first did not fit (or disagreed by more than the check's tolerance).
+# The most batches plan --maxtext --max-microbatch --check compiles, and the compiles at each batch
+# (--check-iterations overrides it): the plan, then the corrected model's where the first did not
+# fit (for_maxtext.check_batch).
 MAX_BATCH_CHECKS = 4
 BATCH_CHECK_ITERATIONS = 2
 
@@ -600,15 +600,16 @@ def _plan_max_microbatch(args, out, devices, start) -> int:
     """``plan --maxtext --max-microbatch``: the largest per_device_batch_size whose MaxText program
     the model fits a plan of (:class:`tierax.solving.for_maxtext.BatchSearch`, each batch traced
     once), planned and reported; with ``--check``, each batch the search proposes is checked by
-    MaxText's compile (:func:`_check_once`); the model, its budget less what that compile needed
-    beyond it (or plus what it needed less), proposes again, above the largest batch whose compile
-    fitted and below the smallest whose compile did not, up to :data:`MAX_BATCH_CHECKS` batches."""
+    MaxText's compile (:func:`tierax.solving.for_maxtext.check_batch`); the model, its budget less
+    what that compile needed beyond it (or plus what it needed less), proposes again, above the
+    largest batch whose compile fitted and below the smallest whose compile did not, up to
+    :data:`MAX_BATCH_CHECKS` batches."""
     import contextlib
     import dataclasses
 
     from tierax import launch
     from tierax.interop import maxtext_program
-    from tierax.solving import for_maxtext, planner
+    from tierax.solving import for_maxtext, plan_check, planner
 
     with contextlib.redirect_stdout(sys.stderr):  # what MaxText prints, from its import on
         maxtext_program.require_maxtext()
@@ -656,7 +657,13 @@ def _plan_max_microbatch(args, out, devices, start) -> int:
         compile_plan = _compile(args, run, devices)
         print(f"checking per_device_batch_size {pdb(mb)} ...", file=stream, flush=True)
         try:
-            res = _check_once(args, req_mb, compile_plan, stream, BATCH_CHECK_ITERATIONS)
+            res = for_maxtext.check_batch(
+                req_mb,
+                compile_plan,
+                correction=miss,
+                attempts=args.check_iterations or BATCH_CHECK_ITERATIONS,
+                report=lambda s: print(plan_check.iteration_line(s), file=stream, flush=True),
+            )
         except planner.NoPlanFits:
             res = None
         compiles += compile_plan.compiles

@@ -323,3 +323,80 @@ class BatchSearch:
 
         bound = self.limit if below is None else min(self.limit, below - 1)
         return planner.largest_fitting(lambda mb: self.fits(mb, miss), bound)
+
+
+def check_batch(request, compile_plan, *, correction: int, attempts: int, report=None):
+    """One batch of ``plan --maxtext --max-microbatch --check``: the plan the model solves with
+    ``correction`` (what MaxText's compile needed beyond the model's peak at a batch compiled
+    before; negative where it needed less: the model's peak may then pass the budget by that much)
+    compiled by ``compile_plan``; where it does not fit, the correction becomes this compile's miss
+    and the plan is solved and compiled again, up to ``attempts`` compiles.  A
+    :class:`tierax.solving.plan_check.CheckResult` (converged: the last compile fitted the budget
+    and the corrected model was within the check's tolerance of it).
+
+    Raises:
+      planner.NoPlanFits: the corrected model fits no plan at this batch.
+    """
+    import dataclasses
+
+    from tierax.solving import plan_check, planner, planning
+
+    budget, host_budget = planner.budgets(
+        request.rates, request.budget_bytes, request.host_budget_bytes
+    )
+    tolerance, steps, fitted, fitted_it, result = 0.05, [], None, 0, None
+    stopped = f"{attempts} compile(s) at this batch, none fitted the budget"
+    for it in range(1, attempts + 1):
+        solve_budget = budget - correction
+        if solve_budget <= 0:
+            raise planner.NoPlanFits(
+                f"MaxText's compile needs {planner.size_text(correction)} beyond the model, "
+                f"more than the budget {planner.size_text(budget)}"
+            )
+        result, _ = planning.solve(
+            dataclasses.replace(request, budget_bytes=solve_budget, host_budget_bytes=host_budget)
+        )
+        compiled = compile_plan(result)
+        peak = compiled.device_peak_bytes
+        fits = bool(compiled.fits and peak is not None and peak <= budget)
+        b = result.predicted.breakdown
+        step = plan_check.Iteration(
+            it,
+            int(solve_budget),
+            int(correction),
+            int(result.predicted.peak_device_bytes + correction),
+            peak,
+            fits,
+            b.exposed_d2h_s + b.exposed_h2d_s,
+            compiled.overlap.get("est_exposed_s", 0.0),
+            result.predicted.step_time_s,
+            result.predicted.host_bytes,
+            None
+            if compiled.host_temp_bytes is None
+            else compiled.host_temp_bytes + compiled.host_argument_bytes,
+            compiled.compile_time_s,
+            compiled.out_of_memory,
+        )
+        steps.append(step)
+        if report:
+            report(step)
+        if fits:
+            fitted, fitted_it = result, it
+            agreed = step.peak_error is not None and abs(step.peak_error) <= tolerance
+            stopped = (
+                f"converged: MaxText's peak fits the budget and the corrected model is within "
+                f"{tolerance:.0%}"
+                if agreed
+                else f"MaxText's peak fits the budget; the corrected model is off by "
+                f"{step.peak_error:+.1%}"
+            )
+            return plan_check.CheckResult(
+                result, tuple(steps), agreed, tolerance, int(budget), stopped, fitted, fitted_it
+            )
+        if peak is None:
+            stopped = "MaxText's compile refused the program without stating its need"
+            break
+        correction = int(peak - result.predicted.peak_device_bytes)
+    return plan_check.CheckResult(
+        result, tuple(steps), False, tolerance, int(budget), stopped, fitted, fitted_it
+    )
