@@ -63,6 +63,7 @@ def main(argv=None) -> int:
     from tierax.plan import preset
     from tierax.solving import planner
     from tierax.tracing import inventory as inv_lib
+    from tierax.tracing.model_program import for_inventory
     from tierax.xla import compile as C
 
     cfg = for_platform(get_config(MODEL), "gpu")
@@ -106,7 +107,10 @@ def main(argv=None) -> int:
     }
     t0 = time.perf_counter()
     planned = planner.plan(
-        cfg, inv, rates, budget_bytes=PLANNED_BUDGET_GIB * GIB, grad_accum=PLANNED_ACCUM
+        for_inventory(cfg, inv),
+        rates,
+        budget_bytes=PLANNED_BUDGET_GIB * GIB,
+        grad_accum=PLANNED_ACCUM,
     )
     plan_s = time.perf_counter() - t0
     t0 = time.perf_counter()

@@ -241,14 +241,17 @@ def best_row(side: dict) -> dict | None:
 
 def render(doc: dict) -> str:
     out = [
-        f"Made by {_common.made_by(doc, jax=False)}; every compile MaxText's own deviceless "
-        f"XLA:TPU compile for {doc['topology']} ({doc['devices']} chips) on "
-        f"{doc['machine'].get('cores')} CPU cores; step times are tierax's predictions (no TPU).",
+        f"Every compile MaxText's own deviceless XLA:TPU compile for {doc['topology']} "
+        f"({doc['devices']} chips, fsdp={doc['devices']}) on a {doc['machine'].get('cores')}-core "
+        "CPU machine shared with other work; step times and tokens/s are tierax's predictions (no "
+        "TPU). The estimator's row shown is the one tierax's model prices fastest among the rows "
+        "it found (all rows below).",
         "",
         "| configuration | planner | batch/chip | policy (not remat) | compiles | wall | "
         "MaxText compile of the choice | predicted step · tokens/s/chip |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    rows_table, commands = [], []
     for case in doc["cases"]:
         label = f"{case['name']} ({LAYERS} layers, seq {case['seq']})"
         m = case.get("maxtext")
@@ -257,21 +260,45 @@ def render(doc: dict) -> str:
             best = best_row(m)
             rows = m.get("rows", [])
             out.append(
-                f"| {label} | MaxText estimator ({len(rows)} rows; {ended}) | "
+                f"| {label} | MaxText estimator ({ended}) | "
                 + (f"{best['batch']:g} | {_policy_text(best['policy'])}" if best else "— | —")
                 + f" | {m['n_compiles']} | {m['wall_s'] / 60:.1f} min | fits (its own probe) | "
                 f"{_tok(best and best['tierax'])} |"
             )
+            for row in rows:
+                rows_table.append(
+                    f"| {case['name']} | {row['batch']:g} | {_policy_text(row['policy'])} | "
+                    f"{(row.get('tierax') or {}).get('predicted_peak_gib', '—')} | "
+                    f"{_tok(row.get('tierax'))} |"
+                )
+            commands.append(f"- {case['name']}, estimator: `{m['command']}`")
         t = case.get("tierax")
         if t:
             fits = "fits" if t.get("maxtext_compile_fits") else "—"
-            err = f" ({t['error']})" if t.get("error") else ""
+            err = f" (exit {t['returncode']}: {t['error']})" if t.get("error") else ""
+            done = "" if t.get("converged") or t.get("error") else " (model not within 5 %)"
             out.append(
-                f"| {label} | tierax `plan --maxtext --max-microbatch --check`{err} | "
-                f"{t.get('batch') if t.get('batch') is not None else '—'} | "
+                f"| {label} | tierax `plan --maxtext --max-microbatch --check`{err}{done} | "
+                f"{t['batch'] if t.get('batch') is not None else '—'} | "
                 f"{_policy_text(t['policy']) if t.get('policy') else '—'} | "
                 f"{t.get('compiles', '—')} | {t['wall_s'] / 60:.1f} min | {fits} | {_tok(t)} |"
             )
+            commands.append(f"- {case['name']}, tierax: `{t['command']}`")
+    out += [
+        "",
+        "Every row the estimator found (its printed rows, or, where it stopped, each policy's "
+        "largest batch that fitted), priced by `tierax simulate --maxtext` (its predicted peak "
+        "beside the batch MaxText's compile fitted):",
+        "",
+        "| configuration | batch/chip | policy (not remat) | tierax's predicted peak (GiB) | "
+        "predicted step · tokens/s/chip |",
+        "|---|---|---|---|---|",
+        *rows_table,
+        "",
+        "Commands (`<maxtext>`: the installed MaxText package):",
+        "",
+        *commands,
+    ]
     return "\n".join(out) + "\n"
 
 

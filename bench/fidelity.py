@@ -151,11 +151,13 @@ def cpu_compile(cfg, plan, microbatch, seq):
 
 
 def run_case(model, overrides, plan_name, target, mb, seq, mesh_text, cpu_check) -> dict:
+    from tierax.tracing.model_program import for_inventory
+
     cfg = for_platform(apply_overrides(get_config(model), overrides), hardware.platform(target))
     plan = P.preset(plan_name, cfg)
     shape = parse_mesh(mesh_text)
     inv = inv_lib.model_inventory(cfg, mb, seq, shape.to_dict())
-    pred = cm.simulate(plan, inv, cfg, cm.target_rates(target, cfg.dtype), "lhs")
+    pred = cm.simulate(plan, for_inventory(cfg, inv), cm.target_rates(target, cfg.dtype), "lhs")
     gpu, _ = C.compile_for_target(cfg, plan, target, microbatch=mb, seq=seq, mesh=shape)
     row = {
         "model": cfg.name,
@@ -176,7 +178,7 @@ def run_case(model, overrides, plan_name, target, mb, seq, mesh_text, cpu_check)
     }
     if cpu_check:
         cpu_rates = dataclasses.replace(cm.target_rates(target, cfg.dtype), offload_is_real=False)
-        cpu_pred = cm.simulate(plan, inv, cfg, cpu_rates, "lhs")
+        cpu_pred = cm.simulate(plan, for_inventory(cfg, inv), cpu_rates, "lhs")
         peak, temp, flops = cpu_compile(cfg, plan, mb, seq)
         row.update(
             {

@@ -189,6 +189,7 @@ def child(spec: dict) -> dict:
     from tierax.mesh import MeshShape
     from tierax.models import config_to_dict
     from tierax.sharding import rules as sh
+    from tierax.tracing.model_program import for_inventory
     from tierax.train import step as step_lib
 
     shape, rounds = spec["shape"], spec["rounds"]
@@ -229,7 +230,7 @@ def child(spec: dict) -> dict:
     calibration = {"cpu": {k: v for k, v in entry.items() if k != "microbenchmarks"}}
     rates = cm.target_rates("cpu", cfg.dtype, calibration=calibration)
     inv = tf._inventory(cfg, shape)
-    pred = cm.simulate(plan, inv, cfg, rates, tf.SCHEDULE)
+    pred = cm.simulate(plan, for_inventory(cfg, inv), rates, tf.SCHEDULE)
     br = pred.breakdown
     traced_flops = sum(g["flops"] * g["executions"] for g in gemms)
     mix_s = traced_flops / mix["flops_per_s"]

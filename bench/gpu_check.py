@@ -357,9 +357,10 @@ def predict_step(cfg, plan, microbatch: int, seq: int, rates, schedule: str) -> 
     """The model's step time for ``plan`` and its terms (tierax.costmodel.simulate)."""
     from tierax import costmodel
     from tierax.tracing import inventory
+    from tierax.tracing.model_program import for_inventory
 
     inv = inventory.model_inventory(cfg, microbatch, seq, {"data": 1, "fsdp": 1})
-    pred = costmodel.simulate(plan, inv, cfg, rates, schedule)
+    pred = costmodel.simulate(plan, for_inventory(cfg, inv), rates, schedule)
     b = pred.breakdown.to_json()  # the terms under their JSON keys
     terms = (
         "compute_s",

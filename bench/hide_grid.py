@@ -128,9 +128,10 @@ def _plan_for(case: dict, cfg, inv, rates):
     """The case's Plan: the planner's, a preset, or one name offloaded (the rest recomputed)."""
     from tierax import plan as plan_lib
     from tierax.solving import planner
+    from tierax.tracing.model_program import for_inventory
 
     if case["plan"] == "planner":
-        return planner.plan(cfg, inv, rates, schedule="lhs").plan
+        return planner.plan(for_inventory(cfg, inv), rates, schedule="lhs").plan
     if case["plan"] in plan_lib.PRESETS:
         return plan_lib.load_plan(case["plan"], cfg)
     name = case["plan"]
@@ -183,6 +184,7 @@ def run_one(case: dict, hlo_dir: str | None) -> dict:
     from tierax.mesh import parse_mesh
     from tierax.models import apply_overrides, get_config
     from tierax.tracing import inventory as inv_lib
+    from tierax.tracing.model_program import for_inventory
     from tierax.xla import compile as compile_lib
 
     cfg = apply_overrides(get_config(case["model"]), case["overrides"])
@@ -192,7 +194,7 @@ def run_one(case: dict, hlo_dir: str | None) -> dict:
     plan = _plan_for(case, cfg, inv, rates)
     # XLA's latency-hiding scheduler runs under every preset: none → the model's lhs schedule.
     schedule = {"none": "lhs"}.get(case["preset"], case["preset"])
-    pred = cm.simulate(plan, inv, cfg, rates, schedule)
+    pred = cm.simulate(plan, for_inventory(cfg, inv), rates, schedule)
     pinv = inv_lib.for_plan(inv, plan, cfg)
     placements = cm.plan_placements(plan, cfg)
     items = cm.item_terms(pinv, rates, plan.mechanism)
@@ -357,6 +359,7 @@ def run_trace(spec: dict) -> dict:
     from tierax.models import apply_overrides, get_config
     from tierax.solving import planner
     from tierax.tracing import inventory as inv_lib
+    from tierax.tracing.model_program import for_inventory
     from tierax.xla import compile as compile_lib
 
     cfg = apply_overrides(get_config(spec["model"]), spec["overrides"])
@@ -365,10 +368,12 @@ def run_trace(spec: dict) -> dict:
     inv = inv_lib.model_inventory(cfg, spec["microbatch"], spec["seq"], mesh.to_dict())
     if spec["plan"] == "planner":
         budget = spec["budget_gib"] * 2**30
-        plan = planner.plan(cfg, inv, rates, schedule="lhs", budget_bytes=budget).plan
+        plan = planner.plan(
+            for_inventory(cfg, inv), rates, schedule="lhs", budget_bytes=budget
+        ).plan
     else:
         plan = plan_lib.load_plan(spec["plan"], cfg)
-    pred = cm.simulate(plan, inv, cfg, rates, "lhs")
+    pred = cm.simulate(plan, for_inventory(cfg, inv), rates, "lhs")
     result, _ = compile_lib.compile_for_target(
         cfg, plan, spec["target"], microbatch=spec["microbatch"], seq=spec["seq"], mesh=mesh
     )

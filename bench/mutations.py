@@ -276,7 +276,7 @@ MUTATIONS = [
         "what": "whatif.request_solver calls the planner directly, not planning.solve",
         "file": "src/tierax/solving/whatif.py",
         "old": "            result, _ = planning.solve(req, inventories)",
-        "new": "            result = planner.plan(req.cfg, inv, req.rates, schedule=req.schedule, "
+        "new": "            result = planner.plan(prog, req.rates, schedule=req.schedule, "
         "budget_bytes=req.budget_bytes, host_budget_bytes=req.host_budget_bytes, "
         "segments=req.segments)",
         "tests": ["tests/test_planning.py"],

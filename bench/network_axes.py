@@ -89,6 +89,7 @@ def main(argv=None) -> int:
     from tierax.solving import planner
     from tierax.solving.whatif import override_rates
     from tierax.tracing import inventory as inv_lib
+    from tierax.tracing.model_program import for_inventory
 
     cases = []
     for name, model, target, devices, mesh_text, mb, seq in CASES:
@@ -120,7 +121,7 @@ def main(argv=None) -> int:
         before = None
         for label, r in variants.items():
             try:
-                res = planner.plan(cfg, inv, r, schedule="lhs")
+                res = planner.plan(for_inventory(cfg, inv), r, schedule="lhs")
                 p, placements, how = (
                     res.predicted,
                     {f"{e.group}/{e.name}": e.choice for e in res.explain},
@@ -129,7 +130,9 @@ def main(argv=None) -> int:
             except (
                 planner.NoPlanFits
             ):  # nothing fits: the remat-full preset, to compare the collectives
-                p = cm.simulate(plan_lib.preset("remat-full", cfg), inv, cfg, r, "lhs")
+                p = cm.simulate(
+                    plan_lib.preset("remat-full", cfg), for_inventory(cfg, inv), r, "lhs"
+                )
                 placements, how = {}, "remat-full preset (no plan fits)"
             b = p.breakdown
             before = placements if before is None else before

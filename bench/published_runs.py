@@ -481,7 +481,7 @@ def cm_simulate(p, calibrated) -> float:
     from tierax import costmodel as cm
 
     rates = calibrated.apply(p.rates)
-    return cm.simulate(p.plan, p.inventory, p.cfg, rates, SCHEDULE, p.run.grad_accum).step_time_s
+    return cm.simulate(p.plan, p.program, rates, SCHEDULE, p.run.grad_accum).step_time_s
 
 
 def load_data(path: str | pathlib.Path) -> dict:

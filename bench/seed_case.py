@@ -201,6 +201,7 @@ def main(argv=None) -> int:
     from tierax.models import get_config
     from tierax.solving import planner
     from tierax.tracing import inventory as inv_lib
+    from tierax.tracing.model_program import for_inventory
 
     rates = cm.target_rates("gb200", "bfloat16")
     rows = []
@@ -221,7 +222,9 @@ def main(argv=None) -> int:
                     ("published", pub_plan, pub_what),
                 ]
                 try:
-                    planned = planner.plan(cfg, inv, rates, schedule=schedule, name="planner")
+                    planned = planner.plan(
+                        for_inventory(cfg, inv), rates, schedule=schedule, name="planner"
+                    )
                     plans.append(
                         ("planner", planned.plan, "tierax plan (exact, within the device budget)")
                     )
@@ -232,7 +235,7 @@ def main(argv=None) -> int:
                     prog.advance(task)
                 for kind, plan, what in plans:
                     prog.update(task, description=f"{label} {schedule} {kind}")
-                    pred = cm.simulate(plan, inv, cfg, rates, schedule)
+                    pred = cm.simulate(plan, for_inventory(cfg, inv), rates, schedule)
                     rows.append(
                         {
                             "case": label,

@@ -305,6 +305,7 @@ def main(argv=None) -> int:
     from tierax.models import for_platform, get_config
     from tierax.solving import planner
     from tierax.tracing import inventory as inv_lib
+    from tierax.tracing.model_program import for_inventory
     from tierax.xla import compile as C
 
     doc = _common.envelope("tierax.bench.state_offload/1", argv)
@@ -317,7 +318,7 @@ def main(argv=None) -> int:
         rates = cm.target_rates(target, cfg.dtype)
         row: dict = {"case": label, "model": model, "target": target, "mesh": mesh}
         row["microbatch"], row["seq"], row["attention"] = mb, seq, cfg.attention
-        joint = planner.plan(cfg, inv, rates, name="joint")
+        joint = planner.plan(for_inventory(cfg, inv), rates, name="joint")
         row["joint"] = {
             "plan": joint.plan.to_dict(),
             "predicted": _pred(joint.predicted),
@@ -325,7 +326,9 @@ def main(argv=None) -> int:
         }
         plans = {"joint": joint.plan}
         try:
-            acts = planner.plan(cfg, inv, rates, name="activations-only", place_state=False)
+            acts = planner.plan(
+                for_inventory(cfg, inv), rates, name="activations-only", place_state=False
+            )
             row["activations_only"] = {
                 "plan": acts.plan.to_dict(),
                 "predicted": _pred(acts.predicted),
@@ -337,7 +340,9 @@ def main(argv=None) -> int:
         row["flipped"] = {
             "label": _flipped_label(joint.plan),
             "plan": _flipped(joint.plan).to_dict(),
-            "predicted": _pred(cm.simulate(_flipped(joint.plan), inv, cfg, rates, "lhs")),
+            "predicted": _pred(
+                cm.simulate(_flipped(joint.plan), for_inventory(cfg, inv), rates, "lhs")
+            ),
         }
         if not joint.plan.offloads_state:
             extra = _moments_host_recomputed(joint.plan)
@@ -346,7 +351,7 @@ def main(argv=None) -> int:
             row["moments_host_recomputed"] = {
                 "label": label_x,
                 "plan": extra.to_dict(),
-                "predicted": _pred(cm.simulate(extra, inv, cfg, rates, "lhs")),
+                "predicted": _pred(cm.simulate(extra, for_inventory(cfg, inv), rates, "lhs")),
             }
         if args.compile:
             row["compiled"] = {}

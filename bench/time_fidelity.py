@@ -165,8 +165,9 @@ def _inventory(cfg, shape: dict):
 def _prediction(plan, inv, cfg, rates) -> dict:
     from tierax import costmodel as cm
     from tierax.costmodel.first_touch import fresh_bytes
+    from tierax.tracing.model_program import for_inventory
 
-    p = cm.simulate(plan, inv, cfg, rates, SCHEDULE)
+    p = cm.simulate(plan, for_inventory(cfg, inv), rates, SCHEDULE)
     return p.to_json() | {"fresh_bytes": fresh_bytes(p.peak_device_bytes, inv)}
 
 
@@ -175,11 +176,14 @@ def _plans(cfg, inv, rates) -> tuple[list, dict]:
     and save-all's predicted peaks), with what the planner was given."""
     from tierax import plan as plan_lib
     from tierax.solving import planner
+    from tierax.tracing.model_program import for_inventory
 
     plans = [plan_lib.preset(n, cfg) for n in PLANS if n != "planner"]
     peak = {p.name: _prediction(p, inv, cfg, rates)["peak_device_bytes"] for p in plans}
     budget = (peak["remat-full"] + peak["save-all"]) / 2
-    res = planner.plan(cfg, inv, rates, schedule=SCHEDULE, budget_bytes=budget, name="planner")
+    res = planner.plan(
+        for_inventory(cfg, inv), rates, schedule=SCHEDULE, budget_bytes=budget, name="planner"
+    )
     return [*plans, res.plan], {"budget_bytes": budget, "placements": res.plan.to_dict()}
 
 

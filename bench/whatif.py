@@ -91,6 +91,7 @@ def main(argv=None) -> int:
     from tierax.report.sweep_plot import plot_sweep
     from tierax.solving import planner, whatif
     from tierax.tracing import inventory as inv_lib
+    from tierax.tracing.model_program import for_inventory
 
     cfg = for_platform(get_config(args.model), "gpu")  # every target swept is a GPU
     mesh = parse_mesh(MESH, 128)
@@ -106,7 +107,7 @@ def main(argv=None) -> int:
             "host_link_bytes_per_s": rates.d2h_bytes_per_s,
         }
         try:
-            res = planner.plan(cfg, inv, rates, schedule="lhs")
+            res = planner.plan(for_inventory(cfg, inv), rates, schedule="lhs")
             entry |= {
                 "fits": True,
                 "predicted": {k: v for k, v in res.predicted.to_json().items() if k != "breakdown"},

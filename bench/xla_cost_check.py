@@ -440,6 +440,7 @@ def model_side(row: str, layers: int, mesh_text: str, on_device: bool = False) -
     from tierax.costmodel.rates import FUSED_BACKWARD_FLOPS_RATIO
     from tierax.mesh import parse_mesh
     from tierax.tracing import inventory as inv_lib
+    from tierax.tracing.model_program import for_inventory
 
     run, spec = _row_config(row, layers, 1, on_device)
     cfg = pr._config(spec, spec.get("attention", "auto"))
@@ -448,7 +449,7 @@ def model_side(row: str, layers: int, mesh_text: str, on_device: bool = False) -
     mesh = parse_mesh(mesh_text, None).to_dict()
     inv = inv_lib.for_plan(inv_lib.model_inventory(cfg, run["batch"], run["seq"], mesh), plan, cfg)
     rates = cm.target_rates(run["hw"], cfg.dtype)
-    pred = cm.simulate(plan, inv, cfg, rates, pr.SCHEDULE)
+    pred = cm.simulate(plan, for_inventory(cfg, inv), rates, pr.SCHEDULE)
     b = pred.breakdown
     placements = plan_placements(plan, cfg)
     P = plan_lib.Placement

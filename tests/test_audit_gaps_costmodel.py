@@ -29,6 +29,7 @@ from tierax.plan import Placement
 from tierax.solving import planner
 from tierax.tracing import hbm
 from tierax.tracing import inventory as inv_lib
+from tierax.tracing.model_program import for_inventory
 
 # --- the cuDNN backward workspace per device on a tensor-parallel mesh ----------------------------
 
@@ -44,9 +45,11 @@ def test_cudnn_workspace_on_a_tensor_mesh_counts_the_devices_own_heads():
     for tensor, heads in ((1, 4), (2, 2)):
         mesh = MeshShape(tensor=tensor).to_dict()
         inv = inv_lib.model_inventory(cfg, 2, 128, mesh)
-        fused = cm.simulate(plan, inv, cfg, rates, "lhs").breakdown.workspace_bytes
+        fused = cm.simulate(plan, for_inventory(cfg, inv), rates, "lhs").breakdown.workspace_bytes
         plain_cfg = dataclasses.replace(cfg, attention="cudnn_blockwise")
-        plain = cm.simulate(plan, inv, plain_cfg, rates, "lhs").breakdown.workspace_bytes
+        plain = cm.simulate(
+            plan, for_inventory(plain_cfg, inv), rates, "lhs"
+        ).breakdown.workspace_bytes
         assert fused - plain == 4 * 2 * heads * 128 * (16 + 1) + 256, tensor
 
 
@@ -121,16 +124,16 @@ def test_an_offloaded_accumulator_is_twice_on_the_host_while_it_is_added_to():
     added into it (tierax.costmodel.state's docstring; XLA's host temp of the accumulation)."""
     inv = state_inventory()
     rates = make_rates()
-    free = planner.plan(SYNTH_CFG, inv, rates, mechanism="policy").plan
+    free = planner.plan(for_inventory(SYNTH_CFG, inv), rates, mechanism="policy").plan
     plan = dataclasses.replace(free, state={"dense": {"grad_accum": "offload"}})
-    pred = cm.simulate(plan, inv, SYNTH_CFG, rates, "lhs", grad_accum=2)
+    pred = cm.simulate(plan, for_inventory(SYNTH_CFG, inv), rates, "lhs", grad_accum=2)
     assert pred.breakdown.activation_host_bytes == 0
     assert pred.host_bytes == 2 * 4 * PARAMS["dense"]
     # beside offloaded moments of the other group (8 bytes × 50 M), the larger of the two buffers
     both = dataclasses.replace(
         free, state={"dense": {"grad_accum": "offload"}, "moe": {"moments": "offload"}}
     )
-    host = cm.simulate(both, inv, SYNTH_CFG, rates, "lhs", grad_accum=2).host_bytes
+    host = cm.simulate(both, for_inventory(SYNTH_CFG, inv), rates, "lhs", grad_accum=2).host_bytes
     assert host == 8 * PARAMS["moe"] + max(2 * 4 * PARAMS["dense"], 8 * PARAMS["moe"])
 
 
@@ -147,8 +150,8 @@ def test_each_microbatch_waits_for_its_own_collectives():
     rates = cm.override_rates(cm.target_rates("h200", cfg.dtype), ["interconnect=2"])
     inv = inv_lib.model_inventory(cfg, 2, 64, MeshShape(fsdp=2).to_dict())
     plan = plan_lib.preset("save-all", cfg)
-    one = cm.simulate(plan, inv, cfg, rates, "lhs")
-    three = cm.simulate(plan, inv, cfg, rates, "lhs", grad_accum=3)
+    one = cm.simulate(plan, for_inventory(cfg, inv), rates, "lhs")
+    three = cm.simulate(plan, for_inventory(cfg, inv), rates, "lhs", grad_accum=3)
     assert one.breakdown.exposed_collective_s > 0.2 * one.step_time_s  # the case: exposed
     update = 7 * inv.param_bytes / rates.hbm_bytes_per_s
     adds = 3 * (inv.param_bytes / 4) * 12 / rates.hbm_bytes_per_s

@@ -19,6 +19,7 @@ from tierax.mesh import MeshShape
 from tierax.models import get_config
 from tierax.solving import plan_check, planner
 from tierax.tracing import inventory as inv_lib
+from tierax.tracing.model_program import for_inventory
 from tierax.xla import compile as compile_lib
 
 BUDGET = 30e6  # tiny-llama, seq 64, H200 rates: the model's largest microbatch is in the 40s
@@ -41,7 +42,9 @@ def setting(monkeypatch):
         return invs[mb]
 
     def xla(cfg, plan, target, *, microbatch, seq, mesh, grad_accum=1):
-        peak = cm.simulate(plan, inv(microbatch), cfg, rates, "lhs").peak_device_bytes
+        peak = cm.simulate(
+            plan, for_inventory(cfg, inv(microbatch)), rates, "lhs"
+        ).peak_device_bytes
         return compiled_standin.compiled(peak + workspace(microbatch, s.c))
 
     monkeypatch.setattr(compile_lib, "compile_for_target", xla)
@@ -51,7 +54,9 @@ def setting(monkeypatch):
 
 def _fits(s, mb: int) -> bool:
     try:
-        planner.plan(s.cfg, s.inv(mb), s.rates, budget_bytes=BUDGET - workspace(mb, s.c))
+        planner.plan(
+            for_inventory(s.cfg, s.inv(mb)), s.rates, budget_bytes=BUDGET - workspace(mb, s.c)
+        )
     except planner.NoPlanFits:
         return False
     return True

@@ -13,6 +13,7 @@ from tierax import names as N
 from tierax.costmodel import network
 from tierax.models import get_config
 from tierax.tracing.inventory import Activation, GroupInventory, Inventory
+from tierax.tracing.model_program import for_inventory
 
 CFG = get_config("tiny-deepseek")  # float32 parameters and compute: gathered bytes = stored bytes
 # NVLink 400 GB/s inside a domain of 8, scale-out 50 GB/s.
@@ -61,7 +62,7 @@ def _inventory(mesh: dict, *, param_bytes=40 * MB, grad_bytes=40 * MB, flops=1e9
 
 
 def _by_group(mesh, **kw):
-    return cm.collective_s_by_group(_inventory(mesh, **kw), CFG, RATES)
+    return cm.collective_s_by_group(for_inventory(CFG, _inventory(mesh, **kw)), RATES)
 
 
 def test_data_parallel_all_reduce_sends_twice_n_minus_one_over_n_of_the_gradient():
@@ -84,7 +85,7 @@ def test_data_outside_fsdp_inside_each_priced_at_its_own_link():
     # one device per domain.  FSDP: 3 · 80 MB · 1/2 = 120 MB at NVLink; data: 2 · 40 MB · 7/8 =
     # 70 MB at one device's scale-out rate.
     pairs = dataclasses.replace(RATES, nvlink_domain_gpus=2)
-    got = cm.collective_s_by_group(_inventory({"data": 8, "fsdp": 2}), CFG, pairs)
+    got = cm.collective_s_by_group(for_inventory(CFG, _inventory({"data": 8, "fsdp": 2})), pairs)
     assert got == {
         network.FSDP_GROUP: pytest.approx(120 * MB / 400e9, rel=1e-12),
         "data": pytest.approx(70 * MB / 50e9, rel=1e-12),
@@ -94,17 +95,19 @@ def test_data_outside_fsdp_inside_each_priced_at_its_own_link():
 def test_serial_exposes_every_collective_and_lhs_hides_them_under_compute():
     # Many FLOPs: compute exceeds the collectives, which lhs then hides entirely.
     busy = _inventory({"fsdp": 8}, flops=1e12)
-    fx = cm.fixed_terms(busy, CFG, RATES, "serial")
+    fx = cm.fixed_terms(for_inventory(CFG, busy), RATES, "serial")
     coll = 840 * MB / 400e9
     assert fx.collective_s == pytest.approx(coll, rel=1e-12) and fx.compute_s > coll
     assert fx.exposed_collective_s == pytest.approx(coll, rel=1e-12)
-    assert cm.fixed_terms(busy, CFG, RATES, "lhs").exposed_collective_s == 0.0
+    assert cm.fixed_terms(for_inventory(CFG, busy), RATES, "lhs").exposed_collective_s == 0.0
     # Few FLOPs: lhs exposes what compute cannot cover, exactly.
     idle = _inventory({"fsdp": 8}, flops=1.0)
-    lhs = cm.fixed_terms(idle, CFG, RATES, "lhs")
+    lhs = cm.fixed_terms(for_inventory(CFG, idle), RATES, "lhs")
     assert lhs.compute_s < coll
     assert lhs.exposed_collective_s == pytest.approx(coll - lhs.compute_s, rel=1e-9)
-    assert cm.fixed_terms(idle, CFG, RATES, "serial").exposed_collective_s == pytest.approx(coll)
+    assert cm.fixed_terms(
+        for_inventory(CFG, idle), RATES, "serial"
+    ).exposed_collective_s == pytest.approx(coll)
 
 
 @pytest.mark.parametrize(

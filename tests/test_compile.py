@@ -15,6 +15,7 @@ from tierax import plan as P
 from tierax.errors import TieraxError
 from tierax.mesh import MeshShape
 from tierax.models import get_config
+from tierax.tracing.model_program import for_inventory
 from tierax.xla import compile as C
 from tierax.xla import hlo
 
@@ -107,7 +108,7 @@ def test_simulate_host_bytes_equal_the_compiled_program(tiny_llama_offload_vs_de
     inv = model_inventory(cfg, 8, 64)
     rates = cm.target_rates("h200", cfg.dtype)
     assert (
-        cm.simulate(P.preset("qkv-offload", cfg), inv, cfg, rates, "lhs").host_bytes
+        cm.simulate(P.preset("qkv-offload", cfg), for_inventory(cfg, inv), rates, "lhs").host_bytes
         == off.host_temp_bytes
         > 0
     )
@@ -124,7 +125,11 @@ def test_simulate_host_bytes_equal_the_compiled_program(tiny_llama_offload_vs_de
             for g, gp in P.preset("qkv-offload", cfg).groups.items()
         },
     )
-    assert cm.simulate(on_device, inv, cfg, rates, "lhs").host_bytes == on_dev.host_temp_bytes == 0
+    assert (
+        cm.simulate(on_device, for_inventory(cfg, inv), rates, "lhs").host_bytes
+        == on_dev.host_temp_bytes
+        == 0
+    )
 
 
 def test_overlap_check_counts_every_transfer(tiny_llama_offload_vs_device):
@@ -420,11 +425,11 @@ def test_an_offloaded_layer_input_leaves_the_device_as_xla_places_it():
     assert r.host_temp_bytes == carry
     inv = model_inventory(cfg, 2, 64)
     rates = cm.target_rates("h200", cfg.dtype)
-    off = cm.simulate(plan, inv, cfg, rates, "lhs")
+    off = cm.simulate(plan, for_inventory(cfg, inv), rates, "lhs")
     kept = dataclasses.replace(
         plan, groups={"decoder": P.GroupPlan({"decoder_layer_input": P.Placement.DEVICE})}
     )
-    on = cm.simulate(kept, inv, cfg, rates, "lhs")
+    on = cm.simulate(kept, for_inventory(cfg, inv), rates, "lhs")
     assert off.host_bytes == carry and on.host_bytes == 0
     assert on.breakdown.activation_bytes - off.breakdown.activation_bytes == carry
     assert off.breakdown.transfer_s == pytest.approx(
@@ -455,5 +460,5 @@ def test_an_offloaded_mlpwo_holds_nothing_on_host_as_xla_compiles_it():
     carry = cfg.num_layers * 2 * 64 * cfg.d_model * 4
     assert r.host_temp_bytes == carry
     inv = model_inventory(cfg, 2, 64)
-    pred = cm.simulate(plan, inv, cfg, cm.target_rates("h200", cfg.dtype), "lhs")
+    pred = cm.simulate(plan, for_inventory(cfg, inv), cm.target_rates("h200", cfg.dtype), "lhs")
     assert pred.host_bytes == carry

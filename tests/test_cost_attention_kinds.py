@@ -11,13 +11,16 @@ from tierax import plan as plan_lib
 from tierax.hardware import cudnn
 from tierax.models import get_config
 from tierax.tracing.inventory import model_inventory
+from tierax.tracing.model_program import for_inventory
 from tierax.xla import compile as C
 
 
 def _predict(cfg, microbatch=2, seq=256):
     rates = cm.target_rates("h200", cfg.dtype)
     plan = plan_lib.preset("save-all", cfg)
-    return cm.simulate(plan, model_inventory(cfg, microbatch, seq), cfg, rates, "lhs")
+    return cm.simulate(
+        plan, for_inventory(cfg, model_inventory(cfg, microbatch, seq)), rates, "lhs"
+    )
 
 
 def test_cudnn_blockwise_is_priced_as_blockwise_attention_in_128_key_blocks():

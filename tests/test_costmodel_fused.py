@@ -15,6 +15,7 @@ from tierax.errors import TieraxError
 from tierax.hardware import cudnn
 from tierax.models import get_config
 from tierax.tracing.inventory import Activation, GroupInventory, Inventory, model_inventory
+from tierax.tracing.model_program import for_inventory
 
 # Round rates: matmuls at 1 PFLOP/s, the fused kernel's forward at 0.5 and backward at 0.25 PFLOP/s.
 RATES = cm.Rates(
@@ -123,7 +124,7 @@ def test_group_and_item_terms_price_the_kernel_at_its_rates():
 def test_fixed_compute_counts_the_kernel_forward_and_backward():
     inv = _inventory(4e12)
     model = dataclasses.replace(get_config("tiny-llama"), dtype="bfloat16")
-    fx = cm.fixed_terms(inv, model, RATES, "lhs")
+    fx = cm.fixed_terms(for_inventory(model, inv), RATES, "lhs")
     head = 2.0 * 128 * model.d_model * model.vocab_size
     # Rest of the matmuls three times (forward + 2 × backward) at 1 PFLOP/s; the kernel's forward at
     # 0.5 and its 2.5 × backward at 0.25 PFLOP/s; 2 layers each.
@@ -137,9 +138,9 @@ def test_cudnn_workspace_joins_the_layer_in_flight():
     cfg = dataclasses.replace(get_config("tiny-llama"), dtype="bfloat16", attention="cudnn")
     rates = cm.target_rates("h200", "bfloat16")
     inv = model_inventory(cfg, 2, 64)
-    fused = cm.fixed_terms(inv, cfg, rates, "lhs").workspace_bytes
+    fused = cm.fixed_terms(for_inventory(cfg, inv), rates, "lhs").workspace_bytes
     standin = cm.fixed_terms(
-        inv, dataclasses.replace(cfg, attention="cudnn_blockwise"), rates, "lhs"
+        for_inventory(dataclasses.replace(cfg, attention="cudnn_blockwise"), inv), rates, "lhs"
     ).workspace_bytes
     _, dqk, _ = cfg.attention_dims()
     expected = 4 * 2 * cfg.num_heads * 64 * (dqk + 1) + 256
@@ -155,7 +156,11 @@ def test_fused_attention_takes_score_traffic_off_hbm():
     fused = dataclasses.replace(base, attention="cudnn")
     rates = cm.target_rates("h200", "bfloat16")
     plan = P.preset("remat-full", base)
-    a = cm.simulate(plan, model_inventory(base, 2, 128), base, rates, "lhs").breakdown
-    b = cm.simulate(plan, model_inventory(fused, 2, 128), fused, rates, "lhs").breakdown
+    a = cm.simulate(
+        plan, for_inventory(base, model_inventory(base, 2, 128)), rates, "lhs"
+    ).breakdown
+    b = cm.simulate(
+        plan, for_inventory(fused, model_inventory(fused, 2, 128)), rates, "lhs"
+    ).breakdown
     assert a.fused_attention_s == 0 < b.fused_attention_s
     assert b.hbm_s < a.hbm_s

@@ -14,6 +14,7 @@ from flax.linen import fp8_ops
 from tierax import plan as plan_lib
 from tierax.errors import TieraxError
 from tierax.models import apply_overrides, fp8, get_config
+from tierax.tracing.model_program import for_inventory
 from tierax.train import step as S
 
 K = jax.tree_util.keystr
@@ -439,14 +440,15 @@ def test_the_steps_compute_prices_the_fp8_share_at_the_fp8_rate():
     )
     inv = Inventory("hand", 4, 64, {"fsdp": 1}, (g,), 0, 0, 0, 0, 0)
     r = R.target_rates("h200", "bfloat16", calibration={})
-    fx = cm.fixed_terms(inv, cfg, r, "serial")
+    fx = cm.fixed_terms(for_inventory(cfg, inv), r, "serial")
     head = 3 * 2.0 * 4 * 64 * cfg.d_model * cfg.vocab_size
     fp8 = 3 * 0.9 * 2e12
     want = (3 * 2e12 + head - fp8) / r.matmul_flops_per_s + fp8 / r.fp8_matmul_flops_per_s
     assert fx.compute_s - fx.hbm_s == pytest.approx(want, rel=1e-12)
     bf16 = cm.fixed_terms(
-        dataclasses.replace(inv, groups=(dataclasses.replace(g, fp8_flops_share=0.0),)),
-        cfg,
+        for_inventory(
+            cfg, dataclasses.replace(inv, groups=(dataclasses.replace(g, fp8_flops_share=0.0),))
+        ),
         r,
         "serial",
     )

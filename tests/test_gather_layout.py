@@ -13,6 +13,7 @@ from tierax import plan as plan_lib
 from tierax.mesh import MeshShape
 from tierax.models import get_config
 from tierax.tracing.inventory import model_inventory
+from tierax.tracing.model_program import for_inventory
 
 
 def _layer_stack_transposes(hlo_text: str, num_layers: int) -> list[int]:
@@ -41,7 +42,7 @@ def test_llama405b_on_128_gb200_peak_host_and_transposed_stacks_match_xla(mesh):
     shape: MeshShape = parse_mesh(mesh)
     plan = plan_lib.preset("qkv-offload", cfg)
     inv = model_inventory(cfg, 2, 8192, shape.to_dict())
-    pred = cm.simulate(plan, inv, cfg, cm.target_rates("gb200", cfg.dtype), "lhs")
+    pred = cm.simulate(plan, for_inventory(cfg, inv), cm.target_rates("gb200", cfg.dtype), "lhs")
     got, text = C.compile_for_target(cfg, plan, "gb200", microbatch=2, seq=8192, mesh=shape)
     assert abs(pred.peak_device_bytes / got.device_peak_bytes - 1) <= 0.10, (
         pred.breakdown,

@@ -21,6 +21,7 @@ from tierax.measure import calibrate, harness
 from tierax.models import get_config
 from tierax.tracing import jaxpr_tools
 from tierax.tracing.inventory import Activation, GroupInventory, Inventory, model_inventory
+from tierax.tracing.model_program import for_inventory
 
 MB = 1_000_000
 
@@ -233,7 +234,7 @@ def _plan(mlpwo: P.Placement) -> P.Plan:
 def _simulate(placement, shares=SHARES, dtype="float32"):
     cfg = dataclasses.replace(get_config("tiny-llama"), dtype=dtype)
     rates = cm.target_rates("cpu", dtype, calibration=CAL)
-    return cm.simulate(_plan(placement), _inventory(shares), cfg, rates, "lhs")
+    return cm.simulate(_plan(placement), for_inventory(cfg, _inventory(shares)), rates, "lhs")
 
 
 def test_simulate_prices_each_groups_gemms_at_its_blend_and_the_head_at_the_mix():

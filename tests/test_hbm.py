@@ -12,6 +12,7 @@ from tierax import costmodel as cm
 from tierax.models import get_config
 from tierax.tracing import hbm
 from tierax.tracing.inventory import GroupInventory, Inventory
+from tierax.tracing.model_program import for_inventory
 
 T, D, F = 8, 16, 32  # tokens, model width, MLP width; float32 throughout: 4 bytes an element
 F32 = jnp.float32
@@ -130,7 +131,7 @@ def test_cost_model_adds_the_optimizer_and_loss_at_hbm_bandwidth():
 
     cfg = get_config("tiny-llama")  # d_model 64, vocab 256: one token's head is 2 · 64 · 256 FLOPs
     assert (cfg.d_model, cfg.vocab_size) == (64, 256)
-    fx = cm.fixed_terms(inv, cfg, rates, "serial")
+    fx = cm.fixed_terms(for_inventory(cfg, inv), rates, "serial")
     # layers 2 × (0.1 + 0.3) GB + loss 0.5 GB + AdamW 7 GB = 8.3 GB at 2 TB/s = 4.15 ms; matmuls 3 ×
     # (2 GFLOP + head)
     assert fx.hbm_s == pytest.approx(8.3e9 / 2e12, rel=1e-12)

@@ -8,6 +8,7 @@ import pytest
 from tierax import names as N
 from tierax.models import for_platform, get_config
 from tierax.tracing.inventory import model_inventory
+from tierax.tracing.model_program import for_inventory
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +147,7 @@ def test_a_value_the_backward_never_needs_holds_nothing(llama_inv):
 
     def host(**names):
         plan = P.Plan("p", {"decoder": P.GroupPlan({n: P.Placement(v) for n, v in names.items()})})
-        return cm.simulate(plan, llama_inv, cfg, rates, "lhs").host_bytes
+        return cm.simulate(plan, for_inventory(cfg, llama_inv), rates, "lhs").host_bytes
 
     carry = cfg.num_layers * 4 * 32 * cfg.d_model * 4  # L × b·s·d float32
     assert host(decoder_layer_input="offload", mlpwo="offload") == carry
@@ -156,5 +157,7 @@ def test_a_value_the_backward_never_needs_holds_nothing(llama_inv):
     # save-all (no remat) holds the layer's residuals, JAX's own set (its VJP closure), mlpwo not
     # among them: the kept names and the unnamed rest add up to it.
     g = llama_inv.group("decoder")
-    b = cm.simulate(P.preset("save-all", cfg), llama_inv, cfg, rates, "lhs").breakdown
+    b = cm.simulate(
+        P.preset("save-all", cfg), for_inventory(cfg, llama_inv), rates, "lhs"
+    ).breakdown
     assert b.activation_bytes == cfg.num_layers * g.save_all_bytes_per_layer

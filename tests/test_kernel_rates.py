@@ -18,6 +18,7 @@ from tierax import names as N
 from tierax import plan as plan_lib
 from tierax.models import get_config
 from tierax.tracing.inventory import Activation, GroupInventory, Inventory
+from tierax.tracing.model_program import for_inventory
 from tierax.tracing.program import FusedAttention
 
 T = 1e12
@@ -179,7 +180,7 @@ def _toy(mesh: dict) -> Inventory:
 def _step(inv: Inventory, rates, schedule: str = "lhs") -> cm.Prediction:
     P = plan_lib.Placement
     placements = {("dense", N.MLPWI_0): P.DEVICE, ("dense", plan_lib.UNNAMED): P.REMAT}
-    return cm.evaluate(placements, inv, CFG, rates, schedule)
+    return cm.evaluate(placements, for_inventory(CFG, inv), rates, schedule)
 
 
 def test_toy_step_gemm_time_is_the_sweep_rate_at_sustained_power():

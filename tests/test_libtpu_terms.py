@@ -18,6 +18,7 @@ from tierax.mesh import MeshShape
 from tierax.models import get_config
 from tierax.models.config import for_platform
 from tierax.tracing import inventory as inv_lib
+from tierax.tracing.model_program import for_inventory
 from tierax.tracing.program import Head
 
 RECORD = pathlib.Path(__file__).resolve().parents[1] / "bench" / "results" / "tpu_default_env.json"
@@ -43,7 +44,7 @@ def _terms(libtpu_version: str, *, mesh=None, **overrides):
     cfg = dataclasses.replace(get_config("tiny-llama"), dtype="bfloat16", **overrides)
     inv = inv_lib.model_inventory(cfg, 2, 16, mesh or {"fsdp": 2})
     rates = dataclasses.replace(cm.target_rates("v5p", cfg.dtype), libtpu=libtpu_version)
-    return fixed.fixed_terms(inv, cfg, rates, "lhs")
+    return fixed.fixed_terms(for_inventory(cfg, inv), rates, "lhs")
 
 
 def test_older_libtpu_adds_one_logits_and_three_head_sized_buffers_at_the_loss():
@@ -120,7 +121,7 @@ def test_the_model_holds_5pct_of_libtpu_0_0_42_1s_compiles_in_the_record():
         got = {}
         for version in ("0.0.42.1", "0.0.52"):
             r = dataclasses.replace(rates, libtpu=version)
-            got[version] = cm.simulate(plan, inv, cfg, r, "lhs").peak_device_bytes
+            got[version] = cm.simulate(plan, for_inventory(cfg, inv), r, "lhs").peak_device_bytes
         assert got["0.0.42.1"] == c["compile"]["predicted"]["peak_device_bytes"]  # as compiled
         assert abs(got["0.0.42.1"] / xla - 1) <= 0.05, (c["microbatch"], c["seq"], got, xla)
         assert got["0.0.52"] / xla - 1 < -0.05, (c["microbatch"], c["seq"], got, xla)
@@ -141,7 +142,7 @@ def test_fits_is_decided_by_what_xla_tpu_assigns_not_by_the_older_libtpus_report
         rates = dataclasses.replace(
             cm.target_rates("v5p", cfg.dtype), libtpu=version, device_limit_bytes=limit
         )
-        return cm.simulate(plan, inv, cfg, rates, "lhs")
+        return cm.simulate(plan, for_inventory(cfg, inv), rates, "lhs")
 
     new, old = predict("0.0.52"), predict("0.0.42.1")
     assert old.breakdown.peak_phase == "loss"  # the fixture reaches the excess's phase

@@ -22,6 +22,7 @@ from tierax.interop import files, maxtext, maxtext_keys
 from tierax.models import get_config
 from tierax.solving import planner
 from tierax.tracing.inventory import Activation, GroupInventory, Inventory
+from tierax.tracing.model_program import for_inventory
 
 MB = 2**20
 # base.yml's "custom" block, verbatim keys in order (values are all 'remat' but
@@ -416,7 +417,7 @@ def brute(inv, schedule, budget, host_budget, uniform):
         if uniform and any(pl[("dense", n)] is not pl[("moe", n)] for n in SHARED):
             continue
         pred = cm.evaluate(
-            pl, inv, CFG, RATES, schedule, "policy"
+            pl, for_inventory(CFG, inv), RATES, schedule, "policy"
         )  # MaxText runs XLA's offload policy
         if pred.peak_device_bytes <= budget and pred.host_bytes <= host_budget:
             best = pred.step_time_s if best is None else min(best, pred.step_time_s)
@@ -429,8 +430,8 @@ def test_one_placement_per_name_is_optimal_among_uniform_plans(case):
     kw = dict(
         schedule=schedule, budget_bytes=budget, host_budget_bytes=host_budget, mechanism="policy"
     )
-    uniform = planner.plan(CFG, inv, RATES, one_placement_per_name=True, **kw)
-    free = planner.plan(CFG, inv, RATES, **kw)
+    uniform = planner.plan(for_inventory(CFG, inv), RATES, one_placement_per_name=True, **kw)
+    free = planner.plan(for_inventory(CFG, inv), RATES, **kw)
     r = P.resolve(uniform.plan, CFG)
     assert all(r["dense"][n] is r["moe"][n] for n in SHARED)
     assert uniform.predicted.step_time_s == pytest.approx(

@@ -12,6 +12,7 @@ from tierax import plan as P
 from tierax.models import get_config
 from tierax.solving import mesh_search, planner
 from tierax.tracing import inventory as inv_lib
+from tierax.tracing.model_program import for_inventory
 
 GB, SEQ = 16, 128
 LLAMA_RATES = [
@@ -42,7 +43,9 @@ def test_an_accumulating_candidate_is_priced_as_k_microsteps(accumulated):
         inv = inv_lib.model_inventory(cfg, c.microbatch, SEQ, c.mesh.to_dict())
         assert not c.result.plan.offloads_state  # the hand sums below hold without state copies
         assert c.result.plan.grad_accum == k
-        one = cm.simulate(c.result.plan, inv, cfg, rates, "lhs")  # one microbatch per update
+        one = cm.simulate(
+            c.result.plan, for_inventory(cfg, inv), rates, "lhs"
+        )  # one microbatch per update
         hbm = rates.hbm_bytes_per_s
         update = 7 * inv.param_bytes / hbm  # AdamW: 7 × the parameters' bytes (float32)
         adds = k * (inv.param_bytes // 4) * (4 + 4 + 4) / hbm  # read sum and gradient, write sum
@@ -57,17 +60,19 @@ def test_an_accumulating_candidate_is_priced_as_k_microsteps(accumulated):
         # The floor's bound: the budget less the accumulator.
         assert c.budget_bytes == budget - inv.grad_bytes
         # Bounds and collectives for the whole optimizer step: k microsteps, one update.
-        fx = cm.fixed_terms(inv, cfg, rates, "lhs")
+        fx = cm.fixed_terms(for_inventory(cfg, inv), rates, "lhs")
         bound = k * (fx.compute_s + fx.exposed_collective_s) - (k - 1) * update
         assert c.lower_bound_s == pytest.approx(bound)
         assert c.lower_bound_s <= c.step_time_s
-        per_micro = cm.collective_s_by_group(inv, cfg, rates)
+        per_micro = cm.collective_s_by_group(for_inventory(cfg, inv), rates)
         assert c.collectives == pytest.approx({g: k * v for g, v in per_micro.items()})
         # k is the smallest accumulation whose everything-recomputed floor fits.
         mb = GB // c.mesh.batch_ways
         for j in (j for j in range(1, k) if mb % j == 0):
             inv_j = inv_lib.model_inventory(cfg, mb // j, SEQ, c.mesh.to_dict())
-            floor = cm.simulate(P.preset("remat-full", cfg), inv_j, cfg, rates, "lhs")
+            floor = cm.simulate(
+                P.preset("remat-full", cfg), for_inventory(cfg, inv_j), rates, "lhs"
+            )
             limit = budget - (inv_j.grad_bytes if j > 1 else 0)
             assert floor.peak_device_bytes > limit, (c.mesh, j)
     # Ranked by tokens/s over whole optimizer steps.

@@ -20,6 +20,7 @@ from tierax.models import apply_overrides, get_config
 from tierax.plan import Placement, Plan
 from tierax.solving import mesh_search, planner
 from tierax.tracing import inventory as inv_lib
+from tierax.tracing.model_program import for_inventory
 
 KEEP = 2  # activations kept per group: 3^(2 × groups) placements per mesh for the brute force
 
@@ -81,7 +82,7 @@ def _brute_force(cfg, devices, rates, global_batch, seq, schedule):
                     }
                     plan = planner.placements_to_plan(full, cfg, "b", "")
                     # k microbatches per update: the whole step, the accumulator in its peak
-                    pred = cm.simulate(plan, inv, cfg, rates, schedule, grad_accum=k)
+                    pred = cm.simulate(plan, for_inventory(cfg, inv), rates, schedule, grad_accum=k)
                     if pred.peak_device_bytes <= limit and pred.host_bytes <= host_budget:
                         fitting.append(pred.step_time_s)
             if fitting:

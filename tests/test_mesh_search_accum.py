@@ -13,6 +13,7 @@ from tierax.models import apply_overrides, get_config
 from tierax.plan import Placement
 from tierax.solving import mesh_search
 from tierax.tracing import inventory as inv_lib
+from tierax.tracing.model_program import for_inventory
 
 SEQ, GLOBAL_BATCH = 64, 64
 
@@ -22,7 +23,9 @@ def _smallest_fitting_k(cfg, rates, mesh: MeshShape, budget: float) -> int | Non
     for k in mesh_search.divisors(microbatch):
         inv = inv_lib.model_inventory(cfg, microbatch // k, SEQ, mesh.to_dict())
         remat = {(i.group, i.name): Placement.REMAT for i in cm.item_terms(inv, rates)}
-        peak = cm.evaluate(remat, inv, cfg, rates, "lhs", grad_accum=k).peak_device_bytes
+        peak = cm.evaluate(
+            remat, for_inventory(cfg, inv), rates, "lhs", grad_accum=k
+        ).peak_device_bytes
         if peak <= budget:
             return k
     return None
@@ -36,7 +39,7 @@ def test_accumulation_reserves_the_float32_accumulator_with_bfloat16_parameters(
     # a budget between the 2-microstep floor beside half the accumulator and beside all of it
     inv = inv_lib.model_inventory(cfg, GLOBAL_BATCH // 8 // 2, SEQ, mesh.to_dict())
     remat = {(i.group, i.name): Placement.REMAT for i in cm.item_terms(inv, rates)}
-    floor2 = cm.evaluate(remat, inv, cfg, rates, "lhs").peak_device_bytes
+    floor2 = cm.evaluate(remat, for_inventory(cfg, inv), rates, "lhs").peak_device_bytes
     budget = floor2 + 3 * count  # above floor + 2·count (one bf16 shard), below floor + 4·count
     s = mesh_search.search(cfg, 8, rates, global_batch=GLOBAL_BATCH, seq=SEQ, budget_bytes=budget,
                            prune=False)  # fmt: skip

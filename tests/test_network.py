@@ -19,6 +19,7 @@ from tierax.errors import TieraxError
 from tierax.models import get_config
 from tierax.solving.whatif import override_rates
 from tierax.tracing.inventory import Activation, GroupInventory, Inventory
+from tierax.tracing.model_program import for_inventory
 
 CFG = get_config("tiny-deepseek")  # float32 parameters and compute: gathered bytes = stored bytes
 # NVLink 400 GB/s inside a domain of 8, scale-out 50 GB/s: round numbers, a GPU-like shape.
@@ -152,7 +153,7 @@ def _inventory(mesh: dict, tensor_bytes: float = 0.0, expert_bytes: float = 0.0)
 def test_fsdp_collectives_inside_one_domain_at_nvlink():
     # fsdp=8 in a domain of 8: gathered = 40 MB × 8 = 320 MB; AG fwd + AG bwd + RS = 3 × 320 MB ×
     # 7/8 = 840 MB at 400 GB/s = 2.1 ms.
-    fx = cm.fixed_terms(_inventory({"fsdp": 8}), CFG, RATES, "serial")
+    fx = cm.fixed_terms(for_inventory(CFG, _inventory({"fsdp": 8})), RATES, "serial")
     assert fx.collective_s == pytest.approx(840e6 / 400e9, rel=1e-12)
 
 
@@ -176,13 +177,13 @@ def test_a_crossing_group_runs_over_the_nics_of_its_devices_in_each_domain(mesh,
 def test_fsdp_collectives_across_two_domains_at_the_scale_out_rate():
     # fsdp=2 × tensor=8 over two domains of 8: each fsdp group has one device per domain, one NIC:
     # 3 × (40 MB × 2) × 1/2 = 120 MB at 50 GB/s = 2.4 ms.
-    fx = cm.fixed_terms(_inventory({"fsdp": 2, "tensor": 8}), CFG, RATES, "serial")
+    fx = cm.fixed_terms(for_inventory(CFG, _inventory({"fsdp": 2, "tensor": 8})), RATES, "serial")
     assert fx.collective_s == pytest.approx(120e6 / 50e9, rel=1e-12)
     # --rate gpus_per_domain=16 with nvlink_domain=16 (one domain holds all): back at NVLink, 1800
     # MB / 400 GB/s.
     one = override_rates(RATES, ["nvlink_domain=16", "gpus_per_domain=16"])
     assert cm.fixed_terms(
-        _inventory({"fsdp": 16}), CFG, one, "serial"
+        for_inventory(CFG, _inventory({"fsdp": 16})), one, "serial"
     ).collective_s == pytest.approx(1800e6 / 400e9)
 
 
@@ -193,7 +194,7 @@ def test_expert_all_to_all_inside_and_tensor_all_reduce_across():
     # 2 · 4 · (10 MB / 50 GB/s + 20 MB / 400 GB/s) = 8 · (0.2 ms + 0.05 ms) = 2 ms.  No FSDP axis.
     mesh = {"tensor": 2, "expert": 8}
     inv = dataclasses.replace(_inventory(mesh, 10e6, 20e6), param_bytes=0)
-    fx = cm.fixed_terms(inv, CFG, RATES, "serial")
+    fx = cm.fixed_terms(for_inventory(CFG, inv), RATES, "serial")
     assert fx.collective_s == pytest.approx(0.002, rel=1e-12)
     # A rematerialised layer repeats its forward's collectives: 4 · 0.25 ms = 1 ms of unnamed
     # recompute.
@@ -216,7 +217,7 @@ def test_simulate_states_the_link_of_each_axis():
             )
         },
     )
-    b = cm.simulate(plan, inv, CFG, RATES, "serial").breakdown
+    b = cm.simulate(plan, for_inventory(CFG, inv), RATES, "serial").breakdown
     assert b.network["fsdp"] == {
         "axes": ["fsdp"],
         "devices": 16,
@@ -288,12 +289,12 @@ def test_fsdp_gathers_each_device_local_experts_over_fsdp_only():
     # × 144 MB × 7/8 = 378 MB: 945 µs.)
     inv = _ep_inventory({"fsdp": 2, "expert": 4}, [("moe", 4, 1_000_000, 8_000_000)], embed=0)
     assert inv.param_bytes == 18_000_000  # (4 M + 32 M) × 4 B / 8
-    fx = cm.fixed_terms(inv, CFG, RATES, "serial")
+    fx = cm.fixed_terms(for_inventory(CFG, inv), RATES, "serial")
     assert fx.collective_s == pytest.approx(90e6 / 400e9, rel=1e-12)
     # expert only (fsdp=1): the non-expert weights gathered over expert=4, the experts not at all:
     # 3 × 16 MB × 3/4 = 36 MB at 400 GB/s.
     inv = _ep_inventory({"expert": 4}, [("moe", 4, 1_000_000, 8_000_000)], embed=0)
-    assert cm.fixed_terms(inv, CFG, RATES, "serial").collective_s == pytest.approx(
+    assert cm.fixed_terms(for_inventory(CFG, inv), RATES, "serial").collective_s == pytest.approx(
         36e6 / 400e9, rel=1e-12
     )
 
@@ -321,7 +322,7 @@ def test_deepseek_v3_128_gb200_fsdp_collectives_gather_the_experts_over_fsdp():
     expected = (
         3 * non_expert * 2 * 127 / 128 / 900e9 + 3 * local_experts * 2 * 15 / 16 / 368e9
     )  # 0.0969 + 1.2493 s
-    fx = cm.fixed_terms(inv, cfg, cm.target_rates("gb200", "bfloat16"), "serial")
+    fx = cm.fixed_terms(for_inventory(cfg, inv), cm.target_rates("gb200", "bfloat16"), "serial")
     assert fx.collective_s == pytest.approx(expected, rel=1e-12)
     # not the 10.8 s of every device gathering all 654 B expert parameters over fsdp's 368 GB/s
     assert 1.34 < fx.collective_s < 1.35
@@ -335,12 +336,12 @@ def test_tensor_and_expert_collectives_stay_exposed_while_fsdp_hides():
     # 8 per domain: min(8 · 50, 400) GB/s → 0.3 ms) hide under the 12 ms of matmuls.
     mesh = {"fsdp": 2, "tensor": 2, "expert": 8}
     inv = _inventory(mesh, 10e6, 20e6)
-    fx = cm.fixed_terms(inv, CFG, RATES, "lhs")
+    fx = cm.fixed_terms(for_inventory(CFG, inv), RATES, "lhs")
     assert fx.critical_collective_s == pytest.approx(0.002, rel=1e-12)
     assert fx.exposed_collective_s == pytest.approx(0.002, rel=1e-12)
     assert fx.collective_s > fx.critical_collective_s + 1e-4  # the FSDP part exists, hidden
     # serial: nothing hides
-    serial = cm.fixed_terms(inv, CFG, RATES, "serial")
+    serial = cm.fixed_terms(for_inventory(CFG, inv), RATES, "serial")
     assert serial.exposed_collective_s == pytest.approx(serial.collective_s, rel=1e-12)
 
 
@@ -361,8 +362,8 @@ def test_host_copies_and_collectives_share_one_overlap_budget():
     P = plan_lib.Placement
     keep = {("moe", N.DECODER_LAYER_INPUT): P.DEVICE, ("moe", N.MOE_MLPWI_0): P.DEVICE}
     off = {("moe", N.DECODER_LAYER_INPUT): P.DEVICE, ("moe", N.MOE_MLPWI_0): P.OFFLOAD}
-    kept = cm.evaluate(keep, inv, CFG, RATES, "lhs").breakdown
-    moved = cm.evaluate(off, inv, CFG, RATES, "lhs").breakdown
+    kept = cm.evaluate(keep, for_inventory(CFG, inv), RATES, "lhs").breakdown
+    moved = cm.evaluate(off, for_inventory(CFG, inv), RATES, "lhs").breakdown
     assert kept.collective_s == pytest.approx(840e6 / 400e9, rel=1e-12)
     assert kept.exposed_collective_s == 0  # 2.1 ms under > 12 ms of compute
     hidden = moved.transfer_s - moved.exposed_d2h_s - moved.exposed_h2d_s

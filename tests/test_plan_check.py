@@ -18,6 +18,7 @@ from tierax import costmodel as cm
 from tierax.mesh import MeshShape
 from tierax.models import get_config
 from tierax.solving import plan_check
+from tierax.tracing.model_program import for_inventory
 
 
 def test_check_corrects_the_workspace_and_converges():
@@ -62,15 +63,19 @@ def test_a_model_below_xla_under_a_binding_budget_re_plans_within_a_smaller_budg
     cfg = get_config("tiny-llama")
     rates = cm.target_rates("h200", cfg.dtype)
     inv = inv_lib.model_inventory(cfg, 8, 64, MeshShape().to_dict())
-    free = planner.plan(cfg, inv, rates).predicted.peak_device_bytes
-    floor = cm.simulate(P.preset("remat-full", cfg), inv, cfg, rates, "lhs").peak_device_bytes
+    free = planner.plan(for_inventory(cfg, inv), rates).predicted.peak_device_bytes
+    floor = cm.simulate(
+        P.preset("remat-full", cfg), for_inventory(cfg, inv), rates, "lhs"
+    ).peak_device_bytes
     budget = floor + 0.75 * (free - floor)  # binding: the unconstrained plan does not fit
-    first = planner.plan(cfg, inv, rates, budget_bytes=budget).predicted.peak_device_bytes
+    first = planner.plan(
+        for_inventory(cfg, inv), rates, budget_bytes=budget
+    ).predicted.peak_device_bytes
     miss = int(budget - first) + int(0.25 * (free - floor))  # XLA's first peak is over the budget
     compiled_peaks = []
 
     def xla(cfg, plan, target, *, microbatch, seq, mesh, grad_accum=1):
-        peak = cm.simulate(plan, inv, cfg, rates, "lhs").peak_device_bytes + miss
+        peak = cm.simulate(plan, for_inventory(cfg, inv), rates, "lhs").peak_device_bytes + miss
         compiled_peaks.append(peak)
         fits = peak <= hardware.usable_bytes(rates.device_memory_bytes)
         return compiled_standin.compiled(peak, fits=fits)
@@ -125,7 +130,7 @@ def test_a_compile_xla_refuses_is_a_step_of_the_loop_not_a_crash(monkeypatch):
     cfg = get_config("tiny-llama")
     rates = cm.target_rates("h200", cfg.dtype)
     inv = inv_lib.model_inventory(cfg, 8, 64, MeshShape().to_dict())
-    free = planner.plan(cfg, inv, rates).predicted.peak_device_bytes
+    free = planner.plan(for_inventory(cfg, inv), rates).predicted.peak_device_bytes
     for stated in (int(1.6 * free), None):  # over the budget below by 0.1 of the free plan
         calls = []
 
@@ -137,7 +142,7 @@ def test_a_compile_xla_refuses_is_a_step_of_the_loop_not_a_crash(monkeypatch):
                 return compiled_standin.compiled(
                     stated, fits=False, out_of_memory=True, host_temp_bytes=None
                 )
-            peak = cm.simulate(plan, inv, cfg, rates, "lhs").peak_device_bytes
+            peak = cm.simulate(plan, for_inventory(cfg, inv), rates, "lhs").peak_device_bytes
             return compiled_standin.compiled(peak)
 
         monkeypatch.setattr(compile_lib, "compile_for_target", xla)

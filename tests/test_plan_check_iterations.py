@@ -19,6 +19,7 @@ from tierax.mesh import MeshShape
 from tierax.models import get_config
 from tierax.solving import plan_check
 from tierax.tracing import inventory as inv_lib
+from tierax.tracing.model_program import for_inventory
 from tierax.xla import compile as compile_lib
 
 BUDGET = 14.0e6  # tiny-llama, microbatch 8 × seq 64 on H200: between remat-full and save-all
@@ -37,7 +38,7 @@ def setting(monkeypatch):
 
     def xla(cfg, plan, target, *, microbatch, seq, mesh, grad_accum=1):
         n = sum(p is P.Placement.REMAT for g in P.resolve(plan, cfg).values() for p in g.values())
-        model = cm.simulate(plan, inv, cfg, rates, "lhs").peak_device_bytes
+        model = cm.simulate(plan, for_inventory(cfg, inv), rates, "lhs").peak_device_bytes
         peak = model + setting.workspace(n, len(seen))
         seen.append((model, peak))
         plans.append((plan.groups, plan.state))

@@ -16,6 +16,7 @@ from tierax import launch
 from tierax.mesh import MeshShape
 from tierax.models import get_config
 from tierax.tracing import inventory as inv_lib
+from tierax.tracing.model_program import for_inventory
 from tierax.xla import compile as compile_lib
 
 EXTRA = 4 * 2**20
@@ -30,7 +31,7 @@ def test_a_check_that_does_not_fit_names_the_budget_and_marks_the_written_plan(
     peaks = []
 
     def xla(cfg, plan, target, *, microbatch, seq, mesh, grad_accum=1):
-        model = cm.simulate(plan, inv, cfg, rates, "lhs").peak_device_bytes
+        model = cm.simulate(plan, for_inventory(cfg, inv), rates, "lhs").peak_device_bytes
         peak = model + EXTRA * (len(peaks) + 1)
         peaks.append(peak)
         return compiled_standin.compiled(peak)

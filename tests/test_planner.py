@@ -14,6 +14,7 @@ from tierax.errors import TieraxError
 from tierax.models import get_config
 from tierax.solving import planner
 from tierax.tracing.inventory import model_inventory
+from tierax.tracing.model_program import for_inventory
 
 GIB = 2**30
 
@@ -35,7 +36,7 @@ def exhaustive(cfg, inv, rates, schedule, budget, host_budget):
     best = None
     for combo in itertools.product(choices, repeat=len(items)):
         placements = {(i.group, i.name): c for i, c in zip(items, combo, strict=False)}
-        pred = cm.evaluate(placements, inv, cfg, rates, schedule)
+        pred = cm.evaluate(placements, for_inventory(cfg, inv), rates, schedule)
         if pred.peak_device_bytes <= budget and pred.host_bytes <= host_budget:
             if best is None or pred.step_time_s < best.step_time_s:
                 best = pred
@@ -44,8 +45,10 @@ def exhaustive(cfg, inv, rates, schedule, budget, host_budget):
 
 def bounds(cfg, inv, rates):
     everything = {(i.group, i.name): P.Placement.REMAT for i in cm.item_terms(inv, rates)}
-    low = cm.evaluate(everything, inv, cfg, rates, "lhs").peak_device_bytes
-    high = cm.simulate(P.preset("save-all", cfg), inv, cfg, rates, "lhs").peak_device_bytes
+    low = cm.evaluate(everything, for_inventory(cfg, inv), rates, "lhs").peak_device_bytes
+    high = cm.simulate(
+        P.preset("save-all", cfg), for_inventory(cfg, inv), rates, "lhs"
+    ).peak_device_bytes
     return low, high
 
 
@@ -57,7 +60,11 @@ def test_planner_equals_exhaustive_optimum(llama, schedule, fraction):
     budget = low + fraction * (high - low)
     host = 0.3 * sum(i.bytes for i in cm.item_terms(inv, rates))  # the host budget binds too
     result = planner.plan(
-        cfg, inv, rates, schedule=schedule, budget_bytes=budget, host_budget_bytes=host
+        for_inventory(cfg, inv),
+        rates,
+        schedule=schedule,
+        budget_bytes=budget,
+        host_budget_bytes=host,
     )
     best = exhaustive(cfg, inv, rates, schedule, budget, host)
     assert result.predicted.step_time_s == pytest.approx(best.step_time_s, rel=1e-6)
@@ -69,7 +76,7 @@ def test_planner_on_cpu_never_offloads(llama):
     rates = dataclasses.replace(cm.target_rates("h200", cfg.dtype), offload_is_real=False)
     low, high = bounds(cfg, inv, rates)
     budget = (low + high) / 2
-    result = planner.plan(cfg, inv, rates, budget_bytes=budget)
+    result = planner.plan(for_inventory(cfg, inv), rates, budget_bytes=budget)
     assert all(e.choice != "offload" for e in result.explain)
     best = exhaustive(cfg, inv, rates, "lhs", budget, rates.host_memory_bytes)
     assert result.predicted.step_time_s == pytest.approx(best.step_time_s, rel=1e-6)
@@ -81,7 +88,7 @@ def test_larger_budget_is_never_slower_and_always_within_budget(llama):
     previous = float("inf")
     for k in range(11):
         budget = low + (high - low) * k / 10
-        r = planner.plan(cfg, inv, rates, budget_bytes=budget, host_budget_bytes=GIB)
+        r = planner.plan(for_inventory(cfg, inv), rates, budget_bytes=budget, host_budget_bytes=GIB)
         assert r.predicted.peak_device_bytes <= budget and r.predicted.host_bytes <= GIB
         assert r.predicted.step_time_s <= previous * (1 + 1e-9)
         previous = r.predicted.step_time_s
@@ -93,17 +100,17 @@ def test_no_plan_fits_is_a_clear_error(llama):
     cfg, inv, rates = llama
     low, _ = bounds(cfg, inv, rates)
     with pytest.raises(TieraxError, match="recomputing everything still needs"):
-        planner.plan(cfg, inv, rates, budget_bytes=low * 0.9)
+        planner.plan(for_inventory(cfg, inv), rates, budget_bytes=low * 0.9)
 
 
 def test_plan_is_a_loadable_plan_with_explanations(llama, tmp_path):
     cfg, inv, rates = llama
     low, high = bounds(cfg, inv, rates)
-    r = planner.plan(cfg, inv, rates, budget_bytes=(low + high) / 2)
+    r = planner.plan(for_inventory(cfg, inv), rates, budget_bytes=(low + high) / 2)
     f = tmp_path / "p.yaml"
     f.write_text(r.plan.to_yaml())
     again = P.load_plan(str(f), cfg)
-    assert cm.simulate(again, inv, cfg, rates, "lhs").step_time_s == pytest.approx(
+    assert cm.simulate(again, for_inventory(cfg, inv), rates, "lhs").step_time_s == pytest.approx(
         r.predicted.step_time_s
     )
     # One row per activation, and one per priced part of each group's training state.
@@ -121,7 +128,7 @@ def test_max_microbatch_finds_the_boundary():
     assert r.predicted.peak_device_bytes <= budget
     bigger = model_inventory(cfg, r.microbatch + 1, 128)
     with pytest.raises(TieraxError):
-        planner.plan(cfg, bigger, rates, budget_bytes=budget)
+        planner.plan(for_inventory(cfg, bigger), rates, budget_bytes=budget)
 
 
 def _cli(*args):

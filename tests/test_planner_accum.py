@@ -38,6 +38,7 @@ from test_planner_bruteforce import (  # the activation reference
 from test_planner_state import PARAMS, inventory, state_code
 
 from tierax.solving import planner
+from tierax.tracing.model_program import for_inventory
 
 A = 3  # microbatches per update
 PARTS = [(g, k) for g in ("dense", "moe") for k in ("moments", "master_weights", "grad_accum")]
@@ -120,8 +121,7 @@ def results():
             continue
         best = np.unravel_index(np.argmin(np.where(ok, seconds, np.inf)), seconds.shape)
         r = planner.plan(
-            CFG,
-            inv,
+            for_inventory(CFG, inv),
             rates,
             schedule=schedule,
             budget_bytes=budget,
@@ -164,9 +164,9 @@ def test_one_microbatch_has_no_accumulator_to_place():
 
     inv = inventory()
     rates = make_rates()
-    r = planner.plan(CFG, inv, rates, mechanism="policy")
+    r = planner.plan(for_inventory(CFG, inv), rates, mechanism="policy")
     assert not [e for e in r.explain if e.name == "state:grad_accum"]
     plan = dataclasses.replace(r.plan, state={"dense": {"grad_accum": "offload"}})
     with pytest.raises(TieraxError, match="accumulates nothing"):
-        cm.simulate(plan, inv, CFG, rates, "lhs")
-    cm.simulate(plan, inv, CFG, rates, "lhs", grad_accum=2)  # priced with two
+        cm.simulate(plan, for_inventory(CFG, inv), rates, "lhs")
+    cm.simulate(plan, for_inventory(CFG, inv), rates, "lhs", grad_accum=2)  # priced with two

@@ -47,6 +47,7 @@ from tierax import plan as plan_lib
 from tierax.models import get_config
 from tierax.solving import planner
 from tierax.tracing.inventory import Activation, GroupInventory, Inventory
+from tierax.tracing.model_program import for_inventory
 
 MB = 2**20
 CFG = get_config("tiny-deepseek")  # names and head shape only; the inventory below is synthetic
@@ -212,8 +213,7 @@ def check(inv, rates, schedule, budget, host_budget, mechanism="policy"):
     assert ok.any()
     best = int(np.flatnonzero(ok)[np.argmin(seconds[ok])])
     r = planner.plan(
-        CFG,
-        inv,
+        for_inventory(CFG, inv),
         rates,
         schedule=schedule,
         budget_bytes=budget,
@@ -343,8 +343,7 @@ def test_hiding_rule_of_each_schedule_matters():
         for schedule in SCHEDULES:
             peak, _, seconds = brute_force(inv, rates, schedule)
             r = planner.plan(
-                CFG,
-                inv,
+                for_inventory(CFG, inv),
                 rates,
                 schedule=schedule,
                 budget_bytes=budget,
@@ -418,8 +417,7 @@ def test_prefetch_fixture_offloads_and_beats_the_policy_where_loads_would_show()
         codes, seconds, *_ = check(inv, rates, "lhs", budget, int(host.max()), "prefetch")
         chosen.append(codes)
         pol = planner.plan(
-            CFG,
-            inv,
+            for_inventory(CFG, inv),
             rates,
             schedule="lhs",
             budget_bytes=budget,

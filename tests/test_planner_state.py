@@ -40,6 +40,7 @@ from test_planner_bruteforce import (  # the activation reference
 from tierax import plan as plan_lib
 from tierax.solving import planner
 from tierax.tracing.inventory import Inventory
+from tierax.tracing.model_program import for_inventory
 
 PARAMS = {"dense": 20_000_000, "moe": 50_000_000}  # per device; the rest is the embedding
 PARTS = [(g, k) for g in ("dense", "moe") for k in ("moments", "master_weights")]
@@ -124,8 +125,7 @@ def solve_cases(cfg, compute_bytes):
             continue
         best = np.unravel_index(np.argmin(np.where(ok, seconds, np.inf)), seconds.shape)
         r = planner.plan(
-            cfg,
-            inv,
+            for_inventory(cfg, inv),
             rates,
             schedule=schedule,
             budget_bytes=budget,
@@ -189,8 +189,8 @@ def test_state_offload_makes_a_plan_fit():
     peak_a, _, _ = brute_force(inv, rates, "lhs", "policy")
     budget = int(peak_a.min()) - 100 * 2**20
     with pytest.raises(planner.NoPlanFits):
-        planner.plan(CFG, inv, rates, budget_bytes=budget, place_state=False)
-    r = planner.plan(CFG, inv, rates, budget_bytes=budget, mechanism="policy")
+        planner.plan(for_inventory(CFG, inv), rates, budget_bytes=budget, place_state=False)
+    r = planner.plan(for_inventory(CFG, inv), rates, budget_bytes=budget, mechanism="policy")
     assert r.predicted.fits and r.plan.offloads_state
     assert r.predicted.peak_device_bytes <= budget
     rows = {e.name: e for e in r.explain if e.name.startswith("state:")}
@@ -213,13 +213,14 @@ def test_offloading_master_weights_makes_a_plan_fit():
 
     def floor(**kinds):
         state = {g: StatePlacement(**kinds) for g in groups}
-        return cm.evaluate(remat, inv, BF16, rates, "lhs", "policy", state).peak_device_bytes
+        pred = cm.evaluate(remat, for_inventory(BF16, inv), rates, "lhs", "policy", state)
+        return pred.peak_device_bytes
 
     both = floor(moments=Placement.OFFLOAD, master_weights=Placement.OFFLOAD)
     moments_only = floor(moments=Placement.OFFLOAD)
     assert both < moments_only
     budget = (both + moments_only) // 2
-    r = planner.plan(BF16, inv, rates, budget_bytes=budget, mechanism="policy")
+    r = planner.plan(for_inventory(BF16, inv), rates, budget_bytes=budget, mechanism="policy")
     assert r.predicted.fits and r.predicted.peak_device_bytes <= budget
     assert any("master_weights" in sp.offloaded for sp in r.plan.state.values())
     rows = [e for e in r.explain if e.name == "state:master_weights" and e.choice == "offload"]

@@ -28,6 +28,7 @@ from tierax.errors import TieraxError
 from tierax.models import get_config
 from tierax.solving import planner
 from tierax.tracing.inventory import Activation, GroupInventory, Inventory
+from tierax.tracing.model_program import for_inventory
 from tierax.train import step as S
 
 QKV = {N.QUERY_PROJ: "offload", N.KEY_PROJ: "offload", N.VALUE_PROJ: "offload"}
@@ -208,7 +209,7 @@ def _brute_force(cfg, inv, rates, budget):
                 )
             else:
                 plan = _segmented(cfg, {"decoder": segs})
-            pred = cm.simulate(plan, inv, cfg, rates, "lhs")
+            pred = cm.simulate(plan, for_inventory(cfg, inv), rates, "lhs")
             if pred.peak_device_bytes <= budget and pred.step_time_s < best[0]:
                 best = (pred.step_time_s, plan)
     return best
@@ -223,8 +224,7 @@ def test_split_search_equals_brute_force_and_the_optimum_is_segmented():
         budget = budget_mb * MB
         seconds, best = _brute_force(cfg, inv, rates, budget)
         r = planner.plan(
-            cfg,
-            inv,
+            for_inventory(cfg, inv),
             rates,
             schedule="lhs",
             budget_bytes=budget,
@@ -234,7 +234,11 @@ def test_split_search_equals_brute_force_and_the_optimum_is_segmented():
         assert r.predicted.peak_device_bytes <= budget
         assert r.predicted.step_time_s == pytest.approx(seconds, rel=1e-9), (r.plan, best)
         unsplit = planner.plan(
-            cfg, inv, rates, schedule="lhs", budget_bytes=budget, host_budget_bytes=10**12
+            for_inventory(cfg, inv),
+            rates,
+            schedule="lhs",
+            budget_bytes=budget,
+            host_budget_bytes=10**12,
         )
         if r.plan.groups["decoder"].segments:
             found_segmented = True

@@ -29,6 +29,7 @@ from tierax.measure import harness
 from tierax.models import get_config
 from tierax.tracing import hbm
 from tierax.tracing.inventory import Activation, GroupInventory, Inventory
+from tierax.tracing.model_program import for_inventory
 
 MB = 1_000_000
 CFG = get_config("tiny-llama")  # head: d_model 64, vocab 256
@@ -170,7 +171,7 @@ def test_cpu_rates_read_the_calibration_file(tmp_path, monkeypatch):
 def test_simulate_on_a_calibrated_cpu_equals_hand_computation(dtype, which):
     cfg = dataclasses.replace(CFG, dtype=dtype)
     placement = P.Placement.DEVICE if which == "save-all" else P.Placement.REMAT
-    pred = cm.simulate(plan(placement), inventory(), cfg, rates(dtype), "lhs")
+    pred = cm.simulate(plan(placement), for_inventory(cfg, inventory()), rates(dtype), "lhs")
     want = expected(dtype, which)
     for key, value in want.items():
         got = pred.step_time_s if key == "step_time_s" else getattr(pred.breakdown, key)
@@ -181,11 +182,17 @@ def test_recompute_and_memory_traffic_are_in_the_step():
     """Remat minus save-all: 6 GFLOP at 1 TFLOP/s + 12 MB at 100 GB/s, less 58 MB of fresh memory
     at 10 GB/s; twice the memory bandwidth saves half of 842 MB (830 + the 12 recomputed)."""
     inv = inventory()
-    keep = cm.simulate(plan(P.Placement.DEVICE), inv, CFG, rates(), "lhs").step_time_s
-    remat = cm.simulate(plan(P.Placement.REMAT), inv, CFG, rates(), "lhs").step_time_s
+    keep = cm.simulate(
+        plan(P.Placement.DEVICE), for_inventory(CFG, inv), rates(), "lhs"
+    ).step_time_s
+    remat = cm.simulate(
+        plan(P.Placement.REMAT), for_inventory(CFG, inv), rates(), "lhs"
+    ).step_time_s
     assert remat - keep == pytest.approx(6e9 / 1e12 + 12 * MB / 1e11 - 58 * MB / 1e10, rel=1e-9)
     fast = dataclasses.replace(rates(), hbm_bytes_per_s=2e11)
-    remat_fast = cm.simulate(plan(P.Placement.REMAT), inv, CFG, fast, "lhs").step_time_s
+    remat_fast = cm.simulate(
+        plan(P.Placement.REMAT), for_inventory(CFG, inv), fast, "lhs"
+    ).step_time_s
     assert remat - remat_fast == pytest.approx(842 * MB / 1e11 - 842 * MB / 2e11, rel=1e-9)
 
 
@@ -197,7 +204,7 @@ def test_planner_weighs_first_touch_on_a_cpu():
     inv = inventory()
     for touch, want in ((2e10, P.Placement.DEVICE), (5e9, P.Placement.REMAT)):
         r = dataclasses.replace(rates(), first_touch_bytes_per_s=touch)
-        got = planner.plan(CFG, inv, r, schedule="lhs").plan
+        got = planner.plan(for_inventory(CFG, inv), r, schedule="lhs").plan
         # keeping = no remat at all (the unnamed intermediates kept): the docstring's 58 MB
         assert P.unnamed_placements(got, CFG)["decoder"] is want, touch
 
@@ -308,18 +315,18 @@ def test_transposing_fusion_term_by_hand():
         rates(), transpose_read_elems_per_s=1e9, transpose_aliased_read_elems_per_s=1e9
     )
     inv = transposed_inventory()
-    keep = cm.simulate(plan(P.Placement.DEVICE), inv, CFG, r, "lhs")
-    remat = cm.simulate(plan(P.Placement.REMAT), inv, CFG, r, "lhs")
+    keep = cm.simulate(plan(P.Placement.DEVICE), for_inventory(CFG, inv), r, "lhs")
+    remat = cm.simulate(plan(P.Placement.REMAT), for_inventory(CFG, inv), r, "lhs")
     assert keep.breakdown.transpose_s == pytest.approx(0.015, rel=1e-12)
     assert remat.breakdown.transpose_s == pytest.approx(0.009, rel=1e-12)
     want = expected("float32", "save-all")["step_time_s"] + 0.015
     assert keep.step_time_s == pytest.approx(want)
     one = dataclasses.replace(inv, groups=(dataclasses.replace(inv.groups[0], num_layers=1),))
     for placement in (P.Placement.DEVICE, P.Placement.REMAT):
-        got = cm.simulate(plan(placement), one, CFG, r, "lhs").breakdown.transpose_s
+        got = cm.simulate(plan(placement), for_inventory(CFG, one), r, "lhs").breakdown.transpose_s
         assert got == pytest.approx(0.004, rel=1e-12)
     no_rate = dataclasses.replace(r, transpose_read_elems_per_s=0.0)  # a GPU: no such term
-    gpu_like = cm.simulate(plan(P.Placement.DEVICE), inv, CFG, no_rate, "lhs")
+    gpu_like = cm.simulate(plan(P.Placement.DEVICE), for_inventory(CFG, inv), no_rate, "lhs")
     assert gpu_like.breakdown.transpose_s == 0
 
 
@@ -354,8 +361,8 @@ def test_aliased_reads_are_priced_at_their_own_rate():
 
     for share, keep_s, remat_s in ((1.0, 0.060, 0.036), (0.5, 0.0375, 0.0225)):
         inv_s = moved(share)
-        keep = cm.simulate(plan(P.Placement.DEVICE), inv_s, CFG, r, "lhs")
-        remat = cm.simulate(plan(P.Placement.REMAT), inv_s, CFG, r, "lhs")
+        keep = cm.simulate(plan(P.Placement.DEVICE), for_inventory(CFG, inv_s), r, "lhs")
+        remat = cm.simulate(plan(P.Placement.REMAT), for_inventory(CFG, inv_s), r, "lhs")
         assert keep.breakdown.transpose_s == pytest.approx(keep_s, rel=1e-12)
         assert remat.breakdown.transpose_s == pytest.approx(remat_s, rel=1e-12)
 
@@ -370,7 +377,7 @@ def test_planner_weighs_transposing_fusions():
         r = dataclasses.replace(
             rates(), first_touch_bytes_per_s=1e11, transpose_read_elems_per_s=rate
         )
-        got = planner.plan(CFG, transposed_inventory(), r, schedule="lhs").plan
+        got = planner.plan(for_inventory(CFG, transposed_inventory()), r, schedule="lhs").plan
         assert P.resolve(got, CFG)["decoder"][N.MLPWO] is want, rate
 
 
@@ -501,7 +508,7 @@ def test_a_bfloat16_lm_head_is_priced_at_the_calibrated_head_rate(which):
     assert bf16.head_matmul_flops_per_s == 0.125e12
     assert bf16.sources["head_matmul"].startswith("measured by tierax calibrate (hand-cal)")
     cfg = dataclasses.replace(CFG, dtype="bfloat16")
-    pred = cm.simulate(plan(placement), inventory(), cfg, bf16, "lhs")
+    pred = cm.simulate(plan(placement), for_inventory(cfg, inventory()), bf16, "lhs")
     want = expected("bfloat16", which)
     head_s = 3 * HEAD_FLOPS / 0.125e12
     assert pred.breakdown.compute_s == pytest.approx(
@@ -514,7 +521,7 @@ def test_a_bfloat16_lm_head_is_priced_at_the_calibrated_head_rate(which):
         assert getattr(pred.breakdown, key) == pytest.approx(want[key], rel=1e-12), key
     f32 = cm.target_rates("cpu", "float32", calibration=cal)
     assert f32.head_matmul_flops_per_s == 0.0 and "mix's rate" in f32.sources["head_matmul"]
-    got = cm.simulate(plan(placement), inventory(), CFG, f32, "lhs").step_time_s
+    got = cm.simulate(plan(placement), for_inventory(CFG, inventory()), f32, "lhs").step_time_s
     assert got == pytest.approx(expected("float32", which)["step_time_s"], rel=1e-12)
     # An older file without the key: the mix's rate, and the source says to calibrate again.
     old = cm.target_rates("cpu", "bfloat16", calibration=CAL)
@@ -529,8 +536,8 @@ def test_a_tiled_loss_recomputes_its_head_at_the_head_rate():
     cfg = dataclasses.replace(CFG, dtype="bfloat16", loss_tiles=2)
     inv = inventory()
     got = (
-        cm.fixed_terms(inv, cfg, bf16, "lhs").compute_s
-        - cm.fixed_terms(inv, cfg, mix, "lhs").compute_s
+        cm.fixed_terms(for_inventory(cfg, inv), bf16, "lhs").compute_s
+        - cm.fixed_terms(for_inventory(cfg, inv), mix, "lhs").compute_s
     )
     assert got == pytest.approx(4 * HEAD_FLOPS * (1 / 0.125e12 - 1 / 0.5e12), rel=1e-9)
 

@@ -15,6 +15,7 @@ from tierax.models import get_config
 from tierax.models import moe as moe_lib
 from tierax.tracing import hbm
 from tierax.tracing import inventory as inv_lib
+from tierax.tracing.model_program import for_inventory
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 T, D, F = 96, 32, 80  # tokens, model width, hidden width (distinct: no shape is mistaken)
@@ -77,8 +78,8 @@ def test_the_tpu_workspace_holds_the_written_residuals(model):
     inv = inv_lib.model_inventory(cfg, mb, seq, {"fsdp": 1})
     (g,) = inv.groups
     assert 0 < g.written_residual_bytes_per_layer < g.save_all_bytes_per_layer
-    tpu = fixed.fixed_terms(inv, cfg, cm.target_rates("v6e", cfg.dtype), "lhs")
-    gpu = fixed.fixed_terms(inv, cfg, cm.target_rates("h200", cfg.dtype), "lhs")
+    tpu = fixed.fixed_terms(for_inventory(cfg, inv), cm.target_rates("v6e", cfg.dtype), "lhs")
+    gpu = fixed.fixed_terms(for_inventory(cfg, inv), cm.target_rates("h200", cfg.dtype), "lhs")
     moe = moe_lib.backward_buffer_bytes(cfg, mb * seq, 1) if cfg.num_experts else 0
     # One device, no FSDP: the workspace is the layer's residuals (and a MoE layer's dispatch-sized
     # backward buffers); XLA:GPU writes them all, XLA:TPU those it cannot fuse away.

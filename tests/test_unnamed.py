@@ -19,6 +19,7 @@ from tierax.errors import TieraxError
 from tierax.models import abstract_model, get_config
 from tierax.tracing import inventory as inv_lib
 from tierax.tracing import jaxpr_tools
+from tierax.tracing.model_program import for_inventory
 from tierax.train import step as S
 
 TINY = ["tiny-llama", "tiny-deepseek"]
@@ -76,8 +77,8 @@ def test_the_cost_model_charges_the_unnamed_recompute_and_saves_their_bytes():
     cfg = get_config("tiny-llama")
     inv = inv_lib.model_inventory(cfg, 4, 64, {"fsdp": 1})
     rates = cm.Rates("hand", 1e12, 1e12, 1e9, 1e9, 1e9, 10**12, 10**12, True)
-    kept = cm.simulate(P.preset("save-all", cfg), inv, cfg, rates, "serial")
-    named = cm.simulate(_all_named_on_device(cfg), inv, cfg, rates, "serial")
+    kept = cm.simulate(P.preset("save-all", cfg), for_inventory(cfg, inv), rates, "serial")
+    named = cm.simulate(_all_named_on_device(cfg), for_inventory(cfg, inv), rates, "serial")
     (g,) = inv.groups
     assert named.breakdown.recompute_s == pytest.approx(
         g.base_recompute_flops_per_layer * g.num_layers / 1e12

@@ -9,6 +9,8 @@ import textwrap
 
 import pytest
 
+from tierax.tracing.model_program import for_inventory
+
 
 def _python(code: str, *args: str, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -185,9 +187,11 @@ def test_max_microbatch_is_not_capped_at_4096(monkeypatch, capsys):
     # The boundary, checked on the traced inventories either side (not the search's extrapolation).
     cfg = get_config("tiny-llama")
     rates = cm.target_rates("h100", cfg.dtype)
-    planner.plan(cfg, model_inventory(cfg, mb, 64), rates, budget_bytes=budget)
+    planner.plan(for_inventory(cfg, model_inventory(cfg, mb, 64)), rates, budget_bytes=budget)
     with pytest.raises(TieraxError):
-        planner.plan(cfg, model_inventory(cfg, mb + 1, 64), rates, budget_bytes=budget)
+        planner.plan(
+            for_inventory(cfg, model_inventory(cfg, mb + 1, 64)), rates, budget_bytes=budget
+        )
 
 
 def test_max_microbatch_reaching_the_guard_says_at_least(monkeypatch, capsys):

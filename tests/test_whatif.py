@@ -11,6 +11,7 @@ from tierax.errors import TieraxError
 from tierax.models import apply_overrides, get_config
 from tierax.solving import planner, whatif
 from tierax.tracing import inventory as inv_lib
+from tierax.tracing.model_program import for_inventory
 
 
 def test_rate_overrides_replace_the_named_rates_and_say_so():
@@ -97,7 +98,9 @@ def test_sweep_points_are_the_planners_own_answers(llama_sweep):
     inv = inv_lib.model_inventory(cfg, 16, 4096, mesh)
     for p in points:
         direct = planner.plan(
-            cfg, inv, whatif.override_rates(rates, [f"host_link={p.value}"]), schedule="lhs"
+            for_inventory(cfg, inv),
+            whatif.override_rates(rates, [f"host_link={p.value}"]),
+            schedule="lhs",
         )
         assert p.fits and p.tflops_per_device == pytest.approx(direct.predicted.tflops_per_device)
     # A faster link can only help (the plan at a slower link is still available), and here it does.

@@ -62,6 +62,7 @@ def shape_cases(shape: dict) -> list[dict]:
 
     from tierax import costmodel as cm
     from tierax import plan as plan_lib
+    from tierax.tracing.model_program import for_inventory
 
     cfg = tf.config(shape["shape"])
     inv = tf._inventory(cfg, shape["shape"])
@@ -75,7 +76,9 @@ def shape_cases(shape: dict) -> list[dict]:
         for cal_name, entry in calibrations.items():
             for term, cal in (("by_size", entry), ("mix_only", _without_curves(entry))):
                 rates = cm.target_rates("cpu", cfg.dtype, calibration={"cpu": cal})
-                p = cm.simulate(plans[case["plan"]], inv, cfg, rates, tf.SCHEDULE).step_time_s
+                p = cm.simulate(
+                    plans[case["plan"]], for_inventory(cfg, inv), rates, tf.SCHEDULE
+                ).step_time_s
                 row[f"{cal_name}_{term}_s"] = p
                 row[f"{cal_name}_{term}_error"] = p / measured - 1
         # the record's own prediction: the check that this reproduces it

@@ -64,6 +64,7 @@ def measure(rounds: int) -> dict:
     from tierax.measure import calibrate, harness
     from tierax.mesh import MeshShape
     from tierax.sharding import rules as sh
+    from tierax.tracing.model_program import for_inventory
     from tierax.train import step as step_lib
 
     calibration = calibrate.measure()
@@ -87,7 +88,7 @@ def measure(rounds: int) -> dict:
                 fn = step_lib.make_train_step(graphdef, cfg, p, opt, step_lib.shardings_of(state))
                 return fn, state
 
-            pred = cm.simulate(p, inv, cfg, rates, tf.SCHEDULE)
+            pred = cm.simulate(p, for_inventory(cfg, inv), rates, tf.SCHEDULE)
             runs.append(
                 {
                     "mlp_dim": width,

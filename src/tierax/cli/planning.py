@@ -214,15 +214,14 @@ def cmd_simulate(args) -> int:
     from tierax import plan as plan_lib
     from tierax.interop import files
     from tierax.report.tables import prediction_table
-    from tierax.tracing import inventory as inv_lib
+    from tierax.tracing.model_program import program_of
 
     cfg, mesh, rates = _inputs(args, plans=(args.plan,))
     plan = files.load_plan(args.plan, cfg)
     plan_lib.check_mechanism_preset(plan, args.schedule, "--plan")
     pred = cm.simulate(
         plan,
-        inv_lib.model_inventory(cfg, args.microbatch, args.seq, mesh.to_dict()),
-        cfg,
+        program_of(cfg, args.microbatch, args.seq, mesh.to_dict()),
         rates,
         args.schedule,
         args.grad_accum or 1,
