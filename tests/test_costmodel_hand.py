@@ -17,6 +17,7 @@ from tierax import names as N
 from tierax import plan as P
 from tierax.models import get_config
 from tierax.tracing.inventory import Activation, GroupInventory, Inventory, model_inventory
+from tierax.tracing.model_program import for_inventory
 
 CFG = get_config("tiny-deepseek")  # head shape: d_model 64, vocab 256
 MICROBATCH, SEQ = 4, 64  # 256 tokens: LM head forward = 2·256·64·256 = 8 388 608 FLOPs
@@ -161,7 +162,7 @@ PREFETCH_STAGING = 40_000_000
 @pytest.mark.parametrize("schedule", cm.SCHEDULES)
 def test_simulate_equals_hand_computation(schedule, mechanism):
     plan = dataclasses.replace(PLAN, mechanism=mechanism)
-    pred = cm.simulate(plan, inventory(), CFG, RATES, schedule)
+    pred = cm.simulate(plan, for_inventory(CFG, inventory()), RATES, schedule)
     b = pred.breakdown
     if mechanism == "policy":
         (d2h, h2d), transfer, staging = EXPOSED[schedule], TRANSFER_S, STAGING[schedule]
@@ -198,7 +199,7 @@ def test_save_all_group_keeps_every_residual_and_recomputes_nothing():
             "moe": P.GroupPlan({N.MOE_MLPWI_0: P.Placement.REMAT, N.KEY_PROJ: P.Placement.REMAT}),
         },
     )
-    pred = cm.simulate(plan, inventory(), CFG, RATES, "lhs")
+    pred = cm.simulate(plan, for_inventory(CFG, inventory()), RATES, "lhs")
     # dense keeps its 50 MB/layer save-all residuals (2 layers); moe keeps its carries (3 MB).
     assert pred.breakdown.activation_bytes == 100_000_000 + 3_000_000
     # Only moe recomputes: (0 unnamed + 3 + 0.2) GFLOP × 3 layers = 9.6 GFLOP → 9.6 ms.
@@ -210,8 +211,8 @@ def test_save_all_group_keeps_every_residual_and_recomputes_nothing():
 def test_slower_link_costs_exactly_the_extra_exposed_seconds():
     """Halving the d2h rate doubles the store times: serial exposes 11 ms more (dense 8, moe 3)."""
     slow = dataclasses.replace(RATES, d2h_bytes_per_s=5e9)
-    a = cm.simulate(PLAN, inventory(), CFG, RATES, "serial").step_time_s
-    b = cm.simulate(PLAN, inventory(), CFG, slow, "serial").step_time_s
+    a = cm.simulate(PLAN, for_inventory(CFG, inventory()), RATES, "serial").step_time_s
+    b = cm.simulate(PLAN, for_inventory(CFG, inventory()), slow, "serial").step_time_s
     assert b - a == pytest.approx(0.011, rel=1e-9)
 
 
@@ -242,7 +243,7 @@ def test_traced_inventory_bytes_and_host_bytes_from_shapes():
         == 2 * 32 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128) + 2 * 65536
     )
     rates = cm.target_rates("h200", cfg.dtype)
-    pred = cm.simulate(P.preset("qkv-offload", cfg), inv, cfg, rates, "serial")
+    pred = cm.simulate(P.preset("qkv-offload", cfg), for_inventory(cfg, inv), rates, "serial")
     assert pred.host_bytes == 4 * (8192 + 4096 + 4096)
     # Serial: every byte crosses the link twice, exposed; 55 GB/s each way on h200; the prefetching
     # scan's backward loads 4 + 1 layers (layer 0 twice).
@@ -258,7 +259,7 @@ def test_loss_phase_peak_from_logits_and_head_gradient():
     head's unsharded float32 gradient and the float32 logits with their gradient (untiled: both
     whole)."""
     inv = dataclasses.replace(inventory(), logits_bytes=100_000_000)
-    pred = cm.simulate(PLAN, inv, CFG, RATES, "lhs")
+    pred = cm.simulate(PLAN, for_inventory(CFG, inv), RATES, "lhs")
     assert pred.breakdown.peak_phase == "loss"
     assert (
         pred.peak_device_bytes
@@ -274,7 +275,7 @@ def test_loss_gradient_is_in_the_compute_dtype():
     float32 copy of the gathered head) and half a tile's gradient."""
     cfg = dataclasses.replace(CFG, dtype="bfloat16")
     inv = dataclasses.replace(inventory(), logits_bytes=100_000_000)
-    pred = cm.simulate(PLAN, inv, cfg, RATES, "lhs")
+    pred = cm.simulate(PLAN, for_inventory(cfg, inv), RATES, "lhs")
     assert pred.breakdown.peak_phase == "loss"
     assert (
         pred.peak_device_bytes
@@ -282,12 +283,15 @@ def test_loss_gradient_is_in_the_compute_dtype():
     )
     # Small logits: the head's gradient with the logits' gradient is the larger pair.
     small = dataclasses.replace(inventory(), logits_bytes=10_000)
-    assert cm.simulate(PLAN, small, cfg, RATES, "lhs").breakdown.logits_bytes == 65_536 + 5_000
+    small_pred = cm.simulate(PLAN, for_inventory(cfg, small), RATES, "lhs")
+    assert small_pred.breakdown.logits_bytes == 65_536 + 5_000
     tiled = dataclasses.replace(cfg, loss_tiles=4)
     fsdp = dataclasses.replace(inv, mesh={"data": 1, "fsdp": 2})
-    f32 = cm.simulate(PLAN, fsdp, dataclasses.replace(CFG, loss_tiles=4), RATES, "lhs")
+    f32 = cm.simulate(
+        PLAN, for_inventory(dataclasses.replace(CFG, loss_tiles=4), fsdp), RATES, "lhs"
+    )
     f32 = f32.breakdown.logits_bytes
-    bf16 = cm.simulate(PLAN, fsdp, tiled, RATES, "lhs").breakdown.logits_bytes
+    bf16 = cm.simulate(PLAN, for_inventory(tiled, fsdp), RATES, "lhs").breakdown.logits_bytes
     # float32: 2 head gradients + the tile + the gathered head (4 B); bfloat16: 1 + half the tile +
     # the head (2 B)
     assert f32 == 2 * 65_536 + 100_000_000 + 256 * 64 * 4
@@ -295,19 +299,21 @@ def test_loss_gradient_is_in_the_compute_dtype():
     # A TPU target: the logits in the compute dtype (50 MB) and the head's float32 gradient, no
     # second logits-sized buffer (the step's TPU flags: costmodel.fixed._tpu_loss_phase_bytes), and
     # the final hidden states in float32 beside their bfloat16 gradient ([tokens, D] each).
-    tpu = cm.simulate(PLAN, inv, cfg, dataclasses.replace(RATES, target="v5p"), "lhs")
+    tpu = cm.simulate(
+        PLAN, for_inventory(cfg, inv), dataclasses.replace(RATES, target="v5p"), "lhs"
+    )
     tokens = inv.microbatch * inv.seq
     hidden = tokens * cfg.d_model * (4 + 2)
     assert tpu.breakdown.logits_bytes == 50_000_000 + 65_536 + hidden
     # Under FSDP also the head gathered in bfloat16 for the backward's matmul, and the larger of the
     # hidden pair and the head gradient's bfloat16 all-reduce (256 · 64 · 2 B each)
     rates = dataclasses.replace(RATES, target="v5p")
-    tpu2 = cm.simulate(PLAN, fsdp, cfg, rates, "lhs").breakdown.logits_bytes
+    tpu2 = cm.simulate(PLAN, for_inventory(cfg, fsdp), rates, "lhs").breakdown.logits_bytes
     assert tpu2 == 50_000_000 + 256 * 64 * 2 + 65_536 + max(hidden, 256 * 64 * 2)
     wide = dataclasses.replace(fsdp, microbatch=1, seq=1)  # a hidden pair smaller than the head
     small_hidden = cfg.d_model * (4 + 2)
     assert small_hidden < 256 * 64 * 2
-    assert cm.simulate(PLAN, wide, cfg, rates, "lhs").breakdown.logits_bytes == (
+    assert cm.simulate(PLAN, for_inventory(cfg, wide), rates, "lhs").breakdown.logits_bytes == (
         50_000_000 + 256 * 64 * 2 + 65_536 + 256 * 64 * 2
     )
 
@@ -322,10 +328,10 @@ def test_tiled_loss_on_tpu_holds_the_tiles_head_gradient_and_its_narrow_all_redu
     inv = dataclasses.replace(inventory(), logits_bytes=100_000_000)
     rates = dataclasses.replace(RATES, target="v5p")
     hidden = inv.microbatch * inv.seq * cfg.d_model * (4 + 2)
-    one = cm.simulate(PLAN, inv, cfg, rates, "lhs").breakdown.logits_bytes
+    one = cm.simulate(PLAN, for_inventory(cfg, inv), rates, "lhs").breakdown.logits_bytes
     assert one == 50_000_000 + 256 * 64 * 4 + 256 * 64 * 2 + hidden
     fsdp = dataclasses.replace(inv, mesh={"data": 1, "fsdp": 2})
-    two = cm.simulate(PLAN, fsdp, cfg, rates, "lhs").breakdown.logits_bytes
+    two = cm.simulate(PLAN, for_inventory(cfg, fsdp), rates, "lhs").breakdown.logits_bytes
     assert two == 50_000_000 + 256 * 64 * 4 + 256 * 64 * 2 + hidden + 256 * 64 * 2
 
 
@@ -336,7 +342,7 @@ def test_tiled_loss_keeps_one_logits_tile_and_two_head_gradients_and_recomputes_
     FLOPs."""
     cfg = dataclasses.replace(CFG, loss_tiles=4)
     inv = dataclasses.replace(inventory(), logits_bytes=100_000_000)
-    pred = cm.simulate(PLAN, inv, cfg, RATES, "lhs")
+    pred = cm.simulate(PLAN, for_inventory(cfg, inv), RATES, "lhs")
     assert (
         pred.peak_device_bytes
         == 399_996_000 + 17_000_000 + pred.breakdown.staging_bytes + 2 * 65_536 + 100_000_000
@@ -355,7 +361,10 @@ def test_tiled_loss_keeps_one_logits_tile_and_two_head_gradients_and_recomputes_
         + 3 * 2 * 8 * 64 * 32
     ) // 2
     sharded = cm.simulate(
-        PLAN, dataclasses.replace(inv, mesh={"data": 1, "fsdp": 2}), cfg, RATES, "lhs"
+        PLAN,
+        for_inventory(cfg, dataclasses.replace(inv, mesh={"data": 1, "fsdp": 2})),
+        RATES,
+        "lhs",
     )
     assert sharded.breakdown.peak_phase == "loss"
     assert sharded.peak_device_bytes == (
@@ -378,12 +387,11 @@ def test_gpu_targets_add_xla_fixed_buffers_to_the_peak():
     assert h200.fixed_device_bytes == 4 * 1024 * 1024
     without = cm.simulate(
         P.preset("remat-full", cfg),
-        inv,
-        cfg,
+        for_inventory(cfg, inv),
         dataclasses.replace(h200, fixed_device_bytes=0),
         "lhs",
     )
-    with_ = cm.simulate(P.preset("remat-full", cfg), inv, cfg, h200, "lhs")
+    with_ = cm.simulate(P.preset("remat-full", cfg), for_inventory(cfg, inv), h200, "lhs")
     assert with_.peak_device_bytes - without.peak_device_bytes == 4 * 1024 * 1024
 
 
@@ -408,7 +416,10 @@ def test_predicted_peak_within_10pct_of_the_deviceless_xla_gpu_compile(case):
     cfg = apply_overrides(get_config(model), overrides)
     plan = P.preset(plan_name, cfg)
     pred = cm.simulate(
-        plan, model_inventory(cfg, mb, seq), cfg, cm.target_rates("h200", cfg.dtype), "lhs"
+        plan,
+        for_inventory(cfg, model_inventory(cfg, mb, seq)),
+        cm.target_rates("h200", cfg.dtype),
+        "lhs",
     )
     got, _ = C.compile_for_target(cfg, plan, "h200", microbatch=mb, seq=seq)
     assert abs(pred.peak_device_bytes / got.device_peak_bytes - 1) <= 0.10, (
@@ -431,15 +442,17 @@ def test_fsdp_workspace_counts_gathered_weights_and_the_head_gradient():
         moe, layer_param_count=10_001_000, expert_param_count_per_layer=10_000_000
     )
     inv = dataclasses.replace(inv, groups=(dense, moe), mesh={"data": 1, "fsdp": 2, "expert": 2})
-    b = cm.simulate(PLAN, inv, CFG, RATES, "lhs").breakdown
+    b = cm.simulate(PLAN, for_inventory(CFG, inv), RATES, "lhs").breakdown
     assert b.workspace_bytes == 50_000_000 + 4_000 + 65_536
     # Fewer tokens than d_model: the logits' gradient (10 000 B here) is the smaller of the two.
     few = cm.simulate(
-        PLAN, dataclasses.replace(inv, logits_bytes=10_000), CFG, RATES, "lhs"
+        PLAN, for_inventory(CFG, dataclasses.replace(inv, logits_bytes=10_000)), RATES, "lhs"
     ).breakdown
     assert few.workspace_bytes == 50_000_000 + 4_000 + 10_000
     # The tiled loss reduce-scatters the head's gradient per tile: nothing [D, V] outlives it.
-    tiled = cm.simulate(PLAN, inv, dataclasses.replace(CFG, loss_tiles=4), RATES, "lhs").breakdown
+    tiled = cm.simulate(
+        PLAN, for_inventory(dataclasses.replace(CFG, loss_tiles=4), inv), RATES, "lhs"
+    ).breakdown
     assert tiled.workspace_bytes == 50_000_000 + 4_000
 
 
@@ -465,22 +478,16 @@ def test_transposed_stack_copies_from_shapes():
     from tierax.costmodel.fixed import transposed_stack_params
 
     assert TINY_DS_TRANSPOSED == 38_912
-    assert (
-        transposed_stack_params(CFG, {"data": 1, "fsdp": 2, "tensor": 1, "expert": 2})
-        == 38_912
-    )
-    assert (
-        transposed_stack_params(CFG, {"data": 1, "fsdp": 1, "tensor": 1, "expert": 1})
-        == 0
-    )
+    assert transposed_stack_params(CFG, {"data": 1, "fsdp": 2, "tensor": 1, "expert": 2}) == 38_912
+    assert transposed_stack_params(CFG, {"data": 1, "fsdp": 1, "tensor": 1, "expert": 1}) == 0
     # fsdp=2 × expert=8: non-expert weights over 16; one expert per device, so a routed wi_0/wi_1
     # slice is [1, 64/2, 32] — gathered along its first dimension of more than one element, no copy
     # — while wo's [1, 32, 64/2] needs one.  The deviceless compile (16 H200s) has exactly these
     # copies: dense wkv_b [2, 16, 8], wq_b [2, 32, 6], wi_0/wi_1 [2, 64, 8]; moe wkv_b, wq_b, shared
     # wo [2, 32, 4], routed wo [2, 1, 32, 32].
-    assert transposed_stack_params(
-        CFG, {"data": 1, "fsdp": 2, "tensor": 1, "expert": 8}
-    ) == (2 * (16 * 8 + 32 * 6 + 2 * 64 * 8) + 2 * (16 * 8 + 32 * 6 + 32 * 4) + 2 * 1 * 32 * 32)
+    assert transposed_stack_params(CFG, {"data": 1, "fsdp": 2, "tensor": 1, "expert": 8}) == (
+        2 * (16 * 8 + 32 * 6 + 2 * 64 * 8) + 2 * (16 * 8 + 32 * 6 + 32 * 4) + 2 * 1 * 32 * 32
+    )
     big = get_config("llama3.1-405b")
     assert transposed_stack_params(big, {"fsdp": 128}) == 2 * 126 * 16384 * 416
     assert (
@@ -493,7 +500,7 @@ def test_transposed_stack_copies_count_in_both_phases():
     """tiny-deepseek on fsdp=2 × expert=2: the copies (38 912 × 4 B) add to the layer phase's and
     the loss's peak."""
     inv = dataclasses.replace(inventory(), mesh={"data": 1, "fsdp": 2, "expert": 2})
-    pred = cm.simulate(PLAN, inv, CFG, RATES, "lhs")
+    pred = cm.simulate(PLAN, for_inventory(CFG, inv), RATES, "lhs")
     b = pred.breakdown
     assert b.stack_copy_bytes == 38_912 * 4
     assert b.peak_phase == "layer backward"
@@ -503,7 +510,9 @@ def test_transposed_stack_copies_count_in_both_phases():
         pred.peak_device_bytes
         == 400_000_000 + 17_000_000 + b.staging_bytes + 50_004_000 + 65_536 + 155_648
     )
-    loss = cm.simulate(PLAN, dataclasses.replace(inv, logits_bytes=100_000_000), CFG, RATES, "lhs")
+    loss = cm.simulate(
+        PLAN, for_inventory(CFG, dataclasses.replace(inv, logits_bytes=100_000_000)), RATES, "lhs"
+    )
     assert loss.breakdown.peak_phase == "loss"
     # state less the embedding/head gradient shards (1000 × 4 B / 4), activations, staging, head
     # weight in float32, logits and their gradient, copies.
@@ -556,18 +565,18 @@ def test_moe_layer_workspace_adds_its_backward_buffers():
     inv = dataclasses.replace(
         inventory(), groups=(dense, moe_g), mesh={"data": 1, "fsdp": 1, "expert": 2}
     )
-    assert cm.simulate(PLAN, inv, CFG, RATES, "lhs").breakdown.workspace_bytes == (
+    assert cm.simulate(PLAN, for_inventory(CFG, inv), RATES, "lhs").breakdown.workspace_bytes == (
         60_000_000 + 4_000 + 4 * 8 * 80 * 64 * 4 + 65_536
     )
     inv = dataclasses.replace(inv, mesh={"data": 1, "fsdp": 2, "expert": 1})
-    assert cm.simulate(PLAN, inv, CFG, RATES, "lhs").breakdown.workspace_bytes == (
+    assert cm.simulate(PLAN, for_inventory(CFG, inv), RATES, "lhs").breakdown.workspace_bytes == (
         60_000_000 + 4_000 + 40_000_000 + 2 * 8 * 80 * 64 * 4 + 65_536
     )
     # Dense group the largest again (residuals 50 MB + 4 000 B gathered): no buffers.
     small = dataclasses.replace(moe_g, save_all_bytes_per_layer=1_000_000)
     inv = dataclasses.replace(inv, groups=(dense, small), mesh={"data": 1, "fsdp": 1, "expert": 2})
     assert (
-        cm.simulate(PLAN, inv, CFG, RATES, "lhs").breakdown.workspace_bytes
+        cm.simulate(PLAN, for_inventory(CFG, inv), RATES, "lhs").breakdown.workspace_bytes
         == 50_004_000 + 65_536
     )
 
@@ -583,20 +592,48 @@ def test_fits_leaves_the_runtime_reserve_free_in_simulate_plan_and_sweeps():
     inv = model_inventory(cfg, 8, 64, {})
     rates = cm.target_rates("h200", cfg.dtype)
     save_all = P.preset("save-all", cfg)
-    peak = cm.simulate(save_all, inv, cfg, rates, "lhs").peak_device_bytes
+    peak = cm.simulate(save_all, for_inventory(cfg, inv), rates, "lhs").peak_device_bytes
     tight = dataclasses.replace(
         rates, device_memory_bytes=int(peak / (1 - hardware.RUNTIME_RESERVE_FRACTION / 2))
     )  # peak < capacity, > usable
     roomy = dataclasses.replace(
         rates, device_memory_bytes=int(peak / (1 - 2 * hardware.RUNTIME_RESERVE_FRACTION))
     )
-    between = cm.simulate(save_all, inv, cfg, tight, "lhs")
+    between = cm.simulate(save_all, for_inventory(cfg, inv), tight, "lhs")
     assert between.peak_device_bytes == peak < between.device_capacity_bytes and not between.fits
-    assert cm.simulate(save_all, inv, cfg, roomy, "lhs").fits
-    planned = planner.plan(cfg, inv, tight).predicted  # the default budget: the usable bytes
+    assert cm.simulate(save_all, for_inventory(cfg, inv), roomy, "lhs").fits
+    # the default budget: the usable bytes
+    planned = planner.plan(for_inventory(cfg, inv), tight).predicted
     assert planned.fits and planned.peak_device_bytes < peak
     solve = whatif.plan_solver(
         cfg, {}, 64, 8, tight, schedule="lhs", budget_bytes=None, host_budget_bytes=None
     )
     point = whatif.sweep("microbatch", [8.0], solve=solve, references=["save-all"])[0]
     assert point.reference["save-all"] is None and point.peak_device_bytes < peak
+
+
+def test_a_config_with_its_inventory_is_refused_naming_the_front_end():
+    """The cost model and the planner price a Program, never a tierax config: each entry point
+    given an inventory and its config (in the order of the older signatures), or an inventory as
+    ``prog=``, refuses it before any work, naming the front end that builds the program; the
+    program that front end builds from the same pair is priced."""
+    from tierax.costmodel import fixed
+    from tierax.solving import planner
+
+    inv = inventory()
+    calls = {  # the name, the type refused, the call
+        "simulate": ("Inventory", lambda: cm.simulate(PLAN, inv, CFG, RATES, "lhs")),
+        "evaluate": ("Inventory", lambda: cm.evaluate({}, inv, CFG, RATES, "lhs")),
+        "fixed_terms": ("Inventory", lambda: fixed.fixed_terms(inv, CFG, RATES, "lhs")),
+        "collective_s_by_group": (
+            "Inventory",
+            lambda: fixed.collective_s_by_group(inv, CFG, RATES),
+        ),
+        "plan": ("DeepSeekConfig", lambda: planner.plan(CFG, inv, RATES)),
+    }
+    for name, (refused, call) in calls.items():
+        with pytest.raises(TypeError, match=rf"\.{name} takes a Program, not {refused} "):
+            call()
+    with pytest.raises(TypeError, match=r"not Inventory .*for_inventory\(cfg, inventory\)"):
+        cm.simulate(PLAN, prog=inv, rates=RATES, schedule="lhs")
+    assert cm.simulate(PLAN, for_inventory(CFG, inv), RATES, "lhs").peak_device_bytes > 0

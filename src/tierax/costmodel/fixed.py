@@ -14,7 +14,7 @@ from tierax.costmodel.rates import FUSED_BACKWARD_FLOPS_RATIO, Rates, for_progra
 from tierax.hardware import cudnn, libtpu
 from tierax.tracing import hbm
 from tierax.tracing.inventory import Inventory
-from tierax.tracing.model_program import accepts_config
+from tierax.tracing.model_program import takes_program
 from tierax.tracing.model_program import transposed_stack_params as transposed_stack_params
 from tierax.tracing.program import Head, Program
 
@@ -191,7 +191,7 @@ def _stack_copy_bytes(prog: Program, p_item: int) -> int:
     return p_item * prog.stack_copy_params
 
 
-@accepts_config(0)
+@takes_program(0)
 def collective_s_by_group(prog: Program, rates: Rates) -> dict[str, float]:
     """Seconds of collectives per step, per collective group (a mesh axis, or the FSDP group
     ``fsdp×expert``), each at its group's link (:mod:`tierax.costmodel.network`)."""
@@ -385,7 +385,7 @@ def _tpu_stack_copy_bytes(prog: Program, c_item: int, fsdp: int, ep: int) -> int
     )
 
 
-@accepts_config(0)
+@takes_program(0)
 def fixed_terms(prog: Program, rates: Rates, schedule: str) -> FixedTerms:
     rates = for_program(rates, prog)  # the fused attention kernel at the program's shape
     inv = prog.inventory

@@ -15,7 +15,7 @@ from tierax.costmodel.resources import StepSplit
 from tierax.costmodel.state import check_state, host_peak, offloaded_parts
 from tierax.costmodel.terms import SCHEDULES
 from tierax.errors import TieraxError
-from tierax.tracing.model_program import accepts_config
+from tierax.tracing.model_program import takes_program
 from tierax.tracing.program import Program
 
 # keeps_unnamed, peak_rows, phase_text: imported from here by the report and the bench scripts
@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 
-@accepts_config(1)
+@takes_program(1)
 def evaluate(
     placements: dict,
     prog: Program,
@@ -227,7 +227,7 @@ def plan_placements(plan: plan_lib.Plan, program) -> dict:
     return out
 
 
-@accepts_config(1)
+@takes_program(1)
 def simulate(
     plan: plan_lib.Plan, prog: Program, rates: Rates, schedule: str, grad_accum: int = 1
 ) -> Prediction:

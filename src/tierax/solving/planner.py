@@ -50,7 +50,7 @@ from tierax.plan import (
 from tierax.solving import quiet_milp
 from tierax.tracing import inventory as inv_lib
 from tierax.tracing import model_program
-from tierax.tracing.model_program import accepts_config
+from tierax.tracing.model_program import takes_program
 from tierax.tracing.program import Program
 
 # Default reserve kept free on the device: the same runtime reserve `fits` means everywhere.
@@ -524,7 +524,7 @@ def size_text(n: float) -> str:
     return f"{int(n)} B"
 
 
-@accepts_config(0)
+@takes_program(0)
 def plan(
     prog: Program,
     rates: cm.Rates,

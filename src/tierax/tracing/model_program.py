@@ -80,24 +80,26 @@ def _stack_params(cfg, mesh_items) -> float:
     return gather_layout.transposed_params(abstract, dict(mesh_items))
 
 
-def accepts_config(position: int):
-    """Let a function that takes a :class:`Program` at argument ``position`` also take an
-    inventory and a config there (two positional arguments in its place, in either order: the
-    older signatures were ``(inventory, config)`` for the cost model and ``(config, inventory)``
-    for the planner): the pair is priced as :func:`for_inventory` makes it.  For callers written
-    against the older signatures (and tests that pair a synthetic inventory with a tierax
-    config)."""
+def takes_program(position: int):
+    """Refuse anything but a :class:`Program` at the decorated function's argument ``position``
+    (given by position or as ``prog``) before the function runs: the cost model and the planner
+    price a program, never a model config, so an ``(inventory, config)`` pair fails here with the
+    front end that builds the program from them."""
 
     def wrap(fn):
         @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            pair = args[position : position + 2]
-            if len(pair) == 2 and not isinstance(pair[0], Program):
-                inv, cfg = pair if isinstance(pair[0], Inventory) else pair[::-1]
-                if isinstance(inv, Inventory):
-                    args = (*args[:position], for_inventory(cfg, inv), *args[position + 2 :])
+        def checked(*args, **kwargs):
+            given = len(args) > position or "prog" in kwargs  # missing: Python's own error
+            value = args[position] if len(args) > position else kwargs.get("prog")
+            if given and not isinstance(value, Program):
+                raise TypeError(
+                    f"{fn.__module__}.{fn.__name__} takes a Program, not "
+                    f"{type(value).__name__} (tierax.tracing.model_program.for_inventory(cfg, "
+                    "inventory) builds one from a tierax config and its inventory, "
+                    "program_of(cfg, microbatch, seq, mesh) traces one)"
+                )
             return fn(*args, **kwargs)
 
-        return wrapper
+        return checked
 
     return wrap
