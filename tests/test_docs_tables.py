@@ -21,6 +21,7 @@ BENCH = ROOT / "bench"
 # (bench script under bench/, the function that renders the table, the record, the marker)
 DOCS_TABLES = [
     ("estimator_peer", "markdown", "estimator_peer.json", "estimator-peer"),
+    ("estimator_maxtext", "render", "estimator_maxtext.json", "estimator-maxtext"),
     ("tpu_compile", "markdown", "tpu_compile.json", "tpu-compile"),
     ("tpu_compile", "default_env_markdown", "tpu_default_env.json", "tpu-default-env"),
     ("tpu_compile", "v6e_env_markdown", "tpu_default_env_v6e.json", "tpu-default-env-v6e"),

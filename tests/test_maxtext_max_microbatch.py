@@ -185,3 +185,35 @@ def test_no_batch_fits_exit_2(capsys, tmp_path):
     err = capsys.readouterr().err
     assert "no plan fits" in err and "microbatch 1" in err, err[-2000:]
     assert not out.exists()
+
+
+@maxtext
+@pytest.mark.slow  # shares the brute-force test's traces
+def test_check_batch_corrections_by_hand(traced):
+    """check_batch's arithmetic, its compile a stand-in with the peak chosen here: a negative
+    correction lets the model's peak pass the budget by that much; a compile above the budget is
+    followed by a solve at the budget less that compile's miss, and a fit within 5 % converges."""
+    import compiled_standin
+
+    from tierax.solving import for_maxtext
+
+    trace, _ = traced
+    run = trace(LARGEST + 1)
+    req = _request(run, BUDGET)
+    solved, peaks = [], [BUDGET + 2 * MIB, BUDGET - 1 * MIB]
+
+    def compile_plan(result):
+        solved.append(result)
+        return compiled_standin.compiled(peaks[len(solved) - 1])[0]
+
+    # batch LARGEST+1 does not fit BUDGET by the model: with -20 MiB it is solved at BUDGET+20
+    res = for_maxtext.check_batch(req, compile_plan, correction=-20 * MIB, attempts=2)
+    first, second = res.iterations
+    assert first.budget_bytes == BUDGET + 20 * MIB and not first.xla_fits
+    assert first.predicted_peak_bytes == solved[0].predicted.peak_device_bytes - 20 * MIB
+    miss = BUDGET + 2 * MIB - solved[0].predicted.peak_device_bytes
+    assert second.workspace_correction_bytes == miss and second.budget_bytes == BUDGET - miss
+    assert second.xla_fits and res.fitted is solved[1] and res.fitted_iteration == 2
+    err = (solved[1].predicted.peak_device_bytes + miss) / (BUDGET - 1 * MIB) - 1
+    assert res.converged == (abs(err) <= 0.05)
+    assert res.budget_bytes == BUDGET
