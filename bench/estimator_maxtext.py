@@ -251,7 +251,7 @@ def render(doc: dict) -> str:
         "MaxText compile of the choice | predicted step · tokens/s/chip |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    rows_table, commands = [], []
+    rows_table, commands, checks = [], [], []
     for case in doc["cases"]:
         label = f"{case['name']} ({LAYERS} layers, seq {case['seq']})"
         m = case.get("maxtext")
@@ -284,6 +284,22 @@ def render(doc: dict) -> str:
                 f"{t.get('compiles', '—')} | {t['wall_s'] / 60:.1f} min | {fits} | {_tok(t)} |"
             )
             commands.append(f"- {case['name']}, tierax: `{t['command']}`")
+            if t.get("batches_checked"):
+                steps = ", ".join(
+                    f"{c['per_device_batch_size']:g} ("
+                    + (
+                        "no plan by the corrected model, not compiled"
+                        if not c["compiles"]
+                        else f"{'fits' if c['fits'] else 'does not fit'}, {c['compiles']} "
+                        "compile(s)"
+                    )
+                    + ")"
+                    for c in t["batches_checked"]
+                )
+                checks.append(
+                    f"- {case['name']}: the model's largest {t['model_batch']:g} "
+                    f"({t['traces']} traces); MaxText's compile at {steps}"
+                )
     out += [
         "",
         "Every row the estimator found (its printed rows, or, where it stopped, each policy's "
@@ -294,6 +310,11 @@ def render(doc: dict) -> str:
         "predicted step · tokens/s/chip |",
         "|---|---|---|---|---|",
         *rows_table,
+        "",
+        "The batches tierax's search checked, in order (each batch's plan compiled, and once "
+        "more with that compile's correction where it did not fit):",
+        "",
+        *checks,
         "",
         "Commands (`<maxtext>`: the installed MaxText package):",
         "",
