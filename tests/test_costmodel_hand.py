@@ -409,11 +409,12 @@ def test_predicted_peak_within_10pct_of_the_deviceless_xla_gpu_compile(case):
     is 37 % XLA's fixed buffers; llama3-8b's is the state with every gradient plus one layer's
     residuals."""
     pytest.importorskip("jax_plugins.xla_cuda13")
-    from tierax.models import apply_overrides
+    from tierax.models import apply_overrides, for_platform
     from tierax.xla import compile as C
 
     model, overrides, plan_name, mb, seq = case
-    cfg = apply_overrides(get_config(model), overrides)
+    # the attention a GPU runs (attention=auto is chosen per platform), as the compile resolves it
+    cfg = for_platform(apply_overrides(get_config(model), overrides), "gpu")
     plan = P.preset(plan_name, cfg)
     pred = cm.simulate(
         plan,
