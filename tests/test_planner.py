@@ -34,9 +34,10 @@ def exhaustive(cfg, inv, rates, schedule, budget, host_budget):
         list(P.Placement) if rates.offload_is_real else [P.Placement.DEVICE, P.Placement.REMAT]
     )
     best = None
+    prog = for_inventory(cfg, inv)
     for combo in itertools.product(choices, repeat=len(items)):
         placements = {(i.group, i.name): c for i, c in zip(items, combo, strict=False)}
-        pred = cm.evaluate(placements, for_inventory(cfg, inv), rates, schedule)
+        pred = cm.evaluate(placements, prog, rates, schedule)
         if pred.peak_device_bytes <= budget and pred.host_bytes <= host_budget:
             if best is None or pred.step_time_s < best.step_time_s:
                 best = pred

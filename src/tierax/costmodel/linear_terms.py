@@ -51,6 +51,9 @@ class Row:
     coef: np.ndarray
     const: float = 0.0
 
+    def __post_init__(self):
+        self.coef.flags.writeable = False  # a built table is shared (build's last table)
+
     def at(self, x: np.ndarray) -> float:
         return self.const + float(self.coef @ x)
 
@@ -247,6 +250,12 @@ def keeps_unnamed(placements: Mapping, group: str, names) -> bool:
     return True
 
 
+# The table last built, with what it was built from: a brute-force search evaluates one program
+# under many plans, and a Program and Rates are frozen values, so the same objects give the same
+# rows (identity, not equality: comparing two programs field by field costs about a build).
+_LAST: list = []
+
+
 def build(
     prog: Program,
     rates: Rates,
@@ -255,7 +264,20 @@ def build(
     grad_accum: int = 1,
 ) -> LinearTerms:
     """Every linear row of ``prog`` at ``rates`` under ``schedule`` and ``mechanism``, for a step
-    of ``grad_accum`` microbatches per update."""
+    of ``grad_accum`` microbatches per update (the same objects again: the table built last)."""
+    if _LAST:
+        last_prog, last_rates, last_key, table = _LAST
+        key = (schedule, mechanism, grad_accum)
+        if last_prog is prog and last_rates is rates and last_key == key:
+            return table
+    table = _build(prog, rates, schedule, mechanism, grad_accum)
+    _LAST[:] = [prog, rates, (schedule, mechanism, grad_accum), table]
+    return table
+
+
+def _build(
+    prog: Program, rates: Rates, schedule: str, mechanism: str, grad_accum: int
+) -> LinearTerms:
     inv = prog.inventory
     rates = for_program(rates, prog)  # the fused attention kernel at the program's shape
     items = tuple(item_terms(inv, rates, mechanism))
