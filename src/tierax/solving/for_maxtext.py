@@ -357,26 +357,8 @@ def check_batch(request, compile_plan, *, correction: int, attempts: int, report
             dataclasses.replace(request, budget_bytes=solve_budget, host_budget_bytes=host_budget)
         )
         compiled = compile_plan(result)
-        peak = compiled.device_peak_bytes
-        fits = bool(compiled.fits and peak is not None and peak <= budget)
-        b = result.predicted.breakdown
-        step = plan_check.Iteration(
-            it,
-            int(solve_budget),
-            int(correction),
-            int(result.predicted.peak_device_bytes + correction),
-            peak,
-            fits,
-            b.exposed_d2h_s + b.exposed_h2d_s,
-            compiled.overlap.get("est_exposed_s", 0.0),
-            result.predicted.step_time_s,
-            result.predicted.host_bytes,
-            None
-            if compiled.host_temp_bytes is None
-            else compiled.host_temp_bytes + compiled.host_argument_bytes,
-            compiled.compile_time_s,
-            compiled.out_of_memory,
-        )
+        step = plan_check.Iteration.of(it, solve_budget, correction, result, compiled, budget)
+        fits, peak = step.xla_fits, step.xla_peak_bytes
         steps.append(step)
         if report:
             report(step)

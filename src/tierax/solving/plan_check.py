@@ -77,6 +77,34 @@ class Iteration:
     def to_json(self) -> dict:
         return asdict(self) | {"peak_error": self.peak_error}
 
+    @classmethod
+    def of(
+        cls, it: int, solve_budget: float, correction: float, result, compiled, budget: float
+    ) -> Iteration:
+        """Iteration ``it``: the plan ``result`` solved at ``solve_budget`` with the workspace
+        ``correction``, and its ``compiled`` figures judged against ``budget`` (the device's, or
+        the one asked for): XLA's peak within the device and the budget."""
+        b = result.predicted.breakdown
+        peak = compiled.device_peak_bytes  # an out-of-memory refusal: XLA's stated need, or None
+        return cls(
+            it,
+            int(solve_budget),
+            int(correction),
+            int(result.predicted.peak_device_bytes + correction),
+            peak,
+            bool(compiled.fits and peak is not None and peak <= budget),
+            b.exposed_d2h_s + b.exposed_h2d_s,
+            compiled.overlap.get("est_exposed_s", 0.0),
+            result.predicted.step_time_s,
+            result.predicted.host_bytes,
+            # Offloaded training state is the step's host arguments (the rest is host temp).
+            None
+            if compiled.host_temp_bytes is None
+            else compiled.host_temp_bytes + compiled.host_argument_bytes,
+            compiled.compile_time_s,
+            compiled.out_of_memory,
+        )
+
 
 @dataclass(frozen=True)
 class CheckResult:
@@ -237,28 +265,8 @@ def check_request(
             stopped = f"{why} (check {fitted_it}'s plan fitted in XLA's compile)"
             break
         compiled = compile_plan(result)
-        b = result.predicted.breakdown
-        peak = compiled.device_peak_bytes  # an out-of-memory refusal: XLA's stated need, or None
-        # the device, and the budget asked for
-        fits = compiled.fits and peak is not None and peak <= budget
-        step = Iteration(
-            it,
-            int(solve_budget),
-            correction,
-            result.predicted.peak_device_bytes + correction,
-            compiled.device_peak_bytes,
-            fits,
-            b.exposed_d2h_s + b.exposed_h2d_s,
-            compiled.overlap.get("est_exposed_s", 0.0),
-            result.predicted.step_time_s,
-            result.predicted.host_bytes,
-            # Offloaded training state is the step's host arguments (the rest is host temp).
-            None
-            if compiled.host_temp_bytes is None
-            else compiled.host_temp_bytes + compiled.host_argument_bytes,
-            compiled.compile_time_s,
-            compiled.out_of_memory,
-        )
+        step = Iteration.of(it, solve_budget, correction, result, compiled, budget)
+        fits, peak = step.xla_fits, step.xla_peak_bytes
         steps.append(step)
         if report:
             report(step)
