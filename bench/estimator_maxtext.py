@@ -256,7 +256,7 @@ def render(doc: dict) -> str:
         label = f"{case['name']} ({LAYERS} layers, seq {case['seq']})"
         m = case.get("maxtext")
         if m:
-            ended = "finished" if m["returncode"] == 0 else f"stopped: {m.get('error', '')}"
+            ended = "finished" if m["returncode"] == 0 else m.get("error", "stopped")
             best = best_row(m)
             rows = m.get("rows", [])
             out.append(
