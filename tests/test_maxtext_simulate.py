@@ -117,9 +117,9 @@ def test_remat_policies_read_from_maxtext(gpu_run):
         "mlpwi_1",
         "mlpwo",
     }
-    # a TPU runs splash attention: traced with the fused stand-in, no cuDNN workspace; fsdp=4
-    # filled in from --devices for MaxText's ici_fsdp_parallelism=-1
-    assert (minimal.attention, minimal.traced_attention) == ("flash", "cudnn_flash_jax")
+    # a TPU runs splash attention: traced as flash with its kernel's stand-in, no cuDNN workspace;
+    # fsdp=4 filled in from --devices for MaxText's ici_fsdp_parallelism=-1
+    assert (minimal.attention, minimal.traced_attention) == ("flash", "flash")
     assert minimal.program.attention is None and minimal.mesh["fsdp"] == 4
 
 

@@ -25,11 +25,12 @@ train state traced (:mod:`.trace`), its remat policy read from its decoder
     Mosaic custom call that MaxText cannot trace on a CPU mesh (its kernel choice reads the mesh's
     platform).  Its residuals are q, k, v, the output and the log-sum-exp, its backward writes dq,
     dk, dv and keeps its blocks in the core's VMEM: XLA:TPU's compile holds no score matrix and no
-    workspace beyond those HBM buffers.  cuDNN's fused attention (``cudnn_flash_jax``) has the same
-    residuals and outputs and traces on a CPU, so the TPU layer is traced with it, and no
-    FusedAttention workspace is added.  The fused kernel's FLOPs are inside a custom call the trace
-    does not count: the time model prices the attention's matmuls as 0 (memory is what this front
-    end is checked on: ``bench/maxtext_fidelity.py``).
+    workspace beyond those HBM buffers.  The layer is traced with ``attention=flash`` and MaxText's
+    kernel call replaced by :func:`.attention_standin.splash_stand_in` (the same inputs, outputs
+    and residuals, any head dims, MLA's smaller value head dim, attention sinks), and no
+    FusedAttention workspace is added.  The kernel is opaque: the time model prices the
+    attention's matmuls as 0 (memory is what this front end is checked on:
+    ``bench/maxtext_fidelity.py``).
   - ``attention=dot_product`` given: traced and priced as it is (its scores included).
 
 * **MoE backward buffers**: per MoE group, the dispatch-sized buffers its backward holds besides its
@@ -67,8 +68,9 @@ GPU_ATTENTION = "cudnn_flash_jax"
 CUDNN_KERNELS = ("cudnn_flash_jax", "cudnn_flash_te")
 # The kernels a TPU run of these attention values executes: MaxText's splash attention.
 TPU_SPLASH = ("autoselected", "flash")
-# The CPU-traceable kernel whose residuals and outputs are splash attention's (module docstring).
-TPU_STAND_IN = "cudnn_flash_jax"
+# The attention a TPU layer is traced with: MaxText's flash, its splash kernel stood in for by
+# tierax.interop.maxtext_program.attention_standin (module docstring).
+TPU_STAND_IN = "flash"
 # The largest q/k head dim JAX's cuDNN attention traces with a CPU backend (its compute-capability
 # check then takes the device for a pre-Hopper GPU).
 CUDNN_TRACE_HEAD_DIM = 128
@@ -398,11 +400,11 @@ def _build(loaded, target: str, runs: str, traced: str) -> MaxTextProgram:
     policy_name = str(config.remat_policy)
     plan = policy_plan(decoder.get_remat_policy(), policy_name, groups)
     notes = []
-    if traced != runs:
+    if runs in TPU_SPLASH:
         notes.append(
             f"attention: MaxText runs {runs} (splash attention) on {target}; the layer was traced "
-            f"with {traced}, whose residuals and outputs are the same (no score matrices); its "
-            "matmul FLOPs are not in the time model"
+            "with a stand-in for its kernel with the same inputs, outputs and residuals (q, k, v, "
+            "output, log-sum-exp; no score matrices); its matmul FLOPs are not in the time model"
         )
     return MaxTextProgram(
         program=prog,

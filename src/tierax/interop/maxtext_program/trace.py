@@ -10,6 +10,9 @@ scanned layer stacks MaxText's decoder builds, nothing allocated.
   decoder_positions, deterministic, model_mode)``), one layer's parameters sliced off the
   stack's scan axis; :func:`tierax.tracing.inventory.layer_inventory` traces it, so the
   activation names are MaxText's ``checkpoint_name`` tags.
+* With ``attention=flash`` (what a TPU target traces: splash attention, a kernel MaxText picks by
+  the mesh's platform and that lowers for a TPU only) MaxText's kernel call is replaced by
+  :mod:`.attention_standin`'s stand-in while the layer is traced (:func:`attention_kernel`).
 * The layer is traced on a one-device mesh at one device's batch: ``per_device_batch_size`` × the
   tensor axis sequences (the devices of a tensor group share their sequences) ×
   ``max_target_length``.
@@ -30,11 +33,13 @@ scanned layer stacks MaxText's decoder builds, nothing allocated.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import math
 
 from tierax.errors import TieraxError
+from tierax.interop.maxtext_program import attention_standin
 from tierax.tracing.inventory import GroupInventory, Inventory, layer_inventory
 
 # Decoder submodules outside every layer stack (embedding side, final norm, head).
@@ -60,7 +65,11 @@ def program_inventory(loaded) -> Inventory:
     x = jax.ShapeDtypeStruct((loaded.microbatch, loaded.seq, config.emb_dim), config.dtype)
     groups = []
     # MaxText's code relies on NumPy rank promotion (JAX's default), whatever the caller set.
-    with nn_partitioning.axis_rules(config.logical_axis_rules), jax.numpy_rank_promotion("allow"):
+    with (
+        nn_partitioning.axis_rules(config.logical_axis_rules),
+        jax.numpy_rank_promotion("allow"),
+        attention_kernel(config),
+    ):
         for name, stack in decoder_stacks(model.decoder, config):
             fn, params, num_layers = _layer(stack, config)
             try:
@@ -75,6 +84,16 @@ def program_inventory(loaded) -> Inventory:
             groups.append(per_tensor_shard(gi, tensor))
     names = [g.name for g in groups]
     return _with_state(loaded, groups, state, names)
+
+
+def attention_kernel(config):
+    """The context the layer is traced in: with ``attention=flash`` (splash attention, the kernel a
+    TPU runs) MaxText's attention op runs :func:`.attention_standin.splash_stand_in`, which traces
+    on a CPU for any head dims and with attention sinks; other kernels run as MaxText's code
+    does."""
+    if str(config.attention) == attention_standin.KERNEL:
+        return attention_standin.standing_in()
+    return contextlib.nullcontext()
 
 
 def _one_device_mesh(config):
