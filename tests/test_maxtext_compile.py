@@ -97,6 +97,25 @@ def test_tpu_compile_reads_the_figures_maxtexts_own_compiler_prints(tmp_path):
     assert ours["fits"] and ours["mesh"]["fsdp"] == 4 and ours["plan"].endswith(policy[13:])
     # q, k and v of both layers at [1, 256, 4 × 64] bf16 per device, stored and loaded back
     assert ours["overlap"]["transfers"] >= 2 * 3
+    # tierax's qkv-offload preset given as --plan: set as MaxText's custom keys (q/k/v offloaded,
+    # the rest recomputed), the program MaxText's qkv_proj_offloaded policy compiles
+    planned = _tierax_json(
+        "compile", "--maxtext", M.base_yml(), *TINY, "--plan", "qkv-offload", "--target", "v5p",
+        "--devices", "4", "--microbatch", "1", "--seq", "256",
+    )  # fmt: skip
+    assert planned["plan"] == "--plan qkv-offload (remat_policy=custom)"
+    assert planned["device_argument_bytes"] == theirs["argument_size_in_bytes"]
+    assert planned["device_temp_bytes"] == theirs["temp_size_in_bytes"]
+    assert planned["host_temp_bytes"] == theirs["host_temp_size_in_bytes"]
+
+
+def test_a_peak_over_the_limit_is_no_fit_on_a_tpu_either():
+    from tierax.xla.maxtext_step import judged_fit
+
+    assert judged_fit(100, 100, "0.0.50") == (True, None)
+    assert judged_fit(101, 100, None) == (False, None)
+    fits, note = judged_fit(101, 100, "0.0.50")
+    assert not fits and "libtpu 0.0.50" in note and "not counted as fitting" in note
 
 
 def test_gpu_compile_holds_the_training_state_counted_by_hand():
@@ -131,7 +150,8 @@ def test_gpu_compile_holds_the_training_state_counted_by_hand():
     "argv, message",
     [
         (["--model", "tiny-llama"], "--maxtext and --model both given"),
-        (["--plan", "save-all"], "--maxtext and --plan both given"),
+        (["remat_policy=full", "--plan", "save-all"], "remat_policy=full is given too"),
+        (["--plan", "full"], "remat_policy=full"),
         (["--xla-preset", "lhs"], "leave --xla-preset out"),
         (["hardware=tpu", "--target", "h200"], "hardware=gpu, but hardware=tpu is given too"),
         (["--target", "v5p", "--devices", "3"], "MaxText has no v5p slice of 3 devices"),

@@ -18,15 +18,15 @@ def check_args(args) -> None:
     """
     why = (
         "compile --maxtext compiles MaxText's own step as its config says (its remat_policy and "
-        "tensor keys are the plan: give them as key=value after --maxtext FILE); "
-        "--model/--model-config/--plan/--rates are for tierax's own step"
+        "tensor keys, given as key=value after --maxtext FILE, or --plan); "
+        "--model/--model-config/--rates are for tierax's own step"
     )
-    also = {
-        "--plan": args.plan if getattr(args, "plan_given", False) else None,
-        "--rates": getattr(args, "rates", None),
-    }
-    if not maxtext_program.check_maxtext(args, why, also):
+    if not maxtext_program.check_maxtext(args, why, {"--rates": getattr(args, "rates", None)}):
         return
+    if getattr(args, "plan_given", False):
+        from tierax.interop.maxtext_program import given_plan
+
+        given_plan.check(args.plan, args.maxtext_overrides)
     if args.xla_preset != "none":
         raise TieraxError(
             f"--xla-preset {args.xla_preset} sets tierax's XLA flags; MaxText's step takes its "
@@ -64,9 +64,12 @@ def cmd_compile(args) -> int:
         compile_lib.check_tpu_aot()
     else:
         compile_lib.check_gpu_aot()
+    overrides = list(args.maxtext_overrides)
+    if getattr(args, "plan_given", False):
+        overrides = _with_plan(args, devices, mesh)
     result, _ = compile_program(
         args.maxtext,
-        args.maxtext_overrides,
+        overrides,
         target=args.target,
         devices=devices,
         mesh=mesh,
@@ -75,8 +78,38 @@ def cmd_compile(args) -> int:
         grad_accum=args.grad_accum,
         target_config=target_config,
     )
+    if getattr(args, "plan_given", False):
+        import dataclasses
+
+        result = dataclasses.replace(result, plan=f"--plan {args.plan} ({result.plan})")
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:
         console().print(compile_table(result))
     return 0
+
+
+def _with_plan(args, devices: int, mesh) -> list[str]:
+    """The user's overrides with ``--plan``'s MaxText keys joined
+    (:mod:`tierax.interop.maxtext_program.given_plan`): the program is traced first for the names
+    and layer stacks the plan is resolved against (JAX started for the compile)."""
+    import contextlib
+    import sys
+
+    from tierax.interop.maxtext_program import given_plan, program
+
+    with contextlib.redirect_stdout(sys.stderr):
+        run = program(
+            args.maxtext,
+            args.maxtext_overrides,
+            target=args.target,
+            devices=devices,
+            mesh=mesh,
+            microbatch=args.microbatch if getattr(args, "microbatch_given", False) else None,
+            seq=args.seq if getattr(args, "seq_given", False) else None,
+            grad_accum=args.grad_accum,
+        )
+    keys, notes = given_plan.plan_keys(args.plan, run)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    return given_plan.joined(args.maxtext_overrides, keys, args.plan)

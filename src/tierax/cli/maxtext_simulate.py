@@ -3,15 +3,16 @@ MaxText's own program (:func:`tierax.interop.maxtext_program.program`) priced an
 tierax's step model, over those verbs' flags.
 
 ``simulate --maxtext`` prices the program under MaxText's own ``remat_policy`` (the config's, or a
-``remat_policy=...`` and its tensor keys given as key=value): ``--plan`` is refused, since the
-config's policy is the plan, as ``compile --maxtext`` compiles it.  ``plan --maxtext`` plans one
-placement per name (what MaxText's ``custom`` policy expresses) under XLA's offload policy, the
-training state on device (MaxText offloads its optimizer state all or none), and with ``--emit
-maxtext`` writes the MaxText keys of the plan (:mod:`tierax.interop.maxtext_program.emit`);
-with ``--check`` each plan's keys are compiled as MaxText's own step
-(:class:`tierax.solving.for_maxtext.MaxTextCompile`) in :mod:`tierax.solving.plan_check`'s loop;
-with ``--max-microbatch`` the plan is for the largest ``per_device_batch_size`` the model fits
-(with ``--check``: that MaxText's compile confirms).
+``remat_policy=...`` and its tensor keys given as key=value, or ``--plan``'s: a preset, plan file or
+MaxText overrides as ``remat_policy: custom`` and its names,
+:mod:`tierax.interop.maxtext_program.given_plan`), as ``compile --maxtext`` compiles it.
+``plan --maxtext`` plans one placement per name (what MaxText's ``custom`` policy expresses) under
+XLA's offload policy, the training state on device (MaxText offloads its optimizer state all or
+none), and with ``--emit maxtext`` writes the MaxText keys of the plan
+(:mod:`tierax.interop.maxtext_program.emit`); with ``--check`` each plan's keys are compiled as
+MaxText's own step (:class:`tierax.solving.for_maxtext.MaxTextCompile`) in
+:mod:`tierax.solving.plan_check`'s loop; with ``--max-microbatch`` the plan is for the largest
+``per_device_batch_size`` the model fits (with ``--check``: that MaxText's compile confirms).
 """
 
 from __future__ import annotations
@@ -57,11 +58,9 @@ def check_simulate(args) -> bool:
     if not _check_maxtext(args, "simulate"):
         return False
     if getattr(args, "plan_given", False):
-        raise TieraxError(
-            f"--plan {args.plan} with --maxtext: the plan of MaxText's program is its own "
-            "remat_policy; give it after --maxtext FILE as key=value (e.g. remat_policy=full, or "
-            "remat_policy=custom query_proj=offload ...), as MaxText's command line takes it"
-        )
+        from tierax.interop.maxtext_program import given_plan
+
+        given_plan.check(args.plan, args.maxtext_overrides)
     return True
 
 
@@ -214,6 +213,8 @@ def cmd_simulate(args) -> int:
     from tierax.report.tables import prediction_table
 
     run = _program(args)
+    if getattr(args, "plan_given", False):
+        run = _with_plan(args, run)
     rates = _rates(args, run)
     pred = cm.simulate(run.plan, run.program, rates, args.schedule, run.grad_accum)
     for note in run.notes:
@@ -222,6 +223,7 @@ def cmd_simulate(args) -> int:
         doc = pred.to_json() | {
             "maxtext": {
                 "remat_policy": run.remat_policy,
+                "given_plan": args.plan if getattr(args, "plan_given", False) else None,
                 "attention": run.attention,
                 "traced_attention": run.traced_attention,
                 "mesh": run.mesh,
@@ -235,10 +237,31 @@ def cmd_simulate(args) -> int:
     console().print(
         prediction_table(
             pred,
-            _title(args, run, run.program.microbatch, f"remat_policy {run.remat_policy}"),
+            _title(args, run, run.program.microbatch, _policy_text(args, run)),
         )
     )
     return 0
+
+
+def _policy_text(args, run) -> str:
+    given = f" from --plan {args.plan}" if getattr(args, "plan_given", False) else ""
+    return f"remat_policy {run.remat_policy}{given}"
+
+
+def _with_plan(args, run):
+    """MaxText's program of the options with ``--plan``'s keys (:mod:`.given_plan`) joined to the
+    user's, traced again (the plan priced is MaxText's own policy of those keys); its notes on
+    stderr."""
+    import contextlib
+
+    from tierax.interop.maxtext_program import given_plan
+
+    keys, notes = given_plan.plan_keys(args.plan, run)
+    overrides = given_plan.joined(args.maxtext_overrides, keys, args.plan)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    with contextlib.redirect_stdout(sys.stderr):
+        return _trace(args, overrides)
 
 
 def cmd_plan(args) -> int:

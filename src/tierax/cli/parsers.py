@@ -169,7 +169,8 @@ def _planning(sub) -> None:
         s,
         "--plan",
         "qkv-offload",
-        "a preset or plan YAML file (with --maxtext: refused; MaxText's remat_policy is the plan)",
+        "a preset or plan YAML file (with --maxtext: a preset, plan file or MaxText overrides, "
+        "set as remat_policy=custom and its names; without it the config's remat_policy)",
     )
     _given(
         s,
@@ -384,7 +385,13 @@ def _running(sub) -> None:
     )
     add_model_args(c)
     maxtext_program.add_args(c)
-    _given(c, "--plan", "qkv-offload", "a preset or plan YAML file (default: qkv-offload)")
+    _given(
+        c,
+        "--plan",
+        "qkv-offload",
+        "a preset or plan YAML file (default: qkv-offload; with --maxtext: set as "
+        "remat_policy=custom and its names, without it the config's remat_policy)",
+    )
     _given(
         c,
         "--target",

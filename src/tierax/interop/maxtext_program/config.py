@@ -149,7 +149,7 @@ def merge_flags(user: Mapping[str, str], flags: Mapping[str, tuple[str, str]]) -
     """
     out = dict(user)
     for key, (value, flag) in flags.items():
-        if key in user and not _same(user[key], value):
+        if key in user and not same(user[key], value):
             raise TieraxError(
                 f"{flag} sets MaxText's {key}={value}, but {key}={user[key]} is given too; "
                 "give one of them (or the same value)"
@@ -158,7 +158,9 @@ def merge_flags(user: Mapping[str, str], flags: Mapping[str, tuple[str, str]]) -
     return out
 
 
-def _same(a: str, b: str) -> bool:
+def same(a: str, b: str) -> bool:
+    """Whether two MaxText values given as text are the same value (numbers by value, words by
+    spelling, case aside)."""
     try:
         return float(a) == float(b)
     except ValueError:

@@ -65,16 +65,30 @@ def overrides(
     grad_accum: int,
 ) -> dict:
     """The MaxText keys of ``plan`` for the MaxText program ``run``
-    (:class:`.program.MaxTextProgram`), in file order."""
-    placements = uniform(plan, run.program)
+    (:class:`.program.MaxTextProgram`), in file order: :func:`remat_keys`, then :func:`run_keys`."""
+    keys = remat_keys(uniform(plan, run.program))
+    return keys | run_keys(run, microbatch=microbatch, seq=seq, grad_accum=grad_accum)
+
+
+def remat_keys(placements: Mapping[str, str]) -> dict:
+    """``remat_policy: custom`` and every key of its policy for one placement per traced name
+    (:func:`uniform`): a key the program does not tag takes MaxText's default, the scan's carry
+    stays on device (MaxText refuses remat for it)."""
     keys: dict = {"remat_policy": "custom"}
     for key in K.REMAT_KEYS:
         if key in placements:
-            keys[key] = placements[key]
+            keys[key] = str(placements[key])
         else:  # a key this program does not tag: MaxText's default, which nothing here names
             keys[key] = "device" if key == N.DECODER_LAYER_INPUT else "remat"
     if keys[N.DECODER_LAYER_INPUT] == "remat":
         keys[N.DECODER_LAYER_INPUT] = "device"  # the scan's carry (MaxText refuses remat)
+    return keys
+
+
+def run_keys(run, *, microbatch: int, seq: int, grad_accum: int) -> dict:
+    """The keys of the run a plan of ``run``'s program was planned for: batch, length,
+    accumulation, the ``ici_*``/``dcn_*`` mesh, vocabulary tiling, attention, scanned layers."""
+    keys: dict = {}
     tensor = int(run.mesh.get("tensor", 1))
     per = microbatch / tensor
     keys["per_device_batch_size"] = int(per) if per == int(per) else per
