@@ -31,7 +31,12 @@ TINY = [
     "vocab_size=1024",
 ]
 ON = ["--target", "h200", "--devices", "2"]
-QKV_BY_HAND = ["remat_policy=custom", "query_proj=offload", "key_proj=offload", "value_proj=offload"]
+QKV_BY_HAND = [
+    "remat_policy=custom",
+    "query_proj=offload",
+    "key_proj=offload",
+    "value_proj=offload",
+]
 
 
 def _simulate(capsys, *argv: str) -> tuple[int, dict | None, str]:
