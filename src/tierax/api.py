@@ -46,7 +46,7 @@ from tierax.plan import Plan, load_plan, to_policies
 from tierax.plan.types import RESERVED_KEYS
 from tierax.solving import planner, planning
 from tierax.tracing import inventory as inv_lib
-from tierax.tracing import jaxpr_tools
+from tierax.tracing import jaxpr_tools, loss_phase
 from tierax.tracing.program import Program
 
 # Before JAX starts (it starts on first use): a machine without a GPU driver or TPU runs the API on
@@ -205,16 +205,20 @@ def _sds(tree):
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), tree)
 
 
-def _layers(closed) -> list[tuple[str, int, object, list]]:
-    """(group, length, remat eqn, scan body invars) of every scan over a rematted layer, outermost
-    first."""
+def _layers(closed) -> list[tuple[str, int, object, list, object]]:
+    """(group, length, remat eqn, scan body carries, scan eqn) of every scan over a rematted
+    layer, outermost first."""
     out, seen = [], set()
     for eqn, _, scope in jaxpr_tools._walk(closed.jaxpr, 1, ()):
         if eqn.primitive.name != "scan" or id(eqn) in seen:
             continue
         body = eqn.params["jaxpr"].jaxpr
         remats = [e for e in body.eqns if e.primitive.name in ("remat2", "checkpoint")]
-        if len(remats) != 1:
+        consts, carries = jaxpr_tools.scan_split(eqn.params)
+        carry = body.invars[consts : consts + carries]
+        # A layer scan's checkpointed layer takes the carry; a loss computed over token tiles
+        # checkpoints a function of its scanned inputs only (the loss phase's, not a layer).
+        if len(remats) != 1 or not any(any(v is c for c in carry) for v in remats[0].invars):
             continue
         seen.add(id(eqn))
         group = next(
@@ -226,9 +230,7 @@ def _layers(closed) -> list[tuple[str, int, object, list]]:
             ),
             None,
         )
-        consts, carries = jaxpr_tools.scan_split(eqn.params)
-        carry = body.invars[consts : consts + carries]
-        out.append((group, int(eqn.params["length"]), remats[0], carry))
+        out.append((group, int(eqn.params["length"]), remats[0], carry, eqn))
     return out
 
 
@@ -294,8 +296,9 @@ def inventory(loss_fn: Callable, params, batch, *, name: str = "custom") -> Mode
             f"loss_fn returns {got or 'nothing'}; tierax plans the gradient of one "
             "floating-point scalar: return the mean loss (e.g. jnp.mean(...))"
         )
-    groups, lgroups, used, dtypes, widths = [], [], set(), [], []
-    for k, (group, length, remat, carry) in enumerate(_layers(closed)):
+    groups, lgroups, used, dtypes, widths, moe_bytes = [], [], set(), [], [], []
+    scans = _layers(closed)
+    for k, (group, length, remat, carry, _) in enumerate(scans):
         layer, x, others = _layer_fn(remat, carry)
         dtypes.append(str(x.dtype))
         widths.append(int(x.shape[-1]) if x.shape else 1)
@@ -306,7 +309,10 @@ def inventory(loss_fn: Callable, params, batch, *, name: str = "custom") -> Mode
                 "jax.named_scope('tierax_group_<name>')"
             )
         used.add(gname)
-        g = inv_lib.layer_inventory(layer, x, others, group=gname, num_layers=length)
+        experts = loss_phase.expert_params(layer, x, others)
+        g = inv_lib.layer_inventory(
+            layer, x, others, group=gname, num_layers=length, expert_param_count=experts
+        )
         bad = [a.name for a in g.activations if a.name in RESERVED_KEYS]
         if bad:
             raise TieraxError(
@@ -316,6 +322,8 @@ def inventory(loss_fn: Callable, params, batch, *, name: str = "custom") -> Mode
         if g.activations:
             groups.append(g)
             lgroups.append(LayerGroup(gname, length, tuple(a.name for a in g.activations)))
+            if experts:
+                moe_bytes.append((gname, loss_phase.moe_backward(layer, x, others)))
     if not groups:
         raise TieraxError(
             "no scan over a jax.checkpoint'ed layer with checkpoint_name'd activations in loss_fn; "
@@ -325,28 +333,40 @@ def inventory(loss_fn: Callable, params, batch, *, name: str = "custom") -> Mode
     leaves = jax.tree.leaves(_sds(params))
     pdtype = str(leaves[0].dtype) if leaves else "float32"
     pbytes = _leaf_bytes(_sds(params))
+    # The loss phase from the gradient's trace (tierax.tracing.loss_phase): its head, the bytes it
+    # holds besides the state and the kept activations, the gradients not yet written there.
+    loss = loss_phase.read(loss_fn, _sds(params), _sds(batch), closed, {id(s[-1]) for s in scans})
     inv = inv_lib.Inventory(
         model=name,
         microbatch=1,
-        seq=1,
+        # the tokens the head computes logits for (the step's tokens as the trace gives them)
+        seq=max(1, loss.head_tokens),
         mesh={"data": 1, "fsdp": 1},
         groups=tuple(groups),
         param_bytes=pbytes,
         grad_bytes=pbytes,
         optimizer_bytes=2 * pbytes,
-        logits_bytes=0,
-        embed_param_count=0,
+        logits_bytes=loss.logits_bytes,
+        # the parameters whose gradients are not yet written at the loss's peak (the cost model
+        # counts the state there without them)
+        embed_param_count=loss.unwritten_params,
     )
-    # What the trace gives of the rest of the program: the layers' matmuls (3× the forward: the
-    # model FLOPs of MaxText's convention), the hidden width (the layer input's last dimension).
-    # No LM head, fused attention kernel or MoE buffers are priced: the trace names none.
+    head_flops = 2.0 * inv.seq * loss.head.params if loss.head else 0.0
+    layer_flops = sum(g.forward_flops_per_layer * g.num_layers for g in groups)
+    # What the trace gives of the rest of the program: the layers' and the head's matmuls (3× the
+    # forward: the model FLOPs of MaxText's convention), the hidden width (the layer input's last
+    # dimension), the loss phase and each routed-expert group's backward buffers.  No fused
+    # attention kernel is priced: the trace names none.
     program = Program(
         inventory=inv,
         groups=tuple(lgroups),
         dtype=dtypes[0],
         param_dtype=pdtype,
         hidden=hidden,
-        model_flops=3.0 * sum(g.forward_flops_per_layer * g.num_layers for g in groups),
+        model_flops=3.0 * (layer_flops + head_flops),
+        head=loss.head,
+        moe_backward_bytes=tuple(moe_bytes),
+        loss_bytes=loss.held_bytes,
         batch_shaped=False,
     )
     return ModelInventory(program)
@@ -416,6 +436,12 @@ def plan(
             param_bytes=inv.param_bytes // shard,
             grad_bytes=inv.grad_bytes // shard,
             optimizer_bytes=inv.optimizer_bytes // shard,
+            # the cost model divides the unwritten gradients over fsdp × expert; these are split
+            # as the gradients are, over fsdp × tensor
+            embed_param_count=inv.embed_param_count
+            * mesh.get("fsdp", 1)
+            * mesh.get("expert", 1)
+            // shard,
         )
     program = dataclasses.replace(
         program.with_inventory(inv), extra_bytes=program.extra_bytes + int(extra_bytes)

@@ -410,10 +410,10 @@ def fixed_terms(prog: Program, rates: Rates, schedule: str) -> FixedTerms:
         stack_copy = _stack_copy_bytes(prog, p_item)
     coll, exposed_coll, critical_coll = _collectives(prog, rates, schedule, compute_s)
     excess = 0
-    if head is None:  # no head priced (tierax.api): the loss holds only the extra bytes
-        loss_bytes = 0
-    elif prog.loss_bytes is not None:  # the front end's reading of its program's loss
+    if prog.loss_bytes is not None:  # the front end's reading of its program's loss
         loss_bytes = prog.loss_bytes
+    elif head is None:  # no head priced: the loss holds only the extra bytes
+        loss_bytes = 0
     elif tpu:
         excess = _reported_excess(head, c_item, fsdp, tiled, tokens, rates.libtpu)
         loss_bytes = _tpu_loss_phase_bytes(prog, c_item, fsdp, tiled, head_grad) + excess
