@@ -14,8 +14,8 @@ them::
     planned = tierax.plan(inv, target="h100")
     step = train_step(planned.policy("moe"))          # value_and_grad + AdamW
 
-Run: ``.venv/bin/python examples/moe_lm_model.py [--tiles 4] [--budget-gib 5.5]
-[--compile-for h100]``.  ``--compile-for`` also compiles the planned training step for that GPU
+Run: ``.venv/bin/python examples/moe_lm_model.py [--tiles 4] [--budget-gib 5.5] [--size vocab=4096
+...] [--compile-for h100]``.  ``--compile-for`` also compiles the planned training step for that GPU
 without a GPU (deviceless XLA:GPU; tierax's gpu-aot extra) and prints XLA's peak beside the
 prediction.
 """
@@ -191,9 +191,18 @@ def compile_peak(policy, target: str, sizes=None, tiles: int = 1) -> int:
 
 
 def main() -> None:
+    from tierax.errors import TieraxError
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tiles", type=int, default=1, help="token tiles of the loss")
     p.add_argument("--budget-gib", type=float, help="device budget per device, GiB")
+    p.add_argument(
+        "--size",
+        action="append",
+        default=[],
+        metavar="KEY=N",
+        help=f"a size other than the default {SIZES} (repeatable)",
+    )
     p.add_argument("--target", default="h100")
     p.add_argument("--compile-for", metavar="GPU", help="also compile the step for this GPU")
     a = p.parse_args()
@@ -202,7 +211,13 @@ def main() -> None:
 
         launch.start(deviceless_gpu=True)  # before JAX starts
     budget = a.budget_gib and a.budget_gib * 2**30
-    inv, planned = plan(target=a.target, budget=budget, tiles=a.tiles)
+    sizes = dict(SIZES)
+    for item in a.size:
+        key, _, value = item.partition("=")
+        if key not in SIZES or not value.isdigit() or int(value) < 1:
+            raise TieraxError(f"--size {item!r}: give KEY=N with KEY one of {', '.join(SIZES)}")
+        sizes[key] = int(value)
+    inv, planned = plan(sizes, target=a.target, budget=budget, tiles=a.tiles)
     prog = planned.program
     print(f"head: {prog.head}; the loss phase holds {prog.loss_bytes / 2**20:.1f} MiB")
     print(f"MoE backward buffers: {dict(prog.moe_backward_bytes)} bytes")
@@ -210,7 +225,7 @@ def main() -> None:
     peak = planned.predicted.peak_device_bytes
     print(f"predicted peak {peak / 2**30:.3f} GiB ({planned.predicted.breakdown.peak_phase})")
     if a.compile_for:
-        xla = compile_peak(planned.policy("moe"), a.compile_for, tiles=a.tiles)
+        xla = compile_peak(planned.policy("moe"), a.compile_for, sizes, tiles=a.tiles)
         print(
             f"compiled for {a.compile_for} (deviceless): peak {xla / 2**30:.3f} GiB, "
             f"prediction {(peak - xla) / xla:+.2%}"

@@ -112,9 +112,10 @@ def test_the_plan_prices_the_traced_terms():
         == (b.state_bytes - b.embed_grad_bytes + prog.loss_bytes + b.activation_bytes)
         + b.fixed_device_bytes
     )
-    # Under FSDP the unwritten gradients are split as the gradients are (fsdp × tensor).
-    fsdp = tierax.plan(tierax.api.ModelInventory(prog), target="h100", mesh={"fsdp": 4})
-    assert fsdp.predicted.breakdown.embed_grad_bytes == _param_count() * F32 // 4
+    # On a mesh the unwritten gradients are split as the gradients are (over fsdp × tensor).
+    mesh = {"fsdp": 2, "tensor": 2}
+    split = tierax.plan(tierax.api.ModelInventory(prog), target="h100", mesh=mesh)
+    assert split.predicted.breakdown.embed_grad_bytes == _param_count() * F32 // 4
 
 
 def _gpu_aot() -> bool:

@@ -22,9 +22,23 @@ the scan in ``jax.named_scope("tierax_group_<name>")`` to name the layer group
 and measures each layer with :func:`tierax.tracing.inventory.layer_inventory` (bytes per
 name, recompute FLOPs).  Per device: give per-device shapes; ``mesh`` in
 :func:`plan` only divides parameter, gradient and AdamW state bytes over
-``fsdp × tensor``.  The model's FLOPs are the layers' matmuls (3× forward); an
-LM head or anything outside the scans is not counted, and no logits memory is
-assumed unless ``extra_bytes`` is given.
+``fsdp × tensor``.
+
+What the rest of the step holds is read from the trace of ``jax.value_and_grad(loss_fn)``
+(:mod:`tierax.tracing.loss_phase`, with XLA:GPU's fusion assumed: :mod:`tierax.tracing.liveness`),
+with no configuration:
+
+* **the loss phase** (between the layers' forward and backward scans): your LM head (the matmul
+  with a 2-D parameter ``[hidden, vocab]`` producing the logits the loss reduces; over token tiles
+  where the loss scans over them), and the bytes live at its peak besides the parameters, the
+  optimizer state and the kept activations — the logits and their gradient, the head's operands
+  and gradient, a tile loop's working set — and the gradients not yet written there;
+* **routed experts**: a layer parameter a batched (or grouped, ``ragged_dot``) matmul reads is an
+  expert weight; such a layer's backward buffers besides its residuals are priced with it.
+
+The model's FLOPs are the layers' and the head's matmuls (3× forward).  A fused attention kernel's
+workspace is not priced (the trace names none); ``extra_bytes`` in :func:`plan` adds device memory
+of your own the trace does not see (live through the whole step).
 """
 
 from __future__ import annotations
@@ -279,8 +293,12 @@ def inventory(loss_fn: Callable, params, batch, *, name: str = "custom") -> Mode
       loss_fn: ``loss_fn(params, batch) -> scalar``; params/batch: arrays or
         ShapeDtypeStructs at per-device shapes (nothing is allocated).
 
+    The program's head, loss-phase bytes and MoE backward buffers come from the trace of its
+    gradient (the module docstring); ``inventory(...).program`` shows them.
+
     Raises:
-      TieraxError: no scan over a ``jax.checkpoint``'ed layer with named activations.
+      TieraxError: no scan over a ``jax.checkpoint``'ed layer with named activations, or a
+        gradient whose forward does not run ``loss_fn``'s scans (its loss phase cannot be read).
     """
     if not callable(loss_fn):
         raise TieraxError(
@@ -392,7 +410,8 @@ def plan(
           tensor.  ``"auto"`` is refused: a custom loss function does not say what each axis
           shards (``tierax plan --mesh auto`` searches meshes for tierax's models).
       budget / host_budget: bytes per device (default: capacity minus 5 %, host memory per GPU).
-      extra_bytes: device memory the inventory does not see (logits, buffers of your own).
+      extra_bytes: device memory the trace does not see (buffers of your own, live through the
+          whole step); the logits and the loss's buffers are read from the trace.
 
     Raises:
       TieraxError: unknown target or schedule, a budget above the device's usable memory, or no
