@@ -13,11 +13,13 @@ import pathlib
 import sys
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 import tierax
 from tierax import costmodel as cm
 from tierax.errors import TieraxError
+from tierax.tracing import liveness
 from tierax.tracing.program import Head
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
@@ -57,6 +59,30 @@ def _moe_backward() -> int:
     # the down-projection's weight gradient [E, F, D] before its float32 cast, the new
     # [E, C, F] gradient, and two bf16 [d] reductions — all bf16.
     return (2 * E * C * F + E * C * D + E * F * D + 2 * D) * BF16
+
+
+def _peak(f, *args) -> int:
+    """The largest bytes live besides the inputs while one equation of ``f`` runs."""
+    jaxpr = jax.make_jaxpr(f)(*args).jaxpr
+    nodes = liveness.flatten(jaxpr)
+    bufs = liveness.buffers(nodes, jaxpr.invars, jaxpr.outvars)
+    inputs = set(jaxpr.invars)
+    return max(bufs.live_at(i, lambda b: b not in inputs) for i in range(len(nodes)))
+
+
+def test_the_fusion_rule_writes_what_a_kernel_reads_and_loops_update_in_place():
+    a, w, b = (jax.ShapeDtypeStruct(s, jnp.float32) for s in ((8, 16), (16, 32), (32, 4)))
+    y = 8 * 32 * F32  # a @ w, a matmul's output
+    # exp(y)·2 read by a matmul: written while y is read (both live), then y is dead.
+    assert _peak(lambda a, w, b: jnp.sum(jnp.exp(a @ w) * 2 @ b), a, w, b) == 2 * y
+    # read by a reduction only: fused into it, never written; y and the scalar sum are live.
+    assert _peak(lambda a, w, b: jnp.sum(jnp.exp(a @ w) * 2), a, w, b) == y + F32
+
+    # A scan's carry: its output takes the input's buffer (the zeros the loop starts from).
+    def accumulate(xs):
+        return jax.lax.scan(lambda c, x: (c + x, None), jnp.zeros(64), xs)[0]
+
+    assert _peak(accumulate, jax.ShapeDtypeStruct((5, 64), jnp.float32)) == 64 * F32
 
 
 def test_the_trace_gives_the_head_the_loss_buffers_and_the_moe_buffers():

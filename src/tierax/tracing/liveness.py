@@ -1,21 +1,26 @@
 """Device bytes a traced program holds, read from its jaxpr the way XLA:GPU fuses it: which values
 become buffers and how long each lives.
 
-The rule (:func:`flatten`, :func:`walk`) assumes XLA's fusion, not an op-by-op execution:
+The rule (:func:`flatten`, :func:`buffers`, :func:`body_peak`) assumes XLA's fusion, not an
+op-by-op execution (the operation classes are :mod:`tierax.tracing.hbm`'s):
 
 * A **kernel** writes a buffer and reads its operands from buffers: a matmul (``dot_general``, a
-  grouped ``ragged_dot``, a convolution), a loop (``scan``, ``while``, ``cond``), a sort or top-k,
-  a cumulative op, a collective.  Its outputs and its operands are buffers.
+  grouped ``ragged_dot``, a convolution), a loop (``scan``, ``while``, ``cond``), a collective, a
+  custom call.  Its outputs and its operands are buffers.
 * A **fusion root** writes a buffer but fuses the work that makes its operands: a reduction, a
-  scatter (XLA:GPU fuses its zero-filled operand and its updates), a ``dynamic_update_slice``.
+  cumulative op, a sort or top-k, a scatter (XLA:GPU fuses its zero-filled operand and its
+  updates), a ``dynamic_update_slice``.
 * Everything else (elementwise ops, broadcasts, converts, reshapes, transposes, slices, gathers)
   fuses into its consumers: it is no buffer of its own unless a kernel reads it or the program
   returns it, and each consumer re-reads the buffers it was made from (a value several consumers
-  read is recomputed in each, not written once).
+  read is recomputed in each, not written once).  Calls (``jit``, ``remat``, ``custom_jvp`` /
+  ``custom_vjp``) are inlined.
 * A buffer lives from the equation that writes it to the last equation that reads it (directly or
   through the fused values made from it); while an equation runs, its operands and its outputs are
-  all live.  A loop's own working set (its body's largest live bytes, read the same way) is added
-  while the loop runs.
+  all live.  A loop's own working set (its body's largest live bytes, read the same way, its
+  inputs and carried state left out) is added while the loop runs; a loop's carried output takes
+  its input's buffer where the loop is that input's last reader (XLA's while loop updates its
+  state in place).
 
 XLA can decide otherwise (a fusion it declines, a layout copy, buffers shared by its heap), so the
 figures are XLA's program as this rule reads it; tests/test_api_program.py sets them beside
