@@ -15,6 +15,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.ad_checkpoint import checkpoint_name
 
 import tierax
 from tierax import costmodel as cm
@@ -123,6 +124,23 @@ def test_a_loss_over_token_tiles_is_read_tile_by_tile():
     # The tile loop writes the head's gradient: the others are not written yet.
     assert prog.inventory.embed_param_count == _param_count() - D * V
     assert prog.moe_backward_bytes == (("moe", _moe_backward()),)
+
+
+def test_a_scan_the_loss_does_not_read_is_not_its_forward():
+    def layer(x, p):
+        return x + checkpoint_name(jnp.tanh(x @ p["w"]), "h") @ p["v"]
+
+    def loss(params, x, dead_layers=False):
+        jax.lax.scan(lambda c, z: (c + z, None), 0.0, jnp.ones(3))  # unused
+        y, _ = jax.lax.scan(lambda c, p: (jax.checkpoint(layer)(c, p), None), x, params)
+        return jnp.mean(x**2) if dead_layers else jnp.mean(y**2)
+
+    s = jax.ShapeDtypeStruct
+    params = {"w": s((2, 8, 16), jnp.float32), "v": s((2, 16, 8), jnp.float32)}
+    prog = tierax.inventory(loss, params, s((4, 8), jnp.float32)).program
+    assert prog.head is None and [g.name for g in prog.groups] == ["layers"]
+    with pytest.raises(TieraxError, match="cannot tell its loss phase"):
+        tierax.inventory(lambda p, x: loss(p, x, dead_layers=True), params, s((4, 8), jnp.float32))
 
 
 def test_the_plan_prices_the_traced_terms():

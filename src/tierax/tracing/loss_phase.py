@@ -145,8 +145,12 @@ def read(loss_fn, params, batch, closed, layer_scans: set[int]) -> LossPhase:
     param_vars = jaxpr.invars[:n_params]
     loss, grads = jaxpr.outvars[0], jaxpr.outvars[1:]
     forward = _ancestors(nodes, loss)
-    # The forward scans of the gradient are loss_fn's scans, in order.
-    is_layer = [id(n.eqn) in layer_scans for n in liveness.flatten(closed) if n.primitive == "scan"]
+    # The forward scans of the gradient are loss_fn's scans the loss is computed from, in order.
+    own = liveness.flatten(closed)
+    live = _ancestors(own, closed.jaxpr.outvars[0])
+    is_layer = [
+        id(n.eqn) in layer_scans for i, n in enumerate(own) if n.primitive == "scan" and i in live
+    ]
     fwd_scans = [i for i in sorted(forward) if nodes[i].primitive == "scan"]
     if len(fwd_scans) != len(is_layer) or not any(is_layer):
         raise TieraxError(
