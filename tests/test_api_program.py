@@ -126,6 +126,24 @@ def test_a_loss_over_token_tiles_is_read_tile_by_tile():
     assert prog.moe_backward_bytes == (("moe", _moe_backward()),)
 
 
+def test_weights_batched_over_heads_are_experts_only_where_the_layer_routes():
+    from tierax.tracing import loss_phase
+
+    def heads(x, p):  # per-head weights [H, D, K], batched over the heads
+        h = jnp.einsum("hbd,hdk->hbk", jnp.broadcast_to(x, (4, *x.shape)), p[0])
+        return x + jnp.sum(h, 0) @ p[1]
+
+    def routed(x, p):  # the same GEMMs, each row's top-1 head kept
+        h = jnp.einsum("hbd,hdk->hbk", jnp.broadcast_to(x, (4, *x.shape)), p[0])
+        top = jax.nn.one_hot(jnp.argmax(jnp.sum(h, -1), 0), 4).T[..., None]
+        return x + jnp.sum(h * top, 0) @ p[1]
+
+    s = jax.ShapeDtypeStruct
+    x, p = s((8, 16), jnp.float32), (s((4, 16, 16), jnp.float32), s((16, 16), jnp.float32))
+    assert loss_phase.expert_params(heads, x, p) == 0
+    assert loss_phase.expert_params(routed, x, p) == 4 * 16 * 16
+
+
 def test_a_scan_the_loss_does_not_read_is_not_its_forward():
     def layer(x, p):
         return x + checkpoint_name(jnp.tanh(x @ p["w"]), "h") @ p["v"]

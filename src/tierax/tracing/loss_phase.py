@@ -25,9 +25,11 @@ two-dimensional parameter ``[hidden, vocab]`` (a cast or transpose of it) as an 
 with the largest output where there are several; inside a scan of the loss phase (a loss over
 token tiles) its tiles are the scan's length.  Its tokens are its FLOPs over ``2·hidden·vocab``.
 
-**A routed-expert layer**: a layer parameter that a batched matmul (a ``dot_general`` batched over
-that operand's leading dimension) or a grouped matmul (``ragged_dot``) reads is an expert weight;
-a layer with any is a MoE layer, whose backward's own buffers (every buffer its backward writes,
+**A routed-expert layer**: in a layer that routes (its forward chooses with a ``top_k``, an
+``approx_top_k`` or an ``argmax``), a layer parameter that a batched matmul (a ``dot_general``
+batched over that operand's leading dimension) or a grouped matmul (``ragged_dot``) reads is an
+expert weight (per-head weights batched over heads, in a layer that does not route, are not); a
+layer with any is a MoE layer, whose backward's own buffers (every buffer its backward writes,
 its residuals, the gradients of its parameters and its input left out; the largest live at once)
 are :func:`moe_backward`'s bytes — what :func:`tierax.models.moe.backward_buffer_bytes` prices
 for tierax's own MoE from its shapes.
@@ -44,6 +46,9 @@ from jax.extend.core import Literal
 from tierax.errors import TieraxError
 from tierax.tracing import liveness
 from tierax.tracing.program import Head
+
+# The choices a router makes (a layer with one of them routes).
+ROUTING = frozenset({"top_k", "approx_top_k", "argmax"})
 
 
 @dataclass(frozen=True)
@@ -216,9 +221,12 @@ def read(loss_fn, params, batch, closed, layer_scans: set[int]) -> LossPhase:
 
 def expert_params(layer_fn, x, params) -> int:
     """Elements of ``params`` (one layer's, a sequence of ShapeDtypeStructs) that a batched or
-    grouped matmul reads as a weight (module docstring): the layer's routed experts."""
+    grouped matmul of a routing layer reads as a weight (module docstring): the layer's routed
+    experts."""
     jaxpr = jax.make_jaxpr(layer_fn)(x, params).jaxpr
     nodes = liveness.flatten(jaxpr)
+    if not any(n.primitive in ROUTING for n in nodes):
+        return 0
     leaves = jaxpr.invars[1:]
     origin = _param_origins(nodes, {v: v for v in leaves})
     experts = set()
@@ -226,7 +234,7 @@ def expert_params(layer_fn, x, params) -> int:
         if n.primitive == "dot_general":
             _, (lb, rb) = n.eqn.params["dimension_numbers"]
             for v, batch in ((n.invars[0], lb), (n.invars[1], rb)):
-                if batch and _has(origin, v):
+                if 0 in batch and _has(origin, v):
                     experts.add(origin[v])
         elif n.primitive in ("ragged_dot", "ragged_dot_general") and _has(origin, n.invars[1]):
             experts.add(origin[n.invars[1]])
