@@ -5,11 +5,13 @@ Python API's front end (:func:`tierax.api.inventory`) fills a
 front end (:mod:`tierax.tracing.model_program`) fills them from a model config.
 
 **The loss phase** is the program between the last forward layer scan and the first backward one
-in ``jax.value_and_grad(loss_fn)``'s jaxpr: a forward layer scan is one of the loss's ancestors
-that runs a layer scan of ``loss_fn`` (the same order); the backward begins at the first equation
-outside the loss's ancestors that reads a forward layer scan's residual (an output the loss does
-not read).  Its bytes are :mod:`tierax.tracing.liveness`'s reading (XLA:GPU's fusion assumed),
-at the equation where the most are live, split as the cost model prices them:
+in ``jax.value_and_grad(loss_fn)``'s jaxpr: the scans the loss's value is computed from there are
+``loss_fn``'s own scans its value is computed from, in the same order, and the layer scans among
+them (:func:`tierax.api.inventory`'s: a checkpointed layer applied to the carry) are the forward
+layer scans; the backward begins at the first equation outside the loss's ancestors that reads a
+forward layer scan's residual (an output the loss does not read).  Its bytes are
+:mod:`tierax.tracing.liveness`'s reading (XLA:GPU's fusion assumed), at the equation where the
+most are live (the gradients written by then included), split as the cost model prices them:
 
 * the state (the parameters and the batch, the step's arguments) and the layer scans' residuals
   (the kept activations, which the plan places) are not counted;
