@@ -35,11 +35,11 @@ def _example():
 
 
 M = _example()
-# d ≠ f, so that every buffer's size says which it is.
-TINY = {"vocab": 512, "d": 64, "f": 96, "experts": 4, "layers": 2, "batch": 2, "seq": 32}
+# d, f and the tokens all differ, so that every buffer's size says which it is.
+TINY = {"vocab": 512, "d": 64, "f": 96, "experts": 4, "layers": 2, "batch": 2, "seq": 40}
 V, D, F, E, L = TINY["vocab"], TINY["d"], TINY["f"], TINY["experts"], TINY["layers"]
 T = TINY["batch"] * TINY["seq"]
-C = M.capacity(T, E)  # 40 slots per expert
+C = M.capacity(T, E)  # 50 slots per expert
 BF16, F32, I32 = 2, 4, 4
 
 
@@ -54,12 +54,12 @@ def _param_count() -> int:
 
 
 def _moe_backward() -> int:
-    # At the backward's peak (its down-projection's weight-gradient GEMM done, the gate's input
-    # gradient GEMM running), besides the residuals: the gradient of the SwiGLU product
-    # [E, C, F], the expert outputs' gradient [E, C, D] (the combine gathers' transposes summed),
-    # the down-projection's weight gradient [E, F, D] before its float32 cast, the new
-    # [E, C, F] gradient, and two bf16 [d] reductions — all bf16.
-    return (2 * E * C * F + E * C * D + E * F * D + 2 * D) * BF16
+    # At the backward's peak (an up-projection's GEMMs back-propagated), besides the residuals:
+    # two [E, C, F] gradients of the SwiGLU's inputs (the product's, and the sum of the gate's and
+    # up-projection's paths), that up-projection's weight gradient [E, F, D] before its float32
+    # cast, the expert inputs' gradient [E, C, D], and the two choices' gate gradients [T] — all
+    # bf16.
+    return (2 * E * C * F + E * F * D + E * C * D + 2 * T) * BF16
 
 
 def _peak(f, *args) -> int:
