@@ -171,20 +171,19 @@ MODELS = {
 }
 
 
-@pytest.fixture(scope="module", params=list(MODELS))
-def layer_residuals(request) -> tuple[str, dict[str, list]]:
-    """(model, {group: the (shape, dtype) of each value its layer's backward keeps, no remat}):
-    MaxText's layer traced with attention=flash under the stand-in, as a TPU target traces it."""
+def _traced_residuals(key: str, extra=()) -> dict[str, list]:
+    """{group: the (shape, dtype) of each value its layer's backward keeps, no remat}: MODELS[key]'s
+    layers traced with attention=flash under the stand-in, as a TPU target traces them."""
     import jax
     from flax.linen import partitioning as nn_partitioning
 
     from tierax.interop import maxtext_program
     from tierax.interop.maxtext_program import trace
 
-    name, keys, *_ = MODELS[request.param]
+    name, keys, *_ = MODELS[key]
     out = {}
     with maxtext_program.load(
-        _model_file(name), [*CUT, *keys, "attention=flash"], microbatch=1, seq=SEQ
+        _model_file(name), [*CUT, *keys, *extra, "attention=flash"], microbatch=1, seq=SEQ
     ) as loaded:
         config = loaded.config
         model = trace._abstract_model(config, trace._one_device_mesh(config))
@@ -194,7 +193,12 @@ def layer_residuals(request) -> tuple[str, dict[str, list]]:
             for group, stack in trace.decoder_stacks(model.decoder, config):
                 fn, params, _ = trace._layer(stack, config)
                 out[group] = _residuals(fn, x, params)
-    return request.param, out
+    return out
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def layer_residuals(request) -> tuple[str, dict[str, list]]:
+    return request.param, _traced_residuals(request.param)
 
 
 def test_maxtext_layers_trace_with_the_stand_in(layer_residuals):
@@ -287,3 +291,10 @@ def test_cudnn_head_dim_refusal_remains_on_gpu():
     name, keys, *_ = MODELS["deepseek2"]
     with pytest.raises(TieraxError, match="head dim 192"):
         program(_model_file(name), [*CUT, *keys], target="h200", devices=1, microbatch=1, seq=SEQ)
+
+
+def test_unpriced_attention_refused():
+    """What MaxText's splash path takes but the stand-in does not price is refused, naming it:
+    QK-clip's max-logit recording (MLA's use_qk_clip)."""
+    with pytest.raises(TieraxError, match="max-logit recording"):
+        _traced_residuals("deepseek2", ["use_qk_clip=true"])
