@@ -20,8 +20,9 @@ gradient, kept activations, staging, the transposed copies and one layer's works
 (parameters, optimizer state and the layer gradients, kept activations and staging, the transposed
 copies, the head's float32 gradient, plus the float32 logits and their gradient in the compute
 dtype, or, when the loss is tiled, one tile's gradient and, under FSDP, the head gathered in the
-compute dtype).  GPU targets add the fixed buffers XLA:GPU always allocates (the cuBLAS workspace).
-Each term is a buffer seen at deviceless XLA:GPU peaks.
+compute dtype).  GPU targets add the fixed buffers XLA:GPU always allocates (the cuBLAS workspace,
+by compute capability and jaxlib release: :func:`xla_gpu_fixed_bytes`).  Each term is a buffer
+seen at deviceless XLA:GPU peaks.
 
 Time: executed matmul FLOPs (forward, 2× for backward, plus recomputation) at the target's
 achievable matmul rate, plus the non-matmul work's HBM bytes (:mod:`tierax.tracing.hbm`: every
@@ -59,12 +60,12 @@ from tierax.costmodel.predict import (
 from tierax.costmodel.rates import (
     ACHIEVABLE_FRACTION,
     CALIBRATION_FILE,
-    XLA_GPU_FIXED_BYTES,
     Rates,
     for_program,
     load_calibration,
     override_rates,
     target_rates,
+    xla_gpu_fixed_bytes,
 )
 from tierax.costmodel.resources import RESOURCES, StepSplit, scale_rates
 from tierax.costmodel.state import StateCost, StateTerms, state_terms
@@ -90,7 +91,7 @@ __all__ = [
     "StateCost",
     "StateTerms",
     "StepSplit",
-    "XLA_GPU_FIXED_BYTES",
+    "xla_gpu_fixed_bytes",
     "FixedTerms",
     "GroupTerms",
     "ItemTerms",

@@ -5,10 +5,12 @@ calibration, and
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
 import math
 import os
 import pathlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -40,9 +42,21 @@ MXFP8_SOURCE = (
     "and without MX block scales: NVIDIA Blackwell architecture technical brief); their "
     "quantize work as HBM time"
 )
-# XLA:GPU's cuBLAS workspace, an s8[4194304] buffer in every deviceless GPU compile's peak set (seen
-# with jaxlib 0.10.2 from tiny-llama to DeepSeek-V3; the live-range dump lists it at the peak).
-XLA_GPU_FIXED_BYTES = 4 * 2**20
+# XLA:GPU's cuBLAS workspace, an s8[N] buffer in the peak set of every deviceless GPU compile (the
+# live-range dump lists it at the peak).  XLA's GEMM rewriter gives every cuBLAS(Lt) call NVIDIA's
+# recommended workspace (cuBLAS documentation, cublasSetWorkspace): 32 MiB from compute capability
+# 9.0 (Hopper) on, 4 MiB before (XLA's GemmConfig::kHopperWorkspace and kDefaultWorkspace, applied
+# by GemmWorkspaceRewriteVisitor).  A deviceless compile cannot autotune, so XLA's autotuner applies
+# cuBLASLt's default config to each GEMM it reaches, and that config resizes the workspace to 4 MiB
+# (CublasLtBackend::GetDefaultConfig).  It does not reach a GEMM inside a dynamic-slice fusion (a
+# scanned layer's GEMM that reads its weight as a slice of the stacked weights, fused by
+# xla_gpu_enable_dynamic_slice_fusion), which keeps the rewriter's size: jaxlib 0.11.1 is the first
+# release that fuses them (0.10.2 and 0.11.0 compile no dynamic-slice fusion; the compiles per
+# version and capability: bench/results/gemm_workspace.json, written by bench/gemm_workspace.py).
+CUBLAS_WORKSPACE_BYTES = 4 * 2**20
+CUBLAS_HOPPER_WORKSPACE_BYTES = 32 * 2**20
+HOPPER_CAPABILITY = (9, 0)
+DYNAMIC_SLICE_FUSION_JAXLIB = (0, 11, 1)
 # cuDNN's fused flash attention (attention=cudnn), as a share of the dense 16-bit peak: its measured
 # forward and backward rates on an H100 SXM5 at head dim 128, sequence 4k, against that GPU's 989
 # TFLOP/s (FlashAttention-3, Shah et al. 2024, arXiv:2407.08608, the H100 benchmark figures' cuDNN
@@ -180,6 +194,56 @@ class Rates:
         return self.device_limit_bytes or hardware.usable_bytes(self.device_memory_bytes)
 
 
+def installed_jaxlib() -> str:
+    """The installed jaxlib's version: the release whose XLA compiles a program here."""
+    return importlib.metadata.version("jaxlib")
+
+
+def _release(jaxlib: str) -> tuple[int, ...]:
+    """A jaxlib version's release numbers, e.g. "0.12.0.1" → (0, 12, 0, 1), "0.11.1.dev20260901"
+    → (0, 11, 1)."""
+    m = re.match(r"\d+(?:\.\d+)*", jaxlib.strip())
+    if m is None:
+        raise TieraxError(
+            f"jaxlib version {jaxlib!r} is not a release number: give one such as 0.11.2 "
+            "(XLA:GPU's GEMM workspace depends on the release)"
+        )
+    return tuple(int(p) for p in m.group(0).split("."))
+
+
+def xla_gpu_fixed_bytes(compute_capability: Sequence[int], jaxlib: str) -> int:
+    """The device bytes XLA:GPU allocates whatever the model, for a target of ``compute_capability``
+    (major, minor) compiled by ``jaxlib``: its cuBLAS workspace at the step's peak (the comment on
+    CUBLAS_WORKSPACE_BYTES says why).  32 MiB where the compile holds a dynamic-slice fusion's GEMM
+    (jaxlib ≥ 0.11.1) on Hopper or later, else 4 MiB."""
+    cc = tuple(compute_capability)
+    if len(cc) != 2:
+        raise TieraxError(
+            f"compute capability {cc!r} is not (major, minor): give two numbers, e.g. (9, 0)"
+        )
+    if cc >= HOPPER_CAPABILITY and _release(jaxlib) >= DYNAMIC_SLICE_FUSION_JAXLIB:
+        return CUBLAS_HOPPER_WORKSPACE_BYTES
+    return CUBLAS_WORKSPACE_BYTES
+
+
+def xla_gpu_fixed_source(compute_capability: Sequence[int], jaxlib: str) -> str:
+    """The rates line's source for :func:`xla_gpu_fixed_bytes`."""
+    size = xla_gpu_fixed_bytes(compute_capability, jaxlib) // 2**20
+    cc = ".".join(map(str, compute_capability))
+    why = (
+        "its size from compute capability 9.0 on, kept by the GEMMs of XLA's dynamic-slice "
+        "fusions, which a deviceless autotuner leaves unresized"
+        if size * 2**20 == CUBLAS_HOPPER_WORKSPACE_BYTES
+        else "the size XLA's deviceless autotuner gives a cuBLASLt GEMM"
+        if tuple(compute_capability) >= HOPPER_CAPABILITY
+        else "its size before compute capability 9.0"
+    )
+    return (
+        f"XLA:GPU's cuBLAS workspace, {size} MiB for compute capability {cc} under jaxlib {jaxlib} "
+        f"({why}; NVIDIA's recommended workspace: cuBLAS documentation, cublasSetWorkspace)"
+    )
+
+
 def load_calibration() -> dict:
     if CALIBRATION_FILE.exists():
         try:
@@ -304,7 +368,11 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
     hbm = cal.get("memory_bytes_per_s", spec.hbm_bytes_per_s)
     if "memory_bytes_per_s" in cal:
         sources["hbm"] = f"{measured}: a layer's non-matmul work at the bytes the model counts"
-    fixed = XLA_GPU_FIXED_BYTES if spec.kind == "gpu" else 0
+    fixed = 0
+    if spec.kind == "gpu":
+        jaxlib = installed_jaxlib()
+        fixed = xla_gpu_fixed_bytes(spec.compute_capability, jaxlib)
+        sources["fixed"] = xla_gpu_fixed_source(spec.compute_capability, jaxlib)
     gpu = spec.kind == "gpu"
     sources["fused_attention"] = FUSED_ATTENTION_SOURCE if gpu else SPLASH_ATTENTION_SOURCE
     fused_fwd = peak * FUSED_ATTENTION_FWD_FRACTION if gpu else matmul
