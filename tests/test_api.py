@@ -71,9 +71,11 @@ def test_jax_example_runs_as_a_script_and_compiles_for_a_gpu_deviceless():
         assert "compiled for h200 (deviceless): temp" in out.stdout
 
 
+# squeeze: the share of the unconstrained plan's own bytes (beside XLA:GPU's fixed buffers) the
+# budget leaves; at 0.95 the flax model gives up only its unnamed intermediates
 @pytest.mark.parametrize(
     "example, group, squeeze",
-    [("jax_scan_model", "mlp", 0.9), ("flax_linen_model", "decoder", 0.95)],
+    [("jax_scan_model", "mlp", 0.9), ("flax_linen_model", "decoder", 0.9)],
 )
 def test_examples_plan_and_keep_the_gradients(example, group, squeeze):
     mod = _example(example)
@@ -250,9 +252,15 @@ def test_no_plan_fits_names_small_sizes_in_their_unit_and_the_apis_own_remedies(
     with pytest.raises(TieraxError) as e:
         tierax.plan(inv, budget=1000)
     msg = str(e.value)
+    # 2.81 MiB of the model's own beside XLA:GPU's fixed bytes (a whole number of MiB, by jaxlib
+    # release: 6.81 MiB in all when they were 4 MiB)
+    from gpu_budget import fixed_bytes
+
+    need = 2.81 + fixed_bytes("h200") / 2**20
     assert (
         "no plan fits custom in a device budget of 1000 B: recomputing everything still needs "
-        "6.81 MiB in a layer backward (params + grads + AdamW 2.00 MiB, layer inputs 256.00 KiB"
+        f"{need:.2f} MiB in a layer backward (params + grads + AdamW 2.00 MiB, layer inputs "
+        "256.00 KiB"
     ) in msg, msg
     assert "--" not in msg and "a larger budget=" in msg, msg  # the API's terms, not the CLI's
 
@@ -266,12 +274,14 @@ def _own_layer(x, p):
 
 
 def _recomputing_my_up(inv):
-    """The plan of the largest budget (falling from the unconstrained peak) at which the planner
-    recomputes my_up: the budget forces the choice whatever else the plan gives up first."""
-    free = tierax.plan(inv).predicted.peak_device_bytes
+    """The plan of the largest budget (falling from the unconstrained peak, beside XLA:GPU's fixed
+    buffers, which no plan moves) at which the planner recomputes my_up: the budget forces the
+    choice whatever else the plan gives up first."""
+    free = tierax.plan(inv).predicted
+    fixed = free.breakdown.fixed_device_bytes
     for f in (0.999, 0.99, 0.98, 0.95, 0.9, 0.85, 0.8, 0.7, 0.6, 0.5, 0.4):
         try:
-            planned = tierax.plan(inv, budget=f * free)
+            planned = tierax.plan(inv, budget=fixed + f * (free.peak_device_bytes - fixed))
         except TieraxError:
             break
         if planned.placements()["layers"]["my_up"] == "remat":

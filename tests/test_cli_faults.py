@@ -147,7 +147,12 @@ def test_rate_override_replaces_the_source_it_overrides(cli):
 
 
 def test_host_budget_zero_means_no_offload(cli):
-    fast = ["--budget-gib", "0.015", "--rate", "host_link=100000", "--json"]  # offloads hide
+    from gpu_budget import fixed_bytes
+
+    # a budget that makes the plan offload: 11.36 MiB for the model's own buffers beside XLA:GPU's
+    # fixed bytes (by jaxlib release; 0.015 GiB in all when those were 4 MiB); offloads hide
+    gib = f"{(fixed_bytes('h200') + 11.36 * 2**20) / 2**30:.6f}"
+    fast = ["--budget-gib", gib, "--rate", "host_link=100000", "--json"]
     r = cli("plan", "--host-budget-gib", "0", *fast)
     d = _json(r)
     assert d["host_budget_bytes"] == 0 and d["predicted"]["host_bytes"] == 0

@@ -6,6 +6,7 @@ worked out by hand from the collective bytes when the links are slow enough to d
 from __future__ import annotations
 
 import pytest
+from gpu_budget import hbm_size
 
 from tierax import costmodel as cm
 from tierax import plan as P
@@ -15,10 +16,9 @@ from tierax.tracing import inventory as inv_lib
 from tierax.tracing.model_program import for_inventory
 
 GB, SEQ = 16, 128
-LLAMA_RATES = [
-    "gpus_per_domain=4",
-    "hbm_size=0.0095",
-]  # a budget that makes tensor meshes accumulate
+# A budget that makes tensor meshes accumulate: 4.83 MB for the model's own buffers beside XLA:GPU's
+# fixed bytes (by jaxlib release; 9.5 MB of device memory when those were 4 MiB).
+LLAMA_RATES = ["gpus_per_domain=4", hbm_size(4_830_696)]
 
 
 @pytest.fixture(scope="module")

@@ -98,11 +98,18 @@ def test_loss_tiles_hint_is_the_fewest_tiles_that_fit(cli):
 
 
 def test_small_budgets_are_shown_in_mib(cli, tmp_path):
+    from tierax import costmodel as cm
+
     out = tmp_path / "p.yaml"
-    r = cli("plan", "--budget-gib", "0.0112", "--out", out)
+    # a budget of a few tens of MiB in which tiny-llama 8 × 64 fits on an H200 (the default
+    # target): XLA:GPU's fixed bytes plus 7.47 MiB (the model needs about 5.7 MiB beyond them
+    # under remat-full), given in GiB with four decimals
+    fixed = cm.target_rates("h200", "float32").fixed_device_bytes
+    gib = f"{(fixed + 7.47 * 2**20) / 2**30:.4f}"
+    r = cli("plan", "--budget-gib", gib, "--out", out)
     assert r.returncode == 0, r.stderr
-    # 0.0112 GiB = 11.47 MiB (not "0.0 GiB")
-    assert "device budget 11.47 MiB" in out.read_text()
+    # e.g. 0.0112 GiB = 11.47 MiB (not "0.0 GiB")
+    assert f"device budget {float(gib) * 1024:.2f} MiB" in out.read_text()
     from tierax.interop.maxtext import runtime_env
 
     # 4.6 MiB of a 141 GB device: the memory-fraction note says MiB

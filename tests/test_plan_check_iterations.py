@@ -8,6 +8,7 @@ the device's usable memory)."""
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import compiled_standin
@@ -22,14 +23,21 @@ from tierax.tracing import inventory as inv_lib
 from tierax.tracing.model_program import for_inventory
 from tierax.xla import compile as compile_lib
 
-BUDGET = 14.0e6  # tiny-llama, microbatch 8 × seq 64 on H200: between remat-full and save-all
+# The H200's rates with XLA:GPU's fixed bytes at the rule's value for a release before jaxlib
+# 0.11.1 (4 MiB): the loop under test never reads the term, but its 5 % tolerance is a share of the
+# whole peak, and the 32 MiB later releases give would be most of tiny-llama's; pinned, every
+# figure below means the same under any installed jaxlib.
+FIXED = cm.xla_gpu_fixed_bytes((9, 0), "0.11.0")
+# tiny-llama, microbatch 8 × seq 64 on H200: between remat-full and save-all (the fixed bytes plus
+# 9.81 MB of the model's own)
+BUDGET = FIXED + 9_805_696
 W = 200_000  # workspace per recomputed name (and one for the program)
 
 
 @pytest.fixture
 def setting(monkeypatch):
     cfg = get_config("tiny-llama")
-    rates = cm.target_rates("h200", cfg.dtype)
+    rates = dataclasses.replace(cm.target_rates("h200", cfg.dtype), fixed_device_bytes=FIXED)
     inv = inv_lib.model_inventory(cfg, 8, 64, MeshShape().to_dict())
     seen, plans = [], []
 

@@ -140,14 +140,20 @@ def test_plans_show_takes_the_plans_model(cli, tmp_path):
 def test_every_sweep_jump_names_its_plan_change(cli):
     """tiny-llama's budget sweep: where the predicted step moves, the plan changed, and the "plan
     change" cell says what — the unnamed intermediates and the training state included."""
-    r = cli("plan", "--sweep", "budget=0.0095:0.03:0.0015", "--json")
+    from gpu_budget import fixed_bytes
+
+    # 5.73 to 26.72 MiB for the model's own buffers beside XLA:GPU's fixed bytes (by jaxlib
+    # release; 0.0095 to 0.03 GiB in all when those were 4 MiB), in steps of 0.0015 GiB
+    lo, hi = ((fixed_bytes("h200") + own * 2**20) / 2**30 for own in (5.728, 26.72))
+    sweep = f"budget={lo:.6f}:{hi:.6f}:0.0015"
+    r = cli("plan", "--sweep", sweep, "--json")
     assert r.returncode == 0, r.stderr
     points = [p for p in json.loads(r.stdout)["points"] if p["fits"]]
     for before, after in zip(points, points[1:], strict=False):
         if after["step_time_s"] != before["step_time_s"]:
             assert after["changed"], after["value"]
     assert any("unnamed → device" in c for p in points for c in p["changed"])
-    table = cli("plan", "--sweep", "budget=0.0095:0.03:0.0015").stdout
+    table = cli("plan", "--sweep", sweep).stdout
     assert "unnamed → device" in table and "0.000 " not in table
 
 
