@@ -50,9 +50,10 @@ def test_the_rule_by_hand(capability, jaxlib, mib):
 
 
 @pytest.mark.parametrize("bad", ["", "dev", "v0.12"])
-def test_a_version_that_is_no_release_number_is_refused(bad):
+@pytest.mark.parametrize("capability", [(8, 0), (9, 0)])
+def test_a_version_that_is_no_release_number_is_refused(bad, capability):
     with pytest.raises(TieraxError, match="is not a release number: give one such as 0.11.2"):
-        R.xla_gpu_fixed_bytes((9, 0), bad)
+        R.xla_gpu_fixed_bytes(capability, bad)
 
 
 def test_a_capability_that_is_not_major_minor_is_refused():

@@ -221,7 +221,8 @@ def xla_gpu_fixed_bytes(compute_capability: Sequence[int], jaxlib: str) -> int:
         raise TieraxError(
             f"compute capability {cc!r} is not (major, minor): give two numbers, e.g. (9, 0)"
         )
-    if cc >= HOPPER_CAPABILITY and _release(jaxlib) >= DYNAMIC_SLICE_FUSION_JAXLIB:
+    release = _release(jaxlib)  # refused whatever the capability
+    if cc >= HOPPER_CAPABILITY and release >= DYNAMIC_SLICE_FUSION_JAXLIB:
         return CUBLAS_HOPPER_WORKSPACE_BYTES
     return CUBLAS_WORKSPACE_BYTES
 
