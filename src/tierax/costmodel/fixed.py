@@ -152,16 +152,17 @@ def _workspace(
     tpu: bool = False,
 ) -> float:
     # One layer in flight: its residuals while it is recomputed and back-propagated (TPU: those
-    # XLA:TPU writes, tierax.tracing.hbm.written_residual_bytes), a MoE layer's backward buffers of
-    # the dispatch's size (tierax.models.moe), and, under FSDP, its weights gathered in the compute
-    # dtype: the dense ones whole (per tensor shard), the expert ones over fsdp only (E / expert
-    # local experts).
+    # XLA:TPU writes, tierax.tracing.hbm.written_residual_bytes), a MoE layer's backward buffers
+    # (Program.moe_backward_bytes: the dispatch's size, tierax.models.moe; front ends list only
+    # routed-expert groups, whether or not their trace counts expert parameters apart), and, under
+    # FSDP, its weights gathered in the compute dtype: the dense ones whole (per tensor shard), the
+    # expert ones over fsdp only (E / expert local experts).
     inv = prog.inventory
     workspace = max(
         (g.written_residual_bytes_per_layer if tpu else g.save_all_bytes_per_layer)
         + (c_item * (g.layer_param_count - g.expert_param_count_per_layer) if fsdp > 1 else 0)
         + (c_item * g.expert_param_count_per_layer / ep if inv.mesh.get("fsdp", 1) > 1 else 0)
-        + (prog.moe_backward(g.name) if g.expert_param_count_per_layer else 0)
+        + prog.moe_backward(g.name)
         for g in inv.groups
     )
     att = prog.attention

@@ -24,7 +24,10 @@ absence means):
 * ``attention``: a fused attention kernel whose backward allocates a workspace XLA's deviceless
   compile does not count (:class:`FusedAttention`); None: none;
 * ``moe_backward_bytes``: per layer group, the dispatch-sized buffers a routed-expert layer's
-  backward holds besides its residuals (:func:`tierax.models.moe.backward_buffer_bytes`);
+  backward holds besides its residuals and its gathered weights
+  (:func:`tierax.models.moe.backward_buffer_bytes`; MaxText's on a GPU also a copy of a gathered
+  expert weight, :mod:`tierax.interop.maxtext_program.weight_stacks`); only routed-expert groups
+  are listed;
 * ``stack_copy_params``: per device, the parameters of stacked weights XLA:GPU gathers through a
   transposed copy (:func:`tierax.sharding.gather_layout.transposed_params`; 0: not known);
 * ``extra_bytes``: device bytes live through the whole step that the trace does not see (a user's

@@ -34,7 +34,9 @@ train state traced (:mod:`.trace`), its remat policy read from its decoder
   - ``attention=dot_product`` given: traced and priced as it is (its scores included).
 
 * **MoE backward buffers**: per MoE group, the dispatch-sized buffers its backward holds besides its
-  residuals (:func:`moe_backward_bytes`).
+  residuals (:func:`moe_backward_bytes`); on a GPU also the copy of a gathered expert weight for
+  MaxText's interpreted expert kernel, and the MoE groups' weight stacks copied to a layer-major
+  layout (``stack_copy_params``; :mod:`.weight_stacks`).
 * **Model FLOPs**: MaxText's own per-device training TFLOPs (one microbatch: ÷
   ``gradient_accumulation_steps``).
 * **The loss and what follows the layers' backward on a TPU** (``loss_bytes``,
@@ -61,6 +63,7 @@ from dataclasses import dataclass
 from tierax import hardware
 from tierax import names as N
 from tierax.errors import TieraxError
+from tierax.interop.maxtext_program import weight_stacks
 
 # The attention MaxText's step runs on a GPU target where the user names none (what compile
 # --maxtext compiles: tierax.xla.maxtext_step.DEVICELESS_GPU_ATTENTION).
@@ -370,6 +373,11 @@ def _build(loaded, target: str, runs: str, traced: str) -> MaxTextProgram:
     if int(getattr(config, "num_experts", 1) or 1) > 1:
         per = moe_backward_bytes(config, tokens, loaded.mesh["expert"])
         moe = tuple((g.name, per) for g in inv.groups if _is_moe(g))
+    # XLA:GPU's copies of the routed-expert groups' weight stacks (.weight_stacks)
+    moe_stacks = None
+    if moe and hardware.get_target(target).kind == "gpu":
+        moe_stacks = weight_stacks.gpu_terms(config, [name for name, _ in moe])
+        moe = tuple((name, b + moe_stacks.gmm_copy(name)) for name, b in moe)
     import jax.numpy as jnp
 
     loss, after = (None, 0)
@@ -389,6 +397,7 @@ def _build(loaded, target: str, runs: str, traced: str) -> MaxTextProgram:
         moe_backward_bytes=moe,
         loss_bytes=loss,
         after_backward_bytes=after,
+        stack_copy_params=moe_stacks.copy_params if moe_stacks else 0.0,
     )
     model = _abstract_model(config, _one_device_mesh(config))
     decoder = model.decoder

@@ -184,7 +184,8 @@ def state_stacks(state, groups) -> list[Stack]:
         keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
         if len(keys) < 2 or keys[0] != "decoder" or keys[1] not in groups:
             continue
-        names = tuple(var.get_metadata().get("sharding_names") or ())
+        meta = var.get_metadata()
+        names = tuple(meta.get("out_sharding") or meta.get("sharding_names") or ())
         value = var.get_value()
         if LAYERS not in names or len(names) != len(value.shape):
             continue
