@@ -54,6 +54,9 @@ class FixedTerms:
     # assignment (libtpu_temp_excess_bytes): counted in logits_bytes, so the peak matches what a
     # compile reports, but not a buffer — XLA:TPU fits a program by its assignment.
     reported_excess_bytes: int = 0
+    # Of the state's gradients, those the program writes only after the layers' backward (its
+    # front end's Program.late_grad_bytes): not counted in the layer phase.
+    late_grad_bytes: int = 0
 
     @property
     def layer_phase_bytes(self) -> int:
@@ -61,6 +64,7 @@ class FixedTerms:
         staging)."""
         return max(
             self.state_bytes
+            - self.late_grad_bytes
             + self.workspace_bytes
             + self.stack_copy_bytes
             + self.fixed_device_bytes,
@@ -443,4 +447,5 @@ def fixed_terms(prog: Program, rates: Rates, schedule: str) -> FixedTerms:
         fused_attention_s=fused_s,
         reported_excess_bytes=int(excess),
         after_backward_bytes=int(prog.after_backward_bytes),
+        late_grad_bytes=int(prog.late_grad_bytes),
     )

@@ -39,6 +39,10 @@ absence means):
 * ``after_backward_bytes``: where a front end knows its program holds more after the layers'
   backward than during it (MaxText's on TPU: the head's gradient reduced after the loop), all the
   device bytes live then (state included); 0: no such phase;
+* ``late_grad_bytes``: of the state's gradients, the bytes the program writes only after the
+  layers' backward (MaxText's embedding and head gradients on a GPU,
+  :mod:`tierax.interop.maxtext_program.loss_terms`): not live in the layer phase; 0: all of them
+  counted there;
 * ``batch_shaped``: whether the inventory's microbatch × seq is the step's batch (False: a trace at
   the caller's own shapes).
 
@@ -107,6 +111,7 @@ class Program:
     extra_bytes: int = 0
     loss_bytes: int | None = None
     after_backward_bytes: int = 0
+    late_grad_bytes: int = 0
     # Whether the inventory's microbatch and seq are the step's batch shape (False: a user's loss
     # function traced at its own shapes, which the model names no microbatch for).
     batch_shaped: bool = True

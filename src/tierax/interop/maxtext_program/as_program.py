@@ -44,8 +44,12 @@ train state traced (:mod:`.trace`), its remat policy read from its decoder
   step holds other buffers there than tierax's step — its head gradient in the compute dtype,
   unsharded, with its all-reduce's output, reduced after the layers' backward (untiled) or in the
   tile loop (tiled) — read from XLA:TPU's buffer assignment and live ranges of MaxText's compile
-  (``bench/maxtext_fidelity.py --dump-dir``).  GPU targets keep the cost model's reading of the
-  loss.
+  (``bench/maxtext_fidelity.py --dump-dir``).
+* **The loss on a GPU** (``loss_bytes``, ``after_backward_bytes``, ``late_grad_bytes`` and the
+  dense groups' ``stack_copy_params``: :mod:`.loss_terms`): the head gathered in the compute dtype,
+  the logits and their gradient in it; the head's gradient in the compute dtype, unsharded, after
+  the layers' backward, the embedding's and head's float32 gradients not live during it; XLA:GPU's
+  layer-first copies of the stacked weights.  A tiled loss keeps the cost model's reading.
 
 MaxText's policies are ``jax.checkpoint`` policies over names: a name the policy saves is kept, one
 it offloads is offloaded, every other value (named or not) is recomputed; ``full`` (and ``none``,
@@ -63,7 +67,7 @@ from dataclasses import dataclass
 from tierax import hardware
 from tierax import names as N
 from tierax.errors import TieraxError
-from tierax.interop.maxtext_program import weight_stacks
+from tierax.interop.maxtext_program import loss_terms, weight_stacks
 
 # The attention MaxText's step runs on a GPU target where the user names none (what compile
 # --maxtext compiles: tierax.xla.maxtext_step.DEVICELESS_GPU_ATTENTION).
@@ -385,6 +389,12 @@ def _build(loaded, target: str, runs: str, traced: str) -> MaxTextProgram:
         loss = tpu_loss_bytes(config, inv)
         if int(config.num_vocab_tiling) == 1:
             after = tpu_after_backward_bytes(config, inv)
+    # MaxText's loss on a GPU (None where not traced: the cost model's reading of tierax's loss)
+    gpu = None
+    if hardware.get_target(target).kind == "gpu":
+        gpu = loss_terms.gpu_terms(config, inv, moe_groups=[name for name, _ in moe])
+    if gpu is not None:
+        loss, after = gpu.loss_bytes, gpu.after_backward_bytes
     prog = Program(
         inventory=inv,
         groups=groups,
@@ -397,7 +407,9 @@ def _build(loaded, target: str, runs: str, traced: str) -> MaxTextProgram:
         moe_backward_bytes=moe,
         loss_bytes=loss,
         after_backward_bytes=after,
-        stack_copy_params=moe_stacks.copy_params if moe_stacks else 0.0,
+        late_grad_bytes=gpu.late_grad_bytes if gpu else 0,
+        stack_copy_params=(gpu.stack_copy_params if gpu else 0.0)
+        + (moe_stacks.copy_params if moe_stacks else 0.0),
     )
     model = _abstract_model(config, _one_device_mesh(config))
     decoder = model.decoder
