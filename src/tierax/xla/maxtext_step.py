@@ -308,9 +308,9 @@ def compile_program(
             "computed from shapes (4·B·H·S·(d_qk+1) + 256 bytes), which a deviceless compile "
             "counts as 0"
         )
-    # XLA:TPU refuses a program whose buffers exceed its HBM (the refusal above): one it compiled
-    # fits.
-    fits = tpu or peak <= limit
+    fits, note = judged_fit(peak, limit, libtpu_version() if tpu else None)
+    if note:
+        notes.append(note)
     return (
         CompileResult(
             **common,
@@ -331,6 +331,23 @@ def compile_program(
             host_argument_bytes=int(getattr(mem, "host_argument_size_in_bytes", 0) or 0),
         ),
         text,
+    )
+
+
+def judged_fit(peak: int, limit: int, libtpu: str | None) -> tuple[bool, str | None]:
+    """Whether a compiled MaxText step fits: its figures' peak within the device's limit — on a TPU
+    too, where XLA:TPU may compile a program whose reported peak is above its HBM without an
+    out-of-memory error (``libtpu``: its version; None for a GPU target), which is then not counted
+    as fitting (``plan --maxtext --check`` judges its compiles the same way); and the note saying
+    so (None where nothing is to be said)."""
+    if peak <= limit:
+        return True, None
+    if libtpu is None:
+        return False, None
+    return False, (
+        f"the compiled peak {peak / 2**30:.2f} GiB is over XLA:TPU's limit of "
+        f"{limit / 2**30:.2f} GiB, yet libtpu {libtpu or '(unknown)'} compiled the program without "
+        "an out-of-memory error: not counted as fitting (a compile cannot say that it runs)"
     )
 
 
