@@ -1,12 +1,14 @@
 """The installed libtpu: its version, and where XLA:TPU's memory figures depend on it.
 
-The TPU cost-model terms were traced on libtpu 0.0.52 (jax 0.12's, bench/results/tpu_compile.json).
-The environment ``make venv`` installs has jax 0.10.2's libtpu 0.0.42.1, whose compiles of the same
-step differ in what ``memory_analysis()`` reports, not in the step's buffers: its HLO buffer
-assignment (``--xla_dump_to``) holds the same buffers as 0.0.52's and a preallocated temp of the
-same size (at 2, 4 and 32 layers of Llama 3 8B), while its ``temp_size_in_bytes`` exceeds that
-allocation (bench/results/libtpu_trace_0.0.42.1.json beside libtpu_trace_0.0.52.json).  Versions
-between the two were not measured; they are read as the older.
+The TPU cost-model terms were traced on libtpu 0.0.52 (bench/results/tpu_compile.json), the release
+``make venv`` installs (the ``tpu-aot`` extra on Python >= 3.12, what MaxText 0.2.5's own install
+resolves to): its ``temp_size_in_bytes`` is its own buffer assignment's preallocated temp.  Older
+releases differ in what ``memory_analysis()`` reports, not in the step's buffers: jax 0.10.2's
+libtpu 0.0.42.1 holds the same buffers as 0.0.52's and a preallocated temp of the same size (at 2, 4
+and 32 layers of Llama 3 8B), while its ``temp_size_in_bytes`` exceeds that allocation
+(bench/results/libtpu_trace_0.0.42.1.json beside libtpu_trace_0.0.52.json); jax 0.12's own pin,
+0.0.50.1, exceeds it too, by amounts no rule here follows (MaxText's compiles of
+bench/maxtext_fidelity.py's cases).  Versions before 0.0.52 are read as 0.0.42.1.
 """
 
 from __future__ import annotations
