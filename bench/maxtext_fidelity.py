@@ -2,8 +2,9 @@
 """tierax's predicted peak of MaxText's own program beside MaxText's compile of it, per case.
 
 Each case is a MaxText 0.2.5 model file (layers cut to ``base_num_decoder_layers=2`` with MaxText's
-``override_model_config=true``, every other key as the file ships it) at a per-device batch and
-sequence on a target, under one of MaxText's ``remat_policy`` values.  Two children per case:
+``override_model_config=true``, every other key as the file ships it; a case named ``...-<n>L`` cut
+to n layers, to show what grows with depth) at a per-device batch and sequence on a target, under
+one of MaxText's ``remat_policy`` values.  Two children per case:
 
 * ``tierax simulate --maxtext BASE.yml model_name=... --target T --devices N --json``: the cost
   model's prediction of MaxText's program (:func:`tierax.interop.maxtext_program.program`) under
@@ -36,9 +37,9 @@ SCHEMA = "tierax.bench.maxtext_fidelity/1"
 MARKER = "maxtext-fidelity"
 TOLERANCE = 0.05  # the issue's bound on the peak's relative error
 HOST_TOLERANCE = 0.01  # and on the host bytes'
-LAYERS = 2  # base_num_decoder_layers for every case
+LAYERS = 2  # base_num_decoder_layers for a case that names no other
 _OFF = ["remat_policy=custom", "query_proj=offload", "key_proj=offload", "value_proj=offload"]
-# (name, MaxText model, target, devices, per-device batch, sequence, extra MaxText keys)
+# (name, MaxText model, target, devices, per-device batch, sequence, extra MaxText keys[, layers])
 CASES = [
     ("llama3-8b-v5p-full", "llama3-8b", "v5p", 4, 1, 1024, ["remat_policy=full"]),
     ("llama3-8b-v5p-minimal", "llama3-8b", "v5p", 4, 1, 1024, ["remat_policy=minimal"]),
@@ -69,6 +70,9 @@ CASES = [
     ("gpt-oss-20b-v5p-full", "gpt-oss-20b", "v5p", 4, 1, 1024, ["remat_policy=full"]),
     ("gpt-oss-20b-v6e-custom", "gpt-oss-20b", "v6e", 4, 1, 1024, _OFF),
     ("llama3-8b-v7x-full", "llama3-8b", "v7x", 8, 1, 1024, ["remat_policy=full"]),
+    ("llama3-8b-v5p-qkv-offloaded-8L", "llama3-8b", "v5p", 4, 1, 1024,
+     ["remat_policy=qkv_proj_offloaded"], 8),
+    ("llama3-8b-h200-full-8L", "llama3-8b", "h200", 4, 1, 1024, ["remat_policy=full"], 8),
 ]  # fmt: skip
 
 
@@ -179,7 +183,8 @@ def render(doc: dict) -> str:
         f"{sum(c['within'] for c in rows)} of {len(rows)} compared cases within "
         f"{TOLERANCE:.0%} (peak) and {HOST_TOLERANCE:.0%} (host); "
         f"{len(doc['cases']) - len(rows)} not compared (an error on either side). "
-        f"Model files cut to {doc['layers']} decoder layers; command: `{doc['command']}`."
+        f"Model files cut to {doc['layers']} decoder layers (a case named -<n>L: n); command: "
+        f"`{doc['command']}`."
     )
     return "\n".join(lines)
 
@@ -187,7 +192,12 @@ def render(doc: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", help="comma-separated case names (default: all)")
-    ap.add_argument("--reuse", help="an earlier record whose compiles (same command) are reused")
+    ap.add_argument(
+        "--reuse",
+        action="append",
+        default=[],
+        help="an earlier record whose compiles (same command) are reused (repeatable)",
+    )
     ap.add_argument("--dump-dir", help="keep each compile's XLA dump under DIR/<case>")
     _common.add_out(ap, "maxtext_fidelity.json")
     _common.add_docs(ap, SCHEMA)
@@ -201,8 +211,10 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown case(s) {', '.join(unknown)}; cases: {', '.join(names)}")
     earlier = {}
-    if args.reuse and pathlib.Path(args.reuse).is_file():
-        for c in json.loads(pathlib.Path(args.reuse).read_text())["cases"]:
+    for path in args.reuse:
+        if not pathlib.Path(path).is_file():
+            ap.error(f"--reuse {path}: no such record")
+        for c in json.loads(pathlib.Path(path).read_text())["cases"]:
             if "compile" in c and "error" not in c["compile"]:
                 earlier[c["compile"]["command"]] = c["compile"]
     doc = _common.envelope(SCHEMA) | {
@@ -212,13 +224,15 @@ def main(argv=None) -> int:
         "host_tolerance": HOST_TOLERANCE,
         "cases": [],
     }
-    for name, model, target, devices, batch, seq, extra in CASES:
+    for name, model, target, devices, batch, seq, extra, *depth in CASES:
         if name not in wanted:
             continue
         print(f"case {name} ...", file=sys.stderr, flush=True)
-        keys = _maxtext.keys(model, LAYERS, batch, seq, extra)
+        layers = depth[0] if depth else LAYERS
+        keys = _maxtext.keys(model, layers, batch, seq, extra)
         case = {"name": name, "model": model, "target": target, "devices": devices,
-                "per_device_batch_size": batch, "seq": seq, "keys": keys}  # fmt: skip
+                "layers": layers, "per_device_batch_size": batch, "seq": seq,
+                "keys": keys}  # fmt: skip
         case["simulate"] = simulate_side(keys, target, devices)
         command = _child_command("compile", keys, target, devices)
         if command in earlier:
