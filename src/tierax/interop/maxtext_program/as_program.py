@@ -39,11 +39,12 @@ train state traced (:mod:`.trace`), its remat policy read from its decoder
   layout (``stack_copy_params``; :mod:`.weight_stacks`).
 * **Model FLOPs**: MaxText's own per-device training TFLOPs (one microbatch: ÷
   ``gradient_accumulation_steps``).
-* **The loss and what follows the layers' backward on a TPU** (``loss_bytes``,
-  ``after_backward_bytes``: :func:`tpu_loss_bytes`, :func:`tpu_after_backward_bytes`): MaxText's
-  step holds other buffers there than tierax's step — its head gradient in the compute dtype,
-  unsharded, with its all-reduce's output, reduced after the layers' backward (untiled) or in the
-  tile loop (tiled) — read from XLA:TPU's buffer assignment and live ranges of MaxText's compile
+* **The loss on a TPU** (``loss_bytes``, ``after_backward_bytes``, ``late_grad_bytes``:
+  :mod:`.tpu_terms`): the head gathered in the compute dtype, the logits and the buffer written from
+  them in it; the embedding's and head's gradients written after the layers' backward, the head's
+  in the compute dtype and unsharded (reduced in place), a logits-sized buffer held through the
+  layers' backward; a tiled loss: one ``[emb, vocab]`` in the compute dtype at a time — read from
+  XLA:TPU's (libtpu 0.0.52) buffer assignment and live ranges of MaxText's compiles
   (``bench/maxtext_fidelity.py --dump-dir``).
 * **The loss on a GPU** (``loss_bytes``, ``after_backward_bytes``, ``late_grad_bytes`` and the
   dense groups' ``stack_copy_params``: :mod:`.loss_terms`): the head gathered in the compute dtype,
@@ -67,7 +68,7 @@ from dataclasses import dataclass
 from tierax import hardware
 from tierax import names as N
 from tierax.errors import TieraxError
-from tierax.interop.maxtext_program import loss_terms, weight_stacks
+from tierax.interop.maxtext_program import loss_terms, tpu_terms, weight_stacks
 
 # The attention MaxText's step runs on a GPU target where the user names none (what compile
 # --maxtext compiles: tierax.xla.maxtext_step.DEVICELESS_GPU_ATTENTION).
@@ -186,59 +187,6 @@ def moe_backward_bytes(config, tokens: int, expert: int) -> int:
         rows = e * int(tokens * k * float(config.capacity_factor) / e)
     buffers = 4 if expert > 1 else 2
     return int(buffers * rows * int(config.emb_dim) * jnp.dtype(config.dtype).itemsize)
-
-
-def _fsdp(inv) -> int:
-    """The ways the embedding and head are sharded (fsdp × expert, as MaxText's base.yml rules)."""
-    return int(inv.mesh.get("fsdp", 1)) * int(inv.mesh.get("expert", 1))
-
-
-def tpu_loss_bytes(config, inv) -> int:
-    """The bytes MaxText's loss holds on a TPU beside the parameters, optimizer state and kept
-    activations (XLA:TPU's live ranges, the llama3-8b cases of bench/results/maxtext_fidelity.json).
-
-    Untiled: the head gathered in the compute dtype (``[emb, vocab]``, under FSDP), the head's
-    gradient in the compute dtype (unsharded) and the logits in the compute dtype (``[tokens,
-    vocab]``; llama2-7b on v6e), or four logits-sized buffers in the compute dtype (XLA:TPU's heap
-    with a small head: emb 1024, vocab 32768 at 1 × 1024), the larger.
-
-    Tiled (``num_vocab_tiling`` > 1), at the peak inside the tile loop's backward: a tile's head
-    gradient in the compute dtype, unsharded, with its all-reduce's output (one buffer without
-    FSDP), the head gradient's accumulator (``grad_dtype``, sharded), the head's shard cast to the
-    compute dtype, and one tile's float32 logits (the inventory's ``logits_bytes``)."""
-    import jax.numpy as jnp
-
-    c = jnp.dtype(config.dtype).itemsize
-    g = jnp.dtype(config.grad_dtype).itemsize
-    head = int(config.emb_dim) * int(config.vocab_size)
-    fsdp = _fsdp(inv)
-    if int(config.num_vocab_tiling) > 1:
-        return int(c * head * (2 if fsdp > 1 else 1) + (g + c) * head // fsdp + inv.logits_bytes)
-    logits = inv.microbatch * inv.seq * int(config.vocab_size) // int(inv.mesh.get("tensor", 1))
-    gathered = c * head if fsdp > 1 else 0
-    return int(max(gathered + c * head + c * logits, 4 * c * logits))
-
-
-def tpu_after_backward_bytes(config, inv) -> int:
-    """All device bytes of MaxText's step on a TPU after the layers' backward (untiled loss), where
-    its peak is (XLA:TPU's live ranges, the llama3-8b cases of bench/results/maxtext_fidelity.json):
-    the parameters and optimizer state, every layer's gradient (``grad_dtype``, sharded), the
-    embedding's gradient in the compute dtype (sharded), and the head's gradient in the compute
-    dtype, unsharded, with its all-reduce's output (under FSDP; one buffer without)."""
-    import jax.numpy as jnp
-
-    c = jnp.dtype(config.dtype).itemsize
-    g = jnp.dtype(config.grad_dtype).itemsize
-    head = int(config.emb_dim) * int(config.vocab_size)
-    fsdp = _fsdp(inv)
-    layers = sum(n for _, n in inv.group_param_counts)
-    return int(
-        inv.param_bytes
-        + inv.optimizer_bytes
-        + g * layers
-        + c * head // fsdp
-        + c * head * (2 if fsdp > 1 else 1)
-    )
 
 
 def model_flops(config) -> float:
@@ -384,17 +332,16 @@ def _build(loaded, target: str, runs: str, traced: str) -> MaxTextProgram:
         moe = tuple((name, b + moe_stacks.gmm_copy(name)) for name, b in moe)
     import jax.numpy as jnp
 
-    loss, after = (None, 0)
+    loss, after, late = (None, 0, 0)
     if hardware.get_target(target).kind == "tpu":
-        loss = tpu_loss_bytes(config, inv)
-        if int(config.num_vocab_tiling) == 1:
-            after = tpu_after_backward_bytes(config, inv)
+        tpu = tpu_terms.tpu_terms(config, inv)
+        loss, after, late = tpu.loss_bytes, tpu.after_backward_bytes, tpu.late_grad_bytes
     # MaxText's loss on a GPU (None where not traced: the cost model's reading of tierax's loss)
     gpu = None
     if hardware.get_target(target).kind == "gpu":
         gpu = loss_terms.gpu_terms(config, inv, moe_groups=[name for name, _ in moe])
     if gpu is not None:
-        loss, after = gpu.loss_bytes, gpu.after_backward_bytes
+        loss, after, late = gpu.loss_bytes, gpu.after_backward_bytes, gpu.late_grad_bytes
     prog = Program(
         inventory=inv,
         groups=groups,
@@ -407,7 +354,7 @@ def _build(loaded, target: str, runs: str, traced: str) -> MaxTextProgram:
         moe_backward_bytes=moe,
         loss_bytes=loss,
         after_backward_bytes=after,
-        late_grad_bytes=gpu.late_grad_bytes if gpu else 0,
+        late_grad_bytes=late,
         stack_copy_params=(gpu.stack_copy_params if gpu else 0.0)
         + (moe_stacks.copy_params if moe_stacks else 0.0),
     )

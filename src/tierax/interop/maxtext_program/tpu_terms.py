@@ -1,0 +1,167 @@
+"""What MaxText's step holds on a TPU at its loss, during its layers' backward and after it, that
+tierax's own step does not: the Program's ``loss_bytes``, ``after_backward_bytes`` and
+``late_grad_bytes`` for a TPU target (:func:`tpu_terms`).
+
+Read from XLA:TPU's buffer assignment and live ranges (libtpu 0.0.52, whose reported temp is its
+own assignment's) of MaxText's compiles of the TPU cases of ``bench/maxtext_fidelity.py
+--dump-dir``: llama3-8b-v5p-full (fsdp 4, 1 × 1024), llama3-8b-v7x-full (fsdp 8, 1 × 1024),
+llama2-7b-v6e-full (fsdp 4, 2 × 1024, vocab 32000) and llama3-8b-v5p-full-tiled (4 tiles).  All
+buffers are per device; ``c`` is the compute dtype's size, ``head`` = ``emb × vocab / tensor``,
+``logits`` = ``tokens × vocab / tensor``, ``fsdp`` the ways the embedding and head are sharded.
+
+* **The untiled loss** (``loss_bytes``): the head cast to the compute dtype and all-gathered
+  (``c·head`` under FSDP), the logits in the compute dtype and the buffer the cross-entropy's
+  backward writes from them, logits-sized in the compute dtype (``2·c·logits``; llama3-8b-v7x-full:
+  both live at the fusion that writes the second; llama3-8b-v5p-full writes one, fused, and holds
+  it: the rule's second is then an over-count of ``c·logits``).  No float32 ``[tokens, vocab]``
+  buffer.  Where the head's unsharded gradient is no larger than the two logits-sized buffers
+  (``emb ≤ 2·tokens``, llama2-7b-v6e-full; llama3-8b's ``emb = 4·tokens`` is not) XLA makes it at
+  the loss from them and reduce-scatters it there: ``c·head`` and its shard ``c·head / fsdp`` are
+  live at the loss besides the gathered head and one logits-sized buffer.
+* **The layers' backward** (``late_grad_bytes``): XLA:TPU writes the embedding's and head's
+  gradients (``grad_dtype``) after the layer loop, so the loop holds neither (the cost model's
+  layer phase counts the state less ``late_grad_bytes``); it does hold what the head's gradient is
+  made from after the loop, the logits-sized buffer ``c·logits`` (llama3-8b-v5p-full,
+  llama3-8b-v7x-full), or, where the head's gradient was made at the loss, its reduce-scattered
+  shard ``c·head / fsdp`` (llama2-7b-v6e-full).  ``late_grad_bytes`` is the late gradients less
+  that held buffer (the net the layer phase leaves out of the state).  A tiled loss reduces the
+  head's gradient into its float32 shard in the tile loop (held through the layers' backward, with
+  the head's shard cast to the compute dtype, ``c·head / fsdp``; llama3-8b-v5p-full-tiled): only
+  the embedding's gradient is late.
+* **After the layers' backward** (``after_backward_bytes``, untiled): the parameters and optimizer
+  state, every layer's gradient (``grad_dtype``, sharded), the head's gradient in the compute dtype,
+  unsharded (its all-reduce in place: llama3-8b-v5p-full), the embedding's gradient scatter-added
+  in the compute dtype into its shard (``c·head / fsdp``, made before the head's), and the larger
+  of the logits-sized buffer the head's gradient is read from (live until it is written) and the
+  gradient's reduce-scatter output (a ``c·head / fsdp`` shard; llama3-8b-v7x-full).  Where the
+  head's gradient was made at the loss: the state, the layer gradients and the two shards.
+* **The tiled loss** (``num_vocab_tiling`` > 1): at the peak in the tile loop's backward one
+  ``[emb, vocab]`` in the compute dtype at a time (the gathered head; the tile's head gradient
+  reuses its slot and is all-reduced in place), the head gradient's accumulator shard
+  (``grad_dtype``), the head's shard cast to the compute dtype, and one tile's logits in the
+  compute dtype (llama3-8b-v5p-full-tiled).
+
+XLA:TPU's temp is its assignment's highest offset; the rules count the buffers live together, so
+where the assignment leaves gaps below a phase's buffers (offsets free at that time, taken at
+others) XLA's temp exceeds the rules' bytes by the gaps (``bench/maxtext_fidelity.py``'s rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TpuTerms:
+    """The Program fields :func:`tpu_terms` fills (:class:`tierax.tracing.program.Program`)."""
+
+    loss_bytes: int
+    after_backward_bytes: int
+    late_grad_bytes: int
+
+
+@dataclass(frozen=True)
+class _Shapes:
+    c: int  # the compute dtype's size
+    g: int  # the gradients' dtype size
+    head: int  # emb × vocab / tensor
+    logits: int  # tokens × vocab / tensor
+    fsdp: int
+    emb: int
+    tokens: int
+
+
+def _fsdp(inv) -> int:
+    """The ways the embedding and head are sharded (fsdp × expert, as MaxText's base.yml rules)."""
+    return int(inv.mesh.get("fsdp", 1)) * int(inv.mesh.get("expert", 1))
+
+
+def _shapes(config, inv) -> _Shapes:
+    import jax.numpy as jnp
+
+    tensor = int(inv.mesh.get("tensor", 1))
+    vocab = int(config.vocab_size) // tensor
+    tokens = int(inv.microbatch) * int(inv.seq)
+    return _Shapes(
+        c=jnp.dtype(config.dtype).itemsize,
+        g=jnp.dtype(config.grad_dtype).itemsize,
+        head=int(config.emb_dim) * vocab,
+        logits=tokens * vocab,
+        fsdp=_fsdp(inv),
+        emb=int(config.emb_dim),
+        tokens=tokens,
+    )
+
+
+def head_grad_at_loss(config, inv) -> bool:
+    """Whether XLA:TPU makes the head's unsharded gradient at the loss (module docstring): where it
+    is no larger than the logits and the buffer written from them (``emb ≤ 2 · tokens``)."""
+    s = _shapes(config, inv)
+    return s.emb <= 2 * s.tokens
+
+
+def tpu_loss_bytes(config, inv) -> int:
+    """The bytes MaxText's loss holds on a TPU beside the parameters, optimizer state and kept
+    activations (module docstring)."""
+    s = _shapes(config, inv)
+    gathered = s.c * s.head if s.fsdp > 1 else 0
+    if int(config.num_vocab_tiling) > 1:
+        tiles = int(config.num_vocab_tiling)
+        return int(s.c * s.head + (s.g + s.c) * s.head // s.fsdp + s.c * s.logits // tiles)
+    if head_grad_at_loss(config, inv):
+        return int(gathered + s.c * s.logits + s.c * s.head + s.c * s.head // s.fsdp)
+    return int(gathered + 2 * s.c * s.logits)
+
+
+def held_in_layer_backward(config, inv) -> int:
+    """The buffer of the loss XLA:TPU holds through the layers' backward: untiled, the logits-sized
+    buffer the head's gradient is made from after the loop, or where it was made at the loss its
+    reduce-scattered shard; tiled, the head's shard cast to the compute dtype (the accumulator's
+    float32 shard is the state's gradient)."""
+    s = _shapes(config, inv)
+    if int(config.num_vocab_tiling) > 1 or head_grad_at_loss(config, inv):
+        return int(s.c * s.head // s.fsdp)
+    return int(s.c * s.logits)
+
+
+def late_grad_params(config, inv) -> int:
+    """The parameters whose gradients XLA:TPU writes after the layers' backward, per device: the
+    embedding's and head's (every parameter outside the layer stacks) untiled; tiled, those less
+    the head's shard, which the tile loop accumulates."""
+    layers = int(sum(n for _, n in inv.group_param_counts))
+    outside = int(inv.grad_bytes // _shapes(config, inv).g) - layers
+    if int(config.num_vocab_tiling) > 1 and not bool(getattr(config, "logits_via_embedding", 0)):
+        s = _shapes(config, inv)
+        outside -= s.head // s.fsdp
+    return outside
+
+
+def tpu_late_grad_bytes(config, inv) -> int:
+    """The state's bytes the cost model's layer phase leaves out on a TPU: the late gradients
+    (:func:`late_grad_params`, ``grad_dtype``) less the loss's buffer held through the layers'
+    backward (:func:`held_in_layer_backward`)."""
+    s = _shapes(config, inv)
+    return int(s.g * late_grad_params(config, inv) - held_in_layer_backward(config, inv))
+
+
+def tpu_after_backward_bytes(config, inv) -> int:
+    """All device bytes of MaxText's step on a TPU after the layers' backward (untiled; module
+    docstring); 0 for a tiled loss (no such phase)."""
+    s = _shapes(config, inv)
+    if int(config.num_vocab_tiling) > 1:
+        return 0
+    layers = int(sum(n for _, n in inv.group_param_counts))
+    state = int(inv.param_bytes + inv.optimizer_bytes + s.g * layers)
+    shard = s.c * s.head // s.fsdp
+    if head_grad_at_loss(config, inv):
+        return int(state + 2 * shard)
+    return int(state + s.c * s.head + shard + max(s.c * s.logits, shard))
+
+
+def tpu_terms(config, inv) -> TpuTerms:
+    """MaxText's TPU terms for ``config`` and its inventory ``inv`` (module docstring)."""
+    return TpuTerms(
+        loss_bytes=tpu_loss_bytes(config, inv),
+        after_backward_bytes=tpu_after_backward_bytes(config, inv),
+        late_grad_bytes=tpu_late_grad_bytes(config, inv),
+    )
