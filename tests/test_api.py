@@ -98,7 +98,8 @@ def test_equinox_example_plans_and_keeps_the_gradients():
     pytest.importorskip(
         "equinox", reason="the Equinox example needs `pip install equinox` (tierax's test extra)"
     )
-    out = _example("equinox_model").run(layers=4, d_model=64, seq=32, squeeze=0.85)
+    # 0.8 of the own bytes beside XLA:GPU's fixed buffers (at 0.85 only the free mlpwo goes)
+    out = _example("equinox_model").run(layers=4, d_model=64, seq=32, squeeze=0.8)
     planned, inv = out["planned"], out["inventory"]
     flops = {
         a.name: a.recompute_flops_per_layer for g in inv.inventory.groups for a in g.activations
