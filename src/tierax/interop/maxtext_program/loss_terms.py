@@ -28,16 +28,36 @@ MaxText's step on a GPU differs from tierax's there in four places:
   ``param_scan_axis``) to a layer-first layout, held through the loss and the layers' backward.
   Routed-expert groups are left out here (:mod:`.weight_stacks` prices their stacks).
 
-At the loss XLA:GPU's live set holds no layer gradient; the cost model's loss phase counts the
-state less the embedding's and head's gradients, i.e. with the layer gradients.  XLA:GPU's buffer
-assignment places the largest buffers first, each at the lowest offset free for its whole live
-range, and its temp is the highest offset reached: in llama3-8b-h200-full the layer gradients'
-accumulators, zeroed during the loss's backward and live to the optimizer, overlap both uses of the
-head's and logits' slots (the gathered head, the logits and their gradient at the loss; the head's
-gradient, its reduce-scatter's output and the embedding's gradient after the layers' backward) and
-are placed above them, so the temp holds them on top of the loss's buffers, as the model counts; in
-qwen3-8b-h200-minimal they are zeroed at the backward loop, share the loss's offsets, and the
-model's loss phase is above XLA's temp by about their size.
+At the loss XLA:GPU's live set holds no layer gradient (their accumulators are zeroed after the
+loss's forward, for the backward loop), but its temp is the highest offset its buffer assignment
+reaches, not the live set's peak: XLA lays the temp out twice — largest buffers first (spatial) and
+longest-lived first (temporal), each at the best-fitting free offset over its live range — and
+keeps the smaller heap.  Which one wins, and so whether the layer gradients' bytes stand on top of
+the loss's buffers, follows from how the loss's buffers compare with the layer gradients
+(``loss_bytes`` by :func:`gpu_loss_bytes`):
+
+* **The loss's buffers larger than the layer gradients** (the gathered head and the two
+  ``[tokens, vocab]`` buffers above ``grad_dtype`` × the layer stacks' parameters per device): the
+  spatial layout puts the head's slot (the gathered head at the loss, the head's gradient after
+  the layers' backward) and the logits' slots lowest, the stack copies above them and the layer
+  gradients' accumulators (live from the loss's backward to the optimizer, overlapping both uses
+  of those slots) above those: XLA's temp holds the layer gradients on top of the loss's buffers,
+  as the cost model's loss phase counts them (the state with the layer gradients, plus
+  ``loss_bytes`` = the buffers themselves).
+* **The loss's buffers no larger than the layer gradients**: the temporal layout puts the stack
+  copies and the layer gradients' accumulators lowest, the held logits' gradient beside them, and
+  the gathered head and the logits inside the gradients' slots, free until the loss is done (the
+  accumulators are zeroed after it); XLA's peak is then
+  the layers' backward (the cost model's layer phase) and the loss adds to the state only the
+  logits' gradient (``loss_bytes`` = one ``[tokens, vocab]`` in the compute dtype).
+
+Read from XLA:GPU's buffer assignments of ``bench/maxtext_fidelity.py``'s llama3-8b-h200-full
+cases: at 2 layers the spatial layout (the head and the two logits buffers about 3.6 times the
+layer gradients), at 8 layers (``-8L``: the layer gradients larger) the temporal one, the head and
+the logits inside the gradients' slots as in mixtral-8x7b-h200-full's and in the small config
+of ``tests/test_maxtext_loss_terms.py`` at 16 layers.  Where the two are close
+(llama3-8b-h200-full at 4 to 7 layers) XLA's spatial layout fits the head's gradient in beside the
+layer gradients and its temp is up to one logits buffer below the cost model's loss phase.
 
 Where the loss was not traced — a tiled loss (``num_vocab_tiling`` > 1), no FSDP, the head read
 from the embedding (``logits_via_embedding``) — :func:`gpu_terms` leaves ``loss_bytes`` None and
@@ -74,18 +94,33 @@ def applies(config, inv) -> bool:
     )
 
 
+def loss_layout_bytes(head: int, logits: int, layer_grads: int) -> int:
+    """The bytes MaxText's loss adds on a GPU to the state (with its layer gradients' bytes) as
+    XLA:GPU's buffer assignment lays the loss out (module docstring): the gathered ``head`` and
+    two ``logits``-sized buffers (the logits, their gradient) below the layer gradients where they
+    are larger than the ``layer_grads`` bytes; where they are not, the head and the logits inside
+    the gradients' slots and only the logits' gradient beside them."""
+    if head + 2 * logits <= layer_grads:
+        return int(logits)
+    return int(head + 2 * logits)
+
+
 def gpu_loss_bytes(config, inv) -> int:
     """The bytes MaxText's loss holds on a GPU beside the state (less the embedding's and head's
-    gradients) and the kept activations: the head cast to the compute dtype and gathered
-    (``[emb, vocab / tensor]``), the logits and their gradient in the compute dtype (``[tokens,
-    vocab / tensor]`` each)."""
+    gradients) and the kept activations (:func:`loss_layout_bytes`): the head cast to the compute
+    dtype and gathered (``[emb, vocab / tensor]``), the logits and their gradient in the compute
+    dtype (``[tokens, vocab / tensor]`` each), against the layer stacks' gradients
+    (``grad_dtype``, per device)."""
     import jax.numpy as jnp
 
     c = jnp.dtype(config.dtype).itemsize
+    g = jnp.dtype(config.grad_dtype).itemsize
     tensor = int(inv.mesh.get("tensor", 1))
     vocab = int(config.vocab_size) // tensor
     tokens = inv.microbatch * inv.seq
-    return int(c * int(config.emb_dim) * vocab + 2 * c * tokens * vocab)
+    return loss_layout_bytes(
+        c * int(config.emb_dim) * vocab, c * tokens * vocab, g * layer_grad_params(inv)
+    )
 
 
 def layer_grad_params(inv) -> int:
