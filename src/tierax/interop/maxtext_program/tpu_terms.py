@@ -15,8 +15,9 @@ buffers are per device; ``c`` is the compute dtype's size, ``head`` = ``emb × v
   both live at the fusion that writes the second; llama3-8b-v5p-full writes one, fused, and holds
   it: the rule's second is then an over-count of ``c·logits``).  No float32 ``[tokens, vocab]``
   buffer.  Where the head's unsharded gradient is no larger than the two logits-sized buffers
-  (``emb ≤ 2·tokens``, llama2-7b-v6e-full; llama3-8b's ``emb = 4·tokens`` is not) XLA makes it at
-  the loss from them and reduce-scatters it there: ``c·head`` and its shard ``c·head / fsdp`` are
+  (``emb ≤ 2·tokens``: llama2-7b-v6e-full, mistral-7b-v6e-minimal, emb 4096 at 2048 tokens; not
+  llama3-8b's emb 4096 at 1024, nor the slow test's emb 1536 at 512) XLA makes it at the loss
+  from them and reduce-scatters it there: ``c·head`` and its shard ``c·head / fsdp`` are
   live at the loss besides the gathered head and one logits-sized buffer.
 * **The layers' backward** (``late_grad_bytes``): XLA:TPU writes the embedding's and head's
   gradients (``grad_dtype``) after the layer loop, so the loop holds neither (the cost model's
@@ -24,17 +25,19 @@ buffers are per device; ``c`` is the compute dtype's size, ``head`` = ``emb × v
   made from after the loop, the logits-sized buffer ``c·logits`` (llama3-8b-v5p-full,
   llama3-8b-v7x-full), or, where the head's gradient was made at the loss, its reduce-scattered
   shard ``c·head / fsdp`` (llama2-7b-v6e-full).  ``late_grad_bytes`` is the late gradients less
-  that held buffer (the net the layer phase leaves out of the state).  A tiled loss reduces the
-  head's gradient into its float32 shard in the tile loop (held through the layers' backward, with
-  the head's shard cast to the compute dtype, ``c·head / fsdp``; llama3-8b-v5p-full-tiled): only
-  the embedding's gradient is late.
+  that held buffer (the net the layer phase leaves out of the state; negative where the held
+  buffer is the larger).  A tiled loss reduces the head's gradient into its float32 shard in the
+  tile loop (held through the layers' backward, with the head's shard cast to the compute dtype,
+  ``c·head / fsdp``; llama3-8b-v5p-full-tiled): only the embedding's gradient is late.
 * **After the layers' backward** (``after_backward_bytes``, untiled): the parameters and optimizer
   state, every layer's gradient (``grad_dtype``, sharded), the head's gradient in the compute dtype,
   unsharded (its all-reduce in place: llama3-8b-v5p-full), the embedding's gradient scatter-added
-  in the compute dtype into its shard (``c·head / fsdp``, made before the head's), and the larger
-  of the logits-sized buffer the head's gradient is read from (live until it is written) and the
-  gradient's reduce-scatter output (a ``c·head / fsdp`` shard; llama3-8b-v7x-full).  Where the
-  head's gradient was made at the loss: the state, the layer gradients and the two shards.
+  in the compute dtype into its shard (``c·head / fsdp``; XLA schedules it before the head's
+  gradient in llama3-8b-v5p-full and -v7x-full, after it in qwen3-8b-v6e-full: the rule counts it
+  with the head's gradient), and the larger of the logits-sized buffer the head's gradient is read
+  from (live until it is written) and the gradient's reduce-scatter output (a ``c·head / fsdp``
+  shard; llama3-8b-v7x-full).  Where the head's gradient was made at the loss: the state, the layer
+  gradients and the two shards.
 * **The tiled loss** (``num_vocab_tiling`` > 1): at the peak in the tile loop's backward one
   ``[emb, vocab]`` in the compute dtype at a time (the gathered head; the tile's head gradient
   reuses its slot and is all-reduced in place), the head gradient's accumulator shard
