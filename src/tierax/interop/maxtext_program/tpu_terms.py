@@ -44,6 +44,10 @@ buffers are per device; ``c`` is the compute dtype's size, ``head`` = ``emb × v
   (``grad_dtype``), the head's shard cast to the compute dtype, and one tile's logits in the
   compute dtype (llama3-8b-v5p-full-tiled).
 
+Not traced: a loss without FSDP (no gathered head, no reduce-scatter: the rules' shards are then
+the whole ``c·head``, an upper reading), tensor parallelism over the vocabulary, a tiled loss's
+head read from the embedding (``logits_via_embedding``).
+
 XLA:TPU's temp is its assignment's highest offset; the rules count the buffers live together, so
 where the assignment leaves gaps below a phase's buffers (offsets free at that time, taken at
 others) XLA's temp exceeds the rules' bytes by the gaps (``bench/maxtext_fidelity.py``'s rows).
