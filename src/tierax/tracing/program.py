@@ -40,15 +40,18 @@ absence means):
   backward than during it (MaxText's on TPU: the head's gradient reduced after the loop), all the
   device bytes live then (state included); 0: no such phase;
 * ``late_grad_bytes``: of the state's gradients, the bytes the program writes only after the
-  layers' backward (MaxText's embedding and head gradients on a GPU,
-  :mod:`tierax.interop.maxtext_program.loss_terms`): not live in the layer phase; 0: all of them
-  counted there;
+  layers' backward, less what the loss leaves held through it (MaxText's embedding and head
+  gradients: on a GPU :mod:`tierax.interop.maxtext_program.loss_terms`, on a TPU net of a
+  logits-sized buffer or the head gradient's shard, :mod:`tierax.interop.maxtext_program.tpu_terms`,
+  so it can be negative): subtracted from the layer phase; 0: all gradients counted there, nothing
+  else;
 * ``batch_shaped``: whether the inventory's microbatch × seq is the step's batch (False: a trace at
   the caller's own shapes).
 
 Which fields grow with the microbatch (what a front end rebuilds at another microbatch): every
 activation's bytes and FLOPs in the inventory, ``inventory.logits_bytes``, ``model_flops`` and
-``moe_backward_bytes``, ``loss_bytes``; the fused kernel's workspace is computed from
+``moe_backward_bytes``, ``loss_bytes``, ``after_backward_bytes`` and a TPU ``late_grad_bytes``
+(the MaxText front end retraces at each batch); the fused kernel's workspace is computed from
 ``inventory.microbatch``.
 The state bytes, the head's shape and ``stack_copy_params`` do not.
 """
