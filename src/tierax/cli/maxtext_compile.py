@@ -73,10 +73,8 @@ def cmd_compile(args) -> int:
         target=args.target,
         devices=devices,
         mesh=mesh,
-        microbatch=args.microbatch if getattr(args, "microbatch_given", False) else None,
-        seq=args.seq if getattr(args, "seq_given", False) else None,
-        grad_accum=args.grad_accum,
         target_config=target_config,
+        **_sizes(args),
     )
     if getattr(args, "plan_given", False):
         import dataclasses
@@ -105,11 +103,18 @@ def _with_plan(args, devices: int, mesh) -> list[str]:
             target=args.target,
             devices=devices,
             mesh=mesh,
-            microbatch=args.microbatch if getattr(args, "microbatch_given", False) else None,
-            seq=args.seq if getattr(args, "seq_given", False) else None,
-            grad_accum=args.grad_accum,
+            **_sizes(args),
         )
     keys, notes = given_plan.plan_keys(args.plan, run)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     return given_plan.joined(args.maxtext_overrides, keys, args.plan)
+
+
+def _sizes(args) -> dict:
+    """The sizing flags given (None: the config's value): --microbatch, --seq, --grad-accum."""
+    return dict(
+        microbatch=args.microbatch if getattr(args, "microbatch_given", False) else None,
+        seq=args.seq if getattr(args, "seq_given", False) else None,
+        grad_accum=args.grad_accum,
+    )
