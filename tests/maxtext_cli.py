@@ -1,5 +1,6 @@
-"""What the MaxText tests share: MaxText's base config, the environment a MaxText child needs on the
-host platform, and the tierax CLI run in a child process with it (its JSON read)."""
+"""What the MaxText tests share: the mark that skips them without MaxText, a tiny llama2-block
+config, MaxText's base config, the environment a MaxText child needs on the host platform, and the
+tierax CLI run in a child process with it (its JSON read)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,29 @@ import os
 import pathlib
 import subprocess
 import sys
+
+import pytest
+
+from tierax.interop.maxtext_program.config import maxtext_importable
+
+# The mark of every test module that needs MaxText (make test requires it: conftest.py).
+requires_maxtext = pytest.mark.skipif(
+    not maxtext_importable(),
+    reason="MaxText is not installed (make venv installs it on Python >= 3.12; make test requires "
+    "it)",
+)
+
+# d 256, 4 query / 2 kv heads of 64, gated MLP 512, 2 layers, vocab 1024 (MaxText's llama2 block).
+D, HEADS, KV, HD, MLP, LAYERS, VOCAB = 256, 4, 2, 64, 512, 2, 1024
+TINY = [
+    f"base_emb_dim={D}",
+    f"base_num_query_heads={HEADS}",
+    f"base_num_kv_heads={KV}",
+    f"head_dim={HD}",
+    f"base_mlp_dim={MLP}",
+    f"base_num_decoder_layers={LAYERS}",
+    f"vocab_size={VOCAB}",
+]
 
 
 def base_yml() -> str:

@@ -16,13 +16,7 @@ import sys
 import maxtext_cli as M
 import pytest
 
-from tierax.interop.maxtext_program.config import maxtext_importable
-
-pytestmark = pytest.mark.skipif(
-    not maxtext_importable(),
-    reason="MaxText is not installed (make venv installs it on Python >= 3.12; make test requires "
-    "it)",
-)
+pytestmark = M.requires_maxtext
 
 # d 256, 4 query/kv heads of 64, gated MLP 512, 2 layers, vocab 1024 (MaxText's llama2 block).
 TINY = [
@@ -35,10 +29,6 @@ TINY = [
     "vocab_size=1024",
 ]
 SIZES = ["per_device_batch_size=1", "max_target_length=256"]
-
-
-
-
 
 
 def _maxtext_train_compile(tmp_path, *keys: str) -> dict[str, int]:

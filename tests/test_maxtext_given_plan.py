@@ -12,24 +12,10 @@ import maxtext_cli as M
 import pytest
 
 from tierax.cli import main
-from tierax.interop.maxtext_program.config import maxtext_importable
 
-pytestmark = pytest.mark.skipif(
-    not maxtext_importable(),
-    reason="MaxText is not installed (make venv installs it on Python >= 3.12; make test requires "
-    "it)",
-)
+pytestmark = M.requires_maxtext
 
-# d 256, 4 query / 2 kv heads of 64, gated MLP 512, 2 layers, vocab 1024 (MaxText's llama2 block).
-TINY = [
-    "base_emb_dim=256",
-    "base_num_query_heads=4",
-    "base_num_kv_heads=2",
-    "head_dim=64",
-    "base_mlp_dim=512",
-    "base_num_decoder_layers=2",
-    "vocab_size=1024",
-]
+TINY = M.TINY  # d 256, 4 query / 2 kv heads of 64, MLP 512, 2 layers, vocab 1024
 ON = ["--target", "h200", "--devices", "2"]
 QKV_BY_HAND = [
     "remat_policy=custom",

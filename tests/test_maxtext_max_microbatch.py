@@ -42,16 +42,7 @@ maxtext = pytest.mark.skipif(
     reason="MaxText is not installed (make venv installs it on Python >= 3.12)",
 )
 
-# d 256, 4 query / 2 kv heads of 64, gated MLP 512, 2 layers, vocab 1024 (MaxText's llama2 block)
-TINY = [
-    "base_emb_dim=256",
-    "base_num_query_heads=4",
-    "base_num_kv_heads=2",
-    "head_dim=64",
-    "base_mlp_dim=512",
-    "base_num_decoder_layers=2",
-    "vocab_size=1024",
-]
+TINY = M.TINY  # d 256, 4 query / 2 kv heads of 64, MLP 512, 2 layers, vocab 1024
 SEQ, DEVICES = 1024, 4
 # A device budget between the model's least peaks at microbatch 3 and 4 of TINY at SEQ on 4 v5p
 # (the test asserts the brute force's answer is 3, so a budget that drifts off is caught).

@@ -52,7 +52,6 @@ def test_check_refusals_before_any_work(tmp_path, capsys, extra, needle):
     assert not out.exists()
 
 
-
 def _check(tmp_path, user, target, devices, *extra):
     out = tmp_path / "mt.yml"
     r = M.tierax(

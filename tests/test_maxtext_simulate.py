@@ -11,25 +11,10 @@ from __future__ import annotations
 import maxtext_cli as M
 import pytest
 
-from tierax.interop.maxtext_program.config import maxtext_importable
+pytestmark = M.requires_maxtext
 
-pytestmark = pytest.mark.skipif(
-    not maxtext_importable(),
-    reason="MaxText is not installed (make venv installs it on Python >= 3.12; make test requires "
-    "it)",
-)
-
-# d 256, 4 query / 2 kv heads of 64, gated MLP 512, 2 layers, vocab 1024 (MaxText's llama2 block).
-D, HEADS, KV, HD, MLP, LAYERS, VOCAB = 256, 4, 2, 64, 512, 2, 1024
-TINY = [
-    f"base_emb_dim={D}",
-    f"base_num_query_heads={HEADS}",
-    f"base_num_kv_heads={KV}",
-    f"head_dim={HD}",
-    f"base_mlp_dim={MLP}",
-    f"base_num_decoder_layers={LAYERS}",
-    f"vocab_size={VOCAB}",
-]
+TINY = M.TINY
+D, HEADS, KV, HD, MLP, LAYERS, VOCAB = M.D, M.HEADS, M.KV, M.HD, M.MLP, M.LAYERS, M.VOCAB
 # A step large enough that XLA:TPU's tile padding and small buffers are not its peak.
 SMALL = [
     "base_emb_dim=1024",
@@ -44,10 +29,6 @@ SMALL = [
 ]
 # The bound on the predicted peak's error against MaxText's compile (the issue's).
 PEAK_TOLERANCE = 0.05
-
-
-
-
 
 
 @pytest.fixture(scope="module")

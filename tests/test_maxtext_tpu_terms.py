@@ -17,26 +17,10 @@ from xla_dump import dump_text as _dump
 from xla_dump import live_at as _live_at
 from xla_dump import temp_values as _temp_values
 
-from tierax.interop.maxtext_program.config import maxtext_importable
+pytestmark = M.requires_maxtext
 
-pytestmark = pytest.mark.skipif(
-    not maxtext_importable(),
-    reason="MaxText is not installed (make venv installs it on Python >= 3.12; make test requires "
-    "it)",
-)
-
-# d 256, 4 query / 2 kv heads of 64, gated MLP 512, 2 layers, vocab 1024 (MaxText's llama2 block).
-D, HEADS, KV, HD, MLP, LAYERS, VOCAB = 256, 4, 2, 64, 512, 2, 1024
-TINY = [
-    f"base_emb_dim={D}",
-    f"base_num_query_heads={HEADS}",
-    f"base_num_kv_heads={KV}",
-    f"head_dim={HD}",
-    f"base_mlp_dim={MLP}",
-    f"base_num_decoder_layers={LAYERS}",
-    f"vocab_size={VOCAB}",
-    "remat_policy=full",
-]
+TINY = [*M.TINY, "remat_policy=full"]
+D, HEADS, KV, HD, MLP, LAYERS, VOCAB = M.D, M.HEADS, M.KV, M.HD, M.MLP, M.LAYERS, M.VOCAB
 FSDP = 4
 BF16, F32 = 2, 4
 HEAD = D * VOCAB  # the head's [emb, vocab] elements
