@@ -70,11 +70,7 @@ def run_cases(
     if args.docs is not None:
         _common.write_docs_table(marker, render(args.docs))
         return 0
-    names = [c[0] for c in cases]
-    wanted = args.cases.split(",") if args.cases else names
-    unknown = [n for n in wanted if n not in names]
-    if unknown:
-        ap.error(f"unknown case(s) {', '.join(unknown)}; cases: {', '.join(names)}")
+    wanted = selected(ap, args.cases, cases)
     record = _common.envelope(schema) | {
         "versions": _common.versions("maxtext", "jax", "jaxlib", "libtpu", "jax-cuda13-plugin"),
         **(fields or {}),
@@ -87,3 +83,14 @@ def run_cases(
             _common.write_record(args.out, record)
     _common.write_docs_table(marker, render(record))
     return 0
+
+
+def selected(ap, text: str | None, cases) -> list[str]:
+    """The case names ``--cases`` (``text``, comma-separated; None: every case) asks for, an
+    unknown one refused through ``ap`` naming the cases there are."""
+    names = [c[0] for c in cases]
+    wanted = text.split(",") if text else names
+    unknown = [n for n in wanted if n not in names]
+    if unknown:
+        ap.error(f"unknown case(s) {', '.join(unknown)}; cases: {', '.join(names)}")
+    return wanted

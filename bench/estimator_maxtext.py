@@ -341,11 +341,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.docs is not None:
         return _common.docs_written(DOCS_MARKER, render(a.docs))
-    names = [c[0] for c in CASES]
-    wanted = a.cases.split(",") if a.cases else names
-    unknown = [n for n in wanted if n not in names]
-    if unknown:
-        ap.error(f"unknown case(s) {', '.join(unknown)}; cases: {', '.join(names)}")
+    wanted = _maxtext.selected(ap, a.cases, CASES)
     out = pathlib.Path(a.out)
     doc = json.loads(out.read_text()) if out.exists() else {"cases": []}
     doc |= _common.envelope(SCHEMA) | {
@@ -374,7 +370,7 @@ def main(argv=None) -> int:
             if a.side in ("tierax", "all"):
                 case["tierax"] = run_tierax(name, model, seq, pathlib.Path(tmp))
                 case["tierax"]["bench_command"] = _common.command_line(argv)
-            doc["cases"] = [by_name[n] for n in names if n in by_name]
+            doc["cases"] = [by_name[c[0]] for c in CASES if c[0] in by_name]
             _common.write_record(out, doc)
             print(f"{name}: written to {out}", file=sys.stderr, flush=True)
     _common.write_docs_table(DOCS_MARKER, render(doc))

@@ -76,12 +76,6 @@ CASES = [
 ]  # fmt: skip
 
 
-
-
-
-
-
-
 def _child(verb: str, keys: list[str], target: str, devices: int, dump=None) -> dict:
     cmd = _common.tierax(
         verb, "--maxtext", _maxtext.base_yml(), *keys, "--target", target,
@@ -205,11 +199,7 @@ def main(argv=None) -> int:
     if args.docs is not None:
         _common.write_docs_table(MARKER, render(args.docs))
         return 0
-    names = [c[0] for c in CASES]
-    wanted = args.cases.split(",") if args.cases else names
-    unknown = [n for n in wanted if n not in names]
-    if unknown:
-        ap.error(f"unknown case(s) {', '.join(unknown)}; cases: {', '.join(names)}")
+    wanted = _maxtext.selected(ap, args.cases, CASES)
     earlier = {}
     for path in args.reuse:
         if not pathlib.Path(path).is_file():
