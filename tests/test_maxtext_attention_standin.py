@@ -11,15 +11,12 @@ from __future__ import annotations
 import math
 import pathlib
 
+import maxtext_cli as M
 import pytest
 
 from tierax.errors import TieraxError
-from tierax.interop.maxtext_program.config import maxtext_importable
 
-pytestmark = pytest.mark.skipif(
-    not maxtext_importable(),
-    reason="MaxText is not installed (make venv installs it on Python >= 3.12)",
-)
+pytestmark = M.requires_maxtext
 
 BF16, F32 = "bfloat16", "float32"
 
@@ -255,16 +252,7 @@ def test_same_inventory_as_cudnn_stand_in():
     from tierax.interop import maxtext_program
     from tierax.interop.maxtext_program.trace import program_inventory
 
-    small = [
-        "decoder_block=mistral",
-        "base_emb_dim=256",
-        "base_num_query_heads=4",
-        "base_num_kv_heads=2",
-        "head_dim=64",
-        "base_mlp_dim=512",
-        "base_num_decoder_layers=2",
-        "vocab_size=1024",
-    ]
+    small = ["decoder_block=mistral", *M.TINY]  # d 256, 4 q / 2 kv heads of 64, 2 layers
     base = str(_configs() / "base.yml")
     invs = {}
     for kernel in ("cudnn_flash_jax", "flash"):

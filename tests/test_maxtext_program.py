@@ -11,16 +11,14 @@ import re
 import subprocess
 import sys
 
+import maxtext_cli as M
 import pytest
 
 from tierax.cli import main
 from tierax.errors import TieraxError
 from tierax.interop.maxtext_program import config as mconfig
 
-pytestmark = pytest.mark.skipif(
-    not mconfig.maxtext_importable(),
-    reason="MaxText is not importable here (make venv installs MaxText 0.2.5 on Python ≥ 3.12)",
-)
+pytestmark = M.requires_maxtext
 
 # Representative in the default suite: dense (mistral), DeepSeek's dense + MoE stacks at 671B, a
 # scanned block of several attention kinds (gemma3).  The other six under -m slow.
@@ -139,13 +137,7 @@ def test_deepseek_groups_follow_maxtext():
 
 SMALL = [
     "decoder_block=mistral",
-    "base_emb_dim=256",
-    "base_num_query_heads=4",
-    "base_num_kv_heads=2",
-    "head_dim=64",
-    "base_mlp_dim=512",
-    "base_num_decoder_layers=2",
-    "vocab_size=1024",
+    *M.TINY,
     "mlp_activations=[silu,linear]",
     "weight_dtype=float32",
     "dtype=float32",
