@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import re
 import subprocess
 import sys
 import tempfile
@@ -35,7 +34,7 @@ import time
 
 import _common
 import _maxtext
-from estimator_peer import parse_estimator_log, rows_from_log
+from estimator_peer import estimator_record
 
 SCHEMA = "tierax.estimator-maxtext/1"
 TOPOLOGY, DEVICES, TARGET, LAYERS = "v5p-8", 4, "v5p", 2
@@ -108,33 +107,11 @@ def run_estimator(name: str, model: str, seq: int, timeout_s: float, log_path: s
                 rc = None
         wall = time.perf_counter() - t0
     log = pathlib.Path(log_path).read_text(errors="replace")
-    parsed = parse_estimator_log(log)
-    out = {
-        "command": "python "
-        + " ".join(argv[1:-2]).replace(_maxtext.base_yml(), "<maxtext>/configs/base.yml"),
-        "returncode": rc,
-        "wall_s": round(wall, 1),
-        "compiles": parsed["compiles"],
-        "n_compiles": len(parsed["compiles"]),
-        "rows_printed": parsed["rows"],
-        "search_s": parsed["search_s"],
-    }
-    if rc != 0:
-        errors = [ln for ln in log.splitlines() if re.search(r"Error|RET_CHECK|INTERNAL", ln)]
-        out["error"] = (
-            f"stopped at the bench's time limit ({timeout_s:.0f} s)"
-            if rc is None
-            else (errors[-1] if errors else log.strip().splitlines()[-1])
-        )
-        out["stopped_while"] = parsed["unfinished_compile"]
-        out["log_tail"] = log[-3000:]
-    out["rows"] = parsed["rows"] or rows_from_log(parsed["compiles"])
-    out["rows_source"] = (
-        "printed by the estimator"
-        if parsed["rows"]
-        else "its compiles that fitted (it printed none)"
+    command = "python " + " ".join(argv[1:-2]).replace(
+        _maxtext.base_yml(), "<maxtext>/configs/base.yml"
     )
-    return out
+    limit = f"stopped at the bench's time limit ({timeout_s:.0f} s)"
+    return estimator_record(command, rc, wall, log, limit)
 
 
 def price_row(model: str, seq: int, row: dict) -> dict:

@@ -149,6 +149,40 @@ def rows_from_log(compiles: list[dict]) -> list[dict]:
     return list(best.values())
 
 
+def estimator_record(
+    command: str, rc: int | None, wall: float, log: str, timeout_text: str
+) -> dict:
+    """One estimator.py run as a record: its command, exit status (None: stopped at the time
+    limit, ``timeout_text`` says so), wall time, every compile it made and the rows it printed (or,
+    where it printed none, its compiles that fitted); where it failed, the last error line of its
+    log, the compile it was in and the log's tail."""
+    parsed = parse_estimator_log(log)
+    out = {
+        "command": command,
+        "returncode": rc,
+        "wall_s": round(wall, 1),
+        "compiles": parsed["compiles"],
+        "n_compiles": len(parsed["compiles"]),
+        "rows_printed": parsed["rows"],
+        "search_s": parsed["search_s"],
+    }
+    if rc != 0:
+        pattern = r"Error|RET_CHECK|INTERNAL|Traceback"
+        errors = [line for line in log.splitlines() if re.search(pattern, line)]
+        out["error"] = (
+            timeout_text if rc is None else (errors[-1] if errors else log.strip().splitlines()[-1])
+        )
+        out["log_tail"] = log[-4000:]
+        out["stopped_while"] = parsed["unfinished_compile"]
+    out["rows"] = parsed["rows"] or rows_from_log(parsed["compiles"])
+    out["rows_source"] = (
+        "printed by the estimator"
+        if parsed["rows"]
+        else "its compiles that fitted (it printed none)"
+    )
+    return out
+
+
 def run_estimator(py: str, seq: int, work: pathlib.Path, timeout_s: int) -> dict:
     """The estimator's run, parsed (see :func:`child_env`)."""
     return _run_estimator(py, seq, work, timeout_s, {})
@@ -188,37 +222,12 @@ def _run_estimator(py: str, seq: int, work: pathlib.Path, timeout_s: int, extra_
         )
         rc = None
     wall = time.perf_counter() - t0
-    parsed = parse_estimator_log(log)
     env = " ".join(f"{k}={v}" for k, v in extra_env.items())
-    out = {
-        "command": " ".join([*([env] if env else []), "python", *argv[1:]]),
-        "returncode": rc,
-        "wall_s": round(wall, 1),
-        "compiles": parsed["compiles"],
-        "n_compiles": len(parsed["compiles"]),
-        "rows_printed": parsed["rows"],
-        "search_s": parsed["search_s"],
-    }
-    if rc != 0:
-        errors = [
-            line
-            for line in log.splitlines()
-            if re.search(r"Error|RET_CHECK|INTERNAL|Traceback", line)
-        ]
-        out["error"] = (
-            "timed out" if rc is None else (errors[-1] if errors else log.strip().splitlines()[-1])
-        )
-        out["log_tail"] = log[-4000:]
-        out["stopped_while"] = parsed["unfinished_compile"]
-    out["rows"] = parsed["rows"] or rows_from_log(parsed["compiles"])
-    out["rows_source"] = (
-        "printed by the estimator"
-        if parsed["rows"]
-        else "its compiles that fitted (it printed none)"
-    )
+    command = " ".join([*([env] if env else []), "python", *argv[1:]])
+    out = estimator_record(command, rc, wall, log, "timed out")
     full = [
         c["batch"]
-        for c in parsed["compiles"]
+        for c in out["compiles"]
         if not c["oom"] and set(c["policy"].values()) == {"remat"}
     ]
     out["full_remat_fits"] = sorted(set(full))
