@@ -222,6 +222,13 @@ def write_docs_table(marker: str, body: str) -> pathlib.Path:
     return page
 
 
+def docs_follow(out: str | os.PathLike, default: str) -> bool:
+    """Whether a run's record ``out`` is the one its docs table is made from
+    (``bench/results/<default>``): only such a run rewrites the table; a record written elsewhere
+    (a trial, a subset of cases) leaves the page as it is (``--docs RECORD`` rewrites it)."""
+    return pathlib.Path(out).resolve() == (RESULTS / default).resolve()
+
+
 def made_by(doc: Mapping, jax: bool = True) -> str:
     """How a docs table names its record: its command, its date and (``jax``) the jax version."""
     text = f"`{doc['command']}`, {doc['created'][:10]}"

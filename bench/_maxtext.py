@@ -5,6 +5,7 @@ Kept apart from ``_common`` so the GPU check (which imports ``_common``) needs n
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -52,25 +53,33 @@ def run_cases(
     schema: str,
     marker: str,
     cases: Sequence[tuple],
-    run_case: Callable[..., dict],
+    run_case: Callable[..., dict] | None,
     render: Callable[[dict], str],
     fields: dict | None = None,
+    add_args: Callable[[argparse.ArgumentParser], None] | None = None,
+    bind: Callable[[argparse.Namespace, argparse.ArgumentParser], Callable] | None = None,
 ) -> int:
     """The main of a bench script over named MaxText cases: ``--cases NAME,...`` (default all),
     ``--out`` (default ``bench/results/OUT``), ``--docs RECORD`` (the table from a record, nothing
-    run); each case (a tuple, its name first) run by ``run_case(*case)`` in order, the record
+    run), the script's own options (``add_args``); each case (a tuple, its name first) run by
+    ``run_case(*case)`` in order — or, with ``bind``, by the function ``bind(args, parser)``
+    returns (called before any case runs: it refuses bad options through the parser) — the record
     (the envelope, versions, ``fields``, the cases) written after each, the docs table at the
     end."""
     import _common
 
     ap = _common.parser(doc, out)
     ap.add_argument("--cases", help="comma-separated case names (default: all)")
+    if add_args is not None:
+        add_args(ap)
     _common.add_docs(ap, schema)
     args = ap.parse_args(argv)
     if args.docs is not None:
         _common.write_docs_table(marker, render(args.docs))
         return 0
     wanted = selected(ap, args.cases, cases)
+    if bind is not None:
+        run_case = bind(args, ap)
     record = _common.envelope(schema) | {
         "versions": _common.versions("maxtext", "jax", "jaxlib", "libtpu", "jax-cuda13-plugin"),
         **(fields or {}),
@@ -81,7 +90,10 @@ def run_cases(
             print(f"case {case[0]} ...", file=sys.stderr, flush=True)
             record["cases"].append(run_case(*case))
             _common.write_record(args.out, record)
-    _common.write_docs_table(marker, render(record))
+    if _common.docs_follow(args.out, out):
+        _common.write_docs_table(marker, render(record))
+    else:
+        print(f"docs table left as it is (--docs {args.out} rewrites it)", file=sys.stderr)
     return 0
 
 
