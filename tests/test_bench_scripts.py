@@ -199,3 +199,28 @@ def test_union_of_op_intervals_counts_overlaps_once():
     assert trace._union_s([(20, 30), (0, 10), (5, 15)]) == pytest.approx(25e-6)
     assert trace._union_s([(0, 10), (2, 3)]) == pytest.approx(10e-6)
     assert trace._union_s([]) == 0.0
+
+
+def test_a_record_written_elsewhere_leaves_the_docs_table(common, tmp_path):
+    """A MaxText bench run with another --out (a trial, a subset of cases) writes its record there
+    and leaves the docs page's table as it is; only the docs' own record rewrites it."""
+    spec = importlib.util.spec_from_file_location("_maxtext", BENCH / "_maxtext.py")
+    maxtext = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(maxtext)
+    page = common.docs_page("maxtext-fidelity")
+    before = page.read_bytes()
+    out = tmp_path / "trial.json"
+    rc = maxtext.run_cases(
+        ["--out", str(out), "--cases", "one"],
+        doc="A trial.",
+        out="maxtext_fidelity.json",
+        schema="tierax.bench.trial/1",
+        marker="maxtext-fidelity",
+        cases=[("one",), ("two",)],
+        run_case=lambda name: {"name": name},
+        render=lambda doc: "| a table of one row |",
+    )
+    assert rc == 0 and page.read_bytes() == before
+    assert [c["name"] for c in json.loads(out.read_text())["cases"]] == ["one"]
+    assert common.docs_follow(common.RESULTS / "maxtext_fidelity.json", "maxtext_fidelity.json")
+    assert not common.docs_follow(out, "maxtext_fidelity.json")
