@@ -374,6 +374,13 @@ def _build(loaded, target: str, runs: str, traced: str) -> MaxTextProgram:
             "with a stand-in for its kernel with the same inputs, outputs and residuals (q, k, v, "
             "output, log-sum-exp; no score matrices); its matmul FLOPs are not in the time model"
         )
+    # a 2-layer stack under host offload: XLA:TPU unrolls it (.tpu_offload; not priced)
+    from tierax.interop.maxtext_program import tpu_offload
+    from tierax.plan import resolve
+
+    unrolled = tpu_offload.unrolled_note(resolve(plan, prog), groups, target)
+    if unrolled:
+        notes.append(unrolled)
     return MaxTextProgram(
         program=prog,
         plan=plan,

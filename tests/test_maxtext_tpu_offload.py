@@ -1,0 +1,116 @@
+"""MaxText's step on a TPU where XLA unrolls its layer loop (:mod:`tierax.interop.maxtext_program.
+tpu_offload`): a stack of two layers under host offload is noted as a program no deeper model
+compiles — not a stack of three, not a step that offloads nothing, not a GPU target — and (slow)
+XLA:TPU's compile of the tiny config unrolls the layer loops at that depth and keeps them one
+layer deeper.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import maxtext_cli as M
+import pytest
+from xla_dump import dump_text as _dump
+
+from tierax.interop.maxtext_program import tpu_offload
+from tierax.models.config import LayerGroup
+from tierax.plan import Placement
+
+pytestmark = M.requires_maxtext
+
+FSDP = 4
+UNROLLED = tpu_offload.UNROLLED_LAYERS
+
+
+def _keys(layers: int, policy: str) -> list[str]:
+    tiny = [k for k in M.TINY if not k.startswith("base_num_decoder_layers=")]
+    return [*tiny, f"base_num_decoder_layers={layers}", f"remat_policy={policy}"]
+
+
+def _notes(layers: int, policy: str) -> tuple[str, ...]:
+    from tierax.interop.maxtext_program import program
+
+    return program(
+        M.base_yml(), _keys(layers, policy), target="v5p", devices=FSDP, microbatch=1, seq=64
+    ).notes
+
+
+def _unrolled(notes) -> list[str]:
+    return [n for n in notes if "unrolls" in n]
+
+
+def test_a_two_layer_stack_offloading_is_noted():
+    (note,) = _unrolled(_notes(2, "qkv_proj_offloaded"))
+    assert "2-layer loop of layers" in note and "3 layers or more" in note
+
+
+def test_three_layers_are_not_noted():
+    assert not _unrolled(_notes(3, "qkv_proj_offloaded"))
+
+
+# The gate itself, over placements as tierax.plan.resolve gives them: no MaxText trace.
+def _groups(*layers: int) -> list[LayerGroup]:
+    return [LayerGroup(f"g{n}", n, ("query_proj", "mlpwo")) for n in layers]
+
+
+def _placements(groups, offload: str | None) -> dict:
+    return {
+        g.name: {
+            "query_proj": Placement.OFFLOAD if g.name == offload else Placement.DEVICE,
+            "mlpwo": Placement.REMAT,
+        }
+        for g in groups
+    }
+
+
+def test_the_unrolled_groups_are_the_two_layer_ones_once_anything_is_offloaded():
+    groups = _groups(1, 2, 3, 8)
+    assert tpu_offload.unrolled_groups(_placements(groups, None), groups) == ()
+    # an offload in another group: XLA unrolls the step's 2-iteration loops
+    assert tpu_offload.unrolled_groups(_placements(groups, "g8"), groups) == ("g2",)
+    assert tpu_offload.unrolled_groups(_placements(groups, "g2"), groups) == ("g2",)
+    deep = _groups(3, 8)
+    assert tpu_offload.unrolled_groups(_placements(deep, "g3"), deep) == ()
+
+
+def test_only_a_tpu_target_is_noted():
+    groups = _groups(2)
+    placements = _placements(groups, "g2")
+    assert tpu_offload.unrolled_note(placements, groups, "v5p")
+    assert tpu_offload.unrolled_note(placements, groups, "h200") is None
+
+
+def _layer_loops(dump) -> int:
+    """The optimized module's while loops (the tiny config is dense: its layer loops alone)."""
+    text = _dump(dump, ".txt")
+    return sum(1 for line in text.splitlines() if re.search(r" while\(", line))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layers", [UNROLLED, UNROLLED + 1])
+def test_xla_tpu_unrolls_the_layer_loops_at_that_depth_only(tmp_path, layers):
+    """The tiny config with q/k/v offloaded compiled for 4 v5p chips (compile --maxtext, dumped;
+    libtpu 0.0.52): no loop at :data:`~tierax.interop.maxtext_program.tpu_offload.UNROLLED_LAYERS`
+    layers, the forward and backward layer loops one layer deeper; the host holds the stacked
+    residuals of every layer, plus one layer's where unrolled.  (Slow: two MaxText compiles; the
+    default tests check the gate.)"""
+    dump = tmp_path / "dump"
+    env = M.env()
+    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dump}"
+    keys = [M.base_yml(), *_keys(layers, "qkv_proj_offloaded"), "per_device_batch_size=1"]
+    keys += ["max_target_length=256", "--target", "v5p", "--devices", str(FSDP)]
+    argv = [sys.executable, "-m", "tierax.cli", "compile", "--maxtext", *keys, "--json"]
+    out = M.json_of(subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env))
+    assert _layer_loops(dump) == (0 if layers == UNROLLED else 2)
+    # one layer's q, k and v in bf16 as XLA:TPU tiles them (the head dim's 64 lanes padded to
+    # 128), stacked for every layer; unrolled, up to one layer more in host buffers of its own
+    # (whether they share the stacks' offsets is the schedule's)
+    per_layer = 2 * 256 * (M.HEADS + 2 * M.KV) * 128
+    host = out["host_temp_bytes"]
+    if layers == UNROLLED:
+        assert layers * per_layer <= host <= (layers + 1) * per_layer
+    else:
+        assert host == layers * per_layer
