@@ -34,9 +34,10 @@ train state traced (:mod:`.trace`), its remat policy read from its decoder
   - ``attention=dot_product`` given: traced and priced as it is (its scores included).
 
 * **MoE backward buffers**: per MoE group, the dispatch-sized buffers its backward holds besides its
-  residuals (:func:`moe_backward_bytes`); on a GPU also the copy of a gathered expert weight for
-  MaxText's interpreted expert kernel, and the MoE groups' weight stacks copied to a layer-major
-  layout (``stack_copy_params``; :mod:`.weight_stacks`).
+  residuals (:func:`moe_backward_bytes`); on a GPU also the gathered expert weights padded to the
+  tiles of MaxText's interpreted expert kernel and two padded copies for its loops, the MoE groups'
+  weight stacks copied to a layer-major layout (``stack_copy_params``) and a one-layer stack's
+  gradients left out of the layers' backward (``late_grad_bytes``; :mod:`.weight_stacks`).
 * **Model FLOPs**: MaxText's own per-device training TFLOPs (one microbatch: ÷
   ``gradient_accumulation_steps``).
 * **The loss on a TPU** (``loss_bytes``, ``after_backward_bytes``, ``late_grad_bytes``:
@@ -328,8 +329,10 @@ def _build(loaded, target: str, runs: str, traced: str) -> MaxTextProgram:
     # XLA:GPU's copies of the routed-expert groups' weight stacks (.weight_stacks)
     moe_stacks = None
     if moe and hardware.get_target(target).kind == "gpu":
-        moe_stacks = weight_stacks.gpu_terms(config, [name for name, _ in moe])
-        moe = tuple((name, b + moe_stacks.gmm_copy(name)) for name, b in moe)
+        moe_stacks = weight_stacks.gpu_terms(
+            config, [name for name, _ in moe], dict(inv.group_param_counts)
+        )
+        moe = tuple((name, b + moe_stacks.gmm(name)) for name, b in moe)
     import jax.numpy as jnp
 
     loss, after, late = (None, 0, 0)
@@ -342,6 +345,8 @@ def _build(loaded, target: str, runs: str, traced: str) -> MaxTextProgram:
         gpu = loss_terms.gpu_terms(config, inv, moe_groups=[name for name, _ in moe])
     if gpu is not None:
         loss, after, late = gpu.loss_bytes, gpu.after_backward_bytes, gpu.late_grad_bytes
+        # one-layer routed-expert stacks' gradients: written after the layer's peak (.weight_stacks)
+        late += moe_stacks.late_grad_bytes if moe_stacks else 0
     prog = Program(
         inventory=inv,
         groups=groups,

@@ -1,8 +1,9 @@
 """What XLA:GPU holds of MaxText's stacked layer weights besides the training state: a relayout copy
-of each FSDP-sharded weight stack, and, in a routed-expert layer's backward, a copy of a gathered
-expert weight for MaxText's megablox kernel run as a loop — both read from MaxText's own abstract
-train state (its parameter tree: each weight's logical axes, its layer axis, its dtype, its
-sharding on the run's mesh).
+of each FSDP-sharded weight stack, and, in a routed-expert layer's backward, the gathered expert
+weights padded to the tiles of MaxText's megablox kernel run as a loop with copies of them for the
+loop; and which stacks' gradients the layers' backward does not yet hold — all read from MaxText's
+own abstract train state (its parameter tree: each weight's logical axes, its layer axis, its
+dtype, its sharding on the run's mesh).
 
 * **Relayout copies** (:func:`relayout_copies`, priced as the Program's ``stack_copy_params``;
   :mod:`.as_program` takes the routed-expert groups' from here, the other groups' from
@@ -23,22 +24,48 @@ sharding on the run's mesh).
   qwen3-8b-h200-minimal (all seven sharded stacks), and the small MoE config of
   ``tests/test_maxtext_weight_stacks.py``.  XLA:TPU makes no such copy (it converts the stacks to
   the compute dtype instead: :func:`tierax.costmodel.fixed._tpu_stack_copy_bytes`).
-* **The expert kernel's loop copy** (:func:`gmm_loop_copy_bytes`, added to the group's
-  ``moe_backward_bytes``).  On a GPU MaxText runs its megablox grouped matmul (``sparse_matmul``
-  and ``megablox``, no tokamax) as the Pallas kernel interpreted (MaxText interprets it on any
-  platform but a TPU): an XLA while loop that carries its operands, the gathered expert weight
-  among them.  A gathered weight that another of the layer's loops reads as well (the recomputed
-  forward and the backward's ``dlhs`` read the same ``wi_0``, ``wi_1``, ``wo``) is copied into the
-  loop, so beside the three gathered expert weights of the layer's backward XLA:GPU holds at least
-  one more: one in mixtral-8x7b-h200-full (``copy`` of an ``all-gather-done``, ``bf16[8, 4096,
-  14336]``); smaller compiles of the same layer hold two (the test's config; at d 2048, 4 experts
-  of 4096 also the weight gradient's compute-dtype accumulator), a schedule choice of XLA's
-  latency-hiding scheduler at those sizes that the model does not follow: the term is the one copy
-  every compile seen holds.  Sized as the layer's largest expert weight gathered: its local experts
-  (the ``exp`` dimension ÷ the expert axis), the other dimensions whole but for the tensor axis, in
-  the compute dtype.  Where a dimension does not divide the kernel's tiles (``wi_tile_*``,
-  ``wo_tile_*``, 1024 in base.yml; e.g. qwen3-30b-a3b's experts of 768) the kernel pads the weight
-  and XLA holds padded copies besides: not priced (not traced).
+* **The expert kernel's padded weights and their loop copies** (:func:`gmm_weight_bytes`, added
+  to the group's ``moe_backward_bytes`` beyond the gathered weights the cost model's workspace
+  counts).  On a GPU MaxText runs its megablox grouped matmul (``sparse_matmul`` and ``megablox``,
+  no tokamax) as the Pallas kernel interpreted (MaxText interprets it on any platform but a TPU):
+  JAX's Pallas interpreter pads every operand to a multiple of its block (``jit(gmm)/jit(_pad)``),
+  then runs an XLA while loop that carries the padded operands and
+  writes each block it reads back into its carried operand.  The expert weight's block is the
+  kernel's ``[tk, tn]`` tile (``[tn, tk]`` transposed): ``wi_0``/``wi_1`` ``[E, D, F]`` padded to
+  ``wi_tile_fwd_embed_dim`` × ``wi_tile_fwd_mlp_dim`` in the forward, ``wi_tile_dlhs_embed_dim`` ×
+  ``wi_tile_dlhs_mlp_dim`` in the backward's ``dlhs``; ``wo`` ``[E, F, D]`` by the ``wo_tile_*``
+  keys the same way (1024 each in base.yml).  Read from the deviceless XLA:GPU compiles of
+  deepseek2-16b at 2 layers with ``attention=dot_product`` on 4 H200s (fsdp 4; experts of
+  ``[64, 2048, 1408]`` held as ``bf16[64, 2048, 2048]``, 512 MiB where the gathered weight is 352),
+  mixtral-8x7b-h200-full (``[8, 4096, 14336]``: multiples of the tiles, no padding) and the small
+  MoE configs of ``tests/test_maxtext_weight_stacks.py``: in the layer's backward XLA:GPU pads each
+  gathered expert weight once (the recomputed forward's pad and the ``dlhs``'s are the same
+  computation: one buffer; the gathered weight is dead once padded), and the two loops that read
+  it (the recomputed forward and the ``dlhs``) both write into their carry, so it copies the padded
+  weight for the first of them and the last reads it in place.  At the layer's peak (the second
+  up-projection's recomputed loop) it holds the three padded weights and two padded copies: the
+  running loop's and ``wo``'s, made before that loop for the ``dlhs`` that follows it (deepseek2:
+  ``copy.718``, ``copy.694``; mixtral: ``copy.572`` carried by the loop, ``copy.548``).  Per
+  device, in the compute dtype: each expert weight's layer slice gathered (its local experts: the
+  ``exp`` dimension ÷ the expert axis; the other dimensions whole but for the tensor axis), each
+  ``embed``/``mlp`` dimension rounded up to its tile; the copies are the two largest.  The weight
+  gradients' loops (``tgmm``) carry a padded weight-sized output each, after the padded weights are
+  dead (not the layer's peak: not priced).  Not traced: forward and ``dlhs`` tiles that pad a
+  weight differently (two pads, no shared buffer; priced as the larger), MaxText's pre-fused
+  ``wi`` (``prefuse_moe_weights``), quantized experts; the tokens' padding to
+  ``*_tile_*_batch_seq`` and the activations' to the tiles (dispatch-sized) is not priced.
+* **Single-trip stacks' gradients** (:func:`single_trip_grad_params`, the Program's
+  ``late_grad_bytes`` on a GPU).  A routed-expert stack of one layer (DeepSeek's ``moe_layers`` at
+  2 layers) runs no layer loop: XLA:GPU computes its weight gradients (the ``tgmm`` loops, the
+  attention's) after the layer's recomputed forward and ``dlhs`` loops, once the padded weights are
+  dead, so the layer's peak holds none of the stack's gradients (deepseek2-16b's dump above: no
+  float32 weight gradient live at the peak; the experts' are written from the ``tgmm`` loops on).
+  A stack that loops (two layers or more) accumulates its gradients in the loop: held throughout.
+
+MaxText names a stack's layer axis ``layers`` or after the stack (DeepSeek's ``dense_layers``,
+``moe_layers``): :func:`state_stacks` reads either.  A one-layer stack (no layer loop) is read
+whole: no relayout copy (deepseek2-16b's dump above: no float32 copy of a stack before the
+forward).
 """
 
 from __future__ import annotations
@@ -50,9 +77,13 @@ from dataclasses import dataclass
 # experts' own dimension, which stays sharded: expert parallelism).  MaxText's tensor axes keep
 # their shards.
 GATHERED_AXES = ("fsdp", "fsdp_transpose", "expert")
-# MaxText's logical name of the layer axis and of the experts' dimension.
+# MaxText's logical name of the layer axis (DeepSeek's stacks name it after the stack instead:
+# ``dense_layers``, ``moe_layers``) and of the experts' dimension.
 LAYERS = "layers"
 EXPERTS = "exp"
+# The expert weights' dimensions the megablox kernel tiles, by the word in their logical names
+# (``embed_moe``, ``mlp_moe``) and the word in MaxText's tile keys (``wi_tile_fwd_embed_dim``).
+TILED = (("embed", "embed_dim"), ("mlp", "mlp_dim"))
 
 
 @dataclass(frozen=True)
@@ -71,7 +102,11 @@ class Stack:
 
     @property
     def layer_axis(self) -> int:
-        return self.names.index(LAYERS)
+        return self.names.index(LAYERS if LAYERS in self.names else self.group)
+
+    @property
+    def layers(self) -> int:
+        return self.local_shape[self.layer_axis]
 
     @property
     def itemsize(self) -> int:
@@ -103,23 +138,28 @@ class Stack:
         """The dimensions a layer's slice is all-gathered along, in order."""
         return [d for d in range(len(self.local_shape)) if self.gathered_axes(d)]
 
-    def gathered_layer_elements(self) -> int:
-        """Elements of one layer's slice as the layer computes with it: gathered along
-        :meth:`gathered_dims`, still split over the other axes."""
+    def gathered_layer_shape(self) -> dict[int, int]:
+        """One layer's slice as the layer computes with it, dimension → size: gathered along
+        :meth:`gathered_dims`, still split over the other axes (the layer axis left out)."""
         sizes = dict(self.mesh)
-        return math.prod(
-            n * math.prod(sizes[a] for a in self.gathered_axes(d))
+        return {
+            d: n * math.prod(sizes[a] for a in self.gathered_axes(d))
             for d, n in enumerate(self.local_shape)
             if d != self.layer_axis
-        )
+        }
+
+    def gathered_layer_elements(self) -> int:
+        """Elements of :meth:`gathered_layer_shape`."""
+        return math.prod(self.gathered_layer_shape().values())
 
 
 def needs_relayout_copy(stack: Stack) -> bool:
     """Whether XLA:GPU copies ``stack`` into a layer-major, gathered-dimension-major layout before
-    the forward loop (module docstring): it is gathered, and either its layer axis is not leading
-    or a dimension of more than one element per device precedes the first gathered one."""
+    the forward loop (module docstring): it is gathered, of more than one layer (a one-layer stack
+    runs no loop), and either its layer axis is not leading or a dimension of more than one element
+    per device precedes the first gathered one."""
     gathered = stack.gathered_dims()
-    if not gathered:
+    if not gathered or stack.layers == 1:
         return False
     if stack.layer_axis != 0:
         return True
@@ -150,20 +190,67 @@ def runs_interpreted_gmm(config) -> bool:
     )
 
 
-def gmm_loop_copy_bytes(config, stacks, group: str) -> int:
-    """Per device, the copy of one gathered expert weight XLA:GPU holds in ``group``'s backward
-    for MaxText's interpreted megablox loop (module docstring): the group's largest expert stack's
-    layer slice, gathered, in the compute dtype; 0 where the layer does not run that kernel or has
-    no expert stack."""
+def _round_up(n: int, tile: int) -> int:
+    return -(-n // tile) * tile
+
+
+def _padded_elements(config, stack: Stack, pass_: str) -> int:
+    """Elements of ``stack``'s gathered layer slice padded to the megablox kernel's tiles of
+    ``pass_`` (``fwd`` or ``dlhs``): each ``embed``/``mlp`` dimension rounded up to its tile key
+    (``wi_tile_*`` for ``wi_0``/``wi_1``, ``wo_tile_*`` for ``wo``)."""
+    weight = stack.path.rpartition("/")[2]
+    prefix = "wo" if weight.startswith("wo") else "wi"
+    out = 1
+    for d, n in stack.gathered_layer_shape().items():
+        name = stack.names[d] or ""
+        for word, key in TILED:
+            if word in name:
+                n = _round_up(n, int(getattr(config, f"{prefix}_tile_{pass_}_{key}")))
+                break
+        out *= n
+    return out
+
+
+def padded_weight_elements(config, stack: Stack) -> int:
+    """Elements XLA:GPU holds of ``stack``'s padded gathered layer slice in the layer's backward
+    (module docstring): its forward pad, which the ``dlhs`` shares; the larger of the two where
+    their tiles pad it differently (not traced)."""
+    return max(_padded_elements(config, stack, p) for p in ("fwd", "dlhs"))
+
+
+def kernel_weights(stacks, group: str) -> list[Stack]:
+    """``group``'s expert weights the megablox kernel multiplies by: its stacks naming the experts'
+    dimension that the layer all-gathers (the kernels, not the biases)."""
+    return [s for s in stacks if s.group == group and s.is_expert and s.gathered_dims()]
+
+
+def gmm_weight_bytes(config, stacks, group: str) -> int:
+    """Per device, the bytes XLA:GPU holds in ``group``'s backward for MaxText's interpreted
+    megablox kernel beyond the gathered expert weights (module docstring): the weights padded to
+    the kernel's tiles (less the gathered weights, which the cost model's workspace counts) and two
+    padded copies (the two largest), in the compute dtype; 0 where the layer does not run that
+    kernel or has no expert weight."""
     import numpy as np
 
     if not runs_interpreted_gmm(config):
         return 0
-    experts = [s for s in stacks if s.group == group and s.is_expert]
-    if not experts:
+    weights = kernel_weights(stacks, group)
+    if not weights:
         return 0
     item = np.dtype(config.dtype).itemsize
-    return max(s.gathered_layer_elements() for s in experts) * item
+    padded = sorted((padded_weight_elements(config, s) for s in weights), reverse=True)
+    gathered = sum(s.gathered_layer_elements() for s in weights)
+    return item * (sum(padded) - gathered + sum(padded[:2]))
+
+
+def single_trip_grad_params(config, stacks, group_params: dict[str, int], groups) -> float:
+    """Per device, the parameters whose gradients XLA:GPU writes after the layers' backward peak
+    (module docstring): every parameter of the routed-expert ``groups`` whose stacks hold one layer
+    under MaxText's scan (``scan_layers``); ``group_params``: each group's parameters per device."""
+    if not bool(config.scan_layers):
+        return 0.0
+    single = {s.group for s in stacks if s.group in set(groups) and s.layers == 1}
+    return float(sum(group_params.get(g, 0) for g in single))
 
 
 def state_stacks(state, groups) -> list[Stack]:
@@ -187,7 +274,7 @@ def state_stacks(state, groups) -> list[Stack]:
         meta = var.get_metadata()
         names = tuple(meta.get("out_sharding") or meta.get("sharding_names") or ())
         value = var.get_value()
-        if LAYERS not in names or len(names) != len(value.shape):
+        if (LAYERS not in names and keys[1] not in names) or len(names) != len(value.shape):
             continue
         sharding = value.sharding
         sizes = dict(sharding.mesh.shape)
@@ -215,22 +302,27 @@ class GpuTerms:
     """The Program's figures of XLA:GPU's copies of MaxText's weight stacks, per device."""
 
     copy_params: float  # stack_copy_params: the relayout copies, in parameters of param_dtype
-    gmm_copy_bytes: tuple[tuple[str, int], ...]  # per group: the expert kernel's loop copy
+    gmm_bytes: tuple[tuple[str, int], ...]  # per group: the expert kernel's padded weights, copies
+    late_grad_bytes: int = 0  # the single-trip routed-expert stacks' gradients (grad_dtype)
 
-    def gmm_copy(self, group: str) -> int:
-        return dict(self.gmm_copy_bytes).get(group, 0)
+    def gmm(self, group: str) -> int:
+        return dict(self.gmm_bytes).get(group, 0)
 
 
-def gpu_terms(config, groups) -> GpuTerms:
-    """:class:`GpuTerms` of the MaxText config ``config`` whose decoder stacks are ``groups``, read
-    from MaxText's abstract train state on the run's mesh."""
+def gpu_terms(config, groups, group_params: dict[str, int] | None = None) -> GpuTerms:
+    """:class:`GpuTerms` of the MaxText config ``config`` whose routed-expert decoder stacks are
+    ``groups``, read from MaxText's abstract train state on the run's mesh; ``group_params``: each
+    group's parameters per device (the inventory's ``group_param_counts``; none: no late
+    gradients)."""
     import numpy as np
 
     from tierax.interop.maxtext_program.trace import _abstract_state
 
     stacks = state_stacks(_abstract_state(config), set(groups))
     param_item = np.dtype(config.weight_dtype).itemsize
+    late = single_trip_grad_params(config, stacks, dict(group_params or {}), groups)
     return GpuTerms(
         copy_params=relayout_copy_bytes(stacks) / param_item,
-        gmm_copy_bytes=tuple((g, gmm_loop_copy_bytes(config, stacks, g)) for g in groups),
+        gmm_bytes=tuple((g, gmm_weight_bytes(config, stacks, g)) for g in groups),
+        late_grad_bytes=int(late * np.dtype(config.grad_dtype).itemsize),
     )
