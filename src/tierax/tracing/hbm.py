@@ -650,19 +650,48 @@ def written_residual_bytes(layer_fn, x, params) -> tuple[int, int]:
     free compiles to more than either count, not yet traced.  XLA:GPU writes a cuBLAS GEMM's
     operands, so there every residual is held.)
     """
+    return written_residuals(layer_fn, x, params)[:2]
+
+
+def _nbytes(aval) -> int:
+    return math.prod(aval.shape) * jnp.dtype(aval.dtype).itemsize
+
+
+def written_residuals(layer_fn, x, params) -> tuple[int, int, frozenset[str]]:
+    """:func:`written_residual_bytes` and the names (``checkpoint_name``) whose values are among the
+    written residuals themselves: a name tagging a boundary's output (a matmul's, a custom call's
+    such as an attention kernel's), or it through free operations (a reshape, a sharding
+    constraint), rather than a cheap elementwise function of other values (a RoPE-rotated
+    projection, a normalised value) or a wider cast of one.  Kept on device by a plan, such a value
+    is read by the layer's backward from its saved stack and is not written again
+    (:mod:`tierax.costmodel.kept_reads`)."""
     param_shapes = {tuple(p.shape) for p in jax.tree.leaves(params)}
     closed = jax.make_jaxpr(lambda a, p: jax.tree.leaves(jax.vjp(layer_fn, a, p)[1]))(x, params)
     sources = _Sources()
     total, written = 0, set()
-
-    def nbytes(aval) -> int:
-        return math.prod(aval.shape) * jnp.dtype(aval.dtype).itemsize
-
     for var in closed.jaxpr.outvars:
         aval = getattr(var, "aval", None)
         if aval is None or tuple(aval.shape) in param_shapes:
             continue
-        total += nbytes(aval)
+        total += _nbytes(aval)
         written |= sources.of(closed.jaxpr, var)
     kept = [sources.avals[k] for k in written]
-    return total, sum(nbytes(a) for a in kept if tuple(a.shape) not in param_shapes)
+    names: set[str] = set()
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "name" and not isinstance(eqn.invars[0], Literal):
+                # one written source as large as the value: the value itself, or it through free
+                # operations
+                made = sources.of(jaxpr, eqn.invars[0])
+                if len(made) == 1 and (k := next(iter(made))) in written:
+                    if _nbytes(sources.avals[k]) == _nbytes(eqn.invars[0].aval):
+                        names.add(eqn.params["name"])
+            elif eqn.primitive.name in _TRANSPARENT:
+                inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+                if inner is not None:
+                    walk(getattr(inner, "jaxpr", inner))
+
+    walk(closed.jaxpr)
+    written_bytes = sum(_nbytes(a) for a in kept if tuple(a.shape) not in param_shapes)
+    return total, written_bytes, frozenset(names)

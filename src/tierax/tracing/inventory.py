@@ -86,6 +86,11 @@ class Activation:
     # from the residuals whatever the policy says, so keeping or offloading it holds and moves
     # nothing (:attr:`held_bytes_per_layer` 0) — MaxText's ``mlpwo: offload`` included.
     residual: bool = True
+    # Whether the value is itself one of the layer's written residuals
+    # (tierax.tracing.hbm.written_residuals: a boundary's output, not an elementwise function of
+    # others): kept on device, XLA:TPU's backward of a layer reads it from its saved stack rather
+    # than holding it again in the layer's workspace (tierax.costmodel.kept_reads).
+    read_in_place: bool = False
 
     @property
     def total_bytes(self) -> int:
@@ -299,7 +304,7 @@ def layer_inventory(
     # Residuals of the layer with no remat: the leaves of its VJP closure, minus the parameters and
     # their compute-dtype casts (weights, not activations: accounted for with the parameters).
     param_shapes = {tuple(p.shape) for p in jax.tree.leaves(params)}
-    save_all, written = hbm.written_residual_bytes(layer_fn, x, params)
+    save_all, written, written_names = hbm.written_residuals(layer_fn, x, params)
 
     save_named = jax.checkpoint_policies.save_only_these_names(*names)
     # A name is a residual where leaving it out of the saved names shrinks the residuals (a
@@ -353,6 +358,7 @@ def layer_inventory(
             transposed_elems_per_layer=spread["named"].get(n, 0.0),
             transposed_aliased_elems_per_layer=aliased["named"].get(n, 0.0),
             residual=residual[n],
+            read_in_place=n in written_names,
         )
         for n in names
     )
