@@ -11,7 +11,9 @@ step shards them: fsdp × expert, and tensor where tensor-parallel); activations
 scan carry of every layer, plus each ``device`` activation; a group with every activation on device
 runs without remat and keeps everything a layer saves, named or not); staging buffers for transfers
 (one layer's offloaded slices, two with XLA's pipelined transfers); one layer's transient workspace
-(its full residual set while it is recomputed and back-propagated, a MoE layer's dispatch-sized
+(its full residual set while it is recomputed and back-propagated — on a TPU the residuals XLA:TPU
+writes, less the names the plan keeps on device, which the backward reads from their saved stacks:
+:mod:`tierax.costmodel.kept_reads` —, a MoE layer's dispatch-sized
 backward buffers, under FSDP its gathered weights, and, with an untiled loss, the head's float32
 gradient or the logits' gradient it comes from, kept until the reduce-scatter after the loop); XLA's
 transposed copies of stacked weights whose FSDP dimension is not major (live through both loops);

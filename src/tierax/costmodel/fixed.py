@@ -57,17 +57,27 @@ class FixedTerms:
     # Of the state's gradients, those the program writes only after the layers' backward (its
     # front end's Program.late_grad_bytes): not counted in the layer phase.
     late_grad_bytes: int = 0
+    # Each layer group's workspace ((group, bytes), workspace_bytes the largest): the layer phase
+    # of each group's backward, which on a TPU the names a plan keeps lower
+    # (tierax.costmodel.kept_reads).  Empty: one layer phase, workspace_bytes.
+    group_workspace_bytes: tuple = ()
+
+    def layer_backward_bytes(self, workspace: int) -> int:
+        """Plan-independent bytes while a layer with ``workspace`` is back-propagated."""
+        return (
+            self.state_bytes
+            - self.late_grad_bytes
+            + workspace
+            + self.stack_copy_bytes
+            + self.fixed_device_bytes
+        )
 
     @property
     def layer_phase_bytes(self) -> int:
         """Plan-independent bytes while a layer is back-propagated (add kept activations and
         staging)."""
         return max(
-            self.state_bytes
-            - self.late_grad_bytes
-            + self.workspace_bytes
-            + self.stack_copy_bytes
-            + self.fixed_device_bytes,
+            self.layer_backward_bytes(self.workspace_bytes),
             self.after_backward_bytes + self.fixed_device_bytes if self.after_backward_bytes else 0,
         )
 
@@ -162,13 +172,7 @@ def _workspace(
     # FSDP, its weights gathered in the compute dtype: the dense ones whole (per tensor shard), the
     # expert ones over fsdp only (E / expert local experts).
     inv = prog.inventory
-    workspace = max(
-        (g.written_residual_bytes_per_layer if tpu else g.save_all_bytes_per_layer)
-        + (c_item * (g.layer_param_count - g.expert_param_count_per_layer) if fsdp > 1 else 0)
-        + (c_item * g.expert_param_count_per_layer / ep if inv.mesh.get("fsdp", 1) > 1 else 0)
-        + prog.moe_backward(g.name)
-        for g in inv.groups
-    )
+    workspace = max(_group_workspace(prog, c_item, fsdp, ep, tpu).values())
     att = prog.attention
     if att is not None and att.kind == "cudnn":
         # cuDNN's attention backward workspace, one layer's at a time (tierax.hardware.cudnn): XLA's
@@ -187,6 +191,18 @@ def _workspace(
         # (_tpu_loss_phase_bytes).
         workspace += min(head_grad, int(inv.logits_bytes * grad_share))
     return workspace
+
+
+def _group_workspace(prog: Program, c_item: int, fsdp: int, ep: int, tpu: bool) -> dict:
+    """Each group's one layer in flight (:func:`_workspace`), before what every group shares."""
+    inv = prog.inventory
+    return {
+        g.name: (g.written_residual_bytes_per_layer if tpu else g.save_all_bytes_per_layer)
+        + (c_item * (g.layer_param_count - g.expert_param_count_per_layer) if fsdp > 1 else 0)
+        + (c_item * g.expert_param_count_per_layer / ep if inv.mesh.get("fsdp", 1) > 1 else 0)
+        + prog.moe_backward(g.name)
+        for g in inv.groups
+    }
 
 
 def _stack_copy_bytes(prog: Program, p_item: int) -> int:
@@ -426,6 +442,8 @@ def fixed_terms(prog: Program, rates: Rates, schedule: str) -> FixedTerms:
         loss_bytes = _loss_phase_bytes(prog, c_item, fsdp, tiled, head_grad, grad_share)
     # Bytes the trace does not see, live through the whole step: in both phases.
     workspace += prog.extra_bytes
+    per_group = _group_workspace(prog, c_item, fsdp, ep, tpu)
+    shared = workspace - max(per_group.values())  # cuDNN's, the head's gradient, extra bytes
     loss_bytes += prog.extra_bytes
     return FixedTerms(
         state_bytes=inv.param_bytes + inv.grad_bytes + inv.optimizer_bytes,
@@ -448,4 +466,5 @@ def fixed_terms(prog: Program, rates: Rates, schedule: str) -> FixedTerms:
         reported_excess_bytes=int(excess),
         after_backward_bytes=int(prog.after_backward_bytes),
         late_grad_bytes=int(prog.late_grad_bytes),
+        group_workspace_bytes=tuple((n, int(b + shared)) for n, b in per_group.items()),
     )

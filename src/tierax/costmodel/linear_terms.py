@@ -28,8 +28,8 @@ import numpy as np
 
 from tierax import names as N
 from tierax import plan as plan_lib
+from tierax.costmodel import kept_reads, transposes
 from tierax.costmodel import state as state_cm
-from tierax.costmodel import transposes
 from tierax.costmodel.fixed import FixedTerms, fixed_terms
 from tierax.costmodel.rates import Rates, for_program
 from tierax.costmodel.terms import (
@@ -114,6 +114,10 @@ class LinearTerms:
     accum_d2h_s: tuple[Row, ...]
     state_h2d_bytes: Row
     state_d2h_bytes: Row
+    # per group (FixedTerms.group_workspace_bytes' order): the bytes per layer of the names kept
+    # on device that the group's backward reads from their stacks (tierax.costmodel.kept_reads);
+    # empty where no group reads any
+    kept_read_bytes: tuple[Row, ...] = ()
 
     # Column offsets.
     @property
@@ -163,6 +167,30 @@ class LinearTerms:
         return (self.activation_bytes - self.state_freed_bytes - self.accum_freed_bytes).plus(
             self.fixed.fixed_bytes + self.accumulator_bytes
         )
+
+    def microbatch_phase_rows(self, assigned: bool = False) -> tuple[tuple[str, Row], ...]:
+        """The microbatches' phases as (label, row), their peak the largest, less the staging (as
+        :attr:`microbatch_phase_bytes`, which is their bound where no group reads kept names in
+        place): each group's layer backward less the names it reads from their stacks
+        (:mod:`tierax.costmodel.kept_reads`), after the layers' backward, the loss (``assigned``:
+        without :attr:`FixedTerms.reported_excess_bytes`)."""
+        fx = self.fixed
+        if not self.kept_read_bytes:
+            less = fx.fixed_bytes - fx.assigned_fixed_bytes if assigned else 0
+            return (("microbatch phases", self.microbatch_phase_bytes.plus(-less)),)
+        base = (self.activation_bytes - self.state_freed_bytes - self.accum_freed_bytes).plus(
+            self.accumulator_bytes
+        )
+        rows = [
+            (f"layer backward {name}", (base - read).plus(fx.layer_backward_bytes(ws)))
+            for (name, ws), read in zip(fx.group_workspace_bytes, self.kept_read_bytes, strict=True)
+        ]
+        if fx.after_backward_bytes:
+            after = fx.after_backward_bytes + fx.fixed_device_bytes
+            rows.append(("after backward", base.plus(after)))
+        loss = fx.loss_phase_bytes - (fx.reported_excess_bytes if assigned else 0)
+        rows.append(("loss", base.plus(loss)))
+        return tuple(rows)
 
     @property
     def update_phase_bytes(self) -> Row:
@@ -378,12 +406,13 @@ def _build(
         )
 
     everything = upd + acc
+    fx = fixed_terms(prog, rates, schedule)
     return LinearTerms(
         items,
         groups,
         parts,
         ugroups,
-        fixed_terms(prog, rates, schedule),
+        fx,
         rates,
         schedule,
         mechanism,
@@ -415,4 +444,21 @@ def _build(
         per_ugroup(acc, "d2h_s"),
         state_row(everything, "h2d_bytes"),
         state_row(everything, "d2h_bytes"),
+        _kept_reads(inv, rates, items, fx, row),
+    )
+
+
+def _kept_reads(inv, rates, items, fx: FixedTerms, row) -> tuple[Row, ...]:
+    """Per group of ``fx.group_workspace_bytes``: its kept names' reads from their stacks
+    (:mod:`tierax.costmodel.kept_reads`); () where none (every other target, no such name)."""
+    if not kept_reads.applies(rates) or not fx.group_workspace_bytes:
+        return ()
+    per = {  # column D + k, D = 0: the device indicators
+        k: kept_reads.read_bytes_per_layer(inv, it.group, it.name) for k, it in enumerate(items)
+    }
+    if not any(per.values()):
+        return ()
+    return tuple(
+        row({k: b for k, b in per.items() if b and items[k].group == name})
+        for name, _ in fx.group_workspace_bytes
     )

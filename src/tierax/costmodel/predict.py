@@ -77,7 +77,8 @@ def evaluate_terms(
     staging = max((r.at(x) for r in t.staging_bytes), default=0.0)
     sc = t.state_cost(x)
     accum = t.accumulator_bytes - sc.accum_freed_bytes  # the accumulator left on device (A > 1)
-    micro_phase = t.microbatch_phase_bytes.at(x) + staging
+    phases = {label: r.at(x) + staging for label, r in t.microbatch_phase_rows()}
+    micro_phase = max(phases.values())
     update_phase = t.update_phase_bytes.at(x) + sc.staging_bytes
     # the accumulation is a phase of its own only with an offloaded accumulator's slices
     accum_phase = (
@@ -86,7 +87,7 @@ def evaluate_terms(
     peak = int(max(micro_phase, update_phase, accum_phase))
     # What XLA:TPU assigns (and fits by): the peak without what an older libtpu's memory_analysis()
     # reports beyond its assignment (tierax.costmodel.fixed.FixedTerms.reported_excess_bytes).
-    assigned_micro = micro_phase - fx.fixed_bytes + fx.assigned_fixed_bytes
+    assigned_micro = max(r.at(x) for _, r in t.microbatch_phase_rows(assigned=True)) + staging
     assigned_peak = int(max(assigned_micro, update_phase, accum_phase))
     act_host = int(t.activation_host_bytes.at(x))
     host = host_peak(act_host, sc.host_bytes, sc.accum_host_bytes)
@@ -127,6 +128,11 @@ def evaluate_terms(
     links = network.axis_links(inv.mesh, rates)
     # Each phase as the peak counts it: offloaded state freed, the accumulator left on device.
     per_phase = act_bytes + staging - sc.freed_bytes + accum
+    if "microbatch phases" in phases:  # one row: FixedTerms' two phases
+        layer_phase, loss_phase = per_phase + fx.layer_phase_bytes, per_phase + fx.loss_phase_bytes
+    else:  # each group's layer backward less what it reads from the stacks (costmodel.kept_reads)
+        loss_phase = phases["loss"]
+        layer_phase = max(v for label, v in phases.items() if label != "loss")
     breakdown = Breakdown(
         state_bytes=fx.state_bytes,
         state_device_bytes=fx.state_bytes - sc.freed_bytes,
@@ -143,10 +149,10 @@ def evaluate_terms(
         else "accumulation"
         if accum_phase > micro_phase
         else "loss"
-        if fx.loss_phase_bytes > fx.layer_phase_bytes
+        if loss_phase > layer_phase
         else "layer backward",
-        layer_phase_bytes=int(per_phase + fx.layer_phase_bytes),
-        loss_phase_bytes=int(per_phase + fx.loss_phase_bytes),
+        layer_phase_bytes=int(layer_phase),
+        loss_phase_bytes=int(loss_phase),
         update_phase_bytes=int(update_phase),
         accumulation_phase_bytes=int(accum_phase),
         assigned_peak_bytes=assigned_peak,

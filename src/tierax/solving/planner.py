@@ -220,7 +220,8 @@ def build_milp(
     # Device memory: each peak phase within the budget.  Host memory (costmodel.state.host_peak):
     # the offloaded activations, state and accumulator live together through a microbatch; the
     # update holds the state twice; the accumulator is held twice while it is added to.
-    at_most(t.microbatch_phase_bytes, budget, "device: microbatch phases", S)
+    for label, phase in t.microbatch_phase_rows():
+        at_most(phase, budget, f"device: {label}", S)
     host = t.activation_host_bytes + t.state_host_bytes + t.accum_host_bytes
     at_most(host, host_budget, "host: microbatch")
     if upd:
