@@ -44,9 +44,32 @@ buffers are per device; ``c`` is the compute dtype's size, ``head`` = ``emb × v
   (``grad_dtype``), the head's shard cast to the compute dtype, and one tile's logits in the
   compute dtype (llama3-8b-v5p-full-tiled).
 
+* **A tied head** (``logits_via_embedding``: the logits are the embedding table read transposed;
+  gemma, gemma2/3/4, gpt3, the small qwen3 and qwen2.5 models set it): one table, ``[vocab, emb]``
+  sharded over fsdp on ``emb``, so the state's late gradients are that one table's
+  (:func:`late_grad_params` reads them from the traced state).  Its bf16 shard (``c·head / fsdp``)
+  is cast once before the layers' forward, read by the embedding lookup and held until the loss
+  all-gathers it.  Read from gemma3-4b-v5p-full and gemma3-4b-v6e-minimal (emb 2560 > 2 × 1024
+  tokens) and from MaxText's compile of a small tied step (4 v5p, emb 1536, vocab 32768, 2 layers,
+  512 and 1024 tokens; ``tests/test_maxtext_tpu_terms.py``).  Where ``emb > 2·tokens``: the untied
+  rules' buffers — the gathered bf16 table, one fused logits-sized bf16 buffer written at the loss
+  and held through the layers' backward, the head's bf16 gradient ``[vocab, emb]`` made from it
+  after the loop, unsharded and all-reduced in place, the embedding's gradient scatter-added into
+  its bf16 shard just before (in both gemma3 dumps XLA's bytes in use as the head's gradient is
+  written are the rule's ``after_backward_bytes`` less the arguments).  Where ``emb ≤ 2·tokens``
+  (the small step at 1024 tokens) XLA makes the head's gradient at the loss, as for an untied
+  head, but does not reduce-scatter it there: the table's gradient is the head's plus the
+  embedding's, which exists only after the layers' backward, so the head's bf16 gradient is held
+  unsharded through the layers' backward (``c·head``, the held buffer) and all-reduced after the
+  loop beside the embedding's scattered shard (``after_backward_bytes``: the state, ``c·head`` and
+  the shard); at the loss the gathered table and two logits-sized buffers, or one with the head's
+  gradient where that is the larger.  The same step untied keeps the logits-sized buffer through
+  the loop and makes the head's gradient after it, though ``emb ≤ 2·tokens``: for an untied head
+  :func:`head_grad_at_loss` follows llama2-7b-v6e-full and mistral-7b-v6e-minimal, not that step.
+
 Not traced: a loss without FSDP (no gathered head, no reduce-scatter: the rules' shards are then
 the whole ``c·head``, an upper reading), tensor parallelism over the vocabulary, a tiled loss's
-head read from the embedding (``logits_via_embedding``).
+head read from the embedding (``logits_via_embedding`` with ``num_vocab_tiling`` > 1).
 
 XLA:TPU's temp is its assignment's highest offset; the rules count the buffers live together, so
 where the assignment leaves gaps below a phase's buffers (offsets free at that time, taken at
@@ -100,6 +123,11 @@ def _shapes(config, inv) -> _Shapes:
     )
 
 
+def tied_head(config) -> bool:
+    """Whether MaxText reads the logits from the embedding table (``logits_via_embedding``)."""
+    return bool(getattr(config, "logits_via_embedding", False))
+
+
 def head_grad_at_loss(config, inv) -> bool:
     """Whether XLA:TPU makes the head's unsharded gradient at the loss (module docstring): where it
     is no larger than the logits and the buffer written from them (``emb ≤ 2 · tokens``)."""
@@ -115,6 +143,10 @@ def tpu_loss_bytes(config, inv) -> int:
     if int(config.num_vocab_tiling) > 1:
         tiles = int(config.num_vocab_tiling)
         return int(s.c * s.head + (s.g + s.c) * s.head // s.fsdp + s.c * s.logits // tiles)
+    if head_grad_at_loss(config, inv) and tied_head(config):
+        # not reduce-scattered at the loss: the gathered table and two logits-sized buffers, then
+        # one of them with the head's unsharded gradient once the gathered table is freed
+        return int(max(gathered + 2 * s.c * s.logits, s.c * s.logits + s.c * s.head))
     if head_grad_at_loss(config, inv):
         return int(gathered + s.c * s.logits + s.c * s.head + s.c * s.head // s.fsdp)
     return int(gathered + 2 * s.c * s.logits)
@@ -123,10 +155,13 @@ def tpu_loss_bytes(config, inv) -> int:
 def held_in_layer_backward(config, inv) -> int:
     """The buffer of the loss XLA:TPU holds through the layers' backward: untiled, the logits-sized
     buffer the head's gradient is made from after the loop, or where it was made at the loss its
-    reduce-scattered shard; tiled, the head's shard cast to the compute dtype (the accumulator's
-    float32 shard is the state's gradient)."""
+    reduce-scattered shard (a tied head: the gradient itself, unsharded); tiled, the head's shard
+    cast to the compute dtype (the accumulator's float32 shard is the state's gradient)."""
     s = _shapes(config, inv)
-    if int(config.num_vocab_tiling) > 1 or head_grad_at_loss(config, inv):
+    tiled = int(config.num_vocab_tiling) > 1
+    if not tiled and head_grad_at_loss(config, inv) and tied_head(config):
+        return int(s.c * s.head)
+    if tiled or head_grad_at_loss(config, inv):
         return int(s.c * s.head // s.fsdp)
     return int(s.c * s.logits)
 
@@ -137,7 +172,7 @@ def late_grad_params(config, inv) -> int:
     the head's shard, which the tile loop accumulates."""
     layers = int(sum(n for _, n in inv.group_param_counts))
     outside = int(inv.grad_bytes // _shapes(config, inv).g) - layers
-    if int(config.num_vocab_tiling) > 1 and not bool(getattr(config, "logits_via_embedding", 0)):
+    if int(config.num_vocab_tiling) > 1 and not tied_head(config):
         s = _shapes(config, inv)
         outside -= s.head // s.fsdp
     return outside
@@ -160,6 +195,9 @@ def tpu_after_backward_bytes(config, inv) -> int:
     layers = int(sum(n for _, n in inv.group_param_counts))
     state = int(inv.param_bytes + inv.optimizer_bytes + s.g * layers)
     shard = s.c * s.head // s.fsdp
+    if head_grad_at_loss(config, inv) and tied_head(config):
+        # the head's gradient held from the loss, all-reduced in place, and the embedding's shard
+        return int(state + s.c * s.head + shard)
     if head_grad_at_loss(config, inv):
         return int(state + 2 * shard)
     return int(state + s.c * s.head + shard + max(s.c * s.logits, shard))
