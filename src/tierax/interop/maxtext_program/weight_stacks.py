@@ -30,17 +30,18 @@ dtype, its sharding on the run's mesh).
   no tokamax) as the Pallas kernel interpreted (MaxText interprets it on any platform but a TPU):
   JAX's Pallas interpreter pads every operand to a multiple of its block (``jit(gmm)/jit(_pad)``),
   then runs an XLA while loop that carries the padded operands and writes each block it reads back
-  into its carried operand.  The expert weight's block is the kernel's ``[tk, tn]`` tile (``[tn, tk]`` transposed): ``wi_0``/``wi_1`` ``[E, D, F]`` padded to
-  ``wi_tile_fwd_embed_dim`` × ``wi_tile_fwd_mlp_dim`` in the forward, ``wi_tile_dlhs_embed_dim`` ×
-  ``wi_tile_dlhs_mlp_dim`` in the backward's ``dlhs``; ``wo`` ``[E, F, D]`` by the ``wo_tile_*``
-  keys the same way (1024 each in base.yml).  Read from the deviceless XLA:GPU compiles of
-  deepseek2-16b at 2 layers with ``attention=dot_product`` on 4 H200s (fsdp 4; experts of
-  ``[64, 2048, 1408]`` held as ``bf16[64, 2048, 2048]``, 512 MiB where the gathered weight is 352;
-  at 3 layers, its MoE stack of two layers looped, the same), mixtral-8x7b-h200-full
-  (``[8, 4096, 14336]``: multiples of the tiles, no padding) and the small MoE configs of
-  ``tests/test_maxtext_weight_stacks.py``: in the layer's backward XLA:GPU pads each gathered
-  expert weight once (the recomputed forward's pad and the ``dlhs``'s are the same
-  computation: one buffer; the gathered weight is dead once padded), and the two loops that read
+  into its carried operand.  The expert weight's block is the kernel's ``[tk, tn]`` tile
+  (``[tn, tk]`` transposed): ``wi_0``/``wi_1`` ``[E, D, F]`` padded to ``wi_tile_fwd_embed_dim`` ×
+  ``wi_tile_fwd_mlp_dim`` in the forward, ``wi_tile_dlhs_embed_dim`` × ``wi_tile_dlhs_mlp_dim`` in
+  the backward's ``dlhs``; ``wo`` ``[E, F, D]`` by the ``wo_tile_*`` keys the same way (1024 each
+  in base.yml).  Read from the deviceless XLA:GPU compiles of deepseek2-16b at 2 layers with
+  ``attention=dot_product`` on 4 H200s (fsdp 4; experts of ``[64, 2048, 1408]`` held as
+  ``bf16[64, 2048, 2048]``, 512 MiB where the gathered weight is 352; at 3 layers, its MoE stack of
+  two layers looped, the same), mixtral-8x7b-h200-full (``[8, 4096, 14336]``: multiples of the
+  tiles, no padding) and the small MoE configs of ``tests/test_maxtext_weight_stacks.py``: in the
+  layer's backward XLA:GPU pads each gathered expert weight once (the recomputed forward's pad and
+  the ``dlhs``'s are the same computation: one buffer; the gathered weight is dead once padded),
+  and the two loops that read
   it (the recomputed forward and the ``dlhs``) both write into their carry, so it copies the padded
   weight for the first of them and the last reads it in place.  At the layer's peak (the second
   up-projection's recomputed loop) it holds the three padded weights and two padded copies: the
