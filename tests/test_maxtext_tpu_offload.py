@@ -22,7 +22,7 @@ from tierax.plan import Placement
 pytestmark = M.requires_maxtext
 
 FSDP = 4
-UNROLLED = tpu_offload.UNROLLED_LAYERS
+UNROLLED = tpu_offload.UNROLLED_ITERATIONS
 
 
 def _keys(layers: int, policy: str) -> list[str]:
@@ -44,7 +44,7 @@ def _unrolled(notes) -> list[str]:
 
 def test_a_two_layer_stack_offloading_is_noted():
     (note,) = _unrolled(_notes(2, "qkv_proj_offloaded"))
-    assert "2-layer loop of layers" in note and "3 layers or more" in note
+    assert "layer loop of layers (2 iterations)" in note and "3 iterations or more" in note
 
 
 def test_three_layers_are_not_noted():
@@ -93,10 +93,9 @@ def _layer_loops(dump) -> int:
 @pytest.mark.parametrize("layers", [UNROLLED, UNROLLED + 1])
 def test_xla_tpu_unrolls_the_layer_loops_at_that_depth_only(tmp_path, layers):
     """The tiny config with q/k/v offloaded compiled for 4 v5p chips (compile --maxtext, dumped;
-    libtpu 0.0.52): no loop at :data:`~tierax.interop.maxtext_program.tpu_offload.UNROLLED_LAYERS`
-    layers, the forward and backward layer loops one layer deeper; the host holds the stacked
-    residuals of every layer, plus one layer's where unrolled.  (Slow: two MaxText compiles; the
-    default tests check the gate.)"""
+    libtpu 0.0.52): no loop at ``UNROLLED_ITERATIONS`` layers, the forward and backward layer
+    loops one layer deeper; the host holds the stacked residuals of every layer, up to one layer's
+    more where unrolled.  (Slow: two MaxText compiles; the default tests check the gate.)"""
     dump = tmp_path / "dump"
     env = M.env()
     env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dump}"

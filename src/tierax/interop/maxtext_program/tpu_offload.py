@@ -1,5 +1,5 @@
 """Where XLA:TPU compiles MaxText's step under host offload as no deeper model's step: a layer stack
-of two layers (:func:`unrolled_groups`, :func:`unrolled_note`).
+whose scan runs two iterations (:func:`unrolled_groups`, :func:`unrolled_note`).
 
 Read from XLA:TPU's (libtpu 0.0.52) optimized HLO, buffer assignment and live ranges of MaxText's
 compiles (``bench/maxtext_fidelity.py --dump-dir``; ``tierax compile --maxtext ... --dump-dir``):
@@ -7,9 +7,11 @@ compiles (``bench/maxtext_fidelity.py --dump-dir``; ``tierax compile --maxtext .
 * **The loops.**  Where the step offloads a name to the host, XLA:TPU unrolls a layer loop of two
   iterations: at 2 layers llama3-8b (``qkv_proj_offloaded``, v5p × 4, 1 × 1024) and mistral-7b
   (``custom``, q/k/v offloaded, v5p × 4) hold no loop, mixtral-8x7b (``qkv_proj_offloaded``, v6e ×
-  4) only its expert kernels' inner loops; the same three at 3 layers, llama3-8b at 8 and the
-  tests' tiny llama2-block config at 3 and 4 keep the forward and backward layer loops, as every
-  2-layer step that offloads nothing does (llama3-8b ``full`` and ``minimal`` on v5p).
+  4) only its expert kernels' inner loops, and so does gpt-oss-20b (``custom``, q/k/v offloaded,
+  v6e × 4) at 4 layers, its scan's two blocks of two; the same dense and mixtral steps at 3
+  layers, llama3-8b at 8 and the tests' tiny llama2-block config at 3 and 4 keep the forward and
+  backward layer loops, as every 2-layer step that offloads nothing does (llama3-8b ``full`` and
+  ``minimal`` on v5p).  The count is the scan's iterations: a group's ``num_layers``.
 * **What the unrolled program holds that the looped one does not** (the 2-layer dumps): the
   optimizer update writes each stack's new float32 parameters and moments into temporaries laid
   out layer-major and copies them into the outputs (a looped program updates the stacks in place,
@@ -34,21 +36,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-# The layer loop's trip count XLA:TPU unrolls where the step offloads to the host (module
-# docstring: unrolled at 2 layers, looped at 3, 4 and 8).
-UNROLLED_LAYERS = 2
+# The layer scan's iterations XLA:TPU unrolls where the step offloads to the host (module
+# docstring: unrolled at 2, looped at 3, 4 and 8).
+UNROLLED_ITERATIONS = 2
 
 
 def unrolled_groups(placements: dict, groups: Iterable) -> tuple[str, ...]:
     """The layer groups (:class:`~tierax.models.config.LayerGroup`) XLA:TPU unrolls under
     ``placements`` (group → name → Placement, :func:`tierax.plan.resolve`'s): those of
-    :data:`UNROLLED_LAYERS` layers, where any name of the step is offloaded."""
+    :data:`UNROLLED_ITERATIONS` scanned layers (or blocks), where any name of the step is
+    offloaded."""
     from tierax.plan import Placement
 
     offloads = any(p is Placement.OFFLOAD for names in placements.values() for p in names.values())
     if not offloads:
         return ()
-    return tuple(g.name for g in groups if g.num_layers == UNROLLED_LAYERS)
+    return tuple(g.name for g in groups if g.num_layers == UNROLLED_ITERATIONS)
 
 
 def unrolled_note(placements: dict, groups: Iterable, target: str) -> str | None:
@@ -62,10 +65,10 @@ def unrolled_note(placements: dict, groups: Iterable, target: str) -> str | None
     if not unrolled:
         return None
     return (
-        f"host offload on {target}: XLA:TPU unrolls the {UNROLLED_LAYERS}-layer loop of "
-        f"{', '.join(unrolled)}, a program no deeper model compiles (its update writes the stacks' "
-        "new float32 state through temporaries, its backward's weights and recomputation are held "
-        "over the loss, the last layer's offloaded values take host buffers of their own); the "
-        f"prediction prices the looped program: compare with a compile of {UNROLLED_LAYERS + 1} "
-        "layers or more"
+        f"host offload on {target}: XLA:TPU unrolls the layer loop of {', '.join(unrolled)} "
+        f"({UNROLLED_ITERATIONS} iterations), a program no deeper model compiles (its update "
+        "writes the stacks' new float32 state through temporaries, its backward's weights and "
+        "recomputation are held over the loss, the last layer's offloaded values take host "
+        "buffers of their own); the prediction prices the looped program: compare with a compile "
+        f"whose layer scan runs {UNROLLED_ITERATIONS + 1} iterations or more"
     )
