@@ -426,7 +426,8 @@ def fixed_terms(prog: Program, rates: Rates, schedule: str) -> FixedTerms:
     grad_share = 0.0 if tpu else c_item / 4
     workspace = _workspace(prog, c_item, fsdp, ep, tiled, head_grad, grad_share, tpu)
     if tpu:
-        stack_copy = _tpu_stack_copy_bytes(prog, c_item, fsdp, ep)
+        # less the copies the program does not hold (Program.uncopied_stack_bytes)
+        stack_copy = _tpu_stack_copy_bytes(prog, c_item, fsdp, ep) - prog.uncopied_stack_bytes
     else:
         stack_copy = _stack_copy_bytes(prog, p_item)
     coll, exposed_coll, critical_coll = _collectives(prog, rates, schedule, compute_s)

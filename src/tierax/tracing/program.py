@@ -45,6 +45,10 @@ absence means):
   logits-sized buffer or the head gradient's shard, :mod:`tierax.interop.maxtext_program.tpu_terms`,
   so it can be negative): subtracted from the layer phase; 0: all gradients counted there, nothing
   else;
+* ``uncopied_stack_bytes``: of the cost model's TPU stack copies (every stacked weight's shard in
+  the compute dtype, :func:`tierax.costmodel.fixed._tpu_stack_copy_bytes`), the bytes the program
+  does not hold (MaxText's single-trip routed-expert stacks, whose gathered experts it keeps
+  instead: :mod:`tierax.interop.maxtext_program.tpu_moe`); 0: every copy held;
 * ``batch_shaped``: whether the inventory's microbatch × seq is the step's batch (False: a trace at
   the caller's own shapes).
 
@@ -53,7 +57,7 @@ activation's bytes and FLOPs in the inventory, ``inventory.logits_bytes``, ``mod
 ``moe_backward_bytes``, ``loss_bytes``, ``after_backward_bytes`` and a TPU ``late_grad_bytes``
 (the MaxText front end retraces at each batch); the fused kernel's workspace is computed from
 ``inventory.microbatch``.
-The state bytes, the head's shape and ``stack_copy_params`` do not.
+The state bytes, the head's shape, ``stack_copy_params`` and ``uncopied_stack_bytes`` do not.
 """
 
 from __future__ import annotations
@@ -115,6 +119,7 @@ class Program:
     loss_bytes: int | None = None
     after_backward_bytes: int = 0
     late_grad_bytes: int = 0
+    uncopied_stack_bytes: int = 0
     # Whether the inventory's microbatch and seq are the step's batch shape (False: a user's loss
     # function traced at its own shapes, which the model names no microbatch for).
     batch_shaped: bool = True

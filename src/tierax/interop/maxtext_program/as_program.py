@@ -47,6 +47,11 @@ train state traced (:mod:`.trace`), its remat policy read from its decoder
   layers' backward; a tiled loss: one ``[emb, vocab]`` in the compute dtype at a time — read from
   XLA:TPU's (libtpu 0.0.52) buffer assignment and live ranges of MaxText's compiles
   (``bench/maxtext_fidelity.py --dump-dir``).
+* **Single-trip routed-expert stacks on a TPU** (:mod:`.tpu_moe`): where a MoE stack's scan runs
+  once (GPT-OSS's block of two layers cut to two, a DeepSeek stack of one layer) XLA:TPU inlines
+  it and keeps the forward's gathered experts through the loss into the backward (added to
+  ``loss_bytes``; their shard copies not made, ``uncopied_stack_bytes``) and writes the stack's
+  gradients after its layers' backward (added to ``late_grad_bytes``).
 * **The loss on a GPU** (``loss_bytes``, ``after_backward_bytes``, ``late_grad_bytes`` and the
   dense groups' ``stack_copy_params``: :mod:`.loss_terms`): the head gathered in the compute dtype,
   the logits and their gradient in it; the head's gradient in the compute dtype, unsharded, after
@@ -69,7 +74,7 @@ from dataclasses import dataclass
 from tierax import hardware
 from tierax import names as N
 from tierax.errors import TieraxError
-from tierax.interop.maxtext_program import loss_terms, tpu_terms, weight_stacks
+from tierax.interop.maxtext_program import loss_terms, tpu_moe, tpu_terms, weight_stacks
 
 # The attention MaxText's step runs on a GPU target where the user names none (what compile
 # --maxtext compiles: tierax.xla.maxtext_step.DEVICELESS_GPU_ATTENTION).
@@ -335,10 +340,24 @@ def _build(loaded, target: str, runs: str, traced: str) -> MaxTextProgram:
         moe = tuple((name, b + moe_stacks.gmm(name)) for name, b in moe)
     import jax.numpy as jnp
 
-    loss, after, late = (None, 0, 0)
+    model = _abstract_model(config, _one_device_mesh(config))
+    decoder = model.decoder
+    if not hasattr(decoder, "get_remat_policy"):
+        raise TieraxError(
+            f"MaxText's decoder ({type(decoder).__name__}) has no get_remat_policy: its remat "
+            "policy cannot be read"
+        )
+    policy_name = str(config.remat_policy)
+    plan = policy_plan(decoder.get_remat_policy(), policy_name, groups)
+    loss, after, late, uncopied = (None, 0, 0, 0)
     if hardware.get_target(target).kind == "tpu":
         tpu = tpu_terms.tpu_terms(config, inv)
         loss, after, late = tpu.loss_bytes, tpu.after_backward_bytes, tpu.late_grad_bytes
+        # single-trip routed-expert stacks: gathered experts kept through the loss (.tpu_moe)
+        kept = tpu_moe.tpu_moe_terms(config, inv, [n for n, _ in moe], _saves_nothing(plan))
+        loss += kept.kept_gather_bytes
+        late += kept.late_grad_bytes
+        uncopied = kept.uncopied_stack_bytes
     # MaxText's loss on a GPU (None where not traced: the cost model's reading of tierax's loss)
     gpu = None
     if hardware.get_target(target).kind == "gpu":
@@ -360,18 +379,10 @@ def _build(loaded, target: str, runs: str, traced: str) -> MaxTextProgram:
         loss_bytes=loss,
         after_backward_bytes=after,
         late_grad_bytes=late,
+        uncopied_stack_bytes=uncopied,
         stack_copy_params=(gpu.stack_copy_params if gpu else 0.0)
         + (moe_stacks.copy_params if moe_stacks else 0.0),
     )
-    model = _abstract_model(config, _one_device_mesh(config))
-    decoder = model.decoder
-    if not hasattr(decoder, "get_remat_policy"):
-        raise TieraxError(
-            f"MaxText's decoder ({type(decoder).__name__}) has no get_remat_policy: its remat "
-            "policy cannot be read"
-        )
-    policy_name = str(config.remat_policy)
-    plan = policy_plan(decoder.get_remat_policy(), policy_name, groups)
     notes = []
     if runs in TPU_SPLASH:
         notes.append(
@@ -395,6 +406,17 @@ def _build(loaded, target: str, runs: str, traced: str) -> MaxTextProgram:
         traced_attention=traced,
         mesh=dict(loaded.mesh),
         notes=tuple(notes),
+    )
+
+
+def _saves_nothing(plan) -> bool:
+    """Whether MaxText's policy as a Plan (:func:`policy_plan`) saves or offloads no name but the
+    scan's carry (``full``: every layer recomputed)."""
+    return all(
+        where.value == "remat"
+        for group in plan.groups.values()
+        for name, where in group.placements.items()
+        if name != N.DECODER_LAYER_INPUT
     )
 
 

@@ -1,0 +1,182 @@
+"""MaxText's routed-expert stacks on a TPU whose scan runs a single trip
+(:mod:`tierax.interop.maxtext_program.tpu_moe`): the gathered experts kept from the forward through
+the loss, their shard copies not made, the stack's gradients written after its layers' backward —
+counted by hand from a tiny GPT-OSS config's shapes on 4 v5p chips (one scanned block of two MoE
+layers: one trip), the policy's effect (``full``: both layers' experts; ``minimal``: the last
+layer's), none of it for a stack that loops, the cost model's phases over them, and (slow) the
+buffers XLA:TPU's compile of the tiny block holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+import sys
+
+import maxtext_cli as M
+import pytest
+from xla_dump import dump_text as _dump
+from xla_dump import temp_values as _temp_values
+
+pytestmark = M.requires_maxtext
+
+# GPT-OSS's block (decoder_block gpt_oss: two layers, sliding-window and full attention, attention
+# sinks, biases) at d 256, 4 query / 2 kv heads of 64, 4 experts of 512 (2 per token), vocab 1024.
+D, HEADS, KV, HD, F, E, K, VOCAB = 256, 4, 2, 64, 512, 4, 2, 1024
+BLOCK = 2  # layers per scanned block (inhomogeneous_layer_cycle_interval)
+TINY = [
+    "model_name=gpt-oss-20b",
+    "override_model_config=true",
+    f"base_emb_dim={D}",
+    f"base_num_query_heads={HEADS}",
+    f"base_num_kv_heads={KV}",
+    f"head_dim={HD}",
+    f"base_mlp_dim={F}",
+    f"base_moe_mlp_dim={F}",
+    f"num_experts={E}",
+    f"num_experts_per_tok={K}",
+    f"vocab_size={VOCAB}",
+]
+FSDP = 4
+BF16, F32 = 2, 4
+TOKENS = 64  # emb 256 > 2 × 64: the loss's head gradient after the layers (tpu_terms)
+EXPERTS = 3 * E * D * F  # one layer's wi_0, wi_1 [E, D, F] and wo [E, F, D]
+
+
+def _program(layers: int, policy: str):
+    from tierax.interop.maxtext_program import program
+
+    keys = [*TINY, f"base_num_decoder_layers={layers}", f"remat_policy={policy}"]
+    return program(M.base_yml(), keys, target="v5p", devices=FSDP, microbatch=1, seq=TOKENS)
+
+
+@pytest.fixture(scope="module")
+def full():
+    """One block of two layers under remat_policy=full: one trip."""
+    return _program(BLOCK, "full").program
+
+
+@pytest.fixture(scope="module")
+def minimal():
+    """The same block under remat_policy=minimal (names saved)."""
+    return _program(BLOCK, "minimal").program
+
+
+def _tpu_loss() -> int:
+    """tpu_terms' loss (emb > 2 × tokens): the head gathered in bf16, two logits-sized buffers."""
+    return BF16 * D * VOCAB + 2 * BF16 * TOKENS * VOCAB
+
+
+def _outside_late() -> int:
+    """tpu_terms' late gradients: the embedding's and head's float32 gradients (sharded over fsdp
+    on emb) and the final norm's scale, less the logits-sized buffer held through the layers."""
+    return F32 * (2 * VOCAB * D // FSDP + D) - BF16 * TOKENS * VOCAB
+
+
+def _block_params_per_device(p) -> int:
+    """The block's parameters per device, from MaxText's train state: its share of the state's
+    parameter bytes (float32) less the embedding, the head and the final norm."""
+    return p.inventory.param_bytes // F32 - (2 * VOCAB * D // FSDP + D)
+
+
+def test_one_block_is_one_trip(full):
+    from tierax.interop.maxtext_program import tpu_moe
+
+    assert [(g.name, g.num_layers) for g in full.inventory.groups] == [("layers", 1)]
+    assert tpu_moe.single_trip_moe_groups(full.inventory, ["layers"], True) == ["layers"]
+    # without scanned layers MaxText's remat prevents CSE: nothing kept
+    assert tpu_moe.single_trip_moe_groups(full.inventory, ["layers"], False) == []
+    # the same stack looping (two trips, as at 4 layers): none of the terms
+    looped = dataclasses.replace(
+        full.inventory,
+        groups=tuple(dataclasses.replace(g, num_layers=2) for g in full.inventory.groups),
+    )
+    assert tpu_moe.single_trip_moe_groups(looped, ["layers"], True) == []
+
+
+def test_full_keeps_both_layers_experts(full):
+    """remat_policy=full: both layers' expert kernels gathered in bf16 (E / expert = 4 local
+    experts, d and f whole) are held at the loss; their bf16 shards (over fsdp 4) are not copied;
+    the block's float32 gradients are late."""
+    p = full
+    assert p.loss_bytes == _tpu_loss() + BF16 * BLOCK * EXPERTS
+    assert p.uncopied_stack_bytes == BF16 * BLOCK * EXPERTS // FSDP
+    assert p.late_grad_bytes == _outside_late() + F32 * _block_params_per_device(p)
+
+
+def test_a_policy_that_saves_names_keeps_the_last_layers(minimal):
+    """remat_policy=minimal: only the last layer's experts are held at the loss (the first layer's
+    shards are copied and gathered again in the backward); the gradients are late all the same."""
+    p = minimal
+    assert p.loss_bytes == _tpu_loss() + BF16 * EXPERTS
+    assert p.uncopied_stack_bytes == BF16 * EXPERTS // FSDP
+    assert p.late_grad_bytes == _outside_late() + F32 * _block_params_per_device(p)
+
+
+def test_cost_model_phases(full):
+    """The cost model's phases over the terms: the loss phase the parameters, the optimizer state,
+    the loss's bytes with the kept experts and the stack copies less the experts' shards; the layer
+    phase the state less every gradient (the block's and the late ones)."""
+    from tierax.costmodel import rates as rates_lib
+    from tierax.costmodel.fixed import fixed_terms
+
+    p = full
+    rates = rates_lib.target_rates("v5p", "bfloat16")
+    ft = fixed_terms(p, rates, "lhs")
+    copied = fixed_terms(dataclasses.replace(p, uncopied_stack_bytes=0), rates, "lhs")
+    assert copied.stack_copy_bytes - ft.stack_copy_bytes == BF16 * BLOCK * EXPERTS // FSDP
+    inv = p.inventory
+    rest = ft.stack_copy_bytes + ft.fixed_device_bytes
+    assert ft.loss_phase_bytes == inv.param_bytes + inv.optimizer_bytes + p.loss_bytes + rest
+    # no gradient held in the layers' backward but the loss's held logits-sized buffer
+    layer = inv.param_bytes + inv.optimizer_bytes + BF16 * TOKENS * VOCAB
+    assert ft.layer_phase_bytes == max(
+        layer + ft.workspace_bytes + rest, p.after_backward_bytes + ft.fixed_device_bytes
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The slow check: XLA:TPU's compile of the tiny block (dumped) holds what the rule names.
+
+
+@pytest.mark.slow
+def test_xla_tpu_keeps_the_gathered_experts(tmp_path):
+    """The tiny block's step compiled for 4 v5p chips (compile --maxtext, dumped; libtpu 0.0.52):
+    no layer loop; each of the six expert kernels gathered in bf16 in the forward
+    (``E × D × F`` elements each) and live from there past the loss (the head's gather) into the
+    backward, none gathered in the backward; the kernels' bf16 shards live only around their
+    gather, none across the loss.  (Slow: a MaxText compile; the default tests check the rule by
+    hand.)"""
+    keys = [*TINY, f"base_num_decoder_layers={BLOCK}", "remat_policy=full"]
+    keys += ["per_device_batch_size=1", f"max_target_length={TOKENS}"]
+    dump = tmp_path / "dump"
+    env = M.env()
+    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dump}"
+    argv = [sys.executable, "-m", "tierax.cli", "compile", "--maxtext", M.base_yml(), *keys]
+    argv += ["--target", "v5p", "--devices", str(FSDP), "--json"]
+    M.json_of(subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env))
+    values = _temp_values(dump)
+    # no loop over the layers (the megablox kernels' own loops, where XLA keeps any, are inside
+    # their shard_map)
+    loops = re.findall(r" while\(.*op_name=\"([^\"]*)\"", _dump(dump, ".txt"))
+    assert all("shard_map" in op for op in loops), loops
+    head = [
+        v
+        for v in values.values()
+        if v["shape"] == f"bf16[{D},{VOCAB}]" and "transpose(jvp())" not in v["op"]
+    ]
+    assert len(head) == 1, head
+    loss = head[0]["range"][0]
+
+    def kernels(rows: int):
+        pattern = rf"bf16\[{E},1,({rows},{F}|{F},{rows})\]"
+        return [v for v in values.values() if re.fullmatch(pattern, v["shape"])]
+
+    gathered = [v for v in kernels(D) if "convert_element_type" in v["op"]]
+    assert not [v for v in gathered if "transpose(jvp())" in v["op"]], gathered
+    kept = [v for v in gathered if v["range"][0] < loss < v["range"][1]]
+    assert len(kept) == BLOCK * 3, [(v["shape"], v["range"]) for v in gathered]
+    assert {v["bytes"] for v in kept} == {BF16 * EXPERTS // 3}
+    shards = kernels(D // FSDP)
+    assert shards and not [v for v in shards if v["range"][0] < loss < v["range"][1]], shards
