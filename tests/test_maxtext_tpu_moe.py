@@ -3,8 +3,8 @@
 the loss, their shard copies not made, the stack's gradients written after its layers' backward —
 counted by hand from a tiny GPT-OSS config's shapes on 4 v5p chips (one scanned block of two MoE
 layers: one trip), the policy's effect (``full``: both layers' experts; ``minimal``: the last
-layer's), none of it for a stack that loops, the cost model's phases over them, and (slow) the
-buffers XLA:TPU's compile of the tiny block holds.
+layer's: by hand, and slow, MaxText's ``minimal`` traced), none of it for a stack that loops, the
+cost model's phases over them, and (slow) the buffers XLA:TPU's compile of the tiny block holds.
 """
 
 from __future__ import annotations
@@ -57,12 +57,6 @@ def full():
     return _program(BLOCK, "full").program
 
 
-@pytest.fixture(scope="module")
-def minimal():
-    """The same block under remat_policy=minimal (names saved)."""
-    return _program(BLOCK, "minimal").program
-
-
 def _tpu_loss() -> int:
     """tpu_terms' loss (emb > 2 × tokens): the head gathered in bf16, two logits-sized buffers."""
     return BF16 * D * VOCAB + 2 * BF16 * TOKENS * VOCAB
@@ -105,10 +99,35 @@ def test_full_keeps_both_layers_experts(full):
     assert p.late_grad_bytes == _outside_late() + F32 * _block_params_per_device(p)
 
 
-def test_a_policy_that_saves_names_keeps_the_last_layers(minimal):
-    """remat_policy=minimal: only the last layer's experts are held at the loss (the first layer's
-    shards are copied and gathered again in the backward); the gradients are late all the same."""
-    p = minimal
+def test_a_policy_that_saves_names_keeps_the_last_layer():
+    """A policy that saves or offloads names: only the last routed-expert layer of the decoder's
+    last stack keeps its experts (the block's two layers as MaxText's state lists them); a layer of
+    another stack keeps none; the gradients are late all the same."""
+    from tierax.interop.maxtext_program import tpu_moe
+
+    # the second layer's experts half the first's, to tell which is kept
+    layers = [
+        tpu_moe.ExpertLayer("layers", f"decoder/layers/layers_{i}/GptOssMlp", n, n // FSDP)
+        for i, n in enumerate((EXPERTS, EXPERTS // 2))
+    ]
+    sizes = dict(stack_params={"layers": 1000}, compute_itemsize=BF16, grad_itemsize=F32)
+    t = tpu_moe.terms(layers, saves_nothing=False, last_group="layers", **sizes)
+    last = EXPERTS // 2
+    assert (t.kept_gather_bytes, t.uncopied_stack_bytes) == (BF16 * last, BF16 * last // FSDP)
+    assert t.late_grad_bytes == F32 * 1000
+    other = tpu_moe.terms(layers, saves_nothing=False, last_group="moe_layers", **sizes)
+    assert (other.kept_gather_bytes, other.uncopied_stack_bytes) == (0, 0)
+    every = tpu_moe.terms(layers, saves_nothing=True, last_group="moe_layers", **sizes)
+    assert every.kept_gather_bytes == BF16 * (EXPERTS + last)
+
+
+@pytest.mark.slow
+def test_minimal_keeps_the_last_layers_experts():
+    """MaxText's remat_policy=minimal on the tiny block: only the last layer's experts are held at
+    the loss (the first layer's shards are copied and gathered again in the backward); the
+    gradients are late all the same.  (Slow: one more MaxText trace; the default tests check the
+    rule's policy branch by hand.)"""
+    p = _program(BLOCK, "minimal").program
     assert p.loss_bytes == _tpu_loss() + BF16 * EXPERTS
     assert p.uncopied_stack_bytes == BF16 * EXPERTS // FSDP
     assert p.late_grad_bytes == _outside_late() + F32 * _block_params_per_device(p)
