@@ -56,16 +56,20 @@ buffers are per device; ``c`` is the compute dtype's size, ``head`` = ``emb × v
   and held through the layers' backward, the head's bf16 gradient ``[vocab, emb]`` made from it
   after the loop, unsharded and all-reduced in place, the embedding's gradient scatter-added into
   its bf16 shard just before (in both gemma3 dumps XLA's bytes in use as the head's gradient is
-  written are the rule's ``after_backward_bytes`` less the arguments).  Where ``emb ≤ 2·tokens``
-  (the small step at 1024 tokens) XLA makes the head's gradient at the loss, as for an untied
-  head, but does not reduce-scatter it there: the table's gradient is the head's plus the
-  embedding's, which exists only after the layers' backward, so the head's bf16 gradient is held
-  unsharded through the layers' backward (``c·head``, the held buffer) and all-reduced after the
-  loop beside the embedding's scattered shard (``after_backward_bytes``: the state, ``c·head`` and
-  the shard); at the loss the gathered table and two logits-sized buffers, or one with the head's
-  gradient where that is the larger.  The same step untied keeps the logits-sized buffer through
-  the loop and makes the head's gradient after it, though ``emb ≤ 2·tokens``: for an untied head
-  :func:`head_grad_at_loss` follows llama2-7b-v6e-full and mistral-7b-v6e-minimal, not that step.
+  written are the rule's ``after_backward_bytes`` less the arguments, as in a compile of gemma3-4b
+  at 2 × 1024 tokens, where XLA keeps the same schedule).  Where XLA makes the head's gradient at
+  the loss instead (the small step at 1024 tokens) it does not reduce-scatter it there: the table's
+  gradient is the head's plus the embedding's, which exists only after the layers' backward, so the
+  head's bf16 gradient is held unsharded through the layers' backward (``c·head``, the held buffer)
+  and all-reduced after the loop beside the embedding's scattered shard (``after_backward_bytes``:
+  the state, ``c·head`` and the shard); at the loss the gathered table and two logits-sized buffers,
+  or one with the head's gradient where that is the larger.  Which schedule applies is
+  :func:`head_grad_at_loss`'s reading (``emb ≤ 2·tokens``), taken from the untied heads and not
+  XLA's everywhere: gemma3-4b at 2 × 1024 tokens (tied) and the small step untied at 1024 tokens
+  keep the logits-sized buffer through the loop though ``emb ≤ 2·tokens``, as do the untied
+  qwen3-30b-a3b and deepseek2-16b cases (emb 2048, 1024 tokens).  A tied head's loss bytes are the
+  same under both schedules where the gathered table and two logits-sized buffers are the larger, so
+  a peak at the loss does not depend on the reading.
 
 Not traced: a loss without FSDP (no gathered head, no reduce-scatter: the rules' shards are then
 the whole ``c·head``, an upper reading), tensor parallelism over the vocabulary, a tiled loss's
