@@ -34,6 +34,18 @@ TINY = [
 ]
 
 
+def tiny_layer_params_per_device(fsdp: int) -> int:
+    """TINY's layer parameters per device over ``fsdp`` ways: per layer q, k, v, out and the gated
+    MLP's three kernels, sharded over fsdp; two norm scales, replicated."""
+    sharded = D * HEADS * HD + 2 * D * KV * HD + HEADS * HD * D + 3 * D * MLP
+    return LAYERS * (sharded // fsdp + 2 * D)
+
+
+def tiny_outside_params_per_device(fsdp: int) -> int:
+    """TINY's embedding and head, sharded over fsdp on emb; the final norm's scale, replicated."""
+    return 2 * VOCAB * D // fsdp + D
+
+
 def base_yml() -> str:
     """The installed MaxText's ``configs/base.yml``."""
     import maxtext

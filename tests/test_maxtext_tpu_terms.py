@@ -53,15 +53,11 @@ def early():
 
 
 def _layer_params_per_device() -> int:
-    """Per layer: q, k, v, out and the gated MLP's three kernels, sharded over fsdp; two norm
-    scales, replicated."""
-    sharded = D * HEADS * HD + 2 * D * KV * HD + HEADS * HD * D + 3 * D * MLP
-    return LAYERS * (sharded // FSDP + 2 * D)
+    return M.tiny_layer_params_per_device(FSDP)
 
 
 def _outside_params_per_device() -> int:
-    """The embedding and the head, sharded over fsdp on emb; the final norm's scale, replicated."""
-    return 2 * VOCAB * D // FSDP + D
+    return M.tiny_outside_params_per_device(FSDP)
 
 
 def test_loss_with_the_head_gradient_after_the_layers(late):
