@@ -38,10 +38,12 @@ def applies(rates) -> bool:
 
 def read_bytes_per_layer(inv: Inventory, group: str, name: str) -> int:
     """Bytes per layer of ``group``'s ``name`` that its backward reads from the saved stack when
-    the plan keeps it on device (0: a value the workspace does not hold itself, or no residual)."""
+    the plan keeps it on device (0: a value the workspace does not hold itself, or no residual):
+    what the workspace counts of it, its logical bytes (its stack's tiled bytes, counted in the
+    kept activations, may be more: :mod:`tierax.hardware.tpu_tiling`)."""
     for g in inv.groups:
         if g.name == group:
             for a in g.activations:
                 if a.name == name and a.read_in_place:
-                    return int(a.held_bytes_per_layer)
+                    return int(a.logical_held_bytes_per_layer)
     return 0

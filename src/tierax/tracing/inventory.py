@@ -91,6 +91,9 @@ class Activation:
     # others): kept on device, XLA:TPU's backward of a layer reads it from its saved stack rather
     # than holding it again in the layer's workspace (tierax.costmodel.kept_reads).
     read_in_place: bool = False
+    # The value's logical bytes per layer (its traced shape's) where its layer stack takes more
+    # (``bytes_per_layer``: a TPU's tiled layout, tierax.hardware.tpu_tiling); 0: the same bytes.
+    logical_bytes_per_layer: int = dataclasses.field(default=0, metadata=PER_MICROBATCH)
 
     @property
     def total_bytes(self) -> int:
@@ -104,6 +107,14 @@ class Activation:
     @property
     def held_total_bytes(self) -> int:
         return self.held_bytes_per_layer * self.num_layers
+
+    @property
+    def logical_held_bytes_per_layer(self) -> int:
+        """:attr:`held_bytes_per_layer` at the value's logical bytes: what a layer's workspace,
+        traced at logical shapes, counts of it."""
+        if not self.residual:
+            return 0
+        return self.logical_bytes_per_layer or self.bytes_per_layer
 
 
 @per_microbatch_pytree
@@ -282,6 +293,7 @@ def layer_inventory(
     group: str,
     num_layers: int,
     expert_param_count: int = 0,
+    stacked_bytes: Callable[[tuple, str], int] | None = None,
 ) -> GroupInventory:
     """Inventory of one layer function ``layer_fn(x, params) -> y`` of a scanned group.
 
@@ -291,14 +303,21 @@ def layer_inventory(
       x: the layer input (per device), a ShapeDtypeStruct.
       params: one layer's parameters (pytree of ShapeDtypeStructs).
       group: the layer group name; num_layers: the scan length.
+      stacked_bytes: ``(shape, dtype) -> bytes`` a saved value of that shape takes in its layer
+        stack (None: its logical bytes); a TPU's tiled layout
+        (:func:`tierax.hardware.tpu_tiling.stacked_value_bytes`).  Each name's bytes are its
+        values' stacked bytes, and the residuals with no remat grow by the named residuals' excess.
 
     The non-matmul HBM figures are the traced layer's, whole weights; ``weight_hbm_bytes`` says
     how much of each is the weights' own work (:func:`shard_weight_work` scales it to a mesh).
     """
     fwd = jax.make_jaxpr(layer_fn)(x, params)
     per_name: dict[str, int] = defaultdict(int)
+    logical: dict[str, int] = defaultdict(int)
     for v in jaxpr_tools.named_values(fwd):
-        per_name[v.name] += v.nbytes * v.count
+        stacked = v.nbytes if stacked_bytes is None else stacked_bytes(v.shape, v.dtype)
+        per_name[v.name] += stacked * v.count
+        logical[v.name] += v.nbytes * v.count
     names = list(per_name)
 
     # Residuals of the layer with no remat: the leaves of its VJP closure, minus the parameters and
@@ -359,6 +378,7 @@ def layer_inventory(
             transposed_aliased_elems_per_layer=aliased["named"].get(n, 0.0),
             residual=residual[n],
             read_in_place=n in written_names,
+            logical_bytes_per_layer=logical[n] if logical[n] != per_name[n] else 0,
         )
         for n in names
     )
@@ -367,7 +387,8 @@ def layer_inventory(
         num_layers=num_layers,
         activations=acts,
         carry_bytes_per_layer=_nbytes(x),
-        save_all_bytes_per_layer=int(save_all),
+        save_all_bytes_per_layer=int(save_all)
+        + sum(per_name[n] - logical[n] for n in names if residual[n]),
         base_recompute_flops_per_layer=max(0.0, flops_named - flops_none),
         forward_flops_per_layer=float(jaxpr_tools.matmul_flops(fwd)),
         layer_param_count=sum(math.prod(p.shape) for p in jax.tree.leaves(params)),

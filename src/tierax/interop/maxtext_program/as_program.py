@@ -74,6 +74,7 @@ from dataclasses import dataclass
 from tierax import hardware
 from tierax import names as N
 from tierax.errors import TieraxError
+from tierax.hardware import tpu_tiling
 from tierax.interop.maxtext_program import loss_terms, tpu_moe, tpu_terms, weight_stacks
 
 # The attention MaxText's step runs on a GPU target where the user names none (what compile
@@ -317,7 +318,9 @@ def _build(loaded, target: str, runs: str, traced: str) -> MaxTextProgram:
     from tierax.tracing.program import FusedAttention, Head, Program
 
     config = loaded.config
-    inv = program_inventory(loaded)
+    # on a TPU a saved value's stack takes XLA:TPU's tiled bytes, on device and host (.tpu_tiling)
+    on_tpu = hardware.get_target(target).kind == "tpu"
+    inv = program_inventory(loaded, tpu_tiling.stacked_value_bytes if on_tpu else None)
     groups = tuple(
         LayerGroup(g.name, g.num_layers, tuple(a.name for a in g.activations)) for g in inv.groups
     )

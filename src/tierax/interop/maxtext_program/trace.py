@@ -53,8 +53,10 @@ MAX_STATE_BYTES = 64 * 2**20
 _UNSCALED = frozenset({"num_layers", "fp8_flops_share", "residual", "expert_param_count_per_layer"})
 
 
-def program_inventory(loaded) -> Inventory:
-    """The inventory of ``loaded``'s program (a :class:`.config.Loaded`), per device."""
+def program_inventory(loaded, stacked_bytes=None) -> Inventory:
+    """The inventory of ``loaded``'s program (a :class:`.config.Loaded`), per device;
+    ``stacked_bytes``: the bytes a saved value takes in its layer stack on the target
+    (:func:`tierax.tracing.inventory.layer_inventory`; None: its logical bytes)."""
     import jax
     from flax.linen import partitioning as nn_partitioning
 
@@ -73,7 +75,9 @@ def program_inventory(loaded) -> Inventory:
         for name, stack in decoder_stacks(model.decoder, config):
             fn, params, num_layers = _layer(stack, config)
             try:
-                gi = layer_inventory(fn, x, params, group=name, num_layers=num_layers)
+                gi = layer_inventory(
+                    fn, x, params, group=name, num_layers=num_layers, stacked_bytes=stacked_bytes
+                )
             except TieraxError:
                 raise
             except Exception as e:  # MaxText's layer did not trace on this machine
