@@ -76,6 +76,22 @@ CASES = [
     ("llama3-8b-v5p-qkv-offloaded-8L", "llama3-8b", "v5p", 4, 1, 1024,
      ["remat_policy=qkv_proj_offloaded"], 8),
     ("llama3-8b-h200-full-8L", "llama3-8b", "h200", 4, 1, 1024, ["remat_policy=full"], 8),
+    # Every layer scan looping (the 2-layer cuts above run one trip of GPT-OSS's two-layer block
+    # and of DeepSeek's stacks, which XLA inlines) and, under host offload on a TPU, three trips
+    # or more (XLA:TPU unrolls a two-trip loop there: interop/maxtext_program/tpu_offload.py)
+    ("llama3-8b-v5p-qkv-offloaded-3L", "llama3-8b", "v5p", 4, 1, 1024,
+     ["remat_policy=qkv_proj_offloaded"], 3),
+    ("mistral-7b-v5p-custom-3L", "mistral-7b", "v5p", 4, 1, 1024, [*_OFF, "mlpwo=device"], 3),
+    ("mixtral-8x7b-v6e-qkv-offloaded-3L", "mixtral-8x7b", "v6e", 4, 1, 1024,
+     ["remat_policy=qkv_proj_offloaded"], 3),
+    ("gpt-oss-20b-v5p-full-4L", "gpt-oss-20b", "v5p", 4, 1, 1024, ["remat_policy=full"], 4),
+    ("gpt-oss-20b-v6e-custom-6L", "gpt-oss-20b", "v6e", 4, 1, 1024, _OFF, 6),
+    ("deepseek2-16b-v5p-full-3L", "deepseek2-16b", "v5p", 4, 1, 1024, ["remat_policy=full"], 3),
+    ("deepseek2-16b-h200-full-dot-3L", "deepseek2-16b", "h200", 4, 1, 1024,
+     ["remat_policy=full", "attention=dot_product"], 3),
+    # Gemma 3 scans blocks of its six-layer attention pattern: two trips (2 layers are none)
+    ("gemma3-4b-v5p-full-12L", "gemma3-4b", "v5p", 4, 1, 1024, ["remat_policy=full"], 12),
+    ("gemma3-4b-v6e-minimal-12L", "gemma3-4b", "v6e", 4, 1, 1024, ["remat_policy=minimal"], 12),
 ]  # fmt: skip
 
 
