@@ -91,6 +91,72 @@ def test_after_backward(late, early):
     assert early.after_backward_bytes == base + 2 * shard
 
 
+def _keys(vocab: int, layers: int) -> list[str]:
+    """TINY with another vocabulary and depth."""
+    swap = {"vocab_size": f"vocab_size={vocab}", "base_num_decoder_layers":
+            f"base_num_decoder_layers={layers}"}  # fmt: skip
+    return [swap.get(k.partition("=")[0], k) for k in M.TINY]
+
+
+def _untied_head_terms(vocab: int, tokens: int) -> int:
+    """By hand: the head's bf16 gradient [emb, vocab] unsharded, the embedding's bf16 shard, the
+    larger of the logits-sized bf16 buffer and the reduce-scatter's shard."""
+    shard = BF16 * D * vocab // FSDP
+    return BF16 * D * vocab + shard + max(BF16 * tokens * vocab, shard)
+
+
+def test_after_backward_counts_the_stack_copies_under_a_larger_head_gradient():
+    """Vocab 2048 at 32 tokens: the head's bf16 gradient (1 MiB) is larger than the two looping
+    layers' bf16 weight shards (the stack copies, by hand from TINY's shapes), so the phase after
+    the layers' backward counts the copies besides the state and the head's buffers; at vocab 1024
+    (the ``late`` fixture) the copies are the larger and are not counted (test_after_backward)."""
+    from tierax.interop.maxtext_program import program
+
+    vocab, tokens = 2048, 32
+    keys = [*_keys(vocab, LAYERS), "remat_policy=full"]
+    p = program(M.base_yml(), keys, target="v5p", devices=FSDP, microbatch=1, seq=tokens).program
+    inv = p.inventory
+    copies = BF16 * _layer_params_per_device()
+    assert BF16 * D * vocab > copies > BF16 * HEAD
+    state = inv.param_bytes + inv.optimizer_bytes + F32 * _layer_params_per_device()
+    assert p.after_backward_bytes == state + _untied_head_terms(vocab, tokens) + copies
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_after_backward_counts_no_copies_where_the_head_gradient_is_made_at_the_loss(tied):
+    """Vocab 2048 at 2 × 128 tokens (emb 256 ≤ 2 × 256): the head's gradient is made at the loss,
+    nothing of its size is placed after the layer loop, so the copies are not counted though the
+    gradient is larger than them: untied, the state and the two bf16 shards; tied, the state, the
+    head's bf16 gradient held from the loss and the embedding's shard."""
+    from tierax.interop.maxtext_program import program
+
+    vocab = 2048
+    keys = [*_keys(vocab, LAYERS), "remat_policy=full", *(TIED if tied else [])]
+    p = program(M.base_yml(), keys, target="v5p", devices=FSDP, microbatch=2, seq=128).program
+    inv = p.inventory
+    assert BF16 * D * vocab > BF16 * _layer_params_per_device()
+    state = inv.param_bytes + inv.optimizer_bytes + F32 * _layer_params_per_device()
+    shard = BF16 * D * vocab // FSDP
+    head = BF16 * D * vocab if tied else shard
+    assert p.after_backward_bytes == state + head + shard
+
+
+def test_after_backward_counts_no_copies_without_a_layer_loop():
+    """One layer: MaxText's scan runs a single trip, no loop (XLA:TPU inlines it) and no copy held
+    through one: the phase after the layers' backward holds the state and the head's buffers only,
+    though the head's gradient is larger than the layer's bf16 weights."""
+    from tierax.interop.maxtext_program import program
+
+    vocab, tokens = 2048, 32
+    keys = [*_keys(vocab, 1), "remat_policy=full"]
+    p = program(M.base_yml(), keys, target="v5p", devices=FSDP, microbatch=1, seq=tokens).program
+    inv = p.inventory
+    one_layer = _layer_params_per_device() // LAYERS
+    assert BF16 * D * vocab > BF16 * one_layer
+    state = inv.param_bytes + inv.optimizer_bytes + F32 * one_layer
+    assert p.after_backward_bytes == state + _untied_head_terms(vocab, tokens)
+
+
 def test_late_gradients(late, early):
     outside = F32 * _outside_params_per_device()
     # the embedding's and head's float32 gradients, less the held logits-sized buffer / head shard

@@ -38,6 +38,27 @@ buffers are per device; ``c`` is the compute dtype's size, ``head`` = ``emb × v
   from (live until it is written) and the gradient's reduce-scatter output (a ``c·head / fsdp``
   shard; llama3-8b-v7x-full).  Where the head's gradient was made at the loss: the state, the layer
   gradients and the two shards.
+* **The layer loop's stack copies under the head's gradient** (``after_backward_bytes``, untiled,
+  the head's gradient made after the loop): XLA:TPU casts every looping stack's weight shards to
+  the compute dtype before the forward loop and holds the copies to the end of the backward loop
+  (:func:`tierax.costmodel.fixed._tpu_stack_copy_bytes`).  When the loop ends their slots are
+  free, but they lie among buffers that stay live — the layers' float32 gradients written during
+  the loop, the logits-sized buffer held from the loss — so the holes they leave are no larger
+  than the copies together.  Where the head's unsharded gradient (``c·head``) is larger than all
+  the copies (:func:`stack_copy_bytes`), no such hole holds it and XLA places it above them: the
+  phase counts the copies' bytes as well (:func:`copies_under_head_grad`).  Read from the
+  after-backward buffer assignments (libtpu 0.0.52) of llama3-8b-v5p-full and -minimal, the 2- and
+  8-layer llama3-8b-v5p-qkv-offloaded, llama3-8b-v7x-full, qwen3-8b-v6e-full and gemma3-4b at 12
+  layers (v5p full, v6e minimal): every copy's slot is free under XLA's top as the head's
+  gradient is written, each free run below it smaller than the gradient; in the 8-layer case XLA
+  puts some after-loop buffers into the copies' slots.  Where the copies are the larger
+  (mixtral-8x7b-v5p-full, gpt-oss-20b at 4 layers) XLA puts the head's gradient into a free run
+  low in its heap, as the condition reads.  Not explained: the other free runs under the top
+  (saved activations' stacks freed at the loop's end in llama3-8b-v5p-minimal; llama3-8b-v7x-full
+  and qwen3-8b-v6e-full, where the gradient takes the gathered head's slot at the loss and the
+  runs below it are larger than the copies; gemma3-4b at 12 layers, whose largest run is the
+  gathered table's slot at the loss, which the loop's float32 gradients split).  A stack whose
+  scan runs a single trip is no loop (:mod:`.tpu_moe`) and is not counted.
 * **The tiled loss** (``num_vocab_tiling`` > 1): at the peak in the tile loop's backward one
   ``[emb, vocab]`` in the compute dtype at a time (the gathered head; the tile's head gradient
   reuses its slot and is all-reduced in place), the head gradient's accumulator shard
@@ -190,6 +211,24 @@ def tpu_late_grad_bytes(config, inv) -> int:
     return int(s.g * late_grad_params(config, inv) - held_in_layer_backward(config, inv))
 
 
+def stack_copy_bytes(config, inv) -> int:
+    """The looping stacks' weight shards in the compute dtype, per device (module docstring): every
+    layer group whose scan runs two trips or more, at its traced parameters per device."""
+    s = _shapes(config, inv)
+    counts = dict(inv.group_param_counts)
+    return int(s.c * sum(counts.get(g.name, 0) for g in inv.groups if g.num_layers > 1))
+
+
+def copies_under_head_grad(config, inv) -> int:
+    """The stack copies' bytes XLA:TPU's after-backward top holds under the head's gradient where
+    that is made after the layer loop (module docstring; :func:`tpu_after_backward_bytes`' untiled
+    branch without :func:`head_grad_at_loss`): :func:`stack_copy_bytes` where the head's unsharded
+    gradient is larger than the copies together, else 0."""
+    s = _shapes(config, inv)
+    copies = stack_copy_bytes(config, inv)
+    return copies if s.c * s.head > copies else 0
+
+
 def tpu_after_backward_bytes(config, inv) -> int:
     """All device bytes of MaxText's step on a TPU after the layers' backward (untiled; module
     docstring); 0 for a tiled loss (no such phase)."""
@@ -204,7 +243,8 @@ def tpu_after_backward_bytes(config, inv) -> int:
         return int(state + s.c * s.head + shard)
     if head_grad_at_loss(config, inv):
         return int(state + 2 * shard)
-    return int(state + s.c * s.head + shard + max(s.c * s.logits, shard))
+    head_grad = s.c * s.head + shard + max(s.c * s.logits, shard)
+    return int(state + head_grad + copies_under_head_grad(config, inv))
 
 
 def tpu_terms(config, inv) -> TpuTerms:
