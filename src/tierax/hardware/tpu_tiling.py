@@ -11,10 +11,11 @@ The same layout holds in device memory and in host memory (an offloaded buffer's
 host bytes of an offloaded activation are its tiled bytes, not its logical ones.
 
 Read from XLA:TPU's (libtpu 0.0.52) buffer assignments of MaxText's train step: every tiled value
-of rank >= 2 of gpt-oss-20b on v6e x 4 (4 layers, remat_policy=custom with q/k/v offloaded), of
-MaxText's tiny llama2 block on v5p x 4 (head dim 64, 3 layers, qkv_proj_offloaded and minimal) and
-of deepseek2-16b-v5p-full, gemma3-4b-v6e-minimal and llama3-8b-v7x-full (bench/maxtext_fidelity.py
---dump-dir) has exactly this size (tests/test_tpu_tiling.py compiles the tiny one).
+of rank >= 2 of gpt-oss-20b on v6e x 4 (remat_policy=custom with q/k/v offloaded, 4 and 6 layers),
+of MaxText's tiny llama2 block on v5p x 4 (head dim 64, 3 layers, qkv_proj_offloaded and minimal;
+emb 256 and 264) and of bench/maxtext_fidelity.py's deepseek2-16b-v5p-full (2 and 3 layers),
+gemma3-4b-v6e-minimal (2 and 12), gpt-oss-20b-v5p-full-4L and llama3-8b-v7x-full (--dump-dir) has
+exactly this size (tests/test_tpu_tiling.py compiles the tiny one).
 
 Which dimensions are minor is XLA's layout assignment's choice, made from a buffer's producers
 and readers; for the stacks of saved activations (:func:`stacked_value_bytes`) these compiles show:
@@ -22,12 +23,14 @@ and readers; for the stacks of saved activations (:func:`stacked_value_bytes`) t
 * a [batch, seq, heads, head_dim] value (MaxText's ``query_proj``, ``key_proj``, ``value_proj``)
   is stacked as [layers, batch, heads, seq, head_dim] (layout ``{4,2,3,1,0}``: the layout splash
   attention reads, heads major to seq), on device (kept: the tiny block under ``minimal``) and on
-  the host (offloaded): a head dim of 64 takes 128 lanes, twice its logical bytes, and a kv-head
-  count under 8 takes no tile rows (seq is the second-minor dimension);
+  the host (offloaded: gpt-oss-20b's and the tiny block's): a head dim of 64 takes 128 lanes, twice
+  its logical bytes, and a kv-head count under 8 takes no tile rows (seq is the second-minor
+  dimension);
 * the scan carry [batch, seq, emb] is stacked seq-minor (``{2,3,1,0}``; gpt-oss-20b's emb 2880,
-  not a multiple of 128, unpadded at 4 layers under remat_policy=full on v5p), and a [batch, seq,
-  mlp] value emb- or mlp-minor where both are multiples of 128: a value of any rank but 4 is
-  counted at its logical bytes (no record's model has one whose tiling would pad it).
+  not a multiple of 128, unpadded at 4 layers under remat_policy=full on v5p), a [batch, seq, mlp]
+  value mlp-minor (the tiny block's mlpwi_0/1 under minimal).  A value of any rank but 4 is counted
+  at its logical bytes: of the saved values of bench/maxtext_fidelity.py's TPU cases only
+  gpt-oss-20b's carry has a dimension a tile would pad, and it is laid out so that none is.
 """
 
 from __future__ import annotations
