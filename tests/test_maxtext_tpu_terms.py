@@ -272,6 +272,9 @@ def test_tied_head_layer_phase(tied_early):
 # emb 1536 > 2 × 512 tokens: the head's gradient after the layers' backward; its fsdp shard
 # [384, vocab] is not logits-shaped ([512, vocab])
 SMALL_D, SMALL_VOCAB, SMALL_TOKENS = 1536, 32768, 512
+SMALL_LAYERS = 2
+# per layer: q and out (12 heads of 128), k and v (4 heads of 128), the gated MLP's three kernels
+SMALL_SHARDED = 2 * SMALL_D * 12 * 128 + 2 * SMALL_D * 4 * 128 + 3 * SMALL_D * 4096
 SMALL = [
     f"base_emb_dim={SMALL_D}",
     "base_num_query_heads=12",
@@ -293,8 +296,11 @@ def test_xla_tpu_holds_the_rules_buffers(tmp_path):
     logits-sized bf16 buffer held through the layers' backward loop and the head's bf16 gradient,
     unsharded, made after it; XLA's bytes at the loss and after the layers' backward within the
     rules' (plus the stack copies, kept activations and small buffers), which count a buffer XLA
-    may schedule apart (a second logits-sized buffer; the embedding's gradient shard).  (Slow: a
-    MaxText compile; the default tests check the same rules by hand.)"""
+    may schedule apart (a second logits-sized buffer; the embedding's gradient shard).  As the
+    head's gradient is written no free run under XLA's top holds it, the runs hold the two
+    layers' bf16 weight copies (smaller than the gradient, so the after-backward bytes count them)
+    and XLA's top is at least the after-backward bytes.  (Slow: a MaxText compile; the default
+    tests check the same rules by hand.)"""
     from tierax.costmodel import rates as rates_lib
     from tierax.costmodel.fixed import fixed_terms
     from tierax.interop.maxtext_program import program
@@ -343,9 +349,32 @@ def test_xla_tpu_holds_the_rules_buffers(tmp_path):
     # at least those less the embedding's bf16 gradient shard (XLA scatters it before the head's
     # gradient in the llama3-8b cases, after it here)
     after = max(_live_at(values, t) for v in grads for t in range(v["range"][0], v["range"][1] + 1))
-    rule = p.after_backward_bytes - inv.param_bytes - inv.optimizer_bytes
+    top = p.after_backward_bytes - inv.param_bytes - inv.optimizer_bytes
+    # the two layers' bf16 weight shards (the stack copies, by hand: q, k, v, out and the MLP's
+    # three kernels over fsdp, two norm scales whole), smaller than the head's gradient: counted
+    copies = BF16 * SMALL_LAYERS * (SMALL_SHARDED // FSDP + 2 * SMALL_D)
+    assert copies < BF16 * SMALL_D * SMALL_VOCAB
+    rule = top - copies  # the live set
     shard = BF16 * SMALL_D * SMALL_VOCAB // FSDP
     assert 0.95 * (rule - shard) <= after <= 1.05 * rule, (after, rule, shard)
+    # as the head's gradient is written: every free run of the temp under XLA's top is smaller
+    # than it (so it is placed above them), the runs hold at least the copies' bytes, and XLA's
+    # top there is at least the rule's after-backward bytes (less the arguments)
+    grad = min(grads, key=lambda v: v["range"][0])
+    t = grad["range"][0]
+    spans = sorted(
+        (v["offset"], v["offset"] + v["bytes"])
+        for v in values.values()
+        if v["range"][0] <= t <= v["range"][1]
+    )
+    runs, end = [], 0
+    for a, b in spans:
+        if a > end:
+            runs.append(a - end)
+        end = max(end, b)
+    assert max(runs) < grad["bytes"], (runs, grad["bytes"])
+    assert sum(runs) >= copies, (sum(runs), copies)
+    assert end >= top, (end, top)
 
 
 @pytest.mark.slow

@@ -43,22 +43,27 @@ buffers are per device; ``c`` is the compute dtype's size, ``head`` = ``emb × v
   the compute dtype before the forward loop and holds the copies to the end of the backward loop
   (:func:`tierax.costmodel.fixed._tpu_stack_copy_bytes`).  When the loop ends their slots are
   free, but they lie among buffers that stay live — the layers' float32 gradients written during
-  the loop, the logits-sized buffer held from the loss — so the holes they leave are no larger
-  than the copies together.  Where the head's unsharded gradient (``c·head``) is larger than all
-  the copies (:func:`stack_copy_bytes`), no such hole holds it and XLA places it above them: the
-  phase counts the copies' bytes as well (:func:`copies_under_head_grad`).  Read from the
-  after-backward buffer assignments (libtpu 0.0.52) of llama3-8b-v5p-full and -minimal, the 2- and
-  8-layer llama3-8b-v5p-qkv-offloaded, llama3-8b-v7x-full, qwen3-8b-v6e-full and gemma3-4b at 12
-  layers (v5p full, v6e minimal): every copy's slot is free under XLA's top as the head's
-  gradient is written, each free run below it smaller than the gradient; in the 8-layer case XLA
-  puts some after-loop buffers into the copies' slots.  Where the copies are the larger
+  the loop, the logits-sized buffer held from the loss — which bound the free runs they leave.
+  Where the head's unsharded gradient (``c·head``) is larger than all the copies together
+  (:func:`stack_copy_bytes`), no run they leave holds it (in every dump below no free run does)
+  and XLA places it above them: the phase counts the copies' bytes as well
+  (:func:`copies_under_head_grad`).  Read from the
+  after-backward buffer assignments (libtpu 0.0.52) of llama3-8b-v5p-full and -minimal,
+  llama3-8b-v5p-qkv-offloaded at 8 layers, llama3-8b-v7x-full, qwen3-8b-v6e-full, gemma3-4b at 12
+  layers (v5p full, v6e minimal) and the slow test's small step: every copy's slot (but the norm
+  scales') lies below the head's gradient as it is written, each free run under XLA's top smaller
+  than the gradient; in the 8-layer case XLA puts some after-loop buffers into the copies' slots.
+  At 2 layers under host offload XLA:TPU unrolls the loop (:mod:`.tpu_offload`): no copies are
+  held, the gradient takes the gathered head's slot; the rule prices the looped program there, as
+  the cost model does.  Where the copies are the larger
   (mixtral-8x7b-v5p-full, gpt-oss-20b at 4 layers) XLA puts the head's gradient into a free run
-  low in its heap, as the condition reads.  Not explained: the other free runs under the top
-  (saved activations' stacks freed at the loop's end in llama3-8b-v5p-minimal; llama3-8b-v7x-full
-  and qwen3-8b-v6e-full, where the gradient takes the gathered head's slot at the loss and the
-  runs below it are larger than the copies; gemma3-4b at 12 layers, whose largest run is the
-  gathered table's slot at the loss, which the loop's float32 gradients split).  A stack whose
-  scan runs a single trip is no loop (:mod:`.tpu_moe`) and is not counted.
+  low in its heap, as the condition reads.  Not explained: the other free runs under XLA's top —
+  the saved activations' stacks freed at the loop's end (llama3-8b-v5p-minimal), other buffers
+  freed beside the copies (qwen3-8b-v6e-full), a free run and buffers above the head's gradient
+  (llama3-8b-v7x-full: the copies are about a third of its free runs), the gathered table's slot
+  at the loss, which the loop's float32 gradients split (gemma3-4b at 12 layers: its largest
+  run; at v5p full the cost model's layer phase stays the larger).  A stack whose scan runs a
+  single trip is no loop (:mod:`.tpu_moe`) and is not counted.
 * **The tiled loss** (``num_vocab_tiling`` > 1): at the peak in the tile loop's backward one
   ``[emb, vocab]`` in the compute dtype at a time (the gathered head; the tile's head gradient
   reuses its slot and is all-reduced in place), the head gradient's accumulator shard
