@@ -62,8 +62,11 @@ buffers are per device; ``c`` is the compute dtype's size, ``head`` = ``emb × v
   freed beside the copies (qwen3-8b-v6e-full), a free run and buffers above the head's gradient
   (llama3-8b-v7x-full: the copies are about a third of its free runs), the gathered table's slot
   at the loss, which the loop's float32 gradients split (gemma3-4b at 12 layers: its largest
-  run; at v5p full the cost model's layer phase stays the larger).  A stack whose scan runs a
-  single trip is no loop (:mod:`.tpu_moe`) and is not counted.
+  run; at v5p full the cost model's layer phase stays the larger).  Over-counted where XLA
+  writes the embedding's gradient shard after the head's gradient, into the run the copies and
+  the logits-sized buffer leave (llama3-8b-v5p-qkv-offloaded at 3 layers): the rule counts both.
+  A stack whose scan runs a single trip is no loop (:mod:`.tpu_moe`) and is not counted (gemma3-4b
+  at 2 layers: one unscanned remainder block; gpt-oss-20b at 2 layers).
 * **The tiled loss** (``num_vocab_tiling`` > 1): at the peak in the tile loop's backward one
   ``[emb, vocab]`` in the compute dtype at a time (the gathered head; the tile's head gradient
   reuses its slot and is all-reduced in place), the head gradient's accumulator shard
