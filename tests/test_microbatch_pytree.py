@@ -30,12 +30,14 @@ def test_extrapolated_inventory_equals_the_trace_at_that_microbatch():
         for field in GROWS:
             assert getattr(g, field) == getattr(want, field) != getattr(one.group(g.name), field)
         for a, b in zip(g.activations, want.activations, strict=True):
-            assert (a.bytes_per_layer, a.recompute_flops_per_layer) == (
+            assert (a.bytes_per_layer, a.recompute_flops_per_layer, a.logical_bytes_per_layer) == (
                 b.bytes_per_layer,
                 b.recompute_flops_per_layer,
+                b.logical_bytes_per_layer,
             )
-    # the leaves are those fields, the rest the structure: a constant field is the first trace's
-    assert len(jax.tree.leaves(one)) == 2 + len(one.groups) * len(GROWS) + 2 * len(
+    # the leaves are those fields (an activation's bytes, its recomputation, its logical bytes where
+    # its stack takes more), the rest the structure: a constant field is the first trace's
+    assert len(jax.tree.leaves(one)) == 2 + len(one.groups) * len(GROWS) + 3 * len(
         one.activations()
     )
     assert jax.tree.structure(got) == jax.tree.structure(one)
