@@ -78,3 +78,12 @@ def json_of(out: subprocess.CompletedProcess) -> dict:
     """The JSON object a successful child printed (MaxText may print lines before it)."""
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout[out.stdout.index("{") :])
+
+
+def compile_dumped(args: list[str], dump: pathlib.Path, timeout: float = 900) -> dict:
+    """``tierax compile --maxtext ARGS --json`` in a child process with XLA's dump written to
+    ``dump`` (its buffer assignment and live ranges: tests/xla_dump.py reads them); its JSON."""
+    e = env()
+    e["XLA_FLAGS"] = f"{e.get('XLA_FLAGS', '')} --xla_dump_to={dump}"
+    argv = [sys.executable, "-m", "tierax.cli", "compile", "--maxtext", *args, "--json"]
+    return json_of(subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=e))

@@ -175,10 +175,7 @@ def _layer_grad_slots(values: dict, dump: pathlib.Path, layers: int) -> tuple[in
 
 
 def _compile(keys: list[str], dump: pathlib.Path) -> dict:
-    env = M.env()
-    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dump}"
-    argv = [sys.executable, "-m", "tierax.cli", "compile", "--maxtext", *keys, "--json"]
-    return M.json_of(subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env))
+    return M.compile_dumped(keys, dump)
 
 
 @pytest.mark.slow

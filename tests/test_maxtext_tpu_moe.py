@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import subprocess
-import sys
 
 import maxtext_cli as M
 import pytest
@@ -170,11 +168,7 @@ def test_xla_tpu_keeps_the_gathered_experts(tmp_path):
     keys = [*TINY, f"base_num_decoder_layers={BLOCK}", "remat_policy=full"]
     keys += ["per_device_batch_size=1", f"max_target_length={TOKENS}"]
     dump = tmp_path / "dump"
-    env = M.env()
-    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dump}"
-    argv = [sys.executable, "-m", "tierax.cli", "compile", "--maxtext", M.base_yml(), *keys]
-    argv += ["--target", "v5p", "--devices", str(FSDP), "--json"]
-    M.json_of(subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env))
+    M.compile_dumped([M.base_yml(), *keys, "--target", "v5p", "--devices", str(FSDP)], dump)
     values = _temp_values(dump)
     # no loop over the layers (the megablox kernels' own loops, where XLA keeps any, are inside
     # their shard_map)

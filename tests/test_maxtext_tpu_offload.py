@@ -8,8 +8,6 @@ layer deeper.
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import maxtext_cli as M
 import pytest
@@ -97,12 +95,9 @@ def test_xla_tpu_unrolls_the_layer_loops_at_that_depth_only(tmp_path, layers):
     loops one layer deeper; the host holds the stacked residuals of every layer, up to one layer's
     more where unrolled.  (Slow: two MaxText compiles; the default tests check the gate.)"""
     dump = tmp_path / "dump"
-    env = M.env()
-    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dump}"
     keys = [M.base_yml(), *_keys(layers, "qkv_proj_offloaded"), "per_device_batch_size=1"]
     keys += ["max_target_length=256", "--target", "v5p", "--devices", str(FSDP)]
-    argv = [sys.executable, "-m", "tierax.cli", "compile", "--maxtext", *keys, "--json"]
-    out = M.json_of(subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env))
+    out = M.compile_dumped(keys, dump)
     assert _layer_loops(dump) == (0 if layers == UNROLLED else 2)
     # one layer's q, k and v in bf16 as XLA:TPU tiles them (the head dim's 64 lanes padded to
     # 128), stacked for every layer; unrolled, up to one layer more in host buffers of its own

@@ -9,8 +9,6 @@ steps hold beside the rules.
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import maxtext_cli as M
 import pytest
@@ -307,10 +305,7 @@ def test_xla_tpu_holds_the_rules_buffers(tmp_path):
 
     keys = [M.base_yml(), *SMALL, "--target", "v5p", "--devices", str(FSDP)]
     dump = tmp_path / "dump"
-    env = M.env()
-    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dump}"
-    argv = [sys.executable, "-m", "tierax.cli", "compile", "--maxtext", *keys, "--json"]
-    M.json_of(subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env))
+    M.compile_dumped(keys, dump)
     values = _temp_values(dump)
     dv, tv = f"[{SMALL_D},{SMALL_VOCAB}]", f"[{SMALL_TOKENS},{SMALL_VOCAB}]"
 
@@ -398,11 +393,7 @@ def test_xla_tpu_holds_a_tied_heads_gradient_through_the_layers(tmp_path):
         *TIED,
     ]
     dump = tmp_path / "dump"
-    env = M.env()
-    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dump}"
-    argv = [sys.executable, "-m", "tierax.cli", "compile", "--maxtext", M.base_yml(), *keys]
-    argv += ["--target", "v5p", "--devices", str(FSDP), "--json"]
-    M.json_of(subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env))
+    M.compile_dumped([M.base_yml(), *keys, "--target", "v5p", "--devices", str(FSDP)], dump)
     values = _temp_values(dump)
     table, logits = f"bf16[{SMALL_VOCAB},{SMALL_D}]", f"bf16[{tokens},{SMALL_VOCAB}]"
     assert not [

@@ -10,8 +10,6 @@ has the bytes the rule gives its shape and layout.
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -144,22 +142,11 @@ def test_xla_tpu_holds_the_predicted_host_bytes_and_tiles_every_buffer_so(tmp_pa
     (bf16, f32, s32, u32, s8) has :func:`tiled_bytes` of its shape and layout.  (Slow: a MaxText
     compile; the default tests check the rule by hand and the program's bytes.)"""
     dump = tmp_path / "dump"
-    env = M.env()
-    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dump}"
     # emb 264, not a multiple of 16: bf16's tiles of 8 rows show (33 of them, not 17 of 16)
     args = [M.base_yml(), *_keys(264), "per_device_batch_size=1", f"max_target_length={SEQ}"]
-    args += ["--target", "v5p", "--devices", str(FSDP), "--json"]
-    run = [sys.executable, "-m", "tierax.cli"]
-    compiled = M.json_of(
-        subprocess.run(
-            [*run, "compile", "--maxtext", *args],
-            capture_output=True,
-            text=True,
-            timeout=900,
-            env=env,
-        )
-    )
-    simulated = M.json_of(M.tierax("simulate", "--maxtext", *args))
+    args += ["--target", "v5p", "--devices", str(FSDP)]
+    compiled = M.compile_dumped(args, dump)
+    simulated = M.json_of(M.tierax("simulate", "--maxtext", *args, "--json"))
     assert compiled["host_temp_bytes"] == _tiled_host_bytes(LAYERS, SEQ)
     assert simulated["host_bytes"] == compiled["host_temp_bytes"]
     (assignment,) = dump.glob("*after_optimizations-buffer-assignment.txt")
