@@ -157,22 +157,21 @@ def _compute(prog: Program, rates: Rates, tiled: bool) -> tuple[float, float, fl
 
 def _workspace(
     prog: Program,
-    c_item: int,
+    per_group: dict,
     fsdp: int,
-    ep: int,
     tiled: bool,
     head_grad: int,
     grad_share: float,
-    tpu: bool = False,
 ) -> float:
-    # One layer in flight: its residuals while it is recomputed and back-propagated (TPU: those
-    # XLA:TPU writes, tierax.tracing.hbm.written_residual_bytes), a MoE layer's backward buffers
+    # One layer in flight, the largest group's (per_group: each group's, _group_workspace): its
+    # residuals while it is recomputed and back-propagated (TPU: those XLA:TPU writes,
+    # tierax.tracing.hbm.written_residual_bytes), a MoE layer's backward buffers
     # (Program.moe_backward_bytes: the dispatch's size, tierax.models.moe; front ends list only
     # routed-expert groups, whether or not their trace counts expert parameters apart), and, under
     # FSDP, its weights gathered in the compute dtype: the dense ones whole (per tensor shard), the
     # expert ones over fsdp only (E / expert local experts).
     inv = prog.inventory
-    workspace = max(_group_workspace(prog, c_item, fsdp, ep, tpu).values())
+    workspace = max(per_group.values())
     att = prog.attention
     if att is not None and att.kind == "cudnn":
         # cuDNN's attention backward workspace, one layer's at a time (tierax.hardware.cudnn): XLA's
@@ -424,7 +423,8 @@ def fixed_terms(prog: Program, rates: Rates, schedule: str) -> FixedTerms:
     tpu = rates.target in hardware.TPU_TARGETS
     # the logits' gradient ÷ float32 logits (TPU: _tpu_loss_phase_bytes)
     grad_share = 0.0 if tpu else c_item / 4
-    workspace = _workspace(prog, c_item, fsdp, ep, tiled, head_grad, grad_share, tpu)
+    per_group = _group_workspace(prog, c_item, fsdp, ep, tpu)
+    workspace = _workspace(prog, per_group, fsdp, tiled, head_grad, grad_share)
     if tpu:
         # less the copies the program does not hold (Program.uncopied_stack_bytes)
         stack_copy = _tpu_stack_copy_bytes(prog, c_item, fsdp, ep) - prog.uncopied_stack_bytes
@@ -443,7 +443,6 @@ def fixed_terms(prog: Program, rates: Rates, schedule: str) -> FixedTerms:
         loss_bytes = _loss_phase_bytes(prog, c_item, fsdp, tiled, head_grad, grad_share)
     # Bytes the trace does not see, live through the whole step: in both phases.
     workspace += prog.extra_bytes
-    per_group = _group_workspace(prog, c_item, fsdp, ep, tpu)
     shared = workspace - max(per_group.values())  # cuDNN's, the head's gradient, extra bytes
     loss_bytes += prog.extra_bytes
     return FixedTerms(
