@@ -381,6 +381,12 @@ def _axis_size(config, axis: str) -> int:
     return _size(config.ici_parallelism[i]) * _size(config.dcn_parallelism[i])
 
 
+def embedding_shards(inv) -> int:
+    """The ways MaxText shards the embedding and head of an inventory's mesh (fsdp × expert, as its
+    base.yml rules): the loss rules' ``fsdp`` (:mod:`.loss_terms`, :mod:`.tpu_terms`)."""
+    return int(inv.mesh.get("fsdp", 1)) * int(inv.mesh.get("expert", 1))
+
+
 def maxtext_importable() -> bool:
     """Whether MaxText can be imported here (without importing it)."""
     if "maxtext" in sys.modules:

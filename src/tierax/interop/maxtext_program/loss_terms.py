@@ -69,6 +69,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tierax.interop.maxtext_program.config import embedding_shards
+
 
 @dataclass(frozen=True)
 class GpuTerms:
@@ -80,16 +82,11 @@ class GpuTerms:
     stack_copy_params: float
 
 
-def _fsdp(inv) -> int:
-    """The ways the embedding and head are sharded (fsdp × expert, as MaxText's base.yml rules)."""
-    return int(inv.mesh.get("fsdp", 1)) * int(inv.mesh.get("expert", 1))
-
-
 def applies(config, inv) -> bool:
     """Whether MaxText's GPU loss is the traced one: untiled, under FSDP, with its own head."""
     return (
         int(config.num_vocab_tiling) == 1
-        and _fsdp(inv) > 1
+        and embedding_shards(inv) > 1
         and not bool(getattr(config, "logits_via_embedding", False))
     )
 
@@ -151,7 +148,7 @@ def gpu_after_backward_bytes(config, inv) -> int:
     tensor = int(inv.mesh.get("tensor", 1))
     head = int(config.emb_dim) * int(config.vocab_size) // tensor
     logits = inv.microbatch * inv.seq * int(config.vocab_size) // tensor
-    fsdp = _fsdp(inv)
+    fsdp = embedding_shards(inv)
     return int(
         inv.param_bytes
         + inv.optimizer_bytes
@@ -173,7 +170,7 @@ def gpu_terms(config, inv, moe_groups=()) -> GpuTerms:
     loss was not traced (:func:`applies`) ``loss_bytes`` None (the cost model's reading of the loss)
     and no after-backward phase or late gradients; the stack copies wherever FSDP shards the
     stacks (the layer scan's gathers make them, whatever the loss)."""
-    stacks = gpu_stack_copy_params(inv, moe_groups) if _fsdp(inv) > 1 else 0.0
+    stacks = gpu_stack_copy_params(inv, moe_groups) if embedding_shards(inv) > 1 else 0.0
     if not applies(config, inv):
         return GpuTerms(None, 0, 0, stacks)
     return GpuTerms(

@@ -113,6 +113,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tierax.interop.maxtext_program.config import embedding_shards
+
 
 @dataclass(frozen=True)
 class TpuTerms:
@@ -134,11 +136,6 @@ class _Shapes:
     tokens: int
 
 
-def _fsdp(inv) -> int:
-    """The ways the embedding and head are sharded (fsdp × expert, as MaxText's base.yml rules)."""
-    return int(inv.mesh.get("fsdp", 1)) * int(inv.mesh.get("expert", 1))
-
-
 def _shapes(config, inv) -> _Shapes:
     import jax.numpy as jnp
 
@@ -150,7 +147,7 @@ def _shapes(config, inv) -> _Shapes:
         g=jnp.dtype(config.grad_dtype).itemsize,
         head=int(config.emb_dim) * vocab,
         logits=tokens * vocab,
-        fsdp=_fsdp(inv),
+        fsdp=embedding_shards(inv),
         emb=int(config.emb_dim),
         tokens=tokens,
     )
