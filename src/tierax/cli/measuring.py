@@ -37,7 +37,14 @@ def cmd_bench(args) -> int:
         if args.out
         else None
     )
-    launch.start(devices=args.devices or (mesh.size if mesh else None), preset=args.xla_preset)
+    launch.start(
+        devices=args.devices,
+        mesh_devices=mesh.size if mesh else None,
+        preset=args.xla_preset,
+        run_step=True,
+    )
+    import jax
+
     from tierax.measure import bench
     from tierax.report.tables import bench_table
 
@@ -59,6 +66,13 @@ def cmd_bench(args) -> int:
             f"{worst.plan}, {worst.num_leaves} leaves)",
             file=sys.stderr if args.json else sys.stdout,  # --json: stdout is the record alone
         )
+    if getattr(args, "max_microbatch", False) and jax.default_backend() == "cpu":
+        raise TieraxError(
+            "bench --max-microbatch finds where the device refuses a step (out of memory); "
+            "XLA:CPU allocates from host RAM and has no such boundary: run it on a TPU or GPU, or "
+            "use `tierax plan --max-microbatch` for the predicted one"
+        )
+    print(launch.describe_backend(), file=sys.stderr if args.json else sys.stdout)
     with progress(f"bench {cfg.name}", len(plans) + args.steps, disable=args.json) as advance:
         doc = bench.measure(
             cfg,
@@ -69,6 +83,7 @@ def cmd_bench(args) -> int:
             mesh=mesh,
             command=records.command_line(),
             progress=advance,
+            max_microbatch=getattr(args, "max_microbatch", False),
         )
     if verified is not None:
         doc["verify"] = [v.to_json() for v in verified]
@@ -78,8 +93,22 @@ def cmd_bench(args) -> int:
         print(json.dumps(doc, indent=2))  # the whole record: `tierax report` reads it
         return 0
     console().print(
-        bench_table(doc["records"], doc["peak_flops_per_device_measured"], bench.title(doc))
+        bench_table(
+            doc["records"],
+            doc["peak_flops_per_device_measured"],
+            bench.title(doc),
+            not_run=doc["not_run"],
+            datasheet=doc["peak_flops_per_device_datasheet"],
+        )
     )
+    for n in doc["not_run"]:
+        print(f"{n['plan']}: {n['error'].splitlines()[0][:300]}")
+    for m in doc.get("max_microbatch", ()):
+        refused = f", refused at {m['refused_at']}" if m["refused_at"] else ""
+        print(
+            f"{m['plan']}: largest microbatch that runs here {m['microbatch']} × seq {m['seq']}"
+            f"{refused} ({len(m['probes'])} compiles)"
+        )
     if doc["machine"]["platform"] == "cpu":
         print(CPU_OFFLOAD_NOTE)
     if out:
@@ -182,7 +211,7 @@ def read_target_config(path: str | None) -> str | None:
 def cmd_verify(args) -> int:
     specs = _plan_specs(args.plan)
     mesh = mesh_option(args, specs, required=False)  # what the plans record, with the flags
-    launch.start(devices=mesh.size if mesh else None, preset=args.xla_preset)
+    launch.start(mesh_devices=mesh.size if mesh else None, preset=args.xla_preset, run_step=True)
     import jax
 
     from tierax.measure import verify as verify_lib
@@ -249,7 +278,7 @@ def cmd_profile(args) -> int:
     mesh_option(args, [args.plan], required=False)  # the plan's model, microbatch and seq
     cfg = resolve_model(args)
     out = check_output_dir(args.out, allow_existing=False) if args.out else None
-    launch.start(preset=args.xla_preset)
+    launch.start(preset=args.xla_preset, run_step=True)
     from tierax import plan as plan_lib
     from tierax.interop import files
     from tierax.report.measure_tables import profile_table

@@ -358,7 +358,8 @@ def _running(sub) -> None:
     add_size_args(b, microbatch=8)
     _devices_and_mesh(
         b,
-        "host CPU devices to create (CPU backend only)",
+        "run on N host CPU devices (the CPU backend, even where an accelerator is present; "
+        "default: the accelerator JAX finds, else the CPU)",
         "mesh axes, e.g. data=2,fsdp=4 (default: the mesh the plan files carry, else fsdp over all "
         "devices; auto: the plans' mesh, required)",
     )
@@ -373,6 +374,12 @@ def _running(sub) -> None:
         action="store_true",
         help="first check each plan's gradients against save-all (tierax verify); exit 1 and run "
         "no benchmark if any fails",
+    )
+    b.add_argument(
+        "--max-microbatch",
+        action="store_true",
+        help="then find each plan's largest microbatch that runs on the device (doubling, then "
+        "bisection on the device's own out-of-memory errors; a TPU or GPU only)",
     )
     b.set_defaults(func=measuring.cmd_bench)
 

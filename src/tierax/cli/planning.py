@@ -720,12 +720,15 @@ def cmd_calibrate(args) -> int:
     from tierax.report.tables import calibration_table
 
     check_output_file(cm.CALIBRATION_FILE, "calibration file")
-    launch.start()
+    launch.start(run_step=True)
     import jax
 
     from tierax.measure import calibrate
 
-    steps = calibrate.stages(jax.devices()[0].platform == "gpu")
+    platform = jax.devices()[0].platform
+    if not args.json:
+        print(launch.describe_backend())
+    steps = calibrate.stages(platform == "gpu", platform == "tpu")
     with progress("calibrate", len(steps), disable=args.json) as advance:
         result = calibrate.run_and_save(lambda stage: advance(f"measured {stage}", 1))
     if args.json:

@@ -154,6 +154,10 @@ class Rates:
     # Whether the fused attention rates stand at kernel_rates.ATTENTION_REFERENCE (sequence, head
     # dim) until a program's own shape replaces them (for_program).
     attention_by_shape: bool = False
+    # The fused attention kernel measured by shape (a TPU's calibration: the splash kernel), as
+    # ((seq, head dim, forward FLOP/s, backward FLOP/s), ...): for_program takes the case nearest a
+    # program's shape.
+    fused_attention_table: tuple = ()
 
     def matmul_rate_at(self, dim: float) -> float:
         """The GEMM rate of a matmul whose smallest dimension is ``dim``: piecewise linear in
@@ -378,6 +382,23 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
     sources["fused_attention"] = FUSED_ATTENTION_SOURCE if gpu else SPLASH_ATTENTION_SOURCE
     fused_fwd = peak * FUSED_ATTENTION_FWD_FRACTION if gpu else matmul
     fused_bwd = peak * FUSED_ATTENTION_BWD_FRACTION if gpu else matmul
+    measured_by_size = ()
+    if not gpu:  # a TPU's calibration: the splash kernel's rates and the GEMM rate by size
+        if "fused_attention_fwd_flops_per_s" in cal:
+            fused_fwd = cal["fused_attention_fwd_flops_per_s"]
+            fused_bwd = cal["fused_attention_bwd_flops_per_s"]
+            sources["fused_attention"] = (
+                f"{measured}: the splash kernel forward and backward (the measured case nearest "
+                "seq 2048, head dim 128)"
+            )
+        points = cal.get(f"matmul_size_rates_{dtype}", ())
+        if points:
+            measured_by_size = tuple((int(d), float(r)) for d, r in points)
+            sources["matmul_by_size"] = (
+                f"{measured}: {dtype} GEMMs whose smallest dimension is "
+                + ", ".join(str(d) for d, _ in measured_by_size)
+                + " (the largest: a step's GEMM mix), linear in log dimension between them"
+            )
     if fp8:
         sources["fp8_matmul"] = (
             measured
@@ -422,10 +443,13 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
         host_memory_bytes_per_s=host_bw,
         fp8_matmul_flops_per_s=fp8,
         libtpu=tpu_lib,
-        matmul_size_rates=sourced.get("matmul_size_rates", ()),
+        matmul_size_rates=sourced.get("matmul_size_rates", measured_by_size),
         overlap_slowdown=kernel_rates.OVERLAP_SLOWDOWN if gpu else 0.0,
         fp8_by_size=bool(sourced.get("matmul_size_rates")) and "fp8_matmul_flops_per_s" in sourced,
         attention_by_shape=gpu,
+        fused_attention_table=tuple(tuple(r) for r in cal.get("splash_attention", ()))
+        if not gpu
+        else (),
     )
 
 
@@ -468,6 +492,8 @@ def for_program(rates: Rates, prog) -> Rates:
     shape), where the target's rates follow the shape and ``prog`` runs a fused attention kernel;
     otherwise ``rates`` unchanged.  Idempotent: the result no longer follows the shape."""
     att = getattr(prog, "attention", None)
+    if rates.fused_attention_table and att is not None:
+        return _measured_attention(rates, prog.seq, att.qk_head_dim)
     if not rates.attention_by_shape or att is None:
         return rates
     f0, b0 = kernel_rates.attention_shares(*kernel_rates.ATTENTION_REFERENCE)
@@ -484,6 +510,29 @@ def for_program(rates: Rates, prog) -> Rates:
         fused_attention_fwd_flops_per_s=fwd,
         fused_attention_bwd_flops_per_s=bwd,
         attention_by_shape=False,
+        sources=sources,
+    )
+
+
+def _measured_attention(rates: Rates, seq: int, head_dim: int) -> Rates:
+    """``rates`` with the fused attention rates of the measured case nearest (``seq``,
+    ``head_dim``) (:attr:`Rates.fused_attention_table`; head dim first, then sequence, each by
+    log distance)."""
+    s, d, fwd, bwd = min(
+        rates.fused_attention_table,
+        key=lambda r: (abs(math.log2(r[1] / head_dim)), abs(math.log2(r[0] / seq))),
+    )
+    sources = dict(rates.sources)
+    sources["fused_attention"] = (
+        f"{sources.get('fused_attention', '')}; at sequence {seq}, head dim {head_dim} the "
+        f"measured case seq {s}, head dim {d}: forward {fwd / 1e12:.0f}, backward "
+        f"{bwd / 1e12:.0f} TFLOP/s"
+    )
+    return dataclasses.replace(
+        rates,
+        fused_attention_fwd_flops_per_s=fwd,
+        fused_attention_bwd_flops_per_s=bwd,
+        fused_attention_table=(),
         sources=sources,
     )
 

@@ -26,16 +26,49 @@ def start(
     preset: str = "none",
     deviceless_gpu: bool = False,
     dump_dir: str | None = None,
+    run_step: bool = False,
+    mesh_devices: int | None = None,
 ) -> None:
-    """Start a single-process run: ``devices`` host CPU devices (CPU backend), an XLA flag preset,
-    or deviceless XLA:GPU compilation (host platform only); ``dump_dir``: XLA's dumps go there.
+    """Start a single-process run: ``devices`` host CPU devices (CPU backend, as the user asked), an
+    XLA flag preset, or deviceless XLA:GPU compilation (host platform only); ``dump_dir``: XLA's
+    dumps go there.
+
+    ``run_step``: the verb runs a step on the local devices, so the accelerator JAX finds (a TPU or
+    a GPU) is used where the machine has one and neither ``devices`` nor JAX_PLATFORMS says
+    otherwise (:func:`tierax.launch.flags.choose_platforms`).  ``mesh_devices``: the devices a
+    ``--mesh`` needs, made as host CPU devices where the run lands on the CPU.
 
     Raises:
       TieraxError: bad preset or device count, or JAX already started.
     """
+    on_accelerator = run_step and devices is None and uses_accelerator()
     xla_flags.configure(
-        cpu_devices=devices, preset=preset, deviceless_gpu=deviceless_gpu, dump_dir=dump_dir
+        cpu_devices=devices if devices is not None or on_accelerator else mesh_devices,
+        preset=preset,
+        deviceless_gpu=deviceless_gpu,
+        dump_dir=dump_dir,
+        run_step=run_step,
     )
+
+
+def uses_accelerator(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether a verb that runs a step (and was not asked for host devices) lands on an
+    accelerator: JAX_PLATFORMS names one, or is unset on a machine that has a TPU or a GPU."""
+    env = os.environ if environ is None else environ
+    chosen = env.get("JAX_PLATFORMS", "")
+    if chosen:
+        return any(p in chosen for p in ("tpu", "cuda", "gpu", "rocm"))
+    return xla_flags.Accelerators.present().any
+
+
+def describe_backend() -> str:
+    """One line naming where this process runs: the platform, the device kind and the count (the
+    first line a measuring verb prints)."""
+    import jax
+
+    devs = jax.devices()
+    kind = devs[0].device_kind
+    return f"running on {jax.default_backend()}: {len(devs)} × {kind}"
 
 
 def start_deviceless_tpu(preset: str = "none", accelerator_type: str | None = None) -> None:
@@ -105,14 +138,16 @@ def start_training(cfg, dist: Distributed | None, *, debug: bool = False) -> lis
         quiet_checkpoint_errors()
     nproc = dist.num_processes if dist else 1
     gpu = xla_flags.expects_gpu()
+    accelerator = uses_accelerator()
     env, lines = runtime_env(cfg, gpu=gpu, num_processes=nproc)
     if not gpu:  # a TPU runs the step with its TPU options (read only where libtpu loads)
         env = {**env, **xla_flags.libtpu_env()}
     xla_flags.configure(
-        cpu_devices=None if gpu else cpu_devices_per_process(cfg, nproc),
+        cpu_devices=None if accelerator else cpu_devices_per_process(cfg, nproc),
         preset=cfg.xla_preset,
-        cpu_collectives="gloo" if dist and not gpu else None,
+        cpu_collectives="gloo" if dist and not accelerator else None,
         env=env,
+        run_step=True,
     )
     initialize_distributed(dist)
     return lines
@@ -236,7 +271,7 @@ def runtime_env(
     """
     if not gpu:
         return {}, [
-            f"runtime env: {MEM_FRACTION} and {HOST_LIMIT} apply to GPUs only; nothing set on CPU"
+            f"runtime env: {MEM_FRACTION} and {HOST_LIMIT} apply to GPUs only; nothing set off a GPU"
         ]
     from tierax import hardware
     from tierax.tracing import inventory as inv

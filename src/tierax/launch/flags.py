@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from tierax.errors import TieraxError
 
@@ -68,7 +69,44 @@ def _has_nvidia_driver() -> bool:
 
 
 def _has_tpu() -> bool:
-    return bool(glob.glob("/dev/accel*")) or os.path.exists("/dev/vfio")
+    # A TPU VM exposes its chips as /dev/accel* (v4, v5e, v6e) or as VFIO groups under /dev/vfio
+    # (v5p and later); the directory alone (/dev/vfio/vfio, the container) is not a chip.
+    groups = [g for g in glob.glob("/dev/vfio/*") if os.path.basename(g) != "vfio"]
+    return bool(glob.glob("/dev/accel*")) or bool(groups)
+
+
+@dataclass(frozen=True)
+class Accelerators:
+    """What the machine has, as the platform choice reads it (:func:`choose_platforms`)."""
+
+    nvidia: bool
+    tpu: bool
+
+    @classmethod
+    def present(cls) -> Accelerators:
+        return cls(nvidia=_has_nvidia_driver(), tpu=_has_tpu())
+
+    @property
+    def any(self) -> bool:
+        return self.nvidia or self.tpu
+
+
+def choose_platforms(
+    *, env_platforms: str, found: Accelerators, host_devices: bool, run_step: bool
+) -> str | None:
+    """The ``jax_platforms`` value a verb starts JAX with; None leaves JAX's own choice.
+
+    ``env_platforms``: JAX_PLATFORMS as set (the user's choice wins: JAX reads it). ``host_devices``:
+    the user asked for N host CPU devices (``--devices N``): the CPU.  ``run_step``: the verb runs a
+    step on the local devices (bench, train, verify, profile, calibrate): where an accelerator is
+    present JAX is left to start it.  Every other case (a verb that only traces or compiles without
+    a device, or a machine without an accelerator) is the CPU, so that an installed CUDA plugin or
+    libtpu does not try to start (and, for libtpu, take the chip's lock)."""
+    if env_platforms:
+        return None
+    if host_devices or not (run_step and found.any):
+        return "cpu"
+    return None
 
 
 def cpu_without_accelerator() -> bool:
@@ -105,15 +143,15 @@ def configure(
     cpu_collectives: str | None = None,
     env: Mapping[str, str] | None = None,
     dump_dir: str | None = None,
+    run_step: bool = False,
 ) -> list[str]:
     """Set backend options before JAX starts; returns the XLA flags added.
 
     Args:
       cpu_devices: number of host CPU devices to create.
       preset: a key of :data:`PRESETS`.
-      platforms: value for ``jax_platforms``.  When None, JAX_PLATFORMS is unset and
-        the machine has no NVIDIA driver, ``cpu`` is chosen so an installed CUDA
-        plugin does not try (and noisily fail) to start.
+      platforms: value for ``jax_platforms``.  When None, :func:`choose_platforms` decides:
+        the accelerator JAX finds where ``run_step`` and the machine has one, else ``cpu``.
       deviceless_gpu: compiling for a GPU target without a GPU: the host platform
         only, plus :data:`DEVICELESS_FLAGS`.
       cpu_collectives: cross-process collectives on the CPU backend (``"gloo"`` for
@@ -122,6 +160,7 @@ def configure(
         ``XLA_PYTHON_CLIENT_MEM_FRACTION``), set here so they precede it.
       dump_dir: XLA writes its compiled modules there (``--xla_dump_to``: the optimised HLO, its
         buffer assignment and live ranges), for tracing what a compiled peak holds.
+      run_step: the caller runs a step on the local devices (an accelerator is used where present).
 
     Raises:
       TieraxError: unknown preset, bad device count, or the backend has already started.
@@ -134,8 +173,13 @@ def configure(
 
     if deviceless_gpu:
         platforms = "cpu"
-    if platforms is None and not os.environ.get("JAX_PLATFORMS") and not _has_nvidia_driver():
-        platforms = "cpu"
+    if platforms is None:
+        platforms = choose_platforms(
+            env_platforms=os.environ.get("JAX_PLATFORMS", ""),
+            found=Accelerators.present(),
+            host_devices=cpu_devices is not None,
+            run_step=run_step,
+        )
     flags = list(PRESETS[preset]) + (list(DEVICELESS_FLAGS) if deviceless_gpu else [])
     flags += [f"--xla_dump_to={dump_dir}"] if dump_dir else []
     if platforms is not None and platforms == jax.config.jax_platforms:

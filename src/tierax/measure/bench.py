@@ -1,12 +1,15 @@
 """``tierax bench``: run plans side by side on the local devices and measure them.
 
-All plans are compiled first, then timed in interleaved rounds (one step of each
-plan per round) so that machine noise hits every plan alike.  The local peak
-FLOP/s used for MFU is measured in the same run with a large matmul.
+One plan's state and program are on the devices at a time; plans take turns in rounds, so
+machine drift hits every plan alike, and a plan the device refuses is recorded as such while the
+others run.  MFU divides by the target's datasheet peak where the device kind names a target (a TPU,
+a GPU) and the record also carries a peak measured in the same run (the GEMM rate at the step's
+own shapes on an accelerator; a square matmul on a CPU, the only peak there).
 """
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -49,6 +52,96 @@ class BenchRecord:
     runtime_host_stats: dict | None = (
         None  # memory_stats keys about host memory, if the backend reports any
     )
+    mfu_measured_peak: float | None = None  # achieved over the peak measured here (Peaks)
+    peak_device_bytes_compiled_source: str = memory.CompiledMemory.peak_source
+
+
+@dataclass(frozen=True)
+class NotRun:
+    """A plan that did not run: the device refused it (out of memory, at compile or run time) or
+    it failed otherwise; ``error`` is the runtime's or compiler's own message."""
+
+    plan: str
+    stage: str  # "compile" or "run"
+    out_of_memory: bool
+    error: str
+
+
+@dataclass(frozen=True)
+class Peaks:
+    """What MFU divides by: the target's datasheet peak per device (None off a known target: a
+    CPU) and a peak measured here (the GEMM rate at the step's own shapes on an accelerator; a
+    square matmul on a CPU), each with what it is."""
+
+    measured: float
+    measured_source: str
+    datasheet: float | None = None
+    datasheet_source: str | None = None
+
+    @property
+    def mfu_basis(self) -> float:
+        return self.datasheet or self.measured
+
+
+OOM_MARKERS = ("RESOURCE_EXHAUSTED", "out of memory", "exceeds available HBM", "Ran out of memory")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is the device refusing memory (XLA's compile-time HBM check, the runtime's
+    allocation failure), not another fault."""
+    text = str(exc)
+    return any(m.lower() in text.lower() for m in OOM_MARKERS)
+
+
+def free(tree) -> None:
+    """Delete the device buffers of ``tree`` now (not when Python collects them), so the next
+    plan's state has the memory."""
+    for leaf in jax.tree.leaves(tree):
+        if isinstance(leaf, jax.Array) and not leaf.is_deleted():
+            leaf.delete()
+
+
+def step_gemm_shapes(cfg: ModelConfig, tokens: int) -> tuple[tuple[int, int, int], ...]:
+    """The GEMMs (M, K, N) a layer of ``cfg`` runs over ``tokens`` tokens: the query projection,
+    the MLP's up and down projections (a MoE's expert width), at most 32k tokens (the rate has
+    settled long before)."""
+    t = min(tokens, 32768)
+    d = cfg.d_model
+    head = getattr(cfg, "head_dim", 0) or (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim)
+    q = cfg.num_heads * head
+    mlp = getattr(cfg, "mlp_dim", 0) or cfg.dense_mlp_dim
+    return ((t, d, q), (t, d, mlp), (t, mlp, d))
+
+
+def peaks_for(cfg: ModelConfig, tokens_per_device: int) -> Peaks:
+    """:class:`Peaks` for this backend: on a TPU or GPU the datasheet peak of the target its device
+    kind names and the GEMM rate at the step's own shapes, back to back
+    (:mod:`tierax.measure.accel_rates`); on a CPU a measured square matmul only."""
+    dev = jax.devices()[0]
+    if dev.platform == "cpu":
+        r = harness.matmul_rate(cfg.dtype)
+        return Peaks(r["flops_per_s"], f"{r['shape']} matmul, best of 5 calls (XLA:CPU)")
+    from tierax import hardware
+    from tierax.measure import accel_rates, calibrate
+
+    shapes = step_gemm_shapes(cfg, tokens_per_device)
+    dtype = "bfloat16" if cfg.dtype == "float32" and dev.platform == "tpu" else cfg.dtype
+    r = accel_rates.gemm_rates(shapes, dtype)
+    source = (
+        f"{r['dtype']} GEMMs at the step's shapes {', '.join('x'.join(map(str, s)) for s in shapes)}"
+        " (forward, input and weight gradients), back to back"
+    )
+    key = calibrate.target_key_for(dev.platform, dev.device_kind)
+    try:
+        spec = hardware.get_target(key)
+    except Exception:  # noqa: BLE001 — a device kind tierax has no table row for
+        return Peaks(r["flops_per_s"], source)
+    return Peaks(
+        r["flops_per_s"],
+        source,
+        spec.peak(cfg.dtype),
+        f"{spec.name} datasheet, {spec.peak_name(cfg.dtype)}",
+    )
 
 
 def run_bench(
@@ -61,9 +154,18 @@ def run_bench(
     mesh: MeshShape | None = None,
     warmup: int = 2,
     seed: int = 0,
+    rounds: int | None = None,
     progress: Callable[[str, int], None] | None = None,
-) -> tuple[list[BenchRecord], float]:
-    """Benchmark ``plans``; returns (records, measured peak FLOP/s per device).
+) -> tuple[list[BenchRecord], Peaks, list[NotRun]]:
+    """Benchmark ``plans``; returns (records of the plans that ran, the peaks MFU divides by, the
+    plans that did not run).
+
+    One plan's state and program are on the devices at a time: in each of ``rounds`` rounds (default
+    up to 3) every plan in turn builds its state, runs its share of the ``steps`` timed steps and
+    frees it, so drift hits every plan alike and a plan never shares memory with another.  Each
+    plan compiles once (its first round, ``warmup`` steps after it; later rounds one).  A plan the
+    device refuses (out of memory at compile or run time) is recorded with the message and the
+    others still run.
 
     ``microbatch`` is sequences per device (MaxText's per-device batch); the global
     batch is ``microbatch × mesh.batch_ways`` (``mesh`` default: fsdp over all local devices).
@@ -78,31 +180,62 @@ def run_bench(
     tokens = jax.device_put(
         step_lib.synthetic_batch(cfg, batch, seq, seed=seed), sh.batch_sharding(mesh)
     )
-
-    peak = harness.matmul_rate(cfg.dtype)["flops_per_s"]
-    runs = []
-    for p in plans:
-
-        def build(p=p):
-            graphdef, state = step_lib.init_state(cfg, optimizer, seed=seed, mesh=mesh, plan=p)
-            return step_lib.make_train_step(
-                graphdef, cfg, p, optimizer, step_lib.shardings_of(state)
-            ), state
-
-        runs.append(
-            (p, harness.prepare(build, tokens, warmup=warmup, devices=mesh.devices.flat), [])
-        )
+    peaks = peaks_for(cfg, microbatch * seq)
+    rounds = max(1, min(rounds or 3, steps))
+    per_round = [steps // rounds + (1 if r < steps % rounds else 0) for r in range(rounds)]
+    runs = {p.name: {"plan": p, "prepared": None, "times": [], "failed": None} for p in plans}
+    for r, n_steps in enumerate(per_round):
+        for run in runs.values():
+            if run["failed"] is not None:
+                continue
+            p = run["plan"]
+            prepared, stage = None, "compile"
+            try:
+                graphdef, state = step_lib.init_state(cfg, optimizer, seed=seed, mesh=mesh, plan=p)
+                if run["prepared"] is None:
+                    fn = step_lib.make_train_step(
+                        graphdef, cfg, p, optimizer, step_lib.shardings_of(state)
+                    )
+                    stage = "compile"
+                    run["prepared"] = harness.prepare(
+                        lambda fn=fn, state=state: (fn, state),
+                        tokens,
+                        warmup=warmup,
+                        devices=mesh.devices.flat,
+                    )
+                    prepared = run["prepared"]
+                    if progress:
+                        progress(f"compiled {p.name}", 1 if r == 0 else 0)
+                else:
+                    prepared = run["prepared"]
+                    prepared.state = state
+                    stage = "run"
+                    prepared.step(tokens)  # the first step of a fresh state: not timed
+                stage = "run"
+                for _ in range(n_steps):
+                    t0 = time.perf_counter()
+                    prepared.step(tokens)
+                    run["times"].append(time.perf_counter() - t0)
+                run["loss"] = float(prepared.metrics["loss"])
+            except Exception as e:  # noqa: BLE001 — one plan's failure is that plan's record
+                run["failed"] = NotRun(p.name, stage, is_out_of_memory(e), _first_lines(e))
+                if progress and r == 0 and stage == "compile":
+                    progress(f"{p.name} did not run", 1)
+            finally:
+                if prepared is not None:
+                    free(prepared.state)
+                    free(prepared.metrics)
+                    prepared.state = prepared.metrics = None
+                else:
+                    free(locals().get("state"))
+                gc.collect()
         if progress:
-            progress(f"compiled {p.name}", 1)
-    for _ in range(steps):
-        for _p, prepared, times in runs:
-            t0 = time.perf_counter()
-            prepared.step(tokens)
-            times.append(time.perf_counter() - t0)
-        if progress:
-            progress("step", 1)
+            progress("round", n_steps)
     records = []
-    for p, r, times in runs:
+    for run in runs.values():
+        if run["failed"] is not None or not run["times"]:
+            continue
+        p, prep, times = run["plan"], run["prepared"], run["times"]
         med = statistics.median(times)
         by = inv.bytes_by_placement(inventory, p, cfg)
         achieved = flops / med / n_dev
@@ -112,55 +245,146 @@ def run_bench(
                 step_time_s=med,
                 tokens_per_s=batch * seq / med,
                 tflops_per_device=achieved / 1e12,
-                mfu=achieved / peak,
-                compiled_temp_bytes=r.compiled_memory.temp,
+                mfu=achieved / peaks.mfu_basis,
+                compiled_temp_bytes=prep.compiled_memory.temp,
                 device_activation_bytes=by["device"],
                 host_activation_bytes=by["offload"],
                 remat_activation_bytes=by["remat"],
-                loss=float(r.metrics["loss"]),
-                compile_time_s=r.compile_s,
+                loss=run["loss"],
+                compile_time_s=prep.compile_s,
                 step_times_s=tuple(times),
-                peak_device_bytes_compiled=r.compiled_memory.peak,
-                host_bytes_compiled=r.compiled_memory.host_total,
-                peak_device_bytes_runtime=r.runtime.peak_bytes if r.runtime else None,
-                runtime_peak_exact=r.runtime.exact if r.runtime else None,
-                memory_source=memory.RUNTIME if r.runtime else memory.COMPILED,
-                runtime_host_stats=(r.runtime.host_stats or None) if r.runtime else None,
+                peak_device_bytes_compiled=prep.compiled_memory.peak,
+                host_bytes_compiled=prep.compiled_memory.host_total,
+                peak_device_bytes_runtime=prep.runtime.peak_bytes if prep.runtime else None,
+                runtime_peak_exact=prep.runtime.exact if prep.runtime else None,
+                memory_source=memory.RUNTIME if prep.runtime else memory.COMPILED,
+                runtime_host_stats=(prep.runtime.host_stats or None) if prep.runtime else None,
+                mfu_measured_peak=achieved / peaks.measured,
+                peak_device_bytes_compiled_source=prep.compiled_memory.peak_source,
             )
         )
-    return records, peak
+    return records, peaks, [run["failed"] for run in runs.values() if run["failed"] is not None]
+
+
+def _first_lines(exc: BaseException, limit: int = 1200) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= limit else text[:limit] + " …"
+
+
+def largest_fitting_microbatch(
+    cfg: ModelConfig,
+    plan: plan_lib.Plan,
+    *,
+    seq: int,
+    start: int = 1,
+    limit: int = 4096,
+    mesh: MeshShape | None = None,
+    progress: Callable[[str, int], None] | None = None,
+) -> dict:
+    """The largest microbatch (sequences per device) at which ``plan``'s step compiles and runs on
+    the local devices: doubling from ``start`` until the device refuses it (a real out-of-memory
+    error at compile or run time), then bisection.  Returns ``{"microbatch", "refused_at",
+    "probes": [{"microbatch", "fits", "error"}]}``; ``microbatch`` 0 where even ``start`` is
+    refused, ``refused_at`` None where ``limit`` ran."""
+    shape = mesh or MeshShape(fsdp=jax.device_count())
+    jmesh = shape.make()
+    optimizer = step_lib.make_optimizer(mu_dtype=cfg.mu_dtype)
+    probes: list[dict] = []
+
+    def fits(mb: int) -> bool:
+        batch = mb * shape.batch_ways
+        tokens = jax.device_put(
+            step_lib.synthetic_batch(cfg, batch, seq), sh.batch_sharding(jmesh)
+        )
+        state = metrics = None
+        try:
+            graphdef, state = step_lib.init_state(cfg, optimizer, mesh=jmesh, plan=plan)
+            fn = step_lib.make_train_step(graphdef, cfg, plan, optimizer, step_lib.shardings_of(state))
+            compiled = fn.lower(state, tokens).compile()
+            state, metrics = compiled(state, tokens)
+            jax.block_until_ready(state)
+            probes.append({"microbatch": mb, "fits": True, "error": None})
+            return True
+        except Exception as e:  # noqa: BLE001 — only the device's refusal answers the question
+            if not is_out_of_memory(e):
+                raise
+            probes.append({"microbatch": mb, "fits": False, "error": _first_lines(e, 400)})
+            return False
+        finally:
+            free(state)
+            free(metrics)
+            free(tokens)
+            gc.collect()
+            if progress:
+                progress(f"microbatch {mb}", 1)
+
+    lo, hi = 0, None
+    mb = start
+    while mb <= limit:
+        if fits(mb):
+            lo, mb = mb, mb * 2
+        else:
+            hi = mb
+            break
+    if hi is not None:
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid
+    return {"plan": plan.name, "seq": seq, "microbatch": lo, "refused_at": hi, "probes": probes}
 
 
 def bench_document(
-    cfg, records, peak, *, command: str, microbatch: int, seq: int, steps: int, mesh: MeshShape
+    cfg,
+    records,
+    peaks,
+    *,
+    command: str,
+    microbatch: int,
+    seq: int,
+    steps: int,
+    mesh: MeshShape,
+    not_run: Sequence[NotRun] = (),
+    max_microbatch: Sequence[dict] = (),
 ) -> dict:
-    """The JSON record written under bench/results/ (:data:`tierax.records.BENCH_SCHEMA`)."""
+    """The JSON record written under bench/results/ (:data:`tierax.records.BENCH_SCHEMA`);
+    ``peaks``: a :class:`Peaks` (or a measured peak alone)."""
+    if not isinstance(peaks, Peaks):
+        peaks = Peaks(float(peaks), "measured")
     batch = microbatch * mesh.batch_ways
-    return (
-        envelope(BENCH_SCHEMA, command)
-        | {
-            "model": config_to_dict(cfg),  # loadable as is with --model-config
-            "microbatch_per_device": microbatch,
-            "global_batch": batch,
-            "seq": seq,
-            "steps": steps,
-            "mesh": mesh.to_dict(),
-            "train_flops_per_step": train_flops(cfg, batch, seq),
-            "flops_convention": "MaxText: 6·matmul params·tokens + 3·causal attention "
-            "(tierax.models.flops)",
-            "activation_bytes_note": "named activations only, from the abstract trace, per device "
-            "assuming batch-sharded activations",
-            "peak_flops_per_device_measured": peak,
-            "memory_note": (
-                memory.RUNTIME_NOTE
-                + "; a runtime peak is the bytes a plan added at its high-water mark "
-                "(its state, compile and warm-up steps)"
-            )
-            if any(r.peak_device_bytes_runtime is not None for r in records)
-            else memory.NO_RUNTIME_NOTE,
-            "records": [asdict(r) for r in records],
-        }
-    )
+    doc = envelope(BENCH_SCHEMA, command) | {
+        "model": config_to_dict(cfg),  # loadable as is with --model-config
+        "microbatch_per_device": microbatch,
+        "global_batch": batch,
+        "seq": seq,
+        "steps": steps,
+        "mesh": mesh.to_dict(),
+        "train_flops_per_step": train_flops(cfg, batch, seq),
+        "flops_convention": "MaxText: 6·matmul params·tokens + 3·causal attention "
+        "(tierax.models.flops)",
+        "activation_bytes_note": "named activations only, from the abstract trace, per device "
+        "assuming batch-sharded activations",
+        "peak_flops_per_device_measured": peaks.measured,
+        "peak_flops_per_device_measured_source": peaks.measured_source,
+        "peak_flops_per_device_datasheet": peaks.datasheet,
+        "peak_flops_per_device_datasheet_source": peaks.datasheet_source,
+        "mfu_basis": "datasheet" if peaks.datasheet else "measured",
+        "memory_note": (
+            memory.RUNTIME_NOTE
+            + "; a runtime peak is the allocator's high-water mark over a plan's first round "
+            "less the bytes in use before it (an upper bound, '≤', where an earlier plan peaked "
+            "higher)"
+        )
+        if any(r.peak_device_bytes_runtime is not None for r in records)
+        else memory.NO_RUNTIME_NOTE,
+        "records": [asdict(r) for r in records],
+        "not_run": [asdict(n) for n in not_run],
+    }
+    if max_microbatch:
+        doc["max_microbatch"] = list(max_microbatch)
+    return doc
 
 
 def measure(
@@ -173,14 +397,29 @@ def measure(
     mesh: MeshShape | None,
     command: str,
     progress: Callable[[str, int], None] | None = None,
+    max_microbatch: bool = False,
 ) -> dict:
-    """``run_bench`` then ``bench_document``: the whole record of one ``tierax bench``."""
+    """``run_bench`` (then, with ``max_microbatch``, each plan's largest fitting microbatch on
+    the devices) and ``bench_document``: the whole record of one ``tierax bench``."""
     shape = mesh or MeshShape(fsdp=jax.device_count())
-    records, peak = run_bench(
+    records, peaks, not_run = run_bench(
         cfg, plans, steps=steps, microbatch=microbatch, seq=seq, mesh=shape, progress=progress
     )
+    largest = [
+        largest_fitting_microbatch(cfg, p, seq=seq, mesh=shape, progress=progress)
+        for p in (plans if max_microbatch else ())
+    ]
     return bench_document(
-        cfg, records, peak, command=command, microbatch=microbatch, seq=seq, steps=steps, mesh=shape
+        cfg,
+        records,
+        peaks,
+        command=command,
+        microbatch=microbatch,
+        seq=seq,
+        steps=steps,
+        mesh=shape,
+        not_run=not_run,
+        max_microbatch=largest,
     )
 
 
@@ -189,6 +428,6 @@ def title(doc: dict) -> str:
     m = doc["machine"]
     return (
         f"{doc['model']['name']} · microbatch {doc['microbatch_per_device']}/device × seq "
-        f"{doc['seq']} · {m['device_count']} {m['platform']} device(s) · median of {doc['steps']} "
-        f"steps"
+        f"{doc['seq']} · {m['device_count']} × {m.get('device_kind', m['platform'])} "
+        f"({m['platform']}) · median of {doc['steps']} steps"
     )

@@ -41,9 +41,26 @@ DTYPES = ("float32", "bfloat16")
 HEAD_DTYPES = ("bfloat16",)
 
 
+# The device kinds JAX reports for Cloud TPUs → the target ("TPU v5 lite" is a v5e chip; v5p shows
+# as "TPU v5"; TPU7x as "TPU7x").
+_TPU_KIND_TO_TARGET = {
+    "TPU V5 LITE": "v5e",
+    "TPU V5E": "v5e",
+    "TPU V5P": "v5p",
+    "TPU V5": "v5p",
+    "TPU V6 LITE": "v6e",
+    "TPU V6E": "v6e",
+    "TPU7X": "v7x",
+    "TPU V7X": "v7x",
+}
+
+
 def target_key_for(platform: str, device_kind: str) -> str:
-    """The calibration key of a device: ``cpu`` off a GPU; the tierax target whose model is a word
-    of ``device_kind``; else the device kind itself (no target reads it)."""
+    """The calibration key of a device: ``cpu`` on a CPU; the tierax target whose model is a word
+    of ``device_kind`` on a GPU, or whose device kind it is on a TPU; else the device kind itself
+    (no target reads it)."""
+    if platform == "tpu":
+        return _TPU_KIND_TO_TARGET.get(" ".join(device_kind.upper().split()), device_kind)
     if platform != "gpu":
         return "cpu"
     words = re.findall(r"[A-Z0-9]+", device_kind.upper())
@@ -59,8 +76,13 @@ def target_key() -> str:
     return target_key_for(dev.platform, dev.device_kind)
 
 
-def stages(gpu: bool) -> list[str]:
+TPU_STAGES = ("memory", "matmul bfloat16", "matmul bfloat16 by size", "splash attention", "host link")
+
+
+def stages(gpu: bool, tpu: bool = False) -> list[str]:
     """The measurements :func:`measure` makes, in order (what a progress bar counts)."""
+    if tpu:
+        return list(TPU_STAGES)
     return (
         ["memory"]
         + ([] if gpu else ["transposing fusion"])
@@ -79,6 +101,8 @@ def measure(
     :data:`harness.CPU_MATMUL_SHAPES`).
     """
     gpu = jax.devices()[0].platform == "gpu"
+    if jax.devices()[0].platform == "tpu":
+        return measure_tpu(progress)
     entry: dict = {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "device_kind": jax.devices()[0].device_kind,
@@ -159,6 +183,62 @@ def measure(
         micro["host_link"] = link
         if progress:
             progress("host link")
+    return entry
+
+
+def measure_tpu(progress: Callable[[str], None] | None = None, *, splash_cases=None) -> dict:
+    """One calibration entry for a TPU (:mod:`tierax.measure.accel_rates`): the rate of a layer's
+    non-matmul work at the bytes the model counts, bfloat16 GEMMs in a step's shapes and by smallest
+    dimension, the splash kernel forward and backward by sequence and head dim (the entry's own
+    rates: the case nearest seq 2048, head dim 128; ``splash_attention`` holds every case), and
+    the host link each way through the step's own offload path.  float32 matmuls run as bf16
+    MXU passes on a TPU: the bf16 rate is stored for both."""
+    from tierax.measure import accel_rates
+
+    def done(stage: str) -> None:
+        if progress:
+            progress(stage)
+
+    dev = jax.devices()[0]
+    entry: dict = {
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "device_kind": dev.device_kind,
+        "jax": jax.__version__,
+        "microbenchmarks": {},
+    }
+    micro = entry["microbenchmarks"]
+    mem = harness.stream_and_first_touch(1 << 30, repeats=5)
+    nm = harness.nonmatmul_rate(harness.GPU_NONMATMUL_SHAPE, repeats=7)
+    micro["memory"], micro["nonmatmul"] = mem, nm
+    entry["stream_bytes_per_s"] = mem["memory_bytes_per_s"]
+    entry["memory_bytes_per_s"] = nm["bytes_per_s"]
+    done("memory")
+    mix = accel_rates.gemm_rates(accel_rates.STEP_GEMMS, "bfloat16")
+    micro["matmul_bfloat16"] = mix
+    for dtype in DTYPES:
+        entry[f"matmul_flops_per_s_{dtype}"] = mix["flops_per_s"]
+    entry["matmul_flops_per_s"] = mix["flops_per_s"]
+    done("matmul bfloat16")
+    by_size = accel_rates.gemm_size_rates("bfloat16", mix)
+    micro["matmul_by_size_bfloat16"] = by_size["runs"]
+    for dtype in DTYPES:
+        entry[f"matmul_size_rates_{dtype}"] = by_size["points"]
+    done("matmul bfloat16 by size")
+    table = accel_rates.splash_rates(splash_cases or accel_rates.SPLASH_CASES)
+    micro["splash_attention"] = table
+    near = accel_rates.nearest_splash(table, 2048, 128)
+    entry["fused_attention_fwd_flops_per_s"] = near["fwd_flops_per_s"]
+    entry["fused_attention_bwd_flops_per_s"] = near["bwd_flops_per_s"]
+    entry["splash_attention"] = [
+        [r["seq"], r["head_dim"], r["fwd_flops_per_s"], r["bwd_flops_per_s"]] for r in table
+    ]
+    done("splash attention")
+    link = accel_rates.step_link_rates()
+    micro["host_link"] = link
+    for way in ("d2h", "h2d"):
+        if link[f"{way}_bytes_per_s"]:
+            entry[f"{way}_bytes_per_s"] = link[f"{way}_bytes_per_s"]
+    done("host link")
     return entry
 
 

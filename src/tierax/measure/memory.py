@@ -35,21 +35,37 @@ class CompiledMemory:
     output: int
     alias: int
     temp: int
-    peak: int  # argument + output + temp − alias, as tierax.xla.compile reports it
+    # The device peak: on a TPU XLA:TPU's own peak_memory_in_bytes (its buffer assignment places
+    # temporaries in the space of arguments that die early, so arguments + temp over-counts the
+    # steps of bench/results/tpu_probe.json by gigabytes); elsewhere
+    # argument + output + temp − alias, as tierax.xla.compile reports it.
+    peak: int
     host_argument: int
     host_output: int
     host_temp: int  # offloaded residuals live here on a GPU; 0 on XLA:CPU
+    host_alias: int = 0  # host outputs that reuse a host argument's buffer (donated host state)
+    peak_source: str = "argument + output + temp − alias"
 
     @property
     def host_total(self) -> int:
-        return self.host_argument + self.host_output + self.host_temp
+        """Host bytes the program holds: a donated host argument and the output that reuses its
+        buffer are one buffer (an offloaded optimizer state), counted once."""
+        return self.host_argument + self.host_output - self.host_alias + self.host_temp
 
     def to_json(self) -> dict:
         return asdict(self) | {"host_total": self.host_total}
 
 
-def compiled_memory(compiled) -> CompiledMemory:
-    """The memory analysis of a ``jax.stages.Compiled``."""
+XLA_TPU_PEAK = "XLA:TPU's peak_memory_in_bytes (its buffer assignment, arguments included)"
+
+
+def compiled_memory(compiled, platform: str | None = None) -> CompiledMemory:
+    """The memory analysis of a ``jax.stages.Compiled`` run on ``platform`` (default: JAX's
+    backend)."""
+    if platform is None:
+        import jax
+
+        platform = jax.default_backend()
     m = compiled.memory_analysis()
 
     def get(name: str) -> int:
@@ -63,7 +79,9 @@ def compiled_memory(compiled) -> CompiledMemory:
     )
     # Not XLA's own peak_memory_in_bytes: on XLA:CPU it did not follow temp (equal for plans whose
     # temp differed).
-    peak = arg + out + temp - alias
+    peak, source = arg + out + temp - alias, CompiledMemory.peak_source
+    if platform == "tpu" and get("peak_memory_in_bytes"):
+        peak, source = get("peak_memory_in_bytes"), XLA_TPU_PEAK
     return CompiledMemory(
         arg,
         out,
@@ -73,6 +91,8 @@ def compiled_memory(compiled) -> CompiledMemory:
         get("host_argument_size_in_bytes"),
         get("host_output_size_in_bytes"),
         get("host_temp_size_in_bytes"),
+        get("host_alias_size_in_bytes"),
+        source,
     )
 
 

@@ -13,11 +13,21 @@ def fmt_bytes(n: float) -> str:
     raise AssertionError
 
 
-def bench_table(records, peak_flops: float, title: str) -> Table:
+def bench_table(
+    records, peak_flops: float, title: str, *, not_run=(), datasheet: float | None = None
+) -> Table:
+    """A bench record's plans: those that ran, then those the device refused (``not_run``).  MFU is
+    against the ``datasheet`` peak where given, else the measured one (``peak_flops``)."""
+    basis = (
+        f"the datasheet peak of {datasheet / 1e12:.0f} TFLOP/s per device (measured GEMM rate at "
+        f"the step's shapes: {peak_flops / 1e12:.1f})"
+        if datasheet
+        else f"the measured local peak of {peak_flops / 1e12:.3f} TFLOP/s per device"
+    )
     t = Table(
         title=title,
-        caption=f"MFU against the measured local peak of {peak_flops / 1e12:.3f} TFLOP/s per "
-        "device; peak/dev: rt = allocator (runtime), xla = compiled memory analysis",
+        caption=f"MFU against {basis}; peak/dev: rt = allocator (runtime), xla = compiled memory "
+        "analysis",
     )
     for col in (
         "plan",
@@ -47,6 +57,9 @@ def bench_table(records, peak_flops: float, title: str) -> Table:
             fmt_bytes(r["remat_activation_bytes"]),
             f"{r['loss']:.4f}",
         )
+    for n in not_run:
+        why = "does not fit" if n["out_of_memory"] else "failed"
+        t.add_row(n["plan"], f"{why} ({n['stage']})", *["—"] * 9)
     return t
 
 

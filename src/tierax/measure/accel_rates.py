@@ -1,0 +1,229 @@
+"""Kernel rates on an accelerator as a training step sees them: GEMMs by shape, the splash attention
+kernel, and the host link through the step's own offload path.
+
+A TPU or GPU runs a small kernel in less time than Python takes to dispatch it, so one blocking
+call per kernel measures the dispatch, not the kernel (a 1024³ matmul "ran" at 3–4 TFLOP/s on a
+TPU v5e that multiplies bf16 at ~190: ``bench/results/tpu_probe.json``).  Here every kernel is
+called ``calls`` times back to back and blocked on once, so the device runs them one after another
+while Python queues the next; the best of ``rounds`` such bursts is the kernel's time.
+
+``tierax calibrate`` stores these rates under the target key (``v5e`` on a TPU v5e); ``simulate``
+and ``plan`` read them in place of the datasheet figures (their sources say which are measured).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+# The step-like GEMM mix: tokens × width → width, 4·width and back, for a 2k-wide model at 16k
+# tokens (microbatch 8 × seq 2048); smallest dimension 2048.
+STEP_GEMMS = ((16384, 2048, 2048), (16384, 2048, 8192), (16384, 8192, 2048))
+# The rate by a GEMM's smallest dimension (Rates.matmul_size_rates): (M, d, WIDE) and (M, WIDE, d)
+# for each d (a head dim's, a kv projection's, an expert's small token count), the mix above as the
+# largest point.
+SIZE_DIMS = (128, 256, 512, 1024)
+SIZE_M, SIZE_WIDE = 16384, 8192
+# The splash kernel by sequence length and head dim (query heads 16 over 8 kv heads, the check's
+# dense model), tokens per call ~16k where the sequence allows.
+SPLASH_CASES = ((2048, 128), (4096, 128), (8192, 128), (2048, 64), (8192, 64))
+SPLASH_TOKENS = 16384
+# The host link through the step's offload path (tierax.models.prefetch): layers × tokens × width
+# bf16 values, one offloaded per layer (64 MiB each at the default).
+LINK_LAYERS, LINK_TOKENS, LINK_WIDTH = 8, 8192, 4096
+
+_ROLES = {
+    # y = x·W, dx = dy·Wᵀ, dW = xᵀ·dy: the three GEMMs a step runs for one weight.
+    "forward": (lambda m, k, n: ((m, k), (k, n)), (((1,), (0,)), ((), ()))),
+    "input-gradient": (lambda m, k, n: ((m, n), (k, n)), (((1,), (1,)), ((), ()))),
+    "weight-gradient": (lambda m, k, n: ((m, k), (m, n)), (((0,), (0,)), ((), ()))),
+}
+
+
+def back_to_back(fn: Callable, args: tuple, calls: int = 10, rounds: int = 3) -> float:
+    """Seconds per call of ``fn(*args)``: the best of ``rounds`` bursts of ``calls`` calls issued
+    back to back and blocked on once (after one warm-up call)."""
+    jax.block_until_ready(fn(*args))
+    best = math.inf
+    for _ in range(rounds):
+        t = time.perf_counter()
+        out = None
+        for _ in range(calls):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        best = min(best, (time.perf_counter() - t) / calls)
+    return best
+
+
+def _calls_for(flops: float) -> int:
+    # ~20 ms of work a burst at 200 TFLOP/s, between 5 and 200 calls.
+    return int(min(200, max(5, 4e12 / max(flops, 1.0))))
+
+
+def gemm_rates(shapes: Sequence[tuple[int, int, int]], dtype: str = "bfloat16") -> dict:
+    """Each shape (M, K, N) in the three roles of :data:`_ROLES`, random operands of ``dtype``:
+    ``{"flops_per_s": summed FLOPs over summed seconds, "gemms": [...]}``."""
+    key = jax.random.key(7)
+    gemms, flops, secs = [], 0.0, 0.0
+    for m, k, n in shapes:
+        for role, (operand_shapes, dims) in _ROLES.items():
+            a_shape, b_shape = operand_shapes(m, k, n)
+            ka, kb = jax.random.split(key)
+            a = jax.random.normal(ka, a_shape, jnp.float32).astype(dtype)
+            b = jax.random.normal(kb, b_shape, jnp.float32).astype(dtype)
+            f = jax.jit(lambda x, y, dims=dims: jax.lax.dot_general(x, y, dims))
+            work = 2.0 * m * k * n
+            t = back_to_back(f, (a, b), _calls_for(work))
+            flops, secs = flops + work, secs + t
+            gemms.append({"shape": [m, k, n], "role": role, "s": t, "flops_per_s": work / t})
+            del a, b
+    return {"dtype": jnp.dtype(dtype).name, "flops_per_s": flops / secs, "gemms": gemms}
+
+
+def gemm_size_rates(dtype: str = "bfloat16", mix: dict | None = None) -> dict:
+    """The GEMM rate by smallest dimension: ``points`` [[d, FLOP/s], ...] ascending, the step-like
+    mix (``mix``, else measured here) as the largest point; ``runs``: each point's GEMMs."""
+    mix = mix or gemm_rates(STEP_GEMMS, dtype)
+    points, runs = [], {}
+    for d in SIZE_DIMS:
+        r = gemm_rates(((SIZE_M, d, SIZE_WIDE), (SIZE_M, SIZE_WIDE, d)), dtype)
+        points.append([d, r["flops_per_s"]])
+        runs[str(d)] = r
+    top = min(min(s) for s in STEP_GEMMS)
+    return {"points": points + [[top, mix["flops_per_s"]]], "runs": runs}
+
+
+def _stand_in_flops(q, k, v) -> float:
+    """The forward matmul FLOPs the cost model counts for one splash call: its XLA stand-in's
+    (``splash_blockwise``) matmuls inside the fused scope, as the inventory traces them."""
+    from tierax.models import attention
+    from tierax.tracing import jaxpr_tools
+
+    closed = jax.make_jaxpr(
+        lambda q, k, v: attention.causal_attention(q, k, v, impl="splash_blockwise")
+    )(q, k, v)
+    return float(jaxpr_tools.matmul_flops(closed, scope=attention.FUSED_SCOPE))
+
+
+def splash_rates(
+    cases: Sequence[tuple[int, int]] = SPLASH_CASES,
+    *,
+    tokens: int = SPLASH_TOKENS,
+    kv_heads: int = 8,
+    groups: int = 2,
+    interpret: bool = False,
+) -> list:
+    """The splash kernel's forward and backward FLOP/s for each (seq, head dim): the forward's
+    FLOPs as the cost model counts them (:func:`_stand_in_flops`), the backward's 2.5 × those
+    over (forward + backward) less forward seconds.  ``interpret``: Pallas's interpreter (a CPU
+    rehearsal; its times mean nothing)."""
+    from tierax.costmodel.rates import FUSED_BACKWARD_FLOPS_RATIO
+    from tierax.models import attention
+
+    out = []
+    for seq, d in cases:
+        batch, kv = max(1, tokens // seq), kv_heads
+        ks = jax.random.split(jax.random.key(3), 3)
+        q = jax.random.normal(ks[0], (batch, seq, kv, groups, d), jnp.bfloat16)
+        k = jax.random.normal(ks[1], (batch, seq, kv, d), jnp.bfloat16)
+        v = jax.random.normal(ks[2], (batch, seq, kv, d), jnp.bfloat16)
+
+        def fwd(q, k, v):
+            return attention.splash_attention(q, k, v, interpret=interpret)
+
+        def loss(q, k, v):
+            return jnp.sum(fwd(q, k, v).astype(jnp.float32))
+
+        flops = _stand_in_flops(q, k, v)
+        calls = 2 if interpret else _calls_for(3.5 * flops)
+        t_f = back_to_back(jax.jit(fwd), (q, k, v), calls)
+        t_fb = back_to_back(jax.jit(jax.grad(loss, argnums=(0, 1, 2))), (q, k, v), calls)
+        bwd_s = max(t_fb - t_f, 1e-9)
+        out.append(
+            {
+                "seq": seq,
+                "head_dim": d,
+                "batch": batch,
+                "heads": kv * groups,
+                "kv_heads": kv,
+                "forward_flops": flops,
+                "forward_s": t_f,
+                "forward_backward_s": t_fb,
+                "fwd_flops_per_s": flops / t_f,
+                "bwd_flops_per_s": FUSED_BACKWARD_FLOPS_RATIO * flops / bwd_s,
+            }
+        )
+    return out
+
+
+def nearest_splash(table: Sequence[dict], seq: int, head_dim: int) -> dict:
+    """The measured splash case closest to ``seq`` and ``head_dim`` (log distance, head dim
+    first)."""
+    return min(
+        table,
+        key=lambda r: (
+            abs(math.log2(r["head_dim"] / head_dim)),
+            abs(math.log2(r["seq"] / seq)),
+        ),
+    )
+
+
+def _link_layer(x, w):
+    from tierax.models.tags import tag
+
+    r = tag(x * w[None, :], "link_r")  # the offloaded value
+    s = tag(r[:8, :128] * 2, "link_s")  # a tiny one: the baseline's offload
+    return jnp.sin(r) + jnp.sum(s) * 0
+
+
+def step_link_rates(
+    layers: int = LINK_LAYERS, tokens: int = LINK_TOKENS, width: int = LINK_WIDTH, calls: int = 3
+) -> dict:
+    """The host link each way as the step's own copies see it: tierax's prefetching layer scan
+    (:func:`tierax.models.prefetch.prefetch_scan`, the default offload mechanism) over ``layers``
+    cheap layers, each storing one [tokens, width] bf16 value in host memory in the forward and
+    loading it in the backward, against the same scan keeping that value on the device (both
+    offload a tiny value, so the programs differ only in where the large one lives).
+
+    D2H: the forward alone (its residuals returned, so the stores run), offload less keep; H2D:
+    forward + backward, offload less keep, less the D2H time.  Little compute runs beside the
+    copies, so the differences are the copies' own time; each direction's bytes over it is the
+    rate.  On XLA:CPU offloading is a no-op: the figures there are noise around zero."""
+    from tierax.models.prefetch import prefetch_scan
+
+    run_off = prefetch_scan(_link_layer, keep=("link_s",), offload=("link_r",))
+    run_keep = prefetch_scan(_link_layer, keep=("link_r",), offload=("link_s",))
+    ks = jax.random.split(jax.random.key(5), 2)
+    x0 = jax.random.normal(ks[0], (tokens, width), jnp.bfloat16)
+    w = (1.0 + 0.01 * jax.random.normal(ks[1], (layers, width), jnp.float32)).astype(jnp.bfloat16)
+
+    def forward(run):
+        def f(x0, w):
+            y, vjp = jax.vjp(run, x0, w)
+            return y, jax.tree.leaves(vjp)  # the residuals: the forward's stores must run
+
+        return jax.jit(f)
+
+    def both(run):
+        return jax.jit(jax.grad(lambda x0, w: jnp.sum(run(x0, w).astype(jnp.float32)), (0, 1)))
+
+    t = {}
+    for name, run in (("offload", run_off), ("keep", run_keep)):
+        t[f"forward_{name}_s"] = back_to_back(forward(run), (x0, w), calls)
+        t[f"step_{name}_s"] = back_to_back(both(run), (x0, w), calls)
+    nbytes = layers * tokens * width * 2
+    d2h_s = t["forward_offload_s"] - t["forward_keep_s"]
+    h2d_s = (t["step_offload_s"] - t["step_keep_s"]) - d2h_s
+    return {
+        "layers": layers,
+        "bytes_each_way": nbytes,
+        **t,
+        "d2h_s": d2h_s,
+        "h2d_s": h2d_s,
+        "d2h_bytes_per_s": nbytes / d2h_s if d2h_s > 0 else None,
+        "h2d_bytes_per_s": nbytes / h2d_s if h2d_s > 0 else None,
+    }
