@@ -58,10 +58,20 @@ def gemms(tiny: bool) -> list:
     import jax.numpy as jnp
 
     tok = 512 if tiny else 16384
-    shapes = [(tok, 256, 256)] if tiny else [
-        (8192, 8192, 8192), (tok, 2048, 2048), (tok, 2048, 8192), (tok, 8192, 2048),
-        (tok, 2048, 32000), (tok, 2048, 1024), (tok, 2048, 128), (512, 2048, 8192),
-    ]
+    shapes = (
+        [(tok, 256, 256)]
+        if tiny
+        else [
+            (8192, 8192, 8192),
+            (tok, 2048, 2048),
+            (tok, 2048, 8192),
+            (tok, 8192, 2048),
+            (tok, 2048, 32000),
+            (tok, 2048, 1024),
+            (tok, 2048, 128),
+            (512, 2048, 8192),
+        ]
+    )
     out = []
     for m, k, n in shapes:
         a = jax.random.normal(jax.random.key(0), (m, k), jnp.bfloat16)
@@ -94,6 +104,7 @@ def host_copies(tiny: bool) -> dict:
     def chain(a, reps=4 if tiny else 24):
         def body(_, c):
             return (c @ a) * 0.01
+
         return jax.lax.fori_loop(0, reps, body, a)
 
     only = jax.jit(chain)
@@ -117,8 +128,14 @@ def steps(tiny: bool) -> list:
     from tierax.train import step as step_lib
 
     over = [
-        "d_model=2048", "num_layers=8", "mlp_dim=8192", "num_heads=16", "num_kv_heads=8",
-        "head_dim=128", "vocab_size=32000", "dtype=bfloat16",
+        "d_model=2048",
+        "num_layers=8",
+        "mlp_dim=8192",
+        "num_heads=16",
+        "num_kv_heads=8",
+        "head_dim=128",
+        "vocab_size=32000",
+        "dtype=bfloat16",
     ]
     cfg = get_config("tiny-llama")
     if not tiny:
@@ -142,8 +159,9 @@ def steps(tiny: bool) -> list:
         rec: dict = {"plan": p.name, "microbatch": mb}
         try:
             graphdef, state = step_lib.init_state(cfg, opt, plan=p)
-            fn = step_lib.make_train_step(graphdef, cfg, p, opt, step_lib.shardings_of(state)
-                                          if p.offloads_state else None)
+            fn = step_lib.make_train_step(
+                graphdef, cfg, p, opt, step_lib.shardings_of(state) if p.offloads_state else None
+            )
             t = time.perf_counter()
             compiled = fn.lower(state, tokens).compile()
             rec["compile_s"] = time.perf_counter() - t
@@ -151,7 +169,7 @@ def steps(tiny: bool) -> list:
             rec["stats_before"] = jax.devices()[0].memory_stats()
             box = {"s": state}
 
-            def one():
+            def one(box=box, compiled=compiled):
                 box["s"], m = compiled(box["s"], tokens)
                 return m["loss"]
 
@@ -164,7 +182,7 @@ def steps(tiny: bool) -> list:
                 times.append(time.perf_counter() - t)
             rec["step_s"] = times
             rec["stats_after"] = jax.devices()[0].memory_stats()
-            del box, state, compiled
+            box = state = compiled = None  # the next plan gets the memory
         except Exception as e:  # noqa: BLE001
             rec["error"] = f"{type(e).__name__}: {str(e)[:1500]}"
         out.append(rec)
@@ -217,8 +235,12 @@ def main() -> int:
     doc["backend"] = jax.default_backend()
     doc["device_kind"] = jax.devices()[0].device_kind
     doc["jax"] = jax.__version__
-    for name, fn in (("gemms", gemms), ("host_copies", host_copies), ("splash", splash),
-                     ("steps", steps)):
+    for name, fn in (
+        ("gemms", gemms),
+        ("host_copies", host_copies),
+        ("splash", splash),
+        ("steps", steps),
+    ):
         t = time.perf_counter()
         try:
             doc[name] = fn(args.tiny)

@@ -271,7 +271,8 @@ def runtime_env(
     """
     if not gpu:
         return {}, [
-            f"runtime env: {MEM_FRACTION} and {HOST_LIMIT} apply to GPUs only; nothing set off a GPU"
+            f"runtime env: {MEM_FRACTION} and {HOST_LIMIT} apply to GPUs only; nothing set "
+            "off a GPU"
         ]
     from tierax import hardware
     from tierax.tracing import inventory as inv

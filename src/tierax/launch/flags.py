@@ -96,12 +96,13 @@ def choose_platforms(
 ) -> str | None:
     """The ``jax_platforms`` value a verb starts JAX with; None leaves JAX's own choice.
 
-    ``env_platforms``: JAX_PLATFORMS as set (the user's choice wins: JAX reads it). ``host_devices``:
-    the user asked for N host CPU devices (``--devices N``): the CPU.  ``run_step``: the verb runs a
-    step on the local devices (bench, train, verify, profile, calibrate): where an accelerator is
-    present JAX is left to start it.  Every other case (a verb that only traces or compiles without
-    a device, or a machine without an accelerator) is the CPU, so that an installed CUDA plugin or
-    libtpu does not try to start (and, for libtpu, take the chip's lock)."""
+    ``env_platforms``: JAX_PLATFORMS as set (the user's choice wins: JAX reads it).
+    ``host_devices``: the user asked for N host CPU devices (``--devices N``): the CPU.
+    ``run_step``: the verb runs a step on the local devices (bench, train, verify, profile,
+    calibrate): where an accelerator is present JAX is left to start it.  Every other case (a verb
+    that only traces or compiles without a device, or a machine without an accelerator) is the
+    CPU, so that an installed CUDA plugin or libtpu does not try to start (and, for libtpu, take
+    the chip's lock)."""
     if env_platforms:
         return None
     if host_devices or not (run_step and found.any):

@@ -127,9 +127,10 @@ def peaks_for(cfg: ModelConfig, tokens_per_device: int) -> Peaks:
     shapes = step_gemm_shapes(cfg, tokens_per_device)
     dtype = "bfloat16" if cfg.dtype == "float32" and dev.platform == "tpu" else cfg.dtype
     r = accel_rates.gemm_rates(shapes, dtype)
+    named = ", ".join("x".join(map(str, s)) for s in shapes)
     source = (
-        f"{r['dtype']} GEMMs at the step's shapes {', '.join('x'.join(map(str, s)) for s in shapes)}"
-        " (forward, input and weight gradients), back to back"
+        f"{r['dtype']} GEMMs at the step's shapes {named} (forward, input and weight "
+        "gradients), back to back"
     )
     key = calibrate.target_key_for(dev.platform, dev.device_kind)
     try:
@@ -156,6 +157,7 @@ def run_bench(
     seed: int = 0,
     rounds: int | None = None,
     progress: Callable[[str, int], None] | None = None,
+    peaks: Peaks | None = None,
 ) -> tuple[list[BenchRecord], Peaks, list[NotRun]]:
     """Benchmark ``plans``; returns (records of the plans that ran, the peaks MFU divides by, the
     plans that did not run).
@@ -165,7 +167,7 @@ def run_bench(
     frees it, so drift hits every plan alike and a plan never shares memory with another.  Each
     plan compiles once (its first round, ``warmup`` steps after it; later rounds one).  A plan the
     device refuses (out of memory at compile or run time) is recorded with the message and the
-    others still run.
+    others still run.  ``peaks``: what MFU divides by, where an earlier run measured it.
 
     ``microbatch`` is sequences per device (MaxText's per-device batch); the global
     batch is ``microbatch × mesh.batch_ways`` (``mesh`` default: fsdp over all local devices).
@@ -180,7 +182,7 @@ def run_bench(
     tokens = jax.device_put(
         step_lib.synthetic_batch(cfg, batch, seq, seed=seed), sh.batch_sharding(mesh)
     )
-    peaks = peaks_for(cfg, microbatch * seq)
+    peaks = peaks or peaks_for(cfg, microbatch * seq)  # given: measured by an earlier run
     rounds = max(1, min(rounds or 3, steps))
     per_round = [steps // rounds + (1 if r < steps % rounds else 0) for r in range(rounds)]
     runs = {p.name: {"plan": p, "prepared": None, "times": [], "failed": None} for p in plans}
@@ -293,13 +295,13 @@ def largest_fitting_microbatch(
 
     def fits(mb: int) -> bool:
         batch = mb * shape.batch_ways
-        tokens = jax.device_put(
-            step_lib.synthetic_batch(cfg, batch, seq), sh.batch_sharding(jmesh)
-        )
+        tokens = jax.device_put(step_lib.synthetic_batch(cfg, batch, seq), sh.batch_sharding(jmesh))
         state = metrics = None
         try:
             graphdef, state = step_lib.init_state(cfg, optimizer, mesh=jmesh, plan=plan)
-            fn = step_lib.make_train_step(graphdef, cfg, plan, optimizer, step_lib.shardings_of(state))
+            fn = step_lib.make_train_step(
+                graphdef, cfg, plan, optimizer, step_lib.shardings_of(state)
+            )
             compiled = fn.lower(state, tokens).compile()
             state, metrics = compiled(state, tokens)
             jax.block_until_ready(state)
@@ -354,34 +356,37 @@ def bench_document(
     if not isinstance(peaks, Peaks):
         peaks = Peaks(float(peaks), "measured")
     batch = microbatch * mesh.batch_ways
-    doc = envelope(BENCH_SCHEMA, command) | {
-        "model": config_to_dict(cfg),  # loadable as is with --model-config
-        "microbatch_per_device": microbatch,
-        "global_batch": batch,
-        "seq": seq,
-        "steps": steps,
-        "mesh": mesh.to_dict(),
-        "train_flops_per_step": train_flops(cfg, batch, seq),
-        "flops_convention": "MaxText: 6·matmul params·tokens + 3·causal attention "
-        "(tierax.models.flops)",
-        "activation_bytes_note": "named activations only, from the abstract trace, per device "
-        "assuming batch-sharded activations",
-        "peak_flops_per_device_measured": peaks.measured,
-        "peak_flops_per_device_measured_source": peaks.measured_source,
-        "peak_flops_per_device_datasheet": peaks.datasheet,
-        "peak_flops_per_device_datasheet_source": peaks.datasheet_source,
-        "mfu_basis": "datasheet" if peaks.datasheet else "measured",
-        "memory_note": (
-            memory.RUNTIME_NOTE
-            + "; a runtime peak is the allocator's high-water mark over a plan's first round "
-            "less the bytes in use before it (an upper bound, '≤', where an earlier plan peaked "
-            "higher)"
-        )
-        if any(r.peak_device_bytes_runtime is not None for r in records)
-        else memory.NO_RUNTIME_NOTE,
-        "records": [asdict(r) for r in records],
-        "not_run": [asdict(n) for n in not_run],
-    }
+    doc = (
+        envelope(BENCH_SCHEMA, command)
+        | {
+            "model": config_to_dict(cfg),  # loadable as is with --model-config
+            "microbatch_per_device": microbatch,
+            "global_batch": batch,
+            "seq": seq,
+            "steps": steps,
+            "mesh": mesh.to_dict(),
+            "train_flops_per_step": train_flops(cfg, batch, seq),
+            "flops_convention": "MaxText: 6·matmul params·tokens + 3·causal attention "
+            "(tierax.models.flops)",
+            "activation_bytes_note": "named activations only, from the abstract trace, per device "
+            "assuming batch-sharded activations",
+            "peak_flops_per_device_measured": peaks.measured,
+            "peak_flops_per_device_measured_source": peaks.measured_source,
+            "peak_flops_per_device_datasheet": peaks.datasheet,
+            "peak_flops_per_device_datasheet_source": peaks.datasheet_source,
+            "mfu_basis": "datasheet" if peaks.datasheet else "measured",
+            "memory_note": (
+                memory.RUNTIME_NOTE
+                + "; a runtime peak is the allocator's high-water mark over a plan's first "
+                "round less the bytes in use before it (an upper bound, '≤', where an earlier plan "
+                "peaked higher)"
+            )
+            if any(r.peak_device_bytes_runtime is not None for r in records)
+            else memory.NO_RUNTIME_NOTE,
+            "records": [asdict(r) for r in records],
+            "not_run": [asdict(n) for n in not_run],
+        }
+    )
     if max_microbatch:
         doc["max_microbatch"] = list(max_microbatch)
     return doc
@@ -406,7 +411,7 @@ def measure(
         cfg, plans, steps=steps, microbatch=microbatch, seq=seq, mesh=shape, progress=progress
     )
     largest = [
-        largest_fitting_microbatch(cfg, p, seq=seq, mesh=shape, progress=progress)
+        largest_fitting_microbatch(cfg, p, seq=seq, start=microbatch, mesh=shape, progress=progress)
         for p in (plans if max_microbatch else ())
     ]
     return bench_document(

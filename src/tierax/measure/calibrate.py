@@ -76,7 +76,13 @@ def target_key() -> str:
     return target_key_for(dev.platform, dev.device_kind)
 
 
-TPU_STAGES = ("memory", "matmul bfloat16", "matmul bfloat16 by size", "splash attention", "host link")
+TPU_STAGES = (
+    "memory",
+    "matmul bfloat16",
+    "matmul bfloat16 by size",
+    "splash attention",
+    "host link",
+)
 
 
 def stages(gpu: bool, tpu: bool = False) -> list[str]:

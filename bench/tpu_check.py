@@ -1,0 +1,558 @@
+#!/usr/bin/env python3
+"""One prepared check of tierax on one TPU v5e chip (≤ 9 minutes), and its CPU rehearsal (--tiny).
+
+On the TPU machine (Python 3.11, jax 0.10.2 with libtpu; flax, optax, orbax-checkpoint, rich, pyyaml
+and matplotlib installed from its own package index), from the repository root:
+
+    PYTHONPATH=src python3 bench/tpu_check.py --out $OUT/tpu_check.json
+    PYTHONPATH=src python3 bench/tpu_check.py --tiny --out /tmp/tpu_check.json   # CPU rehearsal
+    python bench/tpu_check.py --render bench/results/tpu_check.json   # the docs page and its plot
+
+What it does, in one process (one program holds the chip), every stage against ``--budget-s``:
+
+1. ``tierax calibrate``'s TPU measurements (:func:`tierax.measure.calibrate.measure_tpu`): a
+   layer's non-matmul work, bf16 GEMMs at a step's shapes and by smallest dimension, the splash
+   kernel forward and backward by sequence and head dim, the host link through the step's own
+   offload path.  That entry is the *calibrated* rates; the datasheet rates of ``v5e`` the
+   *uncalibrated* ones.
+2. Three model shapes — a Llama-style dense model (the 0.63 B shape of the first chip run), a
+   Mixtral-style MoE and a DeepSeek-style MLA + MoE — at three microbatches each: every preset
+   that applies and the planner's plan under the calibrated rates (and under the datasheet ones
+   where it differs) run with :func:`tierax.measure.bench.run_bench` (one plan on the chip at a
+   time; a plan the chip refuses is recorded as not fitting), each beside the model's prediction
+   (step time, fit, device and host bytes) under both sets of rates.
+3. The fit boundary of remat-full on the dense model, found on the chip (doubling, then
+   bisection on the chip's own out-of-memory errors) beside the planner's predicted largest
+   microbatch.
+4. tierax's step beside ``bench/reference_step.py`` (a pure-JAX Llama step) at the same shape and
+   remat (full), each timed alone.
+
+The record is written after every case, so a run cut short keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import statistics
+import sys
+import time
+import traceback
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
+if str(SRC) not in sys.path:
+    sys.path.insert(0, str(SRC))
+
+SCHEMA = "tierax.tpu-check/1"
+TARGET = "v5e"
+GIB = 2**30
+_T0 = time.perf_counter()
+
+# (name, base config, overrides, seq, microbatches, presets).  Chip sizes; --tiny keeps the shapes'
+# kinds at toy sizes.
+CASES = (
+    (
+        "dense",
+        "tiny-llama",
+        [
+            "d_model=2048",
+            "num_layers=8",
+            "mlp_dim=8192",
+            "num_heads=16",
+            "num_kv_heads=8",
+            "head_dim=128",
+            "vocab_size=32000",
+            "dtype=bfloat16",
+            "attention=auto",
+        ],
+        2048,
+        (8, 4, 16),
+        ("save-all", "remat-full", "minimal", "qkv-offload"),
+    ),
+    (
+        "moe",
+        "tiny-mixtral",
+        [
+            "d_model=1024",
+            "num_layers=4",
+            "mlp_dim=2048",
+            "num_heads=8",
+            "num_kv_heads=8",
+            "head_dim=128",
+            "vocab_size=32000",
+            "dtype=bfloat16",
+            "attention=auto",
+            "num_experts=8",
+            "num_experts_per_tok=2",
+        ],
+        2048,
+        (8, 4, 16),
+        ("remat-full", "minimal", "qkv-offload"),
+    ),
+    (
+        "mla-moe",
+        "tiny-deepseek",
+        [
+            "d_model=1024",
+            "num_layers=4",
+            "first_dense_layers=1",
+            "num_heads=8",
+            "q_lora_rank=384",
+            "kv_lora_rank=256",
+            "qk_nope_head_dim=64",
+            "qk_rope_head_dim=64",
+            "v_head_dim=64",
+            "dense_mlp_dim=4096",
+            "num_experts=8",
+            "num_experts_per_tok=2",
+            "expert_mlp_dim=1024",
+            "vocab_size=32000",
+            "dtype=bfloat16",
+            "attention=auto",
+        ],
+        2048,
+        (8, 4, 16),
+        ("remat-full", "minimal", "deepseek-offload"),
+    ),
+)
+TINY_OVERRIDES = {
+    "dense": ["dtype=bfloat16", "attention=auto"],
+    "moe": ["dtype=bfloat16", "attention=auto"],
+    "mla-moe": ["dtype=bfloat16", "attention=auto"],
+}
+TINY = {"seq": 128, "microbatches": (2, 4), "steps": 2, "budget_s": 600}
+CHIP = {"steps": 3, "budget_s": 540}
+REFERENCE_SHAPE = {"d_model": 2048, "layers": 8, "seq": 2048, "batch": 4}
+
+
+def elapsed() -> float:
+    return time.perf_counter() - _T0
+
+
+def write(doc: dict, out: pathlib.Path | None) -> None:
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+
+
+# --- rates ----------------------------------------------------------------------------------
+
+
+def calibrate_here(tiny: bool) -> dict:
+    """The calibration entry of this device (the chip: tierax calibrate's TPU stages; --tiny: the
+    same functions at toy sizes on the CPU, Pallas interpreted)."""
+    from tierax.measure import accel_rates, calibrate
+
+    if not tiny:
+        return calibrate.measure_tpu()
+    import jax
+
+    mix = accel_rates.gemm_rates([(256, 128, 256)])
+    splash = accel_rates.splash_rates([(128, 64)], tokens=128, kv_heads=1, groups=1, interpret=True)
+    link = accel_rates.step_link_rates(layers=2, tokens=256, width=256)
+    entry = {
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "device_kind": jax.devices()[0].device_kind,
+        "matmul_flops_per_s_bfloat16": mix["flops_per_s"],
+        "matmul_flops_per_s_float32": mix["flops_per_s"],
+        "matmul_size_rates_bfloat16": [[64, mix["flops_per_s"] / 2], [128, mix["flops_per_s"]]],
+        "fused_attention_fwd_flops_per_s": splash[0]["fwd_flops_per_s"],
+        "fused_attention_bwd_flops_per_s": splash[0]["bwd_flops_per_s"],
+        "splash_attention": [[128, 64, splash[0]["fwd_flops_per_s"], splash[0]["bwd_flops_per_s"]]],
+        "microbenchmarks": {"host_link": link},
+    }
+    if link["d2h_bytes_per_s"] and link["h2d_bytes_per_s"]:
+        entry["d2h_bytes_per_s"] = link["d2h_bytes_per_s"]
+        entry["h2d_bytes_per_s"] = link["h2d_bytes_per_s"]
+    return entry
+
+
+def rate_sets(dtype: str, entry: dict) -> dict:
+    """{"uncalibrated": the v5e datasheet rates, "calibrated": this run's measured ones}."""
+    from tierax import costmodel as cm
+
+    return {
+        "uncalibrated": cm.target_rates(TARGET, dtype, calibration={}),
+        "calibrated": cm.target_rates(TARGET, dtype, calibration={TARGET: entry}),
+    }
+
+
+# --- one case ---------------------------------------------------------------------------------
+
+
+def config_for(name: str, base: str, overrides: list, tiny: bool):
+    from tierax import launch
+    from tierax.models import apply_overrides, get_config
+
+    cfg = apply_overrides(get_config(base), TINY_OVERRIDES[name] if tiny else overrides)
+    return launch.local_attention(cfg, what="tpu_check")
+
+
+def predict(plan, prog, rates) -> dict:
+    from tierax import costmodel as cm
+
+    p = cm.simulate(plan, prog, rates, "lhs", 1)
+    return {
+        "fits": p.fits,
+        "step_time_s": p.step_time_s,
+        "peak_device_bytes": p.peak_device_bytes,
+        "host_bytes": p.host_bytes,
+    }
+
+
+def planned(prog, rates, label: str):
+    """The planner's plan under ``rates`` (None and the reason where nothing fits)."""
+    from tierax.errors import TieraxError
+    from tierax.solving import planner
+
+    try:
+        return planner.plan(prog, rates, schedule="lhs", name=f"planned-{label}").plan, None
+    except TieraxError as e:
+        return None, str(e).splitlines()[0]
+
+
+def run_case(name: str, cfg, seq: int, mb: int, presets, rates: dict, steps: int) -> dict:
+    """Every plan of one (model, microbatch) on the device beside both predictions."""
+    from tierax import plan as plan_lib
+    from tierax.measure import bench
+    from tierax.tracing.model_program import program_of
+
+    t0 = time.perf_counter()
+    prog = program_of(cfg, mb, seq, {"data": 1, "fsdp": 1})
+    plans = [plan_lib.preset(p, cfg) for p in presets]
+    notes, planner_chose = [], {}
+    for label in ("calibrated", "uncalibrated"):
+        plan, why = planned(prog, rates[label], label)
+        if plan is None:
+            notes.append(f"planner ({label}): {why}")
+            continue
+        same = next((p for p in plans if placements(p, cfg) == placements(plan, cfg)), None)
+        if same is None:
+            plans.append(plan)
+            same = plan
+        else:
+            notes.append(f"planner ({label}) chose the same placements as {same.name}")
+        planner_chose[label] = same.name
+    trace_s = time.perf_counter() - t0
+    records, peaks, not_run = bench.run_bench(
+        cfg, plans, steps=steps, microbatch=mb, seq=seq, warmup=1, rounds=1, peaks=PEAKS.get(name)
+    )
+    PEAKS.setdefault(name, peaks)
+    measured = {r.plan: r for r in records}
+    refused = {n.plan: n for n in not_run}
+    rows = []
+    for p in plans:
+        row: dict = {"plan": p.name, "placements": p.to_dict()}
+        for label, r in rates.items():
+            row[f"predicted_{label}"] = predict(p, prog, r)
+        if p.name in measured:
+            m = measured[p.name]
+            row |= {
+                "ran": True,
+                "step_time_s": m.step_time_s,
+                "step_times_s": list(m.step_times_s),
+                "tflops_per_device": m.tflops_per_device,
+                "mfu": m.mfu,
+                "peak_device_bytes_compiled": m.peak_device_bytes_compiled,
+                "host_bytes_compiled": m.host_bytes_compiled,
+                "compile_time_s": m.compile_time_s,
+                "loss": m.loss,
+            }
+            for label in rates:
+                pred = row[f"predicted_{label}"]["step_time_s"]
+                row[f"time_error_{label}"] = pred / m.step_time_s - 1
+        else:
+            n = refused.get(p.name)
+            row |= {
+                "ran": False,
+                "out_of_memory": bool(n and n.out_of_memory),
+                "error": n.error if n else "not run",
+            }
+        rows.append(row)
+    return {
+        "model": name,
+        "microbatch": mb,
+        "seq": seq,
+        "plans": rows,
+        "planner_chose": planner_chose,
+        "notes": notes,
+        "trace_and_plan_s": trace_s,
+        "wall_s": time.perf_counter() - t0,
+        "peaks": dataclasses.asdict(peaks),
+        "summary": summarize(rows, planner_chose),
+    }
+
+
+PEAKS: dict = {}  # the step-shape GEMM peak measured once per model
+
+
+def placements(plan, cfg) -> tuple:
+    """What a plan does, without its name: every name's placement per group, its state, its
+    mechanism."""
+    from tierax import plan as plan_lib
+
+    resolved = {
+        g: {n: pl.value for n, pl in d.items()} for g, d in plan_lib.resolve(plan, cfg).items()
+    }
+    state = {g: sp.to_dict() for g, sp in plan.state.items() if sp.offloaded}
+    return json.dumps(resolved, sort_keys=True), json.dumps(state, sort_keys=True), plan.mechanism
+
+
+def summarize(rows: list, planner_chose: dict) -> dict:
+    """The figures the issue asks of a case: the planner's plan against the measured fastest, the
+    time errors, fit verdicts and host bytes."""
+    ran = [r for r in rows if r.get("ran")]
+    out: dict = {}
+    if ran:
+        fastest = min(ran, key=lambda r: r["step_time_s"])
+        out["measured_fastest"] = fastest["plan"]
+        for label in ("calibrated", "uncalibrated"):
+            mine = next((r for r in ran if r["plan"] == planner_chose.get(label)), None)
+            if mine is not None:
+                out[f"planner_{label}_vs_fastest"] = (
+                    mine["step_time_s"] / fastest["step_time_s"] - 1
+                )
+            errs = [abs(r[f"time_error_{label}"]) for r in ran]
+            out[f"worst_time_error_{label}"] = max(errs)
+    verdicts = []
+    for r in rows:
+        pred_fit = r["predicted_calibrated"]["fits"]
+        actual = r.get("ran") or not r.get("out_of_memory")
+        verdicts.append(pred_fit == actual)
+    out["fit_verdicts_right"] = f"{sum(verdicts)}/{len(verdicts)}"
+    host = [
+        (r["predicted_calibrated"]["host_bytes"], r["host_bytes_compiled"])
+        for r in ran
+        if r.get("host_bytes_compiled")
+    ]
+    if host:
+        out["worst_host_error"] = max(abs(p / c - 1) for p, c in host)
+    return out
+
+
+# --- boundary and reference ------------------------------------------------------------------
+
+
+def boundary(cfg, seq: int, start: int, rates: dict) -> dict:
+    from tierax import plan as plan_lib
+    from tierax.measure import bench
+    from tierax.solving import planner
+    from tierax.tracing.model_program import program_of
+
+    plan = plan_lib.preset("remat-full", cfg)
+    found = bench.largest_fitting_microbatch(cfg, plan, seq=seq, start=start)
+    predicted = {}
+    for label, r in rates.items():
+        fits = []
+        for mb in sorted({found["microbatch"], found["refused_at"] or 0} - {0}):
+            prog = program_of(cfg, mb, seq, {"data": 1, "fsdp": 1})
+            fits.append([mb, predict(plan, prog, r)["fits"]])
+        predicted[label] = fits
+    del planner
+    return {"plan": "remat-full", "seq": seq, "on_chip": found, "predicted_fits": predicted}
+
+
+def reference(tiny: bool, steps: int) -> dict:
+    """tierax's remat-full step against bench/reference_step.py at one shape (same model: MHA,
+    head dim 64, MLP 4·d, untied head, XLA attention, bf16 compute, float32 AdamW state)."""
+    import jax
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import reference_step
+
+    from tierax import plan as plan_lib
+    from tierax.measure import bench
+    from tierax.models import apply_overrides, get_config
+
+    s = {"d_model": 128, "layers": 2, "seq": 128, "batch": 2} if tiny else REFERENCE_SHAPE
+    d = s["d_model"]
+    cfg = apply_overrides(
+        get_config("tiny-llama"),
+        [
+            f"d_model={d}",
+            f"num_layers={s['layers']}",
+            f"mlp_dim={4 * d}",
+            f"num_heads={d // 64}",
+            f"num_kv_heads={d // 64}",
+            "head_dim=64",
+            "vocab_size=32000",
+            "dtype=bfloat16",
+            "attention=xla",
+        ],
+    )
+    records, _, not_run = bench.run_bench(
+        cfg,
+        [plan_lib.preset("remat-full", cfg)],
+        steps=steps,
+        microbatch=s["batch"],
+        seq=s["seq"],
+        warmup=1,
+        rounds=1,
+    )
+    step, state, tokens = reference_step.make(
+        d_model=d,
+        dtype="bfloat16",
+        remat="full",
+        layers=s["layers"],
+        batch=s["batch"],
+        seq=s["seq"],
+    )
+    state, _ = step(state, tokens)
+    jax.block_until_ready(state)
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        state, metrics = step(state, tokens)
+        jax.block_until_ready(state)
+        times.append(time.perf_counter() - t)
+    out = {
+        "shape": s,
+        "reference_step_s": statistics.median(times),
+        "reference_times_s": times,
+        "reference_loss": float(metrics["loss"]),
+    }
+    if records:
+        out |= {
+            "tierax_step_s": records[0].step_time_s,
+            "tierax_times_s": list(records[0].step_times_s),
+            "tierax_over_reference": records[0].step_time_s / out["reference_step_s"],
+        }
+    else:
+        out["tierax_error"] = not_run[0].error if not_run else "did not run"
+    return out
+
+
+# --- main -----------------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tiny", action="store_true", help="the CPU rehearsal at toy sizes")
+    ap.add_argument("--out", help="the record (default bench/results/tpu_check.json on a TPU)")
+    ap.add_argument("--budget-s", type=float, help="stop starting stages after this many seconds")
+    ap.add_argument("--models", help="comma-separated subset of: dense, moe, mla-moe")
+    ap.add_argument("--render", metavar="RECORD", help="write the docs page and plot from RECORD")
+    args = ap.parse_args(argv)
+    if args.render:
+        import tpu_check_report
+
+        for f in tpu_check_report.render(pathlib.Path(args.render)):
+            print(f"wrote {f}")
+        return 0
+    names = [c[0] for c in CASES]
+    chosen = names if not args.models else [m.strip() for m in args.models.split(",")]
+    unknown = [m for m in chosen if m not in names]
+    if unknown:
+        print(
+            f"tpu_check: unknown model(s) {', '.join(unknown)}; choose from {names}",
+            file=sys.stderr,
+        )
+        return 2
+    out = (
+        pathlib.Path(args.out)
+        if args.out
+        else (None if args.tiny else ROOT / "bench" / "results" / "tpu_check.json")
+    )
+    from tierax.launch import flags as xla_flags
+
+    xla_flags.configure(platforms="cpu" if args.tiny else None, run_step=True)
+    import jax
+
+    from tierax.records import envelope
+
+    if not args.tiny and jax.default_backend() != "tpu":
+        print(
+            f"tpu_check: JAX started {jax.default_backend()}, not a TPU; use --tiny off a TPU",
+            file=sys.stderr,
+        )
+        return 2
+    p = TINY if args.tiny else CHIP
+    budget = args.budget_s or p["budget_s"]
+    doc = envelope(SCHEMA, " ".join(["python", "bench/tpu_check.py", *(argv or sys.argv[1:])]))
+    doc |= {"target": TARGET, "tiny": args.tiny, "cases": [], "skipped": [], "stages_s": {}}
+    print(f"tpu_check on {jax.devices()[0].device_kind} ({jax.default_backend()})", flush=True)
+    t = time.perf_counter()
+    try:
+        entry = calibrate_here(args.tiny)
+    except Exception:  # noqa: BLE001 — without measured rates the datasheet ones still check
+        entry = {}
+        doc["calibration_error"] = traceback.format_exc()[-2000:]
+    doc["calibration"] = entry
+    doc["stages_s"]["calibrate"] = time.perf_counter() - t
+    write(doc, out)
+    print(f"calibrated in {doc['stages_s']['calibrate']:.0f} s", flush=True)
+    dense_cfg, models = None, {}
+    for name, base, overrides, seq, mbs, presets in CASES:
+        if name in chosen:
+            cfg = config_for(name, base, overrides, args.tiny)
+            dense_cfg = cfg if name == "dense" else dense_cfg
+            mbs = TINY["microbatches"] if args.tiny else mbs
+            models[name] = (
+                cfg,
+                rate_sets(cfg.dtype, entry),
+                TINY["seq"] if args.tiny else seq,
+                mbs,
+                presets,
+            )
+    # Microbatch-major: each model's first microbatch before any model's second, so a run cut
+    # short by the budget still has every model.
+    order = [
+        (name, mb_i)
+        for mb_i in range(max(len(m[3]) for m in models.values()))
+        for name, m in models.items()
+        if mb_i < len(m[3])
+    ]
+    for name, mb_i in order:
+        cfg, rates, seq, mbs, presets = models[name]
+        mb = mbs[mb_i]
+        if True:
+            if elapsed() > budget:
+                doc["skipped"].append(f"{name} microbatch {mb}: over the {budget:.0f} s budget")
+                continue
+            try:
+                case = run_case(name, cfg, seq, mb, presets, rates, p["steps"])
+            except Exception:  # noqa: BLE001 — one case's fault is that case's record
+                case = {"model": name, "microbatch": mb, "error": traceback.format_exc()[-3000:]}
+            doc["cases"].append(case)
+            write(doc, out)
+            print(
+                f"{name} mb {mb}: {json.dumps(case.get('summary', case.get('error')))[:400]}",
+                flush=True,
+            )
+    for stage, fn in (
+        ("reference", lambda: reference(args.tiny, p["steps"])),
+        (
+            "boundary",
+            lambda: boundary(
+                dense_cfg,
+                TINY["seq"] if args.tiny else 2048,
+                2 if args.tiny else 16,
+                rate_sets(dense_cfg.dtype, entry),
+            ),
+        ),
+    ):
+        if stage == "boundary" and (dense_cfg is None or args.tiny):
+            doc["skipped"].append("boundary: the dense model only, on a device that can refuse")
+            continue
+        if elapsed() > budget:
+            doc["skipped"].append(f"{stage}: over the {budget:.0f} s budget")
+            continue
+        t = time.perf_counter()
+        try:
+            doc[stage] = fn()
+        except Exception:  # noqa: BLE001
+            doc[stage] = {"error": traceback.format_exc()[-3000:]}
+        doc["stages_s"][stage] = time.perf_counter() - t
+        write(doc, out)
+        print(f"{stage}: {json.dumps(doc[stage], default=str)[:400]}", flush=True)
+    doc["wall_s"] = elapsed()
+    write(doc, out)
+    print(f"done in {doc['wall_s']:.0f} s" + (f"; wrote {out}" if out else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
