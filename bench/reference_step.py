@@ -19,13 +19,16 @@ prints the parameter count, the loss at initialisation (≈ ln vocab) and step t
 from __future__ import annotations
 
 import argparse
+import glob
 import math
 import os
 import time
 
-if not os.path.exists(
-    "/proc/driver/nvidia"
-):  # an installed CUDA plugin must not try to start on a CPU machine
+# An installed CUDA plugin or libtpu must not try to start on a machine without its device; where a
+# GPU or a TPU (/dev/accel*, or a VFIO group beside the container /dev/vfio/vfio) is present, JAX
+# picks it.
+_TPU = glob.glob("/dev/accel*") or [g for g in glob.glob("/dev/vfio/*") if not g.endswith("/vfio")]
+if not (os.path.exists("/proc/driver/nvidia") or _TPU):
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402

@@ -434,9 +434,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="the record (default bench/results/tpu_check.json on a TPU)")
     ap.add_argument("--budget-s", type=float, help="stop starting stages after this many seconds")
     ap.add_argument("--models", help="comma-separated subset of: dense, moe, mla-moe")
+    ap.add_argument(
+        "--microbatches", help="comma-separated microbatches for every model (default: each one's)"
+    )
     ap.add_argument("--render", metavar="RECORD", help="write the docs page and plot from RECORD")
     args = ap.parse_args(argv)
     if args.render:
+        sys.path.insert(0, str(ROOT / "bench"))
         import tpu_check_report
 
         for f in tpu_check_report.render(pathlib.Path(args.render)):
@@ -490,6 +494,8 @@ def main(argv=None) -> int:
             cfg = config_for(name, base, overrides, args.tiny)
             dense_cfg = cfg if name == "dense" else dense_cfg
             mbs = TINY["microbatches"] if args.tiny else mbs
+            if args.microbatches:
+                mbs = tuple(int(m) for m in args.microbatches.split(","))
             models[name] = (
                 cfg,
                 rate_sets(cfg.dtype, entry),

@@ -1,0 +1,192 @@
+"""The docs page and plot of a ``bench/tpu_check.py`` record (``python bench/tpu_check.py --render
+RECORD``): every figure on the page is read from the record."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "results" / "tpu-check.md"
+PLOT = ROOT / "docs" / "results" / "tpu-check.png"
+GIB = 2**30
+
+
+def _ms(s: float | None) -> str:
+    return "—" if s is None else f"{s * 1e3:,.0f}"
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{x:+.1%}"
+
+
+def rows(doc: dict) -> list[dict]:
+    """One row per (model, microbatch, plan) of the record's cases."""
+    out = []
+    for case in doc.get("cases", []):
+        for p in case.get("plans", []):
+            out.append({"model": case["model"], "microbatch": case["microbatch"], **p})
+    return out
+
+
+def _rates_lines(doc: dict) -> list[str]:
+    cal = doc.get("calibration") or {}
+    if not cal:
+        return ["No rates were measured in this run: " + doc.get("calibration_error", "")[-300:]]
+    lines = [
+        "| rate | measured on the chip |",
+        "|---|---|",
+        f"| bf16 GEMMs at a step's shapes | {cal['matmul_flops_per_s_bfloat16'] / 1e12:.1f} "
+        "TFLOP/s |",
+    ]
+    for d, r in cal.get("matmul_size_rates_bfloat16", [])[:-1]:
+        lines.append(f"| bf16 GEMMs, smallest dimension {d} | {r / 1e12:.1f} TFLOP/s |")
+    for seq, d, f, b in cal.get("splash_attention", []):
+        lines.append(
+            f"| splash kernel, seq {seq}, head dim {d} | forward {f / 1e12:.1f}, backward "
+            f"{b / 1e12:.1f} TFLOP/s |"
+        )
+    if "memory_bytes_per_s" in cal:
+        lines.append(f"| a layer's non-matmul work | {cal['memory_bytes_per_s'] / 1e9:.0f} GB/s |")
+    link = (cal.get("microbenchmarks") or {}).get("host_link") or {}
+    for way in ("d2h", "h2d"):
+        r = link.get(f"{way}_bytes_per_s")
+        lines.append(
+            f"| host link {way.upper()} through the step's offload path | "
+            + (f"{r / 1e9:.2f} GB/s |" if r else "not resolved (copy time ≤ 0) |")
+        )
+    return lines
+
+
+def table(doc: dict) -> list[str]:
+    lines = [
+        "| model | mb | plan | measured ms | predicted ms (calibrated / datasheet) | error "
+        "(cal / ds) | fit predicted → chip | host GiB predicted / compiled |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows(doc):
+        pc, pu = r["predicted_calibrated"], r["predicted_uncalibrated"]
+        chip = "ran" if r.get("ran") else ("refused (OOM)" if r.get("out_of_memory") else "failed")
+        host = (
+            f"{pc['host_bytes'] / GIB:.2f} / {r['host_bytes_compiled'] / GIB:.2f}"
+            if r.get("ran") and (pc["host_bytes"] or r.get("host_bytes_compiled"))
+            else "—"
+        )
+        lines.append(
+            f"| {r['model']} | {r['microbatch']} | {r['plan']} | {_ms(r.get('step_time_s'))} | "
+            f"{_ms(pc['step_time_s'])} / {_ms(pu['step_time_s'])} | "
+            f"{_pct(r.get('time_error_calibrated'))} / {_pct(r.get('time_error_uncalibrated'))} | "
+            f"{'fits' if pc['fits'] else 'no'} → {chip} | {host} |"
+        )
+    return lines
+
+
+def summary(doc: dict) -> list[str]:
+    lines = [
+        "| model | mb | measured fastest | planner (calibrated) vs fastest | planner (datasheet) "
+        "vs fastest | worst time error (cal / ds) | fit verdicts right |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for case in doc.get("cases", []):
+        s = case.get("summary")
+        if not s:
+            lines.append(f"| {case['model']} | {case['microbatch']} | error | | | | |")
+            continue
+        chose = case.get("planner_chose", {})
+        lines.append(
+            f"| {case['model']} | {case['microbatch']} | {s.get('measured_fastest', '—')} | "
+            f"{chose.get('calibrated', '—')} {_pct(s.get('planner_calibrated_vs_fastest'))} | "
+            f"{chose.get('uncalibrated', '—')} {_pct(s.get('planner_uncalibrated_vs_fastest'))} | "
+            f"{_pct(s.get('worst_time_error_calibrated'))} / "
+            f"{_pct(s.get('worst_time_error_uncalibrated'))} | {s.get('fit_verdicts_right')} |"
+        )
+    return lines
+
+
+def plot(doc: dict, path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ran = [r for r in rows(doc) if r.get("ran")]
+    fig, ax = plt.subplots(figsize=(6.5, 6))
+    marks = {"dense": "o", "moe": "s", "mla-moe": "^"}
+    for label, color in (("calibrated", "tab:blue"), ("uncalibrated", "tab:orange")):
+        for model, m in marks.items():
+            pts = [r for r in ran if r["model"] == model]
+            if pts:
+                ax.scatter(
+                    [r["step_time_s"] * 1e3 for r in pts],
+                    [r[f"predicted_{label}"]["step_time_s"] * 1e3 for r in pts],
+                    marker=m,
+                    color=color,
+                    alpha=0.8,
+                    label=f"{model}, {'measured rates' if label == 'calibrated' else 'datasheet'}",
+                )
+    if ran:
+        hi = max(
+            max(r["step_time_s"], r["predicted_calibrated"]["step_time_s"]) for r in ran
+        ) * 1.1e3
+        lo = min(r["step_time_s"] for r in ran) * 0.9e3
+        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+        ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="k", alpha=0.07)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    ax.set_xlabel("measured step (ms), TPU v5e")
+    ax.set_ylabel("predicted step (ms)")
+    ax.set_title("tierax's time model on one TPU v5e chip (band: ±10 %)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def render(record: pathlib.Path, page: pathlib.Path = PAGE, png: pathlib.Path = PLOT) -> list:
+    doc = json.loads(record.read_text())
+    m = doc["machine"]
+    rel = record.resolve().relative_to(ROOT) if record.resolve().is_relative_to(ROOT) else record
+    ref = doc.get("reference") or {}
+    lines = [
+        "# tierax on one TPU v5e chip",
+        "",
+        f"Made by `{doc['command']}` on {m['device_count']} × {m['device_kind']} "
+        f"({m['platform']}), jax {doc['jax_version']}, {doc['created']}; the record is "
+        f"`{rel}` and this page is written from it by `python bench/tpu_check.py --render {rel}`.",
+        "",
+        "Predictions are `tierax simulate --target v5e` for the same model, microbatch and plan: "
+        "*calibrated* with the rates this run measured on the chip first (below), *datasheet* "
+        "with the v5e table's rates alone.  Every plan ran alone on the chip (its state freed "
+        "before the next); a plan the chip's compiler or runtime refused is shown as refused.",
+        "",
+        "## Rates measured on the chip",
+        "",
+        *_rates_lines(doc),
+        "",
+        "## Each case",
+        "",
+        *summary(doc),
+        "",
+        "![predicted against measured step time](tpu-check.png)",
+        "",
+        "## Each plan",
+        "",
+        *table(doc),
+        "",
+    ]
+    if ref:
+        lines += [
+            "## tierax beside a pure-JAX step",
+            "",
+            f"`bench/reference_step.py` at d_model {ref['shape']['d_model']}, "
+            f"{ref['shape']['layers']} layers, batch {ref['shape']['batch']} × seq "
+            f"{ref['shape']['seq']}, remat full, bf16: {_ms(ref.get('reference_step_s'))} ms; "
+            f"tierax's remat-full step at the same shape: {_ms(ref.get('tierax_step_s'))} ms "
+            f"(ratio {ref.get('tierax_over_reference', float('nan')):.3f}).",
+            "",
+        ]
+    if doc.get("skipped"):
+        lines += ["## Not run in this record", "", *[f"- {s}" for s in doc["skipped"]], ""]
+    page.write_text("\n".join(lines))
+    plot(doc, png)
+    return [page, png]

@@ -1,0 +1,321 @@
+"""tierax on an accelerator: which platform a verb starts, bench holding one plan at a time and
+recording the plans the device refuses, what MFU divides by, XLA:TPU's memory figures, a TPU's
+calibrated rates in the cost model, and the chip check's CPU rehearsal.
+
+The figures of XLA:TPU's memory analysis come from a real chip (bench/results/tpu_probe.json);
+tests that need a TPU run only where one is present and skip elsewhere (CI has none)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from tierax import costmodel as cm
+from tierax.launch import flags
+from tierax.measure import bench, memory
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PROBE = json.loads((ROOT / "bench" / "results" / "tpu_probe.json").read_text())
+ON_A_TPU = flags.Accelerators.present().tpu
+chip_only = pytest.mark.skipif(not ON_A_TPU, reason="needs a TPU (this machine has none)")
+
+NONE = flags.Accelerators(nvidia=False, tpu=False)
+TPU = flags.Accelerators(nvidia=False, tpu=True)
+GPU = flags.Accelerators(nvidia=True, tpu=False)
+
+
+# --- the platform a verb starts ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "env, found, host_devices, run_step, expected",
+    [
+        ("", TPU, False, True, None),  # a verb that runs a step, on a TPU machine: JAX's choice
+        ("", GPU, False, True, None),
+        ("", NONE, False, True, "cpu"),  # nothing else there
+        ("", TPU, True, True, "cpu"),  # --devices N: host devices, as asked
+        ("", TPU, False, False, "cpu"),  # simulate/plan trace only: never take the chip
+        ("tpu", NONE, True, True, None),  # JAX_PLATFORMS is the user's: JAX reads it
+        ("cpu", TPU, False, True, None),
+    ],
+)
+def test_the_platform_is_the_accelerator_for_a_step(env, found, host_devices, run_step, expected):
+    got = flags.choose_platforms(
+        env_platforms=env, found=found, host_devices=host_devices, run_step=run_step
+    )
+    assert got == expected
+
+
+def test_a_tpu_is_found_by_its_device_files(monkeypatch):
+    """The lent v5e showed its chip as /dev/vfio/3 beside the container's /dev/vfio/vfio, and no
+    /dev/accel* (bench/results/tpu_probe.json)."""
+    files = {"/dev/accel*": [], "/dev/vfio/*": PROBE["facts"]["dev_vfio"]}
+    monkeypatch.setattr(flags.glob, "glob", lambda pat: files.get(pat, []))
+    assert flags._has_tpu()
+    files["/dev/vfio/*"] = ["/dev/vfio/vfio"]  # the VFIO container alone is no chip
+    assert not flags._has_tpu()
+    files["/dev/accel*"] = ["/dev/accel0"]
+    assert flags._has_tpu()
+
+
+def test_uses_accelerator_follows_jax_platforms():
+    from tierax import launch
+
+    assert launch.uses_accelerator({"JAX_PLATFORMS": "tpu,cpu"})
+    assert not launch.uses_accelerator({"JAX_PLATFORMS": "cpu"})
+
+
+def test_bench_starts_on_the_cpu_here_and_says_so(tmp_path):
+    """No accelerator here: the first line names the CPU and the record's machine too."""
+    out = tmp_path / "b.json"
+    r = subprocess.run(
+        [sys.executable, "-m", "tierax.cli", "bench", "--plans", "remat-full", "--steps", "1",
+         "--microbatch", "1", "--seq", "16", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"},
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines()[0].startswith("running on cpu: 1 × cpu")
+    doc = json.loads(out.read_text())
+    assert doc["machine"]["platform"] == "cpu" and doc["mfu_basis"] == "measured"
+    assert doc["not_run"] == []
+
+
+# --- bench: one plan at a time, refused plans recorded ------------------------------------------
+
+
+def _tiny():
+    from tierax.models import get_config
+
+    return get_config("tiny-llama")
+
+
+def _state_bytes(cfg) -> int:
+    from tierax.train import step as step_lib
+
+    opt = step_lib.make_optimizer(mu_dtype=cfg.mu_dtype)
+    _, state = step_lib.init_state(cfg, opt)
+    n = sum(x.nbytes for x in jax.tree.leaves(state))
+    bench.free(state)
+    return n
+
+
+def test_bench_holds_one_plans_state_at_a_time():
+    """Bytes of live arrays at every progress callback stay near one plan's state (the old bench
+    prepared every plan first: three states at once)."""
+    from tierax import plan as plan_lib
+
+    cfg = _tiny()
+    one = _state_bytes(cfg)
+    base = sum(x.nbytes for x in jax.live_arrays())
+    seen = []
+
+    def progress(_what, _n):
+        seen.append(sum(x.nbytes for x in jax.live_arrays()) - base)
+
+    plans = [plan_lib.preset(p, cfg) for p in ("save-all", "remat-full", "minimal")]
+    records, _, not_run = bench.run_bench(
+        cfg, plans, steps=3, microbatch=1, seq=16, warmup=1, progress=progress
+    )
+    assert [r.plan for r in records] == ["save-all", "remat-full", "minimal"] and not not_run
+    assert all(len(r.step_times_s) == 3 for r in records)
+    assert max(seen) < 1.5 * one, (max(seen), one)
+
+
+def test_a_refused_plan_is_recorded_and_the_others_run(monkeypatch):
+    """XLA:CPU never runs out of device memory, so the chip's refusal (its own message) is raised
+    for one plan's compile; that plan is recorded as not fitting, the others are timed."""
+    from tierax import plan as plan_lib
+    from tierax.measure import harness
+
+    cfg = _tiny()
+    real = harness.prepare
+    msg = next(r["error"] for r in PROBE["steps"] if "error" in r)  # the chip's own words
+
+    def prepare(build, batch, **kw):
+        fn, state = build()
+        if fn is SENTINEL["fn"]:
+            raise RuntimeError(msg)
+        return real(lambda: (fn, state), batch, **kw)
+
+    SENTINEL = {"fn": None}
+    from tierax.train import step as step_lib
+
+    make = step_lib.make_train_step
+
+    def make_step(graphdef, cfg, plan, *a, **k):
+        fn = make(graphdef, cfg, plan, *a, **k)
+        if plan.name == "save-all":
+            SENTINEL["fn"] = fn
+        return fn
+
+    monkeypatch.setattr(harness, "prepare", prepare)
+    monkeypatch.setattr(step_lib, "make_train_step", make_step)
+    plans = [plan_lib.preset(p, cfg) for p in ("save-all", "remat-full")]
+    records, _, not_run = bench.run_bench(cfg, plans, steps=2, microbatch=1, seq=16, warmup=1)
+    assert [r.plan for r in records] == ["remat-full"]
+    assert [(n.plan, n.stage, n.out_of_memory) for n in not_run] == [("save-all", "compile", True)]
+    assert "exceeds available HBM" in not_run[0].error
+
+
+def test_out_of_memory_is_told_from_other_faults():
+    oom = next(r["error"] for r in PROBE["steps"] if "error" in r)
+    assert bench.is_out_of_memory(RuntimeError(oom))
+    assert bench.is_out_of_memory(
+        RuntimeError("RESOURCE_EXHAUSTED: Error allocating device buffer: Attempting to reserve")
+    )
+    assert not bench.is_out_of_memory(ValueError("Incompatible shapes for broadcasting"))
+
+
+def test_mfu_divides_by_the_datasheet_peak_where_the_target_is_known():
+    p = bench.Peaks(180e12, "GEMMs", 197e12, "Cloud TPU v5e datasheet")
+    assert p.mfu_basis == 197e12
+    assert bench.Peaks(3e12, "matmul").mfu_basis == 3e12
+
+
+def test_max_microbatch_is_refused_on_the_cpu(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "tierax.cli", "bench", "--plans", "remat-full", "--max-microbatch"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert r.returncode == 2 and "XLA:CPU" in r.stderr and "TPU or GPU" in r.stderr
+
+
+# --- XLA:TPU's memory figures, from the chip -------------------------------------------------
+
+
+class _Analysis:
+    def __init__(self, fields: dict):
+        self.__dict__.update(fields)
+
+
+class _Compiled:
+    def __init__(self, fields: dict):
+        self._a = _Analysis(fields)
+
+    def memory_analysis(self):
+        return self._a
+
+
+def _probe_step(plan: str) -> dict:
+    return next(r for r in PROBE["steps"] if r["plan"] == plan)
+
+
+def test_tpu_peak_is_xlas_own_and_fits_the_chip():
+    """remat-full at microbatch 8 ran on the chip (15.75 GiB): arguments + output + temp − alias
+    says it could not; XLA:TPU's peak_memory_in_bytes says it fits, and equals the allocator's
+    peak after the run within 0.1 %."""
+    step = _probe_step("remat-full")
+    cm_tpu = memory.compiled_memory(_Compiled(step["analysis"]), platform="tpu")
+    cm_gpu = memory.compiled_memory(_Compiled(step["analysis"]), platform="gpu")
+    limit = step["stats_after"]["bytes_limit"]
+    assert cm_gpu.peak > limit >= cm_tpu.peak
+    assert abs(cm_tpu.peak / step["stats_after"]["peak_bytes_in_use"] - 1) < 1e-3
+    assert cm_tpu.peak_source == memory.XLA_TPU_PEAK
+
+
+def test_donated_host_state_is_counted_once():
+    """Moments and masters on the host: the step reads them and writes their new values into the
+    same buffers (host alias).  The host holds arguments + temp; the old sum counted the donated
+    state twice (1.5× the planner's figure on the chip)."""
+    a = _probe_step("remat-full+state-host")["analysis"]
+    c = memory.compiled_memory(_Compiled(a), platform="tpu")
+    assert c.host_total == a["host_argument_size_in_bytes"] + a["host_temp_size_in_bytes"]
+    assert c.host_total < a["host_argument_size_in_bytes"] + a["host_output_size_in_bytes"] + a[
+        "host_temp_size_in_bytes"
+    ]
+
+
+# --- a TPU's calibrated rates in the cost model ------------------------------------------------
+
+ENTRY = {
+    "created": "hand-made",
+    "matmul_flops_per_s_bfloat16": 181e12,
+    "matmul_size_rates_bfloat16": [[128, 61e12], [1024, 170e12], [2048, 181e12]],
+    "fused_attention_fwd_flops_per_s": 56e12,
+    "fused_attention_bwd_flops_per_s": 65e12,
+    "splash_attention": [[2048, 128, 56e12, 65e12], [8192, 128, 100e12, 87e12],
+                         [2048, 64, 36e12, 32e12]],
+    "d2h_bytes_per_s": 3.5e9,
+    "h2d_bytes_per_s": 13e9,
+}
+
+
+def test_calibrated_tpu_rates_replace_the_guesses():
+    r = cm.target_rates("v5e", "bfloat16", calibration={"v5e": ENTRY})
+    guess = cm.target_rates("v5e", "bfloat16", calibration={})
+    assert r.matmul_flops_per_s == 181e12 and guess.matmul_flops_per_s == pytest.approx(0.8 * 197e12)
+    assert (r.d2h_bytes_per_s, r.h2d_bytes_per_s) == (3.5e9, 13e9)
+    assert r.fused_attention_fwd_flops_per_s == 56e12
+    # by size: log-linear between the measured points
+    assert r.matmul_rate_at(128) == 61e12 and r.matmul_rate_at(4096) == 181e12
+    mid = r.matmul_rate_at(362)  # half way in log between 128 and 1024
+    assert 61e12 < mid < 170e12 and mid == pytest.approx((61e12 + 170e12) / 2, rel=0.01)
+    for k in ("matmul", "host_link", "fused_attention", "matmul_by_size"):
+        assert "measured by tierax calibrate" in r.sources[k], k
+    assert "tierax calibrate" not in guess.sources["matmul"]
+
+
+@pytest.mark.parametrize(
+    "seq, head_dim, fwd",
+    [(2048, 128, 56e12), (8192, 128, 100e12), (6000, 128, 100e12), (4096, 64, 36e12)],
+)
+def test_splash_rates_follow_the_programs_shape(seq, head_dim, fwd):
+    from types import SimpleNamespace
+
+    r = cm.target_rates("v5e", "bfloat16", calibration={"v5e": ENTRY})
+    prog = SimpleNamespace(seq=seq, attention=SimpleNamespace(qk_head_dim=head_dim))
+    got = cm.for_program(r, prog)
+    assert got.fused_attention_fwd_flops_per_s == fwd
+    assert f"at sequence {seq}, head dim {head_dim}" in got.sources["fused_attention"]
+
+
+# --- the chip check ------------------------------------------------------------------------------
+
+
+def test_tpu_check_rehearsal_on_the_cpu(tmp_path):
+    """bench/tpu_check.py --tiny: the chip check's whole pipeline at toy sizes (one model, one
+    microbatch): calibration, every preset and the planner's plan run and predicted, the
+    reference step, the record and its page."""
+    out = tmp_path / "tc.json"
+    r = subprocess.run(
+        [sys.executable, "bench/tpu_check.py", "--tiny", "--models", "dense", "--microbatches",
+         "2", "--out", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "tierax.tpu-check/1" and doc["tiny"]
+    (case,) = doc["cases"]
+    names = [p["plan"] for p in case["plans"]]
+    assert names[:4] == ["save-all", "remat-full", "minimal", "qkv-offload"]
+    assert "calibrated" in case["planner_chose"]
+    for p in case["plans"]:
+        assert p["ran"] and p["step_time_s"] > 0
+        assert p["predicted_calibrated"]["step_time_s"] > 0
+    assert doc["reference"]["tierax_step_s"] > 0 and doc["reference"]["reference_step_s"] > 0
+    sys.path.insert(0, str(ROOT / "bench"))
+    import tpu_check_report
+
+    page, png = tpu_check_report.render(out, tmp_path / "p.md", tmp_path / "p.png")
+    text = page.read_text()
+    assert "| dense | 2 | remat-full |" in text and png.stat().st_size > 1000
+
+
+@chip_only
+def test_calibrate_on_the_chip_stores_the_v5e_key(tmp_path):
+    env = dict(os.environ, TIERAX_CALIBRATION=str(tmp_path / "cal.json"))
+    env.pop("JAX_PLATFORMS", None)
+    r = subprocess.run(
+        [sys.executable, "-m", "tierax.cli", "calibrate", "--json"],
+        capture_output=True, text=True, timeout=600, env=env, cwd=ROOT,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    assert doc["target"] == "v5e" and doc["matmul_flops_per_s_bfloat16"] > 50e12
