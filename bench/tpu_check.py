@@ -170,6 +170,25 @@ def calibrate_here(tiny: bool) -> dict:
     return entry
 
 
+def reuse_calibration(record: pathlib.Path, tiny: bool) -> dict:
+    """An earlier check's calibration entry with the host link measured again here."""
+    from tierax.measure import accel_rates
+
+    entry = dict(json.loads(record.read_text())["calibration"])
+    link = (
+        accel_rates.step_link_rates(layers=2, tokens=256, width=256)
+        if tiny
+        else accel_rates.step_link_rates()
+    )
+    entry["microbenchmarks"] = dict(entry.get("microbenchmarks", {}), host_link=link)
+    entry["rates_from"] = f"{record.name} (host link measured again in this run)"
+    for way in ("d2h", "h2d"):
+        entry.pop(f"{way}_bytes_per_s", None)
+        if link[f"{way}_bytes_per_s"]:
+            entry[f"{way}_bytes_per_s"] = link[f"{way}_bytes_per_s"]
+    return entry
+
+
 def rate_sets(dtype: str, entry: dict) -> dict:
     """{"uncalibrated": the v5e datasheet rates, "calibrated": this run's measured ones}."""
     from tierax import costmodel as cm
@@ -204,14 +223,46 @@ def predict(plan, prog, rates) -> dict:
 
 
 def planned(prog, rates, label: str):
-    """The planner's plan under ``rates`` (None and the reason where nothing fits)."""
+    """The planner's plan under ``rates`` within the chip's limit less :data:`FIT_MARGIN` (None
+    and the reason where nothing fits)."""
     from tierax.errors import TieraxError
     from tierax.solving import planner
 
+    budget = rates.usable_device_bytes * (1 - FIT_MARGIN["margin"])
     try:
-        return planner.plan(prog, rates, schedule="lhs", name=f"planned-{label}").plan, None
+        return (
+            planner.plan(prog, rates, schedule="lhs", budget_bytes=budget, name=f"planned-{label}")
+            .plan,
+            None,
+        )
     except TieraxError as e:
         return None, str(e).splitlines()[0]
+
+
+# The share of the chip's limit the planner leaves free: 0, or (--margin-from RECORD) the largest
+# amount by which XLA:TPU's peak exceeded the model's prediction in an earlier check's plans.
+FIT_MARGIN = {"margin": 0.0, "source": "none"}
+
+
+def fit_margin_from(record: pathlib.Path) -> dict:
+    """The worst under-prediction of a plan's device peak in ``record``: XLA:TPU's compiled peak of
+    the plans that ran, the "required" bytes its out-of-memory message states for those it refused
+    (libtpu's "G" is GiB), over the calibrated prediction."""
+    import re
+
+    doc = json.loads(record.read_text())
+    misses = []
+    for case in doc.get("cases", []):
+        for p in case.get("plans", []):
+            pred = p["predicted_calibrated"]["peak_device_bytes"]
+            got = p.get("peak_device_bytes_compiled") if p.get("ran") else None
+            m = re.search(r"HLO temporaries \(([\d.]+)G\)", p.get("error", ""))
+            got = got or (float(m.group(1)) * GIB if m else None)
+            if got and pred:
+                where = f"{case['model']} mb {case['microbatch']} {p['plan']}"
+                misses.append((got / pred - 1, where))
+    worst = max(misses) if misses else (0.0, "none")
+    return {"margin": max(0.0, worst[0]), "source": f"{record.name}: {worst[1]}", "misses": misses}
 
 
 def run_case(name: str, cfg, seq: int, mb: int, presets, rates: dict, steps: int) -> dict:
@@ -437,6 +488,17 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--microbatches", help="comma-separated microbatches for every model (default: each one's)"
     )
+    ap.add_argument("--skip", default="", help="MODEL:PRESET pairs not to run, comma-separated")
+    ap.add_argument(
+        "--calibration",
+        metavar="RECORD",
+        help="take the rates an earlier check measured (its record) and measure only the host link",
+    )
+    ap.add_argument(
+        "--margin-from",
+        metavar="RECORD",
+        help="plan within the chip's limit less the worst peak under-prediction in RECORD",
+    )
     ap.add_argument("--render", metavar="RECORD", help="write the docs page and plot from RECORD")
     args = ap.parse_args(argv)
     if args.render:
@@ -478,9 +540,15 @@ def main(argv=None) -> int:
     doc = envelope(SCHEMA, " ".join(["python", "bench/tpu_check.py", *(argv or sys.argv[1:])]))
     doc |= {"target": TARGET, "tiny": args.tiny, "cases": [], "skipped": [], "stages_s": {}}
     print(f"tpu_check on {jax.devices()[0].device_kind} ({jax.default_backend()})", flush=True)
+    if args.margin_from:
+        FIT_MARGIN.update(fit_margin_from(pathlib.Path(args.margin_from)))
+    doc["fit_margin"] = dict(FIT_MARGIN)
     t = time.perf_counter()
     try:
-        entry = calibrate_here(args.tiny)
+        if args.calibration:
+            entry = reuse_calibration(pathlib.Path(args.calibration), args.tiny)
+        else:
+            entry = calibrate_here(args.tiny)
     except Exception:  # noqa: BLE001 — without measured rates the datasheet ones still check
         entry = {}
         doc["calibration_error"] = traceback.format_exc()[-2000:]
@@ -513,6 +581,7 @@ def main(argv=None) -> int:
     ]
     for name, mb_i in order:
         cfg, rates, seq, mbs, presets = models[name]
+        presets = [pr for pr in presets if f"{name}:{pr}" not in args.skip.split(",")]
         mb = mbs[mb_i]
         if True:
             if elapsed() > budget:

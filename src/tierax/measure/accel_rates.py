@@ -183,16 +183,19 @@ def _link_layer(x, w):
 def step_link_rates(
     layers: int = LINK_LAYERS, tokens: int = LINK_TOKENS, width: int = LINK_WIDTH, calls: int = 3
 ) -> dict:
-    """The host link each way as the step's own copies see it: tierax's prefetching layer scan
+    """The host link as the step's own copies see it: tierax's prefetching layer scan
     (:func:`tierax.models.prefetch.prefetch_scan`, the default offload mechanism) over ``layers``
-    cheap layers, each storing one [tokens, width] bf16 value in host memory in the forward and
-    loading it in the backward, against the same scan keeping that value on the device (both
-    offload a tiny value, so the programs differ only in where the large one lives).
+    cheap layers, forward and backward, each layer storing one [tokens, width] bf16 value in host
+    memory in the forward and loading it in the backward, against the same scan keeping that value
+    on the device (both offload a tiny value, so the programs differ only in where the large one
+    lives).  Little compute runs beside the copies, so the difference is the copies' own time: the
+    round trip's bytes (each way's, twice) over it is the rate, given to both directions (the
+    step's stores and loads run in different passes, so only their sum is seen).
 
-    D2H: the forward alone (its residuals returned, so the stores run), offload less keep; H2D:
-    forward + backward, offload less keep, less the D2H time.  Little compute runs beside the
-    copies, so the differences are the copies' own time; each direction's bytes over it is the
-    rate.  On XLA:CPU offloading is a no-op: the figures there are noise around zero."""
+    Not the forward alone with its residuals returned: a jitted program that returns host-memory
+    outputs moves them by a slower path than the step's own stores (on the v5e chip 0.9 GB/s
+    against a round trip at ~15: bench/results/chip/tpu_check_first.json).  On XLA:CPU offloading
+    is a no-op: the figures there are noise around zero."""
     from tierax.models.prefetch import prefetch_scan
 
     run_off = prefetch_scan(_link_layer, keep=("link_s",), offload=("link_r",))
@@ -201,29 +204,22 @@ def step_link_rates(
     x0 = jax.random.normal(ks[0], (tokens, width), jnp.bfloat16)
     w = (1.0 + 0.01 * jax.random.normal(ks[1], (layers, width), jnp.float32)).astype(jnp.bfloat16)
 
-    def forward(run):
-        def f(x0, w):
-            y, vjp = jax.vjp(run, x0, w)
-            return y, jax.tree.leaves(vjp)  # the residuals: the forward's stores must run
-
-        return jax.jit(f)
-
     def both(run):
         return jax.jit(jax.grad(lambda x0, w: jnp.sum(run(x0, w).astype(jnp.float32)), (0, 1)))
 
-    t = {}
-    for name, run in (("offload", run_off), ("keep", run_keep)):
-        t[f"forward_{name}_s"] = back_to_back(forward(run), (x0, w), calls)
-        t[f"step_{name}_s"] = back_to_back(both(run), (x0, w), calls)
+    t = {
+        f"step_{name}_s": back_to_back(both(run), (x0, w), calls)
+        for name, run in (("offload", run_off), ("keep", run_keep))
+    }
     nbytes = layers * tokens * width * 2
-    d2h_s = t["forward_offload_s"] - t["forward_keep_s"]
-    h2d_s = (t["step_offload_s"] - t["step_keep_s"]) - d2h_s
+    copy_s = t["step_offload_s"] - t["step_keep_s"]
+    rate = 2 * nbytes / copy_s if copy_s > 0 else None
     return {
         "layers": layers,
         "bytes_each_way": nbytes,
         **t,
-        "d2h_s": d2h_s,
-        "h2d_s": h2d_s,
-        "d2h_bytes_per_s": nbytes / d2h_s if d2h_s > 0 else None,
-        "h2d_bytes_per_s": nbytes / h2d_s if h2d_s > 0 else None,
+        "round_trip_s": copy_s,
+        "d2h_bytes_per_s": rate,
+        "h2d_bytes_per_s": rate,
+        "note": "one rate for both directions: the round trip's bytes over its time",
     }

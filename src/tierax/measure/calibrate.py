@@ -239,7 +239,7 @@ def measure_tpu(progress: Callable[[str], None] | None = None, *, splash_cases=N
         [r["seq"], r["head_dim"], r["fwd_flops_per_s"], r["bwd_flops_per_s"]] for r in table
     ]
     done("splash attention")
-    link = accel_rates.step_link_rates()
+    link = accel_rates.step_link_rates()  # one rate both ways: the round trip's
     micro["host_link"] = link
     for way in ("d2h", "h2d"):
         if link[f"{way}_bytes_per_s"]:
