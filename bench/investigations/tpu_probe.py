@@ -39,18 +39,9 @@ def analysis_fields(compiled) -> dict:
 
 
 def back_to_back(fn, args, calls: int) -> float:
-    import jax
+    from tierax.measure.accel_rates import back_to_back as timed
 
-    jax.block_until_ready(fn(*args))
-    best = float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
-        out = None
-        for _ in range(calls):
-            out = fn(*args)
-        jax.block_until_ready(out)
-        best = min(best, (time.perf_counter() - t) / calls)
-    return best
+    return timed(fn, args, calls)
 
 
 def gemms(tiny: bool) -> list:
