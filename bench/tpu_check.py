@@ -46,6 +46,8 @@ SRC = ROOT / "src"
 if str(SRC) not in sys.path:
     sys.path.insert(0, str(SRC))
 
+import _common  # noqa: E402 — it imports tierax, found through SRC
+
 SCHEMA = "tierax.tpu-check/1"
 TARGET = "v5e"
 GIB = 2**30
@@ -482,7 +484,11 @@ def reference(tiny: bool, steps: int) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tiny", action="store_true", help="the CPU rehearsal at toy sizes")
-    ap.add_argument("--out", help="the record (default bench/results/tpu_check.json on a TPU)")
+    ap.add_argument(
+        "--out",
+        type=_common.out_path,
+        help="the record (default bench/results/tpu_check.json on a TPU)",
+    )
     ap.add_argument("--budget-s", type=float, help="stop starting stages after this many seconds")
     ap.add_argument("--models", help="comma-separated subset of: dense, moe, mla-moe")
     ap.add_argument(
@@ -503,7 +509,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.render:
         sys.path.insert(0, str(ROOT / "bench"))
-        import tpu_check_report
+        import _tpu_check_report as tpu_check_report
 
         for f in tpu_check_report.render(pathlib.Path(args.render)):
             print(f"wrote {f}")

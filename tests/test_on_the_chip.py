@@ -302,7 +302,7 @@ def test_tpu_check_rehearsal_on_the_cpu(tmp_path):
         assert p["predicted_calibrated"]["step_time_s"] > 0
     assert doc["reference"]["tierax_step_s"] > 0 and doc["reference"]["reference_step_s"] > 0
     sys.path.insert(0, str(ROOT / "bench"))
-    import tpu_check_report
+    import _tpu_check_report as tpu_check_report
 
     page, png = tpu_check_report.render(out, tmp_path / "p.md", tmp_path / "p.png")
     text = page.read_text()

@@ -212,7 +212,7 @@ def test_distributed_from_flags_or_environment():
 
 def test_runtime_env_derives_gpu_settings_from_the_plan():
     env, lines = launch.runtime_env(TC.config_from_mapping({"model": "tiny-llama"}), gpu=False)
-    assert env == {} and "nothing set on CPU" in lines[0]
+    assert env == {} and "nothing set off a GPU" in lines[0]
     cfg = TC.config_from_mapping(
         {
             "model": "tiny-llama",

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """What a TPU machine shows tierax before the chip check is written around it: the device files and
 variables the platform choice reads, XLA:TPU's memory analysis of a step under a remat, an
 activation-offload and a state-offload plan, and the rates of back-to-back GEMMs, copies to and from
@@ -22,6 +23,9 @@ import traceback
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import _common  # noqa: E402 — it imports tierax, found through src
 
 
 def facts() -> dict:
@@ -214,9 +218,9 @@ def splash(tiny: bool) -> list:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--tiny", action="store_true")
-    ap.add_argument("--out")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tiny", action="store_true", help="the CPU rehearsal at toy sizes")
+    ap.add_argument("--out", type=_common.out_path, help="also write the JSON document here")
     args = ap.parse_args()
     doc: dict = {"facts": facts()}
     import jax

@@ -217,7 +217,7 @@ def measure_tpu(progress: Callable[[str], None] | None = None, *, splash_cases=N
     nm = harness.nonmatmul_rate(harness.GPU_NONMATMUL_SHAPE, repeats=7)
     micro["memory"], micro["nonmatmul"] = mem, nm
     entry["stream_bytes_per_s"] = mem["memory_bytes_per_s"]
-    entry["memory_bytes_per_s"] = nm["bytes_per_s"]
+    entry["memory_bytes_per_s"] = nm["bytes_per_s"]  # the rate the non-matmul term reads
     done("memory")
     mix = accel_rates.gemm_rates(accel_rates.STEP_GEMMS, "bfloat16")
     micro["matmul_bfloat16"] = mix
