@@ -25,7 +25,10 @@ def rows(doc: dict) -> list[dict]:
     out = []
     for case in doc.get("cases", []):
         for p in case.get("plans", []):
-            out.append({"model": case["model"], "microbatch": case["microbatch"], **p})
+            out.append(
+                {"model": case["model"], "microbatch": case["microbatch"], **p}
+                | {"record": case.get("record", 1)}
+            )
     return out
 
 
@@ -58,11 +61,28 @@ def _rates_lines(doc: dict) -> list[str]:
     return lines
 
 
+def _link_text(link: dict | None) -> str:
+    if not link:
+        return "not measured."
+    if "round_trip_s" in link:
+        return (
+            f"{link['d2h_bytes_per_s'] / 1e9:.2f} GB/s each way, the round trip of "
+            f"{link['bytes_each_way'] / GIB:.2f} GiB through a forward and backward."
+        )
+    d2h = link.get("d2h_bytes_per_s")
+    return (
+        f"D2H {d2h / 1e9:.2f} GB/s from a forward alone returning its host residuals from jit (a "
+        "slower path than the step's own copies, which the round trip replaced)."
+        if d2h
+        else "not resolved."
+    )
+
+
 def table(doc: dict) -> list[str]:
     lines = [
-        "| model | mb | plan | measured ms | predicted ms (calibrated / datasheet) | error "
-        "(cal / ds) | fit predicted → chip | host GiB predicted / compiled |",
-        "|---|---|---|---|---|---|---|---|",
+        "| record | model | mb | plan | measured ms | predicted ms (calibrated / datasheet) | "
+        "error (cal / ds) | fit predicted → chip | host GiB predicted / compiled |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows(doc):
         pc, pu = r["predicted_calibrated"], r["predicted_uncalibrated"]
@@ -73,7 +93,8 @@ def table(doc: dict) -> list[str]:
             else "—"
         )
         lines.append(
-            f"| {r['model']} | {r['microbatch']} | {r['plan']} | {_ms(r.get('step_time_s'))} | "
+            f"| {r['record']} | {r['model']} | {r['microbatch']} | {r['plan']} | "
+            f"{_ms(r.get('step_time_s'))} | "
             f"{_ms(pc['step_time_s'])} / {_ms(pu['step_time_s'])} | "
             f"{_pct(r.get('time_error_calibrated'))} / {_pct(r.get('time_error_uncalibrated'))} | "
             f"{'fits' if pc['fits'] else 'no'} → {chip} | {host} |"
@@ -83,18 +104,20 @@ def table(doc: dict) -> list[str]:
 
 def summary(doc: dict) -> list[str]:
     lines = [
-        "| model | mb | measured fastest | planner (calibrated) vs fastest | planner (datasheet) "
-        "vs fastest | worst time error (cal / ds) | fit verdicts right |",
-        "|---|---|---|---|---|---|---|",
+        "| record | model | mb | measured fastest | planner (calibrated) vs fastest | planner "
+        "(datasheet) vs fastest | worst time error (cal / ds) | fit verdicts right |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for case in doc.get("cases", []):
         s = case.get("summary")
         if not s:
-            lines.append(f"| {case['model']} | {case['microbatch']} | error | | | | |")
+            lines.append(f"| {case.get('record', 1)} | {case['model']} | {case['microbatch']} | "
+                         "error | | | | |")
             continue
         chose = case.get("planner_chose", {})
         lines.append(
-            f"| {case['model']} | {case['microbatch']} | {s.get('measured_fastest', '—')} | "
+            f"| {case.get('record', 1)} | {case['model']} | {case['microbatch']} | "
+            f"{s.get('measured_fastest', '—')} | "
             f"{chose.get('calibrated', '—')} {_pct(s.get('planner_calibrated_vs_fastest'))} | "
             f"{chose.get('uncalibrated', '—')} {_pct(s.get('planner_uncalibrated_vs_fastest'))} | "
             f"{_pct(s.get('worst_time_error_calibrated'))} / "
@@ -142,17 +165,40 @@ def plot(doc: dict, path: pathlib.Path) -> None:
     plt.close(fig)
 
 
-def render(record: pathlib.Path, page: pathlib.Path = PAGE, png: pathlib.Path = PLOT) -> list:
-    doc = json.loads(record.read_text())
-    m = doc["machine"]
-    rel = record.resolve().relative_to(ROOT) if record.resolve().is_relative_to(ROOT) else record
+def _rel(record: pathlib.Path):
+    r = record.resolve()
+    return r.relative_to(ROOT) if r.is_relative_to(ROOT) else record
+
+
+def render(records, page: pathlib.Path = PAGE, png: pathlib.Path = PLOT) -> list:
+    """The page and plot from one or more records (``records``: a path or a list of paths); the
+    first record's rates table is shown, every record's cases."""
+    records = [records] if isinstance(records, (str, pathlib.Path)) else list(records)
+    docs = [json.loads(pathlib.Path(r).read_text()) for r in records]
+    doc = dict(docs[-1])
+    doc["cases"] = [c | {"record": i + 1} for i, d in enumerate(docs) for c in d.get("cases", [])]
+    doc["skipped"] = [s for d in docs for s in d.get("skipped", [])]
+    doc["reference"] = next((d["reference"] for d in docs if d.get("reference")), None)
+    rels = " ".join(str(_rel(pathlib.Path(r))) for r in records)
+    made = [
+        f"- `{_rel(pathlib.Path(r))}`: `{d['command']}` on {d['machine']['device_count']} × "
+        f"{d['machine']['device_kind']} ({d['machine']['platform']}), jax {d['jax_version']}, "
+        f"{d['created']}; rates: {d['calibration'].get('rates_from', 'measured in this run')}"
+        + (
+            f"; the planner kept {d['fit_margin']['margin']:.1%} of the chip's limit free "
+            f"({d['fit_margin']['source']})"
+            if d.get("fit_margin", {}).get("margin")
+            else ""
+        )
+        for r, d in zip(records, docs, strict=True)
+    ]
     ref = doc.get("reference") or {}
     lines = [
         "# tierax on one TPU v5e chip",
         "",
-        f"Made by `{doc['command']}` on {m['device_count']} × {m['device_kind']} "
-        f"({m['platform']}), jax {doc['jax_version']}, {doc['created']}; the record is "
-        f"`{rel}` and this page is written from it by `python bench/tpu_check.py --render {rel}`.",
+        f"Written by `python bench/tpu_check.py --render {rels}` from these records:",
+        "",
+        *made,
         "",
         "Predictions are `tierax simulate --target v5e` for the same model, microbatch and plan: "
         "*calibrated* with the rates this run measured on the chip first (below), *datasheet* "
@@ -161,7 +207,13 @@ def render(record: pathlib.Path, page: pathlib.Path = PAGE, png: pathlib.Path = 
         "",
         "## Rates measured on the chip",
         "",
-        *_rates_lines(doc),
+        *_rates_lines(docs[-1]),
+        "",
+        *[
+            f"Record {i + 1}'s host link: "
+            + _link_text((d.get("calibration") or {}).get("microbenchmarks", {}).get("host_link"))
+            for i, d in enumerate(docs)
+        ],
         "",
         "## Each case",
         "",

@@ -505,13 +505,18 @@ def main(argv=None) -> int:
         metavar="RECORD",
         help="plan within the chip's limit less the worst peak under-prediction in RECORD",
     )
-    ap.add_argument("--render", metavar="RECORD", help="write the docs page and plot from RECORD")
+    ap.add_argument(
+        "--render",
+        metavar="RECORD",
+        nargs="+",
+        help="write the docs page and plot from these records (no run)",
+    )
     args = ap.parse_args(argv)
     if args.render:
         sys.path.insert(0, str(ROOT / "bench"))
         import _tpu_check_report as tpu_check_report
 
-        for f in tpu_check_report.render(pathlib.Path(args.render)):
+        for f in tpu_check_report.render([pathlib.Path(r) for r in args.render]):
             print(f"wrote {f}")
         return 0
     names = [c[0] for c in CASES]
