@@ -490,12 +490,25 @@ def calibration_table(entry: dict) -> Table:
                 f"a backward loop's (a·g·(1 − u) + u)ᵀ of stacked g, u, {shape}, reads of its "
                 "three inputs",
             )
+    for seq, d, fwd, bwd in entry.get("splash_attention", []):
+        t.add_row(
+            f"splash attention, seq {seq}, head dim {d}",
+            f"{fwd / 1e12:.1f} / {bwd / 1e12:.1f} TFLOP/s",
+            "the Pallas kernel forward / backward, causal, the FLOPs the cost model counts",
+        )
+    link = micro.get("host_link") or {}
+    how = (
+        f"the step's prefetching layer scan storing and loading "
+        f"{link['bytes_each_way'] / 2**30:.2f} GiB, against it keeping them: one rate both ways"
+        if "round_trip_s" in link
+        else "jax.device_put, 1 GiB"
+    )
     for key, name in (
         ("d2h_bytes_per_s", "device → pinned host"),
         ("h2d_bytes_per_s", "pinned host → device"),
     ):
         if key in entry:
-            t.add_row(name, f"{entry[key] / 1e9:.1f} GB/s", "jax.device_put, 1 GiB")
+            t.add_row(name, f"{entry[key] / 1e9:.1f} GB/s", how)
     return t
 
 
