@@ -320,3 +320,20 @@ def test_calibrate_on_the_chip_stores_the_v5e_key(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads(r.stdout)
     assert doc["target"] == "v5e" and doc["matmul_flops_per_s_bfloat16"] > 50e12
+
+
+def test_a_plans_fresh_state_does_not_compile_the_init_again():
+    """bench builds each plan's state afresh in every round: the parameters' jitted init is made
+    once per (config, seed, mesh), and a fresh state equals the first."""
+    from tierax.train import step as step_lib
+
+    cfg = _tiny()
+    step_lib._jitted_init.cache_clear()
+    _, a = step_lib.init_params(cfg, seed=3)
+    _, b = step_lib.init_params(cfg, seed=3)
+    _, c = step_lib.init_params(cfg, seed=4)
+    info = step_lib._jitted_init.cache_info()
+    assert (info.hits, info.misses) == (1, 2)
+    same = jax.tree.map(lambda x, y: bool((x == y).all()), a, b)
+    assert all(jax.tree.leaves(same))
+    assert not all(jax.tree.leaves(jax.tree.map(lambda x, y: bool((x == y).all()), a, c)))
