@@ -337,3 +337,36 @@ def test_a_plans_fresh_state_does_not_compile_the_init_again():
     same = jax.tree.map(lambda x, y: bool((x == y).all()), a, b)
     assert all(jax.tree.leaves(same))
     assert not all(jax.tree.leaves(jax.tree.map(lambda x, y: bool((x == y).all()), a, c)))
+
+
+def test_plans_compiled_ahead_in_threads_are_the_programs_bench_compiles():
+    """On an accelerator bench compiles every plan at once in threads from one state's shapes; the
+    programs are the ones a plan's own state compiles (XLA's memory analysis equal) and a step of
+    one gives the same loss."""
+    from tierax import plan as plan_lib
+    from tierax.measure import harness
+    from tierax.mesh import MeshShape
+    from tierax.sharding import rules as sh
+    from tierax.train import step as step_lib
+
+    cfg = _tiny()
+    n = jax.device_count()
+    mesh = MeshShape(fsdp=n).make()
+    opt = step_lib.make_optimizer(mu_dtype=cfg.mu_dtype)
+    tokens = jax.device_put(step_lib.synthetic_batch(cfg, n, 16), sh.batch_sharding(mesh))
+    plans = [plan_lib.preset(p, cfg) for p in ("remat-full", "minimal")]
+    ahead = bench.compile_ahead(cfg, plans, opt, mesh, tokens, on_cpu=True)
+    assert set(ahead) == {"remat-full", "minimal"}
+    for p in plans:
+        losses, analyses = [], []
+        for given in (ahead[p.name], None):
+            graphdef, state = step_lib.init_state(cfg, opt, mesh=mesh, plan=p)
+            fn = step_lib.make_train_step(graphdef, cfg, p, opt, step_lib.shardings_of(state))
+            prep = harness.prepare(
+                lambda fn=fn, state=state: (fn, state), tokens, warmup=1, compiled=given
+            )
+            losses.append(float(prep.metrics["loss"]))
+            analyses.append(prep.compiled_memory)
+            bench.free(prep.state)
+        assert losses[0] == losses[1] and analyses[0] == analyses[1]
+    assert bench.compile_ahead(cfg, plans, opt, mesh, tokens) == {}  # a CPU runs them in turn

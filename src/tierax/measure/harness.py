@@ -483,16 +483,21 @@ def prepare(
     *,
     warmup: int,
     devices: Sequence | None = None,
+    compiled: tuple | None = None,
 ) -> Prepared:
-    """``build()`` → (jitted step, state); compile it for ``(state, batch)``; run ``warmup`` steps.
+    """``build()`` → (jitted step, state); compile it for ``(state, batch)`` (``compiled``: (the
+    program, its compile seconds) already made for the same shapes); run ``warmup`` steps.
 
     The memory probe covers all of it (the state's allocation included).
     """
     probe = memory.PeakProbe(devices)
     fn, state = build()
-    t0 = time.perf_counter()
-    compiled = fn.lower(state, batch).compile()
-    compile_s = time.perf_counter() - t0
+    if compiled is not None:
+        compiled, compile_s = compiled
+    else:
+        t0 = time.perf_counter()
+        compiled = fn.lower(state, batch).compile()
+        compile_s = time.perf_counter() - t0
     p = Prepared(compiled, state, compile_s, memory.compiled_memory(compiled), None)
     for _ in range(warmup):
         p.step(batch)
