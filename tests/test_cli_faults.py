@@ -186,13 +186,11 @@ def test_plan_yaml_keeps_non_ascii_readable(cli, tmp_path):
 
 
 def test_plan_for_the_cpu_prints_no_transfer_times(cli, monkeypatch, tmp_path):
-    from tierax.costmodel import rates as rates_lib
-
     cal = tmp_path / "cal.json"
     cal.write_text(json.dumps({"cpu": {"created": "hand", "matmul_flops_per_s": 1e11,
                                        "matmul_flops_per_s_float32": 1e11,
                                        "memory_bytes_per_s": 1e10}}))  # fmt: skip
-    monkeypatch.setattr(rates_lib, "CALIBRATION_FILE", cal)
+    monkeypatch.setenv("TIERAX_CALIBRATION", str(cal))
     d = _json(cli("plan", "--target", "cpu", "--json"))
     assert d["explain"] and all(
         e["transfer_s"] is None and e["hidden_fraction"] is None for e in d["explain"]

@@ -719,7 +719,7 @@ def cmd_calibrate(args) -> int:
     from tierax.fileio import check_output_file
     from tierax.report.tables import calibration_table
 
-    check_output_file(cm.CALIBRATION_FILE, "calibration file")
+    check_output_file(cm.calibration_file(), "calibration file")
     launch.start()
     import jax
 
