@@ -41,8 +41,7 @@ def cmd_compile(args) -> int:
     """``tierax compile --maxtext``."""
     check_args(args)
     from tierax import hardware, launch
-    from tierax.cli.common import console
-    from tierax.cli.measuring import read_target_config
+    from tierax.cli.common import console, read_target_config
     from tierax.interop.maxtext_program.config import require_maxtext
     from tierax.mesh import parse_mesh
 
