@@ -326,6 +326,13 @@ def _plan_report(args, run, req, out, extra: tuple[str, ...] = (), search=None) 
     result, notes = planning.solve(req)
     notes = [*run.notes, *notes, STATE_NOTE, *extra]
     text = _emitted(args, run, result, notes) if args.emit else result.plan.to_yaml()
+    solved = result
+    if args.emit:  # the figures shown (and the file's) are those of what MaxText runs
+        result, lost = _as_emitted(args, text, run, req, result)
+        if lost:
+            peak = result.predicted.peak_device_bytes
+            text = _emitted(args, run, solved, notes, predicted_peak=peak)
+            notes = [*notes, lost]
     if out:
         write_text_atomic(out, text)
     stream = sys.stderr if args.json or (args.emit and not out) else sys.stdout
@@ -333,6 +340,8 @@ def _plan_report(args, run, req, out, extra: tuple[str, ...] = (), search=None) 
         print(line, file=stream)
     if args.json or (args.emit and not out):
         doc = {**result.to_json(), "notes": notes}
+        if solved is not result:
+            doc["solved"] = {"plan": solved.plan.to_dict(), "predicted": solved.predicted.to_json()}
         if search is not None:
             doc["max_microbatch"] = search | _choice(args, run, result)
         print(json.dumps(doc, indent=2) if args.json else text, end="" if not args.json else "\n")
@@ -343,6 +352,42 @@ def _plan_report(args, run, req, out, extra: tuple[str, ...] = (), search=None) 
     if out:
         print(f"wrote {out}")
     return 0
+
+
+def _as_emitted(args, text: str, run, req, result):
+    """``result`` with the plan MaxText runs for the emitted ``text``'s keys and its prediction (as
+    ``simulate --plan`` prices the file: MaxText's program traced again with the keys, its custom
+    policy read back), and the words saying what the keys could not express of the plan solved
+    and what that changes; ``result`` itself and "" where they express all of it."""
+    import contextlib
+    import dataclasses
+
+    import yaml
+
+    from tierax import costmodel as cm
+    from tierax.interop.maxtext_program import emit, given_plan
+
+    lost = emit.not_expressed(result.plan, run.program)
+    if not lost:
+        return result, ""
+    data = yaml.safe_load(text)
+    keys = emit.as_args({k: v for k, v in data.items() if k in given_plan.PLAN_KEYS})
+    with contextlib.redirect_stdout(sys.stderr):  # what MaxText prints
+        ran = _trace(
+            args, emit.command_overrides(args.maxtext_overrides, keys), run.program.microbatch
+        )
+    pred = cm.simulate(ran.plan, ran.program, req.rates, req.schedule, ran.grad_accum)
+    a, b = pred, result.predicted
+
+    def gib(n: float) -> str:
+        return f"{n / 2**30:.2f} GiB"
+
+    over = "" if a.peak_device_bytes <= result.budget_bytes else " (over the device budget)"
+    return dataclasses.replace(result, plan=ran.plan, predicted=pred), (
+        f"{lost}: the figures shown are the emitted keys' (what MaxText runs): peak "
+        f"{gib(a.peak_device_bytes)}{over}, step {a.step_time_s * 1e3:.2f} ms; the plan solved, "
+        f"which MaxText cannot run: {gib(b.peak_device_bytes)}, {b.step_time_s * 1e3:.2f} ms"
+    )
 
 
 REMEDIES = (
