@@ -107,6 +107,41 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, str]:
     return out
 
 
+def maxtext_keys(pyconfig) -> set[str]:
+    """Every key MaxText's config takes: the fields of its ``MaxTextConfig``, nested ones too (a key
+    outside them MaxText ignores with a warning, then fails on elsewhere)."""
+    out: set[str] = set()
+
+    def add(fields) -> None:
+        for name, field in fields.items():
+            out.add(name)
+            inner = getattr(getattr(field, "annotation", None), "model_fields", None)
+            if inner:
+                add(inner)
+
+    add(pyconfig.types.MaxTextConfig.model_fields)
+    return out
+
+
+def check_keys(keys: Sequence[str], pyconfig) -> None:
+    """Refuse a key MaxText does not have, before MaxText's loader sees it.
+
+    Raises:
+      TieraxError: naming the key and the closest of MaxText's keys.
+    """
+    import difflib
+
+    known = maxtext_keys(pyconfig)
+    for key in keys:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=3, cutoff=0.75)
+            hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+            raise TieraxError(
+                f"MaxText has no key {key!r}{hint}; its keys are those of its configs/base.yml "
+                f"({pathlib.Path(pyconfig.MAXTEXT_CONFIGS_DIR) / 'base.yml'})"
+            )
+
+
 def flag_keys(
     *,
     mesh: Mapping[str, int] | None = None,
@@ -272,6 +307,7 @@ def load(
     """
     pyconfig = require_maxtext()
     user = parse_overrides(overrides)
+    check_keys(list(user), pyconfig)
     keys = merge_flags(
         user, flag_keys(mesh=mesh, microbatch=microbatch, seq=seq, grad_accum=grad_accum)
     )
