@@ -117,6 +117,22 @@ def test_target_help_lists_every_target(cli, verb):
     assert "--devices N without --mesh means fsdp=N" in text
 
 
+@pytest.mark.parametrize("verb", ["plan", "simulate", "compile"])
+def test_target_help_says_what_devices_counts_per_tpu(cli, verb):
+    """--devices counts JAX devices: a chip where a chip shows one (v5p's two TensorCores are one
+    megacore device), a TensorCore where it shows two (v7x) — as the hardware table has it."""
+    from tierax import hardware
+
+    text = _help(cli, verb)
+    chip = re.search(r"a chip on ([\w, ]+?);", text)
+    core = re.search(r"a TensorCore on ([\w, ]+?), 2 a chip", text)
+    assert chip and core, text
+    for key, spec in hardware.TPU_TARGETS.items():
+        listed = chip.group(1) if spec.devices_per_chip == 1 else core.group(1)
+        assert key in listed.split(", "), (key, spec.devices_per_chip)
+    assert "devices = TensorCores" not in text
+
+
 def test_compile_help_names_tpu_targets_too(cli):
     text = _help(cli, "compile")
     assert "GPU or TPU target" in text and "XLA:TPU" in text
