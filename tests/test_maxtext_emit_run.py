@@ -152,3 +152,21 @@ def test_the_command_loads_a_config_itself_and_a_model_file_through_model_name(t
     argv, note = command_config(str(mine))
     assert argv == [str(configs / "base.yml"), "model_name=my-llama"]
     assert note and str(configs / "models" / "my-llama.yml") in note and str(mine) in note
+
+
+def test_the_guide_says_cutting_layers_needs_override_model_config():
+    """MaxText refuses a key its model file sets unless override_model_config=true comes first;
+    the MaxText guide says so where it explains --maxtext's model files."""
+    from tierax.errors import TieraxError
+    from tierax.interop.maxtext_program.config import load
+
+    cut = "base_num_decoder_layers=2"
+    with pytest.raises(TieraxError, match="base_num_decoder_layers"):
+        with load(str(_model_file()), [cut]):
+            pass
+    with load(str(_model_file()), ["override_model_config=true", cut]) as loaded:
+        assert loaded.config.num_decoder_layers == 2
+    guide = (pathlib.Path(__file__).parents[1] / "docs" / "guide" / "maxtext.md").read_text()
+    text = " ".join(guide.split())
+    assert f"override_model_config=true {cut}" in text
+    assert "Cutting a model to fewer layers" in text
