@@ -348,3 +348,20 @@ def test_a_mixture_naming_one_dataset_twice_is_refused():
     data = {"source": "tokens", "mixture": "runs/web=0.5,runs/books=0.2,./runs/web=0.3"}
     with pytest.raises(TieraxError, match="names one dataset twice .*'runs/web' and './runs/web'"):
         config_from_mapping({"model": "tiny-llama", "data": data}, source="c")
+
+
+def test_the_step_tables_host_transfers_do_not_read_as_exposed_time(cli):
+    """An offload plan's copies take time at the link, most of it hidden: the row gives that time,
+    then the exposed part, each named, so the first figure does not read as time the step loses."""
+    r = cli("simulate", "--model", "tiny-llama", "--plan", "qkv-offload", "--target", "h200")
+    assert r.returncode == 0, r.stderr
+    row = re.search(
+        r"host transfers at the link \(of which exposed: d2h / h2d\)\s*│\s*([\d.]+) ms "
+        r"\(exposed ([\d.]+) ms / ([\d.]+) ms\)",
+        r.stdout,
+    )
+    assert row, r.stdout
+    link, d2h, h2d = map(float, row.groups())
+    assert link > d2h + h2d  # some of it hidden: the two figures differ
+    assert re.search(r"collectives \(of which exposed\)\s*│\s*[\d.]+ ms \(exposed [\d.]+ ms\)",
+                     r.stdout)  # fmt: skip
