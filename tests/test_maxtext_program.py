@@ -265,6 +265,24 @@ def test_maxtext_with_model_refused(capsys):
     assert rc == 2 and "without --maxtext" in err
 
 
+def test_inventory_with_a_target_traces_that_targets_program(capsys):
+    """With --target, inventory --maxtext shows the program simulate and plan price for it (v5p:
+    MaxText's splash attention, traced through its stand-in, which keeps the kernel's output
+    ``context``); without, MaxText's CPU program (dot_product)."""
+    import json
+
+    args = ["--maxtext", str(_configs() / "base.yml"), *SMALL, "--seq", "64", "--devices", "4"]
+    assert main(["inventory", *args, "--target", "v5p", "--json"]) == 0
+    out, err = capsys.readouterr()
+    on_tpu = json.loads(out)
+    assert on_tpu["maxtext"]["target"] == "v5p" and on_tpu["maxtext"]["attention"] == "flash"
+    assert "stand-in" in err  # the run's notes, on stderr
+    assert main(["inventory", *args, "--json"]) == 0
+    on_cpu = json.loads(capsys.readouterr().out)
+    names = [{a["name"] for g in d["groups"] for a in g["activations"]} for d in (on_tpu, on_cpu)]
+    assert "context" in names[0] - names[1]
+
+
 def test_other_verbs_refuse_maxtext(capsys):
     # inventory, compile, simulate and plan take --maxtext (simulate/plan: test_maxtext_simulate.py)
     for verb in ("bench", "verify"):
