@@ -365,3 +365,32 @@ def test_the_step_tables_host_transfers_do_not_read_as_exposed_time(cli):
     assert link > d2h + h2d  # some of it hidden: the two figures differ
     assert re.search(r"collectives \(of which exposed\)\s*│\s*[\d.]+ ms \(exposed [\d.]+ ms\)",
                      r.stdout)  # fmt: skip
+
+
+MAX_MB = ["plan", "--model", "tiny-llama", "--set", "vocab_size=32000", "--seq", "128",
+          "--max-microbatch", "--target", "h200", "--budget-gib", "0.2", "--json"]  # fmt: skip
+
+
+def _largest_line(doc: dict) -> tuple[int, int, int]:
+    line = " ".join(doc["notes"])
+    found = re.search(
+        r"largest microbatch that fits: (\d+) per device \((\d+) does not\); with the loss in 2 "
+        r"tiles \(--set loss_tiles=2\) (\d+) fits",
+        line,
+    )
+    assert found, line
+    return tuple(map(int, found.groups()))
+
+
+def test_max_microbatch_says_what_it_found_and_what_loss_tiles_would_allow(cli):
+    """plan --max-microbatch names the microbatch it found; where the logits make the next one's
+    peak, the loss in 2 tiles lets a larger one fit, and the line gives that microbatch."""
+    doc = _json(cli(*MAX_MB))
+    mb, above, tiled = _largest_line(doc)
+    assert mb == doc["microbatch"] and above == mb + 1 and tiled > mb
+
+
+@pytest.mark.slow  # two microbatch searches, each with its tiling's search
+def test_the_loss_tiles_hint_is_what_max_microbatch_finds_with_that_option(cli):
+    _, _, tiled = _largest_line(_json(cli(*MAX_MB)))
+    assert _json(cli(*MAX_MB, "--set", "loss_tiles=2"))["microbatch"] == tiled

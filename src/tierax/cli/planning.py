@@ -267,6 +267,33 @@ def _request(args, cfg, mesh, rates):
     )
 
 
+def _largest_microbatch(request, result) -> str:
+    """``plan --max-microbatch``'s answer in words: the microbatch found (or that the search
+    stopped at it), and where the loss in twice the tiles (the next count dividing the sequence)
+    lets a larger one fit, that microbatch and the option."""
+    import dataclasses
+
+    from tierax.solving import no_fit, planner, planning
+
+    mb = result.microbatch
+    if result.search_stopped_at is not None:
+        return f"largest microbatch: at least {mb} per device (the search stops there)"
+    line = f"largest microbatch that fits: {mb} per device ({mb + 1} does not)"
+    n = request.cfg.loss_tiles * 2
+    while n <= no_fit.MAX_HINT_TILES and request.seq % n:
+        n *= 2
+    if n > no_fit.MAX_HINT_TILES:
+        return line
+    tiled = dataclasses.replace(request, cfg=dataclasses.replace(request.cfg, loss_tiles=n))
+    try:
+        more = planning.solve(tiled)[0].microbatch
+    except planner.NoPlanFits:
+        return line
+    if more > mb:
+        line += f"; with the loss in {n} tiles (--set loss_tiles={n}) {more} fits"
+    return line
+
+
 def _written_by_plan(path) -> bool:
     """A file ``tierax plan --out`` wrote: a MaxText overrides file it emitted, or a plan YAML."""
     from tierax import plan as plan_lib
@@ -317,7 +344,10 @@ def cmd_plan(args) -> int:
         return _plan_check(args)
     out = _plan_out(args)
     cfg, mesh, rates = _inputs(args)
-    result, notes = planning.solve(_request(args, cfg, mesh, rates))
+    request = _request(args, cfg, mesh, rates)
+    result, notes = planning.solve(request)
+    if args.max_microbatch:
+        notes = [*notes, _largest_microbatch(request, result)]
     text = (
         interop.emit(
             result,
