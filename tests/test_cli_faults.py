@@ -375,7 +375,7 @@ def _largest_line(doc: dict) -> tuple[int, int, int]:
     line = " ".join(doc["notes"])
     found = re.search(
         r"largest microbatch that fits: (\d+) per device \((\d+) does not\); with the loss in 2 "
-        r"tiles \(--set loss_tiles=2\) (\d+) fits",
+        r"tiles \(--set loss_tiles=2\) (\d+) fits",  # (below 1,000: no thousands separator)
         line,
     )
     assert found, line

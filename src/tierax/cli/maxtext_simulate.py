@@ -378,15 +378,12 @@ def _as_emitted(args, text: str, run, req, result):
         )
     pred = cm.simulate(ran.plan, ran.program, req.rates, req.schedule, ran.grad_accum)
     a, b = pred, result.predicted
-
-    def gib(n: float) -> str:
-        return f"{n / 2**30:.2f} GiB"
-
     over = "" if a.peak_device_bytes <= result.budget_bytes else " (over the device budget)"
     return dataclasses.replace(result, plan=ran.plan, predicted=pred), (
         f"{lost}: the figures shown are the emitted keys' (what MaxText runs): peak "
-        f"{gib(a.peak_device_bytes)}{over}, step {a.step_time_s * 1e3:.2f} ms; the plan solved, "
-        f"which MaxText cannot run: {gib(b.peak_device_bytes)}, {b.step_time_s * 1e3:.2f} ms"
+        f"{size_text(a.peak_device_bytes)}{over}, step {a.step_time_s * 1e3:.2f} ms; the plan "
+        f"solved, which MaxText cannot run: {size_text(b.peak_device_bytes)}, "
+        f"{b.step_time_s * 1e3:.2f} ms"
     )
 
 

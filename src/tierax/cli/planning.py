@@ -268,17 +268,15 @@ def _request(args, cfg, mesh, rates):
 
 
 def _largest_microbatch(request, result) -> str:
-    """``plan --max-microbatch``'s answer in words: the microbatch found (or that the search
-    stopped at it), and where the loss in twice the tiles (the next count dividing the sequence)
+    """``plan --max-microbatch``'s answer in words where the search found where fitting stops:
+    the microbatch, and where the loss in twice the tiles (the next count dividing the sequence)
     lets a larger one fit, that microbatch and the option."""
     import dataclasses
 
     from tierax.solving import no_fit, planner, planning
 
     mb = result.microbatch
-    if result.search_stopped_at is not None:
-        return f"largest microbatch: at least {mb} per device (the search stops there)"
-    line = f"largest microbatch that fits: {mb} per device ({mb + 1} does not)"
+    line = f"largest microbatch that fits: {mb:,} per device ({mb + 1:,} does not)"
     n = request.cfg.loss_tiles * 2
     while n <= no_fit.MAX_HINT_TILES and request.seq % n:
         n *= 2
@@ -290,7 +288,7 @@ def _largest_microbatch(request, result) -> str:
     except planner.NoPlanFits:
         return line
     if more > mb:
-        line += f"; with the loss in {n} tiles (--set loss_tiles={n}) {more} fits"
+        line += f"; with the loss in {n} tiles (--set loss_tiles={n}) {more:,} fits"
     return line
 
 
@@ -346,7 +344,7 @@ def cmd_plan(args) -> int:
     cfg, mesh, rates = _inputs(args)
     request = _request(args, cfg, mesh, rates)
     result, notes = planning.solve(request)
-    if args.max_microbatch:
+    if args.max_microbatch and result.search_stopped_at is None:  # stopped: solve's note says so
         notes = [*notes, _largest_microbatch(request, result)]
     text = (
         interop.emit(
