@@ -3,25 +3,71 @@ raises; the two ways tests run the command line (``cli`` in this process, ``cons
 new one)."""
 
 import atexit
+import fcntl
+import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
 import tempfile
 
-# JAX's compilation cache, for this run only (a new directory, removed at exit): many tests compile
-# the same program (a tiny model's save-all step, the reference of every gradient check), and the
-# cache is keyed on the program, its compile options, the XLA flags and the backend, so a hit is the
-# executable XLA would build again.  Set before JAX is imported (it reads these at import), and
-# inherited by the CLI processes ``console_script`` starts.
-_XLA_CACHE = tempfile.mkdtemp(prefix="tierax-tests-xla-cache-")
-atexit.register(shutil.rmtree, _XLA_CACHE, True)
+# A hermetic run: the suite neither reads nor writes the user's home.  One temporary directory per
+# run (xdist's workers inherit it through the environment) holds HOME, the XDG cache/config/data
+# directories, matplotlib's config, JAX's compilation cache and TIERAX_CALIBRATION's file (absent:
+# a test that needs this machine's calibrated CPU rates asks for ``calibrated_cpu``).  Set before
+# tierax, JAX or MaxText is imported (they read these at import), and inherited by every CLI
+# process a test starts.  The first process of the run records the real home and the state of its
+# tierax cache; ``pytest_sessionfinish`` fails the run if the suite changed that cache.
+_TMP = os.environ.get("TIERAX_TESTS_TMP")
+if _TMP is None:  # this process starts the run
+    _TMP = tempfile.mkdtemp(prefix="tierax-tests-")
+    atexit.register(shutil.rmtree, _TMP, True)
+    os.environ["TIERAX_TESTS_TMP"] = _TMP
+    os.environ["TIERAX_TESTS_REAL_HOME"] = os.path.expanduser("~")
+_HOME = pathlib.Path(_TMP) / "home"
 for _key, _value in {
-    "JAX_COMPILATION_CACHE_DIR": _XLA_CACHE,
+    "HOME": _HOME,
+    "XDG_CACHE_HOME": _HOME / ".cache",
+    "XDG_CONFIG_HOME": _HOME / ".config",
+    "XDG_DATA_HOME": _HOME / ".local" / "share",
+    "XDG_STATE_HOME": _HOME / ".local" / "state",
+    "MPLCONFIGDIR": _HOME / ".config" / "matplotlib",
+    "TIERAX_CALIBRATION": pathlib.Path(_TMP) / "calibration.json",
+    # JAX's compilation cache, for this run only: many tests compile the same program (a tiny
+    # model's save-all step, the reference of every gradient check), and the cache is keyed on
+    # the program, its compile options, the XLA flags and the backend, so a hit is the
+    # executable XLA would build again.
+    "JAX_COMPILATION_CACHE_DIR": pathlib.Path(_TMP) / "xla-cache",
     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
     "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
 }.items():
-    os.environ.setdefault(_key, _value)
+    os.environ[_key] = str(_value)
+_HOME.mkdir(exist_ok=True)
+# The real home's tierax cache, which the suite must leave as it found it.
+REAL_TIERAX_CACHE = pathlib.Path(os.environ["TIERAX_TESTS_REAL_HOME"]) / ".cache" / "tierax"
+# The calibration ``calibrated_cpu`` measures, once per run (shared by xdist's workers).
+MEASURED_CALIBRATION = pathlib.Path(_TMP) / "measured-calibration.json"
+
+
+def tree_state(root: pathlib.Path) -> dict | None:
+    """Every file under ``root`` with its size and modification time; None where ``root`` is
+    absent."""
+    if not root.exists():
+        return None
+    state = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames + dirnames:
+            p = pathlib.Path(dirpath) / name
+            try:
+                st = p.lstat()
+            except FileNotFoundError:
+                continue
+            state[str(p.relative_to(root))] = (st.st_size, st.st_mtime_ns)
+    return state
+
+
+_REAL_CACHE_BEFORE = tree_state(REAL_TIERAX_CACHE)
 
 from tierax.launch import flags as xla_flags  # noqa: E402
 
@@ -54,6 +100,53 @@ def pytest_sessionstart(session):
             "TIERAX_REQUIRE_MAXTEXT is set but MaxText is not importable: the default environment "
             "installs it (make venv, Python >= 3.12, the maxtext extra)"
         )
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the run if it created, changed or removed anything in the real home's tierax cache
+    (checked once, by the process that started the run: xdist's workers share its home)."""
+    if hasattr(session.config, "workerinput"):
+        return
+    after = tree_state(REAL_TIERAX_CACHE)
+    if after == _REAL_CACHE_BEFORE:
+        return
+    before, after = _REAL_CACHE_BEFORE or {}, after or {}
+    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    print(
+        f"\nthe test run changed {REAL_TIERAX_CACHE} (the user's real tierax cache): "
+        + (", ".join(changed[:10]) or "the directory itself")
+        + "; a test wrote the home directory instead of the run's temporary one "
+        + f"({_TMP}): give it tmp_path or the calibrated_cpu fixture",
+        file=sys.stderr,
+    )
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(scope="session")
+def measured_cpu_calibration() -> pathlib.Path:
+    """A calibration file holding this machine's CPU rates, measured once per run by tierax's own
+    ``calibrate`` code (``measure``, then ``save`` under the ``cpu`` key; one repeat each: a test
+    needs measured rates, not precise ones).  xdist's workers share it: the first to get the lock
+    measures, the others read."""
+    with open(MEASURED_CALIBRATION.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not MEASURED_CALIBRATION.exists():
+            from tierax.measure import calibrate
+
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setenv("TIERAX_CALIBRATION", str(MEASURED_CALIBRATION))
+                calibrate.save(calibrate.measure(repeats=1), key="cpu")
+    assert "cpu" in json.loads(MEASURED_CALIBRATION.read_text())
+    return MEASURED_CALIBRATION
+
+
+@pytest.fixture
+def calibrated_cpu(measured_cpu_calibration, monkeypatch) -> pathlib.Path:
+    """This test reads (and its CLI processes inherit) the run's measured CPU calibration
+    (``measured_cpu_calibration``) through TIERAX_CALIBRATION; without it target 'cpu' has no
+    rates."""
+    monkeypatch.setenv("TIERAX_CALIBRATION", str(measured_cpu_calibration))
+    return measured_cpu_calibration
 
 
 @pytest.fixture(scope="session")

@@ -75,9 +75,13 @@ def tierax(*argv: str, timeout: float = 900) -> subprocess.CompletedProcess:
 
 
 def json_of(out: subprocess.CompletedProcess) -> dict:
-    """The JSON object a successful child printed (MaxText may print lines before it)."""
+    """The JSON object a successful child printed: its whole stdout (what MaxText prints goes to
+    stderr, so that ``--json`` pipes into another program)."""
     assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout[out.stdout.index("{") :])
+    try:
+        return json.loads(out.stdout)
+    except json.JSONDecodeError:
+        raise AssertionError(f"stdout is not one JSON object:\n{out.stdout[:2000]}") from None
 
 
 def compile_dumped(args: list[str], dump: pathlib.Path, timeout: float = 900) -> dict:

@@ -4,6 +4,7 @@ it."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import pathlib
 import subprocess
 import sys
@@ -43,7 +44,7 @@ def test_import_tierax_loads_no_jax_and_the_modules_stay_modules():
         capture_output=True,
         text=True,
         timeout=120,
-        env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"},
+        env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin", "HOME": os.environ["HOME"]},
     )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 

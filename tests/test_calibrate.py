@@ -9,7 +9,6 @@ import json
 import pytest
 
 from tierax import costmodel as cm
-from tierax.costmodel import rates as rates_lib
 from tierax.measure import calibrate
 
 
@@ -75,8 +74,7 @@ def test_a_gpu_calibration_reaches_each_rate_from_its_own_key(dtype):
 
 def test_what_calibrate_saves_on_a_gb200_is_what_a_gb200_plan_reads(tmp_path, monkeypatch):
     f = tmp_path / "calibration.json"
-    monkeypatch.setattr(rates_lib, "CALIBRATION_FILE", f)
-    monkeypatch.setattr(cm, "CALIBRATION_FILE", f)
+    monkeypatch.setenv("TIERAX_CALIBRATION", str(f))
     calibrate.save(dict(GPU_ENTRY), calibrate.target_key_for("gpu", "NVIDIA GB200"))
     assert set(json.loads(f.read_text())) == {"gb200"}
     r = cm.target_rates("gb200", "bfloat16")

@@ -117,6 +117,22 @@ def test_target_help_lists_every_target(cli, verb):
     assert "--devices N without --mesh means fsdp=N" in text
 
 
+@pytest.mark.parametrize("verb", ["plan", "simulate", "compile"])
+def test_target_help_says_what_devices_counts_per_tpu(cli, verb):
+    """--devices counts JAX devices: a chip where a chip shows one (v5p's two TensorCores are one
+    megacore device), a TensorCore where it shows two (v7x) — as the hardware table has it."""
+    from tierax import hardware
+
+    text = _help(cli, verb)
+    chip = re.search(r"a chip on ([\w, ]+?);", text)
+    core = re.search(r"a TensorCore on ([\w, ]+?), 2 a chip", text)
+    assert chip and core, text
+    for key, spec in hardware.TPU_TARGETS.items():
+        listed = chip.group(1) if spec.devices_per_chip == 1 else core.group(1)
+        assert key in listed.split(", "), (key, spec.devices_per_chip)
+    assert "devices = TensorCores" not in text
+
+
 def test_compile_help_names_tpu_targets_too(cli):
     text = _help(cli, "compile")
     assert "GPU or TPU target" in text and "XLA:TPU" in text
@@ -186,13 +202,11 @@ def test_plan_yaml_keeps_non_ascii_readable(cli, tmp_path):
 
 
 def test_plan_for_the_cpu_prints_no_transfer_times(cli, monkeypatch, tmp_path):
-    from tierax.costmodel import rates as rates_lib
-
     cal = tmp_path / "cal.json"
     cal.write_text(json.dumps({"cpu": {"created": "hand", "matmul_flops_per_s": 1e11,
                                        "matmul_flops_per_s_float32": 1e11,
                                        "memory_bytes_per_s": 1e10}}))  # fmt: skip
-    monkeypatch.setattr(rates_lib, "CALIBRATION_FILE", cal)
+    monkeypatch.setenv("TIERAX_CALIBRATION", str(cal))
     d = _json(cli("plan", "--target", "cpu", "--json"))
     assert d["explain"] and all(
         e["transfer_s"] is None and e["hidden_fraction"] is None for e in d["explain"]
@@ -334,3 +348,49 @@ def test_a_mixture_naming_one_dataset_twice_is_refused():
     data = {"source": "tokens", "mixture": "runs/web=0.5,runs/books=0.2,./runs/web=0.3"}
     with pytest.raises(TieraxError, match="names one dataset twice .*'runs/web' and './runs/web'"):
         config_from_mapping({"model": "tiny-llama", "data": data}, source="c")
+
+
+def test_the_step_tables_host_transfers_do_not_read_as_exposed_time(cli):
+    """An offload plan's copies take time at the link, most of it hidden: the row gives that time,
+    then the exposed part, each named, so the first figure does not read as time the step loses."""
+    r = cli("simulate", "--model", "tiny-llama", "--plan", "qkv-offload", "--target", "h200")
+    assert r.returncode == 0, r.stderr
+    row = re.search(
+        r"host transfers at the link \(of which exposed: d2h / h2d\)\s*│\s*([\d.]+) ms "
+        r"\(exposed ([\d.]+) ms / ([\d.]+) ms\)",
+        r.stdout,
+    )
+    assert row, r.stdout
+    link, d2h, h2d = map(float, row.groups())
+    assert link > d2h + h2d  # some of it hidden: the two figures differ
+    assert re.search(r"collectives \(of which exposed\)\s*│\s*[\d.]+ ms \(exposed [\d.]+ ms\)",
+                     r.stdout)  # fmt: skip
+
+
+MAX_MB = ["plan", "--model", "tiny-llama", "--set", "vocab_size=32000", "--seq", "128",
+          "--max-microbatch", "--target", "h200", "--budget-gib", "0.2", "--json"]  # fmt: skip
+
+
+def _largest_line(doc: dict) -> tuple[int, int, int]:
+    line = " ".join(doc["notes"])
+    found = re.search(
+        r"largest microbatch that fits: (\d+) per device \((\d+) does not\); with the loss in 2 "
+        r"tiles \(--set loss_tiles=2\) (\d+) fits",  # (below 1,000: no thousands separator)
+        line,
+    )
+    assert found, line
+    return tuple(map(int, found.groups()))
+
+
+def test_max_microbatch_says_what_it_found_and_what_loss_tiles_would_allow(cli):
+    """plan --max-microbatch names the microbatch it found; where the logits make the next one's
+    peak, the loss in 2 tiles lets a larger one fit, and the line gives that microbatch."""
+    doc = _json(cli(*MAX_MB))
+    mb, above, tiled = _largest_line(doc)
+    assert mb == doc["microbatch"] and above == mb + 1 and tiled > mb
+
+
+@pytest.mark.slow  # two microbatch searches, each with its tiling's search
+def test_the_loss_tiles_hint_is_what_max_microbatch_finds_with_that_option(cli):
+    _, _, tiled = _largest_line(_json(cli(*MAX_MB)))
+    assert _json(cli(*MAX_MB, "--set", "loss_tiles=2"))["microbatch"] == tiled

@@ -20,6 +20,7 @@ LAYERS: list[set[str]] = [
     # foundations
     {"errors"},
     {"names"},
+    {"sizes"},
     {"fileio"},
     {"schema"},
     {"records"},

@@ -1,7 +1,7 @@
 """``tierax plan --maxtext ... --max-microbatch``: the largest per_device_batch_size whose MaxText
 program the model fits a plan of, found by :func:`tierax.solving.planner.largest_fitting`'s doubling
 and bisection over MaxText's program retraced at each batch
-(:class:`tierax.solving.for_maxtext.BatchSearch`).
+(:class:`tierax.solving.maxtext_check.BatchSearch`).
 
 The search is checked against brute force: the model's fit at every batch, computed here by the
 planner on each batch's own trace; the shared search against every threshold of a monotone
@@ -111,12 +111,12 @@ def _fits_by_hand(run, rates, budget) -> bool:
 @maxtext
 @pytest.mark.slow  # five MaxText traces, seconds each; the default suite checks the search above
 def test_search_against_brute_force(traced):
-    from tierax.solving import for_maxtext
+    from tierax.solving import maxtext_check
 
     trace, calls = traced
     req = _request(trace(1), BUDGET)
     calls.clear()
-    search = for_maxtext.BatchSearch(req, trace)
+    search = maxtext_check.BatchSearch(req, trace)
     found = search.largest()
     # each microbatch the search asked for was traced once
     assert all(n == 1 for n in calls.values()), calls
@@ -186,7 +186,7 @@ def test_check_batch_corrections_by_hand(traced):
     followed by a solve at the budget less that compile's miss, and a fit within 5 % converges."""
     import compiled_standin
 
-    from tierax.solving import for_maxtext
+    from tierax.solving import maxtext_check
 
     trace, _ = traced
     run = trace(LARGEST + 1)
@@ -198,7 +198,7 @@ def test_check_batch_corrections_by_hand(traced):
         return compiled_standin.compiled(peaks[len(solved) - 1])[0]
 
     # batch LARGEST+1 does not fit BUDGET by the model: with -20 MiB it is solved at BUDGET+20
-    res = for_maxtext.check_batch(req, compile_plan, correction=-20 * MIB, attempts=2)
+    res = maxtext_check.check_batch(req, compile_plan, correction=-20 * MIB, attempts=2)
     first, second = res.iterations
     assert first.budget_bytes == BUDGET + 20 * MIB and not first.xla_fits
     assert first.predicted_peak_bytes == solved[0].predicted.peak_device_bytes - 20 * MIB

@@ -212,8 +212,22 @@ def test_bad_override(capsys):
 
 
 def test_maxtext_validation_error_names_the_key(capsys):
-    rc, err = _cli("--maxtext", _model_file("mistral-7b"), "not_a_maxtext_key=3", capsys=capsys)
-    assert rc == 2 and "MaxText refused" in err and "not_a_maxtext_key" in err
+    rc, err = _cli("--maxtext", _model_file("mistral-7b"), "dropout_rate=lots", capsys=capsys)
+    assert rc == 2 and "MaxText refused" in err and "dropout_rate" in err
+
+
+@pytest.mark.parametrize(
+    "key, hint",
+    [("per_device_batch_sise=2", " (did you mean per_device_batch_size"), ("zzqqxx=3", ";")],
+)
+def test_a_key_maxtext_lacks_is_refused_naming_the_closest(capsys, key, hint):
+    """Before MaxText's loader (which warns that it ignores the key, then fails listing hundreds of
+    its keys): the key, the closest of MaxText's, where its keys are."""
+    rc, err = _cli("--maxtext", _model_file("mistral-7b"), key, capsys=capsys)
+    assert rc == 2, err
+    name = key.partition("=")[0]
+    assert f"MaxText has no key '{name}'{hint}" in err and "configs/base.yml" in err
+    assert "Ignoring invalid" not in err and len(err) < 600  # no list of MaxText's keys
 
 
 def test_flag_conflicting_with_key(capsys):
@@ -249,6 +263,24 @@ def test_maxtext_with_model_refused(capsys):
     assert rc == 2 and "--maxtext and --model" in err
     rc, err = _cli("--model", "tiny-llama", "per_device_batch_size=2", capsys=capsys)
     assert rc == 2 and "without --maxtext" in err
+
+
+def test_inventory_with_a_target_traces_that_targets_program(capsys):
+    """With --target, inventory --maxtext shows the program simulate and plan price for it (v5p:
+    MaxText's splash attention, traced through its stand-in, which keeps the kernel's output
+    ``context``); without, MaxText's CPU program (dot_product)."""
+    import json
+
+    args = ["--maxtext", str(_configs() / "base.yml"), *SMALL, "--seq", "64", "--devices", "4"]
+    assert main(["inventory", *args, "--target", "v5p", "--json"]) == 0
+    out, err = capsys.readouterr()
+    on_tpu = json.loads(out)
+    assert on_tpu["maxtext"]["target"] == "v5p" and on_tpu["maxtext"]["attention"] == "flash"
+    assert "stand-in" in err  # the run's notes, on stderr
+    assert main(["inventory", *args, "--json"]) == 0
+    on_cpu = json.loads(capsys.readouterr().out)
+    names = [{a["name"] for g in d["groups"] for a in g["activations"]} for d in (on_tpu, on_cpu)]
+    assert "context" in names[0] - names[1]
 
 
 def test_other_verbs_refuse_maxtext(capsys):

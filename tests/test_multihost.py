@@ -21,6 +21,7 @@ import pytest
 import tokenizer_files as TF
 import yaml
 
+from tierax import launch
 from tierax.train import checkpoint as C
 from tierax.train import config as TC
 from tierax.train import data as D
@@ -40,7 +41,9 @@ def _run_two(cfg_file: pathlib.Path, *extra: str) -> list[dict]:
     cmd = [exe] if exe else [sys.executable, "-m", "tierax.cli"]
     cmd += ["train", str(cfg_file), *extra, "--json"]
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERAX_")}
+    # Without the launch variables (each process gets its own); the run's hermetic environment
+    # (tests/conftest.py: HOME, TIERAX_CALIBRATION, ...) stays.
+    env = {k: v for k, v in os.environ.items() if k not in launch.Distributed.ENV}
     # Process 0 is configured by flags, process 1 by the environment: both ways are supported.
     p0 = subprocess.Popen(
         cmd + ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", "0"],

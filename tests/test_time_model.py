@@ -22,7 +22,6 @@ from jax.extend.core import jaxprs_in_params
 from tierax import costmodel as cm
 from tierax import names as N
 from tierax import plan as P
-from tierax.costmodel import rates as rates_lib
 from tierax.costmodel.first_touch import MMAP_THRESHOLD_MAX_BYTES, first_touch_s
 from tierax.errors import TieraxError
 from tierax.measure import harness
@@ -162,7 +161,7 @@ def test_an_older_calibration_prices_aliased_rows_as_spread_ones_and_says_so():
 def test_cpu_rates_read_the_calibration_file(tmp_path, monkeypatch):
     f = tmp_path / "calibration.json"
     f.write_text(json.dumps(CAL))
-    monkeypatch.setattr(rates_lib, "CALIBRATION_FILE", f)
+    monkeypatch.setenv("TIERAX_CALIBRATION", str(f))
     assert cm.target_rates("cpu", "bfloat16") == rates("bfloat16")
 
 

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import dataclasses
 import math
+import pathlib
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -213,6 +214,21 @@ def load_plans(text: str, cfg, option: str, preset: str | None = None) -> list:
             f"{option} is empty; give a preset, a plan YAML file, or a comma-separated list of them"
         )
     return plans
+
+
+def read_target_config(path: str | None) -> str | None:
+    """``--target-config FILE``'s text (a GpuTargetConfigProto); None where it was not given."""
+    if path is None:
+        return None
+    p = pathlib.Path(path)
+    if not p.is_file():
+        raise TieraxError(f"--target-config {path!r}: no such file")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise TieraxError(
+            f"--target-config {path!r} is not UTF-8 text; give a GpuTargetConfigProto text file"
+        ) from None
 
 
 @contextlib.contextmanager

@@ -3,8 +3,10 @@ target without it (:mod:`tierax.xla.maxtext_step`), over the compile verb's flag
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import sys
 
 from tierax.cli import maxtext_program
 from tierax.errors import TieraxError
@@ -41,8 +43,7 @@ def cmd_compile(args) -> int:
     """``tierax compile --maxtext``."""
     check_args(args)
     from tierax import hardware, launch
-    from tierax.cli.common import console
-    from tierax.cli.measuring import read_target_config
+    from tierax.cli.common import console, read_target_config
     from tierax.interop.maxtext_program.config import require_maxtext
     from tierax.mesh import parse_mesh
 
@@ -54,28 +55,32 @@ def cmd_compile(args) -> int:
     target_config = read_target_config(args.target_config)
     if spec.kind == "tpu" and target_config is not None:
         raise TieraxError("--target-config is a GpuTargetConfigProto; a TPU target takes none")
-    require_maxtext()
-    launch.start_maxtext_compile(args.target, devices)
-    from tierax.report.tables import compile_table
-    from tierax.xla import compile as compile_lib
-    from tierax.xla.maxtext_step import compile_program
+    # What MaxText prints (at its import, while it builds and compiles its step) goes to stderr:
+    # stdout holds the result only (--json's JSON, or the table).
+    with contextlib.redirect_stdout(sys.stderr):
+        require_maxtext()
+        launch.start_maxtext_compile(args.target, devices)
+        from tierax.xla import compile as compile_lib
+        from tierax.xla.maxtext_step import compile_program
 
-    if spec.kind == "tpu":
-        compile_lib.check_tpu_aot()
-    else:
-        compile_lib.check_gpu_aot()
-    overrides = list(args.maxtext_overrides)
-    if getattr(args, "plan_given", False):
-        overrides = _with_plan(args, devices, mesh)
-    result, _ = compile_program(
-        args.maxtext,
-        overrides,
-        target=args.target,
-        devices=devices,
-        mesh=mesh,
-        target_config=target_config,
-        **_sizes(args),
-    )
+        if spec.kind == "tpu":
+            compile_lib.check_tpu_aot()
+        else:
+            compile_lib.check_gpu_aot()
+        overrides = list(args.maxtext_overrides)
+        if getattr(args, "plan_given", False):
+            overrides = _with_plan(args, devices, mesh)
+        result, _ = compile_program(
+            args.maxtext,
+            overrides,
+            target=args.target,
+            devices=devices,
+            mesh=mesh,
+            target_config=target_config,
+            **_sizes(args),
+        )
+    from tierax.report.tables import compile_table
+
     if getattr(args, "plan_given", False):
         import dataclasses
 
@@ -91,9 +96,6 @@ def _with_plan(args, devices: int, mesh) -> list[str]:
     """The user's overrides with ``--plan``'s MaxText keys joined
     (:mod:`tierax.interop.maxtext_program.given_plan`): the program is traced first for the names
     and layer stacks the plan is resolved against (JAX started for the compile)."""
-    import contextlib
-    import sys
-
     from tierax.interop.maxtext_program import given_plan, program
 
     with contextlib.redirect_stdout(sys.stderr):

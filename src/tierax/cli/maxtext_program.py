@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping
 
 from tierax.errors import TieraxError
@@ -16,7 +17,8 @@ def add_args(parser) -> None:
         metavar="CONFIG.yml",
         help="trace MaxText's own program: a MaxText config (e.g. its configs/base.yml with "
         "model_name=NAME) or model file (configs/models/NAME.yml), loaded by MaxText; MaxText "
-        "keys as key=value after it",
+        "keys as key=value after it; with --target, the program simulate and plan price for "
+        "that target (its attention kernel), else MaxText's CPU program (hardware=cpu)",
     )
     parser.add_argument(
         "maxtext_overrides",
@@ -70,11 +72,6 @@ def check_args(args) -> None:
     )
     if not check_maxtext(args, why):
         return
-    if getattr(args, "target_given", False):
-        raise TieraxError(
-            f"--target {args.target} does not apply to --maxtext inventory: MaxText's program is "
-            "traced as it runs on a CPU (hardware=cpu), per device, for any target; leave it out"
-        )
 
 
 def cmd_inventory(args) -> int:
@@ -95,15 +92,38 @@ def cmd_inventory(args) -> int:
         if args.mesh == "auto":
             raise TieraxError(MESH_AUTO)
         mesh = parse_mesh(args.mesh, args.devices).to_dict()
-    inv = maxtext_program.inventory(
-        args.maxtext,
-        args.maxtext_overrides,
-        mesh=mesh,
+    sizes = dict(
         microbatch=args.microbatch if args.microbatch_given else None,
         seq=args.seq if getattr(args, "seq_given", False) else None,
     )
+    extra = {}
+    if getattr(args, "target_given", False):  # the program simulate and plan price on it
+        from tierax import launch
+
+        launch.start()
+        run = maxtext_program.program(
+            args.maxtext,
+            args.maxtext_overrides,
+            target=args.target,
+            devices=args.devices,
+            mesh=mesh,
+            **sizes,
+        )
+        inv = run.program.inventory
+        for note in run.notes:
+            print(f"note: {note}", file=sys.stderr)
+        extra = {
+            "maxtext": {
+                "target": args.target,
+                "attention": run.attention,
+                "traced_attention": run.traced_attention,
+                "notes": list(run.notes),
+            }
+        }
+    else:  # MaxText's CPU program (hardware=cpu), as its config says
+        inv = maxtext_program.inventory(args.maxtext, args.maxtext_overrides, mesh=mesh, **sizes)
     if args.json:
-        print(json.dumps(inv_lib.inventory_json(inv), indent=2))
+        print(json.dumps(inv_lib.inventory_json(inv) | extra, indent=2))
     else:
         console().print(inventory_table(inv, None))
     return 0

@@ -10,7 +10,7 @@ MaxText overrides as ``remat_policy: custom`` and its names,
 XLA's offload policy, the training state on device (MaxText offloads its optimizer state all or
 none), and with ``--emit maxtext`` writes the MaxText keys of the plan
 (:mod:`tierax.interop.maxtext_program.emit`); with ``--check`` each plan's keys are compiled as
-MaxText's own step (:class:`tierax.solving.for_maxtext.MaxTextCompile`) in
+MaxText's own step (:class:`tierax.solving.maxtext_check.MaxTextCompile`) in
 :mod:`tierax.solving.plan_check`'s loop; with ``--max-microbatch`` the plan is for the largest
 ``per_device_batch_size`` the model fits (with ``--check``: that MaxText's compile confirms).
 """
@@ -22,6 +22,7 @@ import sys
 
 from tierax.cli import maxtext_program as maxtext_args
 from tierax.errors import TieraxError
+from tierax.sizes import size_text
 
 GIB = 2**30
 
@@ -167,7 +168,7 @@ def _trace(args, overrides, microbatch: int | None = None):
 
 
 def _retrace(args):
-    """``trace(keys, microbatch)`` for :func:`tierax.solving.for_maxtext.what_would_fit`: the
+    """``trace(keys, microbatch)`` for :func:`tierax.solving.maxtext_check.what_would_fit`: the
     user's keys with ``keys`` in place of theirs (and no per_device_batch_size where a microbatch
     is given); None where MaxText refuses them.  What MaxText prints goes to stderr."""
     import contextlib
@@ -325,6 +326,13 @@ def _plan_report(args, run, req, out, extra: tuple[str, ...] = (), search=None) 
     result, notes = planning.solve(req)
     notes = [*run.notes, *notes, STATE_NOTE, *extra]
     text = _emitted(args, run, result, notes) if args.emit else result.plan.to_yaml()
+    solved = result
+    if args.emit:  # the figures shown (and the file's) are those of what MaxText runs
+        result, lost = _as_emitted(args, text, run, req, result)
+        if lost:
+            peak = result.predicted.peak_device_bytes
+            text = _emitted(args, run, solved, notes, predicted_peak=peak)
+            notes = [*notes, lost]
     if out:
         write_text_atomic(out, text)
     stream = sys.stderr if args.json or (args.emit and not out) else sys.stdout
@@ -332,6 +340,8 @@ def _plan_report(args, run, req, out, extra: tuple[str, ...] = (), search=None) 
         print(line, file=stream)
     if args.json or (args.emit and not out):
         doc = {**result.to_json(), "notes": notes}
+        if solved is not result:
+            doc["solved"] = {"plan": solved.plan.to_dict(), "predicted": solved.predicted.to_json()}
         if search is not None:
             doc["max_microbatch"] = search | _choice(args, run, result)
         print(json.dumps(doc, indent=2) if args.json else text, end="" if not args.json else "\n")
@@ -342,6 +352,39 @@ def _plan_report(args, run, req, out, extra: tuple[str, ...] = (), search=None) 
     if out:
         print(f"wrote {out}")
     return 0
+
+
+def _as_emitted(args, text: str, run, req, result):
+    """``result`` with the plan MaxText runs for the emitted ``text``'s keys and its prediction (as
+    ``simulate --plan`` prices the file: MaxText's program traced again with the keys, its custom
+    policy read back), and the words saying what the keys could not express of the plan solved
+    and what that changes; ``result`` itself and "" where they express all of it."""
+    import contextlib
+    import dataclasses
+
+    import yaml
+
+    from tierax import costmodel as cm
+    from tierax.interop.maxtext_program import emit, given_plan
+
+    lost = emit.not_expressed(result.plan, run.program)
+    if not lost:
+        return result, ""
+    data = yaml.safe_load(text)
+    keys = emit.as_args({k: v for k, v in data.items() if k in given_plan.PLAN_KEYS})
+    with contextlib.redirect_stdout(sys.stderr):  # what MaxText prints
+        ran = _trace(
+            args, emit.command_overrides(args.maxtext_overrides, keys), run.program.microbatch
+        )
+    pred = cm.simulate(ran.plan, ran.program, req.rates, req.schedule, ran.grad_accum)
+    a, b = pred, result.predicted
+    over = "" if a.peak_device_bytes <= result.budget_bytes else " (over the device budget)"
+    return dataclasses.replace(result, plan=ran.plan, predicted=pred), (
+        f"{lost}: the figures shown are the emitted keys' (what MaxText runs): peak "
+        f"{size_text(a.peak_device_bytes)}{over}, step {a.step_time_s * 1e3:.2f} ms; the plan "
+        f"solved, which MaxText cannot run: {size_text(b.peak_device_bytes)}, "
+        f"{b.step_time_s * 1e3:.2f} ms"
+    )
 
 
 REMEDIES = (
@@ -448,9 +491,9 @@ def _plan_check(args, run, req, out, devices: int) -> int:
     def what_would_fit() -> str:
         print("no plan fits: tracing what would ...", file=sys.stderr, flush=True)
         head = run.program.head
-        from tierax.solving import for_maxtext
+        from tierax.solving import maxtext_check
 
-        return for_maxtext.what_would_fit(
+        return maxtext_check.what_would_fit(
             req,
             _retrace(args),
             tiles=head.tiles if head else 1,
@@ -492,14 +535,14 @@ def _stream(args, out):
 
 def _compile(args, run, devices: int):
     """How --check compiles a plan of ``run``: MaxText's own step on ``devices`` devices."""
-    from tierax.solving import for_maxtext
+    from tierax.solving import maxtext_check
 
     if _mesh_size(run.mesh) != devices:
         raise TieraxError(
             f"MaxText's mesh for this config is {run.mesh} ({_mesh_size(run.mesh)} devices), not "
             f"--devices {devices}: its ici_*/dcn_* parallelism must multiply to --devices"
         )
-    return for_maxtext.MaxTextCompile(
+    return maxtext_check.MaxTextCompile(
         run, path=args.maxtext, user=args.maxtext_overrides, target=args.target, devices=devices
     )
 
@@ -614,16 +657,16 @@ def _choice(args, run, result) -> dict:
 
 # The most batches plan --maxtext --max-microbatch --check compiles, and the compiles at each batch
 # (--check-iterations overrides it): the plan, then the corrected model's where the first did not
-# fit (for_maxtext.check_batch).
+# fit (maxtext_check.check_batch).
 MAX_BATCH_CHECKS = 4
 BATCH_CHECK_ITERATIONS = 2
 
 
 def _plan_max_microbatch(args, out, devices, start) -> int:
     """``plan --maxtext --max-microbatch``: the largest per_device_batch_size whose MaxText program
-    the model fits a plan of (:class:`tierax.solving.for_maxtext.BatchSearch`, each batch traced
+    the model fits a plan of (:class:`tierax.solving.maxtext_check.BatchSearch`, each batch traced
     once), planned and reported; with ``--check``, each batch the search proposes is checked by
-    MaxText's compile (:func:`tierax.solving.for_maxtext.check_batch`); the model, its budget less
+    MaxText's compile (:func:`tierax.solving.maxtext_check.check_batch`); the model, its budget less
     what that compile needed beyond it (or plus what it needed less), proposes again, above the
     largest batch whose compile fitted and below the smallest whose compile did not, up to
     :data:`MAX_BATCH_CHECKS` batches."""
@@ -632,7 +675,7 @@ def _plan_max_microbatch(args, out, devices, start) -> int:
 
     from tierax import launch
     from tierax.interop import maxtext_program
-    from tierax.solving import for_maxtext, plan_check, planner
+    from tierax.solving import maxtext_check, plan_check, planner
 
     with contextlib.redirect_stdout(sys.stderr):  # what MaxText prints, from its import on
         maxtext_program.require_maxtext()
@@ -640,7 +683,7 @@ def _plan_max_microbatch(args, out, devices, start) -> int:
         first = _trace(args, args.maxtext_overrides, 1)  # MaxText's refusal is an error here
     req = _request(args, first)
     retrace = _retrace(args)
-    search = for_maxtext.BatchSearch(req, lambda mb: first if mb == 1 else retrace([], mb))
+    search = maxtext_check.BatchSearch(req, lambda mb: first if mb == 1 else retrace([], mb))
     tensor = int(first.mesh.get("tensor", 1))
     stream = _stream(args, out)
 
@@ -680,7 +723,7 @@ def _plan_max_microbatch(args, out, devices, start) -> int:
         compile_plan = _compile(args, run, devices)
         print(f"checking per_device_batch_size {pdb(mb)} ...", file=stream, flush=True)
         try:
-            res = for_maxtext.check_batch(
+            res = maxtext_check.check_batch(
                 req_mb,
                 compile_plan,
                 correction=miss,
@@ -710,7 +753,7 @@ def _plan_max_microbatch(args, out, devices, start) -> int:
             mb = None
             break
     summary |= {"traces": search.traces, "batches_checked": checked, "compiles": compiles}
-    g = planner.size_text
+    g = size_text
     if best is None:
         tried = ", ".join(f"{c['per_device_batch_size']:g}" for c in checked)
         raise TieraxError(

@@ -13,9 +13,9 @@ from tierax.cli.common import (
     mesh_option,
     note_local_fp8,
     progress,
+    read_target_config,
     resolve_model,
 )
-from tierax.errors import TieraxError
 from tierax.fileio import check_output_dir, check_output_file
 
 CPU_OFFLOAD_NOTE = (
@@ -192,20 +192,6 @@ def cmd_compile(args) -> int:
     else:
         console().print(compile_table(result))
     return 0
-
-
-def read_target_config(path: str | None) -> str | None:
-    if path is None:
-        return None
-    p = pathlib.Path(path)
-    if not p.is_file():
-        raise TieraxError(f"--target-config {path!r}: no such file")
-    try:
-        return p.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise TieraxError(
-            f"--target-config {path!r} is not UTF-8 text; give a GpuTargetConfigProto text file"
-        ) from None
 
 
 def cmd_verify(args) -> int:

@@ -19,10 +19,14 @@ from tierax.cli.common import (
 )
 
 PRESET_HELP = "XLA flag preset: none, lhs, lhs-pipelined"
+# What --devices counts on a TPU target: JAX's devices, a chip where it shows one device (v5p's two
+# TensorCores are one megacore device), a TensorCore where it shows two (TPU7x).
+TPU_DEVICES_HELP = (
+    "--devices counts JAX devices: a chip on v5e, v5p, v6e; a TensorCore on v7x, 2 a chip"
+)
 TARGET_HELP = (
-    "GPUs h100, h200, b200, gb200; projections gb300, vr200; TPUs v5e, v5p, v6e, v7x (devices = "
-    "TensorCores, 2 per chip); or cpu "
-    "(measured by calibrate)"
+    "GPUs h100, h200, b200, gb200; projections gb300, vr200; TPUs v5e, v5p, v6e, v7x "
+    f"({TPU_DEVICES_HELP}); or cpu (measured by calibrate)"
 )
 
 
@@ -404,8 +408,7 @@ def _running(sub) -> None:
         "--target",
         "h200",
         "h100, h200, b200, gb200 (XLA:GPU) or v5e, v5p, v6e, v7x (XLA:TPU, needs the tpu-aot "
-        "extra; v7x: --devices counts TensorCores, 2 a chip); default h200, or the target a plan "
-        "file records",
+        f"extra; {TPU_DEVICES_HELP}); default h200, or the target a plan file records",
     )
     c.add_argument(
         "--target-config",

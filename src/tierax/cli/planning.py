@@ -267,6 +267,31 @@ def _request(args, cfg, mesh, rates):
     )
 
 
+def _largest_microbatch(request, result) -> str:
+    """``plan --max-microbatch``'s answer in words where the search found where fitting stops:
+    the microbatch, and where the loss in twice the tiles (the next count dividing the sequence)
+    lets a larger one fit, that microbatch and the option."""
+    import dataclasses
+
+    from tierax.solving import no_fit, planner, planning
+
+    mb = result.microbatch
+    line = f"largest microbatch that fits: {mb:,} per device ({mb + 1:,} does not)"
+    n = request.cfg.loss_tiles * 2
+    while n <= no_fit.MAX_HINT_TILES and request.seq % n:
+        n *= 2
+    if n > no_fit.MAX_HINT_TILES:
+        return line
+    tiled = dataclasses.replace(request, cfg=dataclasses.replace(request.cfg, loss_tiles=n))
+    try:
+        more = planning.solve(tiled)[0].microbatch
+    except planner.NoPlanFits:
+        return line
+    if more > mb:
+        line += f"; with the loss in {n} tiles (--set loss_tiles={n}) {more:,} fits"
+    return line
+
+
 def _written_by_plan(path) -> bool:
     """A file ``tierax plan --out`` wrote: a MaxText overrides file it emitted, or a plan YAML."""
     from tierax import plan as plan_lib
@@ -317,7 +342,10 @@ def cmd_plan(args) -> int:
         return _plan_check(args)
     out = _plan_out(args)
     cfg, mesh, rates = _inputs(args)
-    result, notes = planning.solve(_request(args, cfg, mesh, rates))
+    request = _request(args, cfg, mesh, rates)
+    result, notes = planning.solve(request)
+    if args.max_microbatch and result.search_stopped_at is None:  # stopped: solve's note says so
+        notes = [*notes, _largest_microbatch(request, result)]
     text = (
         interop.emit(
             result,
@@ -719,7 +747,7 @@ def cmd_calibrate(args) -> int:
     from tierax.fileio import check_output_file
     from tierax.report.tables import calibration_table
 
-    check_output_file(cm.CALIBRATION_FILE, "calibration file")
+    check_output_file(cm.calibration_file(), "calibration file")
     launch.start(run_step=True)
     import jax
 

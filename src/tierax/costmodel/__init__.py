@@ -61,8 +61,8 @@ from tierax.costmodel.predict import (
 )
 from tierax.costmodel.rates import (
     ACHIEVABLE_FRACTION,
-    CALIBRATION_FILE,
     Rates,
+    calibration_file,
     for_program,
     load_calibration,
     override_rates,
@@ -85,7 +85,6 @@ from tierax.costmodel.terms import (
 
 __all__ = [
     "ACHIEVABLE_FRACTION",
-    "CALIBRATION_FILE",
     "OVERLAP_WINDOW",
     "RESOURCES",
     "SCHEDULES",
@@ -94,6 +93,7 @@ __all__ = [
     "StateTerms",
     "StepSplit",
     "xla_gpu_fixed_bytes",
+    "calibration_file",
     "FixedTerms",
     "GroupTerms",
     "ItemTerms",

@@ -80,11 +80,17 @@ SPLASH_ATTENTION_SOURCE = (
 )
 # FlashAttention's backward convention: 5 matmuls of the forward's 2, i.e. 2.5 × its FLOPs.
 FUSED_BACKWARD_FLOPS_RATIO = 2.5
-CALIBRATION_FILE = pathlib.Path(
-    os.environ.get(
-        "TIERAX_CALIBRATION", pathlib.Path.home() / ".cache" / "tierax" / "calibration.json"
-    )
-)
+
+
+def calibration_file() -> pathlib.Path:
+    """Where ``tierax calibrate`` stores its measured rates and ``simulate``/``plan`` read them:
+    ``$TIERAX_CALIBRATION``, else ``~/.cache/tierax/calibration.json``.  Read at each call, not at
+    import: a path fixed when the module was imported would outlive a later change of the
+    environment (a test's, a caller's) and write a file the caller moved elsewhere."""
+    env = os.environ.get("TIERAX_CALIBRATION")
+    if env:
+        return pathlib.Path(env)
+    return pathlib.Path.home() / ".cache" / "tierax" / "calibration.json"
 
 
 @dataclass(frozen=True)
@@ -250,12 +256,14 @@ def xla_gpu_fixed_source(compute_capability: Sequence[int], jaxlib: str) -> str:
 
 
 def load_calibration() -> dict:
-    if CALIBRATION_FILE.exists():
+    """The calibration file's content (:func:`calibration_file`); empty where there is none."""
+    path = calibration_file()
+    if path.exists():
         try:
-            return json.loads(CALIBRATION_FILE.read_text())
+            return json.loads(path.read_text())
         except json.JSONDecodeError:
             raise TieraxError(
-                f"{CALIBRATION_FILE} is not valid JSON; delete it and run `tierax calibrate` again"
+                f"{path} is not valid JSON; delete it and run `tierax calibrate` again"
             ) from None
     return {}
 

@@ -13,7 +13,7 @@ rate for GEMMs whose smallest dimension is smaller (``harness.CPU_MATMUL_SIZE_DI
 that reuses each loaded element fewer times runs slower), on a CPU the bfloat16
 LM head's GEMMs as the loss writes them (float32 products: another XLA:CPU kernel), and on a GPU the
 host↔device copy bandwidth each way (pinned host memory).  Results are stored in
-``tierax.costmodel.CALIBRATION_FILE`` under the target key (``cpu`` here; the GPU kind on a GPU)
+``tierax.costmodel.calibration_file()`` under the target key (``cpu`` here; the GPU kind on a GPU)
 and used by ``simulate`` and ``plan`` instead of datasheet figures.
 """
 
@@ -253,8 +253,9 @@ def save(entry: dict, key: str | None = None) -> dict:
     key = key or target_key()
     data = cm.load_calibration()
     data[key] = entry
-    write_text_atomic(cm.CALIBRATION_FILE, json.dumps(data, indent=2) + "\n")
-    return {"target": key, "file": str(cm.CALIBRATION_FILE), **entry}
+    path = cm.calibration_file()
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+    return {"target": key, "file": str(path), **entry}
 
 
 def run_and_save(progress: Callable[[str], None] | None = None) -> dict:

@@ -308,9 +308,9 @@ def prediction_table(pred, title: str) -> Table:
         ("  compute", ms(b.compute_s)),
         ("    of which non-matmul work at memory bandwidth", ms(b.hbm_s)),
         ("  recompute", ms(b.recompute_s)),
-        (
-            "  host transfers (exposed d2h / h2d)",
-            f"{ms(b.transfer_s)} ({ms(b.exposed_d2h_s)} / {ms(b.exposed_h2d_s)})",
+        (  # the copies' time at the link, most of it hidden under compute: not the step's
+            "  host transfers at the link (of which exposed: d2h / h2d)",
+            f"{ms(b.transfer_s)} (exposed {ms(b.exposed_d2h_s)} / {ms(b.exposed_h2d_s)})",
         ),
         *(
             [
@@ -324,7 +324,10 @@ def prediction_table(pred, title: str) -> Table:
             if b.state.transfer_s
             else []
         ),
-        ("  collectives (exposed)", f"{ms(b.collective_s)} ({ms(b.exposed_collective_s)})"),
+        (
+            "  collectives (of which exposed)",
+            f"{ms(b.collective_s)} (exposed {ms(b.exposed_collective_s)})",
+        ),
         *(
             [("  first write of fresh memory (CPU)", ms(b.first_touch_s))]
             if b.first_touch_s

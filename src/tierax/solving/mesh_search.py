@@ -53,6 +53,7 @@ from tierax.costmodel import network
 from tierax.costmodel.state import ACCUM_ITEMSIZE
 from tierax.errors import TieraxError
 from tierax.mesh import AXES, MeshShape
+from tierax.sizes import size_text
 from tierax.solving import planner, planning
 from tierax.tracing import hbm, model_program
 from tierax.tracing import inventory as inv_lib
@@ -130,7 +131,7 @@ class Candidate:
                 + (f" × {self.grad_accum} microsteps" if self.grad_accum > 1 else "")
             )
         )
-        return f"{what} need at least {planner.size_text(over)} more than the budget"
+        return f"{what} need at least {size_text(over)} more than the budget"
 
     def to_json(self, tokens: int) -> dict:
         pred = self.result.predicted if self.result else None

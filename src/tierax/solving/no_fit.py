@@ -16,15 +16,10 @@ import re
 
 from tierax import costmodel as cm
 from tierax.plan import Placement, StatePlacement
+from tierax.sizes import size_text
 
 # The largest loss tiling a hint suggests (the tiles must divide the sequence).
 MAX_HINT_TILES = 64
-
-
-def _size(n: float) -> str:
-    from tierax.solving.planner import size_text
-
-    return size_text(n)
 
 
 def _tiles_hint(prog, b: cm.Breakdown, budget: int, evaluate, cli: bool) -> str:
@@ -46,9 +41,9 @@ def _tiles_hint(prog, b: cm.Breakdown, budget: int, evaluate, cli: bool) -> str:
             if floor.peak_device_bytes <= budget:
                 how = f"--set loss_tiles={n}" if cli else f"loss_tiles={n} in the model config"
                 return (
-                    f"; the loss holds {_size(b.logits_bytes)} of logits and their gradients: "
+                    f"; the loss holds {size_text(b.logits_bytes)} of logits and their gradients: "
                     f"{how} computes it in {n} tiles, and the floor then fits "
-                    f"({_size(floor.peak_device_bytes)})"
+                    f"({size_text(floor.peak_device_bytes)})"
                 )
         n *= 2
     return ""
@@ -97,18 +92,18 @@ def message(
         on_device = evaluate(prog, {})
         option = "--host-budget-gib" if cli else "host_budget="
         return (
-            f"no plan fits {prog.name}{at} in a host budget of {_size(host_budget)} per device "
-            f"(device budget {_size(budget)}): the host budget binds. Recomputing everything "
-            f"needs {_size(on_device.peak_device_bytes)} {cm.phase_text(on_device.breakdown)} "
+            f"no plan fits {prog.name}{at} in a host budget of {size_text(host_budget)} per device "
+            f"(device budget {size_text(budget)}): the host budget binds. Recomputing everything "
+            f"needs {size_text(on_device.peak_device_bytes)} {cm.phase_text(on_device.breakdown)} "
             f"with the training state on device, and offloading enough of it to fit needs up to "
-            f"{_size(floor.host_bytes)} of host memory (the offloaded state, held twice during "
+            f"{size_text(floor.host_bytes)} of host memory (the offloaded state, held twice during "
             f"the streamed update). Give a larger {option} ({rates.target} has "
-            f"{_size(rates.host_memory_bytes)} per device), or: "
+            f"{size_text(rates.host_memory_bytes)} per device), or: "
             + remedies[0].lower()
             + remedies[1:]
         )
     terms = ", ".join(
-        f"{label.replace('activations on device', 'layer inputs')} {_size(n)}"
+        f"{label.replace('activations on device', 'layer inputs')} {size_text(n)}"
         for label, n in cm.peak_rows(b)
         if n
     )
@@ -121,7 +116,7 @@ def message(
     if at_max:
         hints += f"; the device budget is already {rates.target}'s usable maximum"
     return (
-        f"no plan fits {prog.name}{at} in a device budget of {_size(budget)}: recomputing "
-        f"everything still needs {_size(floor.peak_device_bytes)} {cm.phase_text(b)} ({terms})"
+        f"no plan fits {prog.name}{at} in a device budget of {size_text(budget)}: recomputing "
+        f"everything still needs {size_text(floor.peak_device_bytes)} {cm.phase_text(b)} ({terms})"
         f"{hints}. {remedies}"
     )

@@ -31,7 +31,7 @@ corrected model fits no plan, the check stops unconverged if a compiled plan fit
 The loop is one for every program it checks: what differs is how a plan is compiled
 (:data:`CompilePlan`): tierax's own step for the request's model (the default,
 :func:`tierax_compile`), or another program's compile of the plan — ``plan --maxtext --check``
-compiles MaxText's own step with the plan's MaxText keys (:mod:`tierax.solving.for_maxtext`).
+compiles MaxText's own step with the plan's MaxText keys (:mod:`tierax.solving.maxtext_check`).
 """
 
 from __future__ import annotations

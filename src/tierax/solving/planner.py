@@ -47,6 +47,7 @@ from tierax.plan import (
     StatePlacement,
     segment_name,
 )
+from tierax.sizes import size_text
 from tierax.solving import quiet_milp
 from tierax.tracing import inventory as inv_lib
 from tierax.tracing import model_program
@@ -515,14 +516,6 @@ MAX_MICROBATCH_REMEDIES = (
     "Even microbatch 1 does not fit: use a smaller --seq, more devices (--devices/--mesh) or a "
     "larger --budget-gib"
 )
-
-
-def size_text(n: float) -> str:
-    """Bytes in the largest unit that keeps them ≥ 1 (a tiny model's floor is not "0.0 GiB")."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{int(n)} B"
 
 
 @takes_program(0)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from tierax.errors import TieraxError
 from tierax.plan import DEFAULT_MECHANISM, PlannedFor
+from tierax.sizes import size_text
 from tierax.solving import for_maxtext as interop
 from tierax.solving import planner
 from tierax.tracing import model_program
@@ -185,8 +186,8 @@ def check_budget(budget_bytes: float | None, rates, *, option: str, unit: float 
 
     raise TieraxError(
         f"{option}{sep}{shown(budget_bytes)} is more than {rates.target}'s device offers: "
-        f"capacity {planner.size_text(rates.device_memory_bytes)}, of which a step may use "
-        f"{planner.size_text(usable)}; give {option}{sep}"
+        f"capacity {size_text(rates.device_memory_bytes)}, of which a step may use "
+        f"{size_text(usable)}; give {option}{sep}"
         f"{shown(math.floor(usable / unit * 100) / 100 * unit if unit != 1 else usable)} or less "
         "(or leave it out: that is the default)"
     )
@@ -213,7 +214,7 @@ def check_host_budget(
     limit = math.floor(host / unit * 100) / 100 * unit if unit != 1 else host
     raise TieraxError(
         f"{option}{sep}{shown(host_budget_bytes)} is more than {rates.target}'s host memory per "
-        f"device ({planner.size_text(host)}); give {option}{sep}{shown(limit)} or less (or leave "
+        f"device ({size_text(host)}); give {option}{sep}{shown(limit)} or less (or leave "
         "it out: that is the default; --rate host_memory=GB models a host with more)"
     )
 

@@ -107,6 +107,41 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, str]:
     return out
 
 
+def maxtext_keys(pyconfig) -> set[str]:
+    """Every key MaxText's config takes: the fields of its ``MaxTextConfig``, nested ones too (a key
+    outside them MaxText ignores with a warning, then fails on elsewhere)."""
+    out: set[str] = set()
+
+    def add(fields) -> None:
+        for name, field in fields.items():
+            out.add(name)
+            inner = getattr(getattr(field, "annotation", None), "model_fields", None)
+            if inner:
+                add(inner)
+
+    add(pyconfig.types.MaxTextConfig.model_fields)
+    return out
+
+
+def check_keys(keys: Sequence[str], pyconfig) -> None:
+    """Refuse a key MaxText does not have, before MaxText's loader sees it.
+
+    Raises:
+      TieraxError: naming the key and the closest of MaxText's keys.
+    """
+    import difflib
+
+    known = maxtext_keys(pyconfig)
+    for key in keys:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=3, cutoff=0.75)
+            hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+            raise TieraxError(
+                f"MaxText has no key {key!r}{hint}; its keys are those of its configs/base.yml "
+                f"({pathlib.Path(pyconfig.MAXTEXT_CONFIGS_DIR) / 'base.yml'})"
+            )
+
+
 def flag_keys(
     *,
     mesh: Mapping[str, int] | None = None,
@@ -177,6 +212,38 @@ def _read_yaml(path: pathlib.Path) -> Mapping:
     return data
 
 
+def _is_config(data: Mapping) -> bool:
+    """A MaxText config (``base_config:`` or ``model_name:``), not a partial model file."""
+    return "base_config" in data or "model_name" in data
+
+
+def command_config(path: str) -> tuple[list[str], str | None]:
+    """What MaxText's own command line (``python -m maxtext.trainers.pre_train.train``) starts
+    with to load ``path`` as :func:`load` does: a MaxText config itself; for a model file
+    ``<MaxText's configs>/base.yml model_name=NAME`` (MaxText reads a model file only through
+    ``model_name``, over ``base.yml``: given alone it has none of ``base.yml``'s keys).  With a note
+    where MaxText would not find that model file (it looks in its ``configs/models`` only).
+
+    Raises:
+      TieraxError: MaxText missing, or ``path`` unreadable.
+    """
+    pyconfig = require_maxtext()
+    file = pathlib.Path(path)
+    data = _read_yaml(file)
+    if _is_config(data):
+        return [str(file)], None
+    configs = pathlib.Path(pyconfig.MAXTEXT_CONFIGS_DIR)
+    model = file.stem
+    known = configs / "models" / f"{model}.yml"
+    argv = [str(configs / "base.yml"), f"model_name={model}"]
+    if known.is_file() and known.resolve() == file.resolve():
+        return argv, None
+    return argv, (
+        f"MaxText reads model_name={model} from {known} only: place {file} there first"
+        + (" (a different file of that name is there now)" if known.exists() else "")
+    )
+
+
 @contextlib.contextmanager
 def _argv(path: str, user: Mapping[str, str], pyconfig) -> Iterator[tuple[list[str], str, str]]:
     """MaxText's command line for ``path`` (see the module docstring), the model name and the
@@ -192,7 +259,7 @@ def _argv(path: str, user: Mapping[str, str], pyconfig) -> Iterator[tuple[list[s
     configs = pathlib.Path(pyconfig.MAXTEXT_CONFIGS_DIR)
     tmp = tempfile.mkdtemp(prefix="tierax-maxtext-")
     try:
-        if "base_config" in data or "model_name" in data:
+        if _is_config(data):
             argv = ["tierax", str(file)]
             model = str(user.get("model_name", data.get("model_name", "default")))
             if model == "default":
@@ -240,6 +307,7 @@ def load(
     """
     pyconfig = require_maxtext()
     user = parse_overrides(overrides)
+    check_keys(list(user), pyconfig)
     keys = merge_flags(
         user, flag_keys(mesh=mesh, microbatch=microbatch, seq=seq, grad_accum=grad_accum)
     )

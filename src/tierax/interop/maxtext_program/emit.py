@@ -18,9 +18,20 @@ import yaml
 from tierax import names as N
 from tierax.errors import TieraxError
 from tierax.interop import maxtext_keys as K
+from tierax.interop.maxtext_program import config as config_lib
 
 HEADER = "# MaxText overrides written by tierax plan --maxtext"
+# The header line naming the MaxText model (model_name, else the file's stem) the plan is for.
+HEADER_MODEL = "# tierax MaxText model: "
 EXPORT = "#   export "  # an environment line of the header: EXPORT + NAME=VALUE
+# The header's command line: RUN + MaxText's config and the user's keys, then RUN_KEYS + this
+# file's keys (KEYS_OF_THIS_FILE, a shell substitution that prints them as key=value) + run_name.
+RUN = "#   python -m maxtext.trainers.pre_train.train "
+RUN_KEYS = "#     "
+KEYS_OF_THIS_FILE = (
+    '$(python -c \'import sys,yaml; print(" ".join(f"{k}={v}" for k, v in '
+    "yaml.safe_load(open(sys.argv[1])).items()))' THIS_FILE)"
+)
 
 
 def uniform(plan, program) -> dict[str, str]:
@@ -126,34 +137,57 @@ def overrides_yaml(
     keys = overrides(plan, run, microbatch=microbatch, seq=seq, grad_accum=grad_accum)
     # the user's keys the plan sets are replaced by the plan's (left off the command line)
     rest = [u for u in user if u.partition("=")[0] not in keys]
-    argv = " ".join(shlex.quote(a) for a in [path, *rest])
+    config, placing = config_lib.command_config(path)
+    argv = " ".join(shlex.quote(a) for a in [*config, *rest])
     lines = [
         f"{K.HEADER_NAME}{plan.name}",
         f"{K.HEADER_DESCRIPTION}{' '.join(plan.description.splitlines())}",
+        f"{HEADER_MODEL}{model_of(run)}",
         f"{HEADER} for MaxText's program of {path} on {target}, schedule {schedule}:",
         f"#   predicted peak {predicted_peak / 2**30:.2f} GiB per device (budget "
         f"{budget_bytes / 2**30:.2f} GiB), host {host_bytes / 2**30:.2f} GiB per device.",
         "# These are command-line overrides (MaxText applies a model file over a config file's own",
         "# keys, and command-line keys over both). Run:",
-        f"#   python -m maxtext.trainers.pre_train.train {argv} \\",
-        '#     $(python -c \'import sys,yaml; print(" ".join(f"{k}={v}" for k, v in '
-        "yaml.safe_load(open(sys.argv[1])).items()))' THIS_FILE) run_name=RUN",
+        f"{RUN}{argv} \\",
+        f"{RUN_KEYS}{KEYS_OF_THIS_FILE} run_name=RUN",
+        *([f"#   ({placing})"] if placing else []),
         "# Environment (XLA reads it when the backend starts):",
         *[f"{EXPORT}{k}={shlex.quote(v)}" for k, v in env.items()],
         *[f"#   ({w})" for w in why],
         *[f"# {n}" for n in notes],
     ]
+    lost = not_expressed(plan, run.program)
+    if lost:
+        lines.append(f"# {lost}")
+    return "\n".join(lines) + "\n" + yaml.safe_dump(keys, sort_keys=False)
+
+
+def not_expressed(plan, program) -> str:
+    """What of ``plan`` MaxText's keys cannot say ("" where they say all of it): a layer group
+    that keeps its unnamed intermediates (no remat), which MaxText's custom policy recomputes."""
     from tierax.plan import Placement, unnamed_placements
 
-    kept = sorted(
-        g for g, p in unnamed_placements(plan, run.program).items() if p is Placement.DEVICE
+    kept = sorted(g for g, p in unnamed_placements(plan, program).items() if p is Placement.DEVICE)
+    if not kept:
+        return ""
+    return (
+        f"NOT EXPRESSED: {', '.join(kept)} keep(s) every intermediate (no remat); MaxText's "
+        "custom policy recomputes the unnamed ones"
     )
-    if kept:
-        lines.append(
-            f"# NOT EXPRESSED: {', '.join(kept)} keep(s) every intermediate (no remat); MaxText's "
-            "custom policy recomputes the unnamed ones"
-        )
-    return "\n".join(lines) + "\n" + yaml.safe_dump(keys, sort_keys=False)
+
+
+def model_of(run) -> str:
+    """The MaxText model of the program ``run`` (its ``model_name``, else its file's stem)."""
+    return run.program.inventory.model
+
+
+def written_for(text: str) -> str | None:
+    """The model an emitted file's header names (:data:`HEADER_MODEL`); None in a file without
+    that line (written by hand, or before tierax named it)."""
+    for line in text.splitlines():
+        if line.startswith(HEADER_MODEL):
+            return line.removeprefix(HEADER_MODEL).strip()
+    return None
 
 
 def command_overrides(user: Sequence[str], emitted: Sequence[str]) -> list[str]:

@@ -76,11 +76,12 @@ def check(spec: str, user: Sequence[str]) -> None:
 def plan_keys(spec: str, run) -> tuple[dict[str, str], list[str]]:
     """The MaxText keys the plan ``spec`` sets for the traced MaxText program ``run``
     (:class:`.as_program.MaxTextProgram`), and notes for stderr: an overrides file's other keys
-    that differ from ``run``'s (they are not applied).
+    that differ from ``run``'s (they are not applied), or that it names no model to check.
 
     Raises:
-      TieraxError: the plan names a layer stack or an activation the program lacks, places a name
-        differently in two stacks, or keeps or offloads a name MaxText has no key for.
+      TieraxError: an overrides file planned for another MaxText model; the plan names a layer
+        stack or an activation the program lacks, places a name differently in two stacks, or
+        keeps or offloads a name MaxText has no key for.
     """
     found = _override_file(spec)
     if found is None:
@@ -88,7 +89,14 @@ def plan_keys(spec: str, run) -> tuple[dict[str, str], list[str]]:
 
         plan = files.load_plan(spec, run.program)
         return {k: str(v) for k, v in emit.remat_keys(emit.uniform(plan, run.program)).items()}, []
-    data, _ = found
+    data, text = found
+    model, planned = emit.model_of(run), emit.written_for(text)
+    if planned is not None and planned != model:
+        raise TieraxError(
+            f"--plan {spec} was planned for MaxText model {planned}, and this run is {model}: its "
+            f"placements name the activations of {planned}'s layers at {planned}'s sizes. Plan "
+            f"{model} for its own file: tierax plan --maxtext CONFIG ... --emit maxtext --out FILE"
+        )
     keys = {k: _text(v) for k, v in data.items() if k in PLAN_KEYS}
     p = run.program
     ran = emit.run_keys(run, microbatch=p.microbatch, seq=p.seq, grad_accum=run.grad_accum)
@@ -97,9 +105,18 @@ def plan_keys(spec: str, run) -> tuple[dict[str, str], list[str]]:
         for k, v in data.items()
         if k not in PLAN_KEYS and not (k in ran and config_lib.same(_text(v), _text(ran[k])))
     ]
+    unchecked = (
+        [
+            f"--plan {spec} names no MaxText model (no '{emit.HEADER_MODEL.strip()}' line: written "
+            f"by hand or by an older tierax), so it was not checked against this run's {model}"
+        ]
+        if planned is None
+        else []
+    )
     if not left:
-        return keys, []
+        return keys, unchecked
     return keys, [
+        *unchecked,
         f"--plan {spec}: its placements (remat_policy=custom and the per-name keys) are applied; "
         f"its other keys, MaxText's command line for the run it was planned for, are not, and "
         f"differ from this run: {' '.join(left)} (give them after the config as key=value to run "
