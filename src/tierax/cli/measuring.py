@@ -16,6 +16,7 @@ from tierax.cli.common import (
     read_target_config,
     resolve_model,
 )
+from tierax.errors import TieraxError
 from tierax.fileio import check_output_dir, check_output_file
 
 CPU_OFFLOAD_NOTE = (
