@@ -64,6 +64,8 @@ def _rates_lines(doc: dict) -> list[str]:
 def _link_text(link: dict | None) -> str:
     if not link:
         return "not measured."
+    if "round_trip_s" in link and not link.get("d2h_bytes_per_s"):
+        return "not resolved (the copies took no measurable time: offloading is a no-op off a TPU)."
     if "round_trip_s" in link:
         return (
             f"{link['d2h_bytes_per_s'] / 1e9:.2f} GB/s each way, the round trip of "
