@@ -219,9 +219,11 @@ def cmd_simulate(args) -> int:
     pred = cm.simulate(run.plan, run.program, rates, args.schedule, run.grad_accum)
     for note in run.notes:
         print(f"note: {note}", file=sys.stderr)
+    flags = _modelled(args)
     if args.json:
         doc = pred.to_json() | {
             "maxtext": {
+                "flags": flags,
                 "remat_policy": run.remat_policy,
                 "given_plan": args.plan if getattr(args, "plan_given", False) else None,
                 "attention": run.attention,
@@ -240,7 +242,29 @@ def cmd_simulate(args) -> int:
             _title(args, run, run.program.microbatch, _policy_text(args, run)),
         )
     )
+    print(_flags_note(args))
     return 0
+
+
+def _modelled(args) -> dict[str, str]:
+    """The libtpu/XLA flags the prediction models MaxText's program under."""
+    from tierax.interop import maxtext as maxtext_interop
+
+    return maxtext_interop.modelled_flags(args.target, args.schedule)
+
+
+def _flags_note(args) -> str:
+    """The line that names the flags a MaxText run (and ``compile --maxtext``) must set for the
+    program predicted here to be the one it compiles."""
+    from tierax.interop import maxtext as maxtext_interop
+
+    flags = _modelled(args)
+    if not flags:
+        return "flags modelled: none (MaxText's program as XLA compiles it without flags)"
+    return (
+        f"flags modelled: {maxtext_interop.flags_text(flags)} — run MaxText with them (compile "
+        "--maxtext compiles with them); without them XLA may compile a different program"
+    )
 
 
 def _policy_text(args, run) -> str:
@@ -323,7 +347,7 @@ def _plan_report(args, run, req, out, extra: tuple[str, ...] = (), search=None) 
     from tierax.solving import planning
 
     result, notes = planning.solve(req)
-    notes = [*run.notes, *notes, STATE_NOTE, *extra]
+    notes = [*run.notes, *notes, STATE_NOTE, _flags_note(args), *extra]
     text = _emitted(args, run, result, notes) if args.emit else result.plan.to_yaml()
     if out:
         write_text_atomic(out, text)
@@ -331,7 +355,7 @@ def _plan_report(args, run, req, out, extra: tuple[str, ...] = (), search=None) 
     for line in notes:
         print(line, file=stream)
     if args.json or (args.emit and not out):
-        doc = {**result.to_json(), "notes": notes}
+        doc = {**result.to_json(), "modelled_flags": _modelled(args), "notes": notes}
         if search is not None:
             doc["max_microbatch"] = search | _choice(args, run, result)
         print(json.dumps(doc, indent=2) if args.json else text, end="" if not args.json else "\n")
@@ -541,6 +565,7 @@ def _report_fitted(args, run, res, out, n: int, extra: tuple[str, ...] = (), sea
     notes = [
         *run.notes,
         STATE_NOTE,
+        _flags_note(args),
         f"plan --check: {n} MaxText compile(s); {verdict}{agreed}",
         *extra,
     ]
@@ -567,6 +592,7 @@ def _report_fitted(args, run, res, out, n: int, extra: tuple[str, ...] = (), sea
             "last_solved_plan": res.result.to_json(),
             "compiles": n,
             "overrides": overrides,
+            "modelled_flags": _modelled(args),
             "notes": notes,
         }
         if search is not None:

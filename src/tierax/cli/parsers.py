@@ -385,6 +385,13 @@ def _running(sub) -> None:
     )
     add_model_args(c)
     maxtext_program.add_args(c)
+    c.add_argument(
+        "--maxtext-flags-only",
+        action="store_true",
+        help="with --maxtext: compile with MaxText's train_compile's own libtpu/XLA flags and the "
+        "environment's only (default: also the flags simulate/plan --maxtext model the program "
+        "under, which the compile states)",
+    )
     _given(
         c,
         "--plan",
