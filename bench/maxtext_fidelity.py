@@ -101,16 +101,6 @@ CASES = [
 # full and a q/k/v offload.
 _L4 = ["ici_fsdp_parallelism=4", "ici_expert_parallelism=2"]
 HELD_OUT = [
-    ("llama3-8b-v5p-full-32L-8k", "llama3-8b", "v5p", 8, 4, 8192, ["remat_policy=full"], None,
-     None),
-    ("mistral-7b-v5p-custom-32L-8k", "mistral-7b", "v5p", 8, 2, 8192, [*_OFF, "mlpwo=device"],
-     None, None),
-    ("qwen3-8b-v6e-full-36L-8k", "qwen3-8b", "v6e", 8, 1, 8192, ["remat_policy=full"], None,
-     None),
-    ("llama2-7b-v7x-minimal-32L-8k", "llama2-7b", "v7x", 8, 1, 8192, ["remat_policy=minimal"],
-     None, None),
-    ("qwen3-30b-a3b-v5p-full-48L-8k", "qwen3-30b-a3b", "v5p", 8, 1, 8192, ["remat_policy=full"],
-     None, None),
     ("gemma2-2b-v5e-save-all", "gemma2-2b", "v5e", 4, 2, 1024, [], 2, "save-all"),
     ("gemma2-2b-v5e-full", "gemma2-2b", "v5e", 4, 2, 1024, ["remat_policy=full"], 2, None),
     ("gemma2-2b-v5e-qkv-offload", "gemma2-2b", "v5e", 4, 2, 1024, [], 2, "qkv-offload"),
@@ -122,6 +112,16 @@ HELD_OUT = [
      [*_L4, "remat_policy=full"], 4, None),
     ("llama4-17b-16e-v5p-qkv-offload-4L", "llama4-17b-16e", "v5p", 8, 1, 1024, _L4, 4,
      "qkv-offload"),
+    ("llama3-8b-v5p-full-32L-8k", "llama3-8b", "v5p", 8, 4, 8192, ["remat_policy=full"], None,
+     None),
+    ("mistral-7b-v5p-custom-32L-8k", "mistral-7b", "v5p", 8, 2, 8192, [*_OFF, "mlpwo=device"],
+     None, None),
+    ("qwen3-8b-v6e-full-36L-8k", "qwen3-8b", "v6e", 8, 1, 8192, ["remat_policy=full"], None,
+     None),
+    ("llama2-7b-v7x-minimal-32L-8k", "llama2-7b", "v7x", 8, 1, 8192, ["remat_policy=minimal"],
+     None, None),
+    ("qwen3-30b-a3b-v5p-full-48L-8k", "qwen3-30b-a3b", "v5p", 8, 1, 8192, ["remat_policy=full"],
+     None, None),
 ]  # fmt: skip
 # Seen cases were compiled with MaxText's train_compile's own libtpu options only (before compile
 # --maxtext added the flags tierax models the program under); they stay so, with
