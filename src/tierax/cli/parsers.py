@@ -222,6 +222,13 @@ def _planning(sub) -> None:
         "if not)",
     )
     p.add_argument(
+        "--no-check",
+        action="store_true",
+        help="with --maxtext on a TPU target: do not confirm the plan with MaxText's own compile "
+        "(there the default, as --check); the plan is then reported as predicted, not compiled, "
+        "and planned within the budget less the fidelity record's worst held-out miss",
+    )
+    p.add_argument(
         "--check-iterations",
         type=positive_int,
         help=f"with --check: at most this many compiles (default {planning.CHECK_ITERATIONS}; "
