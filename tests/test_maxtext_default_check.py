@@ -93,3 +93,15 @@ def test_no_check_says_predicted_not_compiled_and_keeps_the_margin():
     full = float(note.split("the device budget ")[1].split(" GiB")[0]) * 2**30
     assert doc["budget_bytes"] == pytest.approx(full / (1 + UNCONFIRMED_MARGIN), rel=1e-3)
     assert doc["predicted"]["peak_device_bytes"] <= doc["budget_bytes"]
+
+
+def test_the_margin_is_the_records_worst_held_out_under_prediction():
+    """UNCONFIRMED_MARGIN is read from bench/results/maxtext_fidelity.json: the most MaxText's
+    compiled peak exceeded the prediction (compiled ÷ predicted − 1) among the held-out cases."""
+    from tierax.cli.maxtext_simulate import UNCONFIRMED_MARGIN
+
+    cases = json.loads(RECORD.read_text())["cases"]
+    held = [c for c in cases if c.get("held_out") and "peak_error" in c]
+    assert held, "the record has held-out cases"
+    worst = max(0.0, *(1 / (1 + c["peak_error"]) - 1 for c in held))
+    assert UNCONFIRMED_MARGIN == pytest.approx(worst, abs=5e-4)
