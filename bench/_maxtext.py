@@ -58,6 +58,7 @@ def run_cases(
     fields: dict | None = None,
     add_args: Callable[[argparse.ArgumentParser], None] | None = None,
     bind: Callable[[argparse.Namespace, argparse.ArgumentParser], Callable] | None = None,
+    finish: Callable[[dict], dict] | None = None,
 ) -> int:
     """The main of a bench script over named MaxText cases: ``--cases NAME,...`` (default all),
     ``--out`` (default ``bench/results/OUT``), ``--docs RECORD`` (the table from a record, nothing
@@ -65,7 +66,7 @@ def run_cases(
     ``run_case(*case)`` in order — or, with ``bind``, by the function ``bind(args, parser)``
     returns (called before any case runs: it refuses bad options through the parser) — the record
     (the envelope, versions, ``fields``, the cases) written after each, the docs table at the
-    end."""
+    end; ``finish(record)``: the record as written (e.g. with figures over its cases)."""
     import _common
 
     ap = _common.parser(doc, out)
@@ -89,6 +90,8 @@ def run_cases(
         if case[0] in wanted:
             print(f"case {case[0]} ...", file=sys.stderr, flush=True)
             record["cases"].append(run_case(*case))
+            if finish is not None:
+                record = finish(record)
             _common.write_record(args.out, record)
     if _common.docs_follow(args.out, out):
         _common.write_docs_table(marker, render(record))

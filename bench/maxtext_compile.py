@@ -94,9 +94,12 @@ def maxtext_side(keys: list[str], target: str, devices: int, env: dict | None = 
 def tierax_side(keys: list[str], target: str, devices: int) -> dict:
     import json
 
+    # MaxText's train_compile beside it adds its own libtpu options only: so does this compile
+    # (without --maxtext-flags-only it adds the flags tierax models, a program train_compile
+    # compiles where the environment sets them)
     cmd = _common.tierax(
         "compile", "--maxtext", _maxtext.base_yml(), *keys, "--target", target,
-        "--devices", str(devices), "--json",
+        "--devices", str(devices), "--maxtext-flags-only", "--json",
     )  # fmt: skip
     proc = _common.run(cmd, timeout=3600, env=_maxtext.env())
     out = {"command": " ".join(cmd[2:]), "returncode": proc.returncode, "wall_s": proc.wall_s}

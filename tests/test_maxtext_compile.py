@@ -31,8 +31,9 @@ TINY = [
 SIZES = ["per_device_batch_size=1", "max_target_length=256"]
 
 
-def _maxtext_train_compile(tmp_path, *keys: str) -> dict[str, int]:
-    """MaxText's own train_compile of ``keys``: its printed CompiledMemoryStats."""
+def _maxtext_train_compile(tmp_path, *keys: str, env: dict | None = None) -> dict[str, int]:
+    """MaxText's own train_compile of ``keys`` (``env``: added to the child's environment): its
+    printed CompiledMemoryStats."""
     out = subprocess.run(
         [
             sys.executable,
@@ -50,7 +51,7 @@ def _maxtext_train_compile(tmp_path, *keys: str) -> dict[str, int]:
         capture_output=True,
         text=True,
         timeout=600,
-        env=M.env(),
+        env=M.env() | (env or {}),
     )
     assert out.returncode == 0, out.stderr[-3000:]
     stats = re.search(r"Memory analysis: CompiledMemoryStats\((.*)\)", out.stdout + out.stderr)
@@ -60,11 +61,17 @@ def _maxtext_train_compile(tmp_path, *keys: str) -> dict[str, int]:
 
 def test_tpu_compile_reads_the_figures_maxtexts_own_compiler_prints(tmp_path):
     """v5p-8 (4 devices), q/k/v offloaded by MaxText's own policy: tierax's reading of MaxText's
-    step equals what MaxText's train_compile prints for the same config, host bytes included."""
+    step equals what MaxText's train_compile prints for the same config, host bytes included,
+    train_compile run with the libtpu flags simulate names (compile --maxtext's default, which it
+    states: MaxText's own libtpu option and those)."""
+    from tierax.interop.maxtext import modelled_flags
+
     policy = "remat_policy=qkv_proj_offloaded"
+    named = modelled_flags("v5p")
     theirs = _maxtext_train_compile(
-        tmp_path, *TINY, *SIZES, policy, "compile_topology=v5p-8", "compile_topology_num_slices=1"
-    )
+        tmp_path, *TINY, *SIZES, policy, "compile_topology=v5p-8", "compile_topology_num_slices=1",
+        env=named,
+    )  # fmt: skip
     ours = _tierax_json(
         "compile",
         "--maxtext",
@@ -85,6 +92,11 @@ def test_tpu_compile_reads_the_figures_maxtexts_own_compiler_prints(tmp_path):
     assert ours["device_alias_bytes"] == theirs["alias_size_in_bytes"]
     assert ours["host_temp_bytes"] == theirs["host_temp_size_in_bytes"] > 0  # q, k, v on host
     assert ours["fits"] and ours["mesh"]["fsdp"] == 4 and ours["plan"].endswith(policy[13:])
+    assert ours["modelled_flags"] == named
+    assert ours["xla_environment"]["LIBTPU_INIT_ARGS"].split() == [
+        "--xla_tpu_spmd_rng_bit_generator_unsafe=true",  # train_compile's own
+        *named["LIBTPU_INIT_ARGS"].split(),
+    ]
     # q, k and v of both layers at [1, 256, 4 × 64] bf16 per device, stored and loaded back
     assert ours["overlap"]["transfers"] >= 2 * 3
     # tierax's qkv-offload preset given as --plan: set as MaxText's custom keys (q/k/v offloaded,

@@ -32,7 +32,9 @@ TOLERANCE = 0.05  # plan --check's agreement bound
     "extra, needle",
     [
         (["--check", "--target", "v5p"], "give --devices"),
-        (["--check-iterations", "2", "--target", "v5p", "--devices", "4"], "add --check"),
+        (["--check-iterations", "2", "--no-check", "--target", "v5p", "--devices", "4"],
+         "add --check"),
+        (["--check", "--no-check", "--target", "v5p", "--devices", "4"], "give one"),
         (["--check", "--target", "vr200", "--devices", "4"], "projection"),
         (["--check", "--sweep", "1,2", "--target", "v5p", "--devices", "4"], "--sweep"),
         (
@@ -40,7 +42,7 @@ TOLERANCE = 0.05  # plan --check's agreement bound
             "give --out FILE",
         ),
     ],
-)
+)  # fmt: skip
 def test_check_refusals_before_any_work(tmp_path, capsys, extra, needle):
     """Refused in this process before MaxText loads or JAX starts: exit 2, --out not written."""
     from tierax.cli import main

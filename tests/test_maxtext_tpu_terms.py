@@ -74,6 +74,17 @@ def test_loss_with_the_head_gradient_at_the_loss(early):
     assert p.loss_bytes == want
 
 
+def test_loss_with_the_head_gradient_at_the_loss_and_logits_larger_than_the_head():
+    """2048 tokens (emb 256 ≤ 2 × 2048): the head's gradient made at the loss, but before it the
+    logits and their gradient live together (the fusion writing one reads the other), which is
+    the larger moment where the logits outgrow the head."""
+    p = _program(2, 1024)
+    tokens = 2 * 1024
+    made = BF16 * tokens * VOCAB + BF16 * HEAD + BF16 * HEAD // FSDP
+    assert 2 * BF16 * tokens * VOCAB > made
+    assert p.loss_bytes == BF16 * HEAD + 2 * BF16 * tokens * VOCAB
+
+
 def test_after_backward(late, early):
     for p in (late, early):
         inv = p.inventory

@@ -59,7 +59,8 @@ def cmd_compile(args) -> int:
     # stdout holds the result only (--json's JSON, or the table).
     with contextlib.redirect_stdout(sys.stderr):
         require_maxtext()
-        launch.start_maxtext_compile(args.target, devices)
+        modelled = program_flags(args)
+        launch.start_maxtext_compile(args.target, devices, modelled)
         from tierax.xla import compile as compile_lib
         from tierax.xla.maxtext_step import compile_program
 
@@ -85,11 +86,49 @@ def cmd_compile(args) -> int:
         import dataclasses
 
         result = dataclasses.replace(result, plan=f"--plan {args.plan} ({result.plan})")
+    line = flags_line(result.xla_environment, modelled, args.target)
     if args.json:
-        print(json.dumps(result.to_json(), indent=2))
+        print(json.dumps(result.to_json() | {"modelled_flags": modelled}, indent=2))
+        print(line, file=sys.stderr)
     else:
         console().print(compile_table(result))
+        print(line)
     return 0
+
+
+def program_flags(args) -> dict[str, str]:
+    """The flags ``compile --maxtext`` adds for its compile: those ``simulate``/``plan --maxtext``
+    model the program under (:func:`tierax.interop.maxtext.modelled_flags`, schedule lhs), none with
+    ``--maxtext-flags-only`` (the program MaxText's ``train_compile`` alone compiles)."""
+    if getattr(args, "maxtext_flags_only", False):
+        return {}
+    from tierax.interop import maxtext as maxtext_interop
+
+    return maxtext_interop.modelled_flags(args.target)
+
+
+def flags_line(compiled: dict, modelled: dict, target: str) -> str:
+    """What the compile ran with (``compiled``: its flag variable, MaxText's ``train_compile``'s
+    own libtpu options, ``modelled`` and the user's environment together) and whether that holds
+    the flags simulate/plan --maxtext model on ``target``."""
+    from tierax import hardware
+    from tierax.interop import maxtext as maxtext_interop
+
+    var = "LIBTPU_INIT_ARGS" if hardware.get_target(target).kind == "tpu" else "XLA_FLAGS"
+    value = compiled.get(var, "")
+    text = f"compiled with {var}={value!r}" if value else f"compiled with no {var}"
+    model = maxtext_interop.flags_text(maxtext_interop.modelled_flags(target))
+    if not modelled:
+        return (
+            f"{text} (--maxtext-flags-only: not the flags simulate/plan --maxtext model: {model})"
+        )
+    missing = [f for v in modelled.values() for f in v.split() if f not in value.split()]
+    if missing:
+        return (
+            f"{text}: NOT the program simulate/plan --maxtext model ({model}): your environment "
+            f"sets {', '.join(missing)} otherwise"
+        )
+    return f"{text}: the flags simulate/plan --maxtext model ({model}) included"
 
 
 def _with_plan(args, devices: int, mesh) -> list[str]:

@@ -149,6 +149,11 @@ def cmd_compile(args) -> int:
         from tierax.cli import maxtext_compile
 
         return maxtext_compile.cmd_compile(args)
+    if getattr(args, "maxtext_flags_only", False):
+        raise TieraxError(
+            "--maxtext-flags-only chooses the flags of MaxText's own step's compile: it goes with "
+            "--maxtext CONFIG"
+        )
     from tierax import hardware
 
     mesh = mesh_option(args, [args.plan])

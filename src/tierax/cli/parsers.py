@@ -226,6 +226,13 @@ def _planning(sub) -> None:
         "if not)",
     )
     p.add_argument(
+        "--no-check",
+        action="store_true",
+        help="with --maxtext on a TPU target: do not confirm the plan with MaxText's own compile "
+        "(there the default, as --check); the plan is then reported as predicted, not compiled, "
+        "and planned within the budget less the fidelity record's worst held-out miss",
+    )
+    p.add_argument(
         "--check-iterations",
         type=positive_int,
         help=f"with --check: at most this many compiles (default {planning.CHECK_ITERATIONS}; "
@@ -396,6 +403,13 @@ def _running(sub) -> None:
     )
     add_model_args(c)
     maxtext_program.add_args(c)
+    c.add_argument(
+        "--maxtext-flags-only",
+        action="store_true",
+        help="with --maxtext: compile with MaxText's train_compile's own libtpu/XLA flags and the "
+        "environment's only (default: also the flags simulate/plan --maxtext model the program "
+        "under, which the compile states)",
+    )
     _given(
         c,
         "--plan",

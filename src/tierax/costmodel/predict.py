@@ -143,6 +143,8 @@ def evaluate_terms(
         fixed_device_bytes=fx.fixed_device_bytes,
         stack_copy_bytes=fx.stack_copy_bytes,
         embed_grad_bytes=fx.embed_grad_bytes,
+        late_grad_bytes=fx.late_grad_bytes,
+        after_backward_bytes=fx.after_backward_bytes,
         accumulator_device_bytes=int(accum),
         peak_phase="update"
         if update_phase > micro_phase and update_phase >= accum_phase

@@ -35,6 +35,8 @@ class Breakdown:
     fixed_device_bytes: int  # the runtime's fixed device memory
     stack_copy_bytes: int  # XLA's transposed copies of stacked weights
     embed_grad_bytes: int  # gradients not yet written at the loss
+    late_grad_bytes: int  # of the state, what the layers' backward does not hold (written after)
+    after_backward_bytes: int  # all device bytes after the layers' backward (0: no such phase)
     accumulator_device_bytes: int  # the float32 gradient accumulator left on device (A > 1)
     # --- device memory: each phase as the peak counts it, and the phase that peaks ---
     peak_phase: str  # a key of PHASE_TEXT
@@ -124,9 +126,10 @@ class Prediction:
 
 
 def phase_text(b: Breakdown) -> str:
-    """Where the predicted peak is, in words ("in a layer backward", "at the loss", "in the
-    streamed optimizer update", "in a gradient accumulation")."""
-    return PHASE_TEXT[b.peak_phase]
+    """Where the predicted peak is, in words ("in a layer backward", "after the layers'
+    backward", "at the loss", "in the streamed optimizer update", "in a gradient
+    accumulation")."""
+    return "after the layers' backward" if after_backward_peaks(b) else PHASE_TEXT[b.peak_phase]
 
 
 def peak_rows(b: Breakdown) -> list[tuple[str, int]]:
@@ -148,27 +151,65 @@ def peak_rows(b: Breakdown) -> list[tuple[str, int]]:
         ]
     loss = b.peak_phase == "loss"
     on_device = b.state_device_bytes  # moments on host leave the peak
-    state = on_device - (b.embed_grad_bytes if loss else 0)
+    tail = [("activations on device", b.activation_bytes), ("transfer staging", b.staging_bytes)]
+    if b.accumulator_device_bytes:
+        tail.append(("the float32 gradient accumulator on device", b.accumulator_device_bytes))
+    if b.fixed_device_bytes:
+        tail.append(("the runtime's fixed device memory", b.fixed_device_bytes))
+    if after_backward_peaks(b):
+        freed = b.state_bytes - on_device
+        return [
+            (
+                "after the layers' backward: params + grads + AdamW"
+                + (" on device" if freed else "")
+                + ", the head's gradient and what it is made from",
+                b.after_backward_bytes - freed,
+            ),
+            *tail,
+        ]
+    less = b.embed_grad_bytes if loss else b.late_grad_bytes
+    state = on_device - less
+    not_yet = "not yet written" if loss else "written after the layers"
     rows = [
         (
             "params + grads + AdamW"
             + (" on device" if on_device != b.state_bytes else "")
-            + (
-                ", less the embedding and head gradients not yet written"
-                if state != on_device
-                else ""
-            ),
+            + (f", less the embedding and head gradients {not_yet}" if less > 0 else "")
+            + (", with the loss's buffer held through the layers" if less < 0 else ""),
             state,
         ),
-        ("activations on device", b.activation_bytes),
-        ("transfer staging", b.staging_bytes),
+        *tail[:2],
         ("logits, their gradient, the head's gradient", b.logits_bytes)
         if loss
         else ("one layer's workspace", b.workspace_bytes),
         ("XLA's transposed weight stacks", b.stack_copy_bytes),
+        *tail[2:],
     ]
-    if b.accumulator_device_bytes:
-        rows.append(("the float32 gradient accumulator on device", b.accumulator_device_bytes))
-    if b.fixed_device_bytes:
-        rows.append(("the runtime's fixed device memory", b.fixed_device_bytes))
+    total = b.loss_phase_bytes if loss else b.layer_phase_bytes
+    rest = total - sum(n for _, n in rows)
+    if rest:  # the layer phase of the group that peaks: its own workspace, its kept reads
+        rows.append(
+            (
+                "the peaking group's workspace beside the largest, less the kept names it reads "
+                "in place from their stacks",
+                rest,
+            )
+        )
     return rows
+
+
+def after_backward_peaks(b: Breakdown) -> bool:
+    """Whether the layer phase's peak is after the layers' backward (the head's gradient and what
+    it is made from), not in a layer's backward."""
+    if b.peak_phase != "layer backward" or not b.after_backward_bytes:
+        return False
+    freed = b.state_bytes - b.state_device_bytes
+    after = (
+        b.after_backward_bytes
+        - freed
+        + b.activation_bytes
+        + b.staging_bytes
+        + b.accumulator_device_bytes
+        + b.fixed_device_bytes
+    )
+    return after == b.layer_phase_bytes

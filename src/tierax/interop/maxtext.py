@@ -192,6 +192,25 @@ def runtime_env(
     return env, why
 
 
+# The environment variables that carry XLA's flags (what modelled_flags returns).
+FLAG_VARIABLES = (xla_flags.LIBTPU_ARGS, "XLA_FLAGS")
+
+
+def modelled_flags(target: str, schedule: str = "lhs") -> dict[str, str]:
+    """The libtpu/XLA flags tierax models MaxText's program under on ``target`` (and, on a GPU,
+    ``schedule``), as the environment variables that carry them: what a MaxText run must set for
+    a prediction to be about its program, what ``compile --maxtext`` compiles with by default and
+    what ``--emit maxtext`` writes (:func:`runtime_env`'s flags, less its sizes)."""
+    env, _ = runtime_env(target=target, schedule=schedule, devices=1)
+    return {k: v for k, v in env.items() if k in FLAG_VARIABLES}
+
+
+def flags_text(env: Mapping[str, str]) -> str:
+    """``env``'s flag variables as the shell lines that set them ("none" where there are none)."""
+    lines = [f"export {k}={shlex.quote(v)}" for k, v in env.items() if k in FLAG_VARIABLES]
+    return "; ".join(lines) or "none"
+
+
 def overrides(
     plan: Plan,
     cfg,

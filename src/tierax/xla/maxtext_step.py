@@ -29,6 +29,7 @@ out-of-memory refusal as a result that does not fit.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Mapping, Sequence
 
@@ -253,6 +254,7 @@ def compile_program(
             compile_time_s=compile_s,
             attention=str(config.attention),
             quantization=str(config.quantization or ""),
+            xla_environment=compile_environment(tpu),
         )
         notes = [f"MaxText's own train step ({_slice(config, target, devices)})"]
         if tpu is False and "attention" not in user:
@@ -332,6 +334,18 @@ def compile_program(
         ),
         text,
     )
+
+
+def compile_environment(tpu: bool, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The flags XLA compiled with, as the environment variable that carries them: for a TPU
+    target ``LIBTPU_INIT_ARGS``, for a GPU ``XLA_FLAGS`` (less ``--xla_dump_to``, which changes
+    where XLA writes, not the program); absent where unset."""
+    env = os.environ if environ is None else environ
+    if tpu:
+        value = env.get("LIBTPU_INIT_ARGS", "").strip()
+        return {"LIBTPU_INIT_ARGS": value} if value else {}
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_dump_to")]
+    return {"XLA_FLAGS": " ".join(flags)} if flags else {}
 
 
 def judged_fit(peak: int, limit: int, libtpu: str | None) -> tuple[bool, str | None]:

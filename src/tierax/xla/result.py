@@ -76,6 +76,9 @@ class CompileResult:
     # offloaded training-state bytes (the cost model's, tierax.costmodel.state).
     host_argument_bytes: int = 0
     state_host_bytes: int = 0
+    # MaxText's step: the flags XLA compiled it with, as the variable that carries them
+    # (LIBTPU_INIT_ARGS for a TPU target, XLA_FLAGS for a GPU; tierax.xla.maxtext_step)
+    xla_environment: dict = field(default_factory=dict)
 
     @property
     def offloaded_bytes_by_name(self) -> dict[str, int]:

