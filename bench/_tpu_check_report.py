@@ -207,6 +207,10 @@ def render(records, page: pathlib.Path = PAGE, png: pathlib.Path = PLOT) -> list
         "with the v5e table's rates alone.  Every plan ran alone on the chip (its state freed "
         "before the next); a plan the chip's compiler or runtime refused is shown as refused.",
         "",
+        "What the platform choice, the memory figures and the back-to-back timing follow was read "
+        "first from `bench/investigations/tpu_probe.py` on the same chip (its record: "
+        "`bench/results/tpu_probe.json`).",
+        "",
         "## Rates measured on the chip",
         "",
         *_rates_lines(docs[-1]),

@@ -4,6 +4,13 @@ variables the platform choice reads, XLA:TPU's memory analysis of a step under a
 activation-offload and a state-offload plan, and the rates of back-to-back GEMMs, copies to and from
 pinned host memory inside a jitted program (alone and beside GEMMs) and the splash kernel.
 
+Question: what does the lent v5e show that tierax's platform choice, memory figures and rates must
+follow?  Answered: its chip is a VFIO group (/dev/vfio/N), not /dev/accel*; XLA:TPU's own
+peak_memory_in_bytes is its peak (arguments + temp over-count); a donated host state is one buffer
+(host alias); a lone small matmul measures Python's dispatch, back-to-back bursts the chip.
+Records: bench/results/tpu_probe.json
+Docs: docs/results/tpu-check.md
+
     PYTHONPATH=src python3 bench/investigations/tpu_probe.py --out $OUT/probe.json   # the chip
     PYTHONPATH=src python3 bench/investigations/tpu_probe.py --tiny                  # CPU rehearsal
 
