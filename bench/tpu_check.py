@@ -392,7 +392,6 @@ def summarize(rows: list, planner_chose: dict) -> dict:
 def boundary(cfg, seq: int, start: int, rates: dict) -> dict:
     from tierax import plan as plan_lib
     from tierax.measure import bench
-    from tierax.solving import planner
     from tierax.tracing.model_program import program_of
 
     plan = plan_lib.preset("remat-full", cfg)
@@ -404,7 +403,6 @@ def boundary(cfg, seq: int, start: int, rates: dict) -> dict:
             prog = program_of(cfg, mb, seq, {"data": 1, "fsdp": 1})
             fits.append([mb, predict(plan, prog, r)["fits"]])
         predicted[label] = fits
-    del planner
     return {"plan": "remat-full", "seq": seq, "on_chip": found, "predicted_fits": predicted}
 
 
@@ -594,20 +592,19 @@ def main(argv=None) -> int:
         cfg, rates, seq, mbs, presets = models[name]
         presets = [pr for pr in presets if f"{name}:{pr}" not in args.skip.split(",")]
         mb = mbs[mb_i]
-        if True:
-            if elapsed() > budget:
-                doc["skipped"].append(f"{name} microbatch {mb}: over the {budget:.0f} s budget")
-                continue
-            try:
-                case = run_case(name, cfg, seq, mb, presets, rates, p["steps"])
-            except Exception:  # noqa: BLE001 — one case's fault is that case's record
-                case = {"model": name, "microbatch": mb, "error": traceback.format_exc()[-3000:]}
-            doc["cases"].append(case)
-            write(doc, out)
-            print(
-                f"{name} mb {mb}: {json.dumps(case.get('summary', case.get('error')))[:400]}",
-                flush=True,
-            )
+        if elapsed() > budget:
+            doc["skipped"].append(f"{name} microbatch {mb}: over the {budget:.0f} s budget")
+            continue
+        try:
+            case = run_case(name, cfg, seq, mb, presets, rates, p["steps"])
+        except Exception:  # noqa: BLE001 — one case's fault is that case's record
+            case = {"model": name, "microbatch": mb, "error": traceback.format_exc()[-3000:]}
+        doc["cases"].append(case)
+        write(doc, out)
+        print(
+            f"{name} mb {mb}: {json.dumps(case.get('summary', case.get('error')))[:400]}",
+            flush=True,
+        )
     for stage, fn in (
         ("reference", lambda: reference(args.tiny, p["steps"])),
         (

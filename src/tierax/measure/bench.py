@@ -192,14 +192,13 @@ def run_bench(
             if run["failed"] is not None:
                 continue
             p = run["plan"]
-            prepared, stage = None, "compile"
+            prepared, state, stage = None, None, "compile"
             try:
                 graphdef, state = step_lib.init_state(cfg, optimizer, seed=seed, mesh=mesh, plan=p)
                 if run["prepared"] is None:
                     fn = step_lib.make_train_step(
                         graphdef, cfg, p, optimizer, step_lib.shardings_of(state)
                     )
-                    stage = "compile"
                     done = ahead.get(p.name)
                     if isinstance(done, BaseException):
                         raise done
@@ -211,14 +210,14 @@ def run_bench(
                         compiled=done,
                     )
                     prepared = run["prepared"]
+                    stage = "run"
                     if progress:
-                        progress(f"compiled {p.name}", 1 if r == 0 else 0)
+                        progress(f"compiled {p.name}", 1)
                 else:
                     prepared = run["prepared"]
                     prepared.state = state
                     stage = "run"
                     prepared.step(tokens)  # the first step of a fresh state: not timed
-                stage = "run"
                 for _ in range(n_steps):
                     t0 = time.perf_counter()
                     prepared.step(tokens)
@@ -234,7 +233,7 @@ def run_bench(
                     free(prepared.metrics)
                     prepared.state = prepared.metrics = None
                 else:
-                    free(locals().get("state"))
+                    free(state)
                 gc.collect()
         if progress:
             progress("round", n_steps)
