@@ -221,6 +221,7 @@ def predict(plan, prog, rates) -> dict:
         "step_time_s": p.step_time_s,
         "peak_device_bytes": p.peak_device_bytes,
         "host_bytes": p.host_bytes,
+        "copies_serialized": p.breakdown.copies_serialized,
     }
 
 

@@ -116,10 +116,10 @@ def test_offloaded_residuals_are_host_arrays_between_the_passes():
     params, x0 = _toy_params(n_layers=3)
     run = prefetch_scan(_toy_layer, keep={"mlpwi_0"}, offload={"query_proj"})
     text = str(jax.make_jaxpr(jax.grad(lambda p: jnp.sum(run(x0, p))))(params))
-    assert "f32<host>[3,4,8]" in text  # the stacked offloaded q: host memory, one slice per layer
-    assert (
-        text.count("MemorySpace.Host") >= 1 and text.count("MemorySpace.Device") >= 2
-    )  # store; fetch ×2
+    # the stacked offloaded q in host memory: a slice for each layer but the last, which stays
+    # on device for the backward (it starts with it); stored in the loop, fetched in the loop
+    assert "f32<host>[2,4,8]" in text and "f32<host>[3,4,8]" not in text
+    assert text.count("MemorySpace.Host") >= 1 and text.count("MemorySpace.Device") >= 1
 
 
 def _host_loads(module: hlo.Module, cname: str):

@@ -333,7 +333,7 @@ def _build(
         sum(g.base_bytes for g in groups),
     )
     activation_host = row(
-        {O + k: it.bytes for k, it in enumerate(items)}
+        {O + k: it.host_bytes for k, it in enumerate(items)}
         | {C + i: g.base_bytes for i, g in enumerate(groups)}
     )
     staging = tuple(

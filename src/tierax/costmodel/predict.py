@@ -95,9 +95,14 @@ def evaluate_terms(
     recompute_hbm = t.recompute_hbm_s.at(x)
     recompute_attention = t.recompute_attention_s.at(x)
     recompute_collective = t.recompute_collective_s.at(x)
-    # each group's copies exposed beyond the compute they hide under
+    # each group's copies exposed beyond the compute they hide under; on a TPU whose step peaks
+    # above its scheduler's limit, the loads wait where they are consumed (none hidden)
+    serialized = copies_serialized(rates, micro_phase)
     exposed_d2h = sum(max(0.0, t.d2h_s[i].at(x) - g.d2h_window_s) for i, g in enumerate(t.groups))
-    exposed_h2d = sum(max(0.0, t.h2d_s[i].at(x) - g.h2d_window_s) for i, g in enumerate(t.groups))
+    exposed_h2d = sum(
+        max(0.0, t.h2d_s[i].at(x) - (0.0 if serialized else g.h2d_window_s))
+        for i, g in enumerate(t.groups)
+    )
     transfer_total = t.transfer_s.at(x)
     hidden_copies = transfer_total - exposed_d2h - exposed_h2d
     exposed_coll = exposed_collectives(fx, t.schedule, recompute, hidden_copies)
@@ -189,6 +194,7 @@ def evaluate_terms(
         rates=rates.sources | network.describe(links, rates),
         network={k: v.to_json() for k, v in links.items() if v.link != "none"},
         state=sc,
+        copies_serialized=serialized and transfer_total > 0,
     )
     return Prediction(
         fits=assigned_peak <= rates.usable_device_bytes and host <= rates.host_memory_bytes,
@@ -200,6 +206,13 @@ def evaluate_terms(
         breakdown=breakdown,
         split=split,
     )
+
+
+def copies_serialized(rates: Rates, microbatch_peak: float) -> bool:
+    """Whether XLA's scheduler issues the backward's host loads where they are consumed: on a TPU
+    target, a step whose microbatch phases peak above :attr:`Rates.scheduler_limit_bytes` (the
+    scheduler keeps the prefetched layer's buffer short-lived to stay within it)."""
+    return bool(rates.scheduler_limit_bytes) and microbatch_peak > rates.scheduler_limit_bytes
 
 
 def interference_s(rates: Rates, hidden_s: float, compute_s: float) -> float:
@@ -226,9 +239,7 @@ def plan_placements(plan: plan_lib.Plan, program) -> dict:
     :class:`~tierax.tracing.program.Program` or anything with its ``name`` and
     ``layer_groups()``)."""
     out = {
-        (g, n): p
-        for g, names in plan_lib.resolve(plan, program).items()
-        for n, p in names.items()
+        (g, n): p for g, names in plan_lib.resolve(plan, program).items() for n, p in names.items()
     }
     unnamed = plan_lib.unnamed_placements(plan, program)
     out.update({(g, plan_lib.UNNAMED): p for g, p in unnamed.items()})

@@ -80,6 +80,9 @@ class Breakdown:
     network: Mapping[str, dict]  # mesh axis → its link (axes with a link only)
     # --- the training state's placements (JSON keys ``state_*``) ---
     state: StateCost
+    # --- XLA's schedule: the backward's host loads issued where consumed (a TPU step peaking
+    # above its scheduler's limit: tierax.costmodel.predict.copies_serialized) ---
+    copies_serialized: bool = False
 
     def to_json(self) -> dict:
         """The fields by name, the state's under its own ``state_*`` keys."""
@@ -97,7 +100,9 @@ class Breakdown:
         Raises:
           KeyError: a field the JSON lacks (a record from before the field existed).
         """
-        names = [f.name for f in dataclasses.fields(cls) if f.name != "state"]
+        fields = [f for f in dataclasses.fields(cls) if f.name != "state"]
+        # a field with a default may be missing from a record written before it existed
+        names = [f.name for f in fields if f.name in d or f.default is dataclasses.MISSING]
         return cls(**{n: d[n] for n in names}, state=StateCost.from_json(d))
 
 

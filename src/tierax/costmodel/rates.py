@@ -164,6 +164,10 @@ class Rates:
     # ((seq, head dim, forward FLOP/s, backward FLOP/s), ...): for_program takes the case nearest a
     # program's shape.
     fused_attention_table: tuple = ()
+    # TPU targets: the device bytes within which XLA:TPU's latency-hiding scheduler overlaps the
+    # step's host copies (SCHEDULER_MEMORY_FRACTION of the limit); a step whose peak is above it
+    # gets its prefetches serialized (costmodel.predict).  0: not modelled.
+    scheduler_limit_bytes: int = 0
 
     def matmul_rate_at(self, dim: float) -> float:
         """The GEMM rate of a matmul whose smallest dimension is ``dim``: piecewise linear in
@@ -202,6 +206,23 @@ class Rates:
         """Device bytes a step fits in: the compiler's limit where it has one, else capacity less
         the reserve."""
         return self.device_limit_bytes or hardware.usable_bytes(self.device_memory_bytes)
+
+
+# XLA:TPU's latency-hiding scheduler keeps its schedule within this share of the device's memory
+# (libtpu's xla_tpu_scheduler_percent_shared_memory_limit, 95 by default); where overlapping a
+# copy would take the step past it, the scheduler issues the copy where it is consumed instead.
+# The model's peak is held that far below it: XLA:TPU's peak exceeded the model's by up to this
+# share on the v5e chip (bench/results/tpu_check.json's fit_margin; a test pins the two).
+SCHEDULER_MEMORY_FRACTION = 0.95
+PEAK_UNDERPREDICTION_TPU = 0.0318
+SCHEDULER_SOURCE = (
+    "XLA:TPU's latency-hiding scheduler keeps the schedule within 95 % of the memory limit "
+    "(libtpu's xla_tpu_scheduler_percent_shared_memory_limit default, stated by the PyTorch/XLA "
+    "maintainers in pytorch/xla#5736), less the model's largest under-prediction of XLA:TPU's "
+    "peak on the v5e chip (3.2 %, bench/results/tpu_check.json); above it, deviceless compiles "
+    "of the v5e dense case issue each prefetch where it is consumed "
+    "(bench/results/tpu_copy_schedule.json)"
+)
 
 
 def installed_jaxlib() -> str:
@@ -425,6 +446,14 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
     limit = getattr(spec, "xla_hbm_limit_bytes", 0)
     if limit:
         sources["memory_limit"] = spec.xla_hbm_limit_source
+    scheduler_limit = 0
+    if spec.kind == "tpu":
+        scheduler_limit = int(
+            SCHEDULER_MEMORY_FRACTION
+            * (limit or spec.device_memory_bytes)
+            / (1 + PEAK_UNDERPREDICTION_TPU)
+        )
+        sources["copy_overlap_limit"] = SCHEDULER_SOURCE
     host_bw = getattr(spec, "host_memory_bandwidth_bps", 0.0)
     if host_bw:
         sources["host_memory_bandwidth"] = spec.host_memory_bandwidth_source
@@ -458,6 +487,7 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
         fused_attention_table=tuple(tuple(r) for r in cal.get("splash_attention", ()))
         if not gpu
         else (),
+        scheduler_limit_bytes=scheduler_limit,
     )
 
 

@@ -10,6 +10,7 @@ from tierax import names as N
 from tierax import plan as plan_lib
 from tierax.costmodel import network
 from tierax.costmodel.rates import Rates, fused_attention_s, matmul_s
+from tierax.models.prefetch import host_slots
 from tierax.tracing.inventory import Inventory
 
 SCHEDULES = ("serial", "lhs", "lhs-pipelined")
@@ -31,6 +32,18 @@ def staging_and_window(schedule: str, mechanism: str) -> tuple[int, float]:
     if mechanism == "prefetch":
         return 1, (0.0 if schedule == "serial" else 1.0)
     return STAGING_LAYERS[schedule], OVERLAP_WINDOW[schedule]
+
+
+def offload_host_bytes(group: str, held_per_layer: int, layers: int, mechanism: str) -> int:
+    """Host bytes of one offloaded name of ``group`` (``held_per_layer`` bytes a layer).
+
+    ``prefetch`` on a whole group (:func:`tierax.models.prefetch.prefetch_scan`): every layer but
+    the last, which stays on device between the passes (it is the staged layer the backward starts
+    with); a segment (``group@A-B``, :func:`tierax.models.prefetch.segmented_scan`) and XLA's host
+    offloader (``policy``): every layer."""
+    if mechanism == "prefetch" and "@" not in group:
+        return held_per_layer * host_slots(layers)
+    return held_per_layer * layers
 
 
 def forward_collective_s(g, links: dict) -> float:
@@ -60,6 +73,7 @@ class ItemTerms:
     recompute_hbm_s: float = 0.0  # the part of recompute_s that is non-matmul work at HBM bandwidth
     # the part of recompute_s that a fused attention kernel takes
     recompute_attention_s: float = 0.0
+    host_bytes: int = 0  # if offloaded (:func:`offload_host_bytes`)
 
 
 @dataclass(frozen=True)
@@ -89,10 +103,16 @@ def item_terms(
 ) -> list[ItemTerms]:
     """Per offloadable activation: bytes, recompute seconds, store and load seconds.
 
-    Under ``prefetch`` the backward loads one layer more than it stores: its last iteration
-    re-reads layer 0 (the copy issued for a layer −1 that does not exist; no branch in the loop).
+    Under ``prefetch`` each pass copies every layer's slice once: the forward stores layers
+    0 … L−2 and a spare (zeros, at its first iteration) and keeps the last on device; the backward
+    loads layers L−2 … 0 and a spare (its last iteration re-reads layer 0: no branch in the loop).
+    A segment's scan (``group@A-B``) stores all L in their own layers and loads L + 1: the last
+    layer's before its loop.
     """
-    spare = 1 if mechanism == "prefetch" else 0
+
+    def spare(group: str) -> int:
+        return 1 if mechanism == "prefetch" and "@" in group else 0
+
     out = []
     for g in inv.groups:
         for a in g.activations:
@@ -116,9 +136,11 @@ def item_terms(
                     )
                     * g.num_layers,
                     a.held_total_bytes / rates.d2h_bytes_per_s,
-                    (a.held_total_bytes + spare * a.held_bytes_per_layer) / rates.h2d_bytes_per_s,
+                    (a.held_total_bytes + spare(g.name) * a.held_bytes_per_layer)
+                    / rates.h2d_bytes_per_s,
                     a.recompute_hbm_bytes_per_layer * g.num_layers / rates.hbm_bytes_per_s,
                     fused_attention_s(a.recompute_fused_flops_per_layer, rates) * g.num_layers,
+                    offload_host_bytes(g.name, a.held_bytes_per_layer, g.num_layers, mechanism),
                 )
             )
     return out

@@ -7,13 +7,18 @@ attention: nothing overlaps the load (XLA:GPU's schedule in a deviceless compile
 VJP that moves the copies itself:
 
 * **forward**: each layer runs once; the tagged values the plan keeps are recorded
-  (:class:`tierax.models.tags.Tape`), those it offloads are put in host memory
-  (``jax.device_put(v, Space.Host)``) as they are produced and written into per-name host
-  stacks carried by the scan, each under a ``tierax_offload_<name>`` scope that XLA keeps in
-  the store's op_name (``compile`` finds each name's host buffer by it); the stacks and
-  every layer's input are the residuals.
+  (:class:`tierax.models.tags.Tape`), those it offloads are carried one layer on device and put
+  in host memory (``jax.device_put(v, Space.Host)``) while the next layer computes, written into
+  per-name host stacks carried by the scan, each under a ``tierax_offload_<name>`` scope that XLA
+  keeps in the store's op_name (``compile`` finds each name's host buffer by it).  XLA ends a
+  copy in the loop iteration that starts it, so a store issued in its own layer could hide only
+  under what follows the value there (little, for the MLP's up-projection); a layer later it has
+  a whole layer's forward.  The last layer's values stay on device (the backward starts with
+  them): the host stacks hold all layers but the last (:func:`host_slots`).  The stacks, the
+  last layer's values and every layer's input are the residuals.
 * **backward** (reverse scan): the carry holds layer i's offloaded residuals, already
-  on device.  Iteration i first issues the host → device copy of layer i−1's, then
+  on device (the last layer's from the forward).  Iteration i first issues the host → device
+  copy of layer i−1's, then
   computes layer i's VJP with the saved values injected (:func:`tags.tag` replaces
   them, so their producers are not recomputed; untagged intermediates are), and
   hands the fetched copy to iteration i−1.  The copy has a whole layer's backward to
@@ -115,6 +120,12 @@ def _row_major(values: dict) -> dict:
     }
 
 
+def host_slots(layers: int) -> int:
+    """Layers of each offloaded name :func:`prefetch_scan` keeps in host memory: all but the last,
+    which stays on device between the passes (one slot for a single layer: its spare store)."""
+    return max(layers - 1, 1)
+
+
 def prefetch_scan(body: LayerBody, keep: Iterable[str], offload: Iterable[str]) -> Callable:
     """``run(x0, stacked_state) -> y``: ``body`` scanned over the layers, differentiable.
 
@@ -154,18 +165,23 @@ def prefetch_scan(body: LayerBody, keep: Iterable[str], offload: Iterable[str]) 
         shapes = jax.eval_shape(lambda x, p: {n: collect(x, p)[1][n] for n in offload}, x0, first)
 
         def step(carry, p):
-            x, stacks, i = carry  # i counts the loop's trips, as a scan's own output index does
+            # i counts the loop's trips, as a scan's own output index does.  Layer i − 1's
+            # offloaded values are stored while layer i computes; at i = 0 the zeros go to slot 0,
+            # which layer 0's values overwrite at i = 1 (one spare store a step, no branch).
+            x, stacks, pending, i = carry
+            stacks = _store(stacks, pending, jnp.maximum(i - 1, 0))
             y, values = collect(x, p)
             kept = _row_major({n: values[n] for n in keep})
-            return (y, _store(stacks, values, i), i + 1), (x, kept)
+            return (y, stacks, {n: values[n] for n in offload}, i + 1), (x, kept)
 
-        (y, host, _), (xs, dev) = jax.lax.scan(
-            step, (x0, _host_stacks(shapes, n_layers), jnp.int32(0)), state
-        )
-        return y, (xs, dev, host, state)
+        zeros = {n: jnp.zeros(s.shape, s.dtype) for n, s in shapes.items()}
+        # The last layer's values stay on device for the backward, which starts with them.
+        init = (x0, _host_stacks(shapes, host_slots(n_layers)), zeros, jnp.int32(0))
+        (y, host, last, _), (xs, dev) = jax.lax.scan(step, init, state)
+        return y, (xs, dev, host, last, state)
 
     def run_bwd(res, ct_y):
-        xs, dev, host, state = res
+        xs, dev, host, last, state = res
         n_layers = xs.shape[0]
 
         def step(carry, inp):
@@ -178,11 +194,8 @@ def prefetch_scan(body: LayerBody, keep: Iterable[str], offload: Iterable[str]) 
             ct_x, ct_p = vjp(ct)
             return (ct_x, upcoming), ct_p
 
-        first = _fetch(host, n_layers - 1)
         idx = jnp.arange(n_layers, dtype=jnp.int32)
-        (ct_x0, _), ct_state = jax.lax.scan(
-            step, (ct_y, first), (idx, xs, dev, state), reverse=True
-        )
+        (ct_x0, _), ct_state = jax.lax.scan(step, (ct_y, last), (idx, xs, dev, state), reverse=True)
         return ct_x0, ct_state
 
     run.defvjp(run_fwd, run_bwd)

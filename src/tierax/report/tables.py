@@ -315,6 +315,16 @@ def prediction_table(pred, title: str) -> Table:
         *(
             [
                 (
+                    "    loads not overlapped: the peak is above XLA:TPU's scheduler limit",
+                    "all exposed",
+                )
+            ]
+            if b.copies_serialized
+            else []
+        ),
+        *(
+            [
+                (
                     "  streamed state update copies (exposed)"
                     if not b.state.accum_host_bytes
                     else "  training-state copies: update and accumulator (exposed)",

@@ -152,7 +152,11 @@ def build_milp(
     items, groups, parts, ugroups, fx = t.items, t.groups, t.parts, t.ugroups, t.fixed
     A, nx, n, G, U = t.grad_accum, t.size, len(items), len(groups), len(ugroups)
     D, O, R, Z, C, X = t.D, t.O, t.R, t.Z, t.C, t.X  # noqa: E741
-    ED, EH, S, UH, SU, EC, AH, SA, nv = map(int, np.cumsum([nx, G, G, 1, U, 1, 1, U, 1]))
+    ED, EH, S, UH, SU, EC, AH, SA, W, nv = map(int, np.cumsum([nx, G, G, 1, U, 1, 1, U, 1, 1]))
+    # W = 1: the step's microbatch phases within the scheduler's limit, so the backward's loads
+    # hide under their windows; 0: above it, every load exposed (costmodel.predict's
+    # copies_serialized).  Only a TPU target has such a limit; elsewhere W stays 0, unused.
+    sched_limit = t.rates.scheduler_limit_bytes if t.rates.offload_is_real else 0
     upd = [j for j, p in enumerate(parts) if p.kind in state_cm.ALL_PHASE_KINDS]
     acc = [j for j, p in enumerate(parts) if p.kind not in state_cm.ALL_PHASE_KINDS]
     # Units: seconds of the step's compute, bytes of all items' (with raw seconds and bytes, 1e-3
@@ -185,7 +189,16 @@ def build_milp(
                 add({Z + gi: 1, D + k: -1}, -np.inf, 0)
         # the group's copies beyond their windows, and its staging
         at_least(t.d2h_s[gi].plus(-g.d2h_window_s), ED + gi, 1 / scale)
-        at_least(t.h2d_s[gi].plus(-g.h2d_window_s), EH + gi, 1 / scale)
+        if sched_limit:  # e_h2d ≥ loads − window · W
+            h2d = t.h2d_s[gi]
+            add(
+                {EH + gi: 1, W: g.h2d_window_s * scale},
+                h2d.const * scale,
+                np.inf,
+                -wide(h2d) * scale,
+            )
+        else:
+            at_least(t.h2d_s[gi].plus(-g.h2d_window_s), EH + gi, 1 / scale)
         at_least(t.staging_bytes[gi], S, total)
     # e_coll ≥ hideable − (compute + recompute − the copies' hidden seconds), the hidden seconds
     # being their total less e_d2h, e_h2d (tierax.costmodel.predict.exposed_collectives).
@@ -223,6 +236,14 @@ def build_milp(
     # update holds the state twice; the accumulator is held twice while it is added to.
     for label, phase in t.microbatch_phase_rows():
         at_most(phase, budget, f"device: {label}", S)
+        if sched_limit:  # phase + staging ≤ the scheduler's limit where W = 1 (big M: the budget)
+            big = max(budget, sched_limit) + phase.const
+            add(
+                {S: 1, W: big / total},
+                -np.inf,
+                (sched_limit + big - phase.const) / total,
+                wide(phase) / total,
+            )
     host = t.activation_host_bytes + t.state_host_bytes + t.accum_host_bytes
     at_most(host, host_budget, "host: microbatch")
     if upd:
@@ -261,12 +282,13 @@ def build_milp(
     ub = np.full(nv, np.inf)
     ub[:nx] = 1
     ub[C : C + G] = 0  # the layer input (scan carry) stays on the device
+    ub[W] = 1 if sched_limit else 0
     for j, part in enumerate(parts):
         if not place_state or part.kind not in state_cm.PLANNED_KINDS:
             ub[X + j] = 0
     if not t.rates.offload_is_real:
         ub[O : O + n] = ub[X:nx] = 0
-    aux = {"ED": ED, "EH": EH, "S": S, "UH": UH, "SU": SU, "EC": EC, "AH": AH, "SA": SA}
+    aux = {"ED": ED, "EH": EH, "S": S, "UH": UH, "SU": SU, "EC": EC, "AH": AH, "SA": SA, "W": W}
     rows, lo, hi = np.array(rows), np.array(lo), np.array(hi)
     return Milp(t, c, scale, constant_s, rows, lo, hi, tuple(budget_rows), ub, aux)
 
@@ -291,6 +313,7 @@ def _solve(
     p = build_milp(t, budget, host_budget, one_placement_per_name, place_state)
     integrality = np.zeros(len(p.c))
     integrality[: t.size] = 1
+    integrality[p.aux["W"]] = 1
     res = quiet_milp.milp(
         p.c,
         constraints=LinearConstraint(p.rows, p.lo, p.hi),
@@ -593,9 +616,7 @@ def plan(
             )
         )
     placements, state = solution
-    desc = (
-        f"planned for {rates.target}, schedule {schedule}, device budget {size_text(budget)}"
-    )
+    desc = f"planned for {rates.target}, schedule {schedule}, device budget {size_text(budget)}"
     p = placements_to_plan(placements, prog, name, desc, mechanism, splits, state)
     p = dataclasses.replace(p, planned_for=p.planned_for.replace(grad_accum=grad_accum))
     pred = cm.simulate(p, prog, rates, schedule, grad_accum)
@@ -680,9 +701,7 @@ def _explain_state(
         elif not rates.offload_is_real:
             why = "kept: offloading is a no-op on this backend"
         elif part.device_bytes == 0:
-            why = (
-                "kept: offloading frees nothing here (the parameter dtype is the compute dtype)"
-            )
+            why = "kept: offloading frees nothing here (the parameter dtype is the compute dtype)"
         elif (
             state_cm.host_peak(acts_host, state_host, accum_host + part.host_bytes)
             if accum
@@ -696,7 +715,8 @@ def _explain_state(
             why = (
                 f"kept: {gib(part.device_bytes)} fits the budget "
                 f"({gib(budget - pred.peak_device_bytes)} to spare); offloading would expose "
-                f"{ms(marginal)} of " + ("accumulator copies" if accum else "streamed copies")
+                f"{ms(marginal)} of "
+                + ("accumulator copies" if accum else "streamed copies")
                 + ("" if accum else host_note)
             )
         out.append(

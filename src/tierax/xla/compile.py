@@ -35,6 +35,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tierax import costmodel, hardware
 from tierax import plan as plan_lib
+from tierax.costmodel.terms import offload_host_bytes
 from tierax.errors import TieraxError
 from tierax.hardware import cudnn, libtpu
 from tierax.hardware.target_config import render_target_config, scheduling_target_config
@@ -525,7 +526,11 @@ def compile_for_target(
     gemms8 = hlo.fp8_gemms(module)
     inventory = inv.for_plan(full_inventory, plan, cfg)
     wanted = [
-        (a.group, a.name, a.total_bytes)
+        (
+            a.group,
+            a.name,
+            offload_host_bytes(a.group, a.bytes_per_layer, a.num_layers, plan.mechanism),
+        )
         for a in inventory.activations()
         if placements.get(a.group, {}).get(a.name) is plan_lib.Placement.OFFLOAD
     ]
