@@ -33,6 +33,20 @@ def test_help_on_every_verb():
         assert len(r.stdout) > 200, f"{verb} --help says almost nothing"
 
 
+def test_python_dash_m_tierax_runs_the_command():
+    """``python -m tierax`` (a source tree on a machine where the package is not installed, as on a
+    lent TPU machine) is the ``tierax`` command."""
+    r = subprocess.run(
+        [sys.executable, "-m", "tierax", "models", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "tiny-llama" in json.loads(r.stdout)
+
+
 def test_models_json_lists_named_configs():
     r = tierax("models", "--json")
     assert r.returncode == 0

@@ -107,10 +107,19 @@ def test_simulate_host_bytes_equal_the_compiled_program(tiny_llama_offload_vs_de
     cfg, off, on_dev, _ = tiny_llama_offload_vs_device
     inv = model_inventory(cfg, 8, 64)
     rates = cm.target_rates("h200", cfg.dtype)
+    policy = dataclasses.replace(P.preset("qkv-offload", cfg), mechanism="policy")
     assert (
-        cm.simulate(P.preset("qkv-offload", cfg), for_inventory(cfg, inv), rates, "lhs").host_bytes
+        cm.simulate(policy, for_inventory(cfg, inv), rates, "lhs").host_bytes
         == off.host_temp_bytes
         > 0
+    )
+    # tierax's prefetching scan (the default): every layer but the last on the host, 11 of 12
+    prefetch = P.preset("qkv-offload", cfg)
+    compiled, _ = C.compile_for_target(cfg, prefetch, "h200", microbatch=8, seq=64)
+    assert compiled.host_temp_bytes == off.host_temp_bytes * 11 // 12
+    assert (
+        cm.simulate(prefetch, for_inventory(cfg, inv), rates, "lhs").host_bytes
+        == compiled.host_temp_bytes
     )
     on_device = P.Plan(
         "qkv-device",

@@ -27,8 +27,10 @@ matmul rate and each schedule's documented hiding rule — following the model a
 * that is the ``policy`` mechanism (XLA's host offloader).  Under ``prefetch`` (tierax's
   scan, the default) every schedule but ``serial`` hides a copy under a whole layer's
   compute, one layer is always staged (the next layer's prefetched slices: the layer in use's
-  are in its workspace), and the backward loads one layer more per group than it stores
-  (layer 0 twice).
+  are in its workspace); a value made before the attention is stored in its own layer (L on the
+  host, L + 1 loads: its last layer before the loop, layer 0 twice), any other a layer later (its
+  last layer stays on device: L − 1 on the host, L loads).
+* a target with a scheduler limit (a TPU's): where a plan's peak is above it, no load hides.
 
 Inventories are synthetic (two layer groups, DeepSeek-like: dense + MoE), with rates where
 offload, remat and device each win somewhere, and device and host budgets that bind.
@@ -58,6 +60,8 @@ NAMES = {
     "moe": (N.VALUE_PROJ, N.ATTENTION_OUT, N.MOE_MLPWI_0, N.MOE_MLPWI_1),
 }
 SCHEDULES = ("serial", "lhs", "lhs-pipelined")
+# The projections a layer makes before its attention (written out here, not imported)
+MADE_BEFORE_ATTENTION = {"query_proj", "key_proj", "value_proj"}
 # The schedule's documented hiding rule: fraction of the layer's compute a transfer hides under,
 # and the layers of offloaded slices in flight.
 HIDE = {"serial": 0.0, "lhs": 0.5, "lhs-pipelined": 1.0}
@@ -131,9 +135,9 @@ def make_inventory(groups: list[dict]) -> Inventory:
 def brute_force(inv: Inventory, rates: cm.Rates, schedule: str, mechanism: str = "policy"):
     """(peak bytes, host bytes, step seconds) of every one of the 3^8 plans, from first
     principles."""
-    w, stage, spare = HIDE[schedule], STAGE[schedule], 0
-    if mechanism == "prefetch":
-        w, stage, spare = (0.0 if schedule == "serial" else 1.0), 1, 1
+    w, stage, prefetch = HIDE[schedule], STAGE[schedule], mechanism == "prefetch"
+    if prefetch:
+        w, stage = (0.0 if schedule == "serial" else 1.0), 1
     mm = rates.matmul_flops_per_s
     head_fwd = 2.0 * inv.microbatch * inv.seq * CFG.d_model * CFG.vocab_size
     fwd_all = sum(g.forward_flops_per_layer * g.num_layers for g in inv.groups) + head_fwd
@@ -160,7 +164,7 @@ def brute_force(inv: Inventory, rates: cm.Rates, schedule: str, mechanism: str =
     peak = np.full(len(CODES), max(layer_phase, loss_phase), dtype=np.int64)
     host = np.zeros(len(CODES), dtype=np.int64)
     staging = np.zeros(len(CODES), dtype=np.int64)
-    col = 0
+    col, stores, loads = 0, [], []
     for gi, g in enumerate(inv.groups):
         L = g.num_layers
         named = [a for a in g.activations if a.name != N.DECODER_LAYER_INPUT]
@@ -181,15 +185,24 @@ def brute_force(inv: Inventory, rates: cm.Rates, schedule: str, mechanism: str =
         )
         seconds += recompute_flops / mm + recompute_hbm / hbm
         off_layer = ((c == 1) * b).sum(axis=1)
-        host += off_layer * L
+        # under prefetch, a value made before the attention is stored in its own layer (all L on
+        # the host, L + 1 loads: its last layer's before the loop); any other a layer later (its
+        # last layer stays on device: L − 1 on the host, L loads)
+        own = np.array([a.name in MADE_BEFORE_ATTENTION for a in named])
+        off_own = ((c == 1) * b * own).sum(axis=1)
+        host += off_layer * L - (0 if not prefetch else (off_layer - off_own))
         staging = np.maximum(staging, stage * off_layer)
         store_s = off_layer * L / rates.d2h_bytes_per_s
-        load_s = off_layer * (L + spare) / rates.h2d_bytes_per_s
+        load_s = (off_layer * L + (off_own if prefetch else 0)) / rates.h2d_bytes_per_s
         fwd_s = g.forward_flops_per_layer * L / mm + g.forward_hbm_bytes_per_layer * L / hbm
         bwd_s = (2 * g.forward_flops_per_layer + g.base_recompute_flops_per_layer) * L / mm + (
             g.backward_hbm_bytes_per_layer + g.base_recompute_hbm_bytes_per_layer
         ) * L / hbm
-        seconds += np.maximum(0.0, store_s - w * fwd_s) + np.maximum(0.0, load_s - w * bwd_s)
+        stores.append(np.maximum(0.0, store_s - w * fwd_s))
+        loads.append((load_s, np.maximum(0.0, load_s - w * bwd_s)))
+    over = (peak + staging > rates.scheduler_limit_bytes) if rates.scheduler_limit_bytes else 0
+    for store, (whole, beyond) in zip(stores, loads, strict=True):
+        seconds += store + np.where(over, whole, beyond)
     return peak + staging, host, seconds
 
 
@@ -427,3 +440,47 @@ def test_prefetch_fixture_offloads_and_beats_the_policy_where_loads_would_show()
         )
         faster |= seconds[index_of(codes)] < pol.predicted.step_time_s * (1 - 1e-6)
     assert any((c == 1).any() for c in chosen) and faster
+
+
+@pytest.mark.parametrize("limit_q", [0.3, 0.5, 0.7])
+def test_scheduler_limit_milp_equals_brute_force(limit_q):
+    """A TPU-like scheduler limit (copies serialized above it): the MILP's binary for it equals the
+    brute force at every budget, and the limit changes the optimum somewhere — a plan that hides
+    its loads below the limit is not the best above it, nor the other way round."""
+    import dataclasses
+
+    inv = make_inventory(fixture_groups())
+    base = make_rates(link_d2h=8e9, link_h2d=8e9)
+    peak, host, _ = brute_force(inv, base, "lhs", "prefetch")
+    limit = int(peak.min() + limit_q * (peak.max() - peak.min()))
+    rates = dataclasses.replace(base, scheduler_limit_bytes=limit)
+    changed = False
+    for q in (0.2, 0.4, 0.6, 0.8, 1.0):
+        budget = int(peak.min() + q * (peak.max() - peak.min()))
+        codes, *_ = check(inv, rates, "lhs", budget, int(host.max()), "prefetch")
+        free, *_ = check(inv, base, "lhs", budget, int(host.max()), "prefetch")
+        changed |= not np.array_equal(codes, free)
+    assert changed
+    # simulate's own step of plans above the limit and below it, against the brute force
+    _, _, seconds = brute_force(inv, rates, "lhs", "prefetch")
+    offloads = (CODES[:, :8] == 1).any(axis=1)
+    above = np.flatnonzero(offloads & (peak > limit))[::97][:6]
+    below = np.flatnonzero(offloads & (peak <= limit))[::97][:6]
+    assert len(above) and len(below)
+    prog = for_inventory(CFG, inv)
+    for k in (*above, *below):
+        placements = {
+            (g, n): PLACEMENT[int(c)]
+            for (g, n), c in zip(
+                [(g, n) for g in ("dense", "moe") for n in NAMES[g]], CODES[k, :8], strict=True
+            )
+        }
+        placements |= {
+            (g, planner.UNNAMED): plan_lib.Placement.DEVICE
+            if CODES[k, 8 + i]
+            else plan_lib.Placement.REMAT
+            for i, g in enumerate(("dense", "moe"))
+        }
+        plan = planner.placements_to_plan(placements, prog, "p", "", mechanism="prefetch")
+        got = cm.simulate(plan, prog, rates, "lhs")
+        assert got.step_time_s == pytest.approx(seconds[k], rel=1e-9), (k, peak[k] > limit)

@@ -116,10 +116,15 @@ def test_offloaded_residuals_are_host_arrays_between_the_passes():
     params, x0 = _toy_params(n_layers=3)
     run = prefetch_scan(_toy_layer, keep={"mlpwi_0"}, offload={"query_proj"})
     text = str(jax.make_jaxpr(jax.grad(lambda p: jnp.sum(run(x0, p))))(params))
-    # the stacked offloaded q in host memory: a slice for each layer but the last, which stays
-    # on device for the backward (it starts with it); stored in the loop, fetched in the loop
-    assert "f32<host>[2,4,8]" in text and "f32<host>[3,4,8]" not in text
-    assert text.count("MemorySpace.Host") >= 1 and text.count("MemorySpace.Device") >= 1
+    # q, made before the attention, stored in its own layer: a host slice for every layer,
+    # fetched before the backward's loop and in it
+    assert "f32<host>[3,4,8]" in text
+    assert text.count("MemorySpace.Host") >= 1 and text.count("MemorySpace.Device") >= 2
+    # g (the MLP's, made late) stored a layer later: every layer's slice but the last, which stays
+    # on device for the backward (it starts with it)
+    run = prefetch_scan(_toy_layer, keep={"mlpwi_0"}, offload={"mlpwi_1"})
+    text = str(jax.make_jaxpr(jax.grad(lambda p: jnp.sum(run(x0, p))))(params))
+    assert "f32<host>[2,4,16]" in text and "f32<host>[3,4,16]" not in text
 
 
 def _host_loads(module: hlo.Module, cname: str):

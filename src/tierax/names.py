@@ -66,3 +66,10 @@ PROJECTION_NAMES = frozenset(
     | set(MLP_NAMES)
     | set(MOE_NAMES)
 )
+
+# The values a layer makes before its attention (the projections and, for MLA, the low-rank
+# latents): an offloading scan stores them in their own layer, where the attention and the MLP
+# follow them (tierax.models.prefetch); it stores any other value while the next layer computes.
+BEFORE_ATTENTION = frozenset(
+    {QUERY_PROJ, KEY_PROJ, VALUE_PROJ, QUERY_WA_PROJ, MLA_Q, KV_WA_PROJ, MLA_KV}
+)

@@ -10,7 +10,7 @@ from tierax import names as N
 from tierax import plan as plan_lib
 from tierax.costmodel import network
 from tierax.costmodel.rates import Rates, fused_attention_s, matmul_s
-from tierax.models.prefetch import host_slots
+from tierax.models.prefetch import host_slots, stored_in_own_layer
 from tierax.tracing.inventory import Inventory
 
 SCHEDULES = ("serial", "lhs", "lhs-pipelined")
@@ -34,16 +34,29 @@ def staging_and_window(schedule: str, mechanism: str) -> tuple[int, float]:
     return STAGING_LAYERS[schedule], OVERLAP_WINDOW[schedule]
 
 
-def offload_host_bytes(group: str, held_per_layer: int, layers: int, mechanism: str) -> int:
-    """Host bytes of one offloaded name of ``group`` (``held_per_layer`` bytes a layer).
+def offload_host_bytes(
+    group: str, name: str, held_per_layer: int, layers: int, mechanism: str
+) -> int:
+    """Host bytes of offloaded ``name`` of ``group`` (``held_per_layer`` bytes a layer).
 
-    ``prefetch`` on a whole group (:func:`tierax.models.prefetch.prefetch_scan`): every layer but
-    the last, which stays on device between the passes (it is the staged layer the backward starts
-    with); a segment (``group@A-B``, :func:`tierax.models.prefetch.segmented_scan`) and XLA's host
-    offloader (``policy``): every layer."""
+    ``prefetch`` on a whole group (:func:`tierax.models.prefetch.prefetch_scan`): its host stack
+    (:func:`tierax.models.prefetch.host_slots`: a value stored a layer later keeps its last layer
+    on device, the staged layer the backward starts with); a segment (``group@A-B``,
+    :func:`tierax.models.prefetch.segmented_scan`) and XLA's host offloader (``policy``): every
+    layer."""
     if mechanism == "prefetch" and "@" not in group:
-        return held_per_layer * host_slots(layers)
+        return held_per_layer * host_slots(name, layers)
     return held_per_layer * layers
+
+
+def spare_loads(group: str, name: str, mechanism: str) -> int:
+    """Layers of ``name`` the backward loads beyond the L it uses: under ``prefetch`` its last
+    iteration re-reads layer 0 (no branch in the loop), and a value stored in its own layer (and a
+    segment's) loads its last layer before the loop too — a later-stored value's last layer is
+    already on device; XLA's host offloader (``policy``) loads each layer once."""
+    if mechanism != "prefetch":
+        return 0
+    return 1 if "@" in group or stored_in_own_layer(name) else 0
 
 
 def forward_collective_s(g, links: dict) -> float:
@@ -110,9 +123,6 @@ def item_terms(
     layer's before its loop.
     """
 
-    def spare(group: str) -> int:
-        return 1 if mechanism == "prefetch" and "@" in group else 0
-
     out = []
     for g in inv.groups:
         for a in g.activations:
@@ -136,11 +146,16 @@ def item_terms(
                     )
                     * g.num_layers,
                     a.held_total_bytes / rates.d2h_bytes_per_s,
-                    (a.held_total_bytes + spare(g.name) * a.held_bytes_per_layer)
+                    (
+                        a.held_total_bytes
+                        + spare_loads(g.name, a.name, mechanism) * a.held_bytes_per_layer
+                    )
                     / rates.h2d_bytes_per_s,
                     a.recompute_hbm_bytes_per_layer * g.num_layers / rates.hbm_bytes_per_s,
                     fused_attention_s(a.recompute_fused_flops_per_layer, rates) * g.num_layers,
-                    offload_host_bytes(g.name, a.held_bytes_per_layer, g.num_layers, mechanism),
+                    offload_host_bytes(
+                        g.name, a.name, a.held_bytes_per_layer, g.num_layers, mechanism
+                    ),
                 )
             )
     return out

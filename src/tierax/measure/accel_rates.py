@@ -222,4 +222,43 @@ def step_link_rates(
         "d2h_bytes_per_s": rate,
         "h2d_bytes_per_s": rate,
         "note": "one rate for both directions: the round trip's bytes over its time",
+        "loads_alone": host_loads_alone(layers, tokens, width, calls),
+    }
+
+
+def host_loads_alone(layers: int, tokens: int, width: int, calls: int = 3) -> dict:
+    """Host → device alone, as a layer scan's loads see it: a jitted scan over a [layers, tokens,
+    width] bf16 stack in pinned host memory, each trip copying one slice to the device and reducing
+    it (a cheap read of what arrived, so the copy is not dropped), against the same scan over the
+    stack on the device.  The difference over the bytes is the loads' own rate; with the round trip
+    (:func:`step_link_rates`) it splits the two directions.  Where the platform has no pinned host
+    memory (XLA:CPU), says so instead."""
+    dev = jax.devices()[0]
+    x = jax.random.normal(jax.random.key(6), (layers, tokens, width), jnp.bfloat16)
+    try:
+        host = jax.device_put(x, jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host"))
+    except Exception as e:  # noqa: BLE001 — the platform's refusal is the finding
+        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+
+    def scan(stack, to_device: bool):
+        def body(acc, i):
+            v = jax.lax.dynamic_index_in_dim(stack, i, keepdims=False)
+            if to_device:
+                v = jax.device_put(v, jax.memory.Space.Device)
+            return acc + jnp.sum(v.astype(jnp.float32)), None
+
+        return jax.lax.scan(body, jnp.float32(0), jnp.arange(layers))[0]
+
+    try:
+        t_host = back_to_back(jax.jit(lambda h: scan(h, True)), (host,), calls)
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+    t_dev = back_to_back(jax.jit(lambda d: scan(d, False)), (x,), calls)
+    nbytes = layers * tokens * width * 2
+    load_s = t_host - t_dev
+    return {
+        "bytes": nbytes,
+        "host_stack_s": t_host,
+        "device_stack_s": t_dev,
+        "h2d_bytes_per_s": nbytes / load_s if load_s > 0 else None,
     }

@@ -7,15 +7,18 @@ attention: nothing overlaps the load (XLA:GPU's schedule in a deviceless compile
 VJP that moves the copies itself:
 
 * **forward**: each layer runs once; the tagged values the plan keeps are recorded
-  (:class:`tierax.models.tags.Tape`), those it offloads are carried one layer on device and put
-  in host memory (``jax.device_put(v, Space.Host)``) while the next layer computes, written into
-  per-name host stacks carried by the scan, each under a ``tierax_offload_<name>`` scope that XLA
-  keeps in the store's op_name (``compile`` finds each name's host buffer by it).  XLA ends a
-  copy in the loop iteration that starts it, so a store issued in its own layer could hide only
-  under what follows the value there (little, for the MLP's up-projection); a layer later it has
-  a whole layer's forward.  The last layer's values stay on device (the backward starts with
-  them): the host stacks hold all layers but the last (:func:`host_slots`).  The stacks, the
-  last layer's values and every layer's input are the residuals.
+  (:class:`tierax.models.tags.Tape`); those it offloads are put in host memory
+  (``jax.device_put(v, Space.Host)``) and written into per-name host stacks carried by the scan,
+  each under a ``tierax_offload_<name>`` scope that XLA keeps in the store's op_name (``compile``
+  finds each name's host buffer by it).  XLA ends a copy in the loop iteration that starts it, so
+  a store issued in its own layer hides only under what follows the value there: values made
+  before the attention (:data:`tierax.names.BEFORE_ATTENTION`) are stored in their own layer as
+  they are made; any other (little follows the MLP's up-projection) is carried one layer on
+  device and stored while the next layer computes (XLA:TPU starts such a store only as early as
+  its latency estimate asks, later than an early value's own: bench/results/tpu_copy_schedule.json).
+  Their last layer stays on device (the backward starts with it): their host stacks hold all
+  layers but the last (:func:`host_slots`).  The stacks, those last values and every layer's
+  input are the residuals.
 * **backward** (reverse scan): the carry holds layer i's offloaded residuals, already
   on device (the last layer's from the forward).  Iteration i first issues the host → device
   copy of layer i−1's, then
@@ -41,6 +44,7 @@ from jax._src.lax.lax import (
 )  # what jax.lax.scan stacks its outputs into; no public equivalent
 from jax.experimental.layout import Layout, with_layout_constraint
 
+from tierax import names as N
 from tierax.models.tags import Tape
 
 LayerBody = Callable[[jax.Array, object], jax.Array]  # (x, one layer's state) -> y
@@ -82,10 +86,12 @@ def _host_stacks(values: dict, layers: int) -> dict:
 
 
 def _store(stacks: dict, values: dict, j) -> dict:
-    """Write layer ``j``'s offloaded values, put in host memory, into their stacks, each under its
-    name's scope."""
-    out = {}
+    """Write layer ``j``'s offloaded ``values``, put in host memory, into their stacks, each under
+    its name's scope (the other stacks pass unchanged)."""
+    out = dict(stacks)
     for n, s in stacks.items():
+        if n not in values:
+            continue
         with jax.named_scope(OFFLOAD_SCOPE_PREFIX + n):
             out[n] = jax.lax.dynamic_update_index_in_dim(
                 s, jax.device_put(values[n], jax.memory.Space.Host), j, 0
@@ -120,10 +126,18 @@ def _row_major(values: dict) -> dict:
     }
 
 
-def host_slots(layers: int) -> int:
-    """Layers of each offloaded name :func:`prefetch_scan` keeps in host memory: all but the last,
-    which stays on device between the passes (one slot for a single layer: its spare store)."""
-    return max(layers - 1, 1)
+def stored_in_own_layer(name: str) -> bool:
+    """Whether :func:`prefetch_scan` stores ``name`` in the layer that makes it (a value made before
+    the attention: the rest of the layer follows it) rather than while the next layer computes."""
+    return name in N.BEFORE_ATTENTION
+
+
+def host_slots(name: str, layers: int) -> int:
+    """Layers of offloaded ``name`` that :func:`prefetch_scan`'s host stack holds: every layer for a
+    name stored in its own layer; all but the last for the others, whose last layer stays on device
+    between the passes (a single layer's stack holds only the spare store, which nothing reads, and
+    XLA drops it)."""
+    return layers if stored_in_own_layer(name) else layers - 1
 
 
 def prefetch_scan(body: LayerBody, keep: Iterable[str], offload: Iterable[str]) -> Callable:
@@ -135,6 +149,8 @@ def prefetch_scan(body: LayerBody, keep: Iterable[str], offload: Iterable[str]) 
       offload: names saved in host memory and prefetched one layer ahead in the backward.
     """
     keep, offload = frozenset(keep), frozenset(offload)
+    own = frozenset(n for n in offload if stored_in_own_layer(n))
+    later = offload - own
     if not offload:
         raise ValueError(
             "prefetch_scan needs at least one offloaded name; use a checkpoint policy otherwise"
@@ -165,19 +181,21 @@ def prefetch_scan(body: LayerBody, keep: Iterable[str], offload: Iterable[str]) 
         shapes = jax.eval_shape(lambda x, p: {n: collect(x, p)[1][n] for n in offload}, x0, first)
 
         def step(carry, p):
-            # i counts the loop's trips, as a scan's own output index does.  Layer i − 1's
-            # offloaded values are stored while layer i computes; at i = 0 the zeros go to slot 0,
-            # which layer 0's values overwrite at i = 1 (one spare store a step, no branch).
+            # i counts the loop's trips, as a scan's own output index does.  Layer i − 1's later
+            # values are stored while layer i computes; at i = 0 the zeros go to slot 0, which
+            # layer 0's values overwrite at i = 1 (one spare store a step, no branch).
             x, stacks, pending, i = carry
             stacks = _store(stacks, pending, jnp.maximum(i - 1, 0))
             y, values = collect(x, p)
+            stacks = _store(stacks, {n: values[n] for n in own}, i)
             kept = _row_major({n: values[n] for n in keep})
-            return (y, stacks, {n: values[n] for n in offload}, i + 1), (x, kept)
+            return (y, stacks, {n: values[n] for n in later}, i + 1), (x, kept)
 
-        zeros = {n: jnp.zeros(s.shape, s.dtype) for n, s in shapes.items()}
-        # The last layer's values stay on device for the backward, which starts with them.
-        init = (x0, _host_stacks(shapes, host_slots(n_layers)), zeros, jnp.int32(0))
-        (y, host, last, _), (xs, dev) = jax.lax.scan(step, init, state)
+        zeros = {n: jnp.zeros(shapes[n].shape, shapes[n].dtype) for n in later}
+        slots = {n: max(host_slots(n, n_layers), 1) for n in offload}
+        stacks = {n: _host_stacks({n: shapes[n]}, slots[n])[n] for n in offload}
+        (y, host, last, _), (xs, dev) = jax.lax.scan(step, (x0, stacks, zeros, jnp.int32(0)), state)
+        # the later values' last layer stays on device: the backward starts with it
         return y, (xs, dev, host, last, state)
 
     def run_bwd(res, ct_y):
@@ -194,8 +212,11 @@ def prefetch_scan(body: LayerBody, keep: Iterable[str], offload: Iterable[str]) 
             ct_x, ct_p = vjp(ct)
             return (ct_x, upcoming), ct_p
 
+        first = {**_fetch({n: host[n] for n in own}, n_layers - 1), **last}
         idx = jnp.arange(n_layers, dtype=jnp.int32)
-        (ct_x0, _), ct_state = jax.lax.scan(step, (ct_y, last), (idx, xs, dev, state), reverse=True)
+        (ct_x0, _), ct_state = jax.lax.scan(
+            step, (ct_y, first), (idx, xs, dev, state), reverse=True
+        )
         return ct_x0, ct_state
 
     run.defvjp(run_fwd, run_bwd)
