@@ -116,11 +116,9 @@ def item_terms(
 ) -> list[ItemTerms]:
     """Per offloadable activation: bytes, recompute seconds, store and load seconds.
 
-    Under ``prefetch`` each pass copies every layer's slice once: the forward stores layers
-    0 … L−2 and a spare (zeros, at its first iteration) and keeps the last on device; the backward
-    loads layers L−2 … 0 and a spare (its last iteration re-reads layer 0: no branch in the loop).
-    A segment's scan (``group@A-B``) stores all L in their own layers and loads L + 1: the last
-    layer's before its loop.
+    Under ``prefetch`` the forward stores every layer's slice once (a value stored a layer later
+    stores zeros first, its last layer staying on device) and the backward loads L plus
+    :func:`spare_loads`.
     """
 
     out = []
