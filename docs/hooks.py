@@ -169,7 +169,10 @@ def targets_page() -> str:
         "(`tierax.hardware.gpus.TARGETS`, `tierax.hardware.tpus.TPU_TARGETS`). Figures are per "
         "device (GPU or TPU chip); peak FLOP/s are dense. A *projection* is a part XLA has no "
         "device description for: the cost model runs, no deviceless compile is offered. `cpu` "
-        "is a further target once `tierax calibrate` has measured this machine.",
+        "is a further target once `tierax calibrate` has measured this machine. The cost "
+        "model's TPU kernel rates (GEMMs, the splash kernel, a layer's non-matmul work, v5e's "
+        "host link) are those measured on a v5e chip, other generations' scaled by their "
+        "datasheet: [TPU kernel rates measured on a v5e chip](../results/tpu-kernel-rates.md).",
         "",
         "| key | device | memory GB | HBM TB/s | peak bf16 TFLOP/s | host link GB/s "
         "(per direction) | host link source | deviceless compile |",

@@ -49,6 +49,7 @@ DOCS_TABLES = [
     ("network_axes", "markdown", "network_axes.json", "network-axes"),
     ("whatif", "markdown", "whatif-deepseek-v3.json", "whatif-deepseek-v3"),
     ("tpu_compile", "splash_markdown", "tpu_splash.json", "tpu-splash"),
+    ("tpu_kernel_rates", "markdown", "tpu_kernel_rates.json", "tpu-kernel-rates"),
     ("maxtext_compile", "render", "maxtext_compile.json", "maxtext-compile"),
     ("maxtext_fidelity", "render", "maxtext_fidelity.json", "maxtext-fidelity"),
     ("maxtext_plan_check", "render", "maxtext_plan_check.json", "maxtext-plan-check"),

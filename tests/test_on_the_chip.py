@@ -8,6 +8,7 @@ tests that need a TPU run only where one is present and skip elsewhere (CI has n
 from __future__ import annotations
 
 import json
+import math
 import os
 import pathlib
 import subprocess
@@ -251,7 +252,8 @@ def test_calibrated_tpu_rates_replace_the_guesses():
     r = cm.target_rates("v5e", "bfloat16", calibration={"v5e": ENTRY})
     guess = cm.target_rates("v5e", "bfloat16", calibration={})
     assert r.matmul_flops_per_s == 181e12
-    assert guess.matmul_flops_per_s == pytest.approx(0.8 * 197e12)
+    # without a calibration: the rate measured on a v5e chip (tests/test_tpu_kernel_rates.py)
+    assert guess.matmul_flops_per_s != 181e12 and "bench/results/" in guess.sources["matmul"]
     assert (r.d2h_bytes_per_s, r.h2d_bytes_per_s) == (3.5e9, 13e9)
     assert r.fused_attention_fwd_flops_per_s == 56e12
     # by size: log-linear between the measured points
@@ -265,7 +267,13 @@ def test_calibrated_tpu_rates_replace_the_guesses():
 
 @pytest.mark.parametrize(
     "seq, head_dim, fwd",
-    [(2048, 128, 56e12), (8192, 128, 100e12), (6000, 128, 100e12), (4096, 64, 36e12)],
+    [
+        (2048, 128, 56e12),
+        (8192, 128, 100e12),
+        # between the measured 2048 and 8192: linear in log sequence
+        (6000, 128, 56e12 + math.log(6000 / 2048) / math.log(4) * 44e12),
+        (4096, 64, 36e12),  # head dim 64 measured at 2048 only: the nearest beyond
+    ],
 )
 def test_splash_rates_follow_the_programs_shape(seq, head_dim, fwd):
     from types import SimpleNamespace
@@ -273,7 +281,7 @@ def test_splash_rates_follow_the_programs_shape(seq, head_dim, fwd):
     r = cm.target_rates("v5e", "bfloat16", calibration={"v5e": ENTRY})
     prog = SimpleNamespace(seq=seq, attention=SimpleNamespace(qk_head_dim=head_dim))
     got = cm.for_program(r, prog)
-    assert got.fused_attention_fwd_flops_per_s == fwd
+    assert got.fused_attention_fwd_flops_per_s == pytest.approx(fwd, rel=1e-12)
     assert f"at sequence {seq}, head dim {head_dim}" in got.sources["fused_attention"]
 
 

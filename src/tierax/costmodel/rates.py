@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 
 from tierax import hardware
 from tierax.errors import TieraxError
-from tierax.hardware import kernel_rates, libtpu
+from tierax.hardware import kernel_rates, libtpu, tpu_rates
 
 # A dense bf16 matmul reaches about 0.8 of the H100/H200 datasheet peak (publicly reported
-# measurements): the rate of TPU targets as a stated assumption (no TPU matmul rate is published;
-# the rates' source note says so), and of GPU targets and dtypes with no published sweep
+# measurements): the rate of GPU targets and dtypes with no published sweep
 # (tierax.hardware.kernel_rates: projections, float32 steps).  GPU targets with one take their
-# sourced rates from there.
+# sourced rates from there; TPU targets take the rates measured on a TPU chip
+# (tierax.hardware.tpu_rates).
 ACHIEVABLE_FRACTION = 0.8
 # fp8 GEMMs (quantization: fp8) at the datasheet's dense fp8 peak times the same fraction: no fp8
 # GEMM rate has been measured here, so the bf16 measurement's fraction stands in for it (a named
@@ -70,14 +70,6 @@ FUSED_ATTENTION_SOURCE = (
 )
 FUSED_ATTENTION_FWD_FRACTION = 609 / 989
 FUSED_ATTENTION_BWD_FRACTION = 499 / 989
-# The splash-attention Pallas kernel (attention=splash, TPU targets): no published forward or
-# backward rate of it was found (Google's Cloud TPU and MaxText pages give step MFU, not the
-# kernel's), so its matmuls run at this target's dense-matmul rate — the same achievable share of
-# the peak as every other matmul — until a TPU measurement replaces it.  An assumption, not a fit.
-SPLASH_ATTENTION_SOURCE = (
-    "splash attention (Pallas TPU kernel): no published kernel rate; its forward and backward "
-    "matmuls at this target's dense-matmul rate (an assumption until a TPU measures it)"
-)
 # FlashAttention's backward convention: 5 matmuls of the forward's 2, i.e. 2.5 × its FLOPs.
 FUSED_BACKWARD_FLOPS_RATIO = 2.5
 
@@ -144,9 +136,10 @@ class Rates:
     # loss's form: float32 products of compute-dtype operands), which XLA:CPU runs with another
     # kernel than a bfloat16 step's layer GEMMs; measured by `tierax calibrate`.
     head_matmul_flops_per_s: float = 0.0
-    # CPU only (empty: matmul_flops_per_s for every GEMM): the GEMM rate by a GEMM's smallest
-    # dimension (tierax.tracing.jaxpr_tools.gemm_min_dim), ((dimension, FLOP/s), ...) ascending,
-    # the GEMM mix the largest point; measured by `tierax calibrate` (matmul_rate_at).
+    # (empty: matmul_flops_per_s for every GEMM): the GEMM rate by a GEMM's smallest dimension
+    # (tierax.tracing.jaxpr_tools.gemm_min_dim), ((dimension, FLOP/s), ...) ascending, the GEMM
+    # mix the largest point (matmul_rate_at): measured by `tierax calibrate`, or a GPU's published
+    # shares (kernel_rates), or a TPU's measured on a chip (tierax.hardware.tpu_rates).
     matmul_size_rates: tuple = ()
     # TPU targets: the libtpu whose XLA:TPU memory figures the peak follows (target_rates: the
     # installed one; "": none installed, the terms traced on 0.0.52; tierax.hardware.libtpu).
@@ -160,9 +153,10 @@ class Rates:
     # Whether the fused attention rates stand at kernel_rates.ATTENTION_REFERENCE (sequence, head
     # dim) until a program's own shape replaces them (for_program).
     attention_by_shape: bool = False
-    # The fused attention kernel measured by shape (a TPU's calibration: the splash kernel), as
-    # ((seq, head dim, forward FLOP/s, backward FLOP/s), ...): for_program takes the case nearest a
-    # program's shape.
+    # The fused attention kernel measured by shape (TPU targets: the splash kernel measured on a
+    # chip, tierax.hardware.tpu_rates, or by a calibration on the target), as ((seq, head dim,
+    # forward FLOP/s, backward FLOP/s), ...): for_program interpolates them at a program's shape
+    # (attention_at).
     fused_attention_table: tuple = ()
     # TPU targets: the device bytes within which XLA:TPU's latency-hiding scheduler overlaps the
     # step's host copies (SCHEDULER_MEMORY_FRACTION of the limit); a step whose peak is above it
@@ -366,8 +360,9 @@ def _cpu_rates(cal: dict, dtype: str) -> Rates:
 
 
 def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Rates:
-    """Rates for a GPU target from the hardware table (or measured calibration), or ``cpu``
-    measured here.
+    """Rates for a GPU target from the hardware table and its published kernel rates, for a TPU
+    target from the kernel rates measured on a TPU chip (:func:`_tpu_rates`), each replaced by a
+    measured calibration of the target where there is one; or ``cpu`` measured here.
 
     ``calibration``: the calibration file's content to use instead of reading the file (a
     benchmark run's own calibration).
@@ -376,10 +371,11 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
     if target == "cpu":
         return _cpu_rates(cal, dtype)
     spec = hardware.get_target(target)
+    gpu = spec.kind == "gpu"
+    if not gpu:
+        return _tpu_rates(target, dtype, spec, cal)
     peak = spec.peak(dtype)
     matmul = cal.get(f"matmul_flops_per_s_{dtype}", peak * ACHIEVABLE_FRACTION)
-    # a TPU with fp8 MXU rates above its bf16 ones (v7x) prices fp8 GEMMs at them; one that lists
-    # the same figure (v5p) gains nothing; one with none (v6e, v5e) runs them emulated
     fp8_peak = spec.peak_flops.get("fp8", 0.0)
     fp8 = cal.get("matmul_flops_per_s_fp8", fp8_peak * ACHIEVABLE_FRACTION)
     d2h = cal.get("d2h_bytes_per_s", spec.host_link_bps)
@@ -388,9 +384,8 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
     sources = {
         "matmul": measured
         if f"matmul_flops_per_s_{dtype}" in cal
-        else f"{ACHIEVABLE_FRACTION:.0%} (an H200 measured 790/989"
-        + ("" if spec.kind == "gpu" else "; the GPU share assumed for the MXU, not measured")
-        + f") of the {peak / 1e12:.0f} TFLOP/s {spec.peak_name(dtype)} datasheet peak",
+        else f"{ACHIEVABLE_FRACTION:.0%} (an H200 measured 790/989) of the {peak / 1e12:.0f} "
+        f"TFLOP/s {spec.peak_name(dtype)} datasheet peak",
         "host_link": measured if "d2h_bytes_per_s" in cal else spec.host_link_source,
         "hbm": "XLA device spec",
         "interconnect": "NVLink datasheet, per direction",
@@ -398,68 +393,32 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
         "nvlink_domain": f"{spec.nvlink_domain_gpus} devices per NVLink/ICI domain",
         "memory": "XLA device spec",
         "host_memory": "system datasheet, per GPU",
-    } | getattr(spec, "rate_sources", {})  # TPU targets name their own sources
+    }
     hbm = cal.get("memory_bytes_per_s", spec.hbm_bytes_per_s)
     if "memory_bytes_per_s" in cal:
         sources["hbm"] = f"{measured}: a layer's non-matmul work at the bytes the model counts"
-    fixed = 0
-    if spec.kind == "gpu":
-        jaxlib = installed_jaxlib()
-        fixed = xla_gpu_fixed_bytes(spec.compute_capability, jaxlib)
-        sources["fixed"] = xla_gpu_fixed_source(spec.compute_capability, jaxlib)
-    gpu = spec.kind == "gpu"
-    sources["fused_attention"] = FUSED_ATTENTION_SOURCE if gpu else SPLASH_ATTENTION_SOURCE
-    fused_fwd = peak * FUSED_ATTENTION_FWD_FRACTION if gpu else matmul
-    fused_bwd = peak * FUSED_ATTENTION_BWD_FRACTION if gpu else matmul
-    measured_by_size = ()
-    if not gpu:  # a TPU's calibration: the splash kernel's rates and the GEMM rate by size
-        if "fused_attention_fwd_flops_per_s" in cal:
-            fused_fwd = cal["fused_attention_fwd_flops_per_s"]
-            fused_bwd = cal["fused_attention_bwd_flops_per_s"]
-            sources["fused_attention"] = (
-                f"{measured}: the splash kernel forward and backward (the measured case nearest "
-                "seq 2048, head dim 128)"
-            )
-        points = cal.get(f"matmul_size_rates_{dtype}", ())
-        if points:
-            measured_by_size = tuple((int(d), float(r)) for d, r in points)
-            sources["matmul_by_size"] = (
-                f"{measured}: {dtype} GEMMs whose smallest dimension is "
-                + ", ".join(str(d) for d, _ in measured_by_size)
-                + " (the largest: a step's GEMM mix), linear in log dimension between them"
-            )
+    jaxlib = installed_jaxlib()
+    fixed = xla_gpu_fixed_bytes(spec.compute_capability, jaxlib)
+    sources["fixed"] = xla_gpu_fixed_source(spec.compute_capability, jaxlib)
+    sources["fused_attention"] = FUSED_ATTENTION_SOURCE
+    fused_fwd = peak * FUSED_ATTENTION_FWD_FRACTION
+    fused_bwd = peak * FUSED_ATTENTION_BWD_FRACTION
     if fp8:
         sources["fp8_matmul"] = (
             measured
             if "matmul_flops_per_s_fp8" in cal
             else FP8_SOURCE.format(fraction=ACHIEVABLE_FRACTION, peak=fp8_peak / 1e12)
         )
-        if gpu and tuple(spec.compute_capability) >= (10, 0):
+        if tuple(spec.compute_capability) >= (10, 0):
             sources["mxfp8_matmul"] = MXFP8_SOURCE
-    sourced = {}
-    if gpu:
-        sourced = _sourced_gpu(target, dtype, spec, peak, cal, sources)
-        fused_fwd = sourced.get("fused_attention_fwd_flops_per_s", fused_fwd)
-        fused_bwd = sourced.get("fused_attention_bwd_flops_per_s", fused_bwd)
-        matmul = sourced.get("matmul_flops_per_s", matmul)
-        fp8 = sourced.get("fp8_matmul_flops_per_s", fp8)
-    limit = getattr(spec, "xla_hbm_limit_bytes", 0)
-    if limit:
-        sources["memory_limit"] = spec.xla_hbm_limit_source
-    scheduler_limit = 0
-    if spec.kind == "tpu":
-        scheduler_limit = int(
-            SCHEDULER_MEMORY_FRACTION
-            * (limit or spec.device_memory_bytes)
-            / (1 + PEAK_UNDERPREDICTION_TPU)
-        )
-        sources["copy_overlap_limit"] = SCHEDULER_SOURCE
+    sourced = _sourced_gpu(target, dtype, spec, peak, cal, sources)
+    fused_fwd = sourced.get("fused_attention_fwd_flops_per_s", fused_fwd)
+    fused_bwd = sourced.get("fused_attention_bwd_flops_per_s", fused_bwd)
+    matmul = sourced.get("matmul_flops_per_s", matmul)
+    fp8 = sourced.get("fp8_matmul_flops_per_s", fp8)
     host_bw = getattr(spec, "host_memory_bandwidth_bps", 0.0)
     if host_bw:
         sources["host_memory_bandwidth"] = spec.host_memory_bandwidth_source
-    tpu_lib = libtpu.installed_version() if spec.kind == "tpu" else ""
-    if libtpu.older_than_traced(tpu_lib):
-        sources["libtpu"] = libtpu.OLDER_SOURCE.format(version=tpu_lib)
     return Rates(
         target,
         matmul,
@@ -476,18 +435,104 @@ def target_rates(target: str, dtype: str, calibration: dict | None = None) -> Ra
         spec.scale_out_bytes_per_s,
         fused_attention_fwd_flops_per_s=fused_fwd,
         fused_attention_bwd_flops_per_s=fused_bwd,
-        device_limit_bytes=limit,
         host_memory_bytes_per_s=host_bw,
         fp8_matmul_flops_per_s=fp8,
-        libtpu=tpu_lib,
-        matmul_size_rates=sourced.get("matmul_size_rates", measured_by_size),
-        overlap_slowdown=kernel_rates.OVERLAP_SLOWDOWN if gpu else 0.0,
+        matmul_size_rates=sourced.get("matmul_size_rates", ()),
+        overlap_slowdown=kernel_rates.OVERLAP_SLOWDOWN,
         fp8_by_size=bool(sourced.get("matmul_size_rates")) and "fp8_matmul_flops_per_s" in sourced,
-        attention_by_shape=gpu,
-        fused_attention_table=tuple(tuple(r) for r in cal.get("splash_attention", ()))
-        if not gpu
-        else (),
-        scheduler_limit_bytes=scheduler_limit,
+        attention_by_shape=True,
+    )
+
+
+def _tpu_rates(target: str, dtype: str, spec, cal: dict) -> Rates:
+    """A TPU target's rates: the kernel rates measured on a TPU chip (tierax.hardware.tpu_rates;
+    another generation's scaled by this one's datasheet), each replaced by what a ``tierax
+    calibrate`` entry ``cal`` measured on this target."""
+    chip = tpu_rates.for_target(spec, dtype)
+    sources = {
+        "interconnect": "NVLink datasheet, per direction",
+        "scale_out": spec.scale_out_source,
+        "nvlink_domain": f"{spec.nvlink_domain_gpus} devices per NVLink/ICI domain",
+        "host_link": spec.host_link_source,
+    } | spec.rate_sources  # TPU targets name their own sources
+    sources |= chip.sources
+    measured = f"measured by tierax calibrate ({cal.get('created', '?')})"
+    matmul, size_rates = chip.matmul, chip.size_rates
+    if f"matmul_flops_per_s_{dtype}" in cal:
+        matmul = cal[f"matmul_flops_per_s_{dtype}"]
+        sources["matmul"] = measured
+        # the measured shares by size keep their shape under the calibrated rate until the
+        # calibration measures its own
+        size_rates = tuple((d, r * matmul / size_rates[-1][1]) for d, r in size_rates)
+        sources["matmul_by_size"] += f"; scaled to the rate {measured}"
+    points = cal.get(f"matmul_size_rates_{dtype}", ())
+    if points:
+        size_rates = tuple((int(d), float(r)) for d, r in points)
+        sources["matmul_by_size"] = (
+            f"{measured}: {dtype} GEMMs whose smallest dimension is "
+            + ", ".join(str(d) for d, _ in size_rates)
+            + " (the largest: a step's GEMM mix), linear in log dimension between them"
+        )
+    table = chip.attention_table
+    if cal.get("splash_attention"):
+        table = tuple(tuple(r) for r in cal["splash_attention"])
+        sources["fused_attention"] = (
+            f"{measured}: the splash kernel forward and backward by (seq, head dim), linear in "
+            "log seq and in head dim between the measured cases, the nearest beyond"
+        )
+    # a program of no known shape: the reference shape's, or the calibration's own default case
+    fused_fwd, fused_bwd = attention_at(table, *kernel_rates.ATTENTION_REFERENCE)
+    if "fused_attention_fwd_flops_per_s" in cal:
+        fused_fwd = cal["fused_attention_fwd_flops_per_s"]
+        fused_bwd = cal["fused_attention_bwd_flops_per_s"]
+        if not cal.get("splash_attention"):  # an older calibration: one case, whatever the shape
+            table = ()
+            sources["fused_attention"] = f"{measured}: the splash kernel forward and backward"
+    hbm = cal.get("memory_bytes_per_s", chip.hbm)
+    if "memory_bytes_per_s" in cal:
+        sources["hbm"] = f"{measured}: a layer's non-matmul work at the bytes the model counts"
+    link = chip.host_link or spec.host_link_bps
+    d2h = cal.get("d2h_bytes_per_s", link)
+    h2d = cal.get("h2d_bytes_per_s", link)
+    if "d2h_bytes_per_s" in cal:
+        sources["host_link"] = measured
+    # a TPU with fp8 MXU rates above its bf16 ones (v7x) prices fp8 GEMMs at them; one that lists
+    # the same figure (v5p) gains nothing; one with none (v6e, v5e) runs them emulated
+    fp8 = cal.get("matmul_flops_per_s_fp8", chip.fp8)
+    if "matmul_flops_per_s_fp8" in cal:
+        sources["fp8_matmul"] = measured
+    sources["memory_limit"] = spec.xla_hbm_limit_source
+    sources["copy_overlap_limit"] = SCHEDULER_SOURCE
+    tpu_lib = libtpu.installed_version()
+    if libtpu.older_than_traced(tpu_lib):
+        sources["libtpu"] = libtpu.OLDER_SOURCE.format(version=tpu_lib)
+    return Rates(
+        target,
+        matmul,
+        hbm,
+        d2h,
+        h2d,
+        spec.nvlink_bytes_per_s,
+        spec.device_memory_bytes,
+        int(spec.host_memory_per_gpu_bytes),
+        True,
+        sources,
+        0,
+        spec.nvlink_domain_gpus,
+        spec.scale_out_bytes_per_s,
+        fused_attention_fwd_flops_per_s=fused_fwd,
+        fused_attention_bwd_flops_per_s=fused_bwd,
+        device_limit_bytes=spec.xla_hbm_limit_bytes,
+        fp8_matmul_flops_per_s=fp8,
+        libtpu=tpu_lib,
+        matmul_size_rates=size_rates,
+        fp8_by_size=bool(fp8) and "matmul_flops_per_s_fp8" not in cal,
+        fused_attention_table=table,
+        scheduler_limit_bytes=int(
+            SCHEDULER_MEMORY_FRACTION
+            * (spec.xla_hbm_limit_bytes or spec.device_memory_bytes)
+            / (1 + PEAK_UNDERPREDICTION_TPU)
+        ),
     )
 
 
@@ -552,19 +597,47 @@ def for_program(rates: Rates, prog) -> Rates:
     )
 
 
-def _measured_attention(rates: Rates, seq: int, head_dim: int) -> Rates:
-    """``rates`` with the fused attention rates of the measured case nearest (``seq``,
-    ``head_dim``) (:attr:`Rates.fused_attention_table`; head dim first, then sequence, each by
-    log distance)."""
-    s, d, fwd, bwd = min(
-        rates.fused_attention_table,
-        key=lambda r: (abs(math.log2(r[1] / head_dim)), abs(math.log2(r[0] / seq))),
+def attention_at(table: Sequence, seq: int, head_dim: int) -> tuple[float, float]:
+    """(forward, backward) FLOP/s of a fused attention kernel measured by shape (``table``:
+    ((seq, head dim, forward, backward), ...)) at ``seq`` and ``head_dim``: per measured head dim
+    linear in log sequence between its measured lengths, then linear in head dim between the two
+    measured head dims around ``head_dim``; the nearest measured point beyond either range."""
+    by_dim: dict[int, list] = {}
+    for s, d, f, b in table:
+        by_dim.setdefault(int(d), []).append((s, f, b))
+    at_dim = {}
+    for d, rows in sorted(by_dim.items()):
+        rows.sort()
+        fwd = kernel_rates.interp(tuple((s, f) for s, f, _ in rows), seq)
+        bwd = kernel_rates.interp(tuple((s, b) for s, _, b in rows), seq)
+        at_dim[d] = (fwd, bwd)
+    dims = tuple(sorted(at_dim))
+    return tuple(
+        kernel_rates.interp(tuple((d, at_dim[d][i]) for d in dims), head_dim, log=False)
+        for i in (0, 1)
     )
+
+
+def _measured_attention(rates: Rates, seq: int, head_dim: int) -> Rates:
+    """``rates`` with the fused attention rates at (``seq``, ``head_dim``) from the kernel measured
+    by shape (:attr:`Rates.fused_attention_table`, :func:`attention_at`)."""
+    fwd, bwd = attention_at(rates.fused_attention_table, seq, head_dim)
+    seqs = [r[0] for r in rates.fused_attention_table]
+    dims = [r[1] for r in rates.fused_attention_table]
+    beyond = [
+        what
+        for what, x, xs in (("sequence", seq, seqs), ("head dim", head_dim, dims))
+        if not min(xs) <= x <= max(xs)
+    ]
     sources = dict(rates.sources)
     sources["fused_attention"] = (
-        f"{sources.get('fused_attention', '')}; at sequence {seq}, head dim {head_dim} the "
-        f"measured case seq {s}, head dim {d}: forward {fwd / 1e12:.0f}, backward "
-        f"{bwd / 1e12:.0f} TFLOP/s"
+        f"{sources.get('fused_attention', '')}; at sequence {seq}, head dim {head_dim}: forward "
+        f"{fwd / 1e12:.0f}, backward {bwd / 1e12:.0f} TFLOP/s"
+        + (
+            f" (the {' and '.join(beyond)} beyond the measured ones: the nearest's)"
+            if beyond
+            else ""
+        )
     )
     return dataclasses.replace(
         rates,
@@ -726,6 +799,7 @@ def override_rates(rates: Rates, overrides: Sequence[str]) -> Rates:
             changes["device_limit_bytes"] = 0
         if key.startswith("fused_attention"):  # the given rate, whatever the program's shape
             changes["attention_by_shape"] = False
+            changes["fused_attention_table"] = ()
         if key == "matmul" and rates.matmul_size_rates:  # the rates by size keep their shape
             scale = v / rates.matmul_size_rates[-1][1]
             changes["matmul_size_rates"] = tuple((d, r * scale) for d, r in rates.matmul_size_rates)

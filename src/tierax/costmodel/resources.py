@@ -80,7 +80,8 @@ def check_resources(names, what: str) -> None:
 
 def scale_rates(rates: Rates, factors: Mapping[str, float], note: str | None = None) -> Rates:
     """``rates`` with each resource of ``factors`` (resource → factor > 0) taking ``factor`` × its
-    seconds: its rates divided by the factor (``matmul_size_rates`` too).  ``note``: the
+    seconds: its rates divided by the factor (``matmul_size_rates`` and
+    ``fused_attention_table`` too).  ``note``: the
     ``sources`` entry ``calibration`` to set (None: none set).
 
     Raises:
@@ -95,6 +96,10 @@ def scale_rates(rates: Rates, factors: Mapping[str, float], note: str | None = N
             changes[name] = getattr(rates, name) / f
         if resource == "gemm" and rates.matmul_size_rates:
             changes["matmul_size_rates"] = tuple((d, r / f) for d, r in rates.matmul_size_rates)
+        if resource == "attention" and rates.fused_attention_table:  # the kernel by shape too
+            changes["fused_attention_table"] = tuple(
+                (s, d, fwd / f, bwd / f) for s, d, fwd, bwd in rates.fused_attention_table
+            )
     if note is not None:
         changes["sources"] = dict(rates.sources) | {"calibration": note}
     return dataclasses.replace(rates, **changes)

@@ -157,7 +157,7 @@ ATTENTION_SOURCE = (
 )
 
 
-def _interp(points: tuple[tuple[float, float], ...], x: float, log: bool = True) -> float:
+def interp(points: tuple[tuple[float, float], ...], x: float, log: bool = True) -> float:
     """Piecewise linear (in log ``x`` with ``log``) through ``points`` ((x, y) ascending), the
     nearest point's value outside them."""
     if x <= points[0][0]:
@@ -220,9 +220,9 @@ def attention_shares(seq: int, head_dim: int) -> tuple[float, float]:
 
     def at(table: dict) -> float:
         by_dim = {
-            d: _interp(tuple(zip(ATTENTION_SEQS, v, strict=True)), seq) for d, v in table.items()
+            d: interp(tuple(zip(ATTENTION_SEQS, v, strict=True)), seq) for d, v in table.items()
         }
-        return _interp(tuple(sorted(by_dim.items())), head_dim, log=False) / ATTENTION_PEAK_TFLOPS
+        return interp(tuple(sorted(by_dim.items())), head_dim, log=False) / ATTENTION_PEAK_TFLOPS
 
     return at(ATTENTION_FWD_CAUSAL_TFLOPS), at(ATTENTION_BWD_TFLOPS)
 

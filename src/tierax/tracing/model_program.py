@@ -39,9 +39,9 @@ def for_inventory(cfg, inv: Inventory) -> Program:
     ep = inv.mesh.get("expert", 1)
     head = Head(cfg.d_model, cfg.vocab_size, cfg.loss_tiles) if cfg.vocab_size else None
     attention = None
-    if cfg.attention == "cudnn":
+    if cfg.attention in ("cudnn", "splash"):  # the fused kernels, priced at the program's shape
         _, dqk, _ = cfg.attention_dims()
-        attention = FusedAttention("cudnn", cfg.num_heads // inv.mesh.get("tensor", 1), dqk)
+        attention = FusedAttention(cfg.attention, cfg.num_heads // inv.mesh.get("tensor", 1), dqk)
     moe_bytes = tuple(
         (g.name, moe.backward_buffer_bytes(cfg, tokens, ep))
         for g in inv.groups

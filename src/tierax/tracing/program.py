@@ -92,9 +92,12 @@ class Head:
 
 @dataclass(frozen=True)
 class FusedAttention:
-    """A fused attention kernel whose backward allocates a workspace per call (cuDNN's flash
-    attention: :func:`tierax.hardware.cudnn.backward_workspace_bytes`), with what it is sized
-    from: the heads one device computes and the query/key head dimension."""
+    """A fused attention kernel the step runs (``kind``): cuDNN's flash attention (``cudnn``),
+    whose backward allocates a workspace per call
+    (:func:`tierax.hardware.cudnn.backward_workspace_bytes`), or the splash kernel on a TPU
+    (``splash``), which allocates none; with the heads one device computes and the query/key head
+    dimension, by which the workspace is sized and the time model prices the kernel at the
+    program's shape (:func:`tierax.costmodel.rates.for_program`)."""
 
     kind: str
     heads_per_device: int

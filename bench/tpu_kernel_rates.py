@@ -1,0 +1,425 @@
+#!/usr/bin/env python3
+"""The TPU kernel rates measured on a chip, extracted from its chip-check records into one record
+(bench/results/tpu_kernel_rates.json) and the package data file the cost model's default TPU rates
+come from (src/tierax/hardware/tpu_kernel_rates.json); nothing is measured here.
+
+    python bench/tpu_kernel_rates.py     # → both files, from the committed chip records
+    python bench/tpu_kernel_rates.py --measured bench/results/chip/tpu_check_first.json \
+        --host-link bench/results/tpu_check.json
+    python bench/tpu_kernel_rates.py --docs bench/results/tpu_kernel_rates.json   # table + plot
+
+The chip records are ``bench/tpu_check.py``'s (``schema tierax.tpu-check/1``): their ``calibration``
+is what ``tierax calibrate`` measured on the chip (``tierax.measure.accel_rates``): bf16 GEMMs at a
+step's shapes and by smallest dimension, the splash attention kernel (causal) forward and backward
+by sequence length and head dim, a layer's non-matmul work at the bytes the model counts, and the
+host link.  ``--measured`` names the record whose run measured the kernels (GEMMs, splash, the
+non-matmul work); ``--host-link`` the record whose run measured the host link through the step's
+own offload path (the first chip run's host link came from a slower path, which the second run's
+round trip replaced).  Every figure is copied from them with the command, chip and jax version
+that measured it, and each rate's efficiency (the rate over the measuring chip's datasheet figure
+from ``tierax.hardware``) is what the cost model scales to other TPU generations
+(``tierax.hardware.tpu_rates``).  Shapes the issue asks for that the records lack are listed as not
+measured, never filled in.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+import _common
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
+if str(SRC) not in sys.path:
+    sys.path.insert(0, str(SRC))
+
+SCHEMA = "tierax.tpu-kernel-rates/1"
+CHIP_SCHEMA = "tierax.tpu-check/1"
+DOCS_MARKER = "tpu-kernel-rates"
+RECORD = "tpu_kernel_rates.json"
+MEASURED = _common.RESULTS / "chip" / "tpu_check_first.json"
+HOST_LINK = _common.RESULTS / "tpu_check.json"
+DATA_FILE = SRC / "tierax" / "hardware" / "tpu_kernel_rates.json"
+PLOT = ROOT / "docs" / "results" / "tpu-kernel-rates.png"
+# What the issue asks the table to cover (issue 67): splash by sequence 2k-32k and head dim 64, 128,
+# 192, causal and not; GEMMs down to an expert's small token counts (below the 128 the MXU tiles).
+WANTED_SEQS = (2048, 4096, 8192, 16384, 32768)
+WANTED_HEAD_DIMS = (64, 128, 192)
+DTYPE = "bfloat16"
+TARGETS = ("v5e", "v5p", "v6e", "v7x")
+
+
+def _rel(path: str | pathlib.Path) -> str:
+    p = pathlib.Path(path).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(path)
+
+
+def _chip_record(path: str | pathlib.Path) -> dict:
+    doc = json.loads(pathlib.Path(path).read_text(encoding="utf-8"))
+    if doc.get("schema") != CHIP_SCHEMA or "calibration" not in doc:
+        raise ValueError(f"{path}: not a chip-check record with a calibration ({CHIP_SCHEMA})")
+    return doc
+
+
+def _provenance(doc: dict, path: str | pathlib.Path) -> dict:
+    cal = doc["calibration"]
+    return {
+        "record": _rel(path),
+        "command": doc["command"],
+        "created": doc["created"],
+        "calibration_created": cal.get("created"),
+        "device_kind": doc["machine"].get("device_kind", cal.get("device_kind")),
+        "device_count": doc["machine"].get("device_count"),
+        "jax": doc.get("jax_version", cal.get("jax")),
+    }
+
+
+def extract(
+    measured: dict,
+    measured_path: str | pathlib.Path,
+    host: dict,
+    host_path: str | pathlib.Path,
+) -> dict:
+    """The kernel rates of two chip-check records (the kernels' and the host link's; they may be
+    the same record), each section with the record that measured it, and what was not measured."""
+    from tierax.hardware import TPU_TARGETS
+
+    target = measured["target"]
+    if host["target"] != target:
+        raise ValueError(f"the host-link record is of {host['target']}, the kernels' of {target}")
+    spec = TPU_TARGETS[target]
+    peak, hbm = spec.peak(DTYPE), spec.hbm_bytes_per_s
+    cal = measured["calibration"]
+    bench = cal["microbenchmarks"]
+    by_size = bench.get(f"matmul_by_size_{DTYPE}", {})
+    mix = bench[f"matmul_{DTYPE}"]
+    gemms = []
+    for dim, rate in cal[f"matmul_size_rates_{DTYPE}"]:
+        runs = by_size.get(str(dim))
+        shapes = (runs or mix)["gemms"]
+        gemms.append(
+            {
+                "min_dim": int(dim),
+                "what": "smallest dimension" if runs else "a step's GEMM mix",
+                "flops_per_s": rate,
+                "efficiency": rate / peak,
+                "gemms": [{k: g[k] for k in ("shape", "role", "flops_per_s")} for g in shapes],
+            }
+        )
+    splash = [
+        {
+            "seq": c["seq"],
+            "head_dim": c["head_dim"],
+            "causal": True,
+            "batch": c["batch"],
+            "heads": c["heads"],
+            "kv_heads": c["kv_heads"],
+            "forward_flops": c["forward_flops"],
+            "fwd_flops_per_s": c["fwd_flops_per_s"],
+            "bwd_flops_per_s": c["bwd_flops_per_s"],
+            "fwd_efficiency": c["fwd_flops_per_s"] / peak,
+            "bwd_efficiency": c["bwd_flops_per_s"] / peak,
+        }
+        for c in bench["splash_attention"]
+    ]
+    nm = bench["nonmatmul"]
+    link = host["calibration"]["microbenchmarks"]["host_link"]
+    hcal = host["calibration"]
+    have = {(c["seq"], c["head_dim"]) for c in splash}
+    missing_splash = [[s, d] for d in WANTED_HEAD_DIMS for s in WANTED_SEQS if (s, d) not in have]
+    smallest = min(g["min_dim"] for g in gemms)
+    return {
+        "target": target,
+        "dtype": DTYPE,
+        "datasheet": {
+            "peak_flops_per_s": peak,
+            "hbm_bytes_per_s": hbm,
+            "source": f"tierax.hardware.TPU_TARGETS[{target!r}] ({spec.name}, Google Cloud TPU "
+            "docs: dense bf16 peak, HBM bandwidth)",
+        },
+        "kernels_from": _provenance(measured, measured_path),
+        "host_link_from": _provenance(host, host_path),
+        "gemm": gemms,
+        "splash": splash,
+        "nonmatmul": {
+            "bytes_per_s": nm["bytes_per_s"],
+            "efficiency": nm["bytes_per_s"] / hbm,
+            "shape": nm["shape"],
+            "what": "a layer's non-matmul work (norms, activations, residual adds) at the bytes "
+            "the cost model counts for it",
+        },
+        "host_link": {
+            "d2h_bytes_per_s": hcal["d2h_bytes_per_s"],
+            "h2d_bytes_per_s": hcal["h2d_bytes_per_s"],
+            "bytes_each_way": link.get("bytes_each_way"),
+            "what": link.get("note", "")
+            + " (tierax's prefetching layer scan storing one value a layer on the host, against "
+            "the same scan keeping it on the device)",
+        },
+        "not_measured": {
+            "splash_causal": missing_splash,
+            "splash_non_causal": "every shape (the chip check runs the causal kernel only)",
+            "gemm_min_dim_below": smallest,
+            "gemm_note": f"GEMMs whose smallest dimension is below {smallest} (an expert's GEMMs "
+            "at small token counts) take the nearest measured point's rate",
+            "fp8_gemms": "no fp8 GEMM measured (v5e has no fp8 peak)",
+            "other_generations": [t for t in TARGETS if t != target],
+        },
+    }
+
+
+def package_data(rates: dict) -> dict:
+    """The package data file (``tierax.hardware.tpu_rates``) of an extraction: the rates the cost
+    model reads and where they come from."""
+    k, h = rates["kernels_from"], rates["host_link_from"]
+    link = rates["host_link"]
+    if link["d2h_bytes_per_s"] != link["h2d_bytes_per_s"]:
+        raise ValueError("the data file holds one host-link rate; the record has two")
+    return {
+        "format": "tierax.tpu-kernel-rates-data/1",
+        "written_by": "python bench/tpu_kernel_rates.py",
+        "record": f"bench/results/{RECORD}",
+        "target": rates["target"],
+        "chip": k["device_kind"],
+        "jax": k["jax"],
+        "kernels_measured_by": f"{k['command']} ({k['record']}, {k['created']})",
+        "host_link_measured_by": f"{h['command']} ({h['record']}, {h['created']})",
+        "peak_flops_per_s": rates["datasheet"]["peak_flops_per_s"],
+        "hbm_bytes_per_s": rates["datasheet"]["hbm_bytes_per_s"],
+        "gemm_by_min_dim": [[g["min_dim"], g["flops_per_s"]] for g in rates["gemm"]],
+        "splash_causal": [
+            [c["seq"], c["head_dim"], c["fwd_flops_per_s"], c["bwd_flops_per_s"]]
+            for c in rates["splash"]
+        ],
+        "nonmatmul_bytes_per_s": rates["nonmatmul"]["bytes_per_s"],
+        "host_link_bytes_per_s": link["d2h_bytes_per_s"],
+    }
+
+
+def data_text(rates: dict) -> str:
+    """The package data file's text."""
+    return json.dumps(package_data(rates), indent=2) + "\n"
+
+
+def _targets_rows(doc: dict) -> list[str]:
+    """The cost model's default rates per TPU target, as the packaged efficiencies give them."""
+    from tierax.hardware import TPU_TARGETS
+
+    r = doc["rates"]
+    peak0 = r["datasheet"]["peak_flops_per_s"]
+    top = r["gemm"][-1]["efficiency"]
+    small = r["gemm"][0]
+    nm = r["nonmatmul"]["efficiency"]
+    ref = {(c["seq"], c["head_dim"]): c for c in r["splash"]}.get((8192, 128))
+    head = (
+        "| target | bf16 peak (datasheet) | GEMMs, step shapes | GEMMs, smallest dim "
+        f"{small['min_dim']} | splash seq 8192, head dim 128 (fwd / bwd) | non-matmul HBM | "
+        "host link | source |"
+    )
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for key in TARGETS:
+        spec = TPU_TARGETS[key]
+        peak = spec.peak(DTYPE)
+        att = (
+            f"{ref['fwd_flops_per_s'] / peak0 * peak / 1e12:.0f} / "
+            f"{ref['bwd_flops_per_s'] / peak0 * peak / 1e12:.0f} TFLOP/s"
+            if ref
+            else "—"
+        )
+        own = key == r["target"]
+        link = (
+            f"{r['host_link']['d2h_bytes_per_s'] / 1e9:.2f} GB/s"
+            if own
+            else f"{spec.host_link_bps / 1e9:.0f} GB/s (the table's)"
+        )
+        lines.append(
+            f"| {key} | {peak / 1e12:.0f} TFLOP/s | {top * peak / 1e12:.0f} TFLOP/s | "
+            f"{small['efficiency'] * peak / 1e12:.0f} TFLOP/s | {att} | "
+            f"{nm * spec.hbm_bytes_per_s / 1e9:.0f} GB/s | {link} | "
+            + ("measured on the chip" if own else f"{r['target']} efficiencies × {key} datasheet")
+            + ("; per JAX device (half a chip)" if spec.devices_per_chip == 2 else "")
+            + " |"
+        )
+    return lines
+
+
+def markdown(doc: dict) -> str:
+    """The docs section of a record: the measured rates with their shapes and efficiencies, what
+    was not measured, and each TPU target's default rates."""
+    r = doc["rates"]
+    k, h = r["kernels_from"], r["host_link_from"]
+    ds = r["datasheet"]
+    out = [
+        f"Extracted by {_common.made_by(doc)} from the chip records below; the datasheet figures "
+        f"are {ds['source']}: {ds['peak_flops_per_s'] / 1e12:.0f} TFLOP/s bf16, "
+        f"{ds['hbm_bytes_per_s'] / 1e9:.0f} GB/s HBM.",
+        "",
+        f"- kernels (GEMMs, splash, non-matmul work): `{k['record']}`, measured by "
+        f"`{k['command']}` on {k['device_count']} × {k['device_kind']}, jax {k['jax']}, "
+        f"{k['created']}",
+        f"- host link: `{h['record']}`, measured by `{h['command']}` on {h['device_count']} × "
+        f"{h['device_kind']}, jax {h['jax']}, {h['created']}",
+        "",
+        "| kernel | shape | measured | share of the datasheet |",
+        "|---|---|---:|---:|",
+    ]
+    for g in r["gemm"]:
+        shapes = sorted({"×".join(map(str, x["shape"])) for x in g["gemms"]})
+        what = (
+            f"smallest dimension {g['min_dim']}"
+            if g["what"] == "smallest dimension"
+            else f"a step's GEMM mix (smallest dimension {g['min_dim']})"
+        )
+        out.append(
+            f"| bf16 GEMMs, {what} | {', '.join(shapes)} (M×K×N; forward, input and weight "
+            f"gradients) | {g['flops_per_s'] / 1e12:.1f} TFLOP/s | {g['efficiency']:.1%} |"
+        )
+    for c in r["splash"]:
+        out.append(
+            f"| splash attention (causal), seq {c['seq']}, head dim {c['head_dim']} | batch "
+            f"{c['batch']}, {c['heads']} heads over {c['kv_heads']} kv heads | forward "
+            f"{c['fwd_flops_per_s'] / 1e12:.1f}, backward {c['bwd_flops_per_s'] / 1e12:.1f} "
+            f"TFLOP/s | {c['fwd_efficiency']:.1%} / {c['bwd_efficiency']:.1%} |"
+        )
+    nm = r["nonmatmul"]
+    shape = ", ".join(f"{a} {b}" for a, b in nm["shape"].items())
+    out.append(
+        f"| a layer's non-matmul work, at the bytes the model counts | {shape} | "
+        f"{nm['bytes_per_s'] / 1e9:.0f} GB/s | {nm['efficiency']:.1%} |"
+    )
+    link = r["host_link"]
+    out.append(
+        f"| host link through the step's offload path (round trip) | "
+        f"{link['bytes_each_way'] / 2**30:.2f} GiB each way | "
+        f"{link['d2h_bytes_per_s'] / 1e9:.2f} GB/s per direction | — |"
+    )
+    nmz = r["not_measured"]
+    missing = ", ".join(f"seq {s} × head dim {d}" for s, d in nmz["splash_causal"])
+    out += [
+        "",
+        "Not measured yet (the cost model takes the nearest measured point there, and says so):",
+        "",
+        f"- splash attention (causal): {missing or 'none'}",
+        f"- splash attention without a causal mask: {nmz['splash_non_causal']}",
+        f"- {nmz['gemm_note']}",
+        f"- fp8 GEMMs: {nmz['fp8_gemms']}",
+        f"- any chip of {', '.join(nmz['other_generations'])}: their rates are the "
+        f"{r['target']} efficiencies times their own datasheet",
+        "",
+        "The cost model's default rates per TPU target (`tierax simulate --target TARGET` prints "
+        "each with its source):",
+        "",
+        *_targets_rows(doc),
+        "",
+        "![measured kernel rates as shares of the datasheet peak](tpu-kernel-rates.png)",
+    ]
+    return "\n".join(out) + "\n"
+
+
+def plot(doc: dict, out: str | pathlib.Path = PLOT) -> pathlib.Path:
+    """GEMM and splash efficiency against shape, from the record."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tierax.fileio import png_metadata
+
+    r = doc["rates"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    dims = [g["min_dim"] for g in r["gemm"]]
+    a.plot(dims, [g["efficiency"] for g in r["gemm"]], "o-", color="tab:blue")
+    for g in r["gemm"]:
+        a.annotate(
+            f"{g['flops_per_s'] / 1e12:.0f}",
+            (g["min_dim"], g["efficiency"]),
+            xytext=(4, -12),
+            textcoords="offset points",
+            fontsize=8,
+        )
+    a.set_xscale("log", base=2)
+    a.set_xticks(dims, [str(d) for d in dims])
+    a.set_ylim(0, 1.05)
+    a.set_xlabel("GEMM smallest dimension (largest point: a step's GEMM mix)")
+    a.set_ylabel("measured / datasheet bf16 peak")
+    a.set_title("bf16 GEMMs (TFLOP/s annotated)")
+    a.grid(True, lw=0.3)
+    colours = {64: "tab:orange", 128: "tab:green", 192: "tab:purple"}
+    for hd in sorted({c["head_dim"] for c in r["splash"]}):
+        cs = sorted((c for c in r["splash"] if c["head_dim"] == hd), key=lambda c: c["seq"])
+        seqs = [c["seq"] for c in cs]
+        col = colours.get(hd, "tab:gray")
+        b.plot(seqs, [c["fwd_efficiency"] for c in cs], "o-", color=col, label=f"d={hd} fwd")
+        b.plot(seqs, [c["bwd_efficiency"] for c in cs], "s--", color=col, label=f"d={hd} bwd")
+    seqs = sorted({c["seq"] for c in r["splash"]})
+    b.set_xscale("log", base=2)
+    b.set_xticks(seqs, [str(s) for s in seqs])
+    b.set_ylim(0, 1.05)
+    b.set_xlabel("sequence length")
+    b.set_ylabel("measured / datasheet bf16 peak")
+    b.set_title("splash attention, causal")
+    b.legend(fontsize=8)
+    b.grid(True, lw=0.3)
+    fig.suptitle(
+        f"{r['kernels_from']['device_kind']} ({r['target']}), jax {r['kernels_from']['jax']}: "
+        f"{r['kernels_from']['record']}",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    path = pathlib.Path(out)
+    fig.savefig(path, dpi=100, metadata=png_metadata("tpu kernel rates"))
+    plt.close(fig)
+    return path
+
+
+def main(argv=None) -> int:
+    ap = _common.parser(__doc__, RECORD)
+    ap.add_argument(
+        "--measured",
+        metavar="CHIP.json",
+        default=str(MEASURED),
+        help=f"the chip-check record whose run measured the kernels (default: {_rel(MEASURED)})",
+    )
+    ap.add_argument(
+        "--host-link",
+        metavar="CHIP.json",
+        default=str(HOST_LINK),
+        help=f"the chip-check record whose run measured the host link (default: {_rel(HOST_LINK)})",
+    )
+    ap.add_argument(
+        "--data-file",
+        metavar="FILE.json",
+        default=str(DATA_FILE),
+        help=f"the package data file to write (default: {_rel(DATA_FILE)})",
+    )
+    _common.add_docs(ap, SCHEMA, nothing="extracted")
+    args = ap.parse_args(argv)
+    if args.docs is not None:
+        print(f"wrote {plot(args.docs)}")
+        return _common.docs_written(DOCS_MARKER, markdown(args.docs))
+    try:
+        measured, host = _chip_record(args.measured), _chip_record(args.host_link)
+        rates = extract(measured, args.measured, host, args.host_link)
+    except (OSError, ValueError, KeyError) as e:
+        ap.error(f"cannot extract the rates: {e}")
+    doc = _common.envelope(SCHEMA, argv) | {
+        "note": "copied from the chip records named in kernels_from and host_link_from (measured "
+        "there by tierax calibrate's TPU path); nothing measured or fitted here",
+        "rates": rates,
+    }
+    _common.write_record(args.out, doc)
+    print(f"wrote {args.out}")
+    if _common.docs_follow(args.out, RECORD):
+        from tierax.fileio import write_text_atomic
+
+        write_text_atomic(args.data_file, data_text(rates))
+        print(f"wrote {args.data_file}")
+        print(f"wrote {plot(doc)}")
+        _common.docs_written(DOCS_MARKER, markdown(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

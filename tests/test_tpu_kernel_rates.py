@@ -1,0 +1,265 @@
+"""The cost model's default TPU rates are the kernel rates measured on a v5e chip: the package data
+file is what bench/tpu_kernel_rates.py extracts from the committed chip records, each v5e rate is
+its record's, every other generation's is the v5e share of the datasheet times its own, the splash
+kernel interpolates between the measured shapes, and the sources name the record.  Reads files
+and the cost model's rates only; nothing is compiled."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import math
+import pathlib
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from tierax import costmodel as cm
+from tierax import hardware
+from tierax import plan as plan_lib
+from tierax.costmodel.rates import attention_at
+from tierax.costmodel.resources import scale_rates
+from tierax.hardware import tpu_rates
+from tierax.tracing.model_program import FusedAttention
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RECORD_PATH = ROOT / "bench/results/tpu_kernel_rates.json"
+RECORD = json.loads(RECORD_PATH.read_text())
+RATES = RECORD["rates"]
+GEMM = {g["min_dim"]: g for g in RATES["gemm"]}
+SPLASH = {(c["seq"], c["head_dim"]): c for c in RATES["splash"]}
+V5E_PEAK, V5E_HBM = 197e12, 819e9
+CITED = "bench/results/tpu_kernel_rates.json"
+
+
+def _script():
+    if str(ROOT / "bench") not in sys.path:
+        sys.path.insert(0, str(ROOT / "bench"))  # the script imports _common as a sibling
+    spec = importlib.util.spec_from_file_location(
+        "tpu_kernel_rates_script", ROOT / "bench" / "tpu_kernel_rates.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _extracted() -> tuple:
+    mod = _script()
+    k, h = RATES["kernels_from"]["record"], RATES["host_link_from"]["record"]
+    return mod, mod.extract(
+        mod._chip_record(ROOT / k), ROOT / k, mod._chip_record(ROOT / h), ROOT / h
+    )
+
+
+def _prog(seq: int, head_dim: int) -> SimpleNamespace:
+    return SimpleNamespace(seq=seq, attention=FusedAttention("splash", 8, head_dim))
+
+
+def test_the_record_and_the_package_data_are_what_the_script_extracts_from_the_chip_records():
+    mod, rates = _extracted()
+    assert RATES == rates  # no figure typed by hand or left stale
+    assert mod.package_data(rates) == tpu_rates.data()
+    assert (ROOT / "src/tierax/hardware" / tpu_rates.DATA_FILE).read_text() == mod.data_text(rates)
+    # the rates as the chip records hold them (the calibration tierax calibrate stored there)
+    chip = json.loads((ROOT / RATES["kernels_from"]["record"]).read_text())["calibration"]
+    assert [[g["min_dim"], g["flops_per_s"]] for g in RATES["gemm"]] == chip[
+        "matmul_size_rates_bfloat16"
+    ]
+    assert [
+        [c["seq"], c["head_dim"], c["fwd_flops_per_s"], c["bwd_flops_per_s"]]
+        for c in RATES["splash"]
+    ] == chip["splash_attention"]
+    assert RATES["kernels_from"]["device_kind"] == "TPU v5 lite" and RATES["target"] == "v5e"
+
+
+def test_the_record_says_what_it_did_not_measure():
+    missing = RATES["not_measured"]
+    assert [16384, 128] in missing["splash_causal"] and [32768, 128] in missing["splash_causal"]
+    assert all([s, 192] in missing["splash_causal"] for s in (2048, 8192, 32768))
+    assert [8192, 128] not in missing["splash_causal"]  # measured
+    assert missing["gemm_min_dim_below"] == 128
+    assert missing["other_generations"] == ["v5p", "v6e", "v7x"]
+
+
+def test_v5e_default_rates_are_the_records():
+    r = cm.target_rates("v5e", "bfloat16", calibration={})
+    assert r.matmul_flops_per_s == pytest.approx(GEMM[2048]["flops_per_s"], rel=1e-12)
+    for dim, g in GEMM.items():
+        assert r.matmul_rate_at(dim) == pytest.approx(g["flops_per_s"], rel=1e-12)
+    assert r.matmul_rate_at(64) == pytest.approx(GEMM[128]["flops_per_s"], rel=1e-12)  # nearest
+    assert r.hbm_bytes_per_s == pytest.approx(RATES["nonmatmul"]["bytes_per_s"], rel=1e-12)
+    link = RATES["host_link"]
+    assert (r.d2h_bytes_per_s, r.h2d_bytes_per_s) == (
+        link["d2h_bytes_per_s"],
+        link["h2d_bytes_per_s"],
+    )
+    for (seq, hd), c in SPLASH.items():
+        at = cm.for_program(r, _prog(seq, hd))
+        assert at.fused_attention_fwd_flops_per_s == pytest.approx(c["fwd_flops_per_s"], rel=1e-12)
+        assert at.fused_attention_bwd_flops_per_s == pytest.approx(c["bwd_flops_per_s"], rel=1e-12)
+    for key in ("matmul", "matmul_by_size", "fused_attention", "hbm", "host_link"):
+        assert CITED in r.sources[key] and "TPU v5 lite" in r.sources[key], key
+    assert "no v5e chip measured" not in r.sources["matmul"]
+    assert "GPU share" not in " ".join(r.sources.values())
+
+
+@pytest.mark.parametrize("key", ["v5p", "v6e", "v7x"])
+def test_other_generations_take_the_v5e_efficiencies_times_their_datasheet(key):
+    spec = hardware.get_target(key)
+    peak = spec.peak("bfloat16")
+    r = cm.target_rates(key, "bfloat16", calibration={})
+    for dim, g in GEMM.items():
+        assert r.matmul_rate_at(dim) == pytest.approx(g["flops_per_s"] / V5E_PEAK * peak, rel=1e-12)
+    assert r.matmul_flops_per_s == pytest.approx(GEMM[2048]["efficiency"] * peak, rel=1e-12)
+    eff = RATES["nonmatmul"]["bytes_per_s"] / V5E_HBM
+    assert r.hbm_bytes_per_s == pytest.approx(eff * spec.hbm_bytes_per_s, rel=1e-12)
+    assert r.d2h_bytes_per_s == spec.host_link_bps  # no host link scaled from v5e's
+    c = SPLASH[(8192, 64)]
+    at = cm.for_program(r, _prog(8192, 64))
+    assert at.fused_attention_fwd_flops_per_s == pytest.approx(
+        c["fwd_efficiency"] * peak, rel=1e-12
+    )
+    assert at.fused_attention_bwd_flops_per_s == pytest.approx(
+        c["bwd_efficiency"] * peak, rel=1e-12
+    )
+    said = (
+        f"v5e efficiency measured on the chip, scaled by {key}'s datasheet; no {key} chip measured"
+    )
+    for source in ("matmul", "matmul_by_size", "fused_attention", "hbm"):
+        assert said in r.sources[source] and CITED in r.sources[source], source
+
+
+def test_v6e_matmul_is_the_v5e_share_times_v6es_peak_by_hand():
+    r = cm.target_rates("v6e", "bfloat16", calibration={})
+    # 186.06 of 197 measured on v5e → that share of v6e's 918 TFLOP/s
+    assert r.matmul_flops_per_s == pytest.approx(GEMM[2048]["flops_per_s"] / 197e12 * 918e12)
+    assert r.matmul_rate_at(128) == pytest.approx(GEMM[128]["flops_per_s"] / 197e12 * 918e12)
+
+
+def test_fp8_gemms_of_a_tpu_with_an_fp8_peak_take_the_bf16_share_by_size():
+    r = cm.target_rates("v7x", "bfloat16", calibration={})
+    share = GEMM[2048]["efficiency"]
+    assert r.fp8_matmul_flops_per_s == pytest.approx(share * 2307e12, rel=1e-12)
+    shares = ((128, 0.5), (2048, 0.5))
+    blended = r.blended_matmul_rate(shares) / r.matmul_size_rates[-1][1]
+    assert r.blended_fp8_rate(shares) == pytest.approx(share * 2307e12 * blended, rel=1e-12)
+    assert cm.target_rates("v6e", "bfloat16", calibration={}).fp8_matmul_flops_per_s == 0.0
+
+
+def test_splash_between_and_beyond_the_measured_shapes_by_hand():
+    r = cm.target_rates("v5e", "bfloat16", calibration={})
+    c4, c8 = SPLASH[(4096, 128)], SPLASH[(8192, 128)]
+    seq = 6000  # linear in log seq between 4096 and 8192
+    t = math.log(seq / 4096) / math.log(2)
+    at = cm.for_program(r, _prog(seq, 128))
+    want = c4["fwd_flops_per_s"] + t * (c8["fwd_flops_per_s"] - c4["fwd_flops_per_s"])
+    assert at.fused_attention_fwd_flops_per_s == pytest.approx(want, rel=1e-12)
+    # head dim 96 at seq 2048: halfway between the head dims 64 and 128
+    lo, hi = SPLASH[(2048, 64)], SPLASH[(2048, 128)]
+    at = cm.for_program(r, _prog(2048, 96))
+    want = (lo["bwd_flops_per_s"] + hi["bwd_flops_per_s"]) / 2
+    assert at.fused_attention_bwd_flops_per_s == pytest.approx(want, rel=1e-12)
+    # head dim 64 at seq 4096 (not measured): between its 2048 and 8192, at the midpoint in log seq
+    at = cm.for_program(r, _prog(4096, 64))
+    want = (SPLASH[(2048, 64)]["fwd_flops_per_s"] + SPLASH[(8192, 64)]["fwd_flops_per_s"]) / 2
+    assert at.fused_attention_fwd_flops_per_s == pytest.approx(want, rel=1e-12)
+    # beyond: seq 32768 and head dim 192 take the nearest measured point, and say so
+    at = cm.for_program(r, _prog(32768, 192))
+    assert at.fused_attention_fwd_flops_per_s == pytest.approx(c8["fwd_flops_per_s"], rel=1e-12)
+    assert "beyond the measured ones" in at.sources["fused_attention"]
+    assert cm.for_program(at, _prog(2048, 64)) is at  # resolved once
+
+
+def test_an_attention_factor_and_a_given_rate_survive_the_programs_shape():
+    r = cm.target_rates("v5e", "bfloat16", calibration={})
+    slow = scale_rates(r, {"attention": 2.0})
+    at = cm.for_program(slow, _prog(8192, 128))
+    assert at.fused_attention_fwd_flops_per_s == pytest.approx(
+        SPLASH[(8192, 128)]["fwd_flops_per_s"] / 2, rel=1e-12
+    )
+    given = cm.override_rates(r, ["fused_attention_fwd=50"])
+    assert cm.for_program(given, _prog(8192, 128)).fused_attention_fwd_flops_per_s == 50e12
+
+
+def test_a_calibration_on_the_target_replaces_the_chip_defaults():
+    cal = {
+        "v6e": {
+            "created": "t",
+            "matmul_flops_per_s_bfloat16": 800e12,
+            "splash_attention": [[4096, 128, 300e12, 250e12]],
+            "memory_bytes_per_s": 1.5e12,
+        }
+    }
+    r = cm.target_rates("v6e", "bfloat16", calibration=cal)
+    assert r.matmul_flops_per_s == 800e12 and r.matmul_size_rates[-1][1] == pytest.approx(800e12)
+    # the measured shares by size keep their shape under the calibrated rate
+    want = 800e12 * GEMM[128]["flops_per_s"] / GEMM[2048]["flops_per_s"]
+    assert r.matmul_rate_at(128) == pytest.approx(want, rel=1e-12)
+    assert r.hbm_bytes_per_s == 1.5e12 and "measured by tierax calibrate" in r.sources["hbm"]
+    at = cm.for_program(r, _prog(8192, 64))
+    assert at.fused_attention_fwd_flops_per_s == 300e12  # the one measured case, nearest
+    assert "measured by tierax calibrate" in r.sources["fused_attention"]
+
+
+def test_simulate_prints_the_records_sources_for_v5e(cli):
+    r = cli(
+        "simulate",
+        "--model",
+        "tiny-llama",
+        "--target",
+        "v5e",
+        "--microbatch",
+        "2",
+        "--seq",
+        "256",
+        "--plan",
+        "remat-full",
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    text = " ".join((r.stdout + r.stderr).split())
+    assert f"186.1 of 197 TFLOP/s on one TPU v5 lite chip (v5e, jax 0.10.2; {CITED})" in text
+    assert "splash attention (causal) forward / backward" in text
+    assert "GPU share assumed" not in text
+
+
+def test_the_data_file_is_refused_in_another_format(monkeypatch):
+    class Other:
+        def joinpath(self, name):
+            return self
+
+        def read_text(self, encoding):
+            return json.dumps({"format": "other"})
+
+    tpu_rates.data.cache_clear()
+    monkeypatch.setattr(tpu_rates.resources, "files", lambda package: Other())
+    try:
+        with pytest.raises(ValueError, match="format 'other'"):
+            tpu_rates.data()
+    finally:
+        monkeypatch.undo()
+        tpu_rates.data.cache_clear()
+
+
+def test_a_splash_program_is_priced_at_its_own_shape():
+    """tierax's own program names its splash kernel's shape, so the time model takes the measured
+    rates at its sequence and head dim (not the reference shape's), and adds no workspace."""
+    from tierax.models import apply_overrides, get_config
+    from tierax.tracing.model_program import program_of
+
+    cfg = apply_overrides(get_config("tiny-llama"), ["attention=splash", "dtype=bfloat16"])
+    prog = program_of(cfg, 2, 256)
+    _, dqk, _ = cfg.attention_dims()
+    assert prog.attention == FusedAttention("splash", cfg.num_heads, dqk)
+    r = cm.target_rates("v5e", "bfloat16", calibration={})
+    at = cm.for_program(r, prog)
+    want = attention_at(r.fused_attention_table, 256, dqk)
+    assert (at.fused_attention_fwd_flops_per_s, at.fused_attention_bwd_flops_per_s) == want
+    assert want[0] != r.fused_attention_fwd_flops_per_s  # not the reference shape's rate
+    base = cm.simulate(plan_lib.preset("remat-full", cfg), prog, r, "lhs", 1)
+    unshaped = cm.simulate(
+        plan_lib.preset("remat-full", cfg), dataclasses.replace(prog, attention=None), r, "lhs", 1
+    )
+    assert base.peak_device_bytes == unshaped.peak_device_bytes  # no workspace for splash
+    assert base.step_time_s != unshaped.step_time_s
