@@ -204,8 +204,14 @@ def render(records, page: pathlib.Path = PAGE, png: pathlib.Path = PLOT) -> list
         "",
         "Predictions are `tierax simulate --target v5e` for the same model, microbatch and plan: "
         "*calibrated* with the rates this run measured on the chip first (below), *datasheet* "
-        "with the v5e table's rates alone.  Every plan ran alone on the chip (its state freed "
-        "before the next); a plan the chip's compiler or runtime refused is shown as refused.",
+        "with tierax's v5e rates as they stood when the record was made, no calibration (in "
+        "these records the datasheet's: the measured kernel-rate table, "
+        "docs/results/tpu-kernel-rates.md, became the default after them).  Every plan ran alone "
+        "on the chip (its state freed before the next); a plan the chip's compiler or runtime "
+        "refused is shown as refused.  The records in order: the first run, the second (the "
+        "planner's MLP offload stored in its own layer), every offloaded value stored a layer "
+        "later, and the last (values made before the attention stored in their own layer, the "
+        "rest a layer later: docs/concepts/mechanisms.md).",
         "",
         "What the platform choice, the memory figures and the back-to-back timing follow was read "
         "first from `bench/investigations/tpu_probe.py` on the same chip (its record: "

@@ -54,8 +54,11 @@ MUTATIONS = [
         "what": "costmodel.item_terms: d2h and h2d seconds are 0",
         "file": "src/tierax/costmodel/terms.py",
         "old": "a.held_total_bytes / rates.d2h_bytes_per_s,\n"
-        "                    (a.held_total_bytes "
-        "+ spare * a.held_bytes_per_layer) / rates.h2d_bytes_per_s,",
+        "                    (\n"
+        "                        a.held_total_bytes\n"
+        "                        + spare_loads(g.name, a.name, mechanism) * a.held_bytes_per_layer\n"
+        "                    )\n"
+        "                    / rates.h2d_bytes_per_s,",
         "new": "0.0,\n                    0.0,",
         "tests": [
             "tests/test_costmodel_hand.py",
@@ -647,8 +650,8 @@ MUTATIONS = [
         "name": "cudnn-workspace-heads-not-split-over-tensor",
         "what": "the cuDNN backward workspace counts every head on each tensor shard",
         "file": "src/tierax/tracing/model_program.py",
-        "old": 'FusedAttention("cudnn", cfg.num_heads // inv.mesh.get("tensor", 1), dqk)',
-        "new": 'FusedAttention("cudnn", cfg.num_heads, dqk)',
+        "old": 'FusedAttention(cfg.attention, cfg.num_heads // inv.mesh.get("tensor", 1), dqk)',
+        "new": 'FusedAttention(cfg.attention, cfg.num_heads, dqk)',
         "tests": ["tests/test_audit_gaps_costmodel.py"],
     },
     {

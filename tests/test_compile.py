@@ -113,12 +113,24 @@ def test_simulate_host_bytes_equal_the_compiled_program(tiny_llama_offload_vs_de
         == off.host_temp_bytes
         > 0
     )
-    # tierax's prefetching scan (the default): every layer but the last on the host, 11 of 12
+    # tierax's prefetching scan (the default): q/k/v, made before the attention, stored in their
+    # own layer (all 12 on the host); the MLP's up-projection a layer later (11 of 12)
     prefetch = P.preset("qkv-offload", cfg)
     compiled, _ = C.compile_for_target(cfg, prefetch, "h200", microbatch=8, seq=64)
-    assert compiled.host_temp_bytes == off.host_temp_bytes * 11 // 12
+    assert compiled.host_temp_bytes == off.host_temp_bytes
     assert (
         cm.simulate(prefetch, for_inventory(cfg, inv), rates, "lhs").host_bytes
+        == compiled.host_temp_bytes
+    )
+    later = P.Plan(
+        "mlp-offload",
+        {"decoder": P.GroupPlan({"mlpwi_0": P.Placement.OFFLOAD}, P.Placement.REMAT)},
+    )
+    compiled, _ = C.compile_for_target(cfg, later, "h200", microbatch=8, seq=64)
+    per_layer = 8 * 64 * cfg.mlp_dim * 4
+    assert compiled.host_temp_bytes == 11 * per_layer
+    assert (
+        cm.simulate(later, for_inventory(cfg, inv), rates, "lhs").host_bytes
         == compiled.host_temp_bytes
     )
     on_device = P.Plan(

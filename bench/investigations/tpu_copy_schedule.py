@@ -11,7 +11,7 @@ values while the next layer computes; (2) where the step's peak is near the limi
 scheduler issues each backward load where it is consumed (nothing between start and done), the
 prefetch serialized: the planners' plans peaked there, qkv-offload did not.
 Records: bench/results/tpu_copy_schedule.json
-Docs: docs/results/tpu-check.md
+Docs: docs/concepts/mechanisms.md
 
     python bench/investigations/tpu_copy_schedule.py            # ~1 minute a compile, CPU only
     python bench/investigations/tpu_copy_schedule.py --quick    # one case
