@@ -40,6 +40,7 @@ FSDP = 4
 BF16, F32 = 2, 4
 TOKENS = 64  # emb 256 > 2 × 64: the loss's head gradient after the layers (tpu_terms)
 EXPERTS = 3 * E * D * F  # one layer's wi_0, wi_1 [E, D, F] and wo [E, F, D]
+BIASES = 2 * E * F + E * D  # and its wi_0_bias, wi_1_bias [E, F] and wo_bias [E, D]
 
 
 def _program(layers: int, policy: str):
@@ -119,6 +120,62 @@ def test_a_policy_that_saves_names_keeps_the_last_layer():
     assert every.kept_gather_bytes == BF16 * (EXPERTS + last)
 
 
+def test_a_policy_that_saves_names_gathers_one_layers_experts_at_a_time():
+    """Under a policy that saves names the single trip's backward gathers one routed layer's
+    experts at a time (the kept last layer's, then each earlier one's again): the group's gathered
+    experts are its largest routed layer's; under ``full`` none is given (every layer's kept, the
+    layer's own experts as the workspace prices them)."""
+    from tierax.interop.maxtext_program import tpu_moe
+
+    layers = [
+        tpu_moe.ExpertLayer("layers", f"decoder/layers/layers_{i}/GptOssMlp", n, n // FSDP)
+        for i, n in enumerate((EXPERTS // 2, EXPERTS))
+    ]
+    sizes = dict(stack_params={"layers": 1000}, compute_itemsize=BF16, grad_itemsize=F32)
+    t = tpu_moe.terms(layers, saves_nothing=False, last_group="layers", **sizes)
+    assert t.gathered_expert_bytes == (("layers", BF16 * EXPERTS),)
+    every = tpu_moe.terms(layers, saves_nothing=True, last_group="layers", **sizes)
+    assert every.gathered_expert_bytes == ()
+
+
+def test_cost_model_workspace_takes_the_gathered_experts_given(full):
+    """The cost model's layer workspace counts a group's gathered experts as the program gives
+    them (Program.gathered_expert_bytes) in place of its layer's own ``E / expert`` local experts
+    (here the block's two layers' kernels and biases, expert 1)."""
+    from tierax.costmodel import rates as rates_lib
+    from tierax.costmodel.fixed import fixed_terms
+
+    rates = rates_lib.target_rates("v5p", "bfloat16")
+    own = fixed_terms(full, rates, "lhs")
+    one = fixed_terms(
+        dataclasses.replace(full, gathered_expert_bytes=(("layers", BF16 * EXPERTS),)),
+        rates,
+        "lhs",
+    )
+    block = BF16 * BLOCK * (EXPERTS + BIASES)
+    assert own.workspace_bytes - one.workspace_bytes == block - BF16 * EXPERTS
+
+
+def test_expert_parallelism_gathers_the_local_experts():
+    """Under expert parallelism (fsdp 2 × expert 2) each group's routed-expert parameters per layer
+    are read from MaxText's state (the block's two layers' kernels and biases over all E experts)
+    and a layer's workspace gathers its E / expert local experts, not all E."""
+    from tierax.costmodel import rates as rates_lib
+    from tierax.costmodel.fixed import _group_workspace, fixed_terms
+    from tierax.interop.maxtext_program import program
+
+    keys = [*TINY, f"base_num_decoder_layers={BLOCK}", "remat_policy=full"]
+    keys += ["ici_fsdp_parallelism=2", "ici_expert_parallelism=2"]
+    p = program(M.base_yml(), keys, target="v5p", devices=FSDP, microbatch=1, seq=TOKENS).program
+    (g,) = p.inventory.groups
+    assert g.expert_param_count_per_layer == BLOCK * (EXPERTS + BIASES)
+    ws = _group_workspace(p, BF16, FSDP, 2, True)["layers"]
+    dense = BF16 * (g.layer_param_count - g.expert_param_count_per_layer)
+    local = BF16 * g.expert_param_count_per_layer / 2
+    assert ws == g.written_residual_bytes_per_layer + dense + local + p.moe_backward("layers")
+    assert fixed_terms(p, rates_lib.target_rates("v5p", "bfloat16"), "lhs").workspace_bytes == ws
+
+
 @pytest.mark.slow
 def test_minimal_keeps_the_last_layers_experts():
     """MaxText's remat_policy=minimal on the tiny block: only the last layer's experts are held at
@@ -128,6 +185,7 @@ def test_minimal_keeps_the_last_layers_experts():
     p = _program(BLOCK, "minimal").program
     assert p.loss_bytes == _tpu_loss() + BF16 * EXPERTS
     assert p.uncopied_stack_bytes == BF16 * EXPERTS // FSDP
+    assert p.gathered_expert_bytes == (("layers", BF16 * EXPERTS),)
     assert p.late_grad_bytes == _outside_late() + F32 * _block_params_per_device(p)
 
 
