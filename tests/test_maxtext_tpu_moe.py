@@ -4,7 +4,10 @@ the loss, their shard copies not made, the stack's gradients written after its l
 counted by hand from a tiny GPT-OSS config's shapes on 4 v5p chips (one scanned block of two MoE
 layers: one trip), the policy's effect (``full``: both layers' experts; ``minimal``: the last
 layer's: by hand, and slow, MaxText's ``minimal`` traced), none of it for a stack that loops, the
-cost model's phases over them, and (slow) the buffers XLA:TPU's compile of the tiny block holds.
+cost model's phases over them, one routed layer's experts gathered at a time in the backward under
+a policy that saves names, a layer's ``E / expert`` local experts gathered under expert parallelism
+(the experts read from MaxText's state), and (slow) the buffers XLA:TPU's compile of the tiny block
+holds.
 """
 
 from __future__ import annotations
@@ -251,3 +254,35 @@ def test_xla_tpu_keeps_the_gathered_experts(tmp_path):
     assert {v["bytes"] for v in kept} == {BF16 * EXPERTS // 3}
     shards = kernels(D // FSDP)
     assert shards and not [v for v in shards if v["range"][0] < loss < v["range"][1]], shards
+
+
+@pytest.mark.slow
+def test_xla_tpu_gathers_the_local_experts_under_expert_parallelism(tmp_path):
+    """The tiny block's step on 4 v5p chips as fsdp 2 × expert 2 (compile --maxtext, dumped):
+    each expert kernel is all-gathered over fsdp alone, its E / expert = 2 local experts
+    (``bf16[2, 1, D, F]``), never all E: what the cost model's workspace now gathers
+    (:func:`tierax.costmodel.fixed._group_workspace` with the experts read from MaxText's state).
+    (Slow: a MaxText compile.)"""
+    keys = [*TINY, f"base_num_decoder_layers={BLOCK}", "remat_policy=full"]
+    keys += ["per_device_batch_size=1", f"max_target_length={TOKENS}"]
+    keys += ["ici_fsdp_parallelism=2", "ici_expert_parallelism=2"]
+    dump = tmp_path / "dump"
+    M.compile_dumped([M.base_yml(), *keys, "--target", "v5p", "--devices", str(FSDP)], dump)
+    values = _temp_values(dump)
+
+    def kernels(experts: int):
+        pattern = rf"bf16\[{experts},1,({D},{F}|{F},{D})\]"
+        return [v for v in values.values() if re.fullmatch(pattern, v["shape"])]
+
+    local = [v for v in kernels(E // 2) if "convert_element_type" in v["op"]]
+    forward = [v for v in local if "transpose(jvp())" not in v["op"]]
+    assert len(forward) == BLOCK * 3, [(v["shape"], v["op"]) for v in local]
+    assert not kernels(E), kernels(E)
+    # the cost model's gathered experts: the block's E / expert local experts (kernels and biases)
+    from tierax.interop.maxtext_program import program
+
+    p = program(M.base_yml(), keys, target="v5p", devices=FSDP).program
+    (g,) = p.inventory.groups
+    priced = BF16 * g.expert_param_count_per_layer / 2
+    held = sum(v["bytes"] for v in forward)
+    assert abs(priced - held) <= 0.01 * held, (priced, held)
