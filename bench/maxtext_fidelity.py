@@ -131,6 +131,11 @@ HELD_OUT = [
 READ_FROM = {
     "llama3-8b-v5p-full-32L-8k": "interop/maxtext_program/tpu_terms.py: the untied loss's two "
     "logits-sized buffers before the head's gradient is made at the loss",
+    "llama4-17b-16e-v5p-4L": "interop/maxtext_program/trace.py: the routed experts' parameters "
+    "read from MaxText's state, so that under expert parallelism a layer gathers its E / expert "
+    "local experts",
+    "llama4-17b-16e-v5p-qkv-offload-4L": "interop/maxtext_program/tpu_moe.py: a single trip's "
+    "backward under a policy that saves names gathers one routed layer's experts at a time",
 }
 # Seen cases were compiled with MaxText's train_compile's own libtpu options only (before compile
 # --maxtext added the flags tierax models the program under); they stay so, with

@@ -4,7 +4,10 @@ the loss, their shard copies not made, the stack's gradients written after its l
 counted by hand from a tiny GPT-OSS config's shapes on 4 v5p chips (one scanned block of two MoE
 layers: one trip), the policy's effect (``full``: both layers' experts; ``minimal``: the last
 layer's: by hand, and slow, MaxText's ``minimal`` traced), none of it for a stack that loops, the
-cost model's phases over them, and (slow) the buffers XLA:TPU's compile of the tiny block holds.
+cost model's phases over them, one routed layer's experts gathered at a time in the backward under
+a policy that saves names, a layer's ``E / expert`` local experts gathered under expert parallelism
+(the experts read from MaxText's state), and (slow) the buffers XLA:TPU's compile of the tiny block
+holds.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ FSDP = 4
 BF16, F32 = 2, 4
 TOKENS = 64  # emb 256 > 2 × 64: the loss's head gradient after the layers (tpu_terms)
 EXPERTS = 3 * E * D * F  # one layer's wi_0, wi_1 [E, D, F] and wo [E, F, D]
+BIASES = 2 * E * F + E * D  # and its wi_0_bias, wi_1_bias [E, F] and wo_bias [E, D]
 
 
 def _program(layers: int, policy: str):
@@ -119,6 +123,62 @@ def test_a_policy_that_saves_names_keeps_the_last_layer():
     assert every.kept_gather_bytes == BF16 * (EXPERTS + last)
 
 
+def test_a_policy_that_saves_names_gathers_one_layers_experts_at_a_time():
+    """Under a policy that saves names the single trip's backward gathers one routed layer's
+    experts at a time (the kept last layer's, then each earlier one's again): the group's gathered
+    experts are its largest routed layer's; under ``full`` none is given (every layer's kept, the
+    layer's own experts as the workspace prices them)."""
+    from tierax.interop.maxtext_program import tpu_moe
+
+    layers = [
+        tpu_moe.ExpertLayer("layers", f"decoder/layers/layers_{i}/GptOssMlp", n, n // FSDP)
+        for i, n in enumerate((EXPERTS // 2, EXPERTS))
+    ]
+    sizes = dict(stack_params={"layers": 1000}, compute_itemsize=BF16, grad_itemsize=F32)
+    t = tpu_moe.terms(layers, saves_nothing=False, last_group="layers", **sizes)
+    assert t.gathered_expert_bytes == (("layers", BF16 * EXPERTS),)
+    every = tpu_moe.terms(layers, saves_nothing=True, last_group="layers", **sizes)
+    assert every.gathered_expert_bytes == ()
+
+
+def test_cost_model_workspace_takes_the_gathered_experts_given(full):
+    """The cost model's layer workspace counts a group's gathered experts as the program gives
+    them (Program.gathered_expert_bytes) in place of its layer's own ``E / expert`` local experts
+    (here the block's two layers' kernels and biases, expert 1)."""
+    from tierax.costmodel import rates as rates_lib
+    from tierax.costmodel.fixed import fixed_terms
+
+    rates = rates_lib.target_rates("v5p", "bfloat16")
+    own = fixed_terms(full, rates, "lhs")
+    one = fixed_terms(
+        dataclasses.replace(full, gathered_expert_bytes=(("layers", BF16 * EXPERTS),)),
+        rates,
+        "lhs",
+    )
+    block = BF16 * BLOCK * (EXPERTS + BIASES)
+    assert own.workspace_bytes - one.workspace_bytes == block - BF16 * EXPERTS
+
+
+def test_expert_parallelism_gathers_the_local_experts():
+    """Under expert parallelism (fsdp 2 × expert 2) each group's routed-expert parameters per layer
+    are read from MaxText's state (the block's two layers' kernels and biases over all E experts)
+    and a layer's workspace gathers its E / expert local experts, not all E."""
+    from tierax.costmodel import rates as rates_lib
+    from tierax.costmodel.fixed import _group_workspace, fixed_terms
+    from tierax.interop.maxtext_program import program
+
+    keys = [*TINY, f"base_num_decoder_layers={BLOCK}", "remat_policy=full"]
+    keys += ["ici_fsdp_parallelism=2", "ici_expert_parallelism=2"]
+    p = program(M.base_yml(), keys, target="v5p", devices=FSDP, microbatch=1, seq=TOKENS).program
+    (g,) = p.inventory.groups
+    assert g.expert_param_count_per_layer == BLOCK * (EXPERTS + BIASES)
+    ws = _group_workspace(p, BF16, FSDP, 2, True)["layers"]
+    dense = BF16 * (g.layer_param_count - g.expert_param_count_per_layer)
+    local = BF16 * g.expert_param_count_per_layer / 2
+    assert ws == g.written_residual_bytes_per_layer + dense + local + p.moe_backward("layers")
+    assert fixed_terms(p, rates_lib.target_rates("v5p", "bfloat16"), "lhs").workspace_bytes == ws
+
+
 @pytest.mark.slow
 def test_minimal_keeps_the_last_layers_experts():
     """MaxText's remat_policy=minimal on the tiny block: only the last layer's experts are held at
@@ -128,6 +188,7 @@ def test_minimal_keeps_the_last_layers_experts():
     p = _program(BLOCK, "minimal").program
     assert p.loss_bytes == _tpu_loss() + BF16 * EXPERTS
     assert p.uncopied_stack_bytes == BF16 * EXPERTS // FSDP
+    assert p.gathered_expert_bytes == (("layers", BF16 * EXPERTS),)
     assert p.late_grad_bytes == _outside_late() + F32 * _block_params_per_device(p)
 
 
@@ -193,3 +254,35 @@ def test_xla_tpu_keeps_the_gathered_experts(tmp_path):
     assert {v["bytes"] for v in kept} == {BF16 * EXPERTS // 3}
     shards = kernels(D // FSDP)
     assert shards and not [v for v in shards if v["range"][0] < loss < v["range"][1]], shards
+
+
+@pytest.mark.slow
+def test_xla_tpu_gathers_the_local_experts_under_expert_parallelism(tmp_path):
+    """The tiny block's step on 4 v5p chips as fsdp 2 × expert 2 (compile --maxtext, dumped):
+    each expert kernel is all-gathered over fsdp alone, its E / expert = 2 local experts
+    (``bf16[2, 1, D, F]``), never all E: what the cost model's workspace now gathers
+    (:func:`tierax.costmodel.fixed._group_workspace` with the experts read from MaxText's state).
+    (Slow: a MaxText compile.)"""
+    keys = [*TINY, f"base_num_decoder_layers={BLOCK}", "remat_policy=full"]
+    keys += ["per_device_batch_size=1", f"max_target_length={TOKENS}"]
+    keys += ["ici_fsdp_parallelism=2", "ici_expert_parallelism=2"]
+    dump = tmp_path / "dump"
+    M.compile_dumped([M.base_yml(), *keys, "--target", "v5p", "--devices", str(FSDP)], dump)
+    values = _temp_values(dump)
+
+    def kernels(experts: int):
+        pattern = rf"bf16\[{experts},1,({D},{F}|{F},{D})\]"
+        return [v for v in values.values() if re.fullmatch(pattern, v["shape"])]
+
+    local = [v for v in kernels(E // 2) if "convert_element_type" in v["op"]]
+    forward = [v for v in local if "transpose(jvp())" not in v["op"]]
+    assert len(forward) == BLOCK * 3, [(v["shape"], v["op"]) for v in local]
+    assert not kernels(E), kernels(E)
+    # the cost model's gathered experts: the block's E / expert local experts (kernels and biases)
+    from tierax.interop.maxtext_program import program
+
+    p = program(M.base_yml(), keys, target="v5p", devices=FSDP).program
+    (g,) = p.inventory.groups
+    priced = BF16 * g.expert_param_count_per_layer / 2
+    held = sum(v["bytes"] for v in forward)
+    assert abs(priced - held) <= 0.01 * held, (priced, held)

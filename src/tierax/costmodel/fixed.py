@@ -195,10 +195,17 @@ def _workspace(
 def _group_workspace(prog: Program, c_item: int, fsdp: int, ep: int, tpu: bool) -> dict:
     """Each group's one layer in flight (:func:`_workspace`), before what every group shares."""
     inv = prog.inventory
+    # the routed experts gathered: the layer's E / expert local experts, or what the front end
+    # knows one layer's backward holds of them (Program.gathered_expert_bytes)
+    known = dict(prog.gathered_expert_bytes)
     return {
         g.name: (g.written_residual_bytes_per_layer if tpu else g.save_all_bytes_per_layer)
         + (c_item * (g.layer_param_count - g.expert_param_count_per_layer) if fsdp > 1 else 0)
-        + (c_item * g.expert_param_count_per_layer / ep if inv.mesh.get("fsdp", 1) > 1 else 0)
+        + (
+            known.get(g.name, c_item * g.expert_param_count_per_layer / ep)
+            if inv.mesh.get("fsdp", 1) > 1
+            else 0
+        )
         + prog.moe_backward(g.name)
         for g in inv.groups
     }

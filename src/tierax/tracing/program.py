@@ -49,6 +49,12 @@ absence means):
   the compute dtype, :func:`tierax.costmodel.fixed._tpu_stack_copy_bytes`), the bytes the program
   does not hold (MaxText's single-trip routed-expert stacks, whose gathered experts it keeps
   instead: :mod:`tierax.interop.maxtext_program.tpu_moe`); 0: every copy held;
+* ``gathered_expert_bytes``: per layer group, the routed experts' gathered bytes one layer's
+  backward holds where a front end knows them to differ from the layer's own experts
+  (:func:`tierax.costmodel.fixed._group_workspace`: ``E / expert`` local experts of every routed
+  layer of the group's layer, in the compute dtype): MaxText's single-trip routed-expert stacks
+  under a policy that saves names, whose straight-line backward gathers one routed layer's experts
+  at a time (:mod:`tierax.interop.maxtext_program.tpu_moe`); a group not listed: the layer's own;
 * ``batch_shaped``: whether the inventory's microbatch × seq is the step's batch (False: a trace at
   the caller's own shapes).
 
@@ -57,7 +63,8 @@ activation's bytes and FLOPs in the inventory, ``inventory.logits_bytes``, ``mod
 ``moe_backward_bytes``, ``loss_bytes``, ``after_backward_bytes`` and a TPU ``late_grad_bytes``
 (the MaxText front end retraces at each batch); the fused kernel's workspace is computed from
 ``inventory.microbatch``.
-The state bytes, the head's shape, ``stack_copy_params`` and ``uncopied_stack_bytes`` do not.
+The state bytes, the head's shape, ``stack_copy_params``, ``uncopied_stack_bytes`` and
+``gathered_expert_bytes`` do not.
 """
 
 from __future__ import annotations
@@ -123,6 +130,7 @@ class Program:
     after_backward_bytes: int = 0
     late_grad_bytes: int = 0
     uncopied_stack_bytes: int = 0
+    gathered_expert_bytes: tuple[tuple[str, int], ...] = ()
     # Whether the inventory's microbatch and seq are the step's batch shape (False: a user's loss
     # function traced at its own shapes, which the model names no microbatch for).
     batch_shaped: bool = True

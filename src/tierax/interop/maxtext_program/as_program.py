@@ -51,7 +51,12 @@ train state traced (:mod:`.trace`), its remat policy read from its decoder
   once (GPT-OSS's block of two layers cut to two, a DeepSeek stack of one layer) XLA:TPU inlines
   it and keeps the forward's gathered experts through the loss into the backward (added to
   ``loss_bytes``; their shard copies not made, ``uncopied_stack_bytes``) and writes the stack's
-  gradients after its layers' backward (added to ``late_grad_bytes``).
+  gradients after its layers' backward (added to ``late_grad_bytes``); under a policy that saves
+  names its backward gathers one routed layer's experts at a time (``gathered_expert_bytes``).
+* **Routed experts under expert parallelism**: each group's routed-expert parameters per layer
+  (``expert_param_count_per_layer``) are read from MaxText's train state (its stacks naming the
+  experts' dimension, :func:`.weight_stacks.expert_params_per_layer`), so a layer's workspace
+  gathers its ``E / expert`` local experts, not every expert.
 * **The loss on a GPU** (``loss_bytes``, ``after_backward_bytes``, ``late_grad_bytes`` and the
   dense groups' ``stack_copy_params``: :mod:`.loss_terms`): the head gathered in the compute dtype,
   the logits and their gradient in it; the head's gradient in the compute dtype, unsharded, after
@@ -352,7 +357,7 @@ def _build(loaded, target: str, runs: str, traced: str) -> MaxTextProgram:
         )
     policy_name = str(config.remat_policy)
     plan = policy_plan(decoder.get_remat_policy(), policy_name, groups)
-    loss, after, late, uncopied = (None, 0, 0, 0)
+    loss, after, late, uncopied, gathered = (None, 0, 0, 0, ())
     if hardware.get_target(target).kind == "tpu":
         tpu = tpu_terms.tpu_terms(config, inv)
         loss, after, late = tpu.loss_bytes, tpu.after_backward_bytes, tpu.late_grad_bytes
@@ -361,6 +366,7 @@ def _build(loaded, target: str, runs: str, traced: str) -> MaxTextProgram:
         loss += kept.kept_gather_bytes
         late += kept.late_grad_bytes
         uncopied = kept.uncopied_stack_bytes
+        gathered = kept.gathered_expert_bytes
     # MaxText's loss on a GPU (None where not traced: the cost model's reading of tierax's loss)
     gpu = None
     if hardware.get_target(target).kind == "gpu":
@@ -383,6 +389,7 @@ def _build(loaded, target: str, runs: str, traced: str) -> MaxTextProgram:
         after_backward_bytes=after,
         late_grad_bytes=late,
         uncopied_stack_bytes=uncopied,
+        gathered_expert_bytes=gathered,
         stack_copy_params=(gpu.stack_copy_params if gpu else 0.0)
         + (moe_stacks.copy_params if moe_stacks else 0.0),
     )

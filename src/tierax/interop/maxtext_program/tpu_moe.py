@@ -1,6 +1,6 @@
 """MaxText's routed-expert stacks on a TPU where their scan runs a single trip: what XLA:TPU holds
 then that a layer loop does not (:func:`tpu_moe_terms`: part of the Program's ``loss_bytes`` and
-``late_grad_bytes``, its ``uncopied_stack_bytes``).
+``late_grad_bytes``, its ``uncopied_stack_bytes`` and ``gathered_expert_bytes``).
 
 MaxText scans each decoder stack (``scan_layers``) and wraps the scanned layer in
 ``jax.checkpoint`` with ``prevent_cse=False`` (``maxtext_utils.should_prevent_cse_in_remat``: a
@@ -40,13 +40,27 @@ layer each) and gpt-oss-20b-v6e-custom, and of the same gpt-oss-20b 2-layer step
   choice at these sizes: the tiny block of ``tests/test_maxtext_tpu_moe.py`` makes two of its six
   expert gradients before the first layer's data gradient.)
 
+* **One routed layer's experts at a time in the backward under a policy that saves names**
+  (``gathered_expert_bytes``, the Program's: the layer workspace's gathered experts for the
+  group).  Under such a policy the straight-line backward holds the last routed-expert layer's
+  kept experts, frees them after that layer's backward and gathers each earlier layer's again for
+  its own: never two layers' at once, where a loop's body gathers its whole scanned layer (a
+  block: all of its routed layers).  Per device, the largest of the trip's routed layers' gathered
+  slices in the compute dtype.  Read from gpt-oss-20b-v6e-custom (one block of two layers: the
+  second layer's ``bf16[32, 1, 2880, 2880]`` × 3 live from the forward to its backward, the first
+  layer's gathered again after they are freed), the same 2-layer step on v5p under the custom q/k/v
+  offload, and llama4-17b-16e at 4 layers under a q/k/v offload (one block of four MoE layers,
+  fsdp 4 × expert 2: one layer's ``bf16[8, 1, 5120, 8192]`` × 3 at a time in the backward, where
+  the block's four layers' were priced).  Under ``full`` every routed layer's experts are kept into
+  the backward (above): the block's all, as priced.
+
 Not priced (seen, no rule): in the inlined program XLA also keeps some of the forward's values the
 recomputation would make (gpt-oss-20b-v5p-full: 0.36 GiB of splash residuals and expert matmul
-outputs at the loss, of the block's 0.79 GiB written residuals); under a policy that saves names
-the backward holds one layer's gathered experts at a time (the last layer's kept ones, then the
-first's gathered again), where the cost model's layer workspace counts the block's two layers
-(gpt-oss-20b's 2-layer step on v5p under the custom q/k/v offload; under ``minimal`` XLA also
-hoists one of the first layer's gathers over the loss); and a layer-phase order between
+outputs at the loss, of the block's 0.79 GiB written residuals); under ``minimal`` XLA also
+hoists one of the first layer's gathers over the loss; the optimizer's update after the
+backward of a single-trip block (gpt-oss-20b-v6e-custom's top of live bytes is there: the
+embedding table's float32 parameter and moments copied, the experts' bf16 gradients all-reduced
+unsharded); and a layer-phase order between
 two single-trip stacks (deepseek2's dense layer's backward runs after its MoE stack's gradients
 are written: the layer phase, one for every group, counts the MoE stack's as late in both; the
 dense layer's workspace is the smaller by more than them there).  A stack that loops (two trips or
@@ -83,6 +97,8 @@ class TpuMoeTerms:
     kept_gather_bytes: int
     uncopied_stack_bytes: int
     late_grad_bytes: int  # the single-trip routed-expert stacks' gradients
+    # (group, bytes): one routed layer's gathered experts, under a policy that saves names
+    gathered_expert_bytes: tuple[tuple[str, int], ...] = ()
 
 
 def single_trip_moe_groups(inv, moe_groups, scan_layers: bool) -> list[str]:
@@ -141,10 +157,18 @@ def terms(
     """:class:`TpuMoeTerms` of the single-trip stacks' routed-expert ``layers``; ``stack_params``:
     each single-trip group's parameters per device (its gradient's elements)."""
     kept = kept_layers(layers, saves_nothing, last_group)
+    one_at_a_time = ()
+    if not saves_nothing:
+        groups = dict.fromkeys(x.group for x in layers)
+        one_at_a_time = tuple(
+            (g, compute_itemsize * max(x.gathered_elements for x in layers if x.group == g))
+            for g in groups
+        )
     return TpuMoeTerms(
         kept_gather_bytes=compute_itemsize * sum(x.gathered_elements for x in kept),
         uncopied_stack_bytes=compute_itemsize * sum(x.shard_elements for x in kept),
         late_grad_bytes=grad_itemsize * sum(stack_params.values()),
+        gathered_expert_bytes=one_at_a_time,
     )
 
 

@@ -87,7 +87,26 @@ def program_inventory(loaded, stacked_bytes=None) -> Inventory:
                 ) from None
             groups.append(per_tensor_shard(gi, tensor))
     names = [g.name for g in groups]
-    return _with_state(loaded, groups, state, names)
+    return _with_state(loaded, _with_experts(groups, state, tensor), state, names)
+
+
+def _with_experts(groups: list[GroupInventory], state, tensor: int) -> list[GroupInventory]:
+    """``groups`` with each one's routed-expert parameters per layer (per tensor shard, as its
+    ``layer_param_count``) read from MaxText's train state: the cost model gathers a layer's
+    ``E / expert`` local experts under FSDP, its other weights whole
+    (:func:`tierax.costmodel.fixed._group_workspace`); without the count every expert would be
+    priced as gathered on every device under expert parallelism."""
+    from tierax.interop.maxtext_program import weight_stacks
+
+    stacks = weight_stacks.state_stacks(state, {g.name for g in groups})
+    return [
+        dataclasses.replace(
+            g,
+            expert_param_count_per_layer=weight_stacks.expert_params_per_layer(stacks, g.name)
+            // tensor,
+        )
+        for g in groups
+    ]
 
 
 def attention_kernel(config):

@@ -255,6 +255,25 @@ def single_trip_grad_params(config, stacks, group_params: dict[str, int], groups
     return float(sum(group_params.get(g, 0) for g in single))
 
 
+def expert_params_per_layer(stacks, group: str) -> int:
+    """The routed experts' parameters of one layer of ``group`` (one scanned layer or block) over
+    all its experts, as the whole mesh holds them: every stack of ``group`` whose logical axes name
+    the experts' dimension (MaxText shards it over ``expert``: a device computes with its
+    ``E / expert`` local experts, :func:`tierax.costmodel.fixed._group_workspace`), its layer slice
+    unsharded."""
+    out = 0
+    for s in stacks:
+        if s.group != group or not s.is_expert:
+            continue
+        sizes = dict(s.mesh)
+        out += math.prod(
+            n * math.prod(sizes[a] for a in s.axes[d])
+            for d, n in enumerate(s.local_shape)
+            if d != s.layer_axis
+        )
+    return out
+
+
 def state_stacks(state, groups) -> list[Stack]:
     """The stacked layer weights of MaxText's abstract train state ``state`` (its model's
     parameters) in the decoder stacks named ``groups``: every parameter whose logical axes name
