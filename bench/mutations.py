@@ -56,7 +56,8 @@ MUTATIONS = [
         "old": "a.held_total_bytes / rates.d2h_bytes_per_s,\n"
         "                    (\n"
         "                        a.held_total_bytes\n"
-        "                        + spare_loads(g.name, a.name, mechanism) * a.held_bytes_per_layer\n"
+        "                        + spare_loads(g.name, a.name, mechanism)"
+        " * a.held_bytes_per_layer\n"
         "                    )\n"
         "                    / rates.h2d_bytes_per_s,",
         "new": "0.0,\n                    0.0,",
