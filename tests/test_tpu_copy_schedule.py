@@ -4,6 +4,7 @@ dense shape."""
 
 import json
 import pathlib
+import sys
 
 import pytest
 
@@ -14,29 +15,12 @@ from tierax.plan.types import Plan
 from tierax.tracing.inventory import model_inventory
 from tierax.tracing.model_program import for_inventory
 
-RESULTS = pathlib.Path(__file__).resolve().parents[1] / "bench" / "results"
-DENSE = [
-    "d_model=2048",
-    "num_layers=8",
-    "mlp_dim=8192",
-    "num_heads=16",
-    "num_kv_heads=8",
-    "head_dim=128",
-    "vocab_size=32000",
-    "dtype=bfloat16",
-    "attention=splash",
-]
-MLPWI_1_OFFLOAD = {
-    "decoder_layer_input": "device",
-    "query_proj": "device",
-    "key_proj": "device",
-    "value_proj": "remat",
-    "attention_out": "remat",
-    "out_proj": "device",
-    "mlpwi_0": "device",
-    "mlpwi_1": "offload",
-    "mlpwo": "device",
-}
+BENCH = pathlib.Path(__file__).resolve().parents[1] / "bench"
+RESULTS = BENCH / "results"
+sys.path[:0] = [str(BENCH), str(BENCH / "investigations")]
+import tpu_copy_schedule  # noqa: E402 — the investigation's model and plan
+
+DENSE, MLPWI_1_OFFLOAD = tpu_copy_schedule.DENSE, tpu_copy_schedule.KEEP_MLP
 
 
 def test_peak_margin_is_the_chip_checks_measured_fit_margin():

@@ -29,18 +29,13 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import _common  # noqa: E402 — it imports tierax, found through src
+import tpu_check  # noqa: E402 — the chip check's cases
 
 SCHEMA = "tierax.tpu-copy-schedule/1"
+# the chip check's dense model, its attention named (a deviceless compile takes no "auto")
 DENSE = [
-    "d_model=2048",
-    "num_layers=8",
-    "mlp_dim=8192",
-    "num_heads=16",
-    "num_kv_heads=8",
-    "head_dim=128",
-    "vocab_size=32000",
-    "dtype=bfloat16",
-    "attention=splash",
+    "attention=splash" if o == "attention=auto" else o
+    for o in next(c[2] for c in tpu_check.CASES if c[0] == "dense")
 ]
 KEEP_MLP = {  # the chip check's second planned plan: the MLP's up-projection offloaded
     "decoder_layer_input": "device",

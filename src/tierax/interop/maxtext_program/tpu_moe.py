@@ -182,9 +182,9 @@ def tpu_moe_terms(config, inv, moe_groups, saves_nothing: bool) -> TpuMoeTerms:
     single = single_trip_moe_groups(inv, moe_groups, bool(config.scan_layers))
     if not single:
         return TpuMoeTerms(0, 0, 0)
-    from tierax.interop.maxtext_program.trace import _abstract_state
+    from tierax.interop.maxtext_program.abstract_state import abstract_state
 
-    stacks = weight_stacks.state_stacks(_abstract_state(config), set(single))
+    stacks = weight_stacks.state_stacks(abstract_state(config), set(single))
     params = dict(inv.group_param_counts)
     return terms(
         expert_layers(stacks, set(single)),

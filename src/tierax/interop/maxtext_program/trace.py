@@ -40,6 +40,7 @@ import math
 
 from tierax.errors import TieraxError
 from tierax.interop.maxtext_program import attention_standin
+from tierax.interop.maxtext_program.abstract_state import abstract_state
 from tierax.tracing.inventory import GroupInventory, Inventory, layer_inventory
 
 # Decoder submodules outside every layer stack (embedding side, final norm, head).
@@ -61,7 +62,7 @@ def program_inventory(loaded, stacked_bytes=None) -> Inventory:
     from flax.linen import partitioning as nn_partitioning
 
     config = loaded.config
-    state = _abstract_state(config)
+    state = abstract_state(config)
     model = _abstract_model(config, _one_device_mesh(config))
     tensor = loaded.mesh["tensor"]
     x = jax.ShapeDtypeStruct((loaded.microbatch, loaded.seq, config.emb_dim), config.dtype)
@@ -128,39 +129,11 @@ def _one_device_mesh(config):
     return Mesh(np.array(jax.devices()[:1]).reshape((1,) * len(axes)), axes)
 
 
-def _abstract_mesh(config):
-    from jax.sharding import AbstractMesh, AxisType
-
-    sizes = tuple(
-        (1 if i == -1 else i) * (1 if d == -1 else d)
-        for i, d in zip(config.ici_parallelism, config.dcn_parallelism, strict=True)
-    )
-    return AbstractMesh(sizes, tuple(config.mesh_axes), axis_types=(AxisType.Auto,) * len(sizes))
-
-
 def _abstract_model(config, mesh):
     from maxtext.utils import model_creation_utils
 
     _, model = model_creation_utils.create_nnx_abstract_model(config, mesh)
     return model
-
-
-def _abstract_state(config):
-    """MaxText's abstract train state (model + its optimizer), sharded on the run's mesh sizes."""
-    from flax import nnx
-    from maxtext.common import train_state_nnx
-    from maxtext.utils import maxtext_utils, model_creation_utils, train_utils
-
-    mesh = _abstract_mesh(config)
-    create, model = model_creation_utils.create_nnx_abstract_model(config, mesh)
-    _, tx = train_utils.create_training_optimizer(config, model, mesh=mesh)
-
-    def init_state():
-        m = create()
-        return train_state_nnx.TrainStateNNX(m, nnx.Optimizer(m, tx, wrt=nnx.Param))
-
-    state, _, _ = maxtext_utils.get_abstract_state_nnx(config, mesh, init_state, True)
-    return state
 
 
 def decoder_stacks(decoder, config) -> list[tuple[str, object]]:

@@ -337,9 +337,9 @@ def gpu_terms(config, groups, group_params: dict[str, int] | None = None) -> Gpu
     gradients)."""
     import numpy as np
 
-    from tierax.interop.maxtext_program.trace import _abstract_state
+    from tierax.interop.maxtext_program.abstract_state import abstract_state
 
-    stacks = state_stacks(_abstract_state(config), set(groups))
+    stacks = state_stacks(abstract_state(config), set(groups))
     param_item = np.dtype(config.weight_dtype).itemsize
     late = single_trip_grad_params(config, stacks, dict(group_params or {}), groups)
     return GpuTerms(
