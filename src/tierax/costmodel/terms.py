@@ -44,7 +44,7 @@ def offload_host_bytes(
     on device, the staged layer the backward starts with); a segment (``group@A-B``,
     :func:`tierax.models.prefetch.segmented_scan`) and XLA's host offloader (``policy``): every
     layer."""
-    if mechanism == "prefetch" and "@" not in group:
+    if mechanism == "prefetch" and not plan_lib.is_segment(group):
         return held_per_layer * host_slots(name, layers)
     return held_per_layer * layers
 
@@ -56,7 +56,7 @@ def spare_loads(group: str, name: str, mechanism: str) -> int:
     already on device; XLA's host offloader (``policy``) loads each layer once."""
     if mechanism != "prefetch":
         return 0
-    return 1 if "@" in group or stored_in_own_layer(name) else 0
+    return 1 if plan_lib.is_segment(group) or stored_in_own_layer(name) else 0
 
 
 def forward_collective_s(g, links: dict) -> float:
@@ -120,7 +120,6 @@ def item_terms(
     stores zeros first, its last layer staying on device) and the backward loads L plus
     :func:`spare_loads`.
     """
-
     out = []
     for g in inv.groups:
         for a in g.activations:

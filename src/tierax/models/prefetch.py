@@ -21,11 +21,11 @@ VJP that moves the copies itself:
   input are the residuals.
 * **backward** (reverse scan): the carry holds layer i's offloaded residuals, already
   on device (the last layer's from the forward).  Iteration i first issues the host → device
-  copy of layer i−1's, then
-  computes layer i's VJP with the saved values injected (:func:`tags.tag` replaces
-  them, so their producers are not recomputed; untagged intermediates are), and
-  hands the fetched copy to iteration i−1.  The copy has a whole layer's backward to
-  finish: double buffering costs one extra layer of offloaded residuals on device.
+  copy of layer i−1's, then computes layer i's VJP with the saved values injected
+  (:func:`tags.tag` replaces them, so their producers are not recomputed; untagged
+  intermediates are), and hands the fetched copy to iteration i−1.  The copy has a whole
+  layer's backward to finish: double buffering costs one extra layer of offloaded residuals on
+  device.
 
 Names a plan rematerialises are recomputed inside the backward iteration, as under
 ``save_only_these_names``; the gradient is the layer's exact gradient (tested against
@@ -192,8 +192,10 @@ def prefetch_scan(body: LayerBody, keep: Iterable[str], offload: Iterable[str]) 
             return (y, stacks, {n: values[n] for n in later}, i + 1), (x, kept)
 
         zeros = {n: jnp.zeros(shapes[n].shape, shapes[n].dtype) for n in later}
-        slots = {n: max(host_slots(n, n_layers), 1) for n in offload}
-        stacks = {n: _host_stacks({n: shapes[n]}, slots[n])[n] for n in offload}
+        # a stack of at least one slot: a single layer's later value still takes its spare store
+        stacks = {
+            n: _host_stacks({n: s}, max(host_slots(n, n_layers), 1))[n] for n, s in shapes.items()
+        }
         (y, host, last, _), (xs, dev) = jax.lax.scan(step, (x0, stacks, zeros, jnp.int32(0)), state)
         # the later values' last layer stays on device: the backward starts with it
         return y, (xs, dev, host, last, state)

@@ -89,6 +89,11 @@ def segment_name(group: str, start: int, stop: int) -> str:
     return f"{group}@{start}-{stop - 1}"
 
 
+def is_segment(group: str) -> bool:
+    """Whether ``group`` names a segment of a group (:func:`segment_name`), not a whole group."""
+    return "@" in group
+
+
 # The key of a group's unnamed intermediates in a plan's YAML form and in explicit placements
 # ``{(group, UNNAMED): Placement}``: what jax.checkpoint does with every value no name tags.
 UNNAMED = "unnamed"
