@@ -190,3 +190,20 @@ def test_scale_rates_refuses_bad_factors():
     assert scaled.interconnect_bytes_per_s == rates.interconnect_bytes_per_s / 4
     assert scaled.scale_out_bytes_per_s == rates.scale_out_bytes_per_s / 4
     assert scaled.hbm_bytes_per_s == rates.hbm_bytes_per_s
+
+
+def test_a_full_prediction_cache_keeps_the_new_prediction_and_the_program(prepared, monkeypatch):
+    """A fit evaluates more factor sets than a prepared run keeps: when the cache fills, the
+    predictions are dropped, the one just made is returned and kept, and the traced program is
+    not traced again (a fit of the published runs once failed with a KeyError here)."""
+    import dataclasses
+
+    monkeypatch.setattr(R, "PREDICTIONS_KEPT", 3)
+    p = dataclasses.replace(prepared[0], _cache={})
+    program = p.program
+    steps = [p.step_s({"gemm": f}) for f in (1.0, 1.5, 2.0, 2.5, 3.0)]
+    assert steps == sorted(steps) and len(set(steps)) == 5  # each its own prediction
+    assert p.program is program
+    assert len(p._cache) <= 3 and p.step_s({"gemm": 3.0}) == steps[-1]
+    fresh = dataclasses.replace(prepared[0], _cache={})
+    assert fresh.step_s({"gemm": 1.5}) == steps[1]  # what the cache returned is the model's

@@ -278,6 +278,10 @@ def load_runs(path: str | pathlib.Path) -> list[Run]:
     return runs
 
 
+# Predictions a prepared run keeps by factors (a fit evaluates thousands of factor sets).
+PREDICTIONS_KEPT = 4096
+
+
 @dataclass(frozen=True)
 class PreparedRun:
     """A run traced for the cost model: its config, plan, inventory and uncalibrated rates."""
@@ -295,14 +299,18 @@ class PreparedRun:
         from tierax import costmodel as cm
 
         key = tuple(sorted((factors or {}).items()))
-        if key not in self._cache:
+        hit = self._cache.get(key)
+        if hit is None:
             rates = cm.scale_rates(self.rates, dict(factors or {})) if factors else self.rates
-            self._cache[key] = cm.simulate(
+            hit = cm.simulate(
                 self.plan, self.program, rates, self.run.schedule, self.run.grad_accum
             )
-            if len(self._cache) > 4096:
+            if len(self._cache) >= PREDICTIONS_KEPT:  # full: the predictions go, the program stays
+                program = self._cache["program"]
                 self._cache.clear()
-        return self._cache[key]
+                self._cache["program"] = program
+            self._cache[key] = hit
+        return hit
 
     @property
     def program(self):
