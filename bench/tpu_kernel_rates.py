@@ -41,6 +41,7 @@ DOCS_MARKER = "tpu-kernel-rates"
 RECORD = "tpu_kernel_rates.json"
 MEASURED = _common.RESULTS / "chip" / "tpu_check_first.json"
 HOST_LINK = _common.RESULTS / "tpu_check.json"
+PUBLISHED = ROOT / "bench" / "data" / "tpu_published_rates.yaml"
 DATA_FILE = SRC / "tierax" / "hardware" / "tpu_kernel_rates.json"
 PLOT = ROOT / "docs" / "results" / "tpu-kernel-rates.png"
 # What the issue asks the table to cover (issue 67): splash by sequence 2k-32k and head dim 64, 128,
@@ -76,14 +77,46 @@ def _provenance(doc: dict, path: str | pathlib.Path) -> dict:
     }
 
 
+def published_rates(path: str | pathlib.Path = PUBLISHED) -> dict:
+    """The kernel rates Google published for generations no chip check measured (the yaml file's
+    content, checked): {target: {"gemm": {dtype, what, source, tflops_by_size}}}."""
+    import yaml
+
+    from tierax.hardware import TPU_TARGETS
+
+    doc = yaml.safe_load(pathlib.Path(path).read_text(encoding="utf-8")) or {}
+    out = {}
+    for target, kinds in doc.items():
+        if target not in TPU_TARGETS:
+            raise ValueError(f"{path}: {target!r} is not a TPU target ({', '.join(TARGETS)})")
+        unknown = set(kinds) - {"gemm"}
+        if unknown:
+            raise ValueError(f"{path}: {target}: unknown kind(s) {sorted(unknown)}; known: gemm")
+        g = kinds["gemm"]
+        points = [[int(m), float(t) * 1e12] for m, t in g["tflops_by_size"]]
+        if g["dtype"] != DTYPE or not points or points != sorted(points):
+            raise ValueError(f"{path}: {target}: gemm needs {DTYPE} points in ascending size")
+        out[target] = {
+            "gemm": {
+                "dtype": g["dtype"],
+                "what": g["what"],
+                "source": " ".join(g["source"].split()),
+                "flops_per_s_by_size": points,
+            }
+        }
+    return out
+
+
 def extract(
     measured: dict,
     measured_path: str | pathlib.Path,
     host: dict,
     host_path: str | pathlib.Path,
+    published: dict | None = None,
 ) -> dict:
     """The kernel rates of two chip-check records (the kernels' and the host link's; they may be
-    the same record), each section with the record that measured it, and what was not measured."""
+    the same record), each section with the record that measured it, what was not measured, and
+    the rates Google published for other generations (``published``: :func:`published_rates`)."""
     from tierax.hardware import TPU_TARGETS
 
     target = measured["target"]
@@ -167,6 +200,7 @@ def extract(
             "fp8_gemms": "no fp8 GEMM measured (v5e has no fp8 peak)",
             "other_generations": [t for t in TARGETS if t != target],
         },
+        "published": published or {},
     }
 
 
@@ -178,7 +212,7 @@ def package_data(rates: dict) -> dict:
     if link["d2h_bytes_per_s"] != link["h2d_bytes_per_s"]:
         raise ValueError("the data file holds one host-link rate; the record has two")
     return {
-        "format": "tierax.tpu-kernel-rates-data/1",
+        "format": "tierax.tpu-kernel-rates-data/2",
         "written_by": "python bench/tpu_kernel_rates.py",
         "record": f"bench/results/{RECORD}",
         "target": rates["target"],
@@ -195,6 +229,10 @@ def package_data(rates: dict) -> dict:
         ],
         "nonmatmul_bytes_per_s": rates["nonmatmul"]["bytes_per_s"],
         "host_link_bytes_per_s": link["d2h_bytes_per_s"],
+        "published_gemm": {
+            t: {"source": p["gemm"]["source"], "by_size": p["gemm"]["flops_per_s_by_size"]}
+            for t, p in rates.get("published", {}).items()
+        },
     }
 
 
@@ -204,45 +242,67 @@ def data_text(rates: dict) -> str:
 
 
 def _targets_rows(doc: dict) -> list[str]:
-    """The cost model's default rates per TPU target, as the packaged efficiencies give them."""
-    from tierax.hardware import TPU_TARGETS
+    """The cost model's default rates per TPU target (``tierax.hardware.tpu_rates``: the package
+    data file this script writes beside the record)."""
+    from tierax.hardware import TPU_TARGETS, tpu_rates
 
     r = doc["rates"]
-    peak0 = r["datasheet"]["peak_flops_per_s"]
-    top = r["gemm"][-1]["efficiency"]
-    small = r["gemm"][0]
-    nm = r["nonmatmul"]["efficiency"]
-    ref = {(c["seq"], c["head_dim"]): c for c in r["splash"]}.get((8192, 128))
+    small = r["gemm"][0]["min_dim"]
     head = (
         "| target | bf16 peak (datasheet) | GEMMs, step shapes | GEMMs, smallest dim "
-        f"{small['min_dim']} | splash seq 8192, head dim 128 (fwd / bwd) | non-matmul HBM | "
+        f"{small} | splash seq 8192, head dim 128 (fwd / bwd) | non-matmul HBM | "
         "host link | source |"
     )
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|---|"]
     for key in TARGETS:
         spec = TPU_TARGETS[key]
-        peak = spec.peak(DTYPE)
-        att = (
-            f"{ref['fwd_flops_per_s'] / peak0 * peak / 1e12:.0f} / "
-            f"{ref['bwd_flops_per_s'] / peak0 * peak / 1e12:.0f} TFLOP/s"
-            if ref
-            else "—"
-        )
+        k = tpu_rates.for_target(spec, DTYPE)
+        att = {(s, h): (f, b) for s, h, f, b in k.attention_table}.get((8192, 128))
+        att = f"{att[0] / 1e12:.0f} / {att[1] / 1e12:.0f} TFLOP/s" if att else "—"
         own = key == r["target"]
         link = (
-            f"{r['host_link']['d2h_bytes_per_s'] / 1e9:.2f} GB/s"
+            f"{k.host_link / 1e9:.2f} GB/s"
             if own
             else f"{spec.host_link_bps / 1e9:.0f} GB/s (the table's)"
         )
+        scaled = f"{r['target']} efficiencies × {key} datasheet"
+        if key in r.get("published", {}):
+            scaled = f"GEMMs: Google's published {key} table; the rest: {scaled}"
         lines.append(
-            f"| {key} | {peak / 1e12:.0f} TFLOP/s | {top * peak / 1e12:.0f} TFLOP/s | "
-            f"{small['efficiency'] * peak / 1e12:.0f} TFLOP/s | {att} | "
-            f"{nm * spec.hbm_bytes_per_s / 1e9:.0f} GB/s | {link} | "
-            + ("measured on the chip" if own else f"{r['target']} efficiencies × {key} datasheet")
+            f"| {key} | {spec.peak(DTYPE) / 1e12:.0f} TFLOP/s | {k.matmul / 1e12:.0f} TFLOP/s | "
+            f"{k.size_rates[0][1] / 1e12:.0f} TFLOP/s | {att} | {k.hbm / 1e9:.0f} GB/s | {link} | "
+            + (
+                "measured on the chip"
+                if own
+                else scaled
+            )
             + ("; per JAX device (half a chip)" if spec.devices_per_chip == 2 else "")
             + " |"
         )
     return lines
+
+
+def _published_rows(published: dict) -> list[str]:
+    """The docs lines of the rates Google published for other generations."""
+    from tierax.hardware import TPU_TARGETS, tpu_rates
+
+    out = []
+    for target, p in published.items():
+        g = p["gemm"]
+        peak = TPU_TARGETS[target].peak(DTYPE)
+        size, rate = tpu_rates.large_gemm_rate(g["flops_per_s_by_size"])
+        out += [
+            "",
+            f"Published for {target} ({g['what']}; {g['source']}); the cost model's {target} "
+            f"GEMMs take the share at m = n = k = {size}, the first size within "
+            f"{tpu_rates.PLATEAU:.0%} of the largest's rate ({rate / peak:.1%}), with the "
+            "measured shares by smallest dimension scaled to it:",
+            "",
+            "| m = n = k | TFLOP/s per device | share of the datasheet |",
+            "|---:|---:|---:|",
+            *(f"| {m} | {f / 1e12:.1f} | {f / peak:.1%} |" for m, f in g["flops_per_s_by_size"]),
+        ]
+    return out
 
 
 def markdown(doc: dict) -> str:
@@ -306,7 +366,9 @@ def markdown(doc: dict) -> str:
         f"- {nmz['gemm_note']}",
         f"- fp8 GEMMs: {nmz['fp8_gemms']}",
         f"- any chip of {', '.join(nmz['other_generations'])}: their rates are the "
-        f"{r['target']} efficiencies times their own datasheet",
+        f"{r['target']} efficiencies times their own datasheet, but for what Google published "
+        "(below)",
+        *_published_rows(r.get("published", {})),
         "",
         "The cost model's default rates per TPU target (`tierax simulate --target TARGET` prints "
         "each with its source):",
@@ -389,6 +451,12 @@ def main(argv=None) -> int:
         help=f"the chip-check record whose run measured the host link (default: {_rel(HOST_LINK)})",
     )
     ap.add_argument(
+        "--published",
+        metavar="FILE.yaml",
+        default=str(PUBLISHED),
+        help=f"kernel rates Google published for other generations (default: {_rel(PUBLISHED)})",
+    )
+    ap.add_argument(
         "--data-file",
         metavar="FILE.json",
         default=str(DATA_FILE),
@@ -401,7 +469,9 @@ def main(argv=None) -> int:
         return _common.docs_written(DOCS_MARKER, markdown(args.docs))
     try:
         measured, host = _chip_record(args.measured), _chip_record(args.host_link)
-        rates = extract(measured, args.measured, host, args.host_link)
+        rates = extract(
+            measured, args.measured, host, args.host_link, published_rates(args.published)
+        )
     except (OSError, ValueError, KeyError) as e:
         ap.error(f"cannot extract the rates: {e}")
     doc = _common.envelope(SCHEMA, argv) | {

@@ -49,7 +49,11 @@ def _extracted() -> tuple:
     mod = _script()
     k, h = RATES["kernels_from"]["record"], RATES["host_link_from"]["record"]
     return mod, mod.extract(
-        mod._chip_record(ROOT / k), ROOT / k, mod._chip_record(ROOT / h), ROOT / h
+        mod._chip_record(ROOT / k),
+        ROOT / k,
+        mod._chip_record(ROOT / h),
+        ROOT / h,
+        mod.published_rates(),
     )
 
 
@@ -110,9 +114,11 @@ def test_other_generations_take_the_v5e_efficiencies_times_their_datasheet(key):
     spec = hardware.get_target(key)
     peak = spec.peak("bfloat16")
     r = cm.target_rates(key, "bfloat16", calibration={})
-    for dim, g in GEMM.items():
-        assert r.matmul_rate_at(dim) == pytest.approx(g["flops_per_s"] / V5E_PEAK * peak, rel=1e-12)
-    assert r.matmul_flops_per_s == pytest.approx(GEMM[2048]["efficiency"] * peak, rel=1e-12)
+    if key != "v7x":  # v7x's GEMMs: Google's published table (the test below)
+        for dim, g in GEMM.items():
+            want = g["flops_per_s"] / V5E_PEAK * peak
+            assert r.matmul_rate_at(dim) == pytest.approx(want, rel=1e-12)
+        assert r.matmul_flops_per_s == pytest.approx(GEMM[2048]["efficiency"] * peak, rel=1e-12)
     eff = RATES["nonmatmul"]["bytes_per_s"] / V5E_HBM
     assert r.hbm_bytes_per_s == pytest.approx(eff * spec.hbm_bytes_per_s, rel=1e-12)
     assert r.d2h_bytes_per_s == spec.host_link_bps  # no host link scaled from v5e's
@@ -127,8 +133,48 @@ def test_other_generations_take_the_v5e_efficiencies_times_their_datasheet(key):
     said = (
         f"v5e efficiency measured on the chip, scaled by {key}'s datasheet; no {key} chip measured"
     )
-    for source in ("matmul", "matmul_by_size", "fused_attention", "hbm"):
+    scaled = ("fused_attention", "hbm") if key == "v7x" else ("matmul", "matmul_by_size")
+    for source in (*scaled, "fused_attention", "hbm"):
         assert said in r.sources[source] and CITED in r.sources[source], source
+
+
+def test_v7x_gemms_take_googles_published_large_gemm_share_by_hand():
+    """Google published v7x's square bf16 GEMMs (bench/data/tpu_published_rates.yaml): the rate
+    stops growing at m = n = k = 16384 (950.13 TFLOP/s per device, within 1 % of 32768's 956.38;
+    4096's 892.94 is not), so v7x's GEMMs at a step's shapes run at 950.13 TFLOP/s and each
+    smallest-dimension point at the v5e chip's share times 950.13 / 1153.5 over 186.06 / 197."""
+    import yaml
+
+    pub = yaml.safe_load((ROOT / "bench/data/tpu_published_rates.yaml").read_text())["v7x"]
+    table = [(m, t * 1e12) for m, t in pub["gemm"]["tflops_by_size"]]
+    assert tpu_rates.large_gemm_rate(table) == (16384, 950.1286983e12)
+    assert tpu_rates.large_gemm_rate([(1, 1.0), (2, 2.0), (3, 2.01)]) == (2, 2.0)
+    r = cm.target_rates("v7x", "bfloat16", calibration={})
+    assert r.matmul_flops_per_s == pytest.approx(950.1286983e12, rel=1e-12)
+    peak = 2307e12 / 2  # per device: half a chip
+    scale = (950.1286983e12 / peak) / (GEMM[2048]["flops_per_s"] / V5E_PEAK)
+    for dim, g in GEMM.items():
+        want = g["flops_per_s"] / V5E_PEAK * scale * peak
+        assert r.matmul_rate_at(dim) == pytest.approx(want, rel=1e-12)
+    assert r.fp8_matmul_flops_per_s == pytest.approx(950.1286983e12 / peak * 4614e12 / 2)
+    assert "ee16a1c86c4c81584ed217df974544f6b6e9661c" in r.sources["matmul"]
+    assert "no v7x chip measured" in r.sources["matmul_by_size"]
+    assert "published for v7x" in r.sources["fp8_matmul"]
+    # the other generations keep the v5e share: no table published for them
+    assert cm.target_rates("v6e", "bfloat16", calibration={}).matmul_flops_per_s == pytest.approx(
+        GEMM[2048]["flops_per_s"] / V5E_PEAK * 918e12
+    )
+
+
+def test_a_published_table_is_refused_for_an_unknown_target_or_kind(tmp_path):
+    mod = _script()
+    bad = tmp_path / "p.yaml"
+    bad.write_text("v9z:\n  gemm: {}\n")
+    with pytest.raises(ValueError, match="v9z"):
+        mod.published_rates(bad)
+    bad.write_text("v7x:\n  hbm: {}\n")
+    with pytest.raises(ValueError, match="unknown kind"):
+        mod.published_rates(bad)
 
 
 def test_v6e_matmul_is_the_v5e_share_times_v6es_peak_by_hand():
@@ -140,8 +186,11 @@ def test_v6e_matmul_is_the_v5e_share_times_v6es_peak_by_hand():
 
 def test_fp8_gemms_of_a_tpu_with_an_fp8_peak_take_the_bf16_share_by_size():
     r = cm.target_rates("v7x", "bfloat16", calibration={})
-    share = GEMM[2048]["efficiency"]
+    share = 950.1286983e12 / (2307e12 / 2)  # v7x's published bf16 large-GEMM share
     assert r.fp8_matmul_flops_per_s == pytest.approx(share * 2307e12, rel=1e-12)
+    # v5p lists its bf16 peak for fp8 too: the v5e chip's share of it
+    v5p = cm.target_rates("v5p", "bfloat16", calibration={})
+    assert v5p.fp8_matmul_flops_per_s == pytest.approx(GEMM[2048]["efficiency"] * 459e12)
     shares = ((128, 0.5), (2048, 0.5))
     blended = r.blended_matmul_rate(shares) / r.matmul_size_rates[-1][1]
     assert r.blended_fp8_rate(shares) == pytest.approx(share * 2307e12 * blended, rel=1e-12)

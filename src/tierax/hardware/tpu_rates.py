@@ -10,7 +10,10 @@ measuring chip's datasheet figure (its dense bf16 peak, its HBM bandwidth).  The
 generation takes its own rates back; every other TPU target takes those efficiencies times its own
 datasheet figure, an assumption the rates' sources state (no chip of that generation measured).
 The host link is the measuring chip's own rate on that generation only (no per-generation figure
-to scale it by).
+to scale it by).  Where Google published a generation's GEMM rates by size (the data file's
+``published_gemm``, copied from ``bench/data/tpu_published_rates.yaml``), that generation's
+GEMMs take its own published large-GEMM share (:func:`large_gemm_rate`) in place of the measuring
+chip's, and the measured shares by smallest dimension keep their shape under it.
 
 ``tierax.costmodel.rates.target_rates`` reads :func:`for_target` when no ``tierax calibrate`` file
 measured the target.
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 DATA_FILE = "tpu_kernel_rates.json"
-FORMAT = "tierax.tpu-kernel-rates-data/1"
+FORMAT = "tierax.tpu-kernel-rates-data/2"
 RECORD = "bench/results/tpu_kernel_rates.json"  # the record the data file is copied from
 
 
@@ -55,6 +58,21 @@ def _pct(x: float) -> str:
     return f"{x:.0%}"
 
 
+# A published GEMM table's large-GEMM rate: its first size whose rate is within this share of the
+# largest size's (where the rate stops growing with size).
+PLATEAU = 0.01
+
+
+def large_gemm_rate(by_size) -> tuple[int, float]:
+    """The (size, FLOP/s) of a published GEMM table ``by_size`` ((size, FLOP/s), ascending) where
+    its rate stops growing: the first point within :data:`PLATEAU` of the largest size's rate."""
+    top = by_size[-1][1]
+    for size, rate in by_size:
+        if rate >= top * (1 - PLATEAU):
+            return int(size), float(rate)
+    raise AssertionError("unreachable: the last point is within the plateau")
+
+
 def for_target(spec, dtype: str) -> TpuKernelRates:
     """The default kernel rates of the TPU target ``spec`` (a :class:`TpuSpec`) for matmuls of
     ``dtype``: the measured efficiencies times its datasheet figures."""
@@ -70,8 +88,13 @@ def for_target(spec, dtype: str) -> TpuKernelRates:
         f"no {spec.key} chip measured"
     )
     gemms = tuple((int(dim), r / peak0) for dim, r in d["gemm_by_min_dim"])
-    size_rates = tuple((dim, e * peak) for dim, e in gemms)
     top_dim, top_eff = gemms[-1]
+    published = d.get("published_gemm", {}).get(spec.key) if not same else None
+    gemm_scale = 1.0
+    if published:
+        size, rate = large_gemm_rate(published["by_size"])
+        gemm_scale = rate / spec.peak("bfloat16") / top_eff
+    size_rates = tuple((dim, e * gemm_scale * peak) for dim, e in gemms)
     table = tuple(
         (int(s), int(h), f / peak0 * peak, b / peak0 * peak) for s, h, f, b in d["splash_causal"]
     )
@@ -107,16 +130,32 @@ def for_target(spec, dtype: str) -> TpuKernelRates:
             f"{host / 1e9:.2f} GB/s per direction through the step's offload path (a round trip "
             f"through a prefetching layer scan) measured on {chip}"
         )
+    share = top_eff * gemm_scale  # the large GEMMs' share of the peak on this target
+    if published:
+        sources["matmul"] = (
+            f"{_pct(share)} of the {peak / 1e12:.0f} TFLOP/s {peak_name} datasheet peak (Google "
+            f"Cloud TPU docs): bf16 GEMMs at m = n = k = {size} measured at {rate / 1e12:.1f} "
+            f"TFLOP/s per device by Google ({published['source']}), the first size within "
+            f"{PLATEAU:.0%} of the largest's rate"
+        )
+        sources["matmul_by_size"] = (
+            "GEMMs by smallest dimension d at the shares measured on "
+            f"{chip}, times {gemm_scale:.3f} ({spec.key}'s published large-GEMM share over the "
+            f"{d['target']} chip's): "
+            + ", ".join(f"{dim} {_pct(e * gemm_scale)}" for dim, e in gemms)
+            + f", linear in log d, the nearest point's beyond; no {spec.key} chip measured"
+        )
     fp8 = 0.0
     if fp8_peak:
-        fp8 = top_eff * fp8_peak
+        fp8 = share * fp8_peak
         sources["fp8_matmul"] = (
-            f"{_pct(top_eff)} (the bf16 GEMMs' share measured on {d['target']}, assumed for fp8: "
-            f"no fp8 GEMM measured) of the {fp8_peak / 1e12:.0f} TFLOP/s fp8 datasheet peak, the "
-            "bf16 shares by smallest dimension"
+            f"{_pct(share)} (the bf16 GEMMs' share "
+            + (f"published for {spec.key}" if published else f"measured on {d['target']}")
+            + f", assumed for fp8: no fp8 GEMM measured) of the {fp8_peak / 1e12:.0f} TFLOP/s "
+            "fp8 datasheet peak, the bf16 shares by smallest dimension"
         )
     return TpuKernelRates(
-        matmul=top_eff * peak,
+        matmul=share * peak,
         size_rates=size_rates,
         attention_table=table,
         hbm=hbm_eff * spec.hbm_bytes_per_s,
