@@ -20,7 +20,8 @@ What it does, in one process (one program holds the chip), every stage against `
    that applies and the planner's plan under the calibrated rates (and under the datasheet ones
    where it differs) run with :func:`tierax.measure.bench.run_bench` (one plan on the chip at a
    time; a plan the chip refuses is recorded as not fitting), each beside the model's prediction
-   (step time, fit, device and host bytes) under both sets of rates.
+   (step time, fit, device and host bytes) under both sets of rates.  ``--models dense-8k`` and
+   ``dense-hd64`` add the dense shape at seq 8192 and at head dim 64 (not run by default).
 3. The fit boundary of remat-full on the dense model, found on the chip (doubling, then
    bisection on the chip's own out-of-memory errors) beside the planner's predicted largest
    microbatch.
@@ -120,8 +121,28 @@ CASES = (
         ("remat-full", "minimal", "deepseek-offload"),
     ),
 )
+_DENSE = [
+    "d_model=2048",
+    "num_layers=8",
+    "mlp_dim=8192",
+    "num_kv_heads=8",
+    "vocab_size=32000",
+    "dtype=bfloat16",
+    "attention=auto",
+]
+# Cases run only when --models names them: the dense shape at a long sequence (the splash kernel at
+# seq 8192) and at head dim 64 (32 heads of 64 for the same width), where the step's attention
+# rates are the kernel table's other points.
+EXTRA_CASES = (
+    ("dense-8k", "tiny-llama", [*_DENSE, "num_heads=16", "head_dim=128"], 8192, (2, 1, 3),
+     ("remat-full", "qkv-offload")),
+    ("dense-hd64", "tiny-llama", [*_DENSE, "num_heads=32", "head_dim=64"], 2048, (8, 4),
+     ("remat-full", "qkv-offload")),
+)  # fmt: skip
 TINY_OVERRIDES = {
     "dense": ["dtype=bfloat16", "attention=auto"],
+    "dense-8k": ["dtype=bfloat16", "attention=auto"],
+    "dense-hd64": ["dtype=bfloat16", "attention=auto", "num_heads=8", "head_dim=8"],
     "moe": ["dtype=bfloat16", "attention=auto"],
     "mla-moe": ["dtype=bfloat16", "attention=auto"],
 }
@@ -489,7 +510,10 @@ def main(argv=None) -> int:
         help="the record (default bench/results/tpu_check.json on a TPU)",
     )
     ap.add_argument("--budget-s", type=float, help="stop starting stages after this many seconds")
-    ap.add_argument("--models", help="comma-separated subset of: dense, moe, mla-moe")
+    ap.add_argument(
+        "--models",
+        help="comma-separated subset of: dense, moe, mla-moe (the default), dense-8k, dense-hd64",
+    )
     ap.add_argument(
         "--microbatches", help="comma-separated microbatches for every model (default: each one's)"
     )
@@ -519,11 +543,12 @@ def main(argv=None) -> int:
             print(f"wrote {f}")
         return 0
     names = [c[0] for c in CASES]
+    known = names + [c[0] for c in EXTRA_CASES]
     chosen = names if not args.models else [m.strip() for m in args.models.split(",")]
-    unknown = [m for m in chosen if m not in names]
+    unknown = [m for m in chosen if m not in known]
     if unknown:
         print(
-            f"tpu_check: unknown model(s) {', '.join(unknown)}; choose from {names}",
+            f"tpu_check: unknown model(s) {', '.join(unknown)}; choose from {known}",
             file=sys.stderr,
         )
         return 2
@@ -567,7 +592,7 @@ def main(argv=None) -> int:
     write(doc, out)
     print(f"calibrated in {doc['stages_s']['calibrate']:.0f} s", flush=True)
     dense_cfg, models = None, {}
-    for name, base, overrides, seq, mbs, presets in CASES:
+    for name, base, overrides, seq, mbs, presets in (*CASES, *EXTRA_CASES):
         if name in chosen:
             cfg = config_for(name, base, overrides, args.tiny)
             dense_cfg = cfg if name == "dense" else dense_cfg

@@ -317,6 +317,29 @@ def test_tpu_check_rehearsal_on_the_cpu(tmp_path):
     assert "| dense | 2 | remat-full |" in text and png.stat().st_size > 1000
 
 
+def test_the_chip_checks_extra_cases_are_the_shapes_they_are_named_for():
+    """dense-8k and dense-hd64 (run when --models names them) build at chip size: the dense width
+    at seq 8192 with 128-wide heads, and with 64-wide heads (32 of them); the default selection
+    is unchanged."""
+    import importlib.util
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("tpu_check_script", ROOT / "bench/tpu_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert [c[0] for c in mod.CASES] == ["dense", "moe", "mla-moe"]
+    extra = {c[0]: c for c in mod.EXTRA_CASES}
+    built = {n: mod.config_for(n, c[1], c[2], tiny=False) for n, c in extra.items()}
+    dense = mod.config_for("dense", *mod.CASES[0][1:3], tiny=False)
+    assert (built["dense-8k"].head_dim, extra["dense-8k"][3]) == (128, 8192)
+    assert (built["dense-hd64"].head_dim, built["dense-hd64"].num_heads) == (64, 32)
+    for cfg in built.values():
+        assert (cfg.d_model, cfg.num_layers, cfg.mlp_dim) == (
+            dense.d_model, dense.num_layers, dense.mlp_dim
+        )
+    assert set(extra) <= set(mod.TINY_OVERRIDES)
+
+
 @chip_only
 def test_calibrate_on_the_chip_stores_the_v5e_key(tmp_path):
     env = dict(os.environ, TIERAX_CALIBRATION=str(tmp_path / "cal.json"))
