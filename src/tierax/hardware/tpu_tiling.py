@@ -69,9 +69,20 @@ def tiled_bytes(shape, dtype, minor_to_major=None) -> int:
       TieraxError: ``minor_to_major`` is not an order of ``shape``'s dimensions.
     """
     shape = tuple(int(d) for d in shape)
-    itemsize = jnp.dtype(dtype).itemsize
     rank = len(shape)
     order = tuple(range(rank - 1, -1, -1)) if minor_to_major is None else tuple(minor_to_major)
+    return tiled_dims_bytes(shape, jnp.dtype(dtype).itemsize, order)
+
+
+def tiled_dims_bytes(shape, itemsize: int, minor_to_major) -> int:
+    """:func:`tiled_bytes` of an array given by its item size (an XLA program's ``bf16[...]``).
+
+    Raises:
+      TieraxError: ``minor_to_major`` is not an order of ``shape``'s dimensions.
+    """
+    shape = tuple(int(d) for d in shape)
+    rank = len(shape)
+    order = tuple(minor_to_major)
     if sorted(order) != list(range(rank)):
         raise TieraxError(
             f"layout {order} is no minor-to-major order of the {rank} dimensions of {shape}; give "

@@ -637,6 +637,17 @@ def _traced_groups(cfg, microbatch: int, seq: int, tensor: int) -> tuple:
     return _TRACES[key]
 
 
+def _stacked_bytes(cfg):
+    """How a saved value of ``cfg``'s layers is sized in its stack: under splash attention (the
+    TPU kernel) XLA:TPU lays each [batch, seq, heads, head_dim] value out head_dim-minor, the
+    layout the kernel reads, in 128-lane tiles on device and host alike
+    (:func:`tierax.hardware.tpu_tiling.stacked_value_bytes`: a head dim of 64 takes twice its
+    logical bytes); otherwise its logical bytes (None)."""
+    from tierax.hardware import tpu_tiling
+
+    return tpu_tiling.stacked_value_bytes if cfg.attention == "splash" else None
+
+
 def _trace_groups(cfg, microbatch: int, seq: int, tensor: int) -> tuple:
     from tierax.models import abstract_model
     from tierax.models.config import host_traceable, require_concrete_attention
@@ -663,6 +674,7 @@ def _trace_groups(cfg, microbatch: int, seq: int, tensor: int) -> tuple:
             group=g.name,
             num_layers=g.num_layers,
             expert_param_count=_expert_params_per_layer(local, g.name),
+            stacked_bytes=_stacked_bytes(cfg),
         )
         # The split of the group's largest weight stands for its weights' (every weight of the
         # reference models is split alike where its dimensions divide).

@@ -310,7 +310,8 @@ def _forward_host_buffers(module: hlo.Module) -> list[HostBuffer]:
                 )
                 # Stores and loads under different names (a tierax bug) give a name no activation
                 # has: not found.
-                out.append(HostBuffer(group, "+".join(sorted(names)) or None, int(a.nbytes)))
+                name = "+".join(sorted(names)) or None
+                out.append(HostBuffer(group, name, int(a.assigned_bytes)))
     return out
 
 

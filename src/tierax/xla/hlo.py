@@ -59,10 +59,27 @@ class Array:
     dtype: str
     dims: tuple[int, ...]
     host: bool
+    # The layout's minor-to-major order, and whether it is tiled (XLA:TPU's ``T(8,128)``): what
+    # the buffer takes in memory (assigned_bytes), not what identifies the array.
+    minor_to_major: tuple[int, ...] = field(default=(), compare=False)
+    tiled: bool = field(default=False, compare=False)
 
     @property
     def nbytes(self) -> float:
         return math.prod(self.dims) * _DTYPE_BYTES.get(self.dtype, 4)
+
+    @property
+    def assigned_bytes(self) -> float:
+        """The bytes XLA assigns the array: under a TPU tiled layout, its two minor dimensions
+        rounded up to the tile (:func:`tierax.hardware.tpu_tiling.tiled_dims_bytes`); else its
+        logical bytes."""
+        if not self.tiled or len(self.dims) < 2 or len(self.minor_to_major) != len(self.dims):
+            return self.nbytes
+        from tierax.hardware import tpu_tiling
+
+        return tpu_tiling.tiled_dims_bytes(
+            self.dims, _DTYPE_BYTES.get(self.dtype, 4), self.minor_to_major
+        )
 
 
 def parse_arrays(type_text: str) -> list[Array]:
@@ -71,7 +88,16 @@ def parse_arrays(type_text: str) -> list[Array]:
         dtype, dims, layout = m.group(1), m.group(2), m.group(3) or ""
         if dtype not in _DTYPE_BYTES:
             continue
-        out.append(Array(dtype, tuple(int(d) for d in dims.split(",") if d), HOST_SPACE in layout))
+        order = re.match(r"\{([0-9,]*)", layout)
+        out.append(
+            Array(
+                dtype,
+                tuple(int(d) for d in dims.split(",") if d),
+                HOST_SPACE in layout,
+                tuple(int(d) for d in order.group(1).split(",") if d) if order else (),
+                ":T(" in layout,
+            )
+        )
     return out
 
 
