@@ -125,6 +125,9 @@ HELD_OUT = [
      None, None),
     ("qwen3-30b-a3b-v5p-full-48L-8k", "qwen3-30b-a3b", "v5p", 8, 1, 8192, ["remat_policy=full"],
      None, None),
+    # added after tpu_terms' rule of a tied table gathered before the forward on v5e (read from
+    # the gemma2-2b rows): a larger Gemma 2 under it
+    ("gemma2-9b-v5e-full", "gemma2-9b", "v5e", 4, 2, 1024, ["remat_policy=full"], 2, None),
 ]  # fmt: skip
 # Cases added as held out whose compiles a rule was then read from: reported as seen (the rule's
 # module names the case).
