@@ -125,6 +125,9 @@ HELD_OUT = [
      None, None),
     ("qwen3-30b-a3b-v5p-full-48L-8k", "qwen3-30b-a3b", "v5p", 8, 1, 8192, ["remat_policy=full"],
      None, None),
+    # added after tpu_terms' rule of a tied table gathered before the forward on v5e (read from
+    # the gemma2-2b rows): a larger Gemma 2 under it
+    ("gemma2-9b-v5e-full", "gemma2-9b", "v5e", 4, 2, 1024, ["remat_policy=full"], 2, None),
 ]  # fmt: skip
 # Cases added as held out whose compiles a rule was then read from: reported as seen (the rule's
 # module names the case).
@@ -136,6 +139,13 @@ READ_FROM = {
     "local experts",
     "llama4-17b-16e-v5p-qkv-offload-4L": "interop/maxtext_program/tpu_moe.py: a single trip's "
     "backward under a policy that saves names gathers one routed layer's experts at a time",
+    **{
+        name: "interop/maxtext_program/tpu_terms.py: on v5e the tied table's gather spans the "
+        "layers' forward loop, its slot above the forward's buffers, the logits-sized buffer and "
+        "the head's gradient above it"
+        for name in ("gemma2-2b-v5e-save-all", "gemma2-2b-v5e-full", "gemma2-2b-v5e-qkv-offload",
+                     "gemma2-2b-v5e-qkv-offload-3L")
+    },
 }
 # Seen cases were compiled with MaxText's train_compile's own libtpu options only (before compile
 # --maxtext added the flags tierax models the program under); they stay so, with

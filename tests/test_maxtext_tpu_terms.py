@@ -25,13 +25,13 @@ BF16, F32 = 2, 4
 HEAD = D * VOCAB  # the head's [emb, vocab] elements
 
 
-def _program(microbatch: int, seq: int, extra=()):
+def _program(microbatch: int, seq: int, extra=(), target: str = "v5p"):
     from tierax.interop.maxtext_program import program
 
     return program(
         M.base_yml(),
         [*TINY, *extra],
-        target="v5p",
+        target=target,
         devices=FSDP,
         microbatch=microbatch,
         seq=seq,
@@ -275,6 +275,48 @@ def test_tied_head_layer_phase(tied_early):
     )
 
 
+def _shapes_only(tied=True, tiles=1, microbatch=2, seq=1024, fsdp=FSDP):
+    """A config and inventory with only what tpu_terms' shapes read (TINY's sizes)."""
+    from types import SimpleNamespace as NS
+
+    config = NS(dtype="bfloat16", grad_dtype="float32", vocab_size=VOCAB, emb_dim=D,
+                logits_via_embedding=tied, num_vocab_tiling=tiles)  # fmt: skip
+    inv = NS(mesh={"fsdp": fsdp, "tensor": 1, "expert": 1}, microbatch=microbatch, seq=seq)
+    return config, inv
+
+
+def test_when_the_table_is_gathered_before_the_forward():
+    """v5e only (its all-gathers asynchronous collective fusions), a tied head, untiled, over FSDP,
+    at tokens per device where the forward loop's gathers were read as collective matmuls (2 ×
+    1024, not 1 × 1024)."""
+    from tierax.interop.maxtext_program.tpu_terms import table_gathered_before_forward as early
+
+    assert early(*_shapes_only(), "v5e")
+    assert early(*_shapes_only(microbatch=4), "v5e")
+    assert not early(*_shapes_only(microbatch=1), "v5e")
+    for target in ("v5p", "v6e", "v7x"):
+        assert not early(*_shapes_only(), target)
+    assert not early(*_shapes_only(tied=False), "v5e")
+    assert not early(*_shapes_only(tiles=4), "v5e")
+    assert not early(*_shapes_only(fsdp=1), "v5e")
+
+
+def test_tied_table_gathered_before_the_forward_on_v5e():
+    """2 × 1024 tokens on 4 v5e, tied: the table's slot above what the forward holds beside the
+    stack copies and kept activations (the table's bf16 shard, one layer's written residuals), the
+    logits-sized buffer and the head's unsharded gradient above it (module docstring of
+    tpu_terms); at 1 × 1024 the table is gathered at the loss (the rules of a v5p step)."""
+    p = _program(2, 1024, TIED, target="v5e")
+    tokens = 2 * 1024
+    written = max(g.written_residual_bytes_per_layer for g in p.inventory.groups)
+    assert written > 0
+    in_flight = BF16 * HEAD // FSDP + written
+    assert p.loss_bytes == in_flight + BF16 * HEAD + BF16 * tokens * VOCAB + BF16 * HEAD
+    q = _program(1, 1024, TIED, target="v5e")
+    logits = BF16 * 1024 * VOCAB
+    assert q.loss_bytes == max(BF16 * HEAD + 2 * logits, logits + BF16 * HEAD)
+
+
 # ---------------------------------------------------------------------------------------------
 # The slow check: XLA:TPU's compile of a MaxText step (dumped) holds the buffers the rules name.
 
@@ -437,3 +479,73 @@ def test_xla_tpu_holds_a_tied_heads_gradient_through_the_layers(tmp_path):
     assert abs(in_loop - layer) <= 0.05 * layer, (in_loop, layer)
     rule = p.after_backward_bytes - args
     assert abs(after - rule) <= 0.01 * rule, (after, rule)
+
+
+def _entry_order(dump) -> tuple[list[str], list[str]]:
+    """The scheduled entry computation's instruction names and their text, in order."""
+    hlo = _dump(dump, ".txt")
+    lines = hlo[hlo.index("\nENTRY") :].splitlines()
+    named = [(re.match(r"\s*(?:ROOT )?%([\w.\-]+) = ", ln), ln) for ln in lines]
+    return [m.group(1) for m, _ in named if m], [ln for m, ln in named if m]
+
+
+@pytest.mark.slow
+def test_xla_tpu_v5e_gathers_a_tied_table_before_the_forward(tmp_path):
+    """MaxText's small tied step compiled for 4 v5e chips (compile --maxtext, dumped; libtpu
+    0.0.52).  At 2 × 1024 tokens the forward loop's weight gathers are collective matmuls (no
+    synchronous all-gather in its body) and the table's gather is an asynchronous collective
+    fusion started before the forward loop and done after it; at the loss the gathered table, a
+    logits-sized buffer and the head's unsharded gradient are live together.  At 1 × 1024 the
+    forward loop keeps synchronous all-gathers and the table is all-gathered after it.  (The
+    rule's placement of the table above the forward's buffers is gemma2-2b's; this step's XLA puts
+    the table lowest, under the forward's buffers: not asserted.  Slow: two MaxText compiles.)"""
+    from tierax.interop.maxtext_program import program
+
+    table = f"bf16[{SMALL_VOCAB},{SMALL_D}]"
+    for batch, early in ((2, True), (1, False)):
+        keys = [
+            *[k for k in SMALL if not k.startswith(("max_target_length=", "per_device_batch"))],
+            f"per_device_batch_size={batch}",
+            "max_target_length=1024",
+            *TIED,
+        ]
+        dump = tmp_path / f"dump{batch}"
+        M.compile_dumped([M.base_yml(), *keys, "--target", "v5e", "--devices", str(FSDP)], dump)
+        names, lines = _entry_order(dump)
+        first = next(i for i, ln in enumerate(lines) if re.search(r" while\(", ln))
+        body = re.search(r"body=%([\w.\-]+)", lines[first]).group(1)
+        hlo = _dump(dump, ".txt")
+        body_text = hlo[hlo.index(f"%{body} ") :].split("\n}\n", 1)[0]
+        starts = [
+            i
+            for i, ln in enumerate(lines)
+            if names[i].startswith("async-collective-start") and table in ln.split(" fusion(")[0]
+        ]
+        gathers = [i for i, ln in enumerate(lines) if f"{table}" in ln and " all-gather(" in ln]
+        # the rule reads the same schedule: the early loss (table, logits-sized buffer, head
+        # gradient and the forward's bytes under the table) where XLA gathers early
+        p = program(M.base_yml(), keys, target="v5e", devices=FSDP).program
+        head, logits_bytes = BF16 * SMALL_D * SMALL_VOCAB, BF16 * batch * 1024 * SMALL_VOCAB
+        written = max(g.written_residual_bytes_per_layer for g in p.inventory.groups)
+        early_loss = head // FSDP + written + 2 * head + logits_bytes
+        assert (p.loss_bytes == early_loss) == early, (p.loss_bytes, early_loss)
+        if early:
+            assert " all-gather(" not in body_text
+            assert starts and starts[0] < first, (starts, first)
+            done = next(
+                i
+                for i, n in enumerate(names)
+                if n == names[starts[0]].replace("start", "done")
+            )
+            assert done > first
+            values = _temp_values(dump)
+            logits = f"bf16[{batch},1024,{SMALL_VOCAB}]"
+            fwd = [v for v in values.values() if v["shape"] == table and "transpose" not in v["op"]]
+            grad = [v for v in values.values() if v["shape"] == table and "transpose" in v["op"]]
+            lg = [v for v in values.values() if v["shape"] == logits]
+            t = min(g["range"][0] for g in grad)  # the head's gradient written
+            for vs in (fwd, lg):
+                assert any(v["range"][0] <= t <= v["range"][1] for v in vs), (t, vs)
+        else:
+            assert " all-gather(" in body_text
+            assert not starts and gathers and gathers[0] > first, (starts, gathers, first)

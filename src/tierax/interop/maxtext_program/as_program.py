@@ -44,9 +44,10 @@ train state traced (:mod:`.trace`), its remat policy read from its decoder
   :mod:`.tpu_terms`): the head gathered in the compute dtype, the logits and the buffer written from
   them in it; the embedding's and head's gradients written after the layers' backward, the head's
   in the compute dtype and unsharded (reduced in place), a logits-sized buffer held through the
-  layers' backward; a tiled loss: one ``[emb, vocab]`` in the compute dtype at a time — read from
-  XLA:TPU's (libtpu 0.0.52) buffer assignment and live ranges of MaxText's compiles
-  (``bench/maxtext_fidelity.py --dump-dir``).
+  layers' backward; a tiled loss: one ``[emb, vocab]`` in the compute dtype at a time; on v5e, a
+  tied table gathered before the layers' forward loop where its gathers are collective matmuls,
+  placed above the forward's buffers — read from XLA:TPU's (libtpu 0.0.52) buffer assignment and
+  live ranges of MaxText's compiles (``bench/maxtext_fidelity.py --dump-dir``).
 * **Single-trip routed-expert stacks on a TPU** (:mod:`.tpu_moe`): where a MoE stack's scan runs
   once (GPT-OSS's block of two layers cut to two, a DeepSeek stack of one layer) XLA:TPU inlines
   it and keeps the forward's gathered experts through the loss into the backward (added to
@@ -359,7 +360,7 @@ def _build(loaded, target: str, runs: str, traced: str) -> MaxTextProgram:
     plan = policy_plan(decoder.get_remat_policy(), policy_name, groups)
     loss, after, late, uncopied, gathered = (None, 0, 0, 0, ())
     if hardware.get_target(target).kind == "tpu":
-        tpu = tpu_terms.tpu_terms(config, inv)
+        tpu = tpu_terms.tpu_terms(config, inv, target)
         loss, after, late = tpu.loss_bytes, tpu.after_backward_bytes, tpu.late_grad_bytes
         # single-trip routed-expert stacks: gathered experts kept through the loss (.tpu_moe)
         kept = tpu_moe.tpu_moe_terms(config, inv, [n for n, _ in moe], _saves_nothing(plan))

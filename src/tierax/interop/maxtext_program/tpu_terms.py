@@ -105,6 +105,40 @@ buffers are per device; ``c`` is the compute dtype's size, ``head`` = ``emb × v
   same under both schedules where the gathered table and two logits-sized buffers are the larger, so
   a peak at the loss does not depend on the reading.
 
+* **A tied table gathered before the layers' forward** (``loss_bytes``, :func:`tpu_loss_bytes`'s
+  ``early_gather``; :func:`table_gathered_before_forward`).  XLA:TPU on v5e compiles all-gathers
+  as asynchronous collective fusions (a start and a done, the gather run in pieces between them)
+  that may span a while loop, and a layer's FSDP-gathered matmuls as collective matmuls (the
+  gather decomposed into a ring of collective-permutes under chunks of the matmul) where that is
+  the faster; on v5p, v6e and TPU7x every all-gather of the compiles read is synchronous, at its
+  use.  Where the forward loop's gathers are all collective matmuls — no synchronous collective
+  left in the loop — v5e's gather of a tied table is such a fusion, started right after the
+  table's shard is cast for the embedding lookup, before the layers' forward loop, and done after
+  it: the gathered table (``c·head``) is live through the whole forward and held to the loss.  Its
+  slot lies above every buffer the forward holds beside it, and the loss's logits-sized buffer
+  and the head's gradient are placed above it in turn, under either schedule of the head's
+  gradient (made at the loss, the table still live: the table, the logits-sized buffer and the
+  gradient live together; made after the layers' backward: on top of the logits-sized buffer held
+  through it).  XLA's top is then the forward's buffers under the table
+  (:func:`forward_in_flight_bytes`: the stack copies and kept activations, which the cost model's
+  loss phase counts already, the table's bf16 shard — the gather's operand, whose slot the
+  gather's pieces reuse through the loop — and the layer in flight, its written residuals) plus
+  the gathered table, one logits-sized buffer and the head's gradient.  XLA chooses a collective
+  matmul where its cost model finds it the faster, which grows with the tokens per device (a ring
+  step's matmul against moving its weight shard); the compiles read bracket it
+  (:data:`COLLECTIVE_MATMUL_TOKENS`, the fewest tokens read with).  Read from the buffer
+  assignments of bench/maxtext_fidelity.py's held-out gemma2-2b-v5e rows (2 × 1024 tokens:
+  save-all, full and the q/k/v offload at 3 layers, a looping scan; at 2 layers under the offload
+  XLA unrolls the loop and starts the gather in its second layer) and checked against the small
+  tied step of ``tests/test_maxtext_tpu_terms.py`` on 4 v5e: at 512 tokens (emb 1536 or 1152,
+  vocabulary 32768 or 256128) and at 1 × 1024 (emb 1536) the forward loop keeps synchronous
+  all-gathers and the table is gathered after it, at the loss; at 2 × 1024 tokens the loop's
+  gathers are collective matmuls and the table's gather spans the loop, but XLA places the table
+  lowest there, under the forward's buffers: the rule's bytes under the table over-count that
+  step (which programs get the table above the forward's buffers is not read).  Not read: an
+  untied head on v5e at such sizes (the small step's untied head at 512 tokens is gathered after
+  the loop), a tiled loss.  Gemma 3 (v5p and v6e) gathers its table at the loss.
+
 Not traced: a loss without FSDP (no gathered head, no reduce-scatter: the rules' shards are then
 the whole ``c·head``, an upper reading), tensor parallelism over the vocabulary, a tiled loss's
 head read from the embedding (``logits_via_embedding`` with ``num_vocab_tiling`` > 1).
@@ -119,6 +153,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tierax.interop.maxtext_program.config import embedding_shards
+
+# Per TPU generation whose all-gathers XLA:TPU (libtpu 0.0.52) compiles as asynchronous collective
+# fusions that may span a while loop (v5e's; v5p's, v6e's and TPU7x's are synchronous in every
+# compile read): the fewest tokens per device at which its forward loop's FSDP gathers were read
+# as collective matmuls (module docstring: 2 × 1024 read with, 1 × 1024 and 512 without).
+COLLECTIVE_MATMUL_TOKENS = {"v5e": 2048}
 
 
 @dataclass(frozen=True)
@@ -170,11 +210,45 @@ def head_grad_at_loss(config, inv) -> bool:
     return s.emb <= 2 * s.tokens
 
 
-def tpu_loss_bytes(config, inv) -> int:
+def forward_in_flight_bytes(config, inv) -> int:
+    """What the layers' forward loop holds beside the stack copies and kept activations where the
+    table's gather is started before it (module docstring): the table's shard in the compute
+    dtype (``c·head / fsdp``, the gather's operand, whose slot the gather's pieces take in the
+    loop) and one layer's written residuals (the largest group's)."""
+    s = _shapes(config, inv)
+    written = max((int(g.written_residual_bytes_per_layer) for g in inv.groups), default=0)
+    return int(s.c * s.head // s.fsdp + written)
+
+
+def table_gathered_before_forward(config, inv, target: str) -> bool:
+    """Whether XLA:TPU starts the tied table's all-gather before the layers' forward loop and holds
+    it to the loss (module docstring): a tied head, untiled, gathered over FSDP, on a target whose
+    all-gathers XLA:TPU makes asynchronous collective fusions that may span a while loop, at tokens
+    per device where its forward loop's gathers run as collective matmuls (no synchronous
+    collective left in the loop: :data:`COLLECTIVE_MATMUL_TOKENS`)."""
+    from tierax import hardware
+
+    s = _shapes(config, inv)
+    least = COLLECTIVE_MATMUL_TOKENS.get(getattr(hardware.get_target(target), "generation", ""))
+    return (
+        least is not None
+        and tied_head(config)
+        and int(config.num_vocab_tiling) == 1
+        and s.fsdp > 1
+        and s.tokens >= least
+    )
+
+
+def tpu_loss_bytes(config, inv, early_gather: bool = False) -> int:
     """The bytes MaxText's loss holds on a TPU beside the parameters, optimizer state and kept
-    activations (module docstring)."""
+    activations (module docstring); ``early_gather``: the table's gather is started before the
+    layers' forward loop (:func:`table_gathered_before_forward`)."""
     s = _shapes(config, inv)
     gathered = s.c * s.head if s.fsdp > 1 else 0
+    if early_gather:
+        # the table's slot above the forward's buffers, the logits-sized buffer and the head's
+        # gradient above it, under either schedule of the head's gradient
+        return int(forward_in_flight_bytes(config, inv) + gathered + s.c * s.logits + s.c * s.head)
     if int(config.num_vocab_tiling) > 1:
         tiles = int(config.num_vocab_tiling)
         return int(s.c * s.head + (s.g + s.c) * s.head // s.fsdp + s.c * s.logits // tiles)
@@ -260,10 +334,12 @@ def tpu_after_backward_bytes(config, inv) -> int:
     return int(state + head_grad + copies_under_head_grad(config, inv))
 
 
-def tpu_terms(config, inv) -> TpuTerms:
-    """MaxText's TPU terms for ``config`` and its inventory ``inv`` (module docstring)."""
+def tpu_terms(config, inv, target: str | None = None) -> TpuTerms:
+    """MaxText's TPU terms for ``config`` and its inventory ``inv`` on ``target`` (module
+    docstring; None: a target whose gathers are synchronous)."""
+    early = target is not None and table_gathered_before_forward(config, inv, target)
     return TpuTerms(
-        loss_bytes=tpu_loss_bytes(config, inv),
+        loss_bytes=tpu_loss_bytes(config, inv, early),
         after_backward_bytes=tpu_after_backward_bytes(config, inv),
         late_grad_bytes=tpu_late_grad_bytes(config, inv),
     )
