@@ -81,6 +81,18 @@ def test_only_a_tpu_target_is_noted():
     assert tpu_offload.unrolled_note(placements, groups, "h200") is None
 
 
+def test_a_stack_whose_scan_runs_once_is_noted_where_it_offloads():
+    """XLA:TPU inlines a one-trip stack and packs its offloaded values' host buffers by live range
+    (tierax.interop.maxtext_program.tpu_offload): noted for the one-trip group that offloads, on a
+    TPU only; a deeper group, or a one-trip group that offloads nothing, is not."""
+    groups = _groups(1, 3)
+    note = tpu_offload.single_trip_note(_placements(groups, "g1"), groups, "v5p")
+    assert "the scan of g1 runs once" in note and "packed by live range" in note
+    assert tpu_offload.single_trip_note(_placements(groups, "g3"), groups, "v5p") is None
+    assert tpu_offload.single_trip_note(_placements(groups, None), groups, "v5p") is None
+    assert tpu_offload.single_trip_note(_placements(groups, "g1"), groups, "h200") is None
+
+
 def _layer_loops(dump) -> int:
     """The optimized module's while loops (the tiny config is dense: its layer loops alone)."""
     text = _dump(dump, ".txt")

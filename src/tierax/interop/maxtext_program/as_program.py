@@ -401,13 +401,18 @@ def _build(loaded, target: str, runs: str, traced: str) -> MaxTextProgram:
             "with a stand-in for its kernel with the same inputs, outputs and residuals (q, k, v, "
             "output, log-sum-exp; no score matrices); its matmul FLOPs are not in the time model"
         )
-    # a 2-layer stack under host offload: XLA:TPU unrolls it (.tpu_offload; not priced)
+    # a 2-layer stack under host offload: XLA:TPU unrolls it; a 1-trip stack: it inlines it
+    # (.tpu_offload; not priced)
     from tierax.interop.maxtext_program import tpu_offload
     from tierax.plan import resolve
 
-    unrolled = tpu_offload.unrolled_note(resolve(plan, prog), groups, target)
-    if unrolled:
-        notes.append(unrolled)
+    placements = resolve(plan, prog)
+    for note in (
+        tpu_offload.unrolled_note(placements, groups, target),
+        tpu_offload.single_trip_note(placements, groups, target),
+    ):
+        if note:
+            notes.append(note)
     return MaxTextProgram(
         program=prog,
         plan=plan,

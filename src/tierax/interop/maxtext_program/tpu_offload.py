@@ -28,8 +28,15 @@ The cost model prices the looped program, what a stack of three layers or more c
 2-layer program's extra bytes follow XLA's schedule, not the shapes: they are not priced, and
 :func:`unrolled_note` says where a prediction is of such a program.
 
+* **A stack whose scan runs once** (:func:`single_trip_note`): XLA:TPU inlines it, and each layer's
+  offloaded value gets a host buffer of its own (no stack), the buffers packed in one host heap by
+  their live ranges, so the host holds less than the layers' offloaded bytes (llama4-17b-16e cut to
+  4 layers, its one four-layer block, q/k/v offloaded on v5p × 8: the row
+  llama4-17b-16e-v5p-qkv-offload-4L of bench/results/maxtext_fidelity.json, read from its dump; one
+  layer's query was not offloaded at all).  Not priced: the note says so.
+
 Not traced: a two-layer segment of tierax's own scanned step on a TPU, a step that offloads only the
-training state (``optimizer_memory_host_offload``), a stack of one layer.
+training state (``optimizer_memory_host_offload``).
 """
 
 from __future__ import annotations
@@ -52,6 +59,31 @@ def unrolled_groups(placements: dict, groups: Iterable) -> tuple[str, ...]:
     if not offloads:
         return ()
     return tuple(g.name for g in groups if g.num_layers == UNROLLED_ITERATIONS)
+
+
+def single_trip_note(placements: dict, groups: Iterable, target: str) -> str | None:
+    """A note for a TPU ``target`` whose step offloads from a layer stack whose scan runs once
+    (module docstring); None where none does."""
+    from tierax import hardware
+    from tierax.plan import Placement
+
+    if hardware.get_target(target).kind != "tpu":
+        return None
+    once = [
+        g.name
+        for g in groups
+        if g.num_layers == 1
+        and any(p is Placement.OFFLOAD for p in placements.get(g.name, {}).values())
+    ]
+    if not once:
+        return None
+    return (
+        f"host offload on {target}: the scan of {', '.join(once)} runs once, so XLA:TPU inlines "
+        "it and gives each layer's offloaded value a host buffer of its own, packed by live range "
+        "in one heap: it holds less than the prediction's host bytes, which count every layer's "
+        "offloaded values (the looped program's stacks); compare with a compile whose scan runs "
+        "more than once"
+    )
 
 
 def unrolled_note(placements: dict, groups: Iterable, target: str) -> str | None:
