@@ -73,7 +73,7 @@ class Array:
         """The bytes XLA assigns the array: under a TPU tiled layout, its two minor dimensions
         rounded up to the tile (:func:`tierax.hardware.tpu_tiling.tiled_dims_bytes`); else its
         logical bytes."""
-        if not self.tiled or len(self.dims) < 2 or len(self.minor_to_major) != len(self.dims):
+        if not self.tiled or len(self.minor_to_major) != len(self.dims):
             return self.nbytes
         from tierax.hardware import tpu_tiling
 
