@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Where a step's time goes, op by op, from a `tierax profile` trace: every complete event of the
+device's op lines summed by name (total and count, a sample of its arguments), the largest first,
+and the same summed by op kind (the name without its instance number: `fusion.358` → `fusion`,
+`splash_mha_fwd_no_residuals.7` → `splash_mha_fwd_no_residuals`).
+
+Question: where do the chip's MoE steps spend the 20–27 ms the model does not predict
+(bench/results/tpu_check.json: moe microbatch 8, every plan 5–12 % slower than predicted), and
+how long does a step's host store wait (the dense planned plan, mlpwi_1 offloaded)?
+
+    tierax profile ... --out DIR          # on the chip
+    python bench/investigations/chip_op_profile.py DIR --out OPS.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import re
+import sys
+from collections import defaultdict
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import _common  # noqa: E402 — the record envelope
+
+from tierax.measure.trace import load_events  # noqa: E402
+
+SCHEMA = "tierax.chip-op-profile/1"
+_INSTANCE = re.compile(r"[._]\d+$")
+
+
+def kind_of(name: str) -> str:
+    """An op's name without its trailing instance numbers (a name that ends otherwise, such as
+    `fusion.358.v_ref`, is a kind of its own)."""
+    base = name
+    while _INSTANCE.search(base):
+        base = _INSTANCE.sub("", base)
+    return base
+
+
+def summarize(events, steps: int, top: int = 60, process: str = "/device:") -> dict:
+    """Per line of a process whose name holds ``process``: total ms per step of each op name (the
+    largest ``top``) and of each kind."""
+    lines: dict = defaultdict(lambda: defaultdict(lambda: [0.0, 0, None]))
+    for e in events:
+        if process not in e.process:
+            continue
+        slot = lines[(e.process, e.thread)][e.name]
+        slot[0] += e.dur_us
+        slot[1] += 1
+        if slot[2] is None:
+            slot[2] = {k: str(v)[:300] for k, v in list(e.args.items())[:8]}
+    out = []
+    for (proc, thread), ops in sorted(lines.items()):
+        total = sum(v[0] for v in ops.values())
+        kinds: dict = defaultdict(float)
+        for name, (us, _, _) in ops.items():
+            kinds[kind_of(name)] += us
+        ranked = sorted(ops.items(), key=lambda kv: -kv[1][0])[:top]
+        out.append(
+            {
+                "process": proc,
+                "thread": thread,
+                "total_ms_per_step": total / steps / 1e3,
+                "ops": [
+                    {"name": n, "ms_per_step": us / steps / 1e3, "count": c / steps, "args": a}
+                    for n, (us, c, a) in ranked
+                ],
+                "kinds": {
+                    k: v / steps / 1e3 for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])
+                },
+            }
+        )
+    return {"steps": steps, "lines": out}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("trace", help="a `tierax profile --out` directory or its trace file")
+    ap.add_argument("--steps", type=int, default=3, help="traced steps (tierax profile --steps)")
+    ap.add_argument("--process", default="/device:", help="lines of processes naming this")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    events, f = load_events(args.trace)
+    doc = _common.envelope(SCHEMA, argv) | summarize(events, args.steps, process=args.process)
+    doc["trace"] = f.name
+    if not doc["lines"]:
+        print(f"no process names {args.process!r}: {sorted({e.process for e in events})}")
+        return 2
+    _common.write_record(args.out, doc)
+    for line in doc["lines"]:
+        print(f"{line['process']} / {line['thread']}: {line['total_ms_per_step']:.2f} ms/step")
+        for k, v in list(line["kinds"].items())[:12]:
+            print(f"   {k:50} {v:8.3f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
