@@ -10,7 +10,13 @@ import jax.numpy as jnp
 
 from tierax import hardware
 from tierax.costmodel import network
-from tierax.costmodel.rates import FUSED_BACKWARD_FLOPS_RATIO, Rates, for_program, matmul_s
+from tierax.costmodel.rates import (
+    FUSED_BACKWARD_FLOPS_RATIO,
+    Rates,
+    for_program,
+    indexed_s,
+    matmul_s,
+)
 from tierax.hardware import cudnn, libtpu
 from tierax.tracing import hbm
 from tierax.tracing.inventory import Inventory
@@ -111,9 +117,16 @@ def _compute(prog: Program, rates: Rates, tiled: bool) -> tuple[float, float, fl
         3.0 * (sum(g.forward_flops_per_layer * g.num_layers for g in inv.groups) + head_flops)
         + loss_recompute
     )
-    hbm_s = (
-        hbm.step_fixed_bytes(inv) / rates.hbm_bytes_per_s
-    )  # non-matmul work, not overlapped with matmuls
+    # non-matmul work, not overlapped with matmuls: the bytes at HBM bandwidth, and the layers'
+    # gathers and scatters beyond them where the target prices those (terms.indexed_s)
+    hbm_s = hbm.step_fixed_bytes(inv) / rates.hbm_bytes_per_s + sum(
+        (
+            indexed_s(g.forward_indexed_per_layer, rates)
+            + indexed_s(g.backward_indexed_per_layer, rates)
+        )
+        * g.num_layers
+        for g in inv.groups
+    )
     # fp8 GEMMs (quantization: fp8): the traced share of each layer's forward matmul FLOPs whose
     # operands are fp8, forward and backward, at the target's fp8 rate (none: the compute dtype's
     # rate, as emulated fp8 runs)

@@ -223,6 +223,20 @@ class LinearTerms:
             x[self.X + j] = (part.group, part.kind) in offloaded
         return x
 
+    def own_store_excess(self) -> tuple[Row, ...]:
+        """Per group: the seconds by which its offloaded items' stores outlast their own windows
+        (:func:`tierax.costmodel.terms.store_window_s`), item by item — linear in the plan; with
+        the group's ``d2h_s`` less its window, the larger is what its stores expose
+        (:func:`tierax.costmodel.terms.exposed_stores`)."""
+        out = []
+        for g in self.groups:
+            coef = np.zeros(self.size)
+            for k, it in enumerate(self.items):
+                if it.group == g.name and it.d2h_s > it.d2h_window_s:
+                    coef[self.O + k] = it.d2h_s - it.d2h_window_s
+            out.append(Row(coef))
+        return tuple(out)
+
     def state_cost(self, x: np.ndarray) -> state_cm.StateCost:
         """What the state placements of ``x`` add (:class:`tierax.costmodel.state.StateCost`):
         each group's copies exposed beyond its update's (the accumulator's: its additions') time,

@@ -98,7 +98,11 @@ def evaluate_terms(
     # each group's copies exposed beyond the compute they hide under; on a TPU whose step peaks
     # above its scheduler's limit, the loads wait where they are consumed (none hidden)
     serialized = copies_serialized(rates, micro_phase)
-    exposed_d2h = sum(max(0.0, t.d2h_s[i].at(x) - g.d2h_window_s) for i, g in enumerate(t.groups))
+    # (terms.exposed_stores: beyond the group's forward or beyond each store's own window)
+    own = t.own_store_excess()
+    exposed_d2h = sum(
+        max(0.0, t.d2h_s[i].at(x) - g.d2h_window_s, own[i].at(x)) for i, g in enumerate(t.groups)
+    )
     exposed_h2d = sum(
         max(0.0, t.h2d_s[i].at(x) - (0.0 if serialized else g.h2d_window_s))
         for i, g in enumerate(t.groups)

@@ -162,6 +162,15 @@ class Rates:
     # step's host copies (SCHEDULER_MEMORY_FRACTION of the limit); a step whose peak is above it
     # gets its prefetches serialized (costmodel.predict).  0: not modelled.
     scheduler_limit_bytes: int = 0
+    # TPU targets: whether a layer's stores hide only under the part of its forward XLA:TPU's
+    # in-place carry leaves them (tierax.costmodel.terms.store_window_s); False: under the whole
+    # forward of their group.
+    store_windows_by_name: bool = False
+    # TPU targets measured so: seconds per index of a gather or scatter, and the bytes per second
+    # a scatter writes its updates at (XLA:TPU runs both far below HBM bandwidth;
+    # tierax.tracing.hbm.phase_indexed counts them); 0: priced as their bytes alone.
+    index_op_s: float = 0.0
+    scatter_bytes_per_s: float = 0.0
 
     def matmul_rate_at(self, dim: float) -> float:
         """The GEMM rate of a matmul whose smallest dimension is ``dim``: piecewise linear in
@@ -501,6 +510,12 @@ def _tpu_rates(target: str, dtype: str, spec, cal: dict) -> Rates:
     fp8 = cal.get("matmul_flops_per_s_fp8", chip.fp8)
     if "matmul_flops_per_s_fp8" in cal:
         sources["fp8_matmul"] = measured
+    index_s = cal.get("index_op_s", chip.index_op_s)
+    scatter = cal.get("scatter_bytes_per_s", chip.scatter_bytes_per_s)
+    if "index_op_s" in cal:
+        sources["indexed"] = f"{measured}: an element gather per index, row scatter-adds"
+    elif not index_s:
+        sources["indexed"] = "not measured on this generation: gathers and scatters at their bytes"
     sources["memory_limit"] = spec.xla_hbm_limit_source
     sources["copy_overlap_limit"] = SCHEDULER_SOURCE
     tpu_lib = libtpu.installed_version()
@@ -528,6 +543,9 @@ def _tpu_rates(target: str, dtype: str, spec, cal: dict) -> Rates:
         matmul_size_rates=size_rates,
         fp8_by_size=bool(fp8) and "matmul_flops_per_s_fp8" not in cal,
         fused_attention_table=table,
+        store_windows_by_name=True,
+        index_op_s=index_s,
+        scatter_bytes_per_s=scatter,
         scheduler_limit_bytes=int(
             SCHEDULER_MEMORY_FRACTION
             * (spec.xla_hbm_limit_bytes or spec.device_memory_bytes)
@@ -646,6 +664,16 @@ def _measured_attention(rates: Rates, seq: int, head_dim: int) -> Rates:
         fused_attention_table=(),
         sources=sources,
     )
+
+
+def indexed_s(indexed: tuple, rates: Rates) -> float:
+    """Seconds of gathers and scatters given as (indices, scattered bytes)
+    (:func:`tierax.tracing.hbm.phase_indexed`) beyond their bytes at HBM bandwidth: a cost per
+    index and the scattered bytes at the scatter rate, where the target has them
+    (:attr:`Rates.index_op_s`, :attr:`Rates.scatter_bytes_per_s`; 0: none)."""
+    n, scattered = indexed
+    rate = rates.scatter_bytes_per_s
+    return n * rates.index_op_s + (scattered / rate if rate else 0.0)
 
 
 def matmul_s(

@@ -4,12 +4,13 @@ the staging and overlap each schedule and mechanism allows."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tierax import names as N
 from tierax import plan as plan_lib
 from tierax.costmodel import network
-from tierax.costmodel.rates import Rates, fused_attention_s, matmul_s
+from tierax.costmodel.rates import Rates, fused_attention_s, indexed_s, matmul_s
 from tierax.models.prefetch import host_slots, stored_in_own_layer
 from tierax.tracing.inventory import Inventory
 
@@ -87,6 +88,9 @@ class ItemTerms:
     # the part of recompute_s that a fused attention kernel takes
     recompute_attention_s: float = 0.0
     host_bytes: int = 0  # if offloaded (:func:`offload_host_bytes`)
+    # the compute its own stores can hide under (all layers; :func:`store_window_s`), inf: only
+    # its group's window bounds it
+    d2h_window_s: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,47 @@ class GroupTerms:
     # forward collectives take
     base_recompute_attention_s: float = 0.0
     base_recompute_collective_s: float = 0.0
+
+
+def store_window_s(a, g, rates: Rates, mechanism: str) -> float:
+    """Compute seconds (all layers) that the stores of offloaded ``a`` (of group inventory ``g``)
+    can hide under, where XLA bounds them by the layer's structure (TPU targets,
+    :attr:`Rates.store_windows_by_name`, under tierax's prefetching scan on a whole group).
+
+    XLA:TPU updates a layer's value in place in the scan's carry, so a store issued in the layer
+    that makes the value (:func:`tierax.models.prefetch.stored_in_own_layer`) ends with that
+    iteration — it hides under the layer's forward after the value is made — and a store issued a
+    layer later starts with the next iteration and ends before that iteration makes the value
+    again — it hides under the forward before it (XLA's own schedule in a deviceless compile:
+    bench/results/tpu_copy_schedule.json; the stores' waits on the chip:
+    bench/results/chip/profiles).  The forward's non-matmul seconds are split in the matmul
+    FLOPs' proportion.  inf where nothing but the group's forward bounds them."""
+    if mechanism != "prefetch" or plan_lib.is_segment(g.name) or not rates.store_windows_by_name:
+        return math.inf
+    f8, dims = g.fp8_flops_share, g.matmul_min_dim_shares
+    F, Fa = g.forward_flops_per_layer, g.fused_attention_flops_per_layer
+    hbm_s = g.forward_hbm_bytes_per_layer / rates.hbm_bytes_per_s
+    hbm_s += indexed_s(g.forward_indexed_per_layer, rates)
+    layer = matmul_s(F, Fa, rates, fp8_share=f8, min_dim_shares=dims) + hbm_s
+
+    def upto(flops: float, fused: float) -> float:  # forward seconds up to that point
+        return matmul_s(flops, fused, rates, fp8_share=f8, min_dim_shares=dims) + hbm_s * (
+            flops / F if F else 0.0
+        )
+
+    if stored_in_own_layer(a.name):  # from the value's making to the layer's end
+        per_layer = layer - upto(a.flops_made_per_layer, a.fused_flops_made_per_layer)
+    else:  # from the next layer's start to where it writes the value again
+        per_layer = upto(a.flops_before_per_layer, a.fused_flops_before_per_layer)
+    return max(0.0, per_layer) * g.num_layers
+
+
+def exposed_stores(items, g) -> float:
+    """Store seconds of offloaded ``items`` (:class:`ItemTerms` of group ``g``) that no compute
+    hides: beyond the group's forward, or beyond each item's own window, whichever is more."""
+    over_group = sum(i.d2h_s for i in items) - g.d2h_window_s
+    over_own = sum(max(0.0, i.d2h_s - i.d2h_window_s) for i in items)
+    return max(0.0, over_group, over_own)
 
 
 def item_terms(
@@ -153,6 +198,7 @@ def item_terms(
                     offload_host_bytes(
                         g.name, a.name, a.held_bytes_per_layer, g.num_layers, mechanism
                     ),
+                    store_window_s(a, g, rates, mechanism),
                 )
             )
     return out
@@ -175,10 +221,12 @@ def group_terms(
         fwd = (
             matmul_s(F, Fa, rates, fp8_share=f8, min_dim_shares=dims)
             + g.forward_hbm_bytes_per_layer / hb
+            + indexed_s(g.forward_indexed_per_layer, rates)
         ) * L
         bwd = (
             matmul_s(F, Fa, rates, backward=True, fp8_share=f8, min_dim_shares=dims)
             + g.backward_hbm_bytes_per_layer / hb
+            + indexed_s(g.backward_indexed_per_layer, rates)
         ) * L
         base = (
             matmul_s(

@@ -183,12 +183,15 @@ def build_milp(
 
     for k in range(n):  # exactly one placement per activation
         add({D + k: 1, O + k: 1, R + k: 1}, 1, 1)
+    own_excess = t.own_store_excess()
     for gi, g in enumerate(groups):
         for k, it in enumerate(items):  # z_g ≤ d_k: keeping the unnamed needs every name kept
             if it.group == g.name:
                 add({Z + gi: 1, D + k: -1}, -np.inf, 0)
         # the group's copies beyond their windows, and its staging
         at_least(t.d2h_s[gi].plus(-g.d2h_window_s), ED + gi, 1 / scale)
+        if own_excess[gi].coef.any():  # e_d2h ≥ each store's excess over its own window
+            at_least(own_excess[gi], ED + gi, 1 / scale)
         if sched_limit:  # e_h2d ≥ loads − window · W
             h2d = t.h2d_s[gi]
             add(
@@ -436,8 +439,8 @@ def _best_split(
 
 
 def _exposed(items, g) -> float:
-    d2h, h2d = sum(i.d2h_s for i in items), sum(i.h2d_s for i in items)
-    return max(0.0, d2h - g.d2h_window_s) + max(0.0, h2d - g.h2d_window_s)
+    h2d = sum(i.h2d_s for i in items)
+    return cm.exposed_stores(items, g) + max(0.0, h2d - g.h2d_window_s)
 
 
 def _explain(

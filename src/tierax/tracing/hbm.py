@@ -363,6 +363,42 @@ def phase_bytes(closed_jaxpr, weight_ways: dict | None = None) -> tuple[float, f
     return totals[0], totals[1]
 
 
+INDEXED = frozenset({"gather"}) | frozenset(k for k in IN_PLACE if k.startswith("scatter"))
+
+
+def phase_indexed(closed_jaxpr) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Per phase (before :func:`marker`, after it): (indices, scattered bytes) of the gathers and
+    scatters executed — each index of a gather or scatter (a row or an element looked up or
+    updated), and the update bytes each scatter writes.  XLA:TPU runs these at a cost per index and
+    scatters below HBM bandwidth, not at the bytes the fusions move
+    (:attr:`tierax.costmodel.rates.Rates.index_op_s`)."""
+    j = getattr(closed_jaxpr, "jaxpr", closed_jaxpr)
+    out = [[0.0, 0.0], [0.0, 0.0]]
+    phase = 0
+    for top in j.eqns:
+        if top.primitive.name == "optimization_barrier" and phase == 0:
+            phase = 1  # the marker (as phase_bytes splits the trace)
+        inner = int(top.params["length"]) if top.primitive.name == "scan" else 1
+        nested = (
+            ()
+            if top.primitive.name in INDEXED  # a scatter's update_jaxpr: its combiner
+            else (
+                e
+                for sub in jaxprs_in_params(top.params)
+                for e in jaxpr_tools._walk(getattr(sub, "jaxpr", sub), inner, ())
+            )
+        )
+        for eqn, mult, *_ in ((top, 1), *nested):
+            if eqn.primitive.name not in INDEXED or len(eqn.invars) < 2:
+                continue
+            shape = tuple(eqn.invars[1].aval.shape)
+            out[phase][0] += mult * math.prod(shape[:-1])
+            if eqn.primitive.name != "gather" and len(eqn.invars) > 2:
+                aval = eqn.invars[2].aval
+                out[phase][1] += mult * math.prod(aval.shape) * aval.dtype.itemsize
+    return (out[0][0], out[0][1]), (out[1][0], out[1][1])
+
+
 def _is_weight_gradient(params: dict, lhs_aval, rhs_aval) -> bool:
     """xᵀ·dy: both operands contracted over the same leading dimensions, no batch dimensions."""
     (lc, rc), (lb, rb) = params["dimension_numbers"]
@@ -502,15 +538,16 @@ def layer_bytes(layer_fn, x, params, weight_ways: dict | None = None) -> tuple[f
 
 def layer_traffic(
     layer_fn, x, params, weight_ways: dict | None = None
-) -> tuple[tuple[float, float], tuple[float, float], dict]:
-    """From one trace: :func:`layer_bytes` with whole weights, the same with ``weight_ways``, and
-    the layer's :func:`transposed_reads` (the layer input a residual: a scan saves it per
-    layer)."""
+) -> tuple[tuple[float, float], tuple[float, float], dict, tuple]:
+    """From one trace: :func:`layer_bytes` with whole weights, the same with ``weight_ways``, the
+    layer's :func:`transposed_reads` (the layer input a residual: a scan saves it per layer) and
+    its :func:`phase_indexed`."""
     jaxpr = _layer_trace(layer_fn, x, params)
     return (
         phase_bytes(jaxpr),
         phase_bytes(jaxpr, weight_ways),
         transposed_reads(jaxpr, residual_inputs=1),
+        phase_indexed(jaxpr),
     )
 
 

@@ -94,6 +94,13 @@ class Activation:
     # The value's logical bytes per layer (its traced shape's) where its layer stack takes more
     # (``bytes_per_layer``: a TPU's tiled layout, tierax.hardware.tpu_tiling); 0: the same bytes.
     logical_bytes_per_layer: int = dataclasses.field(default=0, metadata=PER_MICROBATCH)
+    # The layer's forward matmul FLOPs run before the value is first made (of them, those in a
+    # fused attention kernel), and before the work that writes it begins: where in its layer a
+    # store of it can start or must end (tierax.costmodel.terms.store_window_s).
+    flops_made_per_layer: float = dataclasses.field(default=0.0, metadata=PER_MICROBATCH)
+    fused_flops_made_per_layer: float = dataclasses.field(default=0.0, metadata=PER_MICROBATCH)
+    flops_before_per_layer: float = dataclasses.field(default=0.0, metadata=PER_MICROBATCH)
+    fused_flops_before_per_layer: float = dataclasses.field(default=0.0, metadata=PER_MICROBATCH)
 
     @property
     def total_bytes(self) -> int:
@@ -148,6 +155,12 @@ class GroupInventory:
     forward_hbm_bytes_per_layer: float = 0.0
     backward_hbm_bytes_per_layer: float = 0.0
     base_recompute_hbm_bytes_per_layer: float = 0.0
+    # The forward's and the backward's gathers and scatters as (indices, scattered bytes)
+    # (tierax.tracing.hbm.phase_indexed), which XLA:TPU runs below HBM bandwidth.  Not counted
+    # in a recomputation: XLA:TPU runs a MoE layer's as often under remat-full as under minimal
+    # (bench/results/chip/profiles: moe_remat_full_ops.json, moe_minimal_ops.json).
+    forward_indexed_per_layer: tuple = (0.0, 0.0)
+    backward_indexed_per_layer: tuple = (0.0, 0.0)
     # Elements XLA:CPU's slow transposing fusions read per layer
     # (tierax.tracing.hbm.transposed_reads):
     # rows a multiple of 4 KiB apart (aliased) and the others (spread).
@@ -264,8 +277,8 @@ def _residual_bytes(layer_fn, x, params, policy, param_shapes) -> int:
 def _remat_flops(layer_fn, x, params, policy, weightless=None) -> tuple[float, float, float, float]:
     """Matmul FLOPs of the forward plus the linearized (JVP) layer under ``policy`` (None: no
     checkpoint), the non-matmul HBM bytes of its tangent part (the recomputation is in it:
-    :mod:`tierax.tracing.hbm`),
-    and the FLOPs of the first figure that run inside a fused attention kernel.
+    :mod:`tierax.tracing.hbm`), the FLOPs of the first figure that run inside a fused attention
+    kernel, and the HBM bytes without the weights' own work.
 
     Only differences between policies are used: they equal the gradient's (the recomputation that
     the policy's partial evaluation puts in the backward; transposing the linear part changes no
@@ -314,6 +327,7 @@ def layer_inventory(
     fwd = jax.make_jaxpr(layer_fn)(x, params)
     per_name: dict[str, int] = defaultdict(int)
     logical: dict[str, int] = defaultdict(int)
+    before = jaxpr_tools.flops_before_names(fwd, scope=FUSED_SCOPE)
     for v in jaxpr_tools.named_values(fwd):
         stacked = v.nbytes if stacked_bytes is None else stacked_bytes(v.shape, v.dtype)
         per_name[v.name] += stacked * v.count
@@ -357,7 +371,7 @@ def layer_inventory(
             max(0.0, fused - fused_named),
         )
         weight_share[n] = min(costs[n][1], max(0.0, (hbm_bytes - hbm0) - (hbm_named - hbm0_named)))
-    (fwd_hbm, bwd_hbm), (fwd0, bwd0), transposed = hbm.layer_traffic(
+    (fwd_hbm, bwd_hbm), (fwd0, bwd0), transposed, (fwd_idx, bwd_idx) = hbm.layer_traffic(
         layer_fn, x, params, weightless
     )
     base = max(0.0, hbm_named - hbm_none)
@@ -379,6 +393,10 @@ def layer_inventory(
             residual=residual[n],
             read_in_place=n in written_names,
             logical_bytes_per_layer=logical[n] if logical[n] != per_name[n] else 0,
+            flops_made_per_layer=before[n][0],
+            fused_flops_made_per_layer=before[n][1],
+            flops_before_per_layer=before[n][2],
+            fused_flops_before_per_layer=before[n][3],
         )
         for n in names
     )
@@ -396,6 +414,8 @@ def layer_inventory(
         forward_hbm_bytes_per_layer=fwd_hbm,
         backward_hbm_bytes_per_layer=bwd_hbm,
         base_recompute_hbm_bytes_per_layer=max(0.0, hbm_named - hbm_none),
+        forward_indexed_per_layer=fwd_idx,
+        backward_indexed_per_layer=bwd_idx,
         transposed_always_elems_per_layer=spread["always"],
         transposed_residual_elems_per_layer=spread["residual"],
         transposed_carry_elems_per_layer=spread["carry"],
@@ -712,7 +732,13 @@ def _unfused(gi: GroupInventory) -> GroupInventory:
         fused_attention_flops_per_layer=0.0,
         base_recompute_fused_flops_per_layer=0.0,
         activations=tuple(
-            dataclasses.replace(a, recompute_fused_flops_per_layer=0.0) for a in gi.activations
+            dataclasses.replace(
+                a,
+                recompute_fused_flops_per_layer=0.0,
+                fused_flops_made_per_layer=0.0,
+                fused_flops_before_per_layer=0.0,
+            )
+            for a in gi.activations
         ),
     )
 

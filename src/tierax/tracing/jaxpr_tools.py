@@ -119,6 +119,47 @@ def matmul_flops(closed_jaxpr, *, scope: str | None = None) -> int:
     return total
 
 
+def _eqn_matmul_flops(eqn) -> int:
+    prim = eqn.primitive.name
+    if prim == "dot_general":
+        return dot_general_flops(eqn)
+    if prim in RAGGED_DOTS:
+        return ragged_dot_flops(eqn)
+    if prim in BLOCK_SCALED_DOTS:
+        return block_scaled_flops(eqn)
+    return 0
+
+
+def flops_before_names(
+    closed_jaxpr, *, scope: str
+) -> dict[str, tuple[float, float, float, float]]:
+    """Per checkpoint name, the matmul FLOPs executed, in the trace's order (a layer's forward),
+    before its first value is tagged and before the work that writes it begins, each as (all, of
+    them those under a name scope containing ``scope``): ``(after, after_in_scope, before,
+    before_in_scope)``.  The work that writes a value: the matmul it comes from, through any
+    one-input steps after it (a cast, a reshape), else the step that makes it."""
+    out: dict[str, tuple[float, float, float, float]] = {}
+    total = in_scope = 0.0
+    made: dict = {}  # var → (total, in_scope) before the work that writes it
+    for eqn, mult, here in _walk(_jaxpr(closed_jaxpr), 1, ()):
+        if eqn.primitive.name == "name":
+            v = eqn.invars[0]
+            at = made.get(v, (total, in_scope)) if not hasattr(v, "val") else (total, in_scope)
+            out.setdefault(eqn.params["name"], (total, in_scope, *at))
+            for o in eqn.outvars:
+                made[o] = at
+            continue
+        flops = mult * _eqn_matmul_flops(eqn)
+        ins = [v for v in eqn.invars if not hasattr(v, "val")]
+        at = made.get(ins[0], (total, in_scope)) if not flops and len(ins) == 1 else None
+        for o in eqn.outvars:
+            made[o] = at or (total, in_scope)
+        total += flops
+        if flops and any(scope in s for s in here):
+            in_scope += flops
+    return out
+
+
 def gemm_min_dim(eqn) -> int | None:
     """The smallest of a matmul equation's M, K and N (per batch element; a grouped matmul's M is
     its rows per group on average): how often each element it loads is reused, what a CPU GEMM's
