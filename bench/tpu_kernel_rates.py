@@ -40,8 +40,10 @@ CHIP_SCHEMA = "tierax.tpu-check/1"
 DOCS_MARKER = "tpu-kernel-rates"
 RECORD = "tpu_kernel_rates.json"
 MEASURED = _common.RESULTS / "chip" / "tpu_check_first.json"
-HOST_LINK = _common.RESULTS / "tpu_check.json"
+HOST_LINK = _common.RESULTS / "chip" / "tpu_check_third.json"
 PUBLISHED = ROOT / "bench" / "data" / "tpu_published_rates.yaml"
+INDEXED = _common.RESULTS / "chip" / "tpu_indexed.json"
+INDEXED_SCHEMA = "tierax.tpu-indexed/1"
 DATA_FILE = SRC / "tierax" / "hardware" / "tpu_kernel_rates.json"
 PLOT = ROOT / "docs" / "results" / "tpu-kernel-rates.png"
 # What the issue asks the table to cover (issue 67): splash by sequence 2k-32k and head dim 64, 128,
@@ -62,6 +64,34 @@ def _chip_record(path: str | pathlib.Path) -> dict:
     if doc.get("schema") != CHIP_SCHEMA or "calibration" not in doc:
         raise ValueError(f"{path}: not a chip-check record with a calibration ({CHIP_SCHEMA})")
     return doc
+
+
+def indexed_record(path: str | pathlib.Path) -> dict:
+    """A ``bench/tpu_indexed.py`` record made on a TPU, as the data file's gather and scatter
+    rates with the record that measured them."""
+    doc = json.loads(pathlib.Path(path).read_text(encoding="utf-8"))
+    if doc.get("schema") != INDEXED_SCHEMA:
+        raise ValueError(f"{path}: not a bench/tpu_indexed.py record ({INDEXED_SCHEMA})")
+    dev = doc.get("device", {})
+    if dev.get("platform") != "tpu":
+        raise ValueError(
+            f"{path}: measured on {dev.get('platform')!r}, not a TPU; run bench/tpu_indexed.py "
+            "on the chip"
+        )
+    r = doc["indexed"]
+    return {
+        "index_op_s": r["index_op_s"],
+        "scatter_bytes_per_s": r["scatter_bytes_per_s"],
+        "gather": r["gather"],
+        "scatters": r["scatters"],
+        "from": {
+            "record": _rel(path),
+            "command": doc["command"],
+            "created": doc["created"],
+            "device_kind": dev.get("device_kind"),
+            "jax": doc.get("jax_version"),
+        },
+    }
 
 
 def _provenance(doc: dict, path: str | pathlib.Path) -> dict:
@@ -229,6 +259,17 @@ def package_data(rates: dict) -> dict:
         ],
         "nonmatmul_bytes_per_s": rates["nonmatmul"]["bytes_per_s"],
         "host_link_bytes_per_s": link["d2h_bytes_per_s"],
+        **(
+            {
+                "index_op_s": rates["indexed"]["index_op_s"],
+                "scatter_bytes_per_s": rates["indexed"]["scatter_bytes_per_s"],
+                "indexed_measured_by": "{command} ({record}, {created})".format(
+                    **rates["indexed"]["from"]
+                ),
+            }
+            if rates.get("indexed")
+            else {}
+        ),
         "published_gemm": {
             t: {"source": p["gemm"]["source"], "by_size": p["gemm"]["flops_per_s_by_size"]}
             for t, p in rates.get("published", {}).items()
@@ -451,6 +492,13 @@ def main(argv=None) -> int:
         help=f"the chip-check record whose run measured the host link (default: {_rel(HOST_LINK)})",
     )
     ap.add_argument(
+        "--indexed",
+        metavar="CHIP.json",
+        default=None,
+        help="the bench/tpu_indexed.py record of the gathers' and scatters' rates on the chip "
+        f"(default: {_rel(INDEXED)} where it exists)",
+    )
+    ap.add_argument(
         "--published",
         metavar="FILE.yaml",
         default=str(PUBLISHED),
@@ -472,6 +520,9 @@ def main(argv=None) -> int:
         rates = extract(
             measured, args.measured, host, args.host_link, published_rates(args.published)
         )
+        indexed = args.indexed or (str(INDEXED) if INDEXED.exists() else None)
+        if indexed:
+            rates["indexed"] = indexed_record(indexed)
     except (OSError, ValueError, KeyError) as e:
         ap.error(f"cannot extract the rates: {e}")
     doc = _common.envelope(SCHEMA, argv) | {

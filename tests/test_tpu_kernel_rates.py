@@ -48,13 +48,15 @@ def _script():
 def _extracted() -> tuple:
     mod = _script()
     k, h = RATES["kernels_from"]["record"], RATES["host_link_from"]["record"]
-    return mod, mod.extract(
+    rates = mod.extract(
         mod._chip_record(ROOT / k),
         ROOT / k,
         mod._chip_record(ROOT / h),
         ROOT / h,
         mod.published_rates(),
     )
+    rates["indexed"] = mod.indexed_record(ROOT / RATES["indexed"]["from"]["record"])
+    return mod, rates
 
 
 def _prog(seq: int, head_dim: int) -> SimpleNamespace:
@@ -76,6 +78,26 @@ def test_the_record_and_the_package_data_are_what_the_script_extracts_from_the_c
         for c in RATES["splash"]
     ] == chip["splash_attention"]
     assert RATES["kernels_from"]["device_kind"] == "TPU v5 lite" and RATES["target"] == "v5e"
+    # the gathers' and scatters' rates as bench/tpu_indexed.py measured them on the chip
+    idx = json.loads((ROOT / RATES["indexed"]["from"]["record"]).read_text())
+    assert idx["device"]["device_kind"] == "TPU v5 lite"
+    assert tpu_rates.data()["index_op_s"] == idx["indexed"]["index_op_s"]
+    assert tpu_rates.data()["scatter_bytes_per_s"] == idx["indexed"]["scatter_bytes_per_s"]
+
+
+def test_gather_and_scatter_rates_of_a_cpu_run_are_refused(tmp_path):
+    """A bench/tpu_indexed.py record made off the chip (its CPU rehearsal) never becomes a TPU
+    default: the extraction says where it was measured and how to measure it on the chip."""
+    mod = _script()
+    doc = json.loads((ROOT / RATES["indexed"]["from"]["record"]).read_text())
+    doc["device"]["platform"] = "cpu"
+    bad = tmp_path / "cpu.json"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="measured on 'cpu', not a TPU.*on the chip"):
+        mod.indexed_record(bad)
+    assert tpu_rates.for_target(hardware.TPU_TARGETS["v5p"], "bfloat16").index_op_s == 0.0
+    v5e = tpu_rates.for_target(hardware.TPU_TARGETS["v5e"], "bfloat16")
+    assert v5e.index_op_s == doc["indexed"]["index_op_s"] and "per index" in v5e.sources["indexed"]
 
 
 def test_the_record_says_what_it_did_not_measure():

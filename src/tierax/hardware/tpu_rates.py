@@ -9,11 +9,12 @@ fitted to a training run.  Each rate is held as an *efficiency*: the measured ra
 measuring chip's datasheet figure (its dense bf16 peak, its HBM bandwidth).  The measuring
 generation takes its own rates back; every other TPU target takes those efficiencies times its own
 datasheet figure, an assumption the rates' sources state (no chip of that generation measured).
-The host link is the measuring chip's own rate on that generation only (no per-generation figure
-to scale it by).  Where Google published a generation's GEMM rates by size (the data file's
-``published_gemm``, copied from ``bench/data/tpu_published_rates.yaml``), that generation's
-GEMMs take its own published large-GEMM share (:func:`large_gemm_rate`) in place of the measuring
-chip's, and the measured shares by smallest dimension keep their shape under it.
+The host link and the gathers' and scatters' rates are the measuring chip's own on that generation
+only (no per-generation figure to scale them by).  Where Google published a generation's GEMM
+rates by size (the data file's ``published_gemm``, copied from
+``bench/data/tpu_published_rates.yaml``), that generation's GEMMs take its own published
+large-GEMM share (:func:`large_gemm_rate`) in place of the measuring chip's, and the measured
+shares by smallest dimension keep their shape under it.
 
 ``tierax.costmodel.rates.target_rates`` reads :func:`for_target` when no ``tierax calibrate`` file
 measured the target.
@@ -52,6 +53,10 @@ class TpuKernelRates:
     host_link: float  # per direction; 0: none measured on this generation
     fp8: float  # fp8 GEMMs at a step's shapes; 0: the target has no fp8 peak
     sources: dict
+    # gathers and scatters (tierax.measure.accel_rates.indexed_rates): seconds per index and the
+    # bytes per second a scatter writes; 0: none measured on this generation
+    index_op_s: float = 0.0
+    scatter_bytes_per_s: float = 0.0
 
 
 def _pct(x: float) -> str:
@@ -130,6 +135,14 @@ def for_target(spec, dtype: str) -> TpuKernelRates:
             f"{host / 1e9:.2f} GB/s per direction through the step's offload path (a round trip "
             f"through a prefetching layer scan) measured on {chip}"
         )
+    index_s = scatter = 0.0
+    if same and d.get("index_op_s"):
+        index_s, scatter = d["index_op_s"], d["scatter_bytes_per_s"]
+        sources["indexed"] = (
+            f"gathers and scatters at {index_s * 1e9:.2f} ns per index, scatters writing at "
+            f"{scatter / 1e9:.0f} GB/s beyond it, measured on {chip} "
+            f"({d['indexed_measured_by']})"
+        )
     share = top_eff * gemm_scale  # the large GEMMs' share of the peak on this target
     if published:
         sources["matmul"] = (
@@ -162,4 +175,6 @@ def for_target(spec, dtype: str) -> TpuKernelRates:
         host_link=host,
         fp8=fp8,
         sources=sources,
+        index_op_s=index_s,
+        scatter_bytes_per_s=scatter,
     )

@@ -172,6 +172,47 @@ def nearest_splash(table: Sequence[dict], seq: int, head_dim: int) -> dict:
     )
 
 
+# Gathers and scatters as an MoE layer's routing runs them (tierax.models.moe at 16k tokens, top-2
+# of 8 experts): element lookups of 65,536 indices into a 32,768-long vector, and bf16 rows of 1024
+# scatter-added by index — as many rows into a buffer 4 × larger (a dispatch) and 4 × as many
+# into one as large as the rows' tokens (a combine's gradient).
+INDEX_LOOKUPS, INDEX_SOURCE = 65536, 32768
+SCATTER_CASES = ((16384, 65536), (65536, 16384))  # (update rows, buffer rows)
+SCATTER_WIDTH = 1024
+
+
+def indexed_rates(calls: int = 20) -> dict:
+    """XLA's gathers and scatters as a step runs them: the seconds per index of an element gather
+    (its bytes negligible), and the bytes per second a row scatter-add writes its updates at once
+    its indices' cost (the gather's per index) is taken out — over the scatter cases together.
+    :func:`tierax.costmodel.rates.indexed_s` prices a step's gathers and scatters with them
+    (:func:`tierax.tracing.hbm.phase_indexed` counts them)."""
+    k = jax.random.split(jax.random.key(7), 3)
+    src = jax.random.randint(k[0], (INDEX_SOURCE,), 0, 1 << 20, jnp.int32)
+    idx = jax.random.randint(k[1], (INDEX_LOOKUPS,), 0, INDEX_SOURCE, jnp.int32)
+    gather_s = back_to_back(jax.jit(lambda s, i: s[i]), (src, idx), calls)
+    per_index = gather_s / INDEX_LOOKUPS
+    runs, total_bytes, total_s = [], 0.0, 0.0
+    for rows, out_rows in SCATTER_CASES:
+        upd = jax.random.normal(k[2], (rows, SCATTER_WIDTH), jnp.bfloat16)
+        at = jax.random.randint(k[1], (rows,), 0, out_rows, jnp.int32)
+
+        def scatter(u, i, out_rows=out_rows):
+            return jnp.zeros((out_rows, SCATTER_WIDTH), u.dtype).at[i].add(u)
+
+        t = back_to_back(jax.jit(scatter), (upd, at), calls)
+        nbytes = rows * SCATTER_WIDTH * 2
+        runs.append({"update_rows": rows, "buffer_rows": out_rows, "width": SCATTER_WIDTH, "s": t})
+        total_bytes += nbytes
+        total_s += max(t - rows * per_index, 1e-12)
+    return {
+        "gather": {"indices": INDEX_LOOKUPS, "source": INDEX_SOURCE, "s": gather_s},
+        "scatters": runs,
+        "index_op_s": per_index,
+        "scatter_bytes_per_s": total_bytes / total_s,
+    }
+
+
 def _link_layer(x, w):
     from tierax.models.tags import tag
 

@@ -239,6 +239,12 @@ def measure_tpu(progress: Callable[[str], None] | None = None, *, splash_cases=N
         [r["seq"], r["head_dim"], r["fwd_flops_per_s"], r["bwd_flops_per_s"]] for r in table
     ]
     done("splash attention")
+    if dev.platform == "tpu":  # XLA:TPU's gathers and scatters, priced apart from their bytes
+        idx = accel_rates.indexed_rates()
+        micro["indexed"] = idx
+        entry["index_op_s"] = idx["index_op_s"]
+        entry["scatter_bytes_per_s"] = idx["scatter_bytes_per_s"]
+        done("gathers and scatters")
     link = accel_rates.step_link_rates()  # one rate both ways: the round trip's
     micro["host_link"] = link
     for way in ("d2h", "h2d"):
