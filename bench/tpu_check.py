@@ -190,6 +190,18 @@ def calibrate_here(tiny: bool) -> dict:
     if link["d2h_bytes_per_s"] and link["h2d_bytes_per_s"]:
         entry["d2h_bytes_per_s"] = link["d2h_bytes_per_s"]
         entry["h2d_bytes_per_s"] = link["h2d_bytes_per_s"]
+    return measure_indexed(entry, tiny)
+
+
+def measure_indexed(entry: dict, tiny: bool) -> dict:
+    """``entry`` with the gathers' and scatters' rates measured here (an entry from before they
+    were measured has none)."""
+    from tierax.measure import accel_rates
+
+    idx = accel_rates.indexed_rates(calls=3 if tiny else 20)
+    entry["microbenchmarks"] = dict(entry.get("microbenchmarks", {}), indexed=idx)
+    entry["index_op_s"] = idx["index_op_s"]
+    entry["scatter_bytes_per_s"] = idx["scatter_bytes_per_s"]
     return entry
 
 
@@ -204,16 +216,19 @@ def reuse_calibration(record: pathlib.Path, tiny: bool) -> dict:
         else accel_rates.step_link_rates()
     )
     entry["microbenchmarks"] = dict(entry.get("microbenchmarks", {}), host_link=link)
-    entry["rates_from"] = f"{record.name} (host link measured again in this run)"
+    entry["rates_from"] = (
+        f"{record.name} (host link, gathers and scatters measured again in this run)"
+    )
     for way in ("d2h", "h2d"):
         entry.pop(f"{way}_bytes_per_s", None)
         if link[f"{way}_bytes_per_s"]:
             entry[f"{way}_bytes_per_s"] = link[f"{way}_bytes_per_s"]
-    return entry
+    return measure_indexed(entry, tiny)
 
 
 def rate_sets(dtype: str, entry: dict) -> dict:
-    """{"uncalibrated": the v5e datasheet rates, "calibrated": this run's measured ones}."""
+    """{"uncalibrated": the v5e default rates (tierax.hardware.tpu_rates), "calibrated": this
+    run's measured ones}."""
     from tierax import costmodel as cm
 
     return {
