@@ -79,7 +79,7 @@ def test_an_investigation_states_its_question_records_and_the_docs_that_quote_it
     # A field runs on to the next field or blank line: the records may continue on the next line.
     i = lines.index(records[0])
     record_text = " ".join(lines[i : lines.index(docs[0])])
-    named = re.findall(r"bench/results/[\w.\-]+\.json", record_text)
+    named = re.findall(r"bench/results/[\w./\-]+\.json", record_text)
     assert named and all((ROOT / r).is_file() for r in named), named
     pages = [p.strip() for p in docs[0].removeprefix("Docs: ").split(",")]
     script = f"bench/investigations/{path.name}"

@@ -4,17 +4,18 @@ device's op lines summed by name (total and count, a sample of its arguments), t
 and the same summed by op kind (the name without its instance number: `fusion.358` → `fusion`,
 `splash_mha_fwd_no_residuals.7` → `splash_mha_fwd_no_residuals`).
 
-Question: where do the chip's MoE steps spend the 20–27 ms the model does not predict
-(bench/results/tpu_check.json: moe microbatch 8, every plan 5–12 % slower than predicted), and
-how long does a step's host store wait (the dense planned plan, mlpwi_1 offloaded)?
+Question: where do the chip's MoE steps spend the 20–27 ms the model did not predict (every MoE plan
+5–17 % slower than predicted on the v5e chip), and how long does a step wait for its host stores
+(the dense plan that offloads the MLP's up-projection)?
+Records: bench/results/chip/profiles/dense_planned_ops.json
+Docs: docs/concepts/mechanisms.md
 
     tierax profile ... --out DIR          # on the chip
-    python bench/investigations/chip_op_profile.py DIR --out OPS.json
+    python bench/investigations/chip_op_profile.py --trace DIR --out OPS.json
 """
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import re
 import sys
@@ -78,11 +79,12 @@ def summarize(events, steps: int, top: int = 60, process: str = "/device:") -> d
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("trace", help="a `tierax profile --out` directory or its trace file")
+    ap = _common.parser(__doc__, "chip/profiles/ops.json")
+    ap.add_argument(
+        "--trace", required=True, help="a `tierax profile --out` directory or its trace file"
+    )
     ap.add_argument("--steps", type=int, default=3, help="traced steps (tierax profile --steps)")
     ap.add_argument("--process", default="/device:", help="lines of processes naming this")
-    ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     events, f = load_events(args.trace)
     doc = _common.envelope(SCHEMA, argv) | summarize(events, args.steps, process=args.process)
