@@ -16,6 +16,14 @@ How events are classified (the rules the numbers rest on):
   ``memcpy_details`` argument's ``kind_src``/``kind_dst``); other copies and memsets
   (device↔device, peer) are neither; everything else is compute.  Bytes come from
   ``memcpy_details`` (``size:N``) or a ``bytes``/``size`` argument.
+* **TPU** (processes named ``/device:TPU:N``): the ``XLA Ops`` line.  XLA:TPU's trace shows a host
+  copy only as the wait in its ``*-done`` op (the DMA itself is not on the line): a
+  ``dynamic-update-slice-done``/``copy-done`` whose result is in host memory (``S(5)`` in its
+  ``long_name``) is a device→host store, a ``dynamic-slice-done``/``copy-done`` reading host memory
+  a host→device load; its bytes are the slice's (the update's shape, or the result's).  Such a
+  wait is the copy's exposed time and nothing else runs on the core meanwhile, so ``busy_s`` and
+  ``exposed_s`` are the waits, ``overlap_s`` 0, and no bandwidth is reported.  Ops that contain
+  others on the line (``while``, ``conditional``, ``call``) are neither compute nor transfer.
 * **CPU** (no device process): the XLA ops (events with an ``hlo_op`` argument) on the
   host's threads are compute.  There is no separate device memory and XLA:CPU strips
   host-offload annotations, so a CPU trace has no host↔device transfers and none are
@@ -49,12 +57,23 @@ CPU_NOTE = (
     "strips host-offload annotations), so transfer, overlap and bandwidth figures are not "
     "applicable; run on a GPU to measure them"
 )
+TPU_NOTE = (
+    "TPU: XLA:TPU's trace shows each host copy as the wait in its *-done op, not the copy itself: "
+    "transfer and exposed time are those waits (nothing else runs on the core meanwhile), the "
+    "copies' overlap with compute and their bandwidth are not observed"
+)
 _H2D = re.compile(r"memcpy\s*_?(h2d|htod)", re.I)
 _D2H = re.compile(r"memcpy\s*_?(d2h|dtoh)", re.I)
 _OTHER_COPY = re.compile(r"^(memcpy|memset)", re.I)
 _SIZE = re.compile(r"size:(\d+)")
 _KIND = re.compile(r"kind_(src|dst):(\w+)")
 _HOST_KINDS = {"pinned", "pageable", "host", "unpinned", "managed_host"}
+# XLA:TPU: the async op whose done waits for a copy, the host memory space in a layout, a shape
+_TPU_DONE = re.compile(r"^(dynamic-update-slice|dynamic-slice|copy)-done")
+_TPU_CONTAINER = re.compile(r"^(while|conditional|call)\b")
+_SHAPE = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\](\{[^}]*\})?")
+_DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "f64": 8, "s32": 4, "u32": 4, "s8": 1, "u8": 1}
+_DTYPE_BYTES |= {"pred": 1, "s16": 2, "u16": 2, "s64": 8, "u64": 8, "f8e4m3fn": 1, "f8e5m2": 1}
 
 
 @dataclass(frozen=True)
@@ -232,8 +251,45 @@ def is_device_process(process: str) -> bool:
     return process.startswith("/device:")
 
 
+def _tpu_shapes(text: str) -> list[tuple[int, bool]]:
+    """(bytes, in host memory) of each shape in an XLA:TPU ``long_name`` fragment."""
+    out = []
+    for dtype, dims, layout in _SHAPE.findall(text):
+        if dtype in _DTYPE_BYTES:
+            n = math.prod(int(d) for d in dims.split(",") if d) if dims else 1
+            out.append((n * _DTYPE_BYTES[dtype], "S(5)" in (layout or "")))
+    return out
+
+
+def tpu_host_copy(ev: Event) -> tuple[str, int] | None:
+    """(direction, bytes) of an XLA:TPU op that waits for a host copy (module docstring), else
+    None."""
+    if not ev.process.startswith("/device:TPU") or not _TPU_DONE.match(ev.name):
+        return None
+    text = str(ev.args.get("long_name", ""))
+    if " = " not in text:
+        return None
+    rhs = text.split(" = ", 1)[1]
+    first = _SHAPE.search(rhs)  # the result's shape (a layout holds parentheses: T(8,128))
+    if first is None:
+        return None
+    res, ops = _tpu_shapes(first.group(0)), _tpu_shapes(rhs[first.end() :])
+    if not res:
+        return None
+    if ev.name.startswith("dynamic-update-slice") and res[0][1]:
+        return "d2h", (ops[1][0] if len(ops) > 1 else res[0][0])  # the update's bytes
+    if ev.name.startswith("copy") and res[0][1]:
+        return "d2h", res[0][0]
+    if not res[0][1] and ops and ops[0][1]:
+        return "h2d", res[0][0]
+    return None
+
+
 def transfer_direction(ev: Event) -> str | None:
     """'h2d', 'd2h', 'other' (device↔device copies, memsets) or None (not a copy)."""
+    tpu = tpu_host_copy(ev)
+    if tpu is not None:
+        return tpu[0]
     if _H2D.search(ev.name):
         return "h2d"
     if _D2H.search(ev.name):
@@ -251,6 +307,9 @@ def transfer_direction(ev: Event) -> str | None:
 
 
 def transfer_bytes(ev: Event) -> int:
+    tpu = tpu_host_copy(ev)
+    if tpu is not None:
+        return tpu[1]
     m = _SIZE.search(str(ev.args.get("memcpy_details", "")))
     if m:
         return int(m.group(1))
@@ -289,9 +348,12 @@ class Direction:
     overlap_s: float
     exposed_s: float
     copies: int
+    waits_only: bool = False  # XLA:TPU: the copies' waits, not the copies (module docstring)
 
     @property
     def bandwidth_bytes_per_s(self) -> float | None:
+        if self.waits_only:
+            return None
         return self.bytes / self.busy_s if self.bytes and self.busy_s > 0 else None
 
     def to_json(self) -> dict:
@@ -323,7 +385,7 @@ class TraceAnalysis:
     """Per-step breakdowns of a trace, with what the trace could and could not show."""
 
     source: str
-    backend: str  # gpu | cpu | other
+    backend: str  # gpu | tpu | cpu | other
     steps: tuple[StepBreakdown, ...]
     transfers_observed: bool
     notes: tuple[str, ...] = ()
@@ -351,7 +413,10 @@ class TraceAnalysis:
         for d in ("h2d", "d2h"):
             busy = sum(getattr(s, d).busy_s for s in self.steps)
             nbytes = sum(getattr(s, d).bytes for s in self.steps)
-            out[f"{d}_bandwidth_bytes_per_s"] = nbytes / busy if busy > 0 and nbytes else None
+            seen = not any(getattr(s, d).waits_only for s in self.steps)  # TPU: waits, not copies
+            out[f"{d}_bandwidth_bytes_per_s"] = (
+                nbytes / busy if seen and busy > 0 and nbytes else None
+            )
         return out
 
     def to_json(self) -> dict:
@@ -389,13 +454,14 @@ def step_windows(
     return out
 
 
-def _direction(evs: list[Event], compute: list[tuple[float, float]]) -> Direction:
+def _direction(
+    evs: list[Event], compute: list[tuple[float, float]], waits_only: bool = False
+) -> Direction:
     u = union((e.start_us, e.end_us) for e in evs)
     busy = length(u)
     ov = intersection_length(u, compute)
-    return Direction(
-        busy / 1e6, sum(transfer_bytes(e) for e in evs), ov / 1e6, (busy - ov) / 1e6, len(evs)
-    )
+    nbytes = sum(transfer_bytes(e) for e in evs)
+    return Direction(busy / 1e6, nbytes, ov / 1e6, (busy - ov) / 1e6, len(evs), waits_only)
 
 
 def analyze(
@@ -406,6 +472,8 @@ def analyze(
     backend = (
         "gpu"
         if any(d.startswith("/device:GPU") for d in lines)
+        else "tpu"
+        if any(d.startswith("/device:TPU") for d in lines)
         else "cpu"
         if lines and not any(is_device_process(d) for d in lines)
         else "other"
@@ -416,11 +484,14 @@ def analyze(
     for dev, evs in lines.items():
         for step, lo, hi, wall in windows:
             in_step = [e for e in evs if lo <= e.start_us < hi]
+            tpu = dev.startswith("/device:TPU")
+            if tpu:  # an op that holds others spans them: neither compute nor a copy
+                in_step = [e for e in in_step if not _TPU_CONTAINER.match(e.name)]
             kinds = [(e, transfer_direction(e)) for e in in_step]
             other_copies += sum(k == "other" for _, k in kinds)
             compute = union((e.start_us, e.end_us) for e, k in kinds if k is None)
-            h2d = _direction([e for e, k in kinds if k == "h2d"], compute)
-            d2h = _direction([e for e, k in kinds if k == "d2h"], compute)
+            h2d = _direction([e for e, k in kinds if k == "h2d"], compute, tpu)
+            d2h = _direction([e for e, k in kinds if k == "d2h"], compute, tpu)
             transfers = union((e.start_us, e.end_us) for e, k in kinds if k in ("h2d", "d2h"))
             t = length(transfers)
             ov = intersection_length(transfers, compute)
@@ -443,6 +514,8 @@ def analyze(
         notes.append("no device work found in the trace (no XLA ops, no device streams)")
     if backend == "cpu":
         notes.append(CPU_NOTE)
+    elif backend == "tpu" and observed:
+        notes.append(TPU_NOTE)
     elif not observed:
         notes.append("no host↔device copies in the analysed steps")
     if other_copies:
