@@ -196,13 +196,9 @@ def calibrate_here(tiny: bool) -> dict:
 def measure_indexed(entry: dict, tiny: bool) -> dict:
     """``entry`` with the gathers' and scatters' rates measured here (an entry from before they
     were measured has none)."""
-    from tierax.measure import accel_rates
+    from tierax.measure import calibrate
 
-    idx = accel_rates.indexed_rates(calls=3 if tiny else 20)
-    entry["microbenchmarks"] = dict(entry.get("microbenchmarks", {}), indexed=idx)
-    entry["index_op_s"] = idx["index_op_s"]
-    entry["scatter_bytes_per_s"] = idx["scatter_bytes_per_s"]
-    return entry
+    return calibrate.with_indexed(entry, calls=3 if tiny else 20)
 
 
 def reuse_calibration(record: pathlib.Path, tiny: bool) -> dict:

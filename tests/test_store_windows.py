@@ -288,7 +288,7 @@ def test_brute_force_reference_is_not_the_model():
     rates = dataclasses.replace(make_rates(link_d2h=3e9, link_h2d=8e9), store_windows_by_name=True)
     prog = for_inventory(CFG, inv)
     t = cm.linear_terms.build(prog, rates, "lhs", "prefetch", 1)
-    excess = t.own_store_excess()
+    excess = t.own_store_excess
     assert any(r.coef.any() for r in excess)
     k = next(
         i

@@ -21,6 +21,7 @@ the same rows).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -223,6 +224,7 @@ class LinearTerms:
             x[self.X + j] = (part.group, part.kind) in offloaded
         return x
 
+    @functools.cached_property
     def own_store_excess(self) -> tuple[Row, ...]:
         """Per group: the seconds by which its offloaded items' stores outlast their own windows
         (:func:`tierax.costmodel.terms.store_window_s`), item by item — linear in the plan; with

@@ -99,7 +99,7 @@ def evaluate_terms(
     # above its scheduler's limit, the loads wait where they are consumed (none hidden)
     serialized = copies_serialized(rates, micro_phase)
     # (terms.exposed_stores: beyond the group's forward or beyond each store's own window)
-    own = t.own_store_excess()
+    own = t.own_store_excess
     exposed_d2h = sum(
         max(0.0, t.d2h_s[i].at(x) - g.d2h_window_s, own[i].at(x)) for i, g in enumerate(t.groups)
     )

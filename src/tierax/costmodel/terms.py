@@ -115,6 +115,27 @@ class GroupTerms:
     base_recompute_collective_s: float = 0.0
 
 
+def layer_forward_s(g, rates: Rates) -> float:
+    """One layer's forward seconds of group inventory ``g``: its matmuls (a fused attention
+    kernel's at its rate, fp8 GEMMs at theirs), its non-matmul HBM bytes and its gathers and
+    scatters."""
+    f8, dims = g.fp8_flops_share, g.matmul_min_dim_shares
+    matmuls = matmul_s(
+        g.forward_flops_per_layer,
+        g.fused_attention_flops_per_layer,
+        rates,
+        fp8_share=f8,
+        min_dim_shares=dims,
+    )
+    return matmuls + _forward_nonmatmul_s(g, rates)
+
+
+def _forward_nonmatmul_s(g, rates: Rates) -> float:
+    return g.forward_hbm_bytes_per_layer / rates.hbm_bytes_per_s + indexed_s(
+        g.forward_indexed_per_layer, rates
+    )
+
+
 def store_window_s(a, g, rates: Rates, mechanism: str) -> float:
     """Compute seconds (all layers) that the stores of offloaded ``a`` (of group inventory ``g``)
     can hide under, where XLA bounds them by the layer's structure (TPU targets,
@@ -130,11 +151,9 @@ def store_window_s(a, g, rates: Rates, mechanism: str) -> float:
     FLOPs' proportion.  inf where nothing but the group's forward bounds them."""
     if mechanism != "prefetch" or plan_lib.is_segment(g.name) or not rates.store_windows_by_name:
         return math.inf
-    f8, dims = g.fp8_flops_share, g.matmul_min_dim_shares
-    F, Fa = g.forward_flops_per_layer, g.fused_attention_flops_per_layer
-    hbm_s = g.forward_hbm_bytes_per_layer / rates.hbm_bytes_per_s
-    hbm_s += indexed_s(g.forward_indexed_per_layer, rates)
-    layer = matmul_s(F, Fa, rates, fp8_share=f8, min_dim_shares=dims) + hbm_s
+    f8, dims, F = g.fp8_flops_share, g.matmul_min_dim_shares, g.forward_flops_per_layer
+    hbm_s = _forward_nonmatmul_s(g, rates)
+    layer = layer_forward_s(g, rates)
 
     def upto(flops: float, fused: float) -> float:  # forward seconds up to that point
         return matmul_s(flops, fused, rates, fp8_share=f8, min_dim_shares=dims) + hbm_s * (
@@ -218,11 +237,7 @@ def group_terms(
         hb = rates.hbm_bytes_per_s
         F, Fa = g.forward_flops_per_layer, g.fused_attention_flops_per_layer
         f8, dims = g.fp8_flops_share, g.matmul_min_dim_shares
-        fwd = (
-            matmul_s(F, Fa, rates, fp8_share=f8, min_dim_shares=dims)
-            + g.forward_hbm_bytes_per_layer / hb
-            + indexed_s(g.forward_indexed_per_layer, rates)
-        ) * L
+        fwd = layer_forward_s(g, rates) * L
         bwd = (
             matmul_s(F, Fa, rates, backward=True, fp8_share=f8, min_dim_shares=dims)
             + g.backward_hbm_bytes_per_layer / hb

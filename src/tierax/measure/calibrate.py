@@ -240,10 +240,7 @@ def measure_tpu(progress: Callable[[str], None] | None = None, *, splash_cases=N
     ]
     done("splash attention")
     if dev.platform == "tpu":  # XLA:TPU's gathers and scatters, priced apart from their bytes
-        idx = accel_rates.indexed_rates()
-        micro["indexed"] = idx
-        entry["index_op_s"] = idx["index_op_s"]
-        entry["scatter_bytes_per_s"] = idx["scatter_bytes_per_s"]
+        with_indexed(entry)
         done("gathers and scatters")
     link = accel_rates.step_link_rates()  # one rate both ways: the round trip's
     micro["host_link"] = link
@@ -251,6 +248,19 @@ def measure_tpu(progress: Callable[[str], None] | None = None, *, splash_cases=N
         if link[f"{way}_bytes_per_s"]:
             entry[f"{way}_bytes_per_s"] = link[f"{way}_bytes_per_s"]
     done("host link")
+    return entry
+
+
+def with_indexed(entry: dict, calls: int = 20) -> dict:
+    """``entry`` with the gathers' and scatters' rates measured here
+    (:func:`tierax.measure.accel_rates.indexed_rates`): its microbenchmark and the two rates the
+    cost model reads."""
+    from tierax.measure import accel_rates
+
+    idx = accel_rates.indexed_rates(calls=calls)
+    entry.setdefault("microbenchmarks", {})["indexed"] = idx
+    entry["index_op_s"] = idx["index_op_s"]
+    entry["scatter_bytes_per_s"] = idx["scatter_bytes_per_s"]
     return entry
 
 

@@ -183,7 +183,7 @@ def build_milp(
 
     for k in range(n):  # exactly one placement per activation
         add({D + k: 1, O + k: 1, R + k: 1}, 1, 1)
-    own_excess = t.own_store_excess()
+    own_excess = t.own_store_excess
     for gi, g in enumerate(groups):
         for k, it in enumerate(items):  # z_g ≤ d_k: keeping the unnamed needs every name kept
             if it.group == g.name:

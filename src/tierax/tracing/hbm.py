@@ -380,13 +380,9 @@ def phase_indexed(closed_jaxpr) -> tuple[tuple[float, float], tuple[float, float
             phase = 1  # the marker (as phase_bytes splits the trace)
         inner = int(top.params["length"]) if top.primitive.name == "scan" else 1
         nested = (
-            ()
-            if top.primitive.name in INDEXED  # a scatter's update_jaxpr: its combiner
-            else (
-                e
-                for sub in jaxprs_in_params(top.params)
-                for e in jaxpr_tools._walk(getattr(sub, "jaxpr", sub), inner, ())
-            )
+            e
+            for sub in jaxprs_in_params(top.params)
+            for e in jaxpr_tools._walk(getattr(sub, "jaxpr", sub), inner, ())
         )
         for eqn, mult, *_ in ((top, 1), *nested):
             if eqn.primitive.name not in INDEXED or len(eqn.invars) < 2:

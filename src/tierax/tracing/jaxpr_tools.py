@@ -103,23 +103,9 @@ def ragged_dot_flops(eqn) -> int:
     return 2 * math.prod(eqn.outvars[0].aval.shape) * lhs_shape[-1]
 
 
-def matmul_flops(closed_jaxpr, *, scope: str | None = None) -> int:
-    """2·M·N·K summed over every ``dot_general`` and grouped matmul (``ragged_dot``) executed
-    (scan trip counts included); with ``scope``, only those under a name scope containing it."""
-    total = 0
-    for eqn, mult, here in _walk(_jaxpr(closed_jaxpr), 1, ()):
-        if scope is not None and not any(scope in s for s in here):
-            continue
-        if eqn.primitive.name == "dot_general":
-            total += mult * dot_general_flops(eqn)
-        elif eqn.primitive.name in RAGGED_DOTS:
-            total += mult * ragged_dot_flops(eqn)
-        elif eqn.primitive.name in BLOCK_SCALED_DOTS:
-            total += mult * block_scaled_flops(eqn)
-    return total
-
-
 def _eqn_matmul_flops(eqn) -> int:
+    """2·M·N·K of one matmul equation (a ``dot_general``, a grouped or a block-scaled matmul); 0
+    for any other."""
     prim = eqn.primitive.name
     if prim == "dot_general":
         return dot_general_flops(eqn)
@@ -128,6 +114,16 @@ def _eqn_matmul_flops(eqn) -> int:
     if prim in BLOCK_SCALED_DOTS:
         return block_scaled_flops(eqn)
     return 0
+
+
+def matmul_flops(closed_jaxpr, *, scope: str | None = None) -> int:
+    """2·M·N·K summed over every ``dot_general`` and grouped matmul (``ragged_dot``) executed
+    (scan trip counts included); with ``scope``, only those under a name scope containing it."""
+    total = 0
+    for eqn, mult, here in _walk(_jaxpr(closed_jaxpr), 1, ()):
+        if scope is None or any(scope in s for s in here):
+            total += mult * _eqn_matmul_flops(eqn)
+    return total
 
 
 def flops_before_names(
