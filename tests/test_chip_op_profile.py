@@ -41,3 +41,17 @@ def test_ops_summed_by_name_and_kind_per_step():
     }
     assert line["kinds"] == {"fusion": 2.0, "scatter_custom_fusion": 0.75, "fusion.12.v_ref": 0.25}
     assert mod.kind_of("splash_mha_fwd_no_residuals.7") == "splash_mha_fwd_no_residuals"
+
+
+def test_a_missing_trace_is_refused_before_anything_is_written(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "ops.json"
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "investigations" / "chip_op_profile.py"),
+         "--trace", str(tmp_path / "nope"), "--out", str(out)],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert r.returncode == 2 and "no such file or directory" in r.stderr, r.stderr[-1500:]
+    assert "Traceback" not in r.stderr and not out.exists()

@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import _common  # noqa: E402 — the record envelope
 
+from tierax.errors import TieraxError  # noqa: E402
 from tierax.measure.trace import load_events  # noqa: E402
 
 SCHEMA = "tierax.chip-op-profile/1"
@@ -86,7 +87,10 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=3, help="traced steps (tierax profile --steps)")
     ap.add_argument("--process", default="/device:", help="lines of processes naming this")
     args = ap.parse_args(argv)
-    events, f = load_events(args.trace)
+    try:
+        events, f = load_events(args.trace)
+    except TieraxError as e:
+        ap.error(str(e))
     doc = _common.envelope(SCHEMA, argv) | summarize(events, args.steps, process=args.process)
     doc["trace"] = f.name
     if not doc["lines"]:
