@@ -113,8 +113,10 @@ def summary(doc: dict) -> list[str]:
     for case in doc.get("cases", []):
         s = case.get("summary")
         if not s:
-            lines.append(f"| {case.get('record', 1)} | {case['model']} | {case['microbatch']} | "
-                         "error | | | | |")
+            lines.append(
+                f"| {case.get('record', 1)} | {case['model']} | {case['microbatch']} | "
+                "error | | | | |"
+            )
             continue
         chose = case.get("planner_chose", {})
         lines.append(
@@ -150,9 +152,10 @@ def plot(doc: dict, path: pathlib.Path) -> None:
                     label=f"{model}, {'measured rates' if label == 'calibrated' else 'datasheet'}",
                 )
     if ran:
-        hi = max(
-            max(r["step_time_s"], r["predicted_calibrated"]["step_time_s"]) for r in ran
-        ) * 1.1e3
+        hi = (
+            max(max(r["step_time_s"], r["predicted_calibrated"]["step_time_s"]) for r in ran)
+            * 1.1e3
+        )
         lo = min(r["step_time_s"] for r in ran) * 0.9e3
         ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
         ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="k", alpha=0.07)
@@ -179,8 +182,9 @@ def render(records, page: pathlib.Path = PAGE, png: pathlib.Path = PLOT) -> list
     docs = [json.loads(pathlib.Path(r).read_text()) for r in records]
     doc = dict(docs[-1])
     doc["cases"] = [c | {"record": i + 1} for i, d in enumerate(docs) for c in d.get("cases", [])]
-    doc["skipped"] = [s for d in docs for s in d.get("skipped", [])]
-    doc["reference"] = next((d["reference"] for d in docs if d.get("reference")), None)
+    doc["skipped"] = [
+        f"record {i + 1}: {s}" for i, d in enumerate(docs) for s in d.get("skipped", [])
+    ]
     rels = " ".join(str(_rel(pathlib.Path(r))) for r in records)
     made = [
         f"- `{_rel(pathlib.Path(r))}`: `{d['command']}` on {d['machine']['device_count']} × "
@@ -194,7 +198,6 @@ def render(records, page: pathlib.Path = PAGE, png: pathlib.Path = PLOT) -> list
         )
         for r, d in zip(records, docs, strict=True)
     ]
-    ref = doc.get("reference") or {}
     lines = [
         "# tierax on one TPU v5e chip",
         "",
@@ -210,8 +213,11 @@ def render(records, page: pathlib.Path = PAGE, png: pathlib.Path = PLOT) -> list
         "on the chip (its state freed before the next); a plan the chip's compiler or runtime "
         "refused is shown as refused.  The records in order: the first run, the second (the "
         "planner's MLP offload stored in its own layer), every offloaded value stored a layer "
-        "later, and the last (values made before the attention stored in their own layer, the "
-        "rest a layer later: docs/concepts/mechanisms.md).",
+        "later, the fourth (values made before the attention stored in their own layer, the "
+        "rest a layer later: docs/concepts/mechanisms.md), the fifth (each store hidden only "
+        "under its own window; gathers and scatters priced), the sixth (the planner within "
+        "XLA:TPU's scheduler limit), the seventh (the dense shape at seq 8192 and at head dim "
+        "64), and the eighth (the fit boundary alone).",
         "",
         "What the platform choice, the memory figures and the back-to-back timing follow was read "
         "first from `bench/investigations/tpu_probe.py` on the same chip (its record: "
@@ -238,19 +244,42 @@ def render(records, page: pathlib.Path = PAGE, png: pathlib.Path = PLOT) -> list
         *table(doc),
         "",
     ]
-    if ref:
-        lines += [
-            "## tierax beside a pure-JAX step",
-            "",
-            f"`bench/reference_step.py` at d_model {ref['shape']['d_model']}, "
-            f"{ref['shape']['layers']} layers, batch {ref['shape']['batch']} × seq "
-            f"{ref['shape']['seq']}, remat full, bf16: {_ms(ref.get('reference_step_s'))} ms; "
-            f"tierax's remat-full step at the same shape: {_ms(ref.get('tierax_step_s'))} ms "
-            f"(ratio {ref.get('tierax_over_reference', float('nan')):.3f}).",
-            "",
-        ]
+    refs = [(i + 1, d["reference"]) for i, d in enumerate(docs) if d.get("reference")]
+    if refs:
+        lines += ["## tierax beside a pure-JAX step", ""]
+        for i, ref in refs:
+            lines.append(
+                f"- record {i}: `bench/reference_step.py` at d_model {ref['shape']['d_model']}, "
+                f"{ref['shape']['layers']} layers, batch {ref['shape']['batch']} × seq "
+                f"{ref['shape']['seq']}, remat full, bf16: {_ms(ref.get('reference_step_s'))} ms; "
+                f"tierax's remat-full step at the same shape: {_ms(ref.get('tierax_step_s'))} ms "
+                f"(ratio {ref.get('tierax_over_reference', float('nan')):.3f})."
+            )
+        lines.append("")
+    bounds = [(i + 1, d["boundary"]) for i, d in enumerate(docs) if d.get("boundary")]
+    if bounds:
+        lines += ["## The fit boundary on the chip", ""]
+        for i, b in bounds:
+            if "error" in b:
+                lines.append(f"- record {i}: the probe failed ({b['error'].splitlines()[-1]})")
+                continue
+            chip = b["on_chip"]
+            said = "; ".join(
+                f"{label}: "
+                + ", ".join(f"{mb} {'fits' if ok else 'does not fit'}" for mb, ok in fits)
+                for label, fits in b["predicted_fits"].items()
+            )
+            lines.append(
+                f"- record {i}: {b['plan']} at seq {b['seq']} on the chip: microbatch "
+                f"{chip['microbatch']} fits, {chip['refused_at']} refused (probes: "
+                + ", ".join(
+                    f"{p['microbatch']} {'ran' if p['fits'] else 'refused'}" for p in chip["probes"]
+                )
+                + f"); predicted: {said}."
+            )
+        lines.append("")
     if doc.get("skipped"):
-        lines += ["## Not run in this record", "", *[f"- {s}" for s in doc["skipped"]], ""]
+        lines += ["## Not run", "", *[f"- {s}" for s in doc["skipped"]], ""]
     page.write_text("\n".join(lines))
     plot(doc, png)
     return [page, png]

@@ -50,6 +50,7 @@ if str(SRC) not in sys.path:
 import _common  # noqa: E402 — it imports tierax, found through SRC
 
 SCHEMA = "tierax.tpu-check/1"
+STAGES = ("cases", "reference", "boundary")
 TARGET = "v5e"
 GIB = 2**30
 _T0 = time.perf_counter()
@@ -266,8 +267,9 @@ def planned(prog, rates, label: str):
     budget = rates.usable_device_bytes * (1 - FIT_MARGIN["margin"])
     try:
         return (
-            planner.plan(prog, rates, schedule="lhs", budget_bytes=budget, name=f"planned-{label}")
-            .plan,
+            planner.plan(
+                prog, rates, schedule="lhs", budget_bytes=budget, name=f"planned-{label}"
+            ).plan,
             None,
         )
     except TieraxError as e:
@@ -528,7 +530,17 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--microbatches", help="comma-separated microbatches for every model (default: each one's)"
     )
+    ap.add_argument(
+        "--cases",
+        help="comma-separated MODEL:MICROBATCH pairs to run, and no others (in place of --models "
+        "and --microbatches)",
+    )
     ap.add_argument("--skip", default="", help="MODEL:PRESET pairs not to run, comma-separated")
+    ap.add_argument(
+        "--stages",
+        default=",".join(STAGES),
+        help=f"comma-separated stages to run after the calibration (default: {','.join(STAGES)})",
+    )
     ap.add_argument(
         "--calibration",
         metavar="RECORD",
@@ -553,9 +565,32 @@ def main(argv=None) -> int:
         for f in tpu_check_report.render([pathlib.Path(r) for r in args.render]):
             print(f"wrote {f}")
         return 0
+    stages = [x.strip() for x in args.stages.split(",")]
+    if bad := [x for x in stages if x not in STAGES]:
+        print(
+            f"tpu_check: unknown stage(s) {', '.join(bad)}; choose from {STAGES}", file=sys.stderr
+        )
+        return 2
     names = [c[0] for c in CASES]
     known = names + [c[0] for c in EXTRA_CASES]
     chosen = names if not args.models else [m.strip() for m in args.models.split(",")]
+    pairs: dict[str, tuple[int, ...]] = {}
+    if args.cases:
+        if args.models or args.microbatches:
+            print(
+                "tpu_check: give --cases alone, not with --models/--microbatches", file=sys.stderr
+            )
+            return 2
+        for item in args.cases.split(","):
+            name, _, mb = item.strip().partition(":")
+            if not mb.isdigit() or int(mb) < 1:
+                print(
+                    f"tpu_check: --cases item {item!r} is not MODEL:MICROBATCH (e.g. dense:8)",
+                    file=sys.stderr,
+                )
+                return 2
+            pairs[name] = (*pairs.get(name, ()), int(mb))
+        chosen = list(pairs)
     unknown = [m for m in chosen if m not in known]
     if unknown:
         print(
@@ -604,12 +639,14 @@ def main(argv=None) -> int:
     print(f"calibrated in {doc['stages_s']['calibrate']:.0f} s", flush=True)
     dense_cfg, models = None, {}
     for name, base, overrides, seq, mbs, presets in (*CASES, *EXTRA_CASES):
-        if name in chosen:
+        if name == "dense" and "boundary" in stages:  # the boundary's model, its cases run or not
+            dense_cfg = config_for(name, base, overrides, args.tiny)
+        if name in chosen and "cases" in stages:
             cfg = config_for(name, base, overrides, args.tiny)
-            dense_cfg = cfg if name == "dense" else dense_cfg
             mbs = TINY["microbatches"] if args.tiny else mbs
             if args.microbatches:
                 mbs = tuple(int(m) for m in args.microbatches.split(","))
+            mbs = pairs.get(name, mbs)
             models[name] = (
                 cfg,
                 rate_sets(cfg.dtype, entry),
@@ -621,7 +658,7 @@ def main(argv=None) -> int:
     # short by the budget still has every model.
     order = [
         (name, mb_i)
-        for mb_i in range(max(len(m[3]) for m in models.values()))
+        for mb_i in range(max((len(m[3]) for m in models.values()), default=0))
         for name, m in models.items()
         if mb_i < len(m[3])
     ]
@@ -654,6 +691,8 @@ def main(argv=None) -> int:
             ),
         ),
     ):
+        if stage not in stages:
+            continue
         if stage == "boundary" and (dense_cfg is None or args.tiny):
             doc["skipped"].append("boundary: the dense model only, on a device that can refuse")
             continue

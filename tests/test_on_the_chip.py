@@ -76,9 +76,26 @@ def test_bench_starts_on_the_cpu_here_and_says_so(tmp_path):
     """No accelerator here: the first line names the CPU and the record's machine too."""
     out = tmp_path / "b.json"
     r = subprocess.run(
-        [sys.executable, "-m", "tierax.cli", "bench", "--plans", "remat-full", "--steps", "1",
-         "--microbatch", "1", "--seq", "16", "--out", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "tierax.cli",
+            "bench",
+            "--plans",
+            "remat-full",
+            "--steps",
+            "1",
+            "--microbatch",
+            "1",
+            "--seq",
+            "16",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
         env={k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"},
     )
     assert r.returncode == 0, r.stderr[-2000:]
@@ -183,7 +200,10 @@ def test_mfu_divides_by_the_datasheet_peak_where_the_target_is_known():
 def test_max_microbatch_is_refused_on_the_cpu(tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "tierax.cli", "bench", "--plans", "remat-full", "--max-microbatch"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
     )
     assert r.returncode == 2 and "XLA:CPU" in r.stderr and "TPU or GPU" in r.stderr
 
@@ -228,9 +248,12 @@ def test_donated_host_state_is_counted_once():
     a = _probe_step("remat-full+state-host")["analysis"]
     c = memory.compiled_memory(_Compiled(a), platform="tpu")
     assert c.host_total == a["host_argument_size_in_bytes"] + a["host_temp_size_in_bytes"]
-    assert c.host_total < a["host_argument_size_in_bytes"] + a["host_output_size_in_bytes"] + a[
-        "host_temp_size_in_bytes"
-    ]
+    assert (
+        c.host_total
+        < a["host_argument_size_in_bytes"]
+        + a["host_output_size_in_bytes"]
+        + a["host_temp_size_in_bytes"]
+    )
 
 
 # --- a TPU's calibrated rates in the cost model ------------------------------------------------
@@ -241,8 +264,11 @@ ENTRY = {
     "matmul_size_rates_bfloat16": [[128, 61e12], [1024, 170e12], [2048, 181e12]],
     "fused_attention_fwd_flops_per_s": 56e12,
     "fused_attention_bwd_flops_per_s": 65e12,
-    "splash_attention": [[2048, 128, 56e12, 65e12], [8192, 128, 100e12, 87e12],
-                         [2048, 64, 36e12, 32e12]],
+    "splash_attention": [
+        [2048, 128, 56e12, 65e12],
+        [8192, 128, 100e12, 87e12],
+        [2048, 64, 36e12, 32e12],
+    ],
     "d2h_bytes_per_s": 3.5e9,
     "h2d_bytes_per_s": 13e9,
 }
@@ -294,9 +320,21 @@ def test_tpu_check_rehearsal_on_the_cpu(tmp_path):
     reference step, the record and its page."""
     out = tmp_path / "tc.json"
     r = subprocess.run(
-        [sys.executable, "bench/tpu_check.py", "--tiny", "--models", "dense", "--microbatches",
-         "2", "--out", str(out)],
-        capture_output=True, text=True, timeout=600, cwd=ROOT,
+        [
+            sys.executable,
+            "bench/tpu_check.py",
+            "--tiny",
+            "--cases",
+            "dense:2",
+            "--stages",
+            "cases,reference",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(out.read_text())
@@ -317,6 +355,29 @@ def test_tpu_check_rehearsal_on_the_cpu(tmp_path):
     assert "| dense | 2 | remat-full |" in text and png.stat().st_size > 1000
 
 
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--cases", "dense:x"], "is not MODEL:MICROBATCH"),
+        (["--cases", "dense:0"], "is not MODEL:MICROBATCH"),
+        (["--cases", "dense:8", "--models", "dense"], "give --cases alone"),
+        (["--cases", "dens:8"], "unknown model(s) dens"),
+        (["--stages", "cases,boundry"], "unknown stage(s) boundry"),
+    ],
+)
+def test_the_chip_check_refuses_bad_selections_before_any_work(tmp_path, args, says):
+    out = tmp_path / "tc.json"
+    r = subprocess.run(
+        [sys.executable, "bench/tpu_check.py", "--tiny", *args, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert r.returncode == 2 and says in r.stderr, r.stderr[-2000:]
+    assert not out.exists()
+
+
 def test_the_chip_checks_extra_cases_are_the_shapes_they_are_named_for():
     """dense-8k and dense-hd64 (run when --models names them) build at chip size: the dense width
     at seq 8192 with 128-wide heads, and with 64-wide heads (32 of them); the default selection
@@ -335,7 +396,9 @@ def test_the_chip_checks_extra_cases_are_the_shapes_they_are_named_for():
     assert (built["dense-hd64"].head_dim, built["dense-hd64"].num_heads) == (64, 32)
     for cfg in built.values():
         assert (cfg.d_model, cfg.num_layers, cfg.mlp_dim) == (
-            dense.d_model, dense.num_layers, dense.mlp_dim
+            dense.d_model,
+            dense.num_layers,
+            dense.mlp_dim,
         )
     assert set(extra) <= set(mod.TINY_OVERRIDES)
 
@@ -346,7 +409,11 @@ def test_calibrate_on_the_chip_stores_the_v5e_key(tmp_path):
     env.pop("JAX_PLATFORMS", None)
     r = subprocess.run(
         [sys.executable, "-m", "tierax.cli", "calibrate", "--json"],
-        capture_output=True, text=True, timeout=600, env=env, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=ROOT,
     )
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads(r.stdout)

@@ -224,6 +224,11 @@ def check(inv, rates, schedule, budget, host_budget, mechanism="policy"):
     peak, host, seconds = brute_force(inv, rates, schedule, mechanism)
     ok = (peak <= budget) & (host <= host_budget)
     assert ok.any()
+    # A scheduler limit below the budget: the fastest plan within it where one fits, else the
+    # fastest within the budget (planner.preferred_budgets).
+    limit = rates.scheduler_limit_bytes
+    if limit and limit < budget and (ok & (peak <= limit)).any():
+        ok &= peak <= limit
     best = int(np.flatnonzero(ok)[np.argmin(seconds[ok])])
     r = planner.plan(
         for_inventory(CFG, inv),
@@ -442,7 +447,7 @@ def test_prefetch_fixture_offloads_and_beats_the_policy_where_loads_would_show()
     assert any((c == 1).any() for c in chosen) and faster
 
 
-@pytest.mark.parametrize("limit_q", [0.3, 0.5, 0.7])
+@pytest.mark.parametrize("limit_q", [-0.1, 0.3, 0.5, 0.7])
 def test_scheduler_limit_milp_equals_brute_force(limit_q):
     """A TPU-like scheduler limit (copies serialized above it): the MILP's binary for it equals the
     brute force at every budget, and the limit changes the optimum somewhere — a plan that hides
@@ -454,19 +459,25 @@ def test_scheduler_limit_milp_equals_brute_force(limit_q):
     peak, host, _ = brute_force(inv, base, "lhs", "prefetch")
     limit = int(peak.min() + limit_q * (peak.max() - peak.min()))
     rates = dataclasses.replace(base, scheduler_limit_bytes=limit)
-    changed = False
+    changed = preferred = False
     for q in (0.2, 0.4, 0.6, 0.8, 1.0):
         budget = int(peak.min() + q * (peak.max() - peak.min()))
-        codes, *_ = check(inv, rates, "lhs", budget, int(host.max()), "prefetch")
+        codes, seconds, peaks, _ = check(inv, rates, "lhs", budget, int(host.max()), "prefetch")
         free, *_ = check(inv, base, "lhs", budget, int(host.max()), "prefetch")
         changed |= not np.array_equal(codes, free)
+        # the limit preferred: the fastest plan within the budget is above it, the chosen below
+        fits = peaks <= budget
+        fastest = int(np.flatnonzero(fits)[np.argmin(seconds[fits])])
+        preferred |= peaks[fastest] > limit >= peaks[index_of(codes)]
     assert changed
+    # where no plan fits within the limit (limit_q < 0) the planner still plans, above it
+    assert preferred == (limit_q > 0)
     # simulate's own step of plans above the limit and below it, against the brute force
     _, _, seconds = brute_force(inv, rates, "lhs", "prefetch")
     offloads = (CODES[:, :8] == 1).any(axis=1)
     above = np.flatnonzero(offloads & (peak > limit))[::97][:6]
     below = np.flatnonzero(offloads & (peak <= limit))[::97][:6]
-    assert len(above) and len(below)
+    assert len(above) and (len(below) or limit_q < 0)
     prog = for_inventory(CFG, inv)
     for k in (*above, *below):
         placements = {

@@ -354,8 +354,14 @@ def prediction_table(pred, title: str) -> Table:
 def explain_table(result, title: str) -> Table:
     t = Table(
         title=title,
-        caption=f"device budget {fmt_bytes(result.budget_bytes)}, host budget "
-        f"{fmt_bytes(result.host_budget_bytes)}",
+        caption=f"device budget {fmt_bytes(result.budget_bytes)}"
+        + (
+            f" (planned within XLA:TPU's scheduler limit {fmt_bytes(within)}: above it the "
+            "compiler serialises host loads and rematerialises on its own)"
+            if (within := result.planned_within_bytes) and within < result.budget_bytes
+            else ""
+        )
+        + f", host budget {fmt_bytes(result.host_budget_bytes)}",
     )
     for col in (
         "group",

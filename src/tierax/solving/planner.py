@@ -84,6 +84,9 @@ class PlanResult:
     # max_microbatch only: the search's upper guard when the microbatch reached it (a larger one
     # may fit too: the result is "at least this"); None when the search found where fitting stops.
     search_stopped_at: int | None = None
+    # The device bytes the plan was chosen within: budget_bytes, or XLA:TPU's scheduler limit
+    # below it (preferred_budgets); 0: budget_bytes.
+    planned_within_bytes: int = 0
 
     def to_json(self) -> dict:
         out = {
@@ -92,6 +95,7 @@ class PlanResult:
             "explain": [e.to_json() for e in self.explain],
             "budget_bytes": self.budget_bytes,
             "host_budget_bytes": self.host_budget_bytes,
+            "planned_within_bytes": self.planned_within_bytes or self.budget_bytes,
             "microbatch": self.microbatch,
         }
         if self.search_stopped_at is not None:
@@ -110,6 +114,16 @@ def budgets(
             "device budget > 0 and a finite host budget ≥ 0"
         )
     return int(dev), int(host)
+
+
+def preferred_budgets(rates: cm.Rates, budget: int) -> tuple[int, ...]:
+    """The device budgets the planner tries, in order, taking the first that some plan fits: on a
+    TPU target whose scheduler limit (:attr:`~tierax.costmodel.Rates.scheduler_limit_bytes`) is
+    below ``budget``, that limit first.  Above it XLA:TPU issues the backward's loads where they are
+    consumed and rematerialises on its own to stay within the device, neither of which the model
+    prices beyond the loads: a plan there is run only where none fits within the limit."""
+    limit = rates.scheduler_limit_bytes if rates.offload_is_real else 0
+    return (limit, budget) if 0 < limit < budget else (budget,)
 
 
 @dataclass(frozen=True, eq=False)
@@ -578,30 +592,33 @@ def plan(
             f"unknown schedule {schedule!r}; choose one of: {', '.join(cm.SCHEDULES)}"
         )
     budget, host_budget = budgets(rates, budget_bytes, host_budget_bytes)
-    solved, splits = prog, {}
-    solution = _solve(
-        prog,
-        rates,
-        schedule,
-        budget,
-        host_budget,
-        one_placement_per_name,
-        mechanism,
-        place_state,
-        grad_accum,
-    )
-    if segments and not one_placement_per_name:
-        solution, solved, splits = _best_split(
-            solution,
+    for within in preferred_budgets(rates, budget):
+        solved, splits = prog, {}
+        solution = _solve(
             prog,
             rates,
             schedule,
-            budget,
+            within,
             host_budget,
+            one_placement_per_name,
             mechanism,
             place_state,
             grad_accum,
         )
+        if segments and not one_placement_per_name:
+            solution, solved, splits = _best_split(
+                solution,
+                prog,
+                rates,
+                schedule,
+                within,
+                host_budget,
+                mechanism,
+                place_state,
+                grad_accum,
+            )
+        if solution is not None:
+            break
     if solution is None:
         from tierax.solving import no_fit
 
@@ -620,13 +637,17 @@ def plan(
         )
     placements, state = solution
     desc = f"planned for {rates.target}, schedule {schedule}, device budget {size_text(budget)}"
+    if within < budget:
+        desc += f", within XLA:TPU's scheduler limit {size_text(within)}"
     p = placements_to_plan(placements, prog, name, desc, mechanism, splits, state)
     p = dataclasses.replace(p, planned_for=p.planned_for.replace(grad_accum=grad_accum))
     pred = cm.simulate(p, prog, rates, schedule, grad_accum)
     why = _explain(
-        placements, solved, rates, schedule, pred, budget, host_budget, mechanism
-    ) + _explain_state(state, solved, rates, pred, budget, host_budget, place_state, grad_accum)
-    return PlanResult(p, pred, why, budget, host_budget, prog.microbatch)
+        placements, solved, rates, schedule, pred, within, host_budget, mechanism
+    ) + _explain_state(state, solved, rates, pred, within, host_budget, place_state, grad_accum)
+    return PlanResult(
+        p, pred, why, budget, host_budget, prog.microbatch, planned_within_bytes=within
+    )
 
 
 def _explain_state(
