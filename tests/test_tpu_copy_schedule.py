@@ -71,3 +71,34 @@ def test_simulate_exposes_every_load_above_the_limit(microbatch, serialized):
         assert b.exposed_h2d_s == pytest.approx(loads_s, rel=1e-9)
     else:
         assert b.exposed_h2d_s == 0.0
+
+
+@pytest.mark.parametrize("microbatch, above", [(4, False), (8, True)])
+def test_simulate_says_its_step_is_a_lower_bound_above_the_limit(microbatch, above):
+    """A plan that fits but peaks above XLA:TPU's scheduler limit gets a row saying the step time
+    leaves out XLA:TPU's own rematerialisation; below the limit, or on a GPU target, no such row."""
+    from rich.console import Console
+
+    from tierax.report.tables import prediction_table
+
+    cfg = apply_overrides(get_config("tiny-llama"), DENSE)
+    prog = for_inventory(cfg, model_inventory(cfg, microbatch, 2048))
+    plan = Plan.from_dict(
+        {"plan": "p", "groups": {"decoder": {"default": "remat", **MLPWI_1_OFFLOAD}}}
+    )
+
+    def text(target):
+        p = cm.simulate(plan, prog, cm.target_rates(target, "bfloat16", calibration={}), "lhs")
+        console = Console(width=400, record=True)
+        console.print(prediction_table(p, "t"))
+        return p, console.export_text()
+
+    p, shown = text("v5e")
+    limit = rates_lib.SCHEDULER_MEMORY_FRACTION * p.breakdown.fit_limit_bytes
+    assert p.fits and p.breakdown.scheduler_limit_bytes == int(
+        limit / (1 + rates_lib.PEAK_UNDERPREDICTION_TPU)
+    )
+    assert ("step time a lower bound" in shown) is above
+    assert (p.peak_device_bytes > p.breakdown.scheduler_limit_bytes) is above
+    g, shown = text("h100")
+    assert g.breakdown.scheduler_limit_bytes == 0 and "lower bound" not in shown

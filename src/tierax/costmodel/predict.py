@@ -199,6 +199,7 @@ def evaluate_terms(
         network={k: v.to_json() for k, v in links.items() if v.link != "none"},
         state=sc,
         copies_serialized=serialized and transfer_total > 0,
+        scheduler_limit_bytes=rates.scheduler_limit_bytes,
     )
     return Prediction(
         fits=assigned_peak <= rates.usable_device_bytes and host <= rates.host_memory_bytes,

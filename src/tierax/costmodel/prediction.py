@@ -83,6 +83,9 @@ class Breakdown:
     # --- XLA's schedule: the backward's host loads issued where consumed (a TPU step peaking
     # above its scheduler's limit: tierax.costmodel.predict.copies_serialized) ---
     copies_serialized: bool = False
+    # TPU targets: XLA:TPU's scheduler limit (Rates.scheduler_limit_bytes); a step peaking above it
+    # is where XLA:TPU also rematerialises on its own, which the step time does not price.  0: none.
+    scheduler_limit_bytes: int = 0
 
     def to_json(self) -> dict:
         """The fields by name, the state's under its own ``state_*`` keys."""

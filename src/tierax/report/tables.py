@@ -283,6 +283,17 @@ def prediction_table(pred, title: str) -> Table:
             f"fits (≤ {b.fit_limit} {fmt_bytes(b.fit_limit_bytes)})",
             "[green]yes[/]" if pred.fits else "[red]no[/]",
         ),
+        *(
+            [
+                (
+                    f"  above XLA:TPU's scheduler limit {fmt_bytes(lim)}: XLA:TPU may "
+                    "rematerialise on its own, which the step time does not price",
+                    "[yellow]step time a lower bound[/]",
+                )
+            ]
+            if (lim := b.scheduler_limit_bytes) and pred.fits and pred.peak_device_bytes > lim
+            else []
+        ),
         *_peak_rows(pred),
         ("host (offloaded)", fmt_bytes(pred.host_bytes)),
         *(
