@@ -2,6 +2,7 @@
 rule at the limit (loads hidden below it, every load exposed above it) on the v5e chip check's
 dense shape."""
 
+import dataclasses
 import json
 import pathlib
 import sys
@@ -102,3 +103,34 @@ def test_simulate_says_its_step_is_a_lower_bound_above_the_limit(microbatch, abo
     assert (p.peak_device_bytes > p.breakdown.scheduler_limit_bytes) is above
     g, shown = text("h100")
     assert g.breakdown.scheduler_limit_bytes == 0 and "lower bound" not in shown
+
+
+def test_the_chips_refused_boundary_is_shown_as_an_uncertain_fit():
+    """The chip refused remat-full at the microbatch its boundary probe stopped at, which the model
+    says fits (bench/results/chip/tpu_check_boundary.json): simulate marks that fit uncertain (its
+    peak within the model's largest under-prediction of the limit); well inside the limit, and on
+    a GPU target, it does not."""
+    from rich.console import Console
+
+    from tierax import plan as plan_lib
+    from tierax.report.tables import prediction_table
+
+    record = json.loads((RESULTS / "chip" / "tpu_check_boundary.json").read_text())
+    refused = record["boundary"]["on_chip"]["refused_at"]
+    assert [refused, True] in record["boundary"]["predicted_fits"]["calibrated"]
+    cfg = apply_overrides(get_config("tiny-llama"), DENSE)
+    plan = plan_lib.preset("remat-full", cfg)
+
+    v5e = cm.target_rates("v5e", "bfloat16", calibration={})
+
+    def shown(mb, rates=v5e):
+        prog = for_inventory(cfg, model_inventory(cfg, mb, 2048))
+        p = cm.simulate(plan, prog, rates, "lhs")
+        console = Console(width=400, record=True)
+        console.print(prediction_table(p, "t"))
+        return p.fits, "fit uncertain" in console.export_text()
+
+    assert shown(refused) == (True, True)
+    assert shown(16) == (True, False)
+    # a target without XLA:TPU's scheduler (not a TPU): the chip's peak error is not its own
+    assert shown(refused, dataclasses.replace(v5e, scheduler_limit_bytes=0)) == (True, False)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from tierax.costmodel.rates import PEAK_UNDERPREDICTION_TPU
+
 
 def fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -292,6 +294,19 @@ def prediction_table(pred, title: str) -> Table:
                 )
             ]
             if (lim := b.scheduler_limit_bytes) and pred.fits and pred.peak_device_bytes > lim
+            else []
+        ),
+        *(
+            [
+                (
+                    f"  within the model's largest peak under-prediction on the chip "
+                    f"({PEAK_UNDERPREDICTION_TPU:.1%}) of the limit: XLA:TPU may refuse it",
+                    "[yellow]fit uncertain[/]",
+                )
+            ]
+            if b.scheduler_limit_bytes
+            and pred.fits
+            and b.assigned_peak_bytes * (1 + PEAK_UNDERPREDICTION_TPU) > b.fit_limit_bytes
             else []
         ),
         *_peak_rows(pred),
