@@ -6,6 +6,8 @@ and matplotlib installed from its own package index), from the repository root:
 
     PYTHONPATH=src python3 bench/tpu_check.py --out $OUT/tpu_check.json
     PYTHONPATH=src python3 bench/tpu_check.py --tiny --out /tmp/tpu_check.json   # CPU rehearsal
+    PYTHONPATH=src python3 bench/tpu_check.py --cases dense:8,moe:16 --stages cases,boundary
+    # (some cases and stages only, into their own --out; --render takes several records)
     python bench/tpu_check.py --render bench/results/tpu_check.json   # the docs page and its plot
 
 What it does, in one process (one program holds the chip), every stage against ``--budget-s``:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from tierax.costmodel.rates import PEAK_UNDERPREDICTION_TPU
-
 
 def fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -275,6 +273,8 @@ def _peak_rows(pred) -> list[tuple[str, str]]:
 
 
 def prediction_table(pred, title: str) -> Table:
+    from tierax.costmodel.rates import PEAK_UNDERPREDICTION_TPU  # JAX: `tierax plans` imports none
+
     b = pred.breakdown
     t = Table(title=title, caption="rates: " + "; ".join(f"{k}: {v}" for k, v in b.rates.items()))
     t.add_column("figure")
