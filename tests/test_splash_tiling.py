@@ -16,6 +16,7 @@ import sys
 
 import pytest
 
+from tierax import plan as plan_lib
 from tierax.models import apply_overrides, get_config
 from tierax.tracing import inventory as inv_lib
 from tierax.xla import hlo
@@ -63,15 +64,39 @@ def test_under_splash_the_inventory_stacks_q_k_v_in_128_lanes():
     assert splash["mlpwi_0"] == plain["mlpwi_0"] == B * S * 512 * BF16
 
 
+def test_offloaded_values_of_two_or_more_sequences_are_stacked_seq_minor_on_the_host():
+    """At microbatch 2 the value projection's host stack is seq-minor: its logical bytes (512
+    rows of 64 in 128-lane tiles of seq), while on device it stays head_dim-minor, padded; q and k
+    are padded on both; at microbatch 1 the host stack is the device's (XLA's compile below names
+    each buffer)."""
+    cfg = dataclasses.replace(apply_overrides(get_config("tiny-llama"), SETS), attention="splash")
+    for b in (1, 2):
+        (group,) = inv_lib.model_inventory(cfg, b, S).groups
+        acts = {a.name: a for a in group.activations}
+        k, q, v = acts["key_proj"], acts["query_proj"], acts["value_proj"]
+        assert v.bytes_per_layer == b * S * KV * 128 * BF16
+        assert v.host_held_bytes_per_layer == b * S * KV * (HD if b == 2 else 128) * BF16
+        assert q.host_held_bytes_per_layer == q.bytes_per_layer == b * S * H * 128 * BF16
+        assert k.host_held_bytes_per_layer == k.bytes_per_layer
+        # what a qkv-offload plan puts on the host, as the bench and launch report it
+        inv = inv_lib.model_inventory(cfg, b, S)
+        by = inv_lib.bytes_by_placement(inv, plan_lib.preset("qkv-offload", cfg), cfg)
+        assert by["offload"] == L * sum(a.host_held_bytes_per_layer for a in (q, k, v))
+    plain = dataclasses.replace(cfg, attention="xla")
+    (group,) = inv_lib.model_inventory(plain, 2, S).groups
+    assert all(a.host_bytes_per_layer == 0 for a in group.activations)
+
+
 @pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: XLA:TPU cannot compile here")
-def test_xla_tpu_holds_the_tiled_host_bytes_simulate_predicts():
+@pytest.mark.parametrize("b", [B, 2])
+def test_xla_tpu_holds_the_tiled_host_bytes_simulate_predicts(b):
     """q/k/v offloaded (stored in their own layer: every layer on the host), compiled deviceless
     for one v5e: XLA:TPU's host temp is the tiled sum by hand, which simulate predicts and the
     compile's attribution finds name by name, with no mismatch noted."""
     args = [
         "--model", "tiny-llama", *[a for s in SETS for a in ("--set", s)],
         "--set", "attention=splash", "--plan", "qkv-offload", "--target", "v5e", "--devices", "1",
-        "--microbatch", str(B), "--seq", str(S), "--json",
+        "--microbatch", str(b), "--seq", str(S), "--json",
     ]  # fmt: skip
 
     def run(verb):
@@ -82,10 +107,45 @@ def test_xla_tpu_holds_the_tiled_host_bytes_simulate_predicts():
         assert p.returncode == 0, p.stderr[-3000:]
         return json.loads(p.stdout)
 
-    q, kv = L * B * S * H * 128 * BF16, L * B * S * KV * 128 * BF16
+    q, k = L * b * S * H * 128 * BF16, L * b * S * KV * 128 * BF16
+    v = k if b == 1 else L * b * S * KV * HD * BF16  # seq-minor from microbatch 2: no lane padding
     compiled, predicted = run("compile"), run("simulate")
-    assert compiled["host_temp_bytes"] == q + 2 * kv == predicted["host_bytes"] == 3 * 2**20
+    assert compiled["host_temp_bytes"] == q + k + v == predicted["host_bytes"]
     assert compiled["offloaded_bytes_by_name"] == {
-        "query_proj": q, "key_proj": kv, "value_proj": kv,
+        "query_proj": q, "key_proj": k, "value_proj": v,
     }  # fmt: skip
+    assert not [n for n in compiled["notes"] if "mismatch" in n], compiled["notes"]
+
+
+MLA_SETS = [
+    "d_model=256", "num_layers=4", "first_dense_layers=1", "num_heads=4", "q_lora_rank=128",
+    "kv_lora_rank=64", "qk_nope_head_dim=64", "qk_rope_head_dim=64", "v_head_dim=64",
+    "dense_mlp_dim=512", "num_experts=4", "num_experts_per_tok=2", "expert_mlp_dim=256",
+    "vocab_size=1024", "dtype=bfloat16", "attention=splash",
+]  # fmt: skip
+
+
+@pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: XLA:TPU cannot compile here")
+def test_mla_values_zero_padded_for_the_kernel_stay_head_dim_minor_on_the_host():
+    """MLA's values (head dim 64, padded to the query/key head dim 128 for the kernel) are stacked
+    head_dim-minor on the host even at microbatch 2, unlike a dense model's: XLA:TPU's host temp of
+    deepseek-offload (3 MoE layers; the 1-layer dense group's round trip XLA drops) is what
+    simulate predicts, value_proj at 128 lanes."""
+    args = [
+        "--model", "tiny-deepseek", *[a for s in MLA_SETS for a in ("--set", s)], "--plan",
+        "deepseek-offload", "--target", "v5e", "--devices", "1", "--microbatch", "2", "--seq",
+        str(S), "--json",
+    ]  # fmt: skip
+
+    def run(verb):
+        p = subprocess.run(
+            [sys.executable, "-m", "tierax.cli", verb, *args],
+            capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert p.returncode == 0, p.stderr[-3000:]
+        return json.loads(p.stdout)
+
+    compiled, predicted = run("compile"), run("simulate")
+    assert compiled["host_temp_bytes"] == predicted["host_bytes"]
+    assert compiled["offloaded_bytes_by_name"]["value_proj"] == 3 * 2 * S * 4 * 128 * BF16
     assert not [n for n in compiled["notes"] if "mismatch" in n], compiled["notes"]

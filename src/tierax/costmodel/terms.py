@@ -206,16 +206,16 @@ def item_terms(
                         + a.recompute_hbm_bytes_per_layer / rates.hbm_bytes_per_s
                     )
                     * g.num_layers,
-                    a.held_total_bytes / rates.d2h_bytes_per_s,
+                    a.host_held_bytes_per_layer * g.num_layers / rates.d2h_bytes_per_s,
                     (
-                        a.held_total_bytes
-                        + spare_loads(g.name, a.name, mechanism) * a.held_bytes_per_layer
+                        a.host_held_bytes_per_layer * g.num_layers
+                        + spare_loads(g.name, a.name, mechanism) * a.host_held_bytes_per_layer
                     )
                     / rates.h2d_bytes_per_s,
                     a.recompute_hbm_bytes_per_layer * g.num_layers / rates.hbm_bytes_per_s,
                     fused_attention_s(a.recompute_fused_flops_per_layer, rates) * g.num_layers,
                     offload_host_bytes(
-                        g.name, a.name, a.held_bytes_per_layer, g.num_layers, mechanism
+                        g.name, a.name, a.host_held_bytes_per_layer, g.num_layers, mechanism
                     ),
                     store_window_s(a, g, rates, mechanism),
                 )

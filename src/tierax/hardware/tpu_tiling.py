@@ -39,6 +39,7 @@ import math
 
 import jax.numpy as jnp
 
+from tierax import names
 from tierax.errors import TieraxError
 
 LANES = 128  # a tile's minor extent: XLA:TPU's vector lanes
@@ -94,6 +95,24 @@ def tiled_dims_bytes(shape, itemsize: int, minor_to_major) -> int:
     major = math.prod(shape[i] for i in order[2:])
     rows = tile_rows(second, itemsize)
     return major * _round_up(second, rows) * _round_up(minor, LANES) * itemsize
+
+
+def host_stacked_value_bytes(
+    name: str, shape, dtype, *, microbatch: int, value_padded: bool = False
+) -> int:
+    """Bytes per layer that an offloaded activation ``name`` of ``shape`` and ``dtype`` takes in
+    its host stack on a TPU, tierax's own models under splash attention: as on device
+    (:func:`stacked_value_bytes`), except the values (``value_proj``) at a microbatch of 2 or more,
+    which XLA:TPU (libtpu 0.0.52) stores seq-minor, head_dim second-minor (layout ``{2,4,3,1,0}``
+    of the [layers, batch, seq, heads, head_dim] stack), so a head dim of 64 takes no padding; at
+    microbatch 1, kept on device, and where the layer zero-pads the values to the query/key head
+    dim for the kernel (``value_padded``: MLA), head_dim-minor (tests/test_splash_tiling.py
+    compiles each)."""
+    shape = tuple(int(d) for d in shape)
+    if name == names.VALUE_PROJ and microbatch >= 2 and not value_padded and len(shape) == 4:
+        # [batch, seq, heads, head_dim]: minor to major 1 3 2 0
+        return tiled_bytes(shape, dtype, (1, 3, 2, 0))
+    return stacked_value_bytes(shape, dtype)
 
 
 def stacked_value_bytes(shape, dtype) -> int:

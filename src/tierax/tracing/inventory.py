@@ -94,6 +94,10 @@ class Activation:
     # The value's logical bytes per layer (its traced shape's) where its layer stack takes more
     # (``bytes_per_layer``: a TPU's tiled layout, tierax.hardware.tpu_tiling); 0: the same bytes.
     logical_bytes_per_layer: int = dataclasses.field(default=0, metadata=PER_MICROBATCH)
+    # The bytes per layer its stack takes on the host where XLA lays the offloaded stack out
+    # otherwise than the device's (tierax.hardware.tpu_tiling.host_stacked_value_bytes); 0: the
+    # same bytes as on device.
+    host_bytes_per_layer: int = dataclasses.field(default=0, metadata=PER_MICROBATCH)
     # The layer's forward matmul FLOPs run before the value is first made (of them, those in a
     # fused attention kernel), and before the work that writes it begins: where in its layer a
     # store of it can start or must end (tierax.costmodel.terms.store_window_s).
@@ -114,6 +118,13 @@ class Activation:
     @property
     def held_total_bytes(self) -> int:
         return self.held_bytes_per_layer * self.num_layers
+
+    @property
+    def host_held_bytes_per_layer(self) -> int:
+        """:attr:`held_bytes_per_layer` as its stack is laid out on the host when offloaded."""
+        if not self.residual:
+            return 0
+        return self.host_bytes_per_layer or self.bytes_per_layer
 
     @property
     def logical_held_bytes_per_layer(self) -> int:
@@ -269,9 +280,7 @@ def _residual_bytes(layer_fn, x, params, policy, param_shapes) -> int:
     the parameters)."""
     f = jax.checkpoint(layer_fn, policy=policy, prevent_cse=False)
     residuals = jax.eval_shape(lambda a, p: jax.vjp(f, a, p)[1], x, params)
-    return sum(
-        _nbytes(r) for r in jax.tree.leaves(residuals) if tuple(r.shape) not in param_shapes
-    )
+    return sum(_nbytes(r) for r in jax.tree.leaves(residuals) if tuple(r.shape) not in param_shapes)
 
 
 def _remat_flops(layer_fn, x, params, policy, weightless=None) -> tuple[float, float, float, float]:
@@ -307,6 +316,7 @@ def layer_inventory(
     num_layers: int,
     expert_param_count: int = 0,
     stacked_bytes: Callable[[tuple, str], int] | None = None,
+    host_stacked_bytes: Callable[[str, tuple, str], int] | None = None,
 ) -> GroupInventory:
     """Inventory of one layer function ``layer_fn(x, params) -> y`` of a scanned group.
 
@@ -320,6 +330,9 @@ def layer_inventory(
         stack (None: its logical bytes); a TPU's tiled layout
         (:func:`tierax.hardware.tpu_tiling.stacked_value_bytes`).  Each name's bytes are its
         values' stacked bytes, and the residuals with no remat grow by the named residuals' excess.
+      host_stacked_bytes: ``(name, shape, dtype) -> bytes`` the value's stack takes on the host
+        when offloaded, where XLA lays it out otherwise (None: as on device;
+        :func:`tierax.hardware.tpu_tiling.host_stacked_value_bytes`).
 
     The non-matmul HBM figures are the traced layer's, whole weights; ``weight_hbm_bytes`` says
     how much of each is the weights' own work (:func:`shard_weight_work` scales it to a mesh).
@@ -327,11 +340,16 @@ def layer_inventory(
     fwd = jax.make_jaxpr(layer_fn)(x, params)
     per_name: dict[str, int] = defaultdict(int)
     logical: dict[str, int] = defaultdict(int)
+    on_host: dict[str, int] = defaultdict(int)
     before = jaxpr_tools.flops_before_names(fwd, scope=FUSED_SCOPE)
     for v in jaxpr_tools.named_values(fwd):
         stacked = v.nbytes if stacked_bytes is None else stacked_bytes(v.shape, v.dtype)
         per_name[v.name] += stacked * v.count
         logical[v.name] += v.nbytes * v.count
+        host = (
+            stacked if host_stacked_bytes is None else host_stacked_bytes(v.name, v.shape, v.dtype)
+        )
+        on_host[v.name] += host * v.count
     names = list(per_name)
 
     # Residuals of the layer with no remat: the leaves of its VJP closure, minus the parameters and
@@ -393,6 +411,7 @@ def layer_inventory(
             residual=residual[n],
             read_in_place=n in written_names,
             logical_bytes_per_layer=logical[n] if logical[n] != per_name[n] else 0,
+            host_bytes_per_layer=on_host[n] if on_host[n] != per_name[n] else 0,
             flops_made_per_layer=before[n][0],
             fused_flops_made_per_layer=before[n][1],
             flops_before_per_layer=before[n][2],
@@ -668,6 +687,20 @@ def _stacked_bytes(cfg):
     return tpu_tiling.stacked_value_bytes if cfg.attention == "splash" else None
 
 
+def _host_stacked_bytes(cfg, microbatch: int):
+    """How an offloaded value of ``cfg``'s layers is sized in its host stack: under splash
+    attention XLA:TPU lays some out otherwise than on device
+    (:func:`tierax.hardware.tpu_tiling.host_stacked_value_bytes`); otherwise as on device (None)."""
+    if cfg.attention != "splash":
+        return None
+    from tierax.hardware import tpu_tiling
+
+    _, dqk, dv = cfg.attention_dims()
+    return functools.partial(
+        tpu_tiling.host_stacked_value_bytes, microbatch=microbatch, value_padded=dv != dqk
+    )
+
+
 def _trace_groups(cfg, microbatch: int, seq: int, tensor: int) -> tuple:
     from tierax.models import abstract_model
     from tierax.models.config import host_traceable, require_concrete_attention
@@ -695,6 +728,7 @@ def _trace_groups(cfg, microbatch: int, seq: int, tensor: int) -> tuple:
             num_layers=g.num_layers,
             expert_param_count=_expert_params_per_layer(local, g.name),
             stacked_bytes=_stacked_bytes(cfg),
+            host_stacked_bytes=_host_stacked_bytes(cfg, microbatch),
         )
         # The split of the group's largest weight stands for its weights' (every weight of the
         # reference models is split alike where its dimensions divide).
@@ -836,7 +870,11 @@ def bytes_by_placement(
     out = {p.value: 0 for p in plan_lib.Placement}
     for a in acts:
         if a.group in placements and a.name in placements[a.group]:
-            out[placements[a.group][a.name].value] += a.held_total_bytes
+            where = placements[a.group][a.name]
+            off = where is plan_lib.Placement.OFFLOAD
+            out[where.value] += (
+                a.host_held_bytes_per_layer * a.num_layers if off else a.held_total_bytes
+            )
     return out
 
 

@@ -530,7 +530,13 @@ def compile_for_target(
         (
             a.group,
             a.name,
-            offload_host_bytes(a.group, a.name, a.bytes_per_layer, a.num_layers, plan.mechanism),
+            offload_host_bytes(
+                a.group,
+                a.name,
+                a.host_bytes_per_layer or a.bytes_per_layer,
+                a.num_layers,
+                plan.mechanism,
+            ),
         )
         for a in inventory.activations()
         if placements.get(a.group, {}).get(a.name) is plan_lib.Placement.OFFLOAD
