@@ -53,11 +53,11 @@ MUTATIONS = [
         "name": "host-transfers-cost-nothing",
         "what": "costmodel.item_terms: d2h and h2d seconds are 0",
         "file": "src/tierax/costmodel/terms.py",
-        "old": "a.held_total_bytes / rates.d2h_bytes_per_s,\n"
+        "old": "a.host_held_bytes_per_layer * g.num_layers / rates.d2h_bytes_per_s,\n"
         "                    (\n"
-        "                        a.held_total_bytes\n"
+        "                        a.host_held_bytes_per_layer * g.num_layers\n"
         "                        + spare_loads(g.name, a.name, mechanism)"
-        " * a.held_bytes_per_layer\n"
+        " * a.host_held_bytes_per_layer\n"
         "                    )\n"
         "                    / rates.h2d_bytes_per_s,",
         "new": "0.0,\n                    0.0,",

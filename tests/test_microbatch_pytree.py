@@ -25,6 +25,7 @@ ACT_GROWS = (
     "bytes_per_layer",
     "recompute_flops_per_layer",
     "logical_bytes_per_layer",
+    "host_bytes_per_layer",
     "flops_made_per_layer",
     "fused_flops_made_per_layer",
     "flops_before_per_layer",
