@@ -45,6 +45,16 @@ def test_the_hlo_reader_sizes_a_tiled_buffer_by_its_layout():
     assert a == hlo.Array("bf16", (3, 2, 512, 8, 64), True)
 
 
+def _tierax_json(verb: str, args: list[str]) -> dict:
+    """``tierax VERB ARGS`` (ending in --json) in a fresh interpreter: its JSON."""
+    p = subprocess.run(
+        [sys.executable, "-m", "tierax.cli", verb, *args],
+        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout)
+
+
 def _value_bytes(attention: str) -> dict[str, int]:
     cfg = dataclasses.replace(apply_overrides(get_config("tiny-llama"), SETS), attention=attention)
     inv = inv_lib.model_inventory(cfg, B, S)
@@ -99,17 +109,9 @@ def test_xla_tpu_holds_the_tiled_host_bytes_simulate_predicts(b):
         "--microbatch", str(b), "--seq", str(S), "--json",
     ]  # fmt: skip
 
-    def run(verb):
-        p = subprocess.run(
-            [sys.executable, "-m", "tierax.cli", verb, *args],
-            capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-        assert p.returncode == 0, p.stderr[-3000:]
-        return json.loads(p.stdout)
-
     q, k = L * b * S * H * 128 * BF16, L * b * S * KV * 128 * BF16
     v = k if b == 1 else L * b * S * KV * HD * BF16  # seq-minor from microbatch 2: no lane padding
-    compiled, predicted = run("compile"), run("simulate")
+    compiled, predicted = _tierax_json("compile", args), _tierax_json("simulate", args)
     assert compiled["host_temp_bytes"] == q + k + v == predicted["host_bytes"]
     assert compiled["offloaded_bytes_by_name"] == {
         "query_proj": q, "key_proj": k, "value_proj": v,
@@ -137,15 +139,7 @@ def test_mla_values_zero_padded_for_the_kernel_stay_head_dim_minor_on_the_host()
         str(S), "--json",
     ]  # fmt: skip
 
-    def run(verb):
-        p = subprocess.run(
-            [sys.executable, "-m", "tierax.cli", verb, *args],
-            capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-        assert p.returncode == 0, p.stderr[-3000:]
-        return json.loads(p.stdout)
-
-    compiled, predicted = run("compile"), run("simulate")
+    compiled, predicted = _tierax_json("compile", args), _tierax_json("simulate", args)
     assert compiled["host_temp_bytes"] == predicted["host_bytes"]
     assert compiled["offloaded_bytes_by_name"]["value_proj"] == 3 * 2 * S * 4 * 128 * BF16
     assert not [n for n in compiled["notes"] if "mismatch" in n], compiled["notes"]
