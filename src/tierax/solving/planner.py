@@ -116,13 +116,19 @@ def budgets(
     return int(dev), int(host)
 
 
+def scheduler_limit(rates: cm.Rates) -> int:
+    """XLA:TPU's scheduler limit the planner works with where the target really offloads
+    (:attr:`~tierax.costmodel.Rates.scheduler_limit_bytes`); 0: none."""
+    return rates.scheduler_limit_bytes if rates.offload_is_real else 0
+
+
 def preferred_budgets(rates: cm.Rates, budget: int) -> tuple[int, ...]:
     """The device budgets the planner tries, in order, taking the first that some plan fits: on a
     TPU target whose scheduler limit (:attr:`~tierax.costmodel.Rates.scheduler_limit_bytes`) is
     below ``budget``, that limit first.  Above it XLA:TPU issues the backward's loads where they are
     consumed and rematerialises on its own to stay within the device, neither of which the model
     prices beyond the loads: a plan there is run only where none fits within the limit."""
-    limit = rates.scheduler_limit_bytes if rates.offload_is_real else 0
+    limit = scheduler_limit(rates)
     return (limit, budget) if 0 < limit < budget else (budget,)
 
 
@@ -170,7 +176,7 @@ def build_milp(
     # W = 1: the step's microbatch phases within the scheduler's limit, so the backward's loads
     # hide under their windows; 0: above it, every load exposed (costmodel.predict's
     # copies_serialized).  Only a TPU target has such a limit; elsewhere W stays 0, unused.
-    sched_limit = t.rates.scheduler_limit_bytes if t.rates.offload_is_real else 0
+    sched_limit = scheduler_limit(t.rates)
     upd = [j for j, p in enumerate(parts) if p.kind in state_cm.ALL_PHASE_KINDS]
     acc = [j for j, p in enumerate(parts) if p.kind not in state_cm.ALL_PHASE_KINDS]
     # Units: seconds of the step's compute, bytes of all items' (with raw seconds and bytes, 1e-3

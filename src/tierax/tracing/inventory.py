@@ -120,11 +120,14 @@ class Activation:
         return self.held_bytes_per_layer * self.num_layers
 
     @property
+    def host_stack_bytes_per_layer(self) -> int:
+        """:attr:`bytes_per_layer` as its stack is laid out on the host when offloaded."""
+        return self.host_bytes_per_layer or self.bytes_per_layer
+
+    @property
     def host_held_bytes_per_layer(self) -> int:
         """:attr:`held_bytes_per_layer` as its stack is laid out on the host when offloaded."""
-        if not self.residual:
-            return 0
-        return self.host_bytes_per_layer or self.bytes_per_layer
+        return self.host_stack_bytes_per_layer if self.residual else 0
 
     @property
     def logical_held_bytes_per_layer(self) -> int:

@@ -531,11 +531,7 @@ def compile_for_target(
             a.group,
             a.name,
             offload_host_bytes(
-                a.group,
-                a.name,
-                a.host_bytes_per_layer or a.bytes_per_layer,
-                a.num_layers,
-                plan.mechanism,
+                a.group, a.name, a.host_stack_bytes_per_layer, a.num_layers, plan.mechanism
             ),
         )
         for a in inventory.activations()
