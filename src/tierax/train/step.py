@@ -81,8 +81,7 @@ def make_loss_fn(graphdef, policies, mesh: Mesh | None = None) -> Callable:
     (:mod:`tierax.models.documents`): attention stays within a document, positions restart,
     and the mean is over the targets in their input's document.
     """
-    # The platform the step is compiled for (a deviceless TPU topology's devices say "tpu" too).
-    platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+    platform = step_platform(mesh)
     mesh = None if mesh is None or mesh.size == 1 else mesh
 
     def loss(params, tokens_BT, segments_BT=None):
@@ -103,6 +102,12 @@ def make_loss_fn(graphdef, policies, mesh: Mesh | None = None) -> Callable:
         )
 
     return loss
+
+
+def step_platform(mesh: Mesh | None) -> str:
+    """The platform a step on ``mesh`` is compiled for (a deviceless TPU topology's devices say
+    "tpu" too); without a mesh, JAX's default backend."""
+    return mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
 
 
 def mesh_of(tree) -> Mesh | None:
@@ -239,6 +244,7 @@ def make_train_step(
     if mesh is not None:
         sh.check_step(cfg, mesh)
     loss_fn = make_loss_fn(graphdef, plan_lib.to_policies(plan, cfg), mesh)
+    platform = step_platform(mesh)
     grad_fn = jax.value_and_grad(loss_fn)
     param_shardings = None if state_shardings is None else state_shardings.params
     if param_shardings is not None and masters.offloads_masters(plan):
@@ -279,7 +285,7 @@ def make_train_step(
             updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
             params = optax.apply_updates(state.params, updates)
         params = fp8.overwrite_meta(params, meta)
-        metrics = {"loss": loss, "grad_norm": global_norm(grads)}
+        metrics = {"loss": loss, "grad_norm": global_norm(grads, platform)}
         return TrainState(params, opt_state, state.step + 1, compute), metrics
 
     out = None
@@ -294,12 +300,22 @@ def make_train_step(
     return jax.jit(step, donate_argnums=(0,), out_shardings=out)
 
 
-def global_norm(tree) -> jax.Array:
-    # The barrier (a no-op at run time) keeps these squares apart from Optax's Adam's g ** 2 (the
-    # same HLO multiply): merged by CSE, the shared square is written out in full and read back by
-    # this reduction instead of being fused into it, one extra write and read of every gradient per
-    # step (165 MB at 20 M float32 parameters, jax 0.12 CPU).
-    leaves = jax.lax.optimization_barrier([g.astype(jnp.float32) for g in jax.tree.leaves(tree)])
+def global_norm(tree, platform: str) -> jax.Array:
+    """The gradients' global norm (float32), its squares kept apart from the optimizer's where that
+    saves HBM traffic on ``platform``.
+
+    Optax's Adam squares each gradient with the same HLO multiply as this norm, and CSE merges the
+    two.  XLA:CPU then writes the shared square out in full and reads it back for this reduction
+    (one extra write and read of every gradient per step), so on a CPU an optimization barrier (a
+    no-op at run time) keeps the squares apart and the norm is fused into its own read.  XLA:TPU
+    instead fuses the merged square's reduction into the update's own pass over the gradients; the
+    barrier there forces a separate pass, one extra read of every gradient per step
+    (tests/test_train_step_norm.py compiles both).  No GPU compile has shown either way: GPUs keep
+    the barrier, as before this choice.
+    """
+    leaves = [g.astype(jnp.float32) for g in jax.tree.leaves(tree)]
+    if platform != "tpu":
+        leaves = jax.lax.optimization_barrier(leaves)
     return jnp.sqrt(sum(jnp.sum(g * g) for g in leaves))
 
 
