@@ -98,6 +98,10 @@ def rope(x_BSHd, theta: float, positions_BS=None):
     """Rotary position embedding (rotate-half form) over the last axis.
 
     ``positions_BS``: each token's position (packed documents restart at 0); None: 0 … S − 1.
+    The same values on every platform, computed in the form that platform lays out well
+    (``jax.lax.platform_dependent``): on a TPU :func:`_rope_by_permutation` (XLA:TPU lays the
+    halves of the other form out as arrays of half the head dim, each padded to 128 lanes: the
+    chip's timing of both, bench/investigations/rope_forms.py), elsewhere :func:`_rope_by_halves`.
     """
     seq, dim = x_BSHd.shape[1], x_BSHd.shape[-1]
     inv_freq = 1.0 / (theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
@@ -108,9 +112,30 @@ def rope(x_BSHd, theta: float, positions_BS=None):
     else:
         angles_BSd = positions_BS.astype(jnp.float32)[..., None] * inv_freq[None, None, :]
         sin, cos = jnp.sin(angles_BSd)[:, :, None, :], jnp.cos(angles_BSd)[:, :, None, :]
-    x1, x2 = jnp.split(x_BSHd.astype(jnp.float32), 2, axis=-1)
+    return jax.lax.platform_dependent(
+        x_BSHd, sin, cos, tpu=_rope_by_permutation, default=_rope_by_halves
+    )
+
+
+def _rope_by_halves(x, sin, cos):
+    """``concat([x1·cos − x2·sin, x2·cos + x1·sin])`` of the halves ``x1, x2`` of ``x``'s last
+    axis (float32, cast back); ``sin``, ``cos``: the angles, half the last axis wide."""
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x_BSHd.dtype)
+    return out.astype(x.dtype)
+
+
+def _rope_by_permutation(x, sin, cos):
+    """:func:`_rope_by_halves`' values with no array of half the last axis:
+    ``x·cos' + (x @ R)·sin'``, where ``R`` is the signed permutation taking ``x`` to
+    ``concat([−x2, x1])`` (one ±1 term per output, accumulated in float32: exact) and ``cos'``,
+    ``sin'`` repeat the angles over both halves."""
+    half = x.shape[-1] // 2
+    eye, zero = jnp.eye(half, dtype=x.dtype), jnp.zeros((half, half), x.dtype)
+    rotate = jnp.block([[zero, eye], [-eye, zero]])
+    rotated = jnp.einsum("...d,de->...e", x, rotate, preferred_element_type=jnp.float32)
+    cos, sin = jnp.concatenate([cos, cos], axis=-1), jnp.concatenate([sin, sin], axis=-1)
+    return (x.astype(jnp.float32) * cos + rotated * sin).astype(x.dtype)
 
 
 def _doc_fields(doc: DocumentMask | None, mesh):
