@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
 """Two forms of rotary embedding in tierax's train step, timed side by side on the chip.
 
-Question: does XLA:TPU's layout of the rotate-half RoPE cost a step time the model does not price,
-and does another form of the same arithmetic avoid it?  The chip's profile of a head-dim-64 step
+Question: does XLA:TPU's layout of the rotate-half RoPE cost step time, and does another form of
+the same arithmetic avoid it?  Answered on the v5e chip: yes — the permutation form's step is
+faster at head dim 64 and at 128 (the record's ``matmul_over_split``), and tierax's models now use
+it on a TPU (tierax.models.layers.rope).
+
+The chip's profile of a head-dim-64 step
 (bench/results/chip/profiles/hd64_remat_full_ops.json) spends tens of ms in fusions over the rotary
 halves, ``[b, s, h, d/2]`` arrays whose minor dimension (32 at head dim 64) XLA:TPU pads to 128
 lanes.  The forms, equal value for value (the check below):
@@ -14,7 +18,9 @@ lanes.  The forms, equal value for value (the check below):
 
 Per head dim (64, 128; the chip check's dense shape otherwise), both steps are compiled once, then
 timed in interleaved rounds, each round on a fresh state (one state on the chip at a time).
+
 Records: bench/results/chip/rope_forms.json
+Docs: docs/guide/tpu.md
 
     PYTHONPATH=src python3 bench/investigations/rope_forms.py --out $OUT/rope_forms.json  # chip
     PYTHONPATH=src python3 bench/investigations/rope_forms.py --tiny                      # CPU
