@@ -29,7 +29,7 @@ matmul rate and each schedule's documented hiding rule — following the model a
   compute, one layer is always staged (the next layer's prefetched slices: the layer in use's
   are in its workspace); a value made before the attention is stored in its own layer (L on the
   host, L + 1 loads: its last layer before the loop, layer 0 twice), any other a layer later (its
-  last layer stays on device: L − 1 on the host, L loads).
+  last layer stays on device: L − 1 on the host, but two slots in a two-layer group, L loads).
 * a target with a scheduler limit (a TPU's): where a plan's peak is above it, no load hides.
 
 Inventories are synthetic (two layer groups, DeepSeek-like: dense + MoE), with rates where
@@ -187,10 +187,12 @@ def brute_force(inv: Inventory, rates: cm.Rates, schedule: str, mechanism: str =
         off_layer = ((c == 1) * b).sum(axis=1)
         # under prefetch, a value made before the attention is stored in its own layer (all L on
         # the host, L + 1 loads: its last layer's before the loop); any other a layer later (its
-        # last layer stays on device: L − 1 on the host, L loads)
+        # last layer stays on device: L − 1 on the host, L loads), its host stack two slots at
+        # least in a group of two layers or more (a two-layer group's: one unwritten)
         own = np.array([a.name in MADE_BEFORE_ATTENTION for a in named])
         off_own = ((c == 1) * b * own).sum(axis=1)
-        host += off_layer * L - (0 if not prefetch else (off_layer - off_own))
+        later_slots = L if not prefetch else (max(L - 1, 2) if L >= 2 else L - 1)
+        host += off_own * L + (off_layer - off_own) * later_slots
         staging = np.maximum(staging, stage * off_layer)
         store_s = off_layer * L / rates.d2h_bytes_per_s
         load_s = (off_layer * L + (off_own if prefetch else 0)) / rates.h2d_bytes_per_s

@@ -132,12 +132,25 @@ def stored_in_own_layer(name: str) -> bool:
     return name in N.BEFORE_ATTENTION
 
 
+# The fewest slots a host stack written and read inside a layer loop (two layers or more) may have.
+# With one slot, the store's dynamic-update-slice and the load's dynamic-slice cover the whole
+# stack, XLA's simplifier folds them into bitcasts of the stack, and XLA:TPU's host offloader
+# leaves the backward's bitcast between a device operand and a host result: the compile fails
+# ("Bitcast cannot have different memory spaces").  A second, never-written slot keeps both
+# indexed; a whole-stack store without the index ops is not offloaded at all (XLA copies it to
+# host and straight back in the same iteration).
+MIN_LOOP_SLOTS = 2
+
+
 def host_slots(name: str, layers: int) -> int:
-    """Layers of offloaded ``name`` that :func:`prefetch_scan`'s host stack holds: every layer for a
-    name stored in its own layer; all but the last for the others, whose last layer stays on device
-    between the passes (a single layer's stack holds only the spare store, which nothing reads, and
-    XLA drops it)."""
-    return layers if stored_in_own_layer(name) else layers - 1
+    """Slots (layers' worth of ``name``) of :func:`prefetch_scan`'s host stack for offloaded
+    ``name``: every layer for a name stored in its own layer; all but the last for the others,
+    whose last layer stays on device between the passes.  A group of two layers or more gets at
+    least :data:`MIN_LOOP_SLOTS` (a two-layer group's later-stored value: its one layer and a spare
+    slot nothing writes); a single layer's stack holds only the spare store, which nothing reads,
+    and XLA drops it."""
+    slots = layers if stored_in_own_layer(name) else layers - 1
+    return max(slots, MIN_LOOP_SLOTS) if layers >= 2 else slots
 
 
 def prefetch_scan(body: LayerBody, keep: Iterable[str], offload: Iterable[str]) -> Callable:
