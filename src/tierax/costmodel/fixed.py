@@ -209,11 +209,21 @@ def _group_workspace(prog: Program, c_item: int, fsdp: int, ep: int, tpu: bool) 
     """Each group's one layer in flight (:func:`_workspace`), before what every group shares."""
     inv = prog.inventory
     # the routed experts gathered: the layer's E / expert local experts, or what the front end
-    # knows one layer's backward holds of them (Program.gathered_expert_bytes)
+    # knows one layer's backward holds of them (Program.gathered_expert_bytes); the other weights
+    # gathered whole, or what the front end knows of them (Program.gathered_weight_bytes: a
+    # scanned block's backward gathering one of its layers at a time)
     known = dict(prog.gathered_expert_bytes)
+    dense = dict(prog.gathered_weight_bytes)
     return {
         g.name: (g.written_residual_bytes_per_layer if tpu else g.save_all_bytes_per_layer)
-        + (c_item * (g.layer_param_count - g.expert_param_count_per_layer) if fsdp > 1 else 0)
+        + (
+            dense.get(
+                g.name.partition("@")[0],
+                c_item * (g.layer_param_count - g.expert_param_count_per_layer),
+            )
+            if fsdp > 1
+            else 0
+        )
         + (
             known.get(g.name, c_item * g.expert_param_count_per_layer / ep)
             if inv.mesh.get("fsdp", 1) > 1

@@ -55,6 +55,12 @@ absence means):
   layer of the group's layer, in the compute dtype): MaxText's single-trip routed-expert stacks
   under a policy that saves names, whose straight-line backward gathers one routed layer's experts
   at a time (:mod:`tierax.interop.maxtext_program.tpu_moe`); a group not listed: the layer's own;
+* ``gathered_weight_bytes``: per layer group, the other (dense) weights' gathered bytes one layer's
+  backward holds under FSDP where a front end knows them to differ from the whole scanned layer's
+  (:func:`tierax.costmodel.fixed._group_workspace`: every weight of the group's layer gathered, in
+  the compute dtype): MaxText's scanned blocks of several layers on a TPU, whose backward gathers
+  one layer's weights at a time (:mod:`tierax.interop.maxtext_program.tpu_blocks`); a group not
+  listed: the layer's own;
 * ``batch_shaped``: whether the inventory's microbatch × seq is the step's batch (False: a trace at
   the caller's own shapes).
 
@@ -63,8 +69,8 @@ activation's bytes and FLOPs in the inventory, ``inventory.logits_bytes``, ``mod
 ``moe_backward_bytes``, ``loss_bytes``, ``after_backward_bytes`` and a TPU ``late_grad_bytes``
 (the MaxText front end retraces at each batch); the fused kernel's workspace is computed from
 ``inventory.microbatch``.
-The state bytes, the head's shape, ``stack_copy_params``, ``uncopied_stack_bytes`` and
-``gathered_expert_bytes`` do not.
+The state bytes, the head's shape, ``stack_copy_params``, ``uncopied_stack_bytes``,
+``gathered_expert_bytes`` and ``gathered_weight_bytes`` do not.
 """
 
 from __future__ import annotations
@@ -131,6 +137,7 @@ class Program:
     late_grad_bytes: int = 0
     uncopied_stack_bytes: int = 0
     gathered_expert_bytes: tuple[tuple[str, int], ...] = ()
+    gathered_weight_bytes: tuple[tuple[str, int], ...] = ()
     # Whether the inventory's microbatch and seq are the step's batch shape (False: a user's loss
     # function traced at its own shapes, which the model names no microbatch for).
     batch_shaped: bool = True

@@ -54,6 +54,10 @@ train state traced (:mod:`.trace`), its remat policy read from its decoder
   ``loss_bytes``; their shard copies not made, ``uncopied_stack_bytes``) and writes the stack's
   gradients after its layers' backward (added to ``late_grad_bytes``); under a policy that saves
   names its backward gathers one routed layer's experts at a time (``gathered_expert_bytes``).
+* **Scanned blocks of several layers on a TPU** (:mod:`.tpu_blocks`): where XLA:TPU's backward
+  of a block (OLMo 3, Gemma 3, GPT-OSS, Llama 4) gathers one of its layers' weights at a time
+  (v6e: every compile read), a layer's workspace holds the block's largest layer's gathered
+  weights (``gathered_weight_bytes``), not the whole block's.
 * **Routed experts under expert parallelism**: each group's routed-expert parameters per layer
   (``expert_param_count_per_layer``) are read from MaxText's train state (its stacks naming the
   experts' dimension, :func:`.weight_stacks.expert_params_per_layer`), so a layer's workspace
@@ -81,7 +85,13 @@ from tierax import hardware
 from tierax import names as N
 from tierax.errors import TieraxError
 from tierax.hardware import tpu_tiling
-from tierax.interop.maxtext_program import loss_terms, tpu_moe, tpu_terms, weight_stacks
+from tierax.interop.maxtext_program import (
+    loss_terms,
+    tpu_blocks,
+    tpu_moe,
+    tpu_terms,
+    weight_stacks,
+)
 
 # The attention MaxText's step runs on a GPU target where the user names none (what compile
 # --maxtext compiles: tierax.xla.maxtext_step.DEVICELESS_GPU_ATTENTION).
@@ -359,6 +369,8 @@ def _build(loaded, target: str, runs: str, traced: str) -> MaxTextProgram:
     policy_name = str(config.remat_policy)
     plan = policy_plan(decoder.get_remat_policy(), policy_name, groups)
     loss, after, late, uncopied, gathered = (None, 0, 0, 0, ())
+    # a scanned block's backward gathering one of its layers' weights at a time (.tpu_blocks)
+    one_layer = tpu_blocks.gathered_weight_bytes(config, inv, target)
     if hardware.get_target(target).kind == "tpu":
         tpu = tpu_terms.tpu_terms(config, inv, target)
         loss, after, late = tpu.loss_bytes, tpu.after_backward_bytes, tpu.late_grad_bytes
@@ -391,6 +403,7 @@ def _build(loaded, target: str, runs: str, traced: str) -> MaxTextProgram:
         late_grad_bytes=late,
         uncopied_stack_bytes=uncopied,
         gathered_expert_bytes=gathered,
+        gathered_weight_bytes=one_layer,
         stack_copy_params=(gpu.stack_copy_params if gpu else 0.0)
         + (moe_stacks.copy_params if moe_stacks else 0.0),
     )
