@@ -217,7 +217,9 @@ def render(records, page: pathlib.Path = PAGE, png: pathlib.Path = PLOT) -> list
         "rest a layer later: docs/concepts/mechanisms.md), the fifth (each store hidden only "
         "under its own window; gathers and scatters priced), the sixth (the planner within "
         "XLA:TPU's scheduler limit), the seventh (the dense shape at seq 8192 and at head dim "
-        "64), and the eighth (the fit boundary alone).",
+        "64), the eighth (the fit boundary alone), the ninth (the reference step alone, the "
+        "gradient norm fused into Adam's pass on a TPU: tierax.train.step.global_norm) and the "
+        "tenth (the dense shapes again, RoPE in its TPU form: docs/guide/tpu.md).",
         "",
         "What the platform choice, the memory figures and the back-to-back timing follow was read "
         "first from `bench/investigations/tpu_probe.py` on the same chip (its record: "
