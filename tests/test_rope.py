@@ -91,5 +91,51 @@ def test_the_tpu_program_holds_no_array_of_half_the_head_dim():
             x, jnp.sin(angle)[None, :, None], jnp.cos(angle)[None, :, None]
         )
 
+    def traced_for_tpu(x):
+        with layers.traced_for("tpu"):
+            return layers.rope(x, THETA)
+
     assert _half_wide_arrays(halves) > 0  # the form XLA:TPU pads: the check can see it
-    assert _half_wide_arrays(lambda x: layers.rope(x, THETA)) == 0
+    assert _half_wide_arrays(traced_for_tpu) == 0
+
+
+def _permutation_dots(jaxpr, head_dim: int) -> int:
+    """dot_generals of ``jaxpr`` (nested jaxprs included) whose second operand is a
+    [head_dim, head_dim] matrix: the permutation form's rotation."""
+    from jax.extend.core import jaxprs_in_params
+
+    n = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general" and eqn.invars[1].aval.shape == (head_dim,) * 2:
+            n += 1
+        for sub in jaxprs_in_params(eqn.params):
+            n += _permutation_dots(getattr(sub, "jaxpr", sub), head_dim)
+    return n
+
+
+@pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: no TPU topology here")
+def test_the_train_steps_loss_takes_the_form_of_the_platform_it_is_compiled_for():
+    from flax import nnx
+
+    from tierax import plan as P
+    from tierax.models import abstract_model, get_config
+    from tierax.train import step as S
+
+    cfg = get_config("tiny-llama")
+    graphdef, params = nnx.split(abstract_model(cfg))
+    tokens = jax.ShapeDtypeStruct((2, 33), jnp.int32)
+    policies = P.to_policies(P.preset("remat-full", cfg), cfg)
+    tpu = Mesh(C.tpu_topology(hardware.get_target("v5e"), 1).devices[:1], ("x",))
+    cpu = Mesh(jax.devices()[:1], ("x",))
+    counts = {
+        m.devices.flat[0].platform: _permutation_dots(
+            jax.make_jaxpr(S.make_loss_fn(graphdef, policies, m))(params, tokens).jaxpr,
+            cfg.head_dim,
+        )
+        for m in (tpu, cpu)
+    }
+    # q's and k's in the scanned layer's body (the loss: forward only); none on the CPU
+    assert counts == {"tpu": 2, "cpu": 0}, counts
+    # the form outside a train step's trace (the cost model's inventory): the platform-free one
+    x = _x((2, 16, 4, 64))
+    assert _permutation_dots(jax.make_jaxpr(lambda a: layers.rope(a, THETA))(x).jaxpr, 64) == 0

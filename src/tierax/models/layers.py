@@ -9,6 +9,9 @@ per kv head, E experts, C expert capacity, F hidden).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -94,14 +97,34 @@ class RMSNorm(nnx.Module):
         return (y * scale).astype(self.dtype)
 
 
+# The platform the model is being traced for, where the step knows it (:func:`traced_for`): the
+# form :func:`rope` takes.
+_TRACED_FOR: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "tierax_traced_for", default=None
+)
+
+
+@contextlib.contextmanager
+def traced_for(platform: str | None):
+    """Trace the layers inside for ``platform`` (``tpu``, ``gpu``, ``cpu``; None: no platform
+    known), where a layer's form depends on it (:func:`rope`).  The train step's loss traces its
+    model inside it (tierax.train.step.make_loss_fn); other traces (the cost model's inventory) take
+    the platform-free form."""
+    token = _TRACED_FOR.set(platform)
+    try:
+        yield
+    finally:
+        _TRACED_FOR.reset(token)
+
+
 def rope(x_BSHd, theta: float, positions_BS=None):
     """Rotary position embedding (rotate-half form) over the last axis.
 
     ``positions_BS``: each token's position (packed documents restart at 0); None: 0 … S − 1.
-    The same values on every platform, computed in the form that platform lays out well
-    (``jax.lax.platform_dependent``): on a TPU :func:`_rope_by_permutation` (XLA:TPU lays the
-    halves of the other form out as arrays of half the head dim, each padded to 128 lanes: the
-    chip's timing of both, bench/investigations/rope_forms.py), elsewhere :func:`_rope_by_halves`.
+    The same values in either of two forms: traced for a TPU (:func:`traced_for`)
+    :func:`_rope_by_permutation` (XLA:TPU lays the halves of the other form out as arrays of half
+    the head dim, each padded to 128 lanes: the chip's timing of both,
+    bench/investigations/rope_forms.py), otherwise :func:`_rope_by_halves`.
     """
     seq, dim = x_BSHd.shape[1], x_BSHd.shape[-1]
     inv_freq = 1.0 / (theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
@@ -112,9 +135,8 @@ def rope(x_BSHd, theta: float, positions_BS=None):
     else:
         angles_BSd = positions_BS.astype(jnp.float32)[..., None] * inv_freq[None, None, :]
         sin, cos = jnp.sin(angles_BSd)[:, :, None, :], jnp.cos(angles_BSd)[:, :, None, :]
-    return jax.lax.platform_dependent(
-        x_BSHd, sin, cos, tpu=_rope_by_permutation, default=_rope_by_halves
-    )
+    form = _rope_by_permutation if _TRACED_FOR.get() == "tpu" else _rope_by_halves
+    return form(x_BSHd, sin, cos)
 
 
 def _rope_by_halves(x, sin, cos):

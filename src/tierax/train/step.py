@@ -18,7 +18,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tierax import plan as plan_lib
 from tierax.errors import TieraxError
-from tierax.models import ModelConfig, build_model, fp8
+from tierax.models import ModelConfig, build_model, fp8, layers
 from tierax.models import loss as loss_lib
 from tierax.models.documents import target_weights
 from tierax.sharding import rules as sh
@@ -90,7 +90,8 @@ def make_loss_fn(graphdef, policies, mesh: Mesh | None = None) -> Callable:
             sh.check_batch(tokens_BT.shape[0], mesh)
         seg_BS = None if segments_BT is None else segments_BT[:, :-1]
         weights = None if segments_BT is None else target_weights(segments_BT)
-        hidden_BSD = model.hidden(tokens_BT[:, :-1], policies, mesh, seg_BS)
+        with layers.traced_for(platform):  # forms chosen per platform (layers.rope)
+            hidden_BSD = model.hidden(tokens_BT[:, :-1], policies, mesh, seg_BS)
         return loss_lib.cross_entropy(
             hidden_BSD,
             model.output_weight(),
