@@ -57,12 +57,15 @@ PRESETS: dict[str, tuple[str, Callable[[tuple[str, ...]], dict[str, Placement]]]
 }
 
 
-def _rule_for(rule, g) -> tuple[dict[str, Placement], list[str]]:
-    """``rule`` applied to layer group ``g``: (placements, the names it would offload that are
-    recomputed instead).  A one-layer group cannot offload
+def _rule_for(rule, g, cfg) -> tuple[dict[str, Placement], list[str]]:
+    """``rule`` applied to layer group ``g`` of ``cfg``: (placements, the names it would offload
+    that are recomputed instead).  A one-layer group of tierax's own step cannot offload
     (:func:`tierax.plan.one_layer_offloads`): there the preset recomputes what it offloads
-    elsewhere, as it recomputes what it does not keep."""
+    elsewhere, as it recomputes what it does not keep; a program whose front end applies the plan
+    itself (``one_layer_groups_offload``: MaxText's) keeps the preset's placements."""
     placements = rule(g.activations)
+    if getattr(cfg, "one_layer_groups_offload", False):
+        return placements, []
     dropped = one_layer_offloads(g.num_layers, placements)
     return placements | {n: Placement.REMAT for n in dropped}, dropped
 
@@ -76,7 +79,7 @@ def one_layer_notes(name: str, cfg) -> list[str]:
         f"note: preset {name!r}: layer group {g.name!r} has one layer, where XLA keeps an "
         f"offloaded value on device; {', '.join(dropped)} recomputed there instead (remat)"
         for g in cfg.layer_groups()
-        if (dropped := _rule_for(PRESETS[name][1], g)[1])
+        if (dropped := _rule_for(PRESETS[name][1], g, cfg)[1])
     ]
 
 
@@ -91,7 +94,7 @@ def preset(name: str, cfg) -> Plan:
     unnamed = Placement.DEVICE if name == "save-all" else Placement.REMAT
     groups, recomputed = {}, []
     for g in cfg.layer_groups():
-        placements, dropped = _rule_for(rule, g)
+        placements, dropped = _rule_for(rule, g, cfg)
         groups[g.name] = GroupPlan(placements, Placement.REMAT, (), unnamed)
         if dropped:
             recomputed.append(g.name)

@@ -521,7 +521,8 @@ def resolve(plan: Plan, cfg) -> dict[str, dict[str, Placement]]:
         gp = plan.groups.get(gname, GroupPlan())
         if not gp.segments:
             out[gname] = {n: gp.placement(n) for n in g.activations}
-            _check_one_layer_group(plan, g.num_layers, out[gname], gname)
+            if not getattr(cfg, "one_layer_groups_offload", False):  # tierax's own step
+                _check_one_layer_group(plan, g.num_layers, out[gname], gname)
             _check_unnamed(plan, gp.unnamed, out[gname], gname)
         for s in gp.segments:
             where = segment_name(gname, s.start, s.stop)
