@@ -131,7 +131,7 @@ MLA_SETS = [
 def test_mla_values_zero_padded_for_the_kernel_stay_head_dim_minor_on_the_host():
     """MLA's values (head dim 64, padded to the query/key head dim 128 for the kernel) are stacked
     head_dim-minor on the host even at microbatch 2, unlike a dense model's: XLA:TPU's host temp of
-    deepseek-offload (3 MoE layers; the 1-layer dense group's round trip XLA drops) is what
+    deepseek-offload (3 MoE layers; the preset recomputes the 1-layer dense group's) is what
     simulate predicts, value_proj at 128 lanes."""
     args = [
         "--model", "tiny-deepseek", *[a for s in MLA_SETS for a in ("--set", s)], "--plan",

@@ -119,6 +119,9 @@ class LinearTerms:
     # on device that the group's backward reads from their stacks (tierax.costmodel.kept_reads);
     # empty where no group reads any
     kept_read_bytes: tuple[Row, ...] = ()
+    # Whether a one-layer group's offloaded values are held in host memory in this program's step
+    # (Program.one_layer_groups_offload): where not, the planner offers no offload there.
+    one_layer_groups_offload: bool = True
 
     # Column offsets.
     @property
@@ -461,6 +464,7 @@ def _build(
         state_row(everything, "h2d_bytes"),
         state_row(everything, "d2h_bytes"),
         _kept_reads(inv, rates, items, fx, row),
+        one_layer_groups_offload=prog.one_layer_groups_offload,
     )
 
 

@@ -5,11 +5,12 @@ file."""
 from __future__ import annotations
 
 import pathlib
+import sys
 from collections.abc import Callable
 
 from tierax import names as N
 from tierax.errors import TieraxError
-from tierax.plan.types import GroupPlan, Placement, Plan, resolve
+from tierax.plan.types import GroupPlan, Placement, Plan, one_layer_offloads, resolve
 
 # --- presets ----------------------------------------------------------------
 
@@ -56,17 +57,52 @@ PRESETS: dict[str, tuple[str, Callable[[tuple[str, ...]], dict[str, Placement]]]
 }
 
 
+def _rule_for(rule, g, cfg) -> tuple[dict[str, Placement], list[str]]:
+    """``rule`` applied to layer group ``g`` of ``cfg``: (placements, the names it would offload
+    that are recomputed instead).  A one-layer group of tierax's own step cannot offload
+    (:func:`tierax.plan.one_layer_offloads`): there the preset recomputes what it offloads
+    elsewhere, as it recomputes what it does not keep; a program whose front end applies the plan
+    itself (``one_layer_groups_offload``: MaxText's) keeps the preset's placements."""
+    placements = rule(g.activations)
+    if getattr(cfg, "one_layer_groups_offload", False):
+        return placements, []
+    dropped = one_layer_offloads(g.num_layers, placements)
+    return placements | {n: Placement.REMAT for n in dropped}, dropped
+
+
+def one_layer_notes(name: str, cfg) -> list[str]:
+    """What preset ``name`` recomputes instead of offloading in ``cfg``'s one-layer groups, one
+    line per such group (none for a preset that offloads nothing there, or another plan)."""
+    if name not in PRESETS:
+        return []
+    return [
+        f"note: preset {name!r}: layer group {g.name!r} has one layer, where XLA keeps an "
+        f"offloaded value on device; {', '.join(dropped)} recomputed there instead (remat)"
+        for g in cfg.layer_groups()
+        if (dropped := _rule_for(PRESETS[name][1], g, cfg)[1])
+    ]
+
+
 def preset(name: str, cfg) -> Plan:
-    """The preset ``name`` spelled out for every layer group of ``cfg``."""
+    """The preset ``name`` spelled out for every layer group of ``cfg``; in a one-layer group the
+    names it offloads elsewhere are recomputed (:func:`one_layer_notes`), which its description
+    says."""
     if name not in PRESETS:
         raise TieraxError(f"unknown plan preset {name!r}; presets: {', '.join(PRESETS)}")
     desc, rule = PRESETS[name]
     # save-all keeps the unnamed intermediates too (no remat); every other preset recomputes them
     unnamed = Placement.DEVICE if name == "save-all" else Placement.REMAT
-    groups = {
-        g.name: GroupPlan(rule(g.activations), Placement.REMAT, (), unnamed)
-        for g in cfg.layer_groups()
-    }
+    groups, recomputed = {}, []
+    for g in cfg.layer_groups():
+        placements, dropped = _rule_for(rule, g, cfg)
+        groups[g.name] = GroupPlan(placements, Placement.REMAT, (), unnamed)
+        if dropped:
+            recomputed.append(g.name)
+    if recomputed:
+        desc += (
+            f"; in one-layer group{'s' if len(recomputed) > 1 else ''} "
+            f"{', '.join(recomputed)}: recomputed, not offloaded"
+        )
     return Plan(name, groups, desc)
 
 
@@ -77,6 +113,8 @@ def load_plan(spec: str | Plan, cfg) -> Plan:
         plan = spec
     elif spec in PRESETS:
         plan = preset(spec, cfg)
+        for note in one_layer_notes(spec, cfg):
+            print(note, file=sys.stderr)
     else:
         path = pathlib.Path(spec)
         if not path.is_file():

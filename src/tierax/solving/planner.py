@@ -311,6 +311,14 @@ def build_milp(
             ub[X + j] = 0
     if not t.rates.offload_is_real:
         ub[O : O + n] = ub[X:nx] = 0
+    # A one-layer group (or segment) of tierax's own step does not offload: XLA keeps the value
+    # on device around its host copy (tierax.plan.one_layer_offloads), and resolve refuses such a
+    # plan; a program whose front end applies the plan itself keeps the choice
+    # (Program.one_layer_groups_offload).
+    layers = {g.name: g.num_layers for g in groups}
+    for k, it in enumerate(items):
+        if layers[it.group] == 1 and not t.one_layer_groups_offload:
+            ub[O + k] = 0
     aux = {"ED": ED, "EH": EH, "S": S, "UH": UH, "SU": SU, "EC": EC, "AH": AH, "SA": SA, "W": W}
     rows, lo, hi = np.array(rows), np.array(lo), np.array(hi)
     return Milp(t, c, scale, constant_s, rows, lo, hi, tuple(budget_rows), ub, aux)
@@ -497,12 +505,16 @@ def _explain(
         with_it = others + [it]
         total = sum(i.d2h_s + i.h2d_s for i in with_it)
         hidden = 1.0 - _exposed(with_it, g) / total if total > 0 else 1.0
+        # no offload offered (tierax.plan.one_layer_offloads)
+        one_layer = g.num_layers == 1 and not prog.one_layer_groups_offload
         if p is Placement.DEVICE:
             why = (
                 f"kept: {gib(it.bytes)} fits the budget ({gib(slack)} to spare); remat would cost "
                 f"{ms(it.recompute_s)}, "
                 + (
-                    f"offload {ms(marginal)} exposed"
+                    "offloading is not offered in a one-layer group"
+                    if one_layer
+                    else f"offload {ms(marginal)} exposed"
                     if rates.offload_is_real
                     else "offloading is a no-op on this backend"
                 )
@@ -510,6 +522,11 @@ def _explain(
         elif p is Placement.REMAT:
             if it.recompute_s == 0:
                 why = "recompute is free: not needed by the backward pass, or recomputed anyway"
+            elif one_layer:
+                why = (
+                    f"recomputed for {ms(it.recompute_s)} to free {gib(it.bytes)}; offloading is "
+                    "not offered in a one-layer group (XLA keeps the value on device there)"
+                )
             elif not rates.offload_is_real:
                 why = (
                     f"recomputed for {ms(it.recompute_s)} to free {gib(it.bytes)}; offloading is a "

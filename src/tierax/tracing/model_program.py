@@ -58,6 +58,7 @@ def for_inventory(cfg, inv: Inventory) -> Program:
         attention=attention,
         moe_backward_bytes=moe_bytes,
         stack_copy_params=transposed_stack_params(cfg, inv.mesh),
+        one_layer_groups_offload=False,
     )
 
 

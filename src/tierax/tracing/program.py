@@ -138,6 +138,11 @@ class Program:
     uncopied_stack_bytes: int = 0
     gathered_expert_bytes: tuple[tuple[str, int], ...] = ()
     gathered_weight_bytes: tuple[tuple[str, int], ...] = ()
+    # Whether a layer group of one layer holds its offloaded values in host memory: False for
+    # tierax's own step (XLA removes its single-trip layer loop and keeps the value on device around
+    # its host copy: tierax.plan.one_layer_offloads); a front end that applies a plan by its own
+    # code (MaxText's remat policy, a user's model through tierax.api) keeps True.
+    one_layer_groups_offload: bool = True
     # Whether the inventory's microbatch and seq are the step's batch shape (False: a user's loss
     # function traced at its own shapes, which the model names no microbatch for).
     batch_shaped: bool = True
