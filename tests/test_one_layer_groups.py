@@ -65,6 +65,38 @@ def test_the_planner_never_offloads_in_a_one_layer_group(mechanism):
     assert one  # the other group is planned as before
 
 
+def test_a_front_end_that_applies_the_plan_itself_keeps_offload_in_a_one_layer_group():
+    """MaxText's program applies a plan by its own remat policy (Program.one_layer_groups_offload):
+    the rule is tierax's own step's, so there the planner still offloads in the one-layer group at
+    the tight budget, resolve accepts it and a preset keeps its placements."""
+    import dataclasses
+
+    rates = make_rates(link_d2h=8e9, link_h2d=8e9)
+    groups = fixture_groups()
+    groups[0] = dict(groups[0], layers=1)
+    inv = make_inventory(groups)
+    prog = dataclasses.replace(for_inventory(CFG, inv), one_layer_groups_offload=True)
+    assert not for_inventory(CFG, inv).one_layer_groups_offload  # tierax's own step
+    peak, host, _ = brute_force(inv, rates, "lhs", "prefetch")
+    r = planner.plan(
+        prog,
+        rates,
+        budget_bytes=int(peak.min() + 0.1 * (peak.max() - peak.min())),
+        host_budget_bytes=int(host.max()),
+        place_state=False,
+    )
+    resolved = P.resolve(r.plan, prog)
+    assert [n for n, p in resolved["dense"].items() if p is P.Placement.OFFLOAD]
+    # the program's own layer groups at one dense layer (for_inventory takes CFG's)
+    one = tuple(
+        dataclasses.replace(g, num_layers=1) if g.name == "dense" else g for g in prog.groups
+    )
+    for offloads, front_end in ((True, prog), (False, for_inventory(CFG, inv))):
+        p1 = dataclasses.replace(front_end, groups=one)
+        kept = P.resolve(P.preset("deepseek-offload", p1), p1)
+        assert any(p is P.Placement.OFFLOAD for p in kept["dense"].values()) is offloads
+
+
 def test_resolve_refuses_an_offload_in_a_one_layer_group():
     cfg = apply_overrides(get_config("tiny-deepseek"), ONE_DENSE)
     plan = P.Plan(
