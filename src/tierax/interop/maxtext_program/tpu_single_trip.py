@@ -9,8 +9,10 @@ one block, the scan makes one trip and XLA:TPU inlines it: the forward, the reco
 backward are one straight-line computation, and the recomputation, free to be merged with the
 forward it repeats, is: the backward reads the forward's own values.  Read from XLA:TPU's (libtpu
 0.0.52) buffer assignment and live ranges of olmo3-7b at 4 layers (one trip of its 4-layer block,
-``remat_policy=full``, fsdp 4, 1 × 1024, v6e) and gemma3-4b at 2 layers (``remat_policy=minimal``,
-the same mesh; ``bench/maxtext_fidelity.py --dump-dir``).  At the loss, besides what the looped
+``remat_policy=full``, fsdp 4, 1 × 1024, v6e; ``bench/maxtext_fidelity.py --dump-dir``), whose
+loss holds the buffers below; gemma3-4b at 2 layers (``remat_policy=minimal``, the same mesh) holds
+its last layer's gathered MLP kernels from the forward through the loss too, but its top is a
+layout (below, not priced).  At the loss, besides what the looped
 reading prices there (the gathered head, the logits, the stack copies, the plan's kept activations),
 the straight-line program holds:
 
