@@ -54,6 +54,11 @@ train state traced (:mod:`.trace`), its remat policy read from its decoder
   ``loss_bytes``; their shard copies not made, ``uncopied_stack_bytes``) and writes the stack's
   gradients after its layers' backward (added to ``late_grad_bytes``); under a policy that saves
   names its backward gathers one routed layer's experts at a time (``gathered_expert_bytes``).
+* **A dense decoder that is one single-trip stack on a TPU** (:mod:`.tpu_single_trip`): where the
+  cut model is one scanned layer or block (OLMo 3 at 4 layers, Gemma 3 below 6) XLA:TPU inlines
+  the trip and merges the recomputation with the forward: the loss holds the trip's residuals (less
+  the plan's kept names read in place) and the last layer's gathered weights (added to
+  ``loss_bytes``).
 * **Scanned blocks of several layers on a TPU** (:mod:`.tpu_blocks`): where XLA:TPU's backward
   of a block (OLMo 3, Gemma 3, GPT-OSS, Llama 4) gathers one of its layers' weights at a time
   (v6e: every compile read), a layer's workspace holds the block's largest layer's gathered
@@ -89,6 +94,7 @@ from tierax.interop.maxtext_program import (
     loss_terms,
     tpu_blocks,
     tpu_moe,
+    tpu_single_trip,
     tpu_terms,
     weight_stacks,
 )
@@ -380,6 +386,11 @@ def _build(loaded, target: str, runs: str, traced: str) -> MaxTextProgram:
         late += kept.late_grad_bytes
         uncopied = kept.uncopied_stack_bytes
         gathered = kept.gathered_expert_bytes
+        # a dense decoder that is one single-trip stack: the trip's residuals and its last
+        # layer's gathered weights held at the loss (.tpu_single_trip)
+        loss += tpu_single_trip.loss_bytes(
+            config, inv, _placements(plan, inv.groups[0].name), [n for n, _ in moe]
+        )
     # MaxText's loss on a GPU (None where not traced: the cost model's reading of tierax's loss)
     gpu = None
     if hardware.get_target(target).kind == "gpu":
@@ -436,6 +447,13 @@ def _build(loaded, target: str, runs: str, traced: str) -> MaxTextProgram:
         mesh=dict(loaded.mesh),
         notes=tuple(notes),
     )
+
+
+def _placements(plan, group: str) -> dict[str, str]:
+    """``group``'s names in MaxText's policy as a Plan (:func:`policy_plan`) and where it puts
+    them (``"device"``, ``"offload"``, ``"remat"``)."""
+    entry = plan.groups.get(group)
+    return {} if entry is None else {n: w.value for n, w in entry.placements.items()}
 
 
 def _saves_nothing(plan) -> bool:
