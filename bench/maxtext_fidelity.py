@@ -139,12 +139,21 @@ READ_FROM = {
     "local experts",
     "llama4-17b-16e-v5p-qkv-offload-4L": "interop/maxtext_program/tpu_moe.py: a single trip's "
     "backward under a policy that saves names gathers one routed layer's experts at a time",
+    "olmo3-7b-v6e-full-8L": "interop/maxtext_program/tpu_blocks.py: on v6e a scanned block's "
+    "backward gathers one of its layers' weights at a time",
+    "olmo3-7b-v6e-full-4L": "interop/maxtext_program/tpu_blocks.py (one layer's weights gathered "
+    "at a time on v6e) and tpu_single_trip.py: a dense single-trip stack holds its residuals and "
+    "its last layer's gathered weights at the loss",
     **{
         name: "interop/maxtext_program/tpu_terms.py: on v5e the tied table's gather spans the "
         "layers' forward loop, its slot above the forward's buffers, the logits-sized buffer and "
         "the head's gradient above it"
-        for name in ("gemma2-2b-v5e-save-all", "gemma2-2b-v5e-full", "gemma2-2b-v5e-qkv-offload",
-                     "gemma2-2b-v5e-qkv-offload-3L")
+        for name in (
+            "gemma2-2b-v5e-save-all",
+            "gemma2-2b-v5e-full",
+            "gemma2-2b-v5e-qkv-offload",
+            "gemma2-2b-v5e-qkv-offload-3L",
+        )
     },
 }
 # Seen cases were compiled with MaxText's train_compile's own libtpu options only (before compile
