@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import maxtext_cli as M
-import pytest
 
 from tierax.interop.maxtext_program import tpu_single_trip
 from tierax.interop.maxtext_program.weight_stacks import Stack
