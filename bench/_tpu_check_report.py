@@ -218,8 +218,10 @@ def render(records, page: pathlib.Path = PAGE, png: pathlib.Path = PLOT) -> list
         "under its own window; gathers and scatters priced), the sixth (the planner within "
         "XLA:TPU's scheduler limit), the seventh (the dense shape at seq 8192 and at head dim "
         "64), the eighth (the fit boundary alone), the ninth (the reference step alone, the "
-        "gradient norm fused into Adam's pass on a TPU: tierax.train.step.global_norm) and the "
-        "tenth (the dense shapes again, RoPE in its TPU form: docs/guide/tpu.md).",
+        "gradient norm fused into Adam's pass on a TPU: tierax.train.step.global_norm), the "
+        "tenth (the dense shapes again, RoPE in its TPU form: docs/guide/tpu.md) and the eleventh "
+        "(the MoE shapes and the fit boundary after both, a preset recomputing what it would "
+        "offload in a one-layer group: docs/concepts/plans.md).",
         "",
         "What the platform choice, the memory figures and the back-to-back timing follow was read "
         "first from `bench/investigations/tpu_probe.py` on the same chip (its record: "
