@@ -11,15 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import maxtext_cli as M
+from test_maxtext_tpu_blocks import BF16, FSDP, _stack
+from test_maxtext_tpu_blocks import _kernel as _block_kernel
 
 from tierax.interop.maxtext_program import tpu_single_trip
 from tierax.interop.maxtext_program.weight_stacks import Stack
 
 pytestmark = M.requires_maxtext
-
-FSDP = 4
-BF16 = 2
-MESH = (("data", 1), ("fsdp", FSDP), ("tensor", 1), ("expert", 1))
 
 
 @dataclass(frozen=True)
@@ -76,21 +74,9 @@ def test_residuals_less_the_kept_names_read_in_place():
     assert tpu_single_trip.residual_bytes(g, {}) == 1000
 
 
-def _stack(path: str, names: tuple, shape: tuple, axes: tuple) -> Stack:
-    return Stack(
-        path=path,
-        group=path.split("/")[1],
-        names=names,
-        axes=axes,
-        local_shape=shape,
-        dtype="float32",
-        mesh=MESH,
-    )
-
-
 def _kernel(path: str, d: int, f: int) -> Stack:
     """A [d, 1, f] kernel sharded over fsdp on d (as MaxText's ``embed`` is), one trip."""
-    return _stack(path, ("embed", "layers", "mlp"), (d // FSDP, 1, f), (("fsdp",), (), ()))
+    return _block_kernel(path, d, f, layers=1)
 
 
 def test_the_last_layer_of_the_block():
@@ -101,7 +87,9 @@ def test_the_last_layer_of_the_block():
         _kernel("decoder/layers/layers_10/mlp/wi_0/kernel", 256, 1024),
         _kernel("decoder/layers/layers_10/mlp/wo/kernel", 256, 512),
         _stack(
-            "decoder/layers/layers_10/post_mlp_layer_norm/scale", ("norm", "layers"), (256, 1),
+            "decoder/layers/layers_10/post_mlp_layer_norm/scale",
+            ("norm", "layers"),
+            (256, 1),
             ((), ()),
         ),  # fmt: skip
         _stack(

@@ -88,20 +88,26 @@ def _toy_params(n_layers=5, d=8, seed=0):
 def test_scan_gradient_equals_a_plain_loop():
     params, x0 = _toy_params()
     run = prefetch_scan(_toy_layer, keep={"mlpwi_0"}, offload={"query_proj"})
+    assert_scan_matches_loop(run, _toy_layer, params, x0)
+
+
+def assert_scan_matches_loop(run, layer, params, x0) -> None:
+    """``run`` (a prefetching scan of ``layer``) has the loss and gradients of a plain Python loop
+    over the stacked ``params`` (the reference: no scan, no custom VJP, no tape)."""
 
     def loss_scan(params, x0):
         return jnp.sum(run(x0, params) ** 2)
 
-    def loss_loop(params, x0):  # the reference: no scan, no custom VJP, no tape
+    def loss_loop(params, x0):
         x = x0
         for i in range(params["wq"].shape[0]):
-            x = _toy_layer(x, jax.tree.map(lambda a, i=i: a[i], params))
+            x = layer(x, jax.tree.map(lambda a, i=i: a[i], params))
         return jnp.sum(x**2)
 
     v1, g1 = jax.jit(jax.value_and_grad(loss_scan, argnums=(0, 1)))(params, x0)
     v2, g2 = jax.jit(jax.value_and_grad(loss_loop, argnums=(0, 1)))(params, x0)
     assert float(v1) == pytest.approx(float(v2), rel=1e-6)
-    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2), strict=False):
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=1e-6)
 
 

@@ -23,8 +23,8 @@ import sys
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
+from test_prefetch import assert_scan_matches_loop
 
 from tierax import plan as plan_lib
 from tierax.models import apply_overrides, get_config
@@ -70,20 +70,7 @@ def test_two_layer_later_value_has_a_two_slot_host_stack_and_an_exact_gradient()
     # the stack (a [1, 4, 16] host array is also there: each store's update, one layer's value)
     assert "f32<host>[2,4,16]" in text
 
-    def loss_scan(params, x0):
-        return jnp.sum(run(x0, params) ** 2)
-
-    def loss_loop(params, x0):
-        x = x0
-        for i in range(params["wq"].shape[0]):
-            x = _layer(x, jax.tree.map(lambda a, i=i: a[i], params))
-        return jnp.sum(x**2)
-
-    v1, g1 = jax.jit(jax.value_and_grad(loss_scan, argnums=(0, 1)))(params, x0)
-    v2, g2 = jax.jit(jax.value_and_grad(loss_loop, argnums=(0, 1)))(params, x0)
-    assert float(v1) == pytest.approx(float(v2), rel=1e-6)
-    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=1e-6)
+    assert_scan_matches_loop(run, _layer, params, x0)
 
 
 def test_dense_group_of_two_layers_gradients_match_the_no_remat_step():
