@@ -88,7 +88,7 @@ def test_the_generations_read(target, applies):
 # over all heads, post-norms) at d 256, 4 heads of 64 (query and key/value), gated MLP 512.
 D, HEADS, HD, F, VOCAB = 256, 4, 64, 512, 1024
 BLOCK = 4  # layers per scanned block (inhomogeneous_layer_cycle_interval)
-TINY = [
+OLMO3 = [  # the block's shapes, at any depth
     "model_name=olmo3-7b",
     "override_model_config=true",
     f"base_emb_dim={D}",
@@ -97,9 +97,9 @@ TINY = [
     f"head_dim={HD}",
     f"base_mlp_dim={F}",
     f"vocab_size={VOCAB}",
-    f"base_num_decoder_layers={2 * BLOCK}",  # two trips of the block: a loop
     "remat_policy=full",
 ]
+TINY = [*OLMO3, f"base_num_decoder_layers={2 * BLOCK}"]  # two trips of the block: a loop
 LAYER = 4 * D * HEADS * HD + 3 * D * F  # one layer's q, k, v, out and the MLP's three kernels
 NORMS = 4 * D  # its four norm scales (pre-attention and pre-MLP post-norms, the q and k norms)
 

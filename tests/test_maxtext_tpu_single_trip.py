@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import maxtext_cli as M
-from test_maxtext_tpu_blocks import BF16, FSDP, _stack
+from test_maxtext_tpu_blocks import BF16, BLOCK, FSDP, LAYER, OLMO3, _stack
 from test_maxtext_tpu_blocks import _kernel as _block_kernel
 
 from tierax.interop.maxtext_program import tpu_single_trip
@@ -107,20 +107,7 @@ def test_the_last_layer_of_the_block():
 
 # OLMo 3's block (four layers) at d 256, 4 heads of 64, gated MLP 512: the config of
 # tests/test_maxtext_tpu_blocks.py, cut to one trip and to two.
-D, HEADS, HD, F, VOCAB = 256, 4, 64, 512, 1024
-BLOCK = 4
-TINY = [
-    "model_name=olmo3-7b",
-    "override_model_config=true",
-    f"base_emb_dim={D}",
-    f"base_num_query_heads={HEADS}",
-    f"base_num_kv_heads={HEADS}",
-    f"head_dim={HD}",
-    f"base_mlp_dim={F}",
-    f"vocab_size={VOCAB}",
-    "remat_policy=full",
-]
-LAYER = 4 * D * HEADS * HD + 3 * D * F  # one layer's q, k, v, out and the MLP's three kernels
+TINY = OLMO3
 
 
 def _program(trips: int):
