@@ -197,3 +197,20 @@ def console_script():
         )
 
     return run
+
+
+@pytest.fixture
+def v5e_mesh(monkeypatch):
+    """A one-device mesh of a deviceless v5e topology, built in this test process.  libtpu holds a
+    multi-process lockfile unless told otherwise, and the suite's other workers may be compiling for
+    a TPU at the same moment: the environment tierax's own deviceless start sets
+    (tierax.launch.start_deviceless_tpu) lets them share it."""
+    from jax.sharding import Mesh
+
+    from tierax import hardware
+    from tierax.xla import compile as xla_compile
+
+    monkeypatch.setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "localhost")
+    topology = xla_compile.tpu_topology(hardware.get_target("v5e"), 1)
+    return Mesh(topology.devices[:1], ("x",))

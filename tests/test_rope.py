@@ -13,9 +13,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from tierax import hardware
 from tierax.models import layers
-from tierax.xla import compile as C
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 THETA = 10_000.0
@@ -69,10 +67,9 @@ def test_both_forms_give_the_same_values_and_gradients(dtype):
     )
 
 
-def _half_wide_arrays(fn, head_dim: int = 64) -> int:
+def _half_wide_arrays(fn, mesh, head_dim: int = 64) -> int:
     """Arrays of the compiled v5e program of ``fn`` on one [8, 2048, 16, head_dim] bfloat16 input
     whose minor dimension is half the head dim."""
-    mesh = Mesh(C.tpu_topology(hardware.get_target("v5e"), 1).devices[:1], ("x",))
     x = jax.ShapeDtypeStruct(
         (8, 2048, 16, head_dim), jnp.bfloat16, sharding=NamedSharding(mesh, PartitionSpec())
     )
@@ -82,7 +79,7 @@ def _half_wide_arrays(fn, head_dim: int = 64) -> int:
 
 
 @pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: XLA:TPU cannot compile here")
-def test_the_tpu_program_holds_no_array_of_half_the_head_dim():
+def test_the_tpu_program_holds_no_array_of_half_the_head_dim(v5e_mesh):
     def halves(x):
         d = x.shape[-1]
         freq = THETA ** (-jnp.arange(0, d, 2, dtype=jnp.float32) / d)
@@ -95,8 +92,8 @@ def test_the_tpu_program_holds_no_array_of_half_the_head_dim():
         with layers.traced_for("tpu"):
             return layers.rope(x, THETA)
 
-    assert _half_wide_arrays(halves) > 0  # the form XLA:TPU pads: the check can see it
-    assert _half_wide_arrays(traced_for_tpu) == 0
+    assert _half_wide_arrays(halves, v5e_mesh) > 0  # the form XLA:TPU pads: the check sees it
+    assert _half_wide_arrays(traced_for_tpu, v5e_mesh) == 0
 
 
 def _permutation_dots(jaxpr, head_dim: int) -> int:
@@ -114,7 +111,7 @@ def _permutation_dots(jaxpr, head_dim: int) -> int:
 
 
 @pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: no TPU topology here")
-def test_the_train_steps_loss_takes_the_form_of_the_platform_it_is_compiled_for():
+def test_the_train_steps_loss_takes_the_form_of_the_platform_it_is_compiled_for(v5e_mesh):
     from flax import nnx
 
     from tierax import plan as P
@@ -125,8 +122,7 @@ def test_the_train_steps_loss_takes_the_form_of_the_platform_it_is_compiled_for(
     graphdef, params = nnx.split(abstract_model(cfg))
     tokens = jax.ShapeDtypeStruct((2, 33), jnp.int32)
     policies = P.to_policies(P.preset("remat-full", cfg), cfg)
-    tpu = Mesh(C.tpu_topology(hardware.get_target("v5e"), 1).devices[:1], ("x",))
-    cpu = Mesh(jax.devices()[:1], ("x",))
+    tpu, cpu = v5e_mesh, Mesh(jax.devices()[:1], ("x",))
     counts = {
         m.devices.flat[0].platform: _permutation_dots(
             jax.make_jaxpr(S.make_loss_fn(graphdef, policies, m))(params, tokens).jaxpr,

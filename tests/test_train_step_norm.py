@@ -18,9 +18,7 @@ import optax
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from tierax import hardware
 from tierax.train import step as step_lib
-from tierax.xla import compile as C
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 # Gradient leaves of a step (float32), large enough that XLA:TPU keeps them in HBM.
@@ -61,11 +59,10 @@ def test_the_cpu_step_keeps_the_norm_apart_and_moves_fewer_bytes():
     assert merged - kept_apart >= gradient_bytes, (kept_apart, merged)
 
 
-def _gradient_passes(platform: str) -> int:
+def _gradient_passes(platform: str, mesh) -> int:
     """Fusions of the compiled v5e program whose only result is a float32 scalar: a reduction's
     pass of its own over a gradient (fused into the update, the scalar is one result among the
     updated parameter and moments)."""
-    mesh = Mesh(C.tpu_topology(hardware.get_target("v5e"), 1).devices[:1], ("x",))
     rep = NamedSharding(mesh, PartitionSpec())
     text = jax.jit(_update(platform)[0]).lower(*_args(rep)).compile().as_text()
     scalar = re.compile(r"\s*(?:ROOT )?%[\w.\-]+ = f32\[\]\{[^}]*\} fusion\(")
@@ -73,15 +70,17 @@ def _gradient_passes(platform: str) -> int:
 
 
 @pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: XLA:TPU cannot compile here")
-def test_the_tpu_step_fuses_the_norm_into_the_update():
-    assert _gradient_passes("tpu") == 0
+def test_the_tpu_step_fuses_the_norm_into_the_update(v5e_mesh):
+    assert _gradient_passes("tpu", v5e_mesh) == 0
     # the barrier's program, compiled the same way: one pass of its own per gradient
-    assert _gradient_passes("cpu") == len(SHAPES)
+    assert _gradient_passes("cpu", v5e_mesh) == len(SHAPES)
 
 
 def test_every_step_takes_the_platform_it_is_compiled_for():
     mesh = Mesh(jax.devices()[:1], ("x",))
     assert step_lib.step_platform(mesh) == "cpu" == step_lib.step_platform(None)
-    if HAS_LIBTPU:
-        tpu = Mesh(C.tpu_topology(hardware.get_target("v5e"), 1).devices[:1], ("x",))
-        assert step_lib.step_platform(tpu) == "tpu"
+
+
+@pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: no TPU topology here")
+def test_a_step_for_a_tpu_topology_takes_the_tpu(v5e_mesh):
+    assert step_lib.step_platform(v5e_mesh) == "tpu"
