@@ -64,9 +64,7 @@ def _rule_for(rule, g, cfg) -> tuple[dict[str, Placement], list[str]]:
     elsewhere, as it recomputes what it does not keep; a program whose front end applies the plan
     itself (``one_layer_groups_offload``: MaxText's) keeps the preset's placements."""
     placements = rule(g.activations)
-    if getattr(cfg, "one_layer_groups_offload", False):
-        return placements, []
-    dropped = one_layer_offloads(g.num_layers, placements)
+    dropped = one_layer_offloads(g.num_layers, placements, cfg)
     return placements | {n: Placement.REMAT for n in dropped}, dropped
 
 

@@ -521,8 +521,7 @@ def resolve(plan: Plan, cfg) -> dict[str, dict[str, Placement]]:
         gp = plan.groups.get(gname, GroupPlan())
         if not gp.segments:
             out[gname] = {n: gp.placement(n) for n in g.activations}
-            if not getattr(cfg, "one_layer_groups_offload", False):  # tierax's own step
-                _check_one_layer_group(plan, g.num_layers, out[gname], gname)
+            _check_one_layer_group(plan, cfg, g.num_layers, out[gname], gname)
             _check_unnamed(plan, gp.unnamed, out[gname], gname)
         for s in gp.segments:
             where = segment_name(gname, s.start, s.stop)
@@ -588,23 +587,25 @@ def _check_runnable_segment(
         )
 
 
-def one_layer_offloads(num_layers: int, placements: Mapping[str, Placement]) -> list[str]:
-    """The names a group (or segment) of ``num_layers`` layers offloads that XLA would not keep in
-    host memory: every offloaded name of a single layer, none otherwise.  With one layer there is
-    no layer loop: XLA removes the single-trip loop, and the value's store and its load back stay
-    on device around the host copy (the load issued as soon as the store ends), under either
-    mechanism; the value occupies device memory throughout, as if kept."""
-    if num_layers != 1:
+def one_layer_offloads(num_layers: int, placements: Mapping[str, Placement], cfg) -> list[str]:
+    """The names a group (or segment) of ``num_layers`` layers of ``cfg`` offloads that XLA would
+    not keep in host memory: in tierax's own step every offloaded name of a single layer, none
+    otherwise.  With one layer there is no layer loop: XLA removes the single-trip loop, and the
+    value's store and its load back stay on device around the host copy (the load issued as soon as
+    the store ends), under either mechanism; the value occupies device memory throughout, as if
+    kept.  A program whose front end applies the plan by its own code
+    (``one_layer_groups_offload``: MaxText's) is left to it: none."""
+    if num_layers != 1 or getattr(cfg, "one_layer_groups_offload", False):
         return []
     return sorted(n for n, p in placements.items() if p is Placement.OFFLOAD)
 
 
 def _check_one_layer_group(
-    plan: Plan, num_layers: int, placements: Mapping[str, Placement], where: str
+    plan: Plan, cfg, num_layers: int, placements: Mapping[str, Placement], where: str
 ) -> None:
     """A one-layer group cannot offload (:func:`one_layer_offloads`); the planner never offloads
     there and the presets recompute such names instead (:func:`tierax.plan.presets.preset`)."""
-    offload = one_layer_offloads(num_layers, placements)
+    offload = one_layer_offloads(num_layers, placements, cfg)
     if offload:
         raise TieraxError(
             f"plan {plan.name!r}, group {where!r}: a one-layer group cannot offload "
