@@ -46,7 +46,16 @@ import re
 ONE_LAYER_AT_A_TIME = ("v6e",)
 
 # A layer of a scanned block in MaxText's parameter tree: decoder/<stack>/layers_<i>/...
-_BLOCK_LAYER = re.compile(r"layers_\d+")
+_BLOCK_LAYER = re.compile(r"layers_(\d+)")
+
+
+def block_layer(path: str) -> int | None:
+    """The layer of its scanned block that the stack at ``path`` (``decoder/<stack>/layers_<i>/…``
+    in MaxText's parameter tree) belongs to, ``i``; None for a stack whose layer is a single
+    layer."""
+    keys = path.split("/")
+    m = _BLOCK_LAYER.fullmatch(keys[2]) if len(keys) >= 4 else None
+    return int(m.group(1)) if m else None
 
 
 def block_layer_elements(stacks) -> dict[str, dict[str, int]]:
@@ -56,13 +65,12 @@ def block_layer_elements(stacks) -> dict[str, dict[str, int]]:
     (:func:`.weight_stacks.state_stacks`); a group whose stacks name no block layer is left out."""
     out: dict[str, dict[str, int]] = {}
     for s in stacks:
-        keys = s.path.split("/")
-        if len(keys) < 4 or not _BLOCK_LAYER.fullmatch(keys[2]):
-            continue
-        if s.is_expert or not s.gathered_dims():
+        i = block_layer(s.path)
+        if i is None or s.is_expert or not s.gathered_dims():
             continue
         layers = out.setdefault(s.group, {})
-        layers[keys[2]] = layers.get(keys[2], 0) + s.gathered_layer_elements()
+        key = f"layers_{i}"
+        layers[key] = layers.get(key, 0) + s.gathered_layer_elements()
     return {g: layers for g, layers in out.items() if len(layers) > 1}
 
 

@@ -47,12 +47,8 @@ then the loss's forward buffers, the table's slot, one logits-sized buffer and t
 
 from __future__ import annotations
 
-import re
-
 from tierax import names as N
-
-# A layer of a scanned block in MaxText's parameter tree: decoder/<stack>/layers_<i>/...
-_BLOCK_LAYER = re.compile(r"layers_(\d+)")
+from tierax.interop.maxtext_program import tpu_blocks
 
 
 def single_trip_group(inv, scan_layers: bool, moe_groups=()) -> object | None:
@@ -92,9 +88,7 @@ def last_layer_elements(stacks, group: str) -> int:
     for s in stacks:
         if s.group != group or s.is_expert or not s.gathered_dims():
             continue
-        keys = s.path.split("/")
-        m = _BLOCK_LAYER.fullmatch(keys[2]) if len(keys) >= 4 else None
-        layer = int(m.group(1)) if m else 0
+        layer = tpu_blocks.block_layer(s.path) or 0  # a stack of single layers: the layer's own
         by_layer[layer] = by_layer.get(layer, 0) + s.gathered_layer_elements()
     return by_layer[max(by_layer)] if by_layer else 0
 
