@@ -15,11 +15,14 @@ by sequence length and head dim, a layer's non-matmul work at the bytes the mode
 host link.  ``--measured`` names the record whose run measured the kernels (GEMMs, splash, the
 non-matmul work); ``--host-link`` the record whose run measured the host link through the step's
 own offload path (the first chip run's host link came from a slower path, which the second run's
-round trip replaced).  Every figure is copied from them with the command, chip and jax version
-that measured it, and each rate's efficiency (the rate over the measuring chip's datasheet figure
-from ``tierax.hardware``) is what the cost model scales to other TPU generations
-(``tierax.hardware.tpu_rates``).  Shapes the issue asks for that the records lack are listed as not
-measured, never filled in.
+round trip replaced); ``--link-beside-compute`` the record of
+``bench/investigations/link_beside_compute.py`` (default: the chip's, where it exists), whose rate
+beside compute the cost model takes instead of the round trip's (the round trip runs with little
+compute beside its copies; a step's copies run beside its layers).  Every figure is copied from
+them with the command, chip and jax version that measured it, and each rate's efficiency (the rate
+over the measuring chip's datasheet figure from ``tierax.hardware``) is what the cost model scales
+to other TPU generations (``tierax.hardware.tpu_rates``).  Shapes the issue asks for that the
+records lack are listed as not measured, never filled in.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ MEASURED = _common.RESULTS / "chip" / "tpu_check_first.json"
 HOST_LINK = _common.RESULTS / "chip" / "tpu_check_third.json"
 PUBLISHED = ROOT / "bench" / "data" / "tpu_published_rates.yaml"
 INDEXED = _common.RESULTS / "chip" / "tpu_indexed.json"
+LINK_BESIDE = _common.RESULTS / "chip" / "link_beside_compute.json"
+LINK_BESIDE_SCHEMA = "tierax.link-beside-compute/1"
 INDEXED_SCHEMA = "tierax.tpu-indexed/1"
 DATA_FILE = SRC / "tierax" / "hardware" / "tpu_kernel_rates.json"
 PLOT = ROOT / "docs" / "results" / "tpu-kernel-rates.png"
@@ -63,6 +68,22 @@ def _chip_record(path: str | pathlib.Path) -> dict:
     doc = json.loads(pathlib.Path(path).read_text(encoding="utf-8"))
     if doc.get("schema") != CHIP_SCHEMA or "calibration" not in doc:
         raise ValueError(f"{path}: not a chip-check record with a calibration ({CHIP_SCHEMA})")
+    return doc
+
+
+def link_beside_record(path: str | pathlib.Path) -> dict:
+    """A ``bench/investigations/link_beside_compute.py`` record made on a TPU: the host link as a
+    layer scan's copies see it while its layers compute (the one-value series' slope)."""
+    doc = json.loads(pathlib.Path(path).read_text(encoding="utf-8"))
+    if doc.get("schema") != LINK_BESIDE_SCHEMA:
+        raise ValueError(f"{path}: not a link-beside-compute record ({LINK_BESIDE_SCHEMA})")
+    if doc.get("platform") != "tpu":
+        raise ValueError(
+            f"{path}: measured on {doc.get('platform')!r}, not a TPU; run "
+            "bench/investigations/link_beside_compute.py on the chip"
+        )
+    if not doc["splits"]["1"].get("rate_bytes_per_s"):
+        raise ValueError(f"{path}: its one-value series gives no rate (no exposed sizes)")
     return doc
 
 
@@ -137,12 +158,55 @@ def published_rates(path: str | pathlib.Path = PUBLISHED) -> dict:
     return out
 
 
+def _beside_provenance(doc: dict, path: str | pathlib.Path) -> dict:
+    return {
+        "record": _rel(path),
+        "command": doc["command"],
+        "created": doc["created"],
+        "device_kind": doc["device_kind"],
+        "device_count": doc["machine"].get("device_count"),
+        "jax": doc.get("jax_version"),
+    }
+
+
+def _host_link(link: dict, hcal: dict, host: dict, host_path, beside, beside_path) -> dict:
+    """The host link the cost model takes: beside compute where that record is given (the rate a
+    layer scan's copies get while its layers run matmuls, both directions), else the round trip
+    of the chip check's calibration (little compute beside it); the round trip kept either way."""
+    round_trip = {
+        "d2h_bytes_per_s": hcal["d2h_bytes_per_s"],
+        "h2d_bytes_per_s": hcal["h2d_bytes_per_s"],
+        "bytes_each_way": link.get("bytes_each_way"),
+        "what": link.get("note", "")
+        + " (tierax's prefetching layer scan storing one value a layer on the host, against "
+        "the same scan keeping it on the device)",
+    }
+    if beside is None:
+        return round_trip
+    one = beside["splits"]["1"]
+    rate = one["rate_bytes_per_s"]
+    return {
+        "d2h_bytes_per_s": rate,
+        "h2d_bytes_per_s": rate,
+        "bytes_each_way": None,
+        "layer_bytes": [r["layer_bytes"] for r in one["rows"]],
+        "added_s": [r["added_s"] for r in one["rows"]],
+        "what": "beside compute: the slope of the time a prefetching layer scan's stores and loads "
+        "add (against the scan keeping the value) over the bytes they move, at the sizes past "
+        "the layers' compute (each layer runs matmuls; an upper bound, as the layers' work grows "
+        "with the value)",
+        "round_trip": round_trip | {"from": _provenance(host, host_path)},
+    }
+
+
 def extract(
     measured: dict,
     measured_path: str | pathlib.Path,
     host: dict,
     host_path: str | pathlib.Path,
     published: dict | None = None,
+    beside: dict | None = None,
+    beside_path: str | pathlib.Path | None = None,
 ) -> dict:
     """The kernel rates of two chip-check records (the kernels' and the host link's; they may be
     the same record), each section with the record that measured it, what was not measured, and
@@ -203,7 +267,9 @@ def extract(
             "docs: dense bf16 peak, HBM bandwidth)",
         },
         "kernels_from": _provenance(measured, measured_path),
-        "host_link_from": _provenance(host, host_path),
+        "host_link_from": (
+            _beside_provenance(beside, beside_path) if beside else _provenance(host, host_path)
+        ),
         "gemm": gemms,
         "splash": splash,
         "nonmatmul": {
@@ -213,14 +279,7 @@ def extract(
             "what": "a layer's non-matmul work (norms, activations, residual adds) at the bytes "
             "the cost model counts for it",
         },
-        "host_link": {
-            "d2h_bytes_per_s": hcal["d2h_bytes_per_s"],
-            "h2d_bytes_per_s": hcal["h2d_bytes_per_s"],
-            "bytes_each_way": link.get("bytes_each_way"),
-            "what": link.get("note", "")
-            + " (tierax's prefetching layer scan storing one value a layer on the host, against "
-            "the same scan keeping it on the device)",
-        },
+        "host_link": _host_link(link, hcal, host, host_path, beside, beside_path),
         "not_measured": {
             "splash_causal": missing_splash,
             "splash_non_causal": "every shape (the chip check runs the causal kernel only)",
@@ -259,6 +318,11 @@ def package_data(rates: dict) -> dict:
         ],
         "nonmatmul_bytes_per_s": rates["nonmatmul"]["bytes_per_s"],
         "host_link_bytes_per_s": link["d2h_bytes_per_s"],
+        "host_link_what": (
+            "beside compute: a prefetching layer scan's copies while its layers run matmuls"
+            if "round_trip" in link
+            else "a round trip through a prefetching layer scan"
+        ),
         **(
             {
                 "index_op_s": rates["indexed"]["index_op_s"],
@@ -312,11 +376,7 @@ def _targets_rows(doc: dict) -> list[str]:
         lines.append(
             f"| {key} | {spec.peak(DTYPE) / 1e12:.0f} TFLOP/s | {k.matmul / 1e12:.0f} TFLOP/s | "
             f"{k.size_rates[0][1] / 1e12:.0f} TFLOP/s | {att} | {k.hbm / 1e9:.0f} GB/s | {link} | "
-            + (
-                "measured on the chip"
-                if own
-                else scaled
-            )
+            + ("measured on the chip" if own else scaled)
             + ("; per JAX device (half a chip)" if spec.devices_per_chip == 2 else "")
             + " |"
         )
@@ -391,10 +451,18 @@ def markdown(doc: dict) -> str:
         f"{nm['bytes_per_s'] / 1e9:.0f} GB/s | {nm['efficiency']:.1%} |"
     )
     link = r["host_link"]
+    trip = link.get("round_trip", link)
+    if "round_trip" in link:
+        sizes = ", ".join(f"{b / 2**20:.0f}" for b in link["layer_bytes"])
+        out.append(
+            f"| host link beside compute (a layer scan's copies while its layers run matmuls; "
+            f"the cost model's) | {sizes} MiB a layer | "
+            f"{link['d2h_bytes_per_s'] / 1e9:.2f} GB/s per direction | — |"
+        )
     out.append(
-        f"| host link through the step's offload path (round trip) | "
-        f"{link['bytes_each_way'] / 2**30:.2f} GiB each way | "
-        f"{link['d2h_bytes_per_s'] / 1e9:.2f} GB/s per direction | — |"
+        f"| host link through the step's offload path (round trip, little compute beside) | "
+        f"{trip['bytes_each_way'] / 2**30:.2f} GiB each way | "
+        f"{trip['d2h_bytes_per_s'] / 1e9:.2f} GB/s per direction | — |"
     )
     nmz = r["not_measured"]
     missing = ", ".join(f"seq {s} × head dim {d}" for s, d in nmz["splash_causal"])
@@ -492,6 +560,14 @@ def main(argv=None) -> int:
         help=f"the chip-check record whose run measured the host link (default: {_rel(HOST_LINK)})",
     )
     ap.add_argument(
+        "--link-beside-compute",
+        metavar="LINK.json",
+        default=None,
+        help="the bench/investigations/link_beside_compute.py record of the host link beside "
+        f"compute on the chip, the cost model's host link (default: {_rel(LINK_BESIDE)} where it "
+        "exists; without one, the round trip of --host-link)",
+    )
+    ap.add_argument(
         "--indexed",
         metavar="CHIP.json",
         default=None,
@@ -517,8 +593,18 @@ def main(argv=None) -> int:
         return _common.docs_written(DOCS_MARKER, markdown(args.docs))
     try:
         measured, host = _chip_record(args.measured), _chip_record(args.host_link)
+        beside_path = args.link_beside_compute or (
+            str(LINK_BESIDE) if LINK_BESIDE.exists() else None
+        )
+        beside = link_beside_record(beside_path) if beside_path else None
         rates = extract(
-            measured, args.measured, host, args.host_link, published_rates(args.published)
+            measured,
+            args.measured,
+            host,
+            args.host_link,
+            published_rates(args.published),
+            beside,
+            beside_path,
         )
         indexed = args.indexed or (str(INDEXED) if INDEXED.exists() else None)
         if indexed:

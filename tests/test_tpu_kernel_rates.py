@@ -47,13 +47,16 @@ def _script():
 
 def _extracted() -> tuple:
     mod = _script()
-    k, h = RATES["kernels_from"]["record"], RATES["host_link_from"]["record"]
+    k, b = RATES["kernels_from"]["record"], RATES["host_link_from"]["record"]
+    h = RATES["host_link"]["round_trip"]["from"]["record"]
     rates = mod.extract(
         mod._chip_record(ROOT / k),
         ROOT / k,
         mod._chip_record(ROOT / h),
         ROOT / h,
         mod.published_rates(),
+        mod.link_beside_record(ROOT / b),
+        ROOT / b,
     )
     rates["indexed"] = mod.indexed_record(ROOT / RATES["indexed"]["from"]["record"])
     return mod, rates
@@ -334,3 +337,31 @@ def test_a_splash_program_is_priced_at_its_own_shape():
     )
     assert base.peak_device_bytes == unshaped.peak_device_bytes  # no workspace for splash
     assert base.step_time_s != unshaped.step_time_s
+
+
+def test_the_host_link_is_the_rate_beside_compute_past_the_hidden_sizes():
+    """The cost model's v5e host link is the chip's link beside compute: the bytes a prefetching
+    scan's stores and loads move (every layer's but the last, each way) over the time they add,
+    between the two sizes past the smallest (whose copies the layers' compute hid), computed here
+    from the record's rows; the round trip's rate (little compute beside it) is kept, higher."""
+    beside = json.loads((ROOT / RATES["host_link_from"]["record"]).read_text())
+    assert beside["device_kind"] == "TPU v5 lite" and beside["platform"] == "tpu"
+    rows = beside["splits"]["1"]["rows"]
+    layers = beside["shape"]["layers"]
+    assert rows[0]["added_s"] < 0.002  # hidden: the layers' compute covers the smallest
+    (a, b) = rows[1], rows[2]
+    moved = 2 * (layers - 1) * (b["layer_bytes"] - a["layer_bytes"])
+    rate = moved / (b["added_s"] - a["added_s"])
+    r = cm.target_rates("v5e", "bfloat16", calibration={})
+    assert r.d2h_bytes_per_s == pytest.approx(rate, rel=1e-9)
+    assert r.h2d_bytes_per_s == pytest.approx(rate, rel=1e-9)
+    assert "beside compute" in r.sources["host_link"]
+    trip = RATES["host_link"]["round_trip"]
+    assert trip["d2h_bytes_per_s"] > rate
+    # without the record, the round trip's
+    mod = _script()
+    k = RATES["kernels_from"]["record"]
+    h = trip["from"]["record"]
+    plain = mod.extract(mod._chip_record(ROOT / k), ROOT / k, mod._chip_record(ROOT / h), ROOT / h)
+    assert plain["host_link"]["d2h_bytes_per_s"] == trip["d2h_bytes_per_s"]
+    assert "round_trip" not in plain["host_link"]

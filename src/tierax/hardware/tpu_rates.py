@@ -131,9 +131,10 @@ def for_target(spec, dtype: str) -> TpuKernelRates:
     host = 0.0
     if same:
         host = d["host_link_bytes_per_s"]
+        how = d.get("host_link_what", "a round trip through a prefetching layer scan")
         sources["host_link"] = (
-            f"{host / 1e9:.2f} GB/s per direction through the step's offload path (a round trip "
-            f"through a prefetching layer scan) measured on {chip}"
+            f"{host / 1e9:.2f} GB/s per direction through the step's offload path ({how}) "
+            f"measured on {chip}"
         )
     index_s = scatter = 0.0
     if same and d.get("index_op_s"):
