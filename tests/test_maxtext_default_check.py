@@ -62,9 +62,12 @@ def test_no_check_without_maxtext_is_refused():
     assert r.returncode == 2 and "goes with --maxtext" in r.stderr, r.stderr[-2000:]
 
 
-def _plan(*extra):
+def _plan(*extra, run=M.tierax):
+    """``plan --maxtext`` of the tiny config; ``run``: in a child process (default: the compile
+    --check runs starts JAX for a TPU), or ``cli`` (this process) for a plan that compiles
+    nothing."""
     argv = ["plan", "--maxtext", M.base_yml(), *TINY, "--target", "v5p", "--devices", "4"]
-    r = M.tierax(*argv, *extra, "--json")
+    r = run(*argv, *extra, "--json")
     return r, json.loads(r.stdout[r.stdout.index("{") :]) if "{" in r.stdout else None
 
 
@@ -80,10 +83,10 @@ def test_a_tpu_plan_is_compiled_by_default():
     assert f"after {doc['compiles']} compile(s)" in r.stderr
 
 
-def test_no_check_says_predicted_not_compiled_and_keeps_the_margin():
+def test_no_check_says_predicted_not_compiled_and_keeps_the_margin(cli):
     from tierax.cli.maxtext_simulate import UNCONFIRMED_MARGIN
 
-    r, doc = _plan("--no-check")
+    r, doc = _plan("--no-check", run=cli)
     assert r.returncode == 0, r.stderr[-3000:]
     assert doc["confirmed"] is False and doc["compiles"] == 0
     assert doc["unconfirmed_margin"] == UNCONFIRMED_MARGIN

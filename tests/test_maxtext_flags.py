@@ -91,16 +91,17 @@ def test_flags_only_without_maxtext_is_refused():
     assert r.returncode == 2 and "goes with --maxtext" in r.stderr, r.stderr[-2000:]
 
 
-def test_simulate_and_plan_name_the_flags_they_model():
+def test_simulate_and_plan_name_the_flags_they_model(cli):
     """simulate --maxtext names them on stdout and in --json; plan --maxtext in its notes and
-    --json (a TPU target: the windowed-einsum flag)."""
+    --json (a TPU target: the windowed-einsum flag).  In this process (``cli``: trace-only verbs,
+    no backend flags to set; MaxText imported once, not three times)."""
     keys = [M.base_yml(), *TINY, "remat_policy=full", "--target", "v5p", "--devices", "4"]
-    text = M.tierax("simulate", "--maxtext", *keys)
+    text = cli("simulate", "--maxtext", *keys)
     assert text.returncode == 0, text.stderr[-3000:]
     assert f"flags modelled: export LIBTPU_INIT_ARGS={WINDOWED}" in text.stdout
-    doc = M.json_of(M.tierax("simulate", "--maxtext", *keys, "--json"))
+    doc = M.json_of(cli("simulate", "--maxtext", *keys, "--json"))
     assert doc["maxtext"]["flags"] == {"LIBTPU_INIT_ARGS": WINDOWED}
-    r = M.tierax("plan", "--maxtext", *keys, "--no-check", "--json")
+    r = cli("plan", "--maxtext", *keys, "--no-check", "--json")
     plan = json.loads(r.stdout[r.stdout.index("{") :])
     assert plan["modelled_flags"] == {"LIBTPU_INIT_ARGS": WINDOWED}
     assert any(n.startswith("flags modelled: export LIBTPU_INIT_ARGS") for n in plan["notes"])

@@ -115,7 +115,7 @@ def test_simulate_peak_against_maxtext_compile():
     assert pred["host_bytes"] == xla["host_temp_bytes"] == 0
 
 
-def test_plan_emits_overrides_maxtext_loads(tmp_path):
+def test_plan_emits_overrides_maxtext_loads(tmp_path, cli):
     from gpu_budget import fixed_bytes
 
     from tierax.interop.maxtext_program import load
@@ -132,7 +132,7 @@ def test_plan_emits_overrides_maxtext_loads(tmp_path):
     from tierax.cli.maxtext_simulate import UNCONFIRMED_MARGIN
 
     gib = f"{(fixed_bytes('h200') + 25.75 * 2**20) / 2**30 / (1 - UNCONFIRMED_MARGIN):.6f}"
-    r = M.tierax(
+    r = cli(
         "plan", "--maxtext", M.base_yml(), *user, "--target", "h200", "--devices", "2",
         "--budget-gib", gib, "--rate", "matmul=1", "--emit", "maxtext", "--out", str(out),
     )  # fmt: skip
@@ -173,7 +173,15 @@ def test_plan_emits_overrides_maxtext_loads(tmp_path):
           "--devices", "4"], "hardware"),
     ],
 )  # fmt: skip
-def test_bad_input_exits_2(argv, needle):
-    r = M.tierax(*[a.replace("{base}", M.base_yml()) for a in argv])
+def test_bad_input_exits_2(argv, needle, cli):
+    """In this process (``cli``): MaxText imported once for all the cases, not once a case."""
+    r = cli(*[a.replace("{base}", M.base_yml()) for a in argv])
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert needle in r.stderr
+
+
+def test_bad_input_exits_2_from_the_command():
+    """The exit code of the ``tierax`` process itself, for one of the cases above."""
+    r = M.tierax("simulate", *TINY, "--target", "v5p")
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "without --maxtext" in r.stderr

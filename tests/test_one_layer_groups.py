@@ -214,19 +214,23 @@ def test_a_one_layer_model_under_the_default_plan_simulates_without_offload(caps
 
 @pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: XLA:TPU cannot compile here")
 @pytest.mark.parametrize("first_dense", [1, 4])
-def test_deviceless_v5e_compile_of_a_preset_with_a_one_layer_group(first_dense):
+def test_deviceless_v5e_compile_of_a_preset_with_a_one_layer_group(first_dense, cli):
     """tiny-deepseek with a one-layer dense (then MoE) group under deepseek-offload: every name
     offloaded is in a host buffer of its own, and XLA's host temp is exactly what simulate
-    prices (no host bytes outside a named buffer, none priced that XLA does not hold)."""
+    prices (no host bytes outside a named buffer, none priced that XLA does not hold).  compile
+    in a new process (JAX started for a deviceless TPU), simulate (a trace) in this one."""
     args = ["--model", "tiny-deepseek", "--set", "d_model=256", "--set", "num_layers=5", "--set",
             f"first_dense_layers={first_dense}", "--plan", "deepseek-offload", "--target", "v5e",
             "--devices", "1", "--microbatch", "2", "--seq", "512", "--json"]  # fmt: skip
     out = {}
     for verb in ("compile", "simulate"):
-        p = subprocess.run(
-            [sys.executable, "-m", "tierax.cli", verb, *args],
-            capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+        if verb == "compile":
+            p = subprocess.run(
+                [sys.executable, "-m", "tierax.cli", verb, *args],
+                capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        else:
+            p = cli(verb, *args)
         assert p.returncode == 0, p.stderr[-3000:]
         out[verb], out[verb + " stderr"] = json.loads(p.stdout), p.stderr
     compiled, offloaded = out["compile"], out["compile"]["offloaded"]

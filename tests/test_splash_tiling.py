@@ -45,12 +45,16 @@ def test_the_hlo_reader_sizes_a_tiled_buffer_by_its_layout():
     assert a == hlo.Array("bf16", (3, 2, 512, 8, 64), True)
 
 
-def _tierax_json(verb: str, args: list[str]) -> dict:
-    """``tierax VERB ARGS`` (ending in --json) in a fresh interpreter: its JSON."""
-    p = subprocess.run(
-        [sys.executable, "-m", "tierax.cli", verb, *args],
-        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+def _tierax_json(verb: str, args: list[str], cli=None) -> dict:
+    """``tierax VERB ARGS`` (ending in --json) in a fresh interpreter (``cli``: in this process, for
+    a verb that only traces): its JSON."""
+    if cli is not None:
+        p = cli(verb, *args)
+    else:
+        p = subprocess.run(
+            [sys.executable, "-m", "tierax.cli", verb, *args],
+            capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout)
 
@@ -99,7 +103,7 @@ def test_offloaded_values_of_two_or_more_sequences_are_stacked_seq_minor_on_the_
 
 @pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: XLA:TPU cannot compile here")
 @pytest.mark.parametrize("b", [B, 2])
-def test_xla_tpu_holds_the_tiled_host_bytes_simulate_predicts(b):
+def test_xla_tpu_holds_the_tiled_host_bytes_simulate_predicts(b, cli):
     """q/k/v offloaded (stored in their own layer: every layer on the host), compiled deviceless
     for one v5e: XLA:TPU's host temp is the tiled sum by hand, which simulate predicts and the
     compile's attribution finds name by name, with no mismatch noted."""
@@ -111,7 +115,7 @@ def test_xla_tpu_holds_the_tiled_host_bytes_simulate_predicts(b):
 
     q, k = L * b * S * H * 128 * BF16, L * b * S * KV * 128 * BF16
     v = k if b == 1 else L * b * S * KV * HD * BF16  # seq-minor from microbatch 2: no lane padding
-    compiled, predicted = _tierax_json("compile", args), _tierax_json("simulate", args)
+    compiled, predicted = _tierax_json("compile", args), _tierax_json("simulate", args, cli)
     assert compiled["host_temp_bytes"] == q + k + v == predicted["host_bytes"]
     assert compiled["offloaded_bytes_by_name"] == {
         "query_proj": q, "key_proj": k, "value_proj": v,
@@ -128,7 +132,7 @@ MLA_SETS = [
 
 
 @pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: XLA:TPU cannot compile here")
-def test_mla_values_zero_padded_for_the_kernel_stay_head_dim_minor_on_the_host():
+def test_mla_values_zero_padded_for_the_kernel_stay_head_dim_minor_on_the_host(cli):
     """MLA's values (head dim 64, padded to the query/key head dim 128 for the kernel) are stacked
     head_dim-minor on the host even at microbatch 2, unlike a dense model's: XLA:TPU's host temp of
     deepseek-offload (3 MoE layers; the preset recomputes the 1-layer dense group's) is what
@@ -139,7 +143,7 @@ def test_mla_values_zero_padded_for_the_kernel_stay_head_dim_minor_on_the_host()
         str(S), "--json",
     ]  # fmt: skip
 
-    compiled, predicted = _tierax_json("compile", args), _tierax_json("simulate", args)
+    compiled, predicted = _tierax_json("compile", args), _tierax_json("simulate", args, cli)
     assert compiled["host_temp_bytes"] == predicted["host_bytes"]
     assert compiled["offloaded_bytes_by_name"]["value_proj"] == 3 * 2 * S * 4 * 128 * BF16
     assert not [n for n in compiled["notes"] if "mismatch" in n], compiled["notes"]
