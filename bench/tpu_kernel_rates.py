@@ -158,6 +158,12 @@ def published_rates(path: str | pathlib.Path = PUBLISHED) -> dict:
     return out
 
 
+def _devices(prov: dict) -> str:
+    """"N × " of a provenance whose record counted its devices; a record that did not (the
+    link-beside-compute measurement runs on one device's copies) says nothing."""
+    return f"{prov['device_count']} × " if prov.get("device_count") else ""
+
+
 def _beside_provenance(doc: dict, path: str | pathlib.Path) -> dict:
     return {
         "record": _rel(path),
@@ -420,8 +426,8 @@ def markdown(doc: dict) -> str:
         f"- kernels (GEMMs, splash, non-matmul work): `{k['record']}`, measured by "
         f"`{k['command']}` on {k['device_count']} × {k['device_kind']}, jax {k['jax']}, "
         f"{k['created']}",
-        f"- host link: `{h['record']}`, measured by `{h['command']}` on {h['device_count']} × "
-        f"{h['device_kind']}, jax {h['jax']}, {h['created']}",
+        f"- host link: `{h['record']}`, measured by `{h['command']}` on "
+        f"{_devices(h)}{h['device_kind']}, jax {h['jax']}, {h['created']}",
         "",
         "| kernel | shape | measured | share of the datasheet |",
         "|---|---|---:|---:|",
