@@ -86,7 +86,7 @@ def test_positions_restart_at_each_document():
     mask = document_mask(seg)
     expected = [np.concatenate([np.arange(n) for n in lens]) for lens in ROWS]
     np.testing.assert_array_equal(mask.positions, np.stack(expected))
-    x = jax.random.normal(jax.random.key(1), (2, 33, 3, 8))
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((2, 33, 3, 8), dtype=np.float32))
     rotated = rope(x, 10000.0, mask.positions)
     # The third document of row 0 (tokens 25..32) is rotated as if it stood alone at position 0.
     np.testing.assert_allclose(rotated[:1, 25:], rope(x[:1, 25:], 10000.0), rtol=1e-6, atol=1e-6)

@@ -23,6 +23,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from test_prefetch import assert_scan_matches_loop
 
@@ -43,14 +44,19 @@ def _layer(x, p):
 
 
 def _params(n_layers=2, d=8):
-    k = jax.random.split(jax.random.key(3), 4)
+    # standard normal float32 drawn by NumPy (jax.random compiles a program for every shape)
+    rng = np.random.default_rng(3)
+
+    def normal(*shape):
+        return jnp.asarray(rng.standard_normal(shape, dtype=np.float32))
+
     return (
         {
-            "wq": jax.random.normal(k[0], (n_layers, d, d)) / d,
-            "wg": jax.random.normal(k[1], (n_layers, d, 2 * d)) / d,
-            "wo": jax.random.normal(k[2], (n_layers, 2 * d, d)) / d,
+            "wq": normal(n_layers, d, d) / d,
+            "wg": normal(n_layers, d, 2 * d) / d,
+            "wo": normal(n_layers, 2 * d, d) / d,
         },
-        jax.random.normal(k[3], (4, d)),
+        normal(4, d),
     )
 
 
