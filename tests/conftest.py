@@ -199,6 +199,30 @@ def console_script():
     return run
 
 
+# MaxText's programs traced in this process, by file, keys and sizes (maxtext_programs_once).
+_MAXTEXT_PROGRAMS: dict = {}
+
+
+@pytest.fixture
+def maxtext_programs_once(monkeypatch):
+    """MaxText's program of the same file, keys and sizes (tierax.interop.maxtext_program's
+    ``program``, whether a test calls it or a verb it runs in this process does) built once per
+    test process and shared: the same arguments trace the same program, and a MaxText trace takes
+    seconds.  A call refused (an exception) is not kept; a program built with other arguments is
+    built anew."""
+    from tierax.interop.maxtext_program import as_program
+
+    build = as_program.program
+
+    def program(path, overrides=(), **kwargs):
+        key = (str(path), tuple(overrides), repr(sorted(kwargs.items())))
+        if key not in _MAXTEXT_PROGRAMS:
+            _MAXTEXT_PROGRAMS[key] = build(path, overrides, **kwargs)
+        return _MAXTEXT_PROGRAMS[key]
+
+    monkeypatch.setattr(as_program, "program", program)
+
+
 @pytest.fixture
 def v5e_mesh(monkeypatch):
     """A one-device mesh of a deviceless v5e topology, built in this test process.  libtpu holds a

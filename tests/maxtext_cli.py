@@ -21,6 +21,10 @@ requires_maxtext = pytest.mark.skipif(
     "it)",
 )
 
+# The mark of the MaxText test modules whose programs are traced in the test process: each program
+# built once there (conftest's maxtext_programs_once).
+programs_once = pytest.mark.usefixtures("maxtext_programs_once")
+
 # d 256, 4 query / 2 kv heads of 64, gated MLP 512, 2 layers, vocab 1024 (MaxText's llama2 block).
 D, HEADS, KV, HD, MLP, LAYERS, VOCAB = 256, 4, 2, 64, 512, 2, 1024
 TINY = [

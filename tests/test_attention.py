@@ -15,12 +15,11 @@ from tierax.train import step as S
 
 
 def _qkv(B, T, K, G, d, dv, seed=0):
-    k0, k1, k2, k3 = jax.random.split(jax.random.key(seed), 4)
-    return (
-        jax.random.normal(k0, (B, T, K, G, d)),
-        jax.random.normal(k1, (B, T, K, d)),
-        jax.random.normal(k2, (B, T, K, dv)),
-        jax.random.normal(k3, (B, T, K, G, dv)),
+    # standard normal float32 drawn by NumPy (jax.random compiles a program for every shape)
+    rng = np.random.default_rng(seed)
+    return tuple(
+        jnp.asarray(rng.standard_normal(shape, dtype=np.float32))
+        for shape in ((B, T, K, G, d), (B, T, K, d), (B, T, K, dv), (B, T, K, G, dv))
     )
 
 

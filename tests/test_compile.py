@@ -67,9 +67,16 @@ def tiny_llama_offload_vs_device():
         for g, gp in offload.groups.items()
     }
     on_device = P.Plan("qkv-device", groups)
-    a, text = C.compile_for_target(cfg, offload, "h200", microbatch=8, seq=64)
+    # The target config given (h200's own, as rendered): test_fits_leaves_the_runtime_reserve_free
+    # compiles this step again with it, identically, against a smaller device.
+    a, text = C.compile_for_target(
+        cfg, offload, "h200", microbatch=8, seq=64, target_config=_H200_CONFIG
+    )
     b, _ = C.compile_for_target(cfg, on_device, "h200", microbatch=8, seq=64)
     return cfg, a, b, text
+
+
+_H200_CONFIG = hardware.render_target_config(hardware.TARGETS["h200"])
 
 
 def test_host_temp_equals_offloaded_residuals(tiny_llama_offload_vs_device):
@@ -355,7 +362,12 @@ def test_lhs_pipelined_still_runs_plans_without_offload(cli):
 def test_fits_leaves_the_runtime_reserve_free(monkeypatch, tiny_llama_offload_vs_device):
     """A compiled peak between the usable limit (capacity less the runtime reserve) and the raw
     capacity does not fit.  The fixture's offload program is compiled again (the same target
-    config, given explicitly), judged against a capacity just above its peak."""
+    config, given explicitly as the fixture gives it), judged against a capacity just above its
+    peak.
+
+    That compile is the fixture's step compiled again, identically, under JAX's persistent
+    compilation cache (conftest): it must not load the first compile's entry back, which a
+    compile-only client cannot (JAX warns and compiles anyway)."""
     cfg, off, _, _ = tiny_llama_offload_vs_device
     spec = hardware.TARGETS["h200"]
     peak = off.device_peak_bytes
@@ -364,27 +376,17 @@ def test_fits_leaves_the_runtime_reserve_free(monkeypatch, tiny_llama_offload_vs
     monkeypatch.setitem(
         hardware.TARGETS, "h200", dataclasses.replace(spec, device_memory_bytes=tight)
     )
-    plan = dataclasses.replace(P.preset("qkv-offload", cfg), mechanism="policy")
-    again, _ = C.compile_for_target(
-        cfg, plan, "h200", microbatch=8, seq=64, target_config=hardware.render_target_config(spec)
-    )
-    assert again.device_peak_bytes == peak < again.device_capacity_bytes == tight
-    assert not again.fits
-
-
-def test_the_same_step_compiled_again_under_the_compilation_cache(tiny_llama_offload_vs_device):
-    """The suite runs under JAX's persistent compilation cache (conftest): compiling the fixture's
-    offload step again, identically, must not load the first compile's entry back, which a
-    compile-only client cannot (JAX warns and compiles anyway)."""
-    cfg, off, _, _ = tiny_llama_offload_vs_device
     assert jax.config.jax_compilation_cache_dir and jax.config.jax_enable_compilation_cache
     plan = dataclasses.replace(P.preset("qkv-offload", cfg), mechanism="policy")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        again, _ = C.compile_for_target(cfg, plan, "h200", microbatch=8, seq=64)
+        again, _ = C.compile_for_target(
+            cfg, plan, "h200", microbatch=8, seq=64, target_config=_H200_CONFIG
+        )
     assert not [str(w.message) for w in caught if "compilation cache" in str(w.message)]
     assert jax.config.jax_persistent_cache_min_compile_time_secs == 0  # restored (conftest: 0)
-    assert again.device_peak_bytes == off.device_peak_bytes
+    assert again.device_peak_bytes == peak < again.device_capacity_bytes == tight
+    assert not again.fits
 
 
 def test_over_budget_gpu_compile_is_a_result_with_the_prediction():

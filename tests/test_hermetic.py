@@ -11,6 +11,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 from tierax import costmodel as cm
 from tierax.measure import calibrate
 
@@ -58,6 +60,11 @@ def test_the_calibration_file_follows_the_environment(tmp_path, monkeypatch):
     assert cm.load_calibration() == {}
 
 
+# -m slow (the fixture's measurement, tierax calibrate's CPU stages at their shapes, takes half a
+# minute, and no default test needs this machine's rates): tests/test_audit_gaps_calibrate.py maps
+# every measurement to the rate target 'cpu' reads, tests/test_time_model.py runs each CPU
+# microbenchmark, tests/test_calibrate.py reads an entry's sources as measured.
+@pytest.mark.slow
 def test_calibrated_cpu_is_measured_by_calibrate(calibrated_cpu):
     """The fixture's rates are a real ``calibrate`` entry for this machine, and target 'cpu' reads
     them."""

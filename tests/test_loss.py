@@ -15,6 +15,11 @@ from tierax.models import get_config
 from tierax.models import loss as loss_lib
 
 
+def _normal(rng, shape):
+    """Standard normal float32 drawn by NumPy (jax.random compiles a program for every shape)."""
+    return jnp.asarray(rng.standard_normal(shape, dtype=np.float32))
+
+
 def _assert_close(a_tree, b_tree, rel=1e-5):
     for a, b in zip(jax.tree.leaves(a_tree), jax.tree.leaves(b_tree), strict=True):
         a, b = np.asarray(a), np.asarray(b)  # different device sets: compare on the host
@@ -43,10 +48,10 @@ def _max_float_elements(closed):
 
 def test_tiled_loss_equals_untiled_and_never_holds_full_logits():
     B, S_, D, V = 4, 32, 16, 512
-    ks = jax.random.split(jax.random.key(0), 3)
-    h = jax.random.normal(ks[0], (B, S_, D))
-    w = jax.random.normal(ks[1], (D, V)) * D**-0.5
-    t = jax.random.randint(ks[2], (B, S_), 0, V)
+    rng = np.random.default_rng(0)
+    h = _normal(rng, (B, S_, D))
+    w = _normal(rng, (D, V)) * D**-0.5
+    t = jnp.asarray(rng.integers(0, V, (B, S_)), jnp.int32)
 
     def grad_fn(tiles):
         return jax.value_and_grad(
@@ -70,10 +75,10 @@ def test_loss_gradient_equals_autodiff_of_the_textbook_form(tiles):
     """The loss's hand-written backward (softmax · g, then −g scattered at the targets) against
     jax.grad of −mean(log_softmax[target]), on one device and with the batch split over 8."""
     B, S_, D, V = 8, 16, 16, 384
-    ks = jax.random.split(jax.random.key(1), 3)
-    h = jax.random.normal(ks[0], (B, S_, D))
-    w = jax.random.normal(ks[1], (D, V)) * D**-0.5
-    t = jax.random.randint(ks[2], (B, S_), 0, V)
+    rng = np.random.default_rng(1)
+    h = _normal(rng, (B, S_, D))
+    w = _normal(rng, (D, V)) * D**-0.5
+    t = jnp.asarray(rng.integers(0, V, (B, S_)), jnp.int32)
     t = (
         t.at[0, :4].set(V - 1).at[1, :4].set(0)
     )  # the vocabulary's first and last entries as targets
@@ -105,10 +110,10 @@ def test_bfloat16_loss_backward_multiplies_in_bfloat16():
     float32
     accumulation), and the gradients stay within bfloat16 rounding of the float32 textbook form."""
     B, S_, D, V = 4, 16, 32, 512
-    ks = jax.random.split(jax.random.key(2), 3)
-    h = jax.random.normal(ks[0], (B, S_, D)).astype(jnp.bfloat16)
-    w = (jax.random.normal(ks[1], (D, V)) * D**-0.5).astype(jnp.bfloat16)
-    t = jax.random.randint(ks[2], (B, S_), 0, V)
+    rng = np.random.default_rng(2)
+    h = _normal(rng, (B, S_, D)).astype(jnp.bfloat16)
+    w = (_normal(rng, (D, V)) * D**-0.5).astype(jnp.bfloat16)
+    t = jnp.asarray(rng.integers(0, V, (B, S_)), jnp.int32)
 
     def textbook(h, w):  # float32 throughout, from the same bfloat16 inputs
         logp = jax.nn.log_softmax(h.astype(jnp.float32) @ w.astype(jnp.float32), -1)
@@ -139,11 +144,11 @@ def test_tpu_loss_takes_compute_dtype_logits_and_matches_its_textbook_form():
     numerics): the loss is the textbook loss of those rounded logits, not of float32 ones, and the
     gradients stay within bfloat16 rounding of that form's autodiff."""
     B, S_, D, V = 4, 16, 32, 512
-    ks = jax.random.split(jax.random.key(3), 3)
-    h = jax.random.normal(ks[0], (B, S_, D)).astype(jnp.bfloat16)
+    rng = np.random.default_rng(3)
+    h = _normal(rng, (B, S_, D)).astype(jnp.bfloat16)
     # logits of a few units
-    w = (jax.random.normal(ks[1], (D, V)) * D**-0.5 * 8).astype(jnp.bfloat16)
-    t = jax.random.randint(ks[2], (B, S_), 0, V)
+    w = (_normal(rng, (D, V)) * D**-0.5 * 8).astype(jnp.bfloat16)
+    t = jnp.asarray(rng.integers(0, V, (B, S_)), jnp.int32)
 
     def textbook(h, w, dtype):
         logits = jnp.einsum("bsd,dv->bsv", h, w, preferred_element_type=dtype).astype(jnp.float32)

@@ -16,7 +16,7 @@ import pytest
 
 from tierax.errors import TieraxError
 
-pytestmark = M.requires_maxtext
+pytestmark = [M.requires_maxtext, M.programs_once]
 
 BF16, F32 = "bfloat16", "float32"
 

@@ -17,7 +17,7 @@ import pathlib
 import maxtext_cli as M
 import pytest
 
-pytestmark = M.requires_maxtext
+pytestmark = [M.requires_maxtext, M.programs_once]
 
 TINY = [*M.TINY, "per_device_batch_size=2", "max_target_length=256"]
 RECORD = pathlib.Path(__file__).parents[1] / "bench" / "results" / "maxtext_fidelity.json"

@@ -21,7 +21,7 @@ import pytest
 
 from tierax.interop.maxtext_program import emit
 
-pytestmark = M.requires_maxtext
+pytestmark = [M.requires_maxtext, M.programs_once]
 
 SHAPE = ["--microbatch", "2", "--seq", "256", "--devices", "4", "--target", "v5p"]
 

@@ -16,7 +16,7 @@ import json
 import maxtext_cli as M
 import pytest
 
-pytestmark = M.requires_maxtext
+pytestmark = [M.requires_maxtext, M.programs_once]
 
 WINDOWED = "--xla_tpu_enable_windowed_einsum_for_reduce_scatter=false"
 MAXTEXT_OWN = "--xla_tpu_spmd_rng_bit_generator_unsafe=true"

@@ -13,7 +13,7 @@ import pytest
 
 from tierax.cli import main
 
-pytestmark = M.requires_maxtext
+pytestmark = [M.requires_maxtext, M.programs_once]
 
 TINY = M.TINY  # d 256, 4 query / 2 kv heads of 64, MLP 512, 2 layers, vocab 1024
 ON = ["--target", "h200", "--devices", "2"]

@@ -15,7 +15,7 @@ import dataclasses
 import maxtext_cli as M
 import pytest
 
-pytestmark = M.requires_maxtext
+pytestmark = [M.requires_maxtext, M.programs_once]
 
 TINY = [*M.TINY, "per_device_batch_size=2", "max_target_length=256"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import maxtext_cli as M
 import pytest
 
-pytestmark = M.requires_maxtext
+pytestmark = [M.requires_maxtext, M.programs_once]
 
 TINY = M.TINY
 D, HEADS, KV, HD, MLP, LAYERS, VOCAB = M.D, M.HEADS, M.KV, M.HD, M.MLP, M.LAYERS, M.VOCAB

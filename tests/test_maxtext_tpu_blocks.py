@@ -15,7 +15,7 @@ import pytest
 from tierax.interop.maxtext_program import tpu_blocks
 from tierax.interop.maxtext_program.weight_stacks import Stack
 
-pytestmark = M.requires_maxtext
+pytestmark = [M.requires_maxtext, M.programs_once]
 
 FSDP = 4
 BF16 = 2

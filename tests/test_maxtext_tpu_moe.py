@@ -20,7 +20,7 @@ import pytest
 from xla_dump import dump_text as _dump
 from xla_dump import temp_values as _temp_values
 
-pytestmark = M.requires_maxtext
+pytestmark = [M.requires_maxtext, M.programs_once]
 
 # GPT-OSS's block (decoder_block gpt_oss: two layers, sliding-window and full attention, attention
 # sinks, biases) at d 256, 4 query / 2 kv heads of 64, 4 experts of 512 (2 per token), vocab 1024.

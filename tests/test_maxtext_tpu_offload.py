@@ -17,7 +17,7 @@ from tierax.interop.maxtext_program import tpu_offload
 from tierax.models.config import LayerGroup
 from tierax.plan import Placement
 
-pytestmark = M.requires_maxtext
+pytestmark = [M.requires_maxtext, M.programs_once]
 
 FSDP = 4
 UNROLLED = tpu_offload.UNROLLED_ITERATIONS

@@ -17,7 +17,7 @@ from test_maxtext_tpu_blocks import _kernel as _block_kernel
 from tierax.interop.maxtext_program import tpu_single_trip
 from tierax.interop.maxtext_program.weight_stacks import Stack
 
-pytestmark = M.requires_maxtext
+pytestmark = [M.requires_maxtext, M.programs_once]
 
 
 @dataclass(frozen=True)

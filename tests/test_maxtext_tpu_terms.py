@@ -16,7 +16,7 @@ from xla_dump import dump_text as _dump
 from xla_dump import live_at as _live_at
 from xla_dump import temp_values as _temp_values
 
-pytestmark = M.requires_maxtext
+pytestmark = [M.requires_maxtext, M.programs_once]
 
 TINY = [*M.TINY, "remat_policy=full"]
 D, HEADS, KV, HD, MLP, LAYERS, VOCAB = M.D, M.HEADS, M.KV, M.HD, M.MLP, M.LAYERS, M.VOCAB

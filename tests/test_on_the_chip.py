@@ -126,7 +126,7 @@ def _state_bytes(cfg) -> int:
 
 def test_bench_holds_one_plans_state_at_a_time():
     """Bytes of live arrays at every progress callback stay near one plan's state (the old bench
-    prepared every plan first: three states at once)."""
+    prepared every plan first: with the two plans here, two states at once, above the 1.5 bound)."""
     from tierax import plan as plan_lib
 
     cfg = _tiny()
@@ -137,11 +137,11 @@ def test_bench_holds_one_plans_state_at_a_time():
     def progress(_what, _n):
         seen.append(sum(x.nbytes for x in jax.live_arrays()) - base)
 
-    plans = [plan_lib.preset(p, cfg) for p in ("save-all", "remat-full", "minimal")]
+    plans = [plan_lib.preset(p, cfg) for p in ("save-all", "remat-full")]
     records, _, not_run = bench.run_bench(
         cfg, plans, steps=3, microbatch=1, seq=16, warmup=1, progress=progress
     )
-    assert [r.plan for r in records] == ["save-all", "remat-full", "minimal"] and not not_run
+    assert [r.plan for r in records] == ["save-all", "remat-full"] and not not_run
     assert all(len(r.step_times_s) == 3 for r in records)
     assert max(seen) < 1.5 * one, (max(seen), one)
 

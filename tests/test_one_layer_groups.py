@@ -125,6 +125,13 @@ def test_a_preset_recomputes_what_it_would_offload_in_a_one_layer_group(capsys):
     err = capsys.readouterr().err
     assert "note: preset 'deepseek-offload': layer group 'dense' has one layer" in err
     assert "key_proj, mlpwi_0, mlpwi_1, query_proj, value_proj recomputed there instead" in err
+    # a one-layer MoE group after four dense layers: its routed experts' up-projections too
+    four = apply_overrides(get_config("tiny-deepseek"), ["num_layers=5", "first_dense_layers=4"])
+    resolved = P.resolve(P.load_plan("deepseek-offload", four), four)
+    for n in ("query_proj", "key_proj", "value_proj", "moe_mlpwi_0", "moe_mlpwi_1"):
+        assert resolved["moe"][n] is P.Placement.REMAT
+    assert resolved["dense"]["mlpwi_0"] is P.Placement.OFFLOAD
+    assert "layer group 'moe' has one layer" in capsys.readouterr().err
     # groups of two layers or more: the preset as it always was, no note
     P.load_plan("deepseek-offload", get_config("tiny-deepseek"))
     assert capsys.readouterr().err == ""
@@ -213,7 +220,13 @@ def test_a_one_layer_model_under_the_default_plan_simulates_without_offload(caps
 
 
 @pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: XLA:TPU cannot compile here")
-@pytest.mark.parametrize("first_dense", [1, 4])
+@pytest.mark.parametrize(
+    "first_dense",
+    # The one-layer MoE group (4) under -m slow: the one-layer dense group's compile (1) checks
+    # what XLA holds under the preset's rule, which is the same for every group, and
+    # test_a_preset_recomputes_what_it_would_offload_in_a_one_layer_group its one-layer MoE group.
+    [1, pytest.param(4, marks=pytest.mark.slow)],
+)
 def test_deviceless_v5e_compile_of_a_preset_with_a_one_layer_group(first_dense, cli):
     """tiny-deepseek with a one-layer dense (then MoE) group under deepseek-offload: every name
     offloaded is in a host buffer of its own, and XLA's host temp is exactly what simulate

@@ -190,13 +190,13 @@ def test_api_refuses_a_budget_above_the_device():
     assert tierax.plan(inv, target="h200", budget=40 * 2**30).predicted.fits
 
 
-def test_compile_takes_the_planned_sizes(tmp_path):
+def test_compile_takes_the_planned_sizes(cli, tmp_path):
     plan = tmp_path / "p.yaml"
     run = [sys.executable, "-m", "tierax.cli"]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    subprocess.run([*run, "plan", "--model", "tiny-llama", "--microbatch", "1", "--seq", "16",
-                    "--target", "h100", "--mesh", "fsdp=2", "--grad-accum", "2", "--out",
-                    str(plan)], check=True, capture_output=True, env=env)  # fmt: skip
+    # the plan written in this process; compile (JAX started for a deviceless GPU) in a new one
+    _ok(cli("plan", "--model", "tiny-llama", "--microbatch", "1", "--seq", "16", "--target",
+            "h100", "--mesh", "fsdp=2", "--grad-accum", "2", "--out", str(plan)))  # fmt: skip
     r = subprocess.run([*run, "compile", "--plan", str(plan), "--json"], capture_output=True,
                        text=True, env=env, timeout=600)  # fmt: skip
     assert r.returncode == 0, r.stderr

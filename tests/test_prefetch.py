@@ -74,14 +74,19 @@ def _toy_layer(x, p):
 
 
 def _toy_params(n_layers=5, d=8, seed=0):
-    k = jax.random.split(jax.random.key(seed), 4)
+    # standard normal float32 drawn by NumPy (jax.random compiles a program for every shape)
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape):
+        return jnp.asarray(rng.standard_normal(shape, dtype=np.float32))
+
     return (
         {
-            "wq": jax.random.normal(k[0], (n_layers, d, d)) / d,
-            "wg": jax.random.normal(k[1], (n_layers, d, 2 * d)) / d,
-            "wo": jax.random.normal(k[2], (n_layers, 2 * d, d)) / d,
+            "wq": normal(n_layers, d, d) / d,
+            "wg": normal(n_layers, d, 2 * d) / d,
+            "wo": normal(n_layers, 2 * d, d) / d,
         },
-        jax.random.normal(k[3], (4, d)),
+        normal(4, d),
     )
 
 

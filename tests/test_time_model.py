@@ -568,19 +568,19 @@ def test_the_head_gemms_are_timed_in_the_form_the_bfloat16_step_runs_them():
     with float32 products, as harness.HEAD_MATMUL_ROLES writes them, and its layer GEMMs bfloat16
     products, as MATMUL_ROLES writes them; XLA:CPU converts the latter's operands to float32 and
     runs the former on bfloat16 operands (the compiled HLO), so they are two kernels."""
+    from flax import nnx
+
     from tierax import plan as plan_lib
-    from tierax.mesh import MeshShape
-    from tierax.sharding import rules as sh
+    from tierax.models import abstract_model
     from tierax.train import step as step_lib
 
     cfg = dataclasses.replace(CFG, dtype="bfloat16", vocab_size=320)
-    mesh = MeshShape(fsdp=8).make()
-    opt = step_lib.make_optimizer()
-    tokens = jax.device_put(step_lib.synthetic_batch(cfg, 8, 32), sh.batch_sharding(mesh))
-    graphdef, state = step_lib.init_state(cfg, opt, mesh=mesh)
+    # the step's jaxpr (what is asserted) from its parameters' and tokens' shapes and dtypes
+    graphdef, params = nnx.split(abstract_model(cfg))
+    tokens = jax.ShapeDtypeStruct((8, 33), jnp.int32)  # synthetic_batch(cfg, 8, 32)'s
     pl = plan_lib.preset("save-all", cfg)
     loss_fn = step_lib.make_loss_fn(graphdef, plan_lib.to_policies(pl, cfg), None)
-    jaxpr = jax.make_jaxpr(jax.value_and_grad(loss_fn))(state.params, tokens)
+    jaxpr = jax.make_jaxpr(jax.value_and_grad(loss_fn))(params, tokens)
     head = _head_dots(jaxpr, 320)
     assert len(head) == 3  # forward, input gradient, weight gradient
     assert {_dtypes(e) for e in head} == {("bfloat16", "bfloat16", "float32")}
