@@ -15,8 +15,8 @@ What it does, in one process (one program holds the chip), every stage against `
 1. ``tierax calibrate``'s TPU measurements (:func:`tierax.measure.calibrate.measure_tpu`): a
    layer's non-matmul work, bf16 GEMMs at a step's shapes and by smallest dimension, the splash
    kernel forward and backward by sequence and head dim, the host link through the step's own
-   offload path.  That entry is the *calibrated* rates; the datasheet rates of ``v5e`` the
-   *uncalibrated* ones.
+   offload path beside compute.  That entry is the *calibrated* rates; the datasheet rates of
+   ``v5e`` the *uncalibrated* ones.
 2. Three model shapes — a Llama-style dense model (the 0.63 B shape of the first chip run), a
    Mixtral-style MoE and a DeepSeek-style MLA + MoE — at three microbatches each: every preset
    that applies and the planner's plan under the calibrated rates (and under the datasheet ones
@@ -178,7 +178,7 @@ def calibrate_here(tiny: bool) -> dict:
 
     mix = accel_rates.gemm_rates([(256, 128, 256)])
     splash = accel_rates.splash_rates([(128, 64)], tokens=128, kv_heads=1, groups=1, interpret=True)
-    link = accel_rates.step_link_rates(layers=2, tokens=256, width=256)
+    link = accel_rates.host_link_rates(tiny=True)
     entry = {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "device_kind": jax.devices()[0].device_kind,
@@ -209,11 +209,7 @@ def reuse_calibration(record: pathlib.Path, tiny: bool) -> dict:
     from tierax.measure import accel_rates
 
     entry = dict(json.loads(record.read_text())["calibration"])
-    link = (
-        accel_rates.step_link_rates(layers=2, tokens=256, width=256)
-        if tiny
-        else accel_rates.step_link_rates()
-    )
+    link = accel_rates.host_link_rates(tiny)
     entry["microbenchmarks"] = dict(entry.get("microbenchmarks", {}), host_link=link)
     entry["rates_from"] = (
         f"{record.name} (host link, gathers and scatters measured again in this run)"

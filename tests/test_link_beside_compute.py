@@ -11,6 +11,7 @@ import pathlib
 import pytest
 
 from tierax import costmodel as cm
+from tierax.measure import accel_rates
 
 RESULTS = pathlib.Path(__file__).resolve().parents[1] / "bench" / "results"
 DOC = json.loads((RESULTS / "link_beside_compute_repredicted.json").read_text())
@@ -30,3 +31,30 @@ def test_the_link_beside_compute_brings_the_copy_bound_plan_within_ten_percent()
         assert p["predicted_s"] >= p["predicted_round_trip_link_s"] - 1e-12, p
         assert p["error"] == pytest.approx(p["predicted_s"] / p["measured_s"] - 1, rel=1e-12)
     assert DOC["worst_abs_error"] < DOC["worst_abs_error_round_trip_link"]
+
+
+def test_the_slope_rate_is_the_bytes_moved_over_the_added_time():
+    """By hand: 8 layers store 7 values and load 7 (the last stays on the device), so a layer of
+    B bytes moves 14·B; added times on a line of 1 s per 1e10 bytes give 1e10 bytes/s whatever the
+    intercept (the compute that hid the first bytes)."""
+    rows = [
+        {"layer_bytes": b, "added_s": 0.003 + 14 * b / 1e10} for b in (2**27, 2**28, 3 * 2**27)
+    ]
+    assert accel_rates.slope_rate(rows, 8) == pytest.approx(1e10, rel=1e-9)
+    assert accel_rates.slope_rate(rows[:1], 8) is None  # one size: no slope
+    flat = [dict(r, added_s=0.004) for r in rows]  # hidden at every size: nothing measured
+    assert accel_rates.slope_rate(flat, 8) is None
+
+
+def test_calibrate_takes_the_rate_beside_compute_and_the_round_trip_only_without_one(monkeypatch):
+    trip = {"d2h_bytes_per_s": 15.9e9, "h2d_bytes_per_s": 15.9e9}
+    monkeypatch.setattr(accel_rates, "step_link_rates", lambda **kw: trip)
+    rows = [{"layer_bytes": b, "added_s": 14 * b / 13.6e9} for b in (2**27, 2**28)]
+    monkeypatch.setattr(accel_rates, "beside_compute_row", lambda shape, mib, calls: rows.pop(0))
+    link = accel_rates.host_link_rates()
+    assert link["rate_from"] == "beside compute"
+    assert link["d2h_bytes_per_s"] == link["h2d_bytes_per_s"] == pytest.approx(13.6e9)
+    assert link["round_trip"] is trip
+    rows[:] = [{"layer_bytes": b, "added_s": 0.0} for b in (2**27, 2**28)]  # all hidden
+    link = accel_rates.host_link_rates()
+    assert link["rate_from"] == "round trip" and link["d2h_bytes_per_s"] == 15.9e9

@@ -347,6 +347,15 @@ def test_tpu_check_rehearsal_on_the_cpu(tmp_path):
         assert p["ran"] and p["step_time_s"] > 0
         assert p["predicted_calibrated"]["step_time_s"] > 0
     assert doc["reference"]["tierax_step_s"] > 0 and doc["reference"]["reference_step_s"] > 0
+    # The host link is calibrate's: beside compute (rows at each size), the round trip beside it;
+    # the entry's rate is the one its rate_from names.
+    link = doc["calibration"]["microbenchmarks"]["host_link"]
+    beside = link["beside_compute"]
+    assert [r["layer_bytes"] for r in beside["rows"]] == [2**18, 2**19]  # tiny: 0.25, 0.5 MiB
+    assert {"offload_s", "keep_s", "added_s"} <= set(beside["rows"][0])
+    used = beside if link["rate_from"] == "beside compute" else link["round_trip"]
+    assert link["d2h_bytes_per_s"] == used["d2h_bytes_per_s"]
+    assert doc["calibration"].get("d2h_bytes_per_s") == link["d2h_bytes_per_s"]
     sys.path.insert(0, str(ROOT / "bench"))
     import _tpu_check_report as tpu_check_report
 

@@ -56,77 +56,6 @@ REPREDICT = {
 }  # fmt: skip
 
 
-def layer_fn(matmuls: int, values: int, wide: int, width: int):
-    """One layer: ``matmuls`` [tokens, width] × [width, width] products, then ``values`` tagged
-    values of [tokens, wide] made from the result (what the plan offloads or keeps) and read back
-    into the carry; a tiny tagged value the other program offloads."""
-    import jax.numpy as jnp
-
-    from tierax.models.tags import tag
-
-    reps = wide // width
-
-    def layer(x, p):
-        h = x
-        for _ in range(matmuls):
-            h = jnp.tanh(h @ p["mm"])
-        out = h
-        for j in range(values):
-            r = tag(jnp.tile(h, (1, reps)) * p["scale"][j][None, :], f"link_r{j}")
-            out = out + jnp.sin(r).reshape(h.shape[0], reps, width).sum(1)
-        s = tag(out[:8, :128] * 2, "link_s")
-        return out + jnp.sum(s) * 0
-
-    return layer
-
-
-def measure(shape: dict, size_mib: float, values: int) -> dict:
-    import jax
-    import jax.numpy as jnp
-
-    from tierax.measure.accel_rates import back_to_back
-    from tierax.models.prefetch import prefetch_scan
-
-    L, T, D = shape["layers"], shape["tokens"], shape["width"]
-    per_value = int(size_mib * 2**20) // values
-    wide = max(D, per_value // (T * 2) // D * D)  # bf16, a multiple of the width
-    names = tuple(f"link_r{j}" for j in range(values))
-    layer = layer_fn(shape["matmuls"], values, wide, D)
-    ks = jax.random.split(jax.random.key(8), 3)
-    x0 = jax.random.normal(ks[0], (T, D), jnp.bfloat16)
-    p = {
-        "mm": (jax.random.normal(ks[1], (L, D, D), jnp.float32) / D**0.5).astype(jnp.bfloat16),
-        "scale": (1 + 0.01 * jax.random.normal(ks[2], (L, values, wide))).astype(jnp.bfloat16),
-    }
-    out = {"values": values, "value_bytes": T * wide * 2, "layer_bytes": values * T * wide * 2}
-    for label, keep, offload in (
-        ("offload", ("link_s",), names),
-        ("keep", names, ("link_s",)),
-    ):
-        run = prefetch_scan(layer, keep=keep, offload=offload)
-        fn = jax.jit(
-            jax.grad(lambda x0, p, run=run: jnp.sum(run(x0, p).astype(jnp.float32)), (0, 1))
-        )
-        out[f"{label}_s"] = back_to_back(fn, (x0, p), calls=3)
-    out["added_s"] = out["offload_s"] - out["keep_s"]
-    return out
-
-
-def slope_rate(rows: list[dict], layers: int) -> float | None:
-    """Bytes moved (both ways: the layers' stores less the last, which stays on device, and as
-    many loads) over the added seconds, from the least-squares slope of added time on layer
-    bytes over ``rows``."""
-    xs = [2 * (layers - 1) * r["layer_bytes"] for r in rows]
-    ys = [r["added_s"] for r in rows]
-    n = len(xs)
-    if n < 2:
-        return None
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
-    return sxx / sxy if sxy > 0 else None
-
-
 def repredict() -> dict:
     """Every plan the chip ran in :data:`REPREDICT`'s cases, priced by tierax's v5e model now
     (its host link beside compute) and with the round trip's host link instead, beside the
@@ -217,6 +146,8 @@ def main(argv=None) -> int:
         return _common.finish(args.out, doc)
     import jax
 
+    from tierax.measure import accel_rates
+
     shape = TINY if args.tiny else CHIP
     doc = _common.envelope(SCHEMA, argv)
     doc["platform"] = jax.devices()[0].platform
@@ -226,18 +157,18 @@ def main(argv=None) -> int:
     for values in SPLITS:
         rows = []
         for mib in shape["sizes_mib"]:
-            row = measure(shape, mib, values)
+            row = accel_rates.beside_compute_row(shape, mib, values)
             rows.append(row)
             print(
                 f"{values} value(s), {row['layer_bytes'] / 2**20:.0f} MiB a layer: keep "
                 f"{row['keep_s'] * 1e3:.2f} ms, offload {row['offload_s'] * 1e3:.2f} ms",
                 flush=True,
             )
-        rate = slope_rate(rows[1:], shape["layers"])  # past the smallest, hidden or not
+        rate = accel_rates.slope_rate(rows[1:], shape["layers"])  # past the smallest, hidden or not
         doc["splits"][str(values)] = {
             "rows": rows,
             "rate_bytes_per_s": rate,
-            "rate_all_sizes_bytes_per_s": slope_rate(rows, shape["layers"]),
+            "rate_all_sizes_bytes_per_s": accel_rates.slope_rate(rows, shape["layers"]),
         }
         print(f"{values} value(s): {rate / 1e9 if rate else float('nan'):.2f} GB/s", flush=True)
     return _common.finish(args.out, doc)

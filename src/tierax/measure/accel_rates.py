@@ -35,6 +35,11 @@ SPLASH_TOKENS = 16384
 # The host link through the step's offload path (tierax.models.prefetch): layers × tokens × width
 # bf16 values, one offloaded per layer (64 MiB each at the default).
 LINK_LAYERS, LINK_TOKENS, LINK_WIDTH = 8, 8192, 4096
+# The host link beside compute (link_beside_compute): layers of MATMULS [tokens, width]² products,
+# each storing a value of each size in MiB; the smallest size of the chip's shape was hidden under
+# its layers' compute (bench/results/chip/link_beside_compute.json), so calibrate starts above it.
+BESIDE = {"layers": 8, "tokens": 8192, "width": 2048, "matmuls": 8, "sizes_mib": (128, 256)}
+BESIDE_TINY = {"layers": 4, "tokens": 256, "width": 128, "matmuls": 2, "sizes_mib": (0.25, 0.5)}
 
 _ROLES = {
     # y = x·W, dx = dy·Wᵀ, dW = xᵀ·dy: the three GEMMs a step runs for one weight.
@@ -264,6 +269,113 @@ def step_link_rates(
         "h2d_bytes_per_s": rate,
         "note": "one rate for both directions: the round trip's bytes over its time",
         "loads_alone": host_loads_alone(layers, tokens, width, calls),
+    }
+
+
+def beside_compute_layer(matmuls: int, values: int, wide: int, width: int) -> Callable:
+    """One layer of :func:`link_beside_compute`: ``matmuls`` [tokens, width] × [width, width]
+    products, then ``values`` tagged values of [tokens, wide] made from the result (what the plan
+    offloads or keeps) and read back into the carry; a tiny tagged value the other program
+    offloads."""
+    from tierax.models.tags import tag
+
+    reps = wide // width
+
+    def layer(x, p):
+        h = x
+        for _ in range(matmuls):
+            h = jnp.tanh(h @ p["mm"])
+        out = h
+        for j in range(values):
+            r = tag(jnp.tile(h, (1, reps)) * p["scale"][j][None, :], f"link_r{j}")
+            out = out + jnp.sin(r).reshape(h.shape[0], reps, width).sum(1)
+        s = tag(out[:8, :128] * 2, "link_s")
+        return out + jnp.sum(s) * 0
+
+    return layer
+
+
+def beside_compute_row(shape: dict, size_mib: float, values: int = 1, calls: int = 3) -> dict:
+    """The time offloading ``size_mib`` MiB a layer adds to :func:`beside_compute_layer`'s scan
+    (``values`` tagged values of that many bytes together): the step storing them on the host and
+    loading them back, against the same step keeping them on the device."""
+    from tierax.models.prefetch import prefetch_scan
+
+    L, T, D = shape["layers"], shape["tokens"], shape["width"]
+    per_value = int(size_mib * 2**20) // values
+    wide = max(D, per_value // (T * 2) // D * D)  # bf16, a multiple of the width
+    names = tuple(f"link_r{j}" for j in range(values))
+    layer = beside_compute_layer(shape["matmuls"], values, wide, D)
+    ks = jax.random.split(jax.random.key(8), 3)
+    x0 = jax.random.normal(ks[0], (T, D), jnp.bfloat16)
+    p = {
+        "mm": (jax.random.normal(ks[1], (L, D, D), jnp.float32) / D**0.5).astype(jnp.bfloat16),
+        "scale": (1 + 0.01 * jax.random.normal(ks[2], (L, values, wide))).astype(jnp.bfloat16),
+    }
+    out = {"values": values, "value_bytes": T * wide * 2, "layer_bytes": values * T * wide * 2}
+    for label, keep, offload in (("offload", ("link_s",), names), ("keep", names, ("link_s",))):
+        run = prefetch_scan(layer, keep=keep, offload=offload)
+        fn = jax.jit(
+            jax.grad(lambda x0, p, run=run: jnp.sum(run(x0, p).astype(jnp.float32)), (0, 1))
+        )
+        out[f"{label}_s"] = back_to_back(fn, (x0, p), calls=calls)
+    out["added_s"] = out["offload_s"] - out["keep_s"]
+    return out
+
+
+def slope_rate(rows: Sequence[dict], layers: int) -> float | None:
+    """Bytes moved (both ways: the layers' stores less the last, which stays on the device, and as
+    many loads) per added second: the inverse of the least-squares slope of the added time on the
+    bytes over ``rows``; None where the time does not grow with the bytes."""
+    xs = [2 * (layers - 1) * r["layer_bytes"] for r in rows]
+    ys = [r["added_s"] for r in rows]
+    n = len(xs)
+    if n < 2:
+        return None
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    return sxx / sxy if sxy > 0 else None
+
+
+def link_beside_compute(shape: dict | None = None, calls: int = 3) -> dict:
+    """The host link as a step's copies see it beside compute, each direction: tierax's prefetching
+    scan over layers that each run a chain of matmuls and store one value on the host (loaded back
+    in the backward), against the same scan keeping the value, at each of ``shape``'s sizes
+    (:data:`BESIDE`).  Past the sizes the layers' compute hides, every byte stored and loaded adds
+    its time at the link's rate, so the slope of the added time over the bytes moved is the rate
+    each direction gets (the stores and loads run in different passes).  It is an upper bound: the
+    layers' own work grows a little with the value, and so does the compute the copies hide under.
+    On XLA:CPU offloading is a no-op: the figures there are noise around zero."""
+    shape = shape or BESIDE
+    rows = [beside_compute_row(shape, mib, calls=calls) for mib in shape["sizes_mib"]]
+    rate = slope_rate(rows, shape["layers"])
+    return {
+        "method": "beside compute: the slope of the time offloading adds over the bytes moved",
+        "shape": {k: v for k, v in shape.items() if k != "sizes_mib"},
+        "rows": rows,
+        "d2h_bytes_per_s": rate,
+        "h2d_bytes_per_s": rate,
+    }
+
+
+def host_link_rates(tiny: bool = False) -> dict:
+    """The host link ``tierax calibrate`` stores: the rate beside compute
+    (:func:`link_beside_compute`), each direction's, with the round trip of
+    :func:`step_link_rates` (little compute beside the copies) kept beside it; where the time does
+    not grow with the bytes beside compute (nothing measured), the round trip's rate instead, and
+    ``rate_from`` says which."""
+    trip = (
+        step_link_rates(layers=2, tokens=256, width=256, calls=2) if tiny else step_link_rates()
+    )
+    beside = link_beside_compute(BESIDE_TINY if tiny else BESIDE, calls=2 if tiny else 3)
+    used = beside if beside["d2h_bytes_per_s"] else trip
+    return {
+        "rate_from": "beside compute" if used is beside else "round trip",
+        "d2h_bytes_per_s": used["d2h_bytes_per_s"],
+        "h2d_bytes_per_s": used["h2d_bytes_per_s"],
+        "beside_compute": beside,
+        "round_trip": trip,
     }
 
 

@@ -197,7 +197,8 @@ def measure_tpu(progress: Callable[[str], None] | None = None, *, splash_cases=N
     non-matmul work at the bytes the model counts, bfloat16 GEMMs in a step's shapes and by smallest
     dimension, the splash kernel forward and backward by sequence and head dim (the entry's own
     rates: the case nearest seq 2048, head dim 128; ``splash_attention`` holds every case), and
-    the host link each way through the step's own offload path.  float32 matmuls run as bf16
+    the host link each way through the step's own offload path beside compute
+    (:func:`tierax.measure.accel_rates.host_link_rates`).  float32 matmuls run as bf16
     MXU passes on a TPU: the bf16 rate is stored for both."""
     from tierax.measure import accel_rates
 
@@ -242,7 +243,7 @@ def measure_tpu(progress: Callable[[str], None] | None = None, *, splash_cases=N
     if dev.platform == "tpu":  # XLA:TPU's gathers and scatters, priced apart from their bytes
         with_indexed(entry)
         done("gathers and scatters")
-    link = accel_rates.step_link_rates()  # one rate both ways: the round trip's
+    link = accel_rates.host_link_rates()  # beside compute, the round trip beside it
     micro["host_link"] = link
     for way in ("d2h", "h2d"):
         if link[f"{way}_bytes_per_s"]:
