@@ -52,10 +52,11 @@ def _rates_lines(doc: dict) -> list[str]:
     if "memory_bytes_per_s" in cal:
         lines.append(f"| a layer's non-matmul work | {cal['memory_bytes_per_s'] / 1e9:.0f} GB/s |")
     link = (cal.get("microbenchmarks") or {}).get("host_link") or {}
+    how = " beside compute" if link.get("rate_from") == "beside compute" else ""
     for way in ("d2h", "h2d"):
         r = link.get(f"{way}_bytes_per_s")
         lines.append(
-            f"| host link {way.upper()} through the step's offload path | "
+            f"| host link {way.upper()} through the step's offload path{how} | "
             + (f"{r / 1e9:.2f} GB/s |" if r else "not resolved (copy time ≤ 0) |")
         )
     return lines
@@ -64,6 +65,18 @@ def _rates_lines(doc: dict) -> list[str]:
 def _link_text(link: dict | None) -> str:
     if not link:
         return "not measured."
+    if "beside_compute" in link:  # calibrate's host link: beside compute, the round trip beside it
+        beside, trip = link["beside_compute"], link["round_trip"]
+        sizes = ", ".join(f"{r['layer_bytes'] / 2**20:g}" for r in beside["rows"])
+        if link["rate_from"] == "beside compute":
+            head = (
+                f"{link['d2h_bytes_per_s'] / 1e9:.2f} GB/s each way beside compute (the slope of "
+                f"the time offloading adds over the bytes moved, {sizes} MiB a layer under a "
+                "matmul scan)"
+            )
+        else:
+            head = "beside compute not resolved (no added time grew with the bytes)"
+        return f"{head}; the round trip (used where the slope is not resolved): " + _link_text(trip)
     if "round_trip_s" in link and not link.get("d2h_bytes_per_s"):
         return "not resolved (the copies took no measurable time: offloading is a no-op off a TPU)."
     if "round_trip_s" in link:

@@ -62,3 +62,31 @@ def test_the_planners_head_dim_64_plan_gets_a_fraction_of_a_layer_backward_to_lo
         # the deepseek-offload plan's loop loads span the layer backward
         mla = _loads(cases[("mla-moe", "deepseek-offload")])
         assert sum(k >= 24 for k, _ in mla) >= 4, (name, mla)
+
+
+def test_the_copy_timeline_places_the_loads_on_the_chips_clock():
+    """chip_schedule.py --timeline: each copy's start and done on the chip's clock (the op
+    profile's times over the chip's own compile).  The head-dim-64 plan's loads start 19 ms into
+    their 41 ms loop body and one waits ~13 ms; the pair moves slower than the model's
+    link, while deepseek-offload's five loads together move faster than it, from a start 14 ms
+    into their body: both plans' waits come from where the loads start as much as from the link."""
+    from tierax import costmodel as cm
+
+    link = cm.target_rates("v5e", "bfloat16", calibration={}).h2d_bytes_per_s
+    doc = _record("chip/copy_timeline.json")
+    hd64, moe = doc["timelines"]
+    assert (hd64["case"], moe["case"]) == ("dense-hd64", "mla-moe")
+    for tl in doc["timelines"]:
+        for c in tl["copies"]:
+            assert c["start_ms"] <= c["done_ms"] and c["wait_ms"] >= 0
+            assert c["host_bytes_tiled"] >= c["bytes"]
+    q = next(c for c in hd64["copies"] if c["direction"] == "h2d" and c["value"] == "query_proj")
+    assert q["host_bytes_tiled"] == 2 * q["bytes"]  # head dim 64 held at the 128-lane tile
+    (h64,) = [g for g in hd64["together"] if g["direction"] == "h2d"]
+    body = next(c["body_ms"] for c in hd64["copies"] if c["computation"] == h64["computation"])
+    assert h64["first_start_ms"] > 0.4 * body and h64["waits_ms"] > 10
+    assert h64["bytes_per_s"] < link
+    (m,) = [g for g in moe["together"] if g["direction"] == "h2d" and g["copies"] == 5]
+    assert m["first_start_ms"] > 10 and m["waits_ms"] > 10 and m["bytes_per_s"] > link
+    total = m["bytes_tiled"] / (m["last_done_ms"] - m["first_start_ms"]) * 1e3
+    assert m["bytes_per_s"] == total

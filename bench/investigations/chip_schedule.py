@@ -15,7 +15,17 @@ scheduler shortens prefetches below the limit the model uses; the deepseek-offlo
 span the whole layer backward, so its waits on the chip (stores 71 ms, loads 57 ms a step,
 bench/results/chip/profiles/mlamoe_deepseek_mb16_ops.json, against the model's 52 and 23) come from
 copies slower than the measured link rate, not from the schedule.  Neither is priced yet.
-Records: bench/results/chip/chip_schedule.json,
+
+--timeline joins a chip op profile (bench/investigations/chip_op_profile.py) with the chip's own
+compile of the same plan: each host copy's start and done in chip milliseconds into its loop body,
+the wait at its done, its bytes (logical, and as XLA's tiled layout holds them on the host) and the
+rate it got from its start to its done.  Answered for the head-dim-64 plan: its two loads a layer
+(q 64 MiB, held at 128 MiB on the host: its 64-wide minor dimension is padded to the 128-lane tile;
+out 64 MiB) start 19-20 ms into a 41 ms body and the second waits 13 ms, so the pair moved at
+about 9 GB/s from start to done: the loads both start late and move slower than the measured
+link; the deepseek-offload plan's five loads (480 MiB a layer) start together and end in the
+order they started, at about 17 GB/s together.  Not priced.
+Records: bench/results/chip/chip_schedule.json, bench/results/chip/copy_timeline.json,
   bench/results/chip_schedule_deviceless_libtpu_0.0.42.1.json,
   bench/results/chip_schedule_deviceless_libtpu_0.0.52.json,
   bench/results/chip/profiles/mlamoe_deepseek_mb16_ops.json
@@ -24,6 +34,7 @@ Docs: docs/concepts/mechanisms.md
     python bench/investigations/chip_schedule.py --out OUT.json            # on the chip
     python bench/investigations/chip_schedule.py --out OUT.json --tiny     # rehearsal, any machine
     python bench/investigations/chip_schedule.py --deviceless --out OUT.json   # v5e, no chip
+    python bench/investigations/chip_schedule.py --timeline --out OUT.json   # the profiles joined
 """
 
 from __future__ import annotations
@@ -182,6 +193,82 @@ def compile_cases(cases, tiny: bool) -> list[dict]:
         return list(pool.map(one, [prepare(c) for c in cases]))
 
 
+# (chip op profile, the chip's compile of the same plan: a case of chip_schedule.json)
+TIMELINES = (
+    ("bench/results/chip/profiles/hd64_planned_ops.json", 0),
+    ("bench/results/chip/profiles/mlamoe_deepseek_mb16_ops.json", 2),
+)
+
+
+def timeline(profile: str, case: int) -> dict:
+    """Each host copy of the chip's compile of ``case`` (chip_schedule.json) placed on the chip's
+    own clock: every instruction of its computation at the profile's time per execution (a done's
+    time is its wait), the copy's start and done in milliseconds from the computation's start, its
+    bytes and the rate it got from start to done."""
+    import json
+
+    from tierax.xla import hlo
+
+    sched = json.loads((ROOT / "bench/results/chip/chip_schedule.json").read_text())["cases"][case]
+    prof = json.loads((ROOT / profile).read_text())
+    ops = {o["name"]: o for ln in prof["lines"] if ln["thread"] == "XLA Ops" for o in ln["ops"]}
+    hlo_path = ROOT / "bench/results/chip/schedule" / pathlib.Path(sched["hlo_file"]).name
+    module = hlo.parse_module(gzip.decompress(hlo_path.read_bytes()).decode())
+
+    def ms(name: str) -> float:  # per execution
+        o = ops.get(name)
+        return o["ms_per_step"] / o["count"] if o and o["count"] else 0.0
+
+    copies = []
+    for cname, instrs in module.computations.items():
+        pairs = hlo._pairs(module, instrs)
+        if not pairs:
+            continue
+        at, t = {}, 0.0
+        for ins in instrs:
+            at[ins.name] = t
+            t += ms(ins.name)
+        for start, (done, direction, nbytes) in pairs.items():
+            if start not in at:
+                continue
+            ins = module.by_name[start]
+            host = next(a for a in ins.arrays if a.host)
+            t0, t1 = at[start], at[done] + ms(done)
+            if t1 < t0:  # done in the next trip
+                t1 += t
+            tiled = nbytes * host.assigned_bytes / host.nbytes
+            copies.append(
+                {
+                    "computation": cname,
+                    "direction": direction,
+                    "value": hlo.op_name(ins).split("tierax_offload_")[-1].split("/")[0],
+                    "bytes": nbytes,
+                    "host_bytes_tiled": tiled,
+                    "start_ms": t0,
+                    "done_ms": t1,
+                    "wait_ms": ms(done),
+                    "body_ms": t,
+                    "start_to_done_bytes_per_s": tiled / ((t1 - t0) / 1e3) if t1 > t0 else None,
+                }
+            )
+    together = []  # a loop body's copies of one direction, from the first start to the last done
+    for cname in dict.fromkeys(c["computation"] for c in copies):
+        for d in ("d2h", "h2d"):
+            cs = [c for c in copies if c["computation"] == cname and c["direction"] == d]
+            if len(cs) < 2:
+                continue
+            t0, t1 = min(c["start_ms"] for c in cs), max(c["done_ms"] for c in cs)
+            moved = sum(c["host_bytes_tiled"] for c in cs)
+            together.append(
+                {"computation": cname, "direction": d, "copies": len(cs), "bytes_tiled": moved,
+                 "first_start_ms": t0, "last_done_ms": t1,
+                 "waits_ms": sum(c["wait_ms"] for c in cs),
+                 "bytes_per_s": moved / ((t1 - t0) / 1e3) if t1 > t0 else None}
+            )  # fmt: skip
+    return {"profile": profile, "case": sched["case"], "microbatch": sched["microbatch"],
+            "plan": sched["plan"], "copies": copies, "together": together}  # fmt: skip
+
+
 def main(argv=None) -> int:
     ap = _common.parser(__doc__, "chip_schedule.json")
     ap.add_argument("--tiny", action="store_true", help="the cases' kinds at toy sizes")
@@ -190,10 +277,34 @@ def main(argv=None) -> int:
         action="store_true",
         help="compile for a v5e chip without one (this machine's libtpu) instead of the device",
     )
+    ap.add_argument(
+        "--timeline",
+        action="store_true",
+        help="no compile: the chip's op profiles joined with its compiles (chip_schedule.json)",
+    )
     args = ap.parse_args(argv)
     import jax
 
     doc = _common.envelope(SCHEMA, argv)
+    if args.timeline:
+        doc["timelines"] = [timeline(p, c) for p, c in TIMELINES]
+        for tl in doc["timelines"]:
+            for c in tl["copies"]:
+                rate = c["start_to_done_bytes_per_s"]
+                print(
+                    f"{tl['case']} {tl['plan']} {c['direction']} {c['value']:14} "
+                    f"{c['host_bytes_tiled'] / 2**20:5.0f} MiB  start {c['start_ms']:6.2f} done "
+                    f"{c['done_ms']:6.2f} of {c['body_ms']:.1f} ms, waited {c['wait_ms']:5.2f}; "
+                    f"{rate / 1e9 if rate else float('nan'):5.1f} GB/s start to done"
+                )
+            for g in tl["together"]:
+                print(
+                    f"  together: {g['copies']} {g['direction']} copies, "
+                    f"{g['bytes_tiled'] / 2**20:.0f} MiB from {g['first_start_ms']:.2f} to "
+                    f"{g['last_done_ms']:.2f} ms: {g['bytes_per_s'] / 1e9:.1f} GB/s, waits "
+                    f"{g['waits_ms']:.2f} ms"
+                )
+        return _common.finish(args.out, doc)
     if args.deviceless:
         doc["platform"], doc["device_kind"] = "deviceless", "TPU v5 lite (deviceless)"
         doc["cases"] = compile_deviceless(CASES)
