@@ -17,12 +17,18 @@ per direction (the slope past 64 MiB a layer, which the layers hid), against the
 is now this rate (bench/tpu_kernel_rates.py), which takes the deepseek-offload plan from -11.7 %
 to -1.7 % of the chip's step and leaves the chip check's other plans within a point.  Four
 values: not answered (their layers' work grew with the bytes, so the series has no clean slope).
-Records: bench/results/chip/link_beside_compute.json,
+--minor asks whether a value whose last dimension is below the 128-lane tile (a head dim of 64)
+moves slower: on the chip (bench/results/chip/link_minor.json) XLA held a [tokens, n, 64] value's
+host stack unpadded (the same host bytes as the 128-wide one) and its copies added less time, not
+more (a slope of 23.1 GB/s against 13.7): padding is not what slows the head-dim-64 plan's loads
+(bench/results/chip/copy_timeline.json).  Open.
+Records: bench/results/chip/link_beside_compute.json, bench/results/chip/link_minor.json,
   bench/results/link_beside_compute_repredicted.json
 Docs: docs/concepts/mechanisms.md
 
     python bench/investigations/link_beside_compute.py --out OUT.json          # on the chip
     python bench/investigations/link_beside_compute.py --out OUT.json --tiny   # rehearsal
+    python bench/investigations/link_beside_compute.py --out OUT.json --minor 64,128   # padding
     python bench/investigations/link_beside_compute.py --repredict \
         --out bench/results/link_beside_compute_repredicted.json   # the chip check's plans again
 """
@@ -129,6 +135,12 @@ def main(argv=None) -> int:
         help="no measurement: price the chip check's plans again with the model's host link and "
         "with the round trip's (any machine)",
     )
+    ap.add_argument(
+        "--minor",
+        type=lambda v: [int(x) for x in v.split(",")],
+        help="instead of the splits: one value a layer shaped [tokens, n, MINOR] for each width "
+        "given (e.g. 64,128: a head dim below the 128-lane tile against one at it)",
+    )
     args = ap.parse_args(argv)
     if args.repredict:
         doc = _common.envelope(SCHEMA, argv) | repredict()
@@ -153,6 +165,25 @@ def main(argv=None) -> int:
     doc["platform"] = jax.devices()[0].platform
     doc["device_kind"] = jax.devices()[0].device_kind
     doc["shape"] = {k: v for k, v in shape.items() if k != "sizes_mib"}
+    if args.minor:  # one value a layer, its last dimension this wide: a head dim's padding
+        doc["minor"] = {}
+        sizes = shape["sizes_mib"][1:]  # past the size the layers hide
+        for minor in args.minor:
+            rows = []
+            for mib in sizes:
+                row = accel_rates.beside_compute_row(shape, mib, 1, minor=minor)
+                rows.append(row)
+                print(
+                    f"minor {minor}: {row['layer_bytes'] / 2**20:.0f} MiB a layer, host "
+                    f"{(row['host_temp_bytes'] or 0) / 2**20:.0f} MiB: added "
+                    f"{row['added_s'] * 1e3:.2f} ms",
+                    flush=True,
+                )
+            rate = accel_rates.slope_rate(rows, shape["layers"])
+            doc["minor"][str(minor)] = {"rows": rows, "rate_bytes_per_s": rate}
+            print(f"minor {minor}: {rate / 1e9 if rate else float('nan'):.2f} GB/s of the "
+                  "value's own bytes", flush=True)  # fmt: skip
+        return _common.finish(args.out, doc)
     doc["splits"] = {}
     for values in SPLITS:
         rows = []

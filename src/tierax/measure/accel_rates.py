@@ -272,10 +272,13 @@ def step_link_rates(
     }
 
 
-def beside_compute_layer(matmuls: int, values: int, wide: int, width: int) -> Callable:
+def beside_compute_layer(
+    matmuls: int, values: int, wide: int, width: int, minor: int = 0
+) -> Callable:
     """One layer of :func:`link_beside_compute`: ``matmuls`` [tokens, width] × [width, width]
     products, then ``values`` tagged values of [tokens, wide] made from the result (what the plan
-    offloads or keeps) and read back into the carry; a tiny tagged value the other program
+    offloads or keeps; with ``minor``, shaped [tokens, wide / minor, minor], as a head dim of that
+    width holds it) and read back into the carry; a tiny tagged value the other program
     offloads."""
     from tierax.models.tags import tag
 
@@ -287,7 +290,10 @@ def beside_compute_layer(matmuls: int, values: int, wide: int, width: int) -> Ca
             h = jnp.tanh(h @ p["mm"])
         out = h
         for j in range(values):
-            r = tag(jnp.tile(h, (1, reps)) * p["scale"][j][None, :], f"link_r{j}")
+            r = jnp.tile(h, (1, reps)) * p["scale"][j][None, :]
+            if minor:
+                r = r.reshape(h.shape[0], wide // minor, minor)
+            r = tag(r, f"link_r{j}")
             out = out + jnp.sin(r).reshape(h.shape[0], reps, width).sum(1)
         s = tag(out[:8, :128] * 2, "link_s")
         return out + jnp.sum(s) * 0
@@ -295,17 +301,21 @@ def beside_compute_layer(matmuls: int, values: int, wide: int, width: int) -> Ca
     return layer
 
 
-def beside_compute_row(shape: dict, size_mib: float, values: int = 1, calls: int = 3) -> dict:
+def beside_compute_row(
+    shape: dict, size_mib: float, values: int = 1, calls: int = 3, minor: int = 0
+) -> dict:
     """The time offloading ``size_mib`` MiB a layer adds to :func:`beside_compute_layer`'s scan
-    (``values`` tagged values of that many bytes together): the step storing them on the host and
-    loading them back, against the same step keeping them on the device."""
+    (``values`` tagged values of that many bytes together, ``minor`` wide in their last dimension
+    where given): the step storing them on the host and loading them back, against the same step
+    keeping them on the device; with the offloading program's host bytes as XLA compiled them
+    where the platform reports them."""
     from tierax.models.prefetch import prefetch_scan
 
     L, T, D = shape["layers"], shape["tokens"], shape["width"]
     per_value = int(size_mib * 2**20) // values
     wide = max(D, per_value // (T * 2) // D * D)  # bf16, a multiple of the width
     names = tuple(f"link_r{j}" for j in range(values))
-    layer = beside_compute_layer(shape["matmuls"], values, wide, D)
+    layer = beside_compute_layer(shape["matmuls"], values, wide, D, minor)
     ks = jax.random.split(jax.random.key(8), 3)
     x0 = jax.random.normal(ks[0], (T, D), jnp.bfloat16)
     p = {
@@ -319,6 +329,9 @@ def beside_compute_row(shape: dict, size_mib: float, values: int = 1, calls: int
             jax.grad(lambda x0, p, run=run: jnp.sum(run(x0, p).astype(jnp.float32)), (0, 1))
         )
         out[f"{label}_s"] = back_to_back(fn, (x0, p), calls=calls)
+        if label == "offload":
+            mem = fn.lower(x0, p).compile().memory_analysis()
+            out["host_temp_bytes"] = getattr(mem, "host_temp_size_in_bytes", None)
     out["added_s"] = out["offload_s"] - out["keep_s"]
     return out
 
