@@ -121,6 +121,7 @@ class Instruction:
     operands: list[str]
     attrs: str
     arrays: list[Array] = field(default_factory=list)
+    literal: str = ""  # a constant's value, as written
 
     @property
     def out_bytes(self) -> float:
@@ -142,6 +143,8 @@ class Module:
         """Matmul/convolution FLOPs of one instruction, looking inside fusions."""
         if ins.opcode == "dot":
             return self._dot_flops(ins)
+        if ins.opcode == "convolution":  # XLA:TPU writes its matmuls as convolutions
+            return self._convolution_flops(ins)
         if ins.opcode == "custom-call" and "gemm" in ins.attrs:
             ops = [self.by_name[o] for o in ins.operands[:2] if o in self.by_name]
             if len(ops) == 2 and ops[0].arrays and ins.arrays:
@@ -163,6 +166,48 @@ class Module:
         k = math.prod(lhs.arrays[0].dims[int(d)] for d in m.group(1).split(",") if d)
         return 2.0 * math.prod(ins.arrays[0].dims) * k
 
+    def _convolution_flops(self, ins: Instruction) -> float:
+        """2 × the products a convolution sums: per output element the kernel's input features
+        (per feature or batch group) times the window taps that land on the input, not on its
+        padding or dilation holes (XLA:TPU writes matmuls as convolutions, a batch-like dimension
+        often as a padded, strided or dilated window of which one tap reads the input)."""
+        lhs, rhs = (self.by_name.get(o) for o in (ins.operands + ["", ""])[:2])
+        m = re.search(r"dim_labels=([^_]*)_([^-]*)->([^,\s]*)", ins.attrs)
+        if None in (lhs, rhs, m) or not (lhs.arrays and rhs.arrays and ins.arrays):
+            return 0.0
+        (ll, rl, ol) = m.groups()
+        ld, rd, od = lhs.arrays[0].dims, rhs.arrays[0].dims, ins.arrays[0].dims
+        if not (len(ll) == len(ld) and len(rl) == len(rd) and len(ol) == len(od)) or "i" not in rl:
+            return 0.0
+        spatial = sorted(c for c in rl if c.isdigit())
+        window = re.search(r"window=\{([^}]*)\}", ins.attrs)
+        fields = dict(f.split("=", 1) for f in window.group(1).split()) if window else {}
+
+        def per_dim(key: str, default):
+            if key not in fields:
+                return [default] * len(spatial)
+            return [
+                tuple(int(v) for v in f.split("_")) if "_" in f else int(f)
+                for f in fields[key].split("x")
+            ]
+
+        size, stride = per_dim("size", 1), per_dim("stride", 1)
+        pad, lhs_dil, rhs_dil = per_dim("pad", (0, 0)), per_dim("lhs_dilate", 1), per_dim(
+            "rhs_dilate", 1)  # fmt: skip
+        pairs = 1
+        for j, c in enumerate(spatial):
+            n, o = ld[ll.index(c)], od[ol.index(c)]
+            span = (n - 1) * lhs_dil[j] + 1  # the dilated input
+            pairs *= sum(
+                1
+                for p in range(o)
+                for k in range(size[j])
+                if 0 <= (x := p * stride[j] + k * rhs_dil[j] - pad[j][0]) < span
+                and x % lhs_dil[j] == 0
+            )
+        per_position = math.prod(od) / max(1, math.prod(od[ol.index(c)] for c in spatial))
+        return 2.0 * per_position * pairs * rd[rl.index("i")]
+
     def operand_bytes(self, ins: Instruction) -> float:
         return sum(self.by_name[o].out_bytes for o in ins.operands if o in self.by_name)
 
@@ -175,8 +220,40 @@ class Module:
                     body = ins.attr("body")
                     m = _TRIP.search(ins.attrs)
                     if body:
-                        out[body] = int(m.group(1)) if m else 1
+                        out[body] = int(m.group(1)) if m else self._trips_from_condition(ins)
         return out
+
+    def _int_constant(self, name: str | None) -> int | None:
+        ins = self.by_name.get(name or "")
+        if ins is None or ins.opcode != "constant":
+            return None
+        try:
+            return int(ins.literal)
+        except ValueError:
+            return None
+
+    def _trips_from_condition(self, loop: Instruction) -> int:
+        """The trips of a ``while`` whose compile did not write its known trip count (XLA:TPU):
+        its condition's root compares the counter (a tuple element of its parameter) with a
+        constant, ``counter < N``, the counter starting at the constant the loop's initial tuple
+        holds there (0 where not a constant) and counting up by one; 1 where the condition is not
+        of that form."""
+        cond = loop.attr("condition")
+        root = self.by_name.get(self.roots.get(cond or "", ""))
+        if root is None or root.opcode != "compare" or "direction=LT" not in root.attrs:
+            return 1
+        counter, bound = (self.by_name.get(o) for o in (root.operands + ["", ""])[:2])
+        limit = self._int_constant(bound.name if bound else None)
+        if counter is None or counter.opcode != "get-tuple-element" or limit is None:
+            return 1
+        index = int(re.search(r"index=(\d+)", counter.attrs).group(1))
+        init = self.by_name.get(loop.operands[0]) if loop.operands else None
+        start = (
+            self._int_constant(init.operands[index])
+            if init is not None and init.opcode == "tuple" and index < len(init.operands)
+            else None
+        )
+        return max(1, limit - (start or 0))
 
     def executions(self, trips: dict[str, int] | None = None) -> dict[str, int]:
         """Computation name → executions per run of the entry (nested loop trip counts
@@ -251,6 +328,8 @@ def parse_module(text: str) -> Module:
         operand_text, attrs = rest[op_end + 1 : close], rest[close + 1 :]
         operands = re.findall(r"%([\w.\-]+)", operand_text)
         ins = Instruction(name, type_text, opcode, operands, attrs, parse_arrays(type_text))
+        if opcode == "constant":
+            ins.literal = operand_text.strip()
         current.append(ins)
         by_name[name] = ins
         if m.group(1):
