@@ -43,11 +43,11 @@ layer is llama3-8b's).
   begin, the heap is one layer's values (:func:`host_layout`: olmo3-7b cut to 4 layers, its one
   four-layer block, ``qkv-offload``, v6e × 4: three ``bf16[1,1024,32,128]`` buffers reused by
   every layer; gpt-oss-20b at 2 layers, ``custom`` q/k/v offloaded, v6e × 4: one
-  ``bf16[1,1024,64,64]`` query and two ``bf16[1,1024,8,64]``, tiled to 20 MiB, reused by both
+  ``bf16[1,1024,64,64]`` query and two ``bf16[1,1024,8,64]`` (tiled), reused by both
   layers).  Where the scheduler stretches the round trips over the next layers, the heap holds
   several layers' at once, more than the rule's one (llama4-17b-16e cut to 4 layers, q/k/v
-  offloaded on v5p × 8, whose routed layers' forward is mostly loops: three layers' queries and
-  one layer's keys and values live together; not priced: an under-count, the note says so).
+  offloaded on v5p × 8: three layers' queries and one layer's key and value live together; why
+  there and not in the trips above was not read; not priced: an under-count, the note says so).
 
 Not traced: a two-layer segment of tierax's own scanned step on a TPU, a step that offloads only the
 training state (``optimizer_memory_host_offload``).
