@@ -141,6 +141,9 @@ READ_FROM = {
     "backward under a policy that saves names gathers one routed layer's experts at a time",
     "olmo3-7b-v6e-full-8L": "interop/maxtext_program/tpu_blocks.py: on v6e a scanned block's "
     "backward gathers one of its layers' weights at a time",
+    "olmo3-7b-v6e-qkv-offload-4L": "interop/maxtext_program/tpu_offload.py: a scan that runs "
+    "once, inlined, makes each offloaded value's host round trip in its layer's forward, one "
+    "layer's values in the host heap at a time",
     "olmo3-7b-v6e-full-4L": "interop/maxtext_program/tpu_blocks.py (one layer's weights gathered "
     "at a time on v6e) and tpu_single_trip.py: a dense single-trip stack holds its residuals and "
     "its last layer's gathered weights at the loss",
@@ -155,6 +158,9 @@ READ_FROM = {
             "gemma2-2b-v5e-qkv-offload-3L",
         )
     },
+    "gemma2-2b-v5e-qkv-offload": "interop/maxtext_program/tpu_terms.py (on v5e the tied table's "
+    "gather spans the layers' forward loop) and tpu_offload.py: an unrolled two-trip scan holds "
+    "its stacks and one layer of its block's offloaded values in host buffers of their own",
 }
 # Seen cases were compiled with MaxText's train_compile's own libtpu options only (before compile
 # --maxtext added the flags tierax models the program under); they stay so, with

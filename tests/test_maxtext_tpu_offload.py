@@ -2,7 +2,9 @@
 tpu_offload`): a stack of two layers under host offload is noted as a program no deeper model
 compiles — not a stack of three, not a step that offloads nothing, not a GPU target — and (slow)
 XLA:TPU's compile of the tiny config unrolls the layer loops at that depth and keeps them one
-layer deeper.
+layer deeper.  The host bytes predicted, hand-counted from the cut models' shapes: a slot a layer
+for a stack of single layers, one layer's values for a block of two whose scan runs once (GPT-OSS
+cut to TINY's widths; slow: XLA:TPU's compile of it holds the same).
 """
 
 from __future__ import annotations
@@ -120,3 +122,68 @@ def test_xla_tpu_unrolls_the_layer_loops_at_that_depth_only(tmp_path, layers):
         assert layers * per_layer <= host <= (layers + 1) * per_layer
     else:
         assert host == layers * per_layer
+
+
+# The host bytes (tpu_offload.host_layout): hand-counted from the cut models' shapes.
+def _host_bytes(keys: list[str], target: str = "v5p") -> int:
+    from tierax import costmodel as cm
+    from tierax.interop.maxtext_program import program
+
+    run = program(M.base_yml(), keys, target=target, devices=FSDP, microbatch=1, seq=64)
+    rates = cm.target_rates(target, run.program.dtype)
+    return cm.simulate(run.plan, run.program, rates, "lhs", run.grad_accum).host_bytes
+
+
+# One layer's q, k and v, [1, 64, heads, 64] in bf16 as XLA:TPU tiles them (the head dim's 64
+# lanes padded to 128).
+_PER_LAYER = 2 * 64 * (M.HEADS + 2 * M.KV) * 128
+
+
+@pytest.mark.parametrize("layers", [1, UNROLLED, UNROLLED + 1])
+def test_a_stack_of_single_layers_holds_a_host_slot_a_layer(layers):
+    """TINY's llama2 layer: one trip holds its one layer's values (inlined, no stack); two trips
+    and three, the stacks' slot a layer (the unrolled program's own buffers are the schedule's)."""
+    assert _host_bytes(_keys(layers, "qkv_proj_offloaded")) == layers * _PER_LAYER
+
+
+# GPT-OSS scans a block of two layers (a sliding-window one and a global one): cut to 2 layers
+# at TINY's widths (4 routed experts of 256), its scan runs once.
+_GPT_OSS_TINY = [
+    "model_name=gpt-oss-20b",
+    "override_model_config=true",
+    "base_num_decoder_layers=2",
+    f"base_emb_dim={M.D}",
+    f"base_num_query_heads={M.HEADS}",
+    f"base_num_kv_heads={M.KV}",
+    f"head_dim={M.HD}",
+    "base_mlp_dim=256",
+    "base_moe_mlp_dim=256",
+    "num_experts=4",
+    "num_experts_per_tok=2",
+    f"vocab_size={M.VOCAB}",
+    "remat_policy=custom",
+    "query_proj=offload",
+    "key_proj=offload",
+    "value_proj=offload",
+]
+
+
+def test_a_block_whose_scan_runs_once_holds_one_layers_values_on_the_host():
+    """Inlined, each layer's q, k and v make their host round trip in its forward, one layer's at
+    a time: the host holds one layer's, not the block's two (tpu_offload.host_layout)."""
+    assert _host_bytes(_GPT_OSS_TINY, "v6e") == _PER_LAYER
+
+
+def test_the_layout_is_a_tpu_programs_one_trip_groups():
+    groups = _groups(1, 2, 3)
+    assert tpu_offload.host_layout(groups, "v5p") == (("g1", (0, 1)),)
+    assert tpu_offload.host_layout(groups, "h200") == ()
+
+
+@pytest.mark.slow
+def test_xla_tpu_holds_one_layers_values_of_a_block_whose_scan_runs_once(tmp_path):
+    """The GPT-OSS cut above compiled for 4 v6e chips (compile --maxtext; libtpu 0.0.52): its host
+    temp is one layer's q, k and v as tiled, what simulate predicts.  (Slow: a MaxText compile.)"""
+    keys = [M.base_yml(), *_GPT_OSS_TINY, "per_device_batch_size=1", "max_target_length=64"]
+    out = M.compile_dumped([*keys, "--target", "v6e", "--devices", str(FSDP)], tmp_path / "dump")
+    assert out["host_temp_bytes"] == _PER_LAYER == _host_bytes(_GPT_OSS_TINY, "v6e")

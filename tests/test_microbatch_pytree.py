@@ -26,6 +26,7 @@ ACT_GROWS = (
     "recompute_flops_per_layer",
     "logical_bytes_per_layer",
     "host_bytes_per_layer",
+    "host_value_bytes_per_layer",
     "flops_made_per_layer",
     "fused_flops_made_per_layer",
     "flops_before_per_layer",
@@ -45,7 +46,8 @@ def test_extrapolated_inventory_equals_the_trace_at_that_microbatch():
             assert [getattr(a, f) for f in ACT_GROWS] == [getattr(b, f) for f in ACT_GROWS]
             assert a.flops_before_per_layer > 0 or a.name in ("decoder_layer_input", "query_proj")
     # the leaves are those fields (an activation's bytes, its recomputation, its logical bytes where
-    # its stack takes more, the FLOPs before its making and its producer), the rest the structure:
+    # its stack takes more, its host bytes, its largest one value's where a layer tags the name
+    # more than once, the FLOPs before its making and its producer), the rest the structure:
     # a constant field is the first trace's
     assert len(jax.tree.leaves(one)) == 2 + len(one.groups) * len(GROWS) + len(ACT_GROWS) * len(
         one.activations()

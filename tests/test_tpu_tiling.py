@@ -160,3 +160,32 @@ def test_xla_tpu_holds_the_predicted_host_bytes_and_tiles_every_buffer_so(tmp_pa
         assert tiled_bytes(dims, _DTYPES[dt], order) == int(size), (dt, dims, order)
         checked += 1
     assert checked > 100
+
+
+def _block(x, p):
+    """A block of two layers, each tagging its query (the second's twice as wide)."""
+    q0 = tag((x @ p["wq0"]).reshape(*x.shape[:2], 2, 64), "query_proj")
+    x = x + q0.reshape(x.shape) * x
+    q1 = tag((x @ p["wq1"]).reshape(*x.shape[:2], 4, 64), "query_proj")
+    return x + (q1.reshape(*x.shape[:2], 256) @ p["wo"])
+
+
+def test_a_block_tagging_a_name_in_each_layer_keeps_its_largest_value():
+    """A host buffer of one value (tierax.interop.maxtext_program.tpu_offload.host_layout) holds
+    the block's largest value of the name: the second layer's [1, 16, 4, 64] query, 4 heads x 16
+    rows x 128 tiled lanes x 2 bytes, beside the stack's slot of both (2 heads' more)."""
+    from tierax.costmodel.terms import host_held_bytes
+
+    x = jax.ShapeDtypeStruct((1, 16, 128), jnp.bfloat16)
+    p = {
+        "wq0": jax.ShapeDtypeStruct((128, 128), jnp.bfloat16),
+        "wq1": jax.ShapeDtypeStruct((128, 256), jnp.bfloat16),
+        "wo": jax.ShapeDtypeStruct((256, 128), jnp.bfloat16),
+    }
+    g = layer_inventory(_block, x, p, group="g", num_layers=2, stacked_bytes=stacked_value_bytes)
+    (q,) = [a for a in g.activations if a.name == "query_proj"]
+    one, both = 4 * 16 * 128 * 2, 6 * 16 * 128 * 2
+    assert (q.host_value_held_bytes, q.host_held_bytes_per_layer) == (one, both)
+    assert host_held_bytes(q, 2, "policy") == 2 * both  # a looped scan: its stack
+    assert host_held_bytes(q, 2, "policy", (2, 1)) == 2 * both + one  # unrolled
+    assert host_held_bytes(q, 1, "policy", (0, 1)) == one  # inlined

@@ -327,7 +327,7 @@ def _build(
 ) -> LinearTerms:
     inv = prog.inventory
     rates = for_program(rates, prog)  # the fused attention kernel at the program's shape
-    items = tuple(item_terms(inv, rates, mechanism))
+    items = tuple(item_terms(inv, rates, mechanism, dict(prog.host_layout)))
     groups = tuple(group_terms(inv, rates, schedule, mechanism))
     parts, ugroups = state_cm.state_terms(prog, rates, grad_accum)
     staged_layers = staging_and_window(schedule, mechanism)[0]

@@ -5,6 +5,7 @@ the staging and overlap each schedule and mechanism allows."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tierax import names as N
@@ -175,15 +176,33 @@ def exposed_stores(items, g) -> float:
     return max(0.0, over_group, over_own)
 
 
+def host_held_bytes(a, layers: int, mechanism: str, host_layout=None) -> int:
+    """Host bytes of offloaded activation ``a`` (an inventory :class:`~tierax.tracing.inventory.
+    Activation` of a group of ``layers`` layers): :func:`offload_host_bytes`, or where
+    ``host_layout`` (a :attr:`tierax.tracing.program.Program.host_layout` entry: (stack slots, own
+    buffers)) says how the compiled program holds the group's offloaded values, that many slots of
+    its stack and that many host buffers of its own, each of the layer's largest value of the
+    name."""
+    if host_layout is None:
+        return offload_host_bytes(a.group, a.name, a.host_held_bytes_per_layer, layers, mechanism)
+    slots, own = host_layout
+    return slots * a.host_held_bytes_per_layer + own * a.host_value_held_bytes
+
+
 def item_terms(
-    inv: Inventory, rates: Rates, mechanism: str = plan_lib.DEFAULT_MECHANISM
+    inv: Inventory,
+    rates: Rates,
+    mechanism: str = plan_lib.DEFAULT_MECHANISM,
+    host_layout: Mapping[str, tuple[int, int]] | None = None,
 ) -> list[ItemTerms]:
     """Per offloadable activation: bytes, recompute seconds, store and load seconds.
 
     Under ``prefetch`` the forward stores every layer's slice once (a value stored a layer later
     stores zeros first, its last layer staying on device) and the backward loads L plus
-    :func:`spare_loads`.
+    :func:`spare_loads`; ``host_layout``: group → how its compiled program holds its offloaded
+    values on the host (:func:`host_held_bytes`; a group not in it: :func:`offload_host_bytes`).
     """
+    layout = dict(host_layout or {})
     out = []
     for g in inv.groups:
         for a in g.activations:
@@ -214,9 +233,7 @@ def item_terms(
                     / rates.h2d_bytes_per_s,
                     a.recompute_hbm_bytes_per_layer * g.num_layers / rates.hbm_bytes_per_s,
                     fused_attention_s(a.recompute_fused_flops_per_layer, rates) * g.num_layers,
-                    offload_host_bytes(
-                        g.name, a.name, a.host_held_bytes_per_layer, g.num_layers, mechanism
-                    ),
+                    host_held_bytes(a, g.num_layers, mechanism, layout.get(g.name)),
                     store_window_s(a, g, rates, mechanism),
                 )
             )

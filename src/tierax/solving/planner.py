@@ -485,7 +485,7 @@ def _explain(
     the plan."""
     inv = prog.inventory
     rates = cm.for_program(rates, prog)  # the fused attention kernel at the program's shape
-    items = cm.item_terms(inv, rates, mechanism)
+    items = cm.item_terms(inv, rates, mechanism, dict(prog.host_layout))
     groups = {g.name: g for g in cm.group_terms(inv, rates, schedule, mechanism)}
     slack = budget - pred.peak_device_bytes
     ms = lambda s: f"{s * 1e3:.3g} ms"  # noqa: E731

@@ -98,6 +98,11 @@ class Activation:
     # otherwise than the device's (tierax.hardware.tpu_tiling.host_stacked_value_bytes); 0: the
     # same bytes as on device.
     host_bytes_per_layer: int = dataclasses.field(default=0, metadata=PER_MICROBATCH)
+    # The host bytes of the largest one of the layer's values of this name, where the layer tags
+    # the name more than once (a scanned block of several layers tags it once in each): what one
+    # value takes in a host buffer of its own rather than a slot of its stack; 0: the layer's one
+    # value (:attr:`host_stack_bytes_per_layer`).
+    host_value_bytes_per_layer: int = dataclasses.field(default=0, metadata=PER_MICROBATCH)
     # The layer's forward matmul FLOPs run before the value is first made (of them, those in a
     # fused attention kernel), and before the work that writes it begins: where in its layer a
     # store of it can start or must end (tierax.costmodel.terms.store_window_s).
@@ -128,6 +133,14 @@ class Activation:
     def host_held_bytes_per_layer(self) -> int:
         """:attr:`held_bytes_per_layer` as its stack is laid out on the host when offloaded."""
         return self.host_stack_bytes_per_layer if self.residual else 0
+
+    @property
+    def host_value_held_bytes(self) -> int:
+        """The host bytes of the layer's largest value of this name (:attr:`host_value_bytes_per_
+        layer`) where the backward needs it, 0 where it does not."""
+        if not self.residual:
+            return 0
+        return self.host_value_bytes_per_layer or self.host_stack_bytes_per_layer
 
     @property
     def logical_held_bytes_per_layer(self) -> int:
@@ -344,6 +357,8 @@ def layer_inventory(
     per_name: dict[str, int] = defaultdict(int)
     logical: dict[str, int] = defaultdict(int)
     on_host: dict[str, int] = defaultdict(int)
+    largest: dict[str, int] = defaultdict(int)  # the largest one value's host bytes
+    values: dict[str, int] = defaultdict(int)
     before = jaxpr_tools.flops_before_names(fwd, scope=FUSED_SCOPE)
     for v in jaxpr_tools.named_values(fwd):
         stacked = v.nbytes if stacked_bytes is None else stacked_bytes(v.shape, v.dtype)
@@ -353,6 +368,8 @@ def layer_inventory(
             stacked if host_stacked_bytes is None else host_stacked_bytes(v.name, v.shape, v.dtype)
         )
         on_host[v.name] += host * v.count
+        largest[v.name] = max(largest[v.name], host * v.count)
+        values[v.name] += 1
     names = list(per_name)
 
     # Residuals of the layer with no remat: the leaves of its VJP closure, minus the parameters and
@@ -415,6 +432,7 @@ def layer_inventory(
             read_in_place=n in written_names,
             logical_bytes_per_layer=logical[n] if logical[n] != per_name[n] else 0,
             host_bytes_per_layer=on_host[n] if on_host[n] != per_name[n] else 0,
+            host_value_bytes_per_layer=largest[n] if values[n] > 1 else 0,
             flops_made_per_layer=before[n][0],
             fused_flops_made_per_layer=before[n][1],
             flops_before_per_layer=before[n][2],

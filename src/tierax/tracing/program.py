@@ -143,6 +143,10 @@ class Program:
     # its host copy: tierax.plan.one_layer_offloads); a front end that applies a plan by its own
     # code (MaxText's remat policy, a user's model through tierax.api) keeps True.
     one_layer_groups_offload: bool = True
+    # Per layer group whose compiled program holds its offloaded values otherwise than in host
+    # stacks of a slot a layer: (group, (stack slots, host buffers of its own, each of a layer's
+    # largest value of a name)); MaxText's on a TPU (tierax.interop.maxtext_program.tpu_offload).
+    host_layout: tuple[tuple[str, tuple[int, int]], ...] = ()
     # Whether the inventory's microbatch and seq are the step's batch shape (False: a user's loss
     # function traced at its own shapes, which the model names no microbatch for).
     batch_shaped: bool = True

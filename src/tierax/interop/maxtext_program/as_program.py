@@ -94,6 +94,7 @@ from tierax.interop.maxtext_program import (
     loss_terms,
     tpu_blocks,
     tpu_moe,
+    tpu_offload,
     tpu_single_trip,
     tpu_terms,
     weight_stacks,
@@ -417,6 +418,8 @@ def _build(loaded, target: str, runs: str, traced: str) -> MaxTextProgram:
         gathered_weight_bytes=one_layer,
         stack_copy_params=(gpu.stack_copy_params if gpu else 0.0)
         + (moe_stacks.copy_params if moe_stacks else 0.0),
+        # an unrolled or inlined layer scan's host buffers under offload (.tpu_offload)
+        host_layout=tpu_offload.host_layout(groups, target),
     )
     notes = []
     if runs in TPU_SPLASH:
@@ -426,8 +429,7 @@ def _build(loaded, target: str, runs: str, traced: str) -> MaxTextProgram:
             "output, log-sum-exp; no score matrices); its matmul FLOPs are not in the time model"
         )
     # a 2-layer stack under host offload: XLA:TPU unrolls it; a 1-trip stack: it inlines it
-    # (.tpu_offload; not priced)
-    from tierax.interop.maxtext_program import tpu_offload
+    # (.tpu_offload; the device side not priced)
     from tierax.plan import resolve
 
     placements = resolve(plan, prog)

@@ -1,5 +1,6 @@
 """Where XLA:TPU compiles MaxText's step under host offload as no deeper model's step: a layer stack
-whose scan runs two iterations (:func:`unrolled_groups`, :func:`unrolled_note`).
+whose scan runs two iterations (:func:`unrolled_groups`, :func:`unrolled_note`) or once
+(:func:`single_trip_note`), and what it holds on the host then (:func:`host_layout`).
 
 Read from XLA:TPU's (libtpu 0.0.52) optimized HLO, buffer assignment and live ranges of MaxText's
 compiles (``bench/maxtext_fidelity.py --dump-dir``; ``tierax compile --maxtext ... --dump-dir``):
@@ -26,14 +27,27 @@ compiles (``bench/maxtext_fidelity.py --dump-dir``; ``tierax compile --maxtext .
 The cost model prices the looped program, what a stack of three layers or more compiles (the
 3-layer compiles above: ``tierax compile --maxtext`` beside ``tierax simulate --maxtext``).  The
 2-layer program's extra bytes follow XLA's schedule, not the shapes: they are not priced, and
-:func:`unrolled_note` says where a prediction is of such a program.
+:func:`unrolled_note` says where a prediction is of such a program.  On the host too: the unrolled
+program writes its stacks (``bf16[2,1,1024,32|8,128]`` for llama3-8b's q, k and v) just before
+the backward reads them, and the scheduler places their allocation and first writes either in the
+forward, where the last layer's own buffers (``bf16[1,1024,32|8,128]``) are live beside them
+(llama3-8b, mixtral-8x7b; gemma2-2b ``qkv-offload`` on v5e × 4, whose two trips of a local and a
+global layer keep a stack per layer of the block and their last trip's layers' own buffers one
+layer's at a time), or after those buffers' round trip, in the same offsets (mistral-7b, whose
+layer is llama3-8b's).
 
 * **A stack whose scan runs once** (:func:`single_trip_note`): XLA:TPU inlines it, and each layer's
-  offloaded value gets a host buffer of its own (no stack), the buffers packed in one host heap by
-  their live ranges, so the host holds less than the layers' offloaded bytes (llama4-17b-16e cut to
-  4 layers, its one four-layer block, q/k/v offloaded on v5p × 8: the row
-  llama4-17b-16e-v5p-qkv-offload-4L of bench/results/maxtext_fidelity.json, read from its dump; one
-  layer's query was not offloaded at all).  Not priced: the note says so.
+  offloaded value gets a host buffer of its own (no stack): its forward copies the value to the
+  host and straight back (the host copy's live range is the round trip's), the buffers packed in
+  one host heap by those live ranges.  Where a layer's round trips end before the next layer's
+  begin, the heap is one layer's values (:func:`host_layout`: olmo3-7b cut to 4 layers, its one
+  four-layer block, ``qkv-offload``, v6e × 4: three ``bf16[1,1024,32,128]`` buffers reused by
+  every layer; gpt-oss-20b at 2 layers, ``custom`` q/k/v offloaded, v6e × 4: one
+  ``bf16[1,1024,64,64]`` query and two ``bf16[1,1024,8,64]`` (tiled), reused by both
+  layers).  Where the scheduler stretches the round trips over the next layers, the heap holds
+  several layers' at once, more than the rule's one (llama4-17b-16e cut to 4 layers, q/k/v
+  offloaded on v5p × 8: three layers' queries and one layer's key and value live together; why
+  there and not in the trips above was not read; not priced: an under-count, the note says so).
 
 Not traced: a two-layer segment of tierax's own scanned step on a TPU, a step that offloads only the
 training state (``optimizer_memory_host_offload``).
@@ -61,6 +75,24 @@ def unrolled_groups(placements: dict, groups: Iterable) -> tuple[str, ...]:
     return tuple(g.name for g in groups if g.num_layers == UNROLLED_ITERATIONS)
 
 
+def host_layout(groups: Iterable, target: str) -> tuple[tuple[str, tuple[int, int]], ...]:
+    """How XLA:TPU holds each layer group's offloaded values on the host where its scan runs once
+    (module docstring), for the Program's ``host_layout``: (group, (0, 1)), no stack and one
+    layer's values in buffers of their own (a scanned block's largest layer's,
+    :attr:`tierax.tracing.inventory.Activation.host_value_held_bytes`), each value's host round
+    trip made in its layer's forward.
+
+    The host holds a group's bytes only where the step offloads a name of it, so the layout is
+    given for every one-trip group whatever the plan; none on a GPU, and none for a scan of more
+    trips (an unrolled one's own buffers meet its stacks or not as the schedule places them: the
+    stacks alone are priced)."""
+    from tierax import hardware
+
+    if hardware.get_target(target).kind != "tpu":
+        return ()
+    return tuple((g.name, (0, 1)) for g in groups if g.num_layers == 1)
+
+
 def single_trip_note(placements: dict, groups: Iterable, target: str) -> str | None:
     """A note for a TPU ``target`` whose step offloads from a layer stack whose scan runs once
     (module docstring); None where none does."""
@@ -80,9 +112,9 @@ def single_trip_note(placements: dict, groups: Iterable, target: str) -> str | N
     return (
         f"host offload on {target}: the scan of {', '.join(once)} runs once, so XLA:TPU inlines "
         "it and gives each layer's offloaded value a host buffer of its own, packed by live range "
-        "in one heap: it holds less than the prediction's host bytes, which count every layer's "
-        "offloaded values (the looped program's stacks); compare with a compile whose scan runs "
-        "more than once"
+        "in one heap: the prediction's host bytes are one layer's values, the heap where each "
+        "layer's host round trips end before the next layer's begin (where the schedule overlaps "
+        "them it holds more); compare with a compile whose scan runs more than once"
     )
 
 
