@@ -48,6 +48,13 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import _common  # noqa: E402 — the record envelope
+import tpu_check  # noqa: E402 — the chip check's cases
+
+
+def _case_overrides(name: str) -> list[str]:
+    """The model overrides of the chip check's case ``name`` (the shape its profiles ran)."""
+    return list(next(c for c in (*tpu_check.CASES, *tpu_check.EXTRA_CASES) if c[0] == name)[2])
+
 
 SCHEMA = "tierax.splash-in-step/1"
 PROFILES = "bench/results/chip/profiles"
@@ -65,37 +72,8 @@ _DENSE = [
     "attention=auto",
 ]
 _DENSE_128 = [*_DENSE, "num_heads=16", "num_kv_heads=8", "head_dim=128"]
-_MOE = [  # bench/tpu_check.py's "moe" case
-    "d_model=1024",
-    "num_layers=4",
-    "mlp_dim=2048",
-    "num_heads=8",
-    "num_kv_heads=8",
-    "head_dim=128",
-    "vocab_size=32000",
-    "dtype=bfloat16",
-    "attention=auto",
-    "num_experts=8",
-    "num_experts_per_tok=2",
-]
-_MLA_MOE = [  # bench/tpu_check.py's "mla-moe" case
-    "d_model=1024",
-    "num_layers=4",
-    "first_dense_layers=1",
-    "num_heads=8",
-    "q_lora_rank=384",
-    "kv_lora_rank=256",
-    "qk_nope_head_dim=64",
-    "qk_rope_head_dim=64",
-    "v_head_dim=64",
-    "dense_mlp_dim=4096",
-    "num_experts=8",
-    "num_experts_per_tok=2",
-    "expert_mlp_dim=1024",
-    "vocab_size=32000",
-    "dtype=bfloat16",
-    "attention=auto",
-]
+_MOE = _case_overrides("moe")
+_MLA_MOE = _case_overrides("mla-moe")
 # Profiles written before tierax's models took the permutation form of RoPE on a TPU
 # (bench/investigations/rope_forms.py): the splash kernels' inputs have the same shapes and the
 # kernels are the same; only the RoPE fusions around them differ.
