@@ -283,8 +283,6 @@ def main(argv=None) -> int:
         help="no compile: the chip's op profiles joined with its compiles (chip_schedule.json)",
     )
     args = ap.parse_args(argv)
-    import jax
-
     doc = _common.envelope(SCHEMA, argv)
     if args.timeline:
         doc["timelines"] = [timeline(p, c) for p, c in TIMELINES]
@@ -305,6 +303,8 @@ def main(argv=None) -> int:
                     f"{g['waits_ms']:.2f} ms"
                 )
         return _common.finish(args.out, doc)
+    import jax
+
     if args.deviceless:
         doc["platform"], doc["device_kind"] = "deviceless", "TPU v5 lite (deviceless)"
         doc["cases"] = compile_deviceless(CASES)
