@@ -90,3 +90,16 @@ def test_the_copy_timeline_places_the_loads_on_the_chips_clock():
     assert m["first_start_ms"] > 10 and m["waits_ms"] > 10 and m["bytes_per_s"] > link
     total = m["bytes_tiled"] / (m["last_done_ms"] - m["first_start_ms"]) * 1e3
     assert m["bytes_per_s"] == total
+
+
+def test_the_copy_timeline_record_is_what_the_script_computes_now():
+    import sys
+
+    root = RESULTS.parents[1]
+    for d in ("bench", "bench/investigations"):
+        if str(root / d) not in sys.path:
+            sys.path.insert(0, str(root / d))
+    import chip_schedule
+
+    doc = _record("chip/copy_timeline.json")
+    assert doc["timelines"] == [chip_schedule.timeline(p, c) for p, c in chip_schedule.TIMELINES]
