@@ -49,6 +49,8 @@ INDEXED = _common.RESULTS / "chip" / "tpu_indexed.json"
 LINK_BESIDE = _common.RESULTS / "chip" / "link_beside_compute.json"
 LINK_BESIDE_SCHEMA = "tierax.link-beside-compute/1"
 INDEXED_SCHEMA = "tierax.tpu-indexed/1"
+SWEEP = _common.RESULTS / "chip" / "tpu_kernel_sweep.json"
+SWEEP_SCHEMA = "tierax.tpu-kernel-sweep/1"
 DATA_FILE = SRC / "tierax" / "hardware" / "tpu_kernel_rates.json"
 PLOT = ROOT / "docs" / "results" / "tpu-kernel-rates.png"
 # What the issue asks the table to cover (issue 67): splash by sequence 2k-32k and head dim 64, 128,
@@ -115,6 +117,116 @@ def indexed_record(path: str | pathlib.Path) -> dict:
     }
 
 
+def sweep_record(path: str | pathlib.Path) -> dict:
+    """A ``bench/tpu_kernel_sweep.py`` record made on a TPU (not a rehearsal)."""
+    doc = json.loads(pathlib.Path(path).read_text(encoding="utf-8"))
+    if doc.get("schema") != SWEEP_SCHEMA:
+        raise ValueError(f"{path}: not a bench/tpu_kernel_sweep.py record ({SWEEP_SCHEMA})")
+    if doc.get("device", {}).get("platform") != "tpu" or doc.get("tiny"):
+        raise ValueError(
+            f"{path}: a rehearsal ({doc.get('device', {}).get('platform')!r}"
+            f"{', --tiny' if doc.get('tiny') else ''}), not a chip's run; run "
+            "bench/tpu_kernel_sweep.py on the chip"
+        )
+    return doc
+
+
+def _sweep_provenance(doc: dict, path: str | pathlib.Path) -> dict:
+    return {
+        "record": _rel(path),
+        "command": doc["command"],
+        "created": doc["created"],
+        "device_kind": doc["device"]["device_kind"],
+        "device_count": doc["machine"].get("device_count"),
+        "jax": doc.get("jax_version"),
+    }
+
+
+def merge_sweep(rates: dict, sweep: dict, sweep_path: str | pathlib.Path) -> dict:
+    """The extraction with the sweep's measurements added where the kernels' record has none:
+    its splash shapes (the calibration's method, so its rows join the table as they are; a shape
+    both measured keeps the kernels' record's row, the sweep's figure kept beside it as a
+    second run's), its GEMM points below the calibration's smallest dimension, what the kernel
+    refused, and each row's kernels-alone rates (recorded, not taken: the table's rates are the
+    kernel with its wrapper's ops, as a step runs them)."""
+    peak = rates["datasheet"]["peak_flops_per_s"]
+    prov = _sweep_provenance(sweep, sweep_path)
+    have = {(c["seq"], c["head_dim"]): c for c in rates["splash"]}
+    refused = []
+    for row in sweep.get("splash", []):
+        key = (row["seq"], row["head_dim"])
+        if "error" in row:
+            refused.append([*key, row["error"]])
+            continue
+        alone = {k: row.get(k) for k in ("kernel_fwd_flops_per_s", "kernel_bwd_flops_per_s")}
+        again = {
+            "fwd_flops_per_s": row["fwd_flops_per_s"],
+            "bwd_flops_per_s": row["bwd_flops_per_s"],
+        }
+        if key in have:
+            have[key]["second_run"] = again | alone | {"from": prov["record"]}
+            continue
+        rates["splash"].append(
+            {
+                "seq": row["seq"],
+                "head_dim": row["head_dim"],
+                "causal": True,
+                "batch": row["batch"],
+                "heads": row["heads"],
+                "kv_heads": row["kv_heads"],
+                "forward_flops": row["forward_flops"],
+                "fwd_flops_per_s": row["fwd_flops_per_s"],
+                "bwd_flops_per_s": row["bwd_flops_per_s"],
+                "fwd_efficiency": row["fwd_flops_per_s"] / peak,
+                "bwd_efficiency": row["bwd_flops_per_s"] / peak,
+                **alone,
+                "from": prov["record"],
+            }
+        )
+    rates["splash"].sort(key=lambda c: (c["head_dim"], c["seq"]))
+    smallest = min(g["min_dim"] for g in rates["gemm"])
+    anchor = next((g for g in rates["gemm"] if g["min_dim"] == smallest), None)
+    added = []
+    for g in sweep.get("gemm", []):
+        if g["min_dim"] == smallest and anchor is not None:
+            anchor["second_run_flops_per_s"] = g["flops_per_s"]
+        if g["min_dim"] >= smallest:
+            continue
+        added.append(
+            {
+                "min_dim": g["min_dim"],
+                "what": "smallest dimension",
+                "flops_per_s": g["flops_per_s"],
+                "efficiency": g["flops_per_s"] / peak,
+                "gemms": [{k: x[k] for k in ("shape", "role", "flops_per_s")} for x in g["gemms"]],
+                "from": prov["record"],
+            }
+        )
+    rates["gemm"] = sorted(added, key=lambda g: g["min_dim"]) + rates["gemm"]
+    have = {(c["seq"], c["head_dim"]) for c in rates["splash"]}
+    nm = rates["not_measured"]
+    nm["splash_causal"] = [[s, d] for s, d in nm["splash_causal"] if (s, d) not in have]
+    if refused:
+        nm["splash_refused"] = refused
+    low = min(g["min_dim"] for g in rates["gemm"])
+    nm["gemm_min_dim_below"] = low
+    nm["gemm_note"] = (
+        f"GEMMs whose smallest dimension is below {low} take the nearest measured point's rate"
+    )
+    rates["sweep_from"] = prov
+    if sweep.get("link_beside"):
+        rates["link_beside_attention"] = {
+            name: {
+                "shape": s["shape"],
+                "rate_bytes_per_s": s["rate_bytes_per_s"],
+                "added_s": [r["added_s"] for r in s["rows"]],
+                "layer_bytes": [r["layer_bytes"] for r in s["rows"]],
+            }
+            for name, s in sweep["link_beside"].items()
+        }
+    return rates
+
+
 def _provenance(doc: dict, path: str | pathlib.Path) -> dict:
     cal = doc["calibration"]
     return {
@@ -159,7 +271,7 @@ def published_rates(path: str | pathlib.Path = PUBLISHED) -> dict:
 
 
 def _devices(prov: dict) -> str:
-    """"N × " of a provenance whose record counted its devices; a record that did not (the
+    """ "N × " of a provenance whose record counted its devices; a record that did not (the
     link-beside-compute measurement runs on one device's copies) says nothing."""
     return f"{prov['device_count']} × " if prov.get("device_count") else ""
 
@@ -428,6 +540,15 @@ def markdown(doc: dict) -> str:
         f"{k['created']}",
         f"- host link: `{h['record']}`, measured by `{h['command']}` on "
         f"{_devices(h)}{h['device_kind']}, jax {h['jax']}, {h['created']}",
+        *(
+            [
+                f"- the shapes the calibration did not measure (rows marked †): "
+                f"`{w['record']}`, measured by `{w['command']}` on {w['device_kind']}, "
+                f"jax {w['jax']}, {w['created']}"
+            ]
+            if (w := r.get("sweep_from"))
+            else []
+        ),
         "",
         "| kernel | shape | measured | share of the datasheet |",
         "|---|---|---:|---:|",
@@ -435,7 +556,7 @@ def markdown(doc: dict) -> str:
     for g in r["gemm"]:
         shapes = sorted({"×".join(map(str, x["shape"])) for x in g["gemms"]})
         what = (
-            f"smallest dimension {g['min_dim']}"
+            f"smallest dimension {g['min_dim']}{' †' if g.get('from') else ''}"
             if g["what"] == "smallest dimension"
             else f"a step's GEMM mix (smallest dimension {g['min_dim']})"
         )
@@ -444,11 +565,20 @@ def markdown(doc: dict) -> str:
             f"gradients) | {g['flops_per_s'] / 1e12:.1f} TFLOP/s | {g['efficiency']:.1%} |"
         )
     for c in r["splash"]:
+        alone = c.get("kernel_fwd_flops_per_s") and c.get("kernel_bwd_flops_per_s")
         out.append(
-            f"| splash attention (causal), seq {c['seq']}, head dim {c['head_dim']} | batch "
+            f"| splash attention (causal), seq {c['seq']}, head dim {c['head_dim']}"
+            f"{' †' if c.get('from') else ''} | batch "
             f"{c['batch']}, {c['heads']} heads over {c['kv_heads']} kv heads | forward "
             f"{c['fwd_flops_per_s'] / 1e12:.1f}, backward {c['bwd_flops_per_s'] / 1e12:.1f} "
-            f"TFLOP/s | {c['fwd_efficiency']:.1%} / {c['bwd_efficiency']:.1%} |"
+            "TFLOP/s"
+            + (
+                f" (kernels alone {c['kernel_fwd_flops_per_s'] / 1e12:.1f} / "
+                f"{c['kernel_bwd_flops_per_s'] / 1e12:.1f})"
+                if alone
+                else ""
+            )
+            + f" | {c['fwd_efficiency']:.1%} / {c['bwd_efficiency']:.1%} |"
         )
     nm = r["nonmatmul"]
     shape = ", ".join(f"{a} {b}" for a, b in nm["shape"].items())
@@ -470,13 +600,27 @@ def markdown(doc: dict) -> str:
         f"{trip['bytes_each_way'] / 2**30:.2f} GiB each way | "
         f"{trip['d2h_bytes_per_s'] / 1e9:.2f} GB/s per direction | — |"
     )
+    for a in r.get("link_beside_attention", {}).values():
+        sizes = ", ".join(f"{b / 2**20:.0f}" for b in a["layer_bytes"])
+        rate = a["rate_bytes_per_s"]
+        out.append(
+            f"| host link beside splash attention † (a layer scan's copies while its layers run "
+            f"{a['shape']['matmuls']} splash calls, head dim {a['shape']['attention'][1]}; "
+            f"recorded, not taken) | {sizes} MiB a layer | "
+            + (f"{rate / 1e9:.2f} GB/s per direction" if rate else "no rate (the copies hid)")
+            + " | — |"
+        )
     nmz = r["not_measured"]
     missing = ", ".join(f"seq {s} × head dim {d}" for s, d in nmz["splash_causal"])
+    refused = "; ".join(
+        f"seq {s} × head dim {d} ({e.split(':')[0]})" for s, d, e in nmz.get("splash_refused", [])
+    )
     out += [
         "",
         "Not measured yet (the cost model takes the nearest measured point there, and says so):",
         "",
-        f"- splash attention (causal): {missing or 'none'}",
+        f"- splash attention (causal): {missing or 'none'}"
+        + (f"; refused by the kernel: {refused}" if refused else ""),
         f"- splash attention without a causal mask: {nmz['splash_non_causal']}",
         f"- {nmz['gemm_note']}",
         f"- fp8 GEMMs: {nmz['fp8_gemms']}",
@@ -541,7 +685,8 @@ def plot(doc: dict, out: str | pathlib.Path = PLOT) -> pathlib.Path:
     b.grid(True, lw=0.3)
     fig.suptitle(
         f"{r['kernels_from']['device_kind']} ({r['target']}), jax {r['kernels_from']['jax']}: "
-        f"{r['kernels_from']['record']}",
+        f"{r['kernels_from']['record']}"
+        + (f" + {r['sweep_from']['record']}" if r.get("sweep_from") else ""),
         fontsize=9,
     )
     fig.tight_layout()
@@ -581,6 +726,13 @@ def main(argv=None) -> int:
         f"(default: {_rel(INDEXED)} where it exists)",
     )
     ap.add_argument(
+        "--sweep",
+        metavar="SWEEP.json",
+        default=None,
+        help="the bench/tpu_kernel_sweep.py record of the shapes the calibration did not measure "
+        f"(default: {_rel(SWEEP)} where it exists)",
+    )
+    ap.add_argument(
         "--published",
         metavar="FILE.yaml",
         default=str(PUBLISHED),
@@ -612,6 +764,9 @@ def main(argv=None) -> int:
             beside,
             beside_path,
         )
+        sweep = args.sweep or (str(SWEEP) if SWEEP.exists() else None)
+        if sweep:
+            rates = merge_sweep(rates, sweep_record(sweep), sweep)
         indexed = args.indexed or (str(INDEXED) if INDEXED.exists() else None)
         if indexed:
             rates["indexed"] = indexed_record(indexed)

@@ -58,3 +58,28 @@ def test_calibrate_takes_the_rate_beside_compute_and_the_round_trip_only_without
     rows[:] = [{"layer_bytes": b, "added_s": 0.0} for b in (2**27, 2**28)]  # all hidden
     link = accel_rates.host_link_rates()
     assert link["rate_from"] == "round trip" and link["d2h_bytes_per_s"] == 15.9e9
+
+
+def test_an_attention_layer_is_causal_attention_over_its_heads():
+    """bench/tpu_kernel_sweep.py's link-beside-attention layers: each step is causal attention of
+    [tokens, width] read as sequences of width / head dim query heads over half as many kv heads
+    (a group's first query head its key and value), as a softmax by hand computes it."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    seq, hd, t = 128, 64, 256
+    h = jax.random.normal(jax.random.key(0), (t, 4 * hd), jnp.float32).astype(jnp.bfloat16)
+    got = np.asarray(accel_rates._attention_step(h, seq, hd, True), np.float32)
+    x = np.asarray(h, np.float32).reshape(t // seq, seq, 2, 2, hd)  # [B, S, kv, group, d]
+    want = np.empty_like(x)
+    mask = np.tril(np.ones((seq, seq), bool))
+    for b in range(t // seq):
+        for k in range(2):
+            kv = x[b, :, k, 0]
+            for g in range(2):
+                s = x[b, :, k, g] @ kv.T / np.sqrt(hd)
+                s = np.where(mask, s, -np.inf)
+                p = np.exp(s - s.max(-1, keepdims=True))
+                want[b, :, k, g] = (p / p.sum(-1, keepdims=True)) @ kv
+    np.testing.assert_allclose(got, want.reshape(t, 4 * hd), atol=3e-2, rtol=3e-2)

@@ -58,6 +58,8 @@ def _extracted() -> tuple:
         mod.link_beside_record(ROOT / b),
         ROOT / b,
     )
+    w = ROOT / RATES["sweep_from"]["record"]
+    rates = mod.merge_sweep(rates, mod.sweep_record(w), w)
     rates["indexed"] = mod.indexed_record(ROOT / RATES["indexed"]["from"]["record"])
     return mod, rates
 
@@ -71,15 +73,32 @@ def test_the_record_and_the_package_data_are_what_the_script_extracts_from_the_c
     assert RATES == rates  # no figure typed by hand or left stale
     assert mod.package_data(rates) == tpu_rates.data()
     assert (ROOT / "src/tierax/hardware" / tpu_rates.DATA_FILE).read_text() == mod.data_text(rates)
-    # the rates as the chip records hold them (the calibration tierax calibrate stored there)
+    # the rates as the chip records hold them (the calibration tierax calibrate stored there, and
+    # the sweep of the shapes it did not measure: the rows marked with its record)
     chip = json.loads((ROOT / RATES["kernels_from"]["record"]).read_text())["calibration"]
-    assert [[g["min_dim"], g["flops_per_s"]] for g in RATES["gemm"]] == chip[
+    sweep = json.loads((ROOT / RATES["sweep_from"]["record"]).read_text())
+    assert [[g["min_dim"], g["flops_per_s"]] for g in RATES["gemm"] if "from" not in g] == chip[
         "matmul_size_rates_bfloat16"
     ]
-    assert [
+    small = {g["min_dim"]: g["flops_per_s"] for g in sweep["gemm"]}
+    swept = [g for g in RATES["gemm"] if "from" in g]
+    assert swept and all(g["flops_per_s"] == small[g["min_dim"]] for g in swept)
+    assert max(g["min_dim"] for g in swept) < min(d for d, _ in chip["matmul_size_rates_bfloat16"])
+    rows = [
         [c["seq"], c["head_dim"], c["fwd_flops_per_s"], c["bwd_flops_per_s"]]
         for c in RATES["splash"]
-    ] == chip["splash_attention"]
+        if "from" not in c
+    ]
+    assert sorted(rows) == sorted(chip["splash_attention"])
+    by_shape = {(r["seq"], r["head_dim"]): r for r in sweep["splash"] if "error" not in r}
+    for c in RATES["splash"]:
+        if "from" in c:
+            r = by_shape[(c["seq"], c["head_dim"])]
+            assert (c["fwd_flops_per_s"], c["bwd_flops_per_s"]) == (
+                r["fwd_flops_per_s"],
+                r["bwd_flops_per_s"],
+            )
+    assert sweep["device"]["device_kind"] == "TPU v5 lite" and not sweep["tiny"]
     assert RATES["kernels_from"]["device_kind"] == "TPU v5 lite" and RATES["target"] == "v5e"
     # the gathers' and scatters' rates as bench/tpu_indexed.py measured them on the chip
     idx = json.loads((ROOT / RATES["indexed"]["from"]["record"]).read_text())
@@ -104,12 +123,42 @@ def test_gather_and_scatter_rates_of_a_cpu_run_are_refused(tmp_path):
 
 
 def test_the_record_says_what_it_did_not_measure():
+    """Every splash shape the table asks for is measured, or named as missing or refused; the
+    GEMMs below the smallest measured dimension are named."""
+    mod = _script()
     missing = RATES["not_measured"]
-    assert [16384, 128] in missing["splash_causal"] and [32768, 128] in missing["splash_causal"]
-    assert all([s, 192] in missing["splash_causal"] for s in (2048, 8192, 32768))
-    assert [8192, 128] not in missing["splash_causal"]  # measured
-    assert missing["gemm_min_dim_below"] == 128
+    refused = {(s, d) for s, d, _ in missing.get("splash_refused", [])}
+    for seq in mod.WANTED_SEQS:
+        for hd in mod.WANTED_HEAD_DIMS:
+            named = [seq, hd] in missing["splash_causal"] or (seq, hd) in refused
+            assert ((seq, hd) in SPLASH) != named, (seq, hd)
+    assert missing["gemm_min_dim_below"] == min(GEMM) == 16
+    assert "splash_non_causal" in missing
     assert missing["other_generations"] == ["v5p", "v6e", "v7x"]
+
+
+def test_shapes_measured_in_both_runs_agree():
+    """The sweep measures the calibration's shapes again by the same method in another process:
+    the two runs agree within 3 % (the chip's run-to-run spread), so its rows join the table as
+    the same kind of figure."""
+    twice = [c for c in RATES["splash"] if "second_run" in c]
+    assert len(twice) == 5
+    for c in twice:
+        for k in ("fwd_flops_per_s", "bwd_flops_per_s"):
+            assert c["second_run"][k] == pytest.approx(c[k], rel=0.03), (c["seq"], c["head_dim"])
+    assert GEMM[128]["second_run_flops_per_s"] == pytest.approx(GEMM[128]["flops_per_s"], rel=0.03)
+
+
+def test_a_sweep_made_off_the_chip_is_refused(tmp_path):
+    mod = _script()
+    doc = json.loads((ROOT / RATES["sweep_from"]["record"]).read_text())
+    for change in ({"device": {"platform": "cpu", "device_kind": "cpu"}}, {"tiny": True}):
+        bad = tmp_path / "sweep.json"
+        bad.write_text(json.dumps(doc | change))
+        with pytest.raises(
+            ValueError, match="a rehearsal.*run bench/tpu_kernel_sweep.py on the chip"
+        ):
+            mod.sweep_record(bad)
 
 
 def test_v5e_default_rates_are_the_records():
@@ -117,7 +166,7 @@ def test_v5e_default_rates_are_the_records():
     assert r.matmul_flops_per_s == pytest.approx(GEMM[2048]["flops_per_s"], rel=1e-12)
     for dim, g in GEMM.items():
         assert r.matmul_rate_at(dim) == pytest.approx(g["flops_per_s"], rel=1e-12)
-    assert r.matmul_rate_at(64) == pytest.approx(GEMM[128]["flops_per_s"], rel=1e-12)  # nearest
+    assert r.matmul_rate_at(8) == pytest.approx(GEMM[16]["flops_per_s"], rel=1e-12)  # nearest
     assert r.hbm_bytes_per_s == pytest.approx(RATES["nonmatmul"]["bytes_per_s"], rel=1e-12)
     link = RATES["host_link"]
     assert (r.d2h_bytes_per_s, r.h2d_bytes_per_s) == (
@@ -235,13 +284,14 @@ def test_splash_between_and_beyond_the_measured_shapes_by_hand():
     at = cm.for_program(r, _prog(2048, 96))
     want = (lo["bwd_flops_per_s"] + hi["bwd_flops_per_s"]) / 2
     assert at.fused_attention_bwd_flops_per_s == pytest.approx(want, rel=1e-12)
-    # head dim 64 at seq 4096 (not measured): between its 2048 and 8192, at the midpoint in log seq
-    at = cm.for_program(r, _prog(4096, 64))
-    want = (SPLASH[(2048, 64)]["fwd_flops_per_s"] + SPLASH[(8192, 64)]["fwd_flops_per_s"]) / 2
-    assert at.fused_attention_fwd_flops_per_s == pytest.approx(want, rel=1e-12)
-    # beyond: seq 32768 and head dim 192 take the nearest measured point, and say so
-    at = cm.for_program(r, _prog(32768, 192))
-    assert at.fused_attention_fwd_flops_per_s == pytest.approx(c8["fwd_flops_per_s"], rel=1e-12)
+    # head dim 160 at seq 2896 (√(2048·4096)): the midpoint of four measured shapes
+    at = cm.for_program(r, _prog(2896, 160))
+    corners = [SPLASH[(s, d)]["fwd_flops_per_s"] for s in (2048, 4096) for d in (128, 192)]
+    assert at.fused_attention_fwd_flops_per_s == pytest.approx(sum(corners) / 4, rel=2e-4)
+    # beyond: seq 65536 and head dim 256 take the nearest measured point, and say so
+    far = SPLASH[(32768, 192)]
+    at = cm.for_program(r, _prog(65536, 256))
+    assert at.fused_attention_fwd_flops_per_s == pytest.approx(far["fwd_flops_per_s"], rel=1e-12)
     assert "beyond the measured ones" in at.sources["fused_attention"]
     assert cm.for_program(at, _prog(2048, 64)) is at  # resolved once
 
@@ -365,3 +415,49 @@ def test_the_host_link_is_the_rate_beside_compute_past_the_hidden_sizes():
     plain = mod.extract(mod._chip_record(ROOT / k), ROOT / k, mod._chip_record(ROOT / h), ROOT / h)
     assert plain["host_link"]["d2h_bytes_per_s"] == trip["d2h_bytes_per_s"]
     assert "round_trip" not in plain["host_link"]
+
+
+def test_a_sweep_fills_what_the_calibration_lacks_and_keeps_what_it_measured():
+    """By hand, on a made-up extraction and sweep: a new splash shape joins the table as the
+    sweep measured it, a shape both measured keeps the calibration's figure (the sweep's beside
+    it), a refused shape is named, a GEMM point below the smallest measured joins, and the
+    sweep's figure at that smallest point is kept beside it, never taken."""
+    mod = _script()
+    peak = 197e12
+    rates = {
+        "datasheet": {"peak_flops_per_s": peak},
+        "gemm": [{"min_dim": 128, "what": "smallest dimension", "flops_per_s": 90e12, "gemms": []}],
+        "splash": [
+            {"seq": 2048, "head_dim": 128, "fwd_flops_per_s": 68e12, "bwd_flops_per_s": 72e12}
+        ],
+        "not_measured": {"splash_causal": [[4096, 128], [2048, 192]], "gemm_min_dim_below": 128},
+    }
+    row = {"batch": 4, "heads": 16, "kv_heads": 8, "forward_flops": 1.0}
+    sweep = {
+        "command": "c", "created": "t", "jax_version": "j", "machine": {},
+        "device": {"platform": "tpu", "device_kind": "TPU v5 lite"},
+        "splash": [
+            {"seq": 2048, "head_dim": 128, "fwd_flops_per_s": 70e12, "bwd_flops_per_s": 71e12,
+             **row},
+            {"seq": 4096, "head_dim": 128, "fwd_flops_per_s": 80e12, "bwd_flops_per_s": 79e12,
+             "kernel_fwd_flops_per_s": 100e12, "kernel_bwd_flops_per_s": 90e12, **row},
+            {"seq": 2048, "head_dim": 192, "error": "ValueError: head dim"},
+        ],
+        "gemm": [
+            {"min_dim": 64, "flops_per_s": 45e12, "gemms": []},
+            {"min_dim": 128, "flops_per_s": 91e12, "gemms": []},
+        ],
+    }  # fmt: skip
+    out = mod.merge_sweep(rates, sweep, ROOT / "x.json")
+    splash = {(c["seq"], c["head_dim"]): c for c in out["splash"]}
+    assert splash[(2048, 128)]["fwd_flops_per_s"] == 68e12
+    assert splash[(2048, 128)]["second_run"]["fwd_flops_per_s"] == 70e12
+    new = splash[(4096, 128)]
+    assert (new["fwd_flops_per_s"], new["bwd_flops_per_s"]) == (80e12, 79e12)
+    assert new["fwd_efficiency"] == pytest.approx(80e12 / peak) and new["causal"] is True
+    assert new["kernel_fwd_flops_per_s"] == 100e12 and (2048, 192) not in splash
+    assert out["not_measured"]["splash_causal"] == [[2048, 192]]
+    assert [s[:2] for s in out["not_measured"]["splash_refused"]] == [[2048, 192]]
+    assert [(g["min_dim"], g["flops_per_s"]) for g in out["gemm"]] == [(64, 45e12), (128, 90e12)]
+    assert out["gemm"][1]["second_run_flops_per_s"] == 91e12
+    assert out["not_measured"]["gemm_min_dim_below"] == 64

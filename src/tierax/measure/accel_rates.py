@@ -114,6 +114,35 @@ def _stand_in_flops(q, k, v) -> float:
     return float(jaxpr_tools.matmul_flops(closed, scope=attention.FUSED_SCOPE))
 
 
+# The splash kernels' own ops in a device trace: the forward's, and the backward's two.
+SPLASH_FWD_OPS, SPLASH_BWD_OPS = ("splash_mha_fwd",), ("splash_mha_dq", "splash_mha_dkv")
+
+
+def device_op_seconds(fn: Callable, args: tuple, calls: int, prefixes: tuple[str, ...]) -> float:
+    """Seconds per call the device spends in the ops whose names start with one of ``prefixes``:
+    ``calls`` calls of ``fn(*args)`` traced with JAX's profiler, the device's "XLA Ops" summed
+    (0.0 where the trace has no device ops: XLA:CPU)."""
+    import tempfile
+
+    from tierax.measure.trace import is_device_process, load_events
+
+    jax.block_until_ready(fn(*args))
+    where = tempfile.mkdtemp(prefix="tierax-ops-")
+    jax.profiler.start_trace(where, create_perfetto_trace=True)
+    out = None
+    for _ in range(calls):
+        out = fn(*args)
+    jax.block_until_ready(out)
+    jax.profiler.stop_trace()
+    events, _ = load_events(where)
+    us = sum(
+        e.dur_us
+        for e in events
+        if is_device_process(e.process) and e.thread == "XLA Ops" and e.name.startswith(prefixes)
+    )
+    return us / 1e6 / calls
+
+
 def splash_rates(
     cases: Sequence[tuple[int, int]] = SPLASH_CASES,
     *,
@@ -121,11 +150,15 @@ def splash_rates(
     kv_heads: int = 8,
     groups: int = 2,
     interpret: bool = False,
+    profile_calls: int = 0,
 ) -> list:
     """The splash kernel's forward and backward FLOP/s for each (seq, head dim): the forward's
     FLOPs as the cost model counts them (:func:`_stand_in_flops`), the backward's 2.5 × those
     over (forward + backward) less forward seconds.  ``interpret``: Pallas's interpreter (a CPU
-    rehearsal; its times mean nothing)."""
+    rehearsal; its times mean nothing).  ``profile_calls``: also the kernels alone, from that many
+    traced calls (:func:`device_op_seconds`: the forward kernel, and the backward's dq and dkv
+    kernels), without the wrapper's XLA ops around them (``kernel_*`` keys; None where the trace
+    holds no kernel)."""
     from tierax.costmodel.rates import FUSED_BACKWARD_FLOPS_RATIO
     from tierax.models import attention
 
@@ -145,9 +178,20 @@ def splash_rates(
 
         flops = _stand_in_flops(q, k, v)
         calls = 2 if interpret else _calls_for(3.5 * flops)
-        t_f = back_to_back(jax.jit(fwd), (q, k, v), calls)
-        t_fb = back_to_back(jax.jit(jax.grad(loss, argnums=(0, 1, 2))), (q, k, v), calls)
+        f_fwd, f_fb = jax.jit(fwd), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+        t_f = back_to_back(f_fwd, (q, k, v), calls)
+        t_fb = back_to_back(f_fb, (q, k, v), calls)
         bwd_s = max(t_fb - t_f, 1e-9)
+        alone = {}
+        if profile_calls:
+            k_f = device_op_seconds(f_fwd, (q, k, v), profile_calls, SPLASH_FWD_OPS)
+            k_b = device_op_seconds(f_fb, (q, k, v), profile_calls, SPLASH_BWD_OPS)
+            alone = {
+                "kernel_forward_s": k_f or None,
+                "kernel_backward_s": k_b or None,
+                "kernel_fwd_flops_per_s": flops / k_f if k_f else None,
+                "kernel_bwd_flops_per_s": FUSED_BACKWARD_FLOPS_RATIO * flops / k_b if k_b else None,
+            }
         out.append(
             {
                 "seq": seq,
@@ -160,6 +204,7 @@ def splash_rates(
                 "forward_backward_s": t_fb,
                 "fwd_flops_per_s": flops / t_f,
                 "bwd_flops_per_s": FUSED_BACKWARD_FLOPS_RATIO * flops / bwd_s,
+                **alone,
             }
         )
     return out
@@ -272,14 +317,32 @@ def step_link_rates(
     }
 
 
+def _attention_step(h, seq: int, head_dim: int, interpret: bool):
+    """Causal splash attention over [tokens, width] read as [tokens / seq, seq] sequences of
+    width / head_dim query heads over half as many kv heads (each kv head its group's first
+    query head): the kernel a step's attention runs, its backward included."""
+    from tierax.models import attention
+
+    t, w = h.shape
+    q = h.reshape(t // seq, seq, w // head_dim // 2, 2, head_dim)
+    kv = q[:, :, :, 0]
+    return attention.splash_attention(q, kv, kv, interpret=interpret).reshape(t, w)
+
+
 def beside_compute_layer(
-    matmuls: int, values: int, wide: int, width: int, minor: int = 0
+    matmuls: int,
+    values: int,
+    wide: int,
+    width: int,
+    minor: int = 0,
+    attention: tuple[int, int, bool] | None = None,
 ) -> Callable:
     """One layer of :func:`link_beside_compute`: ``matmuls`` [tokens, width] × [width, width]
-    products, then ``values`` tagged values of [tokens, wide] made from the result (what the plan
-    offloads or keeps; with ``minor``, shaped [tokens, wide / minor, minor], as a head dim of that
-    width holds it) and read back into the carry; a tiny tagged value the other program
-    offloads."""
+    products (``attention`` (seq, head dim, interpret): as many splash attention calls instead,
+    :func:`_attention_step`), then ``values`` tagged values of [tokens, wide] made from the result
+    (what the plan offloads or keeps; with ``minor``, shaped [tokens, wide / minor, minor], as a
+    head dim of that width holds it) and read back into the carry; a tiny tagged value the other
+    program offloads."""
     from tierax.models.tags import tag
 
     reps = wide // width
@@ -287,7 +350,7 @@ def beside_compute_layer(
     def layer(x, p):
         h = x
         for _ in range(matmuls):
-            h = jnp.tanh(h @ p["mm"])
+            h = _attention_step(h, *attention) if attention else jnp.tanh(h @ p["mm"])
         out = h
         for j in range(values):
             r = jnp.tile(h, (1, reps)) * p["scale"][j][None, :]
@@ -306,16 +369,18 @@ def beside_compute_row(
 ) -> dict:
     """The time offloading ``size_mib`` MiB a layer adds to :func:`beside_compute_layer`'s scan
     (``values`` tagged values of that many bytes together, ``minor`` wide in their last dimension
-    where given): the step storing them on the host and loading them back, against the same step
-    keeping them on the device; with the offloading program's host bytes as XLA compiled them
-    where the platform reports them."""
+    where given; ``shape["attention"]``, (seq, head dim, interpret): layers of splash attention
+    instead of matmuls): the step storing them on the host and loading them back, against the
+    same step keeping them on the device; with the offloading program's host bytes as XLA
+    compiled them where the platform reports them."""
     from tierax.models.prefetch import prefetch_scan
 
     L, T, D = shape["layers"], shape["tokens"], shape["width"]
     per_value = int(size_mib * 2**20) // values
     wide = max(D, per_value // (T * 2) // D * D)  # bf16, a multiple of the width
     names = tuple(f"link_r{j}" for j in range(values))
-    layer = beside_compute_layer(shape["matmuls"], values, wide, D, minor)
+    att = tuple(shape["attention"]) if shape.get("attention") else None
+    layer = beside_compute_layer(shape["matmuls"], values, wide, D, minor, att)
     ks = jax.random.split(jax.random.key(8), 3)
     x0 = jax.random.normal(ks[0], (T, D), jnp.bfloat16)
     p = {
