@@ -24,13 +24,13 @@ def _module():
     return mod
 
 
-
 def _config_plan(mod, spec: dict, hw: str, label: str):
     """The row's config and plan as its prediction gets them: the bench's run of it, through the
     library's one implementation (tierax.calibration.runs.config_and_plan)."""
     from tierax.calibration import runs
 
     return runs.config_and_plan(mod.to_run(spec, hw, 1, 1024, spec["remat"], label, None))
+
 
 def test_every_run_and_pair_has_an_expression():
     mod = _module()
@@ -193,3 +193,25 @@ def test_rows_predicts_only_those_and_never_replaces_the_whole_record(tmp_path, 
     (row,) = doc["rows"]
     assert row["host_gib"] * 2**30 == 126 * 3 * 8192 * 16384 * 2
     assert row["fits"]
+
+
+@pytest.mark.parametrize("record", ["published_runs.json", "holdout_runs.json"])
+def test_the_records_were_made_with_the_current_default_rates(record):
+    """A change to a target's default host link or HBM rate (a new chip measurement, a new source)
+    leaves these records stale until the bench is rerun: every expressed row states the rates it
+    was predicted with, and they are the cost model's defaults now (the v5e host link once changed
+    without a rerun, and a pair's order moved unseen)."""
+    from tierax import costmodel as cm
+
+    doc = json.loads((ROOT / "bench" / "results" / record).read_text())
+    rows = [(r["published"]["hw"], r) for r in doc["rows"] if r.get("expressible")]
+    rows += [
+        (pair["published"]["hw"], p)
+        for pair in doc.get("pairs", [])
+        for p in (pair.get("predictions") or {}).values()
+    ]
+    assert rows
+    for hw, r in rows:
+        now = cm.target_rates(hw, "bfloat16", calibration={}).sources
+        for key in ("host_link", "hbm"):
+            assert r["rates"][key] == now[key], (r.get("id"), hw, key)
