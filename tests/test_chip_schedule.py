@@ -103,3 +103,40 @@ def test_the_copy_timeline_record_is_what_the_script_computes_now():
 
     doc = _record("chip/copy_timeline.json")
     assert doc["timelines"] == [chip_schedule.timeline(p, c) for p, c in chip_schedule.TIMELINES]
+
+
+def test_the_scheduler_flags_record_is_what_the_script_joins_from_its_runs():
+    import sys
+
+    root = RESULTS.parents[1]
+    for d in ("bench", "bench/investigations"):
+        if str(root / d) not in sys.path:
+            sys.path.insert(0, str(root / d))
+    import scheduler_flags
+
+    doc = _record("chip/scheduler_flags.json")
+    rows = scheduler_flags.join(RESULTS / "chip" / "scheduler_flags")["rows"]
+    assert doc["rows"] == rows
+    # the default set's loads are the chip's own compile's (chip_schedule.json, case 0)
+    chip = _record("chip/chip_schedule.json")["cases"][0]
+    assert rows[0]["deviceless"]["loads_kernels_between"] == [
+        c["matmuls_or_kernels_between"]
+        for c in chip["copies"]
+        if c["direction"] == "h2d" and c["computation"] != "ENTRY"
+    ]
+
+
+def test_loosening_the_schedulers_memory_guard_lengthens_the_loads_but_does_not_save_the_plan():
+    """What the answer rests on: each looser option set gives the loads more of the layer
+    backward and runs the plan faster at a higher compiled peak; under every set remat-full (the
+    same program each time, within 0.1 %) is faster still."""
+    rows = _record("chip/scheduler_flags.json")["rows"]
+    loads = [min(r["deviceless"]["loads_kernels_between"]) for r in rows]
+    plan = [r["chip"]["plan_s"] for r in rows]
+    peak = [r["chip"]["plan_peak_device_bytes_compiled"] for r in rows]
+    assert loads == sorted(loads) and loads[-1] >= 3 * loads[0]
+    assert plan == sorted(plan, reverse=True) and peak == sorted(peak)
+    base = rows[0]["chip"]["remat_full_s"]
+    for r in rows:
+        assert abs(r["chip"]["remat_full_s"] / base - 1) < 1e-3
+        assert r["chip"]["plan_over_remat_full"] > 1.03
