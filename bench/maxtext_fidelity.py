@@ -92,6 +92,14 @@ CASES = [
     # Gemma 3 scans blocks of its six-layer attention pattern: two trips (2 layers are none)
     ("gemma3-4b-v5p-full-12L", "gemma3-4b", "v5p", 4, 1, 1024, ["remat_policy=full"], 12),
     ("gemma3-4b-v6e-minimal-12L", "gemma3-4b", "v6e", 4, 1, 1024, ["remat_policy=minimal"], 12),
+    # What decides whether an unrolled 2-layer step's last layer's own host buffers meet its stacks
+    # (interop/maxtext_program/tpu_offload.py): the policy swapped between llama3-8b and mistral-7b
+    # (the same layer), and mistral-7b at llama3-8b's vocabulary
+    ("llama3-8b-v5p-custom", "llama3-8b", "v5p", 4, 1, 1024, [*_OFF, "mlpwo=device"]),
+    ("mistral-7b-v5p-qkv-offloaded", "mistral-7b", "v5p", 4, 1, 1024,
+     ["remat_policy=qkv_proj_offloaded"]),
+    ("mistral-7b-v5p-qkv-offloaded-v128k", "mistral-7b", "v5p", 4, 1, 1024,
+     ["remat_policy=qkv_proj_offloaded", "vocab_size=128256"]),
 ]  # fmt: skip
 # Held out: cases added after the rules above were read (no rule was read from their compiles), each
 # (name, model, target, devices, per-device batch, sequence, extra MaxText keys, layers, tierax's

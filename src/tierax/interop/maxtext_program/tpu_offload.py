@@ -34,7 +34,14 @@ forward, where the last layer's own buffers (``bf16[1,1024,32|8,128]``) are live
 (llama3-8b, mixtral-8x7b; gemma2-2b ``qkv-offload`` on v5e × 4, whose two trips of a local and a
 global layer keep a stack per layer of the block and their last trip's layers' own buffers one
 layer's at a time), or after those buffers' round trip, in the same offsets (mistral-7b, whose
-layer is llama3-8b's).
+layer is llama3-8b's).  Which of the two is neither the policy's nor the decoder block's: llama3-8b
+under mistral-7b's ``custom`` keys and mistral-7b under ``qkv_proj_offloaded`` each hold their own
+model's host bytes, and mistral-7b given llama3-8b's vocabulary (128,256) compiles to llama3-8b's
+peak and host bytes (its dump: llama3-8b's schedule, the head gradient's reduce-scatter an
+all-reduce, which moves the schedule around the loss); mixtral-8x7b at mistral-7b's vocabulary still
+meets its stacks, so no vocabulary rule holds either (``bench/results/maxtext_fidelity.json``'s rows
+``llama3-8b-v5p-custom``, ``mistral-7b-v5p-qkv-offloaded`` and
+``mistral-7b-v5p-qkv-offloaded-v128k``).
 
 * **A stack whose scan runs once** (:func:`single_trip_note`): XLA:TPU inlines it, and each layer's
   offloaded value gets a host buffer of its own (no stack): its forward copies the value to the
