@@ -104,3 +104,30 @@ def test_fsdp_gradients_match_single_device(name):
     for a, b in zip(jax.tree.leaves(grads8), jax.tree.leaves(grads), strict=False):
         a, b = np.asarray(a), np.asarray(b)  # different device sets: compare on the host
         assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b)) + 1e-8
+
+
+def test_params_init_after_flax_eager_sharding_default_changes():
+    """MaxText's import turns Flax's eager-sharding default off for the whole process; an init
+    cached before must not be reused after, where every Param carries the other value (traced
+    again, it failed with a pytree metadata mismatch against the cached output shardings)."""
+    import flax
+
+    from tierax.models import get_config
+    from tierax.train import step as step_lib
+
+    import jax
+    import numpy as np
+
+    cfg = get_config("tiny-llama")
+    mesh = jax.sharding.Mesh(
+        np.array(jax.devices()[:1]).reshape(1, 1, 1, 1), ("data", "fsdp", "tensor", "expert")
+    )
+    before = flax.config.flax_always_shard_variable
+    try:
+        for value in (before, not before, before):
+            flax.config.update("flax_always_shard_variable", value)
+            jax.clear_caches()  # as some tests do: a cached init is traced again at its next call
+            _, params = step_lib.init_params(cfg, seed=3, mesh=mesh)
+            assert params["embed"]["embedding"].value.shape == (cfg.vocab_size, cfg.d_model)
+    finally:
+        flax.config.update("flax_always_shard_variable", before)

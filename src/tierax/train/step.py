@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import flax
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -125,20 +126,24 @@ def init_params(cfg: ModelConfig, *, seed: int = 0, mesh: Mesh | None = None):
     """(graphdef, params); with a mesh the params are created already sharded."""
     if mesh is not None:
         sh.check_step(cfg, mesh)
+    # Flax's global eager-sharding default is stamped into every Param's metadata, so an init
+    # cached under one value cannot build the params under the other (MaxText's import turns it off).
+    eager = bool(getattr(flax.config, "flax_always_shard_variable", False))
     try:
         hash((cfg, mesh))
     except TypeError:  # a config holding an unhashable value: built as it is, not cached
-        graphdef, init = _jitted_init.__wrapped__(cfg, seed, mesh)
+        graphdef, init = _jitted_init.__wrapped__(cfg, seed, mesh, eager)
     else:
-        graphdef, init = _jitted_init(cfg, seed, mesh)
+        graphdef, init = _jitted_init(cfg, seed, mesh, eager)
     return graphdef, init()
 
 
 @functools.lru_cache(maxsize=8)
-def _jitted_init(cfg: ModelConfig, seed: int, mesh: Mesh | None):
+def _jitted_init(cfg: ModelConfig, seed: int, mesh: Mesh | None, eager_sharding: bool):
     """(graphdef, one jitted init of ``cfg``'s parameters): far faster than building the stacked
-    layers eagerly op by op, and compiled once per (config, seed, mesh) in a process, so that a
-    bench that builds each plan's state afresh in every round does not compile it again."""
+    layers eagerly op by op, and compiled once per (config, seed, mesh, Flax's eager-sharding
+    default) in a process, so that a bench that builds each plan's state afresh in every round does
+    not compile it again."""
     graphdef, abstract = nnx.split(nnx.eval_shape(lambda: build_model(cfg, seed=seed)))
     shardings = None if mesh is None else sh.param_shardings(abstract, mesh)
     return graphdef, jax.jit(
