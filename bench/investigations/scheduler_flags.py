@@ -1,6 +1,15 @@
 #!/usr/bin/env python3
-"""Does XLA:TPU's scheduler shorten the head-dim-64 plan's prefetches because of memory pressure,
-and is that why the plan runs slower than predicted on the v5e chip?
+"""The chip check's head-dim-64 plan compiled and run under libtpu options that loosen XLA:TPU's
+scheduler memory guard: how much of the layer its host loads get, and how fast it then runs.
+
+Question: does XLA:TPU's scheduler shorten the head-dim-64 plan's prefetches because of memory
+pressure, and is that why the plan runs slower than predicted on the v5e chip?  Answered: yes, the
+memory guard is what shortens the loads (with the scheduler's memory-pressure tracking off they
+span the layer), but it explains only part of the loss: with the loads over the whole layer the
+plan still runs slower than remat-full, which the cost model predicts it beats.  Not priced;
+nothing in tierax's flags changed (the options raise the compiled peak).
+Records: bench/results/chip/scheduler_flags.json
+Docs: docs/concepts/mechanisms.md
 
 The planner's plan for the chip check's dense head-dim-64 case at microbatch 8
 (``bench/results/chip/plans/planned_hd64_mb8.yaml``: q and the attention output offloaded, the
@@ -15,13 +24,6 @@ the same plan is compiled and run under libtpu options that loosen the scheduler
 * ``--chip``: on the chip, ``tierax bench`` of remat-full and the plan under each option set, one
   process per set (remat-full, which offloads nothing, is the same program under every set);
 * ``--join DIR``: the record from what those wrote into DIR.
-
-Answered on the chip (``bench/results/chip/scheduler_flags.json``): yes, the memory guard is what
-shortens the loads (with the scheduler's memory-pressure tracking off they span the layer), but
-it explains only part of the loss: with the loads over the whole layer the plan still runs
-slower than remat-full, which the cost model predicts it beats.  Not priced; nothing in tierax's
-flags changed (the options raise the compiled peak).
-Docs: docs/concepts/mechanisms.md
 
     python bench/investigations/scheduler_flags.py --deviceless --python /path/to/py311 --dir DIR
     python bench/investigations/scheduler_flags.py --chip --dir DIR           # on the chip
