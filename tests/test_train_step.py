@@ -111,12 +111,11 @@ def test_params_init_after_flax_eager_sharding_default_changes():
     cached before must not be reused after, where every Param carries the other value (traced
     again, it failed with a pytree metadata mismatch against the cached output shardings)."""
     import flax
+    import jax
+    import numpy as np
 
     from tierax.models import get_config
     from tierax.train import step as step_lib
-
-    import jax
-    import numpy as np
 
     cfg = get_config("tiny-llama")
     mesh = jax.sharding.Mesh(

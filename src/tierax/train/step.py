@@ -10,9 +10,9 @@ import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import flax
 import jax
 import jax.numpy as jnp
-import flax
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -127,7 +127,8 @@ def init_params(cfg: ModelConfig, *, seed: int = 0, mesh: Mesh | None = None):
     if mesh is not None:
         sh.check_step(cfg, mesh)
     # Flax's global eager-sharding default is stamped into every Param's metadata, so an init
-    # cached under one value cannot build the params under the other (MaxText's import turns it off).
+    # cached under one value cannot build the params under the other (MaxText's import turns it
+    # off).
     eager = bool(getattr(flax.config, "flax_always_shard_variable", False))
     try:
         hash((cfg, mesh))
