@@ -61,10 +61,16 @@ docs: $(STAMP)
 # The tests run in TEST_WORKERS processes (pytest-xdist), a test file to a process so that a file's
 # shared fixtures are built once; XLA's compiles are mostly single-threaded, so two processes use
 # both cores of a 2-core machine.  `make test TEST_WORKERS=0` runs them in this one process.
+# XLA:CPU compiles the suite's programs with LLVM's optimisation off (--xla_backend_optimization_level=0):
+# the HLO, its schedule and XLA's memory figures are what the default compiles (those passes come before
+# LLVM), only the CPU machine code is less optimised; the suite's steps are small, so their compiles,
+# not their runs, take the time.  A value the environment's XLA_FLAGS already sets is kept
+# (`make test TEST_XLA_FLAGS=` runs the suite without it).
 TEST_WORKERS ?= 2
+TEST_XLA_FLAGS := $(if $(findstring xla_backend_optimization_level,$(XLA_FLAGS)),,--xla_backend_optimization_level=0)
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench examples docs
-	TIERAX_REQUIRE_MAXTEXT=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	XLA_FLAGS="$(TEST_XLA_FLAGS) $(XLA_FLAGS)" TIERAX_REQUIRE_MAXTEXT=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache
