@@ -166,23 +166,7 @@ def merge_sweep(rates: dict, sweep: dict, sweep_path: str | pathlib.Path) -> dic
         if key in have:
             have[key]["second_run"] = again | alone | {"from": prov["record"]}
             continue
-        rates["splash"].append(
-            {
-                "seq": row["seq"],
-                "head_dim": row["head_dim"],
-                "causal": True,
-                "batch": row["batch"],
-                "heads": row["heads"],
-                "kv_heads": row["kv_heads"],
-                "forward_flops": row["forward_flops"],
-                "fwd_flops_per_s": row["fwd_flops_per_s"],
-                "bwd_flops_per_s": row["bwd_flops_per_s"],
-                "fwd_efficiency": row["fwd_flops_per_s"] / peak,
-                "bwd_efficiency": row["bwd_flops_per_s"] / peak,
-                **alone,
-                "from": prov["record"],
-            }
-        )
+        rates["splash"].append(_splash_row(row, peak) | alone | {"from": prov["record"]})
     rates["splash"].sort(key=lambda c: (c["head_dim"], c["seq"]))
     smallest = min(g["min_dim"] for g in rates["gemm"])
     anchor = next((g for g in rates["gemm"] if g["min_dim"] == smallest), None)
@@ -225,6 +209,23 @@ def merge_sweep(rates: dict, sweep: dict, sweep_path: str | pathlib.Path) -> dic
             for name, s in sweep["link_beside"].items()
         }
     return rates
+
+
+def _splash_row(c: dict, peak: float) -> dict:
+    """A measured splash case (``accel_rates.splash_rates``' row) as the table holds it."""
+    return {
+        "seq": c["seq"],
+        "head_dim": c["head_dim"],
+        "causal": True,
+        "batch": c["batch"],
+        "heads": c["heads"],
+        "kv_heads": c["kv_heads"],
+        "forward_flops": c["forward_flops"],
+        "fwd_flops_per_s": c["fwd_flops_per_s"],
+        "bwd_flops_per_s": c["bwd_flops_per_s"],
+        "fwd_efficiency": c["fwd_flops_per_s"] / peak,
+        "bwd_efficiency": c["bwd_flops_per_s"] / peak,
+    }
 
 
 def _provenance(doc: dict, path: str | pathlib.Path) -> dict:
@@ -353,22 +354,7 @@ def extract(
                 "gemms": [{k: g[k] for k in ("shape", "role", "flops_per_s")} for g in shapes],
             }
         )
-    splash = [
-        {
-            "seq": c["seq"],
-            "head_dim": c["head_dim"],
-            "causal": True,
-            "batch": c["batch"],
-            "heads": c["heads"],
-            "kv_heads": c["kv_heads"],
-            "forward_flops": c["forward_flops"],
-            "fwd_flops_per_s": c["fwd_flops_per_s"],
-            "bwd_flops_per_s": c["bwd_flops_per_s"],
-            "fwd_efficiency": c["fwd_flops_per_s"] / peak,
-            "bwd_efficiency": c["bwd_flops_per_s"] / peak,
-        }
-        for c in bench["splash_attention"]
-    ]
+    splash = [_splash_row(c, peak) for c in bench["splash_attention"]]
     nm = bench["nonmatmul"]
     link = host["calibration"]["microbenchmarks"]["host_link"]
     hcal = host["calibration"]

@@ -92,28 +92,26 @@ def test_the_copy_timeline_places_the_loads_on_the_chips_clock():
     assert m["bytes_per_s"] == total
 
 
-def test_the_copy_timeline_record_is_what_the_script_computes_now():
+def _investigation(name: str):
+    """A bench/investigations script imported as a module (its bench siblings on the path)."""
+    import importlib
     import sys
 
     root = RESULTS.parents[1]
     for d in ("bench", "bench/investigations"):
         if str(root / d) not in sys.path:
             sys.path.insert(0, str(root / d))
-    import chip_schedule
+    return importlib.import_module(name)
 
+
+def test_the_copy_timeline_record_is_what_the_script_computes_now():
+    chip_schedule = _investigation("chip_schedule")
     doc = _record("chip/copy_timeline.json")
     assert doc["timelines"] == [chip_schedule.timeline(p, c) for p, c in chip_schedule.TIMELINES]
 
 
 def test_the_scheduler_flags_record_is_what_the_script_joins_from_its_runs():
-    import sys
-
-    root = RESULTS.parents[1]
-    for d in ("bench", "bench/investigations"):
-        if str(root / d) not in sys.path:
-            sys.path.insert(0, str(root / d))
-    import scheduler_flags
-
+    scheduler_flags = _investigation("scheduler_flags")
     doc = _record("chip/scheduler_flags.json")
     rows = scheduler_flags.join(RESULTS / "chip" / "scheduler_flags")["rows"]
     assert doc["rows"] == rows
