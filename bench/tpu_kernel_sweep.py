@@ -34,14 +34,20 @@ import time
 import _common
 
 SCHEMA = "tierax.tpu-kernel-sweep/1"
-SEQS = (2048, 4096, 8192, 16384, 32768)
-HEAD_DIMS = (64, 128, 192)
-GEMM_DIMS = (16, 32, 64, 128)
 PROFILE_CALLS = 3
-# The link beside compute: 8 layers of [16384, width] tokens (8 sequences of 2048), each running
-# two splash calls (or the calibration's matmuls) and storing one value of each size.
-LINK_SIZES_MIB = (256, 512)
-LINK_SEQ, LINK_TOKENS, LINK_LAYERS, LINK_CALLS = 2048, 16384, 8, 2
+LINK_CALLS = 2  # splash calls a layer of the link-beside-attention scan runs
+# The chip's sizes.  The link beside compute: 8 layers of [16384, width] tokens (8 sequences of
+# 2048), each running two splash calls (or the calibration's matmuls) and storing one value of
+# each size.
+FULL = {
+    "seqs": (2048, 4096, 8192, 16384, 32768),
+    "head_dims": (64, 128, 192),
+    "tokens": 16384,
+    "gemm_dims": (16, 32, 64, 128),
+    "gemm_m": 16384,
+    "gemm_wide": 8192,
+    "link": {"seq": 2048, "tokens": 16384, "layers": 8, "sizes_mib": (256, 512)},
+}
 TINY = {
     "seqs": (256,),
     "head_dims": (64, 128),
@@ -123,16 +129,10 @@ def link_stage(link: dict, interpret: bool, t0: float, budget: float):
             skipped.append(name)
             continue
         shape = {"layers": link["layers"], "tokens": link["tokens"], **s}
-        if "attention" in s:
-            shape["attention"] = (*s["attention"], interpret)
-        rows = [accel_rates.beside_compute_row(shape, mib) for mib in link["sizes_mib"]]
+        run = shape | ({"attention": (*s["attention"], interpret)} if "attention" in s else {})
+        rows = [accel_rates.beside_compute_row(run, mib) for mib in link["sizes_mib"]]
         rate = accel_rates.slope_rate(rows, link["layers"])
-        shape.pop("attention", None)
-        out[name] = {
-            "shape": shape | ({"attention": list(s["attention"])} if "attention" in s else {}),
-            "rows": rows,
-            "rate_bytes_per_s": rate,
-        }
+        out[name] = {"shape": shape, "rows": rows, "rate_bytes_per_s": rate}
         print(
             f"link beside {name}: "
             + (f"{rate / 1e9:.2f} GB/s" if rate else "no rate (the copies hid)")
@@ -171,30 +171,17 @@ def main(argv=None) -> int:
     doc["tiny"] = args.tiny
     print(f"{dev.platform}: {dev.device_kind}" + (" (rehearsal)" if interpret else ""), flush=True)
     t0, skipped = time.perf_counter(), {}
-    tiny = TINY if args.tiny else None
+    size = TINY if args.tiny else FULL
     if "splash" in stages:
         doc["splash"], skipped["splash"] = splash_stage(
-            tiny["seqs"] if tiny else SEQS,
-            tiny["head_dims"] if tiny else HEAD_DIMS,
-            tiny["tokens"] if tiny else 16384,
-            interpret,
-            t0,
-            args.budget_s,
+            size["seqs"], size["head_dims"], size["tokens"], interpret, t0, args.budget_s
         )
     if "gemm" in stages:
         doc["gemm"], skipped["gemm"] = gemm_stage(
-            tiny["gemm_dims"] if tiny else GEMM_DIMS,
-            tiny["gemm_m"] if tiny else 16384,
-            tiny["gemm_wide"] if tiny else 8192,
-            t0,
-            args.budget_s,
+            size["gemm_dims"], size["gemm_m"], size["gemm_wide"], t0, args.budget_s
         )
     if "link" in stages:
-        link = tiny["link"] if tiny else {
-            "seq": LINK_SEQ, "tokens": LINK_TOKENS, "layers": LINK_LAYERS,
-            "sizes_mib": LINK_SIZES_MIB,
-        }  # fmt: skip
-        doc["link_beside"], skipped["link"] = link_stage(link, interpret, t0, args.budget_s)
+        doc["link_beside"], skipped["link"] = link_stage(size["link"], interpret, t0, args.budget_s)
     doc["skipped"] = {k: v for k, v in skipped.items() if v}
     doc["wall_s"] = time.perf_counter() - t0
     return _common.finish(args.out, doc)
