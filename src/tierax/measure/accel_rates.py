@@ -120,21 +120,17 @@ SPLASH_FWD_OPS, SPLASH_BWD_OPS = ("splash_mha_fwd",), ("splash_mha_dq", "splash_
 
 def device_op_seconds(fn: Callable, args: tuple, calls: int, prefixes: tuple[str, ...]) -> float:
     """Seconds per call the device spends in the ops whose names start with one of ``prefixes``:
-    ``calls`` calls of ``fn(*args)`` traced with JAX's profiler, the device's "XLA Ops" summed
-    (0.0 where the trace has no device ops: XLA:CPU)."""
+    ``calls`` calls of ``fn(*args)`` traced (:func:`tierax.measure.profile.record`), the device's
+    "XLA Ops" summed (0.0 where the trace has no device ops: XLA:CPU)."""
     import tempfile
 
+    from tierax.measure.profile import record
     from tierax.measure.trace import is_device_process, load_events
 
     jax.block_until_ready(fn(*args))
-    where = tempfile.mkdtemp(prefix="tierax-ops-")
-    jax.profiler.start_trace(where, create_perfetto_trace=True)
-    out = None
-    for _ in range(calls):
-        out = fn(*args)
-    jax.block_until_ready(out)
-    jax.profiler.stop_trace()
-    events, _ = load_events(where)
+    with tempfile.TemporaryDirectory(prefix="tierax-ops-") as where:
+        record(lambda _: jax.block_until_ready(fn(*args)), steps=calls, log_dir=where)
+        events, _ = load_events(where)
     us = sum(
         e.dur_us
         for e in events
