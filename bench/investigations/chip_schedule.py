@@ -25,6 +25,8 @@ out 64 MiB) start 19-20 ms into a 41 ms body and the second waits 13 ms, so the 
 about 9 GB/s from start to done: the loads both start late and move slower than the measured
 link; the deepseek-offload plan's five loads (480 MiB a layer) start together and end in the
 order they started, at about 17 GB/s together.  Not priced.
+--deviceless --pressure compiles the head-dim-64 plan at microbatches 5-8: where its loads' windows
+shrink as its peak nears XLA:TPU's scheduler limit.
 Records: bench/results/chip/chip_schedule.json, bench/results/chip/copy_timeline.json,
   bench/results/chip_schedule_deviceless_libtpu_0.0.42.1.json,
   bench/results/chip_schedule_deviceless_libtpu_0.0.52.json,
@@ -35,6 +37,8 @@ Docs: docs/concepts/mechanisms.md
     python bench/investigations/chip_schedule.py --out OUT.json --tiny     # rehearsal, any machine
     python bench/investigations/chip_schedule.py --deviceless --out OUT.json   # v5e, no chip
     python bench/investigations/chip_schedule.py --timeline --out OUT.json   # the profiles joined
+    python bench/investigations/chip_schedule.py --deviceless --pressure \
+        --out bench/results/chip_schedule_pressure_libtpu_0.0.52.json      # v5e, no chip
 """
 
 from __future__ import annotations
@@ -61,6 +65,9 @@ CASES = (
     ("dense-hd64", 8, "qkv-offload"),
     ("mla-moe", 16, "deepseek-offload"),
 )
+# --pressure: the planner's head-dim-64 plan at microbatches that raise its peak toward XLA:TPU's
+# scheduler limit, compiled deviceless: where its backward loads' windows start to shrink.
+PRESSURE = tuple(("dense-hd64", mb, "planned_hd64_mb8.yaml") for mb in (5, 6, 7, 8))
 TINY_MB = 2
 
 
@@ -137,6 +144,14 @@ def compile_deviceless(cases) -> list[dict]:
         rows.append(row | {"compile_s": time.perf_counter() - t0, "libtpu": libtpu_version()})
         print(f"compiled {name} mb {mb} {spec}", flush=True)
     return rows
+
+
+def _v5e_limit() -> int:
+    """XLA:TPU's available HBM on a v5e (the target's limit, read from libtpu's message)."""
+    from tierax import hardware
+
+    spec = hardware.get_target("v5e")
+    return spec.xla_hbm_limit_bytes or spec.device_memory_bytes
 
 
 def compile_cases(cases, tiny: bool) -> list[dict]:
@@ -282,7 +297,14 @@ def main(argv=None) -> int:
         action="store_true",
         help="no compile: the chip's op profiles joined with its compiles (chip_schedule.json)",
     )
+    ap.add_argument(
+        "--pressure",
+        action="store_true",
+        help="with --deviceless: the head-dim-64 plan at microbatches 5-8 (PRESSURE), not CASES",
+    )
     args = ap.parse_args(argv)
+    if args.pressure and not args.deviceless:
+        ap.error("--pressure compiles deviceless: add --deviceless")
     doc = _common.envelope(SCHEMA, argv)
     if args.timeline:
         doc["timelines"] = [timeline(p, c) for p, c in TIMELINES]
@@ -307,7 +329,14 @@ def main(argv=None) -> int:
 
     if args.deviceless:
         doc["platform"], doc["device_kind"] = "deviceless", "TPU v5 lite (deviceless)"
-        doc["cases"] = compile_deviceless(CASES)
+        doc["cases"] = compile_deviceless(PRESSURE if args.pressure else CASES)
+        from tierax.costmodel.rates import SCHEDULER_MEMORY_FRACTION
+
+        device_limit = _v5e_limit()
+        limit = SCHEDULER_MEMORY_FRACTION * device_limit
+        for c in doc["cases"]:  # the compiled peak as a share of XLA:TPU's scheduler limit
+            c["peak_share_of_scheduler_limit"] = c["device_peak_bytes"] / limit
+        doc["scheduler_limit_bytes"], doc["device_limit_bytes"] = limit, device_limit
     else:
         doc["platform"] = jax.devices()[0].platform
         doc["device_kind"] = jax.devices()[0].device_kind
