@@ -70,8 +70,17 @@ def _run_scan(
             layer = lambda x, s: nnx.merge(graphdef, s)(x, mesh, doc)  # noqa: E731
             return prefetch_scan(layer, policy.keep, policy.offload)(x_BSD, state)
         if policy is not None:
-            body = jax.checkpoint(body, policy=policy, prevent_cse=False)
+            body = jax.checkpoint(body, policy=policy, prevent_cse=single_trip(state, unroll))
         return jax.lax.scan(body, x_BSD, state, unroll=unroll)[0]
+
+
+def single_trip(state, unroll: int) -> bool:
+    """Whether a scan over ``state``'s stacked layers, ``unroll`` layers per trip, makes one trip.
+    XLA removes a one-trip loop, which leaves the layers' forward and the backward's recomputation
+    side by side in one computation: without ``prevent_cse`` XLA:TPU merges the two and keeps the
+    forward's values, so a policy's remat becomes save-all (tests/test_one_trip_remat.py).  In a
+    scan of more trips the loop keeps them apart, and ``prevent_cse``'s barriers would only cost."""
+    return jax.tree.leaves(state)[0].shape[0] <= unroll
 
 
 def _unrolled_refused(unroll: int, what: str) -> None:
