@@ -218,13 +218,15 @@ def console_script():
 _MAXTEXT_PROGRAMS: dict = {}
 
 
-@pytest.fixture
-def maxtext_programs_once(monkeypatch):
+@pytest.fixture(scope="module")
+def maxtext_programs_once():
     """MaxText's program of the same file, keys and sizes (tierax.interop.maxtext_program's
     ``program``, whether a test calls it or a verb it runs in this process does) built once per
     test process and shared: the same arguments trace the same program, and a MaxText trace takes
     seconds.  A call refused (an exception) is not kept; a program built with other arguments is
-    built anew."""
+    built anew.  Module-scoped, so that it is in place before the module's own module-scoped
+    fixtures build their programs (a function-scoped one came after them: their programs were
+    neither taken from nor kept in the shared ones)."""
     from tierax.interop.maxtext_program import as_program
 
     build = as_program.program
@@ -235,7 +237,9 @@ def maxtext_programs_once(monkeypatch):
             _MAXTEXT_PROGRAMS[key] = build(path, overrides, **kwargs)
         return _MAXTEXT_PROGRAMS[key]
 
-    monkeypatch.setattr(as_program, "program", program)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(as_program, "program", program)
+        yield
 
 
 @pytest.fixture
