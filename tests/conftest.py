@@ -4,6 +4,7 @@ new one)."""
 
 import atexit
 import fcntl
+import gc
 import json
 import os
 import pathlib
@@ -77,6 +78,14 @@ xla_flags.configure(cpu_devices=8, deviceless_gpu=True)
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+# The suite's time goes mostly to tracing (JAX's and tierax's own walks of jaxprs), which makes
+# millions of short-lived objects: the cyclic collector's default young-generation threshold (700
+# allocations) has it scan them over and over.  A larger one collects the same garbage less often;
+# what a test computes is unchanged (nothing in tierax depends on when a cycle is freed, and the
+# bench frees its plans' state with explicit gc.collect() calls).  The modules imported by the end
+# of collection are frozen out of the collector's scans (pytest_collection_finish).
+gc.set_threshold(100_000, 50, 100)
+
 jax.config.update("jax_numpy_rank_promotion", "raise")
 # Again through the config: a plugin may have imported JAX before this file set the environment.
 jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
@@ -100,6 +109,12 @@ def pytest_sessionstart(session):
             "TIERAX_REQUIRE_MAXTEXT is set but MaxText is not importable: the default environment "
             "installs it (make venv, Python >= 3.12, the maxtext extra)"
         )
+
+
+def pytest_collection_finish(session):
+    """Every module the tests import is loaded by now: its objects live as long as the process,
+    so the cyclic collector need not scan them again (see gc.set_threshold above)."""
+    gc.freeze()
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -203,13 +218,15 @@ def console_script():
 _MAXTEXT_PROGRAMS: dict = {}
 
 
-@pytest.fixture
-def maxtext_programs_once(monkeypatch):
+@pytest.fixture(scope="module")
+def maxtext_programs_once():
     """MaxText's program of the same file, keys and sizes (tierax.interop.maxtext_program's
     ``program``, whether a test calls it or a verb it runs in this process does) built once per
     test process and shared: the same arguments trace the same program, and a MaxText trace takes
     seconds.  A call refused (an exception) is not kept; a program built with other arguments is
-    built anew."""
+    built anew.  Module-scoped, so that it is in place before the module's own module-scoped
+    fixtures build their programs (a function-scoped one came after them: their programs were
+    neither taken from nor kept in the shared ones)."""
     from tierax.interop.maxtext_program import as_program
 
     build = as_program.program
@@ -220,7 +237,9 @@ def maxtext_programs_once(monkeypatch):
             _MAXTEXT_PROGRAMS[key] = build(path, overrides, **kwargs)
         return _MAXTEXT_PROGRAMS[key]
 
-    monkeypatch.setattr(as_program, "program", program)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(as_program, "program", program)
+        yield
 
 
 @pytest.fixture

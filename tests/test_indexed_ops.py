@@ -103,11 +103,21 @@ def test_a_dense_layer_has_none():
     assert g.forward_indexed_per_layer == (0.0, 0.0) == g.backward_indexed_per_layer
 
 
-def test_the_microbenchmark_measures_both_rates():
+def test_the_microbenchmark_measures_both_rates(monkeypatch):
+    """The microbenchmark's code at small sizes (its gathers and scatters at the chip's sizes take
+    seconds on XLA:CPU, and what is checked here does not depend on them): one gather, every
+    scatter case in order, both rates positive."""
     from tierax.measure import accel_rates
 
+    cases = ((512, 2048), (2048, 512))  # as the real cases: a dispatch and a combine's gradient
+    monkeypatch.setattr(accel_rates, "INDEX_LOOKUPS", 4096)
+    monkeypatch.setattr(accel_rates, "INDEX_SOURCE", 2048)
+    monkeypatch.setattr(accel_rates, "SCATTER_CASES", cases)
+    monkeypatch.setattr(accel_rates, "SCATTER_WIDTH", 128)
     r = accel_rates.indexed_rates(calls=2)
     assert r["index_op_s"] > 0 and r["scatter_bytes_per_s"] > 0
-    assert [(s["update_rows"], s["buffer_rows"]) for s in r["scatters"]] == list(
-        accel_rates.SCATTER_CASES
-    )
+    assert r["gather"]["indices"] == 4096 and r["gather"]["source"] == 2048
+    assert [(s["update_rows"], s["buffer_rows"], s["width"]) for s in r["scatters"]] == [
+        (512, 2048, 128),
+        (2048, 512, 128),
+    ]

@@ -102,7 +102,13 @@ def test_offloaded_values_of_two_or_more_sequences_are_stacked_seq_minor_on_the_
 
 
 @pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: XLA:TPU cannot compile here")
-@pytest.mark.parametrize("b", [B, 2])
+@pytest.mark.parametrize(
+    "b",
+    # Microbatch 1 under -m slow: its compile and simulate run the lines microbatch 2's do (a
+    # subset of them, with the child's), and the rule's microbatch-1 branch is checked by hand in
+    # test_offloaded_values_of_two_or_more_sequences_are_stacked_seq_minor_on_the_host.
+    [pytest.param(B, marks=pytest.mark.slow), 2],
+)
 def test_xla_tpu_holds_the_tiled_host_bytes_simulate_predicts(b, cli):
     """q/k/v offloaded (stored in their own layer: every layer on the host), compiled deviceless
     for one v5e: XLA:TPU's host temp is the tiled sum by hand, which simulate predicts and the
