@@ -146,14 +146,6 @@ def compile_deviceless(cases) -> list[dict]:
     return rows
 
 
-def _v5e_limit() -> int:
-    """XLA:TPU's available HBM on a v5e (the target's limit, read from libtpu's message)."""
-    from tierax import hardware
-
-    spec = hardware.get_target("v5e")
-    return spec.xla_hbm_limit_bytes or spec.device_memory_bytes
-
-
 def compile_cases(cases, tiny: bool) -> list[dict]:
     import os
     from concurrent.futures import ThreadPoolExecutor
@@ -330,9 +322,10 @@ def main(argv=None) -> int:
     if args.deviceless:
         doc["platform"], doc["device_kind"] = "deviceless", "TPU v5 lite (deviceless)"
         doc["cases"] = compile_deviceless(PRESSURE if args.pressure else CASES)
+        from tierax import hardware
         from tierax.costmodel.rates import SCHEDULER_MEMORY_FRACTION
 
-        device_limit = _v5e_limit()
+        device_limit = hardware.fit_limit_bytes(hardware.get_target("v5e"))  # XLA:TPU's own
         limit = SCHEDULER_MEMORY_FRACTION * device_limit
         for c in doc["cases"]:  # the compiled peak as a share of XLA:TPU's scheduler limit
             c["peak_share_of_scheduler_limit"] = c["device_peak_bytes"] / limit
