@@ -66,6 +66,12 @@ FUSED_TILE = 128
 # Splash attention's query/key block: the largest of these that divides the sequence (MaxText's
 # sa_block_* defaults are 512); the kernel's lanes need a multiple of 128.
 SPLASH_BLOCKS = (512, 256, 128)
+# The splash kernel writes its forward's log-sum-exp as float32 [heads, seq, 128]: the value
+# repeated across a vector register's 128 lanes (jax.experimental.pallas.ops.tpu.splash_attention,
+# the forward's ``logsumexp`` output of NUM_LANES); its wrapper slices one lane for the backward.
+# The stand-in writes the same buffer, so a layer's backward that recomputes the attention holds it
+# (tests/test_splash_lse.py sets the slope beside XLA:TPU's compile).
+SPLASH_LSE_LANES = 128
 
 
 def _same_segment(seg_q, seg_k):
@@ -149,9 +155,12 @@ def _check_self_attention(q, k):
         )
 
 
-def _forward(q, k, v, block, unroll=False, seg=None):
+def _forward(q, k, v, block, unroll=False, seg=None, lanes=0):
     """(out [B,S,K,G,dv], lse [B,K,G,S]): one scan over the visible (query block, key block)
-    pairs, query-block-major, with the running max, sum and output of the current query block."""
+    pairs, query-block-major, with the running max, sum and output of the current query block.
+
+    ``lanes`` > 0: lse is written as [B,K,G,S,lanes], each value repeated across the lanes, as the
+    splash kernel writes its log-sum-exp (:data:`SPLASH_LSE_LANES`)."""
     B, S, K, G, _ = q.shape
     dv = v.shape[-1]
     scale = 1.0 / math.sqrt(q.shape[-1])
@@ -176,7 +185,10 @@ def _forward(q, k, v, block, unroll=False, seg=None):
         # buffer): the query block's last pair, j == i, writes the final value.
         o = jnp.moveaxis(acc / lsum[..., None], 3, 1).astype(v.dtype)  # [B,blk,K,G,dv]
         out = jax.lax.dynamic_update_slice_in_dim(out, o, i * block, axis=1)
-        lse = jax.lax.dynamic_update_slice_in_dim(lse, m_new + jnp.log(lsum), i * block, axis=3)
+        lse_i = m_new + jnp.log(lsum)
+        if lanes:
+            lse_i = jnp.broadcast_to(lse_i[..., None], (*lse_i.shape, lanes))
+        lse = jax.lax.dynamic_update_slice_in_dim(lse, lse_i, i * block, axis=3)
         return (m_new, lsum, acc, out, lse), None
 
     init = (
@@ -184,23 +196,25 @@ def _forward(q, k, v, block, unroll=False, seg=None):
         jnp.zeros(blk_shape, jnp.float32),
         jnp.zeros((*blk_shape, dv), jnp.float32),
         jnp.zeros((B, S, K, G, dv), v.dtype),
-        jnp.zeros((B, K, G, S), jnp.float32),
+        jnp.zeros((B, K, G, S, lanes) if lanes else (B, K, G, S), jnp.float32),
     )
     (*_, out, lse), _ = jax.lax.scan(body, init, (i_idx, j_idx), unroll=unroll)
     return out, lse
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _blockwise(q, k, v, seg, block, unroll):
-    return _forward(q, k, v, block, unroll, seg)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _blockwise(q, k, v, seg, block, unroll, lanes=0):
+    return _forward(q, k, v, block, unroll, seg, lanes)[0]
 
 
-def _blockwise_fwd(q, k, v, seg, block, unroll):
-    out, lse = _forward(q, k, v, block, unroll, seg)
-    return out, (q, k, v, seg, out, lse)
+def _blockwise_fwd(q, k, v, seg, block, unroll, lanes=0):
+    out, lse = _forward(q, k, v, block, unroll, seg, lanes)
+    # The residual is one lane of it (the kernel's wrapper slices it so): a consumer reads the
+    # lane-wide buffer it is sliced from.
+    return out, (q, k, v, seg, out, lse[..., 0] if lanes else lse)
 
 
-def _blockwise_bwd(block, unroll, res, d_out):
+def _blockwise_bwd(block, unroll, lanes, res, d_out):
     """One scan over the visible pairs, key-block-major: the current key block's dk, dv are
     local to the carry, dq is accumulated in place; one [B, K, G, blk, blk] block at a time."""
     q, k, v, seg, out, lse = res
@@ -359,13 +373,13 @@ def splash_attention(q, k, v, segment_ids=None, *, mesh=None, interpret: bool = 
     return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=q_spec, check_vma=False)(*args)
 
 
-def _fused_stand_in(q, k, v, *, block, segment_ids=None):
+def _fused_stand_in(q, k, v, *, block, segment_ids=None, lse_lanes=0):
     # The scope marks the kernel's extent: tierax.tracing.hbm counts what runs inside it as one
     # fused kernel (whose own traffic its measured rate already includes), and
     # tierax.tracing.jaxpr_tools counts its
     # matmuls apart, so the cost model can price them at the fused kernel's rate.
     with jax.named_scope(FUSED_SCOPE):
-        return causal_attention(q, k, v, impl="blockwise", block=block, segment_ids=segment_ids)
+        return _blockwise_attention(q, k, v, segment_ids, block, False, lse_lanes)
 
 
 def causal_attention(
@@ -418,7 +432,10 @@ def causal_attention(
         _check_self_attention(q, k)
         return padded_value_attention(
             functools.partial(
-                _fused_stand_in, block=splash_block(q.shape[1]), segment_ids=segment_ids
+                _fused_stand_in,
+                block=splash_block(q.shape[1]),
+                segment_ids=segment_ids,
+                lse_lanes=SPLASH_LSE_LANES,
             ),
             q,
             k,
@@ -426,9 +443,13 @@ def causal_attention(
         )
     if impl != "blockwise":
         raise ValueError(f"unknown attention implementation {impl!r}")
+    return _blockwise_attention(q, k, v, segment_ids, block, unroll)
+
+
+def _blockwise_attention(q, k, v, segment_ids, block, unroll, lse_lanes=0):
     _check_self_attention(q, k)
     T = k.shape[1]
     block = min(block, T)
     while T % block:  # the largest block ≤ requested that divides the sequence
         block -= 1
-    return _blockwise(q, k, v, segment_ids, block, unroll)
+    return _blockwise(q, k, v, segment_ids, block, unroll, lse_lanes)
