@@ -18,12 +18,13 @@ buffer; per case, each one's growth per sequence between the first and last micr
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import sys
 
 BENCH = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(BENCH))  # bench/: tpu_check's case shapes
+sys.path.insert(0, str(BENCH))  # bench/: _common and tpu_check's case shapes
+
+import _common  # noqa: E402
 
 GIB = 2**30
 MICROBATCHES = {"dense": (8, 16, 24, 26), "dense-hd64": (4, 8, 12)}
@@ -39,14 +40,8 @@ def forget_traces() -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="bench/results/fit_slope.json")
-    argv = sys.argv[1:] if argv is None else argv
+    ap = _common.parser(__doc__, "fit_slope.json")
     args = ap.parse_args(argv)
-    out = pathlib.Path(args.out)
-    from tierax import records
-
-    records.check_replaceable(out, "tierax.fit-slope/1", "--out")
     from tierax import launch
 
     launch.start_deviceless_tpu(accelerator_type="v5litepod-1")
@@ -61,10 +56,7 @@ def main(argv=None) -> int:
 
     lanes = attention.SPLASH_LSE_LANES
     shapes = {c[0]: c for c in tpu_check.CASES + tpu_check.EXTRA_CASES}
-    doc = records.envelope(
-        "tierax.fit-slope/1",
-        records.command_line(argv, prog="python bench/investigations/fit_slope.py"),
-    )
+    doc = _common.envelope("tierax.fit-slope/1", argv)
     doc["cases"] = []
     jobs = [(name, mb) for name, mbs in MICROBATCHES.items() for mb in mbs]
     for name, mb in track(jobs, description="compiling"):
@@ -108,7 +100,7 @@ def main(argv=None) -> int:
             k: (hi[f"{k}_peak_bytes"] - lo[f"{k}_peak_bytes"]) / n / GIB
             for k in ("xla", "model", "model_without_lse")
         }
-    records.write_record(out, doc)
+    _common.write_record(args.out, doc)
     for c in doc["cases"]:
         print(
             f"{c['case']:11s} mb {c['microbatch']:2d}: XLA {c['xla_peak_bytes'] / GIB:6.3f} GiB "
@@ -117,7 +109,7 @@ def main(argv=None) -> int:
             f"{c['model_without_lse_peak_bytes'] / GIB:6.3f}"
         )
     print(doc["slopes_gib_per_sequence"])
-    print(f"wrote {out}")
+    print(f"wrote {args.out}")
     return 0
 
 
