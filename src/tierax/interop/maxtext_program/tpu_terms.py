@@ -54,6 +54,10 @@ buffers are per device; ``c`` is the compute dtype's size, ``head`` = ``emb × v
   differs by generation was not read.  The 1 × 1024 cuts (emb 2048 to 4096) all make it after the
   loop: qwen3-30b-a3b and deepseek2-16b (emb 2048, ``tokens = emb / 2``) on v5p, whose loss then
   holds two logits-sized buffers and no head-sized gradient (deepseek2-16b at 2 layers, dumped).
+  Checked on a step it was not read from, the slow test's small untied step on 4 v5p (emb 1536,
+  vocabulary 32768): after the loop at 1 × 1024 tokens, at the loss at 2 × 1024, where XLA holds
+  the gradient's reduce-scattered shard through the loop, not the gradient (which shard size or
+  mesh makes v5p reduce-scatter at the loss is not read: the rule over-counts the difference).
   Not read: an untied head on v5e (the rule of the tied heads below applies), compiles without
   the modelled flags (the seen rows' reduce-scatter at the loss, llama2-7b and mistral-7b on v6e,
   follows the v6e fusion).
