@@ -58,6 +58,11 @@ buffers are per device; ``c`` is the compute dtype's size, ``head`` = ``emb × v
   vocabulary 32768): after the loop at 1 × 1024 tokens, at the loss at 2 × 1024, where XLA holds
   the gradient's reduce-scattered shard through the loop, not the gradient (which shard size or
   mesh makes v5p reduce-scatter at the loss is not read: the rule over-counts the difference).
+  Missed on a held-out row: llama3-8b at full depth on 8 v6e, 1 × 8192 tokens (``tokens =
+  2·emb``), makes the head's gradient at the loss and reduce-scatters it there, one fusion, into a
+  bf16 ``[512, 128256]`` shard above :data:`V6E_SCATTER_FUSION_BYTES`, where the rule holds the
+  logits' gradient; 2-layer qwen3-8b cuts at 8192 tokens with vocabularies 131200 and 151808 (a
+  little larger shards) make it after the loop: the fusion's bound is not read.
   Not read: an untied head on v5e (the rule of the tied heads below applies), compiles without
   the modelled flags (the seen rows' reduce-scatter at the loss, llama2-7b and mistral-7b on v6e,
   follows the v6e fusion).
