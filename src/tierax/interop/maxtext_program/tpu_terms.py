@@ -61,8 +61,10 @@ buffers are per device; ``c`` is the compute dtype's size, ``head`` = ``emb × v
   Missed on a held-out row: llama3-8b at full depth on 8 v6e, 1 × 8192 tokens (``tokens =
   2·emb``), makes the head's gradient at the loss and reduce-scatters it there, one fusion, into a
   bf16 ``[512, 128256]`` shard above :data:`V6E_SCATTER_FUSION_BYTES`, where the rule holds the
-  logits' gradient; 2-layer qwen3-8b cuts at 8192 tokens with vocabularies 131200 and 151808 (a
-  little larger shards) make it after the loop: the fusion's bound is not read.
+  logits' gradient.  Its 2-layer cut does the same, while qwen3-8b cut to 2 layers at 8192 tokens
+  makes it after the loop at llama3-8b's vocabulary (128256: the same head, tokens and shard) as
+  at 131200 and 151808: on v6e at ``tokens = 2·emb`` the side follows the decoder's layers too,
+  not the head's shapes alone (which property of them was not read).
   Not read: an untied head on v5e (the rule of the tied heads below applies), compiles without
   the modelled flags (the seen rows' reduce-scatter at the loss, llama2-7b and mistral-7b on v6e,
   follows the v6e fusion).
