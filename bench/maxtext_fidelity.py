@@ -136,12 +136,30 @@ HELD_OUT = [
     # added after tpu_terms' rule of a tied table gathered before the forward on v5e (read from
     # the gemma2-2b rows): a larger Gemma 2 under it
     ("gemma2-9b-v5e-full", "gemma2-9b", "v5e", 4, 2, 1024, ["remat_policy=full"], 2, None),
+    # added after tpu_terms' reading of which side of the layers' backward loop XLA:TPU makes an
+    # untied head's gradient on (read from four full-depth rows above and cut compiles): llama3-8b
+    # on v6e at 8192 tokens, 2 x emb (after the loop; the reading before: at the loss), mistral-7b
+    # on v5p at 8192 (at the loss), llama3-8b's q/k/v offload on v5p at 2 x 8192 (after the loop,
+    # where without the offload it would be at the loss)
+    ("llama3-8b-v6e-full-32L-8k", "llama3-8b", "v6e", 8, 1, 8192, ["remat_policy=full"], None,
+     None),
+    ("mistral-7b-v5p-full-32L-8k", "mistral-7b", "v5p", 8, 1, 8192, ["remat_policy=full"], None,
+     None),
+    ("llama3-8b-v5p-qkv-offloaded-32L-8k", "llama3-8b", "v5p", 8, 2, 8192,
+     ["remat_policy=qkv_proj_offloaded"], None, None),
 ]  # fmt: skip
 # Cases added as held out whose compiles a rule was then read from: reported as seen (the rule's
 # module names the case).
 READ_FROM = {
     "llama3-8b-v5p-full-32L-8k": "interop/maxtext_program/tpu_terms.py: the untied loss's two "
-    "logits-sized buffers before the head's gradient is made at the loss",
+    "logits-sized buffers before the head's gradient is made at the loss; which side of the "
+    "layers' backward an untied head's gradient is made on (v5p, at the loss)",
+    "qwen3-8b-v6e-full-36L-8k": "interop/maxtext_program/tpu_terms.py: which side of the layers' "
+    "backward an untied head's gradient is made on (v6e, after: the logits' gradient held)",
+    "mistral-7b-v5p-custom-32L-8k": "interop/maxtext_program/tpu_terms.py: which side of the "
+    "layers' backward an untied head's gradient is made on (a step that offloads: after)",
+    "llama2-7b-v7x-minimal-32L-8k": "interop/maxtext_program/tpu_terms.py: which side of the "
+    "layers' backward an untied head's gradient is made on (TPU7x, at the loss: held unsharded)",
     "llama4-17b-16e-v5p-4L": "interop/maxtext_program/trace.py: the routed experts' parameters "
     "read from MaxText's state, so that under expert parallelism a layer gathers its E / expert "
     "local experts",

@@ -52,8 +52,12 @@ def test_the_rows_add_up_to_the_peak(keys):
     b = pred.breakdown
     rows = peak_rows(b)
     assert _total(b, rows) == pred.peak_device_bytes, rows
-    if b.peak_phase == "layer backward" and b.late_grad_bytes:
+    if b.peak_phase == "layer backward" and b.late_grad_bytes > 0:
         assert "written after the layers" in rows[0][0]
+    if b.peak_phase == "layer backward" and b.late_grad_bytes < 0:
+        # the loss's buffer held through the layers' backward larger than the late gradients (the
+        # q/k/v offload: the logits' gradient, tpu_terms' reading of an offloading step)
+        assert "held through the layers" in rows[0][0]
 
 
 def test_the_rows_of_each_phase_add_up_to_it():

@@ -1,9 +1,10 @@
 """MaxText's loss on a TPU (:mod:`tierax.interop.maxtext_program.tpu_terms`): the Program's
 ``loss_bytes``, ``after_backward_bytes`` and ``late_grad_bytes`` counted by hand from a tiny
-config's shapes on 4 v5p chips (fsdp 4) — the head's gradient made after the layers' backward (emb
-> 2 × tokens) and at the loss (emb ≤ 2 × tokens), a tiled loss, a tied head (logits_via_embedding)
-— the cost model's phases over them, and (slow) the buffers XLA:TPU's compiles of small MaxText
-steps hold beside the rules.
+config's shapes on 4 v5p chips (fsdp 4) — the head's gradient made after the layers' backward
+(tokens < emb on v5p) and at the loss (tokens ≥ emb), a tiled loss, a tied head
+(logits_via_embedding) — which side of the layers' backward each generation makes it on, the cost
+model's phases over them, and (slow) the buffers XLA:TPU's compiles of small MaxText steps hold
+beside the rules.
 """
 
 from __future__ import annotations
@@ -40,13 +41,14 @@ def _program(microbatch: int, seq: int, extra=(), target: str = "v5p"):
 
 @pytest.fixture(scope="module")
 def late():
-    """32 tokens (emb 256 > 2 × 32): the head's gradient made after the layers' backward."""
+    """32 tokens (fewer than emb 256): the head's gradient made after the layers' backward."""
     return _program(1, 32)
 
 
 @pytest.fixture(scope="module")
 def early():
-    """256 tokens (emb 256 ≤ 2 × 256): the head's gradient made at the loss."""
+    """256 tokens (as many as emb 256: v5p's reading): the head's gradient made at the loss and
+    held unsharded (all-reduced there)."""
     return _program(2, 128)
 
 
@@ -69,8 +71,10 @@ def test_loss_with_the_head_gradient_after_the_layers(late):
 def test_loss_with_the_head_gradient_at_the_loss(early):
     p = early
     tokens = 2 * 128
-    # the gathered head, the logits, the head's unsharded gradient and its reduce-scattered shard
-    want = BF16 * HEAD + BF16 * tokens * VOCAB + BF16 * HEAD + BF16 * HEAD // FSDP
+    # the gathered head, the logits and the head's unsharded gradient (all-reduced in place, no
+    # shard); at tokens = emb as many bytes as the two logits-sized buffers before it
+    want = BF16 * HEAD + BF16 * tokens * VOCAB + BF16 * HEAD
+    assert tokens * VOCAB == HEAD
     assert p.loss_bytes == want
 
 
@@ -96,8 +100,8 @@ def test_after_backward(late, early):
     # buffer (2 × 32 × 1024 bytes) and the reduce-scatter's shard (here the shard)
     assert BF16 * 32 * VOCAB < shard
     assert late.after_backward_bytes == base + BF16 * HEAD + shard + shard
-    # made at the loss: only the two shards after the layers
-    assert early.after_backward_bytes == base + 2 * shard
+    # made at the loss: the head's bf16 gradient held unsharded from it, and the embedding's shard
+    assert early.after_backward_bytes == base + BF16 * HEAD + shard
 
 
 def _keys(vocab: int, layers: int) -> list[str]:
@@ -135,8 +139,9 @@ def test_after_backward_counts_the_stack_copies_under_a_larger_head_gradient():
 def test_after_backward_counts_no_copies_where_the_head_gradient_is_made_at_the_loss(tied):
     """Vocab 2048 at 2 × 128 tokens (emb 256 ≤ 2 × 256): the head's gradient is made at the loss,
     nothing of its size is placed after the layer loop, so the copies are not counted though the
-    gradient is larger than them: untied, the state and the two bf16 shards; tied, the state, the
-    head's bf16 gradient held from the loss and the embedding's shard."""
+    gradient is larger than them: the state, the head's bf16 gradient held unsharded from the loss
+    (untied: all-reduced there, v5p's reading at tokens = emb; tied: the table's gradient) and the
+    embedding's shard."""
     from tierax.interop.maxtext_program import program
 
     vocab = 2048
@@ -146,8 +151,7 @@ def test_after_backward_counts_no_copies_where_the_head_gradient_is_made_at_the_
     assert BF16 * D * vocab > BF16 * _layer_params_per_device()
     state = inv.param_bytes + inv.optimizer_bytes + F32 * _layer_params_per_device()
     shard = BF16 * D * vocab // FSDP
-    head = BF16 * D * vocab if tied else shard
-    assert p.after_backward_bytes == state + head + shard
+    assert p.after_backward_bytes == state + BF16 * D * vocab + shard
 
 
 def test_after_backward_counts_no_copies_without_a_layer_loop():
@@ -168,9 +172,31 @@ def test_after_backward_counts_no_copies_without_a_layer_loop():
 
 def test_late_gradients(late, early):
     outside = F32 * _outside_params_per_device()
-    # the embedding's and head's float32 gradients, less the held logits-sized buffer / head shard
+    # the embedding's and head's float32 gradients, less the held logits-sized buffer / the head's
+    # unsharded bf16 gradient
     assert late.late_grad_bytes == outside - BF16 * 32 * VOCAB
-    assert early.late_grad_bytes == outside - BF16 * HEAD // FSDP
+    assert early.late_grad_bytes == outside - BF16 * HEAD
+
+
+def test_host_offload_makes_the_head_gradient_after_the_layers():
+    """MaxText's ``qkv_proj_offloaded`` policy (q, k and v to the host) at 512 tokens on v5p, twice
+    emb, where ``full`` makes the head's gradient at the loss: the program offloads, so the
+    gradient is made after the layers' backward from the logits-sized bf16 buffer held through it
+    (tpu_terms' module docstring: mistral-7b's q/k/v offload), not held itself, half as large."""
+    from tierax.interop.maxtext_program import program
+
+    def late(policy):
+        keys = [*M.TINY, f"remat_policy={policy}"]
+        return program(
+            M.base_yml(), keys, target="v5p", devices=FSDP, microbatch=2, seq=256
+        ).program
+
+    tokens = 2 * 256
+    outside = F32 * _outside_params_per_device()
+    assert late("full").late_grad_bytes == outside - BF16 * HEAD
+    p = late("qkv_proj_offloaded")
+    assert p.late_grad_bytes == outside - BF16 * tokens * VOCAB
+    assert p.loss_bytes == BF16 * HEAD + 2 * BF16 * tokens * VOCAB
 
 
 def test_tiled_loss():
@@ -275,11 +301,11 @@ def test_tied_head_layer_phase(tied_early):
     )
 
 
-def _shapes_only(tied=True, tiles=1, microbatch=2, seq=1024, fsdp=FSDP):
-    """A config and inventory with only what tpu_terms' shapes read (TINY's sizes)."""
+def _shapes_only(tied=True, tiles=1, microbatch=2, seq=1024, fsdp=FSDP, emb=D, vocab=VOCAB):
+    """A config and inventory with only what tpu_terms' shapes read (TINY's sizes unless given)."""
     from types import SimpleNamespace as NS
 
-    config = NS(dtype="bfloat16", grad_dtype="float32", vocab_size=VOCAB, emb_dim=D,
+    config = NS(dtype="bfloat16", grad_dtype="float32", vocab_size=vocab, emb_dim=emb,
                 logits_via_embedding=tied, num_vocab_tiling=tiles)  # fmt: skip
     inv = NS(mesh={"fsdp": fsdp, "tensor": 1, "expert": 1}, microbatch=microbatch, seq=seq)
     return config, inv
@@ -299,6 +325,62 @@ def test_when_the_table_is_gathered_before_the_forward():
     assert not early(*_shapes_only(tied=False), "v5e")
     assert not early(*_shapes_only(tiles=4), "v5e")
     assert not early(*_shapes_only(fsdp=1), "v5e")
+
+
+def test_which_side_of_the_layers_backward_the_head_gradient_is_made_on():
+    """An untied head on 8 devices (fsdp 8), emb 4096, as the compiles the reading was taken from
+    (tpu_terms' module docstring): after the layers' backward loop below ``k`` tokens per emb
+    feature, at the loss (held unsharded) from it — v5p k = 1, v6e 3, TPU7x 2 —; on v6e
+    reduce-scattered at the loss where the bf16 shard [512, vocab] is at most [512, 64000]; after
+    the loop wherever the step offloads to the host.  A tied head and v5e (no untied compile read)
+    keep ``emb ≤ 2 · tokens``."""
+    from tierax.interop.maxtext_program import tpu_terms as T
+
+    def side(target, tokens, vocab=151936, tied=False, offloads=False, emb=4096):
+        config, inv = _shapes_only(tied=tied, microbatch=1, seq=tokens, fsdp=8, emb=emb,
+                                   vocab=vocab)  # fmt: skip
+        return T.head_grad_schedule(config, inv, target, offloads)
+
+    # v5p: 2048 tokens after (the old reading's boundary, emb ≤ 2 · tokens, said at the loss),
+    # 4096 and 8192 at the loss; emb 2048 at 2048 tokens at the loss
+    assert side("v5p", 2048) == T.AFTER
+    assert side("v5p", 4096) == side("v5p", 8192) == T.AT_LOSS
+    assert side("v5p", 2048, emb=2048) == T.AT_LOSS
+    # v6e, vocabulary 151936 (the shard [512, 151936], 155.6 MB, unfused): 8192 tokens after
+    # (qwen3-8b at full depth), 12288 and 16384 at the loss
+    assert side("v6e", 8192) == T.AFTER
+    assert side("v6e", 12288) == side("v6e", 16384) == T.AT_LOSS
+    # v6e, vocabularies 32000 and 64000: the shard reduce-scattered at the loss at 8192 tokens
+    assert side("v6e", 8192, vocab=32000) == side("v6e", 8192, vocab=64000) == T.SCATTERED_AT_LOSS
+    # TPU7x: 4096 after, 8192 at the loss
+    assert side("v7x", 4096) == T.AFTER and side("v7x", 8192) == T.AT_LOSS
+    # host offload: after the loop (mistral-7b's q/k/v offload at 2 × 8192 on v5p)
+    assert side("v5p", 16384, vocab=32000, offloads=True) == T.AFTER
+    assert side("v5p", 16384, vocab=32000) == T.AT_LOSS
+    # a tied head, and v5e: emb ≤ 2 · tokens (tied: held unsharded; untied: its shard)
+    assert side("v5p", 2048, tied=True) == T.AT_LOSS and side("v5p", 1024, tied=True) == T.AFTER
+    assert side("v5e", 2048) == T.SCATTERED_AT_LOSS and side("v5e", 1024) == T.AFTER
+
+
+def test_held_through_the_layers_backward_at_full_depth():
+    """The loss's buffer the layers' backward loop holds, by hand from the full-depth rows' shapes
+    (fsdp 8, emb 4096): qwen3-8b on v6e at 1 × 8192 tokens holds the logits' bf16 gradient [8192,
+    151936] (the old reading: the reduce-scattered bf16 shard [512, 151936]); mistral-7b's q/k/v
+    offload on v5p at 2 × 8192 holds [16384, 32000]; llama3-8b on v5p at 4 × 8192 the head's bf16
+    gradient [4096, 128256], unsharded."""
+    from tierax.interop.maxtext_program import tpu_terms as T
+
+    def held(target, tokens, vocab, offloads=False):
+        config, inv = _shapes_only(tied=False, microbatch=1, seq=tokens, fsdp=8, emb=4096,
+                                   vocab=vocab)  # fmt: skip
+        return T.held_in_layer_backward(config, inv, target, offloads)
+
+    assert held("v6e", 8192, 151936) == BF16 * 8192 * 151936
+    assert held("v5p", 16384, 32000, offloads=True) == BF16 * 16384 * 32000
+    assert held("v5p", 32768, 128256) == BF16 * 4096 * 128256
+    # no target (no generation's reading): the old rule, the shard
+    config, inv = _shapes_only(tied=False, microbatch=1, seq=8192, fsdp=8, emb=4096, vocab=151936)
+    assert T.held_in_layer_backward(config, inv) == BF16 * 512 * 151936
 
 
 def test_tied_table_gathered_before_the_forward_on_v5e():
@@ -481,6 +563,57 @@ def test_xla_tpu_holds_a_tied_heads_gradient_through_the_layers(tmp_path):
     assert abs(after - rule) <= 0.01 * rule, (after, rule)
 
 
+@pytest.mark.slow
+def test_xla_tpu_v5p_makes_an_untied_heads_gradient_after_the_layers_below_emb_tokens(tmp_path):
+    """MaxText's small untied step (emb 1536, vocab 32768; a configuration the reading was not
+    taken from) compiled for 4 v5p chips (compile --maxtext, dumped; libtpu 0.0.52): at 1 × 1024
+    tokens, fewer than emb, the head gradient's dot is scheduled after the layers' backward loop
+    and a logits-sized bf16 buffer is held through the loop; at 2 × 1024, more than emb, the dot
+    is before the loop and no logits-sized buffer is held through it — v5p's reading
+    (``HEAD_GRAD_AT_LOSS_TOKENS_PER_EMB``), which the rule's schedule follows.  (What the loop
+    then holds is the gradient's reduce-scattered shard here, on 4 chips, where the 8-chip compiles
+    read hold it unsharded: not asserted.  Slow: two MaxText compiles.)"""
+    from tierax.interop.maxtext_program import program
+
+    grad = f"bf16[{SMALL_D},{SMALL_VOCAB}]"
+    for batch, at_loss in ((1, False), (2, True)):
+        keys = [
+            *[k for k in SMALL if not k.startswith(("max_target_length=", "per_device_batch"))],
+            f"per_device_batch_size={batch}",
+            "max_target_length=1024",
+        ]
+        dump = tmp_path / f"dump{batch}"
+        M.compile_dumped([M.base_yml(), *keys, "--target", "v5p", "--devices", str(FSDP)], dump)
+        _, lines = _entry_order(dump)
+        loops = [i for i, ln in enumerate(lines) if " while(" in ln and "transpose(jvp())" in ln]
+        dots = [
+            i
+            for i, ln in enumerate(lines)
+            if ln.split(" = ")[1].startswith(grad) and "transpose(jvp())/dot_general" in ln
+        ]
+        assert loops and dots, (loops, dots)
+        assert (dots[0] < max(loops)) == at_loss, (dots, loops)
+        values = _temp_values(dump)
+        seq = _dump(dump, "-live-range.txt").split("BufferLiveRange:")[0]
+        loop = max(int(i) for i, _ in re.findall(r"^\s+(\d+):(while\S*)$", seq, re.M))
+        logits = BF16 * batch * 1024 * SMALL_VOCAB  # a logits-sized bf16 buffer, any layout
+        held = [
+            v
+            for v in values.values()
+            if v["bytes"] == logits
+            and str(SMALL_VOCAB) in v["shape"]
+            and v["range"][0] < loop < v["range"][1]
+        ]
+        assert bool(held) != at_loss, [v["range"] for v in held]
+        p = program(M.base_yml(), keys, target="v5p", devices=FSDP).program
+        # the rule's held buffer: the late float32 gradients (the embedding and head shards, the
+        # final norm's scale) less late_grad_bytes — the head's unsharded bf16 gradient at the
+        # loss, the logits-sized bf16 buffer after the loop
+        outside = F32 * (2 * SMALL_VOCAB * SMALL_D // FSDP + SMALL_D)
+        want = BF16 * SMALL_D * SMALL_VOCAB if at_loss else BF16 * batch * 1024 * SMALL_VOCAB
+        assert outside - p.late_grad_bytes == want
+
+
 def _entry_order(dump) -> tuple[list[str], list[str]]:
     """The scheduled entry computation's instruction names and their text, in order."""
     hlo = _dump(dump, ".txt")
@@ -533,9 +666,7 @@ def test_xla_tpu_v5e_gathers_a_tied_table_before_the_forward(tmp_path):
             assert " all-gather(" not in body_text
             assert starts and starts[0] < first, (starts, first)
             done = next(
-                i
-                for i, n in enumerate(names)
-                if n == names[starts[0]].replace("start", "done")
+                i for i, n in enumerate(names) if n == names[starts[0]].replace("start", "done")
             )
             assert done > first
             values = _temp_values(dump)

@@ -379,7 +379,7 @@ def _build(loaded, target: str, runs: str, traced: str) -> MaxTextProgram:
     # a scanned block's backward gathering one of its layers' weights at a time (.tpu_blocks)
     one_layer = tpu_blocks.gathered_weight_bytes(config, inv, target)
     if hardware.get_target(target).kind == "tpu":
-        tpu = tpu_terms.tpu_terms(config, inv, target)
+        tpu = tpu_terms.tpu_terms(config, inv, target, _offloads(plan))
         loss, after, late = tpu.loss_bytes, tpu.after_backward_bytes, tpu.late_grad_bytes
         # single-trip routed-expert stacks: gathered experts kept through the loss (.tpu_moe)
         kept = tpu_moe.tpu_moe_terms(config, inv, [n for n, _ in moe], _saves_nothing(plan))
@@ -456,6 +456,15 @@ def _placements(plan, group: str) -> dict[str, str]:
     them (``"device"``, ``"offload"``, ``"remat"``)."""
     entry = plan.groups.get(group)
     return {} if entry is None else {n: w.value for n, w in entry.placements.items()}
+
+
+def _offloads(plan) -> bool:
+    """Whether MaxText's policy as a Plan (:func:`policy_plan`) offloads any name to the host."""
+    return any(
+        where.value == "offload"
+        for group in plan.groups.values()
+        for where in group.placements.values()
+    )
 
 
 def _saves_nothing(plan) -> bool:

@@ -14,26 +14,71 @@ buffers are per device; ``c`` is the compute dtype's size, ``head`` = ``emb × v
   backward writes from them, logits-sized in the compute dtype (``2·c·logits``; llama3-8b-v7x-full:
   both live at the fusion that writes the second; llama3-8b-v5p-full writes one, fused, and holds
   it: the rule's second is then an over-count of ``c·logits``).  No float32 ``[tokens, vocab]``
-  buffer.  Where the head's unsharded gradient is no larger than the two logits-sized buffers
-  (``emb ≤ 2·tokens``: llama2-7b-v6e-full, mistral-7b-v6e-minimal, emb 4096 at 2048 tokens; not
-  llama3-8b's emb 4096 at 1024, nor the slow test's emb 1536 at 512) XLA makes it at the loss
-  from them and reduce-scatters it there: ``c·head`` and its shard ``c·head / fsdp`` are
-  live at the loss besides the gathered head and one logits-sized buffer.  Before that, the
-  fusion that writes the logits' gradient reads the logits: two logits-sized buffers live
-  together, the larger moment where the logits outgrow the head (``tokens > emb``, roughly:
-  llama3-8b at its full depth, 4 × 8192 tokens on 8 v5p, where the logits live to the
-  instruction that writes their gradient; a held-out case of ``bench/maxtext_fidelity.py`` until
-  this was read from it).
+  buffer.  Where XLA makes the head's gradient at the loss (:func:`head_grad_schedule`, below) it
+  makes it from the logits' gradient there: ``c·head`` live at the loss besides the gathered head
+  and one logits-sized buffer, and its shard ``c·head / fsdp`` where it is reduce-scattered there
+  (llama2-7b-v6e-full, mistral-7b-v6e-minimal; an all-reduce writes in place: llama3-8b at full
+  depth).  Before that, the fusion that writes the logits' gradient reads the logits: two
+  logits-sized buffers live together, the larger moment where the logits outgrow the head
+  (``tokens > emb``, roughly: llama3-8b at its full depth, 4 × 8192 tokens on 8 v5p, where the
+  logits live to the instruction that writes their gradient; a held-out case of
+  ``bench/maxtext_fidelity.py`` until this was read from it).
+* **Which side of the layers' backward the head's gradient is made on** (untied, untiled;
+  :func:`head_grad_schedule`).  Read from where the optimized HLO schedules the head gradient's
+  dot (``[tokens, emb]ᵀ × [tokens, vocab]``) against the layers' backward while loop, and from
+  what the buffer assignment holds through the loop, in compiles on 8 devices (fsdp 8) under the
+  flags ``simulate --maxtext`` models: ``bench/maxtext_fidelity.py``'s qwen3-8b-v6e-full-36L-8k,
+  mistral-7b-v5p-custom-32L-8k, llama3-8b-v5p-full-32L-8k and llama2-7b-v7x-minimal-32L-8k, and
+  cuts of qwen3-8b (2 layers, ``remat_policy=full``: v5p at 2048, 4096 and 8192 tokens, at 2048
+  with ``base_emb_dim=2048``; v6e at 8192, 12288 and 16384, at 8192 with vocabularies 32000 and
+  64000; TPU7x at 4096), of mistral-7b (v5p, 2 × 8192: ``full`` at 2 layers, its ``custom`` q/k/v
+  offload at 3) and of llama2-7b (``minimal``, 1 × 8192, 2 layers: v6e, TPU7x).  Three schedules:
+
+  - *after the loop*: the logits' gradient (``c·logits``) held through the loop, the head's
+    gradient made from it after the loop and all-reduced (qwen3-8b v6e 1 × 8192, mistral-7b's
+    offload);
+  - *at the loss*: the gradient made before the loop and held unsharded through it (``c·head``),
+    all-reduced at the loss (v5p, v6e) or reduce-scattered after the loop (TPU7x);
+  - on v6e, *reduce-scattered at the loss*: one all-reduce-scatter fusion makes the shard at the
+    loss where it is small (:data:`V6E_SCATTER_FUSION_BYTES`: bf16 ``[512, 32000]`` and ``[512,
+    64000]`` fused, ``[512, 151936]`` an all-reduce), the shard held (``c·head / fsdp``).
+
+  Which side: after, wherever the step offloads a name to the host (mistral-7b at 2 × 8192 on v5p,
+  ``custom`` with q, k and v offloaded, at 3 and 32 layers; the same step under ``full`` makes it
+  at the loss); else at the loss where the tokens per device reach ``k`` times ``emb``, ``k`` per
+  generation (:data:`HEAD_GRAD_AT_LOSS_TOKENS_PER_EMB`: v5p 1, v6e 3, TPU7x 2; on v5p read at
+  vocabularies 32000, 128256 and 151936 and at ``emb`` 2048 and 4096 — emb 2048 at 2048 tokens
+  at the loss, emb 4096 at 2048 after —, on v6e and TPU7x at emb 4096, the v6e boundary at
+  vocabulary 151936).  It is not the schedule of the fewer bytes: on v6e
+  at ``tokens = 2·emb`` XLA holds the logits' gradient, twice the head's.  Why the threshold
+  differs by generation was not read.  The 1 × 1024 cuts (emb 2048 to 4096) all make it after the
+  loop: qwen3-30b-a3b and deepseek2-16b (emb 2048, ``tokens = emb / 2``) on v5p, whose loss then
+  holds two logits-sized buffers and no head-sized gradient (deepseek2-16b at 2 layers, dumped).
+  Checked on a step it was not read from, the slow test's small untied step on 4 v5p (emb 1536,
+  vocabulary 32768): after the loop at 1 × 1024 tokens, at the loss at 2 × 1024, where XLA holds
+  the gradient's reduce-scattered shard through the loop, not the gradient (which shard size or
+  mesh makes v5p reduce-scatter at the loss is not read: the rule over-counts the difference).
+  Missed on a held-out row: llama3-8b at full depth on 8 v6e, 1 × 8192 tokens (``tokens =
+  2·emb``), makes the head's gradient at the loss and reduce-scatters it there, one fusion, into a
+  bf16 ``[512, 128256]`` shard above :data:`V6E_SCATTER_FUSION_BYTES`, where the rule holds the
+  logits' gradient.  Its 2-layer cut does the same, while qwen3-8b cut to 2 layers at 8192 tokens
+  makes it after the loop at llama3-8b's vocabulary (128256: the same head, tokens and shard) as
+  at 131200 and 151808: on v6e at ``tokens = 2·emb`` the side follows the decoder's layers too,
+  not the head's shapes alone (which property of them was not read).
+  Not read: an untied head on v5e (the rule of the tied heads below applies), compiles without
+  the modelled flags (the seen rows' reduce-scatter at the loss, llama2-7b and mistral-7b on v6e,
+  follows the v6e fusion).
 * **The layers' backward** (``late_grad_bytes``): XLA:TPU writes the embedding's and head's
-  gradients (``grad_dtype``) after the layer loop, so the loop holds neither (the cost model's
-  layer phase counts the state less ``late_grad_bytes``); it does hold what the head's gradient is
-  made from after the loop, the logits-sized buffer ``c·logits`` (llama3-8b-v5p-full,
-  llama3-8b-v7x-full), or, where the head's gradient was made at the loss, its reduce-scattered
-  shard ``c·head / fsdp`` (llama2-7b-v6e-full).  ``late_grad_bytes`` is the late gradients less
-  that held buffer (the net the layer phase leaves out of the state; negative where the held
-  buffer is the larger).  A tiled loss reduces the head's gradient into its float32 shard in the
-  tile loop (held through the layers' backward, with the head's shard cast to the compute dtype,
-  ``c·head / fsdp``; llama3-8b-v5p-full-tiled): only the embedding's gradient is late.
+  gradients (``grad_dtype``) after the layer loop, so the loop holds neither (the cost model's layer
+  phase counts the state less ``late_grad_bytes``); it does hold what the head's gradient is made
+  from after the loop, the logits-sized buffer ``c·logits`` (llama3-8b-v5p-full,
+  llama3-8b-v7x-full), or, where the head's gradient was made at the loss, the gradient (``c·head``)
+  or its reduce-scattered shard ``c·head / fsdp`` (llama2-7b-v6e-full). ``late_grad_bytes`` is the
+  late gradients less that held buffer (the net the layer phase leaves out of the state; negative
+  where the held buffer is the larger).  A tiled loss reduces the head's gradient into its float32
+  shard in the tile loop (held through the layers' backward, with the head's shard cast to the
+  compute dtype, ``c·head / fsdp``; llama3-8b-v5p-full-tiled): only the embedding's gradient is
+  late.
 * **After the layers' backward** (``after_backward_bytes``, untiled): the parameters and optimizer
   state, every layer's gradient (``grad_dtype``, sharded), the head's gradient in the compute dtype,
   unsharded (its all-reduce in place: llama3-8b-v5p-full), the embedding's gradient scatter-added
@@ -42,7 +87,8 @@ buffers are per device; ``c`` is the compute dtype's size, ``head`` = ``emb × v
   with the head's gradient), and the larger of the logits-sized buffer the head's gradient is read
   from (live until it is written) and the gradient's reduce-scatter output (a ``c·head / fsdp``
   shard; llama3-8b-v7x-full).  Where the head's gradient was made at the loss: the state, the layer
-  gradients and the two shards.
+  gradients, the head's gradient reduced in place and the embedding's shard, or, reduce-scattered
+  at the loss, the two shards.
 * **The layer loop's stack copies under the head's gradient** (``after_backward_bytes``, untiled,
   the head's gradient made after the loop): XLA:TPU casts every looping stack's weight shards to
   the compute dtype before the forward loop and holds the copies to the end of the backward loop
@@ -98,10 +144,11 @@ buffers are per device; ``c`` is the compute dtype's size, ``head`` = ``emb × v
   and all-reduced after the loop beside the embedding's scattered shard (``after_backward_bytes``:
   the state, ``c·head`` and the shard); at the loss the gathered table and two logits-sized buffers,
   or one with the head's gradient where that is the larger.  Which schedule applies is
-  :func:`head_grad_at_loss`'s reading (``emb ≤ 2·tokens``), taken from the untied heads and not
-  XLA's everywhere: gemma3-4b at 2 × 1024 tokens (tied) and the small step untied at 1024 tokens
-  keep the logits-sized buffer through the loop though ``emb ≤ 2·tokens``, as do the untied
-  qwen3-30b-a3b and deepseek2-16b cases (emb 2048, 1024 tokens).  A tied head's loss bytes are the
+  :func:`head_grad_schedule`'s reading for a tied head (``emb ≤ 2·tokens``), taken from the untied
+  heads' 1024-token compiles before their reading above, and not XLA's everywhere: gemma3-4b at 2 ×
+  1024 tokens (tied) keeps the logits-sized buffer through the loop though ``emb ≤ 2·tokens``, as do
+  the small step untied at 1024 tokens and the untied qwen3-30b-a3b and deepseek2-16b cases (emb
+  2048, 1024 tokens), which the untied reading above now follows.  A tied head's loss bytes are the
   same under both schedules where the gathered table and two logits-sized buffers are the larger, so
   a peak at the loss does not depend on the reading.
 
@@ -160,6 +207,18 @@ from tierax.interop.maxtext_program.config import embedding_shards
 # as collective matmuls (module docstring: 2 × 1024 read with, 1 × 1024 and 512 without).
 COLLECTIVE_MATMUL_TOKENS = {"v5e": 2048}
 
+# Per TPU generation, the fewest tokens per device per embedding feature (tokens ÷ emb) at which
+# XLA:TPU (libtpu 0.0.52) was read making an untied head's gradient at the loss and holding it
+# unsharded through the layers' backward (module docstring, "Which side of the layers' backward");
+# below it, after the loop from the logits' gradient held through it.  The compiles read bracket it:
+# v5p after at 0.5, at the loss at 1, 2, 4 and 8; v6e after at 2, at the loss at 3 and 4; TPU7x
+# after at 1, at the loss at 2.
+HEAD_GRAD_AT_LOSS_TOKENS_PER_EMB = {"v5p": 1, "v6e": 3, "tpu7x": 2}
+# On v6e XLA:TPU fuses the head's gradient with its reduce-scatter at the loss (an
+# all-reduce-scatter fusion) where the reduce-scattered shard is no larger than this (module
+# docstring): the largest shard read fused, bf16 [512, 64000]; bf16 [512, 151936] was not.
+V6E_SCATTER_FUSION_BYTES = 2 * 512 * 64000
+
 
 @dataclass(frozen=True)
 class TpuTerms:
@@ -203,11 +262,42 @@ def tied_head(config) -> bool:
     return bool(getattr(config, "logits_via_embedding", False))
 
 
-def head_grad_at_loss(config, inv) -> bool:
-    """Whether XLA:TPU makes the head's unsharded gradient at the loss (module docstring): where it
-    is no larger than the logits and the buffer written from them (``emb ≤ 2 · tokens``)."""
+AFTER, AT_LOSS, SCATTERED_AT_LOSS = "after", "at the loss", "reduce-scattered at the loss"
+
+
+def head_grad_schedule(config, inv, target: str | None = None, offloads: bool = False) -> str:
+    """Where XLA:TPU makes the head's gradient (module docstring, "Which side of the layers'
+    backward"): :data:`AFTER` the layers' backward loop (the logits' gradient held through it),
+    :data:`AT_LOSS` (the gradient held unsharded through the loop) or
+    :data:`SCATTERED_AT_LOSS` (made and reduce-scattered at the loss, its shard held).
+
+    A tied head, a generation no compile was read on, or ``target`` None: at the loss where the
+    gradient is no larger than the logits and the buffer written from them (``emb ≤ 2 · tokens``;
+    a tied head then holds it unsharded, an untied one its shard).  An untied head on a read
+    generation: on v6e reduce-scattered at the loss where its shard fits the fusion
+    (:data:`V6E_SCATTER_FUSION_BYTES`; read at ``emb ≤ 2 · tokens``); else after the loop where
+    the step offloads to the host (``offloads``), at the loss where ``tokens ≥ k · emb``
+    (:data:`HEAD_GRAD_AT_LOSS_TOKENS_PER_EMB`), after the loop below it."""
+    from tierax import hardware
+
     s = _shapes(config, inv)
-    return s.emb <= 2 * s.tokens
+    old = s.emb <= 2 * s.tokens
+    generation = getattr(hardware.get_target(target), "generation", "") if target else ""
+    k = HEAD_GRAD_AT_LOSS_TOKENS_PER_EMB.get(generation)
+    if tied_head(config) or k is None:
+        if not old:
+            return AFTER
+        return AT_LOSS if tied_head(config) else SCATTERED_AT_LOSS
+    if generation == "v6e" and old and s.c * s.head // s.fsdp <= V6E_SCATTER_FUSION_BYTES:
+        return SCATTERED_AT_LOSS
+    if offloads or s.tokens < k * s.emb:
+        return AFTER
+    return AT_LOSS
+
+
+def head_grad_at_loss(config, inv, target: str | None = None, offloads: bool = False) -> bool:
+    """Whether XLA:TPU makes the head's gradient at the loss (:func:`head_grad_schedule`)."""
+    return head_grad_schedule(config, inv, target, offloads) != AFTER
 
 
 def forward_in_flight_bytes(config, inv) -> int:
@@ -239,11 +329,15 @@ def table_gathered_before_forward(config, inv, target: str) -> bool:
     )
 
 
-def tpu_loss_bytes(config, inv, early_gather: bool = False) -> int:
+def tpu_loss_bytes(
+    config, inv, early_gather: bool = False, target: str | None = None, offloads: bool = False
+) -> int:
     """The bytes MaxText's loss holds on a TPU beside the parameters, optimizer state and kept
     activations (module docstring); ``early_gather``: the table's gather is started before the
-    layers' forward loop (:func:`table_gathered_before_forward`)."""
+    layers' forward loop (:func:`table_gathered_before_forward`); ``target`` and ``offloads``:
+    :func:`head_grad_schedule`'s."""
     s = _shapes(config, inv)
+    schedule = head_grad_schedule(config, inv, target, offloads)
     gathered = s.c * s.head if s.fsdp > 1 else 0
     if early_gather:
         # the table's slot above the forward's buffers, the logits-sized buffer and the head's
@@ -252,28 +346,33 @@ def tpu_loss_bytes(config, inv, early_gather: bool = False) -> int:
     if int(config.num_vocab_tiling) > 1:
         tiles = int(config.num_vocab_tiling)
         return int(s.c * s.head + (s.g + s.c) * s.head // s.fsdp + s.c * s.logits // tiles)
-    if head_grad_at_loss(config, inv) and tied_head(config):
+    if schedule == AT_LOSS and tied_head(config):
         # not reduce-scattered at the loss: the gathered table and two logits-sized buffers, then
         # one of them with the head's unsharded gradient once the gathered table is freed
         return int(max(gathered + 2 * s.c * s.logits, s.c * s.logits + s.c * s.head))
-    if head_grad_at_loss(config, inv):
+    if schedule != AFTER:
         # the fusion that writes the logits' gradient reads the logits (both live), before the
-        # head's gradient and its shard are made from the gradient (module docstring)
-        made = s.c * s.logits + s.c * s.head + s.c * s.head // s.fsdp
+        # head's gradient (and, reduce-scattered there, its shard) is made from the gradient; an
+        # all-reduce at the loss writes in place (module docstring)
+        shard = s.c * s.head // s.fsdp if schedule == SCATTERED_AT_LOSS else 0
+        made = s.c * s.logits + s.c * s.head + shard
         return int(gathered + max(2 * s.c * s.logits, made))
     return int(gathered + 2 * s.c * s.logits)
 
 
-def held_in_layer_backward(config, inv) -> int:
+def held_in_layer_backward(config, inv, target: str | None = None, offloads: bool = False) -> int:
     """The buffer of the loss XLA:TPU holds through the layers' backward: untiled, the logits-sized
-    buffer the head's gradient is made from after the loop, or where it was made at the loss its
-    reduce-scattered shard (a tied head: the gradient itself, unsharded); tiled, the head's shard
-    cast to the compute dtype (the accumulator's float32 shard is the state's gradient)."""
+    buffer the head's gradient is made from after the loop, or where it was made at the loss the
+    gradient itself, unsharded, or where it was reduce-scattered there its shard
+    (:func:`head_grad_schedule`); tiled, the head's shard cast to the compute dtype (the
+    accumulator's float32 shard is the state's gradient)."""
     s = _shapes(config, inv)
-    tiled = int(config.num_vocab_tiling) > 1
-    if not tiled and head_grad_at_loss(config, inv) and tied_head(config):
+    if int(config.num_vocab_tiling) > 1:
+        return int(s.c * s.head // s.fsdp)
+    schedule = head_grad_schedule(config, inv, target, offloads)
+    if schedule == AT_LOSS:
         return int(s.c * s.head)
-    if tiled or head_grad_at_loss(config, inv):
+    if schedule == SCATTERED_AT_LOSS:
         return int(s.c * s.head // s.fsdp)
     return int(s.c * s.logits)
 
@@ -290,12 +389,13 @@ def late_grad_params(config, inv) -> int:
     return outside
 
 
-def tpu_late_grad_bytes(config, inv) -> int:
+def tpu_late_grad_bytes(config, inv, target: str | None = None, offloads: bool = False) -> int:
     """The state's bytes the cost model's layer phase leaves out on a TPU: the late gradients
     (:func:`late_grad_params`, ``grad_dtype``) less the loss's buffer held through the layers'
     backward (:func:`held_in_layer_backward`)."""
     s = _shapes(config, inv)
-    return int(s.g * late_grad_params(config, inv) - held_in_layer_backward(config, inv))
+    held = held_in_layer_backward(config, inv, target, offloads)
+    return int(s.g * late_grad_params(config, inv) - held)
 
 
 def stack_copy_bytes(config, inv) -> int:
@@ -316,7 +416,7 @@ def copies_under_head_grad(config, inv) -> int:
     return copies if s.c * s.head > copies else 0
 
 
-def tpu_after_backward_bytes(config, inv) -> int:
+def tpu_after_backward_bytes(config, inv, target: str | None = None, offloads: bool = False) -> int:
     """All device bytes of MaxText's step on a TPU after the layers' backward (untiled; module
     docstring); 0 for a tiled loss (no such phase)."""
     s = _shapes(config, inv)
@@ -325,21 +425,23 @@ def tpu_after_backward_bytes(config, inv) -> int:
     layers = int(sum(n for _, n in inv.group_param_counts))
     state = int(inv.param_bytes + inv.optimizer_bytes + s.g * layers)
     shard = s.c * s.head // s.fsdp
-    if head_grad_at_loss(config, inv) and tied_head(config):
-        # the head's gradient held from the loss, all-reduced in place, and the embedding's shard
+    schedule = head_grad_schedule(config, inv, target, offloads)
+    if schedule == AT_LOSS:
+        # the head's gradient held from the loss, reduced in place, and the embedding's shard
         return int(state + s.c * s.head + shard)
-    if head_grad_at_loss(config, inv):
+    if schedule == SCATTERED_AT_LOSS:
         return int(state + 2 * shard)
     head_grad = s.c * s.head + shard + max(s.c * s.logits, shard)
     return int(state + head_grad + copies_under_head_grad(config, inv))
 
 
-def tpu_terms(config, inv, target: str | None = None) -> TpuTerms:
+def tpu_terms(config, inv, target: str | None = None, offloads: bool = False) -> TpuTerms:
     """MaxText's TPU terms for ``config`` and its inventory ``inv`` on ``target`` (module
-    docstring; None: a target whose gathers are synchronous)."""
+    docstring; None: a target whose gathers are synchronous and no generation's reading of the
+    head's gradient); ``offloads``: the step offloads a name to the host."""
     early = target is not None and table_gathered_before_forward(config, inv, target)
     return TpuTerms(
-        loss_bytes=tpu_loss_bytes(config, inv, early),
-        after_backward_bytes=tpu_after_backward_bytes(config, inv),
-        late_grad_bytes=tpu_late_grad_bytes(config, inv),
+        loss_bytes=tpu_loss_bytes(config, inv, early, target, offloads),
+        after_backward_bytes=tpu_after_backward_bytes(config, inv, target, offloads),
+        late_grad_bytes=tpu_late_grad_bytes(config, inv, target, offloads),
     )
