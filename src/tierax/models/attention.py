@@ -37,7 +37,8 @@ matmul per block than ``xla``'s backward).  Blockwise is self-attention only (S 
   heads over ``tensor``), since XLA cannot partition the kernel.  ``interpret=True`` runs it with
   Pallas's interpreter on any backend (the CPU tests).  ``splash_blockwise`` is its stand-in for
   host traces: the blockwise XLA math in the fused scope at the kernel's block size, with the
-  same residuals.
+  same residuals, its log-sum-exp written 128 lanes wide as the kernel writes it
+  (:data:`SPLASH_LSE_LANES`).
 
 Shapes: q [B,S,K,G,d], k [B,T,K,d], v [B,T,K,dv] → [B,S,K,G,dv].
 
@@ -70,7 +71,8 @@ SPLASH_BLOCKS = (512, 256, 128)
 # repeated across a vector register's 128 lanes (jax.experimental.pallas.ops.tpu.splash_attention,
 # the forward's ``logsumexp`` output of NUM_LANES); its wrapper slices one lane for the backward.
 # The stand-in writes the same buffer, so a layer's backward that recomputes the attention holds it
-# (tests/test_splash_lse.py sets the slope beside XLA:TPU's compile).
+# (tests/test_splash_lse.py: the buffer beside the kernel's own traced call, and the fit boundary it
+# moves beside XLA:TPU's compile).
 SPLASH_LSE_LANES = 128
 
 
