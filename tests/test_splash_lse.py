@@ -19,20 +19,11 @@ import sys
 import jax
 import jax.numpy as jnp
 import pytest
-from jax.extend.core import ClosedJaxpr
+from jax.extend.core import jaxprs_in_params
 
 from tierax.models.attention import causal_attention
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
-
-
-def _sub_jaxprs(params):
-    for value in params.values():
-        for x in value if isinstance(value, (list, tuple)) else [value]:
-            if isinstance(x, ClosedJaxpr):
-                yield x.jaxpr
-            elif hasattr(x, "eqns"):
-                yield x
 
 
 def _float32_outputs(impl: str, primitive: str, shapes) -> list[tuple]:
@@ -48,7 +39,7 @@ def _float32_outputs(impl: str, primitive: str, shapes) -> list[tuple]:
         for e in j.eqns:
             if e.primitive.name == primitive:
                 found.extend(o.aval.shape for o in e.outvars if o.aval.dtype == jnp.float32)
-            for sub in _sub_jaxprs(e.params):
+            for sub in jaxprs_in_params(e.params):
                 walk(sub)
 
     walk(jaxpr)
