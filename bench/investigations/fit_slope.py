@@ -100,7 +100,6 @@ def main(argv=None) -> int:
             k: (hi[f"{k}_peak_bytes"] - lo[f"{k}_peak_bytes"]) / n / GIB
             for k in ("xla", "model", "model_without_lse")
         }
-    _common.write_record(args.out, doc)
     for c in doc["cases"]:
         print(
             f"{c['case']:11s} mb {c['microbatch']:2d}: XLA {c['xla_peak_bytes'] / GIB:6.3f} GiB "
@@ -109,8 +108,7 @@ def main(argv=None) -> int:
             f"{c['model_without_lse_peak_bytes'] / GIB:6.3f}"
         )
     print(doc["slopes_gib_per_sequence"])
-    print(f"wrote {args.out}")
-    return 0
+    return _common.finish(args.out, doc)
 
 
 if __name__ == "__main__":

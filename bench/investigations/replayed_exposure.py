@@ -11,10 +11,11 @@ Docs: docs/concepts/mechanisms.md
 
 For each offload plan that ran in the given chip-check records (bench/tpu_check.py), a deviceless
 XLA:TPU compile (v5e, the installed libtpu) of the same case, microbatch and placements; its host
-copies replayed at the model's v5e rates (tierax.xla.hlo.host_transfers, what ``tierax compile``
-reports as exposed); beside the chip's step time and the model's prediction (``tierax simulate
---target v5e``, no calibration) with its own exposed transfer time.  The model's step with the
-replay's exposure in place of its own is the last column.
+copies replayed at the model's v5e rates (tierax.xla.hlo.host_transfers: the replay ``tierax
+compile`` reports as exposed, which it runs at the target's datasheet rates); beside the chip's
+step time and the model's prediction (``tierax simulate --target v5e``, no calibration) with its
+own exposed transfer time.  The model's step with the replay's exposure in place of its own is the
+last column.
 
     python bench/investigations/replayed_exposure.py [--out bench/results/replayed_exposure.json]
 """
@@ -95,7 +96,6 @@ def main(argv=None) -> int:
                 "error_with_replay": with_replay / p["step_time_s"] - 1,
             }
         )
-    _common.write_record(args.out, doc)
     for r in doc["rows"]:
         print(
             f"{r['case']:11s} mb {r['microbatch']:2d} {r['plan']:20s} chip "
@@ -103,8 +103,7 @@ def main(argv=None) -> int:
             f"({r['error']:+.1%}; exposed {r['model_exposed_s'] * 1e3:5.1f}), replayed exposed "
             f"{r['replay']['est_exposed_s'] * 1e3:5.1f} -> {r['error_with_replay']:+.1%}"
         )
-    print(f"wrote {args.out}")
-    return 0
+    return _common.finish(args.out, doc)
 
 
 if __name__ == "__main__":
