@@ -577,13 +577,7 @@ def test_xla_tpu_v5p_makes_an_untied_heads_gradient_after_the_layers_below_emb_t
 
     grad = f"bf16[{SMALL_D},{SMALL_VOCAB}]"
     for batch, at_loss in ((1, False), (2, True)):
-        keys = [
-            *[k for k in SMALL if not k.startswith(("max_target_length=", "per_device_batch"))],
-            f"per_device_batch_size={batch}",
-            "max_target_length=1024",
-        ]
-        dump = tmp_path / f"dump{batch}"
-        M.compile_dumped([M.base_yml(), *keys, "--target", "v5p", "--devices", str(FSDP)], dump)
+        keys, dump = _small_step_dumped(tmp_path, batch, "v5p")
         _, lines = _entry_order(dump)
         loops = [i for i, ln in enumerate(lines) if " while(" in ln and "transpose(jvp())" in ln]
         dots = [
@@ -614,6 +608,20 @@ def test_xla_tpu_v5p_makes_an_untied_heads_gradient_after_the_layers_below_emb_t
         assert outside - p.late_grad_bytes == want
 
 
+def _small_step_dumped(tmp_path, batch: int, target: str, *extra: str):
+    """The small step's keys at ``batch`` × 1024 tokens (``extra`` keys after them) and the
+    directory of its compile for ``target`` on FSDP devices, dumped."""
+    keys = [
+        *[k for k in SMALL if not k.startswith(("max_target_length=", "per_device_batch"))],
+        f"per_device_batch_size={batch}",
+        "max_target_length=1024",
+        *extra,
+    ]
+    dump = tmp_path / f"dump{batch}"
+    M.compile_dumped([M.base_yml(), *keys, "--target", target, "--devices", str(FSDP)], dump)
+    return keys, dump
+
+
 def _entry_order(dump) -> tuple[list[str], list[str]]:
     """The scheduled entry computation's instruction names and their text, in order."""
     hlo = _dump(dump, ".txt")
@@ -636,14 +644,7 @@ def test_xla_tpu_v5e_gathers_a_tied_table_before_the_forward(tmp_path):
 
     table = f"bf16[{SMALL_VOCAB},{SMALL_D}]"
     for batch, early in ((2, True), (1, False)):
-        keys = [
-            *[k for k in SMALL if not k.startswith(("max_target_length=", "per_device_batch"))],
-            f"per_device_batch_size={batch}",
-            "max_target_length=1024",
-            *TIED,
-        ]
-        dump = tmp_path / f"dump{batch}"
-        M.compile_dumped([M.base_yml(), *keys, "--target", "v5e", "--devices", str(FSDP)], dump)
+        keys, dump = _small_step_dumped(tmp_path, batch, "v5e", *TIED)
         names, lines = _entry_order(dump)
         first = next(i for i, ln in enumerate(lines) if re.search(r" while\(", ln))
         body = re.search(r"body=%([\w.\-]+)", lines[first]).group(1)
