@@ -255,3 +255,21 @@ ENTRY %e (x: f32[4]) -> (s32[], f32[4]) {
 }
 """
     assert hlo.parse_module(text).trip_counts() == {"body": 5}
+
+
+def test_each_direction_runs_at_its_own_link_rate():
+    # A 4 MiB store and a 4 MiB load under a 1 ms dot, the load's direction at half the rate: the
+    # store takes 1 ms and hides, the load 2 ms and waits 1 ms past the dot.
+    text = _entry(
+        f"  %st = ({A}, {H}, u32[]) copy-start(%p0)\n"
+        f"  %h = {H} parameter(2)\n"
+        f"  %ld = ({H}, {A}, u32[]) copy-start(%h)\n"
+        f"  %d1 = {A} dot(%p0, %p1), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}\n"
+        f"  %dst = {H} copy-done(%st)\n"
+        f"  ROOT %dld = {A} copy-done(%ld)\n"
+    )
+    half = RATES | {"h2d_link_bps": RATES["host_link_bps"] / 2}
+    ts = {t.start: t for t in hlo.host_transfers(hlo.parse_module(text), **half)}
+    assert ts["st"].est_transfer_s == pytest.approx(MS) and ts["st"].est_stall_s == pytest.approx(0)
+    assert ts["ld"].est_transfer_s == pytest.approx(2 * MS)
+    assert ts["ld"].est_stall_s == pytest.approx(MS)

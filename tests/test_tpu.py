@@ -312,6 +312,15 @@ def test_deviceless_tpu_compile_puts_offloaded_residuals_on_host():
     assert r["device_capacity_bytes"] == 16 * 2**30 and r["fits"]
     assert any("v5e:2x2" in n for n in r["notes"])
     assert "Failed to find host bounds" not in p.stderr, p.stderr  # libtpu knows the accelerator
+    # The copies are replayed at the host link simulate prices v5e with (measured on the chip),
+    # not the datasheet's PCIe figure.
+    rates = costmodel.target_rates("v5e", "float32")
+    assert rates.d2h_bytes_per_s != hardware.get_target("v5e").host_link_bps
+    for d, bps in (("d2h", rates.d2h_bytes_per_s), ("h2d", rates.h2d_bytes_per_s)):
+        part = r["overlap"]["by_direction"][d]
+        assert part["transfer_bytes"] >= q + 2 * kv
+        assert part["est_transfer_s"] == pytest.approx(part["transfer_bytes"] / bps)
+    assert any(f"{rates.d2h_bytes_per_s / 1e9:.2f} GB/s device → host" in n for n in r["notes"])
 
 
 # A Llama 3 layer scaled down so that XLA:TPU compiles it in seconds (GQA 4 query / 2 KV heads × 64,

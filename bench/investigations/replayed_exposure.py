@@ -12,7 +12,7 @@ Docs: docs/concepts/mechanisms.md
 For each offload plan that ran in the given chip-check records (bench/tpu_check.py), a deviceless
 XLA:TPU compile (v5e, the installed libtpu) of the same case, microbatch and placements; its host
 copies replayed at the model's v5e rates (tierax.xla.hlo.host_transfers: the replay ``tierax
-compile`` reports as exposed, which it runs at the target's datasheet rates); beside the chip's
+compile`` reports as exposed, at the same rates); beside the chip's
 step time and the model's prediction (``tierax simulate --target v5e``, no calibration) with its
 own exposed transfer time.  The model's step with the replay's exposure in place of its own is the
 last column.

@@ -197,15 +197,30 @@ def memory_figures(mem) -> tuple[int, int, int, int]:
     )
 
 
-def host_transfers(module: hlo.Module, spec, dtype: str) -> list:
-    """Every host transfer of a scheduled module with the static overlap check, at ``spec``'s
-    ``dtype`` peak, HBM bandwidth and host link (:func:`tierax.xla.hlo.host_transfers`)."""
+def host_transfers(module: hlo.Module, rates) -> list:
+    """Every host transfer of a scheduled module with the static overlap check, at ``rates``' GEMM
+    rate, HBM bandwidth and host link in each direction — the :class:`tierax.costmodel.Rates`
+    `simulate` prices the target with (:func:`tierax.xla.hlo.host_transfers`)."""
     return hlo.host_transfers(
         module,
-        peak_flops=spec.peak(dtype),
-        hbm_bytes_per_s=spec.hbm_bytes_per_s,
-        host_link_bps=spec.host_link_bps,
+        peak_flops=rates.matmul_flops_per_s,
+        hbm_bytes_per_s=rates.hbm_bytes_per_s,
+        host_link_bps=rates.d2h_bytes_per_s,
+        h2d_link_bps=rates.h2d_bytes_per_s,
     )
+
+
+def replay_notes(rates) -> list[str]:
+    """What the static overlap check replays the copies at: ``rates``' figures and their
+    sources."""
+    src = rates.sources
+    return [
+        f"copies replayed at the host link simulate prices with: "
+        f"{rates.d2h_bytes_per_s / 1e9:.2f} GB/s device → host, "
+        f"{rates.h2d_bytes_per_s / 1e9:.2f} GB/s host → device ({src.get('host_link', '')})",
+        f"compute between them at {rates.matmul_flops_per_s / 1e12:.0f} TFLOP/s and "
+        f"{rates.hbm_bytes_per_s / 1e12:.2f} TB/s (simulate's GEMM rate and HBM bandwidth)",
+    ]
 
 
 def abstract_train_state(cfg, optimizer, mesh: Mesh, plan: plan_lib.Plan | None = None):
@@ -552,14 +567,11 @@ def compile_for_target(
             f"{host_temp} bytes beside the larger of the state and the offloaded activations' "
             f"{acts} bytes (host buffers of the backward and the update share memory)"
         )
-    dtype_peak = spec.peak(cfg.dtype)
-    transfers = host_transfers(module, spec, cfg.dtype)
-    notes = [
-        f"host link {spec.host_link_bps / 1e9:.0f} GB/s per direction ({spec.host_link_source})",
-        f"compute roofline at {dtype_peak / 1e12:.0f} TFLOP/s ({cfg.dtype}) and "
-        f"{spec.hbm_bytes_per_s / 1e12:.2f} TB/s",
-    ]
-    notes += host_notes
+    rates = costmodel.target_rates(target, cfg.dtype)
+    if calibration is not None:
+        rates = calibration.apply(rates)
+    transfers = host_transfers(module, rates)
+    notes = replay_notes(rates) + host_notes
     if not tpu:
         notes.append(
             "XLA scheduled within the run's device budget (capacity less the runtime reserve, as "

@@ -466,14 +466,15 @@ def _pairs(module: Module, instrs: list[Instruction]) -> dict[str, tuple[str, st
 
 
 class _Link:
-    """Transfers in flight, each direction's bandwidth shared equally among its transfers."""
+    """Transfers in flight, each direction's bandwidth (``bps``: direction → bytes/s) shared
+    equally among its transfers."""
 
-    def __init__(self, bps: float):
+    def __init__(self, bps: dict[str, float]):
         self.bps, self.left = bps, {}  # start name → (direction, bytes left)
 
     def _rates(self) -> dict[str, float]:
         share = {d: sum(dd == d for dd, _ in self.left.values()) for d in ("d2h", "h2d")}
-        return {k: self.bps / share[d] for k, (d, _) in self.left.items()}
+        return {k: self.bps[d] / share[d] for k, (d, _) in self.left.items()}
 
     def _next_finish(self, rates: dict[str, float]) -> float:
         return min(b / rates[k] for k, (_, b) in self.left.items())
@@ -503,10 +504,18 @@ class _Link:
 
 
 def host_transfers(
-    module: Module, *, peak_flops: float, hbm_bytes_per_s: float, host_link_bps: float
+    module: Module,
+    *,
+    peak_flops: float,
+    hbm_bytes_per_s: float,
+    host_link_bps: float,
+    h2d_link_bps: float | None = None,
 ) -> list[Transfer]:
     """Every asynchronous start/done pair that moves data to or from host memory, with its stall
-    in a replay of the schedule (see the module docstring)."""
+    in a replay of the schedule (see the module docstring).  ``host_link_bps``: the link's bytes
+    per second in each direction, or device → host only where ``h2d_link_bps`` gives host →
+    device's."""
+    link_bps = {"d2h": host_link_bps, "h2d": h2d_link_bps or host_link_bps}
     execs = module.executions()
     bodies = set(module.trip_counts())
     out = []
@@ -523,7 +532,7 @@ def host_transfers(
                 module.instruction_flops(ins) / peak_flops,
                 (ins.out_bytes + module.operand_bytes(ins)) / hbm_bytes_per_s,
             )
-        link, stall, started = _Link(host_link_bps), {}, set()
+        link, stall, started = _Link(link_bps), {}, set()
         passes = 2 if cname in bodies else 1
         for n in range(passes):
             for ins in instrs:
@@ -533,7 +542,8 @@ def host_transfers(
                 elif ins.name in done_of:
                     key = done_of[ins.name]
                     # Never started here (another computation issued it): count it all as exposed.
-                    waited = link.wait(key) if key in started else pairs[key][2] / host_link_bps
+                    alone = pairs[key][2] / link_bps[pairs[key][1]]
+                    waited = link.wait(key) if key in started else alone
                     if n == passes - 1:
                         stall[done_of[ins.name]] = waited
                 else:
@@ -553,9 +563,9 @@ def host_transfers(
                     nbytes,
                     execs.get(cname, 1),
                     len(between),
-                    nbytes / host_link_bps,
+                    nbytes / link_bps[direction],
                     sum(cost.get(x.name, 0.0) for x in between),
-                    stall.get(start, nbytes / host_link_bps),
+                    stall.get(start, nbytes / link_bps[direction]),
                 )
             )
     return out

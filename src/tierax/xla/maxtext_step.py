@@ -285,12 +285,21 @@ def compile_program(
     mem = compiled.memory_analysis()
     text = compiled.as_text()
     module = hlo.parse_module(text)
+    from tierax.costmodel import target_rates
     from tierax.hardware import cudnn
-    from tierax.xla.compile import host_transfers, libtpu_version, memory_figures, tpu_custom_calls
+    from tierax.xla.compile import (
+        host_transfers,
+        libtpu_version,
+        memory_figures,
+        replay_notes,
+        tpu_custom_calls,
+    )
 
     arg, out, alias, temp = memory_figures(mem)
     peak = arg + out + temp - alias
-    transfers = host_transfers(module, spec, str(config.dtype))
+    rates = target_rates(target, str(config.dtype))
+    transfers = host_transfers(module, rates)
+    notes += replay_notes(rates) if transfers else []
 
     calls = cudnn.custom_calls(text)
     workspace = 0
