@@ -79,18 +79,20 @@ def test_hidden_and_exposed_add_up_to_the_transfer_time_when_transfers_share_the
         assert part["est_hidden_s"] + part["est_exposed_s"] == pytest.approx(part["est_transfer_s"])
 
 
+# A 4 MiB store and a 4 MiB load issued before a 1 ms dot and awaited after it.
+STORE_AND_LOAD = _entry(
+    f"  %st = ({A}, {H}, u32[]) copy-start(%p0)\n"
+    f"  %h = {H} parameter(2)\n"
+    f"  %ld = ({H}, {A}, u32[]) copy-start(%h)\n"
+    f"  %d1 = {A} dot(%p0, %p1), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}\n"
+    f"  %dst = {H} copy-done(%st)\n"
+    f"  ROOT %dld = {A} copy-done(%ld)\n"
+)
+
+
 def test_a_store_and_a_load_do_not_compete():
     # The link is full duplex: a 1 ms store and a 1 ms load under a 1 ms dot are both hidden.
-    ts, ov = _check(
-        _entry(
-            f"  %st = ({A}, {H}, u32[]) copy-start(%p0)\n"
-            f"  %h = {H} parameter(2)\n"
-            f"  %ld = ({H}, {A}, u32[]) copy-start(%h)\n"
-            f"  %d1 = {A} dot(%p0, %p1), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}\n"
-            f"  %dst = {H} copy-done(%st)\n"
-            f"  ROOT %dld = {A} copy-done(%ld)\n"
-        )
-    )
+    ts, ov = _check(STORE_AND_LOAD)
     assert {t.direction for t in ts.values()} == {"d2h", "h2d"}
     assert ov["est_exposed_s"] == pytest.approx(0, abs=1e-12)
     assert ov["by_direction"]["h2d"]["est_transfer_s"] == pytest.approx(MS)
@@ -260,16 +262,8 @@ ENTRY %e (x: f32[4]) -> (s32[], f32[4]) {
 def test_each_direction_runs_at_its_own_link_rate():
     # A 4 MiB store and a 4 MiB load under a 1 ms dot, the load's direction at half the rate: the
     # store takes 1 ms and hides, the load 2 ms and waits 1 ms past the dot.
-    text = _entry(
-        f"  %st = ({A}, {H}, u32[]) copy-start(%p0)\n"
-        f"  %h = {H} parameter(2)\n"
-        f"  %ld = ({H}, {A}, u32[]) copy-start(%h)\n"
-        f"  %d1 = {A} dot(%p0, %p1), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}\n"
-        f"  %dst = {H} copy-done(%st)\n"
-        f"  ROOT %dld = {A} copy-done(%ld)\n"
-    )
     half = RATES | {"h2d_link_bps": RATES["host_link_bps"] / 2}
-    ts = {t.start: t for t in hlo.host_transfers(hlo.parse_module(text), **half)}
+    ts = {t.start: t for t in hlo.host_transfers(hlo.parse_module(STORE_AND_LOAD), **half)}
     assert ts["st"].est_transfer_s == pytest.approx(MS) and ts["st"].est_stall_s == pytest.approx(0)
     assert ts["ld"].est_transfer_s == pytest.approx(2 * MS)
     assert ts["ld"].est_stall_s == pytest.approx(MS)
