@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     from tierax.plan.types import Plan
     from tierax.tracing.model_program import program_of
     from tierax.xla import hlo
-    from tierax.xla.compile import compile_for_target
+    from tierax.xla.compile import compile_for_target, host_transfers
 
     shapes = {c[0]: c for c in tpu_check.CASES + tpu_check.EXTRA_CASES}
     jobs = []
@@ -70,14 +70,7 @@ def main(argv=None) -> int:
         plan = Plan.from_dict(p["placements"])
         mb = case["microbatch"]
         _, text = compile_for_target(cfg, plan, "v5e", microbatch=mb, seq=seq)
-        replay = hlo.overlap_summary(
-            hlo.host_transfers(
-                hlo.parse_module(text),
-                peak_flops=rates.matmul_flops_per_s,
-                hbm_bytes_per_s=rates.hbm_bytes_per_s,
-                host_link_bps=rates.d2h_bytes_per_s,
-            )
-        )
+        replay = hlo.overlap_summary(host_transfers(hlo.parse_module(text), rates))
         pred = cm.simulate(plan, program_of(cfg, mb, seq, {"data": 1, "fsdp": 1}), rates, "lhs", 1)
         model_exposed = pred.breakdown.exposed_d2h_s + pred.breakdown.exposed_h2d_s
         with_replay = pred.step_time_s - model_exposed + replay["est_exposed_s"]

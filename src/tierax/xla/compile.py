@@ -200,13 +200,17 @@ def memory_figures(mem) -> tuple[int, int, int, int]:
 def host_transfers(module: hlo.Module, rates) -> list:
     """Every host transfer of a scheduled module with the static overlap check, at ``rates``' GEMM
     rate, HBM bandwidth and host link in each direction — the :class:`tierax.costmodel.Rates`
-    `simulate` prices the target with (:func:`tierax.xla.hlo.host_transfers`)."""
+    `simulate` prices the target with (:func:`tierax.xla.hlo.host_transfers`) — and the splash
+    attention kernel's calls at its fused attention rates (:mod:`tierax.xla.splash_calls`)."""
+    from tierax.xla import splash_calls
+
     return hlo.host_transfers(
         module,
         peak_flops=rates.matmul_flops_per_s,
         hbm_bytes_per_s=rates.hbm_bytes_per_s,
         host_link_bps=rates.d2h_bytes_per_s,
         h2d_link_bps=rates.h2d_bytes_per_s,
+        kernel_s=splash_calls.kernel_seconds(rates),
     )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 _DTYPE_BYTES = {
@@ -455,12 +456,14 @@ def _pairs(module: Module, instrs: list[Instruction]) -> dict[str, tuple[str, st
             continue
         direction = "d2h" if any(a.host for a in done.arrays) else "h2d"
         host = next(a for a in start.arrays if a.host)
-        # The slice moved per execution: the largest device array of the host buffer's rank.
+        # The slice moved per execution: the largest device array of the host buffer's rank, in
+        # the host buffer's layout (XLA:TPU's tiles, padding included, cross the link).
         moved = [a for a in start.arrays if not a.host and len(a.dims) == len(host.dims)]
+        tiling = host.assigned_bytes / host.nbytes if host.nbytes else 1.0
         out[start.name] = (
             done.name,
             direction,
-            max((a.nbytes for a in moved), default=host.nbytes),
+            max((a.nbytes for a in moved), default=host.nbytes) * tiling,
         )
     return out
 
@@ -510,11 +513,13 @@ def host_transfers(
     hbm_bytes_per_s: float,
     host_link_bps: float,
     h2d_link_bps: float | None = None,
+    kernel_s: Callable[[Module, Instruction], float | None] | None = None,
 ) -> list[Transfer]:
     """Every asynchronous start/done pair that moves data to or from host memory, with its stall
     in a replay of the schedule (see the module docstring).  ``host_link_bps``: the link's bytes
     per second in each direction, or device → host only where ``h2d_link_bps`` gives host →
-    device's."""
+    device's.  ``kernel_s``: the seconds of an instruction the roofline cannot price (a custom
+    kernel's, e.g. XLA:TPU's Pallas calls), or None to price it by the roofline."""
     link_bps = {"d2h": host_link_bps, "h2d": h2d_link_bps or host_link_bps}
     execs = module.executions()
     bodies = set(module.trip_counts())
@@ -528,9 +533,14 @@ def host_transfers(
         for ins in instrs:
             if ins.opcode in _FREE or ins.opcode.endswith(("-start", "-done")):
                 continue
-            cost[ins.name] = max(
-                module.instruction_flops(ins) / peak_flops,
-                (ins.out_bytes + module.operand_bytes(ins)) / hbm_bytes_per_s,
+            own = kernel_s(module, ins) if kernel_s is not None else None
+            cost[ins.name] = (
+                own
+                if own is not None
+                else max(
+                    module.instruction_flops(ins) / peak_flops,
+                    (ins.out_bytes + module.operand_bytes(ins)) / hbm_bytes_per_s,
+                )
             )
         link, stall, started = _Link(link_bps), {}, set()
         passes = 2 if cname in bodies else 1
