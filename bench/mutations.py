@@ -82,8 +82,8 @@ MUTATIONS = [
         "name": "plan-check-correction-wrong-sign",
         "what": "plan --check adds XLA's miss to the next solve's budget instead of taking it off",
         "file": "src/tierax/solving/plan_check.py",
-        "old": "solve_budget = min(budget - correction, limit)",
-        "new": "solve_budget = min(budget + correction, limit)",
+        "old": "solve_budget = min(budget - correction, limit, load_cap)",
+        "new": "solve_budget = min(budget + correction, limit, load_cap)",
         "tests": ["tests/test_plan_check.py"],
     },
     {

@@ -1,6 +1,6 @@
-"""The static overlap check on XLA:TPU's program: the splash kernel's Pallas calls timed at the fused
-attention rates, and host copies moved in the host buffer's tiles.  Scheduled HLO written by hand
-in the form XLA:TPU prints (a call's line as a deviceless v5e compile of tiny-llama with
+"""The static overlap check on XLA:TPU's program: the splash kernel's Pallas calls timed at the
+fused attention rates, and host copies moved in the host buffer's tiles.  Scheduled HLO written
+by hand in the form XLA:TPU prints (a call's line as a deviceless v5e compile of tiny-llama with
 attention=splash writes it), answers computed by hand."""
 
 import dataclasses

@@ -2,10 +2,14 @@
 """The chip check's offload plans priced with XLA:TPU's own schedule of their host copies.
 
 Question: does the schedule XLA:TPU gives a plan's host copies explain the step time the model
-misses on the chip (the head-dim-64 planner's plan)?  Answered: not as a rule.  Replayed at the
-model's rates, that plan's schedule leaves stores exposed that bring its prediction near the chip's,
-as for the dense microbatch-8 plan; but the same replay puts four other planner plans, which the
-model predicts within 3 %, well above the chip's times (the record).
+misses on the chip (the head-dim-64 planner's plan)?  Answered, for the loads: replayed at the
+model's rates, with the splash kernel's calls timed (tierax.xla.splash_calls) and each copy moving
+its host buffer's tiles, the backward's loads wait 30.9 ms a step in the head-dim-64 plan (the
+chip's profile: 36 ms in its loads' dones) and 33.9 ms in the dense microbatch-8 plan (the model's
+miss there: 30 ms), and none in every plan the model predicts within 3 %.  Not for the stores: the
+replay exposes the forward's stores of four planner plans that the chip hides (their steps within
+3 % of the model's, which hides them too).  `plan --check` on a TPU target corrects the loads only
+(tierax.solving.plan_check).
 Records: bench/results/replayed_exposure.json
 Docs: docs/concepts/mechanisms.md
 
