@@ -274,6 +274,28 @@ def planned(prog, rates, label: str):
         return None, str(e).splitlines()[0]
 
 
+# (case, microbatch) → a plan file taken as the planner's plan for that case (--planned-from): a
+# plan `tierax plan --check` chose where XLA:TPU's deviceless compile runs
+# (tierax.solving.plan_check).
+PLANNED_FROM: dict[tuple[str, int], pathlib.Path] = {}
+
+
+def planned_from(spec: str) -> dict[tuple[str, int], pathlib.Path]:
+    """``--planned-from``'s ``MODEL:MICROBATCH=PLAN.yaml,...``; raises ValueError naming the bad
+    item (a missing file included)."""
+    out = {}
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        case, eq, path = item.partition("=")
+        name, _, mb = case.partition(":")
+        if not eq or not mb.isdigit() or not path:
+            raise ValueError(f"--planned-from item {item!r} is not MODEL:MICROBATCH=PLAN.yaml")
+        f = pathlib.Path(path)
+        if not f.is_file():
+            raise ValueError(f"--planned-from: no plan file {path!r} (for {case})")
+        out[(name, int(mb))] = f
+    return out
+
+
 # The share of the chip's limit the planner leaves free: 0, or (--margin-from RECORD) the largest
 # amount by which XLA:TPU's peak exceeded the model's prediction in an earlier check's plans.
 FIT_MARGIN = {"margin": 0.0, "source": "none"}
@@ -310,8 +332,16 @@ def run_case(name: str, cfg, seq: int, mb: int, presets, rates: dict, steps: int
     prog = program_of(cfg, mb, seq, {"data": 1, "fsdp": 1})
     plans = [plan_lib.preset(p, cfg) for p in presets]
     notes, planner_chose = [], {}
+    given = PLANNED_FROM.get((name, mb))
     for label in ("calibrated", "uncalibrated"):
-        plan, why = planned(prog, rates[label], label)
+        if given is not None:
+            from tierax.plan.presets import load_plan
+
+            plan, why = load_plan(str(given), cfg), None
+            plan = dataclasses.replace(plan, name=f"planned-{label}")
+            notes.append(f"planner ({label}): the plan in {given} (--planned-from)")
+        else:
+            plan, why = planned(prog, rates[label], label)
         if plan is None:
             notes.append(f"planner ({label}): {why}")
             continue
@@ -550,6 +580,13 @@ def main(argv=None) -> int:
         help="plan within the chip's limit less the worst peak under-prediction in RECORD",
     )
     ap.add_argument(
+        "--planned-from",
+        metavar="MODEL:MB=PLAN.yaml,...",
+        default="",
+        help="take these plan files as the planner's plans of those cases (e.g. plans "
+        "`tierax plan --check` chose with XLA:TPU's deviceless compile)",
+    )
+    ap.add_argument(
         "--render",
         metavar="RECORD",
         nargs="+",
@@ -563,6 +600,11 @@ def main(argv=None) -> int:
         for f in tpu_check_report.render([pathlib.Path(r) for r in args.render]):
             print(f"wrote {f}")
         return 0
+    try:
+        PLANNED_FROM.update(planned_from(args.planned_from))
+    except ValueError as e:
+        print(f"tpu_check: {e}", file=sys.stderr)
+        return 2
     stages = [x.strip() for x in args.stages.split(",")]
     if bad := [x for x in stages if x not in STAGES]:
         print(
