@@ -221,7 +221,7 @@ def render(records, page: pathlib.Path = PAGE, png: pathlib.Path = PLOT) -> list
         "Predictions are `tierax simulate --target v5e` for the same model, microbatch and plan: "
         "*calibrated* with the rates this run measured on the chip first (below), *datasheet* with "
         "tierax's v5e rates as they stood when the record was made, no calibration (in records "
-        "1-12 the datasheet's; in 13-16 the measured kernel-rate table, "
+        "1-12 the datasheet's; in 13-17 the measured kernel-rate table, "
         "docs/results/tpu-kernel-rates.md, tierax's v5e default after record 12).  Every plan ran "
         "alone on the chip (its state freed before the next); a plan the chip's compiler or "
         "runtime refused is shown as refused.  The records in order: the first run, the second "
@@ -239,9 +239,12 @@ def render(records, page: pathlib.Path = PAGE, png: pathlib.Path = PLOT) -> list
         "dims 64 and 128, the MoE shapes, predicted by the kernel-rate table as the default), "
         "the fifteenth (the MLA + MoE shapes once a one-layer group's remat recomputes: "
         "tierax.models.decoder.single_trip; before it XLA:TPU merged the dense layer's "
-        "recomputation into its forward) and the sixteenth (the dense shapes and the fit "
+        "recomputation into its forward), the sixteenth (the dense shapes and the fit "
         "boundary once a layer backward that recomputes splash attention holds the kernel's "
-        "float32 log-sum-exp buffer, 128 lanes wide: tierax.models.attention.SPLASH_LSE_LANES).",
+        "float32 log-sum-exp buffer, 128 lanes wide: tierax.models.attention.SPLASH_LSE_LANES) "
+        "and the seventeenth (the dense shapes with the planner's plans from `tierax plan "
+        "--check`, which on a TPU target re-plans below a plan whose loads XLA:TPU's schedule "
+        "leaves waiting: tierax.solving.plan_check; --planned-from names the files).",
         "",
         "What the platform choice, the memory figures and the back-to-back timing follow was read "
         "first from `bench/investigations/tpu_probe.py` on the same chip (its record: "

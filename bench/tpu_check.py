@@ -24,6 +24,9 @@ What it does, in one process (one program holds the chip), every stage against `
    time; a plan the chip refuses is recorded as not fitting), each beside the model's prediction
    (step time, fit, device and host bytes) under both sets of rates.  ``--models dense-8k`` and
    ``dense-hd64`` add the dense shape at seq 8192 and at head dim 64 (not run by default).
+   ``--planned-from MODEL:MB=PLAN.yaml,...`` takes plan files as the planner's plans of those cases
+   (the chip check's seventeenth record: the plans `tierax plan --check` chose with XLA:TPU's
+   deviceless compile, bench/results/chip/tpu_check_checked.json).
 3. The fit boundary of remat-full on the dense model, found on the chip (doubling, then
    bisection on the chip's own out-of-memory errors) beside the planner's predicted largest
    microbatch.
