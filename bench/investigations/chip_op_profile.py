@@ -16,7 +16,8 @@ which its compute.
 Records: bench/results/chip/profiles/dense_planned_ops.json,
   bench/results/chip/profiles/hd64_lse_planned_ops.json,
   bench/results/chip/profiles/hd64_lse_qkv_ops.json,
-  bench/results/chip/profiles/hd64_lse_remat_full_ops.json
+  bench/results/chip/profiles/hd64_lse_remat_full_ops.json,
+  bench/results/chip/profiles/state_mb32_ops.json
 Docs: docs/concepts/mechanisms.md
 
     tierax profile ... --out DIR          # on the chip
