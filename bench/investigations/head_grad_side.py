@@ -42,8 +42,8 @@ SCHEMA = "tierax.head-grad-side/1"
 DEVICES = 8
 AFTER, AT_LOSS, SCATTERED_AT_LOSS = "after", "at the loss", "reduce-scattered at the loss"
 UNDECIDED = "undecided"
-# MaxText's custom remat policy with q, k and v offloaded to the host, as bench/maxtext_fidelity.py's
-# mistral-7b custom rows set it
+# MaxText's custom remat policy with q, k and v offloaded to the host, as the mistral-7b custom
+# rows of bench/maxtext_fidelity.py set it
 _OFF = [
     "remat_policy=custom",
     "query_proj=offload",
@@ -143,7 +143,10 @@ def xla_side(hlo: str, emb: int, vocab: int, fsdp: int) -> tuple[str, str]:
     if len(dots) > 1 and min(dots) < loop < max(dots):
         return UNDECIDED, f"head-shaped dots on both sides of the loop: {named}; {where}"
     if not dots and not scatters:
-        return UNDECIDED, f"no [emb, vocab] dot or reduce-scatter with dot_general metadata; {where}"
+        return (
+            UNDECIDED,
+            f"no [emb, vocab] dot or reduce-scatter with dot_general metadata; {where}",
+        )
     first = min([*dots, *scatters])
     if first > loop:
         return AFTER, f"{named}; {where}"
