@@ -61,6 +61,9 @@ CASES = [
     ("qwen3-8b-v6e-8k", "qwen3-8b", "v6e", 2, 1, 8192, _FULL),
     ("qwen3-8b-v6e-12k", "qwen3-8b", "v6e", 2, 1, 12288, _FULL),
     ("qwen3-8b-v6e-16k", "qwen3-8b", "v6e", 2, 1, 16384, _FULL),
+    # the same tokens per device in several sequences
+    ("qwen3-8b-v6e-3x4k", "qwen3-8b", "v6e", 2, 3, 4096, _FULL),
+    ("qwen3-8b-v6e-2x8k", "qwen3-8b", "v6e", 2, 2, 8192, _FULL),
     ("qwen3-8b-v6e-8k-v32000", "qwen3-8b", "v6e", 2, 1, 8192, [*_FULL, "vocab_size=32000"]),
     ("qwen3-8b-v6e-8k-v64000", "qwen3-8b", "v6e", 2, 1, 8192, [*_FULL, "vocab_size=64000"]),
     ("qwen3-8b-v6e-8k-v128256", "qwen3-8b", "v6e", 2, 1, 8192, [*_FULL, "vocab_size=128256"]),
