@@ -61,6 +61,12 @@ REDUCE_SCATTER = (
     f"  %reduce-scatter.2 = bf16[{EMB // FSDP},{VOCAB}]{{1,0}} reduce-scatter(%fusion.7), "
     f"dimensions={{0}}, to_apply=%add, metadata={{op_name={DOT}}}"
 )
+# the gradient all-reduced by a fusion, and copied into another layout: no dot
+ALL_REDUCE_FUSION = (
+    f"  %fusion.20 = bf16[{EMB},{VOCAB}]{{1,0}} fusion(%fusion.7), kind=kCustom, "
+    f"calls=%all-reduce.5, metadata={{op_name={DOT}}}"
+)
+COPY = f"  %copy.5 = bf16[{EMB},{VOCAB}]{{0,1}} copy(%fusion.7), metadata={{op_name={DOT}}}"
 # the embedding's gradient: table-shaped, transposed, but no dot
 EMBED_GRAD = (
     f"  %scatter.4 = bf16[{VOCAB},{EMB}]{{1,0}} scatter(%z, %i, %g), to_apply=%add, "
@@ -98,6 +104,9 @@ def _hlo(*lines: str) -> str:
         ((_dot(), REDUCE_SCATTER, _loop("while.2", "transpose(jvp())")), "reduce-scattered"),
         # made at the loss, reduce-scattered after the loop (TPU7x): at the loss
         ((_dot(), _loop("while.2", "transpose(jvp())"), REDUCE_SCATTER), "at the loss"),
+        # made at the loss, then all-reduced or copied after the loop: at the loss
+        ((_dot(), _loop("while.2", "transpose(jvp())"), ALL_REDUCE_FUSION), "at the loss"),
+        ((_dot(), _loop("while.2", "transpose(jvp())"), COPY), "at the loss"),
         # the dot fused into the reduce-scatter, unseen in the entry
         ((SCATTER_FUSION, _loop("while.2", "transpose(jvp())")), "reduce-scattered"),
         # a [vocab, emb] dot (the head read transposed)
@@ -109,7 +118,7 @@ def _hlo(*lines: str) -> str:
         ),
     ],
     ids=["dot-then-loop", "loop-then-dot", "scatter-fusion", "reduce-scatter", "scatter-after",
-         "fused-only", "transposed", "two-loops"],
+         "all-reduce-fusion-after", "copy-after", "fused-only", "transposed", "two-loops"],
 )  # fmt: skip
 def test_the_reader_places_the_head_gradient_against_the_backward_loop(lines, side):
     got, why = _side_module().xla_side(_hlo(*lines), EMB, VOCAB, FSDP)
