@@ -85,7 +85,8 @@ def entry_instructions(hlo: str) -> list[tuple[str, str]]:
     """The scheduled entry computation of an optimized HLO module's text: ``(name, the text after
     '=')`` per instruction, in schedule order."""
     start = hlo.index("\nENTRY")
-    body = hlo[start:].split("\n}", 1)[0].splitlines()[1:]
+    # its closing brace alone on a line (a custom call's config may break a line at "}}")
+    body = re.split(r"\n}[ \t]*\n", hlo[start:] + "\n", maxsplit=1)[0].splitlines()[1:]
     return [(m.group(1), m.group(2)) for m in map(_INSTRUCTION.match, body) if m]
 
 
@@ -112,7 +113,9 @@ def xla_side(hlo: str, emb: int, vocab: int, fsdp: int) -> tuple[str, str]:
     layers' backward loop: ``(side, why)``, side one of :data:`AFTER`, :data:`AT_LOSS`,
     :data:`SCATTERED_AT_LOSS` or :data:`UNDECIDED`.
 
-    The backward loop: the entry's last ``while`` with ``transpose(jvp())`` metadata.  The head
+    The backward loop: the entry's last ``while`` with ``transpose(jvp())`` metadata (the layers'
+    scan; where XLA peels a layer out of it, as under a host offload, the peeled layer's own loops
+    may come after it).  The head
     gradient's dot: an entry instruction with ``transpose(jvp())/dot_general`` metadata, a fusion,
     convolution or dot that is no collective, whose output is ``[emb, vocab]`` (or ``[vocab,
     emb]``).  Its reduce-scatter: one with that metadata
