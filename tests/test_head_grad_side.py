@@ -74,6 +74,14 @@ EMBED_GRAD = (
 )
 
 
+# a custom call whose config breaks its line at "}}" (as splash attention's does in an entry)
+BROKEN = (
+    '  %custom-call.3 = bf16[2,4]{1,0} custom-call(%a), custom_call_target="tpu_custom_call", '
+    'backend_config={"custom_call_config":{"body":"x"\n}}, metadata={op_name="jit(train_step)/'
+    'jvp()/while/body/pallas_call"}'
+)
+
+
 def _hlo(*lines: str) -> str:
     return "\n".join(
         [
@@ -107,6 +115,8 @@ def _hlo(*lines: str) -> str:
         # made at the loss, then all-reduced or copied after the loop: at the loss
         ((_dot(), _loop("while.2", "transpose(jvp())"), ALL_REDUCE_FUSION), "at the loss"),
         ((_dot(), _loop("while.2", "transpose(jvp())"), COPY), "at the loss"),
+        # the entry read past a line broken inside a custom call's config
+        ((BROKEN, _loop("while.2", "transpose(jvp())"), _dot()), "after"),
         # the dot fused into the reduce-scatter, unseen in the entry
         ((SCATTER_FUSION, _loop("while.2", "transpose(jvp())")), "reduce-scattered"),
         # a [vocab, emb] dot (the head read transposed)
@@ -118,7 +128,8 @@ def _hlo(*lines: str) -> str:
         ),
     ],
     ids=["dot-then-loop", "loop-then-dot", "scatter-fusion", "reduce-scatter", "scatter-after",
-         "all-reduce-fusion-after", "copy-after", "fused-only", "transposed", "two-loops"],
+         "all-reduce-fusion-after", "copy-after", "broken-line", "fused-only", "transposed",
+         "two-loops"],
 )  # fmt: skip
 def test_the_reader_places_the_head_gradient_against_the_backward_loop(lines, side):
     got, why = _side_module().xla_side(_hlo(*lines), EMB, VOCAB, FSDP)
