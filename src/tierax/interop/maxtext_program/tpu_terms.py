@@ -29,10 +29,10 @@ buffers are per device; ``c`` is the compute dtype's size, ``head`` = ``emb × v
   what the buffer assignment holds through the loop, in compiles on 8 devices (fsdp 8) under the
   flags ``simulate --maxtext`` models: ``bench/maxtext_fidelity.py``'s qwen3-8b-v6e-full-36L-8k,
   mistral-7b-v5p-custom-32L-8k, llama3-8b-v5p-full-32L-8k and llama2-7b-v7x-minimal-32L-8k, and
-  cuts of qwen3-8b (2 layers, ``remat_policy=full``: v5p at 2048, 4096 and 8192 tokens, at 2048
-  with ``base_emb_dim=2048``; v6e at 8192, 12288 and 16384, at 8192 with vocabularies 32000 and
-  64000; TPU7x at 4096), of mistral-7b (v5p, 2 × 8192: ``full`` at 2 layers, its ``custom`` q/k/v
-  offload at 3) and of llama2-7b (``minimal``, 1 × 8192, 2 layers: v6e, TPU7x).  Three schedules:
+  2- and 3-layer cuts of qwen3-8b, mistral-7b, llama2-7b and llama3-8b on v5p, v6e and TPU7x,
+  whose sides ``bench/investigations/head_grad_side.py`` reads again from their schedules: its
+  record, ``bench/results/head_grad_side.json``, holds each cut's keys and shapes, XLA's side and
+  this rule's (not what the loop holds).  Three schedules:
 
   - *after the loop*: the logits' gradient (``c·logits``) held through the loop, the head's
     gradient made from it after the loop and all-reduced (qwen3-8b v6e 1 × 8192, mistral-7b's
@@ -64,7 +64,10 @@ buffers are per device; ``c`` is the compute dtype's size, ``head`` = ``emb × v
   logits' gradient.  Its 2-layer cut does the same, while qwen3-8b cut to 2 layers at 8192 tokens
   makes it after the loop at llama3-8b's vocabulary (128256: the same head, tokens and shard) as
   at 131200 and 151808: on v6e at ``tokens = 2·emb`` the side follows the decoder's layers too,
-  not the head's shapes alone (which property of them was not read).
+  not the head's shapes alone (which property of them was not read).  Missed too (the record's
+  rows): qwen3-8b's cut on v6e with one sequence of 12288 or 16384 tokens a device makes it
+  after the loop, where the same tokens as 3 × 4096 or 2 × 8192 make it at the loss, as the rule
+  says: on v6e the side follows the sequence length too (which property decides was not read).
   Not read: an untied head on v5e (the rule of the tied heads below applies), compiles without
   the modelled flags (the seen rows' reduce-scatter at the loss, llama2-7b and mistral-7b on v6e,
   follows the v6e fusion).
@@ -210,13 +213,13 @@ COLLECTIVE_MATMUL_TOKENS = {"v5e": 2048}
 # Per TPU generation, the fewest tokens per device per embedding feature (tokens ÷ emb) at which
 # XLA:TPU (libtpu 0.0.52) was read making an untied head's gradient at the loss and holding it
 # unsharded through the layers' backward (module docstring, "Which side of the layers' backward");
-# below it, after the loop from the logits' gradient held through it.  The compiles read bracket it:
-# v5p after at 0.5, at the loss at 1, 2, 4 and 8; v6e after at 2, at the loss at 3 and 4; TPU7x
-# after at 1, at the loss at 2.
+# below it, after the loop from the logits' gradient held through it.  The compiles read bracket it
+# (bench/results/head_grad_side.json's cuts, with bench/maxtext_fidelity.py's full-depth rows).
 HEAD_GRAD_AT_LOSS_TOKENS_PER_EMB = {"v5p": 1, "v6e": 3, "tpu7x": 2}
 # On v6e XLA:TPU fuses the head's gradient with its reduce-scatter at the loss (an
 # all-reduce-scatter fusion) where the reduce-scattered shard is no larger than this (module
-# docstring): the largest shard read fused, bf16 [512, 64000]; bf16 [512, 151936] was not.
+# docstring): the largest shard read fused (bench/results/head_grad_side.json's qwen3-8b v6e cuts
+# by vocabulary).
 V6E_SCATTER_FUSION_BYTES = 2 * 512 * 64000
 
 
