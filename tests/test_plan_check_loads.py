@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import types
@@ -27,17 +28,11 @@ from tierax.solving import plan_check
 from tierax.tracing.model_program import program_of
 from tierax.xla import compile as compile_lib
 
-HD64 = [
-    "d_model=2048",
-    "num_layers=8",
-    "mlp_dim=8192",
-    "num_kv_heads=8",
-    "vocab_size=32000",
-    "dtype=bfloat16",
-    "attention=splash",
-    "num_heads=32",
-    "head_dim=64",
-]
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+import tpu_check  # noqa: E402 — the chip check's case shapes
+
+# the chip check's head-dim-64 dense shape (attention=auto: splash on a TPU target)
+HD64 = next(c for c in tpu_check.EXTRA_CASES if c[0] == "dense-hd64")[2]
 MB, SEQ, GIB = 8, 2048, 2**30
 BUDGET = 15.246 * GIB  # the chip check's: the limit less its 3.2 % margin
 
@@ -128,7 +123,7 @@ def test_xla_tpus_own_schedule_moves_the_head_dim_64_plan_below_the_guard(tmp_pa
     hidden."""
     pytest.importorskip("libtpu")
     out = tmp_path / "plan.yaml"
-    sets = [a for kv in HD64 for a in ("--set", kv.replace("splash", "auto"))]
+    sets = [a for kv in HD64 for a in ("--set", kv)]
     argv = [sys.executable, "-m", "tierax.cli", "plan", "--model", "tiny-llama", *sets,
             "--microbatch", str(MB), "--seq", str(SEQ), "--target", "v5e", "--devices", "1",
             "--budget-gib", "15.246", "--check", "--json", "--out", str(out)]  # fmt: skip
