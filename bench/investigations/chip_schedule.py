@@ -243,7 +243,9 @@ def timeline(profile: str, case: int) -> dict:
             t0, t1 = at[start], at[done] + ms(done)
             if t1 < t0:  # done in the next trip
                 t1 += t
-            tiled = nbytes * host.assigned_bytes / host.nbytes
+            # hlo._pairs gives the bytes the link moves: the host buffer's tiles
+            tiled = nbytes
+            nbytes = round(tiled * host.nbytes / host.assigned_bytes) if host.assigned_bytes else 0
             copies.append(
                 {
                     "computation": cname,
