@@ -478,7 +478,14 @@ def compile_for_target(
 
     # The plan's host bytes against the target's host memory, before XLA spends any time on it.
     full_inventory = inv.model_inventory(cfg, microbatch, seq, shape.to_dict())
-    predicted = _prediction(cfg, plan, full_inventory, target, xla_preset, grad_accum, calibration)
+    # The rates simulate prices the target with (--rates applied): the prediction's and the
+    # static overlap check's
+    rates = costmodel.target_rates(target, cfg.dtype)
+    if calibration is not None:
+        rates = calibration.apply(rates)
+    predicted = _prediction(
+        cfg, plan, full_inventory, rates, xla_preset, grad_accum, calibrated=calibration is not None
+    )
     host_memory = int(spec.host_memory_per_gpu_bytes)
     if predicted["host_bytes"] > host_memory:
         raise TieraxError(
@@ -571,9 +578,6 @@ def compile_for_target(
             f"{host_temp} bytes beside the larger of the state and the offloaded activations' "
             f"{acts} bytes (host buffers of the backward and the update share memory)"
         )
-    rates = costmodel.target_rates(target, cfg.dtype)
-    if calibration is not None:
-        rates = calibration.apply(rates)
     transfers = host_transfers(module, rates)
     notes = replay_notes(rates) + host_notes
     if not tpu:
@@ -678,17 +682,14 @@ def _prediction(
     cfg,
     plan: plan_lib.Plan,
     inventory,
-    target: str,
+    rates,
     xla_preset: str,
     grad_accum: int = 1,
-    calibration=None,
+    calibrated: bool = False,
 ) -> dict:
-    """The cost model's figures for the plan compiled: the schedule of its XLA preset (plan
-    --check's); with ``calibration`` (a :class:`tierax.costmodel.calibrated.CalibratedRates`,
-    ``--rates``) also the step time at its factors, and which factors those are."""
-    rates = costmodel.target_rates(target, cfg.dtype)
-    if calibration is not None:
-        rates = calibration.apply(rates)
+    """The cost model's figures for the plan compiled at ``rates``: the schedule of its XLA preset
+    (plan --check's); where ``calibrated`` (``rates`` carry a ``--rates`` calibration's factors)
+    also the step time at its factors, and which factors those are."""
     schedule = "lhs-pipelined" if xla_preset == "lhs-pipelined" else "lhs"
     from tierax.tracing.model_program import for_inventory
 
@@ -702,7 +703,7 @@ def _prediction(
         "state_host_bytes": p.breakdown.state.host_bytes,
     } | (
         {"step_time_s": p.step_time_s, "calibration": rates.sources["calibration"]}
-        if calibration is not None
+        if calibrated
         else {}
     )
 
