@@ -290,7 +290,7 @@ MUTATIONS = [
         "name": "calibrate-gb200-as-b200",
         "what": "calibrate.target_key_for: a substring test, B200 before GB200 (a GB200's rates "
         "stored as b200)",
-        "file": "src/tierax/measure/calibrate.py",
+        "file": "src/tierax/hardware/device_kinds.py",
         "old": "    for word in words:\n        if word in _KIND_TO_TARGET:\n            return "
         "_KIND_TO_TARGET[word]\n",
         "new": "    for kind, key in _KIND_TO_TARGET.items():\n        if kind in "

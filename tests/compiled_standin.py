@@ -16,6 +16,7 @@ def compiled(
         fits=fits,
         out_of_memory=out_of_memory,
         overlap={},
+        xla_recompute={},
         host_temp_bytes=host_temp_bytes,
         host_argument_bytes=0,
         compile_time_s=0.0,

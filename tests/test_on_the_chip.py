@@ -53,6 +53,30 @@ def test_the_platform_is_the_accelerator_for_a_step(env, found, host_devices, ru
     assert got == expected
 
 
+@pytest.mark.parametrize(
+    "env, found, expected",
+    [
+        ("", flags.Accelerators(nvidia=False, tpu=True), True),  # beside a chip: its own compile
+        ("cpu", flags.Accelerators(nvidia=False, tpu=True), False),  # asked for deviceless
+        ("", flags.Accelerators(nvidia=False, tpu=False), False),  # no chip: deviceless
+        ("", flags.Accelerators(nvidia=True, tpu=False), False),  # a GPU is no TPU
+    ],
+)
+def test_a_tpu_target_compiles_on_the_attached_chip(env, found, expected):
+    assert flags.compiles_on_attached_tpu(env_platforms=env, found=found) is expected
+
+
+def test_a_tpu_target_compiles_deviceless_without_a_chip(monkeypatch):
+    """Here (no TPU) the compile start is the deviceless one: the CPU platform for JAX."""
+    from tierax import launch
+
+    calls = []
+    monkeypatch.setattr(launch, "start_deviceless_tpu", lambda *a: calls.append(a))
+    monkeypatch.setattr(flags.Accelerators, "present", classmethod(lambda cls: cls(False, False)))
+    assert launch.start_tpu_compile("none", "v5litepod-1") is False
+    assert calls == [("none", "v5litepod-1")]
+
+
 def test_a_tpu_is_found_by_its_device_files(monkeypatch):
     """The lent v5e showed its chip as /dev/vfio/3 beside the container's /dev/vfio/vfio, and no
     /dev/accel* (bench/results/tpu_probe.json)."""

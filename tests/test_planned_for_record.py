@@ -205,3 +205,23 @@ def test_compile_takes_the_planned_sizes(cli, tmp_path):
     r = subprocess.run([*run, "compile", "--plan", str(plan), "--grad-accum", "1"],
                        capture_output=True, text=True, env=env)  # fmt: skip
     assert r.returncode == 2 and "--grad-accum 1 differs" in r.stderr and "(2)" in r.stderr
+
+
+def test_the_same_overrides_in_another_order_are_the_same_model():
+    """The chip session's plans were planned with ``--set`` overrides in one order and benched with
+    them in another: the same config, accepted; a differing value (or a later ``--set`` of the same
+    key that wins with another value) is refused."""
+    from tierax.errors import TieraxError
+    from tierax.plan.planned_for import PlannedFor, merge_planned_for
+
+    planned = PlannedFor(model="tiny-llama --set d_model=64 --set num_heads=4")
+    given = {"model": "tiny-llama --set num_heads=4 --set d_model=64"}
+    values, _ = merge_planned_for(planned, given, {}, plan="p.yaml")
+    assert values["model"] == given["model"]
+    # the last --set of a key wins: d_model=32 then 64 is d_model=64
+    repeated = {"model": "tiny-llama --set d_model=32 --set num_heads=4 --set d_model=64"}
+    assert merge_planned_for(planned, repeated, {}, plan="p.yaml")[0]["model"]
+    for other in ("tiny-llama --set num_heads=4 --set d_model=32", "tiny-llama --set d_model=64",
+                  "tiny-mixtral --set d_model=64 --set num_heads=4"):  # fmt: skip
+        with pytest.raises(TieraxError, match="differs from the model plan p.yaml"):
+            merge_planned_for(planned, {"model": other}, {}, plan="p.yaml")

@@ -167,7 +167,7 @@ def cmd_compile(args) -> int:
         spec.topology_name(mesh.size)  # an unsupported slice size fails before JAX starts
         from tierax.xla import compile as compile_lib
 
-        launch.start_deviceless_tpu(args.xla_preset, spec.accelerator_type(mesh.size))
+        launch.start_tpu_compile(args.xla_preset, spec.accelerator_type(mesh.size))
         compile_lib.check_tpu_aot()
     else:
         launch.start(preset=args.xla_preset, deviceless_gpu=True)

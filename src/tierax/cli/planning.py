@@ -394,7 +394,7 @@ def _plan_check(args) -> int:
     check_budget(args, rates)  # before any compile
     if spec.kind == "tpu":
 
-        launch.start_deviceless_tpu("none", spec.accelerator_type(mesh.size))
+        launch.start_tpu_compile("none", spec.accelerator_type(mesh.size))
     else:
         launch.start(
             deviceless_gpu=True,
@@ -479,7 +479,7 @@ def _plan_mesh_auto(args) -> int:
     check_budget(args, rates)
     if args.check and spec.kind == "tpu":
 
-        launch.start_deviceless_tpu("none", spec.accelerator_type(args.devices))
+        launch.start_tpu_compile("none", spec.accelerator_type(args.devices))
     elif args.check:
         launch.start(
             deviceless_gpu=True,

@@ -97,6 +97,30 @@ def start_deviceless_tpu(preset: str = "none", accelerator_type: str | None = No
     xla_flags.configure(platforms="cpu", env={**env, **xla_flags.libtpu_env()})
 
 
+def start_tpu_compile(preset: str = "none", accelerator_type: str | None = None) -> bool:
+    """Start JAX for a compile of tierax's step for a TPU target; returns whether the attached TPU
+    is used.
+
+    On a machine with a TPU (JAX_PLATFORMS unset) JAX starts its TPU backend, so that a target of
+    the attached chip's kind compiles for the chip itself — the program that runs here, with this
+    machine's libtpu (:func:`tierax.xla.compile.attached_tpu`); libtpu gets
+    :data:`tierax.launch.flags.TPU_FLAGS` as a run's does.  Elsewhere, or where JAX_PLATFORMS
+    chooses (``JAX_PLATFORMS=cpu``: deviceless even beside a chip), the deviceless start of
+    :func:`start_deviceless_tpu`."""
+    if not xla_flags.compiles_on_attached_tpu(
+        env_platforms=os.environ.get("JAX_PLATFORMS", ""),
+        found=xla_flags.Accelerators.present(),
+    ):
+        start_deviceless_tpu(preset, accelerator_type)
+        return False
+    if preset != "none":
+        raise TieraxError(
+            f"--xla-preset {preset!r} sets XLA:GPU flags; a TPU target takes --xla-preset none"
+        )
+    xla_flags.configure(run_step=True, env=xla_flags.libtpu_env())
+    return True
+
+
 def start_maxtext_compile(
     target: str, devices: int, run_env: Mapping[str, str] | None = None
 ) -> None:

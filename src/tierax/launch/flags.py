@@ -110,6 +110,13 @@ def choose_platforms(
     return None
 
 
+def compiles_on_attached_tpu(*, env_platforms: str, found: Accelerators) -> bool:
+    """Whether a compile for a TPU target starts the machine's TPU backend (the attached chip's
+    own compile, :func:`tierax.launch.start_tpu_compile`) rather than compiling deviceless: a TPU
+    is present and JAX_PLATFORMS does not choose (``JAX_PLATFORMS=cpu`` asks for deviceless)."""
+    return not env_platforms and found.tpu
+
+
 def cpu_without_accelerator() -> bool:
     """For the Python API's import (before JAX starts): where JAX_PLATFORMS is unset and the
     machine has neither an NVIDIA driver nor a TPU, choose JAX's ``cpu`` platform, so that an

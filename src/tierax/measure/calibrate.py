@@ -20,7 +20,6 @@ and used by ``simulate`` and ``plan`` instead of datasheet figures.
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Callable
 
@@ -28,46 +27,14 @@ import jax
 
 from tierax import costmodel as cm
 from tierax.fileio import write_text_atomic
+from tierax.hardware.device_kinds import target_key_for
 from tierax.measure import harness
 
-# A word of the device kind JAX reports ("NVIDIA H100 80GB HBM3", "NVIDIA GB200") → the target.
-# Whole words only: "B200" is inside "GB200" and "H200" inside "GH200" (a Grace Hopper, whose
-# GPU is not an H200), so a substring test would store one machine's rates under another's key.
-_KIND_TO_TARGET = {"H100": "h100", "H200": "h200", "B200": "b200", "GB200": "gb200"}
 DTYPES = ("float32", "bfloat16")
 # Compute dtypes whose LM head GEMMs XLA:CPU runs in another form than their layer GEMMs (a
 # float32 output from bfloat16 operands: harness.HEAD_MATMUL_ROLES); a float32 step's head GEMMs
 # are float32 GEMMs like its layers', priced at the mix's rate.
 HEAD_DTYPES = ("bfloat16",)
-
-
-# The device kinds JAX reports for Cloud TPUs → the target ("TPU v5 lite" is a v5e chip; v5p shows
-# as "TPU v5"; TPU7x as "TPU7x").
-_TPU_KIND_TO_TARGET = {
-    "TPU V5 LITE": "v5e",
-    "TPU V5E": "v5e",
-    "TPU V5P": "v5p",
-    "TPU V5": "v5p",
-    "TPU V6 LITE": "v6e",
-    "TPU V6E": "v6e",
-    "TPU7X": "v7x",
-    "TPU V7X": "v7x",
-}
-
-
-def target_key_for(platform: str, device_kind: str) -> str:
-    """The calibration key of a device: ``cpu`` on a CPU; the tierax target whose model is a word
-    of ``device_kind`` on a GPU, or whose device kind it is on a TPU; else the device kind itself
-    (no target reads it)."""
-    if platform == "tpu":
-        return _TPU_KIND_TO_TARGET.get(" ".join(device_kind.upper().split()), device_kind)
-    if platform != "gpu":
-        return "cpu"
-    words = re.findall(r"[A-Z0-9]+", device_kind.upper())
-    for word in words:
-        if word in _KIND_TO_TARGET:
-            return _KIND_TO_TARGET[word]
-    return device_kind
 
 
 def target_key() -> str:

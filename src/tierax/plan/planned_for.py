@@ -198,7 +198,20 @@ def merge_planned_for(
 def _shown(key: str, value: Any) -> str:
     if key == "mesh":
         return ",".join(f"{a}={n}" for a, n in checked_mesh(value, "mesh").items())
+    if key == "model" and not str(value).startswith(DIGEST_PREFIX):
+        return canonical_model_name(str(value))
     return str(value)
+
+
+def canonical_model_name(entry: str) -> str:
+    """A ``NAME --set K=V ...`` entry as the config it names: each key's last value (a later
+    ``--set`` wins), keys in order — the same model however its overrides were ordered."""
+    name, sets = parse_model_name(entry)
+    last = {}
+    for kv in sets:
+        k, _, v = kv.partition("=")
+        last[k.strip()] = v.strip()
+    return model_name(name, [f"{k}={last[k]}" for k in sorted(last)])
 
 
 def _checked_count(raw: Any, where: str) -> int | None:

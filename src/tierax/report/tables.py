@@ -118,8 +118,14 @@ def compile_table(r) -> Table:
     t = Table(
         title=f"{r.model} · plan {r.plan} · {r.target} × {r.devices} · microbatch "
         f"{r.microbatch}/device × seq {r.seq} · xla preset {r.xla_preset}",
-        caption=f"deviceless XLA:{'TPU' if tpu else 'GPU'} compile (no "
-        f"autotuning: sizes close, not exact); attention {r.attention}; " + "; ".join(r.notes),
+        caption=(
+            f"XLA:TPU compile on the attached {r.compiled_on}"
+            if r.compiled_on
+            else f"deviceless XLA:{'TPU' if tpu else 'GPU'} compile (no autotuning: sizes close, "
+            "not exact)"
+        )
+        + f"; attention {r.attention}; "
+        + "; ".join(r.notes),
     )
     t.add_column("figure")
     t.add_column("per device", justify="right")
@@ -179,6 +185,16 @@ def compile_table(r) -> Table:
             ("  est. hidden under compute", f"{ov['est_hidden_s'] * 1e3:.3f} ms"),
             ("  est. exposed (the stream waits)", f"{ov['est_exposed_s'] * 1e3:.3f} ms"),
         ]
+    rc = r.xla_recompute
+    if rc:  # none when XLA refused the program
+        rows.append(
+            (
+                "XLA's own recompute (rematerialization pass)",
+                f"{rc['instructions']} instruction(s), est. {rc['est_s'] * 1e3:.3f} ms"
+                if rc["instructions"]
+                else "none",
+            )
+        )
     rows.append(("compile time", f"{r.compile_time_s:.1f} s"))
     for k, v in rows:
         t.add_row(k, v)

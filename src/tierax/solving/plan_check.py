@@ -22,6 +22,14 @@ tolerance, corrects the one term the comparison can attribute and solves again:
   the chip's waits where the model missed them, while the replay over-prices the forward's stores
   that the chip hides (``bench/investigations/replayed_exposure.py``), so stores are reported, not
   corrected.
+* **XLA's own recompute** is priced, not corrected: where the program's live values reach the
+  compiler's limit, its rematerialization pass recomputes values the plan keeps
+  (:mod:`tierax.xla.recompute`).  :attr:`Iteration.compiled_step_s` adds it, and the loads exposed
+  beyond the model, to the predicted step: the step of the program XLA compiled.  Re-planning
+  below it does not remove it where the limit is reached outside the layers (the LM head at a
+  large microbatch): on the v5e chip the dense microbatch-32 plan with its moments on the host ran
+  at the compiled step within a few percent, while the plan this check moved it to, four compiles
+  lower, recomputed nearly as much and ran slower (bench/results/chip/recompute_on_chip.json).
 
 The correction is taken whole where the compiled plan does not fit (the budget must shrink by at
 least what XLA needs more), after the first compile, and where the re-solve chose the plan compiled
@@ -84,6 +92,8 @@ class Iteration:
     # the backward's host loads alone: the model's exposed time and the replay's of XLA's schedule
     predicted_load_exposed_s: float = 0.0
     xla_load_exposed_s: float = 0.0
+    # compute XLA's rematerialization pass added to the program (tierax.xla.recompute), per step
+    xla_recompute_s: float = 0.0
 
     @property
     def peak_error(self) -> float | None:
@@ -92,7 +102,10 @@ class Iteration:
         return self.predicted_peak_bytes / self.xla_peak_bytes - 1
 
     def to_json(self) -> dict:
-        return asdict(self) | {"peak_error": self.peak_error}
+        return asdict(self) | {
+            "peak_error": self.peak_error,
+            "compiled_step_s": self.compiled_step_s,
+        }
 
     @classmethod
     def of(
@@ -110,7 +123,8 @@ class Iteration:
             int(result.predicted.peak_device_bytes + correction),
             peak,
             bool(compiled.fits and peak is not None and peak <= budget),
-            b.exposed_d2h_s + b.exposed_h2d_s,
+            # the streamed state update's exposed copies too: the replay's stalls hold them
+            b.exposed_d2h_s + b.exposed_h2d_s + b.state.exposed_s,
             compiled.overlap.get("est_exposed_s", 0.0),
             result.predicted.step_time_s,
             result.predicted.host_bytes,
@@ -120,14 +134,23 @@ class Iteration:
             else compiled.host_temp_bytes + compiled.host_argument_bytes,
             compiled.compile_time_s,
             compiled.out_of_memory,
-            b.exposed_h2d_s,
+            # the update's exposure is its loads' (it waits for a layer's state before updating
+            # it; the stores behind it are awaited later): the replay's h2d stalls hold it
+            b.exposed_h2d_s + b.state.exposed_s,
             compiled.overlap.get("by_direction", {}).get("h2d", {}).get("est_exposed_s", 0.0),
+            compiled.xla_recompute.get("est_s", 0.0),
         )
 
     @property
     def load_excess_s(self) -> float:
-        """Seconds XLA's schedule exposes the backward's loads beyond the model's."""
+        """Seconds XLA's schedule exposes the host loads beyond the model's."""
         return self.xla_load_exposed_s - self.predicted_load_exposed_s
+
+    @property
+    def compiled_step_s(self) -> float:
+        """The predicted step with what the compiled program adds: XLA's own recompute and the
+        loads its schedule exposes beyond the model's."""
+        return self.predicted_step_s + self.xla_recompute_s + max(0.0, self.load_excess_s)
 
 
 @dataclass(frozen=True)
@@ -172,7 +195,10 @@ def iteration_line(s: Iteration) -> str:
         f"{g(s.xla_peak_bytes)} ({err}) "
         f"fits={'yes' if s.xla_fits else 'NO'} · exposed transfers predicted "
         f"{s.predicted_exposed_s * 1e3:.2f} ms, XLA {s.xla_exposed_s * 1e3:.2f} ms (loads "
-        f"{s.predicted_load_exposed_s * 1e3:.2f} / {s.xla_load_exposed_s * 1e3:.2f}) · host "
+        f"{s.predicted_load_exposed_s * 1e3:.2f} / {s.xla_load_exposed_s * 1e3:.2f}) · XLA's "
+        f"own recompute {s.xla_recompute_s * 1e3:.2f} ms · step predicted "
+        f"{s.predicted_step_s * 1e3:.1f} ms, with what XLA's program adds "
+        f"{s.compiled_step_s * 1e3:.1f} ms · host "
         f"{g(s.host_bytes)} vs XLA {g(s.xla_host_bytes)} · compile {s.compile_s:.0f} s"
     )
 
@@ -260,9 +286,9 @@ def check_request(
     """:func:`check` of a :class:`tierax.solving.planning.Request` (each solve is
     :func:`tierax.solving.planning.solve` of it at the corrected budget), each plan compiled by
     ``compile_plan`` (default: tierax's own step for ``target``, :func:`tierax_compile`).
-    ``correct_loads``: re-plan below a plan whose loads XLA's schedule exposes beyond the model
-    (module docstring); None: on a TPU target whose scheduler limit the model knows, for tierax's
-    own step."""
+    ``correct_loads``: re-plan below a plan whose loads XLA's memory guard left exposed beyond
+    the model (module docstring); None: on a TPU target whose scheduler limit the model knows, for
+    tierax's own step."""
     if request.max_microbatch or (compile_plan is None and request.for_tool):
         raise TieraxError(
             "--check compiles one plan at a given --microbatch; drop --emit/--for/--max-microbatch"

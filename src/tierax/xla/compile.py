@@ -38,6 +38,7 @@ from tierax import plan as plan_lib
 from tierax.costmodel.terms import offload_host_bytes
 from tierax.errors import TieraxError
 from tierax.hardware import cudnn, libtpu
+from tierax.hardware.device_kinds import target_key_for
 from tierax.hardware.target_config import render_target_config, scheduling_target_config
 from tierax.mesh import MeshShape
 from tierax.models import abstract_model
@@ -129,6 +130,19 @@ def tpu_topology(spec, devices: int):
         ) from None
 
 
+def attached_tpu(spec, devices: int) -> list | None:
+    """The attached TPU's first ``devices`` devices where JAX runs on TPUs of ``spec``'s kind, else
+    None.  A compile for them is the program that runs here, with this machine's libtpu; a
+    deviceless compile of the same step can differ from it (another libtpu, or the same one
+    without the device's runtime)."""
+    if spec.kind != "tpu" or jax.default_backend() != "tpu":
+        return None
+    local = jax.devices()
+    if len(local) < devices or target_key_for("tpu", local[0].device_kind) != spec.key:
+        return None
+    return local[:devices]
+
+
 @contextlib.contextmanager
 def _capture_fd2():
     """Capture what native code writes to file descriptor 2 (XLA logs parse errors there)."""
@@ -211,6 +225,21 @@ def host_transfers(module: hlo.Module, rates) -> list:
         host_link_bps=rates.d2h_bytes_per_s,
         h2d_link_bps=rates.h2d_bytes_per_s,
         kernel_s=splash_calls.kernel_seconds(rates),
+    )
+
+
+def xla_recompute(module: hlo.Module, rates) -> dict:
+    """XLA's rematerialization clones in a scheduled module, priced at the replay's rates (the
+    ``xla_recompute`` summary of :mod:`tierax.xla.recompute`)."""
+    from tierax.xla import recompute, splash_calls
+
+    return recompute.summary(
+        recompute.recomputed(
+            module,
+            peak_flops=rates.matmul_flops_per_s,
+            hbm_bytes_per_s=rates.hbm_bytes_per_s,
+            kernel_s=splash_calls.kernel_seconds(rates),
+        )
     )
 
 
@@ -442,7 +471,8 @@ def compile_for_target(
         check_tpu_aot()
         if target_config is not None:
             raise TieraxError("--target-config is a GpuTargetConfigProto; a TPU target takes none")
-        topo = tpu_topology(spec, devices)
+        attached = attached_tpu(spec, devices)
+        topo_devices = attached or tpu_topology(spec, devices).devices
     else:
         plan_lib.check_mechanism_preset(plan, xla_preset, "compile")
         check_gpu_aot()
@@ -452,8 +482,8 @@ def compile_for_target(
         # The scheduler's memory budget as on the real device (see
         # target_config.scheduling_target_config).
         text = scheduling_target_config(target_config or render_target_config(spec, cudnn=dnn))
-        topo = gpu_topology(text, devices, target)
-    mesh = shape.make(topo.devices)
+        topo_devices = gpu_topology(text, devices, target).devices
+    mesh = shape.make(topo_devices)
     optimizer = step_lib.make_optimizer(mu_dtype=cfg.mu_dtype)
     graphdef, state = abstract_train_state(cfg, optimizer, mesh, plan)
     global_batch = microbatch * shape.batch_ways
@@ -580,6 +610,14 @@ def compile_for_target(
         )
     transfers = host_transfers(module, rates)
     notes = replay_notes(rates) + host_notes
+    recomputed = xla_recompute(module, rates)
+    if recomputed["instructions"]:
+        notes.append(
+            f"XLA's rematerialization pass recomputes {recomputed['instructions']} instruction(s) "
+            f"the plan does not (~{recomputed['est_s'] * 1e3:.1f} ms a step at these rates): the "
+            "program's live values reached the compiler's memory limit, so it holds less and "
+            "computes more than the plan says"
+        )
     if not tpu:
         notes.append(
             "XLA scheduled within the run's device budget (capacity less the runtime reserve, as "
@@ -636,7 +674,13 @@ def compile_for_target(
     if tpu:
         notes.insert(
             0,
-            f"deviceless XLA:TPU compile for {spec.topology_name(devices)} (libtpu); the static "
+            (
+                f"XLA:TPU compile on the attached {attached[0].device_kind} × {devices} (the "
+                "program that runs here)"
+                if attached
+                else f"deviceless XLA:TPU compile for {spec.topology_name(devices)}"
+            )
+            + f" (libtpu {libtpu_version() or '(none)'}); the static "
             "overlap check replays XLA:TPU's schedule of the host copies: on the v5e chip its "
             "loads' exposure agreed with the chip's waits, while it over-prices stores the chip "
             "hid (bench/investigations/replayed_exposure.py)",
@@ -660,6 +704,8 @@ def compile_for_target(
         host_temp_bytes=host_temp,
         offloaded=tuple(offloaded),
         overlap=hlo.overlap_summary(transfers),
+        xla_recompute=recomputed,
+        compiled_on=attached[0].device_kind if tpu and attached else "",
         compile_time_s=compile_s,
         attention=cfg.attention,
         notes=tuple(notes),

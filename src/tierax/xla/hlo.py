@@ -506,6 +506,26 @@ class _Link:
         return waited
 
 
+def instruction_seconds(
+    module: Module,
+    ins: Instruction,
+    *,
+    peak_flops: float,
+    hbm_bytes_per_s: float,
+    kernel_s: Callable[[Module, Instruction], float | None] | None = None,
+) -> float:
+    """One execution of ``ins`` on the replay's machine: ``kernel_s``'s seconds where it prices the
+    instruction (a custom kernel), else the roofline ``max(FLOPs / peak, bytes / HBM bandwidth)``
+    (the module docstring)."""
+    own = kernel_s(module, ins) if kernel_s is not None else None
+    if own is not None:
+        return own
+    return max(
+        module.instruction_flops(ins) / peak_flops,
+        (ins.out_bytes + module.operand_bytes(ins)) / hbm_bytes_per_s,
+    )
+
+
 def host_transfers(
     module: Module,
     *,
@@ -529,19 +549,17 @@ def host_transfers(
         if not pairs:
             continue
         done_of = {d: s for s, (d, _, _) in pairs.items()}
-        cost = {}
-        for ins in instrs:
-            if ins.opcode in _FREE or ins.opcode.endswith(("-start", "-done")):
-                continue
-            own = kernel_s(module, ins) if kernel_s is not None else None
-            cost[ins.name] = (
-                own
-                if own is not None
-                else max(
-                    module.instruction_flops(ins) / peak_flops,
-                    (ins.out_bytes + module.operand_bytes(ins)) / hbm_bytes_per_s,
-                )
+        cost = {
+            ins.name: instruction_seconds(
+                module,
+                ins,
+                peak_flops=peak_flops,
+                hbm_bytes_per_s=hbm_bytes_per_s,
+                kernel_s=kernel_s,
             )
+            for ins in instrs
+            if not (ins.opcode in _FREE or ins.opcode.endswith(("-start", "-done")))
+        }
         link, stall, started = _Link(link_bps), {}, set()
         passes = 2 if cname in bodies else 1
         for n in range(passes):

@@ -79,6 +79,11 @@ class CompileResult:
     # MaxText's step: the flags XLA compiled it with, as the variable that carries them
     # (LIBTPU_INIT_ARGS for a TPU target, XLA_FLAGS for a GPU; tierax.xla.maxtext_step)
     xla_environment: dict = field(default_factory=dict)
+    # XLA's rematerialization clones (tierax.xla.recompute.summary): compute the plan did not ask
+    # for, where the program reached the compiler's memory limit ({}: XLA refused the program)
+    xla_recompute: dict = field(default_factory=dict)
+    # the attached device the program was compiled for ("TPU v5 lite"), or "" (deviceless)
+    compiled_on: str = ""
 
     @property
     def offloaded_bytes_by_name(self) -> dict[str, int]:
