@@ -85,3 +85,41 @@ def test_host_bytes_over_the_targets_host_memory_refused_before_compiling():
     )
     with pytest.raises(TieraxError, match=r"GiB per device in host memory .*training state 52\.00"):
         C.compile_for_target(cfg, plan, "h200", microbatch=32, seq=8192)
+
+
+def test_host_peak_shares_on_a_gpu_and_holds_both_on_a_tpu():
+    from tierax.costmodel.state import host_peak
+
+    mib = 2**20
+    # 6 MiB of activations, 10 MiB of state: the update's second buffer in the activations'
+    # memory (GPU) — state + max(6, 10) — or beside it (TPU) — state + 6 + 10
+    assert host_peak(6 * mib, 10 * mib) == 20 * mib
+    assert host_peak(6 * mib, 10 * mib, shares=False) == 26 * mib
+    assert host_peak(6 * mib, 0, shares=False) == 6 * mib  # no state: the activations alone
+    assert host_peak(12 * mib, 10 * mib) == 22 * mib  # more activations than state: theirs
+
+
+def test_xla_tpu_holds_the_updates_state_beside_the_offloaded_activations(monkeypatch):
+    """A deviceless v5e compile of qkv-offload with the moments on the host: XLA:TPU's host temp is
+    the offloaded activations plus the update's second buffer of the state (not the larger of the
+    two, as XLA:GPU's), and the model's host bytes are its host arguments plus that temp."""
+    pytest.importorskip("libtpu")
+    from tierax.models import apply_overrides, for_platform
+
+    # libtpu's environment as tierax's deviceless start sets it (the suite's workers share it)
+    monkeypatch.setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "localhost")
+    sets = ["d_model=256", "mlp_dim=512", "num_heads=2", "num_kv_heads=2", "head_dim=128",
+            "num_layers=2", "vocab_size=1024", "attention=blockwise"]  # fmt: skip
+    cfg = for_platform(apply_overrides(get_config("tiny-llama"), sets), "tpu")
+    plan = dataclasses.replace(
+        P.preset("qkv-offload", cfg), state={"decoder": {"moments": "offload"}}
+    )
+    r, _ = C.compile_for_target(cfg, plan, "v5e", microbatch=4, seq=256)
+    acts = sum(o.host_bytes for o in r.offloaded)
+    state = r.host_argument_bytes
+    assert acts > 0 and state == r.state_host_bytes > 0  # the case reached: both on the host
+    # XLA:TPU's temp holds both (a few KiB of its own beside them)
+    assert r.host_temp_bytes == pytest.approx(acts + state, rel=0.002)
+    assert r.host_temp_bytes > max(acts, state) * 1.3
+    assert r.predicted["host_bytes"] == pytest.approx(r.host_temp_bytes + state, rel=0.002)

@@ -90,7 +90,9 @@ def evaluate_terms(
     assigned_micro = max(r.at(x) for _, r in t.microbatch_phase_rows(assigned=True)) + staging
     assigned_peak = int(max(assigned_micro, update_phase, accum_phase))
     act_host = int(t.activation_host_bytes.at(x))
-    host = host_peak(act_host, sc.host_bytes, sc.accum_host_bytes)
+    host = host_peak(
+        act_host, sc.host_bytes, sc.accum_host_bytes, shares=rates.host_state_shares_activations
+    )
     recompute = t.recompute_s.at(x)
     recompute_hbm = t.recompute_hbm_s.at(x)
     recompute_attention = t.recompute_attention_s.at(x)

@@ -171,6 +171,11 @@ class Rates:
     # tierax.tracing.hbm.phase_indexed counts them); 0: priced as their bytes alone.
     index_op_s: float = 0.0
     scatter_bytes_per_s: float = 0.0
+    # Whether the compiler's host memory lets the streamed update's second buffer of the
+    # offloaded state share the offloaded activations' (dead by then) host memory: XLA:GPU's
+    # deviceless compiles do (bench/results/state_offload.json); XLA:TPU's hold both
+    # (tests/test_state_offload_compile.py compiles a v5e step): tierax.costmodel.state.host_peak.
+    host_state_shares_activations: bool = True
 
     def matmul_rate_at(self, dim: float) -> float:
         """The GEMM rate of a matmul whose smallest dimension is ``dim``: piecewise linear in
@@ -544,6 +549,7 @@ def _tpu_rates(target: str, dtype: str, spec, cal: dict) -> Rates:
         fp8_by_size=bool(fp8) and "matmul_flops_per_s_fp8" not in cal,
         fused_attention_table=table,
         store_windows_by_name=True,
+        host_state_shares_activations=False,
         index_op_s=index_s,
         scatter_bytes_per_s=scatter,
         scheduler_limit_bytes=int(

@@ -35,11 +35,14 @@ Per layer group with ``P`` parameters per device (as the step shards them), para
 Host memory (:func:`host_peak`): the streamed update writes each layer's new state into a second
 host buffer (the scan's output, which becomes the donated state's after the step), so the host
 holds the offloaded state twice at the end of the step; the offloaded activations are dead by then
-and share that memory.  Host bytes = ``state + max(offloaded activations, state)`` — what XLA's
-deviceless compile reports: host arguments = the state, host temp = the larger of the two
-(bench/results/state_offload.json).  An offloaded accumulator is live beside the offloaded
-activations through each microbatch, and twice (the layer scan's input and output) while it is
-added to: host temp = ``max(activations + accumulator, 2 · accumulator, state)``.
+and, on a GPU, share that memory.  Host bytes = ``state + max(offloaded activations, state)`` —
+what XLA:GPU's deviceless compile reports: host arguments = the state, host temp = the larger of
+the two (bench/results/state_offload.json).  XLA:TPU holds the second buffer beside the
+activations' instead (host temp = activations + state:
+:attr:`tierax.costmodel.rates.Rates.host_state_shares_activations`).  An offloaded accumulator is
+live beside the offloaded activations through each microbatch, and twice (the layer scan's input
+and output) while it is added to: host temp = ``max(activations + accumulator, 2 · accumulator,
+state)``.
 
 Hiding: the streamed update's copies of a group overlap that group's own update (its AdamW HBM
 traffic at the device's HBM rate); the two directions run at the same time (the host link is full
@@ -271,19 +274,24 @@ def accum_exposed(h2d_s: float, d2h_s: float, g: StateGroupTerms) -> float:
     return max(0.0, max(h2d_s, d2h_s) - g.accumulate_device_s)
 
 
-def host_peak(activation_host_bytes: int, state_host_bytes: int, accum_host_bytes: int = 0) -> int:
+def host_peak(
+    activation_host_bytes: int,
+    state_host_bytes: int,
+    accum_host_bytes: int = 0,
+    *,
+    shares: bool = True,
+) -> int:
     """Host bytes per device with ``state_host_bytes`` of offloaded training state and
     ``accum_host_bytes`` of offloaded accumulator beside ``activation_host_bytes`` of offloaded
     activations (module docstring: the update's second host buffer shares memory with the
     activations, which are dead by then; the accumulator is live beside them, and twice while it
-    is added to)."""
+    is added to).  ``shares`` False (XLA:TPU's host memory,
+    :attr:`tierax.costmodel.rates.Rates.host_state_shares_activations`): the update's second
+    buffer is held beside the activations' host buffers, not in them."""
     if not state_host_bytes and not accum_host_bytes:
         return int(activation_host_bytes)
-    temp = max(
-        activation_host_bytes + accum_host_bytes,
-        2 * accum_host_bytes,
-        state_host_bytes if state_host_bytes else 0,
-    )
+    held = max(activation_host_bytes + accum_host_bytes, 2 * accum_host_bytes)
+    temp = max(held, state_host_bytes) if shares else held + state_host_bytes
     return int(state_host_bytes + temp)
 
 

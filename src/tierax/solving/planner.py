@@ -271,7 +271,12 @@ def build_milp(
     at_most(host, host_budget, "host: microbatch")
     if upd:
         at_most(t.update_phase_bytes, budget, "device: update", SU)
-        at_most(t.state_host_bytes * 2, host_budget, "host: update")
+        # the update's second buffer of the state: beside the activations' host buffers where
+        # the compiler does not share them (XLA:TPU), in them otherwise
+        update_host = t.state_host_bytes * 2
+        if not t.rates.host_state_shares_activations:
+            update_host = update_host + t.activation_host_bytes
+        at_most(update_host, host_budget, "host: update")
     if acc:
         at_most(t.accumulation_phase_bytes, budget, "device: accumulation", SA)
         at_most(t.state_host_bytes + t.accum_host_bytes * 2, host_budget, "host: accumulation")
@@ -695,6 +700,7 @@ def _explain_state(
     state_host = pred.breakdown.state.host_bytes
     accum_host = pred.breakdown.state.accum_host_bytes
     acts_host = max(0, pred.breakdown.activation_host_bytes)
+    shares = rates.host_state_shares_activations
     out = []
     for part in parts:
         g = ug[part.group]
@@ -750,9 +756,11 @@ def _explain_state(
         elif part.device_bytes == 0:
             why = "kept: offloading frees nothing here (the parameter dtype is the compute dtype)"
         elif (
-            state_cm.host_peak(acts_host, state_host, accum_host + part.host_bytes)
+            state_cm.host_peak(acts_host, state_host, accum_host + part.host_bytes, shares=shares)
             if accum
-            else state_cm.host_peak(acts_host, state_host + part.host_bytes, accum_host)
+            else state_cm.host_peak(
+                acts_host, state_host + part.host_bytes, accum_host, shares=shares
+            )
         ) > host_budget:
             why = (
                 f"kept: host memory has no room for its {gib(part.host_bytes)} "
