@@ -154,7 +154,9 @@ TINY_OVERRIDES = {
 }
 TINY = {"seq": 128, "microbatches": (2, 4), "steps": 2, "budget_s": 600}
 CHIP = {"steps": 3, "budget_s": 540}
-REFERENCE_SHAPE = {"d_model": 2048, "layers": 8, "seq": 2048, "batch": 4}
+REFERENCE_SHAPE = {"d_model": 2048, "layers": 8, "seq": 2048, "batch": 4, "vocab": 32000}
+# --tiny's: a vocabulary of 1024 (the head's GEMM and the loss at 32k are most of a toy step's time)
+TINY_REFERENCE_SHAPE = {"d_model": 128, "layers": 2, "seq": 128, "batch": 2, "vocab": 1024}
 
 
 def elapsed() -> float:
@@ -199,12 +201,30 @@ def calibrate_here(tiny: bool) -> dict:
     return measure_indexed(entry, tiny)
 
 
+# --tiny's gathers and scatters: the chip's shapes in kind (a dispatch into a buffer 4 × the rows, a
+# combine's gradient into one 4 × smaller), at sizes XLA:CPU runs in milliseconds (the chip's take
+# seconds a call there).
+TINY_INDEXED = {
+    "INDEX_LOOKUPS": 4096,
+    "INDEX_SOURCE": 2048,
+    "SCATTER_CASES": ((512, 2048), (2048, 512)),
+    "SCATTER_WIDTH": 128,
+}
+
+
 def measure_indexed(entry: dict, tiny: bool) -> dict:
     """``entry`` with the gathers' and scatters' rates measured here (an entry from before they
-    were measured has none)."""
-    from tierax.measure import calibrate
+    were measured has none); --tiny at :data:`TINY_INDEXED`'s sizes."""
+    from tierax.measure import accel_rates, calibrate
 
-    return calibrate.with_indexed(entry, calls=3 if tiny else 20)
+    if not tiny:
+        return calibrate.with_indexed(entry, calls=20)
+    chip = {k: getattr(accel_rates, k) for k in TINY_INDEXED}
+    vars(accel_rates).update(TINY_INDEXED)
+    try:
+        return calibrate.with_indexed(entry, calls=3)
+    finally:
+        vars(accel_rates).update(chip)
 
 
 def reuse_calibration(record: pathlib.Path, tiny: bool) -> dict:
@@ -484,7 +504,7 @@ def reference(tiny: bool, steps: int) -> dict:
     from tierax.measure import bench
     from tierax.models import apply_overrides, get_config
 
-    s = {"d_model": 128, "layers": 2, "seq": 128, "batch": 2} if tiny else REFERENCE_SHAPE
+    s = TINY_REFERENCE_SHAPE if tiny else REFERENCE_SHAPE
     d = s["d_model"]
     cfg = apply_overrides(
         get_config("tiny-llama"),
@@ -495,7 +515,7 @@ def reference(tiny: bool, steps: int) -> dict:
             f"num_heads={d // 64}",
             f"num_kv_heads={d // 64}",
             "head_dim=64",
-            "vocab_size=32000",
+            f"vocab_size={s['vocab']}",
             "dtype=bfloat16",
             "attention=xla",
         ],
@@ -514,6 +534,7 @@ def reference(tiny: bool, steps: int) -> dict:
         dtype="bfloat16",
         remat="full",
         layers=s["layers"],
+        vocab=s["vocab"],
         batch=s["batch"],
         seq=s["seq"],
     )

@@ -9,6 +9,7 @@ A small llama2-style config keeps each compile to seconds."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -72,20 +73,12 @@ def test_tpu_compile_reads_the_figures_maxtexts_own_compiler_prints(tmp_path):
         tmp_path, *TINY, *SIZES, policy, "compile_topology=v5p-8", "compile_topology_num_slices=1",
         env=named,
     )  # fmt: skip
-    ours = _tierax_json(
-        "compile",
-        "--maxtext",
-        M.base_yml(),
-        *TINY,
-        policy,
-        "--target",
-        "v5p",
-        "--devices",
-        "4",
-        "--microbatch",
-        "1",
-        "--seq",
-        "256",
+    # tierax's compile of MaxText's policy, then of tierax's qkv-offload preset given as --plan:
+    # one child process (one start of JAX for the v5p and one import of MaxText for both)
+    sizes = ["--target", "v5p", "--devices", "4", "--microbatch", "1", "--seq", "256"]
+    ours, planned = _tierax_jsons(
+        ["compile", "--maxtext", M.base_yml(), *TINY, policy, *sizes],
+        ["compile", "--maxtext", M.base_yml(), *TINY, "--plan", "qkv-offload", *sizes],
     )
     assert ours["device_argument_bytes"] == theirs["argument_size_in_bytes"]
     assert ours["device_temp_bytes"] == theirs["temp_size_in_bytes"]
@@ -101,10 +94,6 @@ def test_tpu_compile_reads_the_figures_maxtexts_own_compiler_prints(tmp_path):
     assert ours["overlap"]["transfers"] >= 2 * 3
     # tierax's qkv-offload preset given as --plan: set as MaxText's custom keys (q/k/v offloaded,
     # the rest recomputed), the program MaxText's qkv_proj_offloaded policy compiles
-    planned = _tierax_json(
-        "compile", "--maxtext", M.base_yml(), *TINY, "--plan", "qkv-offload", "--target", "v5p",
-        "--devices", "4", "--microbatch", "1", "--seq", "256",
-    )  # fmt: skip
     assert planned["plan"] == "--plan qkv-offload (remat_policy=custom)"
     assert planned["device_argument_bytes"] == theirs["argument_size_in_bytes"]
     assert planned["device_temp_bytes"] == theirs["temp_size_in_bytes"]
@@ -172,3 +161,29 @@ def test_overrides_without_maxtext_are_refused():
 
 def _tierax_json(*argv: str) -> dict:
     return M.json_of(M.tierax(*argv, "--json", timeout=600))
+
+
+# tierax's command line run once for each argv (a JSON list of them) in one process; a line of JSON
+# for each: its exit code and what it printed on stdout.
+_SEVERAL = r"""
+import contextlib, io, json, sys
+from tierax.cli import main
+for argv in json.loads(sys.argv[1]):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(argv)
+    print(json.dumps({"code": code, "stdout": out.getvalue()}), flush=True)
+"""
+
+
+def _tierax_jsons(*argvs: list[str]) -> list[dict]:
+    """``tierax ARGV --json`` for each argv, in turn in one child process: each one's JSON (its
+    whole stdout, as :func:`maxtext_cli.json_of` reads it)."""
+    p = subprocess.run(
+        [sys.executable, "-c", _SEVERAL, json.dumps([[*a, "--json"] for a in argvs])],
+        capture_output=True, text=True, timeout=600, env=M.env(),
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    runs = [json.loads(line) for line in p.stdout.splitlines()]
+    assert [r["code"] for r in runs] == [0] * len(argvs), p.stderr[-3000:]
+    return [json.loads(r["stdout"]) for r in runs]

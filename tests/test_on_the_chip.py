@@ -380,6 +380,13 @@ def test_tpu_check_rehearsal_on_the_cpu(tmp_path):
     used = beside if link["rate_from"] == "beside compute" else link["round_trip"]
     assert link["d2h_bytes_per_s"] == used["d2h_bytes_per_s"]
     assert doc["calibration"].get("d2h_bytes_per_s") == link["d2h_bytes_per_s"]
+    # The gathers and scatters at --tiny's sizes (tpu_check.TINY_INDEXED; the chip's take seconds a
+    # call on XLA:CPU), both rates in the entry the cost model reads.
+    idx = doc["calibration"]["microbenchmarks"]["indexed"]
+    assert idx["gather"]["indices"] == 4096 and [s["width"] for s in idx["scatters"]] == [128] * 2
+    assert doc["calibration"]["index_op_s"] == idx["index_op_s"] > 0
+    assert doc["calibration"]["scatter_bytes_per_s"] == idx["scatter_bytes_per_s"] > 0
+    assert doc["reference"]["shape"]["vocab"] == 1024  # tiny: the toy step's head and loss
     sys.path.insert(0, str(ROOT / "bench"))
     import _tpu_check_report as tpu_check_report
 
@@ -501,3 +508,28 @@ def test_plans_compiled_ahead_in_threads_are_the_programs_bench_compiles():
             bench.free(prep.state)
         assert losses[0] == losses[1] and analyses[0] == analyses[1]
     assert bench.compile_ahead(cfg, plans, opt, mesh, tokens) == {}  # a CPU runs them in turn
+
+
+def test_only_the_rehearsal_measures_gathers_and_scatters_at_toy_sizes(monkeypatch):
+    """--tiny measures the gathers and scatters at tpu_check.TINY_INDEXED's sizes, the chip check
+    at the chip's (tierax.measure.accel_rates' own), and the rehearsal leaves those as it found
+    them."""
+    import importlib.util
+
+    from tierax.measure import accel_rates, calibrate
+
+    spec = importlib.util.spec_from_file_location("tpu_check_script", ROOT / "bench/tpu_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    chip = {k: getattr(accel_rates, k) for k in mod.TINY_INDEXED}
+    seen = []
+    monkeypatch.setattr(
+        calibrate,
+        "with_indexed",
+        lambda entry, calls: seen.append(({k: getattr(accel_rates, k) for k in chip}, calls)),
+    )
+    mod.measure_indexed({}, tiny=True)
+    mod.measure_indexed({}, tiny=False)
+    assert seen == [(mod.TINY_INDEXED, 3), (chip, 20)]
+    assert {k: getattr(accel_rates, k) for k in chip} == chip != mod.TINY_INDEXED
+    assert chip["INDEX_LOOKUPS"] == 65536 and mod.REFERENCE_SHAPE["vocab"] == 32000

@@ -234,7 +234,7 @@ def test_deviceless_v5e_compile_of_a_preset_with_a_one_layer_group(first_dense, 
     in a new process (JAX started for a deviceless TPU), simulate (a trace) in this one."""
     args = ["--model", "tiny-deepseek", "--set", "d_model=256", "--set", "num_layers=5", "--set",
             f"first_dense_layers={first_dense}", "--plan", "deepseek-offload", "--target", "v5e",
-            "--devices", "1", "--microbatch", "2", "--seq", "512", "--json"]  # fmt: skip
+            "--devices", "1", "--microbatch", "2", "--seq", "128", "--json"]  # fmt: skip
     out = {}
     for verb in ("compile", "simulate"):
         if verb == "compile":

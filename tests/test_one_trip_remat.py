@@ -32,8 +32,8 @@ from tierax.plan.presets import load_plan
 from tierax.xla.compile import compile_for_target
 out = {}
 for layers in (1, 2):
-    cfg = apply_overrides(get_config("tiny-llama"), [f"num_layers={layers}", "d_model=256",
-        "mlp_dim=1024", "num_heads=4", "num_kv_heads=4", "head_dim=64", "vocab_size=1024",
+    cfg = apply_overrides(get_config("tiny-llama"), [f"num_layers={layers}", "d_model=128",
+        "mlp_dim=256", "num_heads=2", "num_kv_heads=2", "head_dim=64", "vocab_size=256",
         "attention=xla"])
     for name in ("save-all", "remat-full"):
         _, text = compile_for_target(cfg, load_plan(name, cfg), "v5e", microbatch=2, seq=128)

@@ -129,28 +129,32 @@ def test_xla_tpu_holds_the_tiled_host_bytes_simulate_predicts(b, cli):
     assert not [n for n in compiled["notes"] if "mismatch" in n], compiled["notes"]
 
 
-# Three MoE layers and no dense group: the values' layout is the layer's, whatever the groups (a
-# one-layer dense group, which the preset recomputes, only added a loop to compile).
+# Three dense MLA layers, one group: the values' layout is the attention's (the inventory pads them
+# where the value head dim is not the query/key one, whatever the MLP: tierax.tracing.inventory.
+# _host_stacked_bytes), and XLA:TPU compiles dense layers in less time than MoE ones (a one-layer
+# dense group, which the preset recomputes, only added a loop to compile); seq 128, one splash
+# block, head_dim-minor and seq-minor still differ in bytes (128 lanes against 64).
 MLA_SETS = [
-    "d_model=256", "num_layers=3", "first_dense_layers=0", "num_heads=4", "q_lora_rank=128",
+    "d_model=256", "num_layers=3", "first_dense_layers=3", "num_heads=4", "q_lora_rank=128",
     "kv_lora_rank=64", "qk_nope_head_dim=64", "qk_rope_head_dim=64", "v_head_dim=64",
-    "dense_mlp_dim=512", "num_experts=4", "num_experts_per_tok=2", "expert_mlp_dim=256",
-    "vocab_size=1024", "dtype=bfloat16", "attention=splash",
+    "dense_mlp_dim=512", "vocab_size=1024", "dtype=bfloat16", "attention=splash",
 ]  # fmt: skip
+MLA_S = 128
 
 
 @pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: XLA:TPU cannot compile here")
 def test_mla_values_zero_padded_for_the_kernel_stay_head_dim_minor_on_the_host(cli):
     """MLA's values (head dim 64, padded to the query/key head dim 128 for the kernel) are stacked
     head_dim-minor on the host even at microbatch 2, unlike a dense model's: XLA:TPU's host temp of
-    deepseek-offload (3 MoE layers) is what simulate predicts, value_proj at 128 lanes."""
+    deepseek-offload (3 dense MLA layers) is what simulate predicts, value_proj at 128 lanes."""
     args = [
         "--model", "tiny-deepseek", *[a for s in MLA_SETS for a in ("--set", s)], "--plan",
         "deepseek-offload", "--target", "v5e", "--devices", "1", "--microbatch", "2", "--seq",
-        str(S), "--json",
+        str(MLA_S), "--json",
     ]  # fmt: skip
 
     compiled, predicted = _tierax_json("compile", args), _tierax_json("simulate", args, cli)
     assert compiled["host_temp_bytes"] == predicted["host_bytes"]
-    assert compiled["offloaded_bytes_by_name"]["value_proj"] == 3 * 2 * S * 4 * 128 * BF16
+    assert set(compiled["offloaded_bytes_by_name"]) >= {"query_proj", "key_proj", "value_proj"}
+    assert compiled["offloaded_bytes_by_name"]["value_proj"] == 3 * 2 * MLA_S * 4 * 128 * BF16
     assert not [n for n in compiled["notes"] if "mismatch" in n], compiled["notes"]

@@ -119,7 +119,7 @@ def test_deviceless_v5e_compile_offloads_a_two_layer_groups_later_values(sets, t
     args = ["--model", "tiny-deepseek", *(a for s in sets for a in ("--set", s))]
     p = subprocess.run(
         [sys.executable, "-m", "tierax.cli", "compile", *args, "--microbatch", "2", "--seq",
-         "512", "--target", "v5e", "--devices", "1", "--plan", "deepseek-offload", "--json"],
+         "128", "--target", "v5e", "--devices", "1", "--plan", "deepseek-offload", "--json"],
         capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert p.returncode == 0, p.stderr[-3000:]
