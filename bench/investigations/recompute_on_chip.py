@@ -9,7 +9,7 @@ moves to below the limit run faster?  Answered on the v5e chip: the planner's pl
 about half a second of XLA's own recompute, and the model's step with it is within 4 % of the
 chip's (the model alone 15.6 % under); the plan four compiles lower recomputes nearly as much and
 ran slower, so ``plan --check`` prices XLA's recompute and does not re-plan on it.
-Records: bench/results/chip/recompute_on_chip.json
+Records: bench/results/chip/recompute_on_chip.json, bench/results/chip/recompute_on_chip_mb47.json
 Docs: docs/concepts/mechanisms.md
 
 Each plan is timed by ``tierax bench`` in a child process first (one plan's state on the device at
