@@ -123,3 +123,9 @@ def test_xla_tpu_holds_the_updates_state_beside_the_offloaded_activations(monkey
     assert r.host_temp_bytes == pytest.approx(acts + state, rel=0.002)
     assert r.host_temp_bytes > max(acts, state) * 1.3
     assert r.predicted["host_bytes"] == pytest.approx(r.host_temp_bytes + state, rel=0.002)
+    # the step of the compiled program: the model's, XLA's own recompute, loads beyond the model's
+    loads = r.overlap["by_direction"]["h2d"]["est_exposed_s"]
+    excess = max(0.0, loads - r.predicted["model_load_exposed_s"])
+    assert r.predicted["compiled_step_s"] == pytest.approx(
+        r.predicted["model_step_s"] + r.xla_recompute["est_s"] + excess
+    )

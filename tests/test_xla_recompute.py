@@ -72,6 +72,12 @@ def test_a_kernels_own_time_prices_its_clone():
     assert [r.name for r in clones][0] == "add.1.remat"  # largest first
 
 
+def test_the_compiled_step_adds_the_recompute_and_only_an_excess_of_loads():
+    assert recompute.compiled_step_s(1.0, 0.2, 0.05) == pytest.approx(1.25)
+    # the replay exposing fewer loads than the model takes nothing back
+    assert recompute.compiled_step_s(1.0, 0.2, -0.05) == pytest.approx(1.2)
+
+
 def test_compile_table_shows_xlas_own_recompute():
     from rich.console import Console
 
@@ -82,12 +88,15 @@ def test_compile_table_shows_xlas_own_recompute():
     compiled = CompileResult(
         "m", "p", "v5e", 1, {}, 1, 64, "none", True, gib, 16 * gib, gib, 0, 0, 0, 0, (), {}, 1.0,
         xla_recompute=recompute.summary(recompute.recomputed(module(4), **RATES)),
+        predicted={"peak_device_bytes": gib, "peak_phase": "backward", "model_step_s": 0.5,
+                   "compiled_step_s": 0.509},
     )  # fmt: skip
     console = Console(width=200, record=True)
     console.print(compile_table(compiled))
     text = console.export_text()
     assert "XLA's own recompute (rematerialization pass)" in text
     assert "3 instruction(s), est. 9.000 ms" in text
+    assert "500.0 ms · 509.0 ms" in text
 
 
 @pytest.mark.slow

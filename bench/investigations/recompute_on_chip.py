@@ -16,7 +16,7 @@ Each plan is timed by ``tierax bench`` in a child process first (one plan's stat
 a time), then compiled in this process for v5e by ``tierax.xla.compile.compile_for_target`` — on
 the attached chip where there is one (the program that ran), else deviceless — and predicted by
 ``tierax simulate``'s model at the v5e rates (no calibration).  ``compiled_step_s`` is
-:attr:`tierax.solving.plan_check.Iteration.compiled_step_s` of the same figures: the model's step
+:func:`tierax.xla.recompute.compiled_step_s` of the same figures: the model's step
 plus XLA's own recompute plus the loads the replay exposes beyond the model's (the streamed
 update's included).
 
@@ -80,6 +80,7 @@ def main(argv=None) -> int:
     from tierax.plan.presets import load_plan
     from tierax.tracing.model_program import program_of
     from tierax.xla.compile import compile_for_target
+    from tierax.xla.recompute import compiled_step_s
 
     cfg = for_platform(apply_overrides(get_config("tiny-llama"), sets), "tpu")
     rates = cm.target_rates("v5e", cfg.dtype, calibration={})
@@ -97,7 +98,7 @@ def main(argv=None) -> int:
         model_loads = b.exposed_h2d_s + b.state.exposed_s
         replay_loads = res.overlap.get("by_direction", {}).get("h2d", {}).get("est_exposed_s", 0)
         recompute = res.xla_recompute.get("est_s", 0.0)
-        compiled_step = pred.step_time_s + recompute + max(0.0, replay_loads - model_loads)
+        compiled_step = compiled_step_s(pred.step_time_s, recompute, replay_loads - model_loads)
         step = rec.get("step_time_s")
         row = {
             "plan": spec,

@@ -185,6 +185,15 @@ def compile_table(r) -> Table:
             ("  est. hidden under compute", f"{ov['est_hidden_s'] * 1e3:.3f} ms"),
             ("  est. exposed (the stream waits)", f"{ov['est_exposed_s'] * 1e3:.3f} ms"),
         ]
+    if r.predicted.get("compiled_step_s"):
+        rows.append(
+            (
+                "predicted step: the model · with what XLA's program adds (its own recompute, "
+                "loads exposed beyond the model)",
+                f"{r.predicted['model_step_s'] * 1e3:.1f} ms · "
+                f"{r.predicted['compiled_step_s'] * 1e3:.1f} ms",
+            )
+        )
     rc = r.xla_recompute
     if rc:  # none when XLA refused the program
         rows.append(

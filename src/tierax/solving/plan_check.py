@@ -61,6 +61,7 @@ from tierax.errors import TieraxError
 from tierax.mesh import MeshShape
 from tierax.solving import planner, planning
 from tierax.xla import compile as compile_lib
+from tierax.xla import recompute
 from tierax.xla.result import CompileResult
 
 # How the loop compiles a solved plan for its target: XLA's compile of the program that runs it.
@@ -150,7 +151,9 @@ class Iteration:
     def compiled_step_s(self) -> float:
         """The predicted step with what the compiled program adds: XLA's own recompute and the
         loads its schedule exposes beyond the model's."""
-        return self.predicted_step_s + self.xla_recompute_s + max(0.0, self.load_excess_s)
+        return recompute.compiled_step_s(
+            self.predicted_step_s, self.xla_recompute_s, self.load_excess_s
+        )
 
 
 @dataclass(frozen=True)

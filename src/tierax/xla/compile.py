@@ -50,6 +50,7 @@ from tierax.tracing.jaxpr_tools import GROUP_SCOPE_PREFIX
 from tierax.train import masters
 from tierax.train import step as step_lib
 from tierax.xla import hlo
+from tierax.xla import recompute as recompute_lib
 from tierax.xla.oom import out_of_memory
 from tierax.xla.result import CompileResult, OffloadedName, refused_result
 
@@ -231,10 +232,10 @@ def host_transfers(module: hlo.Module, rates) -> list:
 def xla_recompute(module: hlo.Module, rates) -> dict:
     """XLA's rematerialization clones in a scheduled module, priced at the replay's rates (the
     ``xla_recompute`` summary of :mod:`tierax.xla.recompute`)."""
-    from tierax.xla import recompute, splash_calls
+    from tierax.xla import splash_calls
 
-    return recompute.summary(
-        recompute.recomputed(
+    return recompute_lib.summary(
+        recompute_lib.recomputed(
             module,
             peak_flops=rates.matmul_flops_per_s,
             hbm_bytes_per_s=rates.hbm_bytes_per_s,
@@ -611,6 +612,12 @@ def compile_for_target(
     transfers = host_transfers(module, rates)
     notes = replay_notes(rates) + host_notes
     recomputed = xla_recompute(module, rates)
+    replay_loads = hlo.overlap_summary(transfers)["by_direction"]["h2d"]["est_exposed_s"]
+    predicted["compiled_step_s"] = recompute_lib.compiled_step_s(
+        predicted["model_step_s"],
+        recomputed["est_s"],
+        replay_loads - predicted["model_load_exposed_s"],
+    )
     if recomputed["instructions"]:
         notes.append(
             f"XLA's rematerialization pass recomputes {recomputed['instructions']} instruction(s) "
@@ -747,6 +754,9 @@ def _prediction(
         "schedule": schedule,
         "peak_phase": p.breakdown.peak_phase,
         "state_host_bytes": p.breakdown.state.host_bytes,
+        "model_step_s": p.step_time_s,
+        # the host loads the model exposes: the backward's and the streamed update's
+        "model_load_exposed_s": p.breakdown.exposed_h2d_s + p.breakdown.state.exposed_s,
     } | (
         {"step_time_s": p.step_time_s, "calibration": rates.sources["calibration"]}
         if calibrated

@@ -75,6 +75,12 @@ def recomputed(
     return sorted(out, key=lambda r: -r.seconds)
 
 
+def compiled_step_s(predicted_step_s: float, recompute_s: float, load_excess_s: float) -> float:
+    """The model's step with what XLA's compiled program adds to it: its own recompute and the
+    host loads its schedule exposes beyond the model's (none taken back where it exposes less)."""
+    return predicted_step_s + recompute_s + max(0.0, load_excess_s)
+
+
 def summary(clones: list[Recomputed], *, top: int = 5) -> dict:
     """The ``xla_recompute`` object of ``tierax compile --json``: totals and the costliest
     clones."""
