@@ -95,6 +95,9 @@ class Iteration:
     xla_load_exposed_s: float = 0.0
     # compute XLA's rematerialization pass added to the program (tierax.xla.recompute), per step
     xla_recompute_s: float = 0.0
+    # XLA:TPU compiled the plan but its libtpu's memory_analysis() over-reports the peak (over the
+    # limit it compiled within): the fit is XLA's compile, the peak no measure of the model
+    peak_over_reported: bool = False
 
     @property
     def peak_error(self) -> float | None:
@@ -117,13 +120,19 @@ class Iteration:
         the one asked for): XLA's peak within the device and the budget."""
         b = result.predicted.breakdown
         peak = compiled.device_peak_bytes  # an out-of-memory refusal: XLA's stated need, or None
+        # XLA:TPU compiled it within its limit, whatever an older libtpu reports: the fit is the
+        # compile's where the budget is the device's own
+        over = bool(getattr(compiled, "peak_over_reported", False))
+        within = peak is not None and (
+            peak <= budget or (over and budget >= compiled.device_limit_bytes)
+        )
         return cls(
             it,
             int(solve_budget),
             int(correction),
             int(result.predicted.peak_device_bytes + correction),
             peak,
-            bool(compiled.fits and peak is not None and peak <= budget),
+            bool(compiled.fits and within),
             # the streamed state update's exposed copies too: the replay's stalls hold them
             b.exposed_d2h_s + b.exposed_h2d_s + b.state.exposed_s,
             compiled.overlap.get("est_exposed_s", 0.0),
@@ -140,6 +149,7 @@ class Iteration:
             b.exposed_h2d_s + b.state.exposed_s,
             compiled.overlap.get("by_direction", {}).get("h2d", {}).get("est_exposed_s", 0.0),
             compiled.xla_recompute.get("est_s", 0.0),
+            over,
         )
 
     @property
@@ -195,8 +205,14 @@ def iteration_line(s: Iteration) -> str:
         f"check {s.iteration}: budget {g(s.budget_bytes)} (workspace correction "
         f"{g(s.workspace_correction_bytes)}) · predicted peak {g(s.predicted_peak_bytes)} "
         f"· XLA {'refused (out of memory), needs ' if s.out_of_memory else ''}"
-        f"{g(s.xla_peak_bytes)} ({err}) "
-        f"fits={'yes' if s.xla_fits else 'NO'} · exposed transfers predicted "
+        f"{g(s.xla_peak_bytes)} ({err}"
+        + (
+            ": memory_analysis() over XLA:TPU's limit, an older libtpu's over-report; the fit is "
+            "XLA's compile"
+            if s.peak_over_reported
+            else ""
+        )
+        + f") fits={'yes' if s.xla_fits else 'NO'} · exposed transfers predicted "
         f"{s.predicted_exposed_s * 1e3:.2f} ms, XLA {s.xla_exposed_s * 1e3:.2f} ms (loads "
         f"{s.predicted_load_exposed_s * 1e3:.2f} / {s.xla_load_exposed_s * 1e3:.2f}) · XLA's "
         f"own recompute {s.xla_recompute_s * 1e3:.2f} ms · step predicted "
@@ -344,7 +360,8 @@ def check_request(
         if fits:
             fitted, fitted_it = result, it
         loads_agree = not correct_loads or step.load_excess_s <= tolerance * step.predicted_step_s
-        if fits and abs(step.peak_error) <= tolerance and loads_agree:
+        # an over-reported peak is no figure of the program's: the model stands on memory
+        if fits and (step.peak_over_reported or abs(step.peak_error) <= tolerance) and loads_agree:
             return CheckResult(
                 result,
                 tuple(steps),
@@ -367,8 +384,9 @@ def check_request(
                 f"{max_iterations} compile(s) reached before XLA's schedule hid the loads as the "
                 "model does"
             )
-        # XLA's peak minus the model's raw peak for this plan: the workspace the model does not see.
-        miss = peak - result.predicted.peak_device_bytes
+        # XLA's peak minus the model's raw peak for this plan: the workspace the model does not see
+        # (none to read from an over-reported peak)
+        miss = correction if step.peak_over_reported else peak - result.predicted.peak_device_bytes
         placed = (result.plan.groups, result.plan.state)
         correction = next_correction(correction, miss, fits, it == 1, placed == previous)
         previous = placed

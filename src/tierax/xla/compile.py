@@ -713,6 +713,7 @@ def compile_for_target(
         overlap=hlo.overlap_summary(transfers),
         xla_recompute=recomputed,
         compiled_on=attached[0].device_kind if tpu and attached else "",
+        peak_over_reported=bool(tpu and peak > limit),
         compile_time_s=compile_s,
         attention=cfg.attention,
         notes=tuple(notes),

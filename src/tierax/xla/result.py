@@ -84,6 +84,9 @@ class CompileResult:
     xla_recompute: dict = field(default_factory=dict)
     # the attached device the program was compiled for ("TPU v5 lite"), or "" (deviceless)
     compiled_on: str = ""
+    # XLA:TPU compiled the program (so its buffers fit) while memory_analysis() reports a peak over
+    # its limit: the figure is the libtpu's over-report, not the assignment (tierax.hardware.libtpu)
+    peak_over_reported: bool = False
 
     @property
     def offloaded_bytes_by_name(self) -> dict[str, int]:
