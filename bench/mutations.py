@@ -683,8 +683,8 @@ MUTATIONS = [
         "name": "host-peak-accumulator-once",
         "what": "state.host_peak: the offloaded accumulator once on the host while added to",
         "file": "src/tierax/costmodel/state.py",
-        "old": "        2 * accum_host_bytes,\n",
-        "new": "        accum_host_bytes,\n",
+        "old": "    held = max(activation_host_bytes + accum_host_bytes, 2 * accum_host_bytes)\n",
+        "new": "    held = max(activation_host_bytes + accum_host_bytes, accum_host_bytes)\n",
         "tests": ["tests/test_audit_gaps_costmodel.py"],
     },
     {
