@@ -31,24 +31,6 @@ import _common
 
 from tierax.launch import flags as xla_flags
 
-xla_flags.configure(cpu_devices=8, deviceless_gpu=True)
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.progress import Progress  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from tierax import costmodel as cm  # noqa: E402
-from tierax import hardware  # noqa: E402
-from tierax import plan as P  # noqa: E402
-from tierax.mesh import make_mesh, parse_mesh  # noqa: E402
-from tierax.models import apply_overrides, for_platform, get_config  # noqa: E402
-from tierax.sharding import rules as sh  # noqa: E402
-from tierax.tracing import inventory as inv_lib  # noqa: E402
-from tierax.train import step as S  # noqa: E402
-from tierax.xla import compile as C  # noqa: E402
-
 # (model, overrides, plan, target, microbatch per device, seq, mesh, cpu check).  The mesh's
 # device count is its product; the CPU check (one host device) runs only for one-device cases.
 LLAMA_12 = ["num_layers=12", "d_model=256", "mlp_dim=1024", "head_dim=64"]
@@ -103,11 +85,15 @@ def traced_flops(cfg, plan, microbatch, seq, shape) -> float:
     (What JAX hands XLA, scan trip counts multiplied; the global batch is ``microbatch ×
     shape.batch_ways`` and every matmul is assumed split evenly over the mesh.)
     """
+    import jax
+    import jax.numpy as jnp
     from flax import nnx
 
+    from tierax import plan as P
     from tierax.models import abstract_model
     from tierax.models.config import host_traceable
     from tierax.tracing import jaxpr_tools
+    from tierax.train import step as S
 
     cfg = host_traceable(cfg)  # cuDNN's kernel traced on the host as its XLA stand-in
     graphdef, params = nnx.split(abstract_model(cfg))
@@ -125,7 +111,14 @@ def cpu_compile(cfg, plan, microbatch, seq):
     XLA's cost analysis counts a while-loop body once, not once per trip: with scanned
     layers it undercounts, so FLOPs are compared with the traced jaxpr instead.
     """
+    import jax
+    import jax.numpy as jnp
+
+    from tierax.mesh import make_mesh
     from tierax.models.config import host_traceable
+    from tierax.sharding import rules as sh
+    from tierax.train import step as S
+    from tierax.xla import compile as C
 
     cfg = host_traceable(cfg)  # XLA:CPU runs cuDNN's kernel's XLA stand-in
     mesh = make_mesh(1, 1, devices=jax.devices()[:1])
@@ -151,7 +144,14 @@ def cpu_compile(cfg, plan, microbatch, seq):
 
 
 def run_case(model, overrides, plan_name, target, mb, seq, mesh_text, cpu_check) -> dict:
+    from tierax import costmodel as cm
+    from tierax import hardware
+    from tierax import plan as P
+    from tierax.mesh import parse_mesh
+    from tierax.models import apply_overrides, for_platform, get_config
+    from tierax.tracing import inventory as inv_lib
     from tierax.tracing.model_program import for_inventory
+    from tierax.xla import compile as C
 
     cfg = for_platform(apply_overrides(get_config(model), overrides), hardware.platform(target))
     plan = P.preset(plan_name, cfg)
@@ -216,6 +216,13 @@ def main() -> int:
         "--case", type=int, action="append", help="run only case N of CASES (0-based; repeatable)"
     )
     args = ap.parse_args()
+    # Eight host devices and the deviceless GPU, set before JAX is first imported (here: after the
+    # arguments, so that --help and a bad --out answer without starting JAX).
+    xla_flags.configure(cpu_devices=8, deviceless_gpu=True)
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
     cases = QUICK if args.quick else [CASES[i] for i in args.case] if args.case else CASES
     rows = []
     with Progress() as prog:

@@ -36,12 +36,15 @@ import dataclasses
 import pathlib
 import statistics
 import sys
+from typing import TYPE_CHECKING
 
 import _common
 import yaml
 
 from tierax import launch
-from tierax.calibration import Run
+
+if TYPE_CHECKING:  # tierax.calibration imports JAX: not before --help is answered
+    from tierax.calibration import Run
 
 DATA = pathlib.Path(__file__).resolve().parent / "data" / "published_runs.yaml"
 HOLDOUT = DATA.parent / "holdout_runs.yaml"

@@ -35,13 +35,8 @@ import sys
 import tempfile
 
 import _common
-import jax.numpy as jnp
 
-from tierax.costmodel import fixed
-from tierax.hardware import libtpu
 from tierax.launch import flags as xla_flags
-from tierax.models import get_config
-from tierax.tracing.program import Head
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCHEMA = "tierax.tpu-compile/1"
@@ -159,6 +154,13 @@ def _assigned(compiled: dict, dump: pathlib.Path, tokens: int) -> dict:
     with the live arguments and outputs, memory_analysis()'s temp less it, and the model's
     libtpu-keyed excess term for this shape (tierax.costmodel.fixed.libtpu_temp_excess_bytes, 0
     on the traced libtpu), so that the model's peak less that term meets the assignment's."""
+    import jax.numpy as jnp  # these import JAX: here, not before --help is answered
+
+    from tierax.costmodel import fixed
+    from tierax.hardware import libtpu
+    from tierax.models import get_config
+    from tierax.tracing.program import Head
+
     heap = _common.preallocated_temp(dump)["preallocated_temp_bytes"]
     live = (
         compiled["device_argument_bytes"]

@@ -30,7 +30,6 @@ import time
 import _common
 
 from tierax.launch import flags as xla_flags
-from tierax.train import config as train_config
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -43,6 +42,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps-per-round", type=int, default=16)
     _common.add_out(ap, "train_overhead.json")
     args = ap.parse_args(argv)
+    from tierax.train import config as train_config  # imports JAX: after the arguments
 
     work = pathlib.Path(tempfile.mkdtemp(prefix="tierax-overhead-"))
     n, rounds = args.steps_per_round, args.rounds

@@ -8,9 +8,6 @@ only happens if the correction (XLA's peak minus the model's) reaches the re-sol
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import compiled_standin
 import pytest
 
@@ -40,11 +37,8 @@ def test_check_corrects_the_workspace_and_converges():
         (["--emit", "maxtext"], "--check compiles the plan it chooses"),
     ],
 )
-def test_check_refuses_what_it_cannot_compile(extra, message):
-    cmd = [sys.executable, "-m", "tierax.cli", "plan", "--model", "tiny-llama", "--check", *extra]
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300
-    )
+def test_check_refuses_what_it_cannot_compile(extra, message, cli):
+    proc = cli("plan", "--model", "tiny-llama", "--check", *extra)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
