@@ -103,8 +103,11 @@ def test_compile_table_shows_xlas_own_recompute():
 def test_xla_tpu_recomputes_on_its_own_at_the_limit_and_the_check_prices_it():
     """``tierax plan --check`` at the chip check's dense shape, microbatch 32 (the moments on the
     host): XLA:TPU's deviceless compile of the planner's plan recomputes the MLP and the head on
-    its own (as the chip's profile of that plan showed); the check keeps the plan (its loads
-    agree once the streamed update's own exposure is counted) and prices the recompute."""
+    its own (as the chip's profile of that plan showed); its loads agree once the streamed
+    update's own exposure is counted, so it converges at once, prices the recompute, compiles the
+    presets' placements with the plan's state beside it and keeps the shortest compiled step — one
+    of the presets' here, as on the chip
+    (bench/results/chip/recompute_on_chip_mb32_alternatives.json)."""
     pytest.importorskip("libtpu")
     sets = ["d_model=2048", "num_layers=8", "mlp_dim=8192", "num_kv_heads=8",
             "vocab_size=32000", "dtype=bfloat16", "attention=auto", "num_heads=16",
@@ -115,7 +118,13 @@ def test_xla_tpu_recomputes_on_its_own_at_the_limit_and_the_check_prices_it():
     p = subprocess.run(argv, capture_output=True, text=True, timeout=1200, env=os.environ.copy())
     assert p.returncode == 0, p.stderr[-3000:]
     doc = json.loads(p.stdout)
-    (it,) = doc["iterations"]
-    assert doc["converged"]
+    it, *alternatives = doc["iterations"]
+    assert doc["converged"] and [a["alternative"] for a in alternatives] == [
+        "remat-full",
+        "qkv-offload",
+    ]
     assert it["xla_recompute_s"] > 0.05 * it["predicted_step_s"]
     assert it["compiled_step_s"] >= it["predicted_step_s"] + it["xla_recompute_s"]
+    best = min(alternatives, key=lambda a: a["compiled_step_s"])
+    assert best["compiled_step_s"] < it["compiled_step_s"]
+    assert doc["plan"]["plan"]["plan"] == f"{best['alternative']}+state"

@@ -71,6 +71,11 @@ CompilePlan = Callable[[planner.PlanResult], CompileResult]
 # compiles of one offload plan at microbatches 5-8 gave its loads 18 kernels at 86 % and 89 % of
 # the limit, 11 at 93 % and 5-6 at 95.5 % (bench/results/chip_schedule_pressure_libtpu_0.0.52.json).
 WHOLE_WINDOW_SHARE = 0.89
+# Where XLA recomputes on its own beyond the tolerance of the converged plan's step, these presets'
+# activation placements, with that plan's training-state placements, are compiled beside it and
+# the plan of the shortest compiled step kept (XLA's recompute differs between plans of one peak:
+# bench/results/chip/recompute_on_chip_mb32_alternatives.json).
+ALTERNATIVE_PRESETS = ("remat-full", "qkv-offload")
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,9 @@ class Iteration:
     # XLA:TPU compiled the plan but its libtpu's memory_analysis() over-reports the peak (over the
     # limit it compiled within): the fit is XLA's compile, the peak no measure of the model
     peak_over_reported: bool = False
+    # "": a plan of the chain of corrections; else the alternative compiled beside the converged
+    # plan (:data:`ALTERNATIVE_PRESETS`: the preset's placements with that plan's state)
+    alternative: str = ""
 
     @property
     def peak_error(self) -> float | None:
@@ -202,7 +210,9 @@ def iteration_line(s: Iteration) -> str:
     g = size_text
     err = "—" if s.peak_error is None else f"{s.peak_error:+.1%}"
     return (
-        f"check {s.iteration}: budget {g(s.budget_bytes)} (workspace correction "
+        f"check {s.iteration}"
+        + (f" (alternative: {s.alternative})" if s.alternative else "")
+        + f": budget {g(s.budget_bytes)} (workspace correction "
         f"{g(s.workspace_correction_bytes)}) · predicted peak {g(s.predicted_peak_bytes)} "
         f"· XLA {'refused (out of memory), needs ' if s.out_of_memory else ''}"
         f"{g(s.xla_peak_bytes)} ({err}"
@@ -292,6 +302,63 @@ def tierax_compile(request: planning.Request, target: str) -> CompilePlan:
     return compile_plan
 
 
+def _fastest_compiled(
+    request,
+    result,
+    step,
+    steps,
+    compile_plan,
+    inventories,
+    solve_budget,
+    correction,
+    budget,
+    report,
+) -> tuple[planner.PlanResult, str]:
+    """The converged ``result`` or an alternative (:data:`ALTERNATIVE_PRESETS`' placements with its
+    state placements, where the corrected model fits them within ``solve_budget``), whichever
+    XLA's compile makes the shortest step (:attr:`Iteration.compiled_step_s`); each alternative's
+    compile is appended to ``steps``.  Returns (plan, what was chosen: a sentence, or "")."""
+    from tierax import costmodel as cm
+    from tierax import plan as plan_lib
+
+    prog = planning.program(request, inventories)
+    best, best_step = result, step
+    for name in ALTERNATIVE_PRESETS:
+        plan = dataclasses.replace(
+            plan_lib.preset(name, request.cfg),
+            name=f"{name}+state",
+            description=f"{name}'s placements with the checked plan's training state",
+            state=result.plan.state,
+            mechanism=result.plan.mechanism,
+        )
+        if (plan.groups, plan.state) == (result.plan.groups, result.plan.state):
+            continue
+        pred = cm.simulate(plan, prog, request.rates, request.schedule, request.grad_accum)
+        if pred.peak_device_bytes + correction > solve_budget:
+            continue  # the corrected model says it does not fit
+        alt = dataclasses.replace(result, plan=plan, predicted=pred, explain=())
+        it = len(steps) + 1
+        s = dataclasses.replace(
+            Iteration.of(it, solve_budget, correction, alt, compile_plan(alt), budget),
+            alternative=name,
+        )
+        steps.append(s)
+        if report:
+            report(s)
+        if s.xla_fits and s.compiled_step_s < best_step.compiled_step_s:
+            best, best_step = alt, s
+    if best is result:
+        return result, (
+            f"the plan's compiled step ({step.compiled_step_s * 1e3:.1f} ms with XLA's own "
+            "recompute) is the shortest of it and the alternatives compiled; "
+        )
+    return best, (
+        f"chose {best.plan.name}: XLA recomputes {step.xla_recompute_s * 1e3:.1f} ms on its own "
+        f"in the planner's plan, whose compiled step is {step.compiled_step_s * 1e3:.1f} ms; "
+        f"{best.plan.name}'s is {best_step.compiled_step_s * 1e3:.1f} ms; "
+    )
+
+
 def check_request(
     request: planning.Request,
     target: str,
@@ -362,13 +429,21 @@ def check_request(
         loads_agree = not correct_loads or step.load_excess_s <= tolerance * step.predicted_step_s
         # an over-reported peak is no figure of the program's: the model stands on memory
         if fits and (step.peak_over_reported or abs(step.peak_error) <= tolerance) and loads_agree:
+            chose = ""
+            if correct_loads and step.xla_recompute_s > tolerance * step.predicted_step_s:
+                result, chose = _fastest_compiled(
+                    request, result, step, steps, compile_plan, inventories, solve_budget,
+                    correction, budget, report,
+                )  # fmt: skip
+                fitted = result
             return CheckResult(
                 result,
                 tuple(steps),
                 True,
                 tolerance,
                 int(budget),
-                (
+                chose
+                + (
                     "converged: XLA:TPU compiled the plan within its limit (its libtpu's "
                     "memory_analysis() over-reports the peak, so the model's is not compared)"
                     if step.peak_over_reported
