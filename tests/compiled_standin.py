@@ -17,6 +17,7 @@ def compiled(
         out_of_memory=out_of_memory,
         overlap={},
         xla_recompute={},
+        peak_over_reported=False,
         host_temp_bytes=host_temp_bytes,
         host_argument_bytes=0,
         compile_time_s=0.0,

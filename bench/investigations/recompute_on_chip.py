@@ -42,6 +42,10 @@ TINY = ["d_model=128", "num_layers=2", "mlp_dim=256", "num_heads=4", "num_kv_hea
         "head_dim=32", "vocab_size=512", "dtype=bfloat16", "attention=auto"]  # fmt: skip
 
 
+def pct(e: float | None) -> str:
+    return "—" if e is None else f"{e:+.1%}"
+
+
 def main(argv=None) -> int:
     ap = _common.parser(__doc__, "chip/recompute_on_chip.json")
     ap.add_argument("--microbatch", type=int, default=32)
@@ -95,7 +99,7 @@ def main(argv=None) -> int:
         res, _ = compile_for_target(cfg, plan, "v5e", microbatch=mb, seq=seq)
         pred = cm.simulate(plan, prog, rates, "lhs")
         b = pred.breakdown
-        model_loads = b.exposed_h2d_s + b.state.exposed_s
+        model_loads = b.exposed_loads_s
         replay_loads = res.overlap.get("by_direction", {}).get("h2d", {}).get("est_exposed_s", 0)
         recompute = res.xla_recompute.get("est_s", 0.0)
         compiled_step = compiled_step_s(pred.step_time_s, recompute, replay_loads - model_loads)
@@ -119,9 +123,6 @@ def main(argv=None) -> int:
             "bench_error": rec.get("error"),
         }
         doc["rows"].append(row)
-        def pct(e):
-            return "—" if e is None else f"{e:+.1%}"
-
         print(
             f"{spec}: chip {step * 1e3 if step else float('nan'):.1f} ms · model "
             f"{pred.step_time_s * 1e3:.1f} ({pct(row['error'])}) · XLA's recompute "

@@ -87,6 +87,13 @@ class Breakdown:
     # is where XLA:TPU also rematerialises on its own, which the step time does not price.  0: none.
     scheduler_limit_bytes: int = 0
 
+    @property
+    def exposed_loads_s(self) -> float:
+        """The host loads the step waits for: the backward's (h2d) and the streamed optimizer
+        update's (it waits for a layer's state before updating it; the stores behind it are
+        awaited later)."""
+        return self.exposed_h2d_s + self.state.exposed_s
+
     def to_json(self) -> dict:
         """The fields by name, the state's under its own ``state_*`` keys."""
         out = {

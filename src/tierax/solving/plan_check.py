@@ -130,7 +130,7 @@ class Iteration:
         peak = compiled.device_peak_bytes  # an out-of-memory refusal: XLA's stated need, or None
         # XLA:TPU compiled it within its limit, whatever an older libtpu reports: the fit is the
         # compile's where the budget is the device's own
-        over = bool(getattr(compiled, "peak_over_reported", False))
+        over = compiled.peak_over_reported
         within = peak is not None and (
             peak <= budget or (over and budget >= compiled.device_limit_bytes)
         )
@@ -142,7 +142,7 @@ class Iteration:
             peak,
             bool(compiled.fits and within),
             # the streamed state update's exposed copies too: the replay's stalls hold them
-            b.exposed_d2h_s + b.exposed_h2d_s + b.state.exposed_s,
+            b.exposed_d2h_s + b.exposed_loads_s,
             compiled.overlap.get("est_exposed_s", 0.0),
             result.predicted.step_time_s,
             result.predicted.host_bytes,
@@ -152,9 +152,7 @@ class Iteration:
             else compiled.host_temp_bytes + compiled.host_argument_bytes,
             compiled.compile_time_s,
             compiled.out_of_memory,
-            # the update's exposure is its loads' (it waits for a layer's state before updating
-            # it; the stores behind it are awaited later): the replay's h2d stalls hold it
-            b.exposed_h2d_s + b.state.exposed_s,
+            b.exposed_loads_s,  # the replay's h2d stalls hold the update's loads too
             compiled.overlap.get("by_direction", {}).get("h2d", {}).get("est_exposed_s", 0.0),
             compiled.xla_recompute.get("est_s", 0.0),
             over,

@@ -448,6 +448,7 @@ def compile_for_target(
     tpu = spec.kind == "tpu"
     shape = mesh or MeshShape()
     devices = shape.size
+    attached = None  # the attached TPU's devices the program is compiled for (attached_tpu)
     fused = cfg.attention == "cudnn"
     if fused and tpu:
         raise TieraxError(
@@ -611,12 +612,12 @@ def compile_for_target(
         )
     transfers = host_transfers(module, rates)
     notes = replay_notes(rates) + host_notes
+    overlap = hlo.overlap_summary(transfers)
     recomputed = xla_recompute(module, rates)
-    replay_loads = hlo.overlap_summary(transfers)["by_direction"]["h2d"]["est_exposed_s"]
     predicted["compiled_step_s"] = recompute_lib.compiled_step_s(
         predicted["model_step_s"],
         recomputed["est_s"],
-        replay_loads - predicted["model_load_exposed_s"],
+        overlap["by_direction"]["h2d"]["est_exposed_s"] - predicted["model_load_exposed_s"],
     )
     if recomputed["instructions"]:
         notes.append(
@@ -710,9 +711,9 @@ def compile_for_target(
         device_temp_bytes=temp,
         host_temp_bytes=host_temp,
         offloaded=tuple(offloaded),
-        overlap=hlo.overlap_summary(transfers),
+        overlap=overlap,
         xla_recompute=recomputed,
-        compiled_on=attached[0].device_kind if tpu and attached else "",
+        compiled_on=attached[0].device_kind if attached else "",
         peak_over_reported=bool(tpu and peak > limit),
         compile_time_s=compile_s,
         attention=cfg.attention,
@@ -756,8 +757,7 @@ def _prediction(
         "peak_phase": p.breakdown.peak_phase,
         "state_host_bytes": p.breakdown.state.host_bytes,
         "model_step_s": p.step_time_s,
-        # the host loads the model exposes: the backward's and the streamed update's
-        "model_load_exposed_s": p.breakdown.exposed_h2d_s + p.breakdown.state.exposed_s,
+        "model_load_exposed_s": p.breakdown.exposed_loads_s,
     } | (
         {"step_time_s": p.step_time_s, "calibration": rates.sources["calibration"]}
         if calibrated
