@@ -93,11 +93,21 @@ def _link_text(link: dict | None) -> str:
     )
 
 
+def _compiled_text(r: dict) -> str:
+    """The compiled step (the model's with XLA's own recompute and the loads its schedule exposes
+    beyond the model's) and its error, where --checked compiled the plan; else a dash."""
+    c = r.get("compiled") or {}
+    if "compiled_step_s" not in c:
+        return "—" if not c else "refused"
+    return f"{_ms(c['compiled_step_s'])} ({_pct(r.get('time_error_compiled'))})"
+
+
 def table(doc: dict) -> list[str]:
     lines = [
         "| record | model | mb | plan | measured ms | predicted ms (calibrated / datasheet) | "
-        "error (cal / ds) | fit predicted → chip | host GiB predicted / compiled |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "error (cal / ds) | compiled step ms (error) | fit predicted → chip | host GiB "
+        "predicted / compiled |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows(doc):
         pc, pu = r["predicted_calibrated"], r["predicted_uncalibrated"]
@@ -112,7 +122,7 @@ def table(doc: dict) -> list[str]:
             f"{_ms(r.get('step_time_s'))} | "
             f"{_ms(pc['step_time_s'])} / {_ms(pu['step_time_s'])} | "
             f"{_pct(r.get('time_error_calibrated'))} / {_pct(r.get('time_error_uncalibrated'))} | "
-            f"{'fits' if pc['fits'] else 'no'} → {chip} | {host} |"
+            f"{_compiled_text(r)} | {'fits' if pc['fits'] else 'no'} → {chip} | {host} |"
         )
     return lines
 
@@ -120,15 +130,16 @@ def table(doc: dict) -> list[str]:
 def summary(doc: dict) -> list[str]:
     lines = [
         "| record | model | mb | measured fastest | planner (calibrated) vs fastest | planner "
-        "(datasheet) vs fastest | worst time error (cal / ds) | fit verdicts right |",
-        "|---|---|---|---|---|---|---|---|",
+        "(datasheet) vs fastest | `plan --check` vs fastest | worst time error (cal / ds / "
+        "compiled) | fit verdicts right |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for case in doc.get("cases", []):
         s = case.get("summary")
         if not s:
             lines.append(
                 f"| {case.get('record', 1)} | {case['model']} | {case['microbatch']} | "
-                "error | | | | |"
+                "error | | | | | |"
             )
             continue
         chose = case.get("planner_chose", {})
@@ -137,8 +148,14 @@ def summary(doc: dict) -> list[str]:
             f"{s.get('measured_fastest', '—')} | "
             f"{chose.get('calibrated', '—')} {_pct(s.get('planner_calibrated_vs_fastest'))} | "
             f"{chose.get('uncalibrated', '—')} {_pct(s.get('planner_uncalibrated_vs_fastest'))} | "
-            f"{_pct(s.get('worst_time_error_calibrated'))} / "
-            f"{_pct(s.get('worst_time_error_uncalibrated'))} | {s.get('fit_verdicts_right')} |"
+            + (
+                f"{chose['checked']} {_pct(s.get('planner_checked_vs_fastest'))} | "
+                if "checked" in chose
+                else "— | "
+            )
+            + f"{_pct(s.get('worst_time_error_calibrated'))} / "
+            f"{_pct(s.get('worst_time_error_uncalibrated'))} / "
+            f"{_pct(s.get('worst_time_error_compiled'))} | {s.get('fit_verdicts_right')} |"
         )
     return lines
 
@@ -151,9 +168,11 @@ def plot(doc: dict, path: pathlib.Path) -> None:
 
     ran = [r for r in rows(doc) if r.get("ran")]
     fig, ax = plt.subplots(figsize=(6.5, 6))
-    marks = {"dense": "o", "moe": "s", "mla-moe": "^"}
+    marks = {"dense": "o", "moe": "s", "mla-moe": "^", "dense-8k": "v", "dense-hd64": "<"}
+    models = list(dict.fromkeys(r["model"] for r in ran))
     for label, color in (("calibrated", "tab:blue"), ("uncalibrated", "tab:orange")):
-        for model, m in marks.items():
+        for model in models:
+            m = marks.get(model, "D")
             pts = [r for r in ran if r["model"] == model]
             if pts:
                 ax.scatter(
@@ -164,6 +183,15 @@ def plot(doc: dict, path: pathlib.Path) -> None:
                     alpha=0.8,
                     label=f"{model}, {'measured rates' if label == 'calibrated' else 'datasheet'}",
                 )
+    compiled = [r for r in ran if "compiled_step_s" in (r.get("compiled") or {})]
+    if compiled:
+        ax.scatter(
+            [r["step_time_s"] * 1e3 for r in compiled],
+            [r["compiled"]["compiled_step_s"] * 1e3 for r in compiled],
+            marker="x",
+            color="tab:green",
+            label="compiled step (plan --check's: XLA's recompute, loads)",
+        )
     if ran:
         hi = (
             max(max(r["step_time_s"], r["predicted_calibrated"]["step_time_s"]) for r in ran)

@@ -41,9 +41,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import pathlib
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 
@@ -144,11 +146,17 @@ EXTRA_CASES = (
      ("remat-full", "qkv-offload")),
     ("dense-hd64", "tiny-llama", [*_DENSE, "num_heads=32", "head_dim=64"], 2048, (8, 4),
      ("remat-full", "qkv-offload")),
+    # microbatches only state offload fits (remat-full alone stops at 24-27 on the chip), where
+    # XLA's own rematerialization adds compute: "<preset>+state" is the preset's placements with
+    # the calibrated planner's training state (plan --check's alternatives)
+    ("dense-state", "tiny-llama", [*_DENSE, "num_heads=16", "head_dim=128"], 2048, (32, 40),
+     ("remat-full+state", "qkv-offload+state")),
 )  # fmt: skip
 TINY_OVERRIDES = {
     "dense": ["dtype=bfloat16", "attention=auto"],
     "dense-8k": ["dtype=bfloat16", "attention=auto"],
     "dense-hd64": ["dtype=bfloat16", "attention=auto", "num_heads=8", "head_dim=8"],
+    "dense-state": ["dtype=bfloat16", "attention=auto"],
     "moe": ["dtype=bfloat16", "attention=auto"],
     "mla-moe": ["dtype=bfloat16", "attention=auto"],
 }
@@ -228,20 +236,21 @@ def measure_indexed(entry: dict, tiny: bool) -> dict:
 
 
 def reuse_calibration(record: pathlib.Path, tiny: bool) -> dict:
-    """An earlier check's calibration entry with the host link measured again here."""
+    """An earlier check's calibration entry with the host link measured again here (and the
+    gathers' and scatters' rates, where that entry has none)."""
     from tierax.measure import accel_rates
 
     entry = dict(json.loads(record.read_text())["calibration"])
+    indexed = "index_op_s" in entry
     link = accel_rates.host_link_rates(tiny)
     entry["microbenchmarks"] = dict(entry.get("microbenchmarks", {}), host_link=link)
-    entry["rates_from"] = (
-        f"{record.name} (host link, gathers and scatters measured again in this run)"
-    )
+    again = "host link" if indexed else "host link, gathers and scatters"
+    entry["rates_from"] = f"{record.name} ({again} measured again in this run)"
     for way in ("d2h", "h2d"):
         entry.pop(f"{way}_bytes_per_s", None)
         if link[f"{way}_bytes_per_s"]:
             entry[f"{way}_bytes_per_s"] = link[f"{way}_bytes_per_s"]
-    return measure_indexed(entry, tiny)
+    return entry if indexed else measure_indexed(entry, tiny)
 
 
 def rate_sets(dtype: str, entry: dict) -> dict:
@@ -345,16 +354,87 @@ def fit_margin_from(record: pathlib.Path) -> dict:
     return {"margin": max(0.0, worst[0]), "source": f"{record.name}: {worst[1]}", "misses": misses}
 
 
-def run_case(name: str, cfg, seq: int, mb: int, presets, rates: dict, steps: int) -> dict:
-    """Every plan of one (model, microbatch) on the device beside both predictions."""
+# --checked: the planner's calibrated plan is `tierax plan --check`'s, every plan is compiled for
+# the target (on the attached chip; --tiny: deviceless) and carries the compiled step
+CHECKED = {"on": False}
+# where --checked writes this run's calibration entry for the compiles (removed at exit)
+_RATES_DIR = tempfile.TemporaryDirectory(prefix="tpu_check_rates_")
+
+
+def _preset_plans(presets, cfg, state_from):
+    """The case's presets; ``<preset>+state`` takes ``state_from``'s training state (none: left
+    out, with a note)."""
     from tierax import plan as plan_lib
+    from tierax.solving import plan_check
+
+    plans, notes = [], []
+    for name in presets:
+        base, plus, _ = name.partition("+")
+        if not plus:
+            plans.append(plan_lib.preset(name, cfg))
+        elif state_from is not None and any(sp.offloaded for sp in state_from.state.values()):
+            plans.append(plan_check.with_state_of(base, cfg, state_from))
+        else:
+            notes.append(f"{name}: the planner's plan offloads no training state")
+    return plans, notes
+
+
+def check_on_target(cfg, mb: int, seq: int, rates):
+    """``tierax plan --check`` of the case at ``rates`` for the target: compiled on the attached
+    chip (--tiny: XLA:TPU's deviceless compile).  Returns (the check's result, [(plan, compile)]
+    of every plan it compiled, in order)."""
+    from tierax.solving import plan_check, planner, planning
+    from tierax.xla.compile import compile_for_target
+
+    compiled = []
+
+    def compile_plan(result):
+        res = compile_for_target(cfg, result.plan, TARGET, microbatch=mb, seq=seq)[0]
+        compiled.append((result.plan, res))
+        return res
+
+    request = planning.Request(cfg, {"data": 1, "fsdp": 1}, rates, microbatch=mb, seq=seq)
+    checked = plan_check.check_request(
+        request,
+        TARGET,
+        compile_plan=compile_plan,
+        correct_loads=planner.scheduler_limit(rates) > 0,
+        report=lambda it: print(f"  check: {plan_check.iteration_line(it)}", flush=True),
+    )
+    return checked, compiled
+
+
+def compiled_figures(res) -> dict:
+    """A compile's figures beside the measured step: the model's step with what XLA's program adds
+    (its own recompute, loads exposed beyond the model's), its peak and host bytes."""
+    out = {
+        "compiled_on": res.compiled_on or "deviceless",
+        "libtpu": res.libtpu_version,
+        "fits": bool(res.fits),
+        "device_peak_bytes": res.device_peak_bytes,
+        "peak_over_reported": res.peak_over_reported,
+    }
+    if res.fits:
+        out |= {
+            "host_bytes": (res.host_temp_bytes or 0) + (res.host_argument_bytes or 0),
+            "model_step_s": res.predicted["model_step_s"],
+            "compiled_step_s": res.predicted["compiled_step_s"],
+            "xla_recompute_s": res.xla_recompute.get("est_s", 0.0),
+            "xla_recompute_instructions": res.xla_recompute.get("instructions", 0),
+        }
+    return out
+
+
+def run_case(name: str, cfg, seq: int, mb: int, presets, rates: dict, steps: int) -> dict:
+    """Every plan of one (model, microbatch) on the device beside both predictions (and with
+    --checked the compiled step of each)."""
     from tierax.measure import bench
     from tierax.tracing.model_program import program_of
 
     t0 = time.perf_counter()
     prog = program_of(cfg, mb, seq, {"data": 1, "fsdp": 1})
-    plans = [plan_lib.preset(p, cfg) for p in presets]
-    notes, planner_chose = [], {}
+    notes, planner_chose, chosen = [], {}, {}
+    compiles: dict = {}  # placements → XLA's compile of them
     given = PLANNED_FROM.get((name, mb))
     for label in ("calibrated", "uncalibrated"):
         if given is not None:
@@ -363,18 +443,41 @@ def run_case(name: str, cfg, seq: int, mb: int, presets, rates: dict, steps: int
             plan, why = load_plan(str(given), cfg), None
             plan = dataclasses.replace(plan, name=f"planned-{label}")
             notes.append(f"planner ({label}): the plan in {given} (--planned-from)")
+        elif CHECKED["on"] and label == "calibrated":
+            checked, done = check_on_target(cfg, mb, seq, rates[label])
+            notes.append(f"plan --check ({label}): {checked.stopped}")
+            plan, why = dataclasses.replace(done[0][0], name=f"planned-{label}"), None
+            for i, (p, res) in enumerate(done):
+                pname = plan.name if i == 0 else (p.name if "+" in p.name else f"checked-{i + 1}")
+                compiles.setdefault(placements(p, cfg), (dataclasses.replace(p, name=pname), res))
+            chosen["checked"] = checked.result.plan
         else:
             plan, why = planned(prog, rates[label], label)
         if plan is None:
             notes.append(f"planner ({label}): {why}")
             continue
+        chosen[label] = plan
+    preset_plans, why_not = _preset_plans(presets, cfg, chosen.get("calibrated"))
+    notes += why_not
+    plans = list(preset_plans)
+    for p, _ in compiles.values():  # the check's compiled plans, a preset's name kept where same
+        if not any(placements(q, cfg) == placements(p, cfg) for q in plans):
+            plans.append(p)
+    for label, plan in chosen.items():
         same = next((p for p in plans if placements(p, cfg) == placements(plan, cfg)), None)
         if same is None:
             plans.append(plan)
             same = plan
-        else:
+        elif label != "checked" and same.name != plan.name:
             notes.append(f"planner ({label}) chose the same placements as {same.name}")
         planner_chose[label] = same.name
+    if CHECKED["on"]:  # the plans the check did not compile
+        from tierax.xla.compile import compile_for_target
+
+        for p in plans:
+            if placements(p, cfg) not in compiles:
+                res = compile_for_target(cfg, p, TARGET, microbatch=mb, seq=seq)[0]
+                compiles[placements(p, cfg)] = (p, res)
     trace_s = time.perf_counter() - t0
     records, peaks, not_run = bench.run_bench(
         cfg, plans, steps=steps, microbatch=mb, seq=seq, warmup=1, rounds=1, peaks=PEAKS.get(name)
@@ -387,6 +490,8 @@ def run_case(name: str, cfg, seq: int, mb: int, presets, rates: dict, steps: int
         row: dict = {"plan": p.name, "placements": p.to_dict()}
         for label, r in rates.items():
             row[f"predicted_{label}"] = predict(p, prog, r)
+        if placements(p, cfg) in compiles:
+            row["compiled"] = compiled_figures(compiles[placements(p, cfg)][1])
         if p.name in measured:
             m = measured[p.name]
             row |= {
@@ -403,6 +508,8 @@ def run_case(name: str, cfg, seq: int, mb: int, presets, rates: dict, steps: int
             for label in rates:
                 pred = row[f"predicted_{label}"]["step_time_s"]
                 row[f"time_error_{label}"] = pred / m.step_time_s - 1
+            if "compiled_step_s" in row.get("compiled", {}):
+                row["time_error_compiled"] = row["compiled"]["compiled_step_s"] / m.step_time_s - 1
         else:
             n = refused.get(p.name)
             row |= {
@@ -448,14 +555,16 @@ def summarize(rows: list, planner_chose: dict) -> dict:
     if ran:
         fastest = min(ran, key=lambda r: r["step_time_s"])
         out["measured_fastest"] = fastest["plan"]
-        for label in ("calibrated", "uncalibrated"):
+        for label in ("calibrated", "uncalibrated", "checked"):
             mine = next((r for r in ran if r["plan"] == planner_chose.get(label)), None)
             if mine is not None:
                 out[f"planner_{label}_vs_fastest"] = (
                     mine["step_time_s"] / fastest["step_time_s"] - 1
                 )
-            errs = [abs(r[f"time_error_{label}"]) for r in ran]
-            out[f"worst_time_error_{label}"] = max(errs)
+        for label in ("calibrated", "uncalibrated", "compiled"):
+            errs = [abs(r[f"time_error_{label}"]) for r in ran if f"time_error_{label}" in r]
+            if errs:
+                out[f"worst_time_error_{label}"] = max(errs)
     verdicts = []
     for r in rows:
         pred_fit = r["predicted_calibrated"]["fits"]
@@ -469,6 +578,9 @@ def summarize(rows: list, planner_chose: dict) -> dict:
     ]
     if host:
         out["worst_host_error"] = max(abs(p / c - 1) for p, c in host)
+    recompute = [r["compiled"].get("xla_recompute_s", 0.0) for r in ran if "compiled" in r]
+    if recompute:
+        out["largest_xla_recompute_s"] = max(recompute)
     return out
 
 
@@ -611,6 +723,12 @@ def main(argv=None) -> int:
         "`tierax plan --check` chose with XLA:TPU's deviceless compile)",
     )
     ap.add_argument(
+        "--checked",
+        action="store_true",
+        help="the planner's calibrated plan by `tierax plan --check` (XLA:TPU's compile on the "
+        "attached chip; --tiny: deviceless), and every plan compiled for the compiled step",
+    )
+    ap.add_argument(
         "--render",
         metavar="RECORD",
         nargs="+",
@@ -667,9 +785,16 @@ def main(argv=None) -> int:
         if args.out
         else (None if args.tiny else ROOT / "bench" / "results" / "tpu_check.json")
     )
+    from tierax import launch
     from tierax.launch import flags as xla_flags
 
-    xla_flags.configure(platforms="cpu" if args.tiny else None, run_step=True)
+    CHECKED["on"] = args.checked
+    if args.tiny and args.checked:  # the CPU runs the steps; XLA:TPU compiles deviceless
+        launch.start_deviceless_tpu("none", "v5litepod-1")
+    else:  # libtpu gets the step's TPU options, as a run's and plan --check's compiles do
+        xla_flags.configure(
+            platforms="cpu" if args.tiny else None, run_step=True, env=xla_flags.libtpu_env()
+        )
     import jax
 
     from tierax.records import envelope
@@ -699,6 +824,10 @@ def main(argv=None) -> int:
         doc["calibration_error"] = traceback.format_exc()[-2000:]
     doc["calibration"] = entry
     doc["stages_s"]["calibrate"] = time.perf_counter() - t
+    if args.checked:  # the compiles price at this run's rates, not a calibration file's
+        cal_file = pathlib.Path(_RATES_DIR.name) / "calibration.json"
+        cal_file.write_text(json.dumps({TARGET: entry} if entry else {}))
+        os.environ["TIERAX_CALIBRATION"] = str(cal_file)
     write(doc, out)
     print(f"calibrated in {doc['stages_s']['calibrate']:.0f} s", flush=True)
     dense_cfg, models = None, {}

@@ -339,15 +339,16 @@ def test_splash_rates_follow_the_programs_shape(seq, head_dim, fwd):
 
 
 def test_tpu_check_rehearsal_on_the_cpu(tmp_path):
-    """bench/tpu_check.py --tiny: the chip check's whole pipeline at toy sizes (one model, one
-    microbatch): calibration, every preset and the planner's plan run and predicted, the
-    reference step, the record and its page."""
+    """bench/tpu_check.py --tiny --checked: the chip check's whole pipeline at toy sizes (one
+    model, one microbatch): calibration, every preset and `plan --check`'s plan run, predicted and
+    compiled for v5e (deviceless here), the reference step, the record and its page."""
     out = tmp_path / "tc.json"
     r = subprocess.run(
         [
             sys.executable,
             "bench/tpu_check.py",
             "--tiny",
+            "--checked",
             "--cases",
             "dense:2",
             "--stages",
@@ -366,10 +367,21 @@ def test_tpu_check_rehearsal_on_the_cpu(tmp_path):
     (case,) = doc["cases"]
     names = [p["plan"] for p in case["plans"]]
     assert names[:4] == ["save-all", "remat-full", "minimal", "qkv-offload"]
-    assert "calibrated" in case["planner_chose"]
+    assert {"calibrated", "checked"} <= set(case["planner_chose"])
     for p in case["plans"]:
         assert p["ran"] and p["step_time_s"] > 0
         assert p["predicted_calibrated"]["step_time_s"] > 0
+        # every plan compiled for v5e, priced at this run's measured rates: the compile's model
+        # step is the calibrated prediction (a compile at the datasheet's rates differs)
+        c = p["compiled"]
+        assert c["compiled_on"] == "deviceless" and c["fits"]
+        assert c["model_step_s"] == pytest.approx(p["predicted_calibrated"]["step_time_s"])
+        assert c["model_step_s"] != pytest.approx(p["predicted_uncalibrated"]["step_time_s"])
+        assert c["compiled_step_s"] >= c["model_step_s"]
+        assert p["time_error_compiled"] == pytest.approx(
+            c["compiled_step_s"] / p["step_time_s"] - 1
+        )
+    assert "worst_time_error_compiled" in case["summary"]
     assert doc["reference"]["tierax_step_s"] > 0 and doc["reference"]["reference_step_s"] > 0
     # The host link is calibrate's: beside compute (rows at each size), the round trip beside it;
     # the entry's rate is the one its rate_from names.
@@ -416,6 +428,33 @@ def test_the_chip_check_refuses_bad_selections_before_any_work(tmp_path, args, s
     )
     assert r.returncode == 2 and says in r.stderr, r.stderr[-2000:]
     assert not out.exists()
+
+
+def test_a_state_preset_takes_the_planners_training_state():
+    """A case's ``<preset>+state`` is the preset's placements with the calibrated planner's
+    training state (plan --check's alternative); without offloaded state it is left out, said."""
+    import dataclasses
+    import importlib.util
+
+    from tierax import plan as plan_lib
+
+    spec = importlib.util.spec_from_file_location("tpu_check_script", ROOT / "bench/tpu_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    cfg = _tiny()
+    planned = plan_lib.preset("qkv-offload", cfg)
+    with_state = dataclasses.replace(planned, state={"decoder": {"moments": "offload"}})
+    plans, notes = mod._preset_plans(["remat-full", "remat-full+state"], cfg, with_state)
+    assert [p.name for p in plans] == ["remat-full", "remat-full+state"] and notes == []
+    full = plan_lib.preset("remat-full", cfg)
+    assert plans[1].groups == full.groups and plans[1].state == with_state.state
+    assert plans[1].state != full.state
+    plans, notes = mod._preset_plans(["remat-full+state"], cfg, planned)
+    assert plans == [] and notes == [
+        "remat-full+state: the planner's plan offloads no training state"
+    ]
+    plans, notes = mod._preset_plans(["remat-full+state"], cfg, None)
+    assert plans == [] and len(notes) == 1
 
 
 def test_the_chip_checks_extra_cases_are_the_shapes_they_are_named_for():

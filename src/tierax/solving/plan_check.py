@@ -300,6 +300,20 @@ def tierax_compile(request: planning.Request, target: str) -> CompilePlan:
     return compile_plan
 
 
+def with_state_of(preset: str, cfg, plan):
+    """Preset ``preset``'s placements with ``plan``'s training state and mechanism, named
+    ``<preset>+state``: an alternative the check compiles beside a plan that offloads state."""
+    from tierax import plan as plan_lib
+
+    return dataclasses.replace(
+        plan_lib.preset(preset, cfg),
+        name=f"{preset}+state",
+        description=f"{preset}'s placements with the checked plan's training state",
+        state=plan.state,
+        mechanism=plan.mechanism,
+    )
+
+
 def _fastest_compiled(
     request,
     result,
@@ -317,18 +331,11 @@ def _fastest_compiled(
     XLA's compile makes the shortest step (:attr:`Iteration.compiled_step_s`); each alternative's
     compile is appended to ``steps``.  Returns (plan, what was chosen: a sentence, or "")."""
     from tierax import costmodel as cm
-    from tierax import plan as plan_lib
 
     prog = planning.program(request, inventories)
     best, best_step = result, step
     for name in ALTERNATIVE_PRESETS:
-        plan = dataclasses.replace(
-            plan_lib.preset(name, request.cfg),
-            name=f"{name}+state",
-            description=f"{name}'s placements with the checked plan's training state",
-            state=result.plan.state,
-            mechanism=result.plan.mechanism,
-        )
+        plan = with_state_of(name, request.cfg, result.plan)
         if (plan.groups, plan.state) == (result.plan.groups, result.plan.state):
             continue
         pred = cm.simulate(plan, prog, request.rates, request.schedule, request.grad_accum)
