@@ -26,7 +26,13 @@ What it does, in one process (one program holds the chip), every stage against `
    ``dense-hd64`` add the dense shape at seq 8192 and at head dim 64 (not run by default).
    ``--planned-from MODEL:MB=PLAN.yaml,...`` takes plan files as the planner's plans of those cases
    (the chip check's seventeenth record: the plans `tierax plan --check` chose with XLA:TPU's
-   deviceless compile, bench/results/chip/tpu_check_checked.json).
+   deviceless compile, bench/results/chip/tpu_check_checked.json).  ``--checked`` runs
+   ``tierax plan --check`` itself for the calibrated planner's plan (its compiles on the attached
+   chip at this run's rates; --tiny: deviceless) and compiles every plan of the case, each row
+   then carrying its compiled step (the model's with XLA's own recompute and the loads its schedule
+   exposes beyond the model's) beside the chip's.  ``--cases dense-state:32`` is the dense shape
+   where only training state on the host fits; its ``<preset>+state`` plans are the preset's
+   placements with the planner's state (bench/results/chip/tpu_check_state.json, _mb40.json).
 3. The fit boundary of remat-full on the dense model, found on the chip (doubling, then
    bisection on the chip's own out-of-memory errors) beside the planner's predicted largest
    microbatch.
