@@ -128,3 +128,83 @@ def test_xla_tpu_recomputes_on_its_own_at_the_limit_and_the_check_prices_it():
     best = min(alternatives, key=lambda a: a["compiled_step_s"])
     assert best["compiled_step_s"] < it["compiled_step_s"]
     assert doc["plan"]["plan"]["plan"] == f"{best['alternative']}+state"
+    # simulate's side of it: the chosen plan is flagged as one XLA:TPU rematerialises on its own
+    assert doc["plan"]["predicted"]["xla_may_rematerialize"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("microbatch, flagged", [(16, False), (24, True)])
+def test_xla_tpu_recomputes_on_its_own_where_simulate_flags_it(microbatch, flagged):
+    """remat-full at the chip check's dense shape, no state on the host: at microbatch 16 the model
+    peaks within XLA:TPU's scheduler limit and XLA:TPU's deviceless compile recomputes nothing on
+    its own; at 24 (above it) the compile holds rematerialization clones."""
+    pytest.importorskip("libtpu")
+    cfg, prog, rates = _dense(microbatch)
+    from tierax import costmodel as cm
+    from tierax.plan.presets import load_plan
+
+    pred = cm.simulate(load_plan("remat-full", cfg), prog, rates, "lhs")
+    assert pred.xla_may_rematerialize is flagged
+    sets = _dense_sets()
+    argv = [sys.executable, "-m", "tierax.cli", "compile", "--model", "tiny-llama",
+            *[a for kv in sets for a in ("--set", kv)], "--microbatch", str(microbatch),
+            "--seq", "2048", "--target", "v5e", "--devices", "1", "--plan", "remat-full",
+            "--json"]  # fmt: skip
+    env = dict(os.environ, JAX_PLATFORMS="cpu")  # deviceless, even beside a chip
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=1200, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert (json.loads(p.stdout)["xla_recompute"]["instructions"] > 0) is flagged
+
+
+def _dense_sets() -> list[str]:
+    """The chip check's dense shape's overrides (bench/tpu_check.py's dense-state case)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+    import tpu_check
+
+    return next(c for c in tpu_check.EXTRA_CASES if c[0] == "dense-state")[2]
+
+
+def _dense(microbatch: int):
+    """The chip check's dense shape (bench/tpu_check.py) at ``microbatch`` × seq 2048: its config
+    and program, and v5e's default rates (no calibration)."""
+    from tierax import costmodel as cm
+    from tierax.models import apply_overrides, for_platform, get_config
+    from tierax.tracing.model_program import program_of
+
+    sets = _dense_sets()
+    cfg = for_platform(apply_overrides(get_config("tiny-llama"), sets), "tpu")
+    rates = cm.target_rates("v5e", cfg.dtype, calibration={})
+    return cfg, program_of(cfg, microbatch, 2048, {"data": 1, "fsdp": 1}), rates
+
+
+def test_training_state_on_the_host_counts_toward_xlas_own_rematerialization():
+    """simulate flags a step XLA:TPU likely rematerialises on its own: the planner's microbatch-32
+    plan of the chip check's dense shape peaks within the scheduler limit, but with its moments on
+    the host above it (XLA's compile of it recomputes ~0.5 s on its own:
+    bench/results/chip/tpu_check_state.json); remat-full at microbatch 16, within the limit with
+    no state on the host, is not flagged (its compile recomputes nothing)."""
+    from rich.console import Console
+
+    from tierax import costmodel as cm
+    from tierax.plan.presets import load_plan
+    from tierax.report.tables import prediction_table
+
+    root = os.path.join(os.path.dirname(__file__), "..")
+    cfg, prog, rates = _dense(32)
+    plan = load_plan(os.path.join(root, "bench/results/chip/plans/planned_state_mb32.yaml"), cfg)
+    pred = cm.simulate(plan, prog, rates, "lhs")
+    lim, state = rates.scheduler_limit_bytes, pred.breakdown.state.host_bytes
+    assert pred.fits and pred.peak_device_bytes < lim < pred.peak_device_bytes + state
+    assert pred.xla_may_rematerialize and pred.to_json()["xla_may_rematerialize"]
+    console = Console(width=300, record=True)
+    console.print(prediction_table(pred, "t"))
+    text = console.export_text()
+    assert "with the 3.8 GiB of training state on the host" in text
+    assert "step time a lower bound" in text
+    cfg, prog, rates = _dense(16)
+    pred = cm.simulate(load_plan("remat-full", cfg), prog, rates, "lhs")
+    assert pred.breakdown.state.host_bytes == 0 and pred.peak_device_bytes < lim
+    assert not pred.xla_may_rematerialize
+    console = Console(width=300, record=True)
+    console.print(prediction_table(pred, "t"))
+    assert "lower bound" not in console.export_text()

@@ -128,6 +128,18 @@ class Prediction:
     # the step time by resource (tierax.costmodel.resources); None: not split
     split: StepSplit | None = None
 
+    @property
+    def xla_may_rematerialize(self) -> bool:
+        """On a TPU target, whether XLA:TPU's rematerialization pass likely recomputes on its own,
+        compute the step time does not price (a compile finds and prices it:
+        :mod:`tierax.xla.recompute`): a fitting plan whose device peak, with the training state it
+        keeps on the host, is above the scheduler limit.  The state counts: in the chip check's
+        state-offload plans (bench/results/chip/tpu_check_state.json, tpu_check_state_mb40.json)
+        the model's peak is within the limit and XLA's compile of each recomputes on its own."""
+        b = self.breakdown
+        lim = b.scheduler_limit_bytes
+        return bool(lim) and self.fits and self.peak_device_bytes + b.state.host_bytes > lim
+
     def to_json(self) -> dict:
         return {
             "fits": self.fits,
@@ -136,6 +148,7 @@ class Prediction:
             "host_bytes": self.host_bytes,
             "step_time_s": self.step_time_s,
             "tflops_per_device": self.tflops_per_device,
+            "xla_may_rematerialize": self.xla_may_rematerialize,
             "breakdown": self.breakdown.to_json(),
         } | ({"split": self.split.to_json()} if self.split is not None else {})
 

@@ -313,12 +313,19 @@ def prediction_table(pred, title: str) -> Table:
         *(
             [
                 (
-                    f"  above XLA:TPU's scheduler limit {fmt_bytes(lim)}: XLA:TPU may "
-                    "rematerialise on its own, which the step time does not price",
+                    f"  above XLA:TPU's scheduler limit {fmt_bytes(lim)}"
+                    + (
+                        ""
+                        if pred.peak_device_bytes > lim
+                        else f" with the {fmt_bytes(b.state.host_bytes)} of training state on "
+                        "the host"
+                    )
+                    + ": XLA:TPU may rematerialise on its own, which the step time does not "
+                    "price (tierax compile and plan --check price it)",
                     "[yellow]step time a lower bound[/]",
                 )
             ]
-            if (lim := b.scheduler_limit_bytes) and pred.fits and pred.peak_device_bytes > lim
+            if pred.xla_may_rematerialize and (lim := b.scheduler_limit_bytes)
             else []
         ),
         *(
