@@ -241,12 +241,15 @@ def measure_indexed(entry: dict, tiny: bool) -> dict:
         vars(accel_rates).update(chip)
 
 
-def reuse_calibration(record: pathlib.Path, tiny: bool) -> dict:
+def reuse_calibration(record: pathlib.Path, tiny: bool, link: bool = True) -> dict:
     """An earlier check's calibration entry with the host link measured again here (and the
-    gathers' and scatters' rates, where that entry has none)."""
+    gathers' and scatters' rates, where that entry has none); ``link`` False: the entry as the
+    record holds it, nothing measured."""
     from tierax.measure import accel_rates
 
     entry = dict(json.loads(record.read_text())["calibration"])
+    if not link:
+        return entry | {"rates_from": f"{record.name} (as recorded: nothing measured again)"}
     indexed = "index_op_s" in entry
     link = accel_rates.host_link_rates(tiny)
     entry["microbenchmarks"] = dict(entry.get("microbenchmarks", {}), host_link=link)
@@ -717,6 +720,11 @@ def main(argv=None) -> int:
         help="take the rates an earlier check measured (its record) and measure only the host link",
     )
     ap.add_argument(
+        "--as-recorded",
+        action="store_true",
+        help="with --calibration: take its host link as recorded too (nothing measured again)",
+    )
+    ap.add_argument(
         "--margin-from",
         metavar="RECORD",
         help="plan within the chip's limit less the worst peak under-prediction in RECORD",
@@ -752,6 +760,10 @@ def main(argv=None) -> int:
         PLANNED_FROM.update(planned_from(args.planned_from))
     except ValueError as e:
         print(f"tpu_check: {e}", file=sys.stderr)
+        return 2
+    if args.as_recorded and not args.calibration:
+        print("tpu_check: --as-recorded takes the rates of --calibration RECORD; give one",
+              file=sys.stderr)  # fmt: skip
         return 2
     stages = [x.strip() for x in args.stages.split(",")]
     if bad := [x for x in stages if x not in STAGES]:
@@ -822,7 +834,9 @@ def main(argv=None) -> int:
     t = time.perf_counter()
     try:
         if args.calibration:
-            entry = reuse_calibration(pathlib.Path(args.calibration), args.tiny)
+            entry = reuse_calibration(
+                pathlib.Path(args.calibration), args.tiny, not args.as_recorded
+            )
         else:
             entry = calibrate_here(args.tiny)
     except Exception:  # noqa: BLE001 — without measured rates the datasheet ones still check

@@ -415,6 +415,7 @@ def test_tpu_check_rehearsal_on_the_cpu(tmp_path):
         (["--cases", "dense:8", "--models", "dense"], "give --cases alone"),
         (["--cases", "dens:8"], "unknown model(s) dens"),
         (["--stages", "cases,boundry"], "unknown stage(s) boundry"),
+        (["--as-recorded"], "--as-recorded takes the rates of --calibration RECORD"),
     ],
 )
 def test_the_chip_check_refuses_bad_selections_before_any_work(tmp_path, args, says):
@@ -430,6 +431,34 @@ def test_the_chip_check_refuses_bad_selections_before_any_work(tmp_path, args, s
     assert not out.exists()
 
 
+def test_an_earlier_calibration_as_recorded_measures_nothing(monkeypatch):
+    """--calibration RECORD --as-recorded: the record's entry, host link included, named as such;
+    without --as-recorded the host link is measured again."""
+    import importlib.util
+
+    from tierax.measure import accel_rates
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("tpu_check_script", ROOT / "bench/tpu_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    record = ROOT / "bench/results/chip/tpu_check_checked.json"
+    recorded = json.loads(record.read_text())["calibration"]
+    measured = []
+    fake = {"d2h_bytes_per_s": 1.0, "h2d_bytes_per_s": 2.0}
+    monkeypatch.setattr(accel_rates, "host_link_rates", lambda tiny: measured.append(tiny) or fake)
+    entry = mod.reuse_calibration(record, tiny=False, link=False)
+    assert measured == [] and entry["rates_from"].startswith("tpu_check_checked.json (as recorded")
+    assert {k: v for k, v in entry.items() if k != "rates_from"} == {
+        k: v for k, v in recorded.items() if k != "rates_from"
+    }
+    again = mod.reuse_calibration(record, tiny=False)
+    assert measured == [False] and (again["d2h_bytes_per_s"], again["h2d_bytes_per_s"]) == (
+        1.0,
+        2.0,
+    )
+
+
 def test_a_state_preset_takes_the_planners_training_state():
     """A case's ``<preset>+state`` is the preset's placements with the calibrated planner's
     training state (plan --check's alternative); without offloaded state it is left out, said."""
@@ -438,6 +467,7 @@ def test_a_state_preset_takes_the_planners_training_state():
 
     from tierax import plan as plan_lib
 
+    sys.path.insert(0, str(ROOT / "bench"))
     spec = importlib.util.spec_from_file_location("tpu_check_script", ROOT / "bench/tpu_check.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
