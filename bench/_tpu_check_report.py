@@ -272,11 +272,13 @@ def render(records, page: pathlib.Path = PAGE, png: pathlib.Path = PLOT) -> list
         "float32 log-sum-exp buffer, 128 lanes wide: tierax.models.attention.SPLASH_LSE_LANES) "
         "the seventeenth (the dense shapes with the planner's plans from `tierax plan "
         "--check`, which on a TPU target re-plans below a plan whose loads XLA:TPU's schedule "
-        "leaves waiting: tierax.solving.plan_check; --planned-from names the files) and the "
+        "leaves waiting: tierax.solving.plan_check; --planned-from names the files), the "
         "eighteenth and nineteenth (--checked: the dense shape at microbatches 32 and 40, which "
         "fit only with training state on the host; `plan --check` run on the chip chose the plan, "
         "each plan compiled on the chip gives its compiled step: the model's with XLA's own "
-        "recompute and the loads its schedule exposes beyond the model's).",
+        "recompute and the loads its schedule exposes beyond the model's) and the twentieth "
+        "(--checked on the MoE and MLA + MoE shapes at microbatch 8, the seventeenth's rates as "
+        "recorded).",
         "",
         "What the platform choice, the memory figures and the back-to-back timing follow was read "
         "first from `bench/investigations/tpu_probe.py` on the same chip (its record: "
