@@ -288,3 +288,36 @@ def test_an_older_libtpus_over_reported_peak_is_no_miss(monkeypatch):
     )  # fmt: skip
     first, second = tight.iterations
     assert not first.xla_fits and second.workspace_correction_bytes == 0
+
+
+def test_a_measured_miss_moves_the_scheduler_limit_the_planner_keeps_to(monkeypatch):
+    """The chip check's MoE shape at microbatch 8 (record 20's rates, as on the chip): the planner
+    keeps every value on device, within XLA:TPU's scheduler limit by the model's peak; the chip's
+    compile peaked 2.27 GiB above the model (bench/results/chip/tpu_check_checked_moe.json), which
+    takes that plan past the scheduler's share of the device.  With the miss measured the check
+    plans within the share less the miss, not within the limit's margin for an unmeasured one."""
+    moe = next(c for c in tpu_check.CASES if c[0] == "moe")[2]
+    cfg = for_platform(apply_overrides(get_config("tiny-mixtral"), moe), "tpu")
+    record = pathlib.Path(__file__).resolve().parents[1] / "bench/results/chip"
+    entry = json.loads((record / "tpu_check_checked_moe.json").read_text())["calibration"]
+    rates = cm.target_rates("v5e", cfg.dtype, calibration={"v5e": entry})
+    prog = program_of(cfg, MB, SEQ, {"data": 1, "fsdp": 1})
+    miss = int(2.27 * GIB)
+    share = SCHEDULER_MEMORY_FRACTION * rates.usable_device_bytes
+    peaks = []
+
+    def xla(cfg, plan, target, *, microbatch, seq, mesh, grad_accum=1):
+        peaks.append(cm.simulate(plan, prog, rates, "lhs").peak_device_bytes)
+        return compiled_standin.compiled(peaks[-1] + miss)
+
+    monkeypatch.setattr(compile_lib, "compile_for_target", xla)
+    res = plan_check.check(cfg, MeshShape(), rates, "v5e", microbatch=MB, seq=SEQ)
+    # the planner's own plan: within the limit by the model, past the share by the compile
+    assert peaks[0] <= rates.scheduler_limit_bytes and peaks[0] + miss > share
+    assert res.converged and res.iterations[-1].workspace_correction_bytes == miss
+    assert peaks[-1] + miss <= share and res.result.predicted.peak_device_bytes == peaks[-1]
+    # the limit moves by the miss alone; a target without one, or no miss, keeps its rates
+    assert plan_check.corrected_rates(rates, miss).scheduler_limit_bytes == int(share - miss)
+    assert plan_check.corrected_rates(rates, 0) is rates
+    gpu = dataclasses.replace(rates, scheduler_limit_bytes=0)
+    assert plan_check.corrected_rates(gpu, miss) is gpu

@@ -300,6 +300,19 @@ def tierax_compile(request: planning.Request, target: str) -> CompilePlan:
     return compile_plan
 
 
+def corrected_rates(rates, correction: float):
+    """``rates`` with XLA:TPU's scheduler limit on the model's peak once a compile has measured the
+    model's miss: the scheduler's own share of the device (:data:`SCHEDULER_MEMORY_FRACTION`) less
+    the workspace ``correction`` (XLA's peak less the model's) in place of the margin the limit
+    otherwise keeps for an unmeasured miss.  The planner then prefers plans whose corrected peak is
+    within the scheduler's limit, and the model serializes the loads of a step whose corrected peak
+    is above it.  Unchanged where the target has no such limit or nothing was corrected."""
+    if not rates.scheduler_limit_bytes or not correction:
+        return rates
+    share = SCHEDULER_MEMORY_FRACTION * rates.usable_device_bytes
+    return dataclasses.replace(rates, scheduler_limit_bytes=max(1, int(share - correction)))
+
+
 def with_state_of(preset: str, cfg, plan):
     """Preset ``preset``'s placements with ``plan``'s training state and mechanism, named
     ``<preset>+state``: an alternative the check compiles beside a plan that offloads state."""
@@ -402,10 +415,11 @@ def check_request(
     previous = None  # the placements compiled last
     for it in range(1, max_iterations + 1):
         solve_budget = min(budget - correction, limit, load_cap)
+        corrected = dataclasses.replace(request, rates=corrected_rates(rates, correction))
         try:
             result, _ = planning.solve(
                 dataclasses.replace(
-                    request, budget_bytes=solve_budget, host_budget_bytes=host_budget
+                    corrected, budget_bytes=solve_budget, host_budget_bytes=host_budget
                 ),
                 inventories,
             )
@@ -437,7 +451,7 @@ def check_request(
             chose = ""
             if correct_loads and step.xla_recompute_s > tolerance * step.predicted_step_s:
                 result, chose = _fastest_compiled(
-                    request, result, step, steps, compile_plan, inventories, solve_budget,
+                    corrected, result, step, steps, compile_plan, inventories, solve_budget,
                     correction, budget, report,
                 )  # fmt: skip
                 fitted = result
