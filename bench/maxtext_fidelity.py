@@ -160,6 +160,9 @@ READ_FROM = {
     "layers' backward an untied head's gradient is made on (a step that offloads: after)",
     "llama2-7b-v7x-minimal-32L-8k": "interop/maxtext_program/tpu_terms.py: which side of the "
     "layers' backward an untied head's gradient is made on (TPU7x, at the loss: held unsharded)",
+    "llama3-8b-v6e-full-32L-8k": "interop/maxtext_program/tpu_terms.py: which side of the "
+    "layers' backward an untied head's gradient is made on (v6e, a decoder without query and key "
+    "norms: reduce-scattered at the loss, its shard held)",
     "llama4-17b-16e-v5p-4L": "interop/maxtext_program/trace.py: the routed experts' parameters "
     "read from MaxText's state, so that under expert parallelism a layer gathers its E / expert "
     "local experts",

@@ -301,12 +301,16 @@ def test_tied_head_layer_phase(tied_early):
     )
 
 
-def _shapes_only(tied=True, tiles=1, microbatch=2, seq=1024, fsdp=FSDP, emb=D, vocab=VOCAB):
-    """A config and inventory with only what tpu_terms' shapes read (TINY's sizes unless given)."""
+def _shapes_only(
+    tied=True, tiles=1, microbatch=2, seq=1024, fsdp=FSDP, emb=D, vocab=VOCAB, qk_norm=False
+):
+    """A config and inventory with only what tpu_terms' shapes read (TINY's sizes unless given;
+    ``qk_norm``: MaxText's ``use_qk_norm``)."""
     from types import SimpleNamespace as NS
 
     config = NS(dtype="bfloat16", grad_dtype="float32", vocab_size=vocab, emb_dim=emb,
-                logits_via_embedding=tied, num_vocab_tiling=tiles)  # fmt: skip
+                logits_via_embedding=tied, num_vocab_tiling=tiles,
+                use_qk_norm=qk_norm)  # fmt: skip
     inv = NS(mesh={"fsdp": fsdp, "tensor": 1, "expert": 1}, microbatch=microbatch, seq=seq)
     return config, inv
 
@@ -330,15 +334,16 @@ def test_when_the_table_is_gathered_before_the_forward():
 def test_which_side_of_the_layers_backward_the_head_gradient_is_made_on():
     """An untied head on 8 devices (fsdp 8), emb 4096, as the compiles the reading was taken from
     (tpu_terms' module docstring): after the layers' backward loop below ``k`` tokens per emb
-    feature, at the loss (held unsharded) from it — v5p k = 1, v6e 3, TPU7x 2 —; on v6e
-    reduce-scattered at the loss where the bf16 shard [512, vocab] is at most [512, 64000]; after
-    the loop wherever the step offloads to the host.  A tied head and v5e (no untied compile read)
-    keep ``emb ≤ 2 · tokens``."""
+    feature, at the loss (held unsharded) from it — v5p k = 1, v6e 3, TPU7x 2 —; on v6e at
+    ``emb ≤ 2 · tokens`` reduce-scattered at the loss in a decoder without query and key norms
+    (llama3-8b), in one with them (qwen3-8b) where the bf16 shard [512, vocab] is at most [512,
+    64000]; after the loop wherever the step offloads to the host.  A tied head and v5e (no untied
+    compile read) keep ``emb ≤ 2 · tokens``."""
     from tierax.interop.maxtext_program import tpu_terms as T
 
-    def side(target, tokens, vocab=151936, tied=False, offloads=False, emb=4096):
+    def side(target, tokens, vocab=151936, tied=False, offloads=False, emb=4096, qk_norm=True):
         config, inv = _shapes_only(tied=tied, microbatch=1, seq=tokens, fsdp=8, emb=emb,
-                                   vocab=vocab)  # fmt: skip
+                                   vocab=vocab, qk_norm=qk_norm)  # fmt: skip
         return T.head_grad_schedule(config, inv, target, offloads)
 
     # v5p: 2048 tokens after (the old reading's boundary, emb ≤ 2 · tokens, said at the loss),
@@ -352,6 +357,16 @@ def test_which_side_of_the_layers_backward_the_head_gradient_is_made_on():
     assert side("v6e", 12288) == side("v6e", 16384) == T.AT_LOSS
     # v6e, vocabularies 32000 and 64000: the shard reduce-scattered at the loss at 8192 tokens
     assert side("v6e", 8192, vocab=32000) == side("v6e", 8192, vocab=64000) == T.SCATTERED_AT_LOSS
+    # v6e without query and key norms (llama3-8b; qwen3-8b's cuts with them off): at 8192 tokens
+    # reduce-scattered at the loss up to the shard [512, 128256] (llama3-8b's full-depth row),
+    # where with the norms that vocabulary makes it after the loop; above it held unsharded from
+    # the loss, at 8192 and 12288 tokens (with the norms: after the loop, and at the loss)
+    for vocab in (32000, 128256):
+        assert side("v6e", 8192, vocab=vocab, qk_norm=False) == T.SCATTERED_AT_LOSS
+    assert side("v6e", 8192, vocab=128256) == T.AFTER
+    assert side("v6e", 8192, qk_norm=False) == side("v6e", 12288, qk_norm=False) == T.AT_LOSS
+    # below emb ≤ 2 · tokens: after the loop
+    assert side("v6e", 1024, vocab=32000, qk_norm=False) == T.AFTER
     # TPU7x: 4096 after, 8192 at the loss
     assert side("v7x", 4096) == T.AFTER and side("v7x", 8192) == T.AT_LOSS
     # host offload: after the loop (mistral-7b's q/k/v offload at 2 × 8192 on v5p)
@@ -365,17 +380,19 @@ def test_which_side_of_the_layers_backward_the_head_gradient_is_made_on():
 def test_held_through_the_layers_backward_at_full_depth():
     """The loss's buffer the layers' backward loop holds, by hand from the full-depth rows' shapes
     (fsdp 8, emb 4096): qwen3-8b on v6e at 1 × 8192 tokens holds the logits' bf16 gradient [8192,
-    151936] (the old reading: the reduce-scattered bf16 shard [512, 151936]); mistral-7b's q/k/v
-    offload on v5p at 2 × 8192 holds [16384, 32000]; llama3-8b on v5p at 4 × 8192 the head's bf16
-    gradient [4096, 128256], unsharded."""
+    151936] (the old reading: the reduce-scattered bf16 shard [512, 151936]), llama3-8b there (no
+    query and key norms) the reduce-scattered bf16 shard [512, 128256]; mistral-7b's q/k/v offload
+    on v5p at 2 × 8192 holds [16384, 32000]; llama3-8b on v5p at 4 × 8192 the head's bf16 gradient
+    [4096, 128256], unsharded."""
     from tierax.interop.maxtext_program import tpu_terms as T
 
-    def held(target, tokens, vocab, offloads=False):
+    def held(target, tokens, vocab, offloads=False, qk_norm=False):
         config, inv = _shapes_only(tied=False, microbatch=1, seq=tokens, fsdp=8, emb=4096,
-                                   vocab=vocab)  # fmt: skip
+                                   vocab=vocab, qk_norm=qk_norm)  # fmt: skip
         return T.held_in_layer_backward(config, inv, target, offloads)
 
-    assert held("v6e", 8192, 151936) == BF16 * 8192 * 151936
+    assert held("v6e", 8192, 151936, qk_norm=True) == BF16 * 8192 * 151936
+    assert held("v6e", 8192, 128256) == BF16 * 512 * 128256
     assert held("v5p", 16384, 32000, offloads=True) == BF16 * 16384 * 32000
     assert held("v5p", 32768, 128256) == BF16 * 4096 * 128256
     # no target (no generation's reading): the old rule, the shard

@@ -4,9 +4,11 @@ the side tierax's rule gives (``tpu_terms.head_grad_schedule``).
 
 Question: does ``head_grad_schedule`` (after the loop; at the loss; on v6e reduce-scattered at the
 loss) give the side XLA:TPU schedules the head gradient's dot on, for the MaxText cuts its reading
-was taken from?  Answered: for 17 of the 20 cuts the record holds; it misses llama3-8b's cut on v6e
-(reduce-scattered at the loss, the rule says after) and qwen3-8b's on v6e with one sequence of
-12288 or 16384 tokens a device (after, the rule says at the loss, as XLA makes it for the same
+was taken from?  Answered: for 23 of the 25 cuts the record holds (the last five, which change
+the decoder's query and key norms or its MLP width one at a time on v6e, added for the rule's v6e
+reading by the norms, their rows merged into the record and every row's rule side recomputed
+without compiling again: the record's ``merged``); it misses qwen3-8b's on v6e with one sequence
+of 12288 or 16384 tokens a device (after, the rule says at the loss, as XLA makes it for the same
 tokens as 3 × 4096 or 2 × 8192), misses ``tpu_terms``' module docstring names.
 Records: bench/results/head_grad_side.json
 Docs: docs/results/maxtext-fidelity.md
@@ -78,6 +80,16 @@ CASES = [
     ("llama2-7b-v6e-minimal-8k", "llama2-7b", "v6e", 2, 1, 8192, ["remat_policy=minimal"]),
     ("llama2-7b-v7x-minimal-8k", "llama2-7b", "v7x", 2, 1, 8192, ["remat_policy=minimal"]),
     ("llama3-8b-v6e-full-8k", "llama3-8b", "v6e", 2, 1, 8192, _FULL),
+    # llama3-8b's and qwen3-8b's decoders told apart at llama3-8b's vocabulary, one property each
+    ("qwen3-8b-v6e-8k-v128256-mlp14336", "qwen3-8b", "v6e", 2, 1, 8192,
+     [*_FULL, "vocab_size=128256", "base_mlp_dim=14336"]),
+    ("qwen3-8b-v6e-8k-v128256-no-qk-norm", "qwen3-8b", "v6e", 2, 1, 8192,
+     [*_FULL, "vocab_size=128256", "use_qk_norm=false"]),
+    ("llama3-8b-v6e-full-8k-mlp12288", "llama3-8b", "v6e", 2, 1, 8192,
+     [*_FULL, "base_mlp_dim=12288"]),
+    # qwen3-8b without query and key norms at its own vocabulary, one sequence of 8192 and 12288
+    ("qwen3-8b-v6e-8k-no-qk-norm", "qwen3-8b", "v6e", 2, 1, 8192, [*_FULL, "use_qk_norm=false"]),
+    ("qwen3-8b-v6e-12k-no-qk-norm", "qwen3-8b", "v6e", 2, 1, 12288, [*_FULL, "use_qk_norm=false"]),
 ]  # fmt: skip
 
 _INSTRUCTION = re.compile(r"\s*(?:ROOT )?%([\w.\-]+) = (.*)$")
@@ -169,7 +181,7 @@ def rule_side(base: str, keys: list[str], target: str) -> dict:
     config and inventory tierax traces, and the shapes it reads."""
     from tierax.interop.maxtext_program import inventory, load, program
     from tierax.interop.maxtext_program.config import embedding_shards
-    from tierax.interop.maxtext_program.tpu_terms import head_grad_schedule
+    from tierax.interop.maxtext_program.tpu_terms import head_grad_schedule, qk_norm
 
     mp = program(base, keys, target=target, devices=DEVICES)
     offloads = any(
@@ -190,6 +202,7 @@ def rule_side(base: str, keys: list[str], target: str) -> dict:
             "vocab": int(config.vocab_size),
             "dtype": str(config.dtype),
             "tied": bool(getattr(config, "logits_via_embedding", False)),
+            "qk_norm": qk_norm(config),
             "fsdp": embedding_shards(inv),
             "mesh": dict(inv.mesh),
             "offloads": offloads,

@@ -40,8 +40,11 @@ buffers are per device; ``c`` is the compute dtype's size, ``head`` = ``emb × v
   - *at the loss*: the gradient made before the loop and held unsharded through it (``c·head``),
     all-reduced at the loss (v5p, v6e) or reduce-scattered after the loop (TPU7x);
   - on v6e, *reduce-scattered at the loss*: one all-reduce-scatter fusion makes the shard at the
-    loss where it is small (:data:`V6E_SCATTER_FUSION_BYTES`: bf16 ``[512, 32000]`` and ``[512,
-    64000]`` fused, ``[512, 151936]`` an all-reduce), the shard held (``c·head / fsdp``).
+    loss where it is small, the shard held (``c·head / fsdp``).  How small depends on the decoder:
+    with query and key norms (``use_qk_norm``: qwen3-8b) bf16 ``[512, 32000]`` and ``[512,
+    64000]`` fused, ``[512, 128256]`` and up not (:data:`V6E_SCATTER_FUSION_BYTES`); without them
+    (llama3-8b, llama2-7b, mistral-7b; qwen3-8b with ``use_qk_norm=false``) ``[512, 128256]``
+    fused, ``[512, 151936]`` not (:data:`V6E_SCATTER_FUSION_BYTES_WITHOUT_QK_NORM`).
 
   Which side: after, wherever the step offloads a name to the host (mistral-7b at 2 × 8192 on v5p,
   ``custom`` with q, k and v offloaded, at 3 and 32 layers; the same step under ``full`` makes it
@@ -58,16 +61,24 @@ buffers are per device; ``c`` is the compute dtype's size, ``head`` = ``emb × v
   vocabulary 32768): after the loop at 1 × 1024 tokens, at the loss at 2 × 1024, where XLA holds
   the gradient's reduce-scattered shard through the loop, not the gradient (which shard size or
   mesh makes v5p reduce-scatter at the loss is not read: the rule over-counts the difference).
-  Missed on a held-out row: llama3-8b at full depth on 8 v6e, 1 × 8192 tokens (``tokens =
-  2·emb``), makes the head's gradient at the loss and reduce-scatters it there, one fusion, into a
-  bf16 ``[512, 128256]`` shard above :data:`V6E_SCATTER_FUSION_BYTES`, where the rule holds the
-  logits' gradient.  Its 2-layer cut does the same, while qwen3-8b cut to 2 layers at 8192 tokens
-  makes it after the loop at llama3-8b's vocabulary (128256: the same head, tokens and shard) as
-  at 131200 and 151808: on v6e at ``tokens = 2·emb`` the side follows the decoder's layers too,
-  not the head's shapes alone (which property of them was not read).  Missed too (the record's
-  rows): qwen3-8b's cut on v6e with one sequence of 12288 or 16384 tokens a device makes it
-  after the loop, where the same tokens as 3 × 4096 or 2 × 8192 make it at the loss, as the rule
-  says: on v6e the side follows the sequence length too (which property decides was not read).
+  On v6e the side follows the decoder as well as the head's shapes: at 1 × 8192 tokens (``tokens
+  = 2·emb``) and vocabulary 128256, llama3-8b (its 2-layer cut, and its full-depth row, held out
+  until this was read from its buffer assignment) makes the head's gradient at the loss and
+  reduce-scatters it there, one fusion, into a bf16 ``[512, 128256]`` shard held through the
+  layers' backward (no logits-sized buffer held), where qwen3-8b cut to 2 layers makes it after
+  the loop.  Of the decoders' differences, cuts that change one at a time (the record's) read
+  the query and key norms as deciding: qwen3-8b with ``use_qk_norm=false`` reduce-scatters at the
+  loss as llama3-8b does, qwen3-8b with llama3-8b's ``mlp_dim`` (14336) and llama3-8b with
+  qwen3-8b's (12288) keep their own sides.  Without the norms qwen3-8b's cut at its own
+  vocabulary (151936) makes the gradient at the loss and holds it unsharded, at 8192 and 12288
+  tokens: :data:`V6E_AT_LOSS_TOKENS_PER_EMB_WITHOUT_QK_NORM` (2; with the norms 8192 tokens make it
+  after the loop).  Why the norms move XLA's choice was not read; the rule reads ``use_qk_norm``
+  from MaxText's config, which the decoders that normalise queries and keys by that key (qwen3,
+  olmo3, llama4) follow (a decoder that normalises them whatever the key, Gemma 3's, ties its
+  head: the tied rule applies).  Missed (the record's rows): qwen3-8b's cut on v6e, with the
+  norms, with one sequence of 12288 or 16384 tokens a device makes it after the loop, where the
+  same tokens as 3 × 4096 or 2 × 8192 make it at the loss, as the rule says: on v6e the side
+  follows the sequence length too (which property decides was not read).
   Not read: an untied head on v5e (the rule of the tied heads below applies), compiles without
   the modelled flags (the seen rows' reduce-scatter at the loss, llama2-7b and mistral-7b on v6e,
   follows the v6e fusion).
@@ -218,9 +229,16 @@ COLLECTIVE_MATMUL_TOKENS = {"v5e": 2048}
 HEAD_GRAD_AT_LOSS_TOKENS_PER_EMB = {"v5p": 1, "v6e": 3, "tpu7x": 2}
 # On v6e XLA:TPU fuses the head's gradient with its reduce-scatter at the loss (an
 # all-reduce-scatter fusion) where the reduce-scattered shard is no larger than this (module
-# docstring): the largest shard read fused (bench/results/head_grad_side.json's qwen3-8b v6e cuts
-# by vocabulary).
+# docstring), in a decoder with query and key norms (``use_qk_norm``): the largest shard read fused
+# (bench/results/head_grad_side.json's qwen3-8b v6e cuts by vocabulary) ...
 V6E_SCATTER_FUSION_BYTES = 2 * 512 * 64000
+# ... and in one without them: the largest read fused there (llama3-8b's, and qwen3-8b's cut with
+# the norms off, at vocabulary 128256; 151936 unfused).
+V6E_SCATTER_FUSION_BYTES_WITHOUT_QK_NORM = 2 * 512 * 128256
+# On v6e, in a decoder without query and key norms, the fewest tokens per embedding feature read
+# with the head's gradient made at the loss (HEAD_GRAD_AT_LOSS_TOKENS_PER_EMB's v6e figure is read
+# from decoders with them): qwen3-8b's cuts with the norms off at 8192 and 12288 tokens, emb 4096.
+V6E_AT_LOSS_TOKENS_PER_EMB_WITHOUT_QK_NORM = 2
 
 
 @dataclass(frozen=True)
@@ -265,6 +283,12 @@ def tied_head(config) -> bool:
     return bool(getattr(config, "logits_via_embedding", False))
 
 
+def qk_norm(config) -> bool:
+    """Whether MaxText's decoder normalises its queries and keys (``use_qk_norm``; a config that
+    does not carry the key: no)."""
+    return bool(getattr(config, "use_qk_norm", False))
+
+
 AFTER, AT_LOSS, SCATTERED_AT_LOSS = "after", "at the loss", "reduce-scattered at the loss"
 
 
@@ -277,10 +301,12 @@ def head_grad_schedule(config, inv, target: str | None = None, offloads: bool = 
     A tied head, a generation no compile was read on, or ``target`` None: at the loss where the
     gradient is no larger than the logits and the buffer written from them (``emb ≤ 2 · tokens``;
     a tied head then holds it unsharded, an untied one its shard).  An untied head on a read
-    generation: on v6e reduce-scattered at the loss where its shard fits the fusion
-    (:data:`V6E_SCATTER_FUSION_BYTES`; read at ``emb ≤ 2 · tokens``); else after the loop where
-    the step offloads to the host (``offloads``), at the loss where ``tokens ≥ k · emb``
-    (:data:`HEAD_GRAD_AT_LOSS_TOKENS_PER_EMB`), after the loop below it."""
+    generation: on v6e reduce-scattered at the loss where its shard fits the fusion (read at
+    ``emb ≤ 2 · tokens``; :data:`V6E_SCATTER_FUSION_BYTES` in a decoder with query and key norms,
+    :func:`qk_norm`, :data:`V6E_SCATTER_FUSION_BYTES_WITHOUT_QK_NORM` without); else after the
+    loop where the step offloads to the host (``offloads``), at the loss where ``tokens ≥ k ·
+    emb`` (:data:`HEAD_GRAD_AT_LOSS_TOKENS_PER_EMB`; on v6e without the norms
+    :data:`V6E_AT_LOSS_TOKENS_PER_EMB_WITHOUT_QK_NORM`), after the loop below it."""
     from tierax import hardware
 
     s = _shapes(config, inv)
@@ -291,8 +317,12 @@ def head_grad_schedule(config, inv, target: str | None = None, offloads: bool = 
         if not old:
             return AFTER
         return AT_LOSS if tied_head(config) else SCATTERED_AT_LOSS
-    if generation == "v6e" and old and s.c * s.head // s.fsdp <= V6E_SCATTER_FUSION_BYTES:
-        return SCATTERED_AT_LOSS
+    if generation == "v6e":
+        norms = qk_norm(config)
+        fused = V6E_SCATTER_FUSION_BYTES if norms else V6E_SCATTER_FUSION_BYTES_WITHOUT_QK_NORM
+        if old and s.c * s.head // s.fsdp <= fused:
+            return SCATTERED_AT_LOSS
+        k = k if norms else V6E_AT_LOSS_TOKENS_PER_EMB_WITHOUT_QK_NORM
     if offloads or s.tokens < k * s.emb:
         return AFTER
     return AT_LOSS
