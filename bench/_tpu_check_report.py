@@ -276,9 +276,12 @@ def render(records, page: pathlib.Path = PAGE, png: pathlib.Path = PLOT) -> list
         "eighteenth and nineteenth (--checked: the dense shape at microbatches 32 and 40, which "
         "fit only with training state on the host; `plan --check` run on the chip chose the plan, "
         "each plan compiled on the chip gives its compiled step: the model's with XLA's own "
-        "recompute and the loads its schedule exposes beyond the model's) and the twentieth "
+        "recompute and the loads its schedule exposes beyond the model's), the twentieth "
         "(--checked on the MoE and MLA + MoE shapes at microbatch 8, the seventeenth's rates as "
-        "recorded).",
+        "recorded) and the twenty-first (the MoE case again once `plan --check` keeps to "
+        "XLA:TPU's scheduler share less the miss a compile measured: "
+        "tierax.solving.plan_check.corrected_rates; that run's log was cut off by the call's time "
+        "limit, and its record predates the check's compiles being recorded).",
         "",
         "What the platform choice, the memory figures and the back-to-back timing follow was read "
         "first from `bench/investigations/tpu_probe.py` on the same chip (its record: "

@@ -442,7 +442,7 @@ def run_case(name: str, cfg, seq: int, mb: int, presets, rates: dict, steps: int
 
     t0 = time.perf_counter()
     prog = program_of(cfg, mb, seq, {"data": 1, "fsdp": 1})
-    notes, planner_chose, chosen = [], {}, {}
+    notes, planner_chose, chosen, check = [], {}, {}, []
     compiles: dict = {}  # placements → XLA's compile of them
     given = PLANNED_FROM.get((name, mb))
     for label in ("calibrated", "uncalibrated"):
@@ -455,6 +455,8 @@ def run_case(name: str, cfg, seq: int, mb: int, presets, rates: dict, steps: int
         elif CHECKED["on"] and label == "calibrated":
             checked, done = check_on_target(cfg, mb, seq, rates[label])
             notes.append(f"plan --check ({label}): {checked.stopped}")
+            check = [it.to_json() | {"plan": p.name} for it, (p, _) in zip(
+                checked.iterations, done, strict=True)]  # fmt: skip
             plan, why = dataclasses.replace(done[0][0], name=f"planned-{label}"), None
             for i, (p, res) in enumerate(done):
                 pname = plan.name if i == 0 else (p.name if "+" in p.name else f"checked-{i + 1}")
@@ -534,6 +536,7 @@ def run_case(name: str, cfg, seq: int, mb: int, presets, rates: dict, steps: int
         "plans": rows,
         "planner_chose": planner_chose,
         "notes": notes,
+        "check": check,  # --checked: plan --check's compiles, in order
         "trace_and_plan_s": trace_s,
         "wall_s": time.perf_counter() - t0,
         "peaks": dataclasses.asdict(peaks),
