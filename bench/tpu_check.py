@@ -455,7 +455,7 @@ def run_case(name: str, cfg, seq: int, mb: int, presets, rates: dict, steps: int
         elif CHECKED["on"] and label == "calibrated":
             checked, done = check_on_target(cfg, mb, seq, rates[label])
             notes.append(f"plan --check ({label}): {checked.stopped}")
-            check = [it.to_json() | {"plan": p.name} for it, (p, _) in zip(
+            check = [(it.to_json(), placements(p, cfg)) for it, (p, _) in zip(
                 checked.iterations, done, strict=True)]  # fmt: skip
             plan, why = dataclasses.replace(done[0][0], name=f"planned-{label}"), None
             for i, (p, res) in enumerate(done):
@@ -482,6 +482,9 @@ def run_case(name: str, cfg, seq: int, mb: int, presets, rates: dict, steps: int
         elif label != "checked" and same.name != plan.name:
             notes.append(f"planner ({label}) chose the same placements as {same.name}")
         planner_chose[label] = same.name
+    # each compile of the check under the name of the case's plan of the same placements
+    check = [it | {"plan": next(q.name for q in plans if placements(q, cfg) == key)}
+             for it, key in check]  # fmt: skip
     if CHECKED["on"]:  # the plans the check did not compile
         from tierax.xla.compile import compile_for_target
 

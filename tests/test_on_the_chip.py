@@ -371,6 +371,7 @@ def test_tpu_check_rehearsal_on_the_cpu(tmp_path):
     # the check's compiles, each with the budget it planned within and what XLA's compile said
     assert case["check"] and case["check"][0]["iteration"] == 1
     assert {"budget_bytes", "xla_peak_bytes", "compiled_step_s", "plan"} <= set(case["check"][0])
+    assert case["check"][0]["plan"] == case["planner_chose"]["calibrated"]
     for p in case["plans"]:
         assert p["ran"] and p["step_time_s"] > 0
         assert p["predicted_calibrated"]["step_time_s"] > 0
