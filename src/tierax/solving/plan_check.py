@@ -36,7 +36,15 @@ least what XLA needs more), after the first compile, and where the re-solve chos
 before (the miss is that plan's own); where a new plan fits, it moves half the way from the
 correction used to the new miss (damped: each plan has its own workspace, and taking each new
 plan's miss whole swings between plans).  The planner's corrected budget never exceeds the
-device's usable memory, whatever the sign of the correction.
+device's usable memory, whatever the sign of the correction.  On a TPU target the correction also
+moves XLA:TPU's scheduler limit, which the planner prefers to plan within: the scheduler's share of
+the device less the measured miss (:func:`corrected_rates`), in place of the margin the limit keeps
+for an unmeasured one.  Because one correction serves every plan, a damped one can bring the
+planner back to a plan it moved away from, past the scheduler's share by that plan's own miss; so
+on a TPU target, tierax's own step, the check keeps of the plans it compiled that fitted the one of
+the shortest compiled step (:func:`_shorter_earlier`; as on the chip's MoE case,
+bench/results/chip/tpu_check_checked_moe_limit.json, where XLA recomputes on its own in the plan
+past the share).
 
 Bounded: at most ``max_iterations`` compiles.  Converged: the compiled plan fits and its peak is
 within ``tolerance`` of the corrected prediction.  :attr:`CheckResult.stopped` says why it stopped;
@@ -338,11 +346,12 @@ def _fastest_compiled(
     correction,
     budget,
     report,
-) -> tuple[planner.PlanResult, str]:
+) -> tuple[planner.PlanResult, str, Iteration]:
     """The converged ``result`` or an alternative (:data:`ALTERNATIVE_PRESETS`' placements with its
     state placements, where the corrected model fits them within ``solve_budget``), whichever
     XLA's compile makes the shortest step (:attr:`Iteration.compiled_step_s`); each alternative's
-    compile is appended to ``steps``.  Returns (plan, what was chosen: a sentence, or "")."""
+    compile is appended to ``steps``.  Returns (plan, what was chosen: a sentence, its
+    compile)."""
     from tierax import costmodel as cm
 
     prog = planning.program(request, inventories)
@@ -366,15 +375,34 @@ def _fastest_compiled(
         if s.xla_fits and s.compiled_step_s < best_step.compiled_step_s:
             best, best_step = alt, s
     if best is result:
-        return result, (
+        return (
+            result,
             f"the plan's compiled step ({step.compiled_step_s * 1e3:.1f} ms with XLA's own "
-            "recompute) is the shortest of it and the alternatives compiled; "
+            "recompute) is the shortest of it and the alternatives compiled; ",
+            step,
         )
-    return best, (
+    return (
+        best,
         f"chose {best.plan.name}: XLA recomputes {step.xla_recompute_s * 1e3:.1f} ms on its own "
         f"in the planner's plan, whose compiled step is {step.compiled_step_s * 1e3:.1f} ms; "
-        f"{best.plan.name}'s is {best_step.compiled_step_s * 1e3:.1f} ms; "
+        f"{best.plan.name}'s is {best_step.compiled_step_s * 1e3:.1f} ms; ",
+        best_step,
     )
+
+
+def _shorter_earlier(chain, result, step) -> tuple[planner.PlanResult, Iteration] | None:
+    """Of the plans compiled before the converged one (``chain``: (plan, its compile) of each
+    earlier compile that fitted), the one whose compiled step is shorter than ``step``'s, the
+    shortest; None where none is.  A plan the check moved away from (its model peak disagreed with
+    XLA's) can still be the faster program: the corrected model can come back to a plan past
+    XLA:TPU's scheduler share, whose compile holds XLA's own recompute."""
+    placed = (result.plan.groups, result.plan.state)
+    earlier = [
+        (r, s)
+        for r, s in chain
+        if (r.plan.groups, r.plan.state) != placed and s.compiled_step_s < step.compiled_step_s
+    ]
+    return min(earlier, key=lambda rs: rs[1].compiled_step_s, default=None)
 
 
 def check_request(
@@ -413,6 +441,7 @@ def check_request(
     tol = f"{tolerance:.0%}"
     stopped = f"{max_iterations} compile(s) reached before the model agreed within {tol}"
     previous = None  # the placements compiled last
+    chain: list = []  # (plan, its compile) of each compile of the chain that fitted
     for it in range(1, max_iterations + 1):
         solve_budget = min(budget - correction, limit, load_cap)
         corrected = dataclasses.replace(request, rates=corrected_rates(rates, correction))
@@ -445,16 +474,24 @@ def check_request(
             report(step)
         if fits:
             fitted, fitted_it = result, it
+            chain.append((result, step))
         loads_agree = not correct_loads or step.load_excess_s <= tolerance * step.predicted_step_s
         # an over-reported peak is no figure of the program's: the model stands on memory
         if fits and (step.peak_over_reported or abs(step.peak_error) <= tolerance) and loads_agree:
-            chose = ""
+            chose, chosen = "", step
             if correct_loads and step.xla_recompute_s > tolerance * step.predicted_step_s:
-                result, chose = _fastest_compiled(
+                result, chose, chosen = _fastest_compiled(
                     corrected, result, step, steps, compile_plan, inventories, solve_budget,
                     correction, budget, report,
                 )  # fmt: skip
                 fitted = result
+            if correct_loads and (earlier := _shorter_earlier(chain, result, chosen)):
+                chose = (
+                    f"chose check {earlier[1].iteration}'s plan: its compiled step "
+                    f"({earlier[1].compiled_step_s * 1e3:.1f} ms) is shorter than the converged "
+                    f"plan's ({chosen.compiled_step_s * 1e3:.1f} ms); "
+                )
+                result, fitted, fitted_it = earlier[0], earlier[0], earlier[1].iteration
             return CheckResult(
                 result,
                 tuple(steps),
