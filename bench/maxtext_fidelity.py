@@ -147,6 +147,11 @@ HELD_OUT = [
      None),
     ("llama3-8b-v5p-qkv-offloaded-32L-8k", "llama3-8b", "v5p", 8, 2, 8192,
      ["remat_policy=qkv_proj_offloaded"], None, None),
+    # added after the v6e reading by the decoder's query and key norms (read from the llama3-8b
+    # v6e row above and 2-layer cuts): the same model at 2 x 8192 tokens, where the reading
+    # before held the head's gradient unsharded (tokens >= 3 x emb) and this one its shard
+    ("llama3-8b-v6e-full-32L-2x8k", "llama3-8b", "v6e", 8, 2, 8192, ["remat_policy=full"], None,
+     None),
 ]  # fmt: skip
 # Cases added as held out whose compiles a rule was then read from: reported as seen (the rule's
 # module names the case).

@@ -440,8 +440,8 @@ def check_request(
     fitted_it = 0
     tol = f"{tolerance:.0%}"
     stopped = f"{max_iterations} compile(s) reached before the model agreed within {tol}"
-    previous = None  # the placements compiled last
     chain: list = []  # (plan, its compile) of each compile of the chain that fitted
+    previous = None  # the placements compiled last
     for it in range(1, max_iterations + 1):
         solve_budget = min(budget - correction, limit, load_cap)
         corrected = dataclasses.replace(request, rates=corrected_rates(rates, correction))
