@@ -290,6 +290,17 @@ def test_an_older_libtpus_over_reported_peak_is_no_miss(monkeypatch):
     assert not first.xla_fits and second.workspace_correction_bytes == 0
 
 
+def moe_mb8():
+    """The chip check's MoE shape at microbatch 8 × seq 2048 for v5e at record 20's rates (as the
+    chip's check planned it): its config, rates and program."""
+    moe = next(c for c in tpu_check.CASES if c[0] == "moe")[2]
+    cfg = for_platform(apply_overrides(get_config("tiny-mixtral"), moe), "tpu")
+    record = pathlib.Path(__file__).resolve().parents[1] / "bench/results/chip"
+    entry = json.loads((record / "tpu_check_checked_moe.json").read_text())["calibration"]
+    rates = cm.target_rates("v5e", cfg.dtype, calibration={"v5e": entry})
+    return cfg, rates, program_of(cfg, MB, SEQ, {"data": 1, "fsdp": 1})
+
+
 def test_a_measured_miss_moves_the_scheduler_limit_the_planner_keeps_to(monkeypatch):
     """The chip check's MoE shape at microbatch 8 (record 20's rates, as on the chip): the planner
     keeps every value on device, within XLA:TPU's scheduler limit by the model's peak; the chip's
@@ -297,12 +308,7 @@ def test_a_measured_miss_moves_the_scheduler_limit_the_planner_keeps_to(monkeypa
     takes that plan past the scheduler's share of the device.  With the miss measured the check
     plans within the share less the miss, not within the limit's margin for an unmeasured one.
     The stand-in recomputes on its own past the share, as XLA:TPU did there (3.3 % of the step)."""
-    moe = next(c for c in tpu_check.CASES if c[0] == "moe")[2]
-    cfg = for_platform(apply_overrides(get_config("tiny-mixtral"), moe), "tpu")
-    record = pathlib.Path(__file__).resolve().parents[1] / "bench/results/chip"
-    entry = json.loads((record / "tpu_check_checked_moe.json").read_text())["calibration"]
-    rates = cm.target_rates("v5e", cfg.dtype, calibration={"v5e": entry})
-    prog = program_of(cfg, MB, SEQ, {"data": 1, "fsdp": 1})
+    cfg, rates, prog = moe_mb8()
     miss = int(2.27 * GIB)
     share = SCHEDULER_MEMORY_FRACTION * rates.usable_device_bytes
     peaks = []
@@ -336,12 +342,7 @@ def test_a_plan_the_corrected_model_comes_back_to_loses_to_a_shorter_compiled_st
     XLA recomputes nothing.  The check moves to a plan within the share, whose smaller miss brings
     the corrected model back to the planner's plan, which then agrees within the tolerance: of the
     plans compiled, the check keeps the one of the shortest compiled step."""
-    moe = next(c for c in tpu_check.CASES if c[0] == "moe")[2]
-    cfg = for_platform(apply_overrides(get_config("tiny-mixtral"), moe), "tpu")
-    record = pathlib.Path(__file__).resolve().parents[1] / "bench/results/chip"
-    entry = json.loads((record / "tpu_check_checked_moe.json").read_text())["calibration"]
-    rates = cm.target_rates("v5e", cfg.dtype, calibration={"v5e": entry})
-    prog = program_of(cfg, MB, SEQ, {"data": 1, "fsdp": 1})
+    cfg, rates, prog = moe_mb8()
     compiled_groups = []
 
     def xla(cfg, plan, target, *, microbatch, seq, mesh, grad_accum=1):
