@@ -366,8 +366,6 @@ def fit_margin_from(record: pathlib.Path) -> dict:
 # --checked: the planner's calibrated plan is `tierax plan --check`'s, every plan is compiled for
 # the target (on the attached chip; --tiny: deviceless) and carries the compiled step
 CHECKED = {"on": False}
-# where --checked writes this run's calibration entry for the compiles (removed at exit)
-_RATES_DIR = tempfile.TemporaryDirectory(prefix="tpu_check_rates_")
 
 
 def _preset_plans(presets, cfg, state_from):
@@ -393,16 +391,14 @@ def check_on_target(cfg, mb: int, seq: int, rates):
     chip (--tiny: XLA:TPU's deviceless compile).  Returns (the check's result, [(plan, compile)]
     of every plan it compiled, in order)."""
     from tierax.solving import plan_check, planner, planning
-    from tierax.xla.compile import compile_for_target
-
-    compiled = []
-
-    def compile_plan(result):
-        res = compile_for_target(cfg, result.plan, TARGET, microbatch=mb, seq=seq)[0]
-        compiled.append((result.plan, res))
-        return res
 
     request = planning.Request(cfg, {"data": 1, "fsdp": 1}, rates, microbatch=mb, seq=seq)
+    compile_one, compiled = plan_check.tierax_compile(request, TARGET), []
+
+    def compile_plan(result):  # the check's own compile, each one kept
+        compiled.append((result.plan, compile_one(result)))
+        return compiled[-1][1]
+
     checked = plan_check.check_request(
         request,
         TARGET,
@@ -850,8 +846,11 @@ def main(argv=None) -> int:
         doc["calibration_error"] = traceback.format_exc()[-2000:]
     doc["calibration"] = entry
     doc["stages_s"]["calibrate"] = time.perf_counter() - t
-    if args.checked:  # the compiles price at this run's rates, not a calibration file's
-        cal_file = pathlib.Path(_RATES_DIR.name) / "calibration.json"
+    # --checked: the compiles price at this run's rates, not a calibration file's (the directory
+    # is removed when main returns)
+    rates_dir = tempfile.TemporaryDirectory(prefix="tpu_check_rates_") if args.checked else None
+    if rates_dir is not None:
+        cal_file = pathlib.Path(rates_dir.name) / "calibration.json"
         cal_file.write_text(json.dumps({TARGET: entry} if entry else {}))
         os.environ["TIERAX_CALIBRATION"] = str(cal_file)
     write(doc, out)
